@@ -1,0 +1,76 @@
+"""One frozen settings object per process, read from ``RATCHET_*`` variables in one place.
+
+Every adapter (launcher, store, processor, API, gateway client) takes a ``Settings``
+instead of reading the environment itself, so tests can inject their own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class SettingsError(ValueError):
+    """A ``RATCHET_*`` variable holds a value that cannot be used."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    schema_registry_url: str = "http://127.0.0.1:8081/apis/ccompat/v7"
+    cassandra_hosts: tuple[str, ...] = ("127.0.0.1",)
+    cassandra_port: int = 9042
+    keyspace: str = "ratchet"
+    # CQL replication map used when `ratchet migrate` creates the keyspace.
+    replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+    topic_prefix: str = "ratchet."
+    partitions: int = 12
+    # Where `ratchet infra` keeps downloaded servers, their data and logs (outside git).
+    home: Path = field(default_factory=lambda: Path.home() / ".cache" / "ratchet")
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    # How long a logical history is kept after its last promotion (0 = forever).
+    logical_retention_s: int = 0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        d = cls()
+        hosts = env.get("RATCHET_CASSANDRA_HOSTS")
+        return cls(
+            kafka_bootstrap=env.get("RATCHET_KAFKA_BOOTSTRAP") or d.kafka_bootstrap,
+            schema_registry_url=(
+                env.get("RATCHET_SCHEMA_REGISTRY_URL") or d.schema_registry_url
+            ).rstrip("/"),
+            cassandra_hosts=tuple(h.strip() for h in hosts.split(",") if h.strip())
+            if hosts
+            else d.cassandra_hosts,
+            cassandra_port=_int(env, "RATCHET_CASSANDRA_PORT", d.cassandra_port, 1),
+            keyspace=env.get("RATCHET_KEYSPACE") or d.keyspace,
+            replication=env.get("RATCHET_REPLICATION") or d.replication,
+            topic_prefix=env.get("RATCHET_TOPIC_PREFIX", d.topic_prefix),
+            partitions=_int(env, "RATCHET_PARTITIONS", d.partitions, 1),
+            home=Path(env["RATCHET_HOME"]) if env.get("RATCHET_HOME") else d.home,
+            api_host=env.get("RATCHET_API_HOST") or d.api_host,
+            api_port=_int(env, "RATCHET_API_PORT", d.api_port, 1),
+            logical_retention_s=_int(env, "RATCHET_LOGICAL_RETENTION_S", d.logical_retention_s),
+        )
+
+    def topic(self, name: str) -> str:
+        """Full topic name, e.g. ``topic("checkpoints") -> "ratchet.checkpoints"``."""
+        return f"{self.topic_prefix}{name}"
