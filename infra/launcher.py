@@ -1,0 +1,291 @@
+"""Start, stop and check the local Kafka, Cassandra and schema registry (``ratchet infra``).
+
+Public API (also used by fault-injection tests):
+
+- ``up(settings, names=NAMES)``: download once, start what is not running, wait until
+  every server passes a real round trip. Idempotent. Raises ``ServerStartError``.
+- ``down(settings, purge=False, names=NAMES)``: stop exactly the processes ``up`` started.
+- ``start_server(settings, name)`` / ``stop_server(settings, name)``: one server, for
+  fault injection (``ratchet infra restart NAME`` does stop + start).
+- ``status(settings)``: ``{name: ServerStatus}``.
+
+Layout under ``settings.home`` (default ~/.cache/ratchet): ``dist/`` downloaded jars
+(kept by ``down --purge``), ``conf/``, ``data/``, ``logs/<name>.log`` (stdout and
+stderr of the java process), ``state.json`` (pids).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from infra.procs import Running, StateFile, is_alive, proc_start_time, terminate
+from infra.servers import NAMES, Server, Unhealthy, server
+from ratchet.settings import Settings
+
+Say = Callable[[str], None]
+
+
+class InfraError(RuntimeError):
+    """A server could not be fetched, started or stopped."""
+
+
+class ServerStartError(InfraError):
+    """One server did not come up; the message names it, its exit code, log and last lines."""
+
+    def __init__(self, name: str, reason: str, log: str, exit_code: int | None = None) -> None:
+        self.name, self.reason, self.log, self.exit_code = name, reason, log, exit_code
+        super().__init__(
+            f"{name} failed to start: {reason}"
+            + (f" (exit code {exit_code})" if exit_code is not None else "")
+            + f"\n  log: {log}\n  last lines:\n{_tail(log)}"
+        )
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    name: str
+    pid: int | None  # our process, if one is running
+    healthy: bool
+    detail: str
+
+    def line(self) -> str:
+        state = "healthy" if self.healthy else "UNHEALTHY" if self.pid else "not running"
+        pid = f"pid {self.pid}" if self.pid else "no pid"
+        return f"{self.name:<10} {state:<12} {pid:<10} {self.detail}"
+
+
+def _tail(path: str, lines: int = 25) -> str:
+    try:
+        text = open(path, errors="replace").read().splitlines()[-lines:]
+    except OSError:
+        return "    (no log)"
+    return "\n".join("    " + line for line in text)
+
+
+class _Clock:
+    """Progress lines prefixed with the seconds since the command started."""
+
+    def __init__(self, out: Say) -> None:
+        self.t0 = time.monotonic()
+        self.out = out
+        self.lock = threading.Lock()
+
+    def __call__(self, msg: str) -> None:
+        with self.lock:
+            self.out(f"[{time.monotonic() - self.t0:6.1f}s] {msg}")
+
+
+def _print(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ---------------------------------------------------------------------------- start
+
+
+def _launch(srv: Server, state: StateFile) -> Running:
+    srv.log_path.parent.mkdir(parents=True, exist_ok=True)
+    with srv.log_path.open("ab") as log:
+        log.write(f"\n==== ratchet infra: starting {srv.name} at {time.ctime()} ====\n".encode())
+        log.flush()
+        proc = subprocess.Popen(srv.command(), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, cwd=srv.data_dir,
+                                start_new_session=True)
+    start_time = None
+    for _ in range(50):
+        start_time = proc_start_time(proc.pid)
+        if start_time is not None:
+            break
+        time.sleep(0.01)
+    entry = Running(srv.name, proc.pid, start_time or -1, str(srv.log_path), time.time())
+    with state.locked() as entries:
+        entries[srv.name] = entry
+    srv._popen = proc  # noqa: SLF001 - keeps the exit code reachable while we wait
+    return entry
+
+
+def _wait_healthy(srv: Server, entry: Running, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = "no check ran yet"
+    proc: subprocess.Popen | None = getattr(srv, "_popen", None)
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise ServerStartError(srv.name, "the process exited", entry.log, proc.returncode)
+        if proc is None and not is_alive(entry):
+            raise ServerStartError(srv.name, "the process exited", entry.log)
+        if srv.port_open():
+            try:
+                srv.check(timeout_s=10)
+                return
+            except Unhealthy as exc:
+                last = str(exc)
+        else:
+            last = f"port {srv.client_port()} not open yet"
+        if time.monotonic() > deadline:
+            terminate(entry, grace_s=10)
+            raise ServerStartError(
+                srv.name, f"not healthy after {timeout_s:.0f}s (last check: {last}); stopped it",
+                entry.log)
+        time.sleep(1)
+
+
+def _ensure_started(srv: Server, state: StateFile, say: Say) -> None:
+    """Leave a healthy server alone, otherwise start it and wait for a real round trip."""
+    entry = state.get(srv.name)
+    if entry is not None:
+        try:
+            srv.check(timeout_s=5)
+            say(f"{srv.name}: already running (pid {entry.pid}), healthy")
+            return
+        except Unhealthy:
+            say(f"{srv.name}: pid {entry.pid} is running but not healthy yet, waiting")
+            _wait_healthy(srv, entry, srv.start_timeout_s)
+            say(f"{srv.name}: ready (pid {entry.pid})")
+            return
+    if srv.port_open():
+        try:
+            srv.check(timeout_s=5)
+        except Unhealthy as exc:
+            raise ServerStartError(
+                srv.name, f"port {srv.client_port()} is taken by a process that is not a healthy "
+                f"{srv.name} ({exc})", str(srv.log_path)) from None
+        say(f"{srv.name}: served on port {srv.client_port()} by a process ratchet did not "
+            "start; leaving it alone")
+        return
+    if not srv.is_fetched():
+        say(f"{srv.name}: downloading {srv.name} {srv.version} with Maven (first run only)...")
+        t = time.monotonic()
+        srv.fetch()
+        say(f"{srv.name}: downloaded in {time.monotonic() - t:.1f}s")
+    srv.prepare()
+    t = time.monotonic()
+    entry = _launch(srv, state)
+    say(f"{srv.name}: starting {srv.name} {srv.version} (pid {entry.pid}, log {entry.log})...")
+    _wait_healthy(srv, entry, srv.start_timeout_s)
+    say(f"{srv.name}: ready in {time.monotonic() - t:.1f}s")
+
+
+def up(settings: Settings, names: Iterable[str] = NAMES, out: Say = _print) -> None:
+    """Start every named server in parallel; raise ``InfraError`` listing each failure."""
+    say = _Clock(out)
+    state = StateFile(settings.home)
+    servers = [server(settings, n) for n in names]
+    errors: dict[str, BaseException] = {}
+
+    def run(srv: Server) -> None:
+        try:
+            _ensure_started(srv, state, say)
+        except BaseException as exc:  # reported below, per server
+            errors[srv.name] = exc
+
+    threads = [threading.Thread(target=run, args=(s,), name=f"up-{s.name}") for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise InfraError("\n".join(str(e) for e in errors.values()))
+    say("all servers ready:")
+    for srv in servers:
+        out("  " + srv.endpoint())
+
+
+def start_server(settings: Settings, name: str, out: Say = _print) -> None:
+    """Start one server (no-op when it is already healthy); returns when it works."""
+    up(settings, [name], out=out)
+
+
+# ----------------------------------------------------------------------------- stop
+
+
+def stop_server(settings: Settings, name: str, out: Say = _print) -> str:
+    """Stop the process ``up`` started for ``name`` (SIGTERM, then SIGKILL after 30 s)."""
+    server(settings, name)  # validates the name
+    state = StateFile(settings.home)
+    with state.locked() as entries:
+        entry = entries.pop(name, None)
+    if entry is None:
+        out(f"{name}: not started by ratchet, nothing to stop")
+        return "not running"
+    how = terminate(entry)
+    out(f"{name}: {how} (pid {entry.pid})")
+    return how
+
+
+def down(settings: Settings, purge: bool = False, names: Iterable[str] = NAMES,
+         out: Say = _print) -> None:
+    names = list(names)
+    threads = [threading.Thread(target=stop_server, args=(settings, n, out)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if purge:
+        for sub in ("data", "logs", "conf"):
+            shutil.rmtree(settings.home / sub, ignore_errors=True)
+        out(f"purged data, logs and conf under {settings.home} (downloads kept in dist/)")
+
+
+# ---------------------------------------------------------------------------- status
+
+
+def server_status(settings: Settings, name: str) -> ServerStatus:
+    srv = server(settings, name)
+    entry = StateFile(settings.home).get(name)
+    pid = entry.pid if entry else None
+    if entry is None and not srv.port_open():
+        return ServerStatus(name, None, False, "")
+    try:
+        srv.check(timeout_s=5)
+    except Unhealthy as exc:
+        return ServerStatus(name, pid, False, str(exc))
+    where = srv.endpoint().split()[1]
+    detail = where if pid else f"{where} (a process ratchet did not start)"
+    return ServerStatus(name, pid, True, detail)
+
+
+def status(settings: Settings) -> dict[str, ServerStatus]:
+    return {n: server_status(settings, n) for n in NAMES}
+
+
+# ------------------------------------------------------------------------------- cli
+
+
+def cli_up(settings: Settings) -> int:
+    try:
+        up(settings)
+    except InfraError as exc:
+        print(f"ratchet infra up failed:\n{exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def cli_down(settings: Settings, purge: bool = False) -> int:
+    down(settings, purge=purge)
+    left = {n: e.pid for n, e in StateFile(settings.home).read().items() if is_alive(e)}
+    if left:
+        print(f"still running: {left}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cli_status(settings: Settings) -> int:
+    report = status(settings)
+    for s in report.values():
+        print(s.line())
+    return 0 if all(s.healthy for s in report.values()) else 1
+
+
+def cli_restart(settings: Settings, name: str) -> int:
+    try:
+        stop_server(settings, name)
+        start_server(settings, name)
+    except InfraError as exc:
+        print(f"ratchet infra restart {name} failed:\n{exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0

@@ -1,0 +1,115 @@
+"""Process bookkeeping: the pid state file and stopping exactly our processes.
+
+The state file (``<home>/state.json``) maps a server name to the pid and kernel start
+time of the java process ``infra up`` launched. The start time guards against pid
+reuse: a recorded pid whose start time differs is someone else's process and is
+never signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Running:
+    """One launched server process as recorded in the state file."""
+
+    name: str
+    pid: int
+    start_time: int  # field 22 of /proc/<pid>/stat: clock ticks since boot
+    log: str
+    started_at: float  # wall clock, for humans
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Kernel start time of ``pid``, or None when no such process exists (or it is a zombie)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def is_alive(entry: Running) -> bool:
+    return proc_start_time(entry.pid) == entry.start_time
+
+
+class StateFile:
+    """The launched processes, guarded by an exclusive lock while read-modified-written."""
+
+    def __init__(self, home: Path) -> None:
+        self.path = home / "state.json"
+        self.lock_path = home / "state.lock"
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[dict[str, Running]]:
+        """Yield the current entries; changes made to the dict are written back."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock_path.open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            entries = self.read()
+            yield entries
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({k: asdict(v) for k, v in entries.items()}, indent=2))
+            tmp.replace(self.path)
+
+    def read(self) -> dict[str, Running]:
+        try:
+            raw = json.loads(self.path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+        return {name: Running(**value) for name, value in raw.items()}
+
+    def get(self, name: str) -> Running | None:
+        entry = self.read().get(name)
+        return entry if entry and is_alive(entry) else None
+
+
+def terminate(entry: Running, grace_s: float = 30.0) -> str:
+    """SIGTERM the process group of ``entry``, wait up to ``grace_s``, then SIGKILL.
+
+    Returns how it ended: ``"not running"``, ``"stopped"`` or ``"killed"``.
+    """
+    if not is_alive(entry):
+        return "not running"
+    _signal_group(entry.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        _reap(entry.pid)
+        if not is_alive(entry):
+            return "stopped"
+        time.sleep(0.2)
+    _signal_group(entry.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        _reap(entry.pid)
+        if not is_alive(entry):
+            break
+        time.sleep(0.1)
+    return "killed"
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status when the server is our own child (e.g. restarted by a test)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    # Servers are started as session (and group) leaders, so the group id is the pid.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
