@@ -1,0 +1,1 @@
+"""The promotion processor's durable ledger (effects, cancellations, decisions, status)."""

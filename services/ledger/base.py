@@ -1,0 +1,157 @@
+"""The processor's own durable ledger: tool effects, cancellations and decisions.
+
+The checkpoint store (``services/store``) owns promotions. Everything else the
+promotion processor must remember across restarts lives here:
+
+* **tool effects** by ``(tenant_id, idempotency_key, effect_id)``: deduplicated on
+  first write (Cassandra ``IF NOT EXISTS``); a second record of the same effect with
+  a different output digest marks the effect *conflicted* for good;
+* **cancellations** by ``(tenant_id, idempotency_key)``: a ``TurnCancelled`` seen
+  before the completion makes that completion ``CANCELLED``;
+* **decisions** by ``event_id``: the first decision taken for a gateway event.
+  A redelivered event re-publishes exactly that decision instead of deciding again
+  (the head may have moved meanwhile, and an outcome must never flip);
+* **response status** by ``(tenant_id, response_id)``: what
+  ``GET /v1/responses/{id}/status`` answers. ``promoted`` always wins over a later
+  rejection of the same response id (e.g. a redelivery rejected as DUPLICATE).
+
+Both backends (``memory.py``, ``cassandra.py``) have the same semantics and pass the
+same tests. Methods are synchronous: the processor calls them from a worker thread.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class LedgerUnavailable(RuntimeError):
+    """The ledger's database could not be reached or timed out; retrying may help."""
+
+
+@dataclass(frozen=True)
+class RecordedEffect:
+    """One tool effect as first recorded (later duplicates never change it)."""
+
+    tenant_id: str
+    idempotency_key: str
+    effect_id: str
+    attempt: int
+    subturn_index: int
+    call_id: str
+    tool_name: str
+    arguments_digest: str
+    status: str  # succeeded | failed
+    output_item_id: str
+    output_digest: str
+    executed_at: int  # epoch millis
+    # True once a second record with a different output digest was seen: the effect
+    # can no longer be trusted and any turn that uses it is DUPLICATE_TOOL_EFFECT.
+    conflicted: bool = False
+
+
+class EffectWrite(StrEnum):
+    """What recording one tool effect did."""
+
+    RECORDED = "recorded"  # first time this effect_id was seen
+    ALREADY_RECORDED = "already_recorded"  # same effect_id, same output digest: a redelivery
+    CONFLICT = "conflict"  # same effect_id, different output digest
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    tenant_id: str
+    idempotency_key: str
+    response_id: str
+    cancelled_at: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The first decision taken for one gateway event (replayed on redelivery).
+
+    ``outcome`` is ``promoted`` or ``rejected``; for ``promoted`` the store holds the
+    details, so only rejections are normally recorded here.
+    """
+
+    event_id: str
+    tenant_id: str
+    response_id: str
+    outcome: str
+    reason: str | None
+    detail: str
+    seq: int | None
+    decided_at: int
+
+
+class ResponseState(StrEnum):
+    PROMOTED = "promoted"
+    REJECTED = "rejected"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class ResponseStatus:
+    """Answer of ``GET /v1/responses/{id}/status``."""
+
+    response_id: str
+    status: ResponseState
+    reason: str | None = None
+    seq: int | None = None
+    detail: str = ""
+
+
+class Ledger(abc.ABC):
+    """Storage interface; see the module docstring for the semantics."""
+
+    # -- tool effects -------------------------------------------------------------
+    @abc.abstractmethod
+    def record_effect(self, effect: RecordedEffect) -> EffectWrite:
+        """Record ``effect`` once; a different output digest later marks it conflicted."""
+
+    @abc.abstractmethod
+    def effects_for(self, tenant_id: str, idempotency_key: str) -> Sequence[RecordedEffect]:
+        """Every effect recorded for one logical request, ordered by effect_id."""
+
+    # -- cancellations ------------------------------------------------------------
+    @abc.abstractmethod
+    def record_cancellation(self, cancellation: Cancellation) -> None:
+        """Remember that a request was cancelled (idempotent: the first record wins)."""
+
+    @abc.abstractmethod
+    def cancellation(self, tenant_id: str, idempotency_key: str) -> Cancellation | None: ...
+
+    # -- decisions and status -------------------------------------------------------
+    @abc.abstractmethod
+    def record_decision(self, decision: Decision) -> Decision:
+        """Store the decision for its event unless one exists; return the one that holds."""
+
+    @abc.abstractmethod
+    def decision(self, event_id: str) -> Decision | None: ...
+
+    @abc.abstractmethod
+    def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:
+        """Record that ``response_id`` is promoted (wins over any rejection)."""
+
+    @abc.abstractmethod
+    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str) -> None:
+        """Record the latest rejection of ``response_id`` (never hides a promotion)."""
+
+    @abc.abstractmethod
+    def status(self, tenant_id: str, response_id: str) -> ResponseStatus:
+        """Promoted, rejected or unknown; another tenant's response id is unknown."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections (backends that hold none need not override)."""
+
+
+def response_status(row_promoted_seq: int | None, row_promoted: bool, reason: str | None,
+                    detail: str, response_id: str) -> ResponseStatus:
+    """Fold the stored columns into one answer: a promotion hides any rejection."""
+    if row_promoted:
+        return ResponseStatus(response_id, ResponseState.PROMOTED, None, row_promoted_seq)
+    if reason is not None:
+        return ResponseStatus(response_id, ResponseState.REJECTED, reason, None, detail)
+    return ResponseStatus(response_id, ResponseState.UNKNOWN)

@@ -1,0 +1,211 @@
+"""Cassandra ledger (tables in ``infra/migrations/002_ledger.cql``).
+
+Every write is idempotent, so a redelivered event can simply do it again. Writes to
+``tool_effects``, ``cancellations`` and ``event_decisions`` are LWTs (first write
+wins); an LWT whose outcome is unknown (timeout) is resolved by re-reading at
+``SERIAL`` consistency, never guessed. Driver errors become ``LedgerUnavailable``,
+which the processor retries with backoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from cassandra import ConsistencyLevel, DriverException, RequestExecutionException
+from cassandra.cluster import NoHostAvailable, Session
+from cassandra.policies import FallthroughRetryPolicy
+from cassandra.query import PreparedStatement
+
+from services.ledger.base import (
+    Cancellation,
+    Decision,
+    EffectWrite,
+    Ledger,
+    LedgerUnavailable,
+    RecordedEffect,
+    ResponseStatus,
+    response_status,
+)
+
+T = TypeVar("T")
+
+_EFFECT_COLUMNS = (
+    "tenant_id, idempotency_key, effect_id, attempt, subturn_index, call_id, tool_name, "
+    "arguments_digest, status, output_item_id, output_digest, executed_at, conflicted"
+)
+
+
+def _guard(call: Callable[[], T]) -> T:
+    """Run one driver call, turning infrastructure failures into ``LedgerUnavailable``."""
+    try:
+        return call()
+    except (NoHostAvailable, RequestExecutionException, DriverException, OSError) as exc:
+        raise LedgerUnavailable(f"ledger: {type(exc).__name__}: {exc}") from exc
+
+
+class CassandraLedger(Ledger):
+    """Ledger on an existing driver ``Session`` bound to the ratchet keyspace."""
+
+    def __init__(self, session: Session, *, timeout_s: float = 5.0) -> None:
+        self._session = session
+        self._timeout = timeout_s
+        self._insert_effect = self._lwt(
+            f"INSERT INTO tool_effects ({_EFFECT_COLUMNS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, false) IF NOT EXISTS"
+        )
+        self._mark_conflicted = self._lwt(
+            "UPDATE tool_effects SET conflicted = true "
+            "WHERE tenant_id = ? AND idempotency_key = ? AND effect_id = ? IF EXISTS"
+        )
+        self._select_effect_serial = self._prepare(
+            f"SELECT {_EFFECT_COLUMNS} FROM tool_effects "
+            "WHERE tenant_id = ? AND idempotency_key = ? AND effect_id = ?",
+            ConsistencyLevel.SERIAL,
+        )
+        self._select_effects = self._prepare(
+            f"SELECT {_EFFECT_COLUMNS} FROM tool_effects "
+            "WHERE tenant_id = ? AND idempotency_key = ?",
+            ConsistencyLevel.SERIAL,
+        )
+        self._insert_cancel = self._lwt(
+            "INSERT INTO cancellations (tenant_id, idempotency_key, response_id, cancelled_at) "
+            "VALUES (?, ?, ?, ?) IF NOT EXISTS"
+        )
+        self._select_cancel = self._prepare(
+            "SELECT tenant_id, idempotency_key, response_id, cancelled_at FROM cancellations "
+            "WHERE tenant_id = ? AND idempotency_key = ?",
+            ConsistencyLevel.SERIAL,
+        )
+        self._insert_decision = self._lwt(
+            "INSERT INTO event_decisions (event_id, tenant_id, response_id, outcome, reason, "
+            "detail, seq, decided_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"
+        )
+        self._select_decision = self._prepare(
+            "SELECT event_id, tenant_id, response_id, outcome, reason, detail, seq, decided_at "
+            "FROM event_decisions WHERE event_id = ?",
+            ConsistencyLevel.SERIAL,
+        )
+        self._set_promoted = self._prepare(
+            "UPDATE response_status SET promoted = true, promoted_seq = ? "
+            "WHERE tenant_id = ? AND response_id = ?",
+            ConsistencyLevel.QUORUM,
+        )
+        self._set_rejected = self._prepare(
+            "UPDATE response_status SET rejected_reason = ?, rejected_detail = ? "
+            "WHERE tenant_id = ? AND response_id = ?",
+            ConsistencyLevel.QUORUM,
+        )
+        self._select_status = self._prepare(
+            "SELECT promoted, promoted_seq, rejected_reason, rejected_detail "
+            "FROM response_status WHERE tenant_id = ? AND response_id = ?",
+            ConsistencyLevel.QUORUM,
+        )
+
+    # -- statement helpers ------------------------------------------------------------
+    def _prepare(self, cql: str, consistency: int) -> PreparedStatement:
+        stmt = _guard(lambda: self._session.prepare(cql))
+        stmt.consistency_level = consistency
+        return stmt
+
+    def _lwt(self, cql: str) -> PreparedStatement:
+        """An LWT statement: never re-sent blindly by the driver (unknown outcomes)."""
+        stmt = self._prepare(cql, ConsistencyLevel.QUORUM)
+        stmt.serial_consistency_level = ConsistencyLevel.SERIAL
+        stmt.retry_policy = FallthroughRetryPolicy()
+        stmt.is_idempotent = False
+        return stmt
+
+    def _run(self, stmt: PreparedStatement, params: Sequence[Any]) -> Any:
+        return _guard(lambda: self._session.execute(stmt, params, timeout=self._timeout))
+
+    # -- tool effects -------------------------------------------------------------------
+    def record_effect(self, effect: RecordedEffect) -> EffectWrite:
+        key = (effect.tenant_id, effect.idempotency_key, effect.effect_id)
+        params = (
+            *key, effect.attempt, effect.subturn_index, effect.call_id, effect.tool_name,
+            effect.arguments_digest, effect.status, effect.output_item_id,
+            effect.output_digest, effect.executed_at,
+        )
+        try:
+            result = self._run(self._insert_effect, params)
+            applied = result.was_applied
+        except LedgerUnavailable:
+            # The outcome may be unknown: resolve it by a SERIAL read. If the read also
+            # fails, the caller retries the whole (idempotent) write later.
+            applied = None
+        existing = self._effect_serial(*key)
+        if existing is None:
+            raise LedgerUnavailable(f"effect {effect.effect_id}: write outcome unknown")
+        if existing.output_digest == effect.output_digest:
+            return EffectWrite.RECORDED if applied else EffectWrite.ALREADY_RECORDED
+        self._run(self._mark_conflicted, key)
+        return EffectWrite.CONFLICT
+
+    def _effect_serial(self, tenant_id: str, key: str, effect_id: str) -> RecordedEffect | None:
+        row = self._run(self._select_effect_serial, (tenant_id, key, effect_id)).one()
+        return None if row is None else _effect_from_row(row)
+
+    def effects_for(self, tenant_id: str, idempotency_key: str) -> Sequence[RecordedEffect]:
+        rows = self._run(self._select_effects, (tenant_id, idempotency_key))
+        return [_effect_from_row(r) for r in rows]
+
+    # -- cancellations ------------------------------------------------------------------
+    def record_cancellation(self, cancellation: Cancellation) -> None:
+        c = cancellation
+        try:
+            self._run(self._insert_cancel,
+                      (c.tenant_id, c.idempotency_key, c.response_id, c.cancelled_at))
+        except LedgerUnavailable:
+            if self.cancellation(c.tenant_id, c.idempotency_key) is None:
+                raise
+
+    def cancellation(self, tenant_id: str, idempotency_key: str) -> Cancellation | None:
+        row = self._run(self._select_cancel, (tenant_id, idempotency_key)).one()
+        if row is None:
+            return None
+        return Cancellation(row.tenant_id, row.idempotency_key, row.response_id, row.cancelled_at)
+
+    # -- decisions and status -----------------------------------------------------------
+    def record_decision(self, decision: Decision) -> Decision:
+        d = decision
+        # On an unknown outcome (timeout) the SERIAL read below tells which decision holds.
+        with contextlib.suppress(LedgerUnavailable):
+            self._run(self._insert_decision, (d.event_id, d.tenant_id, d.response_id,
+                                              d.outcome, d.reason, d.detail, d.seq,
+                                              d.decided_at))
+        held = self.decision(d.event_id)
+        if held is None:
+            raise LedgerUnavailable(f"decision for event {d.event_id}: write outcome unknown")
+        return held
+
+    def decision(self, event_id: str) -> Decision | None:
+        row = self._run(self._select_decision, (event_id,)).one()
+        if row is None:
+            return None
+        return Decision(row.event_id, row.tenant_id, row.response_id, row.outcome, row.reason,
+                        row.detail or "", row.seq, row.decided_at)
+
+    def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:
+        self._run(self._set_promoted, (seq, tenant_id, response_id))
+
+    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str) -> None:
+        self._run(self._set_rejected, (reason, detail, tenant_id, response_id))
+
+    def status(self, tenant_id: str, response_id: str) -> ResponseStatus:
+        row = self._run(self._select_status, (tenant_id, response_id)).one()
+        if row is None:
+            return response_status(None, False, None, "", response_id)
+        return response_status(row.promoted_seq, bool(row.promoted), row.rejected_reason,
+                               row.rejected_detail or "", response_id)
+
+
+def _effect_from_row(row: Any) -> RecordedEffect:
+    return RecordedEffect(
+        tenant_id=row.tenant_id, idempotency_key=row.idempotency_key, effect_id=row.effect_id,
+        attempt=row.attempt, subturn_index=row.subturn_index, call_id=row.call_id,
+        tool_name=row.tool_name, arguments_digest=row.arguments_digest, status=row.status,
+        output_item_id=row.output_item_id, output_digest=row.output_digest,
+        executed_at=row.executed_at, conflicted=bool(row.conflicted),
+    )

@@ -1,0 +1,78 @@
+"""In-memory ledger with the same semantics as the Cassandra one (tests, demos)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+
+from services.ledger.base import (
+    Cancellation,
+    Decision,
+    EffectWrite,
+    Ledger,
+    RecordedEffect,
+    ResponseStatus,
+    response_status,
+)
+
+
+class MemoryLedger(Ledger):
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._effects: dict[tuple[str, str], dict[str, RecordedEffect]] = {}
+        self._cancellations: dict[tuple[str, str], Cancellation] = {}
+        self._decisions: dict[str, Decision] = {}
+        # (tenant, response) -> [promoted, seq, reason, detail]
+        self._status: dict[tuple[str, str], list] = {}
+
+    def record_effect(self, effect: RecordedEffect) -> EffectWrite:
+        with self._lock:
+            by_id = self._effects.setdefault((effect.tenant_id, effect.idempotency_key), {})
+            existing = by_id.get(effect.effect_id)
+            if existing is None:
+                by_id[effect.effect_id] = replace(effect, conflicted=False)
+                return EffectWrite.RECORDED
+            if existing.output_digest == effect.output_digest:
+                return EffectWrite.ALREADY_RECORDED
+            by_id[effect.effect_id] = replace(existing, conflicted=True)
+            return EffectWrite.CONFLICT
+
+    def effects_for(self, tenant_id: str, idempotency_key: str) -> Sequence[RecordedEffect]:
+        with self._lock:
+            by_id = self._effects.get((tenant_id, idempotency_key), {})
+            return [by_id[k] for k in sorted(by_id)]
+
+    def record_cancellation(self, cancellation: Cancellation) -> None:
+        with self._lock:
+            key = (cancellation.tenant_id, cancellation.idempotency_key)
+            self._cancellations.setdefault(key, cancellation)
+
+    def cancellation(self, tenant_id: str, idempotency_key: str) -> Cancellation | None:
+        with self._lock:
+            return self._cancellations.get((tenant_id, idempotency_key))
+
+    def record_decision(self, decision: Decision) -> Decision:
+        with self._lock:
+            return self._decisions.setdefault(decision.event_id, decision)
+
+    def decision(self, event_id: str) -> Decision | None:
+        with self._lock:
+            return self._decisions.get(event_id)
+
+    def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:
+        with self._lock:
+            row = self._status.setdefault((tenant_id, response_id), [False, None, None, ""])
+            row[0], row[1] = True, seq
+
+    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str) -> None:
+        with self._lock:
+            row = self._status.setdefault((tenant_id, response_id), [False, None, None, ""])
+            row[2], row[3] = reason, detail
+
+    def status(self, tenant_id: str, response_id: str) -> ResponseStatus:
+        with self._lock:
+            promoted, seq, reason, detail = self._status.get(
+                (tenant_id, response_id), [False, None, None, ""]
+            )
+        return response_status(seq, promoted, reason, detail, response_id)
