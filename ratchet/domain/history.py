@@ -1,0 +1,374 @@
+"""Checkpoint records and the verification of a stored history (pure, no I/O).
+
+Every backend of the checkpoint store loads the rows of one partition into a
+``PartitionSnapshot`` and calls ``verify_history``. The rules live here, once, so the
+in-memory and the Cassandra backend cannot disagree about what a valid history is.
+
+A history is the lineage of one response: the response, its parent, the parent's
+parent ... down to the root (seq 1). In a Conversation the lineage is every turn up
+to the response; in a ``previous_response_id`` chain, forks are legal and the lineage
+is one path through the tree. Items are numbered contiguously along the lineage
+(``item_seq`` 1..N), so a missing, duplicated or foreign item is always detectable.
+
+Verification order (the first broken rule decides the reason):
+
+1. the response exists for this tenant, else ``NOT_FOUND`` (never leak another
+   tenant's ids);
+2. its logical retention has not passed, else ``EXPIRED``;
+3. the lineage links resolve, else ``MISSING_HISTORY``; seqs step by exactly one
+   down to 1 and a Conversation has one checkpoint per seq, else ``CORRUPT_HISTORY``;
+4. each turn has exactly its items: too few is ``MISSING_HISTORY``; extra, duplicated,
+   renumbered or swapped items are ``CORRUPT_HISTORY``;
+5. every item's ``sha256(content) == content_digest``, else ``CORRUPT_HISTORY``;
+6. every format version is supported, else ``UNSUPPORTED_FORMAT``; every item type is
+   known, else ``UNKNOWN_ITEM_TYPE``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from schemas.models import KNOWN_ITEM_TYPES, SUPPORTED_FORMAT_VERSIONS, Item
+
+
+class Certification(StrEnum):
+    """Whether a checkpoint carries a reusable token artifact (``certified``) or not."""
+
+    CERTIFIED = "certified"
+    LOGICAL_ONLY = "logical_only"
+
+
+class PromotionMode(StrEnum):
+    """How the lineage of a turn is decided.
+
+    ``conversation``: the parent is the current head; the head moves by compare-and-swap.
+    ``chain``: the parent is ``previous_response_id``; forks are legal, no shared head.
+    """
+
+    CONVERSATION = "conversation"
+    CHAIN = "chain"
+
+
+class HistoryFailureReason(StrEnum):
+    NOT_FOUND = "NOT_FOUND"
+    EXPIRED = "EXPIRED"
+    CORRUPT_HISTORY = "CORRUPT_HISTORY"
+    MISSING_HISTORY = "MISSING_HISTORY"
+    UNKNOWN_ITEM_TYPE = "UNKNOWN_ITEM_TYPE"
+    UNSUPPORTED_FORMAT = "UNSUPPORTED_FORMAT"
+
+
+def utc_ms(moment: datetime) -> datetime:
+    """``moment`` as an aware UTC datetime truncated to milliseconds.
+
+    Cassandra ``timestamp`` cells keep milliseconds and come back naive; every backend
+    normalises through here so records compare equal whatever stored them.
+    """
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    moment = moment.astimezone(UTC)
+    return moment.replace(microsecond=moment.microsecond - moment.microsecond % 1000)
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no whitespace, explicit nulls: the encoding digests are taken over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def items_digest(items: Iterable[Item]) -> str:
+    """Digest of a turn's ordered item list (ids and content digests).
+
+    Stored in the checkpoint so that items swapped between turns, reordered, or
+    replaced by other valid items are caught even when each item is self-consistent.
+    """
+    h = hashlib.sha256()
+    for item in items:
+        h.update(f"{item.item_id}\x00{item.content_digest}\n".encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class TokenArtifact:
+    """The token-level identity of a certified turn (contract section 1.3)."""
+
+    artifact_id: str
+    token_hash: str
+    token_count: int
+    safe_append_boundary: int
+    fingerprint_hash: str
+    expires_at: datetime | None = None
+
+    def to_json(self) -> str:
+        data = {
+            "artifact_id": self.artifact_id,
+            "token_hash": self.token_hash,
+            "token_count": self.token_count,
+            "safe_append_boundary": self.safe_append_boundary,
+            "fingerprint_hash": self.fingerprint_hash,
+            "expires_at": None if self.expires_at is None else utc_ms(self.expires_at).isoformat(),
+        }
+        return canonical_json(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> TokenArtifact:
+        data = json.loads(text)
+        expires = data.get("expires_at")
+        return cls(
+            artifact_id=data["artifact_id"],
+            token_hash=data["token_hash"],
+            token_count=int(data["token_count"]),
+            safe_append_boundary=int(data["safe_append_boundary"]),
+            fingerprint_hash=data["fingerprint_hash"],
+            expires_at=None if expires is None else utc_ms(datetime.fromisoformat(expires)),
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One promoted response: where it sits in its lineage and what it certifies.
+
+    ``parent_response_id`` is the lineage link the store decided (the previous head in
+    a Conversation, ``previous_response_id`` in a chain); ``previous_response_id`` is
+    what the gateway sent. ``router_receipt`` and ``boundary_proof`` are kept as the
+    canonical JSON the processor validated, byte for byte.
+    """
+
+    tenant_id: str
+    partition_key: str
+    response_id: str
+    seq: int
+    mode: PromotionMode
+    parent_response_id: str | None
+    previous_response_id: str | None
+    idempotency_key: str
+    request_digest: str
+    certification: Certification
+    fingerprint_hash: str | None
+    token_artifact: TokenArtifact | None
+    router_receipt: str | None
+    boundary_proof: str | None
+    first_item_seq: int
+    last_item_seq: int
+    items_digest: str
+    promoted_at: datetime
+    logical_expires_at: datetime | None = None
+
+    @property
+    def item_count(self) -> int:
+        return self.last_item_seq - self.first_item_seq + 1
+
+    @property
+    def artifact_expires_at(self) -> datetime | None:
+        return None if self.token_artifact is None else self.token_artifact.expires_at
+
+
+@dataclass(frozen=True)
+class Head:
+    """The durable head of a Conversation: the last promoted turn."""
+
+    seq: int
+    response_id: str
+    item_count: int
+
+
+@dataclass(frozen=True)
+class StoredItem:
+    """An item as stored: its turn, its index in the turn and its seq in the lineage."""
+
+    response_id: str
+    position: int
+    item_seq: int
+    item: Item
+
+
+@dataclass(frozen=True)
+class PartitionSnapshot:
+    """Everything stored under one (tenant, partition key): what verification reads."""
+
+    tenant_id: str
+    partition_key: str
+    head: Head | None
+    checkpoints: Mapping[str, CheckpointRecord]
+    items: Mapping[str, tuple[StoredItem, ...]]
+
+
+@dataclass(frozen=True)
+class VerifiedHistory:
+    """A complete, ordered, verified history ending with ``checkpoint``."""
+
+    checkpoint: CheckpointRecord
+    lineage: tuple[CheckpointRecord, ...]  # root first, ``checkpoint`` last
+    items: tuple[Item, ...]
+    head_seq: int
+
+    @property
+    def response_id(self) -> str:
+        return self.checkpoint.response_id
+
+
+@dataclass(frozen=True)
+class HistoryFailure:
+    """Why no history can be returned; ``detail`` is for logs, never for clients."""
+
+    reason: HistoryFailureReason
+    detail: str = ""
+
+
+def verify_history(
+    snapshot: PartitionSnapshot, response_id: str, now: datetime
+) -> VerifiedHistory | HistoryFailure:
+    """Verify the lineage ending at ``response_id`` and return it, or why not."""
+    checkpoint = snapshot.checkpoints.get(response_id)
+    if checkpoint is None or checkpoint.tenant_id != snapshot.tenant_id:
+        return HistoryFailure(HistoryFailureReason.NOT_FOUND, f"no checkpoint {response_id}")
+    expires = checkpoint.logical_expires_at
+    if expires is not None and utc_ms(now) >= expires:
+        return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}")
+    lineage = _lineage(snapshot, checkpoint)
+    if isinstance(lineage, HistoryFailure):
+        return lineage
+    failure = _check_conversation(snapshot, checkpoint)
+    if failure is not None:
+        return failure
+    items = _lineage_items(snapshot, lineage)
+    if isinstance(items, HistoryFailure):
+        return items
+    failure = _check_items(items)
+    if failure is not None:
+        return failure
+    head_seq = snapshot.head.seq if _is_conversation(checkpoint, snapshot) else checkpoint.seq
+    return VerifiedHistory(checkpoint=checkpoint, lineage=lineage, items=items, head_seq=head_seq)
+
+
+def verify_conversation_history(
+    snapshot: PartitionSnapshot, now: datetime
+) -> VerifiedHistory | HistoryFailure:
+    """Verify the whole Conversation up to its head."""
+    head = snapshot.head
+    if head is None:
+        return HistoryFailure(HistoryFailureReason.NOT_FOUND, "no head")
+    result = verify_history(snapshot, head.response_id, now)
+    if isinstance(result, HistoryFailure):
+        if result.reason is HistoryFailureReason.NOT_FOUND:
+            return _corrupt(f"head names {head.response_id} which has no checkpoint")
+        return result
+    if result.checkpoint.seq != head.seq:
+        return _corrupt(f"head seq {head.seq} but its checkpoint has seq {result.checkpoint.seq}")
+    return result
+
+
+def _corrupt(detail: str) -> HistoryFailure:
+    return HistoryFailure(HistoryFailureReason.CORRUPT_HISTORY, detail)
+
+
+def _missing(detail: str) -> HistoryFailure:
+    return HistoryFailure(HistoryFailureReason.MISSING_HISTORY, detail)
+
+
+def _is_conversation(checkpoint: CheckpointRecord, snapshot: PartitionSnapshot) -> bool:
+    return checkpoint.mode is PromotionMode.CONVERSATION and snapshot.head is not None
+
+
+def _lineage(
+    snapshot: PartitionSnapshot, checkpoint: CheckpointRecord
+) -> tuple[CheckpointRecord, ...] | HistoryFailure:
+    """Follow parent links to the root; seqs must step down by one to 1."""
+    path = [checkpoint]
+    current = checkpoint
+    while True:
+        if (current.tenant_id, current.partition_key) != (
+            snapshot.tenant_id,
+            snapshot.partition_key,
+        ) or current.mode is not checkpoint.mode:
+            return _corrupt(f"{current.response_id} does not belong to this partition")
+        if current.parent_response_id is None:
+            break
+        parent = snapshot.checkpoints.get(current.parent_response_id)
+        if parent is None:
+            return _missing(f"parent {current.parent_response_id} of {current.response_id}")
+        if parent.seq != current.seq - 1:
+            return _corrupt(f"{current.response_id} seq {current.seq} after {parent.seq}")
+        path.append(parent)
+        current = parent
+    if current.seq != 1:
+        return _corrupt(f"lineage root {current.response_id} has seq {current.seq}")
+    return tuple(reversed(path))
+
+
+def _check_conversation(
+    snapshot: PartitionSnapshot, checkpoint: CheckpointRecord
+) -> HistoryFailure | None:
+    """A Conversation is a line: one checkpoint per seq, none beyond the head."""
+    if checkpoint.mode is not PromotionMode.CONVERSATION:
+        return None
+    if snapshot.head is None or snapshot.head.seq < checkpoint.seq:
+        return _corrupt(f"{checkpoint.response_id} seq {checkpoint.seq} is beyond the head")
+    seqs = Counter(
+        c.seq for c in snapshot.checkpoints.values() if c.mode is PromotionMode.CONVERSATION
+    )
+    doubled = sorted(seq for seq, n in seqs.items() if n > 1)
+    if doubled:
+        return _corrupt(f"several checkpoints at seq {doubled}")
+    return None
+
+
+def _lineage_items(
+    snapshot: PartitionSnapshot, lineage: tuple[CheckpointRecord, ...]
+) -> tuple[Item, ...] | HistoryFailure:
+    """Each turn's items, in order, numbered contiguously along the lineage."""
+    out: list[Item] = []
+    next_seq = 1
+    for checkpoint in lineage:
+        if checkpoint.first_item_seq != next_seq or checkpoint.item_count < 0:
+            return _corrupt(
+                f"{checkpoint.response_id} items {checkpoint.first_item_seq}.."
+                f"{checkpoint.last_item_seq}, expected to start at {next_seq}"
+            )
+        stored = sorted(snapshot.items.get(checkpoint.response_id, ()), key=lambda s: s.position)
+        failure = _check_turn_items(checkpoint, stored)
+        if failure is not None:
+            return failure
+        out.extend(s.item for s in stored)
+        next_seq = checkpoint.last_item_seq + 1
+    return tuple(out)
+
+
+def _check_turn_items(
+    checkpoint: CheckpointRecord, stored: list[StoredItem]
+) -> HistoryFailure | None:
+    rid = checkpoint.response_id
+    if len(stored) < checkpoint.item_count:
+        return _missing(f"{rid} has {len(stored)} of {checkpoint.item_count} items")
+    if len(stored) > checkpoint.item_count:
+        return _corrupt(f"{rid} has {len(stored)} items, checkpoint says {checkpoint.item_count}")
+    for position, entry in enumerate(stored):
+        if entry.position != position or entry.item_seq != checkpoint.first_item_seq + position:
+            return _corrupt(f"{rid} item at position {entry.position} seq {entry.item_seq}")
+    if items_digest(s.item for s in stored) != checkpoint.items_digest:
+        return _corrupt(f"{rid} items do not match the checkpoint's items digest")
+    return None
+
+
+def _check_items(items: tuple[Item, ...]) -> HistoryFailure | None:
+    for item in items:
+        if not item.digest_ok():
+            return _corrupt(f"item {item.item_id} content does not match its digest")
+    for item in items:
+        if item.format_version not in SUPPORTED_FORMAT_VERSIONS:
+            return HistoryFailure(
+                HistoryFailureReason.UNSUPPORTED_FORMAT,
+                f"item {item.item_id} format {item.format_version}",
+            )
+    for item in items:
+        if item.type not in KNOWN_ITEM_TYPES:
+            return HistoryFailure(
+                HistoryFailureReason.UNKNOWN_ITEM_TYPE, f"item {item.item_id} type {item.type!r}"
+            )
+    return None

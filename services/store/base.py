@@ -1,0 +1,479 @@
+"""The checkpoint store interface: frozen records in, typed outcomes out.
+
+Expected results (a lost race, a duplicate, a missing parent, a turn too large) are
+*outcomes*, returned. Broken infrastructure is an *exception*: ``StoreUnavailable``,
+which says whether retrying the same call can help. A malformed request (a bug in the
+caller) is ``InvalidPromotion``.
+
+Promotion protocol, shared by every backend (``CheckpointStore.promote``):
+
+1. refuse a turn above ``max_turn_bytes`` (``TooLarge``) before any I/O;
+2. read the partition's view at linearizable consistency: head, the idempotency
+   record of the key, an existing checkpoint of the response id, the parent;
+3. decide with the pure ``decide`` below: an outcome (``Duplicate``, ``KeyReused``,
+   ``Conflict`` ...) ends the call; otherwise a ``Plan`` (seq, parent, item seqs);
+4. write items + checkpoint + idempotency record + head advance in ONE atomic,
+   conditional write that only applies if the view is still true;
+5. applied: ``Promoted``. Not applied: someone else moved first, go back to 2 (the
+   next decision is an outcome, since every state change is monotonic).
+
+Backends implement ``_read_view``, ``_write``, ``_load_partition``, ``_locate``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from ratchet.domain.history import (
+    Certification,
+    CheckpointRecord,
+    Head,
+    HistoryFailure,
+    HistoryFailureReason,
+    PartitionSnapshot,
+    PromotionMode,
+    TokenArtifact,
+    VerifiedHistory,
+    items_digest,
+    utc_ms,
+    verify_conversation_history,
+    verify_history,
+)
+from schemas.models import Item
+
+__all__ = [
+    "AheadOfHead",
+    "Certification",
+    "CheckpointRecord",
+    "CheckpointStore",
+    "Conflict",
+    "DEFAULT_MAX_TURN_BYTES",
+    "Duplicate",
+    "Head",
+    "HistoryFailure",
+    "HistoryFailureReason",
+    "IdempotencyRecord",
+    "InvalidPromotion",
+    "KeyReused",
+    "ParentMissing",
+    "PartitionSnapshot",
+    "Plan",
+    "PromotionMode",
+    "PromotionOutcome",
+    "PromotionRequest",
+    "PromotionView",
+    "Promoted",
+    "ResponseExists",
+    "StoreError",
+    "StoreUnavailable",
+    "TokenArtifact",
+    "TooLarge",
+    "VerifiedHistory",
+    "decide",
+    "turn_size",
+]
+
+# Cassandra refuses a mutation above half of ``commitlog_segment_size`` (32 MiB by
+# default -> 16 MiB), and an LWT writes the whole batch twice (Paxos proposal, then
+# commit), each as one mutation. 12 MiB of turn leaves room for row and Paxos overhead;
+# see docs/store.md for the measurements.
+DEFAULT_MAX_TURN_BYTES = 12 * 1024 * 1024
+# Bytes counted per stored row on top of its payload (keys, column names, timestamps).
+ROW_OVERHEAD_BYTES = 64
+# How many read-decide-write rounds a promotion may lose before giving up; each lost
+# round means another promoter moved the partition, so the next decision is final.
+MAX_PROMOTION_ROUNDS = 4
+
+
+# --- errors --------------------------------------------------------------------------
+
+
+class StoreError(Exception):
+    """Base of the store's exceptions."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached or did not answer in time.
+
+    ``retryable`` says whether repeating the same call can succeed (a timeout or an
+    unavailable replica: yes; a schema missing or a query refused: no). After an
+    unknown write outcome that could not be resolved, repeating ``promote`` with the
+    same idempotency key is safe: it returns ``Duplicate`` if the first write landed.
+    """
+
+    def __init__(self, message: str, *, retryable: bool, operation: str = "") -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.operation = operation
+
+
+class InvalidPromotion(StoreError, ValueError):
+    """The request itself is malformed; the caller must validate before promoting."""
+
+
+# --- request and outcomes ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PromotionRequest:
+    """One turn to promote: its new items plus the checkpoint metadata to persist.
+
+    ``items`` are the turn's NEW items only (its input items then its output items);
+    the history before them is already stored. ``expected_head_seq`` is required in
+    Conversation mode (0 for a new Conversation) and ignored in chain mode.
+    ``router_receipt`` / ``boundary_proof`` are canonical JSON, stored verbatim.
+    """
+
+    tenant_id: str
+    partition_key: str
+    mode: PromotionMode
+    response_id: str
+    idempotency_key: str
+    request_digest: str
+    items: tuple[Item, ...]
+    certification: Certification
+    fingerprint_hash: str | None = None
+    previous_response_id: str | None = None
+    expected_head_seq: int | None = None
+    token_artifact: TokenArtifact | None = None
+    router_receipt: str | None = None
+    boundary_proof: str | None = None
+
+
+@dataclass(frozen=True)
+class Promoted:
+    """The turn is durable and the head (Conversation mode) has moved to ``seq``."""
+
+    checkpoint: CheckpointRecord
+
+    @property
+    def seq(self) -> int:
+        return self.checkpoint.seq
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """Same idempotency key and same request digest were already promoted."""
+
+    original: CheckpointRecord
+
+
+@dataclass(frozen=True)
+class KeyReused:
+    """Same idempotency key already promoted a DIFFERENT request."""
+
+    original_request_digest: str
+    original_response_id: str
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Conversation mode: the head already moved past ``expected_head_seq``."""
+
+    current_head_seq: int
+
+
+@dataclass(frozen=True)
+class AheadOfHead:
+    """Conversation mode: ``expected_head_seq`` is beyond the head (out of order)."""
+
+    current_head_seq: int
+
+
+@dataclass(frozen=True)
+class ParentMissing:
+    """Chain mode: ``previous_response_id`` is not promoted in this tenant/partition."""
+
+    previous_response_id: str
+
+
+@dataclass(frozen=True)
+class ResponseExists:
+    """This response id was already promoted under another idempotency key."""
+
+    original: CheckpointRecord
+
+
+@dataclass(frozen=True)
+class TooLarge:
+    """The turn's stored size is above what one atomic write can carry; nothing stored."""
+
+    size: int
+    limit: int
+
+
+PromotionOutcome = (
+    Promoted
+    | Duplicate
+    | KeyReused
+    | Conflict
+    | AheadOfHead
+    | ParentMissing
+    | ResponseExists
+    | TooLarge
+)
+
+
+# --- the pure promotion decision ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    """Which request an idempotency key promoted (stored with the checkpoint)."""
+
+    idempotency_key: str
+    request_digest: str
+    response_id: str
+
+
+@dataclass(frozen=True)
+class PromotionView:
+    """What a backend read before deciding; ``_write`` applies only if still true.
+
+    ``original`` is the checkpoint the idempotency record points at (if any),
+    ``existing`` the checkpoint of the request's response id (if any), ``parent`` the
+    checkpoint of ``previous_response_id`` (chain mode, if any).
+    """
+
+    head: Head | None
+    idempotency: IdempotencyRecord | None = None
+    original: CheckpointRecord | None = None
+    existing: CheckpointRecord | None = None
+    parent: CheckpointRecord | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where the turn goes: the write a backend must make atomically."""
+
+    seq: int
+    parent_response_id: str | None
+    first_item_seq: int
+    # Conversation mode: the head the write is conditional on (None = no head yet).
+    expected_head: Head | None = None
+    new_head: Head | None = None
+
+
+def decide(request: PromotionRequest, view: PromotionView) -> PromotionOutcome | Plan:
+    """The promotion rules of contract section 4 for one request over one view."""
+    if view.idempotency is not None:
+        record = view.idempotency
+        if record.request_digest != request.request_digest:
+            return KeyReused(record.request_digest, record.response_id)
+        if view.original is None:
+            raise StoreError(
+                f"idempotency key {record.idempotency_key} points at {record.response_id}, "
+                "which has no checkpoint: the partition is corrupt"
+            )
+        return Duplicate(view.original)
+    if view.existing is not None:
+        return ResponseExists(view.existing)
+    if request.mode is PromotionMode.CONVERSATION:
+        return _decide_conversation(request, view.head)
+    return _decide_chain(request, view.parent)
+
+
+def _decide_conversation(request: PromotionRequest, head: Head | None) -> PromotionOutcome | Plan:
+    current = 0 if head is None else head.seq
+    expected = request.expected_head_seq
+    assert expected is not None  # validate_request guarantees it
+    if expected < current:
+        return Conflict(current)
+    if expected > current:
+        return AheadOfHead(current)
+    first = 1 if head is None else head.item_count + 1
+    seq = current + 1
+    return Plan(
+        seq=seq,
+        parent_response_id=None if head is None else head.response_id,
+        first_item_seq=first,
+        expected_head=head,
+        new_head=Head(seq, request.response_id, first - 1 + len(request.items)),
+    )
+
+
+def _decide_chain(
+    request: PromotionRequest, parent: CheckpointRecord | None
+) -> PromotionOutcome | Plan:
+    if request.previous_response_id is None:
+        return Plan(seq=1, parent_response_id=None, first_item_seq=1)
+    if parent is None or parent.mode is not PromotionMode.CHAIN:
+        return ParentMissing(request.previous_response_id)
+    return Plan(
+        seq=parent.seq + 1,
+        parent_response_id=parent.response_id,
+        first_item_seq=parent.last_item_seq + 1,
+    )
+
+
+def turn_size(request: PromotionRequest) -> int:
+    """Bytes the turn adds to its partition, counted the way the limit is documented."""
+    size = ROW_OVERHEAD_BYTES * 2 + len(request.response_id) + len(request.idempotency_key)
+    size += len(request.request_digest) * 2 + len(request.fingerprint_hash or "")
+    size += len(request.router_receipt or "") + len(request.boundary_proof or "")
+    if request.token_artifact is not None:
+        size += len(request.token_artifact.to_json())
+    for item in request.items:
+        size += ROW_OVERHEAD_BYTES + len(item.content) + len(item.content_digest)
+        size += len(item.item_id) + len(item.type) + len(item.role or "")
+        size += len(item.call_id or "")
+    return size
+
+
+def validate_request(request: PromotionRequest) -> None:
+    """Refuse requests that are bugs in the caller, or that could never be read back."""
+    for name in ("tenant_id", "partition_key", "response_id", "idempotency_key"):
+        if not getattr(request, name):
+            raise InvalidPromotion(f"{name} is empty")
+    if request.mode is PromotionMode.CONVERSATION:
+        if request.expected_head_seq is None or request.expected_head_seq < 0:
+            raise InvalidPromotion("Conversation mode needs expected_head_seq >= 0")
+    elif request.previous_response_id == request.response_id:
+        raise InvalidPromotion("a response cannot be its own parent")
+    for item in request.items:
+        if not item.digest_ok():
+            raise InvalidPromotion(f"item {item.item_id} content does not match its digest")
+
+
+def build_checkpoint(
+    request: PromotionRequest, plan: Plan, promoted_at: datetime, logical_retention_s: int
+) -> CheckpointRecord:
+    """The checkpoint record a plan persists (same on every backend)."""
+    promoted_at = utc_ms(promoted_at)
+    expires = (
+        promoted_at + timedelta(seconds=logical_retention_s) if logical_retention_s > 0 else None
+    )
+    return CheckpointRecord(
+        tenant_id=request.tenant_id,
+        partition_key=request.partition_key,
+        response_id=request.response_id,
+        seq=plan.seq,
+        mode=request.mode,
+        parent_response_id=plan.parent_response_id,
+        previous_response_id=request.previous_response_id,
+        idempotency_key=request.idempotency_key,
+        request_digest=request.request_digest,
+        certification=request.certification,
+        fingerprint_hash=request.fingerprint_hash,
+        token_artifact=request.token_artifact,
+        router_receipt=request.router_receipt,
+        boundary_proof=request.boundary_proof,
+        first_item_seq=plan.first_item_seq,
+        last_item_seq=plan.first_item_seq + len(request.items) - 1,
+        items_digest=items_digest(request.items),
+        promoted_at=promoted_at,
+        logical_expires_at=expires,
+    )
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+# --- the interface --------------------------------------------------------------------
+
+
+@dataclass
+class StoreOptions:
+    """Knobs shared by every backend."""
+
+    logical_retention_s: int = 0
+    max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES
+    clock: Callable[[], datetime] = field(default=_utc_now)
+
+
+class CheckpointStore(ABC):
+    """Atomic promotion of turns and verified reads of histories.
+
+    Thread-safe. Every method either returns a typed result or raises
+    ``StoreUnavailable`` / ``InvalidPromotion``.
+    """
+
+    def __init__(self, options: StoreOptions | None = None) -> None:
+        self.options = options or StoreOptions()
+
+    # -- public API ---------------------------------------------------------------------
+
+    def promote(self, request: PromotionRequest) -> PromotionOutcome:
+        """Persist the turn atomically, or say why not (see the module docstring)."""
+        validate_request(request)
+        size = turn_size(request)
+        if size > self.options.max_turn_bytes:
+            return TooLarge(size, self.options.max_turn_bytes)
+        for _ in range(MAX_PROMOTION_ROUNDS):
+            decision = decide(request, self._read_view(request))
+            if not isinstance(decision, Plan):
+                return decision
+            checkpoint = build_checkpoint(
+                request, decision, self.options.clock(), self.options.logical_retention_s
+            )
+            if self._write(request, decision, checkpoint):
+                return Promoted(checkpoint)
+        raise StoreUnavailable(
+            f"promotion of {request.response_id} lost {MAX_PROMOTION_ROUNDS} rounds in a row",
+            retryable=True,
+            operation="promote",
+        )
+
+    def read_history(
+        self,
+        tenant_id: str,
+        *,
+        response_id: str | None = None,
+        conversation_id: str | None = None,
+        now: datetime | None = None,
+    ) -> VerifiedHistory | HistoryFailure:
+        """The complete verified history of a response or a Conversation, or why not.
+
+        Give exactly one of ``response_id`` / ``conversation_id``. Another tenant's
+        id is ``NOT_FOUND``, exactly like an unknown id.
+        """
+        if (response_id is None) == (conversation_id is None):
+            raise ValueError("give exactly one of response_id or conversation_id")
+        now = now or self.options.clock()
+        if conversation_id is not None:
+            snapshot = self._load_partition(tenant_id, conversation_id)
+            if snapshot is None:
+                return HistoryFailure(HistoryFailureReason.NOT_FOUND, "no such conversation")
+            return verify_conversation_history(snapshot, now)
+        assert response_id is not None
+        partition_key = self._locate(tenant_id, response_id)
+        snapshot = None if partition_key is None else self._load_partition(tenant_id, partition_key)
+        if snapshot is None:
+            return HistoryFailure(HistoryFailureReason.NOT_FOUND, "no such response")
+        return verify_history(snapshot, response_id, now)
+
+    @abstractmethod
+    def head(self, tenant_id: str, partition_key: str) -> Head | None:
+        """The Conversation's head, or None if nothing was promoted (or chain mode)."""
+
+    @abstractmethod
+    def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
+        """The promoted checkpoint of a response, or None (also for another tenant)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; the in-memory backend has nothing to release."""
+
+    # -- backend hooks ------------------------------------------------------------------
+
+    @abstractmethod
+    def _read_view(self, request: PromotionRequest) -> PromotionView:
+        """Read head / idempotency record / existing / parent, linearizably."""
+
+    @abstractmethod
+    def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord) -> bool:
+        """Atomically write the turn if the view still holds; True if it was applied.
+
+        An unknown outcome must be resolved before returning (never guessed).
+        """
+
+    @abstractmethod
+    def _locate(self, tenant_id: str, response_id: str) -> str | None:
+        """The partition key a response id was promoted under (a hint; verified later)."""
+
+    @abstractmethod
+    def _load_partition(self, tenant_id: str, partition_key: str) -> PartitionSnapshot | None:
+        """Every checkpoint and item of one partition, or None if it holds nothing."""

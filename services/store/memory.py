@@ -1,0 +1,109 @@
+"""In-memory backend with the same semantics as Cassandra (for tests and demos).
+
+One lock guards everything. ``_read_view`` and ``_write`` take it separately, exactly
+like the Cassandra backend's read and conditional write are separate round trips, so
+the optimistic-concurrency path (lose a race, re-read, decide again) is exercised here
+too. ``_write`` re-checks the same conditions the Cassandra batch carries.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from ratchet.domain.history import CheckpointRecord, Head, PartitionSnapshot, StoredItem
+from services.store.base import (
+    CheckpointStore,
+    IdempotencyRecord,
+    Plan,
+    PromotionMode,
+    PromotionRequest,
+    PromotionView,
+    StoreOptions,
+)
+
+
+@dataclass
+class _Partition:
+    head: Head | None = None
+    checkpoints: dict[str, CheckpointRecord] = field(default_factory=dict)
+    items: dict[str, tuple[StoredItem, ...]] = field(default_factory=dict)
+    idempotency: dict[str, IdempotencyRecord] = field(default_factory=dict)
+
+
+class MemoryCheckpointStore(CheckpointStore):
+    """A ``CheckpointStore`` held in a dict; thread-safe."""
+
+    def __init__(self, options: StoreOptions | None = None) -> None:
+        super().__init__(options)
+        self._lock = threading.Lock()
+        self._partitions: dict[tuple[str, str], _Partition] = {}
+        self._response_index: dict[tuple[str, str], str] = {}
+
+    def head(self, tenant_id: str, partition_key: str) -> Head | None:
+        with self._lock:
+            partition = self._partitions.get((tenant_id, partition_key))
+            return None if partition is None else partition.head
+
+    def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
+        with self._lock:
+            partition_key = self._response_index.get((tenant_id, response_id))
+            partition = self._partitions.get((tenant_id, partition_key or ""))
+            return None if partition is None else partition.checkpoints.get(response_id)
+
+    def _read_view(self, request: PromotionRequest) -> PromotionView:
+        with self._lock:
+            partition = self._partitions.get((request.tenant_id, request.partition_key))
+            if partition is None:
+                return PromotionView(head=None)
+            record = partition.idempotency.get(request.idempotency_key)
+            parent_id = request.previous_response_id
+            return PromotionView(
+                head=partition.head,
+                idempotency=record,
+                original=None if record is None else partition.checkpoints.get(record.response_id),
+                existing=partition.checkpoints.get(request.response_id),
+                parent=None if parent_id is None else partition.checkpoints.get(parent_id),
+            )
+
+    def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord) -> bool:
+        key = (request.tenant_id, request.partition_key)
+        with self._lock:
+            partition = self._partitions.get(key) or _Partition()
+            if (
+                request.idempotency_key in partition.idempotency
+                or request.response_id in partition.checkpoints
+            ):
+                return False
+            if request.mode is PromotionMode.CONVERSATION and partition.head != plan.expected_head:
+                return False
+            self._partitions[key] = partition
+            partition.idempotency[request.idempotency_key] = IdempotencyRecord(
+                request.idempotency_key, request.request_digest, request.response_id
+            )
+            partition.checkpoints[request.response_id] = checkpoint
+            partition.items[request.response_id] = tuple(
+                StoredItem(request.response_id, i, checkpoint.first_item_seq + i, item)
+                for i, item in enumerate(request.items)
+            )
+            if plan.new_head is not None:
+                partition.head = plan.new_head
+            self._response_index[(request.tenant_id, request.response_id)] = request.partition_key
+            return True
+
+    def _locate(self, tenant_id: str, response_id: str) -> str | None:
+        with self._lock:
+            return self._response_index.get((tenant_id, response_id))
+
+    def _load_partition(self, tenant_id: str, partition_key: str) -> PartitionSnapshot | None:
+        with self._lock:
+            partition = self._partitions.get((tenant_id, partition_key))
+            if partition is None:
+                return None
+            return PartitionSnapshot(
+                tenant_id=tenant_id,
+                partition_key=partition_key,
+                head=partition.head,
+                checkpoints=dict(partition.checkpoints),
+                items=dict(partition.items),
+            )
