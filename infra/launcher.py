@@ -16,12 +16,14 @@ stderr of the java process), ``state.json`` (pids).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from infra.procs import Running, StateFile, is_alive, proc_start_time, terminate
@@ -175,6 +177,23 @@ def up(settings: Settings, names: Iterable[str] = NAMES, out: Say = _print) -> N
     say = _Clock(out)
     state = StateFile(settings.home)
     servers = [server(settings, n) for n in names]
+    with _up_lock(settings):
+        _up(servers, state, say)
+    say("all servers ready:")
+    for srv in servers:
+        out("  " + srv.endpoint())
+
+
+@contextlib.contextmanager
+def _up_lock(settings: Settings) -> Iterator[None]:
+    """One ``up`` at a time per home: a second caller waits, then finds the servers healthy."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    with (settings.home / "up.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _up(servers: list[Server], state: StateFile, say: Say) -> None:
     errors: dict[str, BaseException] = {}
 
     def run(srv: Server) -> None:
@@ -190,9 +209,6 @@ def up(settings: Settings, names: Iterable[str] = NAMES, out: Say = _print) -> N
         t.join()
     if errors:
         raise InfraError("\n".join(str(e) for e in errors.values()))
-    say("all servers ready:")
-    for srv in servers:
-        out("  " + srv.endpoint())
 
 
 def start_server(settings: Settings, name: str, out: Say = _print) -> None:

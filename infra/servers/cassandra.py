@@ -141,12 +141,14 @@ class Cassandra(Server):
             raise Unhealthy(f"nothing accepts connections on 127.0.0.1:{self.client_port()}")
         import logging
 
-        from cassandra.cluster import Cluster
+        from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+        from cassandra.policies import RoundRobinPolicy
 
         logging.getLogger("cassandra").setLevel(logging.CRITICAL)
+        profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy())
         cluster = Cluster(list(self.settings.cassandra_hosts), port=self.client_port(),
                           connect_timeout=timeout_s, control_connection_timeout=timeout_s,
-                          protocol_version=5)
+                          protocol_version=5, execution_profiles={EXEC_PROFILE_DEFAULT: profile})
         try:
             session = cluster.connect()
             row = session.execute("SELECT release_version FROM system.local",
