@@ -197,6 +197,9 @@ class PartitionSnapshot:
     head: Head | None
     checkpoints: Mapping[str, CheckpointRecord]
     items: Mapping[str, tuple[StoredItem, ...]]
+    # Response ids whose stored rows could not even be decoded (a null where a value
+    # must be, an unknown enum): any lineage touching them is CORRUPT_HISTORY.
+    damaged: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,8 @@ def verify_history(
     snapshot: PartitionSnapshot, response_id: str, now: datetime
 ) -> VerifiedHistory | HistoryFailure:
     """Verify the lineage ending at ``response_id`` and return it, or why not."""
+    if response_id in snapshot.damaged:
+        return _corrupt(f"rows of {response_id} cannot be decoded")
     checkpoint = snapshot.checkpoints.get(response_id)
     if checkpoint is None or checkpoint.tenant_id != snapshot.tenant_id:
         return HistoryFailure(HistoryFailureReason.NOT_FOUND, f"no checkpoint {response_id}")
@@ -290,6 +295,8 @@ def _lineage(
             return _corrupt(f"{current.response_id} does not belong to this partition")
         if current.parent_response_id is None:
             break
+        if current.parent_response_id in snapshot.damaged:
+            return _corrupt(f"rows of {current.parent_response_id} cannot be decoded")
         parent = snapshot.checkpoints.get(current.parent_response_id)
         if parent is None:
             return _missing(f"parent {current.parent_response_id} of {current.response_id}")

@@ -1,0 +1,131 @@
+"""Builders and a Cassandra keyspace helper shared by the store's contract and
+integration tests."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from ratchet.domain.history import Certification, PromotionMode, TokenArtifact, canonical_json
+from schemas.models import Item, sha256_hex
+from services.store.base import PromotionRequest
+
+MIGRATION = Path(__file__).resolve().parents[2] / "infra" / "migrations" / "001_core.cql"
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+class FakeClock:
+    """A clock tests move by hand."""
+
+    def __init__(self, now: datetime = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+def item(
+    text: str = "hi", *, type_: str = "message", role: str | None = "user", size: int = 0
+) -> Item:
+    body = {"text": text} if not size else {"text": text, "pad": "x" * size}
+    content = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return Item(
+        item_id=uid("item"),
+        type=type_,
+        role=role,
+        content=content,
+        content_digest=sha256_hex(content),
+    )
+
+
+def artifact(fingerprint: str = "fp1", expires_at: datetime | None = None) -> TokenArtifact:
+    return TokenArtifact(
+        artifact_id=uid("art"),
+        token_hash="th",
+        token_count=42,
+        safe_append_boundary=40,
+        fingerprint_hash=fingerprint,
+        expires_at=expires_at or T0 + timedelta(hours=1),
+    )
+
+
+def conversation_turn(
+    tenant: str,
+    conversation: str,
+    expected_head_seq: int,
+    *,
+    n_items: int = 2,
+    key: str | None = None,
+    digest: str | None = None,
+    response_id: str | None = None,
+    items: tuple[Item, ...] | None = None,
+    certified: bool = True,
+) -> PromotionRequest:
+    key = key or uid("key")
+    return PromotionRequest(
+        tenant_id=tenant,
+        partition_key=conversation,
+        mode=PromotionMode.CONVERSATION,
+        response_id=response_id or uid("resp"),
+        idempotency_key=key,
+        request_digest=digest or sha256_hex(key.encode()),
+        items=items if items is not None else tuple(item(f"t{i}") for i in range(n_items)),
+        certification=Certification.CERTIFIED if certified else Certification.LOGICAL_ONLY,
+        fingerprint_hash="fp1",
+        expected_head_seq=expected_head_seq,
+        token_artifact=artifact() if certified else None,
+        router_receipt=canonical_json({"receipt_id": "rc1", "covered_tokens": 40}),
+        boundary_proof=canonical_json({"boundary_kind": "append", "combined_count": 42}),
+    )
+
+
+def chain_turn(
+    tenant: str,
+    root: str,
+    response_id: str,
+    previous: str | None,
+    *,
+    n_items: int = 2,
+    key: str | None = None,
+) -> PromotionRequest:
+    key = key or uid("key")
+    return PromotionRequest(
+        tenant_id=tenant,
+        partition_key=root,
+        mode=PromotionMode.CHAIN,
+        response_id=response_id,
+        idempotency_key=key,
+        request_digest=sha256_hex(key.encode()),
+        items=tuple(item(f"{response_id}-{i}") for i in range(n_items)),
+        certification=Certification.CERTIFIED,
+        fingerprint_hash="fp1",
+        previous_response_id=previous,
+        token_artifact=artifact(),
+    )
+
+
+def create_store_keyspace(cluster, keyspace: str, replication: str):
+    """Create ``keyspace``, apply the store's migration into it, return a session on it."""
+    admin = cluster.connect()
+    admin.execute(
+        f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}", timeout=60
+    )
+    session = cluster.connect(keyspace)
+    for statement in migration_statements():
+        session.execute(statement, timeout=60)
+    admin.shutdown()
+    return session
+
+
+def migration_statements() -> list[str]:
+    lines = [ln for ln in MIGRATION.read_text().splitlines() if not ln.strip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]

@@ -1,0 +1,279 @@
+"""One contract every ``CheckpointStore`` backend must pass (memory and Cassandra).
+
+``StoreContract`` holds the tests; each backend subclasses it and provides ``make_store``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ratchet.domain.history import HistoryFailure, HistoryFailureReason, VerifiedHistory
+from services.store.base import (
+    AheadOfHead,
+    CheckpointStore,
+    Conflict,
+    Duplicate,
+    InvalidPromotion,
+    KeyReused,
+    ParentMissing,
+    Promoted,
+    ResponseExists,
+    StoreOptions,
+    TooLarge,
+)
+from services.store.memory import MemoryCheckpointStore
+from tests.contract.store_support import (
+    FakeClock,
+    chain_turn,
+    conversation_turn,
+    item,
+    uid,
+)
+
+MIB = 1024 * 1024
+
+
+class StoreContract:
+    """Behaviour shared by every backend. Ids are unique per test: no cleanup needed."""
+
+    def make_store(self, options: StoreOptions) -> CheckpointStore:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def clock(self) -> FakeClock:
+        return FakeClock()
+
+    @pytest.fixture
+    def store(self, clock) -> CheckpointStore:
+        return self.make_store(StoreOptions(clock=clock))
+
+    @pytest.fixture
+    def tenant(self) -> str:
+        return uid("tenant")
+
+    def history(self, store, tenant, **by) -> VerifiedHistory:
+        result = store.read_history(tenant, **by)
+        assert isinstance(result, VerifiedHistory), result
+        return result
+
+    # -- Conversation mode ------------------------------------------------------------
+
+    def test_first_turn_is_seq_1_and_readable(self, store, tenant):
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        outcome = store.promote(turn)
+        assert isinstance(outcome, Promoted) and outcome.seq == 1
+        assert store.head(tenant, conv).seq == 1
+        assert store.get_checkpoint(tenant, turn.response_id) == outcome.checkpoint
+        by_conv = self.history(store, tenant, conversation_id=conv)
+        by_resp = self.history(store, tenant, response_id=turn.response_id)
+        assert by_conv == by_resp
+        assert by_conv.items == turn.items and by_conv.head_seq == 1
+        assert by_conv.checkpoint == outcome.checkpoint
+
+    def test_turns_append_in_order_with_lineage(self, store, tenant):
+        conv = uid("conv")
+        turns = [conversation_turn(tenant, conv, seq, n_items=seq + 1) for seq in range(5)]
+        for seq, turn in enumerate(turns):
+            outcome = store.promote(turn)
+            assert isinstance(outcome, Promoted) and outcome.seq == seq + 1
+        history = self.history(store, tenant, conversation_id=conv)
+        assert history.items == tuple(i for t in turns for i in t.items)
+        assert [c.response_id for c in history.lineage] == [t.response_id for t in turns]
+        assert history.lineage[2].parent_response_id == turns[1].response_id
+        middle = self.history(store, tenant, response_id=turns[2].response_id)
+        assert middle.items == tuple(i for t in turns[:3] for i in t.items)
+        assert middle.head_seq == 5 and middle.checkpoint.seq == 3
+
+    def test_duplicate_returns_the_original(self, store, tenant, clock):
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        first = store.promote(turn)
+        clock.advance(5)
+        again = store.promote(turn)
+        assert again == Duplicate(first.checkpoint)
+        retried = conversation_turn(
+            tenant, conv, 0, key=turn.idempotency_key, digest=turn.request_digest
+        )
+        assert store.promote(retried) == Duplicate(first.checkpoint)
+        assert store.head(tenant, conv).seq == 1
+
+    def test_same_key_other_digest_is_key_reused(self, store, tenant):
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        store.promote(turn)
+        other = conversation_turn(tenant, conv, 1, key=turn.idempotency_key, digest="other")
+        assert store.promote(other) == KeyReused(turn.request_digest, turn.response_id)
+        assert store.head(tenant, conv).seq == 1
+
+    def test_stale_head_conflicts_and_future_head_is_ahead(self, store, tenant):
+        conv = uid("conv")
+        store.promote(conversation_turn(tenant, conv, 0))
+        store.promote(conversation_turn(tenant, conv, 1))
+        assert store.promote(conversation_turn(tenant, conv, 1)) == Conflict(2)
+        assert store.promote(conversation_turn(tenant, conv, 0)) == Conflict(2)
+        assert store.promote(conversation_turn(tenant, conv, 7)) == AheadOfHead(2)
+        assert store.promote(conversation_turn(tenant, uid("conv"), 3)) == AheadOfHead(0)
+        assert store.head(tenant, conv).seq == 2
+
+    def test_a_response_id_is_promoted_once(self, store, tenant):
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        first = store.promote(turn)
+        again = conversation_turn(tenant, conv, 1, response_id=turn.response_id)
+        assert store.promote(again) == ResponseExists(first.checkpoint)
+
+    def test_logical_only_turn(self, store, tenant):
+        conv = uid("conv")
+        store.promote(conversation_turn(tenant, conv, 0, certified=False))
+        history = self.history(store, tenant, conversation_id=conv)
+        assert history.checkpoint.token_artifact is None
+        assert history.checkpoint.certification.value == "logical_only"
+
+    def test_malformed_requests_raise(self, store, tenant):
+        turn = conversation_turn(tenant, uid("conv"), 0)
+        with pytest.raises(InvalidPromotion):
+            store.promote(turn.__class__(**{**turn.__dict__, "expected_head_seq": None}))
+        bad = item().model_copy(update={"content_digest": "0" * 64})
+        with pytest.raises(InvalidPromotion):
+            store.promote(conversation_turn(tenant, uid("conv"), 0, items=(bad,)))
+
+    # -- chain mode ---------------------------------------------------------------------
+
+    def test_chain_lineage_and_forks(self, store, tenant):
+        root = uid("resp")
+        a, b, c = uid("resp"), uid("resp"), uid("resp")
+        assert store.promote(chain_turn(tenant, root, root, None)).seq == 1
+        assert store.promote(chain_turn(tenant, root, a, root)).seq == 2
+        assert store.promote(chain_turn(tenant, root, b, root)).seq == 2  # a fork
+        assert store.promote(chain_turn(tenant, root, c, b, n_items=3)).seq == 3
+        fork_a = self.history(store, tenant, response_id=a)
+        path_c = self.history(store, tenant, response_id=c)
+        assert [x.response_id for x in fork_a.lineage] == [root, a]
+        assert [x.response_id for x in path_c.lineage] == [root, b, c]
+        assert len(path_c.items) == 7 and path_c.head_seq == 3
+        assert path_c.items[:2] == fork_a.items[:2]
+        assert store.head(tenant, root) is None
+
+    def test_chain_parent_must_be_promoted_in_the_same_tenant(self, store, tenant):
+        root = uid("resp")
+        store.promote(chain_turn(tenant, root, root, None))
+        missing = uid("resp")
+        assert store.promote(chain_turn(tenant, root, uid("resp"), missing)) == ParentMissing(
+            missing
+        )
+        other_tenant = uid("tenant")
+        assert store.promote(chain_turn(other_tenant, root, uid("resp"), root)) == ParentMissing(
+            root
+        )
+
+    def test_chain_response_promoted_once_and_duplicates(self, store, tenant):
+        root = uid("resp")
+        turn = chain_turn(tenant, root, root, None)
+        first = store.promote(turn)
+        assert store.promote(turn) == Duplicate(first.checkpoint)
+        assert store.promote(chain_turn(tenant, root, root, None)) == ResponseExists(
+            first.checkpoint
+        )
+
+    # -- isolation, absence, expiry -------------------------------------------------------
+
+    def test_other_tenant_sees_nothing(self, store, tenant):
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        store.promote(turn)
+        stranger = uid("tenant")
+        not_found = HistoryFailureReason.NOT_FOUND
+        assert store.read_history(stranger, response_id=turn.response_id).reason is not_found
+        assert store.read_history(stranger, conversation_id=conv).reason is not_found
+        assert store.get_checkpoint(stranger, turn.response_id) is None
+        assert store.head(stranger, conv) is None
+
+    def test_unknown_ids_are_not_found(self, store, tenant):
+        for by in ({"response_id": uid("resp")}, {"conversation_id": uid("conv")}):
+            result = store.read_history(tenant, **by)
+            assert result == HistoryFailure(HistoryFailureReason.NOT_FOUND, result.detail)
+        assert store.get_checkpoint(tenant, uid("resp")) is None
+
+    def test_logical_retention_expires_history(self, clock, tenant):
+        store = self.make_store(StoreOptions(clock=clock, logical_retention_s=60))
+        conv = uid("conv")
+        first = conversation_turn(tenant, conv, 0)
+        store.promote(first)
+        clock.advance(59)
+        assert isinstance(store.read_history(tenant, conversation_id=conv), VerifiedHistory)
+        clock.advance(2)
+        expired = store.read_history(tenant, conversation_id=conv)
+        assert expired.reason is HistoryFailureReason.EXPIRED
+        # A new turn keeps the whole history alive for another retention period.
+        store.promote(conversation_turn(tenant, conv, 1))
+        clock.advance(30)
+        renewed = self.history(store, tenant, conversation_id=conv)
+        assert renewed.lineage[0].response_id == first.response_id
+        assert store.read_history(tenant, response_id=first.response_id).reason is (
+            HistoryFailureReason.EXPIRED
+        )
+
+    # -- size -----------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("mib", [1, 8])
+    def test_large_outputs_round_trip(self, store, tenant, mib):
+        conv = uid("conv")
+        big = item("big", role="assistant", size=mib * MIB)
+        turn = conversation_turn(tenant, conv, 0, items=(item("q"), big))
+        assert isinstance(store.promote(turn), Promoted)
+        assert self.history(store, tenant, conversation_id=conv).items[1] == big
+
+    def test_turn_above_the_limit_is_refused_whole(self, store, tenant):
+        conv = uid("conv")
+        limit = store.options.max_turn_bytes
+        items = tuple(item(f"part{i}", size=4 * MIB) for i in range(limit // (4 * MIB) + 1))
+        outcome = store.promote(conversation_turn(tenant, conv, 0, items=items))
+        assert isinstance(outcome, TooLarge) and outcome.limit == limit and outcome.size > limit
+        assert store.head(tenant, conv) is None
+        assert store.read_history(tenant, conversation_id=conv).reason is (
+            HistoryFailureReason.NOT_FOUND
+        )
+
+    # -- concurrency ------------------------------------------------------------------------
+
+    def test_concurrent_promoters_take_one_seq_each(self, store, tenant):
+        conv = uid("conv")
+        rounds, workers = 5, 4
+        outcomes: list[list[object]] = [[] for _ in range(rounds)]
+        barrier = threading.Barrier(workers)
+
+        def work() -> None:
+            for r in range(rounds):
+                barrier.wait()
+                outcomes[r].append(store.promote(conversation_turn(tenant, conv, r)))
+
+        threads = [threading.Thread(target=work) for _ in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r, results in enumerate(outcomes):
+            assert sum(isinstance(o, Promoted) for o in results) == 1
+            assert all(isinstance(o, Promoted | Conflict) for o in results)
+            assert [o.seq for o in results if isinstance(o, Promoted)] == [r + 1]
+        assert self.history(store, tenant, conversation_id=conv).head_seq == rounds
+
+
+class TestMemoryStore(StoreContract):
+    def make_store(self, options: StoreOptions) -> CheckpointStore:
+        return MemoryCheckpointStore(options)
+
+
+@pytest.mark.integration
+class TestCassandraStore(StoreContract):
+    @pytest.fixture(autouse=True)
+    def _session(self, store_session):
+        self.session = store_session
+
+    def make_store(self, options: StoreOptions) -> CheckpointStore:
+        from services.store.cassandra import CassandraCheckpointStore
+
+        return CassandraCheckpointStore(self.session, options, timeout_s=30)
