@@ -60,5 +60,22 @@ def migrate() -> None:
     sys.exit(migrations.cli_migrate(_settings()))
 
 
+@main.command()
+def api() -> None:
+    """Serve the rehydration HTTP API (RATCHET_API_HOST:RATCHET_API_PORT)."""
+    from services.api import server
+
+    sys.exit(server.cli_api(_settings()))
+
+
+@main.command()
+@click.option("--keep", is_flag=True, help="Leave the worker and API it started running.")
+def demo(keep: bool) -> None:
+    """Run scripted conversations end to end and print a table of outcomes."""
+    from services import demo as demo_run
+
+    sys.exit(demo_run.cli_demo(_settings(), keep=keep))
+
+
 if __name__ == "__main__":
     main()
