@@ -1,0 +1,220 @@
+"""Numbered CQL migrations (``ratchet migrate``), applied once each and recorded.
+
+Files are ``infra/migrations/NNN_name.cql`` (``NNN`` = version, applied in order).
+Rules for their authors:
+
+1. Statements are separated by ``;``. Comments (``--``, ``//``, ``/* */``) are allowed.
+2. They run with the settings' keyspace as the current keyspace: write ``CREATE TABLE
+   heads (...)``, never a hard-coded keyspace name (tests use their own keyspaces).
+3. Use ``IF NOT EXISTS`` in DDL: a migration that fails half-way is re-run whole.
+4. Never edit an applied migration: its sha256 is recorded and a changed checksum is
+   an error. Add a new file instead.
+
+``apply_migrations`` creates the keyspace with ``settings.replication`` and the
+``schema_migrations`` table (version, name, checksum, applied_at), takes a short LWT
+lease so two migrators never run DDL at once, then applies what is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ratchet.settings import Settings
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+_FILE = re.compile(r"^(\d{3,})_([A-Za-z0-9_]+)\.cql$")
+_IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
+LEASE_TTL_S = 120
+
+
+class MigrationError(RuntimeError):
+    """The migrations cannot be applied; the message says which file and why."""
+
+
+class ChecksumMismatch(MigrationError):
+    """An applied migration's file was edited afterwards."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    path: Path
+    checksum: str  # sha256 hex of the file's bytes
+    statements: tuple[str, ...]
+
+
+def split_statements(text: str) -> list[str]:
+    """Split CQL on ``;`` outside quotes, ``$$`` blocks and comments; drop comments."""
+    out: list[str] = []
+    buf: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c, two = text[i], text[i : i + 2]
+        if two in ("--", "//"):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif two == "/*":
+            j = text.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+        elif two == "$$":
+            j = text.find("$$", i + 2)
+            j = n if j < 0 else j + 2
+            buf.append(text[i:j])
+            i = j
+        elif c in ("'", '"'):
+            j = i + 1
+            while j < n:
+                if text[j] == c and text[j + 1 : j + 2] == c:
+                    j += 2  # doubled quote escapes itself
+                elif text[j] == c:
+                    break
+                else:
+                    j += 1
+            buf.append(text[i : j + 1])
+            i = j + 1
+        elif c == ";":
+            out.append("".join(buf))
+            buf = []
+            i += 1
+        else:
+            buf.append(c)
+            i += 1
+    out.append("".join(buf))
+    return [" ".join(s.split()) for s in out if s.strip()]
+
+
+def discover(folder: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """The migrations in ``folder`` ordered by version; malformed names are an error."""
+    found: dict[int, Migration] = {}
+    for path in sorted(folder.glob("*.cql")) if folder.is_dir() else []:
+        m = _FILE.match(path.name)
+        if not m:
+            raise MigrationError(f"{path}: migration files must be named NNN_name.cql")
+        version = int(m.group(1))
+        if version in found:
+            raise MigrationError(f"{path} and {found[version].path} share version {version}")
+        raw = path.read_bytes()
+        found[version] = Migration(version, m.group(2), path, hashlib.sha256(raw).hexdigest(),
+                                   tuple(split_statements(raw.decode("utf-8"))))
+    return [found[v] for v in sorted(found)]
+
+
+def _ensure_keyspace(session, settings: Settings) -> None:
+    if not _IDENT.match(settings.keyspace):
+        raise MigrationError(f"keyspace {settings.keyspace!r} is not a valid CQL identifier")
+    ks = settings.keyspace
+    session.execute(f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = {settings.replication}",
+                    timeout=60)
+    session.execute(
+        f"CREATE TABLE IF NOT EXISTS {ks}.schema_migrations (version int PRIMARY KEY, "
+        "name text, checksum text, applied_at timestamp)", timeout=60)
+    session.execute(
+        f"CREATE TABLE IF NOT EXISTS {ks}.schema_migrations_lease (id text PRIMARY KEY, "
+        "owner text)", timeout=60)
+
+
+def _acquire_lease(session, ks: str, owner: str, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        rs = session.execute(
+            f"INSERT INTO {ks}.schema_migrations_lease (id, owner) VALUES ('migrate', %s) "
+            f"IF NOT EXISTS USING TTL {LEASE_TTL_S}", (owner,), timeout=30)
+        if rs.was_applied:
+            return
+        if time.monotonic() > deadline:
+            raise MigrationError(
+                f"another migrator holds {ks}.schema_migrations_lease (owner "
+                f"{rs.one().owner}); it expires after {LEASE_TTL_S}s")
+        time.sleep(1)
+
+
+def _release_lease(session, ks: str, owner: str) -> None:
+    session.execute(f"DELETE FROM {ks}.schema_migrations_lease WHERE id = 'migrate' IF owner = %s",
+                    (owner,), timeout=30)
+
+
+def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGRATIONS_DIR,
+                     out: Callable[[str], None] = lambda _msg: None) -> list[Migration]:
+    """Create the keyspace and apply every migration not applied yet; return those applied.
+
+    Accepts a cassandra-driver ``Cluster`` or ``Session``; a session of its own is used
+    so the caller's current keyspace is left unchanged. Raises ``ChecksumMismatch`` when
+    an applied migration's file changed, ``MigrationError`` for other problems.
+    """
+    migrations = discover(folder)
+    cluster = getattr(session_or_cluster, "cluster", session_or_cluster)
+    session = cluster.connect()
+    ks, owner = settings.keyspace, uuid.uuid4().hex
+    try:
+        _ensure_keyspace(session, settings)
+        _acquire_lease(session, ks, owner, wait_s=LEASE_TTL_S)
+        try:
+            applied = {r.version: r for r in session.execute(
+                f"SELECT version, name, checksum FROM {ks}.schema_migrations", timeout=30)}
+            for m in migrations:
+                done = applied.get(m.version)
+                if done is not None and done.checksum != m.checksum:
+                    raise ChecksumMismatch(
+                        f"{m.path.name} was applied to keyspace {ks} with checksum "
+                        f"{done.checksum[:12]}… but the file now has {m.checksum[:12]}…: "
+                        "never edit an applied migration, add a new one")
+            todo = [m for m in migrations if m.version not in applied]
+            session.set_keyspace(ks)
+            for m in todo:
+                t = time.monotonic()
+                for i, stmt in enumerate(m.statements, 1):
+                    try:
+                        session.execute(stmt, timeout=120)
+                    except Exception as exc:
+                        raise MigrationError(
+                            f"{m.path.name} statement {i} failed: {exc}\n  {stmt}") from exc
+                session.execute(
+                    f"INSERT INTO {ks}.schema_migrations (version, name, checksum, applied_at) "
+                    "VALUES (%s, %s, %s, toTimestamp(now()))", (m.version, m.name, m.checksum),
+                    timeout=30)
+                out(f"applied {m.path.name} ({len(m.statements)} statements, "
+                    f"{time.monotonic() - t:.1f}s)")
+            for v in sorted(set(applied) - {m.version for m in migrations}):
+                out(f"warning: version {v} ({applied[v].name}) is recorded as applied but has "
+                    f"no file in {folder}")
+            return todo
+        finally:
+            _release_lease(session, ks, owner)
+    finally:
+        session.shutdown()
+
+
+def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR) -> int:
+    import logging
+
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+    from cassandra.policies import RoundRobinPolicy
+
+    logging.getLogger("cassandra").setLevel(logging.ERROR)
+    profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(), request_timeout=60)
+    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
+                      protocol_version=5, connect_timeout=20,
+                      execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+    try:
+        applied = apply_migrations(cluster, settings, folder, out=print)
+    except MigrationError as exc:
+        print(f"ratchet migrate failed: {exc}", flush=True)
+        return 1
+    except Exception as exc:  # NoHostAvailable and friends: say where we tried
+        hosts = ",".join(settings.cassandra_hosts)
+        print(f"ratchet migrate: cannot reach Cassandra at {hosts}:{settings.cassandra_port} "
+              f"({exc}); is `ratchet infra up` running?", flush=True)
+        return 1
+    finally:
+        cluster.shutdown()
+    total = len(discover(folder))
+    print(f"keyspace {settings.keyspace}: {len(applied)} migration(s) applied now, "
+          f"{total} in total, schema up to date")
+    return 0
