@@ -11,6 +11,8 @@ promotion processor must remember across restarts lives here:
 * **decisions** by ``event_id``: the first decision taken for a gateway event.
   A redelivered event re-publishes exactly that decision instead of deciding again
   (the head may have moved meanwhile, and an outcome must never flip);
+* **owners**: which tenant owns a conversation id (first claim wins) and which
+  tenant promoted a response id, so another tenant's ids give ``TENANT_MISMATCH``;
 * **response status** by ``(tenant_id, response_id)``: what
   ``GET /v1/responses/{id}/status`` answers. ``promoted`` always wins over a later
   rejection of the same response id (e.g. a redelivery rejected as DUPLICATE).
@@ -82,8 +84,9 @@ class Decision:
     outcome: str
     reason: str | None
     detail: str
-    seq: int | None
+    seq: int | None  # head seq the rejection refers to (CONFLICT, OUT_OF_ORDER, DUPLICATE)
     decided_at: int
+    existing_response_id: str | None = None
 
 
 class ResponseState(StrEnum):
@@ -122,6 +125,21 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     def cancellation(self, tenant_id: str, idempotency_key: str) -> Cancellation | None: ...
+
+    # -- ownership (tenant checks) ---------------------------------------------------
+    @abc.abstractmethod
+    def claim_conversation(self, conversation_id: str, tenant_id: str) -> str:
+        """Make ``tenant_id`` the owner unless the conversation has one; return the owner."""
+
+    @abc.abstractmethod
+    def conversation_owner(self, conversation_id: str) -> str | None: ...
+
+    @abc.abstractmethod
+    def record_response_owner(self, response_id: str, tenant_id: str) -> None:
+        """Remember which tenant promoted a response id (idempotent)."""
+
+    @abc.abstractmethod
+    def response_owner(self, response_id: str) -> str | None: ...
 
     # -- decisions and status -------------------------------------------------------
     @abc.abstractmethod

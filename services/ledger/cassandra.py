@@ -80,12 +80,29 @@ class CassandraLedger(Ledger):
         )
         self._insert_decision = self._lwt(
             "INSERT INTO event_decisions (event_id, tenant_id, response_id, outcome, reason, "
-            "detail, seq, decided_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"
+            "detail, seq, decided_at, existing_response_id) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"
         )
         self._select_decision = self._prepare(
-            "SELECT event_id, tenant_id, response_id, outcome, reason, detail, seq, decided_at "
-            "FROM event_decisions WHERE event_id = ?",
+            "SELECT event_id, tenant_id, response_id, outcome, reason, detail, seq, decided_at, "
+            "existing_response_id FROM event_decisions WHERE event_id = ?",
             ConsistencyLevel.SERIAL,
+        )
+        self._claim_conversation = self._lwt(
+            "INSERT INTO conversation_owners (conversation_id, tenant_id) VALUES (?, ?) "
+            "IF NOT EXISTS"
+        )
+        self._select_conversation_owner = self._prepare(
+            "SELECT tenant_id FROM conversation_owners WHERE conversation_id = ?",
+            ConsistencyLevel.SERIAL,
+        )
+        self._insert_response_owner = self._prepare(
+            "INSERT INTO response_owners (response_id, tenant_id) VALUES (?, ?)",
+            ConsistencyLevel.QUORUM,
+        )
+        self._select_response_owner = self._prepare(
+            "SELECT tenant_id FROM response_owners WHERE response_id = ?",
+            ConsistencyLevel.QUORUM,
         )
         self._set_promoted = self._prepare(
             "UPDATE response_status SET promoted = true, promoted_seq = ? "
@@ -174,7 +191,7 @@ class CassandraLedger(Ledger):
         with contextlib.suppress(LedgerUnavailable):
             self._run(self._insert_decision, (d.event_id, d.tenant_id, d.response_id,
                                               d.outcome, d.reason, d.detail, d.seq,
-                                              d.decided_at))
+                                              d.decided_at, d.existing_response_id))
         held = self.decision(d.event_id)
         if held is None:
             raise LedgerUnavailable(f"decision for event {d.event_id}: write outcome unknown")
@@ -185,7 +202,27 @@ class CassandraLedger(Ledger):
         if row is None:
             return None
         return Decision(row.event_id, row.tenant_id, row.response_id, row.outcome, row.reason,
-                        row.detail or "", row.seq, row.decided_at)
+                        row.detail or "", row.seq, row.decided_at, row.existing_response_id)
+
+    # -- ownership ------------------------------------------------------------------------
+    def claim_conversation(self, conversation_id: str, tenant_id: str) -> str:
+        with contextlib.suppress(LedgerUnavailable):  # unknown outcome: read decides
+            self._run(self._claim_conversation, (conversation_id, tenant_id))
+        owner = self.conversation_owner(conversation_id)
+        if owner is None:
+            raise LedgerUnavailable(f"claim of conversation {conversation_id}: outcome unknown")
+        return owner
+
+    def conversation_owner(self, conversation_id: str) -> str | None:
+        row = self._run(self._select_conversation_owner, (conversation_id,)).one()
+        return None if row is None else row.tenant_id
+
+    def record_response_owner(self, response_id: str, tenant_id: str) -> None:
+        self._run(self._insert_response_owner, (response_id, tenant_id))
+
+    def response_owner(self, response_id: str) -> str | None:
+        row = self._run(self._select_response_owner, (response_id,)).one()
+        return None if row is None else row.tenant_id
 
     def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:
         self._run(self._set_promoted, (seq, tenant_id, response_id))

@@ -25,6 +25,8 @@ class MemoryLedger(Ledger):
         self._decisions: dict[str, Decision] = {}
         # (tenant, response) -> [promoted, seq, reason, detail]
         self._status: dict[tuple[str, str], list] = {}
+        self._conversation_owners: dict[str, str] = {}
+        self._response_owners: dict[str, str] = {}
 
     def record_effect(self, effect: RecordedEffect) -> EffectWrite:
         with self._lock:
@@ -51,6 +53,22 @@ class MemoryLedger(Ledger):
     def cancellation(self, tenant_id: str, idempotency_key: str) -> Cancellation | None:
         with self._lock:
             return self._cancellations.get((tenant_id, idempotency_key))
+
+    def claim_conversation(self, conversation_id: str, tenant_id: str) -> str:
+        with self._lock:
+            return self._conversation_owners.setdefault(conversation_id, tenant_id)
+
+    def conversation_owner(self, conversation_id: str) -> str | None:
+        with self._lock:
+            return self._conversation_owners.get(conversation_id)
+
+    def record_response_owner(self, response_id: str, tenant_id: str) -> None:
+        with self._lock:
+            self._response_owners.setdefault(response_id, tenant_id)
+
+    def response_owner(self, response_id: str) -> str | None:
+        with self._lock:
+            return self._response_owners.get(response_id)
 
     def record_decision(self, decision: Decision) -> Decision:
         with self._lock:

@@ -1,0 +1,338 @@
+"""The promotion decision of CONTRACT section 4, as pure functions over frozen records.
+
+The processor (``streams/processor.py``) reads facts, calls these functions, writes
+and publishes; every rule lives here so a reader finds them in one place:
+
+1. :func:`decide` - may this ``TurnCompleted`` be promoted at all, and as what?
+   Checks, first broken rule wins: conversation owned by another tenant
+   (``TENANT_MISMATCH``), a ``TurnCancelled`` already seen for its idempotency key
+   (``CANCELLED``), the event's own validation (status, items, fingerprint, proof
+   ...), the tool-effect ledger (``DUPLICATE_TOOL_EFFECT``, ``MISSING_TOOL_EFFECT``,
+   recorded outputs). Pairing across the existing history is part of the event's
+   validation (:func:`validate` continues the stored history's pairing state).
+   Result: a ``Promote`` carrying the store request, or a ``Reject``.
+2. :func:`interpret` - turn the store's compare-and-set outcome into the verdict:
+   ``Promoted`` -> accepted; ``Duplicate`` -> the original outcome again (same
+   response) or ``DUPLICATE``; ``KeyReused`` -> ``IDEMPOTENCY_KEY_REUSED``;
+   ``Conflict`` -> ``CONFLICT``; ``AheadOfHead`` -> ``OUT_OF_ORDER``;
+   ``ParentMissing`` -> ``PARENT_NOT_PROMOTED`` or ``TENANT_MISMATCH`` (parent owned
+   by another tenant).
+3. :func:`orphaned_effects` - which recorded tool effects must be published as
+   ``EffectOrphaned`` for compensation once the verdict is known.
+
+Subturn (ephemeral) artifacts are never promoted: the store request carries only
+the turn's outer ``token_artifact``, and only for a certified turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ratchet.domain.history import Certification as StoreCertification
+from ratchet.domain.history import CheckpointRecord, PromotionMode
+from ratchet.domain.history import TokenArtifact as StoreTokenArtifact
+from ratchet.domain.validation import (
+    Rejected,
+    Unpaired,
+    Validation,
+    pairing_state_of,
+    validate_turn,
+)
+from schemas.canonical import canonical_json_text
+from schemas.models import (
+    Certification,
+    Item,
+    OrphanReason,
+    RejectionReason,
+    TurnCompleted,
+)
+from services.ledger.base import RecordedEffect
+from services.store.base import (
+    AheadOfHead,
+    Conflict,
+    Duplicate,
+    KeyReused,
+    ParentMissing,
+    Promoted,
+    PromotionOutcome,
+    PromotionRequest,
+    ResponseExists,
+    TooLarge,
+)
+
+R = RejectionReason
+
+
+# --- inputs and results ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the processor read before deciding on one ``TurnCompleted``.
+
+    ``effects``: every tool effect recorded for the turn's (tenant, idempotency key),
+    by effect_id. ``conversation_owner``: the tenant that owns the conversation
+    (None in chain mode or for a new conversation).
+    """
+
+    cancelled: bool = False
+    effects: Mapping[str, RecordedEffect] = None  # type: ignore[assignment]
+    conversation_owner: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.effects is None:
+            object.__setattr__(self, "effects", {})
+
+
+@dataclass(frozen=True)
+class ValidationVerdict:
+    """The part of ``validate_turn``'s answer the decision needs (see ``from_validation``)."""
+
+    certification: Certification | None  # None when rejected
+    reason: RejectionReason | None = None
+    detail: str = ""
+
+    @classmethod
+    def from_validation(cls, result: Validation) -> ValidationVerdict:
+        if isinstance(result, Rejected):
+            return cls(None, result.reason, result.detail)
+        return cls(result.certification)
+
+
+def validate(turn: TurnCompleted, now_ms: int, history: Sequence[Item]) -> ValidationVerdict:
+    """``validate_turn`` continuing the pairing state of ``history`` (the turn's lineage).
+
+    A stored history whose own pairing is broken cannot be extended safely: the turn
+    is ``UNPAIRED_TOOL_CALL`` too (the rehydration service reports the history).
+    """
+    prior = pairing_state_of(history)
+    if isinstance(prior, Unpaired):
+        return ValidationVerdict(None, R.UNPAIRED_TOOL_CALL, f"stored history: {prior.detail}")
+    return ValidationVerdict.from_validation(validate_turn(turn, now_ms, prior=prior))
+
+
+@dataclass(frozen=True)
+class Promote:
+    """The turn may be promoted: hand ``request`` to the checkpoint store."""
+
+    request: PromotionRequest
+
+
+@dataclass(frozen=True)
+class Reject:
+    """The turn is not promoted, for ``reason``; published as ``PromotionRejected``."""
+
+    reason: RejectionReason
+    detail: str
+    head_seq: int | None = None
+    existing_response_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The turn is promoted; ``replayed`` when the store already held it (redelivery)."""
+
+    checkpoint: CheckpointRecord
+    replayed: bool = False
+
+
+Verdict = Accepted | Reject
+
+
+@dataclass(frozen=True)
+class Orphan:
+    effect: RecordedEffect
+    reason: OrphanReason
+    rejection_reason: RejectionReason | None = None
+    detail: str = ""
+
+
+# --- 1. may the turn be promoted? ------------------------------------------------------
+
+
+def decide(turn: TurnCompleted, validation: ValidationVerdict, facts: Facts) -> Promote | Reject:
+    """Every pre-write rule of contract section 4; the store decides ordering after."""
+    for check in (_tenant_rule, _cancel_rule, _validation_rule, _effects_rule):
+        rejection = check(turn, validation, facts)
+        if rejection is not None:
+            return rejection
+    assert validation.certification is not None
+    return Promote(promotion_request(turn, validation.certification))
+
+
+def _tenant_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> Reject | None:
+    owner = facts.conversation_owner
+    if owner is not None and owner != turn.tenant_id:
+        return Reject(R.TENANT_MISMATCH, f"conversation {turn.conversation_id} belongs to "
+                      "another tenant")
+    return None
+
+
+def _cancel_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> Reject | None:
+    if facts.cancelled:
+        return Reject(R.CANCELLED, f"request {turn.idempotency_key} was cancelled before "
+                      "its completion was processed")
+    return None
+
+
+def _validation_rule(turn: TurnCompleted, v: ValidationVerdict, _f: Facts) -> Reject | None:
+    if v.reason is not None:
+        return Reject(v.reason, v.detail)
+    return None
+
+
+def used_effect_ids(turn: TurnCompleted) -> tuple[str, ...]:
+    """Effect ids the turn relies on: ``tool_effect_ids`` plus every subturn's ids."""
+    ids = list(turn.tool_effect_ids)
+    for subturn in turn.subturns:
+        ids.extend(e for e in subturn.effect_ids if e not in ids)
+    return tuple(ids)
+
+
+def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> Reject | None:
+    """Every used effect recorded, unconflicted, and matching the turn's outputs."""
+    outputs_by_call = {i.call_id: i for i in turn.items if i.type == "function_call_output"}
+    for effect_id in used_effect_ids(turn):
+        effect = facts.effects.get(effect_id)
+        if effect is None:
+            return Reject(R.MISSING_TOOL_EFFECT, f"tool effect {effect_id} is not recorded "
+                          f"for request {turn.idempotency_key}")
+        if effect.conflicted:
+            return Reject(R.DUPLICATE_TOOL_EFFECT, f"tool effect {effect_id} was recorded "
+                          "twice with different outputs")
+        output = outputs_by_call.get(effect.call_id)
+        if output is not None and output.content_digest != effect.output_digest:
+            return Reject(R.DUPLICATE_TOOL_EFFECT, f"function_call_output for call "
+                          f"{effect.call_id} differs from recorded effect {effect_id}")
+    return None
+
+
+# --- the store request --------------------------------------------------------------------
+
+
+def promotion_request(turn: TurnCompleted, certification: Certification) -> PromotionRequest:
+    """The store request for a turn: its new items and the outer checkpoint metadata."""
+    certified = certification is Certification.CERTIFIED
+    conversation = turn.conversation_id is not None
+    return PromotionRequest(
+        tenant_id=turn.tenant_id,
+        partition_key=partition_key(turn),
+        mode=PromotionMode.CONVERSATION if conversation else PromotionMode.CHAIN,
+        response_id=turn.response_id,
+        idempotency_key=turn.idempotency_key,
+        request_digest=turn.request_digest,
+        items=turn.items,
+        certification=StoreCertification(certification.value),
+        fingerprint_hash=turn.fingerprint_hash,
+        previous_response_id=turn.previous_response_id,
+        expected_head_seq=turn.expected_head_seq if conversation else None,
+        token_artifact=_store_artifact(turn) if certified else None,
+        router_receipt=_json_or_none(turn.router_receipt) if certified else None,
+        boundary_proof=_json_or_none(turn.boundary_proof) if certified else None,
+    )
+
+
+def partition_key(turn: Any) -> str:
+    """CONTRACT section 2: conversation_id, else chain_root_id, else the response itself."""
+    return turn.conversation_id or turn.chain_root_id or turn.response_id
+
+
+def _store_artifact(turn: TurnCompleted) -> StoreTokenArtifact | None:
+    from datetime import UTC, datetime
+
+    art = turn.token_artifact
+    if art is None:
+        return None
+    return StoreTokenArtifact(
+        artifact_id=art.artifact_id,
+        token_hash=art.token_hash,
+        token_count=art.token_count,
+        safe_append_boundary=art.safe_append_boundary,
+        fingerprint_hash=art.fingerprint_hash,
+        expires_at=datetime.fromtimestamp(art.expires_at / 1000, UTC),
+    )
+
+
+def _json_or_none(record: Any) -> str | None:
+    return None if record is None else canonical_json_text(record.model_dump(mode="json"))
+
+
+# --- 2. what the store said ----------------------------------------------------------------
+
+
+def interpret(turn: TurnCompleted, outcome: PromotionOutcome,
+              parent_owner: str | None = None) -> Verdict:
+    """Map the store's outcome to the verdict published for this turn.
+
+    ``parent_owner`` is the tenant that promoted ``previous_response_id`` (looked up
+    only after ``ParentMissing``): another tenant's parent is ``TENANT_MISMATCH``,
+    never a hint that the id exists.
+    """
+    match outcome:
+        case Promoted(checkpoint=cp):
+            return Accepted(cp)
+        case Duplicate(original=cp) if cp.response_id == turn.response_id:
+            return Accepted(cp, replayed=True)
+        case Duplicate(original=cp) | ResponseExists(original=cp):
+            return Reject(R.DUPLICATE, f"already promoted as {cp.response_id} at seq {cp.seq}",
+                          head_seq=cp.seq, existing_response_id=cp.response_id)
+        case KeyReused(original_response_id=rid):
+            return Reject(R.IDEMPOTENCY_KEY_REUSED, f"idempotency key {turn.idempotency_key} "
+                          f"already promoted a different request ({rid})",
+                          existing_response_id=rid)
+        case Conflict(current_head_seq=head):
+            return Reject(R.CONFLICT, f"expected head {turn.expected_head_seq}, head is {head}",
+                          head_seq=head)
+        case AheadOfHead(current_head_seq=head):
+            return Reject(R.OUT_OF_ORDER, f"expected head {turn.expected_head_seq} is ahead "
+                          f"of head {head}", head_seq=head)
+        case ParentMissing(previous_response_id=parent):
+            if parent_owner is not None and parent_owner != turn.tenant_id:
+                return Reject(R.TENANT_MISMATCH, f"previous response {parent} belongs to "
+                              "another tenant")
+            return Reject(R.PARENT_NOT_PROMOTED, f"previous response {parent} is not promoted")
+        case TooLarge(size=size, limit=limit):
+            # No reason code says "too large"; the turn cannot be stored in this format.
+            return Reject(R.UNSUPPORTED_FORMAT, f"turn of {size} bytes exceeds the "
+                          f"{limit}-byte atomic write limit")
+    raise TypeError(f"unknown store outcome {outcome!r}")
+
+
+# --- 3. effects to compensate ---------------------------------------------------------------
+
+
+def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
+                     effects: Iterable[RecordedEffect]) -> list[Orphan]:
+    """Recorded effects that no accepted turn uses, to publish as ``EffectOrphaned``.
+
+    * accepted: every effect recorded for the request that the accepted turn does
+      not use (earlier attempts' leftovers) -> ``ATTEMPT_SUPERSEDED``;
+    * cancelled: every effect recorded for the request -> ``TURN_CANCELLED``;
+    * ``DUPLICATE``: nothing (the accepted original already settled its effects);
+    * any other rejection: the effects this attempt used or recorded ->
+      ``TURN_NOT_PROMOTABLE`` (failed/in-progress status), ``EFFECT_CONFLICT``
+      (conflicted effects) or ``TURN_REJECTED``.
+    """
+    effects = list(effects)
+    if isinstance(verdict, Accepted):
+        used = set(used_effect_ids(turn))
+        return [Orphan(e, OrphanReason.ATTEMPT_SUPERSEDED) for e in effects
+                if e.effect_id not in used]
+    if verdict.reason is R.DUPLICATE:
+        return []
+    if verdict.reason is R.CANCELLED:
+        return [Orphan(e, OrphanReason.TURN_CANCELLED, R.CANCELLED) for e in effects]
+    used = set(used_effect_ids(turn))
+    mine = [e for e in effects if e.effect_id in used or e.attempt == turn.attempt]
+    return [Orphan(e, _rejected_orphan_reason(e, verdict), verdict.reason, verdict.detail)
+            for e in mine]
+
+
+def _rejected_orphan_reason(effect: RecordedEffect, verdict: Reject) -> OrphanReason:
+    if effect.conflicted:
+        return OrphanReason.EFFECT_CONFLICT
+    if verdict.reason is R.NOT_PROMOTABLE_STATUS:
+        return OrphanReason.TURN_NOT_PROMOTABLE
+    return OrphanReason.TURN_REJECTED

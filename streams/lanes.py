@@ -1,0 +1,149 @@
+"""One sequential lane per Kafka partition: order within, parallelism across.
+
+Why not Faust's own knobs (see docs/processor.md for the full reasoning):
+
+* ``concurrency=1`` keeps order but serialises *all* partitions behind the slowest
+  event: one conversation whose write is retrying would stall every other one.
+* ``concurrency=N`` lets N actors share one queue: order within a partition is
+  lost, and acks come out of order (faust-streaming issue 606 commits past a
+  one-offset gap, i.e. it can commit an offset that was never processed).
+* ``isolated_partitions=True`` (an actor per partition) crashes when several
+  workers rebalance (faust-streaming issue 529) and cancels an actor mid-event on
+  revocation.
+
+So the Faust agent only *dispatches*: it reads raw events (acks disabled) and
+appends each to the lane of its partition without waiting. Each lane is an asyncio
+task that processes its events one at a time and acks them strictly in offset
+order, after the outcome is durable and published. Faust therefore only ever sees
+contiguous acks per partition, and commits exactly what was finished.
+
+Memory stays bounded: when a lane holds ``high_water`` events its partition is
+paused in the consumer (no more fetches for it), and resumed at ``low_water``;
+other partitions keep flowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from streams.retry import LaneStopped
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Work:
+    """One event for a lane: its payload and how to ack it once fully handled."""
+
+    payload: Any
+    ack: Callable[[], Any]
+
+
+class Lane:
+    """A queue and the task that drains it in order."""
+
+    def __init__(self, key: Hashable, handle: Callable[[Any, Lane], Awaitable[None]],
+                 on_drained: Callable[[Lane], None]) -> None:
+        self.key = key
+        self.queue: asyncio.Queue[Work] = asyncio.Queue()
+        self.stopping = False
+        self.paused = False
+        self._handle = handle
+        self._on_drained = on_drained
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"lane-{key}")
+
+    async def _run(self) -> None:
+        while not self.stopping:
+            work = await self.queue.get()
+            if self.stopping:
+                break
+            self._idle.clear()
+            try:
+                await self._handle(work.payload, self)
+            except LaneStopped:
+                log.info("lane %s stopped with an event in flight (left unacked)", self.key)
+                break
+            except Exception:  # a bug: never ack what we could not handle
+                log.exception("lane %s: unexpected error; event left unacked, lane stops",
+                              self.key)
+                self.stopping = True
+                break
+            finally:
+                self._idle.set()
+            work.ack()
+            self._on_drained(self)
+
+    async def stop(self, grace_s: float) -> None:
+        """Finish the event in flight (up to ``grace_s``), drop the queued ones unacked."""
+        self.stopping = True
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+        except TimeoutError:
+            log.warning("lane %s: event in flight did not finish in %.1fs", self.key, grace_s)
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.task
+
+
+class PartitionLanes:
+    """Route work to the lane of its partition; pause partitions whose lane is full."""
+
+    def __init__(
+        self,
+        handle: Callable[[Any, Lane], Awaitable[None]],
+        *,
+        pause: Callable[[Hashable], None] = lambda key: None,
+        resume: Callable[[Hashable], None] = lambda key: None,
+        high_water: int = 200,
+        low_water: int = 50,
+    ) -> None:
+        self._handle = handle
+        self._pause = pause
+        self._resume = resume
+        self._high = high_water
+        self._low = low_water
+        self._lanes: dict[Hashable, Lane] = {}
+
+    def submit(self, key: Hashable, payload: Any, ack: Callable[[], Any]) -> None:
+        """Queue ``payload`` on lane ``key`` (created on first use); never blocks."""
+        lane = self._lanes.get(key)
+        if lane is None or lane.stopping:
+            lane = self._lanes[key] = Lane(key, self._handle, self._maybe_resume)
+        lane.queue.put_nowait(Work(payload, ack))
+        if not lane.paused and lane.queue.qsize() >= self._high:
+            lane.paused = True
+            self._pause(key)
+
+    def _maybe_resume(self, lane: Lane) -> None:
+        if lane.paused and lane.queue.qsize() <= self._low:
+            lane.paused = False
+            self._resume(lane.key)
+
+    def depth(self, key: Hashable) -> int:
+        lane = self._lanes.get(key)
+        return 0 if lane is None else lane.queue.qsize()
+
+    @property
+    def keys(self) -> list[Hashable]:
+        return list(self._lanes)
+
+    async def stop(self, keys: list[Hashable] | None = None, grace_s: float = 10.0) -> None:
+        """Stop the given lanes (all by default) in parallel; see ``Lane.stop``."""
+        chosen = list(self._lanes) if keys is None else [k for k in keys if k in self._lanes]
+        lanes = [self._lanes.pop(k) for k in chosen]
+        await asyncio.gather(*(lane.stop(grace_s) for lane in lanes))
+
+    async def wait_idle(self) -> None:
+        """Wait until every lane has handled everything queued so far (tests, bench)."""
+        while any(not lane.queue.empty() or not lane._idle.is_set()
+                  for lane in self._lanes.values()):
+            await asyncio.sleep(0.01)

@@ -1,0 +1,339 @@
+"""The promotion processor core: one consumed record in, the records to publish out.
+
+This is the synchronous, Faust-free part of the agent. It runs in a worker thread
+(the store and ledger drivers are blocking) and does, for one record:
+
+* decode it; an undecodable record becomes a ``DeadLetter`` (never an exception);
+* ``ToolEffect``: record it in the ledger (dedupe by effect_id); publishes nothing;
+* ``TurnCancelled``: record the cancellation; publishes nothing;
+* ``TurnCompleted``: replay an earlier decision if there is one, else gather the
+  facts, call the pure domain (``ratchet.domain.promotion``), make the outcome
+  durable, and return ``CheckpointPromoted`` / ``PromotionRejected`` plus any
+  ``EffectOrphaned``.
+
+Every write is idempotent, so handling the same record again (redelivery after a
+crash, or a retry after ``PersistenceUnavailable``) returns the same outcome and
+never promotes twice. Publishing and acking are the caller's job (``streams/agent.py``)
+and happen strictly after this returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ratchet.domain import promotion
+from ratchet.domain.history import HistoryFailure
+from ratchet.domain.promotion import Accepted, Facts, Orphan, Promote, Reject, Verdict
+from schemas.models import (
+    CheckpointPromoted,
+    DeadLetter,
+    EffectOrphaned,
+    Item,
+    PromotionRejected,
+    RejectionReason,
+    ToolEffect,
+    TurnCancelled,
+    TurnCompleted,
+)
+from services.ledger.base import (
+    Cancellation,
+    Decision,
+    EffectWrite,
+    Ledger,
+    LedgerUnavailable,
+    RecordedEffect,
+)
+from services.store.base import (
+    CheckpointRecord,
+    CheckpointStore,
+    Duplicate,
+    InvalidPromotion,
+    ParentMissing,
+    ResponseExists,
+    StoreUnavailable,
+)
+from streams.records import DecodeFailed, EventCodec, Outbound, RawRecord
+from streams.retry import PersistenceUnavailable
+
+log = logging.getLogger(__name__)
+
+_OUTCOME_NS = uuid.UUID("5d1c8f0e-2f5a-4a53-9a43-4a1b0c7e9b11")
+
+
+def _ms(moment) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def outcome_event_id(source_event_id: str, kind: str) -> str:
+    """Deterministic id of an outcome, so a re-published outcome is recognisably the same."""
+    return str(uuid.uuid5(_OUTCOME_NS, f"{source_event_id}/{kind}"))
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Full topic names (CONTRACT section 2) for one prefix."""
+
+    gateway_events: str
+    checkpoints: str
+    rejections: str
+    orphaned_effects: str
+    dead_letters: str
+
+    @classmethod
+    def with_prefix(cls, prefix: str) -> Topics:
+        return cls(
+            gateway_events=f"{prefix}gateway-events",
+            checkpoints=f"{prefix}checkpoints",
+            rejections=f"{prefix}rejections",
+            orphaned_effects=f"{prefix}orphaned-effects",
+            dead_letters=f"{prefix}dead-letters",
+        )
+
+
+@dataclass(frozen=True)
+class Handled:
+    """What handling one record produced: records to publish and a label for metrics."""
+
+    outbound: tuple[Outbound, ...]
+    kind: str  # promoted | rejected | dead_lettered | effect | cancel
+
+
+class PromotionProcessor:
+    """Decode -> decide -> write durably; returns what to publish. Thread-safe, stateless.
+
+    Nothing about a conversation is kept in memory between records: Cassandra is the
+    source of truth, so memory does not grow with the number of conversations.
+    """
+
+    def __init__(self, store: CheckpointStore, ledger: Ledger, codec: EventCodec,
+                 topics: Topics, clock_ms: Callable[[], int] | None = None) -> None:
+        self.store = store
+        self.ledger = ledger
+        self.codec = codec
+        self.topics = topics
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+
+    # -- entry point -------------------------------------------------------------------
+    def handle(self, record: RawRecord) -> Handled:
+        """Handle one record; raises only ``PersistenceUnavailable`` (retry later)."""
+        try:
+            event = self.codec.decode(record)
+        except DecodeFailed as exc:
+            return Handled((self._dead_letter(record, exc),), "dead_lettered")
+        try:
+            if isinstance(event, ToolEffect):
+                self._record_effect(event)
+                return Handled((), "effect")
+            if isinstance(event, TurnCancelled):
+                self._record_cancel(event)
+                return Handled((), "cancel")
+            return self._on_turn(event)
+        except (StoreUnavailable, LedgerUnavailable) as exc:
+            raise PersistenceUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+    # -- ToolEffect / TurnCancelled ----------------------------------------------------
+    def _record_effect(self, effect: ToolEffect) -> None:
+        result = self.ledger.record_effect(recorded_effect(effect))
+        if result is EffectWrite.CONFLICT:
+            log.warning("tool effect %s recorded again with a different output digest: "
+                        "conflicted", effect.effect_id)
+
+    def _record_cancel(self, cancel: TurnCancelled) -> None:
+        self.ledger.record_cancellation(Cancellation(
+            cancel.tenant_id, cancel.idempotency_key, cancel.response_id, cancel.cancelled_at))
+
+    # -- TurnCompleted -------------------------------------------------------------------
+    def _on_turn(self, turn: TurnCompleted) -> Handled:
+        previous = self._previous_verdict(turn)
+        effects = self.ledger.effects_for(turn.tenant_id, turn.idempotency_key)
+        verdict = previous if previous is not None else self._decide_and_write(turn, effects)
+        return self._publishable(turn, verdict, effects)
+
+    def _previous_verdict(self, turn: TurnCompleted) -> Verdict | None:
+        """The verdict already taken for this event, so a redelivery never flips it."""
+        decision = self.ledger.decision(turn.event_id)
+        if decision is not None and decision.reason is not None:
+            return Reject(RejectionReason(decision.reason), decision.detail, decision.seq,
+                          decision.existing_response_id)
+        existing = self.store.get_checkpoint(turn.tenant_id, turn.response_id)
+        if existing is None:
+            return None
+        same_request = (existing.idempotency_key == turn.idempotency_key
+                        and existing.request_digest == turn.request_digest)
+        outcome = Duplicate(existing) if same_request else ResponseExists(existing)
+        return promotion.interpret(turn, outcome)
+
+    def _decide_and_write(self, turn: TurnCompleted,
+                          effects: Sequence[RecordedEffect]) -> Verdict:
+        facts = Facts(
+            cancelled=self.ledger.cancellation(turn.tenant_id, turn.idempotency_key) is not None,
+            effects={e.effect_id: e for e in effects},
+            conversation_owner=self._conversation_owner(turn),
+        )
+        validation = promotion.validate(turn, self.clock_ms(), self._history(turn))
+        decided = promotion.decide(turn, validation, facts)
+        verdict = decided if isinstance(decided, Reject) else self._promote(turn, decided)
+        return self._make_durable(turn, verdict)
+
+    def _conversation_owner(self, turn: TurnCompleted) -> str | None:
+        if turn.conversation_id is None:
+            return None
+        owner = self.ledger.conversation_owner(turn.conversation_id)
+        if owner is None:
+            owner = self.ledger.claim_conversation(turn.conversation_id, turn.tenant_id)
+        return owner
+
+    def _history(self, turn: TurnCompleted) -> Sequence[Item]:
+        """The lineage the turn extends (for pairing); empty when there is none yet."""
+        if turn.conversation_id is not None:
+            if not turn.expected_head_seq:
+                return ()
+            found = self.store.read_history(turn.tenant_id, conversation_id=turn.conversation_id)
+        elif turn.previous_response_id is not None:
+            found = self.store.read_history(turn.tenant_id,
+                                            response_id=turn.previous_response_id)
+        else:
+            return ()
+        # No readable history: the store's ordering checks decide (CONFLICT, OUT_OF_ORDER,
+        # PARENT_NOT_PROMOTED); pairing has nothing to continue.
+        return () if isinstance(found, HistoryFailure) else found.items
+
+    def _promote(self, turn: TurnCompleted, decided: Promote) -> Verdict:
+        try:
+            outcome = self.store.promote(decided.request)
+        except InvalidPromotion as exc:  # validation let through what the store refuses
+            return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
+        parent_owner = None
+        if isinstance(outcome, ParentMissing):
+            parent_owner = self.ledger.response_owner(outcome.previous_response_id)
+        return promotion.interpret(turn, outcome, parent_owner)
+
+    def _make_durable(self, turn: TurnCompleted, verdict: Verdict) -> Verdict:
+        """Record the verdict before anything is published (commit order, step 1)."""
+        if isinstance(verdict, Accepted):
+            self.ledger.record_response_owner(turn.response_id, turn.tenant_id)
+            self.ledger.mark_promoted(turn.tenant_id, turn.response_id, verdict.checkpoint.seq)
+            return verdict
+        held = self.ledger.record_decision(Decision(
+            event_id=turn.event_id, tenant_id=turn.tenant_id, response_id=turn.response_id,
+            outcome="rejected", reason=verdict.reason.value, detail=verdict.detail,
+            seq=verdict.head_seq, decided_at=self.clock_ms(),
+            existing_response_id=verdict.existing_response_id,
+        ))
+        # Another worker may have decided this event first (zombie after a rebalance):
+        # the first decision holds.
+        verdict = Reject(RejectionReason(held.reason), held.detail, held.seq,
+                         held.existing_response_id)
+        if verdict.reason is not RejectionReason.DUPLICATE:
+            self.ledger.mark_rejected(turn.tenant_id, turn.response_id, verdict.reason.value,
+                                      verdict.detail)
+        return verdict
+
+    # -- what to publish ------------------------------------------------------------------
+    def _publishable(self, turn: TurnCompleted, verdict: Verdict,
+                     effects: Sequence[RecordedEffect]) -> Handled:
+        key = promotion.partition_key(turn).encode()
+        if isinstance(verdict, Accepted):
+            out = [Outbound(self.topics.checkpoints, key, promoted_event(turn, verdict.checkpoint))]
+            kind = "promoted"
+        else:
+            out = [Outbound(self.topics.rejections, key, rejected_event(turn, verdict))]
+            kind = "rejected"
+        for orphan in promotion.orphaned_effects(turn, verdict, effects):
+            out.append(Outbound(self.topics.orphaned_effects, key, orphaned_event(turn, orphan)))
+        return Handled(tuple(out), kind)
+
+    def _dead_letter(self, record: RawRecord, exc: DecodeFailed) -> Outbound:
+        log.warning("dead letter %s[%d]@%d: %s", record.topic, record.partition, record.offset,
+                    exc.error)
+        letter = DeadLetter(
+            key=record.key, value=record.value, error=exc.error[:4000], reason=exc.reason,
+            source_topic=record.topic, source_partition=record.partition,
+            source_offset=record.offset, schema_id=exc.schema_id,
+            dead_lettered_at=self.clock_ms(),
+        )
+        return Outbound(self.topics.dead_letters, record.key, letter)
+
+
+# --- outcome records -------------------------------------------------------------------------
+
+
+def recorded_effect(effect: ToolEffect) -> RecordedEffect:
+    return RecordedEffect(
+        tenant_id=effect.tenant_id, idempotency_key=effect.idempotency_key,
+        effect_id=effect.effect_id, attempt=effect.attempt,
+        subturn_index=effect.subturn_index, call_id=effect.call_id,
+        tool_name=effect.tool_name, arguments_digest=effect.arguments_digest,
+        status=effect.status.value, output_item_id=effect.output.item_id,
+        output_digest=effect.output.content_digest, executed_at=effect.executed_at,
+    )
+
+
+def _header(turn: TurnCompleted, kind: str, produced_at: int) -> dict:
+    return {
+        "event_id": outcome_event_id(turn.event_id, kind),
+        "tenant_id": turn.tenant_id,
+        "conversation_id": turn.conversation_id,
+        "chain_root_id": turn.chain_root_id,
+        "response_id": turn.response_id,
+        "produced_at": produced_at,
+        "partition_key": promotion.partition_key(turn),
+    }
+
+
+def promoted_event(turn: TurnCompleted, cp: CheckpointRecord) -> CheckpointPromoted:
+    """The ``CheckpointPromoted`` of a checkpoint: identical every time it is re-emitted."""
+    promoted_at = _ms(cp.promoted_at)
+    artifact = cp.token_artifact
+    return CheckpointPromoted(
+        **_header(turn, "promoted", promoted_at),
+        idempotency_key=cp.idempotency_key,
+        request_digest=cp.request_digest,
+        attempt=turn.attempt,
+        previous_response_id=cp.previous_response_id,
+        seq=cp.seq,
+        certification=cp.certification.value,
+        fingerprint_hash=cp.fingerprint_hash or turn.fingerprint_hash,
+        artifact_id=None if artifact is None else artifact.artifact_id,
+        artifact_expires_at=None if artifact is None or artifact.expires_at is None
+        else _ms(artifact.expires_at),
+        item_count=cp.item_count,
+        promoted_at=promoted_at,
+        expires_at=None if cp.logical_expires_at is None else _ms(cp.logical_expires_at),
+    )
+
+
+def rejected_event(turn: TurnCompleted, verdict: Reject) -> PromotionRejected:
+    return PromotionRejected(
+        **_header(turn, "rejected", turn.produced_at),
+        idempotency_key=turn.idempotency_key,
+        request_digest=turn.request_digest,
+        attempt=turn.attempt,
+        reason=verdict.reason,
+        detail=verdict.detail,
+        head_seq=verdict.head_seq,
+        existing_response_id=verdict.existing_response_id,
+    )
+
+
+def orphaned_event(turn: TurnCompleted, orphan: Orphan) -> EffectOrphaned:
+    e = orphan.effect
+    return EffectOrphaned(
+        **_header(turn, f"orphaned/{e.effect_id}", turn.produced_at),
+        effect_id=e.effect_id,
+        idempotency_key=e.idempotency_key,
+        attempt=e.attempt,
+        subturn_index=e.subturn_index,
+        tool_name=e.tool_name,
+        call_id=e.call_id,
+        arguments_digest=e.arguments_digest,
+        output_digest=e.output_digest,
+        reason=orphan.reason,
+        rejection_reason=orphan.rejection_reason,
+        detail=orphan.detail or None,
+        orphaned_at=turn.produced_at,
+    )

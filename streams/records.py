@@ -1,0 +1,51 @@
+"""Plain records that cross the processor's boundary, free of Faust and Kafka types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from schemas.models import DeadLetterReason, Frozen, GatewayEvent
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """One consumed Kafka record, undecoded (the processor decodes it itself)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Outbound:
+    """One record to publish; ``model`` is encoded by the publisher's codec."""
+
+    topic: str
+    key: bytes | None
+    model: Frozen
+
+
+class DecodeFailed(Exception):
+    """A consumed record cannot become a gateway event; it goes to the dead letters."""
+
+    def __init__(self, reason: DeadLetterReason, error: str, schema_id: int | None = None):
+        super().__init__(error)
+        self.reason = reason
+        self.error = error
+        self.schema_id = schema_id
+
+
+class EventCodec(Protocol):
+    """Turns wire bytes into gateway events and outcome models into wire bytes."""
+
+    def decode(self, record: RawRecord) -> GatewayEvent:
+        """Decode one gateway-events record or raise ``DecodeFailed``."""
+        ...
+
+    def encode(self, topic: str, model: Frozen) -> bytes:
+        """Encode an outcome model (Confluent wire format) for ``topic``."""
+        ...
