@@ -52,12 +52,29 @@ def infra_status() -> None:
     sys.exit(launcher.cli_status(_settings()))
 
 
+@infra.command("restart")
+@click.argument("server", type=click.Choice(["kafka", "cassandra", "registry"]))
+def infra_restart(server: str) -> None:
+    """Stop one server and start it again (fault injection, stuck server)."""
+    from infra import launcher
+
+    sys.exit(launcher.cli_restart(_settings(), server))
+
+
 @main.command()
 def migrate() -> None:
     """Apply the numbered CQL migrations in infra/migrations (idempotent)."""
     from infra import migrate as migrations
 
     sys.exit(migrations.cli_migrate(_settings()))
+
+
+@main.command()
+def smoke() -> None:
+    """Round trip: Avro via the registry -> Kafka -> consume -> Cassandra LWT -> read back."""
+    from infra import smoke as smoke_test
+
+    sys.exit(smoke_test.cli_smoke(_settings()))
 
 
 @main.command()
