@@ -1,0 +1,407 @@
+"""The promotion rules (CONTRACT section 4), driven through the processor core with the
+in-memory store and ledger: no Kafka, no Cassandra, no registry.
+
+Records are pickled models (a stand-in codec); the real Avro codec is exercised by the
+integration tests.
+"""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+
+import pytest
+
+from ratchet.domain.promotion import Accepted, Facts, Reject, ValidationVerdict, decide
+from schemas.models import (
+    Certification,
+    DeadLetterReason,
+    EffectiveConfig,
+    OrphanReason,
+    RejectionReason,
+    TurnStatus,
+)
+from services.ledger.base import LedgerUnavailable, ResponseState
+from services.ledger.memory import MemoryLedger
+from services.store.base import StoreOptions
+from services.store.memory import MemoryCheckpointStore
+from streams.processor import PromotionProcessor, Topics
+from streams.records import DecodeFailed, RawRecord
+from streams.retry import PersistenceUnavailable
+from tests.factories import (
+    NOW_MS,
+    TENANT,
+    function_call,
+    function_call_output,
+    make_item,
+    make_tool_effect,
+    make_tool_loop_turn,
+    make_turn,
+    make_turn_cancelled,
+    message,
+    new_id,
+    tampered,
+)
+
+R = RejectionReason
+TOPICS = Topics.with_prefix("t.")
+
+
+class PickleCodec:
+    """Stand-in codec: records carry pickled models; anything else is undecodable."""
+
+    def decode(self, record: RawRecord):
+        try:
+            return pickle.loads(record.value)
+        except Exception as exc:
+            raise DecodeFailed(DeadLetterReason.BAD_MAGIC_BYTE, f"not a pickle: {exc}") from exc
+
+    def encode(self, topic, model):
+        return pickle.dumps(model)
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.store = MemoryCheckpointStore(StoreOptions())
+        self.ledger = MemoryLedger()
+        self.processor = PromotionProcessor(self.store, self.ledger, PickleCodec(), TOPICS,
+                                            clock_ms=lambda: NOW_MS)
+        self.offset = 0
+
+    def record(self, event) -> RawRecord:
+        self.offset += 1
+        return RawRecord(TOPICS.gateway_events, 0, self.offset, b"k", pickle.dumps(event))
+
+    def feed(self, *events):
+        return [self.processor.handle(self.record(e)) for e in events]
+
+    def outcome(self, event):
+        """Feed one event; return its single outcome model (promoted or rejected)."""
+        handled = self.processor.handle(self.record(event))
+        return handled.outbound[0].model
+
+    def orphans(self, event):
+        handled = self.processor.handle(self.record(event))
+        return [o.model for o in handled.outbound if o.topic == TOPICS.orphaned_effects]
+
+
+def conv_id() -> str:
+    return f"conv_{uuid.uuid4().hex[:8]}"
+
+
+def turn(conversation: str, head: int, **kw):
+    return make_turn(conversation_id=conversation, expected_head_seq=head, **kw)
+
+
+def chain_turn(root: str | None, previous: str | None, **kw):
+    """A chain-mode turn; ``root=None`` starts a chain (its own id is the chain root)."""
+    response_id = kw.pop("response_id", None) or new_id("resp")
+    return make_turn(conversation_id=None, chain_root_id=root or response_id,
+                     expected_head_seq=None, previous_response_id=previous,
+                     response_id=response_id, **kw)
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+# --- ordering ---------------------------------------------------------------------------
+
+
+def test_five_turn_conversation_promotes_seq_1_to_5(h):
+    conv = conv_id()
+    seqs = [h.outcome(turn(conv, head)).seq for head in range(5)]
+    assert seqs == [1, 2, 3, 4, 5]
+    assert h.store.head(TENANT, conv).seq == 5
+
+
+def test_two_turns_on_one_head_exactly_one_promoted_other_conflict(h):
+    conv = conv_id()
+    first, second = h.outcome(turn(conv, 0)), h.outcome(turn(conv, 0))
+    assert first.seq == 1
+    assert second.reason is R.CONFLICT and second.head_seq == 1
+
+
+def test_expected_head_beyond_head_is_out_of_order(h):
+    conv = conv_id()
+    out = h.outcome(turn(conv, 2))
+    assert out.reason is R.OUT_OF_ORDER and out.head_seq == 0
+
+
+def test_redelivered_rejection_never_flips_even_after_the_gap_is_filled(h):
+    conv = conv_id()
+    late = turn(conv, 1)
+    assert h.outcome(late).reason is R.OUT_OF_ORDER
+    assert h.outcome(turn(conv, 0)).seq == 1
+    assert h.outcome(late).reason is R.OUT_OF_ORDER  # replayed from the decision record
+
+
+# --- idempotency -------------------------------------------------------------------------
+
+
+def test_redelivery_republishes_the_identical_outcome_and_promotes_once(h):
+    conv = conv_id()
+    t = turn(conv, 0)
+    first, again = h.outcome(t), h.outcome(t)
+    assert first == again  # same event id, same seq, same promoted_at
+    assert h.store.head(TENANT, conv).seq == 1
+
+
+def test_retry_with_same_key_and_digest_is_duplicate_pointing_at_original(h):
+    conv = conv_id()
+    original = turn(conv, 0)
+    retry = turn(conv, 0, idempotency_key=original.idempotency_key, attempt=2)
+    assert h.outcome(original).seq == 1
+    dup = h.outcome(retry)
+    assert dup.reason is R.DUPLICATE
+    assert dup.existing_response_id == original.response_id and dup.head_seq == 1
+    assert h.ledger.status(TENANT, original.response_id).status is ResponseState.PROMOTED
+
+
+def test_same_key_different_digest_is_key_reused(h):
+    conv = conv_id()
+    original = turn(conv, 0)
+    other = turn(conv, 1, idempotency_key=original.idempotency_key, request_digest="f" * 64)
+    h.outcome(original)
+    out = h.outcome(other)
+    assert out.reason is R.IDEMPOTENCY_KEY_REUSED
+    assert out.existing_response_id == original.response_id
+
+
+# --- cancellation and status --------------------------------------------------------------
+
+
+def test_cancel_before_completion_is_never_promoted(h):
+    conv = conv_id()
+    t = turn(conv, 0)
+    h.feed(make_turn_cancelled(t))
+    assert h.outcome(t).reason is R.CANCELLED
+    assert h.store.head(TENANT, conv) is None
+    status = h.ledger.status(TENANT, t.response_id)
+    assert status.status is ResponseState.REJECTED and status.reason == "CANCELLED"
+
+
+def test_cancel_after_promotion_does_not_unpromote_a_redelivery(h):
+    conv = conv_id()
+    t = turn(conv, 0)
+    assert h.outcome(t).seq == 1
+    h.feed(make_turn_cancelled(t))
+    assert h.outcome(t).seq == 1
+
+
+@pytest.mark.parametrize("status", [TurnStatus.FAILED, TurnStatus.IN_PROGRESS,
+                                    TurnStatus.QUEUED, TurnStatus.CANCELLED])
+def test_non_promotable_status_is_rejected(h, status):
+    out = h.outcome(turn(conv_id(), 0, status=status, certified=False))
+    assert out.reason is R.NOT_PROMOTABLE_STATUS
+
+
+def test_in_progress_then_completed_for_the_same_response_promotes(h):
+    conv = conv_id()
+    done = turn(conv, 0)
+    pending = done.model_copy(update={"event_id": str(uuid.uuid4()),
+                                      "status": TurnStatus.IN_PROGRESS})
+    assert h.outcome(pending).reason is R.NOT_PROMOTABLE_STATUS
+    assert h.outcome(done).seq == 1
+    assert h.ledger.status(TENANT, done.response_id).status is ResponseState.PROMOTED
+
+
+def test_incomplete_promotes_logical_only_without_artifact(h):
+    out = h.outcome(turn(conv_id(), 0, status=TurnStatus.INCOMPLETE))
+    assert out.certification is Certification.LOGICAL_ONLY and out.artifact_id is None
+
+
+def test_auto_truncation_promotes_logical_only(h):
+    t = turn(conv_id(), 0)
+    truncated = t.model_copy(update={"effective_config": EffectiveConfig(
+        **{**t.effective_config.model_dump(), "truncation": "auto", "truncated": True})})
+    assert h.outcome(truncated).certification is Certification.LOGICAL_ONLY
+
+
+# --- item problems ------------------------------------------------------------------------
+
+
+def test_corrupt_item_is_rejected(h):
+    bad = tampered(message("hi", role="assistant", item_id=new_id("msg")))
+    assert h.outcome(turn(conv_id(), 0, items=[bad])).reason is R.CORRUPT
+
+
+def test_unknown_item_type_is_rejected(h):
+    odd = make_item("hologram", {"x": 1}, item_id=new_id("it"))
+    assert h.outcome(turn(conv_id(), 0, items=[odd])).reason is R.UNKNOWN_ITEM_TYPE
+
+
+def test_undecodable_record_becomes_a_dead_letter(h):
+    record = RawRecord(TOPICS.gateway_events, 3, 42, b"key", b"\x00garbage")
+    handled = h.processor.handle(record)
+    (out,) = handled.outbound
+    assert out.topic == TOPICS.dead_letters and out.key == b"key"
+    assert out.model.value == b"\x00garbage" and out.model.source_offset == 42
+    assert out.model.source_partition == 3 and out.model.error
+
+
+# --- pairing across the history ------------------------------------------------------------
+
+
+def test_client_tool_call_answered_in_the_next_turn(h):
+    conv = conv_id()
+    call = function_call("c_client", "lookup", {"q": 1}, item_id=new_id("fc"))
+    assert h.outcome(turn(conv, 0, items=[call])).seq == 1
+    answer = function_call_output("c_client", '{"ok": true}', item_id=new_id("fco"))
+    reply = message("done", role="assistant", item_id=new_id("msg"))
+    assert h.outcome(turn(conv, 1, input_items=[answer], items=[reply])).seq == 2
+
+
+def test_call_id_reused_across_turns_is_unpaired(h):
+    conv = conv_id()
+    call = function_call("c_dup", "lookup", {}, item_id=new_id("fc"))
+    out_item = function_call_output("c_dup", "{}", item_id=new_id("fco"))
+    done = message("ok", role="assistant", item_id=new_id("msg"))
+    assert h.outcome(turn(conv, 0, items=[call, out_item, done])).seq == 1
+    again = function_call("c_dup", "lookup", {}, item_id=new_id("fc"))
+    out = h.outcome(turn(conv, 1, items=[again]))
+    assert out.reason is R.UNPAIRED_TOOL_CALL
+
+
+# --- tool effects ----------------------------------------------------------------------------
+
+
+def test_tool_loop_with_recorded_effects_promotes_certified(h):
+    t, effects = make_tool_loop_turn(rounds=3, conversation_id=conv_id())
+    h.feed(*effects)
+    out = h.outcome(t)
+    assert out.seq == 1 and out.certification is Certification.CERTIFIED
+    # only the outer artifact is promoted, never a subturn's ephemeral one
+    assert out.artifact_id == t.token_artifact.artifact_id
+    assert out.artifact_id not in {s.ephemeral_artifact_ref for s in t.subturns}
+
+
+def test_missing_tool_effect_is_rejected(h):
+    t, effects = make_tool_loop_turn(rounds=3, conversation_id=conv_id())
+    h.feed(*effects[:2])
+    assert h.outcome(t).reason is R.MISSING_TOOL_EFFECT
+
+
+def test_effect_recorded_twice_with_different_outputs_is_duplicate_tool_effect(h):
+    t, effects = make_tool_loop_turn(rounds=2, conversation_id=conv_id())
+    h.feed(*effects)
+    clash = make_tool_effect(effects[0].call_id, '{"temperature_c": -40}',
+                             idempotency_key=t.idempotency_key, subturn_index=0)
+    assert clash.effect_id == effects[0].effect_id
+    h.feed(clash)
+    (recorded,) = [e for e in h.ledger.effects_for(TENANT, t.idempotency_key)
+                   if e.effect_id == clash.effect_id]
+    assert recorded.conflicted
+    out = h.outcome(t)
+    assert out.reason is R.DUPLICATE_TOOL_EFFECT
+
+
+def test_redelivered_effect_is_deduplicated(h):
+    t, effects = make_tool_loop_turn(rounds=1, conversation_id=conv_id())
+    h.feed(effects[0], effects[0])
+    assert len(h.ledger.effects_for(TENANT, t.idempotency_key)) == 1
+    assert not h.ledger.effects_for(TENANT, t.idempotency_key)[0].conflicted
+
+
+def test_function_call_output_differing_from_recorded_effect_is_rejected(h):
+    t, effects = make_tool_loop_turn(rounds=1, conversation_id=conv_id())
+    lying = make_tool_effect(effects[0].call_id, '{"temperature_c": 99}',
+                             idempotency_key=t.idempotency_key, subturn_index=0)
+    h.feed(lying)
+    assert h.outcome(t).reason is R.DUPLICATE_TOOL_EFFECT
+
+
+def test_retried_tool_loop_reuses_effects_and_orphans_the_unused_ones(h):
+    conv = conv_id()
+    final, effects = make_tool_loop_turn(rounds=3, conversation_id=conv, attempt=2)
+    # attempt 1 ran rounds 0 and 1 like attempt 2, but its round 2 called another tool
+    stray = make_tool_effect("call_stray", '{"x": 1}', idempotency_key=final.idempotency_key,
+                             subturn_index=2, tool_name="send_email")
+    h.feed(effects[0], effects[1], stray)
+    h.feed(effects[2])  # attempt 2's own round 2
+    handled = h.processor.handle(h.record(final))
+    promoted = handled.outbound[0].model
+    orphans = [o.model for o in handled.outbound[1:]]
+    assert promoted.seq == 1
+    assert [(o.effect_id, o.reason) for o in orphans] == [
+        (stray.effect_id, OrphanReason.ATTEMPT_SUPERSEDED)]
+
+
+def test_cancelled_request_orphans_all_its_effects(h):
+    t, effects = make_tool_loop_turn(rounds=2, conversation_id=conv_id())
+    h.feed(*effects, make_turn_cancelled(t))
+    orphans = h.orphans(t)
+    assert {o.effect_id for o in orphans} == {e.effect_id for e in effects}
+    assert {o.reason for o in orphans} == {OrphanReason.TURN_CANCELLED}
+
+
+# --- chains, forks, tenants ---------------------------------------------------------------------
+
+
+def test_chain_with_a_fork(h):
+    root = chain_turn(None, None)
+    root_id = root.response_id
+    assert h.outcome(root).seq == 1
+    left = chain_turn(root_id, root_id)
+    right = chain_turn(root_id, root_id)
+    assert h.outcome(left).seq == 2 and h.outcome(right).seq == 2  # forks are legal
+    assert h.outcome(chain_turn(root_id, left.response_id)).seq == 3
+
+
+def test_chain_parent_not_promoted(h):
+    out = h.outcome(chain_turn("resp_never_promoted", "resp_never_promoted"))
+    assert out.reason is R.PARENT_NOT_PROMOTED
+
+
+def test_chain_parent_of_another_tenant_is_tenant_mismatch(h):
+    root = chain_turn(None, None)
+    h.outcome(root)
+    intruder = chain_turn(root.response_id, root.response_id, tenant_id="tenant-2")
+    assert h.outcome(intruder).reason is R.TENANT_MISMATCH
+
+
+def test_conversation_of_another_tenant_is_tenant_mismatch(h):
+    conv = conv_id()
+    h.outcome(turn(conv, 0))
+    assert h.outcome(turn(conv, 1, tenant_id="tenant-2")).reason is R.TENANT_MISMATCH
+
+
+# --- the pure decision directly -------------------------------------------------------------------
+
+
+def test_decide_checks_cancellation_before_validation():
+    t = turn(conv_id(), 0, status=TurnStatus.FAILED, certified=False)
+    verdict = decide(t, ValidationVerdict(None, R.NOT_PROMOTABLE_STATUS), Facts(cancelled=True))
+    assert isinstance(verdict, Reject) and verdict.reason is R.CANCELLED
+
+
+def test_accepted_is_a_verdict_type():
+    assert Accepted.__name__ == "Accepted"
+
+
+# --- persistence failures ----------------------------------------------------------------------------
+
+
+class FlakyLedger(MemoryLedger):
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def effects_for(self, tenant_id, idempotency_key):
+        if self.failures:
+            self.failures -= 1
+            raise LedgerUnavailable("cassandra down")
+        return super().effects_for(tenant_id, idempotency_key)
+
+
+def test_persistence_failure_raises_retryable_and_a_retry_promotes_once():
+    h = Harness()
+    h.ledger = FlakyLedger(failures=1)
+    h.processor = PromotionProcessor(h.store, h.ledger, PickleCodec(), TOPICS,
+                                     clock_ms=lambda: NOW_MS)
+    t = turn(conv_id(), 0)
+    record = h.record(t)
+    with pytest.raises(PersistenceUnavailable):
+        h.processor.handle(record)
+    assert h.processor.handle(record).outbound[0].model.seq == 1
