@@ -1,0 +1,331 @@
+"""Stateless validation of one ``TurnCompleted``: may it be promoted, and as what?
+
+``validate_turn(event, now_ms)`` is a pure function of the event (plus, optionally, the
+pairing state of the history it extends). It answers ``Valid(certification)`` or
+``Rejected(reason, detail)``. Everything that needs stored state (DUPLICATE, CONFLICT,
+PARENT_NOT_PROMOTED, CANCELLED, tool-effect bookkeeping, ...) is the stream
+processor's job; it calls this first.
+
+Checks run in one fixed order and the first failure wins, so a given event always gets
+the same reason:
+
+1. NOT_PROMOTABLE_STATUS  failed / cancelled / in_progress / queued never promote; no
+                          point spending hashing on them.
+2. UNSUPPORTED_FORMAT     an item format_version, the fingerprint_version or the
+                          fingerprint's item_format_version this build cannot read.
+                          Before anything that interprets content.
+3. UNKNOWN_ITEM_TYPE      an item type this build cannot render.
+4. CORRUPT                an item's content_digest is wrong; fingerprint_hash does not
+                          match the fingerprint; effective_config digests disagree with
+                          the fingerprint's. (Integrity before meaning.)
+5. INCOMPLETE_FINGERPRINT a required component is missing, or the weights revision is
+                          a mutable ref, or a LoRA has no revision.
+6. UNPAIRED_TOOL_CALL     ``check_pairing`` over input then output items, continuing
+                          the pairing state of the history before the turn.
+7. INVALID_BOUNDARY_PROOF artifact or proof bound to another fingerprint; counts or
+                          hashes inconsistent with the artifact; proof expired. Checked
+                          whenever an artifact or proof is present, even for turns that
+                          end up logical_only: a broken proof means a broken gateway.
+
+Certification of a valid turn: ``certified`` only for ``completed`` with an unexpired
+artifact AND a valid proof and no truncation; otherwise ``logical_only``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ratchet.domain.fingerprint import fingerprint_hash, missing_components
+from schemas.models import (
+    KNOWN_ITEM_TYPES,
+    SUPPORTED_FINGERPRINT_VERSIONS,
+    SUPPORTED_FORMAT_VERSIONS,
+    Certification,
+    Item,
+    RejectionReason,
+    TurnCompleted,
+    TurnStatus,
+)
+
+PROMOTABLE_STATUSES = frozenset({TurnStatus.COMPLETED, TurnStatus.INCOMPLETE})
+
+# The order in which validate_turn looks for problems (documented above).
+EVALUATION_ORDER = (
+    RejectionReason.NOT_PROMOTABLE_STATUS,
+    RejectionReason.UNSUPPORTED_FORMAT,
+    RejectionReason.UNKNOWN_ITEM_TYPE,
+    RejectionReason.CORRUPT,
+    RejectionReason.INCOMPLETE_FINGERPRINT,
+    RejectionReason.UNPAIRED_TOOL_CALL,
+    RejectionReason.INVALID_BOUNDARY_PROOF,
+)
+
+
+# --- outcomes ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PairingState:
+    """What pairing needs to remember about a history to check the next turn.
+
+    ``call_ids``: every function_call call_id so far (they must stay unique).
+    ``open_call_ids``: calls still waiting for their output, in call order; legal only
+    at the end of a history (client-executed tools).
+    """
+
+    call_ids: frozenset[str] = frozenset()
+    open_call_ids: tuple[str, ...] = ()
+
+
+EMPTY_PAIRING = PairingState()
+
+
+@dataclass(frozen=True, slots=True)
+class Unpaired:
+    """Pairing is broken; ``detail`` names the item and the rule."""
+
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Valid:
+    """The turn may be promoted with ``certification``.
+
+    ``pairing`` is the pairing state AFTER the turn: store it with the new head so the
+    next turn can be checked without re-reading the history. ``why`` says why the
+    certification is what it is (for logs, not for machines).
+    """
+
+    certification: Certification
+    pairing: PairingState
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    reason: RejectionReason
+    detail: str
+
+
+Validation = Valid | Rejected
+
+
+# --- entry points --------------------------------------------------------------------
+
+
+def validate_turn(
+    event: TurnCompleted, now_ms: int, *, prior: PairingState = EMPTY_PAIRING
+) -> Validation:
+    """Decide whether ``event`` is promotable, and as what (checks in EVALUATION_ORDER).
+
+    ``prior`` is the pairing state of the history the turn extends (``EMPTY_PAIRING``
+    for the first turn, or ``pairing_state_of(history)``).
+    """
+    items = event.items
+    rejected = (
+        _check_status(event)
+        or _check_formats(event, items)
+        or _check_item_types(items)
+        or _check_integrity(event, items)
+        or _check_fingerprint_complete(event)
+    )
+    if rejected:
+        return rejected
+    pairing = check_pairing(items, prior)
+    if isinstance(pairing, Unpaired):
+        return Rejected(RejectionReason.UNPAIRED_TOOL_CALL, pairing.detail)
+    rejected = check_boundary(event, now_ms)
+    if rejected:
+        return rejected
+    certification, why = certification_of(event, now_ms)
+    return Valid(certification, pairing, why)
+
+
+def check_pairing(
+    items: Iterable[Item], prior: PairingState = EMPTY_PAIRING
+) -> PairingState | Unpaired:
+    """Check the pairing rules of CONTRACT section 4 over ``items``, continuing ``prior``.
+
+    Rules: function_call call_ids are present and unique in the whole history; each
+    function_call_output follows its (still unanswered) function_call; an unanswered
+    function_call may only be followed by other calls or outputs, i.e. it may stay
+    open only at the end; each reasoning item is followed by another item.
+    Returns the state after ``items`` or ``Unpaired(detail)``.
+    """
+    call_ids = set(prior.call_ids)
+    open_calls = dict.fromkeys(prior.open_call_ids)  # an ordered set
+    trailing_reasoning: str | None = None
+    for item in items:
+        trailing_reasoning = None
+        if item.type == "function_call":
+            problem = _open_call(item, call_ids, open_calls)
+        elif item.type == "function_call_output":
+            problem = _answer_call(item, call_ids, open_calls)
+        else:
+            problem = _require_no_open_call(item, open_calls)
+            if item.type == "reasoning":
+                trailing_reasoning = item.item_id
+        if problem:
+            return Unpaired(problem)
+    if trailing_reasoning is not None:
+        return Unpaired(f"reasoning item {trailing_reasoning} is not followed by another item")
+    return PairingState(frozenset(call_ids), tuple(open_calls))
+
+
+def pairing_state_of(history: Sequence[Item]) -> PairingState | Unpaired:
+    """The pairing state of a stored history (e.g. after loading it from the store)."""
+    return check_pairing(history, EMPTY_PAIRING)
+
+
+def check_boundary(event: TurnCompleted, now_ms: int) -> Rejected | None:
+    """INVALID_BOUNDARY_PROOF checks: the artifact and the proof must bind to the turn."""
+    artifact, proof = event.token_artifact, event.boundary_proof
+    if artifact is not None:
+        if artifact.fingerprint_hash != event.fingerprint_hash:
+            return _invalid_proof("token artifact is bound to another fingerprint_hash")
+        if not 0 <= artifact.safe_append_boundary <= artifact.token_count:
+            return _invalid_proof(
+                f"safe_append_boundary {artifact.safe_append_boundary} outside "
+                f"0..token_count {artifact.token_count}"
+            )
+    if proof is None:
+        return None
+    if proof.fingerprint_hash != event.fingerprint_hash:
+        return _invalid_proof("boundary proof is bound to another fingerprint_hash")
+    if proof.expires_at <= now_ms:
+        return _invalid_proof(f"boundary proof expired at {proof.expires_at} (now {now_ms})")
+    if min(proof.prefix_count, proof.append_count) < 0:
+        return _invalid_proof("negative token count in boundary proof")
+    if proof.prefix_count + proof.append_count != proof.combined_count:
+        return _invalid_proof(
+            f"prefix_count {proof.prefix_count} + append_count {proof.append_count} "
+            f"!= combined_count {proof.combined_count}"
+        )
+    if artifact is None:
+        return _invalid_proof("boundary proof without a token artifact to bind to")
+    if proof.combined_count != artifact.token_count:
+        return _invalid_proof(
+            f"combined_count {proof.combined_count} != artifact token_count {artifact.token_count}"
+        )
+    if proof.combined_hash != artifact.token_hash:
+        return _invalid_proof("combined_hash != artifact token_hash")
+    return None
+
+
+def certification_of(event: TurnCompleted, now_ms: int) -> tuple[Certification, str]:
+    """What a VALID turn certifies, and why (assumes ``check_boundary`` passed)."""
+    if event.status is not TurnStatus.COMPLETED:
+        return Certification.LOGICAL_ONLY, f"status {event.status.value}"
+    if event.effective_config.truncated:
+        # truncated=true is only meaningful with truncation=auto; with "disabled" it is
+        # contradictory, and the safe reading of a contradiction is "not certified".
+        return Certification.LOGICAL_ONLY, "history was truncated"
+    if event.token_artifact is None:
+        return Certification.LOGICAL_ONLY, "no token artifact"
+    if event.boundary_proof is None:
+        return Certification.LOGICAL_ONLY, "no boundary proof"
+    if event.token_artifact.expires_at <= now_ms:
+        return Certification.LOGICAL_ONLY, "token artifact already expired"
+    return Certification.CERTIFIED, "completed with a valid artifact and boundary proof"
+
+
+# --- the checks, in evaluation order -------------------------------------------------
+
+
+def _check_status(event: TurnCompleted) -> Rejected | None:
+    if event.status in PROMOTABLE_STATUSES:
+        return None
+    return Rejected(
+        RejectionReason.NOT_PROMOTABLE_STATUS, f"status {event.status.value} never promotes"
+    )
+
+
+def _check_formats(event: TurnCompleted, items: Sequence[Item]) -> Rejected | None:
+    for item in items:
+        if item.format_version not in SUPPORTED_FORMAT_VERSIONS:
+            return _unsupported(f"item {item.item_id} has format_version {item.format_version}")
+    fingerprint = event.fingerprint
+    if fingerprint.fingerprint_version not in SUPPORTED_FINGERPRINT_VERSIONS:
+        return _unsupported(f"fingerprint_version {fingerprint.fingerprint_version}")
+    version = fingerprint.item_format_version
+    if version is not None and version not in SUPPORTED_FORMAT_VERSIONS:
+        return _unsupported(f"fingerprint item_format_version {version}")
+    return None
+
+
+def _check_item_types(items: Sequence[Item]) -> Rejected | None:
+    for item in items:
+        if item.type not in KNOWN_ITEM_TYPES:
+            return Rejected(
+                RejectionReason.UNKNOWN_ITEM_TYPE, f"item {item.item_id} has type {item.type!r}"
+            )
+    return None
+
+
+def _check_integrity(event: TurnCompleted, items: Sequence[Item]) -> Rejected | None:
+    for item in items:
+        if not item.digest_ok():
+            return _corrupt(f"item {item.item_id}: content does not match content_digest")
+    fingerprint = event.fingerprint
+    if fingerprint_hash(fingerprint) != event.fingerprint_hash:
+        return _corrupt("fingerprint_hash does not match the fingerprint")
+    config = event.effective_config
+    for name in ("instructions_digest", "tools_digest"):
+        in_fingerprint = getattr(fingerprint, name)
+        if in_fingerprint is not None and in_fingerprint != getattr(config, name):
+            return _corrupt(f"effective_config.{name} differs from fingerprint.{name}")
+    return None
+
+
+def _check_fingerprint_complete(event: TurnCompleted) -> Rejected | None:
+    missing = missing_components(event.fingerprint)
+    if not missing:
+        return None
+    return Rejected(RejectionReason.INCOMPLETE_FINGERPRINT, "missing: " + ", ".join(missing))
+
+
+# --- pairing steps -------------------------------------------------------------------
+
+
+def _open_call(item: Item, call_ids: set[str], open_calls: dict[str, None]) -> str | None:
+    if not item.call_id:
+        return f"function_call {item.item_id} has no call_id"
+    if item.call_id in call_ids:
+        return f"function_call {item.item_id}: call_id {item.call_id!r} is not unique"
+    call_ids.add(item.call_id)
+    open_calls[item.call_id] = None
+    return None
+
+
+def _answer_call(item: Item, call_ids: set[str], open_calls: dict[str, None]) -> str | None:
+    if not item.call_id:
+        return f"function_call_output {item.item_id} has no call_id"
+    if item.call_id in open_calls:
+        del open_calls[item.call_id]
+        return None
+    if item.call_id in call_ids:
+        return f"function_call_output {item.item_id}: call {item.call_id!r} already answered"
+    return f"function_call_output {item.item_id}: no earlier function_call {item.call_id!r}"
+
+
+def _require_no_open_call(item: Item, open_calls: dict[str, None]) -> str | None:
+    if not open_calls:
+        return None
+    waiting = next(iter(open_calls))
+    return f"function_call {waiting!r} is unanswered before {item.type} {item.item_id}"
+
+
+# --- small constructors ----------------------------------------------------------------
+
+
+def _unsupported(detail: str) -> Rejected:
+    return Rejected(RejectionReason.UNSUPPORTED_FORMAT, detail)
+
+
+def _corrupt(detail: str) -> Rejected:
+    return Rejected(RejectionReason.CORRUPT, detail)
+
+
+def _invalid_proof(detail: str) -> Rejected:
+    return Rejected(RejectionReason.INVALID_BOUNDARY_PROOF, detail)

@@ -1,0 +1,336 @@
+"""validate_turn: one minimal event per reason, one valid event per certification level."""
+
+from __future__ import annotations
+
+import pytest
+
+from ratchet.domain.validation import (
+    EMPTY_PAIRING,
+    EVALUATION_ORDER,
+    PairingState,
+    Rejected,
+    Unpaired,
+    Valid,
+    check_pairing,
+    pairing_state_of,
+    validate_turn,
+)
+from schemas.models import Certification, EffectiveConfig, RejectionReason, TurnStatus
+from tests.factories import (
+    HOUR_MS,
+    NOW_MS,
+    REJECTING_TURNS,
+    function_call,
+    function_call_output,
+    make_artifact_and_proof,
+    make_fingerprint,
+    make_item,
+    make_tool_loop_turn,
+    make_turn,
+    message,
+    reasoning,
+    tampered,
+)
+
+
+def rejected_reason(turn, now_ms: int = NOW_MS, **kw) -> RejectionReason | None:
+    outcome = validate_turn(turn, now_ms, **kw)
+    return outcome.reason if isinstance(outcome, Rejected) else None
+
+
+def call(cid: str):
+    return function_call(cid, "get_weather", {"city": "Paris"}, item_id=f"fc_{cid}")
+
+
+def out(cid: str):
+    return function_call_output(cid, "sunny", item_id=f"fco_{cid}")
+
+
+def say(text: str = "ok", role: str = "assistant"):
+    return message(text, role=role, item_id=f"msg_{text}_{role}")
+
+
+def think(text: str = "hmm"):
+    return reasoning(text, item_id=f"rs_{text}")
+
+
+# --- one reason each ----------------------------------------------------------------
+
+
+def test_every_stateless_reason_has_a_minimal_event() -> None:
+    assert set(REJECTING_TURNS) == set(EVALUATION_ORDER)
+
+
+@pytest.mark.parametrize("reason", EVALUATION_ORDER, ids=lambda r: r.value)
+def test_minimal_event_triggers_exactly_its_reason(reason: RejectionReason) -> None:
+    assert rejected_reason(REJECTING_TURNS[reason]()) is reason
+
+
+@pytest.mark.parametrize(
+    "status", [TurnStatus.FAILED, TurnStatus.CANCELLED, TurnStatus.IN_PROGRESS, TurnStatus.QUEUED]
+)
+def test_non_promotable_statuses(status: TurnStatus) -> None:
+    assert rejected_reason(make_turn(status=status)) is RejectionReason.NOT_PROMOTABLE_STATUS
+
+
+def test_status_is_checked_before_integrity() -> None:
+    turn = make_turn(status="failed", items=[tampered(say())])
+    assert rejected_reason(turn) is RejectionReason.NOT_PROMOTABLE_STATUS
+
+
+def test_format_is_checked_before_type_and_digest() -> None:
+    weird = make_item("future_item", {}, item_id="x1", format_version=2)
+    assert rejected_reason(make_turn(items=[tampered(weird)])) is RejectionReason.UNSUPPORTED_FORMAT
+
+
+def test_unknown_fingerprint_version_is_unsupported_format() -> None:
+    fingerprint = make_fingerprint().model_copy(update={"fingerprint_version": 2})
+    assert rejected_reason(make_turn(fingerprint=fingerprint)) is RejectionReason.UNSUPPORTED_FORMAT
+
+
+# --- CORRUPT ------------------------------------------------------------------------------
+
+
+def test_wrong_fingerprint_hash_is_corrupt() -> None:
+    assert rejected_reason(make_turn(fingerprint_hash="0" * 64)) is RejectionReason.CORRUPT
+
+
+def test_tampered_input_item_is_corrupt() -> None:
+    turn = make_turn(input_items=[tampered(say("q", "user"))])
+    assert rejected_reason(turn) is RejectionReason.CORRUPT
+
+
+def test_effective_config_disagreeing_with_fingerprint_is_corrupt() -> None:
+    config = EffectiveConfig(
+        instructions_digest="1" * 64,
+        tools_digest=make_fingerprint().tools_digest or "",
+        truncation="disabled",
+        truncated=False,
+    )
+    assert rejected_reason(make_turn(effective_config=config)) is RejectionReason.CORRUPT
+
+
+# --- INCOMPLETE_FINGERPRINT ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"model_weights_revision": None},
+        {"model_weights_revision": "main"},
+        {"tokenizer_revision": ""},
+        {"block_size": None},
+        {"renderer_version": None},
+        {"lora_name": "my-lora"},  # a LoRA without a revision
+    ],
+    ids=str,
+)
+def test_incomplete_fingerprints(overrides: dict) -> None:
+    turn = make_turn(fingerprint=make_fingerprint(**overrides))
+    assert rejected_reason(turn) is RejectionReason.INCOMPLETE_FINGERPRINT
+
+
+def test_model_alias_alone_is_not_an_identity() -> None:
+    fingerprint = make_fingerprint(model_name="gpt-oss", model_weights_revision=None)
+    assert (
+        rejected_reason(make_turn(fingerprint=fingerprint))
+        is RejectionReason.INCOMPLETE_FINGERPRINT
+    )
+
+
+# --- pairing --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [call("a"), out("a"), say()],
+        [think(), call("a"), call("b"), out("b"), out("a"), think("2"), say()],
+        [say(), call("a")],  # client tool: open call at the end
+        [call("a"), call("b"), out("a")],  # one answered by the gateway, one by the client
+    ],
+    ids=["simple", "parallel", "client-tool", "mixed"],
+)
+def test_legal_pairings(items) -> None:
+    assert isinstance(check_pairing(items), PairingState)
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [out("a")],  # output without call
+        [out("a"), call("a")],  # output before its call
+        [call("a"), out("a"), out("a")],  # answered twice
+        [call("a"), out("a"), call("a"), out("a")],  # call_id reused
+        [call("a"), say()],  # open call not at the end
+        [say(), think()],  # reasoning at the end
+        [make_item("function_call", {}, item_id="fc_none")],  # no call_id
+    ],
+    ids=[
+        "orphan-output",
+        "output-first",
+        "answered-twice",
+        "reused-id",
+        "open-mid",
+        "trailing-reasoning",
+        "no-call-id",
+    ],
+)
+def test_illegal_pairings(items) -> None:
+    assert isinstance(check_pairing(items), Unpaired)
+
+
+def test_pairing_continues_across_the_history() -> None:
+    history = [say("q", "user"), call("a")]
+    state = pairing_state_of(history)
+    assert state == PairingState(frozenset({"a"}), ("a",))
+    # the next turn answers the client tool first
+    assert isinstance(check_pairing([out("a"), say()], state), PairingState)
+    # ...or does not, and the open call is no longer at the end
+    assert isinstance(check_pairing([say("again", "user")], state), Unpaired)
+    # a call_id from an earlier turn cannot be reused
+    assert isinstance(check_pairing([call("a")], PairingState(frozenset({"a"}))), Unpaired)
+
+
+def test_validate_turn_uses_the_prior_pairing_state() -> None:
+    turn = make_turn(input_items=[out("a")], items=[say()])
+    assert rejected_reason(turn) is RejectionReason.UNPAIRED_TOOL_CALL
+    prior = PairingState(frozenset({"a"}), ("a",))
+    outcome = validate_turn(turn, NOW_MS, prior=prior)
+    assert isinstance(outcome, Valid)
+    assert outcome.pairing == PairingState(frozenset({"a"}), ())
+
+
+def test_input_then_output_order() -> None:
+    turn = make_turn(input_items=[say("q", "user"), call("a")], items=[out("a"), say()])
+    assert isinstance(validate_turn(turn, NOW_MS), Valid)
+
+
+# --- boundary proof -----------------------------------------------------------------------
+
+
+def _proof_turn(proof_changes=None, artifact_changes=None, **kw):
+    base = make_turn(**kw)
+    artifact = base.token_artifact.model_copy(update=artifact_changes or {})
+    proof = base.boundary_proof.model_copy(update=proof_changes or {})
+    return make_turn(
+        token_artifact=artifact, boundary_proof=proof, fingerprint_hash=base.fingerprint_hash, **kw
+    )
+
+
+@pytest.mark.parametrize(
+    ("proof_changes", "artifact_changes"),
+    [
+        ({"fingerprint_hash": "e" * 64}, None),
+        (None, {"fingerprint_hash": "e" * 64}),
+        ({"prefix_count": 1}, None),  # prefix + append != combined
+        ({"combined_count": 999, "prefix_count": 919}, None),  # != artifact token_count
+        ({"combined_hash": "d" * 64}, None),
+        ({"expires_at": NOW_MS}, None),
+        (None, {"safe_append_boundary": 10_000}),
+    ],
+    ids=[
+        "proof-fp",
+        "artifact-fp",
+        "sum",
+        "artifact-count",
+        "artifact-hash",
+        "expired",
+        "boundary",
+    ],
+)
+def test_invalid_boundary_proofs(proof_changes, artifact_changes) -> None:
+    turn = _proof_turn(proof_changes, artifact_changes)
+    assert rejected_reason(turn) is RejectionReason.INVALID_BOUNDARY_PROOF
+
+
+def test_proof_without_artifact_is_invalid() -> None:
+    turn = make_turn()
+    assert (
+        rejected_reason(
+            make_turn(
+                boundary_proof=turn.boundary_proof,
+                token_artifact=None,
+                fingerprint_hash=turn.fingerprint_hash,
+            )
+        )
+        is RejectionReason.INVALID_BOUNDARY_PROOF
+    )
+
+
+# --- certification ------------------------------------------------------------------------
+
+
+def certification(turn, now_ms: int = NOW_MS) -> Certification:
+    outcome = validate_turn(turn, now_ms)
+    assert isinstance(outcome, Valid), outcome
+    return outcome.certification
+
+
+def test_completed_with_artifact_and_proof_is_certified() -> None:
+    assert certification(make_turn()) is Certification.CERTIFIED
+
+
+def test_tool_loop_turn_is_certified() -> None:
+    turn, effects = make_tool_loop_turn(rounds=3, total_items=20)
+    assert len(turn.items) == 20 and len(effects) == 3
+    assert certification(turn) is Certification.CERTIFIED
+
+
+def test_incomplete_is_logical_only() -> None:
+    assert certification(make_turn(status="incomplete")) is Certification.LOGICAL_ONLY
+
+
+def test_truncated_is_logical_only() -> None:
+    fingerprint = make_fingerprint()
+    config = EffectiveConfig(
+        instructions_digest=fingerprint.instructions_digest,
+        tools_digest=fingerprint.tools_digest,
+        truncation="auto",
+        truncated=True,
+    )
+    assert certification(make_turn(effective_config=config)) is Certification.LOGICAL_ONLY
+
+
+def test_no_artifact_is_logical_only() -> None:
+    assert certification(make_turn(certified=False)) is Certification.LOGICAL_ONLY
+
+
+def test_artifact_without_proof_is_logical_only() -> None:
+    turn = make_turn()
+    assert (
+        certification(
+            make_turn(
+                boundary_proof=None,
+                token_artifact=turn.token_artifact,
+                fingerprint_hash=turn.fingerprint_hash,
+            )
+        )
+        is Certification.LOGICAL_ONLY
+    )
+
+
+def test_expired_artifact_is_logical_only() -> None:
+    artifact, proof = make_artifact_and_proof(make_turn().fingerprint_hash)
+    artifact = artifact.model_copy(update={"expires_at": NOW_MS - 1})
+    proof = proof.model_copy(update={"expires_at": NOW_MS + HOUR_MS})
+    turn = make_turn(token_artifact=artifact, boundary_proof=proof)
+    assert certification(turn) is Certification.LOGICAL_ONLY
+
+
+def test_chain_mode_turn_is_valid() -> None:
+    turn = make_turn(
+        conversation_id=None,
+        chain_root_id="resp_root",
+        expected_head_seq=None,
+        previous_response_id="resp_root",
+    )
+    assert certification(turn) is Certification.CERTIFIED
+    assert turn.partition_key == "resp_root"
+
+
+def test_results_are_frozen() -> None:
+    outcome = validate_turn(make_turn(), NOW_MS)
+    with pytest.raises(AttributeError):
+        outcome.certification = Certification.LOGICAL_ONLY  # type: ignore[misc]
+    assert PairingState() == EMPTY_PAIRING
