@@ -25,7 +25,7 @@ APICURIO_PROPERTIES = {
     "apicurio.rest.deletion.artifact-version.enabled": "true",
     # Re-registering a schema that differs only in whitespace returns the existing id.
     "apicurio.ccompat.use-canonical-hash": "true",
-    # In-memory storage (the default of the all-in-one app, stated for clarity).
+    # Embedded H2 database (the app's default storage kind).
     "apicurio.storage.kind": "sql",
     "apicurio.storage.sql.kind": "h2",
 }
@@ -57,6 +57,9 @@ class Registry(Server):
             "quarkus.http.host": "127.0.0.1",
             # the management interface (health, metrics) would otherwise bind 0.0.0.0:9000
             "quarkus.management.enabled": "false",
+            # H2 in a file instead of in memory: schema ids survive a registry restart
+            # (as with Confluent's registry), so `infra restart registry` loses nothing.
+            "apicurio.datasource.url": f"jdbc:h2:file:{self.data_dir / 'h2' / 'registry'}",
             **APICURIO_PROPERTIES,
         }
         runner = self.dist_dir / "app" / f"apicurio-registry-app-{VERSION}-runner.jar"

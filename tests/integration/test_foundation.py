@@ -255,5 +255,30 @@ def test_registry_enforces_backward_compatibility(schema_registry_client, unique
     assert sr.delete_subject(subject) == [1, 2]
 
 
+@pytest.mark.slow
+def test_one_server_restarts_alone_and_registry_keeps_schema_ids(
+    settings, schema_registry_client, unique_name
+):
+    """The fault-injection API: stop one server, see it down, start it, nothing lost."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    from infra import launcher
+
+    if launcher.server_status(settings, "registry").pid is None:
+        pytest.skip("the registry was not started by the local launcher (RATCHET_* or compose)")
+    subject = unique_name("ratchet-test") + "-value"
+    schema = {"type": "record", "name": "Kept", "fields": [{"name": "a", "type": "long"}]}
+    schema_id = schema_registry_client.register_schema(subject, Schema(json.dumps(schema), "AVRO"))
+
+    assert launcher.stop_server(settings, "registry", out=print) in ("stopped", "killed")
+    assert not launcher.server_status(settings, "registry").healthy
+    assert launcher.server_status(settings, "kafka").healthy  # the others keep running
+    launcher.start_server(settings, "registry", out=print)
+
+    fresh = SchemaRegistryClient({"url": settings.schema_registry_url})  # no client cache
+    assert json.loads(fresh.get_schema(schema_id).schema_str) == schema
+    fresh.delete_subject(subject)
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["faust-worker"]:
     faust_worker(*sys.argv[2:7])
