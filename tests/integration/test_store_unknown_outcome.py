@@ -1,0 +1,154 @@
+"""An LWT whose outcome is unknown is resolved by a SERIAL read, never guessed.
+
+``FlakySession`` wraps a real session: the promotion batch is sent and THEN a timeout
+is raised (the write landed), or the timeout is raised WITHOUT sending (it did not).
+"""
+
+from __future__ import annotations
+
+import pytest
+from cassandra import ConsistencyLevel, OperationTimedOut, WriteTimeout, WriteType
+from cassandra.cluster import NoHostAvailable
+from cassandra.protocol import ErrorMessage
+from cassandra.query import BatchStatement
+
+from ratchet.domain.history import VerifiedHistory
+from services.store.base import Conflict, Duplicate, Promoted, StoreUnavailable
+from services.store.cassandra import CAS_WRITE_UNKNOWN, CassandraCheckpointStore
+from tests.contract.store_support import conversation_turn, uid
+
+pytestmark = pytest.mark.integration
+
+
+def cas_timeout() -> Exception:
+    return WriteTimeout(
+        "injected CAS timeout",
+        write_type=WriteType.CAS,
+        consistency=ConsistencyLevel.SERIAL,
+        required_responses=1,
+        received_responses=0,
+    )
+
+
+def cas_write_unknown() -> Exception:
+    return ErrorMessage(code=CAS_WRITE_UNKNOWN, message="injected CAS_WRITE_UNKNOWN", info=None)
+
+
+def client_timeout() -> Exception:
+    return OperationTimedOut("injected client-side timeout")
+
+
+class FlakySession:
+    """Delegates to a real session; the next ``failures`` batches misbehave.
+
+    ``land``: send the batch before raising. ``break_reads``: every later non-batch
+    request fails too (the SERIAL resolution read cannot be made).
+    ``meanwhile``: run this callable before the (unsent) batch would have run.
+    """
+
+    def __init__(
+        self, real, error, *, land: bool, failures: int = 1, break_reads=False, meanwhile=None
+    ):
+        self._real = real
+        self._error = error
+        self._land = land
+        self._failures = failures
+        self._break_reads = break_reads
+        self._meanwhile = meanwhile
+        self.batches_sent = 0
+        self.tripped = False
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def execute(self, statement, *args, **kwargs):
+        if isinstance(statement, BatchStatement):
+            if self._failures > 0:
+                self._failures -= 1
+                self.tripped = True
+                if self._meanwhile is not None:
+                    self._meanwhile()
+                if self._land:
+                    self._real.execute(statement, *args, **kwargs)
+                    self.batches_sent += 1
+                raise self._error()
+            self.batches_sent += 1
+        elif self.tripped and self._break_reads:
+            raise client_timeout()
+        return self._real.execute(statement, *args, **kwargs)
+
+
+@pytest.fixture
+def healthy(store_session):
+    return CassandraCheckpointStore(store_session, timeout_s=30)
+
+
+def flaky_store(store_session, error, **kw):
+    session = FlakySession(store_session, error, **kw)
+    return session, CassandraCheckpointStore(session, timeout_s=30)
+
+
+def one_turn_history(store, turn):
+    history = store.read_history(turn.tenant_id, conversation_id=turn.partition_key)
+    assert isinstance(history, VerifiedHistory), history
+    assert history.head_seq == 1 and history.items == turn.items
+
+
+@pytest.mark.parametrize("error", [client_timeout, cas_timeout, cas_write_unknown])
+def test_landed_write_is_reported_promoted(store_session, healthy, error):
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    session, store = flaky_store(store_session, error, land=True)
+    outcome = store.promote(turn)
+    assert isinstance(outcome, Promoted) and outcome.seq == 1
+    assert session.batches_sent == 1  # resolved by reading, not by writing again
+    one_turn_history(healthy, turn)
+
+
+@pytest.mark.parametrize("error", [client_timeout, cas_timeout, cas_write_unknown])
+def test_write_that_did_not_land_is_made_again(store_session, healthy, error):
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    session, store = flaky_store(store_session, error, land=False)
+    outcome = store.promote(turn)
+    assert isinstance(outcome, Promoted) and outcome.seq == 1
+    assert session.batches_sent == 1
+    one_turn_history(healthy, turn)
+
+
+def test_another_promoters_write_is_not_mistaken_for_ours(store_session, healthy):
+    tenant, conv = uid("tenant"), uid("conv")
+    rival = conversation_turn(tenant, conv, 0)
+    mine = conversation_turn(tenant, conv, 0)
+    _, store = flaky_store(
+        store_session, cas_timeout, land=False, meanwhile=lambda: healthy.promote(rival)
+    )
+    assert store.promote(mine) == Conflict(1)
+    assert healthy.head(tenant, conv).response_id == rival.response_id
+
+
+def test_unresolvable_landed_write_is_retryable_and_later_a_duplicate(store_session, healthy):
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    _, store = flaky_store(store_session, cas_timeout, land=True, break_reads=True)
+    with pytest.raises(StoreUnavailable) as caught:
+        store.promote(turn)
+    assert caught.value.retryable
+    again = healthy.promote(turn)
+    assert isinstance(again, Duplicate) and again.original.response_id == turn.response_id
+    one_turn_history(healthy, turn)
+
+
+def test_unresolvable_lost_write_is_retryable_and_later_promoted(store_session, healthy):
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    _, store = flaky_store(store_session, cas_timeout, land=False, break_reads=True)
+    with pytest.raises(StoreUnavailable) as caught:
+        store.promote(turn)
+    assert caught.value.retryable
+    assert isinstance(healthy.promote(turn), Promoted)
+
+
+def test_unreachable_cluster_is_retryable_and_writes_nothing(store_session, healthy):
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    _, store = flaky_store(store_session, lambda: NoHostAvailable("injected", {}), land=False)
+    with pytest.raises(StoreUnavailable) as caught:
+        store.promote(turn)
+    assert caught.value.retryable
+    assert healthy.head(turn.tenant_id, turn.partition_key) is None

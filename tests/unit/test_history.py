@@ -1,0 +1,186 @@
+"""History verification over frozen records: every broken rule has its typed reason."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from ratchet.domain.history import (
+    HistoryFailure,
+    HistoryFailureReason,
+    PartitionSnapshot,
+    VerifiedHistory,
+    verify_conversation_history,
+    verify_history,
+)
+from services.store.base import StoreOptions
+from services.store.memory import MemoryCheckpointStore
+from tests.contract.store_support import T0, FakeClock, chain_turn, conversation_turn, uid
+
+R = HistoryFailureReason
+
+
+@pytest.fixture
+def built():
+    """A three-turn Conversation (2, 3, 2 items) and its snapshot."""
+    store = MemoryCheckpointStore(StoreOptions(clock=FakeClock(), logical_retention_s=3600))
+    tenant, conv = uid("tenant"), uid("conv")
+    turns = [conversation_turn(tenant, conv, i, n_items=n) for i, n in enumerate((2, 3, 2))]
+    for turn in turns:
+        store.promote(turn)
+    return turns, store._load_partition(tenant, conv)
+
+
+def with_items(snapshot: PartitionSnapshot, response_id: str, items) -> PartitionSnapshot:
+    return replace(snapshot, items={**snapshot.items, response_id: tuple(items)})
+
+
+def with_checkpoint(snapshot: PartitionSnapshot, response_id: str, **changes):
+    checkpoint = replace(snapshot.checkpoints[response_id], **changes)
+    return replace(snapshot, checkpoints={**snapshot.checkpoints, response_id: checkpoint})
+
+
+def reason_of(snapshot: PartitionSnapshot, response_id: str | None = None):
+    if response_id is None:
+        result = verify_conversation_history(snapshot, T0)
+    else:
+        result = verify_history(snapshot, response_id, T0)
+    return result.reason if isinstance(result, HistoryFailure) else None
+
+
+def edit_item(snapshot, response_id, position, **changes):
+    entries = list(snapshot.items[response_id])
+    entry = entries[position]
+    entries[position] = replace(entry, item=entry.item.model_copy(update=changes))
+    return with_items(snapshot, response_id, entries)
+
+
+def test_intact_history_verifies(built):
+    turns, snapshot = built
+    result = verify_conversation_history(snapshot, T0)
+    assert isinstance(result, VerifiedHistory)
+    assert result.items == tuple(i for t in turns for i in t.items)
+    assert [c.seq for c in result.lineage] == [1, 2, 3]
+
+
+def test_unknown_response_and_foreign_tenant_are_not_found(built):
+    turns, snapshot = built
+    assert reason_of(snapshot, uid("resp")) is R.NOT_FOUND
+    foreign = replace(snapshot, tenant_id=uid("tenant"))
+    assert reason_of(foreign, turns[0].response_id) is R.NOT_FOUND
+
+
+def test_expired(built):
+    turns, snapshot = built
+    last = snapshot.checkpoints[turns[2].response_id]
+    later = last.logical_expires_at + timedelta(seconds=1)
+    assert verify_history(snapshot, last.response_id, later).reason is R.EXPIRED
+
+
+def test_missing_middle_item(built):
+    turns, snapshot = built
+    rid = turns[1].response_id
+    entries = snapshot.items[rid]
+    assert reason_of(with_items(snapshot, rid, (entries[0], entries[2]))) is R.MISSING_HISTORY
+
+
+def test_missing_turn(built):
+    turns, snapshot = built
+    checkpoints = dict(snapshot.checkpoints)
+    del checkpoints[turns[1].response_id]
+    assert reason_of(replace(snapshot, checkpoints=checkpoints)) is R.MISSING_HISTORY
+
+
+def test_duplicated_item(built):
+    turns, snapshot = built
+    rid = turns[1].response_id
+    entries = snapshot.items[rid]
+    assert reason_of(with_items(snapshot, rid, (*entries, entries[2]))) is R.CORRUPT_HISTORY
+
+
+def test_renumbered_item(built):
+    turns, snapshot = built
+    rid = turns[1].response_id
+    entries = list(snapshot.items[rid])
+    entries[1] = replace(entries[1], item_seq=entries[1].item_seq + 10)
+    assert reason_of(with_items(snapshot, rid, entries)) is R.CORRUPT_HISTORY
+
+
+def test_items_swapped_between_turns(built):
+    turns, snapshot = built
+    a, b = turns[0].response_id, turns[2].response_id
+    first, last = snapshot.items[a], snapshot.items[b]
+    swapped = with_items(
+        with_items(snapshot, a, [replace(s, response_id=a) for s in last]),
+        b,
+        [replace(s, response_id=b) for s in first],
+    )
+    swapped = with_items(
+        swapped, a, [replace(s, item_seq=1 + s.position) for s in swapped.items[a]]
+    )
+    assert reason_of(swapped) is R.CORRUPT_HISTORY
+
+
+def test_flipped_content_byte(built):
+    turns, snapshot = built
+    rid = turns[2].response_id
+    content = bytearray(snapshot.items[rid][0].item.content)
+    content[2] ^= 0x01
+    assert reason_of(edit_item(snapshot, rid, 0, content=bytes(content))) is R.CORRUPT_HISTORY
+
+
+def test_unknown_item_type(built):
+    turns, snapshot = built
+    snapshot = edit_item(snapshot, turns[0].response_id, 1, type="hologram")
+    assert reason_of(snapshot) is R.UNKNOWN_ITEM_TYPE
+
+
+def test_unsupported_format_version(built):
+    turns, snapshot = built
+    snapshot = edit_item(snapshot, turns[1].response_id, 0, format_version=99)
+    assert reason_of(snapshot) is R.UNSUPPORTED_FORMAT
+
+
+def test_broken_lineage_link(built):
+    turns, snapshot = built
+    skip = with_checkpoint(snapshot, turns[2].response_id, parent_response_id=turns[0].response_id)
+    assert reason_of(skip) is R.CORRUPT_HISTORY
+    dangling = with_checkpoint(snapshot, turns[2].response_id, parent_response_id=uid("resp"))
+    assert reason_of(dangling) is R.MISSING_HISTORY
+
+
+def test_two_checkpoints_at_one_seq(built):
+    turns, snapshot = built
+    twin = replace(snapshot.checkpoints[turns[1].response_id], response_id=uid("resp"))
+    doubled = replace(snapshot, checkpoints={**snapshot.checkpoints, twin.response_id: twin})
+    assert reason_of(doubled) is R.CORRUPT_HISTORY
+
+
+def test_head_pointing_elsewhere(built):
+    turns, snapshot = built
+    behind = replace(snapshot, head=replace(snapshot.head, seq=2))
+    assert reason_of(behind) is R.CORRUPT_HISTORY
+    dangling = replace(snapshot, head=replace(snapshot.head, response_id=uid("resp")))
+    assert reason_of(dangling) is R.CORRUPT_HISTORY
+
+
+def test_undecodable_rows(built):
+    turns, snapshot = built
+    damaged = replace(snapshot, damaged=frozenset({turns[0].response_id}))
+    assert reason_of(damaged) is R.CORRUPT_HISTORY
+
+
+def test_chain_fork_reads_only_its_path():
+    store = MemoryCheckpointStore(StoreOptions(clock=FakeClock()))
+    tenant, root, a, b = uid("tenant"), uid("resp"), uid("resp"), uid("resp")
+    for rid, parent in ((root, None), (a, root), (b, root)):
+        store.promote(chain_turn(tenant, root, rid, parent))
+    snapshot = store._load_partition(tenant, root)
+    result = verify_history(snapshot, b, T0)
+    assert [c.response_id for c in result.lineage] == [root, b]
+    # Corrupting the other branch does not affect this one.
+    broken = with_items(snapshot, a, ())
+    assert isinstance(verify_history(broken, b, T0), VerifiedHistory)
+    assert verify_history(broken, a, T0).reason is R.MISSING_HISTORY
