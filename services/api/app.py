@@ -1,0 +1,162 @@
+"""The FastAPI application: routes, parameter validation, typed errors, OpenAPI.
+
+Routes only translate HTTP to ``RehydrationService`` calls and back; every rule is
+in the domain. Malformed input never reaches the domain: FastAPI validates the
+parameters against the constraints below (published in ``/openapi.json``) and the
+handlers here turn any validation error into a typed 422 ``ErrorBody``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.api import metrics
+from services.api.models import ErrorBody, HealthBody, HistoryBody, StatusBody
+from services.api.service import WAIT_MS_CAP, RehydrationService
+from services.ledger.base import LedgerUnavailable
+from services.store.base import StoreUnavailable
+
+# Ids are opaque strings chosen by gateways; bound them so a request line stays small.
+_ID = r"^[A-Za-z0-9._:\-]{1,200}$"
+_SHA256 = r"^[0-9a-f]{64}$"
+
+TenantId = Annotated[str, Query(pattern=_ID, description="Tenant that owns the history.")]
+FingerprintHash = Annotated[
+    str,
+    Query(pattern=_SHA256, description="The caller's execution fingerprint hash (sha256 hex)."),
+]
+WaitMs = Annotated[
+    int,
+    Query(
+        ge=0,
+        le=WAIT_MS_CAP,
+        description="Wait up to this long for a pending promotion (read-your-writes).",
+    ),
+]
+
+_HISTORY_RESPONSES = {
+    404: {"model": HistoryBody, "description": "failure NOT_FOUND (also another tenant's id)"},
+    409: {"model": HistoryBody, "description": "failure NOT_PROMOTED"},
+    410: {"model": HistoryBody, "description": "failure EXPIRED"},
+    422: {"model": ErrorBody, "description": "malformed request"},
+    500: {"model": HistoryBody, "description": "integrity failure (CORRUPT_HISTORY, ...)"},
+    503: {"model": ErrorBody, "description": "store unavailable; retry"},
+}
+
+
+def create_app(service: RehydrationService, notifier_up: Callable[[], bool]) -> FastAPI:
+    app = FastAPI(
+        title="ratchet rehydration service",
+        version="1",
+        description="Complete certified histories, typed fallbacks and typed failures "
+        "(CONTRACT section 5). Item `content` is the canonical JSON text, byte-exact.",
+    )
+    _install_error_handlers(app)
+
+    @app.get(
+        "/v1/conversations/{conversation_id}/history",
+        response_model=HistoryBody,
+        response_model_exclude_none=False,
+        responses=_HISTORY_RESPONSES,
+        summary="Rehydrate a Conversation up to its head",
+    )
+    async def conversation_history(
+        conversation_id: Annotated[str, Path(pattern=_ID)],
+        tenant_id: TenantId,
+        fingerprint_hash: FingerprintHash,
+    ) -> JSONResponse:
+        answer = await service.conversation_history(tenant_id, conversation_id, fingerprint_hash)
+        return _json(answer.body, answer.status_code)
+
+    @app.get(
+        "/v1/responses/{response_id}/history",
+        response_model=HistoryBody,
+        responses=_HISTORY_RESPONSES,
+        summary="Rehydrate the history ending with a response",
+    )
+    async def response_history(
+        response_id: Annotated[str, Path(pattern=_ID)],
+        tenant_id: TenantId,
+        fingerprint_hash: FingerprintHash,
+        wait_ms: WaitMs = 0,
+    ) -> JSONResponse:
+        with metrics.REQUEST_SECONDS.labels("response").time():
+            answer = await service.response_history(
+                tenant_id, response_id, fingerprint_hash, wait_ms
+            )
+        return _json(answer.body, answer.status_code)
+
+    @app.get(
+        "/v1/responses/{response_id}/status",
+        response_model=StatusBody,
+        responses={422: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+        summary="Was a response promoted, rejected (and why), or is it unknown?",
+    )
+    async def response_status(
+        response_id: Annotated[str, Path(pattern=_ID)], tenant_id: TenantId
+    ) -> StatusBody:
+        return await run_in_threadpool(service.status, tenant_id, response_id)
+
+    @app.get(
+        "/healthz",
+        response_model=HealthBody,
+        responses={503: {"model": HealthBody}},
+        summary="Liveness (probe=live) or readiness (default: the store answers)",
+    )
+    async def healthz(probe: str | None = None) -> JSONResponse:
+        notifier = notifier_up()
+        if probe == "live":
+            return _json(HealthBody(status="ok", store=True, notifier=notifier), 200)
+        store = await run_in_threadpool(service.store_ok)
+        # A down notifier only slows wait_ms (to its deadline read): degraded, still ready.
+        status = "ok" if store and notifier else "degraded"
+        return _json(
+            HealthBody(status=status, store=store, notifier=notifier), 200 if store else 503
+        )
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _json(body: HistoryBody | HealthBody | StatusBody, status_code: int) -> JSONResponse:
+    return JSONResponse(body.model_dump(mode="json"), status_code=status_code)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = [
+            {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type")}
+            for err in exc.errors()
+        ]
+        return _error(422, ErrorBody(error="INVALID_REQUEST", detail=detail))
+
+    @app.exception_handler(StoreUnavailable)
+    async def store_unavailable(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        metrics.STORE_ERRORS.labels("any").inc()
+        return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=exc.retryable))
+
+    @app.exception_handler(LedgerUnavailable)
+    async def ledger_unavailable(_: Request, exc: LedgerUnavailable) -> JSONResponse:
+        metrics.STORE_ERRORS.labels("ledger").inc()
+        return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=True))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # 404 for unknown paths, 405 for wrong methods: typed like every other error.
+        return _error(exc.status_code, ErrorBody(error="INVALID_REQUEST", detail=exc.detail))
+
+
+def _error(status_code: int, body: ErrorBody) -> JSONResponse:
+    return JSONResponse(body.model_dump(mode="json"), status_code=status_code)

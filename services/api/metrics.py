@@ -1,0 +1,75 @@
+"""Prometheus metrics of the API process (names are documented in docs/service.md).
+
+The worker exports its own metrics (promotions, rejections, dead letters, LWT latency,
+validation time, consumer lag) from its process; these are the API's. All names start
+with ``ratchet_api_`` so dashboards can tell the two processes apart.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# Buckets tuned for a local Cassandra read (sub-millisecond to tens of ms) plus waits.
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+    2.5,
+    10.0,
+)
+
+LOOKUP_SECONDS = Histogram(
+    "ratchet_api_lookup_seconds",
+    "Time of one verified history read (store read + verification), per endpoint.",
+    ["endpoint"],
+    buckets=_LATENCY_BUCKETS,
+)
+REQUEST_SECONDS = Histogram(
+    "ratchet_api_request_seconds",
+    "Wall time of a history request including any wait_ms wait.",
+    ["endpoint"],
+    buckets=_LATENCY_BUCKETS,
+)
+OUTCOMES = Counter(
+    "ratchet_api_outcomes_total",
+    "Rehydration answers by outcome (certified|fallback|failure) and reason.",
+    ["endpoint", "outcome", "reason"],
+)
+STATUS_ANSWERS = Counter(
+    "ratchet_api_status_total",
+    "Status answers by state (promoted|rejected|unknown) and reason.",
+    ["state", "reason"],
+)
+WAITS = Counter(
+    "ratchet_api_waits_total",
+    "wait_ms waits by how they ended (woken_promoted|woken_rejected|woken_unknown|timeout).",
+    ["result"],
+)
+WAITING = Gauge("ratchet_api_waiting_requests", "Requests currently waiting for a decision.")
+NOTIFIER_RECORDS = Counter(
+    "ratchet_api_notifier_records_total",
+    "Decision records the API consumed from Kafka, by topic and decodability.",
+    ["topic", "result"],
+)
+NOTIFIER_LAG = Gauge(
+    "ratchet_api_notifier_lag_records",
+    "Records between the notifier's position and the high watermark, per topic.",
+    ["topic"],
+)
+NOTIFIER_UP = Gauge(
+    "ratchet_api_notifier_up", "1 while the decision consumer is assigned and polling."
+)
+STORE_ERRORS = Counter(
+    "ratchet_api_store_errors_total",
+    "Store reads that raised (infrastructure failure, answered 503).",
+    ["endpoint"],
+)

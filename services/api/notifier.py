@@ -1,0 +1,150 @@
+"""Follows the decision topics and wakes ``wait_ms`` requests (see ``waiters``).
+
+Design:
+- one confluent-kafka consumer per API process, in a daemon thread;
+- it ``assign``s every partition of ``ratchet.checkpoints`` and ``ratchet.rejections``
+  at the END offset: only decisions made from now on matter, because a decision made
+  earlier is already durable and the first read of a waiting request sees it;
+- no consumer group offsets are committed (``enable.auto.commit=false``): every API
+  replica needs every decision for its own waiters, and a restart loses nothing;
+- each record is decoded only to learn its ``response_id``; a record that cannot be
+  decoded wakes every waiter (a spurious wake-up costs one read, a lost one a timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
+
+from services.api import metrics
+from services.api.waiters import PromotionWaiters
+
+log = logging.getLogger("ratchet.api.notifier")
+
+# (topic, raw value) -> response_id, or raises when the record cannot be decoded.
+ResponseIdDecoder = Callable[[str, bytes], str]
+
+
+class DecisionNotifier:
+    """Background consumer of promotions and rejections; ``start``/``stop`` it once."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: dict[str, str],
+        waiters: PromotionWaiters,
+        decode_response_id: ResponseIdDecoder,
+        poll_timeout_s: float = 0.2,
+    ) -> None:
+        """``topics`` maps a full topic name to the decision it carries
+        (``promoted`` or ``rejected``)."""
+        self._bootstrap = bootstrap
+        self._topics = topics
+        self._waiters = waiters
+        self._decode = decode_response_id
+        self._poll_timeout_s = poll_timeout_s
+        self._stop = threading.Event()
+        self._assigned = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def up(self) -> bool:
+        return self._assigned.is_set() and not self._stop.is_set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="decision-notifier", daemon=True)
+        self._thread.start()
+
+    def wait_assigned(self, timeout_s: float) -> bool:
+        """True once the consumer is positioned at the end of every partition."""
+        return self._assigned.wait(timeout_s)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._consume()
+            except Exception:  # a broken broker connection must not kill waiting
+                log.exception("decision notifier failed; restarting in 2 s")
+                metrics.NOTIFIER_UP.set(0)
+                self._assigned.clear()
+                # Anyone waiting may have missed a decision while we were down.
+                self._waiters.notify_all()
+                self._stop.wait(2.0)
+
+    def _consume(self) -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self._bootstrap,
+                "group.id": "ratchet-api-notifier",  # required by librdkafka; never committed
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": False,
+                "topic.metadata.refresh.interval.ms": 30000,
+            }
+        )
+        try:
+            consumer.assign(self._end_of_every_partition(consumer))
+            self._assigned.set()
+            metrics.NOTIFIER_UP.set(1)
+            log.info("decision notifier assigned", extra={"ctx": {"topics": list(self._topics)}})
+            polls = 0
+            while not self._stop.is_set():
+                msg = consumer.poll(self._poll_timeout_s)
+                polls += 1
+                if polls % 50 == 0:
+                    self._report_lag(consumer)
+                if msg is None:
+                    continue
+                if msg.error():
+                    if msg.error().fatal():
+                        raise KafkaException(msg.error())
+                    continue
+                self._handle(msg.topic(), msg.value())
+        finally:
+            consumer.close()
+
+    def _end_of_every_partition(self, consumer: Consumer) -> list[TopicPartition]:
+        meta = consumer.list_topics(timeout=10)
+        assignment = []
+        for topic in self._topics:
+            info = meta.topics.get(topic)
+            if info is None or info.error is not None:
+                raise KafkaException(f"topic {topic} is not available: {info and info.error}")
+            assignment += [TopicPartition(topic, p, OFFSET_END) for p in info.partitions]
+        return assignment
+
+    def _handle(self, topic: str, value: bytes | None) -> None:
+        decision = self._topics.get(topic, "unknown")
+        try:
+            response_id = self._decode(topic, value or b"")
+        except Exception as exc:
+            metrics.NOTIFIER_RECORDS.labels(topic, "undecodable").inc()
+            log.warning(
+                "undecodable decision record; waking all waiters",
+                extra={"ctx": {"topic": topic, "error": repr(exc)}},
+            )
+            self._waiters.notify_all()
+            return
+        metrics.NOTIFIER_RECORDS.labels(topic, "decoded").inc()
+        self._waiters.notify(response_id, decision)
+
+    def _report_lag(self, consumer: Consumer) -> None:
+        try:
+            positions = consumer.position(consumer.assignment())
+            lag: dict[str, int] = {}
+            for tp in positions:
+                _, high = consumer.get_watermark_offsets(tp, cached=True)
+                if tp.offset >= 0 and high >= 0:
+                    lag[tp.topic] = lag.get(tp.topic, 0) + max(0, high - tp.offset)
+            for topic, value in lag.items():
+                metrics.NOTIFIER_LAG.labels(topic).set(value)
+        except KafkaException:
+            pass

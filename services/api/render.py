@@ -1,0 +1,109 @@
+"""Domain results -> HTTP bodies and status codes (CONTRACT section 5).
+
+``history_outcome_body`` asks the domain for the outcome of a verified read and the
+caller's fingerprint, then renders it. Nothing here decides; it only translates.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from ratchet.domain.history import CheckpointRecord, HistoryFailure, TokenArtifact, VerifiedHistory
+from ratchet.domain.rehydration import Certified, Failure, Fallback, rehydrate
+from schemas.models import Item
+from services.api.models import (
+    FAILURE_HTTP_STATUS,
+    CheckpointBody,
+    HistoryBody,
+    HistoryItem,
+)
+
+
+class _Undecodable(ValueError):
+    """Stored bytes that passed their digest check but are not UTF-8 JSON text."""
+
+
+def history_outcome_body(
+    history: VerifiedHistory | HistoryFailure, fingerprint_hash: str, now: datetime
+) -> tuple[HistoryBody, int]:
+    outcome = rehydrate(history, fingerprint_hash, now)
+    if isinstance(outcome, Failure):
+        reason = str(outcome.reason)
+        return failure_body(reason, detail=outcome.detail), _status(reason)
+    response_id = outcome.checkpoint.response_id
+    try:
+        items = [item_body(item) for item in outcome.items]
+    except _Undecodable as exc:
+        # Never return a partly decoded history: the whole answer is an integrity failure.
+        return failure_body("CORRUPT_HISTORY", response_id=response_id, detail=str(exc)), 500
+    if isinstance(outcome, Certified):
+        body = HistoryBody(
+            outcome="certified",
+            head_seq=outcome.head_seq,
+            response_id=response_id,
+            items=items,
+            checkpoint=checkpoint_body(outcome.checkpoint),
+        )
+        return body, 200
+    assert isinstance(outcome, Fallback)
+    body = HistoryBody(
+        outcome="fallback",
+        reason=str(outcome.reason),
+        head_seq=outcome.head_seq,
+        response_id=response_id,
+        items=items,
+    )
+    return body, 200
+
+
+def failure_body(reason: str, *, response_id: str | None = None, detail: str = "") -> HistoryBody:
+    return HistoryBody(
+        outcome="failure", reason=str(reason), response_id=response_id, detail=detail or None
+    )
+
+
+def _status(reason: str) -> int:
+    return FAILURE_HTTP_STATUS.get(str(reason), 500)
+
+
+def item_body(item: Item) -> HistoryItem:
+    """The stored canonical JSON, as text, unchanged (see models.py for why)."""
+    try:
+        text = item.content.decode("utf-8")
+        json.loads(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _Undecodable(f"item {item.item_id} content is not UTF-8 JSON: {exc}") from None
+    return HistoryItem(
+        item_id=item.item_id,
+        type=item.type,
+        role=item.role,
+        call_id=item.call_id,
+        content=text,
+        content_digest=item.content_digest,
+        format_version=item.format_version,
+    )
+
+
+def checkpoint_body(checkpoint: CheckpointRecord) -> CheckpointBody:
+    artifact = checkpoint.token_artifact
+    return CheckpointBody(
+        seq=checkpoint.seq,
+        fingerprint_hash=checkpoint.fingerprint_hash or "",
+        expires_at=_iso(artifact.expires_at) if artifact is not None else None,
+        token_artifact=_artifact(artifact),
+        router_receipt=_json_object(checkpoint.router_receipt),
+        boundary_proof=_json_object(checkpoint.boundary_proof),
+    )
+
+
+def _artifact(artifact: TokenArtifact | None) -> dict | None:
+    return None if artifact is None else json.loads(artifact.to_json())
+
+
+def _json_object(text: str | None) -> dict | None:
+    return None if text is None else json.loads(text)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat().replace("+00:00", "Z")

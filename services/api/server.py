@@ -1,0 +1,97 @@
+"""Production wiring of the API process: Cassandra store + ledger, Kafka notifier, uvicorn.
+
+``ratchet api`` calls ``cli_api``. Startup order:
+1. connect to Cassandra (store + ledger share one session);
+2. start the decision notifier (Kafka) - the API serves even while it connects, a
+   waiting request then ends with its deadline read;
+3. serve HTTP until SIGTERM; uvicorn lets in-flight requests (waits <= 10 s) finish.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+from cassandra.cluster import Cluster
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from fastapi import FastAPI
+
+from ratchet.settings import Settings
+from services.api import logs
+from services.api.app import create_app
+from services.api.notifier import DecisionNotifier, ResponseIdDecoder
+from services.api.service import RehydrationService
+from services.api.waiters import PromotionWaiters
+from services.ledger.cassandra import CassandraLedger
+from services.store.base import StoreOptions
+from services.store.cassandra import CassandraCheckpointStore
+
+log = logging.getLogger("ratchet.api")
+
+
+def registry_response_id_decoder(settings: Settings) -> ResponseIdDecoder:
+    """Decode a decision record (Confluent wire format) just far enough to get its
+    ``response_id``; the writer schema comes from the registry by id (cached)."""
+    deserializer = AvroDeserializer(SchemaRegistryClient({"url": settings.schema_registry_url}))
+
+    def decode(topic: str, value: bytes) -> str:
+        record = deserializer(value, SerializationContext(topic, MessageField.VALUE))
+        response_id = record.get("response_id") if isinstance(record, dict) else None
+        if not isinstance(response_id, str):
+            raise ValueError("record has no response_id")
+        return response_id
+
+    return decode
+
+
+class ApiProcess:
+    """Everything the API process owns, so it can be started and closed in one place."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+        session = self.cluster.connect(settings.keyspace)
+        self.store = CassandraCheckpointStore(
+            session, StoreOptions(logical_retention_s=settings.logical_retention_s)
+        )
+        self.ledger = CassandraLedger(session)
+        self.waiters = PromotionWaiters()
+        self.notifier = DecisionNotifier(
+            settings.kafka_bootstrap,
+            {
+                settings.topic("checkpoints"): "promoted",
+                settings.topic("rejections"): "rejected",
+            },
+            self.waiters,
+            registry_response_id_decoder(settings),
+        )
+        self.service = RehydrationService(self.store, self.ledger, self.waiters)
+        self.app: FastAPI = create_app(self.service, lambda: self.notifier.up)
+
+    def close(self) -> None:
+        self.notifier.stop()
+        self.cluster.shutdown()
+
+
+def cli_api(settings: Settings) -> int:
+    logs.configure()
+    process = ApiProcess(settings)
+    process.notifier.start()
+    log.info(
+        "rehydration API listening",
+        extra={"ctx": {"host": settings.api_host, "port": settings.api_port}},
+    )
+    try:
+        uvicorn.run(
+            process.app,
+            host=settings.api_host,
+            port=settings.api_port,
+            log_config=None,  # keep our JSON-lines handlers
+            access_log=False,
+            timeout_graceful_shutdown=12,
+        )
+    finally:
+        process.close()
+    return 0

@@ -1,0 +1,178 @@
+"""Rehydration client: typed outcomes over the HTTP API (CONTRACT section 5).
+
+A gateway about to run turn N+1 asks for the history it must render:
+
+    with RehydrationClient("http://127.0.0.1:8080") as client:
+        outcome = client.response_history(tenant, prev_id, my_fp_hash, wait_ms=2000)
+        match outcome:
+            case Certified(): reuse outcome.checkpoint.token_artifact, render outcome.items
+            case Fallback():  re-render outcome.items from scratch (no reuse)
+            case Failure():   refuse or start over; outcome.reason says why
+
+Expected answers (including 404/409/410/500 with a failure body) are outcomes;
+only a broken transport or an unavailable service raises.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from services.gateway.errors import InvalidRehydrationRequest, RehydrationUnavailable
+
+
+@dataclass(frozen=True)
+class HistoryItem:
+    item_id: str
+    type: str
+    role: str | None
+    call_id: str | None
+    content: str  # canonical JSON text, byte-exact with what was certified
+    content_digest: str
+    format_version: int
+
+    def parsed(self) -> Any:
+        """The item as a Responses-style object."""
+        return json.loads(self.content)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    seq: int
+    fingerprint_hash: str
+    expires_at: str | None
+    token_artifact: dict[str, Any] | None
+    router_receipt: dict[str, Any] | None
+    boundary_proof: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Certified:
+    response_id: str
+    head_seq: int | None
+    items: tuple[HistoryItem, ...]
+    checkpoint: Checkpoint
+
+
+@dataclass(frozen=True)
+class Fallback:
+    reason: str
+    response_id: str
+    head_seq: int | None
+    items: tuple[HistoryItem, ...]
+
+
+@dataclass(frozen=True)
+class Failure:
+    reason: str
+    http_status: int
+    response_id: str | None = None
+    detail: str | None = None
+
+
+Outcome = Certified | Fallback | Failure
+
+
+@dataclass(frozen=True)
+class Status:
+    response_id: str
+    state: str  # promoted | rejected | unknown
+    reason: str | None
+    seq: int | None
+
+
+class RehydrationClient:
+    """Thin synchronous client; one ``httpx.Client`` (connection pool) per instance."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.Client(base_url=base_url, timeout=timeout_s, transport=transport)
+
+    def __enter__(self) -> RehydrationClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def response_history(
+        self, tenant_id: str, response_id: str, fingerprint_hash: str, wait_ms: int = 0
+    ) -> Outcome:
+        params: dict[str, Any] = {"tenant_id": tenant_id, "fingerprint_hash": fingerprint_hash}
+        if wait_ms:
+            params["wait_ms"] = wait_ms
+        # The HTTP timeout must outlast the server-side wait.
+        timeout = self._http.timeout.read or 5.0
+        return self._history(
+            f"/v1/responses/{response_id}/history", params, timeout + wait_ms / 1000
+        )
+
+    def conversation_history(
+        self, tenant_id: str, conversation_id: str, fingerprint_hash: str
+    ) -> Outcome:
+        params = {"tenant_id": tenant_id, "fingerprint_hash": fingerprint_hash}
+        return self._history(f"/v1/conversations/{conversation_id}/history", params, None)
+
+    def status(self, tenant_id: str, response_id: str) -> Status:
+        resp = self._get(f"/v1/responses/{response_id}/status", {"tenant_id": tenant_id}, None)
+        if resp.status_code != 200:
+            raise _unexpected(resp)
+        body = resp.json()
+        return Status(body["response_id"], body["state"], body.get("reason"), body.get("seq"))
+
+    def _history(self, path: str, params: dict[str, Any], timeout: float | None) -> Outcome:
+        resp = self._get(path, params, timeout)
+        try:
+            body = resp.json()
+        except ValueError:
+            raise _unexpected(resp) from None
+        if not isinstance(body, dict) or "outcome" not in body:
+            raise _unexpected(resp)
+        return parse_outcome(body, resp.status_code)
+
+    def _get(self, path: str, params: dict[str, Any], timeout: float | None) -> httpx.Response:
+        try:
+            if timeout is None:
+                return self._http.get(path, params=params)
+            return self._http.get(path, params=params, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise RehydrationUnavailable(f"{path}: {exc!r}") from exc
+
+
+def parse_outcome(body: dict[str, Any], http_status: int) -> Outcome:
+    """Map a history body to its typed outcome (exposed for tests and other transports)."""
+    kind = body["outcome"]
+    items = tuple(_pick(HistoryItem, item) for item in body.get("items") or ())
+    if kind == "certified":
+        checkpoint = _pick(Checkpoint, body["checkpoint"])
+        return Certified(body["response_id"], body.get("head_seq"), items, checkpoint)
+    if kind == "fallback":
+        return Fallback(body["reason"], body["response_id"], body.get("head_seq"), items)
+    if kind == "failure":
+        return Failure(body["reason"], http_status, body.get("response_id"), body.get("detail"))
+    raise RehydrationUnavailable(f"unknown outcome {kind!r} (HTTP {http_status})")
+
+
+def _pick(cls: type, data: dict[str, Any]) -> Any:
+    """Build ``cls`` from the fields it knows: newer servers may add fields."""
+    names = cls.__dataclass_fields__
+    return cls(**{name: data.get(name) for name in names})
+
+
+def _unexpected(resp: httpx.Response) -> Exception:
+    if resp.status_code >= 500 or resp.status_code == 429:
+        return RehydrationUnavailable(f"HTTP {resp.status_code}: {resp.text[:200]}")
+    try:
+        detail: object = resp.json()
+    except ValueError:
+        detail = resp.text[:200]
+    return InvalidRehydrationRequest(resp.status_code, detail)

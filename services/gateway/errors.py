@@ -1,0 +1,43 @@
+"""Typed errors of the gateway library. Each says whether retrying can help."""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    retryable: bool = False
+
+
+class DeliveryError(GatewayError):
+    """Kafka did not acknowledge an event; raised on ``flush`` (once per failed batch)."""
+
+    def __init__(self, failures: list[tuple[str, str]], retryable: bool) -> None:
+        self.failures = failures  # (event_id, broker error text)
+        self.retryable = retryable
+        ids = ", ".join(f"{eid}: {err}" for eid, err in failures[:5])
+        more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
+        super().__init__(f"{len(failures)} event(s) not delivered: {ids}{more}")
+
+
+class FlushTimeout(GatewayError):
+    """``flush`` returned with events still in flight; their fate is unknown yet."""
+
+    retryable = True
+
+    def __init__(self, pending: int) -> None:
+        self.pending = pending
+        super().__init__(f"{pending} event(s) still in flight after flush timeout")
+
+
+class RehydrationUnavailable(GatewayError):
+    """The rehydration service could not answer (network, 503): retry later."""
+
+    retryable = True
+
+
+class InvalidRehydrationRequest(GatewayError):
+    """The service refused the request as malformed (4xx other than the typed outcomes)."""
+
+    def __init__(self, status: int, detail: object) -> None:
+        self.status = status
+        self.detail = detail
+        super().__init__(f"HTTP {status}: {detail}")

@@ -1,0 +1,308 @@
+"""The rehydration API over HTTP, on the in-memory store and ledger (FastAPI TestClient).
+
+Covers the contract of section 5 end to end inside one process: bodies, HTTP codes,
+typed 422s, the status endpoint and wait_ms (woken by a notification, or timing out).
+The same behaviours against the real stack live in tests/e2e/test_http_*.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+
+from ratchet.domain.history import Certification, PromotionMode, TokenArtifact, canonical_json
+from schemas.items import function_call, function_call_output, message
+from schemas.models import Item
+from services.api.app import create_app
+from services.api.service import RehydrationService
+from services.api.waiters import PromotionWaiters
+from services.ledger.memory import MemoryLedger
+from services.store.base import PromotionRequest, StoreOptions
+from services.store.memory import MemoryCheckpointStore
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+FP = hashlib.sha256(b"fingerprint-1").hexdigest()
+OTHER_FP = hashlib.sha256(b"fingerprint-2").hexdigest()
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class Stack:
+    def __init__(self, retention_s: int = 0) -> None:
+        self.clock = Clock()
+        self.store = MemoryCheckpointStore(
+            StoreOptions(clock=self.clock, logical_retention_s=retention_s)
+        )
+        self.ledger = MemoryLedger()
+        self.waiters = PromotionWaiters()
+        service = RehydrationService(self.store, self.ledger, self.waiters, clock=self.clock)
+        self.client = TestClient(create_app(service, lambda: True), raise_server_exceptions=False)
+
+    def promote(
+        self,
+        tenant: str,
+        conv: str,
+        head: int,
+        items: tuple[Item, ...],
+        certified: bool = True,
+        response_id: str | None = None,
+        expires: datetime | None = None,
+    ) -> str:
+        response_id = response_id or uid("resp")
+        key = uid("key")
+        artifact = TokenArtifact(uid("art"), "th", 42, 40, FP, expires or NOW + timedelta(hours=1))
+        outcome = self.store.promote(
+            PromotionRequest(
+                tenant_id=tenant,
+                partition_key=conv,
+                mode=PromotionMode.CONVERSATION,
+                response_id=response_id,
+                idempotency_key=key,
+                request_digest=hashlib.sha256(key.encode()).hexdigest(),
+                items=items,
+                certification=Certification.CERTIFIED if certified else Certification.LOGICAL_ONLY,
+                fingerprint_hash=FP,
+                expected_head_seq=head,
+                token_artifact=artifact if certified else None,
+                router_receipt=canonical_json({"receipt_id": "rc1"}),
+                boundary_proof=canonical_json({"boundary_kind": "append"}),
+            )
+        )
+        assert type(outcome).__name__ == "Promoted", outcome
+        return response_id
+
+    def history(self, tenant: str, response_id: str, fp: str = FP, **params):
+        return self.client.get(
+            f"/v1/responses/{response_id}/history",
+            params={"tenant_id": tenant, "fingerprint_hash": fp, **params},
+        )
+
+
+def two_turns(stack: Stack) -> tuple[str, str, list[str]]:
+    tenant, conv = uid("tenant"), uid("conv")
+    first = (
+        message("hello", item_id=uid("msg")),
+        message("hi!", role="assistant", item_id=uid("msg")),
+    )
+    stack.promote(tenant, conv, 0, first)
+    second = (
+        message("weather?", item_id=uid("msg")),
+        function_call("call_1", "get_weather", {"city": "Paris"}, item_id=uid("fc")),
+        function_call_output("call_1", "sunny", item_id=uid("fco")),
+        message("It is sunny.", role="assistant", item_id=uid("msg")),
+    )
+    rid = stack.promote(tenant, conv, 1, second)
+    return tenant, rid, [i.item_id for i in first + second]
+
+
+@pytest.fixture
+def stack() -> Stack:
+    return Stack()
+
+
+def test_certified_returns_complete_history_and_checkpoint(stack):
+    tenant, rid, ids = two_turns(stack)
+    resp = stack.history(tenant, rid)
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["outcome"] == "certified" and body["reason"] is None
+    assert body["head_seq"] == 2 and body["response_id"] == rid
+    assert [i["item_id"] for i in body["items"]] == ids
+    for item in body["items"]:
+        assert hashlib.sha256(item["content"].encode()).hexdigest() == item["content_digest"]
+        assert json.loads(item["content"])["type"] == item["type"]
+    cp = body["checkpoint"]
+    assert cp["seq"] == 2 and cp["fingerprint_hash"] == FP
+    assert cp["token_artifact"]["token_count"] == 42
+    assert cp["router_receipt"] == {"receipt_id": "rc1"}
+    assert cp["boundary_proof"] == {"boundary_kind": "append"}
+    assert cp["expires_at"].endswith("Z")
+
+
+def test_conversation_endpoint_rehydrates_up_to_the_head(stack):
+    tenant, conv = uid("tenant"), uid("conv")
+    stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),))
+    rid = stack.promote(tenant, conv, 1, (message("b", item_id=uid("m")),))
+    resp = stack.client.get(
+        f"/v1/conversations/{conv}/history", params={"tenant_id": tenant, "fingerprint_hash": FP}
+    )
+    assert resp.status_code == 200
+    assert resp.json()["response_id"] == rid and len(resp.json()["items"]) == 2
+
+
+def test_fingerprint_change_falls_back_with_every_item(stack):
+    tenant, rid, ids = two_turns(stack)
+    body = stack.history(tenant, rid, fp=OTHER_FP).json()
+    assert body["outcome"] == "fallback" and body["reason"] == "FINGERPRINT_MISMATCH"
+    assert [i["item_id"] for i in body["items"]] == ids
+    assert body["checkpoint"] is None
+
+
+def test_expired_artifact_falls_back(stack):
+    tenant, conv = uid("tenant"), uid("conv")
+    rid = stack.promote(
+        tenant, conv, 0, (message("a", item_id=uid("m")),), expires=NOW + timedelta(seconds=1)
+    )
+    stack.clock.now = NOW + timedelta(seconds=5)
+    body = stack.history(tenant, rid).json()
+    assert (body["outcome"], body["reason"]) == ("fallback", "ARTIFACT_EXPIRED")
+
+
+def test_logical_only_falls_back_not_certified(stack):
+    tenant, conv = uid("tenant"), uid("conv")
+    rid = stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),), certified=False)
+    body = stack.history(tenant, rid).json()
+    assert (body["outcome"], body["reason"]) == ("fallback", "NOT_CERTIFIED")
+
+
+def test_another_tenants_id_is_not_found_exactly_like_an_unknown_id(stack):
+    _, rid, _ = two_turns(stack)
+    other = stack.history("someone-else", rid)
+    unknown = stack.history("someone-else", uid("resp"))
+    assert other.status_code == unknown.status_code == 404
+    assert other.json()["reason"] == "NOT_FOUND"
+    assert other.json().keys() == unknown.json().keys()
+    assert other.json()["items"] is None
+
+
+def test_expired_history_is_410():
+    stack = Stack(retention_s=60)
+    tenant, conv = uid("tenant"), uid("conv")
+    rid = stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),))
+    stack.clock.now = NOW + timedelta(seconds=61)
+    resp = stack.history(tenant, rid)
+    assert resp.status_code == 410 and resp.json()["reason"] == "EXPIRED"
+
+
+def test_rejected_response_is_409_not_promoted_with_the_reason(stack):
+    stack.ledger.mark_rejected("t1", "resp_x", "CONFLICT", "head moved")
+    resp = stack.history("t1", "resp_x")
+    assert resp.status_code == 409
+    assert resp.json()["reason"] == "NOT_PROMOTED" and "CONFLICT" in resp.json()["detail"]
+
+
+def test_status_endpoint(stack):
+    tenant, rid, _ = two_turns(stack)
+    stack.ledger.mark_rejected(tenant, "resp_rej", "OUT_OF_ORDER", "")
+
+    def get(response_id: str) -> dict:
+        url = f"/v1/responses/{response_id}/status"
+        return stack.client.get(url, params={"tenant_id": tenant}).json()
+
+    assert get(rid) == {"response_id": rid, "state": "promoted", "reason": None, "seq": 2}
+    assert get("resp_rej")["state"] == "rejected" and get("resp_rej")["reason"] == "OUT_OF_ORDER"
+    assert get("resp_nope")["state"] == "unknown"
+
+
+def test_undecodable_content_is_a_corrupt_history_not_a_crash(stack):
+    tenant, conv = uid("tenant"), uid("conv")
+    raw = b"\xff\xfe not json"
+    bad = Item(
+        item_id=uid("m"),
+        type="message",
+        role="user",
+        content=raw,
+        content_digest=hashlib.sha256(raw).hexdigest(),
+    )
+    rid = stack.promote(tenant, conv, 0, (bad,))
+    resp = stack.history(tenant, rid)
+    assert resp.status_code == 500 and resp.json()["reason"] == "CORRUPT_HISTORY"
+    assert resp.json()["items"] is None
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},  # everything missing
+        {"tenant_id": "t"},  # fingerprint missing
+        {"tenant_id": "t", "fingerprint_hash": "not-hex"},
+        {"tenant_id": "", "fingerprint_hash": FP},
+        {"tenant_id": "t", "fingerprint_hash": FP, "wait_ms": "-1"},
+        {"tenant_id": "t", "fingerprint_hash": FP, "wait_ms": "10001"},
+        {"tenant_id": "t", "fingerprint_hash": FP, "wait_ms": "soon"},
+        {"tenant_id": "t" * 500, "fingerprint_hash": FP},
+    ],
+)
+def test_malformed_requests_get_a_typed_422(stack, params):
+    resp = stack.client.get("/v1/responses/resp_1/history", params=params)
+    assert resp.status_code == 422
+    assert resp.json()["error"] == "INVALID_REQUEST"
+
+
+def test_unknown_path_is_a_typed_404(stack):
+    resp = stack.client.get("/v2/nope")
+    assert resp.status_code == 404 and resp.json()["error"] == "INVALID_REQUEST"
+
+
+def test_wait_ms_is_woken_by_the_promotion(stack):
+    tenant, conv, rid = uid("tenant"), uid("conv"), uid("resp")
+
+    def promote_later() -> None:
+        time.sleep(0.3)
+        stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),), response_id=rid)
+        while not stack.waiters.notify(rid, "promoted"):  # the request registers first
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=promote_later)
+    thread.start()
+    started = time.monotonic()
+    resp = stack.history(tenant, rid, wait_ms=5000)
+    elapsed = time.monotonic() - started
+    thread.join()
+    assert resp.status_code == 200 and resp.json()["outcome"] == "certified"
+    assert 0.25 < elapsed < 3
+
+
+def test_wait_ms_times_out_as_not_promoted(stack):
+    started = time.monotonic()
+    resp = stack.history("t1", uid("resp"), wait_ms=300)
+    assert time.monotonic() - started >= 0.3
+    assert resp.status_code == 409 and resp.json()["reason"] == "NOT_PROMOTED"
+
+
+def test_wait_ms_deadline_read_finds_a_promotion_nobody_announced(stack):
+    tenant, conv, rid = uid("tenant"), uid("conv"), uid("resp")
+    timer = threading.Timer(
+        0.1,
+        lambda: stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),), response_id=rid),
+    )
+    timer.start()
+    resp = stack.history(tenant, rid, wait_ms=400)
+    timer.join()
+    assert resp.status_code == 200
+
+
+def test_healthz_and_metrics(stack):
+    assert stack.client.get("/healthz").json() == {"status": "ok", "store": True, "notifier": True}
+    tenant, rid, _ = two_turns(stack)
+    stack.history(tenant, rid)
+    text = stack.client.get("/metrics").text
+    assert "ratchet_api_lookup_seconds_bucket" in text
+    assert 'ratchet_api_outcomes_total{endpoint="response",outcome="certified",reason=""}' in text
+
+
+def test_openapi_publishes_the_response_models(stack):
+    spec = stack.client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    assert {"HistoryBody", "HistoryItem", "CheckpointBody", "StatusBody", "ErrorBody"} <= set(
+        schemas
+    )
+    responses = spec["paths"]["/v1/responses/{response_id}/history"]["get"]["responses"]
+    assert {"200", "404", "409", "410", "422", "500"} <= set(responses)

@@ -1,0 +1,177 @@
+"""The Kubernetes manifests in deploy/k8s load, hang together and match the settings.
+
+No cluster needed: the manifests are parsed with PyYAML and checked for what breaks a
+rollout silently (a typo in a RATCHET_* name, a probe on a port the container does
+not expose, more worker replicas than partitions, missing resource limits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ratchet.settings import Settings
+
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+
+
+class _RecordingEnv(Mapping[str, str]):
+    """An empty environment that records every name ``Settings.from_env`` reads."""
+
+    def __init__(self) -> None:
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> str:
+        self.read.add(key)
+        raise KeyError(key)
+
+    def get(self, key, default=None):  # noqa: ANN001 - Mapping signature
+        self.read.add(key)
+        return default
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self.read.add(key)
+        return False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _settings_names() -> set[str]:
+    env = _RecordingEnv()
+    Settings.from_env(env)
+    return {name for name in env.read if name.startswith("RATCHET_")}
+
+
+def _docs() -> list[dict]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def _kind(kind: str) -> list[dict]:
+    return [d for d in _docs() if d["kind"] == kind]
+
+
+def _deployment(name: str) -> dict:
+    (dep,) = [d for d in _kind("Deployment") if d["metadata"]["name"] == name]
+    return dep
+
+
+def _configmap() -> dict[str, str]:
+    (cm,) = _kind("ConfigMap")
+    return cm["data"]
+
+
+def _containers(dep: dict) -> list[dict]:
+    return dep["spec"]["template"]["spec"]["containers"]
+
+
+def test_every_manifest_parses_and_kustomization_lists_them_all() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == files
+    for doc in _docs():
+        assert {"apiVersion", "kind", "metadata"} <= doc.keys()
+
+
+def test_settings_recorder_sees_the_documented_names() -> None:
+    names = _settings_names()
+    for documented in (
+        "RATCHET_KAFKA_BOOTSTRAP",
+        "RATCHET_SCHEMA_REGISTRY_URL",
+        "RATCHET_CASSANDRA_HOSTS",
+        "RATCHET_KEYSPACE",
+        "RATCHET_TOPIC_PREFIX",
+    ):
+        assert documented in names
+
+
+def test_configmap_names_are_read_by_settings() -> None:
+    unknown = set(_configmap()) - _settings_names()
+    assert not unknown, f"ConfigMap keys ratchet.settings never reads: {sorted(unknown)}"
+
+
+def test_configmap_values_are_accepted_by_settings() -> None:
+    settings = Settings.from_env(_configmap())
+    assert settings.partitions >= 1
+    assert settings.api_host == "0.0.0.0"  # reachable from the Service, not loopback
+
+
+@pytest.mark.parametrize("name", ["ratchet-worker", "ratchet-api"])
+def test_containers_take_settings_from_the_configmap(name: str) -> None:
+    known = _settings_names()
+    for container in _containers(_deployment(name)):
+        refs = [e["configMapRef"]["name"] for e in container.get("envFrom", [])]
+        assert refs == ["ratchet-config"]
+        for env in container.get("env", []):
+            if env["name"].startswith("RATCHET_"):
+                assert env["name"] in known, env["name"]
+
+
+@pytest.mark.parametrize("name", ["ratchet-worker", "ratchet-api"])
+def test_probes_target_declared_ports(name: str) -> None:
+    for container in _containers(_deployment(name)):
+        ports = {p["name"] for p in container["ports"]} | {
+            p["containerPort"] for p in container["ports"]
+        }
+        for probe in ("livenessProbe", "readinessProbe"):
+            spec = container[probe]["httpGet"]
+            assert spec["port"] in ports, f"{name} {probe} on undeclared port {spec['port']}"
+            assert spec["path"].startswith("/")
+            assert container[probe]["timeoutSeconds"] < container[probe]["periodSeconds"]
+
+
+@pytest.mark.parametrize("name", ["ratchet-worker", "ratchet-api"])
+def test_resources_have_requests_within_limits(name: str) -> None:
+    for container in _containers(_deployment(name)):
+        res = container["resources"]
+        for key in ("cpu", "memory"):
+            assert _quantity(res["requests"][key]) <= _quantity(res["limits"][key])
+
+
+def test_worker_replicas_do_not_exceed_partitions() -> None:
+    replicas = _deployment("ratchet-worker")["spec"]["replicas"]
+    partitions = Settings.from_env(_configmap()).partitions
+    assert 1 <= replicas <= partitions
+
+
+def test_deployments_run_their_ratchet_command() -> None:
+    assert _containers(_deployment("ratchet-worker"))[0]["args"] == ["ratchet", "worker"]
+    assert _containers(_deployment("ratchet-api"))[0]["args"] == ["ratchet", "api"]
+
+
+def test_service_selects_the_api_pods_on_a_named_port() -> None:
+    (svc,) = _kind("Service")
+    api = _deployment("ratchet-api")
+    assert svc["spec"]["selector"].items() <= api["spec"]["template"]["metadata"]["labels"].items()
+    port_names = {p["name"] for c in _containers(api) for p in c["ports"]}
+    assert {p["targetPort"] for p in svc["spec"]["ports"]} <= port_names
+
+
+def test_api_grace_period_outlasts_the_wait_cap() -> None:
+    from services.api.app import WAIT_MS_CAP
+
+    spec = _deployment("ratchet-api")["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] * 1000 > WAIT_MS_CAP
+
+
+_UNITS = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+
+
+def _quantity(value: str | int) -> float:
+    text = str(value)
+    for suffix, factor in _UNITS.items():
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
