@@ -60,6 +60,7 @@ def faust_worker(broker: str, registry_url: str, topic: str, group: str, out: st
         broker_commit_every=1,
         broker_commit_interval=0.5,
         store="memory://",
+        datadir=str(Path(out).parent / f"{group}-data"),  # not the current directory
     )
     deserialize = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
     ctx = SerializationContext(topic, MessageField.VALUE)
