@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from infra.procs import Running, StateFile, is_alive, proc_start_time, terminate
 from infra.servers import NAMES, Server, Unhealthy, server
@@ -64,7 +65,7 @@ class ServerStatus:
 
 def _tail(path: str, lines: int = 25) -> str:
     try:
-        text = open(path, errors="replace").read().splitlines()[-lines:]
+        text = Path(path).read_text(errors="replace").splitlines()[-lines:]
     except OSError:
         return "    (no log)"
     return "\n".join("    " + line for line in text)

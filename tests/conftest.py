@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.services import ServiceUnavailable, Services, in_ci
+from tests.services import Services, ServiceUnavailable, in_ci
 
 
 def _unavailable(msg: str) -> None:

@@ -7,7 +7,13 @@ import dataclasses
 
 import pytest
 
-from infra.migrate import ChecksumMismatch, MigrationError, apply_migrations, discover, split_statements
+from infra.migrate import (
+    ChecksumMismatch,
+    MigrationError,
+    apply_migrations,
+    discover,
+    split_statements,
+)
 
 
 def test_split_statements_ignores_semicolons_in_comments_strings_and_blocks():
