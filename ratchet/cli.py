@@ -78,6 +78,14 @@ def smoke() -> None:
 
 
 @main.command()
+def worker() -> None:
+    """Run the promotion processor (joins the consumer group; SIGTERM drains and exits)."""
+    from streams import worker as promotion_worker
+
+    sys.exit(promotion_worker.cli_worker(_settings()))
+
+
+@main.command()
 def api() -> None:
     """Serve the rehydration HTTP API (RATCHET_API_HOST:RATCHET_API_PORT)."""
     from services.api import server
