@@ -66,19 +66,33 @@ class Lane:
                 break
             self._idle.clear()
             try:
-                await self._handle(work.payload, self)
-            except LaneStopped:
-                log.info("lane %s stopped with an event in flight (left unacked)", self.key)
-                break
-            except Exception:  # a bug: never ack what we could not handle
-                log.exception("lane %s: unexpected error; event left unacked, lane stops",
-                              self.key)
-                self.stopping = True
-                break
+                done = await self._handle_until_done(work)
             finally:
                 self._idle.set()
+            if not done:
+                break
             work.ack()
             self._on_drained(self)
+
+    async def _handle_until_done(self, work: Work) -> bool:
+        """Handle one event; False if the lane stopped first (the event stays unacked).
+
+        The handler retries infrastructure failures itself. Anything else escaping it
+        is a bug: it is logged and retried after a pause, never acked and never
+        skipped, because acking past it would commit an offset that was not handled.
+        """
+        while True:
+            try:
+                await self._handle(work.payload, self)
+                return True
+            except LaneStopped:
+                log.info("lane %s stopped with an event in flight (left unacked)", self.key)
+                return False
+            except Exception:
+                log.exception("lane %s: unexpected error; retrying the same event", self.key)
+                await asyncio.sleep(1.0)
+                if self.stopping:
+                    return False
 
     async def stop(self, grace_s: float) -> None:
         """Finish the event in flight (up to ``grace_s``), drop the queued ones unacked."""

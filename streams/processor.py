@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from ratchet.domain import promotion
 from ratchet.domain.history import HistoryFailure
 from ratchet.domain.promotion import Accepted, Facts, Orphan, Promote, Reject, Verdict
+from schemas.errors import RegistryUnavailable
 from schemas.models import (
     CheckpointPromoted,
     DeadLetter,
+    DeadLetterReason,
     EffectOrphaned,
     Item,
     PromotionRejected,
@@ -62,6 +64,10 @@ from streams.retry import PersistenceUnavailable
 log = logging.getLogger(__name__)
 
 _OUTCOME_NS = uuid.UUID("5d1c8f0e-2f5a-4a53-9a43-4a1b0c7e9b11")
+
+
+def lane_name(record: RawRecord) -> str:
+    return f"{record.topic}[{record.partition}]@{record.offset}"
 
 
 def _ms(moment) -> int:
@@ -122,9 +128,6 @@ class PromotionProcessor:
         """Handle one record; raises only ``PersistenceUnavailable`` (retry later)."""
         try:
             event = self.codec.decode(record)
-        except DecodeFailed as exc:
-            return Handled((self._dead_letter(record, exc),), "dead_lettered")
-        try:
             if isinstance(event, ToolEffect):
                 self._record_effect(event)
                 return Handled((), "effect")
@@ -132,8 +135,18 @@ class PromotionProcessor:
                 self._record_cancel(event)
                 return Handled((), "cancel")
             return self._on_turn(event)
-        except (StoreUnavailable, LedgerUnavailable) as exc:
+        except DecodeFailed as exc:
+            return Handled((self._dead_letter(record, exc),), "dead_lettered")
+        except (StoreUnavailable, LedgerUnavailable, RegistryUnavailable) as exc:
             raise PersistenceUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            # A bug met by this one record: park the record (bytes kept) in the dead
+            # letters instead of crashing or stalling the partition forever.
+            log.exception("unexpected error on %s; dead-lettering the record",
+                          lane_name(record))
+            failed = DecodeFailed(DeadLetterReason.UNKNOWN,
+                                  f"processing failed: {type(exc).__name__}: {exc}")
+            return Handled((self._dead_letter(record, failed),), "dead_lettered")
 
     # -- ToolEffect / TurnCancelled ----------------------------------------------------
     def _record_effect(self, effect: ToolEffect) -> None:

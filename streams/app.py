@@ -1,0 +1,165 @@
+"""The Faust app of the promotion processor: one thin agent over the gateway events.
+
+The agent only dispatches: each raw record goes, without waiting, to the lane of its
+partition (``streams/lanes.py``). A lane handles its records one at a time:
+
+    decode -> decide (pure domain) -> write durably -> publish -> ack
+
+Commit order, for every gateway event (this is the one place it is written down):
+
+1. **Durable write.** ``PromotionProcessor.handle`` (in a worker thread) makes the
+   outcome durable first: the store's single-partition LWT batch for a promotion,
+   the ledger's decision/effect/cancellation rows otherwise. A persistence failure
+   is retried here with capped exponential backoff; the lane (so the partition)
+   waits, the worker reports ``degraded``, and nothing is published meanwhile.
+2. **Publish.** ``CheckpointPromoted`` / ``PromotionRejected`` (+ ``EffectOrphaned``,
+   or a ``DeadLetter``) are sent and we wait for the broker's acknowledgement
+   (``acks=all``). A publish failure is retried like a persistence failure.
+3. **Ack.** Only then does the lane ack the event, in offset order; Faust commits
+   the highest contiguous acked offset of each partition.
+
+A crash between any two steps redelivers the event; step 1 then finds its earlier
+result (the store's duplicate detection, the ledger's first decision) and step 2
+publishes the same outcome again. Nothing is ever promoted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import faust
+from faust.types import TP
+
+from ratchet.settings import Settings
+from streams.health import Health
+from streams.lanes import Lane, PartitionLanes
+from streams.processor import Handled, PromotionProcessor, Topics
+from streams.records import EventCodec, RawRecord
+from streams.retry import Backoff, PersistenceUnavailable, retry_until_done
+
+log = logging.getLogger(__name__)
+
+GROUP_ID = "ratchet-promoter"
+
+
+@dataclass
+class Runtime:
+    """Everything the agent needs, built once per worker process."""
+
+    processor: PromotionProcessor
+    codec: EventCodec
+    health: Health
+    topics: Topics
+    backoff: Backoff = field(default_factory=Backoff)
+    # Outcomes published so far (tests and the bench read it).
+    published: int = 0
+
+
+def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID,
+               commit_interval_s: float = 1.0, shutdown_grace_s: float = 20.0) -> faust.App:
+    """Build the Faust app; ``runtime`` holds the processor and its collaborators."""
+    app = faust.App(
+        group_id,
+        broker=f"kafka://{settings.kafka_bootstrap}",
+        key_serializer="raw",
+        value_serializer="raw",
+        web_enabled=False,
+        store="memory://",
+        topic_partitions=settings.partitions,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=commit_interval_s,
+        producer_acks=-1,
+        # Faust must not wait for "all streams empty" on rebalance/stop: events queued
+        # in lanes are tracked but intentionally dropped unacked (see on_revoked).
+        stream_wait_empty=False,
+        stream_buffer_maxsize=4096,
+    )
+    gateway_events = app.topic(runtime.topics.gateway_events, key_type=bytes, value_type=bytes,
+                               partitions=settings.partitions)
+    executor = ThreadPoolExecutor(max_workers=settings.partitions + 4,
+                                  thread_name_prefix="promote")
+
+    async def handle(record: RawRecord, lane: Lane) -> None:
+        """Steps 1 and 2 of the commit order for one record (the lane acks after)."""
+        loop = asyncio.get_running_loop()
+
+        async def durable_then_published() -> str:
+            handled, encoded = await loop.run_in_executor(
+                executor, _process_and_encode, runtime, record)
+            await _publish(app, encoded)
+            return handled.kind
+
+        kind = await retry_until_done(durable_then_published, lane=lane_label(record),
+                                      health=runtime.health, backoff=runtime.backoff,
+                                      stopping=lambda: lane.stopping)
+        runtime.health.count(kind)
+        runtime.published += 1
+
+    lanes = PartitionLanes(
+        handle,
+        pause=lambda tp: app.consumer.pause_partitions({tp}),
+        resume=lambda tp: app.consumer.resume_partitions({tp}),
+    )
+    app.lanes = lanes  # type: ignore[attr-defined] - for tests and the bench
+    app.runtime = runtime  # type: ignore[attr-defined]
+
+    @app.agent(gateway_events, concurrency=1)
+    async def dispatch(stream: faust.Stream) -> None:
+        """Route every raw event to its partition's lane; acks are the lane's job."""
+        async for event in stream.noack().events():
+            message = event.message
+            record = RawRecord(message.topic, message.partition, message.offset,
+                               message.key, message.value,
+                               int(message.timestamp * 1000) if message.timestamp else None)
+            lanes.submit(message.tp, record, event.ack)
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(_app: faust.App, revoked: set[TP], **_: object) -> None:
+        """Finish in-flight events of revoked partitions, drop the queued ones, commit."""
+        await lanes.stop([tp for tp in lanes.keys if tp in revoked], grace_s=shutdown_grace_s)
+        await app.consumer.commit()
+
+    @app.on_before_shutdown.connect
+    async def on_shutdown(_app: faust.App, **_: object) -> None:
+        """SIGTERM: finish the events in flight, commit what was acked, then exit."""
+        log.info("shutting down: finishing events in flight")
+        await lanes.stop(grace_s=shutdown_grace_s)
+        await app.consumer.commit()
+        executor.shutdown(wait=False, cancel_futures=True)
+        runtime.health.remove()
+
+    @app.timer(interval=2.0)
+    async def heartbeat() -> None:
+        runtime.health.write()
+
+    return app
+
+
+def lane_label(record: RawRecord) -> str:
+    return f"{record.topic}[{record.partition}]"
+
+
+def _process_and_encode(runtime: Runtime, record: RawRecord) -> tuple[Handled, list]:
+    """Step 1 (durable) and encoding, in a worker thread: the drivers block."""
+    handled = runtime.processor.handle(record)
+    try:
+        encoded = [(o.topic, o.key, runtime.codec.encode(o.topic, o.model))
+                   for o in handled.outbound]
+    except Exception as exc:  # registry unreachable: retry like persistence
+        raise PersistenceUnavailable(f"encoding outcome: {exc}") from exc
+    return handled, encoded
+
+
+async def _publish(app: faust.App, messages: list) -> None:
+    """Step 2: send every outcome and wait until the broker has them all."""
+    if not messages:
+        return
+    try:
+        futures = [await app.producer.send(topic, key, value, None, None, None)
+                   for topic, key, value in messages]
+        await asyncio.gather(*futures)
+    except Exception as exc:
+        raise PersistenceUnavailable(f"publishing outcome: {exc}") from exc

@@ -1,0 +1,39 @@
+"""Adapter from the registry serde (``schemas.avro``) to the processor's codec port."""
+
+from __future__ import annotations
+
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from schemas.avro import EventSerde, register_schemas
+from schemas.errors import DecodeError
+from schemas.models import Frozen, GatewayEvent
+from streams.records import DecodeFailed, RawRecord
+
+
+class RegistryCodec:
+    """Confluent-framed Avro via the schema registry.
+
+    ``decode`` raises ``DecodeFailed`` for a record that can never be decoded (it goes
+    to the dead letters) and lets ``RegistryUnavailable`` through (retry: the record
+    may be fine).
+    """
+
+    def __init__(self, serde: EventSerde) -> None:
+        self.serde = serde
+
+    @classmethod
+    def connect(cls, registry_url: str, *, register: bool = True) -> RegistryCodec:
+        client = SchemaRegistryClient({"url": registry_url})
+        if register:
+            register_schemas(client)
+        return cls(EventSerde(client))
+
+    def decode(self, record: RawRecord) -> GatewayEvent:
+        try:
+            return self.serde.decode_gateway_event(record.value, record.topic,
+                                                   record.partition, record.offset)
+        except DecodeError as exc:
+            raise DecodeFailed(exc.reason, str(exc), exc.schema_id) from exc
+
+    def encode(self, topic: str, model: Frozen) -> bytes:
+        return self.serde.encode(model, topic)

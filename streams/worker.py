@@ -1,0 +1,62 @@
+"""``ratchet worker``: wire Cassandra, the registry and Kafka into the Faust app and run it.
+
+Several workers started with the same settings join one consumer group and share the
+partitions. SIGTERM (or Ctrl-C) finishes the events in flight, commits, and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import faust
+from cassandra.cluster import Cluster
+
+from ratchet.settings import Settings
+from services.ledger.cassandra import CassandraLedger
+from services.store.base import StoreOptions
+from services.store.cassandra import CassandraCheckpointStore
+from streams.app import GROUP_ID, Runtime, create_app
+from streams.codec import RegistryCodec
+from streams.health import Health, health_path
+from streams.processor import PromotionProcessor
+from streams.topics import ensure_topics
+
+log = logging.getLogger(__name__)
+
+
+def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
+    """Connect to Cassandra and the registry; create topics. Fails fast if one is missing."""
+    topics = ensure_topics(settings)
+    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+    session = cluster.connect(settings.keyspace)
+    store = CassandraCheckpointStore(
+        session, StoreOptions(logical_retention_s=settings.logical_retention_s))
+    ledger = CassandraLedger(session)
+    codec = RegistryCodec.connect(settings.schema_registry_url)
+    health = Health(health_path(settings.home))
+    processor = PromotionProcessor(store, ledger, codec, topics)
+    return Runtime(processor=processor, codec=codec, health=health, topics=topics), cluster
+
+
+def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str = "INFO") -> int:
+    """Run until SIGTERM/SIGINT; returns the process exit code."""
+    runtime, cluster = build_runtime(settings)
+    group = group_id or os.environ.get("RATCHET_CONSUMER_GROUP") or GROUP_ID
+    app = create_app(settings, runtime, group_id=group)
+    runtime.health.write()
+    log.info("worker %d joining group %s on %s", os.getpid(), group,
+             runtime.topics.gateway_events)
+    try:
+        worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+        worker.execute_from_commandline()  # returns (or exits) after a clean stop
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    finally:
+        runtime.health.remove()
+        cluster.shutdown()
+    return 0
+
+
+def cli_worker(settings: Settings) -> int:
+    return run_worker(settings, loglevel=os.environ.get("RATCHET_LOG_LEVEL", "INFO"))
