@@ -14,11 +14,10 @@ import logging
 import uvicorn
 from cassandra.cluster import Cluster
 from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroDeserializer
-from confluent_kafka.serialization import MessageField, SerializationContext
 from fastapi import FastAPI
 
 from ratchet.settings import Settings
+from schemas.avro import EventSerde
 from services.api import logs
 from services.api.app import create_app
 from services.api.notifier import DecisionNotifier, ResponseIdDecoder
@@ -32,16 +31,13 @@ log = logging.getLogger("ratchet.api")
 
 
 def registry_response_id_decoder(settings: Settings) -> ResponseIdDecoder:
-    """Decode a decision record (Confluent wire format) just far enough to get its
-    ``response_id``; the writer schema comes from the registry by id (cached)."""
-    deserializer = AvroDeserializer(SchemaRegistryClient({"url": settings.schema_registry_url}))
+    """Decode a decision record (Confluent wire format, writer schema from the registry)
+    just to learn its ``response_id``."""
+    serde = EventSerde(SchemaRegistryClient({"url": settings.schema_registry_url}))
+    expected = ("CheckpointPromoted", "PromotionRejected")
 
     def decode(topic: str, value: bytes) -> str:
-        record = deserializer(value, SerializationContext(topic, MessageField.VALUE))
-        response_id = record.get("response_id") if isinstance(record, dict) else None
-        if not isinstance(response_id, str):
-            raise ValueError("record has no response_id")
-        return response_id
+        return serde.decode(value, topic, -1, -1, expected=expected).response_id
 
     return decode
 

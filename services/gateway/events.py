@@ -1,0 +1,281 @@
+"""Builders: Responses-style item dicts -> ``TurnCompleted`` / ``ToolEffect`` / ``TurnCancelled``.
+
+A gateway holds items as the OpenAI Responses API shapes them (plain dicts)::
+
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
+    {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}
+    {"type": "reasoning", "summary": [...]}
+
+These builders do the parts every gateway must do identically, so that what ratchet
+verifies and what rehydration returns are the same bytes:
+
+- ``content`` = canonical JSON of the item (sorted keys, no whitespace, UTF-8) with its
+  ``id`` filled in; ``content_digest`` = sha256 of those bytes;
+- an item without ``id`` gets ``<response_id>:<in|out>:<position>`` (stable across
+  retries of one request, unique in the history);
+- ``fingerprint_hash`` is computed from the ``Fingerprint`` (build it with
+  ``ratchet.domain.fingerprint.build_fingerprint``); effective instructions and tools
+  digests are taken from it, so the two can never disagree;
+- ``request_digest`` = canonical digest of the logical request (the Responses create
+  body without transport noise), the same for every retry;
+- ``effect_id`` = ``schemas.items.effect_id_for(idempotency_key, subturn, call_id)``;
+- the partition key (CONTRACT section 2) is the event's ``partition_key`` property:
+  ``conversation_id`` in Conversation mode, else ``chain_root_id``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ratchet.domain.fingerprint import fingerprint_hash
+from schemas.canonical import canonical_digest, canonical_json, sha256_hex
+from schemas.items import arguments_digest, effect_id_for
+from schemas.models import (
+    BoundaryProof,
+    EffectiveConfig,
+    Fingerprint,
+    Item,
+    RouterReceipt,
+    StreamInfo,
+    Subturn,
+    TokenArtifact,
+    ToolEffect,
+    ToolEffectStatus,
+    TurnCancelled,
+    TurnCompleted,
+    TurnStatus,
+)
+
+ITEM_FORMAT_VERSION = 1
+
+
+class InvalidGatewayItem(ValueError):
+    """A Responses item dict the builders cannot turn into an ``Item``."""
+
+
+@dataclass(frozen=True)
+class TurnIdentity:
+    """Where a turn sits. Conversation mode: ``conversation_id`` + ``expected_head_seq``
+    (the head you rehydrated from, 0 for a new Conversation). Chain mode:
+    ``chain_root_id`` (+ ``previous_response_id`` after the first response)."""
+
+    tenant_id: str
+    response_id: str
+    conversation_id: str | None = None
+    expected_head_seq: int | None = None
+    chain_root_id: str | None = None
+    previous_response_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.conversation_id is None) == (self.chain_root_id is None):
+            raise ValueError("give exactly one of conversation_id or chain_root_id")
+        if self.conversation_id is not None and self.expected_head_seq is None:
+            raise ValueError("Conversation mode needs expected_head_seq (0 for a new one)")
+
+    @classmethod
+    def conversation(
+        cls, tenant_id: str, conversation_id: str, response_id: str, expected_head_seq: int
+    ) -> TurnIdentity:
+        return cls(
+            tenant_id,
+            response_id,
+            conversation_id=conversation_id,
+            expected_head_seq=expected_head_seq,
+        )
+
+    @classmethod
+    def chain(
+        cls,
+        tenant_id: str,
+        response_id: str,
+        previous_response_id: str | None = None,
+        chain_root_id: str | None = None,
+    ) -> TurnIdentity:
+        """The first response of a chain is its own root."""
+        root = chain_root_id or (response_id if previous_response_id is None else None)
+        if root is None:
+            raise ValueError("a continued chain needs chain_root_id (the first response's id)")
+        return cls(
+            tenant_id, response_id, chain_root_id=root, previous_response_id=previous_response_id
+        )
+
+    @property
+    def partition_key(self) -> str:
+        return self.conversation_id or self.chain_root_id or ""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def to_item(
+    obj: Mapping[str, Any], *, default_id: str, format_version: int = ITEM_FORMAT_VERSION
+) -> Item:
+    """One Responses item dict as a ratchet ``Item`` (canonical content + digest)."""
+    item_type = obj.get("type")
+    if not isinstance(item_type, str) or not item_type:
+        raise InvalidGatewayItem(f"item without a string 'type': {dict(obj)!r:.200}")
+    item_id = obj.get("id") or default_id
+    content = canonical_json({**obj, "id": item_id})
+    role = obj.get("role")
+    call_id = obj.get("call_id")
+    return Item(
+        item_id=str(item_id),
+        type=item_type,
+        role=role if isinstance(role, str) else None,
+        call_id=call_id if isinstance(call_id, str) else None,
+        content=content,
+        content_digest=sha256_hex(content),
+        format_version=format_version,
+    )
+
+
+def to_items(objs: Sequence[Mapping[str, Any]], *, response_id: str, side: str) -> tuple[Item, ...]:
+    return tuple(
+        to_item(obj, default_id=f"{response_id}:{side}:{position}")
+        for position, obj in enumerate(objs)
+    )
+
+
+def request_digest(request: Mapping[str, Any]) -> str:
+    """Digest of the logical request: identical for every retry of it."""
+    return canonical_digest(dict(request))
+
+
+def turn_completed(
+    identity: TurnIdentity,
+    *,
+    idempotency_key: str,
+    request: Mapping[str, Any],
+    input_items: Sequence[Mapping[str, Any]],
+    output_items: Sequence[Mapping[str, Any]],
+    fingerprint: Fingerprint,
+    attempt: int = 1,
+    status: TurnStatus | str = TurnStatus.COMPLETED,
+    incomplete_reason: str | None = None,
+    tool_choice: str | None = "auto",
+    truncation: str = "disabled",
+    truncated: bool = False,
+    token_artifact: TokenArtifact | None = None,
+    router_receipt: RouterReceipt | None = None,
+    boundary_proof: BoundaryProof | None = None,
+    subturns: Sequence[Subturn] = (),
+    tool_effect_ids: Sequence[str] = (),
+    streamed: bool = False,
+    client_disconnected: bool = False,
+    expires_at: int | None = None,
+    gateway_id: str | None = None,
+) -> TurnCompleted:
+    """The event asking ratchet to promote this turn (``input_items`` are the items
+    this turn ADDS, not the rehydrated history)."""
+    produced = now_ms()
+    return TurnCompleted(
+        event_id=str(uuid.uuid4()),
+        tenant_id=identity.tenant_id,
+        conversation_id=identity.conversation_id,
+        chain_root_id=identity.chain_root_id,
+        response_id=identity.response_id,
+        produced_at=produced,
+        idempotency_key=idempotency_key,
+        request_digest=request_digest(request),
+        attempt=attempt,
+        previous_response_id=identity.previous_response_id,
+        expected_head_seq=identity.expected_head_seq if identity.conversation_id else None,
+        status=status,
+        incomplete_reason=incomplete_reason,
+        input_items=to_items(input_items, response_id=identity.response_id, side="in"),
+        output_items=to_items(output_items, response_id=identity.response_id, side="out"),
+        effective_config=EffectiveConfig(
+            instructions_digest=fingerprint.instructions_digest or "",
+            tools_digest=fingerprint.tools_digest or "",
+            tool_choice=tool_choice,
+            truncation=truncation,
+            truncated=truncated,
+        ),
+        fingerprint=fingerprint,
+        fingerprint_hash=fingerprint_hash(fingerprint),
+        boundary_proof=boundary_proof,
+        token_artifact=token_artifact,
+        router_receipt=router_receipt,
+        subturns=tuple(subturns),
+        tool_effect_ids=tuple(tool_effect_ids),
+        stream=StreamInfo(streamed=streamed, client_disconnected=client_disconnected),
+        expires_at=expires_at,
+        gateway_id=gateway_id,
+    )
+
+
+def tool_effect(
+    identity: TurnIdentity,
+    *,
+    idempotency_key: str,
+    subturn_index: int,
+    call: Mapping[str, Any],
+    output: Mapping[str, Any],
+    attempt: int = 1,
+    succeeded: bool = True,
+) -> ToolEffect:
+    """The record of one executed gateway tool call (publish it BEFORE the turn).
+
+    ``call`` is the ``function_call`` item, ``output`` its ``function_call_output``.
+    The same call in a retry of the request gets the same ``effect_id``.
+    """
+    call_id = call.get("call_id")
+    if not isinstance(call_id, str) or output.get("call_id") != call_id:
+        raise InvalidGatewayItem("call and output must carry the same string call_id")
+    if output.get("type") != "function_call_output":
+        raise InvalidGatewayItem("a tool effect's output must be a function_call_output")
+    effect_id = effect_id_for(idempotency_key, subturn_index, call_id)
+    output_item = to_item(output, default_id=f"{effect_id}:output")
+    produced = now_ms()
+    return ToolEffect(
+        event_id=str(uuid.uuid4()),
+        tenant_id=identity.tenant_id,
+        conversation_id=identity.conversation_id,
+        chain_root_id=identity.chain_root_id,
+        response_id=identity.response_id,
+        produced_at=produced,
+        effect_id=effect_id,
+        idempotency_key=idempotency_key,
+        attempt=attempt,
+        subturn_index=subturn_index,
+        call_id=call_id,
+        tool_name=str(call.get("name", "")),
+        arguments_digest=arguments_digest(_arguments(call.get("arguments"))),
+        status=ToolEffectStatus.SUCCEEDED if succeeded else ToolEffectStatus.FAILED,
+        output=output_item,
+        executed_at=produced,
+    )
+
+
+def turn_cancelled(identity: TurnIdentity, *, idempotency_key: str) -> TurnCancelled:
+    produced = now_ms()
+    return TurnCancelled(
+        event_id=str(uuid.uuid4()),
+        tenant_id=identity.tenant_id,
+        conversation_id=identity.conversation_id,
+        chain_root_id=identity.chain_root_id,
+        response_id=identity.response_id,
+        produced_at=produced,
+        idempotency_key=idempotency_key,
+        cancelled_at=produced,
+    )
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    """Responses carries ``arguments`` as JSON text; digest the parsed object."""
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    if isinstance(raw, str) and raw:
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return {"__raw__": raw}
+        return value if isinstance(value, dict) else {"__value__": value}
+    return {}

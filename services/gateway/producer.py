@@ -1,0 +1,114 @@
+"""Idempotent producer of gateway events, with typed delivery errors raised on ``flush``.
+
+Why these settings: ``enable.idempotence=true`` + ``acks=all`` make librdkafka's own
+retries safe (no duplicates, no reordering within a partition), so a turn's
+``ToolEffect``s, produced first with the same key, stay ordered before its
+``TurnCompleted`` - the order the processor relies on (CONTRACT section 2).
+
+Delivery is asynchronous. Failures reported by delivery callbacks are collected and
+raised, once, by the next ``flush`` as ``DeliveryError`` (``retryable`` when every
+broker error was retriable). A gateway must not report a turn as persisted before its
+``flush`` returned - and even then, persisted is not promoted: ask the rehydration API
+with ``wait_ms`` for that.
+
+    with GatewayProducer(settings) as producer:
+        producer.send_turn(turn, effects=effects)
+        producer.flush()            # raises DeliveryError / FlushTimeout
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from ratchet.settings import Settings
+from schemas.avro import EventSerde, encode_key
+from schemas.models import GatewayEvent, ToolEffect, TurnCompleted
+from services.gateway.errors import DeliveryError, FlushTimeout
+
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 5,
+    "compression.type": "lz4",
+    # Give up (and report) after 30 s rather than librdkafka's 5 min default.
+    "delivery.timeout.ms": 30_000,
+}
+
+
+class GatewayProducer:
+    """One Kafka producer per gateway process; thread-safe like the underlying client."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        serde: EventSerde | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self.topic = settings.topic("gateway-events")
+        self._serde = serde or EventSerde(
+            SchemaRegistryClient({"url": settings.schema_registry_url})
+        )
+        self._producer = Producer(
+            {"bootstrap.servers": settings.kafka_bootstrap, **PRODUCER_DEFAULTS, **(config or {})}
+        )
+        self._lock = threading.Lock()
+        self._failures: list[tuple[str, KafkaError]] = []
+
+    def __enter__(self) -> GatewayProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._producer.flush(10)
+
+    def send(self, event: GatewayEvent) -> None:
+        """Queue one event (keyed by its partition key); delivery is reported on flush."""
+        key = event.partition_key
+        if not key:
+            raise ValueError(
+                f"event {event.event_id} has neither conversation_id nor chain_root_id"
+            )
+        value = self._serde.encode(event, self.topic)
+        callback = self._on_delivery(event.event_id)
+        while True:
+            try:
+                self._producer.produce(
+                    self.topic, value=value, key=encode_key(key), on_delivery=callback
+                )
+                break
+            except BufferError:  # local queue full: let deliveries drain, then retry
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+
+    def send_turn(self, turn: TurnCompleted, effects: Iterable[ToolEffect] = ()) -> None:
+        """The turn's tool effects first, then the turn (same key: same partition, in order)."""
+        for effect in effects:
+            if effect.partition_key != turn.partition_key:
+                raise ValueError(f"effect {effect.effect_id} is keyed apart from its turn")
+            self.send(effect)
+        self.send(turn)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait for every queued event; raise what failed since the last flush."""
+        pending = self._producer.flush(timeout_s)
+        with self._lock:
+            failures, self._failures = self._failures, []
+        if failures:
+            raise DeliveryError(
+                [(event_id, str(err)) for event_id, err in failures],
+                retryable=all(err.retriable() and not err.fatal() for _, err in failures),
+            )
+        if pending:
+            raise FlushTimeout(pending)
+
+    def _on_delivery(self, event_id: str):
+        def report(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                with self._lock:
+                    self._failures.append((event_id, err))
+
+        return report

@@ -1,0 +1,95 @@
+"""The rehydration client maps every HTTP answer to a typed outcome or a typed error."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from services.gateway.client import Certified, Failure, Fallback, RehydrationClient
+from services.gateway.errors import InvalidRehydrationRequest, RehydrationUnavailable
+
+ITEM = {
+    "item_id": "m1",
+    "type": "message",
+    "role": "user",
+    "call_id": None,
+    "content": '{"id":"m1","type":"message"}',
+    "content_digest": "d",
+    "format_version": 1,
+}
+CHECKPOINT = {
+    "seq": 3,
+    "fingerprint_hash": "f" * 64,
+    "expires_at": None,
+    "token_artifact": {},
+    "router_receipt": None,
+    "boundary_proof": None,
+    "added_later": 1,
+}
+
+
+def client_for(status: int, body: object) -> RehydrationClient:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.params["tenant_id"] == "t"
+        return httpx.Response(status, json=body)
+
+    return RehydrationClient("http://api", transport=httpx.MockTransport(handler))
+
+
+def history(client: RehydrationClient):
+    return client.response_history("t", "resp_1", "f" * 64, wait_ms=100)
+
+
+def test_certified():
+    body = {
+        "outcome": "certified",
+        "reason": None,
+        "head_seq": 3,
+        "response_id": "resp_1",
+        "items": [ITEM],
+        "checkpoint": CHECKPOINT,
+    }
+    outcome = history(client_for(200, body))
+    assert isinstance(outcome, Certified) and outcome.checkpoint.seq == 3
+    assert outcome.items[0].parsed() == {"id": "m1", "type": "message"}
+
+
+def test_fallback_carries_items():
+    body = {
+        "outcome": "fallback",
+        "reason": "FINGERPRINT_MISMATCH",
+        "head_seq": 3,
+        "response_id": "resp_1",
+        "items": [ITEM],
+        "checkpoint": None,
+    }
+    outcome = history(client_for(200, body))
+    assert isinstance(outcome, Fallback) and outcome.reason == "FINGERPRINT_MISMATCH"
+    assert len(outcome.items) == 1
+
+
+@pytest.mark.parametrize(
+    "status,reason",
+    [(404, "NOT_FOUND"), (409, "NOT_PROMOTED"), (410, "EXPIRED"), (500, "CORRUPT_HISTORY")],
+)
+def test_failures_are_outcomes(status, reason):
+    outcome = history(client_for(status, {"outcome": "failure", "reason": reason}))
+    assert outcome == Failure(reason, status)
+
+
+def test_unavailable_and_invalid_are_typed_errors():
+    with pytest.raises(RehydrationUnavailable) as err:
+        history(client_for(503, {"error": "UNAVAILABLE"}))
+    assert err.value.retryable
+    with pytest.raises(InvalidRehydrationRequest) as bad:
+        history(client_for(422, {"error": "INVALID_REQUEST", "detail": []}))
+    assert bad.value.status == 422 and not bad.value.retryable
+
+
+def test_transport_failure_is_unavailable():
+    def boom(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    client = RehydrationClient("http://api", transport=httpx.MockTransport(boom))
+    with pytest.raises(RehydrationUnavailable):
+        history(client)
