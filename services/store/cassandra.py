@@ -94,7 +94,8 @@ def _is_maybe_applied(exc: BaseException) -> bool:
 
 def _unavailable(operation: str, exc: BaseException) -> StoreUnavailable:
     permanent = isinstance(exc, _PERMANENT)
-    hint = " (did `ratchet migrate` run?)" if isinstance(exc, InvalidRequest) else ""
+    unconfigured = isinstance(exc, InvalidRequest) and "unconfigured table" in str(exc)
+    hint = " (did `ratchet migrate` run?)" if unconfigured else ""
     return StoreUnavailable(
         f"store {operation}: {type(exc).__name__}: {exc}{hint}",
         retryable=not permanent,
@@ -249,10 +250,21 @@ class CassandraCheckpointStore(CheckpointStore):
     # -- backend hooks ----------------------------------------------------------------------
 
     def _read_view(self, request: PromotionRequest) -> PromotionView:
+        """Head and rows at SERIAL, plus the location hint, in parallel round trips.
+
+        The hint is written here, before any promotion batch can land, so a promoted
+        response is always findable by id. A hint for a promotion that then does not
+        happen is harmless: readers verify it against the partition.
+        """
         key = (request.tenant_id, request.partition_key)
         parent = request.previous_response_id or ""
 
         def read() -> PromotionView:
+            hint = self._session.execute_async(
+                self._insert_location,
+                (request.tenant_id, request.response_id, request.partition_key),
+                timeout=self._timeout,
+            )
             head_future = self._session.execute_async(self._select_head, key, timeout=self._timeout)
             rows_future = self._session.execute_async(
                 self._select_view_rows,
@@ -261,6 +273,7 @@ class CassandraCheckpointStore(CheckpointStore):
             )
             head_row = head_future.result().one()
             rows = list(rows_future.result())
+            hint.result()
             return self._view(request, head_row, rows)
 
         return _guard("promote/read", read)
@@ -303,12 +316,6 @@ class CassandraCheckpointStore(CheckpointStore):
         return None if row is None else _checkpoint(tenant_id, partition_key, row)
 
     def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord) -> bool:
-        # The location hint goes first: once the batch lands the response is findable.
-        self._execute(
-            "promote/locate",
-            self._insert_location,
-            (request.tenant_id, request.response_id, request.partition_key),
-        )
         token = uuid.uuid4()
         batch = self._batch(request, plan, checkpoint, token)
         try:

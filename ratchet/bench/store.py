@@ -1,0 +1,214 @@
+"""Store latency on the local Cassandra, next to a raw Cassandra baseline.
+
+Measured in one run, in a keyspace of its own (created, then dropped):
+
+- ``promote`` p50/p99 at concurrency 1 and 16 (target p99 <= 10 ms), each call a new
+  turn of 2 items (~1 KiB each) on the promoter's own Conversation; baseline: a plain
+  single-row ``INSERT ... IF NOT EXISTS`` at the same concurrency.
+- ``read_history`` of a 50-turn Conversation (100 items) p50/p99 (target p99 <= 5 ms),
+  verification included; baseline: a plain ``SELECT`` of the same partition.
+
+Run ``python -m ratchet.bench.store`` (``RATCHET_*`` variables pick the cluster).
+``run()`` returns the figures for a ``ratchet bench`` command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ratchet.domain.history import Certification, PromotionMode
+from ratchet.settings import Settings
+from schemas.models import Item
+
+MIGRATION = Path(__file__).resolve().parents[2] / "infra" / "migrations" / "001_core.cql"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """Latency percentiles of one measured operation, in milliseconds."""
+
+    name: str
+    concurrency: int
+    samples: int
+    p50_ms: float
+    p99_ms: float
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def measure(name: str, concurrency: int, per_worker: int, op: Callable[[int, int], None]) -> Figure:
+    """Run ``op(worker, i)`` ``per_worker`` times in each of ``concurrency`` threads."""
+    samples: list[float] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        local = []
+        try:
+            for i in range(per_worker):
+                start = time.perf_counter()
+                op(w, i)
+                local.append((time.perf_counter() - start) * 1000)
+        except BaseException as exc:  # reported after the run
+            errors.append(exc)
+        with lock:
+            samples.extend(local)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return Figure(
+        name,
+        concurrency,
+        len(samples),
+        round(percentile(samples, 0.5), 2),
+        round(percentile(samples, 0.99), 2),
+    )
+
+
+def _item(text: str) -> Item:
+    content = json.dumps({"role": "user", "text": text, "pad": "x" * 1000}).encode()
+    return Item(
+        item_id=uuid.uuid4().hex,
+        type="message",
+        role="user",
+        content=content,
+        content_digest=hashlib.sha256(content).hexdigest(),
+    )
+
+
+def _turn(tenant: str, conversation: str, expected: int):
+    from services.store.base import PromotionRequest
+
+    key = uuid.uuid4().hex
+    return PromotionRequest(
+        tenant_id=tenant,
+        partition_key=conversation,
+        mode=PromotionMode.CONVERSATION,
+        response_id=f"resp_{key}",
+        idempotency_key=key,
+        request_digest=key,
+        items=(_item("question"), _item("answer")),
+        certification=Certification.LOGICAL_ONLY,
+        expected_head_seq=expected,
+    )
+
+
+def _create_keyspace(cluster, keyspace: str, replication: str):
+    admin = cluster.connect()
+    admin.execute(
+        f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}", timeout=60
+    )
+    session = cluster.connect(keyspace)
+    lines = [ln for ln in MIGRATION.read_text().splitlines() if not ln.strip().startswith("--")]
+    for statement in "\n".join(lines).split(";"):
+        if statement.strip():
+            session.execute(statement, timeout=60)
+    session.execute(
+        "CREATE TABLE IF NOT EXISTS raw_baseline (k text, c text, v blob, PRIMARY KEY (k, c))",
+        timeout=60,
+    )
+    admin.shutdown()
+    return session
+
+
+def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 400) -> list[Figure]:
+    """Measure and return every figure (see the module docstring)."""
+    from cassandra import ConsistencyLevel
+    from cassandra.cluster import Cluster
+    from cassandra.policies import FallthroughRetryPolicy
+
+    from services.store.base import Promoted
+    from services.store.cassandra import CassandraCheckpointStore
+
+    settings = settings or Settings.from_env()
+    keyspace = f"{settings.keyspace}_bench_{uuid.uuid4().hex[:6]}"
+    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+    session = _create_keyspace(cluster, keyspace, settings.replication)
+    try:
+        store = CassandraCheckpointStore(session)
+        raw_insert = session.prepare(
+            "INSERT INTO raw_baseline (k, c, v) VALUES (?, ?, ?) IF NOT EXISTS"
+        )
+        raw_insert.retry_policy = FallthroughRetryPolicy()
+        raw_insert.serial_consistency_level = ConsistencyLevel.SERIAL
+        raw_insert.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+        raw_select = session.prepare(
+            "SELECT * FROM histories WHERE tenant_id = ? AND partition_key = ?"
+        )
+        raw_select.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+        payload = _item("baseline").content * 2
+        tenant = f"bench_{uuid.uuid4().hex[:6]}"
+        figures: list[Figure] = []
+
+        for concurrency in (1, 16):
+            per_worker = max(1, promotes // concurrency)
+            heads = [0] * concurrency
+            run_id = uuid.uuid4().hex[:6]
+
+            def promote(w: int, i: int, heads=heads, run_id=run_id) -> None:
+                outcome = store.promote(_turn(tenant, f"conv_{run_id}_{w}", heads[w]))
+                assert isinstance(outcome, Promoted), outcome
+                heads[w] += 1
+
+            def raw(w: int, i: int, run_id=run_id) -> None:
+                session.execute(raw_insert, (f"k_{run_id}_{w}", f"c{i}", payload))
+
+            _warm_up(promote, raw)
+            figures.append(measure("raw LWT INSERT IF NOT EXISTS", concurrency, per_worker, raw))
+            figures.append(measure("store.promote (2 items)", concurrency, per_worker, promote))
+
+        conversation = f"conv_read_{uuid.uuid4().hex[:6]}"
+        for seq in range(50):
+            store.promote(_turn(tenant, conversation, seq))
+
+        def read(w: int, i: int) -> None:
+            store.read_history(tenant, conversation_id=conversation)
+
+        def raw_read(w: int, i: int) -> None:
+            list(session.execute(raw_select, (tenant, conversation)))
+
+        _warm_up(read, raw_read)
+        figures.append(measure("raw SELECT partition (50 turns)", 1, reads, raw_read))
+        figures.append(measure("store.read_history (50 turns)", 1, reads, read))
+        return figures
+    finally:
+        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+        cluster.shutdown()
+
+
+def _warm_up(*ops: Callable[[int, int], None], rounds: int = 20) -> None:
+    for op in ops:
+        for i in range(rounds):
+            op(0, 10_000 + i)
+
+
+def format_table(figures: list[Figure]) -> str:
+    rows = [f"{'operation':<36} {'conc':>4} {'n':>5} {'p50 ms':>8} {'p99 ms':>8}"]
+    rows += [
+        f"{f.name:<36} {f.concurrency:>4} {f.samples:>5} {f.p50_ms:>8.2f} {f.p99_ms:>8.2f}"
+        for f in figures
+    ]
+    return "\n".join(rows)
+
+
+def main() -> None:
+    print(format_table(run()))
+
+
+if __name__ == "__main__":
+    main()
