@@ -119,17 +119,49 @@ def test_containers_take_settings_from_the_configmap(name: str) -> None:
                 assert env["name"] in known, env["name"]
 
 
-@pytest.mark.parametrize("name", ["ratchet-worker", "ratchet-api"])
-def test_probes_target_declared_ports(name: str) -> None:
-    for container in _containers(_deployment(name)):
+def test_api_probes_target_its_declared_port():
+    for container in _containers(_deployment("ratchet-api")):
         ports = {p["name"] for p in container["ports"]} | {
             p["containerPort"] for p in container["ports"]
         }
         for probe in ("livenessProbe", "readinessProbe"):
             spec = container[probe]["httpGet"]
-            assert spec["port"] in ports, f"{name} {probe} on undeclared port {spec['port']}"
-            assert spec["path"].startswith("/")
+            assert spec["port"] in ports, f"{probe} on undeclared port {spec['port']}"
+            assert spec["path"].startswith("/healthz")
             assert container[probe]["timeoutSeconds"] < container[probe]["periodSeconds"]
+
+
+def test_worker_probes_read_the_health_files_the_worker_writes(tmp_path):
+    """The worker has no HTTP port: it writes health files (streams/health.py) under
+    RATCHET_HOME. The exec probes must read the same directory, and actually work."""
+    import subprocess
+    import sys
+
+    from streams.health import Health, health_path
+
+    (container,) = _containers(_deployment("ratchet-worker"))
+    env = {e["name"]: e["value"] for e in container["env"]}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert env["RATCHET_HOME"] in mounts
+    probes = {
+        name: container[name]["exec"]["command"] for name in ("livenessProbe", "readinessProbe")
+    }
+    for command in probes.values():
+        assert command[:2] == ["python", "-c"] and env["RATCHET_HOME"] in command[2]
+
+    def run(probe: str) -> int:
+        script = probes[probe][2].replace(env["RATCHET_HOME"], str(tmp_path))
+        return subprocess.run([sys.executable, "-c", script], check=False).returncode
+
+    assert run("livenessProbe") == 1 and run("readinessProbe") == 1  # no worker yet
+    health = Health(health_path(tmp_path))
+    health.write()
+    assert run("livenessProbe") == 0 and run("readinessProbe") == 0
+    health.retrying("ratchet.gateway-events[0]", "store down")
+    assert run("livenessProbe") == 0 and run("readinessProbe") == 1  # degraded: not ready
+    for container_ in (container,):
+        for probe in probes:
+            assert container_[probe]["timeoutSeconds"] < container_[probe]["periodSeconds"]
 
 
 @pytest.mark.parametrize("name", ["ratchet-worker", "ratchet-api"])
