@@ -282,6 +282,7 @@ class TurnCompleted(GatewayEventHeader):
     tool_effect_ids: tuple[str, ...] = ()
     stream: StreamInfo
     expires_at: EpochMillis | None = None
+    gateway_id: str | None = None  # added after v1 (backward compatible: default null)
 
     @property
     def items(self) -> tuple[Item, ...]:

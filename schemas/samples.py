@@ -31,9 +31,17 @@ from schemas.items import (
 )
 from schemas.models import (
     BoundaryProof,
+    Certification,
+    CheckpointPromoted,
+    DeadLetter,
+    DeadLetterReason,
     EffectiveConfig,
+    EffectOrphaned,
     Fingerprint,
     Item,
+    OrphanReason,
+    PromotionRejected,
+    RejectionReason,
     StreamInfo,
     Subturn,
     TokenArtifact,
@@ -297,3 +305,110 @@ def make_tool_loop_turn(
         **overrides,
     )
     return turn, effects
+
+
+def _outcome_header(turn: TurnCompleted | None, now_ms: int) -> dict[str, Any]:
+    turn = turn or make_turn()
+    return {
+        "event_id": str(uuid.uuid4()),
+        "tenant_id": turn.tenant_id,
+        "conversation_id": turn.conversation_id,
+        "chain_root_id": turn.chain_root_id,
+        "response_id": turn.response_id,
+        "produced_at": now_ms,
+        "partition_key": turn.partition_key or turn.response_id,
+    }
+
+
+def make_checkpoint_promoted(
+    turn: TurnCompleted | None = None, *, seq: int = 1, now_ms: int = NOW_MS, **overrides: Any
+) -> CheckpointPromoted:
+    """The CheckpointPromoted a processor would publish for ``turn`` (default: a new one)."""
+    turn = turn or make_turn()
+    artifact = turn.token_artifact
+    fields: dict[str, Any] = _outcome_header(turn, now_ms) | {
+        "idempotency_key": turn.idempotency_key,
+        "request_digest": turn.request_digest,
+        "attempt": turn.attempt,
+        "previous_response_id": turn.previous_response_id,
+        "seq": seq,
+        "certification": Certification.CERTIFIED if artifact else Certification.LOGICAL_ONLY,
+        "fingerprint_hash": turn.fingerprint_hash,
+        "artifact_id": artifact.artifact_id if artifact else None,
+        "artifact_expires_at": artifact.expires_at if artifact else None,
+        "item_count": len(turn.items),
+        "promoted_at": now_ms,
+        "expires_at": turn.expires_at,
+    }
+    fields.update(overrides)
+    return CheckpointPromoted(**fields)
+
+
+def make_promotion_rejected(
+    turn: TurnCompleted | None = None,
+    reason: RejectionReason = RejectionReason.CONFLICT,
+    *,
+    now_ms: int = NOW_MS,
+    **overrides: Any,
+) -> PromotionRejected:
+    turn = turn or make_turn()
+    fields: dict[str, Any] = _outcome_header(turn, now_ms) | {
+        "idempotency_key": turn.idempotency_key,
+        "request_digest": turn.request_digest,
+        "attempt": turn.attempt,
+        "reason": reason,
+        "detail": f"sample {reason.value}",
+        "head_seq": None,
+        "existing_response_id": None,
+    }
+    fields.update(overrides)
+    return PromotionRejected(**fields)
+
+
+def make_effect_orphaned(
+    effect: ToolEffect | None = None,
+    reason: OrphanReason = OrphanReason.ATTEMPT_SUPERSEDED,
+    *,
+    now_ms: int = NOW_MS,
+    **overrides: Any,
+) -> EffectOrphaned:
+    effect = effect or make_tool_effect("call_sample", idempotency_key=new_id("idem"))
+    fields: dict[str, Any] = {
+        "event_id": str(uuid.uuid4()),
+        "tenant_id": effect.tenant_id,
+        "conversation_id": effect.conversation_id,
+        "chain_root_id": effect.chain_root_id,
+        "response_id": effect.response_id,
+        "produced_at": now_ms,
+        "partition_key": effect.partition_key or effect.response_id,
+        "effect_id": effect.effect_id,
+        "idempotency_key": effect.idempotency_key,
+        "attempt": effect.attempt,
+        "subturn_index": effect.subturn_index,
+        "tool_name": effect.tool_name,
+        "call_id": effect.call_id,
+        "arguments_digest": effect.arguments_digest,
+        "output_digest": effect.output.content_digest,
+        "reason": reason,
+        "rejection_reason": None,
+        "detail": None,
+        "orphaned_at": now_ms,
+    }
+    fields.update(overrides)
+    return EffectOrphaned(**fields)
+
+
+def make_dead_letter(*, now_ms: int = NOW_MS, **overrides: Any) -> DeadLetter:
+    fields: dict[str, Any] = {
+        "key": b"conv_1",
+        "value": b"\x01not-confluent-framed",
+        "error": "BAD_MAGIC_BYTE at ratchet.gateway-events[0]@1: magic byte 1, expected 0",
+        "reason": DeadLetterReason.BAD_MAGIC_BYTE,
+        "source_topic": "ratchet.gateway-events",
+        "source_partition": 0,
+        "source_offset": 1,
+        "schema_id": None,
+        "dead_lettered_at": now_ms,
+    }
+    fields.update(overrides)
+    return DeadLetter(**fields)

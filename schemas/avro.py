@@ -1,0 +1,284 @@
+"""Avro in Confluent wire format through a schema registry, with typed errors.
+
+Wire format: byte 0 = magic 0, bytes 1-4 = schema id (big endian), then the Avro
+binary body. Keys are NOT Avro: a key is the UTF-8 partition key (``encode_key``).
+
+Subject strategy: RECORD NAME (``io.ratchet.TurnCompleted``, ...), on every topic.
+``ratchet.gateway-events`` carries three record types; with the record-name strategy
+each type evolves on its own subject under BACKWARD compatibility, producers never
+wrap events in a union branch, and subjects do not depend on the configurable topic
+prefix. The registry cannot enforce which types a topic allows, so
+``decode_gateway_event`` does: any other record is ``UNEXPECTED_RECORD_TYPE``.
+See docs/contracts.md for the union-schema alternative and why it lost.
+
+Schemas are parsed once per process (``schemas.avsc``), serializers and deserializers
+are built once per record type, and schema ids are resolved once per id.
+
+Usage::
+
+    serde = EventSerde(SchemaRegistryClient({"url": settings.schema_registry_url}))
+    register_schemas(serde.client)              # idempotent; sets BACKWARD first
+    value = serde.encode(turn, topic)           # bytes
+    event = serde.decode_gateway_event(value, topic, partition, offset)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from typing import Any
+
+from confluent_kafka.schema_registry import (
+    Schema,
+    SchemaRegistryClient,
+    SchemaRegistryError,
+    record_subject_name_strategy,
+)
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from fastavro.read import SchemaResolutionError
+from pydantic import ValidationError
+
+from schemas import avsc
+from schemas.errors import DecodeError, EncodeError, RegistryUnavailable
+from schemas.models import (
+    MODELS_BY_RECORD,
+    DeadLetter,
+    DeadLetterReason,
+    Frozen,
+    GatewayEvent,
+    record_name,
+)
+
+MAGIC_BYTE = 0
+HEADER_SIZE = 5
+COMPATIBILITY = "BACKWARD"
+_NOT_FOUND = 404
+
+
+def subject_for(record: str) -> str:
+    """Registry subject of a record (record-name strategy): its full Avro name."""
+    return avsc.full_name(record)
+
+
+def encode_key(partition_key: str) -> bytes:
+    """Kafka key bytes: the UTF-8 partition key (conversation_id or chain_root_id)."""
+    return partition_key.encode("utf-8")
+
+
+def register_schemas(
+    client: SchemaRegistryClient,
+    *,
+    records: Collection[str] = avsc.TOP_LEVEL_RECORDS,
+    compatibility: str | None = COMPATIBILITY,
+) -> dict[str, int]:
+    """Register the current schema of every record; returns ``{subject: schema id}``.
+
+    Idempotent (same text, same id). Compatibility is set on the subject BEFORE the
+    new version is registered, so the registry checks it; for a brand-new subject the
+    registry may refuse config on an unknown subject, so it is set right after the
+    first version too. ``compatibility=None`` skips it (the mock registry has no config).
+    """
+    ids: dict[str, int] = {}
+    for record in records:
+        subject = subject_for(record)
+        schema = Schema(avsc.schema_text(record), "AVRO")
+        configured = compatibility is not None and _try_set_compatibility(
+            client, subject, compatibility
+        )
+        ids[subject] = _registry_call(lambda s=subject, sc=schema: client.register_schema(s, sc))
+        if compatibility is not None and not configured:
+            _registry_call(lambda s=subject: client.set_compatibility(s, compatibility))
+    return ids
+
+
+def _try_set_compatibility(client: SchemaRegistryClient, subject: str, level: str) -> bool:
+    try:
+        _registry_call(lambda: client.set_compatibility(subject, level))
+    except SchemaRegistryError as exc:
+        if exc.http_status_code == _NOT_FOUND:
+            return False
+        raise
+    return True
+
+
+def _registry_call(call: Any) -> Any:
+    """Run a registry request; infrastructure failures become ``RegistryUnavailable``."""
+    try:
+        return call()
+    except SchemaRegistryError as exc:
+        if exc.http_status_code >= 500 or exc.http_status_code < 0:
+            raise RegistryUnavailable(str(exc)) from exc
+        raise
+    except (OSError, ConnectionError) as exc:
+        raise RegistryUnavailable(str(exc)) from exc
+    except Exception as exc:  # httpx transport errors, without importing httpx here
+        if type(exc).__module__.startswith(("httpx", "httpcore")):
+            raise RegistryUnavailable(str(exc)) from exc
+        raise
+
+
+class EventSerde:
+    """Encoder/decoder of every ratchet event, bound to one registry client."""
+
+    def __init__(self, client: SchemaRegistryClient, *, auto_register: bool = False) -> None:
+        """``auto_register=False`` (production): schemas are registered by
+        ``register_schemas`` at deploy time and a producer with an unregistered schema
+        fails loudly instead of silently creating a new version."""
+        self.client = client
+        self._auto_register = auto_register
+        self._serializers: dict[str, AvroSerializer] = {}
+        self._deserializers: dict[str, AvroDeserializer] = {}
+        self._record_by_schema_id: dict[int, str] = {}
+
+    # --- encoding ---------------------------------------------------------------------
+
+    def encode(self, event: Frozen, topic: str) -> bytes:
+        """Confluent-framed Avro bytes of ``event`` for ``topic``."""
+        record = record_name(event)
+        serializer = self._serializer(record)
+        context = SerializationContext(topic, MessageField.VALUE)
+        try:
+            return _registry_call(lambda: serializer(event.to_avro(), context))
+        except SchemaRegistryError as exc:
+            raise EncodeError(
+                record, f"{exc} (is the schema registered? register_schemas)"
+            ) from exc
+        except (ValueError, TypeError) as exc:
+            raise EncodeError(record, str(exc)) from exc
+
+    def _serializer(self, record: str) -> AvroSerializer:
+        if record not in self._serializers:
+            self._serializers[record] = AvroSerializer(
+                self.client,
+                avsc.schema_text(record),
+                conf={
+                    "auto.register.schemas": self._auto_register,
+                    "subject.name.strategy": record_subject_name_strategy,
+                },
+            )
+        return self._serializers[record]
+
+    # --- decoding ---------------------------------------------------------------------
+
+    def decode_gateway_event(
+        self, value: bytes | None, topic: str, partition: int, offset: int
+    ) -> GatewayEvent:
+        """A ``TurnCompleted | ToolEffect | TurnCancelled`` or a ``DecodeError``.
+
+        Raises ``RegistryUnavailable`` when the registry cannot be asked: retry that.
+        """
+        event = self.decode(value, topic, partition, offset, expected=avsc.GATEWAY_EVENT_RECORDS)
+        return event  # type: ignore[return-value]
+
+    def decode(
+        self,
+        value: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        expected: Collection[str] = avsc.TOP_LEVEL_RECORDS,
+    ) -> Frozen:
+        """Decode any ratchet event whose record name is in ``expected``.
+
+        The writer's schema (from the registry, by the id in the header) is resolved
+        against the CURRENT reader schema of that record, so data written with any
+        older compatible version decodes into today's model.
+        """
+        where = {"topic": topic, "partition": partition, "offset": offset}
+        schema_id = _check_header(value, where)
+        record = self._record_of(schema_id, where)
+        if record not in expected:
+            raise DecodeError(
+                DeadLetterReason.UNEXPECTED_RECORD_TYPE,
+                f"{record} is not one of {sorted(expected)}",
+                schema_id=schema_id,
+                **where,
+            )
+        data = self._read_body(record, value, schema_id, where)
+        try:
+            return MODELS_BY_RECORD[record].from_avro(data)
+        except ValidationError as exc:
+            raise DecodeError(
+                DeadLetterReason.INVALID_EVENT, str(exc), schema_id=schema_id, **where
+            ) from exc
+
+    def _record_of(self, schema_id: int, where: dict[str, Any]) -> str:
+        """Record name of a writer schema id (asked once per id, then remembered)."""
+        if schema_id not in self._record_by_schema_id:
+            try:
+                schema = _registry_call(lambda: self.client.get_schema(schema_id))
+            except SchemaRegistryError as exc:
+                if exc.http_status_code == _NOT_FOUND:
+                    raise DecodeError(
+                        DeadLetterReason.UNKNOWN_SCHEMA_ID, str(exc), schema_id=schema_id, **where
+                    ) from exc
+                raise
+            parsed = json.loads(schema.schema_str)
+            name = (
+                avsc.full_name_of(parsed) if isinstance(parsed, dict) and "name" in parsed else "?"
+            )
+            self._record_by_schema_id[schema_id] = name.removeprefix(avsc.NAMESPACE + ".")
+        return self._record_by_schema_id[schema_id]
+
+    def _read_body(
+        self, record: str, value: bytes, schema_id: int, where: dict[str, Any]
+    ) -> dict[str, Any]:
+        if len(value) == HEADER_SIZE:
+            raise DecodeError(
+                DeadLetterReason.TRUNCATED, "no body after the header", schema_id=schema_id, **where
+            )
+        try:
+            return _registry_call(lambda: self._deserializer(record)(value, None))
+        except SchemaResolutionError as exc:
+            reason, error = DeadLetterReason.SCHEMA_MISMATCH, exc
+        except (EOFError, StopIteration) as exc:
+            reason, error = DeadLetterReason.TRUNCATED, exc
+        except RegistryUnavailable:
+            raise
+        except SchemaRegistryError as exc:
+            reason, error = DeadLetterReason.UNKNOWN_SCHEMA_ID, exc
+        except (ValueError, TypeError, IndexError, KeyError, OverflowError, MemoryError) as exc:
+            # garbage after a valid header: negative lengths, bad UTF-8, bad union index
+            reason, error = DeadLetterReason.CORRUPT_PAYLOAD, exc
+        raise DecodeError(
+            reason, f"{type(error).__name__}: {error}", schema_id=schema_id, **where
+        ) from error
+
+    def _deserializer(self, record: str) -> AvroDeserializer:
+        if record not in self._deserializers:
+            self._deserializers[record] = AvroDeserializer(self.client, avsc.schema_text(record))
+        return self._deserializers[record]
+
+
+def _check_header(value: bytes | None, where: dict[str, Any]) -> int:
+    """Schema id from the Confluent header, or the DecodeError saying why there is none."""
+    if value is None:
+        raise DecodeError(DeadLetterReason.NULL_VALUE, "null value (tombstone)", **where)
+    if len(value) < HEADER_SIZE:
+        raise DecodeError(
+            DeadLetterReason.TRUNCATED, f"{len(value)} bytes, shorter than the header", **where
+        )
+    if value[0] != MAGIC_BYTE:
+        raise DecodeError(
+            DeadLetterReason.BAD_MAGIC_BYTE, f"magic byte {value[0]}, expected 0", **where
+        )
+    return int.from_bytes(value[1:HEADER_SIZE], "big")
+
+
+def dead_letter_for(
+    error: DecodeError, *, key: bytes | None, value: bytes | None, now_ms: int
+) -> DeadLetter:
+    """The DeadLetter record for a record that failed to decode (bytes kept as they were)."""
+    return DeadLetter(
+        key=key,
+        value=value,
+        error=str(error),
+        reason=error.reason,
+        source_topic=error.topic,
+        source_partition=error.partition,
+        source_offset=error.offset,
+        schema_id=error.schema_id,
+        dead_lettered_at=now_ms,
+    )

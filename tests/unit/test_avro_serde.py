@@ -1,0 +1,167 @@
+"""Confluent wire format through confluent-kafka's in-process ``mock://`` registry."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import uuid
+
+import fastavro
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+from schemas import avsc
+from schemas.avro import EventSerde, dead_letter_for, encode_key, register_schemas, subject_for
+from schemas.errors import DecodeError, EncodeError, RegistryUnavailable
+from schemas.models import DeadLetterReason, OrphanReason, RejectionReason
+from tests.factories import (
+    NOW_MS,
+    make_checkpoint_promoted,
+    make_dead_letter,
+    make_effect_orphaned,
+    make_promotion_rejected,
+    make_tool_loop_turn,
+    make_turn,
+    make_turn_cancelled,
+)
+
+TOPIC = "ratchet.gateway-events"
+
+
+@pytest.fixture
+def client() -> SchemaRegistryClient:
+    client = SchemaRegistryClient.new_client({"url": f"mock://{uuid.uuid4().hex}"})
+    register_schemas(client, compatibility=None)  # the mock has no config endpoint
+    return client
+
+
+@pytest.fixture
+def serde(client) -> EventSerde:
+    return EventSerde(client)
+
+
+def outcome_events():
+    return [
+        make_checkpoint_promoted(),
+        make_promotion_rejected(head_seq=4),
+        make_effect_orphaned(
+            reason=OrphanReason.TURN_REJECTED, rejection_reason=RejectionReason.CORRUPT
+        ),
+        make_dead_letter(),
+    ]
+
+
+def gateway_events():
+    turn, effects = make_tool_loop_turn(rounds=3, total_items=20)
+    return [turn, effects[0], make_turn_cancelled(turn), make_turn(certified=False)]
+
+
+@pytest.mark.parametrize("event", gateway_events(), ids=lambda e: type(e).__name__)
+def test_gateway_events_round_trip(serde: EventSerde, event) -> None:
+    value = serde.encode(event, TOPIC)
+    assert value[0] == 0
+    assert serde.decode_gateway_event(value, TOPIC, 0, 7) == event
+
+
+@pytest.mark.parametrize("event", outcome_events(), ids=lambda e: type(e).__name__)
+def test_outcome_events_round_trip(serde: EventSerde, event) -> None:
+    assert serde.decode(serde.encode(event, "ratchet.x"), "ratchet.x", 0, 0) == event
+
+
+def test_subjects_follow_the_record_name_strategy(client, serde) -> None:
+    serde.encode(make_turn(), "any.prefix.gateway-events")
+    assert subject_for("TurnCompleted") == "io.ratchet.TurnCompleted"
+    assert set(client.get_subjects()) == {avsc.full_name(r) for r in avsc.TOP_LEVEL_RECORDS}
+
+
+def test_gateway_topic_refuses_other_record_types(serde) -> None:
+    value = serde.encode(outcome_events()[0], TOPIC)
+    with pytest.raises(DecodeError) as caught:
+        serde.decode_gateway_event(value, TOPIC, 3, 42)
+    assert caught.value.reason is DeadLetterReason.UNEXPECTED_RECORD_TYPE
+    assert (caught.value.topic, caught.value.partition, caught.value.offset) == (TOPIC, 3, 42)
+
+
+def decode_reason(serde: EventSerde, value: bytes | None) -> DeadLetterReason:
+    with pytest.raises(DecodeError) as caught:
+        serde.decode_gateway_event(value, TOPIC, 1, 99)
+    assert caught.value.offset == 99
+    return caught.value.reason
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (None, DeadLetterReason.NULL_VALUE),
+        (b"", DeadLetterReason.TRUNCATED),
+        (b"\x00\x00\x01", DeadLetterReason.TRUNCATED),
+        (b'{"json": "not avro"}', DeadLetterReason.BAD_MAGIC_BYTE),
+        (b"\x01\x00\x00\x00\x01payload", DeadLetterReason.BAD_MAGIC_BYTE),
+        (b"\x00\x00\x00\x30\x39payload", DeadLetterReason.UNKNOWN_SCHEMA_ID),
+    ],
+    ids=["null", "empty", "short-header", "json", "magic-1", "unknown-id"],
+)
+def test_undecodable_headers(serde, value, reason) -> None:
+    assert decode_reason(serde, value) is reason
+
+
+def test_truncated_body(serde) -> None:
+    value = serde.encode(make_turn(), TOPIC)
+    assert decode_reason(serde, value[: len(value) // 2]) is DeadLetterReason.TRUNCATED
+    assert decode_reason(serde, value[:5]) is DeadLetterReason.TRUNCATED
+
+
+def test_garbage_body(serde) -> None:
+    value = serde.encode(make_turn_cancelled(make_turn()), TOPIC)
+    garbage = value[:5] + b"\xff" * 40  # huge negative lengths
+    assert decode_reason(serde, garbage) in {
+        DeadLetterReason.CORRUPT_PAYLOAD,
+        DeadLetterReason.TRUNCATED,
+    }
+
+
+def test_schema_mismatch(client, serde) -> None:
+    """A writer schema with our record's name but an incompatible field type."""
+    foreign = json.loads(avsc.schema_text("TurnCancelled"))
+    for field in foreign["fields"]:
+        if field["name"] == "cancelled_at":
+            field["type"] = "string"
+    schema_id = client.register_schema("someone-else", Schema(json.dumps(foreign), "AVRO"))
+    body = io.BytesIO()
+    record = make_turn_cancelled(make_turn()).to_avro() | {"cancelled_at": "yesterday"}
+    fastavro.schemaless_writer(body, fastavro.parse_schema(foreign), record)
+    value = b"\x00" + struct.pack(">I", schema_id) + body.getvalue()
+    assert decode_reason(serde, value) is DeadLetterReason.SCHEMA_MISMATCH
+
+
+def test_dead_letter_keeps_the_bytes_and_the_source(serde) -> None:
+    with pytest.raises(DecodeError) as caught:
+        serde.decode_gateway_event(b"\x07junk", TOPIC, 2, 11)
+    letter = dead_letter_for(
+        caught.value, key=encode_key("conv_1"), value=b"\x07junk", now_ms=NOW_MS
+    )
+    assert (letter.source_topic, letter.source_partition, letter.source_offset) == (TOPIC, 2, 11)
+    assert letter.reason is DeadLetterReason.BAD_MAGIC_BYTE and letter.value == b"\x07junk"
+    assert serde.decode(serde.encode(letter, "ratchet.dead-letters"), "d", 0, 0) == letter
+
+
+def test_unregistered_schema_is_an_encode_error() -> None:
+    empty = SchemaRegistryClient.new_client({"url": f"mock://{uuid.uuid4().hex}"})
+    with pytest.raises(EncodeError):
+        EventSerde(empty).encode(make_turn(), TOPIC)
+    assert EventSerde(empty, auto_register=True).encode(make_turn(), TOPIC)[0] == 0
+
+
+def test_unreachable_registry_is_retryable_not_a_dead_letter() -> None:
+    client = SchemaRegistryClient({"url": "http://127.0.0.1:9", "timeout": 2, "max.retries": 0})
+    with pytest.raises(RegistryUnavailable) as caught:
+        EventSerde(client).decode_gateway_event(b"\x00\x00\x00\x00\x01x", TOPIC, 0, 0)
+    assert caught.value.retryable
+
+
+def test_schemas_are_parsed_once() -> None:
+    avsc.parsed.cache_clear()
+    for _ in range(3):
+        avsc.parsed("TurnCompleted")
+    assert avsc.parsed.cache_info().misses == 1
