@@ -1,0 +1,1 @@
+"""Micro-benchmarks of ratchet's pure domain functions (``python -m ratchet.bench.<name>``)."""

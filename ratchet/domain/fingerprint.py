@@ -203,8 +203,12 @@ def fingerprint_hash(fingerprint: Fingerprint) -> str:
     return sha256_hex(canonical_fingerprint(fingerprint))
 
 
+@lru_cache(maxsize=4096)
 def missing_components(fingerprint: Fingerprint) -> tuple[str, ...]:
-    """Why ``fingerprint`` is not a complete identity (empty tuple when it is)."""
+    """Why ``fingerprint`` is not a complete identity (empty tuple when it is).
+
+    Cached by value, like ``fingerprint_hash``: a pure function of a frozen record.
+    """
     missing = [name for name in REQUIRED_COMPONENTS if _absent(getattr(fingerprint, name))]
     revision = fingerprint.model_weights_revision
     if revision and revision.strip().lower() in MUTABLE_REVISIONS:
