@@ -34,7 +34,10 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
     "acks": "all",
     "linger.ms": 5,
-    "compression.type": "lz4",
+    # No compression: the processor consumes with aiokafka (Faust), which can read
+    # lz4/snappy/zstd batches only with optional native libraries; a batch it cannot
+    # decompress stops the partition. gzip would be safe but costs CPU on every turn.
+    "compression.type": "none",
     # Give up (and report) after 30 s rather than librdkafka's 5 min default.
     "delivery.timeout.ms": 30_000,
 }

@@ -1,0 +1,148 @@
+"""Failures through the real stack: not found, not promoted (then promoted), rejected,
+and every integrity failure after corrupting Cassandra directly."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from services.demo.simulator import SimulatedGateway, assistant, uid, user
+from services.gateway.client import Certified, Failure
+from services.gateway.events import TurnIdentity
+from tests.e2e.helpers import WAIT_MS, promoted_conversation
+
+
+@pytest.fixture
+def gw(e2e_stack) -> SimulatedGateway:
+    return SimulatedGateway(e2e_stack.producer, e2e_stack.client)
+
+
+def test_another_tenants_response_is_not_found_like_an_unknown_one(gw, e2e_stack):
+    _, turns = promoted_conversation(gw, turns=1)
+    rid = turns[0].response_id
+    url = f"{e2e_stack.base_url}/v1/responses/{rid}/history"
+    other = httpx.get(
+        url, params={"tenant_id": "intruder", "fingerprint_hash": gw.fingerprint_hash}
+    )
+    unknown = httpx.get(
+        f"{e2e_stack.base_url}/v1/responses/{uid('resp')}/history",
+        params={"tenant_id": "intruder", "fingerprint_hash": gw.fingerprint_hash},
+    )
+    assert other.status_code == unknown.status_code == 404
+    assert other.json() == {**unknown.json(), "response_id": other.json()["response_id"]}
+    assert other.json()["reason"] == "NOT_FOUND" and other.json()["items"] is None
+    assert e2e_stack.client.status("intruder", rid).state == "unknown"
+
+
+def test_not_promoted_then_promoted_within_wait_ms(gw):
+    identity = TurnIdentity.conversation(gw.tenant_id, uid("conv"), uid("resp"), 0)
+    turn = gw.turn(identity, [user("hi")], [assistant("hello")])
+    assert gw.rehydrate(turn.response_id) == Failure("NOT_FOUND", 404, None, "no such response")
+
+    answers: list = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(gw.rehydrate(turn.response_id, wait_ms=WAIT_MS))
+    )
+    started = time.monotonic()
+    waiter.start()
+    time.sleep(0.5)  # the request is waiting before the turn even exists
+    gw.publish(turn)
+    waiter.join()
+    elapsed = time.monotonic() - started
+    assert isinstance(answers[0], Certified), answers
+    assert elapsed < WAIT_MS / 1000 - 1  # woken by the promotion, not by the deadline
+
+
+def test_rejected_turn_is_409_not_promoted_and_status_says_why(gw, e2e_stack):
+    identity = TurnIdentity.conversation(gw.tenant_id, uid("conv"), uid("resp"), 5)
+    turn = gw.turn(identity, [user("hi")], [assistant("hello")])  # head is 0: OUT_OF_ORDER
+    gw.publish(turn)
+    outcome = gw.rehydrate(turn.response_id, wait_ms=WAIT_MS)
+    assert isinstance(outcome, Failure) and (outcome.reason, outcome.http_status) == (
+        "NOT_PROMOTED",
+        409,
+    )
+    assert "OUT_OF_ORDER" in (outcome.detail or "")
+    status = e2e_stack.client.status(gw.tenant_id, turn.response_id)
+    assert (status.state, status.reason) == ("rejected", "OUT_OF_ORDER")
+
+
+def test_wait_ms_gives_up_at_its_deadline(gw):
+    started = time.monotonic()
+    outcome = gw.rehydrate(uid("resp"), wait_ms=1_000)
+    assert 1.0 <= time.monotonic() - started < 3
+    assert outcome == Failure("NOT_PROMOTED", 409, outcome.response_id, outcome.detail)
+
+
+# --- integrity: corrupt the stored rows, the API must refuse the whole history -------
+
+
+def _item_rows(cql, tenant, conv):
+    return list(
+        cql.execute(
+            "SELECT ref, pos, item_id FROM histories WHERE tenant_id = %s AND partition_key = %s "
+            "AND kind = 'item'",
+            (tenant, conv),
+        )
+    )
+
+
+def _corrupt(cql, tenant, conv, assignment, params=()):
+    row = _item_rows(cql, tenant, conv)[0]
+    cql.execute(
+        f"UPDATE histories SET {assignment} WHERE tenant_id = %s AND partition_key = %s "
+        "AND kind = 'item' AND ref = %s AND pos = %s",
+        (*params, tenant, conv, row.ref, row.pos),
+    )
+
+
+CORRUPTIONS = {
+    "CORRUPT_HISTORY": lambda cql, t, c: _corrupt(cql, t, c, "content = %s", (b'{"x":1}',)),
+    "UNKNOWN_ITEM_TYPE": lambda cql, t, c: _corrupt(cql, t, c, "item_type = 'hologram'"),
+    "UNSUPPORTED_FORMAT": lambda cql, t, c: _corrupt(cql, t, c, "format_version = 99"),
+    "MISSING_HISTORY": lambda cql, t, c: cql.execute(
+        "DELETE FROM histories WHERE tenant_id = %s AND partition_key = %s AND kind = 'item' "
+        "AND ref = %s AND pos = %s",
+        (t, c, *_first_item_key(cql, t, c)),
+    ),
+}
+
+
+def _first_item_key(cql, tenant, conv):
+    row = _item_rows(cql, tenant, conv)[0]
+    return row.ref, row.pos
+
+
+@pytest.mark.parametrize("reason", sorted(CORRUPTIONS))
+def test_integrity_failure_is_500_with_its_reason_and_no_items(gw, cql, e2e_stack, reason):
+    conv, turns = promoted_conversation(gw, turns=2)
+    CORRUPTIONS[reason](cql, gw.tenant_id, conv)
+    for url in (
+        f"/v1/responses/{turns[-1].response_id}/history",
+        f"/v1/conversations/{conv}/history",
+    ):
+        resp = httpx.get(
+            e2e_stack.base_url + url,
+            params={"tenant_id": gw.tenant_id, "fingerprint_hash": gw.fingerprint_hash},
+        )
+        assert resp.status_code == 500, resp.text
+        body = resp.json()
+        assert (body["outcome"], body["reason"]) == ("failure", reason)
+        assert body["items"] is None and body["checkpoint"] is None
+
+
+def test_expired_history_is_410(gw, cql, e2e_stack):
+    conv, turns = promoted_conversation(gw, turns=1)
+    cql.execute(
+        "UPDATE histories SET logical_expires_at = %s WHERE tenant_id = %s AND "
+        "partition_key = %s AND kind = 'checkpoint' AND ref = %s AND pos = 0",
+        (1000, gw.tenant_id, conv, turns[0].response_id),
+    )
+    outcome = gw.rehydrate(turns[0].response_id)
+    assert isinstance(outcome, Failure) and (outcome.reason, outcome.http_status) == (
+        "EXPIRED",
+        410,
+    )
