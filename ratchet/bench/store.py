@@ -114,10 +114,10 @@ def _create_keyspace(cluster, keyspace: str, replication: str):
         f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}", timeout=60
     )
     session = cluster.connect(keyspace)
-    lines = [ln for ln in MIGRATION.read_text().splitlines() if not ln.strip().startswith("--")]
-    for statement in "\n".join(lines).split(";"):
-        if statement.strip():
-            session.execute(statement, timeout=60)
+    from infra.migrate import split_statements
+
+    for statement in split_statements(MIGRATION.read_text()):
+        session.execute(statement, timeout=60)
     session.execute(
         "CREATE TABLE IF NOT EXISTS raw_baseline (k text, c text, v blob, PRIMARY KEY (k, c))",
         timeout=60,

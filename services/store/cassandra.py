@@ -150,9 +150,9 @@ class CassandraCheckpointStore(CheckpointStore):
             serial_consistency,
         )
         self._select_view_rows = self._prepare(
-            f"SELECT kind, ref, request_digest, {_CHECKPOINT_COLUMNS} FROM {table} "
-            f"WHERE {partition} AND (kind, ref, pos) IN "
-            "(('idempotency', ?, 0), ('checkpoint', ?, 0), ('checkpoint', ?, 0))",
+            "SELECT kind, ref, request_digest, head_seq, head_response_id, head_item_count, "
+            f"{_CHECKPOINT_COLUMNS} FROM {table} WHERE {partition} AND (kind, ref, pos) IN "
+            "(('head', '', 0), ('idempotency', ?, 0), ('checkpoint', ?, 0), ('checkpoint', ?, 0))",
             serial_consistency,
         )
         self._select_checkpoint_serial = self._prepare(
@@ -187,6 +187,10 @@ class CassandraCheckpointStore(CheckpointStore):
         self._insert_idempotency = self._prepare_lwt(
             f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, pos, response_id, "
             "request_digest) VALUES (?, ?, 'idempotency', ?, 0, ?, ?) IF NOT EXISTS"
+        )
+        self._insert_head_marker = self._prepare_lwt(
+            f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, pos) "
+            "VALUES (?, ?, 'head', '', 0)"
         )
         self._insert_item = self._prepare_lwt(
             f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, pos, {_ITEM_COLUMNS}) "
@@ -250,7 +254,11 @@ class CassandraCheckpointStore(CheckpointStore):
     # -- backend hooks ----------------------------------------------------------------------
 
     def _read_view(self, request: PromotionRequest) -> PromotionView:
-        """Head and rows at SERIAL, plus the location hint, in parallel round trips.
+        """The view at SERIAL in one round trip, plus the location hint in parallel.
+
+        The rows query also asks for the ``kind='head'`` marker row every Conversation
+        batch writes, so the static head columns come back with it; only a partition
+        without that row (no Conversation turn yet) needs the separate head query.
 
         The hint is written here, before any promotion batch can land, so a promoted
         response is always findable by id. A hint for a promotion that then does not
@@ -265,14 +273,18 @@ class CassandraCheckpointStore(CheckpointStore):
                 (request.tenant_id, request.response_id, request.partition_key),
                 timeout=self._timeout,
             )
-            head_future = self._session.execute_async(self._select_head, key, timeout=self._timeout)
-            rows_future = self._session.execute_async(
-                self._select_view_rows,
-                (*key, request.idempotency_key, request.response_id, parent),
-                timeout=self._timeout,
+            rows = list(
+                self._session.execute(
+                    self._select_view_rows,
+                    (*key, request.idempotency_key, request.response_id, parent),
+                    timeout=self._timeout,
+                )
             )
-            head_row = head_future.result().one()
-            rows = list(rows_future.result())
+            head_row = next((r for r in rows if r.kind == "head"), None)
+            if head_row is None and request.mode is PromotionMode.CONVERSATION:
+                head_row = self._session.execute(
+                    self._select_head, key, timeout=self._timeout
+                ).one()
             hint.result()
             return self._view(request, head_row, rows)
 
@@ -374,6 +386,7 @@ class CassandraCheckpointStore(CheckpointStore):
                 self._advance_head,
                 (new.seq, new.response_id, new.item_count, token, *key, expected),
             )
+            batch.add(self._insert_head_marker, key)
         batch.add(
             self._insert_checkpoint,
             (*key, request.response_id, *_checkpoint_values(checkpoint, token)),

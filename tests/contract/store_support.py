@@ -127,5 +127,7 @@ def create_store_keyspace(cluster, keyspace: str, replication: str):
 
 
 def migration_statements() -> list[str]:
-    lines = [ln for ln in MIGRATION.read_text().splitlines() if not ln.strip().startswith("--")]
-    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+    """The store's migration, split exactly the way `ratchet migrate` splits it."""
+    from infra.migrate import split_statements
+
+    return split_statements(MIGRATION.read_text())
