@@ -494,9 +494,13 @@ def _checkpoint(tenant_id: str, partition_key: str, row: Any) -> CheckpointRecor
 
 def _stored_item(row: Any) -> StoredItem:
     """Decode an item row; raises ``ValueError`` if it is damaged."""
-    if row.item_seq is None or row.content is None or row.format_version is None:
+    if None in (row.item_seq, row.item_id, row.item_type, row.content, row.content_digest) or (
+        row.format_version is None
+    ):
         raise ValueError("item row without seq, content or format version")
-    item = Item(
+    # model_construct skips pydantic validation (~5x cheaper for a 100-item read): the
+    # CQL column types already hold, and verify_history checks every value that matters.
+    item = Item.model_construct(
         item_id=row.item_id,
         type=row.item_type,
         role=row.role,
