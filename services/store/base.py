@@ -50,6 +50,7 @@ __all__ = [
     "CheckpointRecord",
     "CheckpointStore",
     "Conflict",
+    "CorruptPartition",
     "DEFAULT_MAX_TURN_BYTES",
     "Duplicate",
     "Head",
@@ -108,6 +109,14 @@ class StoreUnavailable(StoreError):
         super().__init__(message)
         self.retryable = retryable
         self.operation = operation
+
+
+class CorruptPartition(StoreError):
+    """The rows a promotion must decide on are inconsistent or cannot be decoded.
+
+    Not retryable and not an outcome: the partition needs an operator. Reads report
+    the same damage as ``HistoryFailure(CORRUPT_HISTORY)`` instead.
+    """
 
 
 class InvalidPromotion(StoreError, ValueError):
@@ -264,7 +273,7 @@ def decide(request: PromotionRequest, view: PromotionView) -> PromotionOutcome |
         if record.request_digest != request.request_digest:
             return KeyReused(record.request_digest, record.response_id)
         if view.original is None:
-            raise StoreError(
+            raise CorruptPartition(
                 f"idempotency key {record.idempotency_key} points at {record.response_id}, "
                 "which has no checkpoint: the partition is corrupt"
             )

@@ -54,6 +54,7 @@ from ratchet.settings import Settings
 from schemas.models import Item
 from services.store.base import (
     CheckpointStore,
+    CorruptPartition,
     IdempotencyRecord,
     Plan,
     PromotionRequest,
@@ -286,7 +287,13 @@ class CassandraCheckpointStore(CheckpointStore):
                     self._select_head, key, timeout=self._timeout
                 ).one()
             hint.result()
-            return self._view(request, head_row, rows)
+            try:
+                return self._view(request, head_row, rows)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CorruptPartition(
+                    f"partition {request.partition_key} of tenant {request.tenant_id}: "
+                    f"undecodable row ({exc})"
+                ) from exc
 
         return _guard("promote/read", read)
 

@@ -177,3 +177,22 @@ def test_head_moved_without_a_checkpoint(store, store_session, conversation):
     tenant, conv, _ = conversation
     cql(store_session, f"UPDATE histories SET head_seq = 9 {WHERE}", tenant, conv)
     assert read_reason(store, tenant, conv) is R.CORRUPT_HISTORY
+
+
+def test_promoting_onto_an_undecodable_head_row_is_corrupt_partition(
+    store, store_session, conversation
+):
+    from services.store.base import CorruptPartition
+
+    tenant, conv, rids = conversation
+    cql(
+        store_session,
+        f"UPDATE histories SET mode = 'sideways' {WHERE} AND kind = 'checkpoint' "
+        "AND ref = %s AND pos = 0",
+        tenant,
+        conv,
+        rids[2],
+    )
+    retry = conversation_turn(tenant, conv, 3, response_id=rids[2])
+    with pytest.raises(CorruptPartition):
+        store.promote(retry)
