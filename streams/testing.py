@@ -1,0 +1,237 @@
+"""Drive a real promotion worker from outside: produce events, collect outcomes.
+
+Used by the integration and fault tests and by ``ratchet/bench/processor.py``.
+Everything talks to the real servers of ``settings``; a unique topic prefix and
+consumer group per run keep runs apart.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from ratchet.settings import Settings
+from schemas.avro import EventSerde, encode_key, register_schemas
+from schemas.models import Frozen
+from streams.processor import Topics
+from streams.topics import ensure_topics
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def isolated_settings(settings: Settings, tag: str = "t", partitions: int | None = None,
+                      home: Path | None = None) -> Settings:
+    """``settings`` with a topic prefix (and optionally home/partitions) of its own."""
+    prefix = f"ratchet-{tag}-{uuid.uuid4().hex[:8]}."
+    return replace(settings, topic_prefix=prefix,
+                   partitions=partitions or settings.partitions,
+                   home=home or settings.home)
+
+
+def worker_env(settings: Settings, group: str) -> dict[str, str]:
+    return dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        RATCHET_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
+        RATCHET_SCHEMA_REGISTRY_URL=settings.schema_registry_url,
+        RATCHET_CASSANDRA_HOSTS=",".join(settings.cassandra_hosts),
+        RATCHET_CASSANDRA_PORT=str(settings.cassandra_port),
+        RATCHET_KEYSPACE=settings.keyspace,
+        RATCHET_TOPIC_PREFIX=settings.topic_prefix,
+        RATCHET_PARTITIONS=str(settings.partitions),
+        RATCHET_HOME=str(settings.home),
+        RATCHET_CONSUMER_GROUP=group,
+        RATCHET_LOG_LEVEL=os.environ.get("RATCHET_LOG_LEVEL", "WARNING"),
+    )
+
+
+class WorkerProcess:
+    """``ratchet worker`` as a subprocess (a Faust worker owns its loop and signals)."""
+
+    def __init__(self, settings: Settings, group: str, log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ratchet.cli", "worker"],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
+            env=worker_env(settings, group),
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def terminate(self, timeout_s: float = 60) -> int:
+        """SIGTERM: finish in-flight events, commit, exit."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all (crash simulation)."""
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+class EventProducer:
+    """Produce gateway events (Avro via the registry) keyed by their partition key."""
+
+    def __init__(self, settings: Settings, serde: EventSerde, topics: Topics) -> None:
+        self.serde = serde
+        self.topic = topics.gateway_events
+        self.producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
+                                  "enable.idempotence": True, "linger.ms": 5})
+
+    def send(self, *events: Frozen) -> None:
+        for event in events:
+            key = event.conversation_id or event.chain_root_id or event.response_id
+            self.send_raw(encode_key(key), self.serde.encode(event, self.topic))
+
+    def send_raw(self, key: bytes | None, value: bytes | None) -> None:
+        while True:
+            try:
+                self.producer.produce(self.topic, value=value, key=key)
+                break
+            except BufferError:
+                self.producer.poll(0.1)
+        self.producer.poll(0)
+
+    def flush(self) -> None:
+        remaining = self.producer.flush(60)
+        if remaining:
+            raise RuntimeError(f"{remaining} events not delivered")
+
+
+@dataclass
+class Seen:
+    topic: str
+    partition: int
+    offset: int
+    model: Frozen
+
+
+class OutcomeCollector:
+    """Read every outcome topic from the beginning in a background thread."""
+
+    def __init__(self, settings: Settings, serde: EventSerde, topics: Topics) -> None:
+        self.serde = serde
+        self.topics = topics
+        self.by_response: dict[str, list[Seen]] = defaultdict(list)
+        self.dead_letters: list[Seen] = []
+        self.all: list[Seen] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._consumer = Consumer({
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": f"collector-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        })
+        names = [topics.checkpoints, topics.rejections, topics.orphaned_effects,
+                 topics.dead_letters]
+        self._consumer.assign([TopicPartition(t, p, -2) for t in names
+                               for p in range(settings.partitions)])
+        self._thread = threading.Thread(target=self._run, daemon=True, name="collector")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for msg in self._consumer.consume(500, timeout=0.2):
+                if msg.error():
+                    continue
+                model = self.serde.decode(msg.value(), msg.topic(), msg.partition(),
+                                          msg.offset())
+                seen = Seen(msg.topic(), msg.partition(), msg.offset(), model)
+                with self._lock:
+                    self.all.append(seen)
+                    if msg.topic() == self.topics.dead_letters:
+                        self.dead_letters.append(seen)
+                    else:
+                        self.by_response[model.response_id].append(seen)
+
+    def count(self, topic: str | None = None) -> int:
+        with self._lock:
+            return sum(1 for s in self.all if topic is None or s.topic == topic)
+
+    def outcomes(self, response_id: str) -> list[Frozen]:
+        """Promoted / rejected outcomes of one response (not orphaned effects)."""
+        with self._lock:
+            return [s.model for s in self.by_response.get(response_id, [])
+                    if s.topic in (self.topics.checkpoints, self.topics.rejections)]
+
+    def orphans(self, response_id: str) -> list[Frozen]:
+        with self._lock:
+            return [s.model for s in self.by_response.get(response_id, [])
+                    if s.topic == self.topics.orphaned_effects]
+
+    def wait(self, condition: Callable[[], bool], timeout_s: float = 60,
+             why: str = "outcomes") -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout_s}s waiting for {why}")
+            time.sleep(0.05)
+
+    def outcome(self, response_id: str, timeout_s: float = 60) -> Frozen:
+        """The first outcome of ``response_id`` (waits for it)."""
+        self.wait(lambda: self.outcomes(response_id), timeout_s, f"outcome of {response_id}")
+        return self.outcomes(response_id)[0]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._consumer.close()
+
+
+class Rig:
+    """Topics + producer + collector for one isolated run (workers are started apart)."""
+
+    def __init__(self, settings: Settings) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        self.settings = settings
+        client = SchemaRegistryClient({"url": settings.schema_registry_url})
+        register_schemas(client)
+        self.serde = EventSerde(client)
+        self.topics = ensure_topics(settings)
+        self.producer = EventProducer(settings, self.serde, self.topics)
+        self.collector = OutcomeCollector(settings, self.serde, self.topics)
+        self.group = f"ratchet-test-{uuid.uuid4().hex[:8]}"
+
+    def worker(self, log_dir: Path, tag: str = "worker") -> WorkerProcess:
+        return WorkerProcess(self.settings, self.group, log_dir / f"{tag}.log")
+
+    def send(self, *events: Frozen) -> None:
+        self.producer.send(*events)
+        self.producer.flush()
+
+    def close(self) -> None:
+        self.collector.close()
