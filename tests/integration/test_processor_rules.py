@@ -126,6 +126,8 @@ def test_three_round_tool_loop_with_retried_first_attempt(rig):
     c = conv()
     final, effects = make_tool_loop_turn(rounds=3, conversation_id=c, attempt=2,
                                          now_ms=now_ms(), **unique_ids({}))
+    # same partition key as the turn, so the effects are ordered before it
+    effects = [e.model_copy(update={"conversation_id": c}) for e in effects]
     # Attempt 1 ran rounds 0 and 1 (reused by attempt 2) and then a different tool in
     # round 2 before the gateway died; attempt 2 redid round 2 and completed.
     stray = make_tool_effect("call_stray", '{"sent": true}', idempotency_key=final.idempotency_key,
