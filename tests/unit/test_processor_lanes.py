@@ -1,0 +1,168 @@
+"""Per-partition lanes: order within a partition, progress across partitions.
+
+These are the properties the Faust agent relies on (see streams/lanes.py): a slow or
+retrying partition must not stall the others, and acks must come out in offset
+order per partition, never past an unfinished event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from streams.health import Health
+from streams.lanes import PartitionLanes
+from streams.retry import Backoff, LaneStopped, PersistenceUnavailable, retry_until_done
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def test_one_blocked_partition_does_not_stall_the_others():
+    async def scenario():
+        gate = asyncio.Event()
+        handled: list[tuple[str, int]] = []
+        acked: list[tuple[str, int]] = []
+
+        async def handle(payload, lane):
+            key, n = payload
+            if key == "slow":
+                await gate.wait()
+            handled.append(payload)
+
+        lanes = PartitionLanes(handle)
+        lanes.submit("slow", ("slow", 0), lambda: acked.append(("slow", 0)))
+        for n in range(50):
+            for key in ("a", "b"):
+                lanes.submit(key, (key, n), lambda p=(key, n): acked.append(p))
+        while len(acked) < 100:
+            await asyncio.sleep(0.01)
+        assert ("slow", 0) not in acked  # still waiting, never acked early
+        assert [n for k, n in acked if k == "a"] == list(range(50))
+        gate.set()
+        await lanes.wait_idle()
+        assert ("slow", 0) in acked
+        await lanes.stop()
+
+    run(scenario())
+
+
+def test_events_of_one_partition_are_handled_one_at_a_time_in_order():
+    async def scenario():
+        active = 0
+        seen = []
+
+        async def handle(payload, lane):
+            nonlocal active
+            active += 1
+            assert active == 1
+            await asyncio.sleep(0.001)
+            seen.append(payload)
+            active -= 1
+
+        lanes = PartitionLanes(handle)
+        for n in range(30):
+            lanes.submit("p", n, lambda: None)
+        await lanes.wait_idle()
+        assert seen == list(range(30))
+        await lanes.stop()
+
+    run(scenario())
+
+
+def test_a_full_lane_pauses_its_partition_and_resumes_when_drained():
+    async def scenario():
+        gate = asyncio.Event()
+        calls = []
+
+        async def handle(payload, lane):
+            await gate.wait()
+
+        lanes = PartitionLanes(handle, pause=lambda k: calls.append(("pause", k)),
+                               resume=lambda k: calls.append(("resume", k)),
+                               high_water=10, low_water=2)
+        for n in range(12):
+            lanes.submit("p", n, lambda: None)
+        assert calls == [("pause", "p")]
+        gate.set()
+        await lanes.wait_idle()
+        assert calls == [("pause", "p"), ("resume", "p")]
+        await lanes.stop()
+
+    run(scenario())
+
+
+def test_stopping_a_lane_finishes_the_event_in_flight_and_drops_the_queue_unacked():
+    async def scenario():
+        started = asyncio.Event()
+        release = asyncio.Event()
+        acked = []
+
+        async def handle(payload, lane):
+            started.set()
+            await release.wait()
+
+        lanes = PartitionLanes(handle)
+        for n in range(5):
+            lanes.submit("p", n, lambda n=n: acked.append(n))
+        await started.wait()
+        stopping = asyncio.create_task(lanes.stop(grace_s=5))
+        await asyncio.sleep(0.05)
+        release.set()
+        await stopping
+        assert acked == [0]  # in flight finished and acked; 1..4 left for redelivery
+
+    run(scenario())
+
+
+def test_retry_reports_degraded_until_persistence_is_back():
+    async def scenario():
+        health = Health()
+        attempts = 0
+        states = []
+
+        async def flaky():
+            nonlocal attempts
+            attempts += 1
+            states.append(health.status)
+            if attempts < 4:
+                raise PersistenceUnavailable("cassandra down")
+            return "done"
+
+        result = await retry_until_done(flaky, lane="p0", health=health,
+                                        backoff=Backoff(base_s=0.001, cap_s=0.01),
+                                        stopping=lambda: False)
+        assert result == "done" and attempts == 4
+        assert states == ["ok", "degraded", "degraded", "degraded"]
+        assert health.status == "ok"
+
+    run(scenario())
+
+
+def test_retry_gives_up_only_when_the_lane_stops():
+    async def scenario():
+        async def down():
+            raise PersistenceUnavailable("down")
+
+        stop = False
+
+        async def flip():
+            nonlocal stop
+            await asyncio.sleep(0.1)
+            stop = True
+
+        flipper = asyncio.create_task(flip())
+        with pytest.raises(LaneStopped):
+            await retry_until_done(down, lane="p0", health=Health(),
+                                   backoff=Backoff(base_s=0.01, cap_s=0.02),
+                                   stopping=lambda: stop)
+        await flipper
+
+    run(scenario())
+
+
+def test_backoff_is_capped_exponential():
+    b = Backoff(base_s=0.1, factor=2, cap_s=1.0, jitter=0)
+    assert [b.delay(n) for n in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
