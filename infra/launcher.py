@@ -27,8 +27,21 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.procs import Running, StateFile, is_alive, proc_start_time, terminate
+from infra.procs import (
+    Running,
+    StateFile,
+    is_alive,
+    pid_listens_on,
+    proc_start_time,
+    terminate,
+)
 from infra.servers import NAMES, Server, Unhealthy, server
+
+__all__ = [
+    "NAMES", "InfraError", "ServerStartError", "ServerStatus", "StateFile", "Unhealthy",
+    "cli_down", "cli_restart", "cli_status", "cli_up", "down", "pid_listens_on", "server",
+    "server_status", "start_server", "status", "stop_server", "up",
+]
 from ratchet.settings import Settings
 
 Say = Callable[[str], None]
@@ -109,6 +122,9 @@ def _launch(srv: Server, state: StateFile) -> Running:
     with state.locked() as entries:
         entries[srv.name] = entry
     srv._popen = proc  # noqa: SLF001 - keeps the exit code reachable while we wait
+    # Reap the child whenever it ends, so a long-lived caller (a pytest session that
+    # restarted a server) leaves no zombie behind. The thread dies with a CLI process.
+    threading.Thread(target=proc.wait, name=f"reap-{srv.name}", daemon=True).start()
     return entry
 
 
@@ -121,7 +137,9 @@ def _wait_healthy(srv: Server, entry: Running, timeout_s: float) -> None:
             raise ServerStartError(srv.name, "the process exited", entry.log, proc.returncode)
         if proc is None and not is_alive(entry):
             raise ServerStartError(srv.name, "the process exited", entry.log)
-        if srv.port_open():
+        if srv.port_open() and pid_listens_on(entry.pid, srv.client_port()) is False:
+            last = f"port {srv.client_port()} is open, but not by pid {entry.pid}"
+        elif srv.port_open():
             try:
                 srv.check(timeout_s=10)
                 return
@@ -165,6 +183,8 @@ def _ensure_started(srv: Server, state: StateFile, say: Say) -> None:
         t = time.monotonic()
         srv.fetch()
         say(f"{srv.name}: downloaded in {time.monotonic() - t:.1f}s")
+    if srv.port_open():  # someone may have started one while we were downloading
+        return _ensure_started(srv, state, say)
     srv.prepare()
     t = time.monotonic()
     entry = _launch(srv, state)

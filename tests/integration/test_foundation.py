@@ -276,9 +276,43 @@ def test_one_server_restarts_alone_and_registry_keeps_schema_ids(
     assert launcher.server_status(settings, "kafka").healthy  # the others keep running
     launcher.start_server(settings, "registry", out=print)
 
+    entry = launcher.StateFile(settings.home).get("registry")
+    port = launcher.server(settings, "registry").client_port()
+    assert entry is not None and launcher.pid_listens_on(entry.pid, port)
     fresh = SchemaRegistryClient({"url": settings.schema_registry_url})  # no client cache
     assert json.loads(fresh.get_schema(schema_id).schema_str) == schema
     fresh.delete_subject(subject)
+
+
+def test_a_server_that_dies_at_start_is_reported_with_exit_code_and_log(tmp_path):
+    """No real server needed: a fake one whose process exits at once."""
+    import socket
+
+    from infra import launcher
+    from infra.servers import Server
+    from ratchet.settings import Settings
+
+    with socket.socket() as sock:  # a free port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
+    class Broken(Server):
+        name, version, start_timeout_s = "broken", "0", 20
+
+        def fetch(self): ...
+        def is_fetched(self): return True
+        def prepare(self): self.data_dir.mkdir(parents=True, exist_ok=True)
+        def command(self): return ["sh", "-c", "echo 'cannot bind: boom' >&2; exit 3"]
+        def client_port(self): return port
+        def check(self, timeout_s=10.0): raise launcher.Unhealthy("never")
+        def endpoint(self): return "nowhere"
+
+    settings = Settings(home=tmp_path)
+    with pytest.raises(launcher.ServerStartError) as err:
+        launcher._ensure_started(Broken(settings), launcher.StateFile(tmp_path), print)
+    msg = str(err.value)
+    assert err.value.exit_code == 3 and "broken failed to start" in msg
+    assert str(tmp_path / "logs" / "broken.log") in msg and "cannot bind: boom" in msg
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["faust-worker"]:
