@@ -8,6 +8,8 @@ from __future__ import annotations
 import threading
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ratchet.domain.history import HistoryFailure, HistoryFailureReason, VerifiedHistory
 from services.store.base import (
@@ -260,6 +262,53 @@ class StoreContract:
             assert all(isinstance(o, Promoted | Conflict) for o in results)
             assert [o.seq for o in results if isinstance(o, Promoted)] == [r + 1]
         assert self.history(store, tenant, conversation_id=conv).head_seq == rounds
+
+    # -- property: any interleaving keeps the invariants ---------------------------------
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        # Every backend runs this same method (that is the point of a contract); the
+        # clock fixture is shared by the examples, which is fine: it never moves here.
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.differing_executors,
+        ],
+    )
+    @given(
+        st.lists(
+            st.tuples(st.integers(0, 5), st.integers(-1, 1), st.booleans()),
+            min_size=1,
+            max_size=12,
+        )
+    )
+    def test_any_sequence_keeps_a_gap_free_verified_history(self, clock, steps):
+        """Random retries, stale and future heads: seq stays gap-free and verifiable."""
+        store = self.make_store(StoreOptions(clock=clock))
+        tenant, conv = uid("tenant"), uid("conv")
+        sent: list = []
+        promoted: dict[str, int] = {}
+        for pick, skew, retry in steps:
+            head = store.head(tenant, conv)
+            seq = 0 if head is None else head.seq
+            if retry and sent:
+                request = sent[pick % len(sent)]
+            else:
+                request = conversation_turn(tenant, conv, max(0, seq + skew), n_items=1 + pick % 3)
+                sent.append(request)
+            outcome = store.promote(request)
+            if isinstance(outcome, Promoted):
+                assert request.idempotency_key not in promoted
+                assert outcome.seq == seq + 1
+                promoted[request.idempotency_key] = outcome.seq
+            elif isinstance(outcome, Duplicate):
+                assert promoted[request.idempotency_key] == outcome.original.seq
+            else:
+                assert isinstance(outcome, Conflict | AheadOfHead), outcome
+        if promoted:
+            history = self.history(store, tenant, conversation_id=conv)
+            assert [c.seq for c in history.lineage] == sorted(promoted.values())
+            assert history.head_seq == len(promoted)
 
 
 class TestMemoryStore(StoreContract):
