@@ -111,15 +111,18 @@ def start_api(settings: Settings, log_dir: Path) -> ChildProcess:
     return ChildProcess("api", ["api"], settings_env(settings), log_dir / "api.log").start()
 
 
-def wait_api_ready(api: ChildProcess, base_url: str, timeout_s: float = 60.0) -> None:
-    """Until /healthz says the store answers AND the decision notifier is assigned."""
+def wait_api_ready(
+    api: ChildProcess, base_url: str, timeout_s: float = 60.0, require_notifier: bool = True
+) -> None:
+    """Until /healthz says the store answers AND (unless not required) the decision
+    notifier is assigned."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
         api.check_alive()
         try:
             body = httpx.get(f"{base_url}/healthz", timeout=2).json()
-            if body.get("store") and body.get("notifier"):
+            if body.get("store") and (body.get("notifier") or not require_notifier):
                 return
             last = str(body)
         except (httpx.HTTPError, ValueError) as exc:

@@ -28,28 +28,43 @@ def uid(prefix: str) -> str:
 
 
 def user(text: str) -> dict[str, Any]:
-    return {"type": "message", "role": "user",
-            "content": [{"type": "input_text", "text": text}]}
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
 def assistant(text: str) -> dict[str, Any]:
-    return {"type": "message", "role": "assistant", "id": uid("msg"),
-            "content": [{"type": "output_text", "text": text}]}
+    return {
+        "type": "message",
+        "role": "assistant",
+        "id": uid("msg"),
+        "content": [{"type": "output_text", "text": text}],
+    }
 
 
 def call(name: str, arguments: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": uid("fc"), "call_id": uid("call"), "name": name,
-            "arguments": arguments}
+    return {
+        "type": "function_call",
+        "id": uid("fc"),
+        "call_id": uid("call"),
+        "name": name,
+        "arguments": arguments,
+    }
 
 
 def output_of(function_call: Json, output: str) -> dict[str, Any]:
-    return {"type": "function_call_output", "id": uid("fco"),
-            "call_id": function_call["call_id"], "output": output}
+    return {
+        "type": "function_call_output",
+        "id": uid("fco"),
+        "call_id": function_call["call_id"],
+        "output": output,
+    }
 
 
 def reasoning(text: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": uid("rs"),
-            "summary": [{"type": "summary_text", "text": text}]}
+    return {
+        "type": "reasoning",
+        "id": uid("rs"),
+        "summary": [{"type": "summary_text", "text": text}],
+    }
 
 
 @dataclass
@@ -85,9 +100,12 @@ class SimulatedGateway:
         return turn_completed(
             identity,
             idempotency_key=idempotency_key or uid("idem"),
-            request={"model": self.fingerprint.model_name, "input": list(input_items),
-                     "conversation": identity.conversation_id,
-                     "previous_response_id": identity.previous_response_id},
+            request={
+                "model": self.fingerprint.model_name,
+                "input": list(input_items),
+                "conversation": identity.conversation_id,
+                "previous_response_id": identity.previous_response_id,
+            },
             input_items=input_items,
             output_items=output_items,
             fingerprint=self.fingerprint,
@@ -97,13 +115,27 @@ class SimulatedGateway:
             **kwargs,
         )
 
-    def effect(self, identity: TurnIdentity, idempotency_key: str, subturn: int,
-               function_call: Json, output: Json, attempt: int = 1) -> ToolEffect:
-        return tool_effect(identity, idempotency_key=idempotency_key, subturn_index=subturn,
-                           call=function_call, output=output, attempt=attempt)
+    def effect(
+        self,
+        identity: TurnIdentity,
+        idempotency_key: str,
+        subturn: int,
+        function_call: Json,
+        output: Json,
+        attempt: int = 1,
+    ) -> ToolEffect:
+        return tool_effect(
+            identity,
+            idempotency_key=idempotency_key,
+            subturn_index=subturn,
+            call=function_call,
+            output=output,
+            attempt=attempt,
+        )
 
-    def publish(self, turn: TurnCompleted | None = None, effects: Sequence[ToolEffect] = (),
-                *others: Any) -> None:
+    def publish(
+        self, turn: TurnCompleted | None = None, effects: Sequence[ToolEffect] = (), *others: Any
+    ) -> None:
         """Publish effects, then the turn (if any), then other events; flush (raises)."""
         if turn is not None:
             self.producer.send_turn(turn, effects)
@@ -114,8 +146,9 @@ class SimulatedGateway:
             self.producer.send(event)
         self.producer.flush()
 
-    def rehydrate(self, response_id: str, wait_ms: int = 0,
-                  fingerprint_hash: str | None = None) -> Outcome:
+    def rehydrate(
+        self, response_id: str, wait_ms: int = 0, fingerprint_hash: str | None = None
+    ) -> Outcome:
         return self.client.response_history(
             self.tenant_id, response_id, fingerprint_hash or self.fingerprint_hash, wait_ms
         )

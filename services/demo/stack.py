@@ -58,7 +58,11 @@ class RunningStack:
 
     @classmethod
     def start(
-        cls, settings: Settings, log_dir: Path, *, api_port: int | None = None,
+        cls,
+        settings: Settings,
+        log_dir: Path,
+        *,
+        api_port: int | None = None,
         group_id: str | None = None,
     ) -> RunningStack:
         settings = replace(settings, api_host="127.0.0.1", api_port=api_port or free_port())
