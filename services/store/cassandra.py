@@ -29,15 +29,18 @@ from cassandra import (
     ConsistencyLevel,
     DriverException,
     InvalidRequest,
-    OperationTimedOut,
     RequestExecutionException,
-    Unauthorized,
-    WriteTimeout,
+    RequestValidationException,
+    Unavailable,
 )
 from cassandra.cluster import Cluster, NoHostAvailable, Session
 from cassandra.connection import ConnectionException
 from cassandra.policies import FallthroughRetryPolicy
-from cassandra.protocol import ErrorMessage, SyntaxException
+from cassandra.protocol import (
+    ErrorMessage,
+    IsBootstrappingErrorMessage,
+    OverloadedErrorMessage,
+)
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from ratchet.domain.history import (
@@ -65,12 +68,29 @@ from services.store.base import (
 
 T = TypeVar("T")
 
-# Protocol v5 error code "CAS_WRITE_UNKNOWN"; driver 3.30 has no class for it.
+# Protocol v5 error code "CAS_WRITE_UNKNOWN"; driver 3.30 has no class for it (it
+# arrives as a bare ``ErrorMessage``) and, like every error not listed below, it is
+# resolved as an unknown outcome.
 CAS_WRITE_UNKNOWN = 0x1700
-# Errors after which the batch may or may not have been applied.
-_MAYBE_APPLIED = (WriteTimeout, OperationTimedOut, ConnectionException)
-# Errors that retrying cannot fix (schema missing, CQL refused, no permission).
-_PERMANENT = (InvalidRequest, SyntaxException, Unauthorized)
+# Errors that prove the batch was NOT applied: refused before any replica wrote.
+_NOT_APPLIED = (
+    NoHostAvailable,
+    Unavailable,
+    OverloadedErrorMessage,
+    IsBootstrappingErrorMessage,
+    RequestValidationException,
+)
+# Driver errors after which the batch may or may not have been applied: timeouts
+# (WriteTimeout of any write type, OperationTimedOut), CAS_WRITE_UNKNOWN, a connection
+# lost after sending, server errors.
+_MAYBE_APPLIED = (
+    DriverException,
+    RequestExecutionException,
+    ErrorMessage,
+    ConnectionException,
+    OSError,
+)
+
 
 _CHECKPOINT_COLUMNS = (
     "response_id, seq, mode, parent_response_id, previous_response_id, idempotency_key, "
@@ -87,14 +107,8 @@ _ALL_COLUMNS = (
 )
 
 
-def _is_maybe_applied(exc: BaseException) -> bool:
-    if isinstance(exc, _MAYBE_APPLIED):
-        return True
-    return isinstance(exc, ErrorMessage) and getattr(exc, "code", None) == CAS_WRITE_UNKNOWN
-
-
 def _unavailable(operation: str, exc: BaseException) -> StoreUnavailable:
-    permanent = isinstance(exc, _PERMANENT)
+    permanent = isinstance(exc, RequestValidationException)  # schema missing, CQL refused
     unconfigured = isinstance(exc, InvalidRequest) and "unconfigured table" in str(exc)
     hint = " (did `ratchet migrate` run?)" if unconfigured else ""
     return StoreUnavailable(
@@ -339,20 +353,9 @@ class CassandraCheckpointStore(CheckpointStore):
         batch = self._batch(request, plan, checkpoint, token)
         try:
             result = self._session.execute(batch, timeout=self._timeout)
-        except Exception as exc:  # noqa: BLE001 - classified right below
-            if not _is_maybe_applied(exc):
-                if isinstance(
-                    exc,
-                    (
-                        DriverException,
-                        RequestExecutionException,
-                        ErrorMessage,
-                        NoHostAvailable,
-                        OSError,
-                    ),
-                ):
-                    raise _unavailable("promote", exc) from exc
-                raise
+        except _NOT_APPLIED as exc:
+            raise _unavailable("promote", exc) from exc
+        except _MAYBE_APPLIED as exc:
             return self._resolve_unknown(request, token, exc)
         return bool(result.was_applied)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from cassandra import ConsistencyLevel, OperationTimedOut, WriteTimeout, WriteType
 from cassandra.cluster import NoHostAvailable
-from cassandra.protocol import ErrorMessage
+from cassandra.connection import ConnectionShutdown
+from cassandra.protocol import ErrorMessage, ServerError
 from cassandra.query import BatchStatement
 
 from ratchet.domain.history import VerifiedHistory
@@ -32,6 +33,14 @@ def cas_timeout() -> Exception:
 
 def cas_write_unknown() -> Exception:
     return ErrorMessage(code=CAS_WRITE_UNKNOWN, message="injected CAS_WRITE_UNKNOWN", info=None)
+
+
+def server_error() -> Exception:
+    return ServerError(code=0x0000, message="injected server error", info=None)
+
+
+def connection_lost() -> Exception:
+    return ConnectionShutdown("injected: connection closed after sending")
 
 
 def client_timeout() -> Exception:
@@ -94,7 +103,9 @@ def one_turn_history(store, turn):
     assert history.head_seq == 1 and history.items == turn.items
 
 
-@pytest.mark.parametrize("error", [client_timeout, cas_timeout, cas_write_unknown])
+@pytest.mark.parametrize(
+    "error", [client_timeout, cas_timeout, cas_write_unknown, server_error, connection_lost]
+)
 def test_landed_write_is_reported_promoted(store_session, healthy, error):
     turn = conversation_turn(uid("tenant"), uid("conv"), 0)
     session, store = flaky_store(store_session, error, land=True)
@@ -104,7 +115,9 @@ def test_landed_write_is_reported_promoted(store_session, healthy, error):
     one_turn_history(healthy, turn)
 
 
-@pytest.mark.parametrize("error", [client_timeout, cas_timeout, cas_write_unknown])
+@pytest.mark.parametrize(
+    "error", [client_timeout, cas_timeout, cas_write_unknown, server_error, connection_lost]
+)
 def test_write_that_did_not_land_is_made_again(store_session, healthy, error):
     turn = conversation_turn(uid("tenant"), uid("conv"), 0)
     session, store = flaky_store(store_session, error, land=False)
