@@ -188,8 +188,16 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
         figures.append(measure("store.read_history (50 turns)", 1, reads, read))
         return figures
     finally:
-        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+        _drop_quietly(session, keyspace)
         cluster.shutdown()
+
+
+def _drop_quietly(session, keyspace: str) -> None:
+    """Drop the bench keyspace without hiding the error that ended the run, if any."""
+    try:
+        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+    except Exception as exc:  # the cluster may be the very thing that failed
+        print(f"could not drop bench keyspace {keyspace}: {exc}")
 
 
 def _warm_up(*ops: Callable[[int, int], None], rounds: int = 20) -> None:
