@@ -72,6 +72,9 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=commit_interval_s,
         producer_acks=-1,
+        # A crashed worker's partitions move to the others within ~10 s (default 60 s).
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=2.0,
         # Faust must not wait for "all streams empty" on rebalance/stop: events queued
         # in lanes are tracked but intentionally dropped unacked (see on_revoked).
         stream_wait_empty=False,

@@ -11,6 +11,7 @@ import os
 
 import faust
 from cassandra.cluster import Cluster
+from cassandra.policies import ExponentialReconnectionPolicy
 
 from ratchet.settings import Settings
 from services.ledger.cassandra import CassandraLedger
@@ -28,7 +29,9 @@ log = logging.getLogger(__name__)
 def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
     """Connect to Cassandra and the registry; create topics. Fails fast if one is missing."""
     topics = ensure_topics(settings)
-    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+    # Reconnect quickly after an outage (the default backs off up to 10 minutes).
+    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
+                      reconnection_policy=ExponentialReconnectionPolicy(0.5, 4.0))
     session = cluster.connect(settings.keyspace)
     store = CassandraCheckpointStore(
         session, StoreOptions(logical_retention_s=settings.logical_retention_s))
