@@ -5,6 +5,7 @@ Setup (a keyspace of its own, dropped at the end): one Conversation of 50 turns
 Then, sequentially (concurrency 1, keep-alive connection):
 
 - ``store.read_history`` in this process (the floor: Cassandra read + verification);
+- the API's own work in process (rehydrate + render + JSON), no I/O;
 - ``GET /v1/responses/{head}/history`` against a ``ratchet api`` child process;
 - ``GET /v1/conversations/{id}/history`` against the same process.
 
@@ -20,6 +21,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -29,6 +31,7 @@ from ratchet.domain.fingerprint import fingerprint_hash
 from ratchet.domain.history import Certification, PromotionMode, TokenArtifact, VerifiedHistory
 from ratchet.settings import Settings
 from schemas.samples import make_fingerprint
+from services.api.render import history_outcome_body
 from services.gateway.events import to_item
 
 TURNS = 50
@@ -118,6 +121,10 @@ def run(settings: Settings | None = None, *, reads: int = 500) -> list[Figure]:
             def direct(w: int, i: int) -> None:
                 assert isinstance(store.read_history(tenant, response_id=head), VerifiedHistory)
 
+            def render(w: int, i: int) -> None:
+                body, _ = history_outcome_body(history, fp_hash, datetime.now(UTC))
+                body.model_dump_json()
+
             def by_response(w: int, i: int) -> None:
                 resp = http.get(f"/v1/responses/{head}/history", params=params)
                 assert resp.status_code == 200 and len(resp.json()["items"]) == 2 * TURNS
@@ -126,12 +133,13 @@ def run(settings: Settings | None = None, *, reads: int = 500) -> list[Figure]:
                 resp = http.get(f"/v1/conversations/{conversation}/history", params=params)
                 assert resp.status_code == 200 and resp.json()["outcome"] == "certified"
 
-            for op in (direct, by_response, by_conversation):  # warm caches and pools
+            for op in (direct, render, by_response, by_conversation):  # warm caches and pools
                 for i in range(30):
                     op(0, i)
             label = f"{TURNS} turns / {2 * TURNS} items"
             return [
                 measure(f"store.read_history ({label})", 1, reads, direct),
+                measure("API rendering only (in process)", 1, reads, render),
                 measure("HTTP GET responses/{id}/history", 1, reads, by_response),
                 measure("HTTP GET conversations/{id}/history", 1, reads, by_conversation),
             ]

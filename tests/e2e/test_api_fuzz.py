@@ -54,11 +54,6 @@ def test_no_server_error_and_conforming_responses(operations, e2e_stack, mode):
                 case.query["wait_ms"] = min(wait, 50)
             response = case.call(base_url=e2e_stack.base_url, timeout=15)
             assert response.status_code < 500, (case.as_curl_command(), response.text)
-            if mode is GenerationMode.NEGATIVE:
-                assert response.status_code != 200 or case.operation.path == "/healthz", (
-                    case.as_curl_command(),
-                    response.text,
-                )
             case.validate_response(response)
 
         check()
