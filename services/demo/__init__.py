@@ -2,8 +2,8 @@
 
 1. start what is missing: Kafka, Cassandra and the registry (``infra.launcher.up``,
    which leaves running servers alone), migrations, schemas, topics;
-2. reuse a worker / an API that already run (worker health file ok, API /healthz
-   answers on RATCHET_API_PORT), else start them as child processes;
+2. start a worker (it joins any running ones in the consumer group) and, unless one
+   already answers on RATCHET_API_PORT, an API, as child processes;
 3. run the scripted conversations of ``scenarios`` through the gateway library;
 4. print a table of outcomes and where to look next;
 5. stop the worker and the API it started (``--keep`` leaves them), never the servers.
@@ -64,13 +64,14 @@ def _bring_up(settings: Settings, log_dir: Path, started: list[ChildProcess]) ->
     prepare(settings)
     say("== 3/3 worker and rehydration API")
     base_url = f"http://127.0.0.1:{settings.api_port}"
-    if _worker_running(settings):
-        say("   worker: already running (reused)")
-    else:
-        worker = start_worker(settings, log_dir)
-        started.append(worker)
-        wait_worker_ready(worker, settings)
-        say(f"   worker: started (pid {worker.pid}, log {worker.log_path})")
+    # Always start a worker: a health file does not say which topics a running worker
+    # reads, and one more member of the consumer group only shares the partitions.
+    others = _live_workers(settings)
+    worker = start_worker(settings, log_dir)
+    started.append(worker)
+    wait_worker_ready(worker, settings)
+    joined = f", joins {others} running worker(s) in the group" if others else ""
+    say(f"   worker: started (pid {worker.pid}{joined}, log {worker.log_path})")
     if _api_answers(base_url):
         say(f"   api: already answering at {base_url} (reused)")
     else:
@@ -81,10 +82,10 @@ def _bring_up(settings: Settings, log_dir: Path, started: list[ChildProcess]) ->
     return base_url
 
 
-def _worker_running(settings: Settings) -> bool:
+def _live_workers(settings: Settings) -> int:
     from streams.health import read_health
 
-    return read_health(settings.home)["status"] == "ok"
+    return len(read_health(settings.home)["workers"])
 
 
 def _api_answers(base_url: str) -> bool:

@@ -39,10 +39,11 @@ def e2e_stack(settings, tmp_path_factory, cassandra_session) -> Iterator[Running
     finally:
         stack.stop()
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {e2e_settings.keyspace}", timeout=60)
-        _delete_topics(e2e_settings)
+        delete_topics(e2e_settings)
 
 
-def _delete_topics(settings) -> None:
+def delete_topics(settings) -> None:
+    """Delete the ratchet topics of ``settings`` (best effort)."""
     from confluent_kafka.admin import AdminClient
 
     from streams.topics import topic_names
