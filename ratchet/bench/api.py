@@ -136,9 +136,8 @@ def run(settings: Settings | None = None, *, reads: int = 500) -> list[Figure]:
             for op in (direct, render, by_response, by_conversation):  # warm caches and pools
                 for i in range(30):
                     op(0, i)
-            label = f"{TURNS} turns / {2 * TURNS} items"
             return [
-                measure(f"store.read_history ({label})", 1, reads, direct),
+                measure(f"store.read_history ({2 * TURNS} items)", 1, reads, direct),
                 measure("API rendering only (in process)", 1, reads, render),
                 measure("HTTP GET responses/{id}/history", 1, reads, by_response),
                 measure("HTTP GET conversations/{id}/history", 1, reads, by_conversation),
