@@ -8,6 +8,7 @@ handlers here turn any validation error into a typed 422 ``ErrorBody``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Annotated
 
@@ -23,6 +24,8 @@ from services.api.models import ErrorBody, HealthBody, HistoryBody, StatusBody
 from services.api.service import WAIT_MS_CAP, RehydrationService
 from services.ledger.base import LedgerUnavailable
 from services.store.base import StoreUnavailable
+
+log = logging.getLogger("ratchet.api")
 
 # Ids are opaque strings chosen by gateways; bound them so a request line stays small.
 _ID = r"^[A-Za-z0-9._:\-]{1,200}$"
@@ -152,6 +155,12 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def ledger_unavailable(_: Request, exc: LedgerUnavailable) -> JSONResponse:
         metrics.STORE_ERRORS.labels("ledger").inc()
         return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=True))
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        # A bug, not an outcome: typed, logged with its traceback, never silent.
+        log.error("unhandled error", exc_info=exc)
+        return _error(500, ErrorBody(error="INTERNAL", detail=type(exc).__name__))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -93,7 +93,7 @@ class StatusBody(_Body):
 class ErrorBody(_Body):
     """Typed error for requests that never reached the domain."""
 
-    error: Literal["INVALID_REQUEST", "UNAVAILABLE"]
+    error: Literal["INVALID_REQUEST", "UNAVAILABLE", "INTERNAL"]
     detail: Any = None
     retryable: bool = False
 

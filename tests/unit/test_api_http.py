@@ -306,3 +306,26 @@ def test_openapi_publishes_the_response_models(stack):
     )
     responses = spec["paths"]["/v1/responses/{response_id}/history"]["get"]["responses"]
     assert {"200", "404", "409", "410", "422", "500"} <= set(responses)
+
+
+def test_an_unexpected_error_is_a_typed_500(stack, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(stack.store, "get_checkpoint", broken)
+    resp = stack.client.get("/v1/responses/r1/status", params={"tenant_id": "t"})
+    assert resp.status_code == 500
+    assert resp.json() == {"error": "INTERNAL", "detail": "RuntimeError", "retryable": False}
+
+
+def test_store_outage_is_a_retryable_503(stack, monkeypatch):
+    from services.store.base import StoreUnavailable
+
+    def down(*args, **kwargs):
+        raise StoreUnavailable("cassandra timed out", retryable=True, operation="read")
+
+    monkeypatch.setattr(stack.store, "read_history", down)
+    resp = stack.history("t", "r1")
+    assert resp.status_code == 503
+    assert resp.json()["error"] == "UNAVAILABLE" and resp.json()["retryable"] is True
+    assert stack.client.get("/healthz").status_code == 200  # get_checkpoint still answers
