@@ -136,18 +136,39 @@ def run(settings: Settings | None = None, *, reads: int = 500) -> list[Figure]:
             for op in (direct, render, by_response, by_conversation):  # warm caches and pools
                 for i in range(30):
                     op(0, i)
-            return [
+            figures = [
                 measure(f"store.read_history ({2 * TURNS} items)", 1, reads, direct),
                 measure("API rendering only (in process)", 1, reads, render),
                 measure("HTTP GET responses/{id}/history", 1, reads, by_response),
                 measure("HTTP GET conversations/{id}/history", 1, reads, by_conversation),
             ]
+            _print_server_side(http.get("/metrics").text)
+            return figures
     finally:
         if api is not None:
             api.stop()
         session = cluster.connect()
         session.execute(f"DROP KEYSPACE IF EXISTS {bench.keyspace}", timeout=120)
         cluster.shutdown()
+
+
+def _print_server_side(metrics_text: str) -> None:
+    """Means the API measured itself (warm-up included): store read vs whole request."""
+    values: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        if line.startswith(("ratchet_api_lookup_seconds_", "ratchet_api_request_seconds_")) and (
+            'endpoint="response"' in line and ("_sum{" in line or "_count{" in line)
+        ):
+            name, value = line.rsplit(" ", 1)
+            values[name.split("{")[0]] = float(value)
+    lookup = values["ratchet_api_lookup_seconds_sum"] / values["ratchet_api_lookup_seconds_count"]
+    request = (
+        values["ratchet_api_request_seconds_sum"] / values["ratchet_api_request_seconds_count"]
+    )
+    print(
+        f"API server side, responses endpoint, mean: store read {lookup * 1000:.2f} ms, "
+        f"whole request in the handler {request * 1000:.2f} ms"
+    )
 
 
 def main() -> None:
