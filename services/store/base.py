@@ -8,22 +8,33 @@ caller) is ``InvalidPromotion``.
 Promotion protocol, shared by every backend (``CheckpointStore.promote``):
 
 1. refuse a turn above ``max_turn_bytes`` (``TooLarge``) before any I/O;
-2. read the partition's view at linearizable consistency: head, the idempotency
+2. fast path: if the plan can be computed without reading (a new Conversation, a
+   chain root, or a hint: the head / parent checkpoint the caller or this store last
+   saw), write it at once (step 5). The write's conditions are exactly the facts the
+   plan rests on (head cells, no idempotency record, no checkpoint of the response
+   id, the parent's checkpoint as hinted), so it applies only where ``decide`` on a
+   fresh view would have returned that same plan: a wrong hint can only make it
+   refused, never wrong;
+3. read the partition's view at linearizable consistency: head, the idempotency
    record of the key, an existing checkpoint of the response id, the parent;
-3. decide with the pure ``decide`` below: an outcome (``Duplicate``, ``KeyReused``,
+4. decide with the pure ``decide`` below: an outcome (``Duplicate``, ``KeyReused``,
    ``Conflict`` ...) ends the call; otherwise a ``Plan`` (seq, parent, item seqs);
-4. write items + checkpoint + idempotency record + head advance in ONE atomic,
-   conditional write that only applies if the view is still true;
-5. applied: ``Promoted``. Not applied: someone else moved first, go back to 2 (the
-   next decision is an outcome, since every state change is monotonic).
+5. write items + checkpoint + idempotency record + head advance in ONE atomic,
+   conditional write that only applies if the plan's facts are still true;
+6. applied: ``Promoted``. Not applied: a stale hint or someone else moved first, go
+   back to 3 (after a lost race the next decision is an outcome, since every state
+   change is monotonic).
 
-Backends implement ``_read_view``, ``_write``, ``_load_partition``, ``_locate``.
+Backends implement ``_read_view``, ``_write``, ``_load_partition``, ``_locate`` and
+may override ``_before_fast_write``.
 """
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -74,6 +85,7 @@ __all__ = [
     "TooLarge",
     "VerifiedHistory",
     "decide",
+    "plan_from_hints",
     "turn_size",
 ]
 
@@ -261,9 +273,13 @@ class Plan:
     seq: int
     parent_response_id: str | None
     first_item_seq: int
-    # Conversation mode: the head the write is conditional on (None = no head yet).
+    # Conversation mode: the head the write is conditional on (None = no head yet);
+    # all three head cells (seq, response id, item count) are conditions.
     expected_head: Head | None = None
     new_head: Head | None = None
+    # Chain mode: the parent checkpoint the write is conditional on (its seq, item
+    # range and mode must still be what the plan was computed from).
+    parent: CheckpointRecord | None = None
 
 
 def decide(request: PromotionRequest, view: PromotionView) -> PromotionOutcome | Plan:
@@ -315,7 +331,41 @@ def _decide_chain(
         seq=parent.seq + 1,
         parent_response_id=parent.response_id,
         first_item_seq=parent.last_item_seq + 1,
+        parent=parent,
     )
+
+
+def plan_from_hints(
+    request: PromotionRequest, head_hint: Head | None, parent_hint: CheckpointRecord | None
+) -> Plan | None:
+    """The plan a fresh view would give IF the hints are true; None if they cannot tell.
+
+    Only plans come out of here, never outcomes: an outcome (``Conflict``,
+    ``Duplicate`` ...) is only ever decided on a linearizable view. The plan's write
+    carries every fact it rests on as a condition, so a wrong hint costs a refused
+    write and a view read, never a wrong promotion.
+    """
+    if request.mode is PromotionMode.CONVERSATION:
+        expected = request.expected_head_seq
+        if expected == 0:
+            return _as_plan(_decide_conversation(request, None))
+        if head_hint is None or head_hint.seq != expected:
+            return None
+        return _as_plan(_decide_conversation(request, head_hint))
+    if request.previous_response_id is None:
+        return _as_plan(_decide_chain(request, None))
+    if (
+        parent_hint is None
+        or parent_hint.response_id != request.previous_response_id
+        or (parent_hint.tenant_id, parent_hint.partition_key)
+        != (request.tenant_id, request.partition_key)
+    ):
+        return None
+    return _as_plan(_decide_chain(request, parent_hint))
+
+
+def _as_plan(decision: PromotionOutcome | Plan) -> Plan | None:
+    return decision if isinstance(decision, Plan) else None
 
 
 def turn_size(request: PromotionRequest) -> int:
@@ -387,11 +437,57 @@ def _utc_now() -> datetime:
 
 @dataclass
 class StoreOptions:
-    """Knobs shared by every backend."""
+    """Knobs shared by every backend.
+
+    ``hint_capacity``: how many heads, checkpoints and response locations the store
+    remembers (each, LRU) to plan a promotion without reading first and to read a
+    response's history without the location lookup. Hints are never trusted: every
+    write re-checks them as conditions and every read verifies the partition. 0
+    turns them off (every promotion with a head or a parent then reads first).
+    """
 
     logical_retention_s: int = 0
     max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES
     clock: Callable[[], datetime] = field(default=_utc_now)
+    hint_capacity: int = 4096
+
+
+class _Hints:
+    """A bounded, thread-safe LRU map of facts this store saw: hints, never truth."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._entries: OrderedDict[Hashable, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> object | None:
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
+
+    def put(self, key: Hashable, value: object) -> None:
+        if self._capacity <= 0:
+            return
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+
+    def put_head(self, key: Hashable, head: Head) -> None:
+        """Heads only move forward: never replace a newer head by an older one."""
+        if self._capacity <= 0:
+            return
+        with self._lock:
+            known = self._entries.get(key)
+            if isinstance(known, Head) and known.seq > head.seq:
+                return
+            self._entries[key] = head
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
 
 
 class CheckpointStore(ABC):
@@ -403,24 +499,51 @@ class CheckpointStore(ABC):
 
     def __init__(self, options: StoreOptions | None = None) -> None:
         self.options = options or StoreOptions()
+        capacity = self.options.hint_capacity
+        # (tenant, partition_key) -> Head; (tenant, partition_key, response_id) ->
+        # CheckpointRecord; (tenant, response_id) -> partition_key.
+        self._head_hints = _Hints(capacity)
+        self._checkpoint_hints = _Hints(capacity)
+        self._location_hints = _Hints(capacity)
 
     # -- public API ---------------------------------------------------------------------
 
-    def promote(self, request: PromotionRequest) -> PromotionOutcome:
-        """Persist the turn atomically, or say why not (see the module docstring)."""
+    def promote(
+        self,
+        request: PromotionRequest,
+        *,
+        head_hint: Head | None = None,
+        parent_hint: CheckpointRecord | None = None,
+    ) -> PromotionOutcome:
+        """Persist the turn atomically, or say why not (see the module docstring).
+
+        ``head_hint`` (Conversation mode: the head the caller last saw) and
+        ``parent_hint`` (chain mode: the parent's checkpoint the caller read) let the
+        store write without reading first. They are optional and never trusted: a
+        wrong hint costs one refused write, never a wrong outcome. Without them the
+        store uses what it saw itself (its own promotions and verified reads).
+        """
         validate_request(request)
         size = turn_size(request)
         if size > self.options.max_turn_bytes:
             return TooLarge(size, self.options.max_turn_bytes)
+        plan = plan_from_hints(request, head_hint, parent_hint) or plan_from_hints(
+            request, self._hinted_head(request), self._hinted_parent(request)
+        )
+        if plan is not None:
+            self._before_fast_write(request)
+            promoted = self._attempt(request, plan)
+            if promoted is not None:
+                return promoted
         for _ in range(MAX_PROMOTION_ROUNDS):
-            decision = decide(request, self._read_view(request))
+            view = self._read_view(request)
+            self._learn_view(request, view)
+            decision = decide(request, view)
             if not isinstance(decision, Plan):
                 return decision
-            checkpoint = build_checkpoint(
-                request, decision, self.options.clock(), self.options.logical_retention_s
-            )
-            if self._write(request, decision, checkpoint):
-                return Promoted(checkpoint)
+            promoted = self._attempt(request, decision)
+            if promoted is not None:
+                return promoted
         raise StoreUnavailable(
             f"promotion of {request.response_id} lost {MAX_PROMOTION_ROUNDS} rounds in a row",
             retryable=True,
@@ -434,11 +557,15 @@ class CheckpointStore(ABC):
         response_id: str | None = None,
         conversation_id: str | None = None,
         now: datetime | None = None,
+        partition_key: str | None = None,
     ) -> VerifiedHistory | HistoryFailure:
         """The complete verified history of a response or a Conversation, or why not.
 
         Give exactly one of ``response_id`` / ``conversation_id``. Another tenant's
-        id is ``NOT_FOUND``, exactly like an unknown id.
+        id is ``NOT_FOUND``, exactly like an unknown id. With ``response_id``, an
+        optional ``partition_key`` (the Conversation id or chain root the caller
+        knows) saves the location lookup; it is a hint: if the response is not in
+        that partition, the location index is asked as without it.
         """
         if (response_id is None) == (conversation_id is None):
             raise ValueError("give exactly one of response_id or conversation_id")
@@ -447,13 +574,35 @@ class CheckpointStore(ABC):
             snapshot = self._load_partition(tenant_id, conversation_id)
             if snapshot is None:
                 return HistoryFailure(HistoryFailureReason.NOT_FOUND, "no such conversation")
-            return verify_conversation_history(snapshot, now)
+            result = verify_conversation_history(snapshot, now)
+            self._learn_history(tenant_id, conversation_id, result)
+            return result
         assert response_id is not None
-        partition_key = self._locate(tenant_id, response_id)
-        snapshot = None if partition_key is None else self._load_partition(tenant_id, partition_key)
-        if snapshot is None:
+        hinted = partition_key or self._location_hints.get((tenant_id, response_id))
+        if isinstance(hinted, str):
+            result = self._read_response(tenant_id, hinted, response_id, now)
+            if result is not None:
+                return result
+        located = self._locate(tenant_id, response_id)
+        if located is None or located == hinted:
             return HistoryFailure(HistoryFailureReason.NOT_FOUND, "no such response")
-        return verify_history(snapshot, response_id, now)
+        return self._read_response(tenant_id, located, response_id, now) or HistoryFailure(
+            HistoryFailureReason.NOT_FOUND, "no such response"
+        )
+
+    def _read_response(
+        self, tenant_id: str, partition_key: str, response_id: str, now: datetime
+    ) -> VerifiedHistory | HistoryFailure | None:
+        """The verified history of ``response_id`` in that partition; None if not there."""
+        snapshot = self._load_partition(tenant_id, partition_key)
+        if snapshot is None:
+            return None
+        result = verify_history(snapshot, response_id, now)
+        if isinstance(result, HistoryFailure) and result.reason is HistoryFailureReason.NOT_FOUND:
+            return None
+        self._location_hints.put((tenant_id, response_id), partition_key)
+        self._learn_history(tenant_id, partition_key, result)
+        return result
 
     @abstractmethod
     def head(self, tenant_id: str, partition_key: str) -> Head | None:
@@ -466,7 +615,56 @@ class CheckpointStore(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the in-memory backend has nothing to release."""
 
+    # -- hints ----------------------------------------------------------------------------
+
+    def _attempt(self, request: PromotionRequest, plan: Plan) -> Promoted | None:
+        """One conditional write of ``plan``; ``Promoted`` if it applied."""
+        checkpoint = build_checkpoint(
+            request, plan, self.options.clock(), self.options.logical_retention_s
+        )
+        if not self._write(request, plan, checkpoint):
+            return None
+        key = (request.tenant_id, request.partition_key)
+        if plan.new_head is not None:
+            self._head_hints.put_head(key, plan.new_head)
+        self._checkpoint_hints.put((*key, request.response_id), checkpoint)
+        self._location_hints.put((request.tenant_id, request.response_id), request.partition_key)
+        return Promoted(checkpoint)
+
+    def _hinted_head(self, request: PromotionRequest) -> Head | None:
+        head = self._head_hints.get((request.tenant_id, request.partition_key))
+        return head if isinstance(head, Head) else None
+
+    def _hinted_parent(self, request: PromotionRequest) -> CheckpointRecord | None:
+        if request.previous_response_id is None:
+            return None
+        parent = self._checkpoint_hints.get(
+            (request.tenant_id, request.partition_key, request.previous_response_id)
+        )
+        return parent if isinstance(parent, CheckpointRecord) else None
+
+    def _learn_view(self, request: PromotionRequest, view: PromotionView) -> None:
+        key = (request.tenant_id, request.partition_key)
+        if view.head is not None:
+            self._head_hints.put_head(key, view.head)
+        if view.parent is not None:
+            self._checkpoint_hints.put((*key, view.parent.response_id), view.parent)
+
+    def _learn_history(
+        self, tenant_id: str, partition_key: str, result: VerifiedHistory | HistoryFailure
+    ) -> None:
+        if not isinstance(result, VerifiedHistory):
+            return
+        checkpoint = result.checkpoint
+        self._checkpoint_hints.put((tenant_id, partition_key, checkpoint.response_id), checkpoint)
+        if checkpoint.mode is PromotionMode.CONVERSATION and checkpoint.seq == result.head_seq:
+            head = Head(checkpoint.seq, checkpoint.response_id, checkpoint.last_item_seq)
+            self._head_hints.put_head((tenant_id, partition_key), head)
+
     # -- backend hooks ------------------------------------------------------------------
+
+    def _before_fast_write(self, request: PromotionRequest) -> None:  # noqa: B027
+        """Runs before a write planned from hints (no view read in this call before it)."""
 
     @abstractmethod
     def _read_view(self, request: PromotionRequest) -> PromotionView:
@@ -474,9 +672,13 @@ class CheckpointStore(ABC):
 
     @abstractmethod
     def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord) -> bool:
-        """Atomically write the turn if the view still holds; True if it was applied.
+        """Atomically write the turn if the plan's facts still hold; True if applied.
 
-        An unknown outcome must be resolved before returning (never guessed).
+        The conditions: no idempotency record for the key, no checkpoint for the
+        response id, and (Conversation) the head is exactly ``plan.expected_head``
+        (absent if None) or (chain) the checkpoint ``plan.parent`` is still there with
+        the same seq, item range and mode. Nothing is written unless all hold. An
+        unknown outcome must be resolved before returning (never guessed).
         """
 
     @abstractmethod

@@ -3,7 +3,9 @@
 One lock guards everything. ``_read_view`` and ``_write`` take it separately, exactly
 like the Cassandra backend's read and conditional write are separate round trips, so
 the optimistic-concurrency path (lose a race, re-read, decide again) is exercised here
-too. ``_write`` re-checks the same conditions the Cassandra batch carries.
+too. ``_write`` re-checks the same conditions the Cassandra batch carries (idempotency
+record and checkpoint absent, the whole head, the planned chain parent), so the fast
+path (a write planned from hints, no read first) behaves here exactly as there.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ class _Partition:
     checkpoints: dict[str, CheckpointRecord] = field(default_factory=dict)
     items: dict[str, tuple[StoredItem, ...]] = field(default_factory=dict)
     idempotency: dict[str, IdempotencyRecord] = field(default_factory=dict)
+
+
+def _same_parent(stored: CheckpointRecord | None, planned: CheckpointRecord) -> bool:
+    """The chain condition of the Cassandra batch: the parent row still says the same."""
+    return (
+        stored is not None
+        and stored.seq == planned.seq
+        and stored.last_item_seq == planned.last_item_seq
+        and stored.mode is planned.mode
+    )
 
 
 class MemoryCheckpointStore(CheckpointStore):
@@ -76,6 +88,10 @@ class MemoryCheckpointStore(CheckpointStore):
             ):
                 return False
             if request.mode is PromotionMode.CONVERSATION and partition.head != plan.expected_head:
+                return False
+            if plan.parent is not None and not _same_parent(
+                partition.checkpoints.get(plan.parent.response_id), plan.parent
+            ):
                 return False
             self._partitions[key] = partition
             partition.idempotency[request.idempotency_key] = IdempotencyRecord(

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -17,6 +18,7 @@ from services.store.base import (
     CheckpointStore,
     Conflict,
     Duplicate,
+    Head,
     InvalidPromotion,
     KeyReused,
     ParentMissing,
@@ -41,6 +43,10 @@ class StoreContract:
     """Behaviour shared by every backend. Ids are unique per test: no cleanup needed."""
 
     def make_store(self, options: StoreOptions) -> CheckpointStore:
+        raise NotImplementedError
+
+    def shared_store(self, store: CheckpointStore, options: StoreOptions) -> CheckpointStore:
+        """A second store on the same data as ``store`` (another worker process)."""
         raise NotImplementedError
 
     @pytest.fixture
@@ -141,6 +147,92 @@ class StoreContract:
         bad = item().model_copy(update={"content_digest": "0" * 64})
         with pytest.raises(InvalidPromotion):
             store.promote(conversation_turn(tenant, uid("conv"), 0, items=(bad,)))
+
+    # -- fast path: a write planned from hints ----------------------------------------
+
+    def test_stale_head_hint_still_promotes_at_the_true_head(self, store, tenant):
+        conv = uid("conv")
+        first = store.promote(conversation_turn(tenant, conv, 0)).checkpoint
+        second = store.promote(conversation_turn(tenant, conv, 1)).checkpoint
+        stale = Head(first.seq, first.response_id, first.last_item_seq)
+        turn = conversation_turn(tenant, conv, 2)
+        outcome = store.promote(turn, head_hint=stale)
+        assert isinstance(outcome, Promoted) and outcome.seq == 3
+        assert outcome.checkpoint.parent_response_id == second.response_id
+        assert outcome.checkpoint.first_item_seq == second.last_item_seq + 1
+        assert self.history(store, tenant, conversation_id=conv).head_seq == 3
+
+    def test_lying_head_hint_never_writes_a_wrong_turn(self, store, tenant):
+        """Right seq, wrong response id / item count: the write is refused, then redone."""
+        conv = uid("conv")
+        store.promote(conversation_turn(tenant, conv, 0))
+        head = store.head(tenant, conv)
+        for lie in (Head(1, "resp_bogus", head.item_count), Head(1, head.response_id, 99)):
+            turn = conversation_turn(tenant, conv, store.head(tenant, conv).seq)
+            lie = Head(store.head(tenant, conv).seq, lie.response_id, lie.item_count)
+            outcome = store.promote(turn, head_hint=lie)
+            assert isinstance(outcome, Promoted), outcome
+        history = self.history(store, tenant, conversation_id=conv)
+        assert history.head_seq == 3 and len(history.items) == 6
+
+    def test_stale_hint_matching_a_stale_expectation_is_a_conflict(self, store, tenant):
+        conv = uid("conv")
+        first = store.promote(conversation_turn(tenant, conv, 0)).checkpoint
+        store.promote(conversation_turn(tenant, conv, 1))
+        stale = Head(first.seq, first.response_id, first.last_item_seq)
+        late = conversation_turn(tenant, conv, 1)
+        assert store.promote(late, head_hint=stale) == Conflict(2)
+        ahead = conversation_turn(tenant, conv, 5)
+        assert store.promote(ahead, head_hint=Head(5, "resp_x", 10)) == AheadOfHead(2)
+        assert store.head(tenant, conv).seq == 2
+        history = self.history(store, tenant, conversation_id=conv)
+        assert late.response_id not in {c.response_id for c in history.lineage}
+        assert store.get_checkpoint(tenant, late.response_id) is None
+        assert store.get_checkpoint(tenant, ahead.response_id) is None
+
+    def test_hinted_duplicate_and_key_reuse_are_classified(self, store, tenant):
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        first = store.promote(turn)
+        hint = store.head(tenant, conv)
+        assert store.promote(turn, head_hint=hint) == Duplicate(first.checkpoint)
+        reused = conversation_turn(tenant, conv, 1, key=turn.idempotency_key, digest="other")
+        assert store.promote(reused, head_hint=hint) == KeyReused(
+            turn.request_digest, turn.response_id
+        )
+        again = conversation_turn(tenant, conv, 1, response_id=turn.response_id)
+        assert store.promote(again, head_hint=hint) == ResponseExists(first.checkpoint)
+        assert store.head(tenant, conv) == hint
+        assert self.history(store, tenant, conversation_id=conv).items == turn.items
+
+    def test_every_store_sees_the_truth_whatever_another_one_hinted(self, clock, tenant):
+        """Two stores (two workers): each one's hints go stale as the other promotes."""
+        a = self.make_store(StoreOptions(clock=clock))
+        b = self.shared_store(a, StoreOptions(clock=clock))
+        conv = uid("conv")
+        for seq in range(6):
+            writer, other = (a, b) if seq % 2 == 0 else (b, a)
+            assert store_head_seq(other, tenant, conv) == seq
+            outcome = writer.promote(conversation_turn(tenant, conv, seq))
+            assert isinstance(outcome, Promoted) and outcome.seq == seq + 1, outcome
+            assert other.promote(conversation_turn(tenant, conv, seq)) == Conflict(seq + 1)
+        assert self.history(a, tenant, conversation_id=conv).head_seq == 6
+
+    def test_chain_parent_hint_is_checked_by_the_write(self, store, tenant):
+        root = uid("resp")
+        parent = store.promote(chain_turn(tenant, root, root, None)).checkpoint
+        wrong = dataclasses.replace(parent, seq=7, last_item_seq=40)
+        child = chain_turn(tenant, root, uid("resp"), root)
+        outcome = store.promote(child, parent_hint=wrong)
+        assert isinstance(outcome, Promoted) and outcome.seq == 2
+        assert outcome.checkpoint.first_item_seq == parent.last_item_seq + 1
+        assert len(self.history(store, tenant, response_id=child.response_id).items) == 4
+        ghost = dataclasses.replace(parent, response_id=uid("resp"))
+        orphan = chain_turn(tenant, root, uid("resp"), ghost.response_id)
+        assert store.promote(orphan, parent_hint=ghost) == ParentMissing(ghost.response_id)
+        assert store.get_checkpoint(tenant, orphan.response_id) is None
+        foreign = chain_turn(uid("tenant"), root, uid("resp"), root)
+        assert store.promote(foreign, parent_hint=parent) == ParentMissing(root)
 
     # -- chain mode ---------------------------------------------------------------------
 
@@ -311,9 +403,23 @@ class StoreContract:
             assert history.head_seq == len(promoted)
 
 
+def store_head_seq(store: CheckpointStore, tenant: str, conv: str) -> int:
+    head = store.head(tenant, conv)
+    return 0 if head is None else head.seq
+
+
 class TestMemoryStore(StoreContract):
     def make_store(self, options: StoreOptions) -> CheckpointStore:
         return MemoryCheckpointStore(options)
+
+    def shared_store(self, store: CheckpointStore, options: StoreOptions) -> CheckpointStore:
+        assert isinstance(store, MemoryCheckpointStore)
+        other = MemoryCheckpointStore(options)
+        # Same data and lock, hints of its own: what a second process sees.
+        other._lock = store._lock
+        other._partitions = store._partitions
+        other._response_index = store._response_index
+        return other
 
 
 @pytest.mark.integration
@@ -326,3 +432,6 @@ class TestCassandraStore(StoreContract):
         from services.store.cassandra import CassandraCheckpointStore
 
         return CassandraCheckpointStore(self.session, options, timeout_s=30)
+
+    def shared_store(self, store: CheckpointStore, options: StoreOptions) -> CheckpointStore:
+        return self.make_store(options)

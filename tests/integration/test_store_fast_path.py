@@ -1,0 +1,221 @@
+"""The one-LWT fast path on a real Cassandra: what is sent, and what a refusal leaves.
+
+``CountingSession`` wraps a real session and records every conditional batch (and
+whether Cassandra applied it) and every SERIAL read, so the tests can say how many
+Paxos rounds a promotion cost and prove that a refused batch wrote nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from cassandra import ConsistencyLevel
+from cassandra.query import BatchStatement
+
+from ratchet.domain.history import Head, VerifiedHistory
+from services.store.base import (
+    AheadOfHead,
+    Conflict,
+    Duplicate,
+    KeyReused,
+    ParentMissing,
+    Promoted,
+    StoreOptions,
+)
+from services.store.cassandra import CassandraCheckpointStore
+from tests.contract.store_support import chain_turn, conversation_turn, uid
+
+pytestmark = pytest.mark.integration
+
+SERIAL = (ConsistencyLevel.SERIAL, ConsistencyLevel.LOCAL_SERIAL)
+
+
+class CountingSession:
+    """Delegates to a real session; records batches (with [applied]) and SERIAL reads."""
+
+    def __init__(self, real) -> None:
+        self._real = real
+        self.batches: list[bool] = []
+        self.serial_reads = 0
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def execute(self, statement, *args, **kwargs):
+        result = self._real.execute(statement, *args, **kwargs)
+        if isinstance(statement, BatchStatement):
+            self.batches.append(bool(result.was_applied))
+        elif getattr(statement, "consistency_level", None) in SERIAL:
+            self.serial_reads += 1
+        return result
+
+    def reset(self) -> None:
+        self.batches.clear()
+        self.serial_reads = 0
+
+
+@pytest.fixture
+def counted(store_session):
+    session = CountingSession(store_session)
+    return session, CassandraCheckpointStore(session, timeout_s=30)
+
+
+@pytest.fixture
+def healthy(store_session):
+    # Hints off: every answer of this store comes from a read, never from memory.
+    return CassandraCheckpointStore(store_session, StoreOptions(hint_capacity=0), timeout_s=30)
+
+
+def rows_of(session, tenant, partition, response_id):
+    """Every row a promotion of ``response_id`` would have written (items, checkpoint)."""
+    return list(
+        session.execute(
+            "SELECT kind, ref, pos FROM histories WHERE tenant_id = %s AND partition_key = %s "
+            "AND kind IN ('checkpoint', 'item') AND ref = %s",
+            (tenant, partition, response_id),
+            timeout=30,
+        )
+    )
+
+
+def idempotency_row(session, tenant, partition, key):
+    return session.execute(
+        "SELECT response_id FROM histories WHERE tenant_id = %s AND partition_key = %s "
+        "AND kind = 'idempotency' AND ref = %s AND pos = 0",
+        (tenant, partition, key),
+        timeout=30,
+    ).one()
+
+
+def test_a_conversation_promotes_with_one_lwt_per_turn(counted, healthy):
+    session, store = counted
+    tenant, conv = uid("tenant"), uid("conv")
+    for seq in range(5):
+        session.reset()
+        outcome = store.promote(conversation_turn(tenant, conv, seq))
+        assert isinstance(outcome, Promoted) and outcome.seq == seq + 1
+        assert session.batches == [True] and session.serial_reads == 0
+    history = healthy.read_history(tenant, conversation_id=conv)
+    assert isinstance(history, VerifiedHistory) and history.head_seq == 5
+
+
+def test_a_read_before_promoting_is_enough_of_a_hint(counted, healthy):
+    """The processor reads the history before promoting: that read is the hint."""
+    session, store = counted
+    tenant, conv = uid("tenant"), uid("conv")
+    for seq in range(3):
+        assert isinstance(healthy.promote(conversation_turn(tenant, conv, seq)), Promoted)
+    assert isinstance(store.read_history(tenant, conversation_id=conv), VerifiedHistory)
+    session.reset()
+    assert store.promote(conversation_turn(tenant, conv, 3)).seq == 4
+    assert session.batches == [True] and session.serial_reads == 0
+
+
+def test_chain_turns_promote_with_one_lwt_each(counted, healthy):
+    session, store = counted
+    tenant, root = uid("tenant"), uid("resp")
+    previous = None
+    for depth in range(1, 4):
+        rid = root if previous is None else uid("resp")
+        session.reset()
+        outcome = store.promote(chain_turn(tenant, root, rid, previous))
+        assert isinstance(outcome, Promoted) and outcome.seq == depth
+        assert session.batches == [True] and session.serial_reads == 0
+        previous = rid
+    history = healthy.read_history(tenant, response_id=previous)
+    assert isinstance(history, VerifiedHistory) and len(history.lineage) == 3
+
+
+def test_stale_hint_is_refused_then_promoted_at_the_true_head(counted, healthy):
+    session, store = counted
+    tenant, conv = uid("tenant"), uid("conv")
+    assert isinstance(store.promote(conversation_turn(tenant, conv, 0)), Promoted)
+    # Another worker moves the head: this store's hint (seq 1) is now stale.
+    rival = healthy.promote(conversation_turn(tenant, conv, 1)).checkpoint
+    stale = store._hinted_head(conversation_turn(tenant, conv, 1))
+    assert stale is not None and stale.seq == 1
+    # With a wrong item count for the true head seq the batch must be refused.
+    lie = Head(2, rival.response_id, rival.last_item_seq + 5)
+    turn = conversation_turn(tenant, conv, 2)
+    session.reset()
+    outcome = store.promote(turn, head_hint=lie)
+    assert isinstance(outcome, Promoted) and outcome.seq == 3
+    assert session.batches == [False, True] and session.serial_reads == 1
+    assert outcome.checkpoint.first_item_seq == rival.last_item_seq + 1
+    assert outcome.checkpoint.parent_response_id == rival.response_id
+    history = healthy.read_history(tenant, conversation_id=conv)
+    assert isinstance(history, VerifiedHistory) and history.head_seq == 3
+
+
+@pytest.mark.parametrize("expected", [1, 7])
+def test_refused_batch_writes_nothing(counted, healthy, store_session, expected):
+    """A batch refused on the head leaves no item, checkpoint or idempotency row."""
+    session, store = counted
+    tenant, conv = uid("tenant"), uid("conv")
+    for seq in range(2):
+        assert isinstance(healthy.promote(conversation_turn(tenant, conv, seq)), Promoted)
+    turn = conversation_turn(tenant, conv, expected, n_items=3)
+    session.reset()
+    outcome = store.promote(turn, head_hint=Head(expected, "resp_ghost", 40))
+    assert outcome == (Conflict(2) if expected < 2 else AheadOfHead(2))
+    assert session.batches == [False]
+    assert rows_of(store_session, tenant, conv, turn.response_id) == []
+    assert idempotency_row(store_session, tenant, conv, turn.idempotency_key) is None
+    assert healthy.head(tenant, conv).seq == 2
+    history = healthy.read_history(tenant, conversation_id=conv)
+    assert isinstance(history, VerifiedHistory) and len(history.items) == 4
+
+
+def test_refused_batch_on_the_idempotency_row_writes_nothing(counted, healthy, store_session):
+    session, store = counted
+    tenant, conv = uid("tenant"), uid("conv")
+    first = conversation_turn(tenant, conv, 0)
+    promoted = healthy.promote(first)
+    head = healthy.head(tenant, conv)
+    reused = conversation_turn(tenant, conv, 1, key=first.idempotency_key, digest="other")
+    session.reset()
+    assert store.promote(reused, head_hint=head) == KeyReused(
+        first.request_digest, first.response_id
+    )
+    assert session.batches == [False]
+    assert rows_of(store_session, tenant, conv, reused.response_id) == []
+    session.reset()
+    assert store.promote(first, head_hint=head) == Duplicate(promoted.checkpoint)
+    assert session.batches == [False]
+    assert healthy.head(tenant, conv) == head
+
+
+def test_refused_chain_batch_on_a_missing_parent_writes_nothing(counted, store_session):
+    session, store = counted
+    tenant, root = uid("tenant"), uid("resp")
+    parent = store.promote(chain_turn(tenant, root, root, None)).checkpoint
+    ghost = dataclasses.replace(parent, response_id=uid("resp"))
+    orphan = chain_turn(tenant, root, uid("resp"), ghost.response_id, n_items=3)
+    session.reset()
+    assert store.promote(orphan, parent_hint=ghost) == ParentMissing(ghost.response_id)
+    assert session.batches == [False]
+    assert rows_of(store_session, tenant, root, orphan.response_id) == []
+    assert rows_of(store_session, tenant, root, ghost.response_id) == []
+    assert idempotency_row(store_session, tenant, root, orphan.idempotency_key) is None
+
+
+def test_read_by_response_id_skips_the_location_lookup_once_known(counted, healthy):
+    session, store = counted
+    tenant, conv = uid("tenant"), uid("conv")
+    turn = conversation_turn(tenant, conv, 0)
+    healthy.promote(turn)
+    located = []
+    real_locate = store._locate
+    store._locate = lambda *a: located.append(a) or real_locate(*a)
+    for _ in range(3):
+        history = store.read_history(tenant, response_id=turn.response_id)
+        assert isinstance(history, VerifiedHistory) and history.items == turn.items
+    assert len(located) == 1  # only the first read asked the index
+    by_partition = healthy.read_history(tenant, response_id=turn.response_id, partition_key=conv)
+    assert by_partition == history
+    # A wrong partition hint falls back to the index; another tenant still sees nothing.
+    wrong = healthy.read_history(tenant, response_id=turn.response_id, partition_key="nope")
+    assert wrong == history
+    stranger = healthy.read_history(uid("tenant"), response_id=turn.response_id, partition_key=conv)
+    assert stranger.reason.value == "NOT_FOUND"
