@@ -347,10 +347,10 @@ def plan_from_hints(
     """
     if request.mode is PromotionMode.CONVERSATION:
         expected = request.expected_head_seq
-        if expected == 0:
+        if expected == 0 and head_hint is None:
             return _as_plan(_decide_conversation(request, None))
         if head_hint is None or head_hint.seq != expected:
-            return None
+            return None  # no hint, or one that predicts an outcome: read and decide
         return _as_plan(_decide_conversation(request, head_hint))
     if request.previous_response_id is None:
         return _as_plan(_decide_chain(request, None))
@@ -527,8 +527,10 @@ class CheckpointStore(ABC):
         size = turn_size(request)
         if size > self.options.max_turn_bytes:
             return TooLarge(size, self.options.max_turn_bytes)
-        plan = plan_from_hints(request, head_hint, parent_hint) or plan_from_hints(
-            request, self._hinted_head(request), self._hinted_parent(request)
+        plan = plan_from_hints(
+            request,
+            head_hint if head_hint is not None else self._hinted_head(request),
+            parent_hint if parent_hint is not None else self._hinted_parent(request),
         )
         if plan is not None:
             self._before_fast_write(request)

@@ -180,9 +180,17 @@ def test_refused_batch_on_the_idempotency_row_writes_nothing(counted, healthy, s
     )
     assert session.batches == [False]
     assert rows_of(store_session, tenant, conv, reused.response_id) == []
+    # A retry of the first turn (expected 0) with a hint of a head: the hint predicts
+    # an outcome, so no batch is sent; the SERIAL view decides it.
     session.reset()
     assert store.promote(first, head_hint=head) == Duplicate(promoted.checkpoint)
-    assert session.batches == [False]
+    assert session.batches == [] and session.serial_reads == 1
+    # Without any hint, the same retry is a refused batch first, then the same answer.
+    session.reset()
+    cold = CassandraCheckpointStore(session, StoreOptions(hint_capacity=0), timeout_s=30)
+    assert cold.promote(first) == Duplicate(promoted.checkpoint)
+    assert session.batches == [False] and session.serial_reads == 1
+    assert rows_of(store_session, tenant, conv, first.response_id) != []
     assert healthy.head(tenant, conv) == head
 
 
