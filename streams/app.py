@@ -103,8 +103,10 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
 
     lanes = PartitionLanes(
         handle,
-        pause=lambda tp: app.consumer.pause_partitions({tp}),
-        resume=lambda tp: app.consumer.resume_partitions({tp}),
+        # Faust asserts its own TP type in the active set (aiokafka's TopicPartition
+        # would crash the fetcher), so convert explicitly.
+        pause=lambda tp: app.consumer.pause_partitions({TP(tp.topic, tp.partition)}),
+        resume=lambda tp: app.consumer.resume_partitions({TP(tp.topic, tp.partition)}),
     )
     app.lanes = lanes  # type: ignore[attr-defined] - for tests and the bench
     app.runtime = runtime  # type: ignore[attr-defined]

@@ -6,8 +6,8 @@ This is the synchronous, Faust-free part of the agent. It runs in a worker threa
 * decode it; an undecodable record becomes a ``DeadLetter`` (never an exception);
 * ``ToolEffect``: record it in the ledger (dedupe by effect_id); publishes nothing;
 * ``TurnCancelled``: record the cancellation; publishes nothing;
-* ``TurnCompleted``: replay an earlier decision if there is one, else gather the
-  facts, call the pure domain (``ratchet.domain.promotion``), make the outcome
+* ``TurnCompleted``: read the ledger's facts in one round trip; replay an earlier
+  rejection of this very event if there is one, else call the pure domain (``ratchet.domain.promotion``), make the outcome
   durable, and return ``CheckpointPromoted`` / ``PromotionRejected`` plus any
   ``EffectOrphaned``.
 
@@ -48,14 +48,13 @@ from services.ledger.base import (
     Ledger,
     LedgerUnavailable,
     RecordedEffect,
+    TurnFacts,
 )
 from services.store.base import (
     CheckpointRecord,
     CheckpointStore,
-    Duplicate,
     InvalidPromotion,
     ParentMissing,
-    ResponseExists,
     StoreUnavailable,
 )
 from streams.records import DecodeFailed, EventCodec, Outbound, RawRecord
@@ -161,44 +160,38 @@ class PromotionProcessor:
 
     # -- TurnCompleted -------------------------------------------------------------------
     def _on_turn(self, turn: TurnCompleted) -> Handled:
-        previous = self._previous_verdict(turn)
-        effects = self.ledger.effects_for(turn.tenant_id, turn.idempotency_key)
-        verdict = previous if previous is not None else self._decide_and_write(turn, effects)
-        return self._publishable(turn, verdict, effects)
+        facts = self.ledger.turn_facts(
+            event_id=turn.event_id, tenant_id=turn.tenant_id,
+            idempotency_key=turn.idempotency_key, conversation_id=turn.conversation_id)
+        if facts.decision is not None and facts.decision.reason is not None:
+            verdict: Verdict = _replayed_rejection(facts.decision)  # never flip an outcome
+        else:
+            verdict = self._decide_and_write(turn, facts)
+        return self._publishable(turn, verdict, facts.effects)
 
-    def _previous_verdict(self, turn: TurnCompleted) -> Verdict | None:
-        """The verdict already taken for this event, so a redelivery never flips it."""
-        decision = self.ledger.decision(turn.event_id)
-        if decision is not None and decision.reason is not None:
-            return Reject(RejectionReason(decision.reason), decision.detail, decision.seq,
-                          decision.existing_response_id)
-        existing = self.store.get_checkpoint(turn.tenant_id, turn.response_id)
-        if existing is None:
-            return None
-        same_request = (existing.idempotency_key == turn.idempotency_key
-                        and existing.request_digest == turn.request_digest)
-        outcome = Duplicate(existing) if same_request else ResponseExists(existing)
-        return promotion.interpret(turn, outcome)
-
-    def _decide_and_write(self, turn: TurnCompleted,
-                          effects: Sequence[RecordedEffect]) -> Verdict:
-        facts = Facts(
-            cancelled=self.ledger.cancellation(turn.tenant_id, turn.idempotency_key) is not None,
-            effects={e.effect_id: e for e in effects},
-            conversation_owner=self._conversation_owner(turn),
-        )
+    def _decide_and_write(self, turn: TurnCompleted, facts: TurnFacts) -> Verdict:
         validation = promotion.validate(turn, self.clock_ms(), self._history(turn))
-        decided = promotion.decide(turn, validation, facts)
-        verdict = decided if isinstance(decided, Reject) else self._promote(turn, decided)
-        return self._make_durable(turn, verdict)
+        decided = promotion.decide(turn, validation, Facts(
+            cancelled=facts.cancellation is not None,
+            effects={e.effect_id: e for e in facts.effects},
+            conversation_owner=facts.conversation_owner,
+        ))
+        if isinstance(decided, Promote):
+            verdict = self._promote(turn, decided)
+        else:
+            verdict = self._already_promoted(turn) or decided
+        return self._make_durable(turn, verdict, facts)
 
-    def _conversation_owner(self, turn: TurnCompleted) -> str | None:
-        if turn.conversation_id is None:
+    def _already_promoted(self, turn: TurnCompleted) -> Accepted | None:
+        """A redelivered turn that was promoted before must be re-published as promoted,
+        even if a rule would now reject it (a later cancellation, an expired proof).
+        Only asked on the way to a rejection, so the common path saves a read."""
+        existing = self.store.get_checkpoint(turn.tenant_id, turn.response_id)
+        if existing is None or existing.idempotency_key != turn.idempotency_key:
             return None
-        owner = self.ledger.conversation_owner(turn.conversation_id)
-        if owner is None:
-            owner = self.ledger.claim_conversation(turn.conversation_id, turn.tenant_id)
-        return owner
+        if existing.request_digest != turn.request_digest:
+            return None
+        return Accepted(existing, replayed=True)
 
     def _history(self, turn: TurnCompleted) -> Sequence[Item]:
         """The lineage the turn extends (for pairing); empty when there is none yet."""
@@ -225,11 +218,14 @@ class PromotionProcessor:
             parent_owner = self.ledger.response_owner(outcome.previous_response_id)
         return promotion.interpret(turn, outcome, parent_owner)
 
-    def _make_durable(self, turn: TurnCompleted, verdict: Verdict) -> Verdict:
+    def _make_durable(self, turn: TurnCompleted, verdict: Verdict, facts: TurnFacts) -> Verdict:
         """Record the verdict before anything is published (commit order, step 1)."""
         if isinstance(verdict, Accepted):
-            self.ledger.record_response_owner(turn.response_id, turn.tenant_id)
-            self.ledger.mark_promoted(turn.tenant_id, turn.response_id, verdict.checkpoint.seq)
+            first_turn = facts.conversation_owner is None
+            self.ledger.record_promotion(
+                tenant_id=turn.tenant_id, response_id=turn.response_id,
+                seq=verdict.checkpoint.seq,
+                conversation_id=turn.conversation_id if first_turn else None)
             return verdict
         held = self.ledger.record_decision(Decision(
             event_id=turn.event_id, tenant_id=turn.tenant_id, response_id=turn.response_id,
@@ -239,8 +235,7 @@ class PromotionProcessor:
         ))
         # Another worker may have decided this event first (zombie after a rebalance):
         # the first decision holds.
-        verdict = Reject(RejectionReason(held.reason), held.detail, held.seq,
-                         held.existing_response_id)
+        verdict = _replayed_rejection(held)
         if verdict.reason is not RejectionReason.DUPLICATE:
             self.ledger.mark_rejected(turn.tenant_id, turn.response_id, verdict.reason.value,
                                       verdict.detail)
@@ -273,6 +268,11 @@ class PromotionProcessor:
 
 
 # --- outcome records -------------------------------------------------------------------------
+
+
+def _replayed_rejection(decision: Decision) -> Reject:
+    return Reject(RejectionReason(decision.reason), decision.detail, decision.seq,
+                  decision.existing_response_id)
 
 
 def recorded_effect(effect: ToolEffect) -> RecordedEffect:

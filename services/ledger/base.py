@@ -11,8 +11,8 @@ promotion processor must remember across restarts lives here:
 * **decisions** by ``event_id``: the first decision taken for a gateway event.
   A redelivered event re-publishes exactly that decision instead of deciding again
   (the head may have moved meanwhile, and an outcome must never flip);
-* **owners**: which tenant owns a conversation id (first claim wins) and which
-  tenant promoted a response id, so another tenant's ids give ``TENANT_MISMATCH``;
+* **owners**: which tenant promoted a conversation's first turn and which tenant
+  promoted a response id, so another tenant's ids give ``TENANT_MISMATCH``;
 * **response status** by ``(tenant_id, response_id)``: what
   ``GET /v1/responses/{id}/status`` answers. ``promoted`` always wins over a later
   rejection of the same response id (e.g. a redelivery rejected as DUPLICATE).
@@ -89,6 +89,16 @@ class Decision:
     existing_response_id: str | None = None
 
 
+@dataclass(frozen=True)
+class TurnFacts:
+    """What the ledger knows about one ``TurnCompleted`` before it is decided."""
+
+    decision: Decision | None
+    effects: tuple[RecordedEffect, ...]
+    cancellation: Cancellation | None
+    conversation_owner: str | None
+
+
 class ResponseState(StrEnum):
     PROMOTED = "promoted"
     REJECTED = "rejected"
@@ -128,8 +138,12 @@ class Ledger(abc.ABC):
 
     # -- ownership (tenant checks) ---------------------------------------------------
     @abc.abstractmethod
-    def claim_conversation(self, conversation_id: str, tenant_id: str) -> str:
-        """Make ``tenant_id`` the owner unless the conversation has one; return the owner."""
+    def record_conversation_owner(self, conversation_id: str, tenant_id: str) -> None:
+        """Remember the tenant that promoted a conversation's first turn (idempotent).
+
+        A plain write is enough: every event of a conversation id is on one Kafka
+        partition and handled by one lane at a time, so two tenants never race here.
+        """
 
     @abc.abstractmethod
     def conversation_owner(self, conversation_id: str) -> str | None: ...
@@ -140,6 +154,27 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     def response_owner(self, response_id: str) -> str | None: ...
+
+    # -- round-trip savers used by the processor ---------------------------------------
+    def turn_facts(self, *, event_id: str, tenant_id: str, idempotency_key: str,
+                   conversation_id: str | None) -> TurnFacts:
+        """Everything the processor reads before deciding on a turn (backends may fan
+        the reads out in parallel: one round trip instead of four)."""
+        return TurnFacts(
+            decision=self.decision(event_id),
+            effects=tuple(self.effects_for(tenant_id, idempotency_key)),
+            cancellation=self.cancellation(tenant_id, idempotency_key),
+            conversation_owner=None if conversation_id is None
+            else self.conversation_owner(conversation_id),
+        )
+
+    def record_promotion(self, *, tenant_id: str, response_id: str, seq: int,
+                         conversation_id: str | None) -> None:
+        """After a durable promotion: status, response owner, conversation owner."""
+        self.mark_promoted(tenant_id, response_id, seq)
+        self.record_response_owner(response_id, tenant_id)
+        if conversation_id is not None:
+            self.record_conversation_owner(conversation_id, tenant_id)
 
     # -- decisions and status -------------------------------------------------------
     @abc.abstractmethod

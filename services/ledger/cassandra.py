@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from cassandra import ConsistencyLevel, DriverException, RequestExecutionException
 from cassandra.cluster import NoHostAvailable, Session
 from cassandra.policies import FallthroughRetryPolicy
-from cassandra.query import PreparedStatement
+from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from services.ledger.base import (
     Cancellation,
@@ -26,6 +26,7 @@ from services.ledger.base import (
     LedgerUnavailable,
     RecordedEffect,
     ResponseStatus,
+    TurnFacts,
     response_status,
 )
 
@@ -67,7 +68,7 @@ class CassandraLedger(Ledger):
         self._select_effects = self._prepare(
             f"SELECT {_EFFECT_COLUMNS} FROM tool_effects "
             "WHERE tenant_id = ? AND idempotency_key = ?",
-            ConsistencyLevel.SERIAL,
+            ConsistencyLevel.QUORUM,
         )
         self._insert_cancel = self._lwt(
             "INSERT INTO cancellations (tenant_id, idempotency_key, response_id, cancelled_at) "
@@ -76,25 +77,26 @@ class CassandraLedger(Ledger):
         self._select_cancel = self._prepare(
             "SELECT tenant_id, idempotency_key, response_id, cancelled_at FROM cancellations "
             "WHERE tenant_id = ? AND idempotency_key = ?",
-            ConsistencyLevel.SERIAL,
+            ConsistencyLevel.QUORUM,
         )
         self._insert_decision = self._lwt(
             "INSERT INTO event_decisions (event_id, tenant_id, response_id, outcome, reason, "
             "detail, seq, decided_at, existing_response_id) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"
         )
-        self._select_decision = self._prepare(
+        decision_cql = (
             "SELECT event_id, tenant_id, response_id, outcome, reason, detail, seq, decided_at, "
-            "existing_response_id FROM event_decisions WHERE event_id = ?",
-            ConsistencyLevel.SERIAL,
+            "existing_response_id FROM event_decisions WHERE event_id = ?"
         )
-        self._claim_conversation = self._lwt(
-            "INSERT INTO conversation_owners (conversation_id, tenant_id) VALUES (?, ?) "
-            "IF NOT EXISTS"
+        self._select_decision = self._prepare(decision_cql, ConsistencyLevel.QUORUM)
+        self._select_decision_serial = self._prepare(decision_cql, ConsistencyLevel.SERIAL)
+        self._insert_conversation_owner = self._prepare(
+            "INSERT INTO conversation_owners (conversation_id, tenant_id) VALUES (?, ?)",
+            ConsistencyLevel.QUORUM,
         )
         self._select_conversation_owner = self._prepare(
             "SELECT tenant_id FROM conversation_owners WHERE conversation_id = ?",
-            ConsistencyLevel.SERIAL,
+            ConsistencyLevel.QUORUM,
         )
         self._insert_response_owner = self._prepare(
             "INSERT INTO response_owners (response_id, tenant_id) VALUES (?, ?)",
@@ -192,26 +194,58 @@ class CassandraLedger(Ledger):
             self._run(self._insert_decision, (d.event_id, d.tenant_id, d.response_id,
                                               d.outcome, d.reason, d.detail, d.seq,
                                               d.decided_at, d.existing_response_id))
-        held = self.decision(d.event_id)
+        row = self._run(self._select_decision_serial, (d.event_id,)).one()
+        held = None if row is None else _decision_from_row(row)
         if held is None:
             raise LedgerUnavailable(f"decision for event {d.event_id}: write outcome unknown")
         return held
 
     def decision(self, event_id: str) -> Decision | None:
         row = self._run(self._select_decision, (event_id,)).one()
-        if row is None:
-            return None
-        return Decision(row.event_id, row.tenant_id, row.response_id, row.outcome, row.reason,
-                        row.detail or "", row.seq, row.decided_at, row.existing_response_id)
+        return None if row is None else _decision_from_row(row)
+
+    # -- round-trip savers ------------------------------------------------------------------
+    def _fan_out(self, calls: list[tuple[PreparedStatement, Sequence[Any]]]) -> list[Any]:
+        """Run independent statements concurrently; one round trip for all of them."""
+        def run() -> list[Any]:
+            futures = [self._session.execute_async(stmt, params, timeout=self._timeout)
+                       for stmt, params in calls]
+            return [f.result() for f in futures]
+        return _guard(run)
+
+    def turn_facts(self, *, event_id: str, tenant_id: str, idempotency_key: str,
+                   conversation_id: str | None) -> TurnFacts:
+        calls = [(self._select_decision, (event_id,)),
+                 (self._select_effects, (tenant_id, idempotency_key)),
+                 (self._select_cancel, (tenant_id, idempotency_key))]
+        if conversation_id is not None:
+            calls.append((self._select_conversation_owner, (conversation_id,)))
+        results = self._fan_out(calls)
+        decision_row, cancel_row = results[0].one(), results[2].one()
+        owner_row = results[3].one() if conversation_id is not None else None
+        return TurnFacts(
+            decision=None if decision_row is None else _decision_from_row(decision_row),
+            effects=tuple(_effect_from_row(r) for r in results[1]),
+            cancellation=None if cancel_row is None else Cancellation(
+                cancel_row.tenant_id, cancel_row.idempotency_key, cancel_row.response_id,
+                cancel_row.cancelled_at),
+            conversation_owner=None if owner_row is None else owner_row.tenant_id,
+        )
+
+    def record_promotion(self, *, tenant_id: str, response_id: str, seq: int,
+                         conversation_id: str | None) -> None:
+        # One client request for idempotent plain writes to three partitions: an
+        # UNLOGGED batch costs the driver (our CPU bottleneck) one round trip.
+        batch = BatchStatement(BatchType.UNLOGGED, consistency_level=ConsistencyLevel.QUORUM)
+        batch.add(self._set_promoted, (seq, tenant_id, response_id))
+        batch.add(self._insert_response_owner, (response_id, tenant_id))
+        if conversation_id is not None:
+            batch.add(self._insert_conversation_owner, (conversation_id, tenant_id))
+        _guard(lambda: self._session.execute(batch, timeout=self._timeout))
 
     # -- ownership ------------------------------------------------------------------------
-    def claim_conversation(self, conversation_id: str, tenant_id: str) -> str:
-        with contextlib.suppress(LedgerUnavailable):  # unknown outcome: read decides
-            self._run(self._claim_conversation, (conversation_id, tenant_id))
-        owner = self.conversation_owner(conversation_id)
-        if owner is None:
-            raise LedgerUnavailable(f"claim of conversation {conversation_id}: outcome unknown")
-        return owner
+    def record_conversation_owner(self, conversation_id: str, tenant_id: str) -> None:
+        self._run(self._insert_conversation_owner, (conversation_id, tenant_id))
 
     def conversation_owner(self, conversation_id: str) -> str | None:
         row = self._run(self._select_conversation_owner, (conversation_id,)).one()
@@ -236,6 +270,11 @@ class CassandraLedger(Ledger):
             return response_status(None, False, None, "", response_id)
         return response_status(row.promoted_seq, bool(row.promoted), row.rejected_reason,
                                row.rejected_detail or "", response_id)
+
+
+def _decision_from_row(row: Any) -> Decision:
+    return Decision(row.event_id, row.tenant_id, row.response_id, row.outcome, row.reason,
+                    row.detail or "", row.seq, row.decided_at, row.existing_response_id)
 
 
 def _effect_from_row(row: Any) -> RecordedEffect:

@@ -54,9 +54,9 @@ class MemoryLedger(Ledger):
         with self._lock:
             return self._cancellations.get((tenant_id, idempotency_key))
 
-    def claim_conversation(self, conversation_id: str, tenant_id: str) -> str:
+    def record_conversation_owner(self, conversation_id: str, tenant_id: str) -> None:
         with self._lock:
-            return self._conversation_owners.setdefault(conversation_id, tenant_id)
+            self._conversation_owners.setdefault(conversation_id, tenant_id)
 
     def conversation_owner(self, conversation_id: str) -> str | None:
         with self._lock:
