@@ -101,13 +101,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         runtime.health.count(kind)
         runtime.published += 1
 
-    lanes = PartitionLanes(
-        handle,
-        # Faust asserts its own TP type in the active set (aiokafka's TopicPartition
-        # would crash the fetcher), so convert explicitly.
-        pause=lambda tp: app.consumer.pause_partitions({TP(tp.topic, tp.partition)}),
-        resume=lambda tp: app.consumer.resume_partitions({TP(tp.topic, tp.partition)}),
-    )
+    lanes = PartitionLanes(handle)
     app.lanes = lanes  # type: ignore[attr-defined] - for tests and the bench
     app.runtime = runtime  # type: ignore[attr-defined]
 
@@ -119,7 +113,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
             record = RawRecord(message.topic, message.partition, message.offset,
                                message.key, message.value,
                                int(message.timestamp * 1000) if message.timestamp else None)
-            lanes.submit(message.tp, record, event.ack)
+            await lanes.submit(message.tp, record, event.ack)
 
     @app.on_partitions_revoked.connect
     async def on_revoked(_app: faust.App, revoked: set[TP], **_: object) -> None:

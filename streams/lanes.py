@@ -17,9 +17,12 @@ task that processes its events one at a time and acks them strictly in offset
 order, after the outcome is durable and published. Faust therefore only ever sees
 contiguous acks per partition, and commits exactly what was finished.
 
-Memory stays bounded: when a lane holds ``high_water`` events its partition is
-paused in the consumer (no more fetches for it), and resumed at ``low_water``;
-other partitions keep flowing.
+Memory stays bounded: at most ``max_queued`` events wait in all lanes together;
+beyond that the dispatcher waits for room (Faust then stops fetching). One slow
+partition can hold up the others only once its own backlog reaches that bound.
+(Pausing just the full partition with ``Consumer.pause_partitions`` was tried and
+dropped: with faust-streaming 0.15.3 + aiokafka 0.14 a resumed partition was never
+fetched again; see docs/processor.md.)
 """
 
 from __future__ import annotations
@@ -52,7 +55,6 @@ class Lane:
         self.key = key
         self.queue: asyncio.Queue[Work] = asyncio.Queue()
         self.stopping = False
-        self.paused = False
         self._handle = handle
         self._on_drained = on_drained
         self._idle = asyncio.Event()
@@ -62,6 +64,7 @@ class Lane:
     async def _run(self) -> None:
         while not self.stopping:
             work = await self.queue.get()
+            self._on_drained(self)  # one less queued: room for the dispatcher
             if self.stopping:
                 break
             self._idle.clear()
@@ -111,36 +114,33 @@ class Lane:
 class PartitionLanes:
     """Route work to the lane of its partition; pause partitions whose lane is full."""
 
-    def __init__(
-        self,
-        handle: Callable[[Any, Lane], Awaitable[None]],
-        *,
-        pause: Callable[[Hashable], None] = lambda key: None,
-        resume: Callable[[Hashable], None] = lambda key: None,
-        high_water: int = 200,
-        low_water: int = 50,
-    ) -> None:
+    def __init__(self, handle: Callable[[Any, Lane], Awaitable[None]], *,
+                 max_queued: int = 2000) -> None:
         self._handle = handle
-        self._pause = pause
-        self._resume = resume
-        self._high = high_water
-        self._low = low_water
+        self._max_queued = max_queued
         self._lanes: dict[Hashable, Lane] = {}
+        self._room = asyncio.Event()
+        self._room.set()
 
-    def submit(self, key: Hashable, payload: Any, ack: Callable[[], Any]) -> None:
-        """Queue ``payload`` on lane ``key`` (created on first use); never blocks."""
+    def queued(self) -> int:
+        return sum(lane.queue.qsize() for lane in self._lanes.values())
+
+    async def submit(self, key: Hashable, payload: Any, ack: Callable[[], Any]) -> None:
+        """Queue ``payload`` on lane ``key`` (created on first use).
+
+        Returns at once unless ``max_queued`` events already wait in the lanes.
+        """
+        while self.queued() >= self._max_queued:
+            self._room.clear()
+            await self._room.wait()
         lane = self._lanes.get(key)
         if lane is None or lane.stopping:
-            lane = self._lanes[key] = Lane(key, self._handle, self._maybe_resume)
+            lane = self._lanes[key] = Lane(key, self._handle, self._on_handled)
         lane.queue.put_nowait(Work(payload, ack))
-        if not lane.paused and lane.queue.qsize() >= self._high:
-            lane.paused = True
-            self._pause(key)
 
-    def _maybe_resume(self, lane: Lane) -> None:
-        if lane.paused and lane.queue.qsize() <= self._low:
-            lane.paused = False
-            self._resume(lane.key)
+    def _on_handled(self, lane: Lane) -> None:
+        if not self._room.is_set():
+            self._room.set()
 
     def depth(self, key: Hashable) -> int:
         lane = self._lanes.get(key)

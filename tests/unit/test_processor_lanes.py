@@ -33,10 +33,10 @@ def test_one_blocked_partition_does_not_stall_the_others():
             handled.append(payload)
 
         lanes = PartitionLanes(handle)
-        lanes.submit("slow", ("slow", 0), lambda: acked.append(("slow", 0)))
+        await lanes.submit("slow", ("slow", 0), lambda: acked.append(("slow", 0)))
         for n in range(50):
             for key in ("a", "b"):
-                lanes.submit(key, (key, n), lambda p=(key, n): acked.append(p))
+                await lanes.submit(key, (key, n), lambda p=(key, n): acked.append(p))
         while len(acked) < 100:
             await asyncio.sleep(0.01)
         assert ("slow", 0) not in acked  # still waiting, never acked early
@@ -64,7 +64,7 @@ def test_events_of_one_partition_are_handled_one_at_a_time_in_order():
 
         lanes = PartitionLanes(handle)
         for n in range(30):
-            lanes.submit("p", n, lambda: None)
+            await lanes.submit("p", n, lambda: None)
         await lanes.wait_idle()
         assert seen == list(range(30))
         await lanes.stop()
@@ -72,23 +72,23 @@ def test_events_of_one_partition_are_handled_one_at_a_time_in_order():
     run(scenario())
 
 
-def test_a_full_lane_pauses_its_partition_and_resumes_when_drained():
+def test_submit_waits_for_room_when_the_lanes_are_full():
     async def scenario():
         gate = asyncio.Event()
-        calls = []
 
         async def handle(payload, lane):
             await gate.wait()
 
-        lanes = PartitionLanes(handle, pause=lambda k: calls.append(("pause", k)),
-                               resume=lambda k: calls.append(("resume", k)),
-                               high_water=10, low_water=2)
-        for n in range(12):
-            lanes.submit("p", n, lambda: None)
-        assert calls == [("pause", "p")]
+        lanes = PartitionLanes(handle, max_queued=3)
+        for n in range(4):  # the 4th waits until the lane takes the 1st
+            await lanes.submit("p", n, lambda: None)
+        assert lanes.queued() == 3
+        blocked = asyncio.create_task(lanes.submit("q", 99, lambda: None))
+        await asyncio.sleep(0.05)
+        assert not blocked.done()  # lane "p" is stuck in handle(0), 3 queued
         gate.set()
+        await asyncio.wait_for(blocked, 2)
         await lanes.wait_idle()
-        assert calls == [("pause", "p"), ("resume", "p")]
         await lanes.stop()
 
     run(scenario())
@@ -106,7 +106,7 @@ def test_stopping_a_lane_finishes_the_event_in_flight_and_drops_the_queue_unacke
 
         lanes = PartitionLanes(handle)
         for n in range(5):
-            lanes.submit("p", n, lambda n=n: acked.append(n))
+            await lanes.submit("p", n, lambda n=n: acked.append(n))
         await started.wait()
         stopping = asyncio.create_task(lanes.stop(grace_s=5))
         await asyncio.sleep(0.05)
