@@ -102,5 +102,34 @@ def demo(keep: bool) -> None:
     sys.exit(demo_run.cli_demo(_settings(), keep=keep))
 
 
+BENCH_SUITES = {
+    # suite -> (module, what it compares)
+    "validation": ("ratchet.bench.validation", "validate_turn on a 20-item, 3-round tool-loop turn"),
+    "store": ("ratchet.bench.store", "promote / read_history beside raw Cassandra LWT and SELECT"),
+    "api": ("ratchet.bench.api", "HTTP history lookup beside the direct store read"),
+    "processor": ("ratchet.bench.processor", "end-to-end promoted turns/s beside raw Kafka"),
+}
+
+
+@main.command()
+@click.argument("suites", nargs=-1, type=click.Choice(sorted(BENCH_SUITES)))
+def bench(suites: tuple[str, ...]) -> None:
+    """Measure lookup, validation and persistence, each beside its raw baseline.
+
+    With no SUITES, runs them all in one run. Needs the servers (`ratchet infra up`) for
+    every suite but `validation`.
+    """
+    import importlib
+
+    failed = 0
+    for name in suites or tuple(BENCH_SUITES):
+        module, what = BENCH_SUITES[name]
+        click.echo(f"\n== bench {name}: {what}")
+        entry = importlib.import_module(module).main
+        result = entry([]) if "argv" in entry.__code__.co_varnames else entry()
+        failed += bool(result)
+    sys.exit(1 if failed else 0)
+
+
 if __name__ == "__main__":
     main()
