@@ -196,7 +196,7 @@ class CassandraCheckpointStore(CheckpointStore):
             serial_consistency,
         )
         self._select_view_rows = self._prepare(
-            "SELECT kind, ref, request_digest, head_seq, head_response_id, head_item_count, "
+            "SELECT kind, ref, head_seq, head_response_id, head_item_count, "
             f"{_CHECKPOINT_COLUMNS} FROM {table} WHERE {partition} AND (kind, ref, pos) IN "
             "(('head', '', 0), ('idempotency', ?, 0), ('checkpoint', ?, 0), ('checkpoint', ?, 0))",
             serial_consistency,
