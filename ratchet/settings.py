@@ -71,6 +71,23 @@ class Settings:
             logical_retention_s=_int(env, "RATCHET_LOGICAL_RETENTION_S", d.logical_retention_s),
         )
 
+    def to_env(self) -> dict[str, str]:
+        """The ``RATCHET_*`` variables that make a child process's ``from_env`` equal self."""
+        return {
+            "RATCHET_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            "RATCHET_SCHEMA_REGISTRY_URL": self.schema_registry_url,
+            "RATCHET_CASSANDRA_HOSTS": ",".join(self.cassandra_hosts),
+            "RATCHET_CASSANDRA_PORT": str(self.cassandra_port),
+            "RATCHET_KEYSPACE": self.keyspace,
+            "RATCHET_REPLICATION": self.replication,
+            "RATCHET_TOPIC_PREFIX": self.topic_prefix,
+            "RATCHET_PARTITIONS": str(self.partitions),
+            "RATCHET_HOME": str(self.home),
+            "RATCHET_API_HOST": self.api_host,
+            "RATCHET_API_PORT": str(self.api_port),
+            "RATCHET_LOGICAL_RETENTION_S": str(self.logical_retention_s),
+        }
+
     def topic(self, name: str) -> str:
         """Full topic name, e.g. ``topic("checkpoints") -> "ratchet.checkpoints"``."""
         return f"{self.topic_prefix}{name}"

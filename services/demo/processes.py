@@ -32,19 +32,7 @@ def free_port() -> int:
 def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
     """The environment that makes a child process see ``settings``."""
     env = dict(os.environ)
-    env.update(
-        RATCHET_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
-        RATCHET_SCHEMA_REGISTRY_URL=settings.schema_registry_url,
-        RATCHET_CASSANDRA_HOSTS=",".join(settings.cassandra_hosts),
-        RATCHET_CASSANDRA_PORT=str(settings.cassandra_port),
-        RATCHET_KEYSPACE=settings.keyspace,
-        RATCHET_TOPIC_PREFIX=settings.topic_prefix,
-        RATCHET_PARTITIONS=str(settings.partitions),
-        RATCHET_HOME=str(settings.home),
-        RATCHET_API_HOST=settings.api_host,
-        RATCHET_API_PORT=str(settings.api_port),
-        RATCHET_LOGICAL_RETENTION_S=str(settings.logical_retention_s),
-    )
+    env.update(settings.to_env())
     env.update(extra)
     return env
 

@@ -48,3 +48,17 @@ def test_bad_values_are_refused_with_the_variable_name(name, value):
 def test_settings_are_frozen():
     with pytest.raises(AttributeError):
         Settings().keyspace = "other"  # type: ignore[misc]
+
+
+def test_to_env_round_trips_through_from_env():
+    """A child process started with ``to_env()`` sees exactly the parent's settings."""
+    s = Settings.from_env({
+        "RATCHET_CASSANDRA_HOSTS": "c1,c2",
+        "RATCHET_TOPIC_PREFIX": "",
+        "RATCHET_PARTITIONS": "5",
+        "RATCHET_HOME": "/tmp/ratchet-home",
+        "RATCHET_LOGICAL_RETENTION_S": "60",
+        "RATCHET_REPLICATION": "{'class': 'NetworkTopologyStrategy', 'dc1': 3}",
+    })
+    assert Settings.from_env(s.to_env()) == s
+    assert Settings.from_env(Settings().to_env()) == Settings()
