@@ -44,6 +44,8 @@ class Settings:
     home: Path = field(default_factory=lambda: Path.home() / ".cache" / "ratchet")
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    # The worker's Prometheus exporter (0 = off); it binds to api_host like the API.
+    worker_metrics_port: int = 9108
     # How long a logical history is kept after its last promotion (0 = forever).
     logical_retention_s: int = 0
 
@@ -68,6 +70,7 @@ class Settings:
             home=Path(env["RATCHET_HOME"]) if env.get("RATCHET_HOME") else d.home,
             api_host=env.get("RATCHET_API_HOST") or d.api_host,
             api_port=_int(env, "RATCHET_API_PORT", d.api_port, 1),
+            worker_metrics_port=_int(env, "RATCHET_WORKER_METRICS_PORT", d.worker_metrics_port),
             logical_retention_s=_int(env, "RATCHET_LOGICAL_RETENTION_S", d.logical_retention_s),
         )
 
@@ -85,6 +88,7 @@ class Settings:
             "RATCHET_HOME": str(self.home),
             "RATCHET_API_HOST": self.api_host,
             "RATCHET_API_PORT": str(self.api_port),
+            "RATCHET_WORKER_METRICS_PORT": str(self.worker_metrics_port),
             "RATCHET_LOGICAL_RETENTION_S": str(self.logical_retention_s),
         }
 
