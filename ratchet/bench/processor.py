@@ -1,9 +1,20 @@
-"""Promotion processor throughput, end to end, on the local servers.
+"""Promotion processor throughput, end to end, beside its raw baselines, in one run.
 
-``python -m ratchet.bench.processor [--turns N] [--per-conversation K] [--profile]
-[--rss]``
+``python -m ratchet.bench.processor [--turns N] [--per-conversation K] [--raw N]
+[--profile] [--rss]``
 
-* **throughput**: one ``ratchet worker`` (subprocess, 12 partitions, own topic prefix
+One table, measured in the same run on the same servers (the load average is printed
+with it, the machine is shared):
+
+* **raw Kafka**: N pre-encoded ``TurnCompleted`` records produced (confluent-kafka,
+  as the gateway does) to a fresh 12-partition topic, then read back by ONE aiokafka
+  consumer: aiokafka is what the worker consumes with (faust-streaming runs on it).
+* **raw Cassandra LWT**: N single-row ``INSERT ... IF NOT EXISTS`` (~1 KiB) with 12
+  in flight (12 threads, blocking driver calls: the worker's 12 lanes each run their
+  promotion in a pool thread), in a keyspace of its own (created, then dropped). The
+  promotion is one Paxos round per turn, so this is the ceiling of "one LWT per
+  turn" on this box, whatever the processor does around it.
+* **end to end**: one ``ratchet worker`` (subprocess, 12 partitions, own topic prefix
   and consumer group). After a warm-up turn, N pre-encoded turns over N/K
   conversations are produced (round by round, so each conversation's turns stay in
   order) and the clock stops when N outcomes are on the outcome topics. Target:
@@ -21,42 +32,269 @@ steals as little CPU as possible from the worker on a 2-core machine.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from ratchet.settings import Settings
 from schemas.avro import encode_key
 from schemas.samples import make_turn
 from streams.testing import Rig, WorkerProcess, isolated_settings
 
+RAW_LWT_IN_FLIGHT = 12  # the worker's 12 lanes, one blocking promotion each
+
+
+def say(msg: str) -> None:
+    """Progress on stderr, so the table on stdout stays clean."""
+    print(f"  [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+# --- process accounting ------------------------------------------------------------------
+
+
+def proc_stats(pid: int) -> tuple[float, float]:
+    """(CPU seconds, RSS MB) of a live process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    rss_pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    return cpu, rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def server_pids(settings: Settings) -> dict[str, int]:
+    """Pids of the local Cassandra and Kafka (read only: for their CPU seconds)."""
+    pids: dict[str, int] = {}
+    try:
+        from infra.launcher import server_status
+
+        for name in ("cassandra", "kafka"):
+            pid = server_status(settings, name).pid
+            if pid and Path(f"/proc/{pid}/stat").exists():
+                pids[name] = pid
+    except Exception as exc:  # noqa: BLE001 - servers ratchet did not start: no CPU column
+        say(f"server pids unknown ({exc}); their CPU is not reported")
+    return pids
+
+
+@dataclass
+class CpuWindow:
+    """CPU seconds of a few processes over one measured interval."""
+
+    pids: dict[str, int]
+    start_cpu: dict[str, float] = field(default_factory=dict)
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    rss_mb: dict[str, float] = field(default_factory=dict)
+    t0: float = 0.0
+    seconds: float = 0.0
+
+    def __enter__(self) -> CpuWindow:
+        self.start_cpu = {n: self._cpu(p) for n, p in self.pids.items()}
+        self.t0 = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.monotonic() - self.t0
+        for name, pid in self.pids.items():
+            cpu, rss = self._stats(pid)
+            self.cpu_s[name] = cpu - self.start_cpu[name]
+            self.rss_mb[name] = rss
+
+    @staticmethod
+    def _stats(pid: int) -> tuple[float, float]:
+        if pid == os.getpid():
+            t = os.times()
+            return t.user + t.system, proc_stats(pid)[1]
+        return proc_stats(pid)
+
+    def _cpu(self, pid: int) -> float:
+        return self._stats(pid)[0]
+
 
 @dataclass(frozen=True)
-class Throughput:
-    turns: int
+class Row:
+    """One line of the table: a rate, with who burnt how much CPU for it."""
+
+    name: str
+    count: int
     seconds: float
-    worker_cpu_s: float
-    worker_rss_mb: float
+    cpu_s: dict[str, float]
+    rss_mb: float | None = None
+    unit: str = "records"
 
     @property
     def per_second(self) -> float:
-        return self.turns / self.seconds
+        return self.count / self.seconds if self.seconds else 0.0
 
-    def line(self) -> str:
-        return (f"{self.turns} turns in {self.seconds:.1f} s = {self.per_second:.0f} promoted "
-                f"turns/s (target >= 500); worker CPU {self.worker_cpu_s:.1f} s "
-                f"({self.worker_cpu_s / self.seconds:.0%} of one core), RSS "
-                f"{self.worker_rss_mb:.0f} MB")
+    def cpu_ms_per_op(self, who: str) -> float | None:
+        cpu = self.cpu_s.get(who)
+        return None if cpu is None or not self.count else cpu * 1000 / self.count
+
+    def core_share(self, who: str) -> float | None:
+        cpu = self.cpu_s.get(who)
+        return None if cpu is None or not self.seconds else cpu / self.seconds
+
+
+COLUMNS = ("client", "cassandra", "kafka")
+
+
+def format_table(rows: list[Row], load_before: str) -> str:
+    def cell(row: Row, who: str) -> str:
+        share, per_op = row.core_share(who), row.cpu_ms_per_op(who)
+        if share is None:
+            return "-"
+        return f"{share:.2f}" if per_op is None else f"{share:.2f} ({per_op:.2f})"
+
+    lines = [
+        f"load average {load_before} before, {load_average()} after; {os.cpu_count()} cores",
+        "CPU columns: cores used during the run (ms of CPU per op); client = the bench "
+        "process, or the worker for end to end",
+        f"{'measure':<54} {'n':>6} {'s':>6} {'ops/s':>7} "
+        + " ".join(f"{c:>14}" for c in COLUMNS) + f" {'RSS MB':>7}",
+    ]
+    for r in rows:
+        rss = "-" if r.rss_mb is None else f"{r.rss_mb:.0f}"
+        lines.append(
+            f"{r.name:<54} {r.count:>6} {r.seconds:>6.1f} {r.per_second:>7.0f} "
+            + " ".join(f"{cell(r, c):>14}" for c in COLUMNS) + f" {rss:>7}"
+        )
+    return "\n".join(lines)
 
 
 def _uid(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+# --- raw Kafka ---------------------------------------------------------------------------
+
+
+def raw_kafka(settings: Settings, value: bytes, records: int,
+              pids: dict[str, int]) -> tuple[Row, Row]:
+    """Produce ``records`` copies of one encoded turn (distinct keys) to a fresh
+    12-partition topic with confluent-kafka, then read them with one aiokafka consumer."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"{settings.topic_prefix}raw-baseline"
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=settings.partitions,
+                                  replication_factor=1)])[topic].result(30)
+    try:
+        producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
+                             "enable.idempotence": True, "linger.ms": 5})
+        keys = [encode_key(f"conv_{i:08d}") for i in range(records)]
+        who = {"client": os.getpid(), **pids}
+        with CpuWindow(who) as produced:
+            for key in keys:
+                while True:
+                    try:
+                        producer.produce(topic, value=value, key=key)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                producer.poll(0)
+            if producer.flush(60):
+                raise RuntimeError("raw baseline: records not delivered")
+        say(f"raw Kafka: produced {records} in {produced.seconds:.1f} s")
+        with CpuWindow(who) as consumed:
+            got = asyncio.run(_aiokafka_read(settings, topic, records))
+        say(f"raw Kafka: consumed {got} in {consumed.seconds:.1f} s")
+        return (
+            Row("raw Kafka produce (confluent-kafka, acks=all)", records, produced.seconds,
+                produced.cpu_s),
+            Row("raw Kafka consume (1 aiokafka consumer)", got, consumed.seconds,
+                consumed.cpu_s),
+        )
+    finally:
+        admin.delete_topics([topic])
+
+
+async def _aiokafka_read(settings: Settings, topic: str, records: int) -> int:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as AioTP
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None,
+                                enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        consumer.assign([AioTP(topic, p) for p in range(settings.partitions)])
+        got = 0
+        deadline = time.monotonic() + 60
+        while got < records and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500, max_records=5000)
+            got += sum(len(b) for b in batches.values())
+        return got
+    finally:
+        await consumer.stop()
+
+
+# --- raw Cassandra LWT -------------------------------------------------------------------
+
+
+def raw_lwt(settings: Settings, ops: int, pids: dict[str, int]) -> Row:
+    """``ops`` single-row INSERT IF NOT EXISTS, ``RAW_LWT_IN_FLIGHT`` at a time."""
+    from cassandra import ConsistencyLevel
+    from cassandra.cluster import Cluster
+    from cassandra.policies import FallthroughRetryPolicy
+
+    keyspace = f"{settings.keyspace}_bench_raw_{uuid.uuid4().hex[:6]}"
+    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+    session = cluster.connect()
+    try:
+        session.execute(f"CREATE KEYSPACE {keyspace} WITH replication = "
+                        f"{settings.replication}", timeout=60)
+        session.execute(f"CREATE TABLE {keyspace}.raw_lwt (k text, c text, v blob, "
+                        "PRIMARY KEY (k, c))", timeout=60)
+        insert = session.prepare(f"INSERT INTO {keyspace}.raw_lwt (k, c, v) VALUES (?, ?, ?) "
+                                 "IF NOT EXISTS")
+        insert.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+        insert.serial_consistency_level = ConsistencyLevel.SERIAL
+        insert.retry_policy = FallthroughRetryPolicy()
+        payload = os.urandom(1024)
+        for i in range(50):  # warm-up
+            session.execute(insert, (f"warm{i}", "", payload), timeout=10)
+        per_thread = max(1, ops // RAW_LWT_IN_FLIGHT)
+        errors: list[BaseException] = []
+
+        def run(w: int) -> None:
+            try:
+                for i in range(per_thread):
+                    result = session.execute(insert, (f"k{w}_{i}", "", payload), timeout=10)
+                    assert result.was_applied
+            except BaseException as exc:  # reported after the run
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(w,)) for w in range(RAW_LWT_IN_FLIGHT)]
+        with CpuWindow({"client": os.getpid(), **pids}) as window:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        if errors:
+            raise errors[0]
+        done = per_thread * RAW_LWT_IN_FLIGHT
+        say(f"raw LWT: {done} in {window.seconds:.1f} s")
+        return Row(f"raw Cassandra LWT INSERT IF NOT EXISTS, {RAW_LWT_IN_FLIGHT} in flight",
+                   done, window.seconds, window.cpu_s)
+    finally:
+        try:
+            session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+        except Exception as exc:  # noqa: BLE001 - never hide the error that ended the run
+            say(f"could not drop {keyspace}: {exc}")
+        cluster.shutdown()
+
+
+# --- end to end --------------------------------------------------------------------------
 
 
 def encoded_turns(rig: Rig, conversations: int, per_conversation: int) -> list[list[tuple]]:
@@ -89,24 +327,20 @@ class OutcomeCounter:
         self.rejected = 0
         self.rejections_topic = rig.topics.rejections
 
-    def wait_for(self, total: int, timeout_s: float) -> None:
+    def wait_for(self, total: int, timeout_s: float, progress_s: float | None = None) -> None:
         deadline = time.monotonic() + timeout_s
+        next_note = time.monotonic() + (progress_s or timeout_s)
         while self.count < total:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise TimeoutError(f"{self.count}/{total} outcomes after {timeout_s}s")
+            if progress_s and now > next_note:
+                say(f"{self.count}/{total} outcomes (load {load_average()})")
+                next_note = now + progress_s
             for msg in self.consumer.consume(1000, timeout=0.2):
                 if not msg.error():
                     self.count += 1
                     self.rejected += msg.topic() == self.rejections_topic
-
-
-def proc_stats(pid: int) -> tuple[float, float]:
-    """(CPU seconds, RSS MB) of a live process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    cpu = (int(fields[11]) + int(fields[12])) / ticks
-    rss_pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
-    return cpu, rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def produce(rig: Rig, rounds: list[list[tuple]]) -> int:
@@ -128,17 +362,15 @@ def start_worker(rig: Rig, tmp: Path, counter: OutcomeCounter) -> WorkerProcess:
 
 
 def measure_throughput(rig: Rig, worker: WorkerProcess, counter: OutcomeCounter,
-                       turns: int, per_conversation: int) -> Throughput:
+                       turns: int, per_conversation: int, pids: dict[str, int]) -> Row:
     rounds = encoded_turns(rig, max(1, turns // per_conversation), per_conversation)
     total = sum(len(b) for b in rounds)
-    cpu0, _ = proc_stats(worker.pid)
-    start = time.monotonic()
     expected = counter.count + total
-    produce(rig, rounds)
-    counter.wait_for(expected, 600)
-    seconds = time.monotonic() - start
-    cpu1, rss = proc_stats(worker.pid)
-    return Throughput(total, seconds, cpu1 - cpu0, rss)
+    with CpuWindow({"client": worker.pid, **pids}) as window:
+        produce(rig, rounds)
+        counter.wait_for(expected, 600, progress_s=5)
+    name = (f"end to end: promoted turns ({per_conversation}/conversation, 1 worker)")
+    return Row(name, total, window.seconds, window.cpu_s, window.rss_mb["client"], "turns")
 
 
 def measure_rss(rig: Rig, worker: WorkerProcess, counter: OutcomeCounter) -> tuple[float, float]:
@@ -191,8 +423,10 @@ def profile_core(settings: Settings, rig: Rig, turns: int = 300) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=6000)
+    parser.add_argument("--turns", type=int, default=3000)
     parser.add_argument("--per-conversation", type=int, default=3)
+    parser.add_argument("--raw", type=int, default=3000,
+                        help="LWTs of the raw Cassandra baseline (Kafka: 10x as many)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--rss", action="store_true")
     args = parser.parse_args(argv)
@@ -200,16 +434,30 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.getLogger("cassandra").setLevel(logging.ERROR)
+    load_before = load_average()
     base = Settings.from_env()
+    pids = server_pids(base)
     tmp = Path(tempfile.mkdtemp(prefix="ratchet-bench-"))
     settings = isolated_settings(base, "bench", partitions=12, home=tmp / "home")
+    say(f"load {load_before}; topics {settings.topic_prefix}*")
     rig = Rig(settings)
+    with CpuWindow(dict(pids)) as idle:  # what the servers burn without us
+        time.sleep(3)
+    rows: list[Row] = [Row("idle 3 s (servers' background, other users)", 0, idle.seconds,
+                           idle.cpu_s)]
+    sample = encoded_turns(rig, 1, 1)[0][0][1]
+    rows.extend(raw_kafka(settings, sample, args.raw * 10, pids))
+    rows.append(raw_lwt(settings, args.raw, pids))
     counter = OutcomeCounter(settings, rig)
+    say("starting the worker")
     worker = start_worker(rig, tmp, counter)
     try:
-        result = measure_throughput(rig, worker, counter, args.turns, args.per_conversation)
-        print(result.line())
-        print(f"rejected: {counter.rejected} (expected 0)")
+        say(f"end to end: {args.turns} turns")
+        rows.append(measure_throughput(rig, worker, counter, args.turns, args.per_conversation,
+                                       pids))
+        print(format_table(rows, load_before))
+        print(f"end to end rejected: {counter.rejected} (expected 0); target >= 500 "
+              f"promoted turns/s")
         if args.rss:
             after_1k, after_100k = measure_rss(rig, worker, counter)
             print(f"worker RSS after 1k conversations {after_1k:.0f} MB, after 100k "
