@@ -11,8 +11,13 @@ prefix. The registry cannot enforce which types a topic allows, so
 ``decode_gateway_event`` does: any other record is ``UNEXPECTED_RECORD_TYPE``.
 See docs/contracts.md for the union-schema alternative and why it lost.
 
-Schemas are parsed once per process (``schemas.avsc``), serializers and deserializers
-are built once per record type, and schema ids are resolved once per id.
+Schemas are parsed once per process (``schemas.avsc``), serializers are built once per
+record type, and schema ids are resolved once per id. Decoding does not go through
+confluent-kafka's ``AvroDeserializer``: per schema id the writer schema is parsed
+once, together with the reader schema it resolves to (none when writer and reader
+are the same schema, the common case: no resolution at all), and the body is read
+with fastavro's ``schemaless_reader``. ``AvroDeserializer`` re-expanded the reader
+schema on every message (most of its cost).
 
 Usage::
 
@@ -24,8 +29,10 @@ Usage::
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka.schema_registry import (
@@ -34,8 +41,9 @@ from confluent_kafka.schema_registry import (
     SchemaRegistryError,
     record_subject_name_strategy,
 )
-from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from fastavro import parse_schema, schemaless_reader
 from fastavro.read import SchemaResolutionError
 from pydantic import ValidationError
 
@@ -118,6 +126,16 @@ def _registry_call(call: Any) -> Any:
         raise
 
 
+@dataclass(frozen=True)
+class _Reader:
+    """How to read bodies written with one schema id (built once per id)."""
+
+    record: str  # record name without namespace, "?" if the schema is not a record
+    writer_text: str
+    writer: Any = None  # fastavro-parsed writer schema (None until first body read)
+    reader: Any = None  # parsed reader schema, or None: writer == reader, no resolution
+
+
 class EventSerde:
     """Encoder/decoder of every ratchet event, bound to one registry client."""
 
@@ -128,8 +146,7 @@ class EventSerde:
         self.client = client
         self._auto_register = auto_register
         self._serializers: dict[str, AvroSerializer] = {}
-        self._deserializers: dict[str, AvroDeserializer] = {}
-        self._record_by_schema_id: dict[int, str] = {}
+        self._readers: dict[int, _Reader] = {}
 
     # --- encoding ---------------------------------------------------------------------
 
@@ -206,7 +223,12 @@ class EventSerde:
 
     def _record_of(self, schema_id: int, where: dict[str, Any]) -> str:
         """Record name of a writer schema id (asked once per id, then remembered)."""
-        if schema_id not in self._record_by_schema_id:
+        return self._reader_of(schema_id, where).record
+
+    def _reader_of(self, schema_id: int, where: dict[str, Any]) -> _Reader:
+        """The registry is asked once per schema id; its answer is remembered."""
+        found = self._readers.get(schema_id)
+        if found is None:
             try:
                 schema = _registry_call(lambda: self.client.get_schema(schema_id))
             except SchemaRegistryError as exc:
@@ -219,8 +241,24 @@ class EventSerde:
             name = (
                 avsc.full_name_of(parsed) if isinstance(parsed, dict) and "name" in parsed else "?"
             )
-            self._record_by_schema_id[schema_id] = name.removeprefix(avsc.NAMESPACE + ".")
-        return self._record_by_schema_id[schema_id]
+            found = _Reader(name.removeprefix(avsc.NAMESPACE + "."), schema.schema_str)
+            self._readers[schema_id] = found
+        return found
+
+    def _parsed_reader(self, schema_id: int, record: str) -> _Reader:
+        """The cached reader of ``schema_id`` with both schemas parsed (once per id)."""
+        known = self._readers[schema_id]
+        if known.writer is None:
+            writer_json = json.loads(known.writer_text)
+            reader_json = json.loads(avsc.schema_text(record))
+            known = _Reader(
+                known.record,
+                known.writer_text,
+                writer=parse_schema(writer_json),
+                reader=None if writer_json == reader_json else avsc.parsed(record),
+            )
+            self._readers[schema_id] = known
+        return known
 
     def _read_body(
         self, record: str, value: bytes, schema_id: int, where: dict[str, Any]
@@ -230,26 +268,20 @@ class EventSerde:
                 DeadLetterReason.TRUNCATED, "no body after the header", schema_id=schema_id, **where
             )
         try:
-            return _registry_call(lambda: self._deserializer(record)(value, None))
+            known = self._parsed_reader(schema_id, record)
+            body = io.BytesIO(value)
+            body.seek(HEADER_SIZE)
+            return schemaless_reader(body, known.writer, known.reader)  # type: ignore[return-value]
         except SchemaResolutionError as exc:
             reason, error = DeadLetterReason.SCHEMA_MISMATCH, exc
         except (EOFError, StopIteration) as exc:
             reason, error = DeadLetterReason.TRUNCATED, exc
-        except RegistryUnavailable:
-            raise
-        except SchemaRegistryError as exc:
-            reason, error = DeadLetterReason.UNKNOWN_SCHEMA_ID, exc
         except (ValueError, TypeError, IndexError, KeyError, OverflowError, MemoryError) as exc:
             # garbage after a valid header: negative lengths, bad UTF-8, bad union index
             reason, error = DeadLetterReason.CORRUPT_PAYLOAD, exc
         raise DecodeError(
             reason, f"{type(error).__name__}: {error}", schema_id=schema_id, **where
         ) from error
-
-    def _deserializer(self, record: str) -> AvroDeserializer:
-        if record not in self._deserializers:
-            self._deserializers[record] = AvroDeserializer(self.client, avsc.schema_text(record))
-        return self._deserializers[record]
 
 
 def _check_header(value: bytes | None, where: dict[str, Any]) -> int:
