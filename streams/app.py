@@ -34,6 +34,7 @@ import faust
 from faust.types import TP
 
 from ratchet.settings import Settings
+from streams import metrics
 from streams.health import Health
 from streams.lanes import Lane, PartitionLanes
 from streams.processor import Handled, PromotionProcessor, Topics
@@ -89,16 +90,17 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         """Steps 1 and 2 of the commit order for one record (the lane acks after)."""
         loop = asyncio.get_running_loop()
 
-        async def durable_then_published() -> str:
+        async def durable_then_published() -> Handled:
             handled, encoded = await loop.run_in_executor(
                 executor, _process_and_encode, runtime, record)
             await _publish(app, encoded)
-            return handled.kind
+            return handled
 
-        kind = await retry_until_done(durable_then_published, lane=lane_label(record),
-                                      health=runtime.health, backoff=runtime.backoff,
-                                      stopping=lambda: lane.stopping)
-        runtime.health.count(kind)
+        handled = await retry_until_done(durable_then_published, lane=lane_label(record),
+                                         health=runtime.health, backoff=runtime.backoff,
+                                         stopping=lambda: lane.stopping)
+        runtime.health.count(handled.kind)
+        metrics.observe_published([o.model for o in handled.outbound])
         runtime.published += 1
 
     lanes = PartitionLanes(handle)
@@ -133,8 +135,25 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
     @app.timer(interval=2.0)
     async def heartbeat() -> None:
         runtime.health.write()
+        await _update_lag(app, lanes)
 
     return app
+
+
+async def _update_lag(app: faust.App, lanes: PartitionLanes) -> None:
+    """Consumer lag per assigned partition: records not yet fetched plus those queued in
+    its lane (fetched, not yet handled), i.e. everything the worker still owes."""
+    metrics.CONSUMER_LAG.clear()
+    for tp in app.consumer.assignment():
+        try:
+            position = await app.consumer.position(tp)
+            highwater = app.consumer.highwater(tp)
+        except Exception:  # not fetched yet / rebalancing: no figure rather than a wrong one
+            continue
+        if position is None or highwater is None:
+            continue
+        owed = max(0, highwater - position) + lanes.depth(tp)
+        metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(owed)
 
 
 def lane_label(record: RawRecord) -> str:

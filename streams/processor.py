@@ -57,6 +57,7 @@ from services.store.base import (
     ParentMissing,
     StoreUnavailable,
 )
+from streams import metrics
 from streams.records import DecodeFailed, EventCodec, Outbound, RawRecord
 from streams.retry import PersistenceUnavailable
 
@@ -170,7 +171,9 @@ class PromotionProcessor:
         return self._publishable(turn, verdict, facts.effects)
 
     def _decide_and_write(self, turn: TurnCompleted, facts: TurnFacts) -> Verdict:
-        validation = promotion.validate(turn, self.clock_ms(), self._history(turn))
+        history = self._history(turn)
+        with metrics.VALIDATION_SECONDS.time():
+            validation = promotion.validate(turn, self.clock_ms(), history)
         decided = promotion.decide(turn, validation, Facts(
             cancelled=facts.cancellation is not None,
             effects={e.effect_id: e for e in facts.effects},
@@ -210,7 +213,8 @@ class PromotionProcessor:
 
     def _promote(self, turn: TurnCompleted, decided: Promote) -> Verdict:
         try:
-            outcome = self.store.promote(decided.request)
+            with metrics.LWT_SECONDS.time():
+                outcome = self.store.promote(decided.request)
         except InvalidPromotion as exc:  # validation let through what the store refuses
             return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
         parent_owner = None

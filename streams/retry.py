@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from streams import metrics
 from streams.health import Health
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ async def retry_until_done(
                 if attempt == 0:
                     log.warning("%s: persistence unavailable, retrying: %s", lane, exc)
                 health.retrying(lane, str(exc))
+                metrics.PERSISTENCE_RETRIES.inc()
                 await _sleep_unless_stopping(backoff.delay(attempt), stopping)
                 attempt += 1
     finally:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -42,18 +44,17 @@ def isolated_settings(settings: Settings, tag: str = "t", partitions: int | None
 def worker_env(settings: Settings, group: str) -> dict[str, str]:
     return dict(
         os.environ,
+        **settings.to_env(),
         PYTHONPATH=str(ROOT),
-        RATCHET_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
-        RATCHET_SCHEMA_REGISTRY_URL=settings.schema_registry_url,
-        RATCHET_CASSANDRA_HOSTS=",".join(settings.cassandra_hosts),
-        RATCHET_CASSANDRA_PORT=str(settings.cassandra_port),
-        RATCHET_KEYSPACE=settings.keyspace,
-        RATCHET_TOPIC_PREFIX=settings.topic_prefix,
-        RATCHET_PARTITIONS=str(settings.partitions),
-        RATCHET_HOME=str(settings.home),
         RATCHET_CONSUMER_GROUP=group,
         RATCHET_LOG_LEVEL=os.environ.get("RATCHET_LOG_LEVEL", "WARNING"),
     )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class WorkerProcess:
@@ -62,11 +63,19 @@ class WorkerProcess:
     def __init__(self, settings: Settings, group: str, log_path: Path) -> None:
         self.log_path = log_path
         self._log = log_path.open("ab")
+        # Each test worker gets its own metrics port: several may run on one machine.
+        self.metrics_port = free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ratchet.cli", "worker"],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
-            env=worker_env(settings, group),
+            env=worker_env(replace(settings, worker_metrics_port=self.metrics_port), group),
         )
+
+    def metrics(self) -> str:
+        """The worker's Prometheus exposition text."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                    timeout=5) as answer:
+            return answer.read().decode()
 
     @property
     def pid(self) -> int:

@@ -17,6 +17,7 @@ from ratchet.settings import Settings
 from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
+from streams import metrics
 from streams.app import GROUP_ID, Runtime, create_app
 from streams.codec import RegistryCodec
 from streams.health import Health, health_path
@@ -42,16 +43,10 @@ def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
     return Runtime(processor=processor, codec=codec, health=health, topics=topics), cluster
 
 
-def _quiet_driver_logs() -> None:
-    """The store's view query selects ``request_digest`` twice, so the driver warns on
-    every execution (reported to the store owner); the warning costs throughput."""
-    logging.getLogger("cassandra.query").setLevel(logging.ERROR)
-
-
 def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str = "INFO") -> int:
     """Run until SIGTERM/SIGINT; returns the process exit code."""
-    _quiet_driver_logs()
     runtime, cluster = build_runtime(settings)
+    metrics.serve(settings.api_host, settings.worker_metrics_port)
     group = group_id or os.environ.get("RATCHET_CONSUMER_GROUP") or GROUP_ID
     app = create_app(settings, runtime, group_id=group)
     runtime.health.write()

@@ -267,3 +267,46 @@ def test_every_outcome_event_is_keyed_like_its_conversation(rig):
     gateway_partition = seen.partition
     assert 0 <= gateway_partition < rig.settings.partitions
     assert Path(rig.worker_process.log_path).exists()
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` (0 if none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def test_worker_metrics_count_what_it_published(rig):
+    """The worker's /metrics: promotions, rejections by reason, dead letters, LWT and
+    validation latency, consumer lag. Counted after a fresh promoted turn, a fresh
+    rejected one and a fresh dead letter, as deltas (other tests share this worker)."""
+    worker = rig.worker_process
+    before = worker.metrics()
+    c = conv()
+    good, ahead = turn(c, 0), turn(c, 7)
+    rig.send(good)
+    assert outcome(rig, good).seq == 1
+    rig.send(ahead)
+    assert outcome(rig, ahead).reason is R.OUT_OF_ORDER
+    rig.producer.send_raw(c.encode(), b"\x07not avro")
+    rig.producer.flush()
+    rig.collector.wait(
+        lambda: _metric(worker.metrics(), "ratchet_worker_dead_letters_total")
+        > _metric(before, "ratchet_worker_dead_letters_total"), 30, "dead-letter metric")
+    after = worker.metrics()
+
+    def delta(name: str, **labels: str) -> float:
+        return _metric(after, name, **labels) - _metric(before, name, **labels)
+
+    assert delta("ratchet_worker_promotions_total", certification="certified") >= 1
+    assert delta("ratchet_worker_rejections_total", reason="OUT_OF_ORDER") >= 1
+    assert delta("ratchet_worker_dead_letters_total", reason="BAD_MAGIC_BYTE") >= 1
+    assert delta("ratchet_worker_lwt_seconds_count") >= 2  # the promotion and the refusal
+    assert delta("ratchet_worker_validation_seconds_count") >= 2
+    rig.collector.wait(lambda: "ratchet_worker_consumer_lag_records{" in worker.metrics(),
+                       10, "consumer lag gauge")

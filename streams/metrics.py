@@ -1,0 +1,89 @@
+"""Prometheus metrics of the worker process, served at ``/metrics`` on its own port
+(``Settings.worker_metrics_port``, ``RATCHET_WORKER_METRICS_PORT``; 0 turns it off, e.g.
+for several workers on one machine in tests).
+
+Each process exports what it alone can see: the API its lookups (``ratchet_api_*``),
+the worker its decisions and their costs (``ratchet_worker_*``). Names are listed in
+docs/service.md.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from schemas.models import CheckpointPromoted, DeadLetter, EffectOrphaned, PromotionRejected
+
+log = logging.getLogger(__name__)
+
+# A local LWT is a few ms; a retrying one can take seconds.
+_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+
+PROMOTIONS = Counter(
+    "ratchet_worker_promotions_total",
+    "Turns promoted (durable and published), by certification.",
+    ["certification"],
+)
+REJECTIONS = Counter(
+    "ratchet_worker_rejections_total",
+    "Turns rejected (PromotionRejected published), by reason code.",
+    ["reason"],
+)
+DEAD_LETTERS = Counter(
+    "ratchet_worker_dead_letters_total",
+    "Records parked in the dead-letter topic, by reason.",
+    ["reason"],
+)
+ORPHANED_EFFECTS = Counter(
+    "ratchet_worker_orphaned_effects_total", "EffectOrphaned records published."
+)
+LWT_SECONDS = Histogram(
+    "ratchet_worker_lwt_seconds",
+    "Time of one store.promote call (the conditional batch, plus its SERIAL read if refused).",
+    buckets=_BUCKETS,
+)
+VALIDATION_SECONDS = Histogram(
+    "ratchet_worker_validation_seconds",
+    "Time of the pure validation of one TurnCompleted.",
+    buckets=_BUCKETS,
+)
+PERSISTENCE_RETRIES = Counter(
+    "ratchet_worker_persistence_retries_total",
+    "Attempts that met unavailable Cassandra/registry and were retried (the partition waited).",
+)
+CONSUMER_LAG = Gauge(
+    "ratchet_worker_consumer_lag_records",
+    "Records between the worker's position and the high watermark, per assigned partition.",
+    ["topic", "partition"],
+)
+
+
+def serve(host: str, port: int) -> bool:
+    """Start the exporter; False (logged, not fatal) if the port is taken or disabled."""
+    if port == 0:
+        return False
+    try:
+        start_http_server(port, addr=host)
+    except OSError as exc:
+        log.warning("worker metrics not served on %s:%d: %s", host, port, exc)
+        return False
+    log.info("worker metrics at http://%s:%d/metrics", host, port)
+    return True
+
+
+def observe_published(models: list) -> None:
+    """Count the outcome records of one event once they are durable AND published.
+
+    A redelivered event publishes its outcome again and is counted again: these count
+    what the worker emitted, the store holds the truth of what was promoted.
+    """
+    for model in models:
+        if isinstance(model, CheckpointPromoted):
+            PROMOTIONS.labels(model.certification.value).inc()
+        elif isinstance(model, PromotionRejected):
+            REJECTIONS.labels(model.reason.value).inc()
+        elif isinstance(model, DeadLetter):
+            DEAD_LETTERS.labels(model.reason.value).inc()
+        elif isinstance(model, EffectOrphaned):
+            ORPHANED_EFFECTS.inc()
