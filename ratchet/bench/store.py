@@ -11,8 +11,10 @@ Measured in one run, in a keyspace of its own (created, then dropped):
   so every turn after the first reads the view at SERIAL first (two Paxos rounds): the
   cost of the path a stale hint falls back to.
 - ``read_history`` of a 50-turn Conversation (100 items) p50/p99 (target p99 <= 5 ms),
-  verification included, by Conversation id and by response id; baseline: a plain
-  ``SELECT`` of the same partition.
+  verification included, by Conversation id and by response id; baselines: a plain
+  ``SELECT *`` of the same partition of ``turns`` (50 turn rows, 50 idempotency rows,
+  the head marker), and the store's own history query (no idempotency rows) without
+  decoding or verification.
 
 Run ``python -m ratchet.bench.store`` (``RATCHET_*`` variables pick the cluster).
 ``run()`` returns the figures for a ``ratchet bench`` command.
@@ -34,7 +36,9 @@ from ratchet.domain.history import Certification, PromotionMode, VerifiedHistory
 from ratchet.settings import Settings
 from schemas.models import Item
 
-MIGRATION = Path(__file__).resolve().parents[2] / "infra" / "migrations" / "001_core.cql"
+_MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "migrations"
+# The store's tables: response_locations (001) and turns (004).
+MIGRATIONS = (_MIGRATIONS_DIR / "001_core.cql", _MIGRATIONS_DIR / "004_turn_rows.cql")
 
 
 @dataclass(frozen=True)
@@ -123,8 +127,9 @@ def _create_keyspace(cluster, keyspace: str, replication: str):
     session = cluster.connect(keyspace)
     from infra.migrate import split_statements
 
-    for statement in split_statements(MIGRATION.read_text()):
-        session.execute(statement, timeout=60)
+    for path in MIGRATIONS:
+        for statement in split_statements(path.read_text()):
+            session.execute(statement, timeout=60)
     session.execute(
         "CREATE TABLE IF NOT EXISTS raw_baseline (k text, c text, v blob, PRIMARY KEY (k, c))",
         timeout=60,
@@ -140,7 +145,11 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
     from cassandra.policies import FallthroughRetryPolicy
 
     from services.store.base import Promoted, StoreOptions
-    from services.store.cassandra import CassandraCheckpointStore
+    from services.store.cassandra import (
+        _ALL_COLUMNS,
+        _HISTORY_KINDS,
+        CassandraCheckpointStore,
+    )
 
     settings = settings or Settings.from_env()
     keyspace = f"{settings.keyspace}_bench_{uuid.uuid4().hex[:6]}"
@@ -155,9 +164,16 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
         raw_insert.serial_consistency_level = ConsistencyLevel.SERIAL
         raw_insert.consistency_level = ConsistencyLevel.LOCAL_QUORUM
         raw_select = session.prepare(
-            "SELECT * FROM histories WHERE tenant_id = ? AND partition_key = ?"
+            "SELECT * FROM turns WHERE tenant_id = ? AND partition_key = ?"
         )
         raw_select.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+        # The query the store itself makes (no idempotency rows), without decoding
+        # into records or verifying.
+        raw_history = session.prepare(
+            f"SELECT {_ALL_COLUMNS} FROM turns WHERE tenant_id = ? AND partition_key = ? "
+            f"AND kind IN {_HISTORY_KINDS}"
+        )
+        raw_history.consistency_level = ConsistencyLevel.LOCAL_QUORUM
         payload = _item("baseline").content * 2
         tenant = f"bench_{uuid.uuid4().hex[:6]}"
         figures: list[Figure] = []
@@ -207,8 +223,12 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
         def raw_read(w: int, i: int) -> None:
             list(session.execute(raw_select, (tenant, conversation)))
 
-        _warm_up(read, read_by_id, raw_read)
+        def raw_history_read(w: int, i: int) -> None:
+            list(session.execute(raw_history, (tenant, conversation)))
+
+        _warm_up(read, read_by_id, raw_read, raw_history_read)
         figures.append(measure("raw SELECT partition (50 turns)", 1, reads, raw_read))
+        figures.append(measure("raw SELECT history rows (50 turns)", 1, reads, raw_history_read))
         figures.append(measure("store.read_history (50 turns)", 1, reads, read))
         figures.append(measure("store.read_history by response id", 1, reads, read_by_id))
         return figures

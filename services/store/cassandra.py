@@ -1,14 +1,16 @@
 """Cassandra backend: one partition per history, one conditional batch per promotion.
 
-Tables: ``infra/migrations/001_core.cql``. The promotion batch (``_write``) is::
+Tables: ``turns`` (``infra/migrations/004_turn_rows.cql``: one row per promoted
+response, its items in a list column of it) and ``response_locations``
+(``001_core.cql``). The promotion batch (``_write``) is::
 
-    UPDATE histories SET head_* = ...                             -- Conversation mode only
+    UPDATE turns SET head_* = ...                                 -- Conversation mode only
         IF head_seq = ? AND head_response_id = ? AND head_item_count = ?
-    UPDATE parent checkpoint row SET seq = seq                    -- chain mode, with a parent
+    UPDATE parent turn row SET seq = seq                          -- chain mode, with a parent
         IF seq = ? AND last_item_seq = ? AND mode = 'chain'
-    INSERT checkpoint row            IF NOT EXISTS                -- each response once
+    INSERT turn row (checkpoint + items) IF NOT EXISTS            -- each response once
     INSERT idempotency row           IF NOT EXISTS                -- each key once
-    INSERT item rows (unconditional: applied only if every condition holds)
+    INSERT head marker row (unconditional)                        -- Conversation mode only
 
 Cassandra allows these conditions together because they sit on different rows of
 one partition (the static row and up to three clustering rows); the batch is then
@@ -27,8 +29,8 @@ its ``attempt_token`` (a fresh uuid per batch) says whether the write was ours.
 from __future__ import annotations
 
 import functools
+import struct
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -112,8 +114,17 @@ _CHECKPOINT_COLUMNS = (
     "boundary_proof, artifact_expires_at, logical_expires_at, promoted_at, first_item_seq, "
     "last_item_seq, items_digest, attempt_token"
 )
-_ITEM_COLUMNS = (
-    "item_seq, item_id, item_type, role, call_id, content, content_digest, format_version"
+# The fields of one item record in a turn row's ``items`` cell, in order (see
+# ``encode_turn_items``).
+ITEM_RECORD_FIELDS = (
+    "item_seq",
+    "item_id",
+    "item_type",
+    "role",
+    "call_id",
+    "content",
+    "content_digest",
+    "format_version",
 )
 # What a CheckpointRecord is decoded from (not artifact_expires_at, a copy of the
 # artifact's own expiry, nor attempt_token, which only unknown-outcome resolution reads).
@@ -123,18 +134,17 @@ _DECODED_CHECKPOINT_NAMES = tuple(
     if name not in ("artifact_expires_at", "attempt_token")
 )
 _ALL_COLUMNS = (
-    "kind, ref, pos, head_seq, head_response_id, head_item_count, "
-    f"{_ITEM_COLUMNS}, {', '.join(_DECODED_CHECKPOINT_NAMES)}"
+    "kind, ref, head_seq, head_response_id, head_item_count, items, "
+    f"{', '.join(_DECODED_CHECKPOINT_NAMES)}"
 )
 # Positions in a row of ``_ALL_COLUMNS`` (partition reads decode plain tuples).
-_KIND, _REF, _POS, _HEAD_SEQ, _HEAD_RESPONSE, _HEAD_ITEMS = range(6)
-_ITEM_AT = 6
-_CHECKPOINT_AT = _ITEM_AT + len(_ITEM_COLUMNS.split(","))
+_KIND, _REF, _HEAD_SEQ, _HEAD_RESPONSE, _HEAD_ITEMS, _ITEMS = range(6)
+_CHECKPOINT_AT = 6
 # Rows a history read needs: not the idempotency records (one per turn, never read).
 # The 'head' marker keeps a Conversation's static head in the answer.
-_HISTORY_KINDS = "('checkpoint', 'head', 'item')"
+_HISTORY_KINDS = "('checkpoint', 'head')"
 # One page holds any history this store accepts in practice (a 50-turn Conversation
-# is ~150 rows): one round trip. Longer ones page on, still verified as a whole.
+# is 51 rows): one round trip. Longer ones page on, still verified as a whole.
 _HISTORY_FETCH_SIZE = 5000
 
 
@@ -187,7 +197,7 @@ class CassandraCheckpointStore(CheckpointStore):
         self._write_cl = write_consistency
         self._serial_cl = serial_consistency
         prefix = f"{keyspace}." if keyspace else ""
-        table = f"{prefix}histories"
+        table = f"{prefix}turns"
         locations = f"{prefix}response_locations"
         partition = "tenant_id = ? AND partition_key = ?"
         self._select_head = self._prepare(
@@ -197,18 +207,18 @@ class CassandraCheckpointStore(CheckpointStore):
         )
         self._select_view_rows = self._prepare(
             "SELECT kind, ref, head_seq, head_response_id, head_item_count, "
-            f"{_CHECKPOINT_COLUMNS} FROM {table} WHERE {partition} AND (kind, ref, pos) IN "
-            "(('head', '', 0), ('idempotency', ?, 0), ('checkpoint', ?, 0), ('checkpoint', ?, 0))",
+            f"{_CHECKPOINT_COLUMNS} FROM {table} WHERE {partition} AND (kind, ref) IN "
+            "(('head', ''), ('idempotency', ?), ('checkpoint', ?), ('checkpoint', ?))",
             serial_consistency,
         )
         self._select_checkpoint_serial = self._prepare(
             f"SELECT {_CHECKPOINT_COLUMNS} FROM {table} "
-            f"WHERE {partition} AND kind = 'checkpoint' AND ref = ? AND pos = 0",
+            f"WHERE {partition} AND kind = 'checkpoint' AND ref = ?",
             serial_consistency,
         )
         self._select_checkpoint = self._prepare(
             f"SELECT {_CHECKPOINT_COLUMNS} FROM {table} "
-            f"WHERE {partition} AND kind = 'checkpoint' AND ref = ? AND pos = 0",
+            f"WHERE {partition} AND kind = 'checkpoint' AND ref = ?",
             read_consistency,
         )
         self._select_partition = self._prepare(
@@ -247,23 +257,20 @@ class CassandraCheckpointStore(CheckpointStore):
         # range the plan extends. The SET rewrites the value the condition proved.
         self._check_parent = self._prepare_lwt(
             f"UPDATE {table} SET seq = ? WHERE {partition} AND kind = 'checkpoint' AND ref = ? "
-            "AND pos = 0 IF seq = ? AND last_item_seq = ? AND mode = 'chain'"
+            "IF seq = ? AND last_item_seq = ? AND mode = 'chain'"
         )
+        # The turn row: the checkpoint and the turn's items (one blob of item
+        # records, ``encode_turn_items``).
         self._insert_checkpoint = self._prepare_lwt(
-            f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, pos, {_CHECKPOINT_COLUMNS}) "
-            f"VALUES (?, ?, 'checkpoint', ?, 0, {', '.join('?' * 19)}) IF NOT EXISTS"
+            f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, {_CHECKPOINT_COLUMNS}, "
+            f"items) VALUES (?, ?, 'checkpoint', ?, {', '.join('?' * 20)}) IF NOT EXISTS"
         )
         self._insert_idempotency = self._prepare_lwt(
-            f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, pos, response_id, "
-            "request_digest) VALUES (?, ?, 'idempotency', ?, 0, ?, ?) IF NOT EXISTS"
+            f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, response_id, "
+            "request_digest) VALUES (?, ?, 'idempotency', ?, ?, ?) IF NOT EXISTS"
         )
         self._insert_head_marker = self._prepare_lwt(
-            f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, pos) "
-            "VALUES (?, ?, 'head', '', 0)"
-        )
-        self._insert_item = self._prepare_lwt(
-            f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, pos, {_ITEM_COLUMNS}) "
-            "VALUES (?, ?, 'item', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            f"INSERT INTO {table} (tenant_id, partition_key, kind, ref) VALUES (?, ?, 'head', '')"
         )
 
     @classmethod
@@ -474,29 +481,17 @@ class CassandraCheckpointStore(CheckpointStore):
             )
         batch.add(
             self._insert_checkpoint,
-            (*key, request.response_id, *_unset_nulls(_checkpoint_values(checkpoint, token))),
+            (
+                *key,
+                request.response_id,
+                *_unset_nulls(_checkpoint_values(checkpoint, token)),
+                _item_values(request.items, checkpoint.first_item_seq),
+            ),
         )
         batch.add(
             self._insert_idempotency,
             (*key, request.idempotency_key, request.response_id, request.request_digest),
         )
-        for position, item in enumerate(request.items):
-            batch.add(
-                self._insert_item,
-                (
-                    *key,
-                    request.response_id,
-                    position,
-                    checkpoint.first_item_seq + position,
-                    item.item_id,
-                    item.type,
-                    _unset_null(item.role),
-                    _unset_null(item.call_id),
-                    item.content,
-                    item.content_digest,
-                    item.format_version,
-                ),
-            )
         return batch
 
     def _locate(self, tenant_id: str, response_id: str) -> str | None:
@@ -544,14 +539,99 @@ def _head(row: Any) -> Head | None:
     return Head(row.head_seq, row.head_response_id or "", row.head_item_count or 0)
 
 
-def _unset_null(value: Any) -> Any:
-    """An absent value is left unset, not written as null: a null is a tombstone cell,
-    and every read of the partition would scan it (it reads back as null all the same)."""
-    return UNSET_VALUE if value is None else value
-
-
 def _unset_nulls(values: Iterable[Any]) -> tuple[Any, ...]:
+    """Absent values are left unset, not written as null: a null is a tombstone cell,
+    and every read of the partition would scan it (it reads back as null all the same)."""
     return tuple(UNSET_VALUE if v is None else v for v in values)
+
+
+def _item_values(items: Sequence[Item], first_item_seq: int) -> Any:
+    """The ``items`` cell of a turn row (UNSET if the turn has no items)."""
+    if not items:
+        return UNSET_VALUE
+    return encode_turn_items(
+        (
+            first_item_seq + position,
+            item.item_id,
+            item.type,
+            item.role,
+            item.call_id,
+            item.content,
+            item.content_digest,
+            item.format_version,
+        )
+        for position, item in enumerate(items)
+    )
+
+
+# --- the items cell: one blob of item records ------------------------------------------
+#
+#   cell   = version byte (1), then one record per item, in turn order, nothing after
+#   record = item_seq (int64), format_version (int32), the byte lengths (int32, -1 =
+#            null) of item_id, item_type, role, call_id (UTF-8), content (bytes) and
+#            content_digest (UTF-8), then those six fields' bytes in that order
+#
+# Big-endian, like CQL's own encodings; the fixed part of a record is one struct, so
+# decoding costs one unpack per item. The decoder is strict: a wrong version, a
+# truncated record, trailing bytes, invalid UTF-8 or a null where a value must be
+# (everything but role and call_id) raise ``ValueError``, so the turn reads as damaged
+# (CORRUPT_HISTORY); what decodes is then verified item by item like any other item.
+ITEMS_CELL_VERSION = 1
+_RECORD_HEAD = struct.Struct(">qi6i")
+
+
+def encode_turn_items(records: Iterable[Sequence[Any]]) -> bytes:
+    """Encode item records (``ITEM_RECORD_FIELDS`` order) into an ``items`` cell.
+
+    Encodes any value it is given, nulls included (tests use it to write damage)."""
+    out = [bytes((ITEMS_CELL_VERSION,))]
+    for seq, item_id, item_type, role, call_id, content, digest, format_version in records:
+        fields = [
+            None if v is None else v.encode() if isinstance(v, str) else bytes(v)
+            for v in (item_id, item_type, role, call_id, content, digest)
+        ]
+        lengths = (-1 if f is None else len(f) for f in fields)
+        out.append(_RECORD_HEAD.pack(seq, format_version, *lengths))
+        out.extend(f for f in fields if f is not None)
+    return b"".join(out)
+
+
+def decode_turn_items(cell: bytes) -> list[tuple[Any, ...]]:
+    """The item records of an ``items`` cell (``ITEM_RECORD_FIELDS`` order), nulls kept;
+    raises ``ValueError`` if the cell is not exactly a sequence of whole records."""
+    if not cell or cell[0] != ITEMS_CELL_VERSION:
+        raise ValueError("items cell of an unknown encoding")
+    unpack, head = _RECORD_HEAD.unpack_from, _RECORD_HEAD.size
+    records: list[tuple[Any, ...]] = []
+    at, end = 1, len(cell)
+    while at < end:
+        if at + head > end:
+            raise ValueError("items cell ends inside a record header")
+        seq, format_version, *lengths = unpack(cell, at)
+        at += head
+        fields: list[Any] = []
+        for length in lengths:
+            if length < 0:
+                fields.append(None)
+            else:
+                fields.append(cell[at : at + length])
+                at += length
+        if at > end:
+            raise ValueError("items cell ends inside a field")
+        item_id, item_type, role, call_id, content, digest = fields
+        records.append(
+            (
+                seq,
+                None if item_id is None else item_id.decode(),
+                None if item_type is None else item_type.decode(),
+                None if role is None else role.decode(),
+                None if call_id is None else call_id.decode(),
+                content,
+                None if digest is None else digest.decode(),
+                format_version,
+            )
+        )
+    return records
 
 
 def _checkpoint_values(checkpoint: CheckpointRecord, token: uuid.UUID) -> tuple[Any, ...]:
@@ -713,31 +793,52 @@ if not _ITEM_CONSTRUCTION_OK:  # pragma: no cover - depends on the pydantic vers
         return Item.model_construct(**dict(zip(Item.model_fields, args, strict=True)))
 
 
-def _stored_item(row: Sequence[Any]) -> StoredItem:
-    """Decode an item row of ``_ALL_COLUMNS``; raises ``ValueError`` if it is damaged."""
-    (
-        item_seq,
-        item_id,
-        item_type,
-        role,
-        call_id,
-        content,
-        content_digest,
-        format_version,
-    ) = row[_ITEM_AT:_CHECKPOINT_AT]
-    if (
-        item_seq is None
-        or item_id is None
-        or item_type is None
-        or content is None
-        or content_digest is None
-        or format_version is None
-    ):
-        raise ValueError("item row without seq, content or format version")
-    item = _construct_item(
-        item_id, item_type, role, call_id, content, content_digest, format_version
-    )
-    return StoredItem(row[_REF], row[_POS], item_seq, item)
+def _stored_items(response_id: str, cell: bytes | None) -> tuple[StoredItem, ...]:
+    """Decode the ``items`` cell of a turn row straight into items (the hot path of
+    ``decode_turn_items``, unrolled; tests prove they agree). A null cell is a turn
+    without items. Raises ``ValueError`` if the cell or an item is damaged (a null where
+    a value must be, a truncated record, trailing bytes, invalid UTF-8)."""
+    if cell is None:
+        return ()
+    if not cell or cell[0] != ITEMS_CELL_VERSION:
+        raise ValueError("items cell of an unknown encoding")
+    unpack, head = _RECORD_HEAD.unpack_from, _RECORD_HEAD.size
+    out = []
+    at, end, position = 1, len(cell), 0
+    while at < end:
+        if at + head > end:
+            raise ValueError("items cell ends inside a record header")
+        seq, format_version, l_id, l_type, l_role, l_call, l_content, l_digest = unpack(cell, at)
+        if l_id < 0 or l_type < 0 or l_content < 0 or l_digest < 0:
+            raise ValueError("item without id, type, content or digest")
+        at += head
+        stop = at + l_id
+        item_id = cell[at:stop].decode()
+        at, stop = stop, stop + l_type
+        item_type = cell[at:stop].decode()
+        at = stop
+        role = call_id = None
+        if l_role >= 0:
+            stop = at + l_role
+            role = cell[at:stop].decode()
+            at = stop
+        if l_call >= 0:
+            stop = at + l_call
+            call_id = cell[at:stop].decode()
+            at = stop
+        stop = at + l_content
+        content = cell[at:stop]
+        at, stop = stop, stop + l_digest
+        content_digest = cell[at:stop].decode()
+        at = stop
+        if at > end:
+            raise ValueError("items cell ends inside a field")
+        item = _construct_item(
+            item_id, item_type, role, call_id, content, content_digest, format_version
+        )
+        out.append(StoredItem(response_id, position, seq, item))
+        position += 1
+    return tuple(out)
 
 
 def _snapshot(
@@ -747,21 +848,20 @@ def _snapshot(
     if not rows:
         return None
     checkpoints: dict[str, CheckpointRecord] = {}
-    items: dict[str, list[StoredItem]] = defaultdict(list)
+    items: dict[str, tuple[StoredItem, ...]] = {}
     damaged: set[str] = set()
     for row in rows:
-        kind = row[_KIND]
+        if row[_KIND] != "checkpoint":
+            continue
+        ref = row[_REF]
         try:
-            if kind == "item":
-                items[row[_REF]].append(_stored_item(row))
-            elif kind == "checkpoint":
-                ref = row[_REF]
-                checkpoint = _decode_checkpoint(tenant_id, partition_key, row[_CHECKPOINT_AT:])
-                if checkpoint.response_id != ref:
-                    raise ValueError("checkpoint row filed under another response id")
-                checkpoints[ref] = checkpoint
+            checkpoint = _decode_checkpoint(tenant_id, partition_key, row[_CHECKPOINT_AT:])
+            if checkpoint.response_id != ref:
+                raise ValueError("checkpoint row filed under another response id")
+            checkpoints[ref] = checkpoint
+            items[ref] = _stored_items(ref, row[_ITEMS])
         except (KeyError, TypeError, ValueError):
-            damaged.add(row[_REF])
+            damaged.add(ref)
     first = rows[0]
     head_seq = first[_HEAD_SEQ]
     return PartitionSnapshot(
@@ -771,6 +871,6 @@ def _snapshot(
         if head_seq is None
         else Head(head_seq, first[_HEAD_RESPONSE] or "", first[_HEAD_ITEMS] or 0),
         checkpoints=checkpoints,
-        items={ref: tuple(entries) for ref, entries in items.items()},
+        items=items,
         damaged=frozenset(damaged),
     )

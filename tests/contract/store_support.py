@@ -12,7 +12,9 @@ from ratchet.domain.history import Certification, PromotionMode, TokenArtifact, 
 from schemas.models import Item, sha256_hex
 from services.store.base import PromotionRequest
 
-MIGRATION = Path(__file__).resolve().parents[2] / "infra" / "migrations" / "001_core.cql"
+_MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "migrations"
+# The store's tables: response_locations (001) and turns (004; 001's `histories` is unused).
+MIGRATIONS = (_MIGRATIONS_DIR / "001_core.cql", _MIGRATIONS_DIR / "004_turn_rows.cql")
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
 
@@ -114,7 +116,7 @@ def chain_turn(
 
 
 def create_store_keyspace(cluster, keyspace: str, replication: str):
-    """Create ``keyspace``, apply the store's migration into it, return a session on it."""
+    """Create ``keyspace``, apply the store's migrations into it, return a session on it."""
     admin = cluster.connect()
     admin.execute(
         f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}", timeout=60
@@ -127,7 +129,7 @@ def create_store_keyspace(cluster, keyspace: str, replication: str):
 
 
 def migration_statements() -> list[str]:
-    """The store's migration, split exactly the way `ratchet migrate` splits it."""
+    """The store's migrations, split exactly the way `ratchet migrate` splits them."""
     from infra.migrate import split_statements
 
-    return split_statements(MIGRATION.read_text())
+    return [s for path in MIGRATIONS for s in split_statements(path.read_text())]

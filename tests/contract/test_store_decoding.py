@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
+
+import pytest
 
 from services.store import cassandra as backend
 from tests.contract.store_support import item
@@ -34,17 +35,80 @@ def test_driver_timestamps_decode_like_utc_ms():
     assert backend._utc(naive).tzinfo is UTC
 
 
-def test_damaged_rows_are_reported_not_raised():
+def _row(**values):
     columns = [c.strip() for c in backend._ALL_COLUMNS.split(",")]
     row = dict.fromkeys(columns)
-    row.update(kind="checkpoint", ref="resp_a", pos=0, head_seq=1, head_response_id="resp_a")
-    row.update(head_item_count=1, response_id="resp_a", seq=1, mode="nonsense")
-    row.update(certification="certified", first_item_seq=1, last_item_seq=1)
-    row.update(promoted_at=datetime(2030, 1, 1), items_digest="d", attempt_token=uuid.uuid4())
-    item_row = dict.fromkeys(columns)
-    item_row.update(kind="item", ref="resp_a", pos=0, item_seq=1, item_id="i", item_type="message")
+    row.update(values)
+    return tuple(row[c] for c in columns)
+
+
+def _turn_row(ref, **values):
+    fields = dict(kind="checkpoint", ref=ref, head_seq=1, head_response_id="resp_a")
+    fields.update(head_item_count=1, response_id=ref, seq=1, mode="conversation")
+    fields.update(certification="certified", first_item_seq=1, last_item_seq=1)
+    fields.update(promoted_at=datetime(2030, 1, 1), items_digest="d")
+    fields.update(values)
+    return _row(**fields)
+
+
+def test_damaged_rows_are_reported_not_raised():
+    good_item = backend.encode_turn_items([(1, "i", "message", "user", None, b"{}", "d", 1)])
+    null_content = backend.encode_turn_items([(1, "i", "message", "user", None, None, "d", 1)])
     snapshot = backend._snapshot(
-        "t", "p", [tuple(row[c] for c in columns), tuple(item_row[c] for c in columns)]
+        "t",
+        "p",
+        [
+            _turn_row("resp_a", mode="nonsense", items=good_item),
+            _turn_row("resp_b", items=null_content),
+            _turn_row("resp_c", items=good_item),
+            _row(kind="head", ref="", head_seq=1, head_response_id="resp_a"),
+        ],
     )
-    assert snapshot is not None and snapshot.damaged == frozenset({"resp_a"})
+    assert snapshot is not None and snapshot.damaged == frozenset({"resp_a", "resp_b"})
     assert snapshot.head is not None and snapshot.head.seq == 1
+    (stored,) = snapshot.items["resp_c"]
+    assert (stored.response_id, stored.position, stored.item_seq) == ("resp_c", 0, 1)
+    assert stored.item.content == b"{}" and stored.item.role == "user"
+
+
+def test_a_null_items_cell_is_a_turn_without_items():
+    snapshot = backend._snapshot("t", "p", [_turn_row("resp_a", items=None)])
+    assert snapshot is not None and snapshot.items["resp_a"] == ()
+    assert snapshot.damaged == frozenset()
+
+
+def test_items_cell_round_trips_and_refuses_damage():
+    records = [
+        (7, "item_a", "message", "user", None, b"\x00{}\xff", "d1", 1),
+        (8, "item_\u00e9", "function_call", None, "call_1", b"", "d2", 2),
+    ]
+    cell = backend.encode_turn_items(records)
+    assert backend.decode_turn_items(cell) == records
+    assert backend.decode_turn_items(backend.encode_turn_items([])) == []
+    for damaged in (
+        b"",  # no version byte
+        b"\x02" + cell[1:],  # unknown encoding
+        cell[:-1],  # truncated inside a field
+        cell[:20],  # truncated inside a length
+        cell + b"\x00",  # trailing bytes
+        cell[:13] + b"\x7f" + cell[14:],  # a length pointing past the end
+    ):
+        with pytest.raises(ValueError):
+            backend.decode_turn_items(damaged)
+    bad_utf8 = backend.encode_turn_items([(1, b"\xff", "message", None, None, b"", "d", 1)])
+    null_digest = backend.encode_turn_items([(1, "i", "message", None, None, b"", None, 1)])
+    for damaged in (b"", b"\x02" + cell[1:], cell[:-1], cell[:20], cell + b"\x00", bad_utf8):
+        with pytest.raises(ValueError):
+            backend._stored_items("r", damaged)
+    with pytest.raises(ValueError):
+        backend.decode_turn_items(bad_utf8)
+    with pytest.raises(ValueError):
+        backend._stored_items("r", null_digest)
+    # the read path's unrolled decoder agrees with decode_turn_items
+    stored = backend._stored_items("r", cell)
+    assert [
+        (s.item_seq, s.item.item_id, s.item.type, s.item.role, s.item.call_id)
+        + (s.item.content, s.item.content_digest, s.item.format_version)
+        for s in stored
+    ] == records
+    assert [s.position for s in stored] == [0, 1]

@@ -80,42 +80,50 @@ def test_wait_ms_gives_up_at_its_deadline(gw):
 # --- integrity: corrupt the stored rows, the API must refuse the whole history -------
 
 
-def _item_rows(cql, tenant, conv):
-    return list(
-        cql.execute(
-            "SELECT ref, pos, item_id FROM histories WHERE tenant_id = %s AND partition_key = %s "
-            "AND kind = 'item'",
-            (tenant, conv),
-        )
-    )
+# Items travel in their turn row (``turns.items``, one blob of item records: item_seq,
+# item_id, item_type, role, call_id, content, content_digest, format_version), so
+# damaging one item rewrites that cell with the item altered or removed.
+_ITEM_FIELD = {"item_type": 2, "content": 5, "content_digest": 6, "format_version": 7}
 
 
-def _corrupt(cql, tenant, conv, assignment, params=()):
-    row = _item_rows(cql, tenant, conv)[0]
+def _first_turn(cql, tenant, conv):
+    return cql.execute(
+        "SELECT ref, items FROM turns WHERE tenant_id = %s AND partition_key = %s "
+        "AND kind = 'checkpoint' LIMIT 1",
+        (tenant, conv),
+    ).one()
+
+
+def _rewrite_first_turn_items(cql, tenant, conv, change):
+    from services.store.cassandra import decode_turn_items, encode_turn_items
+
+    row = _first_turn(cql, tenant, conv)
+    items = [list(record) for record in decode_turn_items(row.items)]
+    change(items)
     cql.execute(
-        f"UPDATE histories SET {assignment} WHERE tenant_id = %s AND partition_key = %s "
-        "AND kind = 'item' AND ref = %s AND pos = %s",
-        (*params, tenant, conv, row.ref, row.pos),
+        "UPDATE turns SET items = %s WHERE tenant_id = %s AND partition_key = %s "
+        "AND kind = 'checkpoint' AND ref = %s",
+        (encode_turn_items(items), tenant, conv, row.ref),
     )
+
+
+def _corrupt(cql, tenant, conv, field, value):
+    def change(items):
+        items[0][_ITEM_FIELD[field]] = value
+
+    _rewrite_first_turn_items(cql, tenant, conv, change)
 
 
 CORRUPTIONS = {
-    "CORRUPT_HISTORY": lambda cql, t, c: _corrupt(cql, t, c, "content = %s", (b'{"x":1}',)),
-    "CORRUPT_HISTORY/null-content": lambda cql, t, c: _corrupt(cql, t, c, "content = null"),
-    "CORRUPT_HISTORY/null-digest": lambda cql, t, c: _corrupt(cql, t, c, "content_digest = null"),
-    "UNKNOWN_ITEM_TYPE": lambda cql, t, c: _corrupt(cql, t, c, "item_type = 'hologram'"),
-    "UNSUPPORTED_FORMAT": lambda cql, t, c: _corrupt(cql, t, c, "format_version = 99"),
-    "MISSING_HISTORY": lambda cql, t, c: cql.execute(
-        "DELETE FROM histories WHERE tenant_id = %s AND partition_key = %s AND kind = 'item' "
-        "AND ref = %s AND pos = %s",
-        (t, c, *_first_item_key(cql, t, c)),
+    "CORRUPT_HISTORY": lambda cql, t, c: _corrupt(cql, t, c, "content", b'{"x":1}'),
+    "CORRUPT_HISTORY/null-content": lambda cql, t, c: _corrupt(cql, t, c, "content", None),
+    "CORRUPT_HISTORY/null-digest": lambda cql, t, c: _corrupt(cql, t, c, "content_digest", None),
+    "UNKNOWN_ITEM_TYPE": lambda cql, t, c: _corrupt(cql, t, c, "item_type", "hologram"),
+    "UNSUPPORTED_FORMAT": lambda cql, t, c: _corrupt(cql, t, c, "format_version", 99),
+    "MISSING_HISTORY": lambda cql, t, c: _rewrite_first_turn_items(
+        cql, t, c, lambda items: items.pop(0)
     ),
 }
-
-
-def _first_item_key(cql, tenant, conv):
-    row = _item_rows(cql, tenant, conv)[0]
-    return row.ref, row.pos
 
 
 @pytest.mark.parametrize("reason", sorted(CORRUPTIONS))
@@ -139,8 +147,8 @@ def test_integrity_failure_is_500_with_its_reason_and_no_items(gw, cql, e2e_stac
 def test_expired_history_is_410(gw, cql, e2e_stack):
     conv, turns = promoted_conversation(gw, turns=1)
     cql.execute(
-        "UPDATE histories SET logical_expires_at = %s WHERE tenant_id = %s AND "
-        "partition_key = %s AND kind = 'checkpoint' AND ref = %s AND pos = 0",
+        "UPDATE turns SET logical_expires_at = %s WHERE tenant_id = %s AND "
+        "partition_key = %s AND kind = 'checkpoint' AND ref = %s",
         (1000, gw.tenant_id, conv, turns[0].response_id),
     )
     outcome = gw.rehydrate(turns[0].response_id)

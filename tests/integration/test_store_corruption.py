@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 from ratchet.domain.history import HistoryFailure, HistoryFailureReason, VerifiedHistory
-from services.store.cassandra import CassandraCheckpointStore
+from services.store.cassandra import (
+    CassandraCheckpointStore,
+    decode_turn_items,
+    encode_turn_items,
+)
 from tests.contract.store_support import conversation_turn, uid
 
 pytestmark = pytest.mark.integration
@@ -43,15 +47,44 @@ def cql(session, statement, *params):
     session.execute(statement, params, timeout=30)
 
 
-def test_deleted_middle_item(store, store_session, conversation):
-    tenant, conv, rids = conversation
+def rewrite_items(session, tenant, conv, rid, change):
+    """Rewrite a turn row's ``items`` cell with ``change(list of item field lists)``.
+
+    Items travel in their turn row (one blob of item records), so damage to one item
+    is a rewrite of that cell with the one item altered, added or removed. Fields
+    (``ITEM_RECORD_FIELDS``): item_seq, item_id, item_type, role, call_id, content,
+    content_digest, format_version.
+    """
+    row = session.execute(
+        f"SELECT items FROM turns {WHERE} AND kind = 'checkpoint' AND ref = %s",
+        (tenant, conv, rid),
+        timeout=30,
+    ).one()
+    items = [list(record) for record in decode_turn_items(row.items)]
+    change(items)
     cql(
-        store_session,
-        f"DELETE FROM histories {WHERE} AND kind = 'item' AND ref = %s AND pos = 1",
+        session,
+        f"UPDATE turns SET items = %s {WHERE} AND kind = 'checkpoint' AND ref = %s",
+        encode_turn_items(items),
         tenant,
         conv,
-        rids[1],
+        rid,
     )
+
+
+ITEM_TYPE, CONTENT, CONTENT_DIGEST, FORMAT_VERSION = 2, 5, 6, 7
+
+
+def set_field(position, field, value):
+    def change(items):
+        items[position][field] = value
+
+    return change
+
+
+def test_deleted_middle_item(store, store_session, conversation):
+    tenant, conv, rids = conversation
+    rewrite_items(store_session, tenant, conv, rids[1], lambda items: items.pop(1))
     assert read_reason(store, tenant, conv) is R.MISSING_HISTORY
     assert read_reason(store, tenant, conv, rids[2]) is R.MISSING_HISTORY
     assert isinstance(store.read_history(tenant, response_id=rids[0]), VerifiedHistory)
@@ -59,76 +92,45 @@ def test_deleted_middle_item(store, store_session, conversation):
 
 def test_flipped_content_byte(store, store_session, conversation):
     tenant, conv, rids = conversation
-    row = store_session.execute(
-        f"SELECT content FROM histories {WHERE} AND kind = 'item' AND ref = %s AND pos = 0",
-        (tenant, conv, rids[0]),
-    ).one()
-    flipped = bytearray(row.content)
-    flipped[3] ^= 0x20
-    cql(
-        store_session,
-        f"UPDATE histories SET content = %s {WHERE} AND kind = 'item' AND ref = %s AND pos = 0",
-        bytes(flipped),
-        tenant,
-        conv,
-        rids[0],
-    )
+
+    def flip(items):
+        flipped = bytearray(items[0][CONTENT])
+        flipped[3] ^= 0x20
+        items[0][CONTENT] = bytes(flipped)
+
+    rewrite_items(store_session, tenant, conv, rids[0], flip)
     assert read_reason(store, tenant, conv) is R.CORRUPT_HISTORY
 
 
 def test_unknown_item_type(store, store_session, conversation):
     tenant, conv, rids = conversation
-    cql(
-        store_session,
-        f"UPDATE histories SET item_type = 'hologram' {WHERE} AND kind = 'item' "
-        "AND ref = %s AND pos = 1",
-        tenant,
-        conv,
-        rids[2],
-    )
+    rewrite_items(store_session, tenant, conv, rids[2], set_field(1, ITEM_TYPE, "hologram"))
     assert read_reason(store, tenant, conv) is R.UNKNOWN_ITEM_TYPE
 
 
 def test_inserted_extra_item(store, store_session, conversation):
     tenant, conv, rids = conversation
-    first = store_session.execute(
-        f"SELECT item_id, content, content_digest FROM histories {WHERE} AND kind = 'item' "
-        "AND ref = %s AND pos = 0",
-        (tenant, conv, rids[1]),
-    ).one()
-    cql(
-        store_session,
-        "INSERT INTO histories (tenant_id, partition_key, kind, ref, pos, item_seq, "
-        "item_id, item_type, content, content_digest, format_version) "
-        "VALUES (%s, %s, 'item', %s, 3, 6, %s, 'hologram', %s, %s, 1)",
-        tenant,
-        conv,
-        rids[1],
-        "intruder",
-        first.content,
-        first.content_digest,
-    )
+
+    def intrude(items):
+        first = items[0]
+        items.append(
+            [6, "intruder", "hologram", None, None, first[CONTENT], first[CONTENT_DIGEST], 1]
+        )
+
+    rewrite_items(store_session, tenant, conv, rids[1], intrude)
     assert read_reason(store, tenant, conv) is R.CORRUPT_HISTORY
 
 
 def test_bumped_format_version(store, store_session, conversation):
     tenant, conv, rids = conversation
-    cql(
-        store_session,
-        f"UPDATE histories SET format_version = 2 {WHERE} AND kind = 'item' "
-        "AND ref = %s AND pos = 2",
-        tenant,
-        conv,
-        rids[1],
-    )
+    rewrite_items(store_session, tenant, conv, rids[1], set_field(2, FORMAT_VERSION, 2))
     assert read_reason(store, tenant, conv) is R.UNSUPPORTED_FORMAT
 
 
 def test_broken_lineage_link(store, store_session, conversation):
     tenant, conv, rids = conversation
     update = (
-        f"UPDATE histories SET parent_response_id = %s {WHERE} AND kind = 'checkpoint' "
-        "AND ref = %s AND pos = 0"
+        f"UPDATE turns SET parent_response_id = %s {WHERE} AND kind = 'checkpoint' AND ref = %s"
     )
     cql(store_session, update, rids[0], tenant, conv, rids[2])
     assert read_reason(store, tenant, conv) is R.CORRUPT_HISTORY
@@ -140,7 +142,7 @@ def test_deleted_checkpoint(store, store_session, conversation):
     tenant, conv, rids = conversation
     cql(
         store_session,
-        f"DELETE FROM histories {WHERE} AND kind = 'checkpoint' AND ref = %s AND pos = 0",
+        f"DELETE FROM turns {WHERE} AND kind = 'checkpoint' AND ref = %s",
         tenant,
         conv,
         rids[1],
@@ -152,8 +154,7 @@ def test_undecodable_rows(store, store_session, conversation):
     tenant, conv, rids = conversation
     cql(
         store_session,
-        f"UPDATE histories SET mode = 'sideways' {WHERE} AND kind = 'checkpoint' "
-        "AND ref = %s AND pos = 0",
+        f"UPDATE turns SET mode = 'sideways' {WHERE} AND kind = 'checkpoint' AND ref = %s",
         tenant,
         conv,
         rids[0],
@@ -163,19 +164,13 @@ def test_undecodable_rows(store, store_session, conversation):
 
 def test_nulled_content(store, store_session, conversation):
     tenant, conv, rids = conversation
-    cql(
-        store_session,
-        f"DELETE content FROM histories {WHERE} AND kind = 'item' AND ref = %s AND pos = 0",
-        tenant,
-        conv,
-        rids[2],
-    )
+    rewrite_items(store_session, tenant, conv, rids[2], set_field(0, CONTENT, None))
     assert read_reason(store, tenant, conv) is R.CORRUPT_HISTORY
 
 
 def test_head_moved_without_a_checkpoint(store, store_session, conversation):
     tenant, conv, _ = conversation
-    cql(store_session, f"UPDATE histories SET head_seq = 9 {WHERE}", tenant, conv)
+    cql(store_session, f"UPDATE turns SET head_seq = 9 {WHERE}", tenant, conv)
     assert read_reason(store, tenant, conv) is R.CORRUPT_HISTORY
 
 
@@ -187,8 +182,7 @@ def test_promoting_onto_an_undecodable_head_row_is_corrupt_partition(
     tenant, conv, rids = conversation
     cql(
         store_session,
-        f"UPDATE histories SET mode = 'sideways' {WHERE} AND kind = 'checkpoint' "
-        "AND ref = %s AND pos = 0",
+        f"UPDATE turns SET mode = 'sideways' {WHERE} AND kind = 'checkpoint' AND ref = %s",
         tenant,
         conv,
         rids[2],
@@ -196,3 +190,33 @@ def test_promoting_onto_an_undecodable_head_row_is_corrupt_partition(
     retry = conversation_turn(tenant, conv, 3, response_id=rids[2])
     with pytest.raises(CorruptPartition):
         store.promote(retry)
+
+
+def test_deleted_items_cell(store, store_session, conversation):
+    tenant, conv, rids = conversation
+    cql(
+        store_session,
+        f"DELETE items FROM turns {WHERE} AND kind = 'checkpoint' AND ref = %s",
+        tenant,
+        conv,
+        rids[1],
+    )
+    assert read_reason(store, tenant, conv) is R.MISSING_HISTORY
+    assert isinstance(store.read_history(tenant, response_id=rids[0]), VerifiedHistory)
+
+
+def test_flipped_byte_in_the_items_cell_framing(store, store_session, conversation):
+    tenant, conv, rids = conversation
+    row = store_session.execute(
+        f"SELECT items FROM turns {WHERE} AND kind = 'checkpoint' AND ref = %s",
+        (tenant, conv, rids[1]),
+        timeout=30,
+    ).one()
+    damaged = bytearray(row.items)
+    damaged[14] ^= 0x40  # inside the first record's item_id length
+    update = f"UPDATE turns SET items = %s {WHERE} AND kind = 'checkpoint' AND ref = %s"
+    cql(store_session, update, bytes(damaged), tenant, conv, rids[1])
+    assert read_reason(store, tenant, conv) is R.CORRUPT_HISTORY
+    cql(store_session, update, row.items + b"\x00", tenant, conv, rids[1])
+    assert read_reason(store, tenant, conv) is R.CORRUPT_HISTORY
+    assert isinstance(store.read_history(tenant, response_id=rids[0]), VerifiedHistory)

@@ -68,11 +68,11 @@ def healthy(store_session):
 
 
 def rows_of(session, tenant, partition, response_id):
-    """Every row a promotion of ``response_id`` would have written (items, checkpoint)."""
+    """The turn row a promotion of ``response_id`` would have written (checkpoint + items)."""
     return list(
         session.execute(
-            "SELECT kind, ref, pos FROM histories WHERE tenant_id = %s AND partition_key = %s "
-            "AND kind IN ('checkpoint', 'item') AND ref = %s",
+            "SELECT kind, ref, items FROM turns WHERE tenant_id = %s AND partition_key = %s "
+            "AND kind = 'checkpoint' AND ref = %s",
             (tenant, partition, response_id),
             timeout=30,
         )
@@ -81,8 +81,8 @@ def rows_of(session, tenant, partition, response_id):
 
 def idempotency_row(session, tenant, partition, key):
     return session.execute(
-        "SELECT response_id FROM histories WHERE tenant_id = %s AND partition_key = %s "
-        "AND kind = 'idempotency' AND ref = %s AND pos = 0",
+        "SELECT response_id FROM turns WHERE tenant_id = %s AND partition_key = %s "
+        "AND kind = 'idempotency' AND ref = %s",
         (tenant, partition, key),
         timeout=30,
     ).one()
