@@ -13,7 +13,7 @@ from schemas.models import Item, sha256_hex
 from services.store.base import PromotionRequest
 
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "migrations"
-# The store's tables: response_locations (001) and turns (004; 001's `histories` is unused).
+# The store's tables: response_locations (001) and turns (004; 001's `histories` is dropped by 005).
 MIGRATIONS = (_MIGRATIONS_DIR / "001_core.cql", _MIGRATIONS_DIR / "004_turn_rows.cql")
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
