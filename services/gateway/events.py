@@ -78,6 +78,17 @@ class TurnIdentity:
         if self.conversation_id is not None and self.expected_head_seq is None:
             raise ValueError("Conversation mode needs expected_head_seq (0 for a new one)")
 
+    def common_fields(self, produced_at: int) -> dict:
+        """The fields every gateway event carries (CONTRACT section 3), a fresh event id."""
+        return {
+            "event_id": str(uuid.uuid4()),
+            "tenant_id": self.tenant_id,
+            "conversation_id": self.conversation_id,
+            "chain_root_id": self.chain_root_id,
+            "response_id": self.response_id,
+            "produced_at": produced_at,
+        }
+
     @classmethod
     def conversation(
         cls, tenant_id: str, conversation_id: str, response_id: str, expected_head_seq: int
@@ -176,12 +187,7 @@ def turn_completed(
     this turn ADDS, not the rehydrated history)."""
     produced = now_ms()
     return TurnCompleted(
-        event_id=str(uuid.uuid4()),
-        tenant_id=identity.tenant_id,
-        conversation_id=identity.conversation_id,
-        chain_root_id=identity.chain_root_id,
-        response_id=identity.response_id,
-        produced_at=produced,
+        **identity.common_fields(produced),
         idempotency_key=idempotency_key,
         request_digest=request_digest(request),
         attempt=attempt,
@@ -235,12 +241,7 @@ def tool_effect(
     output_item = to_item(output, default_id=f"{effect_id}:output")
     produced = now_ms()
     return ToolEffect(
-        event_id=str(uuid.uuid4()),
-        tenant_id=identity.tenant_id,
-        conversation_id=identity.conversation_id,
-        chain_root_id=identity.chain_root_id,
-        response_id=identity.response_id,
-        produced_at=produced,
+        **identity.common_fields(produced),
         effect_id=effect_id,
         idempotency_key=idempotency_key,
         attempt=attempt,
@@ -257,12 +258,7 @@ def tool_effect(
 def turn_cancelled(identity: TurnIdentity, *, idempotency_key: str) -> TurnCancelled:
     produced = now_ms()
     return TurnCancelled(
-        event_id=str(uuid.uuid4()),
-        tenant_id=identity.tenant_id,
-        conversation_id=identity.conversation_id,
-        chain_root_id=identity.chain_root_id,
-        response_id=identity.response_id,
-        produced_at=produced,
+        **identity.common_fields(produced),
         idempotency_key=idempotency_key,
         cancelled_at=produced,
     )
