@@ -104,6 +104,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         runtime.published += 1
 
     lanes = PartitionLanes(handle)
+    fetched: dict[TP, int] = {}  # last offset dispatched per partition (for the lag gauge)
     app.lanes = lanes  # type: ignore[attr-defined] - for tests and the bench
     app.runtime = runtime  # type: ignore[attr-defined]
 
@@ -115,6 +116,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
             record = RawRecord(message.topic, message.partition, message.offset,
                                message.key, message.value,
                                int(message.timestamp * 1000) if message.timestamp else None)
+            fetched[message.tp] = message.offset
             await lanes.submit(message.tp, record, event.ack)
 
     @app.on_partitions_revoked.connect
@@ -135,24 +137,29 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
     @app.timer(interval=2.0)
     async def heartbeat() -> None:
         runtime.health.write()
-        await _update_lag(app, lanes)
+        _update_lag(app, lanes, fetched)
 
     return app
 
 
-async def _update_lag(app: faust.App, lanes: PartitionLanes) -> None:
+def _update_lag(app: faust.App, lanes: PartitionLanes, fetched: dict[TP, int]) -> None:
     """Consumer lag per assigned partition: records not yet fetched plus those queued in
-    its lane (fetched, not yet handled), i.e. everything the worker still owes."""
+    its lane (fetched, not yet handled), i.e. everything the worker still owes.
+
+    Only cached, non-blocking figures are used (the high watermark of the last fetch and
+    the last offset dispatched): asking the consumer for its position can wait on a
+    rebalance, and nothing on the worker's path may wait on a metric.
+    """
     metrics.CONSUMER_LAG.clear()
     for tp in app.consumer.assignment():
+        last = fetched.get(tp)
         try:
-            position = await app.consumer.position(tp)
             highwater = app.consumer.highwater(tp)
-        except Exception:  # not fetched yet / rebalancing: no figure rather than a wrong one
+        except Exception:  # rebalancing: no figure rather than a wrong one
             continue
-        if position is None or highwater is None:
+        if last is None or highwater is None:
             continue
-        owed = max(0, highwater - position) + lanes.depth(tp)
+        owed = max(0, highwater - (last + 1)) + lanes.depth(tp)
         metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(owed)
 
 

@@ -45,12 +45,15 @@ def settings(_services: Services):
 @pytest.fixture(scope="session")
 def cassandra_cluster(settings):
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
-    from cassandra.policies import RoundRobinPolicy
+    from cassandra.policies import ExponentialReconnectionPolicy, RoundRobinPolicy
 
     logging.getLogger("cassandra").setLevel(logging.WARNING)
     profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(), request_timeout=30)
     cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
                       protocol_version=5, connect_timeout=20,
+                      # Fault tests restart Cassandra: the verifier must be back within
+                      # seconds, like the worker (the driver's default waits up to 10 min).
+                      reconnection_policy=ExponentialReconnectionPolicy(0.5, 5.0),
                       execution_profiles={EXEC_PROFILE_DEFAULT: profile})
     yield cluster
     cluster.shutdown()

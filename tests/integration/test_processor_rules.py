@@ -286,6 +286,15 @@ def test_worker_metrics_count_what_it_published(rig):
     validation latency, consumer lag. Counted after a fresh promoted turn, a fresh
     rejected one and a fresh dead letter, as deltas (other tests share this worker)."""
     worker = rig.worker_process
+
+    def serving() -> bool:
+        try:
+            worker.metrics()
+        except OSError:  # the worker is still starting
+            return False
+        return True
+
+    rig.collector.wait(serving, 60, "the worker's metrics endpoint")
     before = worker.metrics()
     c = conv()
     good, ahead = turn(c, 0), turn(c, 7)
