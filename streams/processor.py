@@ -23,18 +23,19 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 from ratchet.domain import promotion
-from ratchet.domain.history import HistoryFailure
+from ratchet.domain.history import Head, HistoryFailure, PromotionMode
 from ratchet.domain.promotion import Accepted, Facts, Orphan, Promote, Reject, Verdict
+from ratchet.domain.validation import EMPTY_PAIRING, PairingState, Unpaired, pairing_state_of
 from schemas.errors import RegistryUnavailable
 from schemas.models import (
     CheckpointPromoted,
     DeadLetter,
     DeadLetterReason,
     EffectOrphaned,
-    Item,
     PromotionRejected,
     RejectionReason,
     ToolEffect,
@@ -51,17 +52,25 @@ from services.ledger.base import (
     TurnFacts,
 )
 from services.store.base import (
+    ANY_LINEAGE,
     CheckpointRecord,
     CheckpointStore,
+    CorruptPartition,
     InvalidPromotion,
+    LineageChanged,
     ParentMissing,
     StoreUnavailable,
 )
 from streams import metrics
 from streams.records import DecodeFailed, EventCodec, Outbound, RawRecord
 from streams.retry import PersistenceUnavailable
+from streams.tail_cache import Tail, TailCache
 
 log = logging.getLogger(__name__)
+
+# How often a turn is decided again because the lineage it extends moved meanwhile
+# (another promoter on the same partition) before the attempt is retried as a whole.
+MAX_LINEAGE_ROUNDS = 4
 
 _OUTCOME_NS = uuid.UUID("5d1c8f0e-2f5a-4a53-9a43-4a1b0c7e9b11")
 
@@ -108,20 +117,61 @@ class Handled:
     kind: str  # promoted | rejected | dead_lettered | effect | cancel
 
 
-class PromotionProcessor:
-    """Decode -> decide -> write durably; returns what to publish. Thread-safe, stateless.
+@dataclass(frozen=True)
+class Lineage:
+    """What pairing needs about the lineage a turn extends.
 
-    Nothing about a conversation is kept in memory between records: Cassandra is the
-    source of truth, so memory does not grow with the number of conversations.
+    ``pairing``: its pairing state (``Unpaired`` if the stored lineage is itself
+    broken); ``tail``: the checkpoint it ends at (None: the turn starts a lineage, or
+    nothing readable was found); ``cached``: known from the tail cache, not read.
+    """
+
+    pairing: PairingState | Unpaired
+    tail: CheckpointRecord | None
+    cached: bool = False
+    # No readable lineage (not found, expired, corrupt): pairing continues an empty
+    # state and the store's rules alone decide where the turn goes; nothing learnt.
+    unread: bool = False
+
+
+def _starts_lineage(turn: TurnCompleted) -> Lineage | None:
+    """A turn that extends nothing: a Conversation's first turn, or a chain root.
+    Known from the turn alone (the store's write checks the head is really absent)."""
+    if turn.conversation_id is not None:
+        return Lineage(EMPTY_PAIRING, None) if not turn.expected_head_seq else None
+    return Lineage(EMPTY_PAIRING, None) if turn.previous_response_id is None else None
+
+
+def _utc(epoch_ms: int) -> datetime:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC)
+
+
+def _slim(checkpoint: CheckpointRecord) -> CheckpointRecord:
+    """The checkpoint without its bulky certification payloads: what the cache keeps
+    (a hint's conditions use only ids, seqs, the item range and the mode)."""
+    return replace(checkpoint, token_artifact=None, router_receipt=None, boundary_proof=None)
+
+
+class PromotionProcessor:
+    """Decode -> decide -> write durably; returns what to publish. Thread-safe.
+
+    Cassandra is the source of truth. The only state kept between records is the
+    bounded tail cache (``streams/tail_cache.py``): facts about promoted lineages that
+    save reads, never decide a rejection alone, and never grow past a fixed size.
     """
 
     def __init__(self, store: CheckpointStore, ledger: Ledger, codec: EventCodec,
-                 topics: Topics, clock_ms: Callable[[], int] | None = None) -> None:
+                 topics: Topics, clock_ms: Callable[[], int] | None = None,
+                 tails: TailCache | None = None) -> None:
         self.store = store
         self.ledger = ledger
         self.codec = codec
         self.topics = topics
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        # Bounded memory of promoted lineages (pairing state, heads, owners); see
+        # streams/tail_cache.py. ``TailCache(capacity=0)`` turns it off.
+        self.tails = tails if tails is not None else TailCache()
+        self.cache_hits = self.cache_misses = self.cache_rechecks = 0
 
     # -- entry point -------------------------------------------------------------------
     def handle(self, record: RawRecord) -> Handled:
@@ -161,29 +211,68 @@ class PromotionProcessor:
 
     # -- TurnCompleted -------------------------------------------------------------------
     def _on_turn(self, turn: TurnCompleted) -> Handled:
+        conversation = turn.conversation_id
+        owner = None if conversation is None else self.tails.owner(conversation)
+        # A cached owner (immutable once claimed) saves the owner read of the fan-out.
         facts = self.ledger.turn_facts(
             event_id=turn.event_id, tenant_id=turn.tenant_id,
-            idempotency_key=turn.idempotency_key, conversation_id=turn.conversation_id)
+            idempotency_key=turn.idempotency_key,
+            conversation_id=conversation if owner is None else None)
+        if owner is not None:
+            facts = replace(facts, conversation_owner=owner)
         if facts.decision is not None and facts.decision.reason is not None:
             verdict: Verdict = _replayed_rejection(facts.decision)  # never flip an outcome
         else:
-            verdict = self._decide_and_write(turn, facts)
+            verdict = self._decide_and_write(turn, facts, owner_cached=owner is not None)
         return self._publishable(turn, verdict, facts.effects)
 
-    def _decide_and_write(self, turn: TurnCompleted, facts: TurnFacts) -> Verdict:
-        history = self._history(turn)
+    def _decide_and_write(self, turn: TurnCompleted, facts: TurnFacts, *,
+                          owner_cached: bool = False) -> Verdict:
+        lineage = self._cached_lineage(turn)
+        from_cache = (lineage is not None and lineage.cached) or owner_cached
+        verdict = self._decide(turn, facts, lineage or self._read_lineage(turn))
+        rounds = 0
+        while verdict is None or (from_cache and isinstance(verdict, Reject)):
+            # Decide again from fresh reads when (a) a rejection was decided with cached
+            # facts: a stale or wrong entry may cost reads, never a wrong rejection (a
+            # promotion needs no second look: the store only writes it on top of the
+            # very response its pairing was checked against, see ``extends``); or (b)
+            # the lineage the turn was checked against is no longer what it extends.
+            if rounds == MAX_LINEAGE_ROUNDS:
+                raise StoreUnavailable(
+                    f"lineage of {turn.response_id} changed {rounds} times while deciding",
+                    retryable=True, operation="promote")
+            rounds += 1
+            if from_cache:
+                self.cache_rechecks += 1
+                if owner_cached and turn.conversation_id is not None:
+                    facts = replace(facts, conversation_owner=self.ledger.conversation_owner(
+                        turn.conversation_id))
+                from_cache = False
+            verdict = self._decide(turn, facts, self._read_lineage(turn))
+        return self._make_durable(turn, verdict, facts)
+
+    def _decide(self, turn: TurnCompleted, facts: TurnFacts, lineage: Lineage) -> Verdict | None:
+        """Validate against ``lineage``, decide, and promote if the rules allow it.
+
+        None: the store would put the turn on another lineage than ``lineage``
+        (nothing written); the caller reads the lineage again."""
         with metrics.VALIDATION_SECONDS.time():
-            validation = promotion.validate(turn, self.clock_ms(), history)
+            validation = promotion.validate_after(turn, self.clock_ms(), lineage.pairing)
         decided = promotion.decide(turn, validation, Facts(
             cancelled=facts.cancellation is not None,
             effects={e.effect_id: e for e in facts.effects},
             conversation_owner=facts.conversation_owner,
         ))
-        if isinstance(decided, Promote):
-            verdict = self._promote(turn, decided)
-        else:
-            verdict = self._already_promoted(turn) or decided
-        return self._make_durable(turn, verdict, facts)
+        if not isinstance(decided, Promote):
+            return self._already_promoted(turn) or decided
+        verdict = self._promote(turn, decided, lineage)
+        if (isinstance(verdict, Accepted) and not verdict.replayed and not lineage.unread
+                and validation.pairing is not None):
+            # The write extended exactly ``lineage.tail`` (``extends``): the pairing
+            # state after the turn is a fact about the new response's lineage.
+            self.tails.learn(Tail(_slim(verdict.checkpoint), validation.pairing))
+        return verdict
 
     def _already_promoted(self, turn: TurnCompleted) -> Accepted | None:
         """A redelivered turn that was promoted before must be re-published as promoted,
@@ -196,27 +285,81 @@ class PromotionProcessor:
             return None
         return Accepted(existing, replayed=True)
 
-    def _history(self, turn: TurnCompleted) -> Sequence[Item]:
-        """The lineage the turn extends (for pairing); empty when there is none yet."""
+    # -- the lineage a turn extends (pairing) --------------------------------------------
+    def _cached_lineage(self, turn: TurnCompleted) -> Lineage | None:
+        """The lineage from the tail cache, or from the turn alone when it starts one;
+        None when a read is needed (see ``streams/tail_cache.py`` for why a hit is
+        safe to promote from)."""
+        start = _starts_lineage(turn)
+        if start is not None:
+            return start
+        key = promotion.partition_key(turn)
         if turn.conversation_id is not None:
-            if not turn.expected_head_seq:
-                return ()
-            found = self.store.read_history(turn.tenant_id, conversation_id=turn.conversation_id)
-        elif turn.previous_response_id is not None:
-            found = self.store.read_history(turn.tenant_id,
-                                            response_id=turn.previous_response_id)
+            assert turn.expected_head_seq is not None
+            tail = self.tails.head_at(turn.tenant_id, key, turn.expected_head_seq)
         else:
-            return ()
+            assert turn.previous_response_id is not None
+            tail = self.tails.tail(turn.tenant_id, key, turn.previous_response_id)
+        if tail is None or tail.expired(_utc(self.clock_ms())):
+            self.cache_misses += 1
+            return None
+        self.cache_hits += 1
+        return Lineage(tail.pairing, tail.checkpoint, cached=True)
+
+    def _read_lineage(self, turn: TurnCompleted) -> Lineage:
+        """The lineage the turn extends, read from the store (for pairing)."""
+        start = _starts_lineage(turn)
+        if start is not None:
+            return start
+        if turn.conversation_id is not None:
+            found = self.store.read_history(turn.tenant_id, conversation_id=turn.conversation_id)
+        else:
+            # The partition the parent must be in (the store checks it there): also
+            # saves the location lookup.
+            found = self.store.read_history(turn.tenant_id,
+                                            response_id=turn.previous_response_id,
+                                            partition_key=promotion.partition_key(turn))
         # No readable history: the store's ordering checks decide (CONFLICT, OUT_OF_ORDER,
         # PARENT_NOT_PROMOTED); pairing has nothing to continue.
-        return () if isinstance(found, HistoryFailure) else found.items
+        if isinstance(found, HistoryFailure):
+            return Lineage(EMPTY_PAIRING, None, unread=True)
+        pairing = pairing_state_of(found.items)
+        if isinstance(pairing, PairingState):
+            # What was read is a fact about that response's lineage, whoever promoted it.
+            self.tails.learn(Tail(_slim(found.checkpoint), pairing))
+        return Lineage(pairing, found.checkpoint)
 
-    def _promote(self, turn: TurnCompleted, decided: Promote) -> Verdict:
+    def _promote(self, turn: TurnCompleted, decided: Promote,
+                 lineage: Lineage) -> Verdict | None:
+        head_hint = parent_hint = None
+        if lineage.cached and lineage.tail is not None:
+            # The cached tail is the plan's premise; the batch checks it as a condition.
+            if decided.request.mode is PromotionMode.CONVERSATION:
+                head_hint = Head(lineage.tail.seq, lineage.tail.response_id,
+                                 lineage.tail.last_item_seq)
+            else:
+                parent_hint = lineage.tail
+        extends: str | None | object = (
+            ANY_LINEAGE if lineage.unread
+            else None if lineage.tail is None else lineage.tail.response_id)
         try:
             with metrics.LWT_SECONDS.time():
-                outcome = self.store.promote(decided.request)
+                outcome = self.store.promote(decided.request, head_hint=head_hint,
+                                             parent_hint=parent_hint, extends=extends)
         except InvalidPromotion as exc:  # validation let through what the store refuses
             return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
+        except CorruptPartition as exc:
+            # The rows the promotion must decide on are damaged: the contract's CORRUPT,
+            # recorded and published like any rejection (not a dead letter: the event
+            # itself is fine, and a redelivery must get the same answer).
+            log.error("promotion of %s met a corrupt partition: %s", turn.response_id, exc)
+            return Reject(RejectionReason.CORRUPT, f"stored partition is corrupt: {exc}")
+        if isinstance(outcome, LineageChanged):
+            log.info("%s would extend %s, not %s (validated on): deciding again",
+                     turn.response_id, outcome.parent_response_id, extends)
+            if lineage.cached and turn.conversation_id is not None:
+                self.tails.forget_head(turn.tenant_id, turn.conversation_id)
+            return None
         parent_owner = None
         if isinstance(outcome, ParentMissing):
             parent_owner = self.ledger.response_owner(outcome.previous_response_id)
@@ -230,6 +373,10 @@ class PromotionProcessor:
                 tenant_id=turn.tenant_id, response_id=turn.response_id,
                 seq=verdict.checkpoint.seq,
                 conversation_id=turn.conversation_id if first_turn else None)
+            if turn.conversation_id is not None:
+                # Only once the owner row is durable (a retry after a failed write must
+                # still see "no owner" and write it).
+                self.tails.learn_owner(turn.conversation_id, turn.tenant_id)
             return verdict
         held = self.ledger.record_decision(Decision(
             event_id=turn.event_id, tenant_id=turn.tenant_id, response_id=turn.response_id,

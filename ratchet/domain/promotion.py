@@ -34,6 +34,7 @@ from ratchet.domain.history import Certification as StoreCertification
 from ratchet.domain.history import CheckpointRecord, PromotionMode
 from ratchet.domain.history import TokenArtifact as StoreTokenArtifact
 from ratchet.domain.validation import (
+    PairingState,
     Rejected,
     Unpaired,
     Validation,
@@ -93,21 +94,30 @@ class ValidationVerdict:
     certification: Certification | None  # None when rejected
     reason: RejectionReason | None = None
     detail: str = ""
+    # The pairing state of the lineage AFTER this turn (None when rejected): what the
+    # next turn extending it continues from (the processor's tail cache keeps it).
+    pairing: PairingState | None = None
 
     @classmethod
     def from_validation(cls, result: Validation) -> ValidationVerdict:
         if isinstance(result, Rejected):
             return cls(None, result.reason, result.detail)
-        return cls(result.certification)
+        return cls(result.certification, pairing=result.pairing)
 
 
 def validate(turn: TurnCompleted, now_ms: int, history: Sequence[Item]) -> ValidationVerdict:
-    """``validate_turn`` continuing the pairing state of ``history`` (the turn's lineage).
+    """``validate_turn`` continuing the pairing state of ``history`` (the turn's lineage)."""
+    return validate_after(turn, now_ms, pairing_state_of(history))
+
+
+def validate_after(turn: TurnCompleted, now_ms: int,
+                   prior: PairingState | Unpaired) -> ValidationVerdict:
+    """``validate_turn`` continuing ``prior``, the pairing state of the turn's lineage
+    (``pairing_state_of`` its items, or a remembered state of the same lineage).
 
     A stored history whose own pairing is broken cannot be extended safely: the turn
     is ``UNPAIRED_TOOL_CALL`` too (the rehydration service reports the history).
     """
-    prior = pairing_state_of(history)
     if isinstance(prior, Unpaired):
         return ValidationVerdict(None, R.UNPAIRED_TOOL_CALL, f"stored history: {prior.detail}")
     return ValidationVerdict.from_validation(validate_turn(turn, now_ms, prior=prior))

@@ -56,6 +56,7 @@ from ratchet.domain.history import (
 from schemas.models import Item
 
 __all__ = [
+    "ANY_LINEAGE",
     "AheadOfHead",
     "Certification",
     "CheckpointRecord",
@@ -70,6 +71,7 @@ __all__ = [
     "IdempotencyRecord",
     "InvalidPromotion",
     "KeyReused",
+    "LineageChanged",
     "ParentMissing",
     "PartitionSnapshot",
     "Plan",
@@ -219,6 +221,19 @@ class ResponseExists:
 
 
 @dataclass(frozen=True)
+class LineageChanged:
+    """The turn would extend another response than the caller said it validated the
+    turn against (``promote(..., extends=...)``); nothing was written.
+
+    ``parent_response_id`` is what the turn would have extended (None: nothing).
+    Only returned to a caller that passed ``extends``: it re-reads the lineage and
+    decides again.
+    """
+
+    parent_response_id: str | None
+
+
+@dataclass(frozen=True)
 class TooLarge:
     """The turn's stored size is above what one atomic write can carry; nothing stored."""
 
@@ -235,6 +250,7 @@ PromotionOutcome = (
     | ParentMissing
     | ResponseExists
     | TooLarge
+    | LineageChanged
 )
 
 
@@ -362,6 +378,15 @@ def plan_from_hints(
     ):
         return None
     return _as_plan(_decide_chain(request, parent_hint))
+
+
+# ``promote(extends=ANY_LINEAGE)``: the caller does not care which response the turn
+# extends (the store's rules alone decide).
+ANY_LINEAGE = object()
+
+
+def _extends(plan: Plan, extends: str | None | object) -> bool:
+    return extends is ANY_LINEAGE or plan.parent_response_id == extends
 
 
 def _as_plan(decision: PromotionOutcome | Plan) -> Plan | None:
@@ -514,6 +539,7 @@ class CheckpointStore(ABC):
         *,
         head_hint: Head | None = None,
         parent_hint: CheckpointRecord | None = None,
+        extends: str | None | object = ANY_LINEAGE,
     ) -> PromotionOutcome:
         """Persist the turn atomically, or say why not (see the module docstring).
 
@@ -522,6 +548,12 @@ class CheckpointStore(ABC):
         store write without reading first. They are optional and never trusted: a
         wrong hint costs one refused write, never a wrong outcome. Without them the
         store uses what it saw itself (its own promotions and verified reads).
+
+        ``extends``: the response id whose lineage the caller validated the turn
+        against (None: the turn starts a lineage). A plan that would extend any other
+        response is not written; ``LineageChanged`` says what it would have extended.
+        Because a plan's parent is also a condition of its write, a promotion
+        returned with ``extends`` given really extends that response.
         """
         validate_request(request)
         size = turn_size(request)
@@ -532,7 +564,7 @@ class CheckpointStore(ABC):
             head_hint if head_hint is not None else self._hinted_head(request),
             parent_hint if parent_hint is not None else self._hinted_parent(request),
         )
-        if plan is not None:
+        if plan is not None and _extends(plan, extends):
             self._before_fast_write(request)
             promoted = self._attempt(request, plan)
             if promoted is not None:
@@ -543,6 +575,8 @@ class CheckpointStore(ABC):
             decision = decide(request, view)
             if not isinstance(decision, Plan):
                 return decision
+            if not _extends(decision, extends):
+                return LineageChanged(decision.parent_response_id)
             promoted = self._attempt(request, decision)
             if promoted is not None:
                 return promoted

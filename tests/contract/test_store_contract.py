@@ -21,6 +21,7 @@ from services.store.base import (
     Head,
     InvalidPromotion,
     KeyReused,
+    LineageChanged,
     ParentMissing,
     Promoted,
     ResponseExists,
@@ -125,6 +126,48 @@ class StoreContract:
         assert store.promote(conversation_turn(tenant, conv, 7)) == AheadOfHead(2)
         assert store.promote(conversation_turn(tenant, uid("conv"), 3)) == AheadOfHead(0)
         assert store.head(tenant, conv).seq == 2
+
+    def test_extends_refuses_a_plan_on_another_lineage(self, store, tenant):
+        conv = uid("conv")
+        first = conversation_turn(tenant, conv, 0)
+        assert isinstance(store.promote(first, extends=None), Promoted)
+        second = conversation_turn(tenant, conv, 1)
+        assert store.promote(second, extends="resp_other") == LineageChanged(first.response_id)
+        assert store.head(tenant, conv).seq == 1
+        # a head hint naming another response at seq 1 cannot smuggle the turn through
+        wrong = Head(1, "resp_other", 1)
+        assert store.promote(second, head_hint=wrong, extends="resp_other") == LineageChanged(
+            first.response_id)
+        assert store.head(tenant, conv).seq == 1
+        promoted = store.promote(second, extends=first.response_id)
+        assert isinstance(promoted, Promoted) and promoted.seq == 2
+        # outcomes are outcomes whatever the caller checked against
+        assert store.promote(conversation_turn(tenant, conv, 1), extends="x") == Conflict(2)
+
+    def test_extends_with_a_stale_hint_after_another_worker_moved(self, store, tenant, clock):
+        conv = uid("conv")
+        first = conversation_turn(tenant, conv, 0)
+        store.promote(first)
+        other = self.shared_store(store, StoreOptions(clock=clock))
+        moved = conversation_turn(tenant, conv, 1)
+        assert isinstance(other.promote(moved), Promoted)
+        # we still believe the head is ``first``: the turn at 1 is a conflict, not a write
+        stale = conversation_turn(tenant, conv, 1)
+        outcome = store.promote(stale, head_hint=Head(1, first.response_id, 2),
+                                extends=first.response_id)
+        assert outcome == Conflict(2)
+        ahead = conversation_turn(tenant, conv, 2)
+        assert store.promote(ahead, extends=first.response_id) == LineageChanged(
+            moved.response_id)
+        assert isinstance(store.promote(ahead, extends=moved.response_id), Promoted)
+
+    def test_extends_in_chain_mode(self, store, tenant):
+        root_id = uid("resp")
+        root = chain_turn(tenant, root_id, root_id, None)
+        assert isinstance(store.promote(root, extends=None), Promoted)
+        child = chain_turn(tenant, root_id, uid("resp"), root_id)
+        assert store.promote(child, extends=None) == LineageChanged(root_id)
+        assert isinstance(store.promote(child, extends=root_id), Promoted)
 
     def test_a_response_id_is_promoted_once(self, store, tenant):
         conv = uid("conv")

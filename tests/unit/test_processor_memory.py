@@ -37,7 +37,7 @@ class ForgetfulStore:
     def read_history(self, *args, **kwargs):
         raise AssertionError("first turns read no history")
 
-    def promote(self, request):
+    def promote(self, request, **hints):
         from datetime import UTC, datetime
         return Promoted(CheckpointRecord(
             tenant_id=request.tenant_id, partition_key=request.partition_key,

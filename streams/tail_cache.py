@@ -1,0 +1,163 @@
+"""A bounded, in-process memory of facts about promoted lineages: the tail cache.
+
+Deciding a ``TurnCompleted`` needs, besides the ledger's facts, the pairing state of
+the lineage the turn extends (CONTRACT section 4, pairing) and, in Conversation mode,
+the conversation's owner. Reading them from Cassandra costs a whole-partition history
+read and an owner read per turn. This cache remembers them for the conversations and
+chains this worker promoted recently, so the next turn of the same conversation is
+decided without either read.
+
+What is cached, and why each fact cannot go stale:
+
+* ``Tail`` per (tenant, partition key, response id): the checkpoint of a promoted
+  response and the pairing state of the lineage ENDING at it. A promoted response's
+  lineage never changes (its items and its ancestors' are immutable; seqs are unique
+  and gap-free per Conversation), so the fact is true forever for that response id.
+  The one thing that can end it is logical expiry, which the caller checks
+  (``Tail.expired``) exactly like a history read would.
+* the last known head per (tenant, conversation id): a pointer to one ``Tail``. This
+  one CAN be stale (another worker, or a zombie after a rebalance, may have moved the
+  head since). It is only used when the turn's ``expected_head_seq`` equals the
+  cached head's seq, and the seq -> response mapping of a Conversation is immutable,
+  so a hit means "the response at that seq is the one described", never "the head is
+  still there". Whether the head is still there is decided by the store's LWT: its
+  head condition (or the SERIAL view read after a refused fast write) only lets the
+  turn promote on top of that very response.
+* conversation owner per conversation id: the tenant that promoted its first turn.
+  First claim wins and it never changes, so only claimed owners are cached (never
+  "no owner yet").
+
+The processor's safety rules on top (``streams/processor.py``): a promotion decided
+from cached facts is correct because the LWT checks the head/parent the facts
+describe; any REJECTION decided with cached facts is decided again from fresh reads
+before it is made durable, so a stale or wrong entry can cost a read, never a wrong
+outcome.
+
+Memory is bounded: at most ``capacity`` entries in each of the three maps (LRU), and
+a lineage with more than ``max_call_ids`` tool call ids is not cached at all (its
+pairing state grows with the conversation; those turns read the history as before).
+Defaults (10 000 entries, 256 call ids) keep the cache within a few tens of MB at the
+worst and a few MB for ordinary conversations.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+from datetime import datetime
+
+from ratchet.domain.history import CheckpointRecord, Head, PromotionMode
+from ratchet.domain.validation import PairingState
+
+DEFAULT_CAPACITY = 10_000
+DEFAULT_MAX_CALL_IDS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """A promoted response and the pairing state of the lineage ending at it."""
+
+    checkpoint: CheckpointRecord
+    pairing: PairingState
+
+    @property
+    def head(self) -> Head:
+        """The Conversation head this response is (when it is the head)."""
+        cp = self.checkpoint
+        return Head(cp.seq, cp.response_id, cp.last_item_seq)
+
+    def expired(self, now: datetime) -> bool:
+        """Logically expired: a history read would fail with EXPIRED; do not use it."""
+        expires = self.checkpoint.logical_expires_at
+        return expires is not None and now >= expires
+
+
+class _Lru:
+    """A small LRU map (callers hold the cache's lock)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.entries: OrderedDict[Hashable, object] = OrderedDict()
+
+    def get(self, key: Hashable) -> object | None:
+        value = self.entries.get(key)
+        if value is not None:
+            self.entries.move_to_end(key)
+        return value
+
+    def put(self, key: Hashable, value: object) -> None:
+        if self.capacity <= 0:
+            return
+        self.entries[key] = value
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
+
+    def pop(self, key: Hashable) -> None:
+        self.entries.pop(key, None)
+
+
+class TailCache:
+    """Thread-safe (the processor runs in a pool of threads, one lane per partition)."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY,
+                 max_call_ids: int = DEFAULT_MAX_CALL_IDS) -> None:
+        self.capacity = capacity
+        self.max_call_ids = max_call_ids
+        self._lock = threading.Lock()
+        self._tails = _Lru(capacity)  # (tenant, partition key, response id) -> Tail
+        self._heads = _Lru(capacity)  # (tenant, conversation id) -> Tail of the last head
+        self._owners = _Lru(capacity)  # conversation id -> owning tenant
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._tails.entries) + len(self._heads.entries) + len(
+                self._owners.entries)
+
+    # -- lookups --------------------------------------------------------------------
+    def tail(self, tenant_id: str, partition_key: str, response_id: str) -> Tail | None:
+        with self._lock:
+            found = self._tails.get((tenant_id, partition_key, response_id))
+        return found if isinstance(found, Tail) else None
+
+    def head_at(self, tenant_id: str, conversation_id: str, seq: int) -> Tail | None:
+        """The cached tail of the conversation's response at ``seq``, if it is the last
+        head this cache saw (the only seq it remembers per conversation)."""
+        with self._lock:
+            found = self._heads.get((tenant_id, conversation_id))
+        if isinstance(found, Tail) and found.checkpoint.seq == seq:
+            return found
+        return None
+
+    def owner(self, conversation_id: str) -> str | None:
+        with self._lock:
+            found = self._owners.get(conversation_id)
+        return found if isinstance(found, str) else None
+
+    # -- learning ---------------------------------------------------------------------
+    def learn(self, tail: Tail) -> bool:
+        """Remember a promoted response's tail (and, in Conversation mode, that it was
+        a head). False if the lineage is too large to cache."""
+        if self.capacity <= 0 or len(tail.pairing.call_ids) > self.max_call_ids:
+            return False
+        cp = tail.checkpoint
+        with self._lock:
+            self._tails.put((cp.tenant_id, cp.partition_key, cp.response_id), tail)
+            if cp.mode is PromotionMode.CONVERSATION:
+                key = (cp.tenant_id, cp.partition_key)
+                known = self._heads.get(key)
+                # Heads only move forward: an older response never replaces a newer one.
+                if not isinstance(known, Tail) or known.checkpoint.seq <= cp.seq:
+                    self._heads.put(key, tail)
+        return True
+
+    def learn_owner(self, conversation_id: str, tenant_id: str) -> None:
+        with self._lock:
+            self._owners.put(conversation_id, tenant_id)
+
+    def forget_head(self, tenant_id: str, conversation_id: str) -> None:
+        """Drop the conversation's head pointer (e.g. it proved not to be the head)."""
+        with self._lock:
+            self._heads.pop((tenant_id, conversation_id))

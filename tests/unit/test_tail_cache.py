@@ -1,0 +1,248 @@
+"""The processor's tail cache (``streams/tail_cache.py``): reads it saves, and why a
+stale or wrong entry never changes an outcome.
+
+"Another worker" is simulated by promoting straight through the store, behind the
+processor's back, so its cache still describes the old head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ratchet.domain.promotion import promotion_request
+from ratchet.domain.validation import EMPTY_PAIRING, PairingState
+from schemas.models import Certification, RejectionReason
+from services.ledger.base import ResponseState
+from services.ledger.memory import MemoryLedger
+from services.store.base import (
+    ANY_LINEAGE,
+    LineageChanged,
+    Promoted,
+    StoreOptions,
+)
+from services.store.memory import MemoryCheckpointStore
+from streams.processor import PromotionProcessor
+from streams.tail_cache import Tail, TailCache
+from tests.factories import (
+    NOW_MS,
+    TENANT,
+    function_call,
+    function_call_output,
+    message,
+    new_id,
+)
+from tests.unit.test_promotion import TOPICS, Harness, PickleCodec, chain_turn, conv_id, turn
+
+R = RejectionReason
+
+
+class CountingStore(MemoryCheckpointStore):
+    def __init__(self) -> None:
+        super().__init__(StoreOptions())
+        self.history_reads = 0
+
+    def read_history(self, *args, **kwargs):
+        self.history_reads += 1
+        return super().read_history(*args, **kwargs)
+
+
+class CountingLedger(MemoryLedger):
+    def __init__(self) -> None:
+        super().__init__()
+        self.owner_reads = 0
+
+    def conversation_owner(self, conversation_id):
+        self.owner_reads += 1
+        return super().conversation_owner(conversation_id)
+
+
+def harness(tails: TailCache | None = None) -> Harness:
+    h = Harness()
+    h.store, h.ledger = CountingStore(), CountingLedger()
+    h.processor = PromotionProcessor(h.store, h.ledger, PickleCodec(), TOPICS,
+                                     clock_ms=lambda: NOW_MS, tails=tails)
+    return h
+
+
+def msg(text: str = "ok", role: str = "assistant"):
+    return message(text, role=role, item_id=new_id("msg"))
+
+
+def promote_behind_the_back(h: Harness, event) -> None:
+    """Another promoter (a second worker) moves the partition; our cache is not told."""
+    outcome = h.store.promote(promotion_request(event, Certification.CERTIFIED))
+    assert isinstance(outcome, Promoted), outcome
+
+
+# --- what it saves ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("capacity, history_reads, owner_reads", [(10_000, 0, 1), (0, 2, 3)])
+def test_later_turns_of_a_conversation_read_neither_history_nor_owner(
+        capacity, history_reads, owner_reads):
+    h = harness(TailCache(capacity=capacity))
+    conv = conv_id()
+    assert [h.outcome(turn(conv, head)).seq for head in range(3)] == [1, 2, 3]
+    assert h.store.history_reads == history_reads
+    assert h.ledger.owner_reads == owner_reads
+
+
+def test_chain_children_read_no_history():
+    h = harness()
+    root = chain_turn(None, None)
+    assert h.outcome(root).seq == 1
+    child = chain_turn(root.response_id, root.response_id)
+    fork = chain_turn(root.response_id, root.response_id)
+    grandchild = chain_turn(root.response_id, child.response_id)
+    assert [h.outcome(t).seq for t in (child, fork, grandchild)] == [2, 2, 3]
+    assert h.store.history_reads == 0
+
+
+def test_pairing_across_turns_still_checked_from_the_cache():
+    h = harness()
+    conv = conv_id()
+    call = function_call("c_once", "lookup", {}, item_id=new_id("fc"))
+    answer = function_call_output("c_once", "{}", item_id=new_id("fco"))
+    assert h.outcome(turn(conv, 0, items=[call, answer, msg()])).seq == 1
+    again = function_call("c_once", "lookup", {}, item_id=new_id("fc"))
+    out = h.outcome(turn(conv, 1, items=[again]))
+    assert out.reason is R.UNPAIRED_TOOL_CALL
+    # ... and the rejection was confirmed from a fresh read before it was recorded
+    assert h.processor.cache_rechecks == 1 and h.store.history_reads == 1
+
+
+# --- stale entries ----------------------------------------------------------------------
+
+
+def test_head_moved_behind_the_cache_gives_the_fresh_verdict_not_the_cached_one():
+    h = harness()
+    conv = conv_id()
+    call = function_call("c_client", "lookup", {}, item_id=new_id("fc"))
+    assert h.outcome(turn(conv, 0, items=[call])).seq == 1  # cache: head 1, c_client open
+    answer = function_call_output("c_client", "{}", item_id=new_id("fco"))
+    promote_behind_the_back(h, turn(conv, 1, input_items=[answer], items=[msg()]))
+    # Decided on the cached head 1 this turn is UNPAIRED (c_client unanswered before a
+    # message); on the real state (head 2, c_client answered) it is a CONFLICT.
+    stale = turn(conv, 1, input_items=[msg("hi", role="user")])
+    out = h.outcome(stale)
+    assert out.reason is R.CONFLICT and out.head_seq == 2
+    assert h.processor.cache_rechecks == 1
+    assert h.ledger.status(TENANT, stale.response_id).reason == R.CONFLICT.value
+    # the recheck's read taught the cache the real head: the next turns read nothing
+    assert h.outcome(turn(conv, 2)).seq == 3
+    assert h.outcome(turn(conv, 3)).seq == 4
+    assert h.store.history_reads == 1
+
+
+def test_a_wrong_entry_never_makes_a_wrong_rejection():
+    h = harness()
+    conv = conv_id()
+    first = h.outcome(turn(conv, 0))
+    cp = h.store.get_checkpoint(TENANT, first.response_id)
+    # A (buggy) entry claiming the head has an unanswered call: a plain message after
+    # it would be UNPAIRED_TOOL_CALL if the cache were believed.
+    h.processor.tails.learn(Tail(cp, PairingState(frozenset({"ghost"}), ("ghost",))))
+    out = h.outcome(turn(conv, 1))
+    assert out.seq == 2
+    assert h.processor.cache_rechecks == 1
+
+
+def test_a_wrong_head_entry_never_makes_a_wrong_promotion():
+    h = harness()
+    conv = conv_id()
+    call = function_call("c_dup", "lookup", {}, item_id=new_id("fc"))
+    answer = function_call_output("c_dup", "{}", item_id=new_id("fco"))
+    assert h.outcome(turn(conv, 0, items=[call, answer, msg()])).seq == 1
+    real = h.store.head(TENANT, conv)
+    cp = h.store.get_checkpoint(TENANT, real.response_id)
+    # The cache believes another response is at seq 1, with a lineage without c_dup:
+    # reusing c_dup looks fine to it. The store must not promote the turn on top of the
+    # real head, whose lineage it was never checked against.
+    h.processor.tails.learn(Tail(replace(cp, response_id="resp_bogus"), EMPTY_PAIRING))
+    again = function_call("c_dup", "lookup", {}, item_id=new_id("fc"))
+    reuse = turn(conv, 1, items=[again])
+    out = h.outcome(reuse)
+    assert out.reason is R.UNPAIRED_TOOL_CALL
+    assert h.store.head(TENANT, conv).seq == 1
+    assert h.store.get_checkpoint(TENANT, reuse.response_id) is None
+
+
+def test_expired_entries_are_not_used():
+    h = harness()
+    conv = conv_id()
+    first = h.outcome(turn(conv, 0))
+    cp = h.store.get_checkpoint(TENANT, first.response_id)
+    from datetime import UTC, datetime
+    expired = replace(cp, logical_expires_at=datetime.fromtimestamp(NOW_MS / 1000 - 1, UTC))
+    h.processor.tails.learn(Tail(expired, EMPTY_PAIRING))
+    assert h.outcome(turn(conv, 1)).seq == 2
+    assert h.store.history_reads == 1
+
+
+# --- the store's ``extends`` guard (both paths rely on it) ---------------------------------
+
+
+def test_store_refuses_a_plan_on_another_lineage_than_the_caller_checked():
+    store = MemoryCheckpointStore(StoreOptions())
+    conv = conv_id()
+    first = turn(conv, 0)
+    assert isinstance(store.promote(promotion_request(first, Certification.CERTIFIED)),
+                      Promoted)
+    second = promotion_request(turn(conv, 1), Certification.CERTIFIED)
+    assert store.promote(second, extends="resp_other") == LineageChanged(first.response_id)
+    assert store.head(TENANT, conv).seq == 1
+    assert isinstance(store.promote(second, extends=first.response_id), Promoted)
+    third = promotion_request(turn(conv, 2), Certification.CERTIFIED)
+    assert isinstance(store.promote(third, extends=ANY_LINEAGE), Promoted)
+
+
+# --- the corrupt partition ----------------------------------------------------------------
+
+
+def test_corrupt_partition_is_a_recorded_corrupt_rejection_not_a_dead_letter():
+    h = harness()
+    conv = conv_id()
+    original = turn(conv, 0)
+    assert h.outcome(original).seq == 1
+    # Damage: the idempotency record survives, the checkpoint it points at is gone.
+    partition = h.store._partitions[(TENANT, conv)]
+    del partition.checkpoints[original.response_id]
+    # A retried attempt of the same request (same key and digest) must decide on it.
+    retry = original.model_copy(update={"event_id": new_id("evt"), "attempt": 2,
+                                        "response_id": new_id("resp")})
+    handled = h.processor.handle(h.record(retry))
+    assert handled.kind == "rejected"
+    out = handled.outbound[0].model
+    assert out.reason is R.CORRUPT and "corrupt" in out.detail
+    status = h.ledger.status(TENANT, retry.response_id)
+    assert status.status is ResponseState.REJECTED and status.reason == R.CORRUPT.value
+    decision = h.ledger.decision(retry.event_id)
+    assert decision is not None and decision.reason == R.CORRUPT.value
+
+
+# --- bounds ---------------------------------------------------------------------------------
+
+
+def test_the_cache_is_bounded():
+    h = harness(TailCache(capacity=5))
+    for _ in range(20):
+        conv = conv_id()
+        h.outcome(turn(conv, 0))
+        h.outcome(turn(conv, 1))
+    tails = h.processor.tails
+    assert len(tails) <= 15  # 5 tails + 5 heads + 5 owners
+
+
+def test_lineages_with_too_many_call_ids_are_not_cached():
+    tails = TailCache(max_call_ids=2)
+    h = harness(tails)
+    conv = conv_id()
+    items = []
+    for n in range(3):
+        items += [function_call(f"c{n}", "lookup", {}, item_id=new_id("fc")),
+                  function_call_output(f"c{n}", "{}", item_id=new_id("fco"))]
+    assert h.outcome(turn(conv, 0, items=[*items, msg()])).seq == 1
+    assert h.outcome(turn(conv, 1)).seq == 2
+    assert h.store.history_reads == 1
