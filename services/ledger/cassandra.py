@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from cassandra import ConsistencyLevel, DriverException, RequestExecutionException
-from cassandra.cluster import NoHostAvailable, Session
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable, Session
 from cassandra.policies import FallthroughRetryPolicy
-from cassandra.query import BatchStatement, BatchType, PreparedStatement
+from cassandra.query import BatchStatement, BatchType, PreparedStatement, tuple_factory
 
 from services.ledger.base import (
     Cancellation,
@@ -52,6 +52,16 @@ class CassandraLedger(Ledger):
     def __init__(self, session: Session, *, timeout_s: float = 5.0) -> None:
         self._session = session
         self._timeout = timeout_s
+        # Rows come back as plain tuples and are read by position: the driver's default
+        # named-tuple rows build a new class for every result (collections.namedtuple),
+        # which was the largest single CPU cost of a ledger read in the worker's
+        # profile. A profile passed per call leaves the shared session untouched;
+        # sessions that refuse profiles (legacy configuration) keep named tuples, which
+        # index the same.
+        self._rows_profile: Any = EXEC_PROFILE_DEFAULT
+        with contextlib.suppress(Exception):
+            self._rows_profile = session.execution_profile_clone_update(
+                EXEC_PROFILE_DEFAULT, row_factory=tuple_factory)
         self._insert_effect = self._lwt(
             f"INSERT INTO tool_effects ({_EFFECT_COLUMNS}) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, false) IF NOT EXISTS"
@@ -137,7 +147,8 @@ class CassandraLedger(Ledger):
         return stmt
 
     def _run(self, stmt: PreparedStatement, params: Sequence[Any]) -> Any:
-        return _guard(lambda: self._session.execute(stmt, params, timeout=self._timeout))
+        return _guard(lambda: self._session.execute(stmt, params, timeout=self._timeout,
+                                                    execution_profile=self._rows_profile))
 
     # -- tool effects -------------------------------------------------------------------
     def record_effect(self, effect: RecordedEffect) -> EffectWrite:
@@ -184,7 +195,7 @@ class CassandraLedger(Ledger):
         row = self._run(self._select_cancel, (tenant_id, idempotency_key)).one()
         if row is None:
             return None
-        return Cancellation(row.tenant_id, row.idempotency_key, row.response_id, row.cancelled_at)
+        return Cancellation(*row)
 
     # -- decisions and status -----------------------------------------------------------
     def record_decision(self, decision: Decision) -> Decision:
@@ -208,7 +219,8 @@ class CassandraLedger(Ledger):
     def _fan_out(self, calls: list[tuple[PreparedStatement, Sequence[Any]]]) -> list[Any]:
         """Run independent statements concurrently; one round trip for all of them."""
         def run() -> list[Any]:
-            futures = [self._session.execute_async(stmt, params, timeout=self._timeout)
+            futures = [self._session.execute_async(stmt, params, timeout=self._timeout,
+                                                   execution_profile=self._rows_profile)
                        for stmt, params in calls]
             return [f.result() for f in futures]
         return _guard(run)
@@ -226,10 +238,8 @@ class CassandraLedger(Ledger):
         return TurnFacts(
             decision=None if decision_row is None else _decision_from_row(decision_row),
             effects=tuple(_effect_from_row(r) for r in results[1]),
-            cancellation=None if cancel_row is None else Cancellation(
-                cancel_row.tenant_id, cancel_row.idempotency_key, cancel_row.response_id,
-                cancel_row.cancelled_at),
-            conversation_owner=None if owner_row is None else owner_row.tenant_id,
+            cancellation=None if cancel_row is None else Cancellation(*cancel_row),
+            conversation_owner=None if owner_row is None else owner_row[0],
         )
 
     def record_promotion(self, *, tenant_id: str, response_id: str, seq: int,
@@ -249,14 +259,14 @@ class CassandraLedger(Ledger):
 
     def conversation_owner(self, conversation_id: str) -> str | None:
         row = self._run(self._select_conversation_owner, (conversation_id,)).one()
-        return None if row is None else row.tenant_id
+        return None if row is None else row[0]
 
     def record_response_owner(self, response_id: str, tenant_id: str) -> None:
         self._run(self._insert_response_owner, (response_id, tenant_id))
 
     def response_owner(self, response_id: str) -> str | None:
         row = self._run(self._select_response_owner, (response_id,)).one()
-        return None if row is None else row.tenant_id
+        return None if row is None else row[0]
 
     def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:
         self._run(self._set_promoted, (seq, tenant_id, response_id))
@@ -268,20 +278,22 @@ class CassandraLedger(Ledger):
         row = self._run(self._select_status, (tenant_id, response_id)).one()
         if row is None:
             return response_status(None, False, None, "", response_id)
-        return response_status(row.promoted_seq, bool(row.promoted), row.rejected_reason,
-                               row.rejected_detail or "", response_id)
+        promoted, promoted_seq, rejected_reason, rejected_detail = row
+        return response_status(promoted_seq, bool(promoted), rejected_reason,
+                               rejected_detail or "", response_id)
+
+
+# Rows are read by position (see ``_rows_profile``): the SELECTs above list their
+# columns in exactly these orders.
 
 
 def _decision_from_row(row: Any) -> Decision:
-    return Decision(row.event_id, row.tenant_id, row.response_id, row.outcome, row.reason,
-                    row.detail or "", row.seq, row.decided_at, row.existing_response_id)
+    (event_id, tenant_id, response_id, outcome, reason, detail, seq, decided_at,
+     existing_response_id) = row
+    return Decision(event_id, tenant_id, response_id, outcome, reason, detail or "", seq,
+                    decided_at, existing_response_id)
 
 
 def _effect_from_row(row: Any) -> RecordedEffect:
-    return RecordedEffect(
-        tenant_id=row.tenant_id, idempotency_key=row.idempotency_key, effect_id=row.effect_id,
-        attempt=row.attempt, subturn_index=row.subturn_index, call_id=row.call_id,
-        tool_name=row.tool_name, arguments_digest=row.arguments_digest, status=row.status,
-        output_item_id=row.output_item_id, output_digest=row.output_digest,
-        executed_at=row.executed_at, conflicted=bool(row.conflicted),
-    )
+    *fields, conflicted = row  # _EFFECT_COLUMNS order
+    return RecordedEffect(*fields, conflicted=bool(conflicted))

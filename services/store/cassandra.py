@@ -425,7 +425,11 @@ class CassandraCheckpointStore(CheckpointStore):
         token = uuid.uuid4()
         batch = self._batch(request, plan, checkpoint, token)
         try:
-            result = self._session.execute(batch, timeout=self._timeout)
+            # Plain-tuple rows: ``was_applied`` reads them the same, and the default
+            # named tuples would build a class for every result.
+            result = self._session.execute(
+                batch, timeout=self._timeout, execution_profile=self._tuple_rows
+            )
         except _NOT_APPLIED as exc:
             raise _unavailable("promote", exc) from exc
         except _MAYBE_APPLIED as exc:
