@@ -29,7 +29,13 @@ from datetime import UTC, datetime
 from ratchet.domain import promotion
 from ratchet.domain.history import Head, HistoryFailure, PromotionMode
 from ratchet.domain.promotion import Accepted, Facts, Orphan, Promote, Reject, Verdict
-from ratchet.domain.validation import EMPTY_PAIRING, PairingState, Unpaired, pairing_state_of
+from ratchet.domain.validation import (
+    EMPTY_PAIRING,
+    PROMOTABLE_STATUSES,
+    PairingState,
+    Unpaired,
+    pairing_state_of,
+)
 from schemas.errors import RegistryUnavailable
 from schemas.models import (
     CheckpointPromoted,
@@ -213,6 +219,12 @@ class PromotionProcessor:
     def _on_turn(self, turn: TurnCompleted) -> Handled:
         conversation = turn.conversation_id
         owner = None if conversation is None else self.tails.owner(conversation)
+        # The location hint must be durable before the promotion batch is sent; writing
+        # it now overlaps it with the ledger reads (one round trip less per turn). For
+        # a turn that ends up rejected it is a harmless, unused hint.
+        locating = (self.store.start_locating(turn.tenant_id, turn.response_id,
+                                              promotion.partition_key(turn))
+                    if turn.status in PROMOTABLE_STATUSES else None)
         # A cached owner (immutable once claimed) saves the owner read of the fan-out.
         facts = self.ledger.turn_facts(
             event_id=turn.event_id, tenant_id=turn.tenant_id,
@@ -223,14 +235,16 @@ class PromotionProcessor:
         if facts.decision is not None and facts.decision.reason is not None:
             verdict: Verdict = _replayed_rejection(facts.decision)  # never flip an outcome
         else:
-            verdict = self._decide_and_write(turn, facts, owner_cached=owner is not None)
+            verdict = self._decide_and_write(turn, facts, owner_cached=owner is not None,
+                                             locating=locating)
         return self._publishable(turn, verdict, facts.effects)
 
     def _decide_and_write(self, turn: TurnCompleted, facts: TurnFacts, *,
-                          owner_cached: bool = False) -> Verdict:
+                          owner_cached: bool = False,
+                          locating: Callable[[], None] | None = None) -> Verdict:
         lineage = self._cached_lineage(turn)
         from_cache = (lineage is not None and lineage.cached) or owner_cached
-        verdict = self._decide(turn, facts, lineage or self._read_lineage(turn))
+        verdict = self._decide(turn, facts, lineage or self._read_lineage(turn), locating)
         rounds = 0
         while verdict is None or (from_cache and isinstance(verdict, Reject)):
             # Decide again from fresh reads when (a) a rejection was decided with cached
@@ -249,10 +263,11 @@ class PromotionProcessor:
                     facts = replace(facts, conversation_owner=self.ledger.conversation_owner(
                         turn.conversation_id))
                 from_cache = False
-            verdict = self._decide(turn, facts, self._read_lineage(turn))
+            verdict = self._decide(turn, facts, self._read_lineage(turn), locating)
         return self._make_durable(turn, verdict, facts)
 
-    def _decide(self, turn: TurnCompleted, facts: TurnFacts, lineage: Lineage) -> Verdict | None:
+    def _decide(self, turn: TurnCompleted, facts: TurnFacts, lineage: Lineage,
+                locating: Callable[[], None] | None = None) -> Verdict | None:
         """Validate against ``lineage``, decide, and promote if the rules allow it.
 
         None: the store would put the turn on another lineage than ``lineage``
@@ -266,7 +281,7 @@ class PromotionProcessor:
         ))
         if not isinstance(decided, Promote):
             return self._already_promoted(turn) or decided
-        verdict = self._promote(turn, decided, lineage)
+        verdict = self._promote(turn, decided, lineage, locating)
         if (isinstance(verdict, Accepted) and not verdict.replayed and not lineage.unread
                 and validation.pairing is not None):
             # The write extended exactly ``lineage.tail`` (``extends``): the pairing
@@ -329,8 +344,8 @@ class PromotionProcessor:
             self.tails.learn(Tail(_slim(found.checkpoint), pairing))
         return Lineage(pairing, found.checkpoint)
 
-    def _promote(self, turn: TurnCompleted, decided: Promote,
-                 lineage: Lineage) -> Verdict | None:
+    def _promote(self, turn: TurnCompleted, decided: Promote, lineage: Lineage,
+                 locating: Callable[[], None] | None = None) -> Verdict | None:
         head_hint = parent_hint = None
         if lineage.cached and lineage.tail is not None:
             # The cached tail is the plan's premise; the batch checks it as a condition.
@@ -342,10 +357,13 @@ class PromotionProcessor:
         extends: str | None | object = (
             ANY_LINEAGE if lineage.unread
             else None if lineage.tail is None else lineage.tail.response_id)
+        if locating is not None:
+            locating()  # durable before the batch can land (raises StoreUnavailable)
         try:
             with metrics.LWT_SECONDS.time():
                 outcome = self.store.promote(decided.request, head_hint=head_hint,
-                                             parent_hint=parent_hint, extends=extends)
+                                             parent_hint=parent_hint, extends=extends,
+                                             located=locating is not None)
         except InvalidPromotion as exc:  # validation let through what the store refuses
             return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
         except CorruptPartition as exc:

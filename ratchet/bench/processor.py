@@ -34,11 +34,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -391,8 +393,49 @@ def measure_rss(rig: Rig, worker: WorkerProcess, counter: OutcomeCounter) -> tup
     return after_1k, after_100k
 
 
-def profile_core(settings: Settings, rig: Rig, turns: int = 300) -> str:
-    """pyinstrument text profile of the processor core (this process, one thread)."""
+def _request_label(query: object) -> str:
+    """``VERB table`` of a driver statement (a batch: its statements' labels joined)."""
+    from cassandra.query import BatchStatement
+
+    if isinstance(query, BatchStatement):  # its prepared parts carry ids, not text
+        kind = "LOGGED (the promotion LWT)" if query.batch_type.name == "LOGGED" else (
+            query.batch_type.name)
+        return f"BATCH {kind}"
+    text = getattr(getattr(query, "prepared_statement", None), "query_string", None)
+    if text is None:
+        text = getattr(query, "query_string", None) or str(query)
+    match = re.search(r"^\s*(\w+).*?\b(?:FROM|INTO|UPDATE)\s+([\w.]+)", text, re.S | re.I)
+    label = text[:40] if match is None else f"{match.group(1).upper()} {match.group(2)}"
+    if re.search(r"\bIF\b", text):
+        label += " IF"
+    return label
+
+
+class RequestCounter:
+    """Counts the Cassandra requests a session sends, by statement (bench only).
+
+    ``Session.execute`` and ``execute_async`` both build their request through
+    ``_create_response_future``; wrapping it on the instance counts both."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.counts: Counter[str] = Counter()
+        self._original = session._create_response_future
+        session._create_response_future = self._count
+
+    def _count(self, query, *args, **kwargs):
+        self.counts[_request_label(query)] += 1
+        return self._original(query, *args, **kwargs)
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def profile_core(settings: Settings, rig: Rig, turns: int = 300,
+                 per_conversation: int = 3) -> str:
+    """The processor core (this process, one thread) on ``turns`` turns, K per
+    conversation in round order like the end-to-end run: Cassandra requests per turn
+    (by statement), CPU of the calling thread per turn, and a pyinstrument profile."""
     from cassandra.cluster import Cluster
     from pyinstrument import Profiler
 
@@ -408,17 +451,31 @@ def profile_core(settings: Settings, rig: Rig, turns: int = 300) -> str:
     codec = RegistryCodec(rig.serde)
     processor = PromotionProcessor(CassandraCheckpointStore(session, StoreOptions()),
                                    CassandraLedger(session), codec, rig.topics)
+    rounds = encoded_turns(rig, max(1, turns // per_conversation), per_conversation)
     records = [RawRecord(rig.topics.gateway_events, 0, i, key, value)
-               for i, (key, value) in enumerate(encoded_turns(rig, turns, 1)[0])]
+               for i, (key, value) in enumerate(kv for batch in rounds for kv in batch)]
+    counter = RequestCounter(session)
+    kinds: Counter[str] = Counter()
     profiler = Profiler()
+    cpu0, wall0 = time.thread_time(), time.perf_counter()
     profiler.start()
     for record in records:
         handled = processor.handle(record)
+        kinds[handled.kind] += 1
         for out in handled.outbound:
             codec.encode(out.topic, out.model)
     profiler.stop()
+    cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
     cluster.shutdown()
-    return profiler.output_text(unicode=False, color=False, show_all=False)
+    n = len(records)
+    lines = [f"processor core, {n} turns ({per_conversation}/conversation, one thread): "
+             f"{dict(kinds)}; {wall * 1000 / n:.1f} ms wall and {cpu * 1000 / n:.2f} ms CPU "
+             "of the calling thread per turn (the driver's I/O thread not included)",
+             f"Cassandra requests per turn: {counter.total() / n:.2f}"]
+    lines += [f"  {count / n:5.2f}  {label}" for label, count in counter.counts.most_common()]
+    text = profiler.output_text(unicode=False, color=False, show_all=False)
+    return "\n".join(lines) + "\n\npyinstrument (wall clock):\n" + "\n".join(
+        text.splitlines()[:70])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -428,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw", type=int, default=3000,
                         help="LWTs of the raw Cassandra baseline (Kafka: 10x as many)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile-only", action="store_true",
+                        help="only the processor core profile (no worker, no baselines)")
     parser.add_argument("--rss", action="store_true")
     args = parser.parse_args(argv)
 
@@ -441,6 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     settings = isolated_settings(base, "bench", partitions=12, home=tmp / "home")
     say(f"load {load_before}; topics {settings.topic_prefix}*")
     rig = Rig(settings)
+    if args.profile_only:
+        try:
+            print(f"load average {load_before} before, {load_average()} after")
+            print(profile_core(settings, rig, per_conversation=args.per_conversation))
+        finally:
+            rig.close()
+        return 0
     with CpuWindow(dict(pids)) as idle:  # what the servers burn without us
         time.sleep(3)
     rows: list[Row] = [Row("idle 3 s (servers' background, other users)", 0, idle.seconds,
@@ -466,9 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         worker.terminate()
         rig.close()
     if args.profile:
-        text = profile_core(settings, rig)
-        print("\nprocessor core profile (pyinstrument, 300 turns, one thread):")
-        print("\n".join(text.splitlines()[:60]))
+        print()
+        print(profile_core(settings, rig, per_conversation=args.per_conversation))
     return 0
 
 

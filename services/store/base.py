@@ -453,6 +453,10 @@ def build_checkpoint(
     )
 
 
+def _nothing_to_wait_for() -> None:
+    return None
+
+
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -540,6 +544,7 @@ class CheckpointStore(ABC):
         head_hint: Head | None = None,
         parent_hint: CheckpointRecord | None = None,
         extends: str | None | object = ANY_LINEAGE,
+        located: bool = False,
     ) -> PromotionOutcome:
         """Persist the turn atomically, or say why not (see the module docstring).
 
@@ -554,6 +559,9 @@ class CheckpointStore(ABC):
         response is not written; ``LineageChanged`` says what it would have extended.
         Because a plan's parent is also a condition of its write, a promotion
         returned with ``extends`` given really extends that response.
+
+        ``located``: the caller already made the response's location durable
+        (``start_locating`` and its waiter returned), so the store does not write it.
         """
         validate_request(request)
         size = turn_size(request)
@@ -565,12 +573,13 @@ class CheckpointStore(ABC):
             parent_hint if parent_hint is not None else self._hinted_parent(request),
         )
         if plan is not None and _extends(plan, extends):
-            self._before_fast_write(request)
+            if not located:
+                self._before_fast_write(request)
             promoted = self._attempt(request, plan)
             if promoted is not None:
                 return promoted
         for _ in range(MAX_PROMOTION_ROUNDS):
-            view = self._read_view(request)
+            view = self._read_view(request, located=located)
             self._learn_view(request, view)
             decision = decide(request, view)
             if not isinstance(decision, Plan):
@@ -699,12 +708,23 @@ class CheckpointStore(ABC):
 
     # -- backend hooks ------------------------------------------------------------------
 
+    def start_locating(
+        self, tenant_id: str, response_id: str, partition_key: str
+    ) -> Callable[[], None]:
+        """Start making the response's location durable, ahead of ``promote``; returns
+        the waiter to call (it raises ``StoreUnavailable`` if the write failed) before
+        ``promote(..., located=True)``. Lets a caller overlap this write with its own
+        reads. Backends whose promotion writes the location atomically need nothing."""
+        return _nothing_to_wait_for
+
     def _before_fast_write(self, request: PromotionRequest) -> None:  # noqa: B027
         """Runs before a write planned from hints (no view read in this call before it)."""
 
     @abstractmethod
-    def _read_view(self, request: PromotionRequest) -> PromotionView:
-        """Read head / idempotency record / existing / parent, linearizably."""
+    def _read_view(self, request: PromotionRequest, *, located: bool = False) -> PromotionView:
+        """Read head / idempotency record / existing / parent, linearizably.
+
+        ``located``: the response's location is already durable (see ``promote``)."""
 
     @abstractmethod
     def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord) -> bool:

@@ -329,7 +329,7 @@ class CassandraCheckpointStore(CheckpointStore):
 
     # -- backend hooks ----------------------------------------------------------------------
 
-    def _read_view(self, request: PromotionRequest) -> PromotionView:
+    def _read_view(self, request: PromotionRequest, *, located: bool = False) -> PromotionView:
         """The view at SERIAL in one round trip, plus the location hint in parallel.
 
         The rows query also asks for the ``kind='head'`` marker row every Conversation
@@ -344,11 +344,13 @@ class CassandraCheckpointStore(CheckpointStore):
         parent = request.previous_response_id or ""
 
         def read() -> PromotionView:
-            hint = self._session.execute_async(
-                self._insert_location,
-                (request.tenant_id, request.response_id, request.partition_key),
-                timeout=self._timeout,
-            )
+            hint = None
+            if not located:
+                hint = self._session.execute_async(
+                    self._insert_location,
+                    (request.tenant_id, request.response_id, request.partition_key),
+                    timeout=self._timeout,
+                )
             rows = list(
                 self._session.execute(
                     self._select_view_rows,
@@ -361,7 +363,8 @@ class CassandraCheckpointStore(CheckpointStore):
                 head_row = self._session.execute(
                     self._select_head, key, timeout=self._timeout
                 ).one()
-            hint.result()
+            if hint is not None:
+                hint.result()
             try:
                 return self._view(request, head_row, rows)
             except (KeyError, TypeError, ValueError) as exc:
@@ -371,6 +374,21 @@ class CassandraCheckpointStore(CheckpointStore):
                 ) from exc
 
         return _guard("promote/read", read)
+
+    def start_locating(
+        self, tenant_id: str, response_id: str, partition_key: str
+    ) -> Callable[[], None]:
+        """The location hint, sent now; the waiter makes sure it is durable (the same
+        rule as ``_before_fast_write``: durable before any batch can land)."""
+        future = _guard(
+            "promote/locate",
+            lambda: self._session.execute_async(
+                self._insert_location,
+                (tenant_id, response_id, partition_key),
+                timeout=self._timeout,
+            ),
+        )
+        return lambda: _guard("promote/locate", future.result)
 
     def _before_fast_write(self, request: PromotionRequest) -> None:
         """The location hint, durable BEFORE a batch planned from hints is sent.

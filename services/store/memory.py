@@ -63,7 +63,7 @@ class MemoryCheckpointStore(CheckpointStore):
             partition = self._partitions.get((tenant_id, partition_key or ""))
             return None if partition is None else partition.checkpoints.get(response_id)
 
-    def _read_view(self, request: PromotionRequest) -> PromotionView:
+    def _read_view(self, request: PromotionRequest, *, located: bool = False) -> PromotionView:
         with self._lock:
             partition = self._partitions.get((request.tenant_id, request.partition_key))
             if partition is None:

@@ -169,6 +169,18 @@ class StoreContract:
         assert store.promote(child, extends=None) == LineageChanged(root_id)
         assert isinstance(store.promote(child, extends=root_id), Promoted)
 
+    def test_located_ahead_the_promoted_response_is_findable_by_id(self, store, tenant):
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        # a store of its own (no location learnt by this process) reads it back by id
+        wait = store.start_locating(tenant, turn.response_id, conv)
+        wait()
+        outcome = store.promote(turn, located=True, extends=None)
+        assert isinstance(outcome, Promoted)
+        fresh = self.shared_store(store, StoreOptions())
+        assert fresh.get_checkpoint(tenant, turn.response_id) == outcome.checkpoint
+        assert self.history(fresh, tenant, response_id=turn.response_id).items == turn.items
+
     def test_a_response_id_is_promoted_once(self, store, tenant):
         conv = uid("conv")
         turn = conversation_turn(tenant, conv, 0)
