@@ -48,6 +48,9 @@ class Settings:
     worker_metrics_port: int = 9108
     # How long a logical history is kept after its last promotion (0 = forever).
     logical_retention_s: int = 0
+    # Bytes of rendered verified histories each API process keeps (LRU; 0 = no cache).
+    # 64 MiB holds ~1000 50-turn histories of 100 items; every hit is revalidated.
+    api_history_cache_bytes: int = 64 * 1024 * 1024
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -72,6 +75,9 @@ class Settings:
             api_port=_int(env, "RATCHET_API_PORT", d.api_port, 1),
             worker_metrics_port=_int(env, "RATCHET_WORKER_METRICS_PORT", d.worker_metrics_port),
             logical_retention_s=_int(env, "RATCHET_LOGICAL_RETENTION_S", d.logical_retention_s),
+            api_history_cache_bytes=_int(
+                env, "RATCHET_API_HISTORY_CACHE_BYTES", d.api_history_cache_bytes
+            ),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -90,6 +96,7 @@ class Settings:
             "RATCHET_API_PORT": str(self.api_port),
             "RATCHET_WORKER_METRICS_PORT": str(self.worker_metrics_port),
             "RATCHET_LOGICAL_RETENTION_S": str(self.logical_retention_s),
+            "RATCHET_API_HISTORY_CACHE_BYTES": str(self.api_history_cache_bytes),
         }
 
     def topic(self, name: str) -> str:

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import FastAPI, Path, Query, Request
+from fastapi import FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.api import metrics
 from services.api.models import ErrorBody, HealthBody, HistoryBody, StatusBody
-from services.api.service import WAIT_MS_CAP, RehydrationService
+from services.api.service import WAIT_MS_CAP, Answer, RehydrationService
 from services.ledger.base import LedgerUnavailable
 from services.store.base import StoreUnavailable
 
@@ -42,6 +42,15 @@ WaitMs = Annotated[
         ge=0,
         le=WAIT_MS_CAP,
         description="Wait up to this long for a pending promotion (read-your-writes).",
+    ),
+]
+
+CacheControl = Annotated[
+    str | None,
+    Header(
+        description="`no-cache`: do not answer from the API's verified-history cache; "
+        "read and verify the whole history from the store (the answer is the same: "
+        "every cache hit is revalidated, see docs/service.md).",
     ),
 ]
 
@@ -75,9 +84,12 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool]) -> 
         conversation_id: Annotated[str, Path(pattern=_ID)],
         tenant_id: TenantId,
         fingerprint_hash: FingerprintHash,
+        cache_control: CacheControl = None,
     ) -> Response:
-        answer = await service.conversation_history(tenant_id, conversation_id, fingerprint_hash)
-        return _json(answer.body, answer.status_code)
+        answer = await service.conversation_history(
+            tenant_id, conversation_id, fingerprint_hash, use_cache=_use_cache(cache_control)
+        )
+        return _history(answer)
 
     @app.get(
         "/v1/responses/{response_id}/history",
@@ -90,12 +102,17 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool]) -> 
         tenant_id: TenantId,
         fingerprint_hash: FingerprintHash,
         wait_ms: WaitMs = 0,
+        cache_control: CacheControl = None,
     ) -> Response:
         with metrics.REQUEST_SECONDS.labels("response").time():
             answer = await service.response_history(
-                tenant_id, response_id, fingerprint_hash, wait_ms
+                tenant_id,
+                response_id,
+                fingerprint_hash,
+                wait_ms,
+                use_cache=_use_cache(cache_control),
             )
-        return _json(answer.body, answer.status_code)
+        return _history(answer)
 
     @app.get(
         "/v1/responses/{response_id}/status",
@@ -132,7 +149,19 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool]) -> 
     return app
 
 
-def _json(body: HistoryBody | HealthBody | StatusBody, status_code: int) -> Response:
+def _use_cache(cache_control: str | None) -> bool:
+    if not cache_control:
+        return True
+    directives = {d.strip().lower() for d in cache_control.split(",")}
+    return not directives & {"no-cache", "no-store"}
+
+
+def _history(answer: Answer) -> Response:
+    # The body is already JSON (rendered once per verified history, see render.py).
+    return Response(answer.payload, status_code=answer.status_code, media_type="application/json")
+
+
+def _json(body: HealthBody | StatusBody, status_code: int) -> Response:
     # pydantic's own serializer: one pass, no intermediate dicts (100-item histories).
     return Response(body.model_dump_json(), status_code=status_code, media_type="application/json")
 

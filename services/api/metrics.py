@@ -73,3 +73,15 @@ STORE_ERRORS = Counter(
     "Store reads that raised (infrastructure failure, answered 503).",
     ["endpoint"],
 )
+HISTORY_CACHE = Counter(
+    "ratchet_api_history_cache_total",
+    "History lookups by cache result: hit (served after revalidation), miss (not cached), "
+    "stale (cached but the revalidation disagreed: read in full), bypass (no-cache request).",
+    ["endpoint", "result"],
+)
+HISTORY_CACHE_BYTES = Gauge(
+    "ratchet_api_history_cache_bytes", "Bytes of rendered histories in the cache."
+)
+HISTORY_CACHE_ENTRIES = Gauge(
+    "ratchet_api_history_cache_entries", "Verified histories in the cache."
+)

@@ -7,10 +7,13 @@ caller's fingerprint, then renders it. Nothing here decides; it only translates.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 
+from pydantic import TypeAdapter
+
 from ratchet.domain.history import CheckpointRecord, HistoryFailure, TokenArtifact, VerifiedHistory
-from ratchet.domain.rehydration import Certified, Failure, Fallback, rehydrate
+from ratchet.domain.rehydration import Certified, Failure, Fallback, FallbackReason, rehydrate
 from schemas.models import Item
 from services.api.models import (
     FAILURE_HTTP_STATUS,
@@ -55,6 +58,68 @@ def history_outcome_body(
         items=items,
     )
     return body, 200
+
+
+@dataclass(frozen=True)
+class RenderedHistory:
+    """A verified history's JSON parts, rendered once (and cached with it, cache.py).
+
+    What differs per request (outcome, fallback reason, head_seq) is spliced around them
+    by ``history_json``; ``tests/unit/test_api_render.py`` proves the result is byte
+    for byte what pydantic renders for the same ``HistoryBody``."""
+
+    response_id: str
+    items_json: bytes
+    checkpoint_json: bytes
+
+
+# pydantic's own serializers for every piece, so the spliced body cannot differ from
+# what ``HistoryBody.model_dump_json`` would write (escaping, number format).
+_ITEMS = TypeAdapter(list[HistoryItem])
+_CHECKPOINT = TypeAdapter(CheckpointBody)
+_STR = TypeAdapter(str)
+
+
+def render_history(history: VerifiedHistory) -> RenderedHistory | HistoryBody:
+    """The JSON parts of a verified history, or the CORRUPT_HISTORY failure body if
+    an item's stored bytes are not UTF-8 JSON (a history is never partly decoded)."""
+    response_id = history.checkpoint.response_id
+    try:
+        items = [item_body(item) for item in history.items]
+    except _Undecodable as exc:
+        return failure_body("CORRUPT_HISTORY", response_id=response_id, detail=str(exc))
+    return RenderedHistory(
+        response_id=response_id,
+        items_json=_ITEMS.dump_json(items),
+        checkpoint_json=_CHECKPOINT.dump_json(checkpoint_body(history.checkpoint)),
+    )
+
+
+def history_json(
+    rendered: RenderedHistory, head_seq: int, fallback: FallbackReason | None
+) -> bytes:
+    """The whole certified (``fallback`` None) or fallback body, in ``HistoryBody``'s
+    field order; the checkpoint travels with certified answers only."""
+    if fallback is None:
+        head = b'{"outcome":"certified","reason":null,"head_seq":'
+        checkpoint = rendered.checkpoint_json
+    else:
+        head = b'{"outcome":"fallback","reason":' + _STR.dump_json(str(fallback))
+        head += b',"head_seq":'
+        checkpoint = b"null"
+    return b"".join(
+        (
+            head,
+            str(int(head_seq)).encode(),
+            b',"response_id":',
+            _STR.dump_json(rendered.response_id),
+            b',"items":',
+            rendered.items_json,
+            b',"checkpoint":',
+            checkpoint,
+            b',"detail":null}',
+        )
+    )
 
 
 def failure_body(reason: str, *, response_id: str | None = None, detail: str = "") -> HistoryBody:

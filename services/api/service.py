@@ -24,10 +24,28 @@ from datetime import UTC, datetime
 
 from starlette.concurrency import run_in_threadpool
 
-from ratchet.domain.history import HistoryFailure, HistoryFailureReason, VerifiedHistory
+from ratchet.domain.history import (
+    HistoryFailure,
+    HistoryFailureReason,
+    VerifiedHistory,
+    utc_ms,
+)
+from ratchet.domain.rehydration import fallback_reason
 from services.api import metrics
-from services.api.models import HistoryBody, StatusBody
-from services.api.render import failure_body, history_outcome_body
+from services.api.cache import (
+    CachedHistory,
+    CassandraStamps,
+    HistoryCache,
+    PartitionStamp,
+    lineage_stamps,
+)
+from services.api.models import FAILURE_HTTP_STATUS, HistoryBody, StatusBody
+from services.api.render import (
+    RenderedHistory,
+    failure_body,
+    history_json,
+    render_history,
+)
 from services.api.waiters import PromotionWaiters
 from services.ledger.base import Ledger, ResponseState
 from services.store.base import CheckpointStore
@@ -39,8 +57,25 @@ WAIT_MS_CAP = 10_000
 
 @dataclass(frozen=True)
 class Answer:
-    body: HistoryBody
+    """A history answer: the JSON body, its status, and the fields the log line names."""
+
     status_code: int
+    outcome: str
+    reason: str | None
+    head_seq: int | None
+    detail: str | None
+    payload: bytes
+
+    @classmethod
+    def of(cls, body: HistoryBody, status_code: int) -> Answer:
+        return cls(
+            status_code,
+            body.outcome,
+            body.reason,
+            body.head_seq,
+            body.detail,
+            body.__pydantic_serializer__.to_json(body),
+        )
 
 
 def _utc_now() -> datetime:
@@ -48,7 +83,11 @@ def _utc_now() -> datetime:
 
 
 class RehydrationService:
-    """Thin orchestration over the store (histories) and the ledger (rejections)."""
+    """Thin orchestration over the store (histories) and the ledger (rejections).
+
+    With a ``HistoryCache`` and ``CassandraStamps`` (the production wiring), verified
+    histories are cached and every hit is revalidated by one stamp query (cache.py);
+    without them (in-memory tests), every lookup is a full store read as before."""
 
     def __init__(
         self,
@@ -56,34 +95,55 @@ class RehydrationService:
         ledger: Ledger | None,
         waiters: PromotionWaiters,
         clock: Callable[[], datetime] = _utc_now,
+        *,
+        cache: HistoryCache | None = None,
+        stamps: CassandraStamps | None = None,
     ) -> None:
         self._store = store
         self._ledger = ledger
         self._waiters = waiters
         self._clock = clock
+        self._cache = cache if cache is not None and cache.enabled and stamps else None
+        self._stamps = stamps
 
     # -- endpoints -----------------------------------------------------------------------
 
     async def conversation_history(
-        self, tenant_id: str, conversation_id: str, fingerprint_hash: str
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        fingerprint_hash: str,
+        *,
+        use_cache: bool = True,
     ) -> Answer:
-        answer = await run_in_threadpool(
-            self._read_conversation, tenant_id, conversation_id, fingerprint_hash
-        )
+        start = time.perf_counter()
+        if self._cache is None:
+            answer = await run_in_threadpool(
+                self._read_conversation, tenant_id, conversation_id, fingerprint_hash, None
+            )
+        else:
+            answer = await self._cached_conversation(
+                tenant_id, conversation_id, fingerprint_hash, use_cache
+            )
+        metrics.LOOKUP_SECONDS.labels("conversation").observe(time.perf_counter() - start)
         self._log("conversation", answer, tenant_id=tenant_id, conversation_id=conversation_id)
         return answer
 
     async def response_history(
-        self, tenant_id: str, response_id: str, fingerprint_hash: str, wait_ms: int
+        self,
+        tenant_id: str,
+        response_id: str,
+        fingerprint_hash: str,
+        wait_ms: int,
+        *,
+        use_cache: bool = True,
     ) -> Answer:
         wait_ms = min(max(wait_ms, 0), WAIT_MS_CAP)
         if wait_ms == 0:
-            answer = await run_in_threadpool(
-                self._read_response, tenant_id, response_id, fingerprint_hash
-            )
+            answer = await self._response(tenant_id, response_id, fingerprint_hash, use_cache)
         else:
             answer = await self._wait_for_decision(
-                tenant_id, response_id, fingerprint_hash, wait_ms
+                tenant_id, response_id, fingerprint_hash, wait_ms, use_cache
             )
         self._log(
             "response",
@@ -122,23 +182,26 @@ class RehydrationService:
     # -- wait_ms: one read, maybe one wait, one more read (see waiters.py) ----------------
 
     async def _wait_for_decision(
-        self, tenant_id: str, response_id: str, fingerprint_hash: str, wait_ms: int
+        self,
+        tenant_id: str,
+        response_id: str,
+        fingerprint_hash: str,
+        wait_ms: int,
+        use_cache: bool,
     ) -> Answer:
         deadline = time.monotonic() + wait_ms / 1000
         ticket = self._waiters.register(response_id)
         metrics.WAITING.inc()
         try:
-            answer = await run_in_threadpool(
-                self._read_response, tenant_id, response_id, fingerprint_hash
-            )
+            answer = await self._response(tenant_id, response_id, fingerprint_hash, use_cache)
             while _still_pending(answer):
                 remaining = deadline - time.monotonic()
                 woken = remaining > 0 and await self._waiters.wait(ticket, remaining)
                 if not woken:
                     # One last read at the deadline covers a notifier that was down.
                     metrics.WAITS.labels("timeout").inc()
-                    answer = await run_in_threadpool(
-                        self._read_response, tenant_id, response_id, fingerprint_hash
+                    answer = await self._response(
+                        tenant_id, response_id, fingerprint_hash, use_cache
                     )
                     if _still_pending(answer):
                         return _not_promoted(response_id, f"no decision within {wait_ms} ms")
@@ -146,28 +209,149 @@ class RehydrationService:
                 metrics.WAITS.labels(f"woken_{ticket.decision}").inc()
                 # Clear BEFORE re-reading: a decision published after this re-arms the event.
                 ticket.event.clear()
-                answer = await run_in_threadpool(
-                    self._read_response, tenant_id, response_id, fingerprint_hash
-                )
+                answer = await self._response(tenant_id, response_id, fingerprint_hash, use_cache)
             return answer
         finally:
             metrics.WAITING.dec()
             self._waiters.release(ticket)
 
-    # -- reads (blocking; run in the thread pool) ----------------------------------------
+    # -- cached lookups (event loop; only a miss takes the thread pool) -------------------
+
+    async def _response(
+        self, tenant_id: str, response_id: str, fingerprint_hash: str, use_cache: bool
+    ) -> Answer:
+        start = time.perf_counter()
+        try:
+            if self._cache is None:
+                return await run_in_threadpool(
+                    self._read_response, tenant_id, response_id, fingerprint_hash, None, None
+                )
+            return await self._cached_response(tenant_id, response_id, fingerprint_hash, use_cache)
+        finally:
+            metrics.LOOKUP_SECONDS.labels("response").observe(time.perf_counter() - start)
+
+    async def _cached_response(
+        self, tenant_id: str, response_id: str, fingerprint_hash: str, use_cache: bool
+    ) -> Answer:
+        assert self._cache is not None and self._stamps is not None
+        entry = self._cache.get(tenant_id, response_id) if use_cache else None
+        if entry is not None:
+            partition_key: str | None = entry.partition_key
+        else:
+            partition_key = self._cache.location(tenant_id, response_id)
+            if partition_key is None:
+                partition_key = await self._stamps.locate(tenant_id, response_id)
+        if partition_key is None:
+            # Nothing promoted under this id (yet): the plain read decides (NOT_FOUND,
+            # rejected, or a promotion that landed just now), and nothing is cached.
+            metrics.HISTORY_CACHE.labels("response", "miss").inc()
+            return await run_in_threadpool(
+                self._read_response, tenant_id, response_id, fingerprint_hash, None, None
+            )
+        # The stamp is taken BEFORE the full read: a history is cached with a stamp no
+        # newer than what was verified, so a write in between makes the next hit stale.
+        stamp = await self._stamps.stamp(tenant_id, partition_key)
+        if entry is not None:
+            answer = self._hit(entry, stamp, fingerprint_hash, "response")
+            if answer is not None:
+                return answer
+        self._count_miss("response", use_cache, entry, response_id, tenant_id)
+        return await run_in_threadpool(
+            self._read_response, tenant_id, response_id, fingerprint_hash, partition_key, stamp
+        )
+
+    async def _cached_conversation(
+        self, tenant_id: str, conversation_id: str, fingerprint_hash: str, use_cache: bool
+    ) -> Answer:
+        assert self._cache is not None and self._stamps is not None
+        # One query answers both "which response is the head?" and "is it unchanged?".
+        stamp = await self._stamps.stamp(tenant_id, conversation_id)
+        entry = None
+        if use_cache and stamp is not None and stamp.head is not None:
+            entry = self._cache.get(tenant_id, stamp.head.response_id)
+            if entry is not None and (
+                entry.partition_key != conversation_id or entry.checkpoint.seq != stamp.head.seq
+            ):
+                entry = None  # a full read reports what is wrong with this head
+            if entry is not None:
+                answer = self._hit(entry, stamp, fingerprint_hash, "conversation")
+                if answer is not None:
+                    return answer
+        self._count_miss(
+            "conversation", use_cache, entry, stamp.head.response_id if entry else "", tenant_id
+        )
+        return await run_in_threadpool(
+            self._read_conversation, tenant_id, conversation_id, fingerprint_hash, stamp
+        )
+
+    def _hit(
+        self,
+        entry: CachedHistory,
+        stamp: PartitionStamp | None,
+        fingerprint_hash: str,
+        endpoint: str,
+    ) -> Answer | None:
+        """The answer from a cached history, or None if only a full read may answer."""
+        if stamp is None:
+            return None
+        now = self._clock()
+        expires = entry.checkpoint.logical_expires_at
+        if expires is not None and utc_ms(now) >= expires:
+            return None  # the full read answers EXPIRED, with its detail
+        head_seq = entry.head_seq(stamp)
+        if head_seq is None:
+            return None
+        metrics.HISTORY_CACHE.labels(endpoint, "hit").inc()
+        return self._verified_answer(
+            entry.rendered,
+            head_seq,
+            fallback_reason(entry.checkpoint, fingerprint_hash, now),
+            endpoint,
+        )
+
+    def _count_miss(
+        self,
+        endpoint: str,
+        use_cache: bool,
+        entry: CachedHistory | None,
+        response_id: str,
+        tenant_id: str,
+    ) -> None:
+        assert self._cache is not None
+        if not use_cache:
+            result = "bypass"
+        elif entry is not None:
+            result = "stale"
+            self._cache.discard(tenant_id, response_id)
+        else:
+            result = "miss"
+        metrics.HISTORY_CACHE.labels(endpoint, result).inc()
+
+    # -- full reads (blocking; run in the thread pool) -----------------------------------
 
     def _read_conversation(
-        self, tenant_id: str, conversation_id: str, fingerprint_hash: str
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        fingerprint_hash: str,
+        stamp: PartitionStamp | None,
     ) -> Answer:
         now = self._clock()
-        with _timed("conversation"):
-            history = self._store.read_history(tenant_id, conversation_id=conversation_id, now=now)
-        return self._decide(history, fingerprint_hash, now, "conversation")
+        history = self._store.read_history(tenant_id, conversation_id=conversation_id, now=now)
+        return self._decide(history, fingerprint_hash, now, "conversation", stamp)
 
-    def _read_response(self, tenant_id: str, response_id: str, fingerprint_hash: str) -> Answer:
+    def _read_response(
+        self,
+        tenant_id: str,
+        response_id: str,
+        fingerprint_hash: str,
+        partition_key: str | None,
+        stamp: PartitionStamp | None,
+    ) -> Answer:
         now = self._clock()
-        with _timed("response"):
-            history = self._store.read_history(tenant_id, response_id=response_id, now=now)
+        history = self._store.read_history(
+            tenant_id, response_id=response_id, now=now, partition_key=partition_key
+        )
         if (
             isinstance(history, HistoryFailure)
             and history.reason is HistoryFailureReason.NOT_FOUND
@@ -176,7 +360,7 @@ class RehydrationService:
             recorded = self._ledger.status(tenant_id, response_id)
             if recorded.status is ResponseState.REJECTED:
                 return _not_promoted(response_id, f"rejected: {recorded.reason}")
-        return self._decide(history, fingerprint_hash, now, "response")
+        return self._decide(history, fingerprint_hash, now, "response", stamp)
 
     def _decide(
         self,
@@ -184,26 +368,80 @@ class RehydrationService:
         fingerprint_hash: str,
         now: datetime,
         endpoint: str,
+        stamp: PartitionStamp | None,
     ) -> Answer:
-        body, status_code = history_outcome_body(history, fingerprint_hash, now)
-        metrics.OUTCOMES.labels(endpoint, body.outcome, body.reason or "").inc()
-        return Answer(body, status_code)
+        if isinstance(history, HistoryFailure):
+            reason = str(history.reason)
+            body = failure_body(reason, detail=history.detail)
+            metrics.OUTCOMES.labels(endpoint, "failure", reason).inc()
+            return Answer.of(body, _failure_status(reason))
+        rendered = render_history(history)
+        if isinstance(rendered, HistoryBody):  # stored bytes that are not UTF-8 JSON
+            metrics.OUTCOMES.labels(endpoint, rendered.outcome, rendered.reason or "").inc()
+            return Answer.of(rendered, 500)
+        self._fill(history, rendered, stamp)
+        return self._verified_answer(
+            rendered,
+            history.head_seq,
+            fallback_reason(history.checkpoint, fingerprint_hash, now),
+            endpoint,
+        )
+
+    def _verified_answer(
+        self, rendered: RenderedHistory, head_seq: int, fallback, endpoint: str
+    ) -> Answer:
+        outcome = "certified" if fallback is None else "fallback"
+        reason = None if fallback is None else str(fallback)
+        metrics.OUTCOMES.labels(endpoint, outcome, reason or "").inc()
+        return Answer(
+            200, outcome, reason, head_seq, None, history_json(rendered, head_seq, fallback)
+        )
+
+    def _fill(
+        self, history: VerifiedHistory, rendered: RenderedHistory, stamp: PartitionStamp | None
+    ) -> None:
+        """Cache a verified history if the stamp taken before its read covers it."""
+        if self._cache is None or stamp is None:
+            return
+        checkpoint = history.checkpoint
+        cells = lineage_stamps(history, stamp)
+        if cells is None:
+            return
+        tenant_id = checkpoint.tenant_id
+        for turn in history.lineage:
+            self._cache.remember_location(tenant_id, turn.response_id, turn.partition_key)
+        self._cache.put(
+            checkpoint.response_id,
+            CachedHistory(
+                tenant_id=tenant_id,
+                partition_key=checkpoint.partition_key,
+                checkpoint=checkpoint,
+                lineage_stamps=cells,
+                rendered=rendered,
+                # The JSON dominates; ~200 bytes per turn for its stamp and bookkeeping.
+                nbytes=len(rendered.items_json)
+                + len(rendered.checkpoint_json)
+                + 200 * len(history.lineage)
+                + 1024,
+            ),
+        )
+        metrics.HISTORY_CACHE_BYTES.set(self._cache.nbytes)
+        metrics.HISTORY_CACHE_ENTRIES.set(len(self._cache))
 
     def _log(self, endpoint: str, answer: Answer, **ids: object) -> None:
-        body = answer.body
         level = logging.ERROR if answer.status_code >= 500 else logging.INFO
         log.log(
             level,
             "history %s",
-            body.outcome,
+            answer.outcome,
             extra={
                 "ctx": {
                     "endpoint": endpoint,
-                    "outcome": body.outcome,
-                    "reason": body.reason,
+                    "outcome": answer.outcome,
+                    "reason": answer.reason,
                     "http_status": answer.status_code,
-                    "head_seq": body.head_seq,
-                    "detail": body.detail if answer.status_code >= 500 else None,
+                    "head_seq": answer.head_seq,
+                    "detail": answer.detail if answer.status_code >= 500 else None,
                     **ids,
                 }
             },
@@ -212,26 +450,17 @@ class RehydrationService:
 
 def _still_pending(answer: Answer) -> bool:
     """Only "nothing known yet" is worth waiting for; anything else is final."""
-    return answer.body.outcome == "failure" and answer.body.reason == "NOT_FOUND"
+    return answer.outcome == "failure" and answer.reason == "NOT_FOUND"
 
 
 def _not_promoted(response_id: str, detail: str) -> Answer:
     body = failure_body("NOT_PROMOTED", response_id=response_id, detail=detail)
     metrics.OUTCOMES.labels("response", "failure", "NOT_PROMOTED").inc()
-    return Answer(body, 409)
+    return Answer.of(body, 409)
 
 
-class _timed:
-    """Observe the lookup latency of one store read."""
-
-    def __init__(self, endpoint: str) -> None:
-        self._endpoint = endpoint
-
-    def __enter__(self) -> None:
-        self._start = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        metrics.LOOKUP_SECONDS.labels(self._endpoint).observe(time.perf_counter() - self._start)
+def _failure_status(reason: str) -> int:
+    return FAILURE_HTTP_STATUS.get(reason, 500)
 
 
 __all__ = ["Answer", "RehydrationService", "WAIT_MS_CAP"]
