@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -35,6 +36,7 @@ from faust.types import TP
 
 from ratchet.settings import Settings
 from streams import metrics
+from streams.fetchwatch import FetchWatchdog, PartitionFigures, describe, position_of
 from streams.health import Health
 from streams.lanes import Lane, PartitionLanes
 from streams.processor import Handled, PromotionProcessor, Topics
@@ -60,7 +62,8 @@ class Runtime:
 
 
 def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID,
-               commit_interval_s: float = 1.0, shutdown_grace_s: float = 20.0) -> faust.App:
+               commit_interval_s: float = 1.0, shutdown_grace_s: float = 20.0,
+               stall_after_s: float = 15.0, watch_interval_s: float = 5.0) -> faust.App:
     """Build the Faust app; ``runtime`` holds the processor and its collaborators."""
     app = faust.App(
         group_id,
@@ -104,9 +107,12 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         runtime.published += 1
 
     lanes = PartitionLanes(handle)
-    fetched: dict[TP, int] = {}  # last offset dispatched per partition (for the lag gauge)
+    # Last offset dispatched per partition since its assignment (lag gauge, watchdog).
+    fetched: dict[TP, int] = {}
+    watchdog = FetchWatchdog(stall_after_s=stall_after_s)
     app.lanes = lanes  # type: ignore[attr-defined] - for tests and the bench
     app.runtime = runtime  # type: ignore[attr-defined]
+    app.watchdog = watchdog  # type: ignore[attr-defined]
 
     @app.agent(gateway_events, concurrency=1)
     async def dispatch(stream: faust.Stream) -> None:
@@ -116,14 +122,34 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
             record = RawRecord(message.topic, message.partition, message.offset,
                                message.key, message.value,
                                int(message.timestamp * 1000) if message.timestamp else None)
+            if message.tp not in fetched:
+                # Once per partition and assignment: proves the partition is fetched.
+                log.info("partition %s: first record since assignment at offset %d",
+                         message.partition, message.offset)
             fetched[message.tp] = message.offset
             await lanes.submit(message.tp, record, event.ack)
+
+    def ours(tps: set[TP]) -> list[int]:
+        return sorted(tp.partition for tp in tps if tp.topic == gateway_events.get_topic_name())
 
     @app.on_partitions_revoked.connect
     async def on_revoked(_app: faust.App, revoked: set[TP], **_: object) -> None:
         """Finish in-flight events of revoked partitions, drop the queued ones, commit."""
+        log.info("partitions revoked: %s (lanes with queued events: %s)", ours(revoked),
+                 {tp.partition: lanes.depth(tp) for tp in lanes.keys if lanes.depth(tp)})
+        for tp in revoked:
+            fetched.pop(tp, None)
+        watchdog.reset(revoked)
         await lanes.stop([tp for tp in lanes.keys if tp in revoked], grace_s=shutdown_grace_s)
         await app.consumer.commit()
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(_app: faust.App, assigned: set[TP], **_: object) -> None:
+        log.info("partitions assigned: %s (generation %s)", ours(assigned),
+                 app.consumer_generation_id)
+        for tp in [tp for tp in fetched if tp not in assigned]:
+            del fetched[tp]
+        watchdog.reset()
 
     @app.on_before_shutdown.connect
     async def on_shutdown(_app: faust.App, **_: object) -> None:
@@ -139,7 +165,51 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         runtime.health.write()
         _update_lag(app, lanes, fetched)
 
+    @app.timer(interval=watch_interval_s)
+    async def fetch_watch() -> None:
+        """See streams/fetchwatch.py: find assigned partitions that are not fetched."""
+        await _watch_fetching(app, lanes, fetched, watchdog, gateway_events.get_topic_name())
+
     return app
+
+
+async def _watch_fetching(app: faust.App, lanes: PartitionLanes, fetched: dict[TP, int],
+                          watchdog: FetchWatchdog, topic: str) -> None:
+    consumer = app.consumer
+    settled = not app.rebalancing and consumer.flow_active
+    tps = [tp for tp in consumer.assignment() if tp.topic == topic] if settled else []
+    end_offsets: dict[TP, int] = {}
+    if tps:
+        try:
+            # A ListOffsets request, not the figures of the last fetch: a partition
+            # that is never fetched never updates those.
+            end_offsets = dict(await asyncio.wait_for(consumer.highwaters(*tps), 10))
+        except Exception as exc:  # rebalancing, broker away: judge next time
+            log.info("fetch watchdog: no end offsets (%r)", exc)
+            return
+    for tp in tps:
+        busy = lanes.in_flight(tp)
+        if busy is not None and busy[1] >= watchdog.stall_after_s:
+            # Not a fetch problem: the event in flight itself does not finish (a
+            # persistence outage logs its own warning; anything else is a hang).
+            log.warning("lane %s: event at offset %s in flight for %.0fs", tp.partition,
+                        getattr(busy[0], "offset", "?"), busy[1])
+    figures = []
+    for tp in tps:
+        last = fetched.get(tp)
+        next_offset = last + 1 if last is not None else position_of(app, tp)
+        figures.append(PartitionFigures(tp, next_offset, end_offsets.get(tp)))
+    stalls = watchdog.observe(time.monotonic(), figures, room=lanes.has_room(),
+                              settled=settled and not app.rebalancing)
+    if not stalls:
+        return
+    now_ms = int(time.time() * 1000)
+    for stall in stalls:
+        log.warning("fetch watchdog: partition %s owes records (next offset %s, end offset %s)"
+                    " but nothing was dispatched for %.0fs; %s",
+                    stall.tp.partition, stall.next_offset, stall.end_offset, stall.idle_s,
+                    describe(app, stall.tp, now_ms=now_ms))
+    watchdog.reset([s.tp for s in stalls])
 
 
 def _update_lag(app: faust.App, lanes: PartitionLanes, fetched: dict[TP, int]) -> None:

@@ -59,6 +59,9 @@ class Lane:
         self._on_drained = on_drained
         self._idle = asyncio.Event()
         self._idle.set()
+        # The event in flight and since when (loop time) it is handled; None when idle.
+        self.current: Any = None
+        self.busy_since: float | None = None
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"lane-{key}")
 
     async def _run(self) -> None:
@@ -68,9 +71,11 @@ class Lane:
             if self.stopping:
                 break
             self._idle.clear()
+            self.current, self.busy_since = work.payload, asyncio.get_running_loop().time()
             try:
                 done = await self._handle_until_done(work)
             finally:
+                self.current = self.busy_since = None
                 self._idle.set()
             if not done:
                 break
@@ -125,6 +130,10 @@ class PartitionLanes:
     def queued(self) -> int:
         return sum(lane.queue.qsize() for lane in self._lanes.values())
 
+    def has_room(self) -> bool:
+        """True while ``submit`` would not wait (the dispatcher, so fetching, can go on)."""
+        return self.queued() < self._max_queued
+
     async def submit(self, key: Hashable, payload: Any, ack: Callable[[], Any]) -> None:
         """Queue ``payload`` on lane ``key`` (created on first use).
 
@@ -145,6 +154,13 @@ class PartitionLanes:
     def depth(self, key: Hashable) -> int:
         lane = self._lanes.get(key)
         return 0 if lane is None else lane.queue.qsize()
+
+    def in_flight(self, key: Hashable) -> tuple[Any, float] | None:
+        """The payload in flight on lane ``key`` and its seconds so far (None: idle)."""
+        lane = self._lanes.get(key)
+        if lane is None or lane.busy_since is None:
+            return None
+        return lane.current, asyncio.get_running_loop().time() - lane.busy_since
 
     @property
     def keys(self) -> list[Hashable]:

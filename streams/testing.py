@@ -84,11 +84,17 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def log_tail(self, chars: int = 4000) -> str:
+    def log_tail(self, chars: int = 4000, skip: str = "HTTP Request: ") -> str:
+        """The end of the worker's log, without lines containing ``skip`` (at INFO the
+        registry client logs every request, which would crowd out everything else)."""
         try:
-            return self.log_path.read_text(errors="replace")[-chars:]
+            text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+        if skip:
+            text = "".join(line for line in text.splitlines(keepends=True) if skip not in line)
+        return f"--- {self.log_path.name} (pid {self.pid}, exit {self.proc.returncode}) ---\n" \
+            + text[-chars:]
 
     def terminate(self, timeout_s: float = 60) -> int:
         """SIGTERM: finish in-flight events, commit, exit."""
@@ -118,16 +124,31 @@ class EventProducer:
         self.topic = topics.gateway_events
         self.producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
                                   "enable.idempotence": True, "linger.ms": 5})
+        # response_id -> (partition, offset) of its event, once the broker acked it
+        # (failure reports say where a missing outcome's event sits).
+        self.placed: dict[str, tuple[int, int]] = {}
 
     def send(self, *events: Frozen) -> None:
         for event in events:
             key = event.conversation_id or event.chain_root_id or event.response_id
-            self.send_raw(encode_key(key), self.serde.encode(event, self.topic))
+            self.send_raw(encode_key(key), self.serde.encode(event, self.topic),
+                          on_delivery=self._delivered_callback(event.response_id))
 
-    def send_raw(self, key: bytes | None, value: bytes | None) -> None:
+    def _delivered_callback(self, response_id: str | None) -> Callable | None:
+        if response_id is None:
+            return None
+
+        def delivered(err, msg) -> None:
+            if err is None:
+                self.placed[response_id] = (msg.partition(), msg.offset())
+        return delivered
+
+    def send_raw(self, key: bytes | None, value: bytes | None,
+                 on_delivery: Callable | None = None) -> None:
+        extra = {} if on_delivery is None else {"on_delivery": on_delivery}
         while True:
             try:
-                self.producer.produce(self.topic, value=value, key=key)
+                self.producer.produce(self.topic, value=value, key=key, **extra)
                 break
             except BufferError:
                 self.producer.poll(0.1)

@@ -74,25 +74,60 @@ def store(settings, cassandra_cluster):
     return CassandraCheckpointStore(cassandra_cluster.connect(settings.keyspace), StoreOptions())
 
 
+def progress_report(rig: Rig, plan) -> str:
+    """Which turns have no promotion yet, where their events sit, what became of them."""
+    seqs = promoted_seqs(rig)
+    missing = [t for turns in plan for t in turns if t.response_id not in seqs]
+    by_partition: dict[int | None, list[str]] = {}
+    for t in missing:
+        partition, offset = rig.producer.placed.get(t.response_id, (None, None))
+        outcomes = [type(o).__name__ + (f"({o.reason})" if hasattr(o, "reason") else "")
+                    for o in rig.collector.outcomes(t.response_id)]
+        by_partition.setdefault(partition, []).append(
+            f"offset {offset} {t.response_id}: {outcomes or 'no outcome'}")
+    lines = [f"{len(seqs)} of {sum(map(len, plan))} turns promoted; missing by partition:"]
+    for partition in sorted(by_partition, key=lambda p: -1 if p is None else p):
+        lines.append(f"  partition {partition}: {len(by_partition[partition])} missing, "
+                     f"first {by_partition[partition][:3]}")
+    return "\n".join(lines)
+
+
+def wait_or_explain(rig: Rig, plan, workers, condition, timeout_s: float, why: str) -> None:
+    """``rig.collector.wait``, failing with the missing turns and the workers' logs."""
+    try:
+        rig.collector.wait(condition, timeout_s, why)
+    except TimeoutError as exc:
+        tails = "\n".join(w.log_tail(6000) for w in workers)
+        pytest.fail(f"{exc}\n{progress_report(rig, plan)}\n{tails}", pytrace=False)
+
+
 def test_worker_killed_mid_stream_and_restarted_loses_and_duplicates_nothing(rig, store,
                                                                               tmp_path):
     plan = conversation_turns(conversations=40, turns=5)
     first = rig.worker(tmp_path, "first")
-    for round_ in range(5):  # turn k of every conversation, then turn k+1 ...
-        rig.producer.send(*[turns[round_] for turns in plan])
-    rig.producer.flush()
-    rig.collector.wait(lambda: len(promoted_seqs(rig)) >= 60, 120, "first promotions")
-    first.kill()  # SIGKILL: no commit, no cleanup, mid-stream
-    killed_at = len(promoted_seqs(rig))
-    assert killed_at < 200, "the worker finished before it could be killed; use more turns"
-    second = rig.worker(tmp_path, "second")
+    workers = [first]
     try:
-        rig.collector.wait(lambda: len(promoted_seqs(rig)) == 200, 180, "all promotions")
+        for round_ in range(5):  # turn k of every conversation, then turn k+1 ...
+            rig.producer.send(*[turns[round_] for turns in plan])
+        rig.producer.flush()
+        wait_or_explain(rig, plan, workers, lambda: len(promoted_seqs(rig)) >= 60, 120,
+                        "first promotions")
+        first.kill()  # SIGKILL: no commit, no cleanup, mid-stream
+        killed_at = len(promoted_seqs(rig))
+        assert killed_at < 200, "the worker finished before it could be killed; use more turns"
+        second = rig.worker(tmp_path, "second")
+        workers.append(second)
+        wait_or_explain(rig, plan, workers, lambda: len(promoted_seqs(rig)) == 200, 180,
+                        "all promotions")
         assert_promoted_exactly_once_in_order(rig, plan, store)
         assert not any(rig.collector.outcomes(t.response_id)[-1].__class__ is not
                        CheckpointPromoted for turns in plan for t in turns)
     finally:
-        assert second.terminate() == 0, second.log_tail()
+        # Whatever failed above, no worker outlives the test (a leaked worker would
+        # keep consuming this run's topics next to the following tests).
+        first.kill()
+        codes = [w.terminate() for w in workers[1:]]
+    assert codes == [0], "\n".join(w.log_tail() for w in workers[1:])
 
 
 def test_cassandra_down_20s_nothing_promoted_then_everything_once_in_order(
