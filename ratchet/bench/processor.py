@@ -1,7 +1,7 @@
 """Promotion processor throughput, end to end, beside its raw baselines, in one run.
 
 ``python -m ratchet.bench.processor [--turns N] [--per-conversation K] [--raw N]
-[--profile] [--rss]``
+[--profile] [--profile-only] [--rss]``
 
 One table, measured in the same run on the same servers (the load average is printed
 with it, the machine is shared):
@@ -19,11 +19,15 @@ with it, the machine is shared):
   conversations are produced (round by round, so each conversation's turns stay in
   order) and the clock stops when N outcomes are on the outcome topics. Target:
   >= 500 promoted turns/s. Reported with the worker's CPU seconds and RSS.
-* **where the time goes** (``--profile``): the processor core (decode, validate,
-  ledger + store on Cassandra, encode) for 300 turns in this process under
-  pyinstrument; the worker's event loop is thin by design, the time is in here.
-* **memory** (``--rss``): worker RSS after 1k, then after 100k distinct conversations
-  (target: at most 2x). Takes a few minutes.
+* **where the time goes** (``--profile``, or ``--profile-only`` without the rest): the
+  processor core (decode, validate, ledger + store on Cassandra, encode) for 300 turns
+  in this process, K per conversation in round order like the end-to-end run: the
+  Cassandra requests per turn by statement, the CPU of the calling thread per turn,
+  and a pyinstrument (wall-clock) profile. For the real worker's CPU, attach py-spy to
+  it (``py-spy record --gil --pid <worker pid>``).
+* **memory** (``--rss``): the REAL worker's RSS (``/proc/<pid>``) after 1k, then after
+  100k distinct conversations, one turn each (target: at most 2x). At the end-to-end
+  rate this takes 100k / (turns/s): ~30 min at 60 turns/s on the shared 2-core box.
 
 The outcome counter reads raw messages without decoding them, so the bench process
 steals as little CPU as possible from the worker on a 2-core machine.
