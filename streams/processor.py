@@ -405,6 +405,7 @@ class PromotionProcessor:
             outcome="rejected", reason=verdict.reason.value, detail=verdict.detail,
             seq=verdict.head_seq, decided_at=self.clock_ms(),
             existing_response_id=verdict.existing_response_id,
+            idempotency_key=turn.idempotency_key,
         ))
         # Another worker may have decided this event first (zombie after a rebalance):
         # the first decision holds.

@@ -8,7 +8,8 @@ promotion processor must remember across restarts lives here:
   a different output digest marks the effect *conflicted* for good;
 * **cancellations** by ``(tenant_id, idempotency_key)``: a ``TurnCancelled`` seen
   before the completion makes that completion ``CANCELLED``;
-* **decisions** by ``event_id``: the first decision taken for a gateway event.
+* **decisions** by ``event_id`` (stored with the event's request, below): the first
+  decision taken for a gateway event.
   A redelivered event re-publishes exactly that decision instead of deciding again
   (the head may have moved meanwhile, and an outcome must never flip);
 * **owners**: which tenant promoted a conversation's first turn and which tenant
@@ -17,8 +18,11 @@ promotion processor must remember across restarts lives here:
   ``GET /v1/responses/{id}/status`` answers. ``promoted`` always wins over a later
   rejection of the same response id (e.g. a redelivery rejected as DUPLICATE).
 
-Both backends (``memory.py``, ``cassandra.py``) have the same semantics and pass the
-same tests. Methods are synchronous: the processor calls them from a worker thread.
+Effects, the cancellation and the decisions of one logical request (tenant,
+idempotency key) live together (Cassandra: one partition of ``request_facts``), so
+``turn_facts`` reads them in one query. Both backends (``memory.py``,
+``cassandra.py``) have the same semantics and pass the same tests
+(``tests/contract/test_ledger_contract.py``). Methods are synchronous: the processor calls them from a worker thread.
 """
 
 from __future__ import annotations
@@ -87,6 +91,9 @@ class Decision:
     seq: int | None  # head seq the rejection refers to (CONFLICT, OUT_OF_ORDER, DUPLICATE)
     decided_at: int
     existing_response_id: str | None = None
+    # The event's logical request: decisions are stored with the request's other facts
+    # (its effects and cancellation), so all of them are read together.
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -161,7 +168,8 @@ class Ledger(abc.ABC):
         """Everything the processor reads before deciding on a turn (backends may fan
         the reads out in parallel: one round trip instead of four)."""
         return TurnFacts(
-            decision=self.decision(event_id),
+            decision=self.decision(event_id, tenant_id=tenant_id,
+                                   idempotency_key=idempotency_key),
             effects=tuple(self.effects_for(tenant_id, idempotency_key)),
             cancellation=self.cancellation(tenant_id, idempotency_key),
             conversation_owner=None if conversation_id is None
@@ -182,7 +190,9 @@ class Ledger(abc.ABC):
         """Store the decision for its event unless one exists; return the one that holds."""
 
     @abc.abstractmethod
-    def decision(self, event_id: str) -> Decision | None: ...
+    def decision(self, event_id: str, *, tenant_id: str,
+                 idempotency_key: str) -> Decision | None:
+        """The decision held for the event (of that tenant's logical request)."""
 
     @abc.abstractmethod
     def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:

@@ -1,10 +1,11 @@
-"""Cassandra ledger (tables in ``infra/migrations/002_ledger.cql``).
+"""Cassandra ledger (tables in ``infra/migrations/002_ledger.cql``, ``003``, ``006``).
 
-Every write is idempotent, so a redelivered event can simply do it again. Writes to
-``tool_effects``, ``cancellations`` and ``event_decisions`` are LWTs (first write
-wins); an LWT whose outcome is unknown (timeout) is resolved by re-reading at
-``SERIAL`` consistency, never guessed. Driver errors become ``LedgerUnavailable``,
-which the processor retries with backoff.
+A logical request's tool effects, cancellation and event decisions share one partition
+of ``request_facts`` (006), so ``turn_facts`` reads them with one query. Every write
+is idempotent, so a redelivered event can simply do it again. Writes of effects,
+cancellations and decisions are LWTs (first write wins); an LWT whose outcome is
+unknown (timeout) is resolved by re-reading at ``SERIAL`` consistency, never guessed.
+Driver errors become ``LedgerUnavailable``, which the processor retries with backoff.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from typing import Any, TypeVar
 from cassandra import ConsistencyLevel, DriverException, RequestExecutionException
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable, Session
 from cassandra.policies import FallthroughRetryPolicy
-from cassandra.query import BatchStatement, BatchType, PreparedStatement, tuple_factory
+from cassandra.query import (
+    UNSET_VALUE,
+    BatchStatement,
+    BatchType,
+    PreparedStatement,
+    tuple_factory,
+)
 
 from services.ledger.base import (
     Cancellation,
@@ -32,9 +39,10 @@ from services.ledger.base import (
 
 T = TypeVar("T")
 
-_EFFECT_COLUMNS = (
-    "tenant_id, idempotency_key, effect_id, attempt, subturn_index, call_id, tool_name, "
-    "arguments_digest, status, output_item_id, output_digest, executed_at, conflicted"
+_FACT_COLUMNS = (
+    "kind, ref, attempt, subturn_index, call_id, tool_name, arguments_digest, status, "
+    "output_item_id, output_digest, executed_at, conflicted, response_id, cancelled_at, "
+    "outcome, reason, detail, seq, decided_at, existing_response_id"
 )
 
 
@@ -62,42 +70,39 @@ class CassandraLedger(Ledger):
         with contextlib.suppress(Exception):
             self._rows_profile = session.execution_profile_clone_update(
                 EXEC_PROFILE_DEFAULT, row_factory=tuple_factory)
+        # A request's effects, cancellation and decisions: one partition of
+        # ``request_facts`` (migration 006), read whole by ``turn_facts``.
+        facts = "request_facts WHERE tenant_id = ? AND idempotency_key = ?"
         self._insert_effect = self._lwt(
-            f"INSERT INTO tool_effects ({_EFFECT_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, false) IF NOT EXISTS"
+            "INSERT INTO request_facts (tenant_id, idempotency_key, kind, ref, attempt, "
+            "subturn_index, call_id, tool_name, arguments_digest, status, output_item_id, "
+            "output_digest, executed_at, conflicted) "
+            "VALUES (?, ?, 'effect', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, false) IF NOT EXISTS"
         )
         self._mark_conflicted = self._lwt(
-            "UPDATE tool_effects SET conflicted = true "
-            "WHERE tenant_id = ? AND idempotency_key = ? AND effect_id = ? IF EXISTS"
+            "UPDATE request_facts SET conflicted = true WHERE tenant_id = ? AND "
+            "idempotency_key = ? AND kind = 'effect' AND ref = ? IF EXISTS"
         )
         self._select_effect_serial = self._prepare(
-            f"SELECT {_EFFECT_COLUMNS} FROM tool_effects "
-            "WHERE tenant_id = ? AND idempotency_key = ? AND effect_id = ?",
+            f"SELECT {_FACT_COLUMNS} FROM {facts} AND kind = 'effect' AND ref = ?",
             ConsistencyLevel.SERIAL,
         )
-        self._select_effects = self._prepare(
-            f"SELECT {_EFFECT_COLUMNS} FROM tool_effects "
-            "WHERE tenant_id = ? AND idempotency_key = ?",
-            ConsistencyLevel.QUORUM,
-        )
+        self._select_facts = self._prepare(
+            f"SELECT {_FACT_COLUMNS} FROM {facts}", ConsistencyLevel.QUORUM)
         self._insert_cancel = self._lwt(
-            "INSERT INTO cancellations (tenant_id, idempotency_key, response_id, cancelled_at) "
-            "VALUES (?, ?, ?, ?) IF NOT EXISTS"
+            "INSERT INTO request_facts (tenant_id, idempotency_key, kind, ref, response_id, "
+            "cancelled_at) VALUES (?, ?, 'cancel', '', ?, ?) IF NOT EXISTS"
         )
         self._select_cancel = self._prepare(
-            "SELECT tenant_id, idempotency_key, response_id, cancelled_at FROM cancellations "
-            "WHERE tenant_id = ? AND idempotency_key = ?",
+            f"SELECT {_FACT_COLUMNS} FROM {facts} AND kind = 'cancel' AND ref = ''",
             ConsistencyLevel.QUORUM,
         )
         self._insert_decision = self._lwt(
-            "INSERT INTO event_decisions (event_id, tenant_id, response_id, outcome, reason, "
-            "detail, seq, decided_at, existing_response_id) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"
+            "INSERT INTO request_facts (tenant_id, idempotency_key, kind, ref, response_id, "
+            "outcome, reason, detail, seq, decided_at, existing_response_id) "
+            "VALUES (?, ?, 'decision', ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"
         )
-        decision_cql = (
-            "SELECT event_id, tenant_id, response_id, outcome, reason, detail, seq, decided_at, "
-            "existing_response_id FROM event_decisions WHERE event_id = ?"
-        )
+        decision_cql = f"SELECT {_FACT_COLUMNS} FROM {facts} AND kind = 'decision' AND ref = ?"
         self._select_decision = self._prepare(decision_cql, ConsistencyLevel.QUORUM)
         self._select_decision_serial = self._prepare(decision_cql, ConsistencyLevel.SERIAL)
         self._insert_conversation_owner = self._prepare(
@@ -175,11 +180,11 @@ class CassandraLedger(Ledger):
 
     def _effect_serial(self, tenant_id: str, key: str, effect_id: str) -> RecordedEffect | None:
         row = self._run(self._select_effect_serial, (tenant_id, key, effect_id)).one()
-        return None if row is None else _effect_from_row(row)
+        return None if row is None else _effect_from_row(tenant_id, key, row)
 
     def effects_for(self, tenant_id: str, idempotency_key: str) -> Sequence[RecordedEffect]:
-        rows = self._run(self._select_effects, (tenant_id, idempotency_key))
-        return [_effect_from_row(r) for r in rows]
+        rows = self._run(self._select_facts, (tenant_id, idempotency_key))
+        return _RequestFacts(tenant_id, idempotency_key, rows).effects
 
     # -- cancellations ------------------------------------------------------------------
     def record_cancellation(self, cancellation: Cancellation) -> None:
@@ -193,27 +198,29 @@ class CassandraLedger(Ledger):
 
     def cancellation(self, tenant_id: str, idempotency_key: str) -> Cancellation | None:
         row = self._run(self._select_cancel, (tenant_id, idempotency_key)).one()
-        if row is None:
-            return None
-        return Cancellation(*row)
+        return None if row is None else _cancellation_from_row(tenant_id, idempotency_key, row)
 
     # -- decisions and status -----------------------------------------------------------
     def record_decision(self, decision: Decision) -> Decision:
         d = decision
+        if d.idempotency_key is None:
+            raise ValueError("a decision is filed under its request: idempotency_key is needed")
+        key = (d.tenant_id, d.idempotency_key)
         # On an unknown outcome (timeout) the SERIAL read below tells which decision holds.
         with contextlib.suppress(LedgerUnavailable):
-            self._run(self._insert_decision, (d.event_id, d.tenant_id, d.response_id,
-                                              d.outcome, d.reason, d.detail, d.seq,
-                                              d.decided_at, d.existing_response_id))
-        row = self._run(self._select_decision_serial, (d.event_id,)).one()
-        held = None if row is None else _decision_from_row(row)
+            self._run(self._insert_decision, (*key, d.event_id, *_unset_nulls((
+                d.response_id, d.outcome, d.reason, d.detail, d.seq, d.decided_at,
+                d.existing_response_id))))
+        row = self._run(self._select_decision_serial, (*key, d.event_id)).one()
+        held = None if row is None else _decision_from_row(*key, row)
         if held is None:
             raise LedgerUnavailable(f"decision for event {d.event_id}: write outcome unknown")
         return held
 
-    def decision(self, event_id: str) -> Decision | None:
-        row = self._run(self._select_decision, (event_id,)).one()
-        return None if row is None else _decision_from_row(row)
+    def decision(self, event_id: str, *, tenant_id: str,
+                 idempotency_key: str) -> Decision | None:
+        row = self._run(self._select_decision, (tenant_id, idempotency_key, event_id)).one()
+        return None if row is None else _decision_from_row(tenant_id, idempotency_key, row)
 
     # -- round-trip savers ------------------------------------------------------------------
     def _fan_out(self, calls: list[tuple[PreparedStatement, Sequence[Any]]]) -> list[Any]:
@@ -227,18 +234,20 @@ class CassandraLedger(Ledger):
 
     def turn_facts(self, *, event_id: str, tenant_id: str, idempotency_key: str,
                    conversation_id: str | None) -> TurnFacts:
-        calls = [(self._select_decision, (event_id,)),
-                 (self._select_effects, (tenant_id, idempotency_key)),
-                 (self._select_cancel, (tenant_id, idempotency_key))]
-        if conversation_id is not None:
-            calls.append((self._select_conversation_owner, (conversation_id,)))
-        results = self._fan_out(calls)
-        decision_row, cancel_row = results[0].one(), results[2].one()
-        owner_row = results[3].one() if conversation_id is not None else None
+        """ONE query for the request's effects, cancellation and decisions (and, in
+        parallel, the conversation's owner when asked)."""
+        key = (tenant_id, idempotency_key)
+        if conversation_id is None:
+            rows, owner_row = self._run(self._select_facts, key), None
+        else:
+            rows, owner = self._fan_out([(self._select_facts, key),
+                                         (self._select_conversation_owner, (conversation_id,))])
+            owner_row = owner.one()
+        facts = _RequestFacts(tenant_id, idempotency_key, rows)
         return TurnFacts(
-            decision=None if decision_row is None else _decision_from_row(decision_row),
-            effects=tuple(_effect_from_row(r) for r in results[1]),
-            cancellation=None if cancel_row is None else Cancellation(*cancel_row),
+            decision=facts.decisions.get(event_id),
+            effects=facts.effects,
+            cancellation=facts.cancellation,
             conversation_owner=None if owner_row is None else owner_row[0],
         )
 
@@ -283,17 +292,46 @@ class CassandraLedger(Ledger):
                                rejected_detail or "", response_id)
 
 
-# Rows are read by position (see ``_rows_profile``): the SELECTs above list their
-# columns in exactly these orders.
+# Rows of ``request_facts`` are read by position (see ``_rows_profile``), in the order of
+# ``_FACT_COLUMNS``: kind, ref, the nine effect fields, conflicted, response_id,
+# cancelled_at, then the six decision fields.
+_KIND, _REF, _EFFECT, _CONFLICTED, _RESPONSE, _CANCELLED_AT, _DECISION = 0, 1, 2, 11, 12, 13, 14
 
 
-def _decision_from_row(row: Any) -> Decision:
-    (event_id, tenant_id, response_id, outcome, reason, detail, seq, decided_at,
-     existing_response_id) = row
-    return Decision(event_id, tenant_id, response_id, outcome, reason, detail or "", seq,
-                    decided_at, existing_response_id)
+def _unset_nulls(values: Sequence[Any]) -> tuple[Any, ...]:
+    """Absent values left unset, not written as null (a null cell is a tombstone)."""
+    return tuple(UNSET_VALUE if v is None else v for v in values)
 
 
-def _effect_from_row(row: Any) -> RecordedEffect:
-    *fields, conflicted = row  # _EFFECT_COLUMNS order
-    return RecordedEffect(*fields, conflicted=bool(conflicted))
+def _effect_from_row(tenant_id: str, key: str, row: Any) -> RecordedEffect:
+    return RecordedEffect(tenant_id, key, row[_REF], *row[_EFFECT:_CONFLICTED],
+                          conflicted=bool(row[_CONFLICTED]))
+
+
+def _cancellation_from_row(tenant_id: str, key: str, row: Any) -> Cancellation:
+    return Cancellation(tenant_id, key, row[_RESPONSE], row[_CANCELLED_AT])
+
+
+def _decision_from_row(tenant_id: str, key: str, row: Any) -> Decision:
+    outcome, reason, detail, seq, decided_at, existing = row[_DECISION:_DECISION + 6]
+    return Decision(row[_REF], tenant_id, row[_RESPONSE], outcome, reason, detail or "", seq,
+                    decided_at, existing, idempotency_key=key)
+
+
+class _RequestFacts:
+    """The rows of one ``request_facts`` partition, by kind (clustering order: effects
+    come sorted by effect_id)."""
+
+    def __init__(self, tenant_id: str, key: str, rows: Any) -> None:
+        effects: list[RecordedEffect] = []
+        self.cancellation: Cancellation | None = None
+        self.decisions: dict[str, Decision] = {}
+        for row in rows:
+            kind = row[_KIND]
+            if kind == "effect":
+                effects.append(_effect_from_row(tenant_id, key, row))
+            elif kind == "cancel":
+                self.cancellation = _cancellation_from_row(tenant_id, key, row)
+            elif kind == "decision":
+                self.decisions[row[_REF]] = _decision_from_row(tenant_id, key, row)
+        self.effects = tuple(effects)

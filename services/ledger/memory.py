@@ -71,12 +71,20 @@ class MemoryLedger(Ledger):
             return self._response_owners.get(response_id)
 
     def record_decision(self, decision: Decision) -> Decision:
+        if decision.idempotency_key is None:
+            raise ValueError("a decision is filed under its request: idempotency_key is needed")
         with self._lock:
             return self._decisions.setdefault(decision.event_id, decision)
 
-    def decision(self, event_id: str) -> Decision | None:
+    def decision(self, event_id: str, *, tenant_id: str,
+                 idempotency_key: str) -> Decision | None:
         with self._lock:
-            return self._decisions.get(event_id)
+            found = self._decisions.get(event_id)
+        # Same answer as the Cassandra ledger, which files decisions under the request.
+        if found is None or (found.tenant_id, found.idempotency_key) != (
+                tenant_id, idempotency_key):
+            return None
+        return found
 
     def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:
         with self._lock:

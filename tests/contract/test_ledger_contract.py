@@ -58,13 +58,40 @@ class LedgerContract:
         assert ledger.cancellation(tenant, key) == Cancellation(tenant, key, "resp_a", 1)
 
     def test_decisions_first_wins(self, ledger, tenant):
-        event = uid("evt")
-        first = Decision(event, tenant, "resp_a", "rejected", "CONFLICT", "d", 3, 10, "resp_x")
-        assert ledger.decision(event) is None
+        event, key = uid("evt"), uid("key")
+        first = Decision(event, tenant, "resp_a", "rejected", "CONFLICT", "d", 3, 10, "resp_x",
+                         idempotency_key=key)
+        assert ledger.decision(event, tenant_id=tenant, idempotency_key=key) is None
         assert ledger.record_decision(first) == first
-        later = Decision(event, tenant, "resp_a", "rejected", "OUT_OF_ORDER", "", None, 11)
+        later = Decision(event, tenant, "resp_a", "rejected", "OUT_OF_ORDER", "", None, 11,
+                         idempotency_key=key)
         assert ledger.record_decision(later) == first
-        assert ledger.decision(event) == first
+        assert ledger.decision(event, tenant_id=tenant, idempotency_key=key) == first
+        # filed under its request: another request's (or tenant's) lookup does not see it
+        assert ledger.decision(event, tenant_id=tenant, idempotency_key=uid("key")) is None
+        assert ledger.decision(event, tenant_id=uid("tenant"), idempotency_key=key) is None
+        bare = Decision(uid("evt"), tenant, "resp_b", "rejected", "CONFLICT", "", None, 12)
+        with pytest.raises(ValueError):
+            ledger.record_decision(bare)
+
+    def test_turn_facts_reads_the_events_own_decision(self, ledger, tenant):
+        key = uid("key")
+        mine, other = uid("evt"), uid("evt")
+        ledger.record_decision(Decision(other, tenant, "resp_1", "rejected", "CONFLICT", "",
+                                        1, 10, idempotency_key=key))
+        facts = ledger.turn_facts(event_id=mine, tenant_id=tenant, idempotency_key=key,
+                                  conversation_id=None)
+        assert facts.decision is None
+        ledger.record_decision(Decision(mine, tenant, "resp_2", "rejected", "OUT_OF_ORDER",
+                                        "late", None, 11, idempotency_key=key))
+        ledger.record_effect(effect(tenant, key, "e1"))
+        ledger.record_cancellation(Cancellation(tenant, key, "resp_2", 5))
+        facts = ledger.turn_facts(event_id=mine, tenant_id=tenant, idempotency_key=key,
+                                  conversation_id=None)
+        assert facts.decision == Decision(mine, tenant, "resp_2", "rejected", "OUT_OF_ORDER",
+                                          "late", None, 11, idempotency_key=key)
+        assert facts.effects == (effect(tenant, key, "e1"),)
+        assert facts.cancellation == Cancellation(tenant, key, "resp_2", 5)
 
     def test_turn_facts_and_promotion_bookkeeping(self, ledger, tenant):
         key, conv, resp, event = uid("key"), uid("conv"), uid("resp"), uid("evt")

@@ -218,7 +218,8 @@ def test_corrupt_partition_is_a_recorded_corrupt_rejection_not_a_dead_letter():
     assert out.reason is R.CORRUPT and "corrupt" in out.detail
     status = h.ledger.status(TENANT, retry.response_id)
     assert status.status is ResponseState.REJECTED and status.reason == R.CORRUPT.value
-    decision = h.ledger.decision(retry.event_id)
+    decision = h.ledger.decision(retry.event_id, tenant_id=TENANT,
+                                 idempotency_key=retry.idempotency_key)
     assert decision is not None and decision.reason == R.CORRUPT.value
 
 
