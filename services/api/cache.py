@@ -77,11 +77,12 @@ _HEAD_SEQ, _HEAD_RESPONSE, _HEAD_ITEMS, _KIND, _REF, _SEQ, _MODE = range(7)
 class PartitionStamp:
     """What the stamp query saw: the head and, per turn row, ``(seq, mode, *writetimes)``."""
 
+    partition_key: str
     head: Head | None
     rows: Mapping[str, tuple[Any, ...]]
 
     @classmethod
-    def from_rows(cls, rows: Sequence[Sequence[Any]]) -> PartitionStamp | None:
+    def from_rows(cls, partition_key: str, rows: Sequence[Sequence[Any]]) -> PartitionStamp | None:
         if not rows:
             return None
         first = rows[0]
@@ -91,6 +92,7 @@ class PartitionStamp:
             else Head(first[_HEAD_SEQ], first[_HEAD_RESPONSE] or "", first[_HEAD_ITEMS] or 0)
         )
         return cls(
+            partition_key=partition_key,
             head=head,
             rows={row[_REF]: tuple(row[_SEQ:]) for row in rows if row[_KIND] == "checkpoint"},
         )
@@ -139,7 +141,10 @@ def lineage_stamps(
     history: VerifiedHistory, stamp: PartitionStamp
 ) -> tuple[tuple[str, tuple[Any, ...]], ...] | None:
     """The stamp's cells of every turn of ``history``; None if the stamp lacks one
-    (it was taken before the read, so a turn it does not know is not cacheable)."""
+    (it was taken before the read, so a turn it does not know is not cacheable) or is
+    of another partition (the store found the response elsewhere than hinted)."""
+    if history.checkpoint.partition_key != stamp.partition_key:
+        return None
     out = []
     for checkpoint in history.lineage:
         cells = stamp.rows.get(checkpoint.response_id)
@@ -238,7 +243,7 @@ class CassandraStamps:
 
     async def stamp(self, tenant_id: str, partition_key: str) -> PartitionStamp | None:
         rows = await self._rows(self._stamp, (tenant_id, partition_key), "stamp")
-        return PartitionStamp.from_rows(rows)
+        return PartitionStamp.from_rows(partition_key, rows)
 
     async def locate(self, tenant_id: str, response_id: str) -> str | None:
         rows = await self._rows(self._location, (tenant_id, response_id), "locate")

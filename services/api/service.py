@@ -323,6 +323,7 @@ class RehydrationService:
         elif entry is not None:
             result = "stale"
             self._cache.discard(tenant_id, response_id)
+            self._cache_gauges()
         else:
             result = "miss"
         metrics.HISTORY_CACHE.labels(endpoint, result).inc()
@@ -425,6 +426,10 @@ class RehydrationService:
                 + 1024,
             ),
         )
+        self._cache_gauges()
+
+    def _cache_gauges(self) -> None:
+        assert self._cache is not None
         metrics.HISTORY_CACHE_BYTES.set(self._cache.nbytes)
         metrics.HISTORY_CACHE_ENTRIES.set(len(self._cache))
 

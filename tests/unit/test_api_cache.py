@@ -45,7 +45,7 @@ class MemoryStamps:
             )
             for ref, checkpoint in snapshot.checkpoints.items()
         }
-        return PartitionStamp(head=snapshot.head, rows=rows)
+        return PartitionStamp(partition_key=partition_key, head=snapshot.head, rows=rows)
 
     async def locate(self, tenant_id: str, response_id: str) -> str | None:
         return self.store._locate(tenant_id, response_id)
@@ -279,3 +279,19 @@ def test_item_with_undecodable_bytes_is_not_cached(stack):
     for _ in range(2):
         assert stack.history(tenant, rid).json()["reason"] == "CORRUPT_HISTORY"
     assert stack.reads == 2 and len(stack.cache) == 0
+
+
+def test_a_stamp_of_another_partition_never_covers_a_history(stack):
+    """The store may find a response elsewhere than the partition the API stamped (its
+    hint was wrong); such a history must not be cached with that stamp."""
+    import asyncio
+
+    from services.api.cache import lineage_stamps
+
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    history = stack.store.read_history(tenant, response_id=rid, now=NOW)
+    stamp = asyncio.run(stack.stamps.stamp(tenant, conv))
+    assert lineage_stamps(history, stamp) is not None
+    elsewhere = replace(stamp, partition_key="another-conversation")
+    assert lineage_stamps(history, elsewhere) is None
