@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -36,7 +39,7 @@ from faust.types import TP
 
 from ratchet.settings import Settings
 from streams import metrics
-from streams.fetchwatch import FetchWatchdog, PartitionFigures, describe, position_of
+from streams.fetchwatch import EndOffsets, FetchWatchdog, PartitionFigures, describe, position_of
 from streams.health import Health
 from streams.lanes import Lane, PartitionLanes
 from streams.processor import Handled, PromotionProcessor, Topics
@@ -59,6 +62,8 @@ class Runtime:
     backoff: Backoff = field(default_factory=Backoff)
     # Outcomes published so far (tests and the bench read it).
     published: int = 0
+    # Why the worker stopped itself (the fetch watchdog gave up); the exit code says so.
+    fatal: str | None = None
 
 
 def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID,
@@ -109,7 +114,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
     lanes = PartitionLanes(handle)
     # Last offset dispatched per partition since its assignment (lag gauge, watchdog).
     fetched: dict[TP, int] = {}
-    watchdog = FetchWatchdog(stall_after_s=stall_after_s)
+    watchdog = FetchWatchdog(stall_after_s=stall_after_s or 15.0)
     app.lanes = lanes  # type: ignore[attr-defined] - for tests and the bench
     app.runtime = runtime  # type: ignore[attr-defined]
     app.watchdog = watchdog  # type: ignore[attr-defined]
@@ -122,10 +127,15 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
             record = RawRecord(message.topic, message.partition, message.offset,
                                message.key, message.value,
                                int(message.timestamp * 1000) if message.timestamp else None)
-            if message.tp not in fetched:
+            last = fetched.get(message.tp)
+            if last is None:
                 # Once per partition and assignment: proves the partition is fetched.
                 log.info("partition %s: first record since assignment at offset %d",
                          message.partition, message.offset)
+            elif message.offset <= last:
+                # Already in its lane (a watchdog seek can race a fetch in flight): the
+                # first copy is handled and acked, this one is not dispatched again.
+                continue
             fetched[message.tp] = message.offset
             await lanes.submit(message.tp, record, event.ack)
 
@@ -165,51 +175,117 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         runtime.health.write()
         _update_lag(app, lanes, fetched)
 
-    @app.timer(interval=watch_interval_s)
-    async def fetch_watch() -> None:
-        """See streams/fetchwatch.py: find assigned partitions that are not fetched."""
-        await _watch_fetching(app, lanes, fetched, watchdog, gateway_events.get_topic_name())
+    if stall_after_s > 0:
+        guard = FetchGuard(app, lanes, fetched, watchdog, gateway_events.get_topic_name(),
+                           EndOffsets(settings.kafka_bootstrap))
+
+        @app.timer(interval=watch_interval_s)
+        async def fetch_watch() -> None:
+            """See streams/fetchwatch.py: find assigned partitions that are not fetched."""
+            await guard.check()
 
     return app
 
 
-async def _watch_fetching(app: faust.App, lanes: PartitionLanes, fetched: dict[TP, int],
-                          watchdog: FetchWatchdog, topic: str) -> None:
-    consumer = app.consumer
-    settled = not app.rebalancing and consumer.flow_active
-    tps = [tp for tp in consumer.assignment() if tp.topic == topic] if settled else []
-    end_offsets: dict[TP, int] = {}
-    if tps:
+class FetchGuard:
+    """Acts on the fetch watchdog's verdicts (streams/fetchwatch.py, docs/processor.md).
+
+    A stalled partition is first recovered inside the process: it is put back into
+    Faust's fetch set and its fetch position is moved to the next offset the worker
+    needs (which also drops whatever aiokafka buffered for it). No record is skipped
+    (the seek goes to the last dispatched offset + 1) and none is dispatched twice
+    (the agent drops offsets already in a lane). If ``max_recoveries`` attempts in a
+    row do not move the partition, the worker stops itself with a non-zero exit code
+    so that its supervisor restarts it, which always works: a new consumer starts from
+    the committed offsets.
+    """
+
+    EXIT_CODE = 75  # EX_TEMPFAIL: restart me
+
+    def __init__(self, app: faust.App, lanes: PartitionLanes, fetched: dict[TP, int],
+                 watchdog: FetchWatchdog, topic: str, end_offsets: EndOffsets, *,
+                 max_recoveries: int = 2, clock: Callable[[], float] = time.monotonic,
+                 stop: Callable[[], None] | None = None) -> None:
+        self.app, self.lanes, self.fetched, self.watchdog = app, lanes, fetched, watchdog
+        self.topic, self.end_offsets, self.max_recoveries = topic, end_offsets, max_recoveries
+        self._clock = clock
+        # Default: Faust's graceful stop (lanes finish, commit, leave the group).
+        self._stop = stop or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+        self._reported_hangs: dict[TP, object] = {}
+
+    def _settled(self) -> bool:
+        return not self.app.rebalancing and self.app.consumer.flow_active
+
+    async def check(self) -> None:
+        consumer = self.app.consumer
+        if not self._settled():
+            # Rebalancing: nothing to judge, and the assignment is about to change.
+            self.watchdog.reset()
+            return
+        tps = [tp for tp in consumer.assignment() if tp.topic == self.topic]
         try:
-            # A ListOffsets request, not the figures of the last fetch: a partition
-            # that is never fetched never updates those.
-            end_offsets = dict(await asyncio.wait_for(consumer.highwaters(*tps), 10))
-        except Exception as exc:  # rebalancing, broker away: judge next time
+            end_offsets = await asyncio.to_thread(self.end_offsets.query, tps)
+        except Exception as exc:  # broker away: judge next time
             log.info("fetch watchdog: no end offsets (%r)", exc)
             return
-    for tp in tps:
-        busy = lanes.in_flight(tp)
-        if busy is not None and busy[1] >= watchdog.stall_after_s:
-            # Not a fetch problem: the event in flight itself does not finish (a
-            # persistence outage logs its own warning; anything else is a hang).
+        self._report_hung_lanes(tps)
+        figures = []
+        for tp in tps:
+            last = self.fetched.get(tp)
+            next_offset = last + 1 if last is not None else position_of(self.app, tp)
+            figures.append(PartitionFigures(tp, next_offset, end_offsets.get(tp)))
+        stalls = self.watchdog.observe(self._clock(), figures, room=self.lanes.has_room(),
+                                       settled=self._settled())
+        now_ms = int(time.time() * 1000)
+        for stall in stalls:
+            log.warning("fetch watchdog: partition %s owes records (next offset %s, end offset"
+                        " %s) but none was dispatched for %.0fs (attempt %d); %s",
+                        stall.tp.partition, stall.next_offset, stall.end_offset, stall.idle_s,
+                        stall.attempt, describe(self.app, stall.tp, now_ms=now_ms))
+        if any(s.attempt > self.max_recoveries for s in stalls):
+            self._give_up([s.tp.partition for s in stalls])
+            return
+        for stall in stalls:
+            await self._recover(stall.tp, stall.next_offset)
+
+    async def _recover(self, tp: TP, offset: int | None) -> None:
+        if offset is None:
+            return
+        consumer = self.app.consumer
+        consumer.resume_partitions([tp])  # back into the set Faust fetches from
+        try:
+            # On the consumer's own thread: drops aiokafka's buffered records of tp
+            # and makes it fetch from ``offset``.
+            await asyncio.wait_for(consumer.seek_wait({tp: offset}), 10)
+        except Exception as exc:
+            log.warning("fetch watchdog: seeking partition %s to %d failed: %r",
+                        tp.partition, offset, exc)
+            return
+        log.warning("fetch watchdog: partition %s resumed and seeked to offset %d",
+                    tp.partition, offset)
+
+    def _give_up(self, partitions: list[int]) -> None:
+        runtime = self.app.runtime  # type: ignore[attr-defined]
+        if runtime.fatal:
+            return
+        runtime.fatal = f"partitions {partitions} not fetched despite recovery"
+        log.error("fetch watchdog: %s; stopping the worker (exit %d) so that it is restarted",
+                  runtime.fatal, self.EXIT_CODE)
+        self._stop()
+
+    def _report_hung_lanes(self, tps: list[TP]) -> None:
+        """Once per event: a lane whose event in flight does not finish. Not a fetch
+        problem (a persistence outage logs its own warning; anything else is a hang),
+        but the same symptom from outside, so it is named here."""
+        for tp in tps:
+            busy = self.lanes.in_flight(tp)
+            if busy is None or busy[1] < self.watchdog.stall_after_s:
+                continue
+            if self._reported_hangs.get(tp) is busy[0]:
+                continue
+            self._reported_hangs[tp] = busy[0]
             log.warning("lane %s: event at offset %s in flight for %.0fs", tp.partition,
                         getattr(busy[0], "offset", "?"), busy[1])
-    figures = []
-    for tp in tps:
-        last = fetched.get(tp)
-        next_offset = last + 1 if last is not None else position_of(app, tp)
-        figures.append(PartitionFigures(tp, next_offset, end_offsets.get(tp)))
-    stalls = watchdog.observe(time.monotonic(), figures, room=lanes.has_room(),
-                              settled=settled and not app.rebalancing)
-    if not stalls:
-        return
-    now_ms = int(time.time() * 1000)
-    for stall in stalls:
-        log.warning("fetch watchdog: partition %s owes records (next offset %s, end offset %s)"
-                    " but nothing was dispatched for %.0fs; %s",
-                    stall.tp.partition, stall.next_offset, stall.end_offset, stall.idle_s,
-                    describe(app, stall.tp, now_ms=now_ms))
-    watchdog.reset([s.tp for s in stalls])
 
 
 def _update_lag(app: faust.App, lanes: PartitionLanes, fetched: dict[TP, int]) -> None:

@@ -49,6 +49,7 @@ class Stall:
     next_offset: int | None
     end_offset: int | None
     idle_s: float
+    attempt: int  # 1 for the first report of this stall, 2 if one recovery did not help...
 
 
 class FetchWatchdog:
@@ -61,9 +62,10 @@ class FetchWatchdog:
     unsettled never counts: then the worker itself, not the fetcher, holds the
     partition back.
 
-    ``observe`` is called periodically with fresh figures; ``reset`` after every
-    assignment change and after a recovery attempt (the recovery gets a fresh
-    ``stall_after_s`` to show its effect).
+    ``observe`` is called periodically with fresh figures. A reported stall starts a
+    fresh delay (the recovery gets ``stall_after_s`` to show its effect) and counts an
+    attempt; any progress of the partition sets its attempts back to zero. ``reset``
+    forgets partitions (call it on every assignment change).
     """
 
     def __init__(self, stall_after_s: float = 15.0) -> None:
@@ -72,37 +74,71 @@ class FetchWatchdog:
         self.stall_after_s = stall_after_s
         # tp -> (next offset last seen, since when it owed records without moving)
         self._marks: dict[Hashable, tuple[int | None, float]] = {}
+        self._attempts: dict[Hashable, int] = {}
 
     def reset(self, tps: Iterable[Hashable] | None = None) -> None:
-        """Forget the progress marks of ``tps`` (all by default)."""
+        """Forget the progress marks and attempts of ``tps`` (all by default)."""
         if tps is None:
             self._marks.clear()
+            self._attempts.clear()
         else:
             for tp in tps:
                 self._marks.pop(tp, None)
+                self._attempts.pop(tp, None)
 
     def observe(self, now: float, figures: Iterable[PartitionFigures], *, room: bool,
                 settled: bool) -> list[Stall]:
         figures = list(figures)
         current = {f.tp for f in figures}
-        for gone in [tp for tp in self._marks if tp not in current]:
-            del self._marks[gone]  # no longer assigned
+        self.reset([tp for tp in self._marks if tp not in current])  # no longer assigned
         stalls = []
         for f in figures:
             mark = self._marks.get(f.tp)
-            if not room or not settled or f.owed == 0 or mark is None \
-                    or mark[0] != f.next_offset:
+            moved = mark is None or mark[0] != f.next_offset
+            if moved or f.owed == 0:
+                self._attempts.pop(f.tp, None)
+            if moved or f.owed == 0 or not room or not settled:
                 # Progress, nothing owed, or the worker holds the partition back:
                 # the clock starts (again) now.
                 self._marks[f.tp] = (f.next_offset, now)
                 continue
             idle_s = now - mark[1]
             if idle_s >= self.stall_after_s:
-                stalls.append(Stall(f.tp, f.next_offset, f.end_offset, idle_s))
+                attempt = self._attempts[f.tp] = self._attempts.get(f.tp, 0) + 1
+                stalls.append(Stall(f.tp, f.next_offset, f.end_offset, idle_s, attempt))
+                self._marks[f.tp] = (f.next_offset, now)
         return stalls
 
 
 # --- reading the figures from a running Faust app (aiokafka driver) ------------------
+
+class EndOffsets:
+    """The broker's end offsets, read with a client of our own (confluent-kafka).
+
+    Deliberately not through Faust's consumer: its calls run on the aiokafka thread
+    through a two-worker method queue, and the watchdog must not be able to delay or
+    wedge the consumer it watches. Blocking: call it from a thread.
+    """
+
+    def __init__(self, bootstrap: str) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        self._admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def query(self, tps: Iterable[Any], timeout_s: float = 5.0) -> dict[Any, int]:
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        tps = list(tps)
+        if not tps:
+            return {}
+        futures = self._admin.list_offsets(
+            {TopicPartition(tp.topic, tp.partition): OffsetSpec.latest() for tp in tps},
+            request_timeout=timeout_s)
+        by_key = {(tp.topic, tp.partition): tp for tp in tps}
+        return {by_key[(k.topic, k.partition)]: f.result(timeout=timeout_s).offset
+                for k, f in futures.items()}
+
 
 def _aiokafka_consumer(app: Any) -> Any | None:
     thread = getattr(app.consumer, "_thread", None)

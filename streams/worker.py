@@ -48,7 +48,10 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
     runtime, cluster = build_runtime(settings)
     metrics.serve(settings.api_host, settings.worker_metrics_port)
     group = group_id or os.environ.get("RATCHET_CONSUMER_GROUP") or GROUP_ID
-    app = create_app(settings, runtime, group_id=group)
+    # Seconds an assigned partition may owe records without any being dispatched before
+    # the fetch watchdog steps in (streams/fetchwatch.py); 0 turns the watchdog off.
+    stall_after_s = float(os.environ.get("RATCHET_FETCH_STALL_S", "15"))
+    app = create_app(settings, runtime, group_id=group, stall_after_s=stall_after_s)
     runtime.health.write()
     log.info("worker %d joining group %s on %s", os.getpid(), group,
              runtime.topics.gateway_events)

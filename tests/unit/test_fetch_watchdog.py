@@ -22,8 +22,8 @@ def test_a_partition_that_owes_records_and_does_not_move_is_named_after_the_dela
     assert dog.observe(0, figures(a=(10, 20), b=(5, 9)), room=True, settled=True) == []
     assert dog.observe(14, figures(a=(10, 20), b=(6, 9)), room=True, settled=True) == []
     stalls = dog.observe(15, figures(a=(10, 20), b=(7, 9)), room=True, settled=True)
-    assert [(s.tp, s.next_offset, s.end_offset, s.idle_s) for s in stalls] == [
-        ("a", 10, 20, 15)]
+    assert [(s.tp, s.next_offset, s.end_offset, s.idle_s, s.attempt) for s in stalls] == [
+        ("a", 10, 20, 15, 1)]
 
 
 def test_a_caught_up_partition_is_never_stalled():
@@ -52,20 +52,143 @@ def test_time_the_worker_holds_partitions_back_does_not_count(room, settled):
                                       settled=True)] == ["a"]
 
 
-def test_reset_gives_a_partition_a_fresh_delay_and_unassigned_ones_are_forgotten():
+def test_each_report_counts_an_attempt_and_gives_the_recovery_a_fresh_delay():
+    dog = FetchWatchdog(stall_after_s=5)
+    dog.observe(0, figures(a=(1, 9)), room=True, settled=True)
+    assert [s.attempt for s in dog.observe(5, figures(a=(1, 9)), room=True,
+                                           settled=True)] == [1]
+    assert dog.observe(9, figures(a=(1, 9)), room=True, settled=True) == []
+    assert [s.attempt for s in dog.observe(10, figures(a=(1, 9)), room=True,
+                                           settled=True)] == [2]
+    # The recovery worked: the partition moved. A later stall is a new first attempt.
+    dog.observe(11, figures(a=(4, 9)), room=True, settled=True)
+    assert [s.attempt for s in dog.observe(16, figures(a=(4, 9)), room=True,
+                                           settled=True)] == [1]
+
+
+def test_reset_and_unassignment_forget_a_partition():
     dog = FetchWatchdog(stall_after_s=5)
     dog.observe(0, figures(a=(1, 2), b=(1, 2)), room=True, settled=True)
-    assert {s.tp for s in dog.observe(5, figures(a=(1, 2), b=(1, 2)), room=True,
-                                      settled=True)} == {"a", "b"}
     dog.reset(["a"])
-    assert [s.tp for s in dog.observe(6, figures(a=(1, 2), b=(1, 2)), room=True,
+    assert [s.tp for s in dog.observe(5, figures(a=(1, 2), b=(1, 2)), room=True,
                                       settled=True)] == ["b"]
-    # b is revoked, then assigned again: it starts from scratch.
-    dog.observe(7, figures(a=(1, 2)), room=True, settled=True)
-    assert [s.tp for s in dog.observe(11, figures(a=(1, 2), b=(1, 2)), room=True,
-                                      settled=True)] == ["a"]
+    # b is revoked, then assigned again: it starts from scratch (delay and attempts).
+    dog.observe(6, figures(a=(1, 2)), room=True, settled=True)
+    stalls = dog.observe(11, figures(a=(1, 2), b=(1, 2)), room=True, settled=True)
+    assert [(s.tp, s.attempt) for s in stalls] == [("a", 1)]
+    assert [(s.tp, s.attempt) for s in dog.observe(16, figures(a=(1, 2), b=(1, 2)),
+                                                   room=True, settled=True)] == [
+        ("a", 2), ("b", 1)]
 
 
 def test_the_delay_must_be_positive():
     with pytest.raises(ValueError):
         FetchWatchdog(stall_after_s=0)
+
+
+# --- FetchGuard (streams/app.py): what the worker does with a verdict -----------------
+
+class FakeConsumer:
+    def __init__(self, tps):
+        self.tps = set(tps)
+        self.flow_active = True
+        self.resumed: list = []
+        self.seeks: list = []
+
+    def assignment(self):
+        return set(self.tps)
+
+    def resume_partitions(self, tps):
+        self.resumed.extend(tps)
+
+    async def seek_wait(self, offsets):
+        self.seeks.append(dict(offsets))
+
+
+class FakeLanes:
+    def has_room(self):
+        return True
+
+    def in_flight(self, tp):
+        return None
+
+
+class FakeEndOffsets:
+    def __init__(self, offsets):
+        self.offsets = offsets
+
+    def query(self, tps):
+        return {tp: self.offsets[tp] for tp in tps}
+
+
+def make_guard(fetched, end_offsets, *, max_recoveries=2):
+    from types import SimpleNamespace
+
+    from faust.types import TP
+
+    from streams.app import FetchGuard
+
+    tps = [TP("events", 0), TP("events", 1)]
+    consumer = FakeConsumer(tps)
+    app = SimpleNamespace(consumer=consumer, rebalancing=False,
+                          runtime=SimpleNamespace(fatal=None))
+    clock = SimpleNamespace(now=0.0)
+    stops = []
+    guard = FetchGuard(app, FakeLanes(), {tps[i]: o for i, o in fetched.items()},
+                       FetchWatchdog(stall_after_s=15), "events",
+                       FakeEndOffsets({tps[i]: o for i, o in end_offsets.items()}),
+                       max_recoveries=max_recoveries, clock=lambda: clock.now,
+                       stop=lambda: stops.append(True))
+    return guard, app, clock, stops, tps
+
+
+def test_guard_resumes_and_seeks_a_stalled_partition_to_the_next_offset_it_needs():
+    import asyncio
+
+    guard, app, clock, stops, tps = make_guard(fetched={0: 4, 1: 7}, end_offsets={0: 10, 1: 9})
+
+    async def scenario():
+        await guard.check()
+        clock.now = 10
+        guard.fetched[tps[1]] = 8  # partition 1 moves, partition 0 does not
+        await guard.check()
+        assert app.consumer.seeks == []  # not yet: 10 s < 15 s
+        clock.now = 15
+        await guard.check()
+
+    asyncio.run(scenario())
+    assert app.consumer.resumed == [tps[0]]
+    assert app.consumer.seeks == [{tps[0]: 5}]  # last dispatched + 1: nothing skipped
+    assert stops == [] and app.runtime.fatal is None
+
+
+def test_guard_stops_the_worker_when_recoveries_do_not_move_the_partition():
+    import asyncio
+
+    guard, app, clock, stops, tps = make_guard(fetched={0: 4, 1: 8}, end_offsets={0: 10, 1: 9},
+                                               max_recoveries=2)
+
+    async def scenario():
+        for now in range(0, 100, 5):
+            clock.now = now
+            await guard.check()
+
+    asyncio.run(scenario())
+    assert app.consumer.seeks == [{tps[0]: 5}, {tps[0]: 5}]  # two recoveries, at 15 s and 30 s
+    assert stops == [True]  # third stall (45 s): stop once, never again
+    assert "[0]" in app.runtime.fatal
+
+
+def test_guard_does_nothing_while_rebalancing():
+    import asyncio
+
+    guard, app, clock, stops, tps = make_guard(fetched={0: 4}, end_offsets={0: 10, 1: 0})
+    app.rebalancing = True
+
+    async def scenario():
+        for now in range(0, 100, 5):
+            clock.now = now
+            await guard.check()
+
+    asyncio.run(scenario())
+    assert app.consumer.seeks == [] and stops == []
