@@ -96,6 +96,20 @@ class WorkerProcess:
         return f"--- {self.log_path.name} (pid {self.pid}, exit {self.proc.returncode}) ---\n" \
             + text[-chars:]
 
+    def stacks(self) -> str:
+        """Every thread's Python stack of the live worker (py-spy, when installed): what a
+        stalled worker is waiting on, for failure reports."""
+        spy = Path(sys.executable).with_name("py-spy")
+        if not self.alive() or not spy.exists():
+            return ""
+        try:
+            done = subprocess.run([str(spy), "dump", "--pid", str(self.pid)],
+                                  capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"(py-spy failed: {exc})"
+        return f"--- stacks of {self.log_path.stem} (pid {self.pid}) ---\n" \
+            + (done.stdout or done.stderr)
+
     def terminate(self, timeout_s: float = 60) -> int:
         """SIGTERM: finish in-flight events, commit, exit."""
         if self.alive():

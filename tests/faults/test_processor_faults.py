@@ -97,7 +97,7 @@ def wait_or_explain(rig: Rig, plan, workers, condition, timeout_s: float, why: s
     try:
         rig.collector.wait(condition, timeout_s, why)
     except TimeoutError as exc:
-        tails = "\n".join(w.log_tail(6000) for w in workers)
+        tails = "\n".join(w.log_tail(6000) + w.stacks() for w in workers)
         pytest.fail(f"{exc}\n{progress_report(rig, plan)}\n{tails}", pytrace=False)
 
 
