@@ -277,10 +277,13 @@ class FetchGuard:
         """Once per event: a lane whose event in flight does not finish. Not a fetch
         problem (a persistence outage logs its own warning; anything else is a hang),
         but the same symptom from outside, so it is named here."""
+        health = self.app.runtime.health  # type: ignore[attr-defined]
         for tp in tps:
             busy = self.lanes.in_flight(tp)
             if busy is None or busy[1] < self.watchdog.stall_after_s:
                 continue
+            if health.is_retrying(f"{tp.topic}[{tp.partition}]"):
+                continue  # a persistence outage: the retry loop has said so already
             if self._reported_hangs.get(tp) is busy[0]:
                 continue
             self._reported_hangs[tp] = busy[0]

@@ -63,6 +63,10 @@ class Health:
                 self._state.degraded_since = None
         self.write()
 
+    def is_retrying(self, lane: str) -> bool:
+        with self._lock:
+            return lane in self._state.retrying
+
     def count(self, outcome: str, n: int = 1) -> None:
         with self._lock:
             if outcome == "promoted":

@@ -130,8 +130,10 @@ def make_guard(fetched, end_offsets, *, max_recoveries=2):
 
     tps = [TP("events", 0), TP("events", 1)]
     consumer = FakeConsumer(tps)
+    from streams.health import Health
+
     app = SimpleNamespace(consumer=consumer, rebalancing=False,
-                          runtime=SimpleNamespace(fatal=None))
+                          runtime=SimpleNamespace(fatal=None, health=Health()))
     clock = SimpleNamespace(now=0.0)
     stops = []
     guard = FetchGuard(app, FakeLanes(), {tps[i]: o for i, o in fetched.items()},
