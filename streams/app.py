@@ -68,7 +68,8 @@ class Runtime:
 
 def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID,
                commit_interval_s: float = 1.0, shutdown_grace_s: float = 20.0,
-               stall_after_s: float = 15.0, watch_interval_s: float = 5.0) -> faust.App:
+               stall_after_s: float = 15.0, watch_interval_s: float = 5.0,
+               starve_partition: int | None = None) -> faust.App:
     """Build the Faust app; ``runtime`` holds the processor and its collaborators."""
     app = faust.App(
         group_id,
@@ -114,6 +115,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
     lanes = PartitionLanes(handle)
     # Last offset dispatched per partition since its assignment (lag gauge, watchdog).
     fetched: dict[TP, int] = {}
+    starved: set[TP] = set()  # (test hook, see dispatch)
     watchdog = FetchWatchdog(stall_after_s=stall_after_s or 15.0)
     app.lanes = lanes  # type: ignore[attr-defined] - for tests and the bench
     app.runtime = runtime  # type: ignore[attr-defined]
@@ -138,6 +140,14 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
                 continue
             fetched[message.tp] = message.offset
             await lanes.submit(message.tp, record, event.ack)
+            if message.partition == starve_partition and message.tp not in starved:
+                # Fault injection for tests only (RATCHET_TEST_STARVE_PARTITION): take the
+                # partition out of Faust's fetch set once, leaving it assigned: the
+                # symptom of the upstream stall, for the watchdog to recover from.
+                starved.add(message.tp)
+                log.warning("test hook: partition %s taken out of the fetch set",
+                            message.partition)
+                app.consumer.pause_partitions([message.tp])
 
     def ours(tps: set[TP]) -> list[int]:
         return sorted(tp.partition for tp in tps if tp.topic == gateway_events.get_topic_name())

@@ -60,7 +60,8 @@ def free_port() -> int:
 class WorkerProcess:
     """``ratchet worker`` as a subprocess (a Faust worker owns its loop and signals)."""
 
-    def __init__(self, settings: Settings, group: str, log_path: Path) -> None:
+    def __init__(self, settings: Settings, group: str, log_path: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
         self._log = log_path.open("ab")
         # Each test worker gets its own metrics port: several may run on one machine.
@@ -68,7 +69,8 @@ class WorkerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ratchet.cli", "worker"],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
-            env=worker_env(replace(settings, worker_metrics_port=self.metrics_port), group),
+            env=worker_env(replace(settings, worker_metrics_port=self.metrics_port), group)
+            | (env or {}),
         )
 
     def metrics(self) -> str:
@@ -270,8 +272,9 @@ class Rig:
         self.collector = OutcomeCollector(settings, self.serde, self.topics)
         self.group = f"ratchet-test-{uuid.uuid4().hex[:8]}"
 
-    def worker(self, log_dir: Path, tag: str = "worker") -> WorkerProcess:
-        return WorkerProcess(self.settings, self.group, log_dir / f"{tag}.log")
+    def worker(self, log_dir: Path, tag: str = "worker",
+               env: dict[str, str] | None = None) -> WorkerProcess:
+        return WorkerProcess(self.settings, self.group, log_dir / f"{tag}.log", env)
 
     def send(self, *events: Frozen) -> None:
         self.producer.send(*events)

@@ -51,7 +51,10 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
     # Seconds an assigned partition may owe records without any being dispatched before
     # the fetch watchdog steps in (streams/fetchwatch.py); 0 turns the watchdog off.
     stall_after_s = float(os.environ.get("RATCHET_FETCH_STALL_S", "15"))
-    app = create_app(settings, runtime, group_id=group, stall_after_s=stall_after_s)
+    # Tests only: starve this partition once to prove the watchdog recovers it.
+    starve = os.environ.get("RATCHET_TEST_STARVE_PARTITION")
+    app = create_app(settings, runtime, group_id=group, stall_after_s=stall_after_s,
+                     starve_partition=int(starve) if starve else None)
     runtime.health.write()
     log.info("worker %d joining group %s on %s", os.getpid(), group,
              runtime.topics.gateway_events)

@@ -130,6 +130,35 @@ def test_worker_killed_mid_stream_and_restarted_loses_and_duplicates_nothing(rig
     assert codes == [0], "\n".join(w.log_tail() for w in workers[1:])
 
 
+def test_a_partition_starved_after_assignment_is_recovered_by_the_fetch_watchdog(
+        rig, store, tmp_path):
+    """The symptom of the upstream stall (an assigned partition Faust no longer fetches),
+    injected on purpose: the watchdog must notice it, name it, and recover it in-process
+    (nothing lost, nothing promoted twice, the worker not restarted).
+
+    Without the watchdog (RATCHET_FETCH_STALL_S=0) this test times out: the starved
+    partition's turns after the first are never promoted."""
+    plan = conversation_turns(conversations=12, turns=3)
+    for round_ in range(3):
+        rig.producer.send(*[turns[round_] for turns in plan])
+    rig.producer.flush()
+    starved = rig.producer.placed[plan[0][0].response_id][0]
+    worker = rig.worker(tmp_path, "worker", env={"RATCHET_TEST_STARVE_PARTITION": str(starved),
+                                                 "RATCHET_FETCH_STALL_S": "5"})
+    try:
+        wait_or_explain(rig, plan, [worker], lambda: len(promoted_seqs(rig)) == 36, 180,
+                        "all promotions")
+        assert_promoted_exactly_once_in_order(rig, plan, store)
+        log = worker.log_tail(200_000)
+        assert f"test hook: partition {starved} taken out of the fetch set" in log
+        assert f"fetch watchdog: partition {starved} owes records" in log, log
+        assert f"fetch watchdog: partition {starved} resumed and seeked" in log, log
+        assert worker.alive()
+    finally:
+        code = worker.terminate()
+    assert code == 0, worker.log_tail()
+
+
 def test_cassandra_down_20s_nothing_promoted_then_everything_once_in_order(
         rig, store, settings, tmp_path):
     from infra import launcher
