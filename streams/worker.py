@@ -33,11 +33,17 @@ def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
     # Reconnect quickly after an outage (the default backs off up to 10 minutes).
     cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
                       reconnection_policy=ExponentialReconnectionPolicy(0.5, 4.0))
-    session = cluster.connect(settings.keyspace)
-    store = CassandraCheckpointStore(
-        session, StoreOptions(logical_retention_s=settings.logical_retention_s))
-    ledger = CassandraLedger(session)
-    codec = RegistryCodec.connect(settings.schema_registry_url)
+    try:
+        session = cluster.connect(settings.keyspace)
+        store = CassandraCheckpointStore(
+            session, StoreOptions(logical_retention_s=settings.logical_retention_s))
+        ledger = CassandraLedger(session)
+        codec = RegistryCodec.connect(settings.schema_registry_url)
+    except BaseException:
+        # Fail fast means exit: the driver's threads must not keep a half-started
+        # worker alive (a fault test once waited minutes on one, registry down).
+        cluster.shutdown()
+        raise
     health = Health(health_path(settings.home))
     processor = PromotionProcessor(store, ledger, codec, topics)
     return Runtime(processor=processor, codec=codec, health=health, topics=topics), cluster
