@@ -143,6 +143,21 @@ class EventProducer:
         # response_id -> (partition, offset) of its event, once the broker acked it
         # (failure reports say where a missing outcome's event sits).
         self.placed: dict[str, tuple[int, int]] = {}
+        self.failed: list[tuple[str | None, str]] = []  # (response_id, delivery error)
+        self._wait_until_writable()
+
+    def _wait_until_writable(self, timeout_s: float = 30) -> None:
+        """The topic was usually created a moment ago: wait until the producer sees a
+        leader for every partition, so the first events are not sent into the void."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            meta = self.producer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+            if meta is not None and meta.error is None and meta.partitions and all(
+                    p.leader >= 0 for p in meta.partitions.values()):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topic {self.topic} has no leader for every partition")
+            time.sleep(0.1)
 
     def send(self, *events: Frozen) -> None:
         for event in events:
@@ -150,30 +165,35 @@ class EventProducer:
             self.send_raw(encode_key(key), self.serde.encode(event, self.topic),
                           on_delivery=self._delivered_callback(event.response_id))
 
-    def _delivered_callback(self, response_id: str | None) -> Callable | None:
-        if response_id is None:
-            return None
-
+    def _delivered_callback(self, response_id: str | None) -> Callable:
         def delivered(err, msg) -> None:
-            if err is None:
+            if err is not None:
+                # A lost event looks like a stalled worker from outside (its
+                # conversation's later turns are OUT_OF_ORDER forever): say so.
+                self.failed.append((response_id, str(err)))
+            elif response_id is not None:
                 self.placed[response_id] = (msg.partition(), msg.offset())
         return delivered
 
     def send_raw(self, key: bytes | None, value: bytes | None,
                  on_delivery: Callable | None = None) -> None:
-        extra = {} if on_delivery is None else {"on_delivery": on_delivery}
+        on_delivery = on_delivery or self._delivered_callback(None)
         while True:
             try:
-                self.producer.produce(self.topic, value=value, key=key, **extra)
+                self.producer.produce(self.topic, value=value, key=key,
+                                      on_delivery=on_delivery)
                 break
             except BufferError:
                 self.producer.poll(0.1)
         self.producer.poll(0)
 
     def flush(self) -> None:
+        """Wait for every event; fail if any was not written (nothing silently lost)."""
         remaining = self.producer.flush(60)
         if remaining:
             raise RuntimeError(f"{remaining} events not delivered")
+        if self.failed:
+            raise RuntimeError(f"{len(self.failed)} events failed delivery: {self.failed[:5]}")
 
 
 @dataclass
