@@ -39,7 +39,13 @@ from faust.types import TP
 
 from ratchet.settings import Settings
 from streams import metrics
-from streams.fetchwatch import EndOffsets, FetchWatchdog, PartitionFigures, describe, position_of
+from streams.fetchwatch import (
+    EndOffsets,
+    FetchWatchdog,
+    PartitionFigures,
+    describe,
+    first_needed_offset,
+)
 from streams.health import Health
 from streams.lanes import Lane, PartitionLanes
 from streams.processor import Handled, PromotionProcessor, Topics
@@ -242,7 +248,7 @@ class FetchGuard:
         figures = []
         for tp in tps:
             last = self.fetched.get(tp)
-            next_offset = last + 1 if last is not None else position_of(self.app, tp)
+            next_offset = last + 1 if last is not None else first_needed_offset(self.app, tp)
             figures.append(PartitionFigures(tp, next_offset, end_offsets.get(tp)))
         stalls = self.watchdog.observe(self._clock(), figures, room=self.lanes.has_room(),
                                        settled=self._settled())

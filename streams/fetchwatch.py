@@ -164,6 +164,15 @@ def position_of(app: Any, tp: Any) -> int | None:
     return state.position
 
 
+def first_needed_offset(app: Any, tp: Any) -> int | None:
+    """The offset a partition needs when nothing was dispatched since its assignment:
+    the committed offset Faust sought to (its ``_read_offset``), else aiokafka's
+    position. Not the position first: records Faust dropped have already moved it."""
+    read_offsets = getattr(app.consumer, "_read_offset", None)
+    committed = read_offsets.get(tp) if read_offsets is not None else None
+    return committed if committed is not None else position_of(app, tp)
+
+
 def describe(app: Any, tp: Any, *, now_ms: int) -> str:
     """One line of Faust's and aiokafka's internal state for ``tp`` (for the log).
 

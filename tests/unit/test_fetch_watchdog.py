@@ -194,3 +194,20 @@ def test_guard_does_nothing_while_rebalancing():
 
     asyncio.run(scenario())
     assert app.consumer.seeks == [] and stops == []
+
+
+def test_guard_judges_a_partition_with_nothing_dispatched_from_its_committed_offset():
+    """Faust may drop a batch it no longer considers active after aiokafka moved the
+    position past it: the partition needs its committed offset, not the position."""
+    import asyncio
+
+    guard, app, clock, stops, tps = make_guard(fetched={1: 8}, end_offsets={0: 6, 1: 9})
+    app.consumer._read_offset = {tps[0]: 3}  # Faust sought partition 0 to offset 3
+
+    async def scenario():
+        for now in (0, 15):
+            clock.now = now
+            await guard.check()
+
+    asyncio.run(scenario())
+    assert app.consumer.seeks == [{tps[0]: 3}]
