@@ -244,7 +244,7 @@ class RehydrationService:
         if partition_key is None:
             # Nothing promoted under this id (yet): the plain read decides (NOT_FOUND,
             # rejected, or a promotion that landed just now), and nothing is cached.
-            metrics.HISTORY_CACHE.labels("response", "miss").inc()
+            metrics.HISTORY_CACHE.labels("response", "miss" if use_cache else "bypass").inc()
             return await run_in_threadpool(
                 self._read_response, tenant_id, response_id, fingerprint_hash, None, None
             )
