@@ -262,6 +262,8 @@ class FetchGuard:
             self._give_up([s.tp.partition for s in stalls])
             return
         for stall in stalls:
+            if not self._settled():  # a rebalance began meanwhile: Faust reseeks anyway
+                return
             await self._recover(stall.tp, stall.next_offset)
 
     async def _recover(self, tp: TP, offset: int | None) -> None:
