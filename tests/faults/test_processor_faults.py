@@ -85,7 +85,8 @@ def progress_report(rig: Rig, plan) -> str:
                     for o in rig.collector.outcomes(t.response_id)]
         by_partition.setdefault(partition, []).append(
             f"offset {offset} {t.response_id}: {outcomes or 'no outcome'}")
-    lines = [f"{len(seqs)} of {sum(map(len, plan))} turns promoted; missing by partition:"]
+    lines = [f"{len(seqs)} of {sum(map(len, plan))} turns promoted (events sent twice by the"
+             f" test producer: {rig.producer.resent}); missing by partition:"]
     for partition in sorted(by_partition, key=lambda p: -1 if p is None else p):
         lines.append(f"  partition {partition}: {len(by_partition[partition])} missing, "
                      f"first {by_partition[partition][:3]}")
@@ -108,8 +109,7 @@ def test_worker_killed_mid_stream_and_restarted_loses_and_duplicates_nothing(rig
     workers = [first]
     try:
         for round_ in range(5):  # turn k of every conversation, then turn k+1 ...
-            rig.producer.send(*[turns[round_] for turns in plan])
-        rig.producer.flush()
+            rig.producer.deliver(*[turns[round_] for turns in plan])
         wait_or_explain(rig, plan, workers, lambda: len(promoted_seqs(rig)) >= 60, 120,
                         "first promotions")
         first.kill()  # SIGKILL: no commit, no cleanup, mid-stream
