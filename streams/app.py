@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import faust
 from faust.types import TP
@@ -84,6 +85,9 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         value_serializer="raw",
         web_enabled=False,
         store="memory://",
+        # Faust creates its data dir even with the memory store; by default that is
+        # "<group>-data" in the current directory (a checkout fills with them).
+        datadir=str(_faust_datadir(settings, group_id)),
         topic_partitions=settings.partitions,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=commit_interval_s,
@@ -307,6 +311,16 @@ class FetchGuard:
             self._reported_hangs[tp] = busy[0]
             log.warning("lane %s: event at offset %s in flight for %.0fs", tp.partition,
                         getattr(busy[0], "offset", "?"), busy[1])
+
+
+def _faust_datadir(settings: Settings, group_id: str) -> Path:
+    """Where Faust keeps its (here unused) table data: under RATCHET_HOME, not the cwd.
+
+    Faust creates only the last directory level itself, so the parent is made here.
+    """
+    parent = settings.home / "faust"
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent / group_id
 
 
 def _update_lag(app: faust.App, lanes: PartitionLanes, fetched: dict[TP, int]) -> None:

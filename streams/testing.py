@@ -64,6 +64,8 @@ class WorkerProcess:
                  env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
         self._log = log_path.open("ab")
+        # Set when the test itself stops the worker: any other exit is a failure to report.
+        self.stopped_on_purpose = False
         # Each test worker gets its own metrics port: several may run on one machine.
         self.metrics_port = free_port()
         self.proc = subprocess.Popen(
@@ -114,6 +116,7 @@ class WorkerProcess:
 
     def terminate(self, timeout_s: float = 60) -> int:
         """SIGTERM: finish in-flight events, commit, exit."""
+        self.stopped_on_purpose = True
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -126,6 +129,7 @@ class WorkerProcess:
 
     def kill(self) -> None:
         """SIGKILL: no cleanup at all (crash simulation)."""
+        self.stopped_on_purpose = True
         if self.alive():
             self.proc.kill()
             self.proc.wait()
@@ -231,6 +235,8 @@ class OutcomeCollector:
     def __init__(self, settings: Settings, serde: EventSerde, topics: Topics) -> None:
         self.serde = serde
         self.topics = topics
+        # Called while waiting; raises to end a wait that can no longer succeed.
+        self.watch: Callable[[], None] = lambda: None
         self.by_response: dict[str, list[Seen]] = defaultdict(list)
         self.dead_letters: list[Seen] = []
         self.all: list[Seen] = []
@@ -283,6 +289,7 @@ class OutcomeCollector:
              why: str = "outcomes") -> None:
         deadline = time.monotonic() + timeout_s
         while not condition():
+            self.watch()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out after {timeout_s}s waiting for {why}")
             time.sleep(0.05)
@@ -312,10 +319,23 @@ class Rig:
         self.producer = EventProducer(settings, self.serde, self.topics)
         self.collector = OutcomeCollector(settings, self.serde, self.topics)
         self.group = f"ratchet-test-{uuid.uuid4().hex[:8]}"
+        self.workers: list[WorkerProcess] = []
+        self.collector.watch = self._check_workers
 
     def worker(self, log_dir: Path, tag: str = "worker",
                env: dict[str, str] | None = None) -> WorkerProcess:
-        return WorkerProcess(self.settings, self.group, log_dir / f"{tag}.log", env)
+        worker = WorkerProcess(self.settings, self.group, log_dir / f"{tag}.log", env)
+        self.workers.append(worker)
+        return worker
+
+    def _check_workers(self) -> None:
+        """A worker that died without the test stopping it fails the wait at once,
+        with its log, instead of letting the wait run into its timeout."""
+        for worker in self.workers:
+            if not worker.stopped_on_purpose and not worker.alive():
+                raise RuntimeError(
+                    f"worker {worker.log_path.name} exited with code "
+                    f"{worker.proc.returncode} while the test waited:\n{worker.log_tail()}")
 
     def send(self, *events: Frozen) -> None:
         self.producer.send(*events)
