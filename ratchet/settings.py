@@ -51,6 +51,12 @@ class Settings:
     # Bytes of rendered verified histories each API process keeps (LRU; 0 = no cache).
     # 64 MiB holds ~1000 50-turn histories of 100 items; every hit is revalidated.
     api_history_cache_bytes: int = 64 * 1024 * 1024
+    # Entries per map of the worker's tail cache (streams/tail_cache.py; 0 = off): it
+    # saves the lineage and owner reads of a conversation's next turn.
+    tail_cache_entries: int = 10_000
+    # Seconds an assigned partition may owe records with none dispatched before the
+    # worker's fetch watchdog steps in (streams/fetchwatch.py; 0 = off).
+    fetch_stall_s: int = 15
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -78,6 +84,8 @@ class Settings:
             api_history_cache_bytes=_int(
                 env, "RATCHET_API_HISTORY_CACHE_BYTES", d.api_history_cache_bytes
             ),
+            tail_cache_entries=_int(env, "RATCHET_TAIL_CACHE_ENTRIES", d.tail_cache_entries),
+            fetch_stall_s=_int(env, "RATCHET_FETCH_STALL_S", d.fetch_stall_s),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -97,6 +105,8 @@ class Settings:
             "RATCHET_WORKER_METRICS_PORT": str(self.worker_metrics_port),
             "RATCHET_LOGICAL_RETENTION_S": str(self.logical_retention_s),
             "RATCHET_API_HISTORY_CACHE_BYTES": str(self.api_history_cache_bytes),
+            "RATCHET_TAIL_CACHE_ENTRIES": str(self.tail_cache_entries),
+            "RATCHET_FETCH_STALL_S": str(self.fetch_stall_s),
         }
 
     def topic(self, name: str) -> str:

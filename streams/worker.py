@@ -22,6 +22,7 @@ from streams.app import GROUP_ID, Runtime, create_app
 from streams.codec import RegistryCodec
 from streams.health import Health, health_path
 from streams.processor import PromotionProcessor
+from streams.tail_cache import TailCache
 from streams.topics import ensure_topics
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
         cluster.shutdown()
         raise
     health = Health(health_path(settings.home))
-    processor = PromotionProcessor(store, ledger, codec, topics)
+    processor = PromotionProcessor(store, ledger, codec, topics,
+                                   tails=TailCache(capacity=settings.tail_cache_entries))
     return Runtime(processor=processor, codec=codec, health=health, topics=topics), cluster
 
 
@@ -54,12 +56,9 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
     runtime, cluster = build_runtime(settings)
     metrics.serve(settings.api_host, settings.worker_metrics_port)
     group = group_id or os.environ.get("RATCHET_CONSUMER_GROUP") or GROUP_ID
-    # Seconds an assigned partition may owe records without any being dispatched before
-    # the fetch watchdog steps in (streams/fetchwatch.py); 0 turns the watchdog off.
-    stall_after_s = float(os.environ.get("RATCHET_FETCH_STALL_S", "15"))
     # Tests only: starve this partition once to prove the watchdog recovers it.
     starve = os.environ.get("RATCHET_TEST_STARVE_PARTITION")
-    app = create_app(settings, runtime, group_id=group, stall_after_s=stall_after_s,
+    app = create_app(settings, runtime, group_id=group, stall_after_s=float(settings.fetch_stall_s),
                      starve_partition=int(starve) if starve else None)
     runtime.health.write()
     log.info("worker %d joining group %s on %s", os.getpid(), group,
