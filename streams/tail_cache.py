@@ -43,13 +43,12 @@ worst and a few MB for ordinary conversations.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
-from collections.abc import Hashable
 from dataclasses import dataclass
 from datetime import datetime
 
 from ratchet.domain.history import CheckpointRecord, Head, PromotionMode
 from ratchet.domain.validation import PairingState
+from ratchet.lru import Lru
 
 DEFAULT_CAPACITY = 10_000
 DEFAULT_MAX_CALL_IDS = 256
@@ -74,31 +73,6 @@ class Tail:
         return expires is not None and now >= expires
 
 
-class _Lru:
-    """A small LRU map (callers hold the cache's lock)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.entries: OrderedDict[Hashable, object] = OrderedDict()
-
-    def get(self, key: Hashable) -> object | None:
-        value = self.entries.get(key)
-        if value is not None:
-            self.entries.move_to_end(key)
-        return value
-
-    def put(self, key: Hashable, value: object) -> None:
-        if self.capacity <= 0:
-            return
-        self.entries[key] = value
-        self.entries.move_to_end(key)
-        while len(self.entries) > self.capacity:
-            self.entries.popitem(last=False)
-
-    def pop(self, key: Hashable) -> None:
-        self.entries.pop(key, None)
-
-
 class TailCache:
     """Thread-safe (the processor runs in a pool of threads, one lane per partition)."""
 
@@ -107,14 +81,13 @@ class TailCache:
         self.capacity = capacity
         self.max_call_ids = max_call_ids
         self._lock = threading.Lock()
-        self._tails = _Lru(capacity)  # (tenant, partition key, response id) -> Tail
-        self._heads = _Lru(capacity)  # (tenant, conversation id) -> Tail of the last head
-        self._owners = _Lru(capacity)  # conversation id -> owning tenant
+        self._tails = Lru(capacity)  # (tenant, partition key, response id) -> Tail
+        self._heads = Lru(capacity)  # (tenant, conversation id) -> Tail of the last head
+        self._owners = Lru(capacity)  # conversation id -> owning tenant
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._tails.entries) + len(self._heads.entries) + len(
-                self._owners.entries)
+            return len(self._tails) + len(self._heads) + len(self._owners)
 
     # -- lookups --------------------------------------------------------------------
     def tail(self, tenant_id: str, partition_key: str, response_id: str) -> Tail | None:

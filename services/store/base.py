@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -53,6 +52,7 @@ from ratchet.domain.history import (
     verify_conversation_history,
     verify_history,
 )
+from ratchet.lru import Lru
 from schemas.models import Item
 
 __all__ = [
@@ -485,38 +485,24 @@ class _Hints:
     """A bounded, thread-safe LRU map of facts this store saw: hints, never truth."""
 
     def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._entries: OrderedDict[Hashable, object] = OrderedDict()
+        self._lru = Lru(capacity)
         self._lock = threading.Lock()
 
     def get(self, key: Hashable) -> object | None:
         with self._lock:
-            value = self._entries.get(key)
-            if value is not None:
-                self._entries.move_to_end(key)
-            return value
+            return self._lru.get(key)
 
     def put(self, key: Hashable, value: object) -> None:
-        if self._capacity <= 0:
-            return
         with self._lock:
-            self._entries[key] = value
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._capacity:
-                self._entries.popitem(last=False)
+            self._lru.put(key, value)
 
     def put_head(self, key: Hashable, head: Head) -> None:
         """Heads only move forward: never replace a newer head by an older one."""
-        if self._capacity <= 0:
-            return
         with self._lock:
-            known = self._entries.get(key)
+            known = self._lru.get(key)
             if isinstance(known, Head) and known.seq > head.seq:
                 return
-            self._entries[key] = head
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._capacity:
-                self._entries.popitem(last=False)
+            self._lru.put(key, head)
 
 
 class CheckpointStore(ABC):

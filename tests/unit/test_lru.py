@@ -1,0 +1,31 @@
+"""The one eviction rule of the in-process caches (ratchet/lru.py)."""
+
+from ratchet.lru import Lru
+
+
+def test_the_least_recently_used_entry_goes_first():
+    lru = Lru(2)
+    lru.put("a", 1)
+    lru.put("b", 2)
+    assert lru.get("a") == 1  # a is now more recent than b
+    lru.put("c", 3)
+    assert (lru.get("a"), lru.get("b"), lru.get("c")) == (1, None, 3)
+    assert len(lru) == 2
+
+
+def test_rewriting_an_entry_refreshes_it_and_pop_forgets_it():
+    lru = Lru(2)
+    lru.put("a", 1)
+    lru.put("b", 2)
+    lru.put("a", 10)
+    lru.put("c", 3)
+    assert (lru.get("a"), lru.get("b")) == (10, None)
+    lru.pop("a")
+    lru.pop("missing")
+    assert lru.get("a") is None and len(lru) == 1
+
+
+def test_capacity_zero_keeps_nothing():
+    lru = Lru(0)
+    lru.put("a", 1)
+    assert lru.get("a") is None and len(lru) == 0
