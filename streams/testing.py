@@ -27,7 +27,7 @@ from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, register_schemas
 from schemas.models import Frozen
 from streams.processor import Topics
-from streams.topics import ensure_topics
+from streams.topics import delete_topics_with_prefix, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -341,5 +341,9 @@ class Rig:
         self.producer.send(*events)
         self.producer.flush()
 
-    def close(self) -> None:
+    def close(self, delete_topics: bool = True) -> None:
         self.collector.close()
+        if delete_topics:
+            # Its own topics, and the Faust internal ones of its consumer group.
+            delete_topics_with_prefix(self.settings.kafka_bootstrap,
+                                      [self.settings.topic_prefix, f"{self.group}-"])

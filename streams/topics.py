@@ -44,3 +44,29 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> Topics:
                 continue
             raise
     return topics
+
+
+def delete_topics_with_prefix(bootstrap: str, prefixes: list[str],
+                              timeout_s: float = 30.0) -> list[str]:
+    """Delete every topic whose name starts with one of ``prefixes``; return their names.
+
+    For isolated runs (tests, the bench): each makes its own topics, and leftovers are
+    not just disk. A broker loads every partition at start, so a few thousand stale
+    test partitions made a local Kafka take over 90 s to come up. Failures are logged,
+    not raised: a cleanup must never hide the result of the run it cleans up after.
+    """
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        names = [name for name in admin.list_topics(timeout=timeout_s).topics
+                 if any(name.startswith(p) for p in prefixes if p)]
+        if not names:
+            return []
+        for name, future in admin.delete_topics(names, operation_timeout=timeout_s).items():
+            try:
+                future.result(timeout=timeout_s)
+            except Exception as exc:  # noqa: BLE001 - see the docstring
+                log.warning("could not delete topic %s: %s", name, exc)
+        return names
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.warning("could not delete the topics of %s: %s", prefixes, exc)
+        return []

@@ -6,7 +6,6 @@ Marked ``integration``: without the services they fail in CI (tests/conftest.py)
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -14,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from services.demo.stack import RunningStack
+from streams.topics import delete_topics_with_prefix
 
 
 def pytest_collection_modifyitems(items):
@@ -39,21 +39,10 @@ def e2e_stack(settings, tmp_path_factory, cassandra_session) -> Iterator[Running
     finally:
         stack.stop()
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {e2e_settings.keyspace}", timeout=60)
-        delete_topics(e2e_settings)
-
-
-def delete_topics(settings) -> None:
-    """Delete the ratchet topics of ``settings`` (best effort)."""
-    from confluent_kafka.admin import AdminClient
-
-    from streams.topics import topic_names
-
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
-    names = list(vars(topic_names(settings)).values())
-    for future in admin.delete_topics(names, operation_timeout=30).values():
-        # Best effort: a leftover topic only costs disk.
-        with contextlib.suppress(Exception):
-            future.result(timeout=30)
+        # Its topics and its consumer group's Faust internal topics (leftovers slow
+        # every later broker start, see streams/topics.py).
+        delete_topics_with_prefix(settings.kafka_bootstrap,
+                                  [e2e_settings.topic_prefix, f"ratchet-e2e-{run}-"])
 
 
 @pytest.fixture(scope="session")

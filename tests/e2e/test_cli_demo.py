@@ -12,7 +12,7 @@ import uuid
 from dataclasses import replace
 
 from services.demo.processes import free_port, settings_env
-from tests.e2e.conftest import delete_topics
+from streams.topics import delete_topics_with_prefix
 
 
 def test_demo_runs_twice_with_every_scenario_as_expected(settings, cassandra_session):
@@ -40,4 +40,4 @@ def test_demo_runs_twice_with_every_scenario_as_expected(settings, cassandra_ses
             assert "stopping the worker this demo started" in done.stdout
     finally:
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {demo_settings.keyspace}", timeout=60)
-        delete_topics(demo_settings)
+        delete_topics_with_prefix(demo_settings.kafka_bootstrap, [demo_settings.topic_prefix])
