@@ -14,6 +14,11 @@ with it, the machine is shared):
   promotion in a pool thread), in a keyspace of its own (created, then dropped). The
   promotion is one Paxos round per turn, so this is the ceiling of "one LWT per
   turn" on this box, whatever the processor does around it.
+* **raw pipeline** (three rows, see ``raw_pipeline``): the baselines composed into the
+  least a processor of this design does per turn, with none of ratchet's code: consume
+  -> one LWT -> publish -> commit, 12 in-order lanes; then with the one read no design
+  can skip; then with ratchet's request shape (read + hint write, LWT, status write).
+  The floor under the end-to-end figure: a target above it is out of reach here.
 * **end to end**: one ``ratchet worker`` (subprocess, 12 partitions, own topic prefix
   and consumer group). After a warm-up turn, N pre-encoded turns over N/K
   conversations are produced (round by round, so each conversation's turns stay in
@@ -300,6 +305,189 @@ def raw_lwt(settings: Settings, ops: int, pids: dict[str, int]) -> Row:
         cluster.shutdown()
 
 
+# --- raw pipeline: the least any processor on this stack must do per turn ------------
+
+
+@dataclass
+class FloorResult:
+    """What the raw pipeline did: checked by its test, so the figure is of real work."""
+
+    consumed: int
+    applied: int  # LWTs that answered [applied]=true
+    published: int
+    committed: dict[int, int]  # partition -> committed offset
+    rows: int = 0  # rows in the LWT table afterwards
+    requests: int = 0  # Cassandra requests sent while measuring
+
+
+FLOOR_SHAPES = {
+    "lwt": "raw pipeline: consume + 1 LWT + publish + commit",
+    "read": "raw pipeline: + 1 read before the LWT",
+    "ratchet": "raw pipeline: + read, hint write, status write",
+}
+
+
+def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
+                 shape: str = "lwt") -> tuple[Row, FloorResult]:
+    """A floor under the end-to-end figure, composed of the raw baselines only.
+
+    ``records`` events (one ~1 KiB turn each, distinct keys) go through the minimum a
+    promotion processor on this stack does per turn, with none of ratchet's code:
+    consume (aiokafka, a consumer group) -> ONE single-row LWT (``INSERT ... IF NOT
+    EXISTS``, driver callbacks, no thread hop) -> publish one outcome (aiokafka,
+    acks=all) -> commit, with one in-order lane per partition (12 in flight, like the
+    worker). No decoding, validation, ledger, hint or status write: no processor of
+    this design (an LWT per turn, durable before published) goes faster here.
+
+    ``shape`` adds plain requests, as raw statements: ``read``: the one read no
+    design can skip (a request's durable facts: dedupe, cancellation, tool effects;
+    memory is bounded, Cassandra is the truth) before the LWT. ``ratchet``: the
+    request shape of ratchet's processor: that read in parallel with the
+    location-hint write, before the LWT; one write of status and owners after it.
+    """
+    from cassandra import ConsistencyLevel
+    from cassandra.cluster import Cluster
+    from cassandra.policies import FallthroughRetryPolicy
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = FLOOR_SHAPES[shape]
+    run = f"{settings.topic_prefix}floor-{shape}-{uuid.uuid4().hex[:6]}"
+    source, sink = f"{run}-in", f"{run}-out"
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    for future in admin.create_topics([
+            NewTopic(t, num_partitions=settings.partitions, replication_factor=1)
+            for t in (source, sink)]).values():
+        future.result(30)
+    keyspace = f"{settings.keyspace}_bench_floor_{uuid.uuid4().hex[:6]}"
+    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+    session = cluster.connect()
+    try:
+        session.execute(f"CREATE KEYSPACE {keyspace} WITH replication = "
+                        f"{settings.replication}", timeout=60)
+        session.execute(f"CREATE TABLE {keyspace}.floor (k text, c text, v blob, "
+                        "PRIMARY KEY (k, c))", timeout=60)
+        session.execute(f"CREATE TABLE {keyspace}.facts (k text, c text, v text, "
+                        "PRIMARY KEY (k, c))", timeout=60)
+        session.execute(f"CREATE TABLE {keyspace}.status (k text PRIMARY KEY, v text)",
+                        timeout=60)
+        insert = session.prepare(f"INSERT INTO {keyspace}.floor (k, c, v) VALUES (?, ?, ?) "
+                                 "IF NOT EXISTS")
+        insert.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+        insert.serial_consistency_level = ConsistencyLevel.SERIAL
+        insert.retry_policy = FallthroughRetryPolicy()
+        plain = Statements(
+            read=session.prepare(f"SELECT c, v FROM {keyspace}.facts WHERE k = ?"),
+            hint=session.prepare(f"INSERT INTO {keyspace}.status (k, v) VALUES (?, ?)"),
+            status=session.prepare(f"UPDATE {keyspace}.status SET v = ? WHERE k = ?"),
+        )
+        for statement in vars(plain).values():
+            statement.consistency_level = ConsistencyLevel.QUORUM
+        producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
+                             "enable.idempotence": True, "linger.ms": 5})
+        value = os.urandom(1024)
+        for i in range(records):
+            producer.produce(source, value=value, key=f"floor-{i:08d}".encode())
+            producer.poll(0)
+        if producer.flush(60):
+            raise RuntimeError("raw pipeline: events not delivered")
+        counter = RequestCounter(session)
+        with CpuWindow({"client": os.getpid(), **pids}) as window:
+            result = asyncio.run(_floor_run(settings, source, sink, records, session,
+                                            insert, plain, shape))
+        result.requests = counter.total()
+        result.rows = session.execute(f"SELECT count(*) FROM {keyspace}.floor",
+                                      timeout=60).one()[0]
+        say(f"raw pipeline ({shape}): {result.consumed} turns in {window.seconds:.1f} s")
+        return Row(name, result.consumed, window.seconds, window.cpu_s, unit="turns"), result
+    finally:
+        try:
+            session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+        except Exception as exc:  # noqa: BLE001 - never hide the error that ended the run
+            say(f"could not drop {keyspace}: {exc}")
+        cluster.shutdown()
+        admin.delete_topics([source, sink])
+
+
+@dataclass(frozen=True)
+class Statements:
+    """The plain statements of ``raw_pipeline``'s shapes."""
+
+    read: object
+    hint: object
+    status: object
+
+
+async def _floor_run(settings: Settings, source: str, sink: str, records: int, session,
+                     insert, plain: Statements, shape: str) -> FloorResult:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.structs import TopicPartition as AioTP
+
+    loop = asyncio.get_running_loop()
+
+    def cql(statement, params) -> asyncio.Future:
+        """The driver's callback future as an asyncio future (no thread hop)."""
+        done = loop.create_future()
+        future = session.execute_async(statement, params, timeout=10)
+        future.add_callbacks(
+            lambda rows: loop.call_soon_threadsafe(done.set_result, rows),
+            lambda exc: loop.call_soon_threadsafe(done.set_exception, exc))
+        return done
+
+    consumer = AIOKafkaConsumer(source, bootstrap_servers=settings.kafka_bootstrap,
+                                group_id=_uid("bench-floor"), enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    await consumer.start()
+    await producer.start()
+    result = FloorResult(0, 0, 0, {})
+    queues: dict[int, asyncio.Queue] = {}
+    acked: dict[int, int] = {}
+
+    async def lane(queue: asyncio.Queue) -> None:
+        while True:
+            msg = await queue.get()
+            key = msg.key.decode()
+            if shape == "read":
+                await cql(plain.read, (key,))
+            elif shape == "ratchet":
+                await asyncio.gather(cql(plain.read, (key,)), cql(plain.hint, (key, "hint")))
+            rows = await cql(insert, (key, "", msg.value))
+            result.applied += bool(rows[0][0])  # the [applied] column
+            if shape == "ratchet":
+                await cql(plain.status, ("promoted", key))
+            await (await producer.send(sink, b"outcome", key=msg.key))
+            result.published += 1
+            acked[msg.partition] = msg.offset + 1  # in order: one lane per partition
+            result.consumed += 1
+
+    lanes = []
+    try:
+        last_commit = time.monotonic()
+        deadline = time.monotonic() + 600
+        while result.consumed < records and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=100, max_records=500)
+            for tp, messages in batches.items():
+                if tp.partition not in queues:
+                    queues[tp.partition] = asyncio.Queue()
+                    lanes.append(asyncio.create_task(lane(queues[tp.partition])))
+                for msg in messages:
+                    queues[tp.partition].put_nowait(msg)
+            if time.monotonic() - last_commit >= 1.0 and acked:
+                await consumer.commit({AioTP(source, p): o for p, o in acked.items()})
+                last_commit = time.monotonic()
+            for task in lanes:
+                if task.done():
+                    task.result()  # a lane failed: raise its error
+        await consumer.commit({AioTP(source, p): o for p, o in acked.items()})
+        result.committed = dict(acked)
+        return result
+    finally:
+        for task in lanes:
+            task.cancel()
+        await producer.stop()
+        await consumer.stop()
+
+
 # --- end to end --------------------------------------------------------------------------
 
 
@@ -518,6 +706,8 @@ def main(argv: list[str] | None = None) -> int:
     sample = encoded_turns(rig, 1, 1)[0][0][1]
     rows.extend(raw_kafka(settings, sample, args.raw * 10, pids))
     rows.append(raw_lwt(settings, args.raw, pids))
+    rows.extend(raw_pipeline(settings, args.raw, pids, shape=shape)[0]
+                for shape in FLOOR_SHAPES)
     counter = OutcomeCounter(settings, rig)
     say("starting the worker")
     worker = start_worker(rig, tmp, counter)
