@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import sys
@@ -252,25 +253,40 @@ async def _aiokafka_read(settings: Settings, topic: str, records: int) -> int:
 # --- raw Cassandra LWT -------------------------------------------------------------------
 
 
-def raw_lwt(settings: Settings, ops: int, pids: dict[str, int]) -> Row:
-    """``ops`` single-row INSERT IF NOT EXISTS, ``RAW_LWT_IN_FLIGHT`` at a time."""
+@contextlib.contextmanager
+def scratch_lwt_table(settings: Settings, tag: str, *extra_tables: str):
+    """A keyspace of its own (dropped afterwards) with table ``lwt (k, c, v blob)`` and
+    ``extra_tables`` (CQL bodies); yields (session, keyspace, the prepared single-row
+    ``INSERT ... IF NOT EXISTS`` with the store's consistency and no driver retry)."""
     from cassandra import ConsistencyLevel
     from cassandra.cluster import Cluster
     from cassandra.policies import FallthroughRetryPolicy
 
-    keyspace = f"{settings.keyspace}_bench_raw_{uuid.uuid4().hex[:6]}"
+    keyspace = f"{settings.keyspace}_bench_{tag}_{uuid.uuid4().hex[:6]}"
     cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
     session = cluster.connect()
     try:
         session.execute(f"CREATE KEYSPACE {keyspace} WITH replication = "
                         f"{settings.replication}", timeout=60)
-        session.execute(f"CREATE TABLE {keyspace}.raw_lwt (k text, c text, v blob, "
-                        "PRIMARY KEY (k, c))", timeout=60)
-        insert = session.prepare(f"INSERT INTO {keyspace}.raw_lwt (k, c, v) VALUES (?, ?, ?) "
+        for table in ("lwt (k text, c text, v blob, PRIMARY KEY (k, c))", *extra_tables):
+            session.execute(f"CREATE TABLE {keyspace}.{table}", timeout=60)
+        insert = session.prepare(f"INSERT INTO {keyspace}.lwt (k, c, v) VALUES (?, ?, ?) "
                                  "IF NOT EXISTS")
         insert.consistency_level = ConsistencyLevel.LOCAL_QUORUM
         insert.serial_consistency_level = ConsistencyLevel.SERIAL
         insert.retry_policy = FallthroughRetryPolicy()
+        yield session, keyspace, insert
+    finally:
+        try:
+            session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+        except Exception as exc:  # noqa: BLE001 - never hide the error that ended the run
+            say(f"could not drop {keyspace}: {exc}")
+        cluster.shutdown()
+
+
+def raw_lwt(settings: Settings, ops: int, pids: dict[str, int]) -> Row:
+    """``ops`` single-row INSERT IF NOT EXISTS, ``RAW_LWT_IN_FLIGHT`` at a time."""
+    with scratch_lwt_table(settings, "raw") as (session, _, insert):
         payload = os.urandom(1024)
         for i in range(50):  # warm-up
             session.execute(insert, (f"warm{i}", "", payload), timeout=10)
@@ -297,12 +313,6 @@ def raw_lwt(settings: Settings, ops: int, pids: dict[str, int]) -> Row:
         say(f"raw LWT: {done} in {window.seconds:.1f} s")
         return Row(f"raw Cassandra LWT INSERT IF NOT EXISTS, {RAW_LWT_IN_FLIGHT} in flight",
                    done, window.seconds, window.cpu_s)
-    finally:
-        try:
-            session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
-        except Exception as exc:  # noqa: BLE001 - never hide the error that ended the run
-            say(f"could not drop {keyspace}: {exc}")
-        cluster.shutdown()
 
 
 # --- raw pipeline: the least any processor on this stack must do per turn ------------
@@ -345,12 +355,8 @@ def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
     request shape of ratchet's processor: that read in parallel with the
     location-hint write, before the LWT; one write of status and owners after it.
     """
-    from cassandra import ConsistencyLevel
-    from cassandra.cluster import Cluster
-    from cassandra.policies import FallthroughRetryPolicy
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    name = FLOOR_SHAPES[shape]
     run = f"{settings.topic_prefix}floor-{shape}-{uuid.uuid4().hex[:6]}"
     source, sink = f"{run}-in", f"{run}-out"
     admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
@@ -358,54 +364,47 @@ def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
             NewTopic(t, num_partitions=settings.partitions, replication_factor=1)
             for t in (source, sink)]).values():
         future.result(30)
-    keyspace = f"{settings.keyspace}_bench_floor_{uuid.uuid4().hex[:6]}"
-    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
-    session = cluster.connect()
+    tables = ("facts (k text, c text, v text, PRIMARY KEY (k, c))",
+              "status (k text PRIMARY KEY, v text)")
     try:
-        session.execute(f"CREATE KEYSPACE {keyspace} WITH replication = "
-                        f"{settings.replication}", timeout=60)
-        session.execute(f"CREATE TABLE {keyspace}.floor (k text, c text, v blob, "
-                        "PRIMARY KEY (k, c))", timeout=60)
-        session.execute(f"CREATE TABLE {keyspace}.facts (k text, c text, v text, "
-                        "PRIMARY KEY (k, c))", timeout=60)
-        session.execute(f"CREATE TABLE {keyspace}.status (k text PRIMARY KEY, v text)",
-                        timeout=60)
-        insert = session.prepare(f"INSERT INTO {keyspace}.floor (k, c, v) VALUES (?, ?, ?) "
-                                 "IF NOT EXISTS")
-        insert.consistency_level = ConsistencyLevel.LOCAL_QUORUM
-        insert.serial_consistency_level = ConsistencyLevel.SERIAL
-        insert.retry_policy = FallthroughRetryPolicy()
-        plain = Statements(
-            read=session.prepare(f"SELECT c, v FROM {keyspace}.facts WHERE k = ?"),
-            hint=session.prepare(f"INSERT INTO {keyspace}.status (k, v) VALUES (?, ?)"),
-            status=session.prepare(f"UPDATE {keyspace}.status SET v = ? WHERE k = ?"),
-        )
-        for statement in vars(plain).values():
-            statement.consistency_level = ConsistencyLevel.QUORUM
-        producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
-                             "enable.idempotence": True, "linger.ms": 5})
-        value = os.urandom(1024)
-        for i in range(records):
-            producer.produce(source, value=value, key=f"floor-{i:08d}".encode())
-            producer.poll(0)
-        if producer.flush(60):
-            raise RuntimeError("raw pipeline: events not delivered")
-        counter = RequestCounter(session)
-        with CpuWindow({"client": os.getpid(), **pids}) as window:
-            result = asyncio.run(_floor_run(settings, source, sink, records, session,
-                                            insert, plain, shape))
-        result.requests = counter.total()
-        result.rows = session.execute(f"SELECT count(*) FROM {keyspace}.floor",
-                                      timeout=60).one()[0]
-        say(f"raw pipeline ({shape}): {result.consumed} turns in {window.seconds:.1f} s")
-        return Row(name, result.consumed, window.seconds, window.cpu_s, unit="turns"), result
+        with scratch_lwt_table(settings, "floor", *tables) as (session, keyspace, insert):
+            return _floor_measure(settings, session, keyspace, insert, source, sink,
+                                  records, pids, shape)
     finally:
-        try:
-            session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
-        except Exception as exc:  # noqa: BLE001 - never hide the error that ended the run
-            say(f"could not drop {keyspace}: {exc}")
-        cluster.shutdown()
         admin.delete_topics([source, sink])
+
+
+def _floor_measure(settings: Settings, session, keyspace: str, insert, source: str,
+                   sink: str, records: int, pids: dict[str, int],
+                   shape: str) -> tuple[Row, FloorResult]:
+    """Produce ``records`` events, then time the pipeline over them (see raw_pipeline)."""
+    from cassandra import ConsistencyLevel
+
+    plain = Statements(
+        read=session.prepare(f"SELECT c, v FROM {keyspace}.facts WHERE k = ?"),
+        hint=session.prepare(f"INSERT INTO {keyspace}.status (k, v) VALUES (?, ?)"),
+        status=session.prepare(f"UPDATE {keyspace}.status SET v = ? WHERE k = ?"),
+    )
+    for statement in vars(plain).values():
+        statement.consistency_level = ConsistencyLevel.QUORUM
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
+                         "enable.idempotence": True, "linger.ms": 5})
+    value = os.urandom(1024)
+    for i in range(records):
+        producer.produce(source, value=value, key=f"floor-{i:08d}".encode())
+        producer.poll(0)
+    if producer.flush(60):
+        raise RuntimeError("raw pipeline: events not delivered")
+    counter = RequestCounter(session)
+    with CpuWindow({"client": os.getpid(), **pids}) as window:
+        result = asyncio.run(_floor_run(settings, source, sink, records, session,
+                                        insert, plain, shape))
+    result.requests = counter.total()
+    result.rows = session.execute(f"SELECT count(*) FROM {keyspace}.lwt",
+                                  timeout=60).one()[0]
+    say(f"raw pipeline ({shape}): {result.consumed} turns in {window.seconds:.1f} s")
+    return (Row(FLOOR_SHAPES[shape], result.consumed, window.seconds, window.cpu_s,
+                unit="turns"), result)
 
 
 @dataclass(frozen=True)
