@@ -341,9 +341,8 @@ class Rig:
         self.producer.send(*events)
         self.producer.flush()
 
-    def close(self, delete_topics: bool = True) -> None:
+    def close(self) -> None:
         self.collector.close()
-        if delete_topics:
-            # Its own topics, and the Faust internal ones of its consumer group.
-            delete_topics_with_prefix(self.settings.kafka_bootstrap,
-                                      [self.settings.topic_prefix, f"{self.group}-"])
+        # Its own topics, and the Faust internal ones of its consumer group.
+        delete_topics_with_prefix(self.settings.kafka_bootstrap,
+                                  [self.settings.topic_prefix, f"{self.group}-"])
