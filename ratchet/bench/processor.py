@@ -576,6 +576,8 @@ def measure_rss(rig: Rig, worker: WorkerProcess, counter: OutcomeCounter) -> tup
             produce(rig, encoded_turns(rig, size, 1))
             counter.wait_for(expected, 600)
             done += size
+            say(f"RSS: {done}/{conversations} conversations, worker RSS "
+                f"{proc_stats(worker.pid)[1]:.0f} MB")
 
     run(1000)
     _, after_1k = proc_stats(worker.pid)
