@@ -109,7 +109,17 @@ class GatewayProducer:
             raise FlushTimeout(pending)
 
     def _on_delivery(self, event_id: str):
-        def report(err: KafkaError | None, _msg: Message) -> None:
+        def report(err: KafkaError | None, msg: Message) -> None:
+            if err is None and msg.offset() is None:
+                # A "success" without an offset is not a confirmed write: librdkafka
+                # reports a batch the broker answered DUPLICATE_SEQUENCE_NUMBER as
+                # delivered, and we have seen such events missing from the log (test
+                # rigs producing right after topic creation, docs/processor.md). Fail
+                # closed: a retryable DeliveryError; sending the event again is safe,
+                # the processor dedupes redelivered events.
+                err = KafkaError(KafkaError.DUPLICATE_SEQUENCE_NUMBER,
+                                 "reported delivered without an offset: not confirmed "
+                                 "written; send the event again", retriable=True)
             if err is not None:
                 with self._lock:
                     self._failures.append((event_id, err))

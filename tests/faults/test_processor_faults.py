@@ -86,7 +86,8 @@ def progress_report(rig: Rig, plan) -> str:
         by_partition.setdefault(partition, []).append(
             f"offset {offset} {t.response_id}: {outcomes or 'no outcome'}")
     lines = [f"{len(seqs)} of {sum(map(len, plan))} turns promoted (events sent twice by the"
-             f" test producer: {rig.producer.resent}); missing by partition:"]
+             f" test producer: {rig.producer.resent}; reported delivered without an offset:"
+             f" {rig.producer.unconfirmed}); missing by partition:"]
     for partition in sorted(by_partition, key=lambda p: -1 if p is None else p):
         lines.append(f"  partition {partition}: {len(by_partition[partition])} missing, "
                      f"first {by_partition[partition][:3]}")
@@ -140,8 +141,7 @@ def test_a_partition_starved_after_assignment_is_recovered_by_the_fetch_watchdog
     partition's turns after the first are never promoted."""
     plan = conversation_turns(conversations=12, turns=3)
     for round_ in range(3):
-        rig.producer.send(*[turns[round_] for turns in plan])
-    rig.producer.flush()
+        rig.producer.deliver(*[turns[round_] for turns in plan])
     starved = rig.producer.placed[plan[0][0].response_id][0]
     worker = rig.worker(tmp_path, "worker", env={"RATCHET_TEST_STARVE_PARTITION": str(starved),
                                                  "RATCHET_FETCH_STALL_S": "5"})
@@ -169,8 +169,7 @@ def test_cassandra_down_20s_nothing_promoted_then_everything_once_in_order(
 
     def feed() -> None:  # a steady stream: one turn of every conversation per round
         for round_ in range(6):
-            rig.producer.send(*[turns[round_] for turns in plan])
-            rig.producer.flush()
+            rig.producer.deliver(*[turns[round_] for turns in plan])
             if stop_feeding.wait(3.0):
                 return
 
