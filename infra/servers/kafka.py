@@ -77,7 +77,7 @@ class Kafka(Server):
         props.write_text(self._properties())
         if (self.data_dir / "logs" / "meta.properties").exists():
             return  # already formatted: keep the cluster id and the data
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = new_cluster_id()
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         out = subprocess.run(
             [java17(), "-Xmx256m", "-cp", f"{self.dist_dir / 'lib'}/*", "kafka.tools.StorageTool",
@@ -123,3 +123,17 @@ class Kafka(Server):
             raise
         except Exception as exc:  # confluent-kafka raises several types here
             raise Unhealthy(f"kafka admin round trip failed: {exc}") from exc
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: a random UUID as 22 url-safe base64 characters.
+
+    Never one that starts with "-": the storage tool's argument parser takes it for an
+    option ("argument --cluster-id/-t: expected one argument"), which failed 1 fresh
+    start in 64 (a CI run on 2026-11-29). Kafka's own ``Uuid.randomUuid`` redraws such
+    ids for the same reason.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
