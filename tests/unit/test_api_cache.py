@@ -17,12 +17,19 @@ from fastapi.testclient import TestClient
 
 from ratchet.domain.history import VerifiedHistory
 from schemas.items import message
-from schemas.models import Item
 from services.api.app import create_app
 from services.api.cache import CachedHistory, HistoryCache, PartitionStamp
 from services.api.render import history_json, history_outcome_body, render_history
 from services.api.service import RehydrationService
-from tests.unit.test_api_http import FP, NOW, OTHER_FP, Stack, two_turns, uid
+from tests.unit.test_api_http import (
+    FP,
+    NOW,
+    OTHER_FP,
+    Stack,
+    two_turns,
+    uid,
+    undecodable_item,
+)
 
 
 class MemoryStamps:
@@ -267,15 +274,7 @@ def test_the_cache_is_bounded_by_bytes_and_evicts_the_least_recently_used():
 
 def test_item_with_undecodable_bytes_is_not_cached(stack):
     tenant, conv = uid("tenant"), uid("conv")
-    raw = b"\xff\xfe not json"
-    bad = Item(
-        item_id=uid("m"),
-        type="message",
-        role="user",
-        content=raw,
-        content_digest=hashlib.sha256(raw).hexdigest(),
-    )
-    rid = stack.promote(tenant, conv, 0, (bad,))
+    rid = stack.promote(tenant, conv, 0, (undecodable_item(),))
     for _ in range(2):
         assert stack.history(tenant, rid).json()["reason"] == "CORRUPT_HISTORY"
     assert stack.reads == 2 and len(stack.cache) == 0

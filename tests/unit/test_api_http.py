@@ -211,17 +211,16 @@ def test_status_endpoint(stack):
     assert get("resp_nope")["state"] == "unknown"
 
 
+def undecodable_item() -> Item:
+    """A message whose bytes match their digest but are not JSON (stored, not renderable)."""
+    raw = b"\xff\xfe not json"
+    return Item(item_id=uid("m"), type="message", role="user", content=raw,
+                content_digest=hashlib.sha256(raw).hexdigest())
+
+
 def test_undecodable_content_is_a_corrupt_history_not_a_crash(stack):
     tenant, conv = uid("tenant"), uid("conv")
-    raw = b"\xff\xfe not json"
-    bad = Item(
-        item_id=uid("m"),
-        type="message",
-        role="user",
-        content=raw,
-        content_digest=hashlib.sha256(raw).hexdigest(),
-    )
-    rid = stack.promote(tenant, conv, 0, (bad,))
+    rid = stack.promote(tenant, conv, 0, (undecodable_item(),))
     resp = stack.history(tenant, rid)
     assert resp.status_code == 500 and resp.json()["reason"] == "CORRUPT_HISTORY"
     assert resp.json()["items"] is None
