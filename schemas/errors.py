@@ -1,4 +1,12 @@
-"""Typed serialization errors. Each says where it happened and whether a retry helps.
+"""Typed errors of the bottom layer: the retryable ``Unavailable`` base, and serialization.
+
+* ``Unavailable``: a dependency (the store, the ledger, the schema registry) could not
+  be reached or did not answer in time. The base every backend's "down" error
+  subclasses (``StoreUnavailable``, ``LedgerUnavailable``, ``RegistryUnavailable``), so
+  the processor retries one type. It lives here because ``schemas`` is the bottom layer:
+  every adapter can import it without importing another adapter.
+
+Serialization errors say where they happened and whether a retry helps:
 
 * ``DecodeError``: the record itself is bad (bad magic byte, truncated, unknown schema
   id, schema mismatch, ...). Retrying cannot help: route it to the dead-letters topic
@@ -12,6 +20,16 @@
 from __future__ import annotations
 
 from schemas.models import DeadLetterReason
+
+
+class Unavailable(Exception):
+    """A dependency could not be reached or timed out; the same call may succeed later.
+
+    ``retryable`` is False only where the subclass knows better (a missing schema:
+    retrying the same call cannot help, an operator must act).
+    """
+
+    retryable: bool = True
 
 
 class SerdeError(Exception):
@@ -42,7 +60,7 @@ class DecodeError(SerdeError):
         self.schema_id = schema_id
 
 
-class RegistryUnavailable(SerdeError):
+class RegistryUnavailable(SerdeError, Unavailable):
     """The schema registry did not answer (network, 5xx): retry, do not dead-letter."""
 
     retryable = True

@@ -51,7 +51,7 @@ from streams.health import Health
 from streams.lanes import Lane, PartitionLanes
 from streams.processor import Handled, PromotionProcessor, Topics
 from streams.records import EventCodec, RawRecord
-from streams.retry import Backoff, PersistenceUnavailable, retry_until_done
+from streams.retry import Backoff, PublishUnavailable, retry_until_done
 
 log = logging.getLogger(__name__)
 
@@ -355,7 +355,7 @@ def _process_and_encode(runtime: Runtime, record: RawRecord) -> tuple[Handled, l
         encoded = [(o.topic, o.key, runtime.codec.encode(o.topic, o.model))
                    for o in handled.outbound]
     except Exception as exc:  # registry unreachable: retry like persistence
-        raise PersistenceUnavailable(f"encoding outcome: {exc}") from exc
+        raise PublishUnavailable(f"encoding outcome: {exc}") from exc
     return handled, encoded
 
 
@@ -368,4 +368,4 @@ async def _publish(app: faust.App, messages: list) -> None:
                    for topic, key, value in messages]
         await asyncio.gather(*futures)
     except Exception as exc:
-        raise PersistenceUnavailable(f"publishing outcome: {exc}") from exc
+        raise PublishUnavailable(f"publishing outcome: {exc}") from exc

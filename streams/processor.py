@@ -16,8 +16,8 @@ This is the synchronous, Faust-free part of the agent. It runs in a worker threa
   rejection decided with cached facts is decided again from fresh reads.
 
 Every write is idempotent, so handling the same record again (redelivery after a
-crash, or a retry after ``PersistenceUnavailable``) returns the same outcome and
-never promotes twice. Publishing and acking are the caller's job (``streams/agent.py``)
+crash, or a retry after an ``Unavailable``) returns the same outcome and
+never promotes twice. Publishing and acking are the caller's job (``streams/app.py``)
 and happen strictly after this returns.
 """
 
@@ -40,7 +40,7 @@ from ratchet.domain.validation import (
     Unpaired,
     pairing_state_of,
 )
-from schemas.errors import RegistryUnavailable
+from schemas.errors import Unavailable
 from schemas.models import (
     CheckpointPromoted,
     DeadLetter,
@@ -57,7 +57,6 @@ from services.ledger.base import (
     Decision,
     EffectWrite,
     Ledger,
-    LedgerUnavailable,
     RecordedEffect,
     TurnFacts,
 )
@@ -73,7 +72,6 @@ from services.store.base import (
 )
 from streams import metrics
 from streams.records import DecodeFailed, EventCodec, Outbound, RawRecord
-from streams.retry import PersistenceUnavailable
 from streams.tail_cache import Tail, TailCache
 
 log = logging.getLogger(__name__)
@@ -185,7 +183,8 @@ class PromotionProcessor:
 
     # -- entry point -------------------------------------------------------------------
     def handle(self, record: RawRecord) -> Handled:
-        """Handle one record; raises only ``PersistenceUnavailable`` (retry later)."""
+        """Handle one record; raises only ``Unavailable`` (store, ledger or registry
+        down: retry later)."""
         try:
             event = self.codec.decode(record)
             if isinstance(event, ToolEffect):
@@ -197,8 +196,8 @@ class PromotionProcessor:
             return self._on_turn(event)
         except DecodeFailed as exc:
             return Handled((self._dead_letter(record, exc),), "dead_lettered")
-        except (StoreUnavailable, LedgerUnavailable, RegistryUnavailable) as exc:
-            raise PersistenceUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        except Unavailable:
+            raise
         except Exception as exc:
             # A bug met by this one record: park the record (bytes kept) in the dead
             # letters instead of crashing or stalling the partition forever.

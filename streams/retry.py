@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from schemas.errors import Unavailable
 from streams import metrics
 from streams.health import Health
 
@@ -23,8 +24,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class PersistenceUnavailable(RuntimeError):
-    """Cassandra (store or ledger) could not complete a write or read: retry later."""
+class PublishUnavailable(Unavailable):
+    """The outcomes could not be encoded (registry) or published (Kafka): retry later."""
 
 
 class LaneStopped(Exception):
@@ -53,7 +54,9 @@ async def retry_until_done(
     backoff: Backoff,
     stopping: Callable[[], bool],
 ) -> T:
-    """Await ``call()`` until it does not raise ``PersistenceUnavailable``.
+    """Await ``call()`` until it does not raise ``Unavailable`` (the store, the ledger,
+    the registry or the broker down: ``StoreUnavailable``, ``LedgerUnavailable``,
+    ``RegistryUnavailable``, ``PublishUnavailable``).
 
     Raises ``LaneStopped`` if ``stopping()`` becomes true between attempts.
     """
@@ -62,7 +65,7 @@ async def retry_until_done(
         while True:
             try:
                 return await call()
-            except PersistenceUnavailable as exc:
+            except Unavailable as exc:
                 if attempt == 0:
                     log.warning("%s: persistence unavailable, retrying: %s", lane, exc)
                 health.retrying(lane, str(exc))

@@ -32,8 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from schemas.errors import Unavailable
 
-class LedgerUnavailable(RuntimeError):
+
+class LedgerUnavailable(Unavailable):
     """The ledger's database could not be reached or timed out; retrying may help."""
 
 

@@ -53,6 +53,7 @@ from ratchet.domain.history import (
     verify_history,
 )
 from ratchet.lru import Lru
+from schemas.errors import Unavailable
 from schemas.models import Item
 
 __all__ = [
@@ -110,7 +111,7 @@ class StoreError(Exception):
     """Base of the store's exceptions."""
 
 
-class StoreUnavailable(StoreError):
+class StoreUnavailable(StoreError, Unavailable):
     """The store could not be reached or did not answer in time.
 
     ``retryable`` says whether repeating the same call can succeed (a timeout or an

@@ -11,9 +11,10 @@ import asyncio
 
 import pytest
 
+from services.store.base import StoreUnavailable
 from streams.health import Health
 from streams.lanes import PartitionLanes
-from streams.retry import Backoff, LaneStopped, PersistenceUnavailable, retry_until_done
+from streams.retry import Backoff, LaneStopped, PublishUnavailable, retry_until_done
 
 
 def run(coro):
@@ -128,7 +129,7 @@ def test_retry_reports_degraded_until_persistence_is_back():
             attempts += 1
             states.append(health.status)
             if attempts < 4:
-                raise PersistenceUnavailable("cassandra down")
+                raise StoreUnavailable("cassandra down", retryable=True)
             return "done"
 
         result = await retry_until_done(flaky, lane="p0", health=health,
@@ -144,7 +145,7 @@ def test_retry_reports_degraded_until_persistence_is_back():
 def test_retry_gives_up_only_when_the_lane_stops():
     async def scenario():
         async def down():
-            raise PersistenceUnavailable("down")
+            raise PublishUnavailable("down")
 
         stop = False
 

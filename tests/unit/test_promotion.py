@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from ratchet.domain.promotion import Accepted, Facts, Reject, ValidationVerdict, decide
+from schemas.errors import Unavailable
 from schemas.models import (
     Certification,
     DeadLetterReason,
@@ -27,7 +28,6 @@ from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor, Topics
 from streams.records import DecodeFailed, RawRecord
-from streams.retry import PersistenceUnavailable
 from tests.factories import (
     NOW_MS,
     TENANT,
@@ -402,6 +402,7 @@ def test_persistence_failure_raises_retryable_and_a_retry_promotes_once():
                                      clock_ms=lambda: NOW_MS)
     t = turn(conv_id(), 0)
     record = h.record(t)
-    with pytest.raises(PersistenceUnavailable):
+    with pytest.raises(LedgerUnavailable) as raised:  # the Unavailable the lane retries
         h.processor.handle(record)
+    assert isinstance(raised.value, Unavailable) and raised.value.retryable
     assert h.processor.handle(record).outbound[0].model.seq == 1
