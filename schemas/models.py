@@ -21,6 +21,8 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from schemas.keys import partition_key
+
 # Item types this version of ratchet knows how to render and verify. Anything else is
 # UNKNOWN_ITEM_TYPE: we never guess how an unknown item renders into tokens.
 KNOWN_ITEM_TYPES = frozenset({"message", "function_call", "function_call_output", "reasoning"})
@@ -257,9 +259,9 @@ class GatewayEventHeader(EventHeader):
     """Header of the events gateways publish; their Kafka key is derived from it."""
 
     @property
-    def partition_key(self) -> str | None:
-        """CONTRACT section 2: conversation_id in Conversation mode, else chain_root_id."""
-        return self.conversation_id if self.conversation_id is not None else self.chain_root_id
+    def partition_key(self) -> str:
+        """CONTRACT section 2 (``schemas.keys.partition_key``): the event's Kafka key."""
+        return partition_key(self)
 
 
 class TurnCompleted(GatewayEventHeader):

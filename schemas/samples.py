@@ -316,7 +316,7 @@ def _outcome_header(turn: TurnCompleted | None, now_ms: int) -> dict[str, Any]:
         "chain_root_id": turn.chain_root_id,
         "response_id": turn.response_id,
         "produced_at": now_ms,
-        "partition_key": turn.partition_key or turn.response_id,
+        "partition_key": turn.partition_key,
     }
 
 
@@ -380,7 +380,7 @@ def make_effect_orphaned(
         "chain_root_id": effect.chain_root_id,
         "response_id": effect.response_id,
         "produced_at": now_ms,
-        "partition_key": effect.partition_key or effect.response_id,
+        "partition_key": effect.partition_key,
         "effect_id": effect.effect_id,
         "idempotency_key": effect.idempotency_key,
         "attempt": effect.attempt,

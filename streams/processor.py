@@ -41,6 +41,7 @@ from ratchet.domain.validation import (
     pairing_state_of,
 )
 from schemas.errors import Unavailable
+from schemas.keys import MissingChainRoot, partition_key
 from schemas.models import (
     CheckpointPromoted,
     DeadLetter,
@@ -220,13 +221,16 @@ class PromotionProcessor:
 
     # -- TurnCompleted -------------------------------------------------------------------
     def _on_turn(self, turn: TurnCompleted) -> Handled:
+        try:
+            key = partition_key(turn)
+        except MissingChainRoot as exc:
+            return self._on_unkeyed_turn(turn, exc)
         conversation = turn.conversation_id
         owner = None if conversation is None else self.tails.owner(conversation)
         # The location hint must be durable before the promotion batch is sent; writing
         # it now overlaps it with the ledger reads (one round trip less per turn). For
         # a turn that ends up rejected it is a harmless, unused hint.
-        locating = (self.store.start_locating(turn.tenant_id, turn.response_id,
-                                              promotion.partition_key(turn))
+        locating = (self.store.start_locating(turn.tenant_id, turn.response_id, key)
                     if turn.status in PROMOTABLE_STATUSES else None)
         # A cached owner (immutable once claimed) saves the owner read of the fan-out.
         facts = self.ledger.turn_facts(
@@ -240,7 +244,22 @@ class PromotionProcessor:
         else:
             verdict = self._decide_and_write(turn, facts, owner_cached=owner is not None,
                                              locating=locating)
-        return self._publishable(turn, verdict, facts.effects)
+        return self._publishable(turn, key, verdict, facts.effects)
+
+    def _on_unkeyed_turn(self, turn: TurnCompleted, missing: MissingChainRoot) -> Handled:
+        """A continued chain turn without ``chain_root_id``: the partition its parent is
+        in cannot be known, so it is ``PARENT_NOT_PROMOTED`` (what the store's chain
+        rule answers for a parent it cannot find), decided without store reads and
+        published under the turn's own response id, the only key it carries."""
+        facts = self.ledger.turn_facts(
+            event_id=turn.event_id, tenant_id=turn.tenant_id,
+            idempotency_key=turn.idempotency_key, conversation_id=None)
+        if facts.decision is not None and facts.decision.reason is not None:
+            verdict: Verdict = _replayed_rejection(facts.decision)
+        else:
+            verdict = self._make_durable(
+                turn, Reject(RejectionReason.PARENT_NOT_PROMOTED, str(missing)), facts)
+        return self._publishable(turn, turn.response_id, verdict, facts.effects)
 
     def _decide_and_write(self, turn: TurnCompleted, facts: TurnFacts, *,
                           owner_cached: bool = False,
@@ -311,7 +330,7 @@ class PromotionProcessor:
         start = _starts_lineage(turn)
         if start is not None:
             return start
-        key = promotion.partition_key(turn)
+        key = partition_key(turn)
         if turn.conversation_id is not None:
             assert turn.expected_head_seq is not None
             tail = self.tails.head_at(turn.tenant_id, key, turn.expected_head_seq)
@@ -336,7 +355,7 @@ class PromotionProcessor:
             # saves the location lookup.
             found = self.store.read_history(turn.tenant_id,
                                             response_id=turn.previous_response_id,
-                                            partition_key=promotion.partition_key(turn))
+                                            partition_key=partition_key(turn))
         # No readable history: the store's ordering checks decide (CONFLICT, OUT_OF_ORDER,
         # PARENT_NOT_PROMOTED); pairing has nothing to continue.
         if isinstance(found, HistoryFailure):
@@ -415,17 +434,19 @@ class PromotionProcessor:
         return verdict
 
     # -- what to publish ------------------------------------------------------------------
-    def _publishable(self, turn: TurnCompleted, verdict: Verdict,
+    def _publishable(self, turn: TurnCompleted, partition: str, verdict: Verdict,
                      effects: Sequence[RecordedEffect]) -> Handled:
-        key = promotion.partition_key(turn).encode()
+        key = partition.encode()
         if isinstance(verdict, Accepted):
-            out = [Outbound(self.topics.checkpoints, key, promoted_event(turn, verdict.checkpoint))]
+            out = [Outbound(self.topics.checkpoints, key,
+                            promoted_event(turn, partition, verdict.checkpoint))]
             kind = "promoted"
         else:
-            out = [Outbound(self.topics.rejections, key, rejected_event(turn, verdict))]
+            out = [Outbound(self.topics.rejections, key, rejected_event(turn, partition, verdict))]
             kind = "rejected"
         for orphan in promotion.orphaned_effects(turn, verdict, effects):
-            out.append(Outbound(self.topics.orphaned_effects, key, orphaned_event(turn, orphan)))
+            out.append(Outbound(self.topics.orphaned_effects, key,
+                                orphaned_event(turn, partition, orphan)))
         return Handled(tuple(out), kind)
 
     def _dead_letter(self, record: RawRecord, exc: DecodeFailed) -> Outbound:
@@ -459,7 +480,7 @@ def recorded_effect(effect: ToolEffect) -> RecordedEffect:
     )
 
 
-def _header(turn: TurnCompleted, kind: str, produced_at: int) -> dict:
+def _header(turn: TurnCompleted, partition: str, kind: str, produced_at: int) -> dict:
     return {
         "event_id": outcome_event_id(turn.event_id, kind),
         "tenant_id": turn.tenant_id,
@@ -467,16 +488,17 @@ def _header(turn: TurnCompleted, kind: str, produced_at: int) -> dict:
         "chain_root_id": turn.chain_root_id,
         "response_id": turn.response_id,
         "produced_at": produced_at,
-        "partition_key": promotion.partition_key(turn),
+        "partition_key": partition,
     }
 
 
-def promoted_event(turn: TurnCompleted, cp: CheckpointRecord) -> CheckpointPromoted:
+def promoted_event(turn: TurnCompleted, partition: str,
+                   cp: CheckpointRecord) -> CheckpointPromoted:
     """The ``CheckpointPromoted`` of a checkpoint: identical every time it is re-emitted."""
     promoted_at = _ms(cp.promoted_at)
     artifact = cp.token_artifact
     return CheckpointPromoted(
-        **_header(turn, "promoted", promoted_at),
+        **_header(turn, partition, "promoted", promoted_at),
         idempotency_key=cp.idempotency_key,
         request_digest=cp.request_digest,
         attempt=turn.attempt,
@@ -493,9 +515,9 @@ def promoted_event(turn: TurnCompleted, cp: CheckpointRecord) -> CheckpointPromo
     )
 
 
-def rejected_event(turn: TurnCompleted, verdict: Reject) -> PromotionRejected:
+def rejected_event(turn: TurnCompleted, partition: str, verdict: Reject) -> PromotionRejected:
     return PromotionRejected(
-        **_header(turn, "rejected", turn.produced_at),
+        **_header(turn, partition, "rejected", turn.produced_at),
         idempotency_key=turn.idempotency_key,
         request_digest=turn.request_digest,
         attempt=turn.attempt,
@@ -506,10 +528,10 @@ def rejected_event(turn: TurnCompleted, verdict: Reject) -> PromotionRejected:
     )
 
 
-def orphaned_event(turn: TurnCompleted, orphan: Orphan) -> EffectOrphaned:
+def orphaned_event(turn: TurnCompleted, partition: str, orphan: Orphan) -> EffectOrphaned:
     e = orphan.effect
     return EffectOrphaned(
-        **_header(turn, f"orphaned/{e.effect_id}", turn.produced_at),
+        **_header(turn, partition, f"orphaned/{e.effect_id}", turn.produced_at),
         effect_id=e.effect_id,
         idempotency_key=e.idempotency_key,
         attempt=e.attempt,

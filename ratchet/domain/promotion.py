@@ -42,6 +42,7 @@ from ratchet.domain.validation import (
     validate_turn,
 )
 from schemas.canonical import canonical_json_text
+from schemas.keys import partition_key
 from schemas.models import (
     Certification,
     Item,
@@ -242,11 +243,6 @@ def promotion_request(turn: TurnCompleted, certification: Certification) -> Prom
         router_receipt=_json_or_none(turn.router_receipt) if certified else None,
         boundary_proof=_json_or_none(turn.boundary_proof) if certified else None,
     )
-
-
-def partition_key(turn: Any) -> str:
-    """CONTRACT section 2: conversation_id, else chain_root_id, else the response itself."""
-    return turn.conversation_id or turn.chain_root_id or turn.response_id
 
 
 def _store_artifact(turn: TurnCompleted) -> StoreTokenArtifact | None:

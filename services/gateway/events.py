@@ -20,8 +20,9 @@ verifies and what rehydration returns are the same bytes:
 - ``request_digest`` = canonical digest of the logical request (the Responses create
   body without transport noise), the same for every retry;
 - ``effect_id`` = ``schemas.items.effect_id_for(idempotency_key, subturn, call_id)``;
-- the partition key (CONTRACT section 2) is the event's ``partition_key`` property:
-  ``conversation_id`` in Conversation mode, else ``chain_root_id``.
+- the partition key (CONTRACT section 2) is the event's ``partition_key`` property,
+  ``schemas.keys.partition_key``: ``conversation_id`` in Conversation mode, else
+  ``chain_root_id`` (a chain's first response is its own root).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from ratchet.domain.fingerprint import fingerprint_hash
 from schemas.canonical import canonical_digest, canonical_json, sha256_hex
 from schemas.items import arguments_digest, effect_id_for
+from schemas.keys import partition_key
 from schemas.models import (
     BoundaryProof,
     EffectiveConfig,
@@ -118,7 +120,7 @@ class TurnIdentity:
 
     @property
     def partition_key(self) -> str:
-        return self.conversation_id or self.chain_root_id or ""
+        return partition_key(self)
 
 
 def now_ms() -> int:

@@ -70,11 +70,9 @@ class GatewayProducer:
 
     def send(self, event: GatewayEvent) -> None:
         """Queue one event (keyed by its partition key); delivery is reported on flush."""
-        key = event.partition_key
+        key = event.partition_key  # raises MissingChainRoot for a chain without its root
         if not key:
-            raise ValueError(
-                f"event {event.event_id} has neither conversation_id nor chain_root_id"
-            )
+            raise ValueError(f"event {event.event_id} has an empty partition key")
         value = self._serde.encode(event, self.topic)
         callback = self._on_delivery(event.event_id)
         while True:

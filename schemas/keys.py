@@ -1,0 +1,46 @@
+"""The partition key (CONTRACT section 2): the one rule the gateway library, the models
+and the processor share, so an event, its outcomes and its stored history always meet
+on the same Kafka partition and the same Cassandra partition.
+
+``conversation_id`` when the turn belongs to a Conversation; else the chain's root
+(``chain_root_id``); a chain's first response is its own root, so without
+``chain_root_id`` and without ``previous_response_id`` the key is its ``response_id``.
+A continued chain (``previous_response_id`` set) without ``chain_root_id`` has no key:
+its root, where its parent is stored, cannot be derived from the event.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Keyed(Protocol):
+    """What the rule reads; ``previous_response_id`` is optional (only turns carry it)."""
+
+    conversation_id: str | None
+    chain_root_id: str | None
+    response_id: str
+
+
+class MissingChainRoot(ValueError):
+    """A continued chain event without ``chain_root_id``: its partition is unknown."""
+
+    def __init__(self, response_id: str, previous_response_id: str) -> None:
+        super().__init__(
+            f"{response_id} continues {previous_response_id} without chain_root_id: "
+            "the chain's partition (its first response's id) is unknown"
+        )
+        self.response_id = response_id
+        self.previous_response_id = previous_response_id
+
+
+def partition_key(event: Keyed) -> str:
+    """The partition key of a gateway event or turn identity; raises ``MissingChainRoot``."""
+    if event.conversation_id is not None:
+        return event.conversation_id
+    if event.chain_root_id is not None:
+        return event.chain_root_id
+    previous = getattr(event, "previous_response_id", None)
+    if previous is not None:
+        raise MissingChainRoot(event.response_id, previous)
+    return event.response_id
