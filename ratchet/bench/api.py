@@ -37,8 +37,9 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT
 
 from ratchet.bench.store import Figure, percentile
 from ratchet.domain.fingerprint import fingerprint_hash
-from ratchet.domain.history import Certification, PromotionMode, TokenArtifact, VerifiedHistory
+from ratchet.domain.history import PromotionMode, StoredTokenArtifact, VerifiedHistory
 from ratchet.settings import Settings
+from schemas.models import Certification
 from schemas.samples import make_fingerprint
 from services.api.render import history_outcome_body
 from services.gateway.events import to_item
@@ -72,7 +73,7 @@ def _conversation(store, tenant: str, conversation: str, fp_hash: str) -> str:
                 default_id=f"{response_id}:out:0",
             ),
         )
-        artifact = TokenArtifact(
+        artifact = StoredTokenArtifact(
             f"art_{response_id}", "th", 100 * (head + 1), 100 * (head + 1), fp_hash, None
         )
         outcome = store.promote(

@@ -32,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ratchet.domain.history import Certification, PromotionMode, VerifiedHistory
+from ratchet.domain.history import PromotionMode, VerifiedHistory
 from ratchet.settings import Settings
-from schemas.models import Item
+from schemas.models import Certification, Item
 
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "migrations"
 # The store's tables: response_locations (001) and turns (004).

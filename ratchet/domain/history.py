@@ -33,16 +33,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
 
-from schemas.models import KNOWN_ITEM_TYPES, SUPPORTED_FORMAT_VERSIONS, Item
-
-
-class Certification(StrEnum):
-    """Whether a checkpoint carries a reusable token artifact (``certified``) or not."""
-
-    CERTIFIED = "certified"
-    LOGICAL_ONLY = "logical_only"
+from schemas.canonical import canonical_json_text
+from schemas.models import KNOWN_ITEM_TYPES, SUPPORTED_FORMAT_VERSIONS, Certification, Item
 
 
 class PromotionMode(StrEnum):
@@ -77,11 +70,6 @@ def utc_ms(moment: datetime) -> datetime:
     return moment.replace(microsecond=moment.microsecond - moment.microsecond % 1000)
 
 
-def canonical_json(value: Any) -> str:
-    """Sorted keys, no whitespace, explicit nulls: the encoding digests are taken over."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def items_digest(items: Iterable[Item]) -> str:
     """Digest of a turn's ordered item list (ids and content digests).
 
@@ -95,8 +83,10 @@ def items_digest(items: Iterable[Item]) -> str:
 
 
 @dataclass(frozen=True)
-class TokenArtifact:
-    """The token-level identity of a certified turn (contract section 1.3)."""
+class StoredTokenArtifact:
+    """The token-level identity of a certified turn (contract section 1.3), as its
+    checkpoint keeps it: an aware ``datetime`` expiry (the Avro ``TokenArtifact`` has
+    epoch millis) and the JSON form the store writes (``to_json`` / ``from_json``)."""
 
     artifact_id: str
     token_hash: str
@@ -114,10 +104,10 @@ class TokenArtifact:
             "fingerprint_hash": self.fingerprint_hash,
             "expires_at": None if self.expires_at is None else utc_ms(self.expires_at).isoformat(),
         }
-        return canonical_json(data)
+        return canonical_json_text(data)
 
     @classmethod
-    def from_json(cls, text: str) -> TokenArtifact:
+    def from_json(cls, text: str) -> StoredTokenArtifact:
         data = json.loads(text)
         expires = data.get("expires_at")
         return cls(
@@ -151,7 +141,7 @@ class CheckpointRecord:
     request_digest: str
     certification: Certification
     fingerprint_hash: str | None
-    token_artifact: TokenArtifact | None
+    token_artifact: StoredTokenArtifact | None
     router_receipt: str | None
     boundary_proof: str | None
     first_item_seq: int

@@ -30,9 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ratchet.domain.history import Certification as StoreCertification
-from ratchet.domain.history import CheckpointRecord, PromotionMode
-from ratchet.domain.history import TokenArtifact as StoreTokenArtifact
+from ratchet.domain.history import CheckpointRecord, PromotionMode, StoredTokenArtifact
 from ratchet.domain.validation import (
     PairingState,
     Rejected,
@@ -235,7 +233,7 @@ def promotion_request(turn: TurnCompleted, certification: Certification) -> Prom
         idempotency_key=turn.idempotency_key,
         request_digest=turn.request_digest,
         items=turn.items,
-        certification=StoreCertification(certification.value),
+        certification=certification,
         fingerprint_hash=turn.fingerprint_hash,
         previous_response_id=turn.previous_response_id,
         expected_head_seq=turn.expected_head_seq if conversation else None,
@@ -245,13 +243,13 @@ def promotion_request(turn: TurnCompleted, certification: Certification) -> Prom
     )
 
 
-def _store_artifact(turn: TurnCompleted) -> StoreTokenArtifact | None:
+def _store_artifact(turn: TurnCompleted) -> StoredTokenArtifact | None:
     from datetime import UTC, datetime
 
     art = turn.token_artifact
     if art is None:
         return None
-    return StoreTokenArtifact(
+    return StoredTokenArtifact(
         artifact_id=art.artifact_id,
         token_hash=art.token_hash,
         token_count=art.token_count,

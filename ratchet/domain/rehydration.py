@@ -23,14 +23,13 @@ from datetime import datetime
 from enum import StrEnum
 
 from ratchet.domain.history import (
-    Certification,
     CheckpointRecord,
     HistoryFailure,
     HistoryFailureReason,
     VerifiedHistory,
     utc_ms,
 )
-from schemas.models import Item
+from schemas.models import Certification, Item
 
 
 class FallbackReason(StrEnum):

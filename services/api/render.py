@@ -12,7 +12,12 @@ from datetime import datetime
 
 from pydantic import TypeAdapter
 
-from ratchet.domain.history import CheckpointRecord, HistoryFailure, TokenArtifact, VerifiedHistory
+from ratchet.domain.history import (
+    CheckpointRecord,
+    HistoryFailure,
+    StoredTokenArtifact,
+    VerifiedHistory,
+)
 from ratchet.domain.rehydration import Certified, Failure, Fallback, FallbackReason, rehydrate
 from schemas.models import Item
 from services.api.models import (
@@ -164,7 +169,7 @@ def checkpoint_body(checkpoint: CheckpointRecord) -> CheckpointBody:
     )
 
 
-def _artifact(artifact: TokenArtifact | None) -> dict | None:
+def _artifact(artifact: StoredTokenArtifact | None) -> dict | None:
     return None if artifact is None else json.loads(artifact.to_json())
 
 

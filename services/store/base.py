@@ -38,14 +38,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from ratchet.domain.history import (
-    Certification,
     CheckpointRecord,
     Head,
     HistoryFailure,
     HistoryFailureReason,
     PartitionSnapshot,
     PromotionMode,
-    TokenArtifact,
+    StoredTokenArtifact,
     VerifiedHistory,
     items_digest,
     utc_ms,
@@ -54,7 +53,7 @@ from ratchet.domain.history import (
 )
 from ratchet.lru import Lru
 from schemas.errors import Unavailable
-from schemas.models import Item
+from schemas.models import Certification, Item
 
 __all__ = [
     "ANY_LINEAGE",
@@ -84,7 +83,7 @@ __all__ = [
     "ResponseExists",
     "StoreError",
     "StoreUnavailable",
-    "TokenArtifact",
+    "StoredTokenArtifact",
     "TooLarge",
     "VerifiedHistory",
     "decide",
@@ -162,7 +161,7 @@ class PromotionRequest:
     fingerprint_hash: str | None = None
     previous_response_id: str | None = None
     expected_head_seq: int | None = None
-    token_artifact: TokenArtifact | None = None
+    token_artifact: StoredTokenArtifact | None = None
     router_receipt: str | None = None
     boundary_proof: str | None = None
 

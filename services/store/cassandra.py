@@ -60,17 +60,16 @@ from cassandra.query import (
 )
 
 from ratchet.domain.history import (
-    Certification,
     CheckpointRecord,
     Head,
     PartitionSnapshot,
     PromotionMode,
     StoredItem,
-    TokenArtifact,
+    StoredTokenArtifact,
     utc_ms,
 )
 from ratchet.settings import Settings
-from schemas.models import Item
+from schemas.models import Certification, Item
 from services.store.base import (
     CheckpointStore,
     CorruptPartition,
@@ -693,9 +692,9 @@ def _utc(value: datetime) -> datetime:
 
 
 @functools.lru_cache(maxsize=4096)
-def _token_artifact(text: str) -> TokenArtifact:
+def _token_artifact(text: str) -> StoredTokenArtifact:
     """Decoded artifacts by their exact JSON (pure and immutable: safe to share)."""
-    return TokenArtifact.from_json(text)
+    return StoredTokenArtifact.from_json(text)
 
 
 def _checkpoint(tenant_id: str, partition_key: str, row: Any) -> CheckpointRecord:

@@ -8,8 +8,9 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ratchet.domain.history import Certification, PromotionMode, TokenArtifact, canonical_json
-from schemas.models import Item, sha256_hex
+from ratchet.domain.history import PromotionMode, StoredTokenArtifact
+from schemas.canonical import canonical_json_text as canonical_json
+from schemas.models import Certification, Item, sha256_hex
 from services.store.base import PromotionRequest
 
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "migrations"
@@ -49,8 +50,8 @@ def item(
     )
 
 
-def artifact(fingerprint: str = "fp1", expires_at: datetime | None = None) -> TokenArtifact:
-    return TokenArtifact(
+def artifact(fingerprint: str = "fp1", expires_at: datetime | None = None) -> StoredTokenArtifact:
+    return StoredTokenArtifact(
         artifact_id=uid("art"),
         token_hash="th",
         token_count=42,

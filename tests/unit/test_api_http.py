@@ -17,9 +17,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from fastapi.testclient import TestClient
 
-from ratchet.domain.history import Certification, PromotionMode, TokenArtifact, canonical_json
+from ratchet.domain.history import PromotionMode, StoredTokenArtifact
+from schemas.canonical import canonical_json_text as canonical_json
 from schemas.items import function_call, function_call_output, message
-from schemas.models import Item
+from schemas.models import Certification, Item
 from services.api.app import create_app
 from services.api.service import RehydrationService
 from services.api.waiters import PromotionWaiters
@@ -67,7 +68,7 @@ class Stack:
     ) -> str:
         response_id = response_id or uid("resp")
         key = uid("key")
-        artifact = TokenArtifact(uid("art"), "th", 42, 40, FP, expires or NOW + timedelta(hours=1))
+        artifact = StoredTokenArtifact(uid("art"), "th", 42, 40, FP, expires or NOW + timedelta(hours=1))
         outcome = self.store.promote(
             PromotionRequest(
                 tenant_id=tenant,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.domain.history import Certification as StoreCertification
 from ratchet.domain.history import CheckpointRecord
+from schemas.models import Certification
 from services.ledger.memory import MemoryLedger
 from services.store.base import Promoted
 from streams.lanes import PartitionLanes
@@ -48,7 +48,7 @@ class ForgetfulStore:
             response_id=request.response_id, seq=1, mode=request.mode,
             parent_response_id=None, previous_response_id=None,
             idempotency_key=request.idempotency_key, request_digest=request.request_digest,
-            certification=StoreCertification.CERTIFIED, fingerprint_hash=None,
+            certification=Certification.CERTIFIED, fingerprint_hash=None,
             token_artifact=None, router_receipt=None, boundary_proof=None,
             first_item_seq=1, last_item_seq=len(request.items), items_digest="x",
             promoted_at=datetime.now(UTC)))

@@ -8,12 +8,12 @@ from datetime import timedelta
 import pytest
 
 from ratchet.domain.history import (
-    Certification,
     HistoryFailure,
     HistoryFailureReason,
     VerifiedHistory,
 )
 from ratchet.domain.rehydration import Certified, Failure, Fallback, FallbackReason, rehydrate
+from schemas.models import Certification
 from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
 from tests.contract.store_support import T0, FakeClock, conversation_turn, uid
