@@ -31,8 +31,17 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from ratchet.domain import promotion
-from ratchet.domain.history import Head, HistoryFailure, PromotionMode
-from ratchet.domain.promotion import Accepted, Facts, Orphan, Promote, Reject, Verdict
+from ratchet.domain.history import CheckpointRecord, Head, HistoryFailure, PromotionMode
+from ratchet.domain.plan import LineageChanged, ParentMissing
+from ratchet.domain.promotion import (
+    Accepted,
+    Facts,
+    Orphan,
+    Promote,
+    RecordedEffect,
+    Reject,
+    Verdict,
+)
 from ratchet.domain.validation import (
     EMPTY_PAIRING,
     PROMOTABLE_STATUSES,
@@ -58,17 +67,13 @@ from services.ledger.base import (
     Decision,
     EffectWrite,
     Ledger,
-    RecordedEffect,
     TurnFacts,
 )
 from services.store.base import (
     ANY_LINEAGE,
-    CheckpointRecord,
     CheckpointStore,
     CorruptPartition,
     InvalidPromotion,
-    LineageChanged,
-    ParentMissing,
     StoreUnavailable,
 )
 from streams import metrics
@@ -296,7 +301,7 @@ class PromotionProcessor:
         (nothing written); the caller reads the lineage again."""
         with metrics.VALIDATION_SECONDS.time():
             validation = promotion.validate_after(turn, self.clock_ms(), lineage.pairing)
-        decided = promotion.decide(turn, validation, Facts(
+        decided = promotion.decide_turn(turn, validation, Facts(
             cancelled=facts.cancellation is not None,
             effects={e.effect_id: e for e in facts.effects},
             conversation_owner=facts.conversation_owner,

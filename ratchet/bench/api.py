@@ -38,9 +38,9 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT
 from ratchet.bench.store import Figure, percentile
 from ratchet.domain.fingerprint import fingerprint_hash
 from ratchet.domain.history import PromotionMode, StoredTokenArtifact, VerifiedHistory
+from ratchet.samples import make_fingerprint
 from ratchet.settings import Settings
 from schemas.models import Certification
-from schemas.samples import make_fingerprint
 from services.api.render import history_outcome_body
 from services.gateway.events import to_item
 
@@ -49,7 +49,7 @@ ITEM_TEXT_BYTES = 500
 
 
 def _conversation(store, tenant: str, conversation: str, fp_hash: str) -> str:
-    from services.store.base import Promoted, PromotionRequest
+    from ratchet.domain.plan import Promoted, PromotionRequest
 
     text = "x" * ITEM_TEXT_BYTES
     response_id = ""

@@ -56,9 +56,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from ratchet.samples import make_turn
 from ratchet.settings import Settings
 from schemas.avro import encode_key
-from schemas.samples import make_turn
 from streams.testing import Rig, WorkerProcess, isolated_settings
 
 RAW_LWT_IN_FLIGHT = 12  # the worker's 12 lanes, one blocking promotion each

@@ -103,7 +103,7 @@ def _item(text: str) -> Item:
 
 
 def _turn(tenant: str, conversation: str, expected: int):
-    from services.store.base import PromotionRequest
+    from ratchet.domain.plan import PromotionRequest
 
     key = uuid.uuid4().hex
     return PromotionRequest(
@@ -144,7 +144,8 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
     from cassandra.cluster import Cluster
     from cassandra.policies import FallthroughRetryPolicy
 
-    from services.store.base import Promoted, StoreOptions
+    from ratchet.domain.plan import Promoted
+    from services.store.base import StoreOptions
     from services.store.cassandra import (
         _ALL_COLUMNS,
         _HISTORY_KINDS,

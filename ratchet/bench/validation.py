@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 from ratchet.domain.fingerprint import fingerprint_hash, missing_components
 from ratchet.domain.validation import Valid, validate_turn
+from ratchet.samples import NOW_MS, make_tool_loop_turn
 from schemas.models import Certification
-from schemas.samples import NOW_MS, make_tool_loop_turn
 
 TARGET_P99_US = 200.0
 

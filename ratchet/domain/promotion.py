@@ -3,7 +3,7 @@
 The processor (``streams/processor.py``) reads facts, calls these functions, writes
 and publishes; every rule lives here so a reader finds them in one place:
 
-1. :func:`decide` - may this ``TurnCompleted`` be promoted at all, and as what?
+1. :func:`decide_turn` - may this ``TurnCompleted`` be promoted at all, and as what?
    Checks, first broken rule wins: conversation owned by another tenant
    (``TENANT_MISMATCH``), a ``TurnCancelled`` already seen for its idempotency key
    (``CANCELLED``), the event's own validation (status, items, fingerprint, proof
@@ -31,6 +31,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratchet.domain.history import CheckpointRecord, PromotionMode, StoredTokenArtifact
+from ratchet.domain.plan import (
+    AheadOfHead,
+    Conflict,
+    Duplicate,
+    KeyReused,
+    ParentMissing,
+    Promoted,
+    PromotionOutcome,
+    PromotionRequest,
+    ResponseExists,
+    TooLarge,
+)
 from ratchet.domain.validation import (
     PairingState,
     Rejected,
@@ -48,24 +60,33 @@ from schemas.models import (
     RejectionReason,
     TurnCompleted,
 )
-from services.ledger.base import RecordedEffect
-from services.store.base import (
-    AheadOfHead,
-    Conflict,
-    Duplicate,
-    KeyReused,
-    ParentMissing,
-    Promoted,
-    PromotionOutcome,
-    PromotionRequest,
-    ResponseExists,
-    TooLarge,
-)
 
 R = RejectionReason
 
 
 # --- inputs and results ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordedEffect:
+    """One tool effect as first recorded (later duplicates never change it)."""
+
+    tenant_id: str
+    idempotency_key: str
+    effect_id: str
+    attempt: int
+    subturn_index: int
+    call_id: str
+    tool_name: str
+    arguments_digest: str
+    status: str  # succeeded | failed
+    output_item_id: str
+    output_digest: str
+    executed_at: int  # epoch millis
+    # True once a second record with a different output digest was seen: the effect
+    # can no longer be trusted and any turn that uses it is DUPLICATE_TOOL_EFFECT.
+    conflicted: bool = False
+
 
 
 @dataclass(frozen=True)
@@ -161,7 +182,8 @@ class Orphan:
 # --- 1. may the turn be promoted? ------------------------------------------------------
 
 
-def decide(turn: TurnCompleted, validation: ValidationVerdict, facts: Facts) -> Promote | Reject:
+def decide_turn(turn: TurnCompleted, validation: ValidationVerdict,
+                facts: Facts) -> Promote | Reject:
     """Every pre-write rule of contract section 4; the store decides ordering after."""
     for check in (_tenant_rule, _cancel_rule, _validation_rule, _effects_rule):
         rejection = check(turn, validation, facts)

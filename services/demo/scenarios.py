@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from ratchet.samples import make_fingerprint
 from ratchet.settings import Settings
-from schemas.samples import make_fingerprint
 from services.demo.simulator import (
     SimulatedGateway,
     assistant,

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratchet.domain.fingerprint import fingerprint_hash
+from ratchet.samples import make_artifact_and_proof, make_fingerprint
 from schemas.models import Fingerprint, ToolEffect, TurnCompleted
-from schemas.samples import make_artifact_and_proof, make_fingerprint
 from services.gateway.client import Outcome, RehydrationClient
 from services.gateway.events import TurnIdentity, now_ms, tool_effect, turn_completed
 from services.gateway.producer import GatewayProducer

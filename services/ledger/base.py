@@ -32,32 +32,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ratchet.domain.promotion import RecordedEffect
 from schemas.errors import Unavailable
+
+__all__ = [
+    "Cancellation",
+    "Decision",
+    "EffectWrite",
+    "Ledger",
+    "LedgerUnavailable",
+    "ResponseState",
+    "ResponseStatus",
+    "TurnFacts",
+    "response_status",
+]
 
 
 class LedgerUnavailable(Unavailable):
     """The ledger's database could not be reached or timed out; retrying may help."""
-
-
-@dataclass(frozen=True)
-class RecordedEffect:
-    """One tool effect as first recorded (later duplicates never change it)."""
-
-    tenant_id: str
-    idempotency_key: str
-    effect_id: str
-    attempt: int
-    subturn_index: int
-    call_id: str
-    tool_name: str
-    arguments_digest: str
-    status: str  # succeeded | failed
-    output_item_id: str
-    output_digest: str
-    executed_at: int  # epoch millis
-    # True once a second record with a different output digest was seen: the effect
-    # can no longer be trusted and any turn that uses it is DUPLICATE_TOOL_EFFECT.
-    conflicted: bool = False
 
 
 class EffectWrite(StrEnum):

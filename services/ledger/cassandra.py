@@ -25,13 +25,13 @@ from cassandra.query import (
     tuple_factory,
 )
 
+from ratchet.domain.promotion import RecordedEffect
 from services.ledger.base import (
     Cancellation,
     Decision,
     EffectWrite,
     Ledger,
     LedgerUnavailable,
-    RecordedEffect,
     ResponseStatus,
     TurnFacts,
     response_status,

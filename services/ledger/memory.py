@@ -6,12 +6,12 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
+from ratchet.domain.promotion import RecordedEffect
 from services.ledger.base import (
     Cancellation,
     Decision,
     EffectWrite,
     Ledger,
-    RecordedEffect,
     ResponseStatus,
     response_status,
 )

@@ -12,12 +12,12 @@ Promotion protocol, shared by every backend (``CheckpointStore.promote``):
    chain root, or a hint: the head / parent checkpoint the caller or this store last
    saw), write it at once (step 5). The write's conditions are exactly the facts the
    plan rests on (head cells, no idempotency record, no checkpoint of the response
-   id, the parent's checkpoint as hinted), so it applies only where ``decide`` on a
-   fresh view would have returned that same plan: a wrong hint can only make it
+   id, the parent's checkpoint as hinted), so it applies only where ``plan_promotion``
+   on a fresh view would have returned that same plan: a wrong hint can only make it
    refused, never wrong;
 3. read the partition's view at linearizable consistency: head, the idempotency
    record of the key, an existing checkpoint of the response id, the parent;
-4. decide with the pure ``decide`` below: an outcome (``Duplicate``, ``KeyReused``,
+4. plan with the pure ``ratchet.domain.plan.plan_promotion``: an outcome (``Duplicate``, ``KeyReused``,
    ``Conflict`` ...) ends the call; otherwise a ``Plan`` (seq, parent, item seqs);
 5. write items + checkpoint + idempotency record + head advance in ONE atomic,
    conditional write that only applies if the plan's facts are still true;
@@ -35,7 +35,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from ratchet.domain.history import (
     CheckpointRecord,
@@ -44,51 +44,37 @@ from ratchet.domain.history import (
     HistoryFailureReason,
     PartitionSnapshot,
     PromotionMode,
-    StoredTokenArtifact,
     VerifiedHistory,
-    items_digest,
-    utc_ms,
     verify_conversation_history,
     verify_history,
 )
+from ratchet.domain.plan import (
+    CorruptPartition,
+    LineageChanged,
+    Plan,
+    Promoted,
+    PromotionOutcome,
+    PromotionRequest,
+    PromotionView,
+    TooLarge,
+    build_checkpoint,
+    plan_from_hints,
+    plan_promotion,
+)
 from ratchet.lru import Lru
 from schemas.errors import Unavailable
-from schemas.models import Certification, Item
 
 __all__ = [
     "ANY_LINEAGE",
-    "AheadOfHead",
-    "Certification",
-    "CheckpointRecord",
     "CheckpointStore",
-    "Conflict",
-    "CorruptPartition",
+    "CorruptPartition",  # raised by backends too; defined with the plan it breaks
     "DEFAULT_MAX_TURN_BYTES",
-    "Duplicate",
-    "Head",
-    "HistoryFailure",
-    "HistoryFailureReason",
-    "IdempotencyRecord",
     "InvalidPromotion",
-    "KeyReused",
-    "LineageChanged",
-    "ParentMissing",
-    "PartitionSnapshot",
-    "Plan",
-    "PromotionMode",
-    "PromotionOutcome",
-    "PromotionRequest",
-    "PromotionView",
-    "Promoted",
-    "ResponseExists",
     "StoreError",
+    "StoreOptions",
     "StoreUnavailable",
-    "StoredTokenArtifact",
-    "TooLarge",
-    "VerifiedHistory",
-    "decide",
-    "plan_from_hints",
     "turn_size",
+    "validate_request",
 ]
 
 # Cassandra refuses a mutation above half of ``commitlog_segment_size`` (32 MiB by
@@ -125,259 +111,8 @@ class StoreUnavailable(StoreError, Unavailable):
         self.operation = operation
 
 
-class CorruptPartition(StoreError):
-    """The rows a promotion must decide on are inconsistent or cannot be decoded.
-
-    Not retryable and not an outcome: the partition needs an operator. Reads report
-    the same damage as ``HistoryFailure(CORRUPT_HISTORY)`` instead.
-    """
-
-
 class InvalidPromotion(StoreError, ValueError):
     """The request itself is malformed; the caller must validate before promoting."""
-
-
-# --- request and outcomes ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PromotionRequest:
-    """One turn to promote: its new items plus the checkpoint metadata to persist.
-
-    ``items`` are the turn's NEW items only (its input items then its output items);
-    the history before them is already stored. ``expected_head_seq`` is required in
-    Conversation mode (0 for a new Conversation) and ignored in chain mode.
-    ``router_receipt`` / ``boundary_proof`` are canonical JSON, stored verbatim.
-    """
-
-    tenant_id: str
-    partition_key: str
-    mode: PromotionMode
-    response_id: str
-    idempotency_key: str
-    request_digest: str
-    items: tuple[Item, ...]
-    certification: Certification
-    fingerprint_hash: str | None = None
-    previous_response_id: str | None = None
-    expected_head_seq: int | None = None
-    token_artifact: StoredTokenArtifact | None = None
-    router_receipt: str | None = None
-    boundary_proof: str | None = None
-
-
-@dataclass(frozen=True)
-class Promoted:
-    """The turn is durable and the head (Conversation mode) has moved to ``seq``."""
-
-    checkpoint: CheckpointRecord
-
-    @property
-    def seq(self) -> int:
-        return self.checkpoint.seq
-
-
-@dataclass(frozen=True)
-class Duplicate:
-    """Same idempotency key and same request digest were already promoted."""
-
-    original: CheckpointRecord
-
-
-@dataclass(frozen=True)
-class KeyReused:
-    """Same idempotency key already promoted a DIFFERENT request."""
-
-    original_request_digest: str
-    original_response_id: str
-
-
-@dataclass(frozen=True)
-class Conflict:
-    """Conversation mode: the head already moved past ``expected_head_seq``."""
-
-    current_head_seq: int
-
-
-@dataclass(frozen=True)
-class AheadOfHead:
-    """Conversation mode: ``expected_head_seq`` is beyond the head (out of order)."""
-
-    current_head_seq: int
-
-
-@dataclass(frozen=True)
-class ParentMissing:
-    """Chain mode: ``previous_response_id`` is not promoted in this tenant/partition."""
-
-    previous_response_id: str
-
-
-@dataclass(frozen=True)
-class ResponseExists:
-    """This response id was already promoted under another idempotency key."""
-
-    original: CheckpointRecord
-
-
-@dataclass(frozen=True)
-class LineageChanged:
-    """The turn would extend another response than the caller said it validated the
-    turn against (``promote(..., extends=...)``); nothing was written.
-
-    ``parent_response_id`` is what the turn would have extended (None: nothing).
-    Only returned to a caller that passed ``extends``: it re-reads the lineage and
-    decides again.
-    """
-
-    parent_response_id: str | None
-
-
-@dataclass(frozen=True)
-class TooLarge:
-    """The turn's stored size is above what one atomic write can carry; nothing stored."""
-
-    size: int
-    limit: int
-
-
-PromotionOutcome = (
-    Promoted
-    | Duplicate
-    | KeyReused
-    | Conflict
-    | AheadOfHead
-    | ParentMissing
-    | ResponseExists
-    | TooLarge
-    | LineageChanged
-)
-
-
-# --- the pure promotion decision ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class IdempotencyRecord:
-    """Which request an idempotency key promoted (stored with the checkpoint)."""
-
-    idempotency_key: str
-    request_digest: str
-    response_id: str
-
-
-@dataclass(frozen=True)
-class PromotionView:
-    """What a backend read before deciding; ``_write`` applies only if still true.
-
-    ``original`` is the checkpoint the idempotency record points at (if any),
-    ``existing`` the checkpoint of the request's response id (if any), ``parent`` the
-    checkpoint of ``previous_response_id`` (chain mode, if any).
-    """
-
-    head: Head | None
-    idempotency: IdempotencyRecord | None = None
-    original: CheckpointRecord | None = None
-    existing: CheckpointRecord | None = None
-    parent: CheckpointRecord | None = None
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Where the turn goes: the write a backend must make atomically."""
-
-    seq: int
-    parent_response_id: str | None
-    first_item_seq: int
-    # Conversation mode: the head the write is conditional on (None = no head yet);
-    # all three head cells (seq, response id, item count) are conditions.
-    expected_head: Head | None = None
-    new_head: Head | None = None
-    # Chain mode: the parent checkpoint the write is conditional on (its seq, item
-    # range and mode must still be what the plan was computed from).
-    parent: CheckpointRecord | None = None
-
-
-def decide(request: PromotionRequest, view: PromotionView) -> PromotionOutcome | Plan:
-    """The promotion rules of contract section 4 for one request over one view."""
-    if view.idempotency is not None:
-        record = view.idempotency
-        if record.request_digest != request.request_digest:
-            return KeyReused(record.request_digest, record.response_id)
-        if view.original is None:
-            raise CorruptPartition(
-                f"idempotency key {record.idempotency_key} points at {record.response_id}, "
-                "which has no checkpoint: the partition is corrupt"
-            )
-        return Duplicate(view.original)
-    if view.existing is not None:
-        return ResponseExists(view.existing)
-    if request.mode is PromotionMode.CONVERSATION:
-        return _decide_conversation(request, view.head)
-    return _decide_chain(request, view.parent)
-
-
-def _decide_conversation(request: PromotionRequest, head: Head | None) -> PromotionOutcome | Plan:
-    current = 0 if head is None else head.seq
-    expected = request.expected_head_seq
-    assert expected is not None  # validate_request guarantees it
-    if expected < current:
-        return Conflict(current)
-    if expected > current:
-        return AheadOfHead(current)
-    first = 1 if head is None else head.item_count + 1
-    seq = current + 1
-    return Plan(
-        seq=seq,
-        parent_response_id=None if head is None else head.response_id,
-        first_item_seq=first,
-        expected_head=head,
-        new_head=Head(seq, request.response_id, first - 1 + len(request.items)),
-    )
-
-
-def _decide_chain(
-    request: PromotionRequest, parent: CheckpointRecord | None
-) -> PromotionOutcome | Plan:
-    if request.previous_response_id is None:
-        return Plan(seq=1, parent_response_id=None, first_item_seq=1)
-    if parent is None or parent.mode is not PromotionMode.CHAIN:
-        return ParentMissing(request.previous_response_id)
-    return Plan(
-        seq=parent.seq + 1,
-        parent_response_id=parent.response_id,
-        first_item_seq=parent.last_item_seq + 1,
-        parent=parent,
-    )
-
-
-def plan_from_hints(
-    request: PromotionRequest, head_hint: Head | None, parent_hint: CheckpointRecord | None
-) -> Plan | None:
-    """The plan a fresh view would give IF the hints are true; None if they cannot tell.
-
-    Only plans come out of here, never outcomes: an outcome (``Conflict``,
-    ``Duplicate`` ...) is only ever decided on a linearizable view. The plan's write
-    carries every fact it rests on as a condition, so a wrong hint costs a refused
-    write and a view read, never a wrong promotion.
-    """
-    if request.mode is PromotionMode.CONVERSATION:
-        expected = request.expected_head_seq
-        if expected == 0 and head_hint is None:
-            return _as_plan(_decide_conversation(request, None))
-        if head_hint is None or head_hint.seq != expected:
-            return None  # no hint, or one that predicts an outcome: read and decide
-        return _as_plan(_decide_conversation(request, head_hint))
-    if request.previous_response_id is None:
-        return _as_plan(_decide_chain(request, None))
-    if (
-        parent_hint is None
-        or parent_hint.response_id != request.previous_response_id
-        or (parent_hint.tenant_id, parent_hint.partition_key)
-        != (request.tenant_id, request.partition_key)
-    ):
-        return None
-    return _as_plan(_decide_chain(request, parent_hint))
 
 
 # ``promote(extends=ANY_LINEAGE)``: the caller does not care which response the turn
@@ -387,10 +122,6 @@ ANY_LINEAGE = object()
 
 def _extends(plan: Plan, extends: str | None | object) -> bool:
     return extends is ANY_LINEAGE or plan.parent_response_id == extends
-
-
-def _as_plan(decision: PromotionOutcome | Plan) -> Plan | None:
-    return decision if isinstance(decision, Plan) else None
 
 
 def turn_size(request: PromotionRequest) -> int:
@@ -421,36 +152,6 @@ def validate_request(request: PromotionRequest) -> None:
         if not item.digest_ok():
             raise InvalidPromotion(f"item {item.item_id} content does not match its digest")
 
-
-def build_checkpoint(
-    request: PromotionRequest, plan: Plan, promoted_at: datetime, logical_retention_s: int
-) -> CheckpointRecord:
-    """The checkpoint record a plan persists (same on every backend)."""
-    promoted_at = utc_ms(promoted_at)
-    expires = (
-        promoted_at + timedelta(seconds=logical_retention_s) if logical_retention_s > 0 else None
-    )
-    return CheckpointRecord(
-        tenant_id=request.tenant_id,
-        partition_key=request.partition_key,
-        response_id=request.response_id,
-        seq=plan.seq,
-        mode=request.mode,
-        parent_response_id=plan.parent_response_id,
-        previous_response_id=request.previous_response_id,
-        idempotency_key=request.idempotency_key,
-        request_digest=request.request_digest,
-        certification=request.certification,
-        fingerprint_hash=request.fingerprint_hash,
-        token_artifact=request.token_artifact,
-        router_receipt=request.router_receipt,
-        boundary_proof=request.boundary_proof,
-        first_item_seq=plan.first_item_seq,
-        last_item_seq=plan.first_item_seq + len(request.items) - 1,
-        items_digest=items_digest(request.items),
-        promoted_at=promoted_at,
-        logical_expires_at=expires,
-    )
 
 
 def _nothing_to_wait_for() -> None:
@@ -567,7 +268,7 @@ class CheckpointStore(ABC):
         for _ in range(MAX_PROMOTION_ROUNDS):
             view = self._read_view(request, located=located)
             self._learn_view(request, view)
-            decision = decide(request, view)
+            decision = plan_promotion(request, view)
             if not isinstance(decision, Plan):
                 return decision
             if not _extends(decision, extends):

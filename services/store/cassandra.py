@@ -68,18 +68,10 @@ from ratchet.domain.history import (
     StoredTokenArtifact,
     utc_ms,
 )
+from ratchet.domain.plan import IdempotencyRecord, Plan, PromotionRequest, PromotionView
 from ratchet.settings import Settings
 from schemas.models import Certification, Item
-from services.store.base import (
-    CheckpointStore,
-    CorruptPartition,
-    IdempotencyRecord,
-    Plan,
-    PromotionRequest,
-    PromotionView,
-    StoreOptions,
-    StoreUnavailable,
-)
+from services.store.base import CheckpointStore, CorruptPartition, StoreOptions, StoreUnavailable
 
 T = TypeVar("T")
 

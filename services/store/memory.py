@@ -13,16 +13,15 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from ratchet.domain.history import CheckpointRecord, Head, PartitionSnapshot, StoredItem
-from services.store.base import (
-    CheckpointStore,
-    IdempotencyRecord,
-    Plan,
+from ratchet.domain.history import (
+    CheckpointRecord,
+    Head,
+    PartitionSnapshot,
     PromotionMode,
-    PromotionRequest,
-    PromotionView,
-    StoreOptions,
+    StoredItem,
 )
+from ratchet.domain.plan import IdempotencyRecord, Plan, PromotionRequest, PromotionView
+from services.store.base import CheckpointStore, StoreOptions
 
 
 @dataclass

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from ratchet.domain.history import PromotionMode, StoredTokenArtifact
+from ratchet.domain.plan import PromotionRequest
 from schemas.canonical import canonical_json_text as canonical_json
 from schemas.models import Certification, Item, sha256_hex
-from services.store.base import PromotionRequest
 
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "migrations"
 # The store's tables: response_locations (001) and turns (004; 001's `histories` is dropped by 005).

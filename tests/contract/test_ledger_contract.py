@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from ratchet.domain.promotion import RecordedEffect
 from services.ledger.base import (
     Cancellation,
     Decision,
     EffectWrite,
     Ledger,
-    RecordedEffect,
     ResponseState,
 )
 from services.ledger.memory import MemoryLedger

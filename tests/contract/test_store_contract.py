@@ -12,22 +12,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ratchet.domain.history import HistoryFailure, HistoryFailureReason, VerifiedHistory
-from services.store.base import (
+from ratchet.domain.history import Head, HistoryFailure, HistoryFailureReason, VerifiedHistory
+from ratchet.domain.plan import (
     AheadOfHead,
-    CheckpointStore,
     Conflict,
     Duplicate,
-    Head,
-    InvalidPromotion,
     KeyReused,
     LineageChanged,
     ParentMissing,
     Promoted,
     ResponseExists,
-    StoreOptions,
     TooLarge,
 )
+from services.store.base import CheckpointStore, InvalidPromotion, StoreOptions
 from services.store.memory import MemoryCheckpointStore
 from tests.contract.store_support import (
     FakeClock,

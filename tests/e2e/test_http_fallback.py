@@ -7,7 +7,7 @@ import time
 import pytest
 
 from ratchet.domain.fingerprint import fingerprint_hash
-from schemas.samples import make_fingerprint
+from ratchet.samples import make_fingerprint
 from services.demo.simulator import SimulatedGateway, assistant, uid, user
 from services.gateway.client import Certified, Fallback
 from services.gateway.events import TurnIdentity

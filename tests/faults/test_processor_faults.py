@@ -18,12 +18,12 @@ import uuid
 
 import pytest
 
+from ratchet.samples import TENANT, make_turn
 from schemas.models import CheckpointPromoted
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
 from streams.health import read_health
 from streams.testing import Rig, isolated_settings
-from tests.factories import TENANT, make_turn
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
+from ratchet.samples import make_turn
 from schemas.models import CheckpointPromoted
 from streams.testing import Rig, isolated_settings
-from tests.factories import make_turn
 
 pytestmark = pytest.mark.integration
 

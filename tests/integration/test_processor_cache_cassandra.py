@@ -10,15 +10,17 @@ from dataclasses import replace
 
 import pytest
 
+from ratchet.domain.plan import Promoted
 from ratchet.domain.promotion import promotion_request
 from ratchet.domain.validation import EMPTY_PAIRING
+from ratchet.samples import NOW_MS, TENANT
+from schemas.items import function_call, function_call_output, message
 from schemas.models import Certification, RejectionReason
 from services.ledger.cassandra import CassandraLedger
-from services.store.base import Promoted, StoreOptions
+from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
 from streams.processor import PromotionProcessor
 from streams.tail_cache import Tail
-from tests.factories import NOW_MS, TENANT, function_call, function_call_output, message
 from tests.unit.test_promotion import TOPICS, Harness, PickleCodec
 from tests.unit.test_promotion import turn as _turn
 

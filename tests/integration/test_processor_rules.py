@@ -13,6 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from ratchet.samples import (
+    TENANT,
+    make_tool_effect,
+    make_tool_loop_turn,
+    make_turn,
+    make_turn_cancelled,
+    new_id,
+    tampered,
+)
+from schemas.items import make_item, message
 from schemas.models import (
     CheckpointPromoted,
     DeadLetter,
@@ -27,17 +37,6 @@ from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
 from streams.testing import Rig, isolated_settings
-from tests.factories import (
-    TENANT,
-    make_item,
-    make_tool_effect,
-    make_tool_loop_turn,
-    make_turn,
-    make_turn_cancelled,
-    message,
-    new_id,
-    tampered,
-)
 
 pytestmark = pytest.mark.integration
 R = RejectionReason

@@ -10,11 +10,11 @@ import fastavro
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryError
 
+from ratchet.samples import make_tool_loop_turn, make_turn_cancelled
 from schemas import avsc
 from schemas.avro import COMPATIBILITY, EventSerde, register_schemas, subject_for
 from schemas.errors import DecodeError
 from schemas.models import DeadLetterReason, TurnCompleted
-from tests.factories import make_tool_loop_turn, make_turn_cancelled
 
 pytestmark = pytest.mark.integration
 TOPIC = "ratchet.gateway-events"

@@ -14,15 +14,8 @@ from cassandra import ConsistencyLevel
 from cassandra.query import BatchStatement
 
 from ratchet.domain.history import Head, VerifiedHistory
-from services.store.base import (
-    AheadOfHead,
-    Conflict,
-    Duplicate,
-    KeyReused,
-    ParentMissing,
-    Promoted,
-    StoreOptions,
-)
+from ratchet.domain.plan import AheadOfHead, Conflict, Duplicate, KeyReused, ParentMissing, Promoted
+from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
 from tests.contract.store_support import chain_turn, conversation_turn, uid
 

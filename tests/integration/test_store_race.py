@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from ratchet.domain.history import VerifiedHistory
-from services.store.base import Conflict, Duplicate, Promoted
+from ratchet.domain.plan import Conflict, Duplicate, Promoted
 from services.store.cassandra import CassandraCheckpointStore
 from tests.contract.store_support import conversation_turn, uid
 

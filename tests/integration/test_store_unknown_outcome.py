@@ -14,7 +14,8 @@ from cassandra.protocol import ErrorMessage, ServerError
 from cassandra.query import BatchStatement
 
 from ratchet.domain.history import VerifiedHistory
-from services.store.base import Conflict, Duplicate, Promoted, StoreUnavailable
+from ratchet.domain.plan import Conflict, Duplicate, Promoted
+from services.store.base import StoreUnavailable
 from services.store.cassandra import CAS_WRITE_UNKNOWN, CassandraCheckpointStore
 from tests.contract.store_support import conversation_turn, uid
 

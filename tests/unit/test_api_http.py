@@ -18,6 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ratchet.domain.history import PromotionMode, StoredTokenArtifact
+from ratchet.domain.plan import PromotionRequest
 from schemas.canonical import canonical_json_text as canonical_json
 from schemas.items import function_call, function_call_output, message
 from schemas.models import Certification, Item
@@ -25,7 +26,7 @@ from services.api.app import create_app
 from services.api.service import RehydrationService
 from services.api.waiters import PromotionWaiters
 from services.ledger.memory import MemoryLedger
-from services.store.base import PromotionRequest, StoreOptions
+from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

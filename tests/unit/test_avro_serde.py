@@ -11,11 +11,7 @@ import fastavro
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from schemas import avsc
-from schemas.avro import EventSerde, dead_letter_for, encode_key, register_schemas, subject_for
-from schemas.errors import DecodeError, EncodeError, RegistryUnavailable
-from schemas.models import DeadLetterReason, OrphanReason, RejectionReason
-from tests.factories import (
+from ratchet.samples import (
     NOW_MS,
     make_checkpoint_promoted,
     make_dead_letter,
@@ -25,6 +21,10 @@ from tests.factories import (
     make_turn,
     make_turn_cancelled,
 )
+from schemas import avsc
+from schemas.avro import EventSerde, dead_letter_for, encode_key, register_schemas, subject_for
+from schemas.errors import DecodeError, EncodeError, RegistryUnavailable
+from schemas.models import DeadLetterReason, OrphanReason, RejectionReason
 
 TOPIC = "ratchet.gateway-events"
 

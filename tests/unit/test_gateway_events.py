@@ -9,7 +9,7 @@ import pytest
 
 from ratchet.domain.fingerprint import fingerprint_hash
 from ratchet.domain.validation import Valid, validate_turn
-from schemas.samples import make_artifact_and_proof, make_fingerprint
+from ratchet.samples import make_artifact_and_proof, make_fingerprint
 from services.gateway.events import (
     InvalidGatewayItem,
     TurnIdentity,

@@ -8,6 +8,7 @@ import pickle
 
 import pytest
 
+from ratchet.samples import NOW_MS, TENANT, make_turn, new_id
 from ratchet.settings import Settings
 from schemas.keys import MissingChainRoot, partition_key
 from schemas.models import RejectionReason
@@ -17,7 +18,6 @@ from services.ledger.memory import MemoryLedger
 from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor, Topics
 from streams.records import RawRecord
-from tests.factories import NOW_MS, TENANT, make_turn, new_id
 
 TOPICS = Topics.with_prefix("t.")
 

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from ratchet.domain.history import CheckpointRecord
+from ratchet.domain.plan import Promoted
+from ratchet.samples import NOW_MS, make_turn
 from schemas.models import Certification
 from services.ledger.memory import MemoryLedger
-from services.store.base import Promoted
 from streams.lanes import PartitionLanes
 from streams.processor import PromotionProcessor, Topics
 from streams.records import RawRecord
-from tests.factories import NOW_MS, make_turn
 from tests.unit.test_promotion import PickleCodec
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,19 @@ import uuid
 
 import pytest
 
-from ratchet.domain.promotion import Accepted, Facts, Reject, ValidationVerdict, decide
+from ratchet.domain.promotion import Accepted, Facts, Reject, ValidationVerdict, decide_turn
+from ratchet.samples import (
+    NOW_MS,
+    TENANT,
+    make_tool_effect,
+    make_tool_loop_turn,
+    make_turn,
+    make_turn_cancelled,
+    new_id,
+    tampered,
+)
 from schemas.errors import Unavailable
+from schemas.items import function_call, function_call_output, make_item, message
 from schemas.models import (
     Certification,
     DeadLetterReason,
@@ -28,20 +39,6 @@ from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor, Topics
 from streams.records import DecodeFailed, RawRecord
-from tests.factories import (
-    NOW_MS,
-    TENANT,
-    function_call,
-    function_call_output,
-    make_item,
-    make_tool_effect,
-    make_tool_loop_turn,
-    make_turn,
-    make_turn_cancelled,
-    message,
-    new_id,
-    tampered,
-)
 
 R = RejectionReason
 TOPICS = Topics.with_prefix("t.")
@@ -372,7 +369,7 @@ def test_conversation_of_another_tenant_is_tenant_mismatch(h):
 
 def test_decide_checks_cancellation_before_validation():
     t = turn(conv_id(), 0, status=TurnStatus.FAILED, certified=False)
-    verdict = decide(t, ValidationVerdict(None, R.NOT_PROMOTABLE_STATUS), Facts(cancelled=True))
+    verdict = decide_turn(t, ValidationVerdict(None, R.NOT_PROMOTABLE_STATUS), Facts(cancelled=True))
     assert isinstance(verdict, Reject) and verdict.reason is R.CANCELLED
 
 

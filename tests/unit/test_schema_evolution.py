@@ -18,10 +18,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient, record_subject
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from schemas import avsc
-from schemas.avro import EventSerde, register_schemas, subject_for
-from schemas.models import MODELS_BY_RECORD, TurnCompleted
-from tests.factories import (
+from ratchet.samples import (
     make_checkpoint_promoted,
     make_dead_letter,
     make_effect_orphaned,
@@ -29,6 +26,9 @@ from tests.factories import (
     make_tool_loop_turn,
     make_turn_cancelled,
 )
+from schemas import avsc
+from schemas.avro import EventSerde, register_schemas, subject_for
+from schemas.models import MODELS_BY_RECORD, TurnCompleted
 
 # Digest of the published v1 files. Editing them would rewrite what is already in
 # Kafka: change the CURRENT schemas instead, and snapshot a v2 when publishing it.

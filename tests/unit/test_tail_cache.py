@@ -11,28 +11,18 @@ from dataclasses import replace
 
 import pytest
 
+from ratchet.domain.plan import LineageChanged, Promoted
 from ratchet.domain.promotion import promotion_request
 from ratchet.domain.validation import EMPTY_PAIRING, PairingState
+from ratchet.samples import NOW_MS, TENANT, new_id
+from schemas.items import function_call, function_call_output, message
 from schemas.models import Certification, RejectionReason
 from services.ledger.base import ResponseState
 from services.ledger.memory import MemoryLedger
-from services.store.base import (
-    ANY_LINEAGE,
-    LineageChanged,
-    Promoted,
-    StoreOptions,
-)
+from services.store.base import ANY_LINEAGE, StoreOptions
 from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor
 from streams.tail_cache import Tail, TailCache
-from tests.factories import (
-    NOW_MS,
-    TENANT,
-    function_call,
-    function_call_output,
-    message,
-    new_id,
-)
 from tests.unit.test_promotion import TOPICS, Harness, PickleCodec, chain_turn, conv_id, turn
 
 R = RejectionReason

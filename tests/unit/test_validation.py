@@ -15,22 +15,18 @@ from ratchet.domain.validation import (
     pairing_state_of,
     validate_turn,
 )
-from schemas.models import Certification, EffectiveConfig, RejectionReason, TurnStatus
-from tests.factories import (
+from ratchet.samples import (
     HOUR_MS,
     NOW_MS,
     REJECTING_TURNS,
-    function_call,
-    function_call_output,
     make_artifact_and_proof,
     make_fingerprint,
-    make_item,
     make_tool_loop_turn,
     make_turn,
-    message,
-    reasoning,
     tampered,
 )
+from schemas.items import function_call, function_call_output, make_item, message, reasoning
+from schemas.models import Certification, EffectiveConfig, RejectionReason, TurnStatus
 
 
 def rejected_reason(turn, now_ms: int = NOW_MS, **kw) -> RejectionReason | None:

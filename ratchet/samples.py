@@ -1,6 +1,7 @@
 """Valid sample events with correct digests, fingerprints, artifacts and proofs.
 
-For tests, the benchmark and ``ratchet demo``. Every builder returns a VALID event by
+The one home of event builders, for tests, the benchmark and ``ratchet demo`` (item
+builders - ``message``, ``function_call`` ... - are in ``schemas.items``). Every builder returns a VALID event by
 default; pass keyword overrides (any field of the model) to break exactly one thing::
 
     turn = make_turn()                                   # certified, conversation mode
@@ -10,13 +11,15 @@ default; pass keyword overrides (any field of the model) to break exactly one th
 
 Overrides are applied last and re-validated by pydantic. When you override
 ``fingerprint`` (and not ``fingerprint_hash``) the hash, artifact and proof follow it.
+``turn_rejected_for(reason)`` gives a minimal turn ``validate_turn`` rejects with
+exactly that reason.
 """
 
 from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ratchet.domain.fingerprint import build_fingerprint, fingerprint_hash
@@ -26,6 +29,7 @@ from schemas.items import (
     effect_id_for,
     function_call,
     function_call_output,
+    make_item,
     message,
     reasoning,
 )
@@ -412,3 +416,63 @@ def make_dead_letter(*, now_ms: int = NOW_MS, **overrides: Any) -> DeadLetter:
     }
     fields.update(overrides)
     return DeadLetter(**fields)
+
+
+# --- turns that break exactly one rule -----------------------------------------------
+
+
+def tampered(item: Item, content: bytes = b'{"tampered":true}') -> Item:
+    """``item`` with new content but its old digest (CORRUPT)."""
+    return item.model_copy(update={"content": content})
+
+
+def _corrupt() -> TurnCompleted:
+    return make_turn(items=[tampered(message("hi", role="assistant", item_id="msg_c"))])
+
+
+def _unpaired() -> TurnCompleted:
+    call = function_call("call_x", "get_weather", {"city": "Paris"}, item_id="fc_x")
+    answer = message("done", role="assistant", item_id="msg_x")
+    return make_turn(items=[call, answer])  # call left open before a message
+
+
+def _invalid_proof() -> TurnCompleted:
+    turn = make_turn()
+    assert turn.boundary_proof is not None
+    proof: BoundaryProof = turn.boundary_proof
+    return make_turn(
+        boundary_proof=proof.model_copy(update={"fingerprint_hash": "f" * 64}),
+        token_artifact=turn.token_artifact,
+        fingerprint_hash=turn.fingerprint_hash,
+    )
+
+
+REJECTING_TURNS: dict[RejectionReason, Callable[[], TurnCompleted]] = {
+    RejectionReason.NOT_PROMOTABLE_STATUS: lambda: make_turn(status="failed", certified=False),
+    RejectionReason.UNSUPPORTED_FORMAT: lambda: make_turn(
+        items=[
+            make_item(
+                "message",
+                {"role": "assistant"},
+                item_id="msg_v9",
+                role="assistant",
+                format_version=9,
+            )
+        ]
+    ),
+    RejectionReason.UNKNOWN_ITEM_TYPE: lambda: make_turn(
+        items=[make_item("image_generation_call", {}, item_id="ig_1")]
+    ),
+    RejectionReason.CORRUPT: _corrupt,
+    RejectionReason.INCOMPLETE_FINGERPRINT: lambda: make_turn(
+        fingerprint=make_fingerprint(model_weights_revision=None)
+    ),
+    RejectionReason.UNPAIRED_TOOL_CALL: _unpaired,
+    RejectionReason.INVALID_BOUNDARY_PROOF: _invalid_proof,
+}
+"""For each reason ``validate_turn`` can give: a builder of a minimal turn with exactly it."""
+
+
+def turn_rejected_for(reason: RejectionReason) -> TurnCompleted:
+    """A TurnCompleted that validate_turn(…, NOW_MS) rejects with ``reason`` only."""
+    return REJECTING_TURNS[reason]()
