@@ -1,24 +1,32 @@
 """A bounded least-recently-used map: the one eviction rule of the in-process caches.
 
-Used by the store's hints (``services/store/base.py``) and the worker's tail cache
-(``streams/tail_cache.py``). Not thread-safe on purpose: each cache holds its own lock,
-often around several maps at once.
+Used by the store's hints (``services/store/base.py``), the worker's tail cache
+(``streams/tail_cache.py``) and the API's history cache (``services/api/cache.py``,
+bounded by bytes through ``weigh``). Not thread-safe on purpose: each cache holds its
+own lock, often around several maps at once.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+
+
+def _one(_value: object) -> int:
+    return 1
 
 
 class Lru:
-    """At most ``capacity`` entries; the least recently read or written goes first.
+    """Entries weighing at most ``capacity`` in total; the least recently read or
+    written goes first. Each entry weighs ``weigh(value)``: 1 by default (a count).
 
     ``capacity <= 0`` keeps nothing (a cache turned off).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, weigh: Callable[[object], int] = _one) -> None:
         self.capacity = capacity
+        self._weigh = weigh
+        self.weight = 0  # the total weight of the entries held
         self._entries: OrderedDict[Hashable, object] = OrderedDict()
 
     def __len__(self) -> int:
@@ -33,10 +41,14 @@ class Lru:
     def put(self, key: Hashable, value: object) -> None:
         if self.capacity <= 0:
             return
+        self.pop(key)
         self._entries[key] = value
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        self.weight += self._weigh(value)
+        while self.weight > self.capacity:
+            _, evicted = self._entries.popitem(last=False)
+            self.weight -= self._weigh(evicted)
 
     def pop(self, key: Hashable) -> None:
-        self._entries.pop(key, None)
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.weight -= self._weigh(old)

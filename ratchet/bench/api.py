@@ -100,10 +100,10 @@ def run(settings: Settings | None = None, *, reads: int = 500) -> list[Figure]:
     from cassandra.query import tuple_factory
 
     from infra.migrate import apply_migrations
-    from services.api.cache import STAMP_CQL
     from services.demo.processes import free_port, start_api, wait_api_ready
     from services.store.base import StoreOptions
     from services.store.cassandra import CassandraCheckpointStore
+    from services.store.stamps import STAMP_CQL
 
     logging.getLogger("cassandra").setLevel(logging.ERROR)
     settings = settings or Settings.from_env()

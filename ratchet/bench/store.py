@@ -146,11 +146,8 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
 
     from ratchet.domain.plan import Promoted
     from services.store.base import StoreOptions
-    from services.store.cassandra import (
-        _ALL_COLUMNS,
-        _HISTORY_KINDS,
-        CassandraCheckpointStore,
-    )
+    from services.store.cassandra import CassandraCheckpointStore
+    from services.store.rows import HISTORY_COLUMNS, HISTORY_KINDS
 
     settings = settings or Settings.from_env()
     keyspace = f"{settings.keyspace}_bench_{uuid.uuid4().hex[:6]}"
@@ -171,8 +168,8 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
         # The query the store itself makes (no idempotency rows), without decoding
         # into records or verifying.
         raw_history = session.prepare(
-            f"SELECT {_ALL_COLUMNS} FROM turns WHERE tenant_id = ? AND partition_key = ? "
-            f"AND kind IN {_HISTORY_KINDS}"
+            f"SELECT {HISTORY_COLUMNS} FROM turns WHERE tenant_id = ? AND partition_key = ? "
+            f"AND kind IN {HISTORY_KINDS}"
         )
         raw_history.consistency_level = ConsistencyLevel.LOCAL_QUORUM
         payload = _item("baseline").content * 2

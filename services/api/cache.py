@@ -9,8 +9,8 @@ fields and a fresh stamp.
 Why every hit is revalidated: tests (and operators' worst days) change stored rows
 after they were verified. A hit must answer exactly what a full read would answer now,
 or fall through to one. The stamp is one small query on the history's partition
-(``STAMP_CQL``): the static head, and per turn row its ``seq`` and ``mode`` values and
-the WRITE TIMESTAMP of every other cell verification depends on - but not the cells
+(``services/store/stamps.py``): the static head, and per turn row its ``seq`` and
+``mode`` values and the WRITE TIMESTAMP of every other cell verification depends on - but not the cells
 themselves (the items blob is ~600 bytes per item; its write timestamp is 8). Any CQL
 write to a verified row (a rewritten items cell, a changed expiry, a deleted cell or
 row, even one that writes the same bytes) gives it a new write timestamp, so the
@@ -27,85 +27,14 @@ Only fully verified, fully renderable histories are cached; never a failure.
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from collections import Counter, OrderedDict
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ratchet.domain.history import CheckpointRecord, Head, PromotionMode, VerifiedHistory
+from ratchet.domain.history import CheckpointRecord, PromotionMode, VerifiedHistory
+from ratchet.lru import Lru
 from services.api.render import RenderedHistory
-from services.store.base import StoreUnavailable
-
-# The cells of a turn row that a VerifiedHistory is decoded from and verified against
-# (services/store/cassandra.py ``_DECODED_CHECKPOINT_NAMES`` + ``items``). ``seq`` and
-# ``mode`` are read as values instead: the chain-mode promotion batch legitimately
-# rewrites a parent's ``seq`` with the same value (a condition, ``SET seq = seq``), and
-# the Conversation seq check needs both anyway.
-STAMPED_CELLS = (
-    "response_id",
-    "parent_response_id",
-    "previous_response_id",
-    "idempotency_key",
-    "request_digest",
-    "certification",
-    "fingerprint_hash",
-    "token_artifact",
-    "router_receipt",
-    "boundary_proof",
-    "logical_expires_at",
-    "promoted_at",
-    "first_item_seq",
-    "last_item_seq",
-    "items_digest",
-    "items",
-)
-STAMP_CQL = (
-    "SELECT head_seq, head_response_id, head_item_count, kind, ref, seq, mode, "
-    + ", ".join(f"writetime({cell})" for cell in STAMPED_CELLS)
-    + " FROM turns WHERE tenant_id = ? AND partition_key = ? AND kind IN ('checkpoint', 'head')"
-)
-LOCATION_CQL = (
-    "SELECT partition_key FROM response_locations WHERE tenant_id = ? AND response_id = ?"
-)
-
-_HEAD_SEQ, _HEAD_RESPONSE, _HEAD_ITEMS, _KIND, _REF, _SEQ, _MODE = range(7)
-
-
-@dataclass(frozen=True)
-class PartitionStamp:
-    """What the stamp query saw: the head and, per turn row, ``(seq, mode, *writetimes)``."""
-
-    partition_key: str
-    head: Head | None
-    rows: Mapping[str, tuple[Any, ...]]
-
-    @classmethod
-    def from_rows(cls, partition_key: str, rows: Sequence[Sequence[Any]]) -> PartitionStamp | None:
-        if not rows:
-            return None
-        first = rows[0]
-        head = (
-            None
-            if first[_HEAD_SEQ] is None
-            else Head(first[_HEAD_SEQ], first[_HEAD_RESPONSE] or "", first[_HEAD_ITEMS] or 0)
-        )
-        return cls(
-            partition_key=partition_key,
-            head=head,
-            rows={row[_REF]: tuple(row[_SEQ:]) for row in rows if row[_KIND] == "checkpoint"},
-        )
-
-    def conversation_seqs_unique(self) -> bool:
-        """No two Conversation-mode rows share a seq (and none lacks one).
-
-        Stricter than verification (which ignores rows it cannot decode): a stricter
-        check only turns a hit into a miss, and the full read then decides."""
-        seqs = Counter(
-            row[0] for row in self.rows.values() if row[1] == PromotionMode.CONVERSATION.value
-        )
-        return None not in seqs and all(n == 1 for n in seqs.values())
+from services.store.stamps import PartitionStamp
 
 
 @dataclass(frozen=True)
@@ -163,10 +92,8 @@ class HistoryCache:
 
     def __init__(self, max_bytes: int, max_locations: int = 100_000) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[str, str], CachedHistory] = OrderedDict()
-        self._locations: OrderedDict[tuple[str, str], str] = OrderedDict()
-        self._max_locations = max_locations
-        self._bytes = 0
+        self._entries = Lru(max_bytes, weigh=_nbytes)
+        self._locations = Lru(max_locations)
         self._lock = threading.Lock()
 
     @property
@@ -175,132 +102,43 @@ class HistoryCache:
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        return self._entries.weight
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def get(self, tenant_id: str, response_id: str) -> CachedHistory | None:
-        key = (tenant_id, response_id)
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-            return entry
+            entry = self._entries.get((tenant_id, response_id))
+            return entry if isinstance(entry, CachedHistory) else None
 
     def put(self, response_id: str, entry: CachedHistory) -> None:
         if entry.nbytes > self.max_bytes:
             return  # larger than the whole cache: serving it from the store is the bound
-        key = (entry.tenant_id, response_id)
         with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= old.nbytes
-            self._entries[key] = entry
-            self._bytes += entry.nbytes
-            while self._bytes > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                self._bytes -= evicted.nbytes
+            self._entries.put((entry.tenant_id, response_id), entry)
 
     def discard(self, tenant_id: str, response_id: str) -> None:
         with self._lock:
-            old = self._entries.pop((tenant_id, response_id), None)
-            if old is not None:
-                self._bytes -= old.nbytes
+            self._entries.pop((tenant_id, response_id))
 
     def location(self, tenant_id: str, response_id: str) -> str | None:
         with self._lock:
-            return self._locations.get((tenant_id, response_id))
+            location = self._locations.get((tenant_id, response_id))
+            return location if isinstance(location, str) else None
 
     def remember_location(self, tenant_id: str, response_id: str, partition_key: str) -> None:
-        key = (tenant_id, response_id)
         with self._lock:
-            self._locations[key] = partition_key
-            self._locations.move_to_end(key)
-            while len(self._locations) > self._max_locations:
-                self._locations.popitem(last=False)
+            self._locations.put((tenant_id, response_id), partition_key)
 
 
-class CassandraStamps:
-    """The stamp and location queries, prepared once, run with the driver's own async
-    I/O: a cache hit never takes the thread-pool hop."""
-
-    def __init__(self, session: Any, read_consistency: int, timeout_s: float = 5.0) -> None:
-        from cassandra.cluster import EXEC_PROFILE_DEFAULT
-        from cassandra.query import tuple_factory
-
-        self._session = session
-        self._timeout = timeout_s
-        self._stamp = session.prepare(STAMP_CQL)
-        self._stamp.consistency_level = read_consistency
-        self._stamp.fetch_size = 5000  # one page for any history the store serves
-        self._location = session.prepare(LOCATION_CQL)
-        self._location.consistency_level = read_consistency
-        # Plain tuples: no named-tuple class built per result.
-        self._profile = session.execution_profile_clone_update(
-            EXEC_PROFILE_DEFAULT, row_factory=tuple_factory
-        )
-
-    async def stamp(self, tenant_id: str, partition_key: str) -> PartitionStamp | None:
-        rows = await self._rows(self._stamp, (tenant_id, partition_key), "stamp")
-        return PartitionStamp.from_rows(partition_key, rows)
-
-    async def locate(self, tenant_id: str, response_id: str) -> str | None:
-        rows = await self._rows(self._location, (tenant_id, response_id), "locate")
-        return rows[0][0] if rows else None
-
-    async def _rows(self, statement: Any, params: tuple[Any, ...], operation: str) -> list:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[list] = loop.create_future()
-        rows: list = []
-
-        def settle(result: Any = None, error: BaseException | None = None) -> None:
-            if done.done():
-                return
-            if error is not None:
-                done.set_exception(
-                    StoreUnavailable(
-                        f"store {operation}: {type(error).__name__}: {error}",
-                        retryable=True,
-                        operation=operation,
-                    )
-                )
-            else:
-                done.set_result(result)
-
-        try:
-            future = self._session.execute_async(
-                statement, params, timeout=self._timeout, execution_profile=self._profile
-            )
-        except Exception as exc:  # noqa: BLE001 - a down cluster refuses at submit time
-            raise StoreUnavailable(
-                f"store {operation}: {type(exc).__name__}: {exc}",
-                retryable=True,
-                operation=operation,
-            ) from exc
-
-        def on_page(page: list) -> None:
-            # Runs on the driver's I/O thread; results cross to the loop thread-safely.
-            rows.extend(page)
-            if future.has_more_pages:
-                future.start_fetching_next_page()
-            else:
-                loop.call_soon_threadsafe(settle, rows)
-
-        def on_error(exc: BaseException) -> None:
-            loop.call_soon_threadsafe(settle, None, exc)
-
-        future.add_callbacks(on_page, on_error)
-        return await done
+def _nbytes(entry: object) -> int:
+    assert isinstance(entry, CachedHistory)
+    return entry.nbytes
 
 
 __all__ = [
     "CachedHistory",
-    "CassandraStamps",
     "HistoryCache",
-    "LOCATION_CQL",
-    "PartitionStamp",
-    "STAMP_CQL",
-    "STAMPED_CELLS",
     "lineage_stamps",
 ]

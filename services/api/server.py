@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 
 import uvicorn
-from cassandra import ConsistencyLevel
 from cassandra.cluster import Cluster
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from fastapi import FastAPI
@@ -21,7 +20,7 @@ from ratchet.settings import Settings
 from schemas.avro import EventSerde
 from services.api import logs
 from services.api.app import create_app
-from services.api.cache import CassandraStamps, HistoryCache
+from services.api.cache import HistoryCache
 from services.api.notifier import DecisionNotifier, ResponseIdDecoder
 from services.api.service import RehydrationService
 from services.api.waiters import PromotionWaiters
@@ -57,8 +56,8 @@ class ApiProcess:
         self.ledger = CassandraLedger(session)
         self.waiters = PromotionWaiters()
         self.cache = HistoryCache(settings.api_history_cache_bytes)
-        # The same read consistency as the store's history reads (LOCAL_QUORUM).
-        self.stamps = CassandraStamps(session, ConsistencyLevel.LOCAL_QUORUM)
+        # The same session and read consistency as the store's history reads.
+        self.stamps = self.store.stamps()
         self.notifier = DecisionNotifier(
             settings.kafka_bootstrap,
             {

@@ -32,13 +32,7 @@ from ratchet.domain.history import (
 )
 from ratchet.domain.rehydration import fallback_reason
 from services.api import metrics
-from services.api.cache import (
-    CachedHistory,
-    CassandraStamps,
-    HistoryCache,
-    PartitionStamp,
-    lineage_stamps,
-)
+from services.api.cache import CachedHistory, HistoryCache, lineage_stamps
 from services.api.models import FAILURE_HTTP_STATUS, HistoryBody, StatusBody
 from services.api.render import (
     RenderedHistory,
@@ -49,6 +43,7 @@ from services.api.render import (
 from services.api.waiters import PromotionWaiters
 from services.ledger.base import Ledger, ResponseState
 from services.store.base import CheckpointStore
+from services.store.stamps import CassandraStamps, PartitionStamp
 
 log = logging.getLogger("ratchet.api")
 

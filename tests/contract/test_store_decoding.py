@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.store import cassandra as backend
+from services.store import rows as backend
 from tests.contract.store_support import item
 
 
@@ -36,7 +36,7 @@ def test_driver_timestamps_decode_like_utc_ms():
 
 
 def _row(**values):
-    columns = [c.strip() for c in backend._ALL_COLUMNS.split(",")]
+    columns = [c.strip() for c in backend.HISTORY_COLUMNS.split(",")]
     row = dict.fromkeys(columns)
     row.update(values)
     return tuple(row[c] for c in columns)
@@ -54,7 +54,7 @@ def _turn_row(ref, **values):
 def test_damaged_rows_are_reported_not_raised():
     good_item = backend.encode_turn_items([(1, "i", "message", "user", None, b"{}", "d", 1)])
     null_content = backend.encode_turn_items([(1, "i", "message", "user", None, None, "d", 1)])
-    snapshot = backend._snapshot(
+    snapshot = backend.decode_snapshot(
         "t",
         "p",
         [
@@ -72,7 +72,7 @@ def test_damaged_rows_are_reported_not_raised():
 
 
 def test_a_null_items_cell_is_a_turn_without_items():
-    snapshot = backend._snapshot("t", "p", [_turn_row("resp_a", items=None)])
+    snapshot = backend.decode_snapshot("t", "p", [_turn_row("resp_a", items=None)])
     assert snapshot is not None and snapshot.items["resp_a"] == ()
     assert snapshot.damaged == frozenset()
 

@@ -95,7 +95,7 @@ def _first_turn(cql, tenant, conv):
 
 
 def _rewrite_first_turn_items(cql, tenant, conv, change):
-    from services.store.cassandra import decode_turn_items, encode_turn_items
+    from services.store.rows import decode_turn_items, encode_turn_items
 
     row = _first_turn(cql, tenant, conv)
     items = [list(record) for record in decode_turn_items(row.items)]

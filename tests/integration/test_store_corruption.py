@@ -5,11 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ratchet.domain.history import HistoryFailure, HistoryFailureReason, VerifiedHistory
-from services.store.cassandra import (
-    CassandraCheckpointStore,
-    decode_turn_items,
-    encode_turn_items,
-)
+from services.store.cassandra import CassandraCheckpointStore
+from services.store.rows import decode_turn_items, encode_turn_items
 from tests.contract.store_support import conversation_turn, uid
 
 pytestmark = pytest.mark.integration

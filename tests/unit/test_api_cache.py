@@ -18,9 +18,10 @@ from fastapi.testclient import TestClient
 from ratchet.domain.history import VerifiedHistory
 from schemas.items import message
 from services.api.app import create_app
-from services.api.cache import CachedHistory, HistoryCache, PartitionStamp
+from services.api.cache import CachedHistory, HistoryCache
 from services.api.render import history_json, history_outcome_body, render_history
 from services.api.service import RehydrationService
+from services.store.stamps import PartitionStamp
 from tests.unit.test_api_http import (
     FP,
     NOW,

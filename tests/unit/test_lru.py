@@ -29,3 +29,16 @@ def test_capacity_zero_keeps_nothing():
     lru = Lru(0)
     lru.put("a", 1)
     assert lru.get("a") is None and len(lru) == 0
+
+
+def test_a_weighed_lru_evicts_until_the_total_weight_fits():
+    lru = Lru(10, weigh=len)
+    lru.put("a", "xxxx")
+    lru.put("b", "yyyy")
+    lru.put("a", "xx")  # rewriting re-weighs: 2 + 4
+    assert lru.weight == 6
+    lru.put("c", "zzzzzz")  # 12 > 10: the least recent (b) goes
+    assert (lru.get("a"), lru.get("b"), lru.get("c")) == ("xx", None, "zzzzzz")
+    assert lru.weight == 8
+    lru.pop("c")
+    assert lru.weight == 2 and len(lru) == 1

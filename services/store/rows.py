@@ -1,0 +1,412 @@
+"""The row codec of the Cassandra backend: records <-> CQL row values, no I/O.
+
+``services/store/cassandra.py`` sends the statements; this module says what the columns
+are and how a ``CheckpointRecord``, a turn's items and a whole partition are encoded
+into, and decoded from, rows of the ``turns`` table. Decoding is strict: a damaged
+row raises ``ValueError`` / ``TypeError`` / ``KeyError``, and a partition read marks
+that response as damaged (``PartitionSnapshot.damaged``) for verification to report.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from cassandra.query import UNSET_VALUE
+
+from ratchet.domain.history import (
+    CheckpointRecord,
+    Head,
+    PartitionSnapshot,
+    PromotionMode,
+    StoredItem,
+    StoredTokenArtifact,
+    utc_ms,
+)
+from schemas.models import Certification, Item
+
+CHECKPOINT_COLUMNS = (
+    "response_id, seq, mode, parent_response_id, previous_response_id, idempotency_key, "
+    "request_digest, certification, fingerprint_hash, token_artifact, router_receipt, "
+    "boundary_proof, artifact_expires_at, logical_expires_at, promoted_at, first_item_seq, "
+    "last_item_seq, items_digest, attempt_token"
+)
+# The fields of one item record in a turn row's ``items`` cell, in order (see
+# ``encode_turn_items``).
+ITEM_RECORD_FIELDS = (
+    "item_seq",
+    "item_id",
+    "item_type",
+    "role",
+    "call_id",
+    "content",
+    "content_digest",
+    "format_version",
+)
+# What a CheckpointRecord is decoded from (not artifact_expires_at, a copy of the
+# artifact's own expiry, nor attempt_token, which only unknown-outcome resolution reads).
+DECODED_CHECKPOINT_NAMES = tuple(
+    name
+    for name in (c.strip() for c in CHECKPOINT_COLUMNS.split(","))
+    if name not in ("artifact_expires_at", "attempt_token")
+)
+HISTORY_COLUMNS = (
+    "kind, ref, head_seq, head_response_id, head_item_count, items, "
+    f"{', '.join(DECODED_CHECKPOINT_NAMES)}"
+)
+# Positions in a row of ``HISTORY_COLUMNS`` (partition reads decode plain tuples).
+_KIND, _REF, _HEAD_SEQ, _HEAD_RESPONSE, _HEAD_ITEMS, _ITEMS = range(6)
+_CHECKPOINT_AT = 6
+# Rows a history read needs (``kind IN HISTORY_KINDS``): not the idempotency records (one per turn, never read).
+# The 'head' marker keeps a Conversation's static head in the answer.
+HISTORY_KINDS = "('checkpoint', 'head')"
+
+
+# --- row mapping ---------------------------------------------------------------------------
+
+
+def head_of(row: Any) -> Head | None:
+    if row.head_seq is None:
+        return None
+    return Head(row.head_seq, row.head_response_id or "", row.head_item_count or 0)
+
+
+def unset_nulls(values: Iterable[Any]) -> tuple[Any, ...]:
+    """Absent values are left unset, not written as null: a null is a tombstone cell,
+    and every read of the partition would scan it (it reads back as null all the same)."""
+    return tuple(UNSET_VALUE if v is None else v for v in values)
+
+
+def item_values(items: Sequence[Item], first_item_seq: int) -> Any:
+    """The ``items`` cell of a turn row (UNSET if the turn has no items)."""
+    if not items:
+        return UNSET_VALUE
+    return encode_turn_items(
+        (
+            first_item_seq + position,
+            item.item_id,
+            item.type,
+            item.role,
+            item.call_id,
+            item.content,
+            item.content_digest,
+            item.format_version,
+        )
+        for position, item in enumerate(items)
+    )
+
+
+# --- the items cell: one blob of item records ------------------------------------------
+#
+#   cell   = version byte (1), then one record per item, in turn order, nothing after
+#   record = item_seq (int64), format_version (int32), the byte lengths (int32, -1 =
+#            null) of item_id, item_type, role, call_id (UTF-8), content (bytes) and
+#            content_digest (UTF-8), then those six fields' bytes in that order
+#
+# Big-endian, like CQL's own encodings; the fixed part of a record is one struct, so
+# decoding costs one unpack per item. The decoder is strict: a wrong version, a
+# truncated record, trailing bytes, invalid UTF-8 or a null where a value must be
+# (everything but role and call_id) raise ``ValueError``, so the turn reads as damaged
+# (CORRUPT_HISTORY); what decodes is then verified item by item like any other item.
+ITEMS_CELL_VERSION = 1
+_RECORD_HEAD = struct.Struct(">qi6i")
+
+
+def encode_turn_items(records: Iterable[Sequence[Any]]) -> bytes:
+    """Encode item records (``ITEM_RECORD_FIELDS`` order) into an ``items`` cell.
+
+    Encodes any value it is given, nulls included (tests use it to write damage)."""
+    out = [bytes((ITEMS_CELL_VERSION,))]
+    for seq, item_id, item_type, role, call_id, content, digest, format_version in records:
+        fields = [
+            None if v is None else v.encode() if isinstance(v, str) else bytes(v)
+            for v in (item_id, item_type, role, call_id, content, digest)
+        ]
+        lengths = (-1 if f is None else len(f) for f in fields)
+        out.append(_RECORD_HEAD.pack(seq, format_version, *lengths))
+        out.extend(f for f in fields if f is not None)
+    return b"".join(out)
+
+
+def decode_turn_items(cell: bytes) -> list[tuple[Any, ...]]:
+    """The item records of an ``items`` cell (``ITEM_RECORD_FIELDS`` order), nulls kept;
+    raises ``ValueError`` if the cell is not exactly a sequence of whole records."""
+    if not cell or cell[0] != ITEMS_CELL_VERSION:
+        raise ValueError("items cell of an unknown encoding")
+    unpack, head = _RECORD_HEAD.unpack_from, _RECORD_HEAD.size
+    records: list[tuple[Any, ...]] = []
+    at, end = 1, len(cell)
+    while at < end:
+        if at + head > end:
+            raise ValueError("items cell ends inside a record header")
+        seq, format_version, *lengths = unpack(cell, at)
+        at += head
+        fields: list[Any] = []
+        for length in lengths:
+            if length < 0:
+                fields.append(None)
+            else:
+                fields.append(cell[at : at + length])
+                at += length
+        if at > end:
+            raise ValueError("items cell ends inside a field")
+        item_id, item_type, role, call_id, content, digest = fields
+        records.append(
+            (
+                seq,
+                None if item_id is None else item_id.decode(),
+                None if item_type is None else item_type.decode(),
+                None if role is None else role.decode(),
+                None if call_id is None else call_id.decode(),
+                content,
+                None if digest is None else digest.decode(),
+                format_version,
+            )
+        )
+    return records
+
+
+def checkpoint_values(checkpoint: CheckpointRecord, token: uuid.UUID) -> tuple[Any, ...]:
+    artifact = checkpoint.token_artifact
+    return (
+        checkpoint.response_id,
+        checkpoint.seq,
+        checkpoint.mode.value,
+        checkpoint.parent_response_id,
+        checkpoint.previous_response_id,
+        checkpoint.idempotency_key,
+        checkpoint.request_digest,
+        checkpoint.certification.value,
+        checkpoint.fingerprint_hash,
+        None if artifact is None else artifact.to_json(),
+        checkpoint.router_receipt,
+        checkpoint.boundary_proof,
+        checkpoint.artifact_expires_at,
+        checkpoint.logical_expires_at,
+        checkpoint.promoted_at,
+        checkpoint.first_item_seq,
+        checkpoint.last_item_seq,
+        checkpoint.items_digest,
+        token,
+    )
+
+
+_MODES = {m.value: m for m in PromotionMode}
+_CERTIFICATIONS = {c.value: c for c in Certification}
+
+
+def _utc(value: datetime) -> datetime:
+    """``utc_ms`` for a driver timestamp (naive UTC, whole milliseconds): just the zone."""
+    if value.tzinfo is None and value.microsecond % 1000 == 0:
+        return value.replace(tzinfo=UTC)
+    return utc_ms(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _token_artifact(text: str) -> StoredTokenArtifact:
+    """Decoded artifacts by their exact JSON (pure and immutable: safe to share)."""
+    return StoredTokenArtifact.from_json(text)
+
+
+def checkpoint_of(tenant_id: str, partition_key: str, row: Any) -> CheckpointRecord:
+    """Decode a named checkpoint row; raises ``ValueError``/``TypeError`` if damaged."""
+    return _decode_checkpoint(
+        tenant_id, partition_key, tuple(getattr(row, name) for name in DECODED_CHECKPOINT_NAMES)
+    )
+
+
+def _decode_checkpoint(
+    tenant_id: str, partition_key: str, values: Sequence[Any]
+) -> CheckpointRecord:
+    """Decode the ``DECODED_CHECKPOINT_NAMES`` columns of a row, in that order.
+
+    Raises ``ValueError``/``TypeError``/``KeyError`` if the row is damaged.
+    """
+    (
+        response_id,
+        seq,
+        mode,
+        parent_response_id,
+        previous_response_id,
+        idempotency_key,
+        request_digest,
+        certification,
+        fingerprint_hash,
+        token_artifact,
+        router_receipt,
+        boundary_proof,
+        logical_expires_at,
+        promoted_at,
+        first_item_seq,
+        last_item_seq,
+        digest,
+    ) = values
+    if seq is None or first_item_seq is None or last_item_seq is None:
+        raise ValueError("checkpoint row without seq or item range")
+    if promoted_at is None or digest is None:
+        raise ValueError("checkpoint row without promoted_at or items digest")
+    return CheckpointRecord(
+        tenant_id=tenant_id,
+        partition_key=partition_key,
+        response_id=response_id,
+        seq=seq,
+        mode=_MODES[mode],
+        parent_response_id=parent_response_id,
+        previous_response_id=previous_response_id,
+        idempotency_key=idempotency_key,
+        request_digest=request_digest,
+        certification=_CERTIFICATIONS[certification],
+        fingerprint_hash=fingerprint_hash,
+        token_artifact=None if token_artifact is None else _token_artifact(token_artifact),
+        router_receipt=router_receipt,
+        boundary_proof=boundary_proof,
+        first_item_seq=first_item_seq,
+        last_item_seq=last_item_seq,
+        items_digest=digest,
+        promoted_at=_utc(promoted_at),
+        logical_expires_at=None if logical_expires_at is None else _utc(logical_expires_at),
+    )
+
+
+_ITEM_FIELDS = frozenset(Item.model_fields)
+
+
+def _construct_item(
+    item_id: str,
+    item_type: str,
+    role: str | None,
+    call_id: str | None,
+    content: bytes,
+    content_digest: str,
+    format_version: int,
+) -> Item:
+    """An ``Item`` without pydantic validation: what ``model_construct`` builds when
+    every field is given, minus its per-field loop (~10x cheaper). The CQL column
+    types already hold, and ``verify_history`` checks every value that matters.
+    ``_ITEM_CONSTRUCTION_OK`` proves at import that it equals a validated ``Item``."""
+    item = Item.__new__(Item)
+    _set = object.__setattr__
+    _set(
+        item,
+        "__dict__",
+        {
+            "item_id": item_id,
+            "type": item_type,
+            "role": role,
+            "call_id": call_id,
+            "content": content,
+            "content_digest": content_digest,
+            "format_version": format_version,
+        },
+    )
+    _set(item, "__pydantic_fields_set__", set(_ITEM_FIELDS))
+    _set(item, "__pydantic_extra__", None)
+    _set(item, "__pydantic_private__", None)
+    return item
+
+
+def _item_construction_ok() -> bool:
+    args = ("i", "message", "user", None, b"{}", "d", 1)
+    built = _construct_item(*args)
+    fields = dict(zip(Item.model_fields, args, strict=True))
+    return (
+        built == Item.model_construct(**fields)
+        and built.model_dump() == Item.model_construct(**fields).model_dump()
+        and built.__pydantic_fields_set__ == Item.model_construct(**fields).__pydantic_fields_set__
+    )
+
+
+# Falls back to pydantic's own ``model_construct`` if a pydantic upgrade changed what
+# a constructed model holds.
+_ITEM_CONSTRUCTION_OK = _item_construction_ok()
+if not _ITEM_CONSTRUCTION_OK:  # pragma: no cover - depends on the pydantic version
+
+    def _construct_item(*args: Any) -> Item:  # type: ignore[no-redef]
+        return Item.model_construct(**dict(zip(Item.model_fields, args, strict=True)))
+
+
+def _stored_items(response_id: str, cell: bytes | None) -> tuple[StoredItem, ...]:
+    """Decode the ``items`` cell of a turn row straight into items (the hot path of
+    ``decode_turn_items``, unrolled; tests prove they agree). A null cell is a turn
+    without items. Raises ``ValueError`` if the cell or an item is damaged (a null where
+    a value must be, a truncated record, trailing bytes, invalid UTF-8)."""
+    if cell is None:
+        return ()
+    if not cell or cell[0] != ITEMS_CELL_VERSION:
+        raise ValueError("items cell of an unknown encoding")
+    unpack, head = _RECORD_HEAD.unpack_from, _RECORD_HEAD.size
+    out = []
+    at, end, position = 1, len(cell), 0
+    while at < end:
+        if at + head > end:
+            raise ValueError("items cell ends inside a record header")
+        seq, format_version, l_id, l_type, l_role, l_call, l_content, l_digest = unpack(cell, at)
+        if l_id < 0 or l_type < 0 or l_content < 0 or l_digest < 0:
+            raise ValueError("item without id, type, content or digest")
+        at += head
+        stop = at + l_id
+        item_id = cell[at:stop].decode()
+        at, stop = stop, stop + l_type
+        item_type = cell[at:stop].decode()
+        at = stop
+        role = call_id = None
+        if l_role >= 0:
+            stop = at + l_role
+            role = cell[at:stop].decode()
+            at = stop
+        if l_call >= 0:
+            stop = at + l_call
+            call_id = cell[at:stop].decode()
+            at = stop
+        stop = at + l_content
+        content = cell[at:stop]
+        at, stop = stop, stop + l_digest
+        content_digest = cell[at:stop].decode()
+        at = stop
+        if at > end:
+            raise ValueError("items cell ends inside a field")
+        item = _construct_item(
+            item_id, item_type, role, call_id, content, content_digest, format_version
+        )
+        out.append(StoredItem(response_id, position, seq, item))
+        position += 1
+    return tuple(out)
+
+
+def decode_snapshot(
+    tenant_id: str, partition_key: str, rows: Sequence[Sequence[Any]]
+) -> PartitionSnapshot | None:
+    """Rows of ``HISTORY_COLUMNS`` (plain or named tuples, read by position)."""
+    if not rows:
+        return None
+    checkpoints: dict[str, CheckpointRecord] = {}
+    items: dict[str, tuple[StoredItem, ...]] = {}
+    damaged: set[str] = set()
+    for row in rows:
+        if row[_KIND] != "checkpoint":
+            continue
+        ref = row[_REF]
+        try:
+            checkpoint = _decode_checkpoint(tenant_id, partition_key, row[_CHECKPOINT_AT:])
+            if checkpoint.response_id != ref:
+                raise ValueError("checkpoint row filed under another response id")
+            checkpoints[ref] = checkpoint
+            items[ref] = _stored_items(ref, row[_ITEMS])
+        except (KeyError, TypeError, ValueError):
+            damaged.add(ref)
+    first = rows[0]
+    head_seq = first[_HEAD_SEQ]
+    return PartitionSnapshot(
+        tenant_id=tenant_id,
+        partition_key=partition_key,
+        head=None
+        if head_seq is None
+        else Head(head_seq, first[_HEAD_RESPONSE] or "", first[_HEAD_ITEMS] or 0),
+        checkpoints=checkpoints,
+        items=items,
+        damaged=frozenset(damaged),
+    )
