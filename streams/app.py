@@ -49,9 +49,10 @@ from streams.fetchwatch import (
 )
 from streams.health import Health
 from streams.lanes import Lane, PartitionLanes
-from streams.processor import Handled, PromotionProcessor, Topics
+from streams.processor import Handled, PromotionProcessor
 from streams.records import EventCodec, RawRecord
 from streams.retry import Backoff, PublishUnavailable, retry_until_done
+from streams.topics import Topics
 
 log = logging.getLogger(__name__)
 

@@ -25,18 +25,15 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 
 from ratchet.domain import promotion
-from ratchet.domain.history import CheckpointRecord, Head, HistoryFailure, PromotionMode
+from ratchet.domain.history import Head, HistoryFailure, PromotionMode
 from ratchet.domain.plan import LineageChanged, ParentMissing
 from ratchet.domain.promotion import (
     Accepted,
     Facts,
-    Orphan,
     Promote,
     RecordedEffect,
     Reject,
@@ -46,17 +43,13 @@ from ratchet.domain.validation import (
     EMPTY_PAIRING,
     PROMOTABLE_STATUSES,
     PairingState,
-    Unpaired,
     pairing_state_of,
 )
 from schemas.errors import Unavailable
 from schemas.keys import MissingChainRoot, partition_key
 from schemas.models import (
-    CheckpointPromoted,
     DeadLetter,
     DeadLetterReason,
-    EffectOrphaned,
-    PromotionRejected,
     RejectionReason,
     ToolEffect,
     TurnCancelled,
@@ -77,8 +70,11 @@ from services.store.base import (
     StoreUnavailable,
 )
 from streams import metrics
+from streams.lineage import Lineage, slim, starts_lineage, utc
+from streams.outcomes import orphaned_event, promoted_event, recorded_effect, rejected_event
 from streams.records import DecodeFailed, EventCodec, Outbound, RawRecord
 from streams.tail_cache import Tail, TailCache
+from streams.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -86,41 +82,9 @@ log = logging.getLogger(__name__)
 # (another promoter on the same partition) before the attempt is retried as a whole.
 MAX_LINEAGE_ROUNDS = 4
 
-_OUTCOME_NS = uuid.UUID("5d1c8f0e-2f5a-4a53-9a43-4a1b0c7e9b11")
-
 
 def lane_name(record: RawRecord) -> str:
     return f"{record.topic}[{record.partition}]@{record.offset}"
-
-
-def _ms(moment) -> int:
-    return int(moment.timestamp() * 1000)
-
-
-def outcome_event_id(source_event_id: str, kind: str) -> str:
-    """Deterministic id of an outcome, so a re-published outcome is recognisably the same."""
-    return str(uuid.uuid5(_OUTCOME_NS, f"{source_event_id}/{kind}"))
-
-
-@dataclass(frozen=True)
-class Topics:
-    """Full topic names (CONTRACT section 2) for one prefix."""
-
-    gateway_events: str
-    checkpoints: str
-    rejections: str
-    orphaned_effects: str
-    dead_letters: str
-
-    @classmethod
-    def with_prefix(cls, prefix: str) -> Topics:
-        return cls(
-            gateway_events=f"{prefix}gateway-events",
-            checkpoints=f"{prefix}checkpoints",
-            rejections=f"{prefix}rejections",
-            orphaned_effects=f"{prefix}orphaned-effects",
-            dead_letters=f"{prefix}dead-letters",
-        )
 
 
 @dataclass(frozen=True)
@@ -129,41 +93,6 @@ class Handled:
 
     outbound: tuple[Outbound, ...]
     kind: str  # promoted | rejected | dead_lettered | effect | cancel
-
-
-@dataclass(frozen=True)
-class Lineage:
-    """What pairing needs about the lineage a turn extends.
-
-    ``pairing``: its pairing state (``Unpaired`` if the stored lineage is itself
-    broken); ``tail``: the checkpoint it ends at (None: the turn starts a lineage, or
-    nothing readable was found); ``cached``: known from the tail cache, not read.
-    """
-
-    pairing: PairingState | Unpaired
-    tail: CheckpointRecord | None
-    cached: bool = False
-    # No readable lineage (not found, expired, corrupt): pairing continues an empty
-    # state and the store's rules alone decide where the turn goes; nothing learnt.
-    unread: bool = False
-
-
-def _starts_lineage(turn: TurnCompleted) -> Lineage | None:
-    """A turn that extends nothing: a Conversation's first turn, or a chain root.
-    Known from the turn alone (the store's write checks the head is really absent)."""
-    if turn.conversation_id is not None:
-        return Lineage(EMPTY_PAIRING, None) if not turn.expected_head_seq else None
-    return Lineage(EMPTY_PAIRING, None) if turn.previous_response_id is None else None
-
-
-def _utc(epoch_ms: int) -> datetime:
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC)
-
-
-def _slim(checkpoint: CheckpointRecord) -> CheckpointRecord:
-    """The checkpoint without its bulky certification payloads: what the cache keeps
-    (a hint's conditions use only ids, seqs, the item range and the mode)."""
-    return replace(checkpoint, token_artifact=None, router_receipt=None, boundary_proof=None)
 
 
 class PromotionProcessor:
@@ -313,7 +242,7 @@ class PromotionProcessor:
                 and validation.pairing is not None):
             # The write extended exactly ``lineage.tail`` (``extends``): the pairing
             # state after the turn is a fact about the new response's lineage.
-            self.tails.learn(Tail(_slim(verdict.checkpoint), validation.pairing))
+            self.tails.learn(Tail(slim(verdict.checkpoint), validation.pairing))
         return verdict
 
     def _already_promoted(self, turn: TurnCompleted) -> Accepted | None:
@@ -332,7 +261,7 @@ class PromotionProcessor:
         """The lineage from the tail cache, or from the turn alone when it starts one;
         None when a read is needed (see ``streams/tail_cache.py`` for why a hit is
         safe to promote from)."""
-        start = _starts_lineage(turn)
+        start = starts_lineage(turn)
         if start is not None:
             return start
         key = partition_key(turn)
@@ -342,7 +271,7 @@ class PromotionProcessor:
         else:
             assert turn.previous_response_id is not None
             tail = self.tails.tail(turn.tenant_id, key, turn.previous_response_id)
-        if tail is None or tail.expired(_utc(self.clock_ms())):
+        if tail is None or tail.expired(utc(self.clock_ms())):
             self.cache_misses += 1
             return None
         self.cache_hits += 1
@@ -350,7 +279,7 @@ class PromotionProcessor:
 
     def _read_lineage(self, turn: TurnCompleted) -> Lineage:
         """The lineage the turn extends, read from the store (for pairing)."""
-        start = _starts_lineage(turn)
+        start = starts_lineage(turn)
         if start is not None:
             return start
         if turn.conversation_id is not None:
@@ -368,7 +297,7 @@ class PromotionProcessor:
         pairing = pairing_state_of(found.items)
         if isinstance(pairing, PairingState):
             # What was read is a fact about that response's lineage, whoever promoted it.
-            self.tails.learn(Tail(_slim(found.checkpoint), pairing))
+            self.tails.learn(Tail(slim(found.checkpoint), pairing))
         return Lineage(pairing, found.checkpoint)
 
     def _promote(self, turn: TurnCompleted, decided: Promote, lineage: Lineage,
@@ -466,87 +395,6 @@ class PromotionProcessor:
         return Outbound(self.topics.dead_letters, record.key, letter)
 
 
-# --- outcome records -------------------------------------------------------------------------
-
-
 def _replayed_rejection(decision: Decision) -> Reject:
     return Reject(RejectionReason(decision.reason), decision.detail, decision.seq,
                   decision.existing_response_id)
-
-
-def recorded_effect(effect: ToolEffect) -> RecordedEffect:
-    return RecordedEffect(
-        tenant_id=effect.tenant_id, idempotency_key=effect.idempotency_key,
-        effect_id=effect.effect_id, attempt=effect.attempt,
-        subturn_index=effect.subturn_index, call_id=effect.call_id,
-        tool_name=effect.tool_name, arguments_digest=effect.arguments_digest,
-        status=effect.status.value, output_item_id=effect.output.item_id,
-        output_digest=effect.output.content_digest, executed_at=effect.executed_at,
-    )
-
-
-def _header(turn: TurnCompleted, partition: str, kind: str, produced_at: int) -> dict:
-    return {
-        "event_id": outcome_event_id(turn.event_id, kind),
-        "tenant_id": turn.tenant_id,
-        "conversation_id": turn.conversation_id,
-        "chain_root_id": turn.chain_root_id,
-        "response_id": turn.response_id,
-        "produced_at": produced_at,
-        "partition_key": partition,
-    }
-
-
-def promoted_event(turn: TurnCompleted, partition: str,
-                   cp: CheckpointRecord) -> CheckpointPromoted:
-    """The ``CheckpointPromoted`` of a checkpoint: identical every time it is re-emitted."""
-    promoted_at = _ms(cp.promoted_at)
-    artifact = cp.token_artifact
-    return CheckpointPromoted(
-        **_header(turn, partition, "promoted", promoted_at),
-        idempotency_key=cp.idempotency_key,
-        request_digest=cp.request_digest,
-        attempt=turn.attempt,
-        previous_response_id=cp.previous_response_id,
-        seq=cp.seq,
-        certification=cp.certification.value,
-        fingerprint_hash=cp.fingerprint_hash or turn.fingerprint_hash,
-        artifact_id=None if artifact is None else artifact.artifact_id,
-        artifact_expires_at=None if artifact is None or artifact.expires_at is None
-        else _ms(artifact.expires_at),
-        item_count=cp.item_count,
-        promoted_at=promoted_at,
-        expires_at=None if cp.logical_expires_at is None else _ms(cp.logical_expires_at),
-    )
-
-
-def rejected_event(turn: TurnCompleted, partition: str, verdict: Reject) -> PromotionRejected:
-    return PromotionRejected(
-        **_header(turn, partition, "rejected", turn.produced_at),
-        idempotency_key=turn.idempotency_key,
-        request_digest=turn.request_digest,
-        attempt=turn.attempt,
-        reason=verdict.reason,
-        detail=verdict.detail,
-        head_seq=verdict.head_seq,
-        existing_response_id=verdict.existing_response_id,
-    )
-
-
-def orphaned_event(turn: TurnCompleted, partition: str, orphan: Orphan) -> EffectOrphaned:
-    e = orphan.effect
-    return EffectOrphaned(
-        **_header(turn, partition, f"orphaned/{e.effect_id}", turn.produced_at),
-        effect_id=e.effect_id,
-        idempotency_key=e.idempotency_key,
-        attempt=e.attempt,
-        subturn_index=e.subturn_index,
-        tool_name=e.tool_name,
-        call_id=e.call_id,
-        arguments_digest=e.arguments_digest,
-        output_digest=e.output_digest,
-        reason=orphan.reason,
-        rejection_reason=orphan.rejection_reason,
-        detail=orphan.detail or None,
-        orphaned_at=turn.produced_at,
-    )

@@ -26,8 +26,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, register_schemas
 from schemas.models import Frozen
-from streams.processor import Topics
-from streams.topics import delete_topics_with_prefix, ensure_topics
+from streams.topics import Topics, delete_topics_with_prefix, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,16 +1,38 @@
-"""Create the topics of CONTRACT section 2 (idempotent), with the configured partitions."""
+"""The topics of CONTRACT section 2: their names for a prefix, and their creation
+(idempotent, with the configured partitions)."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ratchet.settings import Settings
-from streams.processor import Topics
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Full topic names (CONTRACT section 2) for one prefix."""
+
+    gateway_events: str
+    checkpoints: str
+    rejections: str
+    orphaned_effects: str
+    dead_letters: str
+
+    @classmethod
+    def with_prefix(cls, prefix: str) -> Topics:
+        return cls(
+            gateway_events=f"{prefix}gateway-events",
+            checkpoints=f"{prefix}checkpoints",
+            rejections=f"{prefix}rejections",
+            orphaned_effects=f"{prefix}orphaned-effects",
+            dead_letters=f"{prefix}dead-letters",
+        )
 
 
 def topic_names(settings: Settings) -> Topics:

@@ -16,8 +16,9 @@ from services.gateway.events import TurnIdentity
 from services.gateway.producer import GatewayProducer
 from services.ledger.memory import MemoryLedger
 from services.store.memory import MemoryCheckpointStore
-from streams.processor import PromotionProcessor, Topics
+from streams.processor import PromotionProcessor
 from streams.records import RawRecord
+from streams.topics import Topics
 
 TOPICS = Topics.with_prefix("t.")
 

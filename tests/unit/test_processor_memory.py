@@ -22,8 +22,9 @@ from ratchet.samples import NOW_MS, make_turn
 from schemas.models import Certification
 from services.ledger.memory import MemoryLedger
 from streams.lanes import PartitionLanes
-from streams.processor import PromotionProcessor, Topics
+from streams.processor import PromotionProcessor
 from streams.records import RawRecord
+from streams.topics import Topics
 from tests.unit.test_promotion import PickleCodec
 
 pytestmark = pytest.mark.slow

@@ -37,8 +37,9 @@ from services.ledger.base import LedgerUnavailable, ResponseState
 from services.ledger.memory import MemoryLedger
 from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
-from streams.processor import PromotionProcessor, Topics
+from streams.processor import PromotionProcessor
 from streams.records import DecodeFailed, RawRecord
+from streams.topics import Topics
 
 R = RejectionReason
 TOPICS = Topics.with_prefix("t.")

@@ -1,0 +1,110 @@
+"""The records the processor publishes for a decided turn, built from the verdict
+(and ``recorded_effect``: the ledger's record of a consumed ``ToolEffect``).
+
+Every builder is deterministic: re-handling the same event (redelivery) re-emits
+identical outcomes, with the same ``event_id`` (``outcome_event_id``), so consumers
+can recognise a re-published outcome.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from ratchet.domain.history import CheckpointRecord
+from ratchet.domain.promotion import Orphan, RecordedEffect, Reject
+from schemas.models import (
+    CheckpointPromoted,
+    EffectOrphaned,
+    PromotionRejected,
+    ToolEffect,
+    TurnCompleted,
+)
+
+_OUTCOME_NS = uuid.UUID("5d1c8f0e-2f5a-4a53-9a43-4a1b0c7e9b11")
+
+
+def _ms(moment) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def outcome_event_id(source_event_id: str, kind: str) -> str:
+    """Deterministic id of an outcome, so a re-published outcome is recognisably the same."""
+    return str(uuid.uuid5(_OUTCOME_NS, f"{source_event_id}/{kind}"))
+
+
+def recorded_effect(effect: ToolEffect) -> RecordedEffect:
+    return RecordedEffect(
+        tenant_id=effect.tenant_id, idempotency_key=effect.idempotency_key,
+        effect_id=effect.effect_id, attempt=effect.attempt,
+        subturn_index=effect.subturn_index, call_id=effect.call_id,
+        tool_name=effect.tool_name, arguments_digest=effect.arguments_digest,
+        status=effect.status.value, output_item_id=effect.output.item_id,
+        output_digest=effect.output.content_digest, executed_at=effect.executed_at,
+    )
+
+
+def _header(turn: TurnCompleted, partition: str, kind: str, produced_at: int) -> dict:
+    return {
+        "event_id": outcome_event_id(turn.event_id, kind),
+        "tenant_id": turn.tenant_id,
+        "conversation_id": turn.conversation_id,
+        "chain_root_id": turn.chain_root_id,
+        "response_id": turn.response_id,
+        "produced_at": produced_at,
+        "partition_key": partition,
+    }
+
+
+def promoted_event(turn: TurnCompleted, partition: str,
+                   cp: CheckpointRecord) -> CheckpointPromoted:
+    """The ``CheckpointPromoted`` of a checkpoint: identical every time it is re-emitted."""
+    promoted_at = _ms(cp.promoted_at)
+    artifact = cp.token_artifact
+    return CheckpointPromoted(
+        **_header(turn, partition, "promoted", promoted_at),
+        idempotency_key=cp.idempotency_key,
+        request_digest=cp.request_digest,
+        attempt=turn.attempt,
+        previous_response_id=cp.previous_response_id,
+        seq=cp.seq,
+        certification=cp.certification.value,
+        fingerprint_hash=cp.fingerprint_hash or turn.fingerprint_hash,
+        artifact_id=None if artifact is None else artifact.artifact_id,
+        artifact_expires_at=None if artifact is None or artifact.expires_at is None
+        else _ms(artifact.expires_at),
+        item_count=cp.item_count,
+        promoted_at=promoted_at,
+        expires_at=None if cp.logical_expires_at is None else _ms(cp.logical_expires_at),
+    )
+
+
+def rejected_event(turn: TurnCompleted, partition: str, verdict: Reject) -> PromotionRejected:
+    return PromotionRejected(
+        **_header(turn, partition, "rejected", turn.produced_at),
+        idempotency_key=turn.idempotency_key,
+        request_digest=turn.request_digest,
+        attempt=turn.attempt,
+        reason=verdict.reason,
+        detail=verdict.detail,
+        head_seq=verdict.head_seq,
+        existing_response_id=verdict.existing_response_id,
+    )
+
+
+def orphaned_event(turn: TurnCompleted, partition: str, orphan: Orphan) -> EffectOrphaned:
+    e = orphan.effect
+    return EffectOrphaned(
+        **_header(turn, partition, f"orphaned/{e.effect_id}", turn.produced_at),
+        effect_id=e.effect_id,
+        idempotency_key=e.idempotency_key,
+        attempt=e.attempt,
+        subturn_index=e.subturn_index,
+        tool_name=e.tool_name,
+        call_id=e.call_id,
+        arguments_digest=e.arguments_digest,
+        output_digest=e.output_digest,
+        reason=orphan.reason,
+        rejection_reason=orphan.rejection_reason,
+        detail=orphan.detail or None,
+        orphaned_at=turn.produced_at,
+    )
