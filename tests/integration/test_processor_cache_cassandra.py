@@ -21,8 +21,8 @@ from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
 from streams.processor import PromotionProcessor
 from streams.tail_cache import Tail
-from tests.unit.test_promotion import TOPICS, Harness, PickleCodec
-from tests.unit.test_promotion import turn as _turn
+from tests.unit.test_processor_rules import TOPICS, Harness, PickleCodec
+from tests.unit.test_processor_rules import turn as _turn
 
 pytestmark = pytest.mark.integration
 R = RejectionReason

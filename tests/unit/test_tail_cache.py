@@ -23,7 +23,7 @@ from services.store.base import ANY_LINEAGE, StoreOptions
 from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor
 from streams.tail_cache import Tail, TailCache
-from tests.unit.test_promotion import TOPICS, Harness, PickleCodec, chain_turn, conv_id, turn
+from tests.unit.test_processor_rules import TOPICS, Harness, PickleCodec, chain_turn, conv_id, turn
 
 R = RejectionReason
 

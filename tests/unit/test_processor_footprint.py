@@ -25,7 +25,7 @@ from streams.lanes import PartitionLanes
 from streams.processor import PromotionProcessor
 from streams.records import RawRecord
 from streams.topics import Topics
-from tests.unit.test_promotion import PickleCodec
+from tests.unit.test_processor_rules import PickleCodec
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,5 @@
-"""The Cassandra backend's row decoding shortcuts equal the slow, validated way."""
+"""The row codec of the Cassandra backend (services/store/rows.py): its decoding
+shortcuts equal the slow, validated way."""
 
 from __future__ import annotations
 

@@ -1,0 +1,115 @@
+"""The store's pure planner (ratchet/domain/plan.py): one request over one view gives an
+outcome or a plan; hints give only plans, and only the plan a fresh view would give."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from ratchet.domain.history import Head, PromotionMode, items_digest
+from ratchet.domain.plan import (
+    AheadOfHead,
+    Conflict,
+    CorruptPartition,
+    Duplicate,
+    IdempotencyRecord,
+    KeyReused,
+    ParentMissing,
+    Plan,
+    PromotionView,
+    ResponseExists,
+    build_checkpoint,
+    plan_from_hints,
+    plan_promotion,
+)
+from tests.contract.store_support import T0, chain_turn, conversation_turn
+
+
+def checkpoint_of(request, plan: Plan):
+    return build_checkpoint(request, plan, T0, logical_retention_s=0)
+
+
+def test_a_new_conversation_starts_at_seq_one():
+    request = conversation_turn("t", "conv", 0, n_items=3)
+    plan = plan_promotion(request, PromotionView(head=None))
+    assert plan == Plan(seq=1, parent_response_id=None, first_item_seq=1, expected_head=None,
+                        new_head=Head(1, request.response_id, 3))
+
+
+def test_the_next_turn_extends_the_head_it_expects():
+    head = Head(2, "resp_2", 5)
+    request = conversation_turn("t", "conv", 2, n_items=2)
+    plan = plan_promotion(request, PromotionView(head=head))
+    assert (plan.seq, plan.parent_response_id, plan.first_item_seq) == (3, "resp_2", 6)
+    assert plan.expected_head == head and plan.new_head == Head(3, request.response_id, 7)
+
+
+def test_a_head_behind_or_ahead_of_the_expected_one_is_an_outcome():
+    head = Head(2, "resp_2", 5)
+    assert plan_promotion(conversation_turn("t", "c", 1), PromotionView(head)) == Conflict(2)
+    assert plan_promotion(conversation_turn("t", "c", 3), PromotionView(head)) == AheadOfHead(2)
+
+
+def test_the_idempotency_record_decides_before_the_head():
+    request = conversation_turn("t", "conv", 0)
+    original = checkpoint_of(request, plan_promotion(request, PromotionView(None)))
+    same = IdempotencyRecord(request.idempotency_key, request.request_digest, "resp_o")
+    other = IdempotencyRecord(request.idempotency_key, "another digest", "resp_o")
+    head = Head(9, "resp_9", 9)  # would be a Conflict: the key answers first
+
+    assert plan_promotion(request, PromotionView(head, same, original)) == Duplicate(original)
+    assert plan_promotion(request, PromotionView(head, other)) == KeyReused("another digest",
+                                                                            "resp_o")
+    with pytest.raises(CorruptPartition):  # a key pointing at no checkpoint
+        plan_promotion(request, PromotionView(head, same, original=None))
+    assert plan_promotion(request, PromotionView(head, existing=original)) == ResponseExists(
+        original)
+
+
+def test_a_chain_extends_its_parent_or_finds_it_missing():
+    root = chain_turn("t", "resp_r", "resp_r", None, n_items=2)
+    root_plan = plan_promotion(root, PromotionView(None))
+    assert root_plan == Plan(seq=1, parent_response_id=None, first_item_seq=1)
+    parent = checkpoint_of(root, root_plan)
+
+    child = chain_turn("t", "resp_r", "resp_c", "resp_r", n_items=3)
+    plan = plan_promotion(child, PromotionView(None, parent=parent))
+    assert (plan.seq, plan.parent_response_id, plan.first_item_seq, plan.parent) == (
+        2, "resp_r", 3, parent)
+    assert plan_promotion(child, PromotionView(None)) == ParentMissing("resp_r")
+
+
+def test_hints_give_the_plan_a_fresh_view_would_give_never_an_outcome():
+    head = Head(2, "resp_2", 5)
+    request = conversation_turn("t", "conv", 2)
+    assert plan_from_hints(request, head, None) == plan_promotion(request, PromotionView(head))
+    # A hint that predicts an outcome (Conflict) or no hint at all: read and decide.
+    assert plan_from_hints(conversation_turn("t", "conv", 1), head, None) is None
+    assert plan_from_hints(request, None, None) is None
+    # A new conversation or a chain root needs no hint.
+    first = conversation_turn("t", "conv", 0)
+    assert plan_from_hints(first, None, None) == plan_promotion(first, PromotionView(None))
+
+
+def test_a_parent_hint_of_another_partition_or_response_is_not_used():
+    root = chain_turn("t", "resp_r", "resp_r", None)
+    parent = checkpoint_of(root, plan_promotion(root, PromotionView(None)))
+    child = chain_turn("t", "resp_r", "resp_c", "resp_r")
+    assert plan_from_hints(child, None, parent) == plan_promotion(
+        child, PromotionView(None, parent=parent))
+    elsewhere = chain_turn("t", "another_root", "resp_c", "resp_r")
+    assert plan_from_hints(elsewhere, None, parent) is None
+    orphan = chain_turn("t", "resp_r", "resp_c", "resp_x")
+    assert plan_from_hints(orphan, None, parent) is None
+
+
+def test_the_checkpoint_a_plan_persists():
+    request = conversation_turn("t", "conv", 0, n_items=3)
+    plan = plan_promotion(request, PromotionView(None))
+    checkpoint = build_checkpoint(request, plan, T0, logical_retention_s=60)
+    assert checkpoint.mode is PromotionMode.CONVERSATION
+    assert (checkpoint.seq, checkpoint.first_item_seq, checkpoint.last_item_seq) == (1, 1, 3)
+    assert checkpoint.items_digest == items_digest(request.items)
+    assert checkpoint.logical_expires_at == T0 + timedelta(seconds=60)
+    assert build_checkpoint(request, plan, T0, 0).logical_expires_at is None
