@@ -25,7 +25,7 @@ from ratchet.domain.validation import (
 from schemas import items as b
 from schemas.canonical import canonical_json, sha256_hex
 from schemas.models import Item, RejectionReason
-from services.gateway.events import InvalidGatewayItem, TurnIdentity, tool_effect, to_item
+from services.gateway.events import InvalidGatewayItem, TurnIdentity, to_item, tool_effect
 from streams.processor import recorded_effect
 from tests.factories import NOW_MS, make_turn
 
@@ -154,14 +154,14 @@ def test_one_builder_per_catalogue_type_and_each_has_its_shape() -> None:
 
 
 def test_the_catalogue_holds_the_stored_responses_types() -> None:
-    assert KNOWN_ITEM_TYPES == {
+    assert {
         "message", "reasoning", "compaction",
         "web_search_call", "file_search_call", "code_interpreter_call", "image_generation_call",
         "mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response",
         "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
         "computer_call", "computer_call_output", "local_shell_call", "local_shell_call_output",
         "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
-    }
+    } == KNOWN_ITEM_TYPES
     assert not set(NOT_STORED) & KNOWN_ITEM_TYPES
 
 
@@ -177,8 +177,8 @@ def test_every_call_names_an_output_type_of_kind_output() -> None:
 def test_executed_types_are_the_calls_a_gateway_runs() -> None:
     executed = {name for name, entry in CATALOGUE.items() if entry.executed}
     assert executed == set(CALLS) | {"mcp_call"}
-    assert catalogue.EFFECT_OUTPUT_TYPES == {CATALOGUE[c].output_type for c in CALLS} | {
-        "mcp_call"}
+    assert {CATALOGUE[c].output_type for c in CALLS} | {
+        "mcp_call"} == catalogue.EFFECT_OUTPUT_TYPES
 
 
 def test_a_history_with_every_type_is_valid() -> None:
