@@ -39,11 +39,11 @@ Pure: imports only ``schemas`` and the standard library.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from schemas.canonical import parse_json
 from schemas.models import Item
 
 
@@ -167,8 +167,8 @@ def unknown_type_detail(item: Item) -> str:
 def decode_content(item: Item) -> dict[str, Any] | None:
     """The item's content as a JSON object, or None when it is not one."""
     try:
-        value = json.loads(item.content)
-    except (ValueError, UnicodeDecodeError):
+        value = parse_json(item.content)
+    except ValueError:
         return None
     return value if isinstance(value, dict) else None
 

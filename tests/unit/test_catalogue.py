@@ -272,7 +272,8 @@ def test_record_fields_must_mirror_the_content() -> None:
     assert reason(make_turn(items=[with_content(msg, type="reasoning")])) is R.CORRUPT
 
 
-@pytest.mark.parametrize("raw", [b"[1, 2]", b"not json", b'"text"', b"\xff\xfe"])
+@pytest.mark.parametrize(
+    "raw", [b"[1, 2]", b"not json", b'"text"', b"\xff\xfe", b'{"a":"\xff"}', b'{"a":NaN}'])
 def test_content_that_is_not_a_json_object_is_corrupt(raw: bytes) -> None:
     item = say().model_copy(update={"content": raw, "content_digest": sha256_hex(raw)})
     assert reason(make_turn(items=[item])) is R.CORRUPT
