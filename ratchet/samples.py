@@ -461,7 +461,7 @@ REJECTING_TURNS: dict[RejectionReason, Callable[[], TurnCompleted]] = {
         ]
     ),
     RejectionReason.UNKNOWN_ITEM_TYPE: lambda: make_turn(
-        items=[make_item("image_generation_call", {}, item_id="ig_1")]
+        items=[make_item("hologram", {"x": 1}, item_id="holo_1")]
     ),
     RejectionReason.CORRUPT: _corrupt,
     RejectionReason.INCOMPLETE_FINGERPRINT: lambda: make_turn(

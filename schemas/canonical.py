@@ -11,6 +11,8 @@ import hashlib
 import json
 from typing import Any
 
+from pydantic_core import from_json
+
 
 def canonical_json(value: Any) -> bytes:
     """``value`` (JSON-compatible) as canonical JSON bytes."""
@@ -30,3 +32,12 @@ def sha256_hex(data: bytes) -> str:
 def canonical_digest(value: Any) -> str:
     """sha256 hex of ``canonical_json(value)``."""
     return sha256_hex(canonical_json(value))
+
+
+def parse_json(data: bytes) -> Any:
+    """Parse JSON bytes; raises ``ValueError`` (also for NaN/Infinity, never canonical).
+
+    pydantic's Rust parser (already a dependency through pydantic): about 3x faster
+    than ``json.loads`` on small items, and validation parses every item of every turn.
+    """
+    return from_json(data, allow_inf_nan=False)

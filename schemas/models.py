@@ -23,9 +23,6 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from schemas.keys import partition_key
 
-# Item types this version of ratchet knows how to render and verify. Anything else is
-# UNKNOWN_ITEM_TYPE: we never guess how an unknown item renders into tokens.
-KNOWN_ITEM_TYPES = frozenset({"message", "function_call", "function_call_output", "reasoning"})
 # Item encodings this version can decode; anything else is UNSUPPORTED_FORMAT.
 SUPPORTED_FORMAT_VERSIONS = frozenset({1})
 # Fingerprint component sets / canonical encodings this version understands.

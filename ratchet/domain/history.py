@@ -21,7 +21,9 @@ Verification order (the first broken rule decides the reason):
    renumbered or swapped items are ``CORRUPT_HISTORY``;
 5. every item's ``sha256(content) == content_digest``, else ``CORRUPT_HISTORY``;
 6. every format version is supported, else ``UNSUPPORTED_FORMAT``; every item type is
-   known, else ``UNKNOWN_ITEM_TYPE``.
+   in the catalogue (``catalogue.py``), else ``UNKNOWN_ITEM_TYPE``. The shape of each
+   item was checked when it was promoted, and the digest binds the stored bytes to
+   what was checked, so a read does not parse the content again.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from ratchet.domain.catalogue import KNOWN_ITEM_TYPES
 from schemas.canonical import canonical_json_text
-from schemas.models import KNOWN_ITEM_TYPES, SUPPORTED_FORMAT_VERSIONS, Certification, Item
+from schemas.models import SUPPORTED_FORMAT_VERSIONS, Certification, Item
 
 
 class PromotionMode(StrEnum):

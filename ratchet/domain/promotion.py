@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ratchet.domain.catalogue import EFFECT_OUTPUT_TYPES, effect_key
 from ratchet.domain.history import CheckpointRecord, PromotionMode, StoredTokenArtifact
 from ratchet.domain.plan import (
     AheadOfHead,
@@ -223,8 +224,13 @@ def used_effect_ids(turn: TurnCompleted) -> tuple[str, ...]:
 
 
 def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> Reject | None:
-    """Every used effect recorded, unconflicted, and matching the turn's outputs."""
-    outputs_by_call = {i.call_id: i for i in turn.items if i.type == "function_call_output"}
+    """Every used effect recorded, unconflicted, and matching the turn's outputs.
+
+    The turn's item that an effect answers is found among the executed-output types
+    of the catalogue (any call type's output, or an ``mcp_call``) by its effect key;
+    equal digests mean equal bytes, so an output of another type never matches.
+    """
+    outputs_by_call = {effect_key(i): i for i in turn.items if i.type in EFFECT_OUTPUT_TYPES}
     for effect_id in used_effect_ids(turn):
         effect = facts.effects.get(effect_id)
         if effect is None:
@@ -235,7 +241,7 @@ def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> R
                           "twice with different outputs")
         output = outputs_by_call.get(effect.call_id)
         if output is not None and output.content_digest != effect.output_digest:
-            return Reject(R.DUPLICATE_TOOL_EFFECT, f"function_call_output for call "
+            return Reject(R.DUPLICATE_TOOL_EFFECT, f"{output.type} for call "
                           f"{effect.call_id} differs from recorded effect {effect_id}")
     return None
 

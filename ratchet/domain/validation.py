@@ -14,10 +14,12 @@ the same reason:
 2. UNSUPPORTED_FORMAT     an item format_version, the fingerprint_version or the
                           fingerprint's item_format_version this build cannot read.
                           Before anything that interprets content.
-3. UNKNOWN_ITEM_TYPE      an item type this build cannot render.
-4. CORRUPT                an item's content_digest is wrong; fingerprint_hash does not
-                          match the fingerprint; effective_config digests disagree with
-                          the fingerprint's. (Integrity before meaning.)
+3. UNKNOWN_ITEM_TYPE      an item type outside the catalogue (``catalogue.py``).
+4. CORRUPT                an item's content_digest is wrong, or its content does not
+                          have its type's shape (``catalogue.shape_problem``);
+                          fingerprint_hash does not match the fingerprint;
+                          effective_config digests disagree with the fingerprint's.
+                          (Integrity before meaning.)
 5. INCOMPLETE_FINGERPRINT a required component is missing, or the weights revision is
                           a mutable ref, or a LoRA has no revision.
 6. UNPAIRED_TOOL_CALL     ``check_pairing`` over input then output items, continuing
@@ -37,9 +39,16 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ratchet.domain.catalogue import (
+    CATALOGUE,
+    KNOWN_ITEM_TYPES,
+    Kind,
+    approval_request_id,
+    shape_problem,
+    unknown_type_detail,
+)
 from ratchet.domain.fingerprint import fingerprint_hash, missing_components
 from schemas.models import (
-    KNOWN_ITEM_TYPES,
     SUPPORTED_FINGERPRINT_VERSIONS,
     SUPPORTED_FORMAT_VERSIONS,
     Certification,
@@ -70,13 +79,17 @@ EVALUATION_ORDER = (
 class PairingState:
     """What pairing needs to remember about a history to check the next turn.
 
-    ``call_ids``: every function_call call_id so far (they must stay unique).
-    ``open_call_ids``: calls still waiting for their output, in call order; legal only
-    at the end of a history (client-executed tools).
+    ``call_ids``: every call_id of a paired call so far, of any call type (they must
+    stay unique). ``open_calls``: (call_id, call type) of the calls still waiting for
+    their output, in call order; legal only at the end of a history (client-executed
+    tools). ``request_ids`` / ``open_requests``: the same for MCP approval requests
+    (keyed by the request's item id) and those still waiting for their response.
     """
 
     call_ids: frozenset[str] = frozenset()
-    open_call_ids: tuple[str, ...] = ()
+    open_calls: tuple[tuple[str, str], ...] = ()
+    request_ids: frozenset[str] = frozenset()
+    open_requests: tuple[str, ...] = ()
 
 
 EMPTY_PAIRING = PairingState()
@@ -148,30 +161,44 @@ def check_pairing(
 ) -> PairingState | Unpaired:
     """Check the pairing rules of CONTRACT section 4 over ``items``, continuing ``prior``.
 
-    Rules: function_call call_ids are present and unique in the whole history; each
-    function_call_output follows its (still unanswered) function_call; an unanswered
-    function_call may only be followed by other calls or outputs, i.e. it may stay
-    open only at the end; each reasoning item is followed by another item.
+    Rules, for every call type of the catalogue (function, custom tool, computer,
+    local shell, shell, apply patch): call_ids are present and unique in the whole
+    history; each output follows its still unanswered call and is that call type's
+    output; MCP approval requests likewise: each response names an earlier, still
+    unanswered request by its id. Open calls and requests may only be followed by
+    other calls, outputs, requests or responses, i.e. they stay open only at the end
+    of the history. Each reasoning item is followed by another item.
     Returns the state after ``items`` or ``Unpaired(detail)``.
     """
     call_ids = set(prior.call_ids)
-    open_calls = dict.fromkeys(prior.open_call_ids)  # an ordered set
+    open_calls = dict(prior.open_calls)  # call_id -> call type, in call order
+    request_ids = set(prior.request_ids)
+    open_requests = dict.fromkeys(prior.open_requests)  # an ordered set
     trailing_reasoning: str | None = None
     for item in items:
         trailing_reasoning = None
-        if item.type == "function_call":
+        entry = CATALOGUE.get(item.type)
+        kind = entry.kind if entry is not None else None
+        if kind is Kind.CALL:
             problem = _open_call(item, call_ids, open_calls)
-        elif item.type == "function_call_output":
+        elif kind is Kind.OUTPUT:
             problem = _answer_call(item, call_ids, open_calls)
+        elif kind is Kind.APPROVAL_REQUEST:
+            problem = _open_request(item, request_ids, open_requests)
+        elif kind is Kind.APPROVAL_RESPONSE:
+            problem = _answer_request(item, request_ids, open_requests)
         else:
-            problem = _require_no_open_call(item, open_calls)
-            if item.type == "reasoning":
+            problem = _require_nothing_open(item, open_calls, open_requests)
+            if kind is Kind.REASONING:
                 trailing_reasoning = item.item_id
         if problem:
             return Unpaired(problem)
     if trailing_reasoning is not None:
         return Unpaired(f"reasoning item {trailing_reasoning} is not followed by another item")
-    return PairingState(frozenset(call_ids), tuple(open_calls))
+    return PairingState(
+        frozenset(call_ids), tuple(open_calls.items()), frozenset(request_ids),
+        tuple(open_requests),
+    )
 
 
 def pairing_state_of(history: Sequence[Item]) -> PairingState | Unpaired:
@@ -258,9 +285,7 @@ def _check_formats(event: TurnCompleted, items: Sequence[Item]) -> Rejected | No
 def _check_item_types(items: Sequence[Item]) -> Rejected | None:
     for item in items:
         if item.type not in KNOWN_ITEM_TYPES:
-            return Rejected(
-                RejectionReason.UNKNOWN_ITEM_TYPE, f"item {item.item_id} has type {item.type!r}"
-            )
+            return Rejected(RejectionReason.UNKNOWN_ITEM_TYPE, unknown_type_detail(item))
     return None
 
 
@@ -269,6 +294,9 @@ def _check_integrity(event: TurnCompleted, items: Sequence[Item]) -> Rejected | 
     for item in items:
         if sha256(item.content).hexdigest() != item.content_digest:
             return _corrupt(f"item {item.item_id}: content does not match content_digest")
+        problem = shape_problem(item)
+        if problem:
+            return _corrupt(problem)
     fingerprint = event.fingerprint
     if fingerprint_hash(fingerprint) != event.fingerprint_hash:
         return _corrupt("fingerprint_hash does not match the fingerprint")
@@ -290,32 +318,65 @@ def _check_fingerprint_complete(event: TurnCompleted) -> Rejected | None:
 # --- pairing steps -------------------------------------------------------------------
 
 
-def _open_call(item: Item, call_ids: set[str], open_calls: dict[str, None]) -> str | None:
+def _open_call(item: Item, call_ids: set[str], open_calls: dict[str, str]) -> str | None:
     if not item.call_id:
-        return f"function_call {item.item_id} has no call_id"
+        return f"{item.type} {item.item_id} has no call_id"
     if item.call_id in call_ids:
-        return f"function_call {item.item_id}: call_id {item.call_id!r} is not unique"
+        return f"{item.type} {item.item_id}: call_id {item.call_id!r} is not unique"
     call_ids.add(item.call_id)
-    open_calls[item.call_id] = None
+    open_calls[item.call_id] = item.type
     return None
 
 
-def _answer_call(item: Item, call_ids: set[str], open_calls: dict[str, None]) -> str | None:
+def _answer_call(item: Item, call_ids: set[str], open_calls: dict[str, str]) -> str | None:
     if not item.call_id:
-        return f"function_call_output {item.item_id} has no call_id"
-    if item.call_id in open_calls:
+        return f"{item.type} {item.item_id} has no call_id"
+    call_type = open_calls.get(item.call_id)
+    if call_type is not None:
+        expected = CATALOGUE[call_type].output_type
+        if item.type != expected:
+            return (f"{item.type} {item.item_id} answers {call_type} {item.call_id!r}, "
+                    f"which expects a {expected}")
         del open_calls[item.call_id]
         return None
     if item.call_id in call_ids:
-        return f"function_call_output {item.item_id}: call {item.call_id!r} already answered"
-    return f"function_call_output {item.item_id}: no earlier function_call {item.call_id!r}"
+        return f"{item.type} {item.item_id}: call {item.call_id!r} already answered"
+    return f"{item.type} {item.item_id}: no earlier call {item.call_id!r}"
 
 
-def _require_no_open_call(item: Item, open_calls: dict[str, None]) -> str | None:
-    if not open_calls:
+def _open_request(item: Item, request_ids: set[str], open_requests: dict[str, None]) -> str | None:
+    if item.item_id in request_ids:
+        return f"{item.type} {item.item_id}: request id is not unique"
+    request_ids.add(item.item_id)
+    open_requests[item.item_id] = None
+    return None
+
+
+def _answer_request(
+    item: Item, request_ids: set[str], open_requests: dict[str, None]
+) -> str | None:
+    request_id = approval_request_id(item)
+    if request_id is None:
+        return f"{item.type} {item.item_id} has no approval_request_id"
+    if request_id in open_requests:
+        del open_requests[request_id]
         return None
-    waiting = next(iter(open_calls))
-    return f"function_call {waiting!r} is unanswered before {item.type} {item.item_id}"
+    if request_id in request_ids:
+        return f"{item.type} {item.item_id}: request {request_id!r} already answered"
+    return f"{item.type} {item.item_id}: no earlier mcp_approval_request {request_id!r}"
+
+
+def _require_nothing_open(
+    item: Item, open_calls: dict[str, str], open_requests: dict[str, None]
+) -> str | None:
+    if open_calls:
+        waiting, call_type = next(iter(open_calls.items()))
+        return f"{call_type} {waiting!r} is unanswered before {item.type} {item.item_id}"
+    if open_requests:
+        waiting = next(iter(open_requests))
+        return (f"mcp_approval_request {waiting!r} is unanswered before {item.type} "
+                f"{item.item_id}")
+    return None
 
 
 # --- small constructors ----------------------------------------------------------------

@@ -19,10 +19,15 @@ from services.demo.simulator import (
     SimulatedGateway,
     assistant,
     call,
+    custom_call,
+    custom_output_of,
+    mcp_call,
+    mcp_list_tools,
     output_of,
     reasoning,
     uid,
     user,
+    web_search,
 )
 from services.gateway.client import Certified, Failure, Fallback, Outcome
 from services.gateway.events import TurnIdentity, turn_cancelled
@@ -109,6 +114,33 @@ def tool_loop_with_retry(gw: SimulatedGateway, settings: Settings) -> Row:
         "certified items=5; next turn seq=2",
         f"{describe(outcome)}; next {describe(next_outcome)}",
         ok,
+    )
+
+
+def builtin_mcp_and_custom_tools(gw: SimulatedGateway, settings: Settings) -> Row:
+    """One turn with a provider web search, an MCP tool and a custom tool the gateway ran
+    (both recorded as tool effects); the history comes back byte for byte."""
+    conv, key = uid("conv"), uid("idem")
+    identity = TurnIdentity.conversation(gw.tenant_id, conv, uid("resp"), 0)
+    search = web_search("Lyon museums open on Monday")
+    listed = mcp_list_tools("tickets", ["book"])
+    booked = mcp_call("tickets", "book", '{"museum":"MBA","day":"Mon"}', "booking 42")
+    sql = custom_call("calendar_sql", "INSERT INTO events VALUES ('MBA', 'Mon')")
+    stored = custom_output_of(sql, "1 row")
+    effects = [gw.effect(identity, key, 0, booked), gw.effect(identity, key, 1, sql, stored)]
+    output = [search, listed, booked, sql, stored, assistant("Booked the MBA for Monday.")]
+    turn = gw.turn(identity, [user("Book a museum in Lyon on Monday.")], output,
+                   idempotency_key=key, tool_effect_ids=[e.effect_id for e in effects])
+    gw.publish(turn, effects)
+    outcome = gw.rehydrate(turn.response_id, wait_ms=WAIT_MS)
+    sent = [i.content.decode() for i in turn.items]
+    returned = [i.content for i in outcome.items] if isinstance(outcome, Certified) else []
+    types = ", ".join(i.type for i in turn.output_items[:5])
+    return Row(
+        "web search + MCP + custom tool",
+        "certified items=7, byte-exact",
+        f"{describe(outcome)}; {'byte-exact' if returned == sent else 'DIFFERENT'} ({types})",
+        isinstance(outcome, Certified) and returned == sent,
     )
 
 
@@ -269,6 +301,7 @@ def fingerprint_change(gw: SimulatedGateway, settings: Settings) -> Row:
 SCENARIOS: list[tuple[str, Callable[[SimulatedGateway, Settings], Row]]] = [
     ("normal turns", normal_turns),
     ("tool loop with a retry", tool_loop_with_retry),
+    ("built-in, MCP and custom tools", builtin_mcp_and_custom_tools),
     ("race", race),
     ("fork", fork),
     ("cancel", cancel),

@@ -8,6 +8,7 @@ from its inference engine); everything else is what a real gateway would send.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import Any
 
 from ratchet.domain.fingerprint import fingerprint_hash
 from ratchet.samples import make_artifact_and_proof, make_fingerprint
-from schemas.models import Fingerprint, ToolEffect, TurnCompleted
+from schemas.models import Fingerprint, Item, ToolEffect, TurnCompleted
 from services.gateway.client import Outcome, RehydrationClient
 from services.gateway.events import TurnIdentity, now_ms, tool_effect, turn_completed
 from services.gateway.producer import GatewayProducer
@@ -67,6 +68,40 @@ def reasoning(text: str) -> dict[str, Any]:
     }
 
 
+def web_search(query: str) -> dict[str, Any]:
+    """A web search the provider ran (the item is its whole record)."""
+    return {"type": "web_search_call", "id": uid("ws"), "status": "completed",
+            "action": {"type": "search", "query": query}}
+
+
+def mcp_list_tools(server_label: str, names: Sequence[str]) -> dict[str, Any]:
+    tools = [{"name": name, "input_schema": {"type": "object"}} for name in names]
+    return {"type": "mcp_list_tools", "id": uid("mcpl"), "server_label": server_label,
+            "tools": tools}
+
+
+def mcp_call(server_label: str, name: str, arguments: str, output: str) -> dict[str, Any]:
+    """An MCP tool the gateway ran; the item carries its output."""
+    return {"type": "mcp_call", "id": uid("mcp"), "server_label": server_label, "name": name,
+            "arguments": arguments, "output": output, "error": None, "status": "completed"}
+
+
+def custom_call(name: str, text: str) -> dict[str, Any]:
+    """A custom (free-form text) tool call."""
+    return {"type": "custom_tool_call", "id": uid("ctc"), "call_id": uid("call"),
+            "name": name, "input": text}
+
+
+def custom_output_of(custom_tool_call: Json, output: str) -> dict[str, Any]:
+    return {"type": "custom_tool_call_output", "id": uid("ctco"),
+            "call_id": custom_tool_call["call_id"], "output": output}
+
+
+def _as_json(item: Json | Item) -> Json:
+    """An input item as the Responses request carries it (typed builders give Items)."""
+    return json.loads(item.content) if isinstance(item, Item) else item
+
+
 @dataclass
 class SimulatedGateway:
     producer: GatewayProducer
@@ -81,8 +116,8 @@ class SimulatedGateway:
     def turn(
         self,
         identity: TurnIdentity,
-        input_items: Sequence[Json],
-        output_items: Sequence[Json],
+        input_items: Sequence[Json | Item],
+        output_items: Sequence[Json | Item],
         *,
         idempotency_key: str | None = None,
         attempt: int = 1,
@@ -102,7 +137,7 @@ class SimulatedGateway:
             idempotency_key=idempotency_key or uid("idem"),
             request={
                 "model": self.fingerprint.model_name,
-                "input": list(input_items),
+                "input": [_as_json(i) for i in input_items],
                 "conversation": identity.conversation_id,
                 "previous_response_id": identity.previous_response_id,
             },
@@ -120,15 +155,16 @@ class SimulatedGateway:
         identity: TurnIdentity,
         idempotency_key: str,
         subturn: int,
-        function_call: Json,
-        output: Json,
+        tool_call: Json,
+        output: Json | None = None,
         attempt: int = 1,
     ) -> ToolEffect:
+        """The record of a tool this gateway ran (``output`` None: an mcp_call)."""
         return tool_effect(
             identity,
             idempotency_key=idempotency_key,
             subturn_index=subturn,
-            call=function_call,
+            call=tool_call,
             output=output,
             attempt=attempt,
         )

@@ -6,6 +6,11 @@ A gateway holds items as the OpenAI Responses API shapes them (plain dicts)::
     {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
     {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}
     {"type": "reasoning", "summary": [...]}
+    {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {...}}
+    {"type": "mcp_call", "id": "mcp_1", "server_label": "docs", "name": "search", ...}
+
+Every type of the item catalogue (``ratchet/domain/catalogue.py``) is accepted, as a
+dict or as an ``Item`` made by the typed builders of ``services.gateway.items``.
 
 These builders do the parts every gateway must do identically, so that what ratchet
 verifies and what rehydration returns are the same bytes:
@@ -34,9 +39,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ratchet.domain.catalogue import CATALOGUE, shape_problem
 from ratchet.domain.fingerprint import fingerprint_hash
-from schemas.canonical import canonical_digest, canonical_json, sha256_hex
-from schemas.items import arguments_digest, effect_id_for
+from schemas.canonical import canonical_digest
+from schemas.items import arguments_digest, effect_id_for, from_responses
 from schemas.keys import partition_key
 from schemas.models import (
     BoundaryProof,
@@ -131,28 +137,20 @@ def to_item(
     obj: Mapping[str, Any], *, default_id: str, format_version: int = ITEM_FORMAT_VERSION
 ) -> Item:
     """One Responses item dict as a ratchet ``Item`` (canonical content + digest)."""
-    item_type = obj.get("type")
-    if not isinstance(item_type, str) or not item_type:
-        raise InvalidGatewayItem(f"item without a string 'type': {dict(obj)!r:.200}")
-    item_id = obj.get("id") or default_id
-    content = canonical_json({**obj, "id": item_id})
-    role = obj.get("role")
-    call_id = obj.get("call_id")
-    return Item(
-        item_id=str(item_id),
-        type=item_type,
-        role=role if isinstance(role, str) else None,
-        call_id=call_id if isinstance(call_id, str) else None,
-        content=content,
-        content_digest=sha256_hex(content),
-        format_version=format_version,
-    )
+    try:
+        return from_responses(obj, item_id=default_id, format_version=format_version)
+    except ValueError as exc:
+        raise InvalidGatewayItem(str(exc)) from None
 
 
-def to_items(objs: Sequence[Mapping[str, Any]], *, response_id: str, side: str) -> tuple[Item, ...]:
+def to_items(
+    objs: Sequence[Mapping[str, Any] | Item], *, response_id: str, side: str
+) -> tuple[Item, ...]:
+    """Dicts become Items (ids default to ``<response_id>:<side>:<position>``); Items
+    built with ``services.gateway.items`` pass through unchanged."""
     return tuple(
-        to_item(obj, default_id=f"{response_id}:{side}:{position}")
-        for position, obj in enumerate(objs)
+        obj if isinstance(obj, Item) else to_item(obj, default_id=f"{response_id}:{side}:{i}")
+        for i, obj in enumerate(objs)
     )
 
 
@@ -166,8 +164,8 @@ def turn_completed(
     *,
     idempotency_key: str,
     request: Mapping[str, Any],
-    input_items: Sequence[Mapping[str, Any]],
-    output_items: Sequence[Mapping[str, Any]],
+    input_items: Sequence[Mapping[str, Any] | Item],
+    output_items: Sequence[Mapping[str, Any] | Item],
     fingerprint: Fingerprint,
     attempt: int = 1,
     status: TurnStatus | str = TurnStatus.COMPLETED,
@@ -225,22 +223,38 @@ def tool_effect(
     idempotency_key: str,
     subturn_index: int,
     call: Mapping[str, Any],
-    output: Mapping[str, Any],
+    output: Mapping[str, Any] | None = None,
     attempt: int = 1,
     succeeded: bool = True,
 ) -> ToolEffect:
     """The record of one executed gateway tool call (publish it BEFORE the turn).
 
-    ``call`` is the ``function_call`` item, ``output`` its ``function_call_output``.
-    The same call in a retry of the request gets the same ``effect_id``.
+    ``call`` is the call item of an executed type of the catalogue (function, custom
+    tool, computer, local shell, shell, apply patch, MCP) and ``output`` the item it
+    produced: the call type's output item with the same ``call_id``, or nothing for an
+    ``mcp_call``, which carries its own output (its ``id`` is then the effect's
+    ``call_id``). The same call in a retry of the request gets the same ``effect_id``.
     """
-    call_id = call.get("call_id")
-    if not isinstance(call_id, str) or output.get("call_id") != call_id:
+    call_type = call.get("type")
+    entry = CATALOGUE.get(call_type) if isinstance(call_type, str) else None
+    if entry is None or entry.effect_output is None:
+        raise InvalidGatewayItem(f"{call_type!r} is not a call a gateway executes")
+    carries_output = entry.effect_output == call_type  # mcp_call
+    if output is None and carries_output:
+        output = call
+    if output is None or output.get("type") != entry.effect_output:
+        raise InvalidGatewayItem(f"a {call_type} effect's output must be a {entry.effect_output}")
+    key = output.get("id") if carries_output else output.get("call_id")
+    if not isinstance(key, str) or not key:
+        raise InvalidGatewayItem(f"a {call_type} effect needs the {entry.effect_output}'s "
+                                 + ("id" if carries_output else "call_id"))
+    if not carries_output and call.get("call_id") != key:
         raise InvalidGatewayItem("call and output must carry the same string call_id")
-    if output.get("type") != "function_call_output":
-        raise InvalidGatewayItem("a tool effect's output must be a function_call_output")
-    effect_id = effect_id_for(idempotency_key, subturn_index, call_id)
+    effect_id = effect_id_for(idempotency_key, subturn_index, key)
     output_item = to_item(output, default_id=f"{effect_id}:output")
+    problem = shape_problem(output_item)
+    if problem:
+        raise InvalidGatewayItem(problem)
     produced = now_ms()
     return ToolEffect(
         **identity.common_fields(produced),
@@ -248,9 +262,10 @@ def tool_effect(
         idempotency_key=idempotency_key,
         attempt=attempt,
         subturn_index=subturn_index,
-        call_id=call_id,
-        tool_name=str(call.get("name", "")),
-        arguments_digest=arguments_digest(_arguments(call.get("arguments"))),
+        call_id=key,
+        tool_name=str(call.get("name") or call_type.removesuffix("_call")),
+        arguments_digest=arguments_digest(_arguments(call.get(_ARGUMENTS.get(call_type,
+                                                                             "arguments")))),
         status=ToolEffectStatus.SUCCEEDED if succeeded else ToolEffectStatus.FAILED,
         output=output_item,
         executed_at=produced,
@@ -264,6 +279,16 @@ def turn_cancelled(identity: TurnIdentity, *, idempotency_key: str) -> TurnCance
         idempotency_key=idempotency_key,
         cancelled_at=produced,
     )
+
+
+# Where each executed call type keeps what it was asked to do (default: "arguments").
+_ARGUMENTS = {
+    "custom_tool_call": "input",
+    "computer_call": "action",
+    "local_shell_call": "action",
+    "shell_call": "action",
+    "apply_patch_call": "operation",
+}
 
 
 def _arguments(raw: Any) -> dict[str, Any]:

@@ -36,7 +36,7 @@ def test_demo_runs_twice_with_every_scenario_as_expected(settings, cassandra_ses
                 check=False,
             )
             assert done.returncode == 0, f"run {attempt}:\n{done.stdout}\n{done.stderr}"
-            assert "8/8 scenarios as expected" in done.stdout
+            assert "9/9 scenarios as expected" in done.stdout
             assert "stopping the worker this demo started" in done.stdout
     finally:
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {demo_settings.keyspace}", timeout=60)

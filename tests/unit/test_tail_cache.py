@@ -133,7 +133,7 @@ def test_a_wrong_entry_never_makes_a_wrong_rejection():
     cp = h.store.get_checkpoint(TENANT, first.response_id)
     # A (buggy) entry claiming the head has an unanswered call: a plain message after
     # it would be UNPAIRED_TOOL_CALL if the cache were believed.
-    h.processor.tails.learn(Tail(cp, PairingState(frozenset({"ghost"}), ("ghost",))))
+    h.processor.tails.learn(Tail(cp, PairingState(frozenset({"ghost"}), (("ghost", "function_call"),))))
     out = h.outcome(turn(conv, 1))
     assert out.seq == 2
     assert h.processor.cache_rechecks == 1

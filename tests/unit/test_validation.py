@@ -160,7 +160,7 @@ def test_legal_pairings(items) -> None:
         [call("a"), out("a"), call("a"), out("a")],  # call_id reused
         [call("a"), say()],  # open call not at the end
         [say(), think()],  # reasoning at the end
-        [make_item("function_call", {}, item_id="fc_none")],  # no call_id
+        [make_item("function_call", {}, item_id="fc_none")],  # no call_id (CORRUPT first)
     ],
     ids=[
         "orphan-output",
@@ -179,7 +179,7 @@ def test_illegal_pairings(items) -> None:
 def test_pairing_continues_across_the_history() -> None:
     history = [say("q", "user"), call("a")]
     state = pairing_state_of(history)
-    assert state == PairingState(frozenset({"a"}), ("a",))
+    assert state == PairingState(frozenset({"a"}), (("a", "function_call"),))
     # the next turn answers the client tool first
     assert isinstance(check_pairing([out("a"), say()], state), PairingState)
     # ...or does not, and the open call is no longer at the end
@@ -191,7 +191,7 @@ def test_pairing_continues_across_the_history() -> None:
 def test_validate_turn_uses_the_prior_pairing_state() -> None:
     turn = make_turn(input_items=[out("a")], items=[say()])
     assert rejected_reason(turn) is RejectionReason.UNPAIRED_TOOL_CALL
-    prior = PairingState(frozenset({"a"}), ("a",))
+    prior = PairingState(frozenset({"a"}), (("a", "function_call"),))
     outcome = validate_turn(turn, NOW_MS, prior=prior)
     assert isinstance(outcome, Valid)
     assert outcome.pairing == PairingState(frozenset({"a"}), ())
