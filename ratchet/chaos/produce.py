@@ -92,7 +92,7 @@ class _Sender:
 
 def run(cfg: dict[str, Any], index: int, sent_counter: Any, stop: Any) -> None:
     """Process entry point (spawned by the runner)."""
-    settings = Settings.from_env()
+    settings = Settings.from_env(cfg["env"])
     workload = generate(cfg["seed"], cfg["turns"], cfg["tag"])
     mine = [s for s in workload.stories if s.index % cfg["producers"] == index]
     rate = cfg["rate"] / cfg["producers"]  # turns per second for this process

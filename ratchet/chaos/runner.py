@@ -107,7 +107,7 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     waiters = Waiters(cluster.base_url, fp_hash, pick, reader.obs)
     waiters.start()
     pcfg = {"seed": cfg.seed, "turns": cfg.turns, "tag": tag, "producers": cfg.producers,
-            "rate": cfg.rate, "out": str(out)}
+            "rate": cfg.rate, "out": str(out), "env": settings.to_env()}
     procs = [ctx.Process(target=produce_run, args=(pcfg, i, sent, stop), daemon=True)
              for i in range(cfg.producers)]
     for p in procs:
