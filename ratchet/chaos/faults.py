@@ -60,7 +60,6 @@ class Child:
     log: Path
     cwd: Path
     proc: subprocess.Popen | None = None
-    restarts: int = 0
 
     def start(self) -> Child:
         self.cwd.mkdir(parents=True, exist_ok=True)
@@ -99,6 +98,9 @@ class Cluster:
     n_workers: int
     workers: list[Child] = field(default_factory=list)
     api: Child | None = None
+    # Held while a process is replaced, so ``revive`` never races a fault.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    exits: list[str] = field(default_factory=list)  # processes that died on their own
 
     @property
     def base_url(self) -> str:
@@ -125,19 +127,20 @@ class Cluster:
             time.sleep(0.5)
         return False
 
-    def revive(self) -> list[str]:
-        """Restart any worker or API that died on its own (reported, never hidden)."""
-        died = []
-        for n, w in enumerate(self.workers):
-            if not w.alive():
-                died.append(f"{w.name} exited {w.proc.returncode}")
-                restarts = w.restarts + 1
-                self.workers[n] = self._worker(n).start()
-                self.workers[n].restarts = restarts
-        if self.api and not self.api.alive():
-            died.append(f"api exited {self.api.proc.returncode}")
-            self.api.start()
-        return died
+    def revive(self, at_s: float) -> None:
+        """Restart any worker or API that died on its own (reported, never hidden).
+
+        A worker started while Cassandra is down exits at once (fail fast at start):
+        a supervisor restarts it, and so do we.
+        """
+        with self.lock:
+            for n, w in enumerate(self.workers):
+                if not w.alive():
+                    self.exits.append(f"{at_s:.0f}s {w.name} exited {w.proc.returncode}")
+                    self.workers[n] = self._worker(n).start()
+            if self.api and not self.api.alive():
+                self.exits.append(f"{at_s:.0f}s api exited {self.api.proc.returncode}")
+                self.api.start()
 
     def stop(self) -> None:
         for child in (*self.workers, self.api):
@@ -183,24 +186,29 @@ class FaultInjector(threading.Thread):
 
     # --- the faults: each returns (happened, what it did) -------------------------------
 
+    def _alive_worker(self) -> tuple[int, Child] | None:
+        self.cluster.revive(self.now())
+        alive = [(n, w) for n, w in enumerate(self.cluster.workers) if w.alive()]
+        return self.rng.choice(alive) if alive else None
+
     def worker_kill(self) -> tuple[bool, str]:
-        n = self.rng.randrange(len(self.cluster.workers))
-        w = self.cluster.workers[n]
-        if not w.alive():
-            return False, f"{w.name} was not running"
-        pid = w.proc.pid
-        w.signal(signal.SIGKILL)
-        w.proc.wait(10)
-        fresh = self.cluster._worker(n).start()
-        fresh.restarts = w.restarts + 1
-        self.cluster.workers[n] = fresh
+        picked = self._alive_worker()
+        if picked is None:
+            return False, "no worker was running"
+        n, w = picked
+        with self.cluster.lock:
+            pid = w.proc.pid
+            w.signal(signal.SIGKILL)
+            w.proc.wait(10)
+            fresh = self.cluster._worker(n).start()
+            self.cluster.workers[n] = fresh
         return True, f"SIGKILL {w.name} (pid {pid}), restarted as pid {fresh.proc.pid}"
 
     def zombie(self) -> tuple[bool, str]:
-        n = self.rng.randrange(len(self.cluster.workers))
-        w = self.cluster.workers[n]
-        if not w.alive():
-            return False, f"{w.name} was not running"
+        picked = self._alive_worker()
+        if picked is None:
+            return False, "no worker was running"
+        n, w = picked
         w.signal(signal.SIGSTOP)
         self.stop.wait(ZOMBIE_S)
         w.signal(signal.SIGCONT)
@@ -243,9 +251,10 @@ class FaultInjector(threading.Thread):
         pid = api.proc.pid if api and api.alive() else None
         if pid is None:
             return False, "api was not running"
-        api.signal(signal.SIGKILL)  # the waiting wait_ms requests see their connection drop
-        api.proc.wait(10)
-        api.start()
+        with self.cluster.lock:
+            api.signal(signal.SIGKILL)  # waiting wait_ms requests see their connection drop
+            api.proc.wait(10)
+            api.start()
         ready = self.cluster.wait_api()
         return ready, f"SIGKILL api (pid {pid}) while wait_ms requests waited, restarted " \
                       f"as pid {api.proc.pid} ({'ready' if ready else 'NOT ready'})"

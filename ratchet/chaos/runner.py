@@ -118,15 +118,13 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
                            repeat_while=lambda: cfg.faults != "ci" and any(p.is_alive() for p in procs))
     faults.start()
     needed = _needed(expectations)
-    unexpected: list[str] = []
     last = 0.0
     drain_deadline = None
     while True:
         time.sleep(1)
         producing = any(p.is_alive() for p in procs)
         injecting = faults.is_alive()
-        if not injecting:
-            unexpected += [f"{time.monotonic() - t0:.0f}s {d}" for d in cluster.revive()]
+        cluster.revive(time.monotonic() - t0)
         with reader.lock:
             decided = sum(1 for k, n in needed.items() if len(reader.decided.get(k, ())) >= n)
         dl_done = len(reader.obs.dead_letters) >= _dead_letters(expectations)
@@ -157,7 +155,7 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     reader.stop.set()
     reader.join(10)
     violations = check(expectations, reader.obs)
-    report = _report(cfg, tag, out, workload, expectations, reader, faults, waiters, unexpected,
+    report = _report(cfg, tag, out, workload, expectations, reader, faults, waiters, cluster.exits,
                      violations, time.monotonic() - t0, sent.value)
     sent_at = _sent_times(out)
     decided_at = _decided_times(reader)
