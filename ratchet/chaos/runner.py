@@ -83,6 +83,7 @@ def run(base: Settings, cfg: ChaosConfig) -> dict[str, Any]:
     finally:
         cluster.stop()
         _heal_servers(settings, say)
+        _cleanup(settings, f"chaos-{tag}", say)
 
 
 def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, say):
@@ -266,3 +267,26 @@ def _heal_servers(settings: Settings, say) -> None:
     if bad:
         say(f"servers not healthy after the run: {bad}; starting them")
         launcher.up(settings, bad, out=lambda m: say(f"infra: {m}"))
+
+
+def _cleanup(settings: Settings, topic_prefix: str, say) -> None:
+    """Drop the run's topics (with Faust's internal ones) and keyspace: a broker loads every
+    partition at start, so leftovers of many runs slow every later start."""
+    import logging
+
+    from cassandra.cluster import Cluster
+
+    try:
+        admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "log_level": 0})
+        names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(topic_prefix)]
+        for fut in admin.delete_topics(names, operation_timeout=30).values() if names else ():
+            fut.result(timeout=60)
+        logging.getLogger("cassandra").setLevel(logging.ERROR)
+        cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+        try:
+            cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
+        finally:
+            cluster.shutdown()
+        say(f"dropped {len(names)} topics and keyspace {settings.keyspace}")
+    except Exception as exc:  # cleanup must not hide the verdict
+        say(f"cleanup incomplete: {exc!r}")
