@@ -102,6 +102,38 @@ def demo(keep: bool) -> None:
     sys.exit(demo_run.cli_demo(_settings(), keep=keep))
 
 
+@main.command()
+@click.option("--seed", default=1, show_default=True, help="Workload and fault order seed.")
+@click.option("--turns", default=2000, show_default=True, help="Turn events to send (at least).")
+@click.option("--rate", default=20.0, show_default=True, help="Turns per second, all producers.")
+@click.option("--producers", default=2, show_default=True, help="Producer processes.")
+@click.option("--workers", default=2, show_default=True, help="Workers sharing the group.")
+@click.option("--faults", type=click.Choice(["ci", "long", "none"]), default="ci",
+              show_default=True, help="ci: each fault once (3 worker kills); long: the same "
+              "plan again and again while turns are sent; none: no faults.")
+@click.option("--fault-gap", default=8.0, show_default=True, help="Seconds between faults.")
+@click.option("--drain-timeout", default=300.0, show_default=True,
+              help="Seconds to wait, after sending and faults, for every turn to be decided.")
+@click.option("--out", type=click.Path(), default="chaos-out", show_default=True,
+              help="Directory for the report, plot and logs (one subdirectory per run).")
+def chaos(seed: int, turns: int, rate: float, producers: int, workers: int, faults: str,
+          fault_gap: float, drain_timeout: float, out: str) -> None:
+    """Seeded workload + faults on the servers of RATCHET_HOME, checked by an oracle.
+
+    Restarts, pauses and kills the servers and processes it uses: point it at servers
+    nobody else needs. Exits 1 on any violation, 2 when a fault could not be injected.
+    """
+    from pathlib import Path
+
+    from ratchet.chaos.runner import ChaosConfig, run
+
+    cfg = ChaosConfig(seed=seed, turns=turns, rate=rate, producers=producers, workers=workers,
+                      faults=faults, fault_gap_s=fault_gap, drain_timeout_s=drain_timeout,
+                      out=Path(out))
+    report = run(_settings(), cfg)
+    sys.exit(1 if not report["passed"] else 2 if report["faults_failed"] else 0)
+
+
 BENCH_SUITES = {
     # suite -> (module, what it compares)
     "validation": ("ratchet.bench.validation", "validate_turn on a 20-item, 3-round tool-loop turn"),

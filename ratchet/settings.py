@@ -35,6 +35,9 @@ class Settings:
     schema_registry_url: str = "http://127.0.0.1:8081/apis/ccompat/v7"
     cassandra_hosts: tuple[str, ...] = ("127.0.0.1",)
     cassandra_port: int = 9042
+    # Cassandra's inter-node (gossip) port of the node `ratchet infra` launches; a second
+    # local node (another RATCHET_HOME, e.g. a chaos run's own servers) needs its own.
+    cassandra_storage_port: int = 7000
     keyspace: str = "ratchet"
     # CQL replication map used when `ratchet migrate` creates the keyspace.
     replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
@@ -72,6 +75,9 @@ class Settings:
             if hosts
             else d.cassandra_hosts,
             cassandra_port=_int(env, "RATCHET_CASSANDRA_PORT", d.cassandra_port, 1),
+            cassandra_storage_port=_int(
+                env, "RATCHET_CASSANDRA_STORAGE_PORT", d.cassandra_storage_port, 1
+            ),
             keyspace=env.get("RATCHET_KEYSPACE") or d.keyspace,
             replication=env.get("RATCHET_REPLICATION") or d.replication,
             topic_prefix=env.get("RATCHET_TOPIC_PREFIX", d.topic_prefix),
@@ -95,6 +101,7 @@ class Settings:
             "RATCHET_SCHEMA_REGISTRY_URL": self.schema_registry_url,
             "RATCHET_CASSANDRA_HOSTS": ",".join(self.cassandra_hosts),
             "RATCHET_CASSANDRA_PORT": str(self.cassandra_port),
+            "RATCHET_CASSANDRA_STORAGE_PORT": str(self.cassandra_storage_port),
             "RATCHET_KEYSPACE": self.keyspace,
             "RATCHET_REPLICATION": self.replication,
             "RATCHET_TOPIC_PREFIX": self.topic_prefix,

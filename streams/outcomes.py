@@ -72,7 +72,9 @@ def promoted_event(turn: TurnCompleted, partition: str,
         artifact_id=None if artifact is None else artifact.artifact_id,
         artifact_expires_at=None if artifact is None or artifact.expires_at is None
         else _ms(artifact.expires_at),
-        item_count=cp.item_count,
+        # Items of the complete history up to this turn (item seqs count from 1 along
+        # the lineage), not of the turn alone: what the schema promises.
+        item_count=cp.last_item_seq,
         promoted_at=promoted_at,
         expires_at=None if cp.logical_expires_at is None else _ms(cp.logical_expires_at),
     )

@@ -51,6 +51,10 @@ class Cassandra(Server):
     def client_port(self) -> int:
         return self.settings.cassandra_port
 
+    def storage_port(self) -> int:
+        """Inter-node port: from settings, so two local nodes (two homes) can coexist."""
+        return self.settings.cassandra_storage_port
+
     def endpoint(self) -> str:
         hosts = ",".join(self.settings.cassandra_hosts)
         return f"cassandra  {hosts}:{self.settings.cassandra_port}  (CQL native protocol)"
@@ -67,10 +71,10 @@ class Cassandra(Server):
             "partitioner": "org.apache.cassandra.dht.Murmur3Partitioner",
             "endpoint_snitch": "SimpleSnitch",
             "seed_provider": [{"class_name": "org.apache.cassandra.locator.SimpleSeedProvider",
-                               "parameters": [{"seeds": "127.0.0.1:7000"}]}],
+                               "parameters": [{"seeds": f"127.0.0.1:{self.storage_port()}"}]}],
             "listen_address": "127.0.0.1",
             "rpc_address": "127.0.0.1",
-            "storage_port": 7000,
+            "storage_port": self.storage_port(),
             "native_transport_port": self.client_port(),
             "start_native_transport": True,
             "data_file_directories": [str(d / "data")],

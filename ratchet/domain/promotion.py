@@ -307,9 +307,13 @@ def interpret(turn: TurnCompleted, outcome: PromotionOutcome,
             return Accepted(cp)
         case Duplicate(original=cp) if cp.response_id == turn.response_id:
             return Accepted(cp, replayed=True)
-        case Duplicate(original=cp) | ResponseExists(original=cp):
+        case Duplicate(original=cp):
             return Reject(R.DUPLICATE, f"already promoted as {cp.response_id} at seq {cp.seq}",
                           head_seq=cp.seq, existing_response_id=cp.response_id)
+        case ResponseExists(original=cp):
+            # Another request already owns this response id: never rebind it (CONTRACT 4).
+            return Reject(R.CONFLICT, f"response id {cp.response_id} is already bound to "
+                          f"request {cp.idempotency_key} at seq {cp.seq}", head_seq=cp.seq)
         case KeyReused(original_response_id=rid):
             return Reject(R.IDEMPOTENCY_KEY_REUSED, f"idempotency key {turn.idempotency_key} "
                           f"already promoted a different request ({rid})",

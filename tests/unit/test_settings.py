@@ -25,6 +25,7 @@ def test_environment_overrides():
         "RATCHET_SCHEMA_REGISTRY_URL": "http://sr:8081/apis/ccompat/v7/",
         "RATCHET_CASSANDRA_HOSTS": " c1, c2 ,",
         "RATCHET_CASSANDRA_PORT": "19042",
+        "RATCHET_CASSANDRA_STORAGE_PORT": "17000",
         "RATCHET_KEYSPACE": "ks_test",
         "RATCHET_TOPIC_PREFIX": "",
         "RATCHET_PARTITIONS": "3",
@@ -33,6 +34,7 @@ def test_environment_overrides():
     assert s.kafka_bootstrap == "k1:19092"
     assert s.schema_registry_url == "http://sr:8081/apis/ccompat/v7"  # trailing slash dropped
     assert s.cassandra_hosts == ("c1", "c2") and s.cassandra_port == 19042
+    assert s.cassandra_storage_port == 17000
     assert s.keyspace == "ks_test" and s.partitions == 3
     assert s.topic("checkpoints") == "checkpoints"  # an empty prefix is allowed
     assert s.home == Path("/tmp/ratchet-home")

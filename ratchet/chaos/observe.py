@@ -1,0 +1,175 @@
+"""What the checker may see: the output topics and the HTTP API, nothing else.
+
+- ``OutputReader``: a thread reading ``checkpoints``, ``rejections``,
+  ``orphaned-effects`` and ``dead-letters`` from the beginning, all the run long (it
+  rides out Kafka restarts: librdkafka reconnects);
+- ``Waiters``: threads asking ``/history?wait_ms=`` for turns about to be produced, so
+  requests are waiting when the API is restarted; each answer is kept for the checker;
+- ``fetch_histories``: after the run, every history the oracle expects, over HTTP.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from confluent_kafka import Consumer, KafkaError
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from ratchet.chaos.checker import History, Observations, Promoted, Rejected
+from ratchet.settings import Settings
+from schemas.avro import EventSerde
+from schemas.errors import RegistryUnavailable
+from schemas.models import CheckpointPromoted, DeadLetter, EffectOrphaned, PromotionRejected
+from services.gateway.client import Certified, Fallback, Outcome, RehydrationClient
+from services.gateway.errors import GatewayError
+
+OUTPUT_TOPICS = ("checkpoints", "rejections", "orphaned-effects", "dead-letters")
+
+
+class OutputReader(threading.Thread):
+    def __init__(self, settings: Settings, group: str) -> None:
+        super().__init__(name="chaos-output-reader", daemon=True)
+        self.settings = settings
+        self.obs = Observations()
+        self.lock = threading.Lock()
+        self.records = 0
+        self.decided: dict[tuple[str, str], set] = {}  # (tenant, rid) -> outcome sigs
+        self.stop = threading.Event()
+        self._serde = EventSerde(SchemaRegistryClient({"url": settings.schema_registry_url}))
+        self._consumer = Consumer({
+            "bootstrap.servers": settings.kafka_bootstrap, "group.id": group,
+            "auto.offset.reset": "earliest", "enable.auto.commit": False,
+            "topic.metadata.refresh.interval.ms": 2000, "log_level": 0,
+        })
+        self._consumer.subscribe([settings.topic(t) for t in OUTPUT_TOPICS])
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            msg = self._consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    time.sleep(0.2)  # broker restarting: librdkafka reconnects by itself
+                continue
+            self._take(msg)
+        self._consumer.close()
+
+    def _take(self, msg) -> None:
+        while True:
+            try:
+                rec = self._serde.decode(msg.value(), msg.topic(), msg.partition(), msg.offset())
+                break
+            except RegistryUnavailable:
+                time.sleep(1)  # registry restarting: the record is fine, ask again
+        at = msg.timestamp()[1]
+        with self.lock:
+            self.records += 1
+            if isinstance(rec, CheckpointPromoted):
+                p = Promoted(rec.tenant_id, rec.response_id, rec.conversation_id,
+                             rec.previous_response_id, rec.seq, str(rec.certification),
+                             rec.idempotency_key, rec.request_digest, rec.item_count, at)
+                self.obs.promoted.append(p)
+                self.decided.setdefault((p.tenant, p.response_id), set()).add(p.sig)
+            elif isinstance(rec, PromotionRejected):
+                r = Rejected(rec.tenant_id, rec.response_id,
+                             str(rec.reason) if rec.reason else None, rec.existing_response_id, at)
+                self.obs.rejected.append(r)
+                self.decided.setdefault((r.tenant, r.response_id), set()).add(r.sig)
+            elif isinstance(rec, EffectOrphaned):
+                self.obs.orphaned.add((rec.tenant_id, rec.effect_id))
+            elif isinstance(rec, DeadLetter):
+                self.obs.dead_letters.add((rec.key, rec.value))
+
+
+def history_of(outcome: Outcome) -> History:
+    """Digests recomputed from the returned content: a wrong digest field cannot hide."""
+    if isinstance(outcome, Certified | Fallback):
+        digests = tuple(hashlib.sha256(i.content.encode()).hexdigest() for i in outcome.items)
+        return History("certified" if isinstance(outcome, Certified) else "fallback",
+                       getattr(outcome, "reason", None), digests)
+    return History("failure", outcome.reason, ())
+
+
+def fetch_histories(base_url: str, fp_hash: str, responses: Iterable[tuple[str, str]],
+                    conversations: Iterable[tuple[str, str]], obs: Observations,
+                    threads: int = 8) -> None:
+    local = threading.local()
+
+    def client() -> RehydrationClient:
+        if not hasattr(local, "c"):
+            local.c = RehydrationClient(base_url, timeout_s=30)
+        return local.c
+
+    def one(kind: str, tenant: str, ident: str) -> None:
+        for attempt in range(5):
+            try:
+                if kind == "r":
+                    outcome = client().response_history(tenant, ident, fp_hash)
+                    obs.histories[(tenant, ident)] = history_of(outcome)
+                else:
+                    outcome = client().conversation_history(tenant, ident, fp_hash)
+                    obs.conversations[(tenant, ident)] = history_of(outcome)
+                return
+            except GatewayError:
+                time.sleep(1 + attempt)
+
+    jobs = [("r", t, r) for t, r in responses] + [("c", t, c) for t, c in conversations]
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda j: one(*j), jobs))
+
+
+class Waiters:
+    """Threads asking for histories with ``wait_ms`` while the run goes on."""
+
+    def __init__(self, base_url: str, fp_hash: str, pick: Callable[[random.Random], tuple],
+                 obs: Observations, threads: int = 3, wait_ms: int = 4000) -> None:
+        self.base_url, self.fp_hash, self.pick, self.obs = base_url, fp_hash, pick, obs
+        self.wait_ms = wait_ms
+        self.stop = threading.Event()
+        self.counts = {"asked": 0, "answered": 0, "not_yet": 0, "unavailable": 0}
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(n,), daemon=True,
+                                          name=f"chaos-waiter-{n}") for n in range(threads)]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(timeout=self.wait_ms / 1000 + 35)
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.counts[what] += 1
+
+    def _run(self, n: int) -> None:
+        rng = random.Random(n)
+        with RehydrationClient(self.base_url, timeout_s=30) as client:
+            while not self.stop.is_set():
+                picked = self.pick(rng)
+                if picked is None:
+                    time.sleep(0.5)
+                    continue
+                tenant, rid = picked
+                self._count("asked")
+                try:
+                    outcome = client.response_history(tenant, rid, self.fp_hash, self.wait_ms)
+                except GatewayError:
+                    self._count("unavailable")
+                    time.sleep(0.5)
+                    continue
+                h = history_of(outcome)
+                if h.outcome == "failure":
+                    self._count("not_yet")
+                else:
+                    self._count("answered")
+                    with self._lock:
+                        self.obs.waits.append((tenant, rid, h))

@@ -1,0 +1,150 @@
+"""A producer process: its share of the stories, through the gateway library or as raw bytes.
+
+Process ``i`` of ``n`` sends the stories with ``index % n == i``. Order within a story is
+kept by sending in **rounds**: a round holds at most one step of each active story,
+and every producer is flushed before the next round. A round that fails (Kafka down
+for longer than the delivery timeout, registry down while encoding) is sent again
+whole: the events that did arrive are then redelivered, which the contract says is
+harmless (an outcome never flips), and their first copies stay in step order.
+
+A step's ``race`` events go through a second producer (another librdkafka client, as
+another gateway would), so which of the two lands first in Kafka is open.
+
+Each first send of a turn is logged (``<out>/sent-<i>.jsonl``: response id, tenant, wall
+clock) for the latency plot; a shared counter reports progress to the runner.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from ratchet.chaos.workload import RawRecord, Story, generate
+from ratchet.settings import Settings
+from schemas.avro import EventSerde, encode_key
+from schemas.models import TurnCompleted
+from services.gateway.errors import GatewayError
+from services.gateway.producer import PRODUCER_DEFAULTS, GatewayProducer
+
+# Outlast a Kafka restart (tens of seconds on a busy machine) before reporting failure.
+DELIVERY_TIMEOUT_MS = 180_000
+ACTIVE_STORIES = 48
+
+
+class _RawProducer:
+    """Raw bytes (pre-encoded events, undecodable records) with the gateway's settings."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.topic = settings.topic("gateway-events")
+        self._p = Producer({"bootstrap.servers": settings.kafka_bootstrap, **PRODUCER_DEFAULTS,
+                            "delivery.timeout.ms": DELIVERY_TIMEOUT_MS})
+        self._errors: list[str] = []
+
+    def send(self, key: bytes, value: bytes | None) -> None:
+        def report(err, msg) -> None:
+            if err is not None or msg.offset() is None:
+                self._errors.append(str(err or "delivered without an offset"))
+
+        while True:
+            try:
+                self._p.produce(self.topic, value=value, key=key, on_delivery=report)
+                break
+            except BufferError:
+                self._p.poll(0.1)
+        self._p.poll(0)
+
+    def flush(self) -> None:
+        left = self._p.flush(DELIVERY_TIMEOUT_MS / 1000 + 10)
+        errors, self._errors = self._errors, []
+        if errors or left:
+            raise GatewayError(f"raw delivery failed: {errors[:3]} ({left} in flight)")
+
+
+class _Sender:
+    def __init__(self, settings: Settings) -> None:
+        serde = EventSerde(SchemaRegistryClient({"url": settings.schema_registry_url}))
+        config = {"delivery.timeout.ms": DELIVERY_TIMEOUT_MS}
+        self.gateway = GatewayProducer(settings, serde, config=config)
+        self.race = GatewayProducer(settings, serde, config=config)
+        self.raw = _RawProducer(settings)
+        self.serde = serde
+
+    def send(self, story: Story, index: int, race: bool = False) -> None:
+        ev = story.events[index]
+        if isinstance(ev, RawRecord):
+            self.raw.send(ev.key, ev.value)
+        elif race:
+            self.race.send(ev)
+        elif story.path == "raw":
+            self.raw.send(encode_key(ev.partition_key), self.serde.encode(ev, self.raw.topic))
+        else:
+            self.gateway.send(ev)
+
+    def flush(self) -> None:
+        for p in (self.gateway, self.race, self.raw):
+            p.flush(DELIVERY_TIMEOUT_MS / 1000 + 10) if p is not self.raw else p.flush()
+
+
+def run(cfg: dict[str, Any], index: int, sent_counter: Any, stop: Any) -> None:
+    """Process entry point (spawned by the runner)."""
+    settings = Settings.from_env(cfg["env"])
+    workload = generate(cfg["seed"], cfg["turns"], cfg["tag"])
+    mine = [s for s in workload.stories if s.index % cfg["producers"] == index]
+    rate = cfg["rate"] / cfg["producers"]  # turns per second for this process
+    sender = _Sender(settings)
+    with Path(cfg["out"], f"sent-{index}.jsonl").open("a", buffering=1) as log:
+        _produce(mine, rate, sender, log, sent_counter, stop)
+
+
+def _produce(mine: list[Story], rate: float, sender: _Sender, log, sent_counter, stop) -> None:
+    queue, active = list(reversed(mine)), []
+    position: dict[int, int] = {}
+    logged: set[tuple[int, int]] = set()
+    turns, start = 0, time.monotonic()
+    while (queue or active) and not stop.value:
+        while queue and len(active) < ACTIVE_STORIES:
+            active.append(queue.pop())
+        round_ = [(s, s.steps[position.get(s.index, 0)]) for s in active]
+        _send_round(sender, round_)
+        now = time.time()
+        for story, step in round_:
+            for i in (*step.sends, *step.race):
+                ev = story.events[i]
+                if isinstance(ev, TurnCompleted):
+                    turns += 1
+                    if (story.index, i) not in logged:
+                        logged.add((story.index, i))
+                        log.write(json.dumps({"t": now, "tenant": story.tenant,
+                                              "rid": ev.response_id}) + "\n")
+            position[story.index] = position.get(story.index, 0) + 1
+        active = [s for s in active if position[s.index] < len(s.steps)]
+        with sent_counter.get_lock():
+            sent_counter.value += sum(
+                1 for story, step in round_ for i in (*step.sends, *step.race)
+                if isinstance(story.events[i], TurnCompleted))
+        ahead = turns / rate - (time.monotonic() - start)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def _send_round(sender: _Sender, round_: list) -> None:
+    """Send one round and flush; on any failure send the whole round again."""
+    delay = 0.5
+    while True:
+        try:
+            for story, step in round_:
+                for i in step.sends:
+                    sender.send(story, i)
+                for i in step.race:
+                    sender.send(story, i, race=True)
+            sender.flush()
+            return
+        except Exception as exc:  # delivery, flush timeout, registry unavailable
+            print(f"producer: round failed, sending it again: {exc!r:.300}", flush=True)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)

@@ -1,0 +1,292 @@
+"""One chaos run, start to verdict.
+
+1. A fresh keyspace and topic prefix (the run's tag), migrations, schemas.
+2. Workers (one consumer group) and the API as ``ratchet`` subprocesses.
+3. The output reader, the ``wait_ms`` waiters, the producer processes and the faults.
+4. When every story is sent and every fault done: wait until every turn is decided
+   (or the drain deadline passes: what is left is reported ``never_decided``).
+5. Histories over HTTP, the checker, the report; stop the workers and the API; make
+   sure the servers are healthy again.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from ratchet.chaos import report as reporting
+from ratchet.chaos.checker import TOLERATED, check
+from ratchet.chaos.faults import PROFILES, Cluster, FaultInjector
+from ratchet.chaos.observe import OutputReader, Waiters, fetch_histories
+from ratchet.chaos.oracle import Expectation, expect
+from ratchet.chaos.produce import run as produce_run
+from ratchet.chaos.workload import _fp_hash, generate
+from ratchet.settings import Settings
+from schemas.avro import register_schemas
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    seed: int = 1
+    turns: int = 2000
+    rate: float = 20.0  # turns per second, all producers together
+    producers: int = 2
+    workers: int = 2
+    faults: str = "ci"
+    fault_gap_s: float = 8.0
+    faults_start_s: float = 10.0
+    drain_timeout_s: float = 300.0
+    out: Path | None = None
+
+
+def _say(msg: str, t0: float = time.monotonic()) -> None:
+    print(f"[{time.monotonic() - t0:7.1f}s] {msg}", flush=True)
+
+
+def run(base: Settings, cfg: ChaosConfig) -> dict[str, Any]:
+    tag = f"{cfg.seed}x{uuid.uuid4().hex[:6]}"
+    settings = replace(base, topic_prefix=f"chaos-{tag}.", keyspace=f"chaos_{tag}",
+                       worker_metrics_port=0)
+    out = (cfg.out or Path("chaos-out")) / tag
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **settings.to_env(), "RATCHET_CONSUMER_GROUP": f"chaos-{tag}",
+           "RATCHET_LOG_LEVEL": "WARNING"}
+    t0, t0_wall = time.monotonic(), time.time()
+
+    def say(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:7.1f}s] {msg}", flush=True)
+
+    workload = generate(cfg.seed, cfg.turns, tag)
+    expectations = [expect(s) for s in workload.stories]
+    total_turns = workload.turns
+    say(f"workload: seed {cfg.seed}, {len(workload.stories)} stories, {total_turns} turn sends; "
+        f"keyspace {settings.keyspace}, topics {settings.topic_prefix}*, out {out}")
+    subprocess.run([sys.executable, "-m", "ratchet.cli", "migrate"], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    register_schemas(SchemaRegistryClient({"url": settings.schema_registry_url}))
+    cluster = Cluster(settings, env, out, cfg.workers)
+    cluster.start()
+    try:
+        return _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, say)
+    finally:
+        cluster.stop()
+        _heal_servers(settings, say)
+        _cleanup(settings, f"chaos-{tag}", say)
+
+
+def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, say):
+    _wait_topics(settings, say)
+    if not cluster.wait_api():
+        raise RuntimeError(f"the API did not become ready; see {out / 'logs' / 'api.log'}")
+    say(f"{cfg.workers} workers and the API are up")
+    reader = OutputReader(settings, group=f"chaos-check-{tag}")
+    reader.start()
+    fp_hash = _fp_hash()
+    surely = _surely_promoted(expectations)
+    ctx = multiprocessing.get_context("spawn")
+    sent, stop = ctx.Value("l", 0), ctx.Value("b", 0)
+    total = workload.turns
+
+    def pick(rng: random.Random):
+        if not surely:
+            return None
+        i = int(sent.value / max(total, 1) * len(surely)) + rng.randint(0, 20)
+        return surely[min(i, len(surely) - 1)]
+
+    waiters = Waiters(cluster.base_url, fp_hash, pick, reader.obs)
+    waiters.start()
+    pcfg = {"seed": cfg.seed, "turns": cfg.turns, "tag": tag, "producers": cfg.producers,
+            "rate": cfg.rate, "out": str(out), "env": settings.to_env()}
+    procs = [ctx.Process(target=produce_run, args=(pcfg, i, sent, stop), daemon=True)
+             for i in range(cfg.producers)]
+    for p in procs:
+        p.start()
+    plan = list(PROFILES[cfg.faults])
+    random.Random(f"plan:{cfg.seed}").shuffle(plan)
+    faults = FaultInjector(cluster, plan, cfg.seed, t0, cfg.fault_gap_s, cfg.faults_start_s, say,
+                           repeat_while=lambda: cfg.faults != "ci" and any(p.is_alive() for p in procs))
+    faults.start()
+    needed = _needed(expectations)
+    last = 0.0
+    drain_deadline = None
+    while True:
+        time.sleep(1)
+        producing = any(p.is_alive() for p in procs)
+        injecting = faults.is_alive()
+        cluster.revive(time.monotonic() - t0)
+        with reader.lock:
+            decided = sum(1 for k, n in needed.items() if len(reader.decided.get(k, ())) >= n)
+        dl_done = len(reader.obs.dead_letters) >= _dead_letters(expectations)
+        if time.monotonic() - last >= 5:
+            last = time.monotonic()
+            alive = sum(w.alive() for w in cluster.workers)
+            say(f"progress: sent {sent.value}/{total} turns, decided {decided}/{len(needed)} "
+                f"responses, {reader.records} outcome records, faults {len(faults.records)}/"
+                f"{len(plan)}, workers alive {alive}/{cfg.workers}, waits {waiters.counts}")
+        if producing or injecting:
+            continue
+        if decided >= len(needed) and dl_done:
+            break
+        drain_deadline = drain_deadline or time.monotonic() + cfg.drain_timeout_s
+        if time.monotonic() > drain_deadline:
+            say(f"drain deadline passed with {len(needed) - decided} responses undecided")
+            break
+    waiters.close()
+    time.sleep(3)  # let the reader take the last records (re-emitted outcomes, orphans)
+    if not cluster.wait_api():
+        say("the API is not ready; histories will be missing")
+    say("reading histories over HTTP ...")
+    responses = sorted({(e.story.tenant, rid) for e in expectations for w in e.worlds
+                        for rid in w.promoted})
+    convs = sorted({(e.story.tenant, e.story.key) for e in expectations
+                    if e.story.kind == "conversation"})
+    fetch_histories(cluster.base_url, fp_hash, responses, convs, reader.obs)
+    reader.stop.set()
+    reader.join(10)
+    violations = check(expectations, reader.obs)
+    report = _report(cfg, tag, out, workload, expectations, reader, faults, waiters, cluster.exits,
+                     violations, time.monotonic() - t0, sent.value)
+    sent_at = _sent_times(out)
+    decided_at = _decided_times(reader)
+    if reporting.plot(out / "chaos.png", sent_at, decided_at, t0_wall, report["faults"]):
+        report["plot_path"] = str(out / "chaos.png")
+    reporting.write(report, out)
+    print(reporting.summary(report), flush=True)
+    return report
+
+
+def _report(cfg, tag, out, workload, expectations, reader, faults, waiters, unexpected,
+            violations, duration, sent) -> dict[str, Any]:
+    expected: dict[str, int] = {}
+    for e in expectations:
+        for acc in e.worlds[0].decided.values():
+            sig = min(acc, key=str)
+            name = "promoted" if sig[0] == "P" else sig[1]
+            expected[name] = expected.get(name, 0) + 1
+    grouped = reporting.group(violations)
+    fault_dicts = [f.as_dict() for f in faults.records]
+    return {
+        "seed": cfg.seed, "tag": tag, "duration_s": duration, "workers": cfg.workers,
+        "producers": cfg.producers, "rate": cfg.rate, "fault_profile": cfg.faults,
+        "events": {"sent_turns": sent, "planned_turns": workload.turns,
+                   "stories": len(workload.stories),
+                   "responses": len(_needed(expectations)),
+                   "dead_letter_records": _dead_letters(expectations)},
+        "observed": {"promoted": len(reader.obs.promoted), "rejected": len(reader.obs.rejected),
+                     "orphaned": len(reader.obs.orphaned),
+                     "dead_letters": len(reader.obs.dead_letters),
+                     "histories": len(reader.obs.histories)},
+        "expected_outcomes": expected,
+        "waits": dict(waiters.counts),
+        "faults": fault_dicts,
+        "faults_failed": [f["name"] for f in fault_dicts if not f["ok"]],
+        "unexpected_exits": unexpected,
+        "violations": grouped,
+        "passed": all(v.kind in TOLERATED for v in violations),
+        "report_path": str(out / "chaos-report.json"),
+        "repeat": f"ratchet chaos --seed {cfg.seed} --turns {cfg.turns} --rate {cfg.rate:g} "
+                  f"--producers {cfg.producers} --workers {cfg.workers} --faults {cfg.faults}",
+    }
+
+
+def _needed(expectations: list[Expectation]) -> dict[tuple[str, str], int]:
+    """Per response: how many distinct outcomes must be seen before it counts as decided."""
+    needed: dict[tuple[str, str], int] = {}
+    for e in expectations:
+        w = e.worlds[0]
+        per: dict[str, set] = {}
+        for index, acc in w.decided.items():
+            per.setdefault(e.story.events[index].response_id, set()).add(acc)
+        for rid, accs in per.items():
+            needed[(e.story.tenant, rid)] = 1 if len(accs) == 1 else 2
+    return needed
+
+
+def _dead_letters(expectations: list[Expectation]) -> int:
+    return len({(r.key, r.value) for e in expectations for r in e.dead_letters})
+
+
+def _surely_promoted(expectations: list[Expectation]) -> list[tuple[str, str]]:
+    out = []
+    for e in expectations:
+        common = set.intersection(*(set(w.promoted) for w in e.worlds)) if e.worlds else set()
+        out += [(e.story.tenant, rid) for rid in sorted(common)]
+    return out
+
+
+def _sent_times(out: Path) -> dict[tuple[str, str], float]:
+    sent: dict[tuple[str, str], float] = {}
+    for path in out.glob("sent-*.jsonl"):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            sent.setdefault((rec["tenant"], rec["rid"]), rec["t"])
+    return sent
+
+
+def _decided_times(reader: OutputReader) -> dict[tuple[str, str], float]:
+    first: dict[tuple[str, str], float] = {}
+    for rec in (*reader.obs.promoted, *reader.obs.rejected):
+        key = (rec.tenant, rec.response_id)
+        first[key] = min(first.get(key, rec.at_ms / 1000), rec.at_ms / 1000)
+    return first
+
+
+def _wait_topics(settings: Settings, say, timeout_s: float = 180.0) -> None:
+    """The workers create the topics at start; the reader subscribes once they exist."""
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "log_level": 0})
+    want = {settings.topic(t) for t in ("gateway-events", "checkpoints", "rejections",
+                                         "orphaned-effects", "dead-letters")}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if want <= set(admin.list_topics(timeout=5).topics):
+                return
+        except Exception:  # broker not answering yet
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"topics {sorted(want)} not created within {timeout_s:.0f}s")
+
+
+def _heal_servers(settings: Settings, say) -> None:
+    """A run ends with every server healthy: start what a fault left down."""
+    from infra import launcher
+
+    bad = [n for n, s in launcher.status(settings).items() if not s.healthy]
+    if bad:
+        say(f"servers not healthy after the run: {bad}; starting them")
+        launcher.up(settings, bad, out=lambda m: say(f"infra: {m}"))
+
+
+def _cleanup(settings: Settings, topic_prefix: str, say) -> None:
+    """Drop the run's topics (with Faust's internal ones) and keyspace: a broker loads every
+    partition at start, so leftovers of many runs slow every later start."""
+    import logging
+
+    from cassandra.cluster import Cluster
+
+    try:
+        admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "log_level": 0})
+        names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(topic_prefix)]
+        for fut in admin.delete_topics(names, operation_timeout=30).values() if names else ():
+            fut.result(timeout=60)
+        logging.getLogger("cassandra").setLevel(logging.ERROR)
+        cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+        try:
+            cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
+        finally:
+            cluster.shutdown()
+        say(f"dropped {len(names)} topics and keyspace {settings.keyspace}")
+    except Exception as exc:  # cleanup must not hide the verdict
+        say(f"cleanup incomplete: {exc!r}")

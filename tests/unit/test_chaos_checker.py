@@ -1,0 +1,139 @@
+"""The chaos checker can fail: doctored observations are reported, a faithful one is not.
+
+The faithful observation is built from the oracle's expectations (what a correct
+ratchet publishes); each test doctors one thing a broken ratchet could do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ratchet.chaos.checker import History, Observations, Promoted, Rejected, check
+from ratchet.chaos.oracle import expect
+from ratchet.chaos.workload import generate
+from schemas.models import TurnCompleted
+
+
+@pytest.fixture(scope="module")
+def expectations():
+    return [expect(s) for s in generate(seed=7, turns=400, tag="unit").stories]
+
+
+def faithful(expectations) -> Observations:
+    obs = Observations()
+    for e in expectations:
+        w, story = e.worlds[0], e.story
+        for r in e.dead_letters:
+            obs.dead_letters.add((r.key, r.value))
+        for index, acceptable in w.decided.items():
+            ev: TurnCompleted = story.events[index]
+            sig = min(acceptable, key=str)
+            if sig[0] == "P":
+                obs.promoted.append(Promoted(story.tenant, ev.response_id, ev.conversation_id,
+                                             ev.previous_response_id, *sig[1:], at_ms=0))
+            else:
+                obs.rejected.append(Rejected(story.tenant, ev.response_id, sig[1], sig[2], 0))
+        for rid, promo in w.promoted.items():
+            outcome = "certified" if promo.certification == "certified" else "fallback"
+            obs.histories[(story.tenant, rid)] = History(outcome, None, promo.items)
+        if story.kind == "conversation" and w.head:
+            obs.conversations[(story.tenant, story.key)] = History("certified", None, w.head_items)
+        obs.orphaned |= {(story.tenant, eid) for eid in w.orphans}
+    return obs
+
+
+def kinds(expectations, obs) -> set[str]:
+    return {v.kind for v in check(expectations, obs)}
+
+
+def test_a_faithful_observation_has_no_violation(expectations):
+    assert check(expectations, faithful(expectations)) == []
+
+
+def test_duplicate_promotion_of_one_idempotency_key_is_reported(expectations):
+    obs = faithful(expectations)
+    dup = next(r for r in obs.rejected if r.reason == "DUPLICATE")
+    original = next(p for p in obs.promoted if p.response_id == dup.existing_response_id)
+    obs.rejected.remove(dup)
+    obs.promoted.append(dataclasses.replace(original, response_id=dup.response_id))
+    assert {"duplicate_promotion", "promotion_should_not_exist"} <= kinds(expectations, obs)
+
+
+def test_seq_gap_is_reported(expectations):
+    obs = faithful(expectations)
+    second = next(p for p in obs.promoted if p.conversation_id and p.seq == 2
+                  and any(q.conversation_id == p.conversation_id and q.seq == 3
+                          for q in obs.promoted))
+    obs.promoted = [p for p in obs.promoted if p is not second]
+    assert {"seq_gap", "never_decided"} <= kinds(expectations, obs)
+
+
+def test_seq_repeat_and_conflicting_records_are_reported(expectations):
+    obs = faithful(expectations)
+    p = next(p for p in obs.promoted if p.conversation_id and p.seq == 2)
+    obs.promoted.append(dataclasses.replace(p, seq=3))  # the same response again, elsewhere
+    assert "conflicting_outcome_records" in kinds(expectations, obs)
+    obs = faithful(expectations)
+    other = next(q for q in obs.promoted if q.conversation_id == p.conversation_id and q.seq == 1)
+    obs.promoted.append(dataclasses.replace(other, seq=2))
+    assert "seq_repeat" in kinds(expectations, obs)
+
+
+def test_shortened_history_is_reported(expectations):
+    obs = faithful(expectations)
+    key, h = next((k, h) for k, h in obs.histories.items() if len(h.digests) > 2)
+    obs.histories[key] = History(h.outcome, h.reason, h.digests[:-1])
+    assert kinds(expectations, obs) == {"history_mismatch"}
+
+
+def test_reordered_history_is_reported(expectations):
+    obs = faithful(expectations)
+    key, h = next((k, h) for k, h in obs.histories.items() if len(set(h.digests)) > 2)
+    obs.histories[key] = History(h.outcome, h.reason, h.digests[::-1])
+    assert kinds(expectations, obs) == {"history_mismatch"}
+
+
+def test_wrong_reason_is_reported(expectations):
+    obs = faithful(expectations)
+    r = next(r for r in obs.rejected if r.reason == "OUT_OF_ORDER")
+    obs.rejected[obs.rejected.index(r)] = dataclasses.replace(r, reason="CONFLICT")
+    assert kinds(expectations, obs) == {"wrong_reason"}
+
+
+def test_rejection_without_reason_is_reported(expectations):
+    obs = faithful(expectations)
+    obs.rejected[0] = dataclasses.replace(obs.rejected[0], reason=None)
+    assert "rejection_without_reason" in kinds(expectations, obs)
+
+
+def test_promotion_of_an_invalid_turn_is_reported(expectations):
+    obs = faithful(expectations)
+    r = next(r for r in obs.rejected if r.reason == "CORRUPT")
+    obs.rejected.remove(r)
+    obs.promoted.append(Promoted(r.tenant, r.response_id, None, None, 1, "certified", "k", "d",
+                                 1, 0))
+    assert "promotion_should_not_exist" in kinds(expectations, obs)
+
+
+def test_lost_turn_orphan_and_dead_letter_are_reported(expectations):
+    obs = faithful(expectations)
+    obs.promoted.pop()
+    obs.orphaned.pop()
+    obs.dead_letters.pop()
+    assert {"never_decided", "orphan_missing", "dead_letter_missing"} <= kinds(expectations, obs)
+
+
+def test_either_order_of_a_race_is_accepted_but_not_both_winners(expectations):
+    raced = next(e for e in expectations if len(e.worlds) == 2)
+    obs = faithful([raced])
+    winner = {p.response_id for p in obs.promoted}
+    # The other world: the other racer won. Rebuild the observation from world 1.
+    swapped = dataclasses.replace(raced, worlds=[raced.worlds[1]])
+    obs1 = faithful([swapped])
+    assert {p.response_id for p in obs1.promoted} != winner
+    assert check([raced], obs1) == []
+    both = faithful([raced])
+    both.promoted += [p for p in obs1.promoted if p.response_id not in winner]
+    assert kinds([raced], both) & {"seq_repeat", "promotion_should_not_exist"}
