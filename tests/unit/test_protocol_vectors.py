@@ -127,16 +127,8 @@ def test_item_content_and_digest(case):
 # --- partition keys -------------------------------------------------------------------------
 
 KEYS = cases("partition-keys.json")
-# Fails today: the event models key a chain's first response without chain_root_id by
-# nothing at all (None) while the processor keys it by its response id.
-KEY_XFAIL = {"chain root without chain_root_id": "issue 11/12: three partition-key rules; "
-                                                 "the models' gives None for a chain root "
-                                                 "without chain_root_id"}
 
-
-@pytest.mark.parametrize("case", [
-    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KEY_XFAIL[c["name"]]))
-    if c["name"] in KEY_XFAIL else c for c in KEYS], ids=ids(KEYS))
+@pytest.mark.parametrize("case", KEYS, ids=ids(KEYS))
 def test_partition_key_of_a_gateway_event(case):
     event = TurnCancelled(event_id="e", produced_at=0, tenant_id="t", idempotency_key="k",
                           cancelled_at=0, **case["event"])
