@@ -1,6 +1,6 @@
 """Fetch watchdog: notice an assigned partition whose records never reach the worker.
 
-Why this exists: see docs/processor.md, "Known issue". In short, with faust-streaming
+Why this exists: see docs/processor.md, "Fetch watchdog". In short, with faust-streaming
 0.15.3 on aiokafka 0.14 a partition can stay assigned, with records waiting on the
 broker, without a single record being handed to our agent. Nothing logs it and nothing
 recovers from it; the group simply stops making progress on that partition.

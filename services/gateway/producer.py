@@ -112,7 +112,7 @@ class GatewayProducer:
                 # A "success" without an offset is not a confirmed write: librdkafka
                 # reports a batch the broker answered DUPLICATE_SEQUENCE_NUMBER as
                 # delivered, and we have seen such events missing from the log (test
-                # rigs producing right after topic creation, docs/processor.md). Fail
+                # rigs producing right after topic creation, CHANGELOG.md). Fail
                 # closed: a retryable DeliveryError; sending the event again is safe,
                 # the processor dedupes redelivered events.
                 err = KafkaError(KafkaError.DUPLICATE_SEQUENCE_NUMBER,

@@ -80,7 +80,7 @@ __all__ = [
 # Cassandra refuses a mutation above half of ``commitlog_segment_size`` (32 MiB by
 # default -> 16 MiB), and an LWT writes the whole batch twice (Paxos proposal, then
 # commit), each as one mutation. 12 MiB of turn leaves room for row and Paxos overhead;
-# see docs/store.md for the measurements.
+# see docs/store.md ("Expiry and size") for the measurements.
 DEFAULT_MAX_TURN_BYTES = 12 * 1024 * 1024
 # Bytes counted per stored row on top of its payload (keys, column names, timestamps).
 ROW_OVERHEAD_BYTES = 64
