@@ -203,6 +203,15 @@ def test_api_grace_period_outlasts_the_wait_cap() -> None:
     assert spec["terminationGracePeriodSeconds"] * 1000 > WAIT_MS_CAP
 
 
+def test_api_memory_holds_its_history_cache() -> None:
+    """The API's RSS is ~93 MiB before its verified-history cache fills (measured from
+    the image, docs/operations.md); the cache may then grow to its configured bytes."""
+    cache = Settings.from_env(_configmap()).api_history_cache_bytes
+    (container,) = _containers(_deployment("ratchet-api"))
+    assert _quantity(container["resources"]["requests"]["memory"]) >= 93 * 2**20 + cache
+    assert _quantity(container["resources"]["limits"]["memory"]) >= 2 * 93 * 2**20 + cache
+
+
 def test_worker_grace_period_covers_its_sigterm_drain() -> None:
     """On SIGTERM the worker gives the event in flight in each lane ``shutdown_grace_s``
     to finish (streams/app.py), then commits and leaves the group. The pod must allow
