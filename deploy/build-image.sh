@@ -167,7 +167,8 @@ BINDS="$CACHE/wheels:/build/wheels" in_root "$ROOT" /bin/sh -ec "
   $VENV/bin/ratchet --version"
 say "removing build tools and caches; user $USER_NAME ($USER_ID) owns $DATA"
 in_root "$ROOT" /bin/sh -ec "
-  dpkg --purge python3.11-venv python3-pip-whl python3-setuptools-whl >/dev/null
+  # ensurepip's wheels and what only they needed (python3-distutils, lib2to3, ...)
+  apt-get purge -y -qq --autoremove python3.11-venv python3-pip-whl python3-setuptools-whl >/dev/null
   apt-get clean
   rm -rf /build /root/.cache /tmp/* /var/tmp/* /var/lib/apt/lists/* /var/log/apt/* /var/log/dpkg.log
   groupadd --gid $USER_ID $USER_NAME
