@@ -32,7 +32,7 @@ BASE_PACKAGES="python3.11 python3.11-venv ca-certificates"
 BASE_RECIPE=1                         # bump when the base recipe below changes
 
 OUT_DIR=${1:-dist}
-CACHE=${RATCHET_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ratchet/image}
+CACHE=${RATCHET_IMAGE_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/ratchet/image}
 BASE_DAYS=${RATCHET_IMAGE_BASE_DAYS:-7}
 t0=$SECONDS
 say() { printf '==> [%4ds] %s\n' $((SECONDS - t0)) "$*"; }
