@@ -99,8 +99,6 @@ BAD_CONTENT = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 defect 2: content that is not a JSON object "
-                   "(with a correct digest) is promoted, and every later read is 500")
 @pytest.mark.parametrize("case", sorted(BAD_CONTENT))
 def test_content_that_is_not_a_json_object_is_corrupt_and_the_head_stays(gw, tenant, case):
     conv, events, _ = conversation(gw, tenant, 1)
@@ -118,16 +116,12 @@ def test_content_that_is_not_a_json_object_is_corrupt_and_the_head_stays(gw, ten
 # --- defect 3: CheckpointPromoted.item_count counts the complete history --------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 defect 3: item_count is the turn's count, "
-                   "not the complete history's")
 def test_item_count_is_the_complete_historys_count_in_a_conversation(gw, tenant):
     _, _, promotions = conversation(gw, tenant, 3)
     assert [p["item_count"] for p in promotions] == [2, 4, 6]
     assert [p["seq"] for p in promotions] == [1, 2, 3]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 defect 3: item_count is the turn's count, "
-                   "not the complete history's")
 def test_item_count_is_the_complete_historys_count_in_a_chain(gw, tenant):
     root = turn(tenant, uid("resp"), [user("q0")], [assistant("a0")])
     child = turn(tenant, uid("resp"), [user("q1")], [assistant("a1")],
