@@ -121,6 +121,39 @@ class ResponseExists:
 
 
 @dataclass(frozen=True)
+class ResponseClaim:
+    """Who may promote a response id in a tenant: ONE request, in ONE partition.
+
+    Taken once per (tenant, response id) by a linearizable insert before the first
+    promotion batch of the id (``CheckpointStore.promote``), never released and never
+    changed. The request's identity (idempotency key + request digest) and partition
+    are the claim, so a retry or redelivery of the SAME request finds its own claim and
+    goes on (also after a crash between the claim and its batch, or after its batch was
+    refused), while any other request finds the id taken: ``ResponseClaimed``. The
+    claim also says where the response lives (the store's location lookup).
+    """
+
+    tenant_id: str
+    response_id: str
+    partition_key: str
+    idempotency_key: str
+    request_digest: str
+
+    @classmethod
+    def of(cls, request: PromotionRequest) -> ResponseClaim:
+        return cls(request.tenant_id, request.response_id, request.partition_key,
+                   request.idempotency_key, request.request_digest)
+
+
+@dataclass(frozen=True)
+class ResponseClaimed:
+    """The response id is claimed by another request (another idempotency key, request
+    digest or partition): never rebound, the turn is not written (CONFLICT)."""
+
+    holder: ResponseClaim
+
+
+@dataclass(frozen=True)
 class LineageChanged:
     """The turn would extend another response than the caller said it validated the
     turn against (``promote(..., extends=...)``); nothing was written.
@@ -149,6 +182,7 @@ PromotionOutcome = (
     | AheadOfHead
     | ParentMissing
     | ResponseExists
+    | ResponseClaimed
     | TooLarge
     | LineageChanged
 )

@@ -14,7 +14,8 @@ and publishes; every rule lives here so a reader finds them in one place:
 2. :func:`interpret` - turn the store's compare-and-set outcome into the verdict:
    ``Promoted`` -> accepted; ``Duplicate`` -> the original outcome again (same
    response) or ``DUPLICATE``; ``KeyReused`` -> ``IDEMPOTENCY_KEY_REUSED``;
-   ``Conflict`` -> ``CONFLICT``; ``AheadOfHead`` -> ``OUT_OF_ORDER``;
+   ``Conflict``, ``ResponseExists``, ``ResponseClaimed`` (the response id is bound to
+   another request, maybe in another partition) -> ``CONFLICT``; ``AheadOfHead`` -> ``OUT_OF_ORDER``;
    ``ParentMissing`` -> ``PARENT_NOT_PROMOTED`` or ``TENANT_MISMATCH`` (parent owned
    by another tenant).
 3. :func:`orphaned_effects` - which recorded tool effects must be published as
@@ -41,6 +42,7 @@ from ratchet.domain.plan import (
     Promoted,
     PromotionOutcome,
     PromotionRequest,
+    ResponseClaimed,
     ResponseExists,
     TooLarge,
 )
@@ -314,6 +316,9 @@ def interpret(turn: TurnCompleted, outcome: PromotionOutcome,
             # Another request already owns this response id: never rebind it (CONTRACT 4).
             return Reject(R.CONFLICT, f"response id {cp.response_id} is already bound to "
                           f"request {cp.idempotency_key} at seq {cp.seq}", head_seq=cp.seq)
+        case ResponseClaimed(holder=claim):
+            return Reject(R.CONFLICT, f"response id {claim.response_id} is already bound to "
+                          f"request {claim.idempotency_key} in {claim.partition_key}")
         case KeyReused(original_response_id=rid):
             return Reject(R.IDEMPOTENCY_KEY_REUSED, f"idempotency key {turn.idempotency_key} "
                           f"already promoted a different request ({rid})",

@@ -60,8 +60,6 @@ def contents(*events: dict) -> list[str]:
 # --- defect 1: a response id is bound once per tenant, across partitions -------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 defect 1: a response id reused in another "
-                   "partition is promoted again and rebinds the id")
 @pytest.mark.parametrize("where", ["another conversation", "another chain"])
 def test_response_id_reused_in_another_partition_is_conflict(gw, tenant, where):
     rid = uid("resp")
