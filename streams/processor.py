@@ -176,12 +176,23 @@ class PromotionProcessor:
             conversation_id=conversation if owner is None else None)
         if owner is not None:
             facts = replace(facts, conversation_owner=owner)
+        if facts.cancellation is not None and self._cancelled_after_promotion(facts.cancellation):
+            facts = replace(facts, cancellation=None)
         if facts.decision is not None and facts.decision.reason is not None:
             verdict: Verdict = _replayed_rejection(facts.decision)  # never flip an outcome
         else:
             verdict = self._decide_and_write(turn, facts, owner_cached=owner is not None,
                                              claiming=claiming)
         return self._publishable(turn, key, verdict, facts.effects)
+
+    def _cancelled_after_promotion(self, cancel: Cancellation) -> bool:
+        """A cancellation of a response that is promoted (under the same request) came
+        after its promotion, since one that came before would have prevented it
+        (CONTRACT 4): it changes nothing, so later retries of the request still get
+        DUPLICATE / IDEMPOTENCY_KEY_REUSED naming the promoted response. Asked only when
+        a cancellation exists (rare)."""
+        promoted = self.store.get_checkpoint(cancel.tenant_id, cancel.response_id)
+        return promoted is not None and promoted.idempotency_key == cancel.idempotency_key
 
     def _on_unkeyed_turn(self, turn: TurnCompleted, missing: MissingChainRoot) -> Handled:
         """A continued chain turn without ``chain_root_id``: the partition its parent is
