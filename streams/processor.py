@@ -376,9 +376,9 @@ class PromotionProcessor:
         # Another worker may have decided this event first (zombie after a rebalance):
         # the first decision holds.
         verdict = _replayed_rejection(held)
-        if verdict.reason is not RejectionReason.DUPLICATE:
-            self.ledger.mark_rejected(turn.tenant_id, turn.response_id, verdict.reason.value,
-                                      verdict.detail)
+        # A DUPLICATE's status names the original response (a retry answers with it).
+        self.ledger.mark_rejected(turn.tenant_id, turn.response_id, verdict.reason.value,
+                                  verdict.detail, verdict.existing_response_id)
         return verdict
 
     # -- what to publish ------------------------------------------------------------------

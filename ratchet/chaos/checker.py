@@ -178,7 +178,8 @@ def _story_violations(exp: Expectation, w: World, by_rid, obs: Observations) -> 
         if (tenant, eid) not in obs.orphaned:
             out.append(Violation("orphan_missing", sid, eid))
     for rid, promo in w.promoted.items():
-        want = ("certified" if promo.certification == "certified" else "fallback", promo.items)
+        reusable = promo.certification == "certified" and promo.artifact
+        want = ("certified" if reusable else "fallback", promo.items)
         got = obs.histories.get((tenant, rid))
         if got is None or (got.outcome, got.digests) != want:
             out.append(Violation("history_mismatch", sid, f"{rid}: {_hist(got)} != {want[0]} "

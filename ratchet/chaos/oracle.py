@@ -41,6 +41,7 @@ class Promo:
     seq: int
     items: tuple[str, ...]  # content digests of the complete history, in order
     certification: str
+    artifact: bool = False  # a reusable token artifact (else a certified read is NO_ARTIFACT)
 
     @property
     def sig(self) -> Sig:
@@ -138,10 +139,10 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
         else:
             return _reject("PARENT_NOT_PROMOTED")
     items = prior + tuple(i.content_digest for i in (*ev.input_items, *ev.output_items))
-    certified = (ev.status == "completed" and ev.token_artifact is not None
-                 and ev.boundary_proof is not None and not ev.effective_config.truncated)
+    certified = ev.status == "completed" and not ev.effective_config.truncated
+    artifact = certified and ev.token_artifact is not None and ev.boundary_proof is not None
     promo = Promo(ev.response_id, ev.idempotency_key, ev.request_digest, seq, items,
-                  "certified" if certified else "logical_only")
+                  "certified" if certified else "logical_only", artifact)
     w.promoted[ev.response_id] = promo
     w.keys[ev.idempotency_key] = promo
     if story.kind == "conversation":

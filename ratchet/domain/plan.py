@@ -64,6 +64,9 @@ class PromotionRequest:
     token_artifact: StoredTokenArtifact | None = None
     router_receipt: str | None = None
     boundary_proof: str | None = None
+    # The gateway's logical expiry (``TurnCompleted.expires_at``); the checkpoint keeps
+    # the earlier of it and the server's retention (``build_checkpoint``).
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -327,11 +330,15 @@ def _as_plan(decision: PromotionOutcome | Plan) -> Plan | None:
 def build_checkpoint(
     request: PromotionRequest, plan: Plan, promoted_at: datetime, logical_retention_s: int
 ) -> CheckpointRecord:
-    """The checkpoint record a plan persists (same on every backend)."""
+    """The checkpoint record a plan persists (same on every backend).
+
+    Logical expiry: the gateway's ``expires_at`` capped by the server's retention
+    (``logical_retention_s`` after promotion; 0 = no retention), whichever is earlier."""
     promoted_at = utc_ms(promoted_at)
-    expires = (
-        promoted_at + timedelta(seconds=logical_retention_s) if logical_retention_s > 0 else None
-    )
+    limits = [utc_ms(request.expires_at)] if request.expires_at is not None else []
+    if logical_retention_s > 0:
+        limits.append(promoted_at + timedelta(seconds=logical_retention_s))
+    expires = min(limits, default=None)
     return CheckpointRecord(
         tenant_id=request.tenant_id,
         partition_key=request.partition_key,

@@ -61,6 +61,9 @@ class CachedHistory:
         head = stamp.head
         if head is None or head.seq < self.checkpoint.seq:
             return None
+        backing = stamp.rows.get(head.response_id)  # (seq, mode, ...): the head's own turn
+        if backing is None or backing[:2] != (head.seq, PromotionMode.CONVERSATION.value):
+            return None
         if not stamp.conversation_seqs_unique():
             return None
         return head.seq

@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 from ratchet.domain.history import (
     CheckpointRecord,
     HistoryFailure,
+    PromotionMode,
     StoredTokenArtifact,
     VerifiedHistory,
 )
@@ -40,6 +41,8 @@ def history_outcome_body(
         reason = str(outcome.reason)
         return failure_body(reason, detail=outcome.detail), _status(reason)
     response_id = outcome.checkpoint.response_id
+    seqs = {"head_seq": outcome.checkpoint.seq,
+            "conversation_head_seq": conversation_head_seq(outcome.checkpoint, outcome.head_seq)}
     try:
         items = [item_body(item) for item in outcome.items]
     except _Undecodable as exc:
@@ -48,7 +51,7 @@ def history_outcome_body(
     if isinstance(outcome, Certified):
         body = HistoryBody(
             outcome="certified",
-            head_seq=outcome.head_seq,
+            **seqs,
             response_id=response_id,
             items=items,
             checkpoint=checkpoint_body(outcome.checkpoint),
@@ -58,11 +61,17 @@ def history_outcome_body(
     body = HistoryBody(
         outcome="fallback",
         reason=str(outcome.reason),
-        head_seq=outcome.head_seq,
+        **seqs,
         response_id=response_id,
         items=items,
     )
     return body, 200
+
+
+def conversation_head_seq(checkpoint: CheckpointRecord, head_seq: int) -> int | None:
+    """``conversation_head_seq`` of a body: the Conversation's head (``VerifiedHistory.
+    head_seq``) in Conversation mode, null in chain mode."""
+    return head_seq if checkpoint.mode is PromotionMode.CONVERSATION else None
 
 
 @dataclass(frozen=True)
@@ -101,7 +110,10 @@ def render_history(history: VerifiedHistory) -> RenderedHistory | HistoryBody:
 
 
 def history_json(
-    rendered: RenderedHistory, head_seq: int, fallback: FallbackReason | None
+    rendered: RenderedHistory,
+    head_seq: int,
+    conversation_head: int | None,
+    fallback: FallbackReason | None,
 ) -> bytes:
     """The whole certified (``fallback`` None) or fallback body, in ``HistoryBody``'s
     field order; the checkpoint travels with certified answers only."""
@@ -116,6 +128,8 @@ def history_json(
         (
             head,
             str(int(head_seq)).encode(),
+            b',"conversation_head_seq":',
+            b"null" if conversation_head is None else str(int(conversation_head)).encode(),
             b',"response_id":',
             _STR.dump_json(rendered.response_id),
             b',"items":',

@@ -156,8 +156,6 @@ def test_head_without_checkpoint_fails_the_conversation_endpoint(
     assert body["items"] is None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 defect 4: the response endpoint answers "
-                   "200 under a head that no checkpoint backs")
 @pytest.mark.parametrize("cache_control", [None, "no-cache"])
 def test_head_without_checkpoint_fails_the_response_endpoint(
         gw, tenant, head_beyond_its_checkpoints, cache_control):
@@ -191,8 +189,6 @@ def test_duplicate_rejection_names_the_original_response(gw, tenant):
     assert rejection["existing_response_id"] == original["response_id"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 defect 6: the status of a response rejected "
-                   "as DUPLICATE says unknown")
 def test_status_of_a_duplicate_is_rejected_and_names_the_original(gw, tenant):
     original, retry, _ = _retry_with_a_new_response_id(gw, tenant)
     status = gw.status(tenant, retry["response_id"])
@@ -204,9 +200,6 @@ def test_status_of_a_duplicate_is_rejected_and_names_the_original(gw, tenant):
 # --- contract decisions of issue 12 -------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 decision NO_ARTIFACT: a completed turn "
-                   "without a token artifact is promoted logical_only and falls back "
-                   "NOT_CERTIFIED")
 def test_completed_turn_without_artifact_falls_back_no_artifact(gw, tenant):
     event = turn(tenant, uid("resp"), [user("q")], [assistant("a")], certified=False)
     promoted = gw.promoted(event)
@@ -226,8 +219,6 @@ def test_incomplete_turn_is_logical_only_and_falls_back_not_certified(gw, tenant
     assert item_contents(body) == contents(event)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 decision head_seq: a response's history "
-                   "reports the Conversation's head as head_seq, not the response's own seq")
 def test_head_seq_of_a_response_is_its_own_seq_with_the_conversation_head_beside(gw, tenant):
     conv, events, _ = conversation(gw, tenant, 3)
     first = gw.response_history(tenant, events[0]["response_id"]).json()
@@ -237,8 +228,6 @@ def test_head_seq_of_a_response_is_its_own_seq_with_the_conversation_head_beside
     assert (whole["head_seq"], whole["conversation_head_seq"]) == (3, 3)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 decision expires_at: TurnCompleted.expires_at "
-                   "is ignored")
 def test_turn_expires_at_is_honoured(gw, tenant):
     expires_at = now_ms() + 6_000
     event = turn(tenant, uid("resp"), [user("q")], [assistant("a")], expires_at=expires_at)
