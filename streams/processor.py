@@ -48,6 +48,7 @@ from ratchet.domain.validation import (
 )
 from schemas.errors import Unavailable
 from schemas.keys import MissingChainRoot, partition_key
+from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import (
     DeadLetter,
     DeadLetterReason,
@@ -129,6 +130,8 @@ class PromotionProcessor:
             if isinstance(event, TurnCancelled):
                 self._record_cancel(event)
                 return Handled((), "cancel")
+            if len(record.value or b"") > MAX_EVENT_BYTES:
+                return self._on_too_large_turn(event, len(record.value or b""))
             return self._on_turn(event)
         except DecodeFailed as exc:
             return Handled((self._dead_letter(record, exc),), "dead_lettered")
@@ -193,6 +196,26 @@ class PromotionProcessor:
         a cancellation exists (rare)."""
         promoted = self.store.get_checkpoint(cancel.tenant_id, cancel.response_id)
         return promoted is not None and promoted.idempotency_key == cancel.idempotency_key
+
+    def _on_too_large_turn(self, turn: TurnCompleted, size: int) -> Handled:
+        """A turn whose event is above the protocol's maximum (a gateway that did not
+        check): ``UNSUPPORTED_FORMAT``, decided without store reads, recorded like any
+        rejection so the status endpoint and a redelivery agree."""
+        try:
+            key = partition_key(turn)
+        except MissingChainRoot:
+            key = turn.response_id
+        facts = self.ledger.turn_facts(
+            event_id=turn.event_id, tenant_id=turn.tenant_id,
+            idempotency_key=turn.idempotency_key, conversation_id=None)
+        if facts.decision is not None and facts.decision.reason is not None:
+            verdict: Verdict = _replayed_rejection(facts.decision)
+        else:
+            verdict = self._make_durable(turn, Reject(
+                RejectionReason.UNSUPPORTED_FORMAT,
+                f"event of {size} bytes exceeds the protocol maximum of "
+                f"{MAX_EVENT_BYTES} bytes"), facts)
+        return self._publishable(turn, key, verdict, facts.effects)
 
     def _on_unkeyed_turn(self, turn: TurnCompleted, missing: MissingChainRoot) -> Handled:
         """A continued chain turn without ``chain_root_id``: the partition its parent is

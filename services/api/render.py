@@ -12,6 +12,7 @@ from datetime import datetime
 
 from pydantic import TypeAdapter
 
+from ratchet.domain.catalogue import decode_content
 from ratchet.domain.history import (
     CheckpointRecord,
     HistoryFailure,
@@ -152,12 +153,13 @@ def _status(reason: str) -> int:
 
 
 def item_body(item: Item) -> HistoryItem:
-    """The stored canonical JSON, as text, unchanged (see models.py for why)."""
-    try:
-        text = item.content.decode("utf-8")
-        json.loads(text)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise _Undecodable(f"item {item.item_id} content is not UTF-8 JSON: {exc}") from None
+    """The stored canonical JSON, as text, unchanged (see models.py for why).
+
+    Decoded with the catalogue's ``decode_content``, the very function validation
+    accepted the item with (one item codec), so a promoted item always renders."""
+    if decode_content(item) is None:
+        raise _Undecodable(f"item {item.item_id} content is not a UTF-8 JSON object")
+    text = item.content.decode("utf-8")
     # model_construct: every field comes from a verified Item, validating again costs
     # ~1 ms per 100-item history for nothing.
     return HistoryItem.model_construct(

@@ -73,6 +73,7 @@ from ratchet.domain.plan import (
 )
 from ratchet.lru import Lru
 from schemas.errors import Unavailable
+from schemas.limits import MAX_EVENT_BYTES
 
 __all__ = [
     "ANY_LINEAGE",
@@ -87,11 +88,11 @@ __all__ = [
     "validate_request",
 ]
 
-# Cassandra refuses a mutation above half of ``commitlog_segment_size`` (32 MiB by
-# default -> 16 MiB), and an LWT writes the whole batch twice (Paxos proposal, then
-# commit), each as one mutation. 12 MiB of turn leaves room for row and Paxos overhead;
-# see docs/store.md ("Expiry and size") for the measurements.
-DEFAULT_MAX_TURN_BYTES = 12 * 1024 * 1024
+# ONE maximum: the protocol's (schemas/limits.py), counted by ``turn_size``. A turn of
+# that size is one Cassandra mutation well under half of ``commitlog_segment_size``
+# (32 MiB -> 16 MiB), the hard cap of a single-partition batch; an LWT writes it in
+# its Paxos proposal and again on commit, each as one mutation of about that size.
+DEFAULT_MAX_TURN_BYTES = MAX_EVENT_BYTES
 # Bytes counted per stored row on top of its payload (keys, column names, timestamps).
 ROW_OVERHEAD_BYTES = 64
 # How many read-decide-write rounds a promotion may lose before giving up; each lost
