@@ -1,9 +1,8 @@
 """ratchet as an outside gateway sees it (issue 12): raw Confluent-framed Avro in, output
 topics and HTTP out, digests computed by the test itself (tests/e2e/outside.py).
 
-One test per defect of issue 12 and per contract decision it lists. A test of behaviour
-that is still wrong today is marked ``xfail(strict=True)`` naming the defect: the fix
-removes the marker (strict: a fix that lands unnoticed fails the suite until it does).
+One test per defect of issue 12 and per contract decision it lists (all fixed; a new
+defect found this way gets a ``xfail(strict=True)`` test naming it until its fix).
 """
 
 from __future__ import annotations
