@@ -37,8 +37,8 @@ from ratchet.settings import Settings
 from schemas.models import Certification, Item
 
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "migrations"
-# The store's tables: response_locations (001) and turns (004).
-MIGRATIONS = (_MIGRATIONS_DIR / "001_core.cql", _MIGRATIONS_DIR / "004_turn_rows.cql")
+# The store's tables: turns (004) and response_claims (007).
+MIGRATIONS = (_MIGRATIONS_DIR / "004_turn_rows.cql", _MIGRATIONS_DIR / "007_response_claims.cql")
 
 
 @dataclass(frozen=True)

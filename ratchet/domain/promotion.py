@@ -14,7 +14,8 @@ and publishes; every rule lives here so a reader finds them in one place:
 2. :func:`interpret` - turn the store's compare-and-set outcome into the verdict:
    ``Promoted`` -> accepted; ``Duplicate`` -> the original outcome again (same
    response) or ``DUPLICATE``; ``KeyReused`` -> ``IDEMPOTENCY_KEY_REUSED``;
-   ``Conflict`` -> ``CONFLICT``; ``AheadOfHead`` -> ``OUT_OF_ORDER``;
+   ``Conflict``, ``ResponseExists``, ``ResponseClaimed`` (the response id is bound to
+   another request, maybe in another partition) -> ``CONFLICT``; ``AheadOfHead`` -> ``OUT_OF_ORDER``;
    ``ParentMissing`` -> ``PARENT_NOT_PROMOTED`` or ``TENANT_MISMATCH`` (parent owned
    by another tenant).
 3. :func:`orphaned_effects` - which recorded tool effects must be published as
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from ratchet.domain.catalogue import EFFECT_OUTPUT_TYPES, effect_key
@@ -41,6 +43,7 @@ from ratchet.domain.plan import (
     Promoted,
     PromotionOutcome,
     PromotionRequest,
+    ResponseClaimed,
     ResponseExists,
     TooLarge,
 )
@@ -118,12 +121,15 @@ class ValidationVerdict:
     # The pairing state of the lineage AFTER this turn (None when rejected): what the
     # next turn extending it continues from (the processor's tail cache keeps it).
     pairing: PairingState | None = None
+    # The token artifact (with proof and receipt) is promoted with the turn.
+    artifact_reusable: bool = False
 
     @classmethod
     def from_validation(cls, result: Validation) -> ValidationVerdict:
         if isinstance(result, Rejected):
             return cls(None, result.reason, result.detail)
-        return cls(result.certification, pairing=result.pairing)
+        return cls(result.certification, pairing=result.pairing,
+                   artifact_reusable=result.artifact_reusable)
 
 
 def validate(turn: TurnCompleted, now_ms: int, history: Sequence[Item]) -> ValidationVerdict:
@@ -191,7 +197,8 @@ def decide_turn(turn: TurnCompleted, validation: ValidationVerdict,
         if rejection is not None:
             return rejection
     assert validation.certification is not None
-    return Promote(promotion_request(turn, validation.certification))
+    return Promote(promotion_request(turn, validation.certification,
+                                     validation.artifact_reusable))
 
 
 def _tenant_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> Reject | None:
@@ -249,9 +256,13 @@ def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> R
 # --- the store request --------------------------------------------------------------------
 
 
-def promotion_request(turn: TurnCompleted, certification: Certification) -> PromotionRequest:
-    """The store request for a turn: its new items and the outer checkpoint metadata."""
-    certified = certification is Certification.CERTIFIED
+def promotion_request(turn: TurnCompleted, certification: Certification,
+                      artifact_reusable: bool = True) -> PromotionRequest:
+    """The store request for a turn: its new items and the outer checkpoint metadata.
+    The artifact, receipt and proof travel only with a certified turn whose artifact is
+    reusable (``artifact_reusable``); a certified turn without one falls back
+    ``NO_ARTIFACT`` on reads."""
+    certified = certification is Certification.CERTIFIED and artifact_reusable
     conversation = turn.conversation_id is not None
     return PromotionRequest(
         tenant_id=turn.tenant_id,
@@ -268,12 +279,15 @@ def promotion_request(turn: TurnCompleted, certification: Certification) -> Prom
         token_artifact=_store_artifact(turn) if certified else None,
         router_receipt=_json_or_none(turn.router_receipt) if certified else None,
         boundary_proof=_json_or_none(turn.boundary_proof) if certified else None,
+        expires_at=None if turn.expires_at is None else _utc_ms(turn.expires_at),
     )
 
 
-def _store_artifact(turn: TurnCompleted) -> StoredTokenArtifact | None:
-    from datetime import UTC, datetime
+def _utc_ms(epoch_ms: int) -> datetime:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC)
 
+
+def _store_artifact(turn: TurnCompleted) -> StoredTokenArtifact | None:
     art = turn.token_artifact
     if art is None:
         return None
@@ -283,7 +297,7 @@ def _store_artifact(turn: TurnCompleted) -> StoredTokenArtifact | None:
         token_count=art.token_count,
         safe_append_boundary=art.safe_append_boundary,
         fingerprint_hash=art.fingerprint_hash,
-        expires_at=datetime.fromtimestamp(art.expires_at / 1000, UTC),
+        expires_at=_utc_ms(art.expires_at),
     )
 
 
@@ -314,6 +328,9 @@ def interpret(turn: TurnCompleted, outcome: PromotionOutcome,
             # Another request already owns this response id: never rebind it (CONTRACT 4).
             return Reject(R.CONFLICT, f"response id {cp.response_id} is already bound to "
                           f"request {cp.idempotency_key} at seq {cp.seq}", head_seq=cp.seq)
+        case ResponseClaimed(holder=claim):
+            return Reject(R.CONFLICT, f"response id {claim.response_id} is already bound to "
+                          f"request {claim.idempotency_key} in {claim.partition_key}")
         case KeyReused(original_response_id=rid):
             return Reject(R.IDEMPOTENCY_KEY_REUSED, f"idempotency key {turn.idempotency_key} "
                           f"already promoted a different request ({rid})",

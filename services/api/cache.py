@@ -19,7 +19,7 @@ stamp differs and the hit becomes a miss: the full read and verification decide.
 What a hit therefore guarantees: the answer a full read would give at the time of the
 stamp query, unless a write forged an old write timestamp (``USING TIMESTAMP``) or
 the bytes changed below CQL (disk damage; Cassandra's own chunk checksums are the
-defence there). The response -> partition mapping (``response_locations``) is written
+defence there). The response -> partition mapping (``response_claims``) is written
 once and kept in memory, as the store's own location hints already do.
 
 Only fully verified, fully renderable histories are cached; never a failure.
@@ -60,6 +60,9 @@ class CachedHistory:
             return self.checkpoint.seq
         head = stamp.head
         if head is None or head.seq < self.checkpoint.seq:
+            return None
+        backing = stamp.rows.get(head.response_id)  # (seq, mode, ...): the head's own turn
+        if backing is None or backing[:2] != (head.seq, PromotionMode.CONVERSATION.value):
             return None
         if not stamp.conversation_seqs_unique():
             return None

@@ -12,9 +12,11 @@ from datetime import datetime
 
 from pydantic import TypeAdapter
 
+from ratchet.domain.catalogue import decode_content
 from ratchet.domain.history import (
     CheckpointRecord,
     HistoryFailure,
+    PromotionMode,
     StoredTokenArtifact,
     VerifiedHistory,
 )
@@ -40,6 +42,8 @@ def history_outcome_body(
         reason = str(outcome.reason)
         return failure_body(reason, detail=outcome.detail), _status(reason)
     response_id = outcome.checkpoint.response_id
+    seqs = {"head_seq": outcome.checkpoint.seq,
+            "conversation_head_seq": conversation_head_seq(outcome.checkpoint, outcome.head_seq)}
     try:
         items = [item_body(item) for item in outcome.items]
     except _Undecodable as exc:
@@ -48,7 +52,7 @@ def history_outcome_body(
     if isinstance(outcome, Certified):
         body = HistoryBody(
             outcome="certified",
-            head_seq=outcome.head_seq,
+            **seqs,
             response_id=response_id,
             items=items,
             checkpoint=checkpoint_body(outcome.checkpoint),
@@ -58,11 +62,17 @@ def history_outcome_body(
     body = HistoryBody(
         outcome="fallback",
         reason=str(outcome.reason),
-        head_seq=outcome.head_seq,
+        **seqs,
         response_id=response_id,
         items=items,
     )
     return body, 200
+
+
+def conversation_head_seq(checkpoint: CheckpointRecord, head_seq: int) -> int | None:
+    """``conversation_head_seq`` of a body: the Conversation's head (``VerifiedHistory.
+    head_seq``) in Conversation mode, null in chain mode."""
+    return head_seq if checkpoint.mode is PromotionMode.CONVERSATION else None
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,10 @@ def render_history(history: VerifiedHistory) -> RenderedHistory | HistoryBody:
 
 
 def history_json(
-    rendered: RenderedHistory, head_seq: int, fallback: FallbackReason | None
+    rendered: RenderedHistory,
+    head_seq: int,
+    conversation_head: int | None,
+    fallback: FallbackReason | None,
 ) -> bytes:
     """The whole certified (``fallback`` None) or fallback body, in ``HistoryBody``'s
     field order; the checkpoint travels with certified answers only."""
@@ -116,6 +129,8 @@ def history_json(
         (
             head,
             str(int(head_seq)).encode(),
+            b',"conversation_head_seq":',
+            b"null" if conversation_head is None else str(int(conversation_head)).encode(),
             b',"response_id":',
             _STR.dump_json(rendered.response_id),
             b',"items":',
@@ -138,12 +153,13 @@ def _status(reason: str) -> int:
 
 
 def item_body(item: Item) -> HistoryItem:
-    """The stored canonical JSON, as text, unchanged (see models.py for why)."""
-    try:
-        text = item.content.decode("utf-8")
-        json.loads(text)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise _Undecodable(f"item {item.item_id} content is not UTF-8 JSON: {exc}") from None
+    """The stored canonical JSON, as text, unchanged (see models.py for why).
+
+    Decoded with the catalogue's ``decode_content``, the very function validation
+    accepted the item with (one item codec), so a promoted item always renders."""
+    if decode_content(item) is None:
+        raise _Undecodable(f"item {item.item_id} content is not a UTF-8 JSON object")
+    text = item.content.decode("utf-8")
     # model_construct: every field comes from a verified Item, validating again costs
     # ~1 ms per 100-item history for nothing.
     return HistoryItem.model_construct(

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from starlette.concurrency import run_in_threadpool
 
 from ratchet.domain.history import (
+    CheckpointRecord,
     HistoryFailure,
     HistoryFailureReason,
     VerifiedHistory,
@@ -36,6 +37,7 @@ from services.api.cache import CachedHistory, HistoryCache, lineage_stamps
 from services.api.models import FAILURE_HTTP_STATUS, HistoryBody, StatusBody
 from services.api.render import (
     RenderedHistory,
+    conversation_head_seq,
     failure_body,
     history_json,
     render_history,
@@ -161,6 +163,7 @@ class RehydrationService:
                 state=recorded.status.value,
                 reason=recorded.reason,
                 seq=recorded.seq,
+                existing_response_id=recorded.existing_response_id,
             )
         else:
             body = StatusBody(response_id=response_id, state="unknown")
@@ -299,6 +302,7 @@ class RehydrationService:
         metrics.HISTORY_CACHE.labels(endpoint, "hit").inc()
         return self._verified_answer(
             entry.rendered,
+            entry.checkpoint,
             head_seq,
             fallback_reason(entry.checkpoint, fingerprint_hash, now),
             endpoint,
@@ -378,20 +382,30 @@ class RehydrationService:
         self._fill(history, rendered, stamp)
         return self._verified_answer(
             rendered,
+            history.checkpoint,
             history.head_seq,
             fallback_reason(history.checkpoint, fingerprint_hash, now),
             endpoint,
         )
 
     def _verified_answer(
-        self, rendered: RenderedHistory, head_seq: int, fallback, endpoint: str
+        self,
+        rendered: RenderedHistory,
+        checkpoint: CheckpointRecord,
+        current_head_seq: int,
+        fallback,
+        endpoint: str,
     ) -> Answer:
+        """``head_seq`` is the response's own seq; a Conversation's current head
+        (``current_head_seq``, as verified) is answered beside it."""
         outcome = "certified" if fallback is None else "fallback"
         reason = None if fallback is None else str(fallback)
         metrics.OUTCOMES.labels(endpoint, outcome, reason or "").inc()
-        return Answer(
-            200, outcome, reason, head_seq, None, history_json(rendered, head_seq, fallback)
+        own = checkpoint.seq
+        body = history_json(
+            rendered, own, conversation_head_seq(checkpoint, current_head_seq), fallback
         )
+        return Answer(200, outcome, reason, own, None, body)
 
     def _fill(
         self, history: VerifiedHistory, rendered: RenderedHistory, stamp: PartitionStamp | None

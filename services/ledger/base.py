@@ -115,6 +115,8 @@ class ResponseStatus:
     reason: str | None = None
     seq: int | None = None
     detail: str = ""
+    # DUPLICATE: the response the request was promoted as.
+    existing_response_id: str | None = None
 
 
 class Ledger(abc.ABC):
@@ -193,8 +195,10 @@ class Ledger(abc.ABC):
         """Record that ``response_id`` is promoted (wins over any rejection)."""
 
     @abc.abstractmethod
-    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str) -> None:
-        """Record the latest rejection of ``response_id`` (never hides a promotion)."""
+    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str,
+                      existing_response_id: str | None = None) -> None:
+        """Record the latest rejection of ``response_id`` (never hides a promotion);
+        ``existing_response_id``: the original response a DUPLICATE names."""
 
     @abc.abstractmethod
     def status(self, tenant_id: str, response_id: str) -> ResponseStatus:
@@ -205,10 +209,12 @@ class Ledger(abc.ABC):
 
 
 def response_status(row_promoted_seq: int | None, row_promoted: bool, reason: str | None,
-                    detail: str, response_id: str) -> ResponseStatus:
+                    detail: str, response_id: str,
+                    existing_response_id: str | None = None) -> ResponseStatus:
     """Fold the stored columns into one answer: a promotion hides any rejection."""
     if row_promoted:
         return ResponseStatus(response_id, ResponseState.PROMOTED, None, row_promoted_seq)
     if reason is not None:
-        return ResponseStatus(response_id, ResponseState.REJECTED, reason, None, detail)
+        return ResponseStatus(response_id, ResponseState.REJECTED, reason, None, detail,
+                              existing_response_id)
     return ResponseStatus(response_id, ResponseState.UNKNOWN)

@@ -1,4 +1,4 @@
-"""Cassandra ledger (tables in ``infra/migrations/002_ledger.cql``, ``003``, ``006``).
+"""Cassandra ledger (tables in ``infra/migrations/002_ledger.cql``, ``003``, ``006``, ``008``).
 
 A logical request's tool effects, cancellation and event decisions share one partition
 of ``request_facts`` (006), so ``turn_facts`` reads them with one query. Every write
@@ -127,13 +127,13 @@ class CassandraLedger(Ledger):
             ConsistencyLevel.QUORUM,
         )
         self._set_rejected = self._prepare(
-            "UPDATE response_status SET rejected_reason = ?, rejected_detail = ? "
-            "WHERE tenant_id = ? AND response_id = ?",
+            "UPDATE response_status SET rejected_reason = ?, rejected_detail = ?, "
+            "rejected_existing_response_id = ? WHERE tenant_id = ? AND response_id = ?",
             ConsistencyLevel.QUORUM,
         )
         self._select_status = self._prepare(
-            "SELECT promoted, promoted_seq, rejected_reason, rejected_detail "
-            "FROM response_status WHERE tenant_id = ? AND response_id = ?",
+            "SELECT promoted, promoted_seq, rejected_reason, rejected_detail, "
+            "rejected_existing_response_id FROM response_status WHERE tenant_id = ? AND response_id = ?",
             ConsistencyLevel.QUORUM,
         )
 
@@ -280,16 +280,18 @@ class CassandraLedger(Ledger):
     def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:
         self._run(self._set_promoted, (seq, tenant_id, response_id))
 
-    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str) -> None:
-        self._run(self._set_rejected, (reason, detail, tenant_id, response_id))
+    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str,
+                      existing_response_id: str | None = None) -> None:
+        self._run(self._set_rejected,
+                  (reason, detail, existing_response_id, tenant_id, response_id))
 
     def status(self, tenant_id: str, response_id: str) -> ResponseStatus:
         row = self._run(self._select_status, (tenant_id, response_id)).one()
         if row is None:
             return response_status(None, False, None, "", response_id)
-        promoted, promoted_seq, rejected_reason, rejected_detail = row
+        promoted, promoted_seq, rejected_reason, rejected_detail, existing = row
         return response_status(promoted_seq, bool(promoted), rejected_reason,
-                               rejected_detail or "", response_id)
+                               rejected_detail or "", response_id, existing)
 
 
 # Rows of ``request_facts`` are read by position (see ``_rows_profile``), in the order of

@@ -88,17 +88,19 @@ class MemoryLedger(Ledger):
 
     def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:
         with self._lock:
-            row = self._status.setdefault((tenant_id, response_id), [False, None, None, ""])
+            row = self._status.setdefault((tenant_id, response_id), [False, None, None, "", None])
             row[0], row[1] = True, seq
 
-    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str) -> None:
+    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str,
+                      existing_response_id: str | None = None) -> None:
         with self._lock:
-            row = self._status.setdefault((tenant_id, response_id), [False, None, None, ""])
-            row[2], row[3] = reason, detail
+            row = self._status.setdefault((tenant_id, response_id),
+                                          [False, None, None, "", None])
+            row[2], row[3], row[4] = reason, detail, existing_response_id
 
     def status(self, tenant_id: str, response_id: str) -> ResponseStatus:
         with self._lock:
-            promoted, seq, reason, detail = self._status.get(
-                (tenant_id, response_id), [False, None, None, ""]
+            promoted, seq, reason, detail, existing = self._status.get(
+                (tenant_id, response_id), [False, None, None, "", None]
             )
-        return response_status(seq, promoted, reason, detail, response_id)
+        return response_status(seq, promoted, reason, detail, response_id, existing)

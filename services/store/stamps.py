@@ -36,7 +36,7 @@ STAMP_CQL = (
     + " FROM turns WHERE tenant_id = ? AND partition_key = ? AND kind IN ('checkpoint', 'head')"
 )
 LOCATION_CQL = (
-    "SELECT partition_key FROM response_locations WHERE tenant_id = ? AND response_id = ?"
+    "SELECT partition_key FROM response_claims WHERE tenant_id = ? AND response_id = ?"
 )
 
 _HEAD_SEQ, _HEAD_RESPONSE, _HEAD_ITEMS, _KIND, _REF, _SEQ, _MODE = range(7)

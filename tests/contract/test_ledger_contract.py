@@ -126,6 +126,13 @@ class LedgerContract:
         assert (promoted.status, promoted.seq) == (ResponseState.PROMOTED, 4)
         assert ledger.status(uid("tenant"), resp).status is ResponseState.UNKNOWN
 
+    def test_status_of_a_duplicate_names_the_original(self, ledger, tenant):
+        retry, original = uid("resp"), uid("resp")
+        ledger.mark_rejected(tenant, retry, "DUPLICATE", "already promoted", original)
+        status = ledger.status(tenant, retry)
+        assert (status.status, status.reason, status.existing_response_id) == (
+            ResponseState.REJECTED, "DUPLICATE", original)
+
 
 class TestMemoryLedger(LedgerContract):
     def make_ledger(self) -> Ledger:
@@ -134,10 +141,23 @@ class TestMemoryLedger(LedgerContract):
 
 @pytest.mark.integration
 class TestCassandraLedger(LedgerContract):
+    @pytest.fixture(scope="class")
+    def ledger_keyspace(self, settings, cassandra_cluster):
+        """A keyspace of its own with every migration applied (this branch's schema,
+        not whatever the shared servers' keyspace was migrated to)."""
+        import dataclasses
+        import uuid
+
+        from infra.migrate import apply_migrations
+
+        keyspace = f"ledger_it_{uuid.uuid4().hex[:8]}"
+        apply_migrations(cassandra_cluster, dataclasses.replace(settings, keyspace=keyspace))
+        yield keyspace
+        cassandra_cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+
     @pytest.fixture(autouse=True)
-    def _session(self, settings, cassandra_cluster):
-        # The ledger's tables live in the migrated ratchet keyspace (ids are unique).
-        self.session = cassandra_cluster.connect(settings.keyspace)
+    def _session(self, ledger_keyspace, cassandra_cluster):
+        self.session = cassandra_cluster.connect(ledger_keyspace)
 
     def make_ledger(self) -> Ledger:
         from services.ledger.cassandra import CassandraLedger

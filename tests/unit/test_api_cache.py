@@ -178,10 +178,11 @@ def test_a_new_turn_moves_the_conversation_and_the_reported_head_seq(stack):
     third = stack.promote(tenant, conv, 2, (message("c", item_id=uid("m")),))
     body = stack.conversation(tenant, conv).json()
     assert body["response_id"] == third and body["head_seq"] == 3 and len(body["items"]) == 7
-    # The earlier response is still a hit, and reports the Conversation's head now.
+    # The earlier response is still a hit: its own seq, and the Conversation's head now.
     reads = stack.reads
     old = stack.history(tenant, rid).json()
-    assert old["response_id"] == rid and old["head_seq"] == 3 and len(old["items"]) == 6
+    assert old["response_id"] == rid and len(old["items"]) == 6
+    assert (old["head_seq"], old["conversation_head_seq"]) == (2, 3)
     assert stack.reads == reads
 
 
@@ -238,7 +239,8 @@ def test_spliced_body_equals_the_pydantic_body(certified, fp, later, reason):
     rendered = render_history(history)
     from ratchet.domain.rehydration import fallback_reason
 
-    spliced = history_json(rendered, history.head_seq, fallback_reason(history.checkpoint, fp, now))
+    spliced = history_json(rendered, history.checkpoint.seq, history.head_seq,
+                           fallback_reason(history.checkpoint, fp, now))
     assert spliced == expected.model_dump_json().encode()
 
 
