@@ -3,9 +3,9 @@ test): the processor relies on them answering alike."""
 
 from __future__ import annotations
 
-import pytest
-
 from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 
 from ratchet.domain import claims
 from ratchet.domain.claims import ClaimRequest, ClaimState, CompletionState, EffectPolicy
