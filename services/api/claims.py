@@ -84,7 +84,7 @@ class ClaimErrorBody(_Body):
     """A refused completion: no such claim (also another tenant's), not the holder, or
     another outcome already recorded by the holder."""
 
-    error: Literal["UNKNOWN_CLAIM", "NOT_HOLDER", "OUTCOME_CONFLICT"]
+    error: Literal["UNKNOWN_CLAIM", "NOT_HOLDER", "OUTCOME_CONFLICT", "EFFECT_KEY_MISMATCH"]
     detail: str = ""
 
 
@@ -138,14 +138,17 @@ def claims_router(ledger: Ledger, clock_ms: Callable[[], int] | None = None) -> 
     @router.post(
         "/v1/effects/claims",
         response_model=ClaimBody,
-        responses={422: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+        responses={400: {"model": ErrorBody, "description": "body is not JSON"},
+                   409: {"model": ClaimErrorBody, "description": "EFFECT_KEY_MISMATCH: "
+                         "the effect_id given is not the key of the parts given"},
+                   422: {"model": ErrorBody}, 503: {"model": ErrorBody}},
         summary="Claim a tool effect before executing it",
     )
     async def claim(body: ClaimIn) -> JSONResponse:
         effect_id = claims.effect_id_for_claim(body.idempotency_key, body.subturn_index,
                                                body.tool_name, body.occurrence)
         if body.effect_id is not None and body.effect_id != effect_id:
-            return _error(422, "INVALID_REQUEST", f"effect_id {body.effect_id} is not the "
+            return _error(409, "EFFECT_KEY_MISMATCH", f"effect_id {body.effect_id} is not the "
                           f"key of these parts ({effect_id})")
         request = ClaimRequest(
             body.tenant_id, body.idempotency_key, effect_id, body.attempt, body.subturn_index,
@@ -159,7 +162,8 @@ def claims_router(ledger: Ledger, clock_ms: Callable[[], int] | None = None) -> 
     @router.post(
         "/v1/effects/claims/{effect_id}/complete",
         response_model=ClaimBody,
-        responses={404: {"model": ClaimErrorBody, "description": "UNKNOWN_CLAIM"},
+        responses={400: {"model": ErrorBody, "description": "body is not JSON"},
+                   404: {"model": ClaimErrorBody, "description": "UNKNOWN_CLAIM"},
                    409: {"model": ClaimErrorBody,
                          "description": "NOT_HOLDER, OUTCOME_CONFLICT"},
                    422: {"model": ErrorBody}, 503: {"model": ErrorBody}},
@@ -167,6 +171,11 @@ def claims_router(ledger: Ledger, clock_ms: Callable[[], int] | None = None) -> 
     )
     async def complete(effect_id: Annotated[str, Path(pattern=EFFECT_ID_PATTERN)],
                        body: CompleteIn) -> JSONResponse:
+        # An unknown claim (also another tenant's) is told before the output is judged.
+        held = await run_in_threadpool(ledger.claim, body.tenant_id, body.idempotency_key,
+                                       effect_id)
+        if held is None:
+            return _error(404, "UNKNOWN_CLAIM", f"effect {effect_id}")
         output, problem = _output_item(body.output)
         if problem is not None:
             return _error(422, "INVALID_REQUEST", problem)

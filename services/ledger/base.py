@@ -150,6 +150,11 @@ class Ledger(abc.ABC):
                        now_ms: int) -> tuple[CompletionState, ClaimRecord | None]:
         """Record the holder's outcome (``claims.decide_completion``); the claim after."""
 
+    def claim(self, tenant_id: str, idempotency_key: str, effect_id: str) -> ClaimRecord | None:
+        """One claim of one request (None: no such claim, also for another tenant)."""
+        return next((c for c in self.claims_for(tenant_id, idempotency_key)
+                     if c.effect_id == effect_id), None)
+
     @abc.abstractmethod
     def claims_for(self, tenant_id: str, idempotency_key: str) -> Sequence[ClaimRecord]:
         """Every claim of one logical request, ordered by effect_id."""

@@ -343,6 +343,9 @@ class CassandraLedger(Ledger):
             return CompletionState.COMPLETED, existing  # our timed-out write landed
         return refused, existing
 
+    def claim(self, tenant_id: str, idempotency_key: str, effect_id: str) -> ClaimRecord | None:
+        return self._claim_serial(tenant_id, idempotency_key, effect_id)[0]
+
     def claims_for(self, tenant_id: str, idempotency_key: str) -> Sequence[ClaimRecord]:
         rows = self._run(self._select_facts, (tenant_id, idempotency_key))
         return _RequestFacts(tenant_id, idempotency_key, rows).claims

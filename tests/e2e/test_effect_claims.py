@@ -215,7 +215,6 @@ def test_claims_are_tenant_isolated(http):
     {"idempotency_key": None},                      # field missing
     {"tenant_id": "bad tenant/"},                   # malformed id
     {"arguments_digest": "xyz"},                    # not a sha256
-    {"effect_id": "eff_" + "0" * 32},               # not the key of these parts
     {"policy": "exactly_once"},                     # no such policy
     {"lease_ms": 0},
 ])
@@ -225,6 +224,15 @@ def test_bad_claim_input_is_a_typed_422(http, change):
     body = {k: v for k, v in body.items() if v is not None}
     resp = http.post("/v1/effects/claims", json=body)
     assert (resp.status_code, resp.json()["error"]) == (422, "INVALID_REQUEST")
+
+
+def test_effect_id_not_of_these_parts_is_a_typed_409(http):
+    body = claim_body(uid("tenant"), uid("idem"), effect_id="eff_" + "0" * 32)
+    resp = http.post("/v1/effects/claims", json=body)
+    assert (resp.status_code, resp.json()["error"]) == (409, "EFFECT_KEY_MISMATCH")
+    resp = http.post("/v1/effects/claims", content=b"\x00not json",
+                     headers={"content-type": "application/json"})
+    assert (resp.status_code, resp.json()["error"]) == (400, "INVALID_REQUEST")
 
 
 def test_bad_completion_input_is_typed(http):
