@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ratchet.domain import promotion
@@ -36,7 +36,6 @@ from ratchet.domain.promotion import (
     Accepted,
     Facts,
     Promote,
-    RecordedEffect,
     Reject,
     Verdict,
 )
@@ -186,7 +185,7 @@ class PromotionProcessor:
         else:
             verdict = self._decide_and_write(turn, facts, owner_cached=owner is not None,
                                              claiming=claiming)
-        return self._publishable(turn, key, verdict, facts.effects)
+        return self._publishable(turn, key, verdict, facts)
 
     def _cancelled_after_promotion(self, cancel: Cancellation) -> bool:
         """A cancellation of a response that is promoted (under the same request) came
@@ -215,7 +214,7 @@ class PromotionProcessor:
                 RejectionReason.UNSUPPORTED_FORMAT,
                 f"event of {size} bytes exceeds the protocol maximum of "
                 f"{MAX_EVENT_BYTES} bytes"), facts)
-        return self._publishable(turn, key, verdict, facts.effects)
+        return self._publishable(turn, key, verdict, facts)
 
     def _on_unkeyed_turn(self, turn: TurnCompleted, missing: MissingChainRoot) -> Handled:
         """A continued chain turn without ``chain_root_id``: the partition its parent is
@@ -230,7 +229,7 @@ class PromotionProcessor:
         else:
             verdict = self._make_durable(
                 turn, Reject(RejectionReason.PARENT_NOT_PROMOTED, str(missing)), facts)
-        return self._publishable(turn, turn.response_id, verdict, facts.effects)
+        return self._publishable(turn, turn.response_id, verdict, facts)
 
     def _decide_and_write(self, turn: TurnCompleted, facts: TurnFacts, *,
                           owner_cached: bool = False,
@@ -271,6 +270,8 @@ class PromotionProcessor:
             cancelled=facts.cancellation is not None,
             effects={e.effect_id: e for e in facts.effects},
             conversation_owner=facts.conversation_owner,
+            # claims hook (issue 17): read with the request's facts, no extra query
+            claims={c.effect_id: c for c in facts.claims},
         ))
         if not isinstance(decided, Promote):
             return self._already_promoted(turn) or decided
@@ -406,7 +407,7 @@ class PromotionProcessor:
 
     # -- what to publish ------------------------------------------------------------------
     def _publishable(self, turn: TurnCompleted, partition: str, verdict: Verdict,
-                     effects: Sequence[RecordedEffect]) -> Handled:
+                     facts: TurnFacts) -> Handled:
         key = partition.encode()
         if isinstance(verdict, Accepted):
             out = [Outbound(self.topics.checkpoints, key,
@@ -415,7 +416,8 @@ class PromotionProcessor:
         else:
             out = [Outbound(self.topics.rejections, key, rejected_event(turn, partition, verdict))]
             kind = "rejected"
-        for orphan in promotion.orphaned_effects(turn, verdict, effects):
+        # claims hook (issue 17): a claim of an attempt not accepted is orphaned too
+        for orphan in promotion.orphaned_effects(turn, verdict, facts.effects, facts.claims):
             out.append(Outbound(self.topics.orphaned_effects, key,
                                 orphaned_event(turn, partition, orphan)))
         return Handled(tuple(out), kind)

@@ -21,6 +21,7 @@ from schemas.avro import EventSerde
 from services.api import logs
 from services.api.app import create_app
 from services.api.cache import HistoryCache
+from services.api.claims import claims_router
 from services.api.notifier import DecisionNotifier, ResponseIdDecoder
 from services.api.service import RehydrationService
 from services.api.waiters import PromotionWaiters
@@ -70,7 +71,8 @@ class ApiProcess:
         self.service = RehydrationService(
             self.store, self.ledger, self.waiters, cache=self.cache, stamps=self.stamps
         )
-        self.app: FastAPI = create_app(self.service, lambda: self.notifier.up)
+        self.app: FastAPI = create_app(self.service, lambda: self.notifier.up,
+                                       routers=[claims_router(self.ledger)])
 
     def close(self) -> None:
         self.notifier.stop()
