@@ -275,23 +275,7 @@ class TestMemoryLedger(LedgerContract):
 
 @pytest.mark.integration
 class TestCassandraLedger(LedgerContract):
-    @pytest.fixture(scope="class")
-    def ledger_keyspace(self, settings, cassandra_cluster):
-        """A keyspace of its own with every migration applied (this branch's schema,
-        not whatever the shared servers' keyspace was migrated to)."""
-        import dataclasses
-        import uuid
-
-        from infra.migrate import apply_migrations
-
-        keyspace = f"ledger_it_{uuid.uuid4().hex[:8]}"
-        apply_migrations(cassandra_cluster, dataclasses.replace(settings, keyspace=keyspace))
-        yield keyspace
-        cassandra_cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
-
     @pytest.fixture(autouse=True)
-    def _session(self, ledger_keyspace, cassandra_cluster):
-        self.session = cassandra_cluster.connect(ledger_keyspace)
     def _session(self, ledger_session):
         self.session = ledger_session
 
