@@ -1,7 +1,7 @@
 """Promotion processor throughput, end to end, beside its raw baselines, in one run.
 
 ``python -m ratchet.bench.processor [--turns N] [--per-conversation K] [--raw N]
-[--profile] [--profile-only] [--rss]``
+[--latency-turns N] [--profile] [--profile-only] [--rss]``
 
 One table, measured in the same run on the same servers (the load average is printed
 with it, the machine is shared):
@@ -25,6 +25,12 @@ with it, the machine is shared):
   conversations are produced (round by round, so each conversation's turns stay in
   order) and the clock stops when N outcomes are on the outcome topics. Target:
   >= 500 promoted turns/s. Reported with the worker's CPU seconds and RSS.
+* **driver A/B**: the raw LWT row again with acsylla (the C++ driver's asyncio
+  wrapper), when it is installed: the CPU the Python driver spends per request.
+* **against the floors**: ratchet's turns/s and summed CPU per turn (worker +
+  Cassandra + Kafka) divided by floor 1's and floor 1b's, and the latency produce ->
+  outcome consumed (p50/p99) of ratchet and of floor 1, both fed at half of ratchet's
+  measured maximum rate (``--latency-turns`` each, 0 = skip).
 * **where the time goes** (``--profile``, or ``--profile-only`` without the rest): the
   processor core (decode, validate, ledger + store on Cassandra, encode) for 300 turns
   in this process, K per conversation in round order like the end-to-end run: the
@@ -329,6 +335,7 @@ class FloorResult:
     committed: dict[int, int]  # partition -> committed offset
     rows: int = 0  # rows in the LWT table afterwards
     requests: int = 0  # Cassandra requests sent while measuring
+    latency: tuple[float, float, int] = (0.0, 0.0, 0)  # p50 ms, p99 ms, n (paced runs)
 
 
 FLOOR_SHAPES = {
@@ -337,10 +344,11 @@ FLOOR_SHAPES = {
     "read": "raw pipeline: + 1 read before the LWT",
     "ratchet": "raw pipeline: + read beside a claim LWT, then LWT, status write",
 }
+FLOOR_NAMES = {"lwt": "floor 1", "lwt2": "floor 1b", "read": "floor 2", "ratchet": "floor 3"}
 
 
 def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
-                 shape: str = "lwt") -> tuple[Row, FloorResult]:
+                 shape: str = "lwt", rate: float | None = None) -> tuple[Row, FloorResult]:
     """A floor under the end-to-end figure, composed of the raw baselines only.
 
     ``records`` events (one ~1 KiB turn each, distinct keys) go through the minimum a
@@ -358,6 +366,9 @@ def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
     bounded, Cassandra is the truth) before the LWT. ``ratchet``: the request shape of
     ratchet's processor: that read in parallel with the claim LWT, before the
     promotion LWT; one write of status and owners after it.
+
+    ``rate``: the events are produced at that rate while the pipeline runs (instead of
+    all before it), and ``FloorResult.latency`` is produce -> outcome consumed.
     """
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -373,14 +384,14 @@ def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
     try:
         with scratch_lwt_table(settings, "floor", *tables) as (session, keyspace, insert):
             return _floor_measure(settings, session, keyspace, insert, source, sink,
-                                  records, pids, shape)
+                                  records, pids, shape, rate)
     finally:
         admin.delete_topics([source, sink])
 
 
 def _floor_measure(settings: Settings, session, keyspace: str, insert, source: str,
                    sink: str, records: int, pids: dict[str, int],
-                   shape: str) -> tuple[Row, FloorResult]:
+                   shape: str, rate: float | None = None) -> tuple[Row, FloorResult]:
     """Produce ``records`` events, then time the pipeline over them (see raw_pipeline)."""
     from cassandra import ConsistencyLevel
 
@@ -393,15 +404,31 @@ def _floor_measure(settings: Settings, session, keyspace: str, insert, source: s
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
                          "enable.idempotence": True, "linger.ms": 5})
     value = os.urandom(1024)
-    for i in range(records):
-        producer.produce(source, value=value, key=f"floor-{i:08d}".encode())
-        producer.poll(0)
-    if producer.flush(60):
-        raise RuntimeError("raw pipeline: events not delivered")
+    items = [(f"floor-{i:08d}".encode(), value) for i in range(records)]
+    probe = sender = None
+    ready = threading.Event()
+    if rate is None:
+        for key, _ in items:
+            producer.produce(source, value=value, key=key)
+            producer.poll(0)
+        if producer.flush(60):
+            raise RuntimeError("raw pipeline: events not delivered")
+    else:
+        probe = LatencyProbe(settings, [sink])
+        sender = probe.pace(lambda k, v: (producer.produce(source, value=v, key=k),
+                                          producer.poll(0)), items, rate, ready)
+        collector = threading.Thread(target=probe.collect, args=(records, 600), daemon=True)
+        collector.start()  # arrivals are timed while the pipeline runs
     counter = RequestCounter(session)
     with CpuWindow({"client": os.getpid(), **pids}) as window:
         result = asyncio.run(_floor_run(settings, source, sink, records, session,
-                                        insert, plain, shape))
+                                        insert, plain, shape, ready))
+    if probe is not None and sender is not None:
+        sender.join()
+        producer.flush(60)
+        collector.join(30)
+        result.latency = probe.percentiles()
+        probe.close()
     result.requests = counter.total()
     result.rows = session.execute(f"SELECT count(*) FROM {keyspace}.lwt",
                                   timeout=60).one()[0]
@@ -419,7 +446,8 @@ class Statements:
 
 
 async def _floor_run(settings: Settings, source: str, sink: str, records: int, session,
-                     insert, plain: Statements, shape: str) -> FloorResult:
+                     insert, plain: Statements, shape: str,
+                     ready: threading.Event | None = None) -> FloorResult:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.structs import TopicPartition as AioTP
 
@@ -470,6 +498,8 @@ async def _floor_run(settings: Settings, source: str, sink: str, records: int, s
         deadline = time.monotonic() + 600
         while result.consumed < records and time.monotonic() < deadline:
             batches = await consumer.getmany(timeout_ms=100, max_records=500)
+            if ready is not None and consumer.assignment():
+                ready.set()  # a paced producer starts now: latency excludes the join
             for tp, messages in batches.items():
                 if tp.partition not in queues:
                     queues[tp.partition] = asyncio.Queue()
@@ -676,6 +706,164 @@ def profile_core(settings: Settings, rig: Rig, turns: int = 300,
         text.splitlines()[:70])
 
 
+# --- latency at a fixed rate ----------------------------------------------------------------
+
+
+class LatencyProbe:
+    """Produce -> outcome consumed, per key: a paced producer records when each key was
+    produced, a consumer (from the topics' end) when its first outcome arrived."""
+
+    def __init__(self, settings: Settings, topics: list[str]) -> None:
+        self.consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap,
+                                  "group.id": _uid("bench-latency"),
+                                  "enable.auto.commit": False})
+        self.consumer.assign([TopicPartition(t, p, -1) for t in topics
+                              for p in range(settings.partitions)])
+        self.consumer.consume(1, timeout=1.0)  # position at the end before producing
+        self.sent: dict[bytes, float] = {}
+        self.arrived: dict[bytes, float] = {}
+
+    def pace(self, send, items: list[tuple[bytes, bytes]], rate: float,
+             ready: threading.Event | None = None) -> threading.Thread:
+        """Start sending ``items`` at ``rate`` per second with ``send(key, value)``, once
+        ``ready`` is set (the consumer under test has its partitions)."""
+        def run() -> None:
+            if ready is not None:
+                ready.wait(60)
+            t0 = time.monotonic()
+            for i, (key, value) in enumerate(items):
+                delay = t0 + i / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                self.sent[key] = time.monotonic()
+                send(key, value)
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def collect(self, total: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.arrived) < total and time.monotonic() < deadline:
+            for msg in self.consumer.consume(500, timeout=0.1):
+                if not msg.error():
+                    self.arrived.setdefault(msg.key(), time.monotonic())
+
+    def percentiles(self) -> tuple[float, float, int]:
+        """(p50 ms, p99 ms, samples)."""
+        lat = sorted((self.arrived[k] - t) * 1000 for k, t in self.sent.items()
+                     if k in self.arrived)
+        if not lat:
+            return float("nan"), float("nan"), 0
+        return lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))], len(lat)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def e2e_latency(settings: Settings, rig: Rig, rate: float, turns: int) -> tuple[float, float, int]:
+    """Produce -> CheckpointPromoted consumed, ``turns`` new conversations at ``rate``."""
+    probe = LatencyProbe(settings, [rig.topics.checkpoints, rig.topics.rejections])
+    try:
+        items = [kv for batch in encoded_turns(rig, turns, 1) for kv in batch]
+        sender = probe.pace(lambda k, v: (rig.producer.send_raw(k, v),
+                                          rig.producer.producer.poll(0)), items, rate)
+        probe.collect(len(items), 120 + turns / rate)
+        sender.join()
+        rig.producer.flush()
+        return probe.percentiles()
+    finally:
+        probe.close()
+
+
+def floor_latency(settings: Settings, rate: float, records: int,
+                  pids: dict[str, int]) -> tuple[float, float, int]:
+    """Floor 1 (consume + 1 LWT + publish + commit) fed at ``rate``: produce -> outcome
+    consumed, measured like ``e2e_latency``."""
+    _, result = raw_pipeline(settings, records, pids, shape="lwt", rate=rate)
+    return result.latency
+
+
+# --- driver A/B: acsylla (the C++ driver, asyncio) on the raw LWT row ----------------------
+
+
+def raw_lwt_acsylla(settings: Settings, ops: int, pids: dict[str, int]) -> Row | None:
+    """The raw LWT row with acsylla instead of cassandra-driver: same table shape, same
+    consistency, ``RAW_LWT_IN_FLIGHT`` asyncio tasks (no threads). None when acsylla is
+    not installed (it is not a dependency: see docs/decisions.md)."""
+    try:
+        import acsylla
+    except ImportError:
+        say("acsylla not installed: no driver A/B row")
+        return None
+    with scratch_lwt_table(settings, "acsylla") as (_, keyspace, _insert):
+        async def run() -> int:
+            cluster = acsylla.create_cluster(list(settings.cassandra_hosts),
+                                             port=settings.cassandra_port,
+                                             request_timeout=10.0)
+            session = await cluster.create_session()
+            try:
+                prepared = await session.create_prepared(
+                    f"INSERT INTO {keyspace}.lwt (k, c, v) VALUES (?, ?, ?) IF NOT EXISTS")
+                payload = os.urandom(1024)
+
+                async def one(key: str) -> None:
+                    statement = prepared.bind()
+                    statement.bind_list([key, "", payload])
+                    statement.set_consistency(acsylla.Consistency.LOCAL_QUORUM)
+                    statement.set_serial_consistency(acsylla.Consistency.SERIAL)
+                    row = (await session.execute(statement)).first()
+                    assert row is not None and row.column_value("[applied]") is True
+
+                for i in range(50):
+                    await one(f"warm{i}")
+                per_task = max(1, ops // RAW_LWT_IN_FLIGHT)
+
+                async def task(w: int) -> None:
+                    for i in range(per_task):
+                        await one(f"k{w}_{i}")
+
+                with CpuWindow({"client": os.getpid(), **pids}) as window:
+                    await asyncio.gather(*(task(w) for w in range(RAW_LWT_IN_FLIGHT)))
+                run.window = window  # type: ignore[attr-defined]
+                return per_task * RAW_LWT_IN_FLIGHT
+            finally:
+                await session.close()
+
+        done = asyncio.run(run())
+        window = run.window  # type: ignore[attr-defined]
+    say(f"raw LWT (acsylla): {done} in {window.seconds:.1f} s")
+    return Row(f"raw LWT as above, acsylla (C++ driver), {RAW_LWT_IN_FLIGHT} tasks", done,
+               window.seconds, window.cpu_s)
+
+
+# --- the summary the issue asks for --------------------------------------------------------
+
+
+def summed_cpu_ms(row: Row) -> float:
+    return sum(row.cpu_ms_per_op(who) or 0.0 for who in COLUMNS)
+
+
+def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, float, int]],
+            rate: float) -> str:
+    lines = ["", "ratchet against its floors (same run):"]
+    for shape, floor in floors.items():
+        lines.append(
+            f"  vs {FLOOR_NAMES[shape]:<9} throughput {e2e.per_second:6.0f} / "
+            f"{floor.per_second:6.0f} turns/s = {e2e.per_second / floor.per_second:.2f} "
+            f"(target >= 0.7 of floor 1); CPU per turn {summed_cpu_ms(e2e):.2f} / "
+            f"{summed_cpu_ms(floor):.2f} ms = {summed_cpu_ms(e2e) / summed_cpu_ms(floor):.2f} "
+            "(target <= 1.5 of floor 1)")
+    if latency:
+        lines.append(f"  latency at {rate:.0f} turns/s (half of ratchet's max), produce -> "
+                     "outcome consumed:")
+        for name, (p50, p99, n) in latency.items():
+            lines.append(f"    {name:<10} p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  ({n} turns)")
+        if "ratchet" in latency and "floor 1" in latency:
+            ratio = latency["ratchet"][1] / latency["floor 1"][1]
+            lines.append(f"    p99 ratio {ratio:.2f} (target <= 3)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=3000)
@@ -686,6 +874,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-only", action="store_true",
                         help="only the processor core profile (no worker, no baselines)")
     parser.add_argument("--rss", action="store_true")
+    parser.add_argument("--latency-turns", type=int, default=1000,
+                        help="turns of each latency run at half the measured rate (0: none)")
     args = parser.parse_args(argv)
 
     import logging
@@ -712,18 +902,28 @@ def main(argv: list[str] | None = None) -> int:
     sample = encoded_turns(rig, 1, 1)[0][0][1]
     rows.extend(raw_kafka(settings, sample, args.raw * 10, pids))
     rows.append(raw_lwt(settings, args.raw, pids))
-    rows.extend(raw_pipeline(settings, args.raw, pids, shape=shape)[0]
-                for shape in FLOOR_SHAPES)
+    acsylla_row = raw_lwt_acsylla(settings, args.raw, pids)
+    if acsylla_row is not None:
+        rows.append(acsylla_row)
+    floors = {shape: raw_pipeline(settings, args.raw, pids, shape=shape)[0]
+              for shape in FLOOR_SHAPES}
+    rows.extend(floors.values())
     counter = OutcomeCounter(settings, rig)
     say("starting the worker")
     worker = start_worker(rig, tmp, counter)
     try:
         say(f"end to end: {args.turns} turns")
-        rows.append(measure_throughput(rig, worker, counter, args.turns, args.per_conversation,
-                                       pids))
+        e2e = measure_throughput(rig, worker, counter, args.turns, args.per_conversation, pids)
+        rows.append(e2e)
+        latency: dict[str, tuple[float, float, int]] = {}
+        rate = e2e.per_second / 2
+        if args.latency_turns:
+            say(f"latency at {rate:.0f} turns/s: ratchet, then floor 1")
+            latency["ratchet"] = e2e_latency(settings, rig, rate, args.latency_turns)
+            latency["floor 1"] = floor_latency(settings, rate, args.latency_turns, pids)
         print(format_table(rows, load_before))
-        print(f"end to end rejected: {counter.rejected} (expected 0); target >= 500 "
-              f"promoted turns/s")
+        print(f"end to end rejected: {counter.rejected} (expected 0)")
+        print(summary(e2e, {s: floors[s] for s in ("lwt", "lwt2")}, latency, rate))
         if args.rss:
             after_1k, after_100k = measure_rss(rig, worker, counter)
             print(f"worker RSS after 1k conversations {after_1k:.0f} MB, after 100k "
