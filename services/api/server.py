@@ -56,8 +56,6 @@ class ApiProcess:
         self.ledger = CassandraLedger(session)
         self.waiters = PromotionWaiters()
         self.cache = HistoryCache(settings.api_history_cache_bytes)
-        # The same session and read consistency as the store's history reads.
-        self.stamps = self.store.stamps()
         self.notifier = DecisionNotifier(
             settings.kafka_bootstrap,
             {
@@ -68,7 +66,7 @@ class ApiProcess:
             registry_response_id_decoder(settings),
         )
         self.service = RehydrationService(
-            self.store, self.ledger, self.waiters, cache=self.cache, stamps=self.stamps
+            self.store, self.ledger, self.waiters, cache=self.cache
         )
         self.app: FastAPI = create_app(self.service, lambda: self.notifier.up)
 

@@ -15,7 +15,11 @@ from schemas.models import Certification, Item, sha256_hex
 
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "migrations"
 # The store's tables: response_locations (001) and turns (004; 001's `histories` is dropped by 005).
-MIGRATIONS = (_MIGRATIONS_DIR / "001_core.cql", _MIGRATIONS_DIR / "004_turn_rows.cql")
+MIGRATIONS = (
+    _MIGRATIONS_DIR / "001_core.cql",
+    _MIGRATIONS_DIR / "004_turn_rows.cql",
+    _MIGRATIONS_DIR / "007_lineage_digest.cql",
+)
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
 
