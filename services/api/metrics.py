@@ -87,3 +87,10 @@ HISTORY_CACHE_BYTES = Gauge(
 HISTORY_CACHE_ENTRIES = Gauge(
     "ratchet_api_history_cache_entries", "Verified histories in the cache."
 )
+
+PREWARM = Counter(
+    "ratchet_api_history_prewarm_total",
+    "Promotion records the API used to warm its history cache: warmed (extended by the "
+    "new row), skipped (parent not cached), dropped (queue full), failed (store error).",
+    ["result"],
+)
