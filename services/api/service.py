@@ -260,15 +260,7 @@ class RehydrationService:
             return await run_in_threadpool(
                 self._read_conversation, tenant_id, conversation_id, fingerprint_hash
             )
-        return await run_in_threadpool(
-            self._conversation_lookup, tenant_id, conversation_id, fingerprint_hash
-        )
-
-    def _conversation_lookup(
-        self, tenant_id: str, conversation_id: str, fingerprint_hash: str
-    ) -> Answer:
-        assert self._cache is not None
-        head = self._store.read_head(tenant_id, conversation_id)
+        head = await self._store.read_head_async(tenant_id, conversation_id)
         if head is not None and head.response_id:
             entry = self._cache.get(tenant_id, head.response_id)
             if (
@@ -276,10 +268,20 @@ class RehydrationService:
                 and entry.partition_key == conversation_id
                 and entry.checkpoint.mode is PromotionMode.CONVERSATION
                 and entry.checkpoint.seq == head.seq
+                and entry.checkpoint.response_id == head.response_id
             ):
                 answer = self._hit(entry, head.seq, fingerprint_hash, "conversation")
                 if answer is not None:
                     return answer
+        return await run_in_threadpool(
+            self._conversation_miss, tenant_id, conversation_id, fingerprint_hash, head
+        )
+
+    def _conversation_miss(
+        self, tenant_id: str, conversation_id: str, fingerprint_hash: str, head: Head | None
+    ) -> Answer:
+        assert self._cache is not None
+        if head is not None and head.response_id:
             answer = self._extend(
                 tenant_id, conversation_id, head.response_id, fingerprint_hash, "conversation", head
             )

@@ -31,6 +31,7 @@ may override ``_before_fast_write``.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
@@ -344,6 +345,11 @@ class CheckpointStore(ABC):
     def read_head(self, tenant_id: str, partition_key: str) -> Head | None:
         """``head`` at read consistency (not linearizable): what a history reader
         needs, one row, never a Paxos round."""
+
+    async def read_head_async(self, tenant_id: str, partition_key: str) -> Head | None:
+        """``read_head`` for an event loop; a backend with async I/O overrides it so a
+        Conversation cache hit never takes the thread-pool hop."""
+        return await asyncio.to_thread(self.read_head, tenant_id, partition_key)
 
     def read_turn(
         self, tenant_id: str, partition_key: str, response_id: str

@@ -32,6 +32,7 @@ and how records are encoded into them is the row codec, ``services/store/rows.py
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -288,6 +289,39 @@ class CassandraCheckpointStore(CheckpointStore):
     def read_head(self, tenant_id: str, partition_key: str) -> Head | None:
         row = self._execute("read_head", self._read_head, (tenant_id, partition_key)).one()
         return None if row is None else head_of(row)
+
+    async def read_head_async(self, tenant_id: str, partition_key: str) -> Head | None:
+        """The head read on the driver's own I/O thread: the event loop only awaits."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Head | None] = loop.create_future()
+
+        def settle(head: Head | None, error: BaseException | None) -> None:
+            if done.done():
+                return
+            if error is not None:
+                done.set_exception(_unavailable("read_head", error))
+            else:
+                done.set_result(head)
+
+        def on_rows(rows: list[Any]) -> None:
+            try:
+                head = head_of(rows[0]) if rows else None
+            except Exception as exc:  # noqa: BLE001 - reported on the loop, typed
+                loop.call_soon_threadsafe(settle, None, exc)
+                return
+            loop.call_soon_threadsafe(settle, head, None)
+
+        def on_error(exc: BaseException) -> None:
+            loop.call_soon_threadsafe(settle, None, exc)
+
+        future = _guard(
+            "read_head",
+            lambda: self._session.execute_async(
+                self._read_head, (tenant_id, partition_key), timeout=self._timeout
+            ),
+        )
+        future.add_callbacks(on_rows, on_error)
+        return await done
 
     def _load_turn(
         self, tenant_id: str, partition_key: str, response_id: str

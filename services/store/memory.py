@@ -60,6 +60,9 @@ class MemoryCheckpointStore(CheckpointStore):
     def read_head(self, tenant_id: str, partition_key: str) -> Head | None:
         return self.head(tenant_id, partition_key)
 
+    async def read_head_async(self, tenant_id: str, partition_key: str) -> Head | None:
+        return self.read_head(tenant_id, partition_key)  # no I/O to wait for
+
     def _load_turn(
         self, tenant_id: str, partition_key: str, response_id: str
     ) -> PartitionSnapshot | None:
