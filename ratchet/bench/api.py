@@ -128,7 +128,7 @@ def _promoted_record(checkpoint: CheckpointRecord):
 
 
 def run(
-    settings: Settings | None = None, *, reads: int = 500, turns: int = 150, waits: int = 100
+    settings: Settings | None = None, *, reads: int = 500, turns: int = 300, waits: int = 200
 ) -> list[Figure]:
     from cassandra.cluster import Cluster
     from cassandra.query import tuple_factory
