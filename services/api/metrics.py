@@ -77,8 +77,7 @@ HISTORY_CACHE = Counter(
     "ratchet_api_history_cache_total",
     "History lookups by cache result: hit (served from memory; a Conversation's after one "
     "head read), extended (a cached prefix plus only the new rows, read and verified), "
-    "miss (read in full), bypass (no-cache request: read in full); endpoint prewarm: "
-    "extensions made on a promotion record before anyone asked.",
+    "miss (read in full), bypass (no-cache request: read in full).",
     ["endpoint", "result"],
 )
 HISTORY_CACHE_BYTES = Gauge(

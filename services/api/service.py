@@ -339,10 +339,35 @@ class RehydrationService:
         answer. None: no cached prefix within reach, or rows the extension cannot
         decide (a turn without a lineage digest, an undecodable row): the full read
         answers instead, so every replica gives the same answer."""
+        now = self._clock()
+        extended = self._extended(tenant_id, partition_key, response_id, head, max_rows, now)
+        if extended is None:
+            return None
+        metrics.HISTORY_CACHE.labels(endpoint, "extended").inc()
+        if isinstance(extended, HistoryFailure):
+            return self._failure(extended, endpoint)
+        if isinstance(extended, HistoryBody):
+            metrics.OUTCOMES.labels(endpoint, extended.outcome, extended.reason or "").inc()
+            return Answer.of(extended, 500)
+        target = extended.checkpoint
+        return self._verified_answer(
+            extended.rendered, target.seq, fallback_reason(target, fingerprint_hash, now), endpoint
+        )
+
+    def _extended(
+        self,
+        tenant_id: str,
+        partition_key: str,
+        response_id: str,
+        head: Head | None,
+        max_rows: int,
+        now: datetime,
+    ) -> CachedHistory | HistoryFailure | HistoryBody | None:
+        """The reads, verification and caching of ``_extend``: the cached entry, the
+        failure of a loaded row, or None when the extension cannot decide."""
         assert self._cache is not None
         if not self._cache.extendable(tenant_id, partition_key):
             return None
-        now = self._clock()
         turns: list[CheckpointRecord] = []
         checkpoints: dict[str, CheckpointRecord] = {}
         items: dict[str, tuple[StoredItem, ...]] = {}
@@ -383,25 +408,17 @@ class RehydrationService:
         turns.reverse()
         loaded = PartitionSnapshot(tenant_id, partition_key, row_head, checkpoints, items)
         verified = verify_extension(prefix.checkpoint, turns, loaded, now)
-        if verified is None:
-            return None
-        metrics.HISTORY_CACHE.labels(endpoint, "extended").inc()
-        if isinstance(verified, HistoryFailure):
-            return self._failure(verified, endpoint)
+        if verified is None or isinstance(verified, HistoryFailure):
+            return verified
         rendered = render_extension(target, prefix.rendered.items_json, verified)
         if isinstance(rendered, HistoryBody):
-            metrics.OUTCOMES.labels(endpoint, rendered.outcome, rendered.reason or "").inc()
-            return Answer.of(rendered, 500)
+            return rendered
         for turn in turns:
             self._cache.remember_location(tenant_id, turn.response_id, partition_key)
-        self._cache.put(
-            target.response_id,
-            CachedHistory(tenant_id, partition_key, target, True, rendered),
-        )
+        entry = CachedHistory(tenant_id, partition_key, target, True, rendered)
+        self._cache.put(target.response_id, entry)
         self._cache_gauges()
-        return self._verified_answer(
-            rendered, target.seq, fallback_reason(target, fingerprint_hash, now), endpoint
-        )
+        return entry
 
     def prewarm(self, tenant_id: str, partition_key: str, response_id: str) -> bool:
         """Extend the cache by a just-promoted response if its parent's history is
@@ -409,8 +426,8 @@ class RehydrationService:
         if self._cache is None or self._cache.get(tenant_id, response_id) is not None:
             return False
         self._cache.remember_location(tenant_id, response_id, partition_key)
-        answer = self._extend(tenant_id, partition_key, response_id, "", "prewarm", None, 1)
-        return answer is not None and answer.status_code == 200
+        extended = self._extended(tenant_id, partition_key, response_id, None, 1, self._clock())
+        return isinstance(extended, CachedHistory)
 
     # -- full reads (blocking; run in the thread pool) -----------------------------------
 
