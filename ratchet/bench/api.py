@@ -299,7 +299,9 @@ def run(
         cluster.shutdown()
         if topics is not None:
             admin = AdminClient({"bootstrap.servers": bench.kafka_bootstrap})
-            admin.delete_topics(list(vars(topics).values()), operation_timeout=30)
+            deleted = admin.delete_topics(list(vars(topics).values()), operation_timeout=30)
+            for future in deleted.values():  # wait: an exiting process drops the request
+                future.result(timeout=60)
 
 
 def _prewarmed(base_url: str) -> float:
