@@ -336,7 +336,10 @@ def make_checkpoint_promoted(
         "attempt": turn.attempt,
         "previous_response_id": turn.previous_response_id,
         "seq": seq,
-        "certification": Certification.CERTIFIED if artifact else Certification.LOGICAL_ONLY,
+        # CONTRACT 5: completed and untruncated is certified, with or without an artifact.
+        "certification": Certification.CERTIFIED
+        if turn.status == "completed" and not turn.effective_config.truncated
+        else Certification.LOGICAL_ONLY,
         "fingerprint_hash": turn.fingerprint_hash,
         "artifact_id": artifact.artifact_id if artifact else None,
         "artifact_expires_at": artifact.expires_at if artifact else None,

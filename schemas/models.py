@@ -351,6 +351,7 @@ class EffectOrphaned(OutcomeHeader):
     rejection_reason: RejectionReason | None = None
     detail: str | None = None
     orphaned_at: EpochMillis
+    effect_completed: bool | None = None
 
 
 class DeadLetter(Frozen):

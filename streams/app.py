@@ -39,6 +39,7 @@ import faust
 from faust.types import TP
 
 from ratchet.settings import Settings
+from schemas.limits import CLIENT_MAX_BYTES
 from streams import metrics
 from streams.fetchwatch import (
     EndOffsets,
@@ -92,6 +93,10 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         topic_partitions=settings.partitions,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=commit_interval_s,
+        # Records up to the topics' limits (schemas/limits.py): a fetch or a publish
+        # must never fail on size below them (aiokafka's defaults are 1 MiB).
+        consumer_max_fetch_size=CLIENT_MAX_BYTES,
+        producer_max_request_size=CLIENT_MAX_BYTES,
         producer_acks=-1,
         # A crashed worker's partitions move to the others within ~10 s (default 60 s).
         broker_session_timeout=10.0,

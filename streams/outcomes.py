@@ -104,9 +104,10 @@ def orphaned_event(turn: TurnCompleted, partition: str, orphan: Orphan) -> Effec
         tool_name=e.tool_name,
         call_id=e.call_id,
         arguments_digest=e.arguments_digest,
-        output_digest=e.output_digest,
+        output_digest=e.output_digest if orphan.completed else None,
         reason=orphan.reason,
         rejection_reason=orphan.rejection_reason,
         detail=orphan.detail or None,
         orphaned_at=turn.produced_at,
+        effect_completed=orphan.completed,
     )

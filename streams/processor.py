@@ -23,19 +23,19 @@ and happen strictly after this returns.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ratchet.domain import promotion
 from ratchet.domain.history import Head, HistoryFailure, PromotionMode
-from ratchet.domain.plan import LineageChanged, ParentMissing
+from ratchet.domain.plan import LineageChanged, ParentMissing, ResponseClaim
 from ratchet.domain.promotion import (
     Accepted,
     Facts,
     Promote,
-    RecordedEffect,
     Reject,
     Verdict,
 )
@@ -47,6 +47,7 @@ from ratchet.domain.validation import (
 )
 from schemas.errors import Unavailable
 from schemas.keys import MissingChainRoot, partition_key
+from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import (
     DeadLetter,
     DeadLetterReason,
@@ -128,6 +129,8 @@ class PromotionProcessor:
             if isinstance(event, TurnCancelled):
                 self._record_cancel(event)
                 return Handled((), "cancel")
+            if len(record.value or b"") > MAX_EVENT_BYTES:
+                return self._on_too_large_turn(event, len(record.value or b""))
             return self._on_turn(event)
         except DecodeFailed as exc:
             return Handled((self._dead_letter(record, exc),), "dead_lettered")
@@ -161,11 +164,13 @@ class PromotionProcessor:
             return self._on_unkeyed_turn(turn, exc)
         conversation = turn.conversation_id
         owner = None if conversation is None else self.tails.owner(conversation)
-        # The location hint must be durable before the promotion batch is sent; writing
-        # it now overlaps it with the ledger reads (one round trip less per turn). For
-        # a turn that ends up rejected it is a harmless, unused hint.
-        locating = (self.store.start_locating(turn.tenant_id, turn.response_id, key)
-                    if turn.status in PROMOTABLE_STATUSES else None)
+        # The response id's claim must be held before the promotion batch is sent;
+        # taking it now overlaps it with the ledger reads (one round trip less per
+        # turn). A turn that ends up rejected leaves a claim only its own request can
+        # use (a retry of it goes on; another request could never bind the id anyway).
+        claiming = (functools.cache(self.store.start_claiming(ResponseClaim(
+            turn.tenant_id, turn.response_id, key, turn.idempotency_key, turn.request_digest)))
+            if turn.status in PROMOTABLE_STATUSES else None)
         # A cached owner (immutable once claimed) saves the owner read of the fan-out.
         facts = self.ledger.turn_facts(
             event_id=turn.event_id, tenant_id=turn.tenant_id,
@@ -173,12 +178,43 @@ class PromotionProcessor:
             conversation_id=conversation if owner is None else None)
         if owner is not None:
             facts = replace(facts, conversation_owner=owner)
+        if facts.cancellation is not None and self._cancelled_after_promotion(facts.cancellation):
+            facts = replace(facts, cancellation=None)
         if facts.decision is not None and facts.decision.reason is not None:
             verdict: Verdict = _replayed_rejection(facts.decision)  # never flip an outcome
         else:
             verdict = self._decide_and_write(turn, facts, owner_cached=owner is not None,
-                                             locating=locating)
-        return self._publishable(turn, key, verdict, facts.effects)
+                                             claiming=claiming)
+        return self._publishable(turn, key, verdict, facts)
+
+    def _cancelled_after_promotion(self, cancel: Cancellation) -> bool:
+        """A cancellation of a response that is promoted (under the same request) came
+        after its promotion, since one that came before would have prevented it
+        (CONTRACT 4): it changes nothing, so later retries of the request still get
+        DUPLICATE / IDEMPOTENCY_KEY_REUSED naming the promoted response. Asked only when
+        a cancellation exists (rare)."""
+        promoted = self.store.get_checkpoint(cancel.tenant_id, cancel.response_id)
+        return promoted is not None and promoted.idempotency_key == cancel.idempotency_key
+
+    def _on_too_large_turn(self, turn: TurnCompleted, size: int) -> Handled:
+        """A turn whose event is above the protocol's maximum (a gateway that did not
+        check): ``UNSUPPORTED_FORMAT``, decided without store reads, recorded like any
+        rejection so the status endpoint and a redelivery agree."""
+        try:
+            key = partition_key(turn)
+        except MissingChainRoot:
+            key = turn.response_id
+        facts = self.ledger.turn_facts(
+            event_id=turn.event_id, tenant_id=turn.tenant_id,
+            idempotency_key=turn.idempotency_key, conversation_id=None)
+        if facts.decision is not None and facts.decision.reason is not None:
+            verdict: Verdict = _replayed_rejection(facts.decision)
+        else:
+            verdict = self._make_durable(turn, Reject(
+                RejectionReason.UNSUPPORTED_FORMAT,
+                f"event of {size} bytes exceeds the protocol maximum of "
+                f"{MAX_EVENT_BYTES} bytes"), facts)
+        return self._publishable(turn, key, verdict, facts)
 
     def _on_unkeyed_turn(self, turn: TurnCompleted, missing: MissingChainRoot) -> Handled:
         """A continued chain turn without ``chain_root_id``: the partition its parent is
@@ -193,14 +229,14 @@ class PromotionProcessor:
         else:
             verdict = self._make_durable(
                 turn, Reject(RejectionReason.PARENT_NOT_PROMOTED, str(missing)), facts)
-        return self._publishable(turn, turn.response_id, verdict, facts.effects)
+        return self._publishable(turn, turn.response_id, verdict, facts)
 
     def _decide_and_write(self, turn: TurnCompleted, facts: TurnFacts, *,
                           owner_cached: bool = False,
-                          locating: Callable[[], None] | None = None) -> Verdict:
+                          claiming: Callable[[], ResponseClaim] | None = None) -> Verdict:
         lineage = self._cached_lineage(turn)
         from_cache = (lineage is not None and lineage.cached) or owner_cached
-        verdict = self._decide(turn, facts, lineage or self._read_lineage(turn), locating)
+        verdict = self._decide(turn, facts, lineage or self._read_lineage(turn), claiming)
         rounds = 0
         while verdict is None or (from_cache and isinstance(verdict, Reject)):
             # Decide again from fresh reads when (a) a rejection was decided with cached
@@ -219,11 +255,11 @@ class PromotionProcessor:
                     facts = replace(facts, conversation_owner=self.ledger.conversation_owner(
                         turn.conversation_id))
                 from_cache = False
-            verdict = self._decide(turn, facts, self._read_lineage(turn), locating)
+            verdict = self._decide(turn, facts, self._read_lineage(turn), claiming)
         return self._make_durable(turn, verdict, facts)
 
     def _decide(self, turn: TurnCompleted, facts: TurnFacts, lineage: Lineage,
-                locating: Callable[[], None] | None = None) -> Verdict | None:
+                claiming: Callable[[], ResponseClaim] | None = None) -> Verdict | None:
         """Validate against ``lineage``, decide, and promote if the rules allow it.
 
         None: the store would put the turn on another lineage than ``lineage``
@@ -234,10 +270,12 @@ class PromotionProcessor:
             cancelled=facts.cancellation is not None,
             effects={e.effect_id: e for e in facts.effects},
             conversation_owner=facts.conversation_owner,
+            # claims hook (issue 17): read with the request's facts, no extra query
+            claims={c.effect_id: c for c in facts.claims},
         ))
         if not isinstance(decided, Promote):
             return self._already_promoted(turn) or decided
-        verdict = self._promote(turn, decided, lineage, locating)
+        verdict = self._promote(turn, decided, lineage, claiming)
         if (isinstance(verdict, Accepted) and not verdict.replayed and not lineage.unread
                 and validation.pairing is not None):
             # The write extended exactly ``lineage.tail`` (``extends``): the pairing
@@ -301,7 +339,7 @@ class PromotionProcessor:
         return Lineage(pairing, found.checkpoint)
 
     def _promote(self, turn: TurnCompleted, decided: Promote, lineage: Lineage,
-                 locating: Callable[[], None] | None = None) -> Verdict | None:
+                 claiming: Callable[[], ResponseClaim] | None = None) -> Verdict | None:
         head_hint = parent_hint = None
         if lineage.cached and lineage.tail is not None:
             # The cached tail is the plan's premise; the batch checks it as a condition.
@@ -312,13 +350,13 @@ class PromotionProcessor:
         extends: str | None | object = (
             ANY_LINEAGE if lineage.unread
             else None if lineage.tail is None else lineage.tail.response_id)
-        if locating is not None:
-            locating()  # durable before the batch can land (raises StoreUnavailable)
+        # The claim's holder (raises StoreUnavailable if its outcome stays unknown).
+        holder = claiming() if claiming is not None else None
         try:
             with metrics.LWT_SECONDS.time():
                 outcome = self.store.promote(decided.request, head_hint=head_hint,
                                              parent_hint=parent_hint, extends=extends,
-                                             located=locating is not None)
+                                             claimed=holder)
         except InvalidPromotion as exc:  # validation let through what the store refuses
             return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
         except CorruptPartition as exc:
@@ -361,14 +399,14 @@ class PromotionProcessor:
         # Another worker may have decided this event first (zombie after a rebalance):
         # the first decision holds.
         verdict = _replayed_rejection(held)
-        if verdict.reason is not RejectionReason.DUPLICATE:
-            self.ledger.mark_rejected(turn.tenant_id, turn.response_id, verdict.reason.value,
-                                      verdict.detail)
+        # A DUPLICATE's status names the original response (a retry answers with it).
+        self.ledger.mark_rejected(turn.tenant_id, turn.response_id, verdict.reason.value,
+                                  verdict.detail, verdict.existing_response_id)
         return verdict
 
     # -- what to publish ------------------------------------------------------------------
     def _publishable(self, turn: TurnCompleted, partition: str, verdict: Verdict,
-                     effects: Sequence[RecordedEffect]) -> Handled:
+                     facts: TurnFacts) -> Handled:
         key = partition.encode()
         if isinstance(verdict, Accepted):
             out = [Outbound(self.topics.checkpoints, key,
@@ -377,7 +415,8 @@ class PromotionProcessor:
         else:
             out = [Outbound(self.topics.rejections, key, rejected_event(turn, partition, verdict))]
             kind = "rejected"
-        for orphan in promotion.orphaned_effects(turn, verdict, effects):
+        # claims hook (issue 17): a claim of an attempt not accepted is orphaned too
+        for orphan in promotion.orphaned_effects(turn, verdict, facts.effects, facts.claims):
             out.append(Outbound(self.topics.orphaned_effects, key,
                                 orphaned_event(turn, partition, orphan)))
         return Handled(tuple(out), kind)

@@ -10,6 +10,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ratchet.settings import Settings
+from schemas.limits import DEAD_LETTER_MAX_MESSAGE_BYTES, TOPIC_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,20 @@ def topic_names(settings: Settings) -> Topics:
     return Topics.with_prefix(settings.topic_prefix)
 
 
+def topic_config(topics: Topics, name: str) -> dict[str, str]:
+    """Configs a topic is created with: ``max.message.bytes`` above the protocol's
+    maximum event (``schemas/limits.py`` says why), dead letters one MiB more."""
+    limit = (DEAD_LETTER_MAX_MESSAGE_BYTES if name == topics.dead_letters
+             else TOPIC_MAX_MESSAGE_BYTES)
+    return {"max.message.bytes": str(limit)}
+
+
 def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> Topics:
     """Create every ratchet topic that does not exist yet; return their names.
 
     All topics get ``settings.partitions`` partitions so that a conversation's events
-    and outcomes share a partition number. Replication is 3, or the number of brokers
+    and outcomes share a partition number, and the size configs of ``topic_config``
+    (topics that exist already keep theirs: raise it with kafka-configs). Replication is 3, or the number of brokers
     when the cluster is smaller (a local single broker).
     """
     topics = topic_names(settings)
@@ -51,7 +61,8 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> Topics:
     metadata = admin.list_topics(timeout=timeout_s)
     replication = min(3, max(1, len(metadata.brokers)))
     wanted = [
-        NewTopic(name, num_partitions=settings.partitions, replication_factor=replication)
+        NewTopic(name, num_partitions=settings.partitions, replication_factor=replication,
+                 config=topic_config(topics, name))
         for name in vars(topics).values()
         if name not in metadata.topics
     ]

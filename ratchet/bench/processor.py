@@ -14,10 +14,11 @@ with it, the machine is shared):
   promotion in a pool thread), in a keyspace of its own (created, then dropped). The
   promotion is one Paxos round per turn, so this is the ceiling of "one LWT per
   turn" on this box, whatever the processor does around it.
-* **raw pipeline** (three rows, see ``raw_pipeline``): the baselines composed into the
+* **raw pipeline** (four rows, see ``raw_pipeline``): the baselines composed into the
   least a processor of this design does per turn, with none of ratchet's code: consume
-  -> one LWT -> publish -> commit, 12 in-order lanes; then with the one read no design
-  can skip; then with ratchet's request shape (read + hint write, LWT, status write).
+  -> one LWT -> publish -> commit, 12 in-order lanes; then with two LWTs per turn (the
+  response id's claim, then the promotion); then with the one read no design can skip;
+  then with ratchet's request shape (read beside the claim LWT, LWT, status write).
   The floor under the end-to-end figure: a target above it is out of reach here.
 * **end to end**: one ``ratchet worker`` (subprocess, 12 partitions, own topic prefix
   and consumer group). After a warm-up turn, N pre-encoded turns over N/K
@@ -332,8 +333,9 @@ class FloorResult:
 
 FLOOR_SHAPES = {
     "lwt": "raw pipeline: consume + 1 LWT + publish + commit",
+    "lwt2": "raw pipeline: consume + 2 LWTs (claim, then batch) + publish + commit",
     "read": "raw pipeline: + 1 read before the LWT",
-    "ratchet": "raw pipeline: + read, hint write, status write",
+    "ratchet": "raw pipeline: + read beside a claim LWT, then LWT, status write",
 }
 
 
@@ -349,11 +351,13 @@ def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
     worker). No decoding, validation, ledger, hint or status write: no processor of
     this design (an LWT per turn, durable before published) goes faster here.
 
-    ``shape`` adds plain requests, as raw statements: ``read``: the one read no
-    design can skip (a request's durable facts: dedupe, cancellation, tool effects;
-    memory is bounded, Cassandra is the truth) before the LWT. ``ratchet``: the
-    request shape of ratchet's processor: that read in parallel with the
-    location-hint write, before the LWT; one write of status and owners after it.
+    ``shape`` adds requests, as raw statements: ``lwt2``: a second conditional write
+    per turn before the first, in another partition (the response id's claim, which
+    binds it once per tenant across partitions). ``read``: the one read no design can
+    skip (a request's durable facts: dedupe, cancellation, tool effects; memory is
+    bounded, Cassandra is the truth) before the LWT. ``ratchet``: the request shape of
+    ratchet's processor: that read in parallel with the claim LWT, before the
+    promotion LWT; one write of status and owners after it.
     """
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -382,7 +386,6 @@ def _floor_measure(settings: Settings, session, keyspace: str, insert, source: s
 
     plain = Statements(
         read=session.prepare(f"SELECT c, v FROM {keyspace}.facts WHERE k = ?"),
-        hint=session.prepare(f"INSERT INTO {keyspace}.status (k, v) VALUES (?, ?)"),
         status=session.prepare(f"UPDATE {keyspace}.status SET v = ? WHERE k = ?"),
     )
     for statement in vars(plain).values():
@@ -412,7 +415,6 @@ class Statements:
     """The plain statements of ``raw_pipeline``'s shapes."""
 
     read: object
-    hint: object
     status: object
 
 
@@ -448,8 +450,11 @@ async def _floor_run(settings: Settings, source: str, sink: str, records: int, s
             key = msg.key.decode()
             if shape == "read":
                 await cql(plain.read, (key,))
+            elif shape == "lwt2":
+                await cql(insert, (f"claim-{key}", "", b""))
             elif shape == "ratchet":
-                await asyncio.gather(cql(plain.read, (key,)), cql(plain.hint, (key, "hint")))
+                await asyncio.gather(cql(plain.read, (key,)),
+                                     cql(insert, (f"claim-{key}", "", b"")))
             rows = await cql(insert, (key, "", msg.value))
             result.applied += bool(rows[0][0])  # the [applied] column
             if shape == "ratchet":

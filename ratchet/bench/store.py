@@ -7,6 +7,10 @@ Measured in one run, in a keyspace of its own (created, then dropped):
   single-row ``INSERT ... IF NOT EXISTS`` at the same concurrency. The store knows the
   head from its previous promotion, as a worker does (or from the read it makes before
   promoting): the one-LWT fast path.
+- ``claim_effect`` (claim before execute, ledger) at concurrency 1 and 16, beside the
+  same raw LWT: a new claim (one conditional batch: the claim row and the request's
+  cancellation condition) and, at concurrency 1, the claim of a completed effect (a
+  retry reusing the output: the LWT is not applied and answers with the stored claim).
 - ``promote, no hint`` at concurrency 1: a store without hints (``hint_capacity=0``),
   so every turn after the first reads the view at SERIAL first (two Paxos rounds): the
   cost of the path a stale hint falls back to.
@@ -37,8 +41,13 @@ from ratchet.settings import Settings
 from schemas.models import Certification, Item
 
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "migrations"
-# The store's tables: response_locations (001) and turns (004).
-MIGRATIONS = (_MIGRATIONS_DIR / "001_core.cql", _MIGRATIONS_DIR / "004_turn_rows.cql")
+# The store's tables: turns (004), response_claims (007) and lineage digests (009); the
+# ledger's (002, 003) with request_facts (006), the status column (008) and the claim
+# columns (010).
+_M = ("004_turn_rows.cql", "007_response_claims.cql", "009_lineage_digest.cql",
+      "002_ledger.cql", "003_ledger_owners.cql", "006_request_facts.cql",
+      "008_status_existing_response.cql", "010_effect_claims.cql")
+MIGRATIONS = tuple(_MIGRATIONS_DIR / name for name in _M)
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,22 @@ def _turn(tenant: str, conversation: str, expected: int):
     )
 
 
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _claim(tenant: str, request: str, occurrence: int):
+    """A claim of the ``occurrence``-th call of one tool in request ``request``."""
+    from ratchet.domain.claims import ClaimRequest, EffectPolicy, effect_id_for_claim
+
+    key = f"idem_{request}"
+    return ClaimRequest(tenant, key, effect_id_for_claim(key, 0, "send_email", occurrence),
+                        attempt=1, subturn_index=0, call_id=f"call_{uuid.uuid4().hex[:8]}",
+                        tool_name="send_email", arguments_digest="0" * 64,
+                        token=uuid.uuid4().hex, lease_ms=30_000,
+                        policy=EffectPolicy.AT_MOST_ONCE)
+
+
 def _create_keyspace(cluster, keyspace: str, replication: str):
     admin = cluster.connect()
     admin.execute(
@@ -144,7 +169,9 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
     from cassandra.cluster import Cluster
     from cassandra.policies import FallthroughRetryPolicy
 
+    from ratchet.domain.claims import ClaimState
     from ratchet.domain.plan import Promoted
+    from services.ledger.cassandra import CassandraLedger
     from services.store.base import StoreOptions
     from services.store.cassandra import CassandraCheckpointStore
     from services.store.rows import HISTORY_COLUMNS, HISTORY_KINDS
@@ -155,6 +182,7 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
     session = _create_keyspace(cluster, keyspace, settings.replication)
     try:
         store = CassandraCheckpointStore(session)
+        ledger = CassandraLedger(session)
         raw_insert = session.prepare(
             "INSERT INTO raw_baseline (k, c, v) VALUES (?, ?, ?) IF NOT EXISTS"
         )
@@ -189,9 +217,29 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
             def raw(w: int, i: int, run_id=run_id) -> None:
                 session.execute(raw_insert, (f"k_{run_id}_{w}", f"c{i}", payload))
 
-            _warm_up(promote, raw)
+            def claim(w: int, i: int, run_id=run_id, state=ClaimState.CLAIMED) -> None:
+                answer = ledger.claim_effect(_claim(tenant, f"{run_id}_{w}", i), _now_ms())
+                assert answer.state is state, answer
+
+            _warm_up(promote, raw, claim)
             figures.append(measure("raw LWT INSERT IF NOT EXISTS", concurrency, per_worker, raw))
             figures.append(measure("store.promote (2 items)", concurrency, per_worker, promote))
+            figures.append(measure("ledger.claim_effect (new claim)", concurrency, per_worker,
+                                   claim))
+
+        done_key = f"done_{uuid.uuid4().hex[:6]}"
+        done = _claim(tenant, done_key, 0)
+        ledger.claim_effect(done, _now_ms())
+        output = _item("recorded output")
+        ledger.complete_claim(tenant, done.idempotency_key, done.effect_id, done.token,
+                              "succeeded", output, _now_ms())
+
+        def reuse(w: int, i: int) -> None:
+            retry = _claim(tenant, done_key, 0)
+            assert ledger.claim_effect(retry, _now_ms()).state is ClaimState.COMPLETED
+
+        _warm_up(reuse)
+        figures.append(measure("ledger.claim_effect (completed: reuse)", 1, promotes, reuse))
 
         cold_store = CassandraCheckpointStore(session, StoreOptions(hint_capacity=0))
         cold_heads = [0]

@@ -41,6 +41,7 @@ class Promo:
     seq: int
     items: tuple[str, ...]  # content digests of the complete history, in order
     certification: str
+    artifact: bool = False  # a reusable token artifact (else a certified read is NO_ARTIFACT)
 
     @property
     def sig(self) -> Sig:
@@ -59,10 +60,6 @@ class World:
     cancelled: set[str] = field(default_factory=set)  # idempotency keys
     decided: dict[int, frozenset[Sig]] = field(default_factory=dict)  # event index -> outcomes
     orphans: set[str] = field(default_factory=set)  # effect ids that must be published orphaned
-    late_cancels: set[str] = field(default_factory=set)  # keys cancelled after promotion
-    # event index -> an outcome that breaks the contract through a KNOWN defect (pinned by
-    # an xfail test): reported as ``known_defect``, not failed on, so new defects stand out.
-    known: dict[int, Sig] = field(default_factory=dict)
 
     def fork(self) -> World:
         return copy.deepcopy(self)
@@ -106,16 +103,10 @@ def _apply(w: World, story: Story, index: int) -> None:
     elif isinstance(ev, TurnCancelled):
         if ev.idempotency_key not in w.keys:  # a cancel after completion changes nothing
             w.cancelled.add(ev.idempotency_key)
-        else:
-            w.late_cancels.add(ev.idempotency_key)
     elif isinstance(ev, TurnCompleted):
         if index in w.decided:  # the same event again: its outcome never flips
             return
         w.decided[index] = _decide(w, story, ev)
-        bound = w.keys.get(ev.idempotency_key)
-        if ev.idempotency_key in w.late_cancels and bound and bound.response_id != ev.response_id:
-            # tests/unit/test_chaos_findings.py: the late cancel shadows DUPLICATE/KEY_REUSED.
-            w.known[index] = ("R", "CANCELLED", None)
 
 
 def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
@@ -148,10 +139,10 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
         else:
             return _reject("PARENT_NOT_PROMOTED")
     items = prior + tuple(i.content_digest for i in (*ev.input_items, *ev.output_items))
-    certified = (ev.status == "completed" and ev.token_artifact is not None
-                 and ev.boundary_proof is not None and not ev.effective_config.truncated)
+    certified = ev.status == "completed" and not ev.effective_config.truncated
+    artifact = certified and ev.token_artifact is not None and ev.boundary_proof is not None
     promo = Promo(ev.response_id, ev.idempotency_key, ev.request_digest, seq, items,
-                  "certified" if certified else "logical_only")
+                  "certified" if certified else "logical_only", artifact)
     w.promoted[ev.response_id] = promo
     w.keys[ev.idempotency_key] = promo
     if story.kind == "conversation":

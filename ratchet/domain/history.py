@@ -233,6 +233,8 @@ class VerifiedHistory:
     checkpoint: CheckpointRecord
     lineage: tuple[CheckpointRecord, ...]  # root first, ``checkpoint`` last
     items: tuple[Item, ...]
+    # The Conversation's current head seq (chain mode: the response's own seq). The API
+    # answers the response's own seq as ``head_seq`` and this beside it.
     head_seq: int
     # Every turn's lineage digest was checked from the root: the history may be
     # extended by later rows alone (``verify_extension``).
@@ -401,11 +403,16 @@ def _lineage(
 def _check_conversation(
     snapshot: PartitionSnapshot, checkpoint: CheckpointRecord
 ) -> HistoryFailure | None:
-    """A Conversation is a line: one checkpoint per seq, none beyond the head."""
+    """A Conversation is a line: one checkpoint per seq, none beyond the head, and a
+    head that a checkpoint backs (the one it names, at its seq), whichever turn is read."""
     if checkpoint.mode is not PromotionMode.CONVERSATION:
         return None
-    if snapshot.head is None or snapshot.head.seq < checkpoint.seq:
+    head = snapshot.head
+    if head is None or head.seq < checkpoint.seq:
         return _corrupt(f"{checkpoint.response_id} seq {checkpoint.seq} is beyond the head")
+    backing = snapshot.checkpoints.get(head.response_id)
+    if backing is None or backing.seq != head.seq or backing.mode is not PromotionMode.CONVERSATION:
+        return _corrupt(f"head seq {head.seq} ({head.response_id}) is backed by no checkpoint")
     seqs = Counter(
         c.seq for c in snapshot.checkpoints.values() if c.mode is PromotionMode.CONVERSATION
     )

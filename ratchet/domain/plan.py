@@ -65,6 +65,9 @@ class PromotionRequest:
     token_artifact: StoredTokenArtifact | None = None
     router_receipt: str | None = None
     boundary_proof: str | None = None
+    # The gateway's logical expiry (``TurnCompleted.expires_at``); the checkpoint keeps
+    # the earlier of it and the server's retention (``build_checkpoint``).
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,39 @@ class ResponseExists:
 
 
 @dataclass(frozen=True)
+class ResponseClaim:
+    """Who may promote a response id in a tenant: ONE request, in ONE partition.
+
+    Taken once per (tenant, response id) by a linearizable insert before the first
+    promotion batch of the id (``CheckpointStore.promote``), never released and never
+    changed. The request's identity (idempotency key + request digest) and partition
+    are the claim, so a retry or redelivery of the SAME request finds its own claim and
+    goes on (also after a crash between the claim and its batch, or after its batch was
+    refused), while any other request finds the id taken: ``ResponseClaimed``. The
+    claim also says where the response lives (the store's location lookup).
+    """
+
+    tenant_id: str
+    response_id: str
+    partition_key: str
+    idempotency_key: str
+    request_digest: str
+
+    @classmethod
+    def of(cls, request: PromotionRequest) -> ResponseClaim:
+        return cls(request.tenant_id, request.response_id, request.partition_key,
+                   request.idempotency_key, request.request_digest)
+
+
+@dataclass(frozen=True)
+class ResponseClaimed:
+    """The response id is claimed by another request (another idempotency key, request
+    digest or partition): never rebound, the turn is not written (CONFLICT)."""
+
+    holder: ResponseClaim
+
+
+@dataclass(frozen=True)
 class LineageChanged:
     """The turn would extend another response than the caller said it validated the
     turn against (``promote(..., extends=...)``); nothing was written.
@@ -150,6 +186,7 @@ PromotionOutcome = (
     | AheadOfHead
     | ParentMissing
     | ResponseExists
+    | ResponseClaimed
     | TooLarge
     | LineageChanged
 )
@@ -313,11 +350,15 @@ def _as_plan(decision: PromotionOutcome | Plan) -> Plan | None:
 def build_checkpoint(
     request: PromotionRequest, plan: Plan, promoted_at: datetime, logical_retention_s: int
 ) -> CheckpointRecord:
-    """The checkpoint record a plan persists (same on every backend)."""
+    """The checkpoint record a plan persists (same on every backend).
+
+    Logical expiry: the gateway's ``expires_at`` capped by the server's retention
+    (``logical_retention_s`` after promotion; 0 = no retention), whichever is earlier."""
     promoted_at = utc_ms(promoted_at)
-    expires = (
-        promoted_at + timedelta(seconds=logical_retention_s) if logical_retention_s > 0 else None
-    )
+    limits = [utc_ms(request.expires_at)] if request.expires_at is not None else []
+    if logical_retention_s > 0:
+        limits.append(promoted_at + timedelta(seconds=logical_retention_s))
+    expires = min(limits, default=None)
     return CheckpointRecord(
         tenant_id=request.tenant_id,
         partition_key=request.partition_key,

@@ -7,14 +7,15 @@ and publishes; every rule lives here so a reader finds them in one place:
    Checks, first broken rule wins: conversation owned by another tenant
    (``TENANT_MISMATCH``), a ``TurnCancelled`` already seen for its idempotency key
    (``CANCELLED``), the event's own validation (status, items, fingerprint, proof
-   ...), the tool-effect ledger (``DUPLICATE_TOOL_EFFECT``, ``MISSING_TOOL_EFFECT``,
-   recorded outputs). Pairing across the existing history is part of the event's
+   ...), the tool-effect ledger and the effect claims (``DUPLICATE_TOOL_EFFECT``,
+   ``MISSING_TOOL_EFFECT``, recorded outputs: one rule, :func:`_effects_rule`). Pairing across the existing history is part of the event's
    validation (:func:`validate` continues the stored history's pairing state).
    Result: a ``Promote`` carrying the store request, or a ``Reject``.
 2. :func:`interpret` - turn the store's compare-and-set outcome into the verdict:
    ``Promoted`` -> accepted; ``Duplicate`` -> the original outcome again (same
    response) or ``DUPLICATE``; ``KeyReused`` -> ``IDEMPOTENCY_KEY_REUSED``;
-   ``Conflict`` -> ``CONFLICT``; ``AheadOfHead`` -> ``OUT_OF_ORDER``;
+   ``Conflict``, ``ResponseExists``, ``ResponseClaimed`` (the response id is bound to
+   another request, maybe in another partition) -> ``CONFLICT``; ``AheadOfHead`` -> ``OUT_OF_ORDER``;
    ``ParentMissing`` -> ``PARENT_NOT_PROMOTED`` or ``TENANT_MISMATCH`` (parent owned
    by another tenant).
 3. :func:`orphaned_effects` - which recorded tool effects must be published as
@@ -28,9 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from ratchet.domain.catalogue import EFFECT_OUTPUT_TYPES, effect_key
+from ratchet.domain.claims import ClaimRecord, result_digest
 from ratchet.domain.history import CheckpointRecord, PromotionMode, StoredTokenArtifact
 from ratchet.domain.plan import (
     AheadOfHead,
@@ -41,6 +44,7 @@ from ratchet.domain.plan import (
     Promoted,
     PromotionOutcome,
     PromotionRequest,
+    ResponseClaimed,
     ResponseExists,
     TooLarge,
 )
@@ -102,10 +106,14 @@ class Facts:
     cancelled: bool = False
     effects: Mapping[str, RecordedEffect] = None  # type: ignore[assignment]
     conversation_owner: str | None = None
+    # The request's effect claims by effect_id (claim before execute, claims.py).
+    claims: Mapping[str, ClaimRecord] = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.effects is None:
             object.__setattr__(self, "effects", {})
+        if self.claims is None:
+            object.__setattr__(self, "claims", {})
 
 
 @dataclass(frozen=True)
@@ -118,12 +126,15 @@ class ValidationVerdict:
     # The pairing state of the lineage AFTER this turn (None when rejected): what the
     # next turn extending it continues from (the processor's tail cache keeps it).
     pairing: PairingState | None = None
+    # The token artifact (with proof and receipt) is promoted with the turn.
+    artifact_reusable: bool = False
 
     @classmethod
     def from_validation(cls, result: Validation) -> ValidationVerdict:
         if isinstance(result, Rejected):
             return cls(None, result.reason, result.detail)
-        return cls(result.certification, pairing=result.pairing)
+        return cls(result.certification, pairing=result.pairing,
+                   artifact_reusable=result.artifact_reusable)
 
 
 def validate(turn: TurnCompleted, now_ms: int, history: Sequence[Item]) -> ValidationVerdict:
@@ -178,6 +189,8 @@ class Orphan:
     reason: OrphanReason
     rejection_reason: RejectionReason | None = None
     detail: str = ""
+    # False for a claim whose holder never recorded an outcome: it may or may not have run.
+    completed: bool = True
 
 
 # --- 1. may the turn be promoted? ------------------------------------------------------
@@ -191,7 +204,8 @@ def decide_turn(turn: TurnCompleted, validation: ValidationVerdict,
         if rejection is not None:
             return rejection
     assert validation.certification is not None
-    return Promote(promotion_request(turn, validation.certification))
+    return Promote(promotion_request(turn, validation.certification,
+                                     validation.artifact_reusable))
 
 
 def _tenant_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> Reject | None:
@@ -224,34 +238,76 @@ def used_effect_ids(turn: TurnCompleted) -> tuple[str, ...]:
 
 
 def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> Reject | None:
-    """Every used effect recorded, unconflicted, and matching the turn's outputs.
+    """Every used effect recorded, unconflicted, and matching the turn's outputs; the
+    ONE rule for effects recorded after the fact (``ToolEffect``, deduplicated by
+    ``effect_id``) and effects claimed before execution (same ``effect_id``).
 
-    The turn's item that an effect answers is found among the executed-output types
-    of the catalogue (any call type's output, or an ``mcp_call``) by its effect key;
-    equal digests mean equal bytes, so an output of another type never matches.
+    * a claimed effect must be completed, and the turn must carry its recorded result
+      (``claims.result_digest``: the output without its ids, so a retry whose calls
+      got new call ids reuses it); a ``ToolEffect`` of the same id must agree;
+    * an unclaimed effect must be recorded; the turn's item that answers it is found
+      among the executed-output types of the catalogue (any call type's output, or an
+      ``mcp_call``) by its effect key; equal digests mean equal bytes;
+    * no output of the turn may answer a call of this request whose claim has no
+      recorded outcome (a turn only carries outputs of completed claims).
     """
-    outputs_by_call = {effect_key(i): i for i in turn.items if i.type in EFFECT_OUTPUT_TYPES}
+    outputs = [i for i in turn.items if i.type in EFFECT_OUTPUT_TYPES]
+    outputs_by_call = {effect_key(i): i for i in outputs}
     for effect_id in used_effect_ids(turn):
         effect = facts.effects.get(effect_id)
+        claim = facts.claims.get(effect_id)
+        if effect is not None and effect.conflicted:
+            return Reject(R.DUPLICATE_TOOL_EFFECT, f"tool effect {effect_id} was recorded "
+                          "twice with different outputs")
+        if claim is not None:
+            rejection = _claimed_effect_rule(turn, claim, outputs)
+            if rejection is not None:
+                return rejection
+            continue
         if effect is None:
             return Reject(R.MISSING_TOOL_EFFECT, f"tool effect {effect_id} is not recorded "
                           f"for request {turn.idempotency_key}")
-        if effect.conflicted:
-            return Reject(R.DUPLICATE_TOOL_EFFECT, f"tool effect {effect_id} was recorded "
-                          "twice with different outputs")
         output = outputs_by_call.get(effect.call_id)
         if output is not None and output.content_digest != effect.output_digest:
             return Reject(R.DUPLICATE_TOOL_EFFECT, f"{output.type} for call "
                           f"{effect.call_id} differs from recorded effect {effect_id}")
+    for claim in facts.claims.values():
+        if not claim.completed and claim.call_id in outputs_by_call:
+            return Reject(R.MISSING_TOOL_EFFECT, f"output for call {claim.call_id} but its "
+                          f"claim {claim.effect_id} has no recorded outcome")
     return None
+
+
+def _claimed_effect_rule(turn: TurnCompleted, claim: ClaimRecord,
+                         outputs: Sequence[Item]) -> Reject | None:
+    if not claim.completed or claim.output is None:
+        return Reject(R.MISSING_TOOL_EFFECT, f"claimed effect {claim.effect_id} (attempt "
+                      f"{claim.attempt}) has no recorded outcome")
+    wanted = result_digest(claim.output)
+    if not any(_result_or_none(o) == wanted for o in outputs):
+        return Reject(R.DUPLICATE_TOOL_EFFECT, f"turn carries no output equal to the "
+                      f"recorded outcome of claimed effect {claim.effect_id} for request "
+                      f"{turn.idempotency_key}")
+    return None
+
+
+def _result_or_none(item: Item) -> str | None:
+    try:
+        return result_digest(item)
+    except ValueError:
+        return None  # validation rejects such content before this rule is reached
 
 
 # --- the store request --------------------------------------------------------------------
 
 
-def promotion_request(turn: TurnCompleted, certification: Certification) -> PromotionRequest:
-    """The store request for a turn: its new items and the outer checkpoint metadata."""
-    certified = certification is Certification.CERTIFIED
+def promotion_request(turn: TurnCompleted, certification: Certification,
+                      artifact_reusable: bool = True) -> PromotionRequest:
+    """The store request for a turn: its new items and the outer checkpoint metadata.
+    The artifact, receipt and proof travel only with a certified turn whose artifact is
+    reusable (``artifact_reusable``); a certified turn without one falls back
+    ``NO_ARTIFACT`` on reads."""
+    certified = certification is Certification.CERTIFIED and artifact_reusable
     conversation = turn.conversation_id is not None
     return PromotionRequest(
         tenant_id=turn.tenant_id,
@@ -268,12 +324,15 @@ def promotion_request(turn: TurnCompleted, certification: Certification) -> Prom
         token_artifact=_store_artifact(turn) if certified else None,
         router_receipt=_json_or_none(turn.router_receipt) if certified else None,
         boundary_proof=_json_or_none(turn.boundary_proof) if certified else None,
+        expires_at=None if turn.expires_at is None else _utc_ms(turn.expires_at),
     )
 
 
-def _store_artifact(turn: TurnCompleted) -> StoredTokenArtifact | None:
-    from datetime import UTC, datetime
+def _utc_ms(epoch_ms: int) -> datetime:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC)
 
+
+def _store_artifact(turn: TurnCompleted) -> StoredTokenArtifact | None:
     art = turn.token_artifact
     if art is None:
         return None
@@ -283,7 +342,7 @@ def _store_artifact(turn: TurnCompleted) -> StoredTokenArtifact | None:
         token_count=art.token_count,
         safe_append_boundary=art.safe_append_boundary,
         fingerprint_hash=art.fingerprint_hash,
-        expires_at=datetime.fromtimestamp(art.expires_at / 1000, UTC),
+        expires_at=_utc_ms(art.expires_at),
     )
 
 
@@ -314,6 +373,9 @@ def interpret(turn: TurnCompleted, outcome: PromotionOutcome,
             # Another request already owns this response id: never rebind it (CONTRACT 4).
             return Reject(R.CONFLICT, f"response id {cp.response_id} is already bound to "
                           f"request {cp.idempotency_key} at seq {cp.seq}", head_seq=cp.seq)
+        case ResponseClaimed(holder=claim):
+            return Reject(R.CONFLICT, f"response id {claim.response_id} is already bound to "
+                          f"request {claim.idempotency_key} in {claim.partition_key}")
         case KeyReused(original_response_id=rid):
             return Reject(R.IDEMPOTENCY_KEY_REUSED, f"idempotency key {turn.idempotency_key} "
                           f"already promoted a different request ({rid})",
@@ -340,8 +402,14 @@ def interpret(turn: TurnCompleted, outcome: PromotionOutcome,
 
 
 def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
-                     effects: Iterable[RecordedEffect]) -> list[Orphan]:
-    """Recorded effects that no accepted turn uses, to publish as ``EffectOrphaned``.
+                     effects: Iterable[RecordedEffect],
+                     claims: Iterable[ClaimRecord] = ()) -> list[Orphan]:
+    """Recorded or claimed effects that no accepted turn uses, to publish as
+    ``EffectOrphaned`` for compensation once the verdict is known.
+
+    A claim without a ``ToolEffect`` of its id counts as an effect of its holder's
+    attempt; ``completed`` says whether its outcome was recorded (an uncompleted claim
+    may or may not have run). Then:
 
     * accepted: every effect recorded for the request that the accepted turn does
       not use (earlier attempts' leftovers) -> ``ATTEMPT_SUPERSEDED``;
@@ -351,19 +419,41 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
       ``TURN_NOT_PROMOTABLE`` (failed/in-progress status), ``EFFECT_CONFLICT``
       (conflicted effects) or ``TURN_REJECTED``.
     """
-    effects = list(effects)
+    claim_by_id = {c.effect_id: c for c in claims}
+    found = {e.effect_id: e for e in effects}
+    for claim in claim_by_id.values():
+        found.setdefault(claim.effect_id, _as_effect(claim))
+
+    def orphan(e: RecordedEffect, reason: OrphanReason, rejection: RejectionReason | None = None,
+               detail: str = "") -> Orphan:
+        claim = claim_by_id.get(e.effect_id)
+        completed = claim is None or claim.completed or e.output_digest != ""
+        return Orphan(e, reason, rejection, detail, completed=completed)
+
+    all_effects = [found[k] for k in sorted(found)]
     if isinstance(verdict, Accepted):
         used = set(used_effect_ids(turn))
-        return [Orphan(e, OrphanReason.ATTEMPT_SUPERSEDED) for e in effects
+        return [orphan(e, OrphanReason.ATTEMPT_SUPERSEDED) for e in all_effects
                 if e.effect_id not in used]
     if verdict.reason is R.DUPLICATE:
         return []
     if verdict.reason is R.CANCELLED:
-        return [Orphan(e, OrphanReason.TURN_CANCELLED, R.CANCELLED) for e in effects]
+        return [orphan(e, OrphanReason.TURN_CANCELLED, R.CANCELLED) for e in all_effects]
     used = set(used_effect_ids(turn))
-    mine = [e for e in effects if e.effect_id in used or e.attempt == turn.attempt]
-    return [Orphan(e, _rejected_orphan_reason(e, verdict), verdict.reason, verdict.detail)
+    mine = [e for e in all_effects if e.effect_id in used or e.attempt == turn.attempt]
+    return [orphan(e, _rejected_orphan_reason(e, verdict), verdict.reason, verdict.detail)
             for e in mine]
+
+
+def _as_effect(claim: ClaimRecord) -> RecordedEffect:
+    """A claim with no ``ToolEffect`` as the effect it stands for (output digest empty
+    while no outcome is recorded)."""
+    out = claim.output
+    return RecordedEffect(
+        claim.tenant_id, claim.idempotency_key, claim.effect_id, claim.attempt,
+        claim.subturn_index, claim.call_id, claim.tool_name, claim.arguments_digest,
+        claim.status or "", "" if out is None else out.item_id,
+        "" if out is None else out.content_digest, claim.completed_at or claim.claimed_at)
 
 
 def _rejected_orphan_reason(effect: RecordedEffect, verdict: Reject) -> OrphanReason:

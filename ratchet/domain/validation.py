@@ -29,8 +29,10 @@ the same reason:
                           whenever an artifact or proof is present, even for turns that
                           end up logical_only: a broken proof means a broken gateway.
 
-Certification of a valid turn: ``certified`` only for ``completed`` with an unexpired
-artifact AND a valid proof and no truncation; otherwise ``logical_only``.
+Certification of a valid turn: ``certified`` for ``completed`` without truncation (its
+logical history is certified); otherwise ``logical_only``. A certified turn carries a
+reusable token artifact only with an unexpired artifact AND a boundary proof; without
+one it is promoted certified with no artifact (rehydration falls back ``NO_ARTIFACT``).
 """
 
 from __future__ import annotations
@@ -108,12 +110,14 @@ class Valid:
 
     ``pairing`` is the pairing state AFTER the turn: store it with the new head so the
     next turn can be checked without re-reading the history. ``why`` says why the
-    certification is what it is (for logs, not for machines).
+    certification is what it is (for logs, not for machines). ``artifact_reusable``:
+    the turn's token artifact (with its proof and receipt) is promoted with it.
     """
 
     certification: Certification
     pairing: PairingState
     why: str
+    artifact_reusable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +157,8 @@ def validate_turn(
     if rejected:
         return rejected
     certification, why = certification_of(event, now_ms)
-    return Valid(certification, pairing, why)
+    reusable = certification is Certification.CERTIFIED and artifact_reusable(event, now_ms)
+    return Valid(certification, pairing, why, reusable)
 
 
 def check_pairing(
@@ -249,13 +254,18 @@ def certification_of(event: TurnCompleted, now_ms: int) -> tuple[Certification, 
         # truncated=true is only meaningful with truncation=auto; with "disabled" it is
         # contradictory, and the safe reading of a contradiction is "not certified".
         return Certification.LOGICAL_ONLY, "history was truncated"
-    if event.token_artifact is None:
-        return Certification.LOGICAL_ONLY, "no token artifact"
-    if event.boundary_proof is None:
-        return Certification.LOGICAL_ONLY, "no boundary proof"
-    if event.token_artifact.expires_at <= now_ms:
-        return Certification.LOGICAL_ONLY, "token artifact already expired"
+    if not artifact_reusable(event, now_ms):
+        return Certification.CERTIFIED, "completed, with no reusable token artifact"
     return Certification.CERTIFIED, "completed with a valid artifact and boundary proof"
+
+
+def artifact_reusable(event: TurnCompleted, now_ms: int) -> bool:
+    """The turn's token artifact can be reused: present, unexpired, with a proof."""
+    return (
+        event.token_artifact is not None
+        and event.boundary_proof is not None
+        and event.token_artifact.expires_at > now_ms
+    )
 
 
 # --- the checks, in evaluation order -------------------------------------------------

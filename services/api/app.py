@@ -9,10 +9,10 @@ handlers here turn any validation error into a typed 422 ``ErrorBody``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated
 
-from fastapi import FastAPI, Header, Path, Query, Request
+from fastapi import APIRouter, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -64,7 +64,9 @@ _HISTORY_RESPONSES = {
 }
 
 
-def create_app(service: RehydrationService, notifier_up: Callable[[], bool]) -> FastAPI:
+def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
+               routers: Sequence[APIRouter] = ()) -> FastAPI:
+    """``routers``: route modules of their own (the effect claims, services/api/claims.py)."""
     app = FastAPI(
         title="ratchet rehydration service",
         version="1",
@@ -72,6 +74,8 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool]) -> 
         "(CONTRACT section 5). Item `content` is the canonical JSON text, byte-exact.",
     )
     _install_error_handlers(app)
+    for router in routers:
+        app.include_router(router)
 
     @app.get(
         "/v1/conversations/{conversation_id}/history",

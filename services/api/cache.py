@@ -18,6 +18,10 @@ Extension (``services/api/service.py``): a history whose lineage digests were al
 checked (``linked``) may be extended by the rows promoted after it, read and verified
 alone (``ratchet.domain.history.verify_extension``); the new entry's items JSON is the
 prefix's plus the new turns' pre-rendered fragments.
+
+Locations: (tenant_id, response_id) -> partition_key of every verified turn, kept here
+(immutable: a response id is bound once per tenant, ``response_claims``); a response
+not seen yet is located by its claim (``CheckpointStore.locate``).
 """
 
 from __future__ import annotations

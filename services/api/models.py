@@ -74,7 +74,14 @@ class HistoryBody(_Body):
         description="null when certified; a fallback reason "
         f"({', '.join(FALLBACK_REASONS)}) or a failure reason ({', '.join(FAILURE_REASONS)}).",
     )
-    head_seq: int | None = Field(None, description="Sequence number of the rehydrated head.")
+    head_seq: int | None = Field(
+        None, description="Sequence number of the response the history ends with."
+    )
+    conversation_head_seq: int | None = Field(
+        None,
+        description="Conversation mode: the Conversation's current head seq (equal to "
+        "head_seq on the conversation endpoint); null in chain mode.",
+    )
     response_id: str | None = Field(None, description="The response the history ends with.")
     items: list[HistoryItem] | None = Field(
         None, description="The COMPLETE ordered history (certified and fallback only)."
@@ -88,6 +95,10 @@ class StatusBody(_Body):
     state: Literal["promoted", "rejected", "unknown"]
     reason: str | None = Field(None, description="Rejection reason (CONTRACT section 4).")
     seq: int | None = Field(None, description="Promoted sequence number, when promoted.")
+    existing_response_id: str | None = Field(
+        None,
+        description="DUPLICATE: the response the request was promoted as (answer with it).",
+    )
 
 
 class ErrorBody(_Body):

@@ -14,9 +14,11 @@ from json.encoder import encode_basestring
 
 from pydantic import TypeAdapter
 
+from ratchet.domain.catalogue import decode_content
 from ratchet.domain.history import (
     CheckpointRecord,
     HistoryFailure,
+    PromotionMode,
     StoredTokenArtifact,
     VerifiedHistory,
 )
@@ -31,7 +33,7 @@ from services.api.models import (
 
 
 class _Undecodable(ValueError):
-    """Stored bytes that passed their digest check but are not UTF-8 JSON text."""
+    """Stored bytes that passed their digest check but are not a UTF-8 JSON object."""
 
 
 def history_outcome_body(
@@ -42,6 +44,8 @@ def history_outcome_body(
         reason = str(outcome.reason)
         return failure_body(reason, detail=outcome.detail), _status(reason)
     response_id = outcome.checkpoint.response_id
+    seqs = {"head_seq": outcome.checkpoint.seq,
+            "conversation_head_seq": conversation_head_seq(outcome.checkpoint, outcome.head_seq)}
     try:
         items = [item_body(item) for item in outcome.items]
     except _Undecodable as exc:
@@ -50,7 +54,7 @@ def history_outcome_body(
     if isinstance(outcome, Certified):
         body = HistoryBody(
             outcome="certified",
-            head_seq=outcome.head_seq,
+            **seqs,
             response_id=response_id,
             items=items,
             checkpoint=checkpoint_body(outcome.checkpoint),
@@ -60,11 +64,17 @@ def history_outcome_body(
     body = HistoryBody(
         outcome="fallback",
         reason=str(outcome.reason),
-        head_seq=outcome.head_seq,
+        **seqs,
         response_id=response_id,
         items=items,
     )
     return body, 200
+
+
+def conversation_head_seq(checkpoint: CheckpointRecord, head_seq: int) -> int | None:
+    """``conversation_head_seq`` of a body: the Conversation's head (``VerifiedHistory.
+    head_seq``) in Conversation mode, null in chain mode."""
+    return head_seq if checkpoint.mode is PromotionMode.CONVERSATION else None
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,8 @@ _STR = TypeAdapter(str)
 
 def render_history(history: VerifiedHistory) -> RenderedHistory | HistoryBody:
     """The JSON parts of a verified history, or the CORRUPT_HISTORY failure body if
-    an item's stored bytes are not UTF-8 text (a history is never partly decoded)."""
+    an item's stored bytes are not a UTF-8 JSON object (a history is never partly
+    decoded)."""
     return render_extension(history.checkpoint, b"[]", history.items)
 
 
@@ -121,10 +132,7 @@ def item_fragment(item: Item) -> bytes:
     """One item's JSON object, as ``HistoryItem`` serialises it (field order, escaping),
     built with the standard library's C string encoder: no model object per item.
     ``tests/unit/test_api_cache.py`` proves the bytes equal pydantic's."""
-    try:
-        text = item.content.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _Undecodable(f"item {item.item_id} content is not UTF-8: {exc}") from None
+    text = content_text(item)
     return "".join(
         (
             '{"item_id":',
@@ -147,7 +155,10 @@ def item_fragment(item: Item) -> bytes:
 
 
 def history_json(
-    rendered: RenderedHistory, head_seq: int, fallback: FallbackReason | None
+    rendered: RenderedHistory,
+    head_seq: int,
+    conversation_head: int | None,
+    fallback: FallbackReason | None,
 ) -> bytes:
     """The whole certified (``fallback`` None) or fallback body, in ``HistoryBody``'s
     field order; the checkpoint travels with certified answers only."""
@@ -162,6 +173,8 @@ def history_json(
         (
             head,
             str(int(head_seq)).encode(),
+            b',"conversation_head_seq":',
+            b"null" if conversation_head is None else str(int(conversation_head)).encode(),
             b',"response_id":',
             _STR.dump_json(rendered.response_id),
             b',"items":',
@@ -183,13 +196,20 @@ def _status(reason: str) -> int:
     return FAILURE_HTTP_STATUS.get(str(reason), 500)
 
 
+def content_text(item: Item) -> str:
+    """The stored canonical JSON, as text, unchanged (see models.py for why).
+
+    Decoded with the catalogue's ``decode_content``, the very function validation
+    accepted the item with (one item codec), so a promoted item always renders; both
+    renderings (``item_body`` and the once-rendered ``item_fragment``) go through it."""
+    if decode_content(item) is None:
+        raise _Undecodable(f"item {item.item_id} content is not a UTF-8 JSON object")
+    return item.content.decode("utf-8")
+
+
 def item_body(item: Item) -> HistoryItem:
-    """The stored canonical JSON, as text, unchanged (see models.py for why)."""
-    try:
-        text = item.content.decode("utf-8")
-        json.loads(text)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise _Undecodable(f"item {item.item_id} content is not UTF-8 JSON: {exc}") from None
+    """One item as the response model (``content_text`` decides what renders)."""
+    text = content_text(item)
     # model_construct: every field comes from a verified Item, validating again costs
     # ~1 ms per 100-item history for nothing.
     return HistoryItem.model_construct(

@@ -21,6 +21,7 @@ from schemas.avro import EventSerde
 from services.api import logs
 from services.api.app import create_app
 from services.api.cache import HistoryCache
+from services.api.claims import claims_router
 from services.api.notifier import DecisionNotifier, ResponseIdDecoder
 from services.api.prewarm import Prewarmer
 from services.api.service import RehydrationService
@@ -71,7 +72,8 @@ class ApiProcess:
             registry_response_id_decoder(settings),
             on_promoted=self.prewarmer.promoted if self.cache.enabled else None,
         )
-        self.app: FastAPI = create_app(self.service, lambda: self.notifier.up)
+        self.app: FastAPI = create_app(self.service, lambda: self.notifier.up,
+                                       routers=[claims_router(self.ledger)])
 
     def close(self) -> None:
         self.notifier.stop()

@@ -42,6 +42,7 @@ from services.api.cache import CachedHistory, HistoryCache
 from services.api.models import FAILURE_HTTP_STATUS, HistoryBody, StatusBody
 from services.api.render import (
     RenderedHistory,
+    conversation_head_seq,
     failure_body,
     history_json,
     render_extension,
@@ -90,9 +91,10 @@ class RehydrationService:
     """Thin orchestration over the store (histories) and the ledger (rejections).
 
     With a ``HistoryCache`` (the production wiring), verified histories are served
-    from memory (cache.py): a response hit reads nothing, a Conversation hit reads its
-    head, a history grown by new turns reads only those. Without one, every lookup is
-    a full store read."""
+    from memory (cache.py): a chain-mode response hit reads nothing, a hit on a
+    Conversation (either endpoint) reads its head (one row, which must be backed), a
+    history grown by new turns reads only those. Without one, every lookup is a full
+    store read."""
 
     def __init__(
         self,
@@ -169,6 +171,7 @@ class RehydrationService:
                 state=recorded.status.value,
                 reason=recorded.reason,
                 seq=recorded.seq,
+                existing_response_id=recorded.existing_response_id,
             )
         else:
             body = StatusBody(response_id=response_id, state="unknown")
@@ -236,18 +239,50 @@ class RehydrationService:
     async def _cached_response(
         self, tenant_id: str, response_id: str, fingerprint_hash: str, use_cache: bool
     ) -> Answer:
-        """A hit: no storage read at all. A miss: locate, then extend a cached prefix
-        (only the new rows) or read the partition in full."""
+        """A hit: a chain-mode history answers with no storage read at all; a
+        Conversation-mode one with ONE head read, because its answer reports the
+        Conversation's current head beside the response's own seq and that head must be
+        backed by a verified checkpoint (``_conversation_response_hit``). A miss: locate
+        (the response's claim), then extend a cached prefix (only the new rows) or read
+        the partition in full."""
         assert self._cache is not None
         if use_cache:
             entry = self._cache.get(tenant_id, response_id)
             if entry is not None:
-                answer = self._hit(entry, entry.checkpoint.seq, fingerprint_hash, "response")
+                if entry.checkpoint.mode is PromotionMode.CONVERSATION:
+                    answer = await self._conversation_response_hit(entry, fingerprint_hash)
+                else:
+                    answer = self._hit(entry, entry.checkpoint.seq, fingerprint_hash, "response")
                 if answer is not None:
                     return answer
+                # A cached history that cannot answer (expired, head not backed): the
+                # full read decides, with its detail.
+                metrics.HISTORY_CACHE.labels("response", "miss").inc()
+                return await run_in_threadpool(
+                    self._read_response, tenant_id, response_id, fingerprint_hash,
+                    entry.partition_key,
+                )
         return await run_in_threadpool(
             self._response_miss, tenant_id, response_id, fingerprint_hash, use_cache
         )
+
+    async def _conversation_response_hit(
+        self, entry: CachedHistory, fingerprint_hash: str
+    ) -> Answer | None:
+        """The cached history of a Conversation's response, with the Conversation's
+        current head read now (the same one-row read as the Conversation endpoint's).
+        The head must be backed: its own verified history is cached, or is loaded now by
+        an extension (only its new rows). None: the full read decides (a head that no
+        checkpoint backs is ``CORRUPT_HISTORY`` there, as on every endpoint)."""
+        tenant_id, partition_key = entry.tenant_id, entry.partition_key
+        head = await self._store.read_head_async(tenant_id, partition_key)
+        if head is None or head.seq < entry.checkpoint.seq:
+            return None
+        if self._head_entry(tenant_id, partition_key, head) is None:
+            backed = await run_in_threadpool(self._back_head, tenant_id, partition_key, head)
+            if not backed:
+                return None
+        return self._hit(entry, head.seq, fingerprint_hash, "response")
 
     async def _cached_conversation(
         self, tenant_id: str, conversation_id: str, fingerprint_hash: str, use_cache: bool
@@ -261,21 +296,40 @@ class RehydrationService:
                 self._read_conversation, tenant_id, conversation_id, fingerprint_hash
             )
         head = await self._store.read_head_async(tenant_id, conversation_id)
-        if head is not None and head.response_id:
-            entry = self._cache.get(tenant_id, head.response_id)
-            if (
-                entry is not None
-                and entry.partition_key == conversation_id
-                and entry.checkpoint.mode is PromotionMode.CONVERSATION
-                and entry.checkpoint.seq == head.seq
-                and entry.checkpoint.response_id == head.response_id
-            ):
+        if head is not None:
+            entry = self._head_entry(tenant_id, conversation_id, head)
+            if entry is not None:
                 answer = self._hit(entry, head.seq, fingerprint_hash, "conversation")
                 if answer is not None:
                     return answer
         return await run_in_threadpool(
             self._conversation_miss, tenant_id, conversation_id, fingerprint_hash, head
         )
+
+    def _head_entry(self, tenant_id: str, partition_key: str, head: Head) -> CachedHistory | None:
+        """The cached verified history of the turn ``head`` names, if it is that
+        Conversation's turn at the head's seq: the head is backed (its row is immutable)."""
+        assert self._cache is not None
+        if not head.response_id:
+            return None
+        entry = self._cache.get(tenant_id, head.response_id)
+        if (
+            entry is not None
+            and entry.partition_key == partition_key
+            and entry.checkpoint.mode is PromotionMode.CONVERSATION
+            and entry.checkpoint.seq == head.seq
+        ):
+            return entry
+        return None
+
+    def _back_head(self, tenant_id: str, partition_key: str, head: Head) -> bool:
+        """Load and verify the head's turn by extension (blocking): True if its history
+        is cached now. False: no cached prefix within reach, or rows the extension cannot
+        decide; the caller's full read decides."""
+        extended = self._extended(
+            tenant_id, partition_key, head.response_id, head, MAX_EXTENSION_ROWS, self._clock()
+        )
+        return isinstance(extended, tuple)
 
     def _conversation_miss(
         self, tenant_id: str, conversation_id: str, fingerprint_hash: str, head: Head | None
@@ -296,7 +350,7 @@ class RehydrationService:
         assert self._cache is not None
         partition_key = self._cache.location(tenant_id, response_id)
         if partition_key is None:
-            partition_key = self._store.locate(tenant_id, response_id)
+            partition_key = self._store.locate(tenant_id, response_id)  # its claim
         if use_cache and partition_key is not None:
             answer = self._extend(
                 tenant_id, partition_key, response_id, fingerprint_hash, "response", None
@@ -307,9 +361,10 @@ class RehydrationService:
         return self._read_response(tenant_id, response_id, fingerprint_hash, partition_key)
 
     def _hit(
-        self, entry: CachedHistory, head_seq: int, fingerprint_hash: str, endpoint: str
+        self, entry: CachedHistory, current_head_seq: int, fingerprint_hash: str, endpoint: str
     ) -> Answer | None:
-        """The answer from a cached history, or None if only a full read may answer."""
+        """The answer from a cached history, or None if only a full read may answer.
+        ``current_head_seq``: the Conversation's backed head (chain mode: ignored)."""
         now = self._clock()
         expires = entry.checkpoint.logical_expires_at
         if expires is not None and utc_ms(now) >= expires:
@@ -317,7 +372,8 @@ class RehydrationService:
         metrics.HISTORY_CACHE.labels(endpoint, "hit").inc()
         return self._verified_answer(
             entry.rendered,
-            head_seq,
+            entry.checkpoint,
+            current_head_seq,
             fallback_reason(entry.checkpoint, fingerprint_hash, now),
             endpoint,
         )
@@ -336,22 +392,37 @@ class RehydrationService:
     ) -> Answer | None:
         """Read the rows from ``response_id`` back to a cached linked prefix (at most
         ``max_rows``, one row per read), verify them and their link to it, cache and
-        answer. None: no cached prefix within reach, or rows the extension cannot
-        decide (a turn without a lineage digest, an undecodable row): the full read
-        answers instead, so every replica gives the same answer."""
+        answer. None: no cached prefix within reach, rows the extension cannot decide
+        (a turn without a lineage digest, an undecodable row), or a Conversation head
+        that is not backed: the full read answers instead, so every replica gives the
+        same answer."""
         now = self._clock()
         extended = self._extended(tenant_id, partition_key, response_id, head, max_rows, now)
         if extended is None:
             return None
-        metrics.HISTORY_CACHE.labels(endpoint, "extended").inc()
         if isinstance(extended, HistoryFailure):
+            metrics.HISTORY_CACHE.labels(endpoint, "extended").inc()
             return self._failure(extended, endpoint)
         if isinstance(extended, HistoryBody):
+            metrics.HISTORY_CACHE.labels(endpoint, "extended").inc()
             metrics.OUTCOMES.labels(endpoint, extended.outcome, extended.reason or "").inc()
             return Answer.of(extended, 500)
-        target = extended.checkpoint
+        entry, current = extended
+        target = entry.checkpoint
+        if target.mode is PromotionMode.CONVERSATION:
+            # The head read with the rows must be backed, as on a hit.
+            assert current is not None  # _extended refuses a Conversation turn without one
+            if self._head_entry(tenant_id, partition_key, current) is None and not (
+                self._back_head(tenant_id, partition_key, current)
+            ):
+                return None
+        metrics.HISTORY_CACHE.labels(endpoint, "extended").inc()
         return self._verified_answer(
-            extended.rendered, target.seq, fallback_reason(target, fingerprint_hash, now), endpoint
+            entry.rendered,
+            target,
+            target.seq if current is None else current.seq,
+            fallback_reason(target, fingerprint_hash, now),
+            endpoint,
         )
 
     def _extended(
@@ -362,9 +433,10 @@ class RehydrationService:
         head: Head | None,
         max_rows: int,
         now: datetime,
-    ) -> CachedHistory | HistoryFailure | HistoryBody | None:
-        """The reads, verification and caching of ``_extend``: the cached entry, the
-        failure of a loaded row, or None when the extension cannot decide."""
+    ) -> tuple[CachedHistory, Head | None] | HistoryFailure | HistoryBody | None:
+        """The reads, verification and caching of ``_extend``: the cached entry with the
+        Conversation head known (``head``, else the one read with the rows), the failure
+        of a loaded row, or None when the extension cannot decide."""
         assert self._cache is not None
         if not self._cache.extendable(tenant_id, partition_key):
             return None
@@ -395,9 +467,9 @@ class RehydrationService:
         if prefix is None:
             return None
         target = turns[0]
+        known = head if head is not None else row_head
         if target.mode is PromotionMode.CONVERSATION:
             # The checks of a full read that involve the head (history.verify_history).
-            known = head if head is not None else row_head
             if known is None or known.seq < target.seq:
                 return None
             if head is not None and (head.seq, head.response_id) != (
@@ -418,7 +490,7 @@ class RehydrationService:
         entry = CachedHistory(tenant_id, partition_key, target, True, rendered)
         self._cache.put(target.response_id, entry)
         self._cache_gauges()
-        return entry
+        return entry, known if target.mode is PromotionMode.CONVERSATION else None
 
     def prewarm(self, tenant_id: str, partition_key: str, response_id: str) -> bool:
         """Extend the cache by a just-promoted response if its parent's history is
@@ -427,7 +499,7 @@ class RehydrationService:
             return False
         self._cache.remember_location(tenant_id, response_id, partition_key)
         extended = self._extended(tenant_id, partition_key, response_id, None, 1, self._clock())
-        return isinstance(extended, CachedHistory)
+        return isinstance(extended, tuple)
 
     # -- full reads (blocking; run in the thread pool) -----------------------------------
 
@@ -469,16 +541,14 @@ class RehydrationService:
         if isinstance(history, HistoryFailure):
             return self._failure(history, endpoint)
         rendered = render_history(history)
-        if isinstance(rendered, HistoryBody):  # stored bytes that are not UTF-8 text
+        if isinstance(rendered, HistoryBody):  # stored bytes that are not a UTF-8 JSON object
             metrics.OUTCOMES.labels(endpoint, rendered.outcome, rendered.reason or "").inc()
             return Answer.of(rendered, 500)
         self._fill(history, rendered)
-        # A response's history reports that response's own seq (CONTRACT section 5),
-        # the one value a cached answer knows without reading: hits and reads agree.
-        head_seq = history.checkpoint.seq if endpoint == "response" else history.head_seq
         return self._verified_answer(
             rendered,
-            head_seq,
+            history.checkpoint,
+            history.head_seq,
             fallback_reason(history.checkpoint, fingerprint_hash, now),
             endpoint,
         )
@@ -490,14 +560,23 @@ class RehydrationService:
         return Answer.of(body, _failure_status(reason))
 
     def _verified_answer(
-        self, rendered: RenderedHistory, head_seq: int, fallback, endpoint: str
+        self,
+        rendered: RenderedHistory,
+        checkpoint: CheckpointRecord,
+        current_head_seq: int,
+        fallback,
+        endpoint: str,
     ) -> Answer:
+        """``head_seq`` is the response's own seq; a Conversation's current head
+        (``current_head_seq``, as verified) is answered beside it."""
         outcome = "certified" if fallback is None else "fallback"
         reason = None if fallback is None else str(fallback)
         metrics.OUTCOMES.labels(endpoint, outcome, reason or "").inc()
-        return Answer(
-            200, outcome, reason, head_seq, None, history_json(rendered, head_seq, fallback)
+        own = checkpoint.seq
+        body = history_json(
+            rendered, own, conversation_head_seq(checkpoint, current_head_seq), fallback
         )
+        return Answer(200, outcome, reason, own, None, body)
 
     def _fill(self, history: VerifiedHistory, rendered: RenderedHistory) -> None:
         """Cache a history just loaded from storage and verified."""

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from schemas.limits import MAX_EVENT_BYTES
+
 
 class GatewayError(Exception):
     retryable: bool = False
+
+
+class EventTooLarge(GatewayError):
+    """The encoded event is above the protocol's maximum (``schemas/limits.py``); it was
+    not produced. Not retryable: the same event is always too large."""
+
+    def __init__(self, event_id: str, size: int) -> None:
+        self.event_id = event_id
+        self.size = size
+        super().__init__(f"event {event_id} is {size} bytes, above the protocol maximum of "
+                         f"{MAX_EVENT_BYTES} bytes: not produced")
 
 
 class DeliveryError(GatewayError):

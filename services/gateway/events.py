@@ -226,6 +226,7 @@ def tool_effect(
     output: Mapping[str, Any] | None = None,
     attempt: int = 1,
     succeeded: bool = True,
+    effect_id: str | None = None,
 ) -> ToolEffect:
     """The record of one executed gateway tool call (publish it BEFORE the turn).
 
@@ -234,6 +235,8 @@ def tool_effect(
     produced: the call type's output item with the same ``call_id``, or nothing for an
     ``mcp_call``, which carries its own output (its ``id`` is then the effect's
     ``call_id``). The same call in a retry of the request gets the same ``effect_id``.
+    ``effect_id``: a claimed effect's id (``services/gateway/claims.py``), which replaces
+    the call-id recipe so the claim and its record are one effect.
     """
     call_type = call.get("type")
     entry = CATALOGUE.get(call_type) if isinstance(call_type, str) else None
@@ -250,7 +253,7 @@ def tool_effect(
                                  + ("id" if carries_output else "call_id"))
     if not carries_output and call.get("call_id") != key:
         raise InvalidGatewayItem("call and output must carry the same string call_id")
-    effect_id = effect_id_for(idempotency_key, subturn_index, key)
+    effect_id = effect_id or effect_id_for(idempotency_key, subturn_index, key)
     output_item = to_item(output, default_id=f"{effect_id}:output")
     problem = shape_problem(output_item)
     if problem:
@@ -263,13 +266,23 @@ def tool_effect(
         attempt=attempt,
         subturn_index=subturn_index,
         call_id=key,
-        tool_name=str(call.get("name") or call_type.removesuffix("_call")),
-        arguments_digest=arguments_digest(_arguments(call.get(_ARGUMENTS.get(call_type,
-                                                                             "arguments")))),
+        tool_name=tool_name_of(call),
+        arguments_digest=arguments_digest_of(call),
         status=ToolEffectStatus.SUCCEEDED if succeeded else ToolEffectStatus.FAILED,
         output=output_item,
         executed_at=produced,
     )
+
+
+def tool_name_of(call: Mapping[str, Any]) -> str:
+    """The tool a call item runs: its ``name``, else its type without ``_call``."""
+    return str(call.get("name") or str(call.get("type", "")).removesuffix("_call"))
+
+
+def arguments_digest_of(call: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of what the call asks (its arguments/input/action)."""
+    return arguments_digest(_arguments(call.get(_ARGUMENTS.get(str(call.get("type")),
+                                                               "arguments"))))
 
 
 def turn_cancelled(identity: TurnIdentity, *, idempotency_key: str) -> TurnCancelled:

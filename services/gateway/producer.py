@@ -27,8 +27,9 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key
+from schemas.limits import CLIENT_MAX_BYTES, MAX_EVENT_BYTES
 from schemas.models import GatewayEvent, ToolEffect, TurnCompleted
-from services.gateway.errors import DeliveryError, FlushTimeout
+from services.gateway.errors import DeliveryError, EventTooLarge, FlushTimeout
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
@@ -40,6 +41,8 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "compression.type": "none",
     # Give up (and report) after 30 s rather than librdkafka's 5 min default.
     "delivery.timeout.ms": 30_000,
+    # Above the protocol's maximum event: ``send`` refuses larger events itself, typed.
+    "message.max.bytes": CLIENT_MAX_BYTES,
 }
 
 
@@ -74,6 +77,8 @@ class GatewayProducer:
         if not key:
             raise ValueError(f"event {event.event_id} has an empty partition key")
         value = self._serde.encode(event, self.topic)
+        if len(value) > MAX_EVENT_BYTES:
+            raise EventTooLarge(event.event_id, len(value))
         callback = self._on_delivery(event.event_id)
         while True:
             try:

@@ -14,11 +14,16 @@ promotion processor must remember across restarts lives here:
   (the head may have moved meanwhile, and an outcome must never flip);
 * **owners**: which tenant promoted a conversation's first turn and which tenant
   promoted a response id, so another tenant's ids give ``TENANT_MISMATCH``;
+* **effect claims** by ``(tenant_id, idempotency_key, effect_id)``: claim before
+  execute (``ratchet/domain/claims.py`` holds the rules). One conditional write per
+  claim, with a lease; an expired lease is taken over only by a condition on the
+  previous holder's token and lease; a cancelled request refuses new claims in the
+  same conditional write; only the holder's token records the outcome;
 * **response status** by ``(tenant_id, response_id)``: what
   ``GET /v1/responses/{id}/status`` answers. ``promoted`` always wins over a later
   rejection of the same response id (e.g. a redelivery rejected as DUPLICATE).
 
-Effects, the cancellation and the decisions of one logical request (tenant,
+Effects, claims, the cancellation and the decisions of one logical request (tenant,
 idempotency key) live together (Cassandra: one partition of ``request_facts``), so
 ``turn_facts`` reads them in one query. Both backends (``memory.py``,
 ``cassandra.py``) have the same semantics and pass the same tests
@@ -32,8 +37,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ratchet.domain.claims import Answer, ClaimRecord, ClaimRequest, CompletionState
 from ratchet.domain.promotion import RecordedEffect
 from schemas.errors import Unavailable
+from schemas.models import Item
 
 __all__ = [
     "Cancellation",
@@ -98,6 +105,7 @@ class TurnFacts:
     effects: tuple[RecordedEffect, ...]
     cancellation: Cancellation | None
     conversation_owner: str | None
+    claims: tuple[ClaimRecord, ...] = ()
 
 
 class ResponseState(StrEnum):
@@ -115,6 +123,8 @@ class ResponseStatus:
     reason: str | None = None
     seq: int | None = None
     detail: str = ""
+    # DUPLICATE: the response the request was promoted as.
+    existing_response_id: str | None = None
 
 
 class Ledger(abc.ABC):
@@ -128,6 +138,28 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     def effects_for(self, tenant_id: str, idempotency_key: str) -> Sequence[RecordedEffect]:
         """Every effect recorded for one logical request, ordered by effect_id."""
+
+    # -- effect claims (claim before execute) -----------------------------------------
+    @abc.abstractmethod
+    def claim_effect(self, request: ClaimRequest, now_ms: int) -> Answer:
+        """Claim one effect (``claims.decide_claim``) with ONE conditional write; a lost
+        race re-decides from the state that won; an unknown outcome is resolved by a
+        linearizable read, never guessed."""
+
+    @abc.abstractmethod
+    def complete_claim(self, tenant_id: str, idempotency_key: str, effect_id: str, token: str,
+                       status: str, output: Item,
+                       now_ms: int) -> tuple[CompletionState, ClaimRecord | None]:
+        """Record the holder's outcome (``claims.decide_completion``); the claim after."""
+
+    def claim(self, tenant_id: str, idempotency_key: str, effect_id: str) -> ClaimRecord | None:
+        """One claim of one request (None: no such claim, also for another tenant)."""
+        return next((c for c in self.claims_for(tenant_id, idempotency_key)
+                     if c.effect_id == effect_id), None)
+
+    @abc.abstractmethod
+    def claims_for(self, tenant_id: str, idempotency_key: str) -> Sequence[ClaimRecord]:
+        """Every claim of one logical request, ordered by effect_id."""
 
     # -- cancellations ------------------------------------------------------------
     @abc.abstractmethod
@@ -168,6 +200,7 @@ class Ledger(abc.ABC):
             cancellation=self.cancellation(tenant_id, idempotency_key),
             conversation_owner=None if conversation_id is None
             else self.conversation_owner(conversation_id),
+            claims=tuple(self.claims_for(tenant_id, idempotency_key)),
         )
 
     def record_promotion(self, *, tenant_id: str, response_id: str, seq: int,
@@ -193,8 +226,10 @@ class Ledger(abc.ABC):
         """Record that ``response_id`` is promoted (wins over any rejection)."""
 
     @abc.abstractmethod
-    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str) -> None:
-        """Record the latest rejection of ``response_id`` (never hides a promotion)."""
+    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str,
+                      existing_response_id: str | None = None) -> None:
+        """Record the latest rejection of ``response_id`` (never hides a promotion);
+        ``existing_response_id``: the original response a DUPLICATE names."""
 
     @abc.abstractmethod
     def status(self, tenant_id: str, response_id: str) -> ResponseStatus:
@@ -205,10 +240,12 @@ class Ledger(abc.ABC):
 
 
 def response_status(row_promoted_seq: int | None, row_promoted: bool, reason: str | None,
-                    detail: str, response_id: str) -> ResponseStatus:
+                    detail: str, response_id: str,
+                    existing_response_id: str | None = None) -> ResponseStatus:
     """Fold the stored columns into one answer: a promotion hides any rejection."""
     if row_promoted:
         return ResponseStatus(response_id, ResponseState.PROMOTED, None, row_promoted_seq)
     if reason is not None:
-        return ResponseStatus(response_id, ResponseState.REJECTED, reason, None, detail)
+        return ResponseStatus(response_id, ResponseState.REJECTED, reason, None, detail,
+                              existing_response_id)
     return ResponseStatus(response_id, ResponseState.UNKNOWN)

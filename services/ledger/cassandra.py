@@ -1,4 +1,4 @@
-"""Cassandra ledger (tables in ``infra/migrations/002_ledger.cql``, ``003``, ``006``).
+"""Cassandra ledger (tables in ``infra/migrations/002_ledger.cql``, ``003``, ``006``, ``008``, ``010``).
 
 A logical request's tool effects, cancellation and event decisions share one partition
 of ``request_facts`` (006), so ``turn_facts`` reads them with one query. Every write
@@ -22,10 +22,21 @@ from cassandra.query import (
     BatchStatement,
     BatchType,
     PreparedStatement,
+    dict_factory,
     tuple_factory,
 )
 
+from ratchet.domain import claims
+from ratchet.domain.claims import (
+    Answer,
+    ClaimRecord,
+    ClaimRequest,
+    CompletionState,
+    Insert,
+    TakeOver,
+)
 from ratchet.domain.promotion import RecordedEffect
+from schemas.models import Item
 from services.ledger.base import (
     Cancellation,
     Decision,
@@ -42,8 +53,18 @@ T = TypeVar("T")
 _FACT_COLUMNS = (
     "kind, ref, attempt, subturn_index, call_id, tool_name, arguments_digest, status, "
     "output_item_id, output_digest, executed_at, conflicted, response_id, cancelled_at, "
-    "outcome, reason, detail, seq, decided_at, existing_response_id"
+    "outcome, reason, detail, seq, decided_at, existing_response_id, "
+    "claim_token, lease_until, claimed_at, claim_completed, completed_at, output_item, takeovers"
 )
+# A claim read with the request's cancellation flag (static: one cell per partition).
+_CLAIM_COLUMNS = (
+    "kind, ref, attempt, subturn_index, call_id, tool_name, arguments_digest, status, "
+    "claim_token, lease_until, claimed_at, claim_completed, completed_at, output_item, "
+    "takeovers, request_cancelled"
+)
+# Re-deciding after a lost race is bounded: each round means another claimant won a
+# conditional write in between, which a lease makes rare.
+_CLAIM_ROUNDS = 5
 
 
 def _guard(call: Callable[[], T]) -> T:
@@ -97,6 +118,40 @@ class CassandraLedger(Ledger):
             f"SELECT {_FACT_COLUMNS} FROM {facts} AND kind = 'cancel' AND ref = ''",
             ConsistencyLevel.QUORUM,
         )
+        # -- claims (migration 010; rules in ratchet/domain/claims.py) ------------------
+        self._insert_claim = self._lwt(
+            "INSERT INTO request_facts (tenant_id, idempotency_key, kind, ref, attempt, "
+            "subturn_index, call_id, tool_name, arguments_digest, claim_token, lease_until, "
+            "claimed_at, claim_completed, takeovers) "
+            "VALUES (?, ?, 'claim', ?, ?, ?, ?, ?, ?, ?, ?, ?, false, 0) IF NOT EXISTS")
+        # Carries the cancellation condition into the claim's batch (a batch statement
+        # must write something: when the request last claimed, kept for operators).
+        self._claim_not_cancelled = self._lwt(
+            "UPDATE request_facts SET last_claim_at = ? WHERE tenant_id = ? AND "
+            "idempotency_key = ? IF request_cancelled = null")
+        self._take_over_claim = self._lwt(
+            "UPDATE request_facts SET attempt = ?, call_id = ?, claim_token = ?, "
+            "lease_until = ?, claimed_at = ?, takeovers = ? WHERE tenant_id = ? AND "
+            "idempotency_key = ? AND kind = 'claim' AND ref = ? IF claim_token = ? AND "
+            "lease_until = ? AND claim_completed = false AND request_cancelled = null")
+        self._complete_claim = self._lwt(
+            "UPDATE request_facts SET claim_completed = true, status = ?, output_item = ?, "
+            "output_item_id = ?, output_digest = ?, completed_at = ? WHERE tenant_id = ? AND "
+            "idempotency_key = ? AND kind = 'claim' AND ref = ? IF claim_token = ? AND "
+            "claim_completed = false")
+        self._select_claim_serial = self._prepare(
+            f"SELECT {_CLAIM_COLUMNS} FROM {facts} AND kind = 'claim' AND ref = ?",
+            ConsistencyLevel.SERIAL)
+        # The partition's static cells with any row (or none): the cancellation flag.
+        self._select_cancelled_serial = self._prepare(
+            f"SELECT request_cancelled FROM {facts} LIMIT 1", ConsistencyLevel.SERIAL)
+        self._cancel_flag = self._lwt(
+            "UPDATE request_facts SET request_cancelled = true WHERE tenant_id = ? AND "
+            "idempotency_key = ?")
+        self._dict_profile: Any = EXEC_PROFILE_DEFAULT
+        with contextlib.suppress(Exception):
+            self._dict_profile = session.execution_profile_clone_update(
+                EXEC_PROFILE_DEFAULT, row_factory=dict_factory)
         self._insert_decision = self._lwt(
             "INSERT INTO request_facts (tenant_id, idempotency_key, kind, ref, response_id, "
             "outcome, reason, detail, seq, decided_at, existing_response_id) "
@@ -127,13 +182,13 @@ class CassandraLedger(Ledger):
             ConsistencyLevel.QUORUM,
         )
         self._set_rejected = self._prepare(
-            "UPDATE response_status SET rejected_reason = ?, rejected_detail = ? "
-            "WHERE tenant_id = ? AND response_id = ?",
+            "UPDATE response_status SET rejected_reason = ?, rejected_detail = ?, "
+            "rejected_existing_response_id = ? WHERE tenant_id = ? AND response_id = ?",
             ConsistencyLevel.QUORUM,
         )
         self._select_status = self._prepare(
-            "SELECT promoted, promoted_seq, rejected_reason, rejected_detail "
-            "FROM response_status WHERE tenant_id = ? AND response_id = ?",
+            "SELECT promoted, promoted_seq, rejected_reason, rejected_detail, "
+            "rejected_existing_response_id FROM response_status WHERE tenant_id = ? AND response_id = ?",
             ConsistencyLevel.QUORUM,
         )
 
@@ -186,12 +241,128 @@ class CassandraLedger(Ledger):
         rows = self._run(self._select_facts, (tenant_id, idempotency_key))
         return _RequestFacts(tenant_id, idempotency_key, rows).effects
 
+    # -- effect claims --------------------------------------------------------------------
+    def claim_effect(self, request: ClaimRequest, now_ms: int) -> Answer:
+        """1. ONE conditional batch: insert the claim if absent AND the request is not
+        cancelled (static cell, same partition); applied -> CLAIMED.
+        2. Not applied: the LWT returned the claim and flag that won; decide from them
+        (``claims.decide_claim``): an answer, or a takeover (ONE conditional update on
+        the expired holder's token and lease); a lost takeover re-decides.
+        3. Unknown outcome (timeout): a SERIAL read of the claim decides; a claim that
+        carries this request's token is ours (tokens are unique per claimant)."""
+        r = request
+        key = (r.tenant_id, r.idempotency_key)
+        action: claims.Action = Insert(claims.new_claim(r, now_ms))
+        for _ in range(_CLAIM_ROUNDS):
+            if isinstance(action, Answer):
+                return action
+            stmt, params = (self._claim_batch(action.claim, now_ms), None) \
+                if isinstance(action, Insert) else self._takeover(action)
+            try:
+                result = _guard(lambda s=stmt, p=params: self._session.execute(
+                    s, p, timeout=self._timeout, execution_profile=self._dict_profile))
+                if result.was_applied:
+                    return claims.answer_for(action)
+                existing, cancelled = self._claim_from_lwt(r, list(result))
+            except LedgerUnavailable:
+                existing, cancelled = self._claim_serial(*key, r.effect_id)
+                if existing is not None and existing.token == r.token \
+                        and existing.claimed_at == action.claim.claimed_at:
+                    return claims.answer_for(action)  # our write landed
+            action = claims.decide_claim(existing, r, now_ms, cancelled)
+        raise LedgerUnavailable(f"claim {r.effect_id}: still contended after "
+                                f"{_CLAIM_ROUNDS} conditional writes")
+
+    def _claim_batch(self, c: ClaimRecord, now_ms: int) -> BatchStatement:
+        batch = BatchStatement(BatchType.LOGGED, consistency_level=ConsistencyLevel.QUORUM,
+                               serial_consistency_level=ConsistencyLevel.SERIAL,
+                               retry_policy=FallthroughRetryPolicy())
+        batch.add(self._insert_claim, (
+            c.tenant_id, c.idempotency_key, c.effect_id, c.attempt, c.subturn_index,
+            c.call_id, c.tool_name, c.arguments_digest, c.token, c.lease_until, c.claimed_at))
+        batch.add(self._claim_not_cancelled, (now_ms, c.tenant_id, c.idempotency_key))
+        return batch
+
+    def _takeover(self, action: TakeOver) -> tuple[PreparedStatement, tuple[Any, ...]]:
+        c, old = action.claim, action.previous
+        return self._take_over_claim, (
+            c.attempt, c.call_id, c.token, c.lease_until, c.claimed_at, c.takeovers,
+            c.tenant_id, c.idempotency_key, c.effect_id, old.token, old.lease_until)
+
+    def _claim_from_lwt(self, r: ClaimRequest,
+                        rows: list[dict[str, Any]]) -> tuple[ClaimRecord | None, bool]:
+        """The current claim and cancellation flag an unapplied LWT returned. A row with
+        no ``claim_token`` is the partition's static row only (no such claim); an
+        answer without the claim's columns (takeover: only the checked cells) is
+        completed by a SERIAL read."""
+        cancelled = any(row.get("request_cancelled") for row in rows)
+        for row in rows:
+            if row.get("kind") == "claim" and row.get("ref") == r.effect_id:
+                return _claim_from_row(r.tenant_id, r.idempotency_key, row), cancelled
+        if any("kind" in row for row in rows):
+            return None, cancelled
+        return self._claim_serial(r.tenant_id, r.idempotency_key, r.effect_id)
+
+    def _claim_serial(self, tenant_id: str, key: str,
+                      effect_id: str) -> tuple[ClaimRecord | None, bool]:
+        rows = self._fan_out_dicts([(self._select_claim_serial, (tenant_id, key, effect_id)),
+                                    (self._select_cancelled_serial, (tenant_id, key))])
+        claim_row, flag_row = rows[0].one(), rows[1].one()
+        cancelled = bool(flag_row and flag_row.get("request_cancelled"))
+        claim = None if claim_row is None else _claim_from_row(tenant_id, key, claim_row)
+        return claim, cancelled
+
+    def _fan_out_dicts(self, calls: list[tuple[PreparedStatement, Sequence[Any]]]) -> list[Any]:
+        def run() -> list[Any]:
+            futures = [self._session.execute_async(stmt, params, timeout=self._timeout,
+                                                   execution_profile=self._dict_profile)
+                       for stmt, params in calls]
+            return [f.result() for f in futures]
+        return _guard(run)
+
+    def complete_claim(self, tenant_id: str, idempotency_key: str, effect_id: str, token: str,
+                       status: str, output: Item,
+                       now_ms: int) -> tuple[CompletionState, ClaimRecord | None]:
+        """ONE conditional update on the holder's token; not applied or unknown: a
+        SERIAL read of the claim says what holds (``claims.decide_completion``)."""
+        params = (status, claims.output_to_json(output), output.item_id,
+                  output.content_digest, now_ms, tenant_id, idempotency_key, effect_id, token)
+        try:
+            applied = self._run(self._complete_claim, params).was_applied
+        except LedgerUnavailable:
+            applied = None
+        existing, _ = self._claim_serial(tenant_id, idempotency_key, effect_id)
+        if applied:
+            return CompletionState.COMPLETED, existing
+        refused = claims.decide_completion(existing, token, output)
+        if refused is None:
+            # The update did not apply yet the claim is ours and open: only an unknown
+            # outcome leaves that (a timeout that did not land). Say so; never guess.
+            raise LedgerUnavailable(f"claim {effect_id}: completion outcome unknown")
+        if refused is CompletionState.ALREADY_COMPLETED and applied is None:
+            return CompletionState.COMPLETED, existing  # our timed-out write landed
+        return refused, existing
+
+    def claim(self, tenant_id: str, idempotency_key: str, effect_id: str) -> ClaimRecord | None:
+        return self._claim_serial(tenant_id, idempotency_key, effect_id)[0]
+
+    def claims_for(self, tenant_id: str, idempotency_key: str) -> Sequence[ClaimRecord]:
+        rows = self._run(self._select_facts, (tenant_id, idempotency_key))
+        return _RequestFacts(tenant_id, idempotency_key, rows).claims
+
     # -- cancellations ------------------------------------------------------------------
     def record_cancellation(self, cancellation: Cancellation) -> None:
+        # The 'cancel' row and the static flag that claims are conditioned on, in one
+        # conditional batch (one partition): a claim sees both or neither.
         c = cancellation
+        batch = BatchStatement(BatchType.LOGGED, consistency_level=ConsistencyLevel.QUORUM,
+                               serial_consistency_level=ConsistencyLevel.SERIAL,
+                               retry_policy=FallthroughRetryPolicy())
+        batch.add(self._insert_cancel,
+                  (c.tenant_id, c.idempotency_key, c.response_id, c.cancelled_at))
+        batch.add(self._cancel_flag, (c.tenant_id, c.idempotency_key))
         try:
-            self._run(self._insert_cancel,
-                      (c.tenant_id, c.idempotency_key, c.response_id, c.cancelled_at))
+            _guard(lambda: self._session.execute(batch, timeout=self._timeout))
         except LedgerUnavailable:
             if self.cancellation(c.tenant_id, c.idempotency_key) is None:
                 raise
@@ -249,6 +420,7 @@ class CassandraLedger(Ledger):
             effects=facts.effects,
             cancellation=facts.cancellation,
             conversation_owner=None if owner_row is None else owner_row[0],
+            claims=facts.claims,
         )
 
     def record_promotion(self, *, tenant_id: str, response_id: str, seq: int,
@@ -280,22 +452,27 @@ class CassandraLedger(Ledger):
     def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:
         self._run(self._set_promoted, (seq, tenant_id, response_id))
 
-    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str) -> None:
-        self._run(self._set_rejected, (reason, detail, tenant_id, response_id))
+    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str,
+                      existing_response_id: str | None = None) -> None:
+        self._run(self._set_rejected,
+                  (reason, detail, existing_response_id, tenant_id, response_id))
 
     def status(self, tenant_id: str, response_id: str) -> ResponseStatus:
         row = self._run(self._select_status, (tenant_id, response_id)).one()
         if row is None:
             return response_status(None, False, None, "", response_id)
-        promoted, promoted_seq, rejected_reason, rejected_detail = row
+        promoted, promoted_seq, rejected_reason, rejected_detail, existing = row
         return response_status(promoted_seq, bool(promoted), rejected_reason,
-                               rejected_detail or "", response_id)
+                               rejected_detail or "", response_id, existing)
 
 
 # Rows of ``request_facts`` are read by position (see ``_rows_profile``), in the order of
 # ``_FACT_COLUMNS``: kind, ref, the nine effect fields, conflicted, response_id,
 # cancelled_at, then the six decision fields.
 _KIND, _REF, _EFFECT, _CONFLICTED, _RESPONSE, _CANCELLED_AT, _DECISION = 0, 1, 2, 11, 12, 13, 14
+_CLAIM = 20  # claim_token ... takeovers
+_CLAIM_FIELDS = ("claim_token", "lease_until", "claimed_at", "claim_completed",
+                 "completed_at", "output_item", "takeovers")
 
 
 def _unset_nulls(values: Sequence[Any]) -> tuple[Any, ...]:
@@ -318,12 +495,30 @@ def _decision_from_row(tenant_id: str, key: str, row: Any) -> Decision:
                     decided_at, existing, idempotency_key=key)
 
 
+def _claim_from_row(tenant_id: str, key: str, row: Any) -> ClaimRecord:
+    """A claim from a dict row (LWT answers, SERIAL reads) or a positional fact row."""
+    if not isinstance(row, dict):
+        names = ("ref", "attempt", "subturn_index", "call_id", "tool_name",
+                 "arguments_digest", "status")
+        row = {**dict(zip(names, (row[_REF], *row[_EFFECT:_EFFECT + 5], row[_EFFECT + 5]),
+                          strict=True)),
+               **dict(zip(_CLAIM_FIELDS, row[_CLAIM:_CLAIM + 7], strict=True))}
+    output = row["output_item"]
+    return ClaimRecord(
+        tenant_id, key, row["ref"], row["attempt"], row["subturn_index"], row["call_id"],
+        row["tool_name"], row["arguments_digest"], row["claim_token"], row["lease_until"],
+        row["claimed_at"], completed=bool(row["claim_completed"]), status=row["status"],
+        output=None if output is None else claims.output_from_json(output),
+        completed_at=row["completed_at"], takeovers=row["takeovers"] or 0)
+
+
 class _RequestFacts:
     """The rows of one ``request_facts`` partition, by kind (clustering order: effects
     come sorted by effect_id)."""
 
     def __init__(self, tenant_id: str, key: str, rows: Any) -> None:
         effects: list[RecordedEffect] = []
+        found_claims: list[ClaimRecord] = []
         self.cancellation: Cancellation | None = None
         self.decisions: dict[str, Decision] = {}
         for row in rows:
@@ -334,4 +529,7 @@ class _RequestFacts:
                 self.cancellation = _cancellation_from_row(tenant_id, key, row)
             elif kind == "decision":
                 self.decisions[row[_REF]] = _decision_from_row(tenant_id, key, row)
+            elif kind == "claim":
+                found_claims.append(_claim_from_row(tenant_id, key, row))
         self.effects = tuple(effects)
+        self.claims = tuple(found_claims)

@@ -6,7 +6,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
+from ratchet.domain import claims
+from ratchet.domain.claims import Answer, ClaimRecord, ClaimRequest, CompletionState
 from ratchet.domain.promotion import RecordedEffect
+from schemas.models import Item
 from services.ledger.base import (
     Cancellation,
     Decision,
@@ -22,6 +25,7 @@ class MemoryLedger(Ledger):
         self._lock = threading.Lock()
         self._effects: dict[tuple[str, str], dict[str, RecordedEffect]] = {}
         self._cancellations: dict[tuple[str, str], Cancellation] = {}
+        self._claims: dict[tuple[str, str], dict[str, ClaimRecord]] = {}
         self._decisions: dict[str, Decision] = {}
         # (tenant, response) -> [promoted, seq, reason, detail]
         self._status: dict[tuple[str, str], list] = {}
@@ -43,6 +47,36 @@ class MemoryLedger(Ledger):
     def effects_for(self, tenant_id: str, idempotency_key: str) -> Sequence[RecordedEffect]:
         with self._lock:
             by_id = self._effects.get((tenant_id, idempotency_key), {})
+            return [by_id[k] for k in sorted(by_id)]
+
+    def claim_effect(self, request: ClaimRequest, now_ms: int) -> Answer:
+        # The lock plays the conditional write: decide and apply atomically.
+        with self._lock:
+            request_key = (request.tenant_id, request.idempotency_key)
+            by_id = self._claims.setdefault(request_key, {})
+            action = claims.decide_claim(by_id.get(request.effect_id), request, now_ms,
+                                         cancelled=request_key in self._cancellations)
+            if isinstance(action, Answer):
+                return action
+            by_id[request.effect_id] = action.claim
+            return claims.answer_for(action)
+
+    def complete_claim(self, tenant_id: str, idempotency_key: str, effect_id: str, token: str,
+                       status: str, output: Item,
+                       now_ms: int) -> tuple[CompletionState, ClaimRecord | None]:
+        with self._lock:
+            by_id = self._claims.get((tenant_id, idempotency_key), {})
+            existing = by_id.get(effect_id)
+            refused = claims.decide_completion(existing, token, output)
+            if refused is not None:
+                return refused, existing
+            assert existing is not None
+            by_id[effect_id] = claims.completed(existing, status, output, now_ms)
+            return CompletionState.COMPLETED, by_id[effect_id]
+
+    def claims_for(self, tenant_id: str, idempotency_key: str) -> Sequence[ClaimRecord]:
+        with self._lock:
+            by_id = self._claims.get((tenant_id, idempotency_key), {})
             return [by_id[k] for k in sorted(by_id)]
 
     def record_cancellation(self, cancellation: Cancellation) -> None:
@@ -88,17 +122,19 @@ class MemoryLedger(Ledger):
 
     def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:
         with self._lock:
-            row = self._status.setdefault((tenant_id, response_id), [False, None, None, ""])
+            row = self._status.setdefault((tenant_id, response_id), [False, None, None, "", None])
             row[0], row[1] = True, seq
 
-    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str) -> None:
+    def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str,
+                      existing_response_id: str | None = None) -> None:
         with self._lock:
-            row = self._status.setdefault((tenant_id, response_id), [False, None, None, ""])
-            row[2], row[3] = reason, detail
+            row = self._status.setdefault((tenant_id, response_id),
+                                          [False, None, None, "", None])
+            row[2], row[3], row[4] = reason, detail, existing_response_id
 
     def status(self, tenant_id: str, response_id: str) -> ResponseStatus:
         with self._lock:
-            promoted, seq, reason, detail = self._status.get(
-                (tenant_id, response_id), [False, None, None, ""]
+            promoted, seq, reason, detail, existing = self._status.get(
+                (tenant_id, response_id), [False, None, None, "", None]
             )
-        return response_status(seq, promoted, reason, detail, response_id)
+        return response_status(seq, promoted, reason, detail, response_id, existing)

@@ -25,8 +25,16 @@ Promotion protocol, shared by every backend (``CheckpointStore.promote``):
    back to 3 (after a lost race the next decision is an outcome, since every state
    change is monotonic).
 
-Backends implement ``_read_view``, ``_write``, ``_load_partition``, ``_locate`` and
-may override ``_before_fast_write``.
+Before its first write (step 2 or 5) a promotion holds the response id's claim
+(``ResponseClaim``): one linearizable insert per (tenant, response id), first request
+wins, never released. A claim held by another request ends the call with
+``ResponseClaimed`` once the view shows no ``Duplicate`` / ``KeyReused`` / ``Conflict``
+outcome (those are answered first); this is what binds a response id once per tenant
+across partitions. A claim whose batch is then refused stays with its request: a later
+turn of the same request (same key, digest, partition) finds it and goes on.
+
+Backends implement ``_claim``, ``_read_view``, ``_write``, ``_load_partition`` and
+``_locate``.
 """
 
 from __future__ import annotations
@@ -57,6 +65,8 @@ from ratchet.domain.plan import (
     PromotionOutcome,
     PromotionRequest,
     PromotionView,
+    ResponseClaim,
+    ResponseClaimed,
     TooLarge,
     build_checkpoint,
     plan_from_hints,
@@ -64,6 +74,7 @@ from ratchet.domain.plan import (
 )
 from ratchet.lru import Lru
 from schemas.errors import Unavailable
+from schemas.limits import MAX_EVENT_BYTES
 
 __all__ = [
     "ANY_LINEAGE",
@@ -78,11 +89,11 @@ __all__ = [
     "validate_request",
 ]
 
-# Cassandra refuses a mutation above half of ``commitlog_segment_size`` (32 MiB by
-# default -> 16 MiB), and an LWT writes the whole batch twice (Paxos proposal, then
-# commit), each as one mutation. 12 MiB of turn leaves room for row and Paxos overhead;
-# see docs/store.md ("Expiry and size") for the measurements.
-DEFAULT_MAX_TURN_BYTES = 12 * 1024 * 1024
+# ONE maximum: the protocol's (schemas/limits.py), counted by ``turn_size``. A turn of
+# that size is one Cassandra mutation well under half of ``commitlog_segment_size``
+# (32 MiB -> 16 MiB), the hard cap of a single-partition batch; an LWT writes it in
+# its Paxos proposal and again on commit, each as one mutation of about that size.
+DEFAULT_MAX_TURN_BYTES = MAX_EVENT_BYTES
 # Bytes counted per stored row on top of its payload (keys, column names, timestamps).
 ROW_OVERHEAD_BYTES = 64
 # How many read-decide-write rounds a promotion may lose before giving up; each lost
@@ -232,7 +243,7 @@ class CheckpointStore(ABC):
         head_hint: Head | None = None,
         parent_hint: CheckpointRecord | None = None,
         extends: str | None | object = ANY_LINEAGE,
-        located: bool = False,
+        claimed: ResponseClaim | None = None,
     ) -> PromotionOutcome:
         """Persist the turn atomically, or say why not (see the module docstring).
 
@@ -248,32 +259,43 @@ class CheckpointStore(ABC):
         Because a plan's parent is also a condition of its write, a promotion
         returned with ``extends`` given really extends that response.
 
-        ``located``: the caller already made the response's location durable
-        (``start_locating`` and its waiter returned), so the store does not write it.
+        ``claimed``: the holder of the response id's claim, as the waiter of
+        ``start_claiming`` returned it (the caller overlapped the claim with its own
+        reads); without it the store takes the claim itself before its first write.
         """
         validate_request(request)
         size = turn_size(request)
         if size > self.options.max_turn_bytes:
             return TooLarge(size, self.options.max_turn_bytes)
+        mine = ResponseClaim.of(request)
+        holder = claimed
+
+        def claim_is_mine() -> bool:
+            nonlocal holder
+            if holder is None:
+                holder = self._claim(mine)
+            return holder == mine
+
         plan = plan_from_hints(
             request,
             head_hint if head_hint is not None else self._hinted_head(request),
             parent_hint if parent_hint is not None else self._hinted_parent(request),
         )
-        if plan is not None and _extends(plan, extends):
-            if not located:
-                self._before_fast_write(request)
+        if plan is not None and _extends(plan, extends) and claim_is_mine():
             promoted = self._attempt(request, plan)
             if promoted is not None:
                 return promoted
         for _ in range(MAX_PROMOTION_ROUNDS):
-            view = self._read_view(request, located=located)
+            view = self._read_view(request)
             self._learn_view(request, view)
             decision = plan_promotion(request, view)
             if not isinstance(decision, Plan):
                 return decision
             if not _extends(decision, extends):
                 return LineageChanged(decision.parent_response_id)
+            if not claim_is_mine():
+                assert holder is not None
+                return ResponseClaimed(holder)
             promoted = self._attempt(request, decision)
             if promoted is not None:
                 return promoted
@@ -417,23 +439,22 @@ class CheckpointStore(ABC):
 
     # -- backend hooks ------------------------------------------------------------------
 
-    def start_locating(
-        self, tenant_id: str, response_id: str, partition_key: str
-    ) -> Callable[[], None]:
-        """Start making the response's location durable, ahead of ``promote``; returns
-        the waiter to call (it raises ``StoreUnavailable`` if the write failed) before
-        ``promote(..., located=True)``. Lets a caller overlap this write with its own
-        reads. Backends whose promotion writes the location atomically need nothing."""
-        return _nothing_to_wait_for
-
-    def _before_fast_write(self, request: PromotionRequest) -> None:  # noqa: B027
-        """Runs before a write planned from hints (no view read in this call before it)."""
+    def start_claiming(self, claim: ResponseClaim) -> Callable[[], ResponseClaim]:
+        """Start taking the response id's claim ahead of ``promote``; returns the waiter
+        that gives the claim's holder (``claim`` itself when it is ours), to pass as
+        ``promote(..., claimed=...)``. Lets a caller overlap the claim with its own
+        reads. The waiter raises ``StoreUnavailable`` if the outcome stays unknown."""
+        return lambda: self._claim(claim)
 
     @abstractmethod
-    def _read_view(self, request: PromotionRequest, *, located: bool = False) -> PromotionView:
-        """Read head / idempotency record / existing / parent, linearizably.
+    def _claim(self, claim: ResponseClaim) -> ResponseClaim:
+        """Insert ``claim`` unless the response id is claimed already (linearizable,
+        first writer wins); return the holder. An unknown outcome is resolved by a
+        linearizable read, never guessed (``StoreUnavailable`` if that fails too)."""
 
-        ``located``: the response's location is already durable (see ``promote``)."""
+    @abstractmethod
+    def _read_view(self, request: PromotionRequest) -> PromotionView:
+        """Read head / idempotency record / existing / parent, linearizably."""
 
     @abstractmethod
     def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord) -> bool:
@@ -448,7 +469,7 @@ class CheckpointStore(ABC):
 
     @abstractmethod
     def _locate(self, tenant_id: str, response_id: str) -> str | None:
-        """The partition key a response id was promoted under (a hint; verified later)."""
+        """The partition key of the response id's claim (verified against it later)."""
 
     @abstractmethod
     def _load_turn(

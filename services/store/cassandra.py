@@ -1,8 +1,10 @@
 """Cassandra backend: one partition per history, one conditional batch per promotion.
 
 Tables: ``turns`` (``infra/migrations/004_turn_rows.cql``: one row per promoted
-response, its items in a list column of it) and ``response_locations``
-(``001_core.cql``). The promotion batch (``_write``) is::
+response, its items in a list column of it) and ``response_claims``
+(``007_response_claims.cql``: who may promote a response id, and where it lives; one
+``INSERT ... IF NOT EXISTS`` per response id, before its first batch, ``_claim``).
+The promotion batch (``_write``) is::
 
     UPDATE turns SET head_* = ...                                 -- Conversation mode only
         IF head_seq = ? AND head_response_id = ? AND head_item_count = ?
@@ -62,6 +64,7 @@ from ratchet.domain.plan import (
     Plan,
     PromotionRequest,
     PromotionView,
+    ResponseClaim,
 )
 from ratchet.settings import Settings
 from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable
@@ -158,7 +161,7 @@ class CassandraCheckpointStore(CheckpointStore):
         self._serial_cl = serial_consistency
         prefix = f"{keyspace}." if keyspace else ""
         table = f"{prefix}turns"
-        locations = f"{prefix}response_locations"
+        claims = f"{prefix}response_claims"
         partition = "tenant_id = ? AND partition_key = ?"
         self._select_head = self._prepare(
             f"SELECT head_seq, head_response_id, head_item_count, head_lineage_digest FROM {table} "
@@ -213,12 +216,17 @@ class CassandraCheckpointStore(CheckpointStore):
         except Exception:  # noqa: BLE001 - legacy mode or a session wrapper: keep defaults
             self._tuple_rows = EXEC_PROFILE_DEFAULT
         self._select_location = self._prepare(
-            f"SELECT partition_key FROM {locations} WHERE tenant_id = ? AND response_id = ?",
+            f"SELECT partition_key FROM {claims} WHERE tenant_id = ? AND response_id = ?",
             read_consistency,
         )
-        self._insert_location = self._prepare(
-            f"INSERT INTO {locations} (tenant_id, response_id, partition_key) VALUES (?, ?, ?)",
-            write_consistency,
+        self._insert_claim = self._prepare_lwt(
+            f"INSERT INTO {claims} (tenant_id, response_id, partition_key, idempotency_key, "
+            "request_digest) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS"
+        )
+        self._select_claim_serial = self._prepare(
+            "SELECT partition_key, idempotency_key, request_digest FROM "
+            f"{claims} WHERE tenant_id = ? AND response_id = ?",
+            serial_consistency,
         )
         self._advance_head = self._prepare_lwt(
             f"UPDATE {table} SET head_seq = ?, head_response_id = ?, head_item_count = ?, "
@@ -346,28 +354,17 @@ class CassandraCheckpointStore(CheckpointStore):
 
     # -- backend hooks ----------------------------------------------------------------------
 
-    def _read_view(self, request: PromotionRequest, *, located: bool = False) -> PromotionView:
-        """The view at SERIAL in one round trip, plus the location hint in parallel.
+    def _read_view(self, request: PromotionRequest) -> PromotionView:
+        """The view at SERIAL in one round trip.
 
         The rows query also asks for the ``kind='head'`` marker row every Conversation
         batch writes, so the static head columns come back with it; only a partition
         without that row (no Conversation turn yet) needs the separate head query.
-
-        The hint is written here, before any promotion batch can land, so a promoted
-        response is always findable by id. A hint for a promotion that then does not
-        happen is harmless: readers verify it against the partition.
         """
         key = (request.tenant_id, request.partition_key)
         parent = request.previous_response_id or ""
 
         def read() -> PromotionView:
-            hint = None
-            if not located:
-                hint = self._session.execute_async(
-                    self._insert_location,
-                    (request.tenant_id, request.response_id, request.partition_key),
-                    timeout=self._timeout,
-                )
             rows = list(
                 self._session.execute(
                     self._select_view_rows,
@@ -380,8 +377,6 @@ class CassandraCheckpointStore(CheckpointStore):
                 head_row = self._session.execute(
                     self._select_head, key, timeout=self._timeout
                 ).one()
-            if hint is not None:
-                hint.result()
             try:
                 return self._view(request, head_row, rows)
             except (KeyError, TypeError, ValueError) as exc:
@@ -392,32 +387,66 @@ class CassandraCheckpointStore(CheckpointStore):
 
         return _guard("promote/read", read)
 
-    def start_locating(
-        self, tenant_id: str, response_id: str, partition_key: str
-    ) -> Callable[[], None]:
-        """The location hint, sent now; the waiter makes sure it is durable (the same
-        rule as ``_before_fast_write``: durable before any batch can land)."""
+    def start_claiming(self, claim: ResponseClaim) -> Callable[[], ResponseClaim]:
+        """The claim's LWT, sent now; the waiter gives its holder (see ``_claim``)."""
         future = _guard(
-            "promote/locate",
+            "promote/claim",
             lambda: self._session.execute_async(
-                self._insert_location,
-                (tenant_id, response_id, partition_key),
-                timeout=self._timeout,
+                self._insert_claim, self._claim_values(claim), timeout=self._timeout
             ),
         )
-        return lambda: _guard("promote/locate", future.result)
+        return lambda: self._claim_holder(claim, future.result)
 
-    def _before_fast_write(self, request: PromotionRequest) -> None:
-        """The location hint, durable BEFORE a batch planned from hints is sent.
-
-        Same rule as on the read path: a promoted response is always findable by id,
-        so the hint must exist before the batch can land (never only "soon after").
-        """
-        self._execute(
-            "promote/locate",
-            self._insert_location,
-            (request.tenant_id, request.response_id, request.partition_key),
+    def _claim(self, claim: ResponseClaim) -> ResponseClaim:
+        return self._claim_holder(
+            claim,
+            lambda: self._session.execute(
+                self._insert_claim, self._claim_values(claim), timeout=self._timeout
+            ),
         )
+
+    @staticmethod
+    def _claim_values(claim: ResponseClaim) -> tuple[str, ...]:
+        return (claim.tenant_id, claim.response_id, claim.partition_key,
+                claim.idempotency_key, claim.request_digest)
+
+    def _claim_holder(self, claim: ResponseClaim, result: Callable[[], Any]) -> ResponseClaim:
+        """The holder after the claim's LWT: ours if applied, else the row it found; an
+        unknown outcome is settled by a SERIAL read of the claim (never guessed)."""
+        try:
+            rows = result()
+        except _NOT_APPLIED as exc:
+            raise _unavailable("promote/claim", exc) from exc
+        except _MAYBE_APPLIED as exc:
+            return self._serial_claim(claim, exc)
+        if rows.was_applied:
+            return claim
+        row = rows.one()
+        return self._holder(claim, row.partition_key, row.idempotency_key, row.request_digest)
+
+    def _serial_claim(self, claim: ResponseClaim, cause: BaseException) -> ResponseClaim:
+        try:
+            row = self._session.execute(
+                self._select_claim_serial, (claim.tenant_id, claim.response_id),
+                timeout=self._timeout,
+            ).one()
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the outcome unknown
+            raise StoreUnavailable(
+                f"claim of {claim.response_id} has an unknown outcome ({cause!r}) and the "
+                f"SERIAL read failed too ({exc!r})", retryable=True, operation="promote/claim",
+            ) from exc
+        if row is None:  # the SERIAL read settled the round: it did not land
+            raise StoreUnavailable(
+                f"claim of {claim.response_id} did not land ({cause!r})", retryable=True,
+                operation="promote/claim",
+            )
+        return self._holder(claim, row.partition_key, row.idempotency_key, row.request_digest)
+
+    @staticmethod
+    def _holder(claim: ResponseClaim, partition_key: str, idempotency_key: str,
+                request_digest: str) -> ResponseClaim:
+        return ResponseClaim(claim.tenant_id, claim.response_id, partition_key,
+                             idempotency_key, request_digest)
 
     def _view(self, request: PromotionRequest, head_row: Any, rows: list[Any]) -> PromotionView:
         checkpoints = {

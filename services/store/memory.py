@@ -20,7 +20,13 @@ from ratchet.domain.history import (
     PromotionMode,
     StoredItem,
 )
-from ratchet.domain.plan import IdempotencyRecord, Plan, PromotionRequest, PromotionView
+from ratchet.domain.plan import (
+    IdempotencyRecord,
+    Plan,
+    PromotionRequest,
+    PromotionView,
+    ResponseClaim,
+)
 from services.store.base import CheckpointStore, StoreOptions
 
 
@@ -50,7 +56,8 @@ class MemoryCheckpointStore(CheckpointStore):
         super().__init__(options)
         self._lock = threading.Lock()
         self._partitions: dict[tuple[str, str], _Partition] = {}
-        self._response_index: dict[tuple[str, str], str] = {}
+        # (tenant, response id) -> its claim (first writer wins, never changed).
+        self._claims: dict[tuple[str, str], ResponseClaim] = {}
 
     def head(self, tenant_id: str, partition_key: str) -> Head | None:
         with self._lock:
@@ -80,11 +87,17 @@ class MemoryCheckpointStore(CheckpointStore):
 
     def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         with self._lock:
-            partition_key = self._response_index.get((tenant_id, response_id))
-            partition = self._partitions.get((tenant_id, partition_key or ""))
+            claim = self._claims.get((tenant_id, response_id))
+            if claim is None:
+                return None
+            partition = self._partitions.get((tenant_id, claim.partition_key))
             return None if partition is None else partition.checkpoints.get(response_id)
 
-    def _read_view(self, request: PromotionRequest, *, located: bool = False) -> PromotionView:
+    def _claim(self, claim: ResponseClaim) -> ResponseClaim:
+        with self._lock:
+            return self._claims.setdefault((claim.tenant_id, claim.response_id), claim)
+
+    def _read_view(self, request: PromotionRequest) -> PromotionView:
         with self._lock:
             partition = self._partitions.get((request.tenant_id, request.partition_key))
             if partition is None:
@@ -125,12 +138,12 @@ class MemoryCheckpointStore(CheckpointStore):
             )
             if plan.new_head is not None:
                 partition.head = plan.new_head
-            self._response_index[(request.tenant_id, request.response_id)] = request.partition_key
             return True
 
     def _locate(self, tenant_id: str, response_id: str) -> str | None:
         with self._lock:
-            return self._response_index.get((tenant_id, response_id))
+            claim = self._claims.get((tenant_id, response_id))
+            return None if claim is None else claim.partition_key
 
     def _load_partition(self, tenant_id: str, partition_key: str) -> PartitionSnapshot | None:
         with self._lock:

@@ -16,3 +16,18 @@ def store_session(cassandra_cluster, settings):
     session = create_store_keyspace(cassandra_cluster, keyspace, settings.replication)
     yield session
     session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+
+
+@pytest.fixture(scope="session")
+def ledger_session(cassandra_cluster, settings):
+    """A session on a keyspace of its own with every migration applied (the ledger's
+    tables, at the schema this tree defines)."""
+    from dataclasses import replace
+
+    from infra.migrate import apply_migrations
+
+    keyspace = f"ledger_contract_{uuid.uuid4().hex[:8]}"
+    apply_migrations(cassandra_cluster, replace(settings, keyspace=keyspace))
+    session = cassandra_cluster.connect(keyspace)
+    yield session
+    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)

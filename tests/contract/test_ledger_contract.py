@@ -3,9 +3,14 @@ test): the processor relies on them answering alike."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
+from ratchet.domain import claims
+from ratchet.domain.claims import ClaimRequest, ClaimState, CompletionState, EffectPolicy
 from ratchet.domain.promotion import RecordedEffect
+from schemas import items as item_builders
 from services.ledger.base import (
     Cancellation,
     Decision,
@@ -24,6 +29,24 @@ def effect(tenant: str, key: str, effect_id: str, digest: str = "d1", **kw) -> R
                   output_digest=digest, executed_at=1_700_000_000_000)
     fields.update(kw)
     return RecordedEffect(**fields)
+
+
+NOW = 1_900_000_000_000
+LEASE = 10_000
+
+
+def claim_request(tenant: str, key: str, *, attempt: int = 1, token: str | None = None,
+                  args: str = "args1", policy: EffectPolicy = EffectPolicy.AT_MOST_ONCE,
+                  subturn: int = 0, occurrence: int = 0) -> ClaimRequest:
+    return ClaimRequest(
+        tenant_id=tenant, idempotency_key=key,
+        effect_id=claims.effect_id_for_claim(key, subturn, "send_email", occurrence),
+        attempt=attempt, subturn_index=subturn, call_id=uid("call"), tool_name="send_email",
+        arguments_digest=args, token=token or uid("tok"), lease_ms=LEASE, policy=policy)
+
+
+def output_for(request: ClaimRequest, text: str = "sent"):
+    return item_builders.function_call_output(request.call_id, text, item_id=uid("out"))
 
 
 class LedgerContract:
@@ -126,6 +149,124 @@ class LedgerContract:
         assert (promoted.status, promoted.seq) == (ResponseState.PROMOTED, 4)
         assert ledger.status(uid("tenant"), resp).status is ResponseState.UNKNOWN
 
+    def test_status_of_a_duplicate_names_the_original(self, ledger, tenant):
+        retry, original = uid("resp"), uid("resp")
+        ledger.mark_rejected(tenant, retry, "DUPLICATE", "already promoted", original)
+        status = ledger.status(tenant, retry)
+        assert (status.status, status.reason, status.existing_response_id) == (
+            ResponseState.REJECTED, "DUPLICATE", original)
+
+
+    # -- effect claims --------------------------------------------------------------------
+    def test_claim_in_progress_reclaim_and_conflict(self, ledger, tenant):
+        key = uid("key")
+        first = claim_request(tenant, key)
+        won = ledger.claim_effect(first, NOW)
+        assert won.state is ClaimState.CLAIMED
+        assert (won.claim.token, won.claim.lease_until, won.claim.attempt) == (
+            first.token, NOW + LEASE, 1)
+        # the claim call itself re-sent (same token): the same claim, not a new one
+        assert ledger.claim_effect(first, NOW + 5).claim == won.claim
+        other = claim_request(tenant, key, attempt=2)
+        busy = ledger.claim_effect(other, NOW + 4_000)
+        assert (busy.state, busy.wait_ms, busy.claim.attempt) == (
+            ClaimState.IN_PROGRESS, LEASE - 4_000, 1)
+        conflict = ledger.claim_effect(claim_request(tenant, key, args="args2"), NOW)
+        assert conflict.state is ClaimState.CONFLICT and conflict.claim.token == first.token
+        assert [c.effect_id for c in ledger.claims_for(tenant, key)] == [first.effect_id]
+
+    def test_complete_then_reuse(self, ledger, tenant):
+        key = uid("key")
+        first = claim_request(tenant, key)
+        ledger.claim_effect(first, NOW)
+        out = output_for(first)
+        state, done = ledger.complete_claim(tenant, key, first.effect_id, first.token,
+                                            "succeeded", out, NOW + 1)
+        assert state is CompletionState.COMPLETED
+        assert (done.completed, done.status, done.output, done.completed_at) == (
+            True, "succeeded", out, NOW + 1)
+        assert ledger.complete_claim(tenant, key, first.effect_id, first.token, "succeeded",
+                                     out, NOW + 2)[0] is CompletionState.ALREADY_COMPLETED
+        other_out = output_for(first, "other")
+        assert ledger.complete_claim(tenant, key, first.effect_id, first.token, "succeeded",
+                                     other_out, NOW + 2)[0] is CompletionState.OUTCOME_CONFLICT
+        assert ledger.complete_claim(tenant, key, first.effect_id, uid("tok"), "succeeded",
+                                     out, NOW + 2)[0] is CompletionState.NOT_HOLDER
+        # a retry (new attempt, new call id, long after the lease) gets the output back
+        retry = claim_request(tenant, key, attempt=2)
+        reused = ledger.claim_effect(retry, NOW + 10 * LEASE)
+        assert (reused.state, reused.claim.output, reused.claim.attempt) == (
+            ClaimState.COMPLETED, out, 1)
+        assert ledger.complete_claim(tenant, key, claims.effect_id_for_claim(
+            key, 5, "send_email", 0), first.token, "succeeded", out,
+            NOW)[0] is CompletionState.UNKNOWN_CLAIM
+
+    def test_expired_lease_under_each_policy(self, ledger, tenant):
+        key = uid("key")
+        crashed = claim_request(tenant, key)
+        ledger.claim_effect(crashed, NOW)
+        later = NOW + LEASE
+        careful = ledger.claim_effect(claim_request(tenant, key, attempt=2), later)
+        assert (careful.state, careful.claim.token) == (ClaimState.LEASE_EXPIRED, crashed.token)
+        taker = claim_request(tenant, key, attempt=3, policy=EffectPolicy.AT_LEAST_ONCE)
+        took = ledger.claim_effect(taker, later + 1)
+        assert (took.state, took.previous_attempt, took.claim.attempt, took.claim.token,
+                took.claim.lease_until, took.claim.takeovers) == (
+            ClaimState.CLAIMED, 1, 3, taker.token, later + 1 + LEASE, 1)
+        # the crashed holder wakes up: its outcome is refused, the new holder's recorded
+        assert ledger.complete_claim(tenant, key, crashed.effect_id, crashed.token, "succeeded",
+                                     output_for(crashed), later + 2)[0] is \
+            CompletionState.NOT_HOLDER
+        assert ledger.complete_claim(tenant, key, taker.effect_id, taker.token, "succeeded",
+                                     output_for(taker), later + 2)[0] is CompletionState.COMPLETED
+
+    def test_cancelled_request_refuses_new_claims(self, ledger, tenant):
+        key = uid("key")
+        held = claim_request(tenant, key)
+        ledger.claim_effect(held, NOW)
+        done = claim_request(tenant, key, occurrence=1)
+        ledger.claim_effect(done, NOW)
+        ledger.complete_claim(tenant, key, done.effect_id, done.token, "succeeded",
+                              output_for(done), NOW)
+        ledger.record_cancellation(Cancellation(tenant, key, "resp_c", NOW))
+        fresh = ledger.claim_effect(claim_request(tenant, key, occurrence=2), NOW)
+        assert (fresh.state, fresh.claim) == (ClaimState.CANCELLED, None)
+        taker = claim_request(tenant, key, attempt=2, policy=EffectPolicy.AT_LEAST_ONCE)
+        assert ledger.claim_effect(taker, NOW + 2 * LEASE).state is ClaimState.CANCELLED
+        assert ledger.claim_effect(claim_request(tenant, key, occurrence=1),
+                                   NOW).state is ClaimState.COMPLETED
+        # the holder still records what happened (compensation needs to know)
+        assert ledger.complete_claim(tenant, key, held.effect_id, held.token, "succeeded",
+                                     output_for(held), NOW + 1)[0] is CompletionState.COMPLETED
+        assert ledger.claim_effect(claim_request(tenant, key, occurrence=3),
+                                   NOW).state is ClaimState.CANCELLED
+
+    def test_claims_are_per_tenant_and_in_turn_facts(self, ledger, tenant):
+        key = uid("key")
+        mine = claim_request(tenant, key)
+        ledger.claim_effect(mine, NOW)
+        other_tenant = uid("tenant")
+        theirs = claim_request(other_tenant, key)
+        assert theirs.effect_id == mine.effect_id
+        assert ledger.claim_effect(theirs, NOW).state is ClaimState.CLAIMED
+        assert ledger.complete_claim(uid("tenant"), key, mine.effect_id, mine.token,
+                                     "succeeded", output_for(mine),
+                                     NOW)[0] is CompletionState.UNKNOWN_CLAIM
+        facts = ledger.turn_facts(event_id=uid("evt"), tenant_id=tenant, idempotency_key=key,
+                                  conversation_id=None)
+        assert [c.token for c in facts.claims] == [mine.token]
+        assert facts.effects == () and facts.cancellation is None
+
+    def test_concurrent_claims_one_winner(self, ledger, tenant):
+        key = uid("key")
+        contenders = [claim_request(tenant, key, attempt=a) for a in range(1, 9)]
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda r: ledger.claim_effect(r, NOW), contenders))
+        states = sorted(a.state.value for a in answers)
+        assert states == ["CLAIMED"] + ["IN_PROGRESS"] * 7
+        winner = next(a for a in answers if a.state is ClaimState.CLAIMED)
+        assert all(a.claim.token == winner.claim.token for a in answers)
+
 
 class TestMemoryLedger(LedgerContract):
     def make_ledger(self) -> Ledger:
@@ -135,9 +276,8 @@ class TestMemoryLedger(LedgerContract):
 @pytest.mark.integration
 class TestCassandraLedger(LedgerContract):
     @pytest.fixture(autouse=True)
-    def _session(self, settings, cassandra_cluster):
-        # The ledger's tables live in the migrated ratchet keyspace (ids are unique).
-        self.session = cassandra_cluster.connect(settings.keyspace)
+    def _session(self, ledger_session):
+        self.session = ledger_session
 
     def make_ledger(self) -> Ledger:
         from services.ledger.cassandra import CassandraLedger

@@ -21,6 +21,8 @@ from ratchet.domain.plan import (
     LineageChanged,
     ParentMissing,
     Promoted,
+    ResponseClaim,
+    ResponseClaimed,
     ResponseExists,
     TooLarge,
 )
@@ -166,13 +168,13 @@ class StoreContract:
         assert store.promote(child, extends=None) == LineageChanged(root_id)
         assert isinstance(store.promote(child, extends=root_id), Promoted)
 
-    def test_located_ahead_the_promoted_response_is_findable_by_id(self, store, tenant):
+    def test_claimed_ahead_the_promoted_response_is_findable_by_id(self, store, tenant):
         conv = uid("conv")
         turn = conversation_turn(tenant, conv, 0)
         # a store of its own (no location learnt by this process) reads it back by id
-        wait = store.start_locating(tenant, turn.response_id, conv)
-        wait()
-        outcome = store.promote(turn, located=True, extends=None)
+        holder = store.start_claiming(ResponseClaim.of(turn))()
+        assert holder == ResponseClaim.of(turn)
+        outcome = store.promote(turn, claimed=holder, extends=None)
         assert isinstance(outcome, Promoted)
         fresh = self.shared_store(store, StoreOptions())
         assert fresh.get_checkpoint(tenant, turn.response_id) == outcome.checkpoint
@@ -184,6 +186,47 @@ class StoreContract:
         first = store.promote(turn)
         again = conversation_turn(tenant, conv, 1, response_id=turn.response_id)
         assert store.promote(again) == ResponseExists(first.checkpoint)
+
+    @pytest.mark.parametrize("where", ["conversation", "chain"])
+    def test_a_response_id_is_bound_once_across_partitions(self, store, tenant, where):
+        first = conversation_turn(tenant, uid("conv"), 0)
+        assert isinstance(store.promote(first), Promoted)
+        if where == "conversation":
+            reuse = conversation_turn(tenant, uid("conv"), 0, response_id=first.response_id)
+        else:
+            reuse = chain_turn(tenant, first.response_id, first.response_id, None)
+            reuse = dataclasses.replace(reuse, partition_key=uid("root"))
+        # a fresh store (no hints) decides the same: the claim is the shared truth
+        fresh = self.shared_store(store, StoreOptions())
+        assert fresh.promote(reuse) == ResponseClaimed(ResponseClaim.of(first))
+        assert fresh.read_history(tenant, partition_key=reuse.partition_key,
+                                  conversation_id=None, response_id=first.response_id
+                                  ).checkpoint.partition_key == first.partition_key
+        assert self.history(fresh, tenant, response_id=first.response_id).items == first.items
+
+    def test_a_claim_left_by_a_crash_lets_its_own_request_go_on(self, store, tenant):
+        """Claimed, then the batch never sent (a crash between the two): a redelivery of
+        the same request promotes; another request with the same id does not."""
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        store.start_claiming(ResponseClaim.of(turn))()
+        rebind = conversation_turn(tenant, conv, 0, response_id=turn.response_id)
+        assert store.promote(rebind) == ResponseClaimed(ResponseClaim.of(turn))
+        assert isinstance(store.promote(turn), Promoted)
+
+    def test_a_claim_whose_batch_was_refused_stays_with_its_request(self, store, tenant):
+        conv = uid("conv")
+        assert isinstance(store.promote(conversation_turn(tenant, conv, 0)), Promoted)
+        stale = conversation_turn(tenant, conv, 0)  # claims its id, then loses the head
+        assert store.promote(stale) == Conflict(1)
+        # the same request, re-sent on the new head, still owns its response id
+        again = dataclasses.replace(stale, expected_head_seq=1)
+        assert isinstance(store.promote(again), Promoted)
+        other = conversation_turn(tenant, conv, 2, response_id=stale.response_id)
+        assert store.promote(other) == ResponseExists(store.get_checkpoint(tenant,
+                                                                          stale.response_id))
+        elsewhere = conversation_turn(tenant, uid("conv"), 0, response_id=stale.response_id)
+        assert store.promote(elsewhere) == ResponseClaimed(ResponseClaim.of(again))
 
     def test_logical_only_turn(self, store, tenant):
         conv = uid("conv")
@@ -470,7 +513,7 @@ class TestMemoryStore(StoreContract):
         # Same data and lock, hints of its own: what a second process sees.
         other._lock = store._lock
         other._partitions = store._partitions
-        other._response_index = store._response_index
+        other._claims = store._claims
         return other
 
 

@@ -1,9 +1,8 @@
 """ratchet as an outside gateway sees it (issue 12): raw Confluent-framed Avro in, output
 topics and HTTP out, digests computed by the test itself (tests/e2e/outside.py).
 
-One test per defect of issue 12 and per contract decision it lists. A test of behaviour
-that is still wrong today is marked ``xfail(strict=True)`` naming the defect: the fix
-removes the marker (strict: a fix that lands unnoticed fails the suite until it does).
+One test per defect of issue 12 and per contract decision it lists (all fixed; a new
+defect found this way gets a ``xfail(strict=True)`` test naming it until its fix).
 """
 
 from __future__ import annotations
@@ -60,8 +59,6 @@ def contents(*events: dict) -> list[str]:
 # --- defect 1: a response id is bound once per tenant, across partitions -------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 defect 1: a response id reused in another "
-                   "partition is promoted again and rebinds the id")
 @pytest.mark.parametrize("where", ["another conversation", "another chain"])
 def test_response_id_reused_in_another_partition_is_conflict(gw, tenant, where):
     rid = uid("resp")
@@ -99,8 +96,6 @@ BAD_CONTENT = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 defect 2: content that is not a JSON object "
-                   "(with a correct digest) is promoted, and every later read is 500")
 @pytest.mark.parametrize("case", sorted(BAD_CONTENT))
 def test_content_that_is_not_a_json_object_is_corrupt_and_the_head_stays(gw, tenant, case):
     conv, events, _ = conversation(gw, tenant, 1)
@@ -118,16 +113,12 @@ def test_content_that_is_not_a_json_object_is_corrupt_and_the_head_stays(gw, ten
 # --- defect 3: CheckpointPromoted.item_count counts the complete history --------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 defect 3: item_count is the turn's count, "
-                   "not the complete history's")
 def test_item_count_is_the_complete_historys_count_in_a_conversation(gw, tenant):
     _, _, promotions = conversation(gw, tenant, 3)
     assert [p["item_count"] for p in promotions] == [2, 4, 6]
     assert [p["seq"] for p in promotions] == [1, 2, 3]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 defect 3: item_count is the turn's count, "
-                   "not the complete history's")
 def test_item_count_is_the_complete_historys_count_in_a_chain(gw, tenant):
     root = turn(tenant, uid("resp"), [user("q0")], [assistant("a0")])
     child = turn(tenant, uid("resp"), [user("q1")], [assistant("a1")],
@@ -164,8 +155,6 @@ def test_head_without_checkpoint_fails_the_conversation_endpoint(
     assert body["items"] is None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 defect 4: the response endpoint answers "
-                   "200 under a head that no checkpoint backs")
 @pytest.mark.parametrize("cache_control", [None, "no-cache"])
 def test_head_without_checkpoint_fails_the_response_endpoint(
         gw, tenant, head_beyond_its_checkpoints, cache_control):
@@ -199,8 +188,6 @@ def test_duplicate_rejection_names_the_original_response(gw, tenant):
     assert rejection["existing_response_id"] == original["response_id"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 defect 6: the status of a response rejected "
-                   "as DUPLICATE says unknown")
 def test_status_of_a_duplicate_is_rejected_and_names_the_original(gw, tenant):
     original, retry, _ = _retry_with_a_new_response_id(gw, tenant)
     status = gw.status(tenant, retry["response_id"])
@@ -212,9 +199,6 @@ def test_status_of_a_duplicate_is_rejected_and_names_the_original(gw, tenant):
 # --- contract decisions of issue 12 -------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 decision NO_ARTIFACT: a completed turn "
-                   "without a token artifact is promoted logical_only and falls back "
-                   "NOT_CERTIFIED")
 def test_completed_turn_without_artifact_falls_back_no_artifact(gw, tenant):
     event = turn(tenant, uid("resp"), [user("q")], [assistant("a")], certified=False)
     promoted = gw.promoted(event)
@@ -234,8 +218,6 @@ def test_incomplete_turn_is_logical_only_and_falls_back_not_certified(gw, tenant
     assert item_contents(body) == contents(event)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 decision head_seq: a response's history "
-                   "reports the Conversation's head as head_seq, not the response's own seq")
 def test_head_seq_of_a_response_is_its_own_seq_with_the_conversation_head_beside(gw, tenant):
     conv, events, _ = conversation(gw, tenant, 3)
     first = gw.response_history(tenant, events[0]["response_id"]).json()
@@ -245,8 +227,6 @@ def test_head_seq_of_a_response_is_its_own_seq_with_the_conversation_head_beside
     assert (whole["head_seq"], whole["conversation_head_seq"]) == (3, 3)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 decision expires_at: TurnCompleted.expires_at "
-                   "is ignored")
 def test_turn_expires_at_is_honoured(gw, tenant):
     expires_at = now_ms() + 6_000
     event = turn(tenant, uid("resp"), [user("q")], [assistant("a")], expires_at=expires_at)

@@ -25,8 +25,6 @@ from tests.e2e.outside import (
 MiB = 1024 * 1024
 # The protocol's maximum value of one gateway event (docs/gateway-protocol.md).
 MAX_EVENT_BYTES = 10 * MiB
-DEFECT_5 = "issue 12 defect 5: topics keep the broker's 1 MiB max.message.bytes and no " \
-           "layer enforces the documented maximum"
 
 
 def message_of_size(role: str, size: int) -> dict:
@@ -67,7 +65,6 @@ def _end_offsets(settings, topic: str) -> dict[int, int]:
         consumer.close()
 
 
-@pytest.mark.xfail(strict=True, reason=DEFECT_5)
 def test_an_8_mib_turn_from_an_outside_gateway_is_promoted_and_served(gw):
     tenant = uid("tenant")
     inputs, outputs = messages_totalling(8 * MiB)
@@ -83,7 +80,6 @@ def test_an_8_mib_turn_from_an_outside_gateway_is_promoted_and_served(gw):
     assert sum(map(len, served)) == 8 * MiB
 
 
-@pytest.mark.xfail(strict=True, reason=DEFECT_5)
 def test_an_8_mib_turn_through_the_gateway_library_is_promoted(e2e_stack):
     sim = SimulatedGateway(e2e_stack.producer, e2e_stack.client)
     inputs, outputs = messages_totalling(8 * MiB)
@@ -95,7 +91,6 @@ def test_an_8_mib_turn_through_the_gateway_library_is_promoted(e2e_stack):
     assert [i.content.encode() for i in outcome.items] == [i.content for i in sent.items]
 
 
-@pytest.mark.xfail(strict=True, reason=DEFECT_5)
 def test_gateway_library_refuses_a_turn_above_the_maximum_before_producing(e2e_stack):
     sim = SimulatedGateway(e2e_stack.producer, e2e_stack.client)
     inputs, outputs = messages_totalling(MAX_EVENT_BYTES + 64 * 1024)
@@ -111,7 +106,6 @@ def test_gateway_library_refuses_a_turn_above_the_maximum_before_producing(e2e_s
     assert _end_offsets(e2e_stack.settings, topic) == before
 
 
-@pytest.mark.xfail(strict=True, reason=DEFECT_5)
 def test_processor_rejects_a_raw_record_above_the_maximum_unsupported_format(gw):
     inputs, outputs = messages_totalling(MAX_EVENT_BYTES + 64 * 1024)
     event = turn(uid("tenant"), uid("resp"), [item(o) for o in inputs],

@@ -17,7 +17,8 @@ from streams.testing import isolated_settings
 
 pytestmark = pytest.mark.integration
 
-REQUESTS_PER_TURN = {"lwt": 1, "read": 2, "ratchet": 4}
+REQUESTS_PER_TURN = {"lwt": 1, "lwt2": 2, "read": 2, "ratchet": 4}
+LWT_ROWS_PER_TURN = {"lwt": 1, "lwt2": 2, "read": 1, "ratchet": 2}  # + the claim's row
 
 
 @pytest.mark.parametrize("shape", sorted(FLOOR_SHAPES))
@@ -29,7 +30,7 @@ def test_raw_pipeline_does_every_step_once_per_event(settings, shape):
     assert row.name == FLOOR_SHAPES[shape]
     assert row.count == result.consumed == events
     assert result.applied == events  # every LWT applied: one fresh row per event
-    assert result.rows == events
+    assert result.rows == LWT_ROWS_PER_TURN[shape] * events
     assert result.published == events
     assert sum(result.committed.values()) == events  # offsets = events per partition
     assert len(result.committed) == 4

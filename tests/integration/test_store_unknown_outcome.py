@@ -166,3 +166,42 @@ def test_unreachable_cluster_is_retryable_and_writes_nothing(store_session, heal
         store.promote(turn)
     assert caught.value.retryable
     assert healthy.head(turn.tenant_id, turn.partition_key) is None
+
+
+class FlakyClaimSession:
+    """Delegates to a real session; the first response-id claim (its LWT insert)
+    raises ``error`` after being sent (``land``) or without being sent."""
+
+    def __init__(self, real, error, *, land: bool):
+        self._real, self._error, self._land = real, error, land
+        self.tripped = False
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def execute(self, statement, *args, **kwargs):
+        query = getattr(statement, "query_string", "")
+        if not self.tripped and "INSERT INTO response_claims" in query:
+            self.tripped = True
+            if self._land:
+                self._real.execute(statement, *args, **kwargs)
+            raise self._error()
+        return self._real.execute(statement, *args, **kwargs)
+
+
+@pytest.mark.parametrize("error", [client_timeout, cas_timeout, cas_write_unknown])
+def test_claim_with_unknown_outcome_is_read_at_serial(store_session, healthy, error):
+    """A landed claim is found ours by the SERIAL read; one that did not land is never
+    guessed: retryable, and the retry claims and promotes."""
+    landed = conversation_turn(uid("tenant"), uid("conv"), 0)
+    session = FlakyClaimSession(store_session, error, land=True)
+    outcome = CassandraCheckpointStore(session, timeout_s=30).promote(landed)
+    assert session.tripped and isinstance(outcome, Promoted)
+    lost = conversation_turn(uid("tenant"), uid("conv"), 0)
+    store = CassandraCheckpointStore(FlakyClaimSession(store_session, error, land=False),
+                                     timeout_s=30)
+    with pytest.raises(StoreUnavailable) as caught:
+        store.promote(lost)
+    assert caught.value.retryable
+    assert isinstance(store.promote(lost), Promoted)
+    one_turn_history(healthy, lost)

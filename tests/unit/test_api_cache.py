@@ -1,8 +1,8 @@
 """The API's verified-history cache (services/api/cache.py) on the in-memory store.
 
 What is pinned (CONTRACT section 5): a history verified when it was LOADED is served
-from memory afterwards: a response hit reads nothing, a Conversation hit reads its head
-(one row), a history grown by new turns reads only the new rows and verifies them and
+from memory afterwards: a chain-mode response hit reads nothing, a hit on a Conversation
+(either endpoint) reads its head (one row, which must be backed), a history grown by new turns reads only the new rows and verifies them and
 their lineage-digest link to the cached prefix. Rows changed after caching are caught
 by whatever loads them (a no-cache read, an extension), while a plain hit keeps serving
 the verified bytes. The same behaviours against real Cassandra rows live in
@@ -134,14 +134,63 @@ def _third_turn(stack: CachingStack, tenant: str, conv: str) -> str:
     return stack.promote(tenant, conv, 2, (message("c", item_id=uid("m")),))
 
 
-def test_a_response_hit_reads_nothing_and_serves_the_same_bytes(stack):
+def test_a_chain_response_hit_reads_nothing_and_serves_the_same_bytes(stack):
+    tenant, root = uid("tenant"), uid("resp")
+    stack.chain(tenant, root, root, None)
+    rid = stack.chain(tenant, root, uid("resp"), root)
+    first, reads = stack.reads_during(lambda: stack.history(tenant, rid))
+    assert first.status_code == 200 and reads.get("read_history") == 1
+    second, reads = stack.reads_during(lambda: stack.history(tenant, rid))
+    assert reads == {}, "a chain-mode response hit read the store"
+    assert second.content == first.content
+    assert (second.json()["head_seq"], second.json()["conversation_head_seq"]) == (2, None)
+
+
+def test_a_conversation_response_hit_reads_only_the_head(stack):
+    """The answer reports the Conversation's current head, which must be backed: one
+    head read, the same one-row read as the Conversation endpoint's hit."""
     tenant, rid, ids = two_turns(stack)
     first, reads = stack.reads_during(lambda: stack.history(tenant, rid))
     assert first.status_code == 200 and reads.get("read_history") == 1
     second, reads = stack.reads_during(lambda: stack.history(tenant, rid))
-    assert reads == {}, "a response hit read the store"
+    assert reads == {"read_head": 1}
     assert second.content == first.content
     assert [i["item_id"] for i in second.json()["items"]] == ids
+
+
+def test_a_hit_whose_head_moved_backs_the_new_head_by_extension(stack):
+    """The head names a turn not cached yet: it is loaded and verified (its row alone)
+    before the cached response answers with it."""
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    stack.history(tenant, rid)
+    third = _third_turn(stack, tenant, conv)
+    resp, reads = stack.reads_during(lambda: stack.history(tenant, rid))
+    assert reads == {"read_head": 1, "read_turn": 1}
+    assert (resp.json()["head_seq"], resp.json()["conversation_head_seq"]) == (2, 3)
+    assert resp.content == stack.fresh(tenant, rid).content
+    assert stack.cache.get(tenant, third) is not None
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_head_no_checkpoint_backs_fails_on_a_cached_response_too(stack, cached):
+    """CONTRACT section 5: an integrity failure on every endpoint, cached or not."""
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    if cached:
+        assert stack.history(tenant, rid).status_code == 200
+        assert stack.conversation(tenant, conv).status_code == 200
+    partition = stack.store._partitions[(tenant, conv)]
+    head = partition.head
+    partition.head = replace(head, seq=head.seq + 2, response_id=uid("resp"))
+    for resp in (
+        stack.history(tenant, rid),
+        stack.fresh(tenant, rid),
+        stack.conversation(tenant, conv),
+        stack.conversation(tenant, conv, **NO_CACHE),
+    ):
+        assert resp.status_code == 500, resp.text
+        assert resp.json()["reason"] == "CORRUPT_HISTORY"
 
 
 def test_a_conversation_hit_reads_only_the_head(stack):
@@ -210,12 +259,16 @@ def test_a_new_turn_is_read_alone_and_appended_to_the_cached_prefix(stack):
     assert body["response_id"] == third and body["head_seq"] == 3 and len(body["items"]) == 7
     # Byte for byte what a full read of the same history answers.
     assert extended.content == stack.conversation(tenant, conv, **NO_CACHE).content
-    # The new history is cached: the response endpoint reads nothing for it.
+    # The new history is cached: the response endpoint reads only the head for it.
     hit, reads = stack.reads_during(lambda: stack.history(tenant, third))
-    assert reads == {} and hit.content == extended.content
-    # The earlier response is still a hit and reports its own seq (CONTRACT section 5).
+    assert reads == {"read_head": 1} and hit.content == extended.content
+    # The earlier response is still a hit: its own seq, and the Conversation's head now
+    # (CONTRACT section 5), backed by the history just cached.
     old, reads = stack.reads_during(lambda: stack.history(tenant, rid))
-    assert reads == {} and old.json()["head_seq"] == 2 and len(old.json()["items"]) == 6
+    assert reads == {"read_head": 1}
+    body = old.json()
+    assert body["response_id"] == rid and len(body["items"]) == 6
+    assert (body["head_seq"], body["conversation_head_seq"]) == (2, 3)
 
 
 def test_the_response_endpoint_extends_too(stack):
@@ -273,7 +326,8 @@ def test_a_promotion_prewarms_the_cache(stack):
     warmed, reads = stack.reads_during(lambda: stack.service.prewarm(tenant, conv, third))
     assert warmed and reads == {"read_turn": 1}
     resp, reads = stack.reads_during(lambda: stack.history(tenant, third))
-    assert reads == {} and resp.status_code == 200 and resp.json()["head_seq"] == 3
+    assert reads == {"read_head": 1} and resp.status_code == 200
+    assert (resp.json()["head_seq"], resp.json()["conversation_head_seq"]) == (3, 3)
     assert resp.content == stack.fresh(tenant, third).content
 
 
@@ -355,7 +409,8 @@ def test_spliced_body_equals_the_pydantic_body(certified, fp, later, reason):
     rendered = render_history(history)
     from ratchet.domain.rehydration import fallback_reason
 
-    spliced = history_json(rendered, history.head_seq, fallback_reason(history.checkpoint, fp, now))
+    spliced = history_json(rendered, history.checkpoint.seq, history.head_seq,
+                           fallback_reason(history.checkpoint, fp, now))
     assert spliced == expected.model_dump_json().encode()
 
 

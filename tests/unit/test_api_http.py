@@ -208,7 +208,8 @@ def test_status_endpoint(stack):
         url = f"/v1/responses/{response_id}/status"
         return stack.client.get(url, params={"tenant_id": tenant}).json()
 
-    assert get(rid) == {"response_id": rid, "state": "promoted", "reason": None, "seq": 2}
+    assert get(rid) == {"response_id": rid, "state": "promoted", "reason": None, "seq": 2,
+                        "existing_response_id": None}
     assert get("resp_rej")["state"] == "rejected" and get("resp_rej")["reason"] == "OUT_OF_ORDER"
     assert get("resp_nope")["state"] == "unknown"
 

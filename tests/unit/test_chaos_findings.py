@@ -6,13 +6,11 @@
 2. ``CheckpointPromoted.item_count`` carried the items of the turn alone; the schema
    and docs/contracts.md say "items in the complete history up to and including this
    turn" (a gateway sizes its next render with it).
-3. (not fixed, xfail) a cancellation arriving after its request was promoted shadows
-   DUPLICATE / IDEMPOTENCY_KEY_REUSED for later events of the same key.
+3. A cancellation arriving after its request was promoted shadowed DUPLICATE /
+   IDEMPOTENCY_KEY_REUSED for later events of the same key (rejected CANCELLED).
 """
 
 from __future__ import annotations
-
-import pytest
 
 from ratchet.samples import make_turn_cancelled
 from schemas.models import RejectionReason as R
@@ -45,10 +43,6 @@ def test_promoted_item_count_is_the_complete_history_chain():
     assert h.outcome(child).item_count == len(root.items) + len(child.items)
 
 
-@pytest.mark.xfail(strict=True, reason="known defect: a cancellation that arrives after the "
-                   "request was promoted is kept by idempotency key and then shadows the "
-                   "idempotency rules: a retry is rejected CANCELLED instead of DUPLICATE "
-                   "(which names the original response the client should answer with)")
 def test_cancel_after_promotion_does_not_shadow_duplicate():
     h = Harness()
     conv = conv_id()
@@ -59,3 +53,23 @@ def test_cancel_after_promotion_does_not_shadow_duplicate():
                  request_digest=original.request_digest)
     out = h.outcome(retry)
     assert out.reason is R.DUPLICATE and out.existing_response_id == original.response_id
+
+
+def test_cancel_after_promotion_does_not_shadow_key_reused():
+    h = Harness()
+    conv = conv_id()
+    original = turn(conv, 0)
+    assert h.outcome(original).seq == 1
+    h.feed(make_turn_cancelled(original))
+    other_request = turn(conv, 1, idempotency_key=original.idempotency_key, attempt=2,
+                         request_digest="0" * 64)
+    assert other_request.request_digest != original.request_digest
+    assert h.outcome(other_request).reason is R.IDEMPOTENCY_KEY_REUSED
+
+
+def test_cancel_before_completion_still_prevents_promotion():
+    h = Harness()
+    conv = conv_id()
+    original = turn(conv, 0)
+    h.feed(make_turn_cancelled(original))
+    assert h.outcome(original).reason is R.CANCELLED

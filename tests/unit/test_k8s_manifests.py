@@ -134,6 +134,7 @@ def test_api_probes_target_its_declared_port():
 def test_worker_probes_read_the_health_files_the_worker_writes(tmp_path):
     """The worker has no HTTP port: it writes health files (streams/health.py) under
     RATCHET_HOME. The exec probes must read the same directory, and actually work."""
+    import os
     import subprocess
     import sys
 
@@ -147,11 +148,13 @@ def test_worker_probes_read_the_health_files_the_worker_writes(tmp_path):
         name: container[name]["exec"]["command"] for name in ("livenessProbe", "readinessProbe")
     }
     for command in probes.values():
-        assert command[:2] == ["python", "-c"] and env["RATCHET_HOME"] in command[2]
+        # The container's RATCHET_HOME, the one the worker writes to.
+        assert command[:2] == ["python", "-c"] and "os.environ['RATCHET_HOME']" in command[2]
 
     def run(probe: str) -> int:
-        script = probes[probe][2].replace(env["RATCHET_HOME"], str(tmp_path))
-        return subprocess.run([sys.executable, "-c", script], check=False).returncode
+        probe_env = {**os.environ, "RATCHET_HOME": str(tmp_path)}
+        return subprocess.run([sys.executable, "-c", probes[probe][2]], env=probe_env,
+                              check=False).returncode
 
     assert run("livenessProbe") == 1 and run("readinessProbe") == 1  # no worker yet
     health = Health(health_path(tmp_path))
@@ -159,9 +162,8 @@ def test_worker_probes_read_the_health_files_the_worker_writes(tmp_path):
     assert run("livenessProbe") == 0 and run("readinessProbe") == 0
     health.retrying("ratchet.gateway-events[0]", "store down")
     assert run("livenessProbe") == 0 and run("readinessProbe") == 1  # degraded: not ready
-    for container_ in (container,):
-        for probe in probes:
-            assert container_[probe]["timeoutSeconds"] < container_[probe]["periodSeconds"]
+    for probe in probes:
+        assert container[probe]["timeoutSeconds"] < container[probe]["periodSeconds"]
 
 
 @pytest.mark.parametrize("name", ["ratchet-worker", "ratchet-api"])
@@ -179,8 +181,11 @@ def test_worker_replicas_do_not_exceed_partitions() -> None:
 
 
 def test_deployments_run_their_ratchet_command() -> None:
-    assert _containers(_deployment("ratchet-worker"))[0]["args"] == ["ratchet", "worker"]
-    assert _containers(_deployment("ratchet-api"))[0]["args"] == ["ratchet", "api"]
+    # The image's entrypoint is `ratchet` (tests/unit/test_image_definition.py).
+    assert _containers(_deployment("ratchet-worker"))[0]["args"] == ["worker"]
+    assert _containers(_deployment("ratchet-api"))[0]["args"] == ["api"]
+    (job,) = _kind("Job")
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["migrate"]
 
 
 def test_service_selects_the_api_pods_on_a_named_port() -> None:
@@ -196,6 +201,42 @@ def test_api_grace_period_outlasts_the_wait_cap() -> None:
 
     spec = _deployment("ratchet-api")["spec"]["template"]["spec"]
     assert spec["terminationGracePeriodSeconds"] * 1000 > WAIT_MS_CAP
+
+
+def test_api_memory_holds_its_history_cache() -> None:
+    """The API's RSS is ~93 MiB before its verified-history cache fills (measured from
+    the image, docs/operations.md); the cache may then grow to its configured bytes."""
+    cache = Settings.from_env(_configmap()).api_history_cache_bytes
+    (container,) = _containers(_deployment("ratchet-api"))
+    assert _quantity(container["resources"]["requests"]["memory"]) >= 93 * 2**20 + cache
+    assert _quantity(container["resources"]["limits"]["memory"]) >= 2 * 93 * 2**20 + cache
+
+
+def test_worker_grace_period_covers_its_sigterm_drain() -> None:
+    """On SIGTERM the worker gives the event in flight in each lane ``shutdown_grace_s``
+    to finish (streams/app.py), then commits and leaves the group. The pod must allow
+    that, with a margin for the commit and the leave, and not much more: a longer grace
+    only delays a rollout (Recreate) when a worker hangs."""
+    import inspect
+
+    from streams.app import create_app
+
+    drain_s = inspect.signature(create_app).parameters["shutdown_grace_s"].default
+    grace_s = _deployment("ratchet-worker")["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"]
+    assert drain_s + 5 <= grace_s <= drain_s + 15
+
+
+def test_kustomize_pins_the_image_to_the_package_version() -> None:
+    import tomllib
+
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    version = tomllib.loads((K8S.parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    (image,) = kustomization["images"]
+    assert image["newTag"] == version
+    images = {c["image"] for d in _kind("Deployment") + _kind("Job")
+              for c in d["spec"]["template"]["spec"]["containers"]}
+    assert images == {image["name"]}
 
 
 _UNITS = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}

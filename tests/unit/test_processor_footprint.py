@@ -39,8 +39,8 @@ class ForgetfulStore:
     def read_history(self, *args, **kwargs):
         raise AssertionError("first turns read no history")
 
-    def start_locating(self, *args):
-        return lambda: None
+    def start_claiming(self, claim):
+        return lambda: claim
 
     def promote(self, request, **hints):
         from datetime import UTC, datetime

@@ -28,7 +28,7 @@ from ratchet.samples import (
 )
 from schemas import avsc
 from schemas.avro import EventSerde, register_schemas, subject_for
-from schemas.models import MODELS_BY_RECORD, TurnCompleted
+from schemas.models import MODELS_BY_RECORD, EffectOrphaned, TurnCompleted
 
 # Digest of the published v1 files. Editing them would rewrite what is already in
 # Kafka: change the CURRENT schemas instead, and snapshot a v2 when publishing it.
@@ -97,6 +97,13 @@ def test_new_field_defaults_to_null_for_v1_data() -> None:
     data = write(v1_schema, v1_sample("TurnCompleted"))
     turn = TurnCompleted.from_avro(read(data, v1_schema, avsc.parsed("TurnCompleted")))
     assert turn.gateway_id is None
+
+
+def test_orphans_written_before_claims_read_with_completion_unknown() -> None:
+    v1_schema = avsc.parsed("EffectOrphaned", avsc.V1_DIR)
+    data = write(v1_schema, v1_sample("EffectOrphaned"))
+    orphan = EffectOrphaned.from_avro(read(data, v1_schema, avsc.parsed("EffectOrphaned")))
+    assert orphan.effect_completed is None and orphan.effect_id
 
 
 def test_every_added_field_has_a_default() -> None:

@@ -263,6 +263,12 @@ def certification(turn, now_ms: int = NOW_MS) -> Certification:
     return outcome.certification
 
 
+def reusable(turn, now_ms: int = NOW_MS) -> bool:
+    outcome = validate_turn(turn, now_ms)
+    assert isinstance(outcome, Valid), outcome
+    return outcome.artifact_reusable
+
+
 def test_completed_with_artifact_and_proof_is_certified() -> None:
     assert certification(make_turn()) is Certification.CERTIFIED
 
@@ -288,30 +294,37 @@ def test_truncated_is_logical_only() -> None:
     assert certification(make_turn(effective_config=config)) is Certification.LOGICAL_ONLY
 
 
-def test_no_artifact_is_logical_only() -> None:
-    assert certification(make_turn(certified=False)) is Certification.LOGICAL_ONLY
+# A completed turn without a usable artifact is a certified logical history without a
+# reusable artifact (rehydration falls back NO_ARTIFACT), not logical_only (CONTRACT 5).
 
 
-def test_artifact_without_proof_is_logical_only() -> None:
+def test_completed_with_artifact_and_proof_has_a_reusable_artifact() -> None:
+    assert reusable(make_turn())
+
+
+def test_no_artifact_is_certified_without_a_reusable_artifact() -> None:
+    turn = make_turn(certified=False)
+    assert certification(turn) is Certification.CERTIFIED and not reusable(turn)
+
+
+def test_artifact_without_proof_is_certified_without_a_reusable_artifact() -> None:
     turn = make_turn()
+    without_proof = make_turn(
+        boundary_proof=None,
+        token_artifact=turn.token_artifact,
+        fingerprint_hash=turn.fingerprint_hash,
+    )
     assert (
-        certification(
-            make_turn(
-                boundary_proof=None,
-                token_artifact=turn.token_artifact,
-                fingerprint_hash=turn.fingerprint_hash,
-            )
-        )
-        is Certification.LOGICAL_ONLY
+        certification(without_proof) is Certification.CERTIFIED and not reusable(without_proof)
     )
 
 
-def test_expired_artifact_is_logical_only() -> None:
+def test_expired_artifact_is_certified_without_a_reusable_artifact() -> None:
     artifact, proof = make_artifact_and_proof(make_turn().fingerprint_hash)
     artifact = artifact.model_copy(update={"expires_at": NOW_MS - 1})
     proof = proof.model_copy(update={"expires_at": NOW_MS + HOUR_MS})
     turn = make_turn(token_artifact=artifact, boundary_proof=proof)
-    assert certification(turn) is Certification.LOGICAL_ONLY
+    assert certification(turn) is Certification.CERTIFIED and not reusable(turn)
 
 
 def test_chain_mode_turn_is_valid() -> None:

@@ -1,0 +1,281 @@
+"""Claim before execute: the pure rules that keep a retried request from running a
+side-effecting tool twice.
+
+A gateway claims an effect BEFORE it executes the tool; the claim is one conditional
+write in the request's facts (the ledger). What the gateway may do next is decided
+here, over frozen records, so a storage move never changes it:
+
+* :func:`effect_id_for_claim` - the effect key. It must survive a retry whose model
+  regenerated its tool calls (new ``call_id``s), so the call id is NOT in it:
+  ``eff_`` + 32 hex of sha256(canonical JSON of
+  ``["claim", idempotency_key, subturn_index, tool_name, occurrence]``), where
+  ``occurrence`` numbers the calls of that tool in that subturn from 0 (model output
+  order). The arguments are deliberately NOT in the key: a retry that asks the same
+  slot with other arguments (a reworded e-mail) gets ``CONFLICT`` instead of silently
+  running a second, different side effect. The price: a retry that takes a different
+  number of tool rounds, or reorders calls of one tool with different arguments, gets
+  a new key or ``CONFLICT`` (loud, never a silent double execution).
+* :func:`decide_claim` - the state machine of one claim request against the stored
+  claim: ``CLAIMED`` (execute now), ``COMPLETED`` (reuse the recorded output),
+  ``IN_PROGRESS`` (another live holder; wait), ``LEASE_EXPIRED`` (the holder's lease
+  ran out with no recorded outcome: the effect may or may not have happened; the
+  policy decides), ``CONFLICT`` (same key, other arguments), ``CANCELLED`` (the request
+  was cancelled: no new claims).
+* :func:`decide_completion` - who may record the outcome (the holder's token only).
+* :func:`result_digest` / :func:`rekey_output` - an output reused by a retry answers a
+  call with a new ``call_id``: the same result, re-keyed. Promotion compares results,
+  not call ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from schemas.canonical import canonical_digest, canonical_json, parse_json, sha256_hex
+from schemas.models import Item
+
+EFFECT_ID_PATTERN = r"^eff_[0-9a-f]{32}$"
+LEASE_MS_MIN = 100
+LEASE_MS_MAX = 15 * 60 * 1000
+WAIT_MS_MAX = 30_000
+
+
+class EffectPolicy(StrEnum):
+    """What a gateway does with an effect whose previous holder vanished (LEASE_EXPIRED).
+
+    ``at_most_once``: never execute it again; surface the uncertainty (a payment).
+    ``at_least_once``: take the claim over and execute again (an idempotent upsert, a
+    read, a tool with its own idempotency key)."""
+
+    AT_MOST_ONCE = "at_most_once"
+    AT_LEAST_ONCE = "at_least_once"
+
+
+class ClaimState(StrEnum):
+    """The typed answer to a claim."""
+
+    CLAIMED = "CLAIMED"
+    COMPLETED = "COMPLETED"
+    IN_PROGRESS = "IN_PROGRESS"
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+    CONFLICT = "CONFLICT"
+    CANCELLED = "CANCELLED"
+
+
+class CompletionState(StrEnum):
+    """The typed answer to recording a claim's outcome."""
+
+    COMPLETED = "COMPLETED"  # recorded now
+    ALREADY_COMPLETED = "ALREADY_COMPLETED"  # the same outcome was recorded before
+    NOT_HOLDER = "NOT_HOLDER"  # the claim is held by another token (taken over)
+    OUTCOME_CONFLICT = "OUTCOME_CONFLICT"  # completed before with another output
+    UNKNOWN_CLAIM = "UNKNOWN_CLAIM"  # no such claim for this tenant and request
+
+
+def effect_id_for_claim(idempotency_key: str, subturn_index: int, tool_name: str,
+                        occurrence: int) -> str:
+    """The effect key of a claimed effect (module docstring: why no call id, no args).
+    It is also the ``ToolEffect.effect_id`` of that effect: one id, one dedupe rule."""
+    if subturn_index < 0 or occurrence < 0:
+        raise ValueError("subturn_index and occurrence count from 0")
+    parts = ["claim", idempotency_key, subturn_index, tool_name, occurrence]
+    return "eff_" + canonical_digest(parts)[:32]
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """One attempt asking to execute one effect. ``token`` is unique per claimant (a
+    UUID): a re-sent claim with the same token is the same claimant (idempotent)."""
+
+    tenant_id: str
+    idempotency_key: str
+    effect_id: str
+    attempt: int
+    subturn_index: int
+    call_id: str
+    tool_name: str
+    arguments_digest: str
+    token: str
+    lease_ms: int
+    policy: EffectPolicy
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """A stored claim. ``completed`` with ``status`` and ``output`` once recorded.
+    ``takeovers`` counts how often an expired lease was taken over."""
+
+    tenant_id: str
+    idempotency_key: str
+    effect_id: str
+    attempt: int
+    subturn_index: int
+    call_id: str
+    tool_name: str
+    arguments_digest: str
+    token: str
+    lease_until: int  # epoch millis
+    claimed_at: int
+    completed: bool = False
+    status: str | None = None  # succeeded | failed, once completed
+    output: Item | None = None
+    completed_at: int | None = None
+    takeovers: int = 0
+
+    @property
+    def output_digest(self) -> str | None:
+        return None if self.output is None else self.output.content_digest
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the gateway is told. ``claim`` is the claim as it stands after the request
+    (None only for CANCELLED with no claim); ``wait_ms`` for IN_PROGRESS;
+    ``previous_attempt`` when an expired lease was taken over."""
+
+    state: ClaimState
+    claim: ClaimRecord | None
+    wait_ms: int | None = None
+    previous_attempt: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Insert:
+    """Write ``claim`` as a new claim (condition: no claim with this key, not cancelled)."""
+
+    claim: ClaimRecord
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    """Replace the expired ``previous`` claim by ``claim`` (condition: the stored claim
+    still has ``previous``'s token and lease, is not completed, request not cancelled)."""
+
+    previous: ClaimRecord
+    claim: ClaimRecord
+
+
+Action = Insert | TakeOver | Answer
+
+
+def new_claim(request: ClaimRequest, now_ms: int) -> ClaimRecord:
+    r = request
+    return ClaimRecord(r.tenant_id, r.idempotency_key, r.effect_id, r.attempt, r.subturn_index,
+                       r.call_id, r.tool_name, r.arguments_digest, r.token,
+                       lease_until=now_ms + r.lease_ms, claimed_at=now_ms)
+
+
+def decide_claim(existing: ClaimRecord | None, request: ClaimRequest, now_ms: int,
+                 cancelled: bool) -> Action:
+    """The claim state machine; first matching rule wins:
+
+    1. no claim: ``CANCELLED`` if the request is cancelled, else insert (-> CLAIMED);
+    2. other arguments under the same key: ``CONFLICT``;
+    3. completed: ``COMPLETED`` (reuse the recorded output; also after a cancellation:
+       the effect happened, and saying so is never a new execution);
+    4. cancelled: ``CANCELLED``;
+    5. held by the same token: ``CLAIMED`` again (the claim call itself was re-sent);
+    6. lease live: ``IN_PROGRESS`` with ``wait_ms`` until the lease ends;
+    7. lease expired: ``at_least_once`` takes it over (-> CLAIMED, ``previous_attempt``),
+       ``at_most_once`` answers ``LEASE_EXPIRED``.
+    """
+    if existing is None:
+        if cancelled:
+            return Answer(ClaimState.CANCELLED, None, detail="the request was cancelled")
+        return Insert(new_claim(request, now_ms))
+    if existing.arguments_digest != request.arguments_digest:
+        return Answer(ClaimState.CONFLICT, existing, detail=(
+            f"effect {existing.effect_id} was claimed with other arguments "
+            f"(tool {existing.tool_name}, attempt {existing.attempt})"))
+    if existing.completed:
+        return Answer(ClaimState.COMPLETED, existing)
+    if cancelled:
+        return Answer(ClaimState.CANCELLED, existing, detail="the request was cancelled")
+    if existing.token == request.token:
+        return Answer(ClaimState.CLAIMED, existing)
+    if now_ms < existing.lease_until:
+        wait = min(existing.lease_until - now_ms, WAIT_MS_MAX)
+        return Answer(ClaimState.IN_PROGRESS, existing, wait_ms=wait)
+    if request.policy is EffectPolicy.AT_LEAST_ONCE:
+        claim = replace(new_claim(request, now_ms), takeovers=existing.takeovers + 1)
+        return TakeOver(existing, claim)
+    return Answer(ClaimState.LEASE_EXPIRED, existing, detail=(
+        f"attempt {existing.attempt} claimed effect {existing.effect_id} and recorded no "
+        "outcome before its lease expired: it may or may not have run"))
+
+
+def answer_for(action: Insert | TakeOver) -> Answer:
+    """The answer once ``action``'s conditional write applied."""
+    if isinstance(action, TakeOver):
+        return Answer(ClaimState.CLAIMED, action.claim, previous_attempt=action.previous.attempt)
+    return Answer(ClaimState.CLAIMED, action.claim)
+
+
+def decide_completion(existing: ClaimRecord | None, token: str,
+                      output: Item) -> CompletionState | None:
+    """None: the holder may record now (condition: token still holds, not completed)."""
+    if existing is None:
+        return CompletionState.UNKNOWN_CLAIM
+    if existing.completed:
+        if existing.token == token and existing.output_digest == output.content_digest:
+            return CompletionState.ALREADY_COMPLETED
+        return CompletionState.OUTCOME_CONFLICT if existing.token == token \
+            else CompletionState.NOT_HOLDER
+    if existing.token != token:
+        return CompletionState.NOT_HOLDER
+    return None
+
+
+def completed(claim: ClaimRecord, status: str, output: Item, now_ms: int) -> ClaimRecord:
+    return replace(claim, completed=True, status=status, output=output, completed_at=now_ms)
+
+
+# --- outputs: the same result under a regenerated call id --------------------------------
+
+_KEYING_FIELDS = ("id", "call_id")
+
+
+def result_digest(item: Item) -> str:
+    """sha256 of the output item's canonical content without its ``id`` and ``call_id``:
+    what the tool returned, independent of which regenerated call it answers."""
+    content = parse_json(item.content)
+    if not isinstance(content, dict):
+        raise ValueError(f"output {item.item_id}: content is not a JSON object")
+    return canonical_digest({k: v for k, v in content.items() if k not in _KEYING_FIELDS})
+
+
+def rekey_output(output: Item, *, call_id: str, item_id: str) -> Item:
+    """The recorded ``output`` answering another call: same result, new ids (for an
+    ``mcp_call``, whose id names the run, the item id is the call's)."""
+    content = parse_json(output.content)
+    if not isinstance(content, dict):
+        raise ValueError(f"output {output.item_id}: content is not a JSON object")
+    content["id"] = item_id
+    if "call_id" in content:
+        content["call_id"] = call_id
+    data = canonical_json(content)
+    return Item(item_id=item_id, type=output.type, role=output.role,
+                call_id=call_id if output.call_id is not None else None, content=data,
+                content_digest=sha256_hex(data), format_version=output.format_version)
+
+
+def output_to_json(item: Item) -> str:
+    """A stored claim output: the item's fields, content as its canonical JSON text."""
+    return canonical_json({
+        "item_id": item.item_id, "type": item.type, "role": item.role,
+        "call_id": item.call_id, "content": item.content.decode("utf-8"),
+        "content_digest": item.content_digest, "format_version": item.format_version,
+    }).decode("utf-8")
+
+
+def output_from_json(text: str) -> Item:
+    fields = parse_json(text.encode("utf-8"))
+    item = Item(item_id=fields["item_id"], type=fields["type"], role=fields["role"],
+                call_id=fields["call_id"], content=fields["content"].encode("utf-8"),
+                content_digest=fields["content_digest"],
+                format_version=fields["format_version"])
+    if not item.digest_ok():
+        raise ValueError(f"stored claim output {item.item_id}: digest mismatch")
+    return item

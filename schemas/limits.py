@@ -1,0 +1,26 @@
+"""The one size limit of the protocol (CONTRACT section 4, docs/gateway-protocol.md).
+
+``MAX_EVENT_BYTES`` bounds one gateway event value (5-byte Confluent header + Avro
+body): the gateway library refuses a larger one before producing, the processor
+rejects one that arrives anyway ``UNSUPPORTED_FORMAT``, and the store refuses a turn
+whose stored size is above the same number. Everything below it travels end to end.
+
+The Kafka settings leave room ABOVE it on purpose: the gateway-events topic accepts
+records up to ``TOPIC_MAX_MESSAGE_BYTES``, so a too-large record from a gateway that
+does not check reaches the processor and gets a typed rejection instead of a broker
+error the gateway may not surface. Dead letters carry a whole original record plus
+the error text, so their topic takes one MiB more. Producers and consumers are set to
+``CLIENT_MAX_BYTES`` (above every topic's limit; the topics enforce).
+
+Cassandra: a promoted turn is ONE mutation of about its stored size, which must stay
+under half of ``commitlog_segment_size`` (32 MiB -> 16 MiB; infra/servers/cassandra.py).
+"""
+
+from __future__ import annotations
+
+MIB = 1024 * 1024
+MAX_EVENT_BYTES = 10 * MIB  # 10,485,760: the documented maximum gateway event value
+TOPIC_MAX_MESSAGE_BYTES = 16 * MIB  # gateway-events (and the outcome topics)
+DEAD_LETTER_MAX_MESSAGE_BYTES = TOPIC_MAX_MESSAGE_BYTES + MIB
+CLIENT_MAX_BYTES = DEAD_LETTER_MAX_MESSAGE_BYTES + MIB
+

@@ -1,0 +1,202 @@
+"""Claim before execute over HTTP: ``POST /v1/effects/claims`` and
+``POST /v1/effects/claims/{effect_id}/complete`` (docs/service.md, "Effect claims").
+
+A route module of its own: it only translates HTTP to the ledger's claim methods and
+back; the rules are in ``ratchet/domain/claims.py``. Every claim outcome is a 200 with
+a typed ``state``; 4xx only for bad input (422 malformed, 404 unknown claim, 409 not
+the holder / another outcome already recorded).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from ratchet.domain import claims
+from ratchet.domain.catalogue import EFFECT_OUTPUT_TYPES, shape_problem
+from ratchet.domain.claims import (
+    EFFECT_ID_PATTERN,
+    LEASE_MS_MAX,
+    LEASE_MS_MIN,
+    Answer,
+    ClaimRecord,
+    ClaimRequest,
+    CompletionState,
+    EffectPolicy,
+)
+from schemas.models import Item, sha256_hex
+from services.api.models import ErrorBody, HistoryItem
+from services.ledger.base import Ledger
+
+_ID = r"^[A-Za-z0-9._:\-]{1,200}$"
+_NAME = r"^[A-Za-z0-9_.:\-]{1,128}$"
+_SHA256 = r"^[0-9a-f]{64}$"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ClaimIn(_Body):
+    tenant_id: str = Field(pattern=_ID)
+    idempotency_key: str = Field(pattern=_ID, description="The logical request's key.")
+    attempt: int = Field(ge=1, le=1_000_000)
+    subturn_index: int = Field(ge=0, le=10_000)
+    tool_name: str = Field(pattern=_NAME)
+    occurrence: int = Field(ge=0, le=10_000, description="The n-th call of this tool in "
+                            "this subturn, from 0 (model output order).")
+    arguments_digest: str = Field(pattern=_SHA256, description="sha256 hex of the "
+                                  "canonical JSON arguments.")
+    call_id: str = Field(pattern=_ID, description="This attempt's call id (not in the key).")
+    token: str = Field(pattern=_ID, description="Unique per claimant (a UUID); re-send the "
+                       "same token to repeat a claim call whose answer was lost.")
+    lease_ms: int = Field(ge=LEASE_MS_MIN, le=LEASE_MS_MAX)
+    policy: EffectPolicy
+    effect_id: str | None = Field(None, pattern=EFFECT_ID_PATTERN, description="Optional: "
+                                  "the key the caller computed; refused if it differs.")
+
+
+class OutputIn(_Body):
+    item_id: str = Field(pattern=_ID)
+    type: str = Field(pattern=_NAME)
+    role: str | None = Field(None, max_length=64)
+    call_id: str | None = Field(None, pattern=_ID)
+    content: str = Field(max_length=8 * 1024 * 1024, description="Canonical JSON text.")
+    content_digest: str = Field(pattern=_SHA256)
+    format_version: int = Field(1, ge=1, le=1000)
+
+
+class CompleteIn(_Body):
+    tenant_id: str = Field(pattern=_ID)
+    idempotency_key: str = Field(pattern=_ID)
+    token: str = Field(pattern=_ID)
+    status: Literal["succeeded", "failed"]
+    output: OutputIn
+
+
+class ClaimErrorBody(_Body):
+    """A refused completion: no such claim (also another tenant's), not the holder, or
+    another outcome already recorded by the holder."""
+
+    error: Literal["UNKNOWN_CLAIM", "NOT_HOLDER", "OUTCOME_CONFLICT", "EFFECT_KEY_MISMATCH"]
+    detail: str = ""
+
+
+class ClaimBody(_Body):
+    state: Literal["CLAIMED", "COMPLETED", "IN_PROGRESS", "LEASE_EXPIRED", "CONFLICT",
+                   "CANCELLED", "ALREADY_COMPLETED"]
+    effect_id: str
+    attempt: int | None = Field(None, description="The attempt holding (or that held) it.")
+    lease_until: int | None = Field(None, description="Lease end, epoch millis.")
+    wait_ms: int | None = Field(None, description="IN_PROGRESS: wait this long, then claim "
+                                "again.")
+    previous_attempt: int | None = Field(None, description="CLAIMED by taking over the "
+                                         "expired lease of this attempt.")
+    status: Literal["succeeded", "failed"] | None = None
+    output: HistoryItem | None = Field(None, description="COMPLETED: the recorded output "
+                                       "(re-key it to the new call id before use).")
+    detail: str = ""
+
+
+def _body(state: str, effect_id: str, claim: ClaimRecord | None, **extra) -> ClaimBody:
+    out = None if claim is None or claim.output is None else claim.output
+    return ClaimBody(
+        state=state, effect_id=effect_id,
+        attempt=None if claim is None else claim.attempt,
+        lease_until=None if claim is None or claim.completed else claim.lease_until,
+        status=None if claim is None else claim.status,
+        output=None if out is None else HistoryItem(
+            item_id=out.item_id, type=out.type, role=out.role, call_id=out.call_id,
+            content=out.content.decode("utf-8"), content_digest=out.content_digest,
+            format_version=out.format_version),
+        **extra)
+
+
+def _error(status: int, error: str, detail: str) -> JSONResponse:
+    body = ErrorBody(error=error, detail=detail) if error == "INVALID_REQUEST" \
+        else ClaimErrorBody(error=error, detail=detail)
+    return JSONResponse(body.model_dump(mode="json"), status_code=status)
+
+
+_COMPLETE_HTTP = {
+    CompletionState.UNKNOWN_CLAIM: 404,
+    CompletionState.NOT_HOLDER: 409,
+    CompletionState.OUTCOME_CONFLICT: 409,
+}
+
+
+def claims_router(ledger: Ledger, clock_ms: Callable[[], int] | None = None) -> APIRouter:
+    now = clock_ms or (lambda: time.time_ns() // 1_000_000)
+    router = APIRouter(tags=["effect claims"])
+
+    @router.post(
+        "/v1/effects/claims",
+        response_model=ClaimBody,
+        responses={400: {"model": ErrorBody, "description": "body is not JSON"},
+                   409: {"model": ClaimErrorBody, "description": "EFFECT_KEY_MISMATCH: "
+                         "the effect_id given is not the key of the parts given"},
+                   422: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+        summary="Claim a tool effect before executing it",
+    )
+    async def claim(body: ClaimIn) -> JSONResponse:
+        effect_id = claims.effect_id_for_claim(body.idempotency_key, body.subturn_index,
+                                               body.tool_name, body.occurrence)
+        if body.effect_id is not None and body.effect_id != effect_id:
+            return _error(409, "EFFECT_KEY_MISMATCH", f"effect_id {body.effect_id} is not the "
+                          f"key of these parts ({effect_id})")
+        request = ClaimRequest(
+            body.tenant_id, body.idempotency_key, effect_id, body.attempt, body.subturn_index,
+            body.call_id, body.tool_name, body.arguments_digest, body.token, body.lease_ms,
+            body.policy)
+        answer: Answer = await run_in_threadpool(ledger.claim_effect, request, now())
+        out = _body(answer.state.value, effect_id, answer.claim, wait_ms=answer.wait_ms,
+                    previous_attempt=answer.previous_attempt, detail=answer.detail)
+        return JSONResponse(out.model_dump(mode="json"))
+
+    @router.post(
+        "/v1/effects/claims/{effect_id}/complete",
+        response_model=ClaimBody,
+        responses={400: {"model": ErrorBody, "description": "body is not JSON"},
+                   404: {"model": ClaimErrorBody, "description": "UNKNOWN_CLAIM"},
+                   409: {"model": ClaimErrorBody,
+                         "description": "NOT_HOLDER, OUTCOME_CONFLICT"},
+                   422: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+        summary="Record the outcome of a claimed effect (the holder's token only)",
+    )
+    async def complete(effect_id: Annotated[str, Path(pattern=EFFECT_ID_PATTERN)],
+                       body: CompleteIn) -> JSONResponse:
+        # An unknown claim (also another tenant's) is told before the output is judged.
+        held = await run_in_threadpool(ledger.claim, body.tenant_id, body.idempotency_key,
+                                       effect_id)
+        if held is None:
+            return _error(404, "UNKNOWN_CLAIM", f"effect {effect_id}")
+        output, problem = _output_item(body.output)
+        if problem is not None:
+            return _error(422, "INVALID_REQUEST", problem)
+        state, claim = await run_in_threadpool(
+            ledger.complete_claim, body.tenant_id, body.idempotency_key, effect_id,
+            body.token, body.status, output, now())
+        if state in _COMPLETE_HTTP:
+            return _error(_COMPLETE_HTTP[state], state.value, f"effect {effect_id}")
+        return JSONResponse(_body(state.value, effect_id, claim).model_dump(mode="json"))
+
+    return router
+
+
+def _output_item(o: OutputIn) -> tuple[Item, str | None]:
+    """The output as an Item, or why it cannot be recorded (fail closed: a recorded
+    output is replayed to later attempts, so it must be one a turn could carry)."""
+    data = o.content.encode("utf-8")
+    item = Item(item_id=o.item_id, type=o.type, role=o.role, call_id=o.call_id, content=data,
+                content_digest=o.content_digest, format_version=o.format_version)
+    if o.type not in EFFECT_OUTPUT_TYPES:
+        return item, f"output type {o.type!r} is not a tool output type"
+    if sha256_hex(data) != o.content_digest:
+        return item, "content_digest is not the sha256 of content"
+    return item, shape_problem(item)

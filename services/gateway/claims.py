@@ -1,0 +1,216 @@
+"""Claim before execute, for gateways: run a side-effecting tool at most once per
+logical request, even when the request is retried with regenerated call ids.
+
+    claims = EffectClaims(base_url, identity, idempotency_key=key, attempt=2,
+                          producer=producer, policies={"send_email": AT_MOST_ONCE})
+    with claims.effect(call, subturn_index=0) as effect:
+        effect.run(lambda: send_email(**json.loads(call["arguments"])))
+    effect.output      # the function_call_output answering THIS call (maybe reused)
+    effect.effect_id   # list it in the turn's subturn / tool_effect_ids
+
+``run`` executes the function only when the claim says so (CLAIMED), records the
+outcome (the synchronous complete call, then a ``ToolEffect`` through the producer, if
+one is given, with the claim's effect id), and otherwise reuses the recorded output
+(COMPLETED), waits for a live holder (IN_PROGRESS), or raises a typed error:
+``EffectOutcomeUnknown`` (LEASE_EXPIRED under ``at_most_once``), ``EffectConflict``,
+``RequestCancelled``. The rules are the server's (``ratchet/domain/claims.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+from ratchet.domain.claims import EffectPolicy, effect_id_for_claim, rekey_output
+from schemas.items import from_responses
+from schemas.models import Item
+from services.gateway.errors import (
+    GatewayError,
+    InvalidRehydrationRequest,
+    RehydrationUnavailable,
+)
+from services.gateway.events import (
+    TurnIdentity,
+    arguments_digest_of,
+    tool_effect,
+    tool_name_of,
+)
+from services.gateway.producer import GatewayProducer
+
+__all__ = ["Effect", "EffectClaims", "EffectConflict", "EffectOutcomeUnknown",
+           "EffectPolicy", "RequestCancelled", "StillInProgress"]
+
+
+class EffectOutcomeUnknown(GatewayError):
+    """LEASE_EXPIRED under ``at_most_once``: an earlier attempt claimed this effect and
+    vanished without recording an outcome; it may or may not have run. Not executed."""
+
+    def __init__(self, effect_id: str, attempt: int | None, detail: str) -> None:
+        self.effect_id, self.attempt = effect_id, attempt
+        super().__init__(f"{effect_id}: {detail}")
+
+
+class EffectConflict(GatewayError):
+    """The effect key was claimed with other arguments (the retry asks something else)."""
+
+
+class RequestCancelled(GatewayError):
+    """The request was cancelled: no new effects may start."""
+
+
+class StillInProgress(GatewayError):
+    """Another live attempt held the effect for longer than ``max_wait_s``."""
+
+    retryable = True
+
+
+class Effect:
+    """One call's effect inside ``EffectClaims.effect``."""
+
+    def __init__(self, owner: EffectClaims, call: Mapping[str, Any], subturn_index: int,
+                 occurrence: int) -> None:
+        self._owner = owner
+        self.call = call
+        self.call_id = str(call["call_id"])
+        self.tool_name = tool_name_of(call)
+        self.subturn_index = subturn_index
+        self.occurrence = occurrence
+        self.effect_id = effect_id_for_claim(owner.idempotency_key, subturn_index,
+                                             self.tool_name, occurrence)
+        self.token = uuid.uuid4().hex
+        self.output: Item | None = None
+        self.executed = False  # True only if THIS attempt ran the function
+        self.state: str | None = None
+
+    def run(self, fn: Callable[[], str]) -> Item:
+        """Claim, then run ``fn`` (returning the tool's output text) only if CLAIMED."""
+        if self.output is not None:
+            return self.output
+        body = self._owner._claim(self)
+        self.state = body["state"]
+        if body["state"] == "COMPLETED":
+            recorded = _item(body["output"])
+            self.output = rekey_output(recorded, call_id=self.call_id,
+                                       item_id=f"{self.effect_id}:{self._owner.attempt}")
+            return self.output
+        try:
+            text, succeeded = fn(), True
+        except Exception as exc:  # recorded as failed, then re-raised
+            self._record(f"error: {type(exc).__name__}: {exc}", succeeded=False)
+            raise
+        self.executed = True
+        return self._record(text, succeeded=succeeded)
+
+    def _record(self, text: str, *, succeeded: bool) -> Item:
+        output = {"type": "function_call_output", "call_id": self.call_id, "output": text,
+                  "id": f"{self.effect_id}:{self._owner.attempt}"}
+        self.output = from_responses(output, item_id=output["id"])
+        self._owner._complete(self, self.output, succeeded)
+        return self.output
+
+
+class EffectClaims:
+    """The claims of one attempt of one logical request (not thread-safe: one loop)."""
+
+    def __init__(self, base_url: str, identity: TurnIdentity, *, idempotency_key: str,
+                 attempt: int, producer: GatewayProducer | None = None,
+                 policies: Mapping[str, EffectPolicy] | None = None,
+                 default_policy: EffectPolicy = EffectPolicy.AT_MOST_ONCE,
+                 lease_ms: int = 30_000, max_wait_s: float = 60.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.identity = identity
+        self.idempotency_key = idempotency_key
+        self.attempt = attempt
+        self._producer = producer
+        self._policies = dict(policies or {})
+        self._default = default_policy
+        self._lease_ms = lease_ms
+        self._max_wait_s = max_wait_s
+        self._seen: Counter[tuple[int, str]] = Counter()
+        self._http = httpx.Client(base_url=base_url, timeout=10.0, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def policy(self, tool_name: str) -> EffectPolicy:
+        return self._policies.get(tool_name, self._default)
+
+    @contextmanager
+    def effect(self, call: Mapping[str, Any], *, subturn_index: int,
+               occurrence: int | None = None) -> Iterator[Effect]:
+        """The effect of ``call`` (a Responses call item); ``occurrence`` defaults to the
+        count of earlier calls of the same tool in this subturn."""
+        name = tool_name_of(call)
+        if occurrence is None:
+            occurrence = self._seen[(subturn_index, name)]
+        self._seen[(subturn_index, name)] += 1
+        yield Effect(self, call, subturn_index, occurrence)
+
+    # -- HTTP -------------------------------------------------------------------------------
+    def _claim(self, effect: Effect) -> dict[str, Any]:
+        deadline = time.monotonic() + self._max_wait_s
+        while True:
+            body = self._post("/v1/effects/claims", {
+                "tenant_id": self.identity.tenant_id, "idempotency_key": self.idempotency_key,
+                "attempt": self.attempt, "subturn_index": effect.subturn_index,
+                "tool_name": effect.tool_name, "occurrence": effect.occurrence,
+                "arguments_digest": arguments_digest_of(effect.call),
+                "call_id": effect.call_id, "token": effect.token,
+                "lease_ms": self._lease_ms, "policy": self.policy(effect.tool_name).value,
+                "effect_id": effect.effect_id})
+            state = body["state"]
+            if state in ("CLAIMED", "COMPLETED"):
+                return body
+            if state == "IN_PROGRESS":
+                if time.monotonic() + body["wait_ms"] / 1000 > deadline:
+                    raise StillInProgress(f"{effect.effect_id}: held by attempt "
+                                          f"{body['attempt']}")
+                time.sleep(max(body["wait_ms"], 10) / 1000)
+                continue
+            if state == "LEASE_EXPIRED":
+                raise EffectOutcomeUnknown(effect.effect_id, body.get("attempt"),
+                                           body.get("detail", ""))
+            if state == "CONFLICT":
+                raise EffectConflict(f"{effect.effect_id}: {body.get('detail', '')}")
+            raise RequestCancelled(f"{effect.effect_id}: {body.get('detail', '')}")
+
+    def _complete(self, effect: Effect, output: Item, succeeded: bool) -> None:
+        self._post(f"/v1/effects/claims/{effect.effect_id}/complete", {
+            "tenant_id": self.identity.tenant_id, "idempotency_key": self.idempotency_key,
+            "token": effect.token, "status": "succeeded" if succeeded else "failed",
+            "output": {"item_id": output.item_id, "type": output.type, "role": output.role,
+                       "call_id": output.call_id, "content": output.content.decode("utf-8"),
+                       "content_digest": output.content_digest,
+                       "format_version": output.format_version}})
+        if self._producer is not None:
+            self._producer.send(tool_effect(
+                self.identity, idempotency_key=self.idempotency_key,
+                subturn_index=effect.subturn_index, call=effect.call,
+                output=json.loads(output.content), attempt=self.attempt,
+                succeeded=succeeded, effect_id=effect.effect_id))
+
+    def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            resp = self._http.post(path, json=payload)
+        except httpx.HTTPError as exc:
+            raise RehydrationUnavailable(f"{path}: {exc!r}") from exc
+        if resp.status_code >= 500:
+            raise RehydrationUnavailable(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        if resp.status_code != 200:
+            raise InvalidRehydrationRequest(resp.status_code, resp.text[:500])
+        return resp.json()
+
+
+def _item(body: Mapping[str, Any]) -> Item:
+    content = body["content"].encode("utf-8")
+    return Item(item_id=body["item_id"], type=body["type"], role=body.get("role"),
+                call_id=body.get("call_id"), content=content,
+                content_digest=body["content_digest"],
+                format_version=body.get("format_version", 1))
