@@ -138,7 +138,7 @@ BENCH_SUITES = {
     # suite -> (module, what it compares)
     "validation": ("ratchet.bench.validation", "validate_turn on a 20-item, 3-round tool-loop turn"),
     "store": ("ratchet.bench.store", "promote / read_history beside raw Cassandra LWT and SELECT"),
-    "api": ("ratchet.bench.api", "HTTP history lookup beside the direct store read"),
+    "api": ("ratchet.bench.api", "HTTP history lookups (hit, extension, miss, wait_ms) beside raw SELECTs"),
     "processor": ("ratchet.bench.processor", "end-to-end promoted turns/s beside raw Kafka"),
 }
 

@@ -344,8 +344,7 @@ class PromotionProcessor:
         if lineage.cached and lineage.tail is not None:
             # The cached tail is the plan's premise; the batch checks it as a condition.
             if decided.request.mode is PromotionMode.CONVERSATION:
-                head_hint = Head(lineage.tail.seq, lineage.tail.response_id,
-                                 lineage.tail.last_item_seq)
+                head_hint = Head.of(lineage.tail)
             else:
                 parent_hint = lineage.tail
         extends: str | None | object = (

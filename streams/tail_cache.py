@@ -64,8 +64,7 @@ class Tail:
     @property
     def head(self) -> Head:
         """The Conversation head this response is (when it is the head)."""
-        cp = self.checkpoint
-        return Head(cp.seq, cp.response_id, cp.last_item_seq)
+        return Head.of(self.checkpoint)
 
     def expired(self, now: datetime) -> bool:
         """Logically expired: a history read would fail with EXPIRED; do not use it."""

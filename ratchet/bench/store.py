@@ -41,11 +41,12 @@ from ratchet.settings import Settings
 from schemas.models import Certification, Item
 
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "migrations"
-# The store's tables: turns (004) and response_claims (007); the ledger's (002, 003)
-# with request_facts (006), the status column (008) and the claim columns (010).
-_M = ("004_turn_rows.cql", "007_response_claims.cql", "002_ledger.cql",
-      "003_ledger_owners.cql", "006_request_facts.cql", "008_status_existing_response.cql",
-      "010_effect_claims.cql")
+# The store's tables: turns (004), response_claims (007) and lineage digests (009); the
+# ledger's (002, 003) with request_facts (006), the status column (008) and the claim
+# columns (010).
+_M = ("004_turn_rows.cql", "007_response_claims.cql", "009_lineage_digest.cql",
+      "002_ledger.cql", "003_ledger_owners.cql", "006_request_facts.cql",
+      "008_status_existing_response.cql", "010_effect_claims.cql")
 MIGRATIONS = tuple(_MIGRATIONS_DIR / name for name in _M)
 
 

@@ -23,7 +23,13 @@ Verification order (the first broken rule decides the reason):
 6. every format version is supported, else ``UNSUPPORTED_FORMAT``; every item type is
    in the catalogue (``catalogue.py``), else ``UNKNOWN_ITEM_TYPE``. The shape of each
    item was checked when it was promoted, and the digest binds the stored bytes to
-   what was checked, so a read does not parse the content again.
+   what was checked, so a read does not parse the content again;
+7. every lineage digest (``lineage_digest``) that can be checked matches its parent's
+   and its turn's items digest, else ``CORRUPT_HISTORY``. A history whose every turn
+   carries a checked digest is ``linked``: only such a history may later be extended
+   by new rows without reading it again (``verify_extension``). Rows promoted before
+   lineage digests existed have none: their histories verify as before, unlinked, and
+   are always read in full (a missing digest is never taken as a link).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -83,6 +89,17 @@ def items_digest(items: Iterable[Item]) -> str:
     for item in items:
         h.update(f"{item.item_id}\x00{item.content_digest}\n".encode())
     return h.hexdigest()
+
+
+def lineage_digest(parent_lineage_digest: str | None, turn_items_digest: str) -> str:
+    """The lineage digest of a turn: sha256 hex of the UTF-8 bytes of
+    ``parent + "\\n" + items_digest``, where ``parent`` is the parent's lineage digest
+    (lowercase hex) or the empty string for a lineage root (seq 1).
+
+    It binds a turn to its whole lineage, so new rows read after a verified prefix are
+    proven attached to it without reading the prefix again (docs/store.md)."""
+    parent = parent_lineage_digest or ""
+    return hashlib.sha256(f"{parent}\n{turn_items_digest}".encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -152,6 +169,9 @@ class CheckpointRecord:
     items_digest: str
     promoted_at: datetime
     logical_expires_at: datetime | None = None
+    # ``lineage_digest(parent's, items_digest)``; None for rows promoted before it
+    # existed, and for their descendants (their parent has none to chain from).
+    lineage_digest: str | None = None
 
     @property
     def item_count(self) -> int:
@@ -169,6 +189,17 @@ class Head:
     seq: int
     response_id: str
     item_count: int
+    lineage_digest: str | None = None  # the head turn's (None: promoted before it existed)
+
+    @classmethod
+    def of(cls, checkpoint: CheckpointRecord) -> Head:
+        """The head a Conversation has when ``checkpoint`` is its last turn."""
+        return cls(
+            checkpoint.seq,
+            checkpoint.response_id,
+            checkpoint.last_item_seq,
+            checkpoint.lineage_digest,
+        )
 
 
 @dataclass(frozen=True)
@@ -205,6 +236,9 @@ class VerifiedHistory:
     # The Conversation's current head seq (chain mode: the response's own seq). The API
     # answers the response's own seq as ``head_seq`` and this beside it.
     head_seq: int
+    # Every turn's lineage digest was checked from the root: the history may be
+    # extended by later rows alone (``verify_extension``).
+    linked: bool = False
 
     @property
     def response_id(self) -> str:
@@ -243,8 +277,70 @@ def verify_history(
     failure = _check_items(items)
     if failure is not None:
         return failure
+    linked = _check_links(lineage)
+    if isinstance(linked, HistoryFailure):
+        return linked
     head_seq = snapshot.head.seq if _is_conversation(checkpoint, snapshot) else checkpoint.seq
-    return VerifiedHistory(checkpoint=checkpoint, lineage=lineage, items=items, head_seq=head_seq)
+    return VerifiedHistory(
+        checkpoint=checkpoint, lineage=lineage, items=items, head_seq=head_seq, linked=linked
+    )
+
+
+def verify_extension(
+    tip: CheckpointRecord,
+    turns: Sequence[CheckpointRecord],
+    snapshot: PartitionSnapshot,
+    now: datetime,
+) -> tuple[Item, ...] | HistoryFailure | None:
+    """Verify ``turns`` (oldest first, read from ``snapshot``) as the continuation of a
+    LINKED verified history ending at ``tip``; return their items, or why not.
+
+    Each turn must sit in the tip's partition and mode, follow its predecessor (parent
+    link, seq + 1, contiguous item seqs), hold exactly its items (count, order, items
+    digest, every content digest, formats, types) and carry the lineage digest of its
+    predecessor's and its own items digest: a wrong one is ``CORRUPT_HISTORY``. A turn
+    without a digest cannot be linked: None, and the caller reads the history in full
+    (which accepts such a turn as unlinked, exactly as for any other reader). The
+    last turn's logical expiry is checked like a full read's."""
+    if tip.lineage_digest is None or not turns:
+        return None
+    previous = tip
+    stored: list[StoredItem] = []
+    for turn in turns:
+        rid = turn.response_id
+        if rid in snapshot.damaged:
+            return _corrupt(f"rows of {rid} cannot be decoded")
+        if (turn.tenant_id, turn.partition_key, turn.mode) != (
+            tip.tenant_id,
+            tip.partition_key,
+            tip.mode,
+        ):
+            return _corrupt(f"{rid} does not belong to this partition")
+        if turn.parent_response_id != previous.response_id:
+            return _missing(f"{rid} does not follow {previous.response_id}")
+        if turn.seq != previous.seq + 1:
+            return _corrupt(f"{rid} seq {turn.seq} after {previous.seq}")
+        if turn.first_item_seq != previous.last_item_seq + 1 or turn.item_count < 0:
+            return _corrupt(
+                f"{rid} items {turn.first_item_seq}..{turn.last_item_seq}, expected to "
+                f"start at {previous.last_item_seq + 1}"
+            )
+        if turn.lineage_digest is None:
+            return None
+        if turn.lineage_digest != lineage_digest(previous.lineage_digest, turn.items_digest):
+            return _corrupt(f"{rid} lineage digest does not extend {previous.response_id}")
+        items = sorted(snapshot.items.get(rid, ()), key=lambda s: s.position)
+        failure = _check_turn_items(turn, items)
+        if failure is not None:
+            return failure
+        stored.extend(items)
+        previous = turn
+    expires = previous.logical_expires_at
+    if expires is not None and utc_ms(now) >= expires:
+        return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}")
+    items = tuple(s.item for s in stored)
+    failure = _check_items(items)
+    return failure if failure is not None else items
 
 
 def verify_conversation_history(
@@ -361,6 +457,23 @@ def _check_turn_items(
     if items_digest(s.item for s in stored) != checkpoint.items_digest:
         return _corrupt(f"{rid} items do not match the checkpoint's items digest")
     return None
+
+
+def _check_links(lineage: tuple[CheckpointRecord, ...]) -> bool | HistoryFailure:
+    """Check every lineage digest whose parent digest is known; True if all are.
+
+    A turn without a digest, or over a parent without one, is unlinked (promoted
+    before lineage digests, or by an older worker): nothing to check, but the history
+    is not ``linked``. A digest that can be checked and differs is CORRUPT_HISTORY."""
+    linked = True
+    parent: str | None = ""  # a root's parent digest is the empty string
+    for turn in lineage:
+        if turn.lineage_digest is None or parent is None:
+            linked = False
+        elif turn.lineage_digest != lineage_digest(parent, turn.items_digest):
+            return _corrupt(f"{turn.response_id} lineage digest does not match its parent's")
+        parent = turn.lineage_digest
+    return linked
 
 
 def _check_items(items: tuple[Item, ...]) -> HistoryFailure | None:

@@ -22,6 +22,7 @@ from ratchet.domain.history import (
     PromotionMode,
     StoredTokenArtifact,
     items_digest,
+    lineage_digest,
     utc_ms,
 )
 from schemas.models import Certification, Item
@@ -231,8 +232,12 @@ class Plan:
     expected_head: Head | None = None
     new_head: Head | None = None
     # Chain mode: the parent checkpoint the write is conditional on (its seq, item
-    # range and mode must still be what the plan was computed from).
+    # range, mode and lineage digest must still be what the plan was computed from).
     parent: CheckpointRecord | None = None
+    # The new turn's lineage digest (history.lineage_digest): chained from the parent's
+    # (the head's in a Conversation), None when the parent has none (promoted before
+    # lineage digests existed: an unlinked lineage stays unlinked).
+    lineage_digest: str | None = None
 
 
 def plan_promotion(request: PromotionRequest, view: PromotionView) -> PromotionOutcome | Plan:
@@ -264,20 +269,34 @@ def _plan_conversation(request: PromotionRequest, head: Head | None) -> Promotio
         return AheadOfHead(current)
     first = 1 if head is None else head.item_count + 1
     seq = current + 1
+    digest = _chained(None if head is None else head.lineage_digest, head is None, request)
     return Plan(
         seq=seq,
         parent_response_id=None if head is None else head.response_id,
         first_item_seq=first,
         expected_head=head,
-        new_head=Head(seq, request.response_id, first - 1 + len(request.items)),
+        new_head=Head(seq, request.response_id, first - 1 + len(request.items), digest),
+        lineage_digest=digest,
     )
+
+
+def _chained(parent_digest: str | None, root: bool, request: PromotionRequest) -> str | None:
+    """The new turn's lineage digest: from the root, or from a parent that has one."""
+    if not root and parent_digest is None:
+        return None
+    return lineage_digest(parent_digest, items_digest(request.items))
 
 
 def _plan_chain(
     request: PromotionRequest, parent: CheckpointRecord | None
 ) -> PromotionOutcome | Plan:
     if request.previous_response_id is None:
-        return Plan(seq=1, parent_response_id=None, first_item_seq=1)
+        return Plan(
+            seq=1,
+            parent_response_id=None,
+            first_item_seq=1,
+            lineage_digest=_chained(None, True, request),
+        )
     if parent is None or parent.mode is not PromotionMode.CHAIN:
         return ParentMissing(request.previous_response_id)
     return Plan(
@@ -285,6 +304,7 @@ def _plan_chain(
         parent_response_id=parent.response_id,
         first_item_seq=parent.last_item_seq + 1,
         parent=parent,
+        lineage_digest=_chained(parent.lineage_digest, False, request),
     )
 
 
@@ -359,4 +379,5 @@ def build_checkpoint(
         items_digest=items_digest(request.items),
         promoted_at=promoted_at,
         logical_expires_at=expires,
+        lineage_digest=plan.lineage_digest,
     )

@@ -49,8 +49,8 @@ CacheControl = Annotated[
     str | None,
     Header(
         description="`no-cache`: do not answer from the API's verified-history cache; "
-        "read and verify the whole history from the store (the answer is the same: "
-        "every cache hit is revalidated, see docs/service.md).",
+        "read and verify the whole history from the store (a cached history was verified "
+        "when it was loaded and is immutable; see docs/service.md).",
     ),
 ]
 

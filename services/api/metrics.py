@@ -75,8 +75,9 @@ STORE_ERRORS = Counter(
 )
 HISTORY_CACHE = Counter(
     "ratchet_api_history_cache_total",
-    "History lookups by cache result: hit (served after revalidation), miss (not cached), "
-    "stale (cached but the revalidation disagreed: read in full), bypass (no-cache request).",
+    "History lookups by cache result: hit (served from memory; a Conversation's after one "
+    "head read), extended (a cached prefix plus only the new rows, read and verified), "
+    "miss (read in full), bypass (no-cache request: read in full).",
     ["endpoint", "result"],
 )
 HISTORY_CACHE_BYTES = Gauge(
@@ -84,4 +85,11 @@ HISTORY_CACHE_BYTES = Gauge(
 )
 HISTORY_CACHE_ENTRIES = Gauge(
     "ratchet_api_history_cache_entries", "Verified histories in the cache."
+)
+
+PREWARM = Counter(
+    "ratchet_api_history_prewarm_total",
+    "Promotion records the API used to warm its history cache: warmed (extended by the "
+    "new row), skipped (parent not cached), dropped (queue full), failed (store error).",
+    ["result"],
 )

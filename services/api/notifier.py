@@ -7,8 +7,10 @@ Design:
   earlier is already durable and the first read of a waiting request sees it;
 - no consumer group offsets are committed (``enable.auto.commit=false``): every API
   replica needs every decision for its own waiters, and a restart loses nothing;
-- each record is decoded only to learn its ``response_id``; a record that cannot be
-  decoded wakes every waiter (a spurious wake-up costs one read, a lost one a timeout).
+- each record is decoded to learn its ``response_id``; a record that cannot be
+  decoded wakes every waiter (a spurious wake-up costs one read, a lost one a timeout);
+- a promotion record is also handed to ``on_promoted`` (the cache pre-warmer, which
+  only enqueues: the consumer never waits on a storage read).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
@@ -24,8 +27,9 @@ from services.api.waiters import PromotionWaiters
 
 log = logging.getLogger("ratchet.api.notifier")
 
-# (topic, raw value) -> response_id, or raises when the record cannot be decoded.
-ResponseIdDecoder = Callable[[str, bytes], str]
+# (topic, raw value) -> the decoded record (it has a ``response_id``), or raises when
+# the record cannot be decoded.
+ResponseIdDecoder = Callable[[str, bytes], Any]
 
 
 class DecisionNotifier:
@@ -38,6 +42,7 @@ class DecisionNotifier:
         waiters: PromotionWaiters,
         decode_response_id: ResponseIdDecoder,
         poll_timeout_s: float = 0.2,
+        on_promoted: Callable[[Any], None] | None = None,
     ) -> None:
         """``topics`` maps a full topic name to the decision it carries
         (``promoted`` or ``rejected``)."""
@@ -46,6 +51,7 @@ class DecisionNotifier:
         self._waiters = waiters
         self._decode = decode_response_id
         self._poll_timeout_s = poll_timeout_s
+        self._on_promoted = on_promoted
         self._stop = threading.Event()
         self._assigned = threading.Event()
         self._thread: threading.Thread | None = None
@@ -124,7 +130,8 @@ class DecisionNotifier:
     def _handle(self, topic: str, value: bytes | None) -> None:
         decision = self._topics.get(topic, "unknown")
         try:
-            response_id = self._decode(topic, value or b"")
+            record = self._decode(topic, value or b"")
+            response_id = record if isinstance(record, str) else record.response_id
         except Exception as exc:
             metrics.NOTIFIER_RECORDS.labels(topic, "undecodable").inc()
             log.warning(
@@ -135,6 +142,8 @@ class DecisionNotifier:
             return
         metrics.NOTIFIER_RECORDS.labels(topic, "decoded").inc()
         self._waiters.notify(response_id, decision)
+        if decision == "promoted" and self._on_promoted is not None and not isinstance(record, str):
+            self._on_promoted(record)
 
     def _report_lag(self, consumer: Consumer) -> None:
         try:

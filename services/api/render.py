@@ -7,8 +7,10 @@ caller's fingerprint, then renders it. Nothing here decides; it only translates.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from json.encoder import encode_basestring
 
 from pydantic import TypeAdapter
 
@@ -31,7 +33,7 @@ from services.api.models import (
 
 
 class _Undecodable(ValueError):
-    """Stored bytes that passed their digest check but are not UTF-8 JSON text."""
+    """Stored bytes that passed their digest check but are not a UTF-8 JSON object."""
 
 
 def history_outcome_body(
@@ -88,26 +90,68 @@ class RenderedHistory:
     checkpoint_json: bytes
 
 
-# pydantic's own serializers for every piece, so the spliced body cannot differ from
-# what ``HistoryBody.model_dump_json`` would write (escaping, number format).
-_ITEMS = TypeAdapter(list[HistoryItem])
+# pydantic's own serializers for the pieces rendered once per turn, so the spliced body
+# cannot differ from what ``HistoryBody.model_dump_json`` would write.
 _CHECKPOINT = TypeAdapter(CheckpointBody)
 _STR = TypeAdapter(str)
 
 
 def render_history(history: VerifiedHistory) -> RenderedHistory | HistoryBody:
     """The JSON parts of a verified history, or the CORRUPT_HISTORY failure body if
-    an item's stored bytes are not UTF-8 JSON (a history is never partly decoded)."""
-    response_id = history.checkpoint.response_id
+    an item's stored bytes are not a UTF-8 JSON object (a history is never partly
+    decoded)."""
+    return render_extension(history.checkpoint, b"[]", history.items)
+
+
+def render_extension(
+    checkpoint: CheckpointRecord, prefix_items_json: bytes, items: Iterable[Item]
+) -> RenderedHistory | HistoryBody:
+    """The JSON parts of a history ending at ``checkpoint``: the (already rendered)
+    items array of its verified prefix with ``items`` appended, each rendered once."""
+    response_id = checkpoint.response_id
     try:
-        items = [item_body(item) for item in history.items]
+        fragments = [item_fragment(item) for item in items]
     except _Undecodable as exc:
         return failure_body("CORRUPT_HISTORY", response_id=response_id, detail=str(exc))
+    if not fragments:
+        items_json = prefix_items_json
+    else:
+        joined = b",".join(fragments)
+        if prefix_items_json == b"[]":
+            items_json = b"[" + joined + b"]"
+        else:
+            items_json = prefix_items_json[:-1] + b"," + joined + b"]"
     return RenderedHistory(
         response_id=response_id,
-        items_json=_ITEMS.dump_json(items),
-        checkpoint_json=_CHECKPOINT.dump_json(checkpoint_body(history.checkpoint)),
+        items_json=items_json,
+        checkpoint_json=_CHECKPOINT.dump_json(checkpoint_body(checkpoint)),
     )
+
+
+def item_fragment(item: Item) -> bytes:
+    """One item's JSON object, as ``HistoryItem`` serialises it (field order, escaping),
+    built with the standard library's C string encoder: no model object per item.
+    ``tests/unit/test_api_cache.py`` proves the bytes equal pydantic's."""
+    text = content_text(item)
+    return "".join(
+        (
+            '{"item_id":',
+            encode_basestring(item.item_id),
+            ',"type":',
+            encode_basestring(item.type),
+            ',"role":',
+            "null" if item.role is None else encode_basestring(item.role),
+            ',"call_id":',
+            "null" if item.call_id is None else encode_basestring(item.call_id),
+            ',"content":',
+            encode_basestring(text),
+            ',"content_digest":',
+            encode_basestring(item.content_digest),
+            ',"format_version":',
+            str(int(item.format_version)),
+            "}",
+        )
+    ).encode()
 
 
 def history_json(
@@ -152,14 +196,20 @@ def _status(reason: str) -> int:
     return FAILURE_HTTP_STATUS.get(str(reason), 500)
 
 
-def item_body(item: Item) -> HistoryItem:
+def content_text(item: Item) -> str:
     """The stored canonical JSON, as text, unchanged (see models.py for why).
 
     Decoded with the catalogue's ``decode_content``, the very function validation
-    accepted the item with (one item codec), so a promoted item always renders."""
+    accepted the item with (one item codec), so a promoted item always renders; both
+    renderings (``item_body`` and the once-rendered ``item_fragment``) go through it."""
     if decode_content(item) is None:
         raise _Undecodable(f"item {item.item_id} content is not a UTF-8 JSON object")
-    text = item.content.decode("utf-8")
+    return item.content.decode("utf-8")
+
+
+def item_body(item: Item) -> HistoryItem:
+    """One item as the response model (``content_text`` decides what renders)."""
+    text = content_text(item)
     # model_construct: every field comes from a verified Item, validating again costs
     # ~1 ms per 100-item history for nothing.
     return HistoryItem.model_construct(

@@ -23,6 +23,7 @@ from services.api.app import create_app
 from services.api.cache import HistoryCache
 from services.api.claims import claims_router
 from services.api.notifier import DecisionNotifier, ResponseIdDecoder
+from services.api.prewarm import Prewarmer
 from services.api.service import RehydrationService
 from services.api.waiters import PromotionWaiters
 from services.ledger.cassandra import CassandraLedger
@@ -38,8 +39,8 @@ def registry_response_id_decoder(settings: Settings) -> ResponseIdDecoder:
     serde = EventSerde(SchemaRegistryClient({"url": settings.schema_registry_url}))
     expected = ("CheckpointPromoted", "PromotionRejected")
 
-    def decode(topic: str, value: bytes) -> str:
-        return serde.decode(value, topic, -1, -1, expected=expected).response_id
+    def decode(topic: str, value: bytes):
+        return serde.decode(value, topic, -1, -1, expected=expected)
 
     return decode
 
@@ -57,8 +58,10 @@ class ApiProcess:
         self.ledger = CassandraLedger(session)
         self.waiters = PromotionWaiters()
         self.cache = HistoryCache(settings.api_history_cache_bytes)
-        # The same session and read consistency as the store's history reads.
-        self.stamps = self.store.stamps()
+        self.service = RehydrationService(
+            self.store, self.ledger, self.waiters, cache=self.cache
+        )
+        self.prewarmer = Prewarmer(self.service.prewarm)
         self.notifier = DecisionNotifier(
             settings.kafka_bootstrap,
             {
@@ -67,21 +70,21 @@ class ApiProcess:
             },
             self.waiters,
             registry_response_id_decoder(settings),
-        )
-        self.service = RehydrationService(
-            self.store, self.ledger, self.waiters, cache=self.cache, stamps=self.stamps
+            on_promoted=self.prewarmer.promoted if self.cache.enabled else None,
         )
         self.app: FastAPI = create_app(self.service, lambda: self.notifier.up,
                                        routers=[claims_router(self.ledger)])
 
     def close(self) -> None:
         self.notifier.stop()
+        self.prewarmer.stop()
         self.cluster.shutdown()
 
 
 def cli_api(settings: Settings) -> int:
     logs.configure()
     process = ApiProcess(settings)
+    process.prewarmer.start()
     process.notifier.start()
     log.info(
         "rehydration API listening",

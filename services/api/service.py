@@ -26,30 +26,38 @@ from starlette.concurrency import run_in_threadpool
 
 from ratchet.domain.history import (
     CheckpointRecord,
+    Head,
     HistoryFailure,
     HistoryFailureReason,
+    PartitionSnapshot,
+    PromotionMode,
+    StoredItem,
     VerifiedHistory,
     utc_ms,
+    verify_extension,
 )
 from ratchet.domain.rehydration import fallback_reason
 from services.api import metrics
-from services.api.cache import CachedHistory, HistoryCache, lineage_stamps
+from services.api.cache import CachedHistory, HistoryCache
 from services.api.models import FAILURE_HTTP_STATUS, HistoryBody, StatusBody
 from services.api.render import (
     RenderedHistory,
     conversation_head_seq,
     failure_body,
     history_json,
+    render_extension,
     render_history,
 )
 from services.api.waiters import PromotionWaiters
 from services.ledger.base import Ledger, ResponseState
 from services.store.base import CheckpointStore
-from services.store.stamps import CassandraStamps, PartitionStamp
 
 log = logging.getLogger("ratchet.api")
 
 WAIT_MS_CAP = 10_000
+# Rows a lookup reads one by one back to a cached prefix before it reads the partition
+# in full instead (a gateway's continuation is usually one turn past its last lookup).
+MAX_EXTENSION_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -82,9 +90,11 @@ def _utc_now() -> datetime:
 class RehydrationService:
     """Thin orchestration over the store (histories) and the ledger (rejections).
 
-    With a ``HistoryCache`` and ``CassandraStamps`` (the production wiring), verified
-    histories are cached and every hit is revalidated by one stamp query (cache.py);
-    without them (in-memory tests), every lookup is a full store read as before."""
+    With a ``HistoryCache`` (the production wiring), verified histories are served
+    from memory (cache.py): a chain-mode response hit reads nothing, a hit on a
+    Conversation (either endpoint) reads its head (one row, which must be backed), a
+    history grown by new turns reads only those. Without one, every lookup is a full
+    store read."""
 
     def __init__(
         self,
@@ -94,14 +104,12 @@ class RehydrationService:
         clock: Callable[[], datetime] = _utc_now,
         *,
         cache: HistoryCache | None = None,
-        stamps: CassandraStamps | None = None,
     ) -> None:
         self._store = store
         self._ledger = ledger
         self._waiters = waiters
         self._clock = clock
-        self._cache = cache if cache is not None and cache.enabled and stamps else None
-        self._stamps = stamps
+        self._cache = cache if cache is not None and cache.enabled else None
 
     # -- endpoints -----------------------------------------------------------------------
 
@@ -116,7 +124,7 @@ class RehydrationService:
         start = time.perf_counter()
         if self._cache is None:
             answer = await run_in_threadpool(
-                self._read_conversation, tenant_id, conversation_id, fingerprint_hash, None
+                self._read_conversation, tenant_id, conversation_id, fingerprint_hash
             )
         else:
             answer = await self._cached_conversation(
@@ -213,7 +221,7 @@ class RehydrationService:
             metrics.WAITING.dec()
             self._waiters.release(ticket)
 
-    # -- cached lookups (event loop; only a miss takes the thread pool) -------------------
+    # -- cached lookups (a hit on the event loop; storage reads in the thread pool) -------
 
     async def _response(
         self, tenant_id: str, response_id: str, fingerprint_hash: str, use_cache: bool
@@ -222,7 +230,7 @@ class RehydrationService:
         try:
             if self._cache is None:
                 return await run_in_threadpool(
-                    self._read_response, tenant_id, response_id, fingerprint_hash, None, None
+                    self._read_response, tenant_id, response_id, fingerprint_hash, None
                 )
             return await self._cached_response(tenant_id, response_id, fingerprint_hash, use_cache)
         finally:
@@ -231,114 +239,276 @@ class RehydrationService:
     async def _cached_response(
         self, tenant_id: str, response_id: str, fingerprint_hash: str, use_cache: bool
     ) -> Answer:
-        assert self._cache is not None and self._stamps is not None
-        entry = self._cache.get(tenant_id, response_id) if use_cache else None
-        if entry is not None:
-            partition_key: str | None = entry.partition_key
-        else:
-            partition_key = self._cache.location(tenant_id, response_id)
-            if partition_key is None:
-                partition_key = await self._stamps.locate(tenant_id, response_id)
-        if partition_key is None:
-            # Nothing promoted under this id (yet): the plain read decides (NOT_FOUND,
-            # rejected, or a promotion that landed just now), and nothing is cached.
-            metrics.HISTORY_CACHE.labels("response", "miss" if use_cache else "bypass").inc()
-            return await run_in_threadpool(
-                self._read_response, tenant_id, response_id, fingerprint_hash, None, None
-            )
-        # The stamp is taken BEFORE the full read: a history is cached with a stamp no
-        # newer than what was verified, so a write in between makes the next hit stale.
-        stamp = await self._stamps.stamp(tenant_id, partition_key)
-        if entry is not None:
-            answer = self._hit(entry, stamp, fingerprint_hash, "response")
-            if answer is not None:
-                return answer
-        self._count_miss("response", use_cache, entry, response_id, tenant_id)
+        """A hit: a chain-mode history answers with no storage read at all; a
+        Conversation-mode one with ONE head read, because its answer reports the
+        Conversation's current head beside the response's own seq and that head must be
+        backed by a verified checkpoint (``_conversation_response_hit``). A miss: locate
+        (the response's claim), then extend a cached prefix (only the new rows) or read
+        the partition in full."""
+        assert self._cache is not None
+        if use_cache:
+            entry = self._cache.get(tenant_id, response_id)
+            if entry is not None:
+                if entry.checkpoint.mode is PromotionMode.CONVERSATION:
+                    answer = await self._conversation_response_hit(entry, fingerprint_hash)
+                else:
+                    answer = self._hit(entry, entry.checkpoint.seq, fingerprint_hash, "response")
+                if answer is not None:
+                    return answer
+                # A cached history that cannot answer (expired, head not backed): the
+                # full read decides, with its detail.
+                metrics.HISTORY_CACHE.labels("response", "miss").inc()
+                return await run_in_threadpool(
+                    self._read_response, tenant_id, response_id, fingerprint_hash,
+                    entry.partition_key,
+                )
         return await run_in_threadpool(
-            self._read_response, tenant_id, response_id, fingerprint_hash, partition_key, stamp
+            self._response_miss, tenant_id, response_id, fingerprint_hash, use_cache
         )
+
+    async def _conversation_response_hit(
+        self, entry: CachedHistory, fingerprint_hash: str
+    ) -> Answer | None:
+        """The cached history of a Conversation's response, with the Conversation's
+        current head read now (the same one-row read as the Conversation endpoint's).
+        The head must be backed: its own verified history is cached, or is loaded now by
+        an extension (only its new rows). None: the full read decides (a head that no
+        checkpoint backs is ``CORRUPT_HISTORY`` there, as on every endpoint)."""
+        tenant_id, partition_key = entry.tenant_id, entry.partition_key
+        head = await self._store.read_head_async(tenant_id, partition_key)
+        if head is None or head.seq < entry.checkpoint.seq:
+            return None
+        if self._head_entry(tenant_id, partition_key, head) is None:
+            backed = await run_in_threadpool(self._back_head, tenant_id, partition_key, head)
+            if not backed:
+                return None
+        return self._hit(entry, head.seq, fingerprint_hash, "response")
 
     async def _cached_conversation(
         self, tenant_id: str, conversation_id: str, fingerprint_hash: str, use_cache: bool
     ) -> Answer:
-        assert self._cache is not None and self._stamps is not None
-        # One query answers both "which response is the head?" and "is it unchanged?".
-        stamp = await self._stamps.stamp(tenant_id, conversation_id)
-        entry = None
-        if use_cache and stamp is not None and stamp.head is not None:
-            entry = self._cache.get(tenant_id, stamp.head.response_id)
-            if entry is not None and (
-                entry.partition_key != conversation_id or entry.checkpoint.seq != stamp.head.seq
-            ):
-                entry = None  # a full read reports what is wrong with this head
+        """One head read (one row); the head's cached lineage if there is one, else an
+        extension from a cached prefix, else the full read."""
+        assert self._cache is not None
+        if not use_cache:
+            metrics.HISTORY_CACHE.labels("conversation", "bypass").inc()
+            return await run_in_threadpool(
+                self._read_conversation, tenant_id, conversation_id, fingerprint_hash
+            )
+        head = await self._store.read_head_async(tenant_id, conversation_id)
+        if head is not None:
+            entry = self._head_entry(tenant_id, conversation_id, head)
             if entry is not None:
-                answer = self._hit(entry, stamp, fingerprint_hash, "conversation")
+                answer = self._hit(entry, head.seq, fingerprint_hash, "conversation")
                 if answer is not None:
                     return answer
-        self._count_miss(
-            "conversation", use_cache, entry, stamp.head.response_id if entry else "", tenant_id
-        )
         return await run_in_threadpool(
-            self._read_conversation, tenant_id, conversation_id, fingerprint_hash, stamp
+            self._conversation_miss, tenant_id, conversation_id, fingerprint_hash, head
         )
 
-    def _hit(
-        self,
-        entry: CachedHistory,
-        stamp: PartitionStamp | None,
-        fingerprint_hash: str,
-        endpoint: str,
-    ) -> Answer | None:
-        """The answer from a cached history, or None if only a full read may answer."""
-        if stamp is None:
+    def _head_entry(self, tenant_id: str, partition_key: str, head: Head) -> CachedHistory | None:
+        """The cached verified history of the turn ``head`` names, if it is that
+        Conversation's turn at the head's seq: the head is backed (its row is immutable)."""
+        assert self._cache is not None
+        if not head.response_id:
             return None
+        entry = self._cache.get(tenant_id, head.response_id)
+        if (
+            entry is not None
+            and entry.partition_key == partition_key
+            and entry.checkpoint.mode is PromotionMode.CONVERSATION
+            and entry.checkpoint.seq == head.seq
+        ):
+            return entry
+        return None
+
+    def _back_head(self, tenant_id: str, partition_key: str, head: Head) -> bool:
+        """Load and verify the head's turn by extension (blocking): True if its history
+        is cached now. False: no cached prefix within reach, or rows the extension cannot
+        decide; the caller's full read decides."""
+        extended = self._extended(
+            tenant_id, partition_key, head.response_id, head, MAX_EXTENSION_ROWS, self._clock()
+        )
+        return isinstance(extended, tuple)
+
+    def _conversation_miss(
+        self, tenant_id: str, conversation_id: str, fingerprint_hash: str, head: Head | None
+    ) -> Answer:
+        assert self._cache is not None
+        if head is not None and head.response_id:
+            answer = self._extend(
+                tenant_id, conversation_id, head.response_id, fingerprint_hash, "conversation", head
+            )
+            if answer is not None:
+                return answer
+        metrics.HISTORY_CACHE.labels("conversation", "miss").inc()
+        return self._read_conversation(tenant_id, conversation_id, fingerprint_hash)
+
+    def _response_miss(
+        self, tenant_id: str, response_id: str, fingerprint_hash: str, use_cache: bool
+    ) -> Answer:
+        assert self._cache is not None
+        partition_key = self._cache.location(tenant_id, response_id)
+        if partition_key is None:
+            partition_key = self._store.locate(tenant_id, response_id)  # its claim
+        if use_cache and partition_key is not None:
+            answer = self._extend(
+                tenant_id, partition_key, response_id, fingerprint_hash, "response", None
+            )
+            if answer is not None:
+                return answer
+        metrics.HISTORY_CACHE.labels("response", "miss" if use_cache else "bypass").inc()
+        return self._read_response(tenant_id, response_id, fingerprint_hash, partition_key)
+
+    def _hit(
+        self, entry: CachedHistory, current_head_seq: int, fingerprint_hash: str, endpoint: str
+    ) -> Answer | None:
+        """The answer from a cached history, or None if only a full read may answer.
+        ``current_head_seq``: the Conversation's backed head (chain mode: ignored)."""
         now = self._clock()
         expires = entry.checkpoint.logical_expires_at
         if expires is not None and utc_ms(now) >= expires:
             return None  # the full read answers EXPIRED, with its detail
-        head_seq = entry.head_seq(stamp)
-        if head_seq is None:
-            return None
         metrics.HISTORY_CACHE.labels(endpoint, "hit").inc()
         return self._verified_answer(
             entry.rendered,
             entry.checkpoint,
-            head_seq,
+            current_head_seq,
             fallback_reason(entry.checkpoint, fingerprint_hash, now),
             endpoint,
         )
 
-    def _count_miss(
+    # -- extension: only the rows after a cached, verified prefix ------------------------
+
+    def _extend(
         self,
-        endpoint: str,
-        use_cache: bool,
-        entry: CachedHistory | None,
-        response_id: str,
         tenant_id: str,
-    ) -> None:
+        partition_key: str,
+        response_id: str,
+        fingerprint_hash: str,
+        endpoint: str,
+        head: Head | None,
+        max_rows: int = MAX_EXTENSION_ROWS,
+    ) -> Answer | None:
+        """Read the rows from ``response_id`` back to a cached linked prefix (at most
+        ``max_rows``, one row per read), verify them and their link to it, cache and
+        answer. None: no cached prefix within reach, rows the extension cannot decide
+        (a turn without a lineage digest, an undecodable row), or a Conversation head
+        that is not backed: the full read answers instead, so every replica gives the
+        same answer."""
+        now = self._clock()
+        extended = self._extended(tenant_id, partition_key, response_id, head, max_rows, now)
+        if extended is None:
+            return None
+        if isinstance(extended, HistoryFailure):
+            metrics.HISTORY_CACHE.labels(endpoint, "extended").inc()
+            return self._failure(extended, endpoint)
+        if isinstance(extended, HistoryBody):
+            metrics.HISTORY_CACHE.labels(endpoint, "extended").inc()
+            metrics.OUTCOMES.labels(endpoint, extended.outcome, extended.reason or "").inc()
+            return Answer.of(extended, 500)
+        entry, current = extended
+        target = entry.checkpoint
+        if target.mode is PromotionMode.CONVERSATION:
+            # The head read with the rows must be backed, as on a hit.
+            assert current is not None  # _extended refuses a Conversation turn without one
+            if self._head_entry(tenant_id, partition_key, current) is None and not (
+                self._back_head(tenant_id, partition_key, current)
+            ):
+                return None
+        metrics.HISTORY_CACHE.labels(endpoint, "extended").inc()
+        return self._verified_answer(
+            entry.rendered,
+            target,
+            target.seq if current is None else current.seq,
+            fallback_reason(target, fingerprint_hash, now),
+            endpoint,
+        )
+
+    def _extended(
+        self,
+        tenant_id: str,
+        partition_key: str,
+        response_id: str,
+        head: Head | None,
+        max_rows: int,
+        now: datetime,
+    ) -> tuple[CachedHistory, Head | None] | HistoryFailure | HistoryBody | None:
+        """The reads, verification and caching of ``_extend``: the cached entry with the
+        Conversation head known (``head``, else the one read with the rows), the failure
+        of a loaded row, or None when the extension cannot decide."""
         assert self._cache is not None
-        if not use_cache:
-            result = "bypass"
-        elif entry is not None:
-            result = "stale"
-            self._cache.discard(tenant_id, response_id)
-            self._cache_gauges()
-        else:
-            result = "miss"
-        metrics.HISTORY_CACHE.labels(endpoint, result).inc()
+        if not self._cache.extendable(tenant_id, partition_key):
+            return None
+        turns: list[CheckpointRecord] = []
+        checkpoints: dict[str, CheckpointRecord] = {}
+        items: dict[str, tuple[StoredItem, ...]] = {}
+        current = response_id
+        prefix: CachedHistory | None = None
+        row_head: Head | None = None
+        for _ in range(max_rows):
+            snapshot = self._store.read_turn(tenant_id, partition_key, current)
+            if snapshot is None or current not in snapshot.checkpoints:
+                return None  # absent or undecodable: the full read reports it
+            if row_head is None:
+                row_head = snapshot.head
+            turn = snapshot.checkpoints[current]
+            turns.append(turn)
+            checkpoints[current] = turn
+            items[current] = snapshot.items.get(current, ())
+            parent = turn.parent_response_id
+            if parent is None:
+                return None
+            cached = self._cache.get(tenant_id, parent)
+            if cached is not None and cached.partition_key == partition_key and cached.linked:
+                prefix = cached
+                break
+            current = parent
+        if prefix is None:
+            return None
+        target = turns[0]
+        known = head if head is not None else row_head
+        if target.mode is PromotionMode.CONVERSATION:
+            # The checks of a full read that involve the head (history.verify_history).
+            if known is None or known.seq < target.seq:
+                return None
+            if head is not None and (head.seq, head.response_id) != (
+                target.seq,
+                target.response_id,
+            ):
+                return None
+        turns.reverse()
+        loaded = PartitionSnapshot(tenant_id, partition_key, row_head, checkpoints, items)
+        verified = verify_extension(prefix.checkpoint, turns, loaded, now)
+        if verified is None or isinstance(verified, HistoryFailure):
+            return verified
+        rendered = render_extension(target, prefix.rendered.items_json, verified)
+        if isinstance(rendered, HistoryBody):
+            return rendered
+        for turn in turns:
+            self._cache.remember_location(tenant_id, turn.response_id, partition_key)
+        entry = CachedHistory(tenant_id, partition_key, target, True, rendered)
+        self._cache.put(target.response_id, entry)
+        self._cache_gauges()
+        return entry, known if target.mode is PromotionMode.CONVERSATION else None
+
+    def prewarm(self, tenant_id: str, partition_key: str, response_id: str) -> bool:
+        """Extend the cache by a just-promoted response if its parent's history is
+        cached (one row read; never a full read). True if it is cached now."""
+        if self._cache is None or self._cache.get(tenant_id, response_id) is not None:
+            return False
+        self._cache.remember_location(tenant_id, response_id, partition_key)
+        extended = self._extended(tenant_id, partition_key, response_id, None, 1, self._clock())
+        return isinstance(extended, tuple)
 
     # -- full reads (blocking; run in the thread pool) -----------------------------------
 
     def _read_conversation(
-        self,
-        tenant_id: str,
-        conversation_id: str,
-        fingerprint_hash: str,
-        stamp: PartitionStamp | None,
+        self, tenant_id: str, conversation_id: str, fingerprint_hash: str
     ) -> Answer:
         now = self._clock()
         history = self._store.read_history(tenant_id, conversation_id=conversation_id, now=now)
-        return self._decide(history, fingerprint_hash, now, "conversation", stamp)
+        return self._decide(history, fingerprint_hash, now, "conversation")
 
     def _read_response(
         self,
@@ -346,7 +516,6 @@ class RehydrationService:
         response_id: str,
         fingerprint_hash: str,
         partition_key: str | None,
-        stamp: PartitionStamp | None,
     ) -> Answer:
         now = self._clock()
         history = self._store.read_history(
@@ -360,7 +529,7 @@ class RehydrationService:
             recorded = self._ledger.status(tenant_id, response_id)
             if recorded.status is ResponseState.REJECTED:
                 return _not_promoted(response_id, f"rejected: {recorded.reason}")
-        return self._decide(history, fingerprint_hash, now, "response", stamp)
+        return self._decide(history, fingerprint_hash, now, "response")
 
     def _decide(
         self,
@@ -368,18 +537,14 @@ class RehydrationService:
         fingerprint_hash: str,
         now: datetime,
         endpoint: str,
-        stamp: PartitionStamp | None,
     ) -> Answer:
         if isinstance(history, HistoryFailure):
-            reason = str(history.reason)
-            body = failure_body(reason, detail=history.detail)
-            metrics.OUTCOMES.labels(endpoint, "failure", reason).inc()
-            return Answer.of(body, _failure_status(reason))
+            return self._failure(history, endpoint)
         rendered = render_history(history)
-        if isinstance(rendered, HistoryBody):  # stored bytes that are not UTF-8 JSON
+        if isinstance(rendered, HistoryBody):  # stored bytes that are not a UTF-8 JSON object
             metrics.OUTCOMES.labels(endpoint, rendered.outcome, rendered.reason or "").inc()
             return Answer.of(rendered, 500)
-        self._fill(history, rendered, stamp)
+        self._fill(history, rendered)
         return self._verified_answer(
             rendered,
             history.checkpoint,
@@ -387,6 +552,12 @@ class RehydrationService:
             fallback_reason(history.checkpoint, fingerprint_hash, now),
             endpoint,
         )
+
+    def _failure(self, history: HistoryFailure, endpoint: str) -> Answer:
+        reason = str(history.reason)
+        body = failure_body(reason, detail=history.detail)
+        metrics.OUTCOMES.labels(endpoint, "failure", reason).inc()
+        return Answer.of(body, _failure_status(reason))
 
     def _verified_answer(
         self,
@@ -407,32 +578,18 @@ class RehydrationService:
         )
         return Answer(200, outcome, reason, own, None, body)
 
-    def _fill(
-        self, history: VerifiedHistory, rendered: RenderedHistory, stamp: PartitionStamp | None
-    ) -> None:
-        """Cache a verified history if the stamp taken before its read covers it."""
-        if self._cache is None or stamp is None:
+    def _fill(self, history: VerifiedHistory, rendered: RenderedHistory) -> None:
+        """Cache a history just loaded from storage and verified."""
+        if self._cache is None:
             return
         checkpoint = history.checkpoint
-        cells = lineage_stamps(history, stamp)
-        if cells is None:
-            return
         tenant_id = checkpoint.tenant_id
         for turn in history.lineage:
             self._cache.remember_location(tenant_id, turn.response_id, turn.partition_key)
         self._cache.put(
             checkpoint.response_id,
             CachedHistory(
-                tenant_id=tenant_id,
-                partition_key=checkpoint.partition_key,
-                checkpoint=checkpoint,
-                lineage_stamps=cells,
-                rendered=rendered,
-                # The JSON dominates; ~200 bytes per turn for its stamp and bookkeeping.
-                nbytes=len(rendered.items_json)
-                + len(rendered.checkpoint_json)
-                + 200 * len(history.lineage)
-                + 1024,
+                tenant_id, checkpoint.partition_key, checkpoint, history.linked, rendered
             ),
         )
         self._cache_gauges()

@@ -148,6 +148,6 @@ def _print_next_steps(settings: Settings, base_url: str, log_dir: Path, kept: bo
      GET /v1/responses/{{id}}/status?tenant_id=
    metrics:  {base_url}/metrics (ratchet_api_*: lookup latency, outcomes by reason, waits)
    topics:   {topics}
-   storage:  keyspace {settings.keyspace} (tables turns, response_locations, request_facts, response_status)
+   storage:  keyspace {settings.keyspace} (tables turns, response_claims, request_facts, response_status)
    logs:     {log_dir} (JSON lines, with tenant/conversation/response ids)
    servers:  `ratchet infra status`; they stay up - stop them with `ratchet infra down`""")

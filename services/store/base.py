@@ -39,6 +39,7 @@ Backends implement ``_claim``, ``_read_view``, ``_write``, ``_load_partition`` a
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
@@ -363,6 +364,28 @@ class CheckpointStore(ABC):
         """The Conversation's head, or None if nothing was promoted (or chain mode)."""
 
     @abstractmethod
+    def read_head(self, tenant_id: str, partition_key: str) -> Head | None:
+        """``head`` at read consistency (not linearizable): what a history reader
+        needs, one row, never a Paxos round."""
+
+    async def read_head_async(self, tenant_id: str, partition_key: str) -> Head | None:
+        """``read_head`` for an event loop; a backend with async I/O overrides it so a
+        Conversation cache hit never takes the thread-pool hop."""
+        return await asyncio.to_thread(self.read_head, tenant_id, partition_key)
+
+    def read_turn(
+        self, tenant_id: str, partition_key: str, response_id: str
+    ) -> PartitionSnapshot | None:
+        """ONE turn row (its checkpoint and items, UNverified, with the partition's
+        head): what extending an already verified history reads. None if absent.
+        The caller verifies it (``ratchet.domain.history.verify_extension``)."""
+        return self._load_turn(tenant_id, partition_key, response_id)
+
+    def locate(self, tenant_id: str, response_id: str) -> str | None:
+        """The partition a response id was promoted under (a hint, verified by reads)."""
+        return self._locate(tenant_id, response_id)
+
+    @abstractmethod
     def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         """The promoted checkpoint of a response, or None (also for another tenant)."""
 
@@ -412,8 +435,7 @@ class CheckpointStore(ABC):
         checkpoint = result.checkpoint
         self._checkpoint_hints.put((tenant_id, partition_key, checkpoint.response_id), checkpoint)
         if checkpoint.mode is PromotionMode.CONVERSATION and checkpoint.seq == result.head_seq:
-            head = Head(checkpoint.seq, checkpoint.response_id, checkpoint.last_item_seq)
-            self._head_hints.put_head((tenant_id, partition_key), head)
+            self._head_hints.put_head((tenant_id, partition_key), Head.of(checkpoint))
 
     # -- backend hooks ------------------------------------------------------------------
 
@@ -448,6 +470,12 @@ class CheckpointStore(ABC):
     @abstractmethod
     def _locate(self, tenant_id: str, response_id: str) -> str | None:
         """The partition key of the response id's claim (verified against it later)."""
+
+    @abstractmethod
+    def _load_turn(
+        self, tenant_id: str, partition_key: str, response_id: str
+    ) -> PartitionSnapshot | None:
+        """One turn row of a partition (see ``read_turn``), or None if absent."""
 
     @abstractmethod
     def _load_partition(self, tenant_id: str, partition_key: str) -> PartitionSnapshot | None:

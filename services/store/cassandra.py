@@ -8,8 +8,9 @@ The promotion batch (``_write``) is::
 
     UPDATE turns SET head_* = ...                                 -- Conversation mode only
         IF head_seq = ? AND head_response_id = ? AND head_item_count = ?
+        AND head_lineage_digest = ?
     UPDATE parent turn row SET seq = seq                          -- chain mode, with a parent
-        IF seq = ? AND last_item_seq = ? AND mode = 'chain'
+        IF seq = ? AND last_item_seq = ? AND mode = 'chain' AND lineage_digest = ?
     INSERT turn row (checkpoint + items) IF NOT EXISTS            -- each response once
     INSERT idempotency row           IF NOT EXISTS                -- each key once
     INSERT head marker row (unconditional)                        -- Conversation mode only
@@ -33,6 +34,7 @@ and how records are encoded into them is the row codec, ``services/store/rows.py
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -77,7 +79,6 @@ from services.store.rows import (
     item_values,
     unset_nulls,
 )
-from services.store.stamps import CassandraStamps
 
 T = TypeVar("T")
 
@@ -163,13 +164,13 @@ class CassandraCheckpointStore(CheckpointStore):
         claims = f"{prefix}response_claims"
         partition = "tenant_id = ? AND partition_key = ?"
         self._select_head = self._prepare(
-            f"SELECT head_seq, head_response_id, head_item_count FROM {table} "
+            f"SELECT head_seq, head_response_id, head_item_count, head_lineage_digest FROM {table} "
             f"WHERE {partition} LIMIT 1",
             serial_consistency,
         )
         self._select_view_rows = self._prepare(
             "SELECT kind, ref, head_seq, head_response_id, head_item_count, "
-            f"{CHECKPOINT_COLUMNS} FROM {table} WHERE {partition} AND (kind, ref) IN "
+            f"head_lineage_digest, {CHECKPOINT_COLUMNS} FROM {table} WHERE {partition} AND (kind, ref) IN "
             "(('head', ''), ('idempotency', ?), ('checkpoint', ?), ('checkpoint', ?))",
             serial_consistency,
         )
@@ -188,6 +189,18 @@ class CassandraCheckpointStore(CheckpointStore):
             read_consistency,
         )
         self._select_partition.fetch_size = _HISTORY_FETCH_SIZE
+        # The API's reads (read consistency, never SERIAL): a Conversation's head alone,
+        # and one turn row (with the static head) by response id.
+        self._read_head = self._prepare(
+            f"SELECT head_seq, head_response_id, head_item_count, head_lineage_digest "
+            f"FROM {table} WHERE {partition} LIMIT 1",
+            read_consistency,
+        )
+        self._select_turn = self._prepare(
+            f"SELECT {HISTORY_COLUMNS} FROM {table} "
+            f"WHERE {partition} AND kind = 'checkpoint' AND ref = ?",
+            read_consistency,
+        )
         self._select_static_head = self._prepare(
             f"SELECT {HISTORY_COLUMNS} FROM {table} WHERE {partition} LIMIT 1", read_consistency
         )
@@ -217,20 +230,21 @@ class CassandraCheckpointStore(CheckpointStore):
         )
         self._advance_head = self._prepare_lwt(
             f"UPDATE {table} SET head_seq = ?, head_response_id = ?, head_item_count = ?, "
-            f"head_token = ? WHERE {partition} "
-            "IF head_seq = ? AND head_response_id = ? AND head_item_count = ?"
+            f"head_lineage_digest = ?, head_token = ? WHERE {partition} "
+            "IF head_seq = ? AND head_response_id = ? AND head_item_count = ? "
+            "AND head_lineage_digest = ?"
         )
         # The chain parent as a condition: its row must still hold the seq and item
         # range the plan extends. The SET rewrites the value the condition proved.
         self._check_parent = self._prepare_lwt(
             f"UPDATE {table} SET seq = ? WHERE {partition} AND kind = 'checkpoint' AND ref = ? "
-            "IF seq = ? AND last_item_seq = ? AND mode = 'chain'"
+            "IF seq = ? AND last_item_seq = ? AND mode = 'chain' AND lineage_digest = ?"
         )
         # The turn row: the checkpoint and the turn's items (one blob of item
         # records, ``encode_turn_items``).
         self._insert_checkpoint = self._prepare_lwt(
             f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, {CHECKPOINT_COLUMNS}, "
-            f"items) VALUES (?, ?, 'checkpoint', ?, {', '.join('?' * 20)}) IF NOT EXISTS"
+            f"items) VALUES (?, ?, 'checkpoint', ?, {', '.join('?' * 21)}) IF NOT EXISTS"
         )
         self._insert_idempotency = self._prepare_lwt(
             f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, response_id, "
@@ -254,12 +268,6 @@ class CassandraCheckpointStore(CheckpointStore):
     def close(self) -> None:
         if self._cluster is not None:
             self._cluster.shutdown()
-
-    def stamps(self) -> CassandraStamps:
-        """The partition-stamp and location queries the API's history cache
-        revalidates hits with (``services/store/stamps.py``), on this store's session
-        and at its read consistency."""
-        return CassandraStamps(self._session, self._read_cl, self._timeout)
 
     # -- statements -----------------------------------------------------------------------
 
@@ -285,6 +293,50 @@ class CassandraCheckpointStore(CheckpointStore):
     def head(self, tenant_id: str, partition_key: str) -> Head | None:
         row = self._execute("head", self._select_head, (tenant_id, partition_key)).one()
         return None if row is None else head_of(row)
+
+    def read_head(self, tenant_id: str, partition_key: str) -> Head | None:
+        row = self._execute("read_head", self._read_head, (tenant_id, partition_key)).one()
+        return None if row is None else head_of(row)
+
+    async def read_head_async(self, tenant_id: str, partition_key: str) -> Head | None:
+        """The head read on the driver's own I/O thread: the event loop only awaits."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Head | None] = loop.create_future()
+
+        def settle(head: Head | None, error: BaseException | None) -> None:
+            if done.done():
+                return
+            if error is not None:
+                done.set_exception(_unavailable("read_head", error))
+            else:
+                done.set_result(head)
+
+        def on_rows(rows: list[Any]) -> None:
+            try:
+                head = head_of(rows[0]) if rows else None
+            except Exception as exc:  # noqa: BLE001 - reported on the loop, typed
+                loop.call_soon_threadsafe(settle, None, exc)
+                return
+            loop.call_soon_threadsafe(settle, head, None)
+
+        def on_error(exc: BaseException) -> None:
+            loop.call_soon_threadsafe(settle, None, exc)
+
+        future = _guard(
+            "read_head",
+            lambda: self._session.execute_async(
+                self._read_head, (tenant_id, partition_key), timeout=self._timeout
+            ),
+        )
+        future.add_callbacks(on_rows, on_error)
+        return await done
+
+    def _load_turn(
+        self, tenant_id: str, partition_key: str, response_id: str
+    ) -> PartitionSnapshot | None:
+        key = (tenant_id, partition_key, response_id)
+        rows = _guard("read_turn", lambda: self._rows(self._select_turn, key))
+        return decode_snapshot(tenant_id, partition_key, rows)
 
     def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         partition_key = self._locate(tenant_id, response_id)
@@ -481,19 +533,36 @@ class CassandraCheckpointStore(CheckpointStore):
         if plan.new_head is not None:
             old = plan.expected_head
             expected = (
-                (None, None, None) if old is None else (old.seq, old.response_id, old.item_count)
+                (None, None, None, None)
+                if old is None
+                else (old.seq, old.response_id, old.item_count, old.lineage_digest)
             )
             new = plan.new_head
             batch.add(
                 self._advance_head,
-                (new.seq, new.response_id, new.item_count, token, *key, *expected),
+                (
+                    new.seq,
+                    new.response_id,
+                    new.item_count,
+                    new.lineage_digest,
+                    token,
+                    *key,
+                    *expected,
+                ),
             )
             batch.add(self._insert_head_marker, key)
         if plan.parent is not None:
             parent = plan.parent
             batch.add(
                 self._check_parent,
-                (parent.seq, *key, parent.response_id, parent.seq, parent.last_item_seq),
+                (
+                    parent.seq,
+                    *key,
+                    parent.response_id,
+                    parent.seq,
+                    parent.last_item_seq,
+                    parent.lineage_digest,
+                ),
             )
         batch.add(
             self._insert_checkpoint,

@@ -45,6 +45,7 @@ def _same_parent(stored: CheckpointRecord | None, planned: CheckpointRecord) -> 
         and stored.seq == planned.seq
         and stored.last_item_seq == planned.last_item_seq
         and stored.mode is planned.mode
+        and stored.lineage_digest == planned.lineage_digest
     )
 
 
@@ -62,6 +63,27 @@ class MemoryCheckpointStore(CheckpointStore):
         with self._lock:
             partition = self._partitions.get((tenant_id, partition_key))
             return None if partition is None else partition.head
+
+    def read_head(self, tenant_id: str, partition_key: str) -> Head | None:
+        return self.head(tenant_id, partition_key)
+
+    async def read_head_async(self, tenant_id: str, partition_key: str) -> Head | None:
+        return self.read_head(tenant_id, partition_key)  # no I/O to wait for
+
+    def _load_turn(
+        self, tenant_id: str, partition_key: str, response_id: str
+    ) -> PartitionSnapshot | None:
+        with self._lock:
+            partition = self._partitions.get((tenant_id, partition_key))
+            if partition is None or response_id not in partition.checkpoints:
+                return None
+            return PartitionSnapshot(
+                tenant_id=tenant_id,
+                partition_key=partition_key,
+                head=partition.head,
+                checkpoints={response_id: partition.checkpoints[response_id]},
+                items={response_id: partition.items.get(response_id, ())},
+            )
 
     def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         with self._lock:

@@ -33,7 +33,7 @@ CHECKPOINT_COLUMNS = (
     "response_id, seq, mode, parent_response_id, previous_response_id, idempotency_key, "
     "request_digest, certification, fingerprint_hash, token_artifact, router_receipt, "
     "boundary_proof, artifact_expires_at, logical_expires_at, promoted_at, first_item_seq, "
-    "last_item_seq, items_digest, attempt_token"
+    "last_item_seq, items_digest, attempt_token, lineage_digest"
 )
 # The fields of one item record in a turn row's ``items`` cell, in order (see
 # ``encode_turn_items``).
@@ -55,12 +55,12 @@ DECODED_CHECKPOINT_NAMES = tuple(
     if name not in ("artifact_expires_at", "attempt_token")
 )
 HISTORY_COLUMNS = (
-    "kind, ref, head_seq, head_response_id, head_item_count, items, "
+    "kind, ref, head_seq, head_response_id, head_item_count, head_lineage_digest, items, "
     f"{', '.join(DECODED_CHECKPOINT_NAMES)}"
 )
 # Positions in a row of ``HISTORY_COLUMNS`` (partition reads decode plain tuples).
-_KIND, _REF, _HEAD_SEQ, _HEAD_RESPONSE, _HEAD_ITEMS, _ITEMS = range(6)
-_CHECKPOINT_AT = 6
+_KIND, _REF, _HEAD_SEQ, _HEAD_RESPONSE, _HEAD_ITEMS, _HEAD_LINEAGE, _ITEMS = range(7)
+_CHECKPOINT_AT = 7
 # Rows a history read needs (``kind IN HISTORY_KINDS``): not the idempotency records (one per turn, never read).
 # The 'head' marker keeps a Conversation's static head in the answer.
 HISTORY_KINDS = "('checkpoint', 'head')"
@@ -72,7 +72,12 @@ HISTORY_KINDS = "('checkpoint', 'head')"
 def head_of(row: Any) -> Head | None:
     if row.head_seq is None:
         return None
-    return Head(row.head_seq, row.head_response_id or "", row.head_item_count or 0)
+    return Head(
+        row.head_seq,
+        row.head_response_id or "",
+        row.head_item_count or 0,
+        row.head_lineage_digest,
+    )
 
 
 def unset_nulls(values: Iterable[Any]) -> tuple[Any, ...]:
@@ -192,6 +197,7 @@ def checkpoint_values(checkpoint: CheckpointRecord, token: uuid.UUID) -> tuple[A
         checkpoint.last_item_seq,
         checkpoint.items_digest,
         token,
+        checkpoint.lineage_digest,
     )
 
 
@@ -244,6 +250,7 @@ def _decode_checkpoint(
         first_item_seq,
         last_item_seq,
         digest,
+        lineage,
     ) = values
     if seq is None or first_item_seq is None or last_item_seq is None:
         raise ValueError("checkpoint row without seq or item range")
@@ -269,6 +276,7 @@ def _decode_checkpoint(
         items_digest=digest,
         promoted_at=_utc(promoted_at),
         logical_expires_at=None if logical_expires_at is None else _utc(logical_expires_at),
+        lineage_digest=lineage,
     )
 
 
@@ -405,7 +413,9 @@ def decode_snapshot(
         partition_key=partition_key,
         head=None
         if head_seq is None
-        else Head(head_seq, first[_HEAD_RESPONSE] or "", first[_HEAD_ITEMS] or 0),
+        else Head(
+            head_seq, first[_HEAD_RESPONSE] or "", first[_HEAD_ITEMS] or 0, first[_HEAD_LINEAGE]
+        ),
         checkpoints=checkpoints,
         items=items,
         damaged=frozenset(damaged),

@@ -1,22 +1,27 @@
 """The API's verified-history cache against real Cassandra rows (services/api/cache.py).
 
-What is pinned: a cache hit answers exactly what a full read would, because every hit
-is revalidated by the write timestamps of the verified rows. So a row rewritten after
-it was verified AND served from the cache is caught by the very next lookup, and a row
-that breaks the Conversation's one-turn-per-seq rule is caught although it is not in
-the cached lineage. The API's own counters say which path each lookup took.
+What is pinned: a history verified when its rows were LOADED is served from memory,
+byte-identical to a full read, without reading it again (a Conversation lookup reads
+its head). Rows damaged after that are caught by what loads them: a
+``Cache-Control: no-cache`` read, or an extension reading a new turn (its row and its
+lineage-digest link); a plain hit keeps serving the verified bytes. The API's own
+counters say which path each lookup took.
 """
 
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import pytest
 
-from services.demo.simulator import SimulatedGateway
-from tests.e2e.helpers import promoted_conversation
+from services.demo.simulator import SimulatedGateway, assistant, uid, user
+from services.gateway.events import TurnIdentity
+from tests.e2e.helpers import WAIT_MS, promoted_conversation
 from tests.e2e.test_http_failures import _corrupt
+
+NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 @pytest.fixture
@@ -54,7 +59,7 @@ class Lookups:
 def test_a_hit_answers_like_a_full_read(gw, e2e_stack, endpoint):
     conv, turns = promoted_conversation(gw, turns=2)
     lookups = Lookups(e2e_stack, gw, conv, turns[-1].response_id)
-    full, _ = lookups.get(endpoint, **{"Cache-Control": "no-cache"})
+    full, _ = lookups.get(endpoint, **NO_CACHE)
     hit, moved = lookups.get(endpoint)
     assert moved == {"hit": 1}
     assert hit.status_code == full.status_code == 200
@@ -62,7 +67,9 @@ def test_a_hit_answers_like_a_full_read(gw, e2e_stack, endpoint):
 
 
 @pytest.mark.parametrize("endpoint", ["response", "conversation"])
-def test_a_row_rewritten_after_a_hit_fails_the_next_lookup(gw, cql, e2e_stack, endpoint):
+def test_a_row_rewritten_after_caching_is_caught_by_a_load_not_by_a_hit(
+    gw, cql, e2e_stack, endpoint
+):
     conv, turns = promoted_conversation(gw, turns=2)
     lookups = Lookups(e2e_stack, gw, conv, turns[-1].response_id)
     lookups.get(endpoint)
@@ -70,52 +77,115 @@ def test_a_row_rewritten_after_a_hit_fails_the_next_lookup(gw, cql, e2e_stack, e
     assert served.status_code == 200 and moved == {"hit": 1}
 
     _corrupt(cql, gw.tenant_id, conv, "content", b'{"x":1}')  # first turn, first item
-    failed, moved = lookups.get(endpoint)
-    assert moved == {"stale": 1}
+    again, moved = lookups.get(endpoint)
+    assert moved == {"hit": 1} and again.content == served.content
+    failed, moved = lookups.get(endpoint, **NO_CACHE)
+    assert moved == {"bypass": 1}
     assert failed.status_code == 500, failed.text
     assert (failed.json()["reason"], failed.json()["items"]) == ("CORRUPT_HISTORY", None)
-    again, moved = lookups.get(endpoint)  # a failure is never cached
-    assert again.status_code == 500 and "hit" not in moved
 
 
-def test_an_unchanged_rewrite_still_revalidates(gw, cql, e2e_stack):
-    """Same bytes, newer write: the stamp differs, the full read confirms, and the
-    history is cached again (the revalidation watches writes, not values)."""
-    conv, turns = promoted_conversation(gw, turns=1)
+def _next_turn(gw, conv: str, head: int):
+    turn = gw.turn(
+        TurnIdentity.conversation(gw.tenant_id, conv, uid("resp"), head),
+        [user(f"question {head}")],
+        [assistant(f"answer {head}")],
+    )
+    gw.publish(turn)
+    return turn
+
+
+def _wait_promoted(e2e_stack, gw, response_id: str) -> None:
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while e2e_stack.client.status(gw.tenant_id, response_id).state != "promoted":
+        assert time.monotonic() < deadline, "the turn was not promoted"
+        time.sleep(0.05)
+
+
+def test_a_new_turn_extends_the_cached_history_like_a_full_read(gw, e2e_stack):
+    conv, turns = promoted_conversation(gw, turns=2)
     lookups = Lookups(e2e_stack, gw, conv, turns[-1].response_id)
-    lookups.get("response")
+    lookups.get("conversation")
+    third = _next_turn(gw, conv, 2)
+    _wait_promoted(e2e_stack, gw, third.response_id)
+    extended, moved = lookups.get("conversation")
+    # The pre-warmer may have extended it already (a hit); otherwise this lookup did.
+    assert moved in ({"hit": 1}, {"extended": 1}), moved
+    body = extended.json()
+    assert (body["response_id"], body["head_seq"], len(body["items"])) == (
+        third.response_id, 3, 6)
+    full, _ = lookups.get("conversation", **NO_CACHE)
+    assert extended.content == full.content
+
+
+@pytest.mark.parametrize("damage", ["item", "lineage"])
+def test_an_extension_catches_a_damaged_new_row(gw, cql, e2e_stack, damage):
+    """With the pre-warmer racing the damage, the new row is loaded either before it
+    (then a no-cache read catches it) or after (then the extension does): whichever
+    loads the damaged row answers CORRUPT_HISTORY, and a lookup never serves it."""
+    conv, turns = promoted_conversation(gw, turns=2)
+    lookups = Lookups(e2e_stack, gw, conv, turns[-1].response_id)
+    lookups.get("conversation")
+    third = _next_turn(gw, conv, 2)
+    _wait_promoted(e2e_stack, gw, third.response_id)
+    if damage == "item":
+        _rewrite_turn_items(cql, gw.tenant_id, conv, third.response_id)
+    else:
+        cql.execute(
+            "UPDATE turns SET lineage_digest = %s WHERE tenant_id = %s AND partition_key = %s "
+            "AND kind = 'checkpoint' AND ref = %s",
+            ("0" * 64, gw.tenant_id, conv, third.response_id),
+        )
+    resp, moved = lookups.get("conversation")
+    if moved == {"extended": 1}:
+        assert resp.status_code == 500 and resp.json()["reason"] == "CORRUPT_HISTORY"
+    else:  # warmed before the damage: the verified history is served
+        assert moved == {"hit": 1} and resp.status_code == 200
+    fresh, _ = lookups.get("conversation", **NO_CACHE)
+    assert fresh.status_code == 500 and fresh.json()["reason"] == "CORRUPT_HISTORY"
+
+
+def _rewrite_turn_items(cql, tenant: str, conv: str, ref: str) -> None:
+    from services.store.rows import decode_turn_items, encode_turn_items
+
     row = cql.execute(
-        "SELECT ref, items FROM turns WHERE tenant_id = %s AND partition_key = %s "
-        "AND kind = 'checkpoint'",
-        (gw.tenant_id, conv),
+        "SELECT items FROM turns WHERE tenant_id = %s AND partition_key = %s "
+        "AND kind = 'checkpoint' AND ref = %s",
+        (tenant, conv, ref),
     ).one()
+    items = [list(record) for record in decode_turn_items(row.items)]
+    items[0][5] = b'{"x":1}'  # content no longer matches its digest
     cql.execute(
         "UPDATE turns SET items = %s WHERE tenant_id = %s AND partition_key = %s "
         "AND kind = 'checkpoint' AND ref = %s",
-        (row.items, gw.tenant_id, conv, row.ref),
+        (encode_turn_items(items), tenant, conv, ref),
     )
-    resp, moved = lookups.get("response")
-    assert resp.status_code == 200 and moved == {"stale": 1}
+
+
+def test_a_promotion_prewarms_the_next_lookup(gw, e2e_stack):
+    conv, turns = promoted_conversation(gw, turns=2)
+    third = _next_turn(gw, conv, 2)
+    _wait_promoted(e2e_stack, gw, third.response_id)
+    lookups = Lookups(e2e_stack, gw, conv, third.response_id)
+    deadline = time.monotonic() + 5
+    while _prewarmed(e2e_stack.base_url) == 0:  # the record reaches the API soon after
+        assert time.monotonic() < deadline, "no promotion record was used to warm"
+        time.sleep(0.05)
     resp, moved = lookups.get("response")
     assert resp.status_code == 200 and moved == {"hit": 1}
 
 
-def test_a_second_turn_at_a_taken_seq_outside_the_lineage_is_caught(gw, cql, e2e_stack):
-    conv, turns = promoted_conversation(gw, turns=2)
-    lookups = Lookups(e2e_stack, gw, conv, turns[-1].response_id)
-    lookups.get("conversation")
-    _, moved = lookups.get("conversation")
-    assert moved == {"hit": 1}
-    # A decodable checkpoint row nobody promoted, at seq 1 (the lineage's rows are
-    # untouched): verification refuses a Conversation with two turns at one seq.
-    cql.execute(
-        "INSERT INTO turns (tenant_id, partition_key, kind, ref, response_id, seq, mode, "
-        "certification, promoted_at, first_item_seq, last_item_seq, items_digest) "
-        "VALUES (%s, %s, 'checkpoint', 'resp_forged', 'resp_forged', 1, 'conversation', "
-        "'logical_only', toTimestamp(now()), 1, 0, 'x')",
-        (gw.tenant_id, conv),
-    )
-    for endpoint in ("conversation", "response"):
-        resp, moved = lookups.get(endpoint)
-        assert resp.status_code == 500, resp.text
-        assert resp.json()["reason"] == "CORRUPT_HISTORY" and "hit" not in moved
+def _prewarmed(base_url: str) -> float:
+    text = httpx.get(f"{base_url}/metrics").text
+    found = re.search(r'^ratchet_api_history_prewarm_total\{result="warmed"\} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_another_tenant_never_gets_a_cached_history(gw, e2e_stack):
+    conv, turns = promoted_conversation(gw, turns=1)
+    for url in (f"/v1/responses/{turns[0].response_id}/history",
+                f"/v1/conversations/{conv}/history"):
+        resp = httpx.get(e2e_stack.base_url + url,
+                         params={"tenant_id": "another-tenant",
+                                 "fingerprint_hash": gw.fingerprint_hash})
+        assert resp.status_code == 404 and resp.json()["reason"] == "NOT_FOUND"

@@ -78,6 +78,13 @@ def test_wait_ms_gives_up_at_its_deadline(gw):
 
 
 # --- integrity: corrupt the stored rows, the API must refuse the whole history -------
+#
+# The rows are damaged AFTER the histories were read (and cached) by the promotions'
+# own lookups; a cached, verified history keeps being served (CONTRACT section 5), so
+# these reads ask for a load (``Cache-Control: no-cache``), which verifies every row.
+# What a plain lookup does after such damage is pinned in test_http_cache.py.
+
+NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 # Items travel in their turn row (``turns.items``, one blob of item records: item_seq,
@@ -137,6 +144,7 @@ def test_integrity_failure_is_500_with_its_reason_and_no_items(gw, cql, e2e_stac
         resp = httpx.get(
             e2e_stack.base_url + url,
             params={"tenant_id": gw.tenant_id, "fingerprint_hash": gw.fingerprint_hash},
+            headers=NO_CACHE,
         )
         assert resp.status_code == 500, resp.text
         body = resp.json()
@@ -151,8 +159,9 @@ def test_expired_history_is_410(gw, cql, e2e_stack):
         "partition_key = %s AND kind = 'checkpoint' AND ref = %s",
         (1000, gw.tenant_id, conv, turns[0].response_id),
     )
-    outcome = gw.rehydrate(turns[0].response_id)
-    assert isinstance(outcome, Failure) and (outcome.reason, outcome.http_status) == (
-        "EXPIRED",
-        410,
+    resp = httpx.get(
+        f"{e2e_stack.base_url}/v1/responses/{turns[0].response_id}/history",
+        params={"tenant_id": gw.tenant_id, "fingerprint_hash": gw.fingerprint_hash},
+        headers=NO_CACHE,
     )
+    assert (resp.status_code, resp.json()["reason"]) == (410, "EXPIRED")

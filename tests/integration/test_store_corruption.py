@@ -135,6 +135,19 @@ def test_broken_lineage_link(store, store_session, conversation):
     assert read_reason(store, tenant, conv) is R.MISSING_HISTORY
 
 
+def test_rewritten_lineage_digest(store, store_session, conversation):
+    tenant, conv, rids = conversation
+    row = store.read_turn(tenant, conv, rids[1]).checkpoints[rids[1]]
+    assert row.lineage_digest is not None  # written by the promotion
+    cql(
+        store_session,
+        f"UPDATE turns SET lineage_digest = %s {WHERE} AND kind = 'checkpoint' AND ref = %s",
+        "0" * 64, tenant, conv, rids[1],
+    )
+    assert read_reason(store, tenant, conv) is R.CORRUPT_HISTORY
+    assert read_reason(store, tenant, conv, rids[2]) is R.CORRUPT_HISTORY
+
+
 def test_deleted_checkpoint(store, store_session, conversation):
     tenant, conv, rids = conversation
     cql(

@@ -1,27 +1,35 @@
 """The API's verified-history cache (services/api/cache.py) on the in-memory store.
 
-The stamp source here derives each turn row's "write timestamps" from a digest of the
-row as stored, so ANY change to a stored row changes its stamp: exactly what Cassandra's
-write timestamps give the real ``CassandraStamps`` for any CQL write. The same
-behaviours against real Cassandra rows live in tests/e2e/test_http_cache.py.
+What is pinned (CONTRACT section 5): a history verified when it was LOADED is served
+from memory afterwards: a chain-mode response hit reads nothing, a hit on a Conversation
+(either endpoint) reads its head (one row, which must be backed), a history grown by new turns reads only the new rows and verifies them and
+their lineage-digest link to the cached prefix. Rows changed after caching are caught
+by whatever loads them (a no-cache read, an extension), while a plain hit keeps serving
+the verified bytes. The same behaviours against real Cassandra rows live in
+tests/e2e/test_http_cache.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
 
-from ratchet.domain.history import VerifiedHistory
+from ratchet.domain.history import PromotionMode, VerifiedHistory
+from ratchet.domain.plan import PromotionRequest
 from schemas.items import message
+from schemas.models import Certification
 from services.api.app import create_app
-from services.api.cache import CachedHistory, HistoryCache
-from services.api.render import history_json, history_outcome_body, render_history
+from services.api.cache import ENTRY_OVERHEAD_BYTES, CachedHistory, HistoryCache
+from services.api.render import (
+    RenderedHistory,
+    history_json,
+    history_outcome_body,
+    render_history,
+)
 from services.api.service import RehydrationService
-from services.store.stamps import PartitionStamp
 from tests.unit.test_api_http import (
     FP,
     NOW,
@@ -32,57 +40,38 @@ from tests.unit.test_api_http import (
     undecodable_item,
 )
 
-
-class MemoryStamps:
-    """``CassandraStamps`` over the in-memory store: a row's stamp is a digest of it."""
-
-    def __init__(self, store) -> None:
-        self.store = store
-        self.stamps = 0
-
-    async def stamp(self, tenant_id: str, partition_key: str) -> PartitionStamp | None:
-        self.stamps += 1
-        snapshot = self.store._load_partition(tenant_id, partition_key)
-        if snapshot is None:
-            return None
-        rows = {
-            ref: (
-                checkpoint.seq,
-                checkpoint.mode.value,
-                hashlib.sha256(repr((checkpoint, snapshot.items.get(ref))).encode()).hexdigest(),
-            )
-            for ref, checkpoint in snapshot.checkpoints.items()
-        }
-        return PartitionStamp(partition_key=partition_key, head=snapshot.head, rows=rows)
-
-    async def locate(self, tenant_id: str, response_id: str) -> str | None:
-        return self.store._locate(tenant_id, response_id)
+NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 class CachingStack(Stack):
-    """The unit Stack with the cache wired in, counting full store reads."""
+    """The unit Stack with the cache wired in, counting every storage read by kind."""
 
     def __init__(self, retention_s: int = 0, cache_bytes: int = 1 << 20) -> None:
         super().__init__(retention_s)
         self.cache = HistoryCache(cache_bytes)
-        self.stamps = MemoryStamps(self.store)
-        self.reads = 0
-        read = self.store.read_history
+        self.reads: dict[str, int] = {}
+        for name in ("read_history", "read_turn", "read_head", "locate"):
+            self._count(name)
+        self.service = RehydrationService(
+            self.store, self.ledger, self.waiters, clock=self.clock, cache=self.cache
+        )
+        self.client = TestClient(
+            create_app(self.service, lambda: True), raise_server_exceptions=False
+        )
+
+    def _count(self, name: str) -> None:
+        method = getattr(self.store, name)
 
         def counted(*args, **kwargs):
-            self.reads += 1
-            return read(*args, **kwargs)
+            self.reads[name] = self.reads.get(name, 0) + 1
+            return method(*args, **kwargs)
 
-        self.store.read_history = counted  # type: ignore[method-assign]
-        service = RehydrationService(
-            self.store,
-            self.ledger,
-            self.waiters,
-            clock=self.clock,
-            cache=self.cache,
-            stamps=self.stamps,  # type: ignore[arg-type]
-        )
-        self.client = TestClient(create_app(service, lambda: True), raise_server_exceptions=False)
+        setattr(self.store, name, counted)
+
+    def reads_during(self, call) -> tuple[object, dict[str, int]]:
+        before = dict(self.reads)
+        result = call()
+        return result, {k: v - before.get(k, 0) for k, v in self.reads.items() if v - before.get(k, 0)}
 
     def conversation(self, tenant: str, conv: str, fp: str = FP, **headers):
         return self.client.get(
@@ -91,15 +80,45 @@ class CachingStack(Stack):
             headers=headers,
         )
 
-    def damage_first_item(self, tenant: str, conv: str) -> None:
-        """Rewrite the first stored item of the first turn (content no longer matches
-        its digest), as a direct write to the store would."""
+    def fresh(self, tenant: str, rid: str):
+        return self.client.get(
+            f"/v1/responses/{rid}/history",
+            params={"tenant_id": tenant, "fingerprint_hash": FP},
+            headers=NO_CACHE,
+        )
+
+    def damage_item(self, tenant: str, conv: str, seq: int = 1) -> None:
+        """Rewrite the first stored item of the turn at ``seq`` (its content no longer
+        matches its digest), as a direct write to the store would."""
         partition = self.store._partitions[(tenant, conv)]
-        first = min(partition.checkpoints.values(), key=lambda c: c.seq).response_id
-        stored = list(partition.items[first])
+        rid = next(c.response_id for c in partition.checkpoints.values() if c.seq == seq)
+        stored = list(partition.items[rid])
         bad = stored[0].item.model_copy(update={"content": b'{"x":1}'})
         stored[0] = replace(stored[0], item=bad)
-        partition.items[first] = tuple(stored)
+        partition.items[rid] = tuple(stored)
+
+    def rewrite_checkpoint(self, tenant: str, partition_key: str, rid: str, **changes) -> None:
+        partition = self.store._partitions[(tenant, partition_key)]
+        partition.checkpoints[rid] = replace(partition.checkpoints[rid], **changes)
+
+    def chain(self, tenant: str, root: str, rid: str, previous: str | None) -> str:
+        key = uid("key")
+        outcome = self.store.promote(
+            PromotionRequest(
+                tenant_id=tenant,
+                partition_key=root,
+                mode=PromotionMode.CHAIN,
+                response_id=rid,
+                idempotency_key=key,
+                request_digest=key,
+                items=(message(f"turn {rid}", item_id=uid("m")),),
+                certification=Certification.LOGICAL_ONLY,
+                fingerprint_hash=FP,
+                previous_response_id=previous,
+            )
+        )
+        assert type(outcome).__name__ == "Promoted", outcome
+        return rid
 
 
 @pytest.fixture
@@ -111,41 +130,99 @@ def _conv_of(stack: CachingStack, tenant: str, rid: str) -> str:
     return stack.store._locate(tenant, rid)
 
 
-def test_a_second_lookup_is_served_from_the_cache_with_the_same_body(stack):
+def _third_turn(stack: CachingStack, tenant: str, conv: str) -> str:
+    return stack.promote(tenant, conv, 2, (message("c", item_id=uid("m")),))
+
+
+def test_a_chain_response_hit_reads_nothing_and_serves_the_same_bytes(stack):
+    tenant, root = uid("tenant"), uid("resp")
+    stack.chain(tenant, root, root, None)
+    rid = stack.chain(tenant, root, uid("resp"), root)
+    first, reads = stack.reads_during(lambda: stack.history(tenant, rid))
+    assert first.status_code == 200 and reads.get("read_history") == 1
+    second, reads = stack.reads_during(lambda: stack.history(tenant, rid))
+    assert reads == {}, "a chain-mode response hit read the store"
+    assert second.content == first.content
+    assert (second.json()["head_seq"], second.json()["conversation_head_seq"]) == (2, None)
+
+
+def test_a_conversation_response_hit_reads_only_the_head(stack):
+    """The answer reports the Conversation's current head, which must be backed: one
+    head read, the same one-row read as the Conversation endpoint's hit."""
     tenant, rid, ids = two_turns(stack)
-    first = stack.history(tenant, rid)
-    assert first.status_code == 200 and stack.reads == 1
-    second = stack.history(tenant, rid)
-    assert stack.reads == 1, "the second lookup read the store"
+    first, reads = stack.reads_during(lambda: stack.history(tenant, rid))
+    assert first.status_code == 200 and reads.get("read_history") == 1
+    second, reads = stack.reads_during(lambda: stack.history(tenant, rid))
+    assert reads == {"read_head": 1}
     assert second.content == first.content
     assert [i["item_id"] for i in second.json()["items"]] == ids
 
-    conv = _conv_of(stack, tenant, rid)
-    by_conversation = stack.conversation(tenant, conv)
-    assert stack.reads == 1  # the head is the cached response
-    assert by_conversation.content == first.content
 
-
-def test_a_row_changed_after_verification_is_seen_by_the_next_hit(stack):
+def test_a_hit_whose_head_moved_backs_the_new_head_by_extension(stack):
+    """The head names a turn not cached yet: it is loaded and verified (its row alone)
+    before the cached response answers with it."""
     tenant, rid, _ = two_turns(stack)
     conv = _conv_of(stack, tenant, rid)
-    assert stack.history(tenant, rid).status_code == 200
-    assert stack.history(tenant, rid).status_code == 200 and stack.reads == 1  # a hit
+    stack.history(tenant, rid)
+    third = _third_turn(stack, tenant, conv)
+    resp, reads = stack.reads_during(lambda: stack.history(tenant, rid))
+    assert reads == {"read_head": 1, "read_turn": 1}
+    assert (resp.json()["head_seq"], resp.json()["conversation_head_seq"]) == (2, 3)
+    assert resp.content == stack.fresh(tenant, rid).content
+    assert stack.cache.get(tenant, third) is not None
 
-    stack.damage_first_item(tenant, conv)
-    for resp in (stack.history(tenant, rid), stack.conversation(tenant, conv)):
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_head_no_checkpoint_backs_fails_on_a_cached_response_too(stack, cached):
+    """CONTRACT section 5: an integrity failure on every endpoint, cached or not."""
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    if cached:
+        assert stack.history(tenant, rid).status_code == 200
+        assert stack.conversation(tenant, conv).status_code == 200
+    partition = stack.store._partitions[(tenant, conv)]
+    head = partition.head
+    partition.head = replace(head, seq=head.seq + 2, response_id=uid("resp"))
+    for resp in (
+        stack.history(tenant, rid),
+        stack.fresh(tenant, rid),
+        stack.conversation(tenant, conv),
+        stack.conversation(tenant, conv, **NO_CACHE),
+    ):
+        assert resp.status_code == 500, resp.text
+        assert resp.json()["reason"] == "CORRUPT_HISTORY"
+
+
+def test_a_conversation_hit_reads_only_the_head(stack):
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    first = stack.conversation(tenant, conv)
+    assert first.status_code == 200
+    hit, reads = stack.reads_during(lambda: stack.conversation(tenant, conv))
+    assert reads == {"read_head": 1}
+    assert hit.content == first.content == stack.history(tenant, rid).content
+
+
+def test_a_row_changed_after_caching_is_caught_by_a_no_cache_read_not_by_a_hit(stack):
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    verified = stack.history(tenant, rid)
+    stack.damage_item(tenant, conv)
+    # The verified, promoted history keeps being served byte-identical from memory.
+    assert stack.history(tenant, rid).content == verified.content
+    assert stack.conversation(tenant, conv).content == verified.content
+    # Whatever LOADS the rows verifies them.
+    for resp in (stack.fresh(tenant, rid), stack.conversation(tenant, conv, **NO_CACHE)):
         assert resp.status_code == 500, resp.text
         assert resp.json()["reason"] == "CORRUPT_HISTORY" and resp.json()["items"] is None
-    assert stack.reads == 3  # both went to the store
-    assert len(stack.cache) == 0  # the stale entry is gone and no failure was cached
 
 
 def test_failures_are_never_cached(stack):
     tenant, rid, _ = two_turns(stack)
-    stack.damage_first_item(tenant, _conv_of(stack, tenant, rid))
+    stack.damage_item(tenant, _conv_of(stack, tenant, rid))
     for expected_reads in (1, 2):
         assert stack.history(tenant, rid).status_code == 500
-        assert stack.reads == expected_reads
+        assert stack.reads["read_history"] == expected_reads
     assert len(stack.cache) == 0
 
 
@@ -158,7 +235,7 @@ def test_fingerprint_and_artifact_expiry_are_decided_per_request(stack):
     stack.clock.now = NOW + timedelta(hours=2)  # artifacts expire after one hour
     expired = stack.history(tenant, rid).json()
     assert (expired["outcome"], expired["reason"]) == ("fallback", "ARTIFACT_EXPIRED")
-    assert stack.reads == 1
+    assert stack.reads["read_history"] == 1
 
 
 def test_logical_expiry_is_decided_per_request():
@@ -171,36 +248,129 @@ def test_logical_expiry_is_decided_per_request():
     assert resp.status_code == 410 and resp.json()["reason"] == "EXPIRED"
 
 
-def test_a_new_turn_moves_the_conversation_and_the_reported_head_seq(stack):
+def test_a_new_turn_is_read_alone_and_appended_to_the_cached_prefix(stack):
     tenant, rid, _ = two_turns(stack)
     conv = _conv_of(stack, tenant, rid)
     assert stack.conversation(tenant, conv).json()["head_seq"] == 2
-    third = stack.promote(tenant, conv, 2, (message("c", item_id=uid("m")),))
-    body = stack.conversation(tenant, conv).json()
+    third = _third_turn(stack, tenant, conv)
+    extended, reads = stack.reads_during(lambda: stack.conversation(tenant, conv))
+    assert reads == {"read_head": 1, "read_turn": 1}  # the head, then only the new row
+    body = extended.json()
     assert body["response_id"] == third and body["head_seq"] == 3 and len(body["items"]) == 7
-    # The earlier response is still a hit: its own seq, and the Conversation's head now.
-    reads = stack.reads
-    old = stack.history(tenant, rid).json()
-    assert old["response_id"] == rid and len(old["items"]) == 6
-    assert (old["head_seq"], old["conversation_head_seq"]) == (2, 3)
-    assert stack.reads == reads
+    # Byte for byte what a full read of the same history answers.
+    assert extended.content == stack.conversation(tenant, conv, **NO_CACHE).content
+    # The new history is cached: the response endpoint reads only the head for it.
+    hit, reads = stack.reads_during(lambda: stack.history(tenant, third))
+    assert reads == {"read_head": 1} and hit.content == extended.content
+    # The earlier response is still a hit: its own seq, and the Conversation's head now
+    # (CONTRACT section 5), backed by the history just cached.
+    old, reads = stack.reads_during(lambda: stack.history(tenant, rid))
+    assert reads == {"read_head": 1}
+    body = old.json()
+    assert body["response_id"] == rid and len(body["items"]) == 6
+    assert (body["head_seq"], body["conversation_head_seq"]) == (2, 3)
+
+
+def test_the_response_endpoint_extends_too(stack):
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    stack.history(tenant, rid)
+    third = _third_turn(stack, tenant, conv)
+    resp, reads = stack.reads_during(lambda: stack.history(tenant, third))
+    assert resp.status_code == 200 and "read_history" not in reads and reads["read_turn"] == 1
+    assert resp.content == stack.fresh(tenant, third).content
+
+
+def test_an_extension_verifies_the_new_row(stack):
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    stack.conversation(tenant, conv)
+    _third_turn(stack, tenant, conv)
+    stack.damage_item(tenant, conv, seq=3)
+    resp, reads = stack.reads_during(lambda: stack.conversation(tenant, conv))
+    assert reads == {"read_head": 1, "read_turn": 1}
+    assert resp.status_code == 500 and resp.json()["reason"] == "CORRUPT_HISTORY"
+    assert stack.history(tenant, rid).status_code == 200  # the verified prefix stands
+
+
+def test_an_extension_refuses_a_broken_lineage_link(stack):
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    stack.conversation(tenant, conv)
+    third = _third_turn(stack, tenant, conv)
+    stack.rewrite_checkpoint(tenant, conv, third, lineage_digest="0" * 64)
+    resp = stack.conversation(tenant, conv)
+    assert resp.status_code == 500 and resp.json()["reason"] == "CORRUPT_HISTORY"
+    # A full read refuses it the same way: replicas with and without the prefix agree.
+    assert stack.conversation(tenant, conv, **NO_CACHE).json()["reason"] == "CORRUPT_HISTORY"
+
+
+def test_a_turn_without_a_lineage_digest_is_never_taken_as_a_link(stack):
+    """Rows promoted before lineage digests existed: the extension cannot link them,
+    so the history is read in full (and, unlinked, is never extended later)."""
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    stack.conversation(tenant, conv)
+    third = _third_turn(stack, tenant, conv)
+    stack.rewrite_checkpoint(tenant, conv, third, lineage_digest=None)
+    resp, reads = stack.reads_during(lambda: stack.conversation(tenant, conv))
+    assert resp.status_code == 200 and reads.get("read_history") == 1
+    assert stack.cache.get(tenant, third).linked is False
+
+
+def test_a_promotion_prewarms_the_cache(stack):
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    stack.history(tenant, rid)
+    third = _third_turn(stack, tenant, conv)
+    warmed, reads = stack.reads_during(lambda: stack.service.prewarm(tenant, conv, third))
+    assert warmed and reads == {"read_turn": 1}
+    resp, reads = stack.reads_during(lambda: stack.history(tenant, third))
+    assert reads == {"read_head": 1} and resp.status_code == 200
+    assert (resp.json()["head_seq"], resp.json()["conversation_head_seq"]) == (3, 3)
+    assert resp.content == stack.fresh(tenant, third).content
+
+
+def test_prewarm_without_a_cached_parent_reads_at_most_one_row(stack):
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    third = _third_turn(stack, tenant, conv)
+    warmed, reads = stack.reads_during(lambda: stack.service.prewarm(tenant, conv, third))
+    assert not warmed and reads == {}  # nothing of this partition is cached
+
+
+def test_chain_forks_share_their_cached_prefix(stack):
+    tenant, root = uid("tenant"), uid("resp")
+    stack.chain(tenant, root, root, None)
+    parent = stack.chain(tenant, root, uid("resp"), root)
+    stack.history(tenant, parent)
+    for _ in range(2):  # two children of one parent: both extend the same prefix
+        child = stack.chain(tenant, root, uid("resp"), parent)
+        resp, reads = stack.reads_during(lambda child=child: stack.history(tenant, child))
+        assert resp.status_code == 200 and "read_history" not in reads
+        assert resp.json()["head_seq"] == 3 and len(resp.json()["items"]) == 3
+        assert resp.content == stack.fresh(tenant, child).content
 
 
 def test_cache_control_no_cache_reads_the_store(stack):
     tenant, rid, _ = two_turns(stack)
     stack.history(tenant, rid)
-    resp = stack.client.get(
-        f"/v1/responses/{rid}/history",
-        params={"tenant_id": tenant, "fingerprint_hash": FP},
-        headers={"Cache-Control": "no-cache"},
-    )
-    assert resp.status_code == 200 and stack.reads == 2
+    resp, reads = stack.reads_during(lambda: stack.fresh(tenant, rid))
+    assert resp.status_code == 200 and reads.get("read_history") == 1
 
 
 def test_another_tenant_never_gets_a_cached_history(stack):
     tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
     assert stack.history(tenant, rid).status_code == 200
+    assert stack.conversation(tenant, conv).status_code == 200
     assert stack.history("someone-else", rid).status_code == 404
+    assert stack.conversation("someone-else", conv).status_code == 404
+    # The same ids promoted by another tenant: each tenant gets its own history.
+    other = stack.promote("someone-else", conv, 0, (message("theirs", item_id=uid("m")),),
+                          response_id=rid)
+    theirs = stack.history("someone-else", other).json()
+    assert len(theirs["items"]) == 1 and len(stack.history(tenant, rid).json()["items"]) == 6
 
 
 def test_a_zero_byte_cache_is_off():
@@ -208,7 +378,7 @@ def test_a_zero_byte_cache_is_off():
     tenant, rid, _ = two_turns(stack)
     stack.history(tenant, rid)
     stack.history(tenant, rid)
-    assert stack.reads == 2 and stack.stamps.stamps == 0
+    assert stack.reads == {"read_history": 2}
 
 
 # --- the spliced JSON body is pydantic's, byte for byte ----------------------------------
@@ -227,7 +397,7 @@ def test_spliced_body_equals_the_pydantic_body(certified, fp, later, reason):
     stack = Stack()
     tenant, conv = uid("tenant"), uid("conv")
     items = (
-        message('héllo \u2028 "quoted" \\ </script>', item_id=uid("m")),
+        message('héllo \u2028 "quoted" \\ </script> \x00\x1f\x7f\t\n\r\b\f', item_id=uid("m")),
         message("ünïcode ✓", role="assistant", item_id=uid("m")),
     )
     rid = stack.promote(tenant, conv, 0, items, certified=certified)
@@ -247,32 +417,29 @@ def test_spliced_body_equals_the_pydantic_body(certified, fp, later, reason):
 # --- the LRU bound ------------------------------------------------------------------------
 
 
-def _entry(tenant: str, nbytes: int) -> CachedHistory:
-    return CachedHistory(
-        tenant_id=tenant,
-        partition_key="p",
-        checkpoint=None,  # type: ignore[arg-type]
-        lineage_stamps=(),
-        rendered=None,  # type: ignore[arg-type]
-        nbytes=nbytes,
-    )
+def _entry(tenant: str, units: int) -> CachedHistory:
+    """An entry weighing ``units`` x 100 bytes plus the fixed per-entry overhead."""
+    rendered = RenderedHistory("r", b"x" * (100 * units), b"")
+    return CachedHistory(tenant, "p", None, False, rendered)  # type: ignore[arg-type]
 
 
 def test_the_cache_is_bounded_by_bytes_and_evicts_the_least_recently_used():
-    cache = HistoryCache(max_bytes=300)
+    unit = 100 + ENTRY_OVERHEAD_BYTES
+    cache = HistoryCache(max_bytes=3 * unit)
     for name in ("a", "b", "c"):
-        cache.put(name, _entry("t", 100))
+        cache.put(name, _entry("t", 1))
     assert cache.get("t", "a") is not None  # a is now the most recently used
-    cache.put("d", _entry("t", 100))
+    cache.put("d", _entry("t", 1))
     assert cache.get("t", "b") is None  # b was the least recently used
     assert {n for n in "acd" if cache.get("t", n)} == {"a", "c", "d"}
-    assert cache.nbytes == 300 and len(cache) == 3
-    cache.put("huge", _entry("t", 301))  # larger than the whole cache: not kept
-    assert cache.get("t", "huge") is None and cache.nbytes == 300
-    cache.put("a", _entry("t", 50))  # replacing an entry re-counts its bytes
-    assert cache.nbytes == 250
+    assert cache.nbytes == 3 * unit and len(cache) == 3
+    cache.put("huge", _entry("t", 3 * unit))  # larger than the whole cache: not kept
+    assert cache.get("t", "huge") is None and cache.nbytes == 3 * unit
+    cache.put("a", _entry("t", 0))  # replacing an entry re-counts its bytes
+    assert cache.nbytes == 3 * unit - 100
     cache.discard("t", "a")
-    assert cache.nbytes == 200 and cache.get("t", "a") is None
+    assert cache.nbytes == 2 * unit and cache.get("t", "a") is None
+    assert cache.get("other-tenant", "c") is None  # keys are per tenant
 
 
 def test_item_with_undecodable_bytes_is_not_cached(stack):
@@ -280,20 +447,4 @@ def test_item_with_undecodable_bytes_is_not_cached(stack):
     rid = stack.promote(tenant, conv, 0, (undecodable_item(),))
     for _ in range(2):
         assert stack.history(tenant, rid).json()["reason"] == "CORRUPT_HISTORY"
-    assert stack.reads == 2 and len(stack.cache) == 0
-
-
-def test_a_stamp_of_another_partition_never_covers_a_history(stack):
-    """The store may find a response elsewhere than the partition the API stamped (its
-    hint was wrong); such a history must not be cached with that stamp."""
-    import asyncio
-
-    from services.api.cache import lineage_stamps
-
-    tenant, rid, _ = two_turns(stack)
-    conv = _conv_of(stack, tenant, rid)
-    history = stack.store.read_history(tenant, response_id=rid, now=NOW)
-    stamp = asyncio.run(stack.stamps.stamp(tenant, conv))
-    assert lineage_stamps(history, stamp) is not None
-    elsewhere = replace(stamp, partition_key="another-conversation")
-    assert lineage_stamps(history, elsewhere) is None
+    assert stack.reads["read_history"] == 2 and len(stack.cache) == 0

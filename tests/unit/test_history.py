@@ -184,3 +184,53 @@ def test_chain_fork_reads_only_its_path():
     broken = with_items(snapshot, a, ())
     assert isinstance(verify_history(broken, b, T0), VerifiedHistory)
     assert verify_history(broken, a, T0).reason is R.MISSING_HISTORY
+
+
+# --- lineage digests (rule 7) ------------------------------------------------------------
+
+
+def test_a_promoted_lineage_is_linked(built):
+    turns, snapshot = built
+    result = verify_history(snapshot, turns[-1].response_id, T0)
+    assert isinstance(result, VerifiedHistory) and result.linked
+
+
+def test_a_lineage_digest_that_does_not_chain_is_corrupt(built):
+    turns, snapshot = built
+    middle = turns[1].response_id
+    damaged = with_checkpoint(snapshot, middle, lineage_digest="0" * 64)
+    assert reason_of(damaged) is R.CORRUPT_HISTORY
+    assert reason_of(damaged, turns[-1].response_id) is R.CORRUPT_HISTORY
+
+
+def test_rows_without_lineage_digests_verify_unlinked(built):
+    """Rows from before lineage digests: verified by every other rule, never linked.
+    A digest over a parent without one cannot be checked: unlinked too."""
+    turns, snapshot = built
+    legacy = snapshot
+    for turn in turns[:2]:
+        legacy = with_checkpoint(legacy, turn.response_id, lineage_digest=None)
+    result = verify_history(legacy, turns[-1].response_id, T0)
+    assert isinstance(result, VerifiedHistory) and not result.linked
+    assert len(result.items) == 7
+
+
+def test_an_extension_is_verified_row_by_row_and_by_its_link(built):
+    from ratchet.domain.history import verify_extension
+
+    turns, snapshot = built
+    tip, middle, last = (snapshot.checkpoints[t.response_id] for t in turns)
+    items = verify_extension(tip, [middle, last], snapshot, T0)
+    assert isinstance(items, tuple) and len(items) == 5
+    broken = with_checkpoint(snapshot, last.response_id, lineage_digest="0" * 64)
+    failure = verify_extension(tip, [middle, broken.checkpoints[last.response_id]], broken, T0)
+    assert isinstance(failure, HistoryFailure) and failure.reason is R.CORRUPT_HISTORY
+    damaged = edit_item(snapshot, last.response_id, 0, content=b'{"x":1}')
+    failure = verify_extension(tip, [middle, last], damaged, T0)
+    assert isinstance(failure, HistoryFailure) and failure.reason is R.CORRUPT_HISTORY
+    # No digest: the extension cannot decide (None), the full read will.
+    unlinked = replace(last, lineage_digest=None)
+    assert verify_extension(tip, [middle, unlinked], snapshot, T0) is None
+    # Not the tip's continuation: a skipped turn.
+    failure = verify_extension(tip, [last], snapshot, T0)
+    assert isinstance(failure, HistoryFailure)

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from ratchet.domain.history import Head, PromotionMode, items_digest
+from ratchet.domain.history import Head, PromotionMode, items_digest, lineage_digest
 from ratchet.domain.plan import (
     AheadOfHead,
     Conflict,
@@ -33,8 +33,21 @@ def checkpoint_of(request, plan: Plan):
 def test_a_new_conversation_starts_at_seq_one():
     request = conversation_turn("t", "conv", 0, n_items=3)
     plan = plan_promotion(request, PromotionView(head=None))
+    digest = lineage_digest(None, items_digest(request.items))
     assert plan == Plan(seq=1, parent_response_id=None, first_item_seq=1, expected_head=None,
-                        new_head=Head(1, request.response_id, 3))
+                        new_head=Head(1, request.response_id, 3, digest), lineage_digest=digest)
+    assert checkpoint_of(request, plan).lineage_digest == digest
+
+
+def test_the_lineage_digest_chains_from_the_head_or_stays_absent_after_a_legacy_one():
+    request = conversation_turn("t", "conv", 2, n_items=2)
+    linked = plan_promotion(request, PromotionView(head=Head(2, "resp_2", 5, "ab" * 32)))
+    assert linked.lineage_digest == lineage_digest("ab" * 32, items_digest(request.items))
+    assert linked.new_head.lineage_digest == linked.lineage_digest
+    # A head promoted before lineage digests existed: nothing to chain from, so none
+    # (an unlinked lineage is read in full, never extended; history.py).
+    legacy = plan_promotion(request, PromotionView(head=Head(2, "resp_2", 5)))
+    assert legacy.lineage_digest is None and legacy.new_head.lineage_digest is None
 
 
 def test_the_next_turn_extends_the_head_it_expects():
@@ -43,6 +56,7 @@ def test_the_next_turn_extends_the_head_it_expects():
     plan = plan_promotion(request, PromotionView(head=head))
     assert (plan.seq, plan.parent_response_id, plan.first_item_seq) == (3, "resp_2", 6)
     assert plan.expected_head == head and plan.new_head == Head(3, request.response_id, 7)
+    assert plan.lineage_digest is None  # the hinted head carries none
 
 
 def test_a_head_behind_or_ahead_of_the_expected_one_is_an_outcome():
@@ -70,13 +84,15 @@ def test_the_idempotency_record_decides_before_the_head():
 def test_a_chain_extends_its_parent_or_finds_it_missing():
     root = chain_turn("t", "resp_r", "resp_r", None, n_items=2)
     root_plan = plan_promotion(root, PromotionView(None))
-    assert root_plan == Plan(seq=1, parent_response_id=None, first_item_seq=1)
+    assert root_plan == Plan(seq=1, parent_response_id=None, first_item_seq=1,
+                             lineage_digest=lineage_digest(None, items_digest(root.items)))
     parent = checkpoint_of(root, root_plan)
 
     child = chain_turn("t", "resp_r", "resp_c", "resp_r", n_items=3)
     plan = plan_promotion(child, PromotionView(None, parent=parent))
     assert (plan.seq, plan.parent_response_id, plan.first_item_seq, plan.parent) == (
         2, "resp_r", 3, parent)
+    assert plan.lineage_digest == lineage_digest(parent.lineage_digest, items_digest(child.items))
     assert plan_promotion(child, PromotionView(None)) == ParentMissing("resp_r")
 
 
