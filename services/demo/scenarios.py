@@ -7,14 +7,17 @@ run again and again against the same Kafka and Cassandra.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from ratchet.samples import make_fingerprint
 from ratchet.settings import Settings
+from schemas.models import Subturn
 from services.demo.simulator import (
     SimulatedGateway,
     assistant,
@@ -113,6 +116,66 @@ def tool_loop_with_retry(gw: SimulatedGateway, settings: Settings) -> Row:
         "tool loop, retried + redelivered",
         "certified items=5; next turn seq=2",
         f"{describe(outcome)}; next {describe(next_outcome)}",
+        ok,
+    )
+
+
+def tool_loop_retried_mid_loop(gw: SimulatedGateway, settings: Settings) -> Row:
+    """Claim before execute (``services/gateway/claims.py``): attempt 1 books a table
+    under a claim (executed, outcome recorded) and dies before the model's next round;
+    the retry's model regenerates the call (new call id), its claim answers COMPLETED
+    with the recorded output, so the booking is not made again; the retried turn is
+    promoted and the conversation rehydrates with the one booking."""
+    conv, key = uid("conv"), uid("idem")
+    bookings: list[str] = []  # one entry per execution of the side-effecting tool
+
+    def book_table() -> str:
+        bookings.append(f"B-{len(bookings) + 1}")
+        return json.dumps({"booking": bookings[-1]})
+
+    args = '{"restaurant":"Paul Bocuse","guests":2}'
+    first_call = call("book_table", args)
+    first = TurnIdentity.conversation(gw.tenant_id, conv, uid("resp"), 0)
+    with closing(gw.claims(first, key, attempt=1)) as claims, \
+            claims.effect(first_call, subturn_index=0) as effect:
+        effect.run(book_table)
+    gw.producer.flush()  # the recorded ToolEffect is out; now the gateway "crashes"
+
+    retry = TurnIdentity.conversation(gw.tenant_id, conv, uid("resp"), 0)
+    regenerated = call("book_table", args)  # same request, the model's new call id
+    with closing(gw.claims(retry, key, attempt=2)) as claims, \
+            claims.effect(regenerated, subturn_index=0) as reused:
+        output = reused.run(book_table)
+    booking = json.loads(json.loads(output.content)["output"])["booking"]
+    turn = gw.turn(
+        retry,
+        [user("Book a table for two at Paul Bocuse.")],
+        [regenerated, output, assistant(f"Booked: {booking}.")],
+        idempotency_key=key,
+        attempt=2,
+        subturns=[Subturn(index=0, effect_ids=(reused.effect_id,))],
+        tool_effect_ids=[reused.effect_id],
+    )
+    gw.publish(turn)
+    outcome = gw.rehydrate(turn.response_id, wait_ms=WAIT_MS)
+    history = gw.conversation(conv)
+    ok = (
+        len(bookings) == 1
+        and reused.state == "COMPLETED"
+        and not reused.executed
+        and reused.effect_id == effect.effect_id
+        and output.call_id == regenerated["call_id"] != first_call["call_id"]
+        and isinstance(outcome, Certified)
+        and outcome.head_seq == 1
+        and len(outcome.items) == 4
+        and isinstance(history, Certified)
+        and [i.content for i in history.items] == [i.content for i in outcome.items]
+    )
+    return Row(
+        "tool loop retried mid-loop, claims",
+        "retry's claim COMPLETED, tool ran 1x; certified seq=1 items=4",
+        f"retry's claim {reused.state}, tool ran {len(bookings)}x ({booking}); "
+        f"{describe(outcome)}; conversation {describe(history)}",
         ok,
     )
 
@@ -301,6 +364,7 @@ def fingerprint_change(gw: SimulatedGateway, settings: Settings) -> Row:
 SCENARIOS: list[tuple[str, Callable[[SimulatedGateway, Settings], Row]]] = [
     ("normal turns", normal_turns),
     ("tool loop with a retry", tool_loop_with_retry),
+    ("tool loop retried mid-loop", tool_loop_retried_mid_loop),
     ("built-in, MCP and custom tools", builtin_mcp_and_custom_tools),
     ("race", race),
     ("fork", fork),

@@ -17,6 +17,7 @@ from typing import Any
 from ratchet.domain.fingerprint import fingerprint_hash
 from ratchet.samples import make_artifact_and_proof, make_fingerprint
 from schemas.models import Fingerprint, Item, ToolEffect, TurnCompleted
+from services.gateway.claims import EffectClaims
 from services.gateway.client import Outcome, RehydrationClient
 from services.gateway.events import TurnIdentity, now_ms, tool_effect, turn_completed
 from services.gateway.producer import GatewayProducer
@@ -168,6 +169,12 @@ class SimulatedGateway:
             output=output,
             attempt=attempt,
         )
+
+    def claims(self, identity: TurnIdentity, idempotency_key: str, attempt: int) -> EffectClaims:
+        """Claim-before-execute for one attempt, against the API this gateway reads from;
+        outcomes are also published as ``ToolEffect`` through this gateway's producer."""
+        return EffectClaims(self.client.base_url, identity, idempotency_key=idempotency_key,
+                            attempt=attempt, producer=self.producer)
 
     def publish(
         self, turn: TurnCompleted | None = None, effects: Sequence[ToolEffect] = (), *others: Any

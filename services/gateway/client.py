@@ -95,6 +95,11 @@ class RehydrationClient:
     ) -> None:
         self._http = httpx.Client(base_url=base_url, timeout=timeout_s, transport=transport)
 
+    @property
+    def base_url(self) -> str:
+        """The service this client talks to (for the effect claims of the same API)."""
+        return str(self._http.base_url)
+
     def __enter__(self) -> RehydrationClient:
         return self
 

@@ -36,8 +36,23 @@ def test_demo_runs_twice_with_every_scenario_as_expected(settings, cassandra_ses
                 check=False,
             )
             assert done.returncode == 0, f"run {attempt}:\n{done.stdout}\n{done.stderr}"
-            assert "9/9 scenarios as expected" in done.stdout
+            assert "10/10 scenarios as expected" in done.stdout
+            # claim before execute: the retried tool loop reused the recorded output
+            ok, observed = _outcome(done.stdout, "tool loop retried mid-loop, claims")
+            assert ok == "yes", observed
+            assert observed.startswith("retry's claim COMPLETED, tool ran 1x "), observed
             assert "stopping the worker this demo started" in done.stdout
     finally:
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {demo_settings.keyspace}", timeout=60)
         delete_topics_with_prefix(demo_settings.kafka_bootstrap, [demo_settings.topic_prefix])
+
+
+def _outcome(stdout: str, scenario: str) -> tuple[str, str]:
+    """The ``ok`` column and the observed text of ``scenario``'s row in the outcomes
+    table (not the progress lines above it)."""
+    table = stdout.split("== outcomes", 1)[1]
+    for line in table.splitlines():
+        if line.strip().startswith(scenario):
+            ok, observed = line.strip()[len(scenario):].split(maxsplit=1)
+            return ok, observed
+    raise AssertionError(f"no row for {scenario!r} in:\n{table}")
