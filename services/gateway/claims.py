@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from ratchet.domain.catalogue import CATALOGUE, Kind
 from ratchet.domain.claims import EffectPolicy, effect_id_for_claim, rekey_output
 from schemas.items import from_responses
 from schemas.models import Item
@@ -37,6 +38,7 @@ from services.gateway.errors import (
     RehydrationUnavailable,
 )
 from services.gateway.events import (
+    InvalidGatewayItem,
     TurnIdentity,
     arguments_digest_of,
     tool_effect,
@@ -76,8 +78,17 @@ class Effect:
 
     def __init__(self, owner: EffectClaims, call: Mapping[str, Any], subturn_index: int,
                  occurrence: int) -> None:
+        entry = CATALOGUE.get(str(call.get("type")))
+        if entry is None or entry.kind is not Kind.CALL or "call_id" not in call:
+            # The helper records a text output item answering the call by call_id; a
+            # self-contained executed item (mcp_call) carries its own result: record it
+            # with a ToolEffect (services.gateway.events.tool_effect) instead.
+            raise InvalidGatewayItem(
+                f"claims.effect needs a call answered by an output item (function, custom "
+                f"tool, computer, local shell, shell, apply patch), not {call.get('type')!r}")
         self._owner = owner
         self.call = call
+        self.output_type = entry.output_type  # the item type that answers this call
         self.call_id = str(call["call_id"])
         self.tool_name = tool_name_of(call)
         self.subturn_index = subturn_index
@@ -109,7 +120,7 @@ class Effect:
         return self._record(text, succeeded=succeeded)
 
     def _record(self, text: str, *, succeeded: bool) -> Item:
-        output = {"type": "function_call_output", "call_id": self.call_id, "output": text,
+        output = {"type": self.output_type, "call_id": self.call_id, "output": text,
                   "id": f"{self.effect_id}:{self._owner.attempt}"}
         self.output = from_responses(output, item_id=output["id"])
         self._owner._complete(self, self.output, succeeded)
