@@ -143,22 +143,35 @@ BENCH_SUITES = {
 }
 
 
-@main.command()
-@click.argument("suites", nargs=-1, type=click.Choice(sorted(BENCH_SUITES)))
-def bench(suites: tuple[str, ...]) -> None:
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args: tuple[str, ...]) -> None:
     """Measure lookup, validation and persistence, each beside its raw baseline.
 
-    With no SUITES, runs them all in one run. Needs the servers (`ratchet infra up`) for
-    every suite but `validation`.
+    ARGS: suites to run (default: all, in one run), then options for a single suite,
+    e.g. `ratchet bench processor --turns 500` (`ratchet bench processor --help`). Needs
+    the servers (`ratchet infra up`) for every suite but `validation`.
     """
     import importlib
 
+    suites = []
+    for arg in args:
+        if arg not in BENCH_SUITES:
+            break
+        suites.append(arg)
+    options = list(args[len(suites):])
+    if options and len(suites) != 1:
+        raise click.UsageError(
+            f"options {options} need exactly one suite first (one of {sorted(BENCH_SUITES)})")
     failed = 0
     for name in suites or tuple(BENCH_SUITES):
         module, what = BENCH_SUITES[name]
         click.echo(f"\n== bench {name}: {what}")
         entry = importlib.import_module(module).main
-        result = entry([]) if "argv" in entry.__code__.co_varnames else entry()
+        takes_argv = "argv" in entry.__code__.co_varnames
+        if options and not takes_argv:
+            raise click.UsageError(f"bench {name} takes no options")
+        result = entry(options) if takes_argv else entry()
         failed += bool(result)
     sys.exit(1 if failed else 0)
 
