@@ -41,6 +41,17 @@ def test_chaos_ci_run_has_no_violation(chaos_settings, tmp_path):
     assert done.get("kafka_restart", 0) >= 1 and done.get("cassandra_restart", 0) >= 1, \
         report["faults"]
     assert not report["faults_failed"], report["faults"]
+    if not report["passed"]:
+        _print_log_tails(tmp_path)  # the run's logs go with pytest's tmp dir: show them now
     assert report["passed"], report["violations"]
     assert report["duration_s"] <= 600, f"took {report['duration_s']:.0f}s"
     assert all(s.healthy for s in launcher.status(chaos_settings).values())
+
+
+def _print_log_tails(out, lines: int = 60) -> None:
+    """The last lines of every worker and API log of the run (pytest prints them with
+    the failure), so a failed CI run can be read after its temporary files are gone."""
+    for log in sorted(out.glob("*/logs/*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        print(f"---- last {len(tail)} lines of {log.name}")
+        print("\n".join(tail))
