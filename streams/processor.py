@@ -204,32 +204,30 @@ class PromotionProcessor:
             key = partition_key(turn)
         except MissingChainRoot:
             key = turn.response_id
-        facts = self.ledger.turn_facts(
-            event_id=turn.event_id, tenant_id=turn.tenant_id,
-            idempotency_key=turn.idempotency_key, conversation_id=None)
-        if facts.decision is not None and facts.decision.reason is not None:
-            verdict: Verdict = _replayed_rejection(facts.decision)
-        else:
-            verdict = self._make_durable(turn, Reject(
-                RejectionReason.UNSUPPORTED_FORMAT,
-                f"event of {size} bytes exceeds the protocol maximum of "
-                f"{MAX_EVENT_BYTES} bytes"), facts)
-        return self._publishable(turn, key, verdict, facts)
+        return self._reject_before_the_store(turn, key, Reject(
+            RejectionReason.UNSUPPORTED_FORMAT,
+            f"event of {size} bytes exceeds the protocol maximum of {MAX_EVENT_BYTES} bytes"))
 
     def _on_unkeyed_turn(self, turn: TurnCompleted, missing: MissingChainRoot) -> Handled:
         """A continued chain turn without ``chain_root_id``: the partition its parent is
         in cannot be known, so it is ``PARENT_NOT_PROMOTED`` (what the store's chain
         rule answers for a parent it cannot find), decided without store reads and
         published under the turn's own response id, the only key it carries."""
+        return self._reject_before_the_store(
+            turn, turn.response_id, Reject(RejectionReason.PARENT_NOT_PROMOTED, str(missing)))
+
+    def _reject_before_the_store(self, turn: TurnCompleted, key: str,
+                                 reject: Reject) -> Handled:
+        """A rejection decided from the event alone: recorded like any other (so the
+        status endpoint and a redelivery agree), or the recorded one replayed."""
         facts = self.ledger.turn_facts(
             event_id=turn.event_id, tenant_id=turn.tenant_id,
             idempotency_key=turn.idempotency_key, conversation_id=None)
         if facts.decision is not None and facts.decision.reason is not None:
-            verdict: Verdict = _replayed_rejection(facts.decision)
+            verdict: Verdict = _replayed_rejection(facts.decision)  # never flip an outcome
         else:
-            verdict = self._make_durable(
-                turn, Reject(RejectionReason.PARENT_NOT_PROMOTED, str(missing)), facts)
-        return self._publishable(turn, turn.response_id, verdict, facts)
+            verdict = self._make_durable(turn, reject, facts)
+        return self._publishable(turn, key, verdict, facts)
 
     def _decide_and_write(self, turn: TurnCompleted, facts: TurnFacts, *,
                           owner_cached: bool = False,
