@@ -171,6 +171,21 @@ class LineageChanged:
 
 
 @dataclass(frozen=True)
+class FactsChanged:
+    """The request's facts (tool effects, effect claims, a cancellation, an earlier
+    decision) are not the ones the caller decided with; nothing was written.
+
+    Every writer of a request fact also sets the request's *facts mark* in the
+    history partition (after the fact itself); the promotion write asserts the mark
+    the caller saw (none, on the fast path that read no facts). ``mark`` is the mark
+    found: the caller reads the facts again and promotes with it
+    (``promote(..., facts_mark=mark)``).
+    """
+
+    mark: str | None
+
+
+@dataclass(frozen=True)
 class TooLarge:
     """The turn's stored size is above what one atomic write can carry; nothing stored."""
 
@@ -189,6 +204,7 @@ PromotionOutcome = (
     | ResponseClaimed
     | TooLarge
     | LineageChanged
+    | FactsChanged
 )
 
 
@@ -210,7 +226,8 @@ class PromotionView:
 
     ``original`` is the checkpoint the idempotency record points at (if any),
     ``existing`` the checkpoint of the request's response id (if any), ``parent`` the
-    checkpoint of ``previous_response_id`` (chain mode, if any).
+    checkpoint of ``previous_response_id`` (chain mode, if any), ``facts_mark`` the
+    request's facts mark (None: no fact of the request was ever recorded).
     """
 
     head: Head | None
@@ -218,6 +235,7 @@ class PromotionView:
     original: CheckpointRecord | None = None
     existing: CheckpointRecord | None = None
     parent: CheckpointRecord | None = None
+    facts_mark: str | None = None
 
 
 @dataclass(frozen=True)

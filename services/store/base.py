@@ -33,14 +33,20 @@ outcome (those are answered first); this is what binds a response id once per te
 across partitions. A claim whose batch is then refused stays with its request: a later
 turn of the same request (same key, digest, partition) finds it and goes on.
 
-Backends implement ``_claim``, ``_read_view``, ``_write``, ``_load_partition`` and
-``_locate``.
+A request's facts (kept by the ledger) are asserted, not read: every fact writer
+sets the request's facts mark (``mark_request_facts``) and the write of step 5 also
+requires the mark the caller decided with; a different mark ends the call with
+``FactsChanged`` before any write.
+
+Backends implement ``_claim``, ``_read_view``, ``_write``, ``_load_partition``,
+``_locate`` and the facts mark's ``_set_facts_mark`` / ``request_facts_mark``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -59,6 +65,7 @@ from ratchet.domain.history import (
 )
 from ratchet.domain.plan import (
     CorruptPartition,
+    FactsChanged,
     LineageChanged,
     Plan,
     Promoted,
@@ -244,6 +251,7 @@ class CheckpointStore(ABC):
         parent_hint: CheckpointRecord | None = None,
         extends: str | None | object = ANY_LINEAGE,
         claimed: ResponseClaim | None = None,
+        facts_mark: str | None = None,
     ) -> PromotionOutcome:
         """Persist the turn atomically, or say why not (see the module docstring).
 
@@ -262,6 +270,11 @@ class CheckpointStore(ABC):
         ``claimed``: the holder of the response id's claim, as the waiter of
         ``start_claiming`` returned it (the caller overlapped the claim with its own
         reads); without it the store takes the claim itself before its first write.
+
+        ``facts_mark``: the request's facts mark the caller decided with (None: no
+        fact of the request recorded, what a caller that read no facts asserts). The
+        write applies only if the mark is still that; otherwise ``FactsChanged`` with
+        the mark found, and nothing is written (see ``mark_request_facts``).
         """
         validate_request(request)
         size = turn_size(request)
@@ -282,7 +295,7 @@ class CheckpointStore(ABC):
             parent_hint if parent_hint is not None else self._hinted_parent(request),
         )
         if plan is not None and _extends(plan, extends) and claim_is_mine():
-            promoted = self._attempt(request, plan)
+            promoted = self._attempt(request, plan, facts_mark)
             if promoted is not None:
                 return promoted
         for _ in range(MAX_PROMOTION_ROUNDS):
@@ -291,12 +304,14 @@ class CheckpointStore(ABC):
             decision = plan_promotion(request, view)
             if not isinstance(decision, Plan):
                 return decision
+            if view.facts_mark != facts_mark:
+                return FactsChanged(view.facts_mark)
             if not _extends(decision, extends):
                 return LineageChanged(decision.parent_response_id)
             if not claim_is_mine():
                 assert holder is not None
                 return ResponseClaimed(holder)
-            promoted = self._attempt(request, decision)
+            promoted = self._attempt(request, decision, facts_mark)
             if promoted is not None:
                 return promoted
         raise StoreUnavailable(
@@ -389,17 +404,42 @@ class CheckpointStore(ABC):
     def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         """The promoted checkpoint of a response, or None (also for another tenant)."""
 
+    # -- request facts marks ------------------------------------------------------------
+
+    def mark_request_facts(self, tenant_id: str, partition_key: str, idempotency_key: str) -> str:
+        """Say that a fact of this request (a tool effect, an effect claim or its
+        outcome, a cancellation, a rejection decision) was recorded, AFTER recording
+        it; returns the new mark. A plain write in the history partition: a promotion
+        decided without that fact asserts the old mark and is refused
+        (``FactsChanged``), so a promotion never misses a fact recorded before it.
+        One recorded after the promotion's write is ordered after the promotion."""
+        mark = uuid.uuid4().hex
+        self._set_facts_mark(tenant_id, partition_key, idempotency_key, mark)
+        return mark
+
+    @abstractmethod
+    def request_facts_mark(self, tenant_id: str, partition_key: str,
+                           idempotency_key: str) -> str | None:
+        """The request's facts mark (None: no fact recorded). Read it BEFORE reading
+        the facts: a fact recorded after this read changes the mark."""
+
+    @abstractmethod
+    def _set_facts_mark(self, tenant_id: str, partition_key: str, idempotency_key: str,
+                        mark: str) -> None:
+        """Write the mark (plain write, durable at write consistency)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the in-memory backend has nothing to release."""
 
     # -- hints ----------------------------------------------------------------------------
 
-    def _attempt(self, request: PromotionRequest, plan: Plan) -> Promoted | None:
+    def _attempt(self, request: PromotionRequest, plan: Plan,
+                 facts_mark: str | None) -> Promoted | None:
         """One conditional write of ``plan``; ``Promoted`` if it applied."""
         checkpoint = build_checkpoint(
             request, plan, self.options.clock(), self.options.logical_retention_s
         )
-        if not self._write(request, plan, checkpoint):
+        if not self._write(request, plan, checkpoint, facts_mark):
             return None
         key = (request.tenant_id, request.partition_key)
         if plan.new_head is not None:
@@ -457,13 +497,15 @@ class CheckpointStore(ABC):
         """Read head / idempotency record / existing / parent, linearizably."""
 
     @abstractmethod
-    def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord) -> bool:
+    def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord,
+               facts_mark: str | None) -> bool:
         """Atomically write the turn if the plan's facts still hold; True if applied.
 
         The conditions: no idempotency record for the key, no checkpoint for the
         response id, and (Conversation) the head is exactly ``plan.expected_head``
         (absent if None) or (chain) the checkpoint ``plan.parent`` is still there with
-        the same seq, item range and mode. Nothing is written unless all hold. An
+        the same seq, item range and mode; the request's facts mark is ``facts_mark``
+        (absent if None). Nothing is written unless all hold. An
         unknown outcome must be resolved before returning (never guessed).
         """
 

@@ -13,6 +13,8 @@ The promotion batch (``_write``) is::
         IF seq = ? AND last_item_seq = ? AND mode = 'chain' AND lineage_digest = ?
     INSERT turn row (checkpoint + items) IF NOT EXISTS            -- each response once
     INSERT idempotency row           IF NOT EXISTS                -- each key once
+      (or, when the request has recorded facts: UPDATE it IF response_id = null AND
+       facts_mark = <the mark the decision saw>; see ``mark_request_facts``)
     INSERT head marker row (unconditional)                        -- Conversation mode only
 
 Cassandra allows these conditions together because they sit on different rows of
@@ -170,7 +172,8 @@ class CassandraCheckpointStore(CheckpointStore):
         )
         self._select_view_rows = self._prepare(
             "SELECT kind, ref, head_seq, head_response_id, head_item_count, "
-            f"head_lineage_digest, {CHECKPOINT_COLUMNS} FROM {table} WHERE {partition} AND (kind, ref) IN "
+            f"head_lineage_digest, facts_mark, {CHECKPOINT_COLUMNS} FROM {table} "
+            f"WHERE {partition} AND (kind, ref) IN "
             "(('head', ''), ('idempotency', ?), ('checkpoint', ?), ('checkpoint', ?))",
             serial_consistency,
         )
@@ -249,6 +252,19 @@ class CassandraCheckpointStore(CheckpointStore):
         self._insert_idempotency = self._prepare_lwt(
             f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, response_id, "
             "request_digest) VALUES (?, ?, 'idempotency', ?, ?, ?) IF NOT EXISTS"
+        )
+        # The request's idempotency row when facts were recorded before it: the mark
+        # the caller decided with is a condition, and no request may own the key yet.
+        self._claim_marked_idempotency = self._prepare_lwt(
+            f"UPDATE {table} SET response_id = ?, request_digest = ? WHERE {partition} "
+            "AND kind = 'idempotency' AND ref = ? IF response_id = null AND facts_mark = ?"
+        )
+        idempotency_row = f"{partition} AND kind = 'idempotency' AND ref = ?"
+        self._set_mark = self._prepare(
+            f"UPDATE {table} SET facts_mark = ? WHERE {idempotency_row}", write_consistency
+        )
+        self._select_mark = self._prepare(
+            f"SELECT facts_mark FROM {table} WHERE {idempotency_row}", read_consistency
         )
         self._insert_head_marker = self._prepare_lwt(
             f"INSERT INTO {table} (tenant_id, partition_key, kind, ref) VALUES (?, ?, 'head', '')"
@@ -352,6 +368,18 @@ class CassandraCheckpointStore(CheckpointStore):
         except (KeyError, TypeError, ValueError):
             return None
 
+    def request_facts_mark(self, tenant_id: str, partition_key: str,
+                           idempotency_key: str) -> str | None:
+        row = self._execute(
+            "facts_mark", self._select_mark, (tenant_id, partition_key, idempotency_key)
+        ).one()
+        return None if row is None else row.facts_mark
+
+    def _set_facts_mark(self, tenant_id: str, partition_key: str, idempotency_key: str,
+                        mark: str) -> None:
+        self._execute("facts_mark", self._set_mark,
+                      (mark, tenant_id, partition_key, idempotency_key))
+
     # -- backend hooks ----------------------------------------------------------------------
 
     def _read_view(self, request: PromotionRequest) -> PromotionView:
@@ -454,13 +482,13 @@ class CassandraCheckpointStore(CheckpointStore):
             for r in rows
             if r.kind == "checkpoint"
         }
-        idempotency = next(
-            (
-                IdempotencyRecord(r.ref, r.request_digest, r.response_id)
-                for r in rows
-                if r.kind == "idempotency"
-            ),
-            None,
+        # The idempotency row exists for a promoted request and for one with recorded
+        # facts (its mark alone); only the former is an idempotency record.
+        key_row = next((r for r in rows if r.kind == "idempotency"), None)
+        idempotency = (
+            None
+            if key_row is None or key_row.response_id is None
+            else IdempotencyRecord(key_row.ref, key_row.request_digest, key_row.response_id)
         )
         original = None
         if idempotency is not None:
@@ -473,6 +501,7 @@ class CassandraCheckpointStore(CheckpointStore):
             original=original,
             existing=checkpoints.get(request.response_id),
             parent=checkpoints.get(request.previous_response_id or ""),
+            facts_mark=None if key_row is None else key_row.facts_mark,
         )
 
     def _serial_checkpoint(
@@ -485,9 +514,10 @@ class CassandraCheckpointStore(CheckpointStore):
         ).one()
         return None if row is None else checkpoint_of(tenant_id, partition_key, row)
 
-    def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord) -> bool:
+    def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord,
+               facts_mark: str | None) -> bool:
         token = uuid.uuid4()
-        batch = self._batch(request, plan, checkpoint, token)
+        batch = self._batch(request, plan, checkpoint, token, facts_mark)
         try:
             # Plain-tuple rows: ``was_applied`` reads them the same, and the default
             # named tuples would build a class for every result.
@@ -521,7 +551,8 @@ class CassandraCheckpointStore(CheckpointStore):
         return row is not None and row.attempt_token == token
 
     def _batch(
-        self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord, token: uuid.UUID
+        self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord,
+        token: uuid.UUID, facts_mark: str | None,
     ) -> BatchStatement:
         key = (request.tenant_id, request.partition_key)
         batch = BatchStatement(
@@ -573,10 +604,17 @@ class CassandraCheckpointStore(CheckpointStore):
                 item_values(request.items, checkpoint.first_item_seq),
             ),
         )
-        batch.add(
-            self._insert_idempotency,
-            (*key, request.idempotency_key, request.response_id, request.request_digest),
-        )
+        if facts_mark is None:  # no fact recorded: the row must not exist at all
+            batch.add(
+                self._insert_idempotency,
+                (*key, request.idempotency_key, request.response_id, request.request_digest),
+            )
+        else:
+            batch.add(
+                self._claim_marked_idempotency,
+                (request.response_id, request.request_digest, *key, request.idempotency_key,
+                 facts_mark),
+            )
         return batch
 
     def _locate(self, tenant_id: str, response_id: str) -> str | None:

@@ -36,6 +36,8 @@ class _Partition:
     checkpoints: dict[str, CheckpointRecord] = field(default_factory=dict)
     items: dict[str, tuple[StoredItem, ...]] = field(default_factory=dict)
     idempotency: dict[str, IdempotencyRecord] = field(default_factory=dict)
+    # idempotency key -> the request's facts mark (``mark_request_facts``)
+    facts_marks: dict[str, str] = field(default_factory=dict)
 
 
 def _same_parent(stored: CheckpointRecord | None, planned: CheckpointRecord) -> bool:
@@ -110,15 +112,30 @@ class MemoryCheckpointStore(CheckpointStore):
                 original=None if record is None else partition.checkpoints.get(record.response_id),
                 existing=partition.checkpoints.get(request.response_id),
                 parent=None if parent_id is None else partition.checkpoints.get(parent_id),
+                facts_mark=partition.facts_marks.get(request.idempotency_key),
             )
 
-    def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord) -> bool:
+    def request_facts_mark(self, tenant_id: str, partition_key: str,
+                           idempotency_key: str) -> str | None:
+        with self._lock:
+            partition = self._partitions.get((tenant_id, partition_key))
+            return None if partition is None else partition.facts_marks.get(idempotency_key)
+
+    def _set_facts_mark(self, tenant_id: str, partition_key: str, idempotency_key: str,
+                        mark: str) -> None:
+        with self._lock:
+            partition = self._partitions.setdefault((tenant_id, partition_key), _Partition())
+            partition.facts_marks[idempotency_key] = mark
+
+    def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord,
+               facts_mark: str | None) -> bool:
         key = (request.tenant_id, request.partition_key)
         with self._lock:
             partition = self._partitions.get(key) or _Partition()
             if (
                 request.idempotency_key in partition.idempotency
                 or request.response_id in partition.checkpoints
+                or partition.facts_marks.get(request.idempotency_key) != facts_mark
             ):
                 return False
             if request.mode is PromotionMode.CONVERSATION and partition.head != plan.expected_head:
@@ -148,8 +165,8 @@ class MemoryCheckpointStore(CheckpointStore):
     def _load_partition(self, tenant_id: str, partition_key: str) -> PartitionSnapshot | None:
         with self._lock:
             partition = self._partitions.get((tenant_id, partition_key))
-            if partition is None:
-                return None
+            if partition is None or (partition.head is None and not partition.checkpoints):
+                return None  # nothing promoted (at most request facts marks)
             return PartitionSnapshot(
                 tenant_id=tenant_id,
                 partition_key=partition_key,

@@ -408,6 +408,8 @@ def decode_snapshot(
             damaged.add(ref)
     first = rows[0]
     head_seq = first[_HEAD_SEQ]
+    if head_seq is None and not checkpoints and not damaged:
+        return None  # only request facts marks: nothing promoted here yet
     return PartitionSnapshot(
         tenant_id=tenant_id,
         partition_key=partition_key,

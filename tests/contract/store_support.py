@@ -14,10 +14,12 @@ from schemas.canonical import canonical_json_text as canonical_json
 from schemas.models import Certification, Item, sha256_hex
 
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "migrations"
-# The store's tables: turns (004), response_claims (007) and the turns' lineage digests (009).
+# The store's tables: turns (004), response_claims (007), the turns' lineage digests (009)
+# and the request facts marks (011).
 MIGRATIONS = tuple(
     _MIGRATIONS_DIR / name
-    for name in ("004_turn_rows.cql", "007_response_claims.cql", "009_lineage_digest.cql")
+    for name in ("004_turn_rows.cql", "007_response_claims.cql", "009_lineage_digest.cql",
+                 "011_request_facts_mark.cql")
 )
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -17,6 +17,7 @@ from ratchet.domain.plan import (
     AheadOfHead,
     Conflict,
     Duplicate,
+    FactsChanged,
     KeyReused,
     LineageChanged,
     ParentMissing,
@@ -159,6 +160,51 @@ class StoreContract:
         assert store.promote(ahead, extends=first.response_id) == LineageChanged(
             moved.response_id)
         assert isinstance(store.promote(ahead, extends=moved.response_id), Promoted)
+
+    # -- request facts marks (the promotion asserts the facts it decided with) -----------
+
+    def test_a_fact_recorded_before_the_promotion_refuses_it(self, store, tenant):
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        assert store.request_facts_mark(tenant, conv, turn.idempotency_key) is None
+        mark = store.mark_request_facts(tenant, conv, turn.idempotency_key)
+        assert store.request_facts_mark(tenant, conv, turn.idempotency_key) == mark
+        # decided without facts: refused, nothing written, the mark found is returned
+        assert store.promote(turn) == FactsChanged(mark)
+        assert store.head(tenant, conv) is None
+        assert isinstance(store.read_history(tenant, conversation_id=conv), HistoryFailure)
+        # a stale mark is refused the same way
+        assert store.promote(turn, facts_mark="stale") == FactsChanged(mark)
+        promoted = store.promote(turn, facts_mark=mark)
+        assert isinstance(promoted, Promoted) and promoted.seq == 1
+        # the key now names its request: a retry is a duplicate whatever mark it brings
+        assert store.promote(turn, facts_mark=mark) == Duplicate(promoted.checkpoint)
+        assert store.promote(turn) == Duplicate(promoted.checkpoint)
+
+    def test_a_fact_recorded_after_a_hinted_plan_refuses_the_write(self, store, tenant):
+        conv = uid("conv")
+        assert isinstance(store.promote(conversation_turn(tenant, conv, 0)), Promoted)
+        turn = conversation_turn(tenant, conv, 1)  # planned from the store's head hint
+        other = self.shared_store(store, StoreOptions())
+        mark = other.mark_request_facts(tenant, conv, turn.idempotency_key)
+        assert store.promote(turn) == FactsChanged(mark)
+        assert store.head(tenant, conv).seq == 1
+        newer = other.mark_request_facts(tenant, conv, turn.idempotency_key)
+        assert store.promote(turn, facts_mark=mark) == FactsChanged(newer)
+        assert isinstance(store.promote(turn, facts_mark=newer), Promoted)
+
+    def test_facts_marks_are_per_request_and_chain_mode_too(self, store, tenant):
+        root_id = uid("resp")
+        root = chain_turn(tenant, root_id, root_id, None)
+        store.mark_request_facts(tenant, root_id, "another-request")
+        assert isinstance(store.promote(root), Promoted)  # another key's mark: no matter
+        child = chain_turn(tenant, root_id, uid("resp"), root_id)
+        mark = store.mark_request_facts(tenant, root_id, child.idempotency_key)
+        assert store.promote(child) == FactsChanged(mark)
+        assert isinstance(store.promote(child, facts_mark=mark), Promoted)
+        # a mark set after the promotion changes nothing promoted
+        store.mark_request_facts(tenant, root_id, child.idempotency_key)
+        assert len(self.history(store, tenant, response_id=child.response_id).items) == 4
 
     def test_extends_in_chain_mode(self, store, tenant):
         root_id = uid("resp")
