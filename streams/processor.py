@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from ratchet.domain import promotion
 from ratchet.domain.history import Head, HistoryFailure, PromotionMode
-from ratchet.domain.plan import LineageChanged, ParentMissing, ResponseClaim
+from ratchet.domain.plan import FactsChanged, LineageChanged, ParentMissing, ResponseClaim
 from ratchet.domain.promotion import (
     Accepted,
     Facts,
@@ -82,6 +82,13 @@ log = logging.getLogger(__name__)
 # How often a turn is decided again because the lineage it extends moved meanwhile
 # (another promoter on the same partition) before the attempt is retried as a whole.
 MAX_LINEAGE_ROUNDS = 4
+# How often the request's facts may change under one decision before the attempt is
+# retried as a whole (each change is a fact recorded meanwhile: rare).
+MAX_FACTS_ROUNDS = 4
+# No fact of the request read (the fast path): what the batch asserts with no mark.
+_NO_FACTS = TurnFacts(decision=None, effects=(), cancellation=None, conversation_owner=None)
+# The facts mark is not known yet: read it before the facts.
+_UNKNOWN = object()
 
 
 def lane_name(record: RawRecord) -> str:
@@ -151,13 +158,29 @@ class PromotionProcessor:
         if result is EffectWrite.CONFLICT:
             log.warning("tool effect %s recorded again with a different output digest: "
                         "conflicted", effect.effect_id)
+        self._mark_facts(effect.tenant_id, effect.partition_key, effect.idempotency_key)
 
     def _record_cancel(self, cancel: TurnCancelled) -> None:
         self.ledger.record_cancellation(Cancellation(
             cancel.tenant_id, cancel.idempotency_key, cancel.response_id, cancel.cancelled_at))
+        self._mark_facts(cancel.tenant_id, cancel.partition_key, cancel.idempotency_key)
+
+    def _mark_facts(self, tenant_id: str, key: str, idempotency_key: str) -> None:
+        """After a fact of the request is durable (also when it was already there: a
+        redelivery after a crash between the fact and its mark): a promotion of the
+        request decided without it is refused (``FactsChanged``)."""
+        mark = self.store.mark_request_facts(tenant_id, key, idempotency_key)
+        self.tails.learn_facts_mark(tenant_id, key, idempotency_key, mark)
 
     # -- TurnCompleted -------------------------------------------------------------------
     def _on_turn(self, turn: TurnCompleted) -> Handled:
+        """Decide and make durable. The fast path reads none of the request's facts
+        (effects, claims, cancellation, earlier decision): the promotion batch asserts
+        that none were recorded (no facts mark). The facts are read when the turn uses
+        tool effects (it needs them), when this worker recorded one of the request's
+        facts itself, when the batch found a mark (``FactsChanged``), and before any
+        rejection is made durable (a rejection needs them: replay, cancellation,
+        orphans)."""
         try:
             key = partition_key(turn)
         except MissingChainRoot as exc:
@@ -165,13 +188,58 @@ class PromotionProcessor:
         conversation = turn.conversation_id
         owner = None if conversation is None else self.tails.owner(conversation)
         # The response id's claim must be held before the promotion batch is sent;
-        # taking it now overlaps it with the ledger reads (one round trip less per
-        # turn). A turn that ends up rejected leaves a claim only its own request can
-        # use (a retry of it goes on; another request could never bind the id anyway).
+        # taking it now overlaps it with the reads (one round trip less per turn). A
+        # turn that ends up rejected leaves a claim only its own request can use (a
+        # retry of it goes on; another request could never bind the id anyway).
         claiming = (functools.cache(self.store.start_claiming(ResponseClaim(
             turn.tenant_id, turn.response_id, key, turn.idempotency_key, turn.request_digest)))
             if turn.status in PROMOTABLE_STATUSES else None)
-        # A cached owner (immutable once claimed) saves the owner read of the fan-out.
+        known_mark = self.tails.facts_mark(turn.tenant_id, key, turn.idempotency_key)
+        if promotion.used_effect_ids(turn) or known_mark is not None:
+            facts, mark = self._read_facts(turn, key, owner, known_mark or _UNKNOWN)
+            read = True
+        else:
+            # A cached owner (immutable once claimed) saves the owner read.
+            facts = _NO_FACTS if conversation is None else replace(
+                _NO_FACTS, conversation_owner=owner or self.ledger.conversation_owner(
+                    conversation))
+            mark, read = None, False
+        fresh = False  # decide from fresh reads only (no cached lineage or owner)
+        for _ in range(MAX_FACTS_ROUNDS):
+            if facts.decision is not None and facts.decision.reason is not None:
+                verdict: Verdict = _replayed_rejection(facts.decision)  # never flip it
+                break
+            decided = self._decide_and_write(
+                turn, facts, mark, fresh=fresh, recheck=read, claiming=claiming,
+                owner_cached=owner is not None and not fresh)
+            if isinstance(decided, FactsChanged):
+                facts, mark = self._read_facts(turn, key, None if fresh else owner, decided.mark)
+                read = True
+                continue
+            if isinstance(decided, Reject) and not read:
+                # A rejection decided without the facts (or from cached lineage/owner):
+                # decided again from fresh reads of everything before it is recorded.
+                self.cache_rechecks += 1
+                facts, mark = self._read_facts(turn, key, None)
+                read = fresh = True
+                continue
+            verdict = self._make_durable(turn, key, decided, facts)
+            break
+        else:
+            raise StoreUnavailable(
+                f"facts of request {turn.idempotency_key} changed {MAX_FACTS_ROUNDS} times "
+                "while deciding", retryable=True, operation="promote")
+        return self._publishable(turn, key, verdict, facts)
+
+    def _read_facts(self, turn: TurnCompleted, key: str, owner: str | None,
+                    mark: str | None | object = None) -> tuple[TurnFacts, str | None]:
+        """The request's facts and the facts mark they go with. The mark is read first
+        (``_UNKNOWN``): a fact recorded after that read changes the mark, so the batch
+        that asserts it is refused instead of missing the fact."""
+        if mark is _UNKNOWN:
+            mark = self.store.request_facts_mark(turn.tenant_id, key, turn.idempotency_key)
+        assert mark is None or isinstance(mark, str)
+        conversation = turn.conversation_id
         facts = self.ledger.turn_facts(
             event_id=turn.event_id, tenant_id=turn.tenant_id,
             idempotency_key=turn.idempotency_key,
@@ -180,12 +248,7 @@ class PromotionProcessor:
             facts = replace(facts, conversation_owner=owner)
         if facts.cancellation is not None and self._cancelled_after_promotion(facts.cancellation):
             facts = replace(facts, cancellation=None)
-        if facts.decision is not None and facts.decision.reason is not None:
-            verdict: Verdict = _replayed_rejection(facts.decision)  # never flip an outcome
-        else:
-            verdict = self._decide_and_write(turn, facts, owner_cached=owner is not None,
-                                             claiming=claiming)
-        return self._publishable(turn, key, verdict, facts)
+        return facts, mark
 
     def _cancelled_after_promotion(self, cancel: Cancellation) -> bool:
         """A cancellation of a response that is promoted (under the same request) came
@@ -226,17 +289,22 @@ class PromotionProcessor:
         if facts.decision is not None and facts.decision.reason is not None:
             verdict: Verdict = _replayed_rejection(facts.decision)  # never flip an outcome
         else:
-            verdict = self._make_durable(turn, reject, facts)
+            verdict = self._make_durable(turn, key, reject, facts)
         return self._publishable(turn, key, verdict, facts)
 
-    def _decide_and_write(self, turn: TurnCompleted, facts: TurnFacts, *,
-                          owner_cached: bool = False,
-                          claiming: Callable[[], ResponseClaim] | None = None) -> Verdict:
-        lineage = self._cached_lineage(turn)
+    def _decide_and_write(self, turn: TurnCompleted, facts: TurnFacts, mark: str | None, *,
+                          fresh: bool = False, recheck: bool = True, owner_cached: bool = False,
+                          claiming: Callable[[], ResponseClaim] | None = None
+                          ) -> Verdict | FactsChanged:
+        """Decide with ``facts`` (those of facts mark ``mark``) and promote if the rules
+        allow; not yet durable for a rejection (the caller records it). ``fresh``: no
+        cached lineage; ``recheck=False``: return a rejection decided from cached facts
+        as it is (the caller decides it again from fresh reads anyway)."""
+        lineage = None if fresh else self._cached_lineage(turn)
         from_cache = (lineage is not None and lineage.cached) or owner_cached
-        verdict = self._decide(turn, facts, lineage or self._read_lineage(turn), claiming)
+        verdict = self._decide(turn, facts, mark, lineage or self._read_lineage(turn), claiming)
         rounds = 0
-        while verdict is None or (from_cache and isinstance(verdict, Reject)):
+        while verdict is None or (recheck and from_cache and isinstance(verdict, Reject)):
             # Decide again from fresh reads when (a) a rejection was decided with cached
             # facts: a stale or wrong entry may cost reads, never a wrong rejection (a
             # promotion needs no second look: the store only writes it on top of the
@@ -253,11 +321,12 @@ class PromotionProcessor:
                     facts = replace(facts, conversation_owner=self.ledger.conversation_owner(
                         turn.conversation_id))
                 from_cache = False
-            verdict = self._decide(turn, facts, self._read_lineage(turn), claiming)
-        return self._make_durable(turn, verdict, facts)
+            verdict = self._decide(turn, facts, mark, self._read_lineage(turn), claiming)
+        return verdict
 
-    def _decide(self, turn: TurnCompleted, facts: TurnFacts, lineage: Lineage,
-                claiming: Callable[[], ResponseClaim] | None = None) -> Verdict | None:
+    def _decide(self, turn: TurnCompleted, facts: TurnFacts, mark: str | None,
+                lineage: Lineage, claiming: Callable[[], ResponseClaim] | None = None
+                ) -> Verdict | FactsChanged | None:
         """Validate against ``lineage``, decide, and promote if the rules allow it.
 
         None: the store would put the turn on another lineage than ``lineage``
@@ -273,7 +342,7 @@ class PromotionProcessor:
         ))
         if not isinstance(decided, Promote):
             return self._already_promoted(turn) or decided
-        verdict = self._promote(turn, decided, lineage, claiming)
+        verdict = self._promote(turn, decided, lineage, mark, claiming)
         if (isinstance(verdict, Accepted) and not verdict.replayed and not lineage.unread
                 and validation.pairing is not None):
             # The write extended exactly ``lineage.tail`` (``extends``): the pairing
@@ -337,7 +406,8 @@ class PromotionProcessor:
         return Lineage(pairing, found.checkpoint)
 
     def _promote(self, turn: TurnCompleted, decided: Promote, lineage: Lineage,
-                 claiming: Callable[[], ResponseClaim] | None = None) -> Verdict | None:
+                 mark: str | None, claiming: Callable[[], ResponseClaim] | None = None
+                 ) -> Verdict | FactsChanged | None:
         head_hint = parent_hint = None
         if lineage.cached and lineage.tail is not None:
             # The cached tail is the plan's premise; the batch checks it as a condition.
@@ -354,7 +424,7 @@ class PromotionProcessor:
             with metrics.LWT_SECONDS.time():
                 outcome = self.store.promote(decided.request, head_hint=head_hint,
                                              parent_hint=parent_hint, extends=extends,
-                                             claimed=holder)
+                                             claimed=holder, facts_mark=mark)
         except InvalidPromotion as exc:  # validation let through what the store refuses
             return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
         except CorruptPartition as exc:
@@ -363,6 +433,8 @@ class PromotionProcessor:
             # itself is fine, and a redelivery must get the same answer).
             log.error("promotion of %s met a corrupt partition: %s", turn.response_id, exc)
             return Reject(RejectionReason.CORRUPT, f"stored partition is corrupt: {exc}")
+        if isinstance(outcome, FactsChanged):
+            return outcome  # nothing written: the caller reads the facts and decides again
         if isinstance(outcome, LineageChanged):
             log.info("%s would extend %s, not %s (validated on): deciding again",
                      turn.response_id, outcome.parent_response_id, extends)
@@ -374,7 +446,8 @@ class PromotionProcessor:
             parent_owner = self.ledger.response_owner(outcome.previous_response_id)
         return promotion.interpret(turn, outcome, parent_owner)
 
-    def _make_durable(self, turn: TurnCompleted, verdict: Verdict, facts: TurnFacts) -> Verdict:
+    def _make_durable(self, turn: TurnCompleted, key: str, verdict: Verdict,
+                      facts: TurnFacts) -> Verdict:
         """Record the verdict before anything is published (commit order, step 1)."""
         if isinstance(verdict, Accepted):
             first_turn = facts.conversation_owner is None
@@ -400,6 +473,8 @@ class PromotionProcessor:
         # A DUPLICATE's status names the original response (a retry answers with it).
         self.ledger.mark_rejected(turn.tenant_id, turn.response_id, verdict.reason.value,
                                   verdict.detail, verdict.existing_response_id)
+        # A redelivery of this event decided on the fast path must find the decision.
+        self._mark_facts(turn.tenant_id, key, turn.idempotency_key)
         return verdict
 
     # -- what to publish ------------------------------------------------------------------

@@ -27,13 +27,19 @@ What is cached, and why each fact cannot go stale:
   First claim wins and it never changes, so only claimed owners are cached (never
   "no owner yet").
 
+* the request facts mark per (tenant, partition key, idempotency key) that this
+  worker last wrote (after recording a tool effect, a cancellation or a rejection
+  of the request). It CAN be stale (a claim or another worker wrote a newer one): it
+  is only asserted by the promotion batch, which refuses a stale mark
+  (``FactsChanged``) and costs one more read, never a wrong outcome.
+
 The processor's safety rules on top (``streams/processor.py``): a promotion decided
 from cached facts is correct because the LWT checks the head/parent the facts
 describe; any REJECTION decided with cached facts is decided again from fresh reads
 before it is made durable, so a stale or wrong entry can cost a read, never a wrong
 outcome.
 
-Memory is bounded: at most ``capacity`` entries in each of the three maps (LRU), and
+Memory is bounded: at most ``capacity`` entries in each of the four maps (LRU), and
 a lineage with more than ``max_call_ids`` tool call ids is not cached at all (its
 pairing state grows with the conversation; those turns read the history as before).
 Defaults (10 000 entries, 256 call ids) keep the cache within a few tens of MB at the
@@ -83,10 +89,11 @@ class TailCache:
         self._tails = Lru(capacity)  # (tenant, partition key, response id) -> Tail
         self._heads = Lru(capacity)  # (tenant, conversation id) -> Tail of the last head
         self._owners = Lru(capacity)  # conversation id -> owning tenant
+        self._marks = Lru(capacity)  # (tenant, partition key, idempotency key) -> mark
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._tails) + len(self._heads) + len(self._owners)
+            return len(self._tails) + len(self._heads) + len(self._owners) + len(self._marks)
 
     # -- lookups --------------------------------------------------------------------
     def tail(self, tenant_id: str, partition_key: str, response_id: str) -> Tail | None:
@@ -106,6 +113,12 @@ class TailCache:
     def owner(self, conversation_id: str) -> str | None:
         with self._lock:
             found = self._owners.get(conversation_id)
+        return found if isinstance(found, str) else None
+
+    def facts_mark(self, tenant_id: str, partition_key: str, idempotency_key: str) -> str | None:
+        """The request facts mark this worker last wrote for the request (a hint)."""
+        with self._lock:
+            found = self._marks.get((tenant_id, partition_key, idempotency_key))
         return found if isinstance(found, str) else None
 
     # -- learning ---------------------------------------------------------------------
@@ -128,6 +141,12 @@ class TailCache:
     def learn_owner(self, conversation_id: str, tenant_id: str) -> None:
         with self._lock:
             self._owners.put(conversation_id, tenant_id)
+
+    def learn_facts_mark(self, tenant_id: str, partition_key: str, idempotency_key: str,
+                         mark: str) -> None:
+        if self.capacity > 0:
+            with self._lock:
+                self._marks.put((tenant_id, partition_key, idempotency_key), mark)
 
     def forget_head(self, tenant_id: str, conversation_id: str) -> None:
         """Drop the conversation's head pointer (e.g. it proved not to be the head)."""

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from ratchet.domain import claims
@@ -43,7 +43,27 @@ class _Body(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ClaimIn(_Body):
+class _InPartition(_Body):
+    """Where the request's turns go: exactly one of ``conversation_id`` or
+    ``chain_root_id``, as on the request's ``TurnCompleted`` (CONTRACT section 2; a
+    chain's first response is its own root). The claim marks the request's facts in
+    that history partition, so the promotion of a turn of the request sees it."""
+
+    conversation_id: str | None = Field(None, pattern=_ID)
+    chain_root_id: str | None = Field(None, pattern=_ID)
+
+    @model_validator(mode="after")
+    def _one_partition(self) -> _InPartition:
+        if (self.conversation_id is None) == (self.chain_root_id is None):
+            raise ValueError("give exactly one of conversation_id or chain_root_id")
+        return self
+
+    @property
+    def partition_key(self) -> str:
+        return self.conversation_id or self.chain_root_id or ""
+
+
+class ClaimIn(_InPartition):
     tenant_id: str = Field(pattern=_ID)
     idempotency_key: str = Field(pattern=_ID, description="The logical request's key.")
     attempt: int = Field(ge=1, le=1_000_000)
@@ -72,7 +92,7 @@ class OutputIn(_Body):
     format_version: int = Field(1, ge=1, le=1000)
 
 
-class CompleteIn(_Body):
+class CompleteIn(_InPartition):
     tenant_id: str = Field(pattern=_ID)
     idempotency_key: str = Field(pattern=_ID)
     token: str = Field(pattern=_ID)
@@ -131,7 +151,11 @@ _COMPLETE_HTTP = {
 }
 
 
-def claims_router(ledger: Ledger, clock_ms: Callable[[], int] | None = None) -> APIRouter:
+def claims_router(ledger: Ledger, mark_facts: Callable[[str, str, str], object],
+                  clock_ms: Callable[[], int] | None = None) -> APIRouter:
+    """``mark_facts(tenant, partition key, idempotency key)``: the store's
+    ``mark_request_facts``, called after every claim write (a claim and its outcome are
+    facts a promotion of the request must see)."""
     now = clock_ms or (lambda: time.time_ns() // 1_000_000)
     router = APIRouter(tags=["effect claims"])
 
@@ -155,6 +179,8 @@ def claims_router(ledger: Ledger, clock_ms: Callable[[], int] | None = None) -> 
             body.call_id, body.tool_name, body.arguments_digest, body.token, body.lease_ms,
             body.policy)
         answer: Answer = await run_in_threadpool(ledger.claim_effect, request, now())
+        await run_in_threadpool(mark_facts, body.tenant_id, body.partition_key,
+                                body.idempotency_key)
         out = _body(answer.state.value, effect_id, answer.claim, wait_ms=answer.wait_ms,
                     previous_attempt=answer.previous_attempt, detail=answer.detail)
         return JSONResponse(out.model_dump(mode="json"))
@@ -182,6 +208,8 @@ def claims_router(ledger: Ledger, clock_ms: Callable[[], int] | None = None) -> 
         state, claim = await run_in_threadpool(
             ledger.complete_claim, body.tenant_id, body.idempotency_key, effect_id,
             body.token, body.status, output, now())
+        await run_in_threadpool(mark_facts, body.tenant_id, body.partition_key,
+                                body.idempotency_key)
         if state in _COMPLETE_HTTP:
             return _error(_COMPLETE_HTTP[state], state.value, f"effect {effect_id}")
         return JSONResponse(_body(state.value, effect_id, claim).model_dump(mode="json"))

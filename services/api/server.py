@@ -73,7 +73,8 @@ class ApiProcess:
             on_promoted=self.prewarmer.promoted if self.cache.enabled else None,
         )
         self.app: FastAPI = create_app(self.service, lambda: self.notifier.up,
-                                       routers=[claims_router(self.ledger)])
+                                       routers=[claims_router(self.ledger,
+                                                              self.store.mark_request_facts)])
 
     def close(self) -> None:
         self.notifier.stop()

@@ -169,6 +169,7 @@ class EffectClaims:
         deadline = time.monotonic() + self._max_wait_s
         while True:
             body = self._post("/v1/effects/claims", {
+                **self._partition(),
                 "tenant_id": self.identity.tenant_id, "idempotency_key": self.idempotency_key,
                 "attempt": self.attempt, "subturn_index": effect.subturn_index,
                 "tool_name": effect.tool_name, "occurrence": effect.occurrence,
@@ -194,6 +195,7 @@ class EffectClaims:
 
     def _complete(self, effect: Effect, output: Item, succeeded: bool) -> None:
         self._post(f"/v1/effects/claims/{effect.effect_id}/complete", {
+            **self._partition(),
             "tenant_id": self.identity.tenant_id, "idempotency_key": self.idempotency_key,
             "token": effect.token, "status": "succeeded" if succeeded else "failed",
             "output": {"item_id": output.item_id, "type": output.type, "role": output.role,
@@ -206,6 +208,13 @@ class EffectClaims:
                 subturn_index=effect.subturn_index, call=effect.call,
                 output=json.loads(output.content), attempt=self.attempt,
                 succeeded=succeeded, effect_id=effect.effect_id))
+
+    def _partition(self) -> dict[str, str]:
+        """The request's history partition, as its turns name it."""
+        if self.identity.conversation_id is not None:
+            return {"conversation_id": self.identity.conversation_id}
+        assert self.identity.chain_root_id is not None
+        return {"chain_root_id": self.identity.chain_root_id}
 
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         try:

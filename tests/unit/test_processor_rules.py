@@ -382,20 +382,27 @@ def test_accepted_is_a_verdict_type():
 
 
 class FlakyLedger(MemoryLedger):
-    def __init__(self, failures: int) -> None:
+    """Fails the first ``failures`` calls of ``method``."""
+
+    def __init__(self, failures: int, method: str) -> None:
         super().__init__()
         self.failures = failures
+        real = getattr(self, method)
 
-    def effects_for(self, tenant_id, idempotency_key):
-        if self.failures:
-            self.failures -= 1
-            raise LedgerUnavailable("cassandra down")
-        return super().effects_for(tenant_id, idempotency_key)
+        def flaky(*args, **kwargs):
+            if self.failures:
+                self.failures -= 1
+                raise LedgerUnavailable("cassandra down")
+            return real(*args, **kwargs)
+
+        setattr(self, method, flaky)
 
 
-def test_persistence_failure_raises_retryable_and_a_retry_promotes_once():
+# before the decision (the owner read of a first turn), after the durable promotion
+@pytest.mark.parametrize("method", ["conversation_owner", "mark_promoted"])
+def test_persistence_failure_raises_retryable_and_a_retry_promotes_once(method):
     h = Harness()
-    h.ledger = FlakyLedger(failures=1)
+    h.ledger = FlakyLedger(failures=1, method=method)
     h.processor = PromotionProcessor(h.store, h.ledger, PickleCodec(), TOPICS,
                                      clock_ms=lambda: NOW_MS)
     t = turn(conv_id(), 0)
