@@ -264,6 +264,9 @@ def make_tool_loop_turn(
     """
     response_id = overrides.pop("response_id", None) or new_id("resp")
     idempotency_key = overrides.pop("idempotency_key", None) or new_id("idem")
+    # The effects travel in the turn's partition, as a gateway sends them.
+    where = {k: overrides[k] for k in ("conversation_id", "chain_root_id", "tenant_id")
+             if k in overrides}
     output: list[Item] = []
     effects: list[ToolEffect] = []
     subturns: list[Subturn] = []
@@ -281,6 +284,7 @@ def make_tool_loop_turn(
             subturn_index=index,
             response_id=response_id,
             now_ms=now_ms,
+            **where,
         )
         output.append(effect.output)
         effects.append(effect)

@@ -1,0 +1,197 @@
+"""Races between two workers of one partition (the old owner, still running after a
+rebalance, and the new one), on both backends: the promotion batch asserts the
+request's facts (``mark_request_facts``) instead of reading them, so every fact one
+worker records must reach the other's decision or come after its promotion.
+
+Each worker is a ``PromotionProcessor`` with a tail cache and store hints of its own
+over the same data (Cassandra: two store objects on one keyspace; memory: one store).
+"""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+
+import pytest
+
+from ratchet.samples import (
+    NOW_MS,
+    TENANT,
+    make_tool_effect,
+    make_tool_loop_turn,
+    make_turn,
+    make_turn_cancelled,
+)
+from schemas.models import Certification, OrphanReason, RejectionReason
+from services.ledger.cassandra import CassandraLedger
+from services.ledger.memory import MemoryLedger
+from services.store.base import StoreOptions
+from services.store.cassandra import CassandraCheckpointStore
+from services.store.memory import MemoryCheckpointStore
+from streams.processor import PromotionProcessor
+from streams.records import RawRecord
+from tests.unit.test_processor_rules import TOPICS, PickleCodec
+
+R = RejectionReason
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+class Worker:
+    def __init__(self, store, ledger) -> None:
+        self.store = store
+        self.processor = PromotionProcessor(store, ledger, PickleCodec(), TOPICS,
+                                            clock_ms=lambda: NOW_MS)
+        self.offset = 0
+
+    def handle(self, event):
+        self.offset += 1
+        return self.processor.handle(
+            RawRecord(TOPICS.gateway_events, 0, self.offset, b"k", pickle.dumps(event)))
+
+    def outcome(self, event):
+        return self.handle(event).outbound[0].model
+
+    def feed(self, *events) -> None:
+        for event in events:
+            assert self.handle(event).outbound == ()
+
+
+class Interleaving:
+    """A store whose next ``promote`` first lets another worker act: the other worker's
+    event lands between this worker's decision and its batch."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+        self.before_promote = None
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def promote(self, request, **kw):
+        if self.before_promote is not None:
+            act, self.before_promote = self.before_promote, None
+            act()
+        return self._store.promote(request, **kw)
+
+
+@pytest.fixture(params=["memory", "cassandra"])
+def workers(request):
+    """(old owner, new owner) on shared data."""
+    if request.param == "memory":
+        store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+        return Worker(store, ledger), Worker(Interleaving(store), ledger)
+    session = request.getfixturevalue("ledger_session")
+    ledger = CassandraLedger(session, timeout_s=30)
+
+    def store():
+        return CassandraCheckpointStore(session, StoreOptions(), timeout_s=30)
+
+    return Worker(store(), ledger), Worker(Interleaving(store()), ledger)
+
+
+def turn(conv: str, head: int, **kw):
+    kw.setdefault("response_id", uid("resp"))
+    kw.setdefault("idempotency_key", uid("idem"))
+    return make_turn(conversation_id=conv, expected_head_seq=head, **kw)
+
+
+def test_cancel_by_the_old_owner_then_completion_by_the_new_one(workers):
+    old, new = workers
+    conv = uid("conv")
+    t = turn(conv, 0)
+    old.feed(make_turn_cancelled(t))
+    assert new.outcome(t).reason is R.CANCELLED
+    assert new.store.head(TENANT, conv) is None
+    assert old.outcome(t).reason is R.CANCELLED  # a redelivery on the old owner agrees
+
+
+def test_completion_by_the_new_owner_then_cancel_by_the_old_one(workers):
+    old, new = workers
+    conv = uid("conv")
+    t = turn(conv, 0)
+    assert new.outcome(t).seq == 1
+    old.feed(make_turn_cancelled(t))  # came after the promotion: changes nothing
+    assert old.outcome(t).seq == 1
+    assert new.outcome(t).seq == 1
+    assert new.store.head(TENANT, conv).seq == 1
+
+
+def test_cancel_landing_between_the_decision_and_the_batch(workers):
+    old, new = workers
+    conv = uid("conv")
+    t = turn(conv, 0)
+    new.store.before_promote = lambda: old.feed(make_turn_cancelled(t))
+    assert new.outcome(t).reason is R.CANCELLED  # the batch was refused, facts read
+    assert new.store.head(TENANT, conv) is None
+    assert old.outcome(t).reason is R.CANCELLED
+
+
+def test_effect_recorded_by_the_previous_owner_is_used(workers):
+    old, new = workers
+    final, effects = make_tool_loop_turn(rounds=2, conversation_id=uid("conv"))
+    old.feed(*effects)
+    promoted = new.outcome(final)
+    assert promoted.seq == 1 and promoted.certification is Certification.CERTIFIED
+
+
+def test_effect_recorded_by_the_previous_owner_and_unused_is_orphaned(workers):
+    old, new = workers
+    conv = uid("conv")
+    t = turn(conv, 0, attempt=2)  # attempt 2 uses no tool
+    stray = make_tool_effect("call_1", idempotency_key=t.idempotency_key,
+                             conversation_id=conv, tool_name="send_email")
+    old.feed(stray)
+    handled = new.handle(t)
+    assert handled.outbound[0].model.seq == 1
+    orphans = [o.model for o in handled.outbound[1:]]
+    assert [(o.effect_id, o.reason) for o in orphans] == [
+        (stray.effect_id, OrphanReason.ATTEMPT_SUPERSEDED)]
+
+
+def test_effect_landing_between_the_decision_and_the_batch_is_orphaned(workers):
+    old, new = workers
+    conv = uid("conv")
+    t = turn(conv, 0, attempt=2)
+    stray = make_tool_effect("call_1", idempotency_key=t.idempotency_key,
+                             conversation_id=conv, tool_name="send_email")
+    new.store.before_promote = lambda: old.feed(stray)
+    handled = new.handle(t)
+    assert handled.outbound[0].model.seq == 1
+    assert [o.model.effect_id for o in handled.outbound[1:]] == [stray.effect_id]
+
+
+def test_a_stale_facts_hint_ends_in_the_right_outcome(workers):
+    old, new = workers
+    final, effects = make_tool_loop_turn(rounds=1, conversation_id=uid("conv"), attempt=2)
+    new.feed(*effects)  # the new owner's hint: the mark it wrote itself
+    stray = make_tool_effect("call_x", idempotency_key=final.idempotency_key,
+                             conversation_id=final.conversation_id, tool_name="send_email")
+    old.feed(stray)  # the old owner moved the mark after it
+    handled = new.handle(final)
+    assert handled.outbound[0].model.seq == 1
+    assert [(o.model.effect_id, o.model.reason) for o in handled.outbound[1:]] == [
+        (stray.effect_id, OrphanReason.ATTEMPT_SUPERSEDED)]
+
+
+def test_a_stale_head_hint_ends_in_the_right_outcome(workers):
+    old, new = workers
+    conv = uid("conv")
+    assert new.outcome(turn(conv, 0)).seq == 1  # the new owner caches head 1
+    assert old.outcome(turn(conv, 1)).seq == 2  # the old owner moves the head
+    late = new.outcome(turn(conv, 1))
+    assert (late.reason, late.head_seq) == (R.CONFLICT, 2)
+    assert new.outcome(turn(conv, 2)).seq == 3
+
+
+def test_a_rejection_by_the_old_owner_never_flips_on_the_new_one(workers):
+    old, new = workers
+    conv = uid("conv")
+    late = turn(conv, 1)
+    assert old.outcome(late).reason is R.OUT_OF_ORDER
+    assert old.outcome(turn(conv, 0)).seq == 1  # now ``late`` would fit the head
+    # the new owner's fast path would promote it: its batch finds the decision's mark
+    assert new.outcome(late).reason is R.OUT_OF_ORDER
+    assert new.store.head(TENANT, conv).seq == 1
