@@ -342,7 +342,8 @@ class PromotionProcessor:
         ))
         if not isinstance(decided, Promote):
             return self._already_promoted(turn) or decided
-        verdict = self._promote(turn, decided, lineage, mark, claiming)
+        verdict = self._promote(turn, decided, lineage, mark, claiming,
+                                first_turn=facts.conversation_owner is None)
         if (isinstance(verdict, Accepted) and not verdict.replayed and not lineage.unread
                 and validation.pairing is not None):
             # The write extended exactly ``lineage.tail`` (``extends``): the pairing
@@ -406,8 +407,8 @@ class PromotionProcessor:
         return Lineage(pairing, found.checkpoint)
 
     def _promote(self, turn: TurnCompleted, decided: Promote, lineage: Lineage,
-                 mark: str | None, claiming: Callable[[], ResponseClaim] | None = None
-                 ) -> Verdict | FactsChanged | None:
+                 mark: str | None, claiming: Callable[[], ResponseClaim] | None = None,
+                 *, first_turn: bool = False) -> Verdict | FactsChanged | None:
         head_hint = parent_hint = None
         if lineage.cached and lineage.tail is not None:
             # The cached tail is the plan's premise; the batch checks it as a condition.
@@ -420,11 +421,17 @@ class PromotionProcessor:
             else None if lineage.tail is None else lineage.tail.response_id)
         # The claim's holder (raises StoreUnavailable if its outcome stays unknown).
         holder = claiming() if claiming is not None else None
+        # The owners (plain writes, ``start_recording_owners``) travel beside the
+        # batch and are durable before anything is published.
+        owners = self.ledger.start_recording_owners(
+            tenant_id=turn.tenant_id, response_id=turn.response_id,
+            conversation_id=turn.conversation_id if first_turn else None)
         try:
             with metrics.LWT_SECONDS.time():
                 outcome = self.store.promote(decided.request, head_hint=head_hint,
                                              parent_hint=parent_hint, extends=extends,
                                              claimed=holder, facts_mark=mark)
+            owners()
         except InvalidPromotion as exc:  # validation let through what the store refuses
             return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
         except CorruptPartition as exc:
@@ -450,14 +457,8 @@ class PromotionProcessor:
                       facts: TurnFacts) -> Verdict:
         """Record the verdict before anything is published (commit order, step 1)."""
         if isinstance(verdict, Accepted):
-            first_turn = facts.conversation_owner is None
-            self.ledger.record_promotion(
-                tenant_id=turn.tenant_id, response_id=turn.response_id,
-                seq=verdict.checkpoint.seq,
-                conversation_id=turn.conversation_id if first_turn else None)
+            # Durable already: the turn (the store) and its owners (written beside it).
             if turn.conversation_id is not None:
-                # Only once the owner row is durable (a retry after a failed write must
-                # still see "no owner" and write it).
                 self.tails.learn_owner(turn.conversation_id, turn.tenant_id)
             return verdict
         held = self.ledger.record_decision(Decision(

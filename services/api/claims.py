@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from ratchet.domain import claims
@@ -44,23 +44,10 @@ class _Body(BaseModel):
 
 
 class _InPartition(_Body):
-    """Where the request's turns go: exactly one of ``conversation_id`` or
-    ``chain_root_id``, as on the request's ``TurnCompleted`` (CONTRACT section 2; a
-    chain's first response is its own root). The claim marks the request's facts in
-    that history partition, so the promotion of a turn of the request sees it."""
-
-    conversation_id: str | None = Field(None, pattern=_ID)
-    chain_root_id: str | None = Field(None, pattern=_ID)
-
-    @model_validator(mode="after")
-    def _one_partition(self) -> _InPartition:
-        if (self.conversation_id is None) == (self.chain_root_id is None):
-            raise ValueError("give exactly one of conversation_id or chain_root_id")
-        return self
-
-    @property
-    def partition_key(self) -> str:
-        return self.conversation_id or self.chain_root_id or ""
+    partition_key: str = Field(pattern=_ID, description=(
+        "The history partition of the request's turns: their Kafka key (CONTRACT "
+        "section 2: the conversation_id, else the chain_root_id). The claim marks the "
+        "request's facts there, so the promotion of a turn of the request sees it."))
 
 
 class ClaimIn(_InPartition):

@@ -210,11 +210,10 @@ class EffectClaims:
                 succeeded=succeeded, effect_id=effect.effect_id))
 
     def _partition(self) -> dict[str, str]:
-        """The request's history partition, as its turns name it."""
-        if self.identity.conversation_id is not None:
-            return {"conversation_id": self.identity.conversation_id}
-        assert self.identity.chain_root_id is not None
-        return {"chain_root_id": self.identity.chain_root_id}
+        """The request's history partition (its turns' Kafka key)."""
+        key = self.identity.conversation_id or self.identity.chain_root_id
+        assert key is not None  # TurnIdentity holds exactly one of them
+        return {"partition_key": key}
 
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         try:

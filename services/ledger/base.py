@@ -19,9 +19,11 @@ promotion processor must remember across restarts lives here:
   claim, with a lease; an expired lease is taken over only by a condition on the
   previous holder's token and lease; a cancelled request refuses new claims in the
   same conditional write; only the holder's token records the outcome;
-* **response status** by ``(tenant_id, response_id)``: what
-  ``GET /v1/responses/{id}/status`` answers. ``promoted`` always wins over a later
-  rejection of the same response id (e.g. a redelivery rejected as DUPLICATE).
+* **response status** by ``(tenant_id, response_id)``: the latest rejection of a
+  response id, what ``GET /v1/responses/{id}/status`` answers when the store holds
+  no checkpoint of it (a promotion is the store's: it always wins over a rejection,
+  e.g. of a redelivery rejected as DUPLICATE). Rows written before issue 15 may
+  also say ``promoted``; they are read as such.
 
 Effects, claims, the cancellation and the decisions of one logical request (tenant,
 idempotency key) live together (Cassandra: one partition of ``request_facts``), so
@@ -33,7 +35,7 @@ idempotency key) live together (Cassandra: one partition of ``request_facts``), 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -203,13 +205,17 @@ class Ledger(abc.ABC):
             claims=tuple(self.claims_for(tenant_id, idempotency_key)),
         )
 
-    def record_promotion(self, *, tenant_id: str, response_id: str, seq: int,
-                         conversation_id: str | None) -> None:
-        """After a durable promotion: status, response owner, conversation owner."""
-        self.mark_promoted(tenant_id, response_id, seq)
+    def start_recording_owners(self, *, tenant_id: str, response_id: str,
+                               conversation_id: str | None) -> Callable[[], None]:
+        """Start writing the owner of a response id (and of a Conversation, on its first
+        turn) beside the promotion batch; the returned waiter returns once they are
+        durable (``LedgerUnavailable`` otherwise). Written even if the batch is then
+        refused: the response id is claimed by the tenant's request already, and a
+        first turn's batch is only refused when the tenant's partition holds turns."""
         self.record_response_owner(response_id, tenant_id)
         if conversation_id is not None:
             self.record_conversation_owner(conversation_id, tenant_id)
+        return _nothing
 
     # -- decisions and status -------------------------------------------------------
     @abc.abstractmethod
@@ -220,10 +226,6 @@ class Ledger(abc.ABC):
     def decision(self, event_id: str, *, tenant_id: str,
                  idempotency_key: str) -> Decision | None:
         """The decision held for the event (of that tenant's logical request)."""
-
-    @abc.abstractmethod
-    def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:
-        """Record that ``response_id`` is promoted (wins over any rejection)."""
 
     @abc.abstractmethod
     def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str,
@@ -237,6 +239,10 @@ class Ledger(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections (backends that hold none need not override)."""
+
+
+def _nothing() -> None:
+    return None
 
 
 def response_status(row_promoted_seq: int | None, row_promoted: bool, reason: str | None,

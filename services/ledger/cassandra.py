@@ -176,11 +176,6 @@ class CassandraLedger(Ledger):
             "SELECT tenant_id FROM response_owners WHERE response_id = ?",
             ConsistencyLevel.QUORUM,
         )
-        self._set_promoted = self._prepare(
-            "UPDATE response_status SET promoted = true, promoted_seq = ? "
-            "WHERE tenant_id = ? AND response_id = ?",
-            ConsistencyLevel.QUORUM,
-        )
         self._set_rejected = self._prepare(
             "UPDATE response_status SET rejected_reason = ?, rejected_detail = ?, "
             "rejected_existing_response_id = ? WHERE tenant_id = ? AND response_id = ?",
@@ -423,16 +418,21 @@ class CassandraLedger(Ledger):
             claims=facts.claims,
         )
 
-    def record_promotion(self, *, tenant_id: str, response_id: str, seq: int,
-                         conversation_id: str | None) -> None:
-        # One client request for idempotent plain writes to three partitions: an
-        # UNLOGGED batch costs the driver (our CPU bottleneck) one round trip.
+    def start_recording_owners(self, *, tenant_id: str, response_id: str,
+                               conversation_id: str | None) -> Callable[[], None]:
+        # One client request for idempotent plain writes to two partitions: an
+        # UNLOGGED batch costs the driver (our CPU bottleneck) one round trip. Sent
+        # now, waited for by the caller once its promotion batch is back.
         batch = BatchStatement(BatchType.UNLOGGED, consistency_level=ConsistencyLevel.QUORUM)
-        batch.add(self._set_promoted, (seq, tenant_id, response_id))
         batch.add(self._insert_response_owner, (response_id, tenant_id))
         if conversation_id is not None:
             batch.add(self._insert_conversation_owner, (conversation_id, tenant_id))
-        _guard(lambda: self._session.execute(batch, timeout=self._timeout))
+        future = _guard(lambda: self._session.execute_async(batch, timeout=self._timeout))
+
+        def wait() -> None:
+            _guard(future.result)
+
+        return wait
 
     # -- ownership ------------------------------------------------------------------------
     def record_conversation_owner(self, conversation_id: str, tenant_id: str) -> None:
@@ -448,9 +448,6 @@ class CassandraLedger(Ledger):
     def response_owner(self, response_id: str) -> str | None:
         row = self._run(self._select_response_owner, (response_id,)).one()
         return None if row is None else row[0]
-
-    def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:
-        self._run(self._set_promoted, (seq, tenant_id, response_id))
 
     def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str,
                       existing_response_id: str | None = None) -> None:

@@ -120,11 +120,6 @@ class MemoryLedger(Ledger):
             return None
         return found
 
-    def mark_promoted(self, tenant_id: str, response_id: str, seq: int | None) -> None:
-        with self._lock:
-            row = self._status.setdefault((tenant_id, response_id), [False, None, None, "", None])
-            row[0], row[1] = True, seq
-
     def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str,
                       existing_response_id: str | None = None) -> None:
         with self._lock:

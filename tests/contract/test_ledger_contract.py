@@ -124,7 +124,7 @@ class LedgerContract:
                 empty.conversation_owner) == (None, (), None, None)
         ledger.record_effect(effect(tenant, key, "e1"))
         ledger.record_cancellation(Cancellation(tenant, key, resp, 5))
-        ledger.record_promotion(tenant_id=tenant, response_id=resp, seq=1, conversation_id=conv)
+        ledger.start_recording_owners(tenant_id=tenant, response_id=resp, conversation_id=conv)()
         facts = ledger.turn_facts(event_id=event, tenant_id=tenant, idempotency_key=key,
                                   conversation_id=conv)
         assert facts.effects == (effect(tenant, key, "e1"),)
@@ -136,17 +136,17 @@ class LedgerContract:
         assert ledger.response_owner(resp) == tenant
         assert ledger.conversation_owner(conv) == tenant
 
-    def test_status_promoted_wins_and_tenants_are_separate(self, ledger, tenant):
+    def test_status_is_the_latest_rejection_and_tenants_are_separate(self, ledger, tenant):
         resp = uid("resp")
         assert ledger.status(tenant, resp).status is ResponseState.UNKNOWN
         ledger.mark_rejected(tenant, resp, "CONFLICT", "detail")
         rejected = ledger.status(tenant, resp)
         assert (rejected.status, rejected.reason, rejected.detail) == (
             ResponseState.REJECTED, "CONFLICT", "detail")
-        ledger.mark_promoted(tenant, resp, 4)
-        ledger.mark_rejected(tenant, resp, "DUPLICATE", "")
-        promoted = ledger.status(tenant, resp)
-        assert (promoted.status, promoted.seq) == (ResponseState.PROMOTED, 4)
+        ledger.mark_rejected(tenant, resp, "DUPLICATE", "", "resp_original")
+        latest = ledger.status(tenant, resp)
+        assert (latest.status, latest.reason, latest.existing_response_id) == (
+            ResponseState.REJECTED, "DUPLICATE", "resp_original")
         assert ledger.status(uid("tenant"), resp).status is ResponseState.UNKNOWN
 
     def test_status_of_a_duplicate_names_the_original(self, ledger, tenant):

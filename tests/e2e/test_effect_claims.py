@@ -32,7 +32,7 @@ def claim_body(tenant: str, key: str, **kw) -> dict:
     body = {"tenant_id": tenant, "idempotency_key": key, "attempt": 1, "subturn_index": 0,
             "tool_name": "send_email", "occurrence": 0, "arguments_digest": ARGS,
             "call_id": uid("call"), "token": uid("tok"), "lease_ms": 30_000,
-            "policy": "at_most_once", "conversation_id": uid("conv")}
+            "policy": "at_most_once", "partition_key": uid("conv")}
     body.update(kw)
     return {k: v for k, v in body.items() if v is not None}
 
@@ -171,8 +171,8 @@ def test_cancelled_request_refuses_claims(e2e_stack, http):
     deadline = time.monotonic() + 60
     while True:  # the worker records the cancellation asynchronously
         state = http.post("/v1/effects/claims",
-                          json=claim_body(gw.tenant_id, key, occurrence=1, conversation_id=None,
-                                         chain_root_id=identity.chain_root_id)).json()["state"]
+                          json=claim_body(gw.tenant_id, key, occurrence=1,
+                                         partition_key=identity.chain_root_id)).json()["state"]
         if state == "CANCELLED" or time.monotonic() > deadline:
             break
         time.sleep(0.3)
@@ -199,7 +199,7 @@ def test_claims_are_tenant_isolated(http):
     output.update(content=item.content.decode(), content_digest=item.content_digest)
     stranger = {"tenant_id": uid("tenant"), "idempotency_key": key, "token": mine["token"],
                 "status": "succeeded", "output": output,
-                "conversation_id": mine["conversation_id"]}
+                "partition_key": mine["partition_key"]}
     resp = http.post(f"/v1/effects/claims/{effect_id}/complete", json=stranger)
     assert (resp.status_code, resp.json()["error"]) == (404, "UNKNOWN_CLAIM")
     wrong_token = {**stranger, "tenant_id": mine["tenant_id"], "token": theirs["token"]}
@@ -219,8 +219,7 @@ def test_claims_are_tenant_isolated(http):
     {"arguments_digest": "xyz"},                    # not a sha256
     {"policy": "exactly_once"},                     # no such policy
     {"lease_ms": 0},
-    {"conversation_id": None},                      # no partition named
-    {"chain_root_id": "resp_1"},                    # two partitions named
+    {"partition_key": None},                        # no partition named
 ])
 def test_bad_claim_input_is_a_typed_422(http, change):
     body = claim_body(uid("tenant"), uid("idem"))
@@ -249,6 +248,6 @@ def test_bad_completion_input_is_typed(http):
                      "content": "{}", "content_digest": "0" * 64, "format_version": 1}
     resp = http.post(f"/v1/effects/claims/{effect_id}/complete", json={
         "tenant_id": body["tenant_id"], "idempotency_key": body["idempotency_key"],
-        "conversation_id": body["conversation_id"],
+        "partition_key": body["partition_key"],
         "token": body["token"], "status": "succeeded", "output": not_an_output})
     assert (resp.status_code, resp.json()["error"]) == (422, "INVALID_REQUEST")

@@ -56,9 +56,6 @@ class ForgetfulStore:
 
 
 class ForgetfulLedger(MemoryLedger):
-    def mark_promoted(self, *args) -> None:
-        pass
-
     def record_response_owner(self, *args) -> None:
         pass
 
