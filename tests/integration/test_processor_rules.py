@@ -102,7 +102,9 @@ def test_five_turn_conversation(rig, cassandra):
     assert [outcome(rig, t).seq for t in turns] == [1, 2, 3, 4, 5]
     store, ledger = cassandra
     assert store.head(TENANT, c).seq == 5
-    assert ledger.status(TENANT, turns[-1].response_id).status is ResponseState.PROMOTED
+    assert store.get_checkpoint(TENANT, turns[-1].response_id).seq == 5  # what status says
+    assert ledger.response_owner(turns[-1].response_id) == TENANT
+    assert ledger.conversation_owner(c) == TENANT
 
 
 def test_chain_with_a_fork(rig):
