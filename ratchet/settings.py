@@ -60,6 +60,9 @@ class Settings:
     # Seconds an assigned partition may owe records with none dispatched before the
     # worker's fetch watchdog steps in (streams/fetchwatch.py; 0 = off).
     fetch_stall_s: int = 15
+    # Events of one partition the worker handles at once (streams/lanes.py): never two
+    # of one Kafka key (a Conversation, a chain), acks in offset order; 1 = one at a time.
+    lane_window: int = 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -92,6 +95,7 @@ class Settings:
             ),
             tail_cache_entries=_int(env, "RATCHET_TAIL_CACHE_ENTRIES", d.tail_cache_entries),
             fetch_stall_s=_int(env, "RATCHET_FETCH_STALL_S", d.fetch_stall_s),
+            lane_window=_int(env, "RATCHET_LANE_WINDOW", d.lane_window, 1),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -114,6 +118,7 @@ class Settings:
             "RATCHET_API_HISTORY_CACHE_BYTES": str(self.api_history_cache_bytes),
             "RATCHET_TAIL_CACHE_ENTRIES": str(self.tail_cache_entries),
             "RATCHET_FETCH_STALL_S": str(self.fetch_stall_s),
+            "RATCHET_LANE_WINDOW": str(self.lane_window),
         }
 
     def topic(self, name: str) -> str:

@@ -108,7 +108,8 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
     )
     gateway_events = app.topic(runtime.topics.gateway_events, key_type=bytes, value_type=bytes,
                                partitions=settings.partitions)
-    executor = ThreadPoolExecutor(max_workers=settings.partitions + 4,
+    # One thread per event in flight: the store and ledger drivers block.
+    executor = ThreadPoolExecutor(max_workers=settings.partitions * settings.lane_window + 4,
                                   thread_name_prefix="promote")
 
     async def handle(record: RawRecord, lane: Lane) -> None:
@@ -128,7 +129,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         metrics.observe_published([o.model for o in handled.outbound])
         runtime.published += 1
 
-    lanes = PartitionLanes(handle)
+    lanes = PartitionLanes(handle, window=settings.lane_window)
     # Last offset dispatched per partition since its assignment (lag gauge, watchdog).
     fetched: dict[TP, int] = {}
     starved: set[TP] = set()  # (test hook, see dispatch)
@@ -155,7 +156,8 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
                 # first copy is handled and acked, this one is not dispatched again.
                 continue
             fetched[message.tp] = message.offset
-            await lanes.submit(message.tp, record, event.ack)
+            # Ordered by Kafka key: a Conversation's (a chain's) events one at a time.
+            await lanes.submit(message.tp, record, event.ack, order_key=message.key)
             if message.partition == starve_partition and message.tp not in starved:
                 # Fault injection for tests only (RATCHET_TEST_STARVE_PARTITION): take the
                 # partition out of Faust's fetch set once, leaving it assigned: the

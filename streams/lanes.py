@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -41,46 +42,92 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Work:
-    """One event for a lane: its payload and how to ack it once fully handled."""
+    """One event for a lane: its payload, how to ack it once fully handled, and its
+    order key (the Kafka record key: events of one key are handled one at a time, in
+    offset order)."""
 
     payload: Any
     ack: Callable[[], Any]
+    order_key: Hashable = None
 
 
 class Lane:
-    """A queue and the task that drains it in order."""
+    """A queue and the tasks that drain it.
+
+    Up to ``window`` events are in flight at once, never two of one order key: an
+    event waits for the previous event of its key (a Conversation's or a chain's
+    events share their Kafka key, so each is still handled strictly in order). Acks
+    go out strictly in offset order: an event finished early waits for every earlier
+    one. ``window=1`` handles the partition one event at a time.
+    """
 
     def __init__(self, key: Hashable, handle: Callable[[Any, Lane], Awaitable[None]],
-                 on_drained: Callable[[Lane], None]) -> None:
+                 on_drained: Callable[[Lane], None], window: int = 1) -> None:
         self.key = key
         self.queue: asyncio.Queue[Work] = asyncio.Queue()
         self.stopping = False
         self._handle = handle
         self._on_drained = on_drained
+        self._window = asyncio.Semaphore(max(1, window))
+        # In offset order: (work, its task, loop time it was started); acked from the left.
+        self._unacked: deque[tuple[Work, asyncio.Task[bool], float]] = deque()
+        self._last_of_key: dict[Hashable, asyncio.Task[bool]] = {}
+        self._acking = True  # False once an event stayed unhandled: never ack past it
         self._idle = asyncio.Event()
         self._idle.set()
-        # The event in flight and since when (loop time) it is handled; None when idle.
-        self.current: Any = None
-        self.busy_since: float | None = None
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"lane-{key}")
 
+    @property
+    def current(self) -> Any:
+        """The oldest event in flight (None when idle)."""
+        return self._unacked[0][0].payload if self._unacked else None
+
+    @property
+    def busy_since(self) -> float | None:
+        """Since when (loop time) the oldest event in flight is handled."""
+        return self._unacked[0][2] if self._unacked else None
+
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while not self.stopping:
+            # A free slot first: an event waiting for one stays queued (and counted).
+            await self._window.acquire()
             work = await self.queue.get()
             self._on_drained(self)  # one less queued: room for the dispatcher
             if self.stopping:
+                self._window.release()
                 break
+            previous = self._last_of_key.get(work.order_key)
+            task = loop.create_task(self._after(previous, work))
+            self._last_of_key[work.order_key] = task
+            self._unacked.append((work, task, loop.time()))
             self._idle.clear()
-            self.current, self.busy_since = work.payload, asyncio.get_running_loop().time()
-            try:
-                done = await self._handle_until_done(work)
-            finally:
-                self.current = self.busy_since = None
-                self._idle.set()
-            if not done:
-                break
-            work.ack()
-            self._on_drained(self)
+            task.add_done_callback(self._settle)
+
+    async def _after(self, previous: asyncio.Task[bool] | None, work: Work) -> bool:
+        """Handle ``work`` once the previous event of its key is done; False if it was
+        not handled (the lane stopped), and then neither is anything after it."""
+        try:
+            if previous is not None and not await asyncio.shield(previous):
+                return False
+            return await self._handle_until_done(work)
+        finally:
+            self._window.release()
+            if self._last_of_key.get(work.order_key) is asyncio.current_task():
+                del self._last_of_key[work.order_key]
+
+    def _settle(self, _: asyncio.Task[bool]) -> None:
+        """Ack the finished events at the head of the offset order."""
+        while self._unacked and self._unacked[0][1].done():
+            work, task, _started = self._unacked.popleft()
+            handled = not task.cancelled() and task.exception() is None and task.result()
+            if not handled:
+                self._acking = False
+            if self._acking:
+                work.ack()
+        if not self._unacked:
+            self._idle.set()
+        self._on_drained(self)
 
     async def _handle_until_done(self, work: Work) -> bool:
         """Handle one event; False if the lane stopped first (the event stays unacked).
@@ -103,26 +150,32 @@ class Lane:
                     return False
 
     async def stop(self, grace_s: float) -> None:
-        """Finish the event in flight (up to ``grace_s``), drop the queued ones unacked."""
+        """Finish the events in flight (up to ``grace_s``), drop the queued ones unacked."""
         self.stopping = True
         while not self.queue.empty():
             self.queue.get_nowait()
         try:
             await asyncio.wait_for(self._idle.wait(), grace_s)
         except TimeoutError:
-            log.warning("lane %s: event in flight did not finish in %.1fs", self.key, grace_s)
+            log.warning("lane %s: events in flight did not finish in %.1fs", self.key, grace_s)
+        self._acking = False  # whatever is still running now is left unacked
+        for _work, task, _started in list(self._unacked):
+            task.cancel()
         self.task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self.task
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.gather(*(t for _w, t, _s in self._unacked), return_exceptions=True)
 
 
 class PartitionLanes:
     """Route work to the lane of its partition; pause partitions whose lane is full."""
 
     def __init__(self, handle: Callable[[Any, Lane], Awaitable[None]], *,
-                 max_queued: int = 2000) -> None:
+                 max_queued: int = 2000, window: int = 1) -> None:
         self._handle = handle
         self._max_queued = max_queued
+        self._window = window
         self._lanes: dict[Hashable, Lane] = {}
         self._room = asyncio.Event()
         self._room.set()
@@ -134,8 +187,10 @@ class PartitionLanes:
         """True while ``submit`` would not wait (the dispatcher, so fetching, can go on)."""
         return self.queued() < self._max_queued
 
-    async def submit(self, key: Hashable, payload: Any, ack: Callable[[], Any]) -> None:
-        """Queue ``payload`` on lane ``key`` (created on first use).
+    async def submit(self, key: Hashable, payload: Any, ack: Callable[[], Any],
+                     order_key: Hashable = None) -> None:
+        """Queue ``payload`` on lane ``key`` (created on first use); ``order_key``: see
+        ``Lane``.
 
         Returns at once unless ``max_queued`` events already wait in the lanes.
         """
@@ -144,8 +199,8 @@ class PartitionLanes:
             await self._room.wait()
         lane = self._lanes.get(key)
         if lane is None or lane.stopping:
-            lane = self._lanes[key] = Lane(key, self._handle, self._on_handled)
-        lane.queue.put_nowait(Work(payload, ack))
+            lane = self._lanes[key] = Lane(key, self._handle, self._on_handled, self._window)
+        lane.queue.put_nowait(Work(payload, ack, order_key))
 
     def _on_handled(self, lane: Lane) -> None:
         if not self._room.is_set():

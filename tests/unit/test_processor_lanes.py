@@ -167,3 +167,84 @@ def test_retry_gives_up_only_when_the_lane_stops():
 def test_backoff_is_capped_exponential():
     b = Backoff(base_s=0.1, factor=2, cap_s=1.0, jitter=0)
     assert [b.delay(n) for n in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+
+
+# --- a window of events in flight per partition (RATCHET_LANE_WINDOW) ----------------------
+
+
+def test_window_runs_other_keys_beside_a_slow_one_and_acks_in_offset_order():
+    async def scenario():
+        gate = asyncio.Event()
+        acked: list[int] = []
+        active = peak = 0
+
+        async def handle(payload, lane):
+            nonlocal active, peak
+            active += 1
+            peak = max(peak, active)
+            if payload == 0:
+                await gate.wait()
+            await asyncio.sleep(0.001)
+            active -= 1
+
+        lanes = PartitionLanes(handle, window=4)
+        for n in range(12):  # offset n, key n % 6: offsets 0 and 6 share the slow key
+            await lanes.submit("p", n, lambda n=n: acked.append(n), order_key=n % 6)
+        await asyncio.sleep(0.2)
+        # offset 0 blocks: nothing is acked past it although later offsets finished
+        assert acked == []
+        assert peak == 4  # never more than the window in flight
+        gate.set()
+        await lanes.wait_idle()
+        assert acked == list(range(12))
+        await lanes.stop()
+
+    run(scenario())
+
+
+def test_window_handles_one_key_one_event_at_a_time_in_order():
+    async def scenario():
+        seen: list[tuple[str, int]] = []
+        busy: set[str] = set()
+
+        async def handle(payload, lane):
+            key, n = payload
+            assert key not in busy  # never two events of one key at once
+            busy.add(key)
+            await asyncio.sleep(0.002 * (3 - n % 3))  # later events are faster
+            busy.discard(key)
+            seen.append(payload)
+
+        lanes = PartitionLanes(handle, window=8)
+        for n in range(30):
+            key = "abc"[n % 3]
+            await lanes.submit("p", (key, n), lambda: None, order_key=key)
+        await lanes.wait_idle()
+        for key in "abc":
+            assert [n for k, n in seen if k == key] == [n for n in range(30) if "abc"[n % 3] == key]
+        await lanes.stop()
+
+    run(scenario())
+
+
+def test_window_stop_never_acks_past_an_unfinished_event():
+    async def scenario():
+        release = asyncio.Event()
+        acked: list[int] = []
+
+        async def handle(payload, lane):
+            if payload == 0:
+                await release.wait()  # never released: the lane stops with it in flight
+                raise LaneStopped()
+
+        lanes = PartitionLanes(handle, window=4)
+        for n in range(4):
+            await lanes.submit("p", n, lambda n=n: acked.append(n), order_key=n)
+        await asyncio.sleep(0.05)
+        stopping = asyncio.create_task(lanes.stop(grace_s=0.2))
+        await asyncio.sleep(0.05)
+        release.set()
+        await stopping
+        assert acked == []  # 1-3 finished, but 0 did not: none of them is acked
+
+    run(scenario())
