@@ -77,17 +77,20 @@ class Interleaving:
         return self._store.promote(request, **kw)
 
 
-@pytest.fixture(params=["memory", "cassandra"])
+@pytest.fixture(params=["memory", "cassandra", "cassandra+acsylla"])
 def workers(request):
-    """(old owner, new owner) on shared data."""
+    """(old owner, new owner) on shared data; ``+acsylla``: the claim and the owners
+    write through the C++ driver (services/cql_fast.py), as the worker sends them."""
     if request.param == "memory":
         store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
         return Worker(store, ledger), Worker(Interleaving(store), ledger)
     session = request.getfixturevalue("ledger_session")
-    ledger = CassandraLedger(session, timeout_s=30)
+    fast = (request.getfixturevalue("fast_cql_for")(session.keyspace)
+            if request.param.endswith("acsylla") else None)
+    ledger = CassandraLedger(session, timeout_s=30, fast=fast)
 
     def store():
-        return CassandraCheckpointStore(session, StoreOptions(), timeout_s=30)
+        return CassandraCheckpointStore(session, StoreOptions(), timeout_s=30, fast=fast)
 
     return Worker(store(), ledger), Worker(Interleaving(store()), ledger)
 
