@@ -62,7 +62,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -804,8 +804,10 @@ def http_latency(settings: Settings, rig: Rig, tmp: Path, rate: float, turns: in
     the client's ms per GET of an already-promoted response)."""
     http = HttpWaits(settings, tmp)
     try:
-        consumed = e2e_latency(settings, rig, rate, turns, http)
-        figures = http.results(timeout_s=60)
+        with CpuWindow({"api": http.api.pid, "bench": os.getpid()}) as window:
+            consumed = e2e_latency(settings, rig, rate, turns, http)
+            figures = http.results(timeout_s=60)
+        figures = replace(figures, cpu_s=window.cpu_s, seconds=window.seconds)
         return consumed, figures, http.overhead(http.answered[:100])
     finally:
         http.close()
@@ -912,6 +914,10 @@ def http_summary(figures: WaitFigures, overhead_ms: dict[str, list[float]],
              f"    {'ratchet':<10} p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  ({n} answers; "
              f"{figures.waited} waited for the promotion, {figures.queued} queued for one "
              f"of {MAX_IN_FLIGHT} client slots)"]
+    if figures.seconds and n:
+        lines.append("    CPU over the run: " + ", ".join(
+            f"{who} {cpu / figures.seconds:.2f} cores ({cpu * 1000 / n:.2f} ms per answer)"
+            for who, cpu in figures.cpu_s.items()))
     if floor is not None:
         lines.append(f"    floor 1 has no API: against its produce -> outcome consumed p99 "
                      f"{floor[1]:.1f} ms, p99 ratio {p99 / floor[1]:.2f} (target <= 3)")
