@@ -30,11 +30,12 @@ with it, the machine is shared):
 * **against the floors**: ratchet's turns/s and summed CPU per turn (worker +
   Cassandra + Kafka) divided by floor 1's and floor 1b's, and the latency produce ->
   outcome consumed (p50/p99) of ratchet and of floor 1, both fed at half of ratchet's
-  measured maximum rate (``--latency-turns`` each, 0 = skip); for ratchet's turns also
-  produce -> HTTP ``certified`` with ``wait_ms`` from a ``ratchet api`` beside the
-  worker (``ratchet.bench.http_wait``; the floor has no API: its row to compare with is
-  produce -> outcome consumed), and the client's overhead on a response already
-  promoted.
+  measured maximum rate (``--latency-turns`` each, 0 = skip); then ratchet again with a
+  ``ratchet api`` beside the worker and, for each turn, a GET with ``wait_ms`` sent
+  right after its produce: produce -> outcome consumed and produce -> HTTP
+  ``certified`` of the same turns (``ratchet.bench.http_wait``; the floor has no API:
+  its row to compare with is produce -> outcome consumed), and the client's overhead
+  on a response already promoted.
 * **where the time goes** (``--profile``, or ``--profile-only`` without the rest): the
   processor core (decode, validate, ledger + store on Cassandra, encode) for 300 turns
   in this process, K per conversation in round order like the end-to-end run: the
@@ -547,6 +548,15 @@ def encoded_turns(rig: Rig, conversations: int, per_conversation: int) -> list[l
             for head in range(per_conversation)]
 
 
+def consume_now(consumer: Consumer, timeout_s: float) -> list:
+    """The messages there now, waiting up to ``timeout_s`` for the first one only.
+    ``Consumer.consume(n, timeout)`` returns when n messages came or the timeout passed,
+    so a clock read after it is late by up to the timeout (it was: 0-100 ms on every
+    latency sample, 0.2 s on the end of the throughput window)."""
+    first = consumer.poll(timeout_s)
+    return [] if first is None else [first, *consumer.consume(1000, timeout=0)]
+
+
 class OutcomeCounter:
     """Counts messages on the checkpoint and rejection topics, without decoding them."""
 
@@ -571,7 +581,7 @@ class OutcomeCounter:
             if progress_s and now > next_note:
                 say(f"{self.count}/{total} outcomes (load {load_average()})")
                 next_note = now + progress_s
-            for msg in self.consumer.consume(1000, timeout=0.2):
+            for msg in consume_now(self.consumer, 0.2):
                 if not msg.error():
                     self.count += 1
                     self.rejected += msg.topic() == self.rejections_topic
@@ -758,7 +768,7 @@ class LatencyProbe:
     def collect(self, total: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while len(self.arrived) < total and time.monotonic() < deadline:
-            for msg in self.consumer.consume(500, timeout=0.1):
+            for msg in consume_now(self.consumer, 0.1):
                 if not msg.error():
                     self.arrived.setdefault(msg.key(), time.monotonic())
 
@@ -795,6 +805,9 @@ def e2e_latency(settings: Settings, rig: Rig, rate: float, turns: int,
         return probe.percentiles()
     finally:
         probe.close()
+
+
+WITH_API = "ratchet, API beside"  # the latency run with a `ratchet api` and its waits
 
 
 def http_latency(settings: Settings, rig: Rig, tmp: Path, rate: float, turns: int
@@ -895,8 +908,9 @@ def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, fl
     if latency:
         lines.append(f"  latency at {rate:.0f} turns/s (half of ratchet's max), produce -> "
                      "outcome consumed:")
+        width = max(len(name) for name in latency)
         for name, (p50, p99, n) in latency.items():
-            lines.append(f"    {name:<10} p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  ({n} turns)")
+            lines.append(f"    {name:<{width}} p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  ({n} turns)")
         if "ratchet" in latency and "floor 1" in latency:
             ratio = latency["ratchet"][1] / latency["floor 1"][1]
             lines.append(f"    p99 ratio {ratio:.2f} (target <= 3)")
@@ -909,8 +923,8 @@ def http_summary(figures: WaitFigures, overhead_ms: dict[str, list[float]],
                  floor: tuple[float, float, int] | None) -> list[str]:
     """The produce -> HTTP certified lines of ``summary``."""
     p50, p99, n = p50_p99(figures.latencies_ms)
-    lines = ["  produce -> HTTP certified with wait_ms, the same turns (a `ratchet api` "
-             "beside the worker, a GET sent right after each produce):",
+    lines = [f"  produce -> HTTP certified with wait_ms, the turns of '{WITH_API}' (a "
+             "GET sent right after each produce):",
              f"    {'ratchet':<10} p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  ({n} answers; "
              f"{figures.waited} waited for the promotion, {figures.queued} queued for one "
              f"of {MAX_IN_FLIGHT} client slots)"]
@@ -984,8 +998,9 @@ def main(argv: list[str] | None = None) -> int:
         http = None
         rate = e2e.per_second / 2
         if args.latency_turns:
-            say(f"latency at {rate:.0f} turns/s: ratchet (with the API), then floor 1")
-            latency["ratchet"], figures, overhead = http_latency(
+            say(f"latency at {rate:.0f} turns/s: ratchet, then with the API, then floor 1")
+            latency["ratchet"] = e2e_latency(settings, rig, rate, args.latency_turns)
+            latency[WITH_API], figures, overhead = http_latency(
                 settings, rig, tmp, rate, args.latency_turns)
             http = figures, overhead
             latency["floor 1"] = floor_latency(settings, rate, args.latency_turns, pids)
