@@ -79,6 +79,7 @@ class HttpWaits:
         self._pending: list[tuple[str, float, asyncio.Future]] = []
         self.answered: list[str] = []  # response ids answered certified, in send order
         self._queued = 0
+        self._woken_before = 0
         try:
             wait_api_ready(self.api, self.base_url, require_notifier=True)
             self.thread.start()
@@ -115,8 +116,8 @@ class HttpWaits:
         self._pending.append((response_id, produced_at, future))
 
     def results(self, timeout_s: float) -> WaitFigures:
-        """Every answer (raises on a missing or non-certified one), and the API's count
-        of requests that waited for a promotion."""
+        """Every answer since the last call (raises on a missing or non-certified one),
+        and the API's count of requests that waited for a promotion meanwhile."""
         deadline = time.monotonic() + timeout_s
         latencies = []
         for response_id, produced, future in self._pending:
@@ -124,7 +125,10 @@ class HttpWaits:
                               - produced) * 1000)
             self.answered.append(response_id)
         self._pending = []
-        return WaitFigures(latencies, self._woken(), self._queued)
+        total = self._woken()
+        woken, self._woken_before = total - self._woken_before, total
+        queued, self._queued = self._queued, 0
+        return WaitFigures(latencies, woken, queued)
 
     def overhead(self, response_ids: list[str]) -> dict[str, list[float]]:
         """ms per GET (with ``wait_ms``) of responses already promoted, sequential: by

@@ -807,6 +807,7 @@ def e2e_latency(settings: Settings, rig: Rig, rate: float, turns: int,
         probe.close()
 
 
+WARM_UP_TURNS = 50  # of the API, before its latency run
 WITH_API = "ratchet, API beside"  # the latency run with a `ratchet api` and its waits
 
 
@@ -817,6 +818,10 @@ def http_latency(settings: Settings, rig: Rig, tmp: Path, rate: float, turns: in
     the client's ms per GET of an already-promoted response)."""
     http = HttpWaits(settings, tmp)
     try:
+        # Warm-up, not measured: the API's connections, prepared statements and code
+        # paths get their first use here, as the worker's did before its runs.
+        e2e_latency(settings, rig, rate, WARM_UP_TURNS, http)
+        http.results(timeout_s=60)
         with CpuWindow({"api": http.api.pid, "bench": os.getpid()}) as window:
             consumed = e2e_latency(settings, rig, rate, turns, http)
             figures = http.results(timeout_s=60)
