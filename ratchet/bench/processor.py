@@ -826,7 +826,7 @@ def http_latency(settings: Settings, rig: Rig, tmp: Path, rate: float, turns: in
             consumed = e2e_latency(settings, rig, rate, turns, http)
             figures = http.results(timeout_s=60)
         figures = replace(figures, cpu_s=window.cpu_s, seconds=window.seconds)
-        return consumed, figures, http.overhead(http.answered[:100])
+        return consumed, figures, http.overhead(http.answered[-turns:][:100])
     finally:
         http.close()
 
