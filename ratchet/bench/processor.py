@@ -811,18 +811,20 @@ WARM_UP_TURNS = 50  # of the API, before its latency run
 WITH_API = "ratchet, API beside"  # the latency run with a `ratchet api` and its waits
 
 
-def http_latency(settings: Settings, rig: Rig, tmp: Path, rate: float, turns: int
+def http_latency(settings: Settings, rig: Rig, tmp: Path, rate: float, turns: int,
+                 pids: dict[str, int] | None = None,
                  ) -> tuple[tuple[float, float, int], WaitFigures, dict[str, list[float]]]:
     """``e2e_latency`` with a ``ratchet api`` beside the worker and a GET with
     ``wait_ms`` per turn: (produce -> outcome consumed, produce -> HTTP certified,
-    the client's ms per GET of an already-promoted response)."""
+    the client's ms per GET of an already-promoted response). ``pids``: more processes
+    whose CPU over the run goes in ``WaitFigures.cpu_s``."""
     http = HttpWaits(settings, tmp)
     try:
         # Warm-up, not measured: the API's connections, prepared statements and code
         # paths get their first use here, as the worker's did before its runs.
         e2e_latency(settings, rig, rate, WARM_UP_TURNS, http)
         http.results(timeout_s=60)
-        with CpuWindow({"api": http.api.pid, "bench": os.getpid()}) as window:
+        with CpuWindow({**(pids or {}), "api": http.api.pid, "bench": os.getpid()}) as window:
             consumed = e2e_latency(settings, rig, rate, turns, http)
             figures = http.results(timeout_s=60)
         figures = replace(figures, cpu_s=window.cpu_s, seconds=window.seconds)
@@ -895,13 +897,19 @@ def raw_lwt_acsylla(settings: Settings, ops: int, pids: dict[str, int]) -> Row |
 # --- the summary the issue asks for --------------------------------------------------------
 
 
+def cores(cpu_s: dict[str, float], seconds: float) -> str:
+    """``who share, ...``: cores each process used over ``seconds``."""
+    return ", ".join(f"{who} {cpu / seconds:.2f}" for who, cpu in cpu_s.items()) if seconds else "-"
+
+
 def summed_cpu_ms(row: Row) -> float:
     return sum(row.cpu_ms_per_op(who) or 0.0 for who in COLUMNS)
 
 
 def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, float, int]],
             rate: float,
-            http: tuple[WaitFigures, dict[str, list[float]]] | None = None) -> str:
+            http: tuple[WaitFigures, dict[str, list[float]]] | None = None,
+            latency_cpu: dict[str, str] | None = None) -> str:
     lines = ["", "ratchet against its floors (same run):"]
     for shape, floor in floors.items():
         lines.append(
@@ -919,6 +927,8 @@ def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, fl
         if "ratchet" in latency and "floor 1" in latency:
             ratio = latency["ratchet"][1] / latency["floor 1"][1]
             lines.append(f"    p99 ratio {ratio:.2f} (target <= 3)")
+        for name, text in (latency_cpu or {}).items():
+            lines.append(f"    cores used, {name:<{width}}: {text}")
     if http is not None:
         lines.extend(http_summary(*http, floor=latency.get("floor 1")))
     return "\n".join(lines)
@@ -933,10 +943,8 @@ def http_summary(figures: WaitFigures, overhead_ms: dict[str, list[float]],
              f"    {'ratchet':<10} p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  ({n} answers; "
              f"{figures.waited} waited for the promotion, {figures.queued} queued for one "
              f"of {MAX_IN_FLIGHT} client slots)"]
-    if figures.seconds and n:
-        lines.append("    CPU over the run: " + ", ".join(
-            f"{who} {cpu / figures.seconds:.2f} cores ({cpu * 1000 / n:.2f} ms per answer)"
-            for who, cpu in figures.cpu_s.items()))
+    if n and "api" in figures.cpu_s:
+        lines.append(f"    the API's CPU: {figures.cpu_s['api'] * 1000 / n:.2f} ms per answer")
     if floor is not None:
         lines.append(f"    floor 1 has no API: against its produce -> outcome consumed p99 "
                      f"{floor[1]:.1f} ms, p99 ratio {p99 / floor[1]:.2f} (target <= 3)")
@@ -1000,18 +1008,24 @@ def main(argv: list[str] | None = None) -> int:
         e2e = measure_throughput(rig, worker, counter, args.turns, args.per_conversation, pids)
         rows.append(e2e)
         latency: dict[str, tuple[float, float, int]] = {}
+        latency_cpu: dict[str, str] = {}
         http = None
         rate = e2e.per_second / 2
         if args.latency_turns:
             say(f"latency at {rate:.0f} turns/s: ratchet, then with the API, then floor 1")
-            latency["ratchet"] = e2e_latency(settings, rig, rate, args.latency_turns)
+            who = {"worker": worker.pid, **pids}
+            with CpuWindow({**who, "bench": os.getpid()}) as alone:
+                latency["ratchet"] = e2e_latency(settings, rig, rate, args.latency_turns)
             latency[WITH_API], figures, overhead = http_latency(
-                settings, rig, tmp, rate, args.latency_turns)
+                settings, rig, tmp, rate, args.latency_turns, who)
             http = figures, overhead
+            latency_cpu = {"ratchet": cores(alone.cpu_s, alone.seconds),
+                           WITH_API: cores(figures.cpu_s, figures.seconds)}
             latency["floor 1"] = floor_latency(settings, rate, args.latency_turns, pids)
         print(format_table(rows, load_before))
         print(f"end to end rejected: {counter.rejected} (expected 0)")
-        print(summary(e2e, {s: floors[s] for s in ("lwt", "lwt2")}, latency, rate, http))
+        print(summary(e2e, {s: floors[s] for s in ("lwt", "lwt2")}, latency, rate, http,
+                      latency_cpu))
         if args.rss:
             after_1k, after_100k = measure_rss(rig, worker, counter)
             print(f"worker RSS after 1k conversations {after_1k:.0f} MB, after 100k "
