@@ -30,7 +30,12 @@ with it, the machine is shared):
 * **against the floors**: ratchet's turns/s and summed CPU per turn (worker +
   Cassandra + Kafka) divided by floor 1's and floor 1b's, and the latency produce ->
   outcome consumed (p50/p99) of ratchet and of floor 1, both fed at half of ratchet's
-  measured maximum rate (``--latency-turns`` each, 0 = skip).
+  measured maximum rate (``--latency-turns`` each, 0 = skip); then ratchet again with a
+  ``ratchet api`` beside the worker and, for each turn, a GET with ``wait_ms`` sent
+  right after its produce: produce -> outcome consumed and produce -> HTTP
+  ``certified`` of the same turns (``ratchet.bench.http_wait``; the floor has no API:
+  its row to compare with is produce -> outcome consumed), and the client's overhead
+  on a response already promoted.
 * **where the time goes** (``--profile``, or ``--profile-only`` without the rest): the
   processor core (decode, validate, ledger + store on Cassandra, encode) for 300 turns
   in this process, K per conversation in round order like the end-to-end run: the
@@ -58,11 +63,12 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from ratchet.bench.http_wait import MAX_IN_FLIGHT, HttpWaits, WaitFigures
 from ratchet.samples import make_turn
 from ratchet.settings import Settings
 from schemas.avro import encode_key
@@ -525,20 +531,30 @@ async def _floor_run(settings: Settings, source: str, sink: str, records: int, s
 # --- end to end --------------------------------------------------------------------------
 
 
+def encoded_turn(rig: Rig, conversation: str, head: int, now_ms: int) -> tuple[bytes, bytes, str]:
+    """(key, value, response id) of turn ``head`` of ``conversation``, encoded."""
+    response_id = _uid("resp")
+    turn = make_turn(conversation_id=conversation, expected_head_seq=head, now_ms=now_ms,
+                     response_id=response_id, idempotency_key=_uid("idem"))
+    return (encode_key(conversation), rig.serde.encode(turn, rig.topics.gateway_events),
+            response_id)
+
+
 def encoded_turns(rig: Rig, conversations: int, per_conversation: int) -> list[list[tuple]]:
     """``rounds[r]`` = (key, value) of turn r of every conversation, encoded once."""
     now = int(time.time() * 1000)
-    topic = rig.topics.gateway_events
     convs = [_uid("conv") for _ in range(conversations)]
-    rounds = []
-    for head in range(per_conversation):
-        batch = []
-        for conv in convs:
-            turn = make_turn(conversation_id=conv, expected_head_seq=head, now_ms=now,
-                             response_id=_uid("resp"), idempotency_key=_uid("idem"))
-            batch.append((encode_key(conv), rig.serde.encode(turn, topic)))
-        rounds.append(batch)
-    return rounds
+    return [[encoded_turn(rig, conv, head, now)[:2] for conv in convs]
+            for head in range(per_conversation)]
+
+
+def consume_now(consumer: Consumer, timeout_s: float) -> list:
+    """The messages there now, waiting up to ``timeout_s`` for the first one only.
+    ``Consumer.consume(n, timeout)`` returns when n messages came or the timeout passed,
+    so a clock read after it is late by up to the timeout (it was: 0-100 ms on every
+    latency sample, 0.2 s on the end of the throughput window)."""
+    first = consumer.poll(timeout_s)
+    return [] if first is None else [first, *consumer.consume(1000, timeout=0)]
 
 
 class OutcomeCounter:
@@ -565,7 +581,7 @@ class OutcomeCounter:
             if progress_s and now > next_note:
                 say(f"{self.count}/{total} outcomes (load {load_average()})")
                 next_note = now + progress_s
-            for msg in self.consumer.consume(1000, timeout=0.2):
+            for msg in consume_now(self.consumer, 0.2):
                 if not msg.error():
                     self.count += 1
                     self.rejected += msg.topic() == self.rejections_topic
@@ -709,6 +725,14 @@ def profile_core(settings: Settings, rig: Rig, turns: int = 300,
 # --- latency at a fixed rate ----------------------------------------------------------------
 
 
+def p50_p99(latencies_ms: list[float]) -> tuple[float, float, int]:
+    """(p50 ms, p99 ms, samples) of the latency rows."""
+    lat = sorted(latencies_ms)
+    if not lat:
+        return float("nan"), float("nan"), 0
+    return lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))], len(lat)
+
+
 class LatencyProbe:
     """Produce -> outcome consumed, per key: a paced producer records when each key was
     produced, a consumer (from the topics' end) when its first outcome arrived."""
@@ -744,35 +768,69 @@ class LatencyProbe:
     def collect(self, total: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while len(self.arrived) < total and time.monotonic() < deadline:
-            for msg in self.consumer.consume(500, timeout=0.1):
+            for msg in consume_now(self.consumer, 0.1):
                 if not msg.error():
                     self.arrived.setdefault(msg.key(), time.monotonic())
 
     def percentiles(self) -> tuple[float, float, int]:
         """(p50 ms, p99 ms, samples)."""
-        lat = sorted((self.arrived[k] - t) * 1000 for k, t in self.sent.items()
-                     if k in self.arrived)
-        if not lat:
-            return float("nan"), float("nan"), 0
-        return lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))], len(lat)
+        return p50_p99([(self.arrived[k] - t) * 1000 for k, t in self.sent.items()
+                        if k in self.arrived])
 
     def close(self) -> None:
         self.consumer.close()
 
 
-def e2e_latency(settings: Settings, rig: Rig, rate: float, turns: int) -> tuple[float, float, int]:
-    """Produce -> CheckpointPromoted consumed, ``turns`` new conversations at ``rate``."""
+def e2e_latency(settings: Settings, rig: Rig, rate: float, turns: int,
+                http: HttpWaits | None = None) -> tuple[float, float, int]:
+    """Produce -> CheckpointPromoted consumed, ``turns`` new conversations at ``rate``;
+    with ``http``, each turn's HTTP wait is sent right after its produce (its figures:
+    ``http.results``)."""
     probe = LatencyProbe(settings, [rig.topics.checkpoints, rig.topics.rejections])
     try:
-        items = [kv for batch in encoded_turns(rig, turns, 1) for kv in batch]
-        sender = probe.pace(lambda k, v: (rig.producer.send_raw(k, v),
-                                          rig.producer.producer.poll(0)), items, rate)
-        probe.collect(len(items), 120 + turns / rate)
+        now = int(time.time() * 1000)
+        turns_ = [encoded_turn(rig, _uid("conv"), 0, now) for _ in range(turns)]
+        response_of = {key: response_id for key, _, response_id in turns_}
+
+        def send(key: bytes, value: bytes) -> None:
+            rig.producer.send_raw(key, value)
+            rig.producer.producer.poll(0)
+            if http is not None:
+                http.wait_for(response_of[key], probe.sent[key])
+
+        sender = probe.pace(send, [(key, value) for key, value, _ in turns_], rate)
+        probe.collect(len(turns_), 120 + turns / rate)
         sender.join()
         rig.producer.flush()
         return probe.percentiles()
     finally:
         probe.close()
+
+
+WARM_UP_TURNS = 50  # of the API, before its latency run
+WITH_API = "ratchet, API beside"  # the latency run with a `ratchet api` and its waits
+
+
+def http_latency(settings: Settings, rig: Rig, tmp: Path, rate: float, turns: int,
+                 pids: dict[str, int] | None = None,
+                 ) -> tuple[tuple[float, float, int], WaitFigures, dict[str, list[float]]]:
+    """``e2e_latency`` with a ``ratchet api`` beside the worker and a GET with
+    ``wait_ms`` per turn: (produce -> outcome consumed, produce -> HTTP certified,
+    the client's ms per GET of an already-promoted response). ``pids``: more processes
+    whose CPU over the run goes in ``WaitFigures.cpu_s``."""
+    http = HttpWaits(settings, tmp)
+    try:
+        # Warm-up, not measured: the API's connections, prepared statements and code
+        # paths get their first use here, as the worker's did before its runs.
+        e2e_latency(settings, rig, rate, WARM_UP_TURNS, http)
+        http.results(timeout_s=60)
+        with CpuWindow({**(pids or {}), "api": http.api.pid, "bench": os.getpid()}) as window:
+            consumed = e2e_latency(settings, rig, rate, turns, http)
+            figures = http.results(timeout_s=60)
+        figures = replace(figures, cpu_s=window.cpu_s, seconds=window.seconds)
+        return consumed, figures, http.overhead(http.answered[-turns:][:100])
+    finally:
+        http.close()
 
 
 def floor_latency(settings: Settings, rate: float, records: int,
@@ -839,12 +897,19 @@ def raw_lwt_acsylla(settings: Settings, ops: int, pids: dict[str, int]) -> Row |
 # --- the summary the issue asks for --------------------------------------------------------
 
 
+def cores(cpu_s: dict[str, float], seconds: float) -> str:
+    """``who share, ...``: cores each process used over ``seconds``."""
+    return ", ".join(f"{who} {cpu / seconds:.2f}" for who, cpu in cpu_s.items()) if seconds else "-"
+
+
 def summed_cpu_ms(row: Row) -> float:
     return sum(row.cpu_ms_per_op(who) or 0.0 for who in COLUMNS)
 
 
 def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, float, int]],
-            rate: float) -> str:
+            rate: float,
+            http: tuple[WaitFigures, dict[str, list[float]]] | None = None,
+            latency_cpu: dict[str, str] | None = None) -> str:
     lines = ["", "ratchet against its floors (same run):"]
     for shape, floor in floors.items():
         lines.append(
@@ -856,12 +921,39 @@ def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, fl
     if latency:
         lines.append(f"  latency at {rate:.0f} turns/s (half of ratchet's max), produce -> "
                      "outcome consumed:")
+        width = max(len(name) for name in latency)
         for name, (p50, p99, n) in latency.items():
-            lines.append(f"    {name:<10} p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  ({n} turns)")
+            lines.append(f"    {name:<{width}} p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  ({n} turns)")
         if "ratchet" in latency and "floor 1" in latency:
             ratio = latency["ratchet"][1] / latency["floor 1"][1]
             lines.append(f"    p99 ratio {ratio:.2f} (target <= 3)")
+        for name, text in (latency_cpu or {}).items():
+            lines.append(f"    cores used, {name:<{width}}: {text}")
+    if http is not None:
+        lines.extend(http_summary(*http, floor=latency.get("floor 1")))
     return "\n".join(lines)
+
+
+def http_summary(figures: WaitFigures, overhead_ms: dict[str, list[float]],
+                 floor: tuple[float, float, int] | None) -> list[str]:
+    """The produce -> HTTP certified lines of ``summary``."""
+    p50, p99, n = p50_p99(figures.latencies_ms)
+    lines = [f"  produce -> HTTP certified with wait_ms, the turns of '{WITH_API}' (a "
+             "GET sent right after each produce):",
+             f"    {'ratchet':<10} p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  ({n} answers; "
+             f"{figures.waited} waited for the promotion, {figures.queued} queued for one "
+             f"of {MAX_IN_FLIGHT} client slots)"]
+    if n and "api" in figures.cpu_s:
+        lines.append(f"    the API's CPU: {figures.cpu_s['api'] * 1000 / n:.2f} ms per answer")
+    if floor is not None:
+        lines.append(f"    floor 1 has no API: against its produce -> outcome consumed p99 "
+                     f"{floor[1]:.1f} ms, p99 ratio {p99 / floor[1]:.2f} (target <= 3)")
+    lines.append("    client overhead: GET with wait_ms of an already-promoted response "
+                 "(an API cache hit), sequential, the two clients interleaved:")
+    for client, times in overhead_ms.items():
+        o50, o99, on = p50_p99(times)
+        lines.append(f"      {client:<40} p50 {o50:5.1f} ms  p99 {o99:6.1f} ms  ({on})")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -916,14 +1008,24 @@ def main(argv: list[str] | None = None) -> int:
         e2e = measure_throughput(rig, worker, counter, args.turns, args.per_conversation, pids)
         rows.append(e2e)
         latency: dict[str, tuple[float, float, int]] = {}
+        latency_cpu: dict[str, str] = {}
+        http = None
         rate = e2e.per_second / 2
         if args.latency_turns:
-            say(f"latency at {rate:.0f} turns/s: ratchet, then floor 1")
-            latency["ratchet"] = e2e_latency(settings, rig, rate, args.latency_turns)
+            say(f"latency at {rate:.0f} turns/s: ratchet, then with the API, then floor 1")
+            who = {"worker": worker.pid, **pids}
+            with CpuWindow({**who, "bench": os.getpid()}) as alone:
+                latency["ratchet"] = e2e_latency(settings, rig, rate, args.latency_turns)
+            latency[WITH_API], figures, overhead = http_latency(
+                settings, rig, tmp, rate, args.latency_turns, who)
+            http = figures, overhead
+            latency_cpu = {"ratchet": cores(alone.cpu_s, alone.seconds),
+                           WITH_API: cores(figures.cpu_s, figures.seconds)}
             latency["floor 1"] = floor_latency(settings, rate, args.latency_turns, pids)
         print(format_table(rows, load_before))
         print(f"end to end rejected: {counter.rejected} (expected 0)")
-        print(summary(e2e, {s: floors[s] for s in ("lwt", "lwt2")}, latency, rate))
+        print(summary(e2e, {s: floors[s] for s in ("lwt", "lwt2")}, latency, rate, http,
+                      latency_cpu))
         if args.rss:
             after_1k, after_100k = measure_rss(rig, worker, counter)
             print(f"worker RSS after 1k conversations {after_1k:.0f} MB, after 100k "
