@@ -63,9 +63,6 @@ class Settings:
     # Events of one partition the worker handles at once (streams/lanes.py): never two
     # of one Kafka key (a Conversation, a chain), acks in offset order; 1 = one at a time.
     lane_window: int = 1
-    # The worker sends the response-id claim and the owners write through the C++
-    # driver (acsylla, services/cql_fast.py): 1 = on, 0 = cassandra-driver only.
-    fast_cql: int = 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -99,7 +96,6 @@ class Settings:
             tail_cache_entries=_int(env, "RATCHET_TAIL_CACHE_ENTRIES", d.tail_cache_entries),
             fetch_stall_s=_int(env, "RATCHET_FETCH_STALL_S", d.fetch_stall_s),
             lane_window=_int(env, "RATCHET_LANE_WINDOW", d.lane_window, 1),
-            fast_cql=_int(env, "RATCHET_FAST_CQL", d.fast_cql),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -123,7 +119,6 @@ class Settings:
             "RATCHET_TAIL_CACHE_ENTRIES": str(self.tail_cache_entries),
             "RATCHET_FETCH_STALL_S": str(self.fetch_stall_s),
             "RATCHET_LANE_WINDOW": str(self.lane_window),
-            "RATCHET_FAST_CQL": str(self.fast_cql),
         }
 
     def topic(self, name: str) -> str:

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 
 import faust
 from cassandra.cluster import Cluster
 from cassandra.policies import ExponentialReconnectionPolicy
 
 from ratchet.settings import Settings
-from services.cql_fast import FastCql
 from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
@@ -30,42 +28,32 @@ from streams.topics import ensure_topics
 log = logging.getLogger(__name__)
 
 
-def build_runtime(settings: Settings) -> tuple[Runtime, Callable[[], None]]:
-    """Connect to Cassandra and the registry; create topics. Fails fast if one is missing.
-    Returns the runtime and what closes its connections."""
+def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
+    """Connect to Cassandra and the registry; create topics. Fails fast if one is missing."""
     topics = ensure_topics(settings)
     # Reconnect quickly after an outage (the default backs off up to 10 minutes).
     cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
                       reconnection_policy=ExponentialReconnectionPolicy(0.5, 4.0))
-    fast: FastCql | None = None
-
-    def close() -> None:
-        if fast is not None:
-            fast.close()
-        cluster.shutdown()
-
     try:
         session = cluster.connect(settings.keyspace)
-        if settings.fast_cql:
-            fast = FastCql(settings.cassandra_hosts, settings.cassandra_port, settings.keyspace)
         store = CassandraCheckpointStore(
-            session, StoreOptions(logical_retention_s=settings.logical_retention_s), fast=fast)
-        ledger = CassandraLedger(session, fast=fast)
+            session, StoreOptions(logical_retention_s=settings.logical_retention_s))
+        ledger = CassandraLedger(session)
         codec = RegistryCodec.connect(settings.schema_registry_url)
     except BaseException:
         # Fail fast means exit: the driver's threads must not keep a half-started
         # worker alive (a fault test once waited minutes on one, registry down).
-        close()
+        cluster.shutdown()
         raise
     health = Health(health_path(settings.home))
     processor = PromotionProcessor(store, ledger, codec, topics,
                                    tails=TailCache(capacity=settings.tail_cache_entries))
-    return Runtime(processor=processor, codec=codec, health=health, topics=topics), close
+    return Runtime(processor=processor, codec=codec, health=health, topics=topics), cluster
 
 
 def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str = "INFO") -> int:
     """Run until SIGTERM/SIGINT; returns the process exit code."""
-    runtime, close = build_runtime(settings)
+    runtime, cluster = build_runtime(settings)
     metrics.serve(settings.api_host, settings.worker_metrics_port)
     group = group_id or os.environ.get("RATCHET_CONSUMER_GROUP") or GROUP_ID
     # Tests only: starve this partition once to prove the watchdog recovers it.
@@ -87,7 +75,7 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
         return int(exc.code or 0)
     finally:
         runtime.health.remove()
-        close()
+        cluster.shutdown()
     return 0
 
 

@@ -37,7 +37,6 @@ from ratchet.domain.claims import (
 )
 from ratchet.domain.promotion import RecordedEffect
 from schemas.models import Item
-from services.cql_fast import FastCql
 from services.ledger.base import (
     Cancellation,
     Decision,
@@ -79,16 +78,9 @@ def _guard(call: Callable[[], T]) -> T:
 class CassandraLedger(Ledger):
     """Ledger on an existing driver ``Session`` bound to the ratchet keyspace."""
 
-    def __init__(self, session: Session, *, timeout_s: float = 5.0,
-                 fast: FastCql | None = None) -> None:
+    def __init__(self, session: Session, *, timeout_s: float = 5.0) -> None:
         self._session = session
         self._timeout = timeout_s
-        # The owners write through the C++ driver when given (services/cql_fast.py).
-        self._fast = fast
-        self._fast_owners = None if fast is None else (
-            fast.prepare("INSERT INTO response_owners (response_id, tenant_id) VALUES (?, ?)"),
-            fast.prepare("INSERT INTO conversation_owners (conversation_id, tenant_id) "
-                         "VALUES (?, ?)"))
         # Rows come back as plain tuples and are read by position: the driver's default
         # named-tuple rows build a new class for every result (collections.namedtuple),
         # which was the largest single CPU cost of a ledger read in the worker's
@@ -431,8 +423,6 @@ class CassandraLedger(Ledger):
         # One client request for idempotent plain writes to two partitions: an
         # UNLOGGED batch costs the driver (our CPU bottleneck) one round trip. Sent
         # now, waited for by the caller once its promotion batch is back.
-        if self._fast_owners is not None:
-            return self._fast_owners_write(tenant_id, response_id, conversation_id)
         batch = BatchStatement(BatchType.UNLOGGED, consistency_level=ConsistencyLevel.QUORUM)
         batch.add(self._insert_response_owner, (response_id, tenant_id))
         if conversation_id is not None:
@@ -441,23 +431,6 @@ class CassandraLedger(Ledger):
 
         def wait() -> None:
             _guard(future.result)
-
-        return wait
-
-    def _fast_owners_write(self, tenant_id: str, response_id: str,
-                           conversation_id: str | None) -> Callable[[], None]:
-        assert self._fast is not None and self._fast_owners is not None
-        response_owner, conversation_owner = self._fast_owners
-        writes = [(response_owner, (response_id, tenant_id))]
-        if conversation_id is not None:
-            writes.append((conversation_owner, (conversation_id, tenant_id)))
-        sent = self._fast.submit_batch(writes)
-
-        def wait() -> None:
-            try:
-                sent.result()
-            except Exception as exc:  # noqa: BLE001 - idempotent plain writes: retry whole
-                raise LedgerUnavailable(f"owners write: {type(exc).__name__}: {exc}") from exc
 
         return wait
 

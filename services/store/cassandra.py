@@ -69,7 +69,6 @@ from ratchet.domain.plan import (
     ResponseClaim,
 )
 from ratchet.settings import Settings
-from services.cql_fast import FastCql
 from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable
 from services.store.rows import (
     CHECKPOINT_COLUMNS,
@@ -154,12 +153,9 @@ class CassandraCheckpointStore(CheckpointStore):
         serial_consistency: int = ConsistencyLevel.SERIAL,
         timeout_s: float = 5.0,
         owned_cluster: Cluster | None = None,
-        fast: FastCql | None = None,
     ) -> None:
         super().__init__(options)
         self._session = session
-        # The claim through the C++ driver when given (services/cql_fast.py).
-        self._fast = fast
         self._timeout = timeout_s
         self._cluster = owned_cluster
         self._read_cl = read_consistency
@@ -230,10 +226,6 @@ class CassandraCheckpointStore(CheckpointStore):
             f"INSERT INTO {claims} (tenant_id, response_id, partition_key, idempotency_key, "
             "request_digest) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS"
         )
-        self._fast_insert_claim = None if fast is None else fast.prepare(
-            f"INSERT INTO {claims} (tenant_id, response_id, partition_key, idempotency_key, "
-            "request_digest) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS"
-        )
         self._select_claim_serial = self._prepare(
             "SELECT partition_key, idempotency_key, request_digest FROM "
             f"{claims} WHERE tenant_id = ? AND response_id = ?",
@@ -280,15 +272,14 @@ class CassandraCheckpointStore(CheckpointStore):
 
     @classmethod
     def connect(
-        cls, settings: Settings, options: StoreOptions | None = None,
-        fast: FastCql | None = None,
+        cls, settings: Settings, options: StoreOptions | None = None
     ) -> CassandraCheckpointStore:
         """A store with its own ``Cluster`` (closed by ``close``)."""
         if options is None:
             options = StoreOptions(logical_retention_s=settings.logical_retention_s)
         cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
         session = _guard("connect", lambda: cluster.connect(settings.keyspace))
-        return cls(session, options, owned_cluster=cluster, fast=fast)
+        return cls(session, options, owned_cluster=cluster)
 
     def close(self) -> None:
         if self._cluster is not None:
@@ -426,10 +417,6 @@ class CassandraCheckpointStore(CheckpointStore):
 
     def start_claiming(self, claim: ResponseClaim) -> Callable[[], ResponseClaim]:
         """The claim's LWT, sent now; the waiter gives its holder (see ``_claim``)."""
-        if self._fast is not None:
-            sent = self._fast.submit(self._fast_insert_claim, self._claim_values(claim),
-                                     conditional=True)
-            return lambda: self._fast_claim_holder(claim, sent)
         future = _guard(
             "promote/claim",
             lambda: self._session.execute_async(
@@ -438,24 +425,7 @@ class CassandraCheckpointStore(CheckpointStore):
         )
         return lambda: self._claim_holder(claim, future.result)
 
-    def _fast_claim_holder(self, claim: ResponseClaim, sent: Any) -> ResponseClaim:
-        """``_claim_holder`` for a claim sent through the C++ driver: any error leaves the
-        outcome unknown, settled by a SERIAL read (cassandra-driver)."""
-        try:
-            row = sent.result().first()
-        except Exception as exc:  # noqa: BLE001 - timeouts, lost connections, overload
-            return self._serial_claim(claim, exc)
-        if row is None:
-            return self._serial_claim(claim, RuntimeError("an LWT answered without a row"))
-        if row.column_value("[applied]"):
-            return claim
-        return self._holder(claim, row.column_value("partition_key"),
-                            row.column_value("idempotency_key"),
-                            row.column_value("request_digest"))
-
     def _claim(self, claim: ResponseClaim) -> ResponseClaim:
-        if self._fast is not None:
-            return self.start_claiming(claim)()
         return self._claim_holder(
             claim,
             lambda: self._session.execute(

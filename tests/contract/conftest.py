@@ -31,21 +31,3 @@ def ledger_session(cassandra_cluster, settings):
     session = cassandra_cluster.connect(keyspace)
     yield session
     session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
-
-
-@pytest.fixture(scope="session")
-def fast_cql_for(settings):
-    """``keyspace -> FastCql`` (the C++ driver), one per keyspace, closed at the end."""
-    from services.cql_fast import FastCql
-
-    made: dict[str, FastCql] = {}
-
-    def get(keyspace: str) -> FastCql:
-        if keyspace not in made:
-            made[keyspace] = FastCql(settings.cassandra_hosts, settings.cassandra_port,
-                                     keyspace, timeout_s=30)
-        return made[keyspace]
-
-    yield get
-    for fast in made.values():
-        fast.close()

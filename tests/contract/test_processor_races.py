@@ -77,20 +77,17 @@ class Interleaving:
         return self._store.promote(request, **kw)
 
 
-@pytest.fixture(params=["memory", "cassandra", "cassandra+acsylla"])
+@pytest.fixture(params=["memory", "cassandra"])
 def workers(request):
-    """(old owner, new owner) on shared data; ``+acsylla``: the claim and the owners
-    write through the C++ driver (services/cql_fast.py), as the worker sends them."""
+    """(old owner, new owner) on shared data."""
     if request.param == "memory":
         store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
         return Worker(store, ledger), Worker(Interleaving(store), ledger)
     session = request.getfixturevalue("ledger_session")
-    fast = (request.getfixturevalue("fast_cql_for")(session.keyspace)
-            if request.param.endswith("acsylla") else None)
-    ledger = CassandraLedger(session, timeout_s=30, fast=fast)
+    ledger = CassandraLedger(session, timeout_s=30)
 
     def store():
-        return CassandraCheckpointStore(session, StoreOptions(), timeout_s=30, fast=fast)
+        return CassandraCheckpointStore(session, StoreOptions(), timeout_s=30)
 
     return Worker(store(), ledger), Worker(Interleaving(store()), ledger)
 

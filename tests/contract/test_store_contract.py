@@ -576,16 +576,3 @@ class TestCassandraStore(StoreContract):
 
     def shared_store(self, store: CheckpointStore, options: StoreOptions) -> CheckpointStore:
         return self.make_store(options)
-
-
-class TestCassandraStoreFastDriver(TestCassandraStore):
-    """The same contract with the claim sent through the C++ driver (services/cql_fast.py)."""
-
-    @pytest.fixture(autouse=True)
-    def _fast(self, store_session, fast_cql_for):
-        self.fast = fast_cql_for(store_session.keyspace)
-
-    def make_store(self, options: StoreOptions) -> CheckpointStore:
-        from services.store.cassandra import CassandraCheckpointStore
-
-        return CassandraCheckpointStore(self.session, options, timeout_s=30, fast=self.fast)
