@@ -420,18 +420,14 @@ class CassandraCheckpointStore(CheckpointStore):
         future = _guard(
             "promote/claim",
             lambda: self._session.execute_async(
-                self._insert_claim, self._claim_values(claim), timeout=self._timeout
+                self._insert_claim, self._claim_values(claim), timeout=self._timeout,
+                execution_profile=self._tuple_rows,
             ),
         )
         return lambda: self._claim_holder(claim, future.result)
 
     def _claim(self, claim: ResponseClaim) -> ResponseClaim:
-        return self._claim_holder(
-            claim,
-            lambda: self._session.execute(
-                self._insert_claim, self._claim_values(claim), timeout=self._timeout
-            ),
-        )
+        return self.start_claiming(claim)()
 
     @staticmethod
     def _claim_values(claim: ResponseClaim) -> tuple[str, ...]:
@@ -449,8 +445,11 @@ class CassandraCheckpointStore(CheckpointStore):
             return self._serial_claim(claim, exc)
         if rows.was_applied:
             return claim
-        row = rows.one()
-        return self._holder(claim, row.partition_key, row.idempotency_key, row.request_digest)
+        # Plain tuples (a named-tuple row builds a class per result: 5 % of the worker's
+        # CPU in a py-spy profile), read by the column names the answer carries.
+        found = dict(zip(rows.column_names, rows.one(), strict=True))
+        return self._holder(claim, found["partition_key"], found["idempotency_key"],
+                            found["request_digest"])
 
     def _serial_claim(self, claim: ResponseClaim, cause: BaseException) -> ResponseClaim:
         try:
@@ -618,8 +617,10 @@ class CassandraCheckpointStore(CheckpointStore):
         return batch
 
     def _locate(self, tenant_id: str, response_id: str) -> str | None:
-        row = self._execute("locate", self._select_location, (tenant_id, response_id)).one()
-        return None if row is None else row.partition_key
+        row = _guard("locate", lambda: self._session.execute(
+            self._select_location, (tenant_id, response_id), timeout=self._timeout,
+            execution_profile=self._tuple_rows)).one()
+        return None if row is None else row[0]
 
     def _load_partition(self, tenant_id: str, partition_key: str) -> PartitionSnapshot | None:
         """ONE query for the checkpoints, items and head (see ``HISTORY_KINDS``).
