@@ -232,10 +232,10 @@ class PromotionProcessor:
         return self._publishable(turn, key, verdict, facts)
 
     def _read_facts(self, turn: TurnCompleted, key: str, owner: str | None,
-                    mark: str | None | object = None) -> tuple[TurnFacts, str | None]:
-        """The request's facts and the facts mark they go with. The mark is read first
-        (``_UNKNOWN``): a fact recorded after that read changes the mark, so the batch
-        that asserts it is refused instead of missing the fact."""
+                    mark: str | None | object = _UNKNOWN) -> tuple[TurnFacts, str | None]:
+        """The request's facts and the facts mark they go with. An unknown mark is read
+        first: a fact recorded after that read changes the mark, so the batch that
+        asserts it is refused instead of missing the fact."""
         if mark is _UNKNOWN:
             mark = self.store.request_facts_mark(turn.tenant_id, key, turn.idempotency_key)
         assert mark is None or isinstance(mark, str)
