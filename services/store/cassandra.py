@@ -427,7 +427,13 @@ class CassandraCheckpointStore(CheckpointStore):
         return lambda: self._claim_holder(claim, future.result)
 
     def _claim(self, claim: ResponseClaim) -> ResponseClaim:
-        return self.start_claiming(claim)()
+        return self._claim_holder(
+            claim,
+            lambda: self._session.execute(
+                self._insert_claim, self._claim_values(claim), timeout=self._timeout,
+                execution_profile=self._tuple_rows,
+            ),
+        )
 
     @staticmethod
     def _claim_values(claim: ResponseClaim) -> tuple[str, ...]:
