@@ -85,10 +85,8 @@ def items_digest(items: Iterable[Item]) -> str:
     Stored in the checkpoint so that items swapped between turns, reordered, or
     replaced by other valid items are caught even when each item is self-consistent.
     """
-    h = hashlib.sha256()
-    for item in items:
-        h.update(f"{item.item_id}\x00{item.content_digest}\n".encode())
-    return h.hexdigest()
+    text = "".join(f"{item.item_id}\x00{item.content_digest}\n" for item in items)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def lineage_digest(parent_lineage_digest: str | None, turn_items_digest: str) -> str:
