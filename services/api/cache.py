@@ -21,7 +21,8 @@ prefix's plus the new turns' pre-rendered fragments.
 
 Locations: (tenant_id, response_id) -> partition_key of every verified turn, kept here
 (immutable: a response id is bound once per tenant, ``response_claims``); a response
-not seen yet is located by its claim (``CheckpointStore.locate``).
+not seen yet is looked for under the caller's ``partition_key`` hint, else located by
+its claim (``CheckpointStore.locate``).
 """
 
 from __future__ import annotations

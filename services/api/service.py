@@ -235,9 +235,9 @@ class RehydrationService:
         """A hit: a chain-mode history answers with no storage read at all; a
         Conversation-mode one with ONE head read, because its answer reports the
         Conversation's current head beside the response's own seq and that head must be
-        backed by a verified checkpoint (``_conversation_response_hit``). A miss: locate
-        (the response's claim), then extend a cached prefix (only the new rows) or read
-        the partition in full."""
+        backed by a verified checkpoint (``_conversation_response_hit``). A miss: find
+        the partition (``_response_miss``), then extend a cached prefix (only the new
+        rows) or read the partition in full."""
         assert self._cache is not None
         tenant_id, response_id, fingerprint_hash = (
             lookup.tenant_id, lookup.response_id, lookup.fingerprint_hash
