@@ -13,7 +13,8 @@ keep-alive). Measured side by side:
   (one head read: a Conversation's answer reports its backed current head);
   Conversation endpoint hit (one head read); cold 50-turn miss (``Cache-Control: no-cache``: the full read, verification and
   rendering of a miss); interleaved, ``reads`` rounds;
-- continuation after one new turn on B: incremental (the turn promoted without a
+- continuation after one new turn on B (a new B every 50 turns, so the histories
+  answered are 2-50 turns like A's, not a body that grows all run): incremental (the turn promoted without a
   record: the lookup, with the ``partition_key`` hint a gateway sends, reads and
   verifies only that row), the same without the hint (the response's claim is read
   first to locate it) and pre-warmed (its record produced, the API extended its cache
@@ -264,6 +265,10 @@ def run(
         for i in range(len(kinds) * (turns + 10)):
             kind = kinds[i % len(kinds)]
             prewarm = kind == PREWARMED
+            if growing.seq == TURNS:  # a new B: histories stay 2..50 turns, like A's
+                conv_b = f"conv_{uuid.uuid4().hex[:8]}"
+                growing = _promote(store, tenant, conv_b, 0, fp_hash)
+                get(f"/v1/responses/{growing.response_id}/history?{query}")
             growing = _promote(store, tenant, conv_b, growing.seq, fp_hash)
             path = f"/v1/responses/{growing.response_id}/history?{query}"
             if kind != INCREMENTAL_LOCATED:  # a gateway's lookup names the partition
