@@ -398,12 +398,13 @@ class RehydrationService:
             "response", None, MAX_EXTENSION_ROWS, row,
         )
         turn = row.checkpoints.get(lookup.response_id)
-        parent = None if turn is None or turn.parent_response_id is None else (
+        if turn is None:
+            return None  # an undecodable row: the full read reports it
+        parent = None if turn.parent_response_id is None else (
             self._cache.get(lookup.tenant_id, turn.parent_response_id)
         )
         one_row = (
-            turn is not None
-            and parent is not None
+            parent is not None
             and parent.partition_key == partition_key
             and parent.linked
             and (
