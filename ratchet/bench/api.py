@@ -13,9 +13,12 @@ keep-alive). Measured side by side:
   (one head read: a Conversation's answer reports its backed current head);
   Conversation endpoint hit (one head read); cold 50-turn miss (``Cache-Control: no-cache``: the full read, verification and
   rendering of a miss); interleaved, ``reads`` rounds;
-- continuation after one new turn on B: incremental (the turn promoted without a
-  record: the lookup reads and verifies only that row) and pre-warmed (its record
-  produced, the API extended its cache first: the lookup is a hit), ``turns`` each;
+- continuation after one new turn on B (a new B every 50 turns, so the histories
+  answered are 2-50 turns like A's, not a body that grows all run): incremental (the turn promoted without a
+  record: the lookup, with the ``partition_key`` hint a gateway sends, reads and
+  verifies only that row), the same without the hint (the response's claim is read
+  first to locate it) and pre-warmed (its record produced, the API extended its cache
+  first: the lookup is a hit), ``turns`` each;
 - ``wait_ms`` read-your-writes: a request waits for a response not promoted yet; the
   turn is promoted and its record produced; time from just before that produce to
   the waiting request's answer (``waits`` rounds).
@@ -59,6 +62,7 @@ RESPONSE_HIT = "HTTP response hit, chain (no read)"
 RESPONSE_HIT_CONVERSATION = "HTTP response hit, Conversation"
 CONVERSATION_HIT = "HTTP conversation endpoint hit"
 INCREMENTAL = "HTTP continuation, incremental"
+INCREMENTAL_LOCATED = "HTTP continuation, incr., no hint"
 PREWARMED = "HTTP continuation, pre-warmed"
 COLD = "HTTP cold 50-turn miss (no-cache)"
 WAIT = "wait_ms: record -> answer"
@@ -254,12 +258,21 @@ def run(
 
         # Continuations on B: each round promotes one turn, then looks it up.
         get(f"/v1/responses/{growing.response_id}/history?{query}")  # B's prefix cached
-        samples[INCREMENTAL], samples[PREWARMED] = [], []
+        kinds = (INCREMENTAL, PREWARMED, INCREMENTAL_LOCATED)
+        for kind in kinds:
+            samples[kind] = []
         warmed = _prewarmed(base_url)
-        for i in range(2 * turns + 20):
-            prewarm = i % 2 == 1
+        for i in range(len(kinds) * (turns + 10)):
+            kind = kinds[i % len(kinds)]
+            prewarm = kind == PREWARMED
+            if growing.seq == TURNS:  # a new B: histories stay 2..50 turns, like A's
+                conv_b = f"conv_{uuid.uuid4().hex[:8]}"
+                growing = _promote(store, tenant, conv_b, 0, fp_hash)
+                get(f"/v1/responses/{growing.response_id}/history?{query}")
             growing = _promote(store, tenant, conv_b, growing.seq, fp_hash)
             path = f"/v1/responses/{growing.response_id}/history?{query}"
+            if kind != INCREMENTAL_LOCATED:  # a gateway's lookup names the partition
+                path += f"&partition_key={conv_b}"
             if prewarm:
                 publish(growing)
                 deadline = time.monotonic() + 5
@@ -270,8 +283,8 @@ def run(
             body = get(path)
             elapsed = (time.perf_counter() - start) * 1000
             assert f'"head_seq":{growing.seq},'.encode() in body
-            if i >= 20:  # the first rounds warm up
-                samples[PREWARMED if prewarm else INCREMENTAL].append(elapsed)
+            if i >= 10 * len(kinds):  # the first rounds warm up
+                samples[kind].append(elapsed)
 
         # wait_ms: a request waiting for a response that is promoted while it waits.
         samples[WAIT] = []

@@ -85,10 +85,8 @@ def items_digest(items: Iterable[Item]) -> str:
     Stored in the checkpoint so that items swapped between turns, reordered, or
     replaced by other valid items are caught even when each item is self-consistent.
     """
-    h = hashlib.sha256()
-    for item in items:
-        h.update(f"{item.item_id}\x00{item.content_digest}\n".encode())
-    return h.hexdigest()
+    text = "".join(f"{item.item_id}\x00{item.content_digest}\n" for item in items)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def lineage_digest(parent_lineage_digest: str | None, turn_items_digest: str) -> str:
@@ -477,18 +475,26 @@ def _check_links(lineage: tuple[CheckpointRecord, ...]) -> bool | HistoryFailure
 
 
 def _check_items(items: tuple[Item, ...]) -> HistoryFailure | None:
+    """Every item's content digest, format and type, in ONE pass. The reason is that of
+    the first broken rule in this order, whichever item breaks it: a digest mismatch
+    (CORRUPT_HISTORY), then an unsupported format, then an unknown type."""
+    bad_format: Item | None = None
+    bad_type: Item | None = None
     for item in items:
         if not item.digest_ok():
             return _corrupt(f"item {item.item_id} content does not match its digest")
-    for item in items:
-        if item.format_version not in SUPPORTED_FORMAT_VERSIONS:
-            return HistoryFailure(
-                HistoryFailureReason.UNSUPPORTED_FORMAT,
-                f"item {item.item_id} format {item.format_version}",
-            )
-    for item in items:
-        if item.type not in KNOWN_ITEM_TYPES:
-            return HistoryFailure(
-                HistoryFailureReason.UNKNOWN_ITEM_TYPE, f"item {item.item_id} type {item.type!r}"
-            )
+        if bad_format is None and item.format_version not in SUPPORTED_FORMAT_VERSIONS:
+            bad_format = item
+        if bad_type is None and item.type not in KNOWN_ITEM_TYPES:
+            bad_type = item
+    if bad_format is not None:
+        return HistoryFailure(
+            HistoryFailureReason.UNSUPPORTED_FORMAT,
+            f"item {bad_format.item_id} format {bad_format.format_version}",
+        )
+    if bad_type is not None:
+        return HistoryFailure(
+            HistoryFailureReason.UNKNOWN_ITEM_TYPE,
+            f"item {bad_type.item_id} type {bad_type.type!r}",
+        )
     return None

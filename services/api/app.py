@@ -45,6 +45,16 @@ WaitMs = Annotated[
     ),
 ]
 
+PartitionHint = Annotated[
+    str | None,
+    Query(
+        pattern=_ID,
+        description="Optional hint: the response's partition key (its `conversation_id`, "
+        "else its chain's `chain_root_id`, else its own id). Saves locating the response "
+        "by its id; never trusted (a response not found there is located as without it).",
+    ),
+]
+
 CacheControl = Annotated[
     str | None,
     Header(
@@ -106,6 +116,7 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
         tenant_id: TenantId,
         fingerprint_hash: FingerprintHash,
         wait_ms: WaitMs = 0,
+        partition_key: PartitionHint = None,
         cache_control: CacheControl = None,
     ) -> Response:
         with metrics.REQUEST_SECONDS.labels("response").time():
@@ -115,6 +126,7 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
                 fingerprint_hash,
                 wait_ms,
                 use_cache=_use_cache(cache_control),
+                partition_key=partition_key,
             )
         return _history(answer)
 

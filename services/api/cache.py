@@ -21,7 +21,8 @@ prefix's plus the new turns' pre-rendered fragments.
 
 Locations: (tenant_id, response_id) -> partition_key of every verified turn, kept here
 (immutable: a response id is bound once per tenant, ``response_claims``); a response
-not seen yet is located by its claim (``CheckpointStore.locate``).
+not seen yet is looked for under the caller's ``partition_key`` hint, else located by
+its claim (``CheckpointStore.locate``).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ class HistoryCache:
     Also remembers, bounded by ``max_locations`` each: (tenant_id, response_id) ->
     partition_key for every verified turn (locations are immutable), and which
     (tenant_id, partition_key) had a linked history cached (so a miss elsewhere does
-    not try an extension that cannot succeed). Thread-safe: misses fill from the
-    thread pool and the pre-warmer, hits read on the event loop."""
+    not try an extension that cannot succeed). Thread-safe: lookups use it on the
+    event loop, multi-row extensions and conversation misses from the thread pool,
+    the pre-warmer from its own thread."""
 
     def __init__(self, max_bytes: int, max_locations: int = 100_000) -> None:
         self.max_bytes = max_bytes

@@ -123,8 +123,8 @@ class RehydrationService:
     ) -> Answer:
         start = time.perf_counter()
         if self._cache is None:
-            answer = await run_in_threadpool(
-                self._read_conversation, tenant_id, conversation_id, fingerprint_hash
+            answer = await self._read_conversation_async(
+                tenant_id, conversation_id, fingerprint_hash
             )
         else:
             answer = await self._cached_conversation(
@@ -142,14 +142,16 @@ class RehydrationService:
         wait_ms: int,
         *,
         use_cache: bool = True,
+        partition_key: str | None = None,
     ) -> Answer:
+        """``partition_key``: the caller's hint of the response's partition (its
+        Conversation id or chain root), never trusted (``_response_miss``)."""
         wait_ms = min(max(wait_ms, 0), WAIT_MS_CAP)
+        lookup = _Lookup(tenant_id, response_id, fingerprint_hash, use_cache, partition_key)
         if wait_ms == 0:
-            answer = await self._response(tenant_id, response_id, fingerprint_hash, use_cache)
+            answer = await self._response(lookup)
         else:
-            answer = await self._wait_for_decision(
-                tenant_id, response_id, fingerprint_hash, wait_ms, use_cache
-            )
+            answer = await self._wait_for_decision(lookup, wait_ms)
         self._log(
             "response",
             answer,
@@ -187,66 +189,60 @@ class RehydrationService:
 
     # -- wait_ms: one read, maybe one wait, one more read (see waiters.py) ----------------
 
-    async def _wait_for_decision(
-        self,
-        tenant_id: str,
-        response_id: str,
-        fingerprint_hash: str,
-        wait_ms: int,
-        use_cache: bool,
-    ) -> Answer:
+    async def _wait_for_decision(self, lookup: _Lookup, wait_ms: int) -> Answer:
         deadline = time.monotonic() + wait_ms / 1000
-        ticket = self._waiters.register(response_id)
+        ticket = self._waiters.register(lookup.response_id)
         metrics.WAITING.inc()
         try:
-            answer = await self._response(tenant_id, response_id, fingerprint_hash, use_cache)
+            answer = await self._response(lookup)
             while _still_pending(answer):
                 remaining = deadline - time.monotonic()
                 woken = remaining > 0 and await self._waiters.wait(ticket, remaining)
                 if not woken:
                     # One last read at the deadline covers a notifier that was down.
                     metrics.WAITS.labels("timeout").inc()
-                    answer = await self._response(
-                        tenant_id, response_id, fingerprint_hash, use_cache
-                    )
+                    answer = await self._response(lookup)
                     if _still_pending(answer):
-                        return _not_promoted(response_id, f"no decision within {wait_ms} ms")
+                        return _not_promoted(
+                            lookup.response_id, f"no decision within {wait_ms} ms"
+                        )
                     return answer
                 metrics.WAITS.labels(f"woken_{ticket.decision}").inc()
                 # Clear BEFORE re-reading: a decision published after this re-arms the event.
                 ticket.event.clear()
-                answer = await self._response(tenant_id, response_id, fingerprint_hash, use_cache)
+                answer = await self._response(lookup)
             return answer
         finally:
             metrics.WAITING.dec()
             self._waiters.release(ticket)
 
-    # -- cached lookups (a hit on the event loop; storage reads in the thread pool) -------
+    # -- cached lookups: on the event loop, awaiting the driver's async reads; only an
+    # -- extension that must read several rows one by one runs in the thread pool.
 
-    async def _response(
-        self, tenant_id: str, response_id: str, fingerprint_hash: str, use_cache: bool
-    ) -> Answer:
+    async def _response(self, lookup: _Lookup) -> Answer:
         start = time.perf_counter()
         try:
             if self._cache is None:
-                return await run_in_threadpool(
-                    self._read_response, tenant_id, response_id, fingerprint_hash, None
+                return await self._read_response(
+                    lookup.tenant_id, lookup.response_id, lookup.fingerprint_hash,
+                    lookup.partition_key,
                 )
-            return await self._cached_response(tenant_id, response_id, fingerprint_hash, use_cache)
+            return await self._cached_response(lookup)
         finally:
             metrics.LOOKUP_SECONDS.labels("response").observe(time.perf_counter() - start)
 
-    async def _cached_response(
-        self, tenant_id: str, response_id: str, fingerprint_hash: str, use_cache: bool
-    ) -> Answer:
+    async def _cached_response(self, lookup: _Lookup) -> Answer:
         """A hit: a chain-mode history answers with no storage read at all; a
         Conversation-mode one with ONE head read, because its answer reports the
         Conversation's current head beside the response's own seq and that head must be
-        backed by a verified checkpoint (``_conversation_response_hit``). A miss: locate
-        (the response's claim), then extend a cached prefix (only the new rows) or read
-        the partition in full."""
+        backed by a verified checkpoint (``_conversation_response_hit``). A miss: find
+        the partition (``_response_miss``), then extend a cached prefix (only the new
+        rows) or read the partition in full."""
         assert self._cache is not None
-        if use_cache:
+        tenant_id, response_id, fingerprint_hash = (
+            lookup.tenant_id, lookup.response_id, lookup.fingerprint_hash
+        )
+        if lookup.use_cache:
             entry = self._cache.get(tenant_id, response_id)
             if entry is not None:
                 if entry.checkpoint.mode is PromotionMode.CONVERSATION:
@@ -258,13 +254,10 @@ class RehydrationService:
                 # A cached history that cannot answer (expired, head not backed): the
                 # full read decides, with its detail.
                 metrics.HISTORY_CACHE.labels("response", "miss").inc()
-                return await run_in_threadpool(
-                    self._read_response, tenant_id, response_id, fingerprint_hash,
-                    entry.partition_key,
+                return await self._read_response(
+                    tenant_id, response_id, fingerprint_hash, entry.partition_key
                 )
-        return await run_in_threadpool(
-            self._response_miss, tenant_id, response_id, fingerprint_hash, use_cache
-        )
+        return await self._response_miss(lookup)
 
     async def _conversation_response_hit(
         self, entry: CachedHistory, fingerprint_hash: str
@@ -292,8 +285,8 @@ class RehydrationService:
         assert self._cache is not None
         if not use_cache:
             metrics.HISTORY_CACHE.labels("conversation", "bypass").inc()
-            return await run_in_threadpool(
-                self._read_conversation, tenant_id, conversation_id, fingerprint_hash
+            return await self._read_conversation_async(
+                tenant_id, conversation_id, fingerprint_hash
             )
         head = await self._store.read_head_async(tenant_id, conversation_id)
         if head is not None:
@@ -344,21 +337,87 @@ class RehydrationService:
         metrics.HISTORY_CACHE.labels("conversation", "miss").inc()
         return self._read_conversation(tenant_id, conversation_id, fingerprint_hash)
 
-    def _response_miss(
-        self, tenant_id: str, response_id: str, fingerprint_hash: str, use_cache: bool
-    ) -> Answer:
+    async def _response_miss(self, lookup: _Lookup) -> Answer:
+        """Find the response's partition and its turn row, then extend a cached prefix
+        by that row (and, in the thread pool, any rows between) or read it in full.
+
+        The partition: where this API verified the response before, else the caller's
+        hint, else the response's claim (``locate``). A hint is never trusted: the turn
+        row must be found there (a response id lives in one partition per tenant, bound
+        by its claim), else the claim decides, as without a hint. With a right hint
+        the extension reads ONE row."""
         assert self._cache is not None
-        partition_key = self._cache.location(tenant_id, response_id)
-        if partition_key is None:
-            partition_key = self._store.locate(tenant_id, response_id)  # its claim
-        if use_cache and partition_key is not None:
-            answer = self._extend(
-                tenant_id, partition_key, response_id, fingerprint_hash, "response", None
+        tenant_id, response_id = lookup.tenant_id, lookup.response_id
+        verified = self._cache.location(tenant_id, response_id)
+        partition_key = verified or lookup.partition_key
+        if not lookup.use_cache:
+            metrics.HISTORY_CACHE.labels("response", "bypass").inc()
+            return await self._read_response(
+                tenant_id, response_id, lookup.fingerprint_hash, partition_key
             )
+        row = None
+        if partition_key is not None and self._cache.extendable(tenant_id, partition_key):
+            row = await self._store.read_turn_async(tenant_id, partition_key, response_id)
+            if row is None and verified is None:  # a wrong hint, or nothing promoted yet
+                hinted = partition_key
+                partition_key = await self._store.locate_async(tenant_id, response_id)
+                if partition_key is not None and partition_key != hinted:
+                    row = await self._read_turn_if_extendable(
+                        tenant_id, partition_key, response_id
+                    )
+        elif partition_key is None:
+            partition_key = await self._store.locate_async(tenant_id, response_id)
+            if partition_key is not None:
+                row = await self._read_turn_if_extendable(tenant_id, partition_key, response_id)
+        if row is not None and partition_key is not None:
+            answer = await self._extend_from(lookup, partition_key, row)
             if answer is not None:
                 return answer
-        metrics.HISTORY_CACHE.labels("response", "miss" if use_cache else "bypass").inc()
-        return self._read_response(tenant_id, response_id, fingerprint_hash, partition_key)
+        metrics.HISTORY_CACHE.labels("response", "miss").inc()
+        return await self._read_response(
+            tenant_id, response_id, lookup.fingerprint_hash, partition_key
+        )
+
+    async def _read_turn_if_extendable(
+        self, tenant_id: str, partition_key: str, response_id: str
+    ) -> PartitionSnapshot | None:
+        assert self._cache is not None
+        if not self._cache.extendable(tenant_id, partition_key):
+            return None
+        return await self._store.read_turn_async(tenant_id, partition_key, response_id)
+
+    async def _extend_from(
+        self, lookup: _Lookup, partition_key: str, row: PartitionSnapshot
+    ) -> Answer | None:
+        """``_extend`` starting from a turn row already read: on the event loop when the
+        row alone links to a cached prefix (and, in a Conversation, is the head it was
+        read with), else in the thread pool, which reads the rows in between."""
+        assert self._cache is not None
+        args = (
+            lookup.tenant_id, partition_key, lookup.response_id, lookup.fingerprint_hash,
+            "response", None, MAX_EXTENSION_ROWS, row,
+        )
+        turn = row.checkpoints.get(lookup.response_id)
+        if turn is None:
+            return None  # an undecodable row: the full read reports it
+        parent = None if turn.parent_response_id is None else (
+            self._cache.get(lookup.tenant_id, turn.parent_response_id)
+        )
+        one_row = (
+            parent is not None
+            and parent.partition_key == partition_key
+            and parent.linked
+            and (
+                turn.mode is not PromotionMode.CONVERSATION
+                or (
+                    row.head is not None
+                    and (row.head.seq, row.head.response_id) == (turn.seq, turn.response_id)
+                )
+            )
+        )
+        if one_row:
+            return self._extend(*args)
+        return await run_in_threadpool(self._extend, *args)
 
     def _hit(
         self, entry: CachedHistory, current_head_seq: int, fingerprint_hash: str, endpoint: str
@@ -389,15 +448,18 @@ class RehydrationService:
         endpoint: str,
         head: Head | None,
         max_rows: int = MAX_EXTENSION_ROWS,
+        first: PartitionSnapshot | None = None,
     ) -> Answer | None:
         """Read the rows from ``response_id`` back to a cached linked prefix (at most
         ``max_rows``, one row per read), verify them and their link to it, cache and
         answer. None: no cached prefix within reach, rows the extension cannot decide
         (a turn without a lineage digest, an undecodable row), or a Conversation head
         that is not backed: the full read answers instead, so every replica gives the
-        same answer."""
+        same answer. ``first``: the row of ``response_id``, already read."""
         now = self._clock()
-        extended = self._extended(tenant_id, partition_key, response_id, head, max_rows, now)
+        extended = self._extended(
+            tenant_id, partition_key, response_id, head, max_rows, now, first
+        )
         if extended is None:
             return None
         if isinstance(extended, HistoryFailure):
@@ -433,6 +495,7 @@ class RehydrationService:
         head: Head | None,
         max_rows: int,
         now: datetime,
+        first: PartitionSnapshot | None = None,
     ) -> tuple[CachedHistory, Head | None] | HistoryFailure | HistoryBody | None:
         """The reads, verification and caching of ``_extend``: the cached entry with the
         Conversation head known (``head``, else the one read with the rows), the failure
@@ -447,7 +510,10 @@ class RehydrationService:
         prefix: CachedHistory | None = None
         row_head: Head | None = None
         for _ in range(max_rows):
-            snapshot = self._store.read_turn(tenant_id, partition_key, current)
+            snapshot = first if first is not None else self._store.read_turn(
+                tenant_id, partition_key, current
+            )
+            first = None
             if snapshot is None or current not in snapshot.checkpoints:
                 return None  # absent or undecodable: the full read reports it
             if row_head is None:
@@ -510,15 +576,26 @@ class RehydrationService:
         history = self._store.read_history(tenant_id, conversation_id=conversation_id, now=now)
         return self._decide(history, fingerprint_hash, now, "conversation")
 
-    def _read_response(
+    async def _read_conversation_async(
+        self, tenant_id: str, conversation_id: str, fingerprint_hash: str
+    ) -> Answer:
+        now = self._clock()
+        history = await self._store.read_history_async(
+            tenant_id, conversation_id=conversation_id, now=now
+        )
+        return self._decide(history, fingerprint_hash, now, "conversation")
+
+    async def _read_response(
         self,
         tenant_id: str,
         response_id: str,
         fingerprint_hash: str,
         partition_key: str | None,
     ) -> Answer:
+        """The full read, on the event loop (the driver's async reads; verification
+        and rendering are CPU work the thread pool would not run any sooner)."""
         now = self._clock()
-        history = self._store.read_history(
+        history = await self._store.read_history_async(
             tenant_id, response_id=response_id, now=now, partition_key=partition_key
         )
         if (
@@ -526,7 +603,7 @@ class RehydrationService:
             and history.reason is HistoryFailureReason.NOT_FOUND
             and self._ledger is not None
         ):
-            recorded = self._ledger.status(tenant_id, response_id)
+            recorded = await run_in_threadpool(self._ledger.status, tenant_id, response_id)
             if recorded.status is ResponseState.REJECTED:
                 return _not_promoted(response_id, f"rejected: {recorded.reason}")
         return self._decide(history, fingerprint_hash, now, "response")
@@ -617,6 +694,17 @@ class RehydrationService:
                 }
             },
         )
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """One response-history request, as the lookup steps pass it on."""
+
+    tenant_id: str
+    response_id: str
+    fingerprint_hash: str
+    use_cache: bool
+    partition_key: str | None  # the caller's hint, unverified
 
 
 def _still_pending(answer: Answer) -> bool:

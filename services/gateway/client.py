@@ -3,7 +3,9 @@
 A gateway about to run turn N+1 asks for the history it must render:
 
     with RehydrationClient("http://127.0.0.1:8080") as client:
-        outcome = client.response_history(tenant, prev_id, my_fp_hash, wait_ms=2000)
+        outcome = client.response_history(
+            tenant, prev_id, my_fp_hash, wait_ms=2000, partition_key=conversation_id
+        )
         match outcome:
             case Certified(): reuse outcome.checkpoint.token_artifact, render outcome.items
             case Fallback():  re-render outcome.items from scratch (no reuse)
@@ -110,11 +112,22 @@ class RehydrationClient:
         self._http.close()
 
     def response_history(
-        self, tenant_id: str, response_id: str, fingerprint_hash: str, wait_ms: int = 0
+        self,
+        tenant_id: str,
+        response_id: str,
+        fingerprint_hash: str,
+        wait_ms: int = 0,
+        partition_key: str | None = None,
     ) -> Outcome:
+        """``partition_key``: the response's partition key if the gateway knows it (its
+        ``conversation_id``, else its chain's ``chain_root_id``): a hint that saves the
+        service locating the response by its id (an unknown or wrong one costs a read,
+        never a wrong answer)."""
         params: dict[str, Any] = {"tenant_id": tenant_id, "fingerprint_hash": fingerprint_hash}
         if wait_ms:
             params["wait_ms"] = wait_ms
+        if partition_key is not None:
+            params["partition_key"] = partition_key
         # The HTTP timeout must outlast the server-side wait.
         timeout = self._http.timeout.read or 5.0
         return self._history(

@@ -173,6 +173,15 @@ def validate_request(request: PromotionRequest) -> None:
 
 
 
+def _exactly_one(response_id: str | None, conversation_id: str | None) -> None:
+    if (response_id is None) == (conversation_id is None):
+        raise ValueError("give exactly one of response_id or conversation_id")
+
+
+def _no_such_response() -> HistoryFailure:
+    return HistoryFailure(HistoryFailureReason.NOT_FOUND, "no such response")
+
+
 def _nothing_to_wait_for() -> None:
     return None
 
@@ -337,34 +346,85 @@ class CheckpointStore(ABC):
         knows) saves the location lookup; it is a hint: if the response is not in
         that partition, the location index is asked as without it.
         """
-        if (response_id is None) == (conversation_id is None):
-            raise ValueError("give exactly one of response_id or conversation_id")
+        _exactly_one(response_id, conversation_id)
         now = now or self.options.clock()
         if conversation_id is not None:
             snapshot = self._load_partition(tenant_id, conversation_id)
-            if snapshot is None:
-                return HistoryFailure(HistoryFailureReason.NOT_FOUND, "no such conversation")
-            result = verify_conversation_history(snapshot, now)
-            self._learn_history(tenant_id, conversation_id, result)
-            return result
+            return self._conversation_result(tenant_id, conversation_id, snapshot, now)
         assert response_id is not None
-        hinted = partition_key or self._location_hints.get((tenant_id, response_id))
-        if isinstance(hinted, str):
-            result = self._read_response(tenant_id, hinted, response_id, now)
+        hinted = self._hinted_partition(tenant_id, response_id, partition_key)
+        if hinted is not None:
+            snapshot = self._load_partition(tenant_id, hinted)
+            result = self._response_result(tenant_id, hinted, response_id, snapshot, now)
             if result is not None:
                 return result
         located = self._locate(tenant_id, response_id)
         if located is None or located == hinted:
-            return HistoryFailure(HistoryFailureReason.NOT_FOUND, "no such response")
-        return self._read_response(tenant_id, located, response_id, now) or HistoryFailure(
-            HistoryFailureReason.NOT_FOUND, "no such response"
+            return _no_such_response()
+        snapshot = self._load_partition(tenant_id, located)
+        return self._response_result(tenant_id, located, response_id, snapshot, now) or (
+            _no_such_response()
         )
 
-    def _read_response(
-        self, tenant_id: str, partition_key: str, response_id: str, now: datetime
+    async def read_history_async(
+        self,
+        tenant_id: str,
+        *,
+        response_id: str | None = None,
+        conversation_id: str | None = None,
+        now: datetime | None = None,
+        partition_key: str | None = None,
+    ) -> VerifiedHistory | HistoryFailure:
+        """``read_history`` for an event loop: the same reads, awaited
+        (``_load_partition_async``, ``_locate_async``), then the same verification."""
+        _exactly_one(response_id, conversation_id)
+        now = now or self.options.clock()
+        if conversation_id is not None:
+            snapshot = await self._load_partition_async(tenant_id, conversation_id)
+            return self._conversation_result(tenant_id, conversation_id, snapshot, now)
+        assert response_id is not None
+        hinted = self._hinted_partition(tenant_id, response_id, partition_key)
+        if hinted is not None:
+            snapshot = await self._load_partition_async(tenant_id, hinted)
+            result = self._response_result(tenant_id, hinted, response_id, snapshot, now)
+            if result is not None:
+                return result
+        located = await self._locate_async(tenant_id, response_id)
+        if located is None or located == hinted:
+            return _no_such_response()
+        snapshot = await self._load_partition_async(tenant_id, located)
+        return self._response_result(tenant_id, located, response_id, snapshot, now) or (
+            _no_such_response()
+        )
+
+    def _hinted_partition(
+        self, tenant_id: str, response_id: str, partition_key: str | None
+    ) -> str | None:
+        hinted = partition_key or self._location_hints.get((tenant_id, response_id))
+        return hinted if isinstance(hinted, str) else None
+
+    def _conversation_result(
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        snapshot: PartitionSnapshot | None,
+        now: datetime,
+    ) -> VerifiedHistory | HistoryFailure:
+        if snapshot is None:
+            return HistoryFailure(HistoryFailureReason.NOT_FOUND, "no such conversation")
+        result = verify_conversation_history(snapshot, now)
+        self._learn_history(tenant_id, conversation_id, result)
+        return result
+
+    def _response_result(
+        self,
+        tenant_id: str,
+        partition_key: str,
+        response_id: str,
+        snapshot: PartitionSnapshot | None,
+        now: datetime,
     ) -> VerifiedHistory | HistoryFailure | None:
         """The verified history of ``response_id`` in that partition; None if not there."""
-        snapshot = self._load_partition(tenant_id, partition_key)
         if snapshot is None:
             return None
         result = verify_history(snapshot, response_id, now)
@@ -399,6 +459,16 @@ class CheckpointStore(ABC):
     def locate(self, tenant_id: str, response_id: str) -> str | None:
         """The partition a response id was promoted under (a hint, verified by reads)."""
         return self._locate(tenant_id, response_id)
+
+    async def read_turn_async(
+        self, tenant_id: str, partition_key: str, response_id: str
+    ) -> PartitionSnapshot | None:
+        """``read_turn`` for an event loop (a backend with async I/O overrides it)."""
+        return await asyncio.to_thread(self.read_turn, tenant_id, partition_key, response_id)
+
+    async def locate_async(self, tenant_id: str, response_id: str) -> str | None:
+        """``locate`` for an event loop."""
+        return await self._locate_async(tenant_id, response_id)
 
     @abstractmethod
     def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
@@ -522,3 +592,13 @@ class CheckpointStore(ABC):
     @abstractmethod
     def _load_partition(self, tenant_id: str, partition_key: str) -> PartitionSnapshot | None:
         """Every checkpoint and item of one partition, or None if it holds nothing."""
+
+    async def _locate_async(self, tenant_id: str, response_id: str) -> str | None:
+        """``_locate`` awaited; a backend with async I/O overrides it."""
+        return await asyncio.to_thread(self._locate, tenant_id, response_id)
+
+    async def _load_partition_async(
+        self, tenant_id: str, partition_key: str
+    ) -> PartitionSnapshot | None:
+        """``_load_partition`` awaited; a backend with async I/O overrides it."""
+        return await asyncio.to_thread(self._load_partition, tenant_id, partition_key)

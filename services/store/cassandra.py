@@ -316,34 +316,80 @@ class CassandraCheckpointStore(CheckpointStore):
 
     async def read_head_async(self, tenant_id: str, partition_key: str) -> Head | None:
         """The head read on the driver's own I/O thread: the event loop only awaits."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[Head | None] = loop.create_future()
+        rows = await self._rows_async(
+            "read_head", self._read_head, (tenant_id, partition_key), EXEC_PROFILE_DEFAULT
+        )
+        return head_of(rows[0]) if rows else None
 
-        def settle(head: Head | None, error: BaseException | None) -> None:
+    async def read_turn_async(
+        self, tenant_id: str, partition_key: str, response_id: str
+    ) -> PartitionSnapshot | None:
+        rows = await self._rows_async(
+            "read_turn", self._select_turn, (tenant_id, partition_key, response_id)
+        )
+        return decode_snapshot(tenant_id, partition_key, rows)
+
+    async def _locate_async(self, tenant_id: str, response_id: str) -> str | None:
+        rows = await self._rows_async(
+            "locate", self._select_location, (tenant_id, response_id), EXEC_PROFILE_DEFAULT
+        )
+        return rows[0].partition_key if rows else None
+
+    async def _load_partition_async(
+        self, tenant_id: str, partition_key: str
+    ) -> PartitionSnapshot | None:
+        """``_load_partition`` on the driver's I/O thread (the same two queries)."""
+        key = (tenant_id, partition_key)
+        rows = await self._rows_async("read_history", self._select_partition, key)
+        if not rows:
+            rows = await self._rows_async("read_history", self._select_static_head, key)
+        return decode_snapshot(tenant_id, partition_key, rows)
+
+    async def _rows_async(
+        self,
+        operation: str,
+        statement: PreparedStatement,
+        params: tuple[Any, ...],
+        profile: Any = None,
+    ) -> list[Any]:
+        """Every row (all pages) of a query sent with ``execute_async``: the driver's
+        I/O thread collects the pages and hands the rows to the event loop, which only
+        awaits (no thread-pool hop). ``profile`` None: plain tuples (``_rows``)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[list[Any]] = loop.create_future()
+        rows: list[Any] = []
+
+        def settle(error: BaseException | None) -> None:
             if done.done():
                 return
             if error is not None:
-                done.set_exception(_unavailable("read_head", error))
+                done.set_exception(_unavailable(operation, error))
             else:
-                done.set_result(head)
+                done.set_result(rows)
 
-        def on_rows(rows: list[Any]) -> None:
-            try:
-                head = head_of(rows[0]) if rows else None
-            except Exception as exc:  # noqa: BLE001 - reported on the loop, typed
-                loop.call_soon_threadsafe(settle, None, exc)
-                return
-            loop.call_soon_threadsafe(settle, head, None)
+        def on_rows(page: list[Any]) -> None:
+            rows.extend(page)
+            if future.has_more_pages:
+                future.start_fetching_next_page()  # the callbacks run again with it
+            else:
+                loop.call_soon_threadsafe(settle, None)
 
         def on_error(exc: BaseException) -> None:
-            loop.call_soon_threadsafe(settle, None, exc)
+            loop.call_soon_threadsafe(settle, exc)
 
-        future = _guard(
-            "read_head",
-            lambda: self._session.execute_async(
-                self._read_head, (tenant_id, partition_key), timeout=self._timeout
-            ),
-        )
+        def send() -> Any:
+            chosen = self._tuple_rows if profile is None else profile
+            try:
+                return self._session.execute_async(
+                    statement, params, timeout=self._timeout, execution_profile=chosen
+                )
+            except ValueError:  # a legacy-configured session refuses profiles
+                if chosen is EXEC_PROFILE_DEFAULT:
+                    raise
+                self._tuple_rows = EXEC_PROFILE_DEFAULT
+                return self._session.execute_async(statement, params, timeout=self._timeout)
+
+        future = _guard(operation, send)
         future.add_callbacks(on_rows, on_error)
         return await done
 

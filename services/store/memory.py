@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from ratchet.domain.history import (
     CheckpointRecord,
     Head,
+    HistoryFailure,
     PartitionSnapshot,
     PromotionMode,
     StoredItem,
+    VerifiedHistory,
 )
 from ratchet.domain.plan import (
     IdempotencyRecord,
@@ -71,6 +74,33 @@ class MemoryCheckpointStore(CheckpointStore):
 
     async def read_head_async(self, tenant_id: str, partition_key: str) -> Head | None:
         return self.read_head(tenant_id, partition_key)  # no I/O to wait for
+
+    # No I/O to wait for: the async reads are the blocking ones, called in place.
+
+    async def read_turn_async(
+        self, tenant_id: str, partition_key: str, response_id: str
+    ) -> PartitionSnapshot | None:
+        return self.read_turn(tenant_id, partition_key, response_id)
+
+    async def locate_async(self, tenant_id: str, response_id: str) -> str | None:
+        return self.locate(tenant_id, response_id)
+
+    async def read_history_async(
+        self,
+        tenant_id: str,
+        *,
+        response_id: str | None = None,
+        conversation_id: str | None = None,
+        now: datetime | None = None,
+        partition_key: str | None = None,
+    ) -> VerifiedHistory | HistoryFailure:
+        return self.read_history(
+            tenant_id,
+            response_id=response_id,
+            conversation_id=conversation_id,
+            now=now,
+            partition_key=partition_key,
+        )
 
     def _load_turn(
         self, tenant_id: str, partition_key: str, response_id: str

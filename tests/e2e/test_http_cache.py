@@ -118,6 +118,26 @@ def test_a_new_turn_extends_the_cached_history_like_a_full_read(gw, e2e_stack):
     assert extended.content == full.content
 
 
+def test_a_partition_hint_finds_the_response_and_a_wrong_one_is_not_trusted(gw, e2e_stack):
+    """Each hint on a new turn: right, another Conversation of the tenant, unknown. The
+    answer is the full read's whichever it names (docs/service.md, "Partition hint")."""
+    conv, turns = promoted_conversation(gw, turns=2)
+    other_conv, _ = promoted_conversation(gw, turns=1)
+    lookups = Lookups(e2e_stack, gw, conv, turns[-1].response_id)
+    lookups.get("response")
+    for head, hint in enumerate((conv, other_conv, uid("conv")), start=2):
+        turn = _next_turn(gw, conv, head)
+        _wait_promoted(e2e_stack, gw, turn.response_id)
+        lookups.urls["response"] = f"/v1/responses/{turn.response_id}/history"
+        lookups.params["partition_key"] = hint
+        resp, moved = lookups.get("response")
+        # The pre-warmer may have extended it already (a hit); otherwise this lookup did.
+        assert moved in ({"hit": 1}, {"extended": 1}), (hint, moved)
+        full, _ = lookups.get("response", **NO_CACHE)
+        assert resp.status_code == full.status_code == 200
+        assert resp.content == full.content
+
+
 @pytest.mark.parametrize("damage", ["item", "lineage"])
 def test_an_extension_catches_a_damaged_new_row(gw, cql, e2e_stack, damage):
     """With the pre-warmer racing the damage, the new row is loaded either before it

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from ratchet.domain.history import HistoryFailure, HistoryFailureReason, VerifiedHistory
-from services.store.cassandra import CassandraCheckpointStore
+from services.store.cassandra import _HISTORY_FETCH_SIZE, CassandraCheckpointStore
 from services.store.rows import decode_turn_items, encode_turn_items
 from tests.contract.store_support import conversation_turn, uid
 
@@ -31,12 +33,13 @@ def conversation(store):
 
 
 def read_reason(store, tenant, conv, rid=None):
-    result = (
-        store.read_history(tenant, conversation_id=conv)
-        if rid is None
-        else store.read_history(tenant, response_id=rid)
-    )
+    """The failure of a read, the same whether the rows are read blocking or by the
+    event loop's reads (``read_history_async``, what the API runs)."""
+    ids = {"conversation_id": conv} if rid is None else {"response_id": rid}
+    result = store.read_history(tenant, **ids)
     assert isinstance(result, HistoryFailure), result
+    awaited = asyncio.run(store.read_history_async(tenant, **ids))
+    assert awaited == result
     return result.reason
 
 
@@ -230,3 +233,24 @@ def test_flipped_byte_in_the_items_cell_framing(store, store_session, conversati
     cql(store_session, update, row.items + b"\x00", tenant, conv, rids[1])
     assert read_reason(store, tenant, conv) is R.CORRUPT_HISTORY
     assert isinstance(store.read_history(tenant, response_id=rids[0]), VerifiedHistory)
+
+
+def test_async_reads_equal_blocking_reads_across_pages(store, conversation):
+    """The event loop's reads collect every page (here two rows a page) and decode and
+    verify exactly as the blocking ones."""
+    tenant, conv, rids = conversation
+    store._select_partition.fetch_size = 2
+    assert len(store._session.execute(store._select_partition, (tenant, conv)).current_rows) == 2
+    try:
+        for ids in ({"conversation_id": conv}, {"response_id": rids[1]}):
+            blocking = store.read_history(tenant, **ids)
+            assert isinstance(blocking, VerifiedHistory)
+            assert asyncio.run(store.read_history_async(tenant, **ids)) == blocking
+    finally:
+        store._select_partition.fetch_size = _HISTORY_FETCH_SIZE
+    assert asyncio.run(store.read_turn_async(tenant, conv, rids[2])) == store.read_turn(
+        tenant, conv, rids[2]
+    )
+    assert asyncio.run(store.locate_async(tenant, rids[0])) == conv
+    assert asyncio.run(store.locate_async(tenant, uid("resp"))) is None
+    assert asyncio.run(store.read_turn_async(tenant, conv, uid("resp"))) is None

@@ -281,6 +281,49 @@ def test_the_response_endpoint_extends_too(stack):
     assert resp.content == stack.fresh(tenant, third).content
 
 
+def test_a_partition_hint_spares_the_location_read(stack):
+    """The gateway names the response's partition: the extension reads ONE row (no
+    claim read first), and answers exactly what a full read answers."""
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    stack.history(tenant, rid)
+    third = _third_turn(stack, tenant, conv)
+    resp, reads = stack.reads_during(lambda: stack.history(tenant, third, partition_key=conv))
+    assert resp.status_code == 200 and reads == {"read_turn": 1}
+    assert resp.content == stack.fresh(tenant, third).content
+
+
+def test_a_wrong_partition_hint_is_not_trusted(stack):
+    """A hint naming another partition (or none that exists) costs a read; the claim
+    then locates the response, whose history is answered as without a hint."""
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    other_conv = uid("conv")  # another Conversation of the tenant, its history cached
+    stack.history(tenant, stack.promote(tenant, other_conv, 0, (message("o", item_id=uid("m")),)))
+    other_tenant, other, _ = two_turns(stack)
+    stack.history(other_tenant, other)
+    stack.history(tenant, rid)
+    third = _third_turn(stack, tenant, conv)
+    for hint in (other_conv, uid("conv"), _conv_of(stack, other_tenant, other)):
+        stack.cache.discard(tenant, third)
+        resp = stack.history(tenant, third, partition_key=hint)
+        assert resp.status_code == 200 and resp.content == stack.fresh(tenant, third).content
+    # An unknown response, or another tenant's, is NOT_FOUND whatever the hint says.
+    assert stack.history(tenant, uid("resp"), partition_key=conv).status_code == 404
+    assert stack.history(uid("tenant"), third, partition_key=conv).status_code == 404
+    assert stack.history(tenant, third, partition_key="bad hint!").status_code == 422
+
+
+def test_a_hinted_extension_still_verifies_the_row(stack):
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    stack.history(tenant, rid)
+    third = _third_turn(stack, tenant, conv)
+    stack.damage_item(tenant, conv, seq=3)
+    resp = stack.history(tenant, third, partition_key=conv)
+    assert resp.status_code == 500 and resp.json()["reason"] == "CORRUPT_HISTORY"
+
+
 def test_an_extension_verifies_the_new_row(stack):
     tenant, rid, _ = two_turns(stack)
     conv = _conv_of(stack, tenant, rid)

@@ -93,3 +93,16 @@ def test_transport_failure_is_unavailable():
     client = RehydrationClient("http://api", transport=httpx.MockTransport(boom))
     with pytest.raises(RehydrationUnavailable):
         history(client)
+
+
+def test_the_partition_hint_is_sent_only_when_given():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(dict(request.url.params))
+        return httpx.Response(404, json={"outcome": "failure", "reason": "NOT_FOUND"})
+
+    client = RehydrationClient("http://api", transport=httpx.MockTransport(handler))
+    client.response_history("t", "resp_1", "f" * 64)
+    client.response_history("t", "resp_1", "f" * 64, partition_key="conv_1")
+    assert "partition_key" not in seen[0] and seen[1]["partition_key"] == "conv_1"

@@ -3,6 +3,7 @@ shortcuts equal the slow, validated way."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -70,6 +71,21 @@ def test_damaged_rows_are_reported_not_raised():
     (stored,) = snapshot.items["resp_c"]
     assert (stored.response_id, stored.position, stored.item_seq) == ("resp_c", 0, 1)
     assert stored.item.content == b"{}" and stored.item.role == "user"
+
+
+def test_decoded_records_equal_records_built_by_their_constructors():
+    """``rows._frozen`` skips the dataclasses' ``__init__``: every field must still be
+    there (a field added to a record but not to the decoder fails here) and equal."""
+    assert backend._frozen_ok()
+    cell = backend.encode_turn_items([(1, "i", "message", "user", None, b"{}", "d", 1)])
+    snapshot = backend.decode_snapshot("t", "p", [_turn_row("resp_a", items=cell)])
+    assert snapshot is not None
+    checkpoint = snapshot.checkpoints["resp_a"]
+    (stored,) = snapshot.items["resp_a"]
+    for record in (checkpoint, stored):
+        rebuilt = dataclasses.replace(record)  # the generated __init__, every field read
+        assert rebuilt == record and hash(rebuilt) == hash(record)
+        assert vars(rebuilt) == vars(record)
 
 
 def test_a_null_items_cell_is_a_turn_without_items():
