@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
@@ -141,9 +141,19 @@ _COMPLETE_HTTP = {
 def claims_router(ledger: Ledger, mark_facts: Callable[[str, str, str], object],
                   clock_ms: Callable[[], int] | None = None) -> APIRouter:
     """``mark_facts(tenant, partition key, idempotency key)``: the store's
-    ``mark_request_facts``, called after every claim write (a claim and its outcome are
-    facts a promotion of the request must see)."""
+    ``mark_request_facts`` (a claim and its outcome are facts a promotion of the request
+    must see). Called around every claim write (``_marked``): after it, as every fact
+    writer does, and also before it, because a gateway whose call failed may never send
+    it again (the processor's writers get that from Kafka's redelivery)."""
     now = clock_ms or (lambda: time.time_ns() // 1_000_000)
+
+    async def _marked(body: _InPartition, write: Callable[..., Any], *args: Any) -> Any:
+        mark = (mark_facts, body.tenant_id, body.partition_key, body.idempotency_key)
+        await run_in_threadpool(*mark)
+        result = await run_in_threadpool(write, *args)
+        await run_in_threadpool(*mark)
+        return result
+
     router = APIRouter(tags=["effect claims"])
 
     @router.post(
@@ -165,9 +175,7 @@ def claims_router(ledger: Ledger, mark_facts: Callable[[str, str, str], object],
             body.tenant_id, body.idempotency_key, effect_id, body.attempt, body.subturn_index,
             body.call_id, body.tool_name, body.arguments_digest, body.token, body.lease_ms,
             body.policy)
-        answer: Answer = await run_in_threadpool(ledger.claim_effect, request, now())
-        await run_in_threadpool(mark_facts, body.tenant_id, body.partition_key,
-                                body.idempotency_key)
+        answer: Answer = await _marked(body, ledger.claim_effect, request, now())
         out = _body(answer.state.value, effect_id, answer.claim, wait_ms=answer.wait_ms,
                     previous_attempt=answer.previous_attempt, detail=answer.detail)
         return JSONResponse(out.model_dump(mode="json"))
@@ -192,11 +200,9 @@ def claims_router(ledger: Ledger, mark_facts: Callable[[str, str, str], object],
         output, problem = _output_item(body.output)
         if problem is not None:
             return _error(422, "INVALID_REQUEST", problem)
-        state, claim = await run_in_threadpool(
-            ledger.complete_claim, body.tenant_id, body.idempotency_key, effect_id,
+        state, claim = await _marked(
+            body, ledger.complete_claim, body.tenant_id, body.idempotency_key, effect_id,
             body.token, body.status, output, now())
-        await run_in_threadpool(mark_facts, body.tenant_id, body.partition_key,
-                                body.idempotency_key)
         if state in _COMPLETE_HTTP:
             return _error(_COMPLETE_HTTP[state], state.value, f"effect {effect_id}")
         return JSONResponse(_body(state.value, effect_id, claim).model_dump(mode="json"))
