@@ -4,16 +4,19 @@ This is the synchronous, Faust-free part of the agent. It runs in a worker threa
 (the store and ledger drivers are blocking) and does, for one record:
 
 * decode it; an undecodable record becomes a ``DeadLetter`` (never an exception);
-* ``ToolEffect``: record it in the ledger (dedupe by effect_id); publishes nothing;
-* ``TurnCancelled``: record the cancellation; publishes nothing;
-* ``TurnCompleted``: read the ledger's facts in one round trip (the location hint is
-  written alongside); replay an earlier rejection of this very event if there is one,
-  else take the pairing state of the lineage the turn extends from the tail cache
+* ``ToolEffect``: record it in the ledger (dedupe by effect_id), then the request's
+  facts mark; publishes nothing;
+* ``TurnCancelled``: record the cancellation, then the facts mark; publishes nothing;
+* ``TurnCompleted``: decide it as if the request had no facts (the promotion batch
+  asserts that: no facts mark) unless they are needed or known to exist, then read
+  them; replay an earlier rejection of this very event if there is one, else take the
+  pairing state of the lineage the turn extends from the tail cache
   (``streams/tail_cache.py``) or a history read, call the pure domain
   (``ratchet.domain.promotion``), make the outcome durable, and return
   ``CheckpointPromoted`` / ``PromotionRejected`` plus any ``EffectOrphaned``. The store
-  writes the turn only on top of the lineage it was checked against (``extends``); a
-  rejection decided with cached facts is decided again from fresh reads.
+  writes the turn only on top of the lineage it was checked against (``extends``) and
+  the facts it was decided with (``facts_mark``); a rejection decided without the facts
+  or with cached facts is decided again from fresh reads.
 
 Every write is idempotent, so handling the same record again (redelivery after a
 crash, or a retry after an ``Unavailable``) returns the same outcome and
