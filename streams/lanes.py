@@ -13,8 +13,9 @@ Why not Faust's own knobs (see docs/processor.md for the full reasoning):
 
 So the Faust agent only *dispatches*: it reads raw events (acks disabled) and
 appends each to the lane of its partition without waiting. Each lane is an asyncio
-task that processes its events one at a time and acks them strictly in offset
-order, after the outcome is durable and published. Faust therefore only ever sees
+task that processes its events one at a time (or up to a window of them, never two
+of one Kafka key: ``Lane``) and acks them strictly in offset order, after the
+outcome is durable and published. Faust therefore only ever sees
 contiguous acks per partition, and commits exactly what was finished.
 
 Memory stays bounded: at most ``max_queued`` events wait in all lanes together;
