@@ -425,9 +425,13 @@ class PromotionProcessor:
         # The claim's holder (raises StoreUnavailable if its outcome stays unknown).
         holder = claiming() if claiming is not None else None
         # The owners (plain writes, ``start_recording_owners``) travel beside the
-        # batch and are durable before anything is published.
+        # batch and are durable before anything is published: a chain's response ids
+        # (where a chain turn's missing parent is looked up: ``TENANT_MISMATCH``) and
+        # a Conversation's owner on its first turn; later turns of a Conversation
+        # write none.
+        chain = turn.conversation_id is None
         owners = self.ledger.start_recording_owners(
-            tenant_id=turn.tenant_id, response_id=turn.response_id,
+            tenant_id=turn.tenant_id, response_id=turn.response_id if chain else None,
             conversation_id=turn.conversation_id if first_turn else None)
         try:
             with metrics.LWT_SECONDS.time():

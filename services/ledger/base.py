@@ -185,7 +185,10 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     def record_response_owner(self, response_id: str, tenant_id: str) -> None:
-        """Remember which tenant promoted a response id (idempotent)."""
+        """Remember which tenant promoted a chain's response id (idempotent). Asked only
+        when a chain turn's parent is missing (``TENANT_MISMATCH`` for another tenant's
+        parent); a Conversation's responses are never a chain's parent (they live in
+        the Conversation's partition), so they are not recorded."""
 
     @abc.abstractmethod
     def response_owner(self, response_id: str) -> str | None: ...
@@ -205,17 +208,20 @@ class Ledger(abc.ABC):
             claims=tuple(self.claims_for(tenant_id, idempotency_key)),
         )
 
-    def start_recording_owners(self, *, tenant_id: str, response_id: str,
+    def start_recording_owners(self, *, tenant_id: str, response_id: str | None,
                                conversation_id: str | None) -> Callable[[], None]:
-        """Start writing the owner of a response id (and of a Conversation, on its first
-        turn) beside the promotion batch; the returned waiter returns once they are
-        durable (``LedgerUnavailable`` otherwise). Written even if the batch is then
-        refused: the response id is claimed by the tenant's request already, and a
-        first turn's batch is only refused when the tenant's partition holds turns."""
-        self.record_response_owner(response_id, tenant_id)
+        """Start writing the owner of a response id (a chain's turn: only a chain names
+        a parent, see ``response_owner``) and of a Conversation (on its first turn)
+        beside the promotion batch; the returned waiter returns once they are durable
+        (``LedgerUnavailable`` otherwise). Nothing to write (both None): no request.
+        Written even if the batch is then refused: the response id is claimed by the
+        tenant's request already, and a first turn's batch is only refused when the
+        tenant's partition holds turns."""
+        if response_id is not None:
+            self.record_response_owner(response_id, tenant_id)
         if conversation_id is not None:
             self.record_conversation_owner(conversation_id, tenant_id)
-        return _nothing
+        return nothing_to_wait
 
     # -- decisions and status -------------------------------------------------------
     @abc.abstractmethod
@@ -241,7 +247,8 @@ class Ledger(abc.ABC):
         """Release connections (backends that hold none need not override)."""
 
 
-def _nothing() -> None:
+def nothing_to_wait() -> None:
+    """The waiter of a write that sent nothing."""
     return None
 
 

@@ -45,6 +45,7 @@ from services.ledger.base import (
     LedgerUnavailable,
     ResponseStatus,
     TurnFacts,
+    nothing_to_wait,
     response_status,
 )
 
@@ -418,16 +419,27 @@ class CassandraLedger(Ledger):
             claims=facts.claims,
         )
 
-    def start_recording_owners(self, *, tenant_id: str, response_id: str,
+    def start_recording_owners(self, *, tenant_id: str, response_id: str | None,
                                conversation_id: str | None) -> Callable[[], None]:
-        # One client request for idempotent plain writes to two partitions: an
-        # UNLOGGED batch costs the driver (our CPU bottleneck) one round trip. Sent
-        # now, waited for by the caller once its promotion batch is back.
-        batch = BatchStatement(BatchType.UNLOGGED, consistency_level=ConsistencyLevel.QUORUM)
-        batch.add(self._insert_response_owner, (response_id, tenant_id))
+        writes = []
+        if response_id is not None:
+            writes.append((self._insert_response_owner, (response_id, tenant_id)))
         if conversation_id is not None:
-            batch.add(self._insert_conversation_owner, (conversation_id, tenant_id))
-        future = _guard(lambda: self._session.execute_async(batch, timeout=self._timeout))
+            writes.append((self._insert_conversation_owner, (conversation_id, tenant_id)))
+        if not writes:
+            return nothing_to_wait
+        if len(writes) == 1:
+            statement, params = writes[0]
+        else:
+            # Idempotent plain writes to two partitions in one client request: an
+            # UNLOGGED batch costs the driver (our CPU bottleneck) one round trip.
+            statement, params = BatchStatement(
+                BatchType.UNLOGGED, consistency_level=ConsistencyLevel.QUORUM), None
+            for write in writes:
+                statement.add(*write)
+        # Sent now, waited for by the caller once its promotion batch is back.
+        future = _guard(lambda: self._session.execute_async(statement, params,
+                                                            timeout=self._timeout))
 
         def wait() -> None:
             _guard(future.result)

@@ -136,6 +136,15 @@ class LedgerContract:
         assert ledger.response_owner(resp) == tenant
         assert ledger.conversation_owner(conv) == tenant
 
+    def test_owners_are_recorded_one_at_a_time_or_not_at_all(self, ledger, tenant):
+        conv, resp = uid("conv"), uid("resp")
+        ledger.start_recording_owners(tenant_id=tenant, response_id=None, conversation_id=None)()
+        ledger.start_recording_owners(tenant_id=tenant, response_id=None, conversation_id=conv)()
+        assert ledger.conversation_owner(conv) == tenant
+        assert ledger.response_owner(resp) is None
+        ledger.start_recording_owners(tenant_id=tenant, response_id=resp, conversation_id=None)()
+        assert ledger.response_owner(resp) == tenant
+
     def test_status_is_the_latest_rejection_and_tenants_are_separate(self, ledger, tenant):
         resp = uid("resp")
         assert ledger.status(tenant, resp).status is ResponseState.UNKNOWN

@@ -369,6 +369,32 @@ def test_conversation_of_another_tenant_is_tenant_mismatch(h):
     assert h.outcome(turn(conv, 1, tenant_id="tenant-2")).reason is R.TENANT_MISMATCH
 
 
+def test_owners_are_written_only_where_a_later_decision_reads_them(h):
+    """A chain's response ids (a chain turn's missing parent is looked up there) and a
+    Conversation's owner (once); a Conversation's responses are never a chain's parent."""
+    conv = conv_id()
+    first, second = turn(conv, 0), turn(conv, 1)
+    assert h.outcome(first).seq == 1 and h.outcome(second).seq == 2
+    assert h.ledger.conversation_owner(conv) == TENANT
+    assert h.ledger.response_owner(first.response_id) is None
+    assert h.ledger.response_owner(second.response_id) is None
+    root = chain_turn(None, None)
+    child = chain_turn(root.response_id, root.response_id)
+    assert h.outcome(root).seq == 1 and h.outcome(child).seq == 2
+    assert h.ledger.response_owner(root.response_id) == TENANT
+    assert h.ledger.response_owner(child.response_id) == TENANT
+
+
+def test_a_chain_naming_another_tenants_conversation_response_is_not_promoted(h):
+    """Not recorded as owned (above), it is simply not promoted in the chain's tenant:
+    PARENT_NOT_PROMOTED, which says even less about the other tenant."""
+    conv = conv_id()
+    promoted = turn(conv, 0)
+    h.outcome(promoted)
+    intruder = chain_turn(promoted.response_id, promoted.response_id, tenant_id="tenant-2")
+    assert h.outcome(intruder).reason is R.PARENT_NOT_PROMOTED
+
+
 # --- the pure decision directly -------------------------------------------------------------------
 
 
@@ -403,7 +429,7 @@ class FlakyLedger(MemoryLedger):
 
 
 # before the decision (the owner read of a first turn), beside the promotion batch
-@pytest.mark.parametrize("method", ["conversation_owner", "record_response_owner"])
+@pytest.mark.parametrize("method", ["conversation_owner", "record_conversation_owner"])
 def test_persistence_failure_raises_retryable_and_a_retry_promotes_once(method):
     h = Harness()
     h.ledger = FlakyLedger(failures=1, method=method)
