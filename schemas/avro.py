@@ -255,7 +255,11 @@ class EventSerde:
                 known.record,
                 known.writer_text,
                 writer=parse_schema(writer_json),
-                reader=None if writer_json == reader_json else avsc.parsed(record),
+                # Same schema but for its docs (a writer registered with other doc
+                # strings): read with the writer's alone. Resolving against the reader
+                # doubled the decode (156 against 76 us per TurnCompleted).
+                reader=None if _without_docs(writer_json) == _without_docs(reader_json)
+                else avsc.parsed(record),
             )
             self._readers[schema_id] = known
         return known
@@ -282,6 +286,15 @@ class EventSerde:
         raise DecodeError(
             reason, f"{type(error).__name__}: {error}", schema_id=schema_id, **where
         ) from error
+
+
+def _without_docs(schema: Any) -> Any:
+    """A schema's JSON without its ``doc`` attributes, which never change decoding."""
+    if isinstance(schema, dict):
+        return {k: _without_docs(v) for k, v in schema.items() if k != "doc"}
+    if isinstance(schema, list):
+        return [_without_docs(v) for v in schema]
+    return schema
 
 
 def _check_header(value: bytes | None, where: dict[str, Any]) -> int:

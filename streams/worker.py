@@ -14,6 +14,7 @@ from cassandra.cluster import Cluster
 from cassandra.policies import ExponentialReconnectionPolicy
 
 from ratchet.settings import Settings
+from services.cassandra_cluster import open_cluster
 from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
@@ -32,8 +33,8 @@ def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
     """Connect to Cassandra and the registry; create topics. Fails fast if one is missing."""
     topics = ensure_topics(settings)
     # Reconnect quickly after an outage (the default backs off up to 10 minutes).
-    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
-                      reconnection_policy=ExponentialReconnectionPolicy(0.5, 4.0))
+    cluster = open_cluster(settings,
+                           reconnection_policy=ExponentialReconnectionPolicy(0.5, 4.0))
     try:
         session = cluster.connect(settings.keyspace)
         store = CassandraCheckpointStore(

@@ -153,7 +153,6 @@ def _promoted_record(checkpoint: CheckpointRecord):
 def run(
     settings: Settings | None = None, *, reads: int = 500, turns: int = 300, waits: int = 200
 ) -> list[Figure]:
-    from cassandra.cluster import Cluster
     from cassandra.query import tuple_factory
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient
@@ -161,6 +160,7 @@ def run(
 
     from infra.migrate import apply_migrations
     from schemas.avro import EventSerde, encode_key, register_schemas
+    from services.cassandra_cluster import open_cluster
     from services.demo.processes import free_port, start_api, wait_api_ready
     from services.store.base import StoreOptions
     from services.store.cassandra import CassandraCheckpointStore
@@ -177,7 +177,7 @@ def run(
         api_host="127.0.0.1",
         api_port=free_port(),
     )
-    cluster = Cluster(list(bench.cassandra_hosts), port=bench.cassandra_port)
+    cluster = open_cluster(bench)
     api = None
     topics = None
     try:

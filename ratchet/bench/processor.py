@@ -272,11 +272,12 @@ def scratch_lwt_table(settings: Settings, tag: str, *extra_tables: str):
     ``extra_tables`` (CQL bodies); yields (session, keyspace, the prepared single-row
     ``INSERT ... IF NOT EXISTS`` with the store's consistency and no driver retry)."""
     from cassandra import ConsistencyLevel
-    from cassandra.cluster import Cluster
     from cassandra.policies import FallthroughRetryPolicy
 
+    from services.cassandra_cluster import open_cluster
+
     keyspace = f"{settings.keyspace}_bench_{tag}_{uuid.uuid4().hex[:6]}"
-    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+    cluster = open_cluster(settings)
     session = cluster.connect()
     try:
         session.execute(f"CREATE KEYSPACE {keyspace} WITH replication = "
@@ -680,9 +681,9 @@ def profile_core(settings: Settings, rig: Rig, turns: int = 300,
     """The processor core (this process, one thread) on ``turns`` turns, K per
     conversation in round order like the end-to-end run: Cassandra requests per turn
     (by statement), CPU of the calling thread per turn, and a pyinstrument profile."""
-    from cassandra.cluster import Cluster
     from pyinstrument import Profiler
 
+    from services.cassandra_cluster import open_cluster
     from services.ledger.cassandra import CassandraLedger
     from services.store.base import StoreOptions
     from services.store.cassandra import CassandraCheckpointStore
@@ -690,7 +691,7 @@ def profile_core(settings: Settings, rig: Rig, turns: int = 300,
     from streams.processor import PromotionProcessor
     from streams.records import RawRecord
 
-    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+    cluster = open_cluster(settings)
     session = cluster.connect(settings.keyspace)
     codec = RegistryCodec(rig.serde)
     processor = PromotionProcessor(CassandraCheckpointStore(session, StoreOptions()),

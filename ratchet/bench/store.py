@@ -166,11 +166,11 @@ def _create_keyspace(cluster, keyspace: str, replication: str):
 def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 400) -> list[Figure]:
     """Measure and return every figure (see the module docstring)."""
     from cassandra import ConsistencyLevel
-    from cassandra.cluster import Cluster
     from cassandra.policies import FallthroughRetryPolicy
 
     from ratchet.domain.claims import ClaimState
     from ratchet.domain.plan import Promoted
+    from services.cassandra_cluster import open_cluster
     from services.ledger.cassandra import CassandraLedger
     from services.store.base import StoreOptions
     from services.store.cassandra import CassandraCheckpointStore
@@ -178,7 +178,7 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
 
     settings = settings or Settings.from_env()
     keyspace = f"{settings.keyspace}_bench_{uuid.uuid4().hex[:6]}"
-    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+    cluster = open_cluster(settings)
     session = _create_keyspace(cluster, keyspace, settings.replication)
     try:
         store = CassandraCheckpointStore(session)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 
 import uvicorn
-from cassandra.cluster import Cluster
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from fastapi import FastAPI
 
@@ -26,6 +25,7 @@ from services.api.notifier import DecisionNotifier, ResponseIdDecoder
 from services.api.prewarm import Prewarmer
 from services.api.service import RehydrationService
 from services.api.waiters import PromotionWaiters
+from services.cassandra_cluster import open_cluster
 from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
@@ -50,7 +50,7 @@ class ApiProcess:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+        self.cluster = open_cluster(settings)
         session = self.cluster.connect(settings.keyspace)
         self.store = CassandraCheckpointStore(
             session, StoreOptions(logical_retention_s=settings.logical_retention_s)

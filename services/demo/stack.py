@@ -32,13 +32,12 @@ from services.gateway.producer import GatewayProducer
 
 def prepare(settings: Settings) -> None:
     """Migrations, schemas and topics: what the worker and the API expect to exist."""
-    from cassandra.cluster import Cluster
-
     from infra.migrate import apply_migrations
+    from services.cassandra_cluster import open_cluster
     from streams.topics import ensure_topics
 
     logging.getLogger("cassandra").setLevel(logging.ERROR)
-    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+    cluster = open_cluster(settings)
     try:
         apply_migrations(cluster, settings)
     finally:

@@ -69,6 +69,7 @@ from ratchet.domain.plan import (
     ResponseClaim,
 )
 from ratchet.settings import Settings
+from services.cassandra_cluster import open_cluster
 from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable
 from services.store.rows import (
     CHECKPOINT_COLUMNS,
@@ -277,7 +278,7 @@ class CassandraCheckpointStore(CheckpointStore):
         """A store with its own ``Cluster`` (closed by ``close``)."""
         if options is None:
             options = StoreOptions(logical_retention_s=settings.logical_retention_s)
-        cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+        cluster = open_cluster(settings)
         session = _guard("connect", lambda: cluster.connect(settings.keyspace))
         return cls(session, options, owned_cluster=cluster)
 

@@ -135,6 +135,28 @@ def test_schema_mismatch(client, serde) -> None:
     assert decode_reason(serde, value) is DeadLetterReason.SCHEMA_MISMATCH
 
 
+def test_a_writer_differing_only_in_docs_is_read_without_resolution(client, serde,
+                                                                     monkeypatch) -> None:
+    """Doc strings never change decoding: a gateway that registered other docs is read
+    with its own schema alone (resolving against ours doubled the decode's cost), and
+    gives the same event."""
+    writer = json.loads(avsc.schema_text("TurnCompleted"))
+    writer["doc"] = "registered by a gateway with other docs"
+    for field in writer["fields"]:
+        field["doc"] = f"other words for {field['name']}"
+    schema_id = client.register_schema("gateway-docs", Schema(json.dumps(writer), "AVRO"))
+    turn = make_turn()
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(writer), turn.to_avro())
+    value = b"\x00" + struct.pack(">I", schema_id) + body.getvalue()
+
+    def no_resolution(record: str):
+        raise AssertionError(f"resolved against the reader schema of {record}")
+
+    monkeypatch.setattr(avsc, "parsed", no_resolution)
+    assert serde.decode_gateway_event(value, TOPIC, 0, 1) == turn
+
+
 def test_dead_letter_keeps_the_bytes_and_the_source(serde) -> None:
     with pytest.raises(DecodeError) as caught:
         serde.decode_gateway_event(b"\x07junk", TOPIC, 2, 11)

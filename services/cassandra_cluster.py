@@ -1,0 +1,28 @@
+"""How ratchet's processes open a Cassandra cluster: the driver settings in one place.
+
+Native protocol v4, not v5 (which the driver would negotiate with Cassandra 5): v5
+wraps every frame in a segment with a CRC24 header and a CRC32 payload checksum, and
+cassandra-driver computes the CRC24 in pure Python on both directions. Measured on
+this stack (one client, 12 requests in flight, half 1 KiB inserts, half reads):
+173-180 us of client CPU per request with v4 against 202-230 us with v5, and the
+driver is the worker's largest CPU cost (docs/decisions.md, "Promotion cost"). v4
+has everything the store uses: prepared statements, conditional batches, SERIAL
+reads, paging. What v5 adds is the segment checksum on top of TCP's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cassandra.cluster import Cluster
+
+from ratchet.settings import Settings
+
+PROTOCOL_VERSION = 4
+
+
+def open_cluster(settings: Settings, **options: Any) -> Cluster:
+    """A ``Cluster`` for ``settings``' hosts (not connected yet); ``options`` go to the
+    driver as they are (e.g. a reconnection policy)."""
+    return Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
+                   protocol_version=PROTOCOL_VERSION, **options)
