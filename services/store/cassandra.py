@@ -15,7 +15,7 @@ The promotion batch (``_write``) is::
     INSERT idempotency row           IF NOT EXISTS                -- each key once
       (or, when the request has recorded facts: UPDATE it IF response_id = null AND
        facts_mark = <the mark the decision saw>; see ``mark_request_facts``)
-    INSERT head marker row (unconditional)                        -- Conversation mode only
+    INSERT head marker row (unconditional)                        -- a Conversation's first turn
 
 Cassandra allows these conditions together because they sit on different rows of
 one partition (the static row and up to three clustering rows); the batch is then
@@ -432,8 +432,8 @@ class CassandraCheckpointStore(CheckpointStore):
     def _read_view(self, request: PromotionRequest) -> PromotionView:
         """The view at SERIAL in one round trip.
 
-        The rows query also asks for the ``kind='head'`` marker row every Conversation
-        batch writes, so the static head columns come back with it; only a partition
+        The rows query also asks for the ``kind='head'`` marker row a Conversation's
+        first batch writes, so the static head columns come back with it; only a partition
         without that row (no Conversation turn yet) needs the separate head query.
         """
         key = (request.tenant_id, request.partition_key)
@@ -633,7 +633,11 @@ class CassandraCheckpointStore(CheckpointStore):
                     *expected,
                 ),
             )
-            batch.add(self._insert_head_marker, key)
+            if old is None:
+                # The Conversation's first batch; the row has no TTL, so later batches
+                # need not write it again (a partition that lost it only costs the
+                # view's separate head query, see ``_read_view``).
+                batch.add(self._insert_head_marker, key)
         if plan.parent is not None:
             parent = plan.parent
             batch.add(
