@@ -147,6 +147,7 @@ class EventSerde:
         self._auto_register = auto_register
         self._serializers: dict[str, AvroSerializer] = {}
         self._readers: dict[int, _Reader] = {}
+        self._encoded: set[str] = set()  # records encoded once: their schema id is known
 
     # --- encoding ---------------------------------------------------------------------
 
@@ -156,13 +157,27 @@ class EventSerde:
         serializer = self._serializer(record)
         context = SerializationContext(topic, MessageField.VALUE)
         try:
-            return _registry_call(lambda: serializer(event.to_avro(), context))
+            encoded = _registry_call(lambda: serializer(event.to_avro(), context))
+            self._encoded.add(record)
+            return encoded
         except SchemaRegistryError as exc:
             raise EncodeError(
                 record, f"{exc} (is the schema registered? register_schemas)"
             ) from exc
         except (ValueError, TypeError) as exc:
             raise EncodeError(record, str(exc)) from exc
+
+    def encodes_offline(self, event: Frozen) -> bool:
+        """True when ``encode`` needs no registry round trip: a record of its type was
+        encoded before (the serializer knows its schema id from then on)."""
+        return record_name(event) in self._encoded
+
+    def decodes_offline(self, value: bytes | None) -> bool:
+        """True when decoding ``value`` needs no registry round trip: its writer schema
+        id was seen before (a malformed header is decided without the registry too)."""
+        if value is None or len(value) < HEADER_SIZE or value[0] != MAGIC_BYTE:
+            return True
+        return int.from_bytes(value[1:HEADER_SIZE], "big") in self._readers
 
     def _serializer(self, record: str) -> AvroSerializer:
         if record not in self._serializers:

@@ -12,9 +12,10 @@ reads, paging. What v5 adds is the segment checksum on top of TCP's.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from cassandra.cluster import Cluster
+from cassandra.cluster import Cluster, ResponseFuture
 
 from ratchet.settings import Settings
 
@@ -26,3 +27,22 @@ def open_cluster(settings: Settings, **options: Any) -> Cluster:
     driver as they are (e.g. a reconnection policy)."""
     return Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
                    protocol_version=PROTOCOL_VERSION, **options)
+
+
+async def completed(future: ResponseFuture) -> None:
+    """Wait on the event loop, without a thread, until a driver request is answered
+    (or failed); ``future.result()`` then returns or raises at once. The driver's I/O
+    thread hands the answer over with one ``call_soon_threadsafe``."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(_: object = None) -> None:
+        loop.call_soon_threadsafe(_resolve, done)
+
+    future.add_callbacks(settle, settle)
+    await done
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)

@@ -7,7 +7,8 @@ partition (``streams/lanes.py``). A lane handles its records one at a time:
 
 Commit order, for every gateway event (this is the one place it is written down):
 
-1. **Durable write.** ``PromotionProcessor.handle`` (in a worker thread) makes the
+1. **Durable write.** ``PromotionProcessor.handle_async`` (its fast path on the event
+   loop, everything else through ``handle`` in a worker thread) makes the
    outcome durable first: the store's single-partition LWT batch for a promotion,
    the ledger's decision/effect/cancellation rows otherwise. A persistence failure
    is retried here with capped exponential backoff; the lane (so the partition)
@@ -30,7 +31,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,7 +109,8 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
     )
     gateway_events = app.topic(runtime.topics.gateway_events, key_type=bytes, value_type=bytes,
                                partitions=settings.partitions)
-    # One thread per event in flight: the store and ledger drivers block.
+    # One thread per event in flight off the fast path (``handle_async``): the store
+    # and ledger drivers block there.
     executor = ThreadPoolExecutor(max_workers=settings.partitions * settings.lane_window + 4,
                                   thread_name_prefix="promote")
 
@@ -117,10 +119,16 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         loop = asyncio.get_running_loop()
 
         async def durable_then_published() -> Handled:
-            handled, encoded = await loop.run_in_executor(
-                executor, _process_and_encode, runtime, record)
+            handled = await runtime.processor.handle_async(record, in_thread)
+            if all(runtime.codec.encodes_offline(o.model) for o in handled.outbound):
+                encoded = _encode(runtime, handled)
+            else:  # the registry is asked once per record type: not on the loop
+                encoded = await loop.run_in_executor(executor, _encode, runtime, handled)
             await _publish(app, encoded)
             return handled
+
+        def in_thread(handle: Callable[[], Handled]) -> Awaitable[Handled]:
+            return loop.run_in_executor(executor, handle)
 
         handled = await retry_until_done(durable_then_published, lane=lane_label(record),
                                          health=runtime.health, backoff=runtime.backoff,
@@ -356,15 +364,14 @@ def lane_label(record: RawRecord) -> str:
     return f"{record.topic}[{record.partition}]"
 
 
-def _process_and_encode(runtime: Runtime, record: RawRecord) -> tuple[Handled, list]:
-    """Step 1 (durable) and encoding, in a worker thread: the drivers block."""
-    handled = runtime.processor.handle(record)
+def _encode(runtime: Runtime, handled: Handled) -> list[tuple[str, bytes | None, bytes]]:
+    """The outcomes of step 1 as wire bytes, ready for step 2."""
     try:
         encoded = [(o.topic, o.key, runtime.codec.encode(o.topic, o.model))
                    for o in handled.outbound]
     except Exception as exc:  # registry unreachable: retry like persistence
         raise PublishUnavailable(f"encoding outcome: {exc}") from exc
-    return handled, encoded
+    return encoded
 
 
 async def _publish(app: faust.App, messages: list) -> None:

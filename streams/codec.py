@@ -37,3 +37,9 @@ class RegistryCodec:
 
     def encode(self, topic: str, model: Frozen) -> bytes:
         return self.serde.encode(model, topic)
+
+    def decodes_offline(self, record: RawRecord) -> bool:
+        return self.serde.decodes_offline(record.value)
+
+    def encodes_offline(self, model: Frozen) -> bool:
+        return self.serde.encodes_offline(model)

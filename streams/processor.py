@@ -26,14 +26,15 @@ and happen strictly after this returns.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from ratchet.domain import promotion
-from ratchet.domain.history import Head, HistoryFailure, PromotionMode
+from ratchet.domain.history import CheckpointRecord, Head, HistoryFailure, PromotionMode
 from ratchet.domain.plan import FactsChanged, LineageChanged, ParentMissing, ResponseClaim
 from ratchet.domain.promotion import (
     Accepted,
@@ -126,6 +127,7 @@ class PromotionProcessor:
         # streams/tail_cache.py. ``TailCache(capacity=0)`` turns it off.
         self.tails = tails if tails is not None else TailCache()
         self.cache_hits = self.cache_misses = self.cache_rechecks = 0
+        self.loop_promotions = 0  # turns promoted on the event loop (``handle_async``)
 
     # -- entry point -------------------------------------------------------------------
     def handle(self, record: RawRecord) -> Handled:
@@ -154,6 +156,86 @@ class PromotionProcessor:
             failed = DecodeFailed(DeadLetterReason.UNKNOWN,
                                   f"processing failed: {type(exc).__name__}: {exc}")
             return Handled((self._dead_letter(record, failed),), "dead_lettered")
+
+    async def handle_async(self, record: RawRecord,
+                           in_thread: Callable[[Callable[[], Handled]], Awaitable[Handled]]
+                           ) -> Handled:
+        """``handle`` with its common case on the event loop: a turn that promotes from
+        the tail cache with no fact of its request recorded (``_promote_on_loop``).
+        Everything else, and every turn that does not promote that way, is handled by
+        ``handle`` through ``in_thread`` (the drivers block), from the start: each
+        write of the attempt on the loop is idempotent, so ``handle`` finds what it
+        left (the claim is the request's own, a landed batch is its own promotion)."""
+        try:
+            handled = await self._promote_on_loop(record)
+        except Exception as exc:  # noqa: BLE001 - the thread path decides and retries
+            log.debug("%s: promotion on the loop gave way to the thread path (%r)",
+                      lane_name(record), exc)
+            handled = None
+        if handled is not None:
+            self.loop_promotions += 1
+            return handled
+        return await in_thread(lambda: self.handle(record))
+
+    async def _promote_on_loop(self, record: RawRecord) -> Handled | None:
+        """The fast path of ``_on_turn`` without a thread, or None (nothing decided).
+
+        Taken only when no read but the owner's is needed: the record decodes without
+        the registry; it is a promotable ``TurnCompleted`` within the size limit that
+        uses no tool effects; this worker wrote no facts mark for its request; the
+        lineage it extends is in the tail cache (or it starts one). It awaits the
+        claim, the promotion batch of the plan the hints give (asserting no facts
+        mark) and the owners. Any other answer (a rejection, a refused or unknown
+        write, a claim held by another request) returns None."""
+        if not self.codec.decodes_offline(record):
+            return None
+        if len(record.value or b"") > MAX_EVENT_BYTES:
+            return None
+        turn = self.codec.decode(record)
+        if (not isinstance(turn, TurnCompleted) or turn.status not in PROMOTABLE_STATUSES
+                or promotion.used_effect_ids(turn)):
+            return None
+        key = partition_key(turn)
+        if self.tails.facts_mark(turn.tenant_id, key, turn.idempotency_key) is not None:
+            return None
+        lineage = self._cached_lineage(turn)
+        if lineage is None:
+            return None
+        claim = ResponseClaim(turn.tenant_id, turn.response_id, key, turn.idempotency_key,
+                              turn.request_digest)
+        claiming = asyncio.ensure_future(self.store.claim_async(claim))  # sent now
+        try:
+            conversation = turn.conversation_id
+            owner = None if conversation is None else self.tails.owner(conversation)
+            if conversation is not None and owner is None:
+                owner = await self.ledger.conversation_owner_async(conversation)
+            with metrics.VALIDATION_SECONDS.time():
+                validation = promotion.validate_after(turn, self.clock_ms(), lineage.pairing)
+            decided = promotion.decide_turn(turn, validation, Facts(
+                cancelled=False, effects={}, conversation_owner=owner, claims={}))
+            holder = await claiming
+        finally:
+            if not claiming.done():
+                claiming.cancel()  # an owner read failed: the thread path claims again
+        if not isinstance(decided, Promote) or holder != claim:
+            return None
+        hints = _Hints.of(decided, lineage)
+        owners = asyncio.ensure_future(self.ledger.record_owners_async(
+            **_owners(turn, first_turn=owner is None)))
+        try:
+            with metrics.LWT_SECONDS.time():
+                promoted = await self.store.promote_from_hints_async(
+                    decided.request, head_hint=hints.head, parent_hint=hints.parent,
+                    extends=hints.extends, facts_mark=None)
+        finally:
+            await owners  # durable before anything is published (raises if not)
+        if promoted is None:
+            return None
+        verdict = Accepted(promoted.checkpoint)
+        self._learn_lineage(lineage, validation.pairing, promoted.checkpoint)
+        if conversation is not None:
+            self.tails.learn_owner(conversation, turn.tenant_id)
+        return self._publishable(turn, key, verdict, _NO_FACTS)
 
     # -- ToolEffect / TurnCancelled ----------------------------------------------------
     def _record_effect(self, effect: ToolEffect) -> None:
@@ -347,12 +429,16 @@ class PromotionProcessor:
             return self._already_promoted(turn) or decided
         verdict = self._promote(turn, decided, lineage, mark, claiming,
                                 first_turn=facts.conversation_owner is None)
-        if (isinstance(verdict, Accepted) and not verdict.replayed and not lineage.unread
-                and validation.pairing is not None):
-            # The write extended exactly ``lineage.tail`` (``extends``): the pairing
-            # state after the turn is a fact about the new response's lineage.
-            self.tails.learn(Tail(slim(verdict.checkpoint), validation.pairing))
+        if isinstance(verdict, Accepted) and not verdict.replayed:
+            self._learn_lineage(lineage, validation.pairing, verdict.checkpoint)
         return verdict
+
+    def _learn_lineage(self, lineage: Lineage, pairing: PairingState | None,
+                       promoted: CheckpointRecord) -> None:
+        """The write extended exactly ``lineage.tail`` (``extends``): the pairing state
+        after the turn is a fact about the new response's lineage."""
+        if not lineage.unread and pairing is not None:
+            self.tails.learn(Tail(slim(promoted), pairing))
 
     def _already_promoted(self, turn: TurnCompleted) -> Accepted | None:
         """A redelivered turn that was promoted before must be re-published as promoted,
@@ -412,31 +498,14 @@ class PromotionProcessor:
     def _promote(self, turn: TurnCompleted, decided: Promote, lineage: Lineage,
                  mark: str | None, claiming: Callable[[], ResponseClaim] | None = None,
                  *, first_turn: bool = False) -> Verdict | FactsChanged | None:
-        head_hint = parent_hint = None
-        if lineage.cached and lineage.tail is not None:
-            # The cached tail is the plan's premise; the batch checks it as a condition.
-            if decided.request.mode is PromotionMode.CONVERSATION:
-                head_hint = Head.of(lineage.tail)
-            else:
-                parent_hint = lineage.tail
-        extends: str | None | object = (
-            ANY_LINEAGE if lineage.unread
-            else None if lineage.tail is None else lineage.tail.response_id)
+        hints = _Hints.of(decided, lineage)
         # The claim's holder (raises StoreUnavailable if its outcome stays unknown).
         holder = claiming() if claiming is not None else None
-        # The owners (plain writes, ``start_recording_owners``) travel beside the
-        # batch and are durable before anything is published: a chain's response ids
-        # (where a chain turn's missing parent is looked up: ``TENANT_MISMATCH``) and
-        # a Conversation's owner on its first turn; later turns of a Conversation
-        # write none.
-        chain = turn.conversation_id is None
-        owners = self.ledger.start_recording_owners(
-            tenant_id=turn.tenant_id, response_id=turn.response_id if chain else None,
-            conversation_id=turn.conversation_id if first_turn else None)
+        owners = self.ledger.start_recording_owners(**_owners(turn, first_turn))
         try:
             with metrics.LWT_SECONDS.time():
-                outcome = self.store.promote(decided.request, head_hint=head_hint,
-                                             parent_hint=parent_hint, extends=extends,
+                outcome = self.store.promote(decided.request, head_hint=hints.head,
+                                             parent_hint=hints.parent, extends=hints.extends,
                                              claimed=holder, facts_mark=mark)
             owners()
         except InvalidPromotion as exc:  # validation let through what the store refuses
@@ -451,7 +520,7 @@ class PromotionProcessor:
             return outcome  # nothing written: the caller reads the facts and decides again
         if isinstance(outcome, LineageChanged):
             log.info("%s would extend %s, not %s (validated on): deciding again",
-                     turn.response_id, outcome.parent_response_id, extends)
+                     turn.response_id, outcome.parent_response_id, hints.extends)
             if lineage.cached and turn.conversation_id is not None:
                 self.tails.forget_head(turn.tenant_id, turn.conversation_id)
             return None
@@ -512,6 +581,40 @@ class PromotionProcessor:
             dead_lettered_at=self.clock_ms(),
         )
         return Outbound(self.topics.dead_letters, record.key, letter)
+
+
+@dataclass(frozen=True)
+class _Hints:
+    """What a promotion passes the store about the lineage it was decided on."""
+
+    head: Head | None
+    parent: CheckpointRecord | None
+    extends: str | None | object
+
+    @classmethod
+    def of(cls, decided: Promote, lineage: Lineage) -> _Hints:
+        head = parent = None
+        if lineage.cached and lineage.tail is not None:
+            # The cached tail is the plan's premise; the batch checks it as a condition.
+            if decided.request.mode is PromotionMode.CONVERSATION:
+                head = Head.of(lineage.tail)
+            else:
+                parent = lineage.tail
+        extends: str | None | object = (
+            ANY_LINEAGE if lineage.unread
+            else None if lineage.tail is None else lineage.tail.response_id)
+        return cls(head, parent, extends)
+
+
+def _owners(turn: TurnCompleted, first_turn: bool) -> dict[str, str | None]:
+    """The owners a promotion writes beside its batch (``start_recording_owners``),
+    durable before anything is published: a chain's response ids (where a chain
+    turn's missing parent is looked up: ``TENANT_MISMATCH``) and a Conversation's
+    owner on its first turn; later turns of a Conversation write none."""
+    chain = turn.conversation_id is None
+    return {"tenant_id": turn.tenant_id,
+            "response_id": turn.response_id if chain else None,
+            "conversation_id": turn.conversation_id if first_turn else None}
 
 
 def _replayed_rejection(decision: Decision) -> Reject:

@@ -49,3 +49,12 @@ class EventCodec(Protocol):
     def encode(self, topic: str, model: Frozen) -> bytes:
         """Encode an outcome model (Confluent wire format) for ``topic``."""
         ...
+
+    def decodes_offline(self, record: RawRecord) -> bool:
+        """True when ``decode`` would not wait on a remote call (a schema registry):
+        the event loop may run it."""
+        ...
+
+    def encodes_offline(self, model: Frozen) -> bool:
+        """True when ``encode`` would not wait on a remote call (see above)."""
+        ...

@@ -35,6 +35,7 @@ idempotency key) live together (Cassandra: one partition of ``request_facts``), 
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -222,6 +223,16 @@ class Ledger(abc.ABC):
         if conversation_id is not None:
             self.record_conversation_owner(conversation_id, tenant_id)
         return nothing_to_wait
+
+    async def conversation_owner_async(self, conversation_id: str) -> str | None:
+        """``conversation_owner`` awaited; a backend with async I/O overrides it."""
+        return await asyncio.to_thread(self.conversation_owner, conversation_id)
+
+    async def record_owners_async(self, *, tenant_id: str, response_id: str | None,
+                                  conversation_id: str | None) -> None:
+        """``start_recording_owners`` and its waiter, awaited."""
+        await asyncio.to_thread(lambda: self.start_recording_owners(
+            tenant_id=tenant_id, response_id=response_id, conversation_id=conversation_id)())
 
     # -- decisions and status -------------------------------------------------------
     @abc.abstractmethod

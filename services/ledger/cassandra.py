@@ -37,6 +37,7 @@ from ratchet.domain.claims import (
 )
 from ratchet.domain.promotion import RecordedEffect
 from schemas.models import Item
+from services.cassandra_cluster import completed
 from services.ledger.base import (
     Cancellation,
     Decision,
@@ -419,15 +420,42 @@ class CassandraLedger(Ledger):
             claims=facts.claims,
         )
 
+    async def conversation_owner_async(self, conversation_id: str) -> str | None:
+        future = _guard(lambda: self._session.execute_async(
+            self._select_conversation_owner, (conversation_id,), timeout=self._timeout,
+            execution_profile=self._rows_profile))
+        await completed(future)
+        row = _guard(future.result).one()  # answered already: does not block
+        return None if row is None else row[0]
+
+    async def record_owners_async(self, *, tenant_id: str, response_id: str | None,
+                                  conversation_id: str | None) -> None:
+        future = self._send_owners(tenant_id, response_id, conversation_id)
+        if future is not None:
+            await completed(future)
+            _guard(future.result)  # answered already: does not block
+
     def start_recording_owners(self, *, tenant_id: str, response_id: str | None,
                                conversation_id: str | None) -> Callable[[], None]:
+        future = self._send_owners(tenant_id, response_id, conversation_id)
+        if future is None:
+            return nothing_to_wait
+
+        def wait() -> None:
+            _guard(future.result)
+
+        return wait
+
+    def _send_owners(self, tenant_id: str, response_id: str | None,
+                     conversation_id: str | None) -> Any:
+        """The owners' write sent (its driver future), or None: nothing to write."""
         writes = []
         if response_id is not None:
             writes.append((self._insert_response_owner, (response_id, tenant_id)))
         if conversation_id is not None:
             writes.append((self._insert_conversation_owner, (conversation_id, tenant_id)))
         if not writes:
-            return nothing_to_wait
+            return None
         if len(writes) == 1:
             statement, params = writes[0]
         else:
@@ -438,13 +466,8 @@ class CassandraLedger(Ledger):
             for write in writes:
                 statement.add(*write)
         # Sent now, waited for by the caller once its promotion batch is back.
-        future = _guard(lambda: self._session.execute_async(statement, params,
-                                                            timeout=self._timeout))
-
-        def wait() -> None:
-            _guard(future.result)
-
-        return wait
+        return _guard(lambda: self._session.execute_async(statement, params,
+                                                          timeout=self._timeout))
 
     # -- ownership ------------------------------------------------------------------------
     def record_conversation_owner(self, conversation_id: str, tenant_id: str) -> None:

@@ -329,6 +329,37 @@ class CheckpointStore(ABC):
             operation="promote",
         )
 
+    async def promote_from_hints_async(
+        self,
+        request: PromotionRequest,
+        *,
+        head_hint: Head | None = None,
+        parent_hint: CheckpointRecord | None = None,
+        extends: str | None | object = ANY_LINEAGE,
+        facts_mark: str | None = None,
+    ) -> Promoted | None:
+        """``promote``'s first step, awaited: the one conditional write of the plan the
+        hints give, for a caller that holds the response id's claim already (it must:
+        this does not take it). ``Promoted``, or None when that step did not promote (no
+        plan from the hints, a plan that does not extend ``extends``, a turn above the
+        size limit, a refused write or one whose outcome is unknown): the caller then
+        calls ``promote``, which reads and decides (a write that did land is found
+        there as this request's own promotion)."""
+        validate_request(request)
+        if turn_size(request) > self.options.max_turn_bytes:
+            return None
+        plan = plan_from_hints(
+            request,
+            head_hint if head_hint is not None else self._hinted_head(request),
+            parent_hint if parent_hint is not None else self._hinted_parent(request),
+        )
+        if plan is None or not _extends(plan, extends):
+            return None
+        checkpoint = self._checkpoint_of(request, plan)
+        if not await self._write_async(request, plan, checkpoint, facts_mark):
+            return None
+        return self._promoted(request, plan, checkpoint)
+
     def read_history(
         self,
         tenant_id: str,
@@ -506,11 +537,19 @@ class CheckpointStore(ABC):
     def _attempt(self, request: PromotionRequest, plan: Plan,
                  facts_mark: str | None) -> Promoted | None:
         """One conditional write of ``plan``; ``Promoted`` if it applied."""
-        checkpoint = build_checkpoint(
-            request, plan, self.options.clock(), self.options.logical_retention_s
-        )
+        checkpoint = self._checkpoint_of(request, plan)
         if not self._write(request, plan, checkpoint, facts_mark):
             return None
+        return self._promoted(request, plan, checkpoint)
+
+    def _checkpoint_of(self, request: PromotionRequest, plan: Plan) -> CheckpointRecord:
+        return build_checkpoint(
+            request, plan, self.options.clock(), self.options.logical_retention_s
+        )
+
+    def _promoted(self, request: PromotionRequest, plan: Plan,
+                  checkpoint: CheckpointRecord) -> Promoted:
+        """The write of ``plan`` applied: remember what it makes true (hints)."""
         key = (request.tenant_id, request.partition_key)
         if plan.new_head is not None:
             self._head_hints.put_head(key, plan.new_head)
@@ -556,6 +595,12 @@ class CheckpointStore(ABC):
         reads. The waiter raises ``StoreUnavailable`` if the outcome stays unknown."""
         return lambda: self._claim(claim)
 
+    async def claim_async(self, claim: ResponseClaim) -> ResponseClaim:
+        """``start_claiming``'s waiter, awaited: the claim's holder (``claim`` itself
+        when it is ours). ``StoreUnavailable`` when the outcome is not known at once (a
+        backend with async I/O leaves the settling SERIAL read to ``promote``)."""
+        return await asyncio.to_thread(self.start_claiming(claim))
+
     @abstractmethod
     def _claim(self, claim: ResponseClaim) -> ResponseClaim:
         """Insert ``claim`` unless the response id is claimed already (linearizable,
@@ -578,6 +623,12 @@ class CheckpointStore(ABC):
         (absent if None). Nothing is written unless all hold. An
         unknown outcome must be resolved before returning (never guessed).
         """
+
+    async def _write_async(self, request: PromotionRequest, plan: Plan,
+                           checkpoint: CheckpointRecord, facts_mark: str | None) -> bool:
+        """``_write`` awaited; True if applied, False if refused or (a backend with async
+        I/O) if the outcome is unknown: the caller then reads (``promote``)."""
+        return await asyncio.to_thread(self._write, request, plan, checkpoint, facts_mark)
 
     @abstractmethod
     def _locate(self, tenant_id: str, response_id: str) -> str | None:

@@ -69,7 +69,7 @@ from ratchet.domain.plan import (
     ResponseClaim,
 )
 from ratchet.settings import Settings
-from services.cassandra_cluster import open_cluster
+from services.cassandra_cluster import completed, open_cluster
 from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable
 from services.store.rows import (
     CHECKPOINT_COLUMNS,
@@ -473,6 +473,24 @@ class CassandraCheckpointStore(CheckpointStore):
         )
         return lambda: self._claim_holder(claim, future.result)
 
+    async def claim_async(self, claim: ResponseClaim) -> ResponseClaim:
+        """The claim's LWT, awaited on the event loop. An unknown outcome is not settled
+        here (its SERIAL read would block the loop): ``StoreUnavailable``, and
+        ``promote`` takes the claim again (same request: the same holder)."""
+        future = _guard(
+            "promote/claim",
+            lambda: self._session.execute_async(
+                self._insert_claim, self._claim_values(claim), timeout=self._timeout,
+                execution_profile=self._tuple_rows,
+            ),
+        )
+        await completed(future)
+        try:
+            rows = future.result()  # answered already: does not block
+        except (_NOT_APPLIED, _MAYBE_APPLIED) as exc:
+            raise _unavailable("promote/claim", exc) from exc
+        return self._claim_holder(claim, lambda: rows)
+
     def _claim(self, claim: ResponseClaim) -> ResponseClaim:
         return self._claim_holder(
             claim,
@@ -581,6 +599,21 @@ class CassandraCheckpointStore(CheckpointStore):
         except _MAYBE_APPLIED as exc:
             return self._resolve_unknown(request, token, exc)
         return bool(result.was_applied)
+
+    async def _write_async(self, request: PromotionRequest, plan: Plan,
+                           checkpoint: CheckpointRecord, facts_mark: str | None) -> bool:
+        """The batch awaited on the event loop; an unknown outcome is False here (its
+        SERIAL read would block the loop): the caller's ``promote`` finds out."""
+        batch = self._batch(request, plan, checkpoint, uuid.uuid4(), facts_mark)
+        future = _guard("promote", lambda: self._session.execute_async(
+            batch, timeout=self._timeout, execution_profile=self._tuple_rows))
+        await completed(future)
+        try:
+            return bool(future.result().was_applied)  # answered already: does not block
+        except _NOT_APPLIED as exc:
+            raise _unavailable("promote", exc) from exc
+        except _MAYBE_APPLIED:
+            return False
 
     def _resolve_unknown(
         self, request: PromotionRequest, token: uuid.UUID, cause: BaseException

@@ -9,6 +9,7 @@ over the same data (Cassandra: two store objects on one keyspace; memory: one st
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import uuid
 
@@ -40,16 +41,26 @@ def uid(prefix: str) -> str:
 
 
 class Worker:
-    def __init__(self, store, ledger) -> None:
+    """``entry``: ``handle`` (the thread path) or ``handle_async`` (the event loop's
+    fast path, giving way to ``handle`` for everything else, as the app runs it)."""
+
+    def __init__(self, store, ledger, entry: str = "handle") -> None:
         self.store = store
         self.processor = PromotionProcessor(store, ledger, PickleCodec(), TOPICS,
                                             clock_ms=lambda: NOW_MS)
+        self.entry = entry
         self.offset = 0
 
     def handle(self, event):
         self.offset += 1
-        return self.processor.handle(
-            RawRecord(TOPICS.gateway_events, 0, self.offset, b"k", pickle.dumps(event)))
+        record = RawRecord(TOPICS.gateway_events, 0, self.offset, b"k", pickle.dumps(event))
+        if self.entry == "handle":
+            return self.processor.handle(record)
+
+        async def in_thread(handle):
+            return handle()
+
+        return asyncio.run(self.processor.handle_async(record, in_thread))
 
     def outcome(self, event):
         return self.handle(event).outbound[0].model
@@ -70,26 +81,36 @@ class Interleaving:
     def __getattr__(self, name):
         return getattr(self._store, name)
 
-    def promote(self, request, **kw):
+    def _interleave(self) -> None:
         if self.before_promote is not None:
             act, self.before_promote = self.before_promote, None
             act()
+
+    def promote(self, request, **kw):
+        self._interleave()
         return self._store.promote(request, **kw)
 
+    async def promote_from_hints_async(self, request, **kw):
+        self._interleave()
+        return await self._store.promote_from_hints_async(request, **kw)
 
-@pytest.fixture(params=["memory", "cassandra"])
+
+@pytest.fixture(params=[("memory", "handle"), ("memory", "handle_async"),
+                        ("cassandra", "handle"), ("cassandra", "handle_async")],
+                ids="-".join)
 def workers(request):
-    """(old owner, new owner) on shared data."""
-    if request.param == "memory":
+    """(old owner, new owner) on shared data; the new owner uses the entry point."""
+    backend, entry = request.param
+    if backend == "memory":
         store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
-        return Worker(store, ledger), Worker(Interleaving(store), ledger)
+        return Worker(store, ledger), Worker(Interleaving(store), ledger, entry)
     session = request.getfixturevalue("ledger_session")
     ledger = CassandraLedger(session, timeout_s=30)
 
     def store():
         return CassandraCheckpointStore(session, StoreOptions(), timeout_s=30)
 
-    return Worker(store(), ledger), Worker(Interleaving(store()), ledger)
+    return Worker(store(), ledger), Worker(Interleaving(store()), ledger, entry)
 
 
 def turn(conv: str, head: int, **kw):

@@ -57,6 +57,12 @@ class PickleCodec:
     def encode(self, topic, model):
         return pickle.dumps(model)
 
+    def decodes_offline(self, record):
+        return True
+
+    def encodes_offline(self, model):
+        return True
+
 
 class Harness:
     def __init__(self) -> None:

@@ -1,0 +1,121 @@
+"""``PromotionProcessor.handle_async``: the common promotion runs on the event loop, and
+everything else is handed to ``handle`` (the thread path) whole.
+
+The races between workers run through both entry points in
+``tests/contract/test_processor_races.py``; here: which turns take which path, and that
+the loop path's outcomes and writes are the thread path's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+from ratchet.samples import TENANT, make_tool_loop_turn
+from schemas.models import RejectionReason, TurnStatus
+from streams.processor import Handled, PromotionProcessor
+from streams.records import RawRecord
+from tests.unit.test_processor_rules import (
+    TOPICS,
+    Harness,
+    PickleCodec,
+    chain_turn,
+    conv_id,
+    turn,
+)
+
+R = RejectionReason
+
+
+class LoopHarness(Harness):
+    """Feeds events through ``handle_async``; counts the hand-overs to the thread path."""
+
+    def __init__(self, codec=None) -> None:
+        super().__init__()
+        if codec is not None:
+            self.processor = PromotionProcessor(self.store, self.ledger, codec, TOPICS,
+                                                clock_ms=self.processor.clock_ms)
+        self.handed_over = 0
+
+    def handle(self, event) -> Handled:
+        async def in_thread(handle):
+            self.handed_over += 1
+            return handle()
+
+        return asyncio.run(self.processor.handle_async(self.record(event), in_thread))
+
+    def outcome(self, event):
+        return self.handle(event).outbound[0].model
+
+
+def test_conversation_and_chain_turns_promote_on_the_loop():
+    h = LoopHarness()
+    conv = conv_id()
+    assert [h.outcome(turn(conv, head)).seq for head in range(3)] == [1, 2, 3]
+    root = chain_turn(None, None)
+    child = chain_turn(root.response_id, root.response_id)
+    assert h.outcome(root).seq == 1 and h.outcome(child).seq == 2
+    assert (h.processor.loop_promotions, h.handed_over) == (5, 0)
+    assert h.store.head(TENANT, conv).seq == 3
+    # the owners the thread path writes: a Conversation's, a chain's response ids
+    assert h.ledger.conversation_owner(conv) == TENANT
+    assert h.ledger.response_owner(child.response_id) == TENANT
+
+
+def test_what_the_loop_does_not_decide_goes_to_the_thread_path_whole():
+    h = LoopHarness()
+    conv = conv_id()
+    final, effects = make_tool_loop_turn(rounds=1, conversation_id=conv)
+    for effect in effects:
+        assert h.handle(effect).outbound == ()  # effects: the thread path
+    assert h.outcome(final).seq == 1  # a turn that uses effects reads them
+    assert h.outcome(turn(conv, 0)).reason is R.CONFLICT  # a rejection is recorded there
+    failed = turn(conv, 1, status=TurnStatus.FAILED)
+    assert h.outcome(failed).reason is R.NOT_PROMOTABLE_STATUS
+    assert h.processor.loop_promotions == 0
+    assert h.handed_over == len(effects) + 3
+
+
+def test_a_claim_held_by_another_request_is_decided_on_the_thread_path():
+    h = LoopHarness()
+    first = turn(conv_id(), 0)
+    assert h.outcome(first).seq == 1
+    reused = turn(conv_id(), 0, response_id=first.response_id)
+    assert h.outcome(reused).reason is R.CONFLICT
+    assert (h.processor.loop_promotions, h.handed_over) == (1, 1)
+
+
+def test_a_redelivered_promotion_is_republished_as_it_was():
+    h = LoopHarness()
+    t = turn(conv_id(), 0)
+    first, again = h.outcome(t), h.outcome(t)
+    assert again == first  # the stored checkpoint's outcome, promoted once
+    assert h.store.head(TENANT, t.conversation_id).seq == 1
+    # the loop's batch was refused (the head moved); the thread path found the promotion
+    assert (h.processor.loop_promotions, h.handed_over) == (1, 1)
+
+
+class RegistryBound(PickleCodec):
+    """A codec that would have to ask a registry for every record."""
+
+    def decodes_offline(self, record: RawRecord) -> bool:
+        return False
+
+
+def test_a_record_the_codec_cannot_decode_offline_goes_to_the_thread_path():
+    h = LoopHarness(codec=RegistryBound())
+    assert h.outcome(turn(conv_id(), 0)).seq == 1
+    assert (h.processor.loop_promotions, h.handed_over) == (0, 1)
+
+
+def test_an_undecodable_record_is_dead_lettered_by_the_thread_path():
+    h = LoopHarness()
+    record = RawRecord(TOPICS.gateway_events, 0, 1, b"k", b"\x00not a pickle")
+
+    async def in_thread(handle):
+        h.handed_over += 1
+        return handle()
+
+    handled = asyncio.run(h.processor.handle_async(record, in_thread))
+    assert handled.kind == "dead_lettered" and h.handed_over == 1
+    assert pickle.loads(pickle.dumps(handled.outbound[0].model)).value == record.value
