@@ -48,6 +48,12 @@ VALIDATION_SECONDS = Histogram(
     "Time of the pure validation of one TurnCompleted.",
     buckets=_BUCKETS,
 )
+EVENTS_BY_PATH = Counter(
+    "ratchet_worker_events_total",
+    "Gateway events handled, by path: 'loop' (a promotion decided and written on the "
+    "event loop) or 'thread' (everything else, in a worker thread).",
+    ["path"],
+)
 PERSISTENCE_RETRIES = Counter(
     "ratchet_worker_persistence_retries_total",
     "Attempts that met unavailable Cassandra/registry and were retried (the partition waited).",

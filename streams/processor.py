@@ -174,7 +174,9 @@ class PromotionProcessor:
             handled = None
         if handled is not None:
             self.loop_promotions += 1
+            metrics.EVENTS_BY_PATH.labels("loop").inc()
             return handled
+        metrics.EVENTS_BY_PATH.labels("thread").inc()
         return await in_thread(lambda: self.handle(record))
 
     async def _promote_on_loop(self, record: RawRecord) -> Handled | None:

@@ -299,9 +299,11 @@ def test_worker_metrics_count_what_it_published(rig):
     rig.collector.wait(serving, 60, "the worker's metrics endpoint")
     before = worker.metrics()
     c = conv()
-    good, ahead = turn(c, 0), turn(c, 7)
+    good, next_turn, ahead = turn(c, 0), turn(c, 1), turn(c, 7)
     rig.send(good)
     assert outcome(rig, good).seq == 1
+    rig.send(next_turn)  # the schema and the lineage are known now: the loop's fast path
+    assert outcome(rig, next_turn).seq == 2
     rig.send(ahead)
     assert outcome(rig, ahead).reason is R.OUT_OF_ORDER
     rig.producer.send_raw(c.encode(), b"\x07not avro")
@@ -317,7 +319,9 @@ def test_worker_metrics_count_what_it_published(rig):
     assert delta("ratchet_worker_promotions_total", certification="certified") >= 1
     assert delta("ratchet_worker_rejections_total", reason="OUT_OF_ORDER") >= 1
     assert delta("ratchet_worker_dead_letters_total", reason="BAD_MAGIC_BYTE") >= 1
-    assert delta("ratchet_worker_lwt_seconds_count") >= 2  # the promotion and the refusal
+    assert delta("ratchet_worker_lwt_seconds_count") >= 3  # the promotions and the refusal
+    assert delta("ratchet_worker_events_total", path="loop") >= 1
+    assert delta("ratchet_worker_events_total", path="thread") >= 2  # rejection, dead letter
     assert delta("ratchet_worker_validation_seconds_count") >= 2
     rig.collector.wait(lambda: "ratchet_worker_consumer_lag_records{" in worker.metrics(),
                        10, "consumer lag gauge")
