@@ -89,6 +89,11 @@ MAX_LINEAGE_ROUNDS = 4
 # How often the request's facts may change under one decision before the attempt is
 # retried as a whole (each change is a fact recorded meanwhile: rare).
 MAX_FACTS_ROUNDS = 4
+# The largest record promoted on the event loop: decoding, validating and binding a
+# turn is CPU work that holds up every other lane meanwhile (~0.5 ms for a few KiB; a
+# turn near the 10 MiB limit would take the loop for a long while). Larger ones go
+# to a thread.
+LOOP_MAX_RECORD_BYTES = 256 * 1024
 # No fact of the request read (the fast path): what the batch asserts with no mark.
 _NO_FACTS = TurnFacts(decision=None, effects=(), cancellation=None, conversation_owner=None)
 # The facts mark is not known yet: read it before the facts.
@@ -183,7 +188,8 @@ class PromotionProcessor:
         """The fast path of ``_on_turn`` without a thread, or None (nothing decided).
 
         Taken only when no read but the owner's is needed: the record decodes without
-        the registry; it is a promotable ``TurnCompleted`` within the size limit that
+        the registry and is at most ``LOOP_MAX_RECORD_BYTES``; it is a promotable
+        ``TurnCompleted`` that
         uses no tool effects; this worker wrote no facts mark for its request; the
         lineage it extends is in the tail cache (or it starts one). It awaits the
         claim, the promotion batch of the plan the hints give (asserting no facts
@@ -191,7 +197,7 @@ class PromotionProcessor:
         write, a claim held by another request) returns None."""
         if not self.codec.decodes_offline(record):
             return None
-        if len(record.value or b"") > MAX_EVENT_BYTES:
+        if len(record.value or b"") > LOOP_MAX_RECORD_BYTES:
             return None
         turn = self.codec.decode(record)
         if (not isinstance(turn, TurnCompleted) or turn.status not in PROMOTABLE_STATUSES

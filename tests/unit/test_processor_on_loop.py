@@ -13,6 +13,7 @@ import pickle
 
 from ratchet.samples import TENANT, make_tool_loop_turn
 from schemas.models import RejectionReason, TurnStatus
+from streams import processor as processor_module
 from streams.processor import Handled, PromotionProcessor
 from streams.records import RawRecord
 from tests.unit.test_processor_rules import (
@@ -93,6 +94,14 @@ def test_a_redelivered_promotion_is_republished_as_it_was():
     assert h.store.head(TENANT, t.conversation_id).seq == 1
     # the loop's batch was refused (the head moved); the thread path found the promotion
     assert (h.processor.loop_promotions, h.handed_over) == (1, 1)
+
+
+def test_a_large_record_is_promoted_on_the_thread_path(monkeypatch):
+    """Decoding and validating a large turn would hold up every other lane."""
+    monkeypatch.setattr(processor_module, "LOOP_MAX_RECORD_BYTES", 100)
+    h = LoopHarness()
+    assert h.outcome(turn(conv_id(), 0)).seq == 1
+    assert (h.processor.loop_promotions, h.handed_over) == (0, 1)
 
 
 class RegistryBound(PickleCodec):
