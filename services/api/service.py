@@ -515,8 +515,14 @@ class RehydrationService:
                 tenant_id, partition_key, current
             )
             first = None
-            if snapshot is None or current not in snapshot.checkpoints:
-                return None  # absent or undecodable: the full read reports it
+            if (
+                snapshot is None
+                or current not in snapshot.checkpoints
+                or current in snapshot.damaged
+            ):
+                # Absent or undecodable (its checkpoint may decode while its items do
+                # not): the full read reports it, as CORRUPT_HISTORY on every replica.
+                return None
             if row_head is None:
                 row_head = snapshot.head
             turn = snapshot.checkpoints[current]
