@@ -44,7 +44,7 @@ from enum import StrEnum
 
 from ratchet.domain.catalogue import KNOWN_ITEM_TYPES
 from schemas.canonical import canonical_json_text
-from schemas.models import SUPPORTED_FORMAT_VERSIONS, Certification, Item
+from schemas.models import SUPPORTED_FORMAT_VERSIONS, Certification, Item, sha256_hex
 
 
 class PromotionMode(StrEnum):
@@ -214,9 +214,10 @@ class TurnItems:
     Why columns and not one object per item: a 50-turn read loads 100 items, and
     verification (digests, formats, types) and rendering each walk one or two columns
     in C (``map``, ``zip``, list comparison); a Python object per item cost more than
-    the read itself. ``seqs`` are the items' seqs in the lineage as stored (checked
-    against the checkpoint's range); ``items()`` builds ``Item`` models for callers
-    that want them (the processor's pairing state, tests).
+    the read itself. Every column has one entry per item (the store's decoder and
+    ``of_entries`` build them so). ``seqs`` are the items' seqs in the lineage as
+    stored (checked against the checkpoint's range); ``items()`` builds ``Item`` models
+    for callers that want them (the processor's pairing state, tests).
     """
 
     seqs: tuple[int, ...]
@@ -558,12 +559,11 @@ def _check_items(turns: Sequence[TurnItems]) -> HistoryFailure | None:
     history. The reason is that of the first broken rule in this order, whichever item
     breaks it: a digest mismatch (CORRUPT_HISTORY), then an unsupported format, then an
     unknown type."""
-    sha256 = hashlib.sha256
     contents = [c for turn in turns for c in turn.contents]
     digests = [d for turn in turns for d in turn.digests]
-    if [sha256(c).hexdigest() for c in contents] != digests:
+    if list(map(sha256_hex, contents)) != digests:
         ids = [i for turn in turns for i in turn.ids]
-        bad = next(i for i, c in enumerate(contents) if sha256(c).hexdigest() != digests[i])
+        bad = next(i for i, c in enumerate(contents) if sha256_hex(c) != digests[i])
         return _corrupt(f"item {ids[bad]} content does not match its digest")
     formats = {v for turn in turns for v in turn.formats}
     if not SUPPORTED_FORMAT_VERSIONS.issuperset(formats):
