@@ -166,8 +166,13 @@ def unknown_type_detail(item: Item) -> str:
 
 def decode_content(item: Item) -> dict[str, Any] | None:
     """The item's content as a JSON object, or None when it is not one."""
+    return json_object(item.content)
+
+
+def json_object(content: bytes) -> dict[str, Any] | None:
+    """``content`` (an item's stored bytes) as a JSON object, or None when it is not one."""
     try:
-        value = parse_json(item.content)
+        value = parse_json(content)
     except ValueError:
         return None
     return value if isinstance(value, dict) else None

@@ -44,7 +44,7 @@ from enum import StrEnum
 
 from ratchet.domain.catalogue import KNOWN_ITEM_TYPES
 from schemas.canonical import canonical_json_text
-from schemas.models import SUPPORTED_FORMAT_VERSIONS, Certification, Item
+from schemas.models import SUPPORTED_FORMAT_VERSIONS, Certification, Item, sha256_hex
 
 
 class PromotionMode(StrEnum):
@@ -85,7 +85,14 @@ def items_digest(items: Iterable[Item]) -> str:
     Stored in the checkpoint so that items swapped between turns, reordered, or
     replaced by other valid items are caught even when each item is self-consistent.
     """
-    text = "".join(f"{item.item_id}\x00{item.content_digest}\n" for item in items)
+    items = tuple(items)
+    return ids_digest([i.item_id for i in items], [i.content_digest for i in items])
+
+
+def ids_digest(item_ids: Iterable[str], content_digests: Iterable[str]) -> str:
+    """``items_digest`` from the two columns it covers: sha256 hex of the UTF-8 bytes of
+    ``item_id + "\\x00" + content_digest + "\\n"`` for each item, in order."""
+    text = "".join(map("{}\x00{}\n".format, item_ids, content_digests))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -201,13 +208,82 @@ class Head:
 
 
 @dataclass(frozen=True)
-class StoredItem:
-    """An item as stored: its turn, its index in the turn and its seq in the lineage."""
+class TurnItems:
+    """A turn's items as loaded from storage, column by column, in turn order.
 
-    response_id: str
-    position: int
-    item_seq: int
-    item: Item
+    Why columns and not one object per item: a 50-turn read loads 100 items, and
+    verification (digests, formats, types) and rendering each walk one or two columns
+    in C (``map``, ``zip``, list comparison); a Python object per item cost more than
+    the read itself. Every column has one entry per item (the store's decoder and
+    ``of_entries`` build them so). ``seqs`` are the items' seqs in the lineage as
+    stored (checked against the checkpoint's range); ``items()`` builds ``Item`` models
+    for callers that want them (the processor's pairing state, tests).
+    """
+
+    seqs: tuple[int, ...]
+    ids: tuple[str, ...]
+    types: tuple[str, ...]
+    roles: tuple[str | None, ...]
+    call_ids: tuple[str | None, ...]
+    contents: tuple[bytes, ...]
+    digests: tuple[str, ...]
+    formats: tuple[int, ...]
+
+    @classmethod
+    def of(cls, items: Iterable[Item], first_item_seq: int = 1) -> TurnItems:
+        """The columns of ``items``, numbered from ``first_item_seq``."""
+        return cls.of_entries(enumerate(items, first_item_seq))
+
+    @classmethod
+    def of_entries(cls, entries: Iterable[tuple[int, Item]]) -> TurnItems:
+        """The columns of (item_seq, item) pairs, in that order."""
+        entries = tuple(entries)
+        return cls(
+            tuple(seq for seq, _ in entries),
+            tuple(i.item_id for _, i in entries),
+            tuple(i.type for _, i in entries),
+            tuple(i.role for _, i in entries),
+            tuple(i.call_id for _, i in entries),
+            tuple(i.content for _, i in entries),
+            tuple(i.content_digest for _, i in entries),
+            tuple(i.format_version for _, i in entries),
+        )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def entries(self) -> list[tuple[int, Item]]:
+        """(item_seq, item) pairs, in order (``of_entries`` builds them back)."""
+        return list(zip(self.seqs, self.items(), strict=True))
+
+    def items(self) -> tuple[Item, ...]:
+        """The items as models (pydantic's ``model_construct``: stored values, which
+        verification checks, are not validated again)."""
+        construct = Item.model_construct
+        return tuple(
+            construct(
+                item_id=item_id,
+                type=item_type,
+                role=role,
+                call_id=call_id,
+                content=content,
+                content_digest=digest,
+                format_version=version,
+            )
+            for item_id, item_type, role, call_id, content, digest, version in zip(
+                self.ids,
+                self.types,
+                self.roles,
+                self.call_ids,
+                self.contents,
+                self.digests,
+                self.formats,
+                strict=True,
+            )
+        )
+
+
+NO_ITEMS = TurnItems((), (), (), (), (), (), (), ())
 
 
 @dataclass(frozen=True)
@@ -218,7 +294,7 @@ class PartitionSnapshot:
     partition_key: str
     head: Head | None
     checkpoints: Mapping[str, CheckpointRecord]
-    items: Mapping[str, tuple[StoredItem, ...]]
+    items: Mapping[str, TurnItems]
     # Response ids whose stored rows could not even be decoded (a null where a value
     # must be, an unknown enum): any lineage touching them is CORRUPT_HISTORY.
     damaged: frozenset[str] = frozenset()
@@ -230,7 +306,7 @@ class VerifiedHistory:
 
     checkpoint: CheckpointRecord
     lineage: tuple[CheckpointRecord, ...]  # root first, ``checkpoint`` last
-    items: tuple[Item, ...]
+    turns: tuple[TurnItems, ...]  # each turn's items, in ``lineage`` order
     # The Conversation's current head seq (chain mode: the response's own seq). The API
     # answers the response's own seq as ``head_seq`` and this beside it.
     head_seq: int
@@ -241,6 +317,12 @@ class VerifiedHistory:
     @property
     def response_id(self) -> str:
         return self.checkpoint.response_id
+
+    @property
+    def items(self) -> tuple[Item, ...]:
+        """The whole history's items as models, in order (built on each call: the API
+        renders from ``turns`` and never needs them)."""
+        return tuple(item for turn in self.turns for item in turn.items())
 
 
 @dataclass(frozen=True)
@@ -269,10 +351,10 @@ def verify_history(
     failure = _check_conversation(snapshot, checkpoint)
     if failure is not None:
         return failure
-    items = _lineage_items(snapshot, lineage)
-    if isinstance(items, HistoryFailure):
-        return items
-    failure = _check_items(items)
+    turns = _lineage_items(snapshot, lineage)
+    if isinstance(turns, HistoryFailure):
+        return turns
+    failure = _check_items(turns)
     if failure is not None:
         return failure
     linked = _check_links(lineage)
@@ -280,7 +362,7 @@ def verify_history(
         return linked
     head_seq = snapshot.head.seq if _is_conversation(checkpoint, snapshot) else checkpoint.seq
     return VerifiedHistory(
-        checkpoint=checkpoint, lineage=lineage, items=items, head_seq=head_seq, linked=linked
+        checkpoint=checkpoint, lineage=lineage, turns=turns, head_seq=head_seq, linked=linked
     )
 
 
@@ -289,7 +371,7 @@ def verify_extension(
     turns: Sequence[CheckpointRecord],
     snapshot: PartitionSnapshot,
     now: datetime,
-) -> tuple[Item, ...] | HistoryFailure | None:
+) -> tuple[TurnItems, ...] | HistoryFailure | None:
     """Verify ``turns`` (oldest first, read from ``snapshot``) as the continuation of a
     LINKED verified history ending at ``tip``; return their items, or why not.
 
@@ -303,7 +385,7 @@ def verify_extension(
     if tip.lineage_digest is None or not turns:
         return None
     previous = tip
-    stored: list[StoredItem] = []
+    loaded: list[TurnItems] = []
     for turn in turns:
         rid = turn.response_id
         if rid in snapshot.damaged:
@@ -327,18 +409,17 @@ def verify_extension(
             return None
         if turn.lineage_digest != lineage_digest(previous.lineage_digest, turn.items_digest):
             return _corrupt(f"{rid} lineage digest does not extend {previous.response_id}")
-        items = sorted(snapshot.items.get(rid, ()), key=lambda s: s.position)
+        items = snapshot.items.get(rid, NO_ITEMS)
         failure = _check_turn_items(turn, items)
         if failure is not None:
             return failure
-        stored.extend(items)
+        loaded.append(items)
         previous = turn
     expires = previous.logical_expires_at
     if expires is not None and utc_ms(now) >= expires:
         return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}")
-    items = tuple(s.item for s in stored)
-    failure = _check_items(items)
-    return failure if failure is not None else items
+    failure = _check_items(loaded)
+    return failure if failure is not None else tuple(loaded)
 
 
 def verify_conversation_history(
@@ -422,9 +503,9 @@ def _check_conversation(
 
 def _lineage_items(
     snapshot: PartitionSnapshot, lineage: tuple[CheckpointRecord, ...]
-) -> tuple[Item, ...] | HistoryFailure:
+) -> tuple[TurnItems, ...] | HistoryFailure:
     """Each turn's items, in order, numbered contiguously along the lineage."""
-    out: list[Item] = []
+    out: list[TurnItems] = []
     next_seq = 1
     for checkpoint in lineage:
         if checkpoint.first_item_seq != next_seq or checkpoint.item_count < 0:
@@ -432,27 +513,26 @@ def _lineage_items(
                 f"{checkpoint.response_id} items {checkpoint.first_item_seq}.."
                 f"{checkpoint.last_item_seq}, expected to start at {next_seq}"
             )
-        stored = sorted(snapshot.items.get(checkpoint.response_id, ()), key=lambda s: s.position)
-        failure = _check_turn_items(checkpoint, stored)
+        items = snapshot.items.get(checkpoint.response_id, NO_ITEMS)
+        failure = _check_turn_items(checkpoint, items)
         if failure is not None:
             return failure
-        out.extend(s.item for s in stored)
+        out.append(items)
         next_seq = checkpoint.last_item_seq + 1
     return tuple(out)
 
 
-def _check_turn_items(
-    checkpoint: CheckpointRecord, stored: list[StoredItem]
-) -> HistoryFailure | None:
+def _check_turn_items(checkpoint: CheckpointRecord, items: TurnItems) -> HistoryFailure | None:
     rid = checkpoint.response_id
-    if len(stored) < checkpoint.item_count:
-        return _missing(f"{rid} has {len(stored)} of {checkpoint.item_count} items")
-    if len(stored) > checkpoint.item_count:
-        return _corrupt(f"{rid} has {len(stored)} items, checkpoint says {checkpoint.item_count}")
-    for position, entry in enumerate(stored):
-        if entry.position != position or entry.item_seq != checkpoint.first_item_seq + position:
-            return _corrupt(f"{rid} item at position {entry.position} seq {entry.item_seq}")
-    if items_digest(s.item for s in stored) != checkpoint.items_digest:
+    count, expected = len(items.ids), checkpoint.item_count
+    if count < expected:
+        return _missing(f"{rid} has {count} of {expected} items")
+    if count > expected:
+        return _corrupt(f"{rid} has {count} items, checkpoint says {expected}")
+    first = checkpoint.first_item_seq
+    if items.seqs != tuple(range(first, first + count)):
+        return _corrupt(f"{rid} item seqs {list(items.seqs)}, expected from {first}")
+    if ids_digest(items.ids, items.digests) != checkpoint.items_digest:
         return _corrupt(f"{rid} items do not match the checkpoint's items digest")
     return None
 
@@ -474,27 +554,37 @@ def _check_links(lineage: tuple[CheckpointRecord, ...]) -> bool | HistoryFailure
     return linked
 
 
-def _check_items(items: tuple[Item, ...]) -> HistoryFailure | None:
-    """Every item's content digest, format and type, in ONE pass. The reason is that of
-    the first broken rule in this order, whichever item breaks it: a digest mismatch
-    (CORRUPT_HISTORY), then an unsupported format, then an unknown type."""
-    bad_format: Item | None = None
-    bad_type: Item | None = None
-    for item in items:
-        if not item.digest_ok():
-            return _corrupt(f"item {item.item_id} content does not match its digest")
-        if bad_format is None and item.format_version not in SUPPORTED_FORMAT_VERSIONS:
-            bad_format = item
-        if bad_type is None and item.type not in KNOWN_ITEM_TYPES:
-            bad_type = item
-    if bad_format is not None:
-        return HistoryFailure(
-            HistoryFailureReason.UNSUPPORTED_FORMAT,
-            f"item {bad_format.item_id} format {bad_format.format_version}",
+def _check_items(turns: Sequence[TurnItems]) -> HistoryFailure | None:
+    """Every item's content digest, format and type, column by column over the whole
+    history. The reason is that of the first broken rule in this order, whichever item
+    breaks it: a digest mismatch (CORRUPT_HISTORY), then an unsupported format, then an
+    unknown type."""
+    contents = [c for turn in turns for c in turn.contents]
+    digests = [d for turn in turns for d in turn.digests]
+    if list(map(sha256_hex, contents)) != digests:
+        ids = [i for turn in turns for i in turn.ids]
+        bad = next(i for i, c in enumerate(contents) if sha256_hex(c) != digests[i])
+        return _corrupt(f"item {ids[bad]} content does not match its digest")
+    formats = {v for turn in turns for v in turn.formats}
+    if not SUPPORTED_FORMAT_VERSIONS.issuperset(formats):
+        bad_id, bad_version = next(
+            (i, v)
+            for turn in turns
+            for i, v in zip(turn.ids, turn.formats, strict=True)
+            if v not in SUPPORTED_FORMAT_VERSIONS
         )
-    if bad_type is not None:
         return HistoryFailure(
-            HistoryFailureReason.UNKNOWN_ITEM_TYPE,
-            f"item {bad_type.item_id} type {bad_type.type!r}",
+            HistoryFailureReason.UNSUPPORTED_FORMAT, f"item {bad_id} format {bad_version}"
+        )
+    types = {t for turn in turns for t in turn.types}
+    if not KNOWN_ITEM_TYPES.issuperset(types):
+        bad_id, bad_type = next(
+            (i, t)
+            for turn in turns
+            for i, t in zip(turn.ids, turn.types, strict=True)
+            if t not in KNOWN_ITEM_TYPES
+        )
+        return HistoryFailure(
+            HistoryFailureReason.UNKNOWN_ITEM_TYPE, f"item {bad_id} type {bad_type!r}"
         )
     return None

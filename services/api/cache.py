@@ -28,6 +28,7 @@ its claim (``CheckpointStore.locate``).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ratchet.domain.history import CheckpointRecord
@@ -111,8 +112,15 @@ class HistoryCache:
             return location if isinstance(location, str) else None
 
     def remember_location(self, tenant_id: str, response_id: str, partition_key: str) -> None:
+        self.remember_locations(tenant_id, (response_id,), partition_key)
+
+    def remember_locations(
+        self, tenant_id: str, response_ids: Iterable[str], partition_key: str
+    ) -> None:
+        """Every turn of a verified lineage lives in its one partition (under one lock)."""
         with self._lock:
-            self._locations.put((tenant_id, response_id), partition_key)
+            for response_id in response_ids:
+                self._locations.put((tenant_id, response_id), partition_key)
 
 
 def _nbytes(entry: object) -> int:

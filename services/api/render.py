@@ -14,12 +14,13 @@ from datetime import datetime
 from pydantic import TypeAdapter
 from pydantic_core import to_json
 
-from ratchet.domain.catalogue import decode_content
+from ratchet.domain.catalogue import json_object
 from ratchet.domain.history import (
     CheckpointRecord,
     HistoryFailure,
     PromotionMode,
     StoredTokenArtifact,
+    TurnItems,
     VerifiedHistory,
 )
 from ratchet.domain.rehydration import Certified, Failure, Fallback, FallbackReason, rehydrate
@@ -100,17 +101,18 @@ def render_history(history: VerifiedHistory) -> RenderedHistory | HistoryBody:
     """The JSON parts of a verified history, or the CORRUPT_HISTORY failure body if
     an item's stored bytes are not a UTF-8 JSON object (a history is never partly
     decoded)."""
-    return render_extension(history.checkpoint, b"[]", history.items)
+    return render_extension(history.checkpoint, b"[]", history.turns)
 
 
 def render_extension(
-    checkpoint: CheckpointRecord, prefix_items_json: bytes, items: Iterable[Item]
+    checkpoint: CheckpointRecord, prefix_items_json: bytes, turns: Iterable[TurnItems]
 ) -> RenderedHistory | HistoryBody:
     """The JSON parts of a history ending at ``checkpoint``: the (already rendered)
-    items array of its verified prefix with ``items`` appended, rendered once."""
+    items array of its verified prefix with the items of ``turns`` appended, rendered
+    once."""
     response_id = checkpoint.response_id
     try:
-        appended = items_json(items)
+        appended = items_json(turns)
     except _Undecodable as exc:
         return failure_body("CORRUPT_HISTORY", response_id=response_id, detail=str(exc))
     if appended == b"[]":
@@ -126,25 +128,36 @@ def render_extension(
     )
 
 
-def items_json(items: Iterable[Item]) -> bytes:
-    """The JSON array of ``items`` as ``HistoryItem`` serialises them (field order,
-    escaping), in ONE call of pydantic's own serializer (``pydantic_core.to_json``, the
-    one ``model_dump_json`` runs, ~3x faster than the standard library's at escaping
-    the content strings): no model object and no string building per item.
-    ``tests/unit/test_api_cache.py`` proves the bytes equal pydantic's body. Raises
-    ``_Undecodable`` (see ``content_text``)."""
+def items_json(turns: Iterable[TurnItems]) -> bytes:
+    """The JSON array of the turns' items as ``HistoryItem`` serialises them (field
+    order, escaping), straight from the loaded columns (no model object per item), in
+    ONE call of pydantic's own serializer (``pydantic_core.to_json``, the one
+    ``model_dump_json`` runs, ~3x faster than the standard library's at escaping the
+    content strings). ``tests/unit/test_api_render.py`` proves the bytes equal
+    pydantic's body for every catalogue item type. Raises ``_Undecodable`` (see
+    ``content_text``)."""
     return to_json(
         [
             {
-                "item_id": item.item_id,
-                "type": item.type,
-                "role": item.role,
-                "call_id": item.call_id,
-                "content": content_text(item),
-                "content_digest": item.content_digest,
-                "format_version": int(item.format_version),
+                "item_id": item_id,
+                "type": item_type,
+                "role": role,
+                "call_id": call_id,
+                "content": content_text(item_id, content),
+                "content_digest": digest,
+                "format_version": int(version),
             }
-            for item in items
+            for turn in turns
+            for item_id, item_type, role, call_id, content, digest, version in zip(
+                turn.ids,
+                turn.types,
+                turn.roles,
+                turn.call_ids,
+                turn.contents,
+                turn.digests,
+                turn.formats,
+                strict=True,
+            )
         ]
     )
 
@@ -191,20 +204,21 @@ def _status(reason: str) -> int:
     return FAILURE_HTTP_STATUS.get(str(reason), 500)
 
 
-def content_text(item: Item) -> str:
-    """The stored canonical JSON, as text, unchanged (see models.py for why).
+def content_text(item_id: str, content: bytes) -> str:
+    """An item's stored canonical JSON, as text, unchanged (see models.py for why).
 
-    Decoded with the catalogue's ``decode_content``, the very function validation
-    accepted the item with (one item codec), so a promoted item always renders; both
-    renderings (``item_body`` and the once-rendered ``items_json``) go through it."""
-    if decode_content(item) is None:
-        raise _Undecodable(f"item {item.item_id} content is not a UTF-8 JSON object")
-    return item.content.decode("utf-8")
+    Checked with the catalogue's ``json_object``, the very function validation accepted
+    the item with (one item codec), so a promoted item always renders; both renderings
+    (``item_body`` and the once-rendered ``items_json``) go through it."""
+    if json_object(content) is None:
+        raise _Undecodable(f"item {item_id} content is not a UTF-8 JSON object")
+    return content.decode("utf-8")
 
 
 def item_body(item: Item) -> HistoryItem:
-    """One item as the response model (``content_text`` decides what renders)."""
-    text = content_text(item)
+    """One item as the response model (``content_text`` decides what renders): the
+    model rendering that ``items_json`` must equal byte for byte."""
+    text = content_text(item.item_id, item.content)
     # model_construct: every field comes from a verified Item, validating again costs
     # ~1 ms per 100-item history for nothing.
     return HistoryItem.model_construct(

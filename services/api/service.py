@@ -25,13 +25,14 @@ from datetime import UTC, datetime
 from starlette.concurrency import run_in_threadpool
 
 from ratchet.domain.history import (
+    NO_ITEMS,
     CheckpointRecord,
     Head,
     HistoryFailure,
     HistoryFailureReason,
     PartitionSnapshot,
     PromotionMode,
-    StoredItem,
+    TurnItems,
     VerifiedHistory,
     utc_ms,
     verify_extension,
@@ -505,7 +506,7 @@ class RehydrationService:
             return None
         turns: list[CheckpointRecord] = []
         checkpoints: dict[str, CheckpointRecord] = {}
-        items: dict[str, tuple[StoredItem, ...]] = {}
+        items: dict[str, TurnItems] = {}
         current = response_id
         prefix: CachedHistory | None = None
         row_head: Head | None = None
@@ -514,14 +515,20 @@ class RehydrationService:
                 tenant_id, partition_key, current
             )
             first = None
-            if snapshot is None or current not in snapshot.checkpoints:
-                return None  # absent or undecodable: the full read reports it
+            if (
+                snapshot is None
+                or current not in snapshot.checkpoints
+                or current in snapshot.damaged
+            ):
+                # Absent or undecodable (its checkpoint may decode while its items do
+                # not): the full read reports it, as CORRUPT_HISTORY on every replica.
+                return None
             if row_head is None:
                 row_head = snapshot.head
             turn = snapshot.checkpoints[current]
             turns.append(turn)
             checkpoints[current] = turn
-            items[current] = snapshot.items.get(current, ())
+            items[current] = snapshot.items.get(current, NO_ITEMS)
             parent = turn.parent_response_id
             if parent is None:
                 return None
@@ -551,8 +558,7 @@ class RehydrationService:
         rendered = render_extension(target, prefix.rendered.items_json, verified)
         if isinstance(rendered, HistoryBody):
             return rendered
-        for turn in turns:
-            self._cache.remember_location(tenant_id, turn.response_id, partition_key)
+        self._cache.remember_locations(tenant_id, [t.response_id for t in turns], partition_key)
         entry = CachedHistory(tenant_id, partition_key, target, True, rendered)
         self._cache.put(target.response_id, entry)
         self._cache_gauges()
@@ -661,8 +667,9 @@ class RehydrationService:
             return
         checkpoint = history.checkpoint
         tenant_id = checkpoint.tenant_id
-        for turn in history.lineage:
-            self._cache.remember_location(tenant_id, turn.response_id, turn.partition_key)
+        self._cache.remember_locations(
+            tenant_id, [turn.response_id for turn in history.lineage], checkpoint.partition_key
+        )
         self._cache.put(
             checkpoint.response_id,
             CachedHistory(

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ratchet.domain.history import (
+    NO_ITEMS,
     CheckpointRecord,
     Head,
     HistoryFailure,
     PartitionSnapshot,
     PromotionMode,
-    StoredItem,
+    TurnItems,
     VerifiedHistory,
 )
 from ratchet.domain.plan import (
@@ -37,7 +38,7 @@ from services.store.base import CheckpointStore, StoreOptions
 class _Partition:
     head: Head | None = None
     checkpoints: dict[str, CheckpointRecord] = field(default_factory=dict)
-    items: dict[str, tuple[StoredItem, ...]] = field(default_factory=dict)
+    items: dict[str, TurnItems] = field(default_factory=dict)
     idempotency: dict[str, IdempotencyRecord] = field(default_factory=dict)
     # idempotency key -> the request's facts mark (``mark_request_facts``)
     facts_marks: dict[str, str] = field(default_factory=dict)
@@ -114,7 +115,7 @@ class MemoryCheckpointStore(CheckpointStore):
                 partition_key=partition_key,
                 head=partition.head,
                 checkpoints={response_id: partition.checkpoints[response_id]},
-                items={response_id: partition.items.get(response_id, ())},
+                items={response_id: partition.items.get(response_id, NO_ITEMS)},
             )
 
     def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
@@ -179,9 +180,8 @@ class MemoryCheckpointStore(CheckpointStore):
                 request.idempotency_key, request.request_digest, request.response_id
             )
             partition.checkpoints[request.response_id] = checkpoint
-            partition.items[request.response_id] = tuple(
-                StoredItem(request.response_id, i, checkpoint.first_item_seq + i, item)
-                for i, item in enumerate(request.items)
+            partition.items[request.response_id] = TurnItems.of(
+                request.items, checkpoint.first_item_seq
             )
             if plan.new_head is not None:
                 partition.head = plan.new_head

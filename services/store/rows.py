@@ -20,12 +20,13 @@ from typing import Any, TypeVar
 from cassandra.query import UNSET_VALUE
 
 from ratchet.domain.history import (
+    NO_ITEMS,
     CheckpointRecord,
     Head,
     PartitionSnapshot,
     PromotionMode,
-    StoredItem,
     StoredTokenArtifact,
+    TurnItems,
     utc_ms,
 )
 from schemas.models import Certification, Item
@@ -141,8 +142,32 @@ def encode_turn_items(records: Iterable[Sequence[Any]]) -> bytes:
 
 
 def decode_turn_items(cell: bytes) -> list[tuple[Any, ...]]:
-    """The item records of an ``items`` cell (``ITEM_RECORD_FIELDS`` order), nulls kept;
-    raises ``ValueError`` if the cell is not exactly a sequence of whole records."""
+    """The item records of an ``items`` cell (``ITEM_RECORD_FIELDS`` order), decoded by
+    ``decode_items_cell`` (tests use it to rewrite stored rows); raises ``ValueError``
+    like it."""
+    turn = decode_items_cell(cell)
+    return list(
+        zip(
+            turn.seqs,
+            turn.ids,
+            turn.types,
+            turn.roles,
+            turn.call_ids,
+            turn.contents,
+            turn.digests,
+            turn.formats,
+            strict=True,
+        )
+    )
+
+
+def decode_items_cell(cell: bytes | None) -> TurnItems:
+    """Decode the ``items`` cell of a turn row into its columns (``TurnItems``: no
+    object per item). A null cell is a turn without items. Raises ``ValueError`` if the
+    cell or an item is damaged: a wrong version, a truncated record, trailing bytes,
+    invalid UTF-8, a null where a value must be (everything but role and call_id)."""
+    if cell is None:
+        return NO_ITEMS
     if not cell or cell[0] != ITEMS_CELL_VERSION:
         raise ValueError("items cell of an unknown encoding")
     unpack, head = _RECORD_HEAD.unpack_from, _RECORD_HEAD.size
@@ -151,31 +176,42 @@ def decode_turn_items(cell: bytes) -> list[tuple[Any, ...]]:
     while at < end:
         if at + head > end:
             raise ValueError("items cell ends inside a record header")
-        seq, format_version, *lengths = unpack(cell, at)
+        seq, format_version, l_id, l_type, l_role, l_call, l_content, l_digest = unpack(cell, at)
+        if l_id < 0 or l_type < 0 or l_content < 0 or l_digest < 0:
+            raise ValueError("item without id, type, content or digest")
         at += head
-        fields: list[Any] = []
-        for length in lengths:
-            if length < 0:
-                fields.append(None)
-            else:
-                fields.append(cell[at : at + length])
-                at += length
+        stop = at + l_id
+        item_id = cell[at:stop].decode()
+        at, stop = stop, stop + l_type
+        item_type = cell[at:stop].decode()
+        at = stop
+        role = call_id = None
+        if l_role >= 0:
+            stop = at + l_role
+            role = cell[at:stop].decode()
+            at = stop
+        if l_call >= 0:
+            stop = at + l_call
+            call_id = cell[at:stop].decode()
+            at = stop
+        stop = at + l_content
+        content = cell[at:stop]
+        at, stop = stop, stop + l_digest
+        digest = cell[at:stop].decode()
+        at = stop
         if at > end:
             raise ValueError("items cell ends inside a field")
-        item_id, item_type, role, call_id, content, digest = fields
-        records.append(
-            (
-                seq,
-                None if item_id is None else item_id.decode(),
-                None if item_type is None else item_type.decode(),
-                None if role is None else role.decode(),
-                None if call_id is None else call_id.decode(),
-                content,
-                None if digest is None else digest.decode(),
-                format_version,
-            )
-        )
-    return records
+        records.append((seq, item_id, item_type, role, call_id, content, digest, format_version))
+    if not records:
+        return NO_ITEMS
+    # One record tuple per item, then the columns in one transposition (C), and the
+    # record built like ``_frozen`` builds checkpoints (its fields are ``_TURN_COLUMNS``).
+    columns = zip(*records, strict=True)  # every record has the 8 fields
+    return _frozen(TurnItems, dict(zip(_TURN_COLUMNS, columns, strict=True)))
+
+
+# ``TurnItems`` fields in ``ITEM_RECORD_FIELDS`` order (``_frozen_ok`` checks them).
+_TURN_COLUMNS = ("seqs", "ids", "types", "roles", "call_ids", "contents", "digests", "formats")
 
 
 def checkpoint_values(checkpoint: CheckpointRecord, token: uuid.UUID) -> tuple[Any, ...]:
@@ -288,15 +324,14 @@ def _decode_checkpoint(
     )
 
 
-_ITEM_FIELDS = frozenset(Item.model_fields)
 _new, _set = object.__new__, object.__setattr__
 
 
 def _frozen(cls: type[T], fields: dict[str, Any]) -> T:
     """An instance of the frozen dataclass ``cls`` from ALL its fields, without its
     generated ``__init__``, which sets them one ``object.__setattr__`` at a time (3x
-    slower on the 20 fields of ``CheckpointRecord``; a 50-turn read builds 51 of them
-    and 100 ``StoredItem``). ``_frozen_ok`` checks at import that the result equals the
+    slower on the 20 fields of ``CheckpointRecord``; a 50-turn read builds 50 of them,
+    and 50 ``TurnItems``). ``_frozen_ok`` checks at import that the result equals the
     ``__init__``-built one; tests/unit/test_store_rows.py that decoding gives all fields."""
     record = _new(cls)
     _set(record, "__dict__", fields)
@@ -304,7 +339,9 @@ def _frozen(cls: type[T], fields: dict[str, Any]) -> T:
 
 
 def _frozen_ok() -> bool:
-    for cls in (CheckpointRecord, StoredItem):
+    if tuple(f.name for f in dataclasses.fields(TurnItems)) != _TURN_COLUMNS:
+        return False
+    for cls in (CheckpointRecord, TurnItems):
         fields = {f.name: f"v{i}" for i, f in enumerate(dataclasses.fields(cls))}
         built = _frozen(cls, dict(fields))
         if built != cls(**fields) or vars(built) != vars(cls(**fields)):
@@ -318,113 +355,6 @@ if not _frozen_ok():  # pragma: no cover - depends on how dataclasses builds ins
         return cls(**fields)
 
 
-def _construct_item(
-    item_id: str,
-    item_type: str,
-    role: str | None,
-    call_id: str | None,
-    content: bytes,
-    content_digest: str,
-    format_version: int,
-) -> Item:
-    """An ``Item`` without pydantic validation: what ``model_construct`` builds when
-    every field is given, minus its per-field loop (~10x cheaper). The CQL column
-    types already hold, and ``verify_history`` checks every value that matters.
-    ``_ITEM_CONSTRUCTION_OK`` proves at import that it equals a validated ``Item``."""
-    item = Item.__new__(Item)
-    _set = object.__setattr__
-    _set(
-        item,
-        "__dict__",
-        {
-            "item_id": item_id,
-            "type": item_type,
-            "role": role,
-            "call_id": call_id,
-            "content": content,
-            "content_digest": content_digest,
-            "format_version": format_version,
-        },
-    )
-    _set(item, "__pydantic_fields_set__", set(_ITEM_FIELDS))
-    _set(item, "__pydantic_extra__", None)
-    _set(item, "__pydantic_private__", None)
-    return item
-
-
-def _item_construction_ok() -> bool:
-    args = ("i", "message", "user", None, b"{}", "d", 1)
-    built = _construct_item(*args)
-    fields = dict(zip(Item.model_fields, args, strict=True))
-    return (
-        built == Item.model_construct(**fields)
-        and built.model_dump() == Item.model_construct(**fields).model_dump()
-        and built.__pydantic_fields_set__ == Item.model_construct(**fields).__pydantic_fields_set__
-    )
-
-
-# Falls back to pydantic's own ``model_construct`` if a pydantic upgrade changed what
-# a constructed model holds.
-_ITEM_CONSTRUCTION_OK = _item_construction_ok()
-if not _ITEM_CONSTRUCTION_OK:  # pragma: no cover - depends on the pydantic version
-
-    def _construct_item(*args: Any) -> Item:  # type: ignore[no-redef]
-        return Item.model_construct(**dict(zip(Item.model_fields, args, strict=True)))
-
-
-def _stored_items(response_id: str, cell: bytes | None) -> tuple[StoredItem, ...]:
-    """Decode the ``items`` cell of a turn row straight into items (the hot path of
-    ``decode_turn_items``, unrolled; tests prove they agree). A null cell is a turn
-    without items. Raises ``ValueError`` if the cell or an item is damaged (a null where
-    a value must be, a truncated record, trailing bytes, invalid UTF-8)."""
-    if cell is None:
-        return ()
-    if not cell or cell[0] != ITEMS_CELL_VERSION:
-        raise ValueError("items cell of an unknown encoding")
-    unpack, head = _RECORD_HEAD.unpack_from, _RECORD_HEAD.size
-    out = []
-    at, end, position = 1, len(cell), 0
-    while at < end:
-        if at + head > end:
-            raise ValueError("items cell ends inside a record header")
-        seq, format_version, l_id, l_type, l_role, l_call, l_content, l_digest = unpack(cell, at)
-        if l_id < 0 or l_type < 0 or l_content < 0 or l_digest < 0:
-            raise ValueError("item without id, type, content or digest")
-        at += head
-        stop = at + l_id
-        item_id = cell[at:stop].decode()
-        at, stop = stop, stop + l_type
-        item_type = cell[at:stop].decode()
-        at = stop
-        role = call_id = None
-        if l_role >= 0:
-            stop = at + l_role
-            role = cell[at:stop].decode()
-            at = stop
-        if l_call >= 0:
-            stop = at + l_call
-            call_id = cell[at:stop].decode()
-            at = stop
-        stop = at + l_content
-        content = cell[at:stop]
-        at, stop = stop, stop + l_digest
-        content_digest = cell[at:stop].decode()
-        at = stop
-        if at > end:
-            raise ValueError("items cell ends inside a field")
-        item = _construct_item(
-            item_id, item_type, role, call_id, content, content_digest, format_version
-        )
-        out.append(
-            _frozen(
-                StoredItem,
-                {"response_id": response_id, "position": position, "item_seq": seq, "item": item},
-            )
-        )
-        position += 1
-    return tuple(out)
-
-
 def decode_snapshot(
     tenant_id: str, partition_key: str, rows: Sequence[Sequence[Any]]
 ) -> PartitionSnapshot | None:
@@ -432,7 +362,7 @@ def decode_snapshot(
     if not rows:
         return None
     checkpoints: dict[str, CheckpointRecord] = {}
-    items: dict[str, tuple[StoredItem, ...]] = {}
+    items: dict[str, TurnItems] = {}
     damaged: set[str] = set()
     for row in rows:
         if row[_KIND] != "checkpoint":
@@ -443,7 +373,7 @@ def decode_snapshot(
             if checkpoint.response_id != ref:
                 raise ValueError("checkpoint row filed under another response id")
             checkpoints[ref] = checkpoint
-            items[ref] = _stored_items(ref, row[_ITEMS])
+            items[ref] = decode_items_cell(row[_ITEMS])
         except (KeyError, TypeError, ValueError):
             damaged.add(ref)
     first = rows[0]

@@ -92,10 +92,9 @@ class CachingStack(Stack):
         matches its digest), as a direct write to the store would."""
         partition = self.store._partitions[(tenant, conv)]
         rid = next(c.response_id for c in partition.checkpoints.values() if c.seq == seq)
-        stored = list(partition.items[rid])
-        bad = stored[0].item.model_copy(update={"content": b'{"x":1}'})
-        stored[0] = replace(stored[0], item=bad)
-        partition.items[rid] = tuple(stored)
+        stored = partition.items[rid]
+        contents = (b'{"x":1}', *stored.contents[1:])
+        partition.items[rid] = replace(stored, contents=contents)
 
     def rewrite_checkpoint(self, tenant: str, partition_key: str, rid: str, **changes) -> None:
         partition = self.store._partitions[(tenant, partition_key)]

@@ -11,6 +11,7 @@ from ratchet.domain.history import (
     HistoryFailure,
     HistoryFailureReason,
     PartitionSnapshot,
+    TurnItems,
     VerifiedHistory,
     verify_conversation_history,
     verify_history,
@@ -33,8 +34,14 @@ def built():
     return turns, store._load_partition(tenant, conv)
 
 
-def with_items(snapshot: PartitionSnapshot, response_id: str, items) -> PartitionSnapshot:
-    return replace(snapshot, items={**snapshot.items, response_id: tuple(items)})
+def with_items(snapshot: PartitionSnapshot, response_id: str, entries) -> PartitionSnapshot:
+    """``entries``: the turn's (item_seq, item) pairs, as stored."""
+    items = TurnItems.of_entries(entries)
+    return replace(snapshot, items={**snapshot.items, response_id: items})
+
+
+def entries_of(snapshot: PartitionSnapshot, response_id: str) -> list:
+    return snapshot.items[response_id].entries()
 
 
 def with_checkpoint(snapshot: PartitionSnapshot, response_id: str, **changes):
@@ -51,9 +58,9 @@ def reason_of(snapshot: PartitionSnapshot, response_id: str | None = None):
 
 
 def edit_item(snapshot, response_id, position, **changes):
-    entries = list(snapshot.items[response_id])
-    entry = entries[position]
-    entries[position] = replace(entry, item=entry.item.model_copy(update=changes))
+    entries = entries_of(snapshot, response_id)
+    seq, item = entries[position]
+    entries[position] = (seq, item.model_copy(update=changes))
     return with_items(snapshot, response_id, entries)
 
 
@@ -82,7 +89,7 @@ def test_expired(built):
 def test_missing_middle_item(built):
     turns, snapshot = built
     rid = turns[1].response_id
-    entries = snapshot.items[rid]
+    entries = entries_of(snapshot, rid)
     assert reason_of(with_items(snapshot, rid, (entries[0], entries[2]))) is R.MISSING_HISTORY
 
 
@@ -96,37 +103,33 @@ def test_missing_turn(built):
 def test_duplicated_item(built):
     turns, snapshot = built
     rid = turns[1].response_id
-    entries = snapshot.items[rid]
+    entries = entries_of(snapshot, rid)
     assert reason_of(with_items(snapshot, rid, (*entries, entries[2]))) is R.CORRUPT_HISTORY
 
 
 def test_renumbered_item(built):
     turns, snapshot = built
     rid = turns[1].response_id
-    entries = list(snapshot.items[rid])
-    entries[1] = replace(entries[1], item_seq=entries[1].item_seq + 10)
+    entries = entries_of(snapshot, rid)
+    entries[1] = (entries[1][0] + 10, entries[1][1])
     assert reason_of(with_items(snapshot, rid, entries)) is R.CORRUPT_HISTORY
 
 
 def test_items_swapped_between_turns(built):
     turns, snapshot = built
     a, b = turns[0].response_id, turns[2].response_id
-    first, last = snapshot.items[a], snapshot.items[b]
-    swapped = with_items(
-        with_items(snapshot, a, [replace(s, response_id=a) for s in last]),
-        b,
-        [replace(s, response_id=b) for s in first],
-    )
-    swapped = with_items(
-        swapped, a, [replace(s, item_seq=1 + s.position) for s in swapped.items[a]]
-    )
+    first, last = entries_of(snapshot, a), entries_of(snapshot, b)
+    # Each turn gets the other's items, renumbered to fit its own item range.
+    swapped = with_items(snapshot, a, [(1 + n, item) for n, (_, item) in enumerate(last)])
+    first_b = swapped.checkpoints[b].first_item_seq
+    swapped = with_items(swapped, b, [(first_b + n, item) for n, (_, item) in enumerate(first)])
     assert reason_of(swapped) is R.CORRUPT_HISTORY
 
 
 def test_flipped_content_byte(built):
     turns, snapshot = built
     rid = turns[2].response_id
-    content = bytearray(snapshot.items[rid][0].item.content)
+    content = bytearray(snapshot.items[rid].contents[0])
     content[2] ^= 0x01
     assert reason_of(edit_item(snapshot, rid, 0, content=bytes(content))) is R.CORRUPT_HISTORY
 
@@ -220,8 +223,9 @@ def test_an_extension_is_verified_row_by_row_and_by_its_link(built):
 
     turns, snapshot = built
     tip, middle, last = (snapshot.checkpoints[t.response_id] for t in turns)
-    items = verify_extension(tip, [middle, last], snapshot, T0)
-    assert isinstance(items, tuple) and len(items) == 5
+    loaded = verify_extension(tip, [middle, last], snapshot, T0)
+    assert isinstance(loaded, tuple) and [len(turn) for turn in loaded] == [3, 2]
+    assert loaded == (snapshot.items[middle.response_id], snapshot.items[last.response_id])
     broken = with_checkpoint(snapshot, last.response_id, lineage_digest="0" * 64)
     failure = verify_extension(tip, [middle, broken.checkpoints[last.response_id]], broken, T0)
     assert isinstance(failure, HistoryFailure) and failure.reason is R.CORRUPT_HISTORY

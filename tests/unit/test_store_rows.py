@@ -8,25 +8,19 @@ from datetime import UTC, datetime
 
 import pytest
 
+from ratchet.domain.history import NO_ITEMS, TurnItems
 from services.store import rows as backend
 from tests.contract.store_support import item
 
 
-def test_constructed_item_equals_a_validated_item():
-    assert backend._ITEM_CONSTRUCTION_OK
-    original = item("hello", role=None)
-    built = backend._construct_item(
-        original.item_id,
-        original.type,
-        original.role,
-        original.call_id,
-        original.content,
-        original.content_digest,
-        original.format_version,
-    )
-    assert built == original and hash(built) == hash(original)
-    assert built.model_dump() == original.model_dump()
-    assert built.digest_ok()
+def test_turn_items_give_back_the_items_they_were_built_from():
+    original = (item("hello", role=None), item("bye"))
+    turn = TurnItems.of(original, first_item_seq=5)
+    assert turn.seqs == (5, 6) and len(turn) == 2
+    assert turn.items() == original
+    assert [i.model_dump() for i in turn.items()] == [i.model_dump() for i in original]
+    assert all(i.digest_ok() for i in turn.items())
+    assert TurnItems.of_entries(turn.entries()) == turn
 
 
 def test_driver_timestamps_decode_like_utc_ms():
@@ -68,9 +62,9 @@ def test_damaged_rows_are_reported_not_raised():
     )
     assert snapshot is not None and snapshot.damaged == frozenset({"resp_a", "resp_b"})
     assert snapshot.head is not None and snapshot.head.seq == 1
-    (stored,) = snapshot.items["resp_c"]
-    assert (stored.response_id, stored.position, stored.item_seq) == ("resp_c", 0, 1)
-    assert stored.item.content == b"{}" and stored.item.role == "user"
+    stored = snapshot.items["resp_c"]
+    assert stored.seqs == (1,) and stored.ids == ("i",) and stored.contents == (b"{}",)
+    assert stored.roles == ("user",) and stored.call_ids == (None,)
 
 
 def test_decoded_records_equal_records_built_by_their_constructors():
@@ -81,7 +75,7 @@ def test_decoded_records_equal_records_built_by_their_constructors():
     snapshot = backend.decode_snapshot("t", "p", [_turn_row("resp_a", items=cell)])
     assert snapshot is not None
     checkpoint = snapshot.checkpoints["resp_a"]
-    (stored,) = snapshot.items["resp_a"]
+    stored = snapshot.items["resp_a"]
     for record in (checkpoint, stored):
         rebuilt = dataclasses.replace(record)  # the generated __init__, every field read
         assert rebuilt == record and hash(rebuilt) == hash(record)
@@ -90,7 +84,7 @@ def test_decoded_records_equal_records_built_by_their_constructors():
 
 def test_a_null_items_cell_is_a_turn_without_items():
     snapshot = backend.decode_snapshot("t", "p", [_turn_row("resp_a", items=None)])
-    assert snapshot is not None and snapshot.items["resp_a"] == ()
+    assert snapshot is not None and snapshot.items["resp_a"] == NO_ITEMS
     assert snapshot.damaged == frozenset()
 
 
@@ -114,18 +108,17 @@ def test_items_cell_round_trips_and_refuses_damage():
             backend.decode_turn_items(damaged)
     bad_utf8 = backend.encode_turn_items([(1, b"\xff", "message", None, None, b"", "d", 1)])
     null_digest = backend.encode_turn_items([(1, "i", "message", None, None, b"", None, 1)])
-    for damaged in (b"", b"\x02" + cell[1:], cell[:-1], cell[:20], cell + b"\x00", bad_utf8):
+    null_id = backend.encode_turn_items([(1, None, "message", None, None, b"", "d", 1)])
+    null_type = backend.encode_turn_items([(1, "i", None, None, None, b"", "d", 1)])
+    null_content = backend.encode_turn_items([(1, "i", "message", None, None, None, "d", 1)])
+    for damaged in (bad_utf8, null_digest, null_id, null_type, null_content):
         with pytest.raises(ValueError):
-            backend._stored_items("r", damaged)
-    with pytest.raises(ValueError):
-        backend.decode_turn_items(bad_utf8)
-    with pytest.raises(ValueError):
-        backend._stored_items("r", null_digest)
-    # the read path's unrolled decoder agrees with decode_turn_items
-    stored = backend._stored_items("r", cell)
-    assert [
-        (s.item_seq, s.item.item_id, s.item.type, s.item.role, s.item.call_id)
-        + (s.item.content, s.item.content_digest, s.item.format_version)
-        for s in stored
-    ] == records
-    assert [s.position for s in stored] == [0, 1]
+            backend.decode_turn_items(damaged)
+        with pytest.raises(ValueError):
+            backend.decode_items_cell(damaged)
+    # the read path's columns are the records, field by field
+    turn = backend.decode_items_cell(cell)
+    columns = (turn.seqs, turn.ids, turn.types, turn.roles, turn.call_ids)
+    columns += (turn.contents, turn.digests, turn.formats)
+    assert list(zip(*columns, strict=True)) == records
+    assert backend.decode_items_cell(None) == NO_ITEMS
