@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from ratchet.domain import claims
@@ -39,6 +39,17 @@ _NAME = r"^[A-Za-z0-9_.:\-]{1,128}$"
 _SHA256 = r"^[0-9a-f]{64}$"
 
 
+def _json_integer(value: object) -> object:
+    """A JSON Schema integer (``3`` or ``3.0``), never ``true`` or ``"3"``, which
+    pydantic's lax mode would turn into one (schemathesis' negative cases found it)."""
+    if isinstance(value, bool | str | bytes):
+        raise ValueError("must be a JSON integer")
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -53,17 +64,17 @@ class _InPartition(_Body):
 class ClaimIn(_InPartition):
     tenant_id: str = Field(pattern=_ID)
     idempotency_key: str = Field(pattern=_ID, description="The logical request's key.")
-    attempt: int = Field(ge=1, le=1_000_000)
-    subturn_index: int = Field(ge=0, le=10_000)
+    attempt: JsonInt = Field(ge=1, le=1_000_000)
+    subturn_index: JsonInt = Field(ge=0, le=10_000)
     tool_name: str = Field(pattern=_NAME)
-    occurrence: int = Field(ge=0, le=10_000, description="The n-th call of this tool in "
+    occurrence: JsonInt = Field(ge=0, le=10_000, description="The n-th call of this tool in "
                             "this subturn, from 0 (model output order).")
     arguments_digest: str = Field(pattern=_SHA256, description="sha256 hex of the "
                                   "canonical JSON arguments.")
     call_id: str = Field(pattern=_ID, description="This attempt's call id (not in the key).")
     token: str = Field(pattern=_ID, description="Unique per claimant (a UUID); re-send the "
                        "same token to repeat a claim call whose answer was lost.")
-    lease_ms: int = Field(ge=LEASE_MS_MIN, le=LEASE_MS_MAX)
+    lease_ms: JsonInt = Field(ge=LEASE_MS_MIN, le=LEASE_MS_MAX)
     policy: EffectPolicy
     effect_id: str | None = Field(None, pattern=EFFECT_ID_PATTERN, description="Optional: "
                                   "the key the caller computed; refused if it differs.")
@@ -76,7 +87,7 @@ class OutputIn(_Body):
     call_id: str | None = Field(None, pattern=_ID)
     content: str = Field(max_length=8 * 1024 * 1024, description="Canonical JSON text.")
     content_digest: str = Field(pattern=_SHA256)
-    format_version: int = Field(1, ge=1, le=1000)
+    format_version: JsonInt = Field(1, ge=1, le=1000)
 
 
 class CompleteIn(_InPartition):

@@ -220,6 +220,9 @@ def test_claims_are_tenant_isolated(http):
     {"policy": "exactly_once"},                     # no such policy
     {"lease_ms": 0},
     {"partition_key": None},                        # no partition named
+    {"subturn_index": True},                        # a boolean is not an integer
+    {"attempt": "2"},                               # nor is a string
+    {"occurrence": 1.5},
 ])
 def test_bad_claim_input_is_a_typed_422(http, change):
     body = claim_body(uid("tenant"), uid("idem"))
