@@ -20,6 +20,9 @@ with it, the machine is shared):
   response id's claim, then the promotion); then with the one read no design can skip;
   then with ratchet's request shape (read beside the claim LWT, LWT, status write).
   The floor under the end-to-end figure: a target above it is out of reach here.
+* **floor 0** (``faust_pipeline``): the Faust app alone (``ratchet.bench.faust_floor``:
+  consume -> publish -> ack, no storage) on a backlog, and paced at the latency runs'
+  rate: what the stream stack costs per record before ratchet does anything.
 * **end to end**: one ``ratchet worker`` (subprocess, 12 partitions, own topic prefix
   and consumer group). After a warm-up turn, N pre-encoded turns over N/K
   conversations are produced (round by round, so each conversation's turns stay in
@@ -842,6 +845,81 @@ def floor_latency(settings: Settings, rate: float, records: int,
     return result.latency
 
 
+# --- floor 0: the Faust app alone ------------------------------------------------------------
+
+FAUST_FLOOR = "floor 0: Faust app alone, consume + publish + ack (no storage)"
+
+
+def faust_pipeline(settings: Settings, records: int, pids: dict[str, int], home: Path, *,
+                   rate: float | None = None) -> tuple[Row, tuple[float, float, int] | None]:
+    """Floor 0 (``ratchet.bench.faust_floor``, a worker process of its own): what the
+    stream stack costs per record before ratchet does anything. ``rate`` None: a backlog
+    of ``records`` produced before the clock starts (the throughput runs' shape);
+    otherwise produced at ``rate`` with their latency (produce -> outcome consumed), the
+    latency runs' shape. Returns the row (the floor process as ``client``) and the
+    latency (None on a backlog)."""
+    import subprocess
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    run = f"{settings.topic_prefix}floor-faust-{uuid.uuid4().hex[:6]}"
+    source, sink = f"{run}-in", f"{run}-out"
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    for future in admin.create_topics([
+            NewTopic(t, num_partitions=settings.partitions, replication_factor=1)
+            for t in (source, sink)]).values():
+        future.result(30)
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "RATCHET_FLOOR_SOURCE": source, "RATCHET_FLOOR_SINK": sink,
+           "RATCHET_FLOOR_PARTITIONS": str(settings.partitions),
+           "RATCHET_FLOOR_DATADIR": str(home / run),
+           "RATCHET_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
+    log = (home / f"{run}.log").open("w")
+    worker = subprocess.Popen([sys.executable, "-m", "ratchet.bench.faust_floor", "worker",
+                               "-l", "warn"], env=env, cwd=home, stdout=log,
+                              stderr=subprocess.STDOUT)
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 5})
+    probe = LatencyProbe(settings, [sink])
+    value = os.urandom(1700)  # a TurnCompleted's size
+    try:
+        warm_up = [(b"floor-0-warm-up", value)]
+        probe.pace(lambda k, v: producer.produce(source, value=v, key=k), warm_up, 1).join()
+        producer.flush(30)
+        probe.collect(1, 90)  # the worker has its partitions and has published once
+        if not probe.arrived:
+            raise RuntimeError(f"floor 0: no outcome from the Faust worker (see {log.name})")
+        probe.sent.clear()
+        probe.arrived.clear()
+        items = [(f"floor-0-{i:08d}".encode(), value) for i in range(records)]
+        if rate is None:
+            for key, data in items:
+                producer.produce(source, value=data, key=key)
+                producer.poll(0)
+            producer.flush(60)
+            probe.sent = dict.fromkeys((k for k, _ in items), 0.0)
+        with CpuWindow({"client": worker.pid, **pids}) as window:
+            if rate is None:
+                probe.collect(records, 300)
+            else:
+                sender = probe.pace(lambda k, v: (producer.produce(source, value=v, key=k),
+                                                  producer.poll(0)), items, rate)
+                probe.collect(records, 120 + records / rate)
+                sender.join()
+        if len(probe.arrived) < records:
+            raise RuntimeError(f"floor 0: {len(probe.arrived)} of {records} outcomes")
+        latency = None if rate is None else probe.percentiles()
+        name = FAUST_FLOOR if rate is None else f"{FAUST_FLOOR}, {rate:.0f}/s paced"
+        return Row(name, records, window.seconds, window.cpu_s, unit="records"), latency
+    finally:
+        producer.flush(30)
+        probe.close()
+        worker.terminate()
+        with contextlib.suppress(Exception):
+            worker.wait(30)
+        log.close()
+        admin.delete_topics([source, sink])
+
+
 # --- driver A/B: acsylla (the C++ driver, asyncio) on the raw LWT row ----------------------
 
 
@@ -1002,6 +1080,7 @@ def main(argv: list[str] | None = None) -> int:
     floors = {shape: raw_pipeline(settings, args.raw, pids, shape=shape)[0]
               for shape in FLOOR_SHAPES}
     rows.extend(floors.values())
+    rows.append(faust_pipeline(settings, args.raw, pids, tmp / "floor-0")[0])
     counter = OutcomeCounter(settings, rig)
     say("starting the worker")
     worker = start_worker(rig, tmp, counter)
@@ -1014,20 +1093,29 @@ def main(argv: list[str] | None = None) -> int:
         http = None
         rate = e2e.per_second / 2
         if args.latency_turns:
-            say(f"latency at {rate:.0f} turns/s: ratchet, then with the API, then floor 1")
+            say(f"latency at {rate:.0f} turns/s: ratchet, then with the API, then floors "
+                "1, 1b and 0")
             who = {"worker": worker.pid, **pids}
             with CpuWindow({**who, "bench": os.getpid()}) as alone:
                 latency["ratchet"] = e2e_latency(settings, rig, rate, args.latency_turns)
             latency[WITH_API], figures, overhead = http_latency(
                 settings, rig, tmp, rate, args.latency_turns, who)
             http = figures, overhead
-            latency_cpu = {"ratchet": cores(alone.cpu_s, alone.seconds),
+            paced_worker_ms = alone.cpu_s.get("worker", 0.0) * 1000 / args.latency_turns
+            latency_cpu = {"ratchet": f"{cores(alone.cpu_s, alone.seconds)}; worker "
+                                      f"{paced_worker_ms:.2f} ms per turn",
                            WITH_API: cores(figures.cpu_s, figures.seconds)}
             latency["floor 1"] = floor_latency(settings, rate, args.latency_turns, pids)
             # The response id's claim makes two Paxos rounds in a row per turn: floor
             # 1b is the latency floor of that shape.
             latency["floor 1b"] = floor_latency(settings, rate, args.latency_turns, pids,
                                                 shape="lwt2")
+            # The stream stack alone at the same rate: what a record costs when records
+            # arrive one at a time (no batching in the fetch or the produce).
+            paced, latency["floor 0"] = faust_pipeline(
+                settings, args.latency_turns, pids, tmp / "floor-0", rate=rate)
+            latency_cpu["floor 0"] = (f"Faust worker {paced.cpu_ms_per_op('client'):.2f} ms "
+                                      "per record")
         print(format_table(rows, load_before))
         print(f"end to end rejected: {counter.rejected} (expected 0)")
         print(summary(e2e, {s: floors[s] for s in ("lwt", "lwt2")}, latency, rate, http,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from ratchet.bench.processor import FLOOR_SHAPES, raw_pipeline
+from ratchet.bench.processor import FAUST_FLOOR, FLOOR_SHAPES, faust_pipeline, raw_pipeline
 from streams.testing import isolated_settings
 
 pytestmark = pytest.mark.integration
@@ -36,3 +36,16 @@ def test_raw_pipeline_does_every_step_once_per_event(settings, shape):
     assert len(result.committed) == 4
     assert result.requests == REQUESTS_PER_TURN[shape] * events
     assert row.per_second > 0 and "client" in row.cpu_s
+
+
+def test_floor_0_publishes_one_outcome_per_record_on_a_backlog_and_paced(settings, tmp_path):
+    """The Faust-only floor: every record's outcome arrives (``faust_pipeline`` fails
+    otherwise), its worker's CPU is counted, and paced records get a latency each."""
+    floor_settings = isolated_settings(settings, "floor0", partitions=4)
+    row, latency = faust_pipeline(floor_settings, 40, {}, tmp_path)
+    assert (row.name, row.count, latency) == (FAUST_FLOOR, 40, None)
+    assert row.cpu_s["client"] > 0
+    row, latency = faust_pipeline(floor_settings, 40, {}, tmp_path, rate=50)
+    assert row.count == 40 and latency is not None
+    p50, p99, samples = latency
+    assert samples == 40 and 0 < p50 <= p99
