@@ -20,7 +20,7 @@ import pytest
 
 from ratchet.samples import TENANT, make_turn
 from schemas.models import CheckpointPromoted
-from services.store.base import StoreOptions
+from services.store.base import StoreOptions, StoreUnavailable
 from services.store.cassandra import CassandraCheckpointStore
 from streams.health import read_health
 from streams.testing import Rig, isolated_settings
@@ -60,6 +60,14 @@ def assert_promoted_exactly_once_in_order(rig: Rig, plan, store) -> None:
         head = store.head(TENANT, turns[0].conversation_id)
         assert head is not None and head.seq == len(turns)
         assert head.response_id == turns[-1].response_id
+
+
+def store_answers(store) -> bool:
+    try:
+        store.head(TENANT, "conv_probe")
+    except StoreUnavailable:
+        return False
+    return True
 
 
 @pytest.fixture
@@ -193,6 +201,9 @@ def test_cassandra_down_20s_nothing_promoted_then_everything_once_in_order(
     feeder.join(timeout=60)
     try:
         rig.collector.wait(lambda: len(promoted_seqs(rig)) == 72, 240, "all promotions")
+        # The worker can finish before this test's own driver session has reconnected
+        # (it retries every few seconds): wait for the verifier, not for the worker.
+        rig.collector.wait(lambda: store_answers(store), 60, "the verifier's session")
         assert_promoted_exactly_once_in_order(rig, plan, store)
         rig.collector.wait(lambda: read_health(rig.settings.home)["status"] == "ok", 30,
                            "health back to ok")
