@@ -1,7 +1,9 @@
 """The promotion processor core: one consumed record in, the records to publish out.
 
-This is the synchronous, Faust-free part of the agent. It runs in a worker thread
-(the store and ledger drivers are blocking) and does, for one record:
+This is the Faust-free part of the agent. ``handle_async`` runs the common promotion
+on the event loop (below) and hands everything else to ``handle``, the synchronous
+path, in a worker thread (the store and ledger drivers block there). ``handle`` does,
+for one record:
 
 * decode it; an undecodable record becomes a ``DeadLetter`` (never an exception);
 * ``ToolEffect``: record it in the ledger (dedupe by effect_id), then the request's
@@ -189,11 +191,10 @@ class PromotionProcessor:
 
         Taken only when no read but the owner's is needed: the record decodes without
         the registry and is at most ``LOOP_MAX_RECORD_BYTES``; it is a promotable
-        ``TurnCompleted`` that
-        uses no tool effects; this worker wrote no facts mark for its request; the
-        lineage it extends is in the tail cache (or it starts one). It awaits the
-        claim, the promotion batch of the plan the hints give (asserting no facts
-        mark) and the owners. Any other answer (a rejection, a refused or unknown
+        ``TurnCompleted`` that uses no tool effects; this worker wrote no facts mark for
+        its request; the lineage it extends is in the tail cache (or it starts one). It
+        awaits the claim, the promotion batch of the plan the hints give (asserting no
+        facts mark) and the owners. Any other answer (a rejection, a refused or unknown
         write, a claim held by another request) returns None."""
         if not self.codec.decodes_offline(record):
             return None
@@ -224,7 +225,7 @@ class PromotionProcessor:
             holder = await claiming
         finally:
             if not claiming.done():
-                claiming.cancel()  # an owner read failed: the thread path claims again
+                claiming.cancel()  # failed before the claim's answer: claimed again
         if not isinstance(decided, Promote) or holder != claim:
             return None
         hints = _Hints.of(decided, lineage)
