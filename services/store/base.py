@@ -298,11 +298,7 @@ class CheckpointStore(ABC):
                 holder = self._claim(mine)
             return holder == mine
 
-        plan = plan_from_hints(
-            request,
-            head_hint if head_hint is not None else self._hinted_head(request),
-            parent_hint if parent_hint is not None else self._hinted_parent(request),
-        )
+        plan = self._plan_from_hints(request, head_hint, parent_hint)
         if plan is not None and _extends(plan, extends) and claim_is_mine():
             promoted = self._attempt(request, plan, facts_mark)
             if promoted is not None:
@@ -348,11 +344,7 @@ class CheckpointStore(ABC):
         validate_request(request)
         if turn_size(request) > self.options.max_turn_bytes:
             return None
-        plan = plan_from_hints(
-            request,
-            head_hint if head_hint is not None else self._hinted_head(request),
-            parent_hint if parent_hint is not None else self._hinted_parent(request),
-        )
+        plan = self._plan_from_hints(request, head_hint, parent_hint)
         if plan is None or not _extends(plan, extends):
             return None
         checkpoint = self._checkpoint_of(request, plan)
@@ -556,6 +548,15 @@ class CheckpointStore(ABC):
         self._checkpoint_hints.put((*key, request.response_id), checkpoint)
         self._location_hints.put((request.tenant_id, request.response_id), request.partition_key)
         return Promoted(checkpoint)
+
+    def _plan_from_hints(self, request: PromotionRequest, head_hint: Head | None,
+                         parent_hint: CheckpointRecord | None) -> Plan | None:
+        """The plan the caller's hints give, or this store's own where it gave none."""
+        return plan_from_hints(
+            request,
+            head_hint if head_hint is not None else self._hinted_head(request),
+            parent_hint if parent_hint is not None else self._hinted_parent(request),
+        )
 
     def _hinted_head(self, request: PromotionRequest) -> Head | None:
         head = self._head_hints.get((request.tenant_id, request.partition_key))
