@@ -357,6 +357,21 @@ FLOOR_SHAPES = {
 FLOOR_NAMES = {"lwt": "floor 1", "lwt2": "floor 1b", "read": "floor 2", "ratchet": "floor 3"}
 
 
+def floor_topics(settings: Settings, name: str):
+    """A fresh (source, sink) topic pair for one floor run, and the admin client that
+    deletes them afterwards: (admin, source, sink)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    run = f"{settings.topic_prefix}{name}-{uuid.uuid4().hex[:6]}"
+    source, sink = f"{run}-in", f"{run}-out"
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    for future in admin.create_topics([
+            NewTopic(t, num_partitions=settings.partitions, replication_factor=1)
+            for t in (source, sink)]).values():
+        future.result(30)
+    return admin, source, sink
+
+
 def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
                  shape: str = "lwt", rate: float | None = None) -> tuple[Row, FloorResult]:
     """A floor under the end-to-end figure, composed of the raw baselines only.
@@ -380,15 +395,7 @@ def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
     ``rate``: the events are produced at that rate while the pipeline runs (instead of
     all before it), and ``FloorResult.latency`` is produce -> outcome consumed.
     """
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    run = f"{settings.topic_prefix}floor-{shape}-{uuid.uuid4().hex[:6]}"
-    source, sink = f"{run}-in", f"{run}-out"
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
-    for future in admin.create_topics([
-            NewTopic(t, num_partitions=settings.partitions, replication_factor=1)
-            for t in (source, sink)]).values():
-        future.result(30)
+    admin, source, sink = floor_topics(settings, f"floor-{shape}")
     tables = ("facts (k text, c text, v text, PRIMARY KEY (k, c))",
               "status (k text PRIMARY KEY, v text)")
     try:
@@ -860,15 +867,8 @@ def faust_pipeline(settings: Settings, records: int, pids: dict[str, int], home:
     latency (None on a backlog)."""
     import subprocess
 
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    run = f"{settings.topic_prefix}floor-faust-{uuid.uuid4().hex[:6]}"
-    source, sink = f"{run}-in", f"{run}-out"
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
-    for future in admin.create_topics([
-            NewTopic(t, num_partitions=settings.partitions, replication_factor=1)
-            for t in (source, sink)]).values():
-        future.result(30)
+    admin, source, sink = floor_topics(settings, "floor-faust")
+    run = source.removesuffix("-in")
     home.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RATCHET_FLOOR_SOURCE": source, "RATCHET_FLOOR_SINK": sink,
            "RATCHET_FLOOR_PARTITIONS": str(settings.partitions),
