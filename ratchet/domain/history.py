@@ -37,10 +37,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Any
 
 from ratchet.domain.catalogue import KNOWN_ITEM_TYPES
 from schemas.canonical import canonical_json_text
@@ -270,16 +272,21 @@ class TurnItems:
                 content_digest=digest,
                 format_version=version,
             )
-            for item_id, item_type, role, call_id, content, digest, version in zip(
-                self.ids,
-                self.types,
-                self.roles,
-                self.call_ids,
-                self.contents,
-                self.digests,
-                self.formats,
-                strict=True,
-            )
+            for item_id, item_type, role, call_id, content, digest, version in self.rows()
+        )
+
+    def rows(self) -> Iterator[tuple[str, str, str | None, str | None, bytes, str, int]]:
+        """Per item: (item_id, type, role, call_id, content, content_digest,
+        format_version), in order."""
+        return zip(
+            self.ids,
+            self.types,
+            self.roles,
+            self.call_ids,
+            self.contents,
+            self.digests,
+            self.formats,
+            strict=True,
         )
 
 
@@ -567,24 +574,25 @@ def _check_items(turns: Sequence[TurnItems]) -> HistoryFailure | None:
         return _corrupt(f"item {ids[bad]} content does not match its digest")
     formats = {v for turn in turns for v in turn.formats}
     if not SUPPORTED_FORMAT_VERSIONS.issuperset(formats):
-        bad_id, bad_version = next(
-            (i, v)
-            for turn in turns
-            for i, v in zip(turn.ids, turn.formats, strict=True)
-            if v not in SUPPORTED_FORMAT_VERSIONS
-        )
+        bad_id, bad_version = _first_outside(turns, lambda t: t.formats, SUPPORTED_FORMAT_VERSIONS)
         return HistoryFailure(
             HistoryFailureReason.UNSUPPORTED_FORMAT, f"item {bad_id} format {bad_version}"
         )
     types = {t for turn in turns for t in turn.types}
     if not KNOWN_ITEM_TYPES.issuperset(types):
-        bad_id, bad_type = next(
-            (i, t)
-            for turn in turns
-            for i, t in zip(turn.ids, turn.types, strict=True)
-            if t not in KNOWN_ITEM_TYPES
-        )
+        bad_id, bad_type = _first_outside(turns, lambda t: t.types, KNOWN_ITEM_TYPES)
         return HistoryFailure(
             HistoryFailureReason.UNKNOWN_ITEM_TYPE, f"item {bad_id} type {bad_type!r}"
         )
     return None
+
+
+def _first_outside(turns: Sequence[TurnItems], column: Callable[[TurnItems], tuple[Any, ...]],
+                   allowed: AbstractSet[Any]) -> tuple[str, Any]:
+    """(item_id, value) of the first item whose ``column`` value is not ``allowed``."""
+    return next(
+        (item_id, value)
+        for turn in turns
+        for item_id, value in zip(turn.ids, column(turn), strict=True)
+        if value not in allowed
+    )

@@ -148,16 +148,7 @@ def items_json(turns: Iterable[TurnItems]) -> bytes:
                 "format_version": int(version),
             }
             for turn in turns
-            for item_id, item_type, role, call_id, content, digest, version in zip(
-                turn.ids,
-                turn.types,
-                turn.roles,
-                turn.call_ids,
-                turn.contents,
-                turn.digests,
-                turn.formats,
-                strict=True,
-            )
+            for item_id, item_type, role, call_id, content, digest, version in turn.rows()
         ]
     )
 

@@ -146,19 +146,7 @@ def decode_turn_items(cell: bytes) -> list[tuple[Any, ...]]:
     ``decode_items_cell`` (tests use it to rewrite stored rows); raises ``ValueError``
     like it."""
     turn = decode_items_cell(cell)
-    return list(
-        zip(
-            turn.seqs,
-            turn.ids,
-            turn.types,
-            turn.roles,
-            turn.call_ids,
-            turn.contents,
-            turn.digests,
-            turn.formats,
-            strict=True,
-        )
-    )
+    return [(seq, *row) for seq, row in zip(turn.seqs, turn.rows(), strict=True)]
 
 
 def decode_items_cell(cell: bytes | None) -> TurnItems:
