@@ -28,7 +28,9 @@ USER_ID=10001
 VENV=/opt/ratchet/venv
 DATA=/var/lib/ratchet                 # RATCHET_HOME: worker health files, Faust data dir
 LOCK=deploy/requirements.lock
-BASE_PACKAGES="python3.11 python3.11-venv ca-certificates"
+# libstdc++6: the C++ driver's wheel (acsylla) links it, as manylinux allows (apt needs it
+# too, so it is there today; named so that it stays).
+BASE_PACKAGES="python3.11 python3.11-venv ca-certificates libstdc++6"
 BASE_RECIPE=1                         # bump when the base recipe below changes
 
 OUT_DIR=${1:-dist}

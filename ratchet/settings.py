@@ -16,6 +16,18 @@ class SettingsError(ValueError):
     """A ``RATCHET_*`` variable holds a value that cannot be used."""
 
 
+LOOP_DRIVERS = ("acsylla", "cassandra-driver")
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw not in allowed:
+        raise SettingsError(f"{name}={raw!r} is not one of {', '.join(allowed)}")
+    return raw
+
+
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
@@ -63,6 +75,10 @@ class Settings:
     # Events of one partition the worker handles at once (streams/lanes.py): never two
     # of one Kafka key (a Conversation, a chain), acks in offset order; 1 = one at a time.
     lane_window: int = 1
+    # The driver of the requests awaited on an event loop (services/cassandra_loop.py):
+    # the worker's promotions and the API's reads. "acsylla" (the C++ driver) or
+    # "cassandra-driver" (its callbacks); see docs/decisions.md, "Promotion cost".
+    loop_driver: str = "acsylla"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -96,6 +112,7 @@ class Settings:
             tail_cache_entries=_int(env, "RATCHET_TAIL_CACHE_ENTRIES", d.tail_cache_entries),
             fetch_stall_s=_int(env, "RATCHET_FETCH_STALL_S", d.fetch_stall_s),
             lane_window=_int(env, "RATCHET_LANE_WINDOW", d.lane_window, 1),
+            loop_driver=_choice(env, "RATCHET_LOOP_DRIVER", d.loop_driver, LOOP_DRIVERS),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -119,6 +136,7 @@ class Settings:
             "RATCHET_TAIL_CACHE_ENTRIES": str(self.tail_cache_entries),
             "RATCHET_FETCH_STALL_S": str(self.fetch_stall_s),
             "RATCHET_LANE_WINDOW": str(self.lane_window),
+            "RATCHET_LOOP_DRIVER": self.loop_driver,
         }
 
     def topic(self, name: str) -> str:

@@ -41,6 +41,7 @@ from faust.types import TP
 
 from ratchet.settings import Settings
 from schemas.limits import CLIENT_MAX_BYTES
+from services.cassandra_loop import LoopSession
 from streams import metrics
 from streams.fetchwatch import (
     EndOffsets,
@@ -74,6 +75,8 @@ class Runtime:
     published: int = 0
     # Why the worker stopped itself (the fetch watchdog gave up); the exit code says so.
     fatal: str | None = None
+    # The C++ driver's session of the loop path (services/cassandra_loop.py), if used.
+    loop_session: LoopSession | None = None
 
 
 def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID,
@@ -203,6 +206,8 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         log.info("shutting down: finishing events in flight")
         await lanes.stop(grace_s=shutdown_grace_s)
         await app.consumer.commit()
+        if runtime.loop_session is not None:
+            await runtime.loop_session.close()
         executor.shutdown(wait=False, cancel_futures=True)
         runtime.health.remove()
 

@@ -15,6 +15,7 @@ from cassandra.policies import ExponentialReconnectionPolicy
 
 from ratchet.settings import Settings
 from services.cassandra_cluster import open_cluster
+from services.cassandra_loop import LoopSession
 from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
@@ -40,6 +41,8 @@ def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
         store = CassandraCheckpointStore(
             session, StoreOptions(logical_retention_s=settings.logical_retention_s))
         ledger = CassandraLedger(session)
+        loop_session = LoopSession(settings) if settings.loop_driver == "acsylla" else None
+        store.loop_session = ledger.loop_session = loop_session
         codec = RegistryCodec.connect(settings.schema_registry_url)
     except BaseException:
         # Fail fast means exit: the driver's threads must not keep a half-started
@@ -49,7 +52,8 @@ def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
     health = Health(health_path(settings.home))
     processor = PromotionProcessor(store, ledger, codec, topics,
                                    tails=TailCache(capacity=settings.tail_cache_entries))
-    return Runtime(processor=processor, codec=codec, health=health, topics=topics), cluster
+    return Runtime(processor=processor, codec=codec, health=health, topics=topics,
+                   loop_session=loop_session), cluster
 
 
 def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str = "INFO") -> int:

@@ -3,7 +3,7 @@
 One agent over a 12-partition topic that publishes one small outcome per record, waits
 for the broker's ack (``acks=all``) and acks the record: what faust-streaming and
 aiokafka cost per record before ratchet does anything. Run as a worker by the bench
-(``python -m ratchet.bench.faust_floor worker -l warn``) with ``RATCHET_FLOOR_SOURCE``,
+(``python -m ratchet.bench.faust_floor``) with ``RATCHET_FLOOR_SOURCE``,
 ``RATCHET_FLOOR_SINK``, ``RATCHET_FLOOR_PARTITIONS`` and ``RATCHET_FLOOR_DATADIR`` set;
 not a part of ratchet.
 """
@@ -45,4 +45,9 @@ async def publish_and_ack(stream: faust.Stream) -> None:
 
 
 if __name__ == "__main__":
-    app.main()
+    # Started like ``ratchet worker`` (streams/worker.py): without the terminal spinner,
+    # for which Faust would set the root logger to DEBUG, so that every debug call of
+    # aiokafka built a LogRecord (a floor that paid this cost ratchet does not).
+    worker = faust.Worker(app, loglevel="warn", quiet=True)
+    worker.spinner = None
+    worker.execute_from_commandline()

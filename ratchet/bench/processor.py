@@ -608,9 +608,12 @@ def produce(rig: Rig, rounds: list[list[tuple]]) -> int:
     return n
 
 
-def start_worker(rig: Rig, tmp: Path, counter: OutcomeCounter) -> WorkerProcess:
-    """Start a worker and wait until it has promoted a warm-up turn."""
-    worker = rig.worker(tmp, "bench-worker")
+def start_worker(rig: Rig, tmp: Path, counter: OutcomeCounter,
+                 loop_driver: str | None = None) -> WorkerProcess:
+    """Start a worker (``loop_driver``: its ``RATCHET_LOOP_DRIVER``, else the settings')
+    and wait until it has promoted a warm-up turn."""
+    env = None if loop_driver is None else {"RATCHET_LOOP_DRIVER": loop_driver}
+    worker = rig.worker(tmp, f"bench-worker-{loop_driver or rig.settings.loop_driver}", env)
     produce(rig, encoded_turns(rig, 1, 1))
     counter.wait_for(1, 120)
     return worker
@@ -875,8 +878,8 @@ def faust_pipeline(settings: Settings, records: int, pids: dict[str, int], home:
            "RATCHET_FLOOR_DATADIR": str(home / run),
            "RATCHET_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
     log = (home / f"{run}.log").open("w")
-    worker = subprocess.Popen([sys.executable, "-m", "ratchet.bench.faust_floor", "worker",
-                               "-l", "warn"], env=env, cwd=home, stdout=log,
+    worker = subprocess.Popen([sys.executable, "-m", "ratchet.bench.faust_floor"],
+                              env=env, cwd=home, stdout=log,
                               stderr=subprocess.STDOUT)
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 5})
     probe = LatencyProbe(settings, [sink])
@@ -923,15 +926,12 @@ def faust_pipeline(settings: Settings, records: int, pids: dict[str, int], home:
 # --- driver A/B: acsylla (the C++ driver, asyncio) on the raw LWT row ----------------------
 
 
-def raw_lwt_acsylla(settings: Settings, ops: int, pids: dict[str, int]) -> Row | None:
-    """The raw LWT row with acsylla instead of cassandra-driver: same table shape, same
-    consistency, ``RAW_LWT_IN_FLIGHT`` asyncio tasks (no threads). None when acsylla is
-    not installed (it is not a dependency: see docs/decisions.md)."""
-    try:
-        import acsylla
-    except ImportError:
-        say("acsylla not installed: no driver A/B row")
-        return None
+def raw_lwt_acsylla(settings: Settings, ops: int, pids: dict[str, int]) -> Row:
+    """The raw LWT row with acsylla (the worker's loop path driver) instead of
+    cassandra-driver: same table shape, same consistency, ``RAW_LWT_IN_FLIGHT`` asyncio
+    tasks (no threads)."""
+    import acsylla
+
     with scratch_lwt_table(settings, "acsylla") as (_, keyspace, _insert):
         async def run() -> int:
             cluster = acsylla.create_cluster(list(settings.cassandra_hosts),
@@ -1046,6 +1046,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-only", action="store_true",
                         help="only the processor core profile (no worker, no baselines)")
     parser.add_argument("--rss", action="store_true")
+    parser.add_argument("--driver-ab", action="store_true",
+                        help="also end to end with the loop path on cassandra-driver")
     parser.add_argument("--latency-turns", type=int, default=1000,
                         help="turns of each latency run at half the measured rate (0: none)")
     args = parser.parse_args(argv)
@@ -1074,19 +1076,29 @@ def main(argv: list[str] | None = None) -> int:
     sample = encoded_turns(rig, 1, 1)[0][0][1]
     rows.extend(raw_kafka(settings, sample, args.raw * 10, pids))
     rows.append(raw_lwt(settings, args.raw, pids))
-    acsylla_row = raw_lwt_acsylla(settings, args.raw, pids)
-    if acsylla_row is not None:
-        rows.append(acsylla_row)
+    rows.append(raw_lwt_acsylla(settings, args.raw, pids))
     floors = {shape: raw_pipeline(settings, args.raw, pids, shape=shape)[0]
               for shape in FLOOR_SHAPES}
     rows.extend(floors.values())
     rows.append(faust_pipeline(settings, args.raw, pids, tmp / "floor-0")[0])
     counter = OutcomeCounter(settings, rig)
+    if args.driver_ab:  # the same run on the other driver, before the measured worker
+        other = "cassandra-driver" if settings.loop_driver == "acsylla" else "acsylla"
+        say(f"end to end with the loop path on {other}: {args.turns} turns")
+        worker = start_worker(rig, tmp, counter, other)
+        try:
+            ab = measure_throughput(rig, worker, counter, args.turns, args.per_conversation,
+                                    pids)
+        finally:
+            worker.terminate()
+        rows.append(replace(ab, name=f"{ab.name}, loop path on {other}"))
     say("starting the worker")
     worker = start_worker(rig, tmp, counter)
     try:
         say(f"end to end: {args.turns} turns")
         e2e = measure_throughput(rig, worker, counter, args.turns, args.per_conversation, pids)
+        if args.driver_ab:
+            e2e = replace(e2e, name=f"{e2e.name}, loop path on {settings.loop_driver}")
         rows.append(e2e)
         latency: dict[str, tuple[float, float, int]] = {}
         latency_cpu: dict[str, str] = {}

@@ -38,6 +38,7 @@ from ratchet.domain.claims import (
 from ratchet.domain.promotion import RecordedEffect
 from schemas.models import Item
 from services.cassandra_cluster import completed
+from services.cassandra_loop import LoopSession
 from services.ledger.base import (
     Cancellation,
     Decision,
@@ -83,6 +84,9 @@ class CassandraLedger(Ledger):
     def __init__(self, session: Session, *, timeout_s: float = 5.0) -> None:
         self._session = session
         self._timeout = timeout_s
+        # The loop path's requests through the C++ driver (services/cassandra_loop.py),
+        # when the worker gives one; else cassandra-driver's callbacks.
+        self.loop_session: LoopSession | None = None
         # Rows come back as plain tuples and are read by position: the driver's default
         # named-tuple rows build a new class for every result (collections.namedtuple),
         # which was the largest single CPU cost of a ledger read in the worker's
@@ -421,6 +425,10 @@ class CassandraLedger(Ledger):
         )
 
     async def conversation_owner_async(self, conversation_id: str) -> str | None:
+        if self.loop_session is not None:
+            row = (await self.loop_session.execute(self._select_conversation_owner,
+                                                   (conversation_id,))).one()
+            return None if row is None else row[0]
         future = _guard(lambda: self._session.execute_async(
             self._select_conversation_owner, (conversation_id,), timeout=self._timeout,
             execution_profile=self._rows_profile))
@@ -430,6 +438,14 @@ class CassandraLedger(Ledger):
 
     async def record_owners_async(self, *, tenant_id: str, response_id: str | None,
                                   conversation_id: str | None) -> None:
+        if self.loop_session is not None:
+            writes = self._owner_writes(tenant_id, response_id, conversation_id)
+            if len(writes) == 1:
+                await self.loop_session.execute(*writes[0])
+            elif writes:
+                await self.loop_session.execute_batch(
+                    writes, consistency=ConsistencyLevel.QUORUM, logged=False)
+            return
         future = self._send_owners(tenant_id, response_id, conversation_id)
         if future is not None:
             await completed(future)
@@ -446,14 +462,19 @@ class CassandraLedger(Ledger):
 
         return wait
 
-    def _send_owners(self, tenant_id: str, response_id: str | None,
-                     conversation_id: str | None) -> Any:
-        """The owners' write sent (its driver future), or None: nothing to write."""
+    def _owner_writes(self, tenant_id: str, response_id: str | None,
+                      conversation_id: str | None) -> list[tuple[PreparedStatement, tuple]]:
         writes = []
         if response_id is not None:
             writes.append((self._insert_response_owner, (response_id, tenant_id)))
         if conversation_id is not None:
             writes.append((self._insert_conversation_owner, (conversation_id, tenant_id)))
+        return writes
+
+    def _send_owners(self, tenant_id: str, response_id: str | None,
+                     conversation_id: str | None) -> Any:
+        """The owners' write sent (its driver future), or None: nothing to write."""
+        writes = self._owner_writes(tenant_id, response_id, conversation_id)
         if not writes:
             return None
         if len(writes) == 1:

@@ -70,6 +70,7 @@ from ratchet.domain.plan import (
 )
 from ratchet.settings import Settings
 from services.cassandra_cluster import completed, open_cluster
+from services.cassandra_loop import LoopRequestFailed, LoopSession
 from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable
 from services.store.rows import (
     CHECKPOINT_COLUMNS,
@@ -78,6 +79,7 @@ from services.store.rows import (
     checkpoint_of,
     checkpoint_values,
     decode_snapshot,
+    head_from,
     head_of,
     item_values,
     unset_nulls,
@@ -158,6 +160,9 @@ class CassandraCheckpointStore(CheckpointStore):
         super().__init__(options)
         self._session = session
         self._timeout = timeout_s
+        # The loop path's requests through the C++ driver (services/cassandra_loop.py),
+        # when the worker gives one; else cassandra-driver's callbacks.
+        self.loop_session: LoopSession | None = None
         self._cluster = owned_cluster
         self._read_cl = read_consistency
         self._write_cl = write_consistency
@@ -317,10 +322,8 @@ class CassandraCheckpointStore(CheckpointStore):
 
     async def read_head_async(self, tenant_id: str, partition_key: str) -> Head | None:
         """The head read on the driver's own I/O thread: the event loop only awaits."""
-        rows = await self._rows_async(
-            "read_head", self._read_head, (tenant_id, partition_key), EXEC_PROFILE_DEFAULT
-        )
-        return head_of(rows[0]) if rows else None
+        rows = await self._rows_async("read_head", self._read_head, (tenant_id, partition_key))
+        return head_from(*rows[0]) if rows else None
 
     async def read_turn_async(
         self, tenant_id: str, partition_key: str, response_id: str
@@ -331,10 +334,8 @@ class CassandraCheckpointStore(CheckpointStore):
         return decode_snapshot(tenant_id, partition_key, rows)
 
     async def _locate_async(self, tenant_id: str, response_id: str) -> str | None:
-        rows = await self._rows_async(
-            "locate", self._select_location, (tenant_id, response_id), EXEC_PROFILE_DEFAULT
-        )
-        return rows[0].partition_key if rows else None
+        rows = await self._rows_async("locate", self._select_location, (tenant_id, response_id))
+        return rows[0][0] if rows else None
 
     async def _load_partition_async(
         self, tenant_id: str, partition_key: str
@@ -347,15 +348,18 @@ class CassandraCheckpointStore(CheckpointStore):
         return decode_snapshot(tenant_id, partition_key, rows)
 
     async def _rows_async(
-        self,
-        operation: str,
-        statement: PreparedStatement,
-        params: tuple[Any, ...],
-        profile: Any = None,
+        self, operation: str, statement: PreparedStatement, params: tuple[Any, ...]
     ) -> list[Any]:
-        """Every row (all pages) of a query sent with ``execute_async``: the driver's
-        I/O thread collects the pages and hands the rows to the event loop, which only
-        awaits (no thread-pool hop). ``profile`` None: plain tuples (``_rows``)."""
+        """Every row (all pages), as plain tuples (or named tuples on a legacy session),
+        awaited on the event loop: through the C++ driver if the store has a
+        ``loop_session``, else with cassandra-driver's ``execute_async`` (its I/O thread
+        collects the pages and hands the rows to the loop; no thread-pool hop)."""
+        if self.loop_session is not None:
+            try:
+                return list((await self.loop_session.execute(statement, params)).rows)
+            except LoopRequestFailed as exc:
+                raise StoreUnavailable(f"store {operation}: {exc}", retryable=not exc.permanent,
+                                       operation=operation) from exc
         loop = asyncio.get_running_loop()
         done: asyncio.Future[list[Any]] = loop.create_future()
         rows: list[Any] = []
@@ -379,7 +383,7 @@ class CassandraCheckpointStore(CheckpointStore):
             loop.call_soon_threadsafe(settle, exc)
 
         def send() -> Any:
-            chosen = self._tuple_rows if profile is None else profile
+            chosen = self._tuple_rows
             try:
                 return self._session.execute_async(
                     statement, params, timeout=self._timeout, execution_profile=chosen
@@ -477,6 +481,10 @@ class CassandraCheckpointStore(CheckpointStore):
         """The claim's LWT, awaited on the event loop. An unknown outcome is not settled
         here (its SERIAL read would block the loop): ``StoreUnavailable``, and
         ``promote`` takes the claim again (same request: the same holder)."""
+        if self.loop_session is not None:
+            answer = await self.loop_session.execute(
+                self._insert_claim, self._claim_values(claim), serial_consistency=self._serial_cl)
+            return self._claim_holder(claim, lambda: answer)
         future = _guard(
             "promote/claim",
             lambda: self._session.execute_async(
@@ -604,6 +612,11 @@ class CassandraCheckpointStore(CheckpointStore):
                            checkpoint: CheckpointRecord, facts_mark: str | None) -> bool:
         """The batch awaited on the event loop; an unknown outcome is False here (its
         SERIAL read would block the loop): the caller's ``promote`` finds out."""
+        if self.loop_session is not None:
+            parts = self._batch_parts(request, plan, checkpoint, uuid.uuid4(), facts_mark)
+            answer = await self.loop_session.execute_batch(
+                parts, consistency=self._write_cl, serial_consistency=self._serial_cl)
+            return answer.was_applied
         batch = self._batch(request, plan, checkpoint, uuid.uuid4(), facts_mark)
         future = _guard("promote", lambda: self._session.execute_async(
             batch, timeout=self._timeout, execution_profile=self._tuple_rows))
@@ -639,13 +652,24 @@ class CassandraCheckpointStore(CheckpointStore):
         self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord,
         token: uuid.UUID, facts_mark: str | None,
     ) -> BatchStatement:
-        key = (request.tenant_id, request.partition_key)
         batch = BatchStatement(
             batch_type=BatchType.LOGGED,
             consistency_level=self._write_cl,
             serial_consistency_level=self._serial_cl,
             retry_policy=FallthroughRetryPolicy(),
         )
+        for statement, values in self._batch_parts(request, plan, checkpoint, token,
+                                                   facts_mark):
+            batch.add(statement, values)
+        return batch
+
+    def _batch_parts(
+        self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord,
+        token: uuid.UUID, facts_mark: str | None,
+    ) -> list[tuple[PreparedStatement, tuple[Any, ...]]]:
+        """The promotion batch's statements and values, in order (one driver's batch)."""
+        key = (request.tenant_id, request.partition_key)
+        parts: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
         if plan.new_head is not None:
             old = plan.expected_head
             expected = (
@@ -654,37 +678,24 @@ class CassandraCheckpointStore(CheckpointStore):
                 else (old.seq, old.response_id, old.item_count, old.lineage_digest)
             )
             new = plan.new_head
-            batch.add(
+            parts.append((
                 self._advance_head,
-                (
-                    new.seq,
-                    new.response_id,
-                    new.item_count,
-                    new.lineage_digest,
-                    token,
-                    *key,
-                    *expected,
-                ),
-            )
+                (new.seq, new.response_id, new.item_count, new.lineage_digest, token,
+                 *key, *expected),
+            ))
             if old is None:
                 # The Conversation's first batch; the row has no TTL, so later batches
                 # need not write it again (a partition that lost it only costs the
                 # view's separate head query, see ``_read_view``).
-                batch.add(self._insert_head_marker, key)
+                parts.append((self._insert_head_marker, key))
         if plan.parent is not None:
             parent = plan.parent
-            batch.add(
+            parts.append((
                 self._check_parent,
-                (
-                    parent.seq,
-                    *key,
-                    parent.response_id,
-                    parent.seq,
-                    parent.last_item_seq,
-                    parent.lineage_digest,
-                ),
-            )
-        batch.add(
+                (parent.seq, *key, parent.response_id, parent.seq, parent.last_item_seq,
+                 parent.lineage_digest),
+            ))
+        parts.append((
             self._insert_checkpoint,
             (
                 *key,
@@ -692,19 +703,19 @@ class CassandraCheckpointStore(CheckpointStore):
                 *unset_nulls(checkpoint_values(checkpoint, token)),
                 item_values(request.items, checkpoint.first_item_seq),
             ),
-        )
+        ))
         if facts_mark is None:  # no fact recorded: the row must not exist at all
-            batch.add(
+            parts.append((
                 self._insert_idempotency,
                 (*key, request.idempotency_key, request.response_id, request.request_digest),
-            )
+            ))
         else:
-            batch.add(
+            parts.append((
                 self._claim_marked_idempotency,
                 (request.response_id, request.request_digest, *key, request.idempotency_key,
                  facts_mark),
-            )
-        return batch
+            ))
+        return parts
 
     def _locate(self, tenant_id: str, response_id: str) -> str | None:
         row = _guard("locate", lambda: self._session.execute(

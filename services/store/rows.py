@@ -74,14 +74,17 @@ HISTORY_KINDS = "('checkpoint', 'head')"
 
 
 def head_of(row: Any) -> Head | None:
-    if row.head_seq is None:
+    """The head of a row read with its head columns by name."""
+    return head_from(row.head_seq, row.head_response_id, row.head_item_count,
+                     row.head_lineage_digest)
+
+
+def head_from(seq: int | None, response_id: str | None, item_count: int | None,
+              lineage_digest: str | None) -> Head | None:
+    """The head of the static head cells (none before a Conversation's first turn)."""
+    if seq is None:
         return None
-    return Head(
-        row.head_seq,
-        row.head_response_id or "",
-        row.head_item_count or 0,
-        row.head_lineage_digest,
-    )
+    return Head(seq, response_id or "", item_count or 0, lineage_digest)
 
 
 def unset_nulls(values: Iterable[Any]) -> tuple[Any, ...]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -24,6 +25,7 @@ from ratchet.samples import (
     make_turn_cancelled,
 )
 from schemas.models import Certification, OrphanReason, RejectionReason
+from services.cassandra_loop import LoopSession
 from services.ledger.cassandra import CassandraLedger
 from services.ledger.memory import MemoryLedger
 from services.store.base import StoreOptions
@@ -50,6 +52,7 @@ class Worker:
                                             clock_ms=lambda: NOW_MS)
         self.entry = entry
         self.offset = 0
+        self.runner = asyncio.Runner()
 
     def handle(self, event):
         self.offset += 1
@@ -60,7 +63,8 @@ class Worker:
         async def in_thread(handle):
             return handle()
 
-        return asyncio.run(self.processor.handle_async(record, in_thread))
+        # One loop for the worker's life, as in the app (a LoopSession serves one loop).
+        return self.runner.run(self.processor.handle_async(record, in_thread))
 
     def outcome(self, event):
         return self.handle(event).outbound[0].model
@@ -96,21 +100,32 @@ class Interleaving:
 
 
 @pytest.fixture(params=[("memory", "handle"), ("memory", "handle_async"),
-                        ("cassandra", "handle"), ("cassandra", "handle_async")],
+                        ("cassandra", "handle"), ("cassandra", "handle_async"),
+                        ("cassandra", "handle_async", "acsylla")],
                 ids="-".join)
-def workers(request):
-    """(old owner, new owner) on shared data; the new owner uses the entry point."""
-    backend, entry = request.param
+def workers(request, settings):
+    """(old owner, new owner) on shared data; the new owner uses the entry point (and,
+    with "acsylla", the worker's C++ driver for its requests on the loop)."""
+    backend, entry, *driver = request.param
     if backend == "memory":
         store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
-        return Worker(store, ledger), Worker(Interleaving(store), ledger, entry)
+        yield Worker(store, ledger), Worker(Interleaving(store), ledger, entry)
+        return
     session = request.getfixturevalue("ledger_session")
-    ledger = CassandraLedger(session, timeout_s=30)
 
     def store():
         return CassandraCheckpointStore(session, StoreOptions(), timeout_s=30)
 
-    return Worker(store(), ledger), Worker(Interleaving(store()), ledger, entry)
+    old = Worker(store(), CassandraLedger(session, timeout_s=30))
+    new_store, new_ledger = store(), CassandraLedger(session, timeout_s=30)
+    new = Worker(Interleaving(new_store), new_ledger, entry)
+    if driver:
+        loop_session = LoopSession(replace(settings, keyspace=session.keyspace))
+        new_store.loop_session = new_ledger.loop_session = loop_session
+    yield old, new
+    if driver:
+        new.runner.run(loop_session.close())
+    new.runner.close()
 
 
 def turn(conv: str, head: int, **kw):
@@ -216,3 +231,12 @@ def test_a_rejection_by_the_old_owner_never_flips_on_the_new_one(workers):
     # the new owner's fast path would promote it: its batch finds the decision's mark
     assert new.outcome(late).reason is R.OUT_OF_ORDER
     assert new.store.head(TENANT, conv).seq == 1
+
+
+def test_a_turn_with_nothing_recorded_promotes_on_the_loop(workers):
+    """The loop path is really taken (with either driver): a fast path that silently gave
+    way to the thread path would pass every race above."""
+    _, new = workers
+    t = turn(uid("conv"), 0)
+    assert new.outcome(t).seq == 1
+    assert new.processor.loop_promotions == (1 if new.entry == "handle_async" else 0)

@@ -102,9 +102,15 @@ class LoadContract:
 
     # -- helpers ------------------------------------------------------------------------
 
-    @staticmethod
-    def answer(coroutine) -> tuple[int, str | None]:
-        answer: Answer = asyncio.run(coroutine)
+    @pytest.fixture(autouse=True)
+    def _loop(self):
+        """One event loop per test, as in the API process (a store's ``loop_session``
+        serves the loop it connected on)."""
+        with asyncio.Runner() as self.runner:
+            yield
+
+    def answer(self, coroutine) -> tuple[int, str | None]:
+        answer: Answer = self.runner.run(coroutine)
         body = json.loads(answer.payload)
         assert body["outcome"] == answer.outcome
         if answer.status_code == 200:
@@ -269,3 +275,22 @@ class TestCassandraLoads(LoadContract):
             500,
             "CORRUPT_HISTORY",
         )
+
+
+@pytest.mark.integration
+class TestCassandraLoadsThroughTheCppDriver(TestCassandraLoads):
+    """The same loads with the API's reads on the event loop going through the C++ driver
+    (``RATCHET_LOOP_DRIVER=acsylla``, the default)."""
+
+    @pytest.fixture(autouse=True)
+    def _loop_session(self, _loop, _session, settings):
+        from services.cassandra_loop import LoopSession
+
+        self.loop_session = LoopSession(replace(settings, keyspace=self.session.keyspace))
+        yield
+        self.runner.run(self.loop_session.close())
+
+    def make_store(self, options: StoreOptions) -> CheckpointStore:
+        store = super().make_store(options)
+        store.loop_session = self.loop_session
+        return store

@@ -17,6 +17,7 @@ def test_defaults_point_at_the_local_launcher():
     assert s.keyspace == "ratchet" and s.topic_prefix == "ratchet."
     assert s.home == Path.home() / ".cache" / "ratchet"
     assert s.topic("checkpoints") == "ratchet.checkpoints"
+    assert s.loop_driver == "acsylla"
 
 
 def test_environment_overrides():
@@ -41,7 +42,8 @@ def test_environment_overrides():
 
 
 @pytest.mark.parametrize("name,value", [("RATCHET_PARTITIONS", "0"), ("RATCHET_CASSANDRA_PORT", "x"),
-                                        ("RATCHET_API_PORT", "-1")])
+                                        ("RATCHET_API_PORT", "-1"),
+                                        ("RATCHET_LOOP_DRIVER", "libev")])
 def test_bad_values_are_refused_with_the_variable_name(name, value):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
@@ -60,6 +62,7 @@ def test_to_env_round_trips_through_from_env():
         "RATCHET_PARTITIONS": "5",
         "RATCHET_HOME": "/tmp/ratchet-home",
         "RATCHET_LOGICAL_RETENTION_S": "60",
+        "RATCHET_LOOP_DRIVER": "cassandra-driver",
         "RATCHET_REPLICATION": "{'class': 'NetworkTopologyStrategy', 'dc1': 3}",
     })
     assert Settings.from_env(s.to_env()) == s

@@ -1,0 +1,83 @@
+"""``LoopSession``: the worker's C++ driver (acsylla) for its requests on the event loop,
+against the real Cassandra, with the store's and ledger's own prepared statements."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import replace
+
+import pytest
+from cassandra import ConsistencyLevel
+
+from services.cassandra_loop import Answer, LoopSession, WrongLoop
+from services.ledger.cassandra import CassandraLedger
+from services.store.base import ResponseClaim, StoreOptions
+from services.store.cassandra import CassandraCheckpointStore
+
+
+@pytest.fixture
+def loop_session(ledger_session, settings):
+    runner = asyncio.Runner()
+    session = LoopSession(replace(settings, keyspace=ledger_session.keyspace))
+    yield runner, session
+    runner.run(session.close())
+    runner.close()
+
+
+def test_a_conditional_write_answers_applied_then_the_row_it_found(ledger_session, loop_session):
+    runner, session = loop_session
+    store = CassandraCheckpointStore(ledger_session, StoreOptions())
+    values = ("tenant", f"resp_{uuid.uuid4().hex}", "conv", "idem", "digest")
+
+    first = runner.run(session.execute(store._insert_claim, values,
+                                       serial_consistency=ConsistencyLevel.SERIAL))
+    assert first.was_applied
+    again = runner.run(session.execute(store._insert_claim, (*values[:3], "other", "d2"),
+                                       serial_consistency=ConsistencyLevel.SERIAL))
+    assert not again.was_applied
+    found = dict(zip(again.column_names, again.one(), strict=True))
+    assert (found["partition_key"], found["idempotency_key"], found["request_digest"]) == (
+        "conv", "idem", "digest")
+
+
+def test_the_store_claims_through_it_like_through_cassandra_driver(ledger_session,
+                                                                    loop_session):
+    runner, session = loop_session
+    store = CassandraCheckpointStore(ledger_session, StoreOptions())
+    store.loop_session = session
+    claim = ResponseClaim("tenant", f"resp_{uuid.uuid4().hex}", "conv", "idem", "digest")
+    other = replace(claim, partition_key="elsewhere", idempotency_key="idem2")
+    assert runner.run(store.claim_async(claim)) == claim
+    assert runner.run(store.claim_async(other)) == claim  # the holder, not the asker
+    store.loop_session = None
+    assert runner.run(store.claim_async(other)) == claim  # cassandra-driver agrees
+
+
+def test_owners_written_and_read_through_it(ledger_session, loop_session):
+    runner, session = loop_session
+    ledger = CassandraLedger(ledger_session)
+    ledger.loop_session = session
+    conversation, response = f"conv_{uuid.uuid4().hex}", f"resp_{uuid.uuid4().hex}"
+    assert runner.run(ledger.conversation_owner_async(conversation)) is None
+    runner.run(ledger.record_owners_async(tenant_id="t1", response_id=response,
+                                          conversation_id=conversation))
+    assert runner.run(ledger.conversation_owner_async(conversation)) == "t1"
+    assert ledger.conversation_owner(conversation) == "t1"  # cassandra-driver reads it
+    assert ledger.response_owner(response) == "t1"
+
+
+def test_it_serves_only_the_loop_it_connected_on(ledger_session, loop_session):
+    runner, session = loop_session
+    ledger = CassandraLedger(ledger_session)
+    runner.run(session.execute(ledger._select_conversation_owner, ("x",)))
+    with pytest.raises(WrongLoop):
+        asyncio.run(session.execute(ledger._select_conversation_owner, ("x",)))
+
+
+def test_an_answer_without_applied_is_not_a_conditional_write():
+    with pytest.raises(ValueError):
+        _ = Answer(("tenant_id",), (("t",),)).was_applied
+    with pytest.raises(ValueError):
+        _ = Answer(("[applied]",), ()).was_applied
+    assert Answer(("[applied]", "x"), ((False, 1),)).was_applied is False
