@@ -77,6 +77,7 @@ class HttpWaits:
         self.thread = threading.Thread(target=self.loop.run_forever, name="bench-http",
                                        daemon=True)
         self._pending: list[tuple[str, float, asyncio.Future]] = []
+        self._partition_of: dict[str, str] = {}  # response id -> its partition key
         self.answered: list[str] = []  # response ids answered certified, in send order
         self._queued = 0
         self._woken_before = 0
@@ -97,22 +98,27 @@ class HttpWaits:
     def _call(self, coro, timeout_s: float = 60.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
-    def _path(self, response_id: str) -> str:
-        return f"/v1/responses/{response_id}/history?{self.query}&wait_ms={WAIT_MS}"
+    def _path(self, response_id: str, partition_key: str) -> str:
+        return (f"/v1/responses/{response_id}/history?{self.query}&wait_ms={WAIT_MS}&"
+                + urlencode({"partition_key": partition_key}))
 
-    async def _get_certified(self, response_id: str) -> float:
+    async def _get_certified(self, response_id: str, partition_key: str) -> float:
         """GET with ``wait_ms``; the monotonic time of the certified answer."""
         self._queued += self.slots.locked()
-        async with self.slots, self.session.get(self._path(response_id)) as answer:
+        async with self.slots, self.session.get(self._path(response_id,
+                                                           partition_key)) as answer:
             body = await answer.read()
             answered = time.monotonic()
         _check_certified(response_id, answer.status, body)
         return answered
 
-    def wait_for(self, response_id: str, produced_at: float) -> None:
+    def wait_for(self, response_id: str, partition_key: str, produced_at: float) -> None:
         """Send the GET now (call right after producing the turn; ``produced_at`` is the
-        ``time.monotonic()`` of the produce)."""
-        future = asyncio.run_coroutine_threadsafe(self._get_certified(response_id), self.loop)
+        ``time.monotonic()`` of the produce). It names the response's partition, as the
+        gateway library does (``RehydrationClient``, docs/service.md)."""
+        self._partition_of[response_id] = partition_key
+        future = asyncio.run_coroutine_threadsafe(
+            self._get_certified(response_id, partition_key), self.loop)
         self._pending.append((response_id, produced_at, future))
 
     def results(self, timeout_s: float) -> WaitFigures:
@@ -136,7 +142,7 @@ class HttpWaits:
         (the client of ``ratchet bench api``), so the async client's own cost shows."""
         async def timed(response_id: str) -> float:
             start = time.monotonic()
-            await self._get_certified(response_id)
+            await self._get_certified(response_id, self._partition_of[response_id])
             return (time.monotonic() - start) * 1000
 
         times: dict[str, list[float]] = {ASYNC_CLIENT: [], BLOCKING_CLIENT: []}
@@ -145,7 +151,7 @@ class HttpWaits:
             for response_id in response_ids:
                 times[ASYNC_CLIENT].append(self._call(timed(response_id)))
                 start = time.monotonic()
-                conn.request("GET", self._path(response_id))
+                conn.request("GET", self._path(response_id, self._partition_of[response_id]))
                 answer = conn.getresponse()
                 body = answer.read()
                 times[BLOCKING_CLIENT].append((time.monotonic() - start) * 1000)

@@ -803,14 +803,18 @@ def e2e_latency(settings: Settings, rig: Rig, rate: float, turns: int,
     probe = LatencyProbe(settings, [rig.topics.checkpoints, rig.topics.rejections])
     try:
         now = int(time.time() * 1000)
-        turns_ = [encoded_turn(rig, _uid("conv"), 0, now) for _ in range(turns)]
-        response_of = {key: response_id for key, _, response_id in turns_}
+        conversations = [_uid("conv") for _ in range(turns)]
+        turns_ = [encoded_turn(rig, conversation, 0, now) for conversation in conversations]
+        # A Conversation's turns live in the partition of its id (CONTRACT section 2).
+        response_of = {key: (response_id, conversation)
+                       for (key, _, response_id), conversation in zip(turns_, conversations,
+                                                                      strict=True)}
 
         def send(key: bytes, value: bytes) -> None:
             rig.producer.send_raw(key, value)
             rig.producer.producer.poll(0)
             if http is not None:
-                http.wait_for(response_of[key], probe.sent[key])
+                http.wait_for(*response_of[key], probe.sent[key])
 
         sender = probe.pace(send, [(key, value) for key, value, _ in turns_], rate)
         probe.collect(len(turns_), 120 + turns / rate)

@@ -609,7 +609,7 @@ class RehydrationService:
             and history.reason is HistoryFailureReason.NOT_FOUND
             and self._ledger is not None
         ):
-            recorded = await run_in_threadpool(self._ledger.status, tenant_id, response_id)
+            recorded = await self._ledger.status_async(tenant_id, response_id)
             if recorded.status is ResponseState.REJECTED:
                 return _not_promoted(response_id, f"rejected: {recorded.reason}")
         return self._decide(history, fingerprint_hash, now, "response")

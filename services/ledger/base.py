@@ -254,6 +254,10 @@ class Ledger(abc.ABC):
     def status(self, tenant_id: str, response_id: str) -> ResponseStatus:
         """Promoted, rejected or unknown; another tenant's response id is unknown."""
 
+    async def status_async(self, tenant_id: str, response_id: str) -> ResponseStatus:
+        """``status`` awaited; a backend with async I/O overrides it."""
+        return await asyncio.to_thread(self.status, tenant_id, response_id)
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections (backends that hold none need not override)."""
 

@@ -38,7 +38,7 @@ from ratchet.domain.claims import (
 from ratchet.domain.promotion import RecordedEffect
 from schemas.models import Item
 from services.cassandra_cluster import completed
-from services.cassandra_loop import LoopSession
+from services.cassandra_loop import LoopRequestFailed, LoopSession
 from services.ledger.base import (
     Cancellation,
     Decision,
@@ -512,11 +512,31 @@ class CassandraLedger(Ledger):
 
     def status(self, tenant_id: str, response_id: str) -> ResponseStatus:
         row = self._run(self._select_status, (tenant_id, response_id)).one()
-        if row is None:
-            return response_status(None, False, None, "", response_id)
-        promoted, promoted_seq, rejected_reason, rejected_detail, existing = row
-        return response_status(promoted_seq, bool(promoted), rejected_reason,
-                               rejected_detail or "", response_id, existing)
+        return _status_of(row, response_id)
+
+    async def status_async(self, tenant_id: str, response_id: str) -> ResponseStatus:
+        """``status`` on the event loop (the API's wait_ms path): through the C++ driver
+        if the ledger has a ``loop_session``, else on cassandra-driver's callbacks."""
+        if self.loop_session is not None:
+            try:
+                answer = await self.loop_session.execute(self._select_status,
+                                                         (tenant_id, response_id))
+            except LoopRequestFailed as exc:
+                raise LedgerUnavailable(f"ledger status: {exc}") from exc
+            return _status_of(answer.one(), response_id)
+        future = _guard(lambda: self._session.execute_async(
+            self._select_status, (tenant_id, response_id), timeout=self._timeout,
+            execution_profile=self._rows_profile))
+        await completed(future)
+        return _status_of(_guard(future.result).one(), response_id)  # answered: no block
+
+
+def _status_of(row: Any, response_id: str) -> ResponseStatus:
+    if row is None:
+        return response_status(None, False, None, "", response_id)
+    promoted, promoted_seq, rejected_reason, rejected_detail, existing = row
+    return response_status(promoted_seq, bool(promoted), rejected_reason,
+                           rejected_detail or "", response_id, existing)
 
 
 # Rows of ``request_facts`` are read by position (see ``_rows_profile``), in the order of

@@ -3,6 +3,7 @@ test): the processor relies on them answering alike."""
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -164,6 +165,13 @@ class LedgerContract:
         status = ledger.status(tenant, retry)
         assert (status.status, status.reason, status.existing_response_id) == (
             ResponseState.REJECTED, "DUPLICATE", original)
+
+    def test_status_awaited_is_the_status(self, ledger, tenant):
+        """``status_async`` (the API's wait_ms path, on its event loop) reads the same."""
+        unknown, rejected = uid("resp"), uid("resp")
+        ledger.mark_rejected(tenant, rejected, "DUPLICATE", "", "resp_original")
+        for resp in (unknown, rejected):
+            assert asyncio.run(ledger.status_async(tenant, resp)) == ledger.status(tenant, resp)
 
 
     # -- effect claims --------------------------------------------------------------------

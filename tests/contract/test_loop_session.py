@@ -54,7 +54,7 @@ def test_the_store_claims_through_it_like_through_cassandra_driver(ledger_sessio
     assert runner.run(store.claim_async(other)) == claim  # cassandra-driver agrees
 
 
-def test_owners_written_and_read_through_it(ledger_session, loop_session):
+def test_owners_and_status_written_and_read_through_it(ledger_session, loop_session):
     runner, session = loop_session
     ledger = CassandraLedger(ledger_session)
     ledger.loop_session = session
@@ -65,6 +65,8 @@ def test_owners_written_and_read_through_it(ledger_session, loop_session):
     assert runner.run(ledger.conversation_owner_async(conversation)) == "t1"
     assert ledger.conversation_owner(conversation) == "t1"  # cassandra-driver reads it
     assert ledger.response_owner(response) == "t1"
+    ledger.mark_rejected("t1", response, "CONFLICT", "detail")
+    assert runner.run(ledger.status_async("t1", response)) == ledger.status("t1", response)
 
 
 def test_it_serves_only_the_loop_it_connected_on(ledger_session, loop_session):
