@@ -38,11 +38,11 @@ def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
                            reconnection_policy=ExponentialReconnectionPolicy(0.5, 4.0))
     try:
         session = cluster.connect(settings.keyspace)
-        store = CassandraCheckpointStore(
-            session, StoreOptions(logical_retention_s=settings.logical_retention_s))
-        ledger = CassandraLedger(session)
         loop_session = LoopSession(settings) if settings.loop_driver == "acsylla" else None
-        store.loop_session = ledger.loop_session = loop_session
+        store = CassandraCheckpointStore(
+            session, StoreOptions(logical_retention_s=settings.logical_retention_s),
+            loop_session=loop_session)
+        ledger = CassandraLedger(session, loop_session=loop_session)
         codec = RegistryCodec.connect(settings.schema_registry_url)
     except BaseException:
         # Fail fast means exit: the driver's threads must not keep a half-started

@@ -53,16 +53,16 @@ class ApiProcess:
         self.settings = settings
         self.cluster = open_cluster(settings)
         session = self.cluster.connect(settings.keyspace)
-        self.store = CassandraCheckpointStore(
-            session, StoreOptions(logical_retention_s=settings.logical_retention_s)
-        )
         # The reads awaited on the server's event loop (histories, heads, a wait's status)
         # go through the C++ driver (services/cassandra_loop.py): ~0.4 ms less CPU per
         # 51-row history read. Closed with the process; the prewarm thread and the claims
         # endpoints use cassandra-driver.
-        self.ledger = CassandraLedger(session)
-        if settings.loop_driver == "acsylla":
-            self.store.loop_session = self.ledger.loop_session = LoopSession(settings)
+        loop_session = LoopSession(settings) if settings.loop_driver == "acsylla" else None
+        self.store = CassandraCheckpointStore(
+            session, StoreOptions(logical_retention_s=settings.logical_retention_s),
+            loop_session=loop_session,
+        )
+        self.ledger = CassandraLedger(session, loop_session=loop_session)
         self.waiters = PromotionWaiters()
         self.cache = HistoryCache(settings.api_history_cache_bytes)
         self.service = RehydrationService(

@@ -81,12 +81,14 @@ def _guard(call: Callable[[], T]) -> T:
 class CassandraLedger(Ledger):
     """Ledger on an existing driver ``Session`` bound to the ratchet keyspace."""
 
-    def __init__(self, session: Session, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, session: Session, *, timeout_s: float = 5.0,
+                 loop_session: LoopSession | None = None) -> None:
         self._session = session
         self._timeout = timeout_s
-        # The loop path's requests through the C++ driver (services/cassandra_loop.py),
-        # when the worker gives one; else cassandra-driver's callbacks.
-        self.loop_session: LoopSession | None = None
+        # The requests awaited on an event loop go through the C++ driver when the process
+        # gives a session of it (services/cassandra_loop.py); else cassandra-driver's
+        # callbacks. Only the loop that session connected on may use it.
+        self.loop_session = loop_session
         # Rows come back as plain tuples and are read by position: the driver's default
         # named-tuple rows build a new class for every result (collections.namedtuple),
         # which was the largest single CPU cost of a ledger read in the worker's

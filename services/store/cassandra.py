@@ -156,13 +156,15 @@ class CassandraCheckpointStore(CheckpointStore):
         serial_consistency: int = ConsistencyLevel.SERIAL,
         timeout_s: float = 5.0,
         owned_cluster: Cluster | None = None,
+        loop_session: LoopSession | None = None,
     ) -> None:
         super().__init__(options)
         self._session = session
         self._timeout = timeout_s
-        # The loop path's requests through the C++ driver (services/cassandra_loop.py),
-        # when the worker gives one; else cassandra-driver's callbacks.
-        self.loop_session: LoopSession | None = None
+        # The requests awaited on an event loop go through the C++ driver when the process
+        # gives a session of it (services/cassandra_loop.py); else cassandra-driver's
+        # callbacks. Only the loop that session connected on may use it.
+        self.loop_session = loop_session
         self._cluster = owned_cluster
         self._read_cl = read_consistency
         self._write_cl = write_consistency

@@ -44,8 +44,7 @@ def test_a_conditional_write_answers_applied_then_the_row_it_found(ledger_sessio
 def test_the_store_claims_through_it_like_through_cassandra_driver(ledger_session,
                                                                     loop_session):
     runner, session = loop_session
-    store = CassandraCheckpointStore(ledger_session, StoreOptions())
-    store.loop_session = session
+    store = CassandraCheckpointStore(ledger_session, StoreOptions(), loop_session=session)
     claim = ResponseClaim("tenant", f"resp_{uuid.uuid4().hex}", "conv", "idem", "digest")
     other = replace(claim, partition_key="elsewhere", idempotency_key="idem2")
     assert runner.run(store.claim_async(claim)) == claim
@@ -56,8 +55,7 @@ def test_the_store_claims_through_it_like_through_cassandra_driver(ledger_sessio
 
 def test_owners_and_status_written_and_read_through_it(ledger_session, loop_session):
     runner, session = loop_session
-    ledger = CassandraLedger(ledger_session)
-    ledger.loop_session = session
+    ledger = CassandraLedger(ledger_session, loop_session=session)
     conversation, response = f"conv_{uuid.uuid4().hex}", f"resp_{uuid.uuid4().hex}"
     assert runner.run(ledger.conversation_owner_async(conversation)) is None
     runner.run(ledger.record_owners_async(tenant_id="t1", response_id=response,

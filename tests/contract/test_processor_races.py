@@ -116,14 +116,14 @@ def workers(request, settings):
     def store():
         return CassandraCheckpointStore(session, StoreOptions(), timeout_s=30)
 
+    loop_session = (LoopSession(replace(settings, keyspace=session.keyspace)) if driver
+                    else None)
     old = Worker(store(), CassandraLedger(session, timeout_s=30))
-    new_store, new_ledger = store(), CassandraLedger(session, timeout_s=30)
-    new = Worker(Interleaving(new_store), new_ledger, entry)
-    if driver:
-        loop_session = LoopSession(replace(settings, keyspace=session.keyspace))
-        new_store.loop_session = new_ledger.loop_session = loop_session
+    new = Worker(Interleaving(CassandraCheckpointStore(session, StoreOptions(), timeout_s=30,
+                                                       loop_session=loop_session)),
+                 CassandraLedger(session, timeout_s=30, loop_session=loop_session), entry)
     yield old, new
-    if driver:
+    if loop_session is not None:
         new.runner.run(loop_session.close())
     new.runner.close()
 

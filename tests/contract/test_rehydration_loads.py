@@ -291,6 +291,7 @@ class TestCassandraLoadsThroughTheCppDriver(TestCassandraLoads):
         self.runner.run(self.loop_session.close())
 
     def make_store(self, options: StoreOptions) -> CheckpointStore:
-        store = super().make_store(options)
-        store.loop_session = self.loop_session
-        return store
+        from services.store.cassandra import CassandraCheckpointStore
+
+        return CassandraCheckpointStore(self.session, options, timeout_s=30,
+                                        loop_session=self.loop_session)
