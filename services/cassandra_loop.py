@@ -35,7 +35,7 @@ _CONSISTENCY = {value: getattr(acsylla.Consistency, name)
 
 
 @dataclass(frozen=True)
-class Answer:
+class LoopResult:
     """A request's rows as plain tuples, read like cassandra-driver's result set."""
 
     column_names: tuple[str, ...]
@@ -113,7 +113,7 @@ class LoopSession:
         return bound
 
     async def execute(self, statement: PreparedStatement, values: Sequence[Any], *,
-                      serial_consistency: int | None = None) -> Answer:
+                      serial_consistency: int | None = None) -> LoopResult:
         """``statement`` at its own consistency level (the serial level of a conditional
         write: the statement's, else ``serial_consistency``), every page of its rows."""
         try:
@@ -134,11 +134,11 @@ class LoopSession:
                 rows.extend(row.as_tuple() for row in result)
         except acsylla_errors.CassException as exc:
             raise LoopRequestFailed(exc) from exc
-        return Answer(names, tuple(rows))
+        return LoopResult(names, tuple(rows))
 
     async def execute_batch(self, parts: Sequence[tuple[PreparedStatement, Sequence[Any]]],
                             *, consistency: int, serial_consistency: int | None = None,
-                            logged: bool = True) -> Answer:
+                            logged: bool = True) -> LoopResult:
         try:
             batch = (acsylla.create_batch_logged() if logged
                      else acsylla.create_batch_unlogged())
@@ -151,7 +151,7 @@ class LoopSession:
             result = await self._session.execute_batch(batch)
         except acsylla_errors.CassException as exc:
             raise LoopRequestFailed(exc) from exc
-        return Answer(tuple(result.columns_names()), tuple(row.as_tuple() for row in result))
+        return LoopResult(tuple(result.columns_names()), tuple(row.as_tuple() for row in result))
 
     async def close(self) -> None:
         """Close the session (on the loop it serves); a later use connects again."""

@@ -11,7 +11,7 @@ Driver errors become ``LedgerUnavailable``, which the processor retries with bac
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from cassandra import ConsistencyLevel, DriverException, RequestExecutionException
@@ -38,7 +38,7 @@ from ratchet.domain.claims import (
 from ratchet.domain.promotion import RecordedEffect
 from schemas.models import Item
 from services.cassandra_cluster import completed
-from services.cassandra_loop import LoopRequestFailed, LoopSession
+from services.cassandra_loop import LoopRequestFailed, LoopResult, LoopSession
 from services.ledger.base import (
     Cancellation,
     Decision,
@@ -76,6 +76,14 @@ def _guard(call: Callable[[], T]) -> T:
         return call()
     except (NoHostAvailable, RequestExecutionException, DriverException, OSError) as exc:
         raise LedgerUnavailable(f"ledger: {type(exc).__name__}: {exc}") from exc
+
+
+async def _on_loop(request: Awaitable[LoopResult]) -> LoopResult:
+    """A request of the C++ driver; its failure as ``LedgerUnavailable``."""
+    try:
+        return await request
+    except LoopRequestFailed as exc:
+        raise LedgerUnavailable(f"ledger: {exc}") from exc
 
 
 class CassandraLedger(Ledger):
@@ -428,8 +436,8 @@ class CassandraLedger(Ledger):
 
     async def conversation_owner_async(self, conversation_id: str) -> str | None:
         if self.loop_session is not None:
-            row = (await self.loop_session.execute(self._select_conversation_owner,
-                                                   (conversation_id,))).one()
+            row = (await _on_loop(self.loop_session.execute(
+                self._select_conversation_owner, (conversation_id,)))).one()
             return None if row is None else row[0]
         future = _guard(lambda: self._session.execute_async(
             self._select_conversation_owner, (conversation_id,), timeout=self._timeout,
@@ -443,10 +451,10 @@ class CassandraLedger(Ledger):
         if self.loop_session is not None:
             writes = self._owner_writes(tenant_id, response_id, conversation_id)
             if len(writes) == 1:
-                await self.loop_session.execute(*writes[0])
+                await _on_loop(self.loop_session.execute(*writes[0]))
             elif writes:
-                await self.loop_session.execute_batch(
-                    writes, consistency=ConsistencyLevel.QUORUM, logged=False)
+                await _on_loop(self.loop_session.execute_batch(
+                    writes, consistency=ConsistencyLevel.QUORUM, logged=False))
             return
         future = self._send_owners(tenant_id, response_id, conversation_id)
         if future is not None:
@@ -520,11 +528,8 @@ class CassandraLedger(Ledger):
         """``status`` on the event loop (the API's wait_ms path): through the C++ driver
         if the ledger has a ``loop_session``, else on cassandra-driver's callbacks."""
         if self.loop_session is not None:
-            try:
-                answer = await self.loop_session.execute(self._select_status,
-                                                         (tenant_id, response_id))
-            except LoopRequestFailed as exc:
-                raise LedgerUnavailable(f"ledger status: {exc}") from exc
+            answer = await _on_loop(self.loop_session.execute(self._select_status,
+                                                              (tenant_id, response_id)))
             return _status_of(answer.one(), response_id)
         future = _guard(lambda: self._session.execute_async(
             self._select_status, (tenant_id, response_id), timeout=self._timeout,

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from cassandra import (
@@ -70,7 +70,7 @@ from ratchet.domain.plan import (
 )
 from ratchet.settings import Settings
 from services.cassandra_cluster import completed, open_cluster
-from services.cassandra_loop import LoopRequestFailed, LoopSession
+from services.cassandra_loop import LoopRequestFailed, LoopResult, LoopSession
 from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable
 from services.store.rows import (
     CHECKPOINT_COLUMNS,
@@ -135,6 +135,16 @@ def _guard(operation: str, call: Callable[[], T]) -> T:
         raise _unavailable(operation, exc) from exc
     except OSError as exc:
         raise _unavailable(operation, exc) from exc
+
+
+async def _on_loop(operation: str, request: Awaitable[LoopResult]) -> LoopResult:
+    """A request of the C++ driver; its failure as ``StoreUnavailable`` (an unknown
+    outcome included: the worker's thread path settles it with a SERIAL read)."""
+    try:
+        return await request
+    except LoopRequestFailed as exc:
+        raise StoreUnavailable(f"store {operation}: {exc}", retryable=not exc.permanent,
+                               operation=operation) from exc
 
 
 class CassandraCheckpointStore(CheckpointStore):
@@ -357,11 +367,8 @@ class CassandraCheckpointStore(CheckpointStore):
         ``loop_session``, else with cassandra-driver's ``execute_async`` (its I/O thread
         collects the pages and hands the rows to the loop; no thread-pool hop)."""
         if self.loop_session is not None:
-            try:
-                return list((await self.loop_session.execute(statement, params)).rows)
-            except LoopRequestFailed as exc:
-                raise StoreUnavailable(f"store {operation}: {exc}", retryable=not exc.permanent,
-                                       operation=operation) from exc
+            answer = await _on_loop(operation, self.loop_session.execute(statement, params))
+            return list(answer.rows)
         loop = asyncio.get_running_loop()
         done: asyncio.Future[list[Any]] = loop.create_future()
         rows: list[Any] = []
@@ -484,8 +491,8 @@ class CassandraCheckpointStore(CheckpointStore):
         here (its SERIAL read would block the loop): ``StoreUnavailable``, and
         ``promote`` takes the claim again (same request: the same holder)."""
         if self.loop_session is not None:
-            answer = await self.loop_session.execute(
-                self._insert_claim, self._claim_values(claim), serial_consistency=self._serial_cl)
+            answer = await _on_loop("promote/claim", self.loop_session.execute(
+                self._insert_claim, self._claim_values(claim), serial_consistency=self._serial_cl))
             return self._claim_holder(claim, lambda: answer)
         future = _guard(
             "promote/claim",
@@ -616,8 +623,8 @@ class CassandraCheckpointStore(CheckpointStore):
         SERIAL read would block the loop): the caller's ``promote`` finds out."""
         if self.loop_session is not None:
             parts = self._batch_parts(request, plan, checkpoint, uuid.uuid4(), facts_mark)
-            answer = await self.loop_session.execute_batch(
-                parts, consistency=self._write_cl, serial_consistency=self._serial_cl)
+            answer = await _on_loop("promote", self.loop_session.execute_batch(
+                parts, consistency=self._write_cl, serial_consistency=self._serial_cl))
             return answer.was_applied
         batch = self._batch(request, plan, checkpoint, uuid.uuid4(), facts_mark)
         future = _guard("promote", lambda: self._session.execute_async(

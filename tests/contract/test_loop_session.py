@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from cassandra import ConsistencyLevel
 
-from services.cassandra_loop import Answer, LoopSession, WrongLoop
+from services.cassandra_loop import LoopResult, LoopSession, WrongLoop
 from services.ledger.cassandra import CassandraLedger
 from services.store.base import ResponseClaim, StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
@@ -77,7 +77,26 @@ def test_it_serves_only_the_loop_it_connected_on(ledger_session, loop_session):
 
 def test_an_answer_without_applied_is_not_a_conditional_write():
     with pytest.raises(ValueError):
-        _ = Answer(("tenant_id",), (("t",),)).was_applied
+        _ = LoopResult(("tenant_id",), (("t",),)).was_applied
     with pytest.raises(ValueError):
-        _ = Answer(("[applied]",), ()).was_applied
-    assert Answer(("[applied]", "x"), ((False, 1),)).was_applied is False
+        _ = LoopResult(("[applied]",), ()).was_applied
+    assert LoopResult(("[applied]", "x"), ((False, 1),)).was_applied is False
+
+
+def test_a_driver_failure_is_the_store_or_ledger_being_unavailable(ledger_session, settings):
+    """No Cassandra where the C++ driver looks: the typed, retryable unavailability of
+    the cassandra-driver path, never a driver exception or a silent answer."""
+    from services.ledger.base import LedgerUnavailable
+    from services.store.base import StoreUnavailable
+    from streams.testing import free_port
+
+    nowhere = LoopSession(replace(settings, keyspace=ledger_session.keyspace,
+                                  cassandra_port=free_port()), timeout_s=1.0)
+    store = CassandraCheckpointStore(ledger_session, StoreOptions(), loop_session=nowhere)
+    ledger = CassandraLedger(ledger_session, loop_session=nowhere)
+    with asyncio.Runner() as runner:
+        with pytest.raises(StoreUnavailable) as failed:
+            runner.run(store.read_head_async("tenant", "conv"))
+        assert failed.value.retryable
+        with pytest.raises(LedgerUnavailable):
+            runner.run(ledger.status_async("tenant", "resp"))
