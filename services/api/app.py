@@ -28,8 +28,9 @@ from services.store.base import StoreUnavailable
 log = logging.getLogger("ratchet.api")
 
 # Ids are opaque strings chosen by gateways; bound them so a request line stays small.
-_ID = r"^[A-Za-z0-9._:\-]{1,200}$"
-_SHA256 = r"^[0-9a-f]{64}$"
+ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,200}$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+_ID, _SHA256 = ID_PATTERN, SHA256_PATTERN
 
 TenantId = Annotated[str, Query(pattern=_ID, description="Tenant that owns the history.")]
 FingerprintHash = Annotated[
@@ -101,9 +102,9 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
         cache_control: CacheControl = None,
     ) -> Response:
         answer = await service.conversation_history(
-            tenant_id, conversation_id, fingerprint_hash, use_cache=_use_cache(cache_control)
+            tenant_id, conversation_id, fingerprint_hash, use_cache=use_cache(cache_control)
         )
-        return _history(answer)
+        return history_response(answer)
 
     @app.get(
         "/v1/responses/{response_id}/history",
@@ -125,10 +126,10 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
                 response_id,
                 fingerprint_hash,
                 wait_ms,
-                use_cache=_use_cache(cache_control),
+                use_cache=use_cache(cache_control),
                 partition_key=partition_key,
             )
-        return _history(answer)
+        return history_response(answer)
 
     @app.get(
         "/v1/responses/{response_id}/status",
@@ -165,14 +166,15 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
     return app
 
 
-def _use_cache(cache_control: str | None) -> bool:
+def use_cache(cache_control: str | None) -> bool:
+    """False for a ``Cache-Control`` with ``no-cache`` or ``no-store``."""
     if not cache_control:
         return True
     directives = {d.strip().lower() for d in cache_control.split(",")}
     return not directives & {"no-cache", "no-store"}
 
 
-def _history(answer: Answer) -> Response:
+def history_response(answer: Answer) -> Response:
     # The body is already JSON (rendered once per verified history, see render.py).
     return Response(answer.payload, status_code=answer.status_code, media_type="application/json")
 
@@ -192,25 +194,28 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(422, ErrorBody(error="INVALID_REQUEST", detail=detail))
 
     @app.exception_handler(StoreUnavailable)
-    async def store_unavailable(_: Request, exc: StoreUnavailable) -> JSONResponse:
-        metrics.STORE_ERRORS.labels("any").inc()
-        return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=exc.retryable))
-
     @app.exception_handler(LedgerUnavailable)
-    async def ledger_unavailable(_: Request, exc: LedgerUnavailable) -> JSONResponse:
-        metrics.STORE_ERRORS.labels("ledger").inc()
-        return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=True))
-
     @app.exception_handler(Exception)
-    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
-        # A bug, not an outcome: typed, logged with its traceback, never silent.
-        log.error("unhandled error", exc_info=exc)
-        return _error(500, ErrorBody(error="INTERNAL", detail=type(exc).__name__))
+    async def service_error(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         # 404 for unknown paths, 405 for wrong methods: typed like every other error.
         return _error(exc.status_code, ErrorBody(error="INVALID_REQUEST", detail=exc.detail))
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    """The answer to an exception out of the service: 503 when the store or the ledger
+    is unavailable (retry), else 500 (a bug: typed, logged with its traceback)."""
+    if isinstance(exc, StoreUnavailable):
+        metrics.STORE_ERRORS.labels("any").inc()
+        return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=exc.retryable))
+    if isinstance(exc, LedgerUnavailable):
+        metrics.STORE_ERRORS.labels("ledger").inc()
+        return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=True))
+    log.error("unhandled error", exc_info=exc)
+    return _error(500, ErrorBody(error="INTERNAL", detail=type(exc).__name__))
 
 
 def _error(status_code: int, body: ErrorBody) -> JSONResponse:

@@ -21,6 +21,7 @@ from services.api import logs
 from services.api.app import create_app
 from services.api.cache import HistoryCache
 from services.api.claims import claims_router
+from services.api.fastpath import HistoryFastPath
 from services.api.notifier import DecisionNotifier, ResponseIdDecoder
 from services.api.prewarm import Prewarmer
 from services.api.service import RehydrationService
@@ -100,7 +101,8 @@ def cli_api(settings: Settings) -> int:
     )
     try:
         uvicorn.run(
-            process.app,
+            # The history GETs skip FastAPI's per-request machinery (fastpath.py).
+            HistoryFastPath(process.app, process.service),
             host=settings.api_host,
             port=settings.api_port,
             log_config=None,  # keep our JSON-lines handlers

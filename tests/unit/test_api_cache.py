@@ -15,13 +15,11 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from fastapi.testclient import TestClient
 
 from ratchet.domain.history import PromotionMode, VerifiedHistory
 from ratchet.domain.plan import PromotionRequest
 from schemas.items import message
 from schemas.models import Certification
-from services.api.app import create_app
 from services.api.cache import ENTRY_OVERHEAD_BYTES, CachedHistory, HistoryCache
 from services.api.render import (
     RenderedHistory,
@@ -46,8 +44,9 @@ NO_CACHE = {"Cache-Control": "no-cache"}
 class CachingStack(Stack):
     """The unit Stack with the cache wired in, counting every storage read by kind."""
 
-    def __init__(self, retention_s: int = 0, cache_bytes: int = 1 << 20) -> None:
-        super().__init__(retention_s)
+    def __init__(self, retention_s: int = 0, cache_bytes: int = 1 << 20,
+                 fast_path: bool = True) -> None:
+        super().__init__(retention_s, fast_path)
         self.cache = HistoryCache(cache_bytes)
         self.reads: dict[str, int] = {}
         for name in ("read_history", "read_turn", "read_head", "locate"):
@@ -55,9 +54,7 @@ class CachingStack(Stack):
         self.service = RehydrationService(
             self.store, self.ledger, self.waiters, clock=self.clock, cache=self.cache
         )
-        self.client = TestClient(
-            create_app(self.service, lambda: True), raise_server_exceptions=False
-        )
+        self.client = self.client_of(self.service)
 
     def _count(self, name: str) -> None:
         method = getattr(self.store, name)
@@ -120,9 +117,9 @@ class CachingStack(Stack):
         return rid
 
 
-@pytest.fixture
-def stack() -> CachingStack:
-    return CachingStack()
+@pytest.fixture(params=[True, False], ids=["fast-path", "fastapi"])
+def stack(request) -> CachingStack:
+    return CachingStack(fast_path=request.param)
 
 
 def _conv_of(stack: CachingStack, tenant: str, rid: str) -> str:

@@ -23,6 +23,7 @@ from schemas.canonical import canonical_json_text as canonical_json
 from schemas.items import function_call, function_call_output, message
 from schemas.models import Certification, Item
 from services.api.app import create_app
+from services.api.fastpath import HistoryFastPath
 from services.api.service import RehydrationService
 from services.api.waiters import PromotionWaiters
 from services.ledger.memory import MemoryLedger
@@ -47,7 +48,11 @@ class Clock:
 
 
 class Stack:
-    def __init__(self, retention_s: int = 0) -> None:
+    """``fast_path``: the app as ``ratchet api`` serves it (history GETs through
+    ``HistoryFastPath``); False: FastAPI alone. Every test here runs on both."""
+
+    def __init__(self, retention_s: int = 0, fast_path: bool = True) -> None:
+        self.fast_path = fast_path
         self.clock = Clock()
         self.store = MemoryCheckpointStore(
             StoreOptions(clock=self.clock, logical_retention_s=retention_s)
@@ -55,7 +60,12 @@ class Stack:
         self.ledger = MemoryLedger()
         self.waiters = PromotionWaiters()
         service = RehydrationService(self.store, self.ledger, self.waiters, clock=self.clock)
-        self.client = TestClient(create_app(service, lambda: True), raise_server_exceptions=False)
+        self.client = self.client_of(service)
+
+    def client_of(self, service: RehydrationService) -> TestClient:
+        app = create_app(service, lambda: True)
+        return TestClient(HistoryFastPath(app, service) if self.fast_path else app,
+                          raise_server_exceptions=False)
 
     def promote(
         self,
@@ -114,9 +124,9 @@ def two_turns(stack: Stack) -> tuple[str, str, list[str]]:
     return tenant, rid, [i.item_id for i in first + second]
 
 
-@pytest.fixture
-def stack() -> Stack:
-    return Stack()
+@pytest.fixture(params=[True, False], ids=["fast-path", "fastapi"])
+def stack(request) -> Stack:
+    return Stack(fast_path=request.param)
 
 
 def test_certified_returns_complete_history_and_checkpoint(stack):
