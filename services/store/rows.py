@@ -9,13 +9,12 @@ that response as damaged (``PartitionSnapshot.damaged``) for verification to rep
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import struct
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from cassandra.query import UNSET_VALUE
 
@@ -27,11 +26,10 @@ from ratchet.domain.history import (
     PromotionMode,
     StoredTokenArtifact,
     TurnItems,
+    frozen_record,
     utc_ms,
 )
 from schemas.models import Certification, Item
-
-T = TypeVar("T")
 
 CHECKPOINT_COLUMNS = (
     "response_id, seq, mode, parent_response_id, previous_response_id, idempotency_key, "
@@ -162,7 +160,16 @@ def decode_items_cell(cell: bytes | None) -> TurnItems:
     if not cell or cell[0] != ITEMS_CELL_VERSION:
         raise ValueError("items cell of an unknown encoding")
     unpack, head = _RECORD_HEAD.unpack_from, _RECORD_HEAD.size
-    records: list[tuple[Any, ...]] = []
+    # Each field goes straight to its column (no record tuple per item to transpose
+    # after): the fastest of the shapes measured (docs/decisions.md, "Cold miss").
+    seqs: list[int] = []
+    ids: list[str] = []
+    types: list[str] = []
+    roles: list[str | None] = []
+    call_ids: list[str | None] = []
+    contents: list[bytes] = []
+    digests: list[str] = []
+    formats: list[int] = []
     at, end = 1, len(cell)
     while at < end:
         if at + head > end:
@@ -172,37 +179,47 @@ def decode_items_cell(cell: bytes | None) -> TurnItems:
             raise ValueError("item without id, type, content or digest")
         at += head
         stop = at + l_id
-        item_id = cell[at:stop].decode()
+        ids.append(cell[at:stop].decode())
         at, stop = stop, stop + l_type
-        item_type = cell[at:stop].decode()
+        types.append(cell[at:stop].decode())
         at = stop
-        role = call_id = None
         if l_role >= 0:
             stop = at + l_role
-            role = cell[at:stop].decode()
+            roles.append(cell[at:stop].decode())
             at = stop
+        else:
+            roles.append(None)
         if l_call >= 0:
             stop = at + l_call
-            call_id = cell[at:stop].decode()
+            call_ids.append(cell[at:stop].decode())
             at = stop
+        else:
+            call_ids.append(None)
         stop = at + l_content
-        content = cell[at:stop]
+        contents.append(cell[at:stop])
         at, stop = stop, stop + l_digest
-        digest = cell[at:stop].decode()
+        digests.append(cell[at:stop].decode())
         at = stop
         if at > end:
             raise ValueError("items cell ends inside a field")
-        records.append((seq, item_id, item_type, role, call_id, content, digest, format_version))
-    if not records:
+        seqs.append(seq)
+        formats.append(format_version)
+    if not seqs:
         return NO_ITEMS
-    # One record tuple per item, then the columns in one transposition (C), and the
-    # record built like ``_frozen`` builds checkpoints (its fields are ``_TURN_COLUMNS``).
-    columns = zip(*records, strict=True)  # every record has the 8 fields
-    return _frozen(TurnItems, dict(zip(_TURN_COLUMNS, columns, strict=True)))
-
-
-# ``TurnItems`` fields in ``ITEM_RECORD_FIELDS`` order (``_frozen_ok`` checks them).
-_TURN_COLUMNS = ("seqs", "ids", "types", "roles", "call_ids", "contents", "digests", "formats")
+    # Every field of the record (tests/unit/test_store_rows.py checks a decoded one).
+    return frozen_record(
+        TurnItems,
+        {
+            "seqs": tuple(seqs),
+            "ids": tuple(ids),
+            "types": tuple(types),
+            "roles": tuple(roles),
+            "call_ids": tuple(call_ids),
+            "contents": tuple(contents),
+            "digests": tuple(digests),
+            "formats": tuple(formats),
+        },
+    )
 
 
 def checkpoint_values(checkpoint: CheckpointRecord, token: uuid.UUID) -> tuple[Any, ...]:
@@ -235,10 +252,17 @@ _MODES = {m.value: m for m in PromotionMode}
 _CERTIFICATIONS = {c.value: c for c in Certification}
 
 
+# A driver timestamp's offset from the naive epoch, added to the aware one, is the same
+# instant with the UTC zone: two C operations, where ``replace(tzinfo=UTC)`` parses
+# keyword arguments and costs ~8x more (a 50-turn read decodes 50 timestamps).
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+_UTC_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _utc(value: datetime) -> datetime:
     """``utc_ms`` for a driver timestamp (naive UTC, whole milliseconds): just the zone."""
     if value.tzinfo is None and value.microsecond % 1000 == 0:
-        return value.replace(tzinfo=UTC)
+        return _UTC_EPOCH + (value - _NAIVE_EPOCH)
     return utc_ms(value)
 
 
@@ -286,7 +310,7 @@ def _decode_checkpoint(
         raise ValueError("checkpoint row without seq or item range")
     if promoted_at is None or digest is None:
         raise ValueError("checkpoint row without promoted_at or items digest")
-    return _frozen(
+    return frozen_record(
         CheckpointRecord,
         {
             "tenant_id": tenant_id,
@@ -313,37 +337,6 @@ def _decode_checkpoint(
             "lineage_digest": lineage,
         },
     )
-
-
-_new, _set = object.__new__, object.__setattr__
-
-
-def _frozen(cls: type[T], fields: dict[str, Any]) -> T:
-    """An instance of the frozen dataclass ``cls`` from ALL its fields, without its
-    generated ``__init__``, which sets them one ``object.__setattr__`` at a time (3x
-    slower on the 20 fields of ``CheckpointRecord``; a 50-turn read builds 50 of them,
-    and 50 ``TurnItems``). ``_frozen_ok`` checks at import that the result equals the
-    ``__init__``-built one; tests/unit/test_store_rows.py that decoding gives all fields."""
-    record = _new(cls)
-    _set(record, "__dict__", fields)
-    return record
-
-
-def _frozen_ok() -> bool:
-    if tuple(f.name for f in dataclasses.fields(TurnItems)) != _TURN_COLUMNS:
-        return False
-    for cls in (CheckpointRecord, TurnItems):
-        fields = {f.name: f"v{i}" for i, f in enumerate(dataclasses.fields(cls))}
-        built = _frozen(cls, dict(fields))
-        if built != cls(**fields) or vars(built) != vars(cls(**fields)):
-            return False
-    return True
-
-
-if not _frozen_ok():  # pragma: no cover - depends on how dataclasses builds instances
-
-    def _frozen(cls: type[T], fields: dict[str, Any]) -> T:  # type: ignore[no-redef]
-        return cls(**fields)
 
 
 def decode_snapshot(

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import orjson
 import pytest
+from pydantic_core import to_json
 
 from ratchet.domain.history import VerifiedHistory, verify_history
 from ratchet.domain.rehydration import fallback_reason
@@ -123,3 +125,14 @@ def test_every_prefix_extended_by_its_next_turns_renders_the_same_bytes():
             whole.checkpoint, render_history(prefix).items_json, whole.turns[cut:]
         )
         assert extended == render_history(whole)
+
+
+def test_orjson_escapes_every_code_point_as_pydantic_does():
+    """``items_json`` writes the body with orjson; the bytes pinned above are
+    pydantic's. Every code point (surrogates cannot come from UTF-8 bytes), alone and
+    in one string, serialises to the same JSON string in both."""
+    points = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    assert orjson.dumps("".join(points)) == to_json("".join(points))
+    for start in range(0, len(points), 4096):
+        chunk = points[start : start + 4096]
+        assert orjson.dumps(chunk) == to_json(chunk)

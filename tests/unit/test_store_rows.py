@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from ratchet.domain.history import NO_ITEMS, TurnItems
+from ratchet.domain import history
+from ratchet.domain.history import NO_ITEMS, StoredTokenArtifact, TurnItems
 from services.store import rows as backend
 from tests.contract.store_support import item
 
@@ -68,15 +69,18 @@ def test_damaged_rows_are_reported_not_raised():
 
 
 def test_decoded_records_equal_records_built_by_their_constructors():
-    """``rows._frozen`` skips the dataclasses' ``__init__``: every field must still be
-    there (a field added to a record but not to the decoder fails here) and equal."""
-    assert backend._frozen_ok()
+    """``history.frozen_record`` skips the dataclasses' ``__init__``: every field must
+    still be there (a field added to a record but not to the decoder fails here) and
+    equal."""
+    assert history._frozen_records_ok()
     cell = backend.encode_turn_items([(1, "i", "message", "user", None, b"{}", "d", 1)])
     snapshot = backend.decode_snapshot("t", "p", [_turn_row("resp_a", items=cell)])
     assert snapshot is not None
     checkpoint = snapshot.checkpoints["resp_a"]
     stored = snapshot.items["resp_a"]
-    for record in (checkpoint, stored):
+    artifact = StoredTokenArtifact("a", "th", 3, 2, "fp", datetime(2030, 1, 1, tzinfo=UTC))
+    assert StoredTokenArtifact.from_json(artifact.to_json()) == artifact
+    for record in (checkpoint, stored, StoredTokenArtifact.from_json(artifact.to_json())):
         rebuilt = dataclasses.replace(record)  # the generated __init__, every field read
         assert rebuilt == record and hash(rebuilt) == hash(record)
         assert vars(rebuilt) == vars(record)
