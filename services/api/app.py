@@ -8,8 +8,9 @@ handlers here turn any validation error into a typed 422 ``ErrorBody``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, FastAPI, Header, Path, Query, Request
@@ -76,9 +77,19 @@ _HISTORY_RESPONSES = {
 
 
 def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
-               routers: Sequence[APIRouter] = ()) -> FastAPI:
-    """``routers``: route modules of their own (the effect claims, services/api/claims.py)."""
+               routers: Sequence[APIRouter] = (),
+               on_start: Callable[[], None] | None = None) -> FastAPI:
+    """``routers``: route modules of their own (the effect claims, services/api/claims.py).
+    ``on_start``: called on the serving event loop before the first request."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if on_start is not None:
+            on_start()
+        yield
+
     app = FastAPI(
+        lifespan=lifespan,
         title="ratchet rehydration service",
         version="1",
         description="Complete certified histories, typed fallbacks and typed failures "

@@ -90,6 +90,7 @@ HISTORY_CACHE_ENTRIES = Gauge(
 PREWARM = Counter(
     "ratchet_api_history_prewarm_total",
     "Promotion records the API used to warm its history cache: warmed (extended by the "
-    "new row), skipped (parent not cached), dropped (queue full), failed (store error).",
+    "new row), skipped (parent not cached), woken (a waiting request reads it instead), "
+    "dropped (too many warm-ups running), failed (store error).",
     ["result"],
 )

@@ -9,8 +9,9 @@ Design:
   replica needs every decision for its own waiters, and a restart loses nothing;
 - each record is decoded to learn its ``response_id``; a record that cannot be
   decoded wakes every waiter (a spurious wake-up costs one read, a lost one a timeout);
-- a promotion record is also handed to ``on_promoted`` (the cache pre-warmer, which
-  only enqueues: the consumer never waits on a storage read).
+- a promotion record that woke no waiting request is also handed to ``on_promoted``
+  (the cache pre-warmer, which only schedules: the consumer never waits on a storage
+  read); a woken request reads the promoted row itself.
 """
 
 from __future__ import annotations
@@ -141,9 +142,15 @@ class DecisionNotifier:
             self._waiters.notify_all()
             return
         metrics.NOTIFIER_RECORDS.labels(topic, "decoded").inc()
-        self._waiters.notify(response_id, decision)
-        if decision == "promoted" and self._on_promoted is not None and not isinstance(record, str):
-            self._on_promoted(record)
+        woken = self._waiters.notify(response_id, decision)
+        if decision != "promoted" or self._on_promoted is None or isinstance(record, str):
+            return
+        if woken:
+            # The woken request reads this very row: warming beside it would read and
+            # verify it twice (the answer is the same either way).
+            metrics.PREWARM.labels("woken").inc()
+            return
+        self._on_promoted(record)
 
     def _report_lag(self, consumer: Consumer) -> None:
         try:

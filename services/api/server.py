@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import uvicorn
@@ -56,8 +57,8 @@ class ApiProcess:
         session = self.cluster.connect(settings.keyspace)
         # The reads awaited on the server's event loop (histories, heads, a wait's status)
         # go through the C++ driver (services/cassandra_loop.py): ~0.4 ms less CPU per
-        # 51-row history read. Closed with the process; the prewarm thread and the claims
-        # endpoints use cassandra-driver.
+        # 51-row history read. Closed with the process; the claims endpoints and the
+        # status endpoint use cassandra-driver.
         loop_session = LoopSession(settings) if settings.loop_driver == "acsylla" else None
         self.store = CassandraCheckpointStore(
             session, StoreOptions(logical_retention_s=settings.logical_retention_s),
@@ -80,20 +81,22 @@ class ApiProcess:
             registry_response_id_decoder(settings),
             on_promoted=self.prewarmer.promoted if self.cache.enabled else None,
         )
-        self.app: FastAPI = create_app(self.service, lambda: self.notifier.up,
-                                       routers=[claims_router(self.ledger,
-                                                              self.store.mark_request_facts)])
+        self.app: FastAPI = create_app(
+            self.service,
+            lambda: self.notifier.up,
+            routers=[claims_router(self.ledger, self.store.mark_request_facts)],
+            # Warm-ups read on the serving loop, like the requests (prewarm.py).
+            on_start=lambda: self.prewarmer.attach(asyncio.get_running_loop()),
+        )
 
     def close(self) -> None:
         self.notifier.stop()
-        self.prewarmer.stop()
         self.cluster.shutdown()
 
 
 def cli_api(settings: Settings) -> int:
     logs.configure()
     process = ApiProcess(settings)
-    process.prewarmer.start()
     process.notifier.start()
     log.info(
         "rehydration API listening",

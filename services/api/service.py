@@ -564,13 +564,22 @@ class RehydrationService:
         self._cache_gauges()
         return entry, known if target.mode is PromotionMode.CONVERSATION else None
 
-    def prewarm(self, tenant_id: str, partition_key: str, response_id: str) -> bool:
+    async def prewarm(self, tenant_id: str, partition_key: str, response_id: str) -> bool:
         """Extend the cache by a just-promoted response if its parent's history is
-        cached (one row read; never a full read). True if it is cached now."""
-        if self._cache is None or self._cache.get(tenant_id, response_id) is not None:
+        cached (ONE row read on the event loop, never more). True if it is cached now."""
+        if (
+            self._cache is None
+            or not self._cache.extendable(tenant_id, partition_key)
+            or self._cache.get(tenant_id, response_id) is not None
+        ):
             return False
         self._cache.remember_location(tenant_id, response_id, partition_key)
-        extended = self._extended(tenant_id, partition_key, response_id, None, 1, self._clock())
+        row = await self._store.read_turn_async(tenant_id, partition_key, response_id)
+        if row is None:
+            return False
+        extended = self._extended(
+            tenant_id, partition_key, response_id, None, 1, self._clock(), row
+        )
         return isinstance(extended, tuple)
 
     # -- full reads (blocking; run in the thread pool) -----------------------------------

@@ -11,6 +11,7 @@ tests/e2e/test_http_cache.py.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from datetime import timedelta
 
@@ -362,7 +363,7 @@ def test_a_promotion_prewarms_the_cache(stack):
     conv = _conv_of(stack, tenant, rid)
     stack.history(tenant, rid)
     third = _third_turn(stack, tenant, conv)
-    warmed, reads = stack.reads_during(lambda: stack.service.prewarm(tenant, conv, third))
+    warmed, reads = stack.reads_during(lambda: asyncio.run(stack.service.prewarm(tenant, conv, third)))
     assert warmed and reads == {"read_turn": 1}
     resp, reads = stack.reads_during(lambda: stack.history(tenant, third))
     assert reads == {"read_head": 1} and resp.status_code == 200
@@ -374,7 +375,7 @@ def test_prewarm_without_a_cached_parent_reads_at_most_one_row(stack):
     tenant, rid, _ = two_turns(stack)
     conv = _conv_of(stack, tenant, rid)
     third = _third_turn(stack, tenant, conv)
-    warmed, reads = stack.reads_during(lambda: stack.service.prewarm(tenant, conv, third))
+    warmed, reads = stack.reads_during(lambda: asyncio.run(stack.service.prewarm(tenant, conv, third)))
     assert not warmed and reads == {}  # nothing of this partition is cached
 
 
