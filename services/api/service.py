@@ -51,7 +51,7 @@ from services.api.render import (
 )
 from services.api.waiters import PromotionWaiters
 from services.ledger.base import Ledger, ResponseState
-from services.store.base import CheckpointStore
+from services.store.base import CheckpointStore, no_such_response
 
 log = logging.getLogger("ratchet.api")
 
@@ -362,10 +362,12 @@ class RehydrationService:
             if row is None and verified is None:  # a wrong hint, or nothing promoted yet
                 hinted = partition_key
                 partition_key = await self._store.locate_async(tenant_id, response_id)
-                if partition_key is not None and partition_key != hinted:
-                    row = await self._read_turn_if_extendable(
-                        tenant_id, partition_key, response_id
-                    )
+                if partition_key is None or partition_key == hinted:
+                    # Claimed nowhere, or where its row is not (yet): not promoted. A
+                    # full read would read the claim (and that partition) again to say
+                    # so; a waiting request asks this once per wait.
+                    return await self._absent(tenant_id, response_id, no_such_response())
+                row = await self._read_turn_if_extendable(tenant_id, partition_key, response_id)
         elif partition_key is None:
             partition_key = await self._store.locate_async(tenant_id, response_id)
             if partition_key is not None:
@@ -613,15 +615,18 @@ class RehydrationService:
         history = await self._store.read_history_async(
             tenant_id, response_id=response_id, now=now, partition_key=partition_key
         )
-        if (
-            isinstance(history, HistoryFailure)
-            and history.reason is HistoryFailureReason.NOT_FOUND
-            and self._ledger is not None
-        ):
+        if isinstance(history, HistoryFailure) and history.reason is HistoryFailureReason.NOT_FOUND:
+            return await self._absent(tenant_id, response_id, history)
+        return self._decide(history, fingerprint_hash, now, "response")
+
+    async def _absent(self, tenant_id: str, response_id: str, history: HistoryFailure) -> Answer:
+        """A response promoted nowhere: NOT_PROMOTED if the ledger recorded its
+        rejection, else the NOT_FOUND failure (pending, for a waiting request)."""
+        if self._ledger is not None:
             recorded = await self._ledger.status_async(tenant_id, response_id)
             if recorded.status is ResponseState.REJECTED:
                 return _not_promoted(response_id, f"rejected: {recorded.reason}")
-        return self._decide(history, fingerprint_hash, now, "response")
+        return self._failure(history, "response")
 
     def _decide(
         self,

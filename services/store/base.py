@@ -178,7 +178,7 @@ def _exactly_one(response_id: str | None, conversation_id: str | None) -> None:
         raise ValueError("give exactly one of response_id or conversation_id")
 
 
-def _no_such_response() -> HistoryFailure:
+def no_such_response() -> HistoryFailure:
     return HistoryFailure(HistoryFailureReason.NOT_FOUND, "no such response")
 
 
@@ -383,10 +383,10 @@ class CheckpointStore(ABC):
                 return result
         located = self._locate(tenant_id, response_id)
         if located is None or located == hinted:
-            return _no_such_response()
+            return no_such_response()
         snapshot = self._load_partition(tenant_id, located)
         return self._response_result(tenant_id, located, response_id, snapshot, now) or (
-            _no_such_response()
+            no_such_response()
         )
 
     async def read_history_async(
@@ -414,10 +414,10 @@ class CheckpointStore(ABC):
                 return result
         located = await self._locate_async(tenant_id, response_id)
         if located is None or located == hinted:
-            return _no_such_response()
+            return no_such_response()
         snapshot = await self._load_partition_async(tenant_id, located)
         return self._response_result(tenant_id, located, response_id, snapshot, now) or (
-            _no_such_response()
+            no_such_response()
         )
 
     def _hinted_partition(

@@ -488,3 +488,23 @@ def test_item_with_undecodable_bytes_is_not_cached(stack):
     for _ in range(2):
         assert stack.history(tenant, rid).json()["reason"] == "CORRUPT_HISTORY"
     assert stack.reads["read_history"] == 2 and len(stack.cache) == 0
+
+
+def test_a_response_not_promoted_yet_costs_its_row_and_its_claim_only(stack):
+    """A waiting request's first lookup, hinted: the row is absent and the claim names
+    no partition (or that one), so it is not promoted: no full read after them. A
+    recorded rejection still answers NOT_PROMOTED."""
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    stack.history(tenant, rid)  # the partition is extendable
+    locates: list[tuple] = []
+    locate = stack.store._locate
+    stack.store._locate = lambda *args: locates.append(args) or locate(*args)
+    pending = uid("resp")
+    resp, reads = stack.reads_during(lambda: stack.history(tenant, pending, partition_key=conv))
+    assert resp.status_code == 404 and resp.json()["reason"] == "NOT_FOUND"
+    assert reads == {"read_turn": 1, "locate": 1} and locates == [(tenant, pending)]
+    stack.ledger.mark_rejected(tenant, pending, "CONFLICT", "head moved")
+    resp = stack.history(tenant, pending, partition_key=conv)
+    assert resp.status_code == 409 and resp.json()["reason"] == "NOT_PROMOTED"
+    assert "rejected: CONFLICT" in resp.json()["detail"]
