@@ -17,6 +17,7 @@ class SettingsError(ValueError):
 
 
 LOOP_DRIVERS = ("acsylla", "cassandra-driver")
+EVENT_LOOPS = ("uvloop", "asyncio")
 
 
 def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
@@ -79,6 +80,10 @@ class Settings:
     # the worker's promotions and the API's reads. "acsylla" (the C++ driver) or
     # "cassandra-driver" (its callbacks); see docs/decisions.md, "Promotion cost".
     loop_driver: str = "acsylla"
+    # The worker's asyncio event loop implementation (its main loop and the loop of
+    # Faust's consumer thread): "uvloop" (libuv, the default) or "asyncio" (the
+    # standard library's); see docs/decisions.md, "Promotion cost".
+    worker_event_loop: str = "uvloop"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -113,6 +118,8 @@ class Settings:
             fetch_stall_s=_int(env, "RATCHET_FETCH_STALL_S", d.fetch_stall_s),
             lane_window=_int(env, "RATCHET_LANE_WINDOW", d.lane_window, 1),
             loop_driver=_choice(env, "RATCHET_LOOP_DRIVER", d.loop_driver, LOOP_DRIVERS),
+            worker_event_loop=_choice(env, "RATCHET_WORKER_EVENT_LOOP", d.worker_event_loop,
+                                      EVENT_LOOPS),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -137,6 +144,7 @@ class Settings:
             "RATCHET_FETCH_STALL_S": str(self.fetch_stall_s),
             "RATCHET_LANE_WINDOW": str(self.lane_window),
             "RATCHET_LOOP_DRIVER": self.loop_driver,
+            "RATCHET_WORKER_EVENT_LOOP": self.worker_event_loop,
         }
 
     def topic(self, name: str) -> str:

@@ -43,7 +43,7 @@ from confluent_kafka.schema_registry import (
 )
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from fastavro import parse_schema, schemaless_reader
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
 from pydantic import ValidationError
 
@@ -148,17 +148,30 @@ class EventSerde:
         self._serializers: dict[str, AvroSerializer] = {}
         self._readers: dict[int, _Reader] = {}
         self._encoded: set[str] = set()  # records encoded once: their schema id is known
+        # Per record, once its serializer has encoded one: the wire header (magic byte
+        # and schema id, fixed from then on) and the parsed schema, to write later
+        # events without the serializer's per-call machinery (``_writer_of``).
+        self._writers: dict[str, tuple[bytes, Any] | None] = {}
 
     # --- encoding ---------------------------------------------------------------------
 
     def encode(self, event: Frozen, topic: str) -> bytes:
         """Confluent-framed Avro bytes of ``event`` for ``topic``."""
         record = record_name(event)
+        writer = self._writers.get(record)
+        if writer is not None:
+            try:
+                return _write(writer, event.to_avro())
+            except (ValueError, TypeError) as exc:
+                raise EncodeError(record, str(exc)) from exc
         serializer = self._serializer(record)
         context = SerializationContext(topic, MessageField.VALUE)
         try:
-            encoded = _registry_call(lambda: serializer(event.to_avro(), context))
+            data = event.to_avro()
+            encoded = _registry_call(lambda: serializer(data, context))
             self._encoded.add(record)
+            if record not in self._writers:
+                self._writers[record] = _writer_of(record, encoded, data)
             return encoded
         except SchemaRegistryError as exc:
             raise EncodeError(
@@ -301,6 +314,32 @@ class EventSerde:
         raise DecodeError(
             reason, f"{type(error).__name__}: {error}", schema_id=schema_id, **where
         ) from error
+
+
+def _write(writer: tuple[bytes, Any], data: dict[str, Any]) -> bytes:
+    header, schema = writer
+    out = io.BytesIO()
+    out.write(header)
+    schemaless_writer(out, schema, data)
+    return out.getvalue()
+
+
+def _writer_of(record: str, encoded: bytes, data: dict[str, Any]) -> tuple[bytes, Any] | None:
+    """What ``_write`` needs to encode ``record`` as the registry serializer does, or
+    None (the serializer stays in use): its output's header (magic byte, schema id)
+    and the record's parsed schema, kept only if ``_write`` gives back exactly the
+    bytes the serializer wrote for ``data``. The serializer itself writes the same way
+    (``schemaless_writer`` after that header) once it knows the schema id, which it
+    then never asks again; it is the serializer's per-call work (subject name, rule
+    checks, buffers) that this skips."""
+    if len(encoded) < HEADER_SIZE or encoded[0] != MAGIC_BYTE:
+        return None
+    writer = (encoded[:HEADER_SIZE], avsc.parsed(record))
+    try:
+        same = _write(writer, data) == encoded
+    except (ValueError, TypeError):
+        same = False
+    return writer if same else None
 
 
 def _without_docs(schema: Any) -> Any:

@@ -7,10 +7,10 @@ the cache keeps of a checkpoint.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from ratchet.domain.history import CheckpointRecord
+from ratchet.domain.history import CheckpointRecord, frozen_record
 from ratchet.domain.validation import EMPTY_PAIRING, PairingState, Unpaired
 from schemas.models import TurnCompleted
 
@@ -47,4 +47,5 @@ def utc(epoch_ms: int) -> datetime:
 def slim(checkpoint: CheckpointRecord) -> CheckpointRecord:
     """The checkpoint without its bulky certification payloads: what the cache keeps
     (a hint's conditions use only ids, seqs, the item range and the mode)."""
-    return replace(checkpoint, token_artifact=None, router_receipt=None, boundary_proof=None)
+    return frozen_record(CheckpointRecord, {**vars(checkpoint), "token_artifact": None,
+                                            "router_receipt": None, "boundary_proof": None})

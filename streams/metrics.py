@@ -9,7 +9,10 @@ docs/service.md.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -65,6 +68,21 @@ CONSUMER_LAG = Gauge(
 )
 
 
+def _children(metric: Counter) -> Callable[[str], Any]:
+    """``metric.labels(value)`` of a one-label metric, looked up once per value (each
+    ``labels`` call takes a lock and builds a key); created on first use, as before."""
+    @functools.cache
+    def child(value: str) -> Any:
+        return metric.labels(value)
+    return child
+
+
+events_by_path = _children(EVENTS_BY_PATH)
+_promotions = _children(PROMOTIONS)
+_rejections = _children(REJECTIONS)
+_dead_letters = _children(DEAD_LETTERS)
+
+
 def serve(host: str, port: int) -> bool:
     """Start the exporter; False (logged, not fatal) if the port is taken or disabled."""
     if port == 0:
@@ -86,10 +104,10 @@ def observe_published(models: list) -> None:
     """
     for model in models:
         if isinstance(model, CheckpointPromoted):
-            PROMOTIONS.labels(model.certification.value).inc()
+            _promotions(model.certification.value).inc()
         elif isinstance(model, PromotionRejected):
-            REJECTIONS.labels(model.reason.value).inc()
+            _rejections(model.reason.value).inc()
         elif isinstance(model, DeadLetter):
-            DEAD_LETTERS.labels(model.reason.value).inc()
+            _dead_letters(model.reason.value).inc()
         elif isinstance(model, EffectOrphaned):
             ORPHANED_EFFECTS.inc()

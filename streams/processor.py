@@ -181,9 +181,9 @@ class PromotionProcessor:
             handled = None
         if handled is not None:
             self.loop_promotions += 1
-            metrics.EVENTS_BY_PATH.labels("loop").inc()
+            metrics.events_by_path("loop").inc()
             return handled
-        metrics.EVENTS_BY_PATH.labels("thread").inc()
+        metrics.events_by_path("thread").inc()
         return await in_thread(lambda: self.handle(record))
 
     async def _promote_on_loop(self, record: RawRecord) -> Handled | None:
@@ -229,15 +229,19 @@ class PromotionProcessor:
         if not isinstance(decided, Promote) or holder != claim:
             return None
         hints = _Hints.of(decided, lineage)
-        owners = asyncio.ensure_future(self.ledger.record_owners_async(
-            **_owners(turn, first_turn=owner is None)))
+        to_own = _owners(turn, first_turn=owner is None)
+        # A Conversation's later turns own nothing: no task for an empty write.
+        owners = (asyncio.ensure_future(self.ledger.record_owners_async(**to_own))
+                  if to_own["response_id"] is not None or to_own["conversation_id"] is not None
+                  else None)
         try:
             with metrics.LWT_SECONDS.time():
                 promoted = await self.store.promote_from_hints_async(
                     decided.request, head_hint=hints.head, parent_hint=hints.parent,
                     extends=hints.extends, facts_mark=None)
         finally:
-            await owners  # durable before anything is published (raises if not)
+            if owners is not None:
+                await owners  # durable before anything is published (raises if not)
         if promoted is None:
             return None
         verdict = Accepted(promoted.checkpoint)

@@ -35,6 +35,7 @@ Verification order (the first broken rule decides the reason):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -125,6 +126,11 @@ class StoredTokenArtifact:
     expires_at: datetime | None = None
 
     def to_json(self) -> str:
+        """Its canonical JSON (remembered for the last few artifacts: a promotion's
+        size check and its batch both write it)."""
+        return _artifact_json(self)
+
+    def _json(self) -> str:
         data = {
             "artifact_id": self.artifact_id,
             "token_hash": self.token_hash,
@@ -150,6 +156,12 @@ class StoredTokenArtifact:
                 "expires_at": None if expires is None else utc_ms(datetime.fromisoformat(expires)),
             },
         )
+
+
+@functools.lru_cache(maxsize=64)
+def _artifact_json(artifact: StoredTokenArtifact) -> str:
+    # Keyed by the artifact's fields (a frozen dataclass): equal artifacts, same JSON.
+    return artifact._json()
 
 
 @dataclass(frozen=True)

@@ -187,3 +187,26 @@ def test_schemas_are_parsed_once() -> None:
     for _ in range(3):
         avsc.parsed("TurnCompleted")
     assert avsc.parsed.cache_info().misses == 1
+
+
+@pytest.mark.parametrize("event", [*outcome_events(), *gateway_events()],
+                         ids=lambda e: type(e).__name__)
+def test_encoding_after_the_first_skips_the_serializer_with_the_same_bytes(client, event) -> None:
+    """From the second event of a record type on, ``encode`` writes header + body
+    itself (``_writer_of``): byte for byte what the registry serializer writes."""
+    fast, reference = EventSerde(client), EventSerde(client)
+    first = fast.encode(event, TOPIC)
+    assert fast._writers[type(event).__name__] is not None  # the fast path is on
+    again = fast.encode(event, TOPIC)
+    reference._writers[type(event).__name__] = None  # the serializer every time
+    assert again == first == reference.encode(event, TOPIC) == reference.encode(event, TOPIC)
+    assert fast.decode(again, TOPIC, 0, 0) == event
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # pydantic's, on the broken field
+def test_a_bad_value_is_an_encode_error_on_the_fast_path_too(serde) -> None:
+    event = make_checkpoint_promoted()
+    serde.encode(event, TOPIC)
+    broken = event.model_copy(update={"seq": "not a number"})  # no validation on copy
+    with pytest.raises(EncodeError):
+        serde.encode(broken, TOPIC)
