@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
-from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from ratchet.metric_children import child
 from schemas.models import CheckpointPromoted, DeadLetter, EffectOrphaned, PromotionRejected
 
 log = logging.getLogger(__name__)
@@ -68,19 +67,10 @@ CONSUMER_LAG = Gauge(
 )
 
 
-def _children(metric: Counter) -> Callable[[str], Any]:
-    """``metric.labels(value)`` of a one-label metric, looked up once per value (each
-    ``labels`` call takes a lock and builds a key); created on first use, as before."""
-    @functools.cache
-    def child(value: str) -> Any:
-        return metric.labels(value)
-    return child
-
-
-events_by_path = _children(EVENTS_BY_PATH)
-_promotions = _children(PROMOTIONS)
-_rejections = _children(REJECTIONS)
-_dead_letters = _children(DEAD_LETTERS)
+events_by_path = functools.partial(child, EVENTS_BY_PATH)
+_promotions = functools.partial(child, PROMOTIONS)
+_rejections = functools.partial(child, REJECTIONS)
+_dead_letters = functools.partial(child, DEAD_LETTERS)
 
 
 def serve(host: str, port: int) -> bool:

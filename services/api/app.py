@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ratchet.metric_children import child
 from services.api import metrics
 from services.api.models import ErrorBody, HealthBody, HistoryBody, StatusBody
 from services.api.service import WAIT_MS_CAP, Answer, RehydrationService
@@ -131,7 +132,7 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
         partition_key: PartitionHint = None,
         cache_control: CacheControl = None,
     ) -> Response:
-        with metrics.REQUEST_SECONDS.labels("response").time():
+        with child(metrics.REQUEST_SECONDS, "response").time():
             answer = await service.response_history(
                 tenant_id,
                 response_id,
@@ -220,10 +221,10 @@ def error_response(exc: Exception) -> JSONResponse:
     """The answer to an exception out of the service: 503 when the store or the ledger
     is unavailable (retry), else 500 (a bug: typed, logged with its traceback)."""
     if isinstance(exc, StoreUnavailable):
-        metrics.STORE_ERRORS.labels("any").inc()
+        child(metrics.STORE_ERRORS, "any").inc()
         return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=exc.retryable))
     if isinstance(exc, LedgerUnavailable):
-        metrics.STORE_ERRORS.labels("ledger").inc()
+        child(metrics.STORE_ERRORS, "ledger").inc()
         return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=True))
     log.error("unhandled error", exc_info=exc)
     return _error(500, ErrorBody(error="INTERNAL", detail=type(exc).__name__))

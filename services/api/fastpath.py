@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
+from ratchet.metric_children import child
 from services.api import metrics
 from services.api.app import (
     ID_PATTERN,
@@ -100,7 +101,7 @@ class HistoryFastPath:
             return None
 
         async def response_history() -> Answer:
-            with metrics.REQUEST_SECONDS.labels("response").time():
+            with child(metrics.REQUEST_SECONDS, "response").time():
                 return await self._service.response_history(
                     tenant_id, path_id, fingerprint, int(wait), use_cache=cached,
                     partition_key=partition_key)

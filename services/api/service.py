@@ -38,6 +38,7 @@ from ratchet.domain.history import (
     verify_extension,
 )
 from ratchet.domain.rehydration import fallback_reason
+from ratchet.metric_children import child
 from services.api import metrics
 from services.api.cache import CachedHistory, HistoryCache
 from services.api.models import FAILURE_HTTP_STATUS, HistoryBody, StatusBody
@@ -131,7 +132,7 @@ class RehydrationService:
             answer = await self._cached_conversation(
                 tenant_id, conversation_id, fingerprint_hash, use_cache
             )
-        metrics.LOOKUP_SECONDS.labels("conversation").observe(time.perf_counter() - start)
+        child(metrics.LOOKUP_SECONDS, "conversation").observe(time.perf_counter() - start)
         self._log("conversation", answer, tenant_id=tenant_id, conversation_id=conversation_id)
         return answer
 
@@ -178,7 +179,7 @@ class RehydrationService:
             )
         else:
             body = StatusBody(response_id=response_id, state="unknown")
-        metrics.STATUS_ANSWERS.labels(body.state, body.reason or "").inc()
+        child(metrics.STATUS_ANSWERS, body.state, body.reason or "").inc()
         return body
 
     def store_ok(self) -> bool:
@@ -201,14 +202,14 @@ class RehydrationService:
                 woken = remaining > 0 and await self._waiters.wait(ticket, remaining)
                 if not woken:
                     # One last read at the deadline covers a notifier that was down.
-                    metrics.WAITS.labels("timeout").inc()
+                    child(metrics.WAITS, "timeout").inc()
                     answer = await self._response(lookup)
                     if _still_pending(answer):
                         return _not_promoted(
                             lookup.response_id, f"no decision within {wait_ms} ms"
                         )
                     return answer
-                metrics.WAITS.labels(f"woken_{ticket.decision}").inc()
+                child(metrics.WAITS, f"woken_{ticket.decision}").inc()
                 # Clear BEFORE re-reading: a decision published after this re-arms the event.
                 ticket.event.clear()
                 answer = await self._response(lookup)
@@ -230,7 +231,7 @@ class RehydrationService:
                 )
             return await self._cached_response(lookup)
         finally:
-            metrics.LOOKUP_SECONDS.labels("response").observe(time.perf_counter() - start)
+            child(metrics.LOOKUP_SECONDS, "response").observe(time.perf_counter() - start)
 
     async def _cached_response(self, lookup: _Lookup) -> Answer:
         """A hit: a chain-mode history answers with no storage read at all; a
@@ -254,7 +255,7 @@ class RehydrationService:
                     return answer
                 # A cached history that cannot answer (expired, head not backed): the
                 # full read decides, with its detail.
-                metrics.HISTORY_CACHE.labels("response", "miss").inc()
+                child(metrics.HISTORY_CACHE, "response", "miss").inc()
                 return await self._read_response(
                     tenant_id, response_id, fingerprint_hash, entry.partition_key
                 )
@@ -285,7 +286,7 @@ class RehydrationService:
         extension from a cached prefix, else the full read."""
         assert self._cache is not None
         if not use_cache:
-            metrics.HISTORY_CACHE.labels("conversation", "bypass").inc()
+            child(metrics.HISTORY_CACHE, "conversation", "bypass").inc()
             return await self._read_conversation_async(
                 tenant_id, conversation_id, fingerprint_hash
             )
@@ -335,7 +336,7 @@ class RehydrationService:
             )
             if answer is not None:
                 return answer
-        metrics.HISTORY_CACHE.labels("conversation", "miss").inc()
+        child(metrics.HISTORY_CACHE, "conversation", "miss").inc()
         return self._read_conversation(tenant_id, conversation_id, fingerprint_hash)
 
     async def _response_miss(self, lookup: _Lookup) -> Answer:
@@ -352,7 +353,7 @@ class RehydrationService:
         verified = self._cache.location(tenant_id, response_id)
         partition_key = verified or lookup.partition_key
         if not lookup.use_cache:
-            metrics.HISTORY_CACHE.labels("response", "bypass").inc()
+            child(metrics.HISTORY_CACHE, "response", "bypass").inc()
             return await self._read_response(
                 tenant_id, response_id, lookup.fingerprint_hash, partition_key
             )
@@ -376,7 +377,7 @@ class RehydrationService:
             answer = await self._extend_from(lookup, partition_key, row)
             if answer is not None:
                 return answer
-        metrics.HISTORY_CACHE.labels("response", "miss").inc()
+        child(metrics.HISTORY_CACHE, "response", "miss").inc()
         return await self._read_response(
             tenant_id, response_id, lookup.fingerprint_hash, partition_key
         )
@@ -431,7 +432,7 @@ class RehydrationService:
         expires = entry.checkpoint.logical_expires_at
         if expires is not None and utc_ms(now) >= expires:
             return None  # the full read answers EXPIRED, with its detail
-        metrics.HISTORY_CACHE.labels(endpoint, "hit").inc()
+        child(metrics.HISTORY_CACHE, endpoint, "hit").inc()
         return self._verified_answer(
             entry.rendered,
             entry.checkpoint,
@@ -466,11 +467,11 @@ class RehydrationService:
         if extended is None:
             return None
         if isinstance(extended, HistoryFailure):
-            metrics.HISTORY_CACHE.labels(endpoint, "extended").inc()
+            child(metrics.HISTORY_CACHE, endpoint, "extended").inc()
             return self._failure(extended, endpoint)
         if isinstance(extended, HistoryBody):
-            metrics.HISTORY_CACHE.labels(endpoint, "extended").inc()
-            metrics.OUTCOMES.labels(endpoint, extended.outcome, extended.reason or "").inc()
+            child(metrics.HISTORY_CACHE, endpoint, "extended").inc()
+            child(metrics.OUTCOMES, endpoint, extended.outcome, extended.reason or "").inc()
             return Answer.of(extended, 500)
         entry, current = extended
         target = entry.checkpoint
@@ -481,7 +482,7 @@ class RehydrationService:
                 self._back_head(tenant_id, partition_key, current)
             ):
                 return None
-        metrics.HISTORY_CACHE.labels(endpoint, "extended").inc()
+        child(metrics.HISTORY_CACHE, endpoint, "extended").inc()
         return self._verified_answer(
             entry.rendered,
             target,
@@ -639,7 +640,7 @@ class RehydrationService:
             return self._failure(history, endpoint)
         rendered = render_history(history)
         if isinstance(rendered, HistoryBody):  # stored bytes that are not a UTF-8 JSON object
-            metrics.OUTCOMES.labels(endpoint, rendered.outcome, rendered.reason or "").inc()
+            child(metrics.OUTCOMES, endpoint, rendered.outcome, rendered.reason or "").inc()
             return Answer.of(rendered, 500)
         self._fill(history, rendered)
         return self._verified_answer(
@@ -653,7 +654,7 @@ class RehydrationService:
     def _failure(self, history: HistoryFailure, endpoint: str) -> Answer:
         reason = str(history.reason)
         body = failure_body(reason, detail=history.detail)
-        metrics.OUTCOMES.labels(endpoint, "failure", reason).inc()
+        child(metrics.OUTCOMES, endpoint, "failure", reason).inc()
         return Answer.of(body, _failure_status(reason))
 
     def _verified_answer(
@@ -668,7 +669,7 @@ class RehydrationService:
         (``current_head_seq``, as verified) is answered beside it."""
         outcome = "certified" if fallback is None else "fallback"
         reason = None if fallback is None else str(fallback)
-        metrics.OUTCOMES.labels(endpoint, outcome, reason or "").inc()
+        child(metrics.OUTCOMES, endpoint, outcome, reason or "").inc()
         own = checkpoint.seq
         body = history_json(
             rendered, own, conversation_head_seq(checkpoint, current_head_seq), fallback
@@ -735,7 +736,7 @@ def _still_pending(answer: Answer) -> bool:
 
 def _not_promoted(response_id: str, detail: str) -> Answer:
     body = failure_body("NOT_PROMOTED", response_id=response_id, detail=detail)
-    metrics.OUTCOMES.labels("response", "failure", "NOT_PROMOTED").inc()
+    child(metrics.OUTCOMES, "response", "failure", "NOT_PROMOTED").inc()
     return Answer.of(body, 409)
 
 
