@@ -18,6 +18,7 @@ class SettingsError(ValueError):
 
 LOOP_DRIVERS = ("acsylla", "cassandra-driver")
 EVENT_LOOPS = ("uvloop", "asyncio")
+WORKER_CONSUMERS = ("loop", "thread")
 
 
 def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
@@ -84,6 +85,9 @@ class Settings:
     # Faust's consumer thread): "uvloop" (libuv, the default) or "asyncio" (the
     # standard library's); see docs/decisions.md, "Promotion cost".
     worker_event_loop: str = "uvloop"
+    # Where the worker's Kafka consumer runs (streams/consumer_loop.py): "loop" (on the
+    # worker's event loop, the default) or "thread" (faust-streaming's own thread).
+    worker_consumer: str = "loop"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -120,6 +124,8 @@ class Settings:
             loop_driver=_choice(env, "RATCHET_LOOP_DRIVER", d.loop_driver, LOOP_DRIVERS),
             worker_event_loop=_choice(env, "RATCHET_WORKER_EVENT_LOOP", d.worker_event_loop,
                                       EVENT_LOOPS),
+            worker_consumer=_choice(env, "RATCHET_WORKER_CONSUMER", d.worker_consumer,
+                                    WORKER_CONSUMERS),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -145,6 +151,7 @@ class Settings:
             "RATCHET_LANE_WINDOW": str(self.lane_window),
             "RATCHET_LOOP_DRIVER": self.loop_driver,
             "RATCHET_WORKER_EVENT_LOOP": self.worker_event_loop,
+            "RATCHET_WORKER_CONSUMER": self.worker_consumer,
         }
 
     def topic(self, name: str) -> str:

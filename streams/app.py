@@ -43,6 +43,7 @@ from ratchet.settings import Settings
 from schemas.limits import CLIENT_MAX_BYTES
 from services.cassandra_loop import LoopSession
 from streams import metrics
+from streams.consumer_loop import LoopConsumerApp
 from streams.fetchwatch import (
     EndOffsets,
     FetchWatchdog,
@@ -84,7 +85,9 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
                stall_after_s: float = 15.0, watch_interval_s: float = 5.0,
                starve_partition: int | None = None) -> faust.App:
     """Build the Faust app; ``runtime`` holds the processor and its collaborators."""
-    app = faust.App(
+    # The consumer on the worker's loop unless told otherwise (streams/consumer_loop.py).
+    app_class = LoopConsumerApp if settings.worker_consumer == "loop" else faust.App
+    app = app_class(
         group_id,
         broker=f"kafka://{settings.kafka_bootstrap}",
         key_serializer="raw",

@@ -6,6 +6,7 @@ partitions. SIGTERM (or Ctrl-C) finishes the events in flight, commits, and exit
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 
@@ -67,6 +68,11 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
     app = create_app(settings, runtime, group_id=group, stall_after_s=float(settings.fetch_stall_s),
                      starve_partition=int(starve) if starve else None)
     runtime.health.write()
+    # Everything built so far (modules, clients, the app) lives as long as the worker:
+    # out of the collector's view, the oldest generation's collections no longer walk it
+    # (a 96 ms pause in a paced run before, 14 ms after; docs/decisions.md).
+    gc.collect()
+    gc.freeze()
     log.info("worker %d joining group %s on %s", os.getpid(), group,
              runtime.topics.gateway_events)
     try:
