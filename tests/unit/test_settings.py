@@ -44,7 +44,8 @@ def test_environment_overrides():
 @pytest.mark.parametrize("name,value", [("RATCHET_PARTITIONS", "0"), ("RATCHET_CASSANDRA_PORT", "x"),
                                         ("RATCHET_API_PORT", "-1"),
                                         ("RATCHET_LOOP_DRIVER", "libev"),
-                                        ("RATCHET_WORKER_EVENT_LOOP", "trio")])
+                                        ("RATCHET_WORKER_EVENT_LOOP", "trio"),
+                                        ("RATCHET_WORKER_CONSUMER", "process")])
 def test_bad_values_are_refused_with_the_variable_name(name, value):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
@@ -65,6 +66,7 @@ def test_to_env_round_trips_through_from_env():
         "RATCHET_LOGICAL_RETENTION_S": "60",
         "RATCHET_LOOP_DRIVER": "cassandra-driver",
         "RATCHET_WORKER_EVENT_LOOP": "asyncio",
+        "RATCHET_WORKER_CONSUMER": "thread",
         "RATCHET_REPLICATION": "{'class': 'NetworkTopologyStrategy', 'dc1': 3}",
     })
     assert Settings.from_env(s.to_env()) == s
