@@ -30,6 +30,7 @@ class _LoopTask:
 
     def __init__(self, service: Any) -> None:
         self.service = service
+        # Held here: the loop keeps only a weak reference to a task.
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -38,9 +39,6 @@ class _LoopTask:
 
     def stop(self) -> None:
         """Nothing to join: ``_serve`` ends on the loop once the service is stopped."""
-
-    def is_alive(self) -> bool:
-        return self.task is not None and not self.task.done()
 
 
 class _ConsumerOnLoop(faust_aiokafka.AIOKafkaConsumerThread):
