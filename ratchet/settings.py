@@ -81,8 +81,8 @@ class Settings:
     # the worker's promotions and the API's reads. "acsylla" (the C++ driver) or
     # "cassandra-driver" (its callbacks); see docs/decisions.md, "Promotion cost".
     loop_driver: str = "acsylla"
-    # The worker's asyncio event loop implementation (its main loop and the loop of
-    # Faust's consumer thread): "uvloop" (libuv, the default) or "asyncio" (the
+    # The worker's asyncio event loop implementation (its main loop, and the loop of
+    # Faust's consumer thread if it has one): "uvloop" (libuv, the default) or "asyncio" (the
     # standard library's); see docs/decisions.md, "Promotion cost".
     worker_event_loop: str = "uvloop"
     # Where the worker's Kafka consumer runs (streams/consumer_loop.py): "loop" (on the

@@ -5,8 +5,8 @@ faust-streaming runs aiokafka's consumer in a dedicated thread with a second eve
 call queued into the consumer's loop, its result posted back), each crossing a wake-up
 of the other loop, and the two threads share one interpreter lock. On a backlog a fetch
 carries hundreds of records and the crossing is nothing; at a production pace records
-arrive one at a time, every record pays it, and that is what the worker's paced CPU per
-turn, hence its latency at half load, rests on (docs/decisions.md, "Promotion cost").
+arrive one at a time and every record waits for it: ~6 ms of a paced turn's p50 from
+produce to dispatch (docs/decisions.md, "Paced latency").
 
 Here the same consumer (faust's ``AIOKafkaConsumerThread``, unchanged: its rebalance
 listener, commits, seeks and fetches) is served on the app's loop: mode's thread worker
@@ -46,9 +46,6 @@ class _ConsumerOnLoop(faust_aiokafka.AIOKafkaConsumerThread):
         # What mode's method queue does in the consumer's thread, without the queue.
         return await maybe_async(fun(*args, **kwargs))
 
-    async def cast_thread(self, fun: Any, *args: Any, **kwargs: Any) -> None:
-        asyncio.ensure_future(maybe_async(fun(*args, **kwargs)))
-
     async def _gather_remaining_tasks(self) -> None:
         # mode cancels every task left on the thread's loop when the thread ends: here
         # that loop is the worker's, and its tasks (lanes, timers) are not ours.
@@ -70,4 +67,3 @@ class LoopConsumerApp(faust.App):
 
     def _new_transport(self) -> faust_aiokafka.Transport:
         return _Transport(self.conf.broker_consumer, self)
-
