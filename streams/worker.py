@@ -92,9 +92,9 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
 
 
 def use_event_loop(name: str) -> None:
-    """Make ``name`` the event loop of every loop created from here on: the worker's and
-    the one of Faust's consumer thread with ``RATCHET_WORKER_CONSUMER=thread`` (``mode.threads.ServiceThread``). Called before
-    any loop exists. uvloop runs the loop, its callbacks, futures and sockets in C:
+    """Make ``name`` the event loop of every loop created from here on: the worker's and,
+    with ``RATCHET_WORKER_CONSUMER=thread``, the one of Faust's consumer thread
+    (``mode.threads.ServiceThread``). Called before any loop exists. uvloop runs the loop, its callbacks, futures and sockets in C:
     the stream stack's per-record cost is mostly event loop work (docs/decisions.md)."""
     if name == "uvloop":
         import asyncio
