@@ -11,6 +11,7 @@ import asyncio
 import threading
 
 import faust
+import pytest
 
 from streams.consumer_loop import LoopConsumerApp
 
@@ -48,12 +49,8 @@ def test_a_call_into_the_consumer_runs_in_the_calling_thread(tmp_path):
 
         assert await inner.call_thread(coroutine, 1) == (2, caller)
         assert await inner.call_thread(plain, x=4) == (8, caller)
-        try:
+        with pytest.raises(KeyError, match="boom"):
             await inner.call_thread(fails)
-        except KeyError as exc:
-            assert exc.args == ("boom",)
-        else:
-            raise AssertionError("the exception was lost")
 
     asyncio.run(check())
 
