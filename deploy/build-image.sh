@@ -148,6 +148,13 @@ else
   REVISION=unknown SOURCE=${RATCHET_IMAGE_SOURCE:-unknown}
 fi
 cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf"
+# ratchet's wheel compiles its C module (ratchet/_speedups.c): a compiler, Python's and
+# OpenSSL's headers, for this step only (removed below, with the other build tools).
+BUILD_PACKAGES="gcc libc6-dev python3.11-dev libssl-dev"
+say "build tools for ratchet's C module: $BUILD_PACKAGES"
+in_root "$ROOT" /bin/sh -ec "
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $BUILD_PACKAGES >/dev/null"
 say "wheels: ratchet's, and the locked dependencies (downloads cached in $CACHE/wheels)"
 BINDS="$CACHE/wheels:/build/wheels $CA_BIND" in_root "$ROOT" /bin/bash -ec "
   set -o pipefail
@@ -166,11 +173,15 @@ BINDS="$CACHE/wheels:/build/wheels" in_root "$ROOT" /bin/sh -ec "
   $VENV/bin/pip install --quiet --no-index --no-deps /build/dist/ratchet-*.whl
   $VENV/bin/pip check
   $VENV/bin/pip uninstall --quiet --yes pip setuptools
-  $VENV/bin/ratchet --version"
+  $VENV/bin/ratchet --version
+  $VENV/bin/python -c 'import ratchet._speedups'  # the C module was built"
 say "removing build tools and caches; user $USER_NAME ($USER_ID) owns $DATA"
 in_root "$ROOT" /bin/sh -ec "
-  # ensurepip's wheels and what only they needed (python3-distutils, lib2to3, ...)
-  apt-get purge -y -qq --autoremove python3.11-venv python3-pip-whl python3-setuptools-whl >/dev/null
+  # ensurepip's wheels, the C module's build tools and what only they needed
+  # (python3-distutils, lib2to3, binutils, ...)
+  # (binutils by name: python3.11 suggests it, so autoremove would keep it)
+  apt-get purge -y -qq --autoremove python3.11-venv python3-pip-whl python3-setuptools-whl \
+    $BUILD_PACKAGES binutils binutils-common libbinutils >/dev/null
   apt-get clean
   rm -rf /build /root/.cache /tmp/* /var/tmp/* /var/lib/apt/lists/* /var/log/apt/* /var/log/dpkg.log
   groupadd --gid $USER_ID $USER_NAME

@@ -46,6 +46,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from ratchet.domain.catalogue import KNOWN_ITEM_TYPES
+from ratchet.speedups import SPEEDUPS
 from schemas.canonical import canonical_json_text, parse_json
 from schemas.models import SUPPORTED_FORMAT_VERSIONS, Certification, Item, sha256_hex
 
@@ -94,9 +95,17 @@ def items_digest(items: Iterable[Item]) -> str:
     return ids_digest([i.item_id for i in items], [i.content_digest for i in items])
 
 
-def ids_digest(item_ids: Iterable[str], content_digests: Iterable[str]) -> str:
+def ids_digest(item_ids: Sequence[str], content_digests: Sequence[str]) -> str:
     """``items_digest`` from the two columns it covers: sha256 hex of the UTF-8 bytes of
-    ``item_id + "\\x00" + content_digest + "\\n"`` for each item, in order."""
+    ``item_id + "\\x00" + content_digest + "\\n"`` for each item, in order. In C when
+    ``ratchet._speedups`` is built (ratchet/speedups.py), else ``ids_digest_py``."""
+    if SPEEDUPS is None:
+        return ids_digest_py(item_ids, content_digests)
+    return SPEEDUPS.ids_digest(item_ids, content_digests)
+
+
+def ids_digest_py(item_ids: Iterable[str], content_digests: Iterable[str]) -> str:
+    """``ids_digest`` in Python: the reference the C twin is tested against."""
     text = "".join(map("{}\x00{}\n".format, item_ids, content_digests))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -107,7 +116,15 @@ def lineage_digest(parent_lineage_digest: str | None, turn_items_digest: str) ->
     (lowercase hex) or the empty string for a lineage root (seq 1).
 
     It binds a turn to its whole lineage, so new rows read after a verified prefix are
-    proven attached to it without reading the prefix again (docs/store.md)."""
+    proven attached to it without reading the prefix again (docs/store.md). In C when
+    ``ratchet._speedups`` is built (ratchet/speedups.py), else ``lineage_digest_py``."""
+    if SPEEDUPS is None:
+        return lineage_digest_py(parent_lineage_digest, turn_items_digest)
+    return SPEEDUPS.lineage_digest(parent_lineage_digest or None, turn_items_digest)
+
+
+def lineage_digest_py(parent_lineage_digest: str | None, turn_items_digest: str) -> str:
+    """``lineage_digest`` in Python: the reference the C twin is tested against."""
     parent = parent_lineage_digest or ""
     return hashlib.sha256(f"{parent}\n{turn_items_digest}".encode()).hexdigest()
 
@@ -585,9 +602,9 @@ def _check_items(turns: Sequence[TurnItems]) -> HistoryFailure | None:
     unknown type."""
     contents = [c for turn in turns for c in turn.contents]
     digests = [d for turn in turns for d in turn.digests]
-    if list(map(sha256_hex, contents)) != digests:
+    bad = first_digest_mismatch(contents, digests)
+    if bad >= 0:
         ids = [i for turn in turns for i in turn.ids]
-        bad = next(i for i, c in enumerate(contents) if sha256_hex(c) != digests[i])
         return _corrupt(f"item {ids[bad]} content does not match its digest")
     formats = {v for turn in turns for v in turn.formats}
     if not SUPPORTED_FORMAT_VERSIONS.issuperset(formats):
@@ -602,6 +619,24 @@ def _check_items(turns: Sequence[TurnItems]) -> HistoryFailure | None:
             HistoryFailureReason.UNKNOWN_ITEM_TYPE, f"item {bad_id} type {bad_type!r}"
         )
     return None
+
+
+def first_digest_mismatch(contents: Sequence[bytes], digests: Sequence[str]) -> int:
+    """The index of the first content whose sha256 hex is not its digest, or -1. In C
+    when ``ratchet._speedups`` is built (ratchet/speedups.py), else
+    ``first_digest_mismatch_py``."""
+    if SPEEDUPS is None:
+        return first_digest_mismatch_py(contents, digests)
+    return SPEEDUPS.first_digest_mismatch(contents, digests)
+
+
+def first_digest_mismatch_py(contents: Sequence[bytes], digests: Sequence[str]) -> int:
+    """``first_digest_mismatch`` in Python: the reference the C twin is tested against."""
+    if len(contents) != len(digests):
+        raise ValueError("contents and digests differ in length")
+    if list(map(sha256_hex, contents)) == list(digests):
+        return -1
+    return next(i for i, c in enumerate(contents) if sha256_hex(c) != digests[i])
 
 
 def _first_outside(turns: Sequence[TurnItems], column: Callable[[TurnItems], tuple[Any, ...]],

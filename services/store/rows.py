@@ -29,6 +29,7 @@ from ratchet.domain.history import (
     frozen_record,
     utc_ms,
 )
+from ratchet.speedups import SPEEDUPS
 from schemas.models import Certification, Item
 
 CHECKPOINT_COLUMNS = (
@@ -154,9 +155,20 @@ def decode_items_cell(cell: bytes | None) -> TurnItems:
     """Decode the ``items`` cell of a turn row into its columns (``TurnItems``: no
     object per item). A null cell is a turn without items. Raises ``ValueError`` if the
     cell or an item is damaged: a wrong version, a truncated record, trailing bytes,
-    invalid UTF-8, a null where a value must be (everything but role and call_id)."""
+    invalid UTF-8, a null where a value must be (everything but role and call_id).
+
+    In C when ``ratchet._speedups`` is built (ratchet/speedups.py), else in Python
+    (``decode_items_cell_py``, the reference)."""
     if cell is None:
         return NO_ITEMS
+    if SPEEDUPS is None:
+        return decode_items_cell_py(cell)
+    fields = SPEEDUPS.decode_items_cell(cell)  # TurnItems' fields, or None for no items
+    return NO_ITEMS if fields is None else frozen_record(TurnItems, fields)
+
+
+def decode_items_cell_py(cell: bytes) -> TurnItems:
+    """``decode_items_cell`` in Python: the reference the C twin is tested against."""
     if not cell or cell[0] != ITEMS_CELL_VERSION:
         raise ValueError("items cell of an unknown encoding")
     unpack, head = _RECORD_HEAD.unpack_from, _RECORD_HEAD.size
@@ -260,9 +272,14 @@ _UTC_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _utc(value: datetime) -> datetime:
-    """``utc_ms`` for a driver timestamp (naive UTC, whole milliseconds): just the zone."""
-    if value.tzinfo is None and value.microsecond % 1000 == 0:
-        return _UTC_EPOCH + (value - _NAIVE_EPOCH)
+    """``utc_ms`` for a driver timestamp: cassandra-driver's (naive UTC, whole
+    milliseconds) gets just the zone; the C++ driver's (already UTC, whole milliseconds)
+    is returned as it is (``utc_ms`` would give an equal value at ~10x the cost)."""
+    if value.microsecond % 1000 == 0:
+        if value.tzinfo is None:
+            return _UTC_EPOCH + (value - _NAIVE_EPOCH)
+        if value.tzinfo is UTC:
+            return value
     return utc_ms(value)
 
 

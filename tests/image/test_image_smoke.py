@@ -79,11 +79,13 @@ def test_image_holds_the_locked_packages_and_no_build_tools(image: OciImage) -> 
     installed = _installed(image)
     version = image.config["Labels"]["org.opencontainers.image.version"]
     assert installed == {**_locked(), "ratchet": version}  # no pip, setuptools, test extras
-    for tool in ("gcc", "cc", "make", "pip", "pip3", "python3.11-config"):
+    for tool in ("gcc", "cc", "make", "ld", "as", "pip", "pip3", "python3.11-config"):
         hits = [d for d in ("usr/bin", "usr/local/bin", "opt/ratchet/venv/bin")
                 if (image.root / d / tool).exists()]
         assert not hits, f"{tool} in the image: {hits}"
     assert not (image.root / "usr/share/python-wheels").exists()  # ensurepip's pip wheels
+    # ratchet's C module was compiled (ratchet/speedups.py), its build tools are gone
+    assert list((image.root / SITE_PACKAGES / "ratchet").glob("_speedups.cpython-311-*.so"))
     assert not (image.root / "etc/resolv.conf").exists()  # the runtime provides it
 
 

@@ -1,0 +1,846 @@
+/*
+ * ratchet._speedups: C twins of the per-item loops of a history read.
+ *
+ * Why: a cold read of a 50-turn history spends ~1.2 ms of Python on its rows (decode
+ * the items cells, hash every item, render the items array) against ~1.5 ms for the
+ * read itself (docs/decisions.md, "Cold miss"). The work is per item and simple; in C
+ * it costs a fraction of that.
+ *
+ * How it stays the same code: every function here has a Python twin that stays the
+ * reference (named beside each function below) and that ratchet uses when this module
+ * is not built or RATCHET_SPEEDUPS=0. tests/unit/test_speedups.py feeds both the same
+ * inputs, valid and damaged, and requires the same result or the same kind of error.
+ * Nothing here decides an outcome: it decodes, hashes and writes bytes.
+ *
+ * Hashing is OpenSSL's SHA-256 (libcrypto, the library Python's own hashlib uses),
+ * called directly: hashlib's per-call set-up cost ~0.6 us per item, more than
+ * hashing an item. No crypto of our own.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <openssl/evp.h>
+
+/* ------------------------------------------------------------------ hashing */
+
+static EVP_MD *sha256_md;  /* fetched once: the per-call fetch is OpenSSL 3's slow part */
+static EVP_MD_CTX *sha256_ctx; /* reused; the GIL serialises every use */
+
+/* sha256 hex (lowercase, 64 chars + NUL) of [data, data + n) into hex. */
+static int
+sha256_hex_into(const void *data, size_t n, char hex[65])
+{
+    static const char digits[] = "0123456789abcdef";
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    if (!EVP_DigestInit_ex2(sha256_ctx, sha256_md, NULL) ||
+        !EVP_DigestUpdate(sha256_ctx, data, n) || !EVP_DigestFinal_ex(sha256_ctx, md, &len) ||
+        len != 32) {
+        PyErr_SetString(PyExc_RuntimeError, "OpenSSL SHA-256 failed");
+        return -1;
+    }
+    for (int i = 0; i < 32; i++) {
+        hex[2 * i] = digits[md[i] >> 4];
+        hex[2 * i + 1] = digits[md[i] & 15];
+    }
+    hex[64] = 0;
+    return 0;
+}
+
+/* sha256(data).hexdigest() for a bytes-like object, as str. */
+static PyObject *
+sha256_hex(PyObject *data)
+{
+    Py_buffer view;
+    char hex[65];
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int rc = sha256_hex_into(view.buf, view.len, hex);
+    PyBuffer_Release(&view);
+    return rc < 0 ? NULL : PyUnicode_FromStringAndSize(hex, 64);
+}
+
+/* Does str ``digest`` equal the sha256 hex of the bytes-like ``data``? 1, 0, -1 error. */
+static int
+digest_matches(PyObject *data, PyObject *digest)
+{
+    Py_buffer view;
+    char hex[65];
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    int rc = sha256_hex_into(view.buf, view.len, hex);
+    PyBuffer_Release(&view);
+    if (rc < 0)
+        return -1;
+    if (!PyUnicode_Check(digest))
+        return 0; /* the twin compares a str with whatever is stored: not equal */
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(digest, &n);
+    if (s == NULL)
+        return -1;
+    return n == 64 && memcmp(s, hex, 64) == 0;
+}
+
+/* first_digest_mismatch(contents, digests) -> int
+ * Twin of the digest check in ratchet/domain/history.py (_check_items): the index of
+ * the first content whose sha256 hex is not its digest, or -1. */
+static PyObject *
+first_digest_mismatch(PyObject *self, PyObject *args)
+{
+    PyObject *contents, *digests;
+    if (!PyArg_ParseTuple(args, "OO:first_digest_mismatch", &contents, &digests))
+        return NULL;
+    PyObject *cs = PySequence_Fast(contents, "contents must be a sequence");
+    if (cs == NULL)
+        return NULL;
+    PyObject *ds = PySequence_Fast(digests, "digests must be a sequence");
+    if (ds == NULL) {
+        Py_DECREF(cs);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(cs);
+    Py_ssize_t found = -1;
+    if (PySequence_Fast_GET_SIZE(ds) != n) {
+        PyErr_SetString(PyExc_ValueError, "contents and digests differ in length");
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int same = digest_matches(PySequence_Fast_GET_ITEM(cs, i), PySequence_Fast_GET_ITEM(ds, i));
+        if (same < 0)
+            goto fail;
+        if (!same) {
+            found = i;
+            break;
+        }
+    }
+    Py_DECREF(cs);
+    Py_DECREF(ds);
+    return PyLong_FromSsize_t(found);
+fail:
+    Py_DECREF(cs);
+    Py_DECREF(ds);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ a byte buffer */
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int
+buf_reserve(Buf *b, Py_ssize_t extra)
+{
+    if (b->len + extra <= b->cap)
+        return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + extra)
+        cap *= 2;
+    char *data = PyMem_Realloc(b->data, cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static int
+buf_put(Buf *b, const char *s, Py_ssize_t n)
+{
+    if (buf_reserve(b, n) < 0)
+        return -1;
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+#define PUT_LITERAL(b, s) buf_put((b), (s), (Py_ssize_t)(sizeof(s) - 1))
+
+/* ids_digest(ids, digests) -> str
+ * Twin of ids_digest in ratchet/domain/history.py: sha256 hex of the UTF-8 bytes of
+ * item_id + "\0" + content_digest + "\n" for each item, in order. */
+static PyObject *
+ids_digest(PyObject *self, PyObject *args)
+{
+    PyObject *ids, *digests;
+    if (!PyArg_ParseTuple(args, "OO:ids_digest", &ids, &digests))
+        return NULL;
+    PyObject *is = PySequence_Fast(ids, "ids must be a sequence");
+    if (is == NULL)
+        return NULL;
+    PyObject *ds = PySequence_Fast(digests, "digests must be a sequence");
+    if (ds == NULL) {
+        Py_DECREF(is);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Buf b = {0};
+    /* zip(): the shorter column decides, like the Python twin's map over both. */
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(is);
+    if (PySequence_Fast_GET_SIZE(ds) < n)
+        n = PySequence_Fast_GET_SIZE(ds);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t li, ld;
+        PyObject *id = PySequence_Fast_GET_ITEM(is, i), *d = PySequence_Fast_GET_ITEM(ds, i);
+        if (!PyUnicode_Check(id) || !PyUnicode_Check(d)) {
+            PyErr_SetString(PyExc_TypeError, "item ids and digests must be str");
+            goto done;
+        }
+        const char *si = PyUnicode_AsUTF8AndSize(id, &li);
+        if (si == NULL)
+            goto done;
+        const char *sd = PyUnicode_AsUTF8AndSize(d, &ld);
+        if (sd == NULL)
+            goto done;
+        if (buf_put(&b, si, li) < 0 || buf_put(&b, "\0", 1) < 0 || buf_put(&b, sd, ld) < 0 ||
+            buf_put(&b, "\n", 1) < 0)
+            goto done;
+    }
+    char hex[65];
+    if (sha256_hex_into(b.data ? b.data : "", b.len, hex) == 0)
+        result = PyUnicode_FromStringAndSize(hex, 64);
+done:
+    PyMem_Free(b.data);
+    Py_DECREF(is);
+    Py_DECREF(ds);
+    return result;
+}
+
+/* lineage_digest(parent, items_digest) -> str
+ * Twin of lineage_digest in ratchet/domain/history.py: sha256 hex of the UTF-8 bytes of
+ * parent + "\n" + items_digest, parent None counting as "". */
+static PyObject *
+lineage_digest(PyObject *self, PyObject *args)
+{
+    PyObject *parent, *digest;
+    if (!PyArg_ParseTuple(args, "OU:lineage_digest", &parent, &digest))
+        return NULL;
+    Py_ssize_t lp = 0, ld;
+    const char *sp = "";
+    if (parent != Py_None) {
+        if (!PyUnicode_Check(parent)) {
+            PyErr_SetString(PyExc_TypeError, "a parent lineage digest must be str or None");
+            return NULL;
+        }
+        if ((sp = PyUnicode_AsUTF8AndSize(parent, &lp)) == NULL)
+            return NULL;
+    }
+    const char *sd = PyUnicode_AsUTF8AndSize(digest, &ld);
+    if (sd == NULL)
+        return NULL;
+    Buf b = {0};
+    char hex[65];
+    PyObject *result = NULL;
+    if (buf_put(&b, sp, lp) == 0 && buf_put(&b, "\n", 1) == 0 && buf_put(&b, sd, ld) == 0 &&
+        sha256_hex_into(b.data, b.len, hex) == 0)
+        result = PyUnicode_FromStringAndSize(hex, 64);
+    PyMem_Free(b.data);
+    return result;
+}
+
+/* -------------------------------------------------------- the items cell */
+
+/* decode_items_cell(cell) -> {"seqs": ..., "ids": ..., "types": ..., "roles": ...,
+ * "call_ids": ..., "contents": ..., "digests": ..., "formats": ...} (TurnItems' fields,
+ * each a tuple), or None for a cell of no items.
+ * Twin of decode_items_cell in services/store/rows.py (the encoding is documented
+ * there): raises ValueError (UnicodeDecodeError for invalid UTF-8) wherever it does. */
+
+#define RECORD_HEAD 36 /* struct ">qi6i" */
+#define N_COLUMNS 8
+
+static PyObject *column_names[N_COLUMNS]; /* TurnItems' field names, in record order */
+
+static int64_t
+be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return (int64_t)v;
+}
+
+static int32_t
+be32(const unsigned char *p)
+{
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) |
+                     (uint32_t)p[3]);
+}
+
+static PyObject *
+decode_items_cell(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *cell = view.buf;
+    Py_ssize_t end = view.len, at = 1;
+    PyObject *cols[N_COLUMNS] = {0};
+    PyObject *result = NULL;
+    if (end == 0 || cell[0] != 1) {
+        PyErr_SetString(PyExc_ValueError, "items cell of an unknown encoding");
+        goto done;
+    }
+    for (int c = 0; c < N_COLUMNS; c++)
+        if ((cols[c] = PyList_New(0)) == NULL)
+            goto done;
+    while (at < end) {
+        if (at + RECORD_HEAD > end) {
+            PyErr_SetString(PyExc_ValueError, "items cell ends inside a record header");
+            goto done;
+        }
+        const unsigned char *h = cell + at;
+        int64_t seq = be64(h);
+        int32_t format_version = be32(h + 8);
+        int32_t lens[6];
+        for (int k = 0; k < 6; k++)
+            lens[k] = be32(h + 12 + 4 * k);
+        /* id, type, role, call_id, content, digest */
+        if (lens[0] < 0 || lens[1] < 0 || lens[4] < 0 || lens[5] < 0) {
+            PyErr_SetString(PyExc_ValueError, "item without id, type, content or digest");
+            goto done;
+        }
+        at += RECORD_HEAD;
+        PyObject *fields[6];
+        for (int k = 0; k < 6; k++) {
+            if (lens[k] < 0) { /* role or call_id: null */
+                fields[k] = Py_NewRef(Py_None);
+                continue;
+            }
+            if (at + lens[k] > end) {
+                PyErr_SetString(PyExc_ValueError, "items cell ends inside a field");
+                fields[k] = NULL;
+            }
+            else if (k == 4) {
+                fields[k] = PyBytes_FromStringAndSize((const char *)cell + at, lens[k]);
+            }
+            else {
+                fields[k] = PyUnicode_DecodeUTF8((const char *)cell + at, lens[k], NULL);
+            }
+            if (fields[k] == NULL) {
+                for (int j = 0; j < k; j++)
+                    Py_DECREF(fields[j]);
+                goto done;
+            }
+            at += lens[k];
+        }
+        PyObject *seq_obj = PyLong_FromLongLong(seq);
+        PyObject *fmt_obj = PyLong_FromLong(format_version);
+        int failed = seq_obj == NULL || fmt_obj == NULL;
+        PyObject *row[N_COLUMNS] = {seq_obj, fields[0], fields[1], fields[2],
+                                    fields[3], fields[4], fields[5], fmt_obj};
+        for (int c = 0; c < N_COLUMNS; c++) {
+            if (row[c] == NULL)
+                continue;
+            if (!failed && PyList_Append(cols[c], row[c]) < 0)
+                failed = 1;
+            Py_DECREF(row[c]);
+        }
+        if (failed)
+            goto done;
+    }
+    if (PyList_GET_SIZE(cols[0]) == 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = PyDict_New();
+    if (result == NULL)
+        goto done;
+    for (int c = 0; c < N_COLUMNS; c++) {
+        PyObject *t = PyList_AsTuple(cols[c]);
+        if (t == NULL || PyDict_SetItem(result, column_names[c], t) < 0) {
+            Py_XDECREF(t);
+            Py_CLEAR(result);
+            goto done;
+        }
+        Py_DECREF(t);
+    }
+done:
+    for (int c = 0; c < N_COLUMNS; c++)
+        Py_XDECREF(cols[c]);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* ------------------------------------------------- a strict JSON checker */
+
+/* Is [p, end) one JSON object (RFC 8259, UTF-8) and nothing else? 1 = yes for sure,
+ * 0 = not sure. It accepts a subset of what pydantic's parser (the Python twin's
+ * json_object) accepts: it answers 0 for numbers with an exponent, lone or unpaired
+ * surrogate escapes, nesting deeper than MAX_DEPTH and anything else it does not
+ * know, and the caller then asks the Python twin. So a content it accepts is one the
+ * Python path accepts; what it doubts, Python decides. */
+
+#define MAX_DEPTH 64
+
+typedef struct {
+    const unsigned char *p, *end;
+} Json;
+
+static void
+skip_ws(Json *j)
+{
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
+        j->p++;
+}
+
+static int
+hex4(const unsigned char *p, unsigned *out)
+{
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned char c = p[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9')
+            v |= c - '0';
+        else if (c >= 'a' && c <= 'f')
+            v |= c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F')
+            v |= c - 'A' + 10;
+        else
+            return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* One UTF-8 sequence starting at p (a byte >= 0x80), strictly: no overlong forms, no
+ * surrogates, nothing above U+10FFFF. Its length, or 0. */
+static int
+utf8_seq(const unsigned char *p, const unsigned char *end)
+{
+    unsigned char c = p[0];
+    int n;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF)
+        n = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;
+    }
+    else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+    }
+    else
+        return 0;
+    if (end - p < n)
+        return 0;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (int i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xBF)
+            return 0;
+    return n;
+}
+
+/* 1 for the bytes a string scan must look at: '"', '\\', controls, non-ASCII. */
+static unsigned char string_special[256];
+
+static int
+json_string(Json *j)
+{
+    j->p++; /* the opening quote */
+    while (j->p < j->end) {
+        while (j->p < j->end && !string_special[*j->p]) /* plain ASCII */
+            j->p++;
+        if (j->p >= j->end)
+            return 0;
+        unsigned char c = *j->p;
+        if (c == '"') {
+            j->p++;
+            return 1;
+        }
+        if (c == '\\') {
+            if (j->end - j->p < 2)
+                return 0;
+            unsigned char e = j->p[1];
+            if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' ||
+                e == 'r' || e == 't') {
+                j->p += 2;
+                continue;
+            }
+            unsigned u, low;
+            if (e != 'u' || j->end - j->p < 6 || !hex4(j->p + 2, &u))
+                return 0;
+            j->p += 6;
+            if (u >= 0xDC00 && u <= 0xDFFF)
+                return 0; /* a low surrogate alone */
+            if (u >= 0xD800 && u <= 0xDBFF) {
+                if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u' ||
+                    !hex4(j->p + 2, &low) || low < 0xDC00 || low > 0xDFFF)
+                    return 0;
+                j->p += 6;
+            }
+            continue;
+        }
+        if (c < 0x20)
+            return 0;
+        if (c < 0x80) {
+            j->p++;
+            continue;
+        }
+        int n = utf8_seq(j->p, j->end);
+        if (n == 0)
+            return 0;
+        j->p += n;
+    }
+    return 0;
+}
+
+static int
+json_digits(Json *j)
+{
+    const unsigned char *start = j->p;
+    while (j->p < j->end && *j->p >= '0' && *j->p <= '9')
+        j->p++;
+    return j->p > start;
+}
+
+static int
+json_number(Json *j)
+{
+    if (*j->p == '-')
+        j->p++;
+    if (j->p >= j->end)
+        return 0;
+    if (*j->p == '0')
+        j->p++;
+    else if (!json_digits(j))
+        return 0;
+    if (j->p < j->end && *j->p == '.') {
+        j->p++;
+        if (!json_digits(j))
+            return 0;
+    }
+    if (j->p < j->end && (*j->p == 'e' || *j->p == 'E'))
+        return 0; /* not sure how the twin rounds a huge exponent: let it decide */
+    return 1;
+}
+
+static int
+json_literal(Json *j, const char *word, Py_ssize_t n)
+{
+    if (j->end - j->p < n || memcmp(j->p, word, n) != 0)
+        return 0;
+    j->p += n;
+    return 1;
+}
+
+static int json_value(Json *j, int depth);
+
+static int
+json_container(Json *j, int depth, unsigned char close)
+{
+    if (depth > MAX_DEPTH)
+        return 0;
+    j->p++; /* the opening bracket */
+    skip_ws(j);
+    if (j->p < j->end && *j->p == close) {
+        j->p++;
+        return 1;
+    }
+    for (;;) {
+        if (close == '}') {
+            if (j->p >= j->end || *j->p != '"' || !json_string(j))
+                return 0;
+            skip_ws(j);
+            if (j->p >= j->end || *j->p != ':')
+                return 0;
+            j->p++;
+            skip_ws(j);
+        }
+        if (!json_value(j, depth + 1))
+            return 0;
+        skip_ws(j);
+        if (j->p >= j->end)
+            return 0;
+        if (*j->p == close) {
+            j->p++;
+            return 1;
+        }
+        if (*j->p != ',')
+            return 0;
+        j->p++;
+        skip_ws(j);
+    }
+}
+
+static int
+json_value(Json *j, int depth)
+{
+    if (j->p >= j->end)
+        return 0;
+    switch (*j->p) {
+    case '{':
+        return json_container(j, depth, '}');
+    case '[':
+        return json_container(j, depth, ']');
+    case '"':
+        return json_string(j);
+    case 't':
+        return json_literal(j, "true", 4);
+    case 'f':
+        return json_literal(j, "false", 5);
+    case 'n':
+        return json_literal(j, "null", 4);
+    default:
+        if (*j->p == '-' || (*j->p >= '0' && *j->p <= '9'))
+            return json_number(j);
+        return 0;
+    }
+}
+
+static int
+surely_json_object(const unsigned char *p, Py_ssize_t n)
+{
+    Json j = {p, p + n};
+    skip_ws(&j);
+    if (j.p >= j.end || *j.p != '{' || !json_container(&j, 1, '}'))
+        return 0;
+    skip_ws(&j);
+    return j.p == j.end;
+}
+
+/* is_json_object(content) -> bool: the checker above, exposed for the tests. */
+static PyObject *
+is_json_object(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int ok = surely_json_object(view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(ok);
+}
+
+/* ------------------------------------------------------- the items array */
+
+/* UTF-8 bytes as a JSON string, escaped exactly as orjson (and pydantic) escape a
+ * str: '"' and '\\' and the control characters (\b \t \n \f \r, else \u00xx);
+ * everything else, non-ASCII included, as it is. */
+/* 1 for the bytes a JSON string must escape: '"', '\\' and the controls. */
+static unsigned char escaped[256];
+
+static int
+put_json_string(Buf *b, const unsigned char *s, Py_ssize_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (buf_reserve(b, n * 6 + 2) < 0)
+        return -1;
+    char *out = b->data + b->len;
+    *out++ = '"';
+    Py_ssize_t i = 0;
+    while (i < n) {
+        Py_ssize_t run = i;
+        while (run < n && !escaped[s[run]])
+            run++;
+        memcpy(out, s + i, run - i);
+        out += run - i;
+        if (run == n)
+            break;
+        unsigned char c = s[run];
+        i = run + 1;
+        *out++ = '\\';
+        switch (c) {
+        case '"': *out++ = '"'; break;
+        case '\\': *out++ = '\\'; break;
+        case '\b': *out++ = 'b'; break;
+        case '\t': *out++ = 't'; break;
+        case '\n': *out++ = 'n'; break;
+        case '\f': *out++ = 'f'; break;
+        case '\r': *out++ = 'r'; break;
+        default:
+            *out++ = 'u';
+            *out++ = '0';
+            *out++ = '0';
+            *out++ = hex[c >> 4];
+            *out++ = hex[c & 15];
+        }
+    }
+    *out++ = '"';
+    b->len = out - b->data;
+    return 0;
+}
+
+static int
+put_str(Buf *b, PyObject *value)
+{
+    if (value == Py_None)
+        return PUT_LITERAL(b, "null");
+    if (!PyUnicode_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "item fields must be str or None");
+        return -1;
+    }
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(value, &n);
+    if (s == NULL)
+        return -1;
+    return put_json_string(b, (const unsigned char *)s, n);
+}
+
+/* The item's content as a JSON string: its bytes when the checker is sure they are a
+ * UTF-8 JSON object, else what the Python twin content_text(item_id, content) returns
+ * (or raises, unchanged). */
+static int
+put_content(Buf *b, PyObject *item_id, PyObject *content, PyObject *content_text)
+{
+    if (PyBytes_Check(content)) {
+        const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(content);
+        Py_ssize_t n = PyBytes_GET_SIZE(content);
+        if (surely_json_object(s, n))
+            return put_json_string(b, s, n);
+    }
+    PyObject *text = PyObject_CallFunctionObjArgs(content_text, item_id, content, NULL);
+    if (text == NULL)
+        return -1;
+    int rc = put_str(b, text);
+    Py_DECREF(text);
+    return rc;
+}
+
+/* render_items(turns, content_text) -> bytes
+ * Twin of items_json in services/api/render.py: the JSON array of every item of
+ * ``turns`` (each a sequence of the columns ids, types, roles, call_ids, contents,
+ * digests, formats), one object per item with HistoryItem's fields in order, byte for
+ * byte what orjson.dumps writes for the same dicts. */
+static PyObject *
+render_items(PyObject *self, PyObject *args)
+{
+    PyObject *turns, *content_text;
+    if (!PyArg_ParseTuple(args, "OO:render_items", &turns, &content_text))
+        return NULL;
+    PyObject *ts = PySequence_Fast(turns, "turns must be a sequence");
+    if (ts == NULL)
+        return NULL;
+    PyObject *result = NULL;
+    Buf b = {0};
+    int first = 1;
+    if (PUT_LITERAL(&b, "[") < 0)
+        goto done;
+    for (Py_ssize_t t = 0; t < PySequence_Fast_GET_SIZE(ts); t++) {
+        PyObject *turn = PySequence_Fast(PySequence_Fast_GET_ITEM(ts, t),
+                                         "a turn must be a sequence of 7 columns");
+        if (turn == NULL)
+            goto done;
+        PyObject *cols[7];
+        int ok = PySequence_Fast_GET_SIZE(turn) == 7;
+        for (int c = 0; ok && c < 7; c++) {
+            cols[c] = PySequence_Fast(PySequence_Fast_GET_ITEM(turn, c), "a column must be a sequence");
+            if (cols[c] == NULL) {
+                for (int k = 0; k < c; k++)
+                    Py_DECREF(cols[k]);
+                Py_DECREF(turn);
+                goto done;
+            }
+        }
+        if (!ok) {
+            PyErr_SetString(PyExc_ValueError, "a turn must be a sequence of 7 columns");
+            Py_DECREF(turn);
+            goto done;
+        }
+        /* zip(..., strict=True) in the twin */
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(cols[0]);
+        int failed = 0;
+        for (int c = 1; c < 7; c++)
+            if (PySequence_Fast_GET_SIZE(cols[c]) != n) {
+                PyErr_SetString(PyExc_ValueError, "the columns of a turn differ in length");
+                failed = 1;
+            }
+        for (Py_ssize_t i = 0; !failed && i < n; i++) {
+#define COL(c) PySequence_Fast_GET_ITEM(cols[c], i)
+            long long version = PyLong_AsLongLong(COL(6));
+            if (version == -1 && PyErr_Occurred()) {
+                failed = 1;
+                break;
+            }
+            char num[32];
+            int len = snprintf(num, sizeof num, "%lld", version);
+            failed = (!first && PUT_LITERAL(&b, ",") < 0) ||
+                     PUT_LITERAL(&b, "{\"item_id\":") < 0 || put_str(&b, COL(0)) < 0 ||
+                     PUT_LITERAL(&b, ",\"type\":") < 0 || put_str(&b, COL(1)) < 0 ||
+                     PUT_LITERAL(&b, ",\"role\":") < 0 || put_str(&b, COL(2)) < 0 ||
+                     PUT_LITERAL(&b, ",\"call_id\":") < 0 || put_str(&b, COL(3)) < 0 ||
+                     PUT_LITERAL(&b, ",\"content\":") < 0 ||
+                     put_content(&b, COL(0), COL(4), content_text) < 0 ||
+                     PUT_LITERAL(&b, ",\"content_digest\":") < 0 || put_str(&b, COL(5)) < 0 ||
+                     PUT_LITERAL(&b, ",\"format_version\":") < 0 ||
+                     buf_put(&b, num, len) < 0 || PUT_LITERAL(&b, "}") < 0;
+            first = 0;
+#undef COL
+        }
+        for (int c = 0; c < 7; c++)
+            Py_DECREF(cols[c]);
+        Py_DECREF(turn);
+        if (failed)
+            goto done;
+    }
+    if (PUT_LITERAL(&b, "]") < 0)
+        goto done;
+    result = PyBytes_FromStringAndSize(b.data, b.len);
+done:
+    PyMem_Free(b.data);
+    Py_DECREF(ts);
+    return result;
+}
+
+static PyObject *
+sha256_hex_py(PyObject *self, PyObject *data)
+{
+    return sha256_hex(data);
+}
+
+/* ------------------------------------------------------------------ module */
+
+static PyMethodDef methods[] = {
+    {"decode_items_cell", decode_items_cell, METH_O,
+     "The columns of an items cell, or None for no items (twin: services/store/rows.py)."},
+    {"first_digest_mismatch", first_digest_mismatch, METH_VARARGS,
+     "Index of the first content whose sha256 hex is not its digest, or -1."},
+    {"ids_digest", ids_digest, METH_VARARGS,
+     "A turn's items digest from its id and digest columns (twin: ratchet/domain/history.py)."},
+    {"lineage_digest", lineage_digest, METH_VARARGS,
+     "A turn's lineage digest (twin: ratchet/domain/history.py)."},
+    {"sha256_hex", (PyCFunction)sha256_hex_py, METH_O, "sha256(data).hexdigest()."},
+    {"is_json_object", is_json_object, METH_O,
+     "True if surely one UTF-8 JSON object (False: not sure; the Python twin decides)."},
+    {"render_items", render_items, METH_VARARGS,
+     "The items array's JSON (twin: items_json in services/api/render.py)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "ratchet._speedups",
+    "C twins of the per-item loops of a history read (see ratchet/speedups.py).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    static const char *names[N_COLUMNS] = {"seqs", "ids", "types", "roles",
+                                           "call_ids", "contents", "digests", "formats"};
+    for (int c = 0; c < N_COLUMNS; c++)
+        if ((column_names[c] = PyUnicode_InternFromString(names[c])) == NULL)
+            return NULL;
+    for (int c = 0; c < 256; c++) {
+        escaped[c] = c < 0x20 || c == '"' || c == '\\';
+        string_special[c] = escaped[c] || c >= 0x80;
+    }
+    sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    sha256_ctx = EVP_MD_CTX_new();
+    if (sha256_md == NULL || sha256_ctx == NULL) {
+        PyErr_SetString(PyExc_ImportError, "OpenSSL has no SHA-256");
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}

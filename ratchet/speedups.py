@@ -1,0 +1,38 @@
+"""The C twins of a history read's per-item loops, when built and allowed.
+
+Why: a cold read of a 50-turn history spent ~1.2 ms of Python on its rows (decode the
+items cells, hash every item, render the items array) beside a ~1.5 ms read
+(docs/decisions.md, "Cold miss"). ``ratchet/_speedups.c`` does the same per-item work
+in C.
+
+How it stays safe: each C function has a Python twin that stays the reference and is
+used when the C module is not built (no compiler at install time) or when
+``RATCHET_SPEEDUPS=0``. ``tests/unit/test_speedups.py`` gives both the same valid and
+damaged inputs and requires the same results and the same errors. Nothing in C
+decides an outcome: it decodes, hashes and writes bytes; the domain decides.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+from ratchet.settings import SettingsError
+
+
+def load() -> ModuleType | None:
+    """``ratchet._speedups``, or None (not built, or ``RATCHET_SPEEDUPS=0``). Any other
+    value than 0 or 1 is a ``SettingsError``, like every other setting's."""
+    value = os.environ.get("RATCHET_SPEEDUPS", "1")
+    if value not in ("0", "1"):
+        raise SettingsError(f"RATCHET_SPEEDUPS must be 0 or 1, not {value!r}")
+    if value == "0":
+        return None
+    try:
+        from ratchet import _speedups
+    except ImportError:
+        return None
+    return _speedups
+
+
+SPEEDUPS = load()
