@@ -533,11 +533,9 @@ def _check_conversation(
     backing = snapshot.checkpoints.get(head.response_id)
     if backing is None or backing.seq != head.seq or backing.mode is not PromotionMode.CONVERSATION:
         return _corrupt(f"head seq {head.seq} ({head.response_id}) is backed by no checkpoint")
-    seqs = Counter(
-        c.seq for c in snapshot.checkpoints.values() if c.mode is PromotionMode.CONVERSATION
-    )
-    doubled = sorted(seq for seq, n in seqs.items() if n > 1)
-    if doubled:
+    seqs = [c.seq for c in snapshot.checkpoints.values() if c.mode is PromotionMode.CONVERSATION]
+    if len(set(seqs)) != len(seqs):  # a set first: counting costs more, and is rare
+        doubled = sorted(seq for seq, n in Counter(seqs).items() if n > 1)
         return _corrupt(f"several checkpoints at seq {doubled}")
     return None
 

@@ -159,6 +159,7 @@ def test_two_checkpoints_at_one_seq(built):
     twin = replace(snapshot.checkpoints[turns[1].response_id], response_id=uid("resp"))
     doubled = replace(snapshot, checkpoints={**snapshot.checkpoints, twin.response_id: twin})
     assert reason_of(doubled) is R.CORRUPT_HISTORY
+    assert "several checkpoints at seq [2]" in verify_conversation_history(doubled, T0).detail
 
 
 def test_head_pointing_elsewhere(built):
