@@ -36,3 +36,12 @@ def load() -> ModuleType | None:
 
 
 SPEEDUPS = load()
+
+
+def describe() -> str:
+    """What the processes log at start: which twins this process runs."""
+    if SPEEDUPS is not None:
+        return "C (ratchet._speedups)"
+    if os.environ.get("RATCHET_SPEEDUPS") == "0":
+        return "Python (RATCHET_SPEEDUPS=0)"
+    return "Python (ratchet._speedups is not built: slower history reads, the same answers)"

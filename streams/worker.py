@@ -14,6 +14,7 @@ import faust
 from cassandra.cluster import Cluster
 from cassandra.policies import ExponentialReconnectionPolicy
 
+from ratchet import speedups
 from ratchet.settings import Settings
 from services.cassandra_cluster import open_cluster
 from services.cassandra_loop import LoopSession
@@ -73,8 +74,8 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
     # (a 96 ms pause in a paced run before, 14 ms after; docs/decisions.md).
     gc.collect()
     gc.freeze()
-    log.info("worker %d joining group %s on %s", os.getpid(), group,
-             runtime.topics.gateway_events)
+    log.info("worker %d joining group %s on %s; history codec: %s", os.getpid(), group,
+             runtime.topics.gateway_events, speedups.describe())
     try:
         worker = faust.Worker(app, loglevel=loglevel, quiet=True)
         # No terminal spinner: at WARNING and above Faust would otherwise set the ROOT

@@ -16,6 +16,7 @@ import uvicorn
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from fastapi import FastAPI
 
+from ratchet import speedups
 from ratchet.settings import Settings
 from schemas.avro import EventSerde
 from services.api import logs
@@ -100,7 +101,8 @@ def cli_api(settings: Settings) -> int:
     process.notifier.start()
     log.info(
         "rehydration API listening",
-        extra={"ctx": {"host": settings.api_host, "port": settings.api_port}},
+        extra={"ctx": {"host": settings.api_host, "port": settings.api_port,
+                       "history_codec": speedups.describe()}},
     )
     try:
         uvicorn.run(

@@ -55,6 +55,16 @@ def test_the_switch_turns_the_c_module_off_and_refuses_other_values(monkeypatch)
             speedups.load()
 
 
+def test_processes_say_which_twins_they_run(monkeypatch):
+    assert speedups.describe() == (
+        "C (ratchet._speedups)" if speedups.SPEEDUPS is not None
+        else "Python (ratchet._speedups is not built: slower history reads, the same answers)"
+    )
+    monkeypatch.setattr(speedups, "SPEEDUPS", None)
+    monkeypatch.setenv("RATCHET_SPEEDUPS", "0")
+    assert speedups.describe() == "Python (RATCHET_SPEEDUPS=0)"
+
+
 # --- strategies -----------------------------------------------------------------------
 
 texts = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
