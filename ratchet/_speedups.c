@@ -82,23 +82,31 @@ digest_matches(PyObject *data, PyObject *digest)
     return n == 64 && memcmp(s, hex, 64) == 0;
 }
 
+/* The two arguments of ``args`` as fast sequences (new references); -1 on error. */
+static int
+two_sequences(PyObject *args, const char *format, PyObject **first, PyObject **second)
+{
+    PyObject *a, *b;
+    if (!PyArg_ParseTuple(args, format, &a, &b))
+        return -1;
+    if ((*first = PySequence_Fast(a, "expected a sequence")) == NULL)
+        return -1;
+    if ((*second = PySequence_Fast(b, "expected a sequence")) == NULL) {
+        Py_DECREF(*first);
+        return -1;
+    }
+    return 0;
+}
+
 /* first_digest_mismatch(contents, digests) -> int
  * Twin of the digest check in ratchet/domain/history.py (_check_items): the index of
  * the first content whose sha256 hex is not its digest, or -1. */
 static PyObject *
 first_digest_mismatch(PyObject *self, PyObject *args)
 {
-    PyObject *contents, *digests;
-    if (!PyArg_ParseTuple(args, "OO:first_digest_mismatch", &contents, &digests))
+    PyObject *cs, *ds;
+    if (two_sequences(args, "OO:first_digest_mismatch", &cs, &ds) < 0)
         return NULL;
-    PyObject *cs = PySequence_Fast(contents, "contents must be a sequence");
-    if (cs == NULL)
-        return NULL;
-    PyObject *ds = PySequence_Fast(digests, "digests must be a sequence");
-    if (ds == NULL) {
-        Py_DECREF(cs);
-        return NULL;
-    }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(cs);
     Py_ssize_t found = -1;
     if (PySequence_Fast_GET_SIZE(ds) != n) {
@@ -166,17 +174,9 @@ buf_put(Buf *b, const char *s, Py_ssize_t n)
 static PyObject *
 ids_digest(PyObject *self, PyObject *args)
 {
-    PyObject *ids, *digests;
-    if (!PyArg_ParseTuple(args, "OO:ids_digest", &ids, &digests))
+    PyObject *is, *ds;
+    if (two_sequences(args, "OO:ids_digest", &is, &ds) < 0)
         return NULL;
-    PyObject *is = PySequence_Fast(ids, "ids must be a sequence");
-    if (is == NULL)
-        return NULL;
-    PyObject *ds = PySequence_Fast(digests, "digests must be a sequence");
-    if (ds == NULL) {
-        Py_DECREF(is);
-        return NULL;
-    }
     PyObject *result = NULL;
     Buf b = {0};
     /* zip(): the shorter column decides, like the Python twin's map over both. */
