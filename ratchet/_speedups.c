@@ -48,19 +48,6 @@ sha256_hex_into(const void *data, size_t n, char hex[65])
     return 0;
 }
 
-/* sha256(data).hexdigest() for a bytes-like object, as str. */
-static PyObject *
-sha256_hex(PyObject *data)
-{
-    Py_buffer view;
-    char hex[65];
-    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    int rc = sha256_hex_into(view.buf, view.len, hex);
-    PyBuffer_Release(&view);
-    return rc < 0 ? NULL : PyUnicode_FromStringAndSize(hex, 64);
-}
-
 /* Does str ``digest`` equal the sha256 hex of the bytes-like ``data``? 1, 0, -1 error. */
 static int
 digest_matches(PyObject *data, PyObject *digest)
@@ -794,12 +781,6 @@ done:
     return result;
 }
 
-static PyObject *
-sha256_hex_py(PyObject *self, PyObject *data)
-{
-    return sha256_hex(data);
-}
-
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -811,7 +792,6 @@ static PyMethodDef methods[] = {
      "A turn's items digest from its id and digest columns (twin: ratchet/domain/history.py)."},
     {"lineage_digest", lineage_digest, METH_VARARGS,
      "A turn's lineage digest (twin: ratchet/domain/history.py)."},
-    {"sha256_hex", (PyCFunction)sha256_hex_py, METH_O, "sha256(data).hexdigest()."},
     {"is_json_object", is_json_object, METH_O,
      "True if surely one UTF-8 JSON object (False: not sure; the Python twin decides)."},
     {"render_items", render_items, METH_VARARGS,
