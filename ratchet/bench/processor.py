@@ -1,7 +1,7 @@
 """Promotion processor throughput, end to end, beside its raw baselines, in one run.
 
 ``python -m ratchet.bench.processor [--turns N] [--per-conversation K] [--raw N]
-[--latency-turns N] [--profile] [--profile-only] [--rss]``
+[--latency-turns N] [--latency-rounds R] [--profile] [--profile-only] [--rss]``
 
 One table, measured in the same run on the same servers (the load average is printed
 with it, the machine is shared):
@@ -33,7 +33,10 @@ with it, the machine is shared):
 * **against the floors**: ratchet's turns/s and summed CPU per turn (worker +
   Cassandra + Kafka) divided by floor 1's and floor 1b's, and the latency produce ->
   outcome consumed (p50/p99) of ratchet and of floors 1 and 1b, all fed at half of
-  ratchet's measured maximum rate (``--latency-turns`` each, 0 = skip); then ratchet again with a
+  ratchet's measured maximum rate (``--latency-turns`` each, 0 = skip); ratchet and
+  floor 1 alternate ``--latency-rounds`` times (each round's p99s and ratio printed,
+  the verdict on all rounds pooled), each run after Cassandra is quiet (``settle``),
+  so a slow minute of the shared machine falls on both lines; then ratchet again with a
   ``ratchet api`` beside the worker and, for each turn, a GET with ``wait_ms`` sent
   right after its produce: produce -> outcome consumed and produce -> HTTP
   ``certified`` of the same turns (``ratchet.bench.http_wait``; the floor has no API:
@@ -58,6 +61,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import multiprocessing
 import os
 import re
 import sys
@@ -272,11 +276,7 @@ async def _aiokafka_read(settings: Settings, topic: str, records: int) -> int:
 @contextlib.contextmanager
 def scratch_lwt_table(settings: Settings, tag: str, *extra_tables: str):
     """A keyspace of its own (dropped afterwards) with table ``lwt (k, c, v blob)`` and
-    ``extra_tables`` (CQL bodies); yields (session, keyspace, the prepared single-row
-    ``INSERT ... IF NOT EXISTS`` with the store's consistency and no driver retry)."""
-    from cassandra import ConsistencyLevel
-    from cassandra.policies import FallthroughRetryPolicy
-
+    ``extra_tables`` (CQL bodies); yields (session, keyspace, ``_lwt_insert``)."""
     from services.cassandra_cluster import open_cluster
 
     keyspace = f"{settings.keyspace}_bench_{tag}_{uuid.uuid4().hex[:6]}"
@@ -287,18 +287,27 @@ def scratch_lwt_table(settings: Settings, tag: str, *extra_tables: str):
                         f"{settings.replication}", timeout=60)
         for table in ("lwt (k text, c text, v blob, PRIMARY KEY (k, c))", *extra_tables):
             session.execute(f"CREATE TABLE {keyspace}.{table}", timeout=60)
-        insert = session.prepare(f"INSERT INTO {keyspace}.lwt (k, c, v) VALUES (?, ?, ?) "
-                                 "IF NOT EXISTS")
-        insert.consistency_level = ConsistencyLevel.LOCAL_QUORUM
-        insert.serial_consistency_level = ConsistencyLevel.SERIAL
-        insert.retry_policy = FallthroughRetryPolicy()
-        yield session, keyspace, insert
+        yield session, keyspace, _lwt_insert(session, keyspace)
     finally:
         try:
             session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
         except Exception as exc:  # noqa: BLE001 - never hide the error that ended the run
             say(f"could not drop {keyspace}: {exc}")
         cluster.shutdown()
+
+
+def _lwt_insert(session, keyspace: str):
+    """The prepared single-row ``INSERT ... IF NOT EXISTS`` into ``keyspace.lwt``, with
+    the store's consistency and no driver retry."""
+    from cassandra import ConsistencyLevel
+    from cassandra.policies import FallthroughRetryPolicy
+
+    insert = session.prepare(f"INSERT INTO {keyspace}.lwt (k, c, v) VALUES (?, ?, ?) "
+                             "IF NOT EXISTS")
+    insert.consistency_level = ConsistencyLevel.LOCAL_QUORUM
+    insert.serial_consistency_level = ConsistencyLevel.SERIAL
+    insert.retry_policy = FallthroughRetryPolicy()
+    return insert
 
 
 def raw_lwt(settings: Settings, ops: int, pids: dict[str, int]) -> Row:
@@ -345,7 +354,7 @@ class FloorResult:
     committed: dict[int, int]  # partition -> committed offset
     rows: int = 0  # rows in the LWT table afterwards
     requests: int = 0  # Cassandra requests sent while measuring
-    latency: tuple[float, float, int] = (0.0, 0.0, 0)  # p50 ms, p99 ms, n (paced runs)
+    latency: list[float] = field(default_factory=list)  # produce -> outcome ms (paced runs)
 
 
 FLOOR_SHAPES = {
@@ -409,7 +418,56 @@ def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
 def _floor_measure(settings: Settings, session, keyspace: str, insert, source: str,
                    sink: str, records: int, pids: dict[str, int],
                    shape: str, rate: float | None = None) -> tuple[Row, FloorResult]:
-    """Produce ``records`` events, then time the pipeline over them (see raw_pipeline)."""
+    """Produce ``records`` events, then time the pipeline over them (see raw_pipeline).
+    Paced (``rate``), the pipeline runs in a process of its own (``_floor_child``), as
+    ratchet's worker does: the probe's and the paced sender's threads here do not share
+    its interpreter."""
+    plain = _plain_statements(session, keyspace)
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
+                         "enable.idempotence": True, "linger.ms": 5})
+    value = os.urandom(1024)
+    items = [(f"floor-{i:08d}".encode(), value) for i in range(records)]
+    probe = sender = None
+    ready = threading.Event() if rate is None else _SPAWN.Event()
+    if rate is None:
+        for key, _ in items:
+            producer.produce(source, value=value, key=key)
+            producer.poll(0)
+        if producer.flush(60):
+            raise RuntimeError("raw pipeline: events not delivered")
+    else:
+        settle(pids)  # the scratch keyspace's creation is not the floor's latency
+        probe = LatencyProbe(settings, [sink])
+        sender = probe.pace(lambda k, v: (producer.produce(source, value=v, key=k),
+                                          producer.poll(0)), items, rate, ready)
+        collector = threading.Thread(target=probe.collect, args=(records, 600), daemon=True)
+        collector.start()  # arrivals are timed while the pipeline runs
+    counter = RequestCounter(session)
+    if rate is None:
+        with CpuWindow({"client": os.getpid(), **pids}) as window:
+            result = asyncio.run(_floor_run(settings, source, sink, records, session,
+                                            insert, plain, shape, ready))
+    else:
+        result, window = _floor_in_child(settings, source, sink, records, keyspace, shape,
+                                         pids, ready)
+    if probe is not None and sender is not None:
+        sender.join()
+        producer.flush(60)
+        collector.join(30)
+        result.latency = probe.latencies_ms()
+        probe.close()
+    result.requests = counter.total()
+    result.rows = session.execute(f"SELECT count(*) FROM {keyspace}.lwt",
+                                  timeout=60).one()[0]
+    say(f"raw pipeline ({shape}): {result.consumed} turns in {window.seconds:.1f} s")
+    return (Row(FLOOR_SHAPES[shape], result.consumed, window.seconds, window.cpu_s,
+                unit="turns"), result)
+
+
+_SPAWN = multiprocessing.get_context("spawn")  # a fresh interpreter, no forked driver
+
+
+def _plain_statements(session, keyspace: str) -> Statements:
     from cassandra import ConsistencyLevel
 
     plain = Statements(
@@ -418,40 +476,48 @@ def _floor_measure(settings: Settings, session, keyspace: str, insert, source: s
     )
     for statement in vars(plain).values():
         statement.consistency_level = ConsistencyLevel.QUORUM
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
-                         "enable.idempotence": True, "linger.ms": 5})
-    value = os.urandom(1024)
-    items = [(f"floor-{i:08d}".encode(), value) for i in range(records)]
-    probe = sender = None
-    ready = threading.Event()
-    if rate is None:
-        for key, _ in items:
-            producer.produce(source, value=value, key=key)
-            producer.poll(0)
-        if producer.flush(60):
-            raise RuntimeError("raw pipeline: events not delivered")
+    return plain
+
+
+def _floor_in_child(settings: Settings, source: str, sink: str, records: int,
+                    keyspace: str, shape: str, pids: dict[str, int],
+                    ready=None) -> tuple[FloorResult, CpuWindow]:
+    """``_floor_run`` in a spawned process; its result, and the CPU window with the
+    child as ``client``."""
+    results = _SPAWN.Queue()
+    child = _SPAWN.Process(target=_floor_child, name="floor", daemon=True, args=(
+        settings, source, sink, records, keyspace, shape, ready, results))
+    child.start()
+    try:
+        with CpuWindow({"client": child.pid, **pids}) as window:
+            outcome = results.get(timeout=660)
+        child.join(30)
+    finally:
+        if child.is_alive():
+            child.kill()
+    if isinstance(outcome, BaseException):
+        raise RuntimeError("the floor's process failed") from outcome
+    return outcome, window
+
+
+def _floor_child(settings: Settings, source: str, sink: str, records: int, keyspace: str,
+                 shape: str, ready, results) -> None:
+    """The floor pipeline, in the spawned process: its own driver session and loop."""
+    from services.cassandra_cluster import open_cluster
+
+    try:
+        cluster = open_cluster(settings)
+        try:
+            session = cluster.connect()
+            result = asyncio.run(_floor_run(
+                settings, source, sink, records, session, _lwt_insert(session, keyspace),
+                _plain_statements(session, keyspace), shape, ready))
+        finally:
+            cluster.shutdown()
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises
+        results.put(RuntimeError(f"{type(exc).__name__}: {exc}"))  # always picklable
     else:
-        probe = LatencyProbe(settings, [sink])
-        sender = probe.pace(lambda k, v: (producer.produce(source, value=v, key=k),
-                                          producer.poll(0)), items, rate, ready)
-        collector = threading.Thread(target=probe.collect, args=(records, 600), daemon=True)
-        collector.start()  # arrivals are timed while the pipeline runs
-    counter = RequestCounter(session)
-    with CpuWindow({"client": os.getpid(), **pids}) as window:
-        result = asyncio.run(_floor_run(settings, source, sink, records, session,
-                                        insert, plain, shape, ready))
-    if probe is not None and sender is not None:
-        sender.join()
-        producer.flush(60)
-        collector.join(30)
-        result.latency = probe.percentiles()
-        probe.close()
-    result.requests = counter.total()
-    result.rows = session.execute(f"SELECT count(*) FROM {keyspace}.lwt",
-                                  timeout=60).one()[0]
-    say(f"raw pipeline ({shape}): {result.consumed} turns in {window.seconds:.1f} s")
-    return (Row(FLOOR_SHAPES[shape], result.consumed, window.seconds, window.cpu_s,
-                unit="turns"), result)
+        results.put(result)
 
 
 @dataclass(frozen=True)
@@ -786,17 +852,21 @@ class LatencyProbe:
                 if not msg.error():
                     self.arrived.setdefault(msg.key(), time.monotonic())
 
+    def latencies_ms(self) -> list[float]:
+        """Produce -> outcome consumed of every key that arrived, in ms."""
+        return [(self.arrived[k] - t) * 1000 for k, t in self.sent.items()
+                if k in self.arrived]
+
     def percentiles(self) -> tuple[float, float, int]:
         """(p50 ms, p99 ms, samples)."""
-        return p50_p99([(self.arrived[k] - t) * 1000 for k, t in self.sent.items()
-                        if k in self.arrived])
+        return p50_p99(self.latencies_ms())
 
     def close(self) -> None:
         self.consumer.close()
 
 
 def e2e_latency(settings: Settings, rig: Rig, rate: float, turns: int,
-                http: HttpWaits | None = None) -> tuple[float, float, int]:
+                http: HttpWaits | None = None) -> list[float]:
     """Produce -> CheckpointPromoted consumed, ``turns`` new conversations at ``rate``;
     with ``http``, each turn's HTTP wait is sent right after its produce (its figures:
     ``http.results``)."""
@@ -820,7 +890,7 @@ def e2e_latency(settings: Settings, rig: Rig, rate: float, turns: int,
         probe.collect(len(turns_), 120 + turns / rate)
         sender.join()
         rig.producer.flush()
-        return probe.percentiles()
+        return probe.latencies_ms()
     finally:
         probe.close()
 
@@ -846,15 +916,15 @@ def http_latency(settings: Settings, rig: Rig, tmp: Path, rate: float, turns: in
             consumed = e2e_latency(settings, rig, rate, turns, http)
             figures = http.results(timeout_s=60)
         figures = replace(figures, cpu_s=window.cpu_s, seconds=window.seconds)
-        return consumed, figures, http.overhead(http.answered[-turns:][:100])
+        return p50_p99(consumed), figures, http.overhead(http.answered[-turns:][:100])
     finally:
         http.close()
 
 
 def floor_latency(settings: Settings, rate: float, records: int,
-                  pids: dict[str, int], shape: str = "lwt") -> tuple[float, float, int]:
+                  pids: dict[str, int], shape: str = "lwt") -> list[float]:
     """A floor (by default floor 1: consume + 1 LWT + publish + commit) fed at ``rate``:
-    produce -> outcome consumed, measured like ``e2e_latency``."""
+    produce -> outcome consumed (ms per record), measured like ``e2e_latency``."""
     _, result = raw_pipeline(settings, records, pids, shape=shape, rate=rate)
     return result.latency
 
@@ -992,7 +1062,8 @@ def summed_cpu_ms(row: Row) -> float:
 def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, float, int]],
             rate: float,
             http: tuple[WaitFigures, dict[str, list[float]], QuarterLoad] | None = None,
-            latency_cpu: dict[str, str] | None = None) -> str:
+            latency_cpu: dict[str, str] | None = None,
+            rounds: list[tuple[list[float], list[float]]] | None = None) -> str:
     lines = ["", "ratchet against its floors (same run):"]
     for shape, floor in floors.items():
         lines.append(
@@ -1010,7 +1081,10 @@ def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, fl
         for floor in ("floor 1", "floor 1b"):
             if "ratchet" in latency and floor in latency:
                 ratio = latency["ratchet"][1] / latency[floor][1]
-                lines.append(f"    p99 ratio to {floor} {ratio:.2f} (target <= 3 x floor 1)")
+                pooled = " (all rounds pooled)" if floor == "floor 1" and rounds else ""
+                lines.append(f"    p99 ratio to {floor} {ratio:.2f}{pooled} "
+                             "(target <= 3 x floor 1)")
+        lines.extend(round_lines(rounds or []))
         for name, text in (latency_cpu or {}).items():
             lines.append(f"    cores used, {name:<{width}}: {text}")
     if http is not None:
@@ -1018,6 +1092,60 @@ def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, fl
         lines.extend(http_summary(figures, overhead, floor=latency.get("floor 1"), rate=rate,
                                   quarter=quarter))
     return "\n".join(lines)
+
+
+def alternated_latency(settings: Settings, rig: Rig, rate: float, turns: int, rounds: int,
+                       pids: dict[str, int]) -> tuple[CpuWindow, list[tuple[list[float],
+                                                                            list[float]]]]:
+    """``rounds`` pairs (ratchet, then floor 1), each ``turns`` at ``rate``: produce ->
+    outcome consumed of both, alternated so that a slow minute of this shared machine
+    (or the servers' own work after the backlog run) falls on both lines alike rather
+    than on whichever ran during it; the first tenth of each run is not counted. Returns the CPU of ``pids`` and this process over
+    ratchet's runs only, and each round's latencies (ms)."""
+    total = CpuWindow({**pids, "bench": os.getpid()})
+    total.cpu_s = dict.fromkeys(total.pids, 0.0)
+    paired: list[tuple[list[float], list[float]]] = []
+    for _ in range(rounds):
+        settle(pids)
+        with CpuWindow(total.pids) as window:
+            mine = e2e_latency(settings, rig, rate, turns)
+        total.seconds += window.seconds
+        for name, cpu in window.cpu_s.items():
+            total.cpu_s[name] += cpu
+        settle(pids)
+        floor = floor_latency(settings, rate, turns, pids)
+        # Each run's first tenth (in send order) is its warm-up, on both lines: a fresh
+        # floor pipeline's first ~100 records wait on its consumer's first fetches.
+        warm = turns // 10
+        paired.append((mine[warm:], floor[warm:]))
+    return total, paired
+
+
+def settle(pids: dict[str, int], *, below_cores: float = 0.15, limit_s: float = 15.0) -> float:
+    """Wait until Cassandra is quiet (under ``below_cores`` over half a second), at most
+    ``limit_s``: a floor's run ends by dropping its keyspace, which keeps Cassandra busy
+    for about a second after it; a latency run started then would carry that work.
+    Returns the seconds waited."""
+    if "cassandra" not in pids:
+        return 0.0
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        with CpuWindow({"cassandra": pids["cassandra"]}) as window:
+            time.sleep(0.5)
+        if window.cpu_s["cassandra"] / window.seconds < below_cores:
+            break
+    return time.monotonic() - start
+
+
+def round_lines(rounds: list[tuple[list[float], list[float]]]) -> list[str]:
+    """One line per alternated round: both p99s and their ratio."""
+    lines = []
+    for i, (mine, floor) in enumerate(rounds, 1):
+        _, mine99, _ = p50_p99(mine)
+        _, floor99, _ = p50_p99(floor)
+        lines.append(f"      round {i}: ratchet p99 {mine99:7.1f} ms, floor 1 p99 "
+                     f"{floor99:7.1f} ms, ratio {mine99 / floor99:.2f}")
+    return lines
 
 
 @dataclass(frozen=True)
@@ -1088,6 +1216,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also end to end with the loop path on cassandra-driver")
     parser.add_argument("--latency-turns", type=int, default=1000,
                         help="turns of each latency run at half the measured rate (0: none)")
+    parser.add_argument("--latency-rounds", type=int, default=3,
+                        help="alternated latency runs of ratchet and floor 1 (pooled)")
     args = parser.parse_args(argv)
 
     import logging
@@ -1141,31 +1271,34 @@ def main(argv: list[str] | None = None) -> int:
         latency: dict[str, tuple[float, float, int]] = {}
         latency_cpu: dict[str, str] = {}
         http = None
+        rounds: list[tuple[list[float], list[float]]] = []
         rate = e2e.per_second / 2
         if args.latency_turns:
-            say(f"latency at {rate:.0f} turns/s: ratchet, then with the API, then floors "
-                "1, 1b and 0")
+            say(f"latency at {rate:.0f} turns/s: ratchet and floor 1 alternated "
+                f"{args.latency_rounds} times, then with the API, then floors 1b and 0")
             who = {"worker": worker.pid, **pids}
-            with CpuWindow({**who, "bench": os.getpid()}) as alone:
-                latency["ratchet"] = e2e_latency(settings, rig, rate, args.latency_turns)
+            alone, rounds = alternated_latency(settings, rig, rate, args.latency_turns,
+                                               args.latency_rounds, who)
+            latency["ratchet"] = p50_p99([ms for mine, _ in rounds for ms in mine])
+            latency["floor 1"] = p50_p99([ms for _, floor in rounds for ms in floor])
             latency[WITH_API], figures, overhead = http_latency(
                 settings, rig, tmp, rate, args.latency_turns, who)
             # The same at a quarter of the maximum, beside floor 1 at that rate: whether
             # a miss at half load is the design or the 2 cores the five processes share.
             _, quarter_figures, _ = http_latency(settings, rig, tmp, rate / 2,
                                                  args.latency_turns, who)
-            quarter = QuarterLoad(rate / 2, quarter_figures,
-                                  floor_latency(settings, rate / 2, args.latency_turns, pids))
+            quarter = QuarterLoad(rate / 2, quarter_figures, p50_p99(
+                floor_latency(settings, rate / 2, args.latency_turns, pids)))
             http = figures, overhead, quarter
-            paced_worker_ms = alone.cpu_s.get("worker", 0.0) * 1000 / args.latency_turns
+            paced_worker_ms = (alone.cpu_s.get("worker", 0.0) * 1000
+                               / (args.latency_turns * args.latency_rounds))
             latency_cpu = {"ratchet": f"{cores(alone.cpu_s, alone.seconds)}; worker "
                                       f"{paced_worker_ms:.2f} ms per turn",
                            WITH_API: cores(figures.cpu_s, figures.seconds)}
-            latency["floor 1"] = floor_latency(settings, rate, args.latency_turns, pids)
             # The response id's claim makes two Paxos rounds in a row per turn: floor
             # 1b is the latency floor of that shape.
-            latency["floor 1b"] = floor_latency(settings, rate, args.latency_turns, pids,
-                                                shape="lwt2")
+            latency["floor 1b"] = p50_p99(floor_latency(settings, rate, args.latency_turns,
+                                                        pids, shape="lwt2"))
             # The stream stack alone at the same rate: what a record costs when records
             # arrive one at a time (no batching in the fetch or the produce).
             paced, latency["floor 0"] = faust_pipeline(
@@ -1175,7 +1308,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(rows, load_before))
         print(f"end to end rejected: {counter.rejected} (expected 0)")
         print(summary(e2e, {s: floors[s] for s in ("lwt", "lwt2")}, latency, rate, http,
-                      latency_cpu))
+                      latency_cpu, rounds))
         if args.rss:
             after_1k, after_100k = measure_rss(rig, worker, counter)
             print(f"worker RSS after 1k conversations {after_1k:.0f} MB, after 100k "

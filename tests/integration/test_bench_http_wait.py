@@ -17,7 +17,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from ratchet.bench.http_wait import ASYNC_CLIENT, BLOCKING_CLIENT
-from ratchet.bench.processor import OutcomeCounter, consume_now, http_latency, start_worker
+from ratchet.bench.processor import (
+    OutcomeCounter,
+    alternated_latency,
+    consume_now,
+    http_latency,
+    start_worker,
+)
 from streams.testing import Rig, isolated_settings
 
 pytestmark = pytest.mark.integration
@@ -46,6 +52,30 @@ def test_each_produced_turn_gets_one_certified_answer_after_waiting(settings, tm
     assert figures.queued == 0  # 10 turns/s never fills the client's slots
     assert {name: len(times) for name, times in overhead.items()} == {
         ASYNC_CLIENT: turns, BLOCKING_CLIENT: turns}
+
+
+def test_alternated_latency_rounds_measure_ratchet_then_floor_each_round(settings, tmp_path):
+    """The p99 ratio's two lines come from alternated rounds: each round has every
+    turn of ratchet's run and every record of floor 1's but the first tenth of each (the
+    warm-up), and the CPU window covers the worker over ratchet's runs only."""
+    turns, rounds = 15, 2  # 15 // 10: one warm-up turn a run
+    bench = isolated_settings(settings, "alternate", partitions=2, home=tmp_path / "home")
+    rig = Rig(bench)
+    worker = None
+    try:
+        worker = start_worker(rig, tmp_path, OutcomeCounter(bench, rig))
+        window, paired = alternated_latency(bench, rig, 10.0, turns, rounds,
+                                            {"worker": worker.pid})
+    finally:
+        if worker is not None:
+            worker.terminate()
+        rig.close()
+
+    assert [(len(mine), len(floor)) for mine, floor in paired] == [(turns - 1, turns - 1)] * rounds
+    assert all(ms > 0 for mine, floor in paired for ms in mine + floor)
+    # Two paced runs of 15 turns at 10/s: at least 1.4 s each, the floors' not counted.
+    assert 2 * 1.4 <= window.seconds < 2 * 30
+    assert window.cpu_s["worker"] > 0 and "bench" in window.cpu_s
 
 
 def test_consume_now_returns_a_record_when_it_comes_not_at_the_timeout(settings,
