@@ -248,7 +248,33 @@ def raw_kafka(settings: Settings, value: bytes, records: int,
                 consumed.cpu_s),
         )
     finally:
-        admin.delete_topics([topic])
+        _delete_topics(admin, [topic])
+
+
+_deferred_topics: list[tuple[object, list[str]]] | None = None
+
+
+def _delete_topics(admin, topics: list[str]) -> None:
+    """Delete now, or at the end of the bench's run (``deferred_topic_deletion``): the
+    broker removes a deleted topic's files a minute later (``file.delete.delay.ms``),
+    which would land, at up to a core of Kafka's CPU, in a later line's measurement."""
+    if _deferred_topics is None:
+        admin.delete_topics(topics)
+    else:
+        _deferred_topics.append((admin, topics))
+
+
+@contextlib.contextmanager
+def deferred_topic_deletion():
+    """Scratch topics deleted when the block ends, not while other lines measure."""
+    global _deferred_topics
+    _deferred_topics = []
+    try:
+        yield
+    finally:
+        pending, _deferred_topics = _deferred_topics, None
+        for admin, topics in pending:
+            admin.delete_topics(topics)
 
 
 async def _aiokafka_read(settings: Settings, topic: str, records: int) -> int:
@@ -412,12 +438,13 @@ def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
             return _floor_measure(settings, session, keyspace, insert, source, sink,
                                   records, pids, shape, rate)
     finally:
-        admin.delete_topics([source, sink])
+        _delete_topics(admin, [source, sink])
 
 
 def _floor_measure(settings: Settings, session, keyspace: str, insert, source: str,
                    sink: str, records: int, pids: dict[str, int],
-                   shape: str, rate: float | None = None) -> tuple[Row, FloorResult]:
+                   shape: str, rate: float | None = None,
+                   run: str = "") -> tuple[Row, FloorResult]:
     """Produce ``records`` events, then time the pipeline over them (see raw_pipeline).
     Paced (``rate``), the pipeline runs in a process of its own (``_floor_child``), as
     ratchet's worker does: the probe's and the paced sender's threads here do not share
@@ -426,9 +453,9 @@ def _floor_measure(settings: Settings, session, keyspace: str, insert, source: s
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
                          "enable.idempotence": True, "linger.ms": 5})
     value = os.urandom(1024)
-    items = [(f"floor-{i:08d}".encode(), value) for i in range(records)]
+    items = [(f"floor-{run}{i:08d}".encode(), value) for i in range(records)]
     probe = sender = None
-    ready = threading.Event() if rate is None else _SPAWN.Event()
+    ready = None if rate is None else _SPAWN.Event()  # a backlog needs no start signal
     if rate is None:
         for key, _ in items:
             producer.produce(source, value=value, key=key)
@@ -448,6 +475,7 @@ def _floor_measure(settings: Settings, session, keyspace: str, insert, source: s
             result = asyncio.run(_floor_run(settings, source, sink, records, session,
                                             insert, plain, shape, ready))
     else:
+        # From the topic's end: a run may reuse the topics of an earlier one.
         result, window = _floor_in_child(settings, source, sink, records, keyspace, shape,
                                          pids, ready)
     if probe is not None and sender is not None:
@@ -457,8 +485,9 @@ def _floor_measure(settings: Settings, session, keyspace: str, insert, source: s
         result.latency = probe.latencies_ms()
         probe.close()
     result.requests = counter.total()
-    result.rows = session.execute(f"SELECT count(*) FROM {keyspace}.lwt",
-                                  timeout=60).one()[0]
+    if not run:  # a table of its own: its rows are this run's
+        result.rows = session.execute(f"SELECT count(*) FROM {keyspace}.lwt",
+                                      timeout=60).one()[0]
     say(f"raw pipeline ({shape}): {result.consumed} turns in {window.seconds:.1f} s")
     return (Row(FLOOR_SHAPES[shape], result.consumed, window.seconds, window.cpu_s,
                 unit="turns"), result)
@@ -545,9 +574,12 @@ async def _floor_run(settings: Settings, source: str, sink: str, records: int, s
             lambda exc: loop.call_soon_threadsafe(done.set_exception, exc))
         return done
 
+    # A paced run (``ready`` given) starts at the topic's end and lets the producer
+    # start once every partition's position is known: its topics may be an earlier
+    # run's. A backlog is produced before it starts: from the beginning.
     consumer = AIOKafkaConsumer(source, bootstrap_servers=settings.kafka_bootstrap,
                                 group_id=_uid("bench-floor"), enable_auto_commit=False,
-                                auto_offset_reset="earliest")
+                                auto_offset_reset="earliest" if ready is None else "latest")
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
     await consumer.start()
     await producer.start()
@@ -581,7 +613,9 @@ async def _floor_run(settings: Settings, source: str, sink: str, records: int, s
         deadline = time.monotonic() + 600
         while result.consumed < records and time.monotonic() < deadline:
             batches = await consumer.getmany(timeout_ms=100, max_records=500)
-            if ready is not None and consumer.assignment():
+            if ready is not None and not ready.is_set() and consumer.assignment():
+                for tp in consumer.assignment():
+                    await consumer.position(tp)  # resolved: nothing produced is skipped
                 ready.set()  # a paced producer starts now: latency excludes the join
             for tp, messages in batches.items():
                 if tp.partition not in queues:
@@ -994,7 +1028,7 @@ def faust_pipeline(settings: Settings, records: int, pids: dict[str, int], home:
         with contextlib.suppress(Exception):
             worker.wait(30)
         log.close()
-        admin.delete_topics([source, sink])
+        _delete_topics(admin, [source, sink])
 
 
 # --- driver A/B: acsylla (the C++ driver, asyncio) on the raw LWT row ----------------------
@@ -1100,39 +1134,79 @@ def alternated_latency(settings: Settings, rig: Rig, rate: float, turns: int, ro
     """``rounds`` pairs (ratchet, then floor 1), each ``turns`` at ``rate``: produce ->
     outcome consumed of both, alternated so that a slow minute of this shared machine
     (or the servers' own work after the backlog run) falls on both lines alike rather
-    than on whichever ran during it; the first tenth of each run is not counted. Returns the CPU of ``pids`` and this process over
-    ratchet's runs only, and each round's latencies (ms)."""
+    than on whichever ran during it; the first fifth of each run is not counted. Floor
+    1's runs share one keyspace and topic pair (``PacedFloor``). Returns the CPU of
+    ``pids`` and this process over ratchet's runs only, and each round's latencies
+    (ms)."""
     total = CpuWindow({**pids, "bench": os.getpid()})
     total.cpu_s = dict.fromkeys(total.pids, 0.0)
     paired: list[tuple[list[float], list[float]]] = []
-    for _ in range(rounds):
-        settle(pids)
-        with CpuWindow(total.pids) as window:
-            mine = e2e_latency(settings, rig, rate, turns)
-        total.seconds += window.seconds
-        for name, cpu in window.cpu_s.items():
-            total.cpu_s[name] += cpu
-        settle(pids)
-        floor = floor_latency(settings, rate, turns, pids)
-        # Each run's first tenth (in send order) is its warm-up, on both lines: a fresh
-        # floor pipeline's first ~100 records wait on its consumer's first fetches.
-        warm = turns // 10
-        paired.append((mine[warm:], floor[warm:]))
+    with PacedFloor(settings, pids) as paced_floor:
+        for _ in range(rounds):
+            settle(pids)
+            with CpuWindow(total.pids) as window:
+                mine = e2e_latency(settings, rig, rate, turns)
+            total.seconds += window.seconds
+            for name, cpu in window.cpu_s.items():
+                total.cpu_s[name] += cpu
+            settle(pids)
+            floor_ms = paced_floor.run(rate, turns)
+            # Each run's first fifth (in send order) is its warm-up, on both lines: a fresh
+            # floor process's first 100-200 records wait on its first fetches and LWTs.
+            warm = turns // 5
+            paired.append((mine[warm:], floor_ms[warm:]))
     return total, paired
 
 
+class PacedFloor:
+    """Floor 1 fed at a rate, run after run on ONE scratch keyspace and topic pair:
+    creating and dropping them per run keeps Cassandra and Kafka busy (DDL, new
+    partitions' files) during the next run, which ratchet's long-lived worker and
+    topics never pay. Each run has keys of its own and reads from the topics' end."""
+
+    def __init__(self, settings: Settings, pids: dict[str, int]) -> None:
+        self.settings, self.pids, self.runs = settings, pids, 0
+
+    def __enter__(self) -> PacedFloor:
+        tables = ("facts (k text, c text, v text, PRIMARY KEY (k, c))",
+                  "status (k text PRIMARY KEY, v text)")
+        self._table = scratch_lwt_table(self.settings, "floor", *tables)
+        self.session, self.keyspace, self.insert = self._table.__enter__()
+        try:
+            self.admin, self.source, self.sink = floor_topics(self.settings, "floor-paced")
+        except BaseException:
+            self._table.__exit__(None, None, None)
+            raise
+        return self
+
+    def run(self, rate: float, records: int) -> list[float]:
+        """One paced run: produce -> outcome consumed of each record, ms."""
+        self.runs += 1
+        _, result = _floor_measure(self.settings, self.session, self.keyspace, self.insert,
+                                   self.source, self.sink, records, self.pids, "lwt", rate,
+                                   run=f"r{self.runs}-")
+        if result.applied != records:
+            raise RuntimeError(f"paced floor: {result.applied} of {records} LWTs applied")
+        return result.latency
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            _delete_topics(self.admin, [self.source, self.sink])
+        finally:
+            self._table.__exit__(None, None, None)
+
+
 def settle(pids: dict[str, int], *, below_cores: float = 0.15, limit_s: float = 15.0) -> float:
-    """Wait until Cassandra is quiet (under ``below_cores`` over half a second), at most
-    ``limit_s``: a floor's run ends by dropping its keyspace, which keeps Cassandra busy
-    for about a second after it; a latency run started then would carry that work.
-    Returns the seconds waited."""
-    if "cassandra" not in pids:
-        return 0.0
+    """Wait until Cassandra and Kafka are quiet (each under ``below_cores`` over half a
+    second), at most ``limit_s``: a floor's run ends by dropping its keyspace, which
+    keeps Cassandra busy for about a second after it, and starts by creating topics; a
+    latency run started then would carry that work. Returns the seconds waited."""
+    servers = {name: pid for name, pid in pids.items() if name in ("cassandra", "kafka")}
     start = time.monotonic()
-    while time.monotonic() - start < limit_s:
-        with CpuWindow({"cassandra": pids["cassandra"]}) as window:
+    while servers and time.monotonic() - start < limit_s:
+        with CpuWindow(servers) as window:
             time.sleep(0.5)
-        if window.cpu_s["cassandra"] / window.seconds < below_cores:
+        if all(cpu / window.seconds < below_cores for cpu in window.cpu_s.values()):
             break
     return time.monotonic() - start
 
@@ -1226,6 +1300,12 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load_average()
     base = Settings.from_env()
     pids = server_pids(base)
+    with deferred_topic_deletion():
+        return _run(args, load_before, base, pids)
+
+
+def _run(args: argparse.Namespace, load_before: str, base: Settings,
+         pids: dict[str, int]) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="ratchet-bench-"))
     settings = isolated_settings(base, "bench", partitions=12, home=tmp / "home")
     say(f"load {load_before}; topics {settings.topic_prefix}*")

@@ -56,9 +56,9 @@ def test_each_produced_turn_gets_one_certified_answer_after_waiting(settings, tm
 
 def test_alternated_latency_rounds_measure_ratchet_then_floor_each_round(settings, tmp_path):
     """The p99 ratio's two lines come from alternated rounds: each round has every
-    turn of ratchet's run and every record of floor 1's but the first tenth of each (the
+    turn of ratchet's run and every record of floor 1's but the first fifth of each (the
     warm-up), and the CPU window covers the worker over ratchet's runs only."""
-    turns, rounds = 15, 2  # 15 // 10: one warm-up turn a run
+    turns, rounds = 15, 2  # 15 // 5: three warm-up turns a run
     bench = isolated_settings(settings, "alternate", partitions=2, home=tmp_path / "home")
     rig = Rig(bench)
     worker = None
@@ -71,7 +71,7 @@ def test_alternated_latency_rounds_measure_ratchet_then_floor_each_round(setting
             worker.terminate()
         rig.close()
 
-    assert [(len(mine), len(floor)) for mine, floor in paired] == [(turns - 1, turns - 1)] * rounds
+    assert [(len(mine), len(floor)) for mine, floor in paired] == [(turns - 3, turns - 3)] * rounds
     assert all(ms > 0 for mine, floor in paired for ms in mine + floor)
     # Two paced runs of 15 turns at 10/s: at least 1.4 s each, the floors' not counted.
     assert 2 * 1.4 <= window.seconds < 2 * 30
