@@ -389,6 +389,9 @@ FLOOR_SHAPES = {
     "read": "raw pipeline: + 1 read before the LWT",
     "ratchet": "raw pipeline: + read beside a claim LWT, then LWT, status write",
 }
+# The plain statements' tables of the floor shapes (beside ``lwt``).
+FLOOR_TABLES = ("facts (k text, c text, v text, PRIMARY KEY (k, c))",
+                "status (k text PRIMARY KEY, v text)")
 FLOOR_NAMES = {"lwt": "floor 1", "lwt2": "floor 1b", "read": "floor 2", "ratchet": "floor 3"}
 
 
@@ -408,7 +411,7 @@ def floor_topics(settings: Settings, name: str):
 
 
 def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
-                 shape: str = "lwt", rate: float | None = None) -> tuple[Row, FloorResult]:
+                 shape: str = "lwt") -> tuple[Row, FloorResult]:
     """A floor under the end-to-end figure, composed of the raw baselines only.
 
     ``records`` events (one ~1 KiB turn each, distinct keys) go through the minimum a
@@ -427,16 +430,14 @@ def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
     ratchet's processor: that read in parallel with the claim LWT, before the
     promotion LWT; one write of status and owners after it.
 
-    ``rate``: the events are produced at that rate while the pipeline runs (instead of
-    all before it), and ``FloorResult.latency`` is produce -> outcome consumed.
+    A backlog: the events are produced before the pipeline starts. Fed at a rate, with
+    its latency: ``PacedFloor``.
     """
     admin, source, sink = floor_topics(settings, f"floor-{shape}")
-    tables = ("facts (k text, c text, v text, PRIMARY KEY (k, c))",
-              "status (k text PRIMARY KEY, v text)")
     try:
-        with scratch_lwt_table(settings, "floor", *tables) as (session, keyspace, insert):
+        with scratch_lwt_table(settings, "floor", *FLOOR_TABLES) as (session, keyspace, insert):
             return _floor_measure(settings, session, keyspace, insert, source, sink,
-                                  records, pids, shape, rate)
+                                  records, pids, shape)
     finally:
         _delete_topics(admin, [source, sink])
 
@@ -958,9 +959,11 @@ def http_latency(settings: Settings, rig: Rig, tmp: Path, rate: float, turns: in
 def floor_latency(settings: Settings, rate: float, records: int,
                   pids: dict[str, int], shape: str = "lwt") -> list[float]:
     """A floor (by default floor 1: consume + 1 LWT + publish + commit) fed at ``rate``:
-    produce -> outcome consumed (ms per record), measured like ``e2e_latency``."""
-    _, result = raw_pipeline(settings, records, pids, shape=shape, rate=rate)
-    return result.latency
+    produce -> outcome consumed (ms per record), measured like ``e2e_latency``, after an
+    unmeasured run on the same fresh keyspace and topics."""
+    with PacedFloor(settings, pids, shape) as floor:
+        floor.run(rate, max(50, records // 5))  # warm-up: a new keyspace's and topics' first work
+        return floor.run(rate, records)
 
 
 # --- floor 0: the Faust app alone ------------------------------------------------------------
@@ -1159,18 +1162,17 @@ def alternated_latency(settings: Settings, rig: Rig, rate: float, turns: int, ro
 
 
 class PacedFloor:
-    """Floor 1 fed at a rate, run after run on ONE scratch keyspace and topic pair:
+    """A floor (``shape``, floor 1 by default) fed at a rate, run after run on ONE
+    scratch keyspace and topic pair:
     creating and dropping them per run keeps Cassandra and Kafka busy (DDL, new
     partitions' files) during the next run, which ratchet's long-lived worker and
     topics never pay. Each run has keys of its own and reads from the topics' end."""
 
-    def __init__(self, settings: Settings, pids: dict[str, int]) -> None:
-        self.settings, self.pids, self.runs = settings, pids, 0
+    def __init__(self, settings: Settings, pids: dict[str, int], shape: str = "lwt") -> None:
+        self.settings, self.pids, self.shape, self.runs = settings, pids, shape, 0
 
     def __enter__(self) -> PacedFloor:
-        tables = ("facts (k text, c text, v text, PRIMARY KEY (k, c))",
-                  "status (k text PRIMARY KEY, v text)")
-        self._table = scratch_lwt_table(self.settings, "floor", *tables)
+        self._table = scratch_lwt_table(self.settings, "floor", *FLOOR_TABLES)
         self.session, self.keyspace, self.insert = self._table.__enter__()
         try:
             self.admin, self.source, self.sink = floor_topics(self.settings, "floor-paced")
@@ -1183,7 +1185,8 @@ class PacedFloor:
         """One paced run: produce -> outcome consumed of each record, ms."""
         self.runs += 1
         _, result = _floor_measure(self.settings, self.session, self.keyspace, self.insert,
-                                   self.source, self.sink, records, self.pids, "lwt", rate,
+                                   self.source, self.sink, records, self.pids, self.shape,
+                                   rate,
                                    run=f"r{self.runs}-")
         if result.applied != records:
             raise RuntimeError(f"paced floor: {result.applied} of {records} LWTs applied")

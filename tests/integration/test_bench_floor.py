@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import pytest
 
-from ratchet.bench.processor import FAUST_FLOOR, FLOOR_SHAPES, faust_pipeline, raw_pipeline
+from ratchet.bench.processor import (
+    FAUST_FLOOR,
+    FLOOR_SHAPES,
+    faust_pipeline,
+    floor_latency,
+    raw_pipeline,
+)
 from streams.testing import isolated_settings
 
 pytestmark = pytest.mark.integration
@@ -49,3 +55,14 @@ def test_floor_0_publishes_one_outcome_per_record_on_a_backlog_and_paced(setting
     assert row.count == 40 and latency is not None
     p50, p99, samples = latency
     assert samples == 40 and 0 < p50 <= p99
+
+
+def test_paced_floor_measures_every_record_after_its_warm_up_run(settings):
+    """``floor_latency``: a warm-up run, then the measured one on the same keyspace and
+    topics (from their end, keys of its own: every LWT applied, or ``PacedFloor.run``
+    raises); one produce -> outcome latency per measured record."""
+    records = 12
+    latencies = floor_latency(isolated_settings(settings, "paced", partitions=2), 20.0,
+                              records, {}, shape="lwt2")
+    assert len(latencies) == records
+    assert all(ms > 0 for ms in latencies)
