@@ -956,16 +956,6 @@ def http_latency(settings: Settings, rig: Rig, tmp: Path, rate: float, turns: in
         http.close()
 
 
-def floor_latency(settings: Settings, rate: float, records: int,
-                  pids: dict[str, int], shape: str = "lwt") -> list[float]:
-    """A floor (by default floor 1: consume + 1 LWT + publish + commit) fed at ``rate``:
-    produce -> outcome consumed (ms per record), measured like ``e2e_latency``, after an
-    unmeasured run on the same fresh keyspace and topics."""
-    with PacedFloor(settings, pids, shape) as floor:
-        floor.run(rate, max(50, records // 5))  # warm-up: a new keyspace's and topics' first work
-        return floor.run(rate, records)
-
-
 # --- floor 0: the Faust app alone ------------------------------------------------------------
 
 FAUST_FLOOR = "floor 0: Faust app alone, consume + publish + ack (no storage)"
@@ -1132,32 +1122,31 @@ def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, fl
 
 
 def alternated_latency(settings: Settings, rig: Rig, rate: float, turns: int, rounds: int,
-                       pids: dict[str, int]) -> tuple[CpuWindow, list[tuple[list[float],
-                                                                            list[float]]]]:
+                       pids: dict[str, int], floor: PacedFloor,
+                       ) -> tuple[CpuWindow, list[tuple[list[float], list[float]]]]:
     """``rounds`` pairs (ratchet, then floor 1), each ``turns`` at ``rate``: produce ->
     outcome consumed of both, alternated so that a slow minute of this shared machine
     (or the servers' own work after the backlog run) falls on both lines alike rather
-    than on whichever ran during it; the first fifth of each run is not counted. Floor
-    1's runs share one keyspace and topic pair (``PacedFloor``). Returns the CPU of
-    ``pids`` and this process over ratchet's runs only, and each round's latencies
-    (ms)."""
+    than on whichever ran during it; the first fifth of each run is not counted.
+    ``floor``: floor 1 on its keyspace and topics (``PacedFloor``), made before. Returns
+    the CPU of ``pids`` and this process over ratchet's runs only, and each round's
+    latencies (ms)."""
     total = CpuWindow({**pids, "bench": os.getpid()})
     total.cpu_s = dict.fromkeys(total.pids, 0.0)
     paired: list[tuple[list[float], list[float]]] = []
-    with PacedFloor(settings, pids) as paced_floor:
-        for _ in range(rounds):
-            settle(pids)
-            with CpuWindow(total.pids) as window:
-                mine = e2e_latency(settings, rig, rate, turns)
-            total.seconds += window.seconds
-            for name, cpu in window.cpu_s.items():
-                total.cpu_s[name] += cpu
-            settle(pids)
-            floor_ms = paced_floor.run(rate, turns)
-            # Each run's first fifth (in send order) is its warm-up, on both lines: a fresh
-            # floor process's first 100-200 records wait on its first fetches and LWTs.
-            warm = turns // 5
-            paired.append((mine[warm:], floor_ms[warm:]))
+    for _ in range(rounds):
+        settle(pids)
+        with CpuWindow(total.pids) as window:
+            mine = e2e_latency(settings, rig, rate, turns)
+        total.seconds += window.seconds
+        for name, cpu in window.cpu_s.items():
+            total.cpu_s[name] += cpu
+        settle(pids)
+        floor_ms = floor.run(rate, turns)
+        # Each run's first fifth (in send order) is its warm-up, on both lines: a fresh
+        # floor process's first 100-200 records wait on its first fetches and LWTs.
+        warm = turns // 5
+        paired.append((mine[warm:], floor_ms[warm:]))
     return total, paired
 
 
@@ -1360,28 +1349,36 @@ def _run(args: argparse.Namespace, load_before: str, base: Settings,
             say(f"latency at {rate:.0f} turns/s: ratchet and floor 1 alternated "
                 f"{args.latency_rounds} times, then with the API, then floors 1b and 0")
             who = {"worker": worker.pid, **pids}
-            alone, rounds = alternated_latency(settings, rig, rate, args.latency_turns,
-                                               args.latency_rounds, who)
-            latency["ratchet"] = p50_p99([ms for mine, _ in rounds for ms in mine])
-            latency["floor 1"] = p50_p99([ms for _, floor in rounds for ms in floor])
-            latency[WITH_API], figures, overhead = http_latency(
-                settings, rig, tmp, rate, args.latency_turns, who)
-            # The same at a quarter of the maximum, beside floor 1 at that rate: whether
-            # a miss at half load is the design or the 2 cores the five processes share.
-            _, quarter_figures, _ = http_latency(settings, rig, tmp, rate / 2,
-                                                 args.latency_turns, who)
-            quarter = QuarterLoad(rate / 2, quarter_figures, p50_p99(
-                floor_latency(settings, rate / 2, args.latency_turns, pids)))
-            http = figures, overhead, quarter
+            # The paced floors' keyspaces and topics, made once, before any line is
+            # measured: their creation is not a floor's latency.
+            with PacedFloor(settings, pids) as floor_1, \
+                    PacedFloor(settings, pids, "lwt2") as floor_1b:
+                alone, rounds = alternated_latency(settings, rig, rate, args.latency_turns,
+                                                   args.latency_rounds, who, floor_1)
+                latency["ratchet"] = p50_p99([ms for mine, _ in rounds for ms in mine])
+                latency["floor 1"] = p50_p99([ms for _, floor in rounds for ms in floor])
+                latency[WITH_API], figures, overhead = http_latency(
+                    settings, rig, tmp, rate, args.latency_turns, who)
+                # The same at a quarter of the maximum, beside floor 1 at that rate:
+                # whether a miss at half load is the design or the 2 cores the five
+                # processes share.
+                _, quarter_figures, _ = http_latency(settings, rig, tmp, rate / 2,
+                                                     args.latency_turns, who)
+                settle(pids)
+                quarter = QuarterLoad(rate / 2, quarter_figures,
+                                      p50_p99(floor_1.run(rate / 2, args.latency_turns)))
+                http = figures, overhead, quarter
+                # The response id's claim makes two Paxos rounds in a row per turn:
+                # floor 1b is the latency floor of that shape.
+                settle(pids)
+                floor_1b.run(rate, max(50, args.latency_turns // 5))  # its warm-up
+                settle(pids)
+                latency["floor 1b"] = p50_p99(floor_1b.run(rate, args.latency_turns))
             paced_worker_ms = (alone.cpu_s.get("worker", 0.0) * 1000
                                / (args.latency_turns * args.latency_rounds))
             latency_cpu = {"ratchet": f"{cores(alone.cpu_s, alone.seconds)}; worker "
                                       f"{paced_worker_ms:.2f} ms per turn",
                            WITH_API: cores(figures.cpu_s, figures.seconds)}
-            # The response id's claim makes two Paxos rounds in a row per turn: floor
-            # 1b is the latency floor of that shape.
-            latency["floor 1b"] = p50_p99(floor_latency(settings, rate, args.latency_turns,
-                                                        pids, shape="lwt2"))
             # The stream stack alone at the same rate: what a record costs when records
             # arrive one at a time (no batching in the fetch or the produce).
             paced, latency["floor 0"] = faust_pipeline(

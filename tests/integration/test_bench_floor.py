@@ -15,8 +15,8 @@ import pytest
 from ratchet.bench.processor import (
     FAUST_FLOOR,
     FLOOR_SHAPES,
+    PacedFloor,
     faust_pipeline,
-    floor_latency,
     raw_pipeline,
 )
 from streams.testing import isolated_settings
@@ -57,12 +57,12 @@ def test_floor_0_publishes_one_outcome_per_record_on_a_backlog_and_paced(setting
     assert samples == 40 and 0 < p50 <= p99
 
 
-def test_paced_floor_measures_every_record_after_its_warm_up_run(settings):
-    """``floor_latency``: a warm-up run, then the measured one on the same keyspace and
-    topics (from their end, keys of its own: every LWT applied, or ``PacedFloor.run``
-    raises); one produce -> outcome latency per measured record."""
-    records = 12
-    latencies = floor_latency(isolated_settings(settings, "paced", partitions=2), 20.0,
-                              records, {}, shape="lwt2")
-    assert len(latencies) == records
-    assert all(ms > 0 for ms in latencies)
+def test_paced_floor_runs_again_on_the_same_keyspace_and_topics(settings):
+    """``PacedFloor``: run after run on one keyspace and topic pair, each from the
+    topics' end with keys of its own (every LWT applied, or ``run`` raises); one
+    produce -> outcome latency per record of the run."""
+    with PacedFloor(isolated_settings(settings, "paced", partitions=2), {}, "lwt2") as floor:
+        first = floor.run(20.0, 12)
+        second = floor.run(20.0, 8)
+    assert (len(first), len(second)) == (12, 8)
+    assert all(ms > 0 for ms in first + second)

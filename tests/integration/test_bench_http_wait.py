@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from ratchet.bench.http_wait import ASYNC_CLIENT, BLOCKING_CLIENT
 from ratchet.bench.processor import (
     OutcomeCounter,
+    PacedFloor,
     alternated_latency,
     consume_now,
     http_latency,
@@ -64,8 +65,9 @@ def test_alternated_latency_rounds_measure_ratchet_then_floor_each_round(setting
     worker = None
     try:
         worker = start_worker(rig, tmp_path, OutcomeCounter(bench, rig))
-        window, paired = alternated_latency(bench, rig, 10.0, turns, rounds,
-                                            {"worker": worker.pid})
+        with PacedFloor(bench, {}) as floor:
+            window, paired = alternated_latency(bench, rig, 10.0, turns, rounds,
+                                                {"worker": worker.pid}, floor)
     finally:
         if worker is not None:
             worker.terminate()
