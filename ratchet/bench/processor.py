@@ -35,8 +35,9 @@ with it, the machine is shared):
   outcome consumed (p50/p99) of ratchet and of floors 1 and 1b, all fed at half of
   ratchet's measured maximum rate (``--latency-turns`` each, 0 = skip); ratchet and
   floor 1 alternate ``--latency-rounds`` times (each round's p99s and ratio printed,
-  the verdict on all rounds pooled), each run after Cassandra is quiet (``settle``),
-  so a slow minute of the shared machine falls on both lines; then ratchet again with a
+  the verdict on all rounds pooled), each run after Cassandra and Kafka are quiet
+  (``settle``), so a slow minute of the shared machine falls on both lines, the paced
+  floors in processes of their own (``PacedFloor``); then ratchet again with a
   ``ratchet api`` beside the worker and, for each turn, a GET with ``wait_ms`` sent
   right after its produce: produce -> outcome consumed and produce -> HTTP
   ``certified`` of the same turns (``ratchet.bench.http_wait``; the floor has no API:
@@ -255,9 +256,9 @@ _deferred_topics: list[tuple[object, list[str]]] | None = None
 
 
 def _delete_topics(admin, topics: list[str]) -> None:
-    """Delete now, or at the end of the bench's run (``deferred_topic_deletion``): the
-    broker removes a deleted topic's files a minute later (``file.delete.delay.ms``),
-    which would land, at up to a core of Kafka's CPU, in a later line's measurement."""
+    """Delete now, or at the end of the bench's run (``deferred_topic_deletion``): a
+    broker removes a deleted topic's files later (a minute by default,
+    ``file.delete.delay.ms``), at up to a core of Kafka's CPU, in another line's run."""
     if _deferred_topics is None:
         admin.delete_topics(topics)
     else:
