@@ -1135,12 +1135,15 @@ def alternated_latency(settings: Settings, rig: Rig, rate: float, turns: int, ro
     outcome consumed of both, alternated so that a slow minute of this shared machine
     (or the servers' own work after the backlog run) falls on both lines alike rather
     than on whichever ran during it; the first fifth of each run is not counted.
-    ``floor``: floor 1 on its keyspace and topics (``PacedFloor``), made before. Returns
+    ``floor``: floor 1 on its keyspace and topics (``PacedFloor``), made before, run once
+    unmeasured first (ratchet's worker is warm from its backlog run). Returns
     the CPU of ``pids`` and this process over ratchet's runs only, and each round's
     latencies (ms)."""
     total = CpuWindow({**pids, "bench": os.getpid()})
     total.cpu_s = dict.fromkeys(total.pids, 0.0)
     paired: list[tuple[list[float], list[float]]] = []
+    settle(pids)
+    floor.warm_up(rate, turns)
     for _ in range(rounds):
         settle(pids)
         with CpuWindow(total.pids) as window:
@@ -1187,6 +1190,11 @@ class PacedFloor:
         if result.applied != records:
             raise RuntimeError(f"paced floor: {result.applied} of {records} LWTs applied")
         return result.latency
+
+    def warm_up(self, rate: float, records: int) -> None:
+        """An unmeasured run of a fifth of ``records`` (at least 50): a new keyspace's and
+        topics' first work is not the floor's latency."""
+        self.run(rate, max(50, records // 5))
 
     def __exit__(self, *exc: object) -> None:
         try:
@@ -1378,7 +1386,7 @@ def _run(args: argparse.Namespace, load_before: str, base: Settings,
                 # The response id's claim makes two Paxos rounds in a row per turn:
                 # floor 1b is the latency floor of that shape.
                 settle(pids)
-                floor_1b.run(rate, max(50, args.latency_turns // 5))  # its warm-up
+                floor_1b.warm_up(rate, args.latency_turns)
                 settle(pids)
                 latency["floor 1b"] = p50_p99(floor_1b.run(rate, args.latency_turns))
             paced_worker_ms = (alone.cpu_s.get("worker", 0.0) * 1000
