@@ -65,9 +65,6 @@ class Kafka(Server):
                 "group.initial.rebalance.delay.ms=0",
                 "auto.create.topics.enable=true",
                 "delete.topic.enable=true",
-                # A deleted topic's files go after 1 s, not a minute later in the middle
-                # of whatever runs next (tests and benches delete scratch topics often).
-                "log.segment.delete.delay.ms=1000",
                 "log.retention.hours=168",
                 "log.segment.bytes=67108864",
                 "",
