@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from cassandra import ConsistencyLevel, DriverException, RequestExecutionException
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable, Session
 from cassandra.policies import FallthroughRetryPolicy
+from cassandra.protocol import ErrorMessage
 from cassandra.query import (
     UNSET_VALUE,
     BatchStatement,
@@ -71,10 +72,14 @@ _CLAIM_ROUNDS = 5
 
 
 def _guard(call: Callable[[], T]) -> T:
-    """Run one driver call, turning infrastructure failures into ``LedgerUnavailable``."""
+    """Run one driver call, turning infrastructure failures into ``LedgerUnavailable``.
+    ``ErrorMessage``: every server error answer (e.g. ``OverloadedErrorMessage`` from a
+    Cassandra shutting down), which is not a ``cassandra.RequestExecutionException``;
+    uncaught, it dead-lettered a ``TurnCancelled`` whose request was then promoted."""
     try:
         return call()
-    except (NoHostAvailable, RequestExecutionException, DriverException, OSError) as exc:
+    except (NoHostAvailable, RequestExecutionException, DriverException, ErrorMessage,
+            OSError) as exc:
         raise LedgerUnavailable(f"ledger: {type(exc).__name__}: {exc}") from exc
 
 
