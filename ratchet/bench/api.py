@@ -18,7 +18,8 @@ keep-alive). Measured side by side:
   record: the lookup, with the ``partition_key`` hint a gateway sends, reads and
   verifies only that row), the same without the hint (the response's claim is read
   first to locate it) and pre-warmed (its record produced, the API extended its cache
-  first: the lookup is a hit), ``turns`` each;
+  first: the lookup is a hit), ``turns`` each; and their own floor in the same rounds:
+  the raw SELECT of the row just promoted (the row the incremental lookup reads);
 - ``wait_ms`` read-your-writes: a request waits for a response not promoted yet; the
   turn is promoted and its record produced; time from just before that produce to
   the waiting request's answer (``waits`` rounds).
@@ -58,6 +59,7 @@ ITEM_TEXT_BYTES = 500
 
 RAW_ROW = "raw SELECT one turn row"
 RAW_PARTITION = "raw SELECT 50-turn partition"
+RAW_NEW_ROW = "raw SELECT new turn row (cont.)"
 RESPONSE_HIT = "HTTP response hit, chain (no read)"
 RESPONSE_HIT_CONVERSATION = "HTTP response hit, Conversation"
 CONVERSATION_HIT = "HTTP conversation endpoint hit"
@@ -258,7 +260,7 @@ def run(
 
         # Continuations on B: each round promotes one turn, then looks it up.
         get(f"/v1/responses/{growing.response_id}/history?{query}")  # B's prefix cached
-        kinds = (INCREMENTAL, PREWARMED, INCREMENTAL_LOCATED)
+        kinds = (RAW_NEW_ROW, INCREMENTAL, PREWARMED, INCREMENTAL_LOCATED)
         for kind in kinds:
             samples[kind] = []
         warmed = _prewarmed(base_url)
@@ -273,6 +275,19 @@ def run(
             path = f"/v1/responses/{growing.response_id}/history?{query}"
             if kind != INCREMENTAL_LOCATED:  # a gateway's lookup names the partition
                 path += f"&partition_key={conv_b}"
+            if kind == RAW_NEW_ROW:
+                # The continuation lines' own floor: the row they read, just promoted,
+                # read raw in the same rounds (the conditions after a promotion).
+                start = time.perf_counter()
+                rows = list(session.execute(
+                    raw_row, (tenant, conv_b, growing.response_id), execution_profile=plain
+                ))
+                elapsed = (time.perf_counter() - start) * 1000
+                assert len(rows) == 1, rows
+                get(path)  # unmeasured: the API's cache follows B's head, as in every round
+                if i >= 10 * len(kinds):
+                    samples[kind].append(elapsed)
+                continue
             if prewarm:
                 publish(growing)
                 deadline = time.monotonic() + 5
@@ -366,15 +381,21 @@ def _interleaved(ops: dict[str, Callable[[], object]], rounds: int) -> dict[str,
     return samples
 
 
-# Issue #16's targets on p99, each from this run's floors: name -> (text, limit(floors)).
-TARGETS: dict[str, tuple[str, Callable[[float, float], float]]] = {
-    RESPONSE_HIT: ("<= max(2 ms, 0.5 x row)", lambda row, part: max(2.0, 0.5 * row)),
-    RESPONSE_HIT_CONVERSATION: ("<= row + 1 ms", lambda row, part: row + 1.0),
-    CONVERSATION_HIT: ("<= row + 1 ms", lambda row, part: row + 1.0),
-    PREWARMED: ("<= row + 1 ms", lambda row, part: row + 1.0),
-    INCREMENTAL: ("<= 1.5 x row", lambda row, part: 1.5 * row),
-    COLD: ("<= 1.5 x partition", lambda row, part: 1.5 * part),
+# Issue #16's targets on p99, each from the floor measured in the same rounds:
+# name -> (text, floor's name, limit(floor)). The continuation lines run in rounds of
+# their own (each promotes a turn first), so their single-row floor is the raw read of
+# that new row in those rounds; the first rounds' row floor is also shown beside them.
+TARGETS: dict[str, tuple[str, str, Callable[[float], float]]] = {
+    RESPONSE_HIT: ("<= max(2 ms, 0.5 x row)", RAW_ROW, lambda row: max(2.0, 0.5 * row)),
+    RESPONSE_HIT_CONVERSATION: ("<= row + 1 ms", RAW_ROW, lambda row: row + 1.0),
+    CONVERSATION_HIT: ("<= row + 1 ms", RAW_ROW, lambda row: row + 1.0),
+    COLD: ("<= 1.5 x partition", RAW_PARTITION, lambda part: 1.5 * part),
+    INCREMENTAL: ("<= 1.5 x new row", RAW_NEW_ROW, lambda row: 1.5 * row),
+    PREWARMED: ("<= new row + 1 ms", RAW_NEW_ROW, lambda row: row + 1.0),
 }
+# The continuation lines judged against the first rounds' row floor too (shown, the
+# verdict above is the same-rounds one).
+_ALSO_AGAINST_FIRST_ROUNDS = {INCREMENTAL: lambda row: 1.5 * row, PREWARMED: lambda row: row + 1.0}
 
 
 def format_table(figures: list[Figure], load_before: tuple[float, ...]) -> str:
@@ -382,7 +403,6 @@ def format_table(figures: list[Figure], load_before: tuple[float, ...]) -> str:
     before = ", ".join(f"{x:.1f}" for x in load_before)
     after = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     p99 = {f.name: f.p99_ms for f in figures}
-    row, part = p99[RAW_ROW], p99[RAW_PARTITION]
     rows = [
         f"load average {before} before, {after} after, on {os.cpu_count()} cores",
         f"{'operation (sequential)':<36} {'n':>5} {'p50 ms':>7} {'p99 ms':>7}"
@@ -391,14 +411,20 @@ def format_table(figures: list[Figure], load_before: tuple[float, ...]) -> str:
     for f in figures:
         text, verdict, limit_text = "", "", ""
         if f.name in TARGETS:
-            text, limit_of = TARGETS[f.name]
-            limit = limit_of(row, part)
+            text, floor, limit_of = TARGETS[f.name]
+            limit = limit_of(p99[floor])
             limit_text = f"{limit:.2f}"
             verdict = "met" if f.p99_ms <= limit else "MISSED"
         rows.append(
             f"{f.name:<36} {f.samples:>5} {f.p50_ms:>7.2f} {f.p99_ms:>7.2f}"
             f"  {text:<26} {limit_text:>6} {verdict}"
         )
+    for name, limit_of in _ALSO_AGAINST_FIRST_ROUNDS.items():
+        if name in p99:
+            limit = limit_of(p99[RAW_ROW])
+            verdict = "met" if p99[name] <= limit else "MISSED"
+            rows.append(f"  {name} against the first rounds' row floor: limit {limit:.2f}, "
+                        f"{verdict}")
     return "\n".join(rows)
 
 
