@@ -81,6 +81,11 @@ class Settings:
     # the worker's promotions and the API's reads. "acsylla" (the C++ driver) or
     # "cassandra-driver" (its callbacks); see docs/decisions.md, "Promotion cost".
     loop_driver: str = "acsylla"
+    # Microseconds the API's C++ driver holds a read back, waiting for more requests to
+    # share its write (the driver's coalesce delay; its own default, 200, stays the
+    # worker's). 0: each read is written at once; a lookup's read is on the gateway's
+    # critical path (docs/decisions.md, "Coalesce delay").
+    api_coalesce_us: int = 0
     # The worker's asyncio event loop implementation (its main loop, and the loop of
     # Faust's consumer thread if it has one): "uvloop" (libuv, the default) or "asyncio" (the
     # standard library's); see docs/decisions.md, "Promotion cost".
@@ -122,6 +127,7 @@ class Settings:
             fetch_stall_s=_int(env, "RATCHET_FETCH_STALL_S", d.fetch_stall_s),
             lane_window=_int(env, "RATCHET_LANE_WINDOW", d.lane_window, 1),
             loop_driver=_choice(env, "RATCHET_LOOP_DRIVER", d.loop_driver, LOOP_DRIVERS),
+            api_coalesce_us=_int(env, "RATCHET_API_COALESCE_US", d.api_coalesce_us),
             worker_event_loop=_choice(env, "RATCHET_WORKER_EVENT_LOOP", d.worker_event_loop,
                                       EVENT_LOOPS),
             worker_consumer=_choice(env, "RATCHET_WORKER_CONSUMER", d.worker_consumer,
@@ -150,6 +156,7 @@ class Settings:
             "RATCHET_FETCH_STALL_S": str(self.fetch_stall_s),
             "RATCHET_LANE_WINDOW": str(self.lane_window),
             "RATCHET_LOOP_DRIVER": self.loop_driver,
+            "RATCHET_API_COALESCE_US": str(self.api_coalesce_us),
             "RATCHET_WORKER_EVENT_LOOP": self.worker_event_loop,
             "RATCHET_WORKER_CONSUMER": self.worker_consumer,
         }

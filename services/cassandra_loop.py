@@ -57,9 +57,14 @@ class LoopSession:
     (the driver resolves its futures on that loop): used from another loop it raises
     ``WrongLoop``, and the caller's thread path takes over."""
 
-    def __init__(self, settings: Settings, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, settings: Settings, *, timeout_s: float = 5.0,
+                 coalesce_us: int | None = None) -> None:
+        """``coalesce_us``: how long the driver holds a request back for others to share
+        its write (None: the driver's default, 200 us; see docs/decisions.md, "Coalesce
+        delay")."""
         self._settings = settings
         self._timeout = timeout_s
+        self._coalesce_us = coalesce_us
         self._session: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Lock | None = None
@@ -87,6 +92,7 @@ class LoopSession:
             connect_timeout=self._timeout,
             num_threads_io=1,
             core_connections_per_host=1,
+            **({} if self._coalesce_us is None else {"coalesce_delay_us": self._coalesce_us}),
             # Back within seconds after an outage, like the worker's cassandra-driver
             # (the C++ driver's default backs off up to a minute).
             exponential_reconnect_base_delay_ms=500,

@@ -60,7 +60,7 @@ class ApiProcess:
         # go through the C++ driver (services/cassandra_loop.py): ~0.4 ms less CPU per
         # 51-row history read. Closed with the process; the claims endpoints and the
         # status endpoint use cassandra-driver.
-        loop_session = LoopSession(settings) if settings.loop_driver == "acsylla" else None
+        loop_session = api_loop_session(settings) if settings.loop_driver == "acsylla" else None
         self.store = CassandraCheckpointStore(
             session, StoreOptions(logical_retention_s=settings.logical_retention_s),
             loop_session=loop_session,
@@ -93,6 +93,12 @@ class ApiProcess:
     def close(self) -> None:
         self.notifier.stop()
         self.cluster.shutdown()
+
+
+def api_loop_session(settings: Settings) -> LoopSession:
+    """The API's C++ driver session: each read written at once (RATCHET_API_COALESCE_US,
+    0 by default), because a lookup waits for its read."""
+    return LoopSession(settings, coalesce_us=settings.api_coalesce_us)
 
 
 def cli_api(settings: Settings) -> int:

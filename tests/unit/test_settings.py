@@ -18,6 +18,7 @@ def test_defaults_point_at_the_local_launcher():
     assert s.home == Path.home() / ".cache" / "ratchet"
     assert s.topic("checkpoints") == "ratchet.checkpoints"
     assert s.loop_driver == "acsylla"
+    assert s.api_coalesce_us == 0  # each API read written at once (not the driver's 200)
 
 
 def test_environment_overrides():
@@ -44,6 +45,7 @@ def test_environment_overrides():
 @pytest.mark.parametrize("name,value", [("RATCHET_PARTITIONS", "0"), ("RATCHET_CASSANDRA_PORT", "x"),
                                         ("RATCHET_API_PORT", "-1"),
                                         ("RATCHET_LOOP_DRIVER", "libev"),
+                                        ("RATCHET_API_COALESCE_US", "-5"),
                                         ("RATCHET_WORKER_EVENT_LOOP", "trio"),
                                         ("RATCHET_WORKER_CONSUMER", "process")])
 def test_bad_values_are_refused_with_the_variable_name(name, value):
@@ -65,6 +67,7 @@ def test_to_env_round_trips_through_from_env():
         "RATCHET_HOME": "/tmp/ratchet-home",
         "RATCHET_LOGICAL_RETENTION_S": "60",
         "RATCHET_LOOP_DRIVER": "cassandra-driver",
+        "RATCHET_API_COALESCE_US": "150",
         "RATCHET_WORKER_EVENT_LOOP": "asyncio",
         "RATCHET_WORKER_CONSUMER": "thread",
         "RATCHET_REPLICATION": "{'class': 'NetworkTopologyStrategy', 'dc1': 3}",
