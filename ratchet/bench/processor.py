@@ -851,6 +851,35 @@ def p50_p99(latencies_ms: list[float]) -> tuple[float, float, int]:
     return lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))], len(lat)
 
 
+# The broker's answers while a partition has no leader yet (a topic just made, a broker
+# just restarted): asked again until it has one.
+_NO_LEADER_YET = {"NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE",
+                  "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_PARTITION", "_UNKNOWN_TOPIC",
+                  "_TIMED_OUT"}
+
+
+def end_offsets(consumer: Consumer, partitions: list[TopicPartition],
+                timeout_s: float = 60.0) -> list[TopicPartition]:
+    """Each partition at its end offset (the high watermark the broker reports now);
+    waits while a partition has no leader yet, raises after ``timeout_s``."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + timeout_s
+    placed = []
+    for tp in partitions:
+        while True:
+            try:
+                _, high = consumer.get_watermark_offsets(tp, timeout=5, cached=False)
+                break
+            except KafkaException as exc:
+                if (exc.args[0].name() not in _NO_LEADER_YET
+                        or time.monotonic() >= deadline):
+                    raise
+                time.sleep(0.1)
+        placed.append(TopicPartition(tp.topic, tp.partition, high))
+    return placed
+
+
 class LatencyProbe:
     """Produce -> outcome consumed, per key: a paced producer records when each key was
     produced, a consumer (from the topics' end) when its first outcome arrived."""
@@ -859,9 +888,14 @@ class LatencyProbe:
         self.consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap,
                                   "group.id": _uid("bench-latency"),
                                   "enable.auto.commit": False})
-        self.consumer.assign([TopicPartition(t, p, -1) for t in topics
-                              for p in range(settings.partitions)])
-        self.consumer.consume(1, timeout=1.0)  # position at the end before producing
+        # Each partition from its end offset as the broker reports it NOW (a ListOffsets
+        # answer awaited here): an outcome published after this line is never skipped.
+        # Assigning at OFFSET_END left the lookup to the first fetch; when it came late
+        # (a broker just restarted, a topic just made), an early outcome fell before
+        # the resolved end and was never seen.
+        self.consumer.assign(end_offsets(
+            self.consumer, [TopicPartition(t, p) for t in topics
+                            for p in range(settings.partitions)]))
         # The bench's older objects out of the collector's reach: a gen-2 collection of
         # this process (71 ms seen mid-run) would delay the probe's clock and sends,
         # whichever line it fell in.
