@@ -880,11 +880,57 @@ def end_offsets(consumer: Consumer, partitions: list[TopicPartition],
     return placed
 
 
-class LatencyProbe:
-    """Produce -> outcome consumed, per key: a paced producer records when each key was
-    produced, a consumer (from the topics' end) when its first outcome arrived."""
+class RecordClock:
+    """When each record was sent and when its outcome arrived, per record. A key's
+    records live in one partition and each gets one outcome, published in the order
+    they were processed, so the n-th outcome of a key answers its n-th record; that holds
+    on one outcome topic, so outcomes of ``rejections_topic`` are counted apart
+    (``rejected``): a run whose keys carry several records must have none."""
 
-    def __init__(self, settings: Settings, topics: list[str]) -> None:
+    def __init__(self, rejections_topic: str | None = None) -> None:
+        self.rejections_topic = rejections_topic
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every send and arrival (a warm-up's)."""
+        self.sent: dict[bytes, list[float]] = {}
+        self.arrived: dict[bytes, list[float]] = {}
+        self.order: list[tuple[bytes, int]] = []  # (key, n-th record of it), sent order
+        self.received = 0
+        self.rejected = 0
+
+    def mark_sent(self, key: bytes, at: float) -> None:
+        times = self.sent.setdefault(key, [])
+        self.order.append((key, len(times)))
+        times.append(at)
+
+    def mark_arrived(self, key: bytes, topic: str, at: float) -> None:
+        self.arrived.setdefault(key, []).append(at)
+        self.received += 1
+        self.rejected += topic == self.rejections_topic
+
+    def latencies_ms(self) -> list[float]:
+        """Sent -> outcome arrived of every record answered, in ms, in sent order."""
+        out = []
+        for key, n in self.order:
+            arrived = self.arrived.get(key, ())
+            if n < len(arrived):
+                out.append((arrived[n] - self.sent[key][n]) * 1000)
+        return out
+
+    def percentiles(self) -> tuple[float, float, int]:
+        """(p50 ms, p99 ms, samples)."""
+        return p50_p99(self.latencies_ms())
+
+
+class LatencyProbe(RecordClock):
+    """Produce -> outcome consumed, per record (``RecordClock``): a paced producer marks
+    when each record was produced, a consumer (from the topics' end) when outcomes
+    arrive."""
+
+    def __init__(self, settings: Settings, topics: list[str],
+                 rejections_topic: str | None = None) -> None:
+        super().__init__(rejections_topic)
         self.consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap,
                                   "group.id": _uid("bench-latency"),
                                   "enable.auto.commit": False})
@@ -901,8 +947,6 @@ class LatencyProbe:
         # whichever line it fell in.
         gc.collect()
         gc.freeze()
-        self.sent: dict[bytes, float] = {}
-        self.arrived: dict[bytes, float] = {}
 
     def pace(self, send, items: list[tuple[bytes, bytes]], rate: float,
              ready: threading.Event | None = None) -> threading.Thread:
@@ -916,68 +960,87 @@ class LatencyProbe:
                 delay = t0 + i / rate - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-                self.sent[key] = time.monotonic()
+                self.mark_sent(key, time.monotonic())
                 send(key, value)
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         return thread
 
     def collect(self, total: int, timeout_s: float) -> None:
+        """Time arrivals until ``total`` outcomes came (or the timeout)."""
         deadline = time.monotonic() + timeout_s
-        while len(self.arrived) < total and time.monotonic() < deadline:
+        while self.received < total and time.monotonic() < deadline:
             for msg in consume_now(self.consumer, 0.1):
                 if not msg.error():
-                    self.arrived.setdefault(msg.key(), time.monotonic())
-
-    def latencies_ms(self) -> list[float]:
-        """Produce -> outcome consumed of every key that arrived, in ms."""
-        return [(self.arrived[k] - t) * 1000 for k, t in self.sent.items()
-                if k in self.arrived]
-
-    def percentiles(self) -> tuple[float, float, int]:
-        """(p50 ms, p99 ms, samples)."""
-        return p50_p99(self.latencies_ms())
+                    self.mark_arrived(msg.key(), msg.topic(), time.monotonic())
 
     def close(self) -> None:
         self.consumer.close()
 
 
+# A paced Conversation's next turn follows its previous one by about this long: a gateway
+# continues a Conversation after its answer reached the user, not in the same millisecond.
+TURN_SPACING_S = 0.5
+
+
+def paced_turns(rig: Rig, turns: int, per_conversation: int, rate: float,
+                ) -> list[tuple[bytes, bytes, str, str]]:
+    """``turns`` turns (key, value, response id, conversation), ``per_conversation`` per
+    new Conversation, in send order: groups of Conversations that each get their first
+    turn, then their second, ..., so a Conversation's turns are ~``TURN_SPACING_S``
+    apart at ``rate``."""
+    now = int(time.time() * 1000)
+    group = max(1, round(rate * TURN_SPACING_S))
+    conversations = [_uid("conv") for _ in range(-(-turns // per_conversation))]
+    out: list[tuple[bytes, bytes, str, str]] = []
+    for start in range(0, len(conversations), group):
+        members = conversations[start:start + group]
+        for head in range(per_conversation):
+            for conversation in members:
+                key, value, response_id = encoded_turn(rig, conversation, head, now)
+                out.append((key, value, response_id, conversation))
+    return out[:turns]
+
+
 def e2e_latency(settings: Settings, rig: Rig, rate: float, turns: int,
-                http: HttpWaits | None = None) -> list[float]:
-    """Produce -> CheckpointPromoted consumed, ``turns`` new conversations at ``rate``;
-    with ``http``, each turn's HTTP wait is sent right after its produce (its figures:
-    ``http.results``)."""
-    probe = LatencyProbe(settings, [rig.topics.checkpoints, rig.topics.rejections])
+                http: HttpWaits | None = None, per_conversation: int = 1) -> list[float]:
+    """Produce -> outcome consumed, ``turns`` turns at ``rate``, ``per_conversation``
+    turns per new Conversation (``paced_turns``); with ``http``, each turn's HTTP wait is
+    sent right after its produce (its figures: ``http.results``). Every turn must be
+    promoted: a rejection of a Conversation's turn would break the turns after it."""
+    probe = LatencyProbe(settings, [rig.topics.checkpoints, rig.topics.rejections],
+                         rejections_topic=rig.topics.rejections)
     try:
-        now = int(time.time() * 1000)
-        conversations = [_uid("conv") for _ in range(turns)]
-        turns_ = [encoded_turn(rig, conversation, 0, now) for conversation in conversations]
+        items = paced_turns(rig, turns, per_conversation, rate)
         # A Conversation's turns live in the partition of its id (CONTRACT section 2).
-        response_of = {key: (response_id, conversation)
-                       for (key, _, response_id), conversation in zip(turns_, conversations,
-                                                                      strict=True)}
+        response_of = {value: (response_id, conversation)
+                       for _, value, response_id, conversation in items}
 
         def send(key: bytes, value: bytes) -> None:
             rig.producer.send_raw(key, value)
             rig.producer.producer.poll(0)
             if http is not None:
-                http.wait_for(*response_of[key], probe.sent[key])
+                http.wait_for(*response_of[value], probe.sent[key][-1])
 
-        sender = probe.pace(send, [(key, value) for key, value, _ in turns_], rate)
-        probe.collect(len(turns_), 120 + turns / rate)
+        sender = probe.pace(send, [(key, value) for key, value, _, _ in items], rate)
+        probe.collect(len(items), 120 + turns / rate)
         sender.join()
         rig.producer.flush()
+        if probe.rejected:
+            raise RuntimeError(f"latency run: {probe.rejected} of {len(items)} turns "
+                               "rejected; its figures would not be of promotions")
         return probe.latencies_ms()
     finally:
         probe.close()
 
 
 WARM_UP_TURNS = 50  # of the API, before its latency run
+FIRST_TURNS = "ratchet, first turns only"  # every paced turn a new Conversation's first
 WITH_API = "ratchet, API beside"  # the latency run with a `ratchet api` and its waits
 
 
 def http_latency(settings: Settings, rig: Rig, tmp: Path, rate: float, turns: int,
-                 pids: dict[str, int] | None = None,
+                 pids: dict[str, int] | None = None, per_conversation: int = 1,
                  ) -> tuple[tuple[float, float, int], WaitFigures, dict[str, list[float]]]:
     """``e2e_latency`` with a ``ratchet api`` beside the worker and a GET with
     ``wait_ms`` per turn: (produce -> outcome consumed, produce -> HTTP certified,
@@ -987,10 +1050,10 @@ def http_latency(settings: Settings, rig: Rig, tmp: Path, rate: float, turns: in
     try:
         # Warm-up, not measured: the API's connections, prepared statements and code
         # paths get their first use here, as the worker's did before its runs.
-        e2e_latency(settings, rig, rate, WARM_UP_TURNS, http)
+        e2e_latency(settings, rig, rate, WARM_UP_TURNS, http, per_conversation)
         http.results(timeout_s=60)
         with CpuWindow({**(pids or {}), "api": http.api.pid, "bench": os.getpid()}) as window:
-            consumed = e2e_latency(settings, rig, rate, turns, http)
+            consumed = e2e_latency(settings, rig, rate, turns, http, per_conversation)
             figures = http.results(timeout_s=60)
         figures = replace(figures, cpu_s=window.cpu_s, seconds=window.seconds)
         return p50_p99(consumed), figures, http.overhead(http.answered[-turns:][:100])
@@ -1032,17 +1095,17 @@ def faust_pipeline(settings: Settings, records: int, pids: dict[str, int], home:
         probe.pace(lambda k, v: producer.produce(source, value=v, key=k), warm_up, 1).join()
         producer.flush(30)
         probe.collect(1, 90)  # the worker has its partitions and has published once
-        if not probe.arrived:
+        if not probe.received:
             raise RuntimeError(f"floor 0: no outcome from the Faust worker (see {log.name})")
-        probe.sent.clear()
-        probe.arrived.clear()
+        probe.reset()
         items = [(f"floor-0-{i:08d}".encode(), value) for i in range(records)]
         if rate is None:
             for key, data in items:
                 producer.produce(source, value=data, key=key)
                 producer.poll(0)
             producer.flush(60)
-            probe.sent = dict.fromkeys((k for k, _ in items), 0.0)
+            for key, _ in items:
+                probe.mark_sent(key, 0.0)
         with CpuWindow({"client": worker.pid, **pids}) as window:
             if rate is None:
                 probe.collect(records, 300)
@@ -1051,8 +1114,8 @@ def faust_pipeline(settings: Settings, records: int, pids: dict[str, int], home:
                                                   producer.poll(0)), items, rate)
                 probe.collect(records, 120 + records / rate)
                 sender.join()
-        if len(probe.arrived) < records:
-            raise RuntimeError(f"floor 0: {len(probe.arrived)} of {records} outcomes")
+        if probe.received < records:
+            raise RuntimeError(f"floor 0: {probe.received} of {records} outcomes")
         latency = None if rate is None else probe.percentiles()
         name = FAUST_FLOOR if rate is None else f"{FAUST_FLOOR}, {rate:.0f}/s paced"
         return Row(name, records, window.seconds, window.cpu_s, unit="records"), latency
@@ -1132,7 +1195,8 @@ def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, fl
             rate: float,
             http: tuple[WaitFigures, dict[str, list[float]], QuarterLoad] | None = None,
             latency_cpu: dict[str, str] | None = None,
-            rounds: list[tuple[list[float], list[float]]] | None = None) -> str:
+            rounds: list[tuple[list[float], list[float]]] | None = None,
+            per_conversation: int = 1) -> str:
     lines = ["", "ratchet against its floors (same run):"]
     for shape, floor in floors.items():
         lines.append(
@@ -1142,7 +1206,8 @@ def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, fl
             f"{summed_cpu_ms(floor):.2f} ms = {summed_cpu_ms(e2e) / summed_cpu_ms(floor):.2f} "
             "(target <= 1.5 of floor 1)")
     if latency:
-        lines.append(f"  latency at {rate:.0f} turns/s (half of ratchet's max), produce -> "
+        lines.append(f"  latency at {rate:.0f} turns/s (half of ratchet's max), "
+                     f"{per_conversation} turns per Conversation as in that run, produce -> "
                      "outcome consumed:")
         width = max(len(name) for name in latency)
         for name, (p50, p99, n) in latency.items():
@@ -1167,7 +1232,7 @@ def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, fl
 
 
 def alternated_latency(settings: Settings, rig: Rig, rate: float, turns: int, rounds: int,
-                       pids: dict[str, int], floor: PacedFloor,
+                       pids: dict[str, int], floor: PacedFloor, per_conversation: int = 1,
                        ) -> tuple[CpuWindow, list[tuple[list[float], list[float]]]]:
     """``rounds`` pairs (ratchet, then floor 1), each ``turns`` at ``rate``: produce ->
     outcome consumed of both, alternated so that a slow minute of this shared machine
@@ -1185,7 +1250,7 @@ def alternated_latency(settings: Settings, rig: Rig, rate: float, turns: int, ro
     for _ in range(rounds):
         settle(pids)
         with CpuWindow(total.pids) as window:
-            mine = e2e_latency(settings, rig, rate, turns)
+            mine = e2e_latency(settings, rig, rate, turns, per_conversation=per_conversation)
         total.seconds += window.seconds
         for name, cpu in window.cpu_s.items():
             total.cpu_s[name] += cpu
@@ -1406,24 +1471,34 @@ def _run(args: argparse.Namespace, load_before: str, base: Settings,
         rounds: list[tuple[list[float], list[float]]] = []
         rate = e2e.per_second / 2
         if args.latency_turns:
-            say(f"latency at {rate:.0f} turns/s: ratchet and floor 1 alternated "
-                f"{args.latency_rounds} times, then with the API, then floors 1b and 0")
+            say(f"latency at {rate:.0f} turns/s, {args.per_conversation} turns per "
+                f"Conversation: ratchet and floor 1 alternated {args.latency_rounds} times, "
+                "then first turns only, with the API, then floors 1b and 0")
             who = {"worker": worker.pid, **pids}
             # The paced floors' keyspaces and topics, made once, before any line is
             # measured: their creation is not a floor's latency.
             with PacedFloor(settings, pids) as floor_1, \
                     PacedFloor(settings, pids, "lwt2") as floor_1b:
+                # The same turn mix as the throughput run whose half this rate is: a
+                # Conversation's first turn costs two more requests (its owner's read
+                # and write) than its later ones.
                 alone, rounds = alternated_latency(settings, rig, rate, args.latency_turns,
-                                                   args.latency_rounds, who, floor_1)
+                                                   args.latency_rounds, who, floor_1,
+                                                   args.per_conversation)
                 latency["ratchet"] = p50_p99([ms for mine, _ in rounds for ms in mine])
                 latency["floor 1"] = p50_p99([ms for _, floor in rounds for ms in floor])
+                if args.per_conversation > 1:
+                    settle(pids)
+                    firsts = e2e_latency(settings, rig, rate, args.latency_turns)
+                    latency[FIRST_TURNS] = p50_p99(firsts[args.latency_turns // 5:])
                 latency[WITH_API], figures, overhead = http_latency(
-                    settings, rig, tmp, rate, args.latency_turns, who)
+                    settings, rig, tmp, rate, args.latency_turns, who, args.per_conversation)
                 # The same at a quarter of the maximum, beside floor 1 at that rate:
                 # whether a miss at half load is the design or the 2 cores the five
                 # processes share.
                 _, quarter_figures, _ = http_latency(settings, rig, tmp, rate / 2,
-                                                     args.latency_turns, who)
+                                                     args.latency_turns, who,
+                                                     args.per_conversation)
                 settle(pids)
                 quarter = QuarterLoad(rate / 2, quarter_figures,
                                       p50_p99(floor_1.run(rate / 2, args.latency_turns)))
@@ -1448,7 +1523,7 @@ def _run(args: argparse.Namespace, load_before: str, base: Settings,
         print(format_table(rows, load_before))
         print(f"end to end rejected: {counter.rejected} (expected 0)")
         print(summary(e2e, {s: floors[s] for s in ("lwt", "lwt2")}, latency, rate, http,
-                      latency_cpu, rounds))
+                      latency_cpu, rounds, args.per_conversation))
         if args.rss:
             after_1k, after_100k = measure_rss(rig, worker, counter)
             print(f"worker RSS after 1k conversations {after_1k:.0f} MB, after 100k "

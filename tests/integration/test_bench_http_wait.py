@@ -37,8 +37,10 @@ def test_each_produced_turn_gets_one_certified_answer_after_waiting(settings, tm
     worker = None
     try:
         worker = start_worker(rig, tmp_path, OutcomeCounter(bench, rig))
+        # Three turns per Conversation, as the bench's throughput run: each GET names
+        # its own response, the outcomes of one key are matched in order.
         consumed, figures, overhead = http_latency(bench, rig, tmp_path, rate=10.0,
-                                                   turns=turns)
+                                                   turns=turns, per_conversation=3)
     finally:
         if worker is not None:
             worker.terminate()
@@ -67,7 +69,8 @@ def test_alternated_latency_rounds_measure_ratchet_then_floor_each_round(setting
         worker = start_worker(rig, tmp_path, OutcomeCounter(bench, rig))
         with PacedFloor(bench, {}) as floor:
             window, paired = alternated_latency(bench, rig, 10.0, turns, rounds,
-                                                {"worker": worker.pid}, floor)
+                                                {"worker": worker.pid}, floor,
+                                                per_conversation=3)
     finally:
         if worker is not None:
             worker.terminate()

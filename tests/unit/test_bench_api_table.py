@@ -51,3 +51,19 @@ def test_hits_and_the_cold_miss_are_judged_against_the_first_rounds_floors():
     assert judged[api.RESPONSE_HIT] == ("2.00", "met")
     assert judged[api.CONVERSATION_HIT] == ("3.00", "MISSED")
     assert judged[api.COLD] == ("4.50", "met")
+
+
+def test_the_command_line_sets_the_rounds_and_defaults_to_a_thousand(monkeypatch, capsys):
+    """A p99 of 300 samples is its 3 slowest: the defaults are 1 000 rounds a line."""
+    asked = []
+
+    def fake_run(**kwargs):
+        asked.append(kwargs)
+        return _figures(FLOORS)
+
+    monkeypatch.setattr(api, "run", fake_run)
+    api.main([])
+    api.main(["--reads", "20", "--turns", "30", "--waits", "5"])
+    assert asked == [{"reads": 1000, "turns": 1000, "waits": 200},
+                     {"reads": 20, "turns": 30, "waits": 5}]
+    assert api.RAW_NEW_ROW in capsys.readouterr().out
