@@ -143,9 +143,11 @@ BENCH_SUITES = {
 }
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
+# --help is not click's here: after a suite's name it is the suite's own (argparse).
+@main.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench(args: tuple[str, ...]) -> None:
+@click.pass_context
+def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
     """Measure lookup, validation and persistence, each beside its raw baseline.
 
     ARGS: suites to run (default: all, in one run), then options for a single suite,
@@ -154,6 +156,9 @@ def bench(args: tuple[str, ...]) -> None:
     """
     import importlib
 
+    if args and args[0] in ("--help", "-h"):
+        click.echo(ctx.get_help())
+        return
     suites = []
     for arg in args:
         if arg not in BENCH_SUITES:

@@ -1394,7 +1394,7 @@ def http_summary(figures: WaitFigures, overhead_ms: dict[str, list[float]],
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="ratchet bench processor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=3000)
     parser.add_argument("--per-conversation", type=int, default=3)
     parser.add_argument("--raw", type=int, default=3000,

@@ -1,0 +1,29 @@
+"""`ratchet bench --help` is the command's help; after a suite's name, `--help` is the
+suite's own (its options), not the command's."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from ratchet.cli import main
+
+
+def test_bench_help_alone_is_the_commands():
+    result = CliRunner().invoke(main, ["bench", "--help"])
+    assert result.exit_code == 0
+    assert "bench [OPTIONS] [ARGS]" in result.output and "ARGS: suites" in result.output
+
+
+def test_help_after_a_suite_is_the_suites_options():
+    result = CliRunner().invoke(main, ["bench", "api", "--help"])
+    assert result.exit_code == 0
+    assert "usage: ratchet bench api" in result.output
+    assert "--turns" in result.output and "--reads" in result.output
+    result = CliRunner().invoke(main, ["bench", "processor", "-h"])
+    assert result.exit_code == 0
+    assert "usage: ratchet bench processor" in result.output and "--latency-turns" in result.output
+
+
+def test_a_suite_without_options_says_so():
+    result = CliRunner().invoke(main, ["bench", "store", "--help"])
+    assert result.exit_code != 0 and "bench store takes no options" in result.output
