@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 
@@ -38,6 +39,38 @@ from tests.contract.store_support import (
 )
 
 MIB = 1024 * 1024
+
+
+class _DroppingLoads:
+    """A store's partition loads that leave out one checkpoint for their first ``gaps``
+    calls, as a read that missed a row would. Both loads are wrapped, with one count:
+    each backend's read reaches exactly one of them (memory's awaited read is its
+    blocking one)."""
+
+    def __init__(self, store: CheckpointStore, dropped: str, gaps: int) -> None:
+        self.calls = 0
+        self.dropped, self.gaps = dropped, gaps
+        load, load_async = store._load_partition, store._load_partition_async
+
+        async def patched_async(tenant_id: str, partition_key: str):
+            return self._without(await load_async(tenant_id, partition_key))
+
+        store._load_partition_async = patched_async  # type: ignore[method-assign]
+        store._load_partition = (  # type: ignore[method-assign]
+            lambda tenant_id, partition_key: self._without(load(tenant_id, partition_key)))
+
+    def _without(self, snapshot):
+        self.calls += 1
+        if snapshot is None or self.calls > self.gaps:
+            return snapshot
+        return dataclasses.replace(
+            snapshot,
+            checkpoints={k: v for k, v in snapshot.checkpoints.items() if k != self.dropped},
+            items={k: v for k, v in snapshot.items.items() if k != self.dropped})
+
+
+def _dropping_loads(store: CheckpointStore, dropped: str, *, gaps: int) -> _DroppingLoads:
+    return _DroppingLoads(store, dropped, gaps)
 
 
 class StoreContract:
@@ -450,6 +483,58 @@ class StoreContract:
         assert store.read_history(tenant, response_id=first.response_id).reason is (
             HistoryFailureReason.EXPIRED
         )
+
+    # -- a failure decided from two reads ---------------------------------------------------
+
+    def _two_turns(self, store, tenant) -> tuple[str, str, str]:
+        conv = uid("conv")
+        first = conversation_turn(tenant, conv, 0)
+        second = conversation_turn(tenant, conv, 1)
+        for turn in (first, second):
+            assert isinstance(store.promote(turn), Promoted)
+        return conv, first.response_id, second.response_id
+
+    def test_a_lineage_gap_one_read_saw_is_read_again(self, store, tenant, caplog):
+        """A partition read that missed a turn's parent (seen once, docs/decisions.md)
+        is not answered as MISSING_HISTORY: the read is made again, its answer stands,
+        and the disagreement is logged."""
+        conv, parent, child = self._two_turns(store, tenant)
+        loads = _dropping_loads(store, parent, gaps=1)
+        result = store.read_history(tenant, response_id=child, partition_key=conv)
+        assert isinstance(result, VerifiedHistory), result
+        assert [c.response_id for c in result.lineage] == [parent, child]
+        assert loads.calls == 2
+        [warning] = [r for r in caplog.records if "did not agree" in r.getMessage()]
+        assert warning.ctx["first"].startswith("MISSING_HISTORY")
+        assert warning.ctx["again"] == "verified, 2 turns"
+
+        loads = _dropping_loads(store, parent, gaps=1)
+        result = asyncio.run(store.read_history_async(tenant, conversation_id=conv))
+        assert isinstance(result, VerifiedHistory), result
+        assert [c.response_id for c in result.lineage] == [parent, child]
+        assert loads.calls == 2
+
+    def test_a_gap_both_reads_see_is_missing_history(self, store, tenant):
+        conv, parent, child = self._two_turns(store, tenant)
+        loads = _dropping_loads(store, parent, gaps=2)
+        result = store.read_history(tenant, response_id=child, partition_key=conv)
+        assert isinstance(result, HistoryFailure)
+        assert result.reason is HistoryFailureReason.MISSING_HISTORY
+        assert loads.calls == 2  # two reads, not more
+
+        loads = _dropping_loads(store, parent, gaps=2)
+        result = asyncio.run(store.read_history_async(tenant, response_id=child,
+                                                      partition_key=conv))
+        assert isinstance(result, HistoryFailure)
+        assert result.reason is HistoryFailureReason.MISSING_HISTORY
+        assert loads.calls == 2
+
+    def test_a_verified_history_is_read_once(self, store, tenant):
+        conv, _, child = self._two_turns(store, tenant)
+        loads = _dropping_loads(store, "nothing", gaps=0)
+        assert isinstance(store.read_history(tenant, response_id=child, partition_key=conv),
+                          VerifiedHistory)
+        assert loads.calls == 1
 
     # -- size -----------------------------------------------------------------------------
 
