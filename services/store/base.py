@@ -188,8 +188,8 @@ def no_such_response() -> HistoryFailure:
 # Failures that say the stored rows are wrong: a lineage with a gap, rows that do not
 # verify. A history read decides them from two reads (``read_history``). Why: once, in
 # a benchmark run (2026-12-03, docs/decisions.md, "A lineage gap seen once"), an API
-# partition read showed a Conversation's second turn without its first, 30 ms after
-# both were promoted; the first turn's row was there for every later read. Rows that
+# partition read showed a Conversation's second turn without its first, 11 and 32 ms
+# after they were written; the first turn's row was there for every later read. Rows that
 # are really missing or corrupt fail both reads the same way; a read that saw less
 # than storage holds is not answered as a broken history.
 CONFIRMED_FAILURES = frozenset(
