@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ratchet.bench.processor import RecordClock, paced_turns
+from ratchet.bench.processor import TURN_SPACING_S, RecordClock, paced_turns
 
 
 def test_the_nth_outcome_of_a_key_answers_its_nth_record():
@@ -61,7 +61,7 @@ def test_paced_turns_keep_each_conversation_in_order_and_spaced(turns, per_conve
         # Each turn extends the one before it: heads 0, 1, 2, ...
         assert turn.expected_head_seq == len(seen[conversation]) - 1
     assert len({turn.response_id for _, turn, _, _ in items}) == turns
-    group = max(1, round(rate * 0.5))  # TURN_SPACING_S at this rate
+    group = max(1, round(rate * TURN_SPACING_S))
     for positions in seen.values():
         assert len(positions) <= per_conversation
         # A Conversation's next turn comes a group of turns (about half a second) later.
