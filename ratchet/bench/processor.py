@@ -1236,6 +1236,12 @@ def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, fl
     return "\n".join(lines)
 
 
+def after_warm_up(latencies_ms: list[float], turns: int) -> list[float]:
+    """A paced run's figures without its first fifth (in send order), its warm-up: a
+    fresh floor process's first 100-200 records wait on its first fetches and LWTs."""
+    return latencies_ms[turns // 5:]
+
+
 def alternated_latency(settings: Settings, rig: Rig, rate: float, turns: int, rounds: int,
                        pids: dict[str, int], floor: PacedFloor, per_conversation: int = 1,
                        ) -> tuple[CpuWindow, list[tuple[list[float], list[float]]]]:
@@ -1261,10 +1267,7 @@ def alternated_latency(settings: Settings, rig: Rig, rate: float, turns: int, ro
             total.cpu_s[name] += cpu
         settle(pids)
         floor_ms = floor.run(rate, turns)
-        # Each run's first fifth (in send order) is its warm-up, on both lines: a fresh
-        # floor process's first 100-200 records wait on its first fetches and LWTs.
-        warm = turns // 5
-        paired.append((mine[warm:], floor_ms[warm:]))
+        paired.append((after_warm_up(mine, turns), after_warm_up(floor_ms, turns)))
     return total, paired
 
 
@@ -1399,7 +1402,8 @@ def http_summary(figures: WaitFigures, overhead_ms: dict[str, list[float]],
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ratchet bench processor", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="ratchet bench processor",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=3000)
     parser.add_argument("--per-conversation", type=int, default=3)
     parser.add_argument("--raw", type=int, default=3000,
@@ -1495,7 +1499,7 @@ def _run(args: argparse.Namespace, load_before: str, base: Settings,
                 if args.per_conversation > 1:
                     settle(pids)
                     firsts = e2e_latency(settings, rig, rate, args.latency_turns)
-                    latency[FIRST_TURNS] = p50_p99(firsts[args.latency_turns // 5:])
+                    latency[FIRST_TURNS] = p50_p99(after_warm_up(firsts, args.latency_turns))
                 latency[WITH_API], figures, overhead = http_latency(
                     settings, rig, tmp, rate, args.latency_turns, who, args.per_conversation)
                 # The same at a quarter of the maximum, beside floor 1 at that rate:

@@ -73,7 +73,8 @@ def summary(name: str, samples: list[float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ratchet bench validation", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="ratchet bench validation",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20_000)
     parser.add_argument("--items", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)

@@ -69,10 +69,6 @@ class _DroppingLoads:
             items={k: v for k, v in snapshot.items.items() if k != self.dropped})
 
 
-def _dropping_loads(store: CheckpointStore, dropped: str, *, gaps: int) -> _DroppingLoads:
-    return _DroppingLoads(store, dropped, gaps)
-
-
 class StoreContract:
     """Behaviour shared by every backend. Ids are unique per test: no cleanup needed."""
 
@@ -499,7 +495,7 @@ class StoreContract:
         is not answered as MISSING_HISTORY: the read is made again, its answer stands,
         and the disagreement is logged."""
         conv, parent, child = self._two_turns(store, tenant)
-        loads = _dropping_loads(store, parent, gaps=1)
+        loads = _DroppingLoads(store, parent, gaps=1)
         result = store.read_history(tenant, response_id=child, partition_key=conv)
         assert isinstance(result, VerifiedHistory), result
         assert [c.response_id for c in result.lineage] == [parent, child]
@@ -508,7 +504,7 @@ class StoreContract:
         assert warning.ctx["first"].startswith("MISSING_HISTORY")
         assert warning.ctx["again"] == "verified, 2 turns"
 
-        loads = _dropping_loads(store, parent, gaps=1)
+        loads = _DroppingLoads(store, parent, gaps=1)
         result = asyncio.run(store.read_history_async(tenant, conversation_id=conv))
         assert isinstance(result, VerifiedHistory), result
         assert [c.response_id for c in result.lineage] == [parent, child]
@@ -516,13 +512,13 @@ class StoreContract:
 
     def test_a_gap_both_reads_see_is_missing_history(self, store, tenant):
         conv, parent, child = self._two_turns(store, tenant)
-        loads = _dropping_loads(store, parent, gaps=2)
+        loads = _DroppingLoads(store, parent, gaps=2)
         result = store.read_history(tenant, response_id=child, partition_key=conv)
         assert isinstance(result, HistoryFailure)
         assert result.reason is HistoryFailureReason.MISSING_HISTORY
         assert loads.calls == 2  # two reads, not more
 
-        loads = _dropping_loads(store, parent, gaps=2)
+        loads = _DroppingLoads(store, parent, gaps=2)
         result = asyncio.run(store.read_history_async(tenant, response_id=child,
                                                       partition_key=conv))
         assert isinstance(result, HistoryFailure)
@@ -531,7 +527,7 @@ class StoreContract:
 
     def test_a_verified_history_is_read_once(self, store, tenant):
         conv, _, child = self._two_turns(store, tenant)
-        loads = _dropping_loads(store, "nothing", gaps=0)
+        loads = _DroppingLoads(store, "nothing", gaps=0)
         assert isinstance(store.read_history(tenant, response_id=child, partition_key=conv),
                           VerifiedHistory)
         assert loads.calls == 1
