@@ -72,7 +72,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -383,6 +383,7 @@ class FloorResult:
     committed: dict[int, int]  # partition -> committed offset
     rows: int = 0  # rows in the LWT table afterwards
     requests: int = 0  # Cassandra requests sent while measuring
+    most_in_flight: int = 0  # the most events one lane handled at once
     latency: list[float] = field(default_factory=list)  # produce -> outcome ms (paced runs)
 
 
@@ -421,9 +422,10 @@ def raw_pipeline(settings: Settings, records: int, pids: dict[str, int], *,
     promotion processor on this stack does per turn, with none of ratchet's code:
     consume (aiokafka, a consumer group) -> ONE single-row LWT (``INSERT ... IF NOT
     EXISTS``, driver callbacks, no thread hop) -> publish one outcome (aiokafka,
-    acks=all) -> commit, with one in-order lane per partition (12 in flight, like the
-    worker). No decoding, validation, ledger, hint or status write: no processor of
-    this design (an LWT per turn, durable before published) goes faster here.
+    acks=all) -> commit, with one in-order lane per partition and the worker's lane
+    window (``RATCHET_LANE_WINDOW`` events of a partition in flight, acked in offset
+    order), like the worker. No decoding, validation, ledger, hint or status write: no
+    processor of this design (an LWT per turn, durable before published) goes faster here.
 
     ``shape`` adds requests, as raw statements: ``lwt2``: a second conditional write
     per turn before the first, in another partition (the response id's claim, which
@@ -596,25 +598,66 @@ async def _floor_run(settings: Settings, source: str, sink: str, records: int, s
     queues: dict[int, asyncio.Queue] = {}
     acked: dict[int, int] = {}
 
+    async def turn(msg) -> None:
+        """One event's requests and its outcome's publish."""
+        key = msg.key.decode()
+        if shape == "read":
+            await cql(plain.read, (key,))
+        elif shape == "lwt2":
+            await cql(insert, (f"claim-{key}", "", b""))
+        elif shape == "ratchet":
+            await asyncio.gather(cql(plain.read, (key,)),
+                                 cql(insert, (f"claim-{key}", "", b"")))
+        rows = await cql(insert, (key, "", msg.value))
+        result.applied += bool(rows[0][0])  # the [applied] column
+        if shape == "ratchet":
+            await cql(plain.status, ("promoted", key))
+        await (await producer.send(sink, b"outcome", key=msg.key))
+        result.published += 1
+
+    # The worker's lane window (``RATCHET_LANE_WINDOW``): up to ``window`` events of a
+    # partition in flight at once (the floor's keys are all distinct), acked in offset
+    # order. Window 1: one event at a time per partition, awaited in the lane itself.
+    window = settings.lane_window
+    failed: list[BaseException] = []
+
     async def lane(queue: asyncio.Queue) -> None:
-        while True:
-            msg = await queue.get()
-            key = msg.key.decode()
-            if shape == "read":
-                await cql(plain.read, (key,))
-            elif shape == "lwt2":
-                await cql(insert, (f"claim-{key}", "", b""))
-            elif shape == "ratchet":
-                await asyncio.gather(cql(plain.read, (key,)),
-                                     cql(insert, (f"claim-{key}", "", b"")))
-            rows = await cql(insert, (key, "", msg.value))
-            result.applied += bool(rows[0][0])  # the [applied] column
-            if shape == "ratchet":
-                await cql(plain.status, ("promoted", key))
-            await (await producer.send(sink, b"outcome", key=msg.key))
-            result.published += 1
-            acked[msg.partition] = msg.offset + 1  # in order: one lane per partition
-            result.consumed += 1
+        if window == 1:
+            result.most_in_flight = 1
+            while True:
+                msg = await queue.get()
+                await turn(msg)
+                acked[msg.partition] = msg.offset + 1  # in order: one lane per partition
+                result.consumed += 1
+        in_flight: deque = deque()  # (message, task), in offset order, until acked
+        slots = asyncio.Semaphore(window)  # bounds the events being handled
+        handling = 0
+
+        def finished(task: asyncio.Task) -> None:
+            nonlocal handling
+            handling -= 1
+            slots.release()
+            if not task.cancelled() and task.exception() is not None:
+                failed.append(task.exception())
+            while in_flight and in_flight[0][1].done() and not in_flight[0][1].cancelled():
+                if in_flight[0][1].exception() is not None:
+                    return  # never acked: the floor fails (``failed``)
+                msg, _ = in_flight.popleft()
+                acked[msg.partition] = msg.offset + 1
+                result.consumed += 1
+
+        try:
+            while True:
+                msg = await queue.get()
+                await slots.acquire()
+                task = asyncio.ensure_future(turn(msg))
+                in_flight.append((msg, task))
+                handling += 1
+                result.most_in_flight = max(result.most_in_flight, handling)
+                task.add_done_callback(finished)
+        finally:
+            for _, task in in_flight:
+                task.cancel()
 
     lanes = []
     try:
@@ -638,6 +681,8 @@ async def _floor_run(settings: Settings, source: str, sink: str, records: int, s
             for task in lanes:
                 if task.done():
                     task.result()  # a lane failed: raise its error
+            if failed:
+                raise failed[0]  # an event of a windowed lane failed
         await consumer.commit({AioTP(source, p): o for p, o in acked.items()})
         result.committed = dict(acked)
         return result
@@ -1280,6 +1325,10 @@ class PacedFloor:
 
     def __init__(self, settings: Settings, pids: dict[str, int], shape: str = "lwt") -> None:
         self.settings, self.pids, self.shape, self.runs = settings, pids, shape, 0
+        # CPU seconds per process ("floor": the floor's own process) and seconds over
+        # the measured runs (not the warm-up): the floor's share of the machine.
+        self.cpu_s: dict[str, float] = {}
+        self.seconds = 0.0
 
     def __enter__(self) -> PacedFloor:
         self._table = scratch_lwt_table(self.settings, "floor", *FLOOR_TABLES)
@@ -1294,18 +1343,23 @@ class PacedFloor:
     def run(self, rate: float, records: int) -> list[float]:
         """One paced run: produce -> outcome consumed of each record, ms."""
         self.runs += 1
-        _, result = _floor_measure(self.settings, self.session, self.keyspace, self.insert,
+        row, result = _floor_measure(self.settings, self.session, self.keyspace, self.insert,
                                    self.source, self.sink, records, self.pids, self.shape,
                                    rate,
                                    run=f"r{self.runs}-")
         if result.applied != records:
             raise RuntimeError(f"paced floor: {result.applied} of {records} LWTs applied")
+        self.seconds += row.seconds
+        for who, cpu in row.cpu_s.items():
+            name = "floor" if who == "client" else who
+            self.cpu_s[name] = self.cpu_s.get(name, 0.0) + cpu
         return result.latency
 
     def warm_up(self, rate: float, records: int) -> None:
         """An unmeasured run of a fifth of ``records`` (at least 50): a new keyspace's and
-        topics' first work is not the floor's latency."""
+        topics' first work is not the floor's latency (nor its CPU)."""
         self.run(rate, max(50, records // 5))
+        self.cpu_s, self.seconds = {}, 0.0
 
     def __exit__(self, *exc: object) -> None:
         try:
@@ -1494,6 +1548,8 @@ def _run(args: argparse.Namespace, load_before: str, base: Settings,
                 alone, rounds = alternated_latency(settings, rig, rate, args.latency_turns,
                                                    args.latency_rounds, who, floor_1,
                                                    args.per_conversation)
+                # Floor 1's load at this rate, before its quarter-load run below.
+                floor_cores = cores(floor_1.cpu_s, floor_1.seconds)
                 latency["ratchet"] = p50_p99([ms for mine, _ in rounds for ms in mine])
                 latency["floor 1"] = p50_p99([ms for _, floor in rounds for ms in floor])
                 if args.per_conversation > 1:
@@ -1522,6 +1578,9 @@ def _run(args: argparse.Namespace, load_before: str, base: Settings,
                                / (args.latency_turns * args.latency_rounds))
             latency_cpu = {"ratchet": f"{cores(alone.cpu_s, alone.seconds)}; worker "
                                       f"{paced_worker_ms:.2f} ms per turn",
+                           # The same rate's load on the shared cores (the floor's
+                           # rounds; the bench's probe and sender not counted).
+                           "floor 1": floor_cores,
                            WITH_API: cores(figures.cpu_s, figures.seconds)}
             # The stream stack alone at the same rate: what a record costs when records
             # arrive one at a time (no batching in the fetch or the produce).
@@ -1530,6 +1589,8 @@ def _run(args: argparse.Namespace, load_before: str, base: Settings,
             latency_cpu["floor 0"] = (f"Faust worker {paced.cpu_ms_per_op('client'):.2f} ms "
                                       "per record")
         print(format_table(rows, load_before))
+        print(f"lane window {settings.lane_window} (RATCHET_LANE_WINDOW): events of a "
+              "partition in flight at once, in the worker and in the raw pipelines")
         print(f"end to end rejected: {counter.rejected} (expected 0)")
         print(summary(e2e, {s: floors[s] for s in ("lwt", "lwt2")}, latency, rate, http,
                       latency_cpu, rounds, args.per_conversation))

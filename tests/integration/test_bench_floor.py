@@ -50,6 +50,24 @@ def test_raw_pipeline_does_every_step_once_per_event(settings, shape):
     assert row.per_second > 0 and "client" in row.cpu_s
 
 
+def test_raw_pipeline_keeps_the_workers_lane_window(settings):
+    """With ``RATCHET_LANE_WINDOW`` 4, as the worker, a lane of the floor has several
+    events in flight (never more than 4), and still does every step once per event
+    and commits every offset."""
+    from dataclasses import replace
+
+    events = 48
+    floor_settings = replace(isolated_settings(settings, "floorw", partitions=2), lane_window=4)
+    row, result = raw_pipeline(floor_settings, events, {}, shape="lwt2")
+    assert row.count == result.consumed == result.published == result.applied == events
+    assert sum(result.committed.values()) == events and len(result.committed) == 2
+    assert result.requests == 2 * events
+    assert 1 < result.most_in_flight <= 4
+    single = replace(isolated_settings(settings, "floor1", partitions=2), lane_window=1)
+    _, one_at_a_time = raw_pipeline(single, 8, {}, shape="lwt")
+    assert one_at_a_time.most_in_flight == 1
+
+
 def test_floor_0_publishes_one_outcome_per_record_on_a_backlog_and_paced(settings, tmp_path):
     """The Faust-only floor: every record's outcome arrives (``faust_pipeline`` fails
     otherwise), its worker's CPU is counted, and paced records get a latency each."""
@@ -68,7 +86,12 @@ def test_paced_floor_runs_again_on_the_same_keyspace_and_topics(settings):
     topics' end with keys of its own (every LWT applied, or ``run`` raises); one
     produce -> outcome latency per record of the run."""
     with PacedFloor(isolated_settings(settings, "paced", partitions=2), {}, "lwt2") as floor:
+        floor.warm_up(20.0, 10)
+        assert (floor.cpu_s, floor.seconds) == ({}, 0.0)  # the warm-up is not counted
         first = floor.run(20.0, 12)
+        seconds = floor.seconds
         second = floor.run(20.0, 8)
     assert (len(first), len(second)) == (12, 8)
     assert all(ms > 0 for ms in first + second)
+    # The floor's own process's CPU over both runs: its share of the machine at the rate.
+    assert floor.cpu_s["floor"] > 0 and floor.seconds > seconds > 0
