@@ -9,6 +9,7 @@ Design:
   replica needs every decision for its own waiters, and a restart loses nothing;
 - each record is decoded to learn its ``response_id``; a record that cannot be
   decoded wakes every waiter (a spurious wake-up costs one read, a lost one a timeout);
+- a woken request learns the partition the record names (``Ticket.found_in``);
 - a promotion record that woke no waiting request is also handed to ``on_promoted``
   (the cache pre-warmer, which only schedules: the consumer never waits on a storage
   read); a woken request reads the promoted row itself.
@@ -142,7 +143,7 @@ class DecisionNotifier:
             self._waiters.notify_all()
             return
         metrics.NOTIFIER_RECORDS.labels(topic, "decoded").inc()
-        woken = self._waiters.notify(response_id, decision)
+        woken = self._waiters.notify(response_id, decision, _found_in(record))
         if decision != "promoted" or self._on_promoted is None or isinstance(record, str):
             return
         if woken:
@@ -164,3 +165,12 @@ class DecisionNotifier:
                 metrics.NOTIFIER_LAG.labels(topic).set(value)
         except KafkaException:
             pass
+
+
+def _found_in(record: Any) -> tuple[str, str] | None:
+    """(tenant id, partition key) of a decision record: where its response lives."""
+    tenant_id = getattr(record, "tenant_id", None)
+    partition_key = getattr(record, "partition_key", None)
+    if isinstance(tenant_id, str) and isinstance(partition_key, str):
+        return tenant_id, partition_key
+    return None

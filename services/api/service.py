@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from starlette.concurrency import run_in_threadpool
@@ -212,6 +212,7 @@ class RehydrationService:
                 child(metrics.WAITS, f"woken_{ticket.decision}").inc()
                 # Clear BEFORE re-reading: a decision published after this re-arms the event.
                 ticket.event.clear()
+                lookup = _with_record_hint(lookup, ticket.found_in)
                 answer = await self._response(lookup)
             return answer
         finally:
@@ -727,6 +728,16 @@ class _Lookup:
     fingerprint_hash: str
     use_cache: bool
     partition_key: str | None  # the caller's hint, unverified
+
+
+def _with_record_hint(lookup: _Lookup, found_in: tuple[str, str] | None) -> _Lookup:
+    """The lookup with the partition the decision record named, when the caller named
+    none and the record is of the caller's tenant. Like a gateway's hint it is only
+    where the read looks first (``_response_miss``: the turn row must be found there,
+    else the claim decides); it spares the claim's read."""
+    if lookup.partition_key is not None or found_in is None or found_in[0] != lookup.tenant_id:
+        return lookup
+    return replace(lookup, partition_key=found_in[1])
 
 
 def _still_pending(answer: Answer) -> bool:

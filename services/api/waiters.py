@@ -9,7 +9,10 @@ Protocol, in this order (it has no lost wake-up):
 1. ``register(response_id)`` before the first read;
 2. read; if the answer is final, ``release`` and return it;
 3. ``await wait(ticket, timeout)``: woken by a decision or by the timeout;
-4. read ONCE more, ``release``, return that answer.
+4. read ONCE more, ``release``, return that answer. The decision record names the
+   response's partition (``Ticket.found_in``); a request that gave none reads there
+   first, as with a gateway's ``partition_key`` hint (never trusted: the turn row must
+   be found there), instead of reading the response's claim to find it.
 The processor publishes only after the write is durable, so any decision published
 before step 1 is already visible to the read of step 2.
 
@@ -33,6 +36,8 @@ class Ticket:
     loop: asyncio.AbstractEventLoop
     event: asyncio.Event = field(default_factory=asyncio.Event)
     decision: str | None = None  # "promoted" | "rejected" | "unknown" (undecodable record)
+    # (tenant id, partition key) the decision record named, if it named them.
+    found_in: tuple[str, str] | None = None
 
 
 class PromotionWaiters:
@@ -64,12 +69,14 @@ class PromotionWaiters:
             return False
         return True
 
-    def notify(self, response_id: str, decision: str) -> int:
-        """Wake every request waiting on ``response_id``; returns how many."""
+    def notify(self, response_id: str, decision: str,
+               found_in: tuple[str, str] | None = None) -> int:
+        """Wake every request waiting on ``response_id``; returns how many.
+        ``found_in``: the (tenant id, partition key) the decision record names."""
         with self._lock:
             tickets = list(self._by_response.get(response_id, ()))
         for ticket in tickets:
-            _wake(ticket, decision)
+            _wake(ticket, decision, found_in)
         return len(tickets)
 
     def notify_all(self, decision: str = "unknown") -> int:
@@ -86,9 +93,10 @@ class PromotionWaiters:
             return sum(len(ts) for ts in self._by_response.values())
 
 
-def _wake(ticket: Ticket, decision: str) -> None:
+def _wake(ticket: Ticket, decision: str, found_in: tuple[str, str] | None = None) -> None:
     def _set() -> None:
         ticket.decision = decision
+        ticket.found_in = found_in
         ticket.event.set()
 
     # RuntimeError: the request's loop is closed, so nobody is waiting any more.

@@ -341,3 +341,70 @@ def test_store_outage_is_a_retryable_503(stack, monkeypatch):
     assert resp.status_code == 503
     assert resp.json()["error"] == "UNAVAILABLE" and resp.json()["retryable"] is True
     assert stack.client.get("/healthz").status_code == 200  # get_checkpoint still answers
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "cache"])
+def test_a_woken_request_reads_where_the_decision_record_says(stack, cached):
+    """A request that named no partition is woken with the partition its decision record
+    names (``Ticket.found_in``) and reads there: the response's claim, which the read
+    before the wait had to read to look for it, is not read again."""
+    from services.api.cache import HistoryCache
+
+    if cached:
+        stack.client = stack.client_of(RehydrationService(
+            stack.store, stack.ledger, stack.waiters, clock=stack.clock,
+            cache=HistoryCache(10_000_000)))
+    tenant, conv = uid("tenant"), uid("conv")
+    first = stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),))
+    assert stack.history(tenant, first).status_code == 200  # the prefix, cached if cached
+    rid = uid("resp")
+    claims_read: list[str] = []
+    locate = stack.store._locate
+
+    def counting_locate(tenant_id: str, response_id: str) -> str | None:
+        claims_read.append(response_id)
+        return locate(tenant_id, response_id)
+
+    stack.store._locate = counting_locate
+    read_before_the_wake: list[int] = []
+
+    def promote_later() -> None:
+        time.sleep(0.3)
+        stack.promote(tenant, conv, 1, (message("b", item_id=uid("m")),), response_id=rid)
+        # The API's store never promotes, so it has not learnt where promotions live:
+        # forget what this one learnt from promoting.
+        stack.store._location_hints = type(stack.store._location_hints)(1000)
+        read_before_the_wake.append(len(claims_read))
+        while not stack.waiters.notify(rid, "promoted", (tenant, conv)):
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=promote_later)
+    thread.start()
+    resp = stack.history(tenant, rid, wait_ms=5000)
+    thread.join()
+    assert resp.status_code == 200 and resp.json()["head_seq"] == 2
+    assert read_before_the_wake[0] >= 1  # before the wait: no hint, the claim was read
+    assert len(claims_read) == read_before_the_wake[0]  # the woken read read none
+
+
+@pytest.mark.parametrize("found_in", [("other-tenant", "conv"), ("same", "wrong-partition")],
+                         ids=["another-tenant", "wrong-partition"])
+def test_a_decision_record_naming_another_place_does_not_mislead_the_woken_read(stack,
+                                                                               found_in):
+    """The record's partition is a hint, never trusted: another tenant's is not used, and
+    a partition where the turn row is not found falls back to the claim."""
+    tenant, conv, rid = uid("tenant"), uid("conv"), uid("resp")
+    found_in = (tenant if found_in[0] == "same" else found_in[0], found_in[1])
+
+    def promote_later() -> None:
+        time.sleep(0.3)
+        stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),), response_id=rid)
+        while not stack.waiters.notify(rid, "promoted", found_in):
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=promote_later)
+    thread.start()
+    resp = stack.history(tenant, rid, wait_ms=5000)
+    thread.join()
+    assert resp.status_code == 200 and resp.json()["outcome"] == "certified"
+    assert resp.json()["response_id"] == rid

@@ -49,6 +49,20 @@ def test_a_promotion_that_woke_a_waiting_request_is_not_warmed_beside_it():
     assert handed == [] and decision == "promoted"
 
 
+def test_a_woken_request_learns_where_the_record_says_its_response_lives():
+    async def scenario() -> list[tuple[str, str] | None]:
+        waiters = PromotionWaiters()
+        promoted, rejected = waiters.register("resp_1"), waiters.register("resp_2")
+        notifier = _notifier(waiters, [])
+        notifier._handle("ck", b"resp_1")
+        notifier._handle("rj", b"resp_2")
+        for ticket in (promoted, rejected):
+            await asyncio.wait_for(ticket.event.wait(), 1)
+        return [promoted.found_in, rejected.found_in]
+
+    assert asyncio.run(scenario()) == [("t", "conv"), ("t", "conv")]
+
+
 def test_rejections_and_undecodable_records_are_never_warmed():
     handed: list = []
     notifier = _notifier(PromotionWaiters(), handed)
