@@ -384,6 +384,7 @@ class FloorResult:
     rows: int = 0  # rows in the LWT table afterwards
     requests: int = 0  # Cassandra requests sent while measuring
     most_in_flight: int = 0  # the most events one lane handled at once
+    run_s: float = 0.0  # the whole run, its start-up and its stop included
     latency: list[float] = field(default_factory=list)  # produce -> outcome ms (paced runs)
 
 
@@ -477,9 +478,9 @@ def _floor_measure(settings: Settings, session, keyspace: str, insert, source: s
         collector.start()  # arrivals are timed while the pipeline runs
     counter = RequestCounter(session)
     if rate is None:
-        with CpuWindow({"client": os.getpid(), **pids}) as window:
-            result = asyncio.run(_floor_run(settings, source, sink, records, session,
-                                            insert, plain, shape, ready))
+        window = CpuWindow({"client": os.getpid(), **pids})
+        result = asyncio.run(_floor_run(settings, source, sink, records, session,
+                                        insert, plain, shape, ready, window))
     else:
         # From the topic's end: a run may reuse the topics of an earlier one.
         result, window = _floor_in_child(settings, source, sink, records, keyspace, shape,
@@ -524,6 +525,13 @@ def _floor_in_child(settings: Settings, source: str, sink: str, records: int,
         settings, source, sink, records, keyspace, shape, ready, results))
     child.start()
     try:
+        # The child's start (imports, connections, the group join) is not the run: its
+        # window starts when its consumer has its partitions (``ready``), or at once if
+        # it failed first.
+        deadline = time.monotonic() + 120
+        while (ready is not None and not ready.wait(0.2) and child.is_alive()
+               and results.empty() and time.monotonic() < deadline):
+            pass
         with CpuWindow({"client": child.pid, **pids}) as window:
             outcome = results.get(timeout=660)
         child.join(30)
@@ -565,10 +573,15 @@ class Statements:
 
 async def _floor_run(settings: Settings, source: str, sink: str, records: int, session,
                      insert, plain: Statements, shape: str,
-                     ready: threading.Event | None = None) -> FloorResult:
+                     ready: threading.Event | None = None,
+                     window: CpuWindow | None = None) -> FloorResult:
+    """``window``: entered once the consumer has its partitions and left when the last
+    event is done, so the consumer's start and group join, and its final commit and
+    stop, are outside the measured interval (the worker's start is outside its own)."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.structs import TopicPartition as AioTP
 
+    began = time.monotonic()
     loop = asyncio.get_running_loop()
 
     def cql(statement, params) -> asyncio.Future:
@@ -598,6 +611,14 @@ async def _floor_run(settings: Settings, source: str, sink: str, records: int, s
     queues: dict[int, asyncio.Queue] = {}
     acked: dict[int, int] = {}
 
+    def counted() -> None:
+        """One more event done; the last one closes the measured interval at once (the
+        main loop notices it only after its next fetch returns, up to 100 ms later)."""
+        result.consumed += 1
+        if result.consumed >= records and window is not None and window.t0 \
+                and not window.seconds:
+            window.__exit__(None, None, None)
+
     async def turn(msg) -> None:
         """One event's requests and its outcome's publish."""
         key = msg.key.decode()
@@ -615,22 +636,22 @@ async def _floor_run(settings: Settings, source: str, sink: str, records: int, s
         await (await producer.send(sink, b"outcome", key=msg.key))
         result.published += 1
 
-    # The worker's lane window (``RATCHET_LANE_WINDOW``): up to ``window`` events of a
+    # The worker's lane window (``RATCHET_LANE_WINDOW``): up to ``lane_window`` events of a
     # partition in flight at once (the floor's keys are all distinct), acked in offset
     # order. Window 1: one event at a time per partition, awaited in the lane itself.
-    window = settings.lane_window
+    lane_window = settings.lane_window
     failed: list[BaseException] = []
 
     async def lane(queue: asyncio.Queue) -> None:
-        if window == 1:
+        if lane_window == 1:
             result.most_in_flight = 1
             while True:
                 msg = await queue.get()
                 await turn(msg)
                 acked[msg.partition] = msg.offset + 1  # in order: one lane per partition
-                result.consumed += 1
+                counted()
         in_flight: deque = deque()  # (message, task), in offset order, until acked
-        slots = asyncio.Semaphore(window)  # bounds the events being handled
+        slots = asyncio.Semaphore(lane_window)  # bounds the events being handled
         handling = 0
 
         def finished(task: asyncio.Task) -> None:
@@ -644,7 +665,7 @@ async def _floor_run(settings: Settings, source: str, sink: str, records: int, s
                     return  # never acked: the floor fails (``failed``)
                 msg, _ = in_flight.popleft()
                 acked[msg.partition] = msg.offset + 1
-                result.consumed += 1
+                counted()
 
         try:
             while True:
@@ -669,6 +690,8 @@ async def _floor_run(settings: Settings, source: str, sink: str, records: int, s
                 for tp in consumer.assignment():
                     await consumer.position(tp)  # resolved: nothing produced is skipped
                 ready.set()  # a paced producer starts now: latency excludes the join
+            if window is not None and not window.t0 and consumer.assignment():
+                window.__enter__()  # joined: the measured interval starts
             for tp, messages in batches.items():
                 if tp.partition not in queues:
                     queues[tp.partition] = asyncio.Queue()
@@ -683,6 +706,8 @@ async def _floor_run(settings: Settings, source: str, sink: str, records: int, s
                     task.result()  # a lane failed: raise its error
             if failed:
                 raise failed[0]  # an event of a windowed lane failed
+        if window is not None and window.t0 and not window.seconds:
+            window.__exit__(None, None, None)  # (a run that ended short: its deadline)
         await consumer.commit({AioTP(source, p): o for p, o in acked.items()})
         result.committed = dict(acked)
         return result
@@ -691,6 +716,7 @@ async def _floor_run(settings: Settings, source: str, sink: str, records: int, s
             task.cancel()
         await producer.stop()
         await consumer.stop()
+        result.run_s = time.monotonic() - began
 
 
 # --- end to end --------------------------------------------------------------------------
