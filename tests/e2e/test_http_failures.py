@@ -56,6 +56,36 @@ def test_not_promoted_then_promoted_within_wait_ms(gw):
     assert elapsed < WAIT_MS / 1000 - 1  # woken by the promotion, not by the deadline
 
 
+def test_a_wait_that_names_no_partition_is_answered_after_the_promotion(gw, e2e_stack):
+    """A gateway that sends no ``partition_key``: the woken request reads first where the
+    decision record says the response lives (never trusted: the row must be there) and
+    answers the complete history."""
+    conv, turns = promoted_conversation(gw, turns=1)
+    identity = TurnIdentity.conversation(gw.tenant_id, conv, uid("resp"), 1)
+    second = gw.turn(identity, [user("again")], [assistant("hello again")])
+    answers: list = []
+
+    def wait() -> None:
+        answers.append(httpx.get(
+            f"{e2e_stack.base_url}/v1/responses/{second.response_id}/history",
+            params={"tenant_id": gw.tenant_id, "fingerprint_hash": gw.fingerprint_hash,
+                    "wait_ms": WAIT_MS},
+            timeout=WAIT_MS / 1000 + 10))
+
+    waiter = threading.Thread(target=wait)
+    started = time.monotonic()
+    waiter.start()
+    time.sleep(0.5)  # the request is waiting before the turn is even produced
+    gw.publish(second)
+    waiter.join()
+    assert time.monotonic() - started < WAIT_MS / 1000 - 1  # woken, not the deadline
+    body = answers[0].json()
+    assert answers[0].status_code == 200 and body["outcome"] == "certified", body
+    assert (body["response_id"], body["head_seq"]) == (second.response_id, 2)
+    assert [i["item_id"] for i in body["items"]] == [
+        item.item_id for turn in (*turns, second) for item in turn.items]
+
+
 def test_rejected_turn_is_409_not_promoted_and_status_says_why(gw, e2e_stack):
     identity = TurnIdentity.conversation(gw.tenant_id, uid("conv"), uid("resp"), 5)
     turn = gw.turn(identity, [user("hi")], [assistant("hello")])  # head is 0: OUT_OF_ORDER
