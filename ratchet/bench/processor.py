@@ -16,10 +16,12 @@ with it, the machine is shared):
   turn" on this box, whatever the processor does around it.
 * **raw pipeline** (four rows, see ``raw_pipeline``): the baselines composed into the
   least a processor of this design does per turn, with none of ratchet's code: consume
-  -> one LWT -> publish -> commit, 12 in-order lanes; then with two LWTs per turn (the
-  response id's claim, then the promotion); then with the one read no design can skip;
-  then with ratchet's request shape (read beside the claim LWT, LWT, status write).
-  The floor under the end-to-end figure: a target above it is out of reach here.
+  -> one LWT -> publish -> commit, 12 in-order lanes with the worker's lane window;
+  then with two LWTs per turn (the response id's claim, then the promotion); then with
+  the one read no design can skip; then with ratchet's request shape (read beside the
+  claim LWT, LWT, status write). Each is timed from its consumer's join to its last
+  event done, as the worker is started before its own clock runs. The floor under the
+  end-to-end figure: a target above it is out of reach here.
 * **floor 0** (``faust_pipeline``): the Faust app alone (``ratchet.bench.faust_floor``:
   consume -> publish -> ack, no storage) on a backlog, and paced at the latency runs'
   rate: what the stream stack costs per record before ratchet does anything.
@@ -37,7 +39,8 @@ with it, the machine is shared):
   floor 1 alternate ``--latency-rounds`` times (each round's p99s and ratio printed,
   the verdict on the median of the rounds' ratios), each run after Cassandra and Kafka are quiet
   (``settle``), so a slow minute of the shared machine falls on both lines, the paced
-  floors in processes of their own (``PacedFloor``); then ratchet again with a
+  floors in processes of their own (``PacedFloor``; their cores at that rate printed
+  beside ratchet's, counted from each run's join); then ratchet again with a
   ``ratchet api`` beside the worker and, for each turn, a GET with ``wait_ms`` sent
   right after its produce: produce -> outcome consumed and produce -> HTTP
   ``certified`` of the same turns (``ratchet.bench.http_wait``; the floor has no API:
