@@ -126,18 +126,63 @@ def server_pids(settings: Settings) -> dict[str, int]:
     return pids
 
 
+# The servers' threads whose work a window catches without its requests causing it
+# there: the JVMs' JIT compilers (a warm-up cost: a long-running server compiled its
+# hot paths long ago) and Cassandra's flushes and compactions (caused by every write
+# before the window too, run when a memtable fills). By thread name, as the JVM sets it.
+BACKGROUND_THREADS = {
+    "jit": ("C1 CompilerThre", "C2 CompilerThre"),
+    "compaction": ("CompactionExec", "MemtableFlushWr", "PerDiskMemtable",
+                   "MemtablePostFlu"),
+}
+JVM_SERVERS = ("cassandra", "kafka")
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each live thread's (name, CPU seconds), from /proc/<pid>/task."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    threads: dict[int, tuple[str, float]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        threads[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / ticks)
+    return threads
+
+
+def background_cpu(before: dict[int, tuple[str, float]],
+                   after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds of ``BACKGROUND_THREADS`` between two ``thread_cpu`` snapshots, by
+    kind. A thread that ended between them is missed: a lower bound."""
+    spent = dict.fromkeys(BACKGROUND_THREADS, 0.0)
+    for tid, (name, cpu) in after.items():
+        for kind, prefixes in BACKGROUND_THREADS.items():
+            if name.startswith(prefixes):
+                spent[kind] += cpu - before.get(tid, (name, 0.0))[1]
+    return spent
+
+
 @dataclass
 class CpuWindow:
-    """CPU seconds of a few processes over one measured interval."""
+    """CPU seconds of a few processes over one measured interval, and how much of the
+    servers' went to their background threads (``background_s``)."""
 
     pids: dict[str, int]
     start_cpu: dict[str, float] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)
     rss_mb: dict[str, float] = field(default_factory=dict)
+    background_s: dict[str, float] = field(default_factory=dict)
+    start_threads: dict[str, dict] = field(default_factory=dict)
     t0: float = 0.0
     seconds: float = 0.0
 
     def __enter__(self) -> CpuWindow:
+        # Snapshot the servers' threads first: reading ~150 /proc files is not the run's.
+        self.start_threads = {n: self._threads(p) for n, p in self.pids.items()
+                              if n in JVM_SERVERS}
         self.start_cpu = {n: self._cpu(p) for n, p in self.pids.items()}
         self.t0 = time.monotonic()
         return self
@@ -148,6 +193,17 @@ class CpuWindow:
             cpu, rss = self._stats(pid)
             self.cpu_s[name] = cpu - self.start_cpu[name]
             self.rss_mb[name] = rss
+        self.background_s = dict.fromkeys(BACKGROUND_THREADS, 0.0)
+        for name, before in self.start_threads.items():
+            for kind, cpu in background_cpu(before, self._threads(self.pids[name])).items():
+                self.background_s[kind] += cpu
+
+    @staticmethod
+    def _threads(pid: int) -> dict[int, tuple[str, float]]:
+        try:
+            return thread_cpu(pid)
+        except OSError:  # a server that is gone: its CPU column says so already
+            return {}
 
     @staticmethod
     def _stats(pid: int) -> tuple[float, float]:
@@ -170,6 +226,8 @@ class Row:
     cpu_s: dict[str, float]
     rss_mb: float | None = None
     unit: str = "records"
+    # The servers' JIT and compaction threads' share of ``cpu_s`` (see CpuWindow).
+    background_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def per_second(self) -> float:
@@ -208,6 +266,30 @@ def format_table(rows: list[Row], load_before: str) -> str:
             + " ".join(f"{cell(r, c):>14}" for c in COLUMNS) + f" {rss:>7}"
         )
     return "\n".join(lines)
+
+
+def background_lines(rows: list[Row]) -> list[str]:
+    """Of the servers' CPU in each row, what their JIT compilers and their flushes and
+    compactions took (ms per op, already in the columns): a row measured while a server
+    still compiles its hot paths, or while a compaction runs, pays for work its
+    requests did not cause there."""
+    lines = ["of the servers' CPU above, their JIT compilers and their flushes and "
+             "compactions (ms per op; threads that ended inside a window are missed):"]
+    for r in rows:
+        if r.background_s and r.count:
+            parts = ", ".join(f"{kind} {cpu * 1000 / r.count:.2f}"
+                              for kind, cpu in r.background_s.items())
+            lines.append(f"  {r.name:<54} {parts}")
+    return lines if len(lines) > 1 else []
+
+
+def summed_request_cpu_ms(row: Row) -> float:
+    """``summed_cpu_ms`` without the servers' background threads (JIT compilers, flushes
+    and compactions): the CPU the requests cost where they ran. A compaction is caused
+    by all earlier writes and runs in whichever window a memtable fills, so it can land
+    whole in a 1-second floor run (0.4-0.6 ms per turn seen) or in ratchet's."""
+    background = sum(row.background_s.values())
+    return summed_cpu_ms(row) - (background * 1000 / row.count if row.count else 0.0)
 
 
 def _uid(prefix: str) -> str:
@@ -360,6 +442,7 @@ def raw_lwt(settings: Settings, ops: int, pids: dict[str, int]) -> Row:
                 errors.append(exc)
 
         threads = [threading.Thread(target=run, args=(w,)) for w in range(RAW_LWT_IN_FLIGHT)]
+        settle(pids)  # its keyspace's creation (schema flushes) is not the LWTs' work
         with CpuWindow({"client": os.getpid(), **pids}) as window:
             for t in threads:
                 t.start()
@@ -472,6 +555,11 @@ def _floor_measure(settings: Settings, session, keyspace: str, insert, source: s
             producer.poll(0)
         if producer.flush(60):
             raise RuntimeError("raw pipeline: events not delivered")
+        # The previous floor's keyspace drop flushed every dirty memtable (system.paxos
+        # too) and compactions follow; this floor's keyspace creation flushed the schema
+        # tables. Not this floor's work: ~0.4-1.0 ms of Cassandra CPU per turn landed in
+        # 1-second floor windows before (docs/benchmarks.md).
+        settle(pids)
     else:
         settle(pids)  # the scratch keyspace's creation is not the floor's latency
         probe = LatencyProbe(settings, [sink])
@@ -500,7 +588,7 @@ def _floor_measure(settings: Settings, session, keyspace: str, insert, source: s
                                       timeout=60).one()[0]
     say(f"raw pipeline ({shape}): {result.consumed} turns in {window.seconds:.1f} s")
     return (Row(FLOOR_SHAPES[shape], result.consumed, window.seconds, window.cpu_s,
-                unit="turns"), result)
+                unit="turns", background_s=window.background_s), result)
 
 
 _SPAWN = multiprocessing.get_context("spawn")  # a fresh interpreter, no forked driver
@@ -811,7 +899,8 @@ def measure_throughput(rig: Rig, worker: WorkerProcess, counter: OutcomeCounter,
         produce(rig, rounds)
         counter.wait_for(expected, 600, progress_s=5)
     name = (f"end to end: promoted turns ({per_conversation}/conversation, 1 worker)")
-    return Row(name, total, window.seconds, window.cpu_s, window.rss_mb["client"], "turns")
+    return Row(name, total, window.seconds, window.cpu_s, window.rss_mb["client"], "turns",
+               window.background_s)
 
 
 def measure_rss(rig: Rig, worker: WorkerProcess, counter: OutcomeCounter) -> tuple[float, float]:
@@ -1197,7 +1286,8 @@ def faust_pipeline(settings: Settings, records: int, pids: dict[str, int], home:
             raise RuntimeError(f"floor 0: {probe.received} of {records} outcomes")
         latency = None if rate is None else probe.percentiles()
         name = FAUST_FLOOR if rate is None else f"{FAUST_FLOOR}, {rate:.0f}/s paced"
-        return Row(name, records, window.seconds, window.cpu_s, unit="records"), latency
+        return Row(name, records, window.seconds, window.cpu_s, unit="records",
+                   background_s=window.background_s), latency
     finally:
         producer.flush(30)
         probe.close()
@@ -1244,6 +1334,7 @@ def raw_lwt_acsylla(settings: Settings, ops: int, pids: dict[str, int]) -> Row:
                     for i in range(per_task):
                         await one(f"k{w}_{i}")
 
+                settle(pids)  # as raw_lwt
                 with CpuWindow({"client": os.getpid(), **pids}) as window:
                     await asyncio.gather(*(task(w) for w in range(RAW_LWT_IN_FLIGHT)))
                 run.window = window  # type: ignore[attr-defined]
@@ -1266,6 +1357,14 @@ def cores(cpu_s: dict[str, float], seconds: float) -> str:
     return ", ".join(f"{who} {cpu / seconds:.2f}" for who, cpu in cpu_s.items()) if seconds else "-"
 
 
+def background_cores(background_s: dict[str, float], seconds: float) -> str:
+    """``; of which the servers' jit x, compaction y``: cores, see CpuWindow."""
+    if not background_s or not seconds:
+        return ""
+    return "; of which the servers' " + ", ".join(
+        f"{kind} {cpu / seconds:.2f}" for kind, cpu in background_s.items())
+
+
 def summed_cpu_ms(row: Row) -> float:
     return sum(row.cpu_ms_per_op(who) or 0.0 for who in COLUMNS)
 
@@ -1284,6 +1383,11 @@ def summary(e2e: Row, floors: dict[str, Row], latency: dict[str, tuple[float, fl
             f"(target >= 0.7 of floor 1); CPU per turn {summed_cpu_ms(e2e):.2f} / "
             f"{summed_cpu_ms(floor):.2f} ms = {summed_cpu_ms(e2e) / summed_cpu_ms(floor):.2f} "
             "(target <= 1.5 of floor 1)")
+        if e2e.background_s and floor.background_s:
+            mine, theirs = summed_request_cpu_ms(e2e), summed_request_cpu_ms(floor)
+            lines.append(
+                f"  {'':<12} without the servers' JIT, flushes and compactions: CPU per "
+                f"turn {mine:.2f} / {theirs:.2f} ms = {mine / theirs:.2f}")
     if latency:
         lines.append(f"  latency at {rate:.0f} turns/s (half of ratchet's max), "
                      f"{per_conversation} turns per Conversation as in that run, produce -> "
@@ -1339,6 +1443,8 @@ def alternated_latency(settings: Settings, rig: Rig, rate: float, turns: int, ro
         total.seconds += window.seconds
         for name, cpu in window.cpu_s.items():
             total.cpu_s[name] += cpu
+        for kind, cpu in window.background_s.items():
+            total.background_s[kind] = total.background_s.get(kind, 0.0) + cpu
         settle(pids)
         floor_ms = floor.run(rate, turns)
         paired.append((after_warm_up(mine, turns), after_warm_up(floor_ms, turns)))
@@ -1357,6 +1463,7 @@ class PacedFloor:
         # CPU seconds per process ("floor": the floor's own process) and seconds over
         # the measured runs (not the warm-up): the floor's share of the machine.
         self.cpu_s: dict[str, float] = {}
+        self.background_s: dict[str, float] = {}  # the servers' share (CpuWindow)
         self.seconds = 0.0
 
     def __enter__(self) -> PacedFloor:
@@ -1382,13 +1489,15 @@ class PacedFloor:
         for who, cpu in row.cpu_s.items():
             name = "floor" if who == "client" else who
             self.cpu_s[name] = self.cpu_s.get(name, 0.0) + cpu
+        for kind, cpu in row.background_s.items():
+            self.background_s[kind] = self.background_s.get(kind, 0.0) + cpu
         return result.latency
 
     def warm_up(self, rate: float, records: int) -> None:
         """An unmeasured run of a fifth of ``records`` (at least 50): a new keyspace's and
         topics' first work is not the floor's latency (nor its CPU)."""
         self.run(rate, max(50, records // 5))
-        self.cpu_s, self.seconds = {}, 0.0
+        self.cpu_s, self.background_s, self.seconds = {}, {}, 0.0
 
     def __exit__(self, *exc: object) -> None:
         try:
@@ -1553,6 +1662,7 @@ def _run(args: argparse.Namespace, load_before: str, base: Settings,
     worker = start_worker(rig, tmp, counter)
     try:
         say(f"end to end: {args.turns} turns")
+        settle(pids)  # as before each floor: the earlier runs' flushes are not this one's
         e2e = measure_throughput(rig, worker, counter, args.turns, args.per_conversation, pids)
         if args.driver_ab:
             e2e = replace(e2e, name=f"{e2e.name}, loop path on {settings.loop_driver}")
@@ -1578,7 +1688,8 @@ def _run(args: argparse.Namespace, load_before: str, base: Settings,
                                                    args.latency_rounds, who, floor_1,
                                                    args.per_conversation)
                 # Floor 1's load at this rate, before its quarter-load run below.
-                floor_cores = cores(floor_1.cpu_s, floor_1.seconds)
+                floor_cores = (cores(floor_1.cpu_s, floor_1.seconds)
+                               + background_cores(floor_1.background_s, floor_1.seconds))
                 latency["ratchet"] = p50_p99([ms for mine, _ in rounds for ms in mine])
                 latency["floor 1"] = p50_p99([ms for _, floor in rounds for ms in floor])
                 if args.per_conversation > 1:
@@ -1606,7 +1717,8 @@ def _run(args: argparse.Namespace, load_before: str, base: Settings,
             paced_worker_ms = (alone.cpu_s.get("worker", 0.0) * 1000
                                / (args.latency_turns * args.latency_rounds))
             latency_cpu = {"ratchet": f"{cores(alone.cpu_s, alone.seconds)}; worker "
-                                      f"{paced_worker_ms:.2f} ms per turn",
+                                      f"{paced_worker_ms:.2f} ms per turn"
+                                      + background_cores(alone.background_s, alone.seconds),
                            # The same rate's load on the shared cores (the floor's
                            # rounds; the bench's probe and sender not counted).
                            "floor 1": floor_cores,
@@ -1618,6 +1730,7 @@ def _run(args: argparse.Namespace, load_before: str, base: Settings,
             latency_cpu["floor 0"] = (f"Faust worker {paced.cpu_ms_per_op('client'):.2f} ms "
                                       "per record")
         print(format_table(rows, load_before))
+        print("\n".join(background_lines(rows)))
         print(f"lane window {settings.lane_window} (RATCHET_LANE_WINDOW): events of a "
               "partition in flight at once, in the worker and in the raw pipelines")
         print(f"end to end rejected: {counter.rejected} (expected 0)")

@@ -1,0 +1,72 @@
+"""The processor bench's split of the servers' CPU: what their JIT compilers and their
+flushes and compactions took inside a window, and the CPU ratio without them."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import ratchet.bench.processor as bench
+from ratchet.bench.processor import CpuWindow, Row, background_cpu, summary, thread_cpu
+
+BEFORE = {1: ("C2 CompilerThre", 1.0), 2: ("CompactionExecu", 0.5),
+          3: ("Native-Transpor", 2.0), 5: ("MemtableFlushWr", 0.2)}
+AFTER = {1: ("C2 CompilerThre", 1.25), 2: ("CompactionExecu", 0.75),
+         3: ("Native-Transpor", 5.0), 4: ("C1 CompilerThre", 0.1)}  # 5 ended, 4 began
+
+
+def test_background_threads_are_summed_by_kind_and_request_threads_left_out():
+    spent = background_cpu(BEFORE, AFTER)
+    assert spent["jit"] == 0.25 + 0.1  # a thread started inside the window counts whole
+    assert spent["compaction"] == 0.25  # the flush writer that ended is missed
+    assert set(spent) == {"jit", "compaction"}
+
+
+def test_a_window_splits_only_the_servers_threads(monkeypatch):
+    snapshots = iter([BEFORE, AFTER])
+    asked: list[int] = []
+
+    def scripted(pid: int):
+        asked.append(pid)
+        return next(snapshots)
+
+    monkeypatch.setattr(bench, "thread_cpu", scripted)
+    with CpuWindow({"cassandra": os.getpid(), "client": os.getpid()}) as window:
+        pass
+    assert asked == [os.getpid(), os.getpid()]  # the client's threads are never read
+    assert window.background_s == {"jit": 0.35, "compaction": 0.25}
+    assert window.cpu_s["cassandra"] >= 0
+
+
+def test_thread_cpu_reads_each_live_thread_of_a_process():
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        first = thread_cpu(os.getpid())[spinner.native_id][1]
+        deadline = os.times().elapsed + 5
+        while thread_cpu(os.getpid())[spinner.native_id][1] <= first:
+            assert os.times().elapsed < deadline, "the spinning thread's CPU never grew"
+    finally:
+        stop.set()
+        spinner.join()
+    assert threading.get_native_id() in thread_cpu(os.getpid())
+
+
+def _row(turns: int, client: float, cassandra: float, jit: float) -> Row:
+    return Row("r", turns, 1.0, {"client": client, "cassandra": cassandra, "kafka": 0.0},
+               background_s={"jit": jit, "compaction": 0.05})
+
+
+def test_the_summary_gives_the_cpu_ratio_without_the_background_beside_the_total():
+    e2e = _row(1000, client=1.0, cassandra=2.0, jit=0.5)     # 3.0 ms, 2.45 without
+    floor = _row(1000, client=0.5, cassandra=0.75, jit=0.0)  # 1.25 ms, 1.20 without
+    text = summary(e2e, {"lwt": floor}, {}, 100.0)
+    assert "CPU per turn 3.00 / 1.25 ms = 2.40" in text
+    assert ("without the servers' JIT, flushes and compactions: CPU per turn 2.45 / 1.20 ms"
+            " = 2.04") in text
