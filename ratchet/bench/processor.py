@@ -58,6 +58,12 @@ with it, the machine is shared):
 
 The outcome counter reads raw messages without decoding them, so the bench process
 steals as little CPU as possible from the worker on a 2-core machine.
+
+Every measured window starts once Cassandra and Kafka are quiet (``settle``): a floor's
+keyspace drop flushes every dirty memtable and compactions follow, which would land in
+the next window. Each window also reads the servers' threads, and the table shows what
+their JIT compilers and Cassandra's flushes and compactions took of its CPU columns
+(``BACKGROUND_THREADS``); the summary adds the CPU ratio without them.
 """
 
 from __future__ import annotations
