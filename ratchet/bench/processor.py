@@ -293,7 +293,7 @@ def summed_request_cpu_ms(row: Row) -> float:
     """``summed_cpu_ms`` without the servers' background threads (JIT compilers, flushes
     and compactions): the CPU the requests cost where they ran. A compaction is caused
     by all earlier writes and runs in whichever window a memtable fills, so it can land
-    whole in a 1-second floor run (0.4-0.6 ms per turn seen) or in ratchet's."""
+    whole in a 1-second floor run (0.3-1.0 ms per turn seen) or in ratchet's."""
     background = sum(row.background_s.values())
     return summed_cpu_ms(row) - (background * 1000 / row.count if row.count else 0.0)
 
@@ -563,7 +563,7 @@ def _floor_measure(settings: Settings, session, keyspace: str, insert, source: s
             raise RuntimeError("raw pipeline: events not delivered")
         # The previous floor's keyspace drop flushed every dirty memtable (system.paxos
         # too) and compactions follow; this floor's keyspace creation flushed the schema
-        # tables. Not this floor's work: ~0.4-1.0 ms of Cassandra CPU per turn landed in
+        # tables. Not this floor's work: ~0.3-1.0 ms of Cassandra CPU per turn landed in
         # 1-second floor windows before (docs/benchmarks.md).
         settle(pids)
     else:
