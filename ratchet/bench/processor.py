@@ -108,11 +108,15 @@ def load_average() -> str:
 # --- process accounting ------------------------------------------------------------------
 
 
+def _stat_cpu(stat: str) -> float:
+    """User + system CPU seconds from the text of a /proc ``stat`` file."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def proc_stats(pid: int) -> tuple[float, float]:
     """(CPU seconds, RSS MB) of a live process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    cpu = _stat_cpu(Path(f"/proc/{pid}/stat").read_text())
     rss_pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
     return cpu, rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
@@ -146,16 +150,14 @@ JVM_SERVERS = ("cassandra", "kafka")
 
 def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
     """Each live thread's (name, CPU seconds), from /proc/<pid>/task."""
-    ticks = os.sysconf("SC_CLK_TCK")
     threads: dict[int, tuple[str, float]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             stat = (task / "stat").read_text()
         except OSError:  # the thread ended meanwhile
             continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        threads[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / ticks)
+        threads[int(task.name)] = (stat[stat.index("(") + 1:stat.rindex(")")],
+                                   _stat_cpu(stat))
     return threads
 
 
