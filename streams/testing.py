@@ -335,7 +335,12 @@ class OutcomeCollector:
 class Rig:
     """Topics + producer + collector for one isolated run (workers are started apart)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, collect: bool = True) -> None:
+        """``collect=False``: no ``OutcomeCollector`` (``collector`` is None). The
+        benchmark counts outcomes its own cheap way: a collector decodes every outcome in
+        a thread of the measuring process and fetches each as it comes, work the
+        measured pipeline would be charged for (docs/benchmarks.md, "The bench's own
+        observers")."""
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         self.settings = settings
@@ -344,10 +349,12 @@ class Rig:
         self.serde = EventSerde(client)
         self.topics = ensure_topics(settings)
         self.producer = EventProducer(settings, self.serde, self.topics)
-        self.collector = OutcomeCollector(settings, self.serde, self.topics)
+        self.collector: OutcomeCollector | None = None
+        if collect:
+            self.collector = OutcomeCollector(settings, self.serde, self.topics)
+            self.collector.watch = self._check_workers
         self.group = f"ratchet-test-{uuid.uuid4().hex[:8]}"
         self.workers: list[WorkerProcess] = []
-        self.collector.watch = self._check_workers
 
     def worker(self, log_dir: Path, tag: str = "worker",
                env: dict[str, str] | None = None) -> WorkerProcess:
@@ -369,7 +376,8 @@ class Rig:
         self.producer.deliver(*events)
 
     def close(self) -> None:
-        self.collector.close()
+        if self.collector is not None:
+            self.collector.close()
         # Its own topics, and the Faust internal ones of its consumer group.
         delete_topics_with_prefix(self.settings.kafka_bootstrap,
                                   [self.settings.topic_prefix, f"{self.group}-"])
