@@ -30,8 +30,8 @@ def _produce(settings, topic: str, count: int, tag: str) -> None:
 def test_counter_counts_every_outcome_across_its_pauses(settings, tmp_path):
     bench = isolated_settings(settings, "observers", partitions=2, home=tmp_path / "home")
     rig = Rig(bench, collect=False)
+    counter = OutcomeCounter(bench, rig)
     try:
-        counter = OutcomeCounter(bench, rig)
         _produce(bench, rig.topics.checkpoints, 7, "a")
         _produce(bench, rig.topics.rejections, 2, "b")
         counter.wait_for(9, 30)
@@ -43,8 +43,8 @@ def test_counter_counts_every_outcome_across_its_pauses(settings, tmp_path):
         assert (counter.count, counter.rejected) == (14, 2)
         with pytest.raises(TimeoutError, match="14/15 outcomes"):
             counter.wait_for(15, 1)  # nothing more was published: no phantom count
-        counter.consumer.close()
     finally:
+        counter.consumer.close()
         rig.close()
 
 
