@@ -853,7 +853,7 @@ class OutcomeCounter:
     The end of the end-to-end window, as cheap for the shared machine as a floor's own
     count: its partitions are paused except inside ``wait_for``, and the broker answers
     a fetch every ``FETCH_WAIT_MS`` rather than at each outcome (a consumer fetching each
-    outcome as it came, and the test rig's decoding collector beside it, took 0.1-0.15 ms
+    outcome as it came, and the test rig's decoding collector beside it, took ~0.1 ms
     of the broker's CPU per turn and ~12 % of ratchet's rate: docs/benchmarks.md, "The
     bench's own observers"). The window's end is late by at most that wait."""
 
