@@ -14,10 +14,9 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from cassandra import ConsistencyLevel, DriverException, RequestExecutionException
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable, Session
+from cassandra import ConsistencyLevel
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Session
 from cassandra.policies import FallthroughRetryPolicy
-from cassandra.protocol import ErrorMessage
 from cassandra.query import (
     UNSET_VALUE,
     BatchStatement,
@@ -38,7 +37,7 @@ from ratchet.domain.claims import (
 )
 from ratchet.domain.promotion import RecordedEffect
 from schemas.models import Item
-from services.cassandra_cluster import completed
+from services.cassandra_cluster import DRIVER_OUTAGES, completed
 from services.cassandra_loop import LoopRequestFailed, LoopResult, LoopSession
 from services.ledger.base import (
     Cancellation,
@@ -72,14 +71,11 @@ _CLAIM_ROUNDS = 5
 
 
 def _guard(call: Callable[[], T]) -> T:
-    """Run one driver call, turning infrastructure failures into ``LedgerUnavailable``.
-    ``ErrorMessage``: every server error answer (e.g. ``OverloadedErrorMessage`` from a
-    Cassandra shutting down), which is not a ``cassandra.RequestExecutionException``;
-    uncaught, it dead-lettered a ``TurnCancelled`` whose request was then promoted."""
+    """Run one driver call, turning infrastructure failures (``DRIVER_OUTAGES``) into
+    ``LedgerUnavailable``: the record is retried, never dead-lettered as a bug."""
     try:
         return call()
-    except (NoHostAvailable, RequestExecutionException, DriverException, ErrorMessage,
-            OSError) as exc:
+    except DRIVER_OUTAGES as exc:
         raise LedgerUnavailable(f"ledger: {type(exc).__name__}: {exc}") from exc
 
 

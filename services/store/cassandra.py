@@ -69,7 +69,7 @@ from ratchet.domain.plan import (
     ResponseClaim,
 )
 from ratchet.settings import Settings
-from services.cassandra_cluster import completed, open_cluster
+from services.cassandra_cluster import DRIVER_OUTAGES, completed, open_cluster
 from services.cassandra_loop import LoopRequestFailed, LoopResult, LoopSession
 from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable
 from services.store.rows import (
@@ -131,9 +131,7 @@ def _guard(operation: str, call: Callable[[], T]) -> T:
     """Run driver calls, turning infrastructure failures into ``StoreUnavailable``."""
     try:
         return call()
-    except (NoHostAvailable, RequestExecutionException, DriverException, ErrorMessage) as exc:
-        raise _unavailable(operation, exc) from exc
-    except OSError as exc:
+    except DRIVER_OUTAGES as exc:
         raise _unavailable(operation, exc) from exc
 
 

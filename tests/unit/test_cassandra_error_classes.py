@@ -1,16 +1,25 @@
-"""Every Cassandra server error answer is an outage to retry, in the ledger as in the
-store, never an "unexpected error" that dead-letters the record.
+"""Every Cassandra server error answer, and every lost connection, is an outage to
+retry, in the ledger as in the store, never an "unexpected error" that dead-letters the
+record.
 
 Found by the chaos run (2026-12-02): a Cassandra shutting down answered a cancellation's
 batch with ``OverloadedErrorMessage`` ("Server is shutting down"). That class is not a
 ``cassandra.RequestExecutionException`` (the driver's protocol module has its own), the
 ledger's guard did not catch it, and the ``TurnCancelled`` was dead-lettered: its
 request was then promoted. The store's guard already caught every ``ErrorMessage``.
+
+Found by the CI chaos run (2026-12-03, session 14): during a Cassandra restart the
+driver raised ``ConnectionShutdown`` ("Connection reset by peer") for a request already
+sent, a ``ConnectionException``, which is not a ``DriverException`` either. Neither guard
+caught it: two workers dead-lettered a record each (a ``TurnCompleted`` whose rejection
+was being recorded, and an event of a tool loop whose later turn was then rejected
+``MISSING_TOOL_EFFECT``).
 """
 
 from __future__ import annotations
 
 import pytest
+from cassandra.connection import ConnectionException, ConnectionShutdown
 from cassandra.protocol import (
     IsBootstrappingErrorMessage,
     OverloadedErrorMessage,
@@ -46,3 +55,40 @@ def test_the_store_retries_a_server_error_answer(cls):
     with pytest.raises(StoreUnavailable) as raised:
         store_guard("promote", _raise(cls))
     assert raised.value.retryable
+
+
+# What the driver raises when the connection goes away under a request it sent.
+LOST_CONNECTIONS = [ConnectionShutdown, ConnectionException]
+
+
+def _lose_connection(cls):
+    def call():
+        raise cls("[Errno 104] Connection reset by peer")
+    return call
+
+
+@pytest.mark.parametrize("cls", LOST_CONNECTIONS, ids=lambda c: c.__name__)
+def test_the_ledger_retries_a_lost_connection(cls):
+    with pytest.raises(LedgerUnavailable) as raised:
+        ledger_guard(_lose_connection(cls))
+    assert raised.value.retryable
+    assert isinstance(raised.value.__cause__, cls)
+
+
+@pytest.mark.parametrize("cls", LOST_CONNECTIONS, ids=lambda c: c.__name__)
+def test_the_store_retries_a_lost_connection(cls):
+    with pytest.raises(StoreUnavailable) as raised:
+        store_guard("read_history", _lose_connection(cls))
+    assert raised.value.retryable
+    assert isinstance(raised.value.__cause__, cls)
+
+
+def test_a_bug_is_still_not_an_outage():
+    """The guards widen to the driver's failures only: a bug in ratchet's own code
+    still reaches the processor as itself (and dead-letters its record there)."""
+    def buggy():
+        raise KeyError("a column ratchet forgot")
+    with pytest.raises(KeyError):
+        ledger_guard(buggy)
+    with pytest.raises(KeyError):
+        store_guard("promote", buggy)
