@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from cassandra import DriverException, RequestExecutionException
+from cassandra import DriverException
 from cassandra.cluster import Cluster, NoHostAvailable, ResponseFuture
 from cassandra.connection import ConnectionException
 from cassandra.protocol import ErrorMessage
@@ -26,16 +26,17 @@ PROTOCOL_VERSION = 4
 
 # What cassandra-driver raises when Cassandra, or the way to it, fails a request: the
 # store's and the ledger's guards turn these into an outage to retry, never a record
-# dead-lettered as a bug. Not all share a base class: ``ErrorMessage`` is every server
-# error answer (e.g. "Server is shutting down"); ``ConnectionException`` (e.g.
-# ``ConnectionShutdown``: the connection reset after the request was sent) is the
-# driver's own, outside ``DriverException``. Each of the two was once missed by a
-# guard, and a chaos run's Cassandra restart dead-lettered the event it failed
-# (docs/decisions.md, "Every driver outage is retried").
+# dead-lettered as a bug. They share no base class: ``DriverException`` (timeouts and
+# the server's answers the driver maps, ``RequestExecutionException`` among them),
+# ``NoHostAvailable``, ``ErrorMessage`` (every server error answer, e.g. "Server is
+# shutting down", mapped or not) and ``ConnectionException`` (e.g.
+# ``ConnectionShutdown``: the connection reset after the request was sent). The last
+# two were each once missed by a guard, and a Cassandra restart in a chaos run
+# dead-lettered the event they failed (docs/decisions.md, "Every driver outage is
+# retried").
 DRIVER_OUTAGES: tuple[type[BaseException], ...] = (
-    NoHostAvailable,
-    RequestExecutionException,
     DriverException,
+    NoHostAvailable,
     ErrorMessage,
     ConnectionException,
     OSError,
