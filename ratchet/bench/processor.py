@@ -56,8 +56,10 @@ with it, the machine is shared):
   100k distinct conversations, one turn each (target: at most 2x). At the end-to-end
   rate this takes 100k / (turns/s): ~30 min at 60 turns/s on the shared 2-core box.
 
-The outcome counter reads raw messages without decoding them, so the bench process
-steals as little CPU as possible from the worker on a 2-core machine.
+The outcome counter reads raw messages without decoding them, is paused outside its
+waits and fetches every 10 ms, and the bench's rig runs no decoding collector: the
+bench process and the broker spend as little as a floor's own count on watching the
+worker (``OutcomeCounter``).
 
 Every measured window starts once Cassandra and Kafka are quiet (``settle``): a floor's
 keyspace drop flushes every dirty memtable and compactions follow, which would land in
@@ -173,6 +175,12 @@ def background_cpu(before: dict[int, tuple[str, float]],
     return spent
 
 
+def add_into(total: dict[str, float], more: dict[str, float]) -> None:
+    """Add ``more``'s seconds to ``total``'s, key by key (windows summed over runs)."""
+    for key, seconds in more.items():
+        total[key] = total.get(key, 0.0) + seconds
+
+
 @dataclass
 class CpuWindow:
     """CPU seconds of a few processes over one measured interval, and how much of the
@@ -203,8 +211,7 @@ class CpuWindow:
             self.rss_mb[name] = rss
         self.background_s = dict.fromkeys(BACKGROUND_THREADS, 0.0)
         for name, before in self.start_threads.items():
-            for kind, cpu in background_cpu(before, self._threads(self.pids[name])).items():
-                self.background_s[kind] += cpu
+            add_into(self.background_s, background_cpu(before, self._threads(self.pids[name])))
 
     @staticmethod
     def _threads(pid: int) -> dict[int, tuple[str, float]]:
@@ -1469,8 +1476,7 @@ def alternated_latency(settings: Settings, rig: Rig, rate: float, turns: int, ro
         total.seconds += window.seconds
         for name, cpu in window.cpu_s.items():
             total.cpu_s[name] += cpu
-        for kind, cpu in window.background_s.items():
-            total.background_s[kind] = total.background_s.get(kind, 0.0) + cpu
+        add_into(total.background_s, window.background_s)
         settle(pids)
         floor_ms = floor.run(rate, turns)
         paired.append((after_warm_up(mine, turns), after_warm_up(floor_ms, turns)))
@@ -1515,8 +1521,7 @@ class PacedFloor:
         for who, cpu in row.cpu_s.items():
             name = "floor" if who == "client" else who
             self.cpu_s[name] = self.cpu_s.get(name, 0.0) + cpu
-        for kind, cpu in row.background_s.items():
-            self.background_s[kind] = self.background_s.get(kind, 0.0) + cpu
+        add_into(self.background_s, row.background_s)
         return result.latency
 
     def warm_up(self, rate: float, records: int) -> None:
