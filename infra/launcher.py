@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra import timer_slack
 from infra.procs import (
     Running,
     StateFile,
@@ -109,7 +110,10 @@ def _launch(srv: Server, state: StateFile) -> Running:
     with srv.log_path.open("ab") as log:
         log.write(f"\n==== ratchet infra: starting {srv.name} at {time.ctime()} ====\n".encode())
         log.flush()
-        proc = subprocess.Popen(srv.command(), stdin=subprocess.DEVNULL, stdout=log,
+        command = srv.command()
+        if srv.timer_slack_ns():
+            command = timer_slack.wrapped(srv.timer_slack_ns(), command)
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, cwd=srv.data_dir,
                                 start_new_session=True)
     start_time = None

@@ -52,6 +52,10 @@ class Settings:
     # Cassandra's inter-node (gossip) port of the node `ratchet infra` launches; a second
     # local node (another RATCHET_HOME, e.g. a chaos run's own servers) needs its own.
     cassandra_storage_port: int = 7000
+    # Timer slack (microseconds) of the Cassandra JVM `ratchet infra` launches: its
+    # worker pool waits for work in timed sleeps of 10 us and up, which a coarser slack
+    # merges (docs/decisions.md, "Cassandra's spin-waits"). 0: the kernel's default.
+    cassandra_timer_slack_us: int = 200
     keyspace: str = "ratchet"
     # CQL replication map used when `ratchet migrate` creates the keyspace.
     replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
@@ -111,6 +115,9 @@ class Settings:
             cassandra_storage_port=_int(
                 env, "RATCHET_CASSANDRA_STORAGE_PORT", d.cassandra_storage_port, 1
             ),
+            cassandra_timer_slack_us=_int(
+                env, "RATCHET_CASSANDRA_TIMER_SLACK_US", d.cassandra_timer_slack_us
+            ),
             keyspace=env.get("RATCHET_KEYSPACE") or d.keyspace,
             replication=env.get("RATCHET_REPLICATION") or d.replication,
             topic_prefix=env.get("RATCHET_TOPIC_PREFIX", d.topic_prefix),
@@ -142,6 +149,7 @@ class Settings:
             "RATCHET_CASSANDRA_HOSTS": ",".join(self.cassandra_hosts),
             "RATCHET_CASSANDRA_PORT": str(self.cassandra_port),
             "RATCHET_CASSANDRA_STORAGE_PORT": str(self.cassandra_storage_port),
+            "RATCHET_CASSANDRA_TIMER_SLACK_US": str(self.cassandra_timer_slack_us),
             "RATCHET_KEYSPACE": self.keyspace,
             "RATCHET_REPLICATION": self.replication,
             "RATCHET_TOPIC_PREFIX": self.topic_prefix,

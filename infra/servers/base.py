@@ -61,6 +61,10 @@ class Server(ABC):
     def client_port(self) -> int:
         """The port clients use; a process listening there is taken as this server."""
 
+    def timer_slack_ns(self) -> int:
+        """Timer slack of the server's process in ns (0: the kernel's default)."""
+        return 0
+
     @abstractmethod
     def check(self, timeout_s: float = 10.0) -> None:
         """A real round trip against the server; raises ``Unhealthy``."""

@@ -1,7 +1,8 @@
 """Apache Cassandra 5.0.6 as one node, launched as plain ``java`` (no bin/cassandra).
 
 The yaml is minimal and tuned for a 2-core machine: one token, small thread pools,
-no snapshots on drop, Paxos v2 (two round trips per LWT instead of four).
+no snapshots on drop, Paxos v2 (two round trips per LWT instead of four), and a
+timer slack of 200 us for the JVM (``RATCHET_CASSANDRA_TIMER_SLACK_US``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ class Cassandra(Server):
 
     def client_port(self) -> int:
         return self.settings.cassandra_port
+
+    def timer_slack_ns(self) -> int:
+        """Its worker pool's spin-waits are timed sleeps of 10 us and up: a coarser
+        slack lets them merge (infra/timer_slack.py, docs/decisions.md)."""
+        return self.settings.cassandra_timer_slack_us * 1000
 
     def storage_port(self) -> int:
         """Inter-node port: from settings, so two local nodes (two homes) can coexist."""

@@ -321,5 +321,62 @@ def test_a_server_that_dies_at_start_is_reported_with_exit_code_and_log(tmp_path
     assert str(tmp_path / "logs" / "broken.log") in msg and "cannot bind: boom" in msg
 
 
+def test_the_launched_cassandra_runs_with_its_timer_slack(settings):
+    """Every thread of the local Cassandra (its worker pool's spin-waits above all) runs
+    with the configured slack: set before the JVM started, inherited by its threads."""
+    from infra import launcher
+
+    entry = launcher.StateFile(settings.home).get("cassandra")
+    if entry is None or not launcher.is_alive(entry):
+        why = "Cassandra was not started by the local launcher (RATCHET_* or compose)"
+        if in_ci():
+            pytest.fail(why)
+        pytest.skip(why)
+    expected = str(launcher.server(settings, "cassandra").timer_slack_ns() or 50_000)
+    threads = list(Path(f"/proc/{entry.pid}/task").iterdir())
+    slacks = {(Path("/proc") / t.name / "timerslack_ns").read_text().strip() for t in threads}
+    assert len(threads) > 20 and slacks == {expected}
+
+
+def test_the_launcher_starts_a_server_with_its_timer_slack(tmp_path):
+    """No real server needed: a fake one that writes down its own slack, then listens."""
+    import socket
+
+    from infra import launcher
+    from infra.servers import Server
+    from ratchet.settings import Settings
+
+    with socket.socket() as sock:  # a free port
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    seen = tmp_path / "slack"
+    listen = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); "
+              "s.listen(); time.sleep(60)")
+
+    class Slack(Server):
+        name, version, start_timeout_s = "slack", "0", 20
+
+        def fetch(self): ...
+        def is_fetched(self): return True
+        def prepare(self): self.data_dir.mkdir(parents=True, exist_ok=True)
+        def command(self):
+            return ["sh", "-c", f"cat /proc/$$/timerslack_ns > {seen}; "
+                                f"exec {sys.executable} -c \"{listen}\""]
+        def client_port(self): return port
+        def timer_slack_ns(self): return 456_000
+        def check(self, timeout_s=10.0):
+            if not self.port_open():
+                raise launcher.Unhealthy("not listening yet")
+        def endpoint(self): return f"slack 127.0.0.1:{port}"
+
+    state = launcher.StateFile(tmp_path)
+    srv = Slack(Settings(home=tmp_path))
+    launcher._ensure_started(srv, state, print)
+    try:
+        assert seen.read_text().strip() == "456000"
+    finally:
+        launcher.terminate(state.get("slack"))
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["faust-worker"]:
     faust_worker(*sys.argv[2:7])

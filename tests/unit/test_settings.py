@@ -19,6 +19,7 @@ def test_defaults_point_at_the_local_launcher():
     assert s.topic("checkpoints") == "ratchet.checkpoints"
     assert s.loop_driver == "acsylla"
     assert s.api_coalesce_us == 0  # each API read written at once (not the driver's 200)
+    assert s.cassandra_timer_slack_us == 200  # the launched Cassandra's spin-waits merge
 
 
 def test_environment_overrides():
@@ -28,6 +29,7 @@ def test_environment_overrides():
         "RATCHET_CASSANDRA_HOSTS": " c1, c2 ,",
         "RATCHET_CASSANDRA_PORT": "19042",
         "RATCHET_CASSANDRA_STORAGE_PORT": "17000",
+        "RATCHET_CASSANDRA_TIMER_SLACK_US": "0",
         "RATCHET_KEYSPACE": "ks_test",
         "RATCHET_TOPIC_PREFIX": "",
         "RATCHET_PARTITIONS": "3",
@@ -37,6 +39,7 @@ def test_environment_overrides():
     assert s.schema_registry_url == "http://sr:8081/apis/ccompat/v7"  # trailing slash dropped
     assert s.cassandra_hosts == ("c1", "c2") and s.cassandra_port == 19042
     assert s.cassandra_storage_port == 17000
+    assert s.cassandra_timer_slack_us == 0
     assert s.keyspace == "ks_test" and s.partitions == 3
     assert s.topic("checkpoints") == "checkpoints"  # an empty prefix is allowed
     assert s.home == Path("/tmp/ratchet-home")
@@ -46,6 +49,7 @@ def test_environment_overrides():
                                         ("RATCHET_API_PORT", "-1"),
                                         ("RATCHET_LOOP_DRIVER", "libev"),
                                         ("RATCHET_API_COALESCE_US", "-5"),
+                                        ("RATCHET_CASSANDRA_TIMER_SLACK_US", "-1"),
                                         ("RATCHET_WORKER_EVENT_LOOP", "trio"),
                                         ("RATCHET_WORKER_CONSUMER", "process")])
 def test_bad_values_are_refused_with_the_variable_name(name, value):
@@ -68,6 +72,7 @@ def test_to_env_round_trips_through_from_env():
         "RATCHET_LOGICAL_RETENTION_S": "60",
         "RATCHET_LOOP_DRIVER": "cassandra-driver",
         "RATCHET_API_COALESCE_US": "150",
+        "RATCHET_CASSANDRA_TIMER_SLACK_US": "1000",
         "RATCHET_WORKER_EVENT_LOOP": "asyncio",
         "RATCHET_WORKER_CONSUMER": "thread",
         "RATCHET_REPLICATION": "{'class': 'NetworkTopologyStrategy', 'dc1': 3}",
