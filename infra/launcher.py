@@ -110,9 +110,9 @@ def _launch(srv: Server, state: StateFile) -> Running:
     with srv.log_path.open("ab") as log:
         log.write(f"\n==== ratchet infra: starting {srv.name} at {time.ctime()} ====\n".encode())
         log.flush()
-        command = srv.command()
-        if srv.timer_slack_ns():
-            command = timer_slack.wrapped(srv.timer_slack_ns(), command)
+        command, slack_ns = srv.command(), srv.timer_slack_ns()
+        if slack_ns:
+            command = timer_slack.wrapped(slack_ns, command)
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, cwd=srv.data_dir,
                                 start_new_session=True)

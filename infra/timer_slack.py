@@ -7,7 +7,7 @@ and ``execve`` keeps it, so it covers the whole JVM the launcher starts.
 Why (docs/decisions.md, "Cassandra's spin-waits"): Cassandra's shared worker pool
 (``SEPWorker``) waits for work in timed sleeps of 10 us and up, so a lightly loaded
 node wakes tens of thousands of times a second. On a small machine shared with the
-processor that costs most of a core. The kernel may end a timed sleep up to "timer
+processor that cost about half a core. The kernel may end a timed sleep up to "timer
 slack" late; a coarser slack lets those wake-ups merge. Wake-ups by a signal (a
 request handed to a parked thread) are not delayed; only timed sleeps are.
 """
