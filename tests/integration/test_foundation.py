@@ -290,17 +290,22 @@ def test_one_server_restarts_alone_and_registry_keeps_schema_ids(
     fresh.delete_subject(subject)
 
 
-def test_a_server_that_dies_at_start_is_reported_with_exit_code_and_log(tmp_path):
-    """No real server needed: a fake one whose process exits at once."""
+def _free_port() -> int:
+    """A local port that nothing listens on now (the fake servers' client port)."""
     import socket
 
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_server_that_dies_at_start_is_reported_with_exit_code_and_log(tmp_path):
+    """No real server needed: a fake one whose process exits at once."""
     from infra import launcher
     from infra.servers import Server
     from ratchet.settings import Settings
 
-    with socket.socket() as sock:  # a free port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = _free_port()  # nobody listens on it
 
     class Broken(Server):
         name, version, start_timeout_s = "broken", "0", 20
@@ -340,15 +345,11 @@ def test_the_launched_cassandra_runs_with_its_timer_slack(settings):
 
 def test_the_launcher_starts_a_server_with_its_timer_slack(tmp_path):
     """No real server needed: a fake one that writes down its own slack, then listens."""
-    import socket
-
     from infra import launcher
     from infra.servers import Server
     from ratchet.settings import Settings
 
-    with socket.socket() as sock:  # a free port
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = _free_port()
     seen = tmp_path / "slack"
     listen = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); "
               "s.listen(); time.sleep(60)")
