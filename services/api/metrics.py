@@ -54,6 +54,12 @@ WAITS = Counter(
     "wait_ms waits by how they ended (woken_promoted|woken_rejected|woken_unknown|timeout).",
     ["result"],
 )
+WAIT_FIRST_LOOKS = Counter(
+    "ratchet_api_wait_first_looks_total",
+    "wait_ms requests' first look, by what it found (undecided: waited with no lookup; "
+    "found: a lookup answered or decided to wait).",
+    ["result"],
+)
 WAITING = Gauge("ratchet_api_waiting_requests", "Requests currently waiting for a decision.")
 NOTIFIER_RECORDS = Counter(
     "ratchet_api_notifier_records_total",

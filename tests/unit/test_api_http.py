@@ -7,6 +7,7 @@ The same behaviours against the real stack live in tests/e2e/test_http_*.py.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import threading
@@ -408,3 +409,108 @@ def test_a_decision_record_naming_another_place_does_not_mislead_the_woken_read(
     thread.join()
     assert resp.status_code == 200 and resp.json()["outcome"] == "certified"
     assert resp.json()["response_id"] == rid
+
+
+@pytest.mark.parametrize(
+    "decided", ["promoted-where-hinted", "promoted-elsewhere", "promoted-no-hint", "rejected"]
+)
+def test_a_wait_for_a_response_decided_before_it_answers_at_once(stack, decided):
+    """The first look of a waiting request (``_undecided``) only ever decides to wait:
+    a response promoted or rejected before the request came is answered at once, also
+    when the caller's partition hint is wrong, never after its ``wait_ms``."""
+    tenant, conv = uid("tenant"), uid("conv")
+    params: dict[str, str] = {}
+    if decided == "rejected":
+        rid = uid("resp")
+        stack.ledger.mark_rejected(tenant, rid, "OUT_OF_ORDER", "head moved")
+        params["partition_key"] = conv
+    else:
+        rid = stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),))
+        if decided == "promoted-where-hinted":
+            params["partition_key"] = conv
+        elif decided == "promoted-elsewhere":
+            params["partition_key"] = uid("conv")
+    started = time.monotonic()
+    resp = stack.history(tenant, rid, wait_ms=5000, **params)
+    assert time.monotonic() - started < 2
+    if decided == "rejected":
+        assert resp.status_code == 409 and resp.json()["reason"] == "NOT_PROMOTED"
+        assert "OUT_OF_ORDER" in resp.json()["detail"]
+    else:
+        assert resp.status_code == 200 and resp.json()["outcome"] == "certified"
+        assert resp.json()["response_id"] == rid
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "cache"])
+def test_an_undecided_wait_looks_once_with_its_reads_made_at_once(stack, cached):
+    """A waiting request whose response is not decided yet makes the three reads that
+    could show a decision (its turn row where the caller says, its claim, the ledger's
+    status) at once, and no other read before it waits; woken, it reads the turn row."""
+    from services.api import metrics
+    from services.api.cache import HistoryCache
+
+    if cached:
+        stack.client = stack.client_of(RehydrationService(
+            stack.store, stack.ledger, stack.waiters, clock=stack.clock,
+            cache=HistoryCache(10_000_000)))
+    tenant, conv = uid("tenant"), uid("conv")
+    stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),))
+    rid = uid("resp")
+    calls: list[str] = []
+    in_flight = {"now": 0, "most": 0}
+
+    def spy(owner: object, name: str) -> None:
+        real = getattr(owner, name)
+
+        async def counted(*args, **kwargs):
+            calls.append(name)
+            in_flight["now"] += 1
+            in_flight["most"] = max(in_flight["most"], in_flight["now"])
+            try:
+                await asyncio.sleep(0.02)  # long enough for reads sent at once to overlap
+                return await real(*args, **kwargs)
+            finally:
+                in_flight["now"] -= 1
+
+        setattr(owner, name, counted)
+
+    for name in ("read_turn_async", "locate_async", "read_history_async"):
+        spy(stack.store, name)
+    spy(stack.ledger, "status_async")
+    undecided = metrics.WAIT_FIRST_LOOKS.labels("undecided")._value.get()
+    before_the_wake: list[list[str]] = []
+
+    def promote_later() -> None:
+        time.sleep(0.3)
+        before_the_wake.append(list(calls))
+        stack.promote(tenant, conv, 1, (message("b", item_id=uid("m")),), response_id=rid)
+        while not stack.waiters.notify(rid, "promoted", (tenant, conv)):
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=promote_later)
+    thread.start()
+    resp = stack.history(tenant, rid, wait_ms=5000, partition_key=conv)
+    thread.join()
+    assert resp.status_code == 200 and resp.json()["head_seq"] == 2
+    assert sorted(before_the_wake[0]) == ["locate_async", "read_turn_async", "status_async"]
+    assert in_flight["most"] == 3
+    assert metrics.WAIT_FIRST_LOOKS.labels("undecided")._value.get() == undecided + 1
+    woken_reads = calls[len(before_the_wake[0]):]
+    assert woken_reads[0] in ("read_turn_async", "read_history_async")
+    assert "locate_async" not in woken_reads and "status_async" not in woken_reads
+
+
+def test_a_failed_first_look_leaves_the_answer_to_the_lookup(stack, monkeypatch):
+    """A read of the first look that fails does not make the request wait: the ordinary
+    lookup reads again and answers (here: the store is down, a retryable 503)."""
+    from services.store.base import StoreUnavailable
+
+    async def down(*args, **kwargs):
+        raise StoreUnavailable("cassandra timed out", retryable=True, operation="read")
+
+    monkeypatch.setattr(stack.store, "locate_async", down)
+    monkeypatch.setattr(stack.store, "read_history_async", down)
+    started = time.monotonic()
+    resp = stack.history("t", uid("resp"), wait_ms=5000)
+    assert time.monotonic() - started < 2
+    assert resp.status_code == 503 and resp.json()["retryable"] is True
