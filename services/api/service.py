@@ -224,16 +224,18 @@ class RehydrationService:
     async def _undecided(self, lookup: _Lookup) -> bool:
         """True when nothing about the response is decided yet, from the reads that can
         show a decision, made at once: its turn row where the caller says it lives, its
-        claim (where it lives if promoted) and the ledger's status (a rejection).
+        claim (where it lives if promoted) and the ledger's status (a rejection). A claim
+        in a partition not read yet (no hint, or a wrong one) costs one more read: the
+        turn row there.
 
         Why: a gateway waits right after producing its turn, so its first look nearly
         always finds nothing. Made one after another, as a lookup makes them, those reads
         are 3-4 round trips, each waking the driver's I/O thread and the event loop
         (~0.3 ms of the API's CPU each on this host); made at once they share the
-        wake-ups. Anything found (a row, a claim in another partition, a recorded
-        decision, an error) returns False and the ordinary lookup answers, reading again:
-        the look only ever decides "wait". That is safe because the request registered
-        first: a decision published after the look wakes it (waiters.py)."""
+        wake-ups. Anything found (a row, a recorded decision, an error) returns False and
+        the ordinary lookup answers, reading again: the look only ever decides "wait".
+        That is safe because the request registered first: a decision published after
+        the look wakes it (waiters.py)."""
         tenant_id, response_id, hinted = (
             lookup.tenant_id, lookup.response_id, lookup.partition_key
         )
@@ -247,10 +249,16 @@ class RehydrationService:
             reads.append(self._ledger.status_async(tenant_id, response_id))
         if hinted is not None:
             reads.append(self._store.read_turn_async(tenant_id, hinted, response_id))
-        found = await asyncio.gather(*reads, return_exceptions=True)
-        undecided = _nothing_found(found, hinted, self._ledger is not None)
-        child(metrics.WAIT_FIRST_LOOKS, "undecided" if undecided else "found").inc()
-        return undecided
+        look = _first_look(
+            await asyncio.gather(*reads, return_exceptions=True), hinted, self._ledger is not None
+        )
+        if isinstance(look, str):  # claimed in a partition not read yet: its row decides
+            try:
+                look = await self._store.read_turn_async(tenant_id, look, response_id) is None
+            except Exception:  # noqa: BLE001 - the ordinary lookup reads again and reports it
+                look = False
+        child(metrics.WAIT_FIRST_LOOKS, "undecided" if look else "found").inc()
+        return look
 
     # -- cached lookups: on the event loop, awaiting the driver's async reads; only an
     # -- extension that must read several rows one by one runs in the thread pool.
@@ -773,19 +781,23 @@ def _with_record_hint(lookup: _Lookup, found_in: tuple[str, str] | None) -> _Loo
     return replace(lookup, partition_key=found_in[1])
 
 
-def _nothing_found(found: list[Any], hinted: str | None, with_ledger: bool) -> bool:
-    """What ``_undecided``'s reads found, in their order: the claim's partition, the
-    ledger's status (``with_ledger``), the turn row at ``hinted`` (if hinted)."""
+def _first_look(found: list[Any], hinted: str | None, with_ledger: bool) -> bool | str:
+    """What ``_undecided``'s reads found, given in their order: the claim's partition,
+    the ledger's status (``with_ledger``), the turn row at ``hinted`` (if hinted).
+    True: nothing decided; False: something found; a partition key: nothing found but
+    a claim there, where the turn row is still to be read."""
     if any(isinstance(result, BaseException) for result in found):
         return False  # the ordinary lookup reads again and reports the failure
     located, rest = found[0], found[1:]
-    if located is not None and located != hinted:
-        return False  # claimed in another partition than the one read
     if with_ledger:
         recorded, rest = rest[0], rest[1:]
         if recorded.status is not ResponseState.UNKNOWN:
             return False  # a recorded decision
-    return not rest or rest[0] is None  # a row where the caller said: decided
+    if rest and rest[0] is not None:
+        return False  # a row where the caller said
+    if located is not None and located != hinted:
+        return str(located)
+    return True
 
 
 def _still_pending(answer: Answer) -> bool:

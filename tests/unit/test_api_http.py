@@ -77,9 +77,10 @@ class Stack:
         certified: bool = True,
         response_id: str | None = None,
         expires: datetime | None = None,
+        key: str | None = None,
     ) -> str:
         response_id = response_id or uid("resp")
-        key = uid("key")
+        key = key or uid("key")
         artifact = StoredTokenArtifact(uid("art"), "th", 42, 40, FP, expires or NOW + timedelta(hours=1))
         outcome = self.store.promote(
             PromotionRequest(
@@ -442,10 +443,13 @@ def test_a_wait_for_a_response_decided_before_it_answers_at_once(stack, decided)
 
 
 @pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "cache"])
-def test_an_undecided_wait_looks_once_with_its_reads_made_at_once(stack, cached):
-    """A waiting request whose response is not decided yet makes the three reads that
-    could show a decision (its turn row where the caller says, its claim, the ledger's
-    status) at once, and no other read before it waits; woken, it reads the turn row."""
+@pytest.mark.parametrize("how", ["hinted", "claimed-no-hint", "unclaimed-no-hint"])
+def test_an_undecided_wait_looks_once_with_its_reads_made_at_once(stack, cached, how):
+    """A waiting request whose response is not decided yet makes the reads that could
+    show a decision (its turn row where the caller says, its claim, the ledger's status)
+    at once, and no other read before it waits, except the turn row where a claim says
+    when the caller named no partition; woken, it reads the turn row."""
+    from ratchet.domain.plan import ResponseClaim
     from services.api import metrics
     from services.api.cache import HistoryCache
 
@@ -455,7 +459,10 @@ def test_an_undecided_wait_looks_once_with_its_reads_made_at_once(stack, cached)
             cache=HistoryCache(10_000_000)))
     tenant, conv = uid("tenant"), uid("conv")
     stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),))
-    rid = uid("resp")
+    rid, key = uid("resp"), uid("key")
+    if how == "claimed-no-hint":  # the worker claims the id before its batch
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        stack.store._claim(ResponseClaim(tenant, rid, conv, key, digest))
     calls: list[str] = []
     in_flight = {"now": 0, "most": 0}
 
@@ -483,17 +490,27 @@ def test_an_undecided_wait_looks_once_with_its_reads_made_at_once(stack, cached)
     def promote_later() -> None:
         time.sleep(0.3)
         before_the_wake.append(list(calls))
-        stack.promote(tenant, conv, 1, (message("b", item_id=uid("m")),), response_id=rid)
+        stack.promote(tenant, conv, 1, (message("b", item_id=uid("m")),), response_id=rid,
+                      key=key)
         while not stack.waiters.notify(rid, "promoted", (tenant, conv)):
             time.sleep(0.01)
 
     thread = threading.Thread(target=promote_later)
     thread.start()
-    resp = stack.history(tenant, rid, wait_ms=5000, partition_key=conv)
+    params = {"partition_key": conv} if how == "hinted" else {}
+    resp = stack.history(tenant, rid, wait_ms=5000, **params)
     thread.join()
     assert resp.status_code == 200 and resp.json()["head_seq"] == 2
-    assert sorted(before_the_wake[0]) == ["locate_async", "read_turn_async", "status_async"]
-    assert in_flight["most"] == 3
+    looked = sorted(before_the_wake[0])
+    if how == "hinted":
+        assert looked == ["locate_async", "read_turn_async", "status_async"]
+        assert in_flight["most"] == 3
+    elif how == "claimed-no-hint":
+        assert looked == ["locate_async", "read_turn_async", "status_async"]
+        assert before_the_wake[0][-1] == "read_turn_async"  # after the claim named it
+        assert in_flight["most"] == 2
+    else:
+        assert looked == ["locate_async", "status_async"] and in_flight["most"] == 2
     assert metrics.WAIT_FIRST_LOOKS.labels("undecided")._value.get() == undecided + 1
     woken_reads = calls[len(before_the_wake[0]):]
     assert woken_reads[0] in ("read_turn_async", "read_history_async")
