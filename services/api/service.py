@@ -222,23 +222,20 @@ class RehydrationService:
             self._waiters.release(ticket)
 
     async def _undecided(self, lookup: _Lookup) -> bool:
-        """True when nothing about the response is decided yet, from the reads that can
-        show a decision, made at once: its turn row where the caller says it lives, its
-        claim (where it lives if promoted) and the ledger's status (a rejection). A claim
-        in a partition not read yet (no hint, or a wrong one) costs one more read: the
-        turn row there.
+        """True when nothing about the response is decided yet. Two reads at once: the
+        response's claim and the ledger's status (a rejection). No claim means no
+        promotion (a response id is claimed before its promotion batch is sent); a claim
+        costs one more read, the turn row where the claim says.
 
         Why: a gateway waits right after producing its turn, so its first look nearly
-        always finds nothing. Made one after another, as a lookup makes them, those reads
-        are 3-4 round trips, each waking the driver's I/O thread and the event loop
-        (~0.3 ms of the API's CPU each on this host); made at once they share the
-        wake-ups. Anything found (a row, a recorded decision, an error) returns False and
-        the ordinary lookup answers, reading again: the look only ever decides "wait".
-        That is safe because the request registered first: a decision published after
-        the look wakes it (waiters.py)."""
-        tenant_id, response_id, hinted = (
-            lookup.tenant_id, lookup.response_id, lookup.partition_key
-        )
+        always finds nothing, mostly not even the claim. Made one after another, as a
+        lookup makes them, its reads are 3-4 round trips, each waking the driver's I/O
+        thread and the event loop (~0.3 ms of the API's CPU each on this host); made at
+        once they share the wake-ups. Anything found (a row, a recorded decision, an
+        error) returns False and the ordinary lookup answers, reading again: the look
+        only ever decides "wait". That is safe because the request registered first: a
+        decision published after the look wakes it (waiters.py)."""
+        tenant_id, response_id = lookup.tenant_id, lookup.response_id
         if self._cache is not None and lookup.use_cache and (
             self._cache.get(tenant_id, response_id) is not None
             or self._cache.location(tenant_id, response_id) is not None
@@ -247,12 +244,8 @@ class RehydrationService:
         reads: list[Any] = [self._store.locate_async(tenant_id, response_id)]
         if self._ledger is not None:
             reads.append(self._ledger.status_async(tenant_id, response_id))
-        if hinted is not None:
-            reads.append(self._store.read_turn_async(tenant_id, hinted, response_id))
-        look = _first_look(
-            await asyncio.gather(*reads, return_exceptions=True), hinted, self._ledger is not None
-        )
-        if isinstance(look, str):  # claimed in a partition not read yet: its row decides
+        look = _first_look(await asyncio.gather(*reads, return_exceptions=True))
+        if isinstance(look, str):  # claimed: the turn row where the claim says decides
             try:
                 look = await self._store.read_turn_async(tenant_id, look, response_id) is None
             except Exception:  # noqa: BLE001 - the ordinary lookup reads again and reports it
@@ -781,23 +774,16 @@ def _with_record_hint(lookup: _Lookup, found_in: tuple[str, str] | None) -> _Loo
     return replace(lookup, partition_key=found_in[1])
 
 
-def _first_look(found: list[Any], hinted: str | None, with_ledger: bool) -> bool | str:
-    """What ``_undecided``'s reads found, given in their order: the claim's partition,
-    the ledger's status (``with_ledger``), the turn row at ``hinted`` (if hinted).
-    True: nothing decided; False: something found; a partition key: nothing found but
-    a claim there, where the turn row is still to be read."""
+def _first_look(found: list[Any]) -> bool | str:
+    """What ``_undecided``'s reads found, given in their order: the claim's partition
+    and, with a ledger, the response's status. True: nothing decided; False: a decision
+    or a failed read; a partition key: claimed there, the turn row still to be read."""
     if any(isinstance(result, BaseException) for result in found):
         return False  # the ordinary lookup reads again and reports the failure
-    located, rest = found[0], found[1:]
-    if with_ledger:
-        recorded, rest = rest[0], rest[1:]
-        if recorded.status is not ResponseState.UNKNOWN:
-            return False  # a recorded decision
-    if rest and rest[0] is not None:
-        return False  # a row where the caller said
-    if located is not None and located != hinted:
-        return str(located)
-    return True
+    located, *status = found
+    if status and status[0].status is not ResponseState.UNKNOWN:
+        return False  # a recorded decision
+    return True if located is None else str(located)
 
 
 def _still_pending(answer: Answer) -> bool:
