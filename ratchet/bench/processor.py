@@ -283,6 +283,12 @@ def format_table(rows: list[Row], load_before: str) -> str:
     return "\n".join(lines)
 
 
+# A window whose servers' JIT took this much CPU per op ran on servers still warming
+# up: the first run after Cassandra's start showed 0.37-0.73 ms per op in every window,
+# warm runs 0.00-0.13 (docs/benchmarks.md, "A slower host").
+JIT_WARM_MS = 0.15
+
+
 def background_lines(rows: list[Row]) -> list[str]:
     """Of the servers' CPU in each row, what their JIT compilers and their flushes and
     compactions took (ms per op, already in the columns): a row measured while a server
@@ -295,6 +301,16 @@ def background_lines(rows: list[Row]) -> list[str]:
             parts = ", ".join(f"{kind} {cpu * 1000 / r.count:.2f}"
                               for kind, cpu in r.background_s.items())
             lines.append(f"  {r.name:<54} {parts}")
+    warming = [(r.background_s["jit"] * 1000 / r.count, r.name) for r in rows
+               if r.count and r.background_s.get("jit", 0.0) * 1000 / r.count >= JIT_WARM_MS]
+    if warming:
+        worst, name = max(warming)
+        lines.append(
+            f"WARNING: the servers' JIT compilers were busy in {len(warming)} window(s) (up "
+            f"to {worst:.2f} ms per op, in '{name}'): a server started recently still "
+            "compiles its hot paths, so this run is not comparable with a warm one. Run "
+            "the bench again."
+        )
     return lines if len(lines) > 1 else []
 
 

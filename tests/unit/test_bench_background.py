@@ -70,3 +70,20 @@ def test_the_summary_gives_the_cpu_ratio_without_the_background_beside_the_total
     assert "CPU per turn 3.00 / 1.25 ms = 2.40" in text
     assert ("without the servers' JIT, flushes and compactions: CPU per turn 2.45 / 1.20 ms"
             " = 2.04") in text
+
+
+def _jit_row(name: str, count: int, jit_s: float) -> Row:
+    return Row(name, count, 1.0, {"cassandra": 1.0}, background_s={"jit": jit_s,
+                                                                   "compaction": 0.0})
+
+
+def test_a_run_on_servers_still_compiling_is_flagged():
+    lines = bench.background_lines([_jit_row("floor", 1000, 0.05), _jit_row("ratchet", 2000, 0.9),
+                                    _jit_row("floor 1b", 1000, 0.4)])
+    assert lines[-1].startswith("WARNING: the servers' JIT compilers were busy in 2 window")
+    assert "0.45 ms per op, in 'ratchet'" in lines[-1]
+
+
+def test_a_warm_run_carries_no_warning():
+    lines = bench.background_lines([_jit_row("floor", 1000, 0.13), _jit_row("ratchet", 3000, 0.12)])
+    assert lines and not any(line.startswith("WARNING") for line in lines)
