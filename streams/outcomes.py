@@ -64,7 +64,9 @@ def promoted_event(turn: TurnCompleted, partition: str,
         **_header(turn, partition, "promoted", promoted_at),
         idempotency_key=cp.idempotency_key,
         request_digest=cp.request_digest,
-        attempt=turn.attempt,
+        # The attempt that was promoted (a retry by another attempt is answered with
+        # it); this event's own for rows promoted before migration 012.
+        attempt=turn.attempt if cp.accepted_attempt is None else cp.accepted_attempt,
         previous_response_id=cp.previous_response_id,
         seq=cp.seq,
         certification=cp.certification.value,

@@ -213,6 +213,11 @@ class CheckpointRecord:
     # ``lineage_digest(parent's, items_digest)``; None for rows promoted before it
     # existed, and for their descendants (their parent has none to chain from).
     lineage_digest: str | None = None
+    # The attempt whose turn was promoted and the tool effects it used: what a later
+    # retry of the request (another attempt, answered with this promotion) is told and
+    # orphans against. None for rows promoted before migration 012.
+    accepted_attempt: int | None = None
+    accepted_effect_ids: tuple[str, ...] | None = None
 
     @property
     def item_count(self) -> int:

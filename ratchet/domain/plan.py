@@ -68,6 +68,9 @@ class PromotionRequest:
     # The gateway's logical expiry (``TurnCompleted.expires_at``); the checkpoint keeps
     # the earlier of it and the server's retention (``build_checkpoint``).
     expires_at: datetime | None = None
+    # The turn's attempt and the tool effects it uses, kept with its checkpoint.
+    attempt: int | None = None
+    effect_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -398,4 +401,6 @@ def build_checkpoint(
         promoted_at=promoted_at,
         logical_expires_at=expires,
         lineage_digest=plan.lineage_digest,
+        accepted_attempt=request.attempt,
+        accepted_effect_ids=None if request.attempt is None else request.effect_ids,
     )

@@ -325,6 +325,8 @@ def promotion_request(turn: TurnCompleted, certification: Certification,
         router_receipt=_json_or_none(turn.router_receipt) if certified else None,
         boundary_proof=_json_or_none(turn.boundary_proof) if certified else None,
         expires_at=None if turn.expires_at is None else _utc_ms(turn.expires_at),
+        attempt=turn.attempt,
+        effect_ids=used_effect_ids(turn),
     )
 
 
@@ -401,6 +403,18 @@ def interpret(turn: TurnCompleted, outcome: PromotionOutcome,
 # --- 3. effects to compensate ---------------------------------------------------------------
 
 
+def _accepted_effect_ids(turn: TurnCompleted, verdict: Accepted) -> set[str] | None:
+    """The effects the promoted turn used. This turn's own, unless the store held the
+    promotion already (``replayed``): then the turn is a redelivery or another attempt
+    of the request, and what counts is the turn that WAS promoted, whose effects its
+    checkpoint keeps. None if it does not (promoted before migration 012): nothing can
+    be shown unused, so nothing is orphaned."""
+    if not verdict.replayed:
+        return set(used_effect_ids(turn))
+    kept = verdict.checkpoint.accepted_effect_ids
+    return None if kept is None else set(kept)
+
+
 def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
                      effects: Iterable[RecordedEffect],
                      claims: Iterable[ClaimRecord] = ()) -> list[Orphan]:
@@ -412,7 +426,9 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
     may or may not have run). Then:
 
     * accepted: every effect recorded for the request that the accepted turn does
-      not use (earlier attempts' leftovers) -> ``ATTEMPT_SUPERSEDED``;
+      not use (earlier attempts' leftovers) -> ``ATTEMPT_SUPERSEDED``. When the
+      promotion was already stored (a redelivery, or a retry by another attempt), the
+      accepted turn is the stored one, not this event's (``_accepted_effect_ids``);
     * cancelled: every effect recorded for the request -> ``TURN_CANCELLED``;
     * ``DUPLICATE``: nothing (the accepted original already settled its effects);
     * any other rejection: the effects this attempt used or recorded ->
@@ -432,7 +448,9 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
 
     all_effects = [found[k] for k in sorted(found)]
     if isinstance(verdict, Accepted):
-        used = set(used_effect_ids(turn))
+        used = _accepted_effect_ids(turn, verdict)
+        if used is None:
+            return []
         return [orphan(e, OrphanReason.ATTEMPT_SUPERSEDED) for e in all_effects
                 if e.effect_id not in used]
     if verdict.reason is R.DUPLICATE:

@@ -263,7 +263,7 @@ class CassandraCheckpointStore(CheckpointStore):
         # records, ``encode_turn_items``).
         self._insert_checkpoint = self._prepare_lwt(
             f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, {CHECKPOINT_COLUMNS}, "
-            f"items) VALUES (?, ?, 'checkpoint', ?, {', '.join('?' * 21)}) IF NOT EXISTS"
+            f"items) VALUES (?, ?, 'checkpoint', ?, {', '.join('?' * 23)}) IF NOT EXISTS"
         )
         self._insert_idempotency = self._prepare_lwt(
             f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, response_id, "

@@ -36,7 +36,8 @@ CHECKPOINT_COLUMNS = (
     "response_id, seq, mode, parent_response_id, previous_response_id, idempotency_key, "
     "request_digest, certification, fingerprint_hash, token_artifact, router_receipt, "
     "boundary_proof, artifact_expires_at, logical_expires_at, promoted_at, first_item_seq, "
-    "last_item_seq, items_digest, attempt_token, lineage_digest"
+    "last_item_seq, items_digest, attempt_token, lineage_digest, accepted_attempt, "
+    "accepted_effect_ids"
 )
 # The fields of one item record in a turn row's ``items`` cell, in order (see
 # ``encode_turn_items``).
@@ -257,6 +258,10 @@ def checkpoint_values(checkpoint: CheckpointRecord, token: uuid.UUID) -> tuple[A
         checkpoint.items_digest,
         token,
         checkpoint.lineage_digest,
+        checkpoint.accepted_attempt,
+        # An empty list is a null cell to Cassandra: unset here, () again when read
+        # beside an accepted_attempt (``_decode_checkpoint``).
+        list(checkpoint.accepted_effect_ids or ()) or None,
     )
 
 
@@ -322,6 +327,8 @@ def _decode_checkpoint(
         last_item_seq,
         digest,
         lineage,
+        accepted_attempt,
+        accepted_effect_ids,
     ) = values
     if seq is None or first_item_seq is None or last_item_seq is None:
         raise ValueError("checkpoint row without seq or item range")
@@ -352,6 +359,10 @@ def _decode_checkpoint(
             if logical_expires_at is None
             else _utc(logical_expires_at),
             "lineage_digest": lineage,
+            "accepted_attempt": accepted_attempt,
+            "accepted_effect_ids": None
+            if accepted_attempt is None
+            else tuple(accepted_effect_ids or ()),
         },
     )
 

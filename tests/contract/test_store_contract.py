@@ -138,6 +138,22 @@ class StoreContract:
         assert store.promote(retried) == Duplicate(first.checkpoint)
         assert store.head(tenant, conv).seq == 1
 
+    def test_a_checkpoint_keeps_the_attempt_and_effects_it_promoted(self, store, tenant):
+        # What a later retry by another attempt is answered with and orphans against.
+        conv = uid("conv")
+        with_tools = dataclasses.replace(conversation_turn(tenant, conv, 0), attempt=2,
+                                         effect_ids=("eff_b", "eff_a"))
+        without = dataclasses.replace(conversation_turn(tenant, conv, 1), attempt=1)
+        for turn in (with_tools, without):
+            promoted = store.promote(turn).checkpoint
+            kept = (promoted.accepted_attempt, promoted.accepted_effect_ids)
+            assert kept == (turn.attempt, turn.effect_ids)
+            assert store.get_checkpoint(tenant, turn.response_id) == promoted
+            assert store.promote(turn) == Duplicate(promoted)
+        lineage = self.history(store, tenant, conversation_id=conv).lineage
+        assert [(c.accepted_attempt, c.accepted_effect_ids) for c in lineage] == [
+            (2, ("eff_b", "eff_a")), (1, ())]
+
     def test_same_key_other_digest_is_key_reused(self, store, tenant):
         conv = uid("conv")
         turn = conversation_turn(tenant, conv, 0)

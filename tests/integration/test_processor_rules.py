@@ -163,6 +163,31 @@ def test_retried_attempt_after_promotion_is_duplicate(rig):
     assert dup.reason is R.DUPLICATE and dup.existing_response_id == original.response_id
 
 
+def test_retry_by_another_attempt_keeps_the_promoted_attempt_and_its_effects(rig, cassandra):
+    # Attempt 1 made two tool calls and was promoted; its gateway lost the answer, and
+    # attempt 2 (same response id, key and digest) repeated only the first call.
+    c = conv()
+    same = {"conversation_id": c, "response_id": uid("resp"), "idempotency_key": uid("idem"),
+            "request_digest": "e" * 64, "now_ms": now_ms()}
+    first, first_effects = make_tool_loop_turn(rounds=2, **same)
+    retry, retry_effects = make_tool_loop_turn(rounds=1, attempt=2, **same)
+    # Then a cancelled request of the same Conversation, whose orphan comes after any
+    # orphan of the retry on the same partition: once it is seen, all of them were.
+    marker, marker_effects = make_tool_loop_turn(rounds=1, conversation_id=c,
+                                                 now_ms=now_ms(), **unique_ids({}))
+    rig.send(*first_effects, first, *retry_effects, retry, *marker_effects,
+             make_turn_cancelled(marker), marker)
+    rig.collector.wait(lambda: rig.collector.orphans(marker.response_id), 60, "the marker")
+    assert len(rig.collector.outcomes(first.response_id)) == 2
+    promoted, answer = rig.collector.outcomes(first.response_id)
+    assert (promoted.seq, promoted.attempt) == (1, 1)
+    assert (answer.seq, answer.attempt, answer.promoted_at) == (1, 1, promoted.promoted_at)
+    stored = cassandra[0].get_checkpoint(TENANT, first.response_id)
+    assert stored.accepted_attempt == 1
+    assert stored.accepted_effect_ids == tuple(e.effect_id for e in first_effects)
+    assert rig.collector.orphans(first.response_id) == []  # both effects are promoted
+
+
 def test_idempotency_key_reuse(rig):
     c = conv()
     original = turn(c, 0)

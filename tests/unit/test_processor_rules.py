@@ -7,12 +7,21 @@ integration tests.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import uuid
 
 import pytest
 
-from ratchet.domain.promotion import Accepted, Facts, Reject, ValidationVerdict, decide_turn
+from ratchet.domain.promotion import (
+    Accepted,
+    Facts,
+    Reject,
+    ValidationVerdict,
+    decide_turn,
+    orphaned_effects,
+    promotion_request,
+)
 from ratchet.samples import (
     NOW_MS,
     TENANT,
@@ -37,6 +46,7 @@ from services.ledger.base import LedgerUnavailable, ResponseState
 from services.ledger.memory import MemoryLedger
 from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
+from streams.outcomes import recorded_effect
 from streams.processor import PromotionProcessor
 from streams.records import DecodeFailed, RawRecord
 from streams.topics import Topics
@@ -334,6 +344,60 @@ def test_retried_tool_loop_reuses_effects_and_orphans_the_unused_ones(h):
     assert promoted.seq == 1
     assert [(o.effect_id, o.reason) for o in orphans] == [
         (stray.effect_id, OrphanReason.ATTEMPT_SUPERSEDED)]
+
+
+def _attempts(h, first_rounds: int, retry_rounds: int):
+    """A tool turn promoted as attempt 1, then the same request (response id, key and
+    digest) completed again by attempt 2 with ``retry_rounds`` rounds: what attempt 2
+    is answered with, and each attempt's effects."""
+    same = {"conversation_id": conv_id(), "response_id": f"resp_{uuid.uuid4().hex[:8]}",
+            "idempotency_key": f"idem_{uuid.uuid4().hex[:8]}", "request_digest": "d" * 64}
+    first, first_effects = make_tool_loop_turn(rounds=first_rounds, **same)
+    h.feed(*first_effects)
+    assert h.outcome(first).seq == 1
+    retry, retry_effects = make_tool_loop_turn(rounds=retry_rounds, attempt=2, **same)
+    h.feed(*retry_effects)
+    handled = h.processor.handle(h.record(retry))
+    promoted, orphans = handled.outbound[0].model, [o.model for o in handled.outbound[1:]]
+    return promoted, orphans, first_effects, retry_effects
+
+
+def test_a_retry_by_another_attempt_orphans_nothing_the_promoted_turn_used(h):
+    # Attempt 1 used two effects; attempt 2 repeated the first call only. The history
+    # holds attempt 1's turn: neither of its effects may be compensated.
+    promoted, orphans, first_effects, _ = _attempts(h, first_rounds=2, retry_rounds=1)
+    assert (promoted.seq, promoted.attempt) == (1, 1)  # the promotion that stands
+    assert orphans == []
+    assert h.ledger.effects_for(TENANT, first_effects[0].idempotency_key)
+
+
+def test_a_retry_by_another_attempt_orphans_the_effects_only_it_used(h):
+    # Attempt 2 ran one more call than the promoted attempt 1: that effect is in no
+    # promoted history, so it is orphaned for compensation.
+    promoted, orphans, first_effects, retry_effects = _attempts(h, first_rounds=1,
+                                                                retry_rounds=2)
+    assert (promoted.seq, promoted.attempt) == (1, 1)
+    extra = {e.effect_id for e in retry_effects} - {e.effect_id for e in first_effects}
+    assert len(extra) == 1
+    assert [(o.effect_id, o.reason) for o in orphans] == [
+        (extra.pop(), OrphanReason.ATTEMPT_SUPERSEDED)]
+
+
+def test_a_replay_of_a_checkpoint_without_its_effects_orphans_nothing():
+    # A row promoted before migration 012 does not say which effects its turn used:
+    # nothing can be shown unused, so nothing is compensated.
+    t, effects = make_tool_loop_turn(rounds=2, conversation_id=conv_id())
+    other_attempt, _ = make_tool_loop_turn(rounds=1, response_id=t.response_id,
+                                           idempotency_key=t.idempotency_key)
+    store = MemoryCheckpointStore(StoreOptions())
+    promoted = store.promote(promotion_request(t, Certification.CERTIFIED)).checkpoint
+    old_row = dataclasses.replace(promoted, accepted_attempt=None, accepted_effect_ids=None)
+    recorded = [recorded_effect(e) for e in effects]
+    assert orphaned_effects(other_attempt, Accepted(old_row, replayed=True), recorded) == []
+    fresh = orphaned_effects(other_attempt, Accepted(promoted, replayed=True), recorded)
+    assert fresh == []  # both effects are the promoted turn's
+    assert [o.effect.effect_id for o in orphaned_effects(
+        other_attempt, Accepted(promoted), recorded)] == [effects[1].effect_id]
 
 
 def test_cancelled_request_orphans_all_its_effects(h):
