@@ -22,6 +22,7 @@ from typing import Any
 
 import fastavro
 
+from ratchet.domain.claims import effect_id_for_claim
 from ratchet.domain.fingerprint import (
     build_fingerprint,
     canonical_fingerprint,
@@ -48,6 +49,7 @@ from schemas.models import (
     TurnCompleted,
     record_name,
 )
+from services.gateway.events import arguments_digest_of
 
 VECTOR_DIR = Path(__file__).resolve().parents[1] / "docs" / "vectors"
 PARTITIONS = 12  # the default RATCHET_PARTITIONS; "crc32" lets a reader use any count
@@ -253,6 +255,24 @@ def partition_key_vectors() -> dict[str, Any]:
 EFFECT_CASES = [("idem_7f3a", 0, "call_1"), ("idem_7f3a", 1, "call_1"),
                 ("idem_7f3a", 0, "call_2"), ("clé-€", 2, "call_ü")]
 ARGUMENTS = ['{"city":"Zürich"}', '{ "units": "metric", "city": "Paris" }', "{}"]
+CLAIM_CASES = [("idem_7f3a", 0, "get_weather", 0), ("idem_7f3a", 0, "get_weather", 1),
+               ("idem_7f3a", 2, "shell", 0), ("clé-€", 1, "send_émail", 3)]
+# Call items as a gateway holds them: which field is digested, and how a value that
+# is not a JSON object text becomes one.
+CALLS = [
+    {"type": "function_call", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+    {"type": "function_call", "name": "get_weather", "arguments": "[1, 2]"},
+    {"type": "function_call", "name": "get_weather", "arguments": "42"},
+    {"type": "function_call", "name": "get_weather", "arguments": "not json"},
+    {"type": "function_call", "name": "get_weather", "arguments": ""},
+    {"type": "function_call", "name": "get_weather"},
+    {"type": "custom_tool_call", "name": "grep", "input": "TODO"},
+    {"type": "computer_call", "action": {"type": "click", "x": 10, "y": 20}},
+    {"type": "local_shell_call", "action": {"type": "exec", "command": ["ls", "-l"]}},
+    {"type": "shell_call", "action": '{"commands":["pwd"]}'},
+    {"type": "apply_patch_call", "operation": {"type": "update_file", "path": "a.txt"}},
+    {"type": "mcp_call", "name": "lookup", "arguments": '{"q":"ratchet"}'},
+]
 REQUESTS = [
     {"model": "openai/gpt-oss-20b", "input": [{"role": "user", "content": "hi"}],
      "conversation": "conv_1", "store": True},
@@ -274,6 +294,21 @@ def effect_vectors() -> dict[str, Any]:
         "arguments_digests": [{"arguments": text,
                                "arguments_digest": arguments_digest(json.loads(text))}
                               for text in ARGUMENTS],
+        "about_claimed": "a claimed effect's effect_id = 'eff_' + first 32 hex chars of "
+                         "sha256(canonical JSON of ['claim', idempotency_key, "
+                         "subturn_index, tool_name, occurrence]).",
+        "claimed_effect_ids": [
+            {"idempotency_key": key, "subturn_index": index, "tool_name": tool,
+             "occurrence": occurrence,
+             "canonical": canonical_json(["claim", key, index, tool, occurrence]).decode(),
+             "effect_id": effect_id_for_claim(key, index, tool, occurrence)}
+            for key, index, tool, occurrence in CLAIM_CASES],
+        "about_calls": "arguments_digest of a call item: the field its type names "
+                       "(input, action, operation, else arguments), parsed if JSON text; "
+                       "a non-object value becomes {'__value__': v}, text that is not "
+                       "JSON {'__raw__': text}, a missing or empty one {}.",
+        "call_arguments_digests": [{"call": call, "arguments_digest": arguments_digest_of(call)}
+                                   for call in CALLS],
     }
 
 

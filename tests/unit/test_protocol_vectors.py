@@ -17,6 +17,7 @@ from typing import Any
 import fastavro
 import pytest
 
+from ratchet.domain.claims import effect_id_for_claim
 from ratchet.domain.fingerprint import (
     canonical_fingerprint,
     digest_cache_salt,
@@ -31,7 +32,7 @@ from schemas import avsc
 from schemas.canonical import canonical_digest, canonical_json
 from schemas.items import arguments_digest, effect_id_for
 from schemas.models import MODELS_BY_RECORD, Certification, Fingerprint, Item, TurnCancelled
-from services.gateway.events import request_digest, to_item
+from services.gateway.events import arguments_digest_of, request_digest, to_item
 from tests import vectors
 
 VECTOR_DIR = Path(__file__).resolve().parents[2] / "docs" / "vectors"
@@ -154,6 +155,21 @@ def test_effect_id(case):
 @pytest.mark.parametrize("case", EFFECTS["arguments_digests"])
 def test_arguments_digest(case):
     assert arguments_digest(json.loads(case["arguments"])) == case["arguments_digest"]
+
+
+@pytest.mark.parametrize("case", EFFECTS["claimed_effect_ids"],
+                         ids=ids(EFFECTS["claimed_effect_ids"], "effect_id"))
+def test_claimed_effect_id(case):
+    parts = ["claim", case["idempotency_key"], case["subturn_index"], case["tool_name"],
+             case["occurrence"]]
+    assert canonical_json(parts).decode() == case["canonical"]
+    assert effect_id_for_claim(*parts[1:]) == case["effect_id"]
+    assert case["effect_id"] == "eff_" + hashlib.sha256(case["canonical"].encode()).hexdigest()[:32]
+
+
+@pytest.mark.parametrize("case", EFFECTS["call_arguments_digests"])
+def test_call_arguments_digest(case):
+    assert arguments_digest_of(case["call"]) == case["arguments_digest"]
 
 
 REQUESTS = cases("request-digests.json")
