@@ -34,9 +34,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 from ratchet.domain import promotion
-from ratchet.domain.history import CheckpointRecord, Head, HistoryFailure, PromotionMode
+from ratchet.domain.history import (
+    CheckpointRecord,
+    Head,
+    HistoryFailure,
+    HistoryFailureReason,
+    PromotionMode,
+    VerifiedHistory,
+)
 from ratchet.domain.plan import FactsChanged, LineageChanged, ParentMissing, ResponseClaim
 from ratchet.domain.promotion import (
     Accepted,
@@ -55,6 +63,7 @@ from schemas.errors import Unavailable
 from schemas.keys import MissingChainRoot, partition_key
 from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import (
+    Certification,
     DeadLetter,
     DeadLetterReason,
     RejectionReason,
@@ -100,6 +109,8 @@ LOOP_MAX_RECORD_BYTES = 256 * 1024
 _NO_FACTS = TurnFacts(decision=None, effects=(), cancellation=None, conversation_owner=None)
 # The facts mark is not known yet: read it before the facts.
 _UNKNOWN = object()
+# A lineage read "as of" this moment sees every stored turn as unexpired (pairing only).
+_BEFORE_ANY_EXPIRY = datetime.fromtimestamp(0, UTC)
 
 
 def lane_name(record: RawRecord) -> str:
@@ -344,18 +355,31 @@ class PromotionProcessor:
             conversation_id=conversation if owner is None else None)
         if owner is not None:
             facts = replace(facts, conversation_owner=owner)
-        if facts.cancellation is not None and self._cancelled_after_promotion(facts.cancellation):
+        if (facts.cancellation is not None
+                and self._cancelled_after_promotion(turn, facts.cancellation)):
             facts = replace(facts, cancellation=None)
         return facts, mark
 
-    def _cancelled_after_promotion(self, cancel: Cancellation) -> bool:
-        """A cancellation of a response that is promoted (under the same request) came
-        after its promotion, since one that came before would have prevented it
-        (CONTRACT 4): it changes nothing, so later retries of the request still get
-        DUPLICATE / IDEMPOTENCY_KEY_REUSED naming the promoted response. Asked only when
-        a cancellation exists (rare)."""
+    def _cancelled_after_promotion(self, turn: TurnCompleted, cancel: Cancellation) -> bool:
+        """A cancellation of a request that stands promoted came after its promotion,
+        since one that came before would have prevented it (CONTRACT 4): it changes
+        nothing, whichever attempt's response id it names, so later retries of the
+        request still get DUPLICATE / IDEMPOTENCY_KEY_REUSED naming the promoted
+        response. Asked only when a cancellation exists (rare)."""
         promoted = self.store.get_checkpoint(cancel.tenant_id, cancel.response_id)
-        return promoted is not None and promoted.idempotency_key == cancel.idempotency_key
+        if promoted is not None and promoted.idempotency_key == cancel.idempotency_key:
+            return True
+        return self._promoted_request(turn) is not None
+
+    def _promoted_request(self, turn: TurnCompleted) -> CheckpointRecord | None:
+        """The checkpoint promoted under the turn's idempotency key in its partition (by
+        any attempt, under any response id), or None; None also for a turn the store
+        could not take at all (its rejection says why)."""
+        try:
+            request = promotion.promotion_request(turn, Certification.LOGICAL_ONLY)
+            return self.store.promoted_request(request)
+        except (InvalidPromotion, MissingChainRoot, ValueError):
+            return None
 
     def _on_too_large_turn(self, turn: TurnCompleted, size: int) -> Handled:
         """A turn whose event is above the protocol's maximum (a gateway that did not
@@ -490,14 +514,12 @@ class PromotionProcessor:
         start = starts_lineage(turn)
         if start is not None:
             return start
-        if turn.conversation_id is not None:
-            found = self.store.read_history(turn.tenant_id, conversation_id=turn.conversation_id)
-        else:
-            # The partition the parent must be in (the store checks it there): also
-            # saves the location lookup.
-            found = self.store.read_history(turn.tenant_id,
-                                            response_id=turn.previous_response_id,
-                                            partition_key=partition_key(turn))
+        found = self._read_lineage_history(turn, now=None)
+        if isinstance(found, HistoryFailure) and found.reason is HistoryFailureReason.EXPIRED:
+            # An expired lineage may still be extended (its descendant renews it,
+            # docs/decisions.md) and its items are still stored: the turn's pairing is
+            # checked against all of them, or the new history could repeat a call id.
+            found = self._read_lineage_history(turn, now=_BEFORE_ANY_EXPIRY)
         # No readable history: the store's ordering checks decide (CONFLICT, OUT_OF_ORDER,
         # PARENT_NOT_PROMOTED); pairing has nothing to continue.
         if isinstance(found, HistoryFailure):
@@ -507,6 +529,16 @@ class PromotionProcessor:
             # What was read is a fact about that response's lineage, whoever promoted it.
             self.tails.learn(Tail(slim(found.checkpoint), pairing))
         return Lineage(pairing, found.checkpoint)
+
+    def _read_lineage_history(self, turn: TurnCompleted,
+                              now: datetime | None) -> VerifiedHistory | HistoryFailure:
+        if turn.conversation_id is not None:
+            return self.store.read_history(turn.tenant_id, conversation_id=turn.conversation_id,
+                                           now=now)
+        # The partition the parent must be in (the store checks it there): also saves the
+        # location lookup.
+        return self.store.read_history(turn.tenant_id, response_id=turn.previous_response_id,
+                                       partition_key=partition_key(turn), now=now)
 
     def _promote(self, turn: TurnCompleted, decided: Promote, lineage: Lineage,
                  mark: str | None, claiming: Callable[[], ResponseClaim] | None = None,
@@ -578,8 +610,15 @@ class PromotionProcessor:
         else:
             out = [Outbound(self.topics.rejections, key, rejected_event(turn, partition, verdict))]
             kind = "rejected"
+        # A rejected attempt of a request that stands promoted must never orphan what
+        # the promoted turn used: read the promotion, only when there is something to
+        # orphan (rejections with effects or claims are rare).
+        promoted = (self._promoted_request(turn)
+                    if isinstance(verdict, Reject) and (facts.effects or facts.claims)
+                    else None)
         # claims hook (issue 17): a claim of an attempt not accepted is orphaned too
-        for orphan in promotion.orphaned_effects(turn, verdict, facts.effects, facts.claims):
+        for orphan in promotion.orphaned_effects(turn, verdict, facts.effects, facts.claims,
+                                                 promoted):
             out.append(Outbound(self.topics.orphaned_effects, key,
                                 orphaned_event(turn, partition, orphan)))
         return Handled(tuple(out), kind)

@@ -260,7 +260,7 @@ def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> R
             return Reject(R.DUPLICATE_TOOL_EFFECT, f"tool effect {effect_id} was recorded "
                           "twice with different outputs")
         if claim is not None:
-            rejection = _claimed_effect_rule(turn, claim, outputs)
+            rejection = _claimed_effect_rule(turn, claim, effect, outputs, outputs_by_call)
             if rejection is not None:
                 return rejection
             continue
@@ -279,11 +279,27 @@ def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> R
 
 
 def _claimed_effect_rule(turn: TurnCompleted, claim: ClaimRecord,
-                         outputs: Sequence[Item]) -> Reject | None:
+                         effect: RecordedEffect | None, outputs: Sequence[Item],
+                         outputs_by_call: dict[str | None, Item]) -> Reject | None:
+    """A claimed effect: completed; a ``ToolEffect`` of its id records the same output
+    (the same execution recorded twice); and the turn carries its result. The output
+    answering the claim's own call must be that result (two claims' results swapped
+    between their calls are refused); only when no output answers that call (a retry
+    whose calls got new call ids) may any output carry it."""
     if not claim.completed or claim.output is None:
         return Reject(R.MISSING_TOOL_EFFECT, f"claimed effect {claim.effect_id} (attempt "
                       f"{claim.attempt}) has no recorded outcome")
+    if effect is not None and effect.output_digest != claim.output.content_digest:
+        return Reject(R.DUPLICATE_TOOL_EFFECT, f"tool effect {claim.effect_id} was recorded "
+                      "with another output than its claim's completion")
     wanted = result_digest(claim.output)
+    own = outputs_by_call.get(claim.call_id)
+    if own is not None:
+        if _result_or_none(own) != wanted:
+            return Reject(R.DUPLICATE_TOOL_EFFECT, f"{own.type} for call {claim.call_id} "
+                          f"differs from the recorded outcome of claimed effect "
+                          f"{claim.effect_id}")
+        return None
     if not any(_result_or_none(o) == wanted for o in outputs):
         return Reject(R.DUPLICATE_TOOL_EFFECT, f"turn carries no output equal to the "
                       f"recorded outcome of claimed effect {claim.effect_id} for request "
@@ -417,20 +433,27 @@ def _accepted_effect_ids(turn: TurnCompleted, verdict: Accepted) -> set[str] | N
 
 def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
                      effects: Iterable[RecordedEffect],
-                     claims: Iterable[ClaimRecord] = ()) -> list[Orphan]:
+                     claims: Iterable[ClaimRecord] = (),
+                     promoted: CheckpointRecord | None = None) -> list[Orphan]:
     """Recorded or claimed effects that no accepted turn uses, to publish as
     ``EffectOrphaned`` for compensation once the verdict is known.
 
     A claim without a ``ToolEffect`` of its id counts as an effect of its holder's
     attempt; ``completed`` says whether its outcome was recorded (an uncompleted claim
-    may or may not have run). Then:
+    may or may not have run). ``promoted``: for a rejected turn, the checkpoint its
+    request (idempotency key) stands promoted with, by another attempt or response id,
+    if any. Then:
 
     * accepted: every effect recorded for the request that the accepted turn does
       not use (earlier attempts' leftovers) -> ``ATTEMPT_SUPERSEDED``. When the
       promotion was already stored (a redelivery, or a retry by another attempt), the
       accepted turn is the stored one, not this event's (``_accepted_effect_ids``);
+    * rejected while the request stands promoted: an effect the promoted turn used is
+      never orphaned (if its checkpoint does not say which it used, nothing is);
+      ``DUPLICATE`` (a retry under another response id) orphans every other effect of
+      the request -> ``ATTEMPT_SUPERSEDED``, as a retry answered with the promotion
+      does; other rejections orphan what this attempt used or recorded, as below;
     * cancelled: every effect recorded for the request -> ``TURN_CANCELLED``;
-    * ``DUPLICATE``: nothing (the accepted original already settled its effects);
     * any other rejection: the effects this attempt used or recorded ->
       ``TURN_NOT_PROMOTABLE`` (failed/in-progress status), ``EFFECT_CONFLICT``
       (conflicted effects) or ``TURN_REJECTED``.
@@ -453,12 +476,22 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
             return []
         return [orphan(e, OrphanReason.ATTEMPT_SUPERSEDED) for e in all_effects
                 if e.effect_id not in used]
+    protected: set[str] = set()
+    if promoted is not None:
+        if promoted.accepted_effect_ids is None:
+            return []  # promoted before migration 012: nothing can be shown unused
+        protected = set(promoted.accepted_effect_ids)
     if verdict.reason is R.DUPLICATE:
-        return []
+        if promoted is None:
+            return []  # the original's promotion could not be read: orphan nothing
+        return [orphan(e, OrphanReason.ATTEMPT_SUPERSEDED) for e in all_effects
+                if e.effect_id not in protected]
     if verdict.reason is R.CANCELLED:
-        return [orphan(e, OrphanReason.TURN_CANCELLED, R.CANCELLED) for e in all_effects]
+        return [orphan(e, OrphanReason.TURN_CANCELLED, R.CANCELLED) for e in all_effects
+                if e.effect_id not in protected]
     used = set(used_effect_ids(turn))
-    mine = [e for e in all_effects if e.effect_id in used or e.attempt == turn.attempt]
+    mine = [e for e in all_effects if (e.effect_id in used or e.attempt == turn.attempt)
+            and e.effect_id not in protected]
     return [orphan(e, _rejected_orphan_reason(e, verdict), verdict.reason, verdict.detail)
             for e in mine]
 

@@ -576,6 +576,15 @@ class CheckpointStore(ABC):
     def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         """The promoted checkpoint of a response, or None (also for another tenant)."""
 
+    def promoted_request(self, request: PromotionRequest) -> CheckpointRecord | None:
+        """The checkpoint promoted under the request's idempotency key in its partition
+        (by whichever attempt or response id), or None: read at linearizable
+        consistency, like a promotion's view. Asked on the rare paths that must know
+        whether the request stands promoted (a cancellation that came after its
+        promotion; effects a rejected attempt must not orphan)."""
+        validate_request(request)
+        return self._read_view(request).original
+
     # -- request facts marks ------------------------------------------------------------
 
     def mark_request_facts(self, tenant_id: str, partition_key: str, idempotency_key: str) -> str:

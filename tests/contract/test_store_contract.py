@@ -319,6 +319,20 @@ class StoreContract:
         elsewhere = conversation_turn(tenant, uid("conv"), 0, response_id=stale.response_id)
         assert store.promote(elsewhere) == ResponseClaimed(ResponseClaim.of(again))
 
+    def test_promoted_request_finds_the_keys_promotion_under_any_response_id(self, store,
+                                                                            tenant):
+        conv = uid("conv")
+        first = conversation_turn(tenant, conv, 0)
+        assert store.promoted_request(first) is None  # nothing promoted yet
+        promoted = store.promote(first).checkpoint
+        retry = dataclasses.replace(first, response_id=uid("resp"), attempt=2)
+        assert store.promoted_request(retry) == promoted
+        other_key = dataclasses.replace(retry, idempotency_key=uid("idem"))
+        assert store.promoted_request(other_key) is None
+        elsewhere = dataclasses.replace(retry, partition_key=uid("conv"))
+        assert store.promoted_request(elsewhere) is None  # per partition, like the view
+        assert store.promoted_request(dataclasses.replace(retry, tenant_id=uid("t"))) is None
+
     def test_logical_only_turn(self, store, tenant):
         conv = uid("conv")
         store.promote(conversation_turn(tenant, conv, 0, certified=False))

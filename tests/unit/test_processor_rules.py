@@ -10,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 
+from ratchet.domain.claims import ClaimRequest, EffectPolicy, effect_id_for_claim
 from ratchet.domain.promotion import (
     Accepted,
     Facts,
@@ -33,7 +35,13 @@ from ratchet.samples import (
     tampered,
 )
 from schemas.errors import Unavailable
-from schemas.items import function_call, function_call_output, make_item, message
+from schemas.items import (
+    arguments_digest,
+    function_call,
+    function_call_output,
+    make_item,
+    message,
+)
 from schemas.models import (
     Certification,
     DeadLetterReason,
@@ -400,12 +408,167 @@ def test_a_replay_of_a_checkpoint_without_its_effects_orphans_nothing():
         other_attempt, Accepted(promoted), recorded)] == [effects[1].effect_id]
 
 
+def _another_attempt(first, **changes):
+    """``first``'s request (same key and digest) completed again by attempt 2 under
+    another response id."""
+    return first.model_copy(update={"event_id": str(uuid.uuid4()),
+                                    "response_id": new_id("resp"), "attempt": 2, **changes})
+
+
+def test_a_duplicate_orphans_the_effects_only_its_attempt_ran(h):
+    # Attempt 2 under another response id ran its calls after attempt 1 was promoted:
+    # DUPLICATE, and its effects are in no promoted history.
+    conv = conv_id()
+    first, first_effects = make_tool_loop_turn(rounds=1, conversation_id=conv)
+    h.feed(*first_effects)
+    assert h.outcome(first).seq == 1
+    retry, retry_effects = make_tool_loop_turn(
+        rounds=2, conversation_id=conv, idempotency_key=first.idempotency_key,
+        request_digest=first.request_digest, attempt=2)
+    h.feed(*retry_effects)
+    handled = h.processor.handle(h.record(retry))
+    rejected = handled.outbound[0].model
+    assert (rejected.reason, rejected.existing_response_id) == (R.DUPLICATE,
+                                                                 first.response_id)
+    extra = {e.effect_id for e in retry_effects} - {e.effect_id for e in first_effects}
+    assert extra
+    assert [(o.model.effect_id, o.model.reason) for o in handled.outbound[1:]] == [
+        (effect_id, OrphanReason.ATTEMPT_SUPERSEDED) for effect_id in sorted(extra)]
+
+
+def test_a_cancel_naming_a_retry_after_the_promotion_changes_nothing(h):
+    # The request was promoted by attempt 1; a cancellation naming attempt 2's response
+    # id came after it: attempt 2 is DUPLICATE (its status names the original) and the
+    # promoted turn's effects are not compensated.
+    first, effects = make_tool_loop_turn(rounds=1, conversation_id=conv_id())
+    h.feed(*effects)
+    assert h.outcome(first).seq == 1
+    retry = _another_attempt(first)
+    h.feed(make_turn_cancelled(retry))
+    handled = h.processor.handle(h.record(retry))
+    rejected = handled.outbound[0].model
+    assert (rejected.reason, rejected.existing_response_id) == (R.DUPLICATE,
+                                                                 first.response_id)
+    assert handled.outbound[1:] == ()
+    status = h.ledger.status(TENANT, retry.response_id)
+    assert (status.reason, status.existing_response_id) == ("DUPLICATE", first.response_id)
+
+
+def test_a_reused_key_never_orphans_the_promoted_requests_effects(h):
+    conv = conv_id()
+    first, effects = make_tool_loop_turn(rounds=2, conversation_id=conv)
+    h.feed(*effects)
+    assert h.outcome(first).seq == 1
+    other = turn(conv, 1, idempotency_key=first.idempotency_key, request_digest="f" * 64)
+    handled = h.processor.handle(h.record(other))
+    assert handled.outbound[0].model.reason is R.IDEMPOTENCY_KEY_REUSED
+    assert handled.outbound[1:] == ()
+
+
+def test_a_failed_retry_never_orphans_what_the_promoted_attempt_used(h):
+    # Effect ids are stable across retries: attempt 2 ran the same call, then failed.
+    first, effects = make_tool_loop_turn(rounds=1, conversation_id=conv_id())
+    h.feed(*effects)
+    assert h.outcome(first).seq == 1
+    failed = _another_attempt(first, status=TurnStatus.FAILED, token_artifact=None,
+                              boundary_proof=None)
+    handled = h.processor.handle(h.record(failed))
+    assert handled.outbound[0].model.reason is R.NOT_PROMOTABLE_STATUS
+    assert handled.outbound[1:] == ()
+
+
+def _completed_claim(h, key: str, conversation: str, call_id: str, output, occurrence: int):
+    """A claim of this request's call ``call_id``, completed with ``output``."""
+    effect_id = effect_id_for_claim(key, 0, "send_email", occurrence)
+    request = ClaimRequest(TENANT, key, effect_id, 1, 0, call_id, "send_email",
+                           arguments_digest({"to": call_id}), uuid.uuid4().hex, 30_000,
+                           EffectPolicy.AT_MOST_ONCE)
+    h.ledger.claim_effect(request, NOW_MS)
+    h.ledger.complete_claim(TENANT, key, effect_id, request.token, "succeeded", output, NOW_MS)
+    h.store.mark_request_facts(TENANT, conversation, key)
+    return effect_id
+
+
+def test_claimed_results_swapped_between_their_calls_are_refused(h):
+    conv, key = conv_id(), new_id("idem")
+    sent_a = function_call_output("ca", '{"sent": "A"}', item_id="fco_a")
+    sent_b = function_call_output("cb", '{"sent": "B"}', item_id="fco_b")
+    effect_a = _completed_claim(h, key, conv, "ca", sent_a, occurrence=0)
+    effect_b = _completed_claim(h, key, conv, "cb", sent_b, occurrence=1)
+    items = [function_call("ca", "send_email", {"to": "ca"}, item_id="fc_a"),
+             function_call("cb", "send_email", {"to": "cb"}, item_id="fc_b"),
+             function_call_output("ca", '{"sent": "B"}', item_id="fco_a"),  # B's result
+             function_call_output("cb", '{"sent": "A"}', item_id="fco_b"),  # A's result
+             message("done", role="assistant", item_id=new_id("msg"))]
+    swapped = turn(conv, 0, items=items, idempotency_key=key,
+                   tool_effect_ids=(effect_a, effect_b))
+    rejected = h.outcome(swapped)
+    assert rejected.reason is R.DUPLICATE_TOOL_EFFECT
+    assert "for call ca differs" in rejected.detail
+    # the same outputs, each answering its own call, promote
+    right = turn(conv, 0, items=[*items[:2], sent_a, sent_b, items[4]],
+                 idempotency_key=new_id("idem"), tool_effect_ids=())
+    assert h.outcome(right).seq == 1
+
+
+def test_a_tool_effect_disagreeing_with_its_claims_completion_is_an_effect_conflict(h):
+    conv, key = conv_id(), new_id("idem")
+    recorded = function_call_output("c1", '{"sent": 1}', item_id="fco_1")
+    effect_id = _completed_claim(h, key, conv, "c1", recorded, occurrence=0)
+    other = function_call_output("c1", '{"sent": 2}', item_id="fco_1")
+    h.feed(make_tool_effect("c1", other, idempotency_key=key, conversation_id=conv,
+                            effect_id=effect_id, tool_name="send_email"))
+    items = [function_call("c1", "send_email", {"to": "c1"}, item_id="fc_1"), recorded,
+             message("done", role="assistant", item_id=new_id("msg"))]
+    rejected = h.outcome(turn(conv, 0, items=items, idempotency_key=key,
+                              tool_effect_ids=(effect_id,)))
+    assert rejected.reason is R.DUPLICATE_TOOL_EFFECT
+    assert "another output than its claim" in rejected.detail
+
+
 def test_cancelled_request_orphans_all_its_effects(h):
     t, effects = make_tool_loop_turn(rounds=2, conversation_id=conv_id())
     h.feed(*effects, make_turn_cancelled(t))
     orphans = h.orphans(t)
     assert {o.effect_id for o in orphans} == {e.effect_id for e in effects}
     assert {o.reason for o in orphans} == {OrphanReason.TURN_CANCELLED}
+
+
+def _tool_round(call_id: str) -> list:
+    return [function_call(call_id, "get_weather", {"city": "Paris"}, item_id=new_id("fc")),
+            function_call_output(call_id, '{"t": 1}', item_id=new_id("fco")),
+            message("ok", role="assistant", item_id=new_id("msg"))]
+
+
+@pytest.mark.parametrize("mode", ["chain", "conversation"])
+def test_a_turn_on_an_expired_lineage_is_paired_against_all_of_it(mode):
+    # The parent's history is past its expiry when the child comes: the child may still
+    # extend it (and renew it), but not repeat one of its call ids.
+    clock = {"now": NOW_MS}
+    h = Harness()
+    h.store = MemoryCheckpointStore(StoreOptions(
+        clock=lambda: datetime.fromtimestamp(clock["now"] / 1000, UTC)))
+    h.processor = PromotionProcessor(h.store, h.ledger, PickleCodec(), TOPICS,
+                                     clock_ms=lambda: clock["now"])
+    if mode == "chain":
+        parent = chain_turn(None, None, items=_tool_round("c1"), certified=False,
+                            expires_at=NOW_MS + 1000)
+    else:
+        conv = conv_id()
+        parent = turn(conv, 0, items=_tool_round("c1"), certified=False,
+                      expires_at=NOW_MS + 1000)
+    assert h.outcome(parent).seq == 1
+    clock["now"] = NOW_MS + 5000
+
+    def child(call_id: str):
+        if mode == "chain":
+            return chain_turn(parent.response_id, parent.response_id,
+                              items=_tool_round(call_id), certified=False, now_ms=clock["now"])
+        return turn(conv, 1, items=_tool_round(call_id), certified=False, now_ms=clock["now"])
+
+    rejected = h.outcome(child("c1"))
+    assert rejected.reason is R.UNPAIRED_TOOL_CALL
+    assert h.outcome(child("c2")).seq == 2
 
 
 # --- chains, forks, tenants ---------------------------------------------------------------------
