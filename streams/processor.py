@@ -45,7 +45,13 @@ from ratchet.domain.history import (
     PromotionMode,
     VerifiedHistory,
 )
-from ratchet.domain.plan import FactsChanged, LineageChanged, ParentMissing, ResponseClaim
+from ratchet.domain.plan import (
+    FactsChanged,
+    LineageChanged,
+    ParentMissing,
+    RequestHeld,
+    ResponseClaim,
+)
 from ratchet.domain.promotion import (
     Accepted,
     Facts,
@@ -76,6 +82,7 @@ from services.ledger.base import (
     Decision,
     EffectWrite,
     Ledger,
+    ResponseState,
     TurnFacts,
 )
 from services.store.base import (
@@ -202,7 +209,8 @@ class PromotionProcessor:
 
         Taken only when no read but the owner's is needed: the record decodes without
         the registry and is at most ``LOOP_MAX_RECORD_BYTES``; it is a promotable
-        ``TurnCompleted`` that uses no tool effects; this worker wrote no facts mark for
+        ``TurnCompleted`` that uses no tool effects and is not a chain's first response
+        (which claims its request too, ``CheckpointStore.promote``); this worker wrote no facts mark for
         its request; the lineage it extends is in the tail cache (or it starts one). It
         awaits the claim, the promotion batch of the plan the hints give (asserting no
         facts mark) and the owners. Any other answer (a rejection, a refused or unknown
@@ -215,6 +223,8 @@ class PromotionProcessor:
         if (not isinstance(turn, TurnCompleted) or turn.status not in PROMOTABLE_STATUSES
                 or promotion.used_effect_ids(turn)):
             return None
+        if turn.conversation_id is None and turn.previous_response_id is None:
+            return None  # a chain's first response also claims its request: the thread path
         key = partition_key(turn)
         if self.tails.facts_mark(turn.tenant_id, key, turn.idempotency_key) is not None:
             return None
@@ -569,10 +579,26 @@ class PromotionProcessor:
             if lineage.cached and turn.conversation_id is not None:
                 self.tails.forget_head(turn.tenant_id, turn.conversation_id)
             return None
+        if isinstance(outcome, RequestHeld):
+            return self._held_by_another_response(turn, outcome.holder)
         parent_owner = None
         if isinstance(outcome, ParentMissing):
             parent_owner = self.ledger.response_owner(outcome.previous_response_id)
         return promotion.interpret(turn, outcome, parent_owner)
+
+    def _held_by_another_response(self, turn: TurnCompleted, holder: ResponseClaim) -> Reject:
+        """A chain's first response whose request another first response holds, not
+        promoted: if that response was rejected, the request is bound to it and this
+        one is ``CONFLICT`` (a retry keeps its response id); undecided (its event still
+        in flight in its own partition), wait for it: retried, like a store outage."""
+        state = self.ledger.status(turn.tenant_id, holder.response_id).status
+        if state is ResponseState.REJECTED:
+            return Reject(RejectionReason.CONFLICT, f"request {turn.idempotency_key} is bound "
+                          f"to response {holder.response_id}, which was not promoted")
+        raise StoreUnavailable(
+            f"request {turn.idempotency_key} is held by response {holder.response_id} "
+            "(the first response of another chain), not decided yet", retryable=True,
+            operation="promote/request-claim")
 
     def _make_durable(self, turn: TurnCompleted, key: str, verdict: Verdict,
                       facts: TurnFacts) -> Verdict:

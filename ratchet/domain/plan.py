@@ -161,6 +161,27 @@ class ResponseClaimed:
 
 
 @dataclass(frozen=True)
+class RequestHeld:
+    """A chain's first response: its request (idempotency key) is held by another
+    response id, the first response of another chain, which is not promoted (yet).
+
+    A chain's first response is its own partition, so a retry of the request under
+    another response id lands in another partition than the first attempt, where the
+    partition's idempotency record cannot see it. Such requests are claimed once per
+    (tenant, idempotency key), like a response id (``CheckpointStore.promote``); the
+    holder promoted answers ``Duplicate`` / ``KeyReused``. Not promoted: the holder's
+    decision decides (``streams/processor.py``)."""
+
+    holder: ResponseClaim
+
+
+def starts_chain(request: PromotionRequest) -> bool:
+    """A chain's first response: the one kind of request whose retries under another
+    response id land in other partitions (each its own)."""
+    return request.mode is PromotionMode.CHAIN and request.previous_response_id is None
+
+
+@dataclass(frozen=True)
 class LineageChanged:
     """The turn would extend another response than the caller said it validated the
     turn against (``promote(..., extends=...)``); nothing was written.
@@ -205,6 +226,7 @@ PromotionOutcome = (
     | ParentMissing
     | ResponseExists
     | ResponseClaimed
+    | RequestHeld
     | TooLarge
     | LineageChanged
     | FactsChanged

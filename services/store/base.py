@@ -45,6 +45,8 @@ Backends implement ``_claim``, ``_read_view``, ``_write``, ``_load_partition``,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 import threading
 import uuid
@@ -66,19 +68,23 @@ from ratchet.domain.history import (
 )
 from ratchet.domain.plan import (
     CorruptPartition,
+    Duplicate,
     FactsChanged,
+    KeyReused,
     LineageChanged,
     Plan,
     Promoted,
     PromotionOutcome,
     PromotionRequest,
     PromotionView,
+    RequestHeld,
     ResponseClaim,
     ResponseClaimed,
     TooLarge,
     build_checkpoint,
     plan_from_hints,
     plan_promotion,
+    starts_chain,
 )
 from ratchet.lru import Lru
 from schemas.errors import Unavailable
@@ -340,8 +346,12 @@ class CheckpointStore(ABC):
                 holder = self._claim(mine)
             return holder == mine
 
+        request_held = functools.cache(lambda: self._request_held(request))
         plan = self._plan_from_hints(request, head_hint, parent_hint)
         if plan is not None and _extends(plan, extends) and claim_is_mine():
+            held = request_held()
+            if held is not None:
+                return held
             promoted = self._attempt(request, plan, facts_mark)
             if promoted is not None:
                 return promoted
@@ -358,6 +368,9 @@ class CheckpointStore(ABC):
             if not claim_is_mine():
                 assert holder is not None
                 return ResponseClaimed(holder)
+            held = request_held()
+            if held is not None:
+                return held
             promoted = self._attempt(request, decision, facts_mark)
             if promoted is not None:
                 return promoted
@@ -384,8 +397,8 @@ class CheckpointStore(ABC):
         calls ``promote``, which reads and decides (a write that did land is found
         there as this request's own promotion)."""
         validate_request(request)
-        if turn_size(request) > self.options.max_turn_bytes:
-            return None
+        if turn_size(request) > self.options.max_turn_bytes or starts_chain(request):
+            return None  # a chain's first response also claims its request: ``promote``
         plan = self._plan_from_hints(request, head_hint, parent_hint)
         if plan is None or not _extends(plan, extends):
             return None
@@ -575,6 +588,36 @@ class CheckpointStore(ABC):
     @abstractmethod
     def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         """The promoted checkpoint of a response, or None (also for another tenant)."""
+
+    def _request_held(
+        self, request: PromotionRequest
+    ) -> Duplicate | KeyReused | RequestHeld | None:
+        """None when the request may be written. A chain's first response claims its
+        request (tenant, idempotency key) before its first write, as it claims its
+        response id: a retry under another response id would land in another partition,
+        where no idempotency record can see the first attempt. Held by another response
+        id: that response's own partition says whether it stands promoted (``Duplicate``
+        or ``KeyReused``, as a partition's own record would), else ``RequestHeld``."""
+        if not starts_chain(request):
+            return None
+        mine = ResponseClaim.of(request)
+        holder = self._claim_request(mine)
+        if holder.response_id == request.response_id:
+            return None
+        at_holder = dataclasses.replace(request, partition_key=holder.partition_key,
+                                        response_id=holder.response_id)
+        original = self._read_view(at_holder).original
+        if original is None:
+            return RequestHeld(holder)
+        if original.request_digest == request.request_digest:
+            return Duplicate(original)
+        return KeyReused(original.request_digest, original.response_id)
+
+    @abstractmethod
+    def _claim_request(self, claim: ResponseClaim) -> ResponseClaim:
+        """Insert ``claim`` as the holder of its (tenant, idempotency key) unless the
+        key is held already (linearizable, first request wins, never released);
+        returns the holder (``claim`` itself when it is ours)."""
 
     def promoted_request(self, request: PromotionRequest) -> CheckpointRecord | None:
         """The checkpoint promoted under the request's idempotency key in its partition

@@ -116,6 +116,16 @@ _MAYBE_APPLIED = (
 _HISTORY_FETCH_SIZE = 5000
 
 
+# A claim row as both claims tables return it (the key columns come back with an
+# ``[applied]=false`` answer too).
+_CLAIM_COLUMNS = "response_id, partition_key, idempotency_key, request_digest"
+
+
+def _holder(tenant_id: str, found: dict[str, Any]) -> ResponseClaim:
+    return ResponseClaim(tenant_id, found["response_id"], found["partition_key"],
+                         found["idempotency_key"], found["request_digest"])
+
+
 def _unavailable(operation: str, exc: BaseException) -> StoreUnavailable:
     permanent = isinstance(exc, RequestValidationException)  # schema missing, CQL refused
     unconfigured = isinstance(exc, InvalidRequest) and "unconfigured table" in str(exc)
@@ -243,8 +253,19 @@ class CassandraCheckpointStore(CheckpointStore):
             "request_digest) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS"
         )
         self._select_claim_serial = self._prepare(
-            "SELECT partition_key, idempotency_key, request_digest FROM "
-            f"{claims} WHERE tenant_id = ? AND response_id = ?",
+            f"SELECT {_CLAIM_COLUMNS} FROM {claims} WHERE tenant_id = ? AND response_id = ?",
+            serial_consistency,
+        )
+        # A chain's first response also claims its request (tenant, idempotency key):
+        # the same claim, keyed by the key (base.py, ``_request_held``).
+        request_claims = f"{prefix}request_claims"
+        self._insert_request_claim = self._prepare_lwt(
+            f"INSERT INTO {request_claims} (tenant_id, idempotency_key, response_id, "
+            "partition_key, request_digest) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS"
+        )
+        self._select_request_claim_serial = self._prepare(
+            f"SELECT {_CLAIM_COLUMNS} FROM {request_claims} "
+            "WHERE tenant_id = ? AND idempotency_key = ?",
             serial_consistency,
         )
         self._advance_head = self._prepare_lwt(
@@ -515,51 +536,61 @@ class CassandraCheckpointStore(CheckpointStore):
             ),
         )
 
+    def _claim_request(self, claim: ResponseClaim) -> ResponseClaim:
+        values = (claim.tenant_id, claim.idempotency_key, claim.response_id,
+                  claim.partition_key, claim.request_digest)
+        return self._claim_holder(
+            claim,
+            lambda: self._session.execute(
+                self._insert_request_claim, values, timeout=self._timeout,
+                execution_profile=self._tuple_rows,
+            ),
+            serial=(self._select_request_claim_serial, (claim.tenant_id, claim.idempotency_key)),
+        )
+
     @staticmethod
     def _claim_values(claim: ResponseClaim) -> tuple[str, ...]:
         return (claim.tenant_id, claim.response_id, claim.partition_key,
                 claim.idempotency_key, claim.request_digest)
 
-    def _claim_holder(self, claim: ResponseClaim, result: Callable[[], Any]) -> ResponseClaim:
+    def _claim_holder(self, claim: ResponseClaim, result: Callable[[], Any],
+                      serial: tuple[Any, tuple[str, str]] | None = None) -> ResponseClaim:
         """The holder after the claim's LWT: ours if applied, else the row it found; an
-        unknown outcome is settled by a SERIAL read of the claim (never guessed)."""
+        unknown outcome is settled by a SERIAL read of the claim (never guessed).
+        ``serial``: the statement and key of that read (default: the response id's)."""
         try:
             rows = result()
         except _NOT_APPLIED as exc:
             raise _unavailable("promote/claim", exc) from exc
         except _MAYBE_APPLIED as exc:
-            return self._serial_claim(claim, exc)
+            return self._serial_claim(claim, exc, serial or (
+                self._select_claim_serial, (claim.tenant_id, claim.response_id)))
         if rows.was_applied:
             return claim
         # Plain tuples (a named-tuple row builds a class per result: 5 % of the worker's
         # CPU in a py-spy profile), read by the column names the answer carries.
         found = dict(zip(rows.column_names, rows.one(), strict=True))
-        return self._holder(claim, found["partition_key"], found["idempotency_key"],
-                            found["request_digest"])
+        return _holder(claim.tenant_id, found)
 
-    def _serial_claim(self, claim: ResponseClaim, cause: BaseException) -> ResponseClaim:
+    def _serial_claim(self, claim: ResponseClaim, cause: BaseException,
+                      serial: tuple[Any, tuple[str, str]]) -> ResponseClaim:
+        statement, key = serial
         try:
-            row = self._session.execute(
-                self._select_claim_serial, (claim.tenant_id, claim.response_id),
-                timeout=self._timeout,
-            ).one()
+            row = self._session.execute(statement, key, timeout=self._timeout,
+                                        execution_profile=self._tuple_rows)
+            found = None if not row.current_rows else dict(
+                zip(row.column_names, row.one(), strict=True))
         except Exception as exc:  # noqa: BLE001 - any failure leaves the outcome unknown
             raise StoreUnavailable(
                 f"claim of {claim.response_id} has an unknown outcome ({cause!r}) and the "
                 f"SERIAL read failed too ({exc!r})", retryable=True, operation="promote/claim",
             ) from exc
-        if row is None:  # the SERIAL read settled the round: it did not land
+        if found is None:  # the SERIAL read settled the round: it did not land
             raise StoreUnavailable(
                 f"claim of {claim.response_id} did not land ({cause!r})", retryable=True,
                 operation="promote/claim",
             )
-        return self._holder(claim, row.partition_key, row.idempotency_key, row.request_digest)
-
-    @staticmethod
-    def _holder(claim: ResponseClaim, partition_key: str, idempotency_key: str,
-                request_digest: str) -> ResponseClaim:
-        return ResponseClaim(claim.tenant_id, claim.response_id, partition_key,
-                             idempotency_key, request_digest)
+        return _holder(claim.tenant_id, found)
 
     def _view(self, request: PromotionRequest, head_row: Any, rows: list[Any]) -> PromotionView:
         checkpoints = {

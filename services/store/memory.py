@@ -64,6 +64,8 @@ class MemoryCheckpointStore(CheckpointStore):
         self._partitions: dict[tuple[str, str], _Partition] = {}
         # (tenant, response id) -> its claim (first writer wins, never changed).
         self._claims: dict[tuple[str, str], ResponseClaim] = {}
+        # (tenant, idempotency key) -> the chain's first response holding the request
+        self._request_claims: dict[tuple[str, str], ResponseClaim] = {}
 
     def head(self, tenant_id: str, partition_key: str) -> Head | None:
         with self._lock:
@@ -129,6 +131,11 @@ class MemoryCheckpointStore(CheckpointStore):
     def _claim(self, claim: ResponseClaim) -> ResponseClaim:
         with self._lock:
             return self._claims.setdefault((claim.tenant_id, claim.response_id), claim)
+
+    def _claim_request(self, claim: ResponseClaim) -> ResponseClaim:
+        with self._lock:
+            return self._request_claims.setdefault((claim.tenant_id, claim.idempotency_key),
+                                                   claim)
 
     def _read_view(self, request: PromotionRequest) -> PromotionView:
         with self._lock:

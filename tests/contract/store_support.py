@@ -15,11 +15,13 @@ from schemas.models import Certification, Item, sha256_hex
 
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "migrations"
 # The store's tables: turns (004), response_claims (007), the turns' lineage digests (009),
-# the request facts marks (011) and the accepted attempt and its effects (012).
+# the request facts marks (011), the accepted attempt and its effects (012) and the
+# requests of chains' first responses (013).
 MIGRATIONS = tuple(
     _MIGRATIONS_DIR / name
     for name in ("004_turn_rows.cql", "007_response_claims.cql", "009_lineage_digest.cql",
-                 "011_request_facts_mark.cql", "012_accepted_attempt.cql")
+                 "011_request_facts_mark.cql", "012_accepted_attempt.cql",
+                 "013_request_claims.cql")
 )
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

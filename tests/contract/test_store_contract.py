@@ -23,6 +23,7 @@ from ratchet.domain.plan import (
     LineageChanged,
     ParentMissing,
     Promoted,
+    RequestHeld,
     ResponseClaim,
     ResponseClaimed,
     ResponseExists,
@@ -332,6 +333,40 @@ class StoreContract:
         elsewhere = dataclasses.replace(retry, partition_key=uid("conv"))
         assert store.promoted_request(elsewhere) is None  # per partition, like the view
         assert store.promoted_request(dataclasses.replace(retry, tenant_id=uid("t"))) is None
+
+    def test_a_chains_first_request_retried_under_another_response_id(self, store, tenant):
+        """A chain's first response is its own partition: a retry of its request under
+        another response id lands elsewhere, and the request's claim still finds the
+        first attempt (the same answers a partition's own idempotency record gives)."""
+        root = uid("resp")
+        first = chain_turn(tenant, root, root, None)
+        promoted = store.promote(first).checkpoint
+        retry_id = uid("resp")
+        retry = dataclasses.replace(first, response_id=retry_id, partition_key=retry_id,
+                                    attempt=2)
+        assert store.promote(retry) == Duplicate(promoted)
+        reused_id = uid("resp")
+        reused = dataclasses.replace(first, response_id=reused_id, partition_key=reused_id,
+                                     request_digest="e" * 64)
+        assert store.promote(reused) == KeyReused(first.request_digest, first.response_id)
+        # the first attempt itself (a redelivery) is answered as before
+        assert store.promote(first) == Duplicate(promoted)
+        # nothing was written in the retries' partitions
+        for response_id in (retry_id, reused_id):
+            assert store.get_checkpoint(tenant, response_id) is None
+
+    def test_a_chains_first_request_held_by_an_unpromoted_response(self, store, tenant):
+        """The holder claimed the request, then its batch was never sent (a crash, or it
+        is in flight): another response id is told who holds it; the holder goes on."""
+        root = uid("resp")
+        first = chain_turn(tenant, root, root, None)
+        store._claim_request(ResponseClaim.of(first))
+        retry_id = uid("resp")
+        retry = dataclasses.replace(first, response_id=retry_id, partition_key=retry_id)
+        assert store.promote(retry) == RequestHeld(ResponseClaim.of(first))
+        assert isinstance(store.promote(first), Promoted)
+        assert store.promote(retry) == Duplicate(store.get_checkpoint(tenant,
+                                                                      first.response_id))
 
     def test_logical_only_turn(self, store, tenant):
         conv = uid("conv")

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 import pytest
 
 from ratchet.domain.claims import ClaimRequest, EffectPolicy, effect_id_for_claim
+from ratchet.domain.plan import ResponseClaim
 from ratchet.domain.promotion import (
     Accepted,
     Facts,
@@ -582,6 +583,34 @@ def test_chain_with_a_fork(h):
     right = chain_turn(root_id, root_id)
     assert h.outcome(left).seq == 2 and h.outcome(right).seq == 2  # forks are legal
     assert h.outcome(chain_turn(root_id, left.response_id)).seq == 3
+
+
+def test_a_chains_first_request_retried_under_another_response_id(h):
+    # Each first response of a chain is its own partition (and Kafka key): the retry
+    # lands in another partition than the promoted attempt, and is still DUPLICATE.
+    first = chain_turn(None, None)
+    assert h.outcome(first).seq == 1
+    retry = _another_attempt(first, chain_root_id=None)
+    rejected = h.outcome(retry)
+    assert (rejected.reason, rejected.existing_response_id) == (R.DUPLICATE,
+                                                                 first.response_id)
+    reused = _another_attempt(first, chain_root_id=None, request_digest="e" * 64)
+    assert h.outcome(reused).reason is R.IDEMPOTENCY_KEY_REUSED
+    assert h.store.get_checkpoint(TENANT, retry.response_id) is None
+
+
+def test_a_chains_first_request_held_by_an_undecided_response_waits_for_it(h):
+    first = chain_turn(None, None)
+    request = promotion_request(first, Certification.CERTIFIED)
+    h.store._claim_request(ResponseClaim.of(request))  # its batch not written yet
+    retry = _another_attempt(first, chain_root_id=None)
+    with pytest.raises(Unavailable, match="not decided yet"):
+        h.processor.handle(h.record(retry))
+    # the holder rejected (its request is bound to it): the retry is CONFLICT
+    h.ledger.mark_rejected(TENANT, first.response_id, "CANCELLED", "cancelled", None)
+    rejected = h.outcome(retry)
+    assert rejected.reason is R.CONFLICT
+    assert f"bound to response {first.response_id}" in rejected.detail
 
 
 def test_chain_parent_not_promoted(h):
