@@ -188,6 +188,21 @@ def test_retry_by_another_attempt_keeps_the_promoted_attempt_and_its_effects(rig
     assert rig.collector.orphans(first.response_id) == []  # both effects are promoted
 
 
+def test_a_chains_first_request_retried_under_another_response_id(rig, cassandra):
+    # Each attempt is its own partition (and Kafka key): only the request's claim
+    # (migration 013) connects them.
+    first = chain(None, None)
+    retry = first.model_copy(update={"event_id": str(uuid.uuid4()), "attempt": 2,
+                                     "response_id": uid("resp"), "chain_root_id": None})
+    rig.send(first)
+    assert outcome(rig, first).seq == 1
+    rig.send(retry)
+    rejected = outcome(rig, retry)
+    assert (rejected.reason, rejected.existing_response_id) == (R.DUPLICATE,
+                                                                 first.response_id)
+    assert cassandra[0].get_checkpoint(TENANT, retry.response_id) is None
+
+
 def test_idempotency_key_reuse(rig):
     c = conv()
     original = turn(c, 0)
