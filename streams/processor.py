@@ -66,6 +66,7 @@ from ratchet.domain.validation import (
     pairing_state_of,
 )
 from schemas.errors import Unavailable
+from schemas.ids import unservable_id
 from schemas.keys import MissingChainRoot, partition_key
 from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import (
@@ -225,6 +226,8 @@ class PromotionProcessor:
             return None
         if turn.conversation_id is None and turn.previous_response_id is None:
             return None  # a chain's first response also claims its request: the thread path
+        if unservable_id(turn) is not None:
+            return None  # rejected before any claim: the thread path
         key = partition_key(turn)
         if self.tails.facts_mark(turn.tenant_id, key, turn.idempotency_key) is not None:
             return None
@@ -304,6 +307,12 @@ class PromotionProcessor:
             key = partition_key(turn)
         except MissingChainRoot as exc:
             return self._on_unkeyed_turn(turn, exc)
+        unservable = unservable_id(turn)
+        if unservable is not None:
+            # A history the API could never serve: CORRUPT before the store, so not even
+            # the response id's claim is written (validation says the same, later).
+            return self._reject_before_the_store(turn, key, Reject(RejectionReason.CORRUPT,
+                                                                   unservable))
         conversation = turn.conversation_id
         owner = None if conversation is None else self.tails.owner(conversation)
         # The response id's claim must be held before the promotion batch is sent;

@@ -246,7 +246,10 @@ def partition_key_vectors() -> dict[str, Any]:
     return {"about": "Kafka key = UTF-8 bytes of conversation_id, else chain_root_id, else "
                      "response_id (a chain's first response). partition = crc32(key) mod "
                      "the partition count (CRC-32/ISO-HDLC, as zlib; librdkafka's default "
-                     "partitioner), the same for every producer of one deployment.",
+                     "partitioner), the same for every producer of one deployment. The "
+                     "non-ASCII case shows the key's encoding only: a turn whose ids do "
+                     "not match the API's id pattern (docs/gateway-protocol.md) is "
+                     "rejected CORRUPT.",
             "cases": cases}
 
 

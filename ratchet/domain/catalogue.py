@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from schemas.canonical import parse_json
+from schemas.canonical import duplicate_key, parse_json
 from schemas.models import Item
 
 
@@ -181,14 +181,22 @@ def json_object(content: bytes) -> dict[str, Any] | None:
 def shape_problem(item: Item) -> str | None:
     """Why ``item``'s content does not have its (known) type's shape, or None.
 
-    Checks: a JSON object; ``type`` and ``id`` equal the record's; the record's
-    ``role`` and ``call_id`` mirror the content's; every required field present with
-    its JSON type; pairing keys (``call_id``, ``approval_request_id``) not empty.
+    Checks: a JSON object with no key twice in one object, at any depth (a reader
+    keeping the first of two ``type`` keys would read another item than ratchet);
+    ``type`` and ``id`` equal the record's; the record's ``role`` and ``call_id``
+    mirror the content's; every required field present with its JSON type; pairing
+    keys (``call_id``, ``approval_request_id``) not empty.
     """
     entry = CATALOGUE[item.type]
     content = decode_content(item)
     if content is None:
         return f"item {item.item_id}: content is not a JSON object"
+    try:
+        repeated = duplicate_key(item.content, content)
+    except ValueError as exc:
+        return f"item {item.item_id}: content cannot be read: {exc}"
+    if repeated is not None:
+        return f"item {item.item_id}: content has the key {repeated[:60]!r} twice in one object"
     if content.get("type") != item.type:
         return f"item {item.item_id}: content type {content.get('type')!r} != {item.type!r}"
     if content.get("id") != item.item_id:

@@ -13,13 +13,18 @@ Input: a verified history (or why there is none), the caller's execution
 Fallback reasons are checked in this order, the first that applies wins:
 ``NOT_CERTIFIED`` (the turn was promoted logical-only), ``NO_ARTIFACT``,
 ``FINGERPRINT_MISMATCH`` (caller's fingerprint differs from the checkpoint's or the
-artifact's), ``ARTIFACT_EXPIRED``.
+artifact's), ``ARTIFACT_EXPIRED``: the token artifact, its boundary proof or its router
+receipt has expired (``expires_at <= now``, the same boundary for all three). Reuse
+needs an unexpired artifact with a valid proof (docs/gateway-protocol.md), and a receipt
+past its expiry no longer covers the tokens it names; the contract has no other
+fallback reason for either, so both are ``ARTIFACT_EXPIRED``.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from ratchet.domain.history import (
@@ -29,7 +34,11 @@ from ratchet.domain.history import (
     VerifiedHistory,
     utc_ms,
 )
+from schemas.canonical import parse_json
 from schemas.models import Certification, Item
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
 
 
 class FallbackReason(StrEnum):
@@ -89,4 +98,28 @@ def fallback_reason(
         return FallbackReason.FINGERPRINT_MISMATCH
     if artifact.expires_at is not None and utc_ms(now) >= artifact.expires_at:
         return FallbackReason.ARTIFACT_EXPIRED
+    now_ms = (utc_ms(now) - _EPOCH) // _MILLISECOND  # exact: no float rounding
+    for record in (checkpoint.boundary_proof, checkpoint.router_receipt):
+        expires = None if record is None else record_expires_at_ms(record)
+        if expires is not None and now_ms >= expires:
+            return FallbackReason.ARTIFACT_EXPIRED
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def record_expires_at_ms(record_json: str) -> int | None:
+    """The ``expires_at`` (epoch millis) of a checkpoint's stored boundary proof or router
+    receipt (the canonical JSON the processor validated), None when it has none (like
+    an artifact without expiry). Cached: every read asks again, and a stored record
+    never changes. A record that is not a JSON object, or whose ``expires_at`` is not
+    an integer, counts as expired (0): reuse fails closed."""
+    try:
+        record = parse_json(record_json.encode("utf-8"))
+    except ValueError:
+        return 0
+    if not isinstance(record, dict):
+        return 0
+    value = record.get("expires_at")
+    if value is None:
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -15,11 +15,15 @@ the same reason:
                           fingerprint's item_format_version this build cannot read.
                           Before anything that interprets content.
 3. UNKNOWN_ITEM_TYPE      an item type outside the catalogue (``catalogue.py``).
-4. CORRUPT                an item's content_digest is wrong, or its content does not
-                          have its type's shape (``catalogue.shape_problem``);
-                          fingerprint_hash does not match the fingerprint;
-                          effective_config digests disagree with the fingerprint's.
-                          (Integrity before meaning.)
+4. CORRUPT                an id the HTTP API could never serve (``schemas.ids``:
+                          tenant, response, Conversation, chain root, parent); a
+                          Conversation-mode turn that names a previous_response_id;
+                          two items of the turn with one item_id; an item's
+                          content_digest is wrong, or its content does not have its
+                          type's shape (``catalogue.shape_problem``: also a key twice in
+                          one JSON object); fingerprint_hash does not match the
+                          fingerprint; effective_config digests disagree with the
+                          fingerprint's. (Integrity before meaning.)
 5. INCOMPLETE_FINGERPRINT a required component is missing, or the weights revision is
                           a mutable ref, or a LoRA has no revision.
 6. UNPAIRED_TOOL_CALL     ``check_pairing`` over input then output items, continuing
@@ -50,6 +54,7 @@ from ratchet.domain.catalogue import (
     unknown_type_detail,
 )
 from ratchet.domain.fingerprint import fingerprint_hash, missing_components
+from schemas.ids import unservable_id
 from schemas.models import (
     SUPPORTED_FINGERPRINT_VERSIONS,
     SUPPORTED_FORMAT_VERSIONS,
@@ -300,8 +305,17 @@ def _check_item_types(items: Sequence[Item]) -> Rejected | None:
 
 
 def _check_integrity(event: TurnCompleted, items: Sequence[Item]) -> Rejected | None:
+    problem = unservable_id(event) or _mode_problem(event)
+    if problem:
+        return _corrupt(problem)
     sha256 = hashlib.sha256  # the hot loop of validation: every digest, every time
+    item_ids: set[str] = set()
     for item in items:
+        if item.item_id in item_ids:
+            # Rules that look items up by id (an mcp_call's recorded effect, an approval
+            # request) would see only one of them: refuse, never guess which.
+            return _corrupt(f"item_id {item.item_id!r} is not unique in the turn")
+        item_ids.add(item.item_id)
         if sha256(item.content).hexdigest() != item.content_digest:
             return _corrupt(f"item {item.item_id}: content does not match content_digest")
         problem = shape_problem(item)
@@ -315,6 +329,16 @@ def _check_integrity(event: TurnCompleted, items: Sequence[Item]) -> Rejected | 
         in_fingerprint = getattr(fingerprint, name)
         if in_fingerprint is not None and in_fingerprint != getattr(config, name):
             return _corrupt(f"effective_config.{name} differs from fingerprint.{name}")
+    return None
+
+
+def _mode_problem(event: TurnCompleted) -> str | None:
+    """A Conversation-mode turn continues the Conversation's head: a
+    ``previous_response_id`` beside it names a second parent (the Responses API refuses
+    ``conversation`` with ``previous_response_id`` too)."""
+    if event.conversation_id is not None and event.previous_response_id is not None:
+        return (f"Conversation-mode turn (conversation_id {event.conversation_id!r}) has "
+                f"previous_response_id {event.previous_response_id!r}: it must be null")
     return None
 
 

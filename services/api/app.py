@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ratchet.metric_children import child
+from schemas.ids import ID_PATTERN
 from services.api import metrics
 from services.api.models import ErrorBody, HealthBody, HistoryBody, StatusBody
 from services.api.service import WAIT_MS_CAP, Answer, RehydrationService
@@ -29,8 +30,8 @@ from services.store.base import StoreUnavailable
 
 log = logging.getLogger("ratchet.api")
 
-# Ids are opaque strings chosen by gateways; bound them so a request line stays small.
-ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,200}$"
+# Ids are opaque strings chosen by gateways; ID_PATTERN (schemas/ids.py) bounds them so a
+# request line stays small. The processor rejects a turn whose ids it refuses (CORRUPT).
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 _ID, _SHA256 = ID_PATTERN, SHA256_PATTERN
 

@@ -30,11 +30,12 @@ from ratchet.domain.claims import (
     CompletionState,
     EffectPolicy,
 )
+from schemas.ids import ID_PATTERN
 from schemas.models import Item, sha256_hex
 from services.api.models import ErrorBody, HistoryItem
 from services.ledger.base import Ledger
 
-_ID = r"^[A-Za-z0-9._:\-]{1,200}$"
+_ID = ID_PATTERN  # schemas/ids.py: the ids of the history routes and of turns
 _NAME = r"^[A-Za-z0-9_.:\-]{1,128}$"
 _SHA256 = r"^[0-9a-f]{64}$"
 

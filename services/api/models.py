@@ -61,7 +61,9 @@ class CheckpointBody(_Body):
 
     seq: int
     fingerprint_hash: str
-    expires_at: str | None = Field(None, description="ISO-8601 UTC; reuse is refused after it.")
+    expires_at: str | None = Field(None, description="The token artifact's expiry, ISO-8601 "
+                                   "UTC; reuse is refused from then on, or from the boundary "
+                                   "proof's or router receipt's own expires_at if earlier.")
     token_artifact: dict[str, Any] | None = None
     router_receipt: dict[str, Any] | None = None
     boundary_proof: dict[str, Any] | None = None

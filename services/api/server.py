@@ -24,6 +24,7 @@ from services.api.app import create_app
 from services.api.cache import HistoryCache
 from services.api.claims import claims_router
 from services.api.fastpath import HistoryFastPath
+from services.api.h2c import UpgradeTolerantHttpToolsProtocol
 from services.api.notifier import DecisionNotifier, ResponseIdDecoder
 from services.api.prewarm import Prewarmer
 from services.api.service import RehydrationService
@@ -61,6 +62,9 @@ class ApiProcess:
         # 51-row history read. Closed with the process; the claims endpoints and the
         # status endpoint use cassandra-driver.
         loop_session = api_loop_session(settings) if settings.loop_driver == "acsylla" else None
+        # logical_retention_s is used only when a checkpoint is written (by the worker,
+        # at promotion); reads compare the expiry stored then, so the API's own value
+        # changes nothing (docs/gateway-protocol.md, "Logical expiry").
         self.store = CassandraCheckpointStore(
             session, StoreOptions(logical_retention_s=settings.logical_retention_s),
             loop_session=loop_session,
@@ -119,9 +123,11 @@ def cli_api(settings: Settings) -> int:
             log_config=None,  # keep our JSON-lines handlers
             access_log=False,
             # libuv's loop and the C HTTP parser: ~1 ms less per request than asyncio's
-            # loop + h11 (docs/decisions.md, "Service"); both are dependencies.
+            # loop + h11 (docs/decisions.md, "Service"); both are dependencies. The
+            # parser's protocol serves a request offering `Upgrade: h2c` (Java's
+            # HttpClient) with its body, which uvicorn's own drops (h2c.py).
             loop="uvloop",
-            http="httptools",
+            http=UpgradeTolerantHttpToolsProtocol,
             timeout_graceful_shutdown=12,
         )
     finally:

@@ -20,6 +20,16 @@ class EventTooLarge(GatewayError):
                          f"{MAX_EVENT_BYTES} bytes: not produced")
 
 
+class UnservableId(GatewayError, ValueError):
+    """An id of the event (tenant, response, Conversation, chain root, parent) does not
+    match the HTTP API's id pattern (``schemas/ids.py``): the API could never serve the
+    history, and the processor would reject the turn ``CORRUPT``. Not produced; not
+    retryable."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{detail}: not produced")
+
+
 class DeliveryError(GatewayError):
     """Kafka did not acknowledge an event; raised on ``flush`` (once per failed batch)."""
 

@@ -42,6 +42,7 @@ from typing import Any
 from ratchet.domain.catalogue import CATALOGUE, shape_problem
 from ratchet.domain.fingerprint import fingerprint_hash
 from schemas.canonical import canonical_digest
+from schemas.ids import unservable_id
 from schemas.items import arguments_digest, effect_id_for, from_responses
 from schemas.keys import partition_key
 from schemas.models import (
@@ -59,6 +60,7 @@ from schemas.models import (
     TurnCompleted,
     TurnStatus,
 )
+from services.gateway.errors import UnservableId
 
 ITEM_FORMAT_VERSION = 1
 
@@ -70,8 +72,10 @@ class InvalidGatewayItem(ValueError):
 @dataclass(frozen=True)
 class TurnIdentity:
     """Where a turn sits. Conversation mode: ``conversation_id`` + ``expected_head_seq``
-    (the head you rehydrated from, 0 for a new Conversation). Chain mode:
-    ``chain_root_id`` (+ ``previous_response_id`` after the first response)."""
+    (the head you rehydrated from, 0 for a new Conversation), no
+    ``previous_response_id``. Chain mode: ``chain_root_id`` (+ ``previous_response_id``
+    after the first response). Every id must match the API's id pattern
+    (``schemas/ids.py``), else ``UnservableId``."""
 
     tenant_id: str
     response_id: str
@@ -85,6 +89,12 @@ class TurnIdentity:
             raise ValueError("give exactly one of conversation_id or chain_root_id")
         if self.conversation_id is not None and self.expected_head_seq is None:
             raise ValueError("Conversation mode needs expected_head_seq (0 for a new one)")
+        if self.conversation_id is not None and self.previous_response_id is not None:
+            raise ValueError("Conversation mode continues the Conversation's head: "
+                             "previous_response_id must be None")
+        problem = unservable_id(self)
+        if problem:
+            raise UnservableId(problem)
 
     def common_fields(self, produced_at: int) -> dict:
         """The fields every gateway event carries (CONTRACT section 3), a fresh event id."""

@@ -27,9 +27,10 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key
+from schemas.ids import unservable_id
 from schemas.limits import CLIENT_MAX_BYTES, MAX_EVENT_BYTES
 from schemas.models import GatewayEvent, ToolEffect, TurnCompleted
-from services.gateway.errors import DeliveryError, EventTooLarge, FlushTimeout
+from services.gateway.errors import DeliveryError, EventTooLarge, FlushTimeout, UnservableId
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
@@ -72,10 +73,15 @@ class GatewayProducer:
         self._producer.flush(10)
 
     def send(self, event: GatewayEvent) -> None:
-        """Queue one event (keyed by its partition key); delivery is reported on flush."""
+        """Queue one event (keyed by its partition key); delivery is reported on flush.
+        Refused before producing: an id the API could never serve (``UnservableId``), a
+        value above the protocol maximum (``EventTooLarge``)."""
         key = event.partition_key  # raises MissingChainRoot for a chain without its root
         if not key:
             raise ValueError(f"event {event.event_id} has an empty partition key")
+        problem = unservable_id(event)
+        if problem:
+            raise UnservableId(f"event {event.event_id}: {problem}")
         value = self._serde.encode(event, self.topic)
         if len(value) > MAX_EVENT_BYTES:
             raise EventTooLarge(event.event_id, len(value))
@@ -91,7 +97,12 @@ class GatewayProducer:
         self._producer.poll(0)
 
     def send_turn(self, turn: TurnCompleted, effects: Iterable[ToolEffect] = ()) -> None:
-        """The turn's tool effects first, then the turn (same key: same partition, in order)."""
+        """The turn's tool effects first, then the turn (same key: same partition, in order).
+        A turn with an id the API could never serve is refused before any of its effects
+        is produced."""
+        problem = unservable_id(turn)
+        if problem:
+            raise UnservableId(f"event {turn.event_id}: {problem}")
         for effect in effects:
             if effect.partition_key != turn.partition_key:
                 raise ValueError(f"effect {effect.effect_id} is keyed apart from its turn")

@@ -26,7 +26,10 @@ class MemoryLedger(Ledger):
         self._effects: dict[tuple[str, str], dict[str, RecordedEffect]] = {}
         self._cancellations: dict[tuple[str, str], Cancellation] = {}
         self._claims: dict[tuple[str, str], dict[str, ClaimRecord]] = {}
-        self._decisions: dict[str, Decision] = {}
+        # (tenant, idempotency key, event id) -> the first decision: the Cassandra
+        # ledger files a decision under its request the same way, so an event id reused
+        # by another tenant or request never answers with this one's decision.
+        self._decisions: dict[tuple[str, str, str], Decision] = {}
         # (tenant, response) -> [promoted, seq, reason, detail]
         self._status: dict[tuple[str, str], list] = {}
         self._conversation_owners: dict[str, str] = {}
@@ -107,18 +110,14 @@ class MemoryLedger(Ledger):
     def record_decision(self, decision: Decision) -> Decision:
         if decision.idempotency_key is None:
             raise ValueError("a decision is filed under its request: idempotency_key is needed")
+        key = (decision.tenant_id, decision.idempotency_key, decision.event_id)
         with self._lock:
-            return self._decisions.setdefault(decision.event_id, decision)
+            return self._decisions.setdefault(key, decision)
 
     def decision(self, event_id: str, *, tenant_id: str,
                  idempotency_key: str) -> Decision | None:
         with self._lock:
-            found = self._decisions.get(event_id)
-        # Same answer as the Cassandra ledger, which files decisions under the request.
-        if found is None or (found.tenant_id, found.idempotency_key) != (
-                tenant_id, idempotency_key):
-            return None
-        return found
+            return self._decisions.get((tenant_id, idempotency_key, event_id))
 
     def mark_rejected(self, tenant_id: str, response_id: str, reason: str, detail: str,
                       existing_response_id: str | None = None) -> None:

@@ -98,6 +98,28 @@ class LedgerContract:
         with pytest.raises(ValueError):
             ledger.record_decision(bare)
 
+    def test_decisions_of_two_tenants_reusing_one_event_id_stay_apart(self, ledger, tenant):
+        # Filed under (tenant, idempotency key, event id), like the Cassandra ledger: a
+        # tenant's turn reusing another tenant's event id gets its own decision recorded
+        # and read back, never the other tenant's.
+        event, key, other = uid("evt"), uid("key"), uid("tenant")
+        mine = Decision(event, tenant, "resp_a", "rejected", "CONFLICT", "mine", 3, 10,
+                        idempotency_key=key)
+        theirs = Decision(event, other, "resp_b", "rejected", "CORRUPT", "theirs", None, 11,
+                          idempotency_key=key)
+        assert ledger.record_decision(mine) == mine
+        assert ledger.record_decision(theirs) == theirs
+        assert ledger.decision(event, tenant_id=tenant, idempotency_key=key) == mine
+        assert ledger.decision(event, tenant_id=other, idempotency_key=key) == theirs
+        facts = ledger.turn_facts(event_id=event, tenant_id=other, idempotency_key=key,
+                                  conversation_id=None)
+        assert facts.decision == theirs
+        # the same tenant, another request reusing the event id: its own decision too
+        again = Decision(event, tenant, "resp_c", "rejected", "OUT_OF_ORDER", "", None, 12,
+                         idempotency_key=uid("key"))
+        assert ledger.record_decision(again) == again
+        assert ledger.decision(event, tenant_id=tenant, idempotency_key=key) == mine
+
     def test_turn_facts_reads_the_events_own_decision(self, ledger, tenant):
         key = uid("key")
         mine, other = uid("evt"), uid("evt")

@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from ratchet.domain.history import PromotionMode, StoredTokenArtifact
 from ratchet.domain.plan import PromotionRequest
 from schemas.canonical import canonical_json_text as canonical_json
+from schemas.ids import ID_PATTERN
 from schemas.items import function_call, function_call_output, message
 from schemas.models import Certification, Item
 from services.api.app import create_app
@@ -320,6 +321,23 @@ def test_openapi_publishes_the_response_models(stack):
     )
     responses = spec["paths"]["/v1/responses/{response_id}/history"]["get"]["responses"]
     assert {"200", "404", "409", "410", "422", "500"} <= set(responses)
+
+
+def test_every_id_parameter_publishes_the_one_shared_pattern(stack):
+    # The processor rejects a turn whose ids fail this very pattern (schemas/ids.py):
+    # what the API refuses is never promoted, so the two cannot drift.
+    spec = stack.client.get("/openapi.json").json()
+    patterns = {
+        (path, p["name"]): p["schema"].get("pattern", p["schema"].get("anyOf", [{}])[0]
+                                            .get("pattern"))
+        for path, methods in spec["paths"].items() if "history" in path or "status" in path
+        for p in methods["get"]["parameters"]
+        if p["name"].endswith("_id") or p["name"] == "partition_key"
+    }
+    assert len(patterns) == 7 and set(patterns.values()) == {ID_PATTERN}
+    resp = stack.client.get("/v1/responses/dl 8-x/history",
+                            params={"tenant_id": "t", "fingerprint_hash": FP})
+    assert resp.status_code == 422  # so such a response id is rejected CORRUPT, never promoted
 
 
 def test_an_unexpected_error_is_a_typed_500(stack, monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 from ratchet.domain.fingerprint import fingerprint_hash
 from ratchet.domain.validation import Valid, validate_turn
 from ratchet.samples import make_artifact_and_proof, make_fingerprint
+from services.gateway.errors import UnservableId
 from services.gateway.events import (
     InvalidGatewayItem,
     TurnIdentity,
@@ -112,6 +113,30 @@ def test_identity_needs_one_mode():
         TurnIdentity("t", "r")
     with pytest.raises(ValueError):
         TurnIdentity("t", "r", conversation_id="c")  # no expected head
+
+
+@pytest.mark.parametrize("identity", [
+    dict(tenant_id="tenant 1", response_id="resp_1", conversation_id="conv_1",
+         expected_head_seq=0),
+    dict(tenant_id="tenant-1", response_id="dl 8-x", conversation_id="conv_1",
+         expected_head_seq=0),
+    dict(tenant_id="tenant-1", response_id="resp_1", conversation_id="conv/1",
+         expected_head_seq=0),
+    dict(tenant_id="tenant-1", response_id="resp_2", chain_root_id="root?"),
+    dict(tenant_id="tenant-1", response_id="resp_2", chain_root_id="resp_1",
+         previous_response_id="r" * 201),
+], ids=["tenant_id", "response_id", "conversation_id", "chain_root_id",
+        "previous_response_id"])
+def test_identity_refuses_ids_the_api_cannot_serve(identity):
+    with pytest.raises(UnservableId, match="id pattern") as refused:
+        TurnIdentity(**identity)
+    assert not refused.value.retryable and isinstance(refused.value, ValueError)
+
+
+def test_conversation_identity_refuses_a_previous_response_id():
+    with pytest.raises(ValueError, match="previous_response_id"):
+        TurnIdentity("tenant-1", "resp_2", conversation_id="conv_1", expected_head_seq=1,
+                     previous_response_id="resp_1")
 
 
 def test_tool_effect_id_is_stable_across_retries_and_output_matches_the_turn():

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, Message
 
+from ratchet.samples import make_tool_effect, make_turn
 from ratchet.settings import Settings
-from services.gateway.errors import DeliveryError
+from services.gateway.errors import DeliveryError, UnservableId
 from services.gateway.producer import GatewayProducer
 
 # librdkafka's "no offset" (RD_KAFKA_OFFSET_INVALID): Message.offset() reads it as None.
@@ -56,3 +57,31 @@ def test_a_fatal_broker_error_is_not_retryable(producer):
 
     assert not raised.value.retryable  # one fatal failure makes the batch non-retryable
     assert {eid for eid, _ in raised.value.failures} == {"ev-unconfirmed", "ev-fatal"}
+
+
+class RefusingSerde:
+    """Fails the test if the producer gets as far as encoding an event."""
+
+    def encode(self, event, topic):
+        raise AssertionError(f"{event.event_id} was encoded: it would have been produced")
+
+
+@pytest.mark.parametrize("fields", [
+    dict(response_id="dl 8-x"),
+    dict(tenant_id="tenant/1"),
+    dict(conversation_id="conv 1"),
+    dict(conversation_id=None, expected_head_seq=None, chain_root_id="resp_root",
+         previous_response_id="resp\n"),
+], ids=["response_id", "tenant_id", "conversation_id", "previous_response_id"])
+def test_an_event_with_an_id_the_api_cannot_serve_is_refused_before_producing(fields):
+    producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=RefusingSerde(),
+                               config={"log_level": 0})
+    turn = make_turn(**fields)
+    with pytest.raises(UnservableId, match="not produced") as refused:
+        producer.send(turn)
+    assert not refused.value.retryable
+    with pytest.raises(UnservableId):  # its effects too, first in send_turn: nothing goes
+        producer.send_turn(turn, effects=[make_tool_effect(
+            "call_1", idempotency_key=turn.idempotency_key, tenant_id=turn.tenant_id,
+            conversation_id=turn.conversation_id, chain_root_id=turn.chain_root_id,
+            response_id=turn.response_id)])

@@ -13,6 +13,7 @@ from ratchet.domain.history import (
     VerifiedHistory,
 )
 from ratchet.domain.rehydration import Certified, Failure, Fallback, FallbackReason, rehydrate
+from schemas.canonical import canonical_json_text
 from schemas.models import Certification
 from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
@@ -86,3 +87,36 @@ def test_not_certified_wins_over_other_reasons(history):
 @pytest.mark.parametrize("reason", list(HistoryFailureReason))
 def test_history_failures_pass_through(reason):
     assert rehydrate(HistoryFailure(reason, "x"), "fp1", T0) == Failure(reason, "x")
+
+
+def _ms(moment) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+@pytest.mark.parametrize("record", ["boundary_proof", "router_receipt"])
+def test_expired_proof_or_receipt_falls_back_like_an_expired_artifact(history, record):
+    # Reuse needs an unexpired artifact with a valid proof (docs/gateway-protocol.md);
+    # the artifact lives another hour, its proof (or receipt) expires at T0 + 1 min.
+    expires = T0 + timedelta(minutes=1)
+    stored = canonical_json_text({"receipt_id": "rc1", "boundary_kind": "append",
+                                  "expires_at": _ms(expires)})
+    damaged = with_checkpoint(history, **{record: stored})
+    assert damaged.checkpoint.token_artifact.expires_at > expires
+    before = expires - timedelta(milliseconds=1)
+    assert isinstance(rehydrate(damaged, "fp1", before), Certified)
+    result = rehydrate(damaged, "fp1", expires)  # expires_at <= now: the artifact's rule
+    assert result == Fallback(
+        FallbackReason.ARTIFACT_EXPIRED, damaged.checkpoint, damaged.items, damaged.head_seq
+    )
+
+
+def test_fingerprint_mismatch_wins_over_an_expired_proof(history):
+    stored = canonical_json_text({"expires_at": _ms(T0)})
+    damaged = with_checkpoint(history, boundary_proof=stored)
+    assert rehydrate(damaged, "fp2", T0).reason is FallbackReason.FINGERPRINT_MISMATCH
+
+
+def test_a_proof_without_a_readable_expiry_is_not_reused(history):
+    for stored in ('{"expires_at":"soon"}', "[]", "not json"):
+        damaged = with_checkpoint(history, boundary_proof=stored)
+        assert rehydrate(damaged, "fp1", T0).reason is FallbackReason.ARTIFACT_EXPIRED

@@ -25,7 +25,16 @@ from ratchet.samples import (
     make_turn,
     tampered,
 )
-from schemas.items import function_call, function_call_output, make_item, message, reasoning
+from schemas.canonical import sha256_hex
+from schemas.ids import SERVED_ID_FIELDS
+from schemas.items import (
+    function_call,
+    function_call_output,
+    make_item,
+    mcp_call,
+    message,
+    reasoning,
+)
 from schemas.models import Certification, EffectiveConfig, RejectionReason, TurnStatus
 
 
@@ -343,3 +352,89 @@ def test_results_are_frozen() -> None:
     with pytest.raises(AttributeError):
         outcome.certification = Certification.LOGICAL_ONLY  # type: ignore[misc]
     assert PairingState() == EMPTY_PAIRING
+
+
+# --- CORRUPT: ids the API cannot serve, mode, item ids, duplicate JSON keys (session 18) ---
+
+
+def rejection(turn, now_ms: int = NOW_MS) -> Rejected:
+    outcome = validate_turn(turn, now_ms)
+    assert isinstance(outcome, Rejected), outcome
+    return outcome
+
+
+def raw_item(content: bytes, *, item_type: str = "message", item_id: str = "msg_raw",
+             role: str | None = "assistant"):
+    """An item whose content bytes are exactly ``content`` (with their true digest)."""
+    return make_item(item_type, {}, item_id=item_id, role=role).model_copy(
+        update={"content": content, "content_digest": sha256_hex(content)})
+
+
+CHAIN = dict(conversation_id=None, expected_head_seq=None)
+UNSERVABLE_IDS = {
+    # field: turn fields carrying an id the API's pattern refuses there
+    "response_id": dict(response_id="dl 8-x"),
+    "tenant_id": dict(tenant_id="tenant/1"),
+    "conversation_id": dict(conversation_id="conv 1"),
+    "chain_root_id": dict(**CHAIN, chain_root_id="root\n"),
+    "previous_response_id": dict(**CHAIN, chain_root_id="resp_root",
+                                 previous_response_id="resp_" + "x" * 200),
+}
+
+
+@pytest.mark.parametrize("field", UNSERVABLE_IDS)
+def test_an_id_the_api_cannot_serve_is_corrupt(field) -> None:
+    found = rejection(make_turn(**UNSERVABLE_IDS[field]))
+    assert found.reason is RejectionReason.CORRUPT
+    assert found.detail.startswith(f"{field} ") and "id pattern" in found.detail
+
+
+def test_every_id_the_api_serves_is_checked() -> None:
+    assert set(UNSERVABLE_IDS) == set(SERVED_ID_FIELDS)
+
+
+def test_ids_at_the_edge_of_the_pattern_are_valid() -> None:
+    longest = "r" * 200
+    turn = make_turn(response_id=longest, tenant_id="t.a:b-c_D9", conversation_id="c" * 200)
+    assert isinstance(validate_turn(turn, NOW_MS), Valid)
+
+
+def test_conversation_turn_with_previous_response_id_is_corrupt() -> None:
+    found = rejection(make_turn(previous_response_id="resp_other"))
+    assert found.reason is RejectionReason.CORRUPT
+    assert "previous_response_id" in found.detail and "must be null" in found.detail
+
+
+def test_two_items_with_one_item_id_are_corrupt() -> None:
+    # Two mcp_calls sharing an id: only one of them would be compared with its effect.
+    first = mcp_call("docs", "search", {"q": "a"}, "found a", item_id="mcp_1")
+    second = mcp_call("docs", "search", {"q": "b"}, "found b", item_id="mcp_1")
+    found = rejection(make_turn(items=[first, second]))
+    assert found.reason is RejectionReason.CORRUPT
+    assert "mcp_1" in found.detail and "not unique" in found.detail
+
+
+def test_an_item_id_repeated_across_input_and_output_is_corrupt() -> None:
+    turn = make_turn(input_items=[say("q", "user")],
+                     items=[message("a", role="assistant", item_id="msg_q_user")])
+    assert rejection(turn).reason is RejectionReason.CORRUPT
+
+
+@pytest.mark.parametrize("content", [
+    b'{"type":"hologram_call","id":"msg_raw","type":"message","role":"assistant",'
+    b'"content":"hi"}',
+    b'{"content":[{"type":"output_text","text":"a","text":"b"}],"id":"msg_raw",'
+    b'"role":"assistant","type":"message"}',
+    b'{"content":[{"x":{"k":1,"k":1}}],"id":"msg_raw","role":"assistant","type":"message"}',
+], ids=["top-level type", "nested", "deep, same value"])
+def test_content_with_a_duplicate_key_is_corrupt(content) -> None:
+    found = rejection(make_turn(items=[raw_item(content)]))
+    assert found.reason is RejectionReason.CORRUPT
+    assert "twice" in found.detail
+
+
+def test_non_canonical_content_without_duplicate_keys_stays_valid() -> None:
+    # Canonical form is not required (canonicalisers differ on numbers): only duplicates.
+    content = (b'{ "type": "message", "id": "msg_raw", "role": "assistant",\n'
+               b'  "content": [{"type": "output_text", "text": "x", "score": 1.0E3}] }')
+    assert isinstance(validate_turn(make_turn(items=[raw_item(content)]), NOW_MS), Valid)

@@ -1,0 +1,113 @@
+"""uvicorn's httptools protocol, serving an HTTP/1.1 request that offers an upgrade
+(``Upgrade: h2c``) as the plain request it also is, body included.
+
+Why: Java's ``java.net.http.HttpClient`` (HTTP/2 by default) sends every request to an
+``http://`` URL as HTTP/1.1 with ``Connection: Upgrade, HTTP2-Settings``, ``Upgrade:
+h2c`` and ``HTTP2-Settings``; so do curl's ``--http2``, Spring's ``RestClient`` and
+Ktor. A server may ignore the offer and answer in HTTP/1.1 (RFC 9110, section 7.8).
+uvicorn (up to 0.55.0 at least, Kludex/uvicorn#2722, open) does ignore it, but
+httptools' parser treats the offer as a protocol switch: it tells llhttp to skip the
+body, reports the message complete with no body (the ASGI app is started with an empty
+one: a POST answers 422 "Field required") and leaves the body bytes unparsed; the next
+bytes on the connection are then parsed as a new request (400).
+
+The fix here: when the parser reports an upgrade uvicorn will not perform (anything but
+a WebSocket it has a library for), the request is not started from that parse. The
+head is written again without the upgrade offer (no ``Upgrade`` or ``HTTP2-Settings``
+header, no ``upgrade`` / ``http2-settings`` token in ``Connection``) and fed, with the
+bytes that followed it, to a fresh parser that then keeps the connection: the request,
+its body (``Content-Length`` or chunked, in one packet or many) and any later request
+on the connection go through uvicorn's ordinary path. The response stays HTTP/1.1.
+It relies on uvicorn's ``HttpToolsProtocol`` internals (``parser``, ``headers``,
+``url``, the parser callbacks); ``tests/unit/test_api_h2c.py`` runs it through a real
+uvicorn server, so an upgrade of uvicorn that changes them fails there. Drop this
+module once uvicorn delivers the body itself.
+
+Not h11 (uvicorn's other parser, which has no such bug): it costs ~1 ms more per
+request (docs/decisions.md, "Service"). A request without an upgrade offer costs one
+extra C call (``should_upgrade``) in ``on_headers_complete``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+# Headers that belong to the upgrade offer, and Connection tokens that name them.
+_OFFER_HEADERS = frozenset({b"upgrade", b"http2-settings"})
+
+
+class UpgradeTolerantHttpToolsProtocol(HttpToolsProtocol):
+    """``HttpToolsProtocol`` that serves a request offering an upgrade it will not
+    perform as a plain HTTP/1.1 request (module docstring)."""
+
+    _replaying = False  # the current head offered an upgrade: it is replayed, not served
+    _replay_line = b""  # its request line, as the replay writes it
+
+    def on_headers_complete(self) -> None:
+        if (self.parser.should_upgrade() and self._get_upgrade() is not None
+                and not self._should_upgrade()):
+            # An Upgrade header offered (not a CONNECT, which llhttp also reports as an
+            # upgrade and the replay could not change): served by the replay in
+            # data_received, never from this parse (whose body httptools skips).
+            self._replaying = True
+            self._replay_line = b"%s %s HTTP/%s" % (
+                self.parser.get_method(), self.url,
+                self.parser.get_http_version().encode("ascii"))
+            return
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._replaying:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._replaying:
+            super().on_message_complete()
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+        except httptools.HttpParserUpgrade as upgrade:
+            if not self._replaying:  # uvicorn's own handling: a WebSocket, or CONNECT
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+                return
+            offset = upgrade.args[0] if upgrade.args else len(data)
+            self._replay(bytes(data[offset:]))
+
+    def _replay(self, rest: bytes) -> None:
+        """Feed the head without the upgrade offer, then ``rest`` (the body and anything
+        after it), to a fresh parser that keeps the connection from now on."""
+        self._replaying = False
+        self.parser = httptools.HttpRequestParser(self)
+        with contextlib.suppress(AttributeError):  # httptools < 0.6.3 has none
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.data_received(_head_without_offer(self._replay_line, self.headers) + rest)
+
+
+def _head_without_offer(request_line: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The request head as HTTP/1.1 text, without the upgrade offer."""
+    lines = [request_line]
+    for name, value in headers:
+        if name in _OFFER_HEADERS:
+            continue
+        if name == b"connection":
+            tokens = [t.strip() for t in value.split(b",")]
+            value = b", ".join(t for t in tokens if t and t.lower() not in _OFFER_HEADERS)
+            if not value:
+                continue
+        lines.append(name + b": " + value)
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+__all__ = ["UpgradeTolerantHttpToolsProtocol"]

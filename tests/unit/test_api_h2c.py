@@ -1,0 +1,179 @@
+"""services/api/h2c.py: a request offering `Upgrade: h2c` (Java's HttpClient, curl
+--http2) is served as HTTP/1.1 with its body, through a real uvicorn server on
+httptools, as `ratchet api` runs it. Raw sockets, so the bytes on the wire are exactly
+the client's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from services.api.h2c import UpgradeTolerantHttpToolsProtocol
+
+OFFER = (b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+         b"HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n")
+BODY = json.dumps({"tenant_id": "t1", "idempotency_key": "k1"}).encode()
+
+
+async def echo(scope, receive, send) -> None:
+    """Answers with what it was given: method, path, query, body, and the headers
+    that tell whether the offer reached the app."""
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    headers = dict(scope["headers"])
+    payload = json.dumps({
+        "method": scope["method"], "path": scope["path"],
+        "query": scope["query_string"].decode(), "body": body.decode(),
+        "upgrade": headers.get(b"upgrade", b"").decode(),
+        "connection": headers.get(b"connection", b"").decode(),
+    }).encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _serve(protocol: type) -> Iterator[int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(echo, http=protocol, loop="uvloop", log_config=None,
+                            access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
+                              daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    yield from _serve(UpgradeTolerantHttpToolsProtocol)
+
+
+@pytest.fixture(scope="module")
+def stock_port() -> Iterator[int]:
+    yield from _serve(HttpToolsProtocol)
+
+
+def _read_response(conn: socket.socket, buffer: bytearray) -> tuple[int, dict]:
+    """One response (content-length framed) from ``conn``; leftovers stay in ``buffer``."""
+    while b"\r\n\r\n" not in buffer:
+        chunk = conn.recv(65536)
+        assert chunk, f"connection closed; got {bytes(buffer)!r}"
+        buffer += chunk
+    head, _, _ = bytes(buffer).partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split()[1])
+    headers = dict(line.lower().split(b": ", 1) for line in lines[1:])
+    length = int(headers.get(b"content-length", b"0"))
+    end = len(head) + 4 + length
+    while len(buffer) < end:
+        chunk = conn.recv(65536)
+        assert chunk, "connection closed in the body"
+        buffer += chunk
+    body = bytes(buffer[len(head) + 4:end])
+    del buffer[:end]
+    assert lines[0].startswith(b"HTTP/1.1 ")
+    return status, json.loads(body) if status == 200 else {"raw": body.decode()}
+
+
+def _exchange(port: int, *pieces: bytes, responses: int = 1) -> list[tuple[int, dict]]:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        for piece in pieces:
+            conn.sendall(piece)
+            time.sleep(0.02)  # separate packets: the body may arrive after the head
+        buffer = bytearray()
+        return [_read_response(conn, buffer) for _ in range(responses)]
+
+
+def _post(body: bytes, extra: bytes = OFFER, path: bytes = b"/v1/effects/claims") -> bytes:
+    return (b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + extra + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
+def _chunked(body: bytes, extra: bytes = OFFER) -> tuple[bytes, bytes, bytes]:
+    head = (b"POST /v1/effects/claims HTTP/1.1\r\nHost: x\r\n" + extra
+            + b"Transfer-Encoding: chunked\r\n\r\n")
+    half = len(body) // 2
+    return (head, b"%x\r\n%s\r\n" % (half, body[:half]),
+            b"%x\r\n%s\r\n0\r\n\r\n" % (len(body) - half, body[half:]))
+
+
+def test_a_post_offering_h2c_reaches_the_app_with_its_body(port):
+    [(status, seen)] = _exchange(port, _post(BODY))
+    assert status == 200
+    assert seen["body"] == BODY.decode()
+    assert (seen["method"], seen["path"]) == ("POST", "/v1/effects/claims")
+    # The offer is not passed on: the app sees a plain HTTP/1.1 request.
+    assert (seen["upgrade"], seen["connection"]) == ("", "")
+
+
+def test_a_chunked_body_in_several_packets_after_the_head(port):
+    [(status, seen)] = _exchange(port, *_chunked(BODY))
+    assert (status, seen["body"]) == (200, BODY.decode())
+
+
+def test_the_head_itself_split_across_packets(port):
+    request = _post(BODY)
+    [(status, seen)] = _exchange(port, request[:40], request[40:90], request[90:])
+    assert (status, seen["body"]) == (200, BODY.decode())
+
+
+def test_the_connection_serves_the_next_requests_after_the_offer(port):
+    plain = b"GET /v1/responses/r1/status?tenant_id=t1 HTTP/1.1\r\nHost: x\r\n\r\n"
+    answers = _exchange(port, _post(BODY) + _post(b'{"n": 2}') + plain, responses=3)
+    assert [status for status, _ in answers] == [200, 200, 200]
+    assert [seen["body"] for _, seen in answers] == [BODY.decode(), '{"n": 2}', ""]
+    assert answers[2][1]["query"] == "tenant_id=t1"
+
+
+def test_other_connection_tokens_are_kept(port):
+    extra = b"Connection: keep-alive, Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+    [(status, seen)] = _exchange(port, _post(BODY, extra))
+    assert (status, seen["body"], seen["connection"]) == (200, BODY.decode(), "keep-alive")
+
+
+def test_a_request_without_an_offer_is_untouched(port):
+    [(status, seen)] = _exchange(port, _post(BODY, b"Connection: keep-alive\r\n"))
+    assert (status, seen["body"], seen["connection"]) == (200, BODY.decode(), "keep-alive")
+
+
+def test_connect_is_answered_as_uvicorn_answers_it(port, stock_port):
+    # llhttp reports CONNECT as an upgrade too, with or without an offer; the replay
+    # strips the offer and leaves the rest to uvicorn (a replay of the replay would loop).
+    connect = b"CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n"
+    offer = b"Connection: Upgrade\r\nUpgrade: h2c\r\n"
+    [(status, _)] = _exchange(port, connect + offer + b"\r\n")
+    [(plain, _)] = _exchange(stock_port, connect + b"\r\n")
+    assert status == plain == 400
+
+
+def test_uvicorns_own_protocol_still_drops_the_body(stock_port):
+    """Kludex/uvicorn#2722. When this fails, uvicorn delivers the body itself: drop
+    services/api/h2c.py and serve with http="httptools" again."""
+    [(status, seen)] = _exchange(stock_port, _post(BODY))
+    assert (status, seen["body"]) == (200, "")
