@@ -1,9 +1,10 @@
 """The one size limit of the protocol (CONTRACT section 4, docs/gateway-protocol.md).
 
 ``MAX_EVENT_BYTES`` bounds one gateway event value (5-byte Confluent header + Avro
-body): the gateway library refuses a larger one before producing, the processor
-rejects one that arrives anyway ``UNSUPPORTED_FORMAT``, and the store refuses a turn
-whose stored size is above the same number. Everything below it travels end to end.
+body): the gateway library refuses a larger one before producing, and the processor
+rejects one that arrives anyway ``UNSUPPORTED_FORMAT``. Everything below it travels end
+to end: the store's own guard (``services.store.base.DEFAULT_MAX_TURN_BYTES``, 15 MiB of
+``turn_size``) is above what any event within it can carry, many small items included.
 
 The Kafka settings leave room ABOVE it on purpose: the gateway-events topic accepts
 records up to ``TOPIC_MAX_MESSAGE_BYTES``, so a too-large record from a gateway that

@@ -88,7 +88,6 @@ from ratchet.domain.plan import (
 )
 from ratchet.lru import Lru
 from schemas.errors import Unavailable
-from schemas.limits import MAX_EVENT_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +104,15 @@ __all__ = [
     "validate_request",
 ]
 
-# ONE maximum: the protocol's (schemas/limits.py), counted by ``turn_size``. A turn of
-# that size is one Cassandra mutation well under half of ``commitlog_segment_size``
-# (32 MiB -> 16 MiB), the hard cap of a single-partition batch; an LWT writes it in
-# its Paxos proposal and again on commit, each as one mutation of about that size.
-DEFAULT_MAX_TURN_BYTES = MAX_EVENT_BYTES
+# The store's own guard, above the protocol's maximum event (schemas/limits.py) so that
+# every turn an event within it carries is stored ("everything below it travels end to
+# end", CONTRACT 4): ``turn_size`` counts ``ROW_OVERHEAD_BYTES`` per item where the
+# event's Avro spends ~8 bytes of lengths, and an item takes >= ~125 bytes of Avro (its
+# digest alone 65), so a turn counts at most ~1.45 x its event: <= 14.5 MiB for 10 MiB.
+# What is written is smaller (the items cell spends 36 bytes per item): one Cassandra
+# mutation under half of ``commitlog_segment_size`` (32 MiB -> 16 MiB), the hard cap of
+# a single-partition batch, which an LWT writes in its Paxos proposal and on commit.
+DEFAULT_MAX_TURN_BYTES = 15 * 1024 * 1024
 # Bytes counted per stored row on top of its payload (keys, column names, timestamps).
 ROW_OVERHEAD_BYTES = 64
 # How many read-decide-write rounds a promotion may lose before giving up; each lost

@@ -29,7 +29,7 @@ from ratchet.domain.plan import (
     ResponseExists,
     TooLarge,
 )
-from services.store.base import CheckpointStore, InvalidPromotion, StoreOptions
+from services.store.base import CheckpointStore, InvalidPromotion, StoreOptions, turn_size
 from services.store.memory import MemoryCheckpointStore
 from tests.contract.store_support import (
     FakeClock,
@@ -606,6 +606,17 @@ class StoreContract:
         turn = conversation_turn(tenant, conv, 0, items=(item("q"), big))
         assert isinstance(store.promote(turn), Promoted)
         assert self.history(store, tenant, conversation_id=conv).items[1] == big
+
+    def test_a_turn_of_many_small_items_above_ten_mib_of_turn_size_is_stored(self, store,
+                                                                             tenant):
+        # What an event within the protocol's 10 MiB can carry in small items counts
+        # more than 10 MiB in ``turn_size`` (64 bytes per item): it must still be stored.
+        conv = uid("conv")
+        items = tuple(item(f"m{i}", size=40) for i in range(60_000))
+        turn = conversation_turn(tenant, conv, 0, items=items)
+        assert 10 * MIB < turn_size(turn) <= store.options.max_turn_bytes
+        assert isinstance(store.promote(turn), Promoted)
+        assert self.history(store, tenant, conversation_id=conv).items == items
 
     def test_turn_above_the_limit_is_refused_whole(self, store, tenant):
         conv = uid("conv")

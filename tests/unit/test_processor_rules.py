@@ -8,10 +8,12 @@ integration tests.
 from __future__ import annotations
 
 import dataclasses
+import io
 import pickle
 import uuid
 from datetime import UTC, datetime
 
+import fastavro
 import pytest
 
 from ratchet.domain.claims import ClaimRequest, EffectPolicy, effect_id_for_claim
@@ -35,6 +37,7 @@ from ratchet.samples import (
     new_id,
     tampered,
 )
+from schemas import avsc
 from schemas.errors import Unavailable
 from schemas.items import (
     arguments_digest,
@@ -43,6 +46,7 @@ from schemas.items import (
     make_item,
     message,
 )
+from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import (
     Certification,
     DeadLetterReason,
@@ -53,7 +57,7 @@ from schemas.models import (
 )
 from services.ledger.base import LedgerUnavailable, ResponseState
 from services.ledger.memory import MemoryLedger
-from services.store.base import StoreOptions
+from services.store.base import StoreOptions, turn_size
 from services.store.memory import MemoryCheckpointStore
 from streams.outcomes import recorded_effect
 from streams.processor import PromotionProcessor
@@ -257,6 +261,20 @@ def test_corrupt_item_is_rejected(h):
 def test_unknown_item_type_is_rejected(h):
     odd = make_item("hologram", {"x": 1}, item_id=new_id("it"))
     assert h.outcome(turn(conv_id(), 0, items=[odd])).reason is R.UNKNOWN_ITEM_TYPE
+
+
+def test_an_event_within_the_size_limit_is_promoted_whatever_its_item_count(h):
+    # CONTRACT 4: the documented maximum travels end to end; many small items cost the
+    # store's count more per byte of event than a few large ones (docs/store.md).
+    items = [message("x", role="assistant", item_id=f"m{i:06d}") for i in range(45_000)]
+    big = turn(conv_id(), 0, items=items)
+    avro = io.BytesIO()
+    fastavro.schemaless_writer(avro, avsc.parsed("TurnCompleted"), big.to_avro())
+    event_bytes = 5 + len(avro.getvalue())  # the Confluent header + the Avro body
+    stored = turn_size(promotion_request(big, Certification.CERTIFIED))
+    assert event_bytes <= MAX_EVENT_BYTES < stored
+    # the pickled stand-in record is larger than the Avro one: decided as its Avro is
+    assert h.processor._on_turn(big).outbound[0].model.seq == 1
 
 
 def test_undecodable_record_becomes_a_dead_letter(h):
