@@ -213,13 +213,16 @@ def answer_for(action: Insert | TakeOver) -> Answer:
     return Answer(ClaimState.CLAIMED, action.claim)
 
 
-def decide_completion(existing: ClaimRecord | None, token: str,
+def decide_completion(existing: ClaimRecord | None, token: str, status: str,
                       output: Item) -> CompletionState | None:
-    """None: the holder may record now (condition: token still holds, not completed)."""
+    """None: the holder may record now (condition: token still holds, not completed).
+    A completion again by the holder is ``ALREADY_COMPLETED`` only with the same outcome
+    (status and output), else ``OUTCOME_CONFLICT``: a recorded outcome never changes."""
     if existing is None:
         return CompletionState.UNKNOWN_CLAIM
     if existing.completed:
-        if existing.token == token and existing.output_digest == output.content_digest:
+        if (existing.token == token and existing.status == status
+                and existing.output_digest == output.content_digest):
             return CompletionState.ALREADY_COMPLETED
         return CompletionState.OUTCOME_CONFLICT if existing.token == token \
             else CompletionState.NOT_HOLDER

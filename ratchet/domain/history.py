@@ -426,10 +426,21 @@ def verify_extension(
     digest, every content digest, formats, types) and carry the lineage digest of its
     predecessor's and its own items digest: a wrong one is ``CORRUPT_HISTORY``. A turn
     without a digest cannot be linked: None, and the caller reads the history in full
-    (which accepts such a turn as unlinked, exactly as for any other reader). The
-    last turn's logical expiry is checked like a full read's."""
+    (which accepts such a turn as unlinked, exactly as for any other reader). The rules
+    are checked in the full read's order (``verify_history``: the last turn's logical
+    expiry first, the lineage digests last), so both answer the same damage alike."""
     if tip.lineage_digest is None or not turns:
         return None
+    if any(turn.lineage_digest is None for turn in turns):
+        return None
+    # The full read's order (module docstring), so every load of the same rows gives the
+    # same reason: the response itself, its expiry, the links, the items, the digests.
+    last = turns[-1]
+    if last.response_id in snapshot.damaged:
+        return _corrupt(f"rows of {last.response_id} cannot be decoded")
+    expires = last.logical_expires_at
+    if expires is not None and utc_ms(now) >= expires:
+        return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}")
     previous = tip
     loaded: list[TurnItems] = []
     for turn in turns:
@@ -451,21 +462,22 @@ def verify_extension(
                 f"{rid} items {turn.first_item_seq}..{turn.last_item_seq}, expected to "
                 f"start at {previous.last_item_seq + 1}"
             )
-        if turn.lineage_digest is None:
-            return None
-        if turn.lineage_digest != lineage_digest(previous.lineage_digest, turn.items_digest):
-            return _corrupt(f"{rid} lineage digest does not extend {previous.response_id}")
         items = snapshot.items.get(rid, NO_ITEMS)
         failure = _check_turn_items(turn, items)
         if failure is not None:
             return failure
         loaded.append(items)
         previous = turn
-    expires = previous.logical_expires_at
-    if expires is not None and utc_ms(now) >= expires:
-        return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}")
     failure = _check_items(loaded)
-    return failure if failure is not None else tuple(loaded)
+    if failure is not None:
+        return failure
+    previous = tip
+    for turn in turns:
+        if turn.lineage_digest != lineage_digest(previous.lineage_digest, turn.items_digest):
+            return _corrupt(f"{turn.response_id} lineage digest does not extend "
+                            f"{previous.response_id}")
+        previous = turn
+    return tuple(loaded)
 
 
 def verify_conversation_history(

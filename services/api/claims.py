@@ -31,7 +31,7 @@ from ratchet.domain.claims import (
     EffectPolicy,
 )
 from schemas.ids import ID_PATTERN
-from schemas.models import Item, sha256_hex
+from schemas.models import SUPPORTED_FORMAT_VERSIONS, Item, sha256_hex
 from services.api.models import ErrorBody, HistoryItem
 from services.ledger.base import Ledger
 
@@ -230,6 +230,11 @@ def _output_item(o: OutputIn) -> tuple[Item, str | None]:
                 content_digest=o.content_digest, format_version=o.format_version)
     if o.type not in EFFECT_OUTPUT_TYPES:
         return item, f"output type {o.type!r} is not a tool output type"
+    if o.format_version not in SUPPORTED_FORMAT_VERSIONS:
+        # Every turn carrying it would be UNSUPPORTED_FORMAT: the request could never
+        # be promoted with the outcome its claim replays.
+        return item, (f"format_version {o.format_version} is not supported "
+                      f"({sorted(SUPPORTED_FORMAT_VERSIONS)})")
     if sha256_hex(data) != o.content_digest:
         return item, "content_digest is not the sha256 of content"
     return item, shape_problem(item)

@@ -346,7 +346,7 @@ class CassandraLedger(Ledger):
         existing, _ = self._claim_serial(tenant_id, idempotency_key, effect_id)
         if applied:
             return CompletionState.COMPLETED, existing
-        refused = claims.decide_completion(existing, token, output)
+        refused = claims.decide_completion(existing, token, status, output)
         if refused is None:
             # The update did not apply yet the claim is ours and open: only an unknown
             # outcome leaves that (a timeout that did not land). Say so; never guess.

@@ -70,7 +70,7 @@ class MemoryLedger(Ledger):
         with self._lock:
             by_id = self._claims.get((tenant_id, idempotency_key), {})
             existing = by_id.get(effect_id)
-            refused = claims.decide_completion(existing, token, output)
+            refused = claims.decide_completion(existing, token, status, output)
             if refused is not None:
                 return refused, existing
             assert existing is not None

@@ -508,3 +508,28 @@ def test_a_response_not_promoted_yet_costs_its_row_and_its_claim_only(stack):
     resp = stack.history(tenant, pending, partition_key=conv)
     assert resp.status_code == 409 and resp.json()["reason"] == "NOT_PROMOTED"
     assert "rejected: CONFLICT" in resp.json()["detail"]
+
+
+def test_an_expired_and_damaged_turn_gets_one_answer_on_every_load():
+    # Turn 2 lost an item AND is past its expiry. The full read checks expiry first
+    # (EXPIRED, 410); an extension from the cached turn 1 must answer the same, or two
+    # replicas (one with the prefix cached, one without) would disagree.
+    stack = CachingStack(retention_s=60)
+    tenant, conv = uid("tenant"), uid("conv")
+    first = stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),))
+    assert stack.history(tenant, first).status_code == 200  # the linked prefix, cached
+    stack.clock.now = NOW + timedelta(seconds=30)
+    second = stack.promote(tenant, conv, 1, (message("b", item_id=uid("m")),
+                                              message("c", item_id=uid("m"))))
+    partition = stack.store._partitions[(tenant, conv)]
+    stored = partition.items[second]
+    partition.items[second] = type(stored)(*(column[:-1] for column in (
+        stored.seqs, stored.ids, stored.types, stored.roles, stored.call_ids,
+        stored.contents, stored.digests, stored.formats)))
+    stack.clock.now = NOW + timedelta(seconds=95)  # turn 2 expired at NOW + 90 s
+    query = {"tenant_id": tenant, "fingerprint_hash": "0" * 64}
+    cold = stack.client.get(f"/v1/responses/{second}/history", params=query, headers=NO_CACHE)
+    extended = stack.client.get(f"/v1/responses/{second}/history",
+                                params={**query, "partition_key": conv})
+    assert (cold.status_code, cold.json()["reason"]) == (410, "EXPIRED")
+    assert (extended.status_code, extended.json()["reason"]) == (410, "EXPIRED")

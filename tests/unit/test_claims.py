@@ -78,13 +78,20 @@ def test_expired_lease_taken_over_only_at_least_once():
 def test_completion_only_by_holder():
     out = function_call_output("call_1", "ok", item_id="o1")
     other = function_call_output("call_1", "ko", item_id="o1")
-    assert claims.decide_completion(None, "tok1", out) is CompletionState.UNKNOWN_CLAIM
-    assert claims.decide_completion(HELD, "tok2", out) is CompletionState.NOT_HOLDER
-    assert claims.decide_completion(HELD, "tok1", out) is None
+    assert claims.decide_completion(None, "tok1", "succeeded", out) is (
+        CompletionState.UNKNOWN_CLAIM)
+    assert claims.decide_completion(HELD, "tok2", "succeeded", out) is CompletionState.NOT_HOLDER
+    assert claims.decide_completion(HELD, "tok1", "succeeded", out) is None
     done = claims.completed(HELD, "succeeded", out, NOW)
-    assert claims.decide_completion(done, "tok1", out) is CompletionState.ALREADY_COMPLETED
-    assert claims.decide_completion(done, "tok1", other) is CompletionState.OUTCOME_CONFLICT
-    assert claims.decide_completion(done, "tok2", out) is CompletionState.NOT_HOLDER
+    assert claims.decide_completion(done, "tok1", "succeeded", out) is (
+        CompletionState.ALREADY_COMPLETED)
+    assert claims.decide_completion(done, "tok1", "succeeded", other) is (
+        CompletionState.OUTCOME_CONFLICT)
+    # the same output under another status is another outcome: never silently accepted
+    assert claims.decide_completion(done, "tok1", "failed", out) is (
+        CompletionState.OUTCOME_CONFLICT)
+    assert claims.decide_completion(done, "tok2", "succeeded", out) is (
+        CompletionState.NOT_HOLDER)
 
 
 def test_rekeyed_output_keeps_the_result_not_the_ids():
