@@ -210,9 +210,10 @@ class PromotionProcessor:
 
         Taken only when no read but the owner's is needed: the record decodes without
         the registry and is at most ``LOOP_MAX_RECORD_BYTES``; it is a promotable
-        ``TurnCompleted`` that uses no tool effects and is not a chain's first response
-        (which claims its request too, ``CheckpointStore.promote``); this worker wrote no facts mark for
-        its request; the lineage it extends is in the tail cache (or it starts one). It
+        ``TurnCompleted`` that uses no tool effects, has only ids the API can serve and is
+        not a chain's first response (which claims its request too,
+        ``CheckpointStore.promote``); this worker wrote no facts mark for its request; the
+        lineage it extends is in the tail cache (or it starts one). It
         awaits the claim, the promotion batch of the plan the hints give (asserting no
         facts mark) and the owners. Any other answer (a rejection, a refused or unknown
         write, a claim held by another request) returns None."""
@@ -391,9 +392,9 @@ class PromotionProcessor:
         return self._promoted_request(turn) is not None
 
     def _promoted_request(self, turn: TurnCompleted) -> CheckpointRecord | None:
-        """The checkpoint promoted under the turn's idempotency key in its partition (by
-        any attempt, under any response id), or None; None also for a turn the store
-        could not take at all (its rejection says why)."""
+        """The checkpoint the turn's request stands promoted with (by any attempt, under
+        any response id: ``CheckpointStore.promoted_request``), or None; None also for a
+        turn the store could not take at all (its rejection says why)."""
         try:
             request = promotion.promotion_request(turn, Certification.LOGICAL_ONLY)
             return self.store.promoted_request(request)

@@ -617,19 +617,32 @@ class CheckpointStore(ABC):
         return KeyReused(original.request_digest, original.response_id)
 
     @abstractmethod
+    def _request_holder(self, tenant_id: str, idempotency_key: str) -> ResponseClaim | None:
+        """The holder of the request's claim (linearizable read), None if unclaimed."""
+
+    @abstractmethod
     def _claim_request(self, claim: ResponseClaim) -> ResponseClaim:
         """Insert ``claim`` as the holder of its (tenant, idempotency key) unless the
         key is held already (linearizable, first request wins, never released);
         returns the holder (``claim`` itself when it is ours)."""
 
     def promoted_request(self, request: PromotionRequest) -> CheckpointRecord | None:
-        """The checkpoint promoted under the request's idempotency key in its partition
-        (by whichever attempt or response id), or None: read at linearizable
-        consistency, like a promotion's view. Asked on the rare paths that must know
-        whether the request stands promoted (a cancellation that came after its
-        promotion; effects a rejected attempt must not orphan)."""
+        """The checkpoint the request (its idempotency key) stands promoted with, by
+        whichever attempt or response id, or None: its partition's idempotency record,
+        and for a chain's first response the partition of the response holding its
+        request claim (a retry under another response id is another partition). Read at
+        linearizable consistency, like a promotion's view. Asked on the rare paths that
+        must know whether the request stands promoted (a cancellation that came after
+        its promotion; effects a rejected attempt must not orphan)."""
         validate_request(request)
-        return self._read_view(request).original
+        original = self._read_view(request).original
+        if original is None and starts_chain(request):
+            holder = self._request_holder(request.tenant_id, request.idempotency_key)
+            if holder is not None and holder.partition_key != request.partition_key:
+                at_holder = dataclasses.replace(request, partition_key=holder.partition_key,
+                                                response_id=holder.response_id)
+                original = self._read_view(at_holder).original
+        return original
 
     # -- request facts marks ------------------------------------------------------------
 

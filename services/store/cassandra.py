@@ -536,6 +536,17 @@ class CassandraCheckpointStore(CheckpointStore):
             ),
         )
 
+    def _request_holder(self, tenant_id: str, idempotency_key: str) -> ResponseClaim | None:
+        def read() -> ResponseClaim | None:
+            rows = self._session.execute(self._select_request_claim_serial,
+                                         (tenant_id, idempotency_key), timeout=self._timeout,
+                                         execution_profile=self._tuple_rows)
+            row = rows.one()
+            return None if row is None else _holder(
+                tenant_id, dict(zip(rows.column_names, row, strict=True)))
+
+        return _guard("promote/request-claim", read)
+
     def _claim_request(self, claim: ResponseClaim) -> ResponseClaim:
         values = (claim.tenant_id, claim.idempotency_key, claim.response_id,
                   claim.partition_key, claim.request_digest)

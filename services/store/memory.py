@@ -132,6 +132,10 @@ class MemoryCheckpointStore(CheckpointStore):
         with self._lock:
             return self._claims.setdefault((claim.tenant_id, claim.response_id), claim)
 
+    def _request_holder(self, tenant_id: str, idempotency_key: str) -> ResponseClaim | None:
+        with self._lock:
+            return self._request_claims.get((tenant_id, idempotency_key))
+
     def _claim_request(self, claim: ResponseClaim) -> ResponseClaim:
         with self._lock:
             return self._request_claims.setdefault((claim.tenant_id, claim.idempotency_key),

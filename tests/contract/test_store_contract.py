@@ -354,6 +354,11 @@ class StoreContract:
         # nothing was written in the retries' partitions
         for response_id in (retry_id, reused_id):
             assert store.get_checkpoint(tenant, response_id) is None
+        # and the request is known as promoted from any attempt's partition
+        assert store.promoted_request(retry) == promoted
+        assert store.promoted_request(reused) == promoted
+        other_root = uid("resp")
+        assert store.promoted_request(chain_turn(tenant, other_root, other_root, None)) is None
 
     def test_a_chains_first_request_held_by_an_unpromoted_response(self, store, tenant):
         """The holder claimed the request, then its batch was never sent (a crash, or it

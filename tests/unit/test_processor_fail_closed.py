@@ -18,23 +18,7 @@ from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor
 from streams.records import RawRecord
-from streams.topics import Topics
-
-TOPICS = Topics.with_prefix("t.")
-
-
-class PickleCodec:
-    def decode(self, record: RawRecord):
-        return pickle.loads(record.value)
-
-    def encode(self, topic, model):
-        return pickle.dumps(model)
-
-    def decodes_offline(self, record):
-        return True
-
-    def encodes_offline(self, model):
-        return True
+from tests.unit.test_processor_rules import TOPICS, PickleCodec
 
 
 class ClaimsSeen(MemoryCheckpointStore):

@@ -617,6 +617,27 @@ def test_a_chains_first_request_retried_under_another_response_id(h):
     assert h.store.get_checkpoint(TENANT, retry.response_id) is None
 
 
+def test_a_chains_first_request_promoted_elsewhere_keeps_its_effects(h):
+    # The retries of a chain's first request are other partitions than the promoted
+    # attempt: a cancellation naming a retry after the promotion, and a reuse of the key,
+    # still never orphan what the promoted turn used.
+    first, effects = make_tool_loop_turn(rounds=1, conversation_id=None,
+                                         expected_head_seq=None, chain_root_id=None)
+    h.feed(*effects)
+    assert h.outcome(first).seq == 1
+    retry = _another_attempt(first, chain_root_id=None)
+    h.feed(make_turn_cancelled(retry))
+    handled = h.processor.handle(h.record(retry))
+    rejected = handled.outbound[0].model
+    assert (rejected.reason, rejected.existing_response_id) == (R.DUPLICATE,
+                                                                 first.response_id)
+    assert handled.outbound[1:] == ()
+    reused = _another_attempt(first, chain_root_id=None, request_digest="e" * 64)
+    handled = h.processor.handle(h.record(reused))
+    assert handled.outbound[0].model.reason is R.IDEMPOTENCY_KEY_REUSED
+    assert handled.outbound[1:] == ()
+
+
 def test_a_chains_first_request_held_by_an_undecided_response_waits_for_it(h):
     first = chain_turn(None, None)
     request = promotion_request(first, Certification.CERTIFIED)
