@@ -38,8 +38,12 @@ sets the request's facts mark (``mark_request_facts``) and the write of step 5 a
 requires the mark the caller decided with; a different mark ends the call with
 ``FactsChanged`` before any write.
 
-Backends implement ``_claim``, ``_read_view``, ``_write``, ``_load_partition``,
-``_locate`` and the facts mark's ``_set_facts_mark`` / ``request_facts_mark``.
+A chain's first response also claims its request, (tenant, idempotency key), the same
+way (``_request_held``): its retries under other response ids are other partitions.
+
+Backends implement ``_claim``, ``_claim_request``, ``_request_holder``, ``_read_view``,
+``_write``, ``_load_partition``, ``_locate`` and the facts mark's ``_set_facts_mark`` /
+``request_facts_mark``.
 """
 
 from __future__ import annotations
@@ -607,9 +611,7 @@ class CheckpointStore(ABC):
         holder = self._claim_request(mine)
         if holder.response_id == request.response_id:
             return None
-        at_holder = dataclasses.replace(request, partition_key=holder.partition_key,
-                                        response_id=holder.response_id)
-        original = self._read_view(at_holder).original
+        original = self._promoted_at(request, holder)
         if original is None:
             return RequestHeld(holder)
         if original.request_digest == request.request_digest:
@@ -639,10 +641,16 @@ class CheckpointStore(ABC):
         if original is None and starts_chain(request):
             holder = self._request_holder(request.tenant_id, request.idempotency_key)
             if holder is not None and holder.partition_key != request.partition_key:
-                at_holder = dataclasses.replace(request, partition_key=holder.partition_key,
-                                                response_id=holder.response_id)
-                original = self._read_view(at_holder).original
+                original = self._promoted_at(request, holder)
         return original
+
+    def _promoted_at(self, request: PromotionRequest,
+                     holder: ResponseClaim) -> CheckpointRecord | None:
+        """What the partition of ``holder`` (another first response of a chain) says
+        ``request``'s key promoted: its view's idempotency record, at SERIAL."""
+        return self._read_view(dataclasses.replace(
+            request, partition_key=holder.partition_key, response_id=holder.response_id
+        )).original
 
     # -- request facts marks ------------------------------------------------------------
 
