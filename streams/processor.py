@@ -225,8 +225,8 @@ class PromotionProcessor:
         if (not isinstance(turn, TurnCompleted) or turn.status not in PROMOTABLE_STATUSES
                 or promotion.used_effect_ids(turn)):
             return None
-        if turn.conversation_id is None and turn.previous_response_id is None:
-            return None  # a chain's first response also claims its request: the thread path
+        if _first_of_chain(turn):
+            return None  # it claims its request and reads its facts: the thread path
         if unservable_id(turn) is not None:
             return None  # rejected before any claim: the thread path
         key = partition_key(turn)
@@ -324,7 +324,10 @@ class PromotionProcessor:
             turn.tenant_id, turn.response_id, key, turn.idempotency_key, turn.request_digest)))
             if turn.status in PROMOTABLE_STATUSES else None)
         known_mark = self.tails.facts_mark(turn.tenant_id, key, turn.idempotency_key)
-        if promotion.used_effect_ids(turn) or known_mark is not None:
+        # A chain's first response reads its request's facts always: its other
+        # attempts are other partitions, whose facts marks its batch cannot assert (a
+        # cancellation keyed to another attempt is still in the ledger, by request).
+        if promotion.used_effect_ids(turn) or known_mark is not None or _first_of_chain(turn):
             facts, mark = self._read_facts(turn, key, owner, known_mark or _UNKNOWN)
             read = True
         else:
@@ -692,6 +695,11 @@ class _Hints:
             ANY_LINEAGE if lineage.unread
             else None if lineage.tail is None else lineage.tail.response_id)
         return cls(head, parent, extends)
+
+
+def _first_of_chain(turn: TurnCompleted) -> bool:
+    """A chain's first response: each attempt of its request is its own partition."""
+    return turn.conversation_id is None and turn.previous_response_id is None
 
 
 def _owners(turn: TurnCompleted, first_turn: bool) -> dict[str, str | None]:

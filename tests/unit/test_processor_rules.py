@@ -638,6 +638,19 @@ def test_a_chains_first_request_promoted_elsewhere_keeps_its_effects(h):
     assert handled.outbound[1:] == ()
 
 
+def test_a_chains_first_request_once_cancelled_never_promotes_under_another_id(h):
+    # The cancellation is keyed to one attempt's partition (or to an id never produced);
+    # the request it cancels is every attempt, whatever partition each is.
+    first = chain_turn(None, None)
+    h.feed(make_turn_cancelled(first))
+    assert h.outcome(first).reason is R.CANCELLED
+    retry = _another_attempt(first, chain_root_id=None)
+    assert h.outcome(retry).reason is R.CANCELLED
+    other = chain_turn(None, None)
+    h.feed(make_turn_cancelled(_another_attempt(other, chain_root_id=None)))  # never produced
+    assert h.outcome(other).reason is R.CANCELLED
+
+
 def test_a_chains_first_request_held_by_an_undecided_response_waits_for_it(h):
     first = chain_turn(None, None)
     request = promotion_request(first, Certification.CERTIFIED)
