@@ -455,20 +455,27 @@ def test_a_duplicate_orphans_the_effects_only_its_attempt_ran(h):
         (effect_id, OrphanReason.ATTEMPT_SUPERSEDED) for effect_id in sorted(extra)]
 
 
-def test_a_cancel_naming_a_retry_after_the_promotion_changes_nothing(h):
-    # The request was promoted by attempt 1; a cancellation naming attempt 2's response
-    # id came after it: attempt 2 is DUPLICATE (its status names the original) and the
-    # promoted turn's effects are not compensated.
-    first, effects = make_tool_loop_turn(rounds=1, conversation_id=conv_id())
+def _retry_cancelled_after_the_promotion(h, first, effects, **changes):
+    """``first`` promoted with its ``effects``; then a cancellation naming attempt 2's
+    response id, then attempt 2: DUPLICATE naming ``first``, nothing orphaned."""
     h.feed(*effects)
     assert h.outcome(first).seq == 1
-    retry = _another_attempt(first)
+    retry = _another_attempt(first, **changes)
     h.feed(make_turn_cancelled(retry))
     handled = h.processor.handle(h.record(retry))
     rejected = handled.outbound[0].model
     assert (rejected.reason, rejected.existing_response_id) == (R.DUPLICATE,
                                                                  first.response_id)
     assert handled.outbound[1:] == ()
+    return retry
+
+
+def test_a_cancel_naming_a_retry_after_the_promotion_changes_nothing(h):
+    # The request was promoted by attempt 1; a cancellation naming attempt 2's response
+    # id came after it: attempt 2 is DUPLICATE (its status names the original) and the
+    # promoted turn's effects are not compensated.
+    first, effects = make_tool_loop_turn(rounds=1, conversation_id=conv_id())
+    retry = _retry_cancelled_after_the_promotion(h, first, effects)
     status = h.ledger.status(TENANT, retry.response_id)
     assert (status.reason, status.existing_response_id) == ("DUPLICATE", first.response_id)
 
@@ -623,15 +630,7 @@ def test_a_chains_first_request_promoted_elsewhere_keeps_its_effects(h):
     # still never orphan what the promoted turn used.
     first, effects = make_tool_loop_turn(rounds=1, conversation_id=None,
                                          expected_head_seq=None, chain_root_id=None)
-    h.feed(*effects)
-    assert h.outcome(first).seq == 1
-    retry = _another_attempt(first, chain_root_id=None)
-    h.feed(make_turn_cancelled(retry))
-    handled = h.processor.handle(h.record(retry))
-    rejected = handled.outbound[0].model
-    assert (rejected.reason, rejected.existing_response_id) == (R.DUPLICATE,
-                                                                 first.response_id)
-    assert handled.outbound[1:] == ()
+    _retry_cancelled_after_the_promotion(h, first, effects, chain_root_id=None)
     reused = _another_attempt(first, chain_root_id=None, request_digest="e" * 64)
     handled = h.processor.handle(h.record(reused))
     assert handled.outbound[0].model.reason is R.IDEMPOTENCY_KEY_REUSED
