@@ -537,15 +537,17 @@ class CassandraCheckpointStore(CheckpointStore):
         )
 
     def _request_holder(self, tenant_id: str, idempotency_key: str) -> ResponseClaim | None:
-        def read() -> ResponseClaim | None:
-            rows = self._session.execute(self._select_request_claim_serial,
-                                         (tenant_id, idempotency_key), timeout=self._timeout,
-                                         execution_profile=self._tuple_rows)
-            row = rows.one()
-            return None if row is None else _holder(
-                tenant_id, dict(zip(rows.column_names, row, strict=True)))
+        return _guard("promote/request-claim", lambda: self._read_claim(
+            self._select_request_claim_serial, (tenant_id, idempotency_key)))
 
-        return _guard("promote/request-claim", read)
+    def _read_claim(self, statement: Any, key: tuple[str, str]) -> ResponseClaim | None:
+        """A claim row read at SERIAL (``key`` = tenant, then the claim's own key), or
+        None when there is none."""
+        rows = self._session.execute(statement, key, timeout=self._timeout,
+                                     execution_profile=self._tuple_rows)
+        row = rows.one()
+        return None if row is None else _holder(
+            key[0], dict(zip(rows.column_names, row, strict=True)))
 
     def _claim_request(self, claim: ResponseClaim) -> ResponseClaim:
         values = (claim.tenant_id, claim.idempotency_key, claim.response_id,
@@ -585,12 +587,8 @@ class CassandraCheckpointStore(CheckpointStore):
 
     def _serial_claim(self, claim: ResponseClaim, cause: BaseException,
                       serial: tuple[Any, tuple[str, str]]) -> ResponseClaim:
-        statement, key = serial
         try:
-            row = self._session.execute(statement, key, timeout=self._timeout,
-                                        execution_profile=self._tuple_rows)
-            found = None if not row.current_rows else dict(
-                zip(row.column_names, row.one(), strict=True))
+            found = self._read_claim(*serial)
         except Exception as exc:  # noqa: BLE001 - any failure leaves the outcome unknown
             raise StoreUnavailable(
                 f"claim of {claim.response_id} has an unknown outcome ({cause!r}) and the "
@@ -601,7 +599,7 @@ class CassandraCheckpointStore(CheckpointStore):
                 f"claim of {claim.response_id} did not land ({cause!r})", retryable=True,
                 operation="promote/claim",
             )
-        return _holder(claim.tenant_id, found)
+        return found
 
     def _view(self, request: PromotionRequest, head_row: Any, rows: list[Any]) -> PromotionView:
         checkpoints = {
