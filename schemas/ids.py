@@ -29,6 +29,16 @@ SERVED_ID_FIELDS = (
 """Fields of a gateway event the API takes in a path or query (history, status,
 ``partition_key`` hint) to serve the turn; each must match ``ID_PATTERN`` when set."""
 
+KEY_ID_FIELDS = (
+    "idempotency_key",
+    "event_id",
+    "effect_id",
+)
+"""Other ids of a gateway event that key stored rows (a request's facts, decisions,
+effects; the claims API takes the same ids under the same pattern). Bounded like the
+served ones: an id the store could not key (Cassandra refuses a key above 64 KiB) would
+otherwise stall its partition on a write that can never succeed."""
+
 _SHOWN = 60  # characters of an offending id quoted in a detail
 
 
@@ -38,9 +48,10 @@ def is_servable_id(value: str) -> bool:
 
 
 def unservable_id(event: Any) -> str | None:
-    """Why one of ``event``'s ids (``SERVED_ID_FIELDS``; null ones aside) could never be
-    served by the API, or None. Works for any gateway event or ``TurnIdentity``."""
-    for name in SERVED_ID_FIELDS:
+    """Why one of ``event``'s ids (``SERVED_ID_FIELDS`` and ``KEY_ID_FIELDS``; null or
+    absent ones aside) could never be served by the API or key a stored row, or None.
+    Works for any gateway event or ``TurnIdentity``."""
+    for name in SERVED_ID_FIELDS + KEY_ID_FIELDS:
         value = getattr(event, name, None)
         if value is not None and not is_servable_id(value):
             shown = value if len(value) <= _SHOWN else value[:_SHOWN] + "..."

@@ -44,3 +44,36 @@ def partition_key(event: Keyed) -> str:
     if previous is not None:
         raise MissingChainRoot(event.response_id, previous)
     return event.response_id
+
+
+def root_problem(event: Keyed) -> str | None:
+    """Why a chain's first response (no Conversation, no ``previous_response_id``)
+    names another chain root than itself, or None. Its children are keyed by its own
+    ``response_id`` (the first response of their chain): stored under another root, its
+    chain could never be continued, and its response id would be bound in a partition
+    no retry of it names."""
+    if event.conversation_id is not None or getattr(event, "previous_response_id", None):
+        return None
+    root = event.chain_root_id
+    if root is None or root == event.response_id:
+        return None
+    return (f"chain_root_id {root!r} of a chain's first response (no previous_response_id) "
+            f"must be null or its own response_id {event.response_id!r}")
+
+
+def key_problem(event: Keyed, kafka_key: bytes | None) -> str | None:
+    """Why a record's Kafka key is not its event's partition key (CONTRACT section 2:
+    the key is the partition key as raw UTF-8 bytes), or None. The order the rules
+    rely on (per partition key, in Kafka order) holds only then. An event whose key
+    cannot be derived (``MissingChainRoot``) is None here: its own rule decides."""
+    try:
+        key = getattr(event, "partition_key", None)
+        if not isinstance(key, str):
+            key = partition_key(event)
+    except MissingChainRoot:
+        return None
+    if kafka_key == key.encode():
+        return None
+    shown = kafka_key if kafka_key is None or len(kafka_key) <= 60 else kafka_key[:60] + b"..."
+    return (f"Kafka key {shown!r} is not the event's partition key {key[:60]!r}: "
+            "the key must be the partition key (CONTRACT section 2)")

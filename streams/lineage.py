@@ -30,6 +30,8 @@ class Lineage:
     # No readable lineage (not found, expired, corrupt): pairing continues an empty
     # state and the store's rules alone decide where the turn goes; nothing learnt.
     unread: bool = False
+    # Unread because nothing is stored there: no Conversation head, no chain parent.
+    absent: bool = False
 
 
 def starts_lineage(turn: TurnCompleted) -> Lineage | None:

@@ -43,7 +43,8 @@ def recorded_effect(effect: ToolEffect) -> RecordedEffect:
     )
 
 
-def _header(turn: TurnCompleted, partition: str, kind: str, produced_at: int) -> dict:
+def _header(turn: TurnCompleted | ToolEffect, partition: str, kind: str,
+            produced_at: int) -> dict:
     return {
         "event_id": outcome_event_id(turn.event_id, kind),
         "tenant_id": turn.tenant_id,
@@ -95,7 +96,9 @@ def rejected_event(turn: TurnCompleted, partition: str, verdict: Reject) -> Prom
     )
 
 
-def orphaned_event(turn: TurnCompleted, partition: str, orphan: Orphan) -> EffectOrphaned:
+def orphaned_event(turn: TurnCompleted | ToolEffect, partition: str,
+                   orphan: Orphan) -> EffectOrphaned:
+    """An effect orphaned by ``turn``'s verdict, or by ``late_orphan_event``."""
     e = orphan.effect
     return EffectOrphaned(
         **_header(turn, partition, f"orphaned/{e.effect_id}", turn.produced_at),
@@ -113,3 +116,10 @@ def orphaned_event(turn: TurnCompleted, partition: str, orphan: Orphan) -> Effec
         orphaned_at=turn.produced_at,
         effect_completed=orphan.completed,
     )
+
+
+def late_orphan_event(effect: ToolEffect, orphan: Orphan) -> EffectOrphaned:
+    """An effect recorded after its request's promotion, which does not use it: the
+    same record as a verdict's orphan, under the ``ToolEffect``'s own header (its
+    event_id, partition key and produced_at)."""
+    return orphaned_event(effect, effect.partition_key, orphan)

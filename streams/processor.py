@@ -46,6 +46,8 @@ from ratchet.domain.history import (
     VerifiedHistory,
 )
 from ratchet.domain.plan import (
+    AheadOfHead,
+    Conflict,
     FactsChanged,
     LineageChanged,
     ParentMissing,
@@ -67,12 +69,13 @@ from ratchet.domain.validation import (
 )
 from schemas.errors import Unavailable
 from schemas.ids import unservable_id
-from schemas.keys import MissingChainRoot, partition_key
+from schemas.keys import MissingChainRoot, key_problem, partition_key, root_problem
 from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import (
     Certification,
     DeadLetter,
     DeadLetterReason,
+    OrphanReason,
     RejectionReason,
     ToolEffect,
     TurnCancelled,
@@ -95,7 +98,13 @@ from services.store.base import (
 )
 from streams import metrics
 from streams.lineage import Lineage, slim, starts_lineage, utc
-from streams.outcomes import orphaned_event, promoted_event, recorded_effect, rejected_event
+from streams.outcomes import (
+    late_orphan_event,
+    orphaned_event,
+    promoted_event,
+    recorded_effect,
+    rejected_event,
+)
 from streams.records import DecodeFailed, EventCodec, Outbound, RawRecord
 from streams.tail_cache import Tail, TailCache
 from streams.topics import Topics
@@ -161,12 +170,19 @@ class PromotionProcessor:
         down: retry later)."""
         try:
             event = self.codec.decode(record)
+            bad_identity = identity_problem(event, record.key)
+            if bad_identity is not None and isinstance(event, ToolEffect | TurnCancelled):
+                # Nothing to reject (no outcome topic for these), and no row can be
+                # keyed by such an id, or it is out of its request's order: the record
+                # is parked, bytes kept.
+                raise DecodeFailed(DeadLetterReason.INVALID_EVENT, bad_identity)
             if isinstance(event, ToolEffect):
-                self._record_effect(event)
-                return Handled((), "effect")
+                return Handled(self._record_effect(event), "effect")
             if isinstance(event, TurnCancelled):
                 self._record_cancel(event)
                 return Handled((), "cancel")
+            if bad_identity is not None:
+                return self._on_bad_identity(event, bad_identity)
             if len(record.value or b"") > MAX_EVENT_BYTES:
                 return self._on_too_large_turn(event, len(record.value or b""))
             return self._on_turn(event)
@@ -227,7 +243,7 @@ class PromotionProcessor:
             return None
         if _first_of_chain(turn):
             return None  # it claims its request and reads its facts: the thread path
-        if unservable_id(turn) is not None:
+        if identity_problem(turn, record.key) is not None:
             return None  # rejected before any claim: the thread path
         key = partition_key(turn)
         if self.tails.facts_mark(turn.tenant_id, key, turn.idempotency_key) is not None:
@@ -254,11 +270,11 @@ class PromotionProcessor:
         if not isinstance(decided, Promote) or holder != claim:
             return None
         hints = _Hints.of(decided, lineage)
-        to_own = _owners(turn, first_turn=owner is None)
-        # A Conversation's later turns own nothing: no task for an empty write.
-        owners = (asyncio.ensure_future(self.ledger.record_owners_async(**to_own))
-                  if to_own["response_id"] is not None or to_own["conversation_id"] is not None
-                  else None)
+        # A chain turn's response id owner, beside the batch (a Conversation's turns
+        # own no response id: no task for an empty write).
+        owners = (asyncio.ensure_future(self.ledger.record_owners_async(
+            tenant_id=turn.tenant_id, response_id=turn.response_id, conversation_id=None))
+            if conversation is None else None)
         try:
             with metrics.LWT_SECONDS.time():
                 promoted = await self.store.promote_from_hints_async(
@@ -269,6 +285,12 @@ class PromotionProcessor:
                 await owners  # durable before anything is published (raises if not)
         if promoted is None:
             return None
+        if conversation is not None and owner is None:
+            # The Conversation's owner only once its first turn is promoted (a refused
+            # batch must not hand the Conversation to its tenant); durable before
+            # anything is published (a crash before it: the redelivery writes it).
+            await self.ledger.record_owners_async(
+                tenant_id=turn.tenant_id, response_id=None, conversation_id=conversation)
         verdict = Accepted(promoted.checkpoint)
         self._learn_lineage(lineage, validation.pairing, promoted.checkpoint)
         if conversation is not None:
@@ -276,12 +298,30 @@ class PromotionProcessor:
         return self._publishable(turn, key, verdict, _NO_FACTS)
 
     # -- ToolEffect / TurnCancelled ----------------------------------------------------
-    def _record_effect(self, effect: ToolEffect) -> None:
-        result = self.ledger.record_effect(recorded_effect(effect))
+    def _record_effect(self, effect: ToolEffect) -> tuple[Outbound, ...]:
+        """Record the effect, then the request's facts mark; then, if the request
+        already stands promoted without it (an effect of another attempt arriving late,
+        e.g. one that ran past its turn's promotion), publish it orphaned: the
+        promotion's own orphans could not include it. Read at SERIAL after the mark: a
+        promotion batch that landed before the mark is seen here, one sent after it is
+        refused and reads the effect with the request's facts."""
+        recorded = recorded_effect(effect)
+        result = self.ledger.record_effect(recorded)
         if result is EffectWrite.CONFLICT:
             log.warning("tool effect %s recorded again with a different output digest: "
                         "conflicted", effect.effect_id)
         self._mark_facts(effect.tenant_id, effect.partition_key, effect.idempotency_key)
+        promoted = self.store.promoted_key(effect.tenant_id, effect.partition_key,
+                                           effect.idempotency_key, effect.response_id)
+        used = None if promoted is None else promoted.accepted_effect_ids
+        if used is None or effect.effect_id in used:
+            return ()  # not promoted, used by the promoted turn, or unknown (pre-012)
+        assert promoted is not None
+        orphan = promotion.Orphan(recorded, OrphanReason.ATTEMPT_SUPERSEDED, detail=(
+            f"recorded after request {effect.idempotency_key} was promoted as "
+            f"{promoted.response_id}, which does not use it"))
+        return (Outbound(self.topics.orphaned_effects, effect.partition_key.encode(),
+                         late_orphan_event(effect, orphan)),)
 
     def _record_cancel(self, cancel: TurnCancelled) -> None:
         self.ledger.record_cancellation(Cancellation(
@@ -308,12 +348,6 @@ class PromotionProcessor:
             key = partition_key(turn)
         except MissingChainRoot as exc:
             return self._on_unkeyed_turn(turn, exc)
-        unservable = unservable_id(turn)
-        if unservable is not None:
-            # A history the API could never serve: CORRUPT before the store, so not even
-            # the response id's claim is written (validation says the same, later).
-            return self._reject_before_the_store(turn, key, Reject(RejectionReason.CORRUPT,
-                                                                   unservable))
         conversation = turn.conversation_id
         owner = None if conversation is None else self.tails.owner(conversation)
         # The response id's claim must be held before the promotion batch is sent;
@@ -339,7 +373,11 @@ class PromotionProcessor:
         fresh = False  # decide from fresh reads only (no cached lineage or owner)
         for _ in range(MAX_FACTS_ROUNDS):
             if facts.decision is not None and facts.decision.reason is not None:
-                verdict: Verdict = _replayed_rejection(facts.decision)  # never flip it
+                # Never flip it: the recorded rejection, settled again (its writer may
+                # have stopped before the mark or the status), unless the event stands
+                # promoted (a batch that landed before the rejection's mark did).
+                verdict: Verdict = self._settle_rejection(
+                    turn, key, _replayed_rejection(facts.decision))
                 break
             decided = self._decide_and_write(
                 turn, facts, mark, fresh=fresh, recheck=read, claiming=claiming,
@@ -361,7 +399,19 @@ class PromotionProcessor:
             raise StoreUnavailable(
                 f"facts of request {turn.idempotency_key} changed {MAX_FACTS_ROUNDS} times "
                 "while deciding", retryable=True, operation="promote")
+        if isinstance(verdict, Accepted) and verdict.replayed and not read:
+            # A redelivery (or a retry) found its promotion stored: its orphans are the
+            # request's effects the promoted turn did not use, which the fast path did
+            # not read. Read them, or a worker without this request's facts mark in its
+            # cache would publish none (the one that promoted first did).
+            facts = self._effects_of(turn)
         return self._publishable(turn, key, verdict, facts)
+
+    def _effects_of(self, turn: TurnCompleted) -> TurnFacts:
+        """The request's facts as far as its orphans need them (effects and claims)."""
+        return self.ledger.turn_facts(
+            event_id=turn.event_id, tenant_id=turn.tenant_id,
+            idempotency_key=turn.idempotency_key, conversation_id=None)
 
     def _read_facts(self, turn: TurnCompleted, key: str, owner: str | None,
                     mark: str | None | object = _UNKNOWN) -> tuple[TurnFacts, str | None]:
@@ -404,6 +454,21 @@ class PromotionProcessor:
         except (InvalidPromotion, MissingChainRoot, ValueError):
             return None
 
+    def _on_bad_identity(self, turn: TurnCompleted, problem: str) -> Handled:
+        """A turn whose ids or key are wrong (``identity_problem``): an id outside the
+        API's pattern (a history the API could never serve, or an id no row could be
+        keyed by), a chain's first response naming another root, or a record keyed
+        apart from its partition key. ``CORRUPT`` with no store or ledger access at all
+        (not even the response id's claim; validation says the same of the first two).
+        Nothing is recorded: the rejection follows from the record alone, so a
+        redelivery gets it again."""
+        try:
+            key = partition_key(turn)
+        except MissingChainRoot:
+            key = turn.response_id
+        return self._publishable(turn, key, Reject(RejectionReason.CORRUPT, problem),
+                                 _NO_FACTS)
+
     def _on_too_large_turn(self, turn: TurnCompleted, size: int) -> Handled:
         """A turn whose event is above the protocol's maximum (a gateway that did not
         check): ``UNSUPPORTED_FORMAT``, decided without store reads, recorded like any
@@ -428,12 +493,14 @@ class PromotionProcessor:
                                  reject: Reject) -> Handled:
         """A rejection decided from the event alone: recorded like any other (so the
         status endpoint and a redelivery agree), or the recorded one replayed."""
-        facts = self.ledger.turn_facts(
-            event_id=turn.event_id, tenant_id=turn.tenant_id,
-            idempotency_key=turn.idempotency_key, conversation_id=None)
-        if facts.decision is not None and facts.decision.reason is not None:
-            verdict: Verdict = _replayed_rejection(facts.decision)  # never flip an outcome
-        else:
+        facts = self._effects_of(turn)
+        # A retry of a request that stands promoted under this response id gets the
+        # promotion, whatever this event looks like (CONTRACT 4: the original outcome).
+        verdict: Verdict | None = self._already_promoted(turn)
+        if verdict is None and facts.decision is not None and facts.decision.reason is not None:
+            # never flip an outcome; settled again like any replayed rejection
+            verdict = self._settle_rejection(turn, key, _replayed_rejection(facts.decision))
+        elif verdict is None:
             verdict = self._make_durable(turn, key, reject, facts)
         return self._publishable(turn, key, verdict, facts)
 
@@ -485,12 +552,41 @@ class PromotionProcessor:
             # claims hook (issue 17): read with the request's facts, no extra query
             claims={c.effect_id: c for c in facts.claims},
         ))
+        if isinstance(decided, Reject) and decided.reason is RejectionReason.UNPAIRED_TOOL_CALL:
+            decided = self._out_of_lineage(turn, lineage) or decided
         if not isinstance(decided, Promote):
             return self._already_promoted(turn) or decided
-        verdict = self._promote(turn, decided, lineage, mark, claiming,
-                                first_turn=facts.conversation_owner is None)
+        verdict = self._promote(turn, decided, lineage, mark, claiming)
         if isinstance(verdict, Accepted) and not verdict.replayed:
             self._learn_lineage(lineage, validation.pairing, verdict.checkpoint)
+        return verdict
+
+    def _out_of_lineage(self, turn: TurnCompleted, lineage: Lineage) -> Reject | None:
+        """Why a turn whose pairing failed does not extend ``lineage`` at all, or None.
+
+        Pairing is checked against the lineage read for the turn: a Conversation's
+        current head (which the turn may not extend: it expects an older or a newer
+        one), or a chain parent that is not there. Such a turn is judged by ordering,
+        as the store would judge it (CONTRACT 4: ``CONFLICT`` / ``OUT_OF_ORDER`` with the
+        head; ``PARENT_NOT_PROMOTED`` / ``TENANT_MISMATCH``), not by a pairing against
+        a history that is not its own. From a read only (a cached lineage is the one
+        the turn expects)."""
+        if lineage.cached:
+            return None
+        if turn.conversation_id is not None:
+            expected = turn.expected_head_seq
+            head = (0 if lineage.absent else None if lineage.tail is None
+                    else lineage.tail.seq)
+            if head is None or expected is None or expected == head:
+                return None
+            outcome = Conflict(head) if expected < head else AheadOfHead(head)
+            return promotion.interpret(turn, outcome)
+        parent = turn.previous_response_id
+        if parent is None or not lineage.absent:
+            return None
+        verdict = promotion.interpret(turn, ParentMissing(parent),
+                                      self._chain_owner(turn, parent))
+        assert isinstance(verdict, Reject)
         return verdict
 
     def _learn_lineage(self, lineage: Lineage, pairing: PairingState | None,
@@ -546,7 +642,8 @@ class PromotionProcessor:
         # No readable history: the store's ordering checks decide (CONFLICT, OUT_OF_ORDER,
         # PARENT_NOT_PROMOTED); pairing has nothing to continue.
         if isinstance(found, HistoryFailure):
-            return Lineage(EMPTY_PAIRING, None, unread=True)
+            return Lineage(EMPTY_PAIRING, None, unread=True,
+                           absent=found.reason is HistoryFailureReason.NOT_FOUND)
         pairing = pairing_state_of(found.items)
         if isinstance(pairing, PairingState):
             # What was read is a fact about that response's lineage, whoever promoted it.
@@ -564,12 +661,17 @@ class PromotionProcessor:
                                        partition_key=partition_key(turn), now=now)
 
     def _promote(self, turn: TurnCompleted, decided: Promote, lineage: Lineage,
-                 mark: str | None, claiming: Callable[[], ResponseClaim] | None = None,
-                 *, first_turn: bool = False) -> Verdict | FactsChanged | None:
+                 mark: str | None, claiming: Callable[[], ResponseClaim] | None = None
+                 ) -> Verdict | FactsChanged | None:
         hints = _Hints.of(decided, lineage)
         # The claim's holder (raises StoreUnavailable if its outcome stays unknown).
         holder = claiming() if claiming is not None else None
-        owners = self.ledger.start_recording_owners(**_owners(turn, first_turn))
+        # A chain turn's response id owner, beside the batch (``_chain_owner``); a
+        # Conversation's owner is written once its first turn is promoted
+        # (``_make_durable``).
+        owners = self.ledger.start_recording_owners(
+            tenant_id=turn.tenant_id, conversation_id=None,
+            response_id=turn.response_id if turn.conversation_id is None else None)
         try:
             with metrics.LWT_SECONDS.time():
                 outcome = self.store.promote(decided.request, head_hint=hints.head,
@@ -596,8 +698,18 @@ class PromotionProcessor:
             return self._held_by_another_response(turn, outcome.holder)
         parent_owner = None
         if isinstance(outcome, ParentMissing):
-            parent_owner = self.ledger.response_owner(outcome.previous_response_id)
+            parent_owner = self._chain_owner(turn, outcome.previous_response_id)
         return promotion.interpret(turn, outcome, parent_owner)
+
+    def _chain_owner(self, turn: TurnCompleted, response_id: str) -> str | None:
+        """The tenant that promoted chain response ``response_id`` (another tenant's
+        parent is ``TENANT_MISMATCH``), or None. The owner row is written beside the
+        promotion batch, so it may name a tenant whose batch was then refused: another
+        tenant counts only if its checkpoint is there (asked on this rare path only)."""
+        found = self.ledger.response_owner(response_id)
+        if found is None or found == turn.tenant_id:
+            return found
+        return found if self.store.get_checkpoint(found, response_id) is not None else None
 
     def _held_by_another_response(self, turn: TurnCompleted, holder: ResponseClaim) -> Reject:
         """A chain's first response whose request another first response holds, not
@@ -617,9 +729,16 @@ class PromotionProcessor:
                       facts: TurnFacts) -> Verdict:
         """Record the verdict before anything is published (commit order, step 1)."""
         if isinstance(verdict, Accepted):
-            # Durable already: the turn (the store) and its owners (written beside it).
-            if turn.conversation_id is not None:
-                self.tails.learn_owner(turn.conversation_id, turn.tenant_id)
+            # Durable already: the turn (the store) and a chain turn's response owner
+            # (written beside it). A Conversation's owner is written only now that its
+            # first turn is promoted (a refused batch must not hand the Conversation to
+            # its tenant), also by a redelivery (its writer may have stopped before).
+            conversation = turn.conversation_id
+            if conversation is not None and facts.conversation_owner is None:
+                self.ledger.start_recording_owners(
+                    tenant_id=turn.tenant_id, response_id=None, conversation_id=conversation)()
+            if conversation is not None:
+                self.tails.learn_owner(conversation, turn.tenant_id)
             return verdict
         held = self.ledger.record_decision(Decision(
             event_id=turn.event_id, tenant_id=turn.tenant_id, response_id=turn.response_id,
@@ -630,12 +749,25 @@ class PromotionProcessor:
         ))
         # Another worker may have decided this event first (zombie after a rebalance):
         # the first decision holds.
-        verdict = _replayed_rejection(held)
-        # A DUPLICATE's status names the original response (a retry answers with it).
+        return self._settle_rejection(turn, key, _replayed_rejection(held))
+
+    def _settle_rejection(self, turn: TurnCompleted, key: str, verdict: Reject) -> Verdict:
+        """Make a recorded rejection final, in this order (also when it is replayed: the
+        worker that recorded it may have stopped at any step; each is idempotent):
+
+        1. the request's facts mark: from now on a promotion batch of this request
+           decided without the decision is refused, and whoever decides it again reads
+           the decision (it was durable before the mark);
+        2. a promotion of this event that landed before the mark (another worker that
+           decided it on the fast path, e.g. the old owner after a rebalance) stands:
+           the rejection was never published, and never will be;
+        3. the status row (a DUPLICATE's names the original response)."""
+        self._mark_facts(turn.tenant_id, key, turn.idempotency_key)
+        promoted = self._already_promoted(turn)
+        if promoted is not None:
+            return promoted
         self.ledger.mark_rejected(turn.tenant_id, turn.response_id, verdict.reason.value,
                                   verdict.detail, verdict.existing_response_id)
-        # A redelivery of this event decided on the fast path must find the decision.
-        self._mark_facts(turn.tenant_id, key, turn.idempotency_key)
         return verdict
 
     # -- what to publish ------------------------------------------------------------------
@@ -697,20 +829,19 @@ class _Hints:
         return cls(head, parent, extends)
 
 
+def identity_problem(event: object, kafka_key: bytes | None) -> str | None:
+    """Why an event's identity is unusable, or None: an id outside the API's pattern
+    (``schemas/ids.py``), a chain's first response naming another root, a Kafka key
+    that is not its partition key (``schemas/keys.py``)."""
+    problem = unservable_id(event)
+    if problem is None and isinstance(event, TurnCompleted):
+        problem = root_problem(event)
+    return problem or key_problem(event, kafka_key)  # type: ignore[arg-type]
+
+
 def _first_of_chain(turn: TurnCompleted) -> bool:
     """A chain's first response: each attempt of its request is its own partition."""
     return turn.conversation_id is None and turn.previous_response_id is None
-
-
-def _owners(turn: TurnCompleted, first_turn: bool) -> dict[str, str | None]:
-    """The owners a promotion writes beside its batch (``start_recording_owners``),
-    durable before anything is published: a chain's response ids (where a chain
-    turn's missing parent is looked up: ``TENANT_MISMATCH``) and a Conversation's
-    owner on its first turn; later turns of a Conversation write none."""
-    chain = turn.conversation_id is None
-    return {"tenant_id": turn.tenant_id,
-            "response_id": turn.response_id if chain else None,
-            "conversation_id": turn.conversation_id if first_turn else None}
 
 
 def _replayed_rejection(decision: Decision) -> Reject:

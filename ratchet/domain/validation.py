@@ -55,6 +55,7 @@ from ratchet.domain.catalogue import (
 )
 from ratchet.domain.fingerprint import fingerprint_hash, missing_components
 from schemas.ids import unservable_id
+from schemas.keys import root_problem
 from schemas.models import (
     SUPPORTED_FINGERPRINT_VERSIONS,
     SUPPORTED_FORMAT_VERSIONS,
@@ -308,6 +309,8 @@ def _check_integrity(event: TurnCompleted, items: Sequence[Item]) -> Rejected | 
     problem = unservable_id(event) or _mode_problem(event)
     if problem:
         return _corrupt(problem)
+    if event.attempt < 1:  # numbered from 1 (the claims API refuses the same)
+        return _corrupt(f"attempt {event.attempt} is below 1")
     sha256 = hashlib.sha256  # the hot loop of validation: every digest, every time
     item_ids: set[str] = set()
     for item in items:
@@ -339,7 +342,7 @@ def _mode_problem(event: TurnCompleted) -> str | None:
     if event.conversation_id is not None and event.previous_response_id is not None:
         return (f"Conversation-mode turn (conversation_id {event.conversation_id!r}) has "
                 f"previous_response_id {event.previous_response_id!r}: it must be null")
-    return None
+    return root_problem(event)
 
 
 def _check_fingerprint_complete(event: TurnCompleted) -> Rejected | None:

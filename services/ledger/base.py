@@ -212,12 +212,12 @@ class Ledger(abc.ABC):
     def start_recording_owners(self, *, tenant_id: str, response_id: str | None,
                                conversation_id: str | None) -> Callable[[], None]:
         """Start writing the owner of a response id (a chain's turn: only a chain names
-        a parent, see ``response_owner``) and of a Conversation (on its first turn)
-        beside the promotion batch; the returned waiter returns once they are durable
-        (``LedgerUnavailable`` otherwise). Nothing to write (both None): no request.
-        Written even if the batch is then refused: the response id is claimed by the
-        tenant's request already, and a first turn's batch is only refused when the
-        tenant's partition holds turns."""
+        a parent, see ``response_owner``) and of a Conversation; the returned waiter
+        returns once they are durable (``LedgerUnavailable`` otherwise). Nothing to
+        write (both None): no request. The processor writes a chain turn's response
+        owner beside its promotion batch (it may stay though the batch is refused: a
+        reader of it checks the checkpoint, ``PromotionProcessor._chain_owner``) and a
+        Conversation's owner only after its first turn's batch applied."""
         if response_id is not None:
             self.record_response_owner(response_id, tenant_id)
         if conversation_id is not None:

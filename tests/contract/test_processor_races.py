@@ -33,7 +33,7 @@ from services.store.cassandra import CassandraCheckpointStore
 from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor
 from streams.records import RawRecord
-from tests.unit.test_processor_rules import TOPICS, PickleCodec
+from tests.unit.test_processor_rules import TOPICS, PickleCodec, raw_record
 
 R = RejectionReason
 
@@ -46,17 +46,18 @@ class Worker:
     """``entry``: ``handle`` (the thread path) or ``handle_async`` (the event loop's
     fast path, giving way to ``handle`` for everything else, as the app runs it)."""
 
-    def __init__(self, store, ledger, entry: str = "handle") -> None:
+    def __init__(self, store, ledger, entry: str = "handle",
+                 clock_ms=lambda: NOW_MS) -> None:
         self.store = store
         self.processor = PromotionProcessor(store, ledger, PickleCodec(), TOPICS,
-                                            clock_ms=lambda: NOW_MS)
+                                            clock_ms=clock_ms)
         self.entry = entry
         self.offset = 0
         self.runner = asyncio.Runner()
 
     def handle(self, event):
         self.offset += 1
-        record = RawRecord(TOPICS.gateway_events, 0, self.offset, b"k", pickle.dumps(event))
+        record = raw_record(event, self.offset)
         if self.entry == "handle":
             return self.processor.handle(record)
 

@@ -19,6 +19,7 @@ from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor
 from streams.records import RawRecord
 from streams.topics import Topics
+from tests.unit.test_processor_rules import raw_record
 
 TOPICS = Topics.with_prefix("t.")
 
@@ -58,7 +59,7 @@ def processor_key(event) -> tuple[str, str]:
     """(Kafka key, partition_key field) of the processor's outcome for ``event``."""
     processor = PromotionProcessor(MemoryCheckpointStore(), MemoryLedger(), PickleCodec(),
                                    TOPICS, clock_ms=lambda: NOW_MS)
-    handled = processor.handle(RawRecord(TOPICS.gateway_events, 0, 1, b"k", pickle.dumps(event)))
+    handled = processor.handle(raw_record(event))
     outcome = handled.outbound[0]
     return outcome.key.decode(), outcome.model.partition_key
 
@@ -110,7 +111,7 @@ def test_a_continued_chain_without_its_root_is_refused_by_all_three():
         gateway_key(turn)
     processor = PromotionProcessor(MemoryCheckpointStore(), MemoryLedger(), PickleCodec(),
                                    TOPICS, clock_ms=lambda: NOW_MS)
-    handled = processor.handle(RawRecord(TOPICS.gateway_events, 0, 1, b"k", pickle.dumps(turn)))
+    handled = processor.handle(raw_record(turn))
     rejection = handled.outbound[0].model
     assert handled.kind == "rejected"
     assert rejection.reason is RejectionReason.PARENT_NOT_PROMOTED

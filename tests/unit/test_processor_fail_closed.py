@@ -18,7 +18,7 @@ from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor
 from streams.records import RawRecord
-from tests.unit.test_processor_rules import TOPICS, PickleCodec
+from tests.unit.test_processor_rules import TOPICS, PickleCodec, raw_record
 
 
 class ClaimsSeen(MemoryCheckpointStore):
@@ -41,8 +41,7 @@ def promote():
                                    clock_ms=lambda: NOW_MS)
 
     def run(turn):
-        handled = processor.handle(RawRecord(TOPICS.gateway_events, 0, 1, b"k",
-                                             pickle.dumps(turn)))
+        handled = processor.handle(raw_record(turn))
         [outcome] = [o for o in handled.outbound if o.topic != TOPICS.orphaned_effects]
         return outcome, store
 

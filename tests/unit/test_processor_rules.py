@@ -46,6 +46,7 @@ from schemas.items import (
     make_item,
     message,
 )
+from schemas.keys import MissingChainRoot, partition_key
 from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import (
     Certification,
@@ -87,6 +88,22 @@ class PickleCodec:
         return True
 
 
+def kafka_key(event) -> bytes:
+    """The Kafka key a gateway gives ``event``: its partition key (CONTRACT 2; the
+    processor refuses another). A continued chain without its root has none: any."""
+    try:
+        key = getattr(event, "partition_key", None)
+        return (key if isinstance(key, str) else partition_key(event)).encode()
+    except (MissingChainRoot, AttributeError):
+        return b"unkeyed"
+
+
+def raw_record(event, offset: int = 1, partition: int = 0) -> RawRecord:
+    """``event`` pickled as the gateway-events record the processor consumes."""
+    return RawRecord(TOPICS.gateway_events, partition, offset, kafka_key(event),
+                     pickle.dumps(event))
+
+
 class Harness:
     def __init__(self) -> None:
         self.store = MemoryCheckpointStore(StoreOptions())
@@ -97,7 +114,7 @@ class Harness:
 
     def record(self, event) -> RawRecord:
         self.offset += 1
-        return RawRecord(TOPICS.gateway_events, 0, self.offset, b"k", pickle.dumps(event))
+        return raw_record(event, self.offset)
 
     def feed(self, *events):
         return [self.processor.handle(self.record(e)) for e in events]

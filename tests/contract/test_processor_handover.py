@@ -1,0 +1,256 @@
+"""A partition handed over between two workers (the old owner, still finishing or
+stopped half-way, and the new one), on both backends and both entry points: each
+step of a decision may be the last the old owner did, and the new owner must end in
+the outcome CONTRACT 4 gives, the one the old owner published if it published one.
+Found by an outside review (session 19); each test failed before its fix.
+
+Every worker has hints of its own (the tail cache; on Cassandra a store object of its
+own) over the same data; ``FailOnce`` stops a worker right at one write (everything
+before it is durable, as after a crash).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from ratchet.samples import (
+    NOW_MS,
+    TENANT,
+    make_tool_effect,
+    make_tool_loop_turn,
+    make_turn,
+    make_turn_cancelled,
+)
+from schemas.errors import Unavailable
+from schemas.models import CheckpointPromoted, OrphanReason, PromotionRejected, RejectionReason
+from services.ledger.base import LedgerUnavailable, ResponseState
+from services.ledger.cassandra import CassandraLedger
+from services.ledger.memory import MemoryLedger
+from services.store.base import StoreOptions, StoreUnavailable
+from services.store.cassandra import CassandraCheckpointStore
+from services.store.memory import MemoryCheckpointStore
+from tests.contract.test_processor_races import Interleaving, Worker, turn, uid
+
+R = RejectionReason
+HOUR_MS = 3_600_000
+
+
+class Data:
+    """One backend's shared data; ``store()`` / ``ledger()`` give a worker its view."""
+
+    def __init__(self, store: Callable[[], object], ledger: Callable[[], object]) -> None:
+        self.store, self.ledger = store, ledger
+
+    def worker(self, entry: str = "handle", *, store=None, ledger=None, **kw) -> Worker:
+        return Worker(store or self.store(), ledger or self.ledger(), entry, **kw)
+
+
+@pytest.fixture(params=["memory", "cassandra"])
+def data(request) -> Data:
+    if request.param == "memory":
+        store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+        return Data(lambda: store, lambda: ledger)
+    session = request.getfixturevalue("ledger_session")
+    return Data(lambda: CassandraCheckpointStore(session, StoreOptions(), timeout_s=30),
+                lambda: CassandraLedger(session, timeout_s=30))
+
+
+ENTRIES = pytest.mark.parametrize("entry", ["handle", "handle_async"])
+
+
+class FailOnce:
+    """A worker's store or ledger whose ``method`` raises ``exc`` on its first call:
+    the worker stops right there, everything it wrote before is durable."""
+
+    def __init__(self, target, method: str, exc: Exception) -> None:
+        self._target, self._method, self._exc = target, method, exc
+        self.failed = False
+
+    def __getattr__(self, name):
+        attr = getattr(self._target, name)
+        if name != self._method or self.failed:
+            return attr
+
+        def stop(*args, **kwargs):
+            self.failed = True
+            raise self._exc
+        return stop
+
+
+def orphans(handled) -> list[tuple[str, OrphanReason]]:
+    return [(o.model.effect_id, o.model.reason) for o in handled.outbound[1:]]
+
+
+@ENTRIES
+def test_a_replayed_rejection_writes_the_status_its_decider_did_not(data, entry):
+    old = data.worker(ledger=FailOnce(data.ledger(), "mark_rejected",
+                                      LedgerUnavailable("the old owner stopped")))
+    new = data.worker(entry)
+    late = turn(uid("conv"), 1)
+    with pytest.raises(Unavailable):
+        old.handle(late)  # decision recorded, then stopped before the status
+    assert new.outcome(late).reason is R.OUT_OF_ORDER
+    status = data.ledger().status(TENANT, late.response_id)
+    assert (status.status, status.reason) == (ResponseState.REJECTED, "OUT_OF_ORDER")
+
+
+@ENTRIES
+def test_a_published_rejection_never_flips_to_a_promotion(data, entry):
+    old = data.worker(store=FailOnce(data.store(), "mark_request_facts",
+                                     StoreUnavailable("the old owner stopped", retryable=True)))
+    new = data.worker(entry)
+    conv = uid("conv")
+    late, first = turn(conv, 1), turn(conv, 0)  # Kafka order: late, then first
+    with pytest.raises(Unavailable):
+        old.handle(late)  # decision recorded, then stopped before the facts mark
+    assert new.outcome(late).reason is R.OUT_OF_ORDER  # published
+    assert new.outcome(first).seq == 1
+    again = new.outcome(late)  # redelivered now that it would extend the head
+    assert isinstance(again, PromotionRejected) and again.reason is R.OUT_OF_ORDER
+    assert data.store().head(TENANT, conv).seq == 1
+
+
+@ENTRIES
+def test_a_retry_held_by_a_rejected_first_response_is_answered_conflict(data, entry):
+    """The first response holding its request's claim was rejected by a worker that
+    stopped before the status row; its replay must write it, or a retry under another
+    response id (waiting while the holder is undecided) would wait for ever."""
+    store = Interleaving(data.store())
+    new = data.worker(entry, store=store, ledger=FailOnce(
+        data.ledger(), "mark_rejected", LedgerUnavailable("the new owner stopped")))
+    old = data.worker()
+    r1, (effect,) = make_tool_loop_turn(rounds=1, conversation_id=None, expected_head_seq=None)
+    old.feed(effect)
+    clash = make_tool_effect(effect.call_id, '{"temperature_c": 99}',
+                             idempotency_key=effect.idempotency_key,
+                             subturn_index=effect.subturn_index, response_id=r1.response_id,
+                             conversation_id=None)
+    assert clash.effect_id == effect.effect_id
+    store.before_promote = lambda: old.feed(clash)  # a conflicting record lands meanwhile
+    with pytest.raises(Unavailable):
+        new.handle(r1)  # DUPLICATE_TOOL_EFFECT recorded, stopped before the status
+    assert old.outcome(r1).reason is R.DUPLICATE_TOOL_EFFECT  # the redelivery replays it
+    r2 = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"),
+                   idempotency_key=r1.idempotency_key, request_digest=r1.request_digest,
+                   attempt=2)
+    assert old.outcome(r2).reason is R.CONFLICT  # not retried: its holder is decided
+
+
+@ENTRIES
+def test_a_redelivered_promotion_publishes_its_orphans_on_any_worker(data, entry):
+    old, new = data.worker(), data.worker(entry)
+    conv = uid("conv")
+    t = turn(conv, 0, attempt=2)  # attempt 2 uses no tool
+    stray = make_tool_effect("call_1", idempotency_key=t.idempotency_key,
+                             conversation_id=conv, tool_name="send_email")
+    old.feed(stray)  # attempt 1's effect, recorded by the old owner
+    first = new.handle(t)
+    assert first.outbound[0].model.seq == 1
+    assert orphans(first) == [(stray.effect_id, OrphanReason.ATTEMPT_SUPERSEDED)]
+    # redelivered (the new owner stopped before publishing) to a worker with no hints
+    for worker in (data.worker(entry), old, new):
+        again = worker.handle(t)
+        assert again.outbound == first.outbound
+
+
+@ENTRIES
+def test_a_refused_first_turn_never_hands_the_conversation_to_its_tenant(data, entry):
+    # Kafka order on the Conversation's key: cancel(B's turn), B's turn, A's turn.
+    old, new = data.worker(), data.worker(entry)
+    conv = uid("conv")
+    b = turn(conv, 0, tenant_id=uid("tenant-b"))
+    a = turn(conv, 0, tenant_id=uid("tenant-a"))
+    old.feed(make_turn_cancelled(b))  # the old owner records the cancellation
+    assert new.outcome(b).reason is R.CANCELLED  # decided without it: batch refused
+    promoted = new.outcome(a)
+    assert isinstance(promoted, CheckpointPromoted) and promoted.seq == 1
+    assert data.ledger().conversation_owner(conv) == a.tenant_id
+
+
+@ENTRIES
+def test_an_out_of_order_turn_never_owns_a_conversation(data, entry):
+    worker = data.worker(entry)
+    conv = uid("conv")
+    assert worker.outcome(turn(conv, 2, tenant_id=uid("tenant-b"))).reason is R.OUT_OF_ORDER
+    promoted = worker.outcome(turn(conv, 0, tenant_id=uid("tenant-a")))
+    assert isinstance(promoted, CheckpointPromoted) and promoted.seq == 1
+
+
+class PausedBatch(Interleaving):
+    """The old owner's store: its promotion batch waits while ``meanwhile(land)`` runs
+    (the new owner working); ``land`` puts the batch through when the test says."""
+
+    def promote(self, request, **kw):
+        result = {}
+
+        def land():
+            if "outcome" not in result:
+                result["outcome"] = self._store.promote(request, **kw)
+        if self.before_promote is not None:
+            act, self.before_promote = self.before_promote, None
+            act(land)
+        land()
+        return result["outcome"]
+
+
+class BeforeDecision:
+    """A ledger that runs ``before`` right before its first decision is recorded."""
+
+    def __init__(self, ledger) -> None:
+        self._ledger, self.before = ledger, None
+
+    def __getattr__(self, name):
+        return getattr(self._ledger, name)
+
+    def record_decision(self, decision):
+        if self.before is not None:
+            act, self.before = self.before, None
+            act()
+        return self._ledger.record_decision(decision)
+
+
+@ENTRIES
+def test_one_event_is_never_both_promoted_and_rejected(data, entry):
+    """The old owner decided to promote; the new owner, handling the same record 10 s
+    later, rejects it (its boundary proof expired meanwhile). The old owner's batch
+    lands after the new owner looked for a promotion, before its decision."""
+    old_store, new_ledger = PausedBatch(data.store()), BeforeDecision(data.ledger())
+    old = data.worker(store=old_store)
+    new = data.worker(entry, ledger=new_ledger, clock_ms=lambda: NOW_MS + 10_000)
+    t = turn(uid("conv"), 0, now_ms=NOW_MS - HOUR_MS + 5_000)  # proof valid to NOW + 5 s
+    published = {}
+
+    def the_new_owner_runs(land):
+        new_ledger.before = land
+        published["new"] = new.outcome(t)
+    old_store.before_promote = the_new_owner_runs
+    published["old"] = old.outcome(t)
+    assert {type(o) for o in published.values()} == {CheckpointPromoted}, published
+    for worker in (old, new, data.worker(entry)):
+        assert isinstance(worker.outcome(t), CheckpointPromoted)
+
+
+@ENTRIES
+def test_an_effect_recorded_after_its_requests_promotion_is_orphaned(data, entry):
+    """CONTRACT 4: effects of attempts that are not accepted are published as orphaned,
+    also one that arrives after the promotion (attempt 1 still running its tool)."""
+    old, new = data.worker(), data.worker(entry)
+    conv = uid("conv")
+    t = turn(conv, 0, attempt=2)
+    assert new.outcome(t).seq == 1
+    late = make_tool_effect("call_1", idempotency_key=t.idempotency_key,
+                            conversation_id=conv, tool_name="send_email", attempt=1)
+    for worker in (old, new):  # recorded, and redelivered to the other worker
+        handled = worker.handle(late)
+        assert [(o.model.effect_id, o.model.reason) for o in handled.outbound] == [
+            (late.effect_id, OrphanReason.ATTEMPT_SUPERSEDED)]
+    # an effect the promoted turn used is never orphaned
+    used, effects = make_tool_loop_turn(rounds=1, conversation_id=uid("conv"))
+    new.feed(*effects)
+    assert new.outcome(used).seq == 1
+    assert old.handle(effects[0]).outbound == ()
+    # nor one of a request not promoted (its turn comes later)
+    pending = make_tool_effect("call_2", idempotency_key=uid("idem"), conversation_id=conv)
+    assert old.handle(pending).outbound == ()

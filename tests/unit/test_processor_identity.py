@@ -1,0 +1,161 @@
+"""What the processor decides from an event's identity and order alone, before or
+instead of pairing: ids and keys that no row could hold or no reader could find, the
+ordering of a turn that does not extend the head it was validated against, and a
+retry of a promoted request whatever its size. Found by an outside review (session
+19); each test failed before its fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from ratchet.samples import (
+    TENANT,
+    make_tool_effect,
+    make_turn,
+    make_turn_cancelled,
+    new_id,
+)
+from schemas.items import function_call, function_call_output, message
+from schemas.limits import MAX_EVENT_BYTES
+from schemas.models import (
+    CheckpointPromoted,
+    DeadLetter,
+    DeadLetterReason,
+    PromotionRejected,
+    RejectionReason,
+)
+from services.ledger.base import ResponseState
+from streams.records import RawRecord
+from streams.tail_cache import TailCache
+from tests.unit.test_processor_rules import TOPICS, Harness
+
+R = RejectionReason
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+class Untouchable:
+    """A store or ledger that fails the test on any use."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"{name} used for an event rejected on its identity")
+
+
+def test_a_turn_with_an_id_no_row_can_hold_is_corrupt_with_nothing_written(h):
+    h.processor.store = h.processor.ledger = Untouchable()
+    for turn in (make_turn(conversation_id=new_id("conv"), idempotency_key="k" * 70_000),
+                 make_turn(conversation_id=new_id("conv"), event_id="e" * 201),
+                 make_turn(conversation_id=new_id("conv"), tenant_id="")):
+        rejected = h.outcome(turn)
+        assert rejected.reason is R.CORRUPT, rejected.detail
+        assert "does not match the API's id pattern" in rejected.detail
+
+
+@pytest.mark.parametrize(("field", "kinds"), [
+    ("idempotency_key", 2), ("event_id", 2), ("effect_id", 1), ("tenant_id", 2)])
+def test_an_effect_or_cancel_with_an_id_no_row_can_hold_is_dead_lettered(h, field, kinds):
+    turn = make_turn(conversation_id=new_id("conv"))
+    effect = make_tool_effect("call_1", idempotency_key=turn.idempotency_key,
+                              conversation_id=turn.conversation_id)
+    cancel = make_turn_cancelled(turn)
+    h.processor.store = h.processor.ledger = Untouchable()
+    events = [e for e in (effect, cancel) if field in type(e).model_fields]
+    assert len(events) == kinds
+    for event in events:
+        bad = event.model_copy(update={field: "x" * 70_000})
+        record = RawRecord(TOPICS.gateway_events, 0, 1, event.partition_key.encode(),
+                           h.record(bad).value)
+        [letter] = h.processor.handle(record).outbound
+        assert isinstance(letter.model, DeadLetter)
+        assert letter.model.reason is DeadLetterReason.INVALID_EVENT
+        assert field in letter.model.error
+
+
+def test_a_record_keyed_apart_from_its_partition_key_is_refused(h):
+    turn = make_turn(conversation_id=new_id("conv"))
+    for key in (b"someone-else", None):
+        handled = h.processor.handle(RawRecord(TOPICS.gateway_events, 0, 1, key,
+                                               h.record(turn).value))
+        [rejected] = handled.outbound
+        assert isinstance(rejected.model, PromotionRejected)
+        assert rejected.model.reason is R.CORRUPT and "Kafka key" in rejected.model.detail
+        assert rejected.key == turn.conversation_id.encode()
+    cancel = make_turn_cancelled(turn)
+    handled = h.processor.handle(RawRecord(TOPICS.gateway_events, 0, 2, b"someone-else",
+                                           h.record(cancel).value))
+    assert [o.model.reason for o in handled.outbound] == [DeadLetterReason.INVALID_EVENT]
+    # nothing was recorded: the turn, keyed right, promotes
+    assert isinstance(h.outcome(turn), CheckpointPromoted)
+
+
+def test_a_first_response_naming_another_chain_root_is_corrupt(h):
+    root = make_turn(conversation_id=None, expected_head_seq=None, response_id=new_id("resp"),
+                     chain_root_id="resp_elsewhere")
+    rejected = h.outcome(root)
+    assert rejected.reason is R.CORRUPT and "chain_root_id" in rejected.detail
+    # its own id as root is the same partition as none at all
+    same = root.model_copy(update={"chain_root_id": root.response_id, "event_id": new_id("e")})
+    assert isinstance(h.outcome(same), CheckpointPromoted)
+
+
+@pytest.mark.parametrize("attempt", [0, -7])
+def test_an_attempt_below_1_is_corrupt(h, attempt):
+    rejected = h.outcome(make_turn(conversation_id=new_id("conv"), attempt=attempt))
+    assert rejected.reason is R.CORRUPT and "attempt" in rejected.detail
+
+
+def _open_call(conv: str):
+    return make_turn(conversation_id=conv, certified=False,
+                     items=[function_call("c1", "get_weather", {"city": "Paris"},
+                                          item_id=new_id("fc"))])
+
+
+def _answer(conv: str, head: int):
+    """Answers call c1, which turn 1 left open: valid on top of head 1 only."""
+    return make_turn(conversation_id=conv, expected_head_seq=head, certified=False,
+                     input_items=[function_call_output("c1", "sunny", item_id=new_id("fco"))],
+                     items=[message("ok", role="assistant", item_id=new_id("m"))])
+
+
+def test_a_turn_that_lost_the_race_is_conflict_not_a_pairing_failure(h):
+    conv = new_id("conv")
+    assert h.outcome(_open_call(conv)).seq == 1
+    winner, loser = _answer(conv, 1), _answer(conv, 1)  # both from head 1
+    assert h.outcome(winner).seq == 2
+    h.processor.tails = TailCache(capacity=0)  # decided from a read of the head
+    rejected = h.outcome(loser)
+    assert (rejected.reason, rejected.head_seq) == (R.CONFLICT, 2), rejected.detail
+
+
+def test_a_turn_ahead_of_the_head_is_out_of_order_not_a_pairing_failure(h):
+    conv = new_id("conv")
+    assert h.outcome(make_turn(conversation_id=conv)).seq == 1
+    rejected = h.outcome(_answer(conv, 2))  # turn 2, which opened c1, never came
+    assert (rejected.reason, rejected.head_seq) == (R.OUT_OF_ORDER, 1), rejected.detail
+    ahead_of_nothing = h.outcome(_answer(new_id("conv"), 3))
+    assert (ahead_of_nothing.reason, ahead_of_nothing.head_seq) == (R.OUT_OF_ORDER, 0)
+
+
+def test_a_chain_turn_whose_parent_is_missing_is_parent_not_promoted(h):
+    root = new_id("resp")
+    turn = make_turn(conversation_id=None, expected_head_seq=None, chain_root_id=root,
+                     previous_response_id=root, certified=False,
+                     input_items=[function_call_output("c1", "sunny", item_id=new_id("fco"))],
+                     items=[message("ok", role="assistant", item_id=new_id("m"))])
+    assert h.outcome(turn).reason is R.PARENT_NOT_PROMOTED
+
+
+def test_an_oversized_retry_of_a_promoted_request_gets_the_promotion(h):
+    first = make_turn(conversation_id=new_id("conv"))
+    assert h.outcome(first).seq == 1
+    big = (message("x" * (MAX_EVENT_BYTES + 10), role="assistant", item_id=new_id("m")),)
+    retry = first.model_copy(update={"attempt": 2, "event_id": new_id("e"),
+                                     "output_items": big})
+    answered = h.outcome(retry)
+    assert isinstance(answered, CheckpointPromoted)
+    assert (answered.seq, answered.attempt) == (1, 1)
+    # no rejection recorded for it (the store's checkpoint is a promotion's status)
+    assert h.ledger.status(TENANT, first.response_id).status is ResponseState.UNKNOWN
