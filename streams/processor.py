@@ -170,21 +170,25 @@ class PromotionProcessor:
         down: retry later)."""
         try:
             event = self.codec.decode(record)
-            bad_identity = identity_problem(event, record.key)
-            if bad_identity is not None and isinstance(event, ToolEffect | TurnCancelled):
-                # Nothing to reject (no outcome topic for these), and no row can be
-                # keyed by such an id, or it is out of its request's order: the record
-                # is parked, bytes kept.
-                raise DecodeFailed(DeadLetterReason.INVALID_EVENT, bad_identity)
-            if isinstance(event, ToolEffect):
-                return Handled(self._record_effect(event), "effect")
-            if isinstance(event, TurnCancelled):
+            size = len(record.value or b"")
+            if isinstance(event, ToolEffect | TurnCancelled):
+                problem = identity_problem(event, record.key) or (
+                    f"event of {size} bytes exceeds the protocol maximum of "
+                    f"{MAX_EVENT_BYTES} bytes" if size > MAX_EVENT_BYTES else None)
+                if problem is not None:
+                    # No outcome topic to reject it on, and no row may be keyed by such
+                    # an id or hold such a record, or it is out of its request's order:
+                    # the record is parked, bytes kept.
+                    raise DecodeFailed(DeadLetterReason.INVALID_EVENT, problem)
+                if isinstance(event, ToolEffect):
+                    return Handled(self._record_effect(event), "effect")
                 self._record_cancel(event)
                 return Handled((), "cancel")
-            if bad_identity is not None:
-                return self._on_bad_identity(event, bad_identity)
-            if len(record.value or b"") > MAX_EVENT_BYTES:
-                return self._on_too_large_turn(event, len(record.value or b""))
+            problem = identity_problem(event, record.key)
+            if problem is not None:
+                return self._on_bad_identity(event, problem)
+            if size > MAX_EVENT_BYTES:
+                return self._on_too_large_turn(event, size)
             return self._on_turn(event)
         except DecodeFailed as exc:
             return Handled((self._dead_letter(record, exc),), "dead_lettered")

@@ -42,6 +42,7 @@ one it is promoted certified with no artifact (rehydration falls back ``NO_ARTIF
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -67,6 +68,8 @@ from schemas.models import (
 )
 
 PROMOTABLE_STATUSES = frozenset({TurnStatus.COMPLETED, TurnStatus.INCOMPLETE})
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 # The order in which validate_turn looks for problems (documented above).
 EVALUATION_ORDER = (
@@ -311,6 +314,11 @@ def _check_integrity(event: TurnCompleted, items: Sequence[Item]) -> Rejected | 
         return _corrupt(problem)
     if event.attempt < 1:  # numbered from 1 (the claims API refuses the same)
         return _corrupt(f"attempt {event.attempt} is below 1")
+    if _SHA256_HEX.fullmatch(event.request_digest) is None:
+        # The request's identity across retries: a value that is not a digest (e.g.
+        # empty) would make unrelated requests of one key look like retries.
+        return _corrupt(f"request_digest {event.request_digest[:80]!r} is not a sha256 hex "
+                        "digest (64 lowercase hex characters)")
     sha256 = hashlib.sha256  # the hot loop of validation: every digest, every time
     item_ids: set[str] = set()
     for item in items:
@@ -318,6 +326,8 @@ def _check_integrity(event: TurnCompleted, items: Sequence[Item]) -> Rejected | 
             # Rules that look items up by id (an mcp_call's recorded effect, an approval
             # request) would see only one of them: refuse, never guess which.
             return _corrupt(f"item_id {item.item_id!r} is not unique in the turn")
+        if not item.item_id:
+            return _corrupt("an item has an empty item_id")
         item_ids.add(item.item_id)
         if sha256(item.content).hexdigest() != item.content_digest:
             return _corrupt(f"item {item.item_id}: content does not match content_digest")
@@ -342,6 +352,10 @@ def _mode_problem(event: TurnCompleted) -> str | None:
     if event.conversation_id is not None and event.previous_response_id is not None:
         return (f"Conversation-mode turn (conversation_id {event.conversation_id!r}) has "
                 f"previous_response_id {event.previous_response_id!r}: it must be null")
+    if event.conversation_id is None and event.expected_head_seq is not None:
+        # A chain has no head: a gateway that sends one believes in a Conversation.
+        return (f"chain-mode turn has expected_head_seq {event.expected_head_seq}: it must "
+                "be null (a chain turn continues previous_response_id)")
     return root_problem(event)
 
 

@@ -159,3 +159,31 @@ def test_an_oversized_retry_of_a_promoted_request_gets_the_promotion(h):
     assert (answered.seq, answered.attempt) == (1, 1)
     # no rejection recorded for it (the store's checkpoint is a promotion's status)
     assert h.ledger.status(TENANT, first.response_id).status is ResponseState.UNKNOWN
+
+
+def test_a_chain_turn_naming_a_head_is_corrupt(h):
+    rejected = h.outcome(make_turn(conversation_id=None, expected_head_seq=3))
+    assert rejected.reason is R.CORRUPT and "expected_head_seq" in rejected.detail
+
+
+@pytest.mark.parametrize("digest", ["", "F" * 64, "e" * 63, "not-a-digest"])
+def test_a_request_digest_that_is_not_a_sha256_is_corrupt(h, digest):
+    rejected = h.outcome(make_turn(conversation_id=new_id("conv"), request_digest=digest))
+    assert rejected.reason is R.CORRUPT and "request_digest" in rejected.detail
+
+
+def test_an_item_without_an_id_is_corrupt(h):
+    rejected = h.outcome(make_turn(
+        conversation_id=new_id("conv"), items=[message("hi", role="assistant", item_id="")]))
+    assert rejected.reason is R.CORRUPT and "item_id" in rejected.detail
+
+
+def test_an_effect_above_the_size_limit_is_dead_lettered(h):
+    turn = make_turn(conversation_id=new_id("conv"))
+    effect = make_tool_effect("call_1", '{"text": "%s"}' % ("x" * MAX_EVENT_BYTES),
+                              idempotency_key=turn.idempotency_key,
+                              conversation_id=turn.conversation_id)
+    h.processor.store = h.processor.ledger = Untouchable()
+    [letter] = h.processor.handle(h.record(effect)).outbound
+    assert letter.model.reason is DeadLetterReason.INVALID_EVENT
+    assert "protocol maximum" in letter.model.error
