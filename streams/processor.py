@@ -7,7 +7,8 @@ for one record:
 
 * decode it; an undecodable record becomes a ``DeadLetter`` (never an exception);
 * ``ToolEffect``: record it in the ledger (dedupe by effect_id), then the request's
-  facts mark; publishes nothing;
+  facts mark; publishes it ``EffectOrphaned`` only if its request already stands
+  promoted without it (an effect arriving after the promotion);
 * ``TurnCancelled``: record the cancellation, then the facts mark; publishes nothing;
 * ``TurnCompleted``: decide it as if the request had no facts (the promotion batch
   asserts that: no facts mark) unless they are needed or known to exist, then read
