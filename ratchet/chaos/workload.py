@@ -154,7 +154,10 @@ class _Gateway:
         s = self.story
         if s.kind == "conversation":
             return TurnIdentity.conversation(s.tenant, s.key, rid, head or 0)
-        return TurnIdentity.chain(s.tenant, rid, previous_response_id=parent, chain_root_id=s.key)
+        # A chain's first response is its own root (CONTRACT 2): a retry of the root's
+        # request under another response id is its own partition, not the story's.
+        root = s.key if parent is not None else None
+        return TurnIdentity.chain(s.tenant, rid, previous_response_id=parent, chain_root_id=root)
 
     def turn(self, identity: TurnIdentity, key: str, request_text: str, *, attempt: int = 1,
              status: str = "completed", tools: list[tuple[dict, dict]] = (),
