@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
 from schemas.keys import partition_key
 
@@ -354,7 +354,16 @@ class EffectOrphaned(OutcomeHeader):
     effect_completed: bool | None = None
 
 
+_AVRO_INT = range(-(2**31), 2**31)
+
+
 class DeadLetter(Frozen):
+    """Always encodable, whatever the record it is about (a dead letter that cannot be
+    published would stall its partition): a ``schema_id`` outside the Avro ``int`` (a
+    header's id is unsigned 32-bit) becomes null and is named at the start of ``error``,
+    and text in ``error`` that is not UTF-8 (lone surrogates, e.g. from a registry
+    schema's ``"\\udc80"`` escape) is backslash-escaped."""
+
     key: bytes | None = None
     value: bytes | None = None
     error: str
@@ -364,6 +373,23 @@ class DeadLetter(Frozen):
     source_offset: int
     schema_id: int | None = None
     dead_lettered_at: EpochMillis
+
+    @model_validator(mode="before")
+    @classmethod
+    def _encodable(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        schema_id, error = data.get("schema_id"), data.get("error")
+        if isinstance(schema_id, int) and schema_id not in _AVRO_INT and isinstance(error, str):
+            data = {**data, "schema_id": None,
+                    "error": f"schema id {schema_id} (beyond DeadLetter.schema_id): {error}"}
+        error = data.get("error")
+        if isinstance(error, str) and not error.isascii():
+            try:
+                error.encode("utf-8")
+            except UnicodeEncodeError:
+                data = {**data, "error": error.encode("utf-8", "backslashreplace").decode("utf-8")}
+        return data
 
 
 GatewayEvent = TurnCompleted | ToolEffect | TurnCancelled
