@@ -10,7 +10,8 @@
  * reference (named beside each function below) and that ratchet uses when this module
  * is not built or RATCHET_SPEEDUPS=0. tests/unit/test_speedups.py feeds both the same
  * inputs, valid and damaged, and requires the same result or the same kind of error.
- * Nothing here decides an outcome: it decodes, hashes and writes bytes.
+ * Nothing here decides an outcome: it decodes, hashes, compares and writes bytes, and
+ * what it is not sure of it hands to its Python twin.
  *
  * Hashing is OpenSSL's SHA-256 (libcrypto, the library Python's own hashlib uses),
  * called directly: hashlib's per-call set-up cost ~0.6 us per item, more than
@@ -21,6 +22,10 @@
 #include <stdint.h>
 #include <string.h>
 #include <openssl/evp.h>
+#if defined(__SSE2__) && defined(__GNUC__)
+#include <emmintrin.h>
+#define HAVE_SSE2 1
+#endif
 
 /* ------------------------------------------------------------------ hashing */
 
@@ -48,6 +53,23 @@ sha256_hex_into(const void *data, size_t n, char hex[65])
     return 0;
 }
 
+/* Does ``digest`` equal the sha256 hex ``hex``? 1, 0, -1 error. */
+static int
+hex_matches(const char hex[65], PyObject *digest)
+{
+    if (!PyUnicode_Check(digest))
+        return 0; /* the twin compares a str with whatever is stored: not equal */
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(digest, &n);
+    if (s == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
+            return -1;
+        PyErr_Clear(); /* a str with a lone surrogate: never a hex digest */
+        return 0;
+    }
+    return n == 64 && memcmp(s, hex, 64) == 0;
+}
+
 /* Does str ``digest`` equal the sha256 hex of the bytes-like ``data``? 1, 0, -1 error. */
 static int
 digest_matches(PyObject *data, PyObject *digest)
@@ -60,13 +82,7 @@ digest_matches(PyObject *data, PyObject *digest)
     PyBuffer_Release(&view);
     if (rc < 0)
         return -1;
-    if (!PyUnicode_Check(digest))
-        return 0; /* the twin compares a str with whatever is stored: not equal */
-    Py_ssize_t n;
-    const char *s = PyUnicode_AsUTF8AndSize(digest, &n);
-    if (s == NULL)
-        return -1;
-    return n == 64 && memcmp(s, hex, 64) == 0;
+    return hex_matches(hex, digest);
 }
 
 /* The two arguments of ``args`` as fast sequences (new references); -1 on error. */
@@ -86,8 +102,9 @@ two_sequences(PyObject *args, const char *format, PyObject **first, PyObject **s
 }
 
 /* first_digest_mismatch(contents, digests) -> int
- * Twin of the digest check in ratchet/domain/history.py (_check_items): the index of
- * the first content whose sha256 hex is not its digest, or -1. */
+ * Twin of first_digest_mismatch_py in ratchet/domain/history.py: the index of the
+ * first content whose sha256 hex is not its digest, or -1. (A read checks its digests
+ * with item_mismatches, below, in the same pass as the items' columns.) */
 static PyObject *
 first_digest_mismatch(PyObject *self, PyObject *args)
 {
@@ -434,13 +451,37 @@ utf8_seq(const unsigned char *p, const unsigned char *end)
 /* 1 for the bytes a string scan must look at: '"', '\\', controls, non-ASCII. */
 static unsigned char string_special[256];
 
+/* The first byte of [p, end) a string scan must look at (string_special), or end.
+ * 16 bytes at a time with SSE2 (every x86-64): one signed compare finds the controls
+ * and the non-ASCII bytes (both below 0x20 as signed chars), two more '"' and '\\'. */
+static inline const unsigned char *
+skip_plain(const unsigned char *p, const unsigned char *end)
+{
+#ifdef HAVE_SSE2
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'),
+                  space = _mm_set1_epi8(0x20);
+    while (end - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        __m128i special = _mm_or_si128(
+            _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+            _mm_cmplt_epi8(v, space));
+        int mask = _mm_movemask_epi8(special);
+        if (mask)
+            return p + __builtin_ctz((unsigned)mask);
+        p += 16;
+    }
+#endif
+    while (p < end && !string_special[*p])
+        p++;
+    return p;
+}
+
 static int
 json_string(Json *j)
 {
     j->p++; /* the opening quote */
     while (j->p < j->end) {
-        while (j->p < j->end && !string_special[*j->p]) /* plain ASCII */
-            j->p++;
+        j->p = skip_plain(j->p, j->end); /* plain ASCII */
         if (j->p >= j->end)
             return 0;
         unsigned char c = *j->p;
@@ -494,6 +535,11 @@ json_digits(Json *j)
     return j->p > start;
 }
 
+/* Integer parts longer than this are "not sure": the twin's parser refuses an integer
+ * of more than 4300 digits (Python's int limit) and a float beyond a double's range
+ * (from ~309 integer digits; schemas/canonical.py parse_json). */
+#define MAX_INTEGER_DIGITS 300
+
 static int
 json_number(Json *j)
 {
@@ -503,8 +549,11 @@ json_number(Json *j)
         return 0;
     if (*j->p == '0')
         j->p++;
-    else if (!json_digits(j))
-        return 0;
+    else {
+        const unsigned char *start = j->p;
+        if (!json_digits(j) || j->p - start > MAX_INTEGER_DIGITS)
+            return 0;
+    }
     if (j->p < j->end && *j->p == '.') {
         j->p++;
         if (!json_digits(j))
@@ -609,6 +658,269 @@ is_json_object(PyObject *self, PyObject *arg)
     int ok = surely_json_object(view.buf, view.len);
     PyBuffer_Release(&view);
     return PyBool_FromLong(ok);
+}
+
+/* ------------------------------------- an item's columns against its content */
+
+/* A stored item's type, role and call_id columns are bound by no digest: they must say
+ * what its content's top-level "type", "role" and "call_id" say (catalogue.py, the rule
+ * validation promoted the item by: absent or null in the content = None in the column).
+ * The checker above, scanning the top-level object, reads those three as it goes. */
+
+enum { FIELD_ABSENT, FIELD_NULL, FIELD_STRING, FIELD_OTHER };
+#define N_FIELDS 3 /* type, role, call_id: in the order of the columns */
+
+typedef struct {
+    int state;
+    const unsigned char *s; /* FIELD_STRING: the UTF-8 bytes between the quotes */
+    Py_ssize_t n;
+} Field;
+
+/* Which field the top-level key [s, s + n) (no escape in it) is: 0..2, or -1. */
+static int
+field_of(const unsigned char *s, Py_ssize_t n)
+{
+    if (n == 4 && memcmp(s, "type", 4) == 0)
+        return 0;
+    if (n == 4 && memcmp(s, "role", 4) == 0)
+        return 1;
+    if (n == 7 && memcmp(s, "call_id", 7) == 0)
+        return 2;
+    return -1;
+}
+
+/* surely_json_object, reading the top-level "type", "role" and "call_id" into
+ * fields[] as it scans. 1 = surely a JSON object whose fields are surely those; 0 =
+ * not sure: also when one of them occurs twice (which one a parser keeps is its
+ * choice), when its string value holds an escape, or when any top-level key holds
+ * one (it may spell one of them). The Python twin decides what it doubts. */
+static int
+object_fields(const unsigned char *p, Py_ssize_t n, Field fields[N_FIELDS])
+{
+    Json j = {p, p + n};
+    for (int k = 0; k < N_FIELDS; k++)
+        fields[k].state = FIELD_ABSENT;
+    skip_ws(&j);
+    if (j.p >= j.end || *j.p != '{')
+        return 0;
+    j.p++;
+    skip_ws(&j);
+    if (j.p < j.end && *j.p == '}')
+        j.p++;
+    else
+        for (;;) { /* json_container's loop at depth 1, the keys read */
+            if (j.p >= j.end || *j.p != '"')
+                return 0;
+            const unsigned char *key = j.p + 1;
+            if (!json_string(&j))
+                return 0;
+            Py_ssize_t key_len = j.p - 1 - key;
+            if (memchr(key, '\\', key_len) != NULL)
+                return 0;
+            int which = field_of(key, key_len);
+            skip_ws(&j);
+            if (j.p >= j.end || *j.p != ':')
+                return 0;
+            j.p++;
+            skip_ws(&j);
+            if (which < 0) {
+                if (!json_value(&j, 2))
+                    return 0;
+            }
+            else {
+                Field *f = &fields[which];
+                if (f->state != FIELD_ABSENT)
+                    return 0; /* twice */
+                const unsigned char *value = j.p;
+                if (!json_value(&j, 2))
+                    return 0;
+                if (*value == '"') {
+                    f->s = value + 1;
+                    f->n = j.p - 1 - f->s;
+                    if (memchr(f->s, '\\', f->n) != NULL)
+                        return 0;
+                    f->state = FIELD_STRING;
+                }
+                else
+                    f->state = *value == 'n' ? FIELD_NULL : FIELD_OTHER;
+            }
+            skip_ws(&j);
+            if (j.p >= j.end)
+                return 0;
+            if (*j.p == '}') {
+                j.p++;
+                break;
+            }
+            if (*j.p != ',')
+                return 0;
+            j.p++;
+            skip_ws(&j);
+        }
+    skip_ws(&j);
+    return j.p == j.end;
+}
+
+/* Does ``column`` (a str or None) say what ``f`` says? 1, 0, or -1 = not sure (a column
+ * of another type, or a str without a UTF-8 form): the Python twin decides. */
+static int
+field_agrees(const Field *f, PyObject *column)
+{
+    if (column == Py_None)
+        return f->state == FIELD_ABSENT || f->state == FIELD_NULL;
+    if (!PyUnicode_CheckExact(column))
+        return -1;
+    if (f->state != FIELD_STRING)
+        return 0;
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(column, &n);
+    if (s == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    return n == f->n && memcmp(s, f->s, n) == 0;
+}
+
+/* Do an item's type, role and call_id columns say what its content says? 1, 0, or -1
+ * = not sure (then ``agrees``, the Python twin, decides). */
+static int
+columns_agree_sure(const unsigned char *content, Py_ssize_t n, PyObject *const columns[N_FIELDS])
+{
+    Field fields[N_FIELDS];
+    if (!object_fields(content, n, fields))
+        return -1;
+    int all = 1;
+    for (int k = 0; k < N_FIELDS; k++) {
+        int same = field_agrees(&fields[k], columns[k]);
+        if (same < 0)
+            return -1;
+        all &= same;
+    }
+    return all;
+}
+
+/* The same with the Python twin deciding what C doubts: 1, 0, -1 error. */
+static int
+columns_agree(PyObject *content, const unsigned char *bytes, Py_ssize_t n,
+              PyObject *const columns[N_FIELDS], PyObject *agrees)
+{
+    int sure = columns_agree_sure(bytes, n, columns);
+    if (sure >= 0)
+        return sure;
+    PyObject *answer = PyObject_CallFunctionObjArgs(agrees, content, columns[0], columns[1],
+                                                    columns[2], NULL);
+    if (answer == NULL)
+        return -1;
+    int yes = PyObject_IsTrue(answer);
+    Py_DECREF(answer);
+    return yes;
+}
+
+/* columns_agree(content, type, role, call_id) -> True, False or None (not sure): the
+ * fast path above alone, exposed for the tests. */
+static PyObject *
+columns_agree_fast(PyObject *self, PyObject *args)
+{
+    PyObject *content, *columns[N_FIELDS];
+    if (!PyArg_ParseTuple(args, "OOOO:columns_agree", &content, &columns[0], &columns[1],
+                          &columns[2]))
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(content, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int sure = columns_agree_sure(view.buf, view.len, columns);
+    PyBuffer_Release(&view);
+    if (sure < 0)
+        Py_RETURN_NONE;
+    return PyBool_FromLong(sure);
+}
+
+#define N_CHECKED 5 /* contents, digests, types, roles, call_ids */
+static PyObject *checked_names[N_CHECKED]; /* TurnItems' field names of those columns */
+
+/* item_mismatches(turns, agrees) -> (digest_bad, field_bad)
+ * Twin of item_mismatches_py in ratchet/domain/history.py. ``turns``: TurnItems (any
+ * objects with the columns contents, digests, types, roles, call_ids). A ValueError if
+ * a turn's columns differ in length (every turn is looked at first). Then over all
+ * their items, in order, in one pass: the first whose sha256 hex of its content is not
+ * its digest stops it with (its index, -1); else (-1, the index of the first item
+ * whose type, role and call_id columns do not say what its content does, or -1). */
+static PyObject *
+item_mismatches(PyObject *self, PyObject *args)
+{
+    PyObject *turns, *agrees;
+    if (!PyArg_ParseTuple(args, "OO:item_mismatches", &turns, &agrees))
+        return NULL;
+    PyObject *ts = PySequence_Fast(turns, "turns must be a sequence");
+    if (ts == NULL)
+        return NULL;
+    Py_ssize_t n_turns = PySequence_Fast_GET_SIZE(ts), n_cols = 0;
+    PyObject **cols = PyMem_Calloc(n_turns ? n_turns * N_CHECKED : 1, sizeof(PyObject *));
+    PyObject *result = NULL;
+    Py_ssize_t digest_bad = -1, field_bad = -1, index = 0;
+    if (cols == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t t = 0; t < n_turns; t++) {
+        PyObject *turn = PySequence_Fast_GET_ITEM(ts, t);
+        for (int c = 0; c < N_CHECKED; c++) {
+            PyObject *column = PyObject_GetAttr(turn, checked_names[c]);
+            if (column == NULL)
+                goto done;
+            /* A tuple as it is (TurnItems' columns), anything else copied: the twin
+             * called back below cannot change what this loop walks. */
+            cols[n_cols] = PySequence_Tuple(column);
+            Py_DECREF(column);
+            if (cols[n_cols] == NULL)
+                goto done;
+            n_cols++;
+        }
+        PyObject **turn_cols = cols + t * N_CHECKED;
+        for (int c = 1; c < N_CHECKED; c++)
+            if (PyTuple_GET_SIZE(turn_cols[c]) != PyTuple_GET_SIZE(turn_cols[0])) {
+                PyErr_SetString(PyExc_ValueError, "the columns of a turn differ in length");
+                goto done;
+            }
+    }
+    for (Py_ssize_t t = 0; t < n_turns && digest_bad < 0; t++) {
+        PyObject **turn_cols = cols + t * N_CHECKED;
+        Py_ssize_t n = PyTuple_GET_SIZE(turn_cols[0]);
+        for (Py_ssize_t i = 0; i < n; i++, index++) {
+            PyObject *content = PyTuple_GET_ITEM(turn_cols[0], i);
+            PyObject *columns[N_FIELDS] = {PyTuple_GET_ITEM(turn_cols[2], i),
+                                           PyTuple_GET_ITEM(turn_cols[3], i),
+                                           PyTuple_GET_ITEM(turn_cols[4], i)};
+            Py_buffer view;
+            char hex[65];
+            if (PyObject_GetBuffer(content, &view, PyBUF_SIMPLE) < 0)
+                goto done;
+            int same = sha256_hex_into(view.buf, view.len, hex) < 0
+                           ? -1
+                           : hex_matches(hex, PyTuple_GET_ITEM(turn_cols[1], i));
+            if (same == 1 && field_bad < 0) {
+                int agree = columns_agree(content, view.buf, view.len, columns, agrees);
+                if (agree < 0)
+                    same = -1;
+                else if (!agree)
+                    field_bad = index;
+            }
+            PyBuffer_Release(&view);
+            if (same < 0)
+                goto done;
+            if (!same) {
+                digest_bad = index;
+                field_bad = -1;
+                break;
+            }
+        }
+    }
+    result = Py_BuildValue("(nn)", digest_bad, field_bad);
+done:
+    for (Py_ssize_t c = 0; c < n_cols; c++)
+        Py_DECREF(cols[c]);
+    PyMem_Free(cols);
+    Py_DECREF(ts);
+    return result;
 }
 
 /* ------------------------------------------------------- the items array */
@@ -794,6 +1106,11 @@ static PyMethodDef methods[] = {
      "A turn's lineage digest (twin: ratchet/domain/history.py)."},
     {"is_json_object", is_json_object, METH_O,
      "True if surely one UTF-8 JSON object (False: not sure; the Python twin decides)."},
+    {"columns_agree", columns_agree_fast, METH_VARARGS,
+     "Do an item's type, role, call_id say what its content does? None: not sure."},
+    {"item_mismatches", item_mismatches, METH_VARARGS,
+     "(first digest mismatch, first column mismatch) over turns' items "
+     "(twin: ratchet/domain/history.py)."},
     {"render_items", render_items, METH_VARARGS,
      "The items array's JSON (twin: items_json in services/api/render.py)."},
     {NULL, NULL, 0, NULL},
@@ -811,6 +1128,11 @@ PyInit__speedups(void)
                                            "call_ids", "contents", "digests", "formats"};
     for (int c = 0; c < N_COLUMNS; c++)
         if ((column_names[c] = PyUnicode_InternFromString(names[c])) == NULL)
+            return NULL;
+    static const char *checked[N_CHECKED] = {"contents", "digests", "types", "roles",
+                                             "call_ids"};
+    for (int c = 0; c < N_CHECKED; c++)
+        if ((checked_names[c] = PyUnicode_InternFromString(checked[c])) == NULL)
             return NULL;
     for (int c = 0; c < 256; c++) {
         escaped[c] = c < 0x20 || c == '"' || c == '\\';

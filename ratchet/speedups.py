@@ -9,7 +9,9 @@ How it stays safe: each C function has a Python twin that stays the reference an
 used when the C module is not built (no compiler at install time) or when
 ``RATCHET_SPEEDUPS=0``. ``tests/unit/test_speedups.py`` gives both the same valid and
 damaged inputs and requires the same results and the same errors. Nothing in C
-decides an outcome: it decodes, hashes and writes bytes; the domain decides.
+decides an outcome: it decodes, hashes, compares (an item's columns with its content's
+fields, handing what it is not sure of to the Python twin) and writes bytes; the domain
+decides.
 """
 
 from __future__ import annotations

@@ -21,9 +21,14 @@ Verification order (the first broken rule decides the reason):
    renumbered or swapped items are ``CORRUPT_HISTORY``;
 5. every item's ``sha256(content) == content_digest``, else ``CORRUPT_HISTORY``;
 6. every format version is supported, else ``UNSUPPORTED_FORMAT``; every item type is
-   in the catalogue (``catalogue.py``), else ``UNKNOWN_ITEM_TYPE``. The shape of each
-   item was checked when it was promoted, and the digest binds the stored bytes to
-   what was checked, so a read does not parse the content again;
+   in the catalogue (``catalogue.py``), else ``UNKNOWN_ITEM_TYPE``; every item's
+   ``type``, ``role`` and ``call_id`` columns say what its content's top-level
+   ``type``, ``role`` and ``call_id`` say (the rule validation promoted it by,
+   ``catalogue.shape_problem``: absent or null in the content = None in the column),
+   else ``CORRUPT_HISTORY``: those columns are bound by no digest (``items_digest``
+   covers ids and content digests), and the processor pairs calls by them. The rest of
+   each item's shape was checked when it was promoted, and the digest binds the stored
+   bytes to what was checked, so a read checks no more of it;
 7. every lineage digest (``lineage_digest``) that can be checked matches its parent's
    and its turn's items digest, else ``CORRUPT_HISTORY``. A history whose every turn
    carries a checked digest is ``linked``: only such a history may later be extended
@@ -45,7 +50,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from ratchet.domain.catalogue import KNOWN_ITEM_TYPES
+from ratchet.domain.catalogue import KNOWN_ITEM_TYPES, json_object
 from ratchet.speedups import SPEEDUPS
 from schemas.canonical import canonical_json_text, parse_json
 from schemas.models import SUPPORTED_FORMAT_VERSIONS, Certification, Item, sha256_hex
@@ -423,8 +428,9 @@ def verify_extension(
 
     Each turn must sit in the tip's partition and mode, follow its predecessor (parent
     link, seq + 1, contiguous item seqs), hold exactly its items (count, order, items
-    digest, every content digest, formats, types) and carry the lineage digest of its
-    predecessor's and its own items digest: a wrong one is ``CORRUPT_HISTORY``. A turn
+    digest, every content digest, formats, types, each item's type, role and call_id
+    columns against its content) and carry the lineage digest of its predecessor's and
+    its own items digest: a wrong one is ``CORRUPT_HISTORY``. A turn
     without a digest cannot be linked: None, and the caller reads the history in full
     (which accepts such a turn as unlinked, exactly as for any other reader). The rules
     are checked in the full read's order (``verify_history``: the last turn's logical
@@ -611,16 +617,16 @@ def _check_links(lineage: tuple[CheckpointRecord, ...]) -> bool | HistoryFailure
 
 
 def _check_items(turns: Sequence[TurnItems]) -> HistoryFailure | None:
-    """Every item's content digest, format and type, column by column over the whole
-    history. The reason is that of the first broken rule in this order, whichever item
-    breaks it: a digest mismatch (CORRUPT_HISTORY), then an unsupported format, then an
-    unknown type."""
-    contents = [c for turn in turns for c in turn.contents]
-    digests = [d for turn in turns for d in turn.digests]
-    bad = first_digest_mismatch(contents, digests)
-    if bad >= 0:
+    """Every item's content digest, format, type, and its type, role and call_id columns
+    against its content, column by column over the whole history. The reason is that of
+    the first broken rule in this order, whichever item breaks it: a digest mismatch
+    (CORRUPT_HISTORY), then an unsupported format, then an unknown type, then columns
+    that differ from the content (CORRUPT_HISTORY). Digests and columns are checked in
+    one pass over the items (``item_mismatches``)."""
+    digest_bad, column_bad = item_mismatches(turns)
+    if digest_bad >= 0:
         ids = [i for turn in turns for i in turn.ids]
-        return _corrupt(f"item {ids[bad]} content does not match its digest")
+        return _corrupt(f"item {ids[digest_bad]} content does not match its digest")
     formats = {v for turn in turns for v in turn.formats}
     if not SUPPORTED_FORMAT_VERSIONS.issuperset(formats):
         bad_id, bad_version = _first_outside(turns, lambda t: t.formats, SUPPORTED_FORMAT_VERSIONS)
@@ -633,7 +639,65 @@ def _check_items(turns: Sequence[TurnItems]) -> HistoryFailure | None:
         return HistoryFailure(
             HistoryFailureReason.UNKNOWN_ITEM_TYPE, f"item {bad_id} type {bad_type!r}"
         )
+    if column_bad >= 0:
+        row = [r for turn in turns for r in turn.rows()][column_bad]
+        return _corrupt(_column_mismatch(*row[:5]))
     return None
+
+
+def item_mismatches(turns: Sequence[TurnItems]) -> tuple[int, int]:
+    """(the index of the first item whose content's sha256 hex is not its digest, -1),
+    else (-1, the index of the first item whose ``type``, ``role`` and ``call_id``
+    columns do not say what its content says (``columns_agree_py``), or -1): indices
+    over all items of ``turns`` in order. ValueError if a turn's columns differ in
+    length. In C when ``ratchet._speedups`` is built (ratchet/speedups.py: the C
+    checker reads the content's top-level fields as it checks the JSON, and hands every
+    content it is not sure of to ``columns_agree_py``), else ``item_mismatches_py``."""
+    if SPEEDUPS is None:
+        return item_mismatches_py(turns)
+    return SPEEDUPS.item_mismatches(turns, columns_agree_py)
+
+
+def item_mismatches_py(turns: Sequence[TurnItems]) -> tuple[int, int]:
+    """``item_mismatches`` in Python: the reference the C twin is tested against. Each
+    item in order: its digest (a mismatch ends the pass), then, until one disagrees, its
+    columns against its content."""
+    columns = [(t.contents, t.digests, t.types, t.roles, t.call_ids) for t in turns]
+    if any(len(set(map(len, turn))) > 1 for turn in columns):
+        raise ValueError("the columns of a turn differ in length")
+    column_bad = -1
+    rows = (row for turn in columns for row in zip(*turn, strict=True))
+    for index, (content, digest, item_type, role, call_id) in enumerate(rows):
+        if sha256_hex(content) != digest:
+            return index, -1
+        if column_bad < 0 and not columns_agree_py(content, item_type, role, call_id):
+            column_bad = index
+    return -1, column_bad
+
+
+def columns_agree_py(
+    content: bytes, item_type: object, role: object, call_id: object
+) -> bool:
+    """Do an item's ``type``, ``role`` and ``call_id`` columns say what its content says?
+    Validation's rule (``catalogue.shape_problem``): the content is a JSON object whose
+    ``type``, ``role`` and ``call_id`` (``dict.get``: absent = None) equal the columns."""
+    value = json_object(content)
+    return value is not None and (
+        value.get("type"), value.get("role"), value.get("call_id")
+    ) == (item_type, role, call_id)
+
+
+def _column_mismatch(
+    item_id: str, item_type: object, role: object, call_id: object, content: bytes
+) -> str:
+    """The detail of an item whose columns are not its content's (the failure path)."""
+    value = json_object(content)
+    if value is None:
+        return f"item {item_id} content is not a JSON object"
+    for name, column in (("type", item_type), ("role", role), ("call_id", call_id)):
+        if value.get(name) != column:
+            return f"item {item_id} {name} {column!r} != content {name} {value.get(name)!r}"
+    return f"item {item_id} columns do not match its content"  # pragma: no cover
 
 
 def first_digest_mismatch(contents: Sequence[bytes], digests: Sequence[str]) -> int:

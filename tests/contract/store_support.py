@@ -47,6 +47,9 @@ def item(
     text: str = "hi", *, type_: str = "message", role: str | None = "user", size: int = 0
 ) -> Item:
     body = {"text": text} if not size else {"text": text, "pad": "x" * size}
+    # The content says what the record's type and role columns say (absent role = None),
+    # as every promoted item's does: a read checks it (ratchet/domain/history.py).
+    body |= {"type": type_} if role is None else {"type": type_, "role": role}
     content = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     return Item(
         item_id=uid("item"),

@@ -26,7 +26,10 @@ from dataclasses import replace
 
 import pytest
 
-from ratchet.domain.history import TurnItems
+from ratchet.domain.history import TurnItems, VerifiedHistory
+from ratchet.domain.plan import Promoted
+from schemas.canonical import canonical_json_text as canonical_json
+from schemas.models import Item, sha256_hex
 from services.api.cache import HistoryCache
 from services.api.service import Answer, RehydrationService
 from services.api.waiters import PromotionWaiters
@@ -37,7 +40,7 @@ from tests.contract.store_support import FakeClock, conversation_turn, uid
 
 FP = "fp1"
 # Fields of an item record (services/store/rows.py ``ITEM_RECORD_FIELDS``).
-SEQ, ITEM_TYPE, CONTENT, DIGEST, FORMAT = 0, 2, 5, 6, 7
+SEQ, ITEM_TYPE, ROLE, CALL_ID, CONTENT, DIGEST, FORMAT = 0, 2, 3, 4, 5, 6, 7
 
 
 def _flip_content(records: list[list]) -> None:
@@ -63,8 +66,11 @@ def _drop_last(records: list[list]) -> None:
 
 OTHER_DIGEST = hashlib.sha256(b'{"text":"something else"}').hexdigest()
 
-# name -> (change to the turn's item records, reason). Type and format are not covered
-# by any digest: the item is otherwise intact, so their own reason is the answer.
+# name -> (change to the turn's item records, reason). The type, role, call_id and
+# format columns are covered by no digest. A format this build cannot read, or a type
+# outside its catalogue, answers its own reason (checked first, as at promotion); a
+# type, role or call_id that is not what the item's content says is CORRUPT_HISTORY
+# (the items here are user messages: content type "message", role "user", no call_id).
 ITEM_DAMAGE = {
     "content": (_flip_content, "CORRUPT_HISTORY"),
     "content_digest": (_set(DIGEST, OTHER_DIGEST), "CORRUPT_HISTORY"),
@@ -72,7 +78,26 @@ ITEM_DAMAGE = {
     "missing_item": (_drop_last, "MISSING_HISTORY"),
     "unknown_type": (_set(ITEM_TYPE, "hologram"), "UNKNOWN_ITEM_TYPE"),
     "format_version": (_set(FORMAT, 99), "UNSUPPORTED_FORMAT"),
+    "type": (_set(ITEM_TYPE, "reasoning"), "CORRUPT_HISTORY"),  # another KNOWN type
+    "role": (_set(ROLE, "system"), "CORRUPT_HISTORY"),
+    "role_null": (_set(ROLE, None), "CORRUPT_HISTORY"),
+    "call_id": (_set(CALL_ID, "call_x"), "CORRUPT_HISTORY"),
 }
+
+
+def _call_items(call_id: str) -> tuple[Item, Item]:
+    """A function call and its output, as a gateway stores them (the record's type,
+    role and call_id are its content's)."""
+    call_item, output_item = uid("fc"), uid("fco")
+    call = {"type": "function_call", "id": call_item, "call_id": call_id, "name": "f",
+            "arguments": "{}"}
+    output = {"type": "function_call_output", "id": output_item, "call_id": call_id,
+              "output": "ok"}
+    return tuple(  # type: ignore[return-value]
+        Item(item_id=body["id"], type=body["type"], role=None, call_id=call_id,
+             content=(raw := canonical_json(body).encode()), content_digest=sha256_hex(raw))
+        for body in (call, output)
+    )
 
 
 class LoadContract:
@@ -201,6 +226,33 @@ class LoadContract:
             "CORRUPT_HISTORY",
         )
         assert full == []
+
+    # -- a call's call_id column -----------------------------------------------------------
+
+    @pytest.fixture
+    def call_stack(self, stack):
+        """``stack`` with a fourth turn holding a function call and its output."""
+        store, service, tenant, conv, rids = stack
+        turn = conversation_turn(tenant, conv, len(rids), items=_call_items("call_1"))
+        assert isinstance(store.promote(turn), Promoted)
+        return store, service, tenant, conv, [*rids, turn.response_id]
+
+    @pytest.mark.parametrize("call_id", ["call_2", None], ids=["other", "null"])
+    def test_a_call_id_column_unlike_its_content_is_corrupt_on_every_load(self, call_stack,
+                                                                          call_id):
+        """The processor pairs a call with its output by the call_id column: one that is not
+        its content's would pair what the model never saw paired. Cold or extended, the
+        history is CORRUPT_HISTORY, never served."""
+        store, service, tenant, conv, (*_, before, calls) = call_stack
+        assert isinstance(store.read_history(tenant, conversation_id=conv), VerifiedHistory)
+        self.cache_prefix(service, tenant, conv, before)
+        self.rewrite_items(store, tenant, conv, calls, _set(CALL_ID, call_id))
+        full = self.counting_full_reads(store)
+        by_response = service.response_history(tenant, calls, FP, 0, partition_key=conv)
+        assert self.answer(by_response) == (500, "CORRUPT_HISTORY")
+        assert full == []  # the extension decided
+        assert self.cold(service, tenant, conv, calls) == [(500, "CORRUPT_HISTORY")] * 2
+        assert store.read_history(tenant, conversation_id=conv).reason == "CORRUPT_HISTORY"
 
     def test_an_extension_over_several_rows_verifies_each(self, stack):
         """Two rows after the cached prefix: damage in the first of them is caught."""
