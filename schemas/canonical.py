@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -37,13 +38,66 @@ def canonical_digest(value: Any) -> str:
 
 
 def parse_json(data: bytes) -> Any:
-    """Parse JSON bytes; raises ``ValueError`` (also for NaN/Infinity, never canonical).
+    """Parse JSON bytes; raises ``ValueError`` for text that is not JSON, and for NaN,
+    Infinity and a number beyond the range of a double (``1e400``): none has a
+    canonical form, so no digest could be computed over a value holding one.
 
     pydantic's Rust parser (already a dependency through pydantic): about 3x faster
     than ``json.loads`` on small items, and validation parses every item of every turn.
+    It reads a number beyond a double's range as infinity (``allow_inf_nan`` refuses
+    only the literals ``NaN`` and ``Infinity``), so the value is checked, cheaply: text
+    that is orjson's sorted-key encoding of its own value (canonical content, the common
+    case) holds no such number, as orjson writes an infinity as ``null`` where the text
+    has a number (~0.3 us for a small item, which ``duplicate_key`` then does not spend
+    again on the same bytes: the shape check of an item costs ~0.1 us more in all); only
+    other text is walked for an infinite float (~1 us more for a small item, which costs
+    ``duplicate_key`` a second parse of ~4 us anyway).
     """
-    return from_json(data, allow_inf_nan=False)
+    global _self_encoded
+    value = from_json(data, allow_inf_nan=False)
+    try:  # inline, not _is_own_encoding: this runs for every item of every turn
+        own = orjson.dumps(value, option=orjson.OPT_SORT_KEYS) == data
+    except TypeError:  # orjson.JSONEncodeError is one; e.g. an integer above 64 bits
+        own = False
+    if own:
+        if type(data) is bytes:  # immutable: the finding stays true of this object
+            _self_encoded = data
+    elif not _finite(value):
+        raise ValueError("a number is beyond the range of a double (e.g. 1e400): "
+                         "it has no canonical JSON")
+    return value
 
+
+# The last bytes ``parse_json`` found to be the sorted-key encoding of their own value
+# (so without a key twice in one object): the catalogue's shape check calls
+# ``duplicate_key`` on the very bytes object it has just parsed. Held until the next such
+# parse; a bytes object never changes, and a miss only costs the encoding again.
+_self_encoded: bytes | None = None
+
+
+def _is_own_encoding(data: bytes, value: Any) -> bool:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS) == data
+    except (TypeError, orjson.JSONEncodeError):  # e.g. an integer above 64 bits
+        return False
+
+
+_NESTED = (dict, list, float)
+
+
+def _finite(value: Any) -> bool:
+    """No float in ``value`` (a parsed JSON value, at most ~200 levels deep) is infinite."""
+    kind = type(value)
+    if kind is float:
+        return math.isfinite(value)
+    if kind is dict:
+        value = value.values()
+    elif kind is not list:
+        return True
+    for inner in value:  # noqa: SIM110 - a loop: no generator per container
+        if type(inner) in _NESTED and not _finite(inner):
+            return False
+    return True
 
 
 def duplicate_key(data: bytes, value: Any) -> str | None:
@@ -56,15 +110,13 @@ def duplicate_key(data: bytes, value: Any) -> str | None:
 
     Cheap in the common case: bytes equal to the sorted-key re-encoding of their parsed
     value hold no duplicate key (a parsed object has none, so neither has its encoding),
-    and canonical content re-encodes to itself (~0.3 us for a small item). Other bytes
+    and canonical content re-encodes to itself (~0.3 us for a small item; nothing when
+    ``parse_json`` has just found that of this very bytes object). Other bytes
     are read once more by the standard parser, which hands over every object's pairs
     (~4 us per item). Raises ``ValueError`` if that parser cannot read them.
     """
-    try:
-        if orjson.dumps(value, option=orjson.OPT_SORT_KEYS) == data:
-            return None
-    except (TypeError, orjson.JSONEncodeError):  # e.g. an integer above 64 bits
-        pass
+    if data is _self_encoded or _is_own_encoding(data, value):
+        return None
     repeated: list[str] = []
 
     def checked_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

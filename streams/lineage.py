@@ -43,7 +43,10 @@ def starts_lineage(turn: TurnCompleted) -> Lineage | None:
 
 
 def utc(epoch_ms: int) -> datetime:
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC)
+    """``epoch_ms`` as an aware UTC datetime, exactly (integer seconds and milliseconds:
+    a float division loses the millisecond from ~1e13 ms on)."""
+    seconds, millis = divmod(epoch_ms, 1000)
+    return datetime.fromtimestamp(seconds, UTC).replace(microsecond=millis * 1000)
 
 
 def slim(checkpoint: CheckpointRecord) -> CheckpointRecord:

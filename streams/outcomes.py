@@ -9,6 +9,7 @@ can recognise a re-published outcome.
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 
 from ratchet.domain.history import CheckpointRecord
 from ratchet.domain.promotion import Orphan, RecordedEffect, Reject
@@ -23,8 +24,16 @@ from schemas.models import (
 _OUTCOME_NS = uuid.UUID("5d1c8f0e-2f5a-4a53-9a43-4a1b0c7e9b11")
 
 
-def _ms(moment) -> int:
-    return int(moment.timestamp() * 1000)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _ms(moment: datetime) -> int:
+    """``moment`` (UTC; naive means UTC) as epoch milliseconds, exactly: integer
+    arithmetic (``timestamp() * 1000`` in floats lost the millisecond of some values
+    from ~1e13 ms, year 2286, on)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return (moment - _EPOCH) // timedelta(milliseconds=1)
 
 
 def outcome_event_id(source_event_id: str, kind: str) -> str:

@@ -242,7 +242,9 @@ _KEYING_FIELDS = ("id", "call_id")
 
 def result_digest(item: Item) -> str:
     """sha256 of the output item's canonical content without its ``id`` and ``call_id``:
-    what the tool returned, independent of which regenerated call it answers."""
+    what the tool returned, independent of which regenerated call it answers. Raises
+    ``ValueError`` for content that is not a JSON object with a canonical form (e.g. a
+    number beyond a double's range: ``parse_json``)."""
     content = parse_json(item.content)
     if not isinstance(content, dict):
         raise ValueError(f"output {item.item_id}: content is not a JSON object")
@@ -251,14 +253,20 @@ def result_digest(item: Item) -> str:
 
 def rekey_output(output: Item, *, call_id: str, item_id: str) -> Item:
     """The recorded ``output`` answering another call: same result, new ids (for an
-    ``mcp_call``, whose id names the run, the item id is the call's)."""
-    content = parse_json(output.content)
-    if not isinstance(content, dict):
-        raise ValueError(f"output {output.item_id}: content is not a JSON object")
-    content["id"] = item_id
-    if "call_id" in content:
-        content["call_id"] = call_id
-    data = canonical_json(content)
+    ``mcp_call``, whose id names the run, the item id is the call's). Raises
+    ``ValueError`` naming the output when its content is not a JSON object with a
+    canonical form (the claims API refuses to record one; a record older than that
+    check may hold one, e.g. ``1e400``)."""
+    try:
+        content = parse_json(output.content)
+        if not isinstance(content, dict):
+            raise ValueError("not a JSON object")
+        content["id"] = item_id
+        if "call_id" in content:
+            content["call_id"] = call_id
+        data = canonical_json(content)
+    except ValueError as exc:
+        raise ValueError(f"output {output.item_id}: content cannot be re-keyed: {exc}") from exc
     return Item(item_id=item_id, type=output.type, role=output.role,
                 call_id=call_id if output.call_id is not None else None, content=data,
                 content_digest=sha256_hex(data), format_version=output.format_version)

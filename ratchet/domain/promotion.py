@@ -285,14 +285,22 @@ def _claimed_effect_rule(turn: TurnCompleted, claim: ClaimRecord,
     (the same execution recorded twice); and the turn carries its result. The output
     answering the claim's own call must be that result (two claims' results swapped
     between their calls are refused); only when no output answers that call (a retry
-    whose calls got new call ids) may any output carry it."""
+    whose calls got new call ids) may any output carry it. A recorded output whose
+    result cannot be digested (no canonical form, e.g. ``1e400`` recorded before the
+    claims API refused it) equals no output: a typed rejection, never an exception
+    (which would dead-letter a decodable turn)."""
     if not claim.completed or claim.output is None:
         return Reject(R.MISSING_TOOL_EFFECT, f"claimed effect {claim.effect_id} (attempt "
                       f"{claim.attempt}) has no recorded outcome")
     if effect is not None and effect.output_digest != claim.output.content_digest:
         return Reject(R.DUPLICATE_TOOL_EFFECT, f"tool effect {claim.effect_id} was recorded "
                       "with another output than its claim's completion")
-    wanted = result_digest(claim.output)
+    try:
+        wanted = result_digest(claim.output)
+    except (ValueError, TypeError, RecursionError) as exc:
+        return Reject(R.DUPLICATE_TOOL_EFFECT, f"the recorded outcome of claimed effect "
+                      f"{claim.effect_id} has no canonical form ({exc}): no output of the "
+                      "turn can equal it")
     own = outputs_by_call.get(claim.call_id)
     if own is not None:
         if _result_or_none(own) != wanted:
@@ -347,7 +355,16 @@ def promotion_request(turn: TurnCompleted, certification: Certification,
 
 
 def _utc_ms(epoch_ms: int) -> datetime:
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC)
+    """``epoch_ms`` as an aware UTC datetime, exact to the millisecond: integer seconds
+    and milliseconds (a float division loses the millisecond from ~1e13 ms, year 2286,
+    on). Raises ``ValueError`` outside datetime's range, 0001-01-01T00:00:00.000Z to
+    9999-12-31T23:59:59.999Z (docs/gateway-protocol.md, section 6)."""
+    seconds, millis = divmod(epoch_ms, 1000)
+    try:
+        return datetime.fromtimestamp(seconds, UTC).replace(microsecond=millis * 1000)
+    except (ValueError, OverflowError, OSError) as exc:
+        raise ValueError(f"timestamp {epoch_ms} ms is outside the readable range "
+                         "(years 1 to 9999)") from exc
 
 
 def _store_artifact(turn: TurnCompleted) -> StoredTokenArtifact | None:

@@ -3,20 +3,23 @@
 
 A route module of its own: it only translates HTTP to the ledger's claim methods and
 back; the rules are in ``ratchet/domain/claims.py``. Every claim outcome is a 200 with
-a typed ``state``; 4xx only for bad input (422 malformed, 404 unknown claim, 409 not
-the holder / another outcome already recorded).
+a typed ``state``; 4xx only for bad input (400 a body that is not JSON, 422 malformed,
+404 unknown claim, 409 not the holder / another outcome already recorded).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 
 from ratchet.domain import claims
 from ratchet.domain.catalogue import EFFECT_OUTPUT_TYPES, shape_problem
@@ -30,7 +33,9 @@ from ratchet.domain.claims import (
     CompletionState,
     EffectPolicy,
 )
+from schemas.canonical import parse_json
 from schemas.ids import ID_PATTERN
+from schemas.limits import MIB
 from schemas.models import SUPPORTED_FORMAT_VERSIONS, Item, sha256_hex
 from services.api.models import ErrorBody, HistoryItem
 from services.ledger.base import Ledger
@@ -38,6 +43,9 @@ from services.ledger.base import Ledger
 _ID = ID_PATTERN  # schemas/ids.py: the ids of the history routes and of turns
 _NAME = r"^[A-Za-z0-9_.:\-]{1,128}$"
 _SHA256 = r"^[0-9a-f]{64}$"
+# A recorded output's content: at most 8 MiB of UTF-8 (bytes, not characters), so that a
+# turn carrying it stays within the event limit (schemas/limits.py).
+MAX_OUTPUT_CONTENT_BYTES = 8 * MIB
 
 
 def _json_integer(value: object) -> object:
@@ -86,7 +94,10 @@ class OutputIn(_Body):
     type: str = Field(pattern=_NAME)
     role: str | None = Field(None, max_length=64)
     call_id: str | None = Field(None, pattern=_ID)
-    content: str = Field(max_length=8 * 1024 * 1024, description="Canonical JSON text.")
+    # max_length counts characters: a cheap first bound (a character is 1 to 4 bytes);
+    # the limit itself is on the UTF-8 bytes (``_output_item``).
+    content: str = Field(max_length=MAX_OUTPUT_CONTENT_BYTES, description=(
+        "Canonical JSON text, at most 8 MiB (8388608 bytes) of UTF-8."))
     content_digest: str = Field(pattern=_SHA256)
     format_version: JsonInt = Field(1, ge=1, le=1000)
 
@@ -150,6 +161,34 @@ _COMPLETE_HTTP = {
 }
 
 
+class _ClaimsRoute(APIRoute):
+    """A body that is not JSON is a 400 ``INVALID_REQUEST`` (docs/gateway-protocol.md,
+    section 8), not the 422 ``json_invalid`` FastAPI answers for it; so is a body
+    FastAPI cannot read at all (its own 400). Other validation errors stay 422s. Here,
+    not in the app's handlers, so the routes answer the same wherever they are mounted."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                not_json = [e for e in exc.errors() if e.get("type") == "json_invalid"]
+                if not not_json:
+                    raise
+                where = not_json[0].get("loc", ())[1:]
+                why = not_json[0].get("ctx", {}).get("error", "")
+                return _error(400, "INVALID_REQUEST", f"body is not JSON: {why}"
+                              + (f" at character {where[0]}" if where else ""))
+            except HTTPException as exc:
+                if exc.status_code != 400:
+                    raise
+                return _error(400, "INVALID_REQUEST", str(exc.detail))
+
+        return route
+
+
 def claims_router(ledger: Ledger, mark_facts: Callable[[str, str, str], object],
                   clock_ms: Callable[[], int] | None = None) -> APIRouter:
     """``mark_facts(tenant, partition key, idempotency key)``: the store's
@@ -166,7 +205,7 @@ def claims_router(ledger: Ledger, mark_facts: Callable[[str, str, str], object],
         await run_in_threadpool(*mark)
         return result
 
-    router = APIRouter(tags=["effect claims"])
+    router = APIRouter(tags=["effect claims"], route_class=_ClaimsRoute)
 
     @router.post(
         "/v1/effects/claims",
@@ -228,6 +267,9 @@ def _output_item(o: OutputIn) -> tuple[Item, str | None]:
     data = o.content.encode("utf-8")
     item = Item(item_id=o.item_id, type=o.type, role=o.role, call_id=o.call_id, content=data,
                 content_digest=o.content_digest, format_version=o.format_version)
+    if len(data) > MAX_OUTPUT_CONTENT_BYTES:
+        return item, (f"content is {len(data)} bytes of UTF-8, above the limit of "
+                      f"{MAX_OUTPUT_CONTENT_BYTES} (8 MiB)")
     if o.type not in EFFECT_OUTPUT_TYPES:
         return item, f"output type {o.type!r} is not a tool output type"
     if o.format_version not in SUPPORTED_FORMAT_VERSIONS:
@@ -237,4 +279,8 @@ def _output_item(o: OutputIn) -> tuple[Item, str | None]:
                       f"({sorted(SUPPORTED_FORMAT_VERSIONS)})")
     if sha256_hex(data) != o.content_digest:
         return item, "content_digest is not the sha256 of content"
+    try:
+        parse_json(data)  # named here: the shape check says only "not a JSON object"
+    except ValueError as exc:
+        return item, f"content is not valid JSON: {exc}"
     return item, shape_problem(item)

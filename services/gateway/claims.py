@@ -13,7 +13,8 @@ outcome (the synchronous complete call, then a ``ToolEffect`` through the produc
 one is given, with the claim's effect id), and otherwise reuses the recorded output
 (COMPLETED), waits for a live holder (IN_PROGRESS), or raises a typed error:
 ``EffectOutcomeUnknown`` (LEASE_EXPIRED under ``at_most_once``), ``EffectConflict``,
-``RequestCancelled``. The rules are the server's (``ratchet/domain/claims.py``).
+``RequestCancelled``, ``EffectOutputUnusable``. The rules are the server's
+(``ratchet/domain/claims.py``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from services.gateway.events import (
 from services.gateway.producer import GatewayProducer
 
 __all__ = ["Effect", "EffectClaims", "EffectConflict", "EffectOutcomeUnknown",
-           "EffectPolicy", "RequestCancelled", "StillInProgress"]
+           "EffectOutputUnusable", "EffectPolicy", "RequestCancelled", "StillInProgress"]
 
 
 class EffectOutcomeUnknown(GatewayError):
@@ -61,6 +62,17 @@ class EffectOutcomeUnknown(GatewayError):
 
 class EffectConflict(GatewayError):
     """The effect key was claimed with other arguments (the retry asks something else)."""
+
+
+class EffectOutputUnusable(GatewayError, ValueError):
+    """COMPLETED, but the recorded output cannot answer this call: its content is not a
+    JSON object with a canonical form (e.g. a number beyond a double's range, recorded by
+    a server from before the claims API refused such outputs). Not executed again; not
+    retryable: every attempt of the request is given the same output."""
+
+    def __init__(self, effect_id: str, detail: str) -> None:
+        self.effect_id = effect_id
+        super().__init__(f"{effect_id}: {detail}")
 
 
 class RequestCancelled(GatewayError):
@@ -108,8 +120,11 @@ class Effect:
         self.state = body["state"]
         if body["state"] == "COMPLETED":
             recorded = _item(body["output"])
-            self.output = rekey_output(recorded, call_id=self.call_id,
-                                       item_id=f"{self.effect_id}:{self._owner.attempt}")
+            try:
+                self.output = rekey_output(recorded, call_id=self.call_id,
+                                           item_id=f"{self.effect_id}:{self._owner.attempt}")
+            except ValueError as exc:
+                raise EffectOutputUnusable(self.effect_id, str(exc)) from exc
             return self.output
         try:
             text, succeeded = fn(), True

@@ -1,18 +1,24 @@
 """The effect-claims API refuses outcomes that break what a turn or a holder relies on
 (services/api/claims.py; docs/gateway-protocol.md, section 8): an output no turn could
-carry, and a holder's second completion with another outcome."""
+carry, and a holder's second completion with another outcome; and a body that is not
+JSON is a 400, as documented."""
 
 from __future__ import annotations
 
 import hashlib
 import uuid
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from ratchet.samples import NOW_MS
 from schemas.canonical import canonical_json
-from services.api.claims import claims_router
+from services.api.app import create_app
+from services.api.claims import MAX_OUTPUT_CONTENT_BYTES, claims_router
+from services.api.fastpath import HistoryFastPath
+from services.api.service import RehydrationService
+from services.api.waiters import PromotionWaiters
 from services.ledger.memory import MemoryLedger
 from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
@@ -23,6 +29,15 @@ def client() -> TestClient:
     store = MemoryCheckpointStore(StoreOptions())
     app.include_router(claims_router(MemoryLedger(), store.mark_request_facts, lambda: NOW_MS))
     return TestClient(app, raise_server_exceptions=False)
+
+
+def api_client() -> TestClient:
+    """The routes as ``ratchet api`` serves them: in the app, behind ``HistoryFastPath``."""
+    store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+    service = RehydrationService(store, ledger, PromotionWaiters())
+    app = create_app(service, lambda: True,
+                     routers=[claims_router(ledger, store.mark_request_facts, lambda: NOW_MS)])
+    return TestClient(HistoryFastPath(app, service), raise_server_exceptions=False)
 
 
 def claimed(http: TestClient) -> tuple[str, str]:
@@ -37,9 +52,9 @@ def claimed(http: TestClient) -> tuple[str, str]:
 
 
 def complete(http: TestClient, effect_id: str, token: str, status: str = "succeeded",
-             format_version: int = 1):
-    content = canonical_json({"type": "function_call_output", "id": "fco_1",
-                              "call_id": "call_1", "output": "sent"})
+             format_version: int = 1, content: bytes | None = None):
+    content = content or canonical_json({"type": "function_call_output", "id": "fco_1",
+                                         "call_id": "call_1", "output": "sent"})
     output = {"item_id": "fco_1", "type": "function_call_output", "role": None,
               "call_id": "call_1", "content": content.decode(),
               "content_digest": hashlib.sha256(content).hexdigest(),
@@ -67,3 +82,49 @@ def test_a_holders_second_completion_with_another_status_is_an_outcome_conflict(
     assert complete(http, effect_id, token, "succeeded").json()["state"] == "ALREADY_COMPLETED"
     conflict = complete(http, effect_id, token, "failed")
     assert (conflict.status_code, conflict.json()["error"]) == (409, "OUTCOME_CONFLICT")
+
+
+def test_an_output_with_a_number_beyond_a_double_is_refused():
+    # Parsed, 1e400 is infinity: no canonical JSON, so the result digest every turn of
+    # the request is compared with could not be computed.
+    http = client()
+    effect_id, token = claimed(http)
+    content = (b'{"call_id":"call_1","id":"fco_1","output":"sent","score":1e400,'
+               b'"type":"function_call_output"}')
+    refused = complete(http, effect_id, token, content=content)
+    assert (refused.status_code, refused.json()["error"]) == (422, "INVALID_REQUEST")
+    assert "range of a double" in refused.json()["detail"]
+    assert complete(http, effect_id, token).json()["state"] == "COMPLETED"
+
+
+def test_an_output_above_8_mib_of_utf8_is_refused_whatever_its_character_count():
+    http = client()
+    effect_id, token = claimed(http)
+    empty = canonical_json({"type": "function_call_output", "id": "fco_1",
+                            "call_id": "call_1", "output": ""})
+    fill = MAX_OUTPUT_CONTENT_BYTES - len(empty)
+    # one two-byte character: 8 MiB + 1 bytes in 8 MiB characters (the old, wrong count)
+    over = canonical_json({"type": "function_call_output", "id": "fco_1",
+                           "call_id": "call_1", "output": "\u00e9" + "x" * (fill - 1)})
+    assert len(over) == MAX_OUTPUT_CONTENT_BYTES + 1 == len(over.decode()) + 1
+    refused = complete(http, effect_id, token, content=over)
+    assert (refused.status_code, refused.json()["error"]) == (422, "INVALID_REQUEST")
+    assert "bytes of UTF-8" in refused.json()["detail"]
+    # exactly 8 MiB is recorded (and nothing was recorded before it: no OUTCOME_CONFLICT)
+    exact = canonical_json({"type": "function_call_output", "id": "fco_1",
+                            "call_id": "call_1", "output": "x" * fill})
+    assert len(exact) == MAX_OUTPUT_CONTENT_BYTES
+    assert complete(http, effect_id, token, content=exact).json()["state"] == "COMPLETED"
+
+
+@pytest.mark.parametrize("served", ["router", "api"])
+def test_a_body_that_is_not_json_is_a_400_on_both_endpoints(served):
+    http = client() if served == "router" else api_client()
+    for path in ("/v1/effects/claims", f"/v1/effects/claims/eff_{'0' * 32}/complete"):
+        for body in (b'{"tenant_id": "t1", oops', b'{"tenant_id": "\xff"}'):  # not JSON; not UTF-8
+            answer = http.post(path, content=body,
+                               headers={"content-type": "application/json"})
+            assert (answer.status_code, answer.json()["error"]) == (400, "INVALID_REQUEST"), \
+                (path, body, answer.text)
+        # JSON with fields missing stays a 422
+        assert http.post(path, json={"tenant_id": "t1"}).status_code == 422

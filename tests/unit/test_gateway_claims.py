@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from ratchet.domain.catalogue import CATALOGUE
-from services.gateway.claims import EffectClaims
+from schemas.canonical import sha256_hex
+from services.gateway.claims import EffectClaims, EffectOutputUnusable
 from services.gateway.events import InvalidGatewayItem, TurnIdentity, tool_effect
 
 CALLS = {
@@ -66,3 +67,28 @@ def test_an_item_that_carries_its_own_result_is_refused_with_a_typed_error():
     with pytest.raises(InvalidGatewayItem, match="mcp_call"), \
             claims.effect(mcp, subturn_index=0):
         pass
+
+
+def test_a_recorded_output_with_no_canonical_form_is_a_typed_error_never_a_rerun():
+    # A server from before the claims API refused 1e400 may have recorded it: the output
+    # cannot be re-keyed (infinity has no canonical JSON); the tool is not run again.
+    content = (b'{"call_id":"c0","id":"fco_0","output":"sent","score":1e400,'
+               b'"type":"function_call_output"}')
+    recorded = {"item_id": "fco_0", "type": "function_call_output", "role": None,
+                "call_id": "c0", "content": content.decode(),
+                "content_digest": sha256_hex(content), "format_version": 1}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"state": "COMPLETED", "attempt": 1,
+                                         "status": "succeeded", "output": recorded})
+
+    identity = TurnIdentity(tenant_id="t", response_id="r1", conversation_id="conv",
+                            expected_head_seq=0)
+    claims = EffectClaims("http://claims.test", identity, idempotency_key="k", attempt=2,
+                          transport=httpx.MockTransport(answer))
+    ran: list[str] = []
+    with pytest.raises(EffectOutputUnusable, match="range of a double") as refused, \
+            claims.effect(CALLS["function_call"], subturn_index=0) as effect:
+        effect.run(lambda: ran.append("ran") or "done")
+    assert refused.value.effect_id == effect.effect_id and not refused.value.retryable
+    assert ran == [] and not effect.executed

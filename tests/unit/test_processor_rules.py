@@ -11,7 +11,7 @@ import dataclasses
 import io
 import pickle
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import fastavro
 import pytest
@@ -38,6 +38,7 @@ from ratchet.samples import (
     tampered,
 )
 from schemas import avsc
+from schemas.canonical import sha256_hex
 from schemas.errors import Unavailable
 from schemas.items import (
     arguments_digest,
@@ -52,6 +53,7 @@ from schemas.models import (
     Certification,
     DeadLetterReason,
     EffectiveConfig,
+    Item,
     OrphanReason,
     RejectionReason,
     TurnStatus,
@@ -567,6 +569,51 @@ def test_a_tool_effect_disagreeing_with_its_claims_completion_is_an_effect_confl
                               tool_effect_ids=(effect_id,)))
     assert rejected.reason is R.DUPLICATE_TOOL_EFFECT
     assert "another output than its claim" in rejected.detail
+
+
+def test_a_claimed_output_with_no_canonical_form_is_a_rejection_not_a_dead_letter(h):
+    # Recorded before the claims API refused such outputs: 1e400 is read as infinity,
+    # which has no canonical JSON, so its result digest cannot be computed. The turn is
+    # decodable and valid: it gets a decision (no output can equal that record).
+    conv, key = conv_id(), new_id("idem")
+    content = (b'{"call_id":"c1","id":"fco_1","output":"sent","score":1e400,'
+               b'"type":"function_call_output"}')
+    unusable = Item(item_id="fco_1", type="function_call_output", call_id="c1",
+                    content=content, content_digest=sha256_hex(content))
+    effect_id = _completed_claim(h, key, conv, "c1", unusable, occurrence=0)
+    items = [function_call("c1", "send_email", {"to": "c1"}, item_id="fc_1"),
+             function_call_output("c1", "sent", item_id="fco_1"),
+             message("done", role="assistant", item_id=new_id("msg"))]
+    t = turn(conv, 0, items=items, idempotency_key=key, tool_effect_ids=(effect_id,))
+    handled = h.processor.handle(h.record(t))
+    topics = [o.topic for o in handled.outbound]
+    assert TOPICS.dead_letters not in topics and topics[0] == TOPICS.rejections, topics
+    rejected = handled.outbound[0].model
+    assert rejected.reason is R.DUPLICATE_TOOL_EFFECT
+    assert "no canonical form" in rejected.detail and "range of a double" in rejected.detail
+
+
+# 10_000_834_592_310 ms (year 2286): a float division lost its millisecond on the way in
+# (promotion._utc_ms); 69_097_842_566_678: a float product lost it on the way out (the
+# published record, streams/outcomes.py); the last one is the last readable millisecond.
+@pytest.mark.parametrize("epoch_ms", [10_000_834_592_310, 69_097_842_566_678,
+                                      253_402_300_799_999])
+def test_far_future_expiries_are_kept_to_the_millisecond(h, epoch_ms):
+    t = turn(conv_id(), 0, expires_at=epoch_ms)
+    t = t.model_copy(update={"token_artifact": t.token_artifact.model_copy(
+        update={"expires_at": epoch_ms})})
+    exact = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=epoch_ms)
+    request = promotion_request(t, Certification.CERTIFIED)
+    assert request.expires_at == request.token_artifact.expires_at == exact
+    promoted = h.outcome(t)
+    assert (promoted.seq, promoted.expires_at, promoted.artifact_expires_at) == (
+        1, epoch_ms, epoch_ms)
+
+
+def test_an_expiry_outside_the_readable_range_is_named_as_such():
+    for epoch_ms in (253_402_300_800_000, -62_135_596_800_001, 2**63 - 1):
+        with pytest.raises(ValueError, match="outside the readable range"):
+            promotion_request(make_turn(expires_at=epoch_ms), Certification.CERTIFIED)
 
 
 def test_cancelled_request_orphans_all_its_effects(h):

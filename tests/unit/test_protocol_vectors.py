@@ -29,7 +29,7 @@ from ratchet.domain.fingerprint import (
 )
 from ratchet.domain.validation import Valid, validate_turn
 from schemas import avsc
-from schemas.canonical import canonical_digest, canonical_json
+from schemas.canonical import canonical_digest, canonical_json, parse_json
 from schemas.items import arguments_digest, effect_id_for
 from schemas.models import MODELS_BY_RECORD, Certification, Fingerprint, Item, TurnCancelled
 from services.gateway.events import arguments_digest_of, request_digest, to_item
@@ -77,6 +77,18 @@ ERRORS = cases("canonical-json.json", "errors")
 def test_canonical_json_refuses(case):
     with pytest.raises(ValueError):
         canonical_json(json.loads(case["input_json"]))
+
+
+def test_parse_json_refuses_exactly_the_numbers_a_double_cannot_hold():
+    # pydantic's parser reads them as infinity, which has no canonical JSON: refused when
+    # parsed (item content CORRUPT, a claim's output 422), never a digest that raises.
+    for text in (b"1e400", b"[-1e400]", b'{"a":{"b":[1,1E+309]}}', b'{"a": 1e400}',
+                 b"1" + b"0" * 400 + b".5"):
+        with pytest.raises(ValueError, match="range of a double"):
+            parse_json(text)
+    assert parse_json(b"[1.7976931348623157e308, 1e-400]") == [1.7976931348623157e308, 0.0]
+    assert parse_json(b"1" + b"0" * 400) == 10**400  # an integer is exact at any size
+    assert canonical_json(parse_json(b'{"b":1e308,"a":-0.0}')) == b'{"a":-0.0,"b":1e+308}'
 
 
 # --- fingerprints ---------------------------------------------------------------------------

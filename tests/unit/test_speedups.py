@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -246,7 +247,8 @@ def test_the_checker_is_sure_of_json_objects_without_exponents(c, value, ascii_o
 
 @pytest.mark.parametrize(
     "content",
-    [b'{"a":1e400}', b'{"a":1E2}', b"[" * 100 + b"]" * 100, b'{"a":-0.0E5}'],
+    [b'{"a":1e300}', b'{"a":1E2}', b"[" * 100 + b"]" * 100, b'{"a":-0.0E5}',
+     b"9" * 301, b"-" + b"9" * 301 + b".5"],  # long integer parts: Python decides
 )
 def test_what_the_checker_doubts_python_decides(c, content):
     wrapped = content if content.startswith(b"{") else b'{"a":' + content + b"}"
@@ -257,6 +259,13 @@ def test_what_the_checker_doubts_python_decides(c, content):
             [{"item_id": "i", "type": "message", "role": None, "call_id": None,
               "content": wrapped.decode(), "content_digest": "d", "format_version": 1}]
         )
+
+
+def test_a_number_beyond_a_double_is_no_json_object_for_either(c):
+    # Python reads it as infinity, which has no canonical JSON: refused (parse_json);
+    # the checker doubts every exponent, so Python decides.
+    content = b'{"a":1e400}'
+    assert not c.is_json_object(content) and not _python_accepts(content)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
@@ -304,3 +313,223 @@ def test_every_code_point_is_escaped_as_orjson_does(c):
                           "format_version": 1}])
     assert c.is_json_object(content)
     assert c.render_items(cols, render.content_text) == want
+
+
+# --- an item's type, role and call_id columns against its content ---------------------------
+
+FIELDS = ("type", "role", "call_id")
+# Text with nothing a JSON string must escape (what stored types, roles and call_ids are).
+plain_texts = st.text(
+    st.characters(exclude_categories=("Cs",), exclude_characters='"\\'
+                  + "".join(map(chr, range(0x20)))), max_size=12)
+field_values = (
+    st.none() | plain_texts | texts | st.sampled_from(["message", "user", "call_1"])
+    | st.integers(-3, 3) | st.booleans() | st.lists(st.none(), max_size=1)
+    | st.dictionaries(texts, st.none(), max_size=1)
+)
+
+
+@st.composite
+def item_contents(draw):
+    """(content bytes, the parsed object or None): an object with some of the fields the
+    columns mirror (any JSON type, or absent) among other keys, written in one of several
+    styles, maybe damaged; sometimes a field twice."""
+    value = draw(st.dictionaries(texts, exact_values | json_values, max_size=3))
+    for name in FIELDS:
+        if draw(st.booleans()):
+            value[name] = draw(field_values)
+    style = draw(st.sampled_from(["orjson", "ascii", "spaced", "plain", "twice"]))
+    if style == "twice" and value:
+        name = draw(st.sampled_from(FIELDS))
+        text = json.dumps(value, ensure_ascii=False)
+        extra = json.dumps({name: draw(field_values)}, ensure_ascii=False)[1:-1]
+        content = (text[:-1] + ("," if text != "{}" else "") + extra + "}").encode()
+    elif style in ("orjson", "twice"):
+        content = orjson.dumps(value)
+    elif style == "ascii":
+        content = json.dumps(value).encode()
+    elif style == "spaced":
+        content = (" \n" + json.dumps(value, indent=2, ensure_ascii=False) + "\t\r ").encode()
+    else:
+        content = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return draw(mutated(st.just(content))) if draw(st.integers(0, 3)) == 0 else content
+
+
+@st.composite
+def columns_for(draw, content):
+    """type, role, call_id columns for ``content``: each its content's value when that is
+    a str or absent/null (so agreeing columns are common), or another str, None, or a
+    value no column holds."""
+    parsed = json_object(content) or {}
+    columns = []
+    for name in FIELDS:
+        own = parsed.get(name)
+        agreeing = own is None or isinstance(own, str)
+        if agreeing and draw(st.integers(0, 3)):
+            columns.append(own)
+        else:
+            columns.append(draw(st.none() | texts | plain_texts if draw(st.integers(0, 29))
+                                else st.just(5)))
+    return tuple(columns)
+
+
+@settings(max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_fast_column_check_answers_only_what_python_answers(c, data):
+    content = data.draw(item_contents())
+    columns = data.draw(columns_for(content))
+    sure = c.columns_agree(content, *columns)
+    if sure is not None:
+        assert sure is history.columns_agree_py(content, *columns)
+        assert c.is_json_object(content)  # sure of the fields: sure of the object
+
+
+@given(value=st.dictionaries(plain_texts, exact_values, max_size=4),
+       fields=st.fixed_dictionaries({}, optional={
+           name: st.none() | plain_texts for name in FIELDS}),
+       agree=st.booleans())
+def test_the_fast_column_check_is_sure_of_stored_items(c, value, fields, agree):
+    """Stored items (orjson, nothing in their fields to escape) never leave C: what their
+    columns say is decided there, agreeing or not."""
+    value = {k: v for k, v in value.items() if k not in FIELDS} | fields
+    content = orjson.dumps(value)
+    columns = tuple(value.get(name) for name in FIELDS)
+    if not agree:
+        columns = (columns[0], "system" if columns[1] != "system" else None, columns[2])
+    assert c.columns_agree(content, *columns) is agree is history.columns_agree_py(
+        content, *columns)
+
+
+@pytest.mark.parametrize(
+    "content,columns,fast",
+    [
+        (b'{"type":"message","role":"user"}', ("message", "user", None), True),
+        (b'{"type":"message","role":null,"call_id":null}', ("message", None, None), True),
+        (b'{"type":"message"}', ("message", "user", None), False),
+        (b'{"type":"message","role":"user"}', ("message", None, None), False),
+        (b'{"type":"message","role":"user"}', ("reasoning", "user", None), False),
+        (b'{"type":"function_call","call_id":"c1"}', ("function_call", None, "c2"), False),
+        (b'{"type":"message","role":5}', ("message", "5", None), False),
+        (b'{"type":"message","role":{"a":1}}', ("message", None, None), False),
+        (b'{"type":"message","role":"\xc3\xa9"}', ("message", "\u00e9", None), True),
+        (b'{"a":{"type":"x"},"type":"m"}', ("m", None, None), True),  # only the top level
+        # What C doubts, Python decides (with the same rule):
+        (b'{"type":"message","type":"reasoning"}', ("reasoning", None, None), None),
+        (b'{"type":"message","role":"a","role":"b"}', ("message", "b", None), None),
+        (b'{"\\u0074ype":"message"}', ("message", None, None), None),
+        (b'{"type":"mess\\u0061ge"}', ("message", None, None), None),
+        (b'{"type":"message","n":1e2}', ("message", None, None), None),
+        (b'{"type":"message"}', ("message", 5, None), None),
+        (b'{"type":"message","role":"x"}', ("message", "\ud800", None), None),
+        (b'{"type":"message"}', ("message", "\ud800", None), False),
+        (b'["type","message"]', ("message", None, None), None),
+        (b'{"type":"message"', ("message", None, None), None),
+    ],
+)
+def test_the_column_check_reads_the_top_level_fields(c, content, columns, fast):
+    assert c.columns_agree(content, *columns) is fast
+    want = history.columns_agree_py(content, *columns)
+    if fast is not None:
+        assert want is fast
+    assert c.item_mismatches([_turn([content], columns=[columns])], history.columns_agree_py) \
+        == (-1, -1 if want else 0)
+
+
+def _turn(contents, *, digests=None, columns=None):
+    columns = columns or [("message", None, None)] * len(contents)
+    digests = digests or [hashlib.sha256(x).hexdigest() for x in contents]
+    types, roles, call_ids = (tuple(col) for col in zip(*columns, strict=True)) if columns \
+        else ((), (), ())
+    return history.TurnItems(
+        seqs=tuple(range(len(contents))), ids=tuple(f"i{n}" for n in range(len(contents))),
+        types=types, roles=roles, call_ids=call_ids, contents=tuple(contents),
+        digests=tuple(digests), formats=(1,) * len(contents),
+    )
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), shape=st.lists(st.integers(0, 3), max_size=4))
+def test_item_mismatches_agrees_with_python(c, data, shape):
+    """Digests right or wrong, columns agreeing or not, over several turns: the same
+    (first digest mismatch, first column mismatch) as the Python twin."""
+    turns = []
+    for size in shape:
+        contents = [data.draw(item_contents()) for _ in range(size)]
+        columns = [data.draw(columns_for(x)) for x in contents]
+        digests = [hashlib.sha256(x).hexdigest() if data.draw(st.integers(0, 9)) else
+                   data.draw(st.sampled_from(["0" * 64, "", 5])) for x in contents]
+        turns.append(_turn(contents, digests=digests, columns=columns))
+    want = _outcome(history.item_mismatches_py, turns)
+    assert _outcome(c.item_mismatches, turns, history.columns_agree_py) == want
+    assert _outcome(history.item_mismatches, turns) == want
+    if want[0] == "ok":
+        digest_bad, column_bad = want[1]
+        assert digest_bad < 0 or column_bad < 0
+
+
+def test_item_mismatches_refuses_what_python_refuses(c):
+    good = _turn([b'{"type":"message"}'])
+    ragged = replace(good, roles=())
+    for turns in ([good, ragged], [ragged, good],
+                  [replace(_turn([b"{}"], digests=["0" * 64]), call_ids=())]):
+        with pytest.raises(ValueError):
+            c.item_mismatches(turns, history.columns_agree_py)
+        with pytest.raises(ValueError):
+            history.item_mismatches_py(turns)
+    # A digest that is no str, or a str with no UTF-8 form, is a mismatch, not an error.
+    odd = _turn([b"{}", b"{}"], digests=[hashlib.sha256(b"{}").hexdigest(), "\ud800"])
+    assert c.item_mismatches([odd], history.columns_agree_py) == (1, -1)
+    assert history.item_mismatches_py([odd]) == (1, -1)
+    assert c.first_digest_mismatch([b"{}"], ["\ud800"]) == 0
+
+
+def test_the_python_twin_decides_what_c_doubts(c):
+    asked = []
+
+    def agrees(*args):
+        asked.append(args)
+        return history.columns_agree_py(*args)
+
+    doubtful = b'{"type":"message","n":1e2}'
+    turn = _turn([b'{"type":"message"}', doubtful, b'{"type":"reasoning"}'])
+    assert c.item_mismatches([turn], agrees) == (-1, 2)
+    assert asked == [(doubtful, "message", None, None)]
+
+
+@pytest.mark.parametrize("special", [b"\x00", b"\x1f", b'"', b"\\", b"\\n", b"\\u00e9", b"\x7f",
+                                     b"\x80", b"\xc3\xa9", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
+                                     b"\xff"])
+def test_the_string_scan_finds_every_special_byte_wherever_it_sits(c, special):
+    """The scan skips plain bytes 16 at a time: a byte it must look at, at every offset
+    of a block and in the tail, is found as the byte-by-byte scan finds it."""
+    for before in range(0, 40):
+        for after in (0, 1, 15, 16, 17, 40):
+            content = b'{"type":"' + b"x" * before + special + b"y" * after + b'"}'
+            accepted = _python_accepts(content)
+            assert c.is_json_object(content) == accepted or not c.is_json_object(content)
+            if special in (b"\x7f", b"\xc3\xa9", b"\\n", b"\\u00e9"):
+                assert c.is_json_object(content) and accepted
+            if special in (b"\x00", b"\x1f", b"\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
+                           b"\xff"):
+                assert not c.is_json_object(content)
+            value = json_object(content)
+            column = value["type"] if value is not None else "x"
+            fast = c.columns_agree(content, column, None, None)
+            assert fast is None or fast is history.columns_agree_py(content, column, None, None)
+
+
+@pytest.mark.parametrize("digits", [300, 301, 309, 4300, 4301])
+def test_the_checker_doubts_integer_parts_python_may_refuse(c, digits):
+    """Python refuses an integer of more than 4300 digits and a float beyond a double's
+    range: the checker is sure of no integer part longer than 300 digits, so it never
+    accepts what Python refuses (nor does the column check)."""
+    for number in (b"9" * digits, b"9" * digits + b".5", b"-" + b"9" * digits):
+        content = b'{"type":"message","a":' + number + b"}"
+        assert c.is_json_object(content) is (digits <= 300)
+        assert c.columns_agree(content, "message", None, None) is (
+            True if digits <= 300 else None)
+        if c.is_json_object(content):
+            assert _python_accepts(content)
+        want = history.columns_agree_py(content, "message", None, None)
+        assert c.item_mismatches([_turn([content], columns=[("message", None, None)])],
+                                 history.columns_agree_py) == (-1, -1 if want else 0)

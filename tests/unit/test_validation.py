@@ -438,3 +438,23 @@ def test_non_canonical_content_without_duplicate_keys_stays_valid() -> None:
     content = (b'{ "type": "message", "id": "msg_raw", "role": "assistant",\n'
                b'  "content": [{"type": "output_text", "text": "x", "score": 1.0E3}] }')
     assert isinstance(validate_turn(make_turn(items=[raw_item(content)]), NOW_MS), Valid)
+
+
+@pytest.mark.parametrize("number", [
+    b"1e400", b"-1e400", b"1E+309", b"0.1e310", b"1" + b"0" * 400 + b".5",
+], ids=["1e400", "-1e400", "1E+309", "0.1e310", "400 digits and a fraction"])
+@pytest.mark.parametrize("spacing", ["canonical", "spaced"])
+def test_content_with_a_number_beyond_a_double_is_corrupt(number, spacing) -> None:
+    # Parsed, such a number is infinity: no canonical JSON, no digest. Never promoted.
+    content = (b'{"content":[{"annotations":[],"score":' + number + b',"text":"x",'
+               b'"type":"output_text"}],"id":"msg_raw","role":"assistant","type":"message"}')
+    if spacing == "spaced":
+        content = content.replace(b",", b", ")
+    found = rejection(make_turn(items=[raw_item(content)]))
+    assert found.reason is RejectionReason.CORRUPT
+    assert "msg_raw" in found.detail
+    # what a double (or an exact integer) holds stays valid, however it is spelt
+    for held in (b"1.7976931348623157e308", b"-1.7976931348623157E+308", b"1e-400",
+                 b"1" + b"0" * 400):
+        valid = raw_item(content.replace(number, held))
+        assert isinstance(validate_turn(make_turn(items=[valid]), NOW_MS), Valid), held
