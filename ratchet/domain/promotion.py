@@ -204,8 +204,12 @@ def decide_turn(turn: TurnCompleted, validation: ValidationVerdict,
         if rejection is not None:
             return rejection
     assert validation.certification is not None
-    return Promote(promotion_request(turn, validation.certification,
-                                     validation.artifact_reusable))
+    try:
+        request = promotion_request(turn, validation.certification,
+                                    validation.artifact_reusable)
+    except ValueError as exc:  # ``_utc_ms``: a timestamp outside years 1 to 9999
+        return Reject(R.CORRUPT, str(exc))
+    return Promote(request)
 
 
 def _tenant_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> Reject | None:

@@ -818,3 +818,11 @@ def test_persistence_failure_raises_retryable_and_a_retry_promotes_once(method):
         h.processor.handle(record)
     assert isinstance(raised.value, Unavailable) and raised.value.retryable
     assert h.processor.handle(record).outbound[0].model.seq == 1
+
+
+def test_an_expiry_beyond_year_9999_is_corrupt_not_a_dead_letter(h):
+    """Avro cannot carry it (dead-lettered at decode); a turn that reaches the rules
+    as a model anyway gets a decision, never an exception."""
+    handled = h.processor.handle(h.record(turn(conv_id(), 0, expires_at=2**63 - 1)))
+    assert [o.topic for o in handled.outbound] == [TOPICS.rejections]
+    assert handled.outbound[0].model.reason is R.CORRUPT
