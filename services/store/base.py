@@ -91,8 +91,8 @@ from ratchet.domain.plan import (
     starts_chain,
 )
 from ratchet.lru import Lru
-from schemas.models import Certification
 from schemas.errors import Unavailable
+from schemas.models import Certification
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ over the same data (Cassandra: two store objects on one keyspace; memory: one st
 from __future__ import annotations
 
 import asyncio
-import pickle
 import uuid
 from dataclasses import replace
 
@@ -32,7 +31,6 @@ from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
 from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor
-from streams.records import RawRecord
 from tests.unit.test_processor_rules import TOPICS, PickleCodec, raw_record
 
 R = RejectionReason

@@ -5,8 +5,6 @@ duplicate JSON keys). In-memory store and ledger, pickled records (no Kafka)."""
 
 from __future__ import annotations
 
-import pickle
-
 import pytest
 
 from ratchet.samples import NOW_MS, TENANT, make_turn, new_id
@@ -17,7 +15,6 @@ from services.ledger.memory import MemoryLedger
 from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor
-from streams.records import RawRecord
 from tests.unit.test_processor_rules import TOPICS, PickleCodec, raw_record
 
 
