@@ -499,13 +499,16 @@ class PromotionProcessor:
         """A rejection decided from the event alone: recorded like any other (so the
         status endpoint and a redelivery agree), or the recorded one replayed."""
         facts = self._effects_of(turn)
-        # A retry of a request that stands promoted under this response id gets the
-        # promotion, whatever this event looks like (CONTRACT 4: the original outcome).
-        verdict: Verdict | None = self._already_promoted(turn)
-        if verdict is None and facts.decision is not None and facts.decision.reason is not None:
-            # never flip an outcome; settled again like any replayed rejection
+        verdict: Verdict | None
+        if facts.decision is not None and facts.decision.reason is not None:
+            # Never flip an outcome, also when a later retry was promoted since:
+            # settled again like any replayed rejection.
             verdict = self._settle_rejection(turn, key, _replayed_rejection(facts.decision))
-        elif verdict is None:
+        elif (verdict := self._already_promoted(turn)) is not None:
+            # A retry of a request that stands promoted under this response id gets the
+            # promotion, whatever this event looks like (CONTRACT 4: the original outcome).
+            verdict = self._owned(turn, verdict, _UNKNOWN)
+        else:
             verdict = self._make_durable(turn, key, reject, facts)
         return self._publishable(turn, key, verdict, facts)
 
@@ -519,7 +522,8 @@ class PromotionProcessor:
         as it is (the caller decides it again from fresh reads anyway)."""
         lineage = None if fresh else self._cached_lineage(turn)
         from_cache = (lineage is not None and lineage.cached) or owner_cached
-        verdict = self._decide(turn, facts, mark, lineage or self._read_lineage(turn), claiming)
+        verdict = self._decide(turn, facts, mark, lineage or self._read_lineage(turn), claiming,
+                               facts_read=recheck)
         rounds = 0
         while verdict is None or (recheck and from_cache and isinstance(verdict, Reject)):
             # Decide again from fresh reads when (a) a rejection was decided with cached
@@ -538,12 +542,13 @@ class PromotionProcessor:
                     facts = replace(facts, conversation_owner=self.ledger.conversation_owner(
                         turn.conversation_id))
                 from_cache = False
-            verdict = self._decide(turn, facts, mark, self._read_lineage(turn), claiming)
+            verdict = self._decide(turn, facts, mark, self._read_lineage(turn), claiming,
+                                   facts_read=recheck)
         return verdict
 
     def _decide(self, turn: TurnCompleted, facts: TurnFacts, mark: str | None,
-                lineage: Lineage, claiming: Callable[[], ResponseClaim] | None = None
-                ) -> Verdict | FactsChanged | None:
+                lineage: Lineage, claiming: Callable[[], ResponseClaim] | None = None,
+                facts_read: bool = True) -> Verdict | FactsChanged | None:
         """Validate against ``lineage``, decide, and promote if the rules allow it.
 
         None: the store would put the turn on another lineage than ``lineage``
@@ -560,7 +565,10 @@ class PromotionProcessor:
         if isinstance(decided, Reject) and decided.reason is RejectionReason.UNPAIRED_TOOL_CALL:
             decided = self._out_of_lineage(turn, lineage) or decided
         if not isinstance(decided, Promote):
-            return self._already_promoted(turn) or decided
+            # A retry of a request that stands promoted gets the promotion; but only
+            # once the facts are read: a recorded rejection of this very event holds
+            # (the caller reads them before making any rejection durable).
+            return (self._already_promoted(turn) if facts_read else None) or decided
         verdict = self._promote(turn, decided, lineage, mark, claiming)
         if isinstance(verdict, Accepted) and not verdict.replayed:
             self._learn_lineage(lineage, validation.pairing, verdict.checkpoint)
@@ -738,13 +746,7 @@ class PromotionProcessor:
             # (written beside it). A Conversation's owner is written only now that its
             # first turn is promoted (a refused batch must not hand the Conversation to
             # its tenant), also by a redelivery (its writer may have stopped before).
-            conversation = turn.conversation_id
-            if conversation is not None and facts.conversation_owner is None:
-                self.ledger.start_recording_owners(
-                    tenant_id=turn.tenant_id, response_id=None, conversation_id=conversation)()
-            if conversation is not None:
-                self.tails.learn_owner(conversation, turn.tenant_id)
-            return verdict
+            return self._owned(turn, verdict, facts.conversation_owner)
         held = self.ledger.record_decision(Decision(
             event_id=turn.event_id, tenant_id=turn.tenant_id, response_id=turn.response_id,
             outcome="rejected", reason=verdict.reason.value, detail=verdict.detail,
@@ -763,16 +765,38 @@ class PromotionProcessor:
         1. the request's facts mark: from now on a promotion batch of this request
            decided without the decision is refused, and whoever decides it again reads
            the decision (it was durable before the mark);
-        2. a promotion of this event that landed before the mark (another worker that
+        2. a promotion of this attempt that landed before the mark (another worker that
            decided it on the fast path, e.g. the old owner after a rebalance) stands:
-           the rejection was never published, and never will be;
+           the rejection was never published, and never will be. Only this attempt's:
+           a later retry's promotion (another attempt) does not make a rejection
+           already published, or about to be, a promotion when it is redelivered; the
+           rejection was decided first and the retry went on after it (CONTRACT 4);
         3. the status row (a DUPLICATE's names the original response)."""
         self._mark_facts(turn.tenant_id, key, turn.idempotency_key)
         promoted = self._already_promoted(turn)
-        if promoted is not None:
-            return promoted
+        if promoted is not None and promoted.checkpoint.accepted_attempt == turn.attempt:
+            return self._owned(turn, promoted, _UNKNOWN)
         self.ledger.mark_rejected(turn.tenant_id, turn.response_id, verdict.reason.value,
                                   verdict.detail, verdict.existing_response_id)
+        return verdict
+
+    def _owned(self, turn: TurnCompleted, verdict: Accepted,
+               known_owner: str | None | object) -> Accepted:
+        """A promotion of a Conversation's turn, with the Conversation's owner durable
+        (its first turn's worker may have stopped before writing it). ``known_owner``:
+        the owner read with the turn's facts, or ``_UNKNOWN`` (read here unless cached:
+        the owner is written only where there is none, never over another tenant)."""
+        conversation = turn.conversation_id
+        if conversation is None:
+            return verdict
+        if known_owner is _UNKNOWN:
+            known_owner = (self.tails.owner(conversation)
+                           or self.ledger.conversation_owner(conversation))
+        if known_owner is None:
+            self.ledger.start_recording_owners(
+                tenant_id=turn.tenant_id, response_id=None, conversation_id=conversation)()
+        if known_owner in (None, turn.tenant_id):
+            self.tails.learn_owner(conversation, turn.tenant_id)
         return verdict
 
     # -- what to publish ------------------------------------------------------------------

@@ -11,6 +11,7 @@ before it is durable, as after a crash).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -22,8 +23,11 @@ from ratchet.samples import (
     make_tool_loop_turn,
     make_turn,
     make_turn_cancelled,
+    message,
+    new_id,
 )
 from schemas.errors import Unavailable
+from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import CheckpointPromoted, OrphanReason, PromotionRejected, RejectionReason
 from services.ledger.base import LedgerUnavailable, ResponseState
 from services.ledger.cassandra import CassandraLedger
@@ -254,3 +258,101 @@ def test_an_effect_recorded_after_its_requests_promotion_is_orphaned(data, entry
     # nor one of a request not promoted (its turn comes later)
     pending = make_tool_effect("call_2", idempotency_key=uid("idem"), conversation_id=conv)
     assert old.handle(pending).outbound == ()
+
+
+def _retry(first, **update):
+    """Another attempt of ``first``'s request under the same response id (the same
+    request digest: the samples derive it from the idempotency key)."""
+    return make_turn(conversation_id=first.conversation_id,
+                     expected_head_seq=first.expected_head_seq,
+                     response_id=first.response_id, idempotency_key=first.idempotency_key,
+                     attempt=first.attempt + 1, **update)
+
+
+def _rejected_first_attempt(why: str, worker):
+    """A first attempt rejected for ``why`` (published), and what its retry needs."""
+    conv = uid("conv")
+    if why == "missing effect":
+        first, effects = make_tool_loop_turn(rounds=1, conversation_id=conv)
+        outcome = worker.outcome(first)  # its effect is not recorded yet
+        worker.feed(*effects)
+        retry = first.model_copy(update={"event_id": str(uuid.uuid4()), "attempt": 2})
+    elif why == "expired proof":
+        first = turn(conv, 0, now_ms=NOW_MS - 2 * HOUR_MS)
+        outcome = worker.outcome(first)
+        retry = _retry(first)
+    else:
+        big = message("x" * (MAX_EVENT_BYTES + 10), role="assistant", item_id=new_id("msg"))
+        first = turn(conv, 0, items=(big,))
+        outcome = worker.outcome(first)
+        retry = _retry(first)
+    assert isinstance(outcome, PromotionRejected), outcome
+    return first, outcome.reason, retry
+
+
+@ENTRIES
+@pytest.mark.parametrize("why", ["missing effect", "expired proof", "too large"])
+def test_a_rejected_attempt_stays_rejected_after_its_retry_is_promoted(data, entry, why):
+    """A retry goes on after its first attempt was rejected (gateway-protocol section
+    7) and may be promoted under the same response id; the first attempt's record,
+    redelivered (on the same worker, or a new owner that knows nothing of it), is
+    answered with its published rejection: an outcome never flips."""
+    worker = data.worker(entry)
+    first, reason, retry = _rejected_first_attempt(why, worker)
+    assert isinstance(worker.outcome(retry), CheckpointPromoted)
+    for again in (worker, data.worker(entry)):
+        out = again.outcome(first)
+        assert isinstance(out, PromotionRejected) and out.reason is reason, out
+    assert isinstance(worker.outcome(retry), CheckpointPromoted)  # and the retry stays
+
+
+class StopAtConversationOwner:
+    """A ledger whose first write of a Conversation's owner raises: the worker stops
+    right after its batch applied, before the owner is durable."""
+
+    def __init__(self, ledger) -> None:
+        self._ledger, self.failed = ledger, False
+
+    def __getattr__(self, name):
+        return getattr(self._ledger, name)
+
+    def _stop(self, conversation_id) -> None:
+        if conversation_id is not None and not self.failed:
+            self.failed = True
+            raise LedgerUnavailable("the old owner stopped before the owner write")
+
+    def start_recording_owners(self, *, tenant_id, response_id, conversation_id):
+        self._stop(conversation_id)
+        return self._ledger.start_recording_owners(
+            tenant_id=tenant_id, response_id=response_id, conversation_id=conversation_id)
+
+    async def record_owners_async(self, *, tenant_id, response_id, conversation_id):
+        self._stop(conversation_id)
+        return await self._ledger.record_owners_async(
+            tenant_id=tenant_id, response_id=response_id, conversation_id=conversation_id)
+
+
+@ENTRIES
+def test_a_promotion_found_while_settling_a_rejection_owns_its_conversation(data, entry):
+    """The old owner's batch of a Conversation's first turn lands right before the new
+    owner records its rejection (proof expired meanwhile); the old owner stops before
+    writing the Conversation's owner. The new owner answers with the promotion and
+    writes the owner, so another tenant is TENANT_MISMATCH there (CONTRACT 4)."""
+    old_store, new_ledger = PausedBatch(data.store()), BeforeDecision(data.ledger())
+    old = data.worker(store=old_store, ledger=StopAtConversationOwner(data.ledger()))
+    new = data.worker(entry, ledger=new_ledger, clock_ms=lambda: NOW_MS + 10_000)
+    conv = uid("conv")
+    first = turn(conv, 0, now_ms=NOW_MS - HOUR_MS + 5_000)  # proof valid to NOW + 5 s
+    published = {}
+
+    def the_new_owner_runs(land):
+        new_ledger.before = land
+        published["new"] = new.outcome(first)
+    old_store.before_promote = the_new_owner_runs
+    with pytest.raises(Unavailable):
+        old.handle(first)  # batch applied, stopped before the Conversation's owner
+    assert isinstance(published["new"], CheckpointPromoted)
+    assert data.ledger().conversation_owner(conv) == TENANT
+    other = turn(conv, 1, tenant_id=uid("tenant-b"), now_ms=NOW_MS + 10_000)
+    out = new.outcome(other)
+    assert isinstance(out, PromotionRejected) and out.reason is R.TENANT_MISMATCH, out
