@@ -556,6 +556,14 @@ def _check_header(value: bytes | None, where: dict[str, Any]) -> int:
     return int.from_bytes(value[1:HEADER_SIZE], "big")
 
 
+def header_schema_id(value: bytes | None) -> int | None:
+    """The schema id in a record's Confluent header, or None if it has none (for a dead
+    letter raised after decoding: its ``schema_id`` names the writer schema too)."""
+    if value is None or len(value) < HEADER_SIZE or value[0] != MAGIC_BYTE:
+        return None
+    return int.from_bytes(value[1:HEADER_SIZE], "big")
+
+
 def dead_letter_for(
     error: DecodeError, *, key: bytes | None, value: bytes | None, now_ms: int
 ) -> DeadLetter:

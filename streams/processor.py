@@ -59,6 +59,7 @@ from ratchet.domain.promotion import (
     Accepted,
     Facts,
     Promote,
+    RecordedEffect,
     Reject,
     Verdict,
 )
@@ -67,13 +68,14 @@ from ratchet.domain.validation import (
     PROMOTABLE_STATUSES,
     PairingState,
     pairing_state_of,
+    request_digest_problem,
 )
+from schemas.avro import header_schema_id
 from schemas.errors import Unavailable
 from schemas.ids import unservable_id
 from schemas.keys import MissingChainRoot, key_problem, partition_key, root_problem
 from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import (
-    Certification,
     DeadLetter,
     DeadLetterReason,
     OrphanReason,
@@ -318,15 +320,38 @@ class PromotionProcessor:
         self._mark_facts(effect.tenant_id, effect.partition_key, effect.idempotency_key)
         promoted = self.store.promoted_key(effect.tenant_id, effect.partition_key,
                                            effect.idempotency_key, effect.response_id)
-        used = None if promoted is None else promoted.accepted_effect_ids
-        if used is None or effect.effect_id in used:
-            return ()  # not promoted, used by the promoted turn, or unknown (pre-012)
-        assert promoted is not None
-        orphan = promotion.Orphan(recorded, OrphanReason.ATTEMPT_SUPERSEDED, detail=(
-            f"recorded after request {effect.idempotency_key} was promoted as "
-            f"{promoted.response_id}, which does not use it"))
+        if promoted is None:
+            orphan = self._cancelled_request_orphan(effect, recorded)
+        elif (promoted.accepted_effect_ids is None
+              or effect.effect_id in promoted.accepted_effect_ids):
+            return ()  # used by the promoted turn, or unknown (promoted before 012)
+        else:
+            orphan = promotion.Orphan(recorded, OrphanReason.ATTEMPT_SUPERSEDED, detail=(
+                f"recorded after request {effect.idempotency_key} was promoted as "
+                f"{promoted.response_id}, which does not use it"))
+        if orphan is None:
+            return ()
         return (Outbound(self.topics.orphaned_effects, effect.partition_key.encode(),
                          late_orphan_event(effect, orphan)),)
+
+    def _cancelled_request_orphan(self, effect: ToolEffect,
+                                  recorded: RecordedEffect) -> promotion.Orphan | None:
+        """The orphan of an effect of a request that is not promoted but cancelled, or
+        None. In one partition a cancelled request never promotes (every attempt
+        decided after the cancellation is ``CANCELLED``; a batch decided before it is
+        refused by its facts mark), so an effect recorded late (a tool that ran past the
+        cancellation, after its turn's rejection) would never be orphaned otherwise.
+        Its turn, if still to come, orphans it again (compensations are deduped by
+        effect id). A chain's first response is excluded: another attempt of its
+        request, in another partition, may still promote, and use the effect."""
+        if effect.partition_key == effect.response_id:
+            return None
+        cancellation = self.ledger.cancellation(effect.tenant_id, effect.idempotency_key)
+        if cancellation is None:
+            return None
+        return promotion.Orphan(recorded, OrphanReason.TURN_CANCELLED, detail=(
+            f"recorded after request {effect.idempotency_key} was cancelled"),
+            rejection_reason=RejectionReason.CANCELLED)
 
     def _record_cancel(self, cancel: TurnCancelled) -> None:
         self.ledger.record_cancellation(Cancellation(
@@ -404,11 +429,18 @@ class PromotionProcessor:
             raise StoreUnavailable(
                 f"facts of request {turn.idempotency_key} changed {MAX_FACTS_ROUNDS} times "
                 "while deciding", retryable=True, operation="promote")
-        if isinstance(verdict, Accepted) and verdict.replayed and not read:
+        if isinstance(verdict, Accepted) and (
+                (verdict.replayed and not read)
+                or (not verdict.replayed and _first_of_chain(turn))):
             # A redelivery (or a retry) found its promotion stored: its orphans are the
             # request's effects the promoted turn did not use, which the fast path did
             # not read. Read them, or a worker without this request's facts mark in its
             # cache would publish none (the one that promoted first did).
+            # A chain's first response, just promoted: read them again after its batch.
+            # An effect of another attempt is recorded in that attempt's partition,
+            # whose facts mark this batch does not assert; its worker orphans it only
+            # if its read (after the effect) sees this promotion. If it did not, the
+            # effect was recorded before this batch, and this read sees it.
             facts = self._effects_of(turn)
         return self._publishable(turn, key, verdict, facts)
 
@@ -451,13 +483,17 @@ class PromotionProcessor:
 
     def _promoted_request(self, turn: TurnCompleted) -> CheckpointRecord | None:
         """The checkpoint the turn's request stands promoted with (by any attempt, under
-        any response id: ``CheckpointStore.promoted_request``), or None; None also for a
-        turn the store could not take at all (its rejection says why)."""
+        any response id: ``CheckpointStore.promoted_key``), or None. From the request's
+        key alone, so that a turn the store could never take (a damaged item, a
+        timestamp out of range) still learns it: its rejection must not orphan what the
+        promotion used. None for a continued chain turn without a root (no partition
+        to look in: its effects are keyed to one it does not name)."""
         try:
-            request = promotion.promotion_request(turn, Certification.LOGICAL_ONLY)
-            return self.store.promoted_request(request)
-        except (InvalidPromotion, MissingChainRoot, ValueError):
+            key = partition_key(turn)
+        except MissingChainRoot:
             return None
+        return self.store.promoted_key(turn.tenant_id, key, turn.idempotency_key,
+                                       turn.response_id)
 
     def _on_bad_identity(self, turn: TurnCompleted, problem: str) -> Handled:
         """A turn whose ids or key are wrong (``identity_problem``): an id outside the
@@ -829,7 +865,8 @@ class PromotionProcessor:
         letter = DeadLetter(
             key=record.key, value=record.value, error=exc.error[:4000], reason=exc.reason,
             source_topic=record.topic, source_partition=record.partition,
-            source_offset=record.offset, schema_id=exc.schema_id,
+            source_offset=record.offset,
+            schema_id=header_schema_id(record.value) if exc.schema_id is None else exc.schema_id,
             dead_lettered_at=self.clock_ms(),
         )
         return Outbound(self.topics.dead_letters, record.key, letter)
@@ -860,11 +897,12 @@ class _Hints:
 
 def identity_problem(event: object, kafka_key: bytes | None) -> str | None:
     """Why an event's identity is unusable, or None: an id outside the API's pattern
-    (``schemas/ids.py``), a chain's first response naming another root, a Kafka key
-    that is not its partition key (``schemas/keys.py``)."""
+    (``schemas/ids.py``), a chain's first response naming another root, a turn's
+    ``request_digest`` that is not a digest (the response id's claim binds it), a Kafka
+    key that is not its partition key (``schemas/keys.py``)."""
     problem = unservable_id(event)
     if problem is None and isinstance(event, TurnCompleted):
-        problem = root_problem(event)
+        problem = root_problem(event) or request_digest_problem(event.request_digest)
     return problem or key_problem(event, kafka_key)  # type: ignore[arg-type]
 
 

@@ -178,6 +178,17 @@ def json_object(content: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _why_not_json(item: Item) -> str:
+    """Why content that is not a JSON object is not JSON at all (a parse error, a
+    number beyond a double's range), or "" when it is JSON (of another type). Asked on
+    the rejection path only."""
+    try:
+        parse_json(item.content)
+    except ValueError as exc:
+        return f" ({exc})"
+    return ""
+
+
 def shape_problem(item: Item) -> str | None:
     """Why ``item``'s content does not have its (known) type's shape, or None.
 
@@ -190,7 +201,7 @@ def shape_problem(item: Item) -> str | None:
     entry = CATALOGUE[item.type]
     content = decode_content(item)
     if content is None:
-        return f"item {item.item_id}: content is not a JSON object"
+        return f"item {item.item_id}: content is not a JSON object{_why_not_json(item)}"
     try:
         repeated = duplicate_key(item.content, content)
     except ValueError as exc:

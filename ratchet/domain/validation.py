@@ -308,17 +308,26 @@ def _check_item_types(items: Sequence[Item]) -> Rejected | None:
     return None
 
 
+def request_digest_problem(request_digest: str) -> str | None:
+    """Why a turn's ``request_digest`` is not a sha256 hex digest, or None. It is the
+    request's identity across retries: a value that is not a digest (e.g. empty) would
+    make unrelated requests of one key look like retries. The processor asks it before
+    the response id is claimed (a claim binds the id to the digest)."""
+    if _SHA256_HEX.fullmatch(request_digest) is None:
+        return (f"request_digest {request_digest[:80]!r} is not a sha256 hex digest "
+                "(64 lowercase hex characters)")
+    return None
+
+
 def _check_integrity(event: TurnCompleted, items: Sequence[Item]) -> Rejected | None:
     problem = unservable_id(event) or _mode_problem(event)
     if problem:
         return _corrupt(problem)
     if event.attempt < 1:  # numbered from 1 (the claims API refuses the same)
         return _corrupt(f"attempt {event.attempt} is below 1")
-    if _SHA256_HEX.fullmatch(event.request_digest) is None:
-        # The request's identity across retries: a value that is not a digest (e.g.
-        # empty) would make unrelated requests of one key look like retries.
-        return _corrupt(f"request_digest {event.request_digest[:80]!r} is not a sha256 hex "
-                        "digest (64 lowercase hex characters)")
+    problem = request_digest_problem(event.request_digest)
+    if problem:
+        return _corrupt(problem)
     sha256 = hashlib.sha256  # the hot loop of validation: every digest, every time
     item_ids: set[str] = set()
     for item in items:

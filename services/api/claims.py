@@ -162,8 +162,8 @@ _COMPLETE_HTTP = {
 
 
 class _ClaimsRoute(APIRoute):
-    """A body that is not JSON is a 400 ``INVALID_REQUEST`` (docs/gateway-protocol.md,
-    section 8), not the 422 ``json_invalid`` FastAPI answers for it; so is a body
+    """A body that is not JSON, or none at all, is a 400 ``INVALID_REQUEST``
+    (docs/gateway-protocol.md, section 8), not the 422 FastAPI answers; so is a body
     FastAPI cannot read at all (its own 400). Other validation errors stay 422s. Here,
     not in the app's handlers, so the routes answer the same wherever they are mounted."""
 
@@ -174,7 +174,12 @@ class _ClaimsRoute(APIRoute):
             try:
                 return await handler(request)
             except RequestValidationError as exc:
-                not_json = [e for e in exc.errors() if e.get("type") == "json_invalid"]
+                errors = exc.errors()
+                if any(e.get("type") == "missing" and tuple(e.get("loc", ())) == ("body",)
+                       for e in errors):
+                    return _error(400, "INVALID_REQUEST", "body is empty: a JSON object "
+                                  "is expected")
+                not_json = [e for e in errors if e.get("type") == "json_invalid"]
                 if not not_json:
                     raise
                 where = not_json[0].get("loc", ())[1:]

@@ -28,7 +28,13 @@ from ratchet.samples import (
 )
 from schemas.errors import Unavailable
 from schemas.limits import MAX_EVENT_BYTES
-from schemas.models import CheckpointPromoted, OrphanReason, PromotionRejected, RejectionReason
+from schemas.models import (
+    CheckpointPromoted,
+    EffectOrphaned,
+    OrphanReason,
+    PromotionRejected,
+    RejectionReason,
+)
 from services.ledger.base import LedgerUnavailable, ResponseState
 from services.ledger.cassandra import CassandraLedger
 from services.ledger.memory import MemoryLedger
@@ -356,3 +362,84 @@ def test_a_promotion_found_while_settling_a_rejection_owns_its_conversation(data
     other = turn(conv, 1, tenant_id=uid("tenant-b"), now_ms=NOW_MS + 10_000)
     out = new.outcome(other)
     assert isinstance(out, PromotionRejected) and out.reason is R.TENANT_MISMATCH, out
+
+
+def _orphaned(*handled) -> list[tuple[str, OrphanReason]]:
+    return [(o.model.effect_id, o.model.reason) for h in handled for o in h.outbound
+            if isinstance(o.model, EffectOrphaned)]
+
+
+@ENTRIES
+def test_an_effect_recorded_after_its_requests_cancellation_is_orphaned(data, entry):
+    """The user cancels while a tool runs; the turn is rejected CANCELLED; the tool's
+    effect is recorded after that. The request never promotes (gateway-protocol
+    section 6), so the effect is orphaned when it is recorded (and again when
+    redelivered, on any worker: compensations are deduped by effect id)."""
+    old, new = data.worker(), data.worker(entry)
+    conv = uid("conv")
+    t = turn(conv, 0)
+    new.feed(make_turn_cancelled(t))
+    assert new.outcome(t).reason is R.CANCELLED
+    late = make_tool_effect("call_1", idempotency_key=t.idempotency_key,
+                            conversation_id=conv, tool_name="send_email",
+                            response_id=t.response_id)
+    for worker in (new, old):
+        assert _orphaned(worker.handle(late)) == [(late.effect_id, OrphanReason.TURN_CANCELLED)]
+    # an effect of a request cancelled AFTER its promotion is the promotion's business
+    done = turn(conv, 0)
+    assert new.outcome(done).seq == 1
+    new.feed(make_turn_cancelled(done))
+    after = make_tool_effect("call_2", idempotency_key=done.idempotency_key,
+                             conversation_id=conv, tool_name="send_email")
+    assert _orphaned(new.handle(after)) == [(after.effect_id, OrphanReason.ATTEMPT_SUPERSEDED)]
+
+
+def _damaged(final, how: str):
+    """``final``'s request retried under another response id, damaged so that the store
+    could never take it (a rule rejects it before any write)."""
+    if how == "item digest":
+        items = list(final.output_items)
+        items[-1] = items[-1].model_copy(update={"content_digest": "0" * 64})
+        update = {"output_items": tuple(items)}
+    else:
+        update = {"expires_at": 253_402_300_800_000 + 1}  # past the year 9999
+    return final.model_copy(update={"event_id": str(uuid.uuid4()), "attempt": 2,
+                                    "response_id": uid("resp"), **update})
+
+
+@ENTRIES
+@pytest.mark.parametrize("how", ["item digest", "expires_at"])
+def test_a_damaged_retry_never_orphans_what_the_promotion_used(data, entry, how):
+    """gateway-protocol section 7: no rejection of an attempt of a promoted request
+    ever orphans an effect the promoted turn used, also one the store could not even
+    be asked to take."""
+    worker = data.worker(entry)
+    final, effects = make_tool_loop_turn(rounds=1, conversation_id=uid("conv"))
+    worker.feed(*effects)
+    assert isinstance(worker.outcome(final), CheckpointPromoted)
+    handled = worker.handle(_damaged(final, how))
+    assert isinstance(handled.outbound[0].model, PromotionRejected)
+    assert _orphaned(handled) == []
+
+
+@ENTRIES
+def test_a_late_effect_of_another_first_response_attempt_is_orphaned(data, entry):
+    """A chain's first response: attempt 1 (response R1, partition R1) still runs its
+    tool while its retry (attempt 2, response R2, partition R2, no tool) is promoted.
+    The effect is recorded in partition R1 while R2's batch is in flight: R1's worker
+    finds no promotion yet, and R2's batch does not assert R1's facts mark. R2's
+    worker reads the request's effects again after its batch and orphans it."""
+    p1 = data.worker()
+    p2 = data.worker(entry, store=Interleaving(data.store()))
+    idem, r1 = uid("idem"), uid("resp")
+    retry = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"),
+                      idempotency_key=idem, attempt=2)
+    late = make_tool_effect("call_1", idempotency_key=idem, conversation_id=None,
+                            response_id=r1, tool_name="send_email", attempt=1)
+    assert late.partition_key == r1
+    recorded = {}
+    p2.store.before_promote = lambda: recorded.setdefault("effect", p1.handle(late))
+    promoted = p2.handle(retry)
+    assert isinstance(promoted.outbound[0].model, CheckpointPromoted)
+    assert _orphaned(recorded["effect"]) == []  # R1's worker saw no promotion yet
+    assert _orphaned(promoted) == [(late.effect_id, OrphanReason.ATTEMPT_SUPERSEDED)]

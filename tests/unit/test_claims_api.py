@@ -121,7 +121,8 @@ def test_an_output_above_8_mib_of_utf8_is_refused_whatever_its_character_count()
 def test_a_body_that_is_not_json_is_a_400_on_both_endpoints(served):
     http = client() if served == "router" else api_client()
     for path in ("/v1/effects/claims", f"/v1/effects/claims/eff_{'0' * 32}/complete"):
-        for body in (b'{"tenant_id": "t1", oops', b'{"tenant_id": "\xff"}'):  # not JSON; not UTF-8
+        # not JSON; not UTF-8; no body at all
+        for body in (b'{"tenant_id": "t1", oops', b'{"tenant_id": "\xff"}', b""):
             answer = http.post(path, content=body,
                                headers={"content-type": "application/json"})
             assert (answer.status_code, answer.json()["error"]) == (400, "INVALID_REQUEST"), \

@@ -6,6 +6,8 @@ retry of a promoted request whatever its size. Found by an outside review (sessi
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from ratchet.samples import (
@@ -187,3 +189,69 @@ def test_an_effect_above_the_size_limit_is_dead_lettered(h):
     [letter] = h.processor.handle(h.record(effect)).outbound
     assert letter.model.reason is DeadLetterReason.INVALID_EVENT
     assert "protocol maximum" in letter.model.error
+
+
+class HeaderedPickleCodec:
+    """Records as a gateway writes them: the Confluent header (magic byte 0, a 4-byte
+    schema id), then the event (pickled here)."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def decode(self, record):
+        return pickle.loads(record.value[5:])
+
+
+class Broken:
+    def __getattr__(self, name):
+        raise RuntimeError("a bug met by this record")
+
+
+@pytest.mark.parametrize("why", ["invalid event", "processing failed"])
+def test_a_dead_letter_raised_after_decoding_names_the_writer_schema(h, why):
+    """A record dead-lettered after it decoded (INVALID_EVENT, or UNKNOWN for a bug)
+    names its header's schema id, like one that failed to decode."""
+    h.processor.codec = HeaderedPickleCodec(h.processor.codec)
+    cancel = make_turn_cancelled(make_turn(conversation_id=new_id("conv")))
+    key = b"someone-else" if why == "invalid event" else cancel.partition_key.encode()
+    if why == "processing failed":
+        h.processor.ledger = Broken()
+    value = b"\x00" + (4242).to_bytes(4, "big") + pickle.dumps(cancel)
+    [letter] = h.processor.handle(RawRecord(TOPICS.gateway_events, 0, 1, key, value)).outbound
+    assert isinstance(letter.model, DeadLetter)
+    assert letter.model.reason is (DeadLetterReason.INVALID_EVENT if why == "invalid event"
+                                   else DeadLetterReason.UNKNOWN)
+    assert letter.model.schema_id == 4242
+
+
+@pytest.mark.parametrize("digest", ["", "A" * 64, "0" * 63])
+def test_a_turn_whose_request_digest_is_not_a_digest_binds_nothing(h, digest):
+    """Rejected CORRUPT before the response id is claimed (the claim binds the id to
+    the digest): the gateway's corrected retry under the same response id promotes."""
+    good = make_turn(conversation_id=new_id("conv"))
+    bad = good.model_copy(update={"request_digest": digest, "event_id": new_id("e")})
+    store, ledger = h.processor.store, h.processor.ledger
+    h.processor.store = h.processor.ledger = Untouchable()
+    rejected = h.outcome(bad)
+    assert rejected.reason is R.CORRUPT and "request_digest" in rejected.detail
+    h.processor.store, h.processor.ledger = store, ledger
+    assert isinstance(h.outcome(good), CheckpointPromoted)
+
+
+def test_the_partition_key_rule_is_applied_as_written_never_corrected(h):
+    """gateway-protocol section 1: a continued chain turn naming another chain root is
+    looked for in that root's partition (PARENT_NOT_PROMOTED); a Conversation turn
+    with a stray chain_root_id is keyed by its conversation_id alone."""
+    root = make_turn(conversation_id=None, expected_head_seq=None, response_id=new_id("resp"))
+    assert isinstance(h.outcome(root), CheckpointPromoted)
+    child = make_turn(conversation_id=None, expected_head_seq=None,
+                      previous_response_id=root.response_id, chain_root_id="resp_elsewhere")
+    rejected = h.outcome(child)
+    assert rejected.reason is R.PARENT_NOT_PROMOTED, rejected
+    stray = make_turn(conversation_id=new_id("conv"), chain_root_id=root.response_id)
+    promoted = h.outcome(stray)
+    assert isinstance(promoted, CheckpointPromoted)
+    assert promoted.partition_key == stray.conversation_id

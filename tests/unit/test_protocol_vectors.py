@@ -83,10 +83,13 @@ def test_parse_json_refuses_exactly_the_numbers_a_double_cannot_hold():
     # pydantic's parser reads them as infinity, which has no canonical JSON: refused when
     # parsed (item content CORRUPT, a claim's output 422), never a digest that raises.
     for text in (b"1e400", b"[-1e400]", b'{"a":{"b":[1,1E+309]}}', b'{"a": 1e400}',
-                 b"1" + b"0" * 400 + b".5"):
+                 b"1" + b"0" * 400 + b".5", b"2" + b"0" * 308 + b".5",
+                 b"1.797693134862315808e308"):  # the boundary: 2**1024 - 2**970
         with pytest.raises(ValueError, match="range of a double"):
             parse_json(text)
     assert parse_json(b"[1.7976931348623157e308, 1e-400]") == [1.7976931348623157e308, 0.0]
+    # just below the boundary rounds to the largest double
+    assert parse_json(b"1.797693134862315807e308") == 1.7976931348623157e308
     assert parse_json(b"1" + b"0" * 400) == 10**400  # an integer is exact at any size
     assert canonical_json(parse_json(b'{"b":1e308,"a":-0.0}')) == b'{"a":-0.0,"b":1e+308}'
 
