@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from ratchet.domain.history import CheckpointRecord, frozen_record
+from ratchet.domain.history import CheckpointRecord, HistoryFailure, frozen_record
 from ratchet.domain.validation import EMPTY_PAIRING, PairingState, Unpaired
 from schemas.models import TurnCompleted
 
@@ -27,11 +27,16 @@ class Lineage:
     pairing: PairingState | Unpaired
     tail: CheckpointRecord | None
     cached: bool = False
-    # No readable lineage (not found, expired, corrupt): pairing continues an empty
-    # state and the store's rules alone decide where the turn goes; nothing learnt.
+    # No readable lineage (not found, or unreadable): pairing continues an empty state,
+    # the store's rules decide where the turn goes (``unreadable``: it is rejected);
+    # nothing learnt.
     unread: bool = False
     # Unread because nothing is stored there: no Conversation head, no chain parent.
     absent: bool = False
+    # Unread although something is stored there, and not for expiry: why (corrupt or
+    # missing rows, an item type or format this version cannot read). A turn is never
+    # promoted on top of it (its pairing could not be checked).
+    unreadable: HistoryFailure | None = None
 
 
 def starts_lineage(turn: TurnCompleted) -> Lineage | None:

@@ -598,7 +598,11 @@ class PromotionProcessor:
             # claims hook (issue 17): read with the request's facts, no extra query
             claims={c.effect_id: c for c in facts.claims},
         ))
-        if isinstance(decided, Reject) and decided.reason is RejectionReason.UNPAIRED_TOOL_CALL:
+        if lineage.unreadable is not None and (
+                isinstance(decided, Promote)
+                or decided.reason is RejectionReason.UNPAIRED_TOOL_CALL):
+            decided = self._on_unreadable_lineage(turn, lineage.unreadable)
+        elif isinstance(decided, Reject) and decided.reason is RejectionReason.UNPAIRED_TOOL_CALL:
             decided = self._out_of_lineage(turn, lineage) or decided
         if not isinstance(decided, Promote):
             # A retry of a request that stands promoted gets the promotion; but only
@@ -637,6 +641,30 @@ class PromotionProcessor:
                                       self._chain_owner(turn, parent))
         assert isinstance(verdict, Reject)
         return verdict
+
+    def _on_unreadable_lineage(self, turn: TurnCompleted, failure: HistoryFailure) -> Reject:
+        """The rejection of a turn (valid on its own) whose lineage is stored but cannot
+        be read: its pairing cannot be checked, and the history it would end could never
+        be served. Ordering first, as everywhere: a Conversation turn that does not
+        expect the current head is ``CONFLICT`` / ``OUT_OF_ORDER``. Then the read's
+        reason: an item type or format this version does not know (e.g. written by a
+        newer one) is ``UNKNOWN_ITEM_TYPE`` / ``UNSUPPORTED_FORMAT``, damaged or missing
+        rows ``CORRUPT``. The read's detail goes to the log only (it may quote stored
+        data)."""
+        expected = turn.expected_head_seq
+        if turn.conversation_id is not None and expected is not None:
+            head = self.store.head(turn.tenant_id, turn.conversation_id)
+            seq = 0 if head is None else head.seq
+            if expected != seq:
+                verdict = promotion.interpret(
+                    turn, Conflict(seq) if expected < seq else AheadOfHead(seq))
+                assert isinstance(verdict, Reject)
+                return verdict
+        log.error("%s extends a lineage that cannot be read: %s: %s", turn.response_id,
+                  failure.reason.value, failure.detail)
+        reason = _UNREADABLE.get(failure.reason, RejectionReason.CORRUPT)
+        return Reject(reason, f"the history this turn extends cannot be read "
+                      f"({failure.reason.value}): it cannot be continued")
 
     def _learn_lineage(self, lineage: Lineage, pairing: PairingState | None,
                        promoted: CheckpointRecord) -> None:
@@ -691,8 +719,9 @@ class PromotionProcessor:
         # No readable history: the store's ordering checks decide (CONFLICT, OUT_OF_ORDER,
         # PARENT_NOT_PROMOTED); pairing has nothing to continue.
         if isinstance(found, HistoryFailure):
-            return Lineage(EMPTY_PAIRING, None, unread=True,
-                           absent=found.reason is HistoryFailureReason.NOT_FOUND)
+            absent = found.reason is HistoryFailureReason.NOT_FOUND
+            return Lineage(EMPTY_PAIRING, None, unread=True, absent=absent,
+                           unreadable=None if absent else found)
         pairing = pairing_state_of(found.items)
         if isinstance(pairing, PairingState):
             # What was read is a fact about that response's lineage, whoever promoted it.
@@ -909,6 +938,14 @@ def identity_problem(event: object, kafka_key: bytes | None) -> str | None:
 def _first_of_chain(turn: TurnCompleted) -> bool:
     """A chain's first response: each attempt of its request is its own partition."""
     return turn.conversation_id is None and turn.previous_response_id is None
+
+
+# The rejection of a turn extending a lineage a read could not verify, by the read's
+# reason (any other: CORRUPT).
+_UNREADABLE = {
+    HistoryFailureReason.UNKNOWN_ITEM_TYPE: RejectionReason.UNKNOWN_ITEM_TYPE,
+    HistoryFailureReason.UNSUPPORTED_FORMAT: RejectionReason.UNSUPPORTED_FORMAT,
+}
 
 
 def _replayed_rejection(decision: Decision) -> Reject:

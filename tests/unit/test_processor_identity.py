@@ -7,6 +7,7 @@ retry of a promoted request whatever its size. Found by an outside review (sessi
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
 
 import pytest
 
@@ -255,3 +256,35 @@ def test_the_partition_key_rule_is_applied_as_written_never_corrected(h):
     promoted = h.outcome(stray)
     assert isinstance(promoted, CheckpointPromoted)
     assert promoted.partition_key == stray.conversation_id
+
+
+def _damage_first_item(store, tenant: str, key: str, response_id: str) -> None:
+    """The first stored item of ``response_id`` no longer matches its digest (as a
+    direct write to the store would leave it)."""
+    partition = store._partitions[(tenant, key)]
+    stored = partition.items[response_id]
+    partition.items[response_id] = replace(stored, contents=(b'{"x":1}', *stored.contents[1:]))
+
+
+def test_a_turn_is_never_promoted_on_top_of_a_history_that_cannot_be_read(h):
+    """Pairing could not be checked and the history could never be served: the turn
+    is rejected CORRUPT (ordering first: a stale head is still CONFLICT), and nothing
+    is written on top of the damage."""
+    conv = new_id("conv")
+    first = make_turn(conversation_id=conv)
+    assert isinstance(h.outcome(first), CheckpointPromoted)
+    _damage_first_item(h.store, TENANT, conv, first.response_id)
+    h.processor.tails = TailCache(capacity=0)  # a worker that must read the lineage
+    stale = make_turn(conversation_id=conv, expected_head_seq=0)
+    assert h.outcome(stale).reason is R.CONFLICT
+    nxt = make_turn(conversation_id=conv, expected_head_seq=1)
+    rejected = h.outcome(nxt)
+    assert rejected.reason is R.CORRUPT and "CORRUPT_HISTORY" in rejected.detail, rejected
+    assert h.store.head(TENANT, conv).seq == 1
+    # a chain whose parent's history is damaged: the same
+    root = make_turn(conversation_id=None, expected_head_seq=None, response_id=new_id("resp"))
+    assert isinstance(h.outcome(root), CheckpointPromoted)
+    _damage_first_item(h.store, TENANT, root.response_id, root.response_id)
+    child = make_turn(conversation_id=None, expected_head_seq=None,
+                      previous_response_id=root.response_id, chain_root_id=root.response_id)
+    assert h.outcome(child).reason is R.CORRUPT
