@@ -233,6 +233,9 @@ CONVERSATION_STEPS = {
     "ahead_of_head": 3, "cancel_before": 4, "cancel_after": 3, "race": 5, "tool_loop": 8,
     "orphan_retry": 4, "missing_effect": 3, "response_id_reused": 2,
 }
+# Chains whose first response is retried under another response id, racing it.
+ROOT_RETRY_RATE = 0.1
+
 CHAIN_STEPS = {
     "child": 30, "fork": 10, "incomplete": 5, "not_promotable": 5, "orphan_parent": 4,
     "redelivery": 6, "duplicate": 4, "corrupt": 3, "cancel_before": 4, "tool_loop": 6,
@@ -357,7 +360,15 @@ def _chain(story: Story, rng: random.Random) -> None:
     nodes: list[str] = [root]  # responses that should be promoted
     children: dict[str, int] = {}
     sent: list[tuple[str, str, str, int]] = []  # (rid, key, text, event index) of promotable
-    last = story.add("root", gw.turn(gw.identity(root), key, text))[0]
+    first = gw.turn(gw.identity(root), key, text)
+    if rng.random() < ROOT_RETRY_RATE:
+        # A gateway retry of the first response under another response id: its own
+        # partition, so no order holds between the two (either may claim the request;
+        # the other is DUPLICATE naming it, and the root's children then have no parent).
+        retry = gw.turn(gw.identity(gw.rid()), key, text, attempt=2)
+        last = story.add("root_retry", first, race=(retry,))[0]
+    else:
+        last = story.add("root", first)[0]
     sent.append((root, key, text, last))
     dead: list[str] = []  # rejected responses: children of these lack a parent
     names, weights = zip(*CHAIN_STEPS.items(), strict=True)
@@ -388,7 +399,12 @@ def _chain(story: Story, rng: random.Random) -> None:
             story.resend(scenario, last)
             continue
         elif scenario == "duplicate":
-            _, pkey, ptext, pidx = rng.choice(sent)
+            # Of a continued turn: the retry shares its partition, so Kafka orders the
+            # two (the first response's retries race it: ``root_retry`` above).
+            continued = [s for s in sent if story.events[s[3]].previous_response_id]
+            if not continued:
+                continue
+            _, pkey, ptext, pidx = rng.choice(continued)
             prev = story.events[pidx].previous_response_id
             dup = gw.identity(rid, parent=prev)
             last = story.add(scenario, gw.turn(dup, pkey, ptext, attempt=2))[0]

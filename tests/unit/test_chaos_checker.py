@@ -137,3 +137,21 @@ def test_either_order_of_a_race_is_accepted_but_not_both_winners(expectations):
     both = faithful([raced])
     both.promoted += [p for p in obs1.promoted if p.response_id not in winner]
     assert kinds([raced], both) & {"seq_repeat", "promotion_should_not_exist"}
+
+
+def test_a_retried_chain_root_may_lose_to_its_retry(expectations):
+    """A chain's first response and its retry under another response id are two
+    partitions: either may claim the request. In the world where the retry wins, the
+    first response is DUPLICATE naming it and the root's children have no parent."""
+    raced = next(e for e in expectations
+                 if e.story.kind == "chain" and e.story.labels[0] == "root_retry")
+    assert len(raced.worlds) == 2
+    root, retry = (raced.story.events[i] for i in (*raced.story.steps[0].sends,
+                                                   *raced.story.steps[0].race))
+    outcomes = []
+    for world in raced.worlds:
+        obs = faithful([dataclasses.replace(raced, worlds=[world])])
+        assert check([raced], obs) == []
+        outcomes.append({r.response_id: r.reason for r in obs.rejected})
+    assert {o.get(root.response_id) for o in outcomes} == {None, "DUPLICATE"}
+    assert {o.get(retry.response_id) for o in outcomes} == {None, "DUPLICATE"}
