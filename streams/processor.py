@@ -250,7 +250,8 @@ class PromotionProcessor:
             return None
         if _first_of_chain(turn):
             return None  # it claims its request and reads its facts: the thread path
-        if identity_problem(turn, record.key) is not None:
+        if (identity_problem(turn, record.key) is not None
+                or request_digest_problem(turn.request_digest) is not None):
             return None  # rejected before any claim: the thread path
         key = partition_key(turn)
         if self.tails.facts_mark(turn.tenant_id, key, turn.idempotency_key) is not None:
@@ -321,7 +322,8 @@ class PromotionProcessor:
         promoted = self.store.promoted_key(effect.tenant_id, effect.partition_key,
                                            effect.idempotency_key, effect.response_id)
         if promoted is None:
-            orphan = self._cancelled_request_orphan(effect, recorded)
+            orphan = self._cancelled_request_orphan(effect, recorded,
+                                                    first_time=result is EffectWrite.RECORDED)
         elif (promoted.accepted_effect_ids is None
               or effect.effect_id in promoted.accepted_effect_ids):
             return ()  # used by the promoted turn, or unknown (promoted before 012)
@@ -334,17 +336,23 @@ class PromotionProcessor:
         return (Outbound(self.topics.orphaned_effects, effect.partition_key.encode(),
                          late_orphan_event(effect, orphan)),)
 
-    def _cancelled_request_orphan(self, effect: ToolEffect,
-                                  recorded: RecordedEffect) -> promotion.Orphan | None:
+    def _cancelled_request_orphan(self, effect: ToolEffect, recorded: RecordedEffect, *,
+                                  first_time: bool) -> promotion.Orphan | None:
         """The orphan of an effect of a request that is not promoted but cancelled, or
         None. In one partition a cancelled request never promotes (every attempt
         decided after the cancellation is ``CANCELLED``; a batch decided before it is
         refused by its facts mark), so an effect recorded late (a tool that ran past the
         cancellation, after its turn's rejection) would never be orphaned otherwise.
         Its turn, if still to come, orphans it again (compensations are deduped by
-        effect id). A chain's first response is excluded: another attempt of its
-        request, in another partition, may still promote, and use the effect."""
-        if effect.partition_key == effect.response_id:
+        effect id).
+
+        An attempt that is a chain's first response: another attempt of its request, in
+        another partition, decided before the cancellation, may still promote (its
+        batch does not assert this partition's facts mark). It cannot use an effect
+        recorded only now (``first_time``: it would have read it before), and it reads
+        the request's effects again after its batch; a redelivered effect, though, it
+        may have read and used, so that one is left to its outcome."""
+        if effect.partition_key == effect.response_id and not first_time:
             return None
         cancellation = self.ledger.cancellation(effect.tenant_id, effect.idempotency_key)
         if cancellation is None:
@@ -378,6 +386,13 @@ class PromotionProcessor:
             key = partition_key(turn)
         except MissingChainRoot as exc:
             return self._on_unkeyed_turn(turn, exc)
+        if turn.status in PROMOTABLE_STATUSES:
+            problem = request_digest_problem(turn.request_digest)
+            if problem is not None:
+                # Before the response id's claim, which would bind the id to it; decided
+                # from the event alone, recorded, and the attempt's effects orphaned.
+                return self._reject_before_the_store(
+                    turn, key, Reject(RejectionReason.CORRUPT, problem))
         conversation = turn.conversation_id
         owner = None if conversation is None else self.tails.owner(conversation)
         # The response id's claim must be held before the promotion batch is sent;
@@ -429,6 +444,17 @@ class PromotionProcessor:
             raise StoreUnavailable(
                 f"facts of request {turn.idempotency_key} changed {MAX_FACTS_ROUNDS} times "
                 "while deciding", retryable=True, operation="promote")
+        if (isinstance(verdict, Accepted) and verdict.replayed
+                and verdict.checkpoint.accepted_attempt != turn.attempt):
+            # Answered with another attempt's promotion (the store's idempotency record,
+            # or the "already promoted" check): a retry of a promoted request gets it,
+            # but a redelivery of an attempt rejected before that promotion gets its
+            # recorded rejection, which the fast path did not read (an outcome never
+            # flips). Read after the promotion was seen: that rejection, decided before
+            # the later attempt was processed, is durable by now.
+            facts, read = self._effects_of(turn), True
+            if facts.decision is not None and facts.decision.reason is not None:
+                verdict = self._settle_rejection(turn, key, _replayed_rejection(facts.decision))
         if isinstance(verdict, Accepted) and (
                 (verdict.replayed and not read)
                 or (not verdict.replayed and _first_of_chain(turn))):
@@ -811,7 +837,8 @@ class PromotionProcessor:
             # (written beside it). A Conversation's owner is written only now that its
             # first turn is promoted (a refused batch must not hand the Conversation to
             # its tenant), also by a redelivery (its writer may have stopped before).
-            return self._owned(turn, verdict, facts.conversation_owner)
+            return self._owned(turn, verdict, facts.conversation_owner,
+                               response_owner=verdict.replayed)
         held = self.ledger.record_decision(Decision(
             event_id=turn.event_id, tenant_id=turn.tenant_id, response_id=turn.response_id,
             outcome="rejected", reason=verdict.reason.value, detail=verdict.detail,
@@ -846,13 +873,19 @@ class PromotionProcessor:
         return verdict
 
     def _owned(self, turn: TurnCompleted, verdict: Accepted,
-               known_owner: str | None | object) -> Accepted:
-        """A promotion of a Conversation's turn, with the Conversation's owner durable
-        (its first turn's worker may have stopped before writing it). ``known_owner``:
-        the owner read with the turn's facts, or ``_UNKNOWN`` (read here unless cached:
-        the owner is written only where there is none, never over another tenant)."""
+               known_owner: str | None | object, *, response_owner: bool = True) -> Accepted:
+        """A promotion answered, with its owner durable: the worker that promoted it may
+        have stopped before writing it. A chain turn's response id owner (a plain,
+        idempotent write: the checkpoint is this tenant's), unless ``response_owner``
+        is False (written beside this very batch); a Conversation's owner, where there
+        is none: ``known_owner`` is the owner read with the turn's facts, or
+        ``_UNKNOWN`` (read here unless cached; never written over another tenant)."""
         conversation = turn.conversation_id
         if conversation is None:
+            if response_owner:
+                self.ledger.start_recording_owners(
+                    tenant_id=turn.tenant_id, response_id=turn.response_id,
+                    conversation_id=None)()
             return verdict
         if known_owner is _UNKNOWN:
             known_owner = (self.tails.owner(conversation)
@@ -926,12 +959,11 @@ class _Hints:
 
 def identity_problem(event: object, kafka_key: bytes | None) -> str | None:
     """Why an event's identity is unusable, or None: an id outside the API's pattern
-    (``schemas/ids.py``), a chain's first response naming another root, a turn's
-    ``request_digest`` that is not a digest (the response id's claim binds it), a Kafka
-    key that is not its partition key (``schemas/keys.py``)."""
+    (``schemas/ids.py``), a chain's first response naming another root, a Kafka key
+    that is not its partition key (``schemas/keys.py``)."""
     problem = unservable_id(event)
     if problem is None and isinstance(event, TurnCompleted):
-        problem = root_problem(event) or request_digest_problem(event.request_digest)
+        problem = root_problem(event)
     return problem or key_problem(event, kafka_key)  # type: ignore[arg-type]
 
 

@@ -278,7 +278,21 @@ def _retry(first, **update):
 def _rejected_first_attempt(why: str, worker):
     """A first attempt rejected for ``why`` (published), and what its retry needs."""
     conv = uid("conv")
-    if why == "missing effect":
+    if why == "out of order":
+        first = turn(conv, 1)
+        outcome = worker.outcome(first)
+        assert worker.outcome(turn(conv, 0)).seq == 1  # now the retry extends the head
+        retry = first.model_copy(update={"event_id": str(uuid.uuid4()), "attempt": 2})
+    elif why == "parent missing":
+        root = make_turn(conversation_id=None, expected_head_seq=None,
+                         response_id=uid("resp"))
+        first = make_turn(conversation_id=None, expected_head_seq=None,
+                          response_id=uid("resp"), chain_root_id=root.response_id,
+                          previous_response_id=root.response_id)
+        outcome = worker.outcome(first)
+        assert isinstance(worker.outcome(root), CheckpointPromoted)
+        retry = first.model_copy(update={"event_id": str(uuid.uuid4()), "attempt": 2})
+    elif why == "missing effect":
         first, effects = make_tool_loop_turn(rounds=1, conversation_id=conv)
         outcome = worker.outcome(first)  # its effect is not recorded yet
         worker.feed(*effects)
@@ -297,12 +311,15 @@ def _rejected_first_attempt(why: str, worker):
 
 
 @ENTRIES
-@pytest.mark.parametrize("why", ["missing effect", "expired proof", "too large"])
+@pytest.mark.parametrize("why", ["missing effect", "expired proof", "too large",
+                                 "out of order", "parent missing"])
 def test_a_rejected_attempt_stays_rejected_after_its_retry_is_promoted(data, entry, why):
     """A retry goes on after its first attempt was rejected (gateway-protocol section
     7) and may be promoted under the same response id; the first attempt's record,
     redelivered (on the same worker, or a new owner that knows nothing of it), is
-    answered with its published rejection: an outcome never flips."""
+    answered with its published rejection: an outcome never flips. (An ordering
+    rejection would pass every rule now: the store answers with the retry's
+    promotion, and the event's recorded rejection must win.)"""
     worker = data.worker(entry)
     first, reason, retry = _rejected_first_attempt(why, worker)
     assert isinstance(worker.outcome(retry), CheckpointPromoted)
@@ -443,3 +460,64 @@ def test_a_late_effect_of_another_first_response_attempt_is_orphaned(data, entry
     assert isinstance(promoted.outbound[0].model, CheckpointPromoted)
     assert _orphaned(recorded["effect"]) == []  # R1's worker saw no promotion yet
     assert _orphaned(promoted) == [(late.effect_id, OrphanReason.ATTEMPT_SUPERSEDED)]
+
+
+class StopAtResponseOwner:
+    """A ledger whose first response owner write never becomes durable: the worker
+    stops right after its chain batch applied."""
+
+    def __init__(self, ledger) -> None:
+        self._ledger, self.failed = ledger, False
+
+    def __getattr__(self, name):
+        return getattr(self._ledger, name)
+
+    def start_recording_owners(self, *, tenant_id, response_id, conversation_id):
+        if response_id is not None and not self.failed:
+            self.failed = True
+
+            def stopped():
+                raise LedgerUnavailable("the old owner stopped before the owner write")
+            return stopped
+        return self._ledger.start_recording_owners(
+            tenant_id=tenant_id, response_id=response_id, conversation_id=conversation_id)
+
+
+@ENTRIES
+def test_a_chain_promotion_answered_again_writes_its_response_owner(data, entry):
+    """The old owner's chain batch applied, then it stopped before the response id's
+    owner was durable; the redelivery, which a rule now rejects (its proof expired),
+    is answered with the stored promotion and writes the owner: another tenant's
+    child of that response is TENANT_MISMATCH (CONTRACT 4), not PARENT_NOT_PROMOTED."""
+    root = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"))
+    assert isinstance(data.worker().outcome(root), CheckpointPromoted)
+    old = data.worker(ledger=StopAtResponseOwner(data.ledger()))
+    child = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"),
+                      chain_root_id=root.response_id, previous_response_id=root.response_id,
+                      now_ms=NOW_MS - HOUR_MS + 5_000)  # proof valid to NOW + 5 s
+    with pytest.raises(Unavailable):
+        old.handle(child)
+    new = data.worker(entry, clock_ms=lambda: NOW_MS + 10_000)
+    assert isinstance(new.outcome(child), CheckpointPromoted)
+    other = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"),
+                      tenant_id=uid("tenant-b"), chain_root_id=root.response_id,
+                      previous_response_id=child.response_id, now_ms=NOW_MS + 10_000)
+    out = new.outcome(other)
+    assert isinstance(out, PromotionRejected) and out.reason is R.TENANT_MISMATCH, out
+
+
+@ENTRIES
+def test_a_late_effect_of_a_cancelled_first_response_is_orphaned_once_new(data, entry):
+    """A chain's first response, cancelled and rejected CANCELLED; its tool's effect is
+    recorded after that. Recorded for the first time, no other attempt can have used
+    it: orphaned TURN_CANCELLED. Redelivered, another attempt (another partition) may
+    have read and used it: left to that attempt's outcome."""
+    worker, again = data.worker(entry), data.worker(entry)
+    t = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"))
+    worker.feed(make_turn_cancelled(t))
+    assert worker.outcome(t).reason is R.CANCELLED
+    late = make_tool_effect("call_1", idempotency_key=t.idempotency_key,
+                            conversation_id=None, response_id=t.response_id,
+                            tool_name="send_email")
+    assert _orphaned(worker.handle(late)) == [(late.effect_id, OrphanReason.TURN_CANCELLED)]
+    assert _orphaned(again.handle(late)) == []

@@ -14,6 +14,7 @@ import pytest
 from ratchet.samples import (
     TENANT,
     make_tool_effect,
+    make_tool_loop_turn,
     make_turn,
     make_turn_cancelled,
     new_id,
@@ -24,13 +25,15 @@ from schemas.models import (
     CheckpointPromoted,
     DeadLetter,
     DeadLetterReason,
+    OrphanReason,
     PromotionRejected,
     RejectionReason,
+    TurnStatus,
 )
 from services.ledger.base import ResponseState
 from streams.records import RawRecord
 from streams.tail_cache import TailCache
-from tests.unit.test_processor_rules import TOPICS, Harness
+from tests.unit.test_processor_rules import TOPICS, Harness, raw_record
 
 R = RejectionReason
 
@@ -229,16 +232,26 @@ def test_a_dead_letter_raised_after_decoding_names_the_writer_schema(h, why):
 
 
 @pytest.mark.parametrize("digest", ["", "A" * 64, "0" * 63])
-def test_a_turn_whose_request_digest_is_not_a_digest_binds_nothing(h, digest):
+@pytest.mark.parametrize("status", [TurnStatus.COMPLETED, TurnStatus.FAILED])
+def test_a_turn_whose_request_digest_is_not_a_digest_binds_nothing(h, digest, status):
     """Rejected CORRUPT before the response id is claimed (the claim binds the id to
-    the digest): the gateway's corrected retry under the same response id promotes."""
-    good = make_turn(conversation_id=new_id("conv"))
-    bad = good.model_copy(update={"request_digest": digest, "event_id": new_id("e")})
-    store, ledger = h.processor.store, h.processor.ledger
-    h.processor.store = h.processor.ledger = Untouchable()
-    rejected = h.outcome(bad)
-    assert rejected.reason is R.CORRUPT and "request_digest" in rejected.detail
-    h.processor.store, h.processor.ledger = store, ledger
+    the digest), recorded, with the attempt's effects orphaned: the gateway's
+    corrected retry under the same response id promotes. A turn that could never
+    promote anyway is NOT_PROMOTABLE_STATUS first (gateway-protocol section 7)."""
+    good, effects = make_tool_loop_turn(rounds=1, conversation_id=new_id("conv"))
+    h.feed(*effects)
+    bad = good.model_copy(update={"request_digest": digest, "event_id": new_id("e"),
+                                  "status": status})
+    handled = h.processor.handle(raw_record(bad))
+    rejected = handled.outbound[0].model
+    orphans = [(o.model.effect_id, o.model.reason) for o in handled.outbound[1:]]
+    if status is TurnStatus.COMPLETED:
+        assert rejected.reason is R.CORRUPT and "request_digest" in rejected.detail
+        assert orphans == [(e.effect_id, OrphanReason.TURN_REJECTED) for e in effects]
+        assert h.ledger.status(TENANT, bad.response_id).status is ResponseState.REJECTED
+    else:
+        assert rejected.reason is R.NOT_PROMOTABLE_STATUS
+        assert orphans == [(e.effect_id, OrphanReason.TURN_NOT_PROMOTABLE) for e in effects]
     assert isinstance(h.outcome(good), CheckpointPromoted)
 
 
