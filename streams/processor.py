@@ -49,7 +49,9 @@ from ratchet.domain.history import (
 from ratchet.domain.plan import (
     AheadOfHead,
     Conflict,
+    Duplicate,
     FactsChanged,
+    KeyReused,
     LineageChanged,
     ParentMissing,
     RequestHeld,
@@ -319,11 +321,17 @@ class PromotionProcessor:
             log.warning("tool effect %s recorded again with a different output digest: "
                         "conflicted", effect.effect_id)
         self._mark_facts(effect.tenant_id, effect.partition_key, effect.idempotency_key)
-        promoted = self.store.promoted_key(effect.tenant_id, effect.partition_key,
-                                           effect.idempotency_key, effect.response_id)
+        try:
+            promoted = self.store.promoted_key(effect.tenant_id, effect.partition_key,
+                                               effect.idempotency_key, effect.response_id)
+        except CorruptPartition as exc:
+            # Recorded; whether it is orphaned cannot be read (it may be used): nothing
+            # published, the partition needs an operator.
+            log.error("tool effect %s recorded; whether request %s stands promoted cannot "
+                      "be read: %s", effect.effect_id, effect.idempotency_key, exc)
+            return ()
         if promoted is None:
-            orphan = self._cancelled_request_orphan(effect, recorded,
-                                                    first_time=result is EffectWrite.RECORDED)
+            orphan = self._cancelled_request_orphan(effect, recorded)
         elif (promoted.accepted_effect_ids is None
               or effect.effect_id in promoted.accepted_effect_ids):
             return ()  # used by the promoted turn, or unknown (promoted before 012)
@@ -336,26 +344,19 @@ class PromotionProcessor:
         return (Outbound(self.topics.orphaned_effects, effect.partition_key.encode(),
                          late_orphan_event(effect, orphan)),)
 
-    def _cancelled_request_orphan(self, effect: ToolEffect, recorded: RecordedEffect, *,
-                                  first_time: bool) -> promotion.Orphan | None:
+    def _cancelled_request_orphan(self, effect: ToolEffect,
+                                  recorded: RecordedEffect) -> promotion.Orphan | None:
         """The orphan of an effect of a request that is not promoted but cancelled, or
         None. In one partition a cancelled request never promotes (every attempt
         decided after the cancellation is ``CANCELLED``; a batch decided before it is
         refused by its facts mark), so an effect recorded late (a tool that ran past the
         cancellation, after its turn's rejection) would never be orphaned otherwise.
         Its turn, if still to come, orphans it again (compensations are deduped by
-        effect id).
-
-        An attempt that is a chain's first response: another attempt of its request, in
-        another partition, decided before the cancellation, may still promote (its
-        batch does not assert this partition's facts mark). It cannot use an effect
-        recorded only now (``first_time``: it would have read it before), and it reads
-        the request's effects again after its batch; a redelivered effect, though, it
-        may have read and used, so that one is left to its outcome."""
-        if effect.partition_key == effect.response_id and not first_time:
-            return None
+        effect id)."""
         cancellation = self.ledger.cancellation(effect.tenant_id, effect.idempotency_key)
         if cancellation is None:
+            return None
+        if effect.partition_key == effect.response_id and not self._no_other_attempt(effect):
             return None
         return promotion.Orphan(recorded, OrphanReason.TURN_CANCELLED, detail=(
             f"recorded after request {effect.idempotency_key} was cancelled"),
@@ -365,6 +366,31 @@ class PromotionProcessor:
         self.ledger.record_cancellation(Cancellation(
             cancel.tenant_id, cancel.idempotency_key, cancel.response_id, cancel.cancelled_at))
         self._mark_facts(cancel.tenant_id, cancel.partition_key, cancel.idempotency_key)
+
+    def _no_other_attempt(self, effect: ToolEffect) -> bool:
+        """For an effect of a chain's first response: no other attempt of its request
+        (another first response, another partition, whose batch asserts none of this
+        partition's facts) can be promoted, now or later. Decided by the request's
+        claim, taken for this response if free: held by it, no other attempt ever
+        promotes; held by another that was rejected, the request is bound to that one
+        (every other attempt is ``CONFLICT``). Held by another, undecided: its outcome
+        orphans the effect (a rejection reads the request's effects; a promotion reads
+        them again after its batch), so it is left to it: it may have used it."""
+        holder = self.store.hold_request(effect.tenant_id, effect.idempotency_key,
+                                         effect.response_id)
+        if holder.response_id != effect.response_id:
+            state = self.ledger.status(effect.tenant_id, holder.response_id).status
+            return state is ResponseState.REJECTED
+        # Held by this response: its own turn, in this partition, is decided already
+        # (not promoted: rejected) or comes later and is CANCELLED. Its status says so
+        # now, so that another attempt finding the request held by it is CONFLICT
+        # instead of waiting for a turn that may never be sent.
+        if self.ledger.status(effect.tenant_id, effect.response_id).status is not (
+                ResponseState.REJECTED):
+            self.ledger.mark_rejected(
+                effect.tenant_id, effect.response_id, RejectionReason.CANCELLED.value,
+                f"request {effect.idempotency_key} was cancelled")
+        return True
 
     def _mark_facts(self, tenant_id: str, key: str, idempotency_key: str) -> None:
         """After a fact of the request is durable (also when it was already there: a
@@ -521,6 +547,18 @@ class PromotionProcessor:
         return self.store.promoted_key(turn.tenant_id, key, turn.idempotency_key,
                                        turn.response_id)
 
+    def _orphans_known(self, turn: TurnCompleted) -> tuple[bool, CheckpointRecord | None]:
+        """``_promoted_request`` for a rejection's orphans: (known, promoted). Not known
+        when the rows that say it are damaged (``CorruptPartition``): then any effect
+        could be one the promotion used, and none is orphaned (logged: the partition
+        needs an operator; the rejection itself is still published)."""
+        try:
+            return True, self._promoted_request(turn)
+        except CorruptPartition as exc:
+            log.error("orphans of %s not published: whether request %s stands promoted "
+                      "cannot be read: %s", turn.response_id, turn.idempotency_key, exc)
+            return False, None
+
     def _on_bad_identity(self, turn: TurnCompleted, problem: str) -> Handled:
         """A turn whose ids or key are wrong (``identity_problem``): an id outside the
         API's pattern (a history the API could never serve, or an id no row could be
@@ -671,12 +709,24 @@ class PromotionProcessor:
     def _on_unreadable_lineage(self, turn: TurnCompleted, failure: HistoryFailure) -> Reject:
         """The rejection of a turn (valid on its own) whose lineage is stored but cannot
         be read: its pairing cannot be checked, and the history it would end could never
-        be served. Ordering first, as everywhere: a Conversation turn that does not
-        expect the current head is ``CONFLICT`` / ``OUT_OF_ORDER``. Then the read's
+        be served. As the store would answer, a retry of a request promoted under
+        another response id first (``DUPLICATE`` / ``IDEMPOTENCY_KEY_REUSED``), then
+        ordering: a Conversation turn that does not expect the current head is
+        ``CONFLICT`` / ``OUT_OF_ORDER``. Then the read's
         reason: an item type or format this version does not know (e.g. written by a
         newer one) is ``UNKNOWN_ITEM_TYPE`` / ``UNSUPPORTED_FORMAT``, damaged or missing
         rows ``CORRUPT``. The read's detail goes to the log only (it may quote stored
         data)."""
+        # A retry of a request that stands promoted under another response id is
+        # answered as the store would (DUPLICATE / IDEMPOTENCY_KEY_REUSED): its answer
+        # does not depend on the lineage. Under the same id, "already promoted" follows.
+        original = self._promoted_request(turn)
+        if original is not None and original.response_id != turn.response_id:
+            outcome = (Duplicate(original) if original.request_digest == turn.request_digest
+                       else KeyReused(original.request_digest, original.response_id))
+            verdict = promotion.interpret(turn, outcome)
+            if isinstance(verdict, Reject):
+                return verdict
         expected = turn.expected_head_seq
         if turn.conversation_id is not None and expected is not None:
             head = self.store.head(turn.tenant_id, turn.conversation_id)
@@ -708,6 +758,11 @@ class PromotionProcessor:
             return None
         if existing.request_digest != turn.request_digest:
             return None
+        try:
+            if existing.partition_key != partition_key(turn):
+                return None  # the same request sent to another history: CONFLICT stands
+        except MissingChainRoot:
+            pass  # no partition of its own to compare (a continued chain without root)
         return Accepted(existing, replayed=True)
 
     # -- the lineage a turn extends (pairing) --------------------------------------------
@@ -911,12 +966,13 @@ class PromotionProcessor:
         # A rejected attempt of a request that stands promoted must never orphan what
         # the promoted turn used: read the promotion, only when there is something to
         # orphan (rejections with effects or claims are rare).
-        promoted = (self._promoted_request(turn)
-                    if isinstance(verdict, Reject) and (facts.effects or facts.claims)
-                    else None)
+        known, promoted = (self._orphans_known(turn)
+                           if isinstance(verdict, Reject) and (facts.effects or facts.claims)
+                           else (True, None))
         # claims hook (issue 17): a claim of an attempt not accepted is orphaned too
-        for orphan in promotion.orphaned_effects(turn, verdict, facts.effects, facts.claims,
-                                                 promoted):
+        orphans = (promotion.orphaned_effects(turn, verdict, facts.effects, facts.claims,
+                                              promoted) if known else ())
+        for orphan in orphans:
             out.append(Outbound(self.topics.orphaned_effects, key,
                                 orphaned_event(turn, partition, orphan)))
         return Handled(tuple(out), kind)

@@ -619,6 +619,17 @@ class CheckpointStore(ABC):
             return Duplicate(original)
         return KeyReused(original.request_digest, original.response_id)
 
+    def hold_request(self, tenant_id: str, idempotency_key: str,
+                     response_id: str) -> ResponseClaim:
+        """Claim the request of a chain's first response ``response_id`` (its partition
+        key) for it unless another first response holds it; returns the holder. Asked
+        for a fact of the request, not a turn (the processor, before orphaning a late
+        effect of a cancelled request): the claim's ``request_digest`` is empty, and
+        only its ``response_id`` is ever compared (``_request_held``). Held by
+        ``response_id``, no other attempt of the request can ever be promoted."""
+        return self._claim_request(ResponseClaim(tenant_id, response_id, response_id,
+                                                 idempotency_key, ""))
+
     @abstractmethod
     def _request_holder(self, tenant_id: str, idempotency_key: str) -> ResponseClaim | None:
         """The holder of the request's claim (linearizable read), None if unclaimed."""

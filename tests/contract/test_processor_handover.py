@@ -507,17 +507,49 @@ def test_a_chain_promotion_answered_again_writes_its_response_owner(data, entry)
 
 
 @ENTRIES
-def test_a_late_effect_of_a_cancelled_first_response_is_orphaned_once_new(data, entry):
+def test_a_late_effect_of_a_cancelled_first_response_is_orphaned(data, entry):
     """A chain's first response, cancelled and rejected CANCELLED; its tool's effect is
-    recorded after that. Recorded for the first time, no other attempt can have used
-    it: orphaned TURN_CANCELLED. Redelivered, another attempt (another partition) may
-    have read and used it: left to that attempt's outcome."""
-    worker, again = data.worker(entry), data.worker(entry)
+    recorded after that. Its request is claimed for it (no other attempt, in another
+    partition, can promote from now on), so the effect is orphaned TURN_CANCELLED, and
+    again when redelivered (also after a worker stopped between the record and the
+    publication)."""
+    worker = data.worker(entry)
+    stopped = data.worker(entry, store=FailOnce(data.store(), "promoted_key",
+                                                StoreUnavailable("stopped", retryable=True)))
     t = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"))
     worker.feed(make_turn_cancelled(t))
     assert worker.outcome(t).reason is R.CANCELLED
     late = make_tool_effect("call_1", idempotency_key=t.idempotency_key,
                             conversation_id=None, response_id=t.response_id,
                             tool_name="send_email")
-    assert _orphaned(worker.handle(late)) == [(late.effect_id, OrphanReason.TURN_CANCELLED)]
-    assert _orphaned(again.handle(late)) == []
+    with pytest.raises(Unavailable):
+        stopped.handle(late)  # recorded, then stopped before publishing
+    for again in (stopped, worker):
+        assert _orphaned(again.handle(late)) == [(late.effect_id, OrphanReason.TURN_CANCELLED)]
+
+
+@ENTRIES
+def test_an_attempt_in_flight_never_uses_an_effect_orphaned_by_a_cancellation(data, entry):
+    """A chain's first response R1 records effect X; its retry R2 (another partition)
+    reads X and is about to write; the user cancels; X is redelivered in R1's partition.
+    X is orphaned TURN_CANCELLED only because R1 now holds the request: R2's write is
+    refused (CONFLICT, bound to R1), so no promoted turn ever uses an orphaned effect."""
+    idem, r1, r2 = uid("idem"), uid("resp"), uid("resp")
+    retry, (x,) = make_tool_loop_turn(rounds=1, conversation_id=None, expected_head_seq=None,
+                                      response_id=r2, idempotency_key=idem, attempt=2)
+    x1 = x.model_copy(update={"event_id": str(uuid.uuid4()), "response_id": r1})
+    first = retry.model_copy(update={"event_id": str(uuid.uuid4()), "response_id": r1,
+                                     "attempt": 1})
+    p1 = data.worker()
+    assert _orphaned(p1.handle(x1)) == []  # recorded, not cancelled yet
+    p2 = data.worker(entry, store=Interleaving(data.store()))
+    seen = {}
+
+    def cancel_and_redeliver():  # after R2 decided (with X), before its write
+        p1.feed(make_turn_cancelled(first))
+        seen["x"] = p1.handle(x1)
+    p2.store.before_promote = cancel_and_redeliver
+    out = p2.outcome(retry)
+    assert _orphaned(seen["x"]) == [(x1.effect_id, OrphanReason.TURN_CANCELLED)]
+    assert isinstance(out, PromotionRejected) and out.reason is R.CONFLICT, out
+    assert p1.outcome(first).reason is R.CANCELLED

@@ -1,0 +1,108 @@
+"""Answers the processor gives where session 20's outside reviews found it wrong: a
+response id reused in another Conversation, a rejection met on a corrupt partition
+with tool effects, a retry under another response id on a history that cannot be read.
+In-memory backends, both entry points; each test failed before its fix."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from ratchet.domain.plan import CorruptPartition
+from ratchet.samples import TENANT, make_tool_loop_turn, make_turn
+from schemas.models import CheckpointPromoted, DeadLetter, PromotionRejected
+from schemas.models import RejectionReason as R
+from services.ledger.memory import MemoryLedger
+from services.store.base import StoreOptions
+from services.store.memory import MemoryCheckpointStore
+from tests.contract.test_processor_races import Worker, uid
+from tests.unit.test_processor_identity import _damage_first_item
+
+ENTRIES = pytest.mark.parametrize("entry", ["handle", "handle_async"])
+
+
+@ENTRIES
+def test_a_bound_response_id_in_another_conversation_is_conflict(entry):
+    """gateway-protocol 7: a response id bound to a request in one Conversation is
+    CONFLICT in any other, and hands that Conversation to nobody."""
+    store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+    worker = Worker(store, ledger, entry)
+    c1, c2 = uid("conv"), uid("conv")
+    t1 = make_turn(conversation_id=c1, expected_head_seq=0, response_id=uid("resp"))
+    assert worker.outcome(t1).seq == 1
+    elsewhere = t1.model_copy(update={"event_id": str(uuid.uuid4()), "conversation_id": c2})
+    out = worker.outcome(elsewhere)
+    owner = ledger.conversation_owner(c2)
+    # gateway-protocol 7: "any other (... another Conversation or chain) is rejected CONFLICT"
+    assert (type(out).__name__, getattr(out, "reason", None), owner) == (
+        "PromotionRejected", R.CONFLICT, None), (out, owner)  # nothing promoted in c2
+
+
+class CorruptStore(MemoryCheckpointStore):
+    """Raises CorruptPartition reading one partition's view, as the Cassandra store
+    does for an undecodable row (the memory store never does)."""
+
+    corrupt: set = set()
+
+    def _read_view(self, request):
+        if (request.tenant_id, request.partition_key) in self.corrupt:
+            raise CorruptPartition(f"partition {request.partition_key}: undecodable row")
+        return super()._read_view(request)
+
+    def _hinted_head(self, request):  # another worker's store object: no hints of its own
+        if (request.tenant_id, request.partition_key) in self.corrupt:
+            return None
+        return super()._hinted_head(request)
+
+
+@ENTRIES
+def test_a_corrupt_partition_rejection_with_effects_is_published(entry):
+    """Recorded and published like any rejection (docs/processor.md), not dead-lettered
+    by the orphan lookup meeting the same damage."""
+    store, ledger = CorruptStore(StoreOptions()), MemoryLedger()
+    store.corrupt = set()
+    worker = Worker(store, ledger, entry)
+    conv = uid("conv")
+    assert worker.outcome(make_turn(conversation_id=conv, expected_head_seq=0)).seq == 1
+    final, effects = make_tool_loop_turn(rounds=1, conversation_id=conv, expected_head_seq=1)
+    worker.feed(*effects)
+    store.corrupt.add((TENANT, conv))  # e.g. a row written by a newer version
+    out = Worker(store, ledger, entry).outcome(final)  # a worker with nothing cached
+    assert not isinstance(out, DeadLetter), out.error
+    assert isinstance(out, PromotionRejected) and out.reason is R.CORRUPT, out
+
+
+@ENTRIES
+@pytest.mark.parametrize("mode", ["conversation", "chain"])
+def test_a_duplicate_on_an_unreadable_lineage_is_still_duplicate(entry, mode):
+    """CONTRACT 4: same key and digest promoted under another response id is DUPLICATE
+    naming it, whether or not the history can be read."""
+    store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+    worker = Worker(store, ledger, entry)
+    if mode == "conversation":
+        conv = uid("conv")
+        first = make_turn(conversation_id=conv, expected_head_seq=0, response_id=uid("resp"))
+        assert isinstance(worker.outcome(first), CheckpointPromoted)
+        original = make_turn(conversation_id=conv, expected_head_seq=1,
+                             response_id=uid("resp"))
+        assert isinstance(worker.outcome(original), CheckpointPromoted)
+        key, damaged = conv, first.response_id
+    else:
+        root = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"))
+        assert isinstance(worker.outcome(root), CheckpointPromoted)
+        original = make_turn(conversation_id=None, expected_head_seq=None,
+                             response_id=uid("resp"), chain_root_id=root.response_id,
+                             previous_response_id=root.response_id)
+        assert isinstance(worker.outcome(original), CheckpointPromoted)
+        key, damaged = root.response_id, root.response_id
+    retry = original.model_copy(update={"event_id": str(uuid.uuid4()),
+                                        "response_id": uid("resp"), "attempt": 2})
+    # readable: DUPLICATE naming the original (a fresh worker, nothing cached)
+    readable = Worker(store, ledger, entry).outcome(retry)
+    assert isinstance(readable, PromotionRejected) and readable.reason is R.DUPLICATE
+    _damage_first_item(store, TENANT, key, damaged)
+    again = retry.model_copy(update={"event_id": str(uuid.uuid4())})
+    out = Worker(store, ledger, entry).outcome(again)
+    assert isinstance(out, PromotionRejected)
+    assert (out.reason, out.existing_response_id) == (R.DUPLICATE, original.response_id), out
