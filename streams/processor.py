@@ -797,8 +797,9 @@ class PromotionProcessor:
             # docs/decisions.md) and its items are still stored: the turn's pairing is
             # checked against all of them, or the new history could repeat a call id.
             found = self._read_lineage_history(turn, now=_BEFORE_ANY_EXPIRY)
-        # No readable history: the store's ordering checks decide (CONFLICT, OUT_OF_ORDER,
-        # PARENT_NOT_PROMOTED); pairing has nothing to continue.
+        # No readable history. Nothing stored there: the store's ordering checks decide
+        # (CONFLICT, OUT_OF_ORDER, PARENT_NOT_PROMOTED), pairing has nothing to continue.
+        # Stored but unreadable: the turn is rejected (``_on_unreadable_lineage``).
         if isinstance(found, HistoryFailure):
             absent = found.reason is HistoryFailureReason.NOT_FOUND
             return Lineage(EMPTY_PAIRING, None, unread=True, absent=absent,
@@ -889,7 +890,8 @@ class PromotionProcessor:
         """Record the verdict before anything is published (commit order, step 1)."""
         if isinstance(verdict, Accepted):
             # Durable already: the turn (the store) and a chain turn's response owner
-            # (written beside it). A Conversation's owner is written only now that its
+            # (written beside its batch; again for a replay, whose worker may have
+            # stopped before it was durable). A Conversation's owner is written only now that its
             # first turn is promoted (a refused batch must not hand the Conversation to
             # its tenant), also by a redelivery (its writer may have stopped before).
             return self._owned(turn, verdict, facts.conversation_owner,
