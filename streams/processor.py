@@ -372,15 +372,21 @@ class PromotionProcessor:
         (another first response, another partition, whose batch asserts none of this
         partition's facts) can be promoted, now or later. Decided by the request's
         claim, taken for this response if free: held by it, no other attempt ever
-        promotes; held by another that was rejected, the request is bound to that one
-        (every other attempt is ``CONFLICT``). Held by another, undecided: its outcome
-        orphans the effect (a rejection reads the request's effects; a promotion reads
-        them again after its batch), so it is left to it: it may have used it."""
+        promotes (every other is ``CONFLICT``); held by another first response: see
+        below. False: the holder stands promoted (its outcome decided the effect's
+        fate: used, or orphaned by it)."""
         holder = self.store.hold_request(effect.tenant_id, effect.idempotency_key,
                                          effect.response_id)
         if holder.response_id != effect.response_id:
-            state = self.ledger.status(effect.tenant_id, holder.response_id).status
-            return state is ResponseState.REJECTED
+            # Held by another first response, which may promote (a retry goes on after a
+            # rejection; a batch may be in flight, asserting its own partition's facts
+            # mark only). Mark the request's facts there too: a batch in flight is
+            # refused and decided again with the cancellation (CANCELLED, orphaning the
+            # effect itself), every later one reads it; so only a promotion that landed
+            # before the mark can stand, and the read after it sees that one.
+            self._mark_facts(effect.tenant_id, holder.partition_key, effect.idempotency_key)
+            return self.store.promoted_key(effect.tenant_id, holder.partition_key,
+                                           effect.idempotency_key, holder.response_id) is None
         # Held by this response: its own turn, in this partition, is decided already
         # (not promoted: rejected) or comes later and is CANCELLED. Its status says so
         # now, so that another attempt finding the request held by it is CONFLICT
@@ -720,7 +726,12 @@ class PromotionProcessor:
         # A retry of a request that stands promoted under another response id is
         # answered as the store would (DUPLICATE / IDEMPOTENCY_KEY_REUSED): its answer
         # does not depend on the lineage. Under the same id, "already promoted" follows.
-        original = self._promoted_request(turn)
+        try:
+            original = self._promoted_request(turn)
+        except CorruptPartition as exc:  # the same damage: CORRUPT below
+            log.error("%s: whether request %s stands promoted cannot be read: %s",
+                      turn.response_id, turn.idempotency_key, exc)
+            original = None
         if original is not None and original.response_id != turn.response_id:
             outcome = (Duplicate(original) if original.request_digest == turn.request_digest
                        else KeyReused(original.request_digest, original.response_id))
@@ -728,19 +739,28 @@ class PromotionProcessor:
             if isinstance(verdict, Reject):
                 return verdict
         expected = turn.expected_head_seq
-        if turn.conversation_id is not None and expected is not None:
-            head = self.store.head(turn.tenant_id, turn.conversation_id)
-            seq = 0 if head is None else head.seq
-            if expected != seq:
-                verdict = promotion.interpret(
-                    turn, Conflict(seq) if expected < seq else AheadOfHead(seq))
-                assert isinstance(verdict, Reject)
-                return verdict
+        seq = self._readable_head_seq(turn)
+        if expected is not None and seq is not None and expected != seq:
+            verdict = promotion.interpret(
+                turn, Conflict(seq) if expected < seq else AheadOfHead(seq))
+            assert isinstance(verdict, Reject)
+            return verdict
         log.error("%s extends a lineage that cannot be read: %s: %s", turn.response_id,
                   failure.reason.value, failure.detail)
         reason = _UNREADABLE.get(failure.reason, RejectionReason.CORRUPT)
         return Reject(reason, f"the history this turn extends cannot be read "
                       f"({failure.reason.value}): it cannot be continued")
+
+    def _readable_head_seq(self, turn: TurnCompleted) -> int | None:
+        """A Conversation turn's current head seq (0: none), or None: a chain turn, or a
+        head whose rows are damaged too (no ordering to check: CORRUPT decides)."""
+        if turn.conversation_id is None:
+            return None
+        try:
+            head = self.store.head(turn.tenant_id, turn.conversation_id)
+        except CorruptPartition:
+            return None
+        return 0 if head is None else head.seq
 
     def _learn_lineage(self, lineage: Lineage, pairing: PairingState | None,
                        promoted: CheckpointRecord) -> None:

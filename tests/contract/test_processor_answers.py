@@ -106,3 +106,30 @@ def test_a_duplicate_on_an_unreadable_lineage_is_still_duplicate(entry, mode):
     out = Worker(store, ledger, entry).outcome(again)
     assert isinstance(out, PromotionRejected)
     assert (out.reason, out.existing_response_id) == (R.DUPLICATE, original.response_id), out
+
+
+@ENTRIES
+@pytest.mark.parametrize("mode", ["conversation", "chain"])
+def test_unreadable_and_corrupt_partition_is_rejected_not_dead_lettered(entry, mode):
+    """A history that cannot be read on a partition whose rows are damaged too: CORRUPT,
+    published, never a dead letter for a valid event."""
+    store, ledger = CorruptStore(StoreOptions()), MemoryLedger()
+    store.corrupt = set()
+    worker = Worker(store, ledger, entry)
+    if mode == "conversation":
+        conv = uid("conv")
+        first = make_turn(conversation_id=conv, expected_head_seq=0, response_id=uid("resp"))
+        assert isinstance(worker.outcome(first), CheckpointPromoted)
+        key, damaged = conv, first.response_id
+        nxt = make_turn(conversation_id=conv, expected_head_seq=1, response_id=uid("resp"))
+    else:
+        root = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"))
+        assert isinstance(worker.outcome(root), CheckpointPromoted)
+        key, damaged = root.response_id, root.response_id
+        nxt = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"),
+                        chain_root_id=root.response_id, previous_response_id=root.response_id)
+    _damage_first_item(store, TENANT, key, damaged)   # history read: CORRUPT_HISTORY
+    store.corrupt.add((TENANT, key))                  # view read: CorruptPartition
+    out = Worker(store, ledger, entry).outcome(nxt)   # fresh worker, nothing cached
+    assert not isinstance(out, DeadLetter), out.error
+    assert isinstance(out, PromotionRejected) and out.reason is R.CORRUPT, out

@@ -553,3 +553,48 @@ def test_an_attempt_in_flight_never_uses_an_effect_orphaned_by_a_cancellation(da
     assert _orphaned(seen["x"]) == [(x1.effect_id, OrphanReason.TURN_CANCELLED)]
     assert isinstance(out, PromotionRejected) and out.reason is R.CONFLICT, out
     assert p1.outcome(first).reason is R.CANCELLED
+
+
+def _first_response(**kw):
+    return make_tool_loop_turn(rounds=1, conversation_id=None, expected_head_seq=None, **kw)
+
+
+def _keyed_to(event, response_id):
+    return event.model_copy(update={"response_id": response_id, "chain_root_id": None,
+                                    "conversation_id": None,
+                                    "event_id": str(uuid.uuid4())})
+
+
+@ENTRIES
+def test_the_request_holders_retry_never_promotes_with_an_effect_orphaned_as_cancelled(
+        data, entry):
+    """A request held by a rejected first response Y (its retry may still promote under
+    Y, asserting only Y's partition's facts mark); an effect E of another attempt X
+    (partition X); Y's retry is decided using E; then a cancellation keyed to X and E
+    redelivered. E is orphaned TURN_CANCELLED only after the request's facts are marked
+    in Y's partition too: Y's batch is refused and decided again, CANCELLED. Never a
+    promotion using an effect published orphaned (gateway-protocol sections 6-7)."""
+    a, b = data.worker(), data.worker(entry, store=Interleaving(data.store()))
+    key, y, x = uid("idem"), uid("resp"), uid("resp")
+    y2, (e_y,) = _first_response(response_id=y, idempotency_key=key)
+    y2 = y2.model_copy(update={"attempt": 2})
+    e = _keyed_to(e_y, x)
+    y1, (e0,) = _first_response(response_id=uid("resp"), idempotency_key=key)
+    y1 = y1.model_copy(update={"response_id": y, "request_digest": y2.request_digest,
+                               "event_id": str(uuid.uuid4())})
+    e0 = _keyed_to(e0, y)
+    a.feed(e0)
+    conflicting = e0.model_copy(update={"event_id": str(uuid.uuid4()), "output": e_y.output})
+    b.store.before_promote = lambda: a.handle(conflicting)  # lands after Y1's decision
+    out = b.outcome(y1)
+    assert isinstance(out, PromotionRejected) and out.reason is R.DUPLICATE_TOOL_EFFECT, out
+    a.feed(e)  # E recorded in X's partition, nothing cancelled yet
+    redelivered = {}
+
+    def cancel_then_redeliver():  # after Y2's decision (with E), before its batch
+        a.feed(_keyed_to(make_turn_cancelled(y2), x))
+        redelivered["e"] = a.handle(e)
+    b.store.before_promote = cancel_then_redeliver
+    out = b.outcome(y2)
+    assert _orphaned(redelivered["e"]) == [(e.effect_id, OrphanReason.TURN_CANCELLED)]
+    assert isinstance(out, PromotionRejected) and out.reason is R.CANCELLED, out
