@@ -1,18 +1,31 @@
 """The lineage a turn extends, as the processor's pairing check needs it.
 
 Known from the turn alone when it starts a lineage (``starts_lineage``), from the tail
-cache (``streams/tail_cache.py``) or from a verified history read; ``slim`` is what
-the cache keeps of a checkpoint.
+cache (``streams/tail_cache.py``) or from a verified history read (``LineageReader``);
+``slim`` is what the cache keeps of a checkpoint.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from ratchet.domain.history import CheckpointRecord, HistoryFailure, frozen_record
-from ratchet.domain.validation import EMPTY_PAIRING, PairingState, Unpaired
+from ratchet.domain.history import (
+    CheckpointRecord,
+    HistoryFailure,
+    HistoryFailureReason,
+    VerifiedHistory,
+    frozen_record,
+)
+from ratchet.domain.validation import EMPTY_PAIRING, PairingState, Unpaired, pairing_state_of
+from schemas.keys import partition_key
 from schemas.models import TurnCompleted
+from services.store.base import CheckpointStore, CorruptPartition
+from streams.tail_cache import Tail, TailCache
+
+# A lineage read "as of" this moment sees every stored turn as unexpired (pairing only).
+_BEFORE_ANY_EXPIRY = datetime.fromtimestamp(0, UTC)
 
 
 @dataclass(frozen=True)
@@ -59,3 +72,88 @@ def slim(checkpoint: CheckpointRecord) -> CheckpointRecord:
     (a hint's conditions use only ids, seqs, the item range and the mode)."""
     return frozen_record(CheckpointRecord, {**vars(checkpoint), "token_artifact": None,
                                             "router_receipt": None, "boundary_proof": None})
+
+
+class LineageReader:
+    """The lineage a turn extends: from the tail cache (a hit is safe to promote
+    from, see ``streams/tail_cache.py``) or read from the store, and learnt into the
+    cache once a promotion extended it. Thread-safe (the cache locks itself)."""
+
+    def __init__(self, store: CheckpointStore, tails: TailCache,
+                 clock_ms: Callable[[], int]) -> None:
+        self.store = store
+        self.tails = tails
+        self.clock_ms = clock_ms
+        self.cache_hits = self.cache_misses = 0
+
+    def cached(self, turn: TurnCompleted) -> Lineage | None:
+        """The lineage from the tail cache, or from the turn alone when it starts one;
+        None when a read is needed (see ``streams/tail_cache.py`` for why a hit is
+        safe to promote from)."""
+        start = starts_lineage(turn)
+        if start is not None:
+            return start
+        key = partition_key(turn)
+        if turn.conversation_id is not None:
+            assert turn.expected_head_seq is not None
+            tail = self.tails.head_at(turn.tenant_id, key, turn.expected_head_seq)
+        else:
+            assert turn.previous_response_id is not None
+            tail = self.tails.tail(turn.tenant_id, key, turn.previous_response_id)
+        if tail is None or tail.expired(utc(self.clock_ms())):
+            self.cache_misses += 1
+            return None
+        self.cache_hits += 1
+        return Lineage(tail.pairing, tail.checkpoint, cached=True)
+
+    def read(self, turn: TurnCompleted) -> Lineage:
+        """The lineage the turn extends, read from the store (for pairing)."""
+        start = starts_lineage(turn)
+        if start is not None:
+            return start
+        found = self._read_history(turn, now=None)
+        if isinstance(found, HistoryFailure) and found.reason is HistoryFailureReason.EXPIRED:
+            # An expired lineage may still be extended (its descendant renews it,
+            # docs/decisions.md) and its items are still stored: the turn's pairing is
+            # checked against all of them, or the new history could repeat a call id.
+            found = self._read_history(turn, now=_BEFORE_ANY_EXPIRY)
+        # No readable history. Nothing stored there: the store's ordering checks decide
+        # (CONFLICT, OUT_OF_ORDER, PARENT_NOT_PROMOTED), pairing has nothing to continue.
+        # Stored but unreadable: the turn is rejected (``_on_unreadable_lineage``).
+        if isinstance(found, HistoryFailure):
+            absent = found.reason is HistoryFailureReason.NOT_FOUND
+            return Lineage(EMPTY_PAIRING, None, unread=True, absent=absent,
+                           unreadable=None if absent else found)
+        pairing = pairing_state_of(found.items)
+        if isinstance(pairing, PairingState):
+            # What was read is a fact about that response's lineage, whoever promoted it.
+            self.tails.learn(Tail(slim(found.checkpoint), pairing))
+        return Lineage(pairing, found.checkpoint)
+
+    def _read_history(self, turn: TurnCompleted,
+                              now: datetime | None) -> VerifiedHistory | HistoryFailure:
+        if turn.conversation_id is not None:
+            return self.store.read_history(turn.tenant_id, conversation_id=turn.conversation_id,
+                                           now=now)
+        # The partition the parent must be in (the store checks it there): also saves the
+        # location lookup.
+        return self.store.read_history(turn.tenant_id, response_id=turn.previous_response_id,
+                                       partition_key=partition_key(turn), now=now)
+
+    def learn(self, lineage: Lineage, pairing: PairingState | None,
+                       promoted: CheckpointRecord) -> None:
+        """The write extended exactly ``lineage.tail`` (``extends``): the pairing state
+        after the turn is a fact about the new response's lineage."""
+        if not lineage.unread and pairing is not None:
+            self.tails.learn(Tail(slim(promoted), pairing))
+
+    def readable_head_seq(self, turn: TurnCompleted) -> int | None:
+        """A Conversation turn's current head seq (0: none), or None: a chain turn, or a
+        head whose rows are damaged too (no ordering to check: CORRUPT decides)."""
+        if turn.conversation_id is None:
+            return None
+        try:
+            head = self.store.head(turn.tenant_id, turn.conversation_id)
+        except CorruptPartition:
+            return None
+        return 0 if head is None else head.seq

@@ -8,13 +8,14 @@ for one record:
 * decode it; an undecodable record becomes a ``DeadLetter`` (never an exception);
 * ``ToolEffect``: record it in the ledger (dedupe by effect_id), then the request's
   facts mark; publishes it ``EffectOrphaned`` only if its request already stands
-  promoted without it (an effect arriving after the promotion);
+  promoted without it (an effect arriving after the promotion) or cancelled
+  (``streams/request_facts.py``);
 * ``TurnCancelled``: record the cancellation, then the facts mark; publishes nothing;
 * ``TurnCompleted``: decide it as if the request had no facts (the promotion batch
   asserts that: no facts mark) unless they are needed or known to exist, then read
   them; replay an earlier rejection of this very event if there is one, else take the
   pairing state of the lineage the turn extends from the tail cache
-  (``streams/tail_cache.py``) or a history read, call the pure domain
+  (``streams/tail_cache.py``) or a history read (``streams/lineage.py``), call the pure domain
   (``ratchet.domain.promotion``), make the outcome durable, and return
   ``CheckpointPromoted`` / ``PromotionRejected`` plus any ``EffectOrphaned``. The store
   writes the turn only on top of the lineage it was checked against (``extends``) and
@@ -35,7 +36,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 
 from ratchet.domain import promotion
 from ratchet.domain.history import (
@@ -44,7 +44,6 @@ from ratchet.domain.history import (
     HistoryFailure,
     HistoryFailureReason,
     PromotionMode,
-    VerifiedHistory,
 )
 from ratchet.domain.plan import (
     AheadOfHead,
@@ -61,15 +60,11 @@ from ratchet.domain.promotion import (
     Accepted,
     Facts,
     Promote,
-    RecordedEffect,
     Reject,
     Verdict,
 )
 from ratchet.domain.validation import (
-    EMPTY_PAIRING,
     PROMOTABLE_STATUSES,
-    PairingState,
-    pairing_state_of,
     request_digest_problem,
 )
 from schemas.avro import header_schema_id
@@ -80,16 +75,13 @@ from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import (
     DeadLetter,
     DeadLetterReason,
-    OrphanReason,
     RejectionReason,
     ToolEffect,
     TurnCancelled,
     TurnCompleted,
 )
 from services.ledger.base import (
-    Cancellation,
     Decision,
-    EffectWrite,
     Ledger,
     ResponseState,
     TurnFacts,
@@ -102,16 +94,15 @@ from services.store.base import (
     StoreUnavailable,
 )
 from streams import metrics
-from streams.lineage import Lineage, slim, starts_lineage, utc
+from streams.lineage import Lineage, LineageReader
 from streams.outcomes import (
-    late_orphan_event,
     orphaned_event,
     promoted_event,
-    recorded_effect,
     rejected_event,
 )
 from streams.records import DecodeFailed, EventCodec, Outbound, RawRecord
-from streams.tail_cache import Tail, TailCache
+from streams.request_facts import UNKNOWN, RequestFacts
+from streams.tail_cache import TailCache
 from streams.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -129,10 +120,8 @@ MAX_FACTS_ROUNDS = 4
 LOOP_MAX_RECORD_BYTES = 256 * 1024
 # No fact of the request read (the fast path): what the batch asserts with no mark.
 _NO_FACTS = TurnFacts(decision=None, effects=(), cancellation=None, conversation_owner=None)
-# The facts mark is not known yet: read it before the facts.
-_UNKNOWN = object()
-# A lineage read "as of" this moment sees every stored turn as unexpired (pairing only).
-_BEFORE_ANY_EXPIRY = datetime.fromtimestamp(0, UTC)
+# Not known yet (a facts mark, an owner): read it.
+_UNKNOWN = UNKNOWN
 
 
 def lane_name(record: RawRecord) -> str:
@@ -166,8 +155,18 @@ class PromotionProcessor:
         # Bounded memory of promoted lineages (pairing state, heads, owners); see
         # streams/tail_cache.py. ``TailCache(capacity=0)`` turns it off.
         self.tails = tails if tails is not None else TailCache()
-        self.cache_hits = self.cache_misses = self.cache_rechecks = 0
+        self.lineages = LineageReader(store, self.tails, self.clock_ms)
+        self.request_facts = RequestFacts(store, ledger, self.tails, topics)
+        self.cache_rechecks = 0  # rejections decided from cached facts, decided again
         self.loop_promotions = 0  # turns promoted on the event loop (``handle_async``)
+
+    @property
+    def cache_hits(self) -> int:
+        return self.lineages.cache_hits
+
+    @property
+    def cache_misses(self) -> int:
+        return self.lineages.cache_misses
 
     # -- entry point -------------------------------------------------------------------
     def handle(self, record: RawRecord) -> Handled:
@@ -186,8 +185,8 @@ class PromotionProcessor:
                     # the record is parked, bytes kept.
                     raise DecodeFailed(DeadLetterReason.INVALID_EVENT, problem)
                 if isinstance(event, ToolEffect):
-                    return Handled(self._record_effect(event), "effect")
-                self._record_cancel(event)
+                    return Handled(self.request_facts.record_effect(event), "effect")
+                self.request_facts.record_cancel(event)
                 return Handled((), "cancel")
             problem = identity_problem(event, record.key)
             if problem is not None:
@@ -258,7 +257,7 @@ class PromotionProcessor:
         key = partition_key(turn)
         if self.tails.facts_mark(turn.tenant_id, key, turn.idempotency_key) is not None:
             return None
-        lineage = self._cached_lineage(turn)
+        lineage = self.lineages.cached(turn)
         if lineage is None:
             return None
         claim = ResponseClaim(turn.tenant_id, turn.response_id, key, turn.idempotency_key,
@@ -302,108 +301,10 @@ class PromotionProcessor:
             await self.ledger.record_owners_async(
                 tenant_id=turn.tenant_id, response_id=None, conversation_id=conversation)
         verdict = Accepted(promoted.checkpoint)
-        self._learn_lineage(lineage, validation.pairing, promoted.checkpoint)
+        self.lineages.learn(lineage, validation.pairing, promoted.checkpoint)
         if conversation is not None:
             self.tails.learn_owner(conversation, turn.tenant_id)
         return self._publishable(turn, key, verdict, _NO_FACTS)
-
-    # -- ToolEffect / TurnCancelled ----------------------------------------------------
-    def _record_effect(self, effect: ToolEffect) -> tuple[Outbound, ...]:
-        """Record the effect, then the request's facts mark; then, if the request
-        already stands promoted without it (an effect of another attempt arriving late,
-        e.g. one that ran past its turn's promotion), publish it orphaned: the
-        promotion's own orphans could not include it. Read at SERIAL after the mark: a
-        promotion batch that landed before the mark is seen here, one sent after it is
-        refused and reads the effect with the request's facts."""
-        recorded = recorded_effect(effect)
-        result = self.ledger.record_effect(recorded)
-        if result is EffectWrite.CONFLICT:
-            log.warning("tool effect %s recorded again with a different output digest: "
-                        "conflicted", effect.effect_id)
-        self._mark_facts(effect.tenant_id, effect.partition_key, effect.idempotency_key)
-        try:
-            promoted = self.store.promoted_key(effect.tenant_id, effect.partition_key,
-                                               effect.idempotency_key, effect.response_id)
-        except CorruptPartition as exc:
-            # Recorded; whether it is orphaned cannot be read (it may be used): nothing
-            # published, the partition needs an operator.
-            log.error("tool effect %s recorded; whether request %s stands promoted cannot "
-                      "be read: %s", effect.effect_id, effect.idempotency_key, exc)
-            return ()
-        if promoted is None:
-            orphan = self._cancelled_request_orphan(effect, recorded)
-        elif (promoted.accepted_effect_ids is None
-              or effect.effect_id in promoted.accepted_effect_ids):
-            return ()  # used by the promoted turn, or unknown (promoted before 012)
-        else:
-            orphan = promotion.Orphan(recorded, OrphanReason.ATTEMPT_SUPERSEDED, detail=(
-                f"recorded after request {effect.idempotency_key} was promoted as "
-                f"{promoted.response_id}, which does not use it"))
-        if orphan is None:
-            return ()
-        return (Outbound(self.topics.orphaned_effects, effect.partition_key.encode(),
-                         late_orphan_event(effect, orphan)),)
-
-    def _cancelled_request_orphan(self, effect: ToolEffect,
-                                  recorded: RecordedEffect) -> promotion.Orphan | None:
-        """The orphan of an effect of a request that is not promoted but cancelled, or
-        None. In one partition a cancelled request never promotes (every attempt
-        decided after the cancellation is ``CANCELLED``; a batch decided before it is
-        refused by its facts mark), so an effect recorded late (a tool that ran past the
-        cancellation, after its turn's rejection) would never be orphaned otherwise.
-        Its turn, if still to come, orphans it again (compensations are deduped by
-        effect id)."""
-        cancellation = self.ledger.cancellation(effect.tenant_id, effect.idempotency_key)
-        if cancellation is None:
-            return None
-        if effect.partition_key == effect.response_id and not self._no_other_attempt(effect):
-            return None
-        return promotion.Orphan(recorded, OrphanReason.TURN_CANCELLED, detail=(
-            f"recorded after request {effect.idempotency_key} was cancelled"),
-            rejection_reason=RejectionReason.CANCELLED)
-
-    def _record_cancel(self, cancel: TurnCancelled) -> None:
-        self.ledger.record_cancellation(Cancellation(
-            cancel.tenant_id, cancel.idempotency_key, cancel.response_id, cancel.cancelled_at))
-        self._mark_facts(cancel.tenant_id, cancel.partition_key, cancel.idempotency_key)
-
-    def _no_other_attempt(self, effect: ToolEffect) -> bool:
-        """For an effect of a chain's first response: no other attempt of its request
-        (another first response, another partition, whose batch asserts none of this
-        partition's facts) can be promoted, now or later. Decided by the request's
-        claim, taken for this response if free: held by it, no other attempt ever
-        promotes (every other is ``CONFLICT``); held by another first response: see
-        below. False: the holder stands promoted (its outcome decided the effect's
-        fate: used, or orphaned by it)."""
-        holder = self.store.hold_request(effect.tenant_id, effect.idempotency_key,
-                                         effect.response_id)
-        if holder.response_id != effect.response_id:
-            # Held by another first response, which may promote (a retry goes on after a
-            # rejection; a batch may be in flight, asserting its own partition's facts
-            # mark only). Mark the request's facts there too: a batch in flight is
-            # refused and decided again with the cancellation (CANCELLED, orphaning the
-            # effect itself), every later one reads it; so only a promotion that landed
-            # before the mark can stand, and the read after it sees that one.
-            self._mark_facts(effect.tenant_id, holder.partition_key, effect.idempotency_key)
-            return self.store.promoted_key(effect.tenant_id, holder.partition_key,
-                                           effect.idempotency_key, holder.response_id) is None
-        # Held by this response: its own turn, in this partition, is decided already
-        # (not promoted: rejected) or comes later and is CANCELLED. Its status says so
-        # now, so that another attempt finding the request held by it is CONFLICT
-        # instead of waiting for a turn that may never be sent.
-        if self.ledger.status(effect.tenant_id, effect.response_id).status is not (
-                ResponseState.REJECTED):
-            self.ledger.mark_rejected(
-                effect.tenant_id, effect.response_id, RejectionReason.CANCELLED.value,
-                f"request {effect.idempotency_key} was cancelled")
-        return True
-
-    def _mark_facts(self, tenant_id: str, key: str, idempotency_key: str) -> None:
-        """After a fact of the request is durable (also when it was already there: a
-        redelivery after a crash between the fact and its mark): a promotion of the
-        request decided without it is refused (``FactsChanged``)."""
-        mark = self.store.mark_request_facts(tenant_id, key, idempotency_key)
-        self.tails.learn_facts_mark(tenant_id, key, idempotency_key, mark)
 
     # -- TurnCompleted -------------------------------------------------------------------
     def _on_turn(self, turn: TurnCompleted) -> Handled:
@@ -439,7 +340,7 @@ class PromotionProcessor:
         # attempts are other partitions, whose facts marks its batch cannot assert (a
         # cancellation keyed to another attempt is still in the ledger, by request).
         if promotion.used_effect_ids(turn) or known_mark is not None or _first_of_chain(turn):
-            facts, mark = self._read_facts(turn, key, owner, known_mark or _UNKNOWN)
+            facts, mark = self.request_facts.read(turn, key, owner, known_mark or _UNKNOWN)
             read = True
         else:
             # A cached owner (immutable once claimed) saves the owner read.
@@ -460,14 +361,14 @@ class PromotionProcessor:
                 turn, facts, mark, fresh=fresh, recheck=read, claiming=claiming,
                 owner_cached=owner is not None and not fresh)
             if isinstance(decided, FactsChanged):
-                facts, mark = self._read_facts(turn, key, None if fresh else owner, decided.mark)
+                facts, mark = self.request_facts.read(turn, key, None if fresh else owner, decided.mark)
                 read = True
                 continue
             if isinstance(decided, Reject) and not read:
                 # A rejection decided without the facts (or from cached lineage/owner):
                 # decided again from fresh reads of everything before it is recorded.
                 self.cache_rechecks += 1
-                facts, mark = self._read_facts(turn, key, None)
+                facts, mark = self.request_facts.read(turn, key, None)
                 read = fresh = True
                 continue
             verdict = self._make_durable(turn, key, decided, facts)
@@ -484,7 +385,7 @@ class PromotionProcessor:
             # recorded rejection, which the fast path did not read (an outcome never
             # flips). Read after the promotion was seen: that rejection, decided before
             # the later attempt was processed, is durable by now.
-            facts, read = self._effects_of(turn), True
+            facts, read = self.request_facts.effects_of(turn), True
             if facts.decision is not None and facts.decision.reason is not None:
                 verdict = self._settle_rejection(turn, key, _replayed_rejection(facts.decision))
         if isinstance(verdict, Accepted) and (
@@ -499,71 +400,13 @@ class PromotionProcessor:
             # whose facts mark this batch does not assert; its worker orphans it only
             # if its read (after the effect) sees this promotion. If it did not, the
             # effect was recorded before this batch, and this read sees it.
-            facts = self._effects_of(turn)
+            facts = self.request_facts.effects_of(turn)
         return self._publishable(turn, key, verdict, facts)
 
-    def _effects_of(self, turn: TurnCompleted) -> TurnFacts:
-        """The request's facts as far as its orphans need them (effects and claims)."""
-        return self.ledger.turn_facts(
-            event_id=turn.event_id, tenant_id=turn.tenant_id,
-            idempotency_key=turn.idempotency_key, conversation_id=None)
 
-    def _read_facts(self, turn: TurnCompleted, key: str, owner: str | None,
-                    mark: str | None | object = _UNKNOWN) -> tuple[TurnFacts, str | None]:
-        """The request's facts and the facts mark they go with. An unknown mark is read
-        first: a fact recorded after that read changes the mark, so the batch that
-        asserts it is refused instead of missing the fact."""
-        if mark is _UNKNOWN:
-            mark = self.store.request_facts_mark(turn.tenant_id, key, turn.idempotency_key)
-        assert mark is None or isinstance(mark, str)
-        conversation = turn.conversation_id
-        facts = self.ledger.turn_facts(
-            event_id=turn.event_id, tenant_id=turn.tenant_id,
-            idempotency_key=turn.idempotency_key,
-            conversation_id=conversation if owner is None else None)
-        if owner is not None:
-            facts = replace(facts, conversation_owner=owner)
-        if (facts.cancellation is not None
-                and self._cancelled_after_promotion(turn, facts.cancellation)):
-            facts = replace(facts, cancellation=None)
-        return facts, mark
 
-    def _cancelled_after_promotion(self, turn: TurnCompleted, cancel: Cancellation) -> bool:
-        """A cancellation of a request that stands promoted came after its promotion,
-        since one that came before would have prevented it (CONTRACT 4): it changes
-        nothing, whichever attempt's response id it names, so later retries of the
-        request still get DUPLICATE / IDEMPOTENCY_KEY_REUSED naming the promoted
-        response. Asked only when a cancellation exists (rare)."""
-        promoted = self.store.get_checkpoint(cancel.tenant_id, cancel.response_id)
-        if promoted is not None and promoted.idempotency_key == cancel.idempotency_key:
-            return True
-        return self._promoted_request(turn) is not None
 
-    def _promoted_request(self, turn: TurnCompleted) -> CheckpointRecord | None:
-        """The checkpoint the turn's request stands promoted with (by any attempt, under
-        any response id: ``CheckpointStore.promoted_key``), or None. From the request's
-        key alone, so that a turn the store could never take (a damaged item, a
-        timestamp out of range) still learns it: its rejection must not orphan what the
-        promotion used. None for a continued chain turn without a root (no partition
-        to look in: its effects are keyed to one it does not name)."""
-        try:
-            key = partition_key(turn)
-        except MissingChainRoot:
-            return None
-        return self.store.promoted_key(turn.tenant_id, key, turn.idempotency_key,
-                                       turn.response_id)
 
-    def _orphans_known(self, turn: TurnCompleted) -> tuple[bool, CheckpointRecord | None]:
-        """``_promoted_request`` for a rejection's orphans: (known, promoted). Not known
-        when the rows that say it are damaged (``CorruptPartition``): then any effect
-        could be one the promotion used, and none is orphaned (logged: the partition
-        needs an operator; the rejection itself is still published)."""
-        try:
-            return True, self._promoted_request(turn)
-        except CorruptPartition as exc:
-            log.error("orphans of %s not published: whether request %s stands promoted "
-                      "cannot be read: %s", turn.response_id, turn.idempotency_key, exc)
-            return False, None
 
     def _on_bad_identity(self, turn: TurnCompleted, problem: str) -> Handled:
         """A turn whose ids or key are wrong (``identity_problem``): an id outside the
@@ -604,7 +447,7 @@ class PromotionProcessor:
                                  reject: Reject) -> Handled:
         """A rejection decided from the event alone: recorded like any other (so the
         status endpoint and a redelivery agree), or the recorded one replayed."""
-        facts = self._effects_of(turn)
+        facts = self.request_facts.effects_of(turn)
         verdict: Verdict | None
         if facts.decision is not None and facts.decision.reason is not None:
             # Never flip an outcome, also when a later retry was promoted since:
@@ -626,9 +469,9 @@ class PromotionProcessor:
         allow; not yet durable for a rejection (the caller records it). ``fresh``: no
         cached lineage; ``recheck=False``: return a rejection decided from cached facts
         as it is (the caller decides it again from fresh reads anyway)."""
-        lineage = None if fresh else self._cached_lineage(turn)
+        lineage = None if fresh else self.lineages.cached(turn)
         from_cache = (lineage is not None and lineage.cached) or owner_cached
-        verdict = self._decide(turn, facts, mark, lineage or self._read_lineage(turn), claiming,
+        verdict = self._decide(turn, facts, mark, lineage or self.lineages.read(turn), claiming,
                                facts_read=recheck)
         rounds = 0
         while verdict is None or (recheck and from_cache and isinstance(verdict, Reject)):
@@ -648,7 +491,7 @@ class PromotionProcessor:
                     facts = replace(facts, conversation_owner=self.ledger.conversation_owner(
                         turn.conversation_id))
                 from_cache = False
-            verdict = self._decide(turn, facts, mark, self._read_lineage(turn), claiming,
+            verdict = self._decide(turn, facts, mark, self.lineages.read(turn), claiming,
                                    facts_read=recheck)
         return verdict
 
@@ -681,7 +524,7 @@ class PromotionProcessor:
             return (self._already_promoted(turn) if facts_read else None) or decided
         verdict = self._promote(turn, decided, lineage, mark, claiming)
         if isinstance(verdict, Accepted) and not verdict.replayed:
-            self._learn_lineage(lineage, validation.pairing, verdict.checkpoint)
+            self.lineages.learn(lineage, validation.pairing, verdict.checkpoint)
         return verdict
 
     def _out_of_lineage(self, turn: TurnCompleted, lineage: Lineage) -> Reject | None:
@@ -727,7 +570,7 @@ class PromotionProcessor:
         # answered as the store would (DUPLICATE / IDEMPOTENCY_KEY_REUSED): its answer
         # does not depend on the lineage. Under the same id, "already promoted" follows.
         try:
-            original = self._promoted_request(turn)
+            original = self.request_facts.promoted_request(turn)
         except CorruptPartition as exc:  # the same damage: CORRUPT below
             log.error("%s: whether request %s stands promoted cannot be read: %s",
                       turn.response_id, turn.idempotency_key, exc)
@@ -739,7 +582,7 @@ class PromotionProcessor:
             if isinstance(verdict, Reject):
                 return verdict
         expected = turn.expected_head_seq
-        seq = self._readable_head_seq(turn)
+        seq = self.lineages.readable_head_seq(turn)
         if expected is not None and seq is not None and expected != seq:
             verdict = promotion.interpret(
                 turn, Conflict(seq) if expected < seq else AheadOfHead(seq))
@@ -751,23 +594,7 @@ class PromotionProcessor:
         return Reject(reason, f"the history this turn extends cannot be read "
                       f"({failure.reason.value}): it cannot be continued")
 
-    def _readable_head_seq(self, turn: TurnCompleted) -> int | None:
-        """A Conversation turn's current head seq (0: none), or None: a chain turn, or a
-        head whose rows are damaged too (no ordering to check: CORRUPT decides)."""
-        if turn.conversation_id is None:
-            return None
-        try:
-            head = self.store.head(turn.tenant_id, turn.conversation_id)
-        except CorruptPartition:
-            return None
-        return 0 if head is None else head.seq
 
-    def _learn_lineage(self, lineage: Lineage, pairing: PairingState | None,
-                       promoted: CheckpointRecord) -> None:
-        """The write extended exactly ``lineage.tail`` (``extends``): the pairing state
-        after the turn is a fact about the new response's lineage."""
-        if not lineage.unread and pairing is not None:
-            self.tails.learn(Tail(slim(promoted), pairing))
 
     def _already_promoted(self, turn: TurnCompleted) -> Accepted | None:
         """A redelivered turn that was promoted before must be re-published as promoted,
@@ -784,61 +611,6 @@ class PromotionProcessor:
         except MissingChainRoot:
             pass  # no partition of its own to compare (a continued chain without root)
         return Accepted(existing, replayed=True)
-
-    # -- the lineage a turn extends (pairing) --------------------------------------------
-    def _cached_lineage(self, turn: TurnCompleted) -> Lineage | None:
-        """The lineage from the tail cache, or from the turn alone when it starts one;
-        None when a read is needed (see ``streams/tail_cache.py`` for why a hit is
-        safe to promote from)."""
-        start = starts_lineage(turn)
-        if start is not None:
-            return start
-        key = partition_key(turn)
-        if turn.conversation_id is not None:
-            assert turn.expected_head_seq is not None
-            tail = self.tails.head_at(turn.tenant_id, key, turn.expected_head_seq)
-        else:
-            assert turn.previous_response_id is not None
-            tail = self.tails.tail(turn.tenant_id, key, turn.previous_response_id)
-        if tail is None or tail.expired(utc(self.clock_ms())):
-            self.cache_misses += 1
-            return None
-        self.cache_hits += 1
-        return Lineage(tail.pairing, tail.checkpoint, cached=True)
-
-    def _read_lineage(self, turn: TurnCompleted) -> Lineage:
-        """The lineage the turn extends, read from the store (for pairing)."""
-        start = starts_lineage(turn)
-        if start is not None:
-            return start
-        found = self._read_lineage_history(turn, now=None)
-        if isinstance(found, HistoryFailure) and found.reason is HistoryFailureReason.EXPIRED:
-            # An expired lineage may still be extended (its descendant renews it,
-            # docs/decisions.md) and its items are still stored: the turn's pairing is
-            # checked against all of them, or the new history could repeat a call id.
-            found = self._read_lineage_history(turn, now=_BEFORE_ANY_EXPIRY)
-        # No readable history. Nothing stored there: the store's ordering checks decide
-        # (CONFLICT, OUT_OF_ORDER, PARENT_NOT_PROMOTED), pairing has nothing to continue.
-        # Stored but unreadable: the turn is rejected (``_on_unreadable_lineage``).
-        if isinstance(found, HistoryFailure):
-            absent = found.reason is HistoryFailureReason.NOT_FOUND
-            return Lineage(EMPTY_PAIRING, None, unread=True, absent=absent,
-                           unreadable=None if absent else found)
-        pairing = pairing_state_of(found.items)
-        if isinstance(pairing, PairingState):
-            # What was read is a fact about that response's lineage, whoever promoted it.
-            self.tails.learn(Tail(slim(found.checkpoint), pairing))
-        return Lineage(pairing, found.checkpoint)
-
-    def _read_lineage_history(self, turn: TurnCompleted,
-                              now: datetime | None) -> VerifiedHistory | HistoryFailure:
-        if turn.conversation_id is not None:
-            return self.store.read_history(turn.tenant_id, conversation_id=turn.conversation_id,
-                                           now=now)
-        # The partition the parent must be in (the store checks it there): also saves the
-        # location lookup.
-        return self.store.read_history(turn.tenant_id, response_id=turn.previous_response_id,
-                                       partition_key=partition_key(turn), now=now)
 
     def _promote(self, turn: TurnCompleted, decided: Promote, lineage: Lineage,
                  mark: str | None, claiming: Callable[[], ResponseClaim] | None = None
@@ -941,7 +713,7 @@ class PromotionProcessor:
            already published, or about to be, a promotion when it is redelivered; the
            rejection was decided first and the retry went on after it (CONTRACT 4);
         3. the status row (a DUPLICATE's names the original response)."""
-        self._mark_facts(turn.tenant_id, key, turn.idempotency_key)
+        self.request_facts.mark(turn.tenant_id, key, turn.idempotency_key)
         promoted = self._already_promoted(turn)
         if promoted is not None and promoted.checkpoint.accepted_attempt == turn.attempt:
             return self._owned(turn, promoted, _UNKNOWN)
@@ -988,7 +760,7 @@ class PromotionProcessor:
         # A rejected attempt of a request that stands promoted must never orphan what
         # the promoted turn used: read the promotion, only when there is something to
         # orphan (rejections with effects or claims are rare).
-        known, promoted = (self._orphans_known(turn)
+        known, promoted = (self.request_facts.orphans_known(turn)
                            if isinstance(verdict, Reject) and (facts.effects or facts.claims)
                            else (True, None))
         # claims hook (issue 17): a claim of an attempt not accepted is orphaned too

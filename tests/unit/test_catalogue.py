@@ -27,7 +27,7 @@ from schemas import items as b
 from schemas.canonical import canonical_json, sha256_hex
 from schemas.models import Item, RejectionReason
 from services.gateway.events import InvalidGatewayItem, TurnIdentity, to_item, tool_effect
-from streams.processor import recorded_effect
+from streams.outcomes import recorded_effect
 
 R = RejectionReason
 

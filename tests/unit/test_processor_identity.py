@@ -51,7 +51,7 @@ class Untouchable:
 
 
 def test_a_turn_with_an_id_no_row_can_hold_is_corrupt_with_nothing_written(h):
-    h.processor.store = h.processor.ledger = Untouchable()
+    h.rewire(store=Untouchable(), ledger=Untouchable())
     for turn in (make_turn(conversation_id=new_id("conv"), idempotency_key="k" * 70_000),
                  make_turn(conversation_id=new_id("conv"), event_id="e" * 201),
                  make_turn(conversation_id=new_id("conv"), tenant_id="")):
@@ -67,7 +67,7 @@ def test_an_effect_or_cancel_with_an_id_no_row_can_hold_is_dead_lettered(h, fiel
     effect = make_tool_effect("call_1", idempotency_key=turn.idempotency_key,
                               conversation_id=turn.conversation_id)
     cancel = make_turn_cancelled(turn)
-    h.processor.store = h.processor.ledger = Untouchable()
+    h.rewire(store=Untouchable(), ledger=Untouchable())
     events = [e for e in (effect, cancel) if field in type(e).model_fields]
     assert len(events) == kinds
     for event in events:
@@ -131,7 +131,7 @@ def test_a_turn_that_lost_the_race_is_conflict_not_a_pairing_failure(h):
     assert h.outcome(_open_call(conv)).seq == 1
     winner, loser = _answer(conv, 1), _answer(conv, 1)  # both from head 1
     assert h.outcome(winner).seq == 2
-    h.processor.tails = TailCache(capacity=0)  # decided from a read of the head
+    h.rewire(tails=TailCache(capacity=0))  # decided from a read of the head
     rejected = h.outcome(loser)
     assert (rejected.reason, rejected.head_seq) == (R.CONFLICT, 2), rejected.detail
 
@@ -189,7 +189,7 @@ def test_an_effect_above_the_size_limit_is_dead_lettered(h):
     effect = make_tool_effect("call_1", '{"text": "%s"}' % ("x" * MAX_EVENT_BYTES),
                               idempotency_key=turn.idempotency_key,
                               conversation_id=turn.conversation_id)
-    h.processor.store = h.processor.ledger = Untouchable()
+    h.rewire(store=Untouchable(), ledger=Untouchable())
     [letter] = h.processor.handle(h.record(effect)).outbound
     assert letter.model.reason is DeadLetterReason.INVALID_EVENT
     assert "protocol maximum" in letter.model.error
@@ -218,11 +218,10 @@ class Broken:
 def test_a_dead_letter_raised_after_decoding_names_the_writer_schema(h, why):
     """A record dead-lettered after it decoded (INVALID_EVENT, or UNKNOWN for a bug)
     names its header's schema id, like one that failed to decode."""
-    h.processor.codec = HeaderedPickleCodec(h.processor.codec)
     cancel = make_turn_cancelled(make_turn(conversation_id=new_id("conv")))
     key = b"someone-else" if why == "invalid event" else cancel.partition_key.encode()
-    if why == "processing failed":
-        h.processor.ledger = Broken()
+    h.rewire(codec=HeaderedPickleCodec(h.processor.codec),
+             ledger=Broken() if why == "processing failed" else None)
     value = b"\x00" + (4242).to_bytes(4, "big") + pickle.dumps(cancel)
     [letter] = h.processor.handle(RawRecord(TOPICS.gateway_events, 0, 1, key, value)).outbound
     assert isinstance(letter.model, DeadLetter)
@@ -287,7 +286,7 @@ def test_a_turn_is_never_promoted_on_top_of_a_history_that_cannot_be_read(h):
     first = make_turn(conversation_id=conv)
     assert isinstance(h.outcome(first), CheckpointPromoted)
     _damage_first_item(h.store, TENANT, conv, first.response_id)
-    h.processor.tails = TailCache(capacity=0)  # a worker that must read the lineage
+    h.rewire(tails=TailCache(capacity=0))  # a worker that must read the lineage
     stale = make_turn(conversation_id=conv, expected_head_seq=0)
     assert h.outcome(stale).reason is R.CONFLICT
     nxt = make_turn(conversation_id=conv, expected_head_seq=1)

@@ -114,6 +114,15 @@ class Harness:
                                             clock_ms=lambda: NOW_MS)
         self.offset = 0
 
+    def rewire(self, *, store=None, ledger=None, tails=None, codec=None) -> None:
+        """A new processor (the same codec and clock unless given) on other
+        collaborators: a store or ledger that fails on use, a cold tail cache."""
+        old = self.processor
+        self.processor = PromotionProcessor(
+            self.store if store is None else store, self.ledger if ledger is None else ledger,
+            old.codec if codec is None else codec, TOPICS,
+            clock_ms=old.clock_ms, tails=tails)
+
     def record(self, event) -> RawRecord:
         self.offset += 1
         return raw_record(event, self.offset)

@@ -1,0 +1,219 @@
+"""What is recorded about a request beside its turn, for the processor.
+
+A request's facts are its tool effects, its cancellation, its earlier decisions and
+the response it stands promoted with, kept in the ledger and the history's partition
+(``services/ledger``, ``services/store``). The facts mark (a row of the history's
+partition, rewritten after each fact is durable) is what a promotion batch asserts
+instead of reading them: a batch decided without a fact is refused (``FactsChanged``).
+
+``RequestFacts`` records ``ToolEffect`` and ``TurnCancelled`` events (with the mark),
+reads a turn's facts when its decision needs them, and says which promotion a
+request stands with, for orphans (``EffectOrphaned``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from ratchet.domain import promotion
+from ratchet.domain.history import CheckpointRecord
+from ratchet.domain.promotion import RecordedEffect
+from schemas.keys import MissingChainRoot, partition_key
+from schemas.models import (
+    OrphanReason,
+    RejectionReason,
+    ToolEffect,
+    TurnCancelled,
+    TurnCompleted,
+)
+from services.ledger.base import (
+    Cancellation,
+    EffectWrite,
+    Ledger,
+    ResponseState,
+    TurnFacts,
+)
+from services.store.base import CheckpointStore, CorruptPartition
+from streams.outcomes import late_orphan_event, recorded_effect
+from streams.records import Outbound
+from streams.tail_cache import TailCache
+from streams.topics import Topics
+
+log = logging.getLogger(__name__)
+
+# The facts mark is not known yet: read it before the facts.
+UNKNOWN = object()
+
+
+class RequestFacts:
+    """A request's facts: recorded (with the facts mark after each), read, and the
+    promotion the request stands with. Thread-safe (no state of its own but the
+    tail cache's facts marks)."""
+
+    def __init__(self, store: CheckpointStore, ledger: Ledger, tails: TailCache,
+                 topics: Topics) -> None:
+        self.store = store
+        self.ledger = ledger
+        self.tails = tails
+        self.topics = topics
+
+    def record_effect(self, effect: ToolEffect) -> tuple[Outbound, ...]:
+        """Record the effect, then the request's facts mark; then, if the request
+        already stands promoted without it (an effect of another attempt arriving late,
+        e.g. one that ran past its turn's promotion), publish it orphaned: the
+        promotion's own orphans could not include it. Read at SERIAL after the mark: a
+        promotion batch that landed before the mark is seen here, one sent after it is
+        refused and reads the effect with the request's facts."""
+        recorded = recorded_effect(effect)
+        result = self.ledger.record_effect(recorded)
+        if result is EffectWrite.CONFLICT:
+            log.warning("tool effect %s recorded again with a different output digest: "
+                        "conflicted", effect.effect_id)
+        self.mark(effect.tenant_id, effect.partition_key, effect.idempotency_key)
+        try:
+            promoted = self.store.promoted_key(effect.tenant_id, effect.partition_key,
+                                               effect.idempotency_key, effect.response_id)
+        except CorruptPartition as exc:
+            # Recorded; whether it is orphaned cannot be read (it may be used): nothing
+            # published, the partition needs an operator.
+            log.error("tool effect %s recorded; whether request %s stands promoted cannot "
+                      "be read: %s", effect.effect_id, effect.idempotency_key, exc)
+            return ()
+        if promoted is None:
+            orphan = self._cancelled_request_orphan(effect, recorded)
+        elif (promoted.accepted_effect_ids is None
+              or effect.effect_id in promoted.accepted_effect_ids):
+            return ()  # used by the promoted turn, or unknown (promoted before 012)
+        else:
+            orphan = promotion.Orphan(recorded, OrphanReason.ATTEMPT_SUPERSEDED, detail=(
+                f"recorded after request {effect.idempotency_key} was promoted as "
+                f"{promoted.response_id}, which does not use it"))
+        if orphan is None:
+            return ()
+        return (Outbound(self.topics.orphaned_effects, effect.partition_key.encode(),
+                         late_orphan_event(effect, orphan)),)
+
+    def _cancelled_request_orphan(self, effect: ToolEffect,
+                                  recorded: RecordedEffect) -> promotion.Orphan | None:
+        """The orphan of an effect of a request that is not promoted but cancelled, or
+        None. In one partition a cancelled request never promotes (every attempt
+        decided after the cancellation is ``CANCELLED``; a batch decided before it is
+        refused by its facts mark), so an effect recorded late (a tool that ran past the
+        cancellation, after its turn's rejection) would never be orphaned otherwise.
+        Its turn, if still to come, orphans it again (compensations are deduped by
+        effect id)."""
+        cancellation = self.ledger.cancellation(effect.tenant_id, effect.idempotency_key)
+        if cancellation is None:
+            return None
+        if effect.partition_key == effect.response_id and not self._no_other_attempt(effect):
+            return None
+        return promotion.Orphan(recorded, OrphanReason.TURN_CANCELLED, detail=(
+            f"recorded after request {effect.idempotency_key} was cancelled"),
+            rejection_reason=RejectionReason.CANCELLED)
+
+    def record_cancel(self, cancel: TurnCancelled) -> None:
+        self.ledger.record_cancellation(Cancellation(
+            cancel.tenant_id, cancel.idempotency_key, cancel.response_id, cancel.cancelled_at))
+        self.mark(cancel.tenant_id, cancel.partition_key, cancel.idempotency_key)
+
+    def _no_other_attempt(self, effect: ToolEffect) -> bool:
+        """For an effect of a chain's first response: no other attempt of its request
+        (another first response, another partition, whose batch asserts none of this
+        partition's facts) can be promoted, now or later. Decided by the request's
+        claim, taken for this response if free: held by it, no other attempt ever
+        promotes (every other is ``CONFLICT``); held by another first response: see
+        below. False: the holder stands promoted (its outcome decided the effect's
+        fate: used, or orphaned by it)."""
+        holder = self.store.hold_request(effect.tenant_id, effect.idempotency_key,
+                                         effect.response_id)
+        if holder.response_id != effect.response_id:
+            # Held by another first response, which may promote (a retry goes on after a
+            # rejection; a batch may be in flight, asserting its own partition's facts
+            # mark only). Mark the request's facts there too: a batch in flight is
+            # refused and decided again with the cancellation (CANCELLED, orphaning the
+            # effect itself), every later one reads it; so only a promotion that landed
+            # before the mark can stand, and the read after it sees that one.
+            self.mark(effect.tenant_id, holder.partition_key, effect.idempotency_key)
+            return self.store.promoted_key(effect.tenant_id, holder.partition_key,
+                                           effect.idempotency_key, holder.response_id) is None
+        # Held by this response: its own turn, in this partition, is decided already
+        # (not promoted: rejected) or comes later and is CANCELLED. Its status says so
+        # now, so that another attempt finding the request held by it is CONFLICT
+        # instead of waiting for a turn that may never be sent.
+        if self.ledger.status(effect.tenant_id, effect.response_id).status is not (
+                ResponseState.REJECTED):
+            self.ledger.mark_rejected(
+                effect.tenant_id, effect.response_id, RejectionReason.CANCELLED.value,
+                f"request {effect.idempotency_key} was cancelled")
+        return True
+
+    def mark(self, tenant_id: str, key: str, idempotency_key: str) -> None:
+        """After a fact of the request is durable (also when it was already there: a
+        redelivery after a crash between the fact and its mark): a promotion of the
+        request decided without it is refused (``FactsChanged``)."""
+        mark = self.store.mark_request_facts(tenant_id, key, idempotency_key)
+        self.tails.learn_facts_mark(tenant_id, key, idempotency_key, mark)
+
+    def effects_of(self, turn: TurnCompleted) -> TurnFacts:
+        """The request's facts as far as its orphans need them (effects and claims)."""
+        return self.ledger.turn_facts(
+            event_id=turn.event_id, tenant_id=turn.tenant_id,
+            idempotency_key=turn.idempotency_key, conversation_id=None)
+
+    def read(self, turn: TurnCompleted, key: str, owner: str | None,
+                    mark: str | None | object = UNKNOWN) -> tuple[TurnFacts, str | None]:
+        """The request's facts and the facts mark they go with. An unknown mark is read
+        first: a fact recorded after that read changes the mark, so the batch that
+        asserts it is refused instead of missing the fact."""
+        if mark is UNKNOWN:
+            mark = self.store.request_facts_mark(turn.tenant_id, key, turn.idempotency_key)
+        assert mark is None or isinstance(mark, str)
+        conversation = turn.conversation_id
+        facts = self.ledger.turn_facts(
+            event_id=turn.event_id, tenant_id=turn.tenant_id,
+            idempotency_key=turn.idempotency_key,
+            conversation_id=conversation if owner is None else None)
+        if owner is not None:
+            facts = replace(facts, conversation_owner=owner)
+        if (facts.cancellation is not None
+                and self._cancelled_after_promotion(turn, facts.cancellation)):
+            facts = replace(facts, cancellation=None)
+        return facts, mark
+
+    def _cancelled_after_promotion(self, turn: TurnCompleted, cancel: Cancellation) -> bool:
+        """A cancellation of a request that stands promoted came after its promotion,
+        since one that came before would have prevented it (CONTRACT 4): it changes
+        nothing, whichever attempt's response id it names, so later retries of the
+        request still get DUPLICATE / IDEMPOTENCY_KEY_REUSED naming the promoted
+        response. Asked only when a cancellation exists (rare)."""
+        promoted = self.store.get_checkpoint(cancel.tenant_id, cancel.response_id)
+        if promoted is not None and promoted.idempotency_key == cancel.idempotency_key:
+            return True
+        return self.promoted_request(turn) is not None
+
+    def promoted_request(self, turn: TurnCompleted) -> CheckpointRecord | None:
+        """The checkpoint the turn's request stands promoted with (by any attempt, under
+        any response id: ``CheckpointStore.promoted_key``), or None. From the request's
+        key alone, so that a turn the store could never take (a damaged item, a
+        timestamp out of range) still learns it: its rejection must not orphan what the
+        promotion used. None for a continued chain turn without a root (no partition
+        to look in: its effects are keyed to one it does not name)."""
+        try:
+            key = partition_key(turn)
+        except MissingChainRoot:
+            return None
+        return self.store.promoted_key(turn.tenant_id, key, turn.idempotency_key,
+                                       turn.response_id)
+
+    def orphans_known(self, turn: TurnCompleted) -> tuple[bool, CheckpointRecord | None]:
+        """``promoted_request`` for a rejection's orphans: (known, promoted). Not known
+        when the rows that say it are damaged (``CorruptPartition``): then any effect
+        could be one the promotion used, and none is orphaned (logged: the partition
+        needs an operator; the rejection itself is still published)."""
+        try:
+            return True, self.promoted_request(turn)
+        except CorruptPartition as exc:
+            log.error("orphans of %s not published: whether request %s stands promoted "
+                      "cannot be read: %s", turn.response_id, turn.idempotency_key, exc)
+            return False, None
