@@ -165,19 +165,35 @@ class StoredTokenArtifact:
 
     @classmethod
     def from_json(cls, text: str) -> StoredTokenArtifact:
+        """Raises ``ValueError`` / ``TypeError`` / ``KeyError`` for a cell that is not
+        the object ``to_json`` writes (the row reads as damaged)."""
         data = parse_json(text)  # pydantic's parser: ~3x ``json.loads`` (one per turn read)
+        if not isinstance(data, dict):
+            raise ValueError(f"token artifact is a JSON {type(data).__name__}, not an object")
         expires = data.get("expires_at")
         return frozen_record(
             cls,
             {
-                "artifact_id": data["artifact_id"],
-                "token_hash": data["token_hash"],
-                "token_count": int(data["token_count"]),
-                "safe_append_boundary": int(data["safe_append_boundary"]),
-                "fingerprint_hash": data["fingerprint_hash"],
+                "artifact_id": _text(data["artifact_id"]),
+                "token_hash": _text(data["token_hash"]),
+                "token_count": _count(data["token_count"]),
+                "safe_append_boundary": _count(data["safe_append_boundary"]),
+                "fingerprint_hash": _text(data["fingerprint_hash"]),
                 "expires_at": None if expires is None else utc_ms(datetime.fromisoformat(expires)),
             },
         )
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _count(value: Any) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
 
 
 @functools.lru_cache(maxsize=64)
@@ -447,22 +463,30 @@ def verify_extension(
     expires = last.logical_expires_at
     if expires is not None and utc_ms(now) >= expires:
         return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}")
-    previous = tip
-    loaded: list[TurnItems] = []
-    for turn in turns:
+    # The lineage's structure, newest turn first, as the full read walks the parent
+    # links (``_lineage``): partition and mode, the parent link, the seq step.
+    chain = (tip, *turns)
+    for index in range(len(turns), 0, -1):
+        turn, previous = chain[index], chain[index - 1]
         rid = turn.response_id
-        if rid in snapshot.damaged:
-            return _corrupt(f"rows of {rid} cannot be decoded")
         if (turn.tenant_id, turn.partition_key, turn.mode) != (
             tip.tenant_id,
             tip.partition_key,
             tip.mode,
         ):
             return _corrupt(f"{rid} does not belong to this partition")
+        if turn.parent_response_id in snapshot.damaged:
+            return _corrupt(f"rows of {turn.parent_response_id} cannot be decoded")
         if turn.parent_response_id != previous.response_id:
-            return _missing(f"{rid} does not follow {previous.response_id}")
+            return _missing(f"parent {turn.parent_response_id} of {rid}")
         if turn.seq != previous.seq + 1:
             return _corrupt(f"{rid} seq {turn.seq} after {previous.seq}")
+    # Then each turn's items, oldest first (``_lineage_items``), all of them together
+    # (``_check_items``), and the lineage digests last (``_check_links``).
+    previous = tip
+    loaded: list[TurnItems] = []
+    for turn in turns:
+        rid = turn.response_id
         if turn.first_item_seq != previous.last_item_seq + 1 or turn.item_count < 0:
             return _corrupt(
                 f"{rid} items {turn.first_item_seq}..{turn.last_item_seq}, expected to "
@@ -480,8 +504,7 @@ def verify_extension(
     previous = tip
     for turn in turns:
         if turn.lineage_digest != lineage_digest(previous.lineage_digest, turn.items_digest):
-            return _corrupt(f"{turn.response_id} lineage digest does not extend "
-                            f"{previous.response_id}")
+            return _corrupt(f"{turn.response_id} lineage digest does not match its parent's")
         previous = turn
     return tuple(loaded)
 
@@ -498,6 +521,10 @@ def verify_conversation_history(
         if result.reason is HistoryFailureReason.NOT_FOUND:
             return _corrupt(f"head names {head.response_id} which has no checkpoint")
         return result
+    if result.checkpoint.mode is not PromotionMode.CONVERSATION:
+        # A chain turn of the same partition (a chain whose first response id is the
+        # Conversation's id): no Conversation checkpoint backs the head.
+        return _corrupt(f"head seq {head.seq} ({head.response_id}) is backed by no checkpoint")
     if result.checkpoint.seq != head.seq:
         return _corrupt(f"head seq {head.seq} but its checkpoint has seq {result.checkpoint.seq}")
     return result

@@ -50,6 +50,9 @@ def history_outcome_body(
             "conversation_head_seq": conversation_head_seq(outcome.checkpoint, outcome.head_seq)}
     try:
         items = [item_body(item) for item in outcome.items]
+        # Rendered for a fallback too: a damaged row answers alike whatever the caller's
+        # fingerprint (as the cached path, which renders it once per history).
+        checkpoint = checkpoint_body(outcome.checkpoint)
     except _Undecodable as exc:
         # Never return a partly decoded history: the whole answer is an integrity failure.
         return failure_body("CORRUPT_HISTORY", response_id=response_id, detail=str(exc)), 500
@@ -59,7 +62,7 @@ def history_outcome_body(
             **seqs,
             response_id=response_id,
             items=items,
-            checkpoint=checkpoint_body(outcome.checkpoint),
+            checkpoint=checkpoint,
         )
         return body, 200
     assert isinstance(outcome, Fallback)
@@ -114,6 +117,7 @@ def render_extension(
     response_id = checkpoint.response_id
     try:
         appended = items_json(turns)
+        checkpoint_json = _CHECKPOINT.dump_json(checkpoint_body(checkpoint))
     except _Undecodable as exc:
         return failure_body("CORRUPT_HISTORY", response_id=response_id, detail=str(exc))
     if appended == b"[]":
@@ -125,7 +129,7 @@ def render_extension(
     return RenderedHistory(
         response_id=response_id,
         items_json=joined,
-        checkpoint_json=_CHECKPOINT.dump_json(checkpoint_body(checkpoint)),
+        checkpoint_json=checkpoint_json,
     )
 
 
@@ -238,15 +242,22 @@ def item_body(item: Item) -> HistoryItem:
 
 
 def checkpoint_body(checkpoint: CheckpointRecord) -> CheckpointBody:
+    """The checkpoint as the answer carries it. Raises ``_Undecodable`` when a stored
+    cell does not render (a receipt or proof that is not a JSON object, a value the
+    response model refuses): a damaged row, never an untyped error."""
     artifact = checkpoint.token_artifact
-    return CheckpointBody(
-        seq=checkpoint.seq,
-        fingerprint_hash=checkpoint.fingerprint_hash or "",
-        expires_at=_iso(artifact.expires_at) if artifact is not None else None,
-        token_artifact=_artifact(artifact),
-        router_receipt=_json_object(checkpoint.router_receipt),
-        boundary_proof=_json_object(checkpoint.boundary_proof),
-    )
+    try:
+        return CheckpointBody(
+            seq=checkpoint.seq,
+            fingerprint_hash=checkpoint.fingerprint_hash or "",
+            expires_at=_iso(artifact.expires_at) if artifact is not None else None,
+            token_artifact=_artifact(artifact),
+            router_receipt=_json_object(checkpoint.router_receipt),
+            boundary_proof=_json_object(checkpoint.boundary_proof),
+        )
+    except ValueError as exc:  # json's decode error, pydantic's ValidationError
+        raise _Undecodable(f"checkpoint of {checkpoint.response_id} cannot be rendered "
+                           f"({type(exc).__name__})") from exc
 
 
 def _artifact(artifact: StoredTokenArtifact | None) -> dict | None:
@@ -254,7 +265,12 @@ def _artifact(artifact: StoredTokenArtifact | None) -> dict | None:
 
 
 def _json_object(text: str | None) -> dict | None:
-    return None if text is None else json.loads(text)
+    if text is None:
+        return None
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
 
 
 def _iso(moment: datetime | None) -> str | None:

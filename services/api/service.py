@@ -578,6 +578,11 @@ class RehydrationService:
         if prefix is None:
             return None
         target = turns[0]
+        if head is not None and target.mode is not PromotionMode.CONVERSATION:
+            # A head names a Conversation's turn; a chain turn of the same partition (a
+            # chain whose first response id is the Conversation's id) backs none: the
+            # full read answers CORRUPT_HISTORY.
+            return None
         known = head if head is not None else row_head
         if target.mode is PromotionMode.CONVERSATION:
             # The checks of a full read that involve the head (history.verify_history).
