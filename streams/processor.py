@@ -377,17 +377,9 @@ class PromotionProcessor:
             raise StoreUnavailable(
                 f"facts of request {turn.idempotency_key} changed {MAX_FACTS_ROUNDS} times "
                 "while deciding", retryable=True, operation="promote")
-        if (isinstance(verdict, Accepted) and verdict.replayed
-                and verdict.checkpoint.accepted_attempt != turn.attempt):
-            # Answered with another attempt's promotion (the store's idempotency record,
-            # or the "already promoted" check): a retry of a promoted request gets it,
-            # but a redelivery of an attempt rejected before that promotion gets its
-            # recorded rejection, which the fast path did not read (an outcome never
-            # flips). Read after the promotion was seen: that rejection, decided before
-            # the later attempt was processed, is durable by now.
-            facts, read = self.request_facts.effects_of(turn), True
-            if facts.decision is not None and facts.decision.reason is not None:
-                verdict = self._settle_rejection(turn, key, _replayed_rejection(facts.decision))
+        if isinstance(verdict, Accepted) and self._of_another_attempt(turn, verdict):
+            verdict, facts = self._rejected_first(turn, key, verdict)
+            read = True
         if isinstance(verdict, Accepted) and (
                 (verdict.replayed and not read)
                 or (not verdict.replayed and _first_of_chain(turn))):
@@ -455,11 +447,33 @@ class PromotionProcessor:
             verdict = self._settle_rejection(turn, key, _replayed_rejection(facts.decision))
         elif (verdict := self._already_promoted(turn)) is not None:
             # A retry of a request that stands promoted under this response id gets the
-            # promotion, whatever this event looks like (CONTRACT 4: the original outcome).
-            verdict = self._owned(turn, verdict, _UNKNOWN)
+            # promotion, whatever this event looks like (CONTRACT 4: the original outcome),
+            # unless this very event was rejected first (by another worker meanwhile).
+            if self._of_another_attempt(turn, verdict):
+                verdict, facts = self._rejected_first(turn, key, verdict)
+            if isinstance(verdict, Accepted):
+                verdict = self._owned(turn, verdict, _UNKNOWN)
         else:
             verdict = self._make_durable(turn, key, reject, facts)
         return self._publishable(turn, key, verdict, facts)
+
+    @staticmethod
+    def _of_another_attempt(turn: TurnCompleted, verdict: Accepted) -> bool:
+        return verdict.replayed and verdict.checkpoint.accepted_attempt != turn.attempt
+
+    def _rejected_first(self, turn: TurnCompleted, key: str,
+                        verdict: Accepted) -> tuple[Verdict, TurnFacts]:
+        """A turn answered with another attempt's promotion (the store's idempotency
+        record, or the "already promoted" check): a retry of a promoted request gets
+        it, but a rejection of this very event recorded first holds (an outcome never
+        flips): a redelivery of an attempt rejected before that promotion, or the same
+        event decided meanwhile by another worker (the new owner after a rebalance).
+        Read after the promotion was seen: a rejection decided before the later attempt
+        was processed is durable by now. Returns the verdict and the request's facts."""
+        facts = self.request_facts.effects_of(turn)
+        if facts.decision is not None and facts.decision.reason is not None:
+            return self._settle_rejection(turn, key, _replayed_rejection(facts.decision)), facts
+        return verdict, facts
 
     def _decide_and_write(self, turn: TurnCompleted, facts: TurnFacts, mark: str | None, *,
                           fresh: bool = False, recheck: bool = True, owner_cached: bool = False,
@@ -539,6 +553,11 @@ class PromotionProcessor:
         the turn expects)."""
         if lineage.cached:
             return None
+        # A retry of a promoted request, e.g. of a turn that answered a call the retry
+        # now finds answered in the head: the store's answer, not ordering's.
+        retry = self._retry_of_promoted_request(turn)
+        if retry is not None:
+            return retry
         if turn.conversation_id is not None:
             expected = turn.expected_head_seq
             head = (0 if lineage.absent else None if lineage.tail is None
@@ -555,6 +574,30 @@ class PromotionProcessor:
         assert isinstance(verdict, Reject)
         return verdict
 
+    def _retry_of_promoted_request(self, turn: TurnCompleted) -> Reject | None:
+        """The store's first answer to a turn whose request stands promoted, when the
+        turn never reaches the store (its lineage is unreadable, or its pairing was
+        checked against a head it does not extend): ``DUPLICATE`` under another response
+        id with the same request digest, ``IDEMPOTENCY_KEY_REUSED`` with another digest
+        (under any response id). None otherwise; under the same response id and digest,
+        "already promoted" follows. It does not depend on the lineage."""
+        try:
+            original = self.request_facts.promoted_request(turn)
+        except CorruptPartition as exc:  # damaged rows: the caller's rule decides
+            log.error("%s: whether request %s stands promoted cannot be read: %s",
+                      turn.response_id, turn.idempotency_key, exc)
+            return None
+        if original is None:
+            return None
+        if original.request_digest == turn.request_digest:
+            if original.response_id == turn.response_id:
+                return None
+            outcome: Duplicate | KeyReused = Duplicate(original)
+        else:
+            outcome = KeyReused(original.request_digest, original.response_id)
+        verdict = promotion.interpret(turn, outcome)
+        return verdict if isinstance(verdict, Reject) else None
+
     def _on_unreadable_lineage(self, turn: TurnCompleted, failure: HistoryFailure) -> Reject:
         """The rejection of a turn (valid on its own) whose lineage is stored but cannot
         be read: its pairing cannot be checked, and the history it would end could never
@@ -566,21 +609,9 @@ class PromotionProcessor:
         newer one) is ``UNKNOWN_ITEM_TYPE`` / ``UNSUPPORTED_FORMAT``, damaged or missing
         rows ``CORRUPT``. The read's detail goes to the log only (it may quote stored
         data)."""
-        # A retry of a request that stands promoted under another response id is
-        # answered as the store would (DUPLICATE / IDEMPOTENCY_KEY_REUSED): its answer
-        # does not depend on the lineage. Under the same id, "already promoted" follows.
-        try:
-            original = self.request_facts.promoted_request(turn)
-        except CorruptPartition as exc:  # the same damage: CORRUPT below
-            log.error("%s: whether request %s stands promoted cannot be read: %s",
-                      turn.response_id, turn.idempotency_key, exc)
-            original = None
-        if original is not None and original.response_id != turn.response_id:
-            outcome = (Duplicate(original) if original.request_digest == turn.request_digest
-                       else KeyReused(original.request_digest, original.response_id))
-            verdict = promotion.interpret(turn, outcome)
-            if isinstance(verdict, Reject):
-                return verdict
+        retry = self._retry_of_promoted_request(turn)
+        if retry is not None:
+            return retry
         expected = turn.expected_head_seq
         seq = self.lineages.readable_head_seq(turn)
         if expected is not None and seq is not None and expected != seq:
