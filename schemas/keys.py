@@ -77,3 +77,20 @@ def key_problem(event: Keyed, kafka_key: bytes | None) -> str | None:
     shown = kafka_key if kafka_key is None or len(kafka_key) <= 60 else kafka_key[:60] + b"..."
     return (f"Kafka key {shown!r} is not the event's partition key {key[:60]!r}: "
             "the key must be the partition key (CONTRACT section 2)")
+
+
+# The request scope of a chain's first responses: each attempt is a partition of its own
+# (its own response id), so their facts meet in one scope across those partitions (the
+# request claim binds them, services/store).
+FIRST_OF_CHAIN_SCOPE = ""
+
+
+def request_scope(event: Keyed) -> str:
+    """Where an idempotency key names ONE request (docs/gateway-protocol.md, section 1):
+    the partition key, or ``FIRST_OF_CHAIN_SCOPE`` for a chain's first response. The same
+    key in another Conversation or chain is another request, with facts of its own (tool
+    effects, cancellation); raises ``MissingChainRoot`` as ``partition_key`` does."""
+    key = partition_key(event)
+    if event.conversation_id is None and key == event.response_id:
+        return FIRST_OF_CHAIN_SCOPE
+    return key

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 from ratchet.domain.history import CheckpointRecord
 from ratchet.domain.promotion import Orphan, RecordedEffect, Reject
+from schemas.keys import request_scope
 from schemas.models import (
     CheckpointPromoted,
     EffectOrphaned,
@@ -49,6 +50,7 @@ def recorded_effect(effect: ToolEffect) -> RecordedEffect:
         tool_name=effect.tool_name, arguments_digest=effect.arguments_digest,
         status=effect.status.value, output_item_id=effect.output.item_id,
         output_digest=effect.output.content_digest, executed_at=effect.executed_at,
+        scope=request_scope(effect),
     )
 
 

@@ -19,8 +19,9 @@ from dataclasses import replace
 from ratchet.domain import promotion
 from ratchet.domain.history import CheckpointRecord
 from ratchet.domain.promotion import RecordedEffect
-from schemas.keys import MissingChainRoot, partition_key
+from schemas.keys import MissingChainRoot, partition_key, request_scope
 from schemas.models import (
+    DeadLetterReason,
     OrphanReason,
     RejectionReason,
     ToolEffect,
@@ -36,7 +37,7 @@ from services.ledger.base import (
 )
 from services.store.base import CheckpointStore, CorruptPartition
 from streams.outcomes import late_orphan_event, recorded_effect
-from streams.records import Outbound
+from streams.records import DecodeFailed, Outbound
 from streams.tail_cache import TailCache
 from streams.topics import Topics
 
@@ -67,6 +68,13 @@ class RequestFacts:
         refused and reads the effect with the request's facts."""
         recorded = recorded_effect(effect)
         result = self.ledger.record_effect(recorded)
+        if result is EffectWrite.FOREIGN:
+            # Its id was recorded by the request of its key in another Conversation or
+            # chain (a key reused across them): that record stands, this one is parked.
+            # A turn that lists the effect finds none of its own: MISSING_TOOL_EFFECT.
+            raise DecodeFailed(DeadLetterReason.INVALID_EVENT, (
+                f"effect id {effect.effect_id} is recorded for request "
+                f"{effect.idempotency_key} in another Conversation or chain"))
         if result is EffectWrite.CONFLICT:
             log.warning("tool effect %s recorded again with a different output digest: "
                         "conflicted", effect.effect_id)
@@ -103,7 +111,8 @@ class RequestFacts:
         cancellation, after its turn's rejection) would never be orphaned otherwise.
         Its turn, if still to come, orphans it again (compensations are deduped by
         effect id)."""
-        cancellation = self.ledger.cancellation(effect.tenant_id, effect.idempotency_key)
+        cancellation = self.ledger.cancellation(effect.tenant_id, effect.idempotency_key,
+                                                request_scope(effect))
         if cancellation is None:
             return None
         if effect.partition_key == effect.response_id and not self._no_other_attempt(effect):
@@ -114,7 +123,8 @@ class RequestFacts:
 
     def record_cancel(self, cancel: TurnCancelled) -> None:
         self.ledger.record_cancellation(Cancellation(
-            cancel.tenant_id, cancel.idempotency_key, cancel.response_id, cancel.cancelled_at))
+            cancel.tenant_id, cancel.idempotency_key, cancel.response_id, cancel.cancelled_at,
+            request_scope(cancel)))
         self.mark(cancel.tenant_id, cancel.partition_key, cancel.idempotency_key)
 
     def _no_other_attempt(self, effect: ToolEffect) -> bool:
@@ -159,7 +169,8 @@ class RequestFacts:
         """The request's facts as far as its orphans need them (effects and claims)."""
         return self.ledger.turn_facts(
             event_id=turn.event_id, tenant_id=turn.tenant_id,
-            idempotency_key=turn.idempotency_key, conversation_id=None)
+            idempotency_key=turn.idempotency_key, conversation_id=None,
+            scope=_scope_of(turn))
 
     def read(self, turn: TurnCompleted, key: str, owner: str | None,
                     mark: str | None | object = UNKNOWN) -> tuple[TurnFacts, str | None]:
@@ -173,7 +184,7 @@ class RequestFacts:
         facts = self.ledger.turn_facts(
             event_id=turn.event_id, tenant_id=turn.tenant_id,
             idempotency_key=turn.idempotency_key,
-            conversation_id=conversation if owner is None else None)
+            conversation_id=conversation if owner is None else None, scope=_scope_of(turn))
         if owner is not None:
             facts = replace(facts, conversation_owner=owner)
         if (facts.cancellation is not None
@@ -217,3 +228,12 @@ class RequestFacts:
             log.error("orphans of %s not published: whether request %s stands promoted "
                       "cannot be read: %s", turn.response_id, turn.idempotency_key, exc)
             return False, None
+
+
+def _scope_of(turn: TurnCompleted) -> str | None:
+    """The turn's request scope; None (every fact of its key) for a continued chain
+    turn without its root, whose scope cannot be known (it is rejected anyway)."""
+    try:
+        return request_scope(turn)
+    except MissingChainRoot:
+        return None

@@ -91,6 +91,10 @@ class RecordedEffect:
     # True once a second record with a different output digest was seen: the effect
     # can no longer be trusted and any turn that uses it is DUPLICATE_TOOL_EFFECT.
     conflicted: bool = False
+    # The request scope it was recorded in (``schemas.keys.request_scope``): a fact of
+    # the request of its key in that Conversation or chain only. None: recorded before
+    # scopes, a fact of every request of its key.
+    scope: str | None = None
 
 
 

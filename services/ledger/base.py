@@ -6,8 +6,11 @@ promotion processor must remember across restarts lives here:
 * **tool effects** by ``(tenant_id, idempotency_key, effect_id)``: deduplicated on
   first write (Cassandra ``IF NOT EXISTS``); a second record of the same effect with
   a different output digest marks the effect *conflicted* for good;
-* **cancellations** by ``(tenant_id, idempotency_key)``: a ``TurnCancelled`` seen
-  before the completion makes that completion ``CANCELLED``;
+* **cancellations** by ``(tenant_id, idempotency_key, scope)``: a ``TurnCancelled``
+  seen before the completion makes that completion ``CANCELLED``. The scope
+  (``schemas.keys.request_scope``: the partition key, or one scope for a chain's first
+  responses) tells apart requests that use one key in several Conversations or chains;
+  effects carry theirs too, and a turn's facts are those of its scope (``in_scope``);
 * **decisions** by ``event_id`` (stored with the event's request, below): the first
   decision taken for a gateway event.
   A redelivered event re-publishes exactly that decision instead of deciding again
@@ -47,6 +50,7 @@ from schemas.models import Item
 
 __all__ = [
     "Cancellation",
+    "in_scope",
     "Decision",
     "EffectWrite",
     "Ledger",
@@ -68,6 +72,9 @@ class EffectWrite(StrEnum):
     RECORDED = "recorded"  # first time this effect_id was seen
     ALREADY_RECORDED = "already_recorded"  # same effect_id, same output digest: a redelivery
     CONFLICT = "conflict"  # same effect_id, different output digest
+    # same effect_id recorded by the request of its key in another scope (another
+    # Conversation or chain): nothing written, the first record stands unchanged
+    FOREIGN = "foreign"
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,16 @@ class Cancellation:
     idempotency_key: str
     response_id: str
     cancelled_at: int
+    # The request scope it cancels (``schemas.keys.request_scope``); None: recorded
+    # before scopes, it cancels every request of its key.
+    scope: str | None = None
+
+
+def in_scope(fact_scope: str | None, scope: str | None) -> bool:
+    """A fact recorded in ``fact_scope`` is a fact of the request in ``scope``: the same
+    scope, or either unknown (a fact recorded before scopes; a caller that asks for
+    every fact of the key, e.g. a continued chain turn without its root)."""
+    return scope is None or fact_scope is None or fact_scope == scope
 
 
 @dataclass(frozen=True)
@@ -136,11 +153,12 @@ class Ledger(abc.ABC):
     # -- tool effects -------------------------------------------------------------
     @abc.abstractmethod
     def record_effect(self, effect: RecordedEffect) -> EffectWrite:
-        """Record ``effect`` once; a different output digest later marks it conflicted."""
+        """Record ``effect`` once; a different output digest later marks it conflicted
+        (the same scope: a record of another scope is ``FOREIGN`` and changes nothing)."""
 
     @abc.abstractmethod
     def effects_for(self, tenant_id: str, idempotency_key: str) -> Sequence[RecordedEffect]:
-        """Every effect recorded for one logical request, ordered by effect_id."""
+        """Every effect recorded under one key (every scope), ordered by effect_id."""
 
     # -- effect claims (claim before execute) -----------------------------------------
     @abc.abstractmethod
@@ -167,10 +185,19 @@ class Ledger(abc.ABC):
     # -- cancellations ------------------------------------------------------------
     @abc.abstractmethod
     def record_cancellation(self, cancellation: Cancellation) -> None:
-        """Remember that a request was cancelled (idempotent: the first record wins)."""
+        """Remember that a request was cancelled (idempotent: the first record of its
+        scope wins). Effect claims of the key are refused from then on, in every scope
+        (the claims API knows a request by its key)."""
 
     @abc.abstractmethod
-    def cancellation(self, tenant_id: str, idempotency_key: str) -> Cancellation | None: ...
+    def cancellations(self, tenant_id: str, idempotency_key: str) -> Sequence[Cancellation]:
+        """Every scope's cancellation recorded under one key."""
+
+    def cancellation(self, tenant_id: str, idempotency_key: str,
+                     scope: str | None = None) -> Cancellation | None:
+        """The cancellation of the request of ``scope`` (``in_scope``; None: of any)."""
+        return next((c for c in self.cancellations(tenant_id, idempotency_key)
+                     if in_scope(c.scope, scope)), None)
 
     # -- ownership (tenant checks) ---------------------------------------------------
     @abc.abstractmethod
@@ -196,14 +223,16 @@ class Ledger(abc.ABC):
 
     # -- round-trip savers used by the processor ---------------------------------------
     def turn_facts(self, *, event_id: str, tenant_id: str, idempotency_key: str,
-                   conversation_id: str | None) -> TurnFacts:
+                   conversation_id: str | None, scope: str | None = None) -> TurnFacts:
         """Everything the processor reads before deciding on a turn (backends may fan
-        the reads out in parallel: one round trip instead of four)."""
+        the reads out in parallel: one round trip instead of four): the facts of the
+        request of ``scope`` (``in_scope``; None: every fact of the key)."""
         return TurnFacts(
             decision=self.decision(event_id, tenant_id=tenant_id,
                                    idempotency_key=idempotency_key),
-            effects=tuple(self.effects_for(tenant_id, idempotency_key)),
-            cancellation=self.cancellation(tenant_id, idempotency_key),
+            effects=tuple(e for e in self.effects_for(tenant_id, idempotency_key)
+                          if in_scope(e.scope, scope)),
+            cancellation=self.cancellation(tenant_id, idempotency_key, scope),
             conversation_owner=None if conversation_id is None
             else self.conversation_owner(conversation_id),
             claims=tuple(self.claims_for(tenant_id, idempotency_key)),

@@ -47,6 +47,7 @@ from services.ledger.base import (
     LedgerUnavailable,
     ResponseStatus,
     TurnFacts,
+    in_scope,
     nothing_to_wait,
     response_status,
 )
@@ -57,7 +58,8 @@ _FACT_COLUMNS = (
     "kind, ref, attempt, subturn_index, call_id, tool_name, arguments_digest, status, "
     "output_item_id, output_digest, executed_at, conflicted, response_id, cancelled_at, "
     "outcome, reason, detail, seq, decided_at, existing_response_id, "
-    "claim_token, lease_until, claimed_at, claim_completed, completed_at, output_item, takeovers"
+    "claim_token, lease_until, claimed_at, claim_completed, completed_at, output_item, takeovers, "
+    "scope"
 )
 # A claim read with the request's cancellation flag (static: one cell per partition).
 _CLAIM_COLUMNS = (
@@ -114,8 +116,8 @@ class CassandraLedger(Ledger):
         self._insert_effect = self._lwt(
             "INSERT INTO request_facts (tenant_id, idempotency_key, kind, ref, attempt, "
             "subturn_index, call_id, tool_name, arguments_digest, status, output_item_id, "
-            "output_digest, executed_at, conflicted) "
-            "VALUES (?, ?, 'effect', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, false) IF NOT EXISTS"
+            "output_digest, executed_at, conflicted, scope) "
+            "VALUES (?, ?, 'effect', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, false, ?) IF NOT EXISTS"
         )
         self._mark_conflicted = self._lwt(
             "UPDATE request_facts SET conflicted = true WHERE tenant_id = ? AND "
@@ -127,12 +129,13 @@ class CassandraLedger(Ledger):
         )
         self._select_facts = self._prepare(
             f"SELECT {_FACT_COLUMNS} FROM {facts}", ConsistencyLevel.QUORUM)
+        # One row per scope (its ref; '' also for every row written before scopes).
         self._insert_cancel = self._lwt(
             "INSERT INTO request_facts (tenant_id, idempotency_key, kind, ref, response_id, "
-            "cancelled_at) VALUES (?, ?, 'cancel', '', ?, ?) IF NOT EXISTS"
+            "cancelled_at, scope) VALUES (?, ?, 'cancel', ?, ?, ?, ?) IF NOT EXISTS"
         )
         self._select_cancel = self._prepare(
-            f"SELECT {_FACT_COLUMNS} FROM {facts} AND kind = 'cancel' AND ref = ''",
+            f"SELECT {_FACT_COLUMNS} FROM {facts} AND kind = 'cancel'",
             ConsistencyLevel.QUORUM,
         )
         # -- claims (migration 010; rules in ratchet/domain/claims.py) ------------------
@@ -228,7 +231,7 @@ class CassandraLedger(Ledger):
         params = (
             *key, effect.attempt, effect.subturn_index, effect.call_id, effect.tool_name,
             effect.arguments_digest, effect.status, effect.output_item_id,
-            effect.output_digest, effect.executed_at,
+            effect.output_digest, effect.executed_at, effect.scope,
         )
         try:
             result = self._run(self._insert_effect, params)
@@ -240,6 +243,8 @@ class CassandraLedger(Ledger):
         existing = self._effect_serial(*key)
         if existing is None:
             raise LedgerUnavailable(f"effect {effect.effect_id}: write outcome unknown")
+        if None not in (existing.scope, effect.scope) and existing.scope != effect.scope:
+            return EffectWrite.FOREIGN
         if existing.output_digest == effect.output_digest:
             return EffectWrite.RECORDED if applied else EffectWrite.ALREADY_RECORDED
         self._run(self._mark_conflicted, key)
@@ -370,18 +375,19 @@ class CassandraLedger(Ledger):
         batch = BatchStatement(BatchType.LOGGED, consistency_level=ConsistencyLevel.QUORUM,
                                serial_consistency_level=ConsistencyLevel.SERIAL,
                                retry_policy=FallthroughRetryPolicy())
-        batch.add(self._insert_cancel,
-                  (c.tenant_id, c.idempotency_key, c.response_id, c.cancelled_at))
+        batch.add(self._insert_cancel, (c.tenant_id, c.idempotency_key, c.scope or "",
+                                         c.response_id, c.cancelled_at, c.scope))
         batch.add(self._cancel_flag, (c.tenant_id, c.idempotency_key))
         try:
             _guard(lambda: self._session.execute(batch, timeout=self._timeout))
         except LedgerUnavailable:
-            if self.cancellation(c.tenant_id, c.idempotency_key) is None:
+            if not any((found.scope or "") == (c.scope or "") for found in
+                       self.cancellations(c.tenant_id, c.idempotency_key)):
                 raise
 
-    def cancellation(self, tenant_id: str, idempotency_key: str) -> Cancellation | None:
-        row = self._run(self._select_cancel, (tenant_id, idempotency_key)).one()
-        return None if row is None else _cancellation_from_row(tenant_id, idempotency_key, row)
+    def cancellations(self, tenant_id: str, idempotency_key: str) -> Sequence[Cancellation]:
+        rows = self._run(self._select_cancel, (tenant_id, idempotency_key))
+        return [_cancellation_from_row(tenant_id, idempotency_key, row) for row in rows]
 
     # -- decisions and status -----------------------------------------------------------
     def record_decision(self, decision: Decision) -> Decision:
@@ -416,7 +422,7 @@ class CassandraLedger(Ledger):
         return _guard(run)
 
     def turn_facts(self, *, event_id: str, tenant_id: str, idempotency_key: str,
-                   conversation_id: str | None) -> TurnFacts:
+                   conversation_id: str | None, scope: str | None = None) -> TurnFacts:
         """ONE query for the request's effects, cancellation and decisions (and, in
         parallel, the conversation's owner when asked)."""
         key = (tenant_id, idempotency_key)
@@ -429,8 +435,9 @@ class CassandraLedger(Ledger):
         facts = _RequestFacts(tenant_id, idempotency_key, rows)
         return TurnFacts(
             decision=facts.decisions.get(event_id),
-            effects=facts.effects,
-            cancellation=facts.cancellation,
+            effects=tuple(e for e in facts.effects if in_scope(e.scope, scope)),
+            cancellation=next((c for c in facts.cancellations if in_scope(c.scope, scope)),
+                              None),
             conversation_owner=None if owner_row is None else owner_row[0],
             claims=facts.claims,
         )
@@ -551,6 +558,7 @@ def _status_of(row: Any, response_id: str) -> ResponseStatus:
 # ``_FACT_COLUMNS``: kind, ref, the nine effect fields, conflicted, response_id,
 # cancelled_at, then the six decision fields.
 _KIND, _REF, _EFFECT, _CONFLICTED, _RESPONSE, _CANCELLED_AT, _DECISION = 0, 1, 2, 11, 12, 13, 14
+_SCOPE = 27
 _CLAIM = 20  # claim_token ... takeovers
 _CLAIM_FIELDS = ("claim_token", "lease_until", "claimed_at", "claim_completed",
                  "completed_at", "output_item", "takeovers")
@@ -563,11 +571,11 @@ def _unset_nulls(values: Sequence[Any]) -> tuple[Any, ...]:
 
 def _effect_from_row(tenant_id: str, key: str, row: Any) -> RecordedEffect:
     return RecordedEffect(tenant_id, key, row[_REF], *row[_EFFECT:_CONFLICTED],
-                          conflicted=bool(row[_CONFLICTED]))
+                          conflicted=bool(row[_CONFLICTED]), scope=row[_SCOPE])
 
 
 def _cancellation_from_row(tenant_id: str, key: str, row: Any) -> Cancellation:
-    return Cancellation(tenant_id, key, row[_RESPONSE], row[_CANCELLED_AT])
+    return Cancellation(tenant_id, key, row[_RESPONSE], row[_CANCELLED_AT], row[_SCOPE])
 
 
 def _decision_from_row(tenant_id: str, key: str, row: Any) -> Decision:
@@ -600,14 +608,14 @@ class _RequestFacts:
     def __init__(self, tenant_id: str, key: str, rows: Any) -> None:
         effects: list[RecordedEffect] = []
         found_claims: list[ClaimRecord] = []
-        self.cancellation: Cancellation | None = None
+        self.cancellations: list[Cancellation] = []
         self.decisions: dict[str, Decision] = {}
         for row in rows:
             kind = row[_KIND]
             if kind == "effect":
                 effects.append(_effect_from_row(tenant_id, key, row))
             elif kind == "cancel":
-                self.cancellation = _cancellation_from_row(tenant_id, key, row)
+                self.cancellations.append(_cancellation_from_row(tenant_id, key, row))
             elif kind == "decision":
                 self.decisions[row[_REF]] = _decision_from_row(tenant_id, key, row)
             elif kind == "claim":

@@ -24,7 +24,9 @@ class MemoryLedger(Ledger):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._effects: dict[tuple[str, str], dict[str, RecordedEffect]] = {}
-        self._cancellations: dict[tuple[str, str], Cancellation] = {}
+        # (tenant, key) -> scope ('' also for one recorded before scopes, as the
+        # Cassandra row's ref) -> the first cancellation of that scope
+        self._cancellations: dict[tuple[str, str], dict[str, Cancellation]] = {}
         self._claims: dict[tuple[str, str], dict[str, ClaimRecord]] = {}
         # (tenant, idempotency key, event id) -> the first decision: the Cassandra
         # ledger files a decision under its request the same way, so an event id reused
@@ -42,6 +44,8 @@ class MemoryLedger(Ledger):
             if existing is None:
                 by_id[effect.effect_id] = replace(effect, conflicted=False)
                 return EffectWrite.RECORDED
+            if None not in (existing.scope, effect.scope) and existing.scope != effect.scope:
+                return EffectWrite.FOREIGN
             if existing.output_digest == effect.output_digest:
                 return EffectWrite.ALREADY_RECORDED
             by_id[effect.effect_id] = replace(existing, conflicted=True)
@@ -58,7 +62,7 @@ class MemoryLedger(Ledger):
             request_key = (request.tenant_id, request.idempotency_key)
             by_id = self._claims.setdefault(request_key, {})
             action = claims.decide_claim(by_id.get(request.effect_id), request, now_ms,
-                                         cancelled=request_key in self._cancellations)
+                                         cancelled=bool(self._cancellations.get(request_key)))
             if isinstance(action, Answer):
                 return action
             by_id[request.effect_id] = action.claim
@@ -85,11 +89,13 @@ class MemoryLedger(Ledger):
     def record_cancellation(self, cancellation: Cancellation) -> None:
         with self._lock:
             key = (cancellation.tenant_id, cancellation.idempotency_key)
-            self._cancellations.setdefault(key, cancellation)
+            by_scope = self._cancellations.setdefault(key, {})
+            by_scope.setdefault(cancellation.scope or "", cancellation)
 
-    def cancellation(self, tenant_id: str, idempotency_key: str) -> Cancellation | None:
+    def cancellations(self, tenant_id: str, idempotency_key: str) -> Sequence[Cancellation]:
         with self._lock:
-            return self._cancellations.get((tenant_id, idempotency_key))
+            by_scope = self._cancellations.get((tenant_id, idempotency_key), {})
+            return [by_scope[s] for s in sorted(by_scope)]
 
     def record_conversation_owner(self, conversation_id: str, tenant_id: str) -> None:
         with self._lock:

@@ -81,6 +81,52 @@ class LedgerContract:
         ledger.record_cancellation(Cancellation(tenant, key, "resp_b", 2))
         assert ledger.cancellation(tenant, key) == Cancellation(tenant, key, "resp_a", 1)
 
+    def test_cancellations_are_kept_by_scope(self, ledger, tenant):
+        """One key in two Conversations names two requests: each scope's first
+        cancellation wins in that scope, and a turn's facts hold its scope's only."""
+        key = uid("key")
+        ledger.record_cancellation(Cancellation(tenant, key, "resp_a", 1, "conv_1"))
+        ledger.record_cancellation(Cancellation(tenant, key, "resp_b", 2, "conv_1"))
+        ledger.record_cancellation(Cancellation(tenant, key, "resp_c", 3, "conv_2"))
+        assert ledger.cancellation(tenant, key, "conv_1") == Cancellation(
+            tenant, key, "resp_a", 1, "conv_1")
+        assert ledger.cancellation(tenant, key, "conv_2") == Cancellation(
+            tenant, key, "resp_c", 3, "conv_2")
+        assert ledger.cancellation(tenant, key, "conv_3") is None
+        assert ledger.cancellation(tenant, key, "") is None  # a chain's first responses
+        assert ledger.cancellation(tenant, key) is not None  # of any scope
+        for scope, expected in (("conv_2", "resp_c"), ("conv_3", None)):
+            facts = ledger.turn_facts(event_id=uid("evt"), tenant_id=tenant,
+                                      idempotency_key=key, conversation_id=None, scope=scope)
+            assert (facts.cancellation and facts.cancellation.response_id) == expected
+
+    def test_a_cancellation_recorded_before_scopes_cancels_every_scope(self, ledger, tenant):
+        key = uid("key")
+        ledger.record_cancellation(Cancellation(tenant, key, "resp_a", 1))
+        for scope in ("conv_1", "", None):
+            assert ledger.cancellation(tenant, key, scope) == Cancellation(
+                tenant, key, "resp_a", 1)
+
+    def test_effects_are_facts_of_their_scope(self, ledger, tenant):
+        """An effect id recorded in one scope is FOREIGN to another (nothing changes:
+        not conflicted); a turn's facts hold its scope's effects and those recorded
+        before scopes."""
+        key = uid("key")
+        assert ledger.record_effect(effect(tenant, key, "e1", scope="conv_1")) is (
+            EffectWrite.RECORDED)
+        assert ledger.record_effect(effect(tenant, key, "e1", "d2", scope="conv_2")) is (
+            EffectWrite.FOREIGN)
+        assert ledger.record_effect(effect(tenant, key, "e2", scope="conv_2")) is (
+            EffectWrite.RECORDED)
+        assert ledger.record_effect(effect(tenant, key, "e3")) is EffectWrite.RECORDED
+        (e1,) = [e for e in ledger.effects_for(tenant, key) if e.effect_id == "e1"]
+        assert (e1.scope, e1.output_digest, e1.conflicted) == ("conv_1", "d1", False)
+        for scope, ids in (("conv_1", ["e1", "e3"]), ("conv_2", ["e2", "e3"]),
+                           (None, ["e1", "e2", "e3"])):
+            facts = ledger.turn_facts(event_id=uid("evt"), tenant_id=tenant,
+                                      idempotency_key=key, conversation_id=None, scope=scope)
+            assert [e.effect_id for e in facts.effects] == ids, scope
+
     def test_decisions_first_wins(self, ledger, tenant):
         event, key = uid("evt"), uid("key")
         first = Decision(event, tenant, "resp_a", "rejected", "CONFLICT", "d", 3, 10, "resp_x",

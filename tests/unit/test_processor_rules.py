@@ -360,7 +360,8 @@ def test_effect_recorded_twice_with_different_outputs_is_duplicate_tool_effect(h
     t, effects = make_tool_loop_turn(rounds=2, conversation_id=conv_id())
     h.feed(*effects)
     clash = make_tool_effect(effects[0].call_id, '{"temperature_c": -40}',
-                             idempotency_key=t.idempotency_key, subturn_index=0)
+                             idempotency_key=t.idempotency_key, subturn_index=0,
+                             conversation_id=t.conversation_id)
     assert clash.effect_id == effects[0].effect_id
     h.feed(clash)
     (recorded,) = [e for e in h.ledger.effects_for(TENANT, t.idempotency_key)
@@ -380,7 +381,8 @@ def test_redelivered_effect_is_deduplicated(h):
 def test_function_call_output_differing_from_recorded_effect_is_rejected(h):
     t, effects = make_tool_loop_turn(rounds=1, conversation_id=conv_id())
     lying = make_tool_effect(effects[0].call_id, '{"temperature_c": 99}',
-                             idempotency_key=t.idempotency_key, subturn_index=0)
+                             idempotency_key=t.idempotency_key, subturn_index=0,
+                             conversation_id=t.conversation_id)
     h.feed(lying)
     assert h.outcome(t).reason is R.DUPLICATE_TOOL_EFFECT
 
@@ -390,7 +392,7 @@ def test_retried_tool_loop_reuses_effects_and_orphans_the_unused_ones(h):
     final, effects = make_tool_loop_turn(rounds=3, conversation_id=conv, attempt=2)
     # attempt 1 ran rounds 0 and 1 like attempt 2, but its round 2 called another tool
     stray = make_tool_effect("call_stray", '{"x": 1}', idempotency_key=final.idempotency_key,
-                             subturn_index=2, tool_name="send_email")
+                             subturn_index=2, tool_name="send_email", conversation_id=conv)
     h.feed(effects[0], effects[1], stray)
     h.feed(effects[2])  # attempt 2's own round 2
     handled = h.processor.handle(h.record(final))
