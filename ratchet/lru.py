@@ -52,3 +52,11 @@ class Lru:
         old = self._entries.pop(key, None)
         if old is not None:
             self.weight -= self._weigh(old)
+
+    def pop_oldest(self) -> object | None:
+        """Remove and return the least recently used entry (None: empty)."""
+        if not self._entries:
+            return None
+        _, value = self._entries.popitem(last=False)
+        self.weight -= self._weigh(value)
+        return value

@@ -11,8 +11,11 @@ on the Conversation endpoint, one head read).
 
 Keys are (tenant_id, response_id): another tenant's lookup can never find an entry,
 whatever the id. Only fully verified, fully renderable histories are cached; never a
-failure. Memory is bounded by the bytes of the rendered JSON (``max_bytes``,
-``RATCHET_API_HISTORY_CACHE_BYTES``), least recently used first out.
+failure. Memory is bounded (``max_bytes``, ``RATCHET_API_HISTORY_CACHE_BYTES``) by each
+entry's rendered JSON and the certification payloads its checkpoint holds, and shared
+fairly between tenants (CONTRACT section 5: "bounded, per tenant"): over the bound, the
+tenant holding the most bytes gives up its least recently used entry, so one tenant's
+traffic cannot push out the others' histories while it holds more than they do.
 
 Extension (``services/api/service.py``): a history whose lineage digests were all
 checked (``linked``) may be extended by the rows promoted after it, read and verified
@@ -51,8 +54,11 @@ class CachedHistory:
 
     @property
     def nbytes(self) -> int:
-        rendered = self.rendered
-        return len(rendered.items_json) + len(rendered.checkpoint_json) + ENTRY_OVERHEAD_BYTES
+        rendered, checkpoint = self.rendered, self.checkpoint
+        held = len(rendered.items_json) + len(rendered.checkpoint_json) + ENTRY_OVERHEAD_BYTES
+        if checkpoint is not None:  # its receipt and proof are held again, as text
+            held += len(checkpoint.router_receipt or "") + len(checkpoint.boundary_proof or "")
+        return held
 
 
 class HistoryCache:
@@ -67,7 +73,7 @@ class HistoryCache:
 
     def __init__(self, max_bytes: int, max_locations: int = 100_000) -> None:
         self.max_bytes = max_bytes
-        self._entries = Lru(max_bytes, weigh=_nbytes)
+        self._entries = _FairShares(max_bytes)
         self._locations = Lru(max_locations)
         self._partitions = Lru(max_locations)
         self._lock = threading.Lock()
@@ -85,20 +91,19 @@ class HistoryCache:
 
     def get(self, tenant_id: str, response_id: str) -> CachedHistory | None:
         with self._lock:
-            entry = self._entries.get((tenant_id, response_id))
-            return entry if isinstance(entry, CachedHistory) else None
+            return self._entries.get(tenant_id, response_id)
 
     def put(self, response_id: str, entry: CachedHistory) -> None:
         if entry.nbytes > self.max_bytes:
             return  # larger than the whole cache: serving it from the store is the bound
         with self._lock:
-            self._entries.put((entry.tenant_id, response_id), entry)
+            self._entries.put(response_id, entry)
             if entry.linked:
                 self._partitions.put((entry.tenant_id, entry.partition_key), True)
 
     def discard(self, tenant_id: str, response_id: str) -> None:
         with self._lock:
-            self._entries.pop((tenant_id, response_id))
+            self._entries.pop(tenant_id, response_id)
 
     def extendable(self, tenant_id: str, partition_key: str) -> bool:
         """A linked history of this partition was cached (it may have been evicted
@@ -126,6 +131,51 @@ class HistoryCache:
                 key = (tenant_id, response_id)
                 if locations.get(key) != partition_key:
                     locations.put(key, partition_key)
+
+
+class _FairShares:
+    """Cached histories by tenant, each tenant's in least-recently-used order, bounded
+    in total by ``capacity`` bytes. Over it, the tenant holding the most bytes gives up
+    its least recently used entry, until the total fits: a tenant keeps its entries
+    while it holds no more than any other. Not thread-safe (``HistoryCache`` locks)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.weight = 0
+        self._tenants: dict[str, Lru] = {}
+
+    def __len__(self) -> int:
+        return sum(len(lru) for lru in self._tenants.values())
+
+    def get(self, tenant_id: str, response_id: str) -> CachedHistory | None:
+        lru = self._tenants.get(tenant_id)
+        entry = None if lru is None else lru.get(response_id)
+        return entry if isinstance(entry, CachedHistory) else None
+
+    def put(self, response_id: str, entry: CachedHistory) -> None:
+        if self.capacity <= 0:
+            return
+        lru = self._tenants.setdefault(entry.tenant_id, Lru(self.capacity, weigh=_nbytes))
+        before = lru.weight
+        lru.put(response_id, entry)
+        self.weight += lru.weight - before
+        while self.weight > self.capacity:
+            tenant_id, largest = max(self._tenants.items(), key=lambda item: item[1].weight)
+            before = largest.weight
+            largest.pop_oldest()
+            self.weight -= before - largest.weight
+            if not len(largest):
+                del self._tenants[tenant_id]
+
+    def pop(self, tenant_id: str, response_id: str) -> None:
+        lru = self._tenants.get(tenant_id)
+        if lru is None:
+            return
+        before = lru.weight
+        lru.pop(response_id)
+        self.weight -= before - lru.weight
+        if not len(lru):
+            del self._tenants[tenant_id]
 
 
 def _nbytes(entry: object) -> int:

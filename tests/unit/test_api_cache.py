@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 
@@ -480,6 +481,35 @@ def test_the_cache_is_bounded_by_bytes_and_evicts_the_least_recently_used():
     cache.discard("t", "a")
     assert cache.nbytes == 2 * unit and cache.get("t", "a") is None
     assert cache.get("other-tenant", "c") is None  # keys are per tenant
+
+
+def test_the_bound_is_shared_fairly_between_tenants():
+    """CONTRACT section 5: served from memory "bounded, per tenant". Over the bound the
+    tenant holding the most bytes gives up its least recently used entry: a busy
+    tenant cycles through its own share and never pushes out a quieter tenant's
+    histories while it holds more than that tenant."""
+    unit = 100 + ENTRY_OVERHEAD_BYTES
+    cache = HistoryCache(max_bytes=6 * unit)
+    for name in ("q1", "q2"):
+        cache.put(name, _entry("quiet", 1))
+    for index in range(50):  # the busy tenant's traffic
+        cache.put(f"b{index}", _entry("busy", 1))
+    assert cache.get("quiet", "q1") and cache.get("quiet", "q2")
+    assert [n for n in range(50) if cache.get("busy", f"b{n}")] == [46, 47, 48, 49]
+    assert cache.nbytes == 6 * unit and len(cache) == 6
+    cache.put("q3", _entry("quiet", 1))  # the quiet tenant grows: the larger one yields
+    assert all(cache.get("quiet", n) for n in ("q1", "q2", "q3"))
+    assert [n for n in range(50) if cache.get("busy", f"b{n}")] == [47, 48, 49]
+    cache.put("q4", _entry("quiet", 1))  # now the quiet one is larger: its own oldest goes
+    assert [n for n in ("q1", "q2", "q3", "q4") if cache.get("quiet", n)] == ["q2", "q3", "q4"]
+    assert [n for n in range(50) if cache.get("busy", f"b{n}")] == [47, 48, 49]
+
+
+def test_an_entry_counts_the_receipt_and_proof_its_checkpoint_holds():
+    entry = _entry("t", 1)
+    checkpoint = SimpleNamespace(router_receipt="r" * 300, boundary_proof="p" * 200)
+    held = CachedHistory("t", "p", checkpoint, False, entry.rendered)  # type: ignore[arg-type]
+    assert held.nbytes == entry.nbytes + 500
 
 
 def test_item_with_undecodable_bytes_is_not_cached(stack):
