@@ -79,18 +79,16 @@ def key_problem(event: Keyed, kafka_key: bytes | None) -> str | None:
             "the key must be the partition key (CONTRACT section 2)")
 
 
-# The request scope of a chain's first responses: each attempt is a partition of its own
-# (its own response id), so their facts meet in one scope across those partitions (the
-# request claim binds them, services/store).
-FIRST_OF_CHAIN_SCOPE = ""
+# The request scope of every chain of a tenant (``request_scope``).
+CHAINS_SCOPE = ""
 
 
 def request_scope(event: Keyed) -> str:
-    """Where an idempotency key names ONE request (docs/gateway-protocol.md, section 1):
-    the partition key, or ``FIRST_OF_CHAIN_SCOPE`` for a chain's first response. The same
-    key in another Conversation or chain is another request, with facts of its own (tool
-    effects, cancellation); raises ``MissingChainRoot`` as ``partition_key`` does."""
-    key = partition_key(event)
-    if event.conversation_id is None and key == event.response_id:
-        return FIRST_OF_CHAIN_SCOPE
-    return key
+    """Where an idempotency key names ONE request for the ledger's facts (tool effects,
+    cancellations; docs/gateway-protocol.md, section 6): its Conversation, or, in chain
+    mode, the tenant's chains together. A chain's first responses are each a partition
+    of their own, and an effect or cancellation does not say whether it belongs to a
+    first response or to a continuation (a cancellation's ``response_id`` is never
+    compared), so chains cannot be told apart by partition: the same key in another
+    Conversation is another request; in another chain, the same one for the ledger."""
+    return event.conversation_id if event.conversation_id is not None else CHAINS_SCOPE

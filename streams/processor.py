@@ -553,17 +553,18 @@ class PromotionProcessor:
         the turn expects)."""
         if lineage.cached:
             return None
-        # A retry of a promoted request, e.g. of a turn that answered a call the retry
-        # now finds answered in the head: the store's answer, not ordering's.
-        retry = self._retry_of_promoted_request(turn)
-        if retry is not None:
-            return retry
         if turn.conversation_id is not None:
             expected = turn.expected_head_seq
             head = (0 if lineage.absent else None if lineage.tail is None
                     else lineage.tail.seq)
             if head is None or expected is None or expected == head:
-                return None
+                return None  # the head it extends: its own pairing failed
+            # A retry of a promoted request, e.g. of a turn that answered a call the
+            # retry now finds answered in the head (the original itself): the store's
+            # answer, which comes before ordering's.
+            retry = self._retry_of_promoted_request(turn)
+            if retry is not None:
+                return retry
             outcome = Conflict(head) if expected < head else AheadOfHead(head)
             return promotion.interpret(turn, outcome)
         parent = turn.previous_response_id

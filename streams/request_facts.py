@@ -17,7 +17,7 @@ import logging
 from dataclasses import replace
 
 from ratchet.domain import promotion
-from ratchet.domain.history import CheckpointRecord
+from ratchet.domain.history import CheckpointRecord, PromotionMode
 from ratchet.domain.promotion import RecordedEffect
 from schemas.keys import MissingChainRoot, partition_key, request_scope
 from schemas.models import (
@@ -74,14 +74,15 @@ class RequestFacts:
             # A turn that lists the effect finds none of its own: MISSING_TOOL_EFFECT.
             raise DecodeFailed(DeadLetterReason.INVALID_EVENT, (
                 f"effect id {effect.effect_id} is recorded for request "
-                f"{effect.idempotency_key} in another Conversation or chain"))
+                f"{effect.idempotency_key} in another Conversation (or in chain mode)"))
         if result is EffectWrite.CONFLICT:
             log.warning("tool effect %s recorded again with a different output digest: "
                         "conflicted", effect.effect_id)
         self.mark(effect.tenant_id, effect.partition_key, effect.idempotency_key)
         try:
             promoted = self.store.promoted_key(effect.tenant_id, effect.partition_key,
-                                               effect.idempotency_key, effect.response_id)
+                                               effect.idempotency_key, effect.response_id,
+                                               first_of_chain=_first_of_chain(effect))
         except CorruptPartition as exc:
             # Recorded; whether it is orphaned cannot be read (it may be used): nothing
             # published, the partition needs an operator.
@@ -115,7 +116,7 @@ class RequestFacts:
                                                 request_scope(effect))
         if cancellation is None:
             return None
-        if effect.partition_key == effect.response_id and not self._no_other_attempt(effect):
+        if _first_of_chain(effect) and not self._no_other_attempt(effect):
             return None
         return promotion.Orphan(recorded, OrphanReason.TURN_CANCELLED, detail=(
             f"recorded after request {effect.idempotency_key} was cancelled"),
@@ -146,7 +147,8 @@ class RequestFacts:
             # before the mark can stand, and the read after it sees that one.
             self.mark(effect.tenant_id, holder.partition_key, effect.idempotency_key)
             return self.store.promoted_key(effect.tenant_id, holder.partition_key,
-                                           effect.idempotency_key, holder.response_id) is None
+                                           effect.idempotency_key, holder.response_id,
+                                           first_of_chain=True) is None
         # Held by this response: its own turn, in this partition, is decided already
         # (not promoted: rejected) or comes later and is CANCELLED. Its status says so
         # now, so that another attempt finding the request held by it is CONFLICT
@@ -170,7 +172,7 @@ class RequestFacts:
         return self.ledger.turn_facts(
             event_id=turn.event_id, tenant_id=turn.tenant_id,
             idempotency_key=turn.idempotency_key, conversation_id=None,
-            scope=_scope_of(turn))
+            scope=request_scope(turn))
 
     def read(self, turn: TurnCompleted, key: str, owner: str | None,
                     mark: str | None | object = UNKNOWN) -> tuple[TurnFacts, str | None]:
@@ -184,7 +186,7 @@ class RequestFacts:
         facts = self.ledger.turn_facts(
             event_id=turn.event_id, tenant_id=turn.tenant_id,
             idempotency_key=turn.idempotency_key,
-            conversation_id=conversation if owner is None else None, scope=_scope_of(turn))
+            conversation_id=conversation if owner is None else None, scope=request_scope(turn))
         if owner is not None:
             facts = replace(facts, conversation_owner=owner)
         if (facts.cancellation is not None
@@ -199,7 +201,7 @@ class RequestFacts:
         request still get DUPLICATE / IDEMPOTENCY_KEY_REUSED naming the promoted
         response. Asked only when a cancellation exists (rare)."""
         promoted = self.store.get_checkpoint(cancel.tenant_id, cancel.response_id)
-        if promoted is not None and promoted.idempotency_key == cancel.idempotency_key:
+        if promoted is not None and _of_request(turn, promoted):
             return True
         return self.promoted_request(turn) is not None
 
@@ -215,7 +217,7 @@ class RequestFacts:
         except MissingChainRoot:
             return None
         return self.store.promoted_key(turn.tenant_id, key, turn.idempotency_key,
-                                       turn.response_id)
+                                       turn.response_id, first_of_chain=_first_of_chain(turn))
 
     def orphans_known(self, turn: TurnCompleted) -> tuple[bool, CheckpointRecord | None]:
         """``promoted_request`` for a rejection's orphans: (known, promoted). Not known
@@ -230,10 +232,25 @@ class RequestFacts:
             return False, None
 
 
-def _scope_of(turn: TurnCompleted) -> str | None:
-    """The turn's request scope; None (every fact of its key) for a continued chain
-    turn without its root, whose scope cannot be known (it is rejected anyway)."""
+def _first_of_chain(event: TurnCompleted | ToolEffect) -> bool:
+    """A chain's first response: its partition is its own response id (a turn: no
+    ``previous_response_id``; a tool effect names its own attempt's response)."""
+    if event.conversation_id is not None or getattr(event, "previous_response_id", None):
+        return False
+    return partition_key(event) == event.response_id
+
+
+def _of_request(turn: TurnCompleted, promoted: CheckpointRecord) -> bool:
+    """``promoted`` is a promotion of the turn's own request: its key in the turn's
+    partition (the store's idempotency record is per partition), or, for a chain's first
+    response, another first response of the request (its attempts are partitions of
+    their own)."""
+    if promoted.idempotency_key != turn.idempotency_key:
+        return False
     try:
-        return request_scope(turn)
+        if promoted.partition_key == partition_key(turn):
+            return True
     except MissingChainRoot:
-        return None
+        return False
+    return (_first_of_chain(turn) and promoted.mode is PromotionMode.CHAIN
+            and promoted.parent_response_id is None)

@@ -92,7 +92,7 @@ class RecordedEffect:
     # can no longer be trusted and any turn that uses it is DUPLICATE_TOOL_EFFECT.
     conflicted: bool = False
     # The request scope it was recorded in (``schemas.keys.request_scope``): a fact of
-    # the request of its key in that Conversation or chain only. None: recorded before
+    # the request of its key in that Conversation (or the tenant's chains) only. None: recorded before
     # scopes, a fact of every request of its key.
     scope: str | None = None
 

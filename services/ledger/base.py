@@ -8,8 +8,8 @@ promotion processor must remember across restarts lives here:
   a different output digest marks the effect *conflicted* for good;
 * **cancellations** by ``(tenant_id, idempotency_key, scope)``: a ``TurnCancelled``
   seen before the completion makes that completion ``CANCELLED``. The scope
-  (``schemas.keys.request_scope``: the partition key, or one scope for a chain's first
-  responses) tells apart requests that use one key in several Conversations or chains;
+  (``schemas.keys.request_scope``: the Conversation, or the tenant's chains together)
+  tells apart requests that use one key in several Conversations;
   effects carry theirs too, and a turn's facts are those of its scope (``in_scope``);
 * **decisions** by ``event_id`` (stored with the event's request, below): the first
   decision taken for a gateway event.
@@ -73,7 +73,7 @@ class EffectWrite(StrEnum):
     ALREADY_RECORDED = "already_recorded"  # same effect_id, same output digest: a redelivery
     CONFLICT = "conflict"  # same effect_id, different output digest
     # same effect_id recorded by the request of its key in another scope (another
-    # Conversation or chain): nothing written, the first record stands unchanged
+    # Conversation, or in chain mode): nothing written, the first record stands unchanged
     FOREIGN = "foreign"
 
 

@@ -657,19 +657,20 @@ class CheckpointStore(ABC):
         return original
 
     def promoted_key(self, tenant_id: str, partition_key: str, idempotency_key: str,
-                     response_id: str) -> CheckpointRecord | None:
+                     response_id: str, *, first_of_chain: bool) -> CheckpointRecord | None:
         """``promoted_request`` for a fact of a request that knows only the request's
         key and one attempt's partition and response id (a tool effect): the view's
         idempotency record there, and, for an attempt that is a chain's first response
-        (its partition is its own response id), the request claim's holder's: its
-        request may stand promoted in another attempt's partition."""
+        (``first_of_chain``: its partition is its own response id, in chain mode), the
+        request claim's holder's: its request may stand promoted in another attempt's
+        partition."""
         request = PromotionRequest(
             tenant_id=tenant_id, partition_key=partition_key, mode=PromotionMode.CHAIN,
             response_id=response_id, idempotency_key=idempotency_key, request_digest="",
             items=(), certification=Certification.LOGICAL_ONLY)
         validate_request(request)
         original = self._read_view(request).original
-        if original is None and partition_key == response_id:  # a chain's first response
+        if original is None and first_of_chain:
             holder = self._request_holder(tenant_id, idempotency_key)
             if holder is not None and holder.partition_key != partition_key:
                 original = self._promoted_at(request, holder)

@@ -183,3 +183,49 @@ def test_a_reused_key_under_the_same_response_id_is_key_reused(entry, mode, dama
     out = Worker(store, ledger, entry).outcome(reused)  # nothing cached
     assert isinstance(out, PromotionRejected)
     assert out.reason is R.IDEMPOTENCY_KEY_REUSED, (out.reason, out.detail)
+
+
+# A retry of a promoted request whose OWN items break the pairing rules (a
+# ``function_call_output`` answering no call: nothing to do with a moved head) is
+# answered DUPLICATE (``_out_of_lineage`` -> ``_retry_of_promoted_request``) instead of
+# UNPAIRED_TOOL_CALL.
+#
+# docs/gateway-protocol.md section 7: "a TurnCompleted is checked (first failure wins):
+# ... then the event itself: NOT_PROMOTABLE_STATUS, ..., CORRUPT, INCOMPLETE_FINGERPRINT,
+# UNPAIRED_TOOL_CALL (continuing the stored history), INVALID_BOUNDARY_PROOF; then tool
+# effects ...; then the conditional write (CONFLICT, ..., DUPLICATE,
+# IDEMPOTENCY_KEY_REUSED)". CONTRACT 4 ("Pairing ... each function_call_output follows
+# its function_call"). The new shortcut is meant for "a retry that never reaches the store
+# (pairing against a moved head)"; a chain turn's lineage (its parent, or none for a
+# chain's first response) never moves, so its pairing failure is the event's own, and the
+# same broken retry with a CORRUPT item instead gets CORRUPT (the event's own reason):
+# the reason depends on which intrinsic rule the retry breaks. A DUPLICATE also tells the
+# gateway to answer with the original response, and orphans differently
+# (ATTEMPT_SUPERSEDED for all vs TURN_REJECTED for the attempt's).
+
+def _broken_items():
+    return (message("here", role="assistant", item_id=new_id("msg")),
+            function_call_output("call_nowhere", "42", item_id=new_id("fco")))
+
+
+@pytest.mark.parametrize("entry", ["handle", "handle_async"])
+@pytest.mark.parametrize("mode", ["first_of_chain", "continued_chain"])
+def test_an_intrinsically_unpaired_retry_is_unpaired_tool_call(entry, mode):
+    store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+    w = Worker(store, ledger, entry)
+    where = dict(conversation_id=None, expected_head_seq=None)
+    if mode == "continued_chain":
+        root = make_turn(chain_root_id=None, **where)
+        assert isinstance(w.outcome(root), CheckpointPromoted)
+        where.update(chain_root_id=root.response_id, previous_response_id=root.response_id)
+    original = make_turn(idempotency_key=uid("idem"), **where)
+    assert isinstance(w.outcome(original), CheckpointPromoted)
+    # Sanity: a request never promoted, with the same broken items, is UNPAIRED_TOOL_CALL.
+    fresh = make_turn(_broken_items(), idempotency_key=uid("idem"), **where)
+    assert w.outcome(fresh).reason is R.UNPAIRED_TOOL_CALL
+    retry = make_turn(_broken_items(), idempotency_key=original.idempotency_key,
+                      request_digest=original.request_digest, attempt=2,
+                      response_id=uid("resp"), **where)
+    out = Worker(store, ledger, entry).outcome(retry)
+    assert isinstance(out, PromotionRejected)
+    assert out.reason is R.UNPAIRED_TOOL_CALL, (out.reason, out.detail)
