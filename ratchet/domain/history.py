@@ -464,16 +464,14 @@ def verify_extension(
     if expires is not None and utc_ms(now) >= expires:
         return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}")
     # The lineage's structure, newest turn first, as the full read walks the parent
-    # links (``_lineage``): partition and mode, the parent link, the seq step.
+    # links (``_lineage``): partition and mode (the mode of the turn read, the newest),
+    # the parent link, the seq step; then the tip, the first row of the verified prefix.
     chain = (tip, *turns)
+    belongs = (tip.tenant_id, tip.partition_key, last.mode)
     for index in range(len(turns), 0, -1):
         turn, previous = chain[index], chain[index - 1]
         rid = turn.response_id
-        if (turn.tenant_id, turn.partition_key, turn.mode) != (
-            tip.tenant_id,
-            tip.partition_key,
-            tip.mode,
-        ):
+        if (turn.tenant_id, turn.partition_key, turn.mode) != belongs:
             return _corrupt(f"{rid} does not belong to this partition")
         if turn.parent_response_id in snapshot.damaged:
             return _corrupt(f"rows of {turn.parent_response_id} cannot be decoded")
@@ -481,6 +479,8 @@ def verify_extension(
             return _missing(f"parent {turn.parent_response_id} of {rid}")
         if turn.seq != previous.seq + 1:
             return _corrupt(f"{rid} seq {turn.seq} after {previous.seq}")
+    if tip.mode is not last.mode:
+        return _corrupt(f"{tip.response_id} does not belong to this partition")
     # Then each turn's items, oldest first (``_lineage_items``), all of them together
     # (``_check_items``), and the lineage digests last (``_check_links``).
     previous = tip
@@ -516,15 +516,17 @@ def verify_conversation_history(
     head = snapshot.head
     if head is None:
         return HistoryFailure(HistoryFailureReason.NOT_FOUND, "no head")
+    named = snapshot.checkpoints.get(head.response_id)
+    if named is not None and named.mode is not PromotionMode.CONVERSATION:
+        # A chain turn of the same partition (a chain whose first response id is the
+        # Conversation's id), whatever its own history says (expired, broken): no
+        # Conversation checkpoint backs the head.
+        return _corrupt(f"head seq {head.seq} ({head.response_id}) is backed by no checkpoint")
     result = verify_history(snapshot, head.response_id, now)
     if isinstance(result, HistoryFailure):
         if result.reason is HistoryFailureReason.NOT_FOUND:
             return _corrupt(f"head names {head.response_id} which has no checkpoint")
         return result
-    if result.checkpoint.mode is not PromotionMode.CONVERSATION:
-        # A chain turn of the same partition (a chain whose first response id is the
-        # Conversation's id): no Conversation checkpoint backs the head.
-        return _corrupt(f"head seq {head.seq} ({head.response_id}) is backed by no checkpoint")
     if result.checkpoint.seq != head.seq:
         return _corrupt(f"head seq {head.seq} but its checkpoint has seq {result.checkpoint.seq}")
     return result

@@ -56,8 +56,9 @@ class CachedHistory:
     def nbytes(self) -> int:
         rendered, checkpoint = self.rendered, self.checkpoint
         held = len(rendered.items_json) + len(rendered.checkpoint_json) + ENTRY_OVERHEAD_BYTES
-        if checkpoint is not None:  # its receipt and proof are held again, as text
+        if checkpoint is not None:  # its receipt, proof and effect ids are held as text
             held += len(checkpoint.router_receipt or "") + len(checkpoint.boundary_proof or "")
+            held += sum(len(e) for e in checkpoint.accepted_effect_ids or ())
         return held
 
 
@@ -87,7 +88,8 @@ class HistoryCache:
         return self._entries.weight
 
     def __len__(self) -> int:
-        return len(self._entries)
+        with self._lock:
+            return len(self._entries)
 
     def get(self, tenant_id: str, response_id: str) -> CachedHistory | None:
         with self._lock:

@@ -25,6 +25,7 @@ from ratchet.domain.history import (
 )
 from ratchet.domain.rehydration import Certified, Failure, Fallback, FallbackReason, rehydrate
 from ratchet.speedups import SPEEDUPS
+from schemas.canonical import canonical_json_text
 from schemas.models import Item
 from services.api.models import (
     FAILURE_HTTP_STATUS,
@@ -52,6 +53,7 @@ def history_outcome_body(
         items = [item_body(item) for item in outcome.items]
         # Rendered for a fallback too: a damaged row answers alike whatever the caller's
         # fingerprint (as the cached path, which renders it once per history).
+        _checkpoint_json(outcome.checkpoint)
         checkpoint = checkpoint_body(outcome.checkpoint)
     except _Undecodable as exc:
         # Never return a partly decoded history: the whole answer is an integrity failure.
@@ -117,7 +119,7 @@ def render_extension(
     response_id = checkpoint.response_id
     try:
         appended = items_json(turns)
-        checkpoint_json = _CHECKPOINT.dump_json(checkpoint_body(checkpoint))
+        checkpoint_json = _checkpoint_json(checkpoint)
     except _Undecodable as exc:
         return failure_body("CORRUPT_HISTORY", response_id=response_id, detail=str(exc))
     if appended == b"[]":
@@ -255,7 +257,18 @@ def checkpoint_body(checkpoint: CheckpointRecord) -> CheckpointBody:
             router_receipt=_json_object(checkpoint.router_receipt),
             boundary_proof=_json_object(checkpoint.boundary_proof),
         )
-    except ValueError as exc:  # json's decode error, pydantic's ValidationError
+    except (ValueError, RecursionError) as exc:  # json's errors, pydantic's ValidationError
+        raise _Undecodable(f"checkpoint of {checkpoint.response_id} cannot be rendered "
+                           f"({type(exc).__name__})") from exc
+
+
+def _checkpoint_json(checkpoint: CheckpointRecord) -> bytes:
+    """``checkpoint_body`` as JSON; ``_Undecodable`` when it cannot be written (e.g. a
+    lone surrogate in a stored string)."""
+    body = checkpoint_body(checkpoint)
+    try:
+        return _CHECKPOINT.dump_json(body)
+    except (ValueError, RecursionError) as exc:  # pydantic's PydanticSerializationError
         raise _Undecodable(f"checkpoint of {checkpoint.response_id} cannot be rendered "
                            f"({type(exc).__name__})") from exc
 
@@ -265,11 +278,14 @@ def _artifact(artifact: StoredTokenArtifact | None) -> dict | None:
 
 
 def _json_object(text: str | None) -> dict | None:
+    """A stored receipt or proof: the canonical JSON object the processor wrote, byte
+    for byte (a cell that parses to something else, e.g. with duplicate keys or NaN,
+    would be served altered: it is damaged)."""
     if text is None:
         return None
     value = json.loads(text)
-    if not isinstance(value, dict):
-        raise ValueError("not a JSON object")
+    if not isinstance(value, dict) or canonical_json_text(value) != text:
+        raise ValueError("not its canonical JSON object")
     return value
 
 

@@ -386,7 +386,8 @@ def decode_snapshot(
                 raise ValueError("checkpoint row filed under another response id")
             checkpoints[ref] = checkpoint
             items[ref] = decode_items_cell(row[_ITEMS])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, ArithmeticError, RecursionError):
+            # ArithmeticError: a date past the calendar's edge (OverflowError)
             damaged.add(ref)
     first = rows[0]
     head_seq = first[_HEAD_SEQ]

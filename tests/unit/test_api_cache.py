@@ -505,11 +505,12 @@ def test_the_bound_is_shared_fairly_between_tenants():
     assert [n for n in range(50) if cache.get("busy", f"b{n}")] == [47, 48, 49]
 
 
-def test_an_entry_counts_the_receipt_and_proof_its_checkpoint_holds():
+def test_an_entry_counts_the_receipt_proof_and_effect_ids_its_checkpoint_holds():
     entry = _entry("t", 1)
-    checkpoint = SimpleNamespace(router_receipt="r" * 300, boundary_proof="p" * 200)
+    checkpoint = SimpleNamespace(router_receipt="r" * 300, boundary_proof="p" * 200,
+                                 accepted_effect_ids=("e" * 40, "f" * 60))
     held = CachedHistory("t", "p", checkpoint, False, entry.rendered)  # type: ignore[arg-type]
-    assert held.nbytes == entry.nbytes + 500
+    assert held.nbytes == entry.nbytes + 600
 
 
 def test_item_with_undecodable_bytes_is_not_cached(stack):
