@@ -223,7 +223,16 @@ class RequestFacts:
         """``promoted_request`` for a rejection's orphans: (known, promoted). Not known
         when the rows that say it are damaged (``CorruptPartition``): then any effect
         could be one the promotion used, and none is orphaned (logged: the partition
-        needs an operator; the rejection itself is still published)."""
+        needs an operator; the rejection itself is still published), nor for a continued
+        chain turn without a root: the request's effects are the chains' (request scope)
+        but the partition its promotion would be in is not named."""
+        try:
+            partition_key(turn)
+        except MissingChainRoot:
+            log.warning("orphans of %s not published: a continued chain turn without a "
+                        "chain_root_id names no partition to find request %s's promotion in",
+                        turn.response_id, turn.idempotency_key)
+            return False, None
         try:
             return True, self.promoted_request(turn)
         except CorruptPartition as exc:

@@ -171,7 +171,7 @@ class StoredTokenArtifact:
         if not isinstance(data, dict):
             raise ValueError(f"token artifact is a JSON {type(data).__name__}, not an object")
         expires = data.get("expires_at")
-        return frozen_record(
+        artifact = frozen_record(
             cls,
             {
                 "artifact_id": _text(data["artifact_id"]),
@@ -182,6 +182,11 @@ class StoredTokenArtifact:
                 "expires_at": None if expires is None else utc_ms(datetime.fromisoformat(expires)),
             },
         )
+        # A cell that parses to these fields but is not their canonical JSON (a key twice,
+        # an extra key, another spelling) would be served altered: it is damage.
+        if artifact.to_json() != text:
+            raise ValueError("token artifact is not the canonical JSON of its fields")
+        return artifact
 
 
 def _text(value: Any) -> str:

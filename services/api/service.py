@@ -352,6 +352,18 @@ class RehydrationService:
             return entry
         return None
 
+    def _head_backed(
+        self, tenant_id: str, partition_key: str, target: CheckpointRecord, head: Head | None
+    ) -> bool:
+        """True unless ``target`` is a Conversation's turn whose head is not known to be
+        backed: the head names neither ``target`` nor a cached turn at its seq."""
+        if target.mode is not PromotionMode.CONVERSATION:
+            return True
+        assert head is not None  # _extended refuses a Conversation turn without one
+        if (head.seq, head.response_id) == (target.seq, target.response_id):
+            return True
+        return self._head_entry(tenant_id, partition_key, head) is not None
+
     def _back_head(self, tenant_id: str, partition_key: str, head: Head) -> bool:
         """Load and verify the head's turn by extension (blocking): True if its history
         is cached now. False: no cached prefix within reach, or rows the extension cannot
@@ -596,6 +608,12 @@ class RehydrationService:
         turns.reverse()
         loaded = PartitionSnapshot(tenant_id, partition_key, row_head, checkpoints, items)
         verified = verify_extension(prefix.checkpoint, turns, loaded, now)
+        if isinstance(verified, HistoryFailure) and not self._head_backed(
+            tenant_id, partition_key, target, known
+        ):
+            # The full read checks the head's backing before the loaded turns' items:
+            # it answers, so both give the same failure for the same damage.
+            return None
         if verified is None or isinstance(verified, HistoryFailure):
             return verified
         rendered = render_extension(target, prefix.rendered.items_json, verified)
