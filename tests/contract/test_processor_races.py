@@ -23,7 +23,14 @@ from ratchet.samples import (
     make_turn,
     make_turn_cancelled,
 )
-from schemas.models import Certification, OrphanReason, RejectionReason
+from schemas.models import (
+    Certification,
+    CheckpointPromoted,
+    EffectOrphaned,
+    OrphanReason,
+    PromotionRejected,
+    RejectionReason,
+)
 from services.cassandra_loop import LoopSession
 from services.ledger.cassandra import CassandraLedger
 from services.ledger.memory import MemoryLedger
@@ -239,3 +246,34 @@ def test_a_turn_with_nothing_recorded_promotes_on_the_loop(workers):
     t = turn(uid("conv"), 0)
     assert new.outcome(t).seq == 1
     assert new.processor.loop_promotions == (1 if new.entry == "handle_async" else 0)
+
+
+def test_unkeyed_retry_never_orphans_effect_the_promotion_used(workers):
+    """A rejected continued chain turn without a root never orphans an effect its
+    request's promotion used.
+
+    Promise (docs/gateway-protocol.md section 7, "A retry of a promoted request": no
+    rejection of an attempt of a promoted request ever orphans an effect the promoted turn
+    used; section 6: a continued chain turn without ``chain_root_id`` names no partition to
+    look for its request's promotion in, so its rejection orphans nothing). Continuation X1
+    of a chain (request K) is promoted using effect E; a retry of K under another response
+    id whose event lost its ``chain_root_id`` is PARENT_NOT_PROMOTED and publishes no
+    EffectOrphaned for E (found by an outside review: it published TURN_REJECTED).
+    """
+    _, w = workers  # both backends, both entry points
+    root = make_turn(conversation_id=None, chain_root_id=None, expected_head_seq=None)
+    assert isinstance(w.outcome(root), CheckpointPromoted)
+    key = uid("idem")
+    x1, effects = make_tool_loop_turn(rounds=1, conversation_id=None,
+                                      chain_root_id=root.response_id,
+                                      previous_response_id=root.response_id,
+                                      expected_head_seq=None, idempotency_key=key)
+    w.feed(*effects)
+    assert isinstance(w.outcome(x1), CheckpointPromoted)
+    retry = x1.model_copy(update={"event_id": uid("ev"), "attempt": 2, "chain_root_id": None,
+                                 "response_id": uid("resp")})
+    out = [o.model for o in w.handle(retry).outbound]
+    assert isinstance(out[0], PromotionRejected), type(out[0])
+    orphaned = {m.effect_id: m.reason for m in out if isinstance(m, EffectOrphaned)}
+    used = {e.effect_id for e in effects}
+    assert not (set(orphaned) & used), f"live effects of promoted {x1.response_id} orphaned: {orphaned}"

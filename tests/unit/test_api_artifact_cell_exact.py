@@ -1,18 +1,11 @@
-"""F2: a token_artifact cell that is not the JSON object the store wrote is served.
+"""A token_artifact cell that is not the canonical JSON the store wrote is damage.
 
 Promise (docs/service.md "Damaged rows give the same reason on every load"): "A stored
 cell that decodes but cannot be served (a token artifact that is not its JSON object
-...) is CORRUPT_HISTORY on every load"; ratchet/domain/history.py
-StoredTokenArtifact.from_json: "Raises ValueError / TypeError / KeyError for a cell that
-is not the object ``to_json`` writes (the row reads as damaged)"; CONTRACT section 5:
-never an altered history. render._json_object treats a receipt/proof with a duplicate
-key as damage because "a cell that parses to something else ... would be served
-altered".
-
-What happens: the artifact cell is parsed leniently (pydantic from_json: the LAST of
-two duplicate keys wins, unknown keys are ignored) and re-encoded by ``_artifact``,
-so a cell holding ``"artifact_id"`` twice, or an extra key, is served 200 certified
-with a normalised artifact, not CORRUPT_HISTORY.
+...) is CORRUPT_HISTORY on every load"; CONTRACT section 5: never an altered history.
+A cell holding ``artifact_id`` twice (the last would win) or an unknown key parses, but
+is not the canonical JSON of its fields: it is CORRUPT_HISTORY, never served normalised
+(found by an outside review: it was served 200 certified).
 """
 
 from __future__ import annotations

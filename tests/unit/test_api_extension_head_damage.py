@@ -1,19 +1,13 @@
-"""F1: an extension answers a damaged Conversation turn's items before the head check.
+"""An extension and a cold read agree when a Conversation's head and a loaded turn's
+items are both damaged.
 
 Promise (docs/service.md "Damaged rows give the same reason on every load"; CONTRACT
-section 5): a cold (no-cache) read and an extension answer the same typed failure and
-status, with the same details, for the same damage of the rows they both load; the
-extension checks the full read's rules in the full read's order.
-
-What happens: the full read (verify_history) runs ``_check_conversation`` (is the head
-backed by a checkpoint?) right after the lineage structure and BEFORE the items. The
-extension (service._extended -> verify_extension) checks the new rows' items first and
-returns their failure; the head is only checked in ``_extend`` after a SUCCESSFUL
-verify_extension. The head row is loaded by both (read_turn returns it as row_head).
-So with a head that names a ghost response (seq 3) plus an item of turn 3 in an
-unsupported format, the cold read answers CORRUPT_HISTORY ("head seq 3 (...) is backed
-by no checkpoint") while the extension answers UNSUPPORTED_FORMAT; with a content/digest
-mismatch both are CORRUPT_HISTORY but the details differ.
+section 5): a cold (no-cache) read and an extension answer the same typed failure,
+status and detail for the same damage of the rows they both load; the extension checks
+the full read's rules in the full read's order. The full read checks that the head is
+backed by a checkpoint before it checks the items, so a head naming a ghost response
+plus a bad item of the new turn is the head's CORRUPT_HISTORY on both paths (found by
+an outside review: the extension answered the item's failure first).
 """
 
 from __future__ import annotations
