@@ -591,6 +591,8 @@ def _check_conversation(
     if backing is None or backing.seq != head.seq or backing.mode is not PromotionMode.CONVERSATION:
         return _corrupt(f"head seq {head.seq} ({head.response_id}) is backed by no checkpoint")
     seqs = [c.seq for c in snapshot.checkpoints.values() if c.mode is PromotionMode.CONVERSATION]
+    if max(seqs) > head.seq:  # a turn's row and the head are written in one batch
+        return _corrupt(f"a checkpoint at seq {max(seqs)} is beyond the head seq {head.seq}")
     if len(set(seqs)) != len(seqs):  # a set first: counting costs more, and is rare
         doubled = sorted(seq for seq, n in Counter(seqs).items() if n > 1)
         return _corrupt(f"several checkpoints at seq {doubled}")

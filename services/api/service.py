@@ -518,8 +518,7 @@ class RehydrationService:
             return self._failure(extended, endpoint)
         if isinstance(extended, HistoryBody):
             child(metrics.HISTORY_CACHE, endpoint, "extended").inc()
-            child(metrics.OUTCOMES, endpoint, extended.outcome, extended.reason or "").inc()
-            return Answer.of(extended, 500)
+            return self._unrenderable(extended, endpoint)
         entry, current = extended
         target = entry.checkpoint
         if target.mode is PromotionMode.CONVERSATION:
@@ -608,17 +607,29 @@ class RehydrationService:
         turns.reverse()
         loaded = PartitionSnapshot(tenant_id, partition_key, row_head, checkpoints, items)
         verified = verify_extension(prefix.checkpoint, turns, loaded, now)
-        if isinstance(verified, HistoryFailure) and not self._head_backed(
-            tenant_id, partition_key, target, known
-        ):
-            # The full read checks the head's backing before the loaded turns' items:
-            # it answers, so both give the same failure for the same damage.
+        if verified is None:
             return None
-        if verified is None or isinstance(verified, HistoryFailure):
-            return verified
-        rendered = render_extension(target, prefix.rendered.items_json, verified)
-        if isinstance(rendered, HistoryBody):
-            return rendered
+        if not isinstance(verified, HistoryFailure):
+            rendered = render_extension(target, prefix.rendered.items_json, verified)
+            if not isinstance(rendered, HistoryBody):
+                return self._cached(tenant_id, partition_key, turns, rendered, known)
+        if not self._head_backed(tenant_id, partition_key, target, known):
+            # The full read checks the head's backing before the loaded turns' items and
+            # their rendering: it answers, so both give the same failure for the same damage.
+            return None
+        return verified if isinstance(verified, HistoryFailure) else rendered
+
+    def _cached(
+        self,
+        tenant_id: str,
+        partition_key: str,
+        turns: list[CheckpointRecord],
+        rendered: RenderedHistory,
+        known: Head | None,
+    ) -> tuple[CachedHistory, Head | None]:
+        """Cache the verified extension ending at ``turns[-1]``; ``_extended``'s answer."""
+        assert self._cache is not None
+        target = turns[-1]
         self._cache.remember_locations(tenant_id, [t.response_id for t in turns], partition_key)
         entry = CachedHistory(tenant_id, partition_key, target, True, rendered)
         self._cache.put(target.response_id, entry)
@@ -698,8 +709,7 @@ class RehydrationService:
             return self._failure(history, endpoint)
         rendered = render_history(history)
         if isinstance(rendered, HistoryBody):  # stored bytes that are not a UTF-8 JSON object
-            child(metrics.OUTCOMES, endpoint, rendered.outcome, rendered.reason or "").inc()
-            return Answer.of(rendered, 500)
+            return self._unrenderable(rendered, endpoint)
         self._fill(history, rendered)
         return self._verified_answer(
             rendered,
@@ -708,6 +718,15 @@ class RehydrationService:
             fallback_reason(history.checkpoint, fingerprint_hash, now),
             endpoint,
         )
+
+    def _unrenderable(self, body: HistoryBody, endpoint: str) -> Answer:
+        """A stored checkpoint that cannot be rendered (``CORRUPT_HISTORY``): the body
+        names the response on the response endpoint, nothing on the Conversation one
+        (docs/gateway-protocol.md, section 8: a failure body's ``response_id``)."""
+        if endpoint == "conversation":
+            body = body.model_copy(update={"response_id": None})
+        child(metrics.OUTCOMES, endpoint, body.outcome, body.reason or "").inc()
+        return Answer.of(body, 500)
 
     def _failure(self, history: HistoryFailure, endpoint: str) -> Answer:
         reason = str(history.reason)
