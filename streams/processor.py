@@ -792,7 +792,7 @@ class PromotionProcessor:
         # A rejected attempt of a request that stands promoted must never orphan what
         # the promoted turn used: read the promotion, only when there is something to
         # orphan (rejections with effects or claims are rare).
-        known, promoted = (self.request_facts.orphans_known(turn)
+        known, promoted = (self.request_facts.orphans_known(turn, verdict)
                            if isinstance(verdict, Reject) and (facts.effects or facts.claims)
                            else (True, None))
         # claims hook (issue 17): a claim of an attempt not accepted is orphaned too

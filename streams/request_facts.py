@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from ratchet.domain import promotion
 from ratchet.domain.history import CheckpointRecord, PromotionMode
-from ratchet.domain.promotion import RecordedEffect
+from ratchet.domain.promotion import RecordedEffect, Reject
 from schemas.keys import MissingChainRoot, partition_key, request_scope
 from schemas.models import (
     DeadLetterReason,
@@ -131,24 +131,13 @@ class RequestFacts:
     def _no_other_attempt(self, effect: ToolEffect) -> bool:
         """For an effect of a chain's first response: no other attempt of its request
         (another first response, another partition, whose batch asserts none of this
-        partition's facts) can be promoted, now or later. Decided by the request's
-        claim, taken for this response if free: held by it, no other attempt ever
-        promotes (every other is ``CONFLICT``); held by another first response: see
-        below. False: the holder stands promoted (its outcome decided the effect's
-        fate: used, or orphaned by it)."""
-        holder = self.store.hold_request(effect.tenant_id, effect.idempotency_key,
-                                         effect.response_id)
-        if holder.response_id != effect.response_id:
-            # Held by another first response, which may promote (a retry goes on after a
-            # rejection; a batch may be in flight, asserting its own partition's facts
-            # mark only). Mark the request's facts there too: a batch in flight is
-            # refused and decided again with the cancellation (CANCELLED, orphaning the
-            # effect itself), every later one reads it; so only a promotion that landed
-            # before the mark can stand, and the read after it sees that one.
-            self.mark(effect.tenant_id, holder.partition_key, effect.idempotency_key)
-            return self.store.promoted_key(effect.tenant_id, holder.partition_key,
-                                           effect.idempotency_key, holder.response_id,
-                                           first_of_chain=True) is None
+        partition's facts) can be promoted, now or later (``_settle_request``). False:
+        another attempt stands promoted (its outcome decided the effect's fate: used,
+        or orphaned by it)."""
+        held, promoted = self._settle_request(effect.tenant_id, effect.idempotency_key,
+                                              effect.response_id)
+        if not held:
+            return promoted is None
         # Held by this response: its own turn, in this partition, is decided already
         # (not promoted: rejected) or comes later and is CANCELLED. Its status says so
         # now, so that another attempt finding the request held by it is CONFLICT
@@ -159,6 +148,24 @@ class RequestFacts:
                 effect.tenant_id, effect.response_id, RejectionReason.CANCELLED.value,
                 f"request {effect.idempotency_key} was cancelled")
         return True
+
+    def _settle_request(self, tenant_id: str, idempotency_key: str,
+                        response_id: str) -> tuple[bool, CheckpointRecord | None]:
+        """Before orphaning the effects of a cancelled chain's first response: settle
+        whether another attempt of its request can still be promoted. The request's
+        claim is taken for ``response_id`` if free: (True, None), held by it, no other
+        attempt ever promotes (every other is ``CONFLICT``). Held by another first
+        response, which may promote (a batch in flight asserts its own partition's
+        facts mark only): the request's facts are marked there too, so that batch is
+        refused and decided again with the cancellation, and every later one reads it;
+        only a promotion that landed before the mark can stand: (False, it or None)."""
+        holder = self.store.hold_request(tenant_id, idempotency_key, response_id)
+        if holder.response_id == response_id:
+            return True, None
+        self.mark(tenant_id, holder.partition_key, idempotency_key)
+        return False, self.store.promoted_key(tenant_id, holder.partition_key,
+                                              idempotency_key, holder.response_id,
+                                              first_of_chain=True)
 
     def mark(self, tenant_id: str, key: str, idempotency_key: str) -> None:
         """After a fact of the request is durable (also when it was already there: a
@@ -219,7 +226,8 @@ class RequestFacts:
         return self.store.promoted_key(turn.tenant_id, key, turn.idempotency_key,
                                        turn.response_id, first_of_chain=_first_of_chain(turn))
 
-    def orphans_known(self, turn: TurnCompleted) -> tuple[bool, CheckpointRecord | None]:
+    def orphans_known(self, turn: TurnCompleted,
+                      verdict: Reject) -> tuple[bool, CheckpointRecord | None]:
         """``promoted_request`` for a rejection's orphans: (known, promoted). Not known
         when the rows that say it are damaged (``CorruptPartition``): then any effect
         could be one the promotion used, and none is orphaned (logged: the partition
@@ -234,7 +242,14 @@ class RequestFacts:
                         turn.response_id, turn.idempotency_key)
             return False, None
         try:
-            return True, self.promoted_request(turn)
+            promoted = self.promoted_request(turn)
+            if (promoted is None and verdict.reason is RejectionReason.CANCELLED
+                    and _first_of_chain(turn)):
+                # Another attempt (another partition) may be promoting with the effects
+                # this rejection would orphan: settle it first, as for a late effect.
+                promoted = self._settle_request(turn.tenant_id, turn.idempotency_key,
+                                                turn.response_id)[1]
+            return True, promoted
         except CorruptPartition as exc:
             log.error("orphans of %s not published: whether request %s stands promoted "
                       "cannot be read: %s", turn.response_id, turn.idempotency_key, exc)

@@ -277,3 +277,85 @@ def test_unkeyed_retry_never_orphans_effect_the_promotion_used(workers):
     orphaned = {m.effect_id: m.reason for m in out if isinstance(m, EffectOrphaned)}
     used = {e.effect_id for e in effects}
     assert not (set(orphaned) & used), f"live effects of promoted {x1.response_id} orphaned: {orphaned}"
+
+
+def _first_response_with_effect(key: str, attempt: int = 1):
+    """A chain's first response of request ``key`` with one tool round, and its effect."""
+    turn, (effect,) = make_tool_loop_turn(rounds=1, conversation_id=None, chain_root_id=None,
+                                          expected_head_seq=None, idempotency_key=key,
+                                          attempt=attempt)
+    return turn, effect
+
+
+def _no_effect_orphaned_and_used(published, outcome, effect) -> None:
+    """R1 promoted using ``effect``: no rejected attempt published it orphaned; R1 not
+    promoted (its batch refused or CONFLICT once the request is cancelled): fine."""
+    assert any(isinstance(m, PromotionRejected) for m in published), published
+    orphaned = {m.effect_id for m in published if isinstance(m, EffectOrphaned)}
+    if isinstance(outcome, CheckpointPromoted):
+        assert effect.effect_id not in orphaned, "an effect published orphaned and used"
+    else:
+        assert isinstance(outcome, PromotionRejected), outcome
+
+
+def test_a_cancelled_retry_never_orphans_what_the_first_attempt_promotes_with(workers):
+    """A chain's first response R1 records effect E and is decided with it; before its
+    batch, a TurnCancelled keyed to the retry R2 (attempt 2, another partition, its own
+    effect) and R2's TurnCompleted are processed by another worker: R2 is CANCELLED.
+
+    Promise (docs/gateway-protocol.md section 7, "The first response of a chain": a
+    cancellation ... "after the request's promotion it changes nothing, as everywhere, and
+    no rejected attempt orphans an effect the promoted turn used"; section 6: an effect
+    the promoted turn uses is never orphaned). R2's rejection settles the request first
+    (its claim, or a mark in the holder's partition), so E is never both published
+    orphaned and promoted (found by an outside review: it was)."""
+    other, first_owner = workers
+    key = uid("idem")
+    first, effect = _first_response_with_effect(key)
+    retry, retry_effect = _first_response_with_effect(key, attempt=2)
+    retry = retry.model_copy(update={"request_digest": first.request_digest})
+    assert retry.response_id != first.response_id  # two partitions
+    assert effect.effect_id not in retry.tool_effect_ids  # the retry ran its own round
+    first_owner.feed(effect)
+    published = []
+
+    def cancel_and_reject_the_retry():  # after R1 is decided, before its batch
+        other.feed(retry_effect, make_turn_cancelled(retry))
+        published.extend(o.model for o in other.handle(retry).outbound)
+
+    first_owner.store.before_promote = cancel_and_reject_the_retry
+    _no_effect_orphaned_and_used(published, first_owner.outcome(first), effect)
+
+
+class _BeforeWrite(MemoryCheckpointStore):
+    """Runs ``hook`` once just before the next conditional write: after a promoting
+    first response has claimed its request, before its batch."""
+
+    hook = None
+
+    def _write(self, request, plan, checkpoint, facts_mark):
+        if self.hook is not None:
+            act, self.hook = self.hook, None
+            act()
+        return super()._write(request, plan, checkpoint, facts_mark)
+
+
+@pytest.mark.parametrize("entry", ["handle", "handle_async"])
+def test_a_cancelled_retry_never_orphans_what_the_holder_promotes_with(entry):
+    """The same race, later: R1 holds the request's claim and its batch is about to be
+    written when R2 is cancelled and rejected; the mark R2's rejection leaves in R1's
+    partition refuses that batch (in-memory store: the hook sits inside its write)."""
+    store, ledger = _BeforeWrite(StoreOptions()), MemoryLedger()
+    first, effect = _first_response_with_effect(uid("idem"))
+    retry = first.model_copy(update={"event_id": str(uuid.uuid4()),
+                                     "response_id": uid("resp"), "attempt": 2})
+    first_owner, other = Worker(store, ledger, entry), Worker(store, ledger)
+    first_owner.feed(effect)
+    published = []
+
+    def cancel_and_reject_the_retry():
+        other.feed(make_turn_cancelled(retry))
+        published.extend(o.model for o in other.handle(retry).outbound)
+
+    store.hook = cancel_and_reject_the_retry
+    _no_effect_orphaned_and_used(published, first_owner.outcome(first), effect)
