@@ -109,6 +109,9 @@ class Effect:
                                              self.tool_name, occurrence)
         self.token = uuid.uuid4().hex
         self.output: Item | None = None
+        # An outcome whose completion did not get through: sent again (same token) by
+        # the next ``run`` instead of running the tool again.
+        self._unrecorded: tuple[Item, bool] | None = None
         self.executed = False  # True only if THIS attempt ran the function
         self.state: str | None = None
 
@@ -116,6 +119,8 @@ class Effect:
         """Claim, then run ``fn`` (returning the tool's output text) only if CLAIMED."""
         if self.output is not None:
             return self.output
+        if self._unrecorded is not None:
+            return self._record(*self._unrecorded)
         body = self._owner._claim(self)
         self.state = body["state"]
         if body["state"] == "COMPLETED":
@@ -127,19 +132,26 @@ class Effect:
                 raise EffectOutputUnusable(self.effect_id, str(exc)) from exc
             return self.output
         try:
-            text, succeeded = fn(), True
+            text = fn()
         except Exception as exc:  # recorded as failed, then re-raised
-            self._record(f"error: {type(exc).__name__}: {exc}", succeeded=False)
+            self._record(self._output(f"error: {type(exc).__name__}: {exc}"), False)
             raise
         self.executed = True
-        return self._record(text, succeeded=succeeded)
+        return self._record(self._output(text), True)
 
-    def _record(self, text: str, *, succeeded: bool) -> Item:
+    def _output(self, text: str) -> Item:
         output = {"type": self.output_type, "call_id": self.call_id, "output": text,
                   "id": f"{self.effect_id}:{self._owner.attempt}"}
-        self.output = from_responses(output, item_id=output["id"])
-        self._owner._complete(self, self.output, succeeded)
-        return self.output
+        return from_responses(output, item_id=output["id"])
+
+    def _record(self, output: Item, succeeded: bool) -> Item:
+        """Complete the claim with the outcome; the output is this effect's only once
+        that got through (a retryable failure keeps it for the next ``run``)."""
+        self._unrecorded = (output, succeeded)
+        self._owner._complete(self, output, succeeded)
+        self._unrecorded = None
+        self.output = output
+        return output
 
 
 class EffectClaims:
@@ -160,6 +172,9 @@ class EffectClaims:
         self._lease_ms = lease_ms
         self._max_wait_s = max_wait_s
         self._seen: Counter[tuple[int, str]] = Counter()
+        # Each call's effect, by (subturn, call id): a call entered again (a retry after
+        # StillInProgress or a lost answer) keeps its occurrence, key and token.
+        self._effects: dict[tuple[int, str], Effect] = {}
         self._http = httpx.Client(base_url=base_url, timeout=10.0, transport=transport)
 
     def close(self) -> None:
@@ -172,12 +187,19 @@ class EffectClaims:
     def effect(self, call: Mapping[str, Any], *, subturn_index: int,
                occurrence: int | None = None) -> Iterator[Effect]:
         """The effect of ``call`` (a Responses call item); ``occurrence`` defaults to the
-        count of earlier calls of the same tool in this subturn."""
+        count of earlier calls of the same tool in this subturn. The same call entered
+        again is the same effect (its occurrence, key and token)."""
+        seen = self._effects.get((subturn_index, str(call.get("call_id"))))
+        if seen is not None and occurrence in (None, seen.occurrence):
+            yield seen
+            return
         name = tool_name_of(call)
         if occurrence is None:
             occurrence = self._seen[(subturn_index, name)]
         self._seen[(subturn_index, name)] += 1
-        yield Effect(self, call, subturn_index, occurrence)
+        effect = Effect(self, call, subturn_index, occurrence)
+        self._effects[(subturn_index, effect.call_id)] = effect
+        yield effect
 
     # -- HTTP -------------------------------------------------------------------------------
     def _claim(self, effect: Effect) -> dict[str, Any]:
