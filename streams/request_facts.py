@@ -66,6 +66,12 @@ class RequestFacts:
         promotion's own orphans could not include it. Read at SERIAL after the mark: a
         promotion batch that landed before the mark is seen here, one sent after it is
         refused and reads the effect with the request's facts."""
+        if not effect.output.digest_ok():
+            # The digest is what a turn's output is checked against: one that is not its
+            # content's would let a turn carry another output than the tool's.
+            raise DecodeFailed(DeadLetterReason.INVALID_EVENT, (
+                f"effect {effect.effect_id}: output {effect.output.item_id}'s content_digest "
+                "is not the sha256 of its content"))
         recorded = recorded_effect(effect)
         result = self.ledger.record_effect(recorded)
         if result is EffectWrite.FOREIGN:

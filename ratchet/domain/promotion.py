@@ -208,12 +208,34 @@ def decide_turn(turn: TurnCompleted, validation: ValidationVerdict,
         if rejection is not None:
             return rejection
     assert validation.certification is not None
+    unreadable = _unreadable_timestamp(turn)
+    if unreadable is not None:
+        return Reject(R.CORRUPT, unreadable)
     try:
         request = promotion_request(turn, validation.certification,
                                     validation.artifact_reusable)
     except ValueError as exc:  # ``_utc_ms``: a timestamp outside years 1 to 9999
         return Reject(R.CORRUPT, str(exc))
     return Promote(request)
+
+
+# Epoch milliseconds of 0001-01-01T00:00:00.000Z and 9999-12-31T23:59:59.999Z.
+_FIRST_MS, _LAST_MS = -62_135_596_800_000, 253_402_300_799_999
+
+
+def _unreadable_timestamp(turn: TurnCompleted) -> str | None:
+    """Why a timestamp of the turn lies outside years 1 to 9999, or None. The Avro
+    decoder dead-letters such a record; a turn that reached the rules another way is
+    refused here, whichever of its timestamps it is (docs/gateway-protocol.md, section 6)."""
+    stamps = {"produced_at": turn.produced_at, "expires_at": turn.expires_at}
+    for name in ("token_artifact", "boundary_proof", "router_receipt"):
+        record = getattr(turn, name)
+        if record is not None:
+            stamps[f"{name}.expires_at"] = record.expires_at
+    for name, value in stamps.items():
+        if value is not None and not _FIRST_MS <= value <= _LAST_MS:
+            return f"{name} {value} ms is outside the readable range (years 1 to 9999)"
+    return None
 
 
 def _tenant_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> Reject | None:
@@ -257,11 +279,21 @@ def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> R
       among the executed-output types of the catalogue (any call type's output, or an
       ``mcp_call``) by its effect key; equal digests mean equal bytes;
     * no output of the turn may answer a call of this request whose claim has no
-      recorded outcome (a turn only carries outputs of completed claims).
+      recorded outcome (a turn only carries outputs of completed claims);
+    * an output answering the call of an effect recorded for the request that the turn
+      does not list must still be that effect's recorded output (CONTRACT 4: the
+      turn's outputs match the recorded ones): another one means the tool ran again.
+
+    An ``mcp_call``'s key is its item id, a call output's its call id: two items of
+    the turn may share one key (separate namespaces), so an effect is answered when any
+    item under its key carries its digest.
     """
     outputs = [i for i in turn.items if i.type in EFFECT_OUTPUT_TYPES]
-    outputs_by_call = {effect_key(i): i for i in outputs}
-    for effect_id in used_effect_ids(turn):
+    outputs_by_call: dict[str | None, list[Item]] = {}
+    for item in outputs:
+        outputs_by_call.setdefault(effect_key(item), []).append(item)
+    used = used_effect_ids(turn)
+    for effect_id in used:
         effect = facts.effects.get(effect_id)
         claim = facts.claims.get(effect_id)
         if effect is not None and effect.conflicted:
@@ -275,20 +307,41 @@ def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> R
         if effect is None:
             return Reject(R.MISSING_TOOL_EFFECT, f"tool effect {effect_id} is not recorded "
                           f"for request {turn.idempotency_key}")
-        output = outputs_by_call.get(effect.call_id)
-        if output is not None and output.content_digest != effect.output_digest:
-            return Reject(R.DUPLICATE_TOOL_EFFECT, f"{output.type} for call "
+        other = _other_answer(effect, outputs_by_call)
+        if other is not None:
+            return Reject(R.DUPLICATE_TOOL_EFFECT, f"{other.type} for call "
                           f"{effect.call_id} differs from recorded effect {effect_id}")
     for claim in facts.claims.values():
         if not claim.completed and claim.call_id in outputs_by_call:
             return Reject(R.MISSING_TOOL_EFFECT, f"output for call {claim.call_id} but its "
                           f"claim {claim.effect_id} has no recorded outcome")
+    listed = set(used)
+    for effect in facts.effects.values():
+        if effect.effect_id in listed or effect.call_id not in outputs_by_call:
+            continue
+        other = _other_answer(effect, outputs_by_call)
+        if other is None and effect.conflicted:  # recorded twice: no output is trusted
+            other = outputs_by_call[effect.call_id][0]
+        if other is not None:
+            return Reject(R.DUPLICATE_TOOL_EFFECT, f"{other.type} for call {effect.call_id} "
+                          f"differs from effect {effect.effect_id} recorded for request "
+                          f"{turn.idempotency_key} (not listed by the turn)")
     return None
+
+
+def _other_answer(effect: RecordedEffect,
+                  outputs_by_call: dict[str | None, list[Item]]) -> Item | None:
+    """The turn's answer to the effect's call when no item under its key is the
+    effect's recorded output; None when the call is unanswered or answered by it."""
+    answers = outputs_by_call.get(effect.call_id, ())
+    if any(a.content_digest == effect.output_digest for a in answers):
+        return None
+    return answers[0] if answers else None
 
 
 def _claimed_effect_rule(turn: TurnCompleted, claim: ClaimRecord,
                          effect: RecordedEffect | None, outputs: Sequence[Item],
-                         outputs_by_call: dict[str | None, Item]) -> Reject | None:
+                         outputs_by_call: dict[str | None, list[Item]]) -> Reject | None:
     """A claimed effect: completed; a ``ToolEffect`` of its id records the same output
     (the same execution recorded twice); and the turn carries its result. The output
     answering the claim's own call must be that result (two claims' results swapped
@@ -310,9 +363,9 @@ def _claimed_effect_rule(turn: TurnCompleted, claim: ClaimRecord,
                       f"{claim.effect_id} has no canonical form ({exc}): no output of the "
                       "turn can equal it")
     own = outputs_by_call.get(claim.call_id)
-    if own is not None:
-        if _result_or_none(own) != wanted:
-            return Reject(R.DUPLICATE_TOOL_EFFECT, f"{own.type} for call {claim.call_id} "
+    if own:
+        if all(_result_or_none(o) != wanted for o in own):
+            return Reject(R.DUPLICATE_TOOL_EFFECT, f"{own[0].type} for call {claim.call_id} "
                           f"differs from the recorded outcome of claimed effect "
                           f"{claim.effect_id}")
         return None
