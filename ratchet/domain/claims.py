@@ -104,7 +104,10 @@ class ClaimRequest:
 @dataclass(frozen=True)
 class ClaimRecord:
     """A stored claim. ``completed`` with ``status`` and ``output`` once recorded.
-    ``takeovers`` counts how often an expired lease was taken over."""
+    ``takeovers`` counts how often an expired lease was taken over;
+    ``taken_over_call_ids`` are the call ids of the holders it replaced (an output
+    answering one is an output of a claim with no outcome unless it carries the
+    recorded result), ``previous_attempt`` the attempt the last takeover replaced."""
 
     tenant_id: str
     idempotency_key: str
@@ -122,6 +125,8 @@ class ClaimRecord:
     output: Item | None = None
     completed_at: int | None = None
     takeovers: int = 0
+    taken_over_call_ids: tuple[str, ...] = ()
+    previous_attempt: int | None = None
 
     @property
     def output_digest(self) -> str | None:
@@ -193,13 +198,15 @@ def decide_claim(existing: ClaimRecord | None, request: ClaimRequest, now_ms: in
         return Answer(ClaimState.COMPLETED, existing)
     if cancelled:
         return Answer(ClaimState.CANCELLED, existing, detail="the request was cancelled")
-    if existing.token == request.token:
-        return Answer(ClaimState.CLAIMED, existing)
+    if existing.token == request.token:  # the answer of the call being repeated
+        return Answer(ClaimState.CLAIMED, existing, previous_attempt=existing.previous_attempt)
     if now_ms < existing.lease_until:
         wait = min(existing.lease_until - now_ms, WAIT_MS_MAX)
         return Answer(ClaimState.IN_PROGRESS, existing, wait_ms=wait)
     if request.policy is EffectPolicy.AT_LEAST_ONCE:
-        claim = replace(new_claim(request, now_ms), takeovers=existing.takeovers + 1)
+        claim = replace(new_claim(request, now_ms), takeovers=existing.takeovers + 1,
+                        taken_over_call_ids=(*existing.taken_over_call_ids, existing.call_id),
+                        previous_attempt=existing.attempt)
         return TakeOver(existing, claim)
     return Answer(ClaimState.LEASE_EXPIRED, existing, detail=(
         f"attempt {existing.attempt} claimed effect {existing.effect_id} and recorded no "

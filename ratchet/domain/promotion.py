@@ -315,6 +315,11 @@ def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> R
         if not claim.completed and claim.call_id in outputs_by_call:
             return Reject(R.MISSING_TOOL_EFFECT, f"output for call {claim.call_id} but its "
                           f"claim {claim.effect_id} has no recorded outcome")
+        stale = _stale_holders_output(claim, outputs_by_call)
+        if stale is not None:
+            return Reject(R.MISSING_TOOL_EFFECT, f"output for call {stale}, whose claim "
+                          f"{claim.effect_id} was taken over: it is not the claim's "
+                          "recorded outcome")
     listed = set(used)
     for effect in facts.effects.values():
         if effect.effect_id in listed or effect.call_id not in outputs_by_call:
@@ -326,6 +331,27 @@ def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> R
             return Reject(R.DUPLICATE_TOOL_EFFECT, f"{other.type} for call {effect.call_id} "
                           f"differs from effect {effect.effect_id} recorded for request "
                           f"{turn.idempotency_key} (not listed by the turn)")
+    return None
+
+
+def _stale_holders_output(claim: ClaimRecord,
+                          outputs_by_call: dict[str | None, list[Item]]) -> str | None:
+    """The call id of a holder the claim's takeovers replaced that the turn answers
+    with something else than the claim's recorded result (none yet, or another): that
+    holder's run has no outcome. A retry whose call kept that id and carries the
+    recorded result is fine."""
+    for call_id in claim.taken_over_call_ids:
+        answers = outputs_by_call.get(call_id)
+        if not answers or call_id == claim.call_id:
+            continue
+        if not claim.completed or claim.output is None:
+            return call_id
+        try:
+            wanted = result_digest(claim.output)
+        except (ValueError, TypeError, RecursionError):
+            return call_id
+        if all(_result_or_none(a) != wanted for a in answers):
+            return call_id
     return None
 
 

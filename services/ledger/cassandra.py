@@ -59,13 +59,13 @@ _FACT_COLUMNS = (
     "output_item_id, output_digest, executed_at, conflicted, response_id, cancelled_at, "
     "outcome, reason, detail, seq, decided_at, existing_response_id, "
     "claim_token, lease_until, claimed_at, claim_completed, completed_at, output_item, takeovers, "
-    "scope"
+    "scope, taken_over_call_ids, previous_attempt"
 )
 # A claim read with the request's cancellation flag (static: one cell per partition).
 _CLAIM_COLUMNS = (
     "kind, ref, attempt, subturn_index, call_id, tool_name, arguments_digest, status, "
     "claim_token, lease_until, claimed_at, claim_completed, completed_at, output_item, "
-    "takeovers, request_cancelled"
+    "takeovers, request_cancelled, taken_over_call_ids, previous_attempt"
 )
 # Re-deciding after a lost race is bounded: each round means another claimant won a
 # conditional write in between, which a lease makes rare.
@@ -151,7 +151,8 @@ class CassandraLedger(Ledger):
             "idempotency_key = ? IF request_cancelled = null")
         self._take_over_claim = self._lwt(
             "UPDATE request_facts SET attempt = ?, call_id = ?, claim_token = ?, "
-            "lease_until = ?, claimed_at = ?, takeovers = ? WHERE tenant_id = ? AND "
+            "lease_until = ?, claimed_at = ?, takeovers = ?, taken_over_call_ids = ?, "
+            "previous_attempt = ? WHERE tenant_id = ? AND "
             "idempotency_key = ? AND kind = 'claim' AND ref = ? IF claim_token = ? AND "
             "lease_until = ? AND claim_completed = false AND request_cancelled = null")
         self._complete_claim = self._lwt(
@@ -304,7 +305,7 @@ class CassandraLedger(Ledger):
         c, old = action.claim, action.previous
         return self._take_over_claim, (
             c.attempt, c.call_id, c.token, c.lease_until, c.claimed_at, c.takeovers,
-            c.tenant_id, c.idempotency_key, c.effect_id, old.token, old.lease_until)
+            list(c.taken_over_call_ids), c.previous_attempt, c.tenant_id, c.idempotency_key, c.effect_id, old.token, old.lease_until)
 
     def _claim_from_lwt(self, r: ClaimRequest,
                         rows: list[dict[str, Any]]) -> tuple[ClaimRecord | None, bool]:
@@ -559,6 +560,7 @@ def _status_of(row: Any, response_id: str) -> ResponseStatus:
 # cancelled_at, then the six decision fields.
 _KIND, _REF, _EFFECT, _CONFLICTED, _RESPONSE, _CANCELLED_AT, _DECISION = 0, 1, 2, 11, 12, 13, 14
 _SCOPE = 27
+_TAKEN_OVER = 28  # taken_over_call_ids, previous_attempt
 _CLAIM = 20  # claim_token ... takeovers
 _CLAIM_FIELDS = ("claim_token", "lease_until", "claimed_at", "claim_completed",
                  "completed_at", "output_item", "takeovers")
@@ -591,14 +593,18 @@ def _claim_from_row(tenant_id: str, key: str, row: Any) -> ClaimRecord:
                  "arguments_digest", "status")
         row = {**dict(zip(names, (row[_REF], *row[_EFFECT:_EFFECT + 5], row[_EFFECT + 5]),
                           strict=True)),
-               **dict(zip(_CLAIM_FIELDS, row[_CLAIM:_CLAIM + 7], strict=True))}
+               **dict(zip(_CLAIM_FIELDS, row[_CLAIM:_CLAIM + 7], strict=True)),
+               "taken_over_call_ids": row[_TAKEN_OVER],
+               "previous_attempt": row[_TAKEN_OVER + 1]}
     output = row["output_item"]
     return ClaimRecord(
         tenant_id, key, row["ref"], row["attempt"], row["subturn_index"], row["call_id"],
         row["tool_name"], row["arguments_digest"], row["claim_token"], row["lease_until"],
         row["claimed_at"], completed=bool(row["claim_completed"]), status=row["status"],
         output=None if output is None else claims.output_from_json(output),
-        completed_at=row["completed_at"], takeovers=row["takeovers"] or 0)
+        completed_at=row["completed_at"], takeovers=row["takeovers"] or 0,
+        taken_over_call_ids=tuple(row.get("taken_over_call_ids") or ()),
+        previous_attempt=row.get("previous_attempt"))
 
 
 class _RequestFacts:

@@ -305,6 +305,30 @@ class LedgerContract:
         assert ledger.complete_claim(tenant, key, taker.effect_id, taker.token, "succeeded",
                                      output_for(taker), later + 2)[0] is CompletionState.COMPLETED
 
+    def test_a_takeover_keeps_the_holders_it_replaced(self, ledger, tenant):
+        """What a takeover leaves of the holders it replaced (migration 015): their
+        call ids, for the turns that answer them, and the attempt replaced, for a
+        claim call re-sent with the takeover's token (found by an outside review)."""
+        key = uid("key")
+        first = claim_request(tenant, key)
+        ledger.claim_effect(first, NOW)
+        second = claim_request(tenant, key, attempt=2, policy=EffectPolicy.AT_LEAST_ONCE)
+        ledger.claim_effect(second, NOW + LEASE)
+        third = claim_request(tenant, key, attempt=3, policy=EffectPolicy.AT_LEAST_ONCE)
+        took = ledger.claim_effect(third, NOW + 3 * LEASE)
+        assert (took.state, took.previous_attempt) == (ClaimState.CLAIMED, 2)
+        again = ledger.claim_effect(third, NOW + 3 * LEASE + 1)  # its answer was lost
+        assert (again.state, again.previous_attempt) == (ClaimState.CLAIMED, 2)
+        stored = ledger.claim(tenant, key, third.effect_id)
+        assert stored is not None
+        assert (stored.taken_over_call_ids, stored.previous_attempt, stored.takeovers) == (
+            (first.call_id, second.call_id), 2, 2)
+        # the request's facts carry them too (a turn's effects rule reads them there)
+        facts = ledger.turn_facts(event_id=uid("ev"), tenant_id=tenant, idempotency_key=key,
+                                  conversation_id=None)
+        assert [c.taken_over_call_ids for c in facts.claims] == [
+            (first.call_id, second.call_id)]
+
     def test_cancelled_request_refuses_new_claims(self, ledger, tenant):
         key = uid("key")
         held = claim_request(tenant, key)
