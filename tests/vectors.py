@@ -78,6 +78,8 @@ CANONICAL_ERRORS = [
     ("Infinity", '{"x": Infinity}'),
     ("-Infinity", "[-Infinity]"),
     ("lone surrogate (not encodable as UTF-8)", '"\\ud800"'),
+    ("a number beyond a double's range (no float spelling)", '[1e400]'),
+    ("an integer of 4 301 digits (above the 4 300-digit bound)", "[" + "7" * 4301 + "]"),
 ]
 
 
@@ -289,7 +291,10 @@ def effect_vectors() -> dict[str, Any]:
     return {
         "about": "effect_id = 'eff_' + first 32 hex chars of sha256(canonical JSON of "
                  "[idempotency_key, subturn_index, call_id]). arguments_digest = sha256 of "
-                 "the canonical JSON of the parsed arguments object.",
+                 "the canonical JSON of the parsed arguments object. The non-ASCII keys, "
+                 "call ids and tool names show the encoding only: an idempotency_key or "
+                 "tool_name outside the id patterns of docs/gateway-protocol.md (sections "
+                 "1 and 8) is refused there.",
         "effect_ids": [{"idempotency_key": key, "subturn_index": index, "call_id": call,
                         "canonical": canonical_json([key, index, call]).decode(),
                         "effect_id": effect_id_for(key, index, call)}

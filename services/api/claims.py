@@ -189,9 +189,19 @@ class _ClaimsRoute(APIRoute):
             except HTTPException as exc:
                 if exc.status_code != 400:
                     raise
-                return _error(400, "INVALID_REQUEST", str(exc.detail))
+                return _error(400, "INVALID_REQUEST", _unreadable_body(await request.body())
+                              or str(exc.detail))
 
         return route
+
+
+def _unreadable_body(body: bytes) -> str | None:
+    """Why and where a body FastAPI could not read is not UTF-8, or None."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"body is not UTF-8: {exc.reason} at byte {exc.start}"
+    return None
 
 
 def claims_router(ledger: Ledger, mark_facts: Callable[[str, str, str], object],
