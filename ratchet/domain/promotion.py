@@ -558,7 +558,8 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
       the request -> ``ATTEMPT_SUPERSEDED``, as a retry answered with the promotion
       does; other rejections orphan what this attempt used or recorded, as below;
     * cancelled: every effect recorded for the request -> ``TURN_CANCELLED``;
-    * any other rejection: the effects this attempt used or recorded ->
+    * any other rejection: the effects this attempt used or recorded (a chain's first
+      response: recorded, its own attempt's only) ->
       ``TURN_NOT_PROMOTABLE`` (failed/in-progress status), ``EFFECT_CONFLICT``
       (conflicted effects) or ``TURN_REJECTED``.
     """
@@ -593,7 +594,13 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
     if verdict.reason is R.CANCELLED:
         return [orphan(e, OrphanReason.TURN_CANCELLED, R.CANCELLED) for e in all_effects
                 if e.effect_id not in protected]
-    used = set(used_effect_ids(turn))
+    # A chain's first response: its other attempts are other partitions, one of which
+    # may be promoting with an effect this turn replays (a retry lists the calls it
+    # answered, with their ids) while this rejection is published: each attempt's
+    # effects are left to that attempt's own outcome (a promotion uses or supersedes
+    # them, a rejection orphans them).
+    other_partitions = turn.conversation_id is None and turn.previous_response_id is None
+    used = set() if other_partitions else set(used_effect_ids(turn))
     mine = [e for e in all_effects if (e.effect_id in used or e.attempt == turn.attempt)
             and e.effect_id not in protected]
     return [orphan(e, _rejected_orphan_reason(e, verdict), verdict.reason, verdict.detail)

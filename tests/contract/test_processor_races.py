@@ -30,6 +30,7 @@ from schemas.models import (
     OrphanReason,
     PromotionRejected,
     RejectionReason,
+    TurnStatus,
 )
 from services.cassandra_loop import LoopSession
 from services.ledger.cassandra import CassandraLedger
@@ -359,3 +360,31 @@ def test_a_cancelled_retry_never_orphans_what_the_holder_promotes_with(entry):
 
     store.hook = cancel_and_reject_the_retry
     _no_effect_orphaned_and_used(published, first_owner.outcome(first), effect)
+
+
+def test_a_failed_retry_never_orphans_what_the_first_attempt_promotes_with(workers):
+    """A chain's first response R1 records effect E and is decided with it; before its
+    batch, its retry R2 (attempt 2, another partition) replays the call with E's id and
+    fails: R2 is NOT_PROMOTABLE_STATUS.
+
+    Promise (docs/gateway-protocol.md section 7, "The first response of a chain": no
+    rejected attempt orphans an effect the promoted turn used; section 6: an attempt of
+    a chain's first response leaves another attempt's effects to that attempt's own
+    outcome). R2 orphans only its own attempt's effects, so E is never both published
+    orphaned and promoted."""
+    other, first_owner = workers
+    first, effect = _first_response_with_effect(uid("idem"))
+    retry = first.model_copy(update={"event_id": str(uuid.uuid4()),
+                                     "response_id": uid("resp"), "attempt": 2,
+                                     "status": TurnStatus.FAILED})
+    assert effect.effect_id in retry.tool_effect_ids  # the retry replays E's call
+    first_owner.feed(effect)
+    published = []
+
+    def reject_the_retry():  # after R1 is decided, before its batch
+        published.extend(o.model for o in other.handle(retry).outbound)
+
+    first_owner.store.before_promote = reject_the_retry
+    outcome = first_owner.outcome(first)
+    assert isinstance(outcome, CheckpointPromoted), outcome
+    _no_effect_orphaned_and_used(published, outcome, effect)
