@@ -208,15 +208,11 @@ def decide_turn(turn: TurnCompleted, validation: ValidationVerdict,
         if rejection is not None:
             return rejection
     assert validation.certification is not None
-    unreadable = _unreadable_timestamp(turn)
+    unreadable = _unreadable_timestamp(turn)  # before ``_utc_ms`` could raise on one
     if unreadable is not None:
         return Reject(R.CORRUPT, unreadable)
-    try:
-        request = promotion_request(turn, validation.certification,
-                                    validation.artifact_reusable)
-    except ValueError as exc:  # ``_utc_ms``: a timestamp outside years 1 to 9999
-        return Reject(R.CORRUPT, str(exc))
-    return Promote(request)
+    return Promote(promotion_request(turn, validation.certification,
+                                     validation.artifact_reusable))
 
 
 # Epoch milliseconds of 0001-01-01T00:00:00.000Z and 9999-12-31T23:59:59.999Z.
