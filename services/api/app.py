@@ -21,8 +21,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ratchet.metric_children import child
+from ratchet.settings import Settings
 from schemas.ids import ID_PATTERN
 from services.api import metrics
+from services.api.body_limit import BodyLimit
 from services.api.models import ErrorBody, HealthBody, HistoryBody, StatusBody
 from services.api.service import WAIT_MS_CAP, Answer, RehydrationService
 from services.ledger.base import LedgerUnavailable
@@ -78,11 +80,24 @@ _HISTORY_RESPONSES = {
 }
 
 
+# The largest request body read (the effect-claims calls are the only bodies). A
+# completion's output content holds up to 8 MiB of UTF-8 (services/api/claims.py); as a
+# JSON string from an encoder that escapes every non-ASCII character (Python's default),
+# a 2- or 4-byte character takes 6 or 12 bytes: at most 3 x 8 MiB. 32 MiB admits every
+# valid completion however it is escaped, and bounds what a client can make the server
+# hold and parse before the content rules are judged. RATCHET_API_MAX_BODY_BYTES.
+MAX_BODY_BYTES = Settings.api_max_body_bytes
+
+
 def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
                routers: Sequence[APIRouter] = (),
-               on_start: Callable[[], None] | None = None) -> FastAPI:
+               on_start: Callable[[], None] | None = None,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """``routers``: route modules of their own (the effect claims, services/api/claims.py).
-    ``on_start``: called on the serving event loop before the first request."""
+    ``on_start``: called on the serving event loop before the first request.
+    ``max_body_bytes``: a larger body is refused with 413 ``INVALID_REQUEST``
+    (body_limit.py: a ``Content-Length`` above it unread, a chunked body as soon as it
+    passes it)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -97,6 +112,7 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
         description="Complete certified histories, typed fallbacks and typed failures "
         "(CONTRACT section 5). Item `content` is the canonical JSON text, byte-exact.",
     )
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     _install_error_handlers(app)
     for router in routers:
         app.include_router(router)
@@ -214,7 +230,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # 404 for unknown paths, 405 for wrong methods: typed like every other error.
+        # 404 for unknown paths, 405 for wrong methods, 413 for a body above the limit
+        # (body_limit.py): typed like every other error.
         return _error(exc.status_code, ErrorBody(error="INVALID_REQUEST", detail=exc.detail))
 
 

@@ -92,6 +92,7 @@ class ApiProcess:
             routers=[claims_router(self.ledger, self.store.mark_request_facts)],
             # Warm-ups read on the serving loop, like the requests (prewarm.py).
             on_start=lambda: self.prewarmer.attach(asyncio.get_running_loop()),
+            max_body_bytes=settings.api_max_body_bytes,
         )
 
     def close(self) -> None:
