@@ -49,6 +49,7 @@ def test_environment_overrides():
                                         ("RATCHET_API_PORT", "-1"),
                                         ("RATCHET_LOOP_DRIVER", "libev"),
                                         ("RATCHET_API_COALESCE_US", "-5"),
+                                        ("RATCHET_API_MAX_BODY_BYTES", "0"),
                                         ("RATCHET_CASSANDRA_TIMER_SLACK_US", "-1"),
                                         ("RATCHET_WORKER_EVENT_LOOP", "trio"),
                                         ("RATCHET_WORKER_CONSUMER", "process")])
@@ -72,6 +73,7 @@ def test_to_env_round_trips_through_from_env():
         "RATCHET_LOGICAL_RETENTION_S": "60",
         "RATCHET_LOOP_DRIVER": "cassandra-driver",
         "RATCHET_API_COALESCE_US": "150",
+        "RATCHET_API_MAX_BODY_BYTES": "1048576",
         "RATCHET_CASSANDRA_TIMER_SLACK_US": "1000",
         "RATCHET_WORKER_EVENT_LOOP": "asyncio",
         "RATCHET_WORKER_CONSUMER": "thread",
