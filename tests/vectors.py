@@ -409,7 +409,12 @@ def event_vectors() -> dict[str, Any]:
                      "(no 5-byte header: schema ids depend on the registry), written with "
                      "the current schemas/<record>.avsc; schema_sha256 is sha256 of the "
                      "schema text ratchet registers. In 'value', bytes fields (Item.content) "
-                     "are their UTF-8 text, timestamps epoch milliseconds, enums symbols.",
+                     "are their UTF-8 text, timestamps epoch milliseconds, enums symbols. "
+                     "Timestamps are fixed (the bytes depend on them) and lie in the past "
+                     "(around 2026-01-01): they check an encoder, they are not events to "
+                     "send. A sample sent as it is would be judged at its arrival: its "
+                     "boundary proof's expires_at is past (INVALID_BOUNDARY_PROOF); a live "
+                     "event carries the current times and future expiries.",
             "cases": cases}
 
 
