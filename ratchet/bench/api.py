@@ -166,7 +166,7 @@ def run(
     from services.demo.processes import free_port, start_api, wait_api_ready
     from services.store.base import StoreOptions
     from services.store.cassandra import CassandraCheckpointStore
-    from services.store.rows import HISTORY_COLUMNS
+    from services.store.rows import HISTORY_SELECT
     from streams.topics import ensure_topics
 
     logging.getLogger("cassandra").setLevel(logging.ERROR)
@@ -214,11 +214,11 @@ def run(
         base_url = f"http://127.0.0.1:{bench.api_port}"
         wait_api_ready(api, base_url, require_notifier=True)
         raw_partition = session.prepare(
-            f"SELECT {HISTORY_COLUMNS} FROM turns WHERE tenant_id = ? AND partition_key = ? "
+            f"SELECT {HISTORY_SELECT} FROM turns WHERE tenant_id = ? AND partition_key = ? "
             "AND kind IN ('checkpoint', 'head')"
         )
         raw_row = session.prepare(
-            f"SELECT {HISTORY_COLUMNS} FROM turns WHERE tenant_id = ? AND partition_key = ? "
+            f"SELECT {HISTORY_SELECT} FROM turns WHERE tenant_id = ? AND partition_key = ? "
             "AND kind = 'checkpoint' AND ref = ?"
         )
         for statement in (raw_partition, raw_row):

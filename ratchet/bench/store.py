@@ -174,7 +174,7 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
     from services.ledger.cassandra import CassandraLedger
     from services.store.base import StoreOptions
     from services.store.cassandra import CassandraCheckpointStore
-    from services.store.rows import HISTORY_COLUMNS, HISTORY_KINDS
+    from services.store.rows import HISTORY_KINDS, HISTORY_SELECT
 
     settings = settings or Settings.from_env()
     keyspace = f"{settings.keyspace}_bench_{uuid.uuid4().hex[:6]}"
@@ -196,7 +196,7 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
         # The query the store itself makes (no idempotency rows), without decoding
         # into records or verifying.
         raw_history = session.prepare(
-            f"SELECT {HISTORY_COLUMNS} FROM turns WHERE tenant_id = ? AND partition_key = ? "
+            f"SELECT {HISTORY_SELECT} FROM turns WHERE tenant_id = ? AND partition_key = ? "
             f"AND kind IN {HISTORY_KINDS}"
         )
         raw_history.consistency_level = ConsistencyLevel.LOCAL_QUORUM

@@ -28,7 +28,7 @@ from services.api.body_limit import BodyLimit
 from services.api.models import ErrorBody, HealthBody, HistoryBody, StatusBody
 from services.api.service import WAIT_MS_CAP, Answer, RehydrationService
 from services.ledger.base import LedgerUnavailable
-from services.store.base import StoreUnavailable
+from services.store.base import CorruptPartition, StoreUnavailable
 
 log = logging.getLogger("ratchet.api")
 
@@ -163,7 +163,10 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
     @app.get(
         "/v1/responses/{response_id}/status",
         response_model=StatusBody,
-        responses={422: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+        responses={422: {"model": ErrorBody},
+                   500: {"model": ErrorBody, "description": "CORRUPT_HISTORY: the response's "
+                         "checkpoint row is damaged"},
+                   503: {"model": ErrorBody}},
         summary="Was a response promoted, rejected (and why), or is it unknown?",
     )
     async def response_status(
@@ -224,6 +227,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StoreUnavailable)
     @app.exception_handler(LedgerUnavailable)
+    @app.exception_handler(CorruptPartition)
     @app.exception_handler(Exception)
     async def service_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(exc)
@@ -237,13 +241,17 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def error_response(exc: Exception) -> JSONResponse:
     """The answer to an exception out of the service: 503 when the store or the ledger
-    is unavailable (retry), else 500 (a bug: typed, logged with its traceback)."""
+    is unavailable (retry), 500 ``CORRUPT_HISTORY`` for a damaged row, else 500 (a bug:
+    typed, logged with its traceback)."""
     if isinstance(exc, StoreUnavailable):
         child(metrics.STORE_ERRORS, "any").inc()
         return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=exc.retryable))
     if isinstance(exc, LedgerUnavailable):
         child(metrics.STORE_ERRORS, "ledger").inc()
         return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=True))
+    if isinstance(exc, CorruptPartition):  # a damaged row (the status endpoint's read)
+        log.error("damaged checkpoint row: %s", exc)
+        return _error(500, ErrorBody(error="CORRUPT_HISTORY", detail=str(exc)))
     log.error("unhandled error", exc_info=exc)
     return _error(500, ErrorBody(error="INTERNAL", detail=type(exc).__name__))
 

@@ -106,7 +106,8 @@ class StatusBody(_Body):
 class ErrorBody(_Body):
     """Typed error for requests that never reached the domain."""
 
-    error: Literal["INVALID_REQUEST", "UNAVAILABLE", "INTERNAL"]
+    # CORRUPT_HISTORY: the status endpoint's answer for a damaged checkpoint row.
+    error: Literal["INVALID_REQUEST", "UNAVAILABLE", "INTERNAL", "CORRUPT_HISTORY"]
     detail: Any = None
     retryable: bool = False
 

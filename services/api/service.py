@@ -166,8 +166,11 @@ class RehydrationService:
         return answer
 
     def status(self, tenant_id: str, response_id: str) -> StatusBody:
-        """Promoted (the store is the truth), else what the ledger recorded, else unknown."""
-        checkpoint = self._store.get_checkpoint(tenant_id, response_id)
+        """Promoted (the store is the truth), else what the ledger recorded, else unknown.
+        A checkpoint row that cannot be decoded raises ``CorruptPartition`` (answered 500
+        ``CORRUPT_HISTORY``, as its history is): never "unknown", which would tell the
+        gateway to wait for a decision that was made."""
+        checkpoint = self._store.read_checkpoint(tenant_id, response_id)
         if checkpoint is not None:
             body = StatusBody(response_id=response_id, state="promoted", seq=checkpoint.seq)
         elif self._ledger is not None:

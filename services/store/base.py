@@ -593,9 +593,20 @@ class CheckpointStore(ABC):
         """``locate`` for an event loop."""
         return await self._locate_async(tenant_id, response_id)
 
-    @abstractmethod
     def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
-        """The promoted checkpoint of a response, or None (also for another tenant)."""
+        """The promoted checkpoint of a response, or None (also for another tenant, and
+        for a row that cannot be decoded: the processor's lookups, which only ask
+        whether a usable promotion is there, treat a damaged one as absent)."""
+        try:
+            return self.read_checkpoint(tenant_id, response_id)
+        except CorruptPartition:
+            return None
+
+    @abstractmethod
+    def read_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
+        """The promoted checkpoint of a response, or None (also for another tenant);
+        raises ``CorruptPartition`` for a row that cannot be decoded or is filed under
+        another response id (the status endpoint answers it, never as "unknown")."""
 
     def _request_held(
         self, request: PromotionRequest

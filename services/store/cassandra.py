@@ -74,8 +74,10 @@ from services.cassandra_loop import LoopRequestFailed, LoopResult, LoopSession
 from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable
 from services.store.rows import (
     CHECKPOINT_COLUMNS,
-    HISTORY_COLUMNS,
+    CHECKPOINT_SELECT,
+    DAMAGED_ROW_ERRORS,
     HISTORY_KINDS,
+    HISTORY_SELECT,
     checkpoint_of,
     checkpoint_values,
     decode_snapshot,
@@ -198,23 +200,23 @@ class CassandraCheckpointStore(CheckpointStore):
         )
         self._select_view_rows = self._prepare(
             "SELECT kind, ref, head_seq, head_response_id, head_item_count, "
-            f"head_lineage_digest, facts_mark, {CHECKPOINT_COLUMNS} FROM {table} "
+            f"head_lineage_digest, facts_mark, {CHECKPOINT_SELECT} FROM {table} "
             f"WHERE {partition} AND (kind, ref) IN "
             "(('head', ''), ('idempotency', ?), ('checkpoint', ?), ('checkpoint', ?))",
             serial_consistency,
         )
         self._select_checkpoint_serial = self._prepare(
-            f"SELECT {CHECKPOINT_COLUMNS} FROM {table} "
+            f"SELECT {CHECKPOINT_SELECT} FROM {table} "
             f"WHERE {partition} AND kind = 'checkpoint' AND ref = ?",
             serial_consistency,
         )
         self._select_checkpoint = self._prepare(
-            f"SELECT {CHECKPOINT_COLUMNS} FROM {table} "
+            f"SELECT {CHECKPOINT_SELECT} FROM {table} "
             f"WHERE {partition} AND kind = 'checkpoint' AND ref = ?",
             read_consistency,
         )
         self._select_partition = self._prepare(
-            f"SELECT {HISTORY_COLUMNS} FROM {table} WHERE {partition} AND kind IN {HISTORY_KINDS}",
+            f"SELECT {HISTORY_SELECT} FROM {table} WHERE {partition} AND kind IN {HISTORY_KINDS}",
             read_consistency,
         )
         self._select_partition.fetch_size = _HISTORY_FETCH_SIZE
@@ -226,12 +228,12 @@ class CassandraCheckpointStore(CheckpointStore):
             read_consistency,
         )
         self._select_turn = self._prepare(
-            f"SELECT {HISTORY_COLUMNS} FROM {table} "
+            f"SELECT {HISTORY_SELECT} FROM {table} "
             f"WHERE {partition} AND kind = 'checkpoint' AND ref = ?",
             read_consistency,
         )
         self._select_static_head = self._prepare(
-            f"SELECT {HISTORY_COLUMNS} FROM {table} WHERE {partition} LIMIT 1", read_consistency
+            f"SELECT {HISTORY_SELECT} FROM {table} WHERE {partition} LIMIT 1", read_consistency
         )
         # Partition reads decode plain tuples by position: the driver's default
         # named-tuple rows build a class per result. A profile object passed per call
@@ -433,7 +435,7 @@ class CassandraCheckpointStore(CheckpointStore):
         rows = _guard("read_turn", lambda: self._rows(self._select_turn, key))
         return decode_snapshot(tenant_id, partition_key, rows)
 
-    def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
+    def read_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         partition_key = self._locate(tenant_id, response_id)
         if partition_key is None:
             return None
@@ -443,9 +445,14 @@ class CassandraCheckpointStore(CheckpointStore):
         if row is None:
             return None
         try:
-            return checkpoint_of(tenant_id, partition_key, row)
-        except (KeyError, TypeError, ValueError):
-            return None
+            checkpoint = checkpoint_of(tenant_id, partition_key, row)
+        except DAMAGED_ROW_ERRORS as exc:
+            raise CorruptPartition(f"checkpoint row of {response_id} in {partition_key} "
+                                   f"cannot be decoded: {exc!r}") from exc
+        if checkpoint.response_id != response_id:
+            raise CorruptPartition(f"checkpoint row of {response_id} in {partition_key} is "
+                                   f"filed under another response id")
+        return checkpoint
 
     def request_facts_mark(self, tenant_id: str, partition_key: str,
                            idempotency_key: str) -> str | None:

@@ -120,7 +120,7 @@ class MemoryCheckpointStore(CheckpointStore):
                 items={response_id: partition.items.get(response_id, NO_ITEMS)},
             )
 
-    def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
+    def read_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         with self._lock:
             claim = self._claims.get((tenant_id, response_id))
             if claim is None:

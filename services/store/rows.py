@@ -13,7 +13,7 @@ import functools
 import struct
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cassandra.query import UNSET_VALUE
@@ -62,6 +62,23 @@ HISTORY_COLUMNS = (
     "kind, ref, head_seq, head_response_id, head_item_count, head_lineage_digest, items, "
     f"{', '.join(DECODED_CHECKPOINT_NAMES)}"
 )
+# Timestamp cells are selected as epoch milliseconds (bigint), not as the drivers'
+# datetimes: cassandra-driver fails a whole response, and closes its connection, on a
+# timestamp it cannot make a datetime of (past year 9999: only damage writes one), so
+# one damaged cell took every tenant's reads on that connection down for a moment. As
+# integers they are range-checked here (``_utc``) and a bad one is a damaged row like
+# any other. SELECTs name these; INSERTs the plain ``*_COLUMNS``.
+_TIMESTAMP_COLUMNS = frozenset({"artifact_expires_at", "logical_expires_at", "promoted_at"})
+
+
+def selected(columns: str) -> str:
+    """``columns`` as a SELECT list, each timestamp as its epoch milliseconds."""
+    return ", ".join(f"to_unix_timestamp({c}) AS {c}" if c in _TIMESTAMP_COLUMNS else c
+                     for c in (name.strip() for name in columns.split(",")))
+
+
+CHECKPOINT_SELECT = selected(CHECKPOINT_COLUMNS)
+HISTORY_SELECT = selected(HISTORY_COLUMNS)
 # Positions in a row of ``HISTORY_COLUMNS`` (partition reads decode plain tuples).
 _KIND, _REF, _HEAD_SEQ, _HEAD_RESPONSE, _HEAD_ITEMS, _HEAD_LINEAGE, _ITEMS = range(7)
 _CHECKPOINT_AT = 7
@@ -274,12 +291,28 @@ _CERTIFICATIONS = {c.value: c for c in Certification}
 # keyword arguments and costs ~8x more (a 50-turn read decodes 50 timestamps).
 _NAIVE_EPOCH = datetime(1970, 1, 1)
 _UTC_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Years 1-9999 in epoch milliseconds: what a datetime can hold.
+_MIN_MS = (datetime(1, 1, 1, tzinfo=UTC) - _UTC_EPOCH) // timedelta(milliseconds=1)
+_MAX_MS = (datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC) - _UTC_EPOCH) \
+    // timedelta(milliseconds=1)
 
 
-def _utc(value: datetime) -> datetime:
-    """``utc_ms`` for a driver timestamp: cassandra-driver's (naive UTC, whole
-    milliseconds) gets just the zone; the C++ driver's (already UTC, whole milliseconds)
-    is returned as it is (``utc_ms`` would give an equal value at ~10x the cost)."""
+# What decoding a damaged row raises: a missing or unknown value (KeyError, TypeError,
+# ValueError), a date past the calendar's edge (OverflowError), JSON nested too deep.
+DAMAGED_ROW_ERRORS = (KeyError, TypeError, ValueError, ArithmeticError, RecursionError)
+
+
+def _utc(value: int | datetime) -> datetime:
+    """A stored timestamp as an aware UTC datetime of whole milliseconds. Reads select
+    epoch milliseconds (``selected``): range-checked, years 1-9999 as every writer
+    keeps them. A row returned by a refused LWT carries the driver's datetime:
+    cassandra-driver's (naive UTC, whole milliseconds) gets just the zone; the C++
+    driver's (already UTC) is returned as it is (``utc_ms`` would give an equal value
+    at ~10x the cost)."""
+    if type(value) is int:
+        if not _MIN_MS <= value <= _MAX_MS:
+            raise ValueError(f"timestamp {value} ms is outside years 1-9999")
+        return _UTC_EPOCH + timedelta(milliseconds=value)
     if value.microsecond % 1000 == 0:
         if value.tzinfo is None:
             return _UTC_EPOCH + (value - _NAIVE_EPOCH)
@@ -386,8 +419,7 @@ def decode_snapshot(
                 raise ValueError("checkpoint row filed under another response id")
             checkpoints[ref] = checkpoint
             items[ref] = decode_items_cell(row[_ITEMS])
-        except (KeyError, TypeError, ValueError, ArithmeticError, RecursionError):
-            # ArithmeticError: a date past the calendar's edge (OverflowError)
+        except DAMAGED_ROW_ERRORS:
             damaged.add(ref)
     first = rows[0]
     head_seq = first[_HEAD_SEQ]
