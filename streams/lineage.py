@@ -25,7 +25,7 @@ from services.store.base import CheckpointStore, CorruptPartition
 from streams.tail_cache import Tail, TailCache
 
 # A lineage read "as of" this moment sees every stored turn as unexpired (pairing only).
-_BEFORE_ANY_EXPIRY = datetime.fromtimestamp(0, UTC)
+BEFORE_ANY_EXPIRY = datetime.fromtimestamp(0, UTC)
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class LineageReader:
             # An expired lineage may still be extended (its descendant renews it,
             # docs/decisions.md) and its items are still stored: the turn's pairing is
             # checked against all of them, or the new history could repeat a call id.
-            found = self._read_history(turn, now=_BEFORE_ANY_EXPIRY)
+            found = self._read_history(turn, now=BEFORE_ANY_EXPIRY)
         # No readable history. Nothing stored there: the store's ordering checks decide
         # (CONFLICT, OUT_OF_ORDER, PARENT_NOT_PROMOTED), pairing has nothing to continue.
         # Stored but unreadable: the turn is rejected (``_on_unreadable_lineage``).

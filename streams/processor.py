@@ -64,7 +64,10 @@ from ratchet.domain.promotion import (
     Verdict,
 )
 from ratchet.domain.validation import (
+    EMPTY_PAIRING,
     PROMOTABLE_STATUSES,
+    PairingState,
+    pairing_state_of,
     request_digest_problem,
 )
 from schemas.avro import header_schema_id
@@ -94,7 +97,7 @@ from services.store.base import (
     StoreUnavailable,
 )
 from streams import metrics
-from streams.lineage import Lineage, LineageReader
+from streams.lineage import BEFORE_ANY_EXPIRY, Lineage, LineageReader
 from streams.outcomes import (
     orphaned_event,
     promoted_event,
@@ -530,7 +533,8 @@ class PromotionProcessor:
                 or decided.reason is RejectionReason.UNPAIRED_TOOL_CALL):
             decided = self._on_unreadable_lineage(turn, lineage.unreadable)
         elif isinstance(decided, Reject) and decided.reason is RejectionReason.UNPAIRED_TOOL_CALL:
-            decided = self._out_of_lineage(turn, lineage) or decided
+            decided = (self._retry_unpaired_by_its_original(turn)
+                       or self._out_of_lineage(turn, lineage) or decided)
         if not isinstance(decided, Promote):
             # A retry of a request that stands promoted gets the promotion; but only
             # once the facts are read: a recorded rejection of this very event holds
@@ -557,6 +561,11 @@ class PromotionProcessor:
             expected = turn.expected_head_seq
             head = (0 if lineage.absent else None if lineage.tail is None
                     else lineage.tail.seq)
+            if head is None and expected == 0 and not lineage.unread:
+                # Taken for a new Conversation from the turn alone (``starts_lineage``):
+                # whether one exists decides, as for any other expected head.
+                stored = self.store.head(turn.tenant_id, turn.conversation_id)
+                head = 0 if stored is None else stored.seq
             if head is None or expected is None or expected == head:
                 return None  # the head it extends: its own pairing failed
             # A retry of a promoted request, e.g. of a turn that answered a call the
@@ -575,6 +584,45 @@ class PromotionProcessor:
         assert isinstance(verdict, Reject)
         return verdict
 
+    def _retry_unpaired_by_its_original(self, turn: TurnCompleted) -> Reject | None:
+        """A retry of a request that stands promoted, whose pairing failed only because
+        of its original: sent on a history that holds the original (a gateway that lost
+        the answer rehydrates the head, which is the original), its calls are "not
+        unique" because the original put them there. It is answered as the retry it is
+        (CONTRACT 4: ``DUPLICATE`` naming the original, ``IDEMPOTENCY_KEY_REUSED``), as
+        one with message items only is. Told from a retry whose own items break the
+        rules (an output answering no call: ``UNPAIRED_TOOL_CALL`` stands, the event's
+        own reason comes first) by its pairing against the history the original
+        extended. None otherwise, or when that history cannot be read (the pairing
+        rejection stands: fail closed). Only on an ``UNPAIRED_TOOL_CALL`` (rare)."""
+        original = self._promoted_original(turn)
+        if original is None or original.response_id == turn.response_id:
+            return None
+        before = EMPTY_PAIRING
+        if original.parent_response_id is not None:
+            found = self.store.read_history(
+                turn.tenant_id, response_id=original.parent_response_id,
+                partition_key=original.partition_key, now=BEFORE_ANY_EXPIRY)
+            if isinstance(found, HistoryFailure):
+                return None
+            state = pairing_state_of(found.items)
+            if not isinstance(state, PairingState):
+                return None
+            before = state
+        again = promotion.validate_after(turn, self.clock_ms(), before)
+        if again.reason is RejectionReason.UNPAIRED_TOOL_CALL:
+            return None  # its own items break the rules wherever it is sent
+        return self._retry_verdict(turn, original)
+
+    def _promoted_original(self, turn: TurnCompleted) -> CheckpointRecord | None:
+        """``promoted_request``, None when the rows that say it are damaged (logged)."""
+        try:
+            return self.request_facts.promoted_request(turn)
+        except CorruptPartition as exc:  # damaged rows: the caller's rule decides
+            log.error("%s: whether request %s stands promoted cannot be read: %s",
+                      turn.response_id, turn.idempotency_key, exc)
+            return None
+
     def _retry_of_promoted_request(self, turn: TurnCompleted) -> Reject | None:
         """The store's first answer to a turn whose request stands promoted, when the
         turn never reaches the store (its lineage is unreadable, or its pairing was
@@ -582,14 +630,12 @@ class PromotionProcessor:
         id with the same request digest, ``IDEMPOTENCY_KEY_REUSED`` with another digest
         (under any response id). None otherwise; under the same response id and digest,
         "already promoted" follows. It does not depend on the lineage."""
-        try:
-            original = self.request_facts.promoted_request(turn)
-        except CorruptPartition as exc:  # damaged rows: the caller's rule decides
-            log.error("%s: whether request %s stands promoted cannot be read: %s",
-                      turn.response_id, turn.idempotency_key, exc)
-            return None
-        if original is None:
-            return None
+        original = self._promoted_original(turn)
+        return None if original is None else self._retry_verdict(turn, original)
+
+    @staticmethod
+    def _retry_verdict(turn: TurnCompleted, original: CheckpointRecord) -> Reject | None:
+        """The store's answer to ``turn`` given the promotion its request stands with."""
         if original.request_digest == turn.request_digest:
             if original.response_id == turn.response_id:
                 return None
