@@ -277,6 +277,16 @@ CALLS = [
     {"type": "shell_call", "action": '{"commands":["pwd"]}'},
     {"type": "apply_patch_call", "operation": {"type": "update_file", "path": "a.txt"}},
     {"type": "mcp_call", "name": "lookup", "arguments": '{"q":"ratchet"}'},
+    # Parsing as every implementation must (docs/gateway-protocol.md section 4).
+    {"type": "function_call", "name": "f", "arguments": "null"},
+    {"type": "function_call", "name": "f", "arguments": "  "},
+    {"type": "function_call", "name": "f", "arguments": " {\"a\": 1} "},
+    {"type": "function_call", "name": "f", "arguments": "NaN"},
+    {"type": "function_call", "name": "f", "arguments": '{"t": 1.0, "u": 1}'},
+    {"type": "function_call", "name": "f", "arguments": '{"n": 123456789012345678901234567890}'},
+    {"type": "function_call", "name": "f", "arguments": '{"x": 1e400}'},
+    {"type": "function_call", "name": "f", "arguments": '{"a": 1, "a": 2}'},
+    {"type": "function_call", "name": "f", "arguments": '{"s": "caf\\u00e9"}'},
 ]
 REQUESTS = [
     {"model": "openai/gpt-oss-20b", "input": [{"role": "user", "content": "hi"}],
@@ -312,9 +322,14 @@ def effect_vectors() -> dict[str, Any]:
              "effect_id": effect_id_for_claim(key, index, tool, occurrence)}
             for key, index, tool, occurrence in CLAIM_CASES],
         "about_calls": "arguments_digest of a call item: the field its type names "
-                       "(input, action, operation, else arguments), parsed if JSON text; "
-                       "a non-object value becomes {'__value__': v}, text that is not "
-                       "JSON {'__raw__': text}, a missing or empty one {}.",
+                       "(input, action, operation, else arguments), parsed if JSON text "
+                       "(strict JSON: no NaN or Infinity; integers exact and apart from "
+                       "floats, 1.0 stays 1.0; the last of duplicate keys wins); a "
+                       "non-object value (null too) becomes {'__value__': v}; text that "
+                       "is not JSON (only whitespace too), or whose value has no "
+                       "canonical form (a number beyond a double, an integer of more "
+                       "than 4300 digits), {'__raw__': text} with the text as it is; a "
+                       "missing or empty one {}.",
         "call_arguments_digests": [{"call": call, "arguments_digest": arguments_digest_of(call)}
                                    for call in CALLS],
     }

@@ -32,7 +32,6 @@ verifies and what rehydration returns are the same bytes:
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -41,7 +40,7 @@ from typing import Any
 
 from ratchet.domain.catalogue import CATALOGUE, shape_problem
 from ratchet.domain.fingerprint import fingerprint_hash
-from schemas.canonical import canonical_digest
+from schemas.canonical import canonical_digest, canonical_json, parse_json
 from schemas.ids import unservable_id
 from schemas.items import arguments_digest, effect_id_for, from_responses
 from schemas.keys import partition_key
@@ -315,12 +314,19 @@ _ARGUMENTS = {
 
 
 def _arguments(raw: Any) -> dict[str, Any]:
-    """Responses carries ``arguments`` as JSON text; digest the parsed object."""
+    """Responses carries ``arguments`` as JSON text; digest the parsed object.
+
+    Parsed as the protocol defines it for every implementation (docs/gateway-protocol.md
+    section 4): strict JSON (no ``NaN``/``Infinity``), integers exact and apart from
+    floats, the last of duplicate keys; text that is not JSON, or whose value has no
+    canonical form (a number beyond a double, an integer of more than 4 300 digits, a
+    lone surrogate), is ``{"__raw__": text}``, never an error."""
     if isinstance(raw, Mapping):
         return dict(raw)
     if isinstance(raw, str) and raw:
         try:
-            value = json.loads(raw)
+            value = parse_json(raw.encode("utf-8"))
+            canonical_json(value)  # has a canonical form
         except ValueError:
             return {"__raw__": raw}
         return value if isinstance(value, dict) else {"__value__": value}
