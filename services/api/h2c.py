@@ -47,11 +47,15 @@ class UpgradeTolerantHttpToolsProtocol(HttpToolsProtocol):
     _replay_line = b""  # its request line, as the replay writes it
 
     def on_headers_complete(self) -> None:
-        if (self.parser.should_upgrade() and self._get_upgrade() is not None
+        if (self.parser.should_upgrade() and self.parser.get_method() != b"CONNECT"
                 and not self._should_upgrade()):
-            # An Upgrade header offered (not a CONNECT, which llhttp also reports as an
-            # upgrade and the replay could not change): served by the replay in
-            # data_received, never from this parse (whose body httptools skips).
+            # An upgrade offered, as llhttp reads it (an ``upgrade`` token in ANY
+            # Connection header: uvicorn's ``_get_upgrade`` reads the last one only, so
+            # asking it would let an offer split over two Connection lines through with
+            # its body skipped and then parsed as a request of its own). Not a CONNECT,
+            # which llhttp also reports as an upgrade and the replay could not change.
+            # Served by the replay in data_received, never from this parse (whose body
+            # httptools skips).
             self._replaying = True
             self._replay_line = b"%s %s HTTP/%s" % (
                 self.parser.get_method(), self.url,
@@ -68,31 +72,37 @@ class UpgradeTolerantHttpToolsProtocol(HttpToolsProtocol):
             super().on_message_complete()
 
     def data_received(self, data: bytes) -> None:
-        self._unset_keepalive_if_required()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
-        except httptools.HttpParserUpgrade as upgrade:
-            if not self._replaying:  # uvicorn's own handling: a WebSocket, or CONNECT
-                if self._should_upgrade():
-                    self.handle_websocket_upgrade()
-                else:
-                    self._unsupported_upgrade_warning()
-                return
-            offset = upgrade.args[0] if upgrade.args else len(data)
-            self._replay(bytes(data[offset:]))
+        # A loop, not a recursion, over the replays: one read may hold many pipelined
+        # requests that each offer an upgrade.
+        while True:
+            self._unset_keepalive_if_required()
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+            except httptools.HttpParserUpgrade as upgrade:
+                if not self._replaying:  # uvicorn's own handling: a WebSocket, or CONNECT
+                    if self._should_upgrade():
+                        self.handle_websocket_upgrade()
+                    else:
+                        self._unsupported_upgrade_warning()
+                    return
+                offset = upgrade.args[0] if upgrade.args else len(data)
+                data = self._replay(bytes(data[offset:]))
+                continue
+            return
 
-    def _replay(self, rest: bytes) -> None:
-        """Feed the head without the upgrade offer, then ``rest`` (the body and anything
-        after it), to a fresh parser that keeps the connection from now on."""
+    def _replay(self, rest: bytes) -> bytes:
+        """A fresh parser that keeps the connection from now on, and what to feed it:
+        the head without the upgrade offer, then ``rest`` (the body and anything after
+        it)."""
         self._replaying = False
         self.parser = httptools.HttpRequestParser(self)
         with contextlib.suppress(AttributeError):  # httptools < 0.6.3 has none
             self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
-        self.data_received(_head_without_offer(self._replay_line, self.headers) + rest)
+        return _head_without_offer(self._replay_line, self.headers) + rest
 
 
 def _head_without_offer(request_line: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:

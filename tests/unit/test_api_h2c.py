@@ -177,3 +177,31 @@ def test_uvicorns_own_protocol_still_drops_the_body(stock_port):
     services/api/h2c.py and serve with http="httptools" again."""
     [(status, seen)] = _exchange(stock_port, _post(BODY))
     assert (status, seen["body"]) == (200, "")
+
+
+# Found by an outside review of the HTTP surface (2026-12-04):
+
+def test_an_offer_split_over_two_connection_headers_keeps_its_body(port):
+    # RFC 9110 5.3: a list header may come as several lines. llhttp reads an offer in
+    # any Connection line; uvicorn's own check reads the last one only. Asked that, the
+    # body was skipped and then parsed as a request of its own (smuggled).
+    smuggled = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+    offer = b"Connection: Upgrade\r\nConnection: keep-alive\r\nUpgrade: h2c\r\n"
+    head = (b"POST /v1/effects/claims HTTP/1.1\r\nHost: x\r\n" + offer
+            + b"Content-Length: %d\r\n\r\n" % len(smuggled))
+    first, second = _exchange(port, head, smuggled, b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n",
+                              responses=2)
+    assert first[1]["body"] == smuggled.decode()
+    assert second[1]["path"] == "/next"
+
+
+def test_many_pipelined_offers_in_one_read_are_all_answered(port):
+    # Each replay fed the next one recursively: ~500 in one read overflowed the stack and
+    # the connection was reset with none answered.
+    n = 600
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall((b"GET /p HTTP/1.1\r\nHost: x\r\n" + OFFER + b"\r\n") * n)
+        buffer = bytearray()
+        answers = [_read_response(conn, buffer) for _ in range(n)]
+    assert [status for status, _ in answers] == [200] * n
+    assert {body["path"] for _, body in answers} == {"/p"}
