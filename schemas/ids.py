@@ -13,8 +13,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,200}$"
-"""Published in the OpenAPI document (FastAPI's Rust regex: ``$`` is the very end)."""
+ID_PATTERN = (r"^(?:[A-Za-z0-9_:\-][A-Za-z0-9._:\-]{0,199}"
+              r"|\.[A-Za-z0-9_:\-][A-Za-z0-9._:\-]{0,198}"
+              r"|\.\.[A-Za-z0-9._:\-]{1,198})$")
+"""1 to 200 of ``A-Z a-z 0-9 . _ : -``, except ``.`` and ``..``: as a path segment those
+are dot segments, which HTTP clients remove (RFC 3986, 5.2.4), so such a history could
+not be asked for. Three alternatives (a first character that is not a dot; a dot then
+one that is not; two dots then anything), not a lookahead: published in the OpenAPI
+document and checked by FastAPI's Rust regex, which has none (``$`` is the very end)."""
 
 # fullmatch: Python's "$" would also match before a final newline.
 _ID = re.compile(ID_PATTERN)

@@ -399,6 +399,22 @@ def test_ids_at_the_edge_of_the_pattern_are_valid() -> None:
     assert isinstance(validate_turn(turn, NOW_MS), Valid)
 
 
+@pytest.mark.parametrize("dots", [".", ".."])
+def test_a_dot_segment_id_is_corrupt(dots) -> None:
+    # HTTP clients remove "." and ".." path segments (RFC 3986 5.2.4): httpx sends
+    # /v1/responses/../history as /v1/history, so such a history could never be read
+    # (found by an outside review of the HTTP surface, 2026-12-04).
+    found = rejection(make_turn(response_id=dots))
+    assert found.reason is RejectionReason.CORRUPT and found.detail.startswith("response_id ")
+    assert rejection(make_turn(conversation_id=dots)).reason is RejectionReason.CORRUPT
+
+
+@pytest.mark.parametrize("near", ["...", ".a", "..a", "a.", "a..b", "." + "x" * 199,
+                                  ".." + "x" * 198])
+def test_ids_with_dots_that_are_not_dot_segments_are_valid(near) -> None:
+    assert isinstance(validate_turn(make_turn(response_id=near), NOW_MS), Valid)
+
+
 def test_conversation_turn_with_previous_response_id_is_corrupt() -> None:
     found = rejection(make_turn(previous_response_id="resp_other"))
     assert found.reason is RejectionReason.CORRUPT
