@@ -4,7 +4,7 @@
 A route module of its own: it only translates HTTP to the ledger's claim methods and
 back; the rules are in ``ratchet/domain/claims.py``. Every claim outcome is a 200 with
 a typed ``state``; 4xx only for bad input (400 a body that is not JSON, 413 a body above
-the API's limit (body_limit.py), 422 malformed, 404 unknown claim, 409 not the holder / another outcome already recorded).
+the API's limit (body_limit.py), 415 a body declared another type than JSON, 422 malformed, 404 unknown claim, 409 not the holder / another outcome already recorded).
 """
 
 from __future__ import annotations
@@ -175,6 +175,10 @@ class _ClaimsRoute(APIRoute):
                 return await handler(request)
             except RequestValidationError as exc:
                 errors = exc.errors()
+                declared = request.headers.get("content-type")
+                if declared is not None and not _is_json(declared):
+                    return _error(415, "INVALID_REQUEST", f"Content-Type {declared!r} is "
+                                  "not JSON: send application/json (or no Content-Type)")
                 if any(e.get("type") == "missing" and tuple(e.get("loc", ())) == ("body",)
                        for e in errors):
                     return _error(400, "INVALID_REQUEST", "body is empty: a JSON object "
@@ -193,6 +197,14 @@ class _ClaimsRoute(APIRoute):
                               or str(exc.detail))
 
         return route
+
+
+def _is_json(content_type: str) -> bool:
+    """``application/json`` or ``application/<anything>+json``, parameters aside (as
+    FastAPI reads a body as JSON)."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/")
+                                          and kind.endswith("+json"))
 
 
 def _unreadable_body(body: bytes) -> str | None:
@@ -220,7 +232,10 @@ def claims_router(ledger: Ledger, mark_facts: Callable[[str, str, str], object],
         await run_in_threadpool(*mark)
         return result
 
-    router = APIRouter(tags=["effect claims"], route_class=_ClaimsRoute)
+    # A body without a Content-Type is read as JSON (Java's HttpClient sends none by
+    # default); one declared as another type is a 415 (``_ClaimsRoute``).
+    router = APIRouter(tags=["effect claims"], route_class=_ClaimsRoute,
+                       strict_content_type=False)
 
     @router.post(
         "/v1/effects/claims",

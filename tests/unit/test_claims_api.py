@@ -6,6 +6,7 @@ JSON is a 400, as documented."""
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 
 import pytest
@@ -129,3 +130,31 @@ def test_a_body_that_is_not_json_is_a_400_on_both_endpoints(served):
                 (path, body, answer.text)
         # JSON with fields missing stays a 422
         assert http.post(path, json={"tenant_id": "t1"}).status_code == 422
+
+
+# Found by an outside review of the HTTP surface (2026-12-04): Java's HttpClient sends
+# a body without a Content-Type unless told; FastAPI then left it unparsed and answered
+# 422 "Input should be a valid dictionary" for a valid JSON claim.
+
+def _claim_body() -> bytes:
+    return json.dumps({
+        "tenant_id": "t1", "idempotency_key": "k1", "partition_key": "conv_1", "attempt": 1,
+        "subturn_index": 0, "tool_name": "send_email", "occurrence": 0,
+        "arguments_digest": hashlib.sha256(b"{}").hexdigest(), "call_id": "call_1",
+        "token": uuid.uuid4().hex, "lease_ms": 30_000, "policy": "at_most_once"}).encode()
+
+
+@pytest.mark.parametrize("headers", [{}, {"content-type": "application/json; charset=utf-8"},
+                                     {"content-type": "application/vnd.x+json"}],
+                         ids=["none", "json-with-charset", "plus-json"])
+def test_a_json_claim_without_a_json_content_type_header_is_read(headers):
+    answer = api_client().post("/v1/effects/claims", content=_claim_body(), headers=headers)
+    assert (answer.status_code, answer.json()["state"]) == (200, "CLAIMED"), answer.text
+
+
+def test_a_claim_declared_as_another_type_is_415_typed():
+    answer = api_client().post("/v1/effects/claims", content=_claim_body(),
+                               headers={"content-type": "text/plain"})
+    assert answer.status_code == 415
+    assert answer.json()["error"] == "INVALID_REQUEST"
+    assert "'text/plain' is not JSON" in answer.json()["detail"]
