@@ -111,6 +111,9 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
         version="1",
         description="Complete certified histories, typed fallbacks and typed failures "
         "(CONTRACT section 5). Item `content` is the canonical JSON text, byte-exact.",
+        # A path with a trailing slash is an unknown path (a typed 404), not Starlette's
+        # 307 to a Location built from the client's Host header.
+        redirect_slashes=False,
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     _install_error_handlers(app)

@@ -31,9 +31,10 @@ extra C call (``should_upgrade``) in ``on_headers_complete``.
 from __future__ import annotations
 
 import contextlib
+import json
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 # Headers that belong to the upgrade offer, and Connection tokens that name them.
 _OFFER_HEADERS = frozenset({b"upgrade", b"http2-settings"})
@@ -93,6 +94,21 @@ class UpgradeTolerantHttpToolsProtocol(HttpToolsProtocol):
                 data = self._replay(bytes(data[offset:]))
                 continue
             return
+
+    def send_400_response(self, msg: str) -> None:
+        """A request the parser refuses (an unknown method, a malformed line or header)
+        answered with the API's typed bad-input body, not uvicorn's plain text; the
+        connection is closed, as uvicorn does (the parser cannot go on)."""
+        body = json.dumps({"error": "INVALID_REQUEST", "detail": msg,
+                           "retryable": False}, separators=(",", ":")).encode()
+        content = [STATUS_LINE[400]]
+        for name, value in self.server_state.default_headers:
+            content.extend([name, b": ", value, b"\r\n"])
+        content.extend([b"content-type: application/json\r\n",
+                        b"content-length: %d\r\n" % len(body),
+                        b"connection: close\r\n\r\n", body])
+        self.transport.write(b"".join(content))
+        self.transport.close()
 
     def _replay(self, rest: bytes) -> bytes:
         """A fresh parser that keeps the connection from now on, and what to feed it:

@@ -6,15 +6,10 @@ section 8; services/api/app.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import socket
-import threading
-import time
 import uuid
 
-import uvicorn
 from fastapi.testclient import TestClient
 
 from ratchet.samples import NOW_MS
@@ -22,12 +17,12 @@ from schemas.canonical import canonical_json
 from services.api.app import MAX_BODY_BYTES, create_app
 from services.api.claims import MAX_OUTPUT_CONTENT_BYTES, claims_router
 from services.api.fastpath import HistoryFastPath
-from services.api.h2c import UpgradeTolerantHttpToolsProtocol
 from services.api.service import RehydrationService
 from services.api.waiters import PromotionWaiters
 from services.ledger.memory import MemoryLedger
 from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
+from tests.unit.real_api import exchange, served_api
 
 KEYS = {"tenant_id": "t1", "idempotency_key": "k1", "partition_key": "conv_1"}
 
@@ -120,39 +115,12 @@ def test_the_largest_completion_escaped_as_ascii_fits_the_default_limit():
 def test_a_real_server_answers_a_declared_oversize_body_without_waiting_for_it():
     # As `ratchet api` serves (uvicorn, httptools with h2c.py): the client declares 64 MiB
     # and sends 10 bytes; the 413 comes without the server waiting for the rest.
-    store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
-    service = RehydrationService(store, ledger, PromotionWaiters())
-    app = create_app(service, lambda: True,
-                     routers=[claims_router(ledger, store.mark_request_facts, lambda: NOW_MS)])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(
-        HistoryFastPath(app, service), http=UpgradeTolerantHttpToolsProtocol, loop="uvloop",
-        log_config=None, access_log=False, lifespan="off"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
-                              daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-        with socket.create_connection(sock.getsockname(), timeout=10) as client:
-            client.sendall(b"POST /v1/effects/claims/e1/complete HTTP/1.1\r\nHost: x\r\n"
-                           b"Content-Type: application/json\r\n"
-                           b"Content-Length: %d\r\n\r\n{\"tenant_" % (64 * 1024 * 1024))
-            answer = b""
-            while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
-                chunk = client.recv(65536)  # a timeout here: the server waited for the body
-                if not chunk:
-                    break
-                answer += chunk
-        head, _, body = answer.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 413 "), head
-        assert json.loads(body) == {
-            "error": "INVALID_REQUEST", "retryable": False,
-            "detail": f"request body exceeds {MAX_BODY_BYTES} bytes (RATCHET_API_MAX_BODY_BYTES)"}
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with served_api() as port:
+        status, head, body = exchange(port, (
+            b"POST /v1/effects/claims/e1/complete HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n{\"tenant_" % (64 * 1024 * 1024)))
+    assert status == 413, head
+    assert json.loads(body) == {
+        "error": "INVALID_REQUEST", "retryable": False,
+        "detail": f"request body exceeds {MAX_BODY_BYTES} bytes (RATCHET_API_MAX_BODY_BYTES)"}
