@@ -63,6 +63,7 @@ MAGIC_BYTE = 0
 HEADER_SIZE = 5
 COMPATIBILITY = "BACKWARD"
 _NOT_FOUND = 404
+_TRANSIENT_4XX = frozenset({408, 429})  # Request Timeout, Too Many Requests
 
 
 def subject_for(record: str) -> str:
@@ -116,7 +117,10 @@ def _registry_call(call: Any) -> Any:
     try:
         return call()
     except SchemaRegistryError as exc:
-        if exc.http_status_code >= 500 or exc.http_status_code < 0:
+        # 408 and 429 (a timeout, throttling) are transient like a 5xx: confluent-kafka's
+        # own client retries them too.
+        if (exc.http_status_code >= 500 or exc.http_status_code < 0
+                or exc.http_status_code in _TRANSIENT_4XX):
             raise RegistryUnavailable(str(exc)) from exc
         raise
     except (OSError, ConnectionError) as exc:
@@ -266,7 +270,11 @@ class EventSerde:
                     raise DecodeError(
                         DeadLetterReason.UNKNOWN_SCHEMA_ID, str(exc), schema_id=schema_id, **where
                     ) from exc
-                raise
+                # Any other refusal (401/403: credentials; 400: ...) says nothing about
+                # the record, which may be fine: retried until the registry answers,
+                # never a dead letter (the worker shows degraded meanwhile).
+                raise RegistryUnavailable(f"registry refused the lookup of schema id "
+                                          f"{schema_id}: {exc}") from exc
             parsed = json.loads(schema.schema_str)
             name = (
                 avsc.full_name_of(parsed) if isinstance(parsed, dict) and "name" in parsed else "?"
