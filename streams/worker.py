@@ -22,7 +22,7 @@ from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
 from streams import metrics
-from streams.app import GROUP_ID, Runtime, create_app
+from streams.app import GROUP_ID, FetchGuard, Runtime, create_app
 from streams.codec import RegistryCodec
 from streams.health import Health, health_path
 from streams.processor import PromotionProcessor
@@ -85,11 +85,16 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
         worker.spinner = None
         worker.execute_from_commandline()  # returns (or exits) after a clean stop
     except SystemExit as exc:
-        return int(exc.code or 0)
+        code = int(exc.code or 0)
+    else:
+        code = 0
     finally:
         runtime.health.remove()
         cluster.shutdown()
-    return 0
+    # The fetch watchdog gave up and stopped the worker with a SIGTERM, which mode ends
+    # with EX_OK: the exit code must say so, for a supervisor that restarts only failed
+    # processes (docs/processor.md).
+    return FetchGuard.EXIT_CODE if runtime.fatal and code == 0 else code
 
 
 def use_event_loop(name: str) -> None:
