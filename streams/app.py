@@ -157,6 +157,9 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         """Route every raw event to its partition's lane; acks are the lane's job."""
         async for event in stream.noack().events():
             message = event.message
+            # Taken before any wait: a revocation while this record waits for room in
+            # the lanes refuses it (``PartitionLanes.submit``).
+            generation = lanes.generation(message.tp)
             record = RawRecord(message.topic, message.partition, message.offset,
                                message.key, message.value,
                                int(message.timestamp * 1000) if message.timestamp else None)
@@ -171,7 +174,14 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
                 continue
             fetched[message.tp] = message.offset
             # Ordered by Kafka key: a Conversation's (a chain's) events one at a time.
-            await lanes.submit(message.tp, record, event.ack, order_key=message.key)
+            if not await lanes.submit(message.tp, record, event.ack, order_key=message.key,
+                                      generation=generation):
+                # Its partition was revoked (or the worker is stopping) before it could
+                # be queued: not ours to decide, and never acked (the partition's owner
+                # reads it again from the committed offset).
+                if fetched.get(message.tp) == message.offset:
+                    del fetched[message.tp]
+                continue
             if message.partition == starve_partition and message.tp not in starved:
                 # Fault injection for tests only (RATCHET_TEST_STARVE_PARTITION): take the
                 # partition out of Faust's fetch set once, leaving it assigned: the
@@ -192,7 +202,9 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         for tp in revoked:
             fetched.pop(tp, None)
         watchdog.reset(revoked)
-        await lanes.stop([tp for tp in lanes.keys if tp in revoked], grace_s=shutdown_grace_s)
+        # Every revoked partition is closed, with a lane or not: a record of it still in
+        # the stream is not ours to decide.
+        await lanes.stop(revoked, grace_s=shutdown_grace_s)
         await app.consumer.commit()
 
     @app.on_partitions_assigned.connect
@@ -201,6 +213,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
                  app.consumer_generation_id)
         for tp in [tp for tp in fetched if tp not in assigned]:
             del fetched[tp]
+        lanes.reopen(assigned)
         watchdog.reset()
 
     @app.on_before_shutdown.connect

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,6 +180,12 @@ class PartitionLanes:
         self._lanes: dict[Hashable, Lane] = {}
         self._room = asyncio.Event()
         self._room.set()
+        # Keys stopped and not reopened (a revoked partition), and how many times each
+        # key was stopped: work offered for a closed key, or taken before a stop of its
+        # key, is refused (``submit``), never run on a new lane out of order.
+        self._closed: set[Hashable] = set()
+        self._all_closed = False
+        self._generations: dict[Hashable, int] = {}
 
     def queued(self) -> int:
         return sum(lane.queue.qsize() for lane in self._lanes.values())
@@ -188,20 +194,37 @@ class PartitionLanes:
         """True while ``submit`` would not wait (the dispatcher, so fetching, can go on)."""
         return self.queued() < self._max_queued
 
-    async def submit(self, key: Hashable, payload: Any, ack: Callable[[], Any],
-                     order_key: Hashable = None) -> None:
-        """Queue ``payload`` on lane ``key`` (created on first use); ``order_key``: see
-        ``Lane``.
+    def generation(self, key: Hashable) -> int:
+        """How many times lane ``key`` was stopped: pass it to ``submit`` with work taken
+        now, so that a stop while the work waits for room refuses it."""
+        return self._generations.get(key, 0)
 
-        Returns at once unless ``max_queued`` events already wait in the lanes.
+    def reopen(self, keys: Iterable[Hashable]) -> None:
+        """Accept work for ``keys`` again (partitions assigned)."""
+        self._closed.difference_update(keys)
+
+    async def submit(self, key: Hashable, payload: Any, ack: Callable[[], Any],
+                     order_key: Hashable = None, generation: int | None = None) -> bool:
+        """Queue ``payload`` on lane ``key`` (created on first use); ``order_key``: see
+        ``Lane``. Returns at once unless ``max_queued`` events already wait in the lanes.
+
+        False, nothing queued and ``ack`` never called, when the key is closed (stopped
+        and not reopened: its partition was revoked, or every lane stopped) or was
+        stopped since ``generation``: a record the dispatcher held while the lanes were
+        full must not run after its queued predecessors were dropped (it would be
+        decided out of order, and its ack would let the offsets before it be committed).
         """
         while self.queued() >= self._max_queued:
             self._room.clear()
             await self._room.wait()
+        if (self._all_closed or key in self._closed
+                or (generation is not None and generation != self.generation(key))):
+            return False
         lane = self._lanes.get(key)
         if lane is None or lane.stopping:
             lane = self._lanes[key] = Lane(key, self._handle, self._on_handled, self._window)
         lane.queue.put_nowait(Work(payload, ack, order_key))
+        return True
 
     def _on_handled(self, lane: Lane) -> None:
         if not self._room.is_set():
@@ -222,9 +245,20 @@ class PartitionLanes:
     def keys(self) -> list[Hashable]:
         return list(self._lanes)
 
-    async def stop(self, keys: list[Hashable] | None = None, grace_s: float = 10.0) -> None:
-        """Stop the given lanes (all by default) in parallel; see ``Lane.stop``."""
-        chosen = list(self._lanes) if keys is None else [k for k in keys if k in self._lanes]
+    async def stop(self, keys: Iterable[Hashable] | None = None,
+                   grace_s: float = 10.0) -> None:
+        """Stop the given lanes (all by default) in parallel, see ``Lane.stop``, and
+        close their keys (all keys, for good, by default) until ``reopen``."""
+        if keys is None:
+            self._all_closed = True
+            chosen = list(self._lanes)
+        else:
+            keys = list(keys)
+            self._closed.update(keys)
+            chosen = [k for k in keys if k in self._lanes]
+        for key in chosen if keys is None else keys:
+            self._generations[key] = self.generation(key) + 1
+        self._room.set()  # a submit waiting for room re-checks (and finds its key closed)
         lanes = [self._lanes.pop(k) for k in chosen]
         await asyncio.gather(*(lane.stop(grace_s) for lane in lanes))
 
