@@ -9,9 +9,14 @@ to end: the store's own guard (``services.store.base.DEFAULT_MAX_TURN_BYTES``, 1
 The Kafka settings leave room ABOVE it on purpose: the gateway-events topic accepts
 records up to ``TOPIC_MAX_MESSAGE_BYTES``, so a too-large record from a gateway that
 does not check reaches the processor and gets a typed rejection instead of a broker
-error the gateway may not surface. Dead letters carry a whole original record plus
-the error text, so their topic takes one MiB more. Producers and consumers are set to
-``CLIENT_MAX_BYTES`` (above every topic's limit; the topics enforce).
+error the gateway may not surface. A dead letter carries a whole original record
+(its key as the dead letter's Kafka key AND in its value, beside the original value)
+plus the error text: up to twice a gateway record (a record of a 4 MiB key and an 11
+MiB value makes a 19.9 MiB dead letter), so its topic takes twice the gateway topic's
+limit and one MiB more. A dead letter that could not be published would stall its
+partition for good (the publish is retried), so its bound is what any record of the
+gateway topic makes. Producers and consumers are set to ``CLIENT_MAX_BYTES`` (above
+every topic's limit; the topics enforce).
 
 Cassandra: a promoted turn is ONE mutation of about its stored size, which must stay
 under half of ``commitlog_segment_size`` (32 MiB -> 16 MiB; infra/servers/cassandra.py).
@@ -22,6 +27,6 @@ from __future__ import annotations
 MIB = 1024 * 1024
 MAX_EVENT_BYTES = 10 * MIB  # 10,485,760: the documented maximum gateway event value
 TOPIC_MAX_MESSAGE_BYTES = 16 * MIB  # gateway-events (and the outcome topics)
-DEAD_LETTER_MAX_MESSAGE_BYTES = TOPIC_MAX_MESSAGE_BYTES + MIB
+DEAD_LETTER_MAX_MESSAGE_BYTES = 2 * TOPIC_MAX_MESSAGE_BYTES + MIB
 CLIENT_MAX_BYTES = DEAD_LETTER_MAX_MESSAGE_BYTES + MIB
 

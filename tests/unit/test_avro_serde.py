@@ -24,7 +24,13 @@ from ratchet.samples import (
 from schemas import avsc
 from schemas.avro import EventSerde, dead_letter_for, encode_key, register_schemas, subject_for
 from schemas.errors import DecodeError, EncodeError, RegistryUnavailable
-from schemas.models import DeadLetterReason, OrphanReason, RejectionReason
+from schemas.limits import (
+    CLIENT_MAX_BYTES,
+    DEAD_LETTER_MAX_MESSAGE_BYTES,
+    MIB,
+    TOPIC_MAX_MESSAGE_BYTES,
+)
+from schemas.models import DeadLetter, DeadLetterReason, OrphanReason, RejectionReason
 
 TOPIC = "ratchet.gateway-events"
 
@@ -210,3 +216,23 @@ def test_a_bad_value_is_an_encode_error_on_the_fast_path_too(serde) -> None:
     broken = event.model_copy(update={"seq": "not a number"})  # no validation on copy
     with pytest.raises(EncodeError):
         serde.encode(broken, TOPIC)
+
+
+@pytest.mark.parametrize("key_mib", [0, 4, 8])
+def test_a_dead_letter_of_any_gateway_record_fits_its_topic(serde, key_mib) -> None:
+    # A dead letter carries the record's key twice (its Kafka key, and in its value) and
+    # its value, plus at most 4 000 characters of error: a record the gateway topic
+    # accepts (key + value up to TOPIC_MAX_MESSAGE_BYTES) must make a dead letter the
+    # dead-letters topic accepts, or its publish is retried forever and the partition
+    # stalls (found by an outside review of the worker's stream layer, 2026-12-04: a 4 MiB
+    # key and an 11 MiB value made a 19.9 MiB dead letter against a 17 MiB limit).
+    key = b"k" * (key_mib * MIB)
+    value = b"\x07" + b"v" * (TOPIC_MAX_MESSAGE_BYTES - len(key) - 1)
+    letter = DeadLetter(key=key, value=value, error="\U0001F600" * 4000,
+                        reason=DeadLetterReason.BAD_MAGIC_BYTE, source_topic=TOPIC,
+                        source_partition=0, source_offset=2**62, schema_id=None,
+                        dead_lettered_at=NOW_MS)
+    encoded = serde.encode(letter, "ratchet.dead-letters")
+    record_overhead = 1024  # Kafka's record and batch headers, generously
+    assert len(key) + len(encoded) + record_overhead <= DEAD_LETTER_MAX_MESSAGE_BYTES
+    assert DEAD_LETTER_MAX_MESSAGE_BYTES < CLIENT_MAX_BYTES

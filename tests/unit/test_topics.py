@@ -9,11 +9,11 @@ from streams.topics import Topics, limits_to_raise, max_message_bytes, topic_con
 TOPICS = Topics.with_prefix("ratchet.")
 
 
-def test_dead_letters_need_one_mib_more_than_the_other_topics():
+def test_dead_letters_take_twice_the_other_topics_and_one_mib():
     assert max_message_bytes(TOPICS, TOPICS.dead_letters) == DEAD_LETTER_MAX_MESSAGE_BYTES
     others = set(vars(TOPICS).values()) - {TOPICS.dead_letters}
     assert {max_message_bytes(TOPICS, name) for name in others} == {TOPIC_MAX_MESSAGE_BYTES}
-    assert DEAD_LETTER_MAX_MESSAGE_BYTES == TOPIC_MAX_MESSAGE_BYTES + MIB
+    assert DEAD_LETTER_MAX_MESSAGE_BYTES == 2 * TOPIC_MAX_MESSAGE_BYTES + MIB
     assert topic_config(TOPICS, TOPICS.gateway_events) == {
         "max.message.bytes": str(TOPIC_MAX_MESSAGE_BYTES)}
 
