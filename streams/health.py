@@ -42,12 +42,19 @@ class Health:
         self._lock = threading.Lock()
         self._state = HealthState()
         self._path = path
+        # Events of each lane still retrying: with a lane window above 1, several events
+        # of one partition retry at once, and the lane recovers when the last one does.
+        self._waiting: dict[str, int] = {}
 
     # -- transitions ------------------------------------------------------------------
-    def retrying(self, lane: str, error: str) -> None:
+    def retrying(self, lane: str, error: str, *, new: bool = True) -> None:
+        """An event of ``lane`` failed on persistence; ``new``: its first failure (each
+        event that starts retrying must end with one ``recovered``)."""
         with self._lock:
             first = not self._state.retrying
             self._state.retrying[lane] = error[:500]
+            if new:
+                self._waiting[lane] = self._waiting.get(lane, 0) + 1
             if first:
                 self._state.status = "degraded"
                 self._state.degraded_since = time.time()
@@ -55,7 +62,14 @@ class Health:
             self.write()
 
     def recovered(self, lane: str) -> None:
+        """An event of ``lane`` that was retrying is done; the lane is healthy again
+        when no other event of it still retries."""
         with self._lock:
+            left = self._waiting.get(lane, 1) - 1
+            if left > 0:
+                self._waiting[lane] = left
+                return
+            self._waiting.pop(lane, None)
             if self._state.retrying.pop(lane, None) is None:
                 return
             if not self._state.retrying:

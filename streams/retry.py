@@ -68,7 +68,7 @@ async def retry_until_done(
             except Unavailable as exc:
                 if attempt == 0:
                     log.warning("%s: persistence unavailable, retrying: %s", lane, exc)
-                health.retrying(lane, str(exc))
+                health.retrying(lane, str(exc), new=attempt == 0)
                 metrics.PERSISTENCE_RETRIES.inc()
                 await _sleep_unless_stopping(backoff.delay(attempt), stopping)
                 attempt += 1
