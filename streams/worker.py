@@ -21,7 +21,7 @@ from services.cassandra_loop import LoopSession
 from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
-from streams import metrics
+from streams import lenient_records, metrics
 from streams.app import GROUP_ID, FetchGuard, Runtime, create_app
 from streams.codec import RegistryCodec
 from streams.health import Health, health_path
@@ -61,6 +61,8 @@ def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
 def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str = "INFO") -> int:
     """Run until SIGTERM/SIGINT; returns the process exit code."""
     use_event_loop(settings.worker_event_loop)
+    # A record whose header key is not UTF-8 is read, not fatal (streams/lenient_records.py).
+    lenient_records.install()
     runtime, cluster = build_runtime(settings)
     metrics.serve(settings.api_host, settings.worker_metrics_port)
     group = group_id or os.environ.get("RATCHET_CONSUMER_GROUP") or GROUP_ID
