@@ -324,9 +324,9 @@ def effect_vectors() -> dict[str, Any]:
         "about_calls": "arguments_digest of a call item: the field its type names "
                        "(input, action, operation, else arguments), parsed if JSON text "
                        "(strict JSON: no NaN or Infinity; integers exact and apart from "
-                       "floats, 1.0 stays 1.0; the last of duplicate keys wins); a "
-                       "non-object value (null too) becomes {'__value__': v}; text that "
-                       "is not JSON (only whitespace too), or whose value has no "
+                       "floats, 1.0 stays 1.0); a non-object value (null too) becomes "
+                       "{'__value__': v}; text that is not JSON (only whitespace too), "
+                       "holds a key twice in one object, or whose value has no "
                        "canonical form (a number beyond a double, an integer of more "
                        "than 4300 digits), {'__raw__': text} with the text as it is; a "
                        "missing or empty one {}.",

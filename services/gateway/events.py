@@ -40,7 +40,7 @@ from typing import Any
 
 from ratchet.domain.catalogue import CATALOGUE, shape_problem
 from ratchet.domain.fingerprint import fingerprint_hash
-from schemas.canonical import canonical_digest, canonical_json, parse_json
+from schemas.canonical import canonical_digest, canonical_json, duplicate_key, parse_json
 from schemas.ids import unservable_id
 from schemas.items import arguments_digest, effect_id_for, from_responses
 from schemas.keys import partition_key
@@ -318,15 +318,19 @@ def _arguments(raw: Any) -> dict[str, Any]:
 
     Parsed as the protocol defines it for every implementation (docs/gateway-protocol.md
     section 4): strict JSON (no ``NaN``/``Infinity``), integers exact and apart from
-    floats, the last of duplicate keys; text that is not JSON, or whose value has no
-    canonical form (a number beyond a double, an integer of more than 4 300 digits, a
-    lone surrogate), is ``{"__raw__": text}``, never an error."""
+    floats; text that is not JSON, holds a key twice in one object (parsers disagree on
+    which one wins: section 3 refuses it), or whose value has no canonical form (a
+    number beyond a double, an integer of more than 4 300 digits, a lone surrogate), is
+    ``{"__raw__": text}``, never an error."""
     if isinstance(raw, Mapping):
         return dict(raw)
     if isinstance(raw, str) and raw:
         try:
-            value = parse_json(raw.encode("utf-8"))
+            data = raw.encode("utf-8")
+            value = parse_json(data)
             canonical_json(value)  # has a canonical form
+            if duplicate_key(data, value) is not None:
+                return {"__raw__": raw}
         except ValueError:
             return {"__raw__": raw}
         return value if isinstance(value, dict) else {"__value__": value}
