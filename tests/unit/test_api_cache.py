@@ -132,6 +132,20 @@ def _third_turn(stack: CachingStack, tenant: str, conv: str) -> str:
     return stack.promote(tenant, conv, 2, (message("c", item_id=uid("m")),))
 
 
+def turn_to_damage(load: str) -> tuple[CachingStack, str, str, str]:
+    """A Conversation of two promoted turns on a new stack: (stack, tenant, conv, the
+    turn a test damages). ``load == "extension"``: the second turn's history was read
+    (its linked prefix cached) and the turn to damage is a third one, which the next
+    read loads as an extension; else the second turn."""
+    stack = CachingStack()
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    if load != "extension":
+        return stack, tenant, conv, rid
+    assert stack.history(tenant, rid).status_code == 200  # linked prefix cached
+    return stack, tenant, conv, _third_turn(stack, tenant, conv)
+
+
 def test_a_chain_response_hit_reads_nothing_and_serves_the_same_bytes(stack):
     tenant, root = uid("tenant"), uid("resp")
     stack.chain(tenant, root, root, None)

@@ -14,20 +14,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_api_cache import CachingStack, _conv_of, _third_turn, two_turns
+from tests.unit.test_api_cache import turn_to_damage
 
 NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 @pytest.mark.parametrize("load", ["cold", "miss", "extension"])
 def test_conversation_render_failure_has_no_response_id(load):
-    stack = CachingStack()
-    tenant, rid, _ = two_turns(stack)
-    conv = _conv_of(stack, tenant, rid)
-    target = rid
-    if load == "extension":
-        assert stack.history(tenant, rid).status_code == 200  # linked prefix cached
-        target = _third_turn(stack, tenant, conv)
+    stack, tenant, conv, target = turn_to_damage(load)
     stack.rewrite_checkpoint(tenant, conv, target, router_receipt='{"b":1,"a":2}')
     resp = stack.conversation(tenant, conv, **(NO_CACHE if load == "cold" else {}))
     body = resp.json()

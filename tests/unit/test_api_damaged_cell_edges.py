@@ -26,7 +26,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_api_cache import OTHER_FP, CachingStack, _conv_of, _third_turn, two_turns, uid
+from tests.unit.test_api_cache import (
+    OTHER_FP,
+    CachingStack,
+    _conv_of,
+    turn_to_damage,
+    two_turns,
+    uid,
+)
 from tests.unit.test_api_damaged_artifact_cell import RowCodecStore
 
 _EDGE_ARTIFACT = (
@@ -69,13 +76,7 @@ def test_deeply_nested_record_cell_is_typed(field):
 
 @pytest.mark.parametrize("load", ["cold", "fallback", "extension"])
 def test_record_cell_with_lone_surrogate_is_typed(load):
-    stack = CachingStack()
-    tenant, rid, _ = two_turns(stack)
-    conv = _conv_of(stack, tenant, rid)
-    target = rid
-    if load == "extension":
-        assert stack.history(tenant, rid).status_code == 200  # linked prefix cached
-        target = _third_turn(stack, tenant, conv)
+    stack, tenant, conv, target = turn_to_damage(load)
     stack.rewrite_checkpoint(tenant, conv, target, router_receipt='{"receipt_id":"\\ud800"}')
     if load == "cold":
         resp = stack.fresh(tenant, target)
