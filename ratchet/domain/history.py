@@ -78,6 +78,11 @@ class HistoryFailureReason(StrEnum):
     UNSUPPORTED_FORMAT = "UNSUPPORTED_FORMAT"
 
 
+# Epoch milliseconds of 0001-01-01T00:00:00.000Z and 9999-12-31T23:59:59.999Z: the
+# timestamps a datetime can hold, so the only ones a turn or a stored row may carry.
+FIRST_MS, LAST_MS = -62_135_596_800_000, 253_402_300_799_999
+
+
 def utc_ms(moment: datetime) -> datetime:
     """``moment`` as an aware UTC datetime truncated to milliseconds.
 

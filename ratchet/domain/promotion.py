@@ -34,7 +34,13 @@ from typing import Any
 
 from ratchet.domain.catalogue import EFFECT_OUTPUT_TYPES, effect_key
 from ratchet.domain.claims import ClaimRecord, result_digest
-from ratchet.domain.history import CheckpointRecord, PromotionMode, StoredTokenArtifact
+from ratchet.domain.history import (
+    FIRST_MS,
+    LAST_MS,
+    CheckpointRecord,
+    PromotionMode,
+    StoredTokenArtifact,
+)
 from ratchet.domain.plan import (
     AheadOfHead,
     Conflict,
@@ -215,10 +221,6 @@ def decide_turn(turn: TurnCompleted, validation: ValidationVerdict,
                                      validation.artifact_reusable))
 
 
-# Epoch milliseconds of 0001-01-01T00:00:00.000Z and 9999-12-31T23:59:59.999Z.
-_FIRST_MS, _LAST_MS = -62_135_596_800_000, 253_402_300_799_999
-
-
 def _unreadable_timestamp(turn: TurnCompleted) -> str | None:
     """Why a timestamp of the turn lies outside years 1 to 9999, or None. The Avro
     decoder dead-letters such a record; a turn that reached the rules another way is
@@ -229,7 +231,7 @@ def _unreadable_timestamp(turn: TurnCompleted) -> str | None:
         if record is not None:
             stamps[f"{name}.expires_at"] = record.expires_at
     for name, value in stamps.items():
-        if value is not None and not _FIRST_MS <= value <= _LAST_MS:
+        if value is not None and not FIRST_MS <= value <= LAST_MS:
             return f"{name} {value} ms is outside the readable range (years 1 to 9999)"
     return None
 

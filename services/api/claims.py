@@ -4,7 +4,8 @@
 A route module of its own: it only translates HTTP to the ledger's claim methods and
 back; the rules are in ``ratchet/domain/claims.py``. Every claim outcome is a 200 with
 a typed ``state``; 4xx only for bad input (400 a body that is not JSON, 413 a body above
-the API's limit (body_limit.py), 415 a body declared another type than JSON, 422 malformed, 404 unknown claim, 409 not the holder / another outcome already recorded).
+the API's limit (body_limit.py), 415 a body declared another type than JSON, 422
+malformed, 404 unknown claim, 409 not the holder / another outcome already recorded).
 """
 
 from __future__ import annotations

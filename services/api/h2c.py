@@ -31,10 +31,11 @@ extra C call (``should_upgrade``) in ``on_headers_complete``.
 from __future__ import annotations
 
 import contextlib
-import json
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from services.api.models import ErrorBody
 
 # Headers that belong to the upgrade offer, and Connection tokens that name them.
 _OFFER_HEADERS = frozenset({b"upgrade", b"http2-settings"})
@@ -99,8 +100,7 @@ class UpgradeTolerantHttpToolsProtocol(HttpToolsProtocol):
         """A request the parser refuses (an unknown method, a malformed line or header)
         answered with the API's typed bad-input body, not uvicorn's plain text; the
         connection is closed, as uvicorn does (the parser cannot go on)."""
-        body = json.dumps({"error": "INVALID_REQUEST", "detail": msg,
-                           "retryable": False}, separators=(",", ":")).encode()
+        body = ErrorBody(error="INVALID_REQUEST", detail=msg).model_dump_json().encode()
         content = [STATUS_LINE[400]]
         for name, value in self.server_state.default_headers:
             content.extend([name, b": ", value, b"\r\n"])

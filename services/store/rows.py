@@ -19,6 +19,8 @@ from typing import Any
 from cassandra.query import UNSET_VALUE
 
 from ratchet.domain.history import (
+    FIRST_MS,
+    LAST_MS,
     NO_ITEMS,
     CheckpointRecord,
     Head,
@@ -291,10 +293,6 @@ _CERTIFICATIONS = {c.value: c for c in Certification}
 # keyword arguments and costs ~8x more (a 50-turn read decodes 50 timestamps).
 _NAIVE_EPOCH = datetime(1970, 1, 1)
 _UTC_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# Years 1-9999 in epoch milliseconds: what a datetime can hold.
-_MIN_MS = (datetime(1, 1, 1, tzinfo=UTC) - _UTC_EPOCH) // timedelta(milliseconds=1)
-_MAX_MS = (datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC) - _UTC_EPOCH) \
-    // timedelta(milliseconds=1)
 
 
 # What decoding a damaged row raises: a missing or unknown value (KeyError, TypeError,
@@ -310,7 +308,7 @@ def _utc(value: int | datetime) -> datetime:
     driver's (already UTC) is returned as it is (``utc_ms`` would give an equal value
     at ~10x the cost)."""
     if type(value) is int:
-        if not _MIN_MS <= value <= _MAX_MS:
+        if not FIRST_MS <= value <= LAST_MS:
             raise ValueError(f"timestamp {value} ms is outside years 1-9999")
         return _UTC_EPOCH + timedelta(milliseconds=value)
     if value.microsecond % 1000 == 0:
