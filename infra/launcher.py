@@ -122,7 +122,8 @@ def _launch(srv: Server, state: StateFile) -> Running:
         if start_time is not None:
             break
         time.sleep(0.01)
-    entry = Running(srv.name, proc.pid, start_time or -1, str(srv.log_path), time.time())
+    entry = Running(srv.name, proc.pid, start_time or -1, str(srv.log_path), time.time(),
+                    srv.client_port())
     with state.locked() as entries:
         entries[srv.name] = entry
     srv._popen = proc  # noqa: SLF001 - keeps the exit code reachable while we wait
@@ -132,8 +133,24 @@ def _launch(srv: Server, state: StateFile) -> Running:
     return entry
 
 
-def _wait_healthy(srv: Server, entry: Running, timeout_s: float) -> None:
+def port_mismatch(srv: Server, entry: Running, home: Path) -> str | None:
+    """Why ``entry`` is not the server the settings name (None: it is). A home's state
+    names its processes; the settings name ports: when they disagree, acting on the
+    pid would stop or report a server the operator did not point at."""
+    if entry.port and entry.port != srv.client_port():
+        return (f"{srv.name}: the {srv.name} of RATCHET_HOME={home} (pid {entry.pid}) serves "
+                f"port {entry.port}, the settings name {srv.client_port()}: set the ports of "
+                f"those servers, or the RATCHET_HOME of these")
+    return None
+
+
+def _wait_healthy(srv: Server, entry: Running, timeout_s: float, say: Say | None = None,
+                  stop_on_timeout: bool = True) -> None:
+    """Wait for a real round trip; ``say`` the last check every 15 s. On timeout the
+    process is stopped only if ``stop_on_timeout`` (one this call launched)."""
     deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    next_word = started + 15
     last = "no check ran yet"
     proc: subprocess.Popen | None = getattr(srv, "_popen", None)
     while True:
@@ -152,10 +169,19 @@ def _wait_healthy(srv: Server, entry: Running, timeout_s: float) -> None:
         else:
             last = f"port {srv.client_port()} not open yet"
         if time.monotonic() > deadline:
+            if not stop_on_timeout:
+                raise ServerStartError(
+                    srv.name, f"not healthy after {timeout_s:.0f}s (last check: {last}); left "
+                    f"running (pid {entry.pid}): `ratchet infra restart {srv.name}` restarts it",
+                    entry.log)
             terminate(entry, grace_s=10)
             raise ServerStartError(
                 srv.name, f"not healthy after {timeout_s:.0f}s (last check: {last}); stopped it",
                 entry.log)
+        if say is not None and time.monotonic() >= next_word:
+            say(f"{srv.name}: still waiting after {time.monotonic() - started:.0f}s of "
+                f"{timeout_s:.0f}s ({last})")
+            next_word += 15
         time.sleep(1)
 
 
@@ -163,13 +189,18 @@ def _ensure_started(srv: Server, state: StateFile, say: Say) -> None:
     """Leave a healthy server alone, otherwise start it and wait for a real round trip."""
     entry = state.get(srv.name)
     if entry is not None:
+        mismatch = port_mismatch(srv, entry, state.path.parent)
+        if mismatch:
+            raise ServerStartError(srv.name, mismatch, entry.log)
         try:
             srv.check(timeout_s=5)
             say(f"{srv.name}: already running (pid {entry.pid}), healthy")
             return
         except Unhealthy:
+            # Started by an earlier `up`: maybe still starting, maybe busy. Never stopped
+            # here (a long pause is not a dead server); `infra restart` is the operator's.
             say(f"{srv.name}: pid {entry.pid} is running but not healthy yet, waiting")
-            _wait_healthy(srv, entry, srv.start_timeout_s)
+            _wait_healthy(srv, entry, srv.start_timeout_s, say, stop_on_timeout=False)
             say(f"{srv.name}: ready (pid {entry.pid})")
             return
     if srv.port_open():
@@ -193,7 +224,7 @@ def _ensure_started(srv: Server, state: StateFile, say: Say) -> None:
     t = time.monotonic()
     entry = _launch(srv, state)
     say(f"{srv.name}: starting {srv.name} {srv.version} (pid {entry.pid}, log {entry.log})...")
-    _wait_healthy(srv, entry, srv.start_timeout_s)
+    _wait_healthy(srv, entry, srv.start_timeout_s, say)
     say(f"{srv.name}: ready in {time.monotonic() - t:.1f}s")
 
 
@@ -246,10 +277,15 @@ def start_server(settings: Settings, name: str, out: Say = _print) -> None:
 
 def stop_server(settings: Settings, name: str, out: Say = _print) -> str:
     """Stop the process ``up`` started for ``name`` (SIGTERM, then SIGKILL after 30 s)."""
-    server(settings, name)  # validates the name
+    srv = server(settings, name)  # validates the name
     state = StateFile(settings.home)
     with state.locked() as entries:
-        entry = entries.pop(name, None)
+        entry = entries.get(name)
+        mismatch = entry and is_alive(entry) and port_mismatch(srv, entry, settings.home)
+        if mismatch:
+            out(f"{mismatch}; not stopping it")
+            return "refused"
+        entries.pop(name, None)
     if entry is None:
         out(f"{name}: not started by ratchet, nothing to stop")
         return "not running"
@@ -259,17 +295,28 @@ def stop_server(settings: Settings, name: str, out: Say = _print) -> str:
 
 
 def down(settings: Settings, purge: bool = False, names: Iterable[str] = NAMES,
-         out: Say = _print) -> None:
+         out: Say = _print) -> dict[str, str]:
+    """Stop the named servers in parallel; returns how each ended (``stop_server``). A
+    server the settings do not name (``port_mismatch``) is "refused" and nothing is
+    purged."""
     names = list(names)
-    threads = [threading.Thread(target=stop_server, args=(settings, n, out)) for n in names]
+    how: dict[str, str] = {}
+
+    def stop(name: str) -> None:
+        how[name] = stop_server(settings, name, out)
+
+    threads = [threading.Thread(target=stop, args=(n,)) for n in names]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if "refused" in how.values():
+        return how
     if purge:
         for sub in ("data", "logs", "conf"):
             shutil.rmtree(settings.home / sub, ignore_errors=True)
         out(f"purged data, logs and conf under {settings.home} (downloads kept in dist/)")
+    return how
 
 
 # ---------------------------------------------------------------------------- status
@@ -279,6 +326,9 @@ def server_status(settings: Settings, name: str) -> ServerStatus:
     srv = server(settings, name)
     entry = StateFile(settings.home).get(name)
     pid = entry.pid if entry else None
+    mismatch = entry and port_mismatch(srv, entry, settings.home)
+    if mismatch:
+        return ServerStatus(name, pid, False, mismatch.split(": ", 1)[1])
     if entry is None and not srv.port_open():
         return ServerStatus(name, None, False, "")
     try:
@@ -307,7 +357,11 @@ def cli_up(settings: Settings) -> int:
 
 
 def cli_down(settings: Settings, purge: bool = False) -> int:
-    down(settings, purge=purge)
+    how = down(settings, purge=purge)
+    if "refused" in how.values():
+        print("ratchet infra down: refused to stop servers the settings do not name (above)",
+              file=sys.stderr)
+        return 1
     left = {n: e.pid for n, e in StateFile(settings.home).read().items() if is_alive(e)}
     if left:
         print(f"still running: {left}", file=sys.stderr)
@@ -324,7 +378,8 @@ def cli_status(settings: Settings) -> int:
 
 def cli_restart(settings: Settings, name: str) -> int:
     try:
-        stop_server(settings, name)
+        if stop_server(settings, name) == "refused":
+            return 1
         start_server(settings, name)
     except InfraError as exc:
         print(f"ratchet infra restart {name} failed:\n{exc}", file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -202,15 +203,23 @@ def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR) -> int:
     cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
                       protocol_version=5, connect_timeout=20,
                       execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+    from cassandra import DriverException, RequestExecutionException
+    from cassandra.cluster import NoHostAvailable
+    from cassandra.protocol import ErrorMessage
+
+    hosts = f"{','.join(settings.cassandra_hosts)}:{settings.cassandra_port}"
     try:
         applied = apply_migrations(cluster, settings, folder, out=print)
     except MigrationError as exc:
-        print(f"ratchet migrate failed: {exc}", flush=True)
+        print(f"ratchet migrate failed: {exc}", file=sys.stderr, flush=True)
         return 1
-    except Exception as exc:  # NoHostAvailable and friends: say where we tried
-        hosts = ",".join(settings.cassandra_hosts)
-        print(f"ratchet migrate: cannot reach Cassandra at {hosts}:{settings.cassandra_port} "
-              f"({exc}); is `ratchet infra up` running?", flush=True)
+    except ErrorMessage as exc:  # Cassandra answered: the statement is wrong (syntax, ...)
+        print(f"ratchet migrate failed: Cassandra at {hosts} refused a statement: {exc} "
+              f"(RATCHET_REPLICATION={settings.replication!r}?)", file=sys.stderr, flush=True)
+        return 1
+    except (NoHostAvailable, RequestExecutionException, DriverException, OSError) as exc:
+        print(f"ratchet migrate: cannot reach Cassandra at {hosts} ({exc}); is `ratchet "
+              f"infra up` running?", file=sys.stderr, flush=True)
         return 1
     finally:
         cluster.shutdown()

@@ -28,6 +28,9 @@ class Running:
     start_time: int  # field 22 of /proc/<pid>/stat: clock ticks since boot
     log: str
     started_at: float  # wall clock, for humans
+    # The client port it was started to serve (0: a state file from before it was kept).
+    # The settings of a later ``status``, ``down`` or ``restart`` must name the same one.
+    port: int = 0
 
 
 def proc_start_time(pid: int) -> int | None:

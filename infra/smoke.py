@@ -28,9 +28,10 @@ class SmokeFailed(RuntimeError):
 def _kafka_round_trip(settings: Settings, record: dict) -> dict:
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
-    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from schemas.avro import registry_client
 
     topic = settings.topic("smoke")
     admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
@@ -40,7 +41,7 @@ def _kafka_round_trip(settings: Settings, record: dict) -> dict:
         except Exception as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
-    registry = SchemaRegistryClient({"url": settings.schema_registry_url})
+    registry = registry_client(settings.schema_registry_url)
     ctx = SerializationContext(topic, MessageField.VALUE)
     payload = AvroSerializer(registry, json.dumps(SMOKE_SCHEMA))(record, ctx)
     schema_id = int.from_bytes(payload[1:5], "big")

@@ -64,55 +64,66 @@ def infra_restart(server: str) -> None:
 @main.command()
 def migrate() -> None:
     """Apply the numbered CQL migrations in infra/migrations (idempotent)."""
+    settings = _settings()  # a bad value stops here, before any import or connection
     from infra import migrate as migrations
 
-    sys.exit(migrations.cli_migrate(_settings()))
+    sys.exit(migrations.cli_migrate(settings))
 
 
 @main.command()
 def smoke() -> None:
     """Round trip: Avro via the registry -> Kafka -> consume -> Cassandra LWT -> read back."""
+    settings = _settings()  # a bad value stops here, before any import or connection
     from infra import smoke as smoke_test
 
-    sys.exit(smoke_test.cli_smoke(_settings()))
+    sys.exit(smoke_test.cli_smoke(settings))
 
 
 @main.command()
 def worker() -> None:
     """Run the promotion processor (joins the consumer group; SIGTERM drains and exits)."""
+    settings = _settings()  # a bad value stops here, before any import or connection
     from streams import worker as promotion_worker
 
-    sys.exit(promotion_worker.cli_worker(_settings()))
+    sys.exit(promotion_worker.cli_worker(settings))
 
 
 @main.command()
 def api() -> None:
     """Serve the rehydration HTTP API (RATCHET_API_HOST:RATCHET_API_PORT)."""
+    settings = _settings()  # a bad value stops here, before any import or connection
     from services.api import server
 
-    sys.exit(server.cli_api(_settings()))
+    sys.exit(server.cli_api(settings))
 
 
 @main.command()
 @click.option("--keep", is_flag=True, help="Leave the worker and API it started running.")
 def demo(keep: bool) -> None:
     """Run scripted conversations end to end and print a table of outcomes."""
+    settings = _settings()  # a bad value stops here, before any import or connection
     from services import demo as demo_run
 
-    sys.exit(demo_run.cli_demo(_settings(), keep=keep))
+    sys.exit(demo_run.cli_demo(settings, keep=keep))
 
 
 @main.command()
 @click.option("--seed", default=1, show_default=True, help="Workload and fault order seed.")
-@click.option("--turns", default=2000, show_default=True, help="Turn events to send (at least).")
-@click.option("--rate", default=20.0, show_default=True, help="Turns per second, all producers.")
-@click.option("--producers", default=2, show_default=True, help="Producer processes.")
-@click.option("--workers", default=2, show_default=True, help="Workers sharing the group.")
+@click.option("--turns", default=2000, show_default=True, type=click.IntRange(min=1),
+              help="Turn events to send (at least).")
+@click.option("--rate", default=20.0, show_default=True,
+              type=click.FloatRange(min=0, min_open=True, max=1e6),
+              help="Turns per second, all producers.")
+@click.option("--producers", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Producer processes.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Workers sharing the group.")
 @click.option("--faults", type=click.Choice(["ci", "long", "none"]), default="ci",
               show_default=True, help="ci: each fault once (3 worker kills); long: the same "
               "plan again and again while turns are sent; none: no faults.")
-@click.option("--fault-gap", default=8.0, show_default=True, help="Seconds between faults.")
-@click.option("--drain-timeout", default=300.0, show_default=True,
+@click.option("--fault-gap", default=8.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds between faults.")
+@click.option("--drain-timeout", default=300.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds to wait, after sending and faults, for every turn to be decided.")
 @click.option("--out", type=click.Path(), default="chaos-out", show_default=True,
               help="Directory for the report, plot and logs (one subdirectory per run).")
@@ -140,6 +151,7 @@ BENCH_SUITES = {
     "store": ("ratchet.bench.store", "promote / read_history beside raw Cassandra LWT and SELECT"),
     "api": ("ratchet.bench.api", "HTTP history lookups (hit, extension, miss, wait_ms) beside raw SELECTs"),
     "processor": ("ratchet.bench.processor", "end-to-end promoted turns/s beside raw Kafka"),
+    "memory": ("ratchet.bench.memory", "a worker's RSS on a backlog of large turns"),
 }
 
 

@@ -7,9 +7,11 @@ instead of reading the environment itself, so tests can inject their own.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 class SettingsError(ValueError):
@@ -19,20 +21,40 @@ class SettingsError(ValueError):
 LOOP_DRIVERS = ("acsylla", "cassandra-driver")
 EVENT_LOOPS = ("uvloop", "asyncio")
 WORKER_CONSUMERS = ("loop", "thread")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MAX_PORT = 65535
+# A retention whose expiry would pass the year 9999 cannot be stored (a Cassandra
+# timestamp, a Python datetime): 100 years is far beyond any use and safely inside.
+MAX_RETENTION_S = 100 * 366 * 24 * 3600
+# Unquoted CQL names fold to lower case: a keyspace given in upper case would be
+# created under another name than the one the processes then ask for.
+_KEYSPACE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+_TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")  # Kafka's legal topic characters
+
+
+def _raw(env: Mapping[str, str], name: str) -> str | None:
+    """The variable's value, None when unset. Set but empty is refused: an unset shell
+    variable expanded into it (``RATCHET_HOME=$HOME_OF_TEST``) must not silently mean
+    the default, e.g. the home whose servers ``infra down`` then stops."""
+    raw = env.get(name)
+    if raw is not None and raw.strip() == "":
+        raise SettingsError(f"{name} is set but empty: unset it to use its default")
+    return raw
 
 
 def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
-    raw = env.get(name)
-    if raw is None or raw == "":
+    raw = _raw(env, name)
+    if raw is None:
         return default
     if raw not in allowed:
         raise SettingsError(f"{name}={raw!r} is not one of {', '.join(allowed)}")
     return raw
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0,
+         maximum: int | None = None) -> int:
+    raw = _raw(env, name)
+    if raw is None:
         return default
     try:
         value = int(raw)
@@ -40,6 +62,39 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
         raise SettingsError(f"{name}={raw!r} is not an integer") from None
     if value < minimum:
         raise SettingsError(f"{name}={value} must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise SettingsError(f"{name}={value} must be <= {maximum}")
+    return value
+
+
+def _port(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
+    return _int(env, name, default, minimum, MAX_PORT)
+
+
+def _text(env: Mapping[str, str], name: str, default: str) -> str:
+    raw = _raw(env, name)
+    return default if raw is None else raw
+
+
+def _bootstrap(env: Mapping[str, str], name: str, default: str) -> str:
+    """``host:port[,host:port...]``."""
+    value = _text(env, name, default)
+    for server in value.split(","):
+        host, _, port = server.strip().rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= MAX_PORT:
+            raise SettingsError(f"{name}={value!r}: {server.strip()!r} is not host:port")
+    return value
+
+
+def _url(env: Mapping[str, str], name: str, default: str) -> str:
+    value = _text(env, name, default).rstrip("/")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises on a port that is not a number in range
+    except ValueError as exc:
+        raise SettingsError(f"{name}={value!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingsError(f"{name}={value!r} is not an http(s)://host[:port] URL")
     return value
 
 
@@ -84,6 +139,9 @@ class Settings:
     # Events of one partition the worker handles at once (streams/lanes.py): never two
     # of one Kafka key (a Conversation, a chain), acks in offset order; 1 = one at a time.
     lane_window: int = 1
+    # Record bytes (key + value) the worker's lanes may hold at once, waiting or in
+    # flight (streams/lanes.py); one record larger than this still runs, alone.
+    lane_max_bytes: int = 16 * 1024 * 1024
     # The driver of the requests awaited on an event loop (services/cassandra_loop.py):
     # the worker's promotions and the API's reads. "acsylla" (the C++ driver) or
     # "cassandra-driver" (its callbacks); see docs/decisions.md, "Promotion cost".
@@ -100,36 +158,54 @@ class Settings:
     # Where the worker's Kafka consumer runs (streams/consumer_loop.py): "loop" (on the
     # worker's event loop, the default) or "thread" (faust-streaming's own thread).
     worker_consumer: str = "loop"
+    # The process's own: not passed on by ``to_env`` (a test or a chaos run sets its
+    # children's level itself). Checked here so that a bad value stops the process at
+    # start, like every other setting, before anything connects.
+    log_level: str = "INFO"
+    speedups: str = "1"  # "0": the Python twins of ratchet/_speedups.c (ratchet/speedups.py)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         d = cls()
-        hosts = env.get("RATCHET_CASSANDRA_HOSTS")
+        hosts = _raw(env, "RATCHET_CASSANDRA_HOSTS")
+        cassandra_hosts = d.cassandra_hosts if hosts is None else tuple(
+            h.strip() for h in hosts.split(",") if h.strip())
+        if not cassandra_hosts:
+            raise SettingsError(f"RATCHET_CASSANDRA_HOSTS={hosts!r} names no host")
+        keyspace = _text(env, "RATCHET_KEYSPACE", d.keyspace)
+        if not _KEYSPACE.match(keyspace):
+            raise SettingsError(f"RATCHET_KEYSPACE={keyspace!r}: a lower-case letter, then "
+                                f"lower-case letters, digits or _, at most 48 in all")
+        # Empty is a valid prefix (topics without one), so not _text.
+        topic_prefix = env.get("RATCHET_TOPIC_PREFIX", d.topic_prefix)
+        if not _TOPIC_CHARS.match(topic_prefix) or len(topic_prefix) > 200:
+            raise SettingsError(f"RATCHET_TOPIC_PREFIX={topic_prefix!r}: at most 200 of "
+                                f"letters, digits, '.', '_' and '-' (Kafka topic names)")
+        home = _raw(env, "RATCHET_HOME")
         return cls(
-            kafka_bootstrap=env.get("RATCHET_KAFKA_BOOTSTRAP") or d.kafka_bootstrap,
-            schema_registry_url=(
-                env.get("RATCHET_SCHEMA_REGISTRY_URL") or d.schema_registry_url
-            ).rstrip("/"),
-            cassandra_hosts=tuple(h.strip() for h in hosts.split(",") if h.strip())
-            if hosts
-            else d.cassandra_hosts,
-            cassandra_port=_int(env, "RATCHET_CASSANDRA_PORT", d.cassandra_port, 1),
-            cassandra_storage_port=_int(
-                env, "RATCHET_CASSANDRA_STORAGE_PORT", d.cassandra_storage_port, 1
+            kafka_bootstrap=_bootstrap(env, "RATCHET_KAFKA_BOOTSTRAP", d.kafka_bootstrap),
+            schema_registry_url=_url(env, "RATCHET_SCHEMA_REGISTRY_URL",
+                                     d.schema_registry_url),
+            cassandra_hosts=cassandra_hosts,
+            cassandra_port=_port(env, "RATCHET_CASSANDRA_PORT", d.cassandra_port),
+            cassandra_storage_port=_port(
+                env, "RATCHET_CASSANDRA_STORAGE_PORT", d.cassandra_storage_port
             ),
             cassandra_timer_slack_us=_int(
                 env, "RATCHET_CASSANDRA_TIMER_SLACK_US", d.cassandra_timer_slack_us
             ),
-            keyspace=env.get("RATCHET_KEYSPACE") or d.keyspace,
-            replication=env.get("RATCHET_REPLICATION") or d.replication,
-            topic_prefix=env.get("RATCHET_TOPIC_PREFIX", d.topic_prefix),
+            keyspace=keyspace,
+            replication=_text(env, "RATCHET_REPLICATION", d.replication),
+            topic_prefix=topic_prefix,
             partitions=_int(env, "RATCHET_PARTITIONS", d.partitions, 1),
-            home=Path(env["RATCHET_HOME"]) if env.get("RATCHET_HOME") else d.home,
-            api_host=env.get("RATCHET_API_HOST") or d.api_host,
-            api_port=_int(env, "RATCHET_API_PORT", d.api_port, 1),
-            worker_metrics_port=_int(env, "RATCHET_WORKER_METRICS_PORT", d.worker_metrics_port),
-            logical_retention_s=_int(env, "RATCHET_LOGICAL_RETENTION_S", d.logical_retention_s),
+            home=d.home if home is None else Path(home),
+            api_host=_text(env, "RATCHET_API_HOST", d.api_host),
+            api_port=_port(env, "RATCHET_API_PORT", d.api_port),
+            worker_metrics_port=_port(env, "RATCHET_WORKER_METRICS_PORT",
+                                      d.worker_metrics_port, 0),
+            logical_retention_s=_int(env, "RATCHET_LOGICAL_RETENTION_S", d.logical_retention_s,
+                                     0, MAX_RETENTION_S),
             api_history_cache_bytes=_int(
                 env, "RATCHET_API_HISTORY_CACHE_BYTES", d.api_history_cache_bytes
             ),
@@ -137,12 +213,15 @@ class Settings:
             tail_cache_entries=_int(env, "RATCHET_TAIL_CACHE_ENTRIES", d.tail_cache_entries),
             fetch_stall_s=_int(env, "RATCHET_FETCH_STALL_S", d.fetch_stall_s),
             lane_window=_int(env, "RATCHET_LANE_WINDOW", d.lane_window, 1),
+            lane_max_bytes=_int(env, "RATCHET_LANE_MAX_BYTES", d.lane_max_bytes, 1),
             loop_driver=_choice(env, "RATCHET_LOOP_DRIVER", d.loop_driver, LOOP_DRIVERS),
             api_coalesce_us=_int(env, "RATCHET_API_COALESCE_US", d.api_coalesce_us),
             worker_event_loop=_choice(env, "RATCHET_WORKER_EVENT_LOOP", d.worker_event_loop,
                                       EVENT_LOOPS),
             worker_consumer=_choice(env, "RATCHET_WORKER_CONSUMER", d.worker_consumer,
                                     WORKER_CONSUMERS),
+            log_level=_choice(env, "RATCHET_LOG_LEVEL", d.log_level, LOG_LEVELS),
+            speedups=_choice(env, "RATCHET_SPEEDUPS", d.speedups, ("0", "1")),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -168,6 +247,7 @@ class Settings:
             "RATCHET_TAIL_CACHE_ENTRIES": str(self.tail_cache_entries),
             "RATCHET_FETCH_STALL_S": str(self.fetch_stall_s),
             "RATCHET_LANE_WINDOW": str(self.lane_window),
+            "RATCHET_LANE_MAX_BYTES": str(self.lane_max_bytes),
             "RATCHET_LOOP_DRIVER": self.loop_driver,
             "RATCHET_API_COALESCE_US": str(self.api_coalesce_us),
             "RATCHET_WORKER_EVENT_LOOP": self.worker_event_loop,

@@ -21,7 +21,7 @@ schema on every message (most of its cost).
 
 Usage::
 
-    serde = EventSerde(SchemaRegistryClient({"url": settings.schema_registry_url}))
+    serde = EventSerde(registry_client(settings.schema_registry_url))
     register_schemas(serde.client)              # idempotent; sets BACKWARD first
     value = serde.encode(turn, topic)           # bytes
     event = serde.decode_gateway_event(value, topic, partition, offset)
@@ -64,6 +64,17 @@ HEADER_SIZE = 5
 COMPATIBILITY = "BACKWARD"
 _NOT_FOUND = 404
 _TRANSIENT_4XX = frozenset({408, 429})  # Request Timeout, Too Many Requests
+
+
+# Seconds any registry request may take. confluent-kafka's client waits for ever by
+# default: a registry that accepts connections but never answers hung a starting worker
+# (and every decode of a new schema id) with no word.
+REGISTRY_TIMEOUT_S = 10
+
+
+def registry_client(url: str) -> SchemaRegistryClient:
+    """The schema registry client every ratchet process uses (requests time out)."""
+    return SchemaRegistryClient({"url": url, "timeout": REGISTRY_TIMEOUT_S})
 
 
 def subject_for(record: str) -> str:

@@ -60,6 +60,12 @@ from streams.topics import Topics
 
 log = logging.getLogger(__name__)
 
+# Faust's stream buffer and aiokafka's fetch size (see create_app): what a worker holds
+# of records it has fetched but not yet queued in its lanes (docs/decisions.md, "Worker
+# memory"); neither changed the rate or CPU per turn on a backlog.
+STREAM_BUFFER_RECORDS = 8
+FETCH_BYTES_PER_PARTITION = 1024 * 1024
+
 GROUP_ID = "ratchet-promoter"
 
 
@@ -100,9 +106,14 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         topic_partitions=settings.partitions,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=commit_interval_s,
-        # Records up to the topics' limits (schemas/limits.py): a fetch or a publish
-        # must never fail on size below them (aiokafka's defaults are 1 MiB).
-        consumer_max_fetch_size=CLIENT_MAX_BYTES,
+        # Bytes per partition per fetch: a record larger than this still comes, alone
+        # (the broker returns the first record batch whole, KIP-74; tested up to the
+        # topic's limit in tests/integration/test_worker_memory.py). A fetch buffered
+        # per partition at the topic's limit held 12 x 34 MiB of records a worker had
+        # not asked for yet (docs/decisions.md, "Worker memory").
+        consumer_max_fetch_size=FETCH_BYTES_PER_PARTITION,
+        # Outcomes up to the topics' limits (schemas/limits.py): a publish must never
+        # fail on size below them (aiokafka's default is 1 MiB).
         producer_max_request_size=CLIENT_MAX_BYTES,
         producer_acks=-1,
         # A crashed worker's partitions move to the others within ~10 s (default 60 s).
@@ -111,7 +122,11 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         # Faust must not wait for "all streams empty" on rebalance/stop: events queued
         # in lanes are tracked but intentionally dropped unacked (see on_revoked).
         stream_wait_empty=False,
-        stream_buffer_maxsize=4096,
+        # Records fetched but not yet dispatched to the lanes: the lanes are the worker's
+        # buffer (bounded in events and bytes, RATCHET_LANE_MAX_BYTES), this is only the
+        # hand-off to them. Faust's default (4 096) held 4 096 records more whenever the
+        # lanes were full: 40 GiB of 10 MiB turns.
+        stream_buffer_maxsize=STREAM_BUFFER_RECORDS,
     )
     gateway_events = app.topic(runtime.topics.gateway_events, key_type=bytes, value_type=bytes,
                                partitions=settings.partitions)
@@ -143,7 +158,8 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         metrics.observe_published([o.model for o in handled.outbound])
         runtime.published += 1
 
-    lanes = PartitionLanes(handle, window=settings.lane_window)
+    lanes = PartitionLanes(handle, window=settings.lane_window,
+                           max_bytes=settings.lane_max_bytes)
     # Last offset dispatched per partition since its assignment (lag gauge, watchdog).
     fetched: dict[TP, int] = {}
     starved: set[TP] = set()  # (test hook, see dispatch)
@@ -174,8 +190,9 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
                 continue
             fetched[message.tp] = message.offset
             # Ordered by Kafka key: a Conversation's (a chain's) events one at a time.
+            size = len(message.key or b"") + len(message.value or b"")
             if not await lanes.submit(message.tp, record, event.ack, order_key=message.key,
-                                      generation=generation):
+                                      generation=generation, size=size):
                 # Its partition was revoked (or the worker is stopping) before it could
                 # be queued: not ours to decide, and never acked (the partition's owner
                 # reads it again from the committed offset).

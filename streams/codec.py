@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from confluent_kafka.schema_registry import SchemaRegistryClient
-
-from schemas.avro import EventSerde, register_schemas
+from schemas.avro import EventSerde, register_schemas, registry_client
 from schemas.errors import DecodeError
 from schemas.models import Frozen, GatewayEvent
 from streams.records import DecodeFailed, RawRecord
@@ -23,7 +21,7 @@ class RegistryCodec:
 
     @classmethod
     def connect(cls, registry_url: str, *, register: bool = True) -> RegistryCodec:
-        client = SchemaRegistryClient({"url": registry_url})
+        client = registry_client(registry_url)
         if register:
             register_schemas(client)
         return cls(EventSerde(client))

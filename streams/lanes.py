@@ -18,9 +18,12 @@ of one Kafka key: ``Lane``) and acks them strictly in offset order, after the
 outcome is durable and published. Faust therefore only ever sees
 contiguous acks per partition, and commits exactly what was finished.
 
-Memory stays bounded: at most ``max_queued`` events wait in all lanes together;
-beyond that the dispatcher waits for room (Faust then stops fetching). One slow
-partition can hold up the others only once its own backlog reaches that bound.
+Memory stays bounded: at most ``max_queued`` events wait in all lanes together, and
+the events the lanes hold (waiting or in flight) carry at most ``max_bytes`` of record
+bytes, except one event alone larger than that (it runs on its own: a valid turn is
+never refused for its size). Beyond either bound the dispatcher waits for room (Faust
+then stops fetching). One slow partition can hold up the others only once its own
+backlog reaches a bound.
 (Pausing just the full partition with ``Consumer.pause_partitions`` was tried and
 dropped: with faust-streaming 0.15.3 + aiokafka 0.14 a resumed partition was never
 fetched again; see docs/processor.md.)
@@ -50,6 +53,7 @@ class Work:
     payload: Any
     ack: Callable[[], Any]
     order_key: Hashable = None
+    size: int = 0  # bytes it holds (the record's key and value), for the byte bound
 
 
 class Lane:
@@ -76,6 +80,7 @@ class Lane:
         self._acking = True  # False once an event stayed unhandled: never ack past it
         self._idle = asyncio.Event()
         self._idle.set()
+        self.held_bytes = 0  # of the events queued or in flight, until acked or dropped
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"lane-{key}")
 
     @property
@@ -96,6 +101,7 @@ class Lane:
             work = await self.queue.get()
             self._on_drained(self)  # one less queued: room for the dispatcher
             if self.stopping:
+                self.held_bytes -= work.size
                 self._window.release()
                 break
             previous = self._last_of_key.get(work.order_key)
@@ -121,6 +127,7 @@ class Lane:
         """Ack the finished events at the head of the offset order."""
         while self._unacked and self._unacked[0][1].done():
             work, task, _started = self._unacked.popleft()
+            self.held_bytes -= work.size
             handled = not task.cancelled() and task.exception() is None and task.result()
             if not handled:
                 self._acking = False
@@ -154,7 +161,7 @@ class Lane:
         """Finish the events in flight (up to ``grace_s``), drop the queued ones unacked."""
         self.stopping = True
         while not self.queue.empty():
-            self.queue.get_nowait()
+            self.held_bytes -= self.queue.get_nowait().size
         try:
             await asyncio.wait_for(self._idle.wait(), grace_s)
         except TimeoutError:
@@ -173,13 +180,16 @@ class PartitionLanes:
     """Route work to the lane of its partition; pause partitions whose lane is full."""
 
     def __init__(self, handle: Callable[[Any, Lane], Awaitable[None]], *,
-                 max_queued: int = 2000, window: int = 1) -> None:
+                 max_queued: int = 2000, max_bytes: int = 16 * 1024 * 1024,
+                 window: int = 1) -> None:
         self._handle = handle
         self._max_queued = max_queued
+        self._max_bytes = max_bytes
         self._window = window
         self._lanes: dict[Hashable, Lane] = {}
         self._room = asyncio.Event()
         self._room.set()
+        self._waiting = 0  # submits waiting for room
         # Keys stopped and not reopened (a revoked partition), and how many times each
         # key was stopped: work offered for a closed key, or taken before a stop of its
         # key, is refused (``submit``), never run on a new lane out of order.
@@ -190,9 +200,14 @@ class PartitionLanes:
     def queued(self) -> int:
         return sum(lane.queue.qsize() for lane in self._lanes.values())
 
-    def has_room(self) -> bool:
-        """True while ``submit`` would not wait (the dispatcher, so fetching, can go on)."""
-        return self.queued() < self._max_queued
+    def held_bytes(self) -> int:
+        """Record bytes of the events queued or in flight in all lanes."""
+        return sum(lane.held_bytes for lane in self._lanes.values())
+
+    def has_room(self, size: int = 0) -> bool:
+        """True while ``submit`` of an event of ``size`` bytes would not wait (the
+        dispatcher, so fetching, can go on) and no submit is waiting for room."""
+        return not self._waiting and self._fits(size)
 
     def generation(self, key: Hashable) -> int:
         """How many times lane ``key`` was stopped: pass it to ``submit`` with work taken
@@ -203,10 +218,19 @@ class PartitionLanes:
         """Accept work for ``keys`` again (partitions assigned)."""
         self._closed.difference_update(keys)
 
+    def _fits(self, size: int) -> bool:
+        if self.queued() >= self._max_queued:
+            return False
+        held = self.held_bytes()
+        return held == 0 or held + size <= self._max_bytes
+
     async def submit(self, key: Hashable, payload: Any, ack: Callable[[], Any],
-                     order_key: Hashable = None, generation: int | None = None) -> bool:
-        """Queue ``payload`` on lane ``key`` (created on first use); ``order_key``: see
-        ``Lane``. Returns at once unless ``max_queued`` events already wait in the lanes.
+                     order_key: Hashable = None, generation: int | None = None,
+                     size: int = 0) -> bool:
+        """Queue ``payload`` (``size`` bytes) on lane ``key`` (created on first use);
+        ``order_key``: see ``Lane``. Returns at once unless the lanes are full: waits
+        while ``max_queued`` events wait in them, or while they hold events and this
+        one's ``size`` would take their bytes past ``max_bytes``.
 
         False, nothing queued and ``ack`` never called, when the key is closed (stopped
         and not reopened: its partition was revoked, or every lane stopped) or was
@@ -214,16 +238,21 @@ class PartitionLanes:
         full must not run after its queued predecessors were dropped (it would be
         decided out of order, and its ack would let the offsets before it be committed).
         """
-        while self.queued() >= self._max_queued:
+        while not self._fits(size):
             self._room.clear()
-            await self._room.wait()
+            self._waiting += 1
+            try:
+                await self._room.wait()
+            finally:
+                self._waiting -= 1
         if (self._all_closed or key in self._closed
                 or (generation is not None and generation != self.generation(key))):
             return False
         lane = self._lanes.get(key)
         if lane is None or lane.stopping:
             lane = self._lanes[key] = Lane(key, self._handle, self._on_handled, self._window)
-        lane.queue.put_nowait(Work(payload, ack, order_key))
+        lane.queue.put_nowait(Work(payload, ack, order_key, size))
+        lane.held_bytes += size
         return True
 
     def _on_handled(self, lane: Lane) -> None:

@@ -341,10 +341,10 @@ class Rig:
         a thread of the measuring process and fetches each as it comes, work the
         measured pipeline would be charged for (docs/benchmarks.md, "The bench's own
         observers")."""
-        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from schemas.avro import registry_client
 
         self.settings = settings
-        client = SchemaRegistryClient({"url": settings.schema_registry_url})
+        client = registry_client(settings.schema_registry_url)
         register_schemas(client)
         self.serde = EventSerde(client)
         self.topics = ensure_topics(settings)

@@ -46,6 +46,7 @@ from urllib.parse import urlencode
 from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT
 
+from ratchet.bench.args import positive_int
 from ratchet.bench.store import Figure, percentile
 from ratchet.domain.fingerprint import fingerprint_hash
 from ratchet.domain.history import CheckpointRecord, PromotionMode, StoredTokenArtifact
@@ -158,10 +159,9 @@ def run(
     from cassandra.query import tuple_factory
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient
-    from confluent_kafka.schema_registry import SchemaRegistryClient
 
     from infra.migrate import apply_migrations
-    from schemas.avro import EventSerde, encode_key, register_schemas
+    from schemas.avro import EventSerde, encode_key, register_schemas, registry_client
     from services.cassandra_cluster import open_cluster
     from services.demo.processes import free_port, start_api, wait_api_ready
     from services.store.base import StoreOptions
@@ -185,7 +185,7 @@ def run(
     try:
         apply_migrations(cluster, bench)
         topics = ensure_topics(bench)
-        registry = SchemaRegistryClient({"url": bench.schema_registry_url})
+        registry = registry_client(bench.schema_registry_url)
         register_schemas(registry)
         serde = EventSerde(registry)
         producer = Producer({"bootstrap.servers": bench.kafka_bootstrap, "linger.ms": 0})
@@ -436,11 +436,11 @@ def main(argv: list[str] | None = None) -> None:
         description="HTTP history lookups beside their raw floors, in one run.")
     # A p99 of n samples is decided by its n/100 slowest: 1 000 per line, not 300, so
     # that three slow samples of a shared machine do not decide a verdict.
-    parser.add_argument("--reads", type=int, default=1000,
+    parser.add_argument("--reads", type=positive_int, default=1000,
                         help="rounds of the first lines (hits, cold miss, raw reads)")
-    parser.add_argument("--turns", type=int, default=1000,
+    parser.add_argument("--turns", type=positive_int, default=1000,
                         help="continuation rounds of each kind")
-    parser.add_argument("--waits", type=int, default=200, help="wait_ms rounds")
+    parser.add_argument("--waits", type=positive_int, default=200, help="wait_ms rounds")
     args = parser.parse_args(argv)
     started = time.monotonic()
     load_before = os.getloadavg()

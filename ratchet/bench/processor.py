@@ -89,6 +89,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from ratchet.bench.args import non_negative_int, positive_int
 from ratchet.bench.http_wait import MAX_IN_FLIGHT, HttpWaits, WaitFigures
 from ratchet.samples import make_turn
 from ratchet.settings import Settings
@@ -1643,9 +1644,9 @@ def http_summary(figures: WaitFigures, overhead_ms: dict[str, list[float]],
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ratchet bench processor",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=3000)
-    parser.add_argument("--per-conversation", type=int, default=3)
-    parser.add_argument("--raw", type=int, default=3000,
+    parser.add_argument("--turns", type=positive_int, default=3000)
+    parser.add_argument("--per-conversation", type=positive_int, default=3)
+    parser.add_argument("--raw", type=positive_int, default=3000,
                         help="LWTs of the raw Cassandra baseline (Kafka: 10x as many)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--profile-only", action="store_true",
@@ -1653,9 +1654,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss", action="store_true")
     parser.add_argument("--driver-ab", action="store_true",
                         help="also end to end with the loop path on cassandra-driver")
-    parser.add_argument("--latency-turns", type=int, default=1000,
+    parser.add_argument("--latency-turns", type=non_negative_int, default=1000,
                         help="turns of each latency run at half the measured rate (0: none)")
-    parser.add_argument("--latency-rounds", type=int, default=3,
+    parser.add_argument("--latency-rounds", type=positive_int, default=3,
                         help="alternated latency runs of ratchet and floor 1 (pooled)")
     args = parser.parse_args(argv)
 

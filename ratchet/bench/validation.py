@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from ratchet.bench.args import positive_int
 from ratchet.domain.fingerprint import fingerprint_hash, missing_components
 from ratchet.domain.validation import Valid, validate_turn
 from ratchet.samples import NOW_MS, make_tool_loop_turn
@@ -75,9 +76,9 @@ def summary(name: str, samples: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ratchet bench validation",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=20_000)
-    parser.add_argument("--items", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runs", type=positive_int, default=20_000)
+    parser.add_argument("--items", type=positive_int, default=20)
+    parser.add_argument("--rounds", type=positive_int, default=3)
     args = parser.parse_args(argv)
 
     turn, _ = make_tool_loop_turn(rounds=args.rounds, total_items=args.items)

@@ -7,11 +7,23 @@ checks:
 1. **Invariants of the observations alone** (no oracle needed): a response promoted
    with two different contents, an idempotency key promoted under two responses, a
    Conversation seq used twice or skipped, a chain response whose seq is not its
-   parent's + 1, a rejection without a reason.
-2. **Against the oracle**, per story, in the world (race order) that fits best: every
-   turn decided, decided as the rules say (promotion, seq, certification, reason, the
-   original response of a DUPLICATE), histories complete and in order by digest,
-   orphaned effects published, undecodable records dead-lettered byte for byte.
+   parent's + 1, a rejection without a reason, an answer to another tenant that is not
+   ``NOT_FOUND``.
+2. **Against the workload**: an outcome record for a response nobody sent (or under
+   another tenant), a dead letter of a record that was not undecodable, an event
+   without its own outcome record (a retry or a redelivery answered by nobody).
+3. **Against the oracle**, per story, in the world (race order) that fits best: every
+   turn decided, decided as the rules say (promotion, seq, certification, lineage,
+   reason, the original response of a DUPLICATE); every history answer (the response
+   endpoint, the Conversation endpoint, ``wait_ms``) with the outcome and reason the
+   rules give, the response's id and seq, and the complete history in order (item ids,
+   types and digests recomputed from the returned content); a failure for every
+   response never promoted; no ``wait_ms`` answer "not promoted" asked after the
+   promotion was published; orphaned effects published, and none that a promoted turn
+   used published with a final reason; undecodable records dead-lettered byte for byte.
+
+Not checked here: the order of outcome records within a partition (the reader does not
+keep offsets), and the rules the workload never exercises (docs/chaos.md).
 """
 
 from __future__ import annotations
@@ -19,15 +31,22 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
-from ratchet.chaos.oracle import Expectation, Sig, World
+from ratchet.chaos.oracle import Expectation, Promo, Sig, World
 from schemas.models import TurnCompleted
 
 VIOLATION_CLASSES = (
     "promotion_should_not_exist", "duplicate_promotion", "conflicting_outcome_records",
     "never_decided", "seq_gap", "seq_repeat", "wrong_reason", "rejection_without_reason",
     "valid_turn_rejected", "promotion_mismatch", "history_mismatch", "orphan_missing",
-    "dead_letter_missing",
+    "dead_letter_missing", "outcome_missing", "unexpected_outcome", "unexpected_dead_letter",
+    "orphan_of_used_effect", "stale_wait", "tenant_leak",
 )
+
+# Orphan reasons that tell the gateway to compensate (docs/gateway-protocol.md, "When to
+# compensate"): an effect a promoted turn used must never carry one.
+FINAL_ORPHAN_REASONS = frozenset({"ATTEMPT_SUPERSEDED", "TURN_CANCELLED", "EFFECT_CONFLICT"})
+# What a history answer for a response that was never promoted may say.
+NEVER_PROMOTED_REASONS = frozenset({"NOT_PROMOTED", "NOT_FOUND"})
 
 
 @dataclass(frozen=True)
@@ -64,11 +83,28 @@ class Rejected:
 
 @dataclass(frozen=True)
 class History:
-    """One HTTP history answer: outcome, reason, the items' content digests in order."""
+    """One HTTP history answer: outcome, reason, the items in order as (item_id, type,
+    sha256 recomputed from the returned content), the response it names and its
+    ``head_seq``, and ``faults``: what the answer contradicts in itself (an item's
+    digest field that is not its content's, a checkpoint of another seq or
+    fingerprint, a certified answer without an artifact)."""
 
     outcome: str
     reason: str | None
-    digests: tuple[str, ...]
+    items: tuple[tuple[str, str, str], ...]
+    response_id: str | None = None
+    head_seq: int | None = None
+    faults: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Wait:
+    """One ``wait_ms`` answer, failures included, and when (epoch ms) it was asked."""
+
+    tenant: str
+    response_id: str
+    history: History
+    asked_ms: int
 
 
 @dataclass
@@ -76,10 +112,14 @@ class Observations:
     promoted: list[Promoted] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
     orphaned: set[tuple[str, str]] = field(default_factory=set)  # (tenant, effect id)
+    # Orphans published with a reason in FINAL_ORPHAN_REASONS.
+    final_orphans: set[tuple[str, str]] = field(default_factory=set)
     dead_letters: set[tuple[bytes | None, bytes | None]] = field(default_factory=set)
     histories: dict[tuple[str, str], History] = field(default_factory=dict)  # (tenant, rid)
     conversations: dict[tuple[str, str], History] = field(default_factory=dict)
-    waits: list[tuple[str, str, History]] = field(default_factory=list)  # wait_ms answers
+    waits: list[Wait] = field(default_factory=list)
+    # Histories asked with a tenant that never sent the response: (tenant asked, rid).
+    foreign: dict[tuple[str, str], History] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -93,17 +133,59 @@ class Violation:
 
 
 def check(expectations: list[Expectation], obs: Observations) -> list[Violation]:
-    out = _invariants(obs)
+    out = _invariants(obs) + _against_workload(expectations, obs)
     by_rid: dict[tuple[str, str], set[Sig]] = defaultdict(set)
+    first_at: dict[tuple[str, str], int] = {}
     for rec in (*obs.promoted, *obs.rejected):
         by_rid[(rec.tenant, rec.response_id)].add(rec.sig)
+    for p in obs.promoted:
+        key = (p.tenant, p.response_id)
+        first_at[key] = min(first_at.get(key, p.at_ms), p.at_ms)
     for exp in expectations:
         if exp.story.kind == "garbage":
             out += [Violation("dead_letter_missing", exp.story.sid, f"{r.label} key={r.key!r}")
                     for r in exp.dead_letters if (r.key, r.value) not in obs.dead_letters]
             continue
-        found = [_story_violations(exp, w, by_rid, obs) for w in exp.worlds]
+        found = [_story_violations(exp, w, by_rid, first_at, obs) for w in exp.worlds]
         out += min(found, key=len)
+    return out
+
+
+def sends_per_response(exp: Expectation) -> dict[str, int]:
+    """How many times the story's TurnCompleted events of each response id are sent
+    (a redelivery or a retry is a send of its own): each send gets its own outcome."""
+    sends: dict[str, int] = defaultdict(int)
+    for step in exp.story.steps:
+        for index in (*step.sends, *step.race):
+            ev = exp.story.events[index]
+            if isinstance(ev, TurnCompleted):
+                sends[ev.response_id] += 1
+    return sends
+
+
+def _against_workload(expectations: list[Expectation], obs: Observations) -> list[Violation]:
+    out = []
+    sent = {(e.story.tenant, rid): (e.story.sid, n)
+            for e in expectations for rid, n in sends_per_response(e).items()}
+    records: dict[tuple[str, str], int] = defaultdict(int)
+    for rec in (*obs.promoted, *obs.rejected):
+        records[(rec.tenant, rec.response_id)] += 1
+    for key, n in sorted(records.items()):
+        if key not in sent:
+            out.append(Violation("unexpected_outcome", "-", f"{n} outcome record(s) for "
+                                 f"{key[1]} of tenant {key[0]}, which no event carries"))
+    for (tenant, rid), (sid, n) in sorted(sent.items()):
+        if 0 < records[(tenant, rid)] < n:
+            out.append(Violation("outcome_missing", sid, f"{rid}: {n} events sent, "
+                                 f"{records[(tenant, rid)]} outcome records"))
+    garbage = {(r.key, r.value) for e in expectations for r in e.dead_letters}
+    for key, value in obs.dead_letters - garbage:
+        out.append(Violation("unexpected_dead_letter", "-", f"key={key!r} value="
+                             f"{(value or b'')[:60]!r} is not an undecodable record"))
+    for (tenant, rid), h in sorted(obs.foreign.items()):
+        if (h.outcome, h.reason) != ("failure", "NOT_FOUND"):
+            out.append(Violation("tenant_leak", "-", f"{rid} asked as tenant {tenant}: "
+                                 f"{_hist(h)}, expected failure/NOT_FOUND"))
     return out
 
 
@@ -151,7 +233,8 @@ def _invariants(obs: Observations) -> list[Violation]:
 # ----------------------------------------------------------------------- oracle-based
 
 
-def _story_violations(exp: Expectation, w: World, by_rid, obs: Observations) -> list[Violation]:
+def _story_violations(exp: Expectation, w: World, by_rid, first_at,
+                      obs: Observations) -> list[Violation]:
     story, out = exp.story, []
     sid, tenant = story.sid, story.tenant
     per_rid: dict[str, list[frozenset[Sig]]] = defaultdict(list)
@@ -174,26 +257,73 @@ def _story_violations(exp: Expectation, w: World, by_rid, obs: Observations) -> 
                 kind = "promotion_should_not_exist" if sig[0] == "P" else "wrong_reason"
                 out.append(Violation(kind, sid, f"{rid}: unexpected {_fmt({sig})}, "
                                                 f"expected {_fmt(wanted)}"))
+    for p in obs.promoted:
+        promo = w.promoted.get(p.response_id) if p.tenant == tenant else None
+        if promo is not None and (p.conversation_id, p.previous_response_id) != (
+                promo.conversation_id, promo.previous_response_id):
+            out.append(Violation("promotion_mismatch", sid, f"{p.response_id}: published "
+                                 f"with conversation {p.conversation_id!r}, parent "
+                                 f"{p.previous_response_id!r}; sent with "
+                                 f"{promo.conversation_id!r}, {promo.previous_response_id!r}"))
     for eid in sorted(w.orphans):
         if (tenant, eid) not in obs.orphaned:
             out.append(Violation("orphan_missing", sid, eid))
-    for rid, promo in w.promoted.items():
-        reusable = promo.certification == "certified" and promo.artifact
-        want = ("certified" if reusable else "fallback", promo.items)
-        got = obs.histories.get((tenant, rid))
-        if got is None or (got.outcome, got.digests) != want:
-            out.append(Violation("history_mismatch", sid, f"{rid}: {_hist(got)} != {want[0]} "
-                                                          f"with {len(promo.items)} items"))
+    for eid in sorted(w.used):
+        if (tenant, eid) in obs.final_orphans:
+            out.append(Violation("orphan_of_used_effect", sid, f"{eid}: used by a promoted "
+                                 f"turn, published orphaned with a reason to compensate"))
+    for rid in per_rid:
+        problem = _answer_problem(w.promoted.get(rid), rid, obs.histories.get((tenant, rid)))
+        if problem:
+            out.append(Violation("history_mismatch", sid, f"{rid}: {problem}"))
     if story.kind == "conversation" and w.head:
-        got = obs.conversations.get((tenant, story.key))
-        if got is None or got.digests != w.head_items:
-            out.append(Violation("history_mismatch", sid, f"conversation {story.key}: "
-                                 f"{_hist(got)} != head {w.head} with {len(w.head_items)} items"))
-    for t, rid, got in obs.waits:
-        if t == tenant and rid in w.promoted and got.digests != w.promoted[rid].items:
+        head = next(p for p in w.promoted.values()
+                    if p.conversation_id == story.key and p.seq == w.head)
+        problem = _answer_problem(head, head.response_id,
+                                  obs.conversations.get((tenant, story.key)))
+        if problem:
+            out.append(Violation("history_mismatch", sid, f"conversation {story.key} (head "
+                                 f"{head.response_id}): {problem}"))
+    for wait in obs.waits:
+        if wait.tenant != tenant or wait.response_id not in per_rid:
+            continue
+        rid, got = wait.response_id, wait.history
+        promo = w.promoted.get(rid)
+        if got.outcome == "failure" and promo is not None:
+            published = first_at.get((tenant, rid))
+            if got.reason in NEVER_PROMOTED_REASONS and published is not None \
+                    and wait.asked_ms > published:
+                out.append(Violation("stale_wait", sid, f"wait_ms answer for {rid}: "
+                                     f"{_hist(got)}, asked {wait.asked_ms - published} ms "
+                                     f"after its promotion was published"))
+            continue
+        problem = _answer_problem(promo, rid, got)
+        if problem:
             out.append(Violation("history_mismatch", sid, f"wait_ms answer for {rid}: "
-                                 f"{_hist(got)}"))
+                                                          f"{problem}"))
     return out
+
+
+def _answer_problem(promo: Promo | None, rid: str, got: History | None) -> str | None:
+    """What is wrong with ``got``, the history answer for ``rid`` (promoted as ``promo``,
+    or never promoted: None); None if it is right."""
+    if got is None:
+        return "no answer"
+    if promo is None:
+        if got.outcome == "failure" and got.reason in NEVER_PROMOTED_REASONS:
+            return None
+        return f"{_hist(got)}, but it was never promoted (expected NOT_PROMOTED or NOT_FOUND)"
+    outcome, reason = promo.read_as
+    wrong = []
+    if (got.outcome, got.reason) != (outcome, reason):
+        wrong.append(f"{_hist(got)} != {outcome}{'/' + reason if reason else ''}")
+    elif got.items != promo.items:
+        wrong.append(f"{len(got.items)} items != the {len(promo.items)} promoted, in order")
+    if got.outcome != "failure" and (got.response_id, got.head_seq) != (rid, promo.seq):
+        wrong.append(f"names {got.response_id} at head_seq {got.head_seq}, expected "
+                     f"{rid} at {promo.seq}")
+    wrong += list(got.faults)
+    return "; ".join(wrong) or None
 
 
 def _classify(acceptable: frozenset[Sig], seen: set[Sig]) -> str:
@@ -218,4 +348,4 @@ def _fmt(sigs) -> str:
 def _hist(h: History | None) -> str:
     if h is None:
         return "no answer"
-    return f"{h.outcome}{'/' + h.reason if h.reason else ''} with {len(h.digests)} items"
+    return f"{h.outcome}{'/' + h.reason if h.reason else ''} with {len(h.items)} items"

@@ -5,7 +5,8 @@
   rides out Kafka restarts: librdkafka reconnects);
 - ``Waiters``: threads asking ``/history?wait_ms=`` for turns about to be produced, so
   requests are waiting when the API is restarted; each answer is kept for the checker;
-- ``fetch_histories``: after the run, every history the oracle expects, over HTTP.
+- ``fetch_histories``: after the run, the history of every response sent (promoted or
+  not), of every Conversation, and of some responses asked as another tenant, over HTTP.
 """
 
 from __future__ import annotations
@@ -18,14 +19,20 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import Consumer, KafkaError
-from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from ratchet.chaos.checker import History, Observations, Promoted, Rejected
+from ratchet.chaos.checker import (
+    FINAL_ORPHAN_REASONS,
+    History,
+    Observations,
+    Promoted,
+    Rejected,
+    Wait,
+)
 from ratchet.settings import Settings
-from schemas.avro import EventSerde
+from schemas.avro import EventSerde, registry_client
 from schemas.errors import RegistryUnavailable
 from schemas.models import CheckpointPromoted, DeadLetter, EffectOrphaned, PromotionRejected
-from services.gateway.client import Certified, Fallback, Outcome, RehydrationClient
+from services.gateway.client import Certified, Failure, Outcome, RehydrationClient
 from services.gateway.errors import GatewayError
 
 OUTPUT_TOPICS = ("checkpoints", "rejections", "orphaned-effects", "dead-letters")
@@ -39,8 +46,9 @@ class OutputReader(threading.Thread):
         self.lock = threading.Lock()
         self.records = 0
         self.decided: dict[tuple[str, str], set] = {}  # (tenant, rid) -> outcome sigs
+        self.counts: dict[tuple[str, str], int] = {}  # (tenant, rid) -> outcome records
         self.stop = threading.Event()
-        self._serde = EventSerde(SchemaRegistryClient({"url": settings.schema_registry_url}))
+        self._serde = EventSerde(registry_client(settings.schema_registry_url))
         self._consumer = Consumer({
             "bootstrap.servers": settings.kafka_bootstrap, "group.id": group,
             "auto.offset.reset": "earliest", "enable.auto.commit": False,
@@ -76,29 +84,57 @@ class OutputReader(threading.Thread):
                              rec.idempotency_key, rec.request_digest, rec.item_count, at)
                 self.obs.promoted.append(p)
                 self.decided.setdefault((p.tenant, p.response_id), set()).add(p.sig)
+                self._count(p.tenant, p.response_id)
             elif isinstance(rec, PromotionRejected):
                 r = Rejected(rec.tenant_id, rec.response_id,
                              str(rec.reason) if rec.reason else None, rec.existing_response_id, at)
                 self.obs.rejected.append(r)
                 self.decided.setdefault((r.tenant, r.response_id), set()).add(r.sig)
+                self._count(r.tenant, r.response_id)
             elif isinstance(rec, EffectOrphaned):
                 self.obs.orphaned.add((rec.tenant_id, rec.effect_id))
+                if str(rec.reason) in FINAL_ORPHAN_REASONS:
+                    self.obs.final_orphans.add((rec.tenant_id, rec.effect_id))
             elif isinstance(rec, DeadLetter):
                 self.obs.dead_letters.add((rec.key, rec.value))
 
+    def _count(self, tenant: str, rid: str) -> None:
+        self.counts[(tenant, rid)] = self.counts.get((tenant, rid), 0) + 1
 
-def history_of(outcome: Outcome) -> History:
-    """Digests recomputed from the returned content: a wrong digest field cannot hide."""
-    if isinstance(outcome, Certified | Fallback):
-        digests = tuple(hashlib.sha256(i.content.encode()).hexdigest() for i in outcome.items)
-        return History("certified" if isinstance(outcome, Certified) else "fallback",
-                       getattr(outcome, "reason", None), digests)
-    return History("failure", outcome.reason, ())
+
+def history_of(outcome: Outcome, fp_hash: str) -> History:
+    """Digests recomputed from the returned content: a wrong digest field cannot hide
+    (it is a fault of its own), nor a checkpoint that is not this answer's."""
+    if isinstance(outcome, Failure):
+        return History("failure", outcome.reason, ())
+    faults = []
+    items = []
+    for n, i in enumerate(outcome.items):
+        digest = hashlib.sha256(i.content.encode()).hexdigest()
+        items.append((i.item_id, i.type, digest))
+        if i.content_digest != digest:
+            faults.append(f"item {n} ({i.item_id}) content_digest is not its content's")
+    if isinstance(outcome, Certified):
+        cp = outcome.checkpoint
+        if cp.seq != outcome.head_seq:
+            faults.append(f"checkpoint seq {cp.seq} != head_seq {outcome.head_seq}")
+        if cp.fingerprint_hash != fp_hash:
+            faults.append(f"checkpoint of fingerprint {cp.fingerprint_hash}, asked {fp_hash}")
+        if not cp.token_artifact:
+            faults.append("certified without a token artifact")
+    return History("certified" if isinstance(outcome, Certified) else "fallback",
+                   getattr(outcome, "reason", None), tuple(items), outcome.response_id,
+                   outcome.head_seq, tuple(faults))
+
+
+FOREIGN_TENANT = "chaos-foreign-tenant"
 
 
 def fetch_histories(base_url: str, fp_hash: str, responses: Iterable[tuple[str, str]],
                     conversations: Iterable[tuple[str, str]], obs: Observations,
-                    threads: int = 8) -> None:
+                    threads: int = 8, foreign_every: int = 20) -> None:
+    """Every history of ``responses`` and ``conversations``; every ``foreign_every``-th
+    response is also asked as a tenant that never sent it (``obs.foreign``)."""
     local = threading.local()
 
     def client() -> RehydrationClient:
@@ -111,15 +147,20 @@ def fetch_histories(base_url: str, fp_hash: str, responses: Iterable[tuple[str, 
             try:
                 if kind == "r":
                     outcome = client().response_history(tenant, ident, fp_hash)
-                    obs.histories[(tenant, ident)] = history_of(outcome)
+                    obs.histories[(tenant, ident)] = history_of(outcome, fp_hash)
+                elif kind == "f":
+                    outcome = client().response_history(FOREIGN_TENANT, ident, fp_hash)
+                    obs.foreign[(FOREIGN_TENANT, ident)] = history_of(outcome, fp_hash)
                 else:
                     outcome = client().conversation_history(tenant, ident, fp_hash)
-                    obs.conversations[(tenant, ident)] = history_of(outcome)
+                    obs.conversations[(tenant, ident)] = history_of(outcome, fp_hash)
                 return
             except GatewayError:
                 time.sleep(1 + attempt)
 
+    responses = list(responses)
     jobs = [("r", t, r) for t, r in responses] + [("c", t, c) for t, c in conversations]
+    jobs += [("f", t, r) for t, r in responses[::foreign_every] if t != FOREIGN_TENANT]
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda j: one(*j), jobs))
 
@@ -160,16 +201,14 @@ class Waiters:
                     continue
                 tenant, rid = picked
                 self._count("asked")
+                asked_ms = int(time.time() * 1000)
                 try:
                     outcome = client.response_history(tenant, rid, self.fp_hash, self.wait_ms)
                 except GatewayError:
                     self._count("unavailable")
                     time.sleep(0.5)
                     continue
-                h = history_of(outcome)
-                if h.outcome == "failure":
-                    self._count("not_yet")
-                else:
-                    self._count("answered")
-                    with self._lock:
-                        self.obs.waits.append((tenant, rid, h))
+                h = history_of(outcome, self.fp_hash)
+                self._count("not_yet" if h.outcome == "failure" else "answered")
+                with self._lock:  # failures too: one asked after the promotion is stale
+                    self.obs.waits.append(Wait(tenant, rid, h, asked_ms))

@@ -39,9 +39,21 @@ class Promo:
     key: str
     digest: str
     seq: int
-    items: tuple[str, ...]  # content digests of the complete history, in order
+    # The complete history, in order: (item_id, type, sha256 of content) per item.
+    items: tuple[tuple[str, str, str], ...]
     certification: str
     artifact: bool = False  # a reusable token artifact (else a certified read is NO_ARTIFACT)
+    # The lineage its outcome record must name (the promoted event's own fields).
+    conversation_id: str | None = None
+    previous_response_id: str | None = None
+
+    @property
+    def read_as(self) -> tuple[str, str | None]:
+        """Outcome and reason of its history, asked with the workload's fingerprint
+        before any expiry (CONTRACT 5)."""
+        if self.certification != "certified":
+            return "fallback", "NOT_CERTIFIED"
+        return ("certified", None) if self.artifact else ("fallback", "NO_ARTIFACT")
 
     @property
     def sig(self) -> Sig:
@@ -55,11 +67,12 @@ class World:
     promoted: dict[str, Promo] = field(default_factory=dict)  # response id -> promotion
     keys: dict[str, Promo] = field(default_factory=dict)  # idempotency key -> promotion
     head: int = 0
-    head_items: tuple[str, ...] = ()
+    head_items: tuple[tuple[str, str, str], ...] = ()
     effects: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # id -> key, call, out
     cancelled: set[str] = field(default_factory=set)  # idempotency keys
     decided: dict[int, frozenset[Sig]] = field(default_factory=dict)  # event index -> outcomes
     orphans: set[str] = field(default_factory=set)  # effect ids that must be published orphaned
+    used: set[str] = field(default_factory=set)  # effect ids of promoted turns: never undone
 
     def fork(self) -> World:
         return copy.deepcopy(self)
@@ -138,16 +151,19 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
             seq, prior = parent.seq + 1, parent.items
         else:
             return _reject("PARENT_NOT_PROMOTED")
-    items = prior + tuple(i.content_digest for i in (*ev.input_items, *ev.output_items))
+    items = prior + tuple((i.item_id, i.type, i.content_digest)
+                          for i in (*ev.input_items, *ev.output_items))
     certified = ev.status == "completed" and not ev.effective_config.truncated
     artifact = certified and ev.token_artifact is not None and ev.boundary_proof is not None
     promo = Promo(ev.response_id, ev.idempotency_key, ev.request_digest, seq, items,
-                  "certified" if certified else "logical_only", artifact)
+                  "certified" if certified else "logical_only", artifact,
+                  ev.conversation_id, ev.previous_response_id)
     w.promoted[ev.response_id] = promo
     w.keys[ev.idempotency_key] = promo
     if story.kind == "conversation":
         w.head, w.head_items = seq, items
     used = set(ev.tool_effect_ids)
+    w.used |= used
     w.orphans |= {eid for eid, (key, _, _) in w.effects.items()
                   if key == ev.idempotency_key and eid not in used}
     return frozenset({promo.sig})

@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
-from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from ratchet.chaos.workload import RawRecord, Story, generate
 from ratchet.settings import Settings
-from schemas.avro import EventSerde, encode_key
+from schemas.avro import EventSerde, encode_key, registry_client
 from schemas.models import TurnCompleted
 from services.gateway.errors import GatewayError
 from services.gateway.producer import PRODUCER_DEFAULTS, GatewayProducer
@@ -67,7 +66,7 @@ class _RawProducer:
 
 class _Sender:
     def __init__(self, settings: Settings) -> None:
-        serde = EventSerde(SchemaRegistryClient({"url": settings.schema_registry_url}))
+        serde = EventSerde(registry_client(settings.schema_registry_url))
         config = {"delivery.timeout.ms": DELIVERY_TIMEOUT_MS}
         self.gateway = GatewayProducer(settings, serde, config=config)
         self.race = GatewayProducer(settings, serde, config=config)

@@ -24,17 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from ratchet.chaos import report as reporting
-from ratchet.chaos.checker import check
+from ratchet.chaos.checker import check, sends_per_response
 from ratchet.chaos.faults import PROFILES, Cluster, FaultInjector
 from ratchet.chaos.observe import OutputReader, Waiters, fetch_histories
 from ratchet.chaos.oracle import Expectation, expect
 from ratchet.chaos.produce import run as produce_run
 from ratchet.chaos.workload import _fp_hash, generate
 from ratchet.settings import Settings
-from schemas.avro import register_schemas
+from schemas.avro import register_schemas, registry_client
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,7 @@ def run(base: Settings, cfg: ChaosConfig) -> dict[str, Any]:
         f"keyspace {settings.keyspace}, topics {settings.topic_prefix}*, out {out}")
     subprocess.run([sys.executable, "-m", "ratchet.cli", "migrate"], env=env, check=True,
                    stdout=subprocess.DEVNULL)
-    register_schemas(SchemaRegistryClient({"url": settings.schema_registry_url}))
+    register_schemas(registry_client(settings.schema_registry_url))
     cluster = Cluster(settings, env, out, cfg.workers)
     cluster.start()
     try:
@@ -127,7 +126,9 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
         injecting = faults.is_alive()
         cluster.revive(time.monotonic() - t0)
         with reader.lock:
-            decided = sum(1 for k, n in needed.items() if len(reader.decided.get(k, ())) >= n)
+            decided = sum(1 for k, (n, sends) in needed.items()
+                          if len(reader.decided.get(k, ())) >= n
+                          and reader.counts.get(k, 0) >= sends)
         dl_done = len(reader.obs.dead_letters) >= _dead_letters(expectations)
         if time.monotonic() - last >= 5:
             last = time.monotonic()
@@ -148,8 +149,8 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     if not cluster.wait_api():
         say("the API is not ready; histories will be missing")
     say("reading histories over HTTP ...")
-    responses = sorted({(e.story.tenant, rid) for e in expectations for w in e.worlds
-                        for rid in w.promoted})
+    # Every response sent, promoted or not: one never promoted must be a failure.
+    responses = sorted(needed)
     convs = sorted({(e.story.tenant, e.story.key) for e in expectations
                     if e.story.kind == "conversation"})
     fetch_histories(cluster.base_url, fp_hash, responses, convs, reader.obs)
@@ -201,16 +202,18 @@ def _report(cfg, tag, out, workload, expectations, reader, faults, waiters, unex
     }
 
 
-def _needed(expectations: list[Expectation]) -> dict[tuple[str, str], int]:
-    """Per response: how many distinct outcomes must be seen before it counts as decided."""
-    needed: dict[tuple[str, str], int] = {}
+def _needed(expectations: list[Expectation]) -> dict[tuple[str, str], tuple[int, int]]:
+    """Per response: how many distinct outcomes, and how many outcome records (one per
+    event sent), must be seen before it counts as decided."""
+    needed: dict[tuple[str, str], tuple[int, int]] = {}
     for e in expectations:
         w = e.worlds[0]
+        sends = sends_per_response(e)
         per: dict[str, set] = {}
         for index, acc in w.decided.items():
             per.setdefault(e.story.events[index].response_id, set()).add(acc)
         for rid, accs in per.items():
-            needed[(e.story.tenant, rid)] = 1 if len(accs) == 1 else 2
+            needed[(e.story.tenant, rid)] = (1 if len(accs) == 1 else 2, sends[rid])
     return needed
 
 

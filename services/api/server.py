@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 import uvicorn
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from fastapi import FastAPI
 
 from ratchet import speedups
 from ratchet.settings import Settings
-from schemas.avro import EventSerde
+from ratchet.startup import explain
+from schemas.avro import EventSerde, registry_client
 from services.api import logs
 from services.api.app import create_app
 from services.api.cache import HistoryCache
@@ -41,7 +42,7 @@ log = logging.getLogger("ratchet.api")
 def registry_response_id_decoder(settings: Settings) -> ResponseIdDecoder:
     """Decode a decision record (Confluent wire format, writer schema from the registry)
     just to learn its ``response_id``."""
-    serde = EventSerde(SchemaRegistryClient({"url": settings.schema_registry_url}))
+    serde = EventSerde(registry_client(settings.schema_registry_url))
     expected = ("CheckpointPromoted", "PromotionRejected")
 
     def decode(topic: str, value: bytes):
@@ -56,6 +57,14 @@ class ApiProcess:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.cluster = open_cluster(settings)
+        try:
+            self._start(settings)
+        except BaseException:
+            # A failed start exits: the driver's threads must not keep the process alive.
+            self.cluster.shutdown()
+            raise
+
+    def _start(self, settings: Settings) -> None:
         session = self.cluster.connect(settings.keyspace)
         # The reads awaited on the server's event loop (histories, heads, a wait's status)
         # go through the C++ driver (services/cassandra_loop.py): ~0.4 ms less CPU per
@@ -108,7 +117,14 @@ def api_loop_session(settings: Settings) -> LoopSession:
 
 def cli_api(settings: Settings) -> int:
     logs.configure()
-    process = ApiProcess(settings)
+    try:
+        process = ApiProcess(settings)
+    except Exception as exc:
+        line = explain(exc, settings)
+        if line is None:
+            raise
+        print(f"ratchet api: cannot start: {line}", file=sys.stderr, flush=True)
+        return 1
     process.notifier.start()
     log.info(
         "rehydration API listening",

@@ -96,14 +96,12 @@ def _api_answers(base_url: str) -> bool:
 
 
 def _run_scenarios(settings: Settings, base_url: str) -> list[Row]:
-    from confluent_kafka.schema_registry import SchemaRegistryClient
-
-    from schemas.avro import EventSerde
+    from schemas.avro import EventSerde, registry_client
     from services.gateway.client import RehydrationClient
     from services.gateway.producer import GatewayProducer
 
     say(f"\n== scenarios ({len(SCENARIOS)}), each through the gateway library")
-    serde = EventSerde(SchemaRegistryClient({"url": settings.schema_registry_url}))
+    serde = EventSerde(registry_client(settings.schema_registry_url))
     producer = GatewayProducer(settings, serde)
     rows: list[Row] = []
     with RehydrationClient(base_url, timeout_s=15) as client:

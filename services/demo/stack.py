@@ -14,10 +14,8 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from confluent_kafka.schema_registry import SchemaRegistryClient
-
 from ratchet.settings import Settings
-from schemas.avro import EventSerde, register_schemas
+from schemas.avro import EventSerde, register_schemas, registry_client
 from services.demo.processes import (
     ChildProcess,
     free_port,
@@ -42,7 +40,7 @@ def prepare(settings: Settings) -> None:
         apply_migrations(cluster, settings)
     finally:
         cluster.shutdown()
-    register_schemas(SchemaRegistryClient({"url": settings.schema_registry_url}))
+    register_schemas(registry_client(settings.schema_registry_url))
     ensure_topics(settings)
 
 
@@ -76,7 +74,7 @@ class RunningStack:
             api.stop()
             worker.stop()
             raise
-        serde = EventSerde(SchemaRegistryClient({"url": settings.schema_registry_url}))
+        serde = EventSerde(registry_client(settings.schema_registry_url))
         return cls(
             settings=settings,
             base_url=base_url,

@@ -167,8 +167,14 @@ class RehydrationClient:
 
 
 def parse_outcome(body: dict[str, Any], http_status: int) -> Outcome:
-    """Map a history body to its typed outcome (exposed for tests and other transports)."""
+    """Map a history body to its typed outcome (exposed for tests and other transports).
+
+    A body that contradicts its HTTP status (a history with anything but 200, a failure
+    with 200: CONTRACT 5) is not trusted: ``RehydrationUnavailable``, as for any answer
+    that is not the service's."""
     kind = body["outcome"]
+    if (kind in ("certified", "fallback")) != (http_status == 200):
+        raise RehydrationUnavailable(f"outcome {kind!r} with HTTP {http_status}")
     items = tuple(_pick(HistoryItem, item) for item in body.get("items") or ())
     if kind == "certified":
         checkpoint = _pick(Checkpoint, body["checkpoint"])

@@ -23,10 +23,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
-from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from ratchet.settings import Settings
-from schemas.avro import EventSerde, encode_key
+from schemas.avro import EventSerde, encode_key, registry_client
 from schemas.ids import unservable_id
 from schemas.limits import CLIENT_MAX_BYTES, MAX_EVENT_BYTES
 from schemas.models import GatewayEvent, ToolEffect, TurnCompleted
@@ -58,7 +57,7 @@ class GatewayProducer:
     ) -> None:
         self.topic = settings.topic("gateway-events")
         self._serde = serde or EventSerde(
-            SchemaRegistryClient({"url": settings.schema_registry_url})
+            registry_client(settings.schema_registry_url)
         )
         self._producer = Producer(
             {"bootstrap.servers": settings.kafka_bootstrap, **PRODUCER_DEFAULTS, **(config or {})}

@@ -27,21 +27,36 @@ def faithful(expectations) -> Observations:
         w, story = e.worlds[0], e.story
         for r in e.dead_letters:
             obs.dead_letters.add((r.key, r.value))
-        for index, acceptable in w.decided.items():
-            ev: TurnCompleted = story.events[index]
-            sig = min(acceptable, key=str)
-            if sig[0] == "P":
-                obs.promoted.append(Promoted(story.tenant, ev.response_id, ev.conversation_id,
-                                             ev.previous_response_id, *sig[1:], at_ms=0))
-            else:
-                obs.rejected.append(Rejected(story.tenant, ev.response_id, sig[1], sig[2], 0))
-        for rid, promo in w.promoted.items():
-            outcome = "certified" if promo.certification == "certified" else "fallback"
-            obs.histories[(story.tenant, rid)] = History(outcome, None, promo.items)
+        # One outcome record per event sent: a redelivery or a retry gets its own.
+        for step in story.steps:
+            for index in (*step.sends, *step.race):
+                if index not in w.decided:
+                    continue
+                ev: TurnCompleted = story.events[index]
+                sig = min(w.decided[index], key=str)
+                if sig[0] == "P":
+                    obs.promoted.append(Promoted(story.tenant, ev.response_id,
+                                                 ev.conversation_id, ev.previous_response_id,
+                                                 *sig[1:], at_ms=0))
+                else:
+                    obs.rejected.append(Rejected(story.tenant, ev.response_id, sig[1],
+                                                 sig[2], 0))
+        for index in w.decided:
+            rid = story.events[index].response_id
+            promo = w.promoted.get(rid)
+            obs.histories[(story.tenant, rid)] = answer(promo) if promo else History(
+                "failure", "NOT_PROMOTED", ())
         if story.kind == "conversation" and w.head:
-            obs.conversations[(story.tenant, story.key)] = History("certified", None, w.head_items)
+            head = next(p for p in w.promoted.values() if p.conversation_id == story.key
+                        and p.seq == w.head)
+            obs.conversations[(story.tenant, story.key)] = answer(head)
         obs.orphaned |= {(story.tenant, eid) for eid in w.orphans}
     return obs
+
+
+def answer(promo) -> History:
+    """The history answer a correct API gives for ``promo`` (an oracle promotion)."""
+    return History(*promo.read_as, promo.items, promo.response_id, promo.seq)
 
 
 def kinds(expectations, obs) -> set[str]:
@@ -83,15 +98,15 @@ def test_seq_repeat_and_conflicting_records_are_reported(expectations):
 
 def test_shortened_history_is_reported(expectations):
     obs = faithful(expectations)
-    key, h = next((k, h) for k, h in obs.histories.items() if len(h.digests) > 2)
-    obs.histories[key] = History(h.outcome, h.reason, h.digests[:-1])
+    key, h = next((k, h) for k, h in obs.histories.items() if len(h.items) > 2)
+    obs.histories[key] = dataclasses.replace(h, items=h.items[:-1])
     assert kinds(expectations, obs) == {"history_mismatch"}
 
 
 def test_reordered_history_is_reported(expectations):
     obs = faithful(expectations)
-    key, h = next((k, h) for k, h in obs.histories.items() if len(set(h.digests)) > 2)
-    obs.histories[key] = History(h.outcome, h.reason, h.digests[::-1])
+    key, h = next((k, h) for k, h in obs.histories.items() if len(set(h.items)) > 2)
+    obs.histories[key] = dataclasses.replace(h, items=h.items[::-1])
     assert kinds(expectations, obs) == {"history_mismatch"}
 
 

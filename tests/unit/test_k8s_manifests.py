@@ -212,6 +212,16 @@ def test_api_memory_holds_its_history_cache() -> None:
     assert _quantity(container["resources"]["limits"]["memory"]) >= 2 * 93 * 2**20 + cache
 
 
+def test_worker_memory_holds_a_backlog_of_the_largest_turns() -> None:
+    """Measured (`ratchet bench memory --mib 9 --turns 100`, docs/decisions.md "Worker
+    memory"): 595 MB peak with the lanes' default byte bound, 1 284 MB without it. The
+    limit must hold the first, with its configured bound; 512 MiB did not."""
+    lane_bytes = Settings.from_env(_configmap()).lane_max_bytes
+    assert lane_bytes <= 16 * 2**20  # the bound the figure was measured with
+    (container,) = _containers(_deployment("ratchet-worker"))
+    assert _quantity(container["resources"]["limits"]["memory"]) >= 595e6 * 1.2
+
+
 def test_worker_grace_period_covers_its_sigterm_drain() -> None:
     """On SIGTERM the worker gives the event in flight in each lane ``shutdown_grace_s``
     to finish (streams/app.py), then commits and leaves the group. The pod must allow

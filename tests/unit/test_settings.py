@@ -81,3 +81,54 @@ def test_to_env_round_trips_through_from_env():
     })
     assert Settings.from_env(s.to_env()) == s
     assert Settings.from_env(Settings().to_env()) == Settings()
+
+
+# A bad value stops the process at start, naming the variable (docs/operations.md); each
+# of these used to be accepted and fail later, or silently meant the default. (Found by
+# an outside review of the operator's commands, 2026-12-04.)
+@pytest.mark.parametrize("name,value", [
+    ("RATCHET_HOME", ""),  # an unset shell variable: it meant the default home
+    ("RATCHET_KEYSPACE", " "),
+    ("RATCHET_CASSANDRA_PORT", ""),
+    ("RATCHET_KAFKA_BOOTSTRAP", ""),
+    ("RATCHET_CASSANDRA_HOSTS", " , "),
+    ("RATCHET_API_PORT", "70000"),  # the API bound 70000 - 65536 and logged 70000
+    ("RATCHET_CASSANDRA_PORT", "99999"),
+    ("RATCHET_WORKER_METRICS_PORT", "65536"),
+    ("RATCHET_LOGICAL_RETENTION_S", str(10**12)),  # every promotion dead-lettered
+    ("RATCHET_KAFKA_BOOTSTRAP", "k1:abc"),
+    ("RATCHET_KAFKA_BOOTSTRAP", "k1"),
+    ("RATCHET_SCHEMA_REGISTRY_URL", "notaurl"),
+    ("RATCHET_SCHEMA_REGISTRY_URL", "http://sr:abc/x"),
+    ("RATCHET_KEYSPACE", "MixedCase"),  # created as "mixedcase", then not found
+    ("RATCHET_KEYSPACE", "has-dash"),
+    ("RATCHET_TOPIC_PREFIX", "bad prefix/"),
+    ("RATCHET_LOG_LEVEL", "LOUD"),
+    ("RATCHET_SPEEDUPS", "2"),
+])
+def test_values_that_cannot_work_are_refused_at_start(name, value):
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({name: value})
+
+
+def test_the_largest_values_that_work_are_accepted():
+    from ratchet.settings import MAX_RETENTION_S
+
+    s = Settings.from_env({"RATCHET_API_PORT": "65535", "RATCHET_WORKER_METRICS_PORT": "0",
+                           "RATCHET_LOGICAL_RETENTION_S": str(MAX_RETENTION_S),
+                           "RATCHET_KAFKA_BOOTSTRAP": "k1:9092, k2:9093",
+                           "RATCHET_SCHEMA_REGISTRY_URL": "https://sr.example/apis/ccompat/v7",
+                           "RATCHET_LOG_LEVEL": "WARNING", "RATCHET_SPEEDUPS": "0"})
+    assert s.api_port == 65535 and s.log_level == "WARNING" and s.speedups == "0"
+
+
+def test_the_longest_retention_still_gives_a_storable_expiry():
+    """The cap exists because a checkpoint's expiry (promoted_at + retention) must stay
+    a datetime Cassandra and Python can hold: check it from a promotion far ahead."""
+    import datetime
+
+    from ratchet.settings import MAX_RETENTION_S
+
+    far_ahead = datetime.datetime(2200, 1, 1, tzinfo=datetime.UTC)
+    assert far_ahead + datetime.timedelta(seconds=MAX_RETENTION_S) < datetime.datetime(
+        9999, 12, 31, tzinfo=datetime.UTC)

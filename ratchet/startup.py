@@ -1,0 +1,41 @@
+"""One line for an operator when a process cannot start because a server is missing.
+
+``ratchet worker`` and ``ratchet api`` connect to Cassandra, Kafka and the registry
+before they serve. A failure there is the operator's to fix (a server down, a keyspace
+not migrated, a wrong address), and docs/operations.md promises it as a non-zero exit
+with the reason on stderr, not as a driver's traceback of dozens of lines.
+"""
+
+from __future__ import annotations
+
+from ratchet.settings import Settings
+
+
+class StartupFailed(Exception):
+    """A process could not start: ``str()`` is the one line to show."""
+
+
+def explain(exc: BaseException, settings: Settings) -> str | None:
+    """The operator's line for ``exc`` raised while connecting at start; None when it is
+    not a failure to reach a server (a bug: let its traceback through)."""
+    from cassandra.cluster import NoHostAvailable
+    from confluent_kafka import KafkaException
+
+    from schemas.errors import RegistryUnavailable
+
+    cassandra = f"{','.join(settings.cassandra_hosts)}:{settings.cassandra_port}"
+    if isinstance(exc, NoHostAvailable):
+        if "keyspace" in str(exc).lower():
+            return (f"Cassandra at {cassandra} has no keyspace {settings.keyspace!r} "
+                    f"(or it is unreachable): run `ratchet migrate` first")
+        errors = exc.errors if isinstance(exc.errors, dict) else {}
+        reasons = "; ".join(f"{host}: {err}" for host, err in list(errors.items())[:2])
+        return f"cannot reach Cassandra at {cassandra}: {reasons or exc}"
+    if isinstance(exc, RegistryUnavailable):
+        return (f"the schema registry at {settings.schema_registry_url} does not answer: "
+                f"{exc}")
+    if isinstance(exc, KafkaException):
+        return f"Kafka at {settings.kafka_bootstrap}: {exc.args[0] if exc.args else exc}"
+    if type(exc).__module__.startswith("acsylla"):
+        return f"cannot reach Cassandra at {cassandra} (C++ driver): {exc}"
+    return None

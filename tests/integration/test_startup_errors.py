@@ -1,0 +1,64 @@
+"""A process that cannot start says why in one line on stderr and exits 1
+(docs/operations.md: "fails fast (non-zero exit, the reason on stderr)"). A keyspace not
+migrated yet used to end the worker and the API in a 30- to 40-line driver traceback
+that never named `ratchet migrate`, after the worker had created its topics. Real
+Kafka, Cassandra and registry. (Found by an outside review of the operator's commands,
+2026-12-04.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from streams.testing import ROOT, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _run(command: str, settings, **env) -> subprocess.CompletedProcess:
+    full = {**os.environ, **settings.to_env(), "PYTHONPATH": str(ROOT),
+            "RATCHET_WORKER_METRICS_PORT": "0", "RATCHET_API_PORT": str(free_port()), **env}
+    return subprocess.run([sys.executable, "-m", "ratchet.cli", command], env=full, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("command", ["worker", "api"])
+def test_a_keyspace_not_migrated_is_one_line_naming_migrate(settings, command):
+    prefix = f"startup-{uuid.uuid4().hex[:8]}."
+    keyspace = f"missing_{uuid.uuid4().hex[:8]}"
+    done = _run(command, settings, RATCHET_KEYSPACE=keyspace, RATCHET_TOPIC_PREFIX=prefix)
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ratchet {command}: cannot start: ") and keyspace in last \
+        and "ratchet migrate" in last
+    assert _no_bare_traceback(done.stderr)
+    topics = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(
+        timeout=30).topics
+    assert not [t for t in topics if t.startswith(prefix)]  # nothing made before it failed
+
+
+def test_cassandra_that_does_not_answer_is_one_line(settings):
+    done = _run("worker", settings, RATCHET_CASSANDRA_PORT=str(free_port()),
+                RATCHET_TOPIC_PREFIX=f"startup-{uuid.uuid4().hex[:8]}.")
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "ratchet worker: cannot start: cannot reach Cassandra" in done.stderr
+    assert _no_bare_traceback(done.stderr)
+
+
+def _no_bare_traceback(stderr: str) -> bool:
+    """No Python traceback printed as text (the API's JSON log lines may carry a
+    driver's warning with its ``exc`` field: structured, one line each)."""
+    import json
+
+    bare = []
+    for line in stderr.splitlines():
+        try:
+            json.loads(line)
+        except ValueError:
+            bare.append(line)
+    return not any("Traceback" in line for line in bare)
