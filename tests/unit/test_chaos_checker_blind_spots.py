@@ -102,25 +102,21 @@ def test_a_logical_only_history_with_another_fallback_reason_is_reported(expecta
     assert kinds(expectations, obs) == {"history_mismatch"}
 
 
-def test_the_conversation_endpoint_outcome_is_checked(expectations):
-    """A logical_only head served certified, a certified head served as a fingerprint
-    mismatch (the checker asks with the right fingerprint): the Conversation endpoint's
-    outcome was never compared."""
+@pytest.mark.parametrize("certification,served", [
+    ("certified", ("fallback", "FINGERPRINT_MISMATCH")),  # asked with the right fingerprint
+    ("logical_only", ("certified", None)),
+])
+def test_the_conversation_endpoint_outcome_is_checked(expectations, certification, served):
+    """A certified head served as a fingerprint mismatch, a logical_only head served
+    certified: the Conversation endpoint's outcome was never compared."""
     e = next(e for e in expectations if e.story.kind == "conversation" and e.worlds[0].head
-             and any(p.seq == e.worlds[0].head and p.certification == "certified"
+             and any(p.seq == e.worlds[0].head and p.certification == certification
                      for p in e.worlds[0].promoted.values()))
     obs = faithful([e])
     key = (e.story.tenant, e.story.key)
-    obs.conversations[key] = dataclasses.replace(obs.conversations[key], outcome="fallback",
-                                                 reason="FINGERPRINT_MISMATCH")
-    assert kinds([e], obs) == {"history_mismatch"}
-    e = next(e for e in expectations if e.story.kind == "conversation" and e.worlds[0].head
-             and any(p.seq == e.worlds[0].head and p.certification == "logical_only"
-                     for p in e.worlds[0].promoted.values()))
-    obs = faithful([e])
-    key = (e.story.tenant, e.story.key)
-    obs.conversations[key] = dataclasses.replace(obs.conversations[key], outcome="certified",
-                                                 reason=None)
+    outcome, reason = served
+    obs.conversations[key] = dataclasses.replace(obs.conversations[key], outcome=outcome,
+                                                 reason=reason)
     assert kinds([e], obs) == {"history_mismatch"}
 
 
