@@ -28,6 +28,7 @@ from services.api import metrics
 from services.api.waiters import PromotionWaiters
 
 log = logging.getLogger("ratchet.api.notifier")
+KAFKA_LOG = logging.getLogger("ratchet.api.kafka")
 
 # (topic, raw value) -> the decoded record (it has a ``response_id``), or raises when
 # the record cannot be decoded.
@@ -96,6 +97,9 @@ class DecisionNotifier:
                 "enable.auto.offset.store": False,
                 "enable.partition.eof": False,
                 "topic.metadata.refresh.interval.ms": 30000,
+                # librdkafka's own lines (a broker down: one per reconnect) through
+                # Python logging, so the API's log stays JSON lines (services/api/logs.py).
+                "logger": KAFKA_LOG,
             }
         )
         try:
