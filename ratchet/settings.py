@@ -71,30 +71,54 @@ def _port(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> 
     return _int(env, name, default, minimum, MAX_PORT)
 
 
+def _log_level(env: Mapping[str, str], default: str) -> str:
+    """Any case, as Faust and logging read it; ``WARN`` is ``WARNING``."""
+    raw = _raw(env, "RATCHET_LOG_LEVEL")
+    if raw is None:
+        return default
+    level = {"WARN": "WARNING"}.get(raw.strip().upper(), raw.strip().upper())
+    if level not in LOG_LEVELS:
+        raise SettingsError(f"RATCHET_LOG_LEVEL={raw!r} is not one of "
+                            f"{', '.join(LOG_LEVELS)} (any case)")
+    return level
+
+
 def _text(env: Mapping[str, str], name: str, default: str) -> str:
     raw = _raw(env, name)
     return default if raw is None else raw
 
 
 def _bootstrap(env: Mapping[str, str], name: str, default: str) -> str:
-    """``host:port[,host:port...]``."""
+    """``host[:port][,host[:port]...]`` as every Kafka client here reads it (a host
+    without a port is 9092; empty entries are skipped); a port that is not a number in
+    range is refused."""
     value = _text(env, name, default)
-    for server in value.split(","):
-        host, _, port = server.strip().rpartition(":")
+    servers = [s.strip() for s in value.split(",") if s.strip()]
+    if not servers:
+        raise SettingsError(f"{name}={value!r} names no server")
+    for server in servers:
+        host, colon, port = server.rpartition(":")
+        if not colon or host.endswith(":") or server.endswith("]"):
+            continue  # a bare host (IPv6 in brackets too): the clients' default port
         if not host or not port.isdigit() or not 1 <= int(port) <= MAX_PORT:
-            raise SettingsError(f"{name}={value!r}: {server.strip()!r} is not host:port")
+            raise SettingsError(f"{name}={value!r}: {server!r} is not host[:port]")
     return value
 
 
-def _url(env: Mapping[str, str], name: str, default: str) -> str:
+def _urls(env: Mapping[str, str], name: str, default: str) -> str:
+    """One ``http(s)://host[:port][/path]`` URL, or several separated by commas (the
+    registry client fails over between them)."""
     value = _text(env, name, default).rstrip("/")
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 - raises on a port that is not a number in range
-    except ValueError as exc:
-        raise SettingsError(f"{name}={value!r} is not a URL: {exc}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SettingsError(f"{name}={value!r} is not an http(s)://host[:port] URL")
+    for url in value.split(","):
+        try:
+            parts = urlsplit(url.strip())
+            parts.port  # noqa: B018 - raises on a port that is not a number in range
+        except ValueError as exc:
+            raise SettingsError(f"{name}={value!r}: {url.strip()!r} is not a URL: "
+                                f"{exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SettingsError(f"{name}={value!r}: {url.strip()!r} is not an "
+                                f"http(s)://host[:port] URL")
     return value
 
 
@@ -158,11 +182,12 @@ class Settings:
     # Where the worker's Kafka consumer runs (streams/consumer_loop.py): "loop" (on the
     # worker's event loop, the default) or "thread" (faust-streaming's own thread).
     worker_consumer: str = "loop"
-    # The process's own: not passed on by ``to_env`` (a test or a chaos run sets its
-    # children's level itself). Checked here so that a bad value stops the process at
-    # start, like every other setting, before anything connects.
+    # The process's own, so not passed on by ``to_env``: a test or a chaos run sets its
+    # children's log level itself, and ratchet/speedups.py reads RATCHET_SPEEDUPS from
+    # the environment it inherits. Checked here so that a bad value stops the process
+    # at start, like every other setting, before anything connects.
     log_level: str = "INFO"
-    speedups: str = "1"  # "0": the Python twins of ratchet/_speedups.c (ratchet/speedups.py)
+    speedups: str = "1"  # "0": the Python twins of ratchet/_speedups.c
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -185,8 +210,8 @@ class Settings:
         home = _raw(env, "RATCHET_HOME")
         return cls(
             kafka_bootstrap=_bootstrap(env, "RATCHET_KAFKA_BOOTSTRAP", d.kafka_bootstrap),
-            schema_registry_url=_url(env, "RATCHET_SCHEMA_REGISTRY_URL",
-                                     d.schema_registry_url),
+            schema_registry_url=_urls(env, "RATCHET_SCHEMA_REGISTRY_URL",
+                                      d.schema_registry_url),
             cassandra_hosts=cassandra_hosts,
             cassandra_port=_port(env, "RATCHET_CASSANDRA_PORT", d.cassandra_port),
             cassandra_storage_port=_port(
@@ -220,12 +245,13 @@ class Settings:
                                       EVENT_LOOPS),
             worker_consumer=_choice(env, "RATCHET_WORKER_CONSUMER", d.worker_consumer,
                                     WORKER_CONSUMERS),
-            log_level=_choice(env, "RATCHET_LOG_LEVEL", d.log_level, LOG_LEVELS),
+            log_level=_log_level(env, d.log_level),
             speedups=_choice(env, "RATCHET_SPEEDUPS", d.speedups, ("0", "1")),
         )
 
     def to_env(self) -> dict[str, str]:
-        """The ``RATCHET_*`` variables that make a child process's ``from_env`` equal self."""
+        """The ``RATCHET_*`` variables that make a child process's ``from_env`` equal self,
+        but for the process's own ``log_level`` and ``speedups`` (see the fields)."""
         return {
             "RATCHET_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
             "RATCHET_SCHEMA_REGISTRY_URL": self.schema_registry_url,

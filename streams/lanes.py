@@ -187,6 +187,9 @@ class PartitionLanes:
         self._max_bytes = max_bytes
         self._window = window
         self._lanes: dict[Hashable, Lane] = {}
+        # Lanes being stopped: no longer routed to, but their events in flight (up to
+        # the stop's grace) still hold their bytes.
+        self._stopping: set[Lane] = set()
         self._room = asyncio.Event()
         self._room.set()
         self._waiting = 0  # submits waiting for room
@@ -201,8 +204,9 @@ class PartitionLanes:
         return sum(lane.queue.qsize() for lane in self._lanes.values())
 
     def held_bytes(self) -> int:
-        """Record bytes of the events queued or in flight in all lanes."""
-        return sum(lane.held_bytes for lane in self._lanes.values())
+        """Record bytes of the events queued or in flight in all lanes, those of lanes
+        still stopping included."""
+        return sum(lane.held_bytes for lane in (*self._lanes.values(), *self._stopping))
 
     def has_room(self, size: int = 0) -> bool:
         """True while ``submit`` of an event of ``size`` bytes would not wait (the
@@ -238,16 +242,18 @@ class PartitionLanes:
         full must not run after its queued predecessors were dropped (it would be
         decided out of order, and its ack would let the offsets before it be committed).
         """
-        while not self._fits(size):
+        while True:
+            if (self._all_closed or key in self._closed
+                    or (generation is not None and generation != self.generation(key))):
+                return False  # checked first: a closed key never waits for room
+            if self._fits(size):
+                break
             self._room.clear()
             self._waiting += 1
             try:
                 await self._room.wait()
             finally:
                 self._waiting -= 1
-        if (self._all_closed or key in self._closed
-                or (generation is not None and generation != self.generation(key))):
-            return False
         lane = self._lanes.get(key)
         if lane is None or lane.stopping:
             lane = self._lanes[key] = Lane(key, self._handle, self._on_handled, self._window)
@@ -289,7 +295,12 @@ class PartitionLanes:
             self._generations[key] = self.generation(key) + 1
         self._room.set()  # a submit waiting for room re-checks (and finds its key closed)
         lanes = [self._lanes.pop(k) for k in chosen]
-        await asyncio.gather(*(lane.stop(grace_s) for lane in lanes))
+        self._stopping.update(lanes)
+        try:
+            await asyncio.gather(*(lane.stop(grace_s) for lane in lanes))
+        finally:
+            self._stopping.difference_update(lanes)
+            self._room.set()  # their bytes are given back
 
     async def wait_idle(self) -> None:
         """Wait until every lane has handled everything queued so far (tests, bench)."""

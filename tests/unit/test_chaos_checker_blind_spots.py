@@ -302,3 +302,16 @@ def test_the_waiters_keep_failed_answers_with_when_they_were_asked(monkeypatch):
     waiters.close()
     assert obs.waits and all(w.history.reason == "NOT_PROMOTED" and w.asked_ms > 0
                              for w in obs.waits)
+
+
+@pytest.mark.parametrize("reason", ["CORRUPT_HISTORY", "MISSING_HISTORY", "EXPIRED"])
+def test_a_wait_answering_a_failure_other_than_not_yet_for_a_promoted_response_is_reported(
+        expectations, reason):
+    """Only "not promoted yet" is a right failure for a response that is promoted (and
+    only before its promotion was published); an integrity failure or EXPIRED never is.
+    (Found by an outside review of the stricter checker, 2026-12-04.)"""
+    obs = faithful(expectations)
+    p = obs.promoted[0]
+    obs.waits.append(Wait(p.tenant, p.response_id, History("failure", reason, ()),
+                          asked_ms=-1))  # even asked long before the promotion
+    assert kinds(expectations, obs) == {"history_mismatch"}

@@ -197,3 +197,51 @@ def test_the_worker_dispatcher_holds_back_records_past_the_byte_bound(tmp_path, 
     w = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert sorted(w.handled) == [(0, 0), (1, 1), (1, 2)]
     assert sorted(w.acks) == [(0, 0), (1, 1), (1, 2)]
+
+
+# Found by an outside review of the byte bound (2026-12-04): a lane being stopped (a
+# revoked partition, up to its grace) still holds its event in flight, and a record
+# of a revoked partition must not wait for room it will never use.
+
+def test_the_event_in_flight_of_a_stopping_lane_still_counts():
+    async def scenario():
+        h = Gated()
+        lanes = h.lanes = PartitionLanes(h.handle, max_bytes=10 * MIB)
+        assert await lanes.submit("revoked", "big", lambda: None, size=10 * MIB)
+        await asyncio.sleep(0.01)
+        assert h.started == ["big"]
+        stopping = asyncio.create_task(lanes.stop(["revoked"], grace_s=5))
+        await asyncio.sleep(0.01)
+        assert not stopping.done()  # finishing its event in flight
+        assert lanes.held_bytes() == 10 * MIB and not lanes.has_room(1)
+        other = asyncio.create_task(lanes.submit("kept", "next", lambda: None,
+                                                 size=10 * MIB))
+        await asyncio.sleep(0.05)
+        assert not other.done()  # 20 MiB would be held
+        h.gate("big").set()
+        await stopping
+        assert await asyncio.wait_for(other, 2)  # the stopped lane's bytes given back
+        h.gate("next").set()
+        await lanes.wait_idle()
+        await lanes.stop()
+
+    run(scenario())
+
+
+def test_a_waiting_submit_of_a_revoked_key_returns_at_once():
+    async def scenario():
+        h = Gated()
+        lanes = h.lanes = PartitionLanes(h.handle, max_bytes=10 * MIB)
+        assert await lanes.submit("busy", "slow", lambda: None, size=8 * MIB)
+        waiting = asyncio.create_task(lanes.submit(
+            "revoked", "r", lambda: None, generation=lanes.generation("revoked"),
+            size=4 * MIB))
+        await asyncio.sleep(0.02)
+        assert not waiting.done()
+        await lanes.stop(["revoked"], grace_s=1)
+        assert await asyncio.wait_for(waiting, 1) is False  # while "busy" still holds 8
+        assert "r" not in h.started
+        h.gate("slow").set()
+        await lanes.stop()
+
+    run(scenario())

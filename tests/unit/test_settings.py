@@ -97,9 +97,11 @@ def test_to_env_round_trips_through_from_env():
     ("RATCHET_WORKER_METRICS_PORT", "65536"),
     ("RATCHET_LOGICAL_RETENTION_S", str(10**12)),  # every promotion dead-lettered
     ("RATCHET_KAFKA_BOOTSTRAP", "k1:abc"),
-    ("RATCHET_KAFKA_BOOTSTRAP", "k1"),
+    ("RATCHET_KAFKA_BOOTSTRAP", "k1:70000"),
+    ("RATCHET_KAFKA_BOOTSTRAP", " , "),
     ("RATCHET_SCHEMA_REGISTRY_URL", "notaurl"),
     ("RATCHET_SCHEMA_REGISTRY_URL", "http://sr:abc/x"),
+    ("RATCHET_SCHEMA_REGISTRY_URL", "http://sr-0:8081,notaurl"),
     ("RATCHET_KEYSPACE", "MixedCase"),  # created as "mixedcase", then not found
     ("RATCHET_KEYSPACE", "has-dash"),
     ("RATCHET_TOPIC_PREFIX", "bad prefix/"),
@@ -132,3 +134,22 @@ def test_the_longest_retention_still_gives_a_storable_expiry():
     far_ahead = datetime.datetime(2200, 1, 1, tzinfo=datetime.UTC)
     assert far_ahead + datetime.timedelta(seconds=MAX_RETENTION_S) < datetime.datetime(
         9999, 12, 31, tzinfo=datetime.UTC)
+
+
+@pytest.mark.parametrize("name,value,read", [
+    # Found by an outside review of the checks above (2026-12-04): values that worked
+    # before them and that the clients accept must still work.
+    ("RATCHET_LOG_LEVEL", "debug", "DEBUG"),  # Faust upper-cases it
+    ("RATCHET_LOG_LEVEL", "warn", "WARNING"),
+    ("RATCHET_KAFKA_BOOTSTRAP", "kafka-bootstrap.kafka.svc", None),  # port 9092
+    ("RATCHET_KAFKA_BOOTSTRAP", "k1:9092,k2:9092,", None),
+    ("RATCHET_KAFKA_BOOTSTRAP", "[::1]:9092,[::1]", None),
+    ("RATCHET_KAFKA_BOOTSTRAP", "PLAINTEXT://k1:9092", None),
+    ("RATCHET_SCHEMA_REGISTRY_URL", "http://sr-0:8081,http://sr-1:8081", None),  # failover
+    ("RATCHET_SCHEMA_REGISTRY_URL", "https://user:pw@sr.example/apis/ccompat/v7/", None),
+])
+def test_values_the_clients_accept_are_accepted(name, value, read):
+    s = Settings.from_env({name: value})
+    field = {"RATCHET_LOG_LEVEL": "log_level", "RATCHET_KAFKA_BOOTSTRAP": "kafka_bootstrap",
+             "RATCHET_SCHEMA_REGISTRY_URL": "schema_registry_url"}[name]
+    assert getattr(s, field) == (read if read is not None else value.rstrip("/"))
