@@ -376,6 +376,11 @@ class Rig:
         self.producer.deliver(*events)
 
     def close(self) -> None:
+        # A worker a test left running would outlive the test run (it reconnects to
+        # whatever serves the ports next): stop every one this rig started.
+        for worker in self.workers:
+            if worker.alive():
+                worker.terminate(timeout_s=20)
         if self.collector is not None:
             self.collector.close()
         # Its own topics, and the Faust internal ones of its consumer group.

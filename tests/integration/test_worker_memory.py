@@ -31,6 +31,7 @@ def _turn(conv: str, head: int):
 def test_a_record_far_larger_than_the_fetch_size_is_taken_and_the_partition_goes_on(
         settings, tmp_path):
     rig = Rig(isolated_settings(settings, "bigrec", partitions=1, home=tmp_path / "home"))
+    worker = None
     try:
         conv = f"conv_{uuid.uuid4().hex[:10]}"
         big = b"\x07" + b"x" * (TOPIC_MAX_MESSAGE_BYTES - 64 * 1024)
@@ -49,4 +50,6 @@ def test_a_record_far_larger_than_the_fetch_size_is_taken_and_the_partition_goes
         [letter] = rig.collector.dead_letters
         assert letter.model.value == big
     finally:
+        if worker is not None:
+            worker.terminate()
         rig.close()
