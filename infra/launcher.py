@@ -138,8 +138,8 @@ def port_mismatch(srv: Server, entry: Running, home: Path) -> str | None:
     names its processes; the settings name ports: when they disagree, acting on the
     pid would stop or report a server the operator did not point at."""
     if entry.port and entry.port != srv.client_port():
-        return (f"{srv.name}: the {srv.name} of RATCHET_HOME={home} (pid {entry.pid}) serves "
-                f"port {entry.port}, the settings name {srv.client_port()}: set the ports of "
+        return (f"the {srv.name} of RATCHET_HOME={home} (pid {entry.pid}) serves port "
+                f"{entry.port}, the settings name {srv.client_port()}: set the ports of "
                 f"those servers, or the RATCHET_HOME of these")
     return None
 
@@ -283,7 +283,7 @@ def stop_server(settings: Settings, name: str, out: Say = _print) -> str:
         entry = entries.get(name)
         mismatch = entry and is_alive(entry) and port_mismatch(srv, entry, settings.home)
         if mismatch:
-            out(f"{mismatch}; not stopping it")
+            out(f"{name}: {mismatch}; not stopping it")
             return "refused"
         entries.pop(name, None)
     if entry is None:
@@ -328,7 +328,7 @@ def server_status(settings: Settings, name: str) -> ServerStatus:
     pid = entry.pid if entry else None
     mismatch = entry and port_mismatch(srv, entry, settings.home)
     if mismatch:
-        return ServerStatus(name, pid, False, mismatch.split(": ", 1)[1])
+        return ServerStatus(name, pid, False, mismatch)
     if entry is None and not srv.port_open():
         return ServerStatus(name, None, False, "")
     try:
