@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -181,12 +181,13 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
         "/healthz",
         response_model=HealthBody,
         responses={503: {"model": HealthBody}},
-        summary="Liveness (probe=live) or readiness (default: the store answers)",
+        summary="Liveness (probe=live) or readiness (probe=ready, the default: the store "
+                "answers); any other probe is a typed 422",
     )
-    async def healthz(probe: str | None = None) -> Response:
+    async def healthz(probe: Literal["live", "ready"] | None = None) -> Response:
         notifier = notifier_up()
-        if probe == "live":
-            return _json(HealthBody(status="ok", store=True, notifier=notifier), 200)
+        if probe == "live":  # the process answers; the store is not read (store: null)
+            return _json(HealthBody(status="ok", store=None, notifier=notifier), 200)
         store = await run_in_threadpool(service.store_ok)
         # A down notifier only slows wait_ms (to its deadline read): degraded, still ready.
         status = "ok" if store and notifier else "degraded"

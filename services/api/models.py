@@ -114,5 +114,5 @@ class ErrorBody(_Body):
 
 class HealthBody(_Body):
     status: Literal["ok", "degraded"]
-    store: bool
+    store: bool | None  # None: not checked (the liveness probe never reads the store)
     notifier: bool

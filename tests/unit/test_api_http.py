@@ -313,6 +313,21 @@ def test_healthz_and_metrics(stack):
     assert 'ratchet_api_outcomes_total{endpoint="response",outcome="certified",reason=""}' in text
 
 
+def test_healthz_probes_say_what_they_checked_and_refuse_an_unknown_one(stack):
+    """The liveness probe never reads the store, so it does not claim it answered
+    (``store`` null); readiness is also ``probe=ready``; any other probe is a typed 422,
+    not a readiness check in disguise. (Found by an outside review of the operator's
+    side, 2026-12-04: ``?probe=live`` said ``store: true`` while Cassandra was frozen,
+    and ``?probe=bogus`` was a readiness check.)"""
+    live = stack.client.get("/healthz", params={"probe": "live"})
+    assert live.status_code == 200 and live.json() == {"status": "ok", "store": None,
+                                                       "notifier": True}
+    ready = stack.client.get("/healthz", params={"probe": "ready"})
+    assert ready.status_code == 200 and ready.json()["store"] is True
+    bogus = stack.client.get("/healthz", params={"probe": "bogus"})
+    assert bogus.status_code == 422 and bogus.json()["error"] == "INVALID_REQUEST"
+
+
 def test_openapi_publishes_the_response_models(stack):
     spec = stack.client.get("/openapi.json").json()
     schemas = spec["components"]["schemas"]
