@@ -45,6 +45,9 @@ VIOLATION_CLASSES = (
 # Orphan reasons that tell the gateway to compensate (docs/gateway-protocol.md, "When to
 # compensate"): an effect a promoted turn used must never carry one.
 FINAL_ORPHAN_REASONS = frozenset({"ATTEMPT_SUPERSEDED", "TURN_CANCELLED", "EFFECT_CONFLICT"})
+# The fingerprint hash some histories are asked with besides the workload's: a model
+# nobody deployed.
+OTHER_FINGERPRINT = "f" * 64
 # What a history answer for a response that was never promoted may say.
 NEVER_PROMOTED_REASONS = frozenset({"NOT_PROMOTED", "NOT_FOUND"})
 
@@ -120,6 +123,9 @@ class Observations:
     waits: list[Wait] = field(default_factory=list)
     # Histories asked with a tenant that never sent the response: (tenant asked, rid).
     foreign: dict[tuple[str, str], History] = field(default_factory=dict)
+    # Histories asked with another fingerprint than the workload's (OTHER_FINGERPRINT):
+    # a fingerprint change invalidates reuse, never the history (CONTRACT 5).
+    other_fingerprint: dict[tuple[str, str], History] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -276,6 +282,11 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
         problem = _answer_problem(w.promoted.get(rid), rid, obs.histories.get((tenant, rid)))
         if problem:
             out.append(Violation("history_mismatch", sid, f"{rid}: {problem}"))
+        other = obs.other_fingerprint.get((tenant, rid))
+        problem = other and _answer_problem(w.promoted.get(rid), rid, other, OTHER_FINGERPRINT)
+        if problem:
+            out.append(Violation("history_mismatch", sid, f"{rid} asked with another "
+                                                          f"fingerprint: {problem}"))
     if story.kind == "conversation" and w.head:
         head = next(p for p in w.promoted.values()
                     if p.conversation_id == story.key and p.seq == w.head)
@@ -307,16 +318,18 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
     return out
 
 
-def _answer_problem(promo: Promo | None, rid: str, got: History | None) -> str | None:
+def _answer_problem(promo: Promo | None, rid: str, got: History | None,
+                    fingerprint_hash: str | None = None) -> str | None:
     """What is wrong with ``got``, the history answer for ``rid`` (promoted as ``promo``,
-    or never promoted: None); None if it is right."""
+    or never promoted: None) asked with ``fingerprint_hash`` (default: the workload's);
+    None if it is right."""
     if got is None:
         return "no answer"
     if promo is None:
         if got.outcome == "failure" and got.reason in NEVER_PROMOTED_REASONS:
             return None
         return f"{_hist(got)}, but it was never promoted (expected NOT_PROMOTED or NOT_FOUND)"
-    outcome, reason = promo.read_as
+    outcome, reason = promo.read_as if fingerprint_hash is None else promo.read(fingerprint_hash)
     wrong = []
     if (got.outcome, got.reason) != (outcome, reason):
         wrong.append(f"{_hist(got)} != {outcome}{'/' + reason if reason else ''}")

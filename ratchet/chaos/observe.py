@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, KafkaError
 
 from ratchet.chaos.checker import (
     FINAL_ORPHAN_REASONS,
+    OTHER_FINGERPRINT,
     History,
     Observations,
     Promoted,
@@ -132,9 +133,10 @@ FOREIGN_TENANT = "chaos-foreign-tenant"
 
 def fetch_histories(base_url: str, fp_hash: str, responses: Iterable[tuple[str, str]],
                     conversations: Iterable[tuple[str, str]], obs: Observations,
-                    threads: int = 8, foreign_every: int = 20) -> None:
+                    threads: int = 8, foreign_every: int = 20, other_fp_every: int = 10) -> None:
     """Every history of ``responses`` and ``conversations``; every ``foreign_every``-th
-    response is also asked as a tenant that never sent it (``obs.foreign``)."""
+    response is also asked as a tenant that never sent it (``obs.foreign``), every
+    ``other_fp_every``-th with another fingerprint (``obs.other_fingerprint``)."""
     local = threading.local()
 
     def client() -> RehydrationClient:
@@ -151,6 +153,10 @@ def fetch_histories(base_url: str, fp_hash: str, responses: Iterable[tuple[str, 
                 elif kind == "f":
                     outcome = client().response_history(FOREIGN_TENANT, ident, fp_hash)
                     obs.foreign[(FOREIGN_TENANT, ident)] = history_of(outcome, fp_hash)
+                elif kind == "o":
+                    outcome = client().response_history(tenant, ident, OTHER_FINGERPRINT)
+                    obs.other_fingerprint[(tenant, ident)] = history_of(outcome,
+                                                                         OTHER_FINGERPRINT)
                 else:
                     outcome = client().conversation_history(tenant, ident, fp_hash)
                     obs.conversations[(tenant, ident)] = history_of(outcome, fp_hash)
@@ -161,6 +167,7 @@ def fetch_histories(base_url: str, fp_hash: str, responses: Iterable[tuple[str, 
     responses = list(responses)
     jobs = [("r", t, r) for t, r in responses] + [("c", t, c) for t, c in conversations]
     jobs += [("f", t, r) for t, r in responses[::foreign_every] if t != FOREIGN_TENANT]
+    jobs += [("o", t, r) for t, r in responses[1::other_fp_every]]
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda j: one(*j), jobs))
 

@@ -22,13 +22,17 @@ import hashlib
 import itertools
 from dataclasses import dataclass, field
 
-from ratchet.chaos.workload import RawRecord, Story
+from ratchet.chaos.workload import RawRecord, Story, workload_fp_hash
 from schemas.models import ToolEffect, TurnCancelled, TurnCompleted
 
 # The Responses item types the workload sends as known (CONTRACT 3); anything else is
 # UNKNOWN_ITEM_TYPE. Listed here, not imported: the oracle must not share the code's list.
 KNOWN_TYPES = frozenset({"message", "reasoning", "function_call", "function_call_output"})
 NEVER_PROMOTED = frozenset({"failed", "cancelled", "in_progress", "queued"})
+# A weights revision that names a branch, not immutable weights (CONTRACT 1.2: "a model
+# alias alone is never an identity"); docs/gateway-protocol.md lists these.
+MUTABLE_REVISIONS = frozenset({"main", "master", "latest", "head", "default", "stable"})
+EFFECT_REASONS = frozenset({"MISSING_TOOL_EFFECT", "DUPLICATE_TOOL_EFFECT"})
 
 Sig = tuple
 
@@ -46,14 +50,25 @@ class Promo:
     # The lineage its outcome record must name (the promoted event's own fields).
     conversation_id: str | None = None
     previous_response_id: str | None = None
+    fingerprint_hash: str = ""  # the promoted turn's
+    # (type, call_id) of each item of ``items``: the pairing state a child continues.
+    calls: tuple[tuple[str, str | None], ...] = ()
+
+    def read(self, fingerprint_hash: str) -> tuple[str, str | None]:
+        """Outcome and reason of its history asked with ``fingerprint_hash``, before any
+        expiry (CONTRACT 5; fallback reasons in the order gateway-protocol.md gives)."""
+        if self.certification != "certified":
+            return "fallback", "NOT_CERTIFIED"
+        if not self.artifact:
+            return "fallback", "NO_ARTIFACT"
+        if fingerprint_hash != self.fingerprint_hash:
+            return "fallback", "FINGERPRINT_MISMATCH"
+        return "certified", None
 
     @property
     def read_as(self) -> tuple[str, str | None]:
-        """Outcome and reason of its history, asked with the workload's fingerprint
-        before any expiry (CONTRACT 5)."""
-        if self.certification != "certified":
-            return "fallback", "NOT_CERTIFIED"
-        return ("certified", None) if self.artifact else ("fallback", "NO_ARTIFACT")
+        """Its history asked with the workload's fingerprint."""
+        return self.read(workload_fp_hash())
 
     @property
     def sig(self) -> Sig:
@@ -66,9 +81,15 @@ class World:
 
     promoted: dict[str, Promo] = field(default_factory=dict)  # response id -> promotion
     keys: dict[str, Promo] = field(default_factory=dict)  # idempotency key -> promotion
-    head: int = 0
+    head: int = 0  # of the story's Conversation
     head_items: tuple[tuple[str, str, str], ...] = ()
+    head_calls: tuple[tuple[str, str | None], ...] = ()
+    # Other Conversations a story's event names (a response id raced elsewhere):
+    # conversation id -> (head, items, calls).
+    elsewhere: dict[str, tuple] = field(default_factory=dict)
     effects: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # id -> key, call, out
+    attempts: dict[str, int] = field(default_factory=dict)  # effect id -> attempt
+    conflicted: set[str] = field(default_factory=set)  # effect ids recorded with two outputs
     cancelled: set[str] = field(default_factory=set)  # idempotency keys
     decided: dict[int, frozenset[Sig]] = field(default_factory=dict)  # event index -> outcomes
     orphans: set[str] = field(default_factory=set)  # effect ids that must be published orphaned
@@ -110,9 +131,13 @@ def expect(story: Story) -> Expectation:
 def _apply(w: World, story: Story, index: int) -> None:
     ev = story.events[index]
     if isinstance(ev, ToolEffect):
-        # Deduplicated by effect id: the first record wins.
-        w.effects.setdefault(ev.effect_id, (ev.idempotency_key, ev.call_id,
-                                            ev.output.content_digest))
+        # Deduplicated by effect id: the first record wins; another output under the
+        # same id is a conflict (the tool ran twice and answered differently).
+        recorded = w.effects.setdefault(ev.effect_id, (ev.idempotency_key, ev.call_id,
+                                                       ev.output.content_digest))
+        w.attempts.setdefault(ev.effect_id, ev.attempt)
+        if recorded[2] != ev.output.content_digest:
+            w.conflicted.add(ev.effect_id)
     elif isinstance(ev, TurnCancelled):
         if ev.idempotency_key not in w.keys:  # a cancel after completion changes nothing
             w.cancelled.add(ev.idempotency_key)
@@ -132,41 +157,84 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
     if reasons:
         if "CANCELLED" in reasons:
             _orphan_all(w, ev.idempotency_key)
+        elif bound is None:
+            _orphan_attempt(w, ev)
         return frozenset(("R", r, None) for r in reasons)
+    # The write's answers (gateway-protocol.md section 7). A breach of pairing is an
+    # event check and comes first, but only where the turn goes; the workload never
+    # sends both, so either is accepted.
+    write = set()
     if bound is not None:
-        return _reject("IDEMPOTENCY_KEY_REUSED")
-    if ev.response_id in w.promoted:
-        return _reject("CONFLICT")  # a response id is never bound twice
-    if story.kind == "conversation":
-        if ev.expected_head_seq < w.head:
-            return _reject("CONFLICT")
-        if ev.expected_head_seq > w.head:
-            return _reject("OUT_OF_ORDER")
-        seq, prior = w.head + 1, w.head_items
+        write.add("IDEMPOTENCY_KEY_REUSED")
+    elif ev.response_id in w.promoted:
+        write.add("CONFLICT")  # a response id is never bound twice
+    if ev.conversation_id is not None:
+        head, prior, prior_calls = _conversation(w, story, ev.conversation_id)
+        if ev.expected_head_seq < head:
+            return _reject_any(w, ev, write or {"CONFLICT"})
+        if ev.expected_head_seq > head:
+            return _reject_any(w, ev, write or {"OUT_OF_ORDER"})
+        seq = head + 1
+    elif ev.previous_response_id is None:
+        seq, prior, prior_calls = 1, (), ()
+    elif ev.previous_response_id in w.promoted:
+        parent = w.promoted[ev.previous_response_id]
+        seq, prior, prior_calls = parent.seq + 1, parent.items, parent.calls
     else:
-        if ev.previous_response_id is None:
-            seq, prior = 1, ()
-        elif ev.previous_response_id in w.promoted:
-            parent = w.promoted[ev.previous_response_id]
-            seq, prior = parent.seq + 1, parent.items
-        else:
-            return _reject("PARENT_NOT_PROMOTED")
-    items = prior + tuple((i.item_id, i.type, i.content_digest)
-                          for i in (*ev.input_items, *ev.output_items))
+        return _reject_any(w, ev, write or {"PARENT_NOT_PROMOTED"})
+    turn_items = (*ev.input_items, *ev.output_items)
+    calls = prior_calls + tuple((i.type, i.call_id) for i in turn_items)
+    if _unpaired(calls):
+        write.add("UNPAIRED_TOOL_CALL")
+    if write:
+        return _reject_any(w, ev, write)
+    items = prior + tuple((i.item_id, i.type, i.content_digest) for i in turn_items)
     certified = ev.status == "completed" and not ev.effective_config.truncated
     artifact = certified and ev.token_artifact is not None and ev.boundary_proof is not None
     promo = Promo(ev.response_id, ev.idempotency_key, ev.request_digest, seq, items,
                   "certified" if certified else "logical_only", artifact,
-                  ev.conversation_id, ev.previous_response_id)
+                  ev.conversation_id, ev.previous_response_id, ev.fingerprint_hash, calls)
     w.promoted[ev.response_id] = promo
     w.keys[ev.idempotency_key] = promo
-    if story.kind == "conversation":
-        w.head, w.head_items = seq, items
+    if ev.conversation_id == story.key:
+        w.head, w.head_items, w.head_calls = seq, items, calls
+    elif ev.conversation_id is not None:
+        w.elsewhere[ev.conversation_id] = (seq, items, calls)
     used = set(ev.tool_effect_ids)
     w.used |= used
     w.orphans |= {eid for eid, (key, _, _) in w.effects.items()
                   if key == ev.idempotency_key and eid not in used}
     return frozenset({promo.sig})
+
+
+def _conversation(w: World, story: Story, conversation_id: str) -> tuple:
+    if conversation_id == story.key:
+        return w.head, w.head_items, w.head_calls
+    return w.elsewhere.get(conversation_id, (0, (), ()))
+
+
+def _unpaired(calls: tuple[tuple[str, str | None], ...]) -> bool:
+    """The pairing rules of CONTRACT 4 over a whole history, for the item types the
+    workload sends: call ids unique; an output follows its own still open call; an open
+    call is followed only by calls and outputs (so it stays open only at the end); a
+    reasoning item is followed by another item."""
+    seen: set[str | None] = set()
+    open_calls: set[str | None] = set()
+    for n, (kind, call_id) in enumerate(calls):
+        if kind == "function_call":
+            if call_id in seen:
+                return True
+            seen.add(call_id)
+            open_calls.add(call_id)
+        elif kind == "function_call_output":
+            if call_id not in open_calls:
+                return True
+            open_calls.discard(call_id)
+        elif open_calls:
+            return True
+        if kind == "reasoning" and n == len(calls) - 1:
+            return True
+    return False
 
 
 def _invalid(w: World, ev: TurnCompleted) -> set[str]:
@@ -175,25 +243,61 @@ def _invalid(w: World, ev: TurnCompleted) -> set[str]:
     if ev.status in NEVER_PROMOTED:
         reasons.add("NOT_PROMOTABLE_STATUS")
     items = (*ev.input_items, *ev.output_items)
+    fp = ev.fingerprint
+    if any(i.format_version != 1 for i in items) or fp.fingerprint_version != 1 \
+            or fp.item_format_version != 1:
+        reasons.add("UNSUPPORTED_FORMAT")
     if any(i.type not in KNOWN_TYPES for i in items):
         reasons.add("UNKNOWN_ITEM_TYPE")
     if any(hashlib.sha256(i.content).hexdigest() != i.content_digest for i in items):
         reasons.add("CORRUPT")
+    revision = (fp.model_weights_revision or "").strip().lower()
+    if not revision or revision in MUTABLE_REVISIONS:
+        reasons.add("INCOMPLETE_FINGERPRINT")
+    if _proof_broken(ev):
+        reasons.add("INVALID_BOUNDARY_PROOF")
     if ev.idempotency_key in w.cancelled:
         reasons.add("CANCELLED")
     recorded = {eid: v for eid, v in w.effects.items() if v[0] == ev.idempotency_key}
     if any(eid not in recorded for eid in ev.tool_effect_ids):
         reasons.add("MISSING_TOOL_EFFECT")
+    if any(eid in w.conflicted for eid in ev.tool_effect_ids):
+        reasons |= EFFECT_REASONS
     outputs = {call: out for eid, (_, call, out) in recorded.items() if eid in ev.tool_effect_ids}
     for item in items:
         if item.type == "function_call_output" and item.call_id in outputs \
                 and outputs[item.call_id] != item.content_digest:
-            reasons |= {"MISSING_TOOL_EFFECT", "DUPLICATE_TOOL_EFFECT"}
+            reasons |= EFFECT_REASONS
     return reasons
+
+
+def _proof_broken(ev: TurnCompleted) -> bool:
+    """CONTRACT 1.5: a proof binds the turn's fingerprint and agrees with the artifact."""
+    proof, artifact = ev.boundary_proof, ev.token_artifact
+    if proof is None:
+        return False
+    if artifact is None or ev.fingerprint_hash != proof.fingerprint_hash \
+            or ev.fingerprint_hash != artifact.fingerprint_hash:
+        return True
+    return not (proof.prefix_count + proof.append_count == proof.combined_count
+                == artifact.token_count and proof.combined_hash == artifact.token_hash)
 
 
 def _orphan_all(w: World, key: str) -> None:
     w.orphans |= {eid for eid, (k, _, _) in w.effects.items() if k == key}
+
+
+def _orphan_attempt(w: World, ev: TurnCompleted) -> None:
+    """A rejected attempt of a request not promoted: the effects it used or recorded
+    are published orphaned (a later attempt may still use them: not final)."""
+    w.orphans |= {eid for eid, (k, _, _) in w.effects.items() if k == ev.idempotency_key
+                  and (eid in ev.tool_effect_ids or w.attempts.get(eid) == ev.attempt)}
+
+
+def _reject_any(w: World, ev: TurnCompleted, reasons: set[str]) -> frozenset[Sig]:
+    if ev.idempotency_key not in w.keys:
+        _orphan_attempt(w, ev)
+    return frozenset(("R", r, None) for r in reasons)
 
 
 def _reject(reason: str, existing: str | None = None) -> frozenset[Sig]:

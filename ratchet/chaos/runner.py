@@ -31,7 +31,7 @@ from ratchet.chaos.faults import PROFILES, Cluster, FaultInjector
 from ratchet.chaos.observe import OutputReader, Waiters, fetch_histories
 from ratchet.chaos.oracle import Expectation, expect
 from ratchet.chaos.produce import run as produce_run
-from ratchet.chaos.workload import _fp_hash, generate
+from ratchet.chaos.workload import generate, workload_fp_hash
 from ratchet.settings import Settings
 from schemas.avro import register_schemas, registry_client
 
@@ -92,7 +92,7 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     say(f"{cfg.workers} workers and the API are up")
     reader = OutputReader(settings, group=f"chaos-check-{tag}")
     reader.start()
-    fp_hash = _fp_hash()
+    fp_hash = workload_fp_hash()
     surely = _surely_promoted(expectations)
     ctx = multiprocessing.get_context("spawn")
     sent, stop = ctx.Value("l", 0), ctx.Value("b", 0)

@@ -21,6 +21,7 @@ from typing import Any
 from ratchet.samples import make_artifact_and_proof, make_fingerprint
 from schemas.models import (
     BoundaryProof,
+    Fingerprint,
     GatewayEvent,
     TokenArtifact,
     TurnCompleted,
@@ -37,6 +38,11 @@ UNKNOWN_TYPE = "x_chaos_unknown_item"
 WORDS = ("lyon", "rain", "train", "budget", "museum", "cheese", "river", "hotel", "map",
          "ticket", "bike", "wine", "bridge", "market", "opera", "sunday")
 FINGERPRINT = make_fingerprint()
+# A redeployed model (another weights revision): its turns promote, and a read with the
+# workload's fingerprint is FINGERPRINT_MISMATCH (CONTRACT 5: reuse invalid, history not).
+REDEPLOYED = make_fingerprint(model_weights_revision="0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c")
+# Not an identity: a mutable branch name as the weights revision (INCOMPLETE_FINGERPRINT).
+MUTABLE_REVISION = make_fingerprint(model_weights_revision="main")
 
 
 @dataclass(frozen=True)
@@ -162,7 +168,12 @@ class _Gateway:
     def turn(self, identity: TurnIdentity, key: str, request_text: str, *, attempt: int = 1,
              status: str = "completed", tools: list[tuple[dict, dict]] = (),
              effect_ids: tuple[str, ...] = (), reasoning: bool = False,
-             extra_output: tuple[dict, ...] = ()) -> TurnCompleted:
+             extra_output: tuple[dict, ...] = (), inputs: tuple[dict, ...] = (),
+             final_message: bool = True, tail: tuple[dict, ...] = (),
+             fingerprint: Fingerprint = FINGERPRINT) -> TurnCompleted:
+        """``inputs`` come before the user's message (a client tool's output);
+        ``final_message`` False ends the output with its last call (a client tool);
+        ``tail`` follows the assistant's message (items that break pairing there)."""
         rid = identity.response_id
         out: list[dict[str, Any]] = []
         if reasoning:
@@ -171,14 +182,16 @@ class _Gateway:
         for call, result in tools:
             out += [call, result]
         out += list(extra_output)
-        out.append({"type": "message", "role": "assistant", "id": f"msg-{rid}",
-                    "content": [{"type": "output_text", "text": f"re: {request_text}"}]})
+        if final_message:
+            out.append({"type": "message", "role": "assistant", "id": f"msg-{rid}",
+                        "content": [{"type": "output_text", "text": f"re: {request_text}"}]})
+        out += list(tail)
         user = {"type": "message", "role": "user",
                 "content": [{"type": "input_text", "text": request_text}]}
         certified = status == "completed"
         artifact: TokenArtifact | None = None
         proof: BoundaryProof | None = None
-        fp_hash = _fp_hash()
+        fp_hash = _fp_hash(fingerprint)
         if certified:
             artifact, proof = make_artifact_and_proof(fp_hash, now_ms=now_ms())
             artifact = artifact.model_copy(update={"artifact_id": f"art-{rid}-{attempt}"})
@@ -187,8 +200,8 @@ class _Gateway:
             # The logical request: the same for every retry of it (not the head, not the id).
             request={"model": FINGERPRINT.model_name, "input": request_text,
                      "scope": self.story.key},
-            input_items=[user], output_items=out, fingerprint=FINGERPRINT, attempt=attempt,
-            status=status,
+            input_items=[*inputs, user], output_items=out, fingerprint=fingerprint,
+            attempt=attempt, status=status,
             incomplete_reason="max_output_tokens" if status == "incomplete" else None,
             token_artifact=artifact, boundary_proof=proof, tool_effect_ids=effect_ids,
             gateway_id="chaos",
@@ -208,15 +221,20 @@ class _Gateway:
                            output=result, attempt=attempt)
 
 
-_FP_HASH: list[str] = []
+_FP_HASH: dict[Fingerprint, str] = {}
 
 
-def _fp_hash() -> str:
-    if not _FP_HASH:
+def _fp_hash(fingerprint: Fingerprint = FINGERPRINT) -> str:
+    if fingerprint not in _FP_HASH:
         from ratchet.domain.fingerprint import fingerprint_hash  # the gateway's helper
 
-        _FP_HASH.append(fingerprint_hash(FINGERPRINT))
-    return _FP_HASH[0]
+        _FP_HASH[fingerprint] = fingerprint_hash(fingerprint)
+    return _FP_HASH[fingerprint]
+
+
+def workload_fp_hash() -> str:
+    """The fingerprint hash the checker asks histories with (the workload's model)."""
+    return _fp_hash(FINGERPRINT)
 
 
 def corrupt(turn: TurnCompleted) -> TurnCompleted:
@@ -226,12 +244,63 @@ def corrupt(turn: TurnCompleted) -> TurnCompleted:
     return turn.model_copy(update={"output_items": (bad, *turn.output_items[1:])})
 
 
+def _broken(gw: _Gateway, how: str, ident: TurnIdentity, key: str, text: str) -> TurnCompleted:
+    """A turn that breaks one rule of its own: a fingerprint that is not an identity, an
+    item format this version does not know, or a boundary proof that proves nothing."""
+    if how == "bad_fingerprint":
+        return gw.turn(ident, key, text, fingerprint=MUTABLE_REVISION)
+    turn = gw.turn(ident, key, text)
+    if how == "unsupported_format":
+        item = turn.output_items[-1].model_copy(update={"format_version": 7})
+        return turn.model_copy(update={"output_items": (*turn.output_items[:-1], item)})
+    proof, artifact = turn.boundary_proof, turn.token_artifact
+    which = gw.rng.choice(BAD_PROOFS)
+    other = _fp_hash(REDEPLOYED)
+    if which == "other_fingerprint":
+        return turn.model_copy(update={"boundary_proof": proof.model_copy(
+            update={"fingerprint_hash": other})})
+    if which == "counts":
+        return turn.model_copy(update={"boundary_proof": proof.model_copy(
+            update={"prefix_count": proof.prefix_count + 1})})
+    return turn.model_copy(update={"token_artifact": artifact.model_copy(
+        update={"fingerprint_hash": other})})
+
+
+def _unpaired(gw: _Gateway, how: str, ident: TurnIdentity, key: str, text: str,
+              calls: list[str]) -> TurnCompleted:
+    """A turn whose items break pairing with the history they extend (CONTRACT 4)."""
+    rid = ident.response_id
+    call, result = gw.tool_call(rid, 0)
+    if how == "output_without_call":
+        return gw.turn(ident, key, text, extra_output=(result,))
+    if how == "call_left_open":  # an unanswered call, then the assistant's message
+        return gw.turn(ident, key, text, extra_output=(call,))
+    if how == "reasoning_last":
+        last = {"type": "reasoning", "id": f"rs-{rid}-last",
+                "summary": [{"type": "summary_text", "text": "and then"}]}
+        return gw.turn(ident, key, text, tail=(last,))
+    # A call id the history already holds (or, with none yet, one used twice here).
+    reused = calls[-1] if calls else call["call_id"]
+    call2 = {**call, "id": f"fc-{rid}-r", "call_id": reused}
+    result2 = {**result, "id": f"fco-{rid}-r", "call_id": reused}
+    tools = [(call2, result2)] if calls else [(call, result), (call2, result2)]
+    return gw.turn(ident, key, text, tools=tools)
+
+
 CONVERSATION_STEPS = {
     # scenario -> weight
     "normal": 30, "incomplete": 5, "not_promotable": 5, "corrupt": 3, "unknown_type": 3,
     "redelivery": 6, "gateway_retry": 5, "duplicate": 4, "key_reused": 4, "stale_head": 4,
     "ahead_of_head": 3, "cancel_before": 4, "cancel_after": 3, "race": 5, "tool_loop": 8,
     "orphan_retry": 4, "missing_effect": 3, "response_id_reused": 2,
+    # Rules a turn breaks by itself, and its pairing with the history it extends.
+    "bad_fingerprint": 2, "unsupported_format": 2, "bad_proof": 2, "unpaired": 4,
+    # Valid turns the rules must let through: a redeployed model, a client tool answered
+    # by the next turn, a response id another tenant uses too.
+    "redeployed": 3, "client_tool": 3, "foreign_rid": 2,
+    # An effect recorded twice with different outputs; a response id raced on two
+    # Conversations of one tenant (other partitions: either may bind it).
+    "effect_conflict": 2, "rid_elsewhere": 2,
 }
 # Chains whose first response is retried under another response id, racing it.
 ROOT_RETRY_RATE = 0.1
@@ -239,7 +308,10 @@ ROOT_RETRY_RATE = 0.1
 CHAIN_STEPS = {
     "child": 30, "fork": 10, "incomplete": 5, "not_promotable": 5, "orphan_parent": 4,
     "redelivery": 6, "duplicate": 4, "corrupt": 3, "cancel_before": 4, "tool_loop": 6,
+    "unpaired": 3, "bad_proof": 2, "redeployed": 2,
 }
+UNPAIRED_KINDS = ("output_without_call", "call_left_open", "reasoning_last", "call_id_reused")
+BAD_PROOFS = ("other_fingerprint", "counts", "artifact_other_fingerprint")
 
 
 def _conversation(story: Story, rng: random.Random) -> None:
@@ -247,6 +319,7 @@ def _conversation(story: Story, rng: random.Random) -> None:
     head = 0
     promoted: list[tuple[str, str, str, int]] = []  # (rid, key, request text, event index)
     plain: list[tuple[str, str, str, int]] = []  # the promoted turns without tools
+    calls: list[str] = []  # call ids of promoted tool turns (one to reuse: UNPAIRED)
     last = None  # index of the last TurnCompleted
     names, weights = zip(*CONVERSATION_STEPS.items(), strict=True)
     for n in range(rng.randint(3, 10)):
@@ -311,14 +384,53 @@ def _conversation(story: Story, rng: random.Random) -> None:
             b = gw.turn(gw.identity(other_rid, head), other_key, text + " (other gateway)")
             last = story.add(scenario, a, race=(b,))[0]
             head += 1  # exactly one of the two wins
-        elif scenario in ("tool_loop", "orphan_retry", "missing_effect"):
+        elif scenario in ("tool_loop", "orphan_retry", "missing_effect", "effect_conflict"):
             last, ok = _tool_turn(story, gw, scenario, ident, key, text, rng)
             if ok:
                 promoted.append((rid, key, text, last))
+                calls.append(f"call-{rid}-0")
                 head += 1
         elif scenario == "response_id_reused":
             prid, _, _, _ = rng.choice(promoted)
             last = story.add(scenario, gw.turn(gw.identity(prid, head), key, text))[0]
+        elif scenario in ("bad_fingerprint", "unsupported_format", "bad_proof"):
+            last = story.add(scenario, _broken(gw, scenario, ident, key, text))[0]
+        elif scenario == "unpaired":
+            how = rng.choice(UNPAIRED_KINDS)
+            last = story.add(f"unpaired_{how}", _unpaired(gw, how, ident, key, text, calls))[0]
+        elif scenario == "redeployed":
+            last = story.add(scenario, gw.turn(ident, key, text, fingerprint=REDEPLOYED))[0]
+            promoted.append((rid, key, text, last))
+            head += 1
+        elif scenario == "client_tool":
+            # The model calls a tool the client runs: the turn ends with the open call,
+            # and the next turn starts with its output (CONTRACT 4, pairing).
+            call, result = gw.tool_call(rid, 0)
+            asked = gw.turn(ident, key, text, extra_output=(call,), final_message=False)
+            last = story.add(scenario, asked)[0]
+            promoted.append((rid, key, text, last))
+            head += 1
+            rid2, key2, text2 = gw.rid(), gw.key(), gw.text()
+            answer = {**result, "id": f"fco-{rid2}-0"}
+            last = story.add("client_tool_answer", gw.turn(gw.identity(rid2, head), key2, text2,
+                                                           inputs=(answer,)))[0]
+            promoted.append((rid2, key2, text2, last))
+            head += 1
+        elif scenario == "foreign_rid":
+            # The first response id of the story before, which is another tenant's: a
+            # response id is bound once per tenant, so this one is free here.
+            prev = f"{story.sid.rsplit('-', 1)[0]}-{story.index - 1}"
+            ident = gw.identity(f"resp-{prev}-0", head)
+            last = story.add(scenario, gw.turn(ident, key, text))[0]
+            promoted.append((ident.response_id, key, text, last))
+            head += 1
+        elif scenario == "rid_elsewhere":
+            other = TurnIdentity.conversation(story.tenant, f"{story.key}-x{n}", rid, 0)
+            a = gw.turn(ident, key, text)
+            b = gw.turn(other, gw.key(), text + " (elsewhere)")
+            last = story.add(scenario, a, race=(b,))[0]
+            promoted.append((rid, key, text, last))
+            head += 1  # in the order that sends it first; the oracle has both orders
         else:  # stale_head at head 0: a normal turn instead
             last = story.add("normal", gw.turn(ident, key, text))[0]
             promoted.append((rid, key, text, last))
@@ -334,6 +446,16 @@ def _tool_turn(story: Story, gw: _Gateway, scenario: str, ident: TurnIdentity, k
         never_sent = gw.effect(ident, key, 0, call, result)
         turn = gw.turn(ident, key, text, tools=[(call, result)], effect_ids=(never_sent.effect_id,))
         return story.add(scenario, turn)[0], False
+    if scenario == "effect_conflict":
+        # The tool ran twice under one effect id with different outputs (a gateway bug):
+        # the effect is conflicted, the turn listing it never promotes, and the effect
+        # is published orphaned for compensation.
+        call, result = gw.tool_call(rid, 0)
+        first = gw.effect(ident, key, 0, call, result)
+        again = gw.effect(ident, key, 0, call, {**result, "output": result["output"] + "!"})
+        assert again.effect_id == first.effect_id
+        turn = gw.turn(ident, key, text, tools=[(call, result)], effect_ids=(first.effect_id,))
+        return story.add(scenario, first, again, turn)[-1], False
     attempt = 1
     if scenario == "orphan_retry":
         # Attempt 1 ran a tool, then the gateway died; attempt 2 called another tool.
@@ -420,6 +542,14 @@ def _chain(story: Story, rng: random.Random) -> None:
             continue
         elif scenario == "tool_loop":
             last, _ = _tool_turn(story, gw, scenario, ident, key, text, rng)
+        elif scenario == "redeployed":
+            last = story.add(scenario, gw.turn(ident, key, text, fingerprint=REDEPLOYED))[0]
+        elif scenario in ("unpaired", "bad_proof"):
+            turn = (_unpaired(gw, rng.choice(UNPAIRED_KINDS), ident, key, text, [])
+                    if scenario == "unpaired" else _broken(gw, scenario, ident, key, text))
+            last = story.add(scenario, turn)[0]
+            dead.append(rid)
+            continue
         nodes.append(rid)
         children[parent] = children.get(parent, 0) + 1
         sent.append((rid, key, text, last))

@@ -27,7 +27,7 @@ from tests.unit.test_chaos_checker import answer, faithful, kinds
 
 @pytest.fixture(scope="module")
 def expectations():
-    return [expect(s) for s in generate(seed=7, turns=400, tag="unit").stories]
+    return [expect(s) for s in generate(seed=7, turns=800, tag="unit").stories]
 
 
 def labelled(expectations, label):
@@ -38,8 +38,12 @@ def test_a_retry_answered_by_nobody_is_reported(expectations):
     """CONTRACT 4: a retry of a promoted request gets the original outcome re-emitted;
     never skip silently. Records were merged per response id, so the original's record
     answered for the retry too."""
-    e, rid = next((e, rid) for e in labelled(expectations, "gateway_retry")
-                  for rid, n in _sends(e).items() if n == 2 and rid in e.worlds[0].promoted)
+    e, rid = next((e, e.story.events[step.sends[0]].response_id)
+                  for e in labelled(expectations, "gateway_retry")
+                  for step, label in zip(e.story.steps, e.story.labels, strict=True)
+                  if label == "gateway_retry"
+                  and _sends(e)[e.story.events[step.sends[0]].response_id] == 2
+                  and e.story.events[step.sends[0]].response_id in e.worlds[0].promoted)
     obs = faithful([e])
     second = [p for p in obs.promoted if p.response_id == rid][1]
     obs.promoted.remove(second)
@@ -182,9 +186,9 @@ def test_a_promotion_naming_the_wrong_lineage_is_reported(expectations):
     obs.promoted[obs.promoted.index(p)] = dataclasses.replace(p, previous_response_id="resp-x")
     assert "promotion_mismatch" in kinds([e], obs)
     e = next(e for e in expectations if e.story.kind == "conversation"
-             and len(e.worlds) == 1 and e.worlds[0].head == 1)
+             and len(e.worlds) == 1 and e.worlds[0].head >= 1)
     obs = faithful([e])
-    p = next(p for p in obs.promoted if p.seq == 1)
+    p = next(p for p in obs.promoted if p.seq == 1 and p.conversation_id == e.story.key)
     obs.promoted[obs.promoted.index(p)] = dataclasses.replace(p, conversation_id=None)
     assert "promotion_mismatch" in kinds([e], obs)
 
@@ -315,3 +319,31 @@ def test_a_wait_answering_a_failure_other_than_not_yet_for_a_promoted_response_i
     obs.waits.append(Wait(p.tenant, p.response_id, History("failure", reason, ()),
                           asked_ms=-1))  # even asked long before the promotion
     assert kinds(expectations, obs) == {"history_mismatch"}
+
+
+@pytest.mark.parametrize("asked_other", [True, False])
+def test_a_fingerprint_change_served_as_reusable_is_reported(expectations, asked_other):
+    """CONTRACT 5: a fingerprint change invalidates reuse, never the history. A certified
+    history asked with a fingerprint nobody deployed, or a redeployed model's turn asked
+    with the workload's fingerprint, must fall back FINGERPRINT_MISMATCH with every item
+    (found while adding the rules the chaos workload never sent, session 25)."""
+    from ratchet.chaos.checker import OTHER_FINGERPRINT
+    if asked_other:
+        e, rid, p = next((e, rid, p) for e in expectations if len(e.worlds) == 1
+                         for rid, p in e.worlds[0].promoted.items() if p.read_as[0] == "certified")
+        obs = faithful([e])
+        right = History(*p.read(OTHER_FINGERPRINT), p.items, rid, p.seq)
+        assert right.reason == "FINGERPRINT_MISMATCH"
+        obs.other_fingerprint[(e.story.tenant, rid)] = right
+        assert check([e], obs) == []
+        obs.other_fingerprint[(e.story.tenant, rid)] = dataclasses.replace(
+            right, outcome="certified", reason=None)
+    else:
+        e = next(e for e in labelled(expectations, "redeployed") if len(e.worlds) == 1)
+        step = e.story.labels.index("redeployed")
+        rid = e.story.events[e.story.steps[step].sends[0]].response_id
+        obs = faithful([e])
+        assert obs.histories[(e.story.tenant, rid)].reason == "FINGERPRINT_MISMATCH"
+        obs.histories[(e.story.tenant, rid)] = dataclasses.replace(
+            obs.histories[(e.story.tenant, rid)], outcome="certified", reason=None)
+    assert kinds([e], obs) == {"history_mismatch"}

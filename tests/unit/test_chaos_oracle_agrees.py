@@ -1,0 +1,156 @@
+"""The chaos oracle and the processor agree on every event of a generated workload.
+
+The oracle (``ratchet/chaos/oracle.py``) re-derives each outcome from CONTRACT 4
+without the domain code; the chaos run compares it with what real servers publish,
+under faults. Here the same workload runs through the processor core on the in-memory
+backends, story after story, each race in the order that sends it first (the oracle's
+first world): every decision must be one the oracle accepts, every effect the oracle
+says is orphaned must be published orphaned, and no effect a promoted turn used may
+carry a reason to compensate. A rule the workload sends that the oracle models wrongly
+(or the processor breaks) fails here in seconds, before a chaos run.
+
+The workload covers the rules added to the chaos run in session 25: fingerprints that
+are not identities, unknown formats, boundary proofs that prove nothing, pairing
+breaches and a client tool answered by the next turn, a redeployed model, a conflicted
+effect, a response id raced on two Conversations of one tenant, and one used by
+another tenant too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+from fastapi.testclient import TestClient
+
+from ratchet.chaos.checker import FINAL_ORPHAN_REASONS, OTHER_FINGERPRINT, _answer_problem
+from ratchet.chaos.observe import history_of
+from ratchet.chaos.oracle import expect
+from ratchet.chaos.workload import generate, workload_fp_hash
+from schemas.models import CheckpointPromoted, EffectOrphaned, PromotionRejected, TurnCompleted
+from services.api.app import create_app
+from services.api.fastpath import HistoryFastPath
+from services.api.service import RehydrationService
+from services.api.waiters import PromotionWaiters
+from services.gateway.client import parse_outcome
+from services.ledger.memory import MemoryLedger
+from services.store.base import StoreOptions
+from services.store.memory import MemoryCheckpointStore
+from streams.processor import PromotionProcessor
+from tests.unit.test_processor_rules import TOPICS, PickleCodec, raw_record
+
+NEW_LABELS = ("bad_fingerprint", "unsupported_format", "bad_proof", "unpaired", "redeployed",
+              "client_tool", "client_tool_answer", "foreign_rid", "effect_conflict",
+              "rid_elsewhere")
+
+
+def _sig(model) -> tuple:
+    if isinstance(model, CheckpointPromoted):
+        return ("P", model.seq, str(model.certification), model.idempotency_key,
+                model.request_digest, model.item_count)
+    reason = str(model.reason)
+    return ("R", reason, model.existing_response_id if reason == "DUPLICATE" else None)
+
+
+def _run(seed: int, turns: int):
+    """Every story of the workload through one processor (stories share its store, as
+    they share the servers in a chaos run). Returns (expectations, decisions, orphans,
+    api): decisions[(story index, event index)] lists the outcome of each send; api is
+    the rehydration API over the processor's store."""
+    store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+    processor = PromotionProcessor(store, ledger, PickleCodec(), TOPICS,
+                                   clock_ms=lambda: int(time.time() * 1000))
+    expectations = [expect(s) for s in generate(seed, turns, f"agree{seed}").stories]
+    decisions: dict[tuple[int, int], list[tuple]] = {}
+    orphans: dict[int, dict[str, str]] = {}
+    offset = 0
+    for e in expectations:
+        if e.story.kind == "garbage":
+            continue
+        for step in e.story.steps:
+            for index in (*step.sends, *step.race):
+                offset += 1
+                handled = processor.handle(raw_record(e.story.events[index], offset))
+                for out in handled.outbound:
+                    if isinstance(out.model, (CheckpointPromoted, PromotionRejected)):
+                        decisions.setdefault((e.story.index, index), []).append(_sig(out.model))
+                    elif isinstance(out.model, EffectOrphaned):
+                        orphans.setdefault(e.story.index, {})[out.model.effect_id] = str(
+                            out.model.reason)
+    service = RehydrationService(store, ledger, PromotionWaiters())
+    api = TestClient(HistoryFastPath(create_app(service, lambda: True), service),
+                     raise_server_exceptions=False)
+    return expectations, decisions, orphans, api
+
+
+@pytest.fixture(scope="module", params=[3, 11])
+def run(request):
+    return _run(request.param, 1500)
+
+
+def test_every_decision_is_one_the_oracle_accepts(run):
+    expectations, decisions, orphans, _ = run
+    wrong, sent_labels = [], Counter()
+    for e in expectations:
+        if e.story.kind == "garbage":
+            continue
+        w = e.worlds[0]
+        for step, label in zip(e.story.steps, e.story.labels, strict=True):
+            for index in (*step.sends, *step.race):
+                ev = e.story.events[index]
+                if not isinstance(ev, TurnCompleted):
+                    continue
+                sent_labels[label.split("_")[0] if label.startswith("unpaired") else label] += 1
+                got = decisions.get((e.story.index, index), [])
+                if not got or any(sig not in w.decided[index] for sig in got):
+                    wrong.append(f"{e.story.sid} {label} {ev.response_id}: processor {got}, "
+                                 f"oracle {sorted(map(str, w.decided[index]))}")
+        published = orphans.get(e.story.index, {})
+        missing = w.orphans - set(published)
+        if missing:
+            wrong.append(f"{e.story.sid}: effects never published orphaned: {sorted(missing)}")
+        undone = {eid for eid in w.used if published.get(eid) in FINAL_ORPHAN_REASONS}
+        if undone:
+            wrong.append(f"{e.story.sid}: used effects orphaned to compensate: {sorted(undone)}")
+    assert wrong == []
+    # The workload sent every new rule (else this test proves nothing about them).
+    assert all(sent_labels[label] > 0 for label in NEW_LABELS), sent_labels
+
+
+def test_every_history_is_the_one_the_oracle_promoted(run):
+    """The rehydration API over the processor's store answers every response sent and
+    every Conversation as the oracle says (``_answer_problem``, the chaos checker's own
+    judgement): the outcome and fallback reason for the workload's fingerprint and for
+    another one (a redeployed model's turns fall back, and every certified history
+    asked with a fingerprint nobody deployed), the complete history in order, a failure
+    for a response never promoted."""
+    expectations, _, _, api = run
+    wrong, checked = [], Counter()
+
+    def ask(path: str, tenant: str, fp: str):
+        resp = api.get(path, params={"tenant_id": tenant, "fingerprint_hash": fp})
+        return history_of(parse_outcome(resp.json(), resp.status_code), fp)
+
+    for e in expectations:
+        if e.story.kind == "garbage":
+            continue
+        w, tenant = e.worlds[0], e.story.tenant
+        rids = {e.story.events[i].response_id for i in w.decided}
+        for n, rid in enumerate(sorted(rids)):
+            promo = w.promoted.get(rid)
+            for fp in (workload_fp_hash(), *((OTHER_FINGERPRINT,) if n % 3 == 0 else ())):
+                got = ask(f"/v1/responses/{rid}/history", tenant, fp)
+                problem = _answer_problem(promo, rid, got, fp)
+                checked[got.reason or got.outcome] += 1
+                if problem:
+                    wrong.append(f"{e.story.sid} {rid} asked with {fp[:8]}: {problem}")
+        if e.story.kind == "conversation" and w.head:
+            head = next(p for p in w.promoted.values()
+                        if p.conversation_id == e.story.key and p.seq == w.head)
+            got = ask(f"/v1/conversations/{e.story.key}/history", tenant, workload_fp_hash())
+            problem = _answer_problem(head, head.response_id, got)
+            if problem:
+                wrong.append(f"{e.story.sid} conversation {e.story.key}: {problem}")
+    assert wrong == []
+    assert {"certified", "FINGERPRINT_MISMATCH", "NOT_CERTIFIED", "NOT_PROMOTED"} <= set(checked)
