@@ -164,16 +164,23 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
     # event check and comes first, but only where the turn goes; the workload never
     # sends both, so either is accepted.
     write = set()
+    elsewhere = False  # the response id is bound in another partition
     if bound is not None:
         write.add("IDEMPOTENCY_KEY_REUSED")
     elif ev.response_id in w.promoted:
-        write.add("CONFLICT")  # a response id is never bound twice
+        # A response id is never bound twice. Bound in this partition, the write finds
+        # it whatever the head; bound in another, only the claim a turn takes before
+        # its write does, so a turn that does not extend the head is answered by the
+        # head alone (gateway-protocol.md section 7).
+        elsewhere = ev.conversation_id is not None and \
+            w.promoted[ev.response_id].conversation_id != ev.conversation_id
+        write.add("CONFLICT")
     if ev.conversation_id is not None:
         head, prior, prior_calls = _conversation(w, story, ev.conversation_id)
         if ev.expected_head_seq < head:
-            return _reject_any(w, ev, write or {"CONFLICT"})
+            return _reject_any(w, ev, {"CONFLICT"} if elsewhere else write or {"CONFLICT"})
         if ev.expected_head_seq > head:
-            return _reject_any(w, ev, write or {"OUT_OF_ORDER"})
+            return _reject_any(w, ev, {"OUT_OF_ORDER"} if elsewhere else write or {"OUT_OF_ORDER"})
         seq = head + 1
     elif ev.previous_response_id is None:
         seq, prior, prior_calls = 1, (), ()

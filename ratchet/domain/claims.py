@@ -181,7 +181,11 @@ def decide_claim(existing: ClaimRecord | None, request: ClaimRequest, now_ms: in
     3. completed: ``COMPLETED`` (reuse the recorded output; also after a cancellation:
        the effect happened, and saying so is never a new execution);
     4. cancelled: ``CANCELLED``;
-    5. held by the same token: ``CLAIMED`` again (the claim call itself was re-sent);
+    5. held by the same token: ``CLAIMED`` again (the claim call itself was re-sent,
+       its answer lost: the holder never started). Its lease renewed if it ran out, by
+       the takeover's conditional write, so the holder is never told to start on a
+       lease that is over while another attempt may take it over; a taker that came
+       first wins, and the re-sent call is decided again (``IN_PROGRESS``);
     6. lease live: ``IN_PROGRESS`` with ``wait_ms`` until the lease ends;
     7. lease expired: ``at_least_once`` takes it over (-> CLAIMED, ``previous_attempt``),
        ``at_most_once`` answers ``LEASE_EXPIRED``.
@@ -199,7 +203,11 @@ def decide_claim(existing: ClaimRecord | None, request: ClaimRequest, now_ms: in
     if cancelled:
         return Answer(ClaimState.CANCELLED, existing, detail="the request was cancelled")
     if existing.token == request.token:  # the answer of the call being repeated
-        return Answer(ClaimState.CLAIMED, existing, previous_attempt=existing.previous_attempt)
+        if now_ms < existing.lease_until:
+            return Answer(ClaimState.CLAIMED, existing,
+                          previous_attempt=existing.previous_attempt)
+        renewed = replace(existing, lease_until=now_ms + request.lease_ms, claimed_at=now_ms)
+        return TakeOver(existing, renewed)
     if now_ms < existing.lease_until:
         wait = min(existing.lease_until - now_ms, WAIT_MS_MAX)
         return Answer(ClaimState.IN_PROGRESS, existing, wait_ms=wait)
@@ -216,6 +224,9 @@ def decide_claim(existing: ClaimRecord | None, request: ClaimRequest, now_ms: in
 def answer_for(action: Insert | TakeOver) -> Answer:
     """The answer once ``action``'s conditional write applied."""
     if isinstance(action, TakeOver):
+        if action.claim.token == action.previous.token:  # a lease renewed (rule 5)
+            return Answer(ClaimState.CLAIMED, action.claim,
+                          previous_attempt=action.claim.previous_attempt)
         return Answer(ClaimState.CLAIMED, action.claim, previous_attempt=action.previous.attempt)
     return Answer(ClaimState.CLAIMED, action.claim)
 

@@ -217,8 +217,9 @@ def decide_turn(turn: TurnCompleted, validation: ValidationVerdict,
     unreadable = _unreadable_timestamp(turn)  # before ``_utc_ms`` could raise on one
     if unreadable is not None:
         return Reject(R.CORRUPT, unreadable)
+    carried = carried_effect_ids(turn, facts.effects.values(), facts.claims.values())
     return Promote(promotion_request(turn, validation.certification,
-                                     validation.artifact_reusable))
+                                     validation.artifact_reusable, carried))
 
 
 def _unreadable_timestamp(turn: TurnCompleted) -> str | None:
@@ -309,16 +310,22 @@ def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> R
         if other is not None:
             return Reject(R.DUPLICATE_TOOL_EFFECT, f"{other.type} for call "
                           f"{effect.call_id} differs from recorded effect {effect_id}")
+    listed = set(used)
     for claim in facts.claims.values():
         if not claim.completed and claim.call_id in outputs_by_call:
             return Reject(R.MISSING_TOOL_EFFECT, f"output for call {claim.call_id} but its "
                           f"claim {claim.effect_id} has no recorded outcome")
+        if claim.effect_id not in listed and claim.call_id in outputs_by_call \
+                and not _carries_claim_result(claim, outputs_by_call):
+            return Reject(R.DUPLICATE_TOOL_EFFECT, f"{outputs_by_call[claim.call_id][0].type} "
+                          f"for call {claim.call_id} differs from the recorded outcome of "
+                          f"claimed effect {claim.effect_id} (not listed by the turn): the "
+                          "tool ran again")
         stale = _stale_holders_output(claim, outputs_by_call)
         if stale is not None:
             return Reject(R.MISSING_TOOL_EFFECT, f"output for call {stale}, whose claim "
                           f"{claim.effect_id} was taken over: it is not the claim's "
                           "recorded outcome")
-    listed = set(used)
     for effect in facts.effects.values():
         if effect.effect_id in listed or effect.call_id not in outputs_by_call:
             continue
@@ -330,6 +337,40 @@ def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> R
                           f"differs from effect {effect.effect_id} recorded for request "
                           f"{turn.idempotency_key} (not listed by the turn)")
     return None
+
+
+def _carries_claim_result(claim: ClaimRecord,
+                          outputs_by_call: dict[str | None, list[Item]]) -> bool:
+    """Whether an output answering the claim's call is its recorded result (ids
+    aside, as for a listed claim). A claim without a recorded outcome, or whose outcome
+    has no canonical form, is carried by nothing."""
+    if not claim.completed or claim.output is None:
+        return False
+    try:
+        wanted = result_digest(claim.output)
+    except (ValueError, TypeError, RecursionError):
+        return False
+    return any(_result_or_none(o) == wanted for o in outputs_by_call.get(claim.call_id, ()))
+
+
+def carried_effect_ids(turn: TurnCompleted, effects: Iterable[RecordedEffect],
+                       claims: Iterable[ClaimRecord]) -> set[str]:
+    """Effects of the request the turn does not list but whose recorded output it
+    carries (an item under the effect's key with its digest; a claim's result, ids
+    aside): the promoted history holds them, so they are used like listed ones and never
+    orphaned (docs/gateway-protocol.md, section 6, ``tool_effect_ids``)."""
+    listed = set(used_effect_ids(turn))
+    outputs_by_call: dict[str | None, list[Item]] = {}
+    for item in turn.items:
+        if item.type in EFFECT_OUTPUT_TYPES:
+            outputs_by_call.setdefault(effect_key(item), []).append(item)
+    carried = {e.effect_id for e in effects
+               if e.effect_id not in listed and not e.conflicted
+               and any(a.content_digest == e.output_digest
+                       for a in outputs_by_call.get(e.call_id, ()))}
+    carried |= {c.effect_id for c in claims
+                if c.effect_id not in listed and _carries_claim_result(c, outputs_by_call)}
+    return carried
 
 
 def _stale_holders_output(claim: ClaimRecord,
@@ -411,11 +452,13 @@ def _result_or_none(item: Item) -> str | None:
 
 
 def promotion_request(turn: TurnCompleted, certification: Certification,
-                      artifact_reusable: bool = True) -> PromotionRequest:
+                      artifact_reusable: bool = True,
+                      carried: Iterable[str] = ()) -> PromotionRequest:
     """The store request for a turn: its new items and the outer checkpoint metadata.
     The artifact, receipt and proof travel only with a certified turn whose artifact is
     reusable (``artifact_reusable``); a certified turn without one falls back
-    ``NO_ARTIFACT`` on reads."""
+    ``NO_ARTIFACT`` on reads. The checkpoint keeps the effects the turn uses: those it
+    lists, then those it ``carried`` without listing (``carried_effect_ids``)."""
     certified = certification is Certification.CERTIFIED and artifact_reusable
     conversation = turn.conversation_id is not None
     return PromotionRequest(
@@ -435,8 +478,12 @@ def promotion_request(turn: TurnCompleted, certification: Certification,
         boundary_proof=_json_or_none(turn.boundary_proof) if certified else None,
         expires_at=None if turn.expires_at is None else _utc_ms(turn.expires_at),
         attempt=turn.attempt,
-        effect_ids=used_effect_ids(turn),
+        effect_ids=_with_carried(used_effect_ids(turn), carried),
     )
+
+
+def _with_carried(used: tuple[str, ...], carried: Iterable[str]) -> tuple[str, ...]:
+    return (*used, *sorted(set(carried) - set(used)))
 
 
 def _utc_ms(epoch_ms: int) -> datetime:
@@ -577,6 +624,10 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
         used = _accepted_effect_ids(turn, verdict)
         if used is None:
             return []
+        if not verdict.replayed:  # a replay's checkpoint kept what its turn carried
+            used |= carried_effect_ids(
+                turn, [e for k, e in found.items() if k not in claim_by_id],
+                claim_by_id.values())
         return [orphan(e, OrphanReason.ATTEMPT_SUPERSEDED) for e in all_effects
                 if e.effect_id not in used]
     protected: set[str] = set()

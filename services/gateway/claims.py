@@ -79,6 +79,32 @@ class RequestCancelled(GatewayError):
     """The request was cancelled: no new effects may start."""
 
 
+class EffectOutputUnrecordable(GatewayError, ValueError):
+    """The tool ran, but what it returned cannot be an output item (not a ``str``, or a
+    ``str`` that is not valid Unicode, e.g. a lone surrogate from ``os.fsdecode``). The
+    claim is completed as ``failed`` with this error as its output; ``run`` again
+    returns that failed outcome and never runs the tool again. Not retryable."""
+
+    def __init__(self, effect_id: str, detail: str) -> None:
+        self.effect_id = effect_id
+        super().__init__(f"{effect_id}: {detail}")
+
+
+class ClaimTakenOver(GatewayError):
+    """This holder's lease ran out and another attempt took the claim over: its
+    completion was refused (``NOT_HOLDER``), so its own run's outcome is not the
+    effect's. Retryable: ``run`` again claims again and returns the outcome the claim
+    records (``COMPLETED``), waits while the taker holds it (``StillInProgress``), or
+    raises ``EffectOutcomeUnknown``."""
+
+    retryable = True
+
+    def __init__(self, effect_id: str) -> None:
+        self.effect_id = effect_id
+        super().__init__(f"{effect_id}: the claim was taken over by another attempt; "
+                         "this run's outcome was not recorded")
+
+
 class StillInProgress(GatewayError):
     """Another live attempt held the effect for longer than ``max_wait_s``."""
 
@@ -137,7 +163,15 @@ class Effect:
             self._record(self._output(f"error: {type(exc).__name__}: {exc}"), False)
             raise
         self.executed = True
-        return self._record(self._output(text), True)
+        try:
+            output = self._output(text)
+        except (TypeError, ValueError) as exc:
+            # The tool ran: its outcome is recorded (failed) before anything is raised,
+            # so that a retry finds it and never runs the tool a second time.
+            detail = f"the tool's output cannot be recorded ({type(exc).__name__})"
+            self._record(self._output(f"error: {detail}"), False)
+            raise EffectOutputUnrecordable(self.effect_id, detail) from exc
+        return self._record(output, True)
 
     def _output(self, text: str) -> Item:
         output = {"type": self.output_type, "call_id": self.call_id, "output": text,
@@ -148,7 +182,13 @@ class Effect:
         """Complete the claim with the outcome; the output is this effect's only once
         that got through (a retryable failure keeps it for the next ``run``)."""
         self._unrecorded = (output, succeeded)
-        self._owner._complete(self, output, succeeded)
+        try:
+            self._owner._complete(self, output, succeeded)
+        except InvalidRehydrationRequest as exc:
+            if exc.status == 409 and _error_of(exc) == "NOT_HOLDER":
+                self._unrecorded = None  # never recordable: claim again on the next run
+                raise ClaimTakenOver(self.effect_id) from exc
+            raise
         self._unrecorded = None
         self.output = output
         return output
@@ -262,6 +302,15 @@ class EffectClaims:
         if resp.status_code != 200:
             raise InvalidRehydrationRequest(resp.status_code, resp.text[:500])
         return resp.json()
+
+
+def _error_of(exc: InvalidRehydrationRequest) -> str | None:
+    """The ``error`` code of a refused request's JSON body, if it has one."""
+    try:
+        body = json.loads(str(exc.detail))
+    except ValueError:
+        return None
+    return body.get("error") if isinstance(body, dict) else None
 
 
 def _item(body: Mapping[str, Any]) -> Item:

@@ -305,6 +305,31 @@ class LedgerContract:
         assert ledger.complete_claim(tenant, key, taker.effect_id, taker.token, "succeeded",
                                      output_for(taker), later + 2)[0] is CompletionState.COMPLETED
 
+    def test_a_claim_resent_after_its_lease_ran_out_is_renewed_or_loses(self, ledger, tenant):
+        """A holder whose claim answer was lost re-sends its token (rule 5) after the
+        lease ran out. It used to get CLAIMED with the lease already over, while another
+        attempt could take the same claim over: two holders told to run at once (found
+        by an outside review of effect claims, session 25). The re-send now renews the
+        lease by the takeover's conditional write; a taker that came first wins."""
+        key = uid("key")
+        lost = claim_request(tenant, key)
+        ledger.claim_effect(lost, NOW)
+        later = NOW + LEASE + 5
+        again = ledger.claim_effect(lost, later)
+        assert (again.state, again.claim.token, again.claim.lease_until, again.claim.takeovers) \
+            == (ClaimState.CLAIMED, lost.token, later + LEASE, 0)
+        taker = claim_request(tenant, key, attempt=2, policy=EffectPolicy.AT_LEAST_ONCE)
+        busy = ledger.claim_effect(taker, later + 1)  # the renewed lease is live
+        assert (busy.state, busy.claim.token) == (ClaimState.IN_PROGRESS, lost.token)
+        # The other order: a taker first, then the lost answer's re-send.
+        key2 = uid("key")
+        lost2 = claim_request(tenant, key2)
+        ledger.claim_effect(lost2, NOW)
+        taker2 = claim_request(tenant, key2, attempt=2, policy=EffectPolicy.AT_LEAST_ONCE)
+        assert ledger.claim_effect(taker2, later).state is ClaimState.CLAIMED
+        late = ledger.claim_effect(lost2, later + 1)
+        assert (late.state, late.claim.token) == (ClaimState.IN_PROGRESS, taker2.token)
+
     def test_a_takeover_keeps_the_holders_it_replaced(self, ledger, tenant):
         """What a takeover leaves of the holders it replaced (migration 015): their
         call ids, for the turns that answer them, and the attempt replaced, for a

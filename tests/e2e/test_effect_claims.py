@@ -254,3 +254,43 @@ def test_bad_completion_input_is_typed(http):
         "partition_key": body["partition_key"],
         "token": body["token"], "status": "succeeded", "output": not_an_output})
     assert (resp.status_code, resp.json()["error"]) == (422, "INVALID_REQUEST")
+
+
+def _complete_body(tenant: str, key: str, body: dict, token: str, output: str) -> dict:
+    import hashlib
+
+    from schemas.canonical import canonical_json
+    content = canonical_json({"type": "function_call_output", "id": "fco_big",
+                              "call_id": body["call_id"], "output": output})
+    return {"tenant_id": tenant, "idempotency_key": key, "partition_key": body["partition_key"],
+            "token": token, "status": "succeeded",
+            "output": {"item_id": "fco_big", "type": "function_call_output", "role": None,
+                       "call_id": body["call_id"], "content": content.decode(),
+                       "content_digest": hashlib.sha256(content).hexdigest(),
+                       "format_version": 1}}
+
+
+def test_a_completion_whose_stored_form_is_too_large_is_refused_at_once(http):
+    """A claim keeps its output's content as a JSON string, where each '"' and '\\'
+    counts twice. Content of escaped text under the 8 MiB limit (a tool returning
+    JSON-encoded JSON) doubled past Cassandra's largest mutation: every completion was
+    a retryable 503 for good (found by an outside review, session 25). Now the stored
+    form is bounded at 12 MiB: within it, the real Cassandra records the completion;
+    beyond it, a 422 says why, at once."""
+    from services.api.claims import MAX_OUTPUT_CONTENT_BYTES, MAX_STORED_OUTPUT_BYTES
+    tenant = uid("t")
+    for pairs, want in (((MAX_STORED_OUTPUT_BYTES - 300) // 8, 200),
+                        ((MAX_OUTPUT_CONTENT_BYTES - 300) // 4, 422)):
+        key = uid("key")
+        body = claim_body(tenant, key)
+        assert http.post("/v1/effects/claims", json=body).json()["state"] == "CLAIMED"
+        # canonical JSON writes each \" pair of the output as 4 bytes, 8 once stored
+        done = _complete_body(tenant, key, body, body["token"], '\\"' * pairs)
+        assert len(done["output"]["content"]) <= MAX_OUTPUT_CONTENT_BYTES
+        effect_id = effect_id_for_claim(key, 0, "send_email", 0)
+        resp = http.post(f"/v1/effects/claims/{effect_id}/complete", json=done, timeout=60)
+        assert resp.status_code == want, resp.text[:300]
+        if want == 200:
+            assert resp.json()["state"] == "COMPLETED"
+        else:
+            assert "12 MiB" in resp.json()["detail"]

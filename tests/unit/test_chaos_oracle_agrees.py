@@ -4,7 +4,8 @@ The oracle (``ratchet/chaos/oracle.py``) re-derives each outcome from CONTRACT 4
 without the domain code; the chaos run compares it with what real servers publish,
 under faults. Here the same workload runs through the processor core on the in-memory
 backends, story after story, each race in the order that sends it first (the oracle's
-first world): every decision must be one the oracle accepts, every effect the oracle
+first world) or, in a second run, each the other way round (its last world): every
+decision must be one the oracle accepts, every effect the oracle
 says is orphaned must be published orphaned, and no effect a promoted turn used may
 carry a reason to compensate. A rule the workload sends that the oracle models wrongly
 (or the processor breaks) fails here in seconds, before a chaos run.
@@ -27,7 +28,7 @@ from fastapi.testclient import TestClient
 from ratchet.chaos.checker import FINAL_ORPHAN_REASONS, OTHER_FINGERPRINT, _answer_problem
 from ratchet.chaos.observe import history_of
 from ratchet.chaos.oracle import expect
-from ratchet.chaos.workload import generate, workload_fp_hash
+from ratchet.chaos.workload import build_story, generate, workload_fp_hash
 from schemas.models import CheckpointPromoted, EffectOrphaned, PromotionRejected, TurnCompleted
 from services.api.app import create_app
 from services.api.fastpath import HistoryFastPath
@@ -53,14 +54,19 @@ def _sig(model) -> tuple:
     return ("R", reason, model.existing_response_id if reason == "DUPLICATE" else None)
 
 
-def _run(seed: int, turns: int):
+def _processor():
+    store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+    processor = PromotionProcessor(store, ledger, PickleCodec(), TOPICS,
+                                   clock_ms=lambda: int(time.time() * 1000))
+    return processor, store, ledger
+
+
+def _run(seed: int, turns: int, raced: bool):
     """Every story of the workload through one processor (stories share its store, as
     they share the servers in a chaos run). Returns (expectations, decisions, orphans,
     api): decisions[(story index, event index)] lists the outcome of each send; api is
     the rehydration API over the processor's store."""
-    store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
-    processor = PromotionProcessor(store, ledger, PickleCodec(), TOPICS,
-                                   clock_ms=lambda: int(time.time() * 1000))
+    processor, store, ledger = _processor()
     expectations = [expect(s) for s in generate(seed, turns, f"agree{seed}").stories]
     decisions: dict[tuple[int, int], list[tuple]] = {}
     orphans: dict[int, dict[str, str]] = {}
@@ -69,7 +75,10 @@ def _run(seed: int, turns: int):
         if e.story.kind == "garbage":
             continue
         for step in e.story.steps:
-            for index in (*step.sends, *step.race):
+            order = (*step.sends, *step.race)
+            if raced and step.race:  # the oracle's last world: the race won by the other
+                order = (*step.sends[:-1], *reversed((step.sends[-1], *step.race)))
+            for index in order:
                 offset += 1
                 handled = processor.handle(raw_record(e.story.events[index], offset))
                 for out in handled.outbound:
@@ -84,18 +93,21 @@ def _run(seed: int, turns: int):
     return expectations, decisions, orphans, api
 
 
-@pytest.fixture(scope="module", params=[3, 11])
+@pytest.fixture(scope="module", params=[(3, False), (11, False), (5, True)],
+                ids=["seed3", "seed11", "seed5-raced"])
 def run(request):
-    return _run(request.param, 1500)
+    seed, raced = request.param
+    expectations, decisions, orphans, api = _run(seed, 1500, raced)
+    world = -1 if raced else 0
+    return [(e, e.worlds[world]) for e in expectations], decisions, orphans, api
 
 
 def test_every_decision_is_one_the_oracle_accepts(run):
     expectations, decisions, orphans, _ = run
     wrong, sent_labels = [], Counter()
-    for e in expectations:
+    for e, w in expectations:
         if e.story.kind == "garbage":
             continue
-        w = e.worlds[0]
         for step, label in zip(e.story.steps, e.story.labels, strict=True):
             for index in (*step.sends, *step.race):
                 ev = e.story.events[index]
@@ -132,10 +144,10 @@ def test_every_history_is_the_one_the_oracle_promoted(run):
         resp = api.get(path, params={"tenant_id": tenant, "fingerprint_hash": fp})
         return history_of(parse_outcome(resp.json(), resp.status_code), fp)
 
-    for e in expectations:
+    for e, w in expectations:
         if e.story.kind == "garbage":
             continue
-        w, tenant = e.worlds[0], e.story.tenant
+        tenant = e.story.tenant
         rids = {e.story.events[i].response_id for i in w.decided}
         for n, rid in enumerate(sorted(rids)):
             promo = w.promoted.get(rid)
@@ -154,3 +166,23 @@ def test_every_history_is_the_one_the_oracle_promoted(run):
                 wrong.append(f"{e.story.sid} conversation {e.story.key}: {problem}")
     assert wrong == []
     assert {"certified", "FINGERPRINT_MISMATCH", "NOT_CERTIFIED", "NOT_PROMOTED"} <= set(checked)
+
+
+def test_a_turn_ahead_of_the_head_whose_id_is_bound_elsewhere_is_out_of_order():
+    """Found by a chaos run (seed 26, story 104): a response id raced on two
+    Conversations and bound by the other one; a later turn of this Conversation, sent
+    ahead of its head under that id, was ``OUT_OF_ORDER`` where the oracle said
+    ``CONFLICT``. The processor is right and was documented wrong: an id bound in
+    another partition is found by the claim a turn takes just before its write, which
+    a turn ahead of the head never reaches (gateway-protocol.md section 7)."""
+    story = build_story(26, "26x19d451", 104)
+    world = expect(story).worlds[-1]  # the race won by the other Conversation
+    processor, _, _ = _processor()
+    got = {}
+    for offset, index in enumerate([0, 1, 2, 3, 5, 4, 6, 7, 8], start=1):
+        for out in processor.handle(raw_record(story.events[index], offset)).outbound:
+            if isinstance(out.model, (CheckpointPromoted, PromotionRejected)):
+                got[index] = _sig(out.model)
+    assert story.labels[-1] == "response_id_reused"
+    assert got[8] == ("R", "OUT_OF_ORDER", None) and got[8] in world.decided[8]
+    assert all(sig in world.decided[i] for i, sig in got.items())

@@ -55,7 +55,7 @@ def test_new_claim_inserted_unless_cancelled():
     (HELD, request(arguments_digest="a2"), NOW, False, ClaimState.CONFLICT),
     (replace(HELD, completed=True), request(token="tok2"), NOW, True, ClaimState.COMPLETED),
     (HELD, request(token="tok2"), NOW, True, ClaimState.CANCELLED),
-    (HELD, request(), NOW + 5000, False, ClaimState.CLAIMED),  # same token: re-sent call
+    (HELD, request(), NOW + 500, False, ClaimState.CLAIMED),  # same token: re-sent call
     (HELD, request(token="tok2"), NOW + 400, False, ClaimState.IN_PROGRESS),
     (HELD, request(token="tok2"), NOW + 1000, False, ClaimState.LEASE_EXPIRED),
 ])
@@ -64,6 +64,17 @@ def test_state_machine_answers(existing, req, now, cancelled, state):
     assert isinstance(action, Answer) and action.state is state
     if state is ClaimState.IN_PROGRESS:
         assert action.wait_ms == 600
+
+
+def test_a_resent_claim_whose_lease_ran_out_renews_it():
+    """Rule 5 after the lease: the holder never started (its answer was lost), so its
+    lease is renewed by the takeover's conditional write, never answered over."""
+    for policy in EffectPolicy:
+        action = claims.decide_claim(HELD, request(policy=policy), NOW + 5000, False)
+        assert isinstance(action, TakeOver) and action.previous == HELD
+        assert action.claim == replace(HELD, lease_until=NOW + 6000, claimed_at=NOW + 5000)
+        answer = claims.answer_for(action)
+        assert (answer.state, answer.claim.lease_until) == (ClaimState.CLAIMED, NOW + 6000)
 
 
 def test_expired_lease_taken_over_only_at_least_once():

@@ -1,0 +1,132 @@
+"""Effects a turn carries without listing them (found by an outside review of effect
+claims, session 25).
+
+docs/gateway-protocol.md section 6, ``tool_effect_ids``: "An output answering the
+``call_id`` of an effect recorded for the request that the turn does not list MUST have
+that effect's digest too ... (``DUPLICATE_TOOL_EFFECT``: the tool ran again)"; section 7:
+"an effect in a promoted history must not be undone".
+
+1. A completed claim's call answered with ANOTHER output by a turn that does not list
+   the claim was promoted: only ToolEffect-recorded effects were compared when unlisted.
+2. A turn that carries an effect's recorded output without listing it was promoted, and
+   the effect was published ``ATTEMPT_SUPERSEDED`` (final: compensate) although the
+   promoted history shows its output. Such an effect is now used like a listed one: the
+   checkpoint keeps it among the effects it uses, so a late redelivery of its
+   ``ToolEffect`` is not orphaned either.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from ratchet.domain.claims import (
+    ClaimRequest,
+    ClaimState,
+    CompletionState,
+    EffectPolicy,
+    effect_id_for_claim,
+)
+from ratchet.samples import NOW_MS, TENANT, new_id
+from schemas.items import arguments_digest, function_call, function_call_output, message
+from schemas.models import OrphanReason, RejectionReason
+from tests.unit.test_processor_rules import TOPICS, Harness, conv_id, turn
+
+
+def _claim_and_complete(h, key, conv, call_id, output):
+    effect_id = effect_id_for_claim(key, 0, "send_email", 0)
+    req = ClaimRequest(TENANT, key, effect_id, 1, 0, call_id, "send_email",
+                       arguments_digest({"to": "bob"}), uuid.uuid4().hex, 30_000,
+                       EffectPolicy.AT_MOST_ONCE)
+    h.store.mark_request_facts(TENANT, conv, key)
+    assert h.ledger.claim_effect(req, NOW_MS).state is ClaimState.CLAIMED
+    h.store.mark_request_facts(TENANT, conv, key)
+    state, _ = h.ledger.complete_claim(TENANT, key, effect_id, req.token, "succeeded",
+                                       output, NOW_MS + 10)
+    h.store.mark_request_facts(TENANT, conv, key)
+    assert state is CompletionState.COMPLETED
+    return effect_id
+
+
+def test_unlisted_completed_claim_answered_with_another_output_is_refused():
+    h = Harness()
+    conv, key = conv_id(), new_id("idem")
+    recorded = function_call_output("c1", '{"sent": "message-id-1"}', item_id="fco_1")
+    _claim_and_complete(h, key, conv, "c1", recorded)
+    # the turn answers the claimed call c1 with another result (the tool ran again)
+    items = [function_call("c1", "send_email", {"to": "bob"}, item_id="fc_1"),
+             function_call_output("c1", '{"sent": "message-id-2"}', item_id="fco_1"),
+             message("sent", role="assistant", item_id=new_id("msg"))]
+    t = turn(conv, 0, items=items, idempotency_key=key, attempt=1, tool_effect_ids=())
+    handled = h.processor.handle(h.record(t))
+    first = handled.outbound[0]
+    assert first.topic == TOPICS.rejections, (
+        f"promoted (seq {getattr(first.model, 'seq', None)}) a turn whose output for "
+        "claimed call c1 differs from the claim's recorded outcome")
+    assert first.model.reason is RejectionReason.DUPLICATE_TOOL_EFFECT
+
+
+def test_unlisted_completed_claim_carried_in_history_is_not_orphaned_final():
+    h = Harness()
+    conv, key = conv_id(), new_id("idem")
+    recorded = function_call_output("c1", '{"sent": "message-id-1"}', item_id="fco_1")
+    effect_id = _claim_and_complete(h, key, conv, "c1", recorded)
+    items = [function_call("c1", "send_email", {"to": "bob"}, item_id="fc_1"), recorded,
+             message("sent", role="assistant", item_id=new_id("msg"))]
+    t = turn(conv, 0, items=items, idempotency_key=key, attempt=1, tool_effect_ids=())
+    handled = h.processor.handle(h.record(t))
+    promoted = [o for o in handled.outbound if o.topic == TOPICS.checkpoints]
+    orphans = [o.model for o in handled.outbound if o.topic == TOPICS.orphaned_effects]
+    # Either refuse the turn (it carries the output of an effect it does not list) or,
+    # having promoted it, never tell compensators to undo the effect in its history.
+    assert not (promoted and any(o.effect_id == effect_id
+                                 and o.reason is OrphanReason.ATTEMPT_SUPERSEDED
+                                 for o in orphans)), (
+        "promoted a history carrying the claimed effect's output AND published that "
+        "effect EffectOrphaned ATTEMPT_SUPERSEDED (final: compensate)")
+
+
+def test_unlisted_tool_effect_carried_in_history_is_not_orphaned_final():
+    """The same with a ToolEffect-recorded effect (no claim): the turn carries exactly
+    the recorded output for its call, is promoted, and the effect is published
+    ATTEMPT_SUPERSEDED (final: compensate) -- compensation would undo an effect whose
+    output the promoted history shows the model."""
+    from ratchet.samples import make_tool_effect, make_turn
+
+    h = Harness()
+    key, rid, conv = new_id("idem"), new_id("resp"), new_id("conv")
+    out = function_call_output("call_a", '{"booked": "PNR123"}', item_id="fco_a")
+    effect = make_tool_effect("call_a", out, idempotency_key=key, response_id=rid,
+                              conversation_id=conv)
+    h.feed(effect)
+    items = [function_call("call_a", "book", {"flight": "AF1"}, item_id="fc_a"), out,
+             message("booked", role="assistant", item_id=new_id("msg"))]
+    t = make_turn(items, idempotency_key=key, response_id=rid, conversation_id=conv,
+                  tool_effect_ids=())
+    handled = h.processor.handle(h.record(t))
+    promoted = [o for o in handled.outbound if o.topic == TOPICS.checkpoints]
+    orphans = [o.model for o in handled.outbound if o.topic == TOPICS.orphaned_effects]
+    assert not (promoted and any(o.effect_id == effect.effect_id
+                                 and o.reason is OrphanReason.ATTEMPT_SUPERSEDED
+                                 for o in orphans)), (
+        "promoted a history carrying the effect's output AND published it "
+        "ATTEMPT_SUPERSEDED (final: compensate)")
+
+
+def test_a_carried_effect_redelivered_after_the_promotion_is_not_orphaned():
+    """The checkpoint keeps the carried effect among those its turn uses: the late
+    path (a ``ToolEffect`` redelivered after the promotion) reads that list."""
+    from ratchet.samples import make_tool_effect, make_turn
+
+    h = Harness()
+    key, rid, conv = new_id("idem"), new_id("resp"), new_id("conv")
+    out = function_call_output("call_a", '{"booked": "PNR123"}', item_id="fco_a")
+    effect = make_tool_effect("call_a", out, idempotency_key=key, response_id=rid,
+                              conversation_id=conv)
+    h.feed(effect)
+    items = [function_call("call_a", "book", {"flight": "AF1"}, item_id="fc_a"), out,
+             message("booked", role="assistant", item_id=new_id("msg"))]
+    t = make_turn(items, idempotency_key=key, response_id=rid, conversation_id=conv,
+                  tool_effect_ids=())
+    handled = h.processor.handle(h.record(t))
+    assert [o.topic for o in handled.outbound] == [TOPICS.checkpoints]
+    assert h.orphans(effect) == []
