@@ -174,6 +174,10 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
                     try:
                         session.execute(stmt, timeout=120)
                     except Exception as exc:
+                        if _columns_already_added(session, ks, stmt, exc):
+                            out(f"{m.path.name} statement {i}: its columns are there already "
+                                "(an earlier run stopped before recording the migration)")
+                            continue
                         raise MigrationError(
                             f"{m.path.name} statement {i} failed: {exc}\n  {stmt}") from exc
                 session.execute(
@@ -190,6 +194,62 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
             _release_lease(session, ks, owner)
     finally:
         session.shutdown()
+
+
+_ADD = re.compile(r"^\s*ALTER\s+TABLE\s+(\w+)\s+ADD\s+\(?(.*?)\)?\s*;?\s*$",
+                  re.IGNORECASE | re.DOTALL)
+
+
+def _columns_already_added(session, ks: str, stmt: str, exc: Exception) -> bool:
+    """Whether ``stmt``, an ``ALTER TABLE t ADD`` that Cassandra refused because a
+    column exists, had in fact been applied: every column it adds is in the table with
+    the type it names. A migration's statements run before its version is recorded, so a
+    run stopped in between (a killed Job, a client timeout while the server went on)
+    leaves the columns of a migration not marked applied; a re-run must be able to
+    finish it. A column of another type is still an error."""
+    m = _ADD.match(stmt)
+    if m is None or "already exists" not in str(exc):
+        return False
+    session.cluster.refresh_table_metadata(ks, m.group(1))
+    table = session.cluster.metadata.keyspaces[ks].tables.get(m.group(1))
+    if table is None:
+        return False
+    wanted = [c.strip().split(None, 1) for c in _split_columns(m.group(2))]
+    return bool(wanted) and all(
+        len(w) == 2 and w[0] in table.columns
+        and table.columns[w[0]].cql_type.replace(" ", "") == w[1].strip().replace(" ", "")
+        for w in wanted)
+
+
+def _split_columns(text: str) -> list[str]:
+    """``a int, b map<text, int>`` -> its column definitions (commas inside <> kept)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch == "<"
+        depth -= ch == ">"
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p.strip()]
+
+
+class SchemaBehind(Exception):
+    """The keyspace lacks migrations this ratchet needs: ``str()`` names them."""
+
+
+def check_schema(session, keyspace: str, folder: Path = MIGRATIONS_DIR) -> None:
+    """Raise ``SchemaBehind`` unless every migration of ``folder`` is recorded in
+    ``keyspace``. A worker or API on a keyspace one migration behind failed later, on
+    its first statement naming a new column, with a driver's traceback (found by an
+    outside review, session 25); the operator's line names ``ratchet migrate``."""
+    wanted = {m.version: m.path.name for m in discover(folder)}
+    rows = session.execute(f"SELECT version FROM {keyspace}.schema_migrations", timeout=30)
+    missing = sorted(set(wanted) - {r[0] for r in rows})
+    if missing:
+        names = ", ".join(wanted[v] for v in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        raise SchemaBehind(f"keyspace {keyspace!r} lacks {len(missing)} migration(s) this "
+                           f"version needs ({names}): run `ratchet migrate` first")
 
 
 def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR) -> int:

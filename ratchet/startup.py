@@ -21,9 +21,12 @@ def explain(exc: BaseException, settings: Settings) -> str | None:
     from cassandra.cluster import NoHostAvailable
     from confluent_kafka import KafkaException
 
+    from infra.migrate import SchemaBehind
     from schemas.errors import RegistryUnavailable
 
     cassandra = f"{','.join(settings.cassandra_hosts)}:{settings.cassandra_port}"
+    if isinstance(exc, SchemaBehind):
+        return f"Cassandra at {cassandra}: {exc}"
     if isinstance(exc, NoHostAvailable):
         if "keyspace" in str(exc).lower():
             return (f"Cassandra at {cassandra} has no keyspace {settings.keyspace!r} "

@@ -16,6 +16,7 @@ import faust
 from cassandra.cluster import Cluster
 from cassandra.policies import ExponentialReconnectionPolicy
 
+from infra.migrate import check_schema
 from ratchet import speedups
 from ratchet.settings import Settings
 from ratchet.startup import StartupFailed, explain
@@ -43,6 +44,7 @@ def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
                            reconnection_policy=ExponentialReconnectionPolicy(0.5, 4.0))
     try:
         session = cluster.connect(settings.keyspace)
+        check_schema(session, settings.keyspace)
         loop_session = LoopSession(settings) if settings.loop_driver == "acsylla" else None
         store = CassandraCheckpointStore(
             session, StoreOptions(logical_retention_s=settings.logical_retention_s),

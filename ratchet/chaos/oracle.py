@@ -90,6 +90,9 @@ class World:
     effects: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # id -> key, call, out
     attempts: dict[str, int] = field(default_factory=dict)  # effect id -> attempt
     conflicted: set[str] = field(default_factory=set)  # effect ids recorded with two outputs
+    # response id -> (idempotency key, request digest, partition) of the request that
+    # bound it, promoted or not.
+    rid_claims: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)  # idempotency keys
     decided: dict[int, frozenset[Sig]] = field(default_factory=dict)  # event index -> outcomes
     orphans: set[str] = field(default_factory=set)  # effect ids that must be published orphaned
@@ -148,6 +151,12 @@ def _apply(w: World, story: Story, index: int) -> None:
 
 
 def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
+    # A turn of status completed or incomplete binds its response id to its request as
+    # soon as a worker starts on it, whatever its outcome, and for good
+    # (gateway-protocol.md, "A response_id is bound once per tenant").
+    claimant = (ev.idempotency_key, ev.request_digest, _partition(ev))
+    holder = w.rid_claims.setdefault(ev.response_id, claimant) \
+        if ev.status in ("completed", "incomplete") else None
     bound = w.keys.get(ev.idempotency_key)
     if bound is not None and bound.digest == ev.request_digest:
         if bound.response_id == ev.response_id:
@@ -164,23 +173,24 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
     # event check and comes first, but only where the turn goes; the workload never
     # sends both, so either is accepted.
     write = set()
-    elsewhere = False  # the response id is bound in another partition
+    elsewhere = False  # the response id is bound to another request, not promoted here
     if bound is not None:
         write.add("IDEMPOTENCY_KEY_REUSED")
-    elif ev.response_id in w.promoted:
-        # A response id is never bound twice. Bound in this partition, the write finds
-        # it whatever the head; bound in another, only the claim a turn takes before
-        # its write does, so a turn that does not extend the head is answered by the
-        # head alone (gateway-protocol.md section 7).
-        elsewhere = ev.conversation_id is not None and \
-            w.promoted[ev.response_id].conversation_id != ev.conversation_id
-        write.add("CONFLICT")
+    elif holder is not None and holder != claimant:
+        # A response id is never bound twice. Promoted in this partition, the write
+        # finds it whatever the head; else only the claim a turn takes before its write
+        # refuses it, so a turn that does not extend the head is answered by the head
+        # alone (gateway-protocol.md section 7).
+        if ev.response_id in w.promoted and holder[2] == claimant[2]:
+            write.add("CONFLICT")
+        else:
+            elsewhere = True
     if ev.conversation_id is not None:
         head, prior, prior_calls = _conversation(w, story, ev.conversation_id)
         if ev.expected_head_seq < head:
-            return _reject_any(w, ev, {"CONFLICT"} if elsewhere else write or {"CONFLICT"})
+            return _reject_any(w, ev, write or {"CONFLICT"})
         if ev.expected_head_seq > head:
-            return _reject_any(w, ev, {"OUT_OF_ORDER"} if elsewhere else write or {"OUT_OF_ORDER"})
+            return _reject_any(w, ev, write or {"OUT_OF_ORDER"})
         seq = head + 1
     elif ev.previous_response_id is None:
         seq, prior, prior_calls = 1, (), ()
@@ -188,7 +198,10 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
         parent = w.promoted[ev.previous_response_id]
         seq, prior, prior_calls = parent.seq + 1, parent.items, parent.calls
     else:
-        return _reject_any(w, ev, write or {"PARENT_NOT_PROMOTED"})
+        return _reject_any(w, ev, write or {"PARENT_NOT_PROMOTED", *(
+            {"CONFLICT"} if elsewhere else ())})
+    if elsewhere:
+        write.add("CONFLICT")
     turn_items = (*ev.input_items, *ev.output_items)
     calls = prior_calls + tuple((i.type, i.call_id) for i in turn_items)
     if _unpaired(calls):
@@ -212,6 +225,11 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
     w.orphans |= {eid for eid, (key, _, _) in w.effects.items()
                   if key == ev.idempotency_key and eid not in used}
     return frozenset({promo.sig})
+
+
+def _partition(ev: TurnCompleted) -> str:
+    """Its partition key (CONTRACT 2): the Conversation, else the chain's first response."""
+    return ev.conversation_id or ev.chain_root_id or ev.response_id
 
 
 def _conversation(w: World, story: Story, conversation_id: str) -> tuple:

@@ -16,6 +16,7 @@ import sys
 import uvicorn
 from fastapi import FastAPI
 
+from infra.migrate import check_schema
 from ratchet import speedups
 from ratchet.settings import Settings
 from ratchet.startup import explain
@@ -66,6 +67,7 @@ class ApiProcess:
 
     def _start(self, settings: Settings) -> None:
         session = self.cluster.connect(settings.keyspace)
+        check_schema(session, settings.keyspace)
         # The reads awaited on the server's event loop (histories, heads, a wait's status)
         # go through the C++ driver (services/cassandra_loop.py): ~0.4 ms less CPU per
         # 51-row history read. Closed with the process; the claims endpoints and the

@@ -42,6 +42,34 @@ def test_a_keyspace_not_migrated_is_one_line_naming_migrate(settings, command):
     assert not [t for t in topics if t.startswith(prefix)]  # nothing made before it failed
 
 
+@pytest.mark.parametrize("command", ["worker", "api"])
+def test_a_keyspace_one_migration_behind_is_one_line_naming_migrate(
+        settings, cassandra_cluster, command):
+    """A keyspace migrated by an older version (its last migration missing) ended in a
+    ~57-line traceback on the first statement naming a new column (found by an
+    outside review of the deployment, session 25)."""
+    import dataclasses
+
+    from infra.migrate import apply_migrations, discover
+    keyspace = f"behind_{uuid.uuid4().hex[:8]}"
+    apply_migrations(cassandra_cluster, dataclasses.replace(settings, keyspace=keyspace))
+    last_migration = discover()[-1]
+    session = cassandra_cluster.connect()
+    try:
+        session.execute(f"DELETE FROM {keyspace}.schema_migrations WHERE version = %s",
+                        (last_migration.version,))
+        done = _run(command, settings, RATCHET_KEYSPACE=keyspace,
+                    RATCHET_TOPIC_PREFIX=f"startup-{uuid.uuid4().hex[:8]}.")
+    finally:
+        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+        session.shutdown()
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ratchet {command}: cannot start: ") and keyspace in last \
+        and last_migration.path.name in last and "ratchet migrate" in last
+    assert _no_bare_traceback(done.stderr)
+
+
 def test_cassandra_that_does_not_answer_is_one_line(settings):
     done = _run("worker", settings, RATCHET_CASSANDRA_PORT=str(free_port()),
                 RATCHET_TOPIC_PREFIX=f"startup-{uuid.uuid4().hex[:8]}.")

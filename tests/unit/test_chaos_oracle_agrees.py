@@ -186,3 +186,23 @@ def test_a_turn_ahead_of_the_head_whose_id_is_bound_elsewhere_is_out_of_order():
     assert story.labels[-1] == "response_id_reused"
     assert got[8] == ("R", "OUT_OF_ORDER", None) and got[8] in world.decided[8]
     assert all(sig in world.decided[i] for i, sig in got.items())
+
+
+def test_a_response_id_bound_by_a_rejected_turn_stays_bound():
+    """Found by a chaos run (seed 26, story 61): a response id raced on two
+    Conversations, the turn sent on this one processed first and rejected
+    ``OUT_OF_ORDER``; the other, which would have been promoted, was ``CONFLICT``. The
+    processor is right (gateway-protocol.md: the binding is taken before any check and
+    never released, so a rejected turn still binds its response id); the oracle had
+    bound response ids only by promotion."""
+    story = build_story(26, "26x30b124", 61)
+    world = expect(story).worlds[2]  # the first race reversed, the second as sent
+    processor, _, _ = _processor()
+    got = {}
+    for offset, index in enumerate([0, 2, 1, 3, 4, 5, 6, 6, 7, 8, 9, 10], start=1):
+        for out in processor.handle(raw_record(story.events[index], offset)).outbound:
+            if isinstance(out.model, (CheckpointPromoted, PromotionRejected)):
+                got[index] = _sig(out.model)
+    assert story.labels[8] == "rid_elsewhere"
+    assert (got[8][:2], got[9][:2]) == (("R", "OUT_OF_ORDER"), ("R", "CONFLICT"))
+    assert all(sig in world.decided[i] for i, sig in got.items()), (got, world.decided)

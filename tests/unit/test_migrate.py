@@ -85,3 +85,34 @@ def test_apply_is_idempotent_recorded_and_refuses_edited_migrations(
             apply_migrations(cassandra_session, s, tmp_path)
     finally:
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
+
+
+@pytest.mark.integration
+def test_a_migration_stopped_before_it_was_recorded_can_be_run_again(
+    cassandra_session, settings, unique_name, tmp_path
+):
+    """A migration's statements run before its version is recorded. A migrate Job
+    killed in between (or a client timeout while Cassandra went on) left the columns of
+    a plain ``ALTER TABLE ... ADD`` without the record, and every re-run then failed:
+    "Column with name ... already exists" (found by an outside review of the deployment,
+    session 25; migrations 003, 008, 014 and 015 add columns so). A re-run now finishes
+    such a migration; a column there with another type is still an error."""
+    s = dataclasses.replace(settings, keyspace=unique_name("mig"))
+    try:
+        (tmp_path / "001_core.cql").write_text(
+            "CREATE TABLE IF NOT EXISTS things (k int PRIMARY KEY, v text);")
+        (tmp_path / "002_more.cql").write_text(
+            "ALTER TABLE things ADD extra int;\n"
+            "ALTER TABLE things ADD (\n    ids list<text>,\n    counts map<text, int>\n);")
+        apply_migrations(cassandra_session, s, tmp_path)
+        # The Job stopped after 002's statements, before its record.
+        cassandra_session.execute(f"DELETE FROM {s.keyspace}.schema_migrations WHERE version = 2")
+        assert [m.version for m in apply_migrations(cassandra_session, s, tmp_path)] == [2]
+        assert apply_migrations(cassandra_session, s, tmp_path) == []
+        # A column of the name but another type is not this migration's: refused.
+        (tmp_path / "003_other.cql").write_text("ALTER TABLE things ADD other int;")
+        cassandra_session.execute(f"ALTER TABLE {s.keyspace}.things ADD other text")
+        with pytest.raises(MigrationError, match="003_other.cql statement 1"):
+            apply_migrations(cassandra_session, s, tmp_path)
+    finally:
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
