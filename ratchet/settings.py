@@ -6,6 +6,7 @@ instead of reading the environment itself, so tests can inject their own.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -30,6 +31,9 @@ MAX_RETENTION_S = 100 * 366 * 24 * 3600
 # created under another name than the one the processes then ask for.
 _KEYSPACE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")  # Kafka's legal topic characters
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$")
+_GROUP = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 def _raw(env: Mapping[str, str], name: str) -> str | None:
@@ -81,6 +85,28 @@ def _log_level(env: Mapping[str, str], default: str) -> str:
         raise SettingsError(f"RATCHET_LOG_LEVEL={raw!r} is not one of "
                             f"{', '.join(LOG_LEVELS)} (any case)")
     return level
+
+
+def _bind_host(env: Mapping[str, str], name: str, default: str) -> str:
+    """An address to listen on: an IP address or a host name, without a port (the
+    ports are settings of their own). ``0.0.0.0:8080`` made the API exit with a bare
+    name-resolution error and the worker serve no metrics (an outside review)."""
+    value = _text(env, name, default)
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        if not _HOSTNAME.match(value):
+            raise SettingsError(f"{name}={value!r}: an IP address or a host name, without "
+                                "a port (the ports have settings of their own)") from None
+    return value
+
+
+def _group(env: Mapping[str, str], default: str) -> str:
+    value = _text(env, "RATCHET_CONSUMER_GROUP", default)
+    if not _GROUP.match(value):
+        raise SettingsError(f"RATCHET_CONSUMER_GROUP={value!r}: 1 to 249 of letters, digits, "
+                            "'.', '_' and '-'")
+    return value
 
 
 def _text(env: Mapping[str, str], name: str, default: str) -> str:
@@ -143,6 +169,10 @@ class Settings:
     # Where `ratchet infra` keeps downloaded servers, their data and logs (outside git).
     home: Path = field(default_factory=lambda: Path.home() / ".cache" / "ratchet")
     api_host: str = "127.0.0.1"
+    # The worker's Kafka consumer group: workers of one deployment share it; a second
+    # deployment on the same Kafka needs its own (a topic prefix alone does not part
+    # them: a group rebalances over every topic its members subscribe to).
+    consumer_group: str = "ratchet-promoter"
     api_port: int = 8080
     # The worker's Prometheus exporter (0 = off); it binds to api_host like the API.
     worker_metrics_port: int = 9108
@@ -225,7 +255,8 @@ class Settings:
             topic_prefix=topic_prefix,
             partitions=_int(env, "RATCHET_PARTITIONS", d.partitions, 1),
             home=d.home if home is None else Path(home),
-            api_host=_text(env, "RATCHET_API_HOST", d.api_host),
+            api_host=_bind_host(env, "RATCHET_API_HOST", d.api_host),
+            consumer_group=_group(env, d.consumer_group),
             api_port=_port(env, "RATCHET_API_PORT", d.api_port),
             worker_metrics_port=_port(env, "RATCHET_WORKER_METRICS_PORT",
                                       d.worker_metrics_port, 0),
@@ -265,6 +296,7 @@ class Settings:
             "RATCHET_PARTITIONS": str(self.partitions),
             "RATCHET_HOME": str(self.home),
             "RATCHET_API_HOST": self.api_host,
+            "RATCHET_CONSUMER_GROUP": self.consumer_group,
             "RATCHET_API_PORT": str(self.api_port),
             "RATCHET_WORKER_METRICS_PORT": str(self.worker_metrics_port),
             "RATCHET_LOGICAL_RETENTION_S": str(self.logical_retention_s),

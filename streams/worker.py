@@ -26,7 +26,7 @@ from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
 from streams import lenient_records, metrics
-from streams.app import GROUP_ID, FetchGuard, Runtime, create_app
+from streams.app import FetchGuard, Runtime, create_app
 from streams.codec import RegistryCodec
 from streams.health import Health, health_path
 from streams.processor import PromotionProcessor
@@ -92,7 +92,7 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
             raise
         raise StartupFailed(line) from exc
     metrics.serve(settings.api_host, settings.worker_metrics_port)
-    group = group_id or os.environ.get("RATCHET_CONSUMER_GROUP") or GROUP_ID
+    group = group_id or settings.consumer_group
     # Tests only: starve this partition once to prove the watchdog recovers it.
     starve = os.environ.get("RATCHET_TEST_STARVE_PARTITION")
     app = create_app(settings, runtime, group_id=group, stall_after_s=float(settings.fetch_stall_s),

@@ -258,3 +258,17 @@ def _quantity(value: str | int) -> float:
         if text.endswith(suffix):
             return float(text[: -len(suffix)]) * factor
     return float(text)
+
+
+def test_the_migrate_job_can_be_replaced_for_the_next_release() -> None:
+    """A Job's spec.template cannot change: the next release's `kubectl apply -k` (a new
+    image tag) was refused for the migrate Job while the Deployments rolled on (found by
+    an outside review of the deployment, session 25). The upgrade steps delete it first,
+    and a finished Job removes itself."""
+    (job,) = _kind("Job")
+    assert job["spec"]["ttlSecondsAfterFinished"] > 0
+    upgrading = (K8S.parents[1] / "docs" / "operations.md").read_text().split("## Upgrading", 1)[1]
+    steps = upgrading.split("```bash", 1)[1].split("```", 1)[0]
+    assert steps.index("kubectl -n ratchet delete job ratchet-migrate") \
+        < steps.index("kubectl apply -k deploy/k8s") \
+        < steps.index("wait --for=condition=complete job/ratchet-migrate")

@@ -78,7 +78,10 @@ def test_to_env_round_trips_through_from_env():
         "RATCHET_WORKER_EVENT_LOOP": "asyncio",
         "RATCHET_WORKER_CONSUMER": "thread",
         "RATCHET_REPLICATION": "{'class': 'NetworkTopologyStrategy', 'dc1': 3}",
+        "RATCHET_CONSUMER_GROUP": "ratchet-staging",
+        "RATCHET_API_HOST": "::",
     })
+    assert (s.consumer_group, s.api_host) == ("ratchet-staging", "::")
     assert Settings.from_env(s.to_env()) == s
     assert Settings.from_env(Settings().to_env()) == Settings()
 
@@ -107,6 +110,13 @@ def test_to_env_round_trips_through_from_env():
     ("RATCHET_TOPIC_PREFIX", "bad prefix/"),
     ("RATCHET_LOG_LEVEL", "LOUD"),
     ("RATCHET_SPEEDUPS", "2"),
+    # Found by an outside review of the deployment (session 25): a port in the host made
+    # the API exit on a name-resolution error and the worker serve no metrics; an empty
+    # group (an unset shell variable) silently meant the production group.
+    ("RATCHET_API_HOST", "0.0.0.0:8080"),
+    ("RATCHET_API_HOST", "http://0.0.0.0"),
+    ("RATCHET_CONSUMER_GROUP", ""),
+    ("RATCHET_CONSUMER_GROUP", "a group"),
 ])
 def test_values_that_cannot_work_are_refused_at_start(name, value):
     with pytest.raises(SettingsError, match=name):
@@ -147,9 +157,13 @@ def test_the_longest_retention_still_gives_a_storable_expiry():
     ("RATCHET_KAFKA_BOOTSTRAP", "PLAINTEXT://k1:9092", None),
     ("RATCHET_SCHEMA_REGISTRY_URL", "http://sr-0:8081,http://sr-1:8081", None),  # failover
     ("RATCHET_SCHEMA_REGISTRY_URL", "https://user:pw@sr.example/apis/ccompat/v7/", None),
+    ("RATCHET_API_HOST", "0.0.0.0", None),
+    ("RATCHET_API_HOST", "ratchet-api.default.svc", None),
+    ("RATCHET_API_HOST", "fe80::1", None),
 ])
 def test_values_the_clients_accept_are_accepted(name, value, read):
     s = Settings.from_env({name: value})
     field = {"RATCHET_LOG_LEVEL": "log_level", "RATCHET_KAFKA_BOOTSTRAP": "kafka_bootstrap",
-             "RATCHET_SCHEMA_REGISTRY_URL": "schema_registry_url"}[name]
+             "RATCHET_SCHEMA_REGISTRY_URL": "schema_registry_url",
+             "RATCHET_API_HOST": "api_host"}[name]
     assert getattr(s, field) == (read if read is not None else value.rstrip("/"))
