@@ -28,6 +28,7 @@ USER_ID=10001
 VENV=/opt/ratchet/venv
 DATA=/var/lib/ratchet                 # RATCHET_HOME: worker health files, Faust data dir
 LOCK=deploy/requirements.lock
+BUILD_LOCK=deploy/build-requirements.lock   # the build backend of ratchet's own wheel
 # libstdc++6: the C++ driver's wheel (acsylla) links it, as manylinux allows (apt needs it
 # too, so it is there today; named so that it stays).
 BASE_PACKAGES="python3.11 python3.11-venv ca-certificates libstdc++6"
@@ -159,7 +160,10 @@ say "wheels: ratchet's, and the locked dependencies (downloads cached in $CACHE/
 BINDS="$CACHE/wheels:/build/wheels $CA_BIND" in_root "$ROOT" /bin/bash -ec "
   set -o pipefail
   python3.11 -m venv /build/venv
-  /build/venv/bin/pip wheel --quiet --no-deps --wheel-dir /build/dist /build/src
+  /build/venv/bin/pip install --quiet --require-hashes --only-binary=:all: \
+    --requirement /build/src/$BUILD_LOCK
+  /build/venv/bin/pip wheel --quiet --no-deps --no-build-isolation --wheel-dir /build/dist \
+    /build/src
   fetch() { /build/venv/bin/pip download --require-hashes --only-binary=:all: \
               --dest /build/wheels --requirement /build/src/$LOCK \"\$@\"; }
   # Every locked wheel already cached: no index to ask (61 lookups cost a minute).

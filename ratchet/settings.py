@@ -179,11 +179,14 @@ class Settings:
     # How long a logical history is kept after its last promotion (0 = forever).
     logical_retention_s: int = 0
     # Bytes of rendered verified histories each API process keeps (LRU; 0 = no cache).
-    # 64 MiB holds ~1000 50-turn histories of 100 items; every hit is revalidated.
+    # 64 MiB holds ~1000 50-turn histories of 100 items.
     api_history_cache_bytes: int = 64 * 1024 * 1024
     # The largest request body the API reads (services/api/app.py, MAX_BODY_BYTES: every
     # valid effect completion fits, however its JSON is escaped); larger: 413.
     api_max_body_bytes: int = 32 * 1024 * 1024
+    # The bytes of large request bodies (above 1 MiB) the API reads and handles at once;
+    # more wait (services/api/body_limit.py). Its pod's memory limit rests on it.
+    api_body_budget_bytes: int = 64 * 1024 * 1024
     # Entries per map of the worker's tail cache (streams/tail_cache.py; 0 = off): it
     # saves the lineage and owner reads of a conversation's next turn.
     tail_cache_entries: int = 10_000
@@ -266,6 +269,8 @@ class Settings:
                 env, "RATCHET_API_HISTORY_CACHE_BYTES", d.api_history_cache_bytes
             ),
             api_max_body_bytes=_int(env, "RATCHET_API_MAX_BODY_BYTES", d.api_max_body_bytes, 1),
+            api_body_budget_bytes=_int(env, "RATCHET_API_BODY_BUDGET_BYTES",
+                                       d.api_body_budget_bytes, 1),
             tail_cache_entries=_int(env, "RATCHET_TAIL_CACHE_ENTRIES", d.tail_cache_entries),
             fetch_stall_s=_int(env, "RATCHET_FETCH_STALL_S", d.fetch_stall_s),
             lane_window=_int(env, "RATCHET_LANE_WINDOW", d.lane_window, 1),
@@ -302,6 +307,7 @@ class Settings:
             "RATCHET_LOGICAL_RETENTION_S": str(self.logical_retention_s),
             "RATCHET_API_HISTORY_CACHE_BYTES": str(self.api_history_cache_bytes),
             "RATCHET_API_MAX_BODY_BYTES": str(self.api_max_body_bytes),
+            "RATCHET_API_BODY_BUDGET_BYTES": str(self.api_body_budget_bytes),
             "RATCHET_TAIL_CACHE_ENTRIES": str(self.tail_cache_entries),
             "RATCHET_FETCH_STALL_S": str(self.fetch_stall_s),
             "RATCHET_LANE_WINDOW": str(self.lane_window),

@@ -25,7 +25,7 @@ from services.cassandra_loop import LoopSession
 from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
-from streams import lenient_records, metrics
+from streams import early_log, lenient_records, metrics
 from streams.app import FetchGuard, Runtime, create_app
 from streams.codec import RegistryCodec
 from streams.health import Health, health_path
@@ -80,6 +80,7 @@ def return_large_blocks_when_freed() -> None:
 
 def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str = "INFO") -> int:
     """Run until SIGTERM/SIGINT; returns the process exit code."""
+    held = early_log.hold(loglevel)
     return_large_blocks_when_freed()
     use_event_loop(settings.worker_event_loop)
     # A record whose header key is not UTF-8 is read, not fatal (streams/lenient_records.py).
@@ -97,6 +98,11 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
     starve = os.environ.get("RATCHET_TEST_STARVE_PARTITION")
     app = create_app(settings, runtime, group_id=group, stall_after_s=float(settings.fetch_stall_s),
                      starve_partition=int(starve) if starve else None)
+
+    @app.task
+    async def replay_start_lines() -> None:  # Faust's logging is set up by now
+        held.replay()
+
     runtime.health.write()
     # Everything built so far (modules, clients, the app) lives as long as the worker:
     # out of the collector's view, the oldest generation's collections no longer walk it

@@ -24,7 +24,7 @@ from ratchet.metric_children import child
 from ratchet.settings import Settings
 from schemas.ids import ID_PATTERN
 from services.api import metrics
-from services.api.body_limit import BodyLimit
+from services.api.body_limit import BodyBudget, BodyLimit
 from services.api.models import ErrorBody, HealthBody, HistoryBody, StatusBody
 from services.api.service import WAIT_MS_CAP, Answer, RehydrationService
 from services.ledger.base import LedgerUnavailable
@@ -92,12 +92,14 @@ MAX_BODY_BYTES = Settings.api_max_body_bytes
 def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
                routers: Sequence[APIRouter] = (),
                on_start: Callable[[], None] | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES,
+               body_budget_bytes: int | None = None) -> FastAPI:
     """``routers``: route modules of their own (the effect claims, services/api/claims.py).
     ``on_start``: called on the serving event loop before the first request.
     ``max_body_bytes``: a larger body is refused with 413 ``INVALID_REQUEST``
     (body_limit.py: a ``Content-Length`` above it unread, a chunked body as soon as it
-    passes it)."""
+    passes it). ``body_budget_bytes``: the bytes of large bodies read or handled at once
+    (body_limit.py, ``BodyBudget``; None: no bound)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -115,7 +117,8 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
         # 307 to a Location built from the client's Host header.
         redirect_slashes=False,
     )
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    budget = None if body_budget_bytes is None else BodyBudget(body_budget_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, budget=budget)
     _install_error_handlers(app)
     for router in routers:
         app.include_router(router)

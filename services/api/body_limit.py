@@ -8,10 +8,19 @@ first ``receive`` of a body declaring more than the limit, or the one that bring
 chunked body past it, raises ``BodyTooLarge``, an ``HTTPException`` (413) that the app's
 exception handlers answer like every other bad input. Nothing above the limit is held:
 a declared length is refused before any of the body is read.
+
+``BodyBudget`` bounds the bytes of the large bodies being read or handled at once. A
+33 MB completion body costs the API ~70 MB at its peak (the bytes, their JSON, the
+model); eight at once took it past its pod's memory limit (found by an outside review
+of the deployment, session 25). A body above ``LARGE_BODY_BYTES`` waits for its share
+of the budget before any of it is read (the server stops reading its socket meanwhile),
+and holds it until its answer is sent; one larger than the whole budget runs alone. A
+chunked body of unknown length counts as the largest allowed.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,14 +36,46 @@ class BodyTooLarge(HTTPException):
                                                   "(RATCHET_API_MAX_BODY_BYTES)")
 
 
-class BodyLimit:
-    """ASGI middleware: a request whose body passes ``max_bytes`` fails where it is read."""
+# Bodies up to this size (every history read, every claim) never wait for the budget.
+LARGE_BODY_BYTES = 1024 * 1024
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+
+class BodyBudget:
+    """Bytes of large bodies in flight, at most ``limit`` (one larger body alone)."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self.limit = limit
+        self.held = 0
+        self._changed: asyncio.Condition | None = None  # made on the server's loop
+
+    async def acquire(self, nbytes: int) -> int:
+        share = min(nbytes, self.limit)
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.held + share <= self.limit)
+            self.held += share
+        return share
+
+    async def release(self, share: int) -> None:
+        assert self._changed is not None
+        async with self._changed:
+            self.held -= share
+            self._changed.notify_all()
+
+
+class BodyLimit:
+    """ASGI middleware: a request whose body passes ``max_bytes`` fails where it is read;
+    large bodies wait for their share of ``budget`` (None: no bound)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, budget: BodyBudget | None = None) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be at least 1, got {max_bytes}")
         self.app = app
         self.max_bytes = max_bytes
+        self.budget = budget
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -54,7 +95,15 @@ class BodyLimit:
                     raise BodyTooLarge(self.max_bytes)
             return message
 
-        await self.app(scope, bounded_receive, send)
+        expected = self.max_bytes if declared is None and _has_body(scope) else declared or 0
+        if self.budget is None or expected <= LARGE_BODY_BYTES or expected > self.max_bytes:
+            await self.app(scope, bounded_receive, send)
+            return
+        share = await self.budget.acquire(expected)
+        try:
+            await self.app(scope, bounded_receive, send)
+        finally:
+            await self.budget.release(share)
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -64,3 +113,8 @@ def _content_length(scope: Scope) -> int | None:
         if name == b"content-length":
             return int(value) if value.isdigit() else None
     return None
+
+
+def _has_body(scope: Scope) -> bool:
+    """A chunked body (no declared length) may come: ``transfer-encoding`` is sent."""
+    return any(name == b"transfer-encoding" for name, _ in scope.get("headers", ()))

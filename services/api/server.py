@@ -104,6 +104,7 @@ class ApiProcess:
             # Warm-ups read on the serving loop, like the requests (prewarm.py).
             on_start=lambda: self.prewarmer.attach(asyncio.get_running_loop()),
             max_body_bytes=settings.api_max_body_bytes,
+            body_budget_bytes=settings.api_body_budget_bytes,
         )
 
     def close(self) -> None:

@@ -54,6 +54,34 @@ def test_both_builds_install_the_one_lock_with_hashes_and_binary_wheels_only() -
     assert "--no-deps /build/dist/ratchet-*.whl" in SCRIPT_TEXT
 
 
+def test_ratchets_own_wheel_is_built_with_the_locked_hashed_backend() -> None:
+    """Both builds made ratchet's wheel under pip's build isolation, which fetched the
+    newest setuptools and wheel from the index with no hash, and ran them as root in
+    the build (found by an outside review of the image, session 25). The backend is now
+    pinned with hashes in deploy/build-requirements.lock, installed with
+    --require-hashes, and the wheel built without isolation."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    lock = (REPO / "deploy" / "build-requirements.lock").read_text()
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\\n\s+--hash=sha256:[0-9a-f]{64}$",
+                           lock, re.M))
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    for spec in requires:
+        req = Requirement(spec)
+        assert req.name in pins and req.specifier.contains(pins[req.name]), (spec, pins)
+    (build,) = [s for s in DOCKERFILE.stages if s.name == "build"]
+    runs = " ".join(build.all("RUN"))
+    assert SCRIPT["BUILD_LOCK"] == "deploy/build-requirements.lock"
+    for text, lock_ref in ((runs, "deploy/build-requirements.lock"),
+                           (SCRIPT_TEXT, "/build/src/$BUILD_LOCK")):
+        assert re.search(r"pip install [^&]*--require-hashes --only-binary=:all: \\?\s*"
+                         rf"--requirement {re.escape(lock_ref)}", text), lock_ref
+        wheel = re.search(r"pip wheel [^&]*", text).group(0)
+        assert "--no-build-isolation" in wheel and "--no-deps" in wheel
+
+
 def test_the_runtime_stage_installs_nothing_and_copies_only_the_venv() -> None:
     assert len(DOCKERFILE.stages) == 2
     # Same Python in both stages: the venv's interpreter link stays valid.
@@ -149,5 +177,5 @@ def test_dockerignore_lets_in_what_the_wheel_and_the_lock_need() -> None:
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     packages = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
     readme = pyproject["project"]["readme"]
-    assert packages | {"pyproject.toml", readme, SCRIPT["LOCK"]} <= allowed
+    assert packages | {"pyproject.toml", readme, SCRIPT["LOCK"], SCRIPT["BUILD_LOCK"]} <= allowed
     assert "*" in (REPO / ".dockerignore").read_text().splitlines()  # everything else stays out
