@@ -41,13 +41,9 @@ def isolated_settings(settings: Settings, tag: str = "t", partitions: int | None
 
 
 def worker_env(settings: Settings, group: str) -> dict[str, str]:
-    return dict(
-        os.environ,
-        **settings.to_env(),
-        PYTHONPATH=str(ROOT),
-        RATCHET_CONSUMER_GROUP=group,
-        RATCHET_LOG_LEVEL=os.environ.get("RATCHET_LOG_LEVEL", "WARNING"),
-    )
+    return {**os.environ, **settings.to_env(), "PYTHONPATH": str(ROOT),
+            "RATCHET_CONSUMER_GROUP": group,
+            "RATCHET_LOG_LEVEL": os.environ.get("RATCHET_LOG_LEVEL", "WARNING")}
 
 
 def free_port() -> int:

@@ -157,22 +157,24 @@ def check(expectations: list[Expectation], obs: Observations) -> list[Violation]
     return out
 
 
-def sends_per_response(exp: Expectation) -> dict[str, int]:
-    """How many times the story's TurnCompleted events of each response id are sent
-    (a redelivery or a retry is a send of its own): each send gets its own outcome."""
-    sends: dict[str, int] = defaultdict(int)
+def sends_per_response(exp: Expectation) -> dict[tuple[str, str], int]:
+    """How many times the story's TurnCompleted events of each (tenant, response id)
+    are sent (a redelivery or a retry is a send of its own): each send gets its own
+    outcome. A story's events are its tenant's but for a turn sent by another tenant
+    on its Conversation (``TENANT_MISMATCH``)."""
+    sends: dict[tuple[str, str], int] = defaultdict(int)
     for step in exp.story.steps:
         for index in (*step.sends, *step.race):
             ev = exp.story.events[index]
             if isinstance(ev, TurnCompleted):
-                sends[ev.response_id] += 1
+                sends[(ev.tenant_id, ev.response_id)] += 1
     return sends
 
 
 def _against_workload(expectations: list[Expectation], obs: Observations) -> list[Violation]:
     out = []
-    sent = {(e.story.tenant, rid): (e.story.sid, n)
-            for e in expectations for rid, n in sends_per_response(e).items()}
+    sent = {key: (e.story.sid, n)
+            for e in expectations for key, n in sends_per_response(e).items()}
     records: dict[tuple[str, str], int] = defaultdict(int)
     for rec in (*obs.promoted, *obs.rejected):
         records[(rec.tenant, rec.response_id)] += 1
@@ -243,13 +245,15 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
                       obs: Observations) -> list[Violation]:
     story, out = exp.story, []
     sid, tenant = story.sid, story.tenant
-    per_rid: dict[str, list[frozenset[Sig]]] = defaultdict(list)
+    # Keyed by (tenant, response id): a turn another tenant sent on the story's
+    # Conversation is that tenant's (its outcome, its history).
+    per_rid: dict[tuple[str, str], list[frozenset[Sig]]] = defaultdict(list)
     for index, acceptable in w.decided.items():
         ev = story.events[index]
         assert isinstance(ev, TurnCompleted)
-        per_rid[ev.response_id].append(acceptable)
-    for rid, accs in per_rid.items():
-        seen = by_rid.get((tenant, rid), set())
+        per_rid[(ev.tenant_id, ev.response_id)].append(acceptable)
+    for (sender, rid), accs in per_rid.items():
+        seen = by_rid.get((sender, rid), set())
         if not seen:
             out.append(Violation("never_decided", sid, f"{rid}: expected {_fmt(accs[0])}"))
             continue
@@ -278,12 +282,13 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
         if (tenant, eid) in obs.final_orphans:
             out.append(Violation("orphan_of_used_effect", sid, f"{eid}: used by a promoted "
                                  f"turn, published orphaned with a reason to compensate"))
-    for rid in per_rid:
-        problem = _answer_problem(w.promoted.get(rid), rid, obs.histories.get((tenant, rid)))
+    for sender, rid in per_rid:
+        promo = w.promoted.get(rid) if sender == tenant else None
+        problem = _answer_problem(promo, rid, obs.histories.get((sender, rid)))
         if problem:
             out.append(Violation("history_mismatch", sid, f"{rid}: {problem}"))
-        other = obs.other_fingerprint.get((tenant, rid))
-        problem = other and _answer_problem(w.promoted.get(rid), rid, other, OTHER_FINGERPRINT)
+        other = obs.other_fingerprint.get((sender, rid))
+        problem = other and _answer_problem(promo, rid, other, OTHER_FINGERPRINT)
         if problem:
             out.append(Violation("history_mismatch", sid, f"{rid} asked with another "
                                                           f"fingerprint: {problem}"))
@@ -296,16 +301,16 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
             out.append(Violation("history_mismatch", sid, f"conversation {story.key} (head "
                                  f"{head.response_id}): {problem}"))
     for wait in obs.waits:
-        if wait.tenant != tenant or wait.response_id not in per_rid:
+        if (wait.tenant, wait.response_id) not in per_rid:
             continue
         rid, got = wait.response_id, wait.history
-        promo = w.promoted.get(rid)
+        promo = w.promoted.get(rid) if wait.tenant == tenant else None
         if got.outcome == "failure" and promo is not None \
                 and got.reason in NEVER_PROMOTED_REASONS:
             # Not promoted yet when asked is a right answer; after the promotion was
             # published, it is a stale read. Any other failure (an integrity failure,
             # EXPIRED) is wrong for a promoted response, and judged below.
-            published = first_at.get((tenant, rid))
+            published = first_at.get((wait.tenant, rid))
             if published is not None and wait.asked_ms > published:
                 out.append(Violation("stale_wait", sid, f"wait_ms answer for {rid}: "
                                      f"{_hist(got)}, asked {wait.asked_ms - published} ms "

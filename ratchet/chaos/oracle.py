@@ -90,9 +90,10 @@ class World:
     effects: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # id -> key, call, out
     attempts: dict[str, int] = field(default_factory=dict)  # effect id -> attempt
     conflicted: set[str] = field(default_factory=set)  # effect ids recorded with two outputs
-    # response id -> (idempotency key, request digest, partition) of the request that
-    # bound it, promoted or not.
-    rid_claims: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    # (tenant, response id) -> (idempotency key, request digest, partition) of the
+    # request that bound it, promoted or not.
+    rid_claims: dict[tuple[str, str], tuple[str, str, str]] = field(default_factory=dict)
+    owners: dict[str, str] = field(default_factory=dict)  # Conversation -> its tenant
     cancelled: set[str] = field(default_factory=set)  # idempotency keys
     decided: dict[int, frozenset[Sig]] = field(default_factory=dict)  # event index -> outcomes
     orphans: set[str] = field(default_factory=set)  # effect ids that must be published orphaned
@@ -155,8 +156,14 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
     # soon as a worker starts on it, whatever its outcome, and for good
     # (gateway-protocol.md, "A response_id is bound once per tenant").
     claimant = (ev.idempotency_key, ev.request_digest, _partition(ev))
-    holder = w.rid_claims.setdefault(ev.response_id, claimant) \
+    holder = w.rid_claims.setdefault((ev.tenant_id, ev.response_id), claimant) \
         if ev.status in ("completed", "incomplete") else None
+    owner = w.owners.get(ev.conversation_id) if ev.conversation_id else None
+    if owner is not None and owner != ev.tenant_id:
+        # A Conversation is its first promoted turn's tenant's: checked first of all
+        # (gateway-protocol.md section 7). The workload's other tenant has no key,
+        # response or effect of the story's: nothing else applies.
+        return _reject("TENANT_MISMATCH")
     bound = w.keys.get(ev.idempotency_key)
     if bound is not None and bound.digest == ev.request_digest:
         if bound.response_id == ev.response_id:
@@ -216,6 +223,8 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
                   ev.conversation_id, ev.previous_response_id, ev.fingerprint_hash, calls)
     w.promoted[ev.response_id] = promo
     w.keys[ev.idempotency_key] = promo
+    if ev.conversation_id is not None:
+        w.owners.setdefault(ev.conversation_id, ev.tenant_id)
     if ev.conversation_id == story.key:
         w.head, w.head_items, w.head_calls = seq, items, calls
     elif ev.conversation_id is not None:

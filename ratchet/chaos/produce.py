@@ -118,7 +118,7 @@ def _produce(mine: list[Story], rate: float, sender: _Sender, log, sent_counter,
                     turns += 1
                     if (story.index, i) not in logged:
                         logged.add((story.index, i))
-                        log.write(json.dumps({"t": now, "tenant": story.tenant,
+                        log.write(json.dumps({"t": now, "tenant": ev.tenant_id,
                                               "rid": ev.response_id}) + "\n")
             position[story.index] = position.get(story.index, 0) + 1
         active = [s for s in active if position[s.index] < len(s.steps)]

@@ -209,11 +209,12 @@ def _needed(expectations: list[Expectation]) -> dict[tuple[str, str], tuple[int,
     for e in expectations:
         w = e.worlds[0]
         sends = sends_per_response(e)
-        per: dict[str, set] = {}
+        per: dict[tuple[str, str], set] = {}
         for index, acc in w.decided.items():
-            per.setdefault(e.story.events[index].response_id, set()).add(acc)
-        for rid, accs in per.items():
-            needed[(e.story.tenant, rid)] = (1 if len(accs) == 1 else 2, sends[rid])
+            ev = e.story.events[index]
+            per.setdefault((ev.tenant_id, ev.response_id), set()).add(acc)
+        for key, accs in per.items():
+            needed[key] = (1 if len(accs) == 1 else 2, sends[key])
     return needed
 
 

@@ -301,6 +301,8 @@ CONVERSATION_STEPS = {
     # An effect recorded twice with different outputs; a response id raced on two
     # Conversations of one tenant (other partitions: either may bind it).
     "effect_conflict": 2, "rid_elsewhere": 2,
+    # Another tenant's turn on this Conversation (TENANT_MISMATCH).
+    "foreign_tenant": 2,
 }
 # Chains whose first response is retried under another response id, racing it.
 ROOT_RETRY_RATE = 0.1
@@ -424,6 +426,12 @@ def _conversation(story: Story, rng: random.Random) -> None:
             last = story.add(scenario, gw.turn(ident, key, text))[0]
             promoted.append((ident.response_id, key, text, last))
             head += 1
+        elif scenario == "foreign_tenant":
+            # The Conversation id is guessable; the tenant that promoted its first turn
+            # owns it, and another tenant's turn on it (at its head, a fresh key and
+            # response id) is refused before anything else is looked at.
+            other = TurnIdentity.conversation(f"{story.tenant}-other", story.key, rid, head)
+            last = story.add(scenario, gw.turn(other, key, text))[0]
         elif scenario == "rid_elsewhere":
             other = TurnIdentity.conversation(story.tenant, f"{story.key}-x{n}", rid, 0)
             a = gw.turn(ident, key, text)

@@ -35,16 +35,16 @@ def faithful(expectations) -> Observations:
                 ev: TurnCompleted = story.events[index]
                 sig = min(w.decided[index], key=str)
                 if sig[0] == "P":
-                    obs.promoted.append(Promoted(story.tenant, ev.response_id,
+                    obs.promoted.append(Promoted(ev.tenant_id, ev.response_id,
                                                  ev.conversation_id, ev.previous_response_id,
                                                  *sig[1:], at_ms=0))
                 else:
-                    obs.rejected.append(Rejected(story.tenant, ev.response_id, sig[1],
+                    obs.rejected.append(Rejected(ev.tenant_id, ev.response_id, sig[1],
                                                  sig[2], 0))
         for index in w.decided:
-            rid = story.events[index].response_id
-            promo = w.promoted.get(rid)
-            obs.histories[(story.tenant, rid)] = answer(promo) if promo else History(
+            ev = story.events[index]
+            promo = w.promoted.get(ev.response_id) if ev.tenant_id == story.tenant else None
+            obs.histories[(ev.tenant_id, ev.response_id)] = answer(promo) if promo else History(
                 "failure", "NOT_PROMOTED", ())
         if story.kind == "conversation" and w.head:
             head = next(p for p in w.promoted.values() if p.conversation_id == story.key

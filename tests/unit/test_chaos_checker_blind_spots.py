@@ -42,7 +42,7 @@ def test_a_retry_answered_by_nobody_is_reported(expectations):
                   for e in labelled(expectations, "gateway_retry")
                   for step, label in zip(e.story.steps, e.story.labels, strict=True)
                   if label == "gateway_retry"
-                  and _sends(e)[e.story.events[step.sends[0]].response_id] == 2
+                  and _sends(e)[(e.story.tenant, e.story.events[step.sends[0]].response_id)] == 2
                   and e.story.events[step.sends[0]].response_id in e.worlds[0].promoted)
     obs = faithful([e])
     second = [p for p in obs.promoted if p.response_id == rid][1]

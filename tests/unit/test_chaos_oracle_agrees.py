@@ -13,12 +13,13 @@ carry a reason to compensate. A rule the workload sends that the oracle models w
 The workload covers the rules added to the chaos run in session 25: fingerprints that
 are not identities, unknown formats, boundary proofs that prove nothing, pairing
 breaches and a client tool answered by the next turn, a redeployed model, a conflicted
-effect, a response id raced on two Conversations of one tenant, and one used by
-another tenant too.
+effect, a response id raced on two Conversations of one tenant, one used by another
+tenant too, and another tenant's turn on a Conversation (``TENANT_MISMATCH``).
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter
 
@@ -28,13 +29,14 @@ from fastapi.testclient import TestClient
 from ratchet.chaos.checker import FINAL_ORPHAN_REASONS, OTHER_FINGERPRINT, _answer_problem
 from ratchet.chaos.observe import history_of
 from ratchet.chaos.oracle import expect
-from ratchet.chaos.workload import build_story, generate, workload_fp_hash
+from ratchet.chaos.workload import Story, _Gateway, generate, workload_fp_hash
 from schemas.models import CheckpointPromoted, EffectOrphaned, PromotionRejected, TurnCompleted
 from services.api.app import create_app
 from services.api.fastpath import HistoryFastPath
 from services.api.service import RehydrationService
 from services.api.waiters import PromotionWaiters
 from services.gateway.client import parse_outcome
+from services.gateway.events import TurnIdentity
 from services.ledger.memory import MemoryLedger
 from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
@@ -43,7 +45,7 @@ from tests.unit.test_processor_rules import TOPICS, PickleCodec, raw_record
 
 NEW_LABELS = ("bad_fingerprint", "unsupported_format", "bad_proof", "unpaired", "redeployed",
               "client_tool", "client_tool_answer", "foreign_rid", "effect_conflict",
-              "rid_elsewhere")
+              "rid_elsewhere", "foreign_tenant")
 
 
 def _sig(model) -> tuple:
@@ -168,24 +170,44 @@ def test_every_history_is_the_one_the_oracle_promoted(run):
     assert {"certified", "FINGERPRINT_MISMATCH", "NOT_CERTIFIED", "NOT_PROMOTED"} <= set(checked)
 
 
+def _story_of(*turns) -> tuple[Story, list[tuple]]:
+    """A one-world story of ``turns`` (functions of the story's gateway helper, sent in
+    order); the processor's outcome of each, and the oracle's acceptable ones."""
+    story = Story(0, "agree-pinned", "conversation", "ten-pinned", "conv-agree-pinned",
+                  "gateway")
+    gw = _Gateway(story, random.Random(0))
+    for make in turns:
+        story.add("pinned", make(gw, story))
+    (world,) = expect(story).worlds
+    processor, _, _ = _processor()
+    got = []
+    for offset, index in enumerate(range(len(story.events)), start=1):
+        for out in processor.handle(raw_record(story.events[index], offset)).outbound:
+            if isinstance(out.model, (CheckpointPromoted, PromotionRejected)):
+                got.append((_sig(out.model), world.decided[index]))
+    return story, got
+
+
+def _turn(conversation: str, rid: str, head: int, key: str):
+    def make(gw, story):
+        ident = TurnIdentity.conversation(story.tenant, conversation, rid, head)
+        return gw.turn(ident, key, f"ask {rid} {key}")
+    return make
+
+
 def test_a_turn_ahead_of_the_head_whose_id_is_bound_elsewhere_is_out_of_order():
     """Found by a chaos run (seed 26, story 104): a response id raced on two
     Conversations and bound by the other one; a later turn of this Conversation, sent
     ahead of its head under that id, was ``OUT_OF_ORDER`` where the oracle said
     ``CONFLICT``. The processor is right and was documented wrong: an id bound in
     another partition is found by the claim a turn takes just before its write, which
-    a turn ahead of the head never reaches (gateway-protocol.md section 7)."""
-    story = build_story(26, "26x19d451", 104)
-    world = expect(story).worlds[-1]  # the race won by the other Conversation
-    processor, _, _ = _processor()
-    got = {}
-    for offset, index in enumerate([0, 1, 2, 3, 5, 4, 6, 7, 8], start=1):
-        for out in processor.handle(raw_record(story.events[index], offset)).outbound:
-            if isinstance(out.model, (CheckpointPromoted, PromotionRejected)):
-                got[index] = _sig(out.model)
-    assert story.labels[-1] == "response_id_reused"
-    assert got[8] == ("R", "OUT_OF_ORDER", None) and got[8] in world.decided[8]
-    assert all(sig in world.decided[i] for i, sig in got.items())
+    matters only to a turn that would be written (gateway-protocol.md section 7)."""
+    c, other = "conv-agree-pinned", "conv-agree-pinned-x"
+    _, got = _story_of(_turn(c, "r0", 0, "k0"), _turn(other, "rX", 0, "k1"),
+                       _turn(c, "rX", 1, "k2"), _turn(c, "rX", 5, "k3"))
+    assert [g[0][:2] for g in got] == [("P", 1), ("P", 1), ("R", "CONFLICT"),
+                                      ("R", "OUT_OF_ORDER")]
+    assert all(sig in accepted for sig, accepted in got), got
 
 
 def test_a_response_id_bound_by_a_rejected_turn_stays_bound():
@@ -195,14 +217,20 @@ def test_a_response_id_bound_by_a_rejected_turn_stays_bound():
     processor is right (gateway-protocol.md: the binding is taken before any check and
     never released, so a rejected turn still binds its response id); the oracle had
     bound response ids only by promotion."""
-    story = build_story(26, "26x30b124", 61)
-    world = expect(story).worlds[2]  # the first race reversed, the second as sent
-    processor, _, _ = _processor()
-    got = {}
-    for offset, index in enumerate([0, 2, 1, 3, 4, 5, 6, 6, 7, 8, 9, 10], start=1):
-        for out in processor.handle(raw_record(story.events[index], offset)).outbound:
-            if isinstance(out.model, (CheckpointPromoted, PromotionRejected)):
-                got[index] = _sig(out.model)
-    assert story.labels[8] == "rid_elsewhere"
-    assert (got[8][:2], got[9][:2]) == (("R", "OUT_OF_ORDER"), ("R", "CONFLICT"))
-    assert all(sig in world.decided[i] for i, sig in got.items()), (got, world.decided)
+    c, other = "conv-agree-pinned", "conv-agree-pinned-y"
+    _, got = _story_of(_turn(c, "r0", 0, "k0"), _turn(c, "rY", 5, "k1"),
+                       _turn(other, "rY", 0, "k2"))
+    assert [g[0][:2] for g in got] == [("P", 1), ("R", "OUT_OF_ORDER"), ("R", "CONFLICT")]
+    assert all(sig in accepted for sig, accepted in got), got
+
+
+def test_another_tenants_turn_on_a_conversation_is_tenant_mismatch():
+    """The workload's ``foreign_tenant`` scenario, pinned: the Conversation is its first
+    promoted turn's tenant's; another tenant's turn at its head is refused first."""
+    def foreign(gw, story):
+        ident = TurnIdentity.conversation("ten-intruder", story.key, "r9", 1)
+        return gw.turn(ident, "k9", "let me in")
+    _, got = _story_of(_turn("conv-agree-pinned", "r0", 0, "k0"), foreign,
+                       _turn("conv-agree-pinned", "r1", 1, "k1"))
+    assert [g[0][:2] for g in got] == [("P", 1), ("R", "TENANT_MISMATCH"), ("P", 2)]
+    assert all(sig in accepted for sig, accepted in got), got
