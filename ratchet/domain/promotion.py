@@ -359,6 +359,9 @@ def carried_effect_ids(turn: TurnCompleted, effects: Iterable[RecordedEffect],
     carries (an item under the effect's key with its digest; a claim's result, ids
     aside): the promoted history holds them, so they are used like listed ones and never
     orphaned (docs/gateway-protocol.md, section 6, ``tool_effect_ids``)."""
+    effects, claims = list(effects), list(claims)
+    if not effects and not claims:
+        return set()  # the common turn: no effect recorded for its request
     listed = set(used_effect_ids(turn))
     outputs_by_call: dict[str | None, list[Item]] = {}
     for item in turn.items:
