@@ -278,8 +278,9 @@ def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR) -> int:
               f"(RATCHET_REPLICATION={settings.replication!r}?)", file=sys.stderr, flush=True)
         return 1
     except (NoHostAvailable, RequestExecutionException, DriverException, OSError) as exc:
-        print(f"ratchet migrate: cannot reach Cassandra at {hosts} ({exc}); is `ratchet "
-              f"infra up` running?", file=sys.stderr, flush=True)
+        print(f"ratchet migrate: cannot reach Cassandra at {hosts} ({exc}); check "
+              f"RATCHET_CASSANDRA_HOSTS and RATCHET_CASSANDRA_PORT (on this machine: is "
+              f"`ratchet infra up` running?)", file=sys.stderr, flush=True)
         return 1
     finally:
         cluster.shutdown()
