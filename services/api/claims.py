@@ -48,7 +48,8 @@ _SHA256 = r"^[0-9a-f]{64}$"
 # turn carrying it stays within the event limit (schemas/limits.py).
 MAX_OUTPUT_CONTENT_BYTES = 8 * MIB
 # The claim keeps the output's content as a JSON string (claims.output_to_json), where
-# each '"' and '\\' of the content takes two bytes: content made of them nearly doubles,
+# each '"', '\\' and control character (a newline between JSON tokens) takes two bytes
+# or more: content made of them nearly doubles,
 # past Cassandra's largest mutation (half a 32 MiB commit log segment). The stored form
 # is bounded so that a completion is refused at once (422), never retried against a
 # write that can never succeed (found by an outside review, session 25).
@@ -307,10 +308,13 @@ def _output_item(o: OutputIn) -> tuple[Item, str | None]:
     if len(data) > MAX_OUTPUT_CONTENT_BYTES:
         return item, (f"content is {len(data)} bytes of UTF-8, above the limit of "
                       f"{MAX_OUTPUT_CONTENT_BYTES} (8 MiB)")
-    stored = len(data) + data.count(b'"') + data.count(b"\\")
+    # The stored form exactly (not an estimate: JSON's whitespace between tokens, \n \r
+    # \t, is escaped too; an outside review found an estimate that missed it).
+    stored = len(claims.output_to_json(item).encode("utf-8"))
     if stored > MAX_STORED_OUTPUT_BYTES:
-        return item, (f"content escapes to {stored} bytes as stored (each '\"' and '\\' "
-                      f"counts twice), above the limit of {MAX_STORED_OUTPUT_BYTES} (12 MiB)")
+        return item, (f"output is {stored} bytes as the claim stores it (its content as a "
+                      "JSON string: each '\"', '\\' and control character escaped), above "
+                      f"the limit of {MAX_STORED_OUTPUT_BYTES} (12 MiB)")
     if o.type not in EFFECT_OUTPUT_TYPES:
         return item, f"output type {o.type!r} is not a tool output type"
     if o.format_version not in SUPPORTED_FORMAT_VERSIONS:

@@ -53,7 +53,11 @@ __all__ = ["Effect", "EffectClaims", "EffectConflict", "EffectOutcomeUnknown",
 
 class EffectOutcomeUnknown(GatewayError):
     """LEASE_EXPIRED under ``at_most_once``: an earlier attempt claimed this effect and
-    vanished without recording an outcome; it may or may not have run. Not executed."""
+    vanished without recording an outcome; it may or may not have run. Not executed.
+    Also raised by ``run`` for an effect whose function this very attempt started and
+    that was interrupted by a ``BaseException`` (a cancellation, a timeout of a
+    green-thread library, ``KeyboardInterrupt``): it may have run, so it never runs
+    again, and no outcome was recorded."""
 
     def __init__(self, effect_id: str, attempt: int | None, detail: str) -> None:
         self.effect_id, self.attempt = effect_id, attempt
@@ -81,9 +85,10 @@ class RequestCancelled(GatewayError):
 
 class EffectOutputUnrecordable(GatewayError, ValueError):
     """The tool ran, but what it returned cannot be an output item (not a ``str``, or a
-    ``str`` that is not valid Unicode, e.g. a lone surrogate from ``os.fsdecode``). The
-    claim is completed as ``failed`` with this error as its output; ``run`` again
-    returns that failed outcome and never runs the tool again. Not retryable."""
+    ``str`` that is not valid Unicode, e.g. a lone surrogate from ``os.fsdecode``), or
+    the API refuses it (422: e.g. larger than a claim can store). The claim is completed
+    as ``failed`` with this error as its output; ``run`` again returns that failed
+    outcome and never runs the tool again. Not retryable."""
 
     def __init__(self, effect_id: str, detail: str) -> None:
         self.effect_id = effect_id
@@ -140,6 +145,9 @@ class Effect:
         self._unrecorded: tuple[Item, bool] | None = None
         self.executed = False  # True only if THIS attempt ran the function
         self.state: str | None = None
+        # The function was started and neither returned nor raised an ``Exception``:
+        # it may have run, its outcome is unknown, it is never started again.
+        self._interrupted = False
 
     def run(self, fn: Callable[[], str]) -> Item:
         """Claim, then run ``fn`` (returning the tool's output text) only if CLAIMED."""
@@ -147,6 +155,10 @@ class Effect:
             return self.output
         if self._unrecorded is not None:
             return self._record(*self._unrecorded)
+        if self._interrupted:
+            raise EffectOutcomeUnknown(self.effect_id, self._owner.attempt, (
+                "this attempt's run of the tool was interrupted and recorded no outcome: "
+                "it may have run, so it is not run again"))
         body = self._owner._claim(self)
         self.state = body["state"]
         if body["state"] == "COMPLETED":
@@ -157,21 +169,36 @@ class Effect:
             except ValueError as exc:
                 raise EffectOutputUnusable(self.effect_id, str(exc)) from exc
             return self.output
+        self._interrupted = True  # until fn returns or raises an Exception
         try:
             text = fn()
         except Exception as exc:  # recorded as failed, then re-raised
+            self._interrupted = False
             self._record(self._output(f"error: {type(exc).__name__}: {exc}"), False)
             raise
+        self._interrupted = False
         self.executed = True
         try:
             output = self._output(text)
         except (TypeError, ValueError) as exc:
             # The tool ran: its outcome is recorded (failed) before anything is raised,
             # so that a retry finds it and never runs the tool a second time.
-            detail = f"the tool's output cannot be recorded ({type(exc).__name__})"
-            self._record(self._output(f"error: {detail}"), False)
-            raise EffectOutputUnrecordable(self.effect_id, detail) from exc
-        return self._record(output, True)
+            return self._unrecordable(f"the tool's output cannot be recorded "
+                                      f"({type(exc).__name__})", exc)
+        try:
+            return self._record(output, True)
+        except InvalidRehydrationRequest as exc:
+            if exc.status != 422:
+                raise
+            # The API refuses this output for good (e.g. larger than a claim can store):
+            # resending it would be refused for ever, and the claim would stay open
+            # until another attempt took it over and ran the tool again.
+            self._unrecorded = None
+            return self._unrecordable(f"the API refused the tool's output: {exc}", exc)
+
+    def _unrecordable(self, detail: str, cause: Exception) -> Item:
+        self._record(self._output(f"error: {detail[:1000]}"), False)
+        raise EffectOutputUnrecordable(self.effect_id, detail) from cause
 
     def _output(self, text: str) -> Item:
         output = {"type": self.output_type, "call_id": self.call_id, "output": text,

@@ -18,6 +18,8 @@ re-send the same token to repeat a call whose answer was lost.
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 from fastapi import FastAPI
@@ -28,6 +30,7 @@ from services.api.claims import claims_router
 from services.gateway.claims import (
     ClaimTakenOver,
     EffectClaims,
+    EffectOutcomeUnknown,
     EffectOutputUnrecordable,
     StillInProgress,
 )
@@ -142,3 +145,61 @@ def test_a_claim_resent_after_its_lease_ran_out_never_runs_beside_a_taker():
     with a.effect(CALL1, subturn_index=0) as ea:
         assert b"sent by A" in ea.run(send("A")).content
     assert overlaps == []
+
+
+# A second review of these fixes (session 25) found two more ways to run a tool twice.
+
+
+@pytest.mark.parametrize("text", [
+    "x" * (9 * 1024 * 1024),  # a str above the API's 8 MiB of content
+    "\x00\x01\x1b" * (512 * 1024),  # control characters: 6 bytes each as JSON content
+], ids=["9MiB", "1.5MiB-control-chars"])
+def test_a_tool_output_the_api_refuses_is_recorded_failed_and_never_runs_twice(text):
+    """A valid str the API refuses (422: above what a claim stores) was kept and
+    re-sent by every ``run`` (422 again): the claim stayed open until the next attempt
+    took it over and ran the tool again."""
+    server = Server()
+    a = server.claims(1, policy=EffectPolicy.AT_LEAST_ONCE)
+    runs = []
+
+    def fetch_page():
+        runs.append(1)  # the side effect
+        return text
+
+    with a.effect(CALL1, subturn_index=0) as effect, \
+            pytest.raises(EffectOutputUnrecordable, match="refused"):
+        effect.run(fetch_page)
+    with a.effect(CALL1, subturn_index=0) as effect:  # the holder's retry
+        assert b"refused" in effect.run(fetch_page).content
+    stored = server.ledger.claims_for("t1", "k1")[0]
+    assert (stored.completed, stored.status) == (True, "failed")
+    server.now_ms += 5_000  # the request's next attempt, after the lease
+    b = server.claims(2, policy=EffectPolicy.AT_LEAST_ONCE)
+    with b.effect(CALL2, subturn_index=0) as effect:
+        effect.run(fetch_page)  # COMPLETED: the recorded failure, not a second run
+    assert len(runs) == 1
+
+
+class ToolTimeout(BaseException):
+    """As gevent's Timeout: a BaseException, which ``except Exception`` lets through."""
+
+
+@pytest.mark.parametrize("interrupt", [ToolTimeout, asyncio.CancelledError, KeyboardInterrupt])
+def test_a_tool_interrupted_by_a_base_exception_is_never_run_again(interrupt):
+    """Only an ``Exception`` was recorded: a tool interrupted after its side effect left
+    the claim open under the effect's token, and the retry (rule 5: the same token)
+    was CLAIMED and ran it again. Its outcome is unknown: the retry says so, typed."""
+    server = Server()
+    claims = server.claims(1)
+    runs = []
+
+    def send_email():
+        runs.append(1)  # the side effect happened
+        raise interrupt()
+
+    with claims.effect(CALL1, subturn_index=0) as effect, pytest.raises(interrupt):
+        effect.run(send_email)
+    with claims.effect(CALL1, subturn_index=0) as effect, \
+            pytest.raises(EffectOutcomeUnknown, match="interrupted"):
+        effect.run(send_email)
+    assert len(runs) == 1
