@@ -13,14 +13,17 @@ a declared length is refused before any of the body is read.
 33 MB completion body costs the API ~70 MB at its peak (the bytes, their JSON, the
 model); eight at once took it past its pod's memory limit (found by an outside review
 of the deployment, session 25). A body above ``LARGE_BODY_BYTES`` waits for its share
-of the budget before any of it is read (the server stops reading its socket meanwhile),
-and holds it until its answer is sent; one larger than the whole budget runs alone. A
-chunked body of unknown length counts as the largest allowed.
+of the budget once its first bytes are there (the server stops reading its socket
+meanwhile), and holds it until its answer is sent; shares are given in arrival order;
+one larger than the whole budget runs alone. A chunked body of unknown length counts as the largest allowed. A
+large body that stops arriving for ``BODY_READ_TIMEOUT_S`` is a 408, and its share
+returns to the budget.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,32 +41,54 @@ class BodyTooLarge(HTTPException):
 
 # Bodies up to this size (every history read, every claim) never wait for the budget.
 LARGE_BODY_BYTES = 1024 * 1024
+# Seconds a large body may go without a byte arriving while it holds its share.
+BODY_READ_TIMEOUT_S = 10.0
+
+
+class BodyStalled(HTTPException):
+    def __init__(self) -> None:
+        super().__init__(status_code=408, detail=f"request body stopped arriving for "
+                                                 f"{BODY_READ_TIMEOUT_S:g} s")
 
 
 class BodyBudget:
-    """Bytes of large bodies in flight, at most ``limit`` (one larger body alone)."""
+    """Bytes of large bodies in flight, at most ``limit`` (one larger body alone), given
+    in arrival order: a large body is never passed over by a stream of smaller ones."""
 
     def __init__(self, limit: int) -> None:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self.limit = limit
         self.held = 0
-        self._changed: asyncio.Condition | None = None  # made on the server's loop
+        self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
 
     async def acquire(self, nbytes: int) -> int:
         share = min(nbytes, self.limit)
-        if self._changed is None:
-            self._changed = asyncio.Condition()
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.held + share <= self.limit)
+        if not self._waiting and self.held + share <= self.limit:
             self.held += share
+            return share
+        entry = (share, asyncio.get_running_loop().create_future())
+        self._waiting.append(entry)
+        try:
+            await entry[1]
+        except BaseException:
+            if entry[1].done() and not entry[1].cancelled():
+                self.release(share)  # given, then cancelled before it could be used
+            else:
+                self._waiting.remove(entry)
+                self._give()
+            raise
         return share
 
-    async def release(self, share: int) -> None:
-        assert self._changed is not None
-        async with self._changed:
-            self.held -= share
-            self._changed.notify_all()
+    def release(self, share: int) -> None:
+        self.held -= share
+        self._give()
+
+    def _give(self) -> None:
+        while self._waiting and self.held + self._waiting[0][0] <= self.limit:
+            share, given = self._waiting.popleft()
+            self.held += share
+            given.set_result(None)
 
 
 class BodyLimit:
@@ -99,11 +124,30 @@ class BodyLimit:
         if self.budget is None or expected <= LARGE_BODY_BYTES or expected > self.max_bytes:
             await self.app(scope, bounded_receive, send)
             return
-        share = await self.budget.acquire(expected)
+
+        share = 0
+
+        async def budgeted_receive() -> dict:
+            # The share is taken once the body's first bytes are there, and held until
+            # the answer: a client that declares 32 MiB and sends nothing holds none
+            # (found by a second review, session 25). One whose body stops arriving for
+            # BODY_READ_TIMEOUT_S gets a 408 and its share returns.
+            nonlocal share
+            if not share:
+                message = await bounded_receive()
+                share = await budget.acquire(expected)
+                return message
+            try:
+                return await asyncio.wait_for(bounded_receive(), BODY_READ_TIMEOUT_S)
+            except TimeoutError:
+                raise BodyStalled() from None
+
+        budget = self.budget
         try:
-            await self.app(scope, bounded_receive, send)
+            await self.app(scope, budgeted_receive, send)
         finally:
-            await self.budget.release(share)
+            if share:
+                budget.release(share)
 
 
 def _content_length(scope: Scope) -> int | None:
