@@ -28,7 +28,7 @@ the turn's outer ``token_artifact``, and only for a certified turn.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -614,7 +614,14 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
     claim_by_id = {c.effect_id: c for c in claims}
     found = {e.effect_id: e for e in effects}
     for claim in claim_by_id.values():
-        found.setdefault(claim.effect_id, _as_effect(claim))
+        recorded = found.setdefault(claim.effect_id, _as_effect(claim))
+        if claim.completed and claim.output is not None \
+                and recorded.output_digest != claim.output.content_digest:
+            # A ToolEffect of a completed claim with another output: the effect is
+            # conflicted (gateway-protocol.md section 8, rule 3), every turn listing it
+            # is refused, and its orphan names the claim's recorded result (found by a
+            # gateway built from the docs, session 25).
+            found[claim.effect_id] = replace(_as_effect(claim), conflicted=True)
 
     def orphan(e: RecordedEffect, reason: OrphanReason, rejection: RejectionReason | None = None,
                detail: str = "") -> Orphan:

@@ -130,3 +130,29 @@ def test_a_carried_effect_redelivered_after_the_promotion_is_not_orphaned():
     handled = h.processor.handle(h.record(t))
     assert [o.topic for o in handled.outbound] == [TOPICS.checkpoints]
     assert h.orphans(effect) == []
+
+
+def test_a_holders_tool_effect_with_another_output_than_its_completion_is_a_conflict():
+    """gateway-protocol.md section 8, rule 3: a ToolEffect of a claimed effect with
+    another digest than its completion marks the effect conflicted; a conflicted effect
+    fails every turn listing it, and its orphan is final (``EFFECT_CONFLICT``). The
+    turn was refused, but the effect was orphaned ``TURN_REJECTED`` (wait, do not
+    compensate) under the ToolEffect's digest, not the claim's recorded result (found
+    by a gateway built from the docs, session 25)."""
+    from ratchet.samples import make_tool_effect
+
+    h = Harness()
+    conv, key = conv_id(), new_id("idem")
+    recorded = function_call_output("c1", '{"sent": "message-id-1"}', item_id="fco_1")
+    effect_id = _claim_and_complete(h, key, conv, "c1", recorded)
+    other = function_call_output("c1", '{"sent": "message-id-2"}', item_id="fco_1")
+    h.feed(make_tool_effect("c1", other, idempotency_key=key, conversation_id=conv,
+                            effect_id=effect_id, tool_name="send_email"))
+    items = [function_call("c1", "send_email", {"to": "bob"}, item_id="fc_1"), recorded,
+             message("sent", role="assistant", item_id=new_id("msg"))]
+    t = turn(conv, 0, items=items, idempotency_key=key, tool_effect_ids=(effect_id,))
+    handled = h.processor.handle(h.record(t))
+    assert handled.outbound[0].model.reason is RejectionReason.DUPLICATE_TOOL_EFFECT
+    (orphan,) = [o.model for o in handled.outbound if o.topic == TOPICS.orphaned_effects]
+    assert (orphan.effect_id, orphan.reason, orphan.output_digest) == (
+        effect_id, OrphanReason.EFFECT_CONFLICT, recorded.content_digest)
