@@ -184,7 +184,7 @@ class Settings:
     # The largest request body the API reads (services/api/app.py, MAX_BODY_BYTES: every
     # valid effect completion fits, however its JSON is escaped); larger: 413.
     api_max_body_bytes: int = 32 * 1024 * 1024
-    # The bytes of large request bodies (above 1 MiB) the API reads and handles at once;
+    # The bytes of large request bodies (above 256 KiB) the API reads and handles at once;
     # more wait (services/api/body_limit.py). Its pod's memory limit rests on it.
     api_body_budget_bytes: int = 64 * 1024 * 1024
     # Entries per map of the worker's tail cache (streams/tail_cache.py; 0 = off): it

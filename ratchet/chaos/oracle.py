@@ -32,7 +32,6 @@ NEVER_PROMOTED = frozenset({"failed", "cancelled", "in_progress", "queued"})
 # A weights revision that names a branch, not immutable weights (CONTRACT 1.2: "a model
 # alias alone is never an identity"); docs/gateway-protocol.md lists these.
 MUTABLE_REVISIONS = frozenset({"main", "master", "latest", "head", "default", "stable"})
-EFFECT_REASONS = frozenset({"MISSING_TOOL_EFFECT", "DUPLICATE_TOOL_EFFECT"})
 
 Sig = tuple
 
@@ -295,13 +294,15 @@ def _invalid(w: World, ev: TurnCompleted) -> set[str]:
     recorded = {eid: v for eid, v in w.effects.items() if v[0] == ev.idempotency_key}
     if any(eid not in recorded for eid in ev.tool_effect_ids):
         reasons.add("MISSING_TOOL_EFFECT")
+    # A listed effect recorded twice with different outputs, or answered with another
+    # output than its recorded one: the tool ran again (gateway-protocol.md section 6).
     if any(eid in w.conflicted for eid in ev.tool_effect_ids):
-        reasons |= EFFECT_REASONS
+        reasons.add("DUPLICATE_TOOL_EFFECT")
     outputs = {call: out for eid, (_, call, out) in recorded.items() if eid in ev.tool_effect_ids}
     for item in items:
         if item.type == "function_call_output" and item.call_id in outputs \
                 and outputs[item.call_id] != item.content_digest:
-            reasons |= EFFECT_REASONS
+            reasons.add("DUPLICATE_TOOL_EFFECT")
     return reasons
 
 

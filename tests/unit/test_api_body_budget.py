@@ -1,7 +1,7 @@
 """The API reads a bounded number of large bodies at once (``BodyBudget``,
 ``RATCHET_API_BODY_BUDGET_BYTES``). Eight 33 MB completion bodies at once took the API
 past its pod's 384 MiB memory limit (found by an outside review of the deployment,
-session 25): a body above 1 MiB now waits, unread, for its share of the budget, and
+session 25): a body above 256 KiB now waits, unread, for its share of the budget, and
 holds it until its answer is sent; small bodies never wait; one larger than the whole
 budget runs alone; a chunked body counts as the largest allowed."""
 
