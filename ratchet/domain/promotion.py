@@ -344,13 +344,20 @@ def _carries_claim_result(claim: ClaimRecord,
     """Whether an output answering the claim's call is its recorded result (ids
     aside, as for a listed claim). A claim without a recorded outcome, or whose outcome
     has no canonical form, is carried by nothing."""
+    wanted = _claim_result(claim)
+    return wanted is not None and any(
+        _result_or_none(o) == wanted for o in outputs_by_call.get(claim.call_id, ()))
+
+
+def _claim_result(claim: ClaimRecord) -> str | None:
+    """The digest of the claim's recorded result, ids aside; None when it has no
+    recorded outcome, or one without a canonical form."""
     if not claim.completed or claim.output is None:
-        return False
+        return None
     try:
-        wanted = result_digest(claim.output)
+        return result_digest(claim.output)
     except (ValueError, TypeError, RecursionError):
-        return False
-    return any(_result_or_none(o) == wanted for o in outputs_by_call.get(claim.call_id, ()))
+        return None
 
 
 def carried_effect_ids(turn: TurnCompleted, effects: Iterable[RecordedEffect],
@@ -386,13 +393,8 @@ def _stale_holders_output(claim: ClaimRecord,
         answers = outputs_by_call.get(call_id)
         if not answers or call_id == claim.call_id:
             continue
-        if not claim.completed or claim.output is None:
-            return call_id
-        try:
-            wanted = result_digest(claim.output)
-        except (ValueError, TypeError, RecursionError):
-            return call_id
-        if all(_result_or_none(a) != wanted for a in answers):
+        wanted = _claim_result(claim)
+        if wanted is None or all(_result_or_none(a) != wanted for a in answers):
             return call_id
     return None
 

@@ -85,14 +85,10 @@ def test_unlisted_completed_claim_carried_in_history_is_not_orphaned_final():
         "effect EffectOrphaned ATTEMPT_SUPERSEDED (final: compensate)")
 
 
-def test_unlisted_tool_effect_carried_in_history_is_not_orphaned_final():
-    """The same with a ToolEffect-recorded effect (no claim): the turn carries exactly
-    the recorded output for its call, is promoted, and the effect is published
-    ATTEMPT_SUPERSEDED (final: compensate) -- compensation would undo an effect whose
-    output the promoted history shows the model."""
+def _booking_carried_unlisted(h):
+    """A recorded ToolEffect, and a turn carrying its exact output without listing it."""
     from ratchet.samples import make_tool_effect, make_turn
 
-    h = Harness()
     key, rid, conv = new_id("idem"), new_id("resp"), new_id("conv")
     out = function_call_output("call_a", '{"booked": "PNR123"}', item_id="fco_a")
     effect = make_tool_effect("call_a", out, idempotency_key=key, response_id=rid,
@@ -100,8 +96,17 @@ def test_unlisted_tool_effect_carried_in_history_is_not_orphaned_final():
     h.feed(effect)
     items = [function_call("call_a", "book", {"flight": "AF1"}, item_id="fc_a"), out,
              message("booked", role="assistant", item_id=new_id("msg"))]
-    t = make_turn(items, idempotency_key=key, response_id=rid, conversation_id=conv,
-                  tool_effect_ids=())
+    return effect, make_turn(items, idempotency_key=key, response_id=rid,
+                             conversation_id=conv, tool_effect_ids=())
+
+
+def test_unlisted_tool_effect_carried_in_history_is_not_orphaned_final():
+    """The same with a ToolEffect-recorded effect (no claim): the turn carries exactly
+    the recorded output for its call, is promoted, and the effect is published
+    ATTEMPT_SUPERSEDED (final: compensate) -- compensation would undo an effect whose
+    output the promoted history shows the model."""
+    h = Harness()
+    effect, t = _booking_carried_unlisted(h)
     handled = h.processor.handle(h.record(t))
     promoted = [o for o in handled.outbound if o.topic == TOPICS.checkpoints]
     orphans = [o.model for o in handled.outbound if o.topic == TOPICS.orphaned_effects]
@@ -115,18 +120,8 @@ def test_unlisted_tool_effect_carried_in_history_is_not_orphaned_final():
 def test_a_carried_effect_redelivered_after_the_promotion_is_not_orphaned():
     """The checkpoint keeps the carried effect among those its turn uses: the late
     path (a ``ToolEffect`` redelivered after the promotion) reads that list."""
-    from ratchet.samples import make_tool_effect, make_turn
-
     h = Harness()
-    key, rid, conv = new_id("idem"), new_id("resp"), new_id("conv")
-    out = function_call_output("call_a", '{"booked": "PNR123"}', item_id="fco_a")
-    effect = make_tool_effect("call_a", out, idempotency_key=key, response_id=rid,
-                              conversation_id=conv)
-    h.feed(effect)
-    items = [function_call("call_a", "book", {"flight": "AF1"}, item_id="fc_a"), out,
-             message("booked", role="assistant", item_id=new_id("msg"))]
-    t = make_turn(items, idempotency_key=key, response_id=rid, conversation_id=conv,
-                  tool_effect_ids=())
+    effect, t = _booking_carried_unlisted(h)
     handled = h.processor.handle(h.record(t))
     assert [o.topic for o in handled.outbound] == [TOPICS.checkpoints]
     assert h.orphans(effect) == []
