@@ -15,9 +15,9 @@ model); eight at once took it past its pod's memory limit (found by an outside r
 of the deployment, session 25). A body above ``LARGE_BODY_BYTES`` waits for its share
 of the budget once its first bytes are there (the server stops reading its socket
 meanwhile), and holds it until its answer is sent; shares are given in arrival order;
-one larger than the whole budget runs alone. A chunked body of unknown length counts as the largest allowed. A
-large body that stops arriving for ``BODY_READ_TIMEOUT_S`` is a 408, and its share
-returns to the budget.
+one larger than the whole budget runs alone. A chunked body of unknown length counts as
+the largest allowed. A large body that stops arriving for ``BODY_READ_TIMEOUT_S`` is a
+408, and its share returns to the budget.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ class BodyLimit:
             await self.app(scope, bounded_receive, send)
             return
 
-        share = 0
+        budget, share = self.budget, 0
 
         async def budgeted_receive() -> dict:
             # The share is taken once the body's first bytes are there, and held until
@@ -143,7 +143,6 @@ class BodyLimit:
             except TimeoutError:
                 raise BodyStalled() from None
 
-        budget = self.budget
         try:
             await self.app(scope, budgeted_receive, send)
         finally:
