@@ -85,7 +85,7 @@ class World:
     head_calls: tuple[tuple[str, str | None], ...] = ()
     # Other Conversations a story's event names (a response id raced elsewhere):
     # conversation id -> (head, items, calls).
-    elsewhere: dict[str, tuple] = field(default_factory=dict)
+    other_heads: dict[str, tuple] = field(default_factory=dict)
     effects: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # id -> key, call, out
     attempts: dict[str, int] = field(default_factory=dict)  # effect id -> attempt
     conflicted: set[str] = field(default_factory=set)  # effect ids recorded with two outputs
@@ -227,7 +227,7 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
     if ev.conversation_id == story.key:
         w.head, w.head_items, w.head_calls = seq, items, calls
     elif ev.conversation_id is not None:
-        w.elsewhere[ev.conversation_id] = (seq, items, calls)
+        w.other_heads[ev.conversation_id] = (seq, items, calls)
     used = set(ev.tool_effect_ids)
     w.used |= used
     w.orphans |= {eid for eid, (key, _, _) in w.effects.items()
@@ -243,7 +243,7 @@ def _partition(ev: TurnCompleted) -> str:
 def _conversation(w: World, story: Story, conversation_id: str) -> tuple:
     if conversation_id == story.key:
         return w.head, w.head_items, w.head_calls
-    return w.elsewhere.get(conversation_id, (0, (), ()))
+    return w.other_heads.get(conversation_id, (0, (), ()))
 
 
 def _unpaired(calls: tuple[tuple[str, str | None], ...]) -> bool:
