@@ -841,9 +841,19 @@ class PromotionProcessor:
         known, promoted = (self.request_facts.orphans_known(turn, verdict)
                            if isinstance(verdict, Reject) and (facts.effects or facts.claims)
                            else (True, None))
+        # The stored promotion that stands (a replayed one, or the one a rejected
+        # attempt's request has): its items, only when an effect it does not list as
+        # used could be one recorded after it that its turn carries (rare: a read).
+        stands = (verdict.checkpoint if isinstance(verdict, Accepted) and verdict.replayed
+                  else promoted)
+        items = None
+        if known and stands is not None and promotion.needs_promoted_items(
+                stands, [e.effect_id for e in facts.effects]
+                + [c.effect_id for c in facts.claims]):
+            known, items = self.request_facts.promoted_items(stands)
         # claims hook (issue 17): a claim of an attempt not accepted is orphaned too
         orphans = (promotion.orphaned_effects(turn, verdict, facts.effects, facts.claims,
-                                              promoted) if known else ())
+                                              promoted, items) if known else ())
         for orphan in orphans:
             out.append(Outbound(self.topics.orphaned_effects, key,
                                 orphaned_event(turn, partition, orphan)))

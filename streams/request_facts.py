@@ -17,11 +17,17 @@ import logging
 from dataclasses import replace
 
 from ratchet.domain import promotion
-from ratchet.domain.history import CheckpointRecord, PromotionMode
+from ratchet.domain.history import (
+    NO_ITEMS,
+    CheckpointRecord,
+    PromotionMode,
+    verify_turn_items,
+)
 from ratchet.domain.promotion import RecordedEffect, Reject
 from schemas.keys import MissingChainRoot, partition_key, request_scope
 from schemas.models import (
     DeadLetterReason,
+    Item,
     OrphanReason,
     RejectionReason,
     ToolEffect,
@@ -97,13 +103,22 @@ class RequestFacts:
             return ()
         if promoted is None:
             orphan = self._cancelled_request_orphan(effect, recorded)
-        elif (promoted.accepted_effect_ids is None
-              or effect.effect_id in promoted.accepted_effect_ids):
+        elif not promotion.needs_promoted_items(promoted, (effect.effect_id,)):
             return ()  # used by the promoted turn, or unknown (promoted before 012)
         else:
+            # Recorded after the promotion, which could not list it: used all the same
+            # if the promoted turn carries its output under its call (the gateway
+            # produced the turn first; gateway-protocol.md section 6).
+            known, items = self.promoted_items(promoted)
+            if not known:
+                return ()
+            mine = replace(recorded, conflicted=result is EffectWrite.CONFLICT)
+            if effect.effect_id in promotion.carried_by_items(
+                    items, promoted.accepted_effect_ids or (), (mine,), ()):
+                return ()
             orphan = promotion.Orphan(recorded, OrphanReason.ATTEMPT_SUPERSEDED, detail=(
                 f"recorded after request {effect.idempotency_key} was promoted as "
-                f"{promoted.response_id}, which does not use it"))
+                f"{promoted.response_id}, which neither lists it nor carries its output"))
         if orphan is None:
             return ()
         return (Outbound(self.topics.orphaned_effects, effect.partition_key.encode(),
@@ -231,6 +246,30 @@ class RequestFacts:
             return None
         return self.store.promoted_key(turn.tenant_id, key, turn.idempotency_key,
                                        turn.response_id, first_of_chain=_first_of_chain(turn))
+
+    def promoted_items(self, promoted: CheckpointRecord) -> tuple[bool, tuple[Item, ...]]:
+        """The stored items of ``promoted``, verified against its checkpoint: (known,
+        items). Not known (logged: the partition needs an operator) when the row is
+        gone, damaged, or does not match the checkpoint: then an effect it does not list
+        may still be in its history, and none is orphaned."""
+        try:
+            snapshot = self.store.read_turn(promoted.tenant_id, promoted.partition_key,
+                                            promoted.response_id)
+            stored = None if snapshot is None else snapshot.checkpoints.get(
+                promoted.response_id)
+            if stored is None or stored.items_digest != promoted.items_digest:
+                raise CorruptPartition(f"turn row of {promoted.response_id} is missing or "
+                                       "differs from the request's promotion")
+            items = snapshot.items.get(promoted.response_id, NO_ITEMS)
+            failure = verify_turn_items(stored, items)
+            if failure is not None:
+                raise CorruptPartition(f"{failure.reason.value}: {failure.detail}")
+        except CorruptPartition as exc:
+            log.error("orphans of request %s not published: the items of its promotion %s "
+                      "cannot be read: %s", promoted.idempotency_key, promoted.response_id,
+                      exc)
+            return False, ()
+        return True, items.items()
 
     def orphans_known(self, turn: TurnCompleted,
                       verdict: Reject) -> tuple[bool, CheckpointRecord | None]:

@@ -625,6 +625,14 @@ def _lineage_items(
     return tuple(out)
 
 
+def verify_turn_items(checkpoint: CheckpointRecord, items: TurnItems) -> HistoryFailure | None:
+    """One stored turn's items against its own checkpoint (count, seqs, items digest,
+    then every content digest, format, type and column), without its lineage: what a
+    reader of one promoted turn's items checks (the processor, asking whether that turn
+    carries a tool effect's output). None if they hold."""
+    return _check_turn_items(checkpoint, items) or _check_items([items])
+
+
 def _check_turn_items(checkpoint: CheckpointRecord, items: TurnItems) -> HistoryFailure | None:
     rid = checkpoint.response_id
     count, expected = len(items.ids), checkpoint.item_count

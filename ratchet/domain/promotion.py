@@ -366,12 +366,21 @@ def carried_effect_ids(turn: TurnCompleted, effects: Iterable[RecordedEffect],
     carries (an item under the effect's key with its digest; a claim's result, ids
     aside): the promoted history holds them, so they are used like listed ones and never
     orphaned (docs/gateway-protocol.md, section 6, ``tool_effect_ids``)."""
+    return carried_by_items(turn.items, used_effect_ids(turn), effects, claims)
+
+
+def carried_by_items(items: Iterable[Item], listed: Iterable[str],
+                     effects: Iterable[RecordedEffect],
+                     claims: Iterable[ClaimRecord]) -> set[str]:
+    """``carried_effect_ids`` for any turn's ``items`` (the event's, or a stored
+    promotion's, for effects recorded after it) and the effect ids it ``listed``.
+    A conflicted effect is carried by nothing."""
     effects, claims = list(effects), list(claims)
     if not effects and not claims:
         return set()  # the common turn: no effect recorded for its request
-    listed = set(used_effect_ids(turn))
+    listed = set(listed)
     outputs_by_call: dict[str | None, list[Item]] = {}
-    for item in turn.items:
+    for item in items:
         if item.type in EFFECT_OUTPUT_TYPES:
             outputs_by_call.setdefault(effect_key(item), []).append(item)
     carried = {e.effect_id for e in effects
@@ -381,6 +390,16 @@ def carried_effect_ids(turn: TurnCompleted, effects: Iterable[RecordedEffect],
     carried |= {c.effect_id for c in claims
                 if c.effect_id not in listed and _carries_claim_result(c, outputs_by_call)}
     return carried
+
+
+def needs_promoted_items(promoted: CheckpointRecord, effect_ids: Iterable[str]) -> bool:
+    """Whether orphaning ``effect_ids`` against the stored promotion ``promoted`` needs
+    its items: an effect it does not list as used may have been recorded after it, and
+    its output still be in the promoted turn (``orphaned_effects``,
+    ``promoted_items``). False when the checkpoint does not say which it used (nothing
+    is orphaned then) or uses them all (the common case: no read)."""
+    used = promoted.accepted_effect_ids
+    return used is not None and not set(effect_ids) <= set(used)
 
 
 def _stale_holders_output(claim: ClaimRecord,
@@ -588,7 +607,8 @@ def _accepted_effect_ids(turn: TurnCompleted, verdict: Accepted) -> set[str] | N
 def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
                      effects: Iterable[RecordedEffect],
                      claims: Iterable[ClaimRecord] = (),
-                     promoted: CheckpointRecord | None = None) -> list[Orphan]:
+                     promoted: CheckpointRecord | None = None,
+                     promoted_items: Iterable[Item] | None = None) -> list[Orphan]:
     """Recorded or claimed effects that no accepted turn uses, to publish as
     ``EffectOrphaned`` for compensation once the verdict is known.
 
@@ -612,6 +632,11 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
       response: recorded, its own attempt's only) ->
       ``TURN_NOT_PROMOTABLE`` (failed/in-progress status), ``EFFECT_CONFLICT``
       (conflicted effects) or ``TURN_REJECTED``.
+
+    ``promoted_items``: the items of the stored promotion that stands (the replayed
+    checkpoint of an accepted turn, ``promoted`` of a rejected one), read when
+    ``needs_promoted_items``. An effect recorded after that promotion whose output it
+    carries is used as if it listed it (its checkpoint could not: it did not exist yet).
     """
     claim_by_id = {c.effect_id: c for c in claims}
     found = {e.effect_id: e for e in effects}
@@ -632,14 +657,21 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
         return Orphan(e, reason, rejection, detail, completed=completed)
 
     all_effects = [found[k] for k in sorted(found)]
+    effects_only = [e for k, e in found.items() if k not in claim_by_id]
+
+    def carried_by_stored(used: set[str]) -> set[str]:
+        if promoted_items is None:
+            return set()
+        return carried_by_items(promoted_items, used, effects_only, claim_by_id.values())
+
     if isinstance(verdict, Accepted):
         used = _accepted_effect_ids(turn, verdict)
         if used is None:
             return []
-        if not verdict.replayed:  # a replay's checkpoint kept what its turn carried
-            used |= carried_effect_ids(
-                turn, [e for k, e in found.items() if k not in claim_by_id],
-                claim_by_id.values())
+        if verdict.replayed:  # its checkpoint kept what its turn carried then
+            used |= carried_by_stored(used)
+        else:
+            used |= carried_effect_ids(turn, effects_only, claim_by_id.values())
         return [orphan(e, OrphanReason.ATTEMPT_SUPERSEDED) for e in all_effects
                 if e.effect_id not in used]
     protected: set[str] = set()
@@ -647,6 +679,7 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
         if promoted.accepted_effect_ids is None:
             return []  # promoted before migration 012: nothing can be shown unused
         protected = set(promoted.accepted_effect_ids)
+        protected |= carried_by_stored(protected)
     if verdict.reason is R.DUPLICATE:
         if promoted is None:
             return []  # the original's promotion could not be read: orphan nothing
