@@ -200,9 +200,14 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
         seq = head + 1
     elif ev.previous_response_id is None:
         seq, prior, prior_calls = 1, (), ()
-    elif ev.previous_response_id in w.promoted:
+    elif ev.previous_response_id in w.promoted and ev.tenant_id == story.tenant:
         parent = w.promoted[ev.previous_response_id]
         seq, prior, prior_calls = parent.seq + 1, parent.items, parent.calls
+    elif ev.previous_response_id in w.promoted:
+        # Another tenant's child of the story's promoted response: not in that tenant's
+        # partition, and the response's owner is the story's tenant (gateway-protocol.md
+        # section 6, ``previous_response_id``; the other tenant has nothing else here).
+        return _reject_any(w, ev, write or {"TENANT_MISMATCH"})
     else:
         return _reject_any(w, ev, write or {"PARENT_NOT_PROMOTED", *(
             {"CONFLICT"} if elsewhere else ())})

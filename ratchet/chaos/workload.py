@@ -310,7 +310,7 @@ ROOT_RETRY_RATE = 0.1
 CHAIN_STEPS = {
     "child": 30, "fork": 10, "incomplete": 5, "not_promotable": 5, "orphan_parent": 4,
     "redelivery": 6, "duplicate": 4, "corrupt": 3, "cancel_before": 4, "tool_loop": 6,
-    "unpaired": 3, "bad_proof": 2, "redeployed": 2,
+    "unpaired": 3, "bad_proof": 2, "redeployed": 2, "foreign_parent": 2,
 }
 UNPAIRED_KINDS = ("output_without_call", "call_left_open", "reasoning_last", "call_id_reused")
 BAD_PROOFS = ("other_fingerprint", "counts", "artifact_other_fingerprint")
@@ -552,6 +552,16 @@ def _chain(story: Story, rng: random.Random) -> None:
             last, _ = _tool_turn(story, gw, scenario, ident, key, text, rng)
         elif scenario == "redeployed":
             last = story.add(scenario, gw.turn(ident, key, text, fingerprint=REDEPLOYED))[0]
+        elif scenario == "foreign_parent":
+            # Another tenant's child of one of this chain's responses (ids are
+            # guessable): the parent is not in that tenant's partition, and the tenant
+            # that promoted it owns it (TENANT_MISMATCH; never promoted:
+            # PARENT_NOT_PROMOTED). Its chain_root_id is the story's Kafka key: ordered
+            # after the parent's own turn.
+            other = TurnIdentity.chain(f"{story.tenant}-other", rid, previous_response_id=parent,
+                                       chain_root_id=story.key)
+            last = story.add(scenario, gw.turn(other, key, text))[0]
+            continue
         elif scenario in ("unpaired", "bad_proof"):
             turn = (_unpaired(gw, rng.choice(UNPAIRED_KINDS), ident, key, text, [])
                     if scenario == "unpaired" else _broken(gw, scenario, ident, key, text))

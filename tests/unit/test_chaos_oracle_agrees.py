@@ -14,7 +14,8 @@ The workload covers the rules added to the chaos run in session 25: fingerprints
 are not identities, unknown formats, boundary proofs that prove nothing, pairing
 breaches and a client tool answered by the next turn, a redeployed model, a conflicted
 effect, a response id raced on two Conversations of one tenant, one used by another
-tenant too, and another tenant's turn on a Conversation (``TENANT_MISMATCH``).
+tenant too, and another tenant's turn on a Conversation (``TENANT_MISMATCH``); since
+session 26 also another tenant's child of a chain's response (``foreign_parent``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from tests.unit.test_processor_rules import TOPICS, PickleCodec, raw_record
 
 NEW_LABELS = ("bad_fingerprint", "unsupported_format", "bad_proof", "unpaired", "redeployed",
               "client_tool", "client_tool_answer", "foreign_rid", "effect_conflict",
-              "rid_elsewhere", "foreign_tenant")
+              "rid_elsewhere", "foreign_tenant", "foreign_parent")
 
 
 def _sig(model) -> tuple:
@@ -170,11 +171,11 @@ def test_every_history_is_the_one_the_oracle_promoted(run):
     assert {"certified", "FINGERPRINT_MISMATCH", "NOT_CERTIFIED", "NOT_PROMOTED"} <= set(checked)
 
 
-def _story_of(*turns) -> tuple[Story, list[tuple]]:
+def _story_of(*turns, kind: str = "conversation") -> tuple[Story, list[tuple]]:
     """A one-world story of ``turns`` (functions of the story's gateway helper, sent in
     order); the processor's outcome of each, and the oracle's acceptable ones."""
-    story = Story(0, "agree-pinned", "conversation", "ten-pinned", "conv-agree-pinned",
-                  "gateway")
+    key = "conv-agree-pinned" if kind == "conversation" else "resp-agree-pinned-0"
+    story = Story(0, "agree-pinned", kind, "ten-pinned", key, "gateway")
     gw = _Gateway(story, random.Random(0))
     for make in turns:
         story.add("pinned", make(gw, story))
@@ -233,4 +234,25 @@ def test_another_tenants_turn_on_a_conversation_is_tenant_mismatch():
     _, got = _story_of(_turn("conv-agree-pinned", "r0", 0, "k0"), foreign,
                        _turn("conv-agree-pinned", "r1", 1, "k1"))
     assert [g[0][:2] for g in got] == [("P", 1), ("R", "TENANT_MISMATCH"), ("P", 2)]
+    assert all(sig in accepted for sig, accepted in got), got
+
+
+def test_another_tenants_child_of_a_chain_response_is_tenant_mismatch():
+    """The workload's ``foreign_parent`` scenario, pinned: a chain response is its
+    promoting tenant's; another tenant's child of it is ``TENANT_MISMATCH``, and its
+    child of a response never promoted is ``PARENT_NOT_PROMOTED``; the chain's own
+    tenant goes on."""
+    def chain(rid, parent, key, tenant=None):
+        def make(gw, story):
+            ident = TurnIdentity.chain(tenant or story.tenant, rid, previous_response_id=parent,
+                                       chain_root_id=None if parent is None else story.key)
+            return gw.turn(ident, key, f"ask {rid}")
+        return make
+    root = "resp-agree-pinned-0"
+    _, got = _story_of(chain(root, None, "k0"),
+                       chain("r1", root, "k1", tenant="ten-intruder"),
+                       chain("r2", "never-promoted", "k2", tenant="ten-intruder"),
+                       chain("r3", root, "k3"), kind="chain")
+    assert [g[0][:2] for g in got] == [("P", 1), ("R", "TENANT_MISMATCH"),
+                                      ("R", "PARENT_NOT_PROMOTED"), ("P", 2)]
     assert all(sig in accepted for sig, accepted in got), got
