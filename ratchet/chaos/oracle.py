@@ -52,6 +52,10 @@ class Promo:
     fingerprint_hash: str = ""  # the promoted turn's
     # (type, call_id) of each item of ``items``: the pairing state a child continues.
     calls: tuple[tuple[str, str | None], ...] = ()
+    # The effects its turn listed, and (call_id, digest) of each output its turn
+    # carried: what an effect recorded after the promotion is judged by.
+    effect_ids: frozenset[str] = frozenset()
+    outputs: frozenset[tuple[str | None, str]] = frozenset()
 
     def read(self, fingerprint_hash: str) -> tuple[str, str | None]:
         """Outcome and reason of its history asked with ``fingerprint_hash``, before any
@@ -138,9 +142,19 @@ def _apply(w: World, story: Story, index: int) -> None:
         # same id is a conflict (the tool ran twice and answered differently).
         recorded = w.effects.setdefault(ev.effect_id, (ev.idempotency_key, ev.call_id,
                                                        ev.output.content_digest))
+        first = ev.effect_id not in w.attempts
         w.attempts.setdefault(ev.effect_id, ev.attempt)
         if recorded[2] != ev.output.content_digest:
             w.conflicted.add(ev.effect_id)
+        promo = w.keys.get(ev.idempotency_key)
+        if first and promo is not None and ev.effect_id not in promo.effect_ids:
+            # Recorded after its request's promotion (gateway-protocol.md section 6,
+            # ``ToolEffect``): used if the promoted turn carries its output under its
+            # call, else published orphaned (ATTEMPT_SUPERSEDED).
+            if (ev.call_id, ev.output.content_digest) in promo.outputs:
+                w.used.add(ev.effect_id)
+            else:
+                w.orphans.add(ev.effect_id)
     elif isinstance(ev, TurnCancelled):
         if ev.idempotency_key not in w.keys:  # a cancel after completion changes nothing
             w.cancelled.add(ev.idempotency_key)
@@ -224,7 +238,10 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
     artifact = certified and ev.token_artifact is not None and ev.boundary_proof is not None
     promo = Promo(ev.response_id, ev.idempotency_key, ev.request_digest, seq, items,
                   "certified" if certified else "logical_only", artifact,
-                  ev.conversation_id, ev.previous_response_id, ev.fingerprint_hash, calls)
+                  ev.conversation_id, ev.previous_response_id, ev.fingerprint_hash, calls,
+                  frozenset(ev.tool_effect_ids),
+                  frozenset((i.call_id, i.content_digest) for i in turn_items
+                            if i.type == "function_call_output"))
     w.promoted[ev.response_id] = promo
     w.keys[ev.idempotency_key] = promo
     if ev.conversation_id is not None:

@@ -303,6 +303,8 @@ CONVERSATION_STEPS = {
     "effect_conflict": 2, "rid_elsewhere": 2,
     # Another tenant's turn on this Conversation (TENANT_MISMATCH).
     "foreign_tenant": 2,
+    # A tool turn produced before its effects (used if it carries their output).
+    "late_effect": 2,
 }
 # Chains whose first response is retried under another response id, racing it.
 ROOT_RETRY_RATE = 0.1
@@ -310,7 +312,7 @@ ROOT_RETRY_RATE = 0.1
 CHAIN_STEPS = {
     "child": 30, "fork": 10, "incomplete": 5, "not_promotable": 5, "orphan_parent": 4,
     "redelivery": 6, "duplicate": 4, "corrupt": 3, "cancel_before": 4, "tool_loop": 6,
-    "unpaired": 3, "bad_proof": 2, "redeployed": 2, "foreign_parent": 2,
+    "unpaired": 3, "bad_proof": 2, "redeployed": 2, "foreign_parent": 2, "late_effect": 2,
 }
 UNPAIRED_KINDS = ("output_without_call", "call_left_open", "reasoning_last", "call_id_reused")
 BAD_PROOFS = ("other_fingerprint", "counts", "artifact_other_fingerprint")
@@ -386,7 +388,8 @@ def _conversation(story: Story, rng: random.Random) -> None:
             b = gw.turn(gw.identity(other_rid, head), other_key, text + " (other gateway)")
             last = story.add(scenario, a, race=(b,))[0]
             head += 1  # exactly one of the two wins
-        elif scenario in ("tool_loop", "orphan_retry", "missing_effect", "effect_conflict"):
+        elif scenario in ("tool_loop", "orphan_retry", "missing_effect", "effect_conflict",
+                          "late_effect"):
             last, ok = _tool_turn(story, gw, scenario, ident, key, text, rng)
             if ok:
                 promoted.append((rid, key, text, last))
@@ -464,6 +467,18 @@ def _tool_turn(story: Story, gw: _Gateway, scenario: str, ident: TurnIdentity, k
         assert again.effect_id == first.effect_id
         turn = gw.turn(ident, key, text, tools=[(call, result)], effect_ids=(first.effect_id,))
         return story.add(scenario, first, again, turn)[-1], False
+    if scenario == "late_effect":
+        # The gateway produced the turn before its tools' ToolEffects (allowed, not
+        # advised): the turn lists none. Each effect, recorded after the promotion, is
+        # used if the turn carries its output under its call (never orphaned), else
+        # orphaned ATTEMPT_SUPERSEDED (here: the tool ran again and answered otherwise).
+        tools = [gw.tool_call(rid, n) for n in range(rng.randint(1, 2))]
+        turn = gw.turn(ident, key, text, tools=tools, reasoning=rng.random() < 0.5)
+        outputs = [r if rng.random() < 0.7 else {**r, "output": r["output"] + " (ran again)"}
+                   for _, r in tools]
+        effects = [gw.effect(ident, key, n, c, out)
+                   for n, ((c, _), out) in enumerate(zip(tools, outputs, strict=True))]
+        return story.add(scenario, turn, *effects)[0], True
     attempt = 1
     if scenario == "orphan_retry":
         # Attempt 1 ran a tool, then the gateway died; attempt 2 called another tool.
@@ -548,7 +563,7 @@ def _chain(story: Story, rng: random.Random) -> None:
             last = story.add(scenario, cancel, gw.turn(ident, key, text))[1]
             dead.append(rid)
             continue
-        elif scenario == "tool_loop":
+        elif scenario in ("tool_loop", "late_effect"):
             last, _ = _tool_turn(story, gw, scenario, ident, key, text, rng)
         elif scenario == "redeployed":
             last = story.add(scenario, gw.turn(ident, key, text, fingerprint=REDEPLOYED))[0]

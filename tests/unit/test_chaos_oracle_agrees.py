@@ -46,7 +46,7 @@ from tests.unit.test_processor_rules import TOPICS, PickleCodec, raw_record
 
 NEW_LABELS = ("bad_fingerprint", "unsupported_format", "bad_proof", "unpaired", "redeployed",
               "client_tool", "client_tool_answer", "foreign_rid", "effect_conflict",
-              "rid_elsewhere", "foreign_tenant", "foreign_parent")
+              "rid_elsewhere", "foreign_tenant", "foreign_parent", "late_effect")
 
 
 def _sig(model) -> tuple:
