@@ -56,10 +56,16 @@ class Promo:
     # carried: what an effect recorded after the promotion is judged by.
     effect_ids: frozenset[str] = frozenset()
     outputs: frozenset[tuple[str | None, str]] = frozenset()
+    # Its logical expiry had passed when it was sent (the workload's ``expired``):
+    # promoted all the same, and its own reads answer EXPIRED (expiry is per response).
+    expired: bool = False
 
     def read(self, fingerprint_hash: str) -> tuple[str, str | None]:
-        """Outcome and reason of its history asked with ``fingerprint_hash``, before any
-        expiry (CONTRACT 5; fallback reasons in the order gateway-protocol.md gives)."""
+        """Outcome and reason of its history asked with ``fingerprint_hash`` (CONTRACT 5:
+        the response's own logical expiry first, then the fallback reasons in the order
+        gateway-protocol.md gives)."""
+        if self.expired:
+            return "failure", "EXPIRED"
         if self.certification != "certified":
             return "fallback", "NOT_CERTIFIED"
         if not self.artifact:
@@ -241,7 +247,8 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
                   ev.conversation_id, ev.previous_response_id, ev.fingerprint_hash, calls,
                   frozenset(ev.tool_effect_ids),
                   frozenset((i.call_id, i.content_digest) for i in turn_items
-                            if i.type == "function_call_output"))
+                            if i.type == "function_call_output"),
+                  ev.expires_at is not None and ev.expires_at <= ev.produced_at)
     w.promoted[ev.response_id] = promo
     w.keys[ev.idempotency_key] = promo
     if ev.conversation_id is not None:

@@ -170,7 +170,8 @@ class _Gateway:
              effect_ids: tuple[str, ...] = (), reasoning: bool = False,
              extra_output: tuple[dict, ...] = (), inputs: tuple[dict, ...] = (),
              final_message: bool = True, tail: tuple[dict, ...] = (),
-             fingerprint: Fingerprint = FINGERPRINT) -> TurnCompleted:
+             fingerprint: Fingerprint = FINGERPRINT,
+             expires_at: int | None = None) -> TurnCompleted:
         """``inputs`` come before the user's message (a client tool's output);
         ``final_message`` False ends the output with its last call (a client tool);
         ``tail`` follows the assistant's message (items that break pairing there)."""
@@ -204,7 +205,7 @@ class _Gateway:
             attempt=attempt, status=status,
             incomplete_reason="max_output_tokens" if status == "incomplete" else None,
             token_artifact=artifact, boundary_proof=proof, tool_effect_ids=effect_ids,
-            gateway_id="chaos",
+            gateway_id="chaos", expires_at=expires_at,
         )
 
     def tool_call(self, rid: str, n: int) -> tuple[dict, dict]:
@@ -305,6 +306,8 @@ CONVERSATION_STEPS = {
     "foreign_tenant": 2,
     # A tool turn produced before its effects (used if it carries their output).
     "late_effect": 2,
+    # A turn whose logical expiry has passed when it is sent: promoted, read EXPIRED.
+    "expired": 2,
 }
 # Chains whose first response is retried under another response id, racing it.
 ROOT_RETRY_RATE = 0.1
@@ -313,7 +316,10 @@ CHAIN_STEPS = {
     "child": 30, "fork": 10, "incomplete": 5, "not_promotable": 5, "orphan_parent": 4,
     "redelivery": 6, "duplicate": 4, "corrupt": 3, "cancel_before": 4, "tool_loop": 6,
     "unpaired": 3, "bad_proof": 2, "redeployed": 2, "foreign_parent": 2, "late_effect": 2,
+    "expired": 2,
 }
+# How long before it is sent an ``expired`` turn's logical expiry passed.
+EXPIRED_AGO_MS = 60_000
 UNPAIRED_KINDS = ("output_without_call", "call_left_open", "reasoning_last", "call_id_reused")
 BAD_PROOFS = ("other_fingerprint", "counts", "artifact_other_fingerprint")
 
@@ -420,6 +426,13 @@ def _conversation(story: Story, rng: random.Random) -> None:
             last = story.add("client_tool_answer", gw.turn(gw.identity(rid2, head), key2, text2,
                                                            inputs=(answer,)))[0]
             promoted.append((rid2, key2, text2, last))
+            head += 1
+        elif scenario == "expired":
+            # Expiry is per response (gateway-protocol.md section 8, "Logical expiry"):
+            # promoted, its own reads answer EXPIRED, the next turn's history is whole.
+            last = story.add(scenario, gw.turn(ident, key, text,
+                                               expires_at=now_ms() - EXPIRED_AGO_MS))[0]
+            promoted.append((rid, key, text, last))
             head += 1
         elif scenario == "foreign_rid":
             # The first response id of the story before, which is another tenant's: a
@@ -567,6 +580,9 @@ def _chain(story: Story, rng: random.Random) -> None:
             last, _ = _tool_turn(story, gw, scenario, ident, key, text, rng)
         elif scenario == "redeployed":
             last = story.add(scenario, gw.turn(ident, key, text, fingerprint=REDEPLOYED))[0]
+        elif scenario == "expired":
+            last = story.add(scenario, gw.turn(ident, key, text,
+                                               expires_at=now_ms() - EXPIRED_AGO_MS))[0]
         elif scenario == "foreign_parent":
             # Another tenant's child of one of this chain's responses (ids are
             # guessable): the parent is not in that tenant's partition, and the tenant

@@ -46,7 +46,7 @@ from tests.unit.test_processor_rules import TOPICS, PickleCodec, raw_record
 
 NEW_LABELS = ("bad_fingerprint", "unsupported_format", "bad_proof", "unpaired", "redeployed",
               "client_tool", "client_tool_answer", "foreign_rid", "effect_conflict",
-              "rid_elsewhere", "foreign_tenant", "foreign_parent", "late_effect")
+              "rid_elsewhere", "foreign_tenant", "foreign_parent", "late_effect", "expired")
 
 
 def _sig(model) -> tuple:
@@ -168,7 +168,8 @@ def test_every_history_is_the_one_the_oracle_promoted(run):
             if problem:
                 wrong.append(f"{e.story.sid} conversation {e.story.key}: {problem}")
     assert wrong == []
-    assert {"certified", "FINGERPRINT_MISMATCH", "NOT_CERTIFIED", "NOT_PROMOTED"} <= set(checked)
+    assert {"certified", "FINGERPRINT_MISMATCH", "NOT_CERTIFIED", "NOT_PROMOTED",
+            "EXPIRED"} <= set(checked)
 
 
 def _story_of(*turns, kind: str = "conversation") -> tuple[Story, list[tuple]]:
