@@ -22,6 +22,7 @@ import hashlib
 import itertools
 from dataclasses import dataclass, field
 
+from ratchet.chaos.claims import ClaimedRun
 from ratchet.chaos.workload import RawRecord, Story, workload_fp_hash
 from schemas.models import ToolEffect, TurnCancelled, TurnCompleted
 
@@ -143,6 +144,12 @@ def expect(story: Story) -> Expectation:
 
 def _apply(w: World, story: Story, index: int) -> None:
     ev = story.events[index]
+    if isinstance(ev, ClaimedRun):
+        # Claimed and completed through the API before its turn: an effect of its
+        # request with the recorded output (gateway-protocol.md section 8).
+        w.effects.setdefault(ev.effect_id, (ev.idempotency_key, ev.call_id, ev.output_digest))
+        w.attempts.setdefault(ev.effect_id, ev.attempt)
+        return
     if isinstance(ev, ToolEffect):
         # Deduplicated by effect id: the first record wins; another output under the
         # same id is a conflict (the tool ran twice and answered differently).

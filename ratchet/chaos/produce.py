@@ -23,11 +23,12 @@ from typing import Any
 
 from confluent_kafka import Producer
 
+from ratchet.chaos.claims import ClaimedRun, ClaimRunner
 from ratchet.chaos.workload import RawRecord, Story, generate
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
 from schemas.models import TurnCompleted
-from services.gateway.errors import GatewayError
+from services.gateway.errors import GatewayError, RehydrationUnavailable
 from services.gateway.producer import PRODUCER_DEFAULTS, GatewayProducer
 
 # Outlast a Kafka restart (tens of seconds on a busy machine) before reporting failure.
@@ -72,10 +73,13 @@ class _Sender:
         self.race = GatewayProducer(settings, serde, config=config)
         self.raw = _RawProducer(settings)
         self.serde = serde
+        self.claims = ClaimRunner(f"http://{settings.api_host}:{settings.api_port}")
 
     def send(self, story: Story, index: int, race: bool = False) -> None:
         ev = story.events[index]
-        if isinstance(ev, RawRecord):
+        if isinstance(ev, ClaimedRun):
+            self._claim(ev)
+        elif isinstance(ev, RawRecord):
             self.raw.send(ev.key, ev.value)
         elif race:
             self.race.send(ev)
@@ -83,6 +87,18 @@ class _Sender:
             self.raw.send(encode_key(ev.partition_key), self.serde.encode(ev, self.raw.topic))
         else:
             self.gateway.send(ev)
+
+    def _claim(self, run: ClaimedRun) -> None:
+        """Through the API, now (its turn is produced after it). Unavailable: the round
+        is sent again (same token). Any other refusal is reported, not retried: the
+        turn that lists the claim is then judged without it, and the checker reports
+        the outcome the oracle did not expect."""
+        try:
+            self.claims.run(run)
+        except RehydrationUnavailable:
+            raise
+        except (GatewayError, AssertionError) as exc:
+            print(f"producer: claim {run.effect_id} refused: {exc!r:.300}", flush=True)
 
     def flush(self) -> None:
         for p in (self.gateway, self.race, self.raw):

@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from ratchet.chaos.claims import ClaimedRun, claimed_run
 from ratchet.samples import make_artifact_and_proof, make_fingerprint
 from schemas.models import (
     BoundaryProof,
@@ -54,7 +55,8 @@ class RawRecord:
     label: str
 
 
-Event = GatewayEvent | RawRecord
+# A ClaimedRun is not produced: the producer makes it through the claims API.
+Event = GatewayEvent | RawRecord | ClaimedRun
 
 
 @dataclass(frozen=True)
@@ -308,6 +310,9 @@ CONVERSATION_STEPS = {
     "late_effect": 2,
     # A turn whose logical expiry has passed when it is sent: promoted, read EXPIRED.
     "expired": 2,
+    # A tool claimed and completed through the claims API (no ToolEffect), then its
+    # turn; or an attempt's claim left behind by the attempt that was promoted.
+    "claimed": 3, "claim_abandoned": 2,
 }
 # Chains whose first response is retried under another response id, racing it.
 ROOT_RETRY_RATE = 0.1
@@ -316,7 +321,7 @@ CHAIN_STEPS = {
     "child": 30, "fork": 10, "incomplete": 5, "not_promotable": 5, "orphan_parent": 4,
     "redelivery": 6, "duplicate": 4, "corrupt": 3, "cancel_before": 4, "tool_loop": 6,
     "unpaired": 3, "bad_proof": 2, "redeployed": 2, "foreign_parent": 2, "late_effect": 2,
-    "expired": 2,
+    "expired": 2, "claimed": 3,
 }
 # How long before it is sent an ``expired`` turn's logical expiry passed.
 EXPIRED_AGO_MS = 60_000
@@ -395,7 +400,7 @@ def _conversation(story: Story, rng: random.Random) -> None:
             last = story.add(scenario, a, race=(b,))[0]
             head += 1  # exactly one of the two wins
         elif scenario in ("tool_loop", "orphan_retry", "missing_effect", "effect_conflict",
-                          "late_effect"):
+                          "late_effect", "claimed", "claim_abandoned"):
             last, ok = _tool_turn(story, gw, scenario, ident, key, text, rng)
             if ok:
                 promoted.append((rid, key, text, last))
@@ -480,6 +485,18 @@ def _tool_turn(story: Story, gw: _Gateway, scenario: str, ident: TurnIdentity, k
         assert again.effect_id == first.effect_id
         turn = gw.turn(ident, key, text, tools=[(call, result)], effect_ids=(first.effect_id,))
         return story.add(scenario, first, again, turn)[-1], False
+    if scenario in ("claimed", "claim_abandoned"):
+        call, result = gw.tool_call(rid, 0)
+        run, item = claimed_run(ident, key, call, result["output"])
+        if scenario == "claimed":
+            # Claimed and completed through the API before the turn, which lists it and
+            # carries its recorded output: used, never orphaned.
+            turn = gw.turn(ident, key, text, tools=[(call, item)], effect_ids=(run.effect_id,))
+            return story.add(scenario, run, turn)[-1], True
+        # Attempt 1 claimed the tool and recorded its outcome, then its gateway died;
+        # attempt 2 answered without the tool: the claim is orphaned by the promotion
+        # (ATTEMPT_SUPERSEDED, effect_completed true).
+        return story.add(scenario, run, gw.turn(ident, key, text, attempt=2))[-1], True
     if scenario == "late_effect":
         # The gateway produced the turn before its tools' ToolEffects (allowed, not
         # advised): the turn lists none. Each effect, recorded after the promotion, is
@@ -576,7 +593,7 @@ def _chain(story: Story, rng: random.Random) -> None:
             last = story.add(scenario, cancel, gw.turn(ident, key, text))[1]
             dead.append(rid)
             continue
-        elif scenario in ("tool_loop", "late_effect"):
+        elif scenario in ("tool_loop", "late_effect", "claimed"):
             last, _ = _tool_turn(story, gw, scenario, ident, key, text, rng)
         elif scenario == "redeployed":
             last = story.add(scenario, gw.turn(ident, key, text, fingerprint=REDEPLOYED))[0]

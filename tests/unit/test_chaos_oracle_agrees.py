@@ -24,15 +24,18 @@ import random
 import time
 from collections import Counter
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from ratchet.chaos.checker import FINAL_ORPHAN_REASONS, OTHER_FINGERPRINT, _answer_problem
+from ratchet.chaos.claims import ClaimedRun, ClaimRunner
 from ratchet.chaos.observe import history_of
 from ratchet.chaos.oracle import expect
 from ratchet.chaos.workload import Story, _Gateway, generate, workload_fp_hash
 from schemas.models import CheckpointPromoted, EffectOrphaned, PromotionRejected, TurnCompleted
 from services.api.app import create_app
+from services.api.claims import claims_router
 from services.api.fastpath import HistoryFastPath
 from services.api.service import RehydrationService
 from services.api.waiters import PromotionWaiters
@@ -46,7 +49,8 @@ from tests.unit.test_processor_rules import TOPICS, PickleCodec, raw_record
 
 NEW_LABELS = ("bad_fingerprint", "unsupported_format", "bad_proof", "unpaired", "redeployed",
               "client_tool", "client_tool_answer", "foreign_rid", "effect_conflict",
-              "rid_elsewhere", "foreign_tenant", "foreign_parent", "late_effect", "expired")
+              "rid_elsewhere", "foreign_tenant", "foreign_parent", "late_effect", "expired",
+              "claimed", "claim_abandoned")
 
 
 def _sig(model) -> tuple:
@@ -64,12 +68,28 @@ def _processor():
     return processor, store, ledger
 
 
+def _through(api: TestClient):
+    """An httpx transport handler that answers with ``api`` (the in-process app)."""
+    def handle(request: httpx.Request) -> httpx.Response:
+        got = api.request(request.method, request.url.path, content=request.content,
+                          headers={"content-type": "application/json"})
+        return httpx.Response(got.status_code, content=got.content,
+                              headers={"content-type": got.headers.get("content-type", "")})
+    return handle
+
+
 def _run(seed: int, turns: int, raced: bool):
     """Every story of the workload through one processor (stories share its store, as
     they share the servers in a chaos run). Returns (expectations, decisions, orphans,
     api): decisions[(story index, event index)] lists the outcome of each send; api is
     the rehydration API over the processor's store."""
     processor, store, ledger = _processor()
+    service = RehydrationService(store, ledger, PromotionWaiters())
+    routers = [claims_router(ledger, store.mark_request_facts, lambda: int(time.time() * 1000))]
+    api = TestClient(HistoryFastPath(create_app(service, lambda: True, routers=routers),
+                                     service), raise_server_exceptions=False)
+    # Claims go through the API over the same store and ledger, as in a chaos run.
+    claims = ClaimRunner("http://api", transport=httpx.MockTransport(_through(api)))
     expectations = [expect(s) for s in generate(seed, turns, f"agree{seed}").stories]
     decisions: dict[tuple[int, int], list[tuple]] = {}
     orphans: dict[int, dict[str, str]] = {}
@@ -82,6 +102,9 @@ def _run(seed: int, turns: int, raced: bool):
             if raced and step.race:  # the oracle's last world: the race won by the other
                 order = (*step.sends[:-1], *reversed((step.sends[-1], *step.race)))
             for index in order:
+                if isinstance(e.story.events[index], ClaimedRun):
+                    claims.run(e.story.events[index])
+                    continue
                 offset += 1
                 handled = processor.handle(raw_record(e.story.events[index], offset))
                 for out in handled.outbound:
@@ -90,9 +113,7 @@ def _run(seed: int, turns: int, raced: bool):
                     elif isinstance(out.model, EffectOrphaned):
                         orphans.setdefault(e.story.index, {})[out.model.effect_id] = str(
                             out.model.reason)
-    service = RehydrationService(store, ledger, PromotionWaiters())
-    api = TestClient(HistoryFastPath(create_app(service, lambda: True), service),
-                     raise_server_exceptions=False)
+    assert claims.ran > 0  # the workload claimed tools, and each ran once
     return expectations, decisions, orphans, api
 
 
