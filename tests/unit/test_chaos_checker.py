@@ -179,3 +179,21 @@ def test_a_retried_chain_root_may_lose_to_its_retry(expectations):
         outcomes.append({r.response_id: r.reason for r in obs.rejected})
     assert {o.get(root.response_id) for o in outcomes} == {None, "DUPLICATE"}
     assert {o.get(retry.response_id) for o in outcomes} == {None, "DUPLICATE"}
+
+
+def test_the_drain_counts_a_response_decided_when_every_send_has_an_acceptable_record():
+    """The runner waits (up to its drain deadline) until every response is decided. It
+    counted distinct outcomes, so a response whose two sends may be answered alike
+    (a retry and its original, each accepting the same rejection) waited out the whole
+    deadline in a chaos run (seed 30, session 26): 300 s for nothing."""
+    from ratchet.chaos.runner import _is_decided
+
+    conflict = ("R", "CONFLICT", None)
+    either = frozenset({conflict, ("R", "OUT_OF_ORDER", None)})
+    need = ([[frozenset({conflict}), either]], 2)  # one world, two sends
+    assert _is_decided(need, {conflict}, records=2)
+    assert not _is_decided(need, {conflict}, records=1)  # a send without its record
+    assert not _is_decided(need, {("R", "OUT_OF_ORDER", None)}, records=2)
+    raced = ([[frozenset({("P", 1)})], [frozenset({conflict})]], 1)  # either world
+    assert _is_decided(raced, {conflict}, records=1)
+    assert not _is_decided(raced, set(), records=1)
