@@ -107,6 +107,35 @@ def discover(folder: Path = MIGRATIONS_DIR) -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
+def _replication_differs(session, settings: Settings) -> str | None:
+    """What to tell an operator whose keyspace (made earlier, or by hand) has another
+    replication than ``RATCHET_REPLICATION``: migrate creates a keyspace with it but
+    never changes an existing one (that needs a repair), and said nothing (an outside
+    review, session 26). None when they agree or the setting cannot be read as a map."""
+    import ast
+
+    try:
+        wanted = ast.literal_eval(settings.replication)
+    except (ValueError, SyntaxError):
+        return None
+    row = session.execute("SELECT replication FROM system_schema.keyspaces WHERE "
+                          "keyspace_name = %s", (settings.keyspace,), timeout=30).one()
+    if not isinstance(wanted, dict) or row is None:
+        return None
+
+    def normal(replication: dict) -> dict[str, str]:
+        return {k: str(v).rsplit(".", 1)[-1] if k == "class" else str(v)
+                for k, v in replication.items()}
+
+    have = dict(row[0] if isinstance(row, tuple) else row.replication)
+    if normal(have) == normal(wanted):
+        return None
+    return (f"keyspace {settings.keyspace!r} has replication {normal(have)}, but "
+            f"RATCHET_REPLICATION is {normal(wanted)}: migrate never changes an existing "
+            f"keyspace's replication. To change it: ALTER KEYSPACE {settings.keyspace} WITH "
+            f"replication = {settings.replication}, then a full repair on every node")
+
+
 def _ensure_keyspace(session, settings: Settings) -> None:
     if not _IDENT.match(settings.keyspace):
         raise MigrationError(f"keyspace {settings.keyspace!r} is not a valid CQL identifier")
@@ -155,6 +184,9 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
     ks, owner = settings.keyspace, uuid.uuid4().hex
     try:
         _ensure_keyspace(session, settings)
+        differs = _replication_differs(session, settings)
+        if differs:
+            out(f"warning: {differs}")
         _acquire_lease(session, ks, owner, wait_s=LEASE_TTL_S)
         try:
             applied = {r.version: r for r in session.execute(
@@ -180,6 +212,15 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
                             continue
                         raise MigrationError(
                             f"{m.path.name} statement {i} failed: {exc}\n  {stmt}") from exc
+                    # ``ADD IF NOT EXISTS`` succeeds over a column of another type: the
+                    # types are checked here, or the worker dead-lettered every turn
+                    # later (an outside review, session 26).
+                    wrong = _column_mismatches(session, ks, stmt)
+                    if wrong:
+                        raise MigrationError(
+                            f"{m.path.name} statement {i}: {'; '.join(wrong)} (a column made "
+                            f"by hand or by another version; fix the table, then run "
+                            f"`ratchet migrate` again)\n  {stmt}")
                 session.execute(
                     f"INSERT INTO {ks}.schema_migrations (version, name, checksum, applied_at) "
                     "VALUES (%s, %s, %s, toTimestamp(now()))", (m.version, m.name, m.checksum),
@@ -207,18 +248,34 @@ def _columns_already_added(session, ks: str, stmt: str, exc: Exception) -> bool:
     run stopped in between (a killed Job, a client timeout while the server went on)
     leaves the columns of a migration not marked applied; a re-run must be able to
     finish it. A column of another type is still an error."""
-    m = _ADD.match(stmt)
-    if m is None or "already exists" not in str(exc):
+    if "already exists" not in str(exc):
         return False
+    return _column_mismatches(session, ks, stmt) == []
+
+
+def _column_mismatches(session, ks: str, stmt: str) -> list[str] | None:
+    """For an ``ALTER TABLE t ADD [IF NOT EXISTS] ...``: each column it adds that the
+    table lacks or holds with another type, described (``[]``: all there, as written);
+    None for any other statement."""
+    m = _ADD.match(stmt)
+    if m is None:
+        return None
+    body = re.sub(r"^\s*IF\s+NOT\s+EXISTS\s+", "", m.group(2), flags=re.IGNORECASE).strip()
+    body = body.removeprefix("(").strip()
     session.cluster.refresh_table_metadata(ks, m.group(1))
     table = session.cluster.metadata.keyspaces[ks].tables.get(m.group(1))
-    if table is None:
-        return False
-    wanted = [c.strip().split(None, 1) for c in _split_columns(m.group(2))]
-    return bool(wanted) and all(
-        len(w) == 2 and w[0] in table.columns
-        and table.columns[w[0]].cql_type.replace(" ", "") == w[1].strip().replace(" ", "")
-        for w in wanted)
+    wanted = [c.strip().split(None, 1) for c in _split_columns(body)]
+    if table is None or not wanted or any(len(w) != 2 for w in wanted):
+        return [f"cannot read the columns of {m.group(1)}"]
+    wrong = []
+    for name, kind in wanted:
+        kind = re.sub(r"\s+STATIC\s*$", "", kind.strip(), flags=re.IGNORECASE)
+        column = table.columns.get(name)
+        if column is None:
+            wrong.append(f"{m.group(1)}.{name} is missing")
+        elif column.cql_type.replace(" ", "").lower() != kind.replace(" ", "").lower():
+            wrong.append(f"{m.group(1)}.{name} is {column.cql_type}, the migration wants {kind}")
+    return wrong
 
 
 def _split_columns(text: str) -> list[str]:
@@ -243,8 +300,17 @@ def check_schema(session, keyspace: str, folder: Path = MIGRATIONS_DIR) -> None:
     ``keyspace``. A worker or API on a keyspace one migration behind failed later, on
     its first statement naming a new column, with a driver's traceback (found by an
     outside review, session 25); the operator's line names ``ratchet migrate``."""
+    from cassandra import InvalidRequest
+
     wanted = {m.version: m.path.name for m in discover(folder)}
-    rows = session.execute(f"SELECT version FROM {keyspace}.schema_migrations", timeout=30)
+    try:
+        rows = session.execute(f"SELECT version FROM {keyspace}.schema_migrations",
+                               timeout=30)
+    except InvalidRequest as exc:
+        # A keyspace created by hand (e.g. by a DBA, for its replication) and never
+        # migrated: no schema_migrations table (an outside review, session 26).
+        raise SchemaBehind(f"keyspace {keyspace!r} has no ratchet schema (created but never "
+                           f"migrated: {exc}): run `ratchet migrate` first") from exc
     missing = sorted(set(wanted) - {r[0] for r in rows})
     if missing:
         names = ", ".join(wanted[v] for v in missing[:3]) + (" ..." if len(missing) > 3 else "")
@@ -255,27 +321,38 @@ def check_schema(session, keyspace: str, folder: Path = MIGRATIONS_DIR) -> None:
 def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR) -> int:
     import logging
 
-    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+    from cassandra import (
+        DriverException,
+        RequestExecutionException,
+        RequestValidationException,
+        UnresolvableContactPoints,
+    )
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
     from cassandra.policies import RoundRobinPolicy
-
-    logging.getLogger("cassandra").setLevel(logging.ERROR)
-    profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(), request_timeout=60)
-    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
-                      protocol_version=5, connect_timeout=20,
-                      execution_profiles={EXEC_PROFILE_DEFAULT: profile})
-    from cassandra import DriverException, RequestExecutionException
-    from cassandra.cluster import NoHostAvailable
     from cassandra.protocol import ErrorMessage
 
+    logging.getLogger("cassandra").setLevel(logging.ERROR)
     hosts = f"{','.join(settings.cassandra_hosts)}:{settings.cassandra_port}"
+    profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(), request_timeout=60)
+    try:
+        cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
+                          protocol_version=5, connect_timeout=20,
+                          execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+    except UnresolvableContactPoints:
+        print(f"ratchet migrate: cannot reach Cassandra at {hosts}: no host name resolves; "
+              f"check RATCHET_CASSANDRA_HOSTS", file=sys.stderr, flush=True)
+        return 1
     try:
         applied = apply_migrations(cluster, settings, folder, out=print)
     except MigrationError as exc:
         print(f"ratchet migrate failed: {exc}", file=sys.stderr, flush=True)
         return 1
-    except ErrorMessage as exc:  # Cassandra answered: the statement is wrong (syntax, ...)
+    except (ErrorMessage, RequestValidationException) as exc:
+        # Cassandra answered and refused: the statement, the keyspace (a system one) or
+        # the credentials, never "cannot reach" (an outside review, session 26).
         print(f"ratchet migrate failed: Cassandra at {hosts} refused a statement: {exc} "
-              f"(RATCHET_REPLICATION={settings.replication!r}?)", file=sys.stderr, flush=True)
+              f"(RATCHET_KEYSPACE={settings.keyspace!r}, RATCHET_REPLICATION="
+              f"{settings.replication!r}?)", file=sys.stderr, flush=True)
         return 1
     except (NoHostAvailable, RequestExecutionException, DriverException, OSError) as exc:
         print(f"ratchet migrate: cannot reach Cassandra at {hosts} ({exc}); check "

@@ -24,6 +24,15 @@ EVENT_LOOPS = ("uvloop", "asyncio")
 WORKER_CONSUMERS = ("loop", "thread")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MAX_PORT = 65535
+# Upper bounds, so that a value no deployment means fails at start naming its variable,
+# not later in a driver or a client (2**31 partitions, 2**63 us: an outside review,
+# session 26).
+MAX_PARTITIONS = 10_000
+MAX_MICROSECONDS = 1_000_000
+MAX_BYTES = 1 << 40
+MAX_COUNT = 100_000_000
+MAX_WINDOW = 1_000
+MAX_STALL_S = 86_400
 # A retention whose expiry would pass the year 9999 cannot be stored (a Cassandra
 # timestamp, a Python datetime): 100 years is far beyond any use and safely inside.
 MAX_RETENTION_S = 100 * 366 * 24 * 3600
@@ -33,7 +42,8 @@ _KEYSPACE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")  # Kafka's legal topic characters
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$")
-_GROUP = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+MAX_GROUP = 249 - len("-__assignor-__leader")
+_GROUP = re.compile(rf"^[A-Za-z0-9._-]{{1,{MAX_GROUP}}}$")
 
 
 def _raw(env: Mapping[str, str], name: str) -> str | None:
@@ -60,10 +70,11 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0,
     raw = _raw(env, name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    # Plain ASCII digits (a leading '-' for the minimum's message): Python's int() also
+    # takes '1_0', '+3' and other scripts' digits, which no document describes.
+    if not re.fullmatch(r"-?[0-9]+", raw.strip()):
+        raise SettingsError(f"{name}={raw!r} is not an integer (digits only)")
+    value = int(raw)
     if value < minimum:
         raise SettingsError(f"{name}={value} must be >= {minimum}")
     if maximum is not None and value > maximum:
@@ -95,17 +106,34 @@ def _bind_host(env: Mapping[str, str], name: str, default: str) -> str:
     try:
         ipaddress.ip_address(value)
     except ValueError:
-        if not _HOSTNAME.match(value):
+        # All digits and dots is no name: the resolver reads '0' as 0.0.0.0 (every
+        # interface) and '1.5' as 1.0.0.5 (an outside review, session 26).
+        if not _HOSTNAME.match(value) or value.replace(".", "").isdigit():
             raise SettingsError(f"{name}={value!r}: an IP address or a host name, without "
                                 "a port (the ports have settings of their own)") from None
     return value
 
 
+def _cassandra_host(value: str) -> None:
+    """An IP address or a host name, without a port (``RATCHET_CASSANDRA_PORT``):
+    ``127.0.0.1:9042``, as Kafka's bootstrap takes it, ended in the driver's traceback
+    (an outside review of the operator's commands, session 26)."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        if not _HOSTNAME.match(value) or value.replace(".", "").isdigit():
+            raise SettingsError(f"RATCHET_CASSANDRA_HOSTS entry {value!r}: an IP address or a "
+                                "host name, without a port (RATCHET_CASSANDRA_PORT is the "
+                                "port)") from None
+
+
 def _group(env: Mapping[str, str], default: str) -> str:
     value = _text(env, "RATCHET_CONSUMER_GROUP", default)
     if not _GROUP.match(value):
-        raise SettingsError(f"RATCHET_CONSUMER_GROUP={value!r}: 1 to 249 of letters, digits, "
-                            "'.', '_' and '-'")
+        # Faust names a topic of its own ``<group>-__assignor-__leader``: 20 characters
+        # more, within Kafka's 249 (a longer group failed after the topics were made).
+        raise SettingsError(f"RATCHET_CONSUMER_GROUP={value!r}: 1 to {MAX_GROUP} of letters, "
+                            "digits, '.', '_' and '-'")
     return value
 
 
@@ -231,6 +259,8 @@ class Settings:
             h.strip() for h in hosts.split(",") if h.strip())
         if not cassandra_hosts:
             raise SettingsError(f"RATCHET_CASSANDRA_HOSTS={hosts!r} names no host")
+        for host in cassandra_hosts:
+            _cassandra_host(host)
         keyspace = _text(env, "RATCHET_KEYSPACE", d.keyspace)
         if not _KEYSPACE.match(keyspace):
             raise SettingsError(f"RATCHET_KEYSPACE={keyspace!r}: a lower-case letter, then "
@@ -251,12 +281,12 @@ class Settings:
                 env, "RATCHET_CASSANDRA_STORAGE_PORT", d.cassandra_storage_port
             ),
             cassandra_timer_slack_us=_int(
-                env, "RATCHET_CASSANDRA_TIMER_SLACK_US", d.cassandra_timer_slack_us
-            ),
+                env, "RATCHET_CASSANDRA_TIMER_SLACK_US", d.cassandra_timer_slack_us, 0,
+                MAX_MICROSECONDS),
             keyspace=keyspace,
             replication=_text(env, "RATCHET_REPLICATION", d.replication),
             topic_prefix=topic_prefix,
-            partitions=_int(env, "RATCHET_PARTITIONS", d.partitions, 1),
+            partitions=_int(env, "RATCHET_PARTITIONS", d.partitions, 1, MAX_PARTITIONS),
             home=d.home if home is None else Path(home),
             api_host=_bind_host(env, "RATCHET_API_HOST", d.api_host),
             consumer_group=_group(env, d.consumer_group),
@@ -266,17 +296,19 @@ class Settings:
             logical_retention_s=_int(env, "RATCHET_LOGICAL_RETENTION_S", d.logical_retention_s,
                                      0, MAX_RETENTION_S),
             api_history_cache_bytes=_int(
-                env, "RATCHET_API_HISTORY_CACHE_BYTES", d.api_history_cache_bytes
-            ),
-            api_max_body_bytes=_int(env, "RATCHET_API_MAX_BODY_BYTES", d.api_max_body_bytes, 1),
+                env, "RATCHET_API_HISTORY_CACHE_BYTES", d.api_history_cache_bytes, 0, MAX_BYTES),
+            api_max_body_bytes=_int(env, "RATCHET_API_MAX_BODY_BYTES", d.api_max_body_bytes, 1,
+                                    MAX_BYTES),
             api_body_budget_bytes=_int(env, "RATCHET_API_BODY_BUDGET_BYTES",
-                                       d.api_body_budget_bytes, 1),
-            tail_cache_entries=_int(env, "RATCHET_TAIL_CACHE_ENTRIES", d.tail_cache_entries),
-            fetch_stall_s=_int(env, "RATCHET_FETCH_STALL_S", d.fetch_stall_s),
-            lane_window=_int(env, "RATCHET_LANE_WINDOW", d.lane_window, 1),
-            lane_max_bytes=_int(env, "RATCHET_LANE_MAX_BYTES", d.lane_max_bytes, 1),
+                                       d.api_body_budget_bytes, 1, MAX_BYTES),
+            tail_cache_entries=_int(env, "RATCHET_TAIL_CACHE_ENTRIES", d.tail_cache_entries, 0,
+                                    MAX_COUNT),
+            fetch_stall_s=_int(env, "RATCHET_FETCH_STALL_S", d.fetch_stall_s, 0, MAX_STALL_S),
+            lane_window=_int(env, "RATCHET_LANE_WINDOW", d.lane_window, 1, MAX_WINDOW),
+            lane_max_bytes=_int(env, "RATCHET_LANE_MAX_BYTES", d.lane_max_bytes, 1, MAX_BYTES),
             loop_driver=_choice(env, "RATCHET_LOOP_DRIVER", d.loop_driver, LOOP_DRIVERS),
-            api_coalesce_us=_int(env, "RATCHET_API_COALESCE_US", d.api_coalesce_us),
+            api_coalesce_us=_int(env, "RATCHET_API_COALESCE_US", d.api_coalesce_us, 0,
+                                 MAX_MICROSECONDS),
             worker_event_loop=_choice(env, "RATCHET_WORKER_EVENT_LOOP", d.worker_event_loop,
                                       EVENT_LOOPS),
             worker_consumer=_choice(env, "RATCHET_WORKER_CONSUMER", d.worker_consumer,

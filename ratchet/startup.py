@@ -18,8 +18,10 @@ class StartupFailed(Exception):
 def explain(exc: BaseException, settings: Settings) -> str | None:
     """The operator's line for ``exc`` raised while connecting at start; None when it is
     not a failure to reach a server (a bug: let its traceback through)."""
+    from cassandra import UnresolvableContactPoints
     from cassandra.cluster import NoHostAvailable
     from confluent_kafka import KafkaException
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
 
     from infra.migrate import SchemaBehind
     from schemas.errors import RegistryUnavailable
@@ -34,6 +36,14 @@ def explain(exc: BaseException, settings: Settings) -> str | None:
         errors = exc.errors if isinstance(exc.errors, dict) else {}
         reasons = "; ".join(f"{host}: {err}" for host, err in list(errors.items())[:2])
         return f"cannot reach Cassandra at {cassandra}: {reasons or exc}"
+    if isinstance(exc, UnresolvableContactPoints):
+        return (f"cannot resolve the Cassandra host(s) {','.join(settings.cassandra_hosts)}: "
+                f"check RATCHET_CASSANDRA_HOSTS (or the DNS of the Cassandra service)")
+    if isinstance(exc, SchemaRegistryError):
+        return (f"the schema registry at {settings.schema_registry_url} answered HTTP "
+                f"{exc.http_status_code}: {exc.error_message} (RATCHET_SCHEMA_REGISTRY_URL is "
+                f"the registry's Confluent-compatible API, e.g. Apicurio's "
+                f"http://host:8080/apis/ccompat/v7)")
     if isinstance(exc, RegistryUnavailable):
         return (f"the schema registry at {settings.schema_registry_url} does not answer: "
                 f"{exc}")

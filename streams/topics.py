@@ -23,6 +23,8 @@ from ratchet.settings import Settings
 from schemas.limits import DEAD_LETTER_MAX_MESSAGE_BYTES, TOPIC_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
+# librdkafka's syslog levels: 2 is critical (FAIL lines, level 3, are not printed).
+QUIET_LOG_LEVEL = 2
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,11 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> Topics:
     single broker). Existing topics keep their partitions and other configs.
     """
     topics = topic_names(settings)
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    # librdkafka logs each failed connection attempt itself: with Kafka away, ~580
+    # lines on stderr before the worker's one line (an outside review, session 26).
+    # Its errors reach the caller as exceptions; only critical ones are logged here.
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap,
+                         "log_level": QUIET_LOG_LEVEL})
     metadata = admin.list_topics(timeout=timeout_s)
     replication = min(3, max(1, len(metadata.brokers)))
     existing = [name for name in vars(topics).values() if name in metadata.topics]

@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 import sys
+from pathlib import Path
 
 import faust
 from cassandra.cluster import Cluster
@@ -85,6 +86,7 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
     use_event_loop(settings.worker_event_loop)
     # A record whose header key is not UTF-8 is read, not fatal (streams/lenient_records.py).
     lenient_records.install()
+    _check_home(settings.home)
     try:
         runtime, cluster = build_runtime(settings)
     except Exception as exc:
@@ -143,6 +145,21 @@ def use_event_loop(name: str) -> None:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def _check_home(home: Path) -> None:
+    """RATCHET_HOME must be a writable directory (the health files live there) before
+    anything is made: a read-only one, an unmounted volume or a file in the way ended in
+    three tracebacks, after the topics were created (an outside review, session 26)."""
+    try:
+        health_path(home).parent.mkdir(parents=True, exist_ok=True)
+        probe = health_path(home).parent / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise StartupFailed(f"RATCHET_HOME={str(home)!r} is not a writable directory "
+                            f"({exc.strerror or exc}): the worker keeps its health file "
+                            "there") from exc
 
 
 def cli_worker(settings: Settings) -> int:

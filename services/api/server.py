@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import socket
 import sys
 
 import uvicorn
@@ -128,14 +130,28 @@ def cli_api(settings: Settings) -> int:
             raise
         print(f"ratchet api: cannot start: {line}", file=sys.stderr, flush=True)
         return 1
+    try:
+        # Bound before anything says "listening": a port in use or a host that does not
+        # resolve is one line and exit 1 (uvicorn logged the line, then exited 3).
+        sock = _listen(settings.api_host, settings.api_port)
+    except OSError as exc:
+        process.close()
+        print(f"ratchet api: cannot start: cannot listen on {settings.api_host}:"
+              f"{settings.api_port}: {exc.strerror or exc} (RATCHET_API_HOST, "
+              f"RATCHET_API_PORT)", file=sys.stderr, flush=True)
+        return 1
     process.notifier.start()
     log.info(
         "rehydration API listening",
         extra={"ctx": {"host": settings.api_host, "port": settings.api_port,
                        "history_codec": speedups.describe()}},
     )
+    # uvicorn re-raises the SIGTERM it shut down on once it is done, with the handler it
+    # found: the default one ended the process there (exit 143), before ``close``. A
+    # handler that does nothing lets the process close its clients and exit 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        uvicorn.run(
+        uvicorn.Server(uvicorn.Config(
             # The history GETs skip FastAPI's per-request machinery (fastpath.py).
             HistoryFastPath(process.app, process.service),
             host=settings.api_host,
@@ -149,7 +165,14 @@ def cli_api(settings: Settings) -> int:
             loop="uvloop",
             http=UpgradeTolerantHttpToolsProtocol,
             timeout_graceful_shutdown=12,
-        )
+        )).run(sockets=[sock])
     finally:
         process.close()
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket uvicorn serves on (its own default backlog)."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                flags=socket.AI_PASSIVE)[0][0]
+    return socket.create_server((host, port), family=family, backlog=2048)

@@ -123,3 +123,168 @@ def test_the_api_log_stays_json_lines_while_kafka_is_away(settings):
     for line in rest.splitlines():
         json.loads(line)
     assert len(kafka) == 3, lines[-5:]  # librdkafka did complain, through Python logging
+
+
+# --- An operator's start-up mistakes, each one line (found by an outside review of the
+# operator's commands, session 26; each test failed before its fix) ---------------------
+
+def _one_line(done: subprocess.CompletedProcess, prefix: str) -> str:
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
+    assert _no_bare_traceback(done.stderr), done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith(prefix), lines[-3:]
+    return lines[-1]
+
+
+@pytest.mark.parametrize("command,prefix", [
+    ("worker", "ratchet worker: cannot start: "),
+    ("api", "ratchet api: cannot start: "),
+    ("migrate", "ratchet migrate: cannot reach Cassandra"),
+])
+def test_a_cassandra_host_that_does_not_resolve_is_one_line(settings, command, prefix):
+    """A misspelt or not yet published DNS name (a headless service before its pods are
+    ready) ended in the driver's ``UnresolvableContactPoints`` traceback."""
+    done = _run(command, settings, RATCHET_CASSANDRA_HOSTS="cassandra.nonexistent.invalid",
+                RATCHET_TOPIC_PREFIX=f"startup-{uuid.uuid4().hex[:8]}.")
+    assert "RATCHET_CASSANDRA_HOSTS" in _one_line(done, prefix)
+
+
+def test_a_registry_url_without_its_api_path_is_one_line(settings):
+    """The registry answers, with HTTP 404: the URL lacks ``/apis/ccompat/v7``, the
+    commonest mistake (docs/operations.md gives the form). It ended in a ~50-line
+    ``SchemaRegistryError`` traceback."""
+    url = settings.schema_registry_url.split("/apis/")[0]
+    done = _run("worker", settings, RATCHET_SCHEMA_REGISTRY_URL=url,
+                RATCHET_TOPIC_PREFIX=f"startup-{uuid.uuid4().hex[:8]}.")
+    line = _one_line(done, "ratchet worker: cannot start: ")
+    assert "404" in line and "ccompat" in line
+
+
+def test_a_keyspace_created_but_never_migrated_is_one_line_naming_migrate(
+        settings, cassandra_cluster):
+    """A keyspace made by hand (a DBA sets its replication) has no schema_migrations
+    table: ``InvalidRequest`` in a 35-line traceback instead of the documented line."""
+    keyspace = f"bare_{uuid.uuid4().hex[:8]}"
+    session = cassandra_cluster.connect()
+    session.execute(f"CREATE KEYSPACE {keyspace} WITH replication = "
+                    "{'class': 'SimpleStrategy', 'replication_factor': 1}", timeout=60)
+    try:
+        for command in ("worker", "api"):
+            done = _run(command, settings, RATCHET_KEYSPACE=keyspace,
+                        RATCHET_TOPIC_PREFIX=f"startup-{uuid.uuid4().hex[:8]}.")
+            line = _one_line(done, f"ratchet {command}: cannot start: ")
+            assert keyspace in line and "ratchet migrate" in line
+    finally:
+        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+        session.shutdown()
+
+
+def test_an_unusable_home_is_one_line_before_any_topic(settings, tmp_path):
+    """RATCHET_HOME under a file (an unmounted volume, a read-only root): three
+    tracebacks, after the topics were created."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    prefix = f"startup-{uuid.uuid4().hex[:8]}."
+    done = _run("worker", settings, RATCHET_HOME=str(blocker / "home"),
+                RATCHET_TOPIC_PREFIX=prefix)
+    assert "RATCHET_HOME" in _one_line(done, "ratchet worker: cannot start: ")
+    topics = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(
+        timeout=30).topics
+    assert not [t for t in topics if t.startswith(prefix)]
+
+
+def test_an_api_port_in_use_is_one_line_and_never_said_listening(settings):
+    """uvicorn logged "rehydration API listening", then failed to bind and exited 3."""
+    import socket
+
+    holder = socket.create_server(("127.0.0.1", 0))
+    try:
+        done = _run("api", settings, RATCHET_API_PORT=str(holder.getsockname()[1]))
+    finally:
+        holder.close()
+    assert "RATCHET_API_PORT" in _one_line(done, "ratchet api: cannot start: cannot listen")
+    assert "rehydration API listening" not in done.stderr
+
+
+def test_the_api_exits_0_on_sigterm(settings):
+    """docs/operations.md: a SIGTERM lets in-flight requests finish and the process
+    exit. uvicorn re-raised the signal after its shutdown with the default handler: the
+    process died with 143 before closing its clients."""
+    import signal
+    import time
+
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, **settings.to_env(), "PYTHONPATH": str(ROOT),
+           "RATCHET_API_PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, "-m", "ratchet.cli", "api"], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_worker_without_kafka_says_so_in_a_few_lines(settings):
+    """librdkafka printed each failed connection attempt: ~580 lines before the one."""
+    done = _run("worker", settings, RATCHET_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}",
+                RATCHET_TOPIC_PREFIX=f"startup-{uuid.uuid4().hex[:8]}.")
+    _one_line(done, "ratchet worker: cannot start: Kafka")
+    assert len([line for line in done.stderr.splitlines() if line.strip()]) <= 5, \
+        done.stderr[:2000]
+
+
+def test_migrate_says_when_the_keyspace_has_another_replication(settings):
+    """A keyspace made earlier (the default rf 1) is left as it is: migrate said
+    "schema up to date" and production ran on rf 1 unnoticed."""
+    done = _run("migrate", settings,
+                RATCHET_REPLICATION="{'class': 'SimpleStrategy', 'replication_factor': 3}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    warning = next(line for line in done.stdout.splitlines() if "replication" in line)
+    assert warning.startswith("warning: ") and "ALTER KEYSPACE" in warning
+
+
+def test_migrate_refuses_a_column_of_another_type(settings, cassandra_cluster, tmp_path):
+    """``ADD IF NOT EXISTS`` succeeds over a column of another type, so the type check
+    never ran: the migration was recorded and a worker dead-lettered every turn."""
+    import dataclasses
+    import shutil
+
+    from infra.migrate import MIGRATIONS_DIR, apply_migrations
+
+    keyspace = f"typed_{uuid.uuid4().hex[:8]}"
+    partial = tmp_path / "migrations"
+    partial.mkdir()
+    for path in sorted(MIGRATIONS_DIR.glob("*.cql")):
+        if int(path.name[:3]) <= 11:
+            shutil.copy(path, partial / path.name)
+    apply_migrations(cassandra_cluster, dataclasses.replace(settings, keyspace=keyspace),
+                     partial)
+    session = cassandra_cluster.connect()
+    try:
+        session.execute(f"ALTER TABLE {keyspace}.turns ADD accepted_attempt text", timeout=60)
+        done = _run("migrate", settings, RATCHET_KEYSPACE=keyspace)
+        assert done.returncode == 1, done.stdout[-2000:]
+        assert "turns.accepted_attempt is text, the migration wants int" in done.stderr
+        assert "012_" in done.stderr
+    finally:
+        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+        session.shutdown()
+
+
+def test_migrate_tells_a_refusal_from_an_unreachable_cassandra(settings):
+    """Cassandra answered and refused (a system keyspace): migrate said "cannot reach
+    Cassandra ... is `ratchet infra up` running?"."""
+    done = _run("migrate", settings, RATCHET_KEYSPACE="system")
+    assert done.returncode == 1
+    assert "refused" in done.stderr and "cannot reach" not in done.stderr, done.stderr

@@ -167,3 +167,49 @@ def test_values_the_clients_accept_are_accepted(name, value, read):
              "RATCHET_SCHEMA_REGISTRY_URL": "schema_registry_url",
              "RATCHET_API_HOST": "api_host"}[name]
     assert getattr(s, field) == (read if read is not None else value.rstrip("/"))
+
+
+# --- values no deployment means, refused at start naming the variable (found by an
+# outside review of the operator's commands, session 26) ---------------------------------
+
+@pytest.mark.parametrize("name,value", [
+    ("RATCHET_PARTITIONS", str(2**31)),  # the worker: OverflowError from NewTopic
+    ("RATCHET_API_COALESCE_US", str(2**63)),  # the API: healthy, every lookup a 500
+    ("RATCHET_LANE_WINDOW", "1001"),
+    ("RATCHET_API_MAX_BODY_BYTES", str(2**41)),
+    ("RATCHET_FETCH_STALL_S", "86401"),
+])
+def test_integers_above_their_bound_are_refused(name, value):
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({name: value})
+
+
+@pytest.mark.parametrize("raw", ["1_0", "\u0663", "+3", " 3 4"])
+def test_integers_are_plain_digits(raw):
+    """Python's int() takes all of these; no document describes them."""
+    with pytest.raises(SettingsError, match="RATCHET_PARTITIONS"):
+        Settings.from_env({"RATCHET_PARTITIONS": raw})
+
+
+def test_a_consumer_group_leaves_room_for_fausts_own_topic():
+    """Faust names a topic ``<group>-__assignor-__leader``: a group of 230-249
+    characters passed, and the worker failed after making its topics."""
+    with pytest.raises(SettingsError, match="RATCHET_CONSUMER_GROUP"):
+        Settings.from_env({"RATCHET_CONSUMER_GROUP": "g" * 230})
+    assert Settings.from_env({"RATCHET_CONSUMER_GROUP": "g" * 229}).consumer_group == "g" * 229
+
+
+@pytest.mark.parametrize("hosts", ["127.0.0.1:9042", "cassandra:9042", "1.5"])
+def test_cassandra_hosts_take_no_port(hosts):
+    with pytest.raises(SettingsError, match="RATCHET_CASSANDRA_HOSTS"):
+        Settings.from_env({"RATCHET_CASSANDRA_HOSTS": hosts})
+    ok = Settings.from_env({"RATCHET_CASSANDRA_HOSTS": "cassandra-0.cassandra.svc, 10.0.0.1, ::1"})
+    assert ok.cassandra_hosts == ("cassandra-0.cassandra.svc", "10.0.0.1", "::1")
+
+
+@pytest.mark.parametrize("host", ["0", "1.5", "99999999999999999999999"])
+def test_an_api_host_of_digits_is_no_name(host):
+    """The resolver reads '0' as 0.0.0.0: every interface, for an API without
+    authentication."""
+    with pytest.raises(SettingsError, match="RATCHET_API_HOST"):
+        Settings.from_env({"RATCHET_API_HOST": host})
