@@ -286,11 +286,7 @@ class EventSerde:
                 # never a dead letter (the worker shows degraded meanwhile).
                 raise RegistryUnavailable(f"registry refused the lookup of schema id "
                                           f"{schema_id}: {exc}") from exc
-            parsed = json.loads(schema.schema_str)
-            name = (
-                avsc.full_name_of(parsed) if isinstance(parsed, dict) and "name" in parsed else "?"
-            )
-            found = _Reader(name.removeprefix(avsc.NAMESPACE + "."), schema.schema_str)
+            found = _Reader(_record_name(schema), schema.schema_str)
             self._readers[schema_id] = found
         return found
 
@@ -549,6 +545,31 @@ def _writer_of(record: str, encoded: bytes, data: dict[str, Any]) -> tuple[bytes
     except (ValueError, TypeError):
         same = False
     return writer if same else None
+
+
+def _record_name(schema: Any) -> str:
+    """The ratchet record a registered schema is (``TurnCompleted``), or a name no
+    ratchet record has: ``UNEXPECTED_RECORD_TYPE``. Only an Avro record named in
+    ratchet's namespace is one of ours (docs/gateway-protocol.md section 2): a record
+    named ``TurnCompleted`` without a namespace was taken for ``io.ratchet.TurnCompleted``,
+    and a Protobuf or JSON schema was an ``UNKNOWN`` dead letter with a JSON error (an
+    outside review, session 26)."""
+    kind = getattr(schema, "schema_type", None) or "AVRO"
+    if kind.upper() != "AVRO":
+        return f"a {kind} schema, not Avro"
+    try:
+        parsed = json.loads(schema.schema_str)
+    except ValueError:
+        return "an Avro schema that is not JSON"
+    if not isinstance(parsed, dict) or "name" not in parsed:
+        return "an Avro schema that is not a named record"
+    # A top-level schema without a namespace is in Avro's null namespace (not ours:
+    # ``avsc.full_name_of`` defaults to ours, for the nested types of our own files).
+    name, namespace = str(parsed["name"]), parsed.get("namespace")
+    if "." not in name and namespace:
+        name = f"{namespace}.{name}"
+    prefix = avsc.NAMESPACE + "."
+    return name.removeprefix(prefix) if name.startswith(prefix) else f"{name} (not {prefix}*)"
 
 
 def _without_docs(schema: Any) -> Any:

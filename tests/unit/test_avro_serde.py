@@ -236,3 +236,34 @@ def test_a_dead_letter_of_any_gateway_record_fits_its_topic(serde, key_mib) -> N
     record_overhead = 1024  # Kafka's record and batch headers, generously
     assert len(key) + len(encoded) + record_overhead <= DEAD_LETTER_MAX_MESSAGE_BYTES
     assert DEAD_LETTER_MAX_MESSAGE_BYTES < CLIENT_MAX_BYTES
+
+
+def _framed(schema_id: int, body: bytes) -> bytes:
+    return b"\x00" + struct.pack(">I", schema_id) + body
+
+
+@pytest.mark.parametrize("name", ["TurnCompleted", "com.evil.TurnCompleted"])
+def test_a_record_outside_ratchets_namespace_is_unexpected(client, serde, name) -> None:
+    """docs/gateway-protocol.md section 2: records are ``io.ratchet.<Record>``. A record
+    named ``TurnCompleted`` without a namespace, registered under another subject, was
+    taken for ratchet's and promoted (found by an outside review, session 26)."""
+    ours = json.loads(avsc.schema_text("TurnCompleted"))
+    foreign = {**ours, "name": name}
+    foreign.pop("namespace", None)
+    schema_id = client.register_schema(f"other-{uuid.uuid4().hex}", Schema(
+        json.dumps(foreign), "AVRO"))
+    body = serde.encode(make_turn(), TOPIC)[5:]
+    with pytest.raises(DecodeError) as caught:
+        serde.decode_gateway_event(_framed(schema_id, body), TOPIC, 0, 1)
+    assert caught.value.reason is DeadLetterReason.UNEXPECTED_RECORD_TYPE
+
+
+def test_a_protobuf_schema_id_is_unexpected_not_unknown(client, serde) -> None:
+    """A record framed with the id of a Protobuf schema was dead-lettered ``UNKNOWN``
+    after a JSON error (found by an outside review, session 26)."""
+    schema_id = client.register_schema(f"proto-{uuid.uuid4().hex}", Schema(
+        'syntax = "proto3"; message M { string a = 1; }', "PROTOBUF"))
+    with pytest.raises(DecodeError) as caught:
+        serde.decode_gateway_event(_framed(schema_id, b"\x0a\x01a"), TOPIC, 0, 1)
+    assert caught.value.reason is DeadLetterReason.UNEXPECTED_RECORD_TYPE
+    assert "PROTOBUF" in str(caught.value)
