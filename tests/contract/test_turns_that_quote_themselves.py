@@ -40,7 +40,7 @@ def test_a_rejection_quoting_a_huge_item_type_is_written_and_bounded(data):  # n
 def test_many_subturns_keep_each_effect_id_once_in_order():
     """The set-based dedupe keeps the list's order and its duplicates rule: listed ids
     first as given, then each subturn id not seen yet. (Its cost is measured, not timed
-    here: 120 000 subturns, 0.1 s against minutes.)"""
+    here: 120 000 subturns, 0.03 s against minutes.)"""
     subturns = [Subturn(index=n, effect_ids=(f"eff_{n:06d}", "eff_shared"))
                 for n in range(120_000)]
     turn = make_turn(subturns=subturns, tool_effect_ids=["eff_shared", "eff_listed"])
