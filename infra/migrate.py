@@ -127,11 +127,16 @@ def _replication_differs(session, settings: Settings) -> str | None:
         return {k: str(v).rsplit(".", 1)[-1] if k == "class" else str(v)
                 for k, v in replication.items()}
 
-    have = dict(row[0] if isinstance(row, tuple) else row.replication)
-    if normal(have) == normal(wanted):
+    have, want = normal(dict(row[0] if isinstance(row, tuple) else row.replication)), \
+        normal(wanted)
+    if have == want:
         return None
-    return (f"keyspace {settings.keyspace!r} has replication {normal(have)}, but "
-            f"RATCHET_REPLICATION is {normal(wanted)}: migrate never changes an existing "
+    if (want.get("class") == have.get("class") == "NetworkTopologyStrategy"
+            and set(want) == {"class", "replication_factor"} and len(have) > 1
+            and all(v == want["replication_factor"] for k, v in have.items() if k != "class")):
+        return None  # Cassandra stores a plain replication_factor per datacenter
+    return (f"keyspace {settings.keyspace!r} has replication {have}, but "
+            f"RATCHET_REPLICATION is {want}: migrate never changes an existing "
             f"keyspace's replication. To change it: ALTER KEYSPACE {settings.keyspace} WITH "
             f"replication = {settings.replication}, then a full repair on every node")
 

@@ -121,7 +121,11 @@ def _cassandra_host(value: str) -> None:
     try:
         ipaddress.ip_address(value)
     except ValueError:
-        if not _HOSTNAME.match(value) or value.replace(".", "").isdigit():
+        # Names as resolvers take them: an absolute one (a trailing dot), underscores
+        # (docker-compose's service_1); a port or digits alone are not names.
+        if (re.fullmatch(r".*:\d+", value) or value.replace(".", "").isdigit()
+                or not re.fullmatch(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252}[A-Za-z0-9_.])?",
+                                    value)):
             raise SettingsError(f"RATCHET_CASSANDRA_HOSTS entry {value!r}: an IP address or a "
                                 "host name, without a port (RATCHET_CASSANDRA_PORT is the "
                                 "port)") from None

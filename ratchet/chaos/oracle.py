@@ -253,8 +253,11 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
                   "certified" if certified else "logical_only", artifact,
                   ev.conversation_id, ev.previous_response_id, ev.fingerprint_hash, calls,
                   frozenset(ev.tool_effect_ids),
+                  # a call answered by a listed effect carries no other effect
                   frozenset((i.call_id, i.content_digest) for i in turn_items
-                            if i.type == "function_call_output"),
+                            if i.type == "function_call_output" and i.call_id not in {
+                                w.effects[e][1] for e in ev.tool_effect_ids
+                                if e in w.effects}),
                   ev.expires_at is not None and ev.expires_at <= ev.produced_at)
     w.promoted[ev.response_id] = promo
     w.keys[ev.idempotency_key] = promo

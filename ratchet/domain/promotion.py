@@ -404,9 +404,14 @@ def carried_by_items(items: Iterable[Item], listed: Iterable[str],
     if not effects and not claims:
         return set()  # the common turn: no effect recorded for its request
     listed = set(listed)
+    # A call the turn answers with a listed effect is that effect's: another effect of
+    # the same call (a re-run of the tool by another attempt or subturn) with the same
+    # output is a second execution, not carried (an outside review, session 26).
+    answered = ({e.call_id for e in effects if e.effect_id in listed}
+                | {c.call_id for c in claims if c.effect_id in listed})
     outputs_by_call: dict[str | None, list[Item]] = {}
     for item in items:
-        if item.type in EFFECT_OUTPUT_TYPES:
+        if item.type in EFFECT_OUTPUT_TYPES and effect_key(item) not in answered:
             outputs_by_call.setdefault(effect_key(item), []).append(item)
     carried = {e.effect_id for e in effects
                if e.effect_id not in listed and not e.conflicted

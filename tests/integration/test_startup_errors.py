@@ -288,3 +288,22 @@ def test_migrate_tells_a_refusal_from_an_unreachable_cassandra(settings):
     done = _run("migrate", settings, RATCHET_KEYSPACE="system")
     assert done.returncode == 1
     assert "refused" in done.stderr and "cannot reach" not in done.stderr, done.stderr
+
+
+def test_migrate_does_not_warn_for_a_replication_factor_stored_per_datacenter(
+        settings, cassandra_cluster):
+    """Cassandra stores NetworkTopologyStrategy's ``replication_factor`` per datacenter
+    (the form of deploy/k8s/configmap.yaml): the replication check warned on every run
+    that an ALTER and a full repair were needed (an outside review of session 26's fixes)."""
+    keyspace = f"nts_{uuid.uuid4().hex[:8]}"
+    nts = "{'class': 'NetworkTopologyStrategy', 'replication_factor': 1}"
+    try:
+        for _ in range(2):  # the first creates the keyspace, the second finds it
+            done = _run("migrate", settings, RATCHET_KEYSPACE=keyspace,
+                        RATCHET_REPLICATION=nts)
+            assert done.returncode == 0, done.stderr[-2000:]
+            assert "replication" not in done.stdout, done.stdout
+    finally:
+        session = cassandra_cluster.connect()
+        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+        session.shutdown()
