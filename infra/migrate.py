@@ -127,8 +127,7 @@ def _replication_differs(session, settings: Settings) -> str | None:
         return {k: str(v).rsplit(".", 1)[-1] if k == "class" else str(v)
                 for k, v in replication.items()}
 
-    have, want = normal(dict(row[0] if isinstance(row, tuple) else row.replication)), \
-        normal(wanted)
+    have, want = normal(dict(row[0])), normal(wanted)
     if have == want:
         return None
     if (want.get("class") == have.get("class") == "NetworkTopologyStrategy"

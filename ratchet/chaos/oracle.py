@@ -247,17 +247,18 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
     if write:
         return _reject_any(w, ev, write)
     items = prior + tuple((i.item_id, i.type, i.content_digest) for i in turn_items)
+    # A call answered by a listed effect carries no other effect (gateway-protocol.md
+    # section 6): what a late effect is judged by (``Promo.outputs``).
+    answered = {w.effects[e][1] for e in ev.tool_effect_ids if e in w.effects}
     certified = ev.status == "completed" and not ev.effective_config.truncated
     artifact = certified and ev.token_artifact is not None and ev.boundary_proof is not None
     promo = Promo(ev.response_id, ev.idempotency_key, ev.request_digest, seq, items,
                   "certified" if certified else "logical_only", artifact,
                   ev.conversation_id, ev.previous_response_id, ev.fingerprint_hash, calls,
                   frozenset(ev.tool_effect_ids),
-                  # a call answered by a listed effect carries no other effect
                   frozenset((i.call_id, i.content_digest) for i in turn_items
-                            if i.type == "function_call_output" and i.call_id not in {
-                                w.effects[e][1] for e in ev.tool_effect_ids
-                                if e in w.effects}),
+                            if i.type == "function_call_output"
+                            and i.call_id not in answered),
                   ev.expires_at is not None and ev.expires_at <= ev.produced_at)
     w.promoted[ev.response_id] = promo
     w.keys[ev.idempotency_key] = promo
