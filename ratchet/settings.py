@@ -40,8 +40,9 @@ MAX_RETENTION_S = 100 * 366 * 24 * 3600
 # created under another name than the one the processes then ask for.
 _KEYSPACE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")  # Kafka's legal topic characters
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
-                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$")
+# A host name as resolvers take it: an absolute one (a trailing dot), underscores
+# (docker-compose's service_1); no port, no scheme, no spaces.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252}[A-Za-z0-9_.])?")
 MAX_GROUP = 249 - len("-__assignor-__leader")
 _GROUP = re.compile(rf"^[A-Za-z0-9._-]{{1,{MAX_GROUP}}}$")
 
@@ -98,37 +99,33 @@ def _log_level(env: Mapping[str, str], default: str) -> str:
     return level
 
 
-def _bind_host(env: Mapping[str, str], name: str, default: str) -> str:
-    """An address to listen on: an IP address or a host name, without a port (the
-    ports are settings of their own). ``0.0.0.0:8080`` made the API exit with a bare
-    name-resolution error and the worker serve no metrics (an outside review)."""
-    value = _text(env, name, default)
+def _is_host(value: str) -> bool:
+    """An IP address, or a host name that is not digits and dots alone: the resolver
+    reads '0' as 0.0.0.0 (every interface) and '1.5' as 1.0.0.5 (an outside review,
+    session 26). A port is never part of it (the ports are settings of their own)."""
     try:
         ipaddress.ip_address(value)
+        return True
     except ValueError:
-        # All digits and dots is no name: the resolver reads '0' as 0.0.0.0 (every
-        # interface) and '1.5' as 1.0.0.5 (an outside review, session 26).
-        if not _HOSTNAME.match(value) or value.replace(".", "").isdigit():
-            raise SettingsError(f"{name}={value!r}: an IP address or a host name, without "
-                                "a port (the ports have settings of their own)") from None
+        return bool(_HOST_NAME.fullmatch(value)) and not value.replace(".", "").isdigit()
+
+
+def _bind_host(env: Mapping[str, str], name: str, default: str) -> str:
+    """An address to listen on. ``0.0.0.0:8080`` made the API exit with a bare
+    name-resolution error and the worker serve no metrics (an outside review)."""
+    value = _text(env, name, default)
+    if not _is_host(value):
+        raise SettingsError(f"{name}={value!r}: an IP address or a host name, without "
+                            "a port (the ports have settings of their own)")
     return value
 
 
 def _cassandra_host(value: str) -> None:
-    """An IP address or a host name, without a port (``RATCHET_CASSANDRA_PORT``):
-    ``127.0.0.1:9042``, as Kafka's bootstrap takes it, ended in the driver's traceback
-    (an outside review of the operator's commands, session 26)."""
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        # Names as resolvers take them: an absolute one (a trailing dot), underscores
-        # (docker-compose's service_1); a port or digits alone are not names.
-        if (re.fullmatch(r".*:\d+", value) or value.replace(".", "").isdigit()
-                or not re.fullmatch(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252}[A-Za-z0-9_.])?",
-                                    value)):
-            raise SettingsError(f"RATCHET_CASSANDRA_HOSTS entry {value!r}: an IP address or a "
-                                "host name, without a port (RATCHET_CASSANDRA_PORT is the "
-                                "port)") from None
+    """``127.0.0.1:9042``, as Kafka's bootstrap takes it, ended in the driver's
+    traceback (an outside review of the operator's commands, session 26)."""
+    if not _is_host(value):
+        raise SettingsError(f"RATCHET_CASSANDRA_HOSTS entry {value!r}: an IP address or a "
+                            "host name, without a port (RATCHET_CASSANDRA_PORT is the port)")
 
 
 def _group(env: Mapping[str, str], default: str) -> str:
