@@ -29,7 +29,7 @@ from services.store.cassandra import CassandraCheckpointStore
 from streams import early_log, lenient_records, metrics
 from streams.app import FetchGuard, Runtime, create_app
 from streams.codec import RegistryCodec
-from streams.health import Health, health_path
+from streams.health import Health, health_dir, health_path
 from streams.processor import PromotionProcessor
 from streams.tail_cache import TailCache
 from streams.topics import ensure_topics
@@ -152,8 +152,8 @@ def _check_home(home: Path) -> None:
     anything is made: a read-only one, an unmounted volume or a file in the way ended in
     three tracebacks, after the topics were created (an outside review, session 26)."""
     try:
-        health_path(home).parent.mkdir(parents=True, exist_ok=True)
-        probe = health_path(home).parent / f".write-probe-{os.getpid()}"
+        health_dir(home).mkdir(parents=True, exist_ok=True)
+        probe = health_dir(home) / f".write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
