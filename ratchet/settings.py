@@ -33,6 +33,9 @@ MAX_BYTES = 1 << 40
 MAX_COUNT = 100_000_000
 MAX_WINDOW = 1_000
 MAX_STALL_S = 86_400
+# A held Kafka fetch waits at most this (RATCHET_FETCH_WAIT_MS): each paced turn may wait
+# the whole of it, so more than a second is never what a deployment wants.
+MAX_FETCH_WAIT_MS = 1_000
 # A retention whose expiry would pass the year 9999 cannot be stored (a Cassandra
 # timestamp, a Python datetime): 100 years is far beyond any use and safely inside.
 MAX_RETENTION_S = 100 * 366 * 24 * 3600
@@ -244,6 +247,11 @@ class Settings:
     # Where the worker's Kafka consumer runs (streams/consumer_loop.py): "loop" (on the
     # worker's event loop, the default) or "thread" (faust-streaming's own thread).
     worker_consumer: str = "loop"
+    # Milliseconds the broker may hold the worker's fetch until 64 KiB of records are
+    # there (streams/consumer_loop.py): paced turns share fetches, a backlog is fetched
+    # at once. 0: a fetch is answered at its first record (Faust's default); see
+    # docs/decisions.md, "Fetches that wait".
+    fetch_wait_ms: int = 5
     # The process's own, so not passed on by ``to_env``: a test or a chaos run sets its
     # children's log level itself, and ratchet/speedups.py reads RATCHET_SPEEDUPS from
     # the environment it inherits. Checked here so that a bad value stops the process
@@ -314,6 +322,8 @@ class Settings:
                                       EVENT_LOOPS),
             worker_consumer=_choice(env, "RATCHET_WORKER_CONSUMER", d.worker_consumer,
                                     WORKER_CONSUMERS),
+            fetch_wait_ms=_int(env, "RATCHET_FETCH_WAIT_MS", d.fetch_wait_ms, 0,
+                               MAX_FETCH_WAIT_MS),
             log_level=_log_level(env, d.log_level),
             speedups=_choice(env, "RATCHET_SPEEDUPS", d.speedups, ("0", "1")),
         )
@@ -349,6 +359,7 @@ class Settings:
             "RATCHET_API_COALESCE_US": str(self.api_coalesce_us),
             "RATCHET_WORKER_EVENT_LOOP": self.worker_event_loop,
             "RATCHET_WORKER_CONSUMER": self.worker_consumer,
+            "RATCHET_FETCH_WAIT_MS": str(self.fetch_wait_ms),
         }
 
     def topic(self, name: str) -> str:

@@ -43,7 +43,7 @@ from ratchet.settings import Settings
 from schemas.limits import CLIENT_MAX_BYTES
 from services.cassandra_loop import LoopSession
 from streams import metrics
-from streams.consumer_loop import LoopConsumerApp
+from streams.consumer_loop import LoopConsumerApp, WorkerApp
 from streams.fetchwatch import (
     EndOffsets,
     FetchWatchdog,
@@ -93,7 +93,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
                starve_partition: int | None = None) -> faust.App:
     """Build the Faust app; ``runtime`` holds the processor and its collaborators."""
     # The consumer on the worker's loop unless told otherwise (streams/consumer_loop.py).
-    app_class = LoopConsumerApp if settings.worker_consumer == "loop" else faust.App
+    app_class = LoopConsumerApp if settings.worker_consumer == "loop" else WorkerApp
     app = app_class(
         group_id,
         broker=f"kafka://{settings.kafka_bootstrap}",
@@ -129,6 +129,8 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         # lanes were full: 40 GiB of 10 MiB turns.
         stream_buffer_maxsize=STREAM_BUFFER_RECORDS,
     )
+    # Before the worker starts: its consumer is built then (streams/consumer_loop.py).
+    app.fetch_wait_ms = settings.fetch_wait_ms
     gateway_events = app.topic(runtime.topics.gateway_events, key_type=bytes, value_type=bytes,
                                partitions=settings.partitions)
     # One thread per event in flight off the fast path (``handle_async``): the store

@@ -1,18 +1,25 @@
-"""Faust's Kafka consumer on the worker's own event loop instead of a thread of its own.
+"""The worker's Kafka consumer: Faust's, on the worker's own event loop, with batched fetches.
 
-faust-streaming runs aiokafka's consumer in a dedicated thread with a second event loop
-(``ThreadDelegateConsumer``): every fetch the agent asks for crosses threads twice (a
-call queued into the consumer's loop, its result posted back), each crossing a wake-up
-of the other loop, and the two threads share one interpreter lock. On a backlog a fetch
-carries hundreds of records and the crossing is nothing; at a production pace records
-arrive one at a time and every record waits for it: ~6 ms of a paced turn's p50 from
-produce to dispatch (docs/decisions.md, "Paced latency").
+**On the loop.** faust-streaming runs aiokafka's consumer in a dedicated thread with a
+second event loop (``ThreadDelegateConsumer``): every fetch the agent asks for crosses
+threads twice (a call queued into the consumer's loop, its result posted back), each
+crossing a wake-up of the other loop, and the two threads share one interpreter lock. On
+a backlog a fetch carries hundreds of records and the crossing is nothing; at a
+production pace records arrive one at a time and every record waits for it: ~6 ms of a
+paced turn's p50 from produce to dispatch (docs/decisions.md, "Paced latency").
 
 Here the same consumer (faust's ``AIOKafkaConsumerThread``, unchanged: its rebalance
 listener, commits, seeks and fetches) is served on the app's loop: mode's thread worker
 is replaced by a task, and a call "into the thread" is a plain await. Everything Faust
 does with the consumer stays as it was; only the hop goes. ``RATCHET_WORKER_CONSUMER=thread``
 restores Faust's default.
+
+**Batched fetches** (both consumers; ``RATCHET_FETCH_WAIT_MS``, docs/decisions.md,
+"Fetches that wait"). By default a Kafka fetch is answered as soon as one record is
+there, so at a production pace every turn costs the broker and the worker a fetch of
+its own. With a wait, the broker holds a fetch until ``FETCH_MIN_BYTES`` are there or
+the wait has passed: paced turns share fetches, a backlog (always past the minimum) is
+fetched as before. 0 restores the answer at the first record.
 """
 
 from __future__ import annotations
@@ -23,6 +30,10 @@ from typing import Any
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from mode.utils.futures import maybe_async
+
+# What a held fetch waits for, at most ``fetch_wait_ms``: ~38 TurnCompleted records of
+# ~1.7 KB. A backlog has more at once and is answered at once.
+FETCH_MIN_BYTES = 64 * 1024
 
 
 class _LoopTask:
@@ -41,7 +52,22 @@ class _LoopTask:
         """Nothing to join: ``_serve`` ends on the loop once the service is stopped."""
 
 
-class _ConsumerOnLoop(faust_aiokafka.AIOKafkaConsumerThread):
+class _BatchedFetches(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread whose aiokafka consumer holds fetches for the app's
+    ``fetch_wait_ms`` (Faust itself fixes a wait of 1 500 ms and no minimum)."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        wait_ms = getattr(self.app, "fetch_wait_ms", 0)
+        if wait_ms:
+            # Read by aiokafka when its fetcher starts (``AIOKafkaConsumer.start``),
+            # after this: there is no constructor hook in Faust for them.
+            consumer._fetch_min_bytes = FETCH_MIN_BYTES
+            consumer._fetch_max_wait_ms = wait_ms
+        return consumer
+
+
+class _ConsumerOnLoop(_BatchedFetches):
     async def call_thread(self, fun: Any, *args: Any, **kwargs: Any) -> Any:
         # What mode's method queue does in the consumer's thread, without the queue.
         return await maybe_async(fun(*args, **kwargs))
@@ -52,18 +78,37 @@ class _ConsumerOnLoop(faust_aiokafka.AIOKafkaConsumerThread):
         pass
 
 
-class _Consumer(faust_aiokafka.Consumer):
+class _LoopConsumer(faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerOnLoop(self, loop=self.loop, thread_loop=self.loop,
                                Worker=_LoopTask, beacon=self.beacon)
 
 
-class _Transport(faust_aiokafka.Transport):
-    Consumer = _Consumer
+class _ThreadConsumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return _BatchedFetches(self, loop=self.loop, beacon=self.beacon)
 
 
-class LoopConsumerApp(faust.App):
-    """A ``faust.App`` whose Kafka consumer runs on the app's event loop."""
+class _LoopTransport(faust_aiokafka.Transport):
+    Consumer = _LoopConsumer
+
+
+class _ThreadTransport(faust_aiokafka.Transport):
+    Consumer = _ThreadConsumer
+
+
+class WorkerApp(faust.App):
+    """A ``faust.App`` whose Kafka consumer holds fetches for ``fetch_wait_ms`` (set
+    before the worker starts; 0: Faust's own fetches), in Faust's consumer thread."""
+
+    fetch_wait_ms: int = 0
 
     def _new_transport(self) -> faust_aiokafka.Transport:
-        return _Transport(self.conf.broker_consumer, self)
+        return _ThreadTransport(self.conf.broker_consumer, self)
+
+
+class LoopConsumerApp(WorkerApp):
+    """The same, with the Kafka consumer on the app's event loop."""
+
+    def _new_transport(self) -> faust_aiokafka.Transport:
+        return _LoopTransport(self.conf.broker_consumer, self)

@@ -108,12 +108,13 @@ class World:
 
 def build(tmp_path, monkeypatch, *, max_queued: int = 2000, window: int = 1,
           store=None, ledger=None, gate=None, grace_s: float = 2.0,
-          lane_max_bytes: int = Settings.lane_max_bytes) -> World:
+          lane_max_bytes: int = Settings.lane_max_bytes,
+          fetch_wait_ms: int = Settings.fetch_wait_ms) -> World:
     """``gate(record) -> awaitable | None``: awaited before the record is handled."""
     monkeypatch.setattr(app_module, "PartitionLanes",
                         functools.partial(PartitionLanes, max_queued=max_queued))
     settings = replace(Settings(), home=tmp_path, partitions=2, lane_window=window,
-                       lane_max_bytes=lane_max_bytes)
+                       lane_max_bytes=lane_max_bytes, fetch_wait_ms=fetch_wait_ms)
     processor = PromotionProcessor(store or MemoryCheckpointStore(StoreOptions()),
                                    ledger or MemoryLedger(), PickleCodec(), TOPICS,
                                    clock_ms=lambda: NOW_MS)

@@ -20,6 +20,7 @@ def test_defaults_point_at_the_local_launcher():
     assert s.loop_driver == "acsylla"
     assert s.api_coalesce_us == 0  # each API read written at once (not the driver's 200)
     assert s.cassandra_timer_slack_us == 200  # the launched Cassandra's spin-waits merge
+    assert s.fetch_wait_ms == 5  # paced turns share the worker's fetches
 
 
 def test_environment_overrides():
@@ -34,7 +35,9 @@ def test_environment_overrides():
         "RATCHET_TOPIC_PREFIX": "",
         "RATCHET_PARTITIONS": "3",
         "RATCHET_HOME": "/tmp/ratchet-home",
+        "RATCHET_FETCH_WAIT_MS": "0",
     })
+    assert s.fetch_wait_ms == 0
     assert s.kafka_bootstrap == "k1:19092"
     assert s.schema_registry_url == "http://sr:8081/apis/ccompat/v7"  # trailing slash dropped
     assert s.cassandra_hosts == ("c1", "c2") and s.cassandra_port == 19042
@@ -52,7 +55,8 @@ def test_environment_overrides():
                                         ("RATCHET_API_MAX_BODY_BYTES", "0"),
                                         ("RATCHET_CASSANDRA_TIMER_SLACK_US", "-1"),
                                         ("RATCHET_WORKER_EVENT_LOOP", "trio"),
-                                        ("RATCHET_WORKER_CONSUMER", "process")])
+                                        ("RATCHET_WORKER_CONSUMER", "process"),
+                                        ("RATCHET_FETCH_WAIT_MS", "-1")])
 def test_bad_values_are_refused_with_the_variable_name(name, value):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
@@ -178,6 +182,7 @@ def test_values_the_clients_accept_are_accepted(name, value, read):
     ("RATCHET_LANE_WINDOW", "1001"),
     ("RATCHET_API_MAX_BODY_BYTES", str(2**41)),
     ("RATCHET_FETCH_STALL_S", "86401"),
+    ("RATCHET_FETCH_WAIT_MS", "1001"),  # every paced turn would wait up to it
 ])
 def test_integers_above_their_bound_are_refused(name, value):
     with pytest.raises(SettingsError, match=name):
