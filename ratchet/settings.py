@@ -247,10 +247,11 @@ class Settings:
     # Where the worker's Kafka consumer runs (streams/consumer_loop.py): "loop" (on the
     # worker's event loop, the default) or "thread" (faust-streaming's own thread).
     worker_consumer: str = "loop"
-    # Milliseconds the broker may hold the worker's fetch until 64 KiB of records are
-    # there (streams/consumer_loop.py): paced turns share fetches, a backlog is fetched
-    # at once. 0: a fetch is answered at its first record (Faust's default); see
-    # docs/decisions.md, "Fetches that wait".
+    # Milliseconds the broker may hold the worker's fetch, while records flow, until 64
+    # KiB of records are there (streams/consumer_loop.py): paced turns share fetches, a
+    # backlog is fetched at once, an idle worker does not poll. 0: every fetch is
+    # answered at its first record (Faust's default); docs/decisions.md, "Fetches that
+    # wait".
     fetch_wait_ms: int = 5
     # The process's own, so not passed on by ``to_env``: a test or a chaos run sets its
     # children's log level itself, and ratchet/speedups.py reads RATCHET_SPEEDUPS from

@@ -14,26 +14,57 @@ is replaced by a task, and a call "into the thread" is a plain await. Everything
 does with the consumer stays as it was; only the hop goes. ``RATCHET_WORKER_CONSUMER=thread``
 restores Faust's default.
 
-**Batched fetches** (both consumers; ``RATCHET_FETCH_WAIT_MS``, docs/decisions.md,
-"Fetches that wait"). By default a Kafka fetch is answered as soon as one record is
-there, so at a production pace every turn costs the broker and the worker a fetch of
-its own. With a wait, the broker holds a fetch until ``FETCH_MIN_BYTES`` are there or
-the wait has passed: paced turns share fetches, a backlog (always past the minimum) is
-fetched as before. 0 restores the answer at the first record.
+**Fetches that wait while records flow** (both consumers; ``RATCHET_FETCH_WAIT_MS``,
+docs/decisions.md, "Fetches that wait"). Faust's fetch is answered as soon as one record
+is there, so at a production pace every turn costs the broker and the worker a fetch of
+its own. Here, after a fetch that brought records, the next one asks the broker to hold
+it until ``FETCH_MIN_BYTES`` are there or the wait has passed: paced turns share fetches,
+a backlog (always past the minimum) is fetched as before. After a fetch that brought
+none, the next is Faust's again (answered at its first record, held up to 1 500 ms while
+there is none): an idle worker does not ask the broker every few milliseconds, and the
+first turn after a quiet spell is not held. 0 keeps Faust's fetches throughout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from mode.utils.futures import maybe_async
 
+log = logging.getLogger(__name__)
+
 # What a held fetch waits for, at most ``fetch_wait_ms``: ~38 TurnCompleted records of
 # ~1.7 KB. A backlog has more at once and is answered at once.
 FETCH_MIN_BYTES = 64 * 1024
+
+
+def pace_fetches(fetcher: Any, wait_ms: int) -> bool:
+    """Make a started aiokafka ``Fetcher`` hold each fetch that follows one with records
+    (``FETCH_MIN_BYTES`` or ``wait_ms``), and give each that follows an empty one the
+    parameters the fetcher started with. aiokafka reads both values from the fetcher
+    whenever it builds a fetch request, and calls ``_proc_fetch_request`` for each
+    answer (True: records were added). False, and the fetcher left as it was, if this
+    aiokafka has no such members (an upgrade: ``tests/unit/test_consumer_loop.py``
+    checks the installed one)."""
+    if not all(hasattr(fetcher, name) for name in
+               ("_proc_fetch_request", "_fetch_min_bytes", "_fetch_max_wait_ms")):
+        return False
+    quiet = (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms)
+    flowing = (FETCH_MIN_BYTES, wait_ms)
+    answer: Callable[..., Awaitable[bool]] = fetcher._proc_fetch_request
+
+    async def answered(*args: Any, **kwargs: Any) -> bool:
+        brought = await answer(*args, **kwargs)
+        fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms = flowing if brought else quiet
+        return brought
+
+    fetcher._proc_fetch_request = answered
+    return True
 
 
 class _LoopTask:
@@ -53,18 +84,15 @@ class _LoopTask:
 
 
 class _BatchedFetches(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread whose aiokafka consumer holds fetches for the app's
-    ``fetch_wait_ms`` (Faust itself fixes a wait of 1 500 ms and no minimum)."""
+    """Faust's consumer thread whose aiokafka consumer holds fetches while records flow
+    (``pace_fetches``, the app's ``fetch_wait_ms``); Faust has no setting for it."""
 
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
+    async def on_start(self) -> None:
+        await super().on_start()  # builds and starts the aiokafka consumer (its fetcher)
         wait_ms = getattr(self.app, "fetch_wait_ms", 0)
-        if wait_ms:
-            # Read by aiokafka when its fetcher starts (``AIOKafkaConsumer.start``),
-            # after this: there is no constructor hook in Faust for them.
-            consumer._fetch_min_bytes = FETCH_MIN_BYTES
-            consumer._fetch_max_wait_ms = wait_ms
-        return consumer
+        if wait_ms and not pace_fetches(self._consumer._fetcher, wait_ms):
+            log.warning("this aiokafka's fetcher has not the members RATCHET_FETCH_WAIT_MS "
+                        "uses: every fetch is answered at its first record")
 
 
 class _ConsumerOnLoop(_BatchedFetches):

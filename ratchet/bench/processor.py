@@ -1781,9 +1781,9 @@ def _run(args: argparse.Namespace, load_before: str, base: Settings,
         print("\n".join(background_lines(rows)))
         print(f"lane window {settings.lane_window} (RATCHET_LANE_WINDOW): events of a "
               "partition in flight at once, in the worker and in the raw pipelines")
-        print(f"fetch wait {settings.fetch_wait_ms} ms (RATCHET_FETCH_WAIT_MS): the worker's "
-              "fetches are held until 64 KiB of records or this wait; the raw pipelines' are "
-              "answered at their first record")
+        print(f"fetch wait {settings.fetch_wait_ms} ms (RATCHET_FETCH_WAIT_MS): while records "
+              "flow, the worker's fetches are held until 64 KiB of records or this wait; the "
+              "raw pipelines' are answered at their first record")
         print(f"end to end rejected: {counter.rejected} (expected 0)")
         print(summary(e2e, {s: floors[s] for s in ("lwt", "lwt2")}, latency, rate, http,
                       latency_cpu, rounds, args.per_conversation))

@@ -13,7 +13,7 @@ import threading
 import faust
 import pytest
 
-from streams.consumer_loop import FETCH_MIN_BYTES, LoopConsumerApp, WorkerApp
+from streams.consumer_loop import FETCH_MIN_BYTES, LoopConsumerApp, WorkerApp, pace_fetches
 from tests.unit.stream_world import build
 
 
@@ -64,36 +64,66 @@ def test_fausts_own_app_keeps_its_consumer_thread(tmp_path):
     asyncio.run(check())
 
 
-def _worker_consumer(cls: type[faust.App], tmp_path, fetch_wait_ms: int):
-    """The aiokafka consumer the worker's app builds when it starts (not started)."""
-    app = _app(cls, tmp_path)
-    app.fetch_wait_ms = fetch_wait_ms
-    inner = app.consumer._thread
-    return inner._create_worker_consumer(app.transport)
+class _Fetcher:
+    """An aiokafka ``Fetcher`` as ``pace_fetches`` sees it: the two values each fetch
+    request is built from, and the call that handles each answer (True: records)."""
+
+    def __init__(self, answers: list[bool]) -> None:
+        self._fetch_min_bytes, self._fetch_max_wait_ms = 1, 1500  # as Faust builds it
+        self.answers = answers
+        self.requests: list[tuple[int, int]] = []  # the values each request was built with
+
+    async def _proc_fetch_request(self, assignment, node_id, request) -> bool:
+        self.requests.append((self._fetch_min_bytes, self._fetch_max_wait_ms))
+        return self.answers.pop(0)
 
 
-@pytest.mark.parametrize("cls", [LoopConsumerApp, WorkerApp])
-def test_a_fetch_is_held_for_the_apps_wait(tmp_path, cls):
-    """RATCHET_FETCH_WAIT_MS: the broker may hold the worker's fetch until
-    FETCH_MIN_BYTES are there or the wait has passed, on either consumer."""
+def test_fetches_wait_while_records_flow_and_not_once_they_stop():
+    """RATCHET_FETCH_WAIT_MS: a fetch after one that brought records is held for
+    FETCH_MIN_BYTES or the wait; one after an empty answer is Faust's again (answered at
+    its first record, so an idle worker does not poll every few ms and the first turn
+    after a quiet spell is not held)."""
     async def check() -> None:
-        consumer = _worker_consumer(cls, tmp_path, 7)
-        assert consumer._fetch_max_wait_ms == 7
-        assert consumer._fetch_min_bytes == FETCH_MIN_BYTES
+        fetcher = _Fetcher([True, True, False, True, False])
+        assert pace_fetches(fetcher, 7)
+        for _ in range(5):
+            await fetcher._proc_fetch_request("assignment", 0, "request")
+        flowing, quiet = (FETCH_MIN_BYTES, 7), (1, 1500)
+        assert fetcher.requests == [quiet, flowing, flowing, quiet, flowing]
+        assert (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms) == quiet
 
     asyncio.run(check())
 
 
-@pytest.mark.parametrize("cls", [LoopConsumerApp, WorkerApp])
-def test_no_wait_keeps_fausts_fetches(tmp_path, cls):
-    """0: a fetch is answered at its first record, as Faust builds it (1 byte, and
-    Faust's own 1 500 ms as the longest an empty fetch is held)."""
-    async def check() -> None:
-        consumer = _worker_consumer(cls, tmp_path, 0)
-        assert consumer._fetch_min_bytes == 1
-        assert consumer._fetch_max_wait_ms == 1500
+def test_a_fetcher_without_those_members_is_left_as_it_is():
+    """Another aiokafka whose fetcher lacks them: False (the worker logs that fetches are
+    answered at their first record), nothing patched."""
+    class Other:
+        _fetch_min_bytes = 1
 
-    asyncio.run(check())
+    other = Other()
+    assert not pace_fetches(other, 5)
+    assert vars(other) == {}
+
+
+def test_the_installed_aiokafka_has_what_pace_fetches_uses():
+    """Guards an upgrade: the fetcher builds each request from the two values and hands
+    each answer to ``_proc_fetch_request``, which says whether records came."""
+    import inspect
+
+    from aiokafka.consumer.fetcher import Fetcher
+
+    build = inspect.getsource(Fetcher._get_actions_per_node)
+    assert "self._fetch_max_wait_ms" in build and "self._fetch_min_bytes" in build
+    routine = inspect.getsource(Fetcher._fetch_requests_routine)
+    assert "self._proc_fetch_request(" in routine
+    assert list(inspect.signature(Fetcher._proc_fetch_request).parameters) == [
+        "self", "assignment", "node_id", "request"]
+    answer = inspect.getsource(Fetcher._proc_fetch_request)
+    assert "needs_wakeup = True" in answer and "return needs_wakeup" in answer
+    init = inspect.getsource(Fetcher.__init__)
+    assert "self._fetch_min_bytes = fetch_min_bytes" in init
+    assert "self._fetch_max_wait_ms = fetch_max_wait_ms" in init
 
 
 def test_the_thread_consumer_app_keeps_its_consumer_thread(tmp_path):
