@@ -39,7 +39,8 @@ VIOLATION_CLASSES = (
     "never_decided", "seq_gap", "seq_repeat", "wrong_reason", "rejection_without_reason",
     "valid_turn_rejected", "promotion_mismatch", "history_mismatch", "orphan_missing",
     "dead_letter_missing", "outcome_missing", "unexpected_outcome", "unexpected_dead_letter",
-    "orphan_of_used_effect", "stale_wait", "tenant_leak",
+    "orphan_of_used_effect", "stale_wait", "tenant_leak", "orphan_said_completed",
+    "claim_answer_wrong",
 )
 
 # Orphan reasons that tell the gateway to compensate (docs/gateway-protocol.md, "When to
@@ -117,6 +118,11 @@ class Observations:
     orphaned: set[tuple[str, str]] = field(default_factory=set)  # (tenant, effect id)
     # Orphans published with a reason in FINAL_ORPHAN_REASONS.
     final_orphans: set[tuple[str, str]] = field(default_factory=set)
+    # Orphans published with ``effect_completed`` true (an outcome was recorded).
+    completed_orphans: set[tuple[str, str]] = field(default_factory=set)
+    # Claims answered otherwise than the claims API's rules, as the producer saw them
+    # (tenant, effect id, what was answered): ``ratchet/chaos/claims.py``.
+    claim_answers_wrong: list[tuple[str, str, str]] = field(default_factory=list)
     dead_letters: set[tuple[bytes | None, bytes | None]] = field(default_factory=set)
     histories: dict[tuple[str, str], History] = field(default_factory=dict)  # (tenant, rid)
     conversations: dict[tuple[str, str], History] = field(default_factory=dict)
@@ -190,6 +196,8 @@ def _against_workload(expectations: list[Expectation], obs: Observations) -> lis
     for key, value in obs.dead_letters - garbage:
         out.append(Violation("unexpected_dead_letter", "-", f"key={key!r} value="
                              f"{(value or b'')[:60]!r} is not an undecodable record"))
+    for tenant, eid, detail in obs.claim_answers_wrong:
+        out.append(Violation("claim_answer_wrong", tenant, f"{eid}: {detail}"))
     for (tenant, rid), h in sorted(obs.foreign.items()):
         if (h.outcome, h.reason) != ("failure", "NOT_FOUND"):
             out.append(Violation("tenant_leak", "-", f"{rid} asked as tenant {tenant}: "
@@ -278,6 +286,11 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
     for eid in sorted(w.orphans):
         if (tenant, eid) not in obs.orphaned:
             out.append(Violation("orphan_missing", sid, eid))
+    for eid in sorted(w.orphans & w.no_outcome):
+        if (tenant, eid) in obs.completed_orphans:
+            out.append(Violation("orphan_said_completed", sid, f"{eid}: no attempt may "
+                                 f"record an outcome for it (LEASE_EXPIRED under "
+                                 f"at_most_once), published with effect_completed true"))
     for eid in sorted(w.used):
         if (tenant, eid) in obs.final_orphans:
             out.append(Violation("orphan_of_used_effect", sid, f"{eid}: used by a promoted "

@@ -94,6 +94,8 @@ class OutputReader(threading.Thread):
                 self._count(r.tenant, r.response_id)
             elif isinstance(rec, EffectOrphaned):
                 self.obs.orphaned.add((rec.tenant_id, rec.effect_id))
+                if rec.effect_completed:
+                    self.obs.completed_orphans.add((rec.tenant_id, rec.effect_id))
                 if str(rec.reason) in FINAL_ORPHAN_REASONS:
                     self.obs.final_orphans.add((rec.tenant_id, rec.effect_id))
             elif isinstance(rec, DeadLetter):

@@ -107,6 +107,9 @@ class World:
     cancelled: set[str] = field(default_factory=set)  # idempotency keys
     decided: dict[int, frozenset[Sig]] = field(default_factory=dict)  # event index -> outcomes
     orphans: set[str] = field(default_factory=set)  # effect ids that must be published orphaned
+    # Claims that never get an outcome: orphaned, each record must say
+    # ``effect_completed`` false.
+    no_outcome: set[str] = field(default_factory=set)
     used: set[str] = field(default_factory=set)  # effect ids of promoted turns: never undone
 
     def fork(self) -> World:
@@ -145,8 +148,14 @@ def expect(story: Story) -> Expectation:
 def _apply(w: World, story: Story, index: int) -> None:
     ev = story.events[index]
     if isinstance(ev, ClaimedRun):
-        # Claimed and completed through the API before its turn: an effect of its
-        # request with the recorded output (gateway-protocol.md section 8).
+        # Claimed before its turn: an effect of its request (gateway-protocol.md section
+        # 8), with the recorded output, or (``expired``) with none: attempt 1 vanished
+        # and attempt 2 was refused (LEASE_EXPIRED), so it never has an outcome.
+        if ev.role == "expired":
+            w.effects.setdefault(ev.effect_id, (ev.idempotency_key, ev.call_id, None))
+            w.attempts.setdefault(ev.effect_id, 1)
+            w.no_outcome.add(ev.effect_id)
+            return
         w.effects.setdefault(ev.effect_id, (ev.idempotency_key, ev.call_id, ev.output_digest))
         w.attempts.setdefault(ev.effect_id, ev.attempt)
         return

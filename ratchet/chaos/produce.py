@@ -11,7 +11,9 @@ A step's ``race`` events go through a second producer (another librdkafka client
 another gateway would), so which of the two lands first in Kafka is open.
 
 Each first send of a turn is logged (``<out>/sent-<i>.jsonl``: response id, tenant, wall
-clock) for the latency plot; a shared counter reports progress to the runner.
+clock) for the latency plot; a shared counter reports progress to the runner. A claim
+answered against the claims API's rules is logged there too (``claim_wrong``), for the
+checker.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from ratchet.chaos.claims import ClaimedRun, ClaimRunner
+from ratchet.chaos.claims import ClaimAnswerWrong, ClaimedRun, ClaimRunner
 from ratchet.chaos.workload import RawRecord, Story, generate
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
@@ -74,6 +76,7 @@ class _Sender:
         self.raw = _RawProducer(settings)
         self.serde = serde
         self.claims = ClaimRunner(f"http://{settings.api_host}:{settings.api_port}")
+        self.claims_wrong: list[tuple[str, str, str]] = []
 
     def send(self, story: Story, index: int, race: bool = False) -> None:
         ev = story.events[index]
@@ -92,11 +95,16 @@ class _Sender:
         """Through the API, now (its turn is produced after it). Unavailable: the round
         is sent again (same token). Any other refusal is reported, not retried: the
         turn that lists the claim is then judged without it, and the checker reports
-        the outcome the oracle did not expect."""
+        the outcome the oracle did not expect; an answer against the rules is also kept
+        for the log (``claims_wrong``)."""
         try:
             self.claims.run(run)
         except RehydrationUnavailable:
             raise
+        except ClaimAnswerWrong as exc:
+            print(f"producer: claim {run.effect_id} answered against the rules: {exc}",
+                  flush=True)
+            self.claims_wrong.append((run.tenant_id, run.effect_id, str(exc)))
         except (GatewayError, AssertionError) as exc:
             print(f"producer: claim {run.effect_id} refused: {exc!r:.300}", flush=True)
 
@@ -137,6 +145,10 @@ def _produce(mine: list[Story], rate: float, sender: _Sender, log, sent_counter,
                         log.write(json.dumps({"t": now, "tenant": ev.tenant_id,
                                               "rid": ev.response_id}) + "\n")
             position[story.index] = position.get(story.index, 0) + 1
+        for tenant, effect_id, detail in sender.claims_wrong:
+            log.write(json.dumps({"t": now, "tenant": tenant, "effect_id": effect_id,
+                                  "claim_wrong": detail}) + "\n")
+        sender.claims_wrong.clear()
         active = [s for s in active if position[s.index] < len(s.steps)]
         with sent_counter.get_lock():
             sent_counter.value += sum(

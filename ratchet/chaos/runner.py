@@ -160,6 +160,7 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     fetch_histories(cluster.base_url, fp_hash, responses, convs, reader.obs)
     reader.stop.set()
     reader.join(10)
+    reader.obs.claim_answers_wrong.extend(_claims_wrong(out))
     violations = check(expectations, reader.obs)
     report = _report(cfg, tag, out, workload, expectations, reader, faults, waiters, cluster.exits,
                      violations, time.monotonic() - t0, sent.value)
@@ -246,13 +247,23 @@ def _surely_promoted(expectations: list[Expectation]) -> list[tuple[str, str]]:
     return out
 
 
+def _sent_log(out: Path) -> list[dict]:
+    return [json.loads(line) for path in sorted(out.glob("sent-*.jsonl"))
+            for line in path.read_text().splitlines()]
+
+
 def _sent_times(out: Path) -> dict[tuple[str, str], float]:
     sent: dict[tuple[str, str], float] = {}
-    for path in out.glob("sent-*.jsonl"):
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
+    for rec in _sent_log(out):
+        if "rid" in rec:
             sent.setdefault((rec["tenant"], rec["rid"]), rec["t"])
     return sent
+
+
+def _claims_wrong(out: Path) -> list[tuple[str, str, str]]:
+    """Claims the producers saw answered against the claims API's rules."""
+    return [(rec["tenant"], rec["effect_id"], rec["claim_wrong"])
+            for rec in _sent_log(out) if "claim_wrong" in rec]
 
 
 def _decided_times(reader: OutputReader) -> dict[tuple[str, str], float]:

@@ -313,6 +313,9 @@ CONVERSATION_STEPS = {
     # A tool claimed and completed through the claims API (no ToolEffect), then its
     # turn; or an attempt's claim left behind by the attempt that was promoted.
     "claimed": 3, "claim_abandoned": 2,
+    # A slow attempt's lease taken over by the next (at_least_once); a vanished attempt's
+    # lease expired under at_most_once, the next attempt answering without the tool.
+    "claim_takeover": 2, "claim_expired": 2,
 }
 # Chains whose first response is retried under another response id, racing it.
 ROOT_RETRY_RATE = 0.1
@@ -400,7 +403,8 @@ def _conversation(story: Story, rng: random.Random) -> None:
             last = story.add(scenario, a, race=(b,))[0]
             head += 1  # exactly one of the two wins
         elif scenario in ("tool_loop", "orphan_retry", "missing_effect", "effect_conflict",
-                          "late_effect", "claimed", "claim_abandoned"):
+                          "late_effect", "claimed", "claim_abandoned", "claim_takeover",
+                          "claim_expired"):
             last, ok = _tool_turn(story, gw, scenario, ident, key, text, rng)
             if ok:
                 promoted.append((rid, key, text, last))
@@ -496,6 +500,22 @@ def _tool_turn(story: Story, gw: _Gateway, scenario: str, ident: TurnIdentity, k
         # Attempt 1 claimed the tool and recorded its outcome, then its gateway died;
         # attempt 2 answered without the tool: the claim is orphaned by the promotion
         # (ATTEMPT_SUPERSEDED, effect_completed true).
+        return story.add(scenario, run, gw.turn(ident, key, text, attempt=2))[-1], True
+    if scenario == "claim_takeover":
+        # Attempt 1 held the claim past its lease; attempt 2 took it over, ran the tool
+        # and recorded the outcome its turn carries (ratchet/chaos/claims.py): used.
+        call, result = gw.tool_call(rid, 0)
+        run, item = claimed_run(ident, key, call, result["output"], attempt=2,
+                                role="overtaken")
+        turn = gw.turn(ident, key, text, attempt=2, tools=[(call, item)],
+                       effect_ids=(run.effect_id,))
+        return story.add(scenario, run, turn)[-1], True
+    if scenario == "claim_expired":
+        # Attempt 1 vanished inside the tool (no outcome); attempt 2 got LEASE_EXPIRED
+        # (at_most_once) and answered without it: the claim is orphaned, "may or may
+        # not have run" (effect_completed false).
+        call, result = gw.tool_call(rid, 0)
+        run, _ = claimed_run(ident, key, call, result["output"], attempt=2, role="expired")
         return story.add(scenario, run, gw.turn(ident, key, text, attempt=2))[-1], True
     if scenario == "late_effect":
         # The gateway produced the turn before its tools' ToolEffects (allowed, not

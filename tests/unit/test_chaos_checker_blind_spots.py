@@ -349,3 +349,44 @@ def test_a_fingerprint_change_served_as_reusable_is_reported(expectations, asked
         obs.histories[(e.story.tenant, rid)] = dataclasses.replace(
             obs.histories[(e.story.tenant, rid)], outcome="certified", reason=None)
     assert kinds([e], obs) == {"history_mismatch"}
+
+
+def test_a_claim_without_an_outcome_published_as_completed_is_reported(expectations):
+    """gateway-protocol.md section 8, rule 7: under ``at_most_once`` a vanished holder's
+    claim is LEASE_EXPIRED for the next attempt, which must not run the tool; nobody
+    records an outcome, so its orphan says ``effect_completed`` false ("may or may not
+    have run"). A true one means an attempt ran the tool again or an outcome was made
+    up: the at-most-once promise was broken where no turn outcome shows it."""
+    e = labelled(expectations, "claim_expired")[0]
+    (eid,) = e.worlds[0].no_outcome
+    assert eid in e.worlds[0].orphans  # the promotion without the tool orphans it
+    obs = faithful([e])
+    assert check([e], obs) == []
+    obs.completed_orphans.add((e.story.tenant, eid))
+    assert kinds([e], obs) == {"orphan_said_completed"}
+
+
+def test_a_claim_answered_against_the_rules_is_reported(expectations):
+    """A takeover refused, a LEASE_EXPIRED answered CLAIMED, a late holder's completion
+    accepted: the producer sees these in the claims API's answers (no output topic
+    carries them) and logs them; the checker turns each into a violation."""
+    e = labelled(expectations, "claim_takeover")[0]
+    obs = faithful([e])
+    assert check([e], obs) == []
+    obs.claim_answers_wrong.append((e.story.tenant, "eff_" + "0" * 32, "got IN_PROGRESS"))
+    assert kinds([e], obs) == {"claim_answer_wrong"}
+
+
+def test_the_producers_claim_log_reaches_the_checker(tmp_path):
+    """A wrong claim answer reaches the checker only through the producers' sent logs,
+    which also carry the first send of every turn (the latency plot's start)."""
+    from ratchet.chaos.runner import _claims_wrong, _sent_times
+
+    (tmp_path / "sent-0.jsonl").write_text(
+        json.dumps({"t": 1.0, "tenant": "ten-a", "rid": "resp-1"}) + "\n"
+        + json.dumps({"t": 2.0, "tenant": "ten-a", "effect_id": "eff_1",
+                      "claim_wrong": "got IN_PROGRESS"}) + "\n")
+    (tmp_path / "sent-1.jsonl").write_text(
+        json.dumps({"t": 3.0, "tenant": "ten-b", "rid": "resp-2"}) + "\n")
+    assert _sent_times(tmp_path) == {("ten-a", "resp-1"): 1.0, ("ten-b", "resp-2"): 3.0}
+    assert _claims_wrong(tmp_path) == [("ten-a", "eff_1", "got IN_PROGRESS")]

@@ -50,7 +50,7 @@ from tests.unit.test_processor_rules import TOPICS, PickleCodec, raw_record
 NEW_LABELS = ("bad_fingerprint", "unsupported_format", "bad_proof", "unpaired", "redeployed",
               "client_tool", "client_tool_answer", "foreign_rid", "effect_conflict",
               "rid_elsewhere", "foreign_tenant", "foreign_parent", "late_effect", "expired",
-              "claimed", "claim_abandoned")
+              "claimed", "claim_abandoned", "claim_takeover", "claim_expired")
 
 
 def _sig(model) -> tuple:
@@ -61,10 +61,22 @@ def _sig(model) -> tuple:
     return ("R", reason, model.existing_response_id if reason == "DUPLICATE" else None)
 
 
-def _processor():
+class _Clock:
+    """Wall-clock milliseconds that a lease wait moves forward instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.skipped_ms = 0
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000) + self.skipped_ms
+
+    def sleep(self, seconds: float) -> None:
+        self.skipped_ms += int(seconds * 1000)
+
+
+def _processor(clock_ms=lambda: int(time.time() * 1000)):
     store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
-    processor = PromotionProcessor(store, ledger, PickleCodec(), TOPICS,
-                                   clock_ms=lambda: int(time.time() * 1000))
+    processor = PromotionProcessor(store, ledger, PickleCodec(), TOPICS, clock_ms=clock_ms)
     return processor, store, ledger
 
 
@@ -83,16 +95,20 @@ def _run(seed: int, turns: int, raced: bool):
     they share the servers in a chaos run). Returns (expectations, decisions, orphans,
     api): decisions[(story index, event index)] lists the outcome of each send; api is
     the rehydration API over the processor's store."""
-    processor, store, ledger = _processor()
+    clock = _Clock()
+    processor, store, ledger = _processor(clock.now_ms)
     service = RehydrationService(store, ledger, PromotionWaiters())
-    routers = [claims_router(ledger, store.mark_request_facts, lambda: int(time.time() * 1000))]
+    routers = [claims_router(ledger, store.mark_request_facts, clock.now_ms)]
     api = TestClient(HistoryFastPath(create_app(service, lambda: True, routers=routers),
                                      service), raise_server_exceptions=False)
-    # Claims go through the API over the same store and ledger, as in a chaos run.
-    claims = ClaimRunner("http://api", transport=httpx.MockTransport(_through(api)))
+    # Claims go through the API over the same store and ledger, as in a chaos run; a
+    # lease is waited out by moving the clock.
+    claims = ClaimRunner("http://api", transport=httpx.MockTransport(_through(api)),
+                         sleep=clock.sleep)
     expectations = [expect(s) for s in generate(seed, turns, f"agree{seed}").stories]
     decisions: dict[tuple[int, int], list[tuple]] = {}
     orphans: dict[int, dict[str, str]] = {}
+    completed: set[tuple[int, str]] = set()  # (story, effect) orphaned effect_completed
     offset = 0
     for e in expectations:
         if e.story.kind == "garbage":
@@ -113,21 +129,23 @@ def _run(seed: int, turns: int, raced: bool):
                     elif isinstance(out.model, EffectOrphaned):
                         orphans.setdefault(e.story.index, {})[out.model.effect_id] = str(
                             out.model.reason)
+                        if out.model.effect_completed:
+                            completed.add((e.story.index, out.model.effect_id))
     assert claims.ran > 0  # the workload claimed tools, and each ran once
-    return expectations, decisions, orphans, api
+    return expectations, decisions, orphans, completed, api
 
 
 @pytest.fixture(scope="module", params=[(3, False), (11, False), (5, True)],
                 ids=["seed3", "seed11", "seed5-raced"])
 def run(request):
     seed, raced = request.param
-    expectations, decisions, orphans, api = _run(seed, 1500, raced)
+    expectations, decisions, orphans, completed, api = _run(seed, 1500, raced)
     world = -1 if raced else 0
-    return [(e, e.worlds[world]) for e in expectations], decisions, orphans, api
+    return [(e, e.worlds[world]) for e in expectations], decisions, orphans, completed, api
 
 
 def test_every_decision_is_one_the_oracle_accepts(run):
-    expectations, decisions, orphans, _ = run
+    expectations, decisions, orphans, completed, _ = run
     wrong, sent_labels = [], Counter()
     for e, w in expectations:
         if e.story.kind == "garbage":
@@ -146,6 +164,13 @@ def test_every_decision_is_one_the_oracle_accepts(run):
         missing = w.orphans - set(published)
         if missing:
             wrong.append(f"{e.story.sid}: effects never published orphaned: {sorted(missing)}")
+        # A claim no attempt recorded an outcome for (attempt 2 refused LEASE_EXPIRED):
+        # "may or may not have run", never "completed".
+        said_done = {eid for eid in w.orphans & w.no_outcome
+                     if (e.story.index, eid) in completed}
+        if said_done:
+            wrong.append(f"{e.story.sid}: claims without an outcome published "
+                         f"effect_completed: {sorted(said_done)}")
         undone = {eid for eid in w.used if published.get(eid) in FINAL_ORPHAN_REASONS}
         if undone:
             wrong.append(f"{e.story.sid}: used effects orphaned to compensate: {sorted(undone)}")
@@ -161,7 +186,7 @@ def test_every_history_is_the_one_the_oracle_promoted(run):
     another one (a redeployed model's turns fall back, and every certified history
     asked with a fingerprint nobody deployed), the complete history in order, a failure
     for a response never promoted."""
-    expectations, _, _, api = run
+    expectations, _, _, _, api = run
     wrong, checked = [], Counter()
 
     def ask(path: str, tenant: str, fp: str):
