@@ -39,6 +39,11 @@ from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
 
+# On SIGTERM, requests in flight get this long to finish: longer than the wait_ms cap
+# (10 s), so a waiting request is answered (deploy/k8s/api-deployment.yaml's grace
+# period covers it).
+GRACEFUL_SHUTDOWN_S = 12
+
 log = logging.getLogger("ratchet.api")
 
 
@@ -164,7 +169,7 @@ def cli_api(settings: Settings) -> int:
             # HttpClient) with its body, which uvicorn's own drops (h2c.py).
             loop="uvloop",
             http=UpgradeTolerantHttpToolsProtocol,
-            timeout_graceful_shutdown=12,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )).run(sockets=[sock])
     finally:
         process.close()

@@ -196,11 +196,37 @@ def test_service_selects_the_api_pods_on_a_named_port() -> None:
     assert {p["targetPort"] for p in svc["spec"]["ports"]} <= port_names
 
 
-def test_api_grace_period_outlasts_the_wait_cap() -> None:
+def test_api_grace_period_outlasts_the_pause_and_the_wait_cap() -> None:
+    """Terminating: the preStop pause (the Service stops sending first), then uvicorn's
+    graceful shutdown, which outlasts the longest ``wait_ms`` request, all within the
+    pod's grace period (else the kubelet kills waiting requests)."""
     from services.api.app import WAIT_MS_CAP
+    from services.api.server import GRACEFUL_SHUTDOWN_S
 
     spec = _deployment("ratchet-api")["spec"]["template"]["spec"]
-    assert spec["terminationGracePeriodSeconds"] * 1000 > WAIT_MS_CAP
+    (container,) = spec["containers"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    pause_s = float(command[1])
+    assert 2 <= pause_s <= 10
+    assert GRACEFUL_SHUTDOWN_S * 1000 > WAIT_MS_CAP
+    assert spec["terminationGracePeriodSeconds"] >= pause_s + GRACEFUL_SHUTDOWN_S + 1
+
+
+@pytest.mark.parametrize("name", ["ratchet-api", "ratchet-worker"])
+def test_a_disruption_budget_lets_one_pod_go_at_a_time(name: str) -> None:
+    """A node drain evicts one pod of each Deployment at a time (one worker: one
+    rebalance at a time) and never blocks for good (at least one may go)."""
+    dep = _deployment(name)
+    (pdb,) = [p for p in _kind("PodDisruptionBudget")
+              if p["spec"]["selector"] == dep["spec"]["selector"]]
+    replicas = dep["spec"]["replicas"]
+    spec = pdb["spec"]
+    allowed = (replicas - spec["minAvailable"] if "minAvailable" in spec
+               else spec["maxUnavailable"])
+    assert allowed == 1
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= labels.items()
 
 
 def test_api_memory_holds_its_history_cache_and_its_large_bodies() -> None:
