@@ -222,6 +222,15 @@ def test_migrate_worker_api_promote_a_turn_and_read_it_back(
         figures["worker_rss_mib"] = _rss_mib(worker.pid)
         figures["api_rss_mib"] = _rss_mib(api.pid)
 
+        # Kubernetes runs the API's preStop hook before SIGTERM: it must exist in the
+        # image and leave the API serving (the Service stops sending meanwhile).
+        hook = api_spec["lifecycle"]["preStop"]["exec"]["command"]
+        hook_started = time.monotonic()
+        assert subprocess.run(image.command(hook, env=env, volumes=volumes, entrypoint=False),
+                              timeout=30).returncode == 0
+        figures["api_pre_stop_s"] = time.monotonic() - hook_started
+        assert httpx.get(base_url + health_path, timeout=2).status_code == 200
+
         for name, proc, spec in (("api", api, "api-deployment"),
                                  ("worker", worker, "worker-deployment")):
             grace = _manifest(spec)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
