@@ -210,10 +210,11 @@ class ClaimRunner:
             if inside:
                 raise _Escape(exc) from exc
             raise
-        if second.state != "CLAIMED" or not second.executed:
+        if second.state != "CLAIMED" or not second.executed or second.previous_attempt != 1:
             raise ClaimAnswerWrong(f"{step.effect_id}: attempt {step.attempt} "
                                    f"(at_least_once) after attempt 1's lease ended got "
-                                   f"{second.state}, not a takeover")
+                                   f"{second.state} (previous_attempt "
+                                   f"{second.previous_attempt}), not a takeover of attempt 1")
 
     def _expired(self, step: ClaimedRun) -> None:
         first = self._effect(step, 1, EffectPolicy.AT_MOST_ONCE, SHORT_LEASE_MS)

@@ -145,6 +145,9 @@ class Effect:
         self._unrecorded: tuple[Item, bool] | None = None
         self.executed = False  # True only if THIS attempt ran the function
         self.state: str | None = None
+        # The vanished attempt whose expired lease this one took over (``at_least_once``:
+        # the tool may have run twice), else None.
+        self.previous_attempt: int | None = None
         # The function was started and neither returned nor raised an ``Exception``:
         # it may have run, its outcome is unknown, it is never started again.
         self._interrupted = False
@@ -161,6 +164,7 @@ class Effect:
                 "it may have run, so it is not run again"))
         body = self._owner._claim(self)
         self.state = body["state"]
+        self.previous_attempt = body.get("previous_attempt")
         if body["state"] == "COMPLETED":
             recorded = _item(body["output"])
             try:

@@ -33,7 +33,8 @@ CALL = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "send_em
 
 
 def _claims(ledger: MemoryLedger, attempt: int, *, lost_completions: int = 0,
-            max_wait_s: float = 60.0) -> EffectClaims:
+            max_wait_s: float = 60.0,
+            policy: EffectPolicy = EffectPolicy.AT_MOST_ONCE) -> EffectClaims:
     """An attempt's claims against the real claims API on ``ledger`` (in process); its
     first ``lost_completions`` completions are answered 503."""
     app = FastAPI()
@@ -54,7 +55,7 @@ def _claims(ledger: MemoryLedger, attempt: int, *, lost_completions: int = 0,
     identity = TurnIdentity(tenant_id="t1", response_id=f"r{attempt}",
                             conversation_id="conv_1", expected_head_seq=0)
     return EffectClaims("http://claims.test", identity, idempotency_key="k1",
-                        attempt=attempt, max_wait_s=max_wait_s,
+                        attempt=attempt, max_wait_s=max_wait_s, default_policy=policy,
                         transport=httpx.MockTransport(forward))
 
 
@@ -97,3 +98,24 @@ def test_a_call_entered_again_keeps_its_effect_key_and_never_runs_beside_the_hol
     assert [e.effect_id for e in entered] == [held, held]
     assert entered[0] is entered[1]  # one effect: its occurrence, key and token
     assert sent == [], "the e-mail was sent while attempt 1's claim on it was live"
+
+
+def test_an_effect_says_which_vanished_attempt_it_took_over():
+    """docs/gateway-protocol.md section 8, rule 7: under ``at_least_once`` a claim whose
+    holder's lease expired is taken over (``CLAIMED``, ``previous_attempt``); the tool
+    may then have run twice, which a gateway wants to log. A first claim names none."""
+    ledger = MemoryLedger()
+    held = effect_id_for_claim("k1", 0, "send_email", 0)
+    # attempt 1 claimed and vanished: its lease ended before NOW_MS
+    ledger.claim_effect(ClaimRequest("t1", "k1", held, 1, 0, "c0", "send_email",
+                                     arguments_digest_of(CALL), uuid.uuid4().hex, 100,
+                                     EffectPolicy.AT_LEAST_ONCE), NOW_MS - 1_000)
+    claims = _claims(ledger, 2, policy=EffectPolicy.AT_LEAST_ONCE)
+    with claims.effect(CALL, subturn_index=0) as effect:
+        effect.run(lambda: "sent again")
+    assert (effect.state, effect.executed, effect.previous_attempt) == ("CLAIMED", True, 1)
+
+    fresh = _claims(MemoryLedger(), 1)
+    with fresh.effect(CALL, subturn_index=0) as first:
+        first.run(lambda: "sent")
+    assert (first.state, first.previous_attempt) == ("CLAIMED", None)
