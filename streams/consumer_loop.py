@@ -17,18 +17,22 @@ restores Faust's default.
 **Fetches that wait while records flow** (both consumers; ``RATCHET_FETCH_WAIT_MS``,
 docs/decisions.md, "Fetches that wait"). Faust's fetch is answered as soon as one record
 is there, so at a production pace every turn costs the broker and the worker a fetch of
-its own. Here, after a fetch that brought records, the next one asks the broker to hold
-it until ``FETCH_MIN_BYTES`` are there or the wait has passed: paced turns share fetches,
-a backlog (always past the minimum) is fetched as before. After a fetch that brought
-none, the next is Faust's again (answered at its first record, held up to 1 500 ms while
-there is none): an idle worker does not ask the broker every few milliseconds, and the
-first turn after a quiet spell is not held. 0 keeps Faust's fetches throughout.
+its own. Here, while records come closer together than the wait, each fetch asks the
+broker to hold it until ``FETCH_MIN_BYTES`` are there or the wait has passed: paced
+turns share fetches, a backlog (always past the minimum) is fetched as before. A fetch
+that brought none, or one of Faust's that brought records only after the wait (records
+sparser than it: a held fetch would come back empty), makes the next one Faust's
+again (answered at its first record, held up to 1 500 ms while there is none): an idle
+worker does not ask the broker every few milliseconds, a trickle costs one fetch per
+record, not two, and the first turn after a quiet spell is not held. 0 keeps Faust's
+fetches throughout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -43,14 +47,19 @@ log = logging.getLogger(__name__)
 FETCH_MIN_BYTES = 64 * 1024
 
 
-def pace_fetches(fetcher: Any, wait_ms: int) -> bool:
-    """Make a started aiokafka ``Fetcher`` hold each fetch that follows one with records
-    (``FETCH_MIN_BYTES`` or ``wait_ms``), and give each that follows an empty one the
-    parameters the fetcher started with. aiokafka reads both values from the fetcher
-    whenever it builds a fetch request, and calls ``_proc_fetch_request`` for each
-    answer (True: records were added). False, and the fetcher left as it was, if this
-    aiokafka has no such members (an upgrade: ``tests/unit/test_consumer_loop.py``
-    checks the installed one)."""
+def pace_fetches(fetcher: Any, wait_ms: int,
+                 clock: Callable[[], float] = time.monotonic) -> bool:
+    """Make a started aiokafka ``Fetcher`` hold its fetches (``FETCH_MIN_BYTES`` or
+    ``wait_ms``) while records flow: the fetch after a held one that brought records, or
+    after one of the fetcher's own (the parameters it started with) that brought records
+    within ``wait_ms`` of being sent, is held; any other gets the fetcher's own. aiokafka
+    reads both values from the fetcher whenever it builds a fetch request, and calls
+    ``_proc_fetch_request`` to send each one and take its answer (True: records were
+    added). One state for all of the fetcher's brokers (one request each at a time):
+    with several, a quiet broker's answer can end a busy one's holding, which costs
+    only fetches, never more than ``wait_ms`` of a record's time. False, and the
+    fetcher left as it was, if this aiokafka has no such members (an upgrade:
+    ``tests/unit/test_consumer_loop.py`` checks the installed one)."""
     if not all(hasattr(fetcher, name) for name in
                ("_proc_fetch_request", "_fetch_min_bytes", "_fetch_max_wait_ms")):
         return False
@@ -59,8 +68,11 @@ def pace_fetches(fetcher: Any, wait_ms: int) -> bool:
     answer: Callable[..., Awaitable[bool]] = fetcher._proc_fetch_request
 
     async def answered(*args: Any, **kwargs: Any) -> bool:
+        held = (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms) == flowing
+        sent = clock()
         brought = await answer(*args, **kwargs)
-        fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms = flowing if brought else quiet
+        dense = brought and (held or (clock() - sent) * 1000 < wait_ms)
+        fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms = flowing if dense else quiet
         return brought
 
     fetcher._proc_fetch_request = answered

@@ -68,13 +68,19 @@ class _Fetcher:
     """An aiokafka ``Fetcher`` as ``pace_fetches`` sees it: the two values each fetch
     request is built from, and the call that handles each answer (True: records)."""
 
-    def __init__(self, answers: list[bool]) -> None:
+    def __init__(self, answers: list[bool], took_ms: list[float] | None = None) -> None:
         self._fetch_min_bytes, self._fetch_max_wait_ms = 1, 1500  # as Faust builds it
         self.answers = answers
+        self.took_ms = took_ms or [0.0] * len(answers)  # how long each answer takes
         self.requests: list[tuple[int, int]] = []  # the values each request was built with
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
 
     async def _proc_fetch_request(self, assignment, node_id, request) -> bool:
         self.requests.append((self._fetch_min_bytes, self._fetch_max_wait_ms))
+        self.now += self.took_ms.pop(0) / 1000
         return self.answers.pop(0)
 
 
@@ -85,12 +91,39 @@ def test_fetches_wait_while_records_flow_and_not_once_they_stop():
     after a quiet spell is not held)."""
     async def check() -> None:
         fetcher = _Fetcher([True, True, False, True, False])
-        assert pace_fetches(fetcher, 7)
+        assert pace_fetches(fetcher, 7, clock=fetcher.clock)
         for _ in range(5):
             await fetcher._proc_fetch_request("assignment", 0, "request")
         flowing, quiet = (FETCH_MIN_BYTES, 7), (1, 1500)
         assert fetcher.requests == [quiet, flowing, flowing, quiet, flowing]
         assert (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms) == quiet
+
+    asyncio.run(check())
+
+
+def test_a_trickle_sparser_than_the_wait_costs_one_fetch_per_record():
+    """Found by an outside review (session 28): records 25 ms apart with a 5 ms wait each
+    cost an answered fetch and then a held one that came back empty, two fetches per
+    record. One of Faust's fetches that brought its record only after the wait says
+    records are sparser than it: the next is Faust's too. One that brought records
+    within the wait (records denser than it) starts holding, as before."""
+    async def check() -> None:
+        flowing, quiet = (FETCH_MIN_BYTES, 5), (1, 1500)
+        trickle = _Fetcher([True] * 4, took_ms=[25.0] * 4)
+        assert pace_fetches(trickle, 5, clock=trickle.clock)
+        for _ in range(4):
+            await trickle._proc_fetch_request("assignment", 0, "request")
+        assert trickle.requests == [quiet] * 4
+
+        # denser than the wait: held from the second fetch; a held one that brings
+        # records after its whole wait still holds (it was asked to wait)
+        dense = _Fetcher([True, True, True, False, True],
+                         took_ms=[1.0, 5.0, 5.0, 5.0, 30.0])
+        assert pace_fetches(dense, 5, clock=dense.clock)
+        for _ in range(5):
+            await dense._proc_fetch_request("assignment", 0, "request")
+        assert dense.requests == [quiet, flowing, flowing, flowing, quiet]
+        assert (dense._fetch_min_bytes, dense._fetch_max_wait_ms) == quiet
 
     asyncio.run(check())
 
@@ -121,6 +154,8 @@ def test_the_installed_aiokafka_has_what_pace_fetches_uses():
         "self", "assignment", "node_id", "request"]
     answer = inspect.getsource(Fetcher._proc_fetch_request)
     assert "needs_wakeup = True" in answer and "return needs_wakeup" in answer
+    # it sends the request and awaits the broker's answer: its time is the fetch's
+    assert "await self._client.send(node_id, request)" in answer
     init = inspect.getsource(Fetcher.__init__)
     assert "self._fetch_min_bytes = fetch_min_bytes" in init
     assert "self._fetch_max_wait_ms = fetch_max_wait_ms" in init
