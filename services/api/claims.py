@@ -244,14 +244,21 @@ def claims_router(ledger: Ledger, mark_facts: Callable[[str, str, str], object],
     # default); one declared as another type is a 415 (``_ClaimsRoute``).
     router = APIRouter(tags=["effect claims"], route_class=_ClaimsRoute,
                        strict_content_type=False)
+    # The refusals of a body itself, on both endpoints (gateway-protocol.md section 8).
+    body_refused = {
+        400: {"model": ErrorBody, "description": "body is not JSON (or not UTF-8)"},
+        413: {"model": ErrorBody, "description": "body larger than "
+              "RATCHET_API_MAX_BODY_BYTES (32 MiB by default), refused unread"},
+        415: {"model": ErrorBody, "description": "body declared as another type than "
+              "JSON"},
+        422: {"model": ErrorBody}, 503: {"model": ErrorBody}}
 
     @router.post(
         "/v1/effects/claims",
         response_model=ClaimBody,
-        responses={400: {"model": ErrorBody, "description": "body is not JSON"},
+        responses={**body_refused,
                    409: {"model": ClaimErrorBody, "description": "EFFECT_KEY_MISMATCH: "
-                         "the effect_id given is not the key of the parts given"},
-                   422: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+                         "the effect_id given is not the key of the parts given"}},
         summary="Claim a tool effect before executing it",
     )
     async def claim(body: ClaimIn) -> JSONResponse:
@@ -272,11 +279,10 @@ def claims_router(ledger: Ledger, mark_facts: Callable[[str, str, str], object],
     @router.post(
         "/v1/effects/claims/{effect_id}/complete",
         response_model=ClaimBody,
-        responses={400: {"model": ErrorBody, "description": "body is not JSON"},
+        responses={**body_refused,
                    404: {"model": ClaimErrorBody, "description": "UNKNOWN_CLAIM"},
                    409: {"model": ClaimErrorBody,
-                         "description": "NOT_HOLDER, OUTCOME_CONFLICT"},
-                   422: {"model": ErrorBody}, 503: {"model": ErrorBody}},
+                         "description": "NOT_HOLDER, OUTCOME_CONFLICT"}},
         summary="Record the outcome of a claimed effect (the holder's token only)",
     )
     async def complete(effect_id: Annotated[str, Path(pattern=EFFECT_ID_PATTERN)],

@@ -158,3 +158,18 @@ def test_a_claim_declared_as_another_type_is_415_typed():
     assert answer.status_code == 415
     assert answer.json()["error"] == "INVALID_REQUEST"
     assert "'text/plain' is not JSON" in answer.json()["detail"]
+
+
+def test_openapi_lists_every_status_the_claim_endpoints_answer():
+    """An outside gateway review (session 28): 413 and 415 were answered as documented
+    but missing from /openapi.json, so a generated client met them untyped."""
+    spec = api_client().get("/openapi.json").json()
+    paths = spec["paths"]
+    claim = paths["/v1/effects/claims"]["post"]["responses"]
+    complete = paths["/v1/effects/claims/{effect_id}/complete"]["post"]["responses"]
+    assert {"200", "400", "409", "413", "415", "422", "503"} <= set(claim)
+    assert {"200", "400", "404", "409", "413", "415", "422", "503"} <= set(complete)
+    for responses in (claim, complete):
+        for status in ("400", "413", "415"):
+            schema = responses[status]["content"]["application/json"]["schema"]
+            assert schema == {"$ref": "#/components/schemas/ErrorBody"}
