@@ -24,8 +24,8 @@ that brought none, or one of Faust's that brought records only after the wait (r
 sparser than it: a held fetch would come back empty), makes the next one Faust's
 again (answered at its first record, held up to 1 500 ms while there is none): an idle
 worker does not ask the broker every few milliseconds, a trickle costs one fetch per
-record, not two, and the first turn after a quiet spell is not held. 0 keeps Faust's
-fetches throughout.
+record, not two, and the first turn after a quiet spell is not held. Each broker's
+fetches follow their own records. 0 keeps Faust's fetches throughout.
 """
 
 from __future__ import annotations
@@ -50,33 +50,48 @@ FETCH_MIN_BYTES = 64 * 1024
 def pace_fetches(fetcher: Any, wait_ms: int,
                  clock: Callable[[], float] = time.monotonic) -> bool:
     """Make a started aiokafka ``Fetcher`` hold its fetches (``FETCH_MIN_BYTES`` or
-    ``wait_ms``) while records flow: the fetch after a held one that brought records, or
-    after one of the fetcher's own (the parameters it started with) that brought records
-    within ``wait_ms`` of being sent, is held; any other gets the fetcher's own. aiokafka
-    reads both values from the fetcher whenever it builds a fetch request, and calls
-    ``_proc_fetch_request`` to send each one and take its answer (True: records were
-    added). One state for all of the fetcher's brokers (one request each at a time):
-    with several, a quiet broker's answer can end a busy one's holding, which costs
-    only fetches, never more than ``wait_ms`` of a record's time. False, and the
-    fetcher left as it was, if this aiokafka has no such members (an upgrade:
+    ``wait_ms``) while records flow, broker by broker: a fetch from a broker whose
+    previous fetch was held and brought records, or was one of the fetcher's own (the
+    parameters it started with) and brought records within ``wait_ms`` of being sent,
+    is held; any other keeps the fetcher's own. aiokafka builds one fetch request per
+    broker from the fetcher's two values and hands each to ``_proc_fetch_request``,
+    which sends it and takes its answer (True: records were added); the request carries
+    the two values until it is sent, so they are set there, on the request, and the
+    fetcher's own stay as they are. Each broker has its own state: a quiet broker's
+    empty answer does not end a busy one's holding. False, and the fetcher left as it
+    was, if this aiokafka has no such members (an upgrade:
     ``tests/unit/test_consumer_loop.py`` checks the installed one)."""
-    if not all(hasattr(fetcher, name) for name in
-               ("_proc_fetch_request", "_fetch_min_bytes", "_fetch_max_wait_ms")):
+    if not (all(hasattr(fetcher, name) for name in
+                ("_proc_fetch_request", "_fetch_min_bytes", "_fetch_max_wait_ms"))
+            and _requests_carry_fetch_values()):
         return False
-    quiet = (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms)
-    flowing = (FETCH_MIN_BYTES, wait_ms)
     answer: Callable[..., Awaitable[bool]] = fetcher._proc_fetch_request
+    flowing: set[Any] = set()  # brokers (node ids) whose next fetch is held
 
-    async def answered(*args: Any, **kwargs: Any) -> bool:
-        held = (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms) == flowing
+    async def answered(assignment: Any, node_id: Any, request: Any) -> bool:
+        held = node_id in flowing
+        if held:
+            request._min_bytes, request._max_wait_ms = FETCH_MIN_BYTES, wait_ms
         sent = clock()
-        brought = await answer(*args, **kwargs)
-        dense = brought and (held or (clock() - sent) * 1000 < wait_ms)
-        fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms = flowing if dense else quiet
+        brought = await answer(assignment, node_id, request)
+        if brought and (held or (clock() - sent) * 1000 < wait_ms):
+            flowing.add(node_id)
+        else:
+            flowing.discard(node_id)
         return brought
 
     fetcher._proc_fetch_request = answered
     return True
+
+
+def _requests_carry_fetch_values() -> bool:
+    """Whether this aiokafka's fetch request keeps the two values ``pace_fetches`` sets
+    as the members it is sent with (``FetchRequest.build`` reads them)."""
+    from aiokafka.protocol.fetch import FetchRequest
+
+    request = FetchRequest(1500, 1, 1024, 0, [])
+    return (getattr(request, "_max_wait_ms", None), getattr(request, "_min_bytes", None)) \
+        == (1500, 1)
 
 
 class _LoopTask:

@@ -64,39 +64,74 @@ def test_fausts_own_app_keeps_its_consumer_thread(tmp_path):
     asyncio.run(check())
 
 
+class _Request:
+    """A fetch request as aiokafka builds it: the two values it is sent with."""
+
+    def __init__(self, fetcher: _Fetcher) -> None:
+        self._min_bytes, self._max_wait_ms = fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms
+
+
 class _Fetcher:
     """An aiokafka ``Fetcher`` as ``pace_fetches`` sees it: the two values each fetch
-    request is built from, and the call that handles each answer (True: records)."""
+    request is built from, and the call that sends each request and handles its answer
+    (True: records)."""
 
     def __init__(self, answers: list[bool], took_ms: list[float] | None = None) -> None:
         self._fetch_min_bytes, self._fetch_max_wait_ms = 1, 1500  # as Faust builds it
         self.answers = answers
         self.took_ms = took_ms or [0.0] * len(answers)  # how long each answer takes
-        self.requests: list[tuple[int, int]] = []  # the values each request was built with
+        # (broker, (min bytes, max wait)) of each request as it was sent
+        self.sent: list[tuple[int, tuple[int, int]]] = []
         self.now = 0.0
+
+    @property
+    def requests(self) -> list[tuple[int, int]]:
+        return [values for _node, values in self.sent]
 
     def clock(self) -> float:
         return self.now
 
     async def _proc_fetch_request(self, assignment, node_id, request) -> bool:
-        self.requests.append((self._fetch_min_bytes, self._fetch_max_wait_ms))
+        self.sent.append((node_id, (request._min_bytes, request._max_wait_ms)))
         self.now += self.took_ms.pop(0) / 1000
         return self.answers.pop(0)
+
+    async def fetch(self, node_id: int = 0) -> bool:
+        """One fetch from broker ``node_id``, its request built as aiokafka does."""
+        return await self._proc_fetch_request("assignment", node_id, _Request(self))
+
+
+FLOWING_7, QUIET = (FETCH_MIN_BYTES, 7), (1, 1500)
 
 
 def test_fetches_wait_while_records_flow_and_not_once_they_stop():
     """RATCHET_FETCH_WAIT_MS: a fetch after one that brought records is held for
     FETCH_MIN_BYTES or the wait; one after an empty answer is Faust's again (answered at
     its first record, so an idle worker does not poll every few ms and the first turn
-    after a quiet spell is not held)."""
+    after a quiet spell is not held). The fetcher's own values are never changed."""
     async def check() -> None:
         fetcher = _Fetcher([True, True, False, True, False])
         assert pace_fetches(fetcher, 7, clock=fetcher.clock)
         for _ in range(5):
-            await fetcher._proc_fetch_request("assignment", 0, "request")
-        flowing, quiet = (FETCH_MIN_BYTES, 7), (1, 1500)
-        assert fetcher.requests == [quiet, flowing, flowing, quiet, flowing]
-        assert (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms) == quiet
+            await fetcher.fetch()
+        assert fetcher.requests == [QUIET, FLOWING_7, FLOWING_7, QUIET, FLOWING_7]
+        assert (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms) == QUIET
+
+    asyncio.run(check())
+
+
+def test_each_broker_holds_its_fetches_by_its_own_records():
+    """Found by an outside review (session 28), fixed in session 29: with one state for
+    all brokers, a quiet broker's empty answer ended a busy one's holding, so a cluster
+    lost the sharing whenever one of its brokers led no busy partition. Broker 1's
+    records flow; broker 2's fetches come back empty in between."""
+    async def check() -> None:
+        fetcher = _Fetcher([True, False, True, False, True, False])
+        assert pace_fetches(fetcher, 7, clock=fetcher.clock)
+        for node in (1, 2, 1, 2, 1, 2):
+            await fetcher.fetch(node)
+        assert fetcher.sent == [(1, QUIET), (2, QUIET), (1, FLOWING_7), (2, QUIET),
+                                (1, FLOWING_7), (2, QUIET)]
 
     asyncio.run(check())
 
@@ -108,12 +143,12 @@ def test_a_trickle_sparser_than_the_wait_costs_one_fetch_per_record():
     records are sparser than it: the next is Faust's too. One that brought records
     within the wait (records denser than it) starts holding, as before."""
     async def check() -> None:
-        flowing, quiet = (FETCH_MIN_BYTES, 5), (1, 1500)
+        flowing = (FETCH_MIN_BYTES, 5)
         trickle = _Fetcher([True] * 4, took_ms=[25.0] * 4)
         assert pace_fetches(trickle, 5, clock=trickle.clock)
         for _ in range(4):
-            await trickle._proc_fetch_request("assignment", 0, "request")
-        assert trickle.requests == [quiet] * 4
+            await trickle.fetch()
+        assert trickle.requests == [QUIET] * 4
 
         # denser than the wait: held from the second fetch; a held one that brings
         # records after its whole wait still holds (it was asked to wait)
@@ -121,9 +156,9 @@ def test_a_trickle_sparser_than_the_wait_costs_one_fetch_per_record():
                          took_ms=[1.0, 5.0, 5.0, 5.0, 30.0])
         assert pace_fetches(dense, 5, clock=dense.clock)
         for _ in range(5):
-            await dense._proc_fetch_request("assignment", 0, "request")
-        assert dense.requests == [quiet, flowing, flowing, flowing, quiet]
-        assert (dense._fetch_min_bytes, dense._fetch_max_wait_ms) == quiet
+            await dense.fetch()
+        assert dense.requests == [QUIET, flowing, flowing, flowing, QUIET]
+        assert (dense._fetch_min_bytes, dense._fetch_max_wait_ms) == QUIET
 
     asyncio.run(check())
 
@@ -137,6 +172,17 @@ def test_a_fetcher_without_those_members_is_left_as_it_is():
     other = Other()
     assert not pace_fetches(other, 5)
     assert vars(other) == {}
+
+
+def test_a_fetcher_whose_requests_do_not_keep_the_values_is_left_as_it_is(monkeypatch):
+    """An aiokafka whose fetch request no longer keeps them as members: False too."""
+    from streams import consumer_loop
+
+    monkeypatch.setattr(consumer_loop, "_requests_carry_fetch_values", lambda: False)
+    fetcher = _Fetcher([True])
+    own = fetcher._proc_fetch_request
+    assert not pace_fetches(fetcher, 5)
+    assert fetcher._proc_fetch_request == own
 
 
 def test_the_installed_aiokafka_has_what_pace_fetches_uses():
@@ -159,6 +205,14 @@ def test_the_installed_aiokafka_has_what_pace_fetches_uses():
     init = inspect.getsource(Fetcher.__init__)
     assert "self._fetch_min_bytes = fetch_min_bytes" in init
     assert "self._fetch_max_wait_ms = fetch_max_wait_ms" in init
+    # a request is sent with the two values it holds (pace_fetches sets them there)
+    from aiokafka.protocol.fetch import FetchRequest
+
+    held = FetchRequest(1500, 1, 1024, 0, [("t", [(0, 5, 1024)])])
+    held._min_bytes, held._max_wait_ms = FETCH_MIN_BYTES, 7
+    for version in FetchRequest._CLASSES:  # whichever version the broker speaks
+        built = held.build(version)
+        assert (built.max_wait_time, built.min_bytes) == (7, FETCH_MIN_BYTES), version
 
 
 def test_the_thread_consumer_app_keeps_its_consumer_thread(tmp_path):
