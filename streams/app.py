@@ -53,6 +53,7 @@ from streams.fetchwatch import (
 )
 from streams.health import Health
 from streams.lanes import Lane, PartitionLanes
+from streams.parking import Parking
 from streams.processor import Handled, PromotionProcessor
 from streams.records import EventCodec, RawRecord
 from streams.retry import Backoff, PublishUnavailable, retry_until_done
@@ -163,11 +164,14 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
 
     lanes = PartitionLanes(handle, window=settings.lane_window,
                            max_bytes=settings.lane_max_bytes)
+    # Partitions whose lane is full wait out of the fetch (streams/parking.py).
+    parking = Parking(lanes, lambda: app.consumer)
     # Last offset dispatched per partition since its assignment (lag gauge, watchdog).
     fetched: dict[TP, int] = {}
     starved: set[TP] = set()  # (test hook, see dispatch)
     watchdog = FetchWatchdog(stall_after_s=stall_after_s or 15.0)
     app.lanes = lanes  # type: ignore[attr-defined] - for tests and the bench
+    app.parking = parking  # type: ignore[attr-defined]
     app.runtime = runtime  # type: ignore[attr-defined]
     app.watchdog = watchdog  # type: ignore[attr-defined]
 
@@ -191,9 +195,16 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
                 # Already in its lane (a watchdog seek can race a fetch in flight): the
                 # first copy is handled and acked, this one is not dispatched again.
                 continue
+            if not parking.admits(message.tp, message.offset):
+                continue  # its partition is parked: fetched again once its lane has room
+            size = len(message.key or b"") + len(message.value or b"")
+            if lanes.lane_full(message.tp, size):
+                # Faust's own TP: its consumer asserts that type in its fetch set (a
+                # message's tp is aiokafka's, equal to it as a key).
+                parking.park(TP(message.topic, message.partition), message.offset, size)
+                continue
             fetched[message.tp] = message.offset
             # Ordered by Kafka key: a Conversation's (a chain's) events one at a time.
-            size = len(message.key or b"") + len(message.value or b"")
             if not await lanes.submit(message.tp, record, event.ack, order_key=message.key,
                                       generation=generation, size=size):
                 # Its partition was revoked (or the worker is stopping) before it could
@@ -221,6 +232,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
                  {tp.partition: lanes.depth(tp) for tp in lanes.keys if lanes.depth(tp)})
         for tp in revoked:
             fetched.pop(tp, None)
+        parking.forget(revoked)
         watchdog.reset(revoked)
         # Every revoked partition is closed, with a lane or not: a record of it still in
         # the stream is not ours to decide.
@@ -240,6 +252,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
     async def on_shutdown(_app: faust.App, **_: object) -> None:
         """SIGTERM: finish the events in flight, commit what was acked, then exit."""
         log.info("shutting down: finishing events in flight")
+        parking.forget(list(parking.paused()))
         await lanes.stop(grace_s=shutdown_grace_s)
         await app.consumer.commit()
         if runtime.loop_session is not None:
@@ -254,7 +267,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
 
     if stall_after_s > 0:
         guard = FetchGuard(app, lanes, fetched, watchdog, gateway_events.get_topic_name(),
-                           EndOffsets(settings.kafka_bootstrap))
+                           EndOffsets(settings.kafka_bootstrap), parked=parking.paused)
 
         @app.timer(interval=watch_interval_s)
         async def fetch_watch() -> None:
@@ -282,8 +295,11 @@ class FetchGuard:
     def __init__(self, app: faust.App, lanes: PartitionLanes, fetched: dict[TP, int],
                  watchdog: FetchWatchdog, topic: str, end_offsets: EndOffsets, *,
                  max_recoveries: int = 2, clock: Callable[[], float] = time.monotonic,
-                 stop: Callable[[], None] | None = None) -> None:
+                 stop: Callable[[], None] | None = None,
+                 parked: Callable[[], set[TP]] = set) -> None:
         self.app, self.lanes, self.fetched, self.watchdog = app, lanes, fetched, watchdog
+        # Partitions the worker paused itself (streams/parking.py): not stalled.
+        self._parked = parked
         self.topic, self.end_offsets, self.max_recoveries = topic, end_offsets, max_recoveries
         self._clock = clock
         # Default: Faust's graceful stop (lanes finish, commit, leave the group).
@@ -299,13 +315,15 @@ class FetchGuard:
             # Rebalancing: nothing to judge, and the assignment is about to change.
             self.watchdog.reset()
             return
-        tps = [tp for tp in consumer.assignment() if tp.topic == self.topic]
+        assigned = [tp for tp in consumer.assignment() if tp.topic == self.topic]
+        parked = self._parked()
+        tps = [tp for tp in assigned if tp not in parked]
         try:
             end_offsets = await asyncio.to_thread(self.end_offsets.query, tps)
         except Exception as exc:  # broker away: judge next time
             log.info("fetch watchdog: no end offsets (%r)", exc)
             return
-        self._report_hung_lanes(tps)
+        self._report_hung_lanes(assigned)
         figures = []
         for tp in tps:
             last = self.fetched.get(tp)

@@ -22,11 +22,10 @@ Memory stays bounded: at most ``max_queued`` events wait in all lanes together, 
 the events the lanes hold (waiting or in flight) carry at most ``max_bytes`` of record
 bytes, except one event alone larger than that (it runs on its own: a valid turn is
 never refused for its size). Beyond either bound the dispatcher waits for room (Faust
-then stops fetching). One slow partition can hold up the others only once its own
-backlog reaches a bound.
-(Pausing just the full partition with ``Consumer.pause_partitions`` was tried and
-dropped: with faust-streaming 0.15.3 + aiokafka 0.14 a resumed partition was never
-fetched again; see docs/processor.md.)
+then stops fetching). Each lane also has a share of both bounds (``lane_share``: a
+quarter): a lane at its share takes no more, and the dispatcher parks its partition
+instead (``streams/parking.py``), so one slow partition cannot fill the bounds by itself
+and hold up the others.
 """
 
 from __future__ import annotations
@@ -181,11 +180,18 @@ class PartitionLanes:
 
     def __init__(self, handle: Callable[[Any, Lane], Awaitable[None]], *,
                  max_queued: int = 2000, max_bytes: int = 16 * 1024 * 1024,
-                 window: int = 1) -> None:
+                 window: int = 1, lane_share: int | None = 4) -> None:
         self._handle = handle
         self._max_queued = max_queued
         self._max_bytes = max_bytes
         self._window = window
+        # One lane's share of both bounds (``lane_full``); None: no lane is ever full
+        # on its own, only the bounds of all lanes together apply.
+        self._lane_share = lane_share
+        if lane_share is not None:
+            self._lane_max_queued = max(1, max_queued // lane_share)
+            self._lane_max_bytes = max(1, max_bytes // lane_share)
+        self._lane_room: dict[Hashable, asyncio.Event] = {}
         self._lanes: dict[Hashable, Lane] = {}
         # Lanes being stopped: no longer routed to, but their events in flight (up to
         # the stop's grace) still hold their bytes.
@@ -221,6 +227,35 @@ class PartitionLanes:
     def reopen(self, keys: Iterable[Hashable]) -> None:
         """Accept work for ``keys`` again (partitions assigned)."""
         self._closed.difference_update(keys)
+
+    def lane_full(self, key: Hashable, size: int = 0) -> bool:
+        """True when lane ``key`` holds its share of the bounds: ``max_queued //
+        lane_share`` events queued, or record bytes that an event of ``size`` would take
+        past ``max_bytes // lane_share`` (a lane holding nothing takes any one event).
+        Not queued then: the dispatcher parks the partition (streams/parking.py)."""
+        lane = self._lanes.get(key)
+        if self._lane_share is None or lane is None or lane.stopping:
+            return False
+        if lane.queue.qsize() >= self._lane_max_queued:
+            return True
+        return lane.held_bytes > 0 and lane.held_bytes + size > self._lane_max_bytes
+
+    async def lane_room(self, key: Hashable, size: int = 0) -> None:
+        """Return once lane ``key`` is down to half its share of events and could take
+        an event of ``size`` bytes (or it has no lane, or its lane is stopping)."""
+        try:
+            while True:
+                lane = self._lanes.get(key)
+                if lane is None or lane.stopping or self._lane_share is None or (
+                        lane.queue.qsize() <= self._lane_max_queued // 2
+                        and (lane.held_bytes == 0
+                             or lane.held_bytes + size <= self._lane_max_bytes)):
+                    return
+                room = self._lane_room.setdefault(key, asyncio.Event())
+                room.clear()
+                await room.wait()
+        finally:
+            self._lane_room.pop(key, None)
 
     def _fits(self, size: int) -> bool:
         if self.queued() >= self._max_queued:
@@ -264,6 +299,9 @@ class PartitionLanes:
     def _on_handled(self, lane: Lane) -> None:
         if not self._room.is_set():
             self._room.set()
+        room = self._lane_room.get(lane.key)
+        if room is not None:  # a parked partition waits for its lane (``lane_room``)
+            room.set()
 
     def depth(self, key: Hashable) -> int:
         lane = self._lanes.get(key)
@@ -294,6 +332,9 @@ class PartitionLanes:
         for key in chosen if keys is None else keys:
             self._generations[key] = self.generation(key) + 1
         self._room.set()  # a submit waiting for room re-checks (and finds its key closed)
+        for key in chosen:  # and so does a parked partition waiting for its lane
+            if (room := self._lane_room.get(key)) is not None:
+                room.set()
         lanes = [self._lanes.pop(k) for k in chosen]
         self._stopping.update(lanes)
         try:

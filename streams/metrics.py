@@ -60,6 +60,11 @@ PERSISTENCE_RETRIES = Counter(
     "ratchet_worker_persistence_retries_total",
     "Attempts that met unavailable Cassandra/registry and were retried (the partition waited).",
 )
+PARTITION_PARKS = Counter(
+    "ratchet_worker_partition_parks_total",
+    "Times a partition's lane was full and the partition was paused until it had room "
+    "(streams/parking.py): one slow partition, the others going on.",
+)
 CONSUMER_LAG = Gauge(
     "ratchet_worker_consumer_lag_records",
     "Records between the worker's position and the high watermark, per assigned partition.",

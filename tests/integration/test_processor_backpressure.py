@@ -1,7 +1,8 @@
 """Backpressure and group sharing with a real Faust worker.
 
-* A burst above the lanes' bound (2000 queued events) makes the dispatcher wait for
-  room and go on; every event is still handled once.
+* A burst above a lane's share of the bounds (500 queued events of the 2 000) parks its
+  partition (paused, resumed at the first record its lane did not take, a seek on the
+  real consumer) and goes on; every event is still handled once, in Kafka order.
 * Two workers in one consumer group share the partitions; SIGTERM on one drains it
   and its partitions move to the other without losing or duplicating a promotion.
 """
@@ -37,19 +38,48 @@ def promoted(rig: Rig) -> dict[str, set[int]]:
     return out
 
 
-def test_burst_above_the_lane_bound_waits_for_room_and_completes(settings, tmp_path):
+def test_a_burst_above_a_lanes_share_parks_its_partition_and_completes_in_order(
+        settings, tmp_path):
+    """2 500 turns on 2 partitions: more than a lane's share, so both partitions are
+    parked and resumed (the worker's own counter says how often) while the burst is
+    consumed. Each Conversation's 50 turns name their head (``expected_head_seq``): a
+    turn skipped, taken twice or out of order would be rejected or promoted at
+    another seq."""
     rig = Rig(isolated_settings(settings, "burst", partitions=2, home=tmp_path / "home"))
     worker = rig.worker(tmp_path)
     try:
-        turns = single_turn_conversations(2500)  # more than the 2000 the lanes may hold
-        rig.send(*turns)
-        rig.collector.wait(lambda: len(promoted(rig)) == len(turns), 240, "all promoted")
-        assert all(seqs == {1} for seqs in promoted(rig).values())
+        now = int(time.time() * 1000)
+        conversations = [f"conv_{uuid.uuid4().hex[:12]}" for _ in range(50)]
+        rounds = [[make_turn(conversation_id=c, expected_head_seq=head, now_ms=now,
+                             response_id=f"resp_{uuid.uuid4().hex[:12]}",
+                             idempotency_key=f"idem_{uuid.uuid4().hex[:12]}")
+                   for c in conversations] for head in range(50)]
+        for turns in rounds:
+            rig.send(*turns)
+        total = sum(len(turns) for turns in rounds)
+        rig.collector.wait(lambda: len(promoted(rig)) == total, 240, "all promoted")
+        seqs = promoted(rig)
+        assert all(seqs[t.response_id] == {head + 1}
+                   for head, turns in enumerate(rounds) for t in turns)
+        assert rig.collector.count(rig.collector.topics.rejections) == 0
+        assert not rig.collector.dead_letters
+        parks = _counter(worker.metrics_port, "ratchet_worker_partition_parks_total")
+        assert parks >= 1, "no partition was parked: the burst did not reach a lane's share"
         assert worker.alive(), worker.log_tail()
     finally:
         code = worker.terminate()
         rig.close()
     assert code == 0, worker.log_tail()
+
+
+def _counter(port: int, name: str) -> float:
+    """A counter's value from the worker's Prometheus endpoint."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(name + " ") or line.startswith(name + "{"))
 
 
 def test_two_workers_share_the_group_and_sigterm_hands_over_cleanly(settings, tmp_path):

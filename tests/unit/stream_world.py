@@ -65,6 +65,17 @@ class FakeStream:
 class FakeConsumer:
     def __init__(self) -> None:
         self.commits = 0
+        # ("pause" | "resume" | "seek", partition, offset or None), in order
+        self.calls: list[tuple[str, int, int | None]] = []
+
+    def pause_partitions(self, tps):
+        self.calls += [("pause", tp.partition, None) for tp in tps]
+
+    def resume_partitions(self, tps):
+        self.calls += [("resume", tp.partition, None) for tp in tps]
+
+    async def seek_wait(self, partitions):
+        self.calls += [("seek", tp.partition, offset) for tp, offset in partitions.items()]
 
     async def commit(self, *a, **k):
         self.commits += 1
@@ -109,10 +120,13 @@ class World:
 def build(tmp_path, monkeypatch, *, max_queued: int = 2000, window: int = 1,
           store=None, ledger=None, gate=None, grace_s: float = 2.0,
           lane_max_bytes: int = Settings.lane_max_bytes,
-          fetch_wait_ms: int = Settings.fetch_wait_ms) -> World:
-    """``gate(record) -> awaitable | None``: awaited before the record is handled."""
+          fetch_wait_ms: int = Settings.fetch_wait_ms, lane_share: int | None = 4) -> World:
+    """``gate(record) -> awaitable | None``: awaited before the record is handled.
+    ``lane_share``: see ``PartitionLanes`` (None: no lane is full on its own, so the
+    dispatcher waits at the bounds of all lanes together instead of parking)."""
     monkeypatch.setattr(app_module, "PartitionLanes",
-                        functools.partial(PartitionLanes, max_queued=max_queued))
+                        functools.partial(PartitionLanes, max_queued=max_queued,
+                                          lane_share=lane_share))
     settings = replace(Settings(), home=tmp_path, partitions=2, lane_window=window,
                        lane_max_bytes=lane_max_bytes, fetch_wait_ms=fetch_wait_ms)
     processor = PromotionProcessor(store or MemoryCheckpointStore(StoreOptions()),

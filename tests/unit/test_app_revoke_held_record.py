@@ -38,7 +38,8 @@ def test_a_record_held_while_its_partition_is_revoked_is_not_handled(tmp_path, m
     turns = [make_turn(conversation_id=conv, expected_head_seq=h) for h in range(3)]
 
     async def scenario():
-        w = build(tmp_path, monkeypatch, max_queued=1, store=store, ledger=ledger, gate=gate)
+        w = build(tmp_path, monkeypatch, max_queued=1, store=store, ledger=ledger, gate=gate,
+                  lane_share=None)
         task = dispatch_task(w)
         for offset, t in enumerate(turns):
             await w.stream.queue.put(w.event(t, offset))
@@ -92,7 +93,8 @@ def test_no_commit_passes_the_records_a_revoked_lane_dropped(tmp_path, monkeypat
     other = make_turn(conversation_id=conv_id(), expected_head_seq=0)
 
     async def scenario():
-        w = build(tmp_path, monkeypatch, max_queued=1, gate=gate, grace_s=5.0)
+        w = build(tmp_path, monkeypatch, max_queued=1, gate=gate, grace_s=5.0,
+                  lane_share=None)
         # Faust's real ack/commit bookkeeping, with the acks our lanes give it.
         faust = w.app._new_consumer()
         monkeypatch.setattr(w.app.topics, "acks_enabled_for", lambda topic: True)

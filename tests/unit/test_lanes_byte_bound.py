@@ -173,7 +173,8 @@ def test_the_worker_dispatcher_holds_back_records_past_the_byte_bound(tmp_path, 
         sizes = [len(e.message.key) + len(e.message.value)
                  for e in (probe.event(t, n, partition=partition_of[n])
                            for n, t in enumerate(turns))]
-        w = build(tmp_path, monkeypatch, gate=gate, lane_max_bytes=sizes[0] + sizes[1])
+        w = build(tmp_path, monkeypatch, gate=gate, lane_max_bytes=sizes[0] + sizes[1],
+                  lane_share=None)
         task = dispatch_task(w)
         for n, t in enumerate(turns):  # offsets 0, 1, 2 on partitions 0, 1, 1
             await w.stream.queue.put(w.event(t, n, partition=partition_of[n]))

@@ -1,0 +1,118 @@
+"""Partitions held out of the fetch while their lane is full.
+
+The lanes bound what a worker holds (``streams/lanes.py``): 2 000 events and 16 MiB of
+records in all. Bounded that way alone, a partition whose events are slow (a write that
+keeps failing, a hot Conversation) fills the bounds by itself; the dispatcher then waits
+for room and every other partition waits with it. So each lane also has a share of the
+bounds (a quarter), and a record that finds its lane at its share is not queued: its
+partition is **parked**.
+
+* **Park** at record P (the first record not queued): the partition is paused in the
+  consumer (Faust fetches it no more), and every record of it that still arrives
+  (fetched before the pause) is dropped, unacked.
+* **Resume** once the lane is down to half its share and could take P: the partition is
+  put back into the fetch set and its fetch position moved to P (a seek, which also
+  drops what aiokafka buffered of it: a partition only resumed in Faust was found never
+  fetched again, docs/decisions.md). Nothing is fetched twice into the lane and nothing
+  is skipped: until P itself comes again, any later record of the partition (one
+  fetched before the seek, still on its way through Faust) is dropped too.
+
+Dropped records are never acked, so their offsets are not committed before they are
+handled; a crash while parked loses nothing (the next owner reads from the committed
+offset). A revocation forgets the partition (``forget``): its new owner, or this worker
+once it is assigned again, starts from the committed offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+from streams import metrics
+from streams.lanes import PartitionLanes
+
+log = logging.getLogger(__name__)
+
+
+class Parking:
+    """Which partitions are parked, at which record, and their resumption.
+
+    ``consumer()`` returns the Faust consumer (``pause_partitions``,
+    ``resume_partitions``, ``seek_wait``); it is looked up at each use because Faust
+    builds it when the worker starts."""
+
+    def __init__(self, lanes: PartitionLanes, consumer: Callable[[], Any], *,
+                 seek_timeout_s: float = 10.0, retry_s: float = 1.0) -> None:
+        self._lanes = lanes
+        self._consumer = consumer
+        self._seek_timeout_s = seek_timeout_s
+        self._retry_s = retry_s
+        # Partition -> the first record not queued (P above), from its parking until P
+        # comes again.
+        self._at: dict[Hashable, int] = {}
+        self._paused: set[Hashable] = set()  # waiting for room: nothing of it is taken
+        self._resumers: dict[Hashable, asyncio.Task[None]] = {}
+
+    def paused(self) -> set[Hashable]:
+        """Partitions paused here (the fetch watchdog leaves them alone)."""
+        return set(self._paused)
+
+    def admits(self, tp: Hashable, offset: int) -> bool:
+        """Whether the dispatcher may take this record: False while its partition is
+        paused, and from its resumption on for any record but P until P comes."""
+        at = self._at.get(tp)
+        if at is None:
+            return True
+        if tp in self._paused or offset != at:
+            return False
+        del self._at[tp]  # P again: the partition flows as before
+        log.info("partition %s: resumed at offset %d", getattr(tp, "partition", tp), offset)
+        return True
+
+    def park(self, tp: Hashable, offset: int, size: int = 0) -> None:
+        """Park ``tp`` at record ``offset`` (``size`` bytes), whose lane is full."""
+        self._at[tp] = offset
+        self._paused.add(tp)
+        self._consumer().pause_partitions([tp])
+        metrics.PARTITION_PARKS.inc()
+        log.info("partition %s: lane full, parked at offset %d until it has room",
+                 getattr(tp, "partition", tp), offset)
+        self._resumers[tp] = asyncio.get_running_loop().create_task(
+            self._resume_when_room(tp, offset, size, self._lanes.generation(tp)),
+            name=f"resume-{getattr(tp, 'partition', tp)}")
+
+    async def _resume_when_room(self, tp: Hashable, offset: int, size: int,
+                                generation: int) -> None:
+        try:
+            await self._lanes.lane_room(tp, size)
+            while self._lanes.generation(tp) == generation:  # else: stopped, not ours now
+                # P is taken from now on, whichever fetch brings it: the seek's, or one
+                # aiokafka had buffered before the pause (its records come in order).
+                self._paused.discard(tp)
+                consumer = self._consumer()
+                consumer.resume_partitions([tp])
+                try:
+                    await asyncio.wait_for(consumer.seek_wait({tp: offset}),
+                                           self._seek_timeout_s)
+                    return
+                except Exception as exc:  # the broker away: parked again, try again
+                    self._paused.add(tp)
+                    consumer.pause_partitions([tp])
+                    log.warning("partition %s: resuming at offset %d failed (%r); retrying",
+                                getattr(tp, "partition", tp), offset, exc)
+                    await asyncio.sleep(self._retry_s)
+            self.forget([tp])  # its lane was stopped: the next owner starts afresh
+        finally:
+            if self._resumers.get(tp) is asyncio.current_task():
+                del self._resumers[tp]
+
+    def forget(self, tps: Iterable[Hashable]) -> None:
+        """The partitions were revoked (or the worker stops): no resumption, no P."""
+        for tp in tps:
+            self._at.pop(tp, None)
+            self._paused.discard(tp)
+            task = self._resumers.pop(tp, None)
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
