@@ -85,9 +85,15 @@ class Parking:
 
     async def _resume_when_room(self, tp: Hashable, offset: int, size: int,
                                 generation: int) -> None:
+        me = asyncio.current_task()
         try:
             await self._lanes.lane_room(tp, size)
-            while self._lanes.generation(tp) == generation:  # else: stopped, not ours now
+            while True:
+                if self._resumers.get(tp) is not me:
+                    return  # parked again meanwhile: the newer parking resumes it
+                if self._lanes.generation(tp) != generation:
+                    self.forget([tp])  # its lane was stopped: the next owner starts afresh
+                    return
                 # P is taken from now on, whichever fetch brings it: the seek's, or one
                 # aiokafka had buffered before the pause (its records come in order).
                 self._paused.discard(tp)
@@ -98,14 +104,15 @@ class Parking:
                                            self._seek_timeout_s)
                     return
                 except Exception as exc:  # the broker away: parked again, try again
+                    if self._resumers.get(tp) is not me:
+                        return  # parked again meanwhile: the newer parking has it
                     self._paused.add(tp)
                     consumer.pause_partitions([tp])
                     log.warning("partition %s: resuming at offset %d failed (%r); retrying",
                                 getattr(tp, "partition", tp), offset, exc)
                     await asyncio.sleep(self._retry_s)
-            self.forget([tp])  # its lane was stopped: the next owner starts afresh
         finally:
-            if self._resumers.get(tp) is asyncio.current_task():
+            if self._resumers.get(tp) is me:
                 del self._resumers[tp]
 
     def forget(self, tps: Iterable[Hashable]) -> None:

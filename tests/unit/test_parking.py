@@ -1,0 +1,152 @@
+"""``streams/parking.py`` alone: which records a parked partition lets through, and how it
+is resumed, with fakes for the lanes and Faust's consumer."""
+from __future__ import annotations
+
+import asyncio
+
+from faust.types import TP
+
+from streams.parking import Parking
+
+TP0 = TP("t", 0)
+
+
+class Lanes:
+    def __init__(self) -> None:
+        self.gen = 0
+        self.room = asyncio.Event()
+
+    def generation(self, tp) -> int:
+        return self.gen
+
+    async def lane_room(self, tp, size: int = 0) -> None:
+        await self.room.wait()
+
+
+class Consumer:
+    def __init__(self, failing_seeks: int = 0) -> None:
+        self.calls: list[tuple] = []
+        self.failing_seeks = failing_seeks
+        self.seek_done = asyncio.Event()
+        self.seek_done.set()
+
+    def pause_partitions(self, tps) -> None:
+        self.calls += [("pause", tp.partition) for tp in tps]
+
+    def resume_partitions(self, tps) -> None:
+        self.calls += [("resume", tp.partition) for tp in tps]
+
+    async def seek_wait(self, partitions) -> None:
+        self.calls += [("seek", tp.partition, offset) for tp, offset in partitions.items()]
+        await self.seek_done.wait()
+        if self.failing_seeks:
+            self.failing_seeks -= 1
+            raise RuntimeError("broker away")
+
+
+def world(**consumer) -> tuple[Parking, Lanes, Consumer]:
+    lanes, faust = Lanes(), Consumer(**consumer)
+    return Parking(lanes, lambda: faust, retry_s=0.01), lanes, faust  # type: ignore[arg-type]
+
+
+async def settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+def test_parked_then_resumed_at_the_record_it_was_parked_at():
+    async def check() -> None:
+        parking, lanes, faust = world()
+        assert parking.admits(TP0, 7)
+        parking.park(TP0, 7)
+        assert parking.paused() == {TP0} and faust.calls == [("pause", 0)]
+        await settle()
+        assert not any(parking.admits(TP0, o) for o in (7, 8, 30))  # paused: nothing
+        assert faust.calls == [("pause", 0)]  # no room yet: still paused
+        lanes.room.set()
+        await settle()
+        assert faust.calls == [("pause", 0), ("resume", 0), ("seek", 0, 7)]
+        assert parking.paused() == set()
+        assert not parking.admits(TP0, 12)  # fetched before the seek: dropped
+        assert parking.admits(TP0, 7)  # the record it was parked at
+        assert parking.admits(TP0, 8) and parking.admits(TP0, 12)  # flowing again
+
+    asyncio.run(check())
+
+
+def test_the_record_is_taken_while_the_seek_is_still_on_its_way():
+    """Found while building it: the fetch can bring the record before the seek returns
+    to the resuming task (a resume makes the partition fetchable at once). Taken only
+    after the seek returned, that record was dropped and never came again."""
+    async def check() -> None:
+        parking, lanes, faust = world()
+        faust.seek_done.clear()  # the seek answers late
+        parking.park(TP0, 7)
+        lanes.room.set()
+        await settle()
+        assert faust.calls[-1] == ("seek", 0, 7)
+        assert parking.admits(TP0, 7)
+        faust.seek_done.set()
+        await settle()
+        assert parking.admits(TP0, 8)
+
+    asyncio.run(check())
+
+
+def test_a_failed_seek_parks_again_and_is_retried():
+    async def check() -> None:
+        parking, lanes, faust = world(failing_seeks=1)
+        parking.park(TP0, 7)
+        lanes.room.set()
+        for _ in range(50):
+            await asyncio.sleep(0.005)
+            if len(faust.calls) == 6:
+                break
+        assert faust.calls == [("pause", 0), ("resume", 0), ("seek", 0, 7),
+                               ("pause", 0), ("resume", 0), ("seek", 0, 7)]
+        assert parking.paused() == set() and parking.admits(TP0, 7)
+
+    asyncio.run(check())
+
+
+def test_forgotten_or_stopped_partitions_are_not_resumed():
+    async def check() -> None:
+        parking, lanes, faust = world()
+        parking.park(TP0, 7)
+        parking.forget([TP0])  # revoked
+        assert parking.paused() == set() and parking.admits(TP0, 3)
+        lanes.room.set()
+        await settle()
+        assert faust.calls == [("pause", 0)]
+
+        parking, lanes, faust = world()
+        parking.park(TP0, 7)
+        lanes.gen += 1  # its lane was stopped
+        lanes.room.set()
+        await settle()
+        assert faust.calls == [("pause", 0)]
+        assert parking.paused() == set() and parking.admits(TP0, 3)
+
+    asyncio.run(check())
+
+
+def test_a_newer_parking_owns_the_partition():
+    """Parked again while the first resumption's seek is on its way: that seek failing
+    must not pause the partition the newer parking has resumed."""
+    async def check() -> None:
+        parking, lanes, faust = world(failing_seeks=1)
+        faust.seek_done.clear()
+        parking.park(TP0, 7)
+        lanes.room.set()
+        await settle()
+        assert parking.admits(TP0, 7) and parking.admits(TP0, 8)
+        parking.park(TP0, 9)  # full again at 9
+        await settle()
+        faust.seek_done.set()  # the first seek fails, the second one succeeds
+        for _ in range(20):
+            await asyncio.sleep(0.005)
+        assert faust.calls == [("pause", 0), ("resume", 0), ("seek", 0, 7), ("pause", 0),
+                               ("resume", 0), ("seek", 0, 9)]
+        assert parking.paused() == set() and parking.admits(TP0, 9)
+
+    asyncio.run(check())
