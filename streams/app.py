@@ -349,15 +349,17 @@ class FetchGuard:
         if offset is None:
             return
         consumer = self.app.consumer
-        consumer.resume_partitions([tp])  # back into the set Faust fetches from
         try:
             # On the consumer's own thread: drops aiokafka's buffered records of tp
-            # and makes it fetch from ``offset``.
+            # and makes it fetch from ``offset``. Before the resume, as a parked
+            # partition's resumption does (streams/parking.py says why).
             await asyncio.wait_for(consumer.seek_wait({tp: offset}), 10)
         except Exception as exc:
             log.warning("fetch watchdog: seeking partition %s to %d failed: %r",
                         tp.partition, offset, exc)
             return
+        finally:
+            consumer.resume_partitions([tp])  # back into the set Faust fetches from
         log.warning("fetch watchdog: partition %s resumed and seeked to offset %d",
                     tp.partition, offset)
 

@@ -133,13 +133,29 @@ class _ConsumerOnLoop(_BatchedFetches):
         pass
 
 
-class _LoopConsumer(faust_aiokafka.Consumer):
+class _CountsBatches:
+    """Counts the fetched batches Faust's drain has begun to go through
+    (``batches_begun``): the drain takes one at a time, so once the count has moved,
+    the batch it was in is done. A parked partition is resumed only after the batch in
+    progress at its parking (streams/parking.py): a record of it from that batch,
+    handed over after the resumption's seek, would move Faust's read offset past the
+    seek, and Faust would then drop the records the seek fetched again."""
+
+    batches_begun = 0
+
+    async def getmany(self, timeout: float) -> Any:
+        self.batches_begun += 1
+        async for item in super().getmany(timeout):  # type: ignore[misc]
+            yield item
+
+
+class _LoopConsumer(_CountsBatches, faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerOnLoop(self, loop=self.loop, thread_loop=self.loop,
                                Worker=_LoopTask, beacon=self.beacon)
 
 
-class _ThreadConsumer(faust_aiokafka.Consumer):
+class _ThreadConsumer(_CountsBatches, faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _BatchedFetches(self, loop=self.loop, beacon=self.beacon)
 

@@ -241,15 +241,16 @@ class PartitionLanes:
         return lane.held_bytes > 0 and lane.held_bytes + size > self._lane_max_bytes
 
     async def lane_room(self, key: Hashable, size: int = 0) -> None:
-        """Return once lane ``key`` is down to half its share of events and could take
-        an event of ``size`` bytes (or it has no lane, or its lane is stopping)."""
+        """Return once lane ``key`` is down to half its share of events and of bytes,
+        counting an event of ``size`` bytes (or holds nothing, or has no lane, or its
+        lane is stopping): half, so that a slow lane is not parked again at once."""
         try:
             while True:
                 lane = self._lanes.get(key)
                 if lane is None or lane.stopping or self._lane_share is None or (
                         lane.queue.qsize() <= self._lane_max_queued // 2
                         and (lane.held_bytes == 0
-                             or lane.held_bytes + size <= self._lane_max_bytes)):
+                             or lane.held_bytes + size <= self._lane_max_bytes // 2)):
                     return
                 room = self._lane_room.setdefault(key, asyncio.Event())
                 room.clear()

@@ -10,12 +10,17 @@ partition is **parked**.
 * **Park** at record P (the first record not queued): the partition is paused in the
   consumer (Faust fetches it no more), and every record of it that still arrives
   (fetched before the pause) is dropped, unacked.
-* **Resume** once the lane is down to half its share and could take P: the partition is
-  put back into the fetch set and its fetch position moved to P (a seek, which also
-  drops what aiokafka buffered of it: a partition only resumed in Faust was found never
-  fetched again, docs/decisions.md). Nothing is fetched twice into the lane and nothing
-  is skipped: until P itself comes again, any later record of the partition (one
-  fetched before the seek, still on its way through Faust) is dropped too.
+* **Resume** once the lane is down to half its share and could take P: the partition's
+  fetch position is moved back to P (a seek, which also drops what aiokafka buffered of
+  it: a partition only resumed in Faust was found never fetched again,
+  docs/decisions.md), and then it is put back into the fetch set (the order matters:
+  ``Parking._resume_when_room``). Nothing is taken twice into the lane and nothing is
+  skipped: until P itself comes again, any later record of the partition (one taken
+  from Faust before the pause, still on its way to the dispatcher) is dropped too.
+  If P no longer exists when it is fetched again (the topic's retention deleted it
+  during a very long parking), the partition stays unfetched: the fetch watchdog's
+  seeks to P fail the same way and it stops the worker for a restart, which starts
+  from the committed offset.
 
 Dropped records are never acked, so their offsets are not committed before they are
 handled; a crash while parked loses nothing (the next owner reads from the committed
@@ -61,7 +66,7 @@ class Parking:
 
     def admits(self, tp: Hashable, offset: int) -> bool:
         """Whether the dispatcher may take this record: False while its partition is
-        paused, and from its resumption on for any record but P until P comes."""
+        paused, and after its resumption for any record but P until P comes."""
         at = self._at.get(tp)
         if at is None:
             return True
@@ -75,42 +80,56 @@ class Parking:
         """Park ``tp`` at record ``offset`` (``size`` bytes), whose lane is full."""
         self._at[tp] = offset
         self._paused.add(tp)
-        self._consumer().pause_partitions([tp])
+        consumer = self._consumer()
+        consumer.pause_partitions([tp])
         metrics.PARTITION_PARKS.inc()
         log.info("partition %s: lane full, parked at offset %d until it has room",
                  getattr(tp, "partition", tp), offset)
         self._resumers[tp] = asyncio.get_running_loop().create_task(
-            self._resume_when_room(tp, offset, size, self._lanes.generation(tp)),
+            self._resume_when_room(tp, offset, size, self._lanes.generation(tp),
+                                   getattr(consumer, "batches_begun", None)),
             name=f"resume-{getattr(tp, 'partition', tp)}")
 
     async def _resume_when_room(self, tp: Hashable, offset: int, size: int,
-                                generation: int) -> None:
+                                generation: int, batch: int | None) -> None:
+        """Once its lane has room: seek while still paused, then resume.
+
+        The order is what keeps Faust's own bookkeeping right. Faust's drain hands over
+        only records of partitions in its fetch set, checked record by record, and
+        remembers the offset of each one it hands over (its read offset; a record below
+        it is dropped as already read, a jump above it is noted as a gap that commits
+        may pass). While paused, nothing of the partition is handed over; the seek sets
+        the read offset and the fetch position to P and drops what aiokafka buffered of
+        it; only then is it fetchable again, so the first record of it that Faust hands
+        over is P, from the seek's fetch. A record of it in the batch the drain was going
+        through when it was parked would be handed over once resumed (the check is
+        record by record): so the resumption also waits for that batch to end
+        (``batch``: the consumer's ``batches_begun`` at the parking)."""
         me = asyncio.current_task()
         try:
             await self._lanes.lane_room(tp, size)
+            while batch is not None and self._consumer().batches_begun <= batch:
+                await asyncio.sleep(0.005)  # the drain is still in that batch
             while True:
                 if self._resumers.get(tp) is not me:
                     return  # parked again meanwhile: the newer parking resumes it
                 if self._lanes.generation(tp) != generation:
                     self.forget([tp])  # its lane was stopped: the next owner starts afresh
                     return
-                # P is taken from now on, whichever fetch brings it: the seek's, or one
-                # aiokafka had buffered before the pause (its records come in order).
-                self._paused.discard(tp)
                 consumer = self._consumer()
-                consumer.resume_partitions([tp])
                 try:
                     await asyncio.wait_for(consumer.seek_wait({tp: offset}),
                                            self._seek_timeout_s)
-                    return
-                except Exception as exc:  # the broker away: parked again, try again
-                    if self._resumers.get(tp) is not me:
-                        return  # parked again meanwhile: the newer parking has it
-                    self._paused.add(tp)
-                    consumer.pause_partitions([tp])
-                    log.warning("partition %s: resuming at offset %d failed (%r); retrying",
+                except Exception as exc:  # the broker away: still paused, try again
+                    log.warning("partition %s: seeking to offset %d failed (%r); retrying",
                                 getattr(tp, "partition", tp), offset, exc)
                     await asyncio.sleep(self._retry_s)
+                    continue
+                if self._resumers.get(tp) is not me or self._lanes.generation(tp) != generation:
+                    continue  # superseded or stopped during the seek: decided above
+                self._paused.discard(tp)  # from here on P is taken (``admits``)
+                consumer.resume_partitions([tp])
+                return
         finally:
             if self._resumers.get(tp) is me:
                 del self._resumers[tp]

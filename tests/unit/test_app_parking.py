@@ -21,18 +21,26 @@ from tests.unit.test_processor_rules import conv_id
 
 
 def fetch_after_seeks(w, log: dict) -> None:
-    """As Kafka after a seek: the partition's records of ``log`` again from the offset,
-    after one record fetched before the seek that was still on its way (stale)."""
-    seek = w.consumer.seek_wait
+    """As Kafka and Faust after a seek: once the partition is in the fetch set again,
+    its records of ``log`` from the seek's offset, after one record taken from Faust
+    before the pause that was still on its way to the dispatcher (stale)."""
+    seek, resume = w.consumer.seek_wait, w.consumer.resume_partitions
+    sought: dict = {}
 
-    async def seek_then_fetch(partitions):
+    async def seek_wait(partitions):
         await seek(partitions)
-        for tp, offset in partitions.items():
-            await w.stream.queue.put(log[tp.partition][-1])  # stale: the last offset
-            for event in log[tp.partition][offset:]:
-                await w.stream.queue.put(event)
+        sought.update(partitions)
 
-    w.consumer.seek_wait = seek_then_fetch
+    def resume_partitions(tps):
+        resume(tps)
+        for tp in tps:
+            if tp in sought:
+                records = log[tp.partition]
+                w.stream.queue.put_nowait(records[-1])  # stale: the last offset
+                for event in records[sought.pop(tp):]:
+                    w.stream.queue.put_nowait(event)
+
+    w.consumer.seek_wait, w.consumer.resume_partitions = seek_wait, resume_partitions
 
 
 def test_a_full_lane_parks_its_partition_and_the_others_go_on(tmp_path, monkeypatch):
@@ -84,7 +92,7 @@ def test_a_full_lane_parks_its_partition_and_the_others_go_on(tmp_path, monkeypa
     # resumed after the hang: back in the fetch, its position moved back to a record
     # its lane had not taken (the one it was parked at; offset 0 was taken)
     mine = [c for c in w.consumer.calls if c[1] == 0]
-    assert mine[0] == ("pause", 0, None) and mine[-2][0] == "resume" and mine[-1][0] == "seek"
+    assert mine[0] == ("pause", 0, None) and mine[-2][0] == "seek" and mine[-1][0] == "resume"
     assert [c for c in mine if c[0] == "seek"][0][2] in (1, 2, 3)
     assert [h for h in w.handled if h[0] == 0] == [(0, n) for n in range(10)]
     assert [a for a in w.acks if a[0] == 0] == [(0, n) for n in range(10)]

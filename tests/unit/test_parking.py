@@ -65,7 +65,7 @@ def test_parked_then_resumed_at_the_record_it_was_parked_at():
         assert faust.calls == [("pause", 0)]  # no room yet: still paused
         lanes.room.set()
         await settle()
-        assert faust.calls == [("pause", 0), ("resume", 0), ("seek", 0, 7)]
+        assert faust.calls == [("pause", 0), ("seek", 0, 7), ("resume", 0)]
         assert parking.paused() == set()
         assert not parking.admits(TP0, 12)  # fetched before the seek: dropped
         assert parking.admits(TP0, 7)  # the record it was parked at
@@ -74,36 +74,59 @@ def test_parked_then_resumed_at_the_record_it_was_parked_at():
     asyncio.run(check())
 
 
-def test_the_record_is_taken_while_the_seek_is_still_on_its_way():
-    """Found while building it: the fetch can bring the record before the seek returns
-    to the resuming task (a resume makes the partition fetchable at once). Taken only
-    after the seek returned, that record was dropped and never came again."""
+def test_nothing_is_taken_until_the_seek_has_returned_and_then_p_first():
+    """The seek comes before the resumption: while it is on its way the partition is
+    still paused, so no record of it reaches Faust's drain, whose read offset the seek
+    sets (a record after P handed over then would make Faust drop P when the seek
+    fetches it; an outside review, session 29)."""
     async def check() -> None:
         parking, lanes, faust = world()
         faust.seek_done.clear()  # the seek answers late
         parking.park(TP0, 7)
         lanes.room.set()
         await settle()
-        assert faust.calls[-1] == ("seek", 0, 7)
-        assert parking.admits(TP0, 7)
+        assert faust.calls == [("pause", 0), ("seek", 0, 7)]
+        assert parking.paused() == {TP0}
+        assert not parking.admits(TP0, 7) and not parking.admits(TP0, 9)
         faust.seek_done.set()
         await settle()
-        assert parking.admits(TP0, 8)
+        assert faust.calls[-1] == ("resume", 0) and parking.paused() == set()
+        assert parking.admits(TP0, 7) and parking.admits(TP0, 8)
 
     asyncio.run(check())
 
 
-def test_a_failed_seek_parks_again_and_is_retried():
+def test_the_resumption_waits_for_the_batch_the_drain_was_in():
+    """Faust's drain checks the fetch set record by record: records of the partition
+    further on in the batch it was going through at the parking would be handed over
+    after the resumption. So the resumption waits until the drain begins another
+    batch (the consumer's ``batches_begun``)."""
+    async def check() -> None:
+        parking, lanes, faust = world()
+        faust.batches_begun = 4
+        parking.park(TP0, 7)
+        lanes.room.set()
+        for _ in range(5):
+            await asyncio.sleep(0.01)
+        assert faust.calls == [("pause", 0)]  # still in batch 4
+        faust.batches_begun = 5
+        for _ in range(5):
+            await asyncio.sleep(0.01)
+        assert faust.calls == [("pause", 0), ("seek", 0, 7), ("resume", 0)]
+
+    asyncio.run(check())
+
+
+def test_a_failed_seek_leaves_it_paused_and_is_retried():
     async def check() -> None:
         parking, lanes, faust = world(failing_seeks=1)
         parking.park(TP0, 7)
         lanes.room.set()
         for _ in range(50):
             await asyncio.sleep(0.005)
-            if len(faust.calls) == 6:
+            if len(faust.calls) == 4:
                 break
-        assert faust.calls == [("pause", 0), ("resume", 0), ("seek", 0, 7),
-                               ("pause", 0), ("resume", 0), ("seek", 0, 7)]
+        assert faust.calls == [("pause", 0), ("seek", 0, 7), ("seek", 0, 7), ("resume", 0)]
         assert parking.paused() == set() and parking.admits(TP0, 7)
 
     asyncio.run(check())
@@ -131,22 +154,22 @@ def test_forgotten_or_stopped_partitions_are_not_resumed():
 
 
 def test_a_newer_parking_owns_the_partition():
-    """Parked again while the first resumption's seek is on its way: that seek failing
-    must not pause the partition the newer parking has resumed."""
+    """Parked again while the first resumption's seek is on its way (not through the
+    dispatcher, which takes nothing of a paused partition; the class allows it): that
+    seek failing must not resume the partition on its own."""
     async def check() -> None:
         parking, lanes, faust = world(failing_seeks=1)
         faust.seek_done.clear()
         parking.park(TP0, 7)
         lanes.room.set()
         await settle()
-        assert parking.admits(TP0, 7) and parking.admits(TP0, 8)
-        parking.park(TP0, 9)  # full again at 9
+        parking.park(TP0, 9)
         await settle()
         faust.seek_done.set()  # the first seek fails, the second one succeeds
         for _ in range(20):
             await asyncio.sleep(0.005)
-        assert faust.calls == [("pause", 0), ("resume", 0), ("seek", 0, 7), ("pause", 0),
-                               ("resume", 0), ("seek", 0, 9)]
+        assert faust.calls == [("pause", 0), ("seek", 0, 7), ("pause", 0), ("seek", 0, 9),
+                               ("resume", 0)]
         assert parking.paused() == set() and parking.admits(TP0, 9)
 
     asyncio.run(check())
