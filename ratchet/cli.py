@@ -127,8 +127,11 @@ def demo(keep: bool) -> None:
               help="Seconds to wait, after sending and faults, for every turn to be decided.")
 @click.option("--out", type=click.Path(), default="chaos-out", show_default=True,
               help="Directory for the report, plot and logs (one subdirectory per run).")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
+              default="WARNING", show_default=True,
+              help="The workers' and API's log level (their logs are under --out).")
 def chaos(seed: int, turns: int, rate: float, producers: int, workers: int, faults: str,
-          fault_gap: float, drain_timeout: float, out: str) -> None:
+          fault_gap: float, drain_timeout: float, out: str, log_level: str) -> None:
     """Seeded workload + faults on the servers of RATCHET_HOME, checked by an oracle.
 
     Restarts, pauses and kills the servers and processes it uses: point it at servers
@@ -140,7 +143,7 @@ def chaos(seed: int, turns: int, rate: float, producers: int, workers: int, faul
 
     cfg = ChaosConfig(seed=seed, turns=turns, rate=rate, producers=producers, workers=workers,
                       faults=faults, fault_gap_s=fault_gap, drain_timeout_s=drain_timeout,
-                      out=Path(out))
+                      out=Path(out), log_level=log_level)
     report = run(_settings(), cfg)
     sys.exit(1 if not report["passed"] else 2 if report["faults_failed"] else 0)
 

@@ -48,6 +48,8 @@ class ChaosConfig:
     faults_start_s: float = 10.0
     drain_timeout_s: float = 300.0
     out: Path | None = None
+    # The workers' and API's RATCHET_LOG_LEVEL (INFO shows, e.g., partitions parked).
+    log_level: str = "WARNING"
 
 
 def _say(msg: str, t0: float = time.monotonic()) -> None:
@@ -61,7 +63,7 @@ def run(base: Settings, cfg: ChaosConfig) -> dict[str, Any]:
     out = (cfg.out or Path("chaos-out")) / tag
     (out / "logs").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **settings.to_env(), "RATCHET_CONSUMER_GROUP": f"chaos-{tag}",
-           "RATCHET_LOG_LEVEL": "WARNING"}
+           "RATCHET_LOG_LEVEL": cfg.log_level}
     t0, t0_wall = time.monotonic(), time.time()
 
     def say(msg: str) -> None:

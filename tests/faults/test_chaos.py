@@ -48,6 +48,28 @@ def test_chaos_ci_run_has_no_violation(chaos_settings, tmp_path):
     assert all(s.healthy for s in launcher.status(chaos_settings).values())
 
 
+@pytest.mark.timeout(900)
+def test_chaos_with_partitions_parked_again_and_again_has_no_violation(chaos_settings,
+                                                                      tmp_path):
+    """The same faults with the workers' lanes bounded to 32 KiB of records in all (a
+    lane's share ~4 turns): every backlog a fault leaves parks partitions and resumes
+    them with a seek (streams/parking.py), through worker kills, rebalances and Kafka
+    restarts. A local run of this shape logged 338 parkings and 327 resumptions."""
+    from dataclasses import replace
+
+    cfg = ChaosConfig(seed=int(os.environ.get("RATCHET_CHAOS_SEED", "2")), turns=2000,
+                      rate=40, producers=2, workers=2, faults="ci", fault_gap_s=6,
+                      out=tmp_path, log_level="INFO")
+    report = run(replace(chaos_settings, lane_max_bytes=32 * 1024), cfg)
+    parks = sum(log.read_text(errors="replace").count("lane full, parked at offset")
+                for log in tmp_path.glob("*/logs/worker-*.log"))
+    if not report["passed"]:
+        _print_log_tails(tmp_path)
+    assert report["passed"], report["violations"]
+    assert not report["faults_failed"], report["faults"]
+    assert parks >= 10, f"only {parks} parkings: the run did not test the parking"
+
+
 def _print_log_tails(out, lines: int = 60) -> None:
     """The last lines of every worker and API log of the run (pytest prints them with
     the failure), so a failed CI run can be read after its temporary files are gone."""
