@@ -349,6 +349,8 @@ class FetchGuard:
         if offset is None:
             return
         consumer = self.app.consumer
+        if tp in self._parked():
+            return  # parked since the check began: its resumption seeks and resumes it
         try:
             # On the consumer's own thread: drops aiokafka's buffered records of tp
             # and makes it fetch from ``offset``. Before the resume, as a parked
@@ -359,7 +361,8 @@ class FetchGuard:
                         tp.partition, offset, exc)
             return
         finally:
-            consumer.resume_partitions([tp])  # back into the set Faust fetches from
+            if tp not in self._parked():  # (parked during the seek: left to the parking)
+                consumer.resume_partitions([tp])  # back into the set Faust fetches from
         log.warning("fetch watchdog: partition %s resumed and seeked to offset %d",
                     tp.partition, offset)
 

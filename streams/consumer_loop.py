@@ -134,12 +134,17 @@ class _ConsumerOnLoop(_BatchedFetches):
 
 
 class _CountsBatches:
-    """Counts the fetched batches Faust's drain has begun to go through
-    (``batches_begun``): the drain takes one at a time, so once the count has moved,
-    the batch it was in is done. A parked partition is resumed only after the batch in
-    progress at its parking (streams/parking.py): a record of it from that batch,
-    handed over after the resumption's seek, would move Faust's read offset past the
-    seek, and Faust would then drop the records the seek fetched again."""
+    """What a parked partition's resumption needs of Faust's consumer
+    (streams/parking.py):
+
+    * ``batches_begun``: the fetched batches Faust's drain has begun to go through; it
+      takes one at a time, so once the count has moved, the batch it was in is done;
+    * ``hold_partitions``: pause, and also take the partitions out of Faust's own flow
+      control (``_buffered_partitions``): Faust hands over records of a partition in
+      that set even when paused, and puts it back into the fetch set when its stream
+      buffer drains (``on_buffer_drop``);
+    * ``may_hand_over``: whether Faust would still hand over records of a partition (in
+      its fetch set, or in that flow control's set)."""
 
     batches_begun = 0
 
@@ -147,6 +152,14 @@ class _CountsBatches:
         self.batches_begun += 1
         async for item in super().getmany(timeout):  # type: ignore[misc]
             yield item
+
+    def hold_partitions(self, tps: Any) -> None:
+        self.pause_partitions(tps)  # type: ignore[attr-defined]
+        self._buffered_partitions.difference_update(tps)  # type: ignore[attr-defined]
+
+    def may_hand_over(self, tp: Any) -> bool:
+        return (tp in self._get_active_partitions()  # type: ignore[attr-defined]
+                or tp in self._buffered_partitions)  # type: ignore[attr-defined]
 
 
 class _LoopConsumer(_CountsBatches, faust_aiokafka.Consumer):

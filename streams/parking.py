@@ -80,18 +80,31 @@ class Parking:
         """Park ``tp`` at record ``offset`` (``size`` bytes), whose lane is full."""
         self._at[tp] = offset
         self._paused.add(tp)
-        consumer = self._consumer()
-        consumer.pause_partitions([tp])
+        _hold(self._consumer(), tp)
         metrics.PARTITION_PARKS.inc()
         log.info("partition %s: lane full, parked at offset %d until it has room",
                  getattr(tp, "partition", tp), offset)
         self._resumers[tp] = asyncio.get_running_loop().create_task(
-            self._resume_when_room(tp, offset, size, self._lanes.generation(tp),
-                                   getattr(consumer, "batches_begun", None)),
+            self._resume_when_room(tp, offset, size, self._lanes.generation(tp)),
             name=f"resume-{getattr(tp, 'partition', tp)}")
 
+    async def _quiet(self, tp: Hashable) -> None:
+        """Return once Faust hands over nothing more of ``tp`` that it fetched before
+        now: held (``_hold``) through a whole batch of its drain begun after the hold,
+        and still held after it (its flow control may have put it back meanwhile)."""
+        while True:
+            consumer = self._consumer()
+            _hold(consumer, tp)
+            begun = getattr(consumer, "batches_begun", None)
+            if begun is None:
+                return  # a consumer that does not count (tests' fakes)
+            while consumer.batches_begun <= begun:
+                await asyncio.sleep(0.005)  # the drain is still in that batch
+            if not consumer.may_hand_over(tp):
+                return
+
     async def _resume_when_room(self, tp: Hashable, offset: int, size: int,
-                                generation: int, batch: int | None) -> None:
+                                generation: int) -> None:
         """Once its lane has room: seek while still paused, then resume.
 
         The order is what keeps Faust's own bookkeeping right. Faust's drain hands over
@@ -101,21 +114,18 @@ class Parking:
         may pass). While paused, nothing of the partition is handed over; the seek sets
         the read offset and the fetch position to P and drops what aiokafka buffered of
         it; only then is it fetchable again, so the first record of it that Faust hands
-        over is P, from the seek's fetch. A record of it in the batch the drain was going
-        through when it was parked would be handed over once resumed (the check is
-        record by record): so the resumption also waits for that batch to end
-        (``batch``: the consumer's ``batches_begun`` at the parking)."""
+        over is P, from the seek's fetch. A record of it in a batch the drain was going
+        through while it was fetchable would be handed over once resumed (the check is
+        record by record), and Faust's own flow control can make it fetchable again
+        while parked: so the resumption first holds it through a whole batch
+        (``_quiet``)."""
         me = asyncio.current_task()
         try:
             await self._lanes.lane_room(tp, size)
-            while batch is not None and self._consumer().batches_begun <= batch:
-                await asyncio.sleep(0.005)  # the drain is still in that batch
-            while True:
-                if self._resumers.get(tp) is not me:
-                    return  # parked again meanwhile: the newer parking resumes it
-                if self._lanes.generation(tp) != generation:
-                    self.forget([tp])  # its lane was stopped: the next owner starts afresh
-                    return
+            if not self._still_ours(tp, me, generation):
+                return
+            await self._quiet(tp)
+            while self._still_ours(tp, me, generation):
                 consumer = self._consumer()
                 try:
                     await asyncio.wait_for(consumer.seek_wait({tp: offset}),
@@ -125,14 +135,26 @@ class Parking:
                                 getattr(tp, "partition", tp), offset, exc)
                     await asyncio.sleep(self._retry_s)
                     continue
-                if self._resumers.get(tp) is not me or self._lanes.generation(tp) != generation:
-                    continue  # superseded or stopped during the seek: decided above
+                if not self._still_ours(tp, me, generation):
+                    return  # superseded or stopped during the seek
                 self._paused.discard(tp)  # from here on P is taken (``admits``)
                 consumer.resume_partitions([tp])
                 return
         finally:
             if self._resumers.get(tp) is me:
                 del self._resumers[tp]
+
+    def _still_ours(self, tp: Hashable, me: asyncio.Task[None] | None,
+                    generation: int) -> bool:
+        """Whether resumer ``me`` still has ``tp`` to resume: not parked again since
+        (the newer parking resumes it), and its lane not stopped (then its parking is
+        forgotten: the next owner starts from the committed offset)."""
+        if self._resumers.get(tp) is not me:
+            return False
+        if self._lanes.generation(tp) != generation:
+            self.forget([tp])
+            return False
+        return True
 
     def forget(self, tps: Iterable[Hashable]) -> None:
         """The partitions were revoked (or the worker stops): no resumption, no P."""
@@ -142,3 +164,9 @@ class Parking:
             task = self._resumers.pop(tp, None)
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
+
+
+def _hold(consumer: Any, tp: Hashable) -> None:
+    """Pause ``tp``, out of Faust's flow control too where the consumer offers it."""
+    hold = getattr(consumer, "hold_partitions", None)
+    (hold or consumer.pause_partitions)([tp])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from faust.types import TP, Message
 
 from streams.parking import Parking
@@ -37,8 +38,13 @@ class RoomyLanes:
         return None
 
 
+@pytest.mark.parametrize("flow_control", [False, True])
 def test_the_first_record_after_a_resumption_is_p_and_faust_notes_no_gap(tmp_path,
-                                                                          monkeypatch):
+                                                                          monkeypatch,
+                                                                          flow_control):
+    """``flow_control``: Faust's own stream-buffer flow control had taken partition 0
+    out of its fetch set into its ``_buffered_partitions`` (whose records it still hands
+    over) before the parking, and puts it back (``on_buffer_drop``) while it is parked."""
     async def scenario():
         w = build(tmp_path, monkeypatch)
         faust = w.app._new_consumer()  # the worker's consumer class, not started
@@ -78,10 +84,15 @@ def test_the_first_record_after_a_resumption_is_p_and_faust_notes_no_gap(tmp_pat
                 faust._read_offset[tp] = offset
                 buffered[tp] = [m for m in log[tp] if m.offset >= offset]
 
+        if flow_control:
+            faust.on_buffer_full(P0)
+
         async def callback(m):
             delivered.append((m.partition, m.offset))
             if delivered == [(0, 5)]:
                 parking.park(P0, 5)  # the dispatcher: lane full at 5, the first time
+            if flow_control and m.partition == 1:
+                faust.on_buffer_drop(P0)  # the stream buffer drained meanwhile
             if len([d for d in delivered if d[0] == 0]) >= 7:
                 stop.set()
 
