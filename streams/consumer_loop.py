@@ -133,7 +133,7 @@ class _ConsumerOnLoop(_BatchedFetches):
         pass
 
 
-class _CountsBatches:
+class _ParkingSupport:
     """What a parked partition's resumption needs of Faust's consumer
     (streams/parking.py):
 
@@ -162,13 +162,13 @@ class _CountsBatches:
                 or tp in self._buffered_partitions)  # type: ignore[attr-defined]
 
 
-class _LoopConsumer(_CountsBatches, faust_aiokafka.Consumer):
+class _LoopConsumer(_ParkingSupport, faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerOnLoop(self, loop=self.loop, thread_loop=self.loop,
                                Worker=_LoopTask, beacon=self.beacon)
 
 
-class _ThreadConsumer(_CountsBatches, faust_aiokafka.Consumer):
+class _ThreadConsumer(_ParkingSupport, faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _BatchedFetches(self, loop=self.loop, beacon=self.beacon)
 
