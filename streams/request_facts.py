@@ -17,6 +17,7 @@ import logging
 from dataclasses import replace
 
 from ratchet.domain import promotion
+from ratchet.domain.catalogue import EFFECT_OUTPUT_TYPES, effect_key
 from ratchet.domain.history import (
     NO_ITEMS,
     CheckpointRecord,
@@ -87,9 +88,11 @@ class RequestFacts:
             raise DecodeFailed(DeadLetterReason.INVALID_EVENT, (
                 f"effect id {effect.effect_id} is recorded for request "
                 f"{effect.idempotency_key} in another Conversation (or in chain mode)"))
-        if result is EffectWrite.CONFLICT:
-            log.warning("tool effect %s recorded again with a different output digest: "
-                        "conflicted", effect.effect_id)
+        conflicting = result is EffectWrite.CONFLICT or self._unlike_its_claim(effect)
+        if conflicting:
+            log.warning("tool effect %s recorded with another output than the one recorded "
+                        "first: conflicted, this execution is published EFFECT_CONFLICT",
+                        effect.effect_id)
         self.mark(effect.tenant_id, effect.partition_key, effect.idempotency_key)
         try:
             promoted = self.store.promoted_key(effect.tenant_id, effect.partition_key,
@@ -101,7 +104,9 @@ class RequestFacts:
             log.error("tool effect %s recorded; whether request %s stands promoted cannot "
                       "be read: %s", effect.effect_id, effect.idempotency_key, exc)
             return ()
-        if promoted is None:
+        if conflicting:
+            orphan = self._conflict_orphan(effect, recorded, promoted)
+        elif promoted is None:
             orphan = self._cancelled_request_orphan(effect, recorded)
         elif not promotion.needs_promoted_items(promoted, (effect.effect_id,)):
             return ()  # used by the promoted turn, or unknown (promoted before 012)
@@ -123,6 +128,43 @@ class RequestFacts:
             return ()
         return (Outbound(self.topics.orphaned_effects, effect.partition_key.encode(),
                          late_orphan_event(effect, orphan)),)
+
+    def _unlike_its_claim(self, effect: ToolEffect) -> bool:
+        """The effect's claim was completed with another output (gateway-protocol.md
+        section 8, rule 3): this record is another execution than the completion's."""
+        claim = self.ledger.claim(effect.tenant_id, effect.idempotency_key, effect.effect_id)
+        return (claim is not None and claim.completed and claim.output is not None
+                and claim.output.content_digest != effect.output.content_digest)
+
+    def _conflict_orphan(self, effect: ToolEffect, recorded: RecordedEffect,
+                         promoted: CheckpointRecord | None) -> promotion.Orphan | None:
+        """The orphan of a ToolEffect whose output is not the one recorded first for
+        its effect id (by a ToolEffect or its claim's completion): a second execution of
+        the tool (a retry ran it again under the same call). No turn can use it: every
+        turn listing a conflicted effect is ``DUPLICATE_TOOL_EFFECT``, and one carrying
+        another output than the recorded one too. So it is published at once, with its
+        own output digest, ``EFFECT_CONFLICT`` (final). Only when the request already
+        stands promoted with a turn that carries this very output (under the effect's
+        call) is it in a history, and then nothing is published. The first execution is
+        decided as before: used by the promotion that listed it, or orphaned by its
+        turn's outcome (found by a gateway built from the docs: a re-run after the
+        promotion was published nowhere)."""
+        if promoted is not None:
+            known, items = self.promoted_items(promoted)
+            if not known:
+                return None  # logged: the partition needs an operator
+            if any(item.type in EFFECT_OUTPUT_TYPES
+                   and effect_key(item) == effect.call_id
+                   and item.content_digest == effect.output.content_digest for item in items):
+                return None
+        where = ("" if promoted is None else
+                 f", after request {effect.idempotency_key} was promoted as "
+                 f"{promoted.response_id}")
+        return promotion.Orphan(
+            replace(recorded, conflicted=True), OrphanReason.EFFECT_CONFLICT, detail=(
+                f"effect {effect.effect_id} recorded with output digest "
+                f"{effect.output.content_digest}, not the one recorded first{where}: "
+                "another execution of the tool, used by no turn"))
 
     def _cancelled_request_orphan(self, effect: ToolEffect,
                                   recorded: RecordedEffect) -> promotion.Orphan | None:

@@ -116,8 +116,12 @@ class Observations:
     promoted: list[Promoted] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
     orphaned: set[tuple[str, str]] = field(default_factory=set)  # (tenant, effect id)
-    # Orphans published with a reason in FINAL_ORPHAN_REASONS.
+    # Orphans published with a reason in FINAL_ORPHAN_REASONS, but EFFECT_CONFLICT.
     final_orphans: set[tuple[str, str]] = field(default_factory=set)
+    # EFFECT_CONFLICT orphans (tenant, effect id, output digest): each names one
+    # execution of the effect id by its output, which may be another than the one a
+    # promoted turn used (the tool ran again after the promotion).
+    conflict_orphans: set[tuple[str, str, str]] = field(default_factory=set)
     # Orphans published with ``effect_completed`` true (an outcome was recorded).
     completed_orphans: set[tuple[str, str]] = field(default_factory=set)
     # Claims answered otherwise than the claims API's rules, as the producer saw them
@@ -292,7 +296,9 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
                                  f"record an outcome for it (LEASE_EXPIRED under "
                                  f"at_most_once), published with effect_completed true"))
     for eid in sorted(w.used):
-        if (tenant, eid) in obs.final_orphans:
+        used_output = w.effects.get(eid, (None, None, None))[2]
+        if (tenant, eid) in obs.final_orphans or (
+                (tenant, eid, used_output) in obs.conflict_orphans):
             out.append(Violation("orphan_of_used_effect", sid, f"{eid}: used by a promoted "
                                  f"turn, published orphaned with a reason to compensate"))
     for sender, rid in per_rid:

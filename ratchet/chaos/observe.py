@@ -96,7 +96,10 @@ class OutputReader(threading.Thread):
                 self.obs.orphaned.add((rec.tenant_id, rec.effect_id))
                 if rec.effect_completed:
                     self.obs.completed_orphans.add((rec.tenant_id, rec.effect_id))
-                if str(rec.reason) in FINAL_ORPHAN_REASONS:
+                if str(rec.reason) == "EFFECT_CONFLICT":
+                    self.obs.conflict_orphans.add((rec.tenant_id, rec.effect_id,
+                                                   rec.output_digest))
+                elif str(rec.reason) in FINAL_ORPHAN_REASONS:
                     self.obs.final_orphans.add((rec.tenant_id, rec.effect_id))
             elif isinstance(rec, DeadLetter):
                 self.obs.dead_letters.add((rec.key, rec.value))

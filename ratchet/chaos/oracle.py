@@ -166,9 +166,14 @@ def _apply(w: World, story: Story, index: int) -> None:
                                                        ev.output.content_digest))
         first = ev.effect_id not in w.attempts
         w.attempts.setdefault(ev.effect_id, ev.attempt)
+        promo = w.keys.get(ev.idempotency_key)
         if recorded[2] != ev.output.content_digest:
             w.conflicted.add(ev.effect_id)
-        promo = w.keys.get(ev.idempotency_key)
+            # Another execution: in no history unless a promoted turn carries this
+            # very output under its call; else published EFFECT_CONFLICT at once.
+            if recorded[2] is not None and (
+                    promo is None or (ev.call_id, ev.output.content_digest) not in promo.outputs):
+                w.orphans.add(ev.effect_id)
         if first and promo is not None and ev.effect_id not in promo.effect_ids:
             # Recorded after its request's promotion (gateway-protocol.md section 6,
             # ``ToolEffect``): used if the promoted turn carries its output under its

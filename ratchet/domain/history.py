@@ -279,6 +279,20 @@ class Head:
         )
 
 
+def backs(head: Head, checkpoint: CheckpointRecord | None) -> bool:
+    """Whether ``checkpoint`` is the Conversation turn ``head`` names, exactly: the head
+    cells are a copy of the head turn's own (seq, response id, last item seq, lineage
+    digest), written in the same batch, so any difference is damage. The planner numbers
+    the next turn's items and chains its lineage digest from the head cells, so a
+    promotion must never build on cells its row does not back (``plan_promotion``), and
+    a read answers them ``CORRUPT_HISTORY``."""
+    return (
+        checkpoint is not None
+        and checkpoint.mode is PromotionMode.CONVERSATION
+        and head == Head.of(checkpoint)
+    )
+
+
 @dataclass(frozen=True)
 class TurnItems:
     """A turn's items as loaded from storage, column by column, in turn order.
@@ -375,6 +389,9 @@ class PartitionSnapshot:
     # Response ids whose stored rows could not even be decoded (a null where a value
     # must be, an unknown enum): any lineage touching them is CORRUPT_HISTORY.
     damaged: frozenset[str] = frozenset()
+    # A Conversation's first turn was promoted here (the marker row its first batch
+    # writes): with no head, the head is lost, not yet to come.
+    conversation_begun: bool = False
 
 
 @dataclass(frozen=True)
@@ -525,6 +542,10 @@ def verify_conversation_history(
     """Verify the whole Conversation up to its head."""
     head = snapshot.head
     if head is None:
+        if snapshot.conversation_begun or any(
+            c.mode is PromotionMode.CONVERSATION for c in snapshot.checkpoints.values()
+        ):
+            return _corrupt("the Conversation has promoted turns but no head")
         return HistoryFailure(HistoryFailureReason.NOT_FOUND, "no head")
     named = snapshot.checkpoints.get(head.response_id)
     if named is not None and named.mode is not PromotionMode.CONVERSATION:
@@ -537,8 +558,8 @@ def verify_conversation_history(
         if result.reason is HistoryFailureReason.NOT_FOUND:
             return _corrupt(f"head names {head.response_id} which has no checkpoint")
         return result
-    if result.checkpoint.seq != head.seq:
-        return _corrupt(f"head seq {head.seq} but its checkpoint has seq {result.checkpoint.seq}")
+    if not backs(head, result.checkpoint):
+        return _corrupt(f"head {head} is not its checkpoint's")
     return result
 
 
@@ -592,9 +613,8 @@ def _check_conversation(
     head = snapshot.head
     if head is None or head.seq < checkpoint.seq:
         return _corrupt(f"{checkpoint.response_id} seq {checkpoint.seq} is beyond the head")
-    backing = snapshot.checkpoints.get(head.response_id)
-    if backing is None or backing.seq != head.seq or backing.mode is not PromotionMode.CONVERSATION:
-        return _corrupt(f"head seq {head.seq} ({head.response_id}) is backed by no checkpoint")
+    if not backs(head, snapshot.checkpoints.get(head.response_id)):
+        return _corrupt(f"head seq {head.seq} ({head.response_id}) is not backed by its checkpoint")
     seqs = [c.seq for c in snapshot.checkpoints.values() if c.mode is PromotionMode.CONVERSATION]
     if max(seqs) > head.seq:  # a turn's row and the head are written in one batch
         return _corrupt(f"a checkpoint at seq {max(seqs)} is beyond the head seq {head.seq}")

@@ -21,6 +21,7 @@ from ratchet.domain.history import (
     Head,
     PromotionMode,
     StoredTokenArtifact,
+    backs,
     items_digest,
     lineage_digest,
     utc_ms,
@@ -253,6 +254,9 @@ class PromotionView:
     ``existing`` the checkpoint of the request's response id (if any), ``parent`` the
     checkpoint of ``previous_response_id`` (chain mode, if any), ``facts_mark`` the
     request's facts mark (None: no fact of the request was ever recorded).
+    ``head_backing`` is the checkpoint the head names (read for a Conversation
+    request), ``conversation_begun`` whether a Conversation's first turn was promoted
+    in the partition (its marker row): what the head is checked against.
     """
 
     head: Head | None
@@ -261,6 +265,8 @@ class PromotionView:
     existing: CheckpointRecord | None = None
     parent: CheckpointRecord | None = None
     facts_mark: str | None = None
+    head_backing: CheckpointRecord | None = None
+    conversation_begun: bool = False
 
 
 @dataclass(frozen=True)
@@ -298,8 +304,23 @@ def plan_promotion(request: PromotionRequest, view: PromotionView) -> PromotionO
     if view.existing is not None:
         return ResponseExists(view.existing)
     if request.mode is PromotionMode.CONVERSATION:
+        _check_head(request, view)
         return _plan_conversation(request, view.head)
     return _plan_chain(request, view.parent)
+
+
+def _check_head(request: PromotionRequest, view: PromotionView) -> None:
+    """The head a Conversation turn is decided on (its ordering) and built on (its item
+    seqs, its lineage digest) must be the head turn's own: cells that their row does
+    not back, or a head lost while turns stand, are damage (``CorruptPartition``: a
+    ``CORRUPT`` rejection), never a new Conversation or a numbering from bad cells."""
+    where = f"partition {request.partition_key} of tenant {request.tenant_id}"
+    if view.head is None:
+        if view.conversation_begun:
+            raise CorruptPartition(f"{where}: the Conversation has promoted turns but no head")
+        return
+    if not backs(view.head, view.head_backing):
+        raise CorruptPartition(f"{where}: the head {view.head} is not backed by its checkpoint")
 
 
 def _plan_conversation(request: PromotionRequest, head: Head | None) -> PromotionOutcome | Plan:

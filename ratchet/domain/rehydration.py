@@ -11,7 +11,9 @@ Input: a verified history (or why there is none), the caller's execution
 - ``Failure(reason)``: no history can be given (the store's ``HistoryFailure``).
 
 Fallback reasons are checked in this order, the first that applies wins:
-``NOT_CERTIFIED`` (the turn was promoted logical-only), ``NO_ARTIFACT``,
+``NOT_CERTIFIED`` (the turn was promoted logical-only), ``NO_ARTIFACT`` (none, or a
+stored artifact and boundary proof that do not bind each other to the turn:
+``proof_binds``),
 ``FINGERPRINT_MISMATCH`` (caller's fingerprint differs from the checkpoint's or the
 artifact's), ``ARTIFACT_EXPIRED``: the token artifact, its boundary proof or its router
 receipt has expired (``expires_at <= now``, the same boundary for all three). Reuse
@@ -91,7 +93,10 @@ def fallback_reason(
     if checkpoint.certification is not Certification.CERTIFIED:
         return FallbackReason.NOT_CERTIFIED
     artifact = checkpoint.token_artifact
-    if artifact is None:
+    if artifact is None or checkpoint.boundary_proof is None or not proof_binds(
+        checkpoint.boundary_proof, checkpoint.fingerprint_hash, artifact.token_count,
+        artifact.token_hash, artifact.safe_append_boundary,
+    ):
         return FallbackReason.NO_ARTIFACT
     bound = fingerprint_hash == checkpoint.fingerprint_hash == artifact.fingerprint_hash
     if fingerprint_hash is None or not bound:
@@ -104,6 +109,35 @@ def fallback_reason(
         if expires is not None and now_ms >= expires:
             return FallbackReason.ARTIFACT_EXPIRED
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def proof_binds(proof_json: str, fingerprint_hash: str | None, token_count: int,
+                token_hash: str, safe_append_boundary: int) -> bool:
+    """Whether a stored boundary proof binds the stored artifact to the turn, as the
+    processor checked before it certified the turn (``validation.check_boundary``):
+    the turn's fingerprint, counts that add up to the artifact's, the artifact's token
+    hash, a safe append boundary inside it. Stored cells bound by no digest are checked
+    again on every read: a proof or artifact damaged after promotion must not be
+    offered for reuse (CONTRACT section 1.5), so it reads as ``NO_ARTIFACT``, like a
+    missing proof. Cached: a stored record never changes."""
+    try:
+        proof = parse_json(proof_json.encode("utf-8"))
+    except ValueError:
+        return False
+    if not isinstance(proof, dict):
+        return False
+    counts = [proof.get(k) for k in ("prefix_count", "append_count", "combined_count")]
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+        return False
+    prefix, append, combined = counts
+    return (
+        fingerprint_hash is not None
+        and proof.get("fingerprint_hash") == fingerprint_hash
+        and prefix + append == combined == token_count
+        and proof.get("combined_hash") == token_hash
+        and 0 <= safe_append_boundary <= token_count
+    )
 
 
 @functools.lru_cache(maxsize=4096)

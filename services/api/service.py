@@ -36,6 +36,7 @@ from ratchet.domain.history import (
     PromotionMode,
     TurnItems,
     VerifiedHistory,
+    backs,
     utc_ms,
     verify_extension,
 )
@@ -349,8 +350,7 @@ class RehydrationService:
         if (
             entry is not None
             and entry.partition_key == partition_key
-            and entry.checkpoint.mode is PromotionMode.CONVERSATION
-            and entry.checkpoint.seq == head.seq
+            and backs(head, entry.checkpoint)
         ):
             return entry
         return None
@@ -363,7 +363,7 @@ class RehydrationService:
         if target.mode is not PromotionMode.CONVERSATION:
             return True
         assert head is not None  # _extended refuses a Conversation turn without one
-        if (head.seq, head.response_id) == (target.seq, target.response_id):
+        if backs(head, target):
             return True
         return self._head_entry(tenant_id, partition_key, head) is not None
 
@@ -465,7 +465,7 @@ class RehydrationService:
                 turn.mode is not PromotionMode.CONVERSATION
                 or (
                     row.head is not None
-                    and (row.head.seq, row.head.response_id) == (turn.seq, turn.response_id)
+                    and backs(row.head, turn)
                 )
             )
         )
@@ -602,10 +602,7 @@ class RehydrationService:
             # The checks of a full read that involve the head (history.verify_history).
             if known is None or known.seq < target.seq:
                 return None
-            if head is not None and (head.seq, head.response_id) != (
-                target.seq,
-                target.response_id,
-            ):
+            if head is not None and not backs(head, target):
                 return None
         turns.reverse()
         loaded = PartitionSnapshot(tenant_id, partition_key, row_head, checkpoints, items)

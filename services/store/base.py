@@ -156,6 +156,31 @@ class InvalidPromotion(StoreError, ValueError):
 ANY_LINEAGE = object()
 
 
+def _parent_changed(request: PromotionRequest, known: CheckpointRecord | None,
+                    view: PromotionView) -> bool:
+    """Whether the chain parent row read now differs from the caller's copy of it in
+    anything the child is built from. A parent row never changes once written, so for a
+    caller that validated the turn against that copy (``extends``) the difference is
+    damage since, or a copy that was never right: either way the view must not number
+    the child (an outside review: a parent whose seq was rewritten to 7 got a child at
+    seq 8). ``LineageChanged`` sends the caller back to a verified read of the lineage,
+    which reports the damage (``CORRUPT``). A caller that validated nothing keeps the
+    rule "a wrong hint costs a refused write": the view decides."""
+    found = view.parent
+    if (known is None or found is None or request.previous_response_id is None
+            or known.response_id != found.response_id
+            or (known.tenant_id, known.partition_key)
+            != (request.tenant_id, request.partition_key)):
+        return False
+    return _built_from(known) != _built_from(found)
+
+
+def _built_from(parent: CheckpointRecord) -> tuple[object, ...]:
+    return (parent.tenant_id, parent.partition_key, parent.mode, parent.seq,
+            parent.first_item_seq, parent.last_item_seq, parent.items_digest,
+            parent.lineage_digest)
+
+
 def _extends(plan: Plan, extends: str | None | object) -> bool:
     return extends is ANY_LINEAGE or plan.parent_response_id == extends
 
@@ -363,8 +388,12 @@ class CheckpointStore(ABC):
             promoted = self._attempt(request, plan, facts_mark)
             if promoted is not None:
                 return promoted
+        known_parent = parent_hint if parent_hint is not None else self._hinted_parent(request)
         for _ in range(MAX_PROMOTION_ROUNDS):
             view = self._read_view(request)
+            if extends is not ANY_LINEAGE and _parent_changed(request, known_parent, view):
+                assert view.parent is not None
+                return LineageChanged(view.parent.response_id)
             self._learn_view(request, view)
             decision = plan_promotion(request, view)
             if not isinstance(decision, Plan):

@@ -15,7 +15,7 @@ The promotion batch (``_write``) is::
     INSERT idempotency row           IF NOT EXISTS                -- each key once
       (or, when the request has recorded facts: UPDATE it IF response_id = null AND
        facts_mark = <the mark the decision saw>; see ``mark_request_facts``)
-    INSERT head marker row (unconditional)                        -- a Conversation's first turn
+    INSERT head marker row IF NOT EXISTS                          -- a Conversation's first turn
 
 Cassandra allows these conditions together because they sit on different rows of
 one partition (the static row and up to three clustering rows); the batch is then
@@ -126,6 +126,18 @@ _CLAIM_COLUMNS = "response_id, partition_key, idempotency_key, request_digest"
 def _holder(tenant_id: str, found: dict[str, Any]) -> ResponseClaim:
     return ResponseClaim(tenant_id, found["response_id"], found["partition_key"],
                          found["idempotency_key"], found["request_digest"])
+
+
+def _claimed_partition(tenant_id: str, response_id: str, row: Any) -> str | None:
+    """The partition a claim row names; None: no claim. A claim row naming none is
+    damage (every claim is written with its partition), not an unclaimed id: read as
+    absent it made a promoted response ``NOT_FOUND`` and its status ``unknown``."""
+    if row is None:
+        return None
+    if not row[0]:
+        raise CorruptPartition(f"the claim of response {response_id} of tenant {tenant_id} "
+                               "names no partition")
+    return row[0]
 
 
 def _unavailable(operation: str, exc: BaseException) -> StoreUnavailable:
@@ -305,8 +317,12 @@ class CassandraCheckpointStore(CheckpointStore):
         self._select_mark = self._prepare(
             f"SELECT facts_mark FROM {table} WHERE {idempotency_row}", read_consistency
         )
+        # A Conversation's first batch only: the marker must not exist yet, so a
+        # partition whose head cells were lost (damage) is not begun again over its
+        # turns (the refusal's view reads the marker: ``CorruptPartition``).
         self._insert_head_marker = self._prepare_lwt(
-            f"INSERT INTO {table} (tenant_id, partition_key, kind, ref) VALUES (?, ?, 'head', '')"
+            f"INSERT INTO {table} (tenant_id, partition_key, kind, ref) VALUES (?, ?, 'head', '') "
+            "IF NOT EXISTS"
         )
 
     @classmethod
@@ -368,7 +384,7 @@ class CassandraCheckpointStore(CheckpointStore):
 
     async def _locate_async(self, tenant_id: str, response_id: str) -> str | None:
         rows = await self._rows_async("locate", self._select_location, (tenant_id, response_id))
-        return rows[0][0] if rows else None
+        return _claimed_partition(tenant_id, response_id, rows[0] if rows else None)
 
     async def _load_partition_async(
         self, tenant_id: str, partition_key: str
@@ -627,8 +643,16 @@ class CassandraCheckpointStore(CheckpointStore):
             original = checkpoints.get(idempotency.response_id) or self._serial_checkpoint(
                 request.tenant_id, request.partition_key, idempotency.response_id
             )
+        head = None if head_row is None else head_of(head_row)
+        backing = None
+        if head is not None and request.mode is PromotionMode.CONVERSATION:
+            backing = checkpoints.get(head.response_id) or self._serial_checkpoint(
+                request.tenant_id, request.partition_key, head.response_id
+            )
         return PromotionView(
-            head=None if head_row is None else head_of(head_row),
+            head=head,
+            head_backing=backing,
+            conversation_begun=any(r.kind == "head" for r in rows),
             idempotency=idempotency,
             original=original,
             existing=checkpoints.get(request.response_id),
@@ -775,7 +799,7 @@ class CassandraCheckpointStore(CheckpointStore):
         row = _guard("locate", lambda: self._session.execute(
             self._select_location, (tenant_id, response_id), timeout=self._timeout,
             execution_profile=self._tuple_rows)).one()
-        return None if row is None else row[0]
+        return _claimed_partition(tenant_id, response_id, row)
 
     def _load_partition(self, tenant_id: str, partition_key: str) -> PartitionSnapshot | None:
         """ONE query for the checkpoints, items and head (see ``HISTORY_KINDS``).

@@ -43,6 +43,10 @@ class _Partition:
     # idempotency key -> the request's facts mark (``mark_request_facts``)
     facts_marks: dict[str, str] = field(default_factory=dict)
 
+    def conversation_begun(self) -> bool:
+        """A Conversation turn was promoted here (Cassandra: the head marker row)."""
+        return any(c.mode is PromotionMode.CONVERSATION for c in self.checkpoints.values())
+
 
 def _same_parent(stored: CheckpointRecord | None, planned: CheckpointRecord) -> bool:
     """The chain condition of the Cassandra batch: the parent row still says the same."""
@@ -148,13 +152,16 @@ class MemoryCheckpointStore(CheckpointStore):
                 return PromotionView(head=None)
             record = partition.idempotency.get(request.idempotency_key)
             parent_id = request.previous_response_id
+            head = partition.head
             return PromotionView(
-                head=partition.head,
+                head=head,
                 idempotency=record,
                 original=None if record is None else partition.checkpoints.get(record.response_id),
                 existing=partition.checkpoints.get(request.response_id),
                 parent=None if parent_id is None else partition.checkpoints.get(parent_id),
                 facts_mark=partition.facts_marks.get(request.idempotency_key),
+                head_backing=None if head is None else partition.checkpoints.get(head.response_id),
+                conversation_begun=partition.conversation_begun(),
             )
 
     def request_facts_mark(self, tenant_id: str, partition_key: str,
@@ -182,6 +189,10 @@ class MemoryCheckpointStore(CheckpointStore):
                 return False
             if request.mode is PromotionMode.CONVERSATION and partition.head != plan.expected_head:
                 return False
+            if plan.new_head is not None and plan.expected_head is None and (
+                partition.conversation_begun()
+            ):
+                return False  # Cassandra: the head marker row's ``IF NOT EXISTS``
             if plan.parent is not None and not _same_parent(
                 partition.checkpoints.get(plan.parent.response_id), plan.parent
             ):
@@ -214,4 +225,5 @@ class MemoryCheckpointStore(CheckpointStore):
                 head=partition.head,
                 checkpoints=dict(partition.checkpoints),
                 items=dict(partition.items),
+                conversation_begun=partition.conversation_begun(),
             )

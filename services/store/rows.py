@@ -421,7 +421,8 @@ def decode_snapshot(
             damaged.add(ref)
     first = rows[0]
     head_seq = first[_HEAD_SEQ]
-    if head_seq is None and not checkpoints and not damaged:
+    begun = any(row[_KIND] == "head" for row in rows)
+    if head_seq is None and not checkpoints and not damaged and not begun:
         return None  # only request facts marks: nothing promoted here yet
     return PartitionSnapshot(
         tenant_id=tenant_id,
@@ -434,4 +435,5 @@ def decode_snapshot(
         checkpoints=checkpoints,
         items=items,
         damaged=frozenset(damaged),
+        conversation_begun=begun,
     )

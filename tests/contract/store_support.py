@@ -71,6 +71,18 @@ def artifact(fingerprint: str = "fp1", expires_at: datetime | None = None) -> St
     )
 
 
+def binding_proof(fingerprint: str = "fp1", token_count: int = 42,
+                  token_hash: str = "th") -> str:
+    """A stored boundary proof that binds ``artifact()`` to the turn (what the API
+    checks before offering the artifact for reuse: ``rehydration.proof_binds``)."""
+    return canonical_json({
+        "boundary_kind": "append", "prefix_hash": "ph", "prefix_count": token_count - 2,
+        "append_hash": "ah", "append_count": 2, "combined_hash": token_hash,
+        "combined_count": token_count, "fingerprint_hash": fingerprint,
+        "expires_at": 4_102_444_800_000,
+    })
+
+
 def conversation_turn(
     tenant: str,
     conversation: str,
@@ -97,7 +109,7 @@ def conversation_turn(
         expected_head_seq=expected_head_seq,
         token_artifact=artifact() if certified else None,
         router_receipt=canonical_json({"receipt_id": "rc1", "covered_tokens": 40}),
-        boundary_proof=canonical_json({"boundary_kind": "append", "combined_count": 42}),
+        boundary_proof=binding_proof(),
     )
 
 

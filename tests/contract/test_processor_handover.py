@@ -138,9 +138,12 @@ def test_a_retry_held_by_a_rejected_first_response_is_answered_conflict(data, en
                              subturn_index=effect.subturn_index, response_id=r1.response_id,
                              conversation_id=None)
     assert clash.effect_id == effect.effect_id
-    store.before_promote = lambda: old.feed(clash)  # a conflicting record lands meanwhile
+    published = []  # a conflicting record lands meanwhile: its execution is orphaned
+    store.before_promote = lambda: published.extend(old.handle(clash).outbound)
     with pytest.raises(Unavailable):
         new.handle(r1)  # DUPLICATE_TOOL_EFFECT recorded, stopped before the status
+    assert [(o.model.effect_id, o.model.reason) for o in published] == [
+        (clash.effect_id, OrphanReason.EFFECT_CONFLICT)]
     assert old.outcome(r1).reason is R.DUPLICATE_TOOL_EFFECT  # the redelivery replays it
     r2 = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"),
                    idempotency_key=r1.idempotency_key, request_digest=r1.request_digest,

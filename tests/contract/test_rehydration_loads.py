@@ -110,6 +110,8 @@ class LoadContract:
         raise NotImplementedError
 
     def rewrite_lineage(self, store, tenant, conv, rid, digest: str) -> None:
+        """The turn's lineage digest, and the head's when the head names the turn (a
+        digest the batch carried: the head cells agree with their row)."""
         raise NotImplementedError
 
     @pytest.fixture
@@ -281,6 +283,8 @@ class TestMemoryLoads(LoadContract):
     def rewrite_lineage(self, store, tenant, conv, rid, digest: str) -> None:
         partition = store._partitions[(tenant, conv)]
         partition.checkpoints[rid] = replace(partition.checkpoints[rid], lineage_digest=digest)
+        if partition.head.response_id == rid:  # the head cells carry it too
+            partition.head = replace(partition.head, lineage_digest=digest)
 
 
 WHERE = "WHERE tenant_id = %s AND partition_key = %s AND kind = 'checkpoint' AND ref = %s"
@@ -313,6 +317,12 @@ class TestCassandraLoads(LoadContract):
         self.session.execute(
             f"UPDATE turns SET lineage_digest = %s {WHERE}", (digest, tenant, conv, rid), timeout=30
         )
+        head = store.head(tenant, conv)
+        if head.response_id == rid:  # the head cells carry it too
+            self.session.execute(
+                "UPDATE turns SET head_lineage_digest = %s "
+                "WHERE tenant_id = %s AND partition_key = %s", (digest, tenant, conv), timeout=30
+            )
 
     def test_an_undecodable_items_cell_is_corrupt_on_every_load(self, stack):
         store, service, tenant, conv, (first, middle, last) = stack

@@ -254,3 +254,127 @@ def test_async_reads_equal_blocking_reads_across_pages(store, conversation):
     assert asyncio.run(store.locate_async(tenant, rids[0])) == conv
     assert asyncio.run(store.locate_async(tenant, uid("resp"))) is None
     assert asyncio.run(store.read_turn_async(tenant, conv, uid("resp"))) is None
+
+
+# --- head cells their row does not back (found by an outside review, 2026-12-05) -------
+# The head cells are a copy of the head turn's own values, written in its batch. The
+# next turn's item seqs and lineage digest are built from them; reads answered such
+# damage certified, and the worker built the next turn on it (every read corrupt after).
+
+
+@pytest.mark.parametrize("cell, value", [("head_item_count", 2),
+                                         ("head_lineage_digest", "00")])
+def test_head_cells_unlike_their_row_are_corrupt_and_never_built_on(
+    store, store_session, conversation, cell, value
+):
+    from services.store.base import CorruptPartition
+
+    tenant, conv, rids = conversation
+    cql(store_session, f"UPDATE turns SET {cell} = %s {WHERE}", value, tenant, conv)
+    assert read_reason(store, tenant, conv) is R.CORRUPT_HISTORY
+    for rid in rids:  # whichever turn is read: the head must be backed
+        assert read_reason(store, tenant, conv, rid) is R.CORRUPT_HISTORY
+    fresh = CassandraCheckpointStore(store_session, timeout_s=30)  # no hints: reads the view
+    for promoter in (store, fresh):  # the first one's hint is the true head
+        with pytest.raises(CorruptPartition):
+            promoter.promote(conversation_turn(tenant, conv, 3))
+    assert store.head(tenant, conv).seq == 3  # nothing was written
+
+
+def test_a_lost_head_is_corrupt_and_the_conversation_is_not_begun_again(
+    store, store_session, conversation
+):
+    """Head cells deleted (damage: they have no TTL) while the turns stand: not an
+    unknown Conversation (a gateway told NOT_FOUND starts it again at expected 0), and
+    a turn expecting 0 is refused by the head marker's ``IF NOT EXISTS``."""
+    from services.store.base import CorruptPartition
+
+    tenant, conv, rids = conversation
+    cql(store_session, "DELETE head_seq, head_response_id, head_item_count, "
+        f"head_lineage_digest, head_token FROM turns {WHERE}", tenant, conv)
+    assert store.head(tenant, conv) is None
+    assert read_reason(store, tenant, conv) is R.CORRUPT_HISTORY
+    assert read_reason(store, tenant, conv, rids[2]) is R.CORRUPT_HISTORY
+    with pytest.raises(CorruptPartition):
+        store.promote(conversation_turn(tenant, conv, 0))
+    rows = store_session.execute(
+        f"SELECT ref FROM turns {WHERE} AND kind = 'checkpoint'", (tenant, conv), timeout=30
+    )
+    assert sorted(r.ref for r in rows) == sorted(rids)  # nothing was written
+
+
+def test_a_damaged_boundary_proof_is_never_offered_for_reuse(store, store_session, conversation):
+    """CONTRACT 1.5: the proof binds the artifact to the turn's fingerprint, with the
+    artifact's counts. Damaged after promotion, the history is still served, as a
+    ``NO_ARTIFACT`` fallback (it was served certified)."""
+    from datetime import UTC, datetime
+
+    from ratchet.domain.rehydration import Certified, FallbackReason, rehydrate
+
+    tenant, conv, rids = conversation
+    now = datetime.now(UTC)
+    assert isinstance(rehydrate(store.read_history(tenant, response_id=rids[2]), "fp1", now),
+                      Certified)
+    row = f"{WHERE} AND kind = 'checkpoint' AND ref = %s"
+    proof = store_session.execute(f"SELECT boundary_proof FROM turns {row}",
+                                  (tenant, conv, rids[2]), timeout=30).one().boundary_proof
+    for damaged in (proof.replace('"fp1"', '"fpX"'), proof.replace('"combined_count":42',
+                                                                   '"combined_count":41')):
+        assert damaged != proof
+        cql(store_session, f"UPDATE turns SET boundary_proof = %s {row}", damaged, tenant,
+            conv, rids[2])
+        answer = rehydrate(store.read_history(tenant, response_id=rids[2]), "fp1", now)
+        assert answer.reason is FallbackReason.NO_ARTIFACT and len(answer.items) == 7
+
+
+def test_a_claim_naming_no_partition_is_damage_not_an_unclaimed_id(
+    store, store_session, conversation
+):
+    """Every claim is written with its partition: one without is damage. Read as absent
+    it made a promoted response ``NOT_FOUND`` (and its status ``unknown``, "wait")."""
+    from services.store.base import CorruptPartition
+
+    tenant, _, rids = conversation
+    cql(store_session, "UPDATE response_claims SET partition_key = null "
+        "WHERE tenant_id = %s AND response_id = %s", tenant, rids[1])
+    fresh = CassandraCheckpointStore(store_session, timeout_s=30)  # no location hints
+    with pytest.raises(CorruptPartition):
+        fresh.locate(tenant, rids[1])
+    with pytest.raises(CorruptPartition):
+        asyncio.run(fresh.locate_async(tenant, rids[1]))
+    with pytest.raises(CorruptPartition):
+        fresh.read_checkpoint(tenant, rids[1])
+    with pytest.raises(CorruptPartition):
+        fresh.read_history(tenant, response_id=rids[1])
+    assert fresh.locate(tenant, rids[0])  # the others' claims are intact
+
+
+@pytest.mark.parametrize("change", ["seq = 7", "lineage_digest = 'ab'", "last_item_seq = 9"])
+def test_a_child_is_never_numbered_from_a_parent_row_changed_since(store, store_session,
+                                                                   change):
+    """A chain parent's row never changes once written. A promoter holding it verified
+    (a hint) whose batch is refused because the row changed reads the view: it must
+    not plan the child from the changed row (it promoted a child at seq 8 under a
+    parent rewritten to seq 7, outside review, session 30)."""
+    from ratchet.domain.plan import LineageChanged
+    from tests.contract.store_support import chain_turn
+
+    tenant, root = uid("tenant"), uid("resp")
+    child = uid("resp")
+    store.promote(chain_turn(tenant, root, root, None))
+    store.promote(chain_turn(tenant, root, child, root))
+    parent = store.read_checkpoint(tenant, child)
+    cql(store_session, f"UPDATE turns SET {change} {WHERE} AND kind = 'checkpoint' "
+        "AND ref = %s", tenant, root, child)
+    grandchild = chain_turn(tenant, root, uid("resp"), child)
+    fresh = CassandraCheckpointStore(store_session, timeout_s=30)
+    for promoter in (store, fresh):  # the store's own hint, or only the caller's
+        # The caller validated the turn against its copy of the parent (``extends``):
+        # sent back to a verified read of the lineage, which reports the damage.
+        assert promoter.promote(grandchild, parent_hint=parent,
+                                extends=child) == LineageChanged(child)
+    # that verified read fails (the processor's CORRUPT rejection)
+    assert read_reason(fresh, tenant, root, child) in (R.CORRUPT_HISTORY, R.MISSING_HISTORY)
+    rows = store_session.execute(f"SELECT ref FROM turns {WHERE} AND kind = 'checkpoint'",
+                                 (tenant, root), timeout=30)
+    assert sorted(r.ref for r in rows) == sorted([root, child])

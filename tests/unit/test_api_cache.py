@@ -99,6 +99,10 @@ class CachingStack(Stack):
         partition = self.store._partitions[(tenant, partition_key)]
         partition.checkpoints[rid] = replace(partition.checkpoints[rid], **changes)
 
+    def rewrite_head(self, tenant: str, partition_key: str, **changes) -> None:
+        partition = self.store._partitions[(tenant, partition_key)]
+        partition.head = replace(partition.head, **changes)
+
     def chain(self, tenant: str, root: str, rid: str, previous: str | None) -> str:
         key = uid("key")
         outcome = self.store.promote(
@@ -360,6 +364,33 @@ def test_an_extension_refuses_a_broken_lineage_link(stack):
     assert stack.conversation(tenant, conv, **NO_CACHE).json()["reason"] == "CORRUPT_HISTORY"
 
 
+@pytest.mark.parametrize("cells", [{"item_count": 2}, {"lineage_digest": "00"}])
+def test_head_cells_their_row_does_not_back_are_corrupt_on_every_path(stack, cells):
+    """The cached paths take the head cells for backed when they name a cached turn at
+    their seq; cells unlike that turn's own (damage: an outside review found them
+    served certified) are CORRUPT_HISTORY there too, as on a full read."""
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    assert stack.conversation(tenant, conv).json()["outcome"] == "certified"
+    assert stack.history(tenant, rid).json()["outcome"] == "certified"  # cached now
+    stack.rewrite_head(tenant, conv, **cells)
+    for answer in (stack.conversation(tenant, conv), stack.history(tenant, rid),
+                   stack.conversation(tenant, conv, **NO_CACHE)):
+        assert (answer.status_code, answer.json()["reason"]) == (500, "CORRUPT_HISTORY")
+
+
+def test_a_lost_head_is_corrupt_not_an_unknown_conversation(stack):
+    """A Conversation whose head cells are gone while its turns stand is damage, not
+    NOT_FOUND (a gateway would begin it again), cached or not."""
+    tenant, rid, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, rid)
+    assert stack.conversation(tenant, conv).json()["outcome"] == "certified"
+    stack.store._partitions[(tenant, conv)].head = None
+    for answer in (stack.conversation(tenant, conv), stack.history(tenant, rid),
+                   stack.conversation(tenant, conv, **NO_CACHE)):
+        assert (answer.status_code, answer.json()["reason"]) == (500, "CORRUPT_HISTORY")
+
+
 def test_a_turn_without_a_lineage_digest_is_never_taken_as_a_link(stack):
     """Rows promoted before lineage digests existed: the extension cannot link them,
     so the history is read in full (and, unlinked, is never extended later)."""
@@ -368,6 +399,7 @@ def test_a_turn_without_a_lineage_digest_is_never_taken_as_a_link(stack):
     stack.conversation(tenant, conv)
     third = _third_turn(stack, tenant, conv)
     stack.rewrite_checkpoint(tenant, conv, third, lineage_digest=None)
+    stack.rewrite_head(tenant, conv, lineage_digest=None)  # written with it, as it was
     resp, reads = stack.reads_during(lambda: stack.conversation(tenant, conv))
     assert resp.status_code == 200 and reads.get("read_history") == 1
     assert stack.cache.get(tenant, third).linked is False

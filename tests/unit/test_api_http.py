@@ -31,6 +31,7 @@ from services.api.waiters import PromotionWaiters
 from services.ledger.memory import MemoryLedger
 from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
+from tests.contract.store_support import binding_proof
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 FP = hashlib.sha256(b"fingerprint-1").hexdigest()
@@ -97,7 +98,7 @@ class Stack:
                 expected_head_seq=head,
                 token_artifact=artifact if certified else None,
                 router_receipt=canonical_json({"receipt_id": "rc1"}),
-                boundary_proof=canonical_json({"boundary_kind": "append"}),
+                boundary_proof=binding_proof(FP),
             )
         )
         assert type(outcome).__name__ == "Promoted", outcome
@@ -147,7 +148,7 @@ def test_certified_returns_complete_history_and_checkpoint(stack):
     assert cp["seq"] == 2 and cp["fingerprint_hash"] == FP
     assert cp["token_artifact"]["token_count"] == 42
     assert cp["router_receipt"] == {"receipt_id": "rc1"}
-    assert cp["boundary_proof"] == {"boundary_kind": "append"}
+    assert cp["boundary_proof"] == json.loads(binding_proof(FP))
     assert cp["expires_at"].endswith("Z")
 
 

@@ -3,6 +3,7 @@ outcome or a plan; hints give only plans, and only the plan a fresh view would g
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -30,6 +31,19 @@ def checkpoint_of(request, plan: Plan):
     return build_checkpoint(request, plan, T0, logical_retention_s=0)
 
 
+def backing(head: Head):
+    """The head turn's own row: what a view reads beside the head cells."""
+    first = conversation_turn("t", "conv", 0, n_items=1, response_id=head.response_id)
+    row = checkpoint_of(first, plan_promotion(first, PromotionView(None)))
+    return replace(row, seq=head.seq, last_item_seq=head.item_count,
+                   lineage_digest=head.lineage_digest)
+
+
+def viewing(head: Head, *args, **kwargs) -> PromotionView:
+    """A view of ``head`` read with its backing row."""
+    return PromotionView(head, *args, head_backing=backing(head), **kwargs)
+
+
 def test_a_new_conversation_starts_at_seq_one():
     request = conversation_turn("t", "conv", 0, n_items=3)
     plan = plan_promotion(request, PromotionView(head=None))
@@ -41,19 +55,19 @@ def test_a_new_conversation_starts_at_seq_one():
 
 def test_the_lineage_digest_chains_from_the_head_or_stays_absent_after_a_legacy_one():
     request = conversation_turn("t", "conv", 2, n_items=2)
-    linked = plan_promotion(request, PromotionView(head=Head(2, "resp_2", 5, "ab" * 32)))
+    linked = plan_promotion(request, viewing(Head(2, "resp_2", 5, "ab" * 32)))
     assert linked.lineage_digest == lineage_digest("ab" * 32, items_digest(request.items))
     assert linked.new_head.lineage_digest == linked.lineage_digest
     # A head promoted before lineage digests existed: nothing to chain from, so none
     # (an unlinked lineage is read in full, never extended; history.py).
-    legacy = plan_promotion(request, PromotionView(head=Head(2, "resp_2", 5)))
+    legacy = plan_promotion(request, viewing(Head(2, "resp_2", 5)))
     assert legacy.lineage_digest is None and legacy.new_head.lineage_digest is None
 
 
 def test_the_next_turn_extends_the_head_it_expects():
     head = Head(2, "resp_2", 5)
     request = conversation_turn("t", "conv", 2, n_items=2)
-    plan = plan_promotion(request, PromotionView(head=head))
+    plan = plan_promotion(request, viewing(head))
     assert (plan.seq, plan.parent_response_id, plan.first_item_seq) == (3, "resp_2", 6)
     assert plan.expected_head == head and plan.new_head == Head(3, request.response_id, 7)
     assert plan.lineage_digest is None  # the hinted head carries none
@@ -61,8 +75,8 @@ def test_the_next_turn_extends_the_head_it_expects():
 
 def test_a_head_behind_or_ahead_of_the_expected_one_is_an_outcome():
     head = Head(2, "resp_2", 5)
-    assert plan_promotion(conversation_turn("t", "c", 1), PromotionView(head)) == Conflict(2)
-    assert plan_promotion(conversation_turn("t", "c", 3), PromotionView(head)) == AheadOfHead(2)
+    assert plan_promotion(conversation_turn("t", "c", 1), viewing(head)) == Conflict(2)
+    assert plan_promotion(conversation_turn("t", "c", 3), viewing(head)) == AheadOfHead(2)
 
 
 def test_the_idempotency_record_decides_before_the_head():
@@ -99,7 +113,7 @@ def test_a_chain_extends_its_parent_or_finds_it_missing():
 def test_hints_give_the_plan_a_fresh_view_would_give_never_an_outcome():
     head = Head(2, "resp_2", 5)
     request = conversation_turn("t", "conv", 2)
-    assert plan_from_hints(request, head, None) == plan_promotion(request, PromotionView(head))
+    assert plan_from_hints(request, head, None) == plan_promotion(request, viewing(head))
     # A hint that predicts an outcome (Conflict) or no hint at all: read and decide.
     assert plan_from_hints(conversation_turn("t", "conv", 1), head, None) is None
     assert plan_from_hints(request, None, None) is None
@@ -129,3 +143,34 @@ def test_the_checkpoint_a_plan_persists():
     assert checkpoint.items_digest == items_digest(request.items)
     assert checkpoint.logical_expires_at == T0 + timedelta(seconds=60)
     assert build_checkpoint(request, plan, T0, 0).logical_expires_at is None
+
+
+@pytest.mark.parametrize("cells", [
+    {"item_count": 4}, {"lineage_digest": "00"}, {"response_id": "resp_x"}, {"seq": 3},
+])
+def test_a_head_its_row_does_not_back_is_corrupt_never_built_on(cells):
+    """The head cells are a copy of the head turn's own values, written in one batch;
+    the next turn's item seqs and lineage digest are built from them. Cells their row
+    does not back (an outside review: a damaged ``head_item_count`` or
+    ``head_lineage_digest`` was built on, and the Conversation then read as corrupt)
+    are ``CorruptPartition``, whatever the turn expects."""
+    head = Head(2, "resp_2", 5, "ab" * 32)
+    damaged = replace(head, **cells)
+    for expected in (1, 2, 3):
+        request = conversation_turn("t", "conv", expected)
+        with pytest.raises(CorruptPartition):
+            plan_promotion(request, PromotionView(damaged, head_backing=backing(head)))
+    with pytest.raises(CorruptPartition):  # no row at all behind the head
+        plan_promotion(conversation_turn("t", "conv", 2), PromotionView(head))
+
+
+def test_a_lost_head_of_a_begun_conversation_is_corrupt_not_a_new_one():
+    """Head cells lost while the Conversation's turns stand: a turn expecting 0 must
+    not start the Conversation again over them (an outside review: it was promoted at
+    seq 1 beside the old seq 1, and every read was corrupt from then on)."""
+    request = conversation_turn("t", "conv", 0)
+    with pytest.raises(CorruptPartition):
+        plan_promotion(request, PromotionView(None, conversation_begun=True))
+    assert isinstance(plan_promotion(request, PromotionView(None)), Plan)
+    chain = chain_turn("t", "conv", "resp_r", None)  # a chain of the same key has no head
+    assert isinstance(plan_promotion(chain, PromotionView(None, conversation_begun=True)), Plan)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import timedelta
 
@@ -17,7 +18,7 @@ from schemas.canonical import canonical_json_text
 from schemas.models import Certification
 from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
-from tests.contract.store_support import T0, FakeClock, conversation_turn, uid
+from tests.contract.store_support import T0, FakeClock, binding_proof, conversation_turn, uid
 
 
 @pytest.fixture
@@ -30,6 +31,11 @@ def history() -> VerifiedHistory:
     result = store.read_history(tenant, conversation_id=conv)
     assert isinstance(result, VerifiedHistory)
     return result
+
+
+def proof(**changes) -> str:
+    """The stored proof of ``conversation_turn`` (it binds the artifact), changed."""
+    return canonical_json_text({**json.loads(binding_proof()), **changes})
 
 
 def with_checkpoint(history: VerifiedHistory, **changes) -> VerifiedHistory:
@@ -98,8 +104,8 @@ def test_expired_proof_or_receipt_falls_back_like_an_expired_artifact(history, r
     # Reuse needs an unexpired artifact with a valid proof (docs/gateway-protocol.md);
     # the artifact lives another hour, its proof (or receipt) expires at T0 + 1 min.
     expires = T0 + timedelta(minutes=1)
-    stored = canonical_json_text({"receipt_id": "rc1", "boundary_kind": "append",
-                                  "expires_at": _ms(expires)})
+    stored = (proof(expires_at=_ms(expires)) if record == "boundary_proof" else
+              canonical_json_text({"receipt_id": "rc1", "expires_at": _ms(expires)}))
     damaged = with_checkpoint(history, **{record: stored})
     assert damaged.checkpoint.token_artifact.expires_at > expires
     before = expires - timedelta(milliseconds=1)
@@ -111,12 +117,48 @@ def test_expired_proof_or_receipt_falls_back_like_an_expired_artifact(history, r
 
 
 def test_fingerprint_mismatch_wins_over_an_expired_proof(history):
-    stored = canonical_json_text({"expires_at": _ms(T0)})
-    damaged = with_checkpoint(history, boundary_proof=stored)
+    damaged = with_checkpoint(history, boundary_proof=proof(expires_at=_ms(T0)))
     assert rehydrate(damaged, "fp2", T0).reason is FallbackReason.FINGERPRINT_MISMATCH
 
 
 def test_a_proof_without_a_readable_expiry_is_not_reused(history):
-    for stored in ('{"expires_at":"soon"}', "[]", "not json"):
+    damaged = with_checkpoint(history, boundary_proof=proof(expires_at="soon"))
+    assert rehydrate(damaged, "fp1", T0).reason is FallbackReason.ARTIFACT_EXPIRED
+    for stored in ("[]", "not json"):  # not a proof at all: nothing binds the artifact
         damaged = with_checkpoint(history, boundary_proof=stored)
-        assert rehydrate(damaged, "fp1", T0).reason is FallbackReason.ARTIFACT_EXPIRED
+        assert rehydrate(damaged, "fp1", T0).reason is FallbackReason.NO_ARTIFACT
+
+
+@pytest.mark.parametrize("damage", [
+    {"boundary_proof": None},
+    {"boundary_proof": proof(fingerprint_hash="fpX")},
+    {"boundary_proof": proof(combined_count=43)},
+    {"boundary_proof": proof(append_count=3)},
+    {"boundary_proof": proof(combined_hash="other")},
+    {"boundary_proof": proof(prefix_count=-2, append_count=44)},
+    {"boundary_proof": proof(prefix_count=True)},
+    {"artifact": {"token_count": 999}},
+    {"artifact": {"token_hash": "other"}},
+    {"artifact": {"safe_append_boundary": 43}},
+    {"fingerprint": "fpX"},  # the row's and the artifact's, as a caller with fpX asks
+])
+def test_an_artifact_its_stored_proof_does_not_bind_is_never_reused(history, damage):
+    """CONTRACT 1.5: the proof binds to the turn's fingerprint and its counts are the
+    artifact's. Stored cells bound by no digest, damaged after promotion, are checked
+    again on read: the history is served, the artifact never offered (an outside
+    review found each of these served ``certified``)."""
+    assert isinstance(rehydrate(history, "fp1", T0), Certified)
+    caller = "fp1"
+    if "artifact" in damage:
+        artifact = replace(history.checkpoint.token_artifact, **damage["artifact"])
+        damaged = with_checkpoint(history, token_artifact=artifact)
+    elif "fingerprint" in damage:
+        caller = damage["fingerprint"]
+        artifact = replace(history.checkpoint.token_artifact, fingerprint_hash=caller)
+        damaged = with_checkpoint(history, token_artifact=artifact, fingerprint_hash=caller)
+    else:
+        damaged = with_checkpoint(history, **damage)
+    result = rehydrate(damaged, caller, T0)
+    assert result == Fallback(
+        FallbackReason.NO_ARTIFACT, damaged.checkpoint, damaged.items, damaged.head_seq
+    )

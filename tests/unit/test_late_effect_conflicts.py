@@ -1,0 +1,118 @@
+"""A tool run again with another output is published for compensation, whenever its
+``ToolEffect`` comes (found by a gateway built from the docs alone, session 30).
+
+CONTRACT 4: a second record of an effect id with another output digest is an effect
+conflict; docs/gateway-protocol.md section 7: ``EFFECT_CONFLICT`` is final (compensate).
+Before, a conflicting ``ToolEffect`` that came after its request's promotion was
+published nowhere when the promoted turn had listed the effect (a double charge never
+compensated: only a log line), nowhere either when it disagreed with a listed claim's
+completion, and as ``ATTEMPT_SUPERSEDED`` under the first run's ``effect_id`` when the
+effect was unused (a compensator deduping by effect id dropped it). Now each such
+execution is published ``EFFECT_CONFLICT`` at once with its own ``output_digest``,
+unless the promoted turn carries that very output.
+"""
+
+from __future__ import annotations
+
+from ratchet.samples import make_tool_effect, new_id
+from schemas.items import function_call, function_call_output, message
+from schemas.models import CheckpointPromoted, OrphanReason, RejectionReason
+from tests.unit.test_processor_carried_effects import _claim_and_complete
+from tests.unit.test_processor_rules import Harness, conv_id, turn
+
+R = OrphanReason
+
+
+def _turn(conv, key, output, listed=(), call_id="c1", tool="send_email", args=None):
+    items = [function_call(call_id, tool, args or {"to": "bob"}, item_id="fc_1"), output,
+             message("sent", role="assistant", item_id=new_id("msg"))]
+    return turn(conv, 0, items=items, idempotency_key=key, attempt=1,
+                tool_effect_ids=tuple(listed))
+
+
+def _effect(conv, key, output, effect_id=None, call_id="c1"):
+    fields = {} if effect_id is None else {"effect_id": effect_id}
+    return make_tool_effect(call_id, output, idempotency_key=key, conversation_id=conv,
+                            tool_name="send_email", arguments={"to": "bob"}, **fields)
+
+
+def _orphans(h, event):
+    return [(o.effect_id, o.reason, o.output_digest) for o in h.orphans(event)]
+
+
+def test_a_rerun_after_the_promotion_that_listed_the_effect_is_an_effect_conflict():
+    h = Harness()
+    conv, key = conv_id(), new_id("idem")
+    first = function_call_output("c1", '{"charged": 1}', item_id="fco_1")
+    again = function_call_output("c1", '{"charged": 2}', item_id="fco_2")
+    e1 = _effect(conv, key, first)
+    assert _orphans(h, e1) == []
+    promoted = h.outcome(_turn(conv, key, first, listed=(e1.effect_id,)))
+    assert isinstance(promoted, CheckpointPromoted)
+    e2 = _effect(conv, key, again, effect_id=e1.effect_id)
+    assert _orphans(h, e2) == [(e1.effect_id, R.EFFECT_CONFLICT, again.content_digest)], (
+        "the second execution is in no history: it must reach compensators")
+    # A redelivery of either record: the first run is the promoted turn's (never
+    # orphaned), the second is published again (compensators dedupe by effect id and
+    # output digest for EFFECT_CONFLICT).
+    assert _orphans(h, e1) == []
+    assert _orphans(h, e2) == [(e1.effect_id, R.EFFECT_CONFLICT, again.content_digest)]
+
+
+def test_a_rerun_of_an_unused_effect_is_an_effect_conflict_under_its_own_digest():
+    h = Harness()
+    conv, key = conv_id(), new_id("idem")
+    carried = function_call_output("c1", '{"charged": 0}', item_id="fco_0")
+    assert isinstance(h.outcome(_turn(conv, key, carried)), CheckpointPromoted)
+    run1 = function_call_output("c1", '{"charged": 1}', item_id="fco_1")
+    run2 = function_call_output("c1", '{"charged": 2}', item_id="fco_2")
+    e1 = _effect(conv, key, run1)
+    assert _orphans(h, e1) == [(e1.effect_id, R.ATTEMPT_SUPERSEDED, run1.content_digest)]
+    e2 = _effect(conv, key, run2, effect_id=e1.effect_id)
+    assert _orphans(h, e2) == [(e1.effect_id, R.EFFECT_CONFLICT, run2.content_digest)]
+
+
+def test_a_rerun_the_promoted_turn_carries_is_not_orphaned():
+    """The promoted turn answered the call with the output a late record carries (that
+    run is in the history): nothing to compensate for it."""
+    h = Harness()
+    conv, key = conv_id(), new_id("idem")
+    carried = function_call_output("c1", '{"charged": 2}', item_id="fco_2")
+    assert isinstance(h.outcome(_turn(conv, key, carried)), CheckpointPromoted)
+    other = function_call_output("c1", '{"charged": 1}', item_id="fco_1")
+    e1 = _effect(conv, key, other)
+    assert _orphans(h, e1) == [(e1.effect_id, R.ATTEMPT_SUPERSEDED, other.content_digest)]
+    e2 = _effect(conv, key, carried, effect_id=e1.effect_id)
+    assert _orphans(h, e2) == []
+
+
+def test_a_holders_tool_effect_unlike_a_listed_claims_completion_after_the_promotion():
+    h = Harness()
+    conv, key = conv_id(), new_id("idem")
+    completed = function_call_output("c1", '{"sent": "message-id-1"}', item_id="fco_1")
+    effect_id = _claim_and_complete(h, key, conv, "c1", completed)
+    t = _turn(conv, key, completed, listed=(effect_id,))
+    assert isinstance(h.outcome(t), CheckpointPromoted)
+    other = function_call_output("c1", '{"sent": "message-id-2"}', item_id="fco_1")
+    late = _effect(conv, key, other, effect_id=effect_id)
+    assert _orphans(h, late) == [(effect_id, R.EFFECT_CONFLICT, other.content_digest)]
+    same = _effect(conv, key, completed, effect_id=effect_id)  # the completion's own
+    assert _orphans(h, same) == []
+
+
+def test_a_conflict_before_the_promotion_publishes_each_execution():
+    """The second execution at once; the first with the turn that lists the conflicted
+    effect, refused ``DUPLICATE_TOOL_EFFECT`` as before."""
+    h = Harness()
+    conv, key = conv_id(), new_id("idem")
+    run1 = function_call_output("c1", '{"charged": 1}', item_id="fco_1")
+    run2 = function_call_output("c1", '{"charged": 2}', item_id="fco_2")
+    e1 = _effect(conv, key, run1)
+    assert _orphans(h, e1) == []
+    e2 = _effect(conv, key, run2, effect_id=e1.effect_id)
+    assert _orphans(h, e2) == [(e1.effect_id, R.EFFECT_CONFLICT, run2.content_digest)]
+    handled = h.processor.handle(h.record(_turn(conv, key, run1, listed=(e1.effect_id,))))
+    assert handled.outbound[0].model.reason is RejectionReason.DUPLICATE_TOOL_EFFECT
+    orphans = [(o.model.effect_id, o.model.reason, o.model.output_digest)
+               for o in handled.outbound[1:]]
+    assert orphans == [(e1.effect_id, R.EFFECT_CONFLICT, run1.content_digest)]
