@@ -389,8 +389,10 @@ class CheckpointStore(ABC):
             if promoted is not None:
                 return promoted
         known_parent = parent_hint if parent_hint is not None else self._hinted_parent(request)
+        guess = head_hint if head_hint is not None else self._hinted_head(request)
         for _ in range(MAX_PROMOTION_ROUNDS):
-            view = self._read_view(request)
+            view = self._read_view(request, None if guess is None else guess.response_id)
+            guess = view.head
             if extends is not ANY_LINEAGE and _parent_changed(request, known_parent, view):
                 assert view.parent is not None
                 return LineageChanged(view.parent.response_id)
@@ -836,8 +838,12 @@ class CheckpointStore(ABC):
         linearizable read, never guessed (``StoreUnavailable`` if that fails too)."""
 
     @abstractmethod
-    def _read_view(self, request: PromotionRequest) -> PromotionView:
-        """Read head / idempotency record / existing / parent, linearizably."""
+    def _read_view(self, request: PromotionRequest,
+                   head_guess: str | None = None) -> PromotionView:
+        """Read head / idempotency record / existing / parent, linearizably, and for a
+        Conversation request the turn row the head names (``head_backing``; a backend
+        may read ``head_guess``'s row with the rest, to spare a second read when the
+        head names it)."""
 
     @abstractmethod
     def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord,

@@ -484,7 +484,8 @@ class CassandraCheckpointStore(CheckpointStore):
 
     # -- backend hooks ----------------------------------------------------------------------
 
-    def _read_view(self, request: PromotionRequest) -> PromotionView:
+    def _read_view(self, request: PromotionRequest,
+                   head_guess: str | None = None) -> PromotionView:
         """The view at SERIAL in one round trip.
 
         The rows query also asks for the ``kind='head'`` marker row a Conversation's
@@ -492,7 +493,12 @@ class CassandraCheckpointStore(CheckpointStore):
         without that row (no Conversation turn yet) needs the separate head query.
         """
         key = (request.tenant_id, request.partition_key)
-        parent = request.previous_response_id or ""
+        # The second turn row asked for: a chain turn's parent, or the row of the head a
+        # Conversation turn expects (checked against the head cells, ``_view``).
+        # (Its own row is asked for already, third.)
+        if request.mode is not PromotionMode.CONVERSATION or head_guess == request.response_id:
+            head_guess = None
+        parent = request.previous_response_id or head_guess or ""
 
         def read() -> PromotionView:
             rows = list(

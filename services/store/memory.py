@@ -145,7 +145,8 @@ class MemoryCheckpointStore(CheckpointStore):
             return self._request_claims.setdefault((claim.tenant_id, claim.idempotency_key),
                                                    claim)
 
-    def _read_view(self, request: PromotionRequest) -> PromotionView:
+    def _read_view(self, request: PromotionRequest,
+                   head_guess: str | None = None) -> PromotionView:
         with self._lock:
             partition = self._partitions.get((request.tenant_id, request.partition_key))
             if partition is None:

@@ -185,7 +185,14 @@ def test_retry_by_another_attempt_keeps_the_promoted_attempt_and_its_effects(rig
     stored = cassandra[0].get_checkpoint(TENANT, first.response_id)
     assert stored.accepted_attempt == 1
     assert stored.accepted_effect_ids == tuple(e.effect_id for e in first_effects)
-    assert rig.collector.orphans(first.response_id) == []  # both effects are promoted
+    # Both effects of attempt 1 are promoted, never orphaned. Attempt 2 ran the first
+    # call again (a new ToolEffect, another output item under the same effect id): that
+    # second execution is in no history, published EFFECT_CONFLICT with its own digest.
+    orphans = rig.collector.orphans(first.response_id)
+    assert [(o.effect_id, o.reason, o.output_digest) for o in orphans] == [
+        (retry_effects[0].effect_id, OrphanReason.EFFECT_CONFLICT,
+         retry_effects[0].output.content_digest)]
+    assert retry_effects[0].effect_id == first_effects[0].effect_id
 
 
 def test_a_chains_first_request_retried_under_another_response_id(rig, cassandra):
