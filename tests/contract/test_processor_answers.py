@@ -45,10 +45,10 @@ class CorruptStore(MemoryCheckpointStore):
 
     corrupt: set = set()
 
-    def _read_view(self, request):
+    def _read_view(self, request, head_guess=None):
         if (request.tenant_id, request.partition_key) in self.corrupt:
             raise CorruptPartition(f"partition {request.partition_key}: undecodable row")
-        return super()._read_view(request)
+        return super()._read_view(request, head_guess)
 
     def _hinted_head(self, request):  # another worker's store object: no hints of its own
         if (request.tenant_id, request.partition_key) in self.corrupt:
