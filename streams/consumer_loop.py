@@ -110,9 +110,26 @@ class _LoopTask:
         """Nothing to join: ``_serve`` ends on the loop once the service is stopped."""
 
 
+class SeekOutdated(Exception):
+    """A seek was not made: the consumer's assignment changed after it was asked for."""
+
+
 class _BatchedFetches(faust_aiokafka.AIOKafkaConsumerThread):
     """Faust's consumer thread whose aiokafka consumer holds fetches while records flow
-    (``pace_fetches``, the app's ``fetch_wait_ms``); Faust has no setting for it."""
+    (``pace_fetches``, the app's ``fetch_wait_ms``); Faust has no setting for it.
+
+    Its seeks expire. With Faust's thread, a seek is a call queued into the consumer's
+    thread; a caller that stops waiting for it (``asyncio.wait_for`` timed out) leaves
+    it queued, and it would still run later, perhaps after the partition was revoked
+    and assigned again: it would then move the new assignment's position past records
+    no lane took (lost once a commit passes them). So a seek runs only if its caller
+    still waits and no rebalance began on the consumer's thread since it was asked
+    for; otherwise it raises ``SeekOutdated`` (the parking and the watchdog treat it as
+    a failed seek: they check the partition is still theirs before trying again).
+    On the loop (``_ConsumerOnLoop``) the seek runs in the caller's own step: it is
+    never queued, and the checks always pass."""
+
+    _rebalances = 0  # rebalances begun, counted on the consumer's thread
 
     async def on_start(self) -> None:
         await super().on_start()  # builds and starts the aiokafka consumer (its fetcher)
@@ -120,6 +137,33 @@ class _BatchedFetches(faust_aiokafka.AIOKafkaConsumerThread):
         if wait_ms and not pace_fetches(self._consumer._fetcher, wait_ms):
             log.warning("this aiokafka's fetcher has not the members RATCHET_FETCH_WAIT_MS "
                         "uses: every fetch is answered at its first record")
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        self._rebalances += 1  # before anything of the revocation happens
+        await super().on_partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: Any, generation_id: int = 0) -> None:
+        self._rebalances += 1
+        await super().on_partitions_assigned(assigned, generation_id)
+
+    async def seek_wait(self, partitions: Any) -> None:
+        consumer = self._ensure_consumer()
+        asked = (self._rebalances, [False])  # the count then; whether the caller left
+        try:
+            await self.call_thread(self._seek_if_current, consumer, partitions, asked)
+        except BaseException:  # timed out, cancelled or failed: a queued call must not seek
+            asked[1][0] = True
+            raise
+
+    async def _seek_if_current(self, consumer: Any, partitions: Any,
+                               asked: tuple[int, list[bool]]) -> None:
+        count, left = asked
+        if left[0]:
+            return  # nobody waits for it any more
+        if self._rebalances != count:
+            raise SeekOutdated(f"a rebalance began after the seek to {dict(partitions)} "
+                               "was asked for")
+        await self._seek_wait(consumer, partitions)
 
 
 class _ConsumerOnLoop(_BatchedFetches):

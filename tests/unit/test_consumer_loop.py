@@ -229,3 +229,104 @@ def test_the_worker_app_carries_the_fetch_wait_setting(tmp_path, monkeypatch, wa
     world = build(tmp_path, monkeypatch, fetch_wait_ms=wait_ms)
     assert isinstance(world.app, LoopConsumerApp)
     assert world.app.fetch_wait_ms == wait_ms
+
+
+class _QueuedCalls:
+    """Faust's thread consumer as a seek sees it: each call into the consumer's thread
+    is queued and runs when ``run`` says (the thread's turn), and the aiokafka consumer
+    records its seeks."""
+
+    def __init__(self, inner) -> None:
+        self.queue: list = []
+        self.seeks: list[tuple[object, int]] = []
+        inner.call_thread = self.call_thread
+        inner._ensure_consumer = lambda: self  # the aiokafka consumer
+        inner.consumer._read_offset = {}
+
+    def seek(self, tp, offset) -> None:
+        self.seeks.append((tp, offset))
+
+    async def position(self, tp) -> int:
+        return dict(self.seeks)[tp]
+
+    async def call_thread(self, fun, *args):
+        done = asyncio.get_running_loop().create_future()
+        self.queue.append((done, fun, args))
+        return await done
+
+    async def run(self) -> None:
+        """The consumer's thread takes every queued call (its caller may be gone)."""
+        while self.queue:
+            done, fun, args = self.queue.pop(0)
+            try:
+                result = await fun(*args)
+            except Exception as exc:
+                if not done.done():
+                    done.set_exception(exc)
+            else:
+                if not done.done():
+                    done.set_result(result)
+
+
+def _thread_consumer(tmp_path, monkeypatch):
+    """The thread consumer of a worker built with RATCHET_WORKER_CONSUMER=thread, its
+    calls queued (``_QueuedCalls``) and its rebalance hand-over to Faust a no-op."""
+    consumer = _app(WorkerApp, tmp_path).consumer
+
+    async def handed_over(*_args) -> None:
+        return None
+
+    monkeypatch.setattr(consumer, "threadsafe_partitions_revoked", handed_over)
+    monkeypatch.setattr(consumer, "threadsafe_partitions_assigned", handed_over)
+    return consumer._thread, _QueuedCalls(consumer._thread)
+
+
+def test_a_seek_whose_caller_stopped_waiting_never_runs(tmp_path, monkeypatch):
+    """With Faust's consumer thread, a seek that timed out stayed queued and ran later
+    (docs/decisions.md, "A full lane parks its partition": left open until session 31).
+    Now the caller's leaving expires it: the thread takes it and seeks nothing."""
+    async def check() -> None:
+        inner, calls = _thread_consumer(tmp_path, monkeypatch)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(inner.seek_wait({"tp-3": 40}), 0.01)
+        await calls.run()
+        assert calls.seeks == []
+        assert inner.consumer._read_offset == {}
+
+        waiting = asyncio.ensure_future(inner.seek_wait({"tp-3": 41}))
+        await asyncio.sleep(0)
+        await calls.run()
+        await waiting
+        assert calls.seeks == [("tp-3", 41)]  # one still awaited seeks as before
+
+    asyncio.run(check())
+
+
+@pytest.mark.parametrize("rebalance", ["revoked", "assigned", "revoked and assigned"])
+def test_a_seek_asked_for_before_a_rebalance_does_not_move_the_new_assignment(
+        tmp_path, monkeypatch, rebalance):
+    """A seek queued before a rebalance and taken by the thread after it (its caller
+    still waiting) would move the position the new assignment starts from, past records
+    no lane took. It raises ``SeekOutdated`` instead; one asked for afterwards seeks."""
+    from streams.consumer_loop import SeekOutdated
+
+    async def check() -> None:
+        inner, calls = _thread_consumer(tmp_path, monkeypatch)
+        waiting = asyncio.ensure_future(inner.seek_wait({"tp-3": 40}))
+        await asyncio.sleep(0)
+        if "revoked" in rebalance:
+            await inner.on_partitions_revoked({"tp-3"})
+        if "assigned" in rebalance:
+            await inner.on_partitions_assigned({"tp-3"}, 7)
+        await calls.run()
+        with pytest.raises(SeekOutdated):
+            await waiting
+        assert calls.seeks == []
+
+        waiting = asyncio.ensure_future(inner.seek_wait({"tp-3": 40}))
+        await asyncio.sleep(0)
+        await calls.run()
+        await waiting
+        assert calls.seeks == [("tp-3", 40)]
+
+    asyncio.run(check())
