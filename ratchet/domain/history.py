@@ -394,6 +394,36 @@ class PartitionSnapshot:
     conversation_begun: bool = False
 
 
+def beyond_head(snapshot: PartitionSnapshot) -> int | None:
+    """The highest seq of a Conversation checkpoint beyond the snapshot's head, or None.
+
+    In one consistent read there is none (a turn's row and the head move in one batch):
+    one means damage, or a read made of several requests that a promotion fell between
+    (``as_of_head``)."""
+    head = snapshot.head
+    if head is None:
+        return None
+    ahead = [c.seq for c in snapshot.checkpoints.values()
+             if c.mode is PromotionMode.CONVERSATION and c.seq > head.seq]
+    return max(ahead) if ahead else None
+
+
+def as_of_head(snapshot: PartitionSnapshot) -> PartitionSnapshot:
+    """The snapshot without its Conversation checkpoints beyond its head (and their items):
+    the partition as it stood when its head was read. Only for rows that a head read
+    after them covers (the caller checks): they were promoted during the read, and
+    every turn up to the head was stored before it (rows are never rewritten)."""
+    head = snapshot.head
+    assert head is not None
+    dropped = {ref for ref, c in snapshot.checkpoints.items()
+               if c.mode is PromotionMode.CONVERSATION and c.seq > head.seq}
+    return dataclasses.replace(
+        snapshot,
+        checkpoints={ref: c for ref, c in snapshot.checkpoints.items() if ref not in dropped},
+        items={ref: i for ref, i in snapshot.items.items() if ref not in dropped},
+    )
+
+
 @dataclass(frozen=True)
 class VerifiedHistory:
     """A complete, ordered, verified history ending with ``checkpoint``."""

@@ -59,7 +59,14 @@ from cassandra.protocol import (
 )
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, tuple_factory
 
-from ratchet.domain.history import CheckpointRecord, Head, PartitionSnapshot, PromotionMode
+from ratchet.domain.history import (
+    CheckpointRecord,
+    Head,
+    PartitionSnapshot,
+    PromotionMode,
+    as_of_head,
+    beyond_head,
+)
 from ratchet.domain.plan import (
     CorruptPartition,
     IdempotencyRecord,
@@ -389,12 +396,20 @@ class CassandraCheckpointStore(CheckpointStore):
     async def _load_partition_async(
         self, tenant_id: str, partition_key: str
     ) -> PartitionSnapshot | None:
-        """``_load_partition`` on the driver's I/O thread (the same two queries)."""
+        """``_load_partition`` on the driver's I/O thread (the same queries)."""
         key = (tenant_id, partition_key)
-        rows = await self._rows_async("read_history", self._select_partition, key)
-        if not rows:
-            rows = await self._rows_async("read_history", self._select_static_head, key)
-        return decode_snapshot(tenant_id, partition_key, rows)
+        for _ in range(2):
+            rows = await self._rows_async("read_history", self._select_partition, key)
+            if not rows:
+                rows = await self._rows_async("read_history", self._select_static_head, key)
+            snapshot = decode_snapshot(tenant_id, partition_key, rows)
+            ahead = self._ahead_across_pages(snapshot, rows)
+            if ahead is None:
+                return snapshot
+            head = await self.read_head_async(tenant_id, partition_key)
+            if head is None or head.seq < ahead:
+                return snapshot  # beyond the head even now: the verification's CORRUPT
+        return as_of_head(snapshot)
 
     async def _rows_async(
         self, operation: str, statement: PreparedStatement, params: tuple[Any, ...]
@@ -814,6 +829,18 @@ class CassandraCheckpointStore(CheckpointStore):
         commits at LOCAL_QUORUM before it is reported, so a quorum read after it
         overlaps that commit and always sees it; SERIAL would add a Paxos round only
         to also see promotions still in flight, which nobody has been told about.
+
+        **A history longer than a page** (``_HISTORY_FETCH_SIZE`` rows) is read in
+        several requests, and a promotion between them shows its turn row on a later
+        page with the head of the first: a turn beyond the head, which one consistent
+        read never has (an outside review, session 31: a Conversation of 5 100 turns
+        read while it grew answered ``CORRUPT_HISTORY`` 48 times in 52, and the read made
+        again raced the same way). Such rows stand only if the head read after them
+        covers them (else they stay, and the verification says ``CORRUPT_HISTORY``):
+        the partition is then read once more, and the rows that raced that read too are
+        left out (``as_of_head``), so the answer is the partition as of its head, whole.
+        The second read is needed for a response promoted during the first: every turn
+        up to the second read's head was stored before it.
         """
         key = (tenant_id, partition_key)
 
@@ -823,7 +850,25 @@ class CassandraCheckpointStore(CheckpointStore):
                 rows = self._rows(self._select_static_head, key)
             return rows
 
-        return decode_snapshot(tenant_id, partition_key, _guard("read_history", load))
+        for _ in range(2):
+            rows = _guard("read_history", load)
+            snapshot = decode_snapshot(tenant_id, partition_key, rows)
+            ahead = self._ahead_across_pages(snapshot, rows)
+            if ahead is None:
+                return snapshot
+            head = self.read_head(tenant_id, partition_key)
+            if head is None or head.seq < ahead:
+                return snapshot  # beyond the head even now: the verification's CORRUPT
+        return as_of_head(snapshot)
+
+    def _ahead_across_pages(
+        self, snapshot: PartitionSnapshot | None, rows: list[Any]
+    ) -> int | None:
+        """The highest seq beyond the head of a read that took several pages (None:
+        one page, one consistent read, or nothing beyond the head)."""
+        if snapshot is None or len(rows) <= self._select_partition.fetch_size:
+            return None
+        return beyond_head(snapshot)
 
     def _rows(self, statement: PreparedStatement, params: tuple[Any, ...]) -> list[Any]:
         """Every row (all pages) as plain tuples, or named tuples on a legacy session."""
