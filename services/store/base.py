@@ -67,6 +67,7 @@ from ratchet.domain.history import (
     PartitionSnapshot,
     PromotionMode,
     VerifiedHistory,
+    backs,
     verify_conversation_history,
     verify_history,
 )
@@ -801,7 +802,9 @@ class CheckpointStore(ABC):
 
     def _learn_view(self, request: PromotionRequest, view: PromotionView) -> None:
         key = (request.tenant_id, request.partition_key)
-        if view.head is not None:
+        # Only a head its own row backs: the fast path's conditions are the hint's
+        # cells, so damaged cells kept as a hint would let the next turn be built on them.
+        if view.head is not None and backs(view.head, view.head_backing):
             self._head_hints.put_head(key, view.head)
         if view.parent is not None:
             self._checkpoint_hints.put((*key, view.parent.response_id), view.parent)
