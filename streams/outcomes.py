@@ -108,11 +108,11 @@ def rejected_event(turn: TurnCompleted, partition: str, verdict: Reject) -> Prom
 
 
 def orphaned_event(turn: TurnCompleted | ToolEffect, partition: str,
-                   orphan: Orphan) -> EffectOrphaned:
+                   orphan: Orphan, kind: str | None = None) -> EffectOrphaned:
     """An effect orphaned by ``turn``'s verdict, or by ``late_orphan_event``."""
     e = orphan.effect
     return EffectOrphaned(
-        **_header(turn, partition, f"orphaned/{e.effect_id}", turn.produced_at),
+        **_header(turn, partition, kind or f"orphaned/{e.effect_id}", turn.produced_at),
         effect_id=e.effect_id,
         idempotency_key=e.idempotency_key,
         attempt=e.attempt,
@@ -129,8 +129,13 @@ def orphaned_event(turn: TurnCompleted | ToolEffect, partition: str,
     )
 
 
-def late_orphan_event(effect: ToolEffect, orphan: Orphan) -> EffectOrphaned:
+def late_orphan_event(effect: ToolEffect, orphan: Orphan, *,
+                      of_another_execution: bool = False) -> EffectOrphaned:
     """An effect recorded after its request's promotion, which does not use it: the
     same record as a verdict's orphan, under the ``ToolEffect``'s own header (its
-    event_id, partition key and produced_at)."""
-    return orphaned_event(effect, effect.partition_key, orphan)
+    event_id, partition key and produced_at). ``of_another_execution``: the orphan is
+    of an earlier record of the effect id, published on this one's arrival, under an
+    outcome id of its own (this record's orphan may be published beside it)."""
+    kind = (f"orphaned/{orphan.effect.effect_id}/{orphan.effect.output_digest}"
+            if of_another_execution else None)
+    return orphaned_event(effect, effect.partition_key, orphan, kind)

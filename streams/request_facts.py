@@ -88,11 +88,23 @@ class RequestFacts:
             raise DecodeFailed(DeadLetterReason.INVALID_EVENT, (
                 f"effect id {effect.effect_id} is recorded for request "
                 f"{effect.idempotency_key} in another Conversation (or in chain mode)"))
-        conflicting = result is EffectWrite.CONFLICT or self._unlike_its_claim(effect)
+        # The effect's reference output: its claim's completion if it has one (the
+        # holder's execution, whatever was recorded before it), else the first record.
+        claimed = self._claimed_output(effect)
+        if claimed is None:
+            conflicting = result is EffectWrite.CONFLICT
+        else:
+            conflicting = effect.output.content_digest != claimed
         if conflicting:
-            log.warning("tool effect %s recorded with another output than the one recorded "
-                        "first: conflicted, this execution is published EFFECT_CONFLICT",
-                        effect.effect_id)
+            log.warning("tool effect %s recorded with another output than its reference "
+                        "(its claim's completion, else the first record): conflicted, this "
+                        "execution is published EFFECT_CONFLICT", effect.effect_id)
+        # This record is the claim's execution and another was recorded before it (by a
+        # holder whose lease had run out, while the claim was not yet completed): that
+        # one is the other execution, and nothing else would ever publish it.
+        earlier = (self._recorded_first(effect)
+                   if claimed is not None and not conflicting
+                   and result is EffectWrite.CONFLICT else None)
         self.mark(effect.tenant_id, effect.partition_key, effect.idempotency_key)
         try:
             promoted = self.store.promoted_key(effect.tenant_id, effect.partition_key,
@@ -104,37 +116,55 @@ class RequestFacts:
             log.error("tool effect %s recorded; whether request %s stands promoted cannot "
                       "be read: %s", effect.effect_id, effect.idempotency_key, exc)
             return ()
-        if conflicting:
-            orphan = self._conflict_orphan(effect, recorded, promoted)
-        elif promoted is None:
-            orphan = self._cancelled_request_orphan(effect, recorded)
-        elif not promotion.needs_promoted_items(promoted, (effect.effect_id,)):
-            return ()  # used by the promoted turn, or unknown (promoted before 012)
-        else:
-            # Recorded after the promotion, which could not list it: used all the same
-            # if the promoted turn carries its output under its call (the gateway
-            # produced the turn first; gateway-protocol.md section 6).
-            known, items = self.promoted_items(promoted)
-            if not known:
-                return ()
-            mine = replace(recorded, conflicted=result is EffectWrite.CONFLICT)
-            if effect.effect_id in promotion.carried_by_items(
-                    items, promoted.accepted_effect_ids or (), (mine,), ()):
-                return ()
-            orphan = promotion.Orphan(recorded, OrphanReason.ATTEMPT_SUPERSEDED, detail=(
-                f"recorded after request {effect.idempotency_key} was promoted as "
-                f"{promoted.response_id}, which neither lists it nor carries its output"))
-        if orphan is None:
-            return ()
-        return (Outbound(self.topics.orphaned_effects, effect.partition_key.encode(),
-                         late_orphan_event(effect, orphan)),)
+        out = []
+        if earlier is not None:
+            first = self._conflict_orphan(effect, earlier, promoted)
+            if first is not None:  # its own outcome id: this record's may be published too
+                out.append(Outbound(self.topics.orphaned_effects, effect.partition_key.encode(),
+                                    late_orphan_event(effect, first, of_another_execution=True)))
+        orphan = self._own_orphan(effect, recorded, result, conflicting, promoted)
+        if orphan is not None:
+            out.append(Outbound(self.topics.orphaned_effects, effect.partition_key.encode(),
+                                late_orphan_event(effect, orphan)))
+        return tuple(out)
 
-    def _unlike_its_claim(self, effect: ToolEffect) -> bool:
-        """The effect's claim was completed with another output (gateway-protocol.md
-        section 8, rule 3): this record is another execution than the completion's."""
+    def _own_orphan(self, effect: ToolEffect, recorded: RecordedEffect, result: EffectWrite,
+                    conflicting: bool,
+                    promoted: CheckpointRecord | None) -> promotion.Orphan | None:
+        """The orphan of the execution this ``ToolEffect`` records, if it is to be
+        published now (None: used, decided by its turn later, or not knowable)."""
+        if conflicting:
+            return self._conflict_orphan(effect, recorded, promoted)
+        if promoted is None:
+            return self._cancelled_request_orphan(effect, recorded)
+        if not promotion.needs_promoted_items(promoted, (effect.effect_id,)):
+            return None  # used by the promoted turn, or unknown (promoted before 012)
+        # Recorded after the promotion, which could not list it: used all the same if the
+        # promoted turn carries its output under its call (the gateway produced the turn
+        # first; gateway-protocol.md section 6).
+        known, items = self.promoted_items(promoted)
+        if not known:
+            return None
+        mine = replace(recorded, conflicted=result is EffectWrite.CONFLICT)
+        if effect.effect_id in promotion.carried_by_items(
+                items, promoted.accepted_effect_ids or (), (mine,), ()):
+            return None
+        return promotion.Orphan(recorded, OrphanReason.ATTEMPT_SUPERSEDED, detail=(
+            f"recorded after request {effect.idempotency_key} was promoted as "
+            f"{promoted.response_id}, which neither lists it nor carries its output"))
+
+    def _claimed_output(self, effect: ToolEffect) -> str | None:
+        """The output digest its claim was completed with (gateway-protocol.md section 8,
+        rule 3), or None (no claim, or not completed with an output)."""
         claim = self.ledger.claim(effect.tenant_id, effect.idempotency_key, effect.effect_id)
-        return (claim is not None and claim.completed and claim.output is not None
-                and claim.output.content_digest != effect.output.content_digest)
+        if claim is None or not claim.completed or claim.output is None:
+            return None
+        return claim.output.content_digest
+
+    def _recorded_first(self, effect: ToolEffect) -> RecordedEffect | None:
+        """The record of the effect id kept in its request's facts (the first one)."""
+        return next((e for e in self.ledger.effects_for(effect.tenant_id, effect.idempotency_key)
+                     if e.effect_id == effect.effect_id), None)
 
     def _conflict_orphan(self, effect: ToolEffect, recorded: RecordedEffect,
                          promoted: CheckpointRecord | None) -> promotion.Orphan | None:
@@ -154,8 +184,8 @@ class RequestFacts:
             if not known:
                 return None  # logged: the partition needs an operator
             if any(item.type in EFFECT_OUTPUT_TYPES
-                   and effect_key(item) == effect.call_id
-                   and item.content_digest == effect.output.content_digest for item in items):
+                   and effect_key(item) == recorded.call_id
+                   and item.content_digest == recorded.output_digest for item in items):
                 return None
         where = ("" if promoted is None else
                  f", after request {effect.idempotency_key} was promoted as "
@@ -163,7 +193,7 @@ class RequestFacts:
         return promotion.Orphan(
             replace(recorded, conflicted=True), OrphanReason.EFFECT_CONFLICT, detail=(
                 f"effect {effect.effect_id} recorded with output digest "
-                f"{effect.output.content_digest}, not the one recorded first{where}: "
+                f"{recorded.output_digest}, not its reference output{where}: "
                 "another execution of the tool, used by no turn"))
 
     def _cancelled_request_orphan(self, effect: ToolEffect,

@@ -14,8 +14,17 @@ unless the promoted turn carries that very output.
 
 from __future__ import annotations
 
-from ratchet.samples import make_tool_effect, new_id
-from schemas.items import function_call, function_call_output, message
+import uuid
+
+from ratchet.domain.claims import (
+    ClaimRequest,
+    ClaimState,
+    CompletionState,
+    EffectPolicy,
+    effect_id_for_claim,
+)
+from ratchet.samples import NOW_MS, TENANT, make_tool_effect, new_id
+from schemas.items import arguments_digest, function_call, function_call_output, message
 from schemas.models import CheckpointPromoted, OrphanReason, RejectionReason
 from tests.unit.test_processor_carried_effects import _claim_and_complete
 from tests.unit.test_processor_rules import Harness, conv_id, turn
@@ -97,7 +106,9 @@ def test_a_holders_tool_effect_unlike_a_listed_claims_completion_after_the_promo
     late = _effect(conv, key, other, effect_id=effect_id)
     assert _orphans(h, late) == [(effect_id, R.EFFECT_CONFLICT, other.content_digest)]
     same = _effect(conv, key, completed, effect_id=effect_id)  # the completion's own
-    assert _orphans(h, same) == []
+    # never orphaned; the other run may be named again (compensators dedupe by effect
+    # id and output digest): it was recorded before this one
+    assert set(_orphans(h, same)) <= {(effect_id, R.EFFECT_CONFLICT, other.content_digest)}
 
 
 def test_a_conflict_before_the_promotion_publishes_each_execution():
@@ -116,3 +127,87 @@ def test_a_conflict_before_the_promotion_publishes_each_execution():
     orphans = [(o.model.effect_id, o.model.reason, o.model.output_digest)
                for o in handled.outbound[1:]]
     assert orphans == [(e1.effect_id, R.EFFECT_CONFLICT, run1.content_digest)]
+
+
+# --- the claim's completion is the effect's reference output (a review, session 31) ------
+# A holder whose lease ran out may still record its ToolEffect before the claim's taker
+# completes the claim with another output. The completion is the effect's execution
+# (gateway-protocol.md section 8, rule 3), whatever was recorded before it.
+
+
+def _takeover(h, conv, key):
+    """Attempt 1 claims the effect (call c1) and its lease runs out; attempt 2 takes
+    the claim over (call c2). Returns (effect id, attempt 2's claim request)."""
+    effect_id = effect_id_for_claim(key, 0, "send_email", 0)
+    requests = []
+    for attempt, now in ((1, NOW_MS), (2, NOW_MS + 5_000)):
+        req = ClaimRequest(TENANT, key, effect_id, attempt, 0, f"c{attempt}", "send_email",
+                           arguments_digest({"to": "bob"}), uuid.uuid4().hex, 1_000,
+                           EffectPolicy.AT_LEAST_ONCE)
+        h.store.mark_request_facts(TENANT, conv, key)
+        assert h.ledger.claim_effect(req, now).state is ClaimState.CLAIMED
+        h.store.mark_request_facts(TENANT, conv, key)
+        requests.append(req)
+    return effect_id, requests[1]
+
+
+def _complete(h, conv, key, effect_id, req, output):
+    state, _ = h.ledger.complete_claim(TENANT, key, effect_id, req.token, "succeeded",
+                                       output, NOW_MS + 6_000)
+    h.store.mark_request_facts(TENANT, conv, key)
+    assert state is CompletionState.COMPLETED
+
+
+def _attempt_effect(conv, key, output, effect_id, attempt):
+    return make_tool_effect(f"c{attempt}", output, idempotency_key=key, conversation_id=conv,
+                            tool_name="send_email", arguments={"to": "bob"},
+                            attempt=attempt, effect_id=effect_id)
+
+
+def test_a_stale_holders_run_recorded_before_the_completion_is_published():
+    """Before: the stale holder's output (recorded first, the claim not completed yet)
+    was published nowhere, and the completion's own ToolEffect was published
+    EFFECT_CONFLICT twice. Now the completion's ToolEffect publishes the earlier run,
+    and the completion is decided by its turn (refused: the effect id is conflicted)."""
+    h = Harness()
+    conv, key = conv_id(), new_id("idem")
+    effect_id, taker = _takeover(h, conv, key)
+    stale = function_call_output("c1", '{"sent": "m-1"}', item_id="fco_a1")
+    done = function_call_output("c2", '{"sent": "m-2"}', item_id="fco_a2")
+    assert _orphans(h, _attempt_effect(conv, key, stale, effect_id, 1)) == []
+    _complete(h, conv, key, effect_id, taker, done)
+    assert _orphans(h, _attempt_effect(conv, key, done, effect_id, 2)) == [
+        (effect_id, R.EFFECT_CONFLICT, stale.content_digest)]
+    items = [function_call("c2", "send_email", {"to": "bob"}, item_id="fc_2"), done,
+             message("sent", role="assistant", item_id=new_id("msg"))]
+    handled = h.processor.handle(h.record(turn(conv, 0, items=items, idempotency_key=key,
+                                               attempt=2, tool_effect_ids=(effect_id,))))
+    assert handled.outbound[0].model.reason is RejectionReason.DUPLICATE_TOOL_EFFECT
+    assert [(o.model.effect_id, o.model.reason, o.model.output_digest)
+            for o in handled.outbound[1:]] == [
+        (effect_id, R.EFFECT_CONFLICT, done.content_digest)]
+
+
+def test_the_completions_own_tool_effect_is_not_orphaned_when_the_promotion_used_it():
+    """Attempt 3 reused the completion (rule 3: its own call id) and was promoted; the
+    stale holder's run then arrives (published), then the completion's own ToolEffect,
+    delayed: before, it was published EFFECT_CONFLICT (a compensator would have undone
+    the action the history reports)."""
+    h = Harness()
+    conv, key = conv_id(), new_id("idem")
+    effect_id, taker = _takeover(h, conv, key)
+    done = function_call_output("c2", '{"sent": "m-2"}', item_id="fco_a2")
+    _complete(h, conv, key, effect_id, taker, done)
+    reused = function_call_output("c3", '{"sent": "m-2"}', item_id="fco_a3")
+    items = [function_call("c3", "send_email", {"to": "bob"}, item_id="fc_3"), reused,
+             message("sent", role="assistant", item_id=new_id("msg"))]
+    promoted = h.outcome(turn(conv, 0, items=items, idempotency_key=key, attempt=3,
+                              tool_effect_ids=(effect_id,)))
+    assert isinstance(promoted, CheckpointPromoted)
+    stale = function_call_output("c1", '{"sent": "m-1"}', item_id="fco_a1")
+    assert _orphans(h, _attempt_effect(conv, key, stale, effect_id, 1)) == [
+        (effect_id, R.EFFECT_CONFLICT, stale.content_digest)]
+    published = _orphans(h, _attempt_effect(conv, key, done, effect_id, 2))
+    assert (effect_id, R.EFFECT_CONFLICT, done.content_digest) not in published
+    # the stale run may be named again (compensators dedupe by effect id and digest)
+    assert set(published) <= {(effect_id, R.EFFECT_CONFLICT, stale.content_digest)}
