@@ -34,7 +34,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ratchet.domain.history import CheckpointRecord
+from ratchet.domain.history import CheckpointRecord, PromotionMode
 from ratchet.lru import Lru
 from services.api.render import RenderedHistory
 
@@ -77,6 +77,9 @@ class HistoryCache:
         self._entries = _FairShares(max_bytes)
         self._locations = Lru(max_locations)
         self._partitions = Lru(max_locations)
+        # (tenant_id, partition_key) -> the highest Conversation seq verified here: a
+        # head never moves back, so one below it is damage (``head_went_back``).
+        self._highest = Lru(max_locations)
         self._lock = threading.Lock()
 
     @property
@@ -100,8 +103,22 @@ class HistoryCache:
             return  # larger than the whole cache: serving it from the store is the bound
         with self._lock:
             self._entries.put(response_id, entry)
+            key = (entry.tenant_id, entry.partition_key)
             if entry.linked:
-                self._partitions.put((entry.tenant_id, entry.partition_key), True)
+                self._partitions.put(key, True)
+            checkpoint = entry.checkpoint
+            if checkpoint is not None and checkpoint.mode is PromotionMode.CONVERSATION:
+                highest = self._highest.get(key)
+                if not isinstance(highest, int) or highest < checkpoint.seq:
+                    self._highest.put(key, checkpoint.seq)
+
+    def head_went_back(self, tenant_id: str, partition_key: str, head_seq: int) -> bool:
+        """Whether a Conversation turn beyond ``head_seq`` was verified here: the head
+        read now is behind a turn that stood (rolled back: damage). Only a full read
+        may answer then; it sees the rows beyond the head."""
+        with self._lock:
+            highest = self._highest.get((tenant_id, partition_key))
+            return isinstance(highest, int) and head_seq < highest
 
     def discard(self, tenant_id: str, response_id: str) -> None:
         with self._lock:

@@ -310,7 +310,8 @@ class RehydrationService:
         checkpoint backs is ``CORRUPT_HISTORY`` there, as on every endpoint)."""
         tenant_id, partition_key = entry.tenant_id, entry.partition_key
         head = await self._store.read_head_async(tenant_id, partition_key)
-        if head is None or head.seq < entry.checkpoint.seq:
+        if head is None or head.seq < entry.checkpoint.seq or self._head_went_back(
+                tenant_id, partition_key, head):
             return None
         if self._head_entry(tenant_id, partition_key, head) is None:
             backed = await run_in_threadpool(self._back_head, tenant_id, partition_key, head)
@@ -330,6 +331,10 @@ class RehydrationService:
                 tenant_id, conversation_id, fingerprint_hash
             )
         head = await self._store.read_head_async(tenant_id, conversation_id)
+        if head is not None and self._head_went_back(tenant_id, conversation_id, head):
+            return await self._read_conversation_async(
+                tenant_id, conversation_id, fingerprint_hash
+            )
         if head is not None:
             entry = self._head_entry(tenant_id, conversation_id, head)
             if entry is not None:
@@ -339,6 +344,13 @@ class RehydrationService:
         return await run_in_threadpool(
             self._conversation_miss, tenant_id, conversation_id, fingerprint_hash, head
         )
+
+    def _head_went_back(self, tenant_id: str, partition_key: str, head: Head) -> bool:
+        """The head read is behind a Conversation turn verified here (rolled back onto
+        an earlier turn: damage its own cells cannot show, docs/store.md): the full read
+        decides, which sees the turns beyond it."""
+        assert self._cache is not None
+        return self._cache.head_went_back(tenant_id, partition_key, head.seq)
 
     def _head_entry(self, tenant_id: str, partition_key: str, head: Head) -> CachedHistory | None:
         """The cached verified history of the turn ``head`` names, if it is that

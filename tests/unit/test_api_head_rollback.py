@@ -1,0 +1,46 @@
+"""A Conversation head rolled back onto an earlier turn is never served from the cache.
+
+The damage (an outside review, session 31): the head cells rewritten with an earlier
+turn's own four values (seq, response id, last item seq, lineage digest) while the
+later turns' rows stand. The cells are backed by that earlier turn's row, so the cached
+paths, which read the head alone, served the shortened history 200 ``certified``; a
+full read sees the rows beyond the head and answers ``CORRUPT_HISTORY`` (docs/store.md,
+rule 3). A head never moves back: the cache remembers the highest Conversation seq it
+verified per partition, and a head below it sends the request to the full read."""
+
+from __future__ import annotations
+
+from ratchet.domain.history import Head
+from tests.unit.test_api_cache import CachingStack, _conv_of, _third_turn, two_turns
+
+
+def _rolled_back_after_caching(stack):
+    """Three turns, each history read (cached), then the head rolled back onto turn
+    2: (tenant, conv, turn 1's id, turn 2's id)."""
+    tenant, second, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, second)
+    third = _third_turn(stack, tenant, conv)
+    partition = stack.store._partitions[(tenant, conv)]
+    first = next(c.response_id for c in partition.checkpoints.values() if c.seq == 1)
+    for rid in (first, second, third):
+        assert stack.history(tenant, rid).status_code == 200
+    assert stack.conversation(tenant, conv).json()["head_seq"] == 3
+    partition.head = Head.of(partition.checkpoints[second])
+    return tenant, conv, first, second
+
+
+def test_a_rolled_back_head_is_corrupt_on_the_cached_conversation_path():
+    stack = CachingStack()
+    tenant, conv, _, _ = _rolled_back_after_caching(stack)
+    cold = stack.conversation(tenant, conv, **{"Cache-Control": "no-cache"})
+    assert (cold.status_code, cold.json()["reason"]) == (500, "CORRUPT_HISTORY")
+    cached = stack.conversation(tenant, conv)
+    assert (cached.status_code, cached.json()["reason"]) == (500, "CORRUPT_HISTORY")
+
+
+def test_a_rolled_back_head_is_corrupt_for_every_cached_response_of_it():
+    stack = CachingStack()
+    tenant, conv, first, second = _rolled_back_after_caching(stack)
+    for rid in (first, second):
+        answer = stack.history(tenant, rid, partition_key=conv)
+        assert (answer.status_code, answer.json()["reason"]) == (500, "CORRUPT_HISTORY"), rid
