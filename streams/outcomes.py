@@ -108,11 +108,15 @@ def rejected_event(turn: TurnCompleted, partition: str, verdict: Reject) -> Prom
 
 
 def orphaned_event(turn: TurnCompleted | ToolEffect, partition: str,
-                   orphan: Orphan, kind: str | None = None) -> EffectOrphaned:
-    """An effect orphaned by ``turn``'s verdict, or by ``late_orphan_event``."""
+                   orphan: Orphan) -> EffectOrphaned:
+    """An effect orphaned by ``turn``'s verdict, or by ``late_orphan_event``. A run its
+    effect id's reference displaced (``Orphan.displaced``) has an outcome id of its own:
+    the effect id's own orphan may be published beside it."""
     e = orphan.effect
+    kind = (f"orphaned/{e.effect_id}/{e.output_digest}" if orphan.displaced
+            else f"orphaned/{e.effect_id}")
     return EffectOrphaned(
-        **_header(turn, partition, kind or f"orphaned/{e.effect_id}", turn.produced_at),
+        **_header(turn, partition, kind, turn.produced_at),
         effect_id=e.effect_id,
         idempotency_key=e.idempotency_key,
         attempt=e.attempt,
@@ -129,13 +133,8 @@ def orphaned_event(turn: TurnCompleted | ToolEffect, partition: str,
     )
 
 
-def late_orphan_event(effect: ToolEffect, orphan: Orphan, *,
-                      of_another_execution: bool = False) -> EffectOrphaned:
+def late_orphan_event(effect: ToolEffect, orphan: Orphan) -> EffectOrphaned:
     """An effect recorded after its request's promotion, which does not use it: the
     same record as a verdict's orphan, under the ``ToolEffect``'s own header (its
-    event_id, partition key and produced_at). ``of_another_execution``: the orphan is
-    of an earlier record of the effect id, published on this one's arrival, under an
-    outcome id of its own (this record's orphan may be published beside it)."""
-    kind = (f"orphaned/{orphan.effect.effect_id}/{orphan.effect.output_digest}"
-            if of_another_execution else None)
-    return orphaned_event(effect, effect.partition_key, orphan, kind)
+    event_id, partition key and produced_at)."""
+    return orphaned_event(effect, effect.partition_key, orphan)

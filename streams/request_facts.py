@@ -121,7 +121,7 @@ class RequestFacts:
             first = self._conflict_orphan(effect, earlier, promoted)
             if first is not None:  # its own outcome id: this record's may be published too
                 out.append(Outbound(self.topics.orphaned_effects, effect.partition_key.encode(),
-                                    late_orphan_event(effect, first, of_another_execution=True)))
+                                    late_orphan_event(effect, replace(first, displaced=True))))
         orphan = self._own_orphan(effect, recorded, result, conflicting, promoted)
         if orphan is not None:
             out.append(Outbound(self.topics.orphaned_effects, effect.partition_key.encode(),

@@ -219,6 +219,10 @@ class Orphan:
     detail: str = ""
     # False for a claim whose holder never recorded an outcome: it may or may not have run.
     completed: bool = True
+    # A recorded run its effect id's reference output displaced (its claim was completed
+    # with another output): published beside the effect id's own orphan, under an
+    # outcome id of its own.
+    displaced: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "detail", bounded_detail(self.detail))
@@ -670,6 +674,7 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
     """
     claim_by_id = {c.effect_id: c for c in claims}
     found = {e.effect_id: e for e in effects}
+    displaced: list[RecordedEffect] = []
     for claim in claim_by_id.values():
         recorded = found.setdefault(claim.effect_id, _as_effect(claim))
         if claim.completed and claim.output is not None \
@@ -677,8 +682,27 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
             # A ToolEffect of a completed claim with another output: the effect is
             # conflicted (gateway-protocol.md section 8, rule 3), every turn listing it
             # is refused, and its orphan names the claim's recorded result (found by a
-            # gateway built from the docs, session 25).
+            # gateway built from the docs, session 25). The ToolEffect's run is another
+            # execution that no turn can use: every verdict names it too (a review,
+            # session 31: a stale holder's run recorded before the completion was
+            # published nowhere when the completion's own ToolEffect never came).
             found[claim.effect_id] = replace(_as_effect(claim), conflicted=True)
+            displaced.append(replace(recorded, conflicted=True))
+    others = [Orphan(e, OrphanReason.EFFECT_CONFLICT, detail=(
+        f"effect {e.effect_id} recorded with output digest {e.output_digest}, not its "
+        "claim's completion: another execution of the tool, used by no turn"),
+        displaced=True) for e in sorted(displaced, key=lambda e: e.effect_id)]
+    return others + _orphans_of_verdict(turn, verdict, claim_by_id, found, promoted,
+                                        promoted_items)
+
+
+def _orphans_of_verdict(turn: TurnCompleted, verdict: Verdict,
+                        claim_by_id: dict[str, ClaimRecord],
+                        found: dict[str, RecordedEffect],
+                        promoted: CheckpointRecord | None,
+                        promoted_items: Iterable[Item] | None) -> list[Orphan]:
+    """``orphaned_effects`` for one effect per id (the claims' completions standing for
+    the effects they displaced)."""
 
     def orphan(e: RecordedEffect, reason: OrphanReason, rejection: RejectionReason | None = None,
                detail: str = "") -> Orphan:

@@ -183,9 +183,10 @@ def test_a_stale_holders_run_recorded_before_the_completion_is_published():
     handled = h.processor.handle(h.record(turn(conv, 0, items=items, idempotency_key=key,
                                                attempt=2, tool_effect_ids=(effect_id,))))
     assert handled.outbound[0].model.reason is RejectionReason.DUPLICATE_TOOL_EFFECT
-    assert [(o.model.effect_id, o.model.reason, o.model.output_digest)
-            for o in handled.outbound[1:]] == [
-        (effect_id, R.EFFECT_CONFLICT, done.content_digest)]
+    assert sorted((o.model.effect_id, o.model.reason, o.model.output_digest)
+                  for o in handled.outbound[1:]) == sorted([
+        (effect_id, R.EFFECT_CONFLICT, done.content_digest),
+        (effect_id, R.EFFECT_CONFLICT, stale.content_digest)])  # named again: deduped
 
 
 def test_the_completions_own_tool_effect_is_not_orphaned_when_the_promotion_used_it():
@@ -211,3 +212,33 @@ def test_the_completions_own_tool_effect_is_not_orphaned_when_the_promotion_used
     assert (effect_id, R.EFFECT_CONFLICT, done.content_digest) not in published
     # the stale run may be named again (compensators dedupe by effect id and digest)
     assert set(published) <= {(effect_id, R.EFFECT_CONFLICT, stale.content_digest)}
+
+
+def test_a_stale_holders_run_is_named_by_the_turns_verdict_without_the_completions_effect():
+    """The taker completes the claim but its ToolEffect never comes (a SHOULD, or a
+    crash): the stale holder's run, recorded first, was named by no verdict (a review,
+    session 31). Every verdict of the request names it now, under an outcome id of its
+    own beside the effect id's own orphan."""
+    h = Harness()
+    conv, key = conv_id(), new_id("idem")
+    effect_id, taker = _takeover(h, conv, key)
+    stale = function_call_output("c1", '{"sent": "m-1"}', item_id="fco_a1")
+    done = function_call_output("c2", '{"sent": "m-2"}', item_id="fco_a2")
+    assert _orphans(h, _attempt_effect(conv, key, stale, effect_id, 1)) == []
+    _complete(h, conv, key, effect_id, taker, done)
+    items = [function_call("c2", "send_email", {"to": "bob"}, item_id="fc_2"), done,
+             message("sent", role="assistant", item_id=new_id("msg"))]
+    handled = h.processor.handle(h.record(turn(conv, 0, items=items, idempotency_key=key,
+                                               attempt=2, tool_effect_ids=(effect_id,))))
+    assert handled.outbound[0].model.reason is RejectionReason.DUPLICATE_TOOL_EFFECT
+    orphans = [o.model for o in handled.outbound[1:]]
+    assert sorted((o.reason, o.output_digest) for o in orphans) == sorted([
+        (R.EFFECT_CONFLICT, stale.content_digest), (R.EFFECT_CONFLICT, done.content_digest)])
+    assert len({o.event_id for o in orphans}) == 2
+    # a retry that does without the tool is promoted, and names the stale run again
+    retry = turn(conv, 0, items=[message("no mail", role="assistant", item_id=new_id("msg"))],
+                 idempotency_key=key, attempt=3)
+    handled = h.processor.handle(h.record(retry))
+    assert isinstance(handled.outbound[0].model, CheckpointPromoted)
+    assert (R.EFFECT_CONFLICT, stale.content_digest) in [
+        (o.model.reason, o.model.output_digest) for o in handled.outbound[1:]]
