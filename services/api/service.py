@@ -466,6 +466,9 @@ class RehydrationService:
         turn = row.checkpoints.get(lookup.response_id)
         if turn is None:
             return None  # an undecodable row: the full read reports it
+        if row.head is not None and self._head_went_back(lookup.tenant_id, partition_key,
+                                                         row.head):
+            return None  # rolled back: the full read sees the turns beyond the head
         parent = None if turn.parent_response_id is None else (
             self._cache.get(lookup.tenant_id, turn.parent_response_id)
         )

@@ -44,3 +44,22 @@ def test_a_rolled_back_head_is_corrupt_for_every_cached_response_of_it():
     for rid in (first, second):
         answer = stack.history(tenant, rid, partition_key=conv)
         assert (answer.status_code, answer.json()["reason"]) == (500, "CORRUPT_HISTORY"), rid
+
+
+def test_a_rolled_back_head_is_corrupt_for_a_turn_loaded_by_extension():
+    """The head's own turn was never cached (its earlier turn and the later one were):
+    a read of it loads the row and extends the cached prefix, which served it 200
+    ``certified`` on the rolled-back head (a third review, session 31)."""
+    stack = CachingStack()
+    tenant, second, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, second)
+    third = _third_turn(stack, tenant, conv)
+    partition = stack.store._partitions[(tenant, conv)]
+    first = next(c.response_id for c in partition.checkpoints.values() if c.seq == 1)
+    for rid in (first, third):
+        assert stack.history(tenant, rid).status_code == 200
+    stack.cache.discard(tenant, second)  # the third's read may have cached its lineage
+    partition.head = Head.of(partition.checkpoints[second])
+    for _ in range(2):  # the extension, then whatever the first read left cached
+        answer = stack.history(tenant, second)
+        assert (answer.status_code, answer.json()["reason"]) == (500, "CORRUPT_HISTORY")
