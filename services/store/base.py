@@ -157,6 +157,21 @@ class InvalidPromotion(StoreError, ValueError):
 ANY_LINEAGE = object()
 
 
+def _check_not_behind(request: PromotionRequest, known: Head | None, head: Head | None) -> None:
+    """A Conversation head is never behind one this store promoted or verified: its own
+    hints come from durable heads only (a caller's ``head_hint`` is a guess, not
+    checked so), and a head only moves forward. One behind is a
+    head rolled back onto an earlier turn (its cells that turn's own, so its row backs
+    it), and a turn planned on it would stand beside the later turn at its seq (a
+    review, session 31): ``CorruptPartition`` (a ``CORRUPT`` rejection). A store with
+    no hint cannot tell; full reads see the rows beyond the head."""
+    if (request.mode is PromotionMode.CONVERSATION and known is not None
+            and (head is None or head.seq < known.seq)):
+        raise CorruptPartition(
+            f"partition {request.partition_key} of tenant {request.tenant_id}: the head went "
+            f"back from seq {known.seq} to {None if head is None else head.seq}")
+
+
 def _parent_changed(request: PromotionRequest, known: CheckpointRecord | None,
                     view: PromotionView) -> bool:
     """Whether the chain parent row read now differs from the caller's copy of it in
@@ -390,10 +405,12 @@ class CheckpointStore(ABC):
             if promoted is not None:
                 return promoted
         known_parent = parent_hint if parent_hint is not None else self._hinted_parent(request)
-        guess = head_hint if head_hint is not None else self._hinted_head(request)
+        known_head = self._hinted_head(request)  # durable: learned, never a caller's guess
+        guess = head_hint if head_hint is not None else known_head
         for _ in range(MAX_PROMOTION_ROUNDS):
             view = self._read_view(request, None if guess is None else guess.response_id)
-            guess = view.head
+            _check_not_behind(request, known_head, view.head)
+            guess = known_head = view.head
             if extends is not ANY_LINEAGE and _parent_changed(request, known_parent, view):
                 assert view.parent is not None
                 return LineageChanged(view.parent.response_id)

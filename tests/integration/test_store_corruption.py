@@ -381,3 +381,26 @@ def test_a_child_is_never_numbered_from_a_parent_row_changed_since(store, store_
     rows = store_session.execute(f"SELECT ref FROM turns {WHERE} AND kind = 'checkpoint'",
                                  (tenant, root), timeout=30)
     assert sorted(r.ref for r in rows) == sorted([root, child])
+
+
+def test_a_head_rolled_back_onto_an_earlier_turn_is_not_built_on_by_a_store_that_knew_it(
+    store, store_session, conversation
+):
+    """The head cells rewritten with turn 2's own values while turn 3's row stands: the
+    cells are backed by turn 2's row. A store that promoted turn 3 (its hint) planned
+    the next turn at seq 3 from the view and promoted it beside the old seq 3 (a
+    review, session 31); every read was corrupt after. Now a head behind the hint is
+    ``CorruptPartition`` and nothing is written. (A store with no hint cannot tell:
+    docs/store.md.)"""
+    from services.store.base import CorruptPartition
+
+    tenant, conv, rids = conversation
+    second = store.read_history(tenant, response_id=rids[1]).checkpoint
+    cql(store_session, "UPDATE turns SET head_seq = %s, head_response_id = %s, "
+        f"head_item_count = %s, head_lineage_digest = %s {WHERE}", second.seq,
+        second.response_id, second.last_item_seq, second.lineage_digest, tenant, conv)
+    for expected in (2, 3):
+        with pytest.raises(CorruptPartition, match="went back"):
+            store.promote(conversation_turn(tenant, conv, expected))
+    snapshot = store._load_partition(tenant, conv)
+    assert sorted(c.seq for c in snapshot.checkpoints.values()) == [1, 2, 3]
