@@ -164,24 +164,37 @@ def _attempt_effect(conv, key, output, effect_id, attempt):
                             attempt=attempt, effect_id=effect_id)
 
 
-def test_a_stale_holders_run_recorded_before_the_completion_is_published():
-    """Before: the stale holder's output (recorded first, the claim not completed yet)
-    was published nowhere, and the completion's own ToolEffect was published
-    EFFECT_CONFLICT twice. Now the completion's ToolEffect publishes the earlier run,
-    and the completion is decided by its turn (refused: the effect id is conflicted)."""
-    h = Harness()
+def _stale_run_then_completion(h):
+    """The stale holder (attempt 1) records its run while the claim is open (nothing
+    published: the first record); then the taker (attempt 2) completes the claim with
+    another output. Returns (conv, key, effect id, the stale run, the completion)."""
     conv, key = conv_id(), new_id("idem")
     effect_id, taker = _takeover(h, conv, key)
     stale = function_call_output("c1", '{"sent": "m-1"}', item_id="fco_a1")
     done = function_call_output("c2", '{"sent": "m-2"}', item_id="fco_a2")
     assert _orphans(h, _attempt_effect(conv, key, stale, effect_id, 1)) == []
     _complete(h, conv, key, effect_id, taker, done)
-    assert _orphans(h, _attempt_effect(conv, key, done, effect_id, 2)) == [
-        (effect_id, R.EFFECT_CONFLICT, stale.content_digest)]
+    return conv, key, effect_id, stale, done
+
+
+def _takers_turn(conv, key, done, effect_id):
+    """The taker's turn: it lists the effect and carries the completion."""
     items = [function_call("c2", "send_email", {"to": "bob"}, item_id="fc_2"), done,
              message("sent", role="assistant", item_id=new_id("msg"))]
-    handled = h.processor.handle(h.record(turn(conv, 0, items=items, idempotency_key=key,
-                                               attempt=2, tool_effect_ids=(effect_id,))))
+    return turn(conv, 0, items=items, idempotency_key=key, attempt=2,
+                tool_effect_ids=(effect_id,))
+
+
+def test_a_stale_holders_run_recorded_before_the_completion_is_published():
+    """Before: the stale holder's output (recorded first, the claim not completed yet)
+    was published nowhere, and the completion's own ToolEffect was published
+    EFFECT_CONFLICT twice. Now the completion's ToolEffect publishes the earlier run,
+    and the completion is decided by its turn (refused: the effect id is conflicted)."""
+    h = Harness()
+    conv, key, effect_id, stale, done = _stale_run_then_completion(h)
+    assert _orphans(h, _attempt_effect(conv, key, done, effect_id, 2)) == [
+        (effect_id, R.EFFECT_CONFLICT, stale.content_digest)]
+    handled = h.processor.handle(h.record(_takers_turn(conv, key, done, effect_id)))
     assert handled.outbound[0].model.reason is RejectionReason.DUPLICATE_TOOL_EFFECT
     assert sorted((o.model.effect_id, o.model.reason, o.model.output_digest)
                   for o in handled.outbound[1:]) == sorted([
@@ -220,16 +233,8 @@ def test_a_stale_holders_run_is_named_by_the_turns_verdict_without_the_completio
     session 31). Every verdict of the request names it now, under an outcome id of its
     own beside the effect id's own orphan."""
     h = Harness()
-    conv, key = conv_id(), new_id("idem")
-    effect_id, taker = _takeover(h, conv, key)
-    stale = function_call_output("c1", '{"sent": "m-1"}', item_id="fco_a1")
-    done = function_call_output("c2", '{"sent": "m-2"}', item_id="fco_a2")
-    assert _orphans(h, _attempt_effect(conv, key, stale, effect_id, 1)) == []
-    _complete(h, conv, key, effect_id, taker, done)
-    items = [function_call("c2", "send_email", {"to": "bob"}, item_id="fc_2"), done,
-             message("sent", role="assistant", item_id=new_id("msg"))]
-    handled = h.processor.handle(h.record(turn(conv, 0, items=items, idempotency_key=key,
-                                               attempt=2, tool_effect_ids=(effect_id,))))
+    conv, key, effect_id, stale, done = _stale_run_then_completion(h)
+    handled = h.processor.handle(h.record(_takers_turn(conv, key, done, effect_id)))
     assert handled.outbound[0].model.reason is RejectionReason.DUPLICATE_TOOL_EFFECT
     orphans = [o.model for o in handled.outbound[1:]]
     assert sorted((o.reason, o.output_digest) for o in orphans) == sorted([
