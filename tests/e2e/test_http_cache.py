@@ -141,8 +141,10 @@ def test_a_partition_hint_finds_the_response_and_a_wrong_one_is_not_trusted(gw, 
 @pytest.mark.parametrize("damage", ["item", "lineage"])
 def test_an_extension_catches_a_damaged_new_row(gw, cql, e2e_stack, damage):
     """With the pre-warmer racing the damage, the new row is loaded either before it
-    (then a no-cache read catches it) or after (then the extension does): whichever
-    loads the damaged row answers CORRUPT_HISTORY, and a lookup never serves it."""
+    (then a no-cache read catches it) or after (then the extension does, or, for a
+    lineage digest, which the head cells hold too, the full read the extension defers
+    to under a head its row no longer backs: session 30): whichever loads the damaged
+    row answers CORRUPT_HISTORY, and a lookup never serves it."""
     conv, turns = promoted_conversation(gw, turns=2)
     lookups = Lookups(e2e_stack, gw, conv, turns[-1].response_id)
     lookups.get("conversation")
@@ -157,10 +159,11 @@ def test_an_extension_catches_a_damaged_new_row(gw, cql, e2e_stack, damage):
             ("0" * 64, gw.tenant_id, conv, third.response_id),
         )
     resp, moved = lookups.get("conversation")
-    if moved == {"extended": 1}:
+    if moved == {"hit": 1}:  # warmed before the damage: the verified history is served
+        assert resp.status_code == 200
+    else:
+        assert moved in ({"extended": 1}, {"miss": 1}), moved
         assert resp.status_code == 500 and resp.json()["reason"] == "CORRUPT_HISTORY"
-    else:  # warmed before the damage: the verified history is served
-        assert moved == {"hit": 1} and resp.status_code == 200
     fresh, _ = lookups.get("conversation", **NO_CACHE)
     assert fresh.status_code == 500 and fresh.json()["reason"] == "CORRUPT_HISTORY"
 
