@@ -50,6 +50,11 @@ class Lineage:
     # missing rows, an item type or format this version cannot read). A turn is never
     # promoted on top of it (its pairing could not be checked).
     unreadable: HistoryFailure | None = None
+    # A Conversation turn whose expected head is not the current head, this seq (0: no
+    # turn yet): the turn continues no stored history, so nothing of it was read (a
+    # full read of a long Conversation took seconds, for a rejection); it is judged by
+    # every rule but pairing, then the store's answer, and never promoted from here.
+    off_head: int | None = None
 
 
 def starts_lineage(turn: TurnCompleted) -> Lineage | None:
@@ -106,11 +111,17 @@ class LineageReader:
         self.cache_hits += 1
         return Lineage(tail.pairing, tail.checkpoint, cached=True)
 
-    def read(self, turn: TurnCompleted) -> Lineage:
-        """The lineage the turn extends, read from the store (for pairing)."""
+    def read(self, turn: TurnCompleted, *, head_first: bool = True) -> Lineage:
+        """The lineage the turn extends, read from the store (for pairing). A
+        Conversation turn's head is looked up first (``head_first``): one that is not
+        the expected one is ``off_head``, and nothing else is read."""
         start = starts_lineage(turn)
         if start is not None:
             return start
+        off_head = self._head_not_expected(turn) if head_first else None
+        if off_head is not None:
+            return Lineage(EMPTY_PAIRING, None, unread=True, absent=off_head == 0,
+                           off_head=off_head)
         found = self._read_history(turn, now=None)
         if isinstance(found, HistoryFailure) and found.reason is HistoryFailureReason.EXPIRED:
             # An expired lineage may still be extended (its descendant renews it,
@@ -129,6 +140,22 @@ class LineageReader:
             # What was read is a fact about that response's lineage, whoever promoted it.
             self.tails.learn(Tail(slim(found.checkpoint), pairing))
         return Lineage(pairing, found.checkpoint)
+
+    def _head_not_expected(self, turn: TurnCompleted) -> int | None:
+        """A Conversation turn's current head seq (0: none) when it is not the one the
+        turn expects, else None (a chain turn too): one row, at read consistency. The
+        turn is then judged by the store at SERIAL (``CheckpointStore.judge``), which
+        also sees a promotion still in flight that made the expected head after all
+        (another worker's, across a rebalance). Damaged head cells: None (the full read
+        says what is wrong)."""
+        if turn.conversation_id is None:
+            return None
+        try:
+            head = self.store.read_head(turn.tenant_id, turn.conversation_id)
+        except CorruptPartition:
+            return None
+        seq = 0 if head is None else head.seq
+        return None if seq == turn.expected_head_seq else seq
 
     def _read_history(self, turn: TurnCompleted,
                               now: datetime | None) -> VerifiedHistory | HistoryFailure:

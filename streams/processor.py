@@ -53,12 +53,14 @@ from ratchet.domain.plan import (
     KeyReused,
     LineageChanged,
     ParentMissing,
+    Plan,
     RequestHeld,
     ResponseClaim,
 )
 from ratchet.domain.promotion import (
     Accepted,
     Facts,
+    JudgeOnly,
     Promote,
     Reject,
     Verdict,
@@ -511,8 +513,11 @@ class PromotionProcessor:
                     facts = replace(facts, conversation_owner=self.ledger.conversation_owner(
                         turn.conversation_id))
                 from_cache = False
-            verdict = self._decide(turn, facts, mark, self.lineages.read(turn), claiming,
-                                   facts_read=recheck)
+            # After None (the lineage, or the head the turn expects, is not what it was
+            # looked up as), the lineage is read whole: a head read could lag again.
+            verdict = self._decide(turn, facts, mark,
+                                   self.lineages.read(turn, head_first=verdict is not None),
+                                   claiming, facts_read=recheck)
         return verdict
 
     def _decide(self, turn: TurnCompleted, facts: TurnFacts, mark: str | None,
@@ -522,15 +527,18 @@ class PromotionProcessor:
 
         None: the store would put the turn on another lineage than ``lineage``
         (nothing written); the caller reads the lineage again."""
-        with metrics.VALIDATION_SECONDS.time():
-            validation = promotion.validate_after(turn, self.clock_ms(), lineage.pairing)
-        decided = promotion.decide_turn(turn, validation, Facts(
+        known = Facts(
             cancelled=facts.cancellation is not None,
             effects={e.effect_id: e for e in facts.effects},
             conversation_owner=facts.conversation_owner,
             # claims hook (issue 17): read with the request's facts, no extra query
             claims={c.effect_id: c for c in facts.claims},
-        ))
+        )
+        if lineage.off_head is not None:
+            return self._decide_off_head(turn, known, claiming, facts_read)
+        with metrics.VALIDATION_SECONDS.time():
+            validation = promotion.validate_after(turn, self.clock_ms(), lineage.pairing)
+        decided = promotion.decide_turn(turn, validation, known)
         if lineage.unreadable is not None and (
                 isinstance(decided, Promote)
                 or decided.reason is RejectionReason.UNPAIRED_TOOL_CALL):
@@ -571,19 +579,53 @@ class PromotionProcessor:
                 head = 0 if stored is None else stored.seq
             if head is None or expected is None or expected == head:
                 return None  # the head it extends: its own pairing failed
-            # A retry of a promoted request, e.g. of a turn that answered a call the
-            # retry now finds answered in the head (the original itself): the store's
-            # answer, which comes before ordering's.
-            retry = self._retry_of_promoted_request(turn)
-            if retry is not None:
-                return retry
-            outcome = Conflict(head) if expected < head else AheadOfHead(head)
-            return promotion.interpret(turn, outcome)
+            return self._off_head_answer(turn, head)
         parent = turn.previous_response_id
         if parent is None or not lineage.absent:
             return None
         verdict = promotion.interpret(turn, ParentMissing(parent),
                                       self._chain_owner(turn, parent))
+        assert isinstance(verdict, Reject)
+        return verdict
+
+    def _decide_off_head(self, turn: TurnCompleted, known: Facts,
+                         claiming: Callable[[], ResponseClaim] | None,
+                         facts_read: bool) -> Verdict | None:
+        """A Conversation turn whose expected head was not the head when its lineage was
+        looked up (nothing of it read): every rule but pairing, then the store's
+        answer at SERIAL, never a write. None: the head is the one it expects after all
+        (a promotion that was in flight): the caller reads the lineage, and the turn is
+        validated against it like any other."""
+        decided = promotion.decide_off_lineage(turn, self.clock_ms(), known)
+        if isinstance(decided, JudgeOnly):
+            if claiming is not None:
+                claiming()  # the response id's binding, as a turn sent to the write takes it
+            try:
+                outcome = self.store.judge(decided.request)
+            except InvalidPromotion as exc:  # as ``_promote`` answers them
+                return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
+            except CorruptPartition as exc:
+                log.error("judging %s met a corrupt partition: %s", turn.response_id, exc)
+                return Reject(RejectionReason.CORRUPT, f"stored partition is corrupt: {exc}")
+            if isinstance(outcome, Plan):
+                return None
+            verdict = promotion.interpret(turn, outcome)
+            if isinstance(verdict, Accepted):
+                return verdict  # this very request, promoted: its outcome again
+            decided = verdict
+        return (self._already_promoted(turn) if facts_read else None) or decided
+
+    def _off_head_answer(self, turn: TurnCompleted, head: int) -> Reject:
+        """The write's answer to a Conversation turn that expects another head than
+        ``head``. A retry of a promoted request first, e.g. of a turn that answered a call
+        the retry now finds answered in the head (the original itself): the store's
+        answer, which comes before ordering's. Then ``CONFLICT`` / ``OUT_OF_ORDER``."""
+        retry = self._retry_of_promoted_request(turn)
+        if retry is not None:
+            return retry
+        assert turn.expected_head_seq is not None and turn.expected_head_seq != head
+        outcome = Conflict(head) if turn.expected_head_seq < head else AheadOfHead(head)
+        verdict = promotion.interpret(turn, outcome)
         assert isinstance(verdict, Reject)
         return verdict
 

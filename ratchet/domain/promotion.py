@@ -60,6 +60,7 @@ from ratchet.domain.validation import (
     Unpaired,
     Validation,
     pairing_state_of,
+    validate_off_lineage,
     validate_turn,
 )
 from schemas.canonical import canonical_json_text
@@ -234,17 +235,47 @@ class Orphan:
 def decide_turn(turn: TurnCompleted, validation: ValidationVerdict,
                 facts: Facts) -> Promote | Reject:
     """Every pre-write rule of contract section 4; the store decides ordering after."""
+    rejection = _first_rejection(turn, validation, facts)
+    if rejection is not None:
+        return rejection
+    assert validation.certification is not None
+    carried = carried_effect_ids(turn, facts.effects.values(), facts.claims.values())
+    return Promote(promotion_request(turn, validation.certification,
+                                     validation.artifact_reusable, carried))
+
+
+@dataclass(frozen=True)
+class JudgeOnly:
+    """A turn that passed every pre-write rule it was checked by, but that cannot be
+    written where it was sent: ``request`` is for the store's judgement (the write's
+    answer, ``CheckpointStore.judge``), never written. Its certification is not
+    decided (logical_only stands in)."""
+
+    request: PromotionRequest
+
+
+def decide_off_lineage(turn: TurnCompleted, now_ms: int, facts: Facts) -> JudgeOnly | Reject:
+    """``decide_turn`` for a Conversation turn whose expected head is not the current
+    head: every pre-write rule but pairing (``validate_off_lineage``: the turn continues
+    no stored history), then the write's answer (the request standing promoted, the
+    response id bound, else ``CONFLICT`` / ``OUT_OF_ORDER``); never promoted from here."""
+    rejected = validate_off_lineage(turn, now_ms)
+    validation = (ValidationVerdict(None) if rejected is None
+                  else ValidationVerdict(None, rejected.reason, rejected.detail))
+    rejection = _first_rejection(turn, validation, facts)
+    if rejection is not None:
+        return rejection
+    return JudgeOnly(promotion_request(turn, Certification.LOGICAL_ONLY, False))
+
+
+def _first_rejection(turn: TurnCompleted, validation: ValidationVerdict,
+                     facts: Facts) -> Reject | None:
     for check in (_tenant_rule, _cancel_rule, _validation_rule, _effects_rule):
         rejection = check(turn, validation, facts)
         if rejection is not None:
             return rejection
-    assert validation.certification is not None
     unreadable = _unreadable_timestamp(turn)  # before ``_utc_ms`` could raise on one
-    if unreadable is not None:
-        return Reject(R.CORRUPT, unreadable)
-    carried = carried_effect_ids(turn, facts.effects.values(), facts.claims.values())
-    return Promote(promotion_request(turn, validation.certification,
-                                     validation.artifact_reusable, carried))
+    return None if unreadable is None else Reject(R.CORRUPT, unreadable)
 
 
 def _unreadable_timestamp(turn: TurnCompleted) -> str | None:

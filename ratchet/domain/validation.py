@@ -150,13 +150,7 @@ def validate_turn(
     for the first turn, or ``pairing_state_of(history)``).
     """
     items = event.items
-    rejected = (
-        _check_status(event)
-        or _check_formats(event, items)
-        or _check_item_types(items)
-        or _check_integrity(event, items)
-        or _check_fingerprint_complete(event)
-    )
+    rejected = _event_checks(event, items)
     if rejected:
         return rejected
     pairing = check_pairing(items, prior)
@@ -168,6 +162,26 @@ def validate_turn(
     certification, why = certification_of(event, now_ms)
     reusable = certification is Certification.CERTIFIED and artifact_reusable(event, now_ms)
     return Valid(certification, pairing, why, reusable)
+
+
+def validate_off_lineage(event: TurnCompleted, now_ms: int) -> Rejected | None:
+    """Every check of ``validate_turn`` but pairing, in the same order: the first
+    rejection, or None. For a turn that continues no stored history (a Conversation
+    turn whose expected head is not the head): there is no pairing state it could
+    continue, and the write's answer (``CONFLICT`` / ``OUT_OF_ORDER``) follows these
+    checks (docs/gateway-protocol.md, section 7)."""
+    return _event_checks(event, event.items) or check_boundary(event, now_ms)
+
+
+def _event_checks(event: TurnCompleted, items: Sequence[Item]) -> Rejected | None:
+    """The checks of the event alone that come before pairing, first failure wins."""
+    return (
+        _check_status(event)
+        or _check_formats(event, items)
+        or _check_item_types(items)
+        or _check_integrity(event, items)
+        or _check_fingerprint_complete(event)
+    )
 
 
 def check_pairing(

@@ -437,6 +437,22 @@ class CheckpointStore(ABC):
             operation="promote",
         )
 
+    def judge(self, request: PromotionRequest) -> PromotionOutcome | Plan:
+        """What ``promote`` would answer ``request`` now, in its order, with nothing
+        written: the size rule, then the view read at SERIAL (one round trip) and the
+        promotion rules (the request standing promoted, the response id in this
+        partition, the head's damage, ordering). A ``Plan`` when the request could be
+        written after all (the caller validates the turn against its lineage first).
+        For a turn whose lineage was not read because it cannot be written where it was
+        sent (a Conversation turn that expects another head than the head)."""
+        validate_request(request)
+        size = turn_size(request)
+        if size > self.options.max_turn_bytes:
+            return TooLarge(size, self.options.max_turn_bytes)
+        view = self._read_view(request)
+        _check_not_behind(request, self._hinted_head(request), view.head)
+        return plan_promotion(request, view)
+
     async def promote_from_hints_async(
         self,
         request: PromotionRequest,
