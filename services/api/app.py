@@ -75,7 +75,10 @@ _HISTORY_RESPONSES = {
     409: {"model": HistoryBody, "description": "failure NOT_PROMOTED"},
     410: {"model": HistoryBody, "description": "failure EXPIRED"},
     422: {"model": ErrorBody, "description": "malformed request"},
-    500: {"model": HistoryBody, "description": "integrity failure (CORRUPT_HISTORY, ...)"},
+    # A history body for an integrity failure; ErrorBody ``INTERNAL`` for a bug.
+    500: {"model": HistoryBody | ErrorBody,
+          "description": "integrity failure (a history body: CORRUPT_HISTORY, ...), or "
+                         "{\"error\": \"INTERNAL\"} for an error of the service itself"},
     503: {"model": ErrorBody, "description": "store unavailable; retry"},
 }
 
@@ -171,7 +174,9 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
         response_model=StatusBody,
         responses={422: {"model": ErrorBody},
                    500: {"model": ErrorBody, "description": "CORRUPT_HISTORY: the response's "
-                         "checkpoint row is damaged"},
+                         "checkpoint row is damaged, or its Conversation's head (no "
+                         "checkpoint backs it, or it is behind the response); INTERNAL: "
+                         "an error of the service itself"},
                    503: {"model": ErrorBody}},
         summary="Was a response promoted, rejected (and why), or is it unknown?",
     )

@@ -74,7 +74,8 @@ class _Body(BaseModel):
 class _InPartition(_Body):
     partition_key: str = Field(pattern=_ID, description=(
         "The history partition of the request's turns: their Kafka key (CONTRACT "
-        "section 2: the conversation_id, else the chain_root_id). The claim marks the "
+        "section 2: the conversation_id, else the chain_root_id, else, for a chain's "
+        "first response, its own response_id). The claim marks the "
         "request's facts there, so the promotion of a turn of the request sees it."))
 
 

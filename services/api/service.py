@@ -55,7 +55,7 @@ from services.api.render import (
 )
 from services.api.waiters import PromotionWaiters
 from services.ledger.base import Ledger, ResponseState
-from services.store.base import CheckpointStore, no_such_response
+from services.store.base import CheckpointStore, CorruptPartition, no_such_response
 
 log = logging.getLogger("ratchet.api")
 
@@ -170,9 +170,12 @@ class RehydrationService:
         """Promoted (the store is the truth), else what the ledger recorded, else unknown.
         A checkpoint row that cannot be decoded raises ``CorruptPartition`` (answered 500
         ``CORRUPT_HISTORY``, as its history is): never "unknown", which would tell the
-        gateway to wait for a decision that was made."""
+        gateway to wait for a decision that was made. A Conversation response whose
+        partition head no checkpoint backs raises it too (CONTRACT 5: "an integrity
+        failure on every endpoint", as both history endpoints answer it)."""
         checkpoint = self._store.read_checkpoint(tenant_id, response_id)
         if checkpoint is not None:
+            self._check_head_backed(tenant_id, checkpoint)
             body = StatusBody(response_id=response_id, state="promoted", seq=checkpoint.seq)
         elif self._ledger is not None:
             recorded = self._ledger.status(tenant_id, response_id)
@@ -187,6 +190,23 @@ class RehydrationService:
             body = StatusBody(response_id=response_id, state="unknown")
         child(metrics.STATUS_ANSWERS, body.state, body.reason or "").inc()
         return body
+
+    def _check_head_backed(self, tenant_id: str, checkpoint: CheckpointRecord) -> None:
+        """``CorruptPartition`` unless the head of ``checkpoint``'s Conversation is a
+        checkpoint's own cells, at or beyond it (a head lost, rolled back below it, or
+        rewritten). Chain responses have no head. Found by an outside review: the status
+        said ``promoted`` where both history endpoints said ``CORRUPT_HISTORY``."""
+        if checkpoint.mode is not PromotionMode.CONVERSATION:
+            return
+        where = f"partition {checkpoint.partition_key} of tenant {tenant_id}"
+        head = self._store.read_head(tenant_id, checkpoint.partition_key)
+        if head is None or head.seq < checkpoint.seq:
+            raise CorruptPartition(f"{where}: the head {head} is behind response "
+                                   f"{checkpoint.response_id} at seq {checkpoint.seq}")
+        row = (checkpoint if head.response_id == checkpoint.response_id
+               else self._store.read_checkpoint(tenant_id, head.response_id))
+        if row is None or row.partition_key != checkpoint.partition_key or not backs(head, row):
+            raise CorruptPartition(f"{where}: the head {head} is not backed by its checkpoint")
 
     def store_ok(self) -> bool:
         try:
