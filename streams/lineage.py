@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 from ratchet.domain.history import (
     CheckpointRecord,
+    Head,
     HistoryFailure,
     HistoryFailureReason,
     VerifiedHistory,
@@ -23,6 +24,9 @@ from schemas.keys import partition_key
 from schemas.models import TurnCompleted
 from services.store.base import CheckpointStore, CorruptPartition
 from streams.tail_cache import Tail, TailCache
+
+# ``_head_not_expected``: the head is the one the turn expects (or cannot be told).
+_EXPECTED = object()
 
 # A lineage read "as of" this moment sees every stored turn as unexpired (pairing only).
 BEFORE_ANY_EXPIRY = datetime.fromtimestamp(0, UTC)
@@ -55,6 +59,8 @@ class Lineage:
     # full read of a long Conversation took seconds, for a rejection); it is judged by
     # every rule but pairing, then the store's answer, and never promoted from here.
     off_head: int | None = None
+    # That head's response id (None: no turn yet), the store's guess for its view.
+    off_head_response: str | None = None
 
 
 def starts_lineage(turn: TurnCompleted) -> Lineage | None:
@@ -118,10 +124,12 @@ class LineageReader:
         start = starts_lineage(turn)
         if start is not None:
             return start
-        off_head = self._head_not_expected(turn) if head_first else None
-        if off_head is not None:
-            return Lineage(EMPTY_PAIRING, None, unread=True, absent=off_head == 0,
-                           off_head=off_head)
+        head = self._head_not_expected(turn) if head_first else _EXPECTED
+        if head is not _EXPECTED:
+            assert head is None or isinstance(head, Head)
+            return Lineage(EMPTY_PAIRING, None, unread=True, absent=head is None,
+                           off_head=0 if head is None else head.seq,
+                           off_head_response=None if head is None else head.response_id)
         found = self._read_history(turn, now=None)
         if isinstance(found, HistoryFailure) and found.reason is HistoryFailureReason.EXPIRED:
             # An expired lineage may still be extended (its descendant renews it,
@@ -141,21 +149,22 @@ class LineageReader:
             self.tails.learn(Tail(slim(found.checkpoint), pairing))
         return Lineage(pairing, found.checkpoint)
 
-    def _head_not_expected(self, turn: TurnCompleted) -> int | None:
-        """A Conversation turn's current head seq (0: none) when it is not the one the
-        turn expects, else None (a chain turn too): one row, at read consistency. The
-        turn is then judged by the store at SERIAL (``CheckpointStore.judge``), which
-        also sees a promotion still in flight that made the expected head after all
-        (another worker's, across a rebalance). Damaged head cells: None (the full read
-        says what is wrong)."""
+    def _head_not_expected(self, turn: TurnCompleted) -> Head | None | object:
+        """A Conversation turn's current head (None: no turn yet) when it is not the one
+        the turn expects, else ``_EXPECTED`` (a chain turn too): one row, at read
+        consistency. The processor confirms it at SERIAL before the turn is decided
+        off its lineage (``PromotionProcessor._decide_off_head``): a promotion still in
+        flight (another worker's, across a rebalance) may have made the expected head
+        after all. Damaged head cells: ``_EXPECTED`` (the full read says what is
+        wrong)."""
         if turn.conversation_id is None:
-            return None
+            return _EXPECTED
         try:
             head = self.store.read_head(turn.tenant_id, turn.conversation_id)
         except CorruptPartition:
-            return None
+            return _EXPECTED
         seq = 0 if head is None else head.seq
-        return None if seq == turn.expected_head_seq else seq
+        return _EXPECTED if seq == turn.expected_head_seq else head
 
     def _read_history(self, turn: TurnCompleted,
                               now: datetime | None) -> VerifiedHistory | HistoryFailure:

@@ -535,7 +535,7 @@ class PromotionProcessor:
             claims={c.effect_id: c for c in facts.claims},
         )
         if lineage.off_head is not None:
-            return self._decide_off_head(turn, known, claiming, facts_read)
+            return self._decide_off_head(turn, lineage, known, claiming, facts_read)
         with metrics.VALIDATION_SECONDS.time():
             validation = promotion.validate_after(turn, self.clock_ms(), lineage.pairing)
         decided = promotion.decide_turn(turn, validation, known)
@@ -588,32 +588,40 @@ class PromotionProcessor:
         assert isinstance(verdict, Reject)
         return verdict
 
-    def _decide_off_head(self, turn: TurnCompleted, known: Facts,
+    def _decide_off_head(self, turn: TurnCompleted, lineage: Lineage, known: Facts,
                          claiming: Callable[[], ResponseClaim] | None,
                          facts_read: bool) -> Verdict | None:
         """A Conversation turn whose expected head was not the head when its lineage was
         looked up (nothing of it read): every rule but pairing, then the store's
-        answer at SERIAL, never a write. None: the head is the one it expects after all
-        (a promotion that was in flight): the caller reads the lineage, and the turn is
-        validated against it like any other."""
+        answer at SERIAL, never a write. Every answer rests on a SERIAL read that the
+        head is not the expected one: the one-row read may lag a promotion in flight
+        (another worker's, across a rebalance), and a turn at the head is decided by
+        all its rules, pairing included, in their order. None: the head is the one it
+        expects after all; the caller reads the lineage whole and decides again."""
         decided = promotion.decide_off_lineage(turn, self.clock_ms(), known)
-        if isinstance(decided, JudgeOnly):
-            if claiming is not None:
-                claiming()  # the response id's binding, as a turn sent to the write takes it
-            try:
-                outcome = self.store.judge(decided.request)
-            except InvalidPromotion as exc:  # as ``_promote`` answers them
-                return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
-            except CorruptPartition as exc:
-                log.error("judging %s met a corrupt partition: %s", turn.response_id, exc)
-                return Reject(RejectionReason.CORRUPT, f"stored partition is corrupt: {exc}")
-            if isinstance(outcome, Plan):
+        if isinstance(decided, Reject):
+            if self.lineages.readable_head_seq(turn) == turn.expected_head_seq:
                 return None
-            verdict = promotion.interpret(turn, outcome)
-            if isinstance(verdict, Accepted):
-                return verdict  # this very request, promoted: its outcome again
-            decided = verdict
-        return (self._already_promoted(turn) if facts_read else None) or decided
+            return (self._already_promoted(turn) if facts_read else None) or decided
+        assert isinstance(decided, JudgeOnly)
+        if claiming is not None:
+            claiming()  # the response id's binding, as a turn sent to the write takes it
+        try:
+            outcome = self.store.judge(decided.request, lineage.off_head_response)
+        except InvalidPromotion as exc:  # as ``_promote`` answers them
+            return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
+        except CorruptPartition as exc:
+            # Damaged rows the answer rests on (the head, above all): as a lineage that
+            # cannot be read, ordering against the head cells first, then CORRUPT.
+            decided = self._on_unreadable_lineage(turn, HistoryFailure(
+                HistoryFailureReason.CORRUPT_HISTORY, f"stored partition is corrupt: {exc}"))
+            return (self._already_promoted(turn) if facts_read else None) or decided
+        if isinstance(outcome, Plan):
+            return None
+        verdict = promotion.interpret(turn, outcome)
+        if isinstance(verdict, Accepted):
+            return verdict  # this very request, promoted: its outcome again
+        return (self._already_promoted(turn) if facts_read else None) or verdict
 
     def _off_head_answer(self, turn: TurnCompleted, head: int) -> Reject:
         """The write's answer to a Conversation turn that expects another head than

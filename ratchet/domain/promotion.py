@@ -55,6 +55,7 @@ from ratchet.domain.plan import (
     TooLarge,
 )
 from ratchet.domain.validation import (
+    OffLineage,
     PairingState,
     Rejected,
     Unpaired,
@@ -248,8 +249,7 @@ def decide_turn(turn: TurnCompleted, validation: ValidationVerdict,
 class JudgeOnly:
     """A turn that passed every pre-write rule it was checked by, but that cannot be
     written where it was sent: ``request`` is for the store's judgement (the write's
-    answer, ``CheckpointStore.judge``), never written. Its certification is not
-    decided (logical_only stands in)."""
+    answer, ``CheckpointStore.judge``), never written."""
 
     request: PromotionRequest
 
@@ -259,13 +259,16 @@ def decide_off_lineage(turn: TurnCompleted, now_ms: int, facts: Facts) -> JudgeO
     head: every pre-write rule but pairing (``validate_off_lineage``: the turn continues
     no stored history), then the write's answer (the request standing promoted, the
     response id bound, else ``CONFLICT`` / ``OUT_OF_ORDER``); never promoted from here."""
-    rejected = validate_off_lineage(turn, now_ms)
-    validation = (ValidationVerdict(None) if rejected is None
-                  else ValidationVerdict(None, rejected.reason, rejected.detail))
+    checked = validate_off_lineage(turn, now_ms)
+    validation = (ValidationVerdict(None, checked.reason, checked.detail)
+                  if isinstance(checked, Rejected) else ValidationVerdict(None))
     rejection = _first_rejection(turn, validation, facts)
     if rejection is not None:
         return rejection
-    return JudgeOnly(promotion_request(turn, Certification.LOGICAL_ONLY, False))
+    assert isinstance(checked, OffLineage)
+    # The request as it would be written (its size counts the artifact a certified
+    # turn carries), judged only.
+    return JudgeOnly(promotion_request(turn, checked.certification, checked.artifact_reusable))
 
 
 def _first_rejection(turn: TurnCompleted, validation: ValidationVerdict,

@@ -164,13 +164,28 @@ def validate_turn(
     return Valid(certification, pairing, why, reusable)
 
 
-def validate_off_lineage(event: TurnCompleted, now_ms: int) -> Rejected | None:
+@dataclass(frozen=True, slots=True)
+class OffLineage:
+    """Every check of ``validate_off_lineage`` passed: the certification the turn would
+    be promoted with (and its artifact with it), for the store's judgement of its size.
+    Its pairing was not checked: such a turn is never promoted from here."""
+
+    certification: Certification
+    artifact_reusable: bool
+
+
+def validate_off_lineage(event: TurnCompleted, now_ms: int) -> Rejected | OffLineage:
     """Every check of ``validate_turn`` but pairing, in the same order: the first
-    rejection, or None. For a turn that continues no stored history (a Conversation
-    turn whose expected head is not the head): there is no pairing state it could
-    continue, and the write's answer (``CONFLICT`` / ``OUT_OF_ORDER``) follows these
-    checks (docs/gateway-protocol.md, section 7)."""
-    return _event_checks(event, event.items) or check_boundary(event, now_ms)
+    rejection, or what the turn would be promoted as. For a turn that continues no
+    stored history (a Conversation turn whose expected head is not the head): there is
+    no pairing state it could continue, and the write's answer (``CONFLICT`` /
+    ``OUT_OF_ORDER``) follows these checks (docs/gateway-protocol.md, section 7)."""
+    rejected = _event_checks(event, event.items) or check_boundary(event, now_ms)
+    if rejected:
+        return rejected
+    certification, _ = certification_of(event, now_ms)
+    return OffLineage(certification, certification is Certification.CERTIFIED
+                      and artifact_reusable(event, now_ms))
 
 
 def _event_checks(event: TurnCompleted, items: Sequence[Item]) -> Rejected | None:

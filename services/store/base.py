@@ -437,19 +437,22 @@ class CheckpointStore(ABC):
             operation="promote",
         )
 
-    def judge(self, request: PromotionRequest) -> PromotionOutcome | Plan:
+    def judge(self, request: PromotionRequest,
+              head_guess: str | None = None) -> PromotionOutcome | Plan:
         """What ``promote`` would answer ``request`` now, in its order, with nothing
         written: the size rule, then the view read at SERIAL (one round trip) and the
         promotion rules (the request standing promoted, the response id in this
         partition, the head's damage, ordering). A ``Plan`` when the request could be
         written after all (the caller validates the turn against its lineage first).
         For a turn whose lineage was not read because it cannot be written where it was
-        sent (a Conversation turn that expects another head than the head)."""
+        sent (a Conversation turn that expects another head than the head).
+        ``head_guess``: the response id of the head the caller read, so that its row
+        comes with the view (one round trip); any guess is checked, none trusted."""
         validate_request(request)
         size = turn_size(request)
         if size > self.options.max_turn_bytes:
             return TooLarge(size, self.options.max_turn_bytes)
-        view = self._read_view(request)
+        view = self._read_view(request, head_guess)
         _check_not_behind(request, self._hinted_head(request), view.head)
         return plan_promotion(request, view)
 
@@ -858,8 +861,13 @@ class CheckpointStore(ABC):
         """Start taking the response id's claim ahead of ``promote``; returns the waiter
         that gives the claim's holder (``claim`` itself when it is ours), to pass as
         ``promote(..., claimed=...)``. Lets a caller overlap the claim with its own
-        reads. The waiter raises ``StoreUnavailable`` if the outcome stays unknown."""
-        return lambda: self._claim(claim)
+        reads. The waiter raises ``StoreUnavailable`` if the outcome stays unknown.
+        Taken now, as a backend with async I/O sends it now: a turn that ends up
+        rejected binds its response id whether or not the waiter is called (the memory
+        store took it only when waited for, so its rejected turns bound nothing: an
+        outside review, session 32)."""
+        holder = self._claim(claim)
+        return lambda: holder
 
     async def claim_async(self, claim: ResponseClaim) -> ResponseClaim:
         """``start_claiming``'s waiter, awaited: the claim's holder (``claim`` itself

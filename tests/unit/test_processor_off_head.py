@@ -14,12 +14,17 @@ head read that lags a promotion still in flight sends the turn back to the full 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 import pytest
 
-from ratchet.samples import new_id
+from ratchet.domain.history import Head
+from ratchet.domain.promotion import promotion_request
+from ratchet.samples import new_id, tampered
 from schemas.items import function_call, function_call_output, message
+from schemas.models import Certification
 from schemas.models import RejectionReason as R
+from services.store.base import StoreOptions, turn_size
 from services.store.memory import MemoryCheckpointStore
 from streams.tail_cache import TailCache
 from tests.unit.test_processor_rules import TENANT, Harness, conv_id, turn
@@ -47,9 +52,9 @@ class CountingStore(MemoryCheckpointStore):
             return self.stale
         return super().read_head(tenant_id, partition_key)
 
-    def judge(self, request):
+    def judge(self, request, head_guess=None):
         self.judged += 1
-        return super().judge(request)
+        return super().judge(request, head_guess)
 
 
 @pytest.fixture
@@ -171,3 +176,121 @@ def test_a_negative_expected_head_is_corrupt_not_a_dead_letter(h, begun):
     conv = promoted(h)[0] if begun else conv_id()
     out = h.outcome(turn(conv, -1))
     assert out.reason is R.CORRUPT
+
+
+# --- a second outside review of this change (session 32) ---------------------------
+
+
+class LagOnce(MemoryCheckpointStore):
+    """The memory store whose one-row head read answers ``lags`` with ``lagging``
+    (a replica that missed a promotion), then the truth."""
+
+    lagging = None
+    lags = 0
+
+    def read_head(self, tenant_id, partition_key):
+        if self.lags:
+            self.lags -= 1
+            return self.lagging
+        return super().read_head(tenant_id, partition_key)
+
+
+def _lagging_harness(lags: int) -> tuple[Harness, str]:
+    h = Harness()
+    h.store = LagOnce(h.store.options)
+    h.rewire(store=h.store)
+    conv, _ = promoted(h)
+    partition = h.store._partitions[(TENANT, conv)]
+    h.store.lagging = Head.of(next(c for c in partition.checkpoints.values()
+                                   if c.seq == TURNS - 1))
+    h.store.lags = lags
+    return h, conv
+
+
+def _repeats_call_0() -> list:
+    """Fine on their own; ``call_0`` is in the Conversation already: unpaired there."""
+    return [function_call("call_0", "lookup", {}, item_id=new_id("fc")),
+            function_call_output("call_0", "{}", item_id=new_id("fco")),
+            message("ok", role="assistant", item_id=new_id("msg"))]
+
+
+def test_a_lagging_head_read_never_skips_the_pairing_of_a_turn_at_the_head():
+    """At the head, unpaired there, and listing an effect never recorded: section 7's
+    order says ``UNPAIRED_TOOL_CALL``. A head read that lagged once sent it off the
+    head, whose rules skip pairing: ``MISSING_TOOL_EFFECT`` was recorded. An off-head
+    rejection now rests on a SERIAL head read too."""
+    h, conv = _lagging_harness(lags=1)
+    out = h.outcome(turn(conv, TURNS, items=_repeats_call_0(),
+                         tool_effect_ids=("eff_never_recorded",)))
+    assert out.reason is R.UNPAIRED_TOOL_CALL, out.detail
+
+
+def test_two_lagging_head_reads_never_skip_it_either():
+    """A rejection decided without the facts is decided again from fresh reads: two
+    lagging reads in a row, and a boundary proof that fails (checked after pairing)."""
+    h, conv = _lagging_harness(lags=2)
+    event = turn(conv, TURNS, items=_repeats_call_0())
+    event = event.model_copy(update={"boundary_proof": event.boundary_proof.model_copy(
+        update={"combined_count": 999, "prefix_count": 919})})
+    out = h.outcome(event)
+    assert out.reason is R.UNPAIRED_TOOL_CALL, out.detail
+
+
+def _damage_head(h: Harness, conv: str, lost: bool = False) -> None:
+    partition = h.store._partitions[(TENANT, conv)]
+    partition.head = None if lost else replace(partition.head, lineage_digest="0" * 64)
+
+
+@pytest.mark.parametrize("expected", [0, 2])
+def test_a_stale_turn_on_head_cells_no_row_backs_is_ordered_against_them(h, expected):
+    """docs/gateway-protocol.md section 7: a lineage that cannot be read is ``CORRUPT``
+    unless the turn is ``CONFLICT`` / ``OUT_OF_ORDER`` against the head; the first draft
+    answered ``CORRUPT`` (the store's planner checks the head's damage first). Pairing
+    that fails only against a stored history: the same answer whatever the expected
+    head."""
+    conv, _ = promoted(h)
+    _damage_head(h, conv)
+    unpaired = [function_call_output("call_nowhere", "{}", item_id=new_id("fco"))]
+    out = h.outcome(turn(conv, expected, items=unpaired))
+    assert (out.reason, out.head_seq) == (R.CONFLICT, TURNS)
+
+
+def test_a_turn_on_a_lost_head_is_out_of_order_against_no_head(h):
+    conv, _ = promoted(h)
+    _damage_head(h, conv, lost=True)
+    out = h.outcome(turn(conv, 2))
+    assert (out.reason, out.head_seq) == (R.OUT_OF_ORDER, 0)
+
+
+def test_the_size_rule_counts_the_artifact_of_a_stale_certified_turn():
+    """A certified turn over the limit only with its artifact, receipt and proof is
+    ``UNSUPPORTED_FORMAT`` wherever it is sent; the first draft judged it as logical_only
+    (smaller) and answered ``CONFLICT``."""
+    probe = turn(conv_id(), 1, router_receipt=None)
+    full = turn_size(promotion_request(probe, Certification.CERTIFIED, True))
+    bare = turn_size(promotion_request(probe, Certification.LOGICAL_ONLY, False))
+    assert full > bare
+    h = Harness()
+    h.store = MemoryCheckpointStore(StoreOptions(max_turn_bytes=(full + bare) // 2))
+    h.rewire(store=h.store)
+    conv = conv_id()
+    small = [message("k", role="assistant", item_id=new_id("msg"))]
+    for head in range(3):
+        assert h.outcome(turn(conv, head, items=small, certified=False)).seq == head + 1
+    h.rewire(store=h.store, tails=TailCache(capacity=0))
+    stale = turn(conv, 1, items=probe.output_items, input_items=probe.input_items)
+    assert h.outcome(stale).reason is R.UNSUPPORTED_FORMAT
+
+
+def test_a_rejected_turn_binds_its_response_id_on_the_memory_store_too():
+    """docs/gateway-protocol.md section 7: a rejected turn still binds its response id.
+    Cassandra sends the claim when the worker starts on the turn; the memory store
+    claimed only when the waiter was called (a promotion), so the unit suites could not
+    see a binding regress (an outside review, session 32)."""
+    h = Harness()
+    rid = new_id("resp")
+    bad = turn(conv_id(), 0, response_id=rid,
+               items=[tampered(message("hi", role="assistant", item_id=new_id("msg")))])
+    assert h.outcome(bad).reason is R.CORRUPT
+    other = turn(conv_id(), 0, response_id=rid)  # another request, another Conversation
+    assert h.outcome(other).reason is R.CONFLICT
