@@ -27,6 +27,8 @@ from streams.tail_cache import Tail, TailCache
 
 # ``_head_not_expected``: the head is the one the turn expects (or cannot be told).
 _EXPECTED = object()
+# ``_head``: no head to tell (a chain turn, or head cells that cannot be decoded).
+_UNTOLD = object()
 
 # A lineage read "as of" this moment sees every stored turn as unexpired (pairing only).
 BEFORE_ANY_EXPIRY = datetime.fromtimestamp(0, UTC)
@@ -157,14 +159,23 @@ class LineageReader:
         flight (another worker's, across a rebalance) may have made the expected head
         after all. Damaged head cells: ``_EXPECTED`` (the full read says what is
         wrong)."""
-        if turn.conversation_id is None:
+        head = self._head(turn, self.store.read_head)
+        if head is _UNTOLD:
             return _EXPECTED
-        try:
-            head = self.store.read_head(turn.tenant_id, turn.conversation_id)
-        except CorruptPartition:
-            return _EXPECTED
+        assert head is None or isinstance(head, Head)
         seq = 0 if head is None else head.seq
         return _EXPECTED if seq == turn.expected_head_seq else head
+
+    def _head(self, turn: TurnCompleted,
+              read: Callable[[str, str], Head | None]) -> Head | None | object:
+        """``read`` of a Conversation turn's head (None: no turn yet); ``_UNTOLD`` for a
+        chain turn or head cells that cannot be decoded."""
+        if turn.conversation_id is None:
+            return _UNTOLD
+        try:
+            return read(turn.tenant_id, turn.conversation_id)
+        except CorruptPartition:
+            return _UNTOLD
 
     def _read_history(self, turn: TurnCompleted,
                               now: datetime | None) -> VerifiedHistory | HistoryFailure:
@@ -186,10 +197,8 @@ class LineageReader:
     def readable_head_seq(self, turn: TurnCompleted) -> int | None:
         """A Conversation turn's current head seq (0: none), or None: a chain turn, or a
         head whose rows are damaged too (no ordering to check: CORRUPT decides)."""
-        if turn.conversation_id is None:
+        head = self._head(turn, self.store.head)
+        if head is _UNTOLD:
             return None
-        try:
-            head = self.store.head(turn.tenant_id, turn.conversation_id)
-        except CorruptPartition:
-            return None
+        assert head is None or isinstance(head, Head)
         return 0 if head is None else head.seq
