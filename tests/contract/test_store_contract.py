@@ -29,7 +29,13 @@ from ratchet.domain.plan import (
     ResponseExists,
     TooLarge,
 )
-from services.store.base import CheckpointStore, InvalidPromotion, StoreOptions, turn_size
+from services.store.base import (
+    CheckpointStore,
+    CorruptPartition,
+    InvalidPromotion,
+    StoreOptions,
+    turn_size,
+)
 from services.store.memory import MemoryCheckpointStore
 from tests.contract.store_support import (
     FakeClock,
@@ -706,6 +712,59 @@ class StoreContract:
             assert history.head_seq == len(promoted)
 
 
+    # -- judge: the write's answer without the write --------------------------------------
+
+    def _three_turns(self, store, tenant) -> tuple[str, list]:
+        conv = uid("conv")
+        turns = [conversation_turn(tenant, conv, seq) for seq in range(3)]
+        for turn in turns:
+            assert isinstance(store.promote(turn), Promoted)
+        return conv, turns
+
+    def test_judge_answers_what_promote_would_and_writes_nothing(self, store, tenant):
+        conv, turns = self._three_turns(store, tenant)
+        head = store.head(tenant, conv)
+        stale = conversation_turn(tenant, conv, 1)
+        assert store.judge(stale, head.response_id) == Conflict(3)
+        assert store.judge(conversation_turn(tenant, conv, 7)) == AheadOfHead(3)
+        original = store.get_checkpoint(tenant, turns[1].response_id)
+        assert store.judge(turns[1], head.response_id) == Duplicate(original)
+        other_digest = conversation_turn(tenant, conv, 1, key=turns[1].idempotency_key,
+                                         digest="f" * 64)
+        assert store.judge(other_digest) == KeyReused(turns[1].request_digest,
+                                                      turns[1].response_id)
+        bound = conversation_turn(tenant, conv, 9, response_id=turns[0].response_id)
+        assert isinstance(store.judge(bound), ResponseExists)
+        at_head = conversation_turn(tenant, conv, 3)
+        plan = store.judge(at_head, head.response_id)
+        assert type(plan).__name__ == "Plan" and plan.seq == 4
+        # Nothing written: the head stands, and the judged turn is still promotable.
+        assert store.head(tenant, conv) == head
+        assert store.get_checkpoint(tenant, at_head.response_id) is None
+        assert isinstance(store.promote(at_head), Promoted)
+
+    def test_judge_refuses_what_promote_refuses(self, store, tenant, clock):
+        conv, _ = self._three_turns(store, tenant)
+        small = self.make_store(StoreOptions(clock=clock, max_turn_bytes=64))
+        big = conversation_turn(tenant, conv, 1, n_items=4)
+        assert isinstance(small.judge(big), TooLarge)
+        negative = dataclasses.replace(conversation_turn(tenant, conv, 0),
+                                       expected_head_seq=-1)
+        with pytest.raises(InvalidPromotion):
+            store.judge(negative)
+
+    def test_judge_on_a_head_no_row_backs_is_corrupt(self, store, tenant):
+        """The planner's head check, as ``promote`` makes it: the caller orders the turn
+        against the cells itself (docs/processor.md, step 4)."""
+        conv, turns = self._three_turns(store, tenant)
+        self.damage_head(store, tenant, conv)
+        with pytest.raises(CorruptPartition):
+            store.judge(conversation_turn(tenant, conv, 1))
+
+    def damage_head(self, store, tenant, conv) -> None:
+        raise NotImplementedError
+
+
 def store_head_seq(store: CheckpointStore, tenant: str, conv: str) -> int:
     head = store.head(tenant, conv)
     return 0 if head is None else head.seq
@@ -724,6 +783,10 @@ class TestMemoryStore(StoreContract):
         other._claims = store._claims
         return other
 
+    def damage_head(self, store, tenant, conv) -> None:
+        partition = store._partitions[(tenant, conv)]
+        partition.head = dataclasses.replace(partition.head, lineage_digest="0" * 64)
+
 
 @pytest.mark.integration
 class TestCassandraStore(StoreContract):
@@ -738,3 +801,8 @@ class TestCassandraStore(StoreContract):
 
     def shared_store(self, store: CheckpointStore, options: StoreOptions) -> CheckpointStore:
         return self.make_store(options)
+
+    def damage_head(self, store, tenant, conv) -> None:
+        self.session.execute("UPDATE turns SET head_lineage_digest = %s "
+                             "WHERE tenant_id = %s AND partition_key = %s",
+                             ("0" * 64, tenant, conv))
