@@ -80,6 +80,15 @@ class DecisionNotifier:
         while not self._stop.is_set():
             try:
                 self._consume()
+            except TopicsMissing as exc:
+                # An API started before the worker created the topics (a first start):
+                # expected, and said once per retry without a traceback.
+                log.warning("decision notifier waiting for its topics (the worker creates "
+                            "them at its start); retrying in 2 s: %s", exc)
+                metrics.NOTIFIER_UP.set(0)
+                self._assigned.clear()
+                self._waiters.notify_all()
+                self._stop.wait(2.0)
             except Exception:  # a broken broker connection must not kill waiting
                 log.exception("decision notifier failed; restarting in 2 s")
                 metrics.NOTIFIER_UP.set(0)
@@ -129,7 +138,7 @@ class DecisionNotifier:
         for topic in self._topics:
             info = meta.topics.get(topic)
             if info is None or info.error is not None:
-                raise KafkaException(f"topic {topic} is not available: {info and info.error}")
+                raise TopicsMissing(f"topic {topic} is not available: {info and info.error}")
             assignment += [TopicPartition(topic, p, OFFSET_END) for p in info.partitions]
         return assignment
 
@@ -169,6 +178,10 @@ class DecisionNotifier:
                 metrics.NOTIFIER_LAG.labels(topic).set(value)
         except KafkaException:
             pass
+
+
+class TopicsMissing(KafkaException):
+    """A decision topic the notifier follows does not exist (yet)."""
 
 
 def _found_in(record: Any) -> tuple[str, str] | None:
