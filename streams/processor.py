@@ -95,6 +95,7 @@ from services.store.base import (
     ANY_LINEAGE,
     CheckpointStore,
     CorruptPartition,
+    HeadDamaged,
     InvalidPromotion,
     StoreUnavailable,
 )
@@ -544,8 +545,8 @@ class PromotionProcessor:
                 or decided.reason is RejectionReason.UNPAIRED_TOOL_CALL):
             decided = self._on_unreadable_lineage(turn, lineage.unreadable)
         elif isinstance(decided, Reject) and decided.reason is RejectionReason.UNPAIRED_TOOL_CALL:
-            decided = (self._retry_unpaired_by_its_original(turn)
-                       or self._out_of_lineage(turn, lineage) or decided)
+            decided = (self._retry_unpaired_by_its_original(turn, known)
+                       or self._out_of_lineage(turn, lineage, known) or decided)
         if not isinstance(decided, Promote):
             # A retry of a request that stands promoted gets the promotion; but only
             # once the facts are read: a recorded rejection of this very event holds
@@ -556,7 +557,20 @@ class PromotionProcessor:
             self.lineages.learn(lineage, validation.pairing, verdict.checkpoint)
         return verdict
 
-    def _out_of_lineage(self, turn: TurnCompleted, lineage: Lineage) -> Reject | None:
+    def _out_of_lineage(self, turn: TurnCompleted, lineage: Lineage,
+                        known: Facts) -> Reject | None:
+        """``_write_answer_out_of_lineage``, after every rule but pairing: a turn that
+        does not extend the lineage it was paired against is not judged by that
+        pairing, but its other checks stand, in their order (its boundary proof, its
+        effects: docs/gateway-protocol.md, section 7), as off the head."""
+        answer = self._write_answer_out_of_lineage(turn, lineage)
+        if answer is None:
+            return None
+        off = promotion.decide_off_lineage(turn, self.clock_ms(), known)
+        return off if isinstance(off, Reject) else answer
+
+    def _write_answer_out_of_lineage(self, turn: TurnCompleted,
+                                     lineage: Lineage) -> Reject | None:
         """Why a turn whose pairing failed does not extend ``lineage`` at all, or None.
 
         Pairing is checked against the lineage read for the turn: a Conversation's
@@ -610,12 +624,17 @@ class PromotionProcessor:
             outcome = self.store.judge(decided.request, lineage.off_head_response)
         except InvalidPromotion as exc:  # as ``_promote`` answers them
             return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
-        except CorruptPartition as exc:
-            # Damaged rows the answer rests on (the head, above all): as a lineage that
-            # cannot be read, ordering against the head cells first, then CORRUPT.
+        except HeadDamaged as exc:
+            # The head's own damage (ordering's input): as a lineage that cannot be
+            # read, ordering against the head cells first, then CORRUPT.
             decided = self._on_unreadable_lineage(turn, HistoryFailure(
                 HistoryFailureReason.CORRUPT_HISTORY, f"stored partition is corrupt: {exc}"))
             return (self._already_promoted(turn) if facts_read else None) or decided
+        except CorruptPartition as exc:
+            # Other damage (the request's idempotency record, an undecodable row): an
+            # answer that comes before ordering cannot be decided, as ``_promote`` says.
+            log.error("judging %s met a corrupt partition: %s", turn.response_id, exc)
+            return Reject(RejectionReason.CORRUPT, f"stored partition is corrupt: {exc}")
         if isinstance(outcome, Plan):
             return None
         verdict = promotion.interpret(turn, outcome)
@@ -637,7 +656,8 @@ class PromotionProcessor:
         assert isinstance(verdict, Reject)
         return verdict
 
-    def _retry_unpaired_by_its_original(self, turn: TurnCompleted) -> Reject | None:
+    def _retry_unpaired_by_its_original(self, turn: TurnCompleted,
+                                        known: Facts) -> Reject | None:
         """A retry of a request that stands promoted, whose pairing failed only because
         of its original: sent on a history that holds the original (a gateway that lost
         the answer rehydrates the head, which is the original), its calls are "not
@@ -665,6 +685,11 @@ class PromotionProcessor:
         again = promotion.validate_after(turn, self.clock_ms(), before)
         if again.reason is RejectionReason.UNPAIRED_TOOL_CALL:
             return None  # its own items break the rules wherever it is sent
+        # Its checks after pairing stand (its boundary proof, its effects), before the
+        # write's answer (section 7's order).
+        rejected = promotion.decide_turn(turn, again, known)
+        if isinstance(rejected, Reject):
+            return rejected
         return self._retry_verdict(turn, original)
 
     def _promoted_original(self, turn: TurnCompleted) -> CheckpointRecord | None:
@@ -763,6 +788,12 @@ class PromotionProcessor:
             owners()
         except InvalidPromotion as exc:  # validation let through what the store refuses
             return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
+        except HeadDamaged as exc:
+            # The head's own damage (ordering's input): as a lineage that cannot be
+            # read, ordering against the head cells first, then CORRUPT, as off the head.
+            log.error("promotion of %s met a damaged head: %s", turn.response_id, exc)
+            return self._on_unreadable_lineage(turn, HistoryFailure(
+                HistoryFailureReason.CORRUPT_HISTORY, f"stored partition is corrupt: {exc}"))
         except CorruptPartition as exc:
             # The rows the promotion must decide on are damaged: the contract's CORRUPT,
             # recorded and published like any rejection (not a dead letter: the event

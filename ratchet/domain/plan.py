@@ -37,6 +37,13 @@ class CorruptPartition(Exception):
     """
 
 
+class HeadDamaged(CorruptPartition):
+    """The damage is the Conversation head's own (cells no row backs, a head lost while
+    turns stand, a head gone back): ordering's input, not an answer that comes before
+    it. A turn that expects another head is still ordered against the cells
+    (docs/gateway-protocol.md, section 7)."""
+
+
 
 
 # --- request and outcomes ------------------------------------------------------------
@@ -317,10 +324,10 @@ def _check_head(request: PromotionRequest, view: PromotionView) -> None:
     where = f"partition {request.partition_key} of tenant {request.tenant_id}"
     if view.head is None:
         if view.conversation_begun:
-            raise CorruptPartition(f"{where}: the Conversation has promoted turns but no head")
+            raise HeadDamaged(f"{where}: the Conversation has promoted turns but no head")
         return
     if not backs(view.head, view.head_backing):
-        raise CorruptPartition(f"{where}: the head {view.head} is not backed by its checkpoint")
+        raise HeadDamaged(f"{where}: the head {view.head} is not backed by its checkpoint")
 
 
 def _plan_conversation(request: PromotionRequest, head: Head | None) -> PromotionOutcome | Plan:

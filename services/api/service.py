@@ -198,15 +198,27 @@ class RehydrationService:
         said ``promoted`` where both history endpoints said ``CORRUPT_HISTORY``."""
         if checkpoint.mode is not PromotionMode.CONVERSATION:
             return
-        where = f"partition {checkpoint.partition_key} of tenant {tenant_id}"
-        head = self._store.read_head(tenant_id, checkpoint.partition_key)
+        problem = self._head_problem(tenant_id, checkpoint, self._store.read_head)
+        if problem is not None:
+            # Looked at again at SERIAL before it is an integrity failure: reads at read
+            # consistency may straddle a promotion still committing (the head behind
+            # the response just promoted, or seen before its row); SERIAL completes it.
+            problem = self._head_problem(tenant_id, checkpoint, self._store.head)
+        if problem is not None:
+            raise CorruptPartition(
+                f"partition {checkpoint.partition_key} of tenant {tenant_id}: {problem}")
+
+    def _head_problem(self, tenant_id: str, checkpoint: CheckpointRecord,
+                      read_head: Callable[[str, str], Head | None]) -> str | None:
+        head = read_head(tenant_id, checkpoint.partition_key)
         if head is None or head.seq < checkpoint.seq:
-            raise CorruptPartition(f"{where}: the head {head} is behind response "
-                                   f"{checkpoint.response_id} at seq {checkpoint.seq}")
+            return (f"the head {head} is behind response {checkpoint.response_id} at seq "
+                    f"{checkpoint.seq}")
         row = (checkpoint if head.response_id == checkpoint.response_id
                else self._store.read_checkpoint(tenant_id, head.response_id))
         if row is None or row.partition_key != checkpoint.partition_key or not backs(head, row):
-            raise CorruptPartition(f"{where}: the head {head} is not backed by its checkpoint")
+            return f"the head {head} is not backed by its checkpoint"
+        return None
 
     def store_ok(self) -> bool:
         try:

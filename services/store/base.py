@@ -75,6 +75,7 @@ from ratchet.domain.plan import (
     CorruptPartition,
     Duplicate,
     FactsChanged,
+    HeadDamaged,
     KeyReused,
     LineageChanged,
     Plan,
@@ -101,6 +102,7 @@ __all__ = [
     "ANY_LINEAGE",
     "CheckpointStore",
     "CorruptPartition",  # raised by backends too; defined with the plan it breaks
+    "HeadDamaged",
     "DEFAULT_MAX_TURN_BYTES",
     "InvalidPromotion",
     "StoreError",
@@ -167,7 +169,7 @@ def _check_not_behind(request: PromotionRequest, known: Head | None, head: Head 
     no hint cannot tell; full reads see the rows beyond the head."""
     if (request.mode is PromotionMode.CONVERSATION and known is not None
             and (head is None or head.seq < known.seq)):
-        raise CorruptPartition(
+        raise HeadDamaged(
             f"partition {request.partition_key} of tenant {request.tenant_id}: the head went "
             f"back from seq {known.seq} to {None if head is None else head.seq}")
 

@@ -67,3 +67,41 @@ def test_a_chain_response_has_no_head_to_check():
     child = stack.chain("tenant-chain", root, "resp-child", root)
     body = _status(stack, "tenant-chain", child).json()
     assert (body["state"], body["seq"]) == ("promoted", 2)
+
+
+def test_a_head_read_one_commit_behind_is_looked_at_again():
+    """Reads at read consistency may straddle a promotion still committing: a head one
+    turn behind the response just promoted is read again at SERIAL, not a 500 (a third
+    outside review, session 32)."""
+    stack = CachingStack()
+    tenant, second, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, second)
+    lagging = stack.store.read_head(tenant, conv)
+    third = _third_turn(stack, tenant, conv)
+    real, calls = stack.store.read_head, []
+
+    def lag_once(t, p):
+        calls.append(p)
+        return lagging if len(calls) == 1 else real(t, p)
+
+    stack.store.read_head = lag_once
+    body = _status(stack, tenant, third).json()
+    assert (body["state"], body["seq"]) == ("promoted", 3)
+
+
+def test_a_head_row_not_visible_yet_is_looked_at_again():
+    stack = CachingStack()
+    tenant, second, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, second)
+    third = _third_turn(stack, tenant, conv)
+    real, missed = stack.store.read_checkpoint, []
+
+    def not_yet(t, rid):
+        if rid == third and not missed:
+            missed.append(rid)
+            return None
+        return real(t, rid)
+
+    stack.store.read_checkpoint = not_yet
+    body = _status(stack, tenant, second).json()
+    assert (body["state"], body["seq"]) == ("promoted", 2)

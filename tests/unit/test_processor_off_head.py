@@ -294,3 +294,76 @@ def test_a_rejected_turn_binds_its_response_id_on_the_memory_store_too():
     assert h.outcome(bad).reason is R.CORRUPT
     other = turn(conv_id(), 0, response_id=rid)  # another request, another Conversation
     assert h.outcome(other).reason is R.CONFLICT
+
+
+# --- a third outside review (session 32) ----------------------------------------------
+
+
+def _bad_proof(event):
+    return event.model_copy(update={"boundary_proof": event.boundary_proof.model_copy(
+        update={"combined_count": 999, "prefix_count": 919})})
+
+
+def _unpaired() -> list:
+    return [function_call_output("call_nowhere", "{}", item_id=new_id("fco")),
+            message("ok", role="assistant", item_id=new_id("msg"))]
+
+
+@pytest.mark.parametrize("expected", [0, 2])
+def test_a_stale_turn_gets_its_later_checks_whatever_head_it_expected(h, expected):
+    """Section 7: a turn that does not extend the head, 0 included, is not judged by a
+    pairing; its other checks stand in their order. Expecting 0 went through the
+    pairing against an empty history and then to the ordering answer (``CONFLICT``),
+    expecting 2 to its boundary proof's reason."""
+    conv, _ = promoted(h)
+    out = h.outcome(_bad_proof(turn(conv, expected, items=_unpaired())))
+    assert out.reason is R.INVALID_BOUNDARY_PROOF, out.detail
+    out = h.outcome(turn(conv, expected, items=_unpaired(),
+                         tool_effect_ids=("eff_never_recorded",)))
+    assert out.reason is R.MISSING_TOOL_EFFECT, out.detail
+
+
+def test_a_stale_retry_on_a_damaged_idempotency_record_is_corrupt(h):
+    """Damage of an answer that comes before ordering (the request's idempotency record
+    names a checkpoint that is gone) is ``CORRUPT`` off the head too, as at the head;
+    only the head's own damage is ordered against its cells."""
+    conv, events = promoted(h)
+    original = events[2]
+    partition = h.store._partitions[(TENANT, conv)]
+    record = partition.idempotency[original.idempotency_key]
+    partition.idempotency[original.idempotency_key] = replace(record, response_id="resp_gone")
+    retry = original.model_copy(update={"event_id": new_id("evt"), "attempt": 2,
+                                        "response_id": new_id("resp")})
+    assert h.outcome(retry).reason is R.CORRUPT
+
+
+@pytest.mark.parametrize("expected", [2, TURNS], ids=["stale", "at-head"])
+def test_a_retry_with_a_bad_boundary_proof_is_refused_for_it_anywhere(h, expected):
+    """A retry under another response id repeating its original's calls was
+    ``DUPLICATE`` at the head whatever its later checks said; they come before the
+    write's answer (section 7)."""
+    _, events = promoted(h)
+    original = events[3]
+    retry = _bad_proof(original.model_copy(update={
+        "event_id": new_id("evt"), "attempt": 2, "response_id": new_id("resp"),
+        "expected_head_seq": expected}))
+    assert h.outcome(retry).reason is R.INVALID_BOUNDARY_PROOF
+
+
+@pytest.mark.parametrize("items", ["valid", "unpaired"])
+def test_a_first_turn_on_a_damaged_head_is_ordered_against_it(h, items):
+    """Expecting head 0 (taken for a new Conversation from the turn alone) on a
+    Conversation whose head cells no row backs: ``CONFLICT`` against the cells, whether
+    the write found the damage (valid items: it was ``CORRUPT``) or pairing sent the
+    turn to the ordering rule (unpaired items), as for any other stale head."""
+    conv, _ = promoted(h)
+    _damage_head(h, conv)
+    kwargs = {} if items == "valid" else {"items": _unpaired()}
+    out = h.outcome(turn(conv, 0, **kwargs))
+    assert (out.reason, out.head_seq) == (R.CONFLICT, TURNS)
+
+
+def test_a_turn_at_a_damaged_head_is_corrupt(h):
+    conv, _ = promoted(h)
+    _damage_head(h, conv)
+    assert h.outcome(turn(conv, TURNS)).reason is R.CORRUPT
