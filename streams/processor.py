@@ -622,25 +622,33 @@ class PromotionProcessor:
             claiming()  # the response id's binding, as a turn sent to the write takes it
         try:
             outcome = self.store.judge(decided.request, lineage.off_head_response)
-        except InvalidPromotion as exc:  # as ``_promote`` answers them
-            return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
-        except HeadDamaged as exc:
-            # The head's own damage (ordering's input): as a lineage that cannot be
-            # read, ordering against the head cells first, then CORRUPT.
-            decided = self._on_unreadable_lineage(turn, HistoryFailure(
-                HistoryFailureReason.CORRUPT_HISTORY, f"stored partition is corrupt: {exc}"))
+        except (InvalidPromotion, CorruptPartition) as exc:  # as ``_promote`` answers them
+            decided = self._refused_by_store(turn, exc)
             return (self._already_promoted(turn) if facts_read else None) or decided
-        except CorruptPartition as exc:
-            # Other damage (the request's idempotency record, an undecodable row): an
-            # answer that comes before ordering cannot be decided, as ``_promote`` says.
-            log.error("judging %s met a corrupt partition: %s", turn.response_id, exc)
-            return Reject(RejectionReason.CORRUPT, f"stored partition is corrupt: {exc}")
         if isinstance(outcome, Plan):
             return None
         verdict = promotion.interpret(turn, outcome)
         if isinstance(verdict, Accepted):
             return verdict  # this very request, promoted: its outcome again
         return (self._already_promoted(turn) if facts_read else None) or verdict
+
+    def _refused_by_store(self, turn: TurnCompleted,
+                          exc: InvalidPromotion | CorruptPartition) -> Reject:
+        """The answer when the store refuses a request (validation let through what it
+        refuses) or meets damaged rows, in a write or a judgement alike: ``CORRUPT``,
+        recorded and published like any rejection (not a dead letter: the event itself
+        is fine, and a redelivery must get the same answer). The head's own damage
+        (``HeadDamaged``, ordering's input) is answered as a lineage that cannot be
+        read: ordering against the head cells first; other damage (the request's
+        idempotency record, an undecodable row) is an answer that comes before
+        ordering and cannot be decided."""
+        if isinstance(exc, InvalidPromotion):
+            return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
+        log.error("promotion of %s met a corrupt partition: %s", turn.response_id, exc)
+        if isinstance(exc, HeadDamaged):
+            return self._on_unreadable_lineage(turn, HistoryFailure(
+                HistoryFailureReason.CORRUPT_HISTORY, f"stored partition is corrupt: {exc}"))
+        return Reject(RejectionReason.CORRUPT, f"stored partition is corrupt: {exc}")
 
     def _off_head_answer(self, turn: TurnCompleted, head: int) -> Reject:
         """The write's answer to a Conversation turn that expects another head than
@@ -786,20 +794,8 @@ class PromotionProcessor:
                                              parent_hint=hints.parent, extends=hints.extends,
                                              claimed=holder, facts_mark=mark)
             owners()
-        except InvalidPromotion as exc:  # validation let through what the store refuses
-            return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
-        except HeadDamaged as exc:
-            # The head's own damage (ordering's input): as a lineage that cannot be
-            # read, ordering against the head cells first, then CORRUPT, as off the head.
-            log.error("promotion of %s met a damaged head: %s", turn.response_id, exc)
-            return self._on_unreadable_lineage(turn, HistoryFailure(
-                HistoryFailureReason.CORRUPT_HISTORY, f"stored partition is corrupt: {exc}"))
-        except CorruptPartition as exc:
-            # The rows the promotion must decide on are damaged: the contract's CORRUPT,
-            # recorded and published like any rejection (not a dead letter: the event
-            # itself is fine, and a redelivery must get the same answer).
-            log.error("promotion of %s met a corrupt partition: %s", turn.response_id, exc)
-            return Reject(RejectionReason.CORRUPT, f"stored partition is corrupt: {exc}")
+        except (InvalidPromotion, CorruptPartition) as exc:
+            return self._refused_by_store(turn, exc)
         if isinstance(outcome, FactsChanged):
             return outcome  # nothing written: the caller reads the facts and decides again
         if isinstance(outcome, LineageChanged):

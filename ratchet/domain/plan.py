@@ -44,8 +44,6 @@ class HeadDamaged(CorruptPartition):
     (docs/gateway-protocol.md, section 7)."""
 
 
-
-
 # --- request and outcomes ------------------------------------------------------------
 
 

@@ -85,17 +85,17 @@ class DecisionNotifier:
                 # expected, and said once per retry without a traceback.
                 log.warning("decision notifier waiting for its topics (the worker creates "
                             "them at its start); retrying in 2 s: %s", exc)
-                metrics.NOTIFIER_UP.set(0)
-                self._assigned.clear()
-                self._waiters.notify_all()
-                self._stop.wait(2.0)
+                self._down_for_a_while()
             except Exception:  # a broken broker connection must not kill waiting
                 log.exception("decision notifier failed; restarting in 2 s")
-                metrics.NOTIFIER_UP.set(0)
-                self._assigned.clear()
-                # Anyone waiting may have missed a decision while we were down.
-                self._waiters.notify_all()
-                self._stop.wait(2.0)
+                self._down_for_a_while()
+
+    def _down_for_a_while(self) -> None:
+        metrics.NOTIFIER_UP.set(0)
+        self._assigned.clear()
+        # Anyone waiting may have missed a decision while we were down.
+        self._waiters.notify_all()
+        self._stop.wait(2.0)
 
     def _consume(self) -> None:
         consumer = Consumer(
