@@ -25,8 +25,6 @@ from schemas.models import TurnCompleted
 from services.store.base import CheckpointStore, CorruptPartition
 from streams.tail_cache import Tail, TailCache
 
-# ``_head_not_expected``: the head is the one the turn expects (or cannot be told).
-_EXPECTED = object()
 # ``_head``: no head to tell (a chain turn, or head cells that cannot be decoded).
 _UNTOLD = object()
 
@@ -126,12 +124,9 @@ class LineageReader:
         start = starts_lineage(turn)
         if start is not None:
             return start
-        head = self._head_not_expected(turn) if head_first else _EXPECTED
-        if head is not _EXPECTED:
-            assert head is None or isinstance(head, Head)
-            return Lineage(EMPTY_PAIRING, None, unread=True, absent=head is None,
-                           off_head=0 if head is None else head.seq,
-                           off_head_response=None if head is None else head.response_id)
+        off_head = self._off_head(turn) if head_first else None
+        if off_head is not None:
+            return off_head
         found = self._read_history(turn, now=None)
         if isinstance(found, HistoryFailure) and found.reason is HistoryFailureReason.EXPIRED:
             # An expired lineage may still be extended (its descendant renews it,
@@ -151,20 +146,22 @@ class LineageReader:
             self.tails.learn(Tail(slim(found.checkpoint), pairing))
         return Lineage(pairing, found.checkpoint)
 
-    def _head_not_expected(self, turn: TurnCompleted) -> Head | None | object:
-        """A Conversation turn's current head (None: no turn yet) when it is not the one
-        the turn expects, else ``_EXPECTED`` (a chain turn too): one row, at read
-        consistency. The processor confirms it at SERIAL before the turn is decided
-        off its lineage (``PromotionProcessor._decide_off_head``): a promotion still in
-        flight (another worker's, across a rebalance) may have made the expected head
-        after all. Damaged head cells: ``_EXPECTED`` (the full read says what is
-        wrong)."""
+    def _off_head(self, turn: TurnCompleted) -> Lineage | None:
+        """The ``off_head`` lineage of a Conversation turn whose current head is not the
+        one it expects, else None (a chain turn too): one row, at read consistency. The
+        processor confirms it at SERIAL before the turn is decided off its lineage
+        (``PromotionProcessor._decide_off_head``): a promotion still in flight (another
+        worker's, across a rebalance) may have made the expected head after all.
+        Damaged head cells: None (the full read says what is wrong)."""
         head = self._head(turn, self.store.read_head)
         if head is _UNTOLD:
-            return _EXPECTED
+            return None
         assert head is None or isinstance(head, Head)
         seq = 0 if head is None else head.seq
-        return _EXPECTED if seq == turn.expected_head_seq else head
+        if seq == turn.expected_head_seq:
+            return None
+        return Lineage(EMPTY_PAIRING, None, unread=True, absent=head is None, off_head=seq,
+                       off_head_response=None if head is None else head.response_id)
 
     def _head(self, turn: TurnCompleted,
               read: Callable[[str, str], Head | None]) -> Head | None | object:

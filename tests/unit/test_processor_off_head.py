@@ -34,22 +34,24 @@ TURNS = 6
 
 class CountingStore(MemoryCheckpointStore):
     """The memory store, counting full history reads and judgements, and whose one-row
-    head read may lag (``stale``: the head it answers instead, as a replica that missed
-    a promotion still in flight would)."""
+    head read may lag: its next ``lags`` reads answer ``lagging`` instead, as a replica
+    that missed a promotion still in flight would."""
 
     def __init__(self, options) -> None:
         super().__init__(options)
         self.history_reads = 0
         self.judged = 0
-        self.stale = None
+        self.lagging = None
+        self.lags = 0
 
     def read_history(self, *args, **kwargs):
         self.history_reads += 1
         return super().read_history(*args, **kwargs)
 
     def read_head(self, tenant_id, partition_key):
-        if self.stale is not None:
-            return self.stale
+        if self.lags:
+            self.lags -= 1
+            return self.lagging
         return super().read_head(tenant_id, partition_key)
 
     def judge(self, request, head_guess=None):
@@ -161,7 +163,7 @@ def test_a_lagging_head_read_never_answers_out_of_order(h):
     conv, _ = promoted(h)
     lagging = h.store.head(TENANT, conv)
     h.outcome(turn(conv, TURNS))  # promoted: the head read below still says TURNS
-    h.store.stale, h.store.history_reads, h.store.judged = lagging, 0, 0
+    h.store.lagging, h.store.lags, h.store.history_reads, h.store.judged = lagging, 1, 0, 0
     assert h.outcome(turn(conv, TURNS + 1)).seq == TURNS + 2
     assert h.store.judged == 1
     assert h.store.history_reads == 1
@@ -181,23 +183,9 @@ def test_a_negative_expected_head_is_corrupt_not_a_dead_letter(h, begun):
 # --- a second outside review of this change (session 32) ---------------------------
 
 
-class LagOnce(MemoryCheckpointStore):
-    """The memory store whose one-row head read answers ``lags`` with ``lagging``
-    (a replica that missed a promotion), then the truth."""
-
-    lagging = None
-    lags = 0
-
-    def read_head(self, tenant_id, partition_key):
-        if self.lags:
-            self.lags -= 1
-            return self.lagging
-        return super().read_head(tenant_id, partition_key)
-
-
 def _lagging_harness(lags: int) -> tuple[Harness, str]:
     h = Harness()
-    h.store = LagOnce(h.store.options)
+    h.store = CountingStore(h.store.options)
     h.rewire(store=h.store)
     conv, _ = promoted(h)
     partition = h.store._partitions[(TENANT, conv)]
