@@ -59,6 +59,11 @@ class WaitFigures:
     # client, the paced producer and the outcome consumer), and the run's seconds.
     cpu_s: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    # Of the servers' CPU in ``cpu_s``, what their JIT and their flushes and compactions
+    # took (``CpuWindow.background_s``): a flush or a compaction inside the window shows
+    # here, and it is what this line's tail is made of on a shared host
+    # (docs/decisions.md, "The HTTP line's tail").
+    background_s: dict[str, float] = field(default_factory=dict)
 
 
 class HttpWaits:

@@ -1273,7 +1273,8 @@ def http_latency(settings: Settings, rig: Rig, tmp: Path, rate: float, turns: in
         with CpuWindow({**(pids or {}), "api": http.api.pid, "bench": os.getpid()}) as window:
             consumed = e2e_latency(settings, rig, rate, turns, http, per_conversation)
             figures = http.results(timeout_s=60)
-        figures = replace(figures, cpu_s=window.cpu_s, seconds=window.seconds)
+        figures = replace(figures, cpu_s=window.cpu_s, seconds=window.seconds,
+                          background_s=window.background_s)
         return p50_p99(consumed), figures, http.overhead(http.answered[-turns:][:100])
     finally:
         http.close()
@@ -1607,7 +1608,8 @@ def cpu_demand(figures: WaitFigures, rate: float) -> str:
     total = sum(per_turn.values())
     parts = " + ".join(f"{who} {ms:.2f}" for who, ms in per_turn.items())
     return (f"{parts} = {total:.2f} ms of CPU per turn; at {rate:.0f} turns/s "
-            f"{total * rate / 1000:.2f} of the machine's {os.cpu_count()} cores")
+            f"{total * rate / 1000:.2f} of the machine's {os.cpu_count()} cores"
+            + background_cores(figures.background_s, figures.seconds))
 
 
 def http_summary(figures: WaitFigures, overhead_ms: dict[str, list[float]],

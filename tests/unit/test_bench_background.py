@@ -87,3 +87,21 @@ def test_a_run_on_servers_still_compiling_is_flagged():
 def test_a_warm_run_carries_no_warning():
     lines = bench.background_lines([_jit_row("floor", 1000, 0.13), _jit_row("ratchet", 3000, 0.12)])
     assert lines and not any(line.startswith("WARNING") for line in lines)
+
+
+def test_the_http_lines_show_the_servers_background_inside_their_windows():
+    """A flush or a compaction inside the API-beside line is what its tail is made of on
+    a shared host: each HTTP line's demand says how much of it the window held."""
+    from ratchet.bench.http_wait import WaitFigures
+
+    def figures(compaction_s: float) -> WaitFigures:
+        return WaitFigures([10.0] * 100, waited=100, queued=0,
+                           cpu_s={"cassandra": 0.2, "api": 0.1}, seconds=2.0,
+                           background_s={"jit": 0.0, "compaction": compaction_s})
+
+    lines = bench.http_summary(figures(0.5), {}, (5.0, 15.0, 100), 50.0,
+                               bench.QuarterLoad(25.0, figures(0.1), (5.0, 12.0, 100)))
+    demand = [line for line in lines if line.strip().startswith("demand:")]
+    assert len(demand) == 2
+    assert demand[0].endswith("; of which the servers' jit 0.00, compaction 0.25")
+    assert demand[1].endswith("; of which the servers' jit 0.00, compaction 0.05")
