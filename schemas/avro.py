@@ -5,7 +5,7 @@ binary body. Keys are NOT Avro: a key is the UTF-8 partition key (``encode_key``
 
 Subject strategy: RECORD NAME (``io.ratchet.TurnCompleted``, ...), on every topic.
 ``ratchet.gateway-events`` carries three record types; with the record-name strategy
-each type evolves on its own subject under BACKWARD compatibility, producers never
+each type evolves on its own subject (``compatibility_of``), producers never
 wrap events in a union branch, and subjects do not depend on the configurable topic
 prefix. The registry cannot enforce which types a topic allows, so
 ``decode_gateway_event`` does: any other record is ``UNEXPECTED_RECORD_TYPE``.
@@ -22,7 +22,7 @@ schema on every message (most of its cost).
 Usage::
 
     serde = EventSerde(registry_client(settings.schema_registry_url))
-    register_schemas(serde.client)              # idempotent; sets BACKWARD first
+    register_schemas(serde.client)              # idempotent; sets compatibility first
     value = serde.encode(turn, topic)           # bytes
     event = serde.decode_gateway_event(value, topic, partition, offset)
 """
@@ -61,7 +61,22 @@ from schemas.models import (
 
 MAGIC_BYTE = 0
 HEADER_SIZE = 5
-COMPATIBILITY = "BACKWARD"
+# The records gateways write and ratchet reads. Their subjects are FULL_TRANSITIVE: the
+# registry refuses a version that any earlier one cannot read, so no client can register
+# a writer schema ratchet's readers cannot read (under BACKWARD a gateway could register
+# `attempt` as long, or drop a field that has no default: every gateway that then took
+# `versions/latest` wrote records that were dead-lettered, found by a gateway built in
+# Java from the docs), nor one that the workers of the previous version cannot read during
+# a rolling upgrade. Ratchet's own changes to them add fields with defaults (since v1:
+# `TurnCompleted.gateway_id`), which passes both ways.
+GATEWAY_RECORDS = frozenset({"TurnCompleted", "ToolEffect", "TurnCancelled"})
+
+
+def compatibility_of(record: str) -> str:
+    """The registry compatibility of ``record``'s subject: FULL_TRANSITIVE for what
+    gateways write, BACKWARD for ratchet's outcomes (its readers read its older ones)."""
+    return "FULL_TRANSITIVE" if record in GATEWAY_RECORDS else "BACKWARD"
+
 _NOT_FOUND = 404
 _TRANSIENT_4XX = frozenset({408, 429})  # Request Timeout, Too Many Requests
 
@@ -91,25 +106,25 @@ def register_schemas(
     client: SchemaRegistryClient,
     *,
     records: Collection[str] = avsc.TOP_LEVEL_RECORDS,
-    compatibility: str | None = COMPATIBILITY,
+    compatibility: bool = True,
 ) -> dict[str, int]:
     """Register the current schema of every record; returns ``{subject: schema id}``.
 
     Idempotent (same text, same id). Compatibility is set on the subject BEFORE the
     new version is registered, so the registry checks it; for a brand-new subject the
     registry may refuse config on an unknown subject, so it is set right after the
-    first version too. ``compatibility=None`` skips it (the mock registry has no config).
+    first version too (``compatibility_of``). ``compatibility=False`` skips it (the mock
+    registry has no config).
     """
     ids: dict[str, int] = {}
     for record in records:
         subject = subject_for(record)
         schema = Schema(avsc.schema_text(record), "AVRO")
-        configured = compatibility is not None and _try_set_compatibility(
-            client, subject, compatibility
-        )
+        level = compatibility_of(record)
+        configured = compatibility and _try_set_compatibility(client, subject, level)
         ids[subject] = _registry_call(lambda s=subject, sc=schema: client.register_schema(s, sc))
-        if compatibility is not None and not configured:
-            _registry_call(lambda s=subject: client.set_compatibility(s, compatibility))
+        if compatibility and not configured:
+            _registry_call(lambda s=subject, lv=level: client.set_compatibility(s, lv))
     return ids
 
 

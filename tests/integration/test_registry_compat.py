@@ -1,5 +1,6 @@
-"""Against the REAL schema registry (Apicurio 3, ccompat API): registration, BACKWARD
-compatibility on ratchet's subjects, refusal of incompatible changes, and the serde."""
+"""Against the REAL schema registry (Apicurio 3, ccompat API): registration, each
+subject's compatibility (FULL_TRANSITIVE for what gateways write, BACKWARD for ratchet's
+outcomes), refusal of incompatible changes, and the serde."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryError
 
 from ratchet.samples import make_tool_loop_turn, make_turn_cancelled
 from schemas import avsc
-from schemas.avro import COMPATIBILITY, EventSerde, register_schemas, subject_for
+from schemas.avro import EventSerde, compatibility_of, register_schemas, subject_for
 from schemas.errors import DecodeError
 from schemas.models import DeadLetterReason, TurnCompleted
 
@@ -30,6 +31,12 @@ def with_field_changed(record: str, name: str, new_type: object) -> str:
     return json.dumps(schema)
 
 
+def without_field(record: str, name: str) -> str:
+    schema = json.loads(avsc.schema_text(record))
+    schema["fields"] = [field for field in schema["fields"] if field["name"] != name]
+    return json.dumps(schema)
+
+
 def with_required_field(record: str) -> str:
     schema = json.loads(avsc.schema_text(record))
     schema["fields"].append({"name": "service_tier", "type": "string", "doc": "no default"})
@@ -38,20 +45,23 @@ def with_required_field(record: str) -> str:
 
 @pytest.fixture
 def evolving_subject(schema_registry_client, unique_name):
-    """A private subject holding TurnCompleted v1 under BACKWARD, deleted afterwards."""
+    """A private subject holding TurnCompleted v1 under the compatibility ratchet sets on
+    its subject, deleted afterwards."""
     subject = unique_name("ratchet-contract") + "-" + subject_for("TurnCompleted")
     v1 = Schema(avsc.schema_text("TurnCompleted", avsc.V1_DIR), "AVRO")
     schema_registry_client.register_schema(subject, v1)
-    schema_registry_client.set_compatibility(subject, COMPATIBILITY)
+    schema_registry_client.set_compatibility(subject, compatibility_of("TurnCompleted"))
     yield subject
     schema_registry_client.delete_subject(subject)
 
 
-def test_register_schemas_sets_backward_on_every_subject(schema_registry_client) -> None:
+def test_register_schemas_sets_each_subjects_compatibility(schema_registry_client) -> None:
     ids = register_schemas(schema_registry_client)
     assert set(ids) == {subject_for(r) for r in avsc.TOP_LEVEL_RECORDS}
-    for subject in ids:
-        assert schema_registry_client.get_compatibility(subject) == COMPATIBILITY
+    for record in avsc.TOP_LEVEL_RECORDS:
+        assert schema_registry_client.get_compatibility(subject_for(record)) == (
+            "FULL_TRANSITIVE" if record in ("TurnCompleted", "ToolEffect", "TurnCancelled")
+            else "BACKWARD")
     assert register_schemas(schema_registry_client) == ids  # idempotent: same ids
 
 
@@ -68,8 +78,13 @@ def test_backward_compatible_change_is_accepted(schema_registry_client, evolving
         with_required_field("TurnCompleted"),
         with_field_changed("TurnCompleted", "attempt", "string"),
         with_field_changed("TurnCompleted", "expected_head_seq", "long"),  # no longer nullable
+        # Readable by a newer reader only (BACKWARD let both in; ratchet's readers cannot
+        # read them: found by a gateway built in Java from the docs).
+        with_field_changed("TurnCompleted", "attempt", "long"),
+        without_field("TurnCompleted", "stream"),
     ],
-    ids=["new-required-field", "changed-type", "dropped-null"],
+    ids=["new-required-field", "changed-type", "dropped-null", "widened-int",
+         "dropped-field-without-default"],
 )
 def test_incompatible_change_is_refused(
     schema_registry_client, evolving_subject, incompatible: str

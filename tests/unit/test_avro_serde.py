@@ -38,7 +38,7 @@ TOPIC = "ratchet.gateway-events"
 @pytest.fixture
 def client() -> SchemaRegistryClient:
     client = SchemaRegistryClient.new_client({"url": f"mock://{uuid.uuid4().hex}"})
-    register_schemas(client, compatibility=None)  # the mock has no config endpoint
+    register_schemas(client, compatibility=False)  # the mock has no config endpoint
     return client
 
 

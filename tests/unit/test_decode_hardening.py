@@ -17,6 +17,7 @@ import asyncio
 import io
 import json
 import struct
+from datetime import UTC, datetime
 
 import fastavro
 import pytest
@@ -289,3 +290,40 @@ def test_a_lane_never_stalls_on_any_of_these(serde):  # noqa: F811
         except LaneStopped as exc:  # pragma: no cover - the failure being guarded against
             pytest.fail(f"lane stalled: {exc}")
         assert isinstance(letter, DeadLetter)
+
+
+# --- a writer's own timestamp logical types (docs/gateway-protocol.md section 2) -------------
+
+
+def _with_produced_at(logical_type: str) -> dict:
+    schema = json.loads(avsc.schema_text("TurnCancelled"))
+    for field in schema["fields"]:
+        if field["name"] == "produced_at":
+            field["type"] = {"type": "long", "logicalType": logical_type}
+    return schema
+
+
+def test_a_writer_declaring_timestamp_micros_is_read_as_the_same_instant(client, serde):  # noqa: F811
+    """A Java gateway may declare its timestamps in microseconds: the writer's logical
+    type decides how the long is read, so the instant is the one it meant."""
+    cancel = make_turn_cancelled(make_turn())
+    schema = _with_produced_at("timestamp-micros")
+    schema_id = client.register_schema("micros-cancel", Schema(json.dumps(schema), "AVRO"))
+    record = cancel.to_avro() | {"produced_at": cancel.produced_at * 1000}  # microseconds
+    assert serde.decode_gateway_event(framed(schema_id, schema, record), TOPIC, 0, 1) == cancel
+
+
+@pytest.mark.parametrize("logical_type", ["local-timestamp-millis", "local-timestamp-micros"])
+def test_a_timestamp_without_a_time_zone_is_an_invalid_event(client, serde, logical_type):  # noqa: F811
+    """``local-timestamp-*`` carries no zone: read as a naive time it is refused, never
+    taken as UTC or as the worker's local time."""
+    cancel = make_turn_cancelled(make_turn())
+    schema = _with_produced_at(logical_type)
+    schema_id = client.register_schema(f"{logical_type}-cancel",
+                                       Schema(json.dumps(schema), "AVRO"))
+    naive = datetime.fromtimestamp(cancel.produced_at / 1000, tz=UTC).replace(
+        tzinfo=None)
+    record = cancel.to_avro() | {"produced_at": naive}
+    error = decode_error(serde, framed(schema_id, schema, record))
+    assert error.reason is DeadLetterReason.INVALID_EVENT
+    assert "timezone" in error.message or "naive" in error.message

@@ -129,7 +129,7 @@ def test_v1_bytes_in_kafka_decode_with_the_current_serde() -> None:
     )
     sample = v1_sample("TurnCompleted")
     value = old_producer(sample, SerializationContext(GATEWAY_TOPIC, MessageField.VALUE))
-    register_schemas(client, compatibility=None)  # the current version is published
+    register_schemas(client, compatibility=False)  # the current version is published
     assert client.get_latest_version(subject_for("TurnCompleted")).version == 2
 
     turn = EventSerde(client).decode_gateway_event(value, GATEWAY_TOPIC, 0, 0)
