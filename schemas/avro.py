@@ -46,6 +46,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
+from fastavro.schema import SchemaParseException
 from pydantic import ValidationError
 
 from schemas import avsc
@@ -58,6 +59,7 @@ from schemas.models import (
     GatewayEvent,
     record_name,
 )
+from schemas.strict import strict_violation
 
 MAGIC_BYTE = 0
 HEADER_SIZE = 5
@@ -166,6 +168,9 @@ class _Reader:
     writer: Any = None  # fastavro-parsed writer schema (None until first body read)
     reader: Any = None  # parsed reader schema, or None: writer == reader, no resolution
     in_range: Any = None  # the reader record's int/long range check (``_range_check``)
+    # A gateway record's writer that lacks a field ratchet's first schema has: what it
+    # lacks (``_left_out``), else None.
+    left_out: str | None = None
 
 
 class EventSerde:
@@ -321,6 +326,7 @@ class EventSerde:
                 reader=None if _without_docs(writer_json) == _without_docs(reader_json)
                 else avsc.parsed(record),
                 in_range=_range_check(record),
+                left_out=_left_out(record, writer_json),
             )
             self._readers[schema_id] = known
         return known
@@ -348,7 +354,10 @@ class EventSerde:
             data: dict[str, Any] = schemaless_reader(  # type: ignore[assignment]
                 body, known.writer, known.reader
             )
-        except SchemaResolutionError as exc:
+        except (SchemaResolutionError, SchemaParseException) as exc:
+            # SchemaParseException: a writer schema the registry took but fastavro cannot
+            # parse (a decimal whose scale exceeds its precision, found by a review): it
+            # was dead-lettered UNKNOWN, with a traceback in the log.
             reason, error = DeadLetterReason.SCHEMA_MISMATCH, exc
         except (EOFError, StopIteration) as exc:
             reason, error = DeadLetterReason.TRUNCATED, exc
@@ -356,6 +365,9 @@ class EventSerde:
             # garbage after a valid header: negative lengths, bad UTF-8, bad union index
             reason, error = DeadLetterReason.CORRUPT_PAYLOAD, exc
         else:
+            if known.left_out is not None:
+                raise DecodeError(DeadLetterReason.SCHEMA_MISMATCH, known.left_out,
+                                  schema_id=schema_id, **where)
             left = len(value) - body.tell()
             if left:
                 raise DecodeError(
@@ -373,10 +385,71 @@ class EventSerde:
                     schema_id=schema_id,
                     **where,
                 )
+            broken = _lenient_read(known, data, memoryview(value)[HEADER_SIZE:])
+            if broken is not None:
+                raise DecodeError(
+                    DeadLetterReason.CORRUPT_PAYLOAD,
+                    f"{record}: {broken} (not valid Avro)",
+                    schema_id=schema_id,
+                    **where,
+                )
             return data
         raise DecodeError(
             reason, f"{type(error).__name__}: {error}", schema_id=schema_id, **where
         ) from error
+
+
+def _left_out(record: str, writer: Any) -> str | None:
+    """For a record gateways write: the first field of ratchet's v1 schema (any of its
+    records, matched by name without namespace) that ``writer`` does not have, said as
+    a refusal; else None. Schema resolution reads such a field as the reader's default:
+    a writer that renamed ``tool_effect_ids`` (with an alias, which the reader ignores)
+    had its effects read as ``[]`` and the turn promoted, where ratchet's own schema
+    gave ``MISSING_TOOL_EFFECT`` (found by a review). Fields added since v1 may be
+    missing: a v1 writer does not have them."""
+    if record not in GATEWAY_RECORDS:
+        return None
+    written = _record_fields(writer)
+    for name, fields in _record_fields(avsc.inlined(record, avsc.V1_DIR)).items():
+        if name in written:
+            missing = sorted(fields - written[name])
+            if missing:
+                return (f"the writer schema's {name} has no field {missing[0]!r}, which "
+                        f"ratchet's {name} reads: it would be read as its default")
+    return None
+
+
+def _record_fields(schema: Any, found: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    """Field names of every record defined in ``schema``, by name without namespace."""
+    found = {} if found is None else found
+    if isinstance(schema, list):
+        for branch in schema:
+            _record_fields(branch, found)
+    elif isinstance(schema, dict):
+        kind = schema.get("type")
+        if kind == "record":
+            found[schema["name"].rsplit(".", 1)[-1]] = {f["name"] for f in schema["fields"]}
+            for field in schema["fields"]:
+                _record_fields(field["type"], found)
+        elif kind == "array":
+            _record_fields(schema["items"], found)
+        elif kind == "map":
+            _record_fields(schema["values"], found)
+        elif isinstance(kind, (dict, list)):
+            _record_fields(kind, found)
+    return found
+
+
+def _lenient_read(known: _Reader, data: dict[str, Any], body: memoryview) -> str | None:
+    """What in ``body`` fastavro read but the spec refuses (``schemas.strict``), else
+    None. A body that is the plain encoding of ``data`` has none (every such flaw
+    changes the bytes), so it is walked only when it is not, or was read by resolution."""
+    if known.reader is None:
+        plain = io.BytesIO()
+        schemaless_writer(plain, known.writer, data)
+        if plain.getbuffer() == body:
+            return None
+    return strict_violation(body, known.writer)
 
 
 # --- int/long ranges --------------------------------------------------------------------

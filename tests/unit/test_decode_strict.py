@@ -1,0 +1,227 @@
+"""Bodies fastavro reads leniently are ``CORRUPT_PAYLOAD`` (``schemas/strict.py``).
+
+An adversarial review found a ``failed`` turn whose status byte was damaged to the
+enum index -6 promoted ``certified``: fastavro indexes a Python list with the index it
+reads, so a negative one wraps (a union branch too), and it reads every boolean byte
+but 0 as true. Valid variants of the encoding (arrays in several blocks, a block with
+its byte size) still decode.
+
+Each damaged body is written with a twin of the schema whose damaged field is an
+``int`` (or a record of an ``int`` and the branch's value): its zigzag varint is the
+byte sequence an enum index, a union index or a boolean byte would be.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from typing import Any
+
+import fastavro
+import pytest
+from confluent_kafka.schema_registry import Schema
+
+from ratchet.samples import make_tool_loop_turn, make_turn, new_id
+from schemas import avsc
+from schemas.models import CheckpointPromoted, DeadLetter, DeadLetterReason, TurnStatus
+from schemas.strict import strict_violation
+from tests.unit.test_avro_serde import TOPIC, client, serde  # noqa: F401 - fixtures
+from tests.unit.test_decode_hardening import Pipeline, decode_error, registered_id
+
+
+def _schema() -> dict[str, Any]:
+    return json.loads(avsc.schema_text("TurnCompleted"))
+
+
+def _field(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    """The field at ``path`` (``a/b``: field b of the record field a)."""
+    record = schema
+    *parents, name = path.split("/")
+    for parent in parents:
+        record = next(f for f in record["fields"] if f["name"] == parent)["type"]
+    return next(f for f in record["fields"] if f["name"] == name)
+
+
+def _set(record: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    *parents, name = path.split("/")
+    target = record
+    for parent in parents:
+        target = target[parent]
+    target[name] = value
+    return record
+
+
+def _body(schema: dict[str, Any], record: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+    return out.getvalue()
+
+
+def _damaged(turn, path: str, twin_type: Any, twin_value: Any) -> bytes:
+    """``turn`` framed with ratchet's id, the field at ``path`` written as ``twin_type``."""
+    schema = _schema()
+    field = _field(schema, path)
+    field["type"] = twin_type
+    field.pop("default", None)
+    return _body(schema, _set(turn.to_avro(), path, twin_value))
+
+
+def _framed(serde, turn, body: bytes) -> bytes:  # noqa: F811
+    return b"\x00" + struct.pack(">I", registered_id(serde, turn)) + body
+
+
+@pytest.mark.parametrize("index", [-1, -5, -6])  # -7 and below: fastavro's IndexError
+def test_a_negative_enum_index_is_corrupt_not_another_status(serde, index):  # noqa: F811
+    turn = make_turn(status=TurnStatus.FAILED, conversation_id=new_id("conv"))
+    value = _framed(serde, turn, _damaged(turn, "status", "int", index))
+    error = decode_error(serde, value)
+    assert error.reason is DeadLetterReason.CORRUPT_PAYLOAD
+    assert f"enum index {index} outside 0..5 at /status" in error.message
+
+
+def test_the_reviewers_failed_turn_is_dead_lettered_never_promoted(serde):  # noqa: F811
+    """Index -6 read as symbol 0 (``completed``): the turn was promoted certified."""
+    turn = make_turn(status=TurnStatus.FAILED, conversation_id=new_id("conv"))
+    value = _framed(serde, turn, _damaged(turn, "status", "int", -6))
+    published = Pipeline(serde).published(value, key=turn.partition_key.encode())
+    assert [type(m) for m in published] == [DeadLetter]
+    assert published[0].reason is DeadLetterReason.CORRUPT_PAYLOAD
+    assert not any(isinstance(m, CheckpointPromoted) for m in published)
+
+
+def test_a_negative_union_index_is_corrupt_not_the_last_branch(serde):  # noqa: F811
+    turn = make_turn(conversation_id=new_id("conv"))
+    twin = {"type": "record", "name": "Branch", "fields": [
+        {"name": "index", "type": "int"}, {"name": "value", "type": "string"}]}
+    value = _framed(serde, turn, _damaged(turn, "gateway_id", twin,
+                                          {"index": -1, "value": "gw-1"}))
+    error = decode_error(serde, value)
+    assert error.reason is DeadLetterReason.CORRUPT_PAYLOAD
+    assert "union index -1 outside 0..1 at /gateway_id" in error.message
+
+
+@pytest.mark.parametrize("byte", [2, 3, 0x7F])
+def test_a_boolean_byte_other_than_0_or_1_is_corrupt(serde, byte):  # noqa: F811
+    turn = make_turn(conversation_id=new_id("conv"))
+    # zigzag(n) = 2n for n >= 0: the int n is the single byte 2n
+    value = _framed(serde, turn, _damaged(turn, "effective_config/truncated", "int",
+                                          byte // 2) if byte % 2 == 0 else
+                    _damaged(turn, "effective_config/truncated", "int", -(byte + 1) // 2))
+    error = decode_error(serde, value)
+    assert error.reason is DeadLetterReason.CORRUPT_PAYLOAD
+    assert f"boolean byte {byte} (0 or 1) at /effective_config/truncated" in error.message
+
+
+def _blocks_twin(turn, *, with_size: bool) -> bytes:
+    """``turn``'s body with ``output_items`` written in blocks: one item each, or one
+    block of all with its byte size (valid Avro fastavro's writer does not produce)."""
+    schema = _schema()
+    items = turn.to_avro()["output_items"]
+    assert len(items) >= 2
+    if with_size:
+        size = len(_body({"type": "array", "items": _item_schema()}, items)) - 2
+        fields = [{"name": "count", "type": "long"}, {"name": "size", "type": "long"}]
+        values = {"count": -len(items), "size": size}
+    else:
+        fields, values = [], {}
+    for i in range(len(items)):
+        if not with_size:
+            fields.append({"name": f"count{i}", "type": "long"})
+            values[f"count{i}"] = 1
+        fields.append({"name": f"item{i}", "type": "io.ratchet.Item"})
+        values[f"item{i}"] = items[i]
+    fields.append({"name": "end", "type": "long"})
+    values["end"] = 0
+    _field(schema, "output_items")["type"] = {"type": "record", "name": "Blocks",
+                                             "fields": fields}
+    return _body(schema, _set(turn.to_avro(), "output_items", values))
+
+
+def _item_schema() -> dict[str, Any]:
+    """``Item`` as the TurnCompleted schema defines it (inline, at its first use)."""
+    return _field(_schema(), "input_items")["type"]["items"]
+
+
+@pytest.mark.parametrize("with_size", [False, True], ids=["blocks-of-one", "byte-size"])
+def test_arrays_in_blocks_still_decode(serde, with_size):  # noqa: F811
+    turn, _ = make_tool_loop_turn()
+    value = _framed(serde, turn, _blocks_twin(turn, with_size=with_size))
+    assert value != serde.encode(turn, TOPIC)  # not the plain encoding: walked
+    assert serde.decode_gateway_event(value, TOPIC, 0, 1) == turn
+
+
+def test_non_minimal_varints_are_valid():
+    schema = fastavro.parse_schema({"type": "record", "name": "R", "fields": [
+        {"name": "n", "type": "long"}, {"name": "e", "type": {
+            "type": "enum", "name": "E", "symbols": ["a", "b"]}}]})
+    assert strict_violation(bytes([0x80, 0x00, 0x82, 0x00]), schema) is None  # 0, then 1
+    assert strict_violation(bytes([0x00, 0x04]), schema) == "enum index 2 outside 0..1 at /e"
+
+
+def test_a_named_type_first_defined_in_a_branch_not_taken_is_still_known():
+    schema = fastavro.parse_schema({"type": "record", "name": "R", "fields": [
+        {"name": "first", "type": ["null", {"type": "enum", "name": "E",
+                                            "symbols": ["a", "b"]}]},
+        {"name": "second", "type": "E"}]})
+    assert strict_violation(bytes([0x00, 0x02]), schema) is None  # null, then "b"
+    assert "enum index -1" in strict_violation(bytes([0x00, 0x01]), schema)
+
+
+def test_a_writer_schema_fastavro_cannot_parse_is_a_schema_mismatch(client, serde):  # noqa: F811
+    """The registry accepted it (an optional decimal whose scale exceeds its precision);
+    it was dead-lettered ``UNKNOWN`` with a traceback in the worker's log."""
+    turn = make_turn(conversation_id=new_id("conv"))
+    schema = _schema()
+    schema["fields"].append({"name": "price", "default": None, "type": [
+        "null", {"type": "bytes", "logicalType": "decimal", "precision": 2, "scale": 5}]})
+    schema_id = client.register_schema("unparseable-turn",
+                                       Schema(json.dumps(schema), "AVRO"))
+    value = b"\x00" + struct.pack(">I", schema_id) + serde.encode(turn, TOPIC)[5:] + b"\x00"
+    error = decode_error(serde, value)
+    assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
+    assert "SchemaParseException" in error.message
+
+
+@pytest.mark.parametrize("renamed,to", [("tool_effect_ids", "effect_ids"),
+                                        ("expires_at", "expiry_at")])
+def test_a_writer_that_renamed_a_field_is_refused_not_read_as_its_default(
+        client, serde, renamed, to):  # noqa: F811
+    """A review registered ``tool_effect_ids`` renamed (with an alias: resolution uses
+    the reader's aliases, not the writer's): the turn's effects were read as ``[]`` and
+    it was promoted, where ratchet's schema said ``MISSING_TOOL_EFFECT``."""
+    turn, _ = make_tool_loop_turn()
+    schema = _schema()
+    field = _field(schema, renamed)
+    field["name"], field["aliases"] = to, [renamed]
+    schema_id = client.register_schema(f"renamed-{to}", Schema(json.dumps(schema), "AVRO"))
+    record = turn.to_avro()
+    record[to] = record.pop(renamed)
+    error = decode_error(serde, b"\x00" + struct.pack(">I", schema_id) + _body(schema, record))
+    assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
+    assert f"TurnCompleted has no field {renamed!r}" in error.message
+
+
+def test_a_nested_record_missing_a_field_with_a_default_is_refused(client, serde):  # noqa: F811
+    """``tool_choice`` has a default: resolution would read it as null, not as sent."""
+    turn = make_turn(conversation_id=new_id("conv"))
+    schema = _schema()
+    config = _field(schema, "effective_config")["type"]
+    config["fields"] = [f for f in config["fields"] if f["name"] != "tool_choice"]
+    schema_id = client.register_schema("no-tool-choice", Schema(json.dumps(schema), "AVRO"))
+    record = turn.to_avro()
+    del record["effective_config"]["tool_choice"]
+    error = decode_error(serde, b"\x00" + struct.pack(">I", schema_id) + _body(schema, record))
+    assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
+    assert "EffectiveConfig has no field 'tool_choice'" in error.message
+
+
+def test_a_v1_writer_without_the_fields_added_since_is_read(client, serde):  # noqa: F811
+    turn = make_turn(conversation_id=new_id("conv"))
+    v1 = json.loads(avsc.schema_text("TurnCompleted", avsc.V1_DIR))
+    schema_id = client.register_schema("v1-turn", Schema(json.dumps(v1), "AVRO"))
+    record = turn.to_avro()
+    del record["gateway_id"]
+    decoded = serde.decode_gateway_event(
+        b"\x00" + struct.pack(">I", schema_id) + _body(v1, record), TOPIC, 0, 1)
+    assert decoded == turn
