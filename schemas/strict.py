@@ -79,7 +79,9 @@ def _walk(body: _Body, schema: Any, names: dict[str, Any], path: str) -> None:
         _walk(body, schema[index], names, path)
         return
     kind = schema["type"]
-    if kind == "record":
+    if isinstance(kind, (dict, list)):  # {"type": {...}}: the type is nested once more
+        _walk(body, kind, names, path)
+    elif kind == "record":
         for field in schema["fields"]:
             _walk(body, field["type"], names, f"{path}/{field['name']}")
     elif kind == "enum":
