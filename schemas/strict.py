@@ -7,12 +7,12 @@ adversarial review; Java's Avro refuses the same bytes). It also reads any boole
 byte but 0 as true, where the spec allows only 0 and 1 (Java reads 2 as false: two
 readers, two meanings). Fail closed: such a body is ``CORRUPT_PAYLOAD``.
 
-How it stays cheap: a body is checked only when it is not the plain encoding of what
-fastavro read (``schemas.avro`` re-encodes the decoded record with the writer schema and
-compares the bytes, ~20 us for a turn). Every damaged index or boolean changes the
-bytes; so do valid variants a writer may use (arrays in several blocks, a block's byte
-size, non-minimal varints), which this walk accepts. A body read with schema
-resolution is always walked.
+When it runs: only on a body that is not the plain encoding of what fastavro read
+(``schemas.avro`` re-encodes the decoded record with the writer schema and compares
+the bytes: ~0.1 ms for a 20-item turn, against ~0.26 ms for this walk in Python).
+Every damaged index or boolean changes the bytes; so do valid variants a writer may
+use (arrays in several blocks, a block's byte size, non-minimal varints), which this
+walk accepts. A body read with schema resolution is always walked.
 """
 
 from __future__ import annotations
