@@ -101,13 +101,16 @@ def test_a_negative_union_index_is_corrupt_not_the_last_branch(serde):  # noqa: 
     assert "union index -1 outside 0..1 at /gateway_id" in error.message
 
 
+def _int_written_as(byte: int) -> int:
+    """The int whose zigzag varint is the single byte ``byte`` (below 0x80)."""
+    return byte // 2 if byte % 2 == 0 else -(byte + 1) // 2
+
+
 @pytest.mark.parametrize("byte", [2, 3, 0x7F])
 def test_a_boolean_byte_other_than_0_or_1_is_corrupt(serde, byte):  # noqa: F811
     turn = make_turn(conversation_id=new_id("conv"))
-    # zigzag(n) = 2n for n >= 0: the int n is the single byte 2n
     value = _framed(serde, turn, _damaged(turn, "effective_config/truncated", "int",
-                                          byte // 2) if byte % 2 == 0 else
-                    _damaged(turn, "effective_config/truncated", "int", -(byte + 1) // 2))
+                                          _int_written_as(byte)))
     error = decode_error(serde, value)
     assert error.reason is DeadLetterReason.CORRUPT_PAYLOAD
     assert f"boolean byte {byte} (0 or 1) at /effective_config/truncated" in error.message
