@@ -1093,6 +1093,161 @@ done:
     return result;
 }
 
+/* ------------------------------------------- an Avro body against the spec */
+
+/* avro_conforms(plan, body) -> bool. Twin: strict_violation in schemas/strict.py.
+ *
+ * fastavro reads a negative enum or union index from the end of the list and any
+ * boolean byte but 0 as true; schemas/strict.py explains why ratchet refuses both. This
+ * walks the body over the writer schema's plan (schemas/strict.py, plan_of: a flat
+ * int32 program, one node per schema node) and answers True only when the body keeps
+ * to the spec: every enum and union index inside its list, every boolean 0 or 1, every
+ * length inside the body. False means "refused or not sure" (a varint wider than 64
+ * bits, nesting deeper than MAX_AVRO_DEPTH, a block count beyond the bytes left, a node
+ * the plan marks REFUSE): the Python walk then decides and says why. So this can only
+ * let through what the Python walk lets through. */
+
+enum {
+    PLAN_NULL, PLAN_BOOLEAN, PLAN_VARINT, PLAN_FLOAT, PLAN_DOUBLE, PLAN_SIZED, PLAN_FIXED,
+    PLAN_ENUM, PLAN_UNION, PLAN_RECORD, PLAN_ARRAY, PLAN_MAP, PLAN_REFUSE
+};
+#define MAX_AVRO_DEPTH 100
+
+typedef struct {
+    const unsigned char *p, *end;
+    const int32_t *plan;
+    Py_ssize_t plan_len; /* in int32s */
+} AvroWalk;
+
+/* A zigzag varint (Avro's int and long) into *out; 0 if the body ends inside it, it is
+ * longer than 10 bytes, or its value does not fit 64 bits (not sure: the twin decides). */
+static int
+avro_varint(AvroWalk *w, int64_t *out)
+{
+    uint64_t value = 0;
+    for (int i = 0; i < 10; i++) {
+        if (w->p >= w->end)
+            return 0;
+        unsigned byte = *w->p++;
+        if (i == 9 && (byte & 0x7E))
+            return 0;
+        value |= (uint64_t)(byte & 0x7F) << (7 * i);
+        if (!(byte & 0x80)) {
+            *out = (int64_t)((value >> 1) ^ (0 - (value & 1)));
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Skip n bytes; 0 if n is negative or beyond the body. */
+static int
+avro_skip(AvroWalk *w, int64_t n)
+{
+    if (n < 0 || n > w->end - w->p)
+        return 0;
+    w->p += n;
+    return 1;
+}
+
+/* Does the node at `at` have `cells` int32s after its kind inside the plan? */
+static int
+plan_has(const AvroWalk *w, int32_t at, int64_t cells)
+{
+    return at >= 0 && at + 1 + cells <= w->plan_len;
+}
+
+static int avro_node(AvroWalk *w, int32_t at, int depth);
+
+/* An array's or map's blocks: count, [byte size if count < 0], items; 0 ends them. */
+static int
+avro_blocks(AvroWalk *w, int32_t item, int is_map, int depth)
+{
+    for (;;) {
+        int64_t count, size;
+        if (!avro_varint(w, &count))
+            return 0;
+        if (count == 0)
+            return 1;
+        if (count < 0) {
+            if (count == INT64_MIN || !avro_varint(w, &size))
+                return 0;
+            count = -count;
+        }
+        /* Items of zero bytes (null) could make a huge count loop for long: not sure. */
+        if (count > w->end - w->p)
+            return 0;
+        for (int64_t i = 0; i < count; i++) {
+            int64_t n;
+            if (is_map && !(avro_varint(w, &n) && avro_skip(w, n)))
+                return 0;
+            if (!avro_node(w, item, depth + 1))
+                return 0;
+        }
+    }
+}
+
+static int
+avro_node(AvroWalk *w, int32_t at, int depth)
+{
+    if (depth > MAX_AVRO_DEPTH || !plan_has(w, at, 0))
+        return 0;
+    const int32_t *node = w->plan + at;
+    int64_t value;
+    switch (node[0]) {
+    case PLAN_NULL:
+        return 1;
+    case PLAN_BOOLEAN:
+        if (w->p >= w->end)
+            return 0;
+        return *w->p++ <= 1;
+    case PLAN_VARINT:
+        return avro_varint(w, &value);
+    case PLAN_FLOAT:
+        return avro_skip(w, 4);
+    case PLAN_DOUBLE:
+        return avro_skip(w, 8);
+    case PLAN_SIZED:
+        return avro_varint(w, &value) && avro_skip(w, value);
+    case PLAN_FIXED:
+        return plan_has(w, at, 1) && avro_skip(w, node[1]);
+    case PLAN_ENUM:
+        return plan_has(w, at, 1) && avro_varint(w, &value) && value >= 0 && value < node[1];
+    case PLAN_UNION:
+        if (!plan_has(w, at, 1) || node[1] < 0 || !plan_has(w, at, 1 + (int64_t)node[1]))
+            return 0;
+        if (!avro_varint(w, &value) || value < 0 || value >= node[1])
+            return 0;
+        return avro_node(w, node[2 + value], depth + 1);
+    case PLAN_RECORD:
+        if (!plan_has(w, at, 1) || node[1] < 0 || !plan_has(w, at, 1 + (int64_t)node[1]))
+            return 0;
+        for (int32_t i = 0; i < node[1]; i++)
+            if (!avro_node(w, node[2 + i], depth + 1))
+                return 0;
+        return 1;
+    case PLAN_ARRAY:
+    case PLAN_MAP:
+        return plan_has(w, at, 1) && avro_blocks(w, node[1], node[0] == PLAN_MAP, depth);
+    default: /* PLAN_REFUSE, or a kind this build does not know */
+        return 0;
+    }
+}
+
+static PyObject *
+avro_conforms(PyObject *self, PyObject *args)
+{
+    Py_buffer plan, body;
+    if (!PyArg_ParseTuple(args, "y*y*", &plan, &body))
+        return NULL;
+    AvroWalk w = {body.buf, (const unsigned char *)body.buf + body.len, plan.buf,
+                  plan.len / (Py_ssize_t)sizeof(int32_t)};
+    int ok = avro_node(&w, 0, 0);
+    PyBuffer_Release(&plan);
+    PyBuffer_Release(&body);
+    return PyBool_FromLong(ok);
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -1113,6 +1268,9 @@ static PyMethodDef methods[] = {
      "(twin: ratchet/domain/history.py)."},
     {"render_items", render_items, METH_VARARGS,
      "The items array's JSON (twin: items_json in services/api/render.py)."},
+    {"avro_conforms", avro_conforms, METH_VARARGS,
+     "True if an Avro body keeps to the spec over its plan (False: refused or not sure; "
+     "twin: strict_violation in schemas/strict.py)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,12 +9,17 @@ its byte size) still decode.
 Each damaged body is written with a twin of the schema whose damaged field is an
 ``int`` (or a record of an ``int`` and the branch's value): its zigzag varint is the
 byte sequence an enum index, a union index or a boolean byte would be.
+
+Every test runs twice: with the C walk (``avro_conforms`` in ``ratchet/_speedups.c``,
+the Python walk deciding what it refuses) and with the Python twins alone (the
+re-encoding, then the Python walk).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 from typing import Any
 
@@ -22,12 +27,34 @@ import fastavro
 import pytest
 from confluent_kafka.schema_registry import Schema
 
+from ratchet import speedups
 from ratchet.samples import make_tool_loop_turn, make_turn, new_id
-from schemas import avsc
+from schemas import avro, avsc
 from schemas.models import CheckpointPromoted, DeadLetter, DeadLetterReason, TurnStatus
-from schemas.strict import strict_violation
+from schemas.strict import plan_of, strict_violation
 from tests.unit.test_avro_serde import TOPIC, client, serde  # noqa: F401 - fixtures
 from tests.unit.test_decode_hardening import Pipeline, decode_error, registered_id
+
+C = speedups.load()
+
+
+@pytest.fixture(autouse=True, params=["C", "Python"])
+def twin(request, monkeypatch):
+    """Which strict walk the decode runs (``schemas.avro._lenient_read``)."""
+    if request.param == "C" and C is None:
+        if os.environ.get("CI"):
+            pytest.fail("ratchet._speedups is not built (needs gcc, Python and OpenSSL headers)")
+        pytest.skip("ratchet._speedups is not built here")
+    monkeypatch.setattr(avro, "SPEEDUPS", C if request.param == "C" else None)
+    return request.param
+
+
+def _violation(body: bytes, schema: Any) -> str | None:
+    """``strict_violation``, and the C walk agreeing with it when built."""
+    found = strict_violation(body, schema)
+    if C is not None:
+        assert C.avro_conforms(plan_of(schema), body) is (found is None)
+    return found
 
 
 def _schema() -> dict[str, Any]:
@@ -158,8 +185,8 @@ def test_non_minimal_varints_are_valid():
     schema = fastavro.parse_schema({"type": "record", "name": "R", "fields": [
         {"name": "n", "type": "long"}, {"name": "e", "type": {
             "type": "enum", "name": "E", "symbols": ["a", "b"]}}]})
-    assert strict_violation(bytes([0x80, 0x00, 0x82, 0x00]), schema) is None  # 0, then 1
-    assert strict_violation(bytes([0x00, 0x04]), schema) == "enum index 2 outside 0..1 at /e"
+    assert _violation(bytes([0x80, 0x00, 0x82, 0x00]), schema) is None  # 0, then 1
+    assert _violation(bytes([0x00, 0x04]), schema) == "enum index 2 outside 0..1 at /e"
 
 
 def test_a_named_type_first_defined_in_a_branch_not_taken_is_still_known():
@@ -167,8 +194,8 @@ def test_a_named_type_first_defined_in_a_branch_not_taken_is_still_known():
         {"name": "first", "type": ["null", {"type": "enum", "name": "E",
                                             "symbols": ["a", "b"]}]},
         {"name": "second", "type": "E"}]})
-    assert strict_violation(bytes([0x00, 0x02]), schema) is None  # null, then "b"
-    assert "enum index -1" in strict_violation(bytes([0x00, 0x01]), schema)
+    assert _violation(bytes([0x00, 0x02]), schema) is None  # null, then "b"
+    assert "enum index -1" in _violation(bytes([0x00, 0x01]), schema)
 
 
 def test_a_writer_schema_fastavro_cannot_parse_is_a_schema_mismatch(client, serde):  # noqa: F811
