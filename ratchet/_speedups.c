@@ -1,5 +1,7 @@
 /*
- * ratchet._speedups: C twins of the per-item loops of a history read.
+ * ratchet._speedups: C twins of the per-item loops of a history read, and of the
+ * strict walk of a consumed Avro body (schemas/strict.py; section "an Avro body
+ * against the spec" below).
  *
  * Why: a cold read of a 50-turn history spends ~1.2 ms of Python on its rows (decode
  * the items cells, hash every item, render the items array) against ~1.5 ms for the
@@ -1276,7 +1278,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "ratchet._speedups",
-    "C twins of the per-item loops of a history read (see ratchet/speedups.py).", -1, methods,
+    "C twins of a history read's per-item loops and of the strict Avro walk "
+    "(see ratchet/speedups.py).", -1, methods,
 };
 
 PyMODINIT_FUNC

@@ -1,9 +1,11 @@
-"""The C twins of a history read's per-item loops, when built and allowed.
+"""The C twins of a history read's per-item loops and of the strict Avro walk, when
+built and allowed.
 
 Why: a cold read of a 50-turn history spent ~1.2 ms of Python on its rows (decode the
 items cells, hash every item, render the items array) beside a ~1.5 ms read
 (docs/decisions.md, "Cold miss"). ``ratchet/_speedups.c`` does the same per-item work
-in C.
+in C. It also walks every consumed Avro body against the spec (``schemas/strict.py``)
+in ~2 us, where telling whether the Python walk was needed cost ~0.1 ms.
 
 How it stays safe: each C function has a Python twin that stays the reference and is
 used when the C module is not built (no compiler at install time) or when
