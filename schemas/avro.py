@@ -60,7 +60,7 @@ from schemas.models import (
     GatewayEvent,
     record_name,
 )
-from schemas.strict import plan_of, strict_violation
+from schemas.strict import plan_of, strict_violation, unsafe_shape
 
 MAGIC_BYTE = 0
 HEADER_SIZE = 5
@@ -173,6 +173,9 @@ class _Reader:
     # lacks (``_left_out``), else None.
     left_out: str | None = None
     strict_plan: bytes = b""  # the writer schema as the C strict walk's plan (``plan_of``)
+    # Why fastavro must not read bodies of this writer schema (``unsafe_shape``: it
+    # recurses, or nests too deep), else None.
+    unsafe: str | None = None
 
 
 class EventSerde:
@@ -331,6 +334,7 @@ class EventSerde:
                 in_range=_range_check(record),
                 left_out=_left_out(record, writer_json),
                 strict_plan=plan_of(writer),
+                unsafe=unsafe_shape(writer),
             )
             self._readers[schema_id] = known
         return known
@@ -353,15 +357,23 @@ class EventSerde:
             )
         try:
             known = self._parsed_reader(schema_id, record)
+        except (SchemaParseException, RecursionError) as exc:
+            # SchemaParseException: a writer schema the registry took but fastavro cannot
+            # parse (a decimal whose scale exceeds its precision, found by a review): it
+            # was dead-lettered UNKNOWN, with a traceback in the log. RecursionError: one
+            # nested beyond what Python's JSON parser and fastavro's parser recurse to.
+            raise DecodeError(DeadLetterReason.SCHEMA_MISMATCH, f"{type(exc).__name__}: {exc}",
+                              schema_id=schema_id, **where) from exc
+        if known.unsafe is not None:
+            raise DecodeError(DeadLetterReason.SCHEMA_MISMATCH, known.unsafe,
+                              schema_id=schema_id, **where)
+        try:
             body = io.BytesIO(value)
             body.seek(HEADER_SIZE)
             data: dict[str, Any] = schemaless_reader(  # type: ignore[assignment]
                 body, known.writer, known.reader
             )
-        except (SchemaResolutionError, SchemaParseException) as exc:
-            # SchemaParseException: a writer schema the registry took but fastavro cannot
-            # parse (a decimal whose scale exceeds its precision, found by a review): it
-            # was dead-lettered UNKNOWN, with a traceback in the log.
+        except SchemaResolutionError as exc:
             reason, error = DeadLetterReason.SCHEMA_MISMATCH, exc
         except (EOFError, StopIteration) as exc:
             reason, error = DeadLetterReason.TRUNCATED, exc
@@ -659,6 +671,8 @@ def _record_name(schema: Any) -> str:
         parsed = json.loads(schema.schema_str)
     except ValueError:
         return "an Avro schema that is not JSON"
+    except RecursionError:  # JSON nested deeper than Python's parser recurses
+        return "an Avro schema nested too deep to parse"
     if not isinstance(parsed, dict) or "name" not in parsed:
         return "an Avro schema that is not a named record"
     # A top-level schema without a namespace is in Avro's null namespace (not ours:

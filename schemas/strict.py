@@ -141,6 +141,60 @@ def _primitive(body: _Body, kind: str, path: str) -> None:
         raise _Refused(f"a type this check does not know: {kind!r} at {path or '/'}")
 
 
+# --- what fastavro cannot read safely -----------------------------------------------------
+# fastavro reads a body by recursion in C, one level per nesting level of the schema it
+# meets in the body. A recursive writer schema (a linked list: ``Node`` with a field of
+# ``["null", "Node"]``) nests as deep as the body says: 100 000 bytes of 0x02 overflowed
+# the C stack and the worker died of SIGSEGV (found in session 34 by the twins' random
+# schemas), again on the same record after every restart. ratchet's own schemas nest 4
+# levels at most (TurnCompleted) and recurse nowhere, so a writer schema that recurses, or nests deeper than
+# MAX_SCHEMA_DEPTH, is refused before any body of it is read.
+MAX_SCHEMA_DEPTH = 32
+
+
+def unsafe_shape(schema: Any) -> str | None:
+    """Why fastavro must not read bodies of the fastavro-parsed ``schema`` (a named type
+    that contains itself, or nesting deeper than ``MAX_SCHEMA_DEPTH`` levels, references
+    to named types counted as their definition's depth), else None."""
+    names = dict(schema.get("__named_schemas", {})) if isinstance(schema, dict) else {}
+    depth_of: dict[str, int] = {}  # a named type's depth, once known
+    open_names: list[str] = []  # the named types being measured, outermost first
+
+    def depth(schema: Any) -> int:
+        if isinstance(schema, str):
+            if schema not in names:
+                return 0
+            if schema in open_names:
+                raise _Refused(f"the writer schema's {schema} contains itself "
+                               f"(through {' -> '.join(open_names[open_names.index(schema):])})")
+            return depth_of[schema] if schema in depth_of else depth(names[schema])
+        if isinstance(schema, list):
+            return 1 + max((depth(branch) for branch in schema), default=0)
+        kind = schema["type"]
+        if isinstance(kind, (dict, list)):
+            return depth(kind)
+        if kind == "record":
+            name = schema["name"]
+            open_names.append(name)
+            found = 1 + max((depth(field["type"]) for field in schema["fields"]), default=0)
+            open_names.pop()
+            depth_of[name] = found
+        elif kind in ("array", "map"):
+            found = 1 + depth(schema["items" if kind == "array" else "values"])
+        else:
+            return 0
+        if found > MAX_SCHEMA_DEPTH:
+            raise _Refused(f"the writer schema nests {found} levels or more "
+                           f"(at most {MAX_SCHEMA_DEPTH})")
+        return found
+
+    try:
+        depth(schema)
+    except _Refused as refused:
+        return str(refused)
+    return None
+
+
 # --- the plan the C walk runs ------------------------------------------------------------
 # One node per schema node, in a flat int32 array: [kind, ...]. A reference to another
 # node is its index in the array, so a recursive named type is a loop, not a copy.

@@ -21,6 +21,9 @@ import io
 import json
 import os
 import struct
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import fastavro
@@ -31,7 +34,7 @@ from ratchet import speedups
 from ratchet.samples import make_tool_loop_turn, make_turn, new_id
 from schemas import avro, avsc
 from schemas.models import CheckpointPromoted, DeadLetter, DeadLetterReason, TurnStatus
-from schemas.strict import plan_of, strict_violation
+from schemas.strict import MAX_SCHEMA_DEPTH, plan_of, strict_violation, unsafe_shape
 from tests.unit.test_avro_serde import TOPIC, client, serde  # noqa: F401 - fixtures
 from tests.unit.test_decode_hardening import Pipeline, decode_error, registered_id
 
@@ -255,3 +258,100 @@ def test_a_v1_writer_without_the_fields_added_since_is_read(client, serde):  # n
     decoded = serde.decode_gateway_event(
         b"\x00" + struct.pack(">I", schema_id) + _body(v1, record), TOPIC, 0, 1)
     assert decoded == turn
+
+
+# --- writer schemas fastavro cannot read safely (schemas/strict.py, unsafe_shape) -----------
+
+def _with_extension(client, subject: str, extension: Any) -> int:  # noqa: F811
+    """The id of ratchet's TurnCompleted with one more optional field of ``extension``
+    (FULL_TRANSITIVE-compatible: an added field with a default)."""
+    schema = _schema()
+    schema["fields"].append({"name": "ext", "type": ["null", extension], "default": None})
+    return client.register_schema(subject, Schema(json.dumps(schema), "AVRO"))
+
+
+LINKED = {"type": "record", "name": "Node", "fields": [{"name": "next", "type": ["null", "Node"]}]}
+
+
+def test_a_writer_schema_that_recurses_is_a_schema_mismatch(client, serde):  # noqa: F811
+    """A linked list as an optional field: fastavro reads it by recursion in C as deep
+    as the body nests, and 100 000 levels killed the worker (SIGSEGV, again after every
+    restart). Refused before any body is read, however short."""
+    turn = make_turn(conversation_id=new_id("conv"))
+    schema_id = _with_extension(client, "linked-turn", LINKED)
+    body = serde.encode(turn, TOPIC)[5:] + b"\x02" + b"\x02" * 3 + b"\x00"
+    error = decode_error(serde, b"\x00" + struct.pack(">I", schema_id) + body)
+    assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
+    assert "io.ratchet.Node contains itself" in error.message
+
+
+def test_a_body_nested_100_000_deep_is_dead_lettered_not_a_crash(tmp_path):
+    """The review's body, in a process of its own (a regression is a SIGSEGV there)."""
+    script = tmp_path / "deep.py"
+    script.write_text(f'''
+import json, struct
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from ratchet.samples import make_turn
+from schemas import avsc
+from schemas.avro import EventSerde, register_schemas
+from schemas.errors import DecodeError
+client = SchemaRegistryClient.new_client({{"url": "mock://deep"}})
+register_schemas(client, compatibility=False)
+serde = EventSerde(client, auto_register=True)
+schema = json.loads(avsc.schema_text("TurnCompleted"))
+schema["fields"].append({{"name": "ext", "type": ["null", {LINKED!r}], "default": None}})
+schema_id = client.register_schema("deep", Schema(json.dumps(schema), "AVRO"))
+body = serde.encode(make_turn(), "t")[5:] + b"\\x02" * 100_000 + b"\\x00"
+try:
+    serde.decode_gateway_event(b"\\x00" + struct.pack(">I", schema_id) + body, "t", 0, 1)
+except DecodeError as error:
+    print(error.reason.value)
+''')
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "SCHEMA_MISMATCH"
+
+
+def _nested_arrays(levels: int, innermost: Any = "long") -> Any:
+    nested: Any = innermost
+    for _ in range(levels):
+        nested = {"type": "array", "items": nested}
+    return nested
+
+
+@pytest.mark.parametrize("levels,refused", [(MAX_SCHEMA_DEPTH - 2, False),
+                                            (MAX_SCHEMA_DEPTH - 1, True), (900, True)])
+def test_a_writer_schema_nested_too_deep_is_a_schema_mismatch(client, serde, levels, refused):  # noqa: F811
+    """The extension's arrays sit two levels down (the record, the field's union), so
+    ``levels`` arrays nest ``levels + 2``. 900 levels is past what Python's parsers
+    recurse to (it was an ``UNKNOWN`` dead letter with a RecursionError's traceback)."""
+    turn = make_turn(conversation_id=new_id("conv"))
+    schema_id = _with_extension(client, f"nested-{levels}", _nested_arrays(levels))
+    value = b"\x00" + struct.pack(">I", schema_id) + serde.encode(turn, TOPIC)[5:] + b"\x00"
+    if not refused:
+        assert serde.decode_gateway_event(value, TOPIC, 0, 1) == turn
+        return
+    error = decode_error(serde, value)
+    assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
+    assert (f"nests {MAX_SCHEMA_DEPTH + 1} levels" if levels < 900
+            else "RecursionError") in error.message
+
+
+def test_a_named_type_counts_its_definitions_depth_where_referenced():
+    """A reference nests as deep as its type's definition: arrays of a deep named type
+    cannot stack depth past the bound unseen."""
+    deep = {"type": "record", "name": "A", "fields": [{"name": "a", "type": _nested_arrays(20)}]}
+
+    def root(again: Any) -> Any:  # A is 21 levels; the root adds 1
+        return fastavro.parse_schema({"type": "record", "name": "R", "fields": [
+            {"name": "first", "type": deep}, {"name": "again", "type": again}]})
+
+    assert unsafe_shape(root("A")) is None
+    assert unsafe_shape(root(_nested_arrays(10, "A"))) is None  # 1 + 10 + 21 = 32
+    assert f"nests {MAX_SCHEMA_DEPTH + 1} levels" in unsafe_shape(root(_nested_arrays(11, "A")))
+
+
+def test_ratchets_own_schemas_are_safe_to_read():
+    for record in sorted(avsc.TOP_LEVEL_RECORDS):
+        assert unsafe_shape(avsc.parsed(record)) is None, record
