@@ -142,57 +142,80 @@ def _primitive(body: _Body, kind: str, path: str) -> None:
 
 
 # --- what fastavro cannot read safely -----------------------------------------------------
-# fastavro reads a body by recursion in C, one level per nesting level of the schema it
-# meets in the body. A recursive writer schema (a linked list: ``Node`` with a field of
-# ``["null", "Node"]``) nests as deep as the body says: 100 000 bytes of 0x02 overflowed
-# the C stack and the worker died of SIGSEGV (found in session 34 by the twins' random
-# schemas), again on the same record after every restart. ratchet's own schemas nest 4
-# levels at most (TurnCompleted) and recurse nowhere, so a writer schema that recurses, or nests deeper than
-# MAX_SCHEMA_DEPTH, is refused before any body of it is read.
+# Two writer-schema shapes let a short body cost without bound, so the worker refuses
+# them before reading any body (found in session 34, by the twins' random schemas):
+# - Recursion. fastavro reads by recursion in C, one level per level of the schema the
+#   body nests. A recursive schema (a linked list: ``Node`` with a field of
+#   ``["null", "Node"]``) nests as deep as the body says: 100 000 bytes of 0x02
+#   overflowed the C stack and the worker died of SIGSEGV, again on the same record
+#   after every restart. A schema nested deeper than MAX_SCHEMA_DEPTH is refused too.
+# - An array whose items may take no bytes (``null``, a record of nulls, a zero-size
+#   ``fixed``). Its count is then bounded by nothing in the body: 2**62 nulls in 10 bytes
+#   kept fastavro's loop (and the worker's lane) busy for good. With every item taking
+#   a byte or more, a count cannot outrun the body. (A map's entries carry a key.)
+# ratchet's own schemas nest 4 levels at most (TurnCompleted), recurse nowhere and have
+# no such array.
 MAX_SCHEMA_DEPTH = 32
 
 
 def unsafe_shape(schema: Any) -> str | None:
-    """Why fastavro must not read bodies of the fastavro-parsed ``schema`` (a named type
-    that contains itself, or nesting deeper than ``MAX_SCHEMA_DEPTH`` levels, references
-    to named types counted as their definition's depth), else None."""
+    """Why fastavro must not read bodies of the fastavro-parsed ``schema``, else None: a
+    named type that contains itself, nesting deeper than ``MAX_SCHEMA_DEPTH`` levels (a
+    reference to a named type counts as deep as its definition), or an array whose
+    items may be written in no bytes."""
     names = dict(schema.get("__named_schemas", {})) if isinstance(schema, dict) else {}
-    depth_of: dict[str, int] = {}  # a named type's depth, once known
+    measured: dict[str, tuple[int, int]] = {}  # a named type's (depth, fewest bytes)
     open_names: list[str] = []  # the named types being measured, outermost first
 
-    def depth(schema: Any) -> int:
+    def measure(schema: Any) -> tuple[int, int]:
+        """(levels it nests, the fewest bytes a value of it takes)."""
         if isinstance(schema, str):
-            if schema not in names:
-                return 0
-            if schema in open_names:
-                raise _Refused(f"the writer schema's {schema} contains itself "
-                               f"(through {' -> '.join(open_names[open_names.index(schema):])})")
-            return depth_of[schema] if schema in depth_of else depth(names[schema])
-        if isinstance(schema, list):
-            return 1 + max((depth(branch) for branch in schema), default=0)
-        kind = schema["type"]
-        if isinstance(kind, (dict, list)):
-            return depth(kind)
-        if kind == "record":
-            name = schema["name"]
-            open_names.append(name)
-            found = 1 + max((depth(field["type"]) for field in schema["fields"]), default=0)
+            if schema in names:
+                if schema in open_names:
+                    loop = " -> ".join(open_names[open_names.index(schema):])
+                    raise _Refused(f"the writer schema's {schema} contains itself "
+                                   f"(through {loop})")
+                return measured[schema] if schema in measured else measure(names[schema])
+            return 0, _FEWEST_BYTES.get(schema, 1)
+        if isinstance(schema, list):  # a union: its index, then the branch
+            branches = [measure(branch) for branch in schema]
+            found = (1 + max((d for d, _ in branches), default=0),
+                     1 + min((b for _, b in branches), default=0))
+        elif isinstance(schema["type"], (dict, list)):
+            return measure(schema["type"])
+        elif schema["type"] == "record":
+            open_names.append(schema["name"])
+            fields = [measure(field["type"]) for field in schema["fields"]]
             open_names.pop()
-            depth_of[name] = found
-        elif kind in ("array", "map"):
-            found = 1 + depth(schema["items" if kind == "array" else "values"])
-        else:
-            return 0
-        if found > MAX_SCHEMA_DEPTH:
-            raise _Refused(f"the writer schema nests {found} levels or more "
+            found = (1 + max((d for d, _ in fields), default=0), sum(b for _, b in fields))
+            measured[schema["name"]] = found
+        elif schema["type"] == "array":
+            items_depth, items_bytes = measure(schema["items"])
+            if items_bytes == 0:
+                raise _Refused("the writer schema has an array whose items may take no "
+                               "bytes: its count is bounded by nothing in the body")
+            found = (1 + items_depth, 1)
+        elif schema["type"] == "map":
+            found = (1 + measure(schema["values"])[0], 1)
+        elif schema["type"] == "fixed":
+            return 0, schema["size"]
+        else:  # a primitive, maybe with a logical type; an enum
+            return 0, _FEWEST_BYTES.get(schema["type"], 1)
+        if found[0] > MAX_SCHEMA_DEPTH:
+            raise _Refused(f"the writer schema nests {found[0]} levels or more "
                            f"(at most {MAX_SCHEMA_DEPTH})")
         return found
 
     try:
-        depth(schema)
+        measure(schema)
     except _Refused as refused:
         return str(refused)
     return None
+
+
+# The fewest bytes a value of each type takes (Avro binary encoding); 1 for the rest (a
+# varint, a length, an enum index).
+_FEWEST_BYTES = {"null": 0, "float": 4, "double": 8}
 
 
 # --- the plan the C walk runs ------------------------------------------------------------

@@ -285,9 +285,22 @@ def test_a_writer_schema_that_recurses_is_a_schema_mismatch(client, serde):  # n
     assert "io.ratchet.Node contains itself" in error.message
 
 
-def test_a_body_nested_100_000_deep_is_dead_lettered_not_a_crash(tmp_path):
-    """The review's body, in a process of its own (a regression is a SIGSEGV there)."""
-    script = tmp_path / "deep.py"
+NULLS = {"type": "array", "items": "null"}
+# The body after ratchet's fields: the extension's union branch 1, then the bomb.
+BOMBS = {
+    "nested-100000-deep": (LINKED, "b'\\x02' * 100_000 + b'\\x00'"),
+    # an array of 2**62 - 1 nulls (zigzag varint of the count, then the closing 0)
+    "2**62-nulls": (NULLS, "bytes([0xFE] + [0xFF] * 7 + [0x7F, 0x00])"),
+}
+
+
+@pytest.mark.parametrize("bomb", sorted(BOMBS))
+def test_a_body_that_costs_without_bound_is_dead_lettered_in_time(tmp_path, bomb):
+    """Each bomb in a process of its own, with a deadline: before, the nested body was a
+    SIGSEGV (the worker died on it after every restart) and the nulls an endless loop
+    (the partition stopped; so would every worker that took it over)."""
+    extension, tail = BOMBS[bomb]
+    script = tmp_path / "bomb.py"
     script.write_text(f'''
 import json, struct
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
@@ -295,22 +308,47 @@ from ratchet.samples import make_turn
 from schemas import avsc
 from schemas.avro import EventSerde, register_schemas
 from schemas.errors import DecodeError
-client = SchemaRegistryClient.new_client({{"url": "mock://deep"}})
+client = SchemaRegistryClient.new_client({{"url": "mock://bomb"}})
 register_schemas(client, compatibility=False)
 serde = EventSerde(client, auto_register=True)
 schema = json.loads(avsc.schema_text("TurnCompleted"))
-schema["fields"].append({{"name": "ext", "type": ["null", {LINKED!r}], "default": None}})
-schema_id = client.register_schema("deep", Schema(json.dumps(schema), "AVRO"))
-body = serde.encode(make_turn(), "t")[5:] + b"\\x02" * 100_000 + b"\\x00"
+schema["fields"].append({{"name": "ext", "type": ["null", {extension!r}], "default": None}})
+schema_id = client.register_schema("bomb", Schema(json.dumps(schema), "AVRO"))
+body = serde.encode(make_turn(), "t")[5:] + b"\\x02" + {tail}
 try:
     serde.decode_gateway_event(b"\\x00" + struct.pack(">I", schema_id) + body, "t", 0, 1)
 except DecodeError as error:
-    print(error.reason.value)
+    print(error.reason.value, error.message)
 ''')
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120, cwd=Path(__file__).parents[2])
+                          timeout=60, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "SCHEMA_MISMATCH"
+    assert done.stdout.startswith("SCHEMA_MISMATCH"), done.stdout
+
+
+@pytest.mark.parametrize("items", ["null", {"type": "record", "name": "Empty", "fields": []},
+                                   {"type": "record", "name": "Nulls", "fields": [
+                                       {"name": "a", "type": "null"}]},
+                                   {"type": "fixed", "name": "Zero", "size": 0}])
+def test_an_array_whose_items_may_take_no_bytes_is_a_schema_mismatch(client, serde, items):  # noqa: F811
+    turn = make_turn(conversation_id=new_id("conv"))
+    schema_id = _with_extension(client, f"zero-width-{json.dumps(items)}",
+                                {"type": "array", "items": items})
+    value = b"\x00" + struct.pack(">I", schema_id) + serde.encode(turn, TOPIC)[5:] + b"\x00"
+    error = decode_error(serde, value)
+    assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
+    assert "an array whose items may take no bytes" in error.message
+
+
+def test_arrays_and_maps_whose_items_take_a_byte_are_read():
+    """Each of these items takes a byte or more (a union's index, an enum's, a map's
+    closing count): the count is bounded by the body."""
+    for items in (["null", "long"], {"type": "map", "values": "null"}, "boolean",
+                  {"type": "array", "items": "long"}, {"type": "fixed", "name": "F", "size": 1},
+                  {"type": "enum", "name": "E", "symbols": ["a"]}, "float"):
+        schema = fastavro.parse_schema({"type": "record", "name": "R", "fields": [
+            {"name": "a", "type": {"type": "array", "items": items}}]})
+        assert unsafe_shape(schema) is None, items
 
 
 def _nested_arrays(levels: int, innermost: Any = "long") -> Any:
