@@ -30,6 +30,8 @@ class Unavailable(Exception):
     """
 
     retryable: bool = True
+    # What was unavailable, as the worker's log says it ("the store (Cassandra)").
+    dependency: str = "a dependency"
 
 
 class SerdeError(Exception):
@@ -64,6 +66,7 @@ class RegistryUnavailable(SerdeError, Unavailable):
     """The schema registry did not answer (network, 5xx): retry, do not dead-letter."""
 
     retryable = True
+    dependency = "the schema registry"
 
 
 class EncodeError(SerdeError):

@@ -27,6 +27,8 @@ T = TypeVar("T")
 class PublishUnavailable(Unavailable):
     """The outcomes could not be encoded (registry) or published (Kafka): retry later."""
 
+    dependency = "Kafka or the schema registry (publishing outcomes)"
+
 
 class LaneStopped(Exception):
     """The lane was asked to stop while an event was waiting for persistence."""
@@ -61,13 +63,15 @@ async def retry_until_done(
     Raises ``LaneStopped`` if ``stopping()`` becomes true between attempts.
     """
     attempt = 0
+    what = ""
     try:
         while True:
             try:
                 return await call()
             except Unavailable as exc:
+                what = exc.dependency
                 if attempt == 0:
-                    log.warning("%s: persistence unavailable, retrying: %s", lane, exc)
+                    log.warning("%s: %s unavailable, retrying: %s", lane, exc.dependency, exc)
                 health.retrying(lane, str(exc), new=attempt == 0)
                 metrics.PERSISTENCE_RETRIES.inc()
                 await _sleep_unless_stopping(backoff.delay(attempt), stopping)
@@ -75,7 +79,7 @@ async def retry_until_done(
     finally:
         if attempt:
             health.recovered(lane)
-            log.info("%s: persistence back after %d retries", lane, attempt)
+            log.info("%s: %s back after %d retries", lane, what, attempt)
 
 
 async def _sleep_unless_stopping(seconds: float, stopping: Callable[[], bool]) -> None:

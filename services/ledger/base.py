@@ -65,6 +65,8 @@ __all__ = [
 class LedgerUnavailable(Unavailable):
     """The ledger's database could not be reached or timed out; retrying may help."""
 
+    dependency = "the effect ledger (Cassandra)"
+
 
 class EffectWrite(StrEnum):
     """What recording one tool effect did."""

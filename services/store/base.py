@@ -144,6 +144,8 @@ class StoreUnavailable(StoreError, Unavailable):
     same idempotency key is safe: it returns ``Duplicate`` if the first write landed.
     """
 
+    dependency = "the checkpoint store (Cassandra)"
+
     def __init__(self, message: str, *, retryable: bool, operation: str = "") -> None:
         super().__init__(message)
         self.retryable = retryable

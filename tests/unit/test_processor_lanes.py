@@ -8,9 +8,12 @@ order per partition, never past an unfinished event.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
+from schemas.errors import RegistryUnavailable
+from services.ledger.base import LedgerUnavailable
 from services.store.base import StoreUnavailable
 from streams.health import Health
 from streams.lanes import PartitionLanes
@@ -248,3 +251,32 @@ def test_window_stop_never_acks_past_an_unfinished_event():
         assert acked == []  # 1-3 finished, but 0 did not: none of them is acked
 
     run(scenario())
+
+
+@pytest.mark.parametrize("error,named", [
+    (RegistryUnavailable("registry answered 503"), "the schema registry"),
+    (StoreUnavailable("no replica", retryable=True), "the checkpoint store (Cassandra)"),
+    (LedgerUnavailable("timeout"), "the effect ledger (Cassandra)"),
+    (PublishUnavailable("broker down"), "Kafka or the schema registry (publishing outcomes)"),
+])
+def test_the_retry_log_names_what_is_unavailable(caplog, error, named):
+    """A registry answering 503 or 403 was logged as "persistence unavailable" (a
+    review, session 33): the operator looked at Cassandra."""
+    async def scenario():
+        attempts = 0
+
+        async def flaky():
+            nonlocal attempts
+            attempts += 1
+            if attempts == 1:
+                raise error
+            return "done"
+
+        with caplog.at_level(logging.INFO, logger="streams.retry"):
+            await retry_until_done(flaky, lane="p0", health=Health(),
+                                   backoff=Backoff(base_s=0.001, cap_s=0.001),
+                                   stopping=lambda: False)
+
+    run(scenario())
+    assert f"p0: {named} unavailable, retrying: {error}" in caplog.text
+    assert f"p0: {named} back after 1 retries" in caplog.text
