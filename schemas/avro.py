@@ -319,7 +319,7 @@ class EventSerde:
         """The cached reader of ``schema_id`` with both schemas parsed (once per id)."""
         known = self._readers[schema_id]
         if known.writer is None:
-            writer_json = json.loads(known.writer_text)
+            writer_json = _uuids_as_strings(json.loads(known.writer_text))
             reader_json = json.loads(avsc.schema_text(record))
             writer = parse_schema(writer_json)
             known = _Reader(
@@ -682,6 +682,21 @@ def _record_name(schema: Any) -> str:
         name = f"{namespace}.{name}"
     prefix = avsc.NAMESPACE + "."
     return name.removeprefix(prefix) if name.startswith(prefix) else f"{name} (not {prefix}*)"
+
+
+def _uuids_as_strings(schema: Any) -> Any:
+    """A writer schema with ``"logicalType": "uuid"`` dropped from its strings. The
+    annotation changes no byte (the value is the UUID's text), but fastavro reads it as
+    a ``uuid.UUID``, which no ratchet field takes: a Java gateway annotating
+    ``event_id`` so had every event dead-lettered ``INVALID_EVENT`` (a review, session
+    33). Read as the string it is, the field's own rules judge it."""
+    if isinstance(schema, dict):
+        if schema.get("type") == "string" and schema.get("logicalType") == "uuid":
+            return {k: v for k, v in schema.items() if k != "logicalType"}
+        return {k: _uuids_as_strings(v) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_uuids_as_strings(v) for v in schema]
+    return schema
 
 
 def _without_docs(schema: Any) -> Any:

@@ -393,3 +393,14 @@ def test_a_named_type_counts_its_definitions_depth_where_referenced():
 def test_ratchets_own_schemas_are_safe_to_read():
     for record in sorted(avsc.TOP_LEVEL_RECORDS):
         assert unsafe_shape(avsc.parsed(record)) is None, record
+
+
+def test_a_writers_uuid_annotation_on_a_string_is_read_as_the_string(client, serde):  # noqa: F811
+    """``event_id`` annotated ``logicalType: uuid`` (Java's Avro writes the UUID's text):
+    fastavro read a ``uuid.UUID`` and every such event was ``INVALID_EVENT``."""
+    turn = make_turn(conversation_id=new_id("conv"))
+    schema = _schema()
+    _field(schema, "event_id")["type"] = {"type": "string", "logicalType": "uuid"}
+    schema_id = client.register_schema("uuid-turn", Schema(json.dumps(schema), "AVRO"))
+    value = b"\x00" + struct.pack(">I", schema_id) + _body(schema, turn.to_avro())
+    assert serde.decode_gateway_event(value, TOPIC, 0, 1) == turn
