@@ -1104,7 +1104,8 @@ done:
  * walks the body over the writer schema's plan (schemas/strict.py, plan_of: a flat
  * int32 program, one node per schema node) and answers True only when the body keeps
  * to the spec: every enum and union index inside its list, every boolean 0 or 1, every
- * length inside the body. False means "refused or not sure" (a varint wider than 64
+ * length inside the body, every block's byte size what its items took, and the record
+ * ending where the body ends. False means "refused or not sure" (a varint wider than 64
  * bits, nesting deeper than MAX_AVRO_DEPTH, a block count beyond the bytes left, a node
  * the plan marks REFUSE): the Python walk then decides and says why. So this can only
  * let through what the Python walk lets through. */
@@ -1171,11 +1172,13 @@ avro_blocks(AvroWalk *w, int32_t item, int is_map, int depth)
             return 0;
         if (count == 0)
             return 1;
-        if (count < 0) {
+        int sized = count < 0;
+        if (sized) {
             if (count == INT64_MIN || !avro_varint(w, &size))
                 return 0;
             count = -count;
         }
+        const unsigned char *start = w->p;
         /* Items of zero bytes (null) could make a huge count loop for long: not sure. */
         if (count > w->end - w->p)
             return 0;
@@ -1186,6 +1189,10 @@ avro_blocks(AvroWalk *w, int32_t item, int is_map, int depth)
             if (!avro_node(w, item, depth + 1))
                 return 0;
         }
+        /* A block's byte size must be what its items took: a reader that skips the
+         * block by its size would go on elsewhere than one that reads the items. */
+        if (sized && w->p - start != size)
+            return 0;
     }
 }
 
@@ -1244,7 +1251,7 @@ avro_conforms(PyObject *self, PyObject *args)
         return NULL;
     AvroWalk w = {body.buf, (const unsigned char *)body.buf + body.len, plan.buf,
                   plan.len / (Py_ssize_t)sizeof(int32_t)};
-    int ok = avro_node(&w, 0, 0);
+    int ok = avro_node(&w, 0, 0) && w.p == w.end; /* nothing after the record */
     PyBuffer_Release(&plan);
     PyBuffer_Release(&body);
     return PyBool_FromLong(ok);

@@ -60,7 +60,7 @@ from schemas.models import (
     GatewayEvent,
     record_name,
 )
-from schemas.strict import plan_of, strict_violation, unsafe_shape
+from schemas.strict import RECORD_KINDS, plan_of, strict_violation, unsafe_shape
 
 MAGIC_BYTE = 0
 HEADER_SIZE = 5
@@ -322,19 +322,21 @@ class EventSerde:
             writer_json = _uuids_as_strings(json.loads(known.writer_text))
             reader_json = json.loads(avsc.schema_text(record))
             writer = parse_schema(writer_json)
+            # Same schema but for its docs (a writer registered with other doc
+            # strings): read with the writer's alone. Resolving against the reader
+            # doubled the decode (156 against 76 us per TurnCompleted).
+            reader = (None if _without_docs(writer_json) == _without_docs(reader_json)
+                      else avsc.parsed(record))
             known = _Reader(
                 known.record,
                 known.writer_text,
                 writer=writer,
-                # Same schema but for its docs (a writer registered with other doc
-                # strings): read with the writer's alone. Resolving against the reader
-                # doubled the decode (156 against 76 us per TurnCompleted).
-                reader=None if _without_docs(writer_json) == _without_docs(reader_json)
-                else avsc.parsed(record),
+                reader=reader,
                 in_range=_range_check(record),
                 left_out=_left_out(record, writer_json),
                 strict_plan=plan_of(writer),
-                unsafe=unsafe_shape(writer),
+                unsafe=unsafe_shape(writer)
+                or (None if reader is None else _foreign_logical_type(writer, reader)),
             )
             self._readers[schema_id] = known
         return known
@@ -357,11 +359,14 @@ class EventSerde:
             )
         try:
             known = self._parsed_reader(schema_id, record)
-        except (SchemaParseException, RecursionError) as exc:
+        except (SchemaParseException, RecursionError, ValueError, KeyError, TypeError) as exc:
             # SchemaParseException: a writer schema the registry took but fastavro cannot
             # parse (a decimal whose scale exceeds its precision, found by a review): it
             # was dead-lettered UNKNOWN, with a traceback in the log. RecursionError: one
             # nested beyond what Python's JSON parser and fastavro's parser recurse to.
+            # ValueError, KeyError, TypeError: what else fastavro's parser (e.g.
+            # UnknownType for {"type": "<a name>"}) or our own measures raise on a
+            # schema it did not expect.
             raise DecodeError(DeadLetterReason.SCHEMA_MISMATCH, f"{type(exc).__name__}: {exc}",
                               schema_id=schema_id, **where) from exc
         if known.unsafe is not None:
@@ -435,16 +440,74 @@ def _left_out(record: str, writer: Any) -> str | None:
     return None
 
 
+def _foreign_logical_type(writer: Any, reader: Any) -> str | None:
+    """The first logical type the fastavro-parsed ``writer`` puts on a field that
+    ratchet's ``reader`` reads without it, said as a refusal; else None.
+
+    fastavro reads a value as its WRITER's logical type says, where Java's Avro applies
+    the reader's: ``timestamp-micros`` on ``produced_at`` was read 1000 times smaller
+    than Java reads it, ``date`` on ``attempt`` came back a date (a TypeError in the
+    range check: an ``UNKNOWN`` dead letter), and ``decimal`` on ``Item.content`` made
+    an integer of the content, quadratic in its size (900 KB: 92 s holding the GIL) (a
+    review, session 34). Allowed: the reader's own logical type, and
+    ``timestamp-micros`` where the reader has ``timestamp-millis`` (the same instant,
+    docs/gateway-protocol.md section 2). A writer's ``uuid`` on a string was dropped
+    before (``_uuids_as_strings``); fields ratchet does not read are skipped, not read."""
+    reader_records = {name.rsplit(".", 1)[-1]: schema
+                      for name, schema in reader.get("__named_schemas", {}).items()
+                      if schema.get("type") in RECORD_KINDS}
+    for name, record in writer.get("__named_schemas", {}).items():
+        short = name.rsplit(".", 1)[-1]
+        if record.get("type") not in RECORD_KINDS or short not in reader_records:
+            continue
+        reader_fields = {f["name"]: f["type"] for f in reader_records[short]["fields"]}
+        for field in record["fields"]:
+            if field["name"] not in reader_fields:
+                continue
+            allowed = _logical_types(reader_fields[field["name"]])
+            if "timestamp-millis" in allowed:
+                allowed = allowed | {"timestamp-micros"}
+            foreign = sorted(_logical_types(field["type"]) - allowed)
+            if foreign:
+                return (f"the writer schema's {short}.{field['name']} has logicalType "
+                        f"{foreign[0]!r}, which ratchet's does not: fastavro would read it "
+                        f"as that type, not as ratchet's")
+    return None
+
+
+def _logical_types(schema: Any) -> set[str]:
+    """The logical types in a field's type, not inside a named record it defines (that
+    record's own fields are compared on their own)."""
+    if isinstance(schema, list):
+        return set().union(*(_logical_types(branch) for branch in schema))
+    if not isinstance(schema, dict):
+        return set()
+    kind = schema["type"]
+    if isinstance(kind, (dict, list)):
+        return _logical_types(kind)
+    found = {schema["logicalType"]} if "logicalType" in schema else set()
+    if kind == "array":
+        found |= _logical_types(schema["items"])
+    elif kind == "map":
+        found |= _logical_types(schema["values"])
+    return found
+
+
 def _record_fields(schema: Any, found: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
-    """Field names of every record defined in ``schema``, by name without namespace."""
+    """Field names of the records defined in ``schema``, by name without namespace: of
+    two records with one name (in two namespaces), the names both have. A review hid a
+    renamed ``tool_effect_ids`` behind a decoy ``other.TurnCompleted`` with every field:
+    the decoy, defined last, stood for both."""
     found = {} if found is None else found
     if isinstance(schema, list):
         for branch in schema:
             _record_fields(branch, found)
     elif isinstance(schema, dict):
         kind = schema.get("type")
-        if kind == "record":
-            found[schema["name"].rsplit(".", 1)[-1]] = {f["name"] for f in schema["fields"]}
+        if kind in RECORD_KINDS:
+            short = schema["name"].rsplit(".", 1)[-1]
+            fields = {f["name"] for f in schema["fields"]}
+            found[short] = found[short] & fields if short in found else fields
             for field in schema["fields"]:
                 _record_fields(field["type"], found)
         elif kind == "array":

@@ -28,6 +28,9 @@ from array import array
 from typing import Any
 
 _MAX_VARINT_BYTES = 10
+# Avro's "error" is a record by another name (fastavro and Java parse and read it as
+# one): every check here treats both alike (an "error" once slipped past them all).
+RECORD_KINDS = ("record", "error")
 
 
 class _Body:
@@ -70,6 +73,10 @@ def strict_violation(body: bytes | memoryview, schema: Any) -> str | None:
         _walk(cursor, schema, names, "")
     except _Refused as refused:
         return str(refused)
+    if cursor.at != len(body):
+        # fastavro may have ended elsewhere: it skips a block with a byte size by its
+        # size; what it read after that is not what this walk read
+        return f"{len(body) - cursor.at} bytes after the record as the spec reads it"
     return None
 
 
@@ -89,7 +96,7 @@ def _walk(body: _Body, schema: Any, names: dict[str, Any], path: str) -> None:
     kind = schema["type"]
     if isinstance(kind, (dict, list)):  # {"type": {...}}: the type is nested once more
         _walk(body, kind, names, path)
-    elif kind == "record":
+    elif kind in RECORD_KINDS:
         for field in schema["fields"]:
             _walk(body, field["type"], names, f"{path}/{field['name']}")
     elif kind == "enum":
@@ -115,11 +122,19 @@ def _blocks(body: _Body, item: Any) -> None:
         count = body.varint()
         if count == 0:
             return
+        size = None
         if count < 0:  # a block with its byte size: read the items all the same
             count = -count
-            body.varint()
+            size = body.varint()
+        start = body.at
         for _ in range(count):
             item()
+        if size is not None and body.at - start != size:
+            # a reader that skips the block by its size (fastavro, for a field ratchet
+            # does not read) would go on elsewhere than one that reads its items: a
+            # review put a failed turn after the items and a "completed" one at the size
+            raise _Refused(f"a block's byte size {size} but its items took "
+                           f"{body.at - start} at byte {start}")
 
 
 def _primitive(body: _Body, kind: str, path: str) -> None:
@@ -176,6 +191,9 @@ def unsafe_shape(schema: Any) -> str | None:
                     raise _Refused(f"the writer schema's {schema} contains itself "
                                    f"(through {loop})")
                 return measured[schema] if schema in measured else measure(names[schema])
+            if schema not in _PRIMITIVE_NODES:
+                raise _Refused(f"the writer schema names a type this check does not know: "
+                               f"{schema!r}")
             return 0, _FEWEST_BYTES.get(schema, 1)
         if isinstance(schema, list):  # a union: its index, then the branch
             branches = [measure(branch) for branch in schema]
@@ -183,7 +201,7 @@ def unsafe_shape(schema: Any) -> str | None:
                      1 + min((b for _, b in branches), default=0))
         elif isinstance(schema["type"], (dict, list)):
             return measure(schema["type"])
-        elif schema["type"] == "record":
+        elif schema["type"] in RECORD_KINDS:
             open_names.append(schema["name"])
             fields = [measure(field["type"]) for field in schema["fields"]]
             open_names.pop()
@@ -199,8 +217,11 @@ def unsafe_shape(schema: Any) -> str | None:
             found = (1 + measure(schema["values"])[0], 1)
         elif schema["type"] == "fixed":
             return 0, schema["size"]
-        else:  # a primitive, maybe with a logical type; an enum
-            return 0, _FEWEST_BYTES.get(schema["type"], 1)
+        elif schema["type"] == "enum" or schema["type"] in _PRIMITIVE_NODES:
+            return 0, _FEWEST_BYTES.get(schema["type"], 1)  # maybe with a logical type
+        else:  # fail closed: a kind this check does not know is not measured as small
+            raise _Refused(f"the writer schema has a type this check does not know: "
+                           f"{schema['type']!r}")
         if found[0] > MAX_SCHEMA_DEPTH:
             raise _Refused(f"the writer schema nests {found[0]} levels or more "
                            f"(at most {MAX_SCHEMA_DEPTH})")
@@ -262,9 +283,9 @@ def plan_of(schema: Any) -> bytes:
         if isinstance(kind, (dict, list)):
             return node(kind)
         name = schema.get("name")
-        if kind in ("record", "enum", "fixed") and name in compiled:
+        if kind in (*RECORD_KINDS, "enum", "fixed") and name in compiled:
             return compiled[name]
-        if kind == "record":
+        if kind in RECORD_KINDS:
             fields = schema["fields"]
             at = emit(PLAN_RECORD, len(fields), *[0] * len(fields))
             compiled[name] = at

@@ -286,11 +286,17 @@ def test_a_writer_schema_that_recurses_is_a_schema_mismatch(client, serde):  # n
 
 
 NULLS = {"type": "array", "items": "null"}
+# Avro's "error" is a record by another name: it once slipped past every check.
+ERROR_LINKED = {"type": "error", "name": "Node", "fields": [{"name": "next",
+                                                             "type": ["null", "Node"]}]}
+ERROR_NULLS = {"type": "array", "items": {"type": "error", "name": "Nothing", "fields": []}}
 # The body after ratchet's fields: the extension's union branch 1, then the bomb.
 BOMBS = {
     "nested-100000-deep": (LINKED, "b'\\x02' * 100_000 + b'\\x00'"),
     # an array of 2**62 - 1 nulls (zigzag varint of the count, then the closing 0)
     "2**62-nulls": (NULLS, "bytes([0xFE] + [0xFF] * 7 + [0x7F, 0x00])"),
+    "error-nested-100000-deep": (ERROR_LINKED, "b'\\x02' * 100_000 + b'\\x00'"),
+    "2**62-empty-errors": (ERROR_NULLS, "bytes([0xFE] + [0xFF] * 7 + [0x7F, 0x00])"),
 }
 
 
@@ -404,3 +410,113 @@ def test_a_writers_uuid_annotation_on_a_string_is_read_as_the_string(client, ser
     schema_id = client.register_schema("uuid-turn", Schema(json.dumps(schema), "AVRO"))
     value = b"\x00" + struct.pack(">I", schema_id) + _body(schema, turn.to_avro())
     assert serde.decode_gateway_event(value, TOPIC, 0, 1) == turn
+
+
+def _zigzag(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        if not n:
+            return bytes(out + bytes([low]))
+        out.append(low | 0x80)
+
+
+def test_a_block_byte_size_that_lies_is_corrupt_not_a_promoted_failed_turn(client, serde):  # noqa: F811
+    """A review: an extra leading array field (so the body is read by resolution, and
+    fastavro SKIPS it by its block's byte size) whose size points past a valid failed
+    turn B to a copy A with status index -6. fastavro read A ("completed"); both strict
+    walks read the array's item, then B, and passed without looking at the rest."""
+    schema = _schema()
+    schema["fields"].insert(0, {"name": "pad", "type": {"type": "array", "items": "string"},
+                                "default": []})
+    schema_id = client.register_schema("lying-size", Schema(json.dumps(schema), "AVRO"))
+    turn = make_turn(status=TurnStatus.FAILED, conversation_id=new_id("conv"))
+    valid = _body(_schema(), turn.to_avro())
+    completed = _damaged(turn, "status", "int", -6)
+    walked = b"\x00" + b"\x00" + valid  # the item "", the blocks' end, the failed turn
+    body = _zigzag(-1) + _zigzag(len(walked)) + walked + b"\x00" + completed
+    error = decode_error(serde, b"\x00" + struct.pack(">I", schema_id) + body)
+    assert error.reason is DeadLetterReason.CORRUPT_PAYLOAD
+    assert f"a block's byte size {len(walked)} but its items took 1" in error.message
+
+
+def test_the_walks_refuse_bytes_after_the_record():
+    schema = fastavro.parse_schema({"type": "record", "name": "R", "fields": [
+        {"name": "n", "type": "long"}]})
+    assert _violation(b"\x02", schema) is None
+    assert _violation(b"\x02\x00", schema) == "1 bytes after the record as the spec reads it"
+
+
+def test_a_decoy_record_cannot_stand_for_the_real_one_in_the_field_check(client, serde):  # noqa: F811
+    """A review renamed ``tool_effect_ids`` (refused) and added a record
+    ``other.TurnCompleted`` with every field: keyed by short name, the decoy stood for
+    the real record and the turn was read with no effects."""
+    turn, _ = make_tool_loop_turn()
+    schema = _schema()
+    field = _field(schema, "tool_effect_ids")
+    field["name"], field["aliases"] = "effects", ["tool_effect_ids"]
+    decoy = {"type": "record", "name": "TurnCompleted", "namespace": "other",
+             "fields": [{"name": f["name"], "type": "null", "default": None}
+                        for f in _schema()["fields"]]}
+    schema["fields"].append({"name": "decoy", "type": ["null", decoy], "default": None})
+    schema_id = client.register_schema("decoy", Schema(json.dumps(schema), "AVRO"))
+    record = turn.to_avro()
+    record["effects"] = record.pop("tool_effect_ids")
+    record["decoy"] = None
+    error = decode_error(serde, b"\x00" + struct.pack(">I", schema_id) + _body(schema, record))
+    assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
+    assert "TurnCompleted has no field 'tool_effect_ids'" in error.message
+
+
+@pytest.mark.parametrize("path,logical", [
+    ("attempt", {"type": "int", "logicalType": "date"}),
+    ("expected_head_seq", ["null", {"type": "long", "logicalType": "timestamp-millis"}]),
+    ("response_id", {"type": "string", "logicalType": "not-a-known-one"}),
+])
+def test_a_writer_logical_type_ratchets_field_does_not_have_is_a_schema_mismatch(
+        client, serde, path, logical):  # noqa: F811
+    """fastavro reads a value as the WRITER's logical type says: ``date`` on ``attempt``
+    came back a date (a TypeError in the range check: ``UNKNOWN``). Refused before any
+    body is read, the body never looked at."""
+    turn = make_turn(conversation_id=new_id("conv"))
+    schema = _schema()
+    _field(schema, path)["type"] = logical
+    schema_id = client.register_schema(f"logical-{path}", Schema(json.dumps(schema), "AVRO"))
+    value = b"\x00" + struct.pack(">I", schema_id) + serde.encode(turn, TOPIC)[5:]
+    error = decode_error(serde, value)
+    assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
+    assert f"TurnCompleted.{path} has logicalType" in error.message
+
+
+def test_a_decimal_on_item_content_is_refused_before_its_quadratic_read(client, serde):  # noqa: F811
+    """``decimal`` on ``Item.content``: fastavro made an integer of the content, 92 s for
+    900 KB holding the GIL (a review). Refused before the body is read."""
+    turn = make_turn(conversation_id=new_id("conv"))
+    schema = _schema()
+    _item_schema_of(schema)["fields"] = [
+        f | {"type": {"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 2}}
+        if f["name"] == "content" else f for f in _item_schema_of(schema)["fields"]]
+    schema_id = client.register_schema("decimal-content", Schema(json.dumps(schema), "AVRO"))
+    value = b"\x00" + struct.pack(">I", schema_id) + serde.encode(turn, TOPIC)[5:]
+    error = decode_error(serde, value)
+    assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
+    assert "Item.content has logicalType 'decimal'" in error.message
+
+
+def _item_schema_of(schema: dict[str, Any]) -> dict[str, Any]:
+    return _field(schema, "input_items")["type"]["items"]
+
+
+def test_a_named_reference_written_as_a_type_object_is_a_schema_mismatch(client, serde):  # noqa: F811
+    """``{"type": "io.ratchet.TurnStatus"}``: fastavro's parser raised UnknownType (a
+    ValueError), an ``UNKNOWN`` dead letter with a traceback."""
+    schema = _schema()
+    schema["fields"].append({"name": "again", "default": None,
+                             "type": ["null", {"type": "io.ratchet.TurnStatus"}]})
+    schema_id = client.register_schema("type-object", Schema(json.dumps(schema), "AVRO"))
+    turn = make_turn(conversation_id=new_id("conv"))
+    value = b"\x00" + struct.pack(">I", schema_id) + serde.encode(turn, TOPIC)[5:] + b"\x00"
+    error = decode_error(serde, value)
+    assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
+    assert "UnknownType" in error.message
