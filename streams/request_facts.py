@@ -14,6 +14,7 @@ request stands with, for orphans (``EffectOrphaned``).
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import replace
 
 from ratchet.domain import promotion
@@ -73,6 +74,10 @@ class RequestFacts:
         promotion's own orphans could not include it. Read at SERIAL after the mark: a
         promotion batch that landed before the mark is seen here, one sent after it is
         refused and reads the effect with the request's facts."""
+        unbounded = _unbounded_field(effect)
+        if unbounded is not None:
+            raise DecodeFailed(DeadLetterReason.INVALID_EVENT,
+                               f"effect {effect.effect_id}: {unbounded}")
         if not effect.output.digest_ok():
             # The digest is what a turn's output is checked against: one that is not its
             # content's would let a turn carry another output than the tool's.
@@ -395,3 +400,25 @@ def _of_request(turn: TurnCompleted, promoted: CheckpointRecord) -> bool:
         return False
     return (_first_of_chain(turn) and promoted.mode is PromotionMode.CHAIN
             and promoted.parent_response_id is None)
+
+
+# What a ToolEffect's fields may hold. Each orphan of the effect carries ``tool_name``,
+# ``call_id`` and ``arguments_digest``, and each small turn of its request that leaves
+# it unused orphans it again: unbounded, 60 effects with 4 MB names made every 1.7 KB
+# failed turn publish 240 MB (an outside review, session 34). The claims API already
+# holds a claim's fields to these bounds.
+_MAX_TOOL_NAME_CHARS = 128
+_MAX_CALL_ID_CHARS = 200  # an id's longest (schemas/ids.py)
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _unbounded_field(effect: ToolEffect) -> str | None:
+    """Why one of the effect's fields is out of its bound, or None."""
+    if not 1 <= len(effect.tool_name) <= _MAX_TOOL_NAME_CHARS:
+        return f"tool_name of {len(effect.tool_name)} characters (1 to {_MAX_TOOL_NAME_CHARS})"
+    if not 1 <= len(effect.call_id) <= _MAX_CALL_ID_CHARS:
+        return f"call_id of {len(effect.call_id)} characters (1 to {_MAX_CALL_ID_CHARS})"
+    if _SHA256_HEX.fullmatch(effect.arguments_digest) is None:
+        shown = effect.arguments_digest[:80]
+        return f"arguments_digest {shown!r} is not a sha256 hex digest (64 of 0-9 a-f)"
+    return None

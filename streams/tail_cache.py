@@ -39,8 +39,9 @@ describe; any REJECTION decided with cached facts is decided again from fresh re
 before it is made durable, so a stale or wrong entry can cost a read, never a wrong
 outcome.
 
-Memory is bounded: at most ``capacity`` entries in each of the four maps (LRU), and
-a lineage with more than ``max_call_ids`` tool call ids is not cached at all (its
+Memory is bounded: at most ``capacity`` entries in each of the four maps (LRU), a
+tail weighing one more per 4 KiB of the ids its pairing state holds (``tail_weight``),
+and a lineage with more than ``max_call_ids`` tool call ids is not cached at all (its
 pairing state grows with the conversation; those turns read the history as before).
 Defaults (10 000 entries, 256 call ids) keep the cache within a few tens of MB at the
 worst and a few MB for ordinary conversations.
@@ -78,6 +79,23 @@ class Tail:
         return expires is not None and now >= expires
 
 
+# A tail's weight: one per entry, and one more per WEIGHT_CHARS characters of the ids
+# its pairing state holds. Counted by entries alone, a gateway's 4 MB call ids held
+# 4 MB a Conversation (100 turns: 400 MB; an outside review, session 34); weighed, a
+# map holds at most ~capacity x WEIGHT_CHARS characters of ids, whatever their size.
+WEIGHT_CHARS = 4096
+
+
+def tail_weight(tail: object) -> int:
+    if not isinstance(tail, Tail):
+        return 1
+    pairing = tail.pairing
+    chars = (sum(map(len, pairing.call_ids)) + sum(map(len, pairing.request_ids))
+             + sum(len(call_id) for call_id, _ in pairing.open_calls)
+             + sum(map(len, pairing.open_requests)))
+    return 1 + chars // WEIGHT_CHARS
+
+
 class TailCache:
     """Thread-safe (the processor runs in a pool of threads, one lane per partition)."""
 
@@ -86,8 +104,10 @@ class TailCache:
         self.capacity = capacity
         self.max_call_ids = max_call_ids
         self._lock = threading.Lock()
-        self._tails = Lru(capacity)  # (tenant, partition key, response id) -> Tail
-        self._heads = Lru(capacity)  # (tenant, conversation id) -> Tail of the last head
+        # (tenant, partition key, response id) -> Tail; (tenant, conversation id) -> Tail
+        # of the last head. Weighed by their ids' size (``tail_weight``).
+        self._tails = Lru(capacity, tail_weight)
+        self._heads = Lru(capacity, tail_weight)
         self._owners = Lru(capacity)  # conversation id -> owning tenant
         self._marks = Lru(capacity)  # (tenant, partition key, idempotency key) -> mark
 

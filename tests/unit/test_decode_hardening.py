@@ -329,3 +329,28 @@ def test_a_timestamp_without_a_time_zone_is_refused(client, serde, logical_type)
     error = decode_error(serde, framed(schema_id, schema, record))
     assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
     assert f"TurnCancelled.produced_at has logicalType {logical_type!r}" in error.message
+
+
+@pytest.mark.parametrize("field,value,said", [
+    ("tool_name", "t" * 129, "tool_name of 129 characters"),
+    ("tool_name", "", "tool_name of 0 characters"),
+    ("call_id", "c" * 201, "call_id of 201 characters"),
+    ("arguments_digest", "A" * 64, "is not a sha256 hex digest"),
+    ("arguments_digest", "0" * 63, "is not a sha256 hex digest"),
+])
+def test_a_tool_effect_with_an_unbounded_field_is_dead_lettered(serde, field, value, said):  # noqa: F811
+    """Each orphan of an effect carries its tool_name, call_id and arguments_digest, and
+    every small turn of the request that leaves the effect unused orphans it again: 60
+    effects with 4 MB names made each 1.7 KB turn publish 240 MB (an outside review,
+    session 34). Held to the claims API's bounds."""
+    effect = make_tool_effect("call_1", idempotency_key=new_id("idem")).model_copy(
+        update={field: value})
+    [letter] = Pipeline(serde).published(serde.encode(effect, TOPIC), key=b"conv_1")
+    assert isinstance(letter, DeadLetter)
+    assert letter.reason is DeadLetterReason.INVALID_EVENT
+    assert said in letter.error
+
+
+def test_a_tool_effect_within_the_bounds_is_recorded(serde):  # noqa: F811
+    effect = make_tool_effect("c" * 200, idempotency_key=new_id("idem"), tool_name="t" * 128)
+    assert Pipeline(serde).published(serde.encode(effect, TOPIC), key=b"conv_1") == []

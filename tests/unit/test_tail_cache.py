@@ -22,7 +22,7 @@ from services.ledger.memory import MemoryLedger
 from services.store.base import ANY_LINEAGE, StoreOptions
 from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor
-from streams.tail_cache import Tail, TailCache
+from streams.tail_cache import WEIGHT_CHARS, Tail, TailCache, tail_weight
 from tests.unit.test_processor_rules import TOPICS, Harness, PickleCodec, chain_turn, conv_id, turn
 
 R = RejectionReason
@@ -237,3 +237,25 @@ def test_lineages_with_too_many_call_ids_are_not_cached():
     assert h.outcome(turn(conv, 0, items=[*items, msg()])).seq == 1
     assert h.outcome(turn(conv, 1)).seq == 2
     assert h.store.history_reads == 1
+
+
+def test_tails_are_weighed_by_the_size_of_their_ids():
+    """A gateway's call ids have no length limit: counted by entries alone, 100 tails
+    with a 4 MB open call id held 400 MB (an outside review, session 34). Weighed, the
+    cache keeps ids of at most ~capacity x WEIGHT_CHARS characters, and small tails
+    still fill it by count."""
+    h = harness()
+    first = h.outcome(turn(conv_id(), 0))
+    cp = h.store.get_checkpoint(TENANT, first.response_id)
+    cache = TailCache(capacity=50)
+    huge = "c" * 4_000_000
+    for i in range(20):
+        tail = Tail(replace(cp, response_id=f"resp_{i}"),
+                    PairingState(frozenset({huge + str(i)}), ((huge + str(i), "function_call"),)))
+        assert tail_weight(tail) == 1 + 2 * len(huge + str(i)) // WEIGHT_CHARS
+        cache.learn(tail)
+        held = [cache.tail(TENANT, cp.partition_key, f"resp_{j}") for j in range(i + 1)]
+        assert sum(2 * len(huge) for t in held if t is not None) <= 50 * WEIGHT_CHARS
+    for i in range(50):
+        cache.learn(Tail(replace(cp, response_id=f"small_{i}"), EMPTY_PAIRING))
+    assert all(cache.tail(TENANT, cp.partition_key, f"small_{i}") for i in range(50))
