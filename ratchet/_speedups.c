@@ -1112,7 +1112,7 @@ done:
 
 enum {
     PLAN_NULL, PLAN_BOOLEAN, PLAN_VARINT, PLAN_FLOAT, PLAN_DOUBLE, PLAN_SIZED, PLAN_FIXED,
-    PLAN_ENUM, PLAN_UNION, PLAN_RECORD, PLAN_ARRAY, PLAN_MAP, PLAN_REFUSE
+    PLAN_ENUM, PLAN_UNION, PLAN_RECORD, PLAN_ARRAY, PLAN_MAP, PLAN_REFUSE, PLAN_INT
 };
 #define MAX_AVRO_DEPTH 100
 
@@ -1122,13 +1122,14 @@ typedef struct {
     Py_ssize_t plan_len; /* in int32s */
 } AvroWalk;
 
-/* A zigzag varint (Avro's int and long) into *out; 0 if the body ends inside it, it is
- * longer than 10 bytes, or its value does not fit 64 bits (not sure: the twin decides). */
+/* A zigzag varint of at most `most` bytes (Avro's long: 10; its int, and what Java reads
+ * as one: an enum or union index, a length: 5) into *out; 0 if the body ends inside it,
+ * it is longer, or its value does not fit 64 bits (not sure: the twin decides). */
 static int
-avro_varint(AvroWalk *w, int64_t *out)
+avro_varint_of(AvroWalk *w, int64_t *out, int most)
 {
     uint64_t value = 0;
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < most; i++) {
         if (w->p >= w->end)
             return 0;
         unsigned byte = *w->p++;
@@ -1141,6 +1142,18 @@ avro_varint(AvroWalk *w, int64_t *out)
         }
     }
     return 0;
+}
+
+static int
+avro_varint(AvroWalk *w, int64_t *out) /* a long */
+{
+    return avro_varint_of(w, out, 10);
+}
+
+static int
+avro_int(AvroWalk *w, int64_t *out)
+{
+    return avro_varint_of(w, out, 5);
 }
 
 /* Skip n bytes; 0 if n is negative or beyond the body. */
@@ -1184,7 +1197,7 @@ avro_blocks(AvroWalk *w, int32_t item, int is_map, int depth)
             return 0;
         for (int64_t i = 0; i < count; i++) {
             int64_t n;
-            if (is_map && !(avro_varint(w, &n) && avro_skip(w, n)))
+            if (is_map && !(avro_int(w, &n) && avro_skip(w, n)))
                 return 0;
             if (!avro_node(w, item, depth + 1))
                 return 0;
@@ -1212,20 +1225,22 @@ avro_node(AvroWalk *w, int32_t at, int depth)
         return *w->p++ <= 1;
     case PLAN_VARINT:
         return avro_varint(w, &value);
+    case PLAN_INT:
+        return avro_int(w, &value);
     case PLAN_FLOAT:
         return avro_skip(w, 4);
     case PLAN_DOUBLE:
         return avro_skip(w, 8);
     case PLAN_SIZED:
-        return avro_varint(w, &value) && avro_skip(w, value);
+        return avro_int(w, &value) && avro_skip(w, value);
     case PLAN_FIXED:
         return plan_has(w, at, 1) && avro_skip(w, node[1]);
     case PLAN_ENUM:
-        return plan_has(w, at, 1) && avro_varint(w, &value) && value >= 0 && value < node[1];
+        return plan_has(w, at, 1) && avro_int(w, &value) && value >= 0 && value < node[1];
     case PLAN_UNION:
         if (!plan_has(w, at, 1) || node[1] < 0 || !plan_has(w, at, 1 + (int64_t)node[1]))
             return 0;
-        if (!avro_varint(w, &value) || value < 0 || value >= node[1])
+        if (!avro_int(w, &value) || value < 0 || value >= node[1])
             return 0;
         return avro_node(w, node[2 + value], depth + 1);
     case PLAN_RECORD:

@@ -28,6 +28,10 @@ from array import array
 from typing import Any
 
 _MAX_VARINT_BYTES = 10
+# An Avro int (and what Java reads as one: an enum or union index, a string's or bytes'
+# length) takes at most 5 bytes: Java refuses a 6th ("Invalid int encoding"), fastavro
+# reads on to 10. A review found a 6-byte attempt read here and refused by Java.
+_MAX_INT_BYTES = 5
 # Avro's "error" is a record by another name (fastavro and Java parse and read it as
 # one): every check here treats both alike (an "error" once slipped past them all).
 RECORD_KINDS = ("record", "error")
@@ -40,16 +44,16 @@ class _Body:
         self.data = data
         self.at = 0
 
-    def varint(self) -> int:
-        """A zigzag varint (Avro's int and long)."""
+    def varint(self, most: int = _MAX_VARINT_BYTES) -> int:
+        """A zigzag varint of at most ``most`` bytes (Avro's long: 10, its int: 5)."""
         shift = value = 0
-        for _ in range(_MAX_VARINT_BYTES):
+        for _ in range(most):
             byte = self.take(1)[0]
             value |= (byte & 0x7F) << shift
             if not byte & 0x80:
                 return (value >> 1) ^ -(value & 1)
             shift += 7
-        raise _Refused(f"a varint longer than {_MAX_VARINT_BYTES} bytes at byte {self.at}")
+        raise _Refused(f"a varint longer than {most} bytes at byte {self.at}")
 
     def take(self, n: int) -> bytes | memoryview:
         if n < 0 or self.at + n > len(self.data):
@@ -88,7 +92,7 @@ def _walk(body: _Body, schema: Any, names: dict[str, Any], path: str) -> None:
             _primitive(body, schema, path)
         return
     if isinstance(schema, list):  # a union
-        index = body.varint()
+        index = body.varint(_MAX_INT_BYTES)
         if not 0 <= index < len(schema):
             raise _Refused(f"union index {index} outside 0..{len(schema) - 1} at {path or '/'}")
         _walk(body, schema[index], names, path)
@@ -100,7 +104,7 @@ def _walk(body: _Body, schema: Any, names: dict[str, Any], path: str) -> None:
         for field in schema["fields"]:
             _walk(body, field["type"], names, f"{path}/{field['name']}")
     elif kind == "enum":
-        index = body.varint()
+        index = body.varint(_MAX_INT_BYTES)
         if not 0 <= index < len(schema["symbols"]):
             raise _Refused(f"enum index {index} outside 0..{len(schema['symbols']) - 1} "
                            f"at {path or '/'}")
@@ -144,14 +148,16 @@ def _primitive(body: _Body, kind: str, path: str) -> None:
         byte = body.take(1)[0]
         if byte not in (0, 1):
             raise _Refused(f"boolean byte {byte} (0 or 1) at {path or '/'}")
-    elif kind in ("int", "long"):
+    elif kind == "int":
+        body.varint(_MAX_INT_BYTES)
+    elif kind == "long":
         body.varint()
     elif kind == "float":
         body.take(4)
     elif kind == "double":
         body.take(8)
     elif kind in ("bytes", "string"):
-        body.take(body.varint())
+        body.take(body.varint(_MAX_INT_BYTES))
     else:
         raise _Refused(f"a type this check does not know: {kind!r} at {path or '/'}")
 
@@ -242,16 +248,16 @@ _FEWEST_BYTES = {"null": 0, "float": 4, "double": 8}
 # --- the plan the C walk runs ------------------------------------------------------------
 # One node per schema node, in a flat int32 array: [kind, ...]. A reference to another
 # node is its index in the array, so a recursive named type is a loop, not a copy.
-#   NULL, BOOLEAN, VARINT (int, long), FLOAT, DOUBLE, SIZED (bytes, string): [kind]
+#   NULL, BOOLEAN, VARINT (long), INT, FLOAT, DOUBLE, SIZED (bytes, string): [kind]
 #   FIXED [kind, size]   ENUM [kind, symbols]   ARRAY [kind, items]   MAP [kind, values]
 #   UNION [kind, n, branch...]   RECORD [kind, n, field type...]
 #   REFUSE [kind]: what the C walk does not take (a type this check does not know, a size
 #   beyond int32): it answers "not sure" and the Python walk decides.
 (PLAN_NULL, PLAN_BOOLEAN, PLAN_VARINT, PLAN_FLOAT, PLAN_DOUBLE, PLAN_SIZED, PLAN_FIXED,
- PLAN_ENUM, PLAN_UNION, PLAN_RECORD, PLAN_ARRAY, PLAN_MAP, PLAN_REFUSE) = range(13)
+ PLAN_ENUM, PLAN_UNION, PLAN_RECORD, PLAN_ARRAY, PLAN_MAP, PLAN_REFUSE, PLAN_INT) = range(14)
 
 _PRIMITIVE_NODES = {
-    "null": PLAN_NULL, "boolean": PLAN_BOOLEAN, "int": PLAN_VARINT, "long": PLAN_VARINT,
+    "null": PLAN_NULL, "boolean": PLAN_BOOLEAN, "int": PLAN_INT, "long": PLAN_VARINT,
     "float": PLAN_FLOAT, "double": PLAN_DOUBLE, "bytes": PLAN_SIZED, "string": PLAN_SIZED,
 }
 _INT32_MAX = 2**31 - 1

@@ -520,3 +520,30 @@ def test_a_named_reference_written_as_a_type_object_is_a_schema_mismatch(client,
     error = decode_error(serde, value)
     assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
     assert "UnknownType" in error.message
+
+
+@pytest.mark.parametrize("written,refused", [
+    (b"\x82\x80\x80\x80\x00", False),       # 1 in 5 bytes: the most an int takes
+    (b"\x82\x80\x80\x80\x80\x00", True),    # 1 in 6 bytes: Java refuses it
+])
+def test_an_int_varint_longer_than_5_bytes_is_corrupt(serde, written, refused):  # noqa: F811
+    """A review: ``attempt`` written in 6 bytes was read (fastavro reads an int as a long
+    varint), where Java's Avro refuses it ("Invalid int encoding")."""
+    turn = make_turn(conversation_id=new_id("conv"))
+    body = _damaged(turn, "attempt", {"type": "fixed", "name": "Raw", "size": len(written)},
+                    written)
+    value = _framed(serde, turn, body)
+    if not refused:
+        assert serde.decode_gateway_event(value, TOPIC, 0, 1) == turn
+        return
+    error = decode_error(serde, value)
+    assert error.reason is DeadLetterReason.CORRUPT_PAYLOAD
+    assert "a varint longer than 5 bytes" in error.message
+
+
+def test_an_enum_index_in_6_bytes_is_refused_by_both_walks():
+    schema = fastavro.parse_schema({"type": "record", "name": "R", "fields": [
+        {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["a", "b"]}},
+        {"name": "n", "type": "long"}]})
+    assert _violation(b"\x82\x80\x80\x80\x00" + b"\x80" * 9 + b"\x00", schema) is None
+    assert "longer than 5 bytes" in _violation(b"\x82\x80\x80\x80\x80\x00\x00", schema)
