@@ -173,8 +173,9 @@ class _Reader:
     # lacks (``_left_out``), else None.
     left_out: str | None = None
     strict_plan: bytes = b""  # the writer schema as the C strict walk's plan (``plan_of``)
-    # Why fastavro must not read bodies of this writer schema (``unsafe_shape``: it
-    # recurses, or nests too deep), else None.
+    # Why fastavro must not read bodies of this writer schema, else None: a shape whose
+    # bodies could cost without bound (``unsafe_shape``), or a logical type ratchet's
+    # field does not have (``_foreign_logical_type``).
     unsafe: str | None = None
 
 
@@ -445,14 +446,14 @@ def _foreign_logical_type(writer: Any, reader: Any) -> str | None:
     ratchet's ``reader`` reads without it, said as a refusal; else None.
 
     fastavro reads a value as its WRITER's logical type says, where Java's Avro applies
-    the reader's: ``timestamp-micros`` on ``produced_at`` was read 1000 times smaller
-    than Java reads it, ``date`` on ``attempt`` came back a date (a TypeError in the
-    range check: an ``UNKNOWN`` dead letter), and ``decimal`` on ``Item.content`` made
-    an integer of the content, quadratic in its size (900 KB: 92 s holding the GIL) (a
+    the reader's: ``date`` on ``attempt`` came back a date (a TypeError in the range
+    check: an ``UNKNOWN`` dead letter), and ``decimal`` on ``Item.content`` made an
+    integer of the content, quadratic in its size (900 KB: 92 s holding the GIL) (a
     review, session 34). Allowed: the reader's own logical type, and
-    ``timestamp-micros`` where the reader has ``timestamp-millis`` (the same instant,
-    docs/gateway-protocol.md section 2). A writer's ``uuid`` on a string was dropped
-    before (``_uuids_as_strings``); fields ratchet does not read are skipped, not read."""
+    ``timestamp-micros`` where the reader has ``timestamp-millis``: read as the same
+    instant (docs/gateway-protocol.md section 2), where Java would read the number as
+    milliseconds. A writer's ``uuid`` on a string was dropped before
+    (``_uuids_as_strings``); fields ratchet does not read are skipped, not read."""
     reader_records = {name.rsplit(".", 1)[-1]: schema
                       for name, schema in reader.get("__named_schemas", {}).items()
                       if schema.get("type") in RECORD_KINDS}
