@@ -60,7 +60,13 @@ from schemas.models import (
     GatewayEvent,
     record_name,
 )
-from schemas.strict import RECORD_KINDS, plan_of, strict_violation, unsafe_shape
+from schemas.strict import (
+    RECORD_KINDS,
+    damage_before_the_end,
+    plan_of,
+    strict_violation,
+    unsafe_shape,
+)
 
 MAGIC_BYTE = 0
 HEADER_SIZE = 5
@@ -382,6 +388,13 @@ class EventSerde:
         except SchemaResolutionError as exc:
             reason, error = DeadLetterReason.SCHEMA_MISMATCH, exc
         except (EOFError, StopIteration) as exc:
+            # fastavro reads a negative length as a short read: the walk tells the two
+            # apart (a body that ends early is TRUNCATED, a damaged one CORRUPT_PAYLOAD)
+            damage = damage_before_the_end(memoryview(value)[HEADER_SIZE:], known.writer)
+            if damage is not None:
+                raise DecodeError(DeadLetterReason.CORRUPT_PAYLOAD,
+                                  f"{record}: {damage} (not valid Avro)",
+                                  schema_id=schema_id, **where) from exc
             reason, error = DeadLetterReason.TRUNCATED, exc
         except (ValueError, TypeError, IndexError, KeyError, OverflowError, MemoryError) as exc:
             # garbage after a valid header: negative lengths, bad UTF-8, bad union index

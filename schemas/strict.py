@@ -56,25 +56,46 @@ class _Body:
         raise _Refused(f"a varint longer than {most} bytes at byte {self.at}")
 
     def take(self, n: int) -> bytes | memoryview:
-        if n < 0 or self.at + n > len(self.data):
-            raise _Refused(f"{n} bytes wanted at byte {self.at} of {len(self.data)}")
+        if n < 0:
+            raise _Refused(f"a negative length {n} at byte {self.at}")
+        if self.at + n > len(self.data):
+            raise _Refused(f"{n} bytes wanted at byte {self.at} of {len(self.data)}",
+                           ran_out=True)
         chunk = self.data[self.at:self.at + n]
         self.at += n
         return chunk
 
 
 class _Refused(Exception):
-    """Where and why the body breaks the spec."""
+    """Where and why the body breaks the spec; ``ran_out``: only that it ends early."""
+
+    def __init__(self, message: str, *, ran_out: bool = False) -> None:
+        super().__init__(message)
+        self.ran_out = ran_out
+
+
+def damage_before_the_end(body: bytes | memoryview, schema: Any) -> str | None:
+    """For a body fastavro found too short: what the walk finds wrong before the body
+    runs out (e.g. a negative length, which fastavro reads as a short read), else None
+    (the body only ends early: ``TRUNCATED``)."""
+    try:
+        _walk(_Body(body), schema, _names(schema), "")
+    except _Refused as refused:
+        return None if refused.ran_out else str(refused)
+    return None
+
+
+def _names(schema: Any) -> dict[str, Any]:
+    """Every named type, also one defined in a union branch a body did not take."""
+    return dict(schema.get("__named_schemas", {})) if isinstance(schema, dict) else {}
 
 
 def strict_violation(body: bytes | memoryview, schema: Any) -> str | None:
     """None if ``body`` (one record of the fastavro-parsed ``schema``, nothing after
     it) keeps to the spec where fastavro is lenient, else what it breaks and where."""
     cursor = _Body(body)
-    # Every named type, also one defined in a union branch this body did not take.
-    names = dict(schema.get("__named_schemas", {})) if isinstance(schema, dict) else {}
     try:
-        _walk(cursor, schema, names, "")
+        _walk(cursor, schema, _names(schema), "")
     except _Refused as refused:
         return str(refused)
     if cursor.at != len(body):

@@ -547,3 +547,15 @@ def test_an_enum_index_in_6_bytes_is_refused_by_both_walks():
         {"name": "n", "type": "long"}]})
     assert _violation(b"\x82\x80\x80\x80\x00" + b"\x80" * 9 + b"\x00", schema) is None
     assert "longer than 5 bytes" in _violation(b"\x82\x80\x80\x80\x80\x00\x00", schema)
+
+
+def test_a_negative_length_is_corrupt_and_a_short_body_truncated(serde):  # noqa: F811
+    """fastavro reads a negative string length as a short read (EOFError "Expected -5
+    bytes"): it was TRUNCATED, though nothing is missing (a review)."""
+    turn = make_turn(conversation_id=new_id("conv"))
+    value = serde.encode(turn, TOPIC)
+    negative = value[:5] + bytes([0x09]) + value[6:]  # event_id's length: zigzag -5
+    error = decode_error(serde, negative)
+    assert error.reason is DeadLetterReason.CORRUPT_PAYLOAD
+    assert "a negative length -5 at byte 1" in error.message  # after its varint
+    assert decode_error(serde, value[:-7]).reason is DeadLetterReason.TRUNCATED
