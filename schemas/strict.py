@@ -7,19 +7,20 @@ adversarial review; Java's Avro refuses the same bytes). It also reads any boole
 byte but 0 as true, where the spec allows only 0 and 1 (Java reads 2 as false: two
 readers, two meanings). Fail closed: such a body is ``CORRUPT_PAYLOAD``.
 
-When it runs: only on a body that is not the plain encoding of what fastavro read
-(``schemas.avro`` re-encodes the decoded record with the writer schema and compares
-the bytes: ~0.1 ms for a 20-item turn, against ~0.26 ms for this walk in Python).
-Every damaged index or boolean changes the bytes; so do valid variants a writer may
-use (arrays in several blocks, a block's byte size, non-minimal varints), which this
-walk accepts. A body read with schema resolution is always walked.
+When it runs: with the C module (``ratchet/_speedups.c``, ``avro_conforms``) on every
+body, in C, over a *plan*: the writer schema compiled once per schema id by ``plan_of``
+into a flat int32 program (a few microseconds for a 20-item turn). The C walk only
+ever answers "conforms" or "not sure"; on "not sure" this Python walk decides and says
+why, so the C walk can never pass a body this one refuses (``tests/unit/test_speedups.py``
+holds both to that). Without the C module, only on a body that is not the plain
+encoding of what fastavro read (``schemas.avro`` re-encodes the decoded record with
+the writer schema and compares the bytes: ~0.1 ms for a 20-item turn, against ~0.26 ms
+for this walk in Python), or one read with schema resolution. Every damaged index or
+boolean changes the bytes; so do valid variants a writer may use (arrays in several
+blocks, a block's byte size, non-minimal varints), which this walk accepts.
 
-With the C module (``ratchet/_speedups.c``, ``avro_conforms``) the walk runs in C over a
-*plan*: the writer schema compiled once per schema id by ``plan_of`` into a flat int32
-program. The C walk only ever answers "conforms" or "not sure"; on "not sure" this
-Python walk decides and says why, so the C walk can never pass a body this one refuses
-(``tests/unit/test_speedups.py`` holds both to that). It costs a few microseconds where
-the re-encoding cost ~0.1 ms, so with it every body is walked.
+Also here: ``unsafe_shape`` (writer schemas whose bodies could cost without bound) and
+``damage_before_the_end`` (a body fastavro found too short, told apart from damage).
 """
 
 from __future__ import annotations
