@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,6 +31,14 @@ def canonical_json_text(value: Any) -> str:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def is_sha256_hex(text: str) -> bool:
+    """Whether ``text`` is what ``sha256_hex`` writes: 64 lowercase hex digits."""
+    return _SHA256_HEX.fullmatch(text) is not None
 
 
 def canonical_digest(value: Any) -> str:

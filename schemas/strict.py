@@ -206,7 +206,7 @@ def unsafe_shape(schema: Any) -> str | None:
     named type that contains itself, nesting deeper than ``MAX_SCHEMA_DEPTH`` levels (a
     reference to a named type counts as deep as its definition), or an array whose
     items may be written in no bytes."""
-    names = dict(schema.get("__named_schemas", {})) if isinstance(schema, dict) else {}
+    names = _names(schema)
     measured: dict[str, tuple[int, int]] = {}  # a named type's (depth, fewest bytes)
     open_names: list[str] = []  # the named types being measured, outermost first
 
@@ -288,7 +288,7 @@ _INT32_MAX = 2**31 - 1
 def plan_of(schema: Any) -> bytes:
     """The fastavro-parsed ``schema`` as the C walk's plan (native int32s; node 0 is
     the schema itself). Built once per writer schema id."""
-    names = dict(schema.get("__named_schemas", {})) if isinstance(schema, dict) else {}
+    names = _names(schema)
     plan = array("i")
     compiled: dict[str, int] = {}  # a named type's node, once started (recursion)
 

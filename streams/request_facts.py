@@ -14,7 +14,6 @@ request stands with, for orphans (``EffectOrphaned``).
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import replace
 
 from ratchet.domain import promotion
@@ -26,6 +25,7 @@ from ratchet.domain.history import (
     verify_turn_items,
 )
 from ratchet.domain.promotion import RecordedEffect, Reject
+from schemas.canonical import is_sha256_hex
 from schemas.keys import MissingChainRoot, partition_key, request_scope
 from schemas.models import (
     DeadLetterReason,
@@ -409,7 +409,6 @@ def _of_request(turn: TurnCompleted, promoted: CheckpointRecord) -> bool:
 # holds a claim's fields to these bounds.
 _MAX_TOOL_NAME_CHARS = 128
 _MAX_CALL_ID_CHARS = 200  # an id's longest (schemas/ids.py)
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def _unbounded_field(effect: ToolEffect) -> str | None:
@@ -418,7 +417,7 @@ def _unbounded_field(effect: ToolEffect) -> str | None:
         return f"tool_name of {len(effect.tool_name)} characters (1 to {_MAX_TOOL_NAME_CHARS})"
     if not 1 <= len(effect.call_id) <= _MAX_CALL_ID_CHARS:
         return f"call_id of {len(effect.call_id)} characters (1 to {_MAX_CALL_ID_CHARS})"
-    if _SHA256_HEX.fullmatch(effect.arguments_digest) is None:
+    if not is_sha256_hex(effect.arguments_digest):
         shown = effect.arguments_digest[:80]
         return f"arguments_digest {shown!r} is not a sha256 hex digest (64 of 0-9 a-f)"
     return None

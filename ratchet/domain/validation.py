@@ -42,7 +42,6 @@ one it is promoted certified with no artifact (rehydration falls back ``NO_ARTIF
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +54,7 @@ from ratchet.domain.catalogue import (
     unknown_type_detail,
 )
 from ratchet.domain.fingerprint import fingerprint_hash, missing_components
+from schemas.canonical import is_sha256_hex
 from schemas.ids import unservable_id
 from schemas.keys import root_problem
 from schemas.models import (
@@ -69,7 +69,6 @@ from schemas.models import (
 
 PROMOTABLE_STATUSES = frozenset({TurnStatus.COMPLETED, TurnStatus.INCOMPLETE})
 
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 # The order in which validate_turn looks for problems (documented above).
 EVALUATION_ORDER = (
@@ -342,7 +341,7 @@ def request_digest_problem(request_digest: str) -> str | None:
     request's identity across retries: a value that is not a digest (e.g. empty) would
     make unrelated requests of one key look like retries. The processor asks it before
     the response id is claimed (a claim binds the id to the digest)."""
-    if _SHA256_HEX.fullmatch(request_digest) is None:
+    if not is_sha256_hex(request_digest):
         return (f"request_digest {request_digest[:80]!r} is not a sha256 hex digest "
                 "(64 lowercase hex characters)")
     return None
