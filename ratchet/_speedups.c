@@ -1108,7 +1108,8 @@ done:
  * ending where the body ends. False means "refused or not sure" (a varint wider than 64
  * bits, nesting deeper than MAX_AVRO_DEPTH, a block count beyond the bytes left, a node
  * the plan marks REFUSE): the Python walk then decides and says why. So this can only
- * let through what the Python walk lets through. */
+ * let through what the Python walk lets through. avro_counted also bounds the
+ * array items and map entries a body holds in all (a bound on what fastavro builds). */
 
 enum {
     PLAN_NULL, PLAN_BOOLEAN, PLAN_VARINT, PLAN_FLOAT, PLAN_DOUBLE, PLAN_SIZED, PLAN_FIXED,
@@ -1120,6 +1121,10 @@ typedef struct {
     const unsigned char *p, *end;
     const int32_t *plan;
     Py_ssize_t plan_len; /* in int32s */
+    /* Array items and map entries the body may still hold (-1: no bound); too_many is
+     * set when it holds more and every byte before the first one too many conforms. */
+    int64_t elements_left;
+    int too_many;
 } AvroWalk;
 
 /* A zigzag varint of at most `most` bytes (Avro's long: 10; its int, and what Java reads
@@ -1195,12 +1200,23 @@ avro_blocks(AvroWalk *w, int32_t item, int is_map, int depth)
         /* Items of zero bytes (null) could make a huge count loop for long: not sure. */
         if (count > w->end - w->p)
             return 0;
+        int over = 0; /* this block holds more items than the bound leaves */
+        if (w->elements_left >= 0) {
+            over = count > w->elements_left;
+            if (over)
+                count = w->elements_left; /* walk those the bound allows, then stop */
+            w->elements_left -= count;
+        }
         for (int64_t i = 0; i < count; i++) {
             int64_t n;
             if (is_map && !(avro_int(w, &n) && avro_skip(w, n)))
                 return 0;
             if (!avro_node(w, item, depth + 1))
                 return 0;
+        }
+        if (over) {
+            w->too_many = 1;
+            return 0;
         }
         /* A block's byte size must be what its items took: a reader that skips the
          * block by its size would go on elsewhere than one that reads the items. */
@@ -1258,18 +1274,45 @@ avro_node(AvroWalk *w, int32_t at, int depth)
     }
 }
 
+/* 1: conforms (within the bound); 2: holds more array items and map entries than
+ * most_elements (< 0: no bound) and conforms up to the first one too many; 0: refused or
+ * not sure. */
+static int
+avro_walk_body(Py_buffer *plan, Py_buffer *body, long long most_elements)
+{
+    AvroWalk w = {body->buf, (const unsigned char *)body->buf + body->len, plan->buf,
+                  plan->len / (Py_ssize_t)sizeof(int32_t),
+                  most_elements < 0 ? -1 : (int64_t)most_elements, 0};
+    if (avro_node(&w, 0, 0))
+        return w.p == w.end; /* nothing after the record */
+    return w.too_many ? 2 : 0;
+}
+
 static PyObject *
 avro_conforms(PyObject *self, PyObject *args)
 {
     Py_buffer plan, body;
     if (!PyArg_ParseTuple(args, "y*y*", &plan, &body))
         return NULL;
-    AvroWalk w = {body.buf, (const unsigned char *)body.buf + body.len, plan.buf,
-                  plan.len / (Py_ssize_t)sizeof(int32_t)};
-    int ok = avro_node(&w, 0, 0) && w.p == w.end; /* nothing after the record */
+    int found = avro_walk_body(&plan, &body, -1);
     PyBuffer_Release(&plan);
     PyBuffer_Release(&body);
-    return PyBool_FromLong(ok);
+    return PyBool_FromLong(found == 1);
+}
+
+/* avro_counted(plan, body, most_elements) -> 0, 1 or 2 (avro_walk_body). Twin: refusal_of
+ * in schemas/strict.py with most_elements: 2 where it refuses too_many. */
+static PyObject *
+avro_counted(PyObject *self, PyObject *args)
+{
+    Py_buffer plan, body;
+    long long most_elements;
+    if (!PyArg_ParseTuple(args, "y*y*L", &plan, &body, &most_elements))
+        return NULL;
+    int found = most_elements < 0 ? 0 : avro_walk_body(&plan, &body, most_elements);
+    PyBuffer_Release(&plan);
+    PyBuffer_Release(&body);
+    return PyLong_FromLong(found);
 }
 
 /* ------------------------------------------------------------------ module */
@@ -1295,6 +1338,10 @@ static PyMethodDef methods[] = {
     {"avro_conforms", avro_conforms, METH_VARARGS,
      "True if an Avro body keeps to the spec over its plan (False: refused or not sure; "
      "twin: strict_violation in schemas/strict.py)."},
+    {"avro_counted", avro_counted, METH_VARARGS,
+     "1 if an Avro body keeps to the spec over its plan holding at most most_elements "
+     "array items and map entries, 2 if it holds more and keeps to it up to the first "
+     "one too many, 0: refused or not sure (twin: refusal_of in schemas/strict.py)."},
     {NULL, NULL, 0, NULL},
 };
 

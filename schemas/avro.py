@@ -29,6 +29,7 @@ Usage::
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 from collections.abc import Callable, Collection
@@ -51,7 +52,8 @@ from pydantic import ValidationError
 
 from ratchet.speedups import SPEEDUPS
 from schemas import avsc
-from schemas.errors import DecodeError, EncodeError, RegistryUnavailable
+from schemas.errors import DecodeError, EncodeError, RegistryUnavailable, TooManyElements
+from schemas.limits import MAX_EVENT_ELEMENTS
 from schemas.models import (
     MODELS_BY_RECORD,
     DeadLetter,
@@ -62,8 +64,10 @@ from schemas.models import (
 )
 from schemas.strict import (
     RECORD_KINDS,
+    Refusal,
     damage_before_the_end,
     plan_of,
+    refusal_of,
     strict_violation,
     unsafe_shape,
 )
@@ -379,6 +383,22 @@ class EventSerde:
         if known.unsafe is not None:
             raise DecodeError(DeadLetterReason.SCHEMA_MISMATCH, known.unsafe,
                               schema_id=schema_id, **where)
+        walked = False
+        if record in GATEWAY_RECORDS and len(value) - HEADER_SIZE > MAX_EVENT_ELEMENTS:
+            # Counted before fastavro builds anything: it builds an object per array
+            # item and map entry (with the model's, ~1.4 KB for a 7-byte item), so 4 MiB
+            # of tiny items took 877 MB. A body of n bytes holds at most n of them (each
+            # takes a byte or more: ``unsafe_shape``), so only a longer one is walked.
+            refusal = _counted(known, memoryview(value)[HEADER_SIZE:])
+            if refusal is not None and refusal.too_many:
+                raise self._beyond_the_element_bound(record, known, value, refusal,
+                                                     schema_id, where)
+            if refusal is not None:
+                raise DecodeError(
+                    DeadLetterReason.TRUNCATED if refusal.ran_out
+                    else DeadLetterReason.CORRUPT_PAYLOAD,
+                    f"{record}: {refusal.detail} (not valid Avro)", schema_id=schema_id, **where)
+            walked = True
         try:
             body = io.BytesIO(value)
             body.seek(HEADER_SIZE)
@@ -420,7 +440,8 @@ class EventSerde:
                     schema_id=schema_id,
                     **where,
                 )
-            broken = _lenient_read(known, data, memoryview(value)[HEADER_SIZE:])
+            broken = None if walked else _lenient_read(known, data,
+                                                         memoryview(value)[HEADER_SIZE:])
             if broken is not None:
                 raise DecodeError(
                     DeadLetterReason.CORRUPT_PAYLOAD,
@@ -432,6 +453,96 @@ class EventSerde:
         raise DecodeError(
             reason, f"{type(error).__name__}: {error}", schema_id=schema_id, **where
         ) from error
+
+
+    def _beyond_the_element_bound(self, record: str, known: _Reader, value: bytes,
+                                  refusal: Refusal, schema_id: int,
+                                  where: dict[str, Any]) -> DecodeError:
+        """The error for a body holding more than ``MAX_EVENT_ELEMENTS`` array items and
+        map entries: ``TooManyElements`` (``INVALID_EVENT``), carrying a
+        ``TurnCompleted``'s identity for the processor to reject it
+        ``UNSUPPORTED_FORMAT`` when it can be read safely (``_identity_of``)."""
+        if known.left_out is not None:  # what any body of this writer schema gets
+            return DecodeError(DeadLetterReason.SCHEMA_MISMATCH, known.left_out,
+                               schema_id=schema_id, **where)
+        detail = (f"{record} holds {refusal.detail}: a gateway event holds at most "
+                  f"{MAX_EVENT_ELEMENTS}")
+        turn = _identity_of(known, value) if record == "TurnCompleted" else None
+        return TooManyElements(detail, turn=turn, schema_id=schema_id, **where)
+
+
+def _counted(known: _Reader, body: memoryview) -> Refusal | None:
+    """The strict walk (C first, the Python twin deciding what it is not sure of) with
+    at most ``MAX_EVENT_ELEMENTS`` array items and map entries: its cost is bounded by
+    the bound, not by the body."""
+    if SPEEDUPS is not None:
+        found = SPEEDUPS.avro_counted(known.strict_plan, body, MAX_EVENT_ELEMENTS)
+        if found == _CONFORMS:
+            return None
+        if found == _TOO_MANY:  # said without walking again in Python (0.9 s)
+            return Refusal(f"more than {MAX_EVENT_ELEMENTS} array items and map entries",
+                           too_many=True)
+    return refusal_of(body, known.writer, most_elements=MAX_EVENT_ELEMENTS)
+
+
+_CONFORMS, _TOO_MANY = 1, 2  # what ``avro_counted`` answers (0: refused or not sure)
+
+
+def _identity_of(known: _Reader, value: bytes) -> Any:
+    """A ``TurnCompleted`` beyond the element bound read WITHOUT its arrays and maps
+    (fastavro skips a field the reader lacks, building nothing; they are empty in the
+    model): what the processor needs to reject it ``UNSUPPORTED_FORMAT`` (its ids,
+    request, attempt). None when that cannot be read safely, so it is a dead letter:
+    without the C module (the Python walk over up to 16 M items would take minutes),
+    when the whole body does not keep to the spec (fastavro reads damage leniently: a
+    wrapped union index could change an id), or when the fields do not make a turn."""
+    body = memoryview(value)[HEADER_SIZE:]
+    if SPEEDUPS is None or not SPEEDUPS.avro_conforms(known.strict_plan, body):
+        return None
+    reader, fill = _without_arrays_reader()
+    try:
+        data = schemaless_reader(io.BytesIO(body), known.writer, reader)
+    except (SchemaResolutionError, EOFError, StopIteration, ValueError, TypeError,
+            IndexError, KeyError, OverflowError):
+        return None
+    fill(data)
+    if known.in_range(data) is not None:
+        return None
+    try:
+        return MODELS_BY_RECORD["TurnCompleted"].from_avro(data)
+    except ValidationError:
+        return None
+
+
+@cache
+def _without_arrays_reader() -> tuple[Any, Callable[[dict[str, Any]], None]]:
+    """ratchet's ``TurnCompleted`` reader schema without its array and map fields (at
+    any depth), and the function that puts them back empty into a dict it read."""
+    removed: list[tuple[tuple[str, ...], Any]] = []  # (record path, empty value)
+
+    def strip(schema: Any, path: tuple[str, ...]) -> Any:
+        if not isinstance(schema, dict) or schema.get("type") not in RECORD_KINDS:
+            return schema
+        fields = []
+        for field in schema["fields"]:
+            kind = field["type"]
+            if isinstance(kind, dict) and kind.get("type") in ("array", "map"):
+                removed.append(((*path, field["name"]), [] if kind["type"] == "array" else {}))
+                continue
+            fields.append({**field, "type": strip(kind, (*path, field["name"]))})
+        return {**schema, "fields": fields}
+
+    reader = parse_schema(copy.deepcopy(strip(avsc.inlined("TurnCompleted"), ())))
+
+    def fill(data: dict[str, Any]) -> None:
+        for path, empty in removed:
+            at: Any = data
+            for name in path[:-1]:
+                at = at.get(name) if isinstance(at, dict) else None
+            if isinstance(at, dict):
+                at[path[-1]] = type(empty)()
+
+    return reader, fill
 
 
 def _left_out(record: str, writer: Any) -> str | None:

@@ -62,6 +62,19 @@ class DecodeError(SerdeError):
         self.schema_id = schema_id
 
 
+class TooManyElements(DecodeError):
+    """A gateway event holding more array items and map entries than
+    ``schemas.limits.MAX_EVENT_ELEMENTS``: ``INVALID_EVENT`` as a dead letter, unless
+    ``turn`` is set: a ``TurnCompleted``'s fields read without its arrays, for the
+    processor to reject it ``UNSUPPORTED_FORMAT`` like a turn above the size limit."""
+
+    def __init__(self, message: str, *, turn: object | None, topic: str, partition: int,
+                 offset: int, schema_id: int | None = None) -> None:
+        super().__init__(DeadLetterReason.INVALID_EVENT, message, topic=topic,
+                         partition=partition, offset=offset, schema_id=schema_id)
+        self.turn = turn
+
+
 class RegistryUnavailable(SerdeError, Unavailable):
     """The schema registry did not answer (network, 5xx): retry, do not dead-letter."""
 

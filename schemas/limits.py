@@ -26,6 +26,12 @@ from __future__ import annotations
 
 MIB = 1024 * 1024
 MAX_EVENT_BYTES = 10 * MIB  # 10,485,760: the documented maximum gateway event value
+# The most array items and map entries one gateway event body may hold, in all (items,
+# subturns, effect ids, digests, and those of fields ratchet does not read). Decoding
+# builds objects per item: ~1.4 KB for a 7-byte item, so 4 MiB of tiny items took 877
+# MB (the worker's limit is 768 MiB); at this bound ~250 MB at most. No valid turn of 8
+# MiB of items is near it: an item takes 66 bytes or more (its 64-hex content digest).
+MAX_EVENT_ELEMENTS = 131_072
 TOPIC_MAX_MESSAGE_BYTES = 16 * MIB  # gateway-events (and the outcome topics)
 DEAD_LETTER_MAX_MESSAGE_BYTES = 2 * TOPIC_MAX_MESSAGE_BYTES + MIB
 CLIENT_MAX_BYTES = DEAD_LETTER_MAX_MESSAGE_BYTES + MIB

@@ -26,6 +26,7 @@ Also here: ``unsafe_shape`` (writer schemas whose bodies could cost without boun
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass
 from typing import Any
 
 _MAX_VARINT_BYTES = 10
@@ -39,11 +40,21 @@ RECORD_KINDS = ("record", "error")
 
 
 class _Body:
-    """A cursor over the body's bytes."""
+    """A cursor over the body's bytes; ``most_elements``: how many array items and map
+    entries the body may hold in all (None: any number)."""
 
-    def __init__(self, data: bytes | memoryview) -> None:
+    def __init__(self, data: bytes | memoryview, most_elements: int | None = None) -> None:
         self.data = data
         self.at = 0
+        self.elements = 0
+        self.most_elements = most_elements
+
+    def element(self) -> None:
+        """Count one array item or map entry (before it is read)."""
+        self.elements += 1
+        if self.most_elements is not None and self.elements > self.most_elements:
+            raise _Refused(f"more than {self.most_elements} array items and map entries "
+                           f"(the {self.elements}th at byte {self.at})", too_many=True)
 
     def varint(self, most: int = _MAX_VARINT_BYTES) -> int:
         """A zigzag varint of at most ``most`` bytes (Avro's long: 10, its int: 5)."""
@@ -68,11 +79,25 @@ class _Body:
 
 
 class _Refused(Exception):
-    """Where and why the body breaks the spec; ``ran_out``: only that it ends early."""
+    """Where and why the body breaks the spec; ``ran_out``: only that it ends early;
+    ``too_many``: it holds more array items and map entries than it may."""
 
-    def __init__(self, message: str, *, ran_out: bool = False) -> None:
+    def __init__(self, message: str, *, ran_out: bool = False, too_many: bool = False) -> None:
         super().__init__(message)
         self.ran_out = ran_out
+        self.too_many = too_many
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a body is refused (``refusal_of``): ``detail`` says where and why;
+    ``ran_out``: it only ends early (fastavro would say TRUNCATED); ``too_many``: it
+    holds more array items and map entries than allowed (what it holds up to there
+    keeps to the spec)."""
+
+    detail: str
+    ran_out: bool = False
+    too_many: bool = False
 
 
 def damage_before_the_end(body: bytes | memoryview, schema: Any) -> str | None:
@@ -94,15 +119,24 @@ def _names(schema: Any) -> dict[str, Any]:
 def strict_violation(body: bytes | memoryview, schema: Any) -> str | None:
     """None if ``body`` (one record of the fastavro-parsed ``schema``, nothing after
     it) keeps to the spec where fastavro is lenient, else what it breaks and where."""
-    cursor = _Body(body)
+    refusal = refusal_of(body, schema)
+    return None if refusal is None else refusal.detail
+
+
+def refusal_of(body: bytes | memoryview, schema: Any, *,
+               most_elements: int | None = None) -> Refusal | None:
+    """``strict_violation`` that also says how the body fails, and refuses one holding
+    more than ``most_elements`` array items and map entries in all (the walk stops
+    there: its cost is bounded by the bound, not by the body)."""
+    cursor = _Body(body, most_elements)
     try:
         _walk(cursor, schema, _names(schema), "")
     except _Refused as refused:
-        return str(refused)
+        return Refusal(str(refused), refused.ran_out, refused.too_many)
     if cursor.at != len(body):
         # fastavro may have ended elsewhere: it skips a block with a byte size by its
         # size; what it read after that is not what this walk read
-        return f"{len(body) - cursor.at} bytes after the record as the spec reads it"
+        return Refusal(f"{len(body) - cursor.at} bytes after the record as the spec reads it")
     return None
 
 
@@ -154,6 +188,7 @@ def _blocks(body: _Body, item: Any) -> None:
             size = body.varint()
         start = body.at
         for _ in range(count):
+            body.element()
             item()
         if size is not None and body.at - start != size:
             # a reader that skips the block by its size (fastavro, for a field ratchet

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from schemas.avro import EventSerde, register_schemas, registry_client
-from schemas.errors import DecodeError
-from schemas.models import Frozen, GatewayEvent
-from streams.records import DecodeFailed, RawRecord
+from schemas.errors import DecodeError, TooManyElements
+from schemas.models import Frozen, GatewayEvent, TurnCompleted
+from streams.records import DecodeFailed, RawRecord, TurnBeyondLimits
 
 
 class RegistryCodec:
@@ -30,6 +30,10 @@ class RegistryCodec:
         try:
             return self.serde.decode_gateway_event(record.value, record.topic,
                                                    record.partition, record.offset)
+        except TooManyElements as exc:
+            if isinstance(exc.turn, TurnCompleted):
+                raise TurnBeyondLimits(exc.turn, exc.message) from exc
+            raise DecodeFailed(exc.reason, str(exc), exc.schema_id) from exc
         except DecodeError as exc:
             raise DecodeFailed(exc.reason, str(exc), exc.schema_id) from exc
 

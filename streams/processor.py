@@ -80,6 +80,7 @@ from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import (
     DeadLetter,
     DeadLetterReason,
+    GatewayEvent,
     RejectionReason,
     ToolEffect,
     TurnCancelled,
@@ -106,7 +107,7 @@ from streams.outcomes import (
     promoted_event,
     rejected_event,
 )
-from streams.records import DecodeFailed, EventCodec, Outbound, RawRecord
+from streams.records import DecodeFailed, EventCodec, Outbound, RawRecord, TurnBeyondLimits
 from streams.request_facts import UNKNOWN, RequestFacts
 from streams.tail_cache import TailCache
 from streams.topics import Topics
@@ -179,12 +180,15 @@ class PromotionProcessor:
         """Handle one record; raises only ``Unavailable`` (store, ledger or registry
         down: retry later)."""
         try:
-            event = self.codec.decode(record)
             size = len(record.value or b"")
+            beyond = (f"event of {size} bytes exceeds the protocol maximum of "
+                      f"{MAX_EVENT_BYTES} bytes" if size > MAX_EVENT_BYTES else None)
+            try:
+                event: GatewayEvent = self.codec.decode(record)
+            except TurnBeyondLimits as exc:
+                event, beyond = exc.turn, exc.detail
             if isinstance(event, ToolEffect | TurnCancelled):
-                problem = identity_problem(event, record.key) or (
-                    f"event of {size} bytes exceeds the protocol maximum of "
-                    f"{MAX_EVENT_BYTES} bytes" if size > MAX_EVENT_BYTES else None)
+                problem = identity_problem(event, record.key) or beyond
                 if problem is not None:
                     # No outcome topic to reject it on, and no row may be keyed by such
                     # an id or hold such a record, or it is out of its request's order:
@@ -200,8 +204,8 @@ class PromotionProcessor:
             problem = identity_problem(event, record.key)
             if problem is not None:
                 return self._on_bad_identity(event, problem)
-            if size > MAX_EVENT_BYTES:
-                return self._on_too_large_turn(event, size)
+            if beyond is not None:
+                return self._on_turn_beyond_limits(event, beyond)
             return self._on_turn(event)
         except DecodeFailed as exc:
             return Handled((self._dead_letter(record, exc),), "dead_lettered")
@@ -424,17 +428,19 @@ class PromotionProcessor:
         return self._publishable(turn, key, Reject(RejectionReason.CORRUPT, problem),
                                  _NO_FACTS)
 
-    def _on_too_large_turn(self, turn: TurnCompleted, size: int) -> Handled:
-        """A turn whose event is above the protocol's maximum (a gateway that did not
-        check): ``UNSUPPORTED_FORMAT``, decided without store reads, recorded like any
-        rejection so the status endpoint and a redelivery agree."""
+    def _on_turn_beyond_limits(self, turn: TurnCompleted, beyond: str) -> Handled:
+        """A turn whose event is above a limit of the protocol (its size, or its array
+        items and map entries: a gateway that did not check): ``UNSUPPORTED_FORMAT``,
+        decided without store reads, recorded like any rejection so the status endpoint
+        and a redelivery agree. One beyond the element bound was read without its
+        arrays: the effect ids it lists are not known, so only its own attempt's
+        effects are orphaned (``orphaned_effects``)."""
         try:
             key = partition_key(turn)
         except MissingChainRoot:
             key = turn.response_id
-        return self._reject_before_the_store(turn, key, Reject(
-            RejectionReason.UNSUPPORTED_FORMAT,
-            f"event of {size} bytes exceeds the protocol maximum of {MAX_EVENT_BYTES} bytes"))
+        return self._reject_before_the_store(
+            turn, key, Reject(RejectionReason.UNSUPPORTED_FORMAT, beyond))
 
     def _on_unkeyed_turn(self, turn: TurnCompleted, missing: MissingChainRoot) -> Handled:
         """A continued chain turn without ``chain_root_id``: the partition its parent is

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from schemas.models import DeadLetterReason, Frozen, GatewayEvent
+from schemas.models import DeadLetterReason, Frozen, GatewayEvent, TurnCompleted
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,23 @@ class DecodeFailed(Exception):
         self.schema_id = schema_id
 
 
+class TurnBeyondLimits(Exception):
+    """A ``TurnCompleted`` record beyond a limit of one gateway event that decoding
+    never built in full (``schemas.limits.MAX_EVENT_ELEMENTS``): ``turn`` is its fields
+    without its arrays, enough to reject it ``UNSUPPORTED_FORMAT``."""
+
+    def __init__(self, turn: TurnCompleted, detail: str) -> None:
+        super().__init__(detail)
+        self.turn = turn
+        self.detail = detail
+
+
 class EventCodec(Protocol):
     """Turns wire bytes into gateway events and outcome models into wire bytes."""
 
     def decode(self, record: RawRecord) -> GatewayEvent:
-        """Decode one gateway-events record or raise ``DecodeFailed``."""
+        """Decode one gateway-events record or raise ``DecodeFailed`` (or
+        ``TurnBeyondLimits``: a turn to reject without building it in full)."""
         ...
 
     def encode(self, topic: str, model: Frozen) -> bytes:

@@ -524,7 +524,14 @@ def test_an_undecided_wait_looks_once_with_its_reads_made_at_once(stack, cached,
     before_the_wake: list[list[str]] = []
 
     def promote_later() -> None:
-        time.sleep(0.3)
+        # Until the first look is done (its reads made and answered), on a loaded host
+        # too (a fixed 0.3 s flaked under load), then a little longer to catch a read
+        # too many; a deadline, so too few reads fail the asserts below.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+                len(calls) >= (3 if claimed else 2) and in_flight["now"] == 0):
+            time.sleep(0.01)
+        time.sleep(0.1)
         before_the_wake.append(list(calls))
         stack.promote(tenant, conv, 1, (message("b", item_id=uid("m")),), response_id=rid,
                       key=key)

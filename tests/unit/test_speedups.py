@@ -674,3 +674,70 @@ def test_the_c_walk_over_any_writer_schema_passes_only_what_python_passes(c, sch
         assume(False)       # (the decode refuses such a schema first: unsafe_shape)
     fast = c.avro_conforms(strict.plan_of(parsed), body)
     assert not fast or found is None, found
+
+
+# --- avro_counted against refusal_of with a bound on items (schemas/strict.py) ------------
+
+def _elements(body: bytes, schema) -> int:
+    """How many array items and map entries ``body`` holds (the Python walk's count)."""
+    most = 0
+    while (refusal := strict.refusal_of(body, schema, most_elements=most)) is not None:
+        assert refusal.too_many, refusal
+        most += 1
+    return most
+
+
+def test_the_counted_walks_agree_at_the_bound_and_one_below(c):
+    """The plain 20-item tool-loop turn (and the others) at exactly its count of array
+    items and map entries conforms in both walks; one fewer allowed is too many in both,
+    and the C walk says so without the Python walk (2)."""
+    counts = []
+    for name, body in AVRO_BODIES:
+        schema = avsc.parsed(name)
+        count = _elements(body, schema)
+        counts.append(count)
+        plan = AVRO_PLANS[name]
+        assert c.avro_counted(plan, body, count) == 1
+        assert strict.refusal_of(body, schema, most_elements=count) is None
+        if count:
+            assert c.avro_counted(plan, body, count - 1) == 2, name
+            refusal = strict.refusal_of(body, schema, most_elements=count - 1)
+            assert refusal is not None and refusal.too_many and not refusal.ran_out
+    assert counts[1] > 20  # the tool-loop turn's items and effect ids are counted
+
+
+def test_a_body_damaged_before_the_bound_is_not_too_many(c):
+    """Damage met before the first item too many is what both walks answer (the C walk
+    0, the Python walk the damage), not 'too many'."""
+    schema = fastavro.parse_schema({"type": "record", "name": "R", "fields": [
+        {"name": "flag", "type": "boolean"}, {"name": "xs", "type": {"type": "array",
+                                                                     "items": "int"}}]})
+    plan = strict.plan_of(schema)
+    body = b"\x02" + b"\x06\x02\x04\x06\x00"  # boolean byte 2, then 3 ints
+    assert c.avro_counted(plan, body, 1) == 0
+    refusal = strict.refusal_of(body, schema, most_elements=1)
+    assert refusal is not None and not refusal.too_many and "boolean byte 2" in refusal.detail
+    good = b"\x01" + b"\x06\x02\x04\x06\x00"
+    assert c.avro_counted(plan, good, 3) == 1 and c.avro_counted(plan, good, 2) == 2
+    assert strict.refusal_of(good, schema, most_elements=2).too_many
+
+
+@given(_writer_schemas(), st.binary(max_size=48), st.integers(0, 6))
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
+def test_the_counted_c_walk_over_any_writer_schema_agrees_with_python(c, schema, body, most):
+    """Any schema, any bytes, any small bound: where the C walk answers (1: conforms
+    within the bound, 2: too many), the Python walk answers the same."""
+    try:
+        parsed = fastavro.parse_schema({"type": "record", "name": "Root",
+                                        "fields": [{"name": "v", "type": schema}]})
+    except fastavro.schema.SchemaParseException:
+        assume(False)
+    try:
+        found = strict.refusal_of(body, parsed, most_elements=most)
+    except RecursionError:
+        assume(False)
+    fast = c.avro_counted(strict.plan_of(parsed), body, most)
+    if fast == 1:
+        assert found is None
+    elif fast == 2:
+        assert found is not None and found.too_many, found
