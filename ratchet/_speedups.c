@@ -1315,6 +1315,44 @@ avro_counted(PyObject *self, PyObject *args)
     return PyLong_FromLong(found);
 }
 
+/* ------------------------------------------- arrays and objects in JSON text */
+
+/* json_containers(data, most) -> int. Twin: json_containers in schemas/canonical.py.
+ *
+ * The '[' and '{' of data outside JSON strings, counted up to most + 1 (the scan stops
+ * there). A string opens at a '"' and closes at the next '"' that a backslash does not
+ * escape (a backslash escapes the byte after it); one left open runs to the end. What
+ * parsing a JSON text builds is bounded by this count (schemas/limits.py); text that
+ * is not JSON is counted all the same (the parser refuses it later). */
+static PyObject *
+json_containers(PyObject *self, PyObject *args)
+{
+    Py_buffer data;
+    long long most;
+    if (!PyArg_ParseTuple(args, "y*L", &data, &most))
+        return NULL;
+    const unsigned char *p = data.buf, *end = p + data.len;
+    long long count = 0;
+    int in_string = 0;
+    for (; p < end; p++) {
+        unsigned c = *p;
+        if (in_string) {
+            if (c == '\\') {
+                if (p + 1 < end)
+                    p++; /* the escaped byte */
+            } else if (c == '"') {
+                in_string = 0;
+            }
+        } else if (c == '"') {
+            in_string = 1;
+        } else if ((c == '[' || c == '{') && ++count > most) {
+            break;
+        }
+    }
+    PyBuffer_Release(&data);
+    return PyLong_FromLongLong(count);
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -1338,6 +1376,9 @@ static PyMethodDef methods[] = {
     {"avro_conforms", avro_conforms, METH_VARARGS,
      "True if an Avro body keeps to the spec over its plan (False: refused or not sure; "
      "twin: strict_violation in schemas/strict.py)."},
+    {"json_containers", json_containers, METH_VARARGS,
+     "The '[' and '{' of JSON text outside its strings, up to most + 1 "
+     "(twin: json_containers in schemas/canonical.py)."},
     {"avro_counted", avro_counted, METH_VARARGS,
      "1 if an Avro body keeps to the spec over its plan holding at most most_elements "
      "array items and map entries, 2 if it holds more and keeps to it up to the first "

@@ -12,8 +12,10 @@ the same reason:
 1. NOT_PROMOTABLE_STATUS  failed / cancelled / in_progress / queued never promote; no
                           point spending hashing on them.
 2. UNSUPPORTED_FORMAT     an item format_version, the fingerprint_version or the
-                          fingerprint's item_format_version this build cannot read.
-                          Before anything that interprets content.
+                          fingerprint's item_format_version this build cannot read;
+                          contents holding more arrays and objects than parsing may
+                          build (``bounds.container_problem``: one item's, or all
+                          together). Before anything that interprets content.
 3. UNKNOWN_ITEM_TYPE      an item type outside the catalogue (``catalogue.py``).
 4. CORRUPT                an id the HTTP API could never serve (``schemas.ids``:
                           tenant, response, Conversation, chain root, parent); a
@@ -45,6 +47,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ratchet.domain.bounds import container_problem
 from ratchet.domain.catalogue import (
     CATALOGUE,
     KNOWN_ITEM_TYPES,
@@ -326,7 +329,8 @@ def _check_formats(event: TurnCompleted, items: Sequence[Item]) -> Rejected | No
     version = fingerprint.item_format_version
     if version is not None and version not in SUPPORTED_FORMAT_VERSIONS:
         return _unsupported(f"fingerprint item_format_version {version}")
-    return None
+    problem = container_problem(items)  # before any content is parsed
+    return None if problem is None else _unsupported(problem)
 
 
 def _check_item_types(items: Sequence[Item]) -> Rejected | None:

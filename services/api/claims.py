@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ratchet.domain import claims
+from ratchet.domain.bounds import container_problem
 from ratchet.domain.catalogue import EFFECT_OUTPUT_TYPES, shape_problem
 from ratchet.domain.claims import (
     EFFECT_ID_PATTERN,
@@ -331,6 +332,9 @@ def _output_item(o: OutputIn) -> tuple[Item, str | None]:
                       f"({sorted(SUPPORTED_FORMAT_VERSIONS)})")
     if sha256_hex(data) != o.content_digest:
         return item, "content_digest is not the sha256 of content"
+    problem = container_problem((item,))  # before parsing: every turn carrying it would
+    if problem is not None:               # be UNSUPPORTED_FORMAT, like the format above
+        return item, problem
     try:
         parse_json(data)  # named here: the shape check says only "not a JSON object"
     except ValueError as exc:

@@ -20,6 +20,17 @@ class EventTooLarge(GatewayError):
                          f"{MAX_EVENT_BYTES} bytes: not produced")
 
 
+class EventBeyondLimits(GatewayError):
+    """A turn beyond the protocol's bounds on array items and map entries or on its
+    items' arrays and objects (``schemas/limits.py``); it was not produced (the
+    processor would reject it ``UNSUPPORTED_FORMAT``). Not retryable."""
+
+    def __init__(self, event_id: str, detail: str) -> None:
+        self.event_id = event_id
+        self.detail = detail
+        super().__init__(f"event {event_id}: {detail}: not produced")
+
+
 class UnservableId(GatewayError, ValueError):
     """An id of the event (tenant, response, Conversation, chain root, parent) does not
     match the HTTP API's id pattern (``schemas/ids.py``): the API could never serve the

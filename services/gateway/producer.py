@@ -24,12 +24,19 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from ratchet.domain.bounds import beyond_limits
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
 from schemas.ids import unservable_id
 from schemas.limits import CLIENT_MAX_BYTES, MAX_EVENT_BYTES
 from schemas.models import GatewayEvent, ToolEffect, TurnCompleted
-from services.gateway.errors import DeliveryError, EventTooLarge, FlushTimeout, UnservableId
+from services.gateway.errors import (
+    DeliveryError,
+    EventBeyondLimits,
+    EventTooLarge,
+    FlushTimeout,
+    UnservableId,
+)
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
@@ -74,13 +81,19 @@ class GatewayProducer:
     def send(self, event: GatewayEvent) -> None:
         """Queue one event (keyed by its partition key); delivery is reported on flush.
         Refused before producing: an id the API could never serve (``UnservableId``), a
-        value above the protocol maximum (``EventTooLarge``)."""
+        value above the protocol maximum (``EventTooLarge``), a turn beyond the
+        protocol's bounds on array items and on its contents' arrays and objects
+        (``EventBeyondLimits``)."""
         key = event.partition_key  # raises MissingChainRoot for a chain without its root
         if not key:
             raise ValueError(f"event {event.event_id} has an empty partition key")
         problem = unservable_id(event)
         if problem:
             raise UnservableId(f"event {event.event_id}: {problem}")
+        if isinstance(event, TurnCompleted):
+            beyond = beyond_limits(event)
+            if beyond is not None:
+                raise EventBeyondLimits(event.event_id, beyond)
         value = self._serde.encode(event, self.topic)
         if len(value) > MAX_EVENT_BYTES:
             raise EventTooLarge(event.event_id, len(value))
@@ -97,11 +110,14 @@ class GatewayProducer:
 
     def send_turn(self, turn: TurnCompleted, effects: Iterable[ToolEffect] = ()) -> None:
         """The turn's tool effects first, then the turn (same key: same partition, in order).
-        A turn with an id the API could never serve is refused before any of its effects
-        is produced."""
+        A turn with an id the API could never serve, or beyond the protocol's bounds, is
+        refused before any of its effects is produced."""
         problem = unservable_id(turn)
         if problem:
             raise UnservableId(f"event {turn.event_id}: {problem}")
+        beyond = beyond_limits(turn)
+        if beyond is not None:
+            raise EventBeyondLimits(turn.event_id, beyond)
         for effect in effects:
             if effect.partition_key != turn.partition_key:
                 raise ValueError(f"effect {effect.effect_id} is keyed apart from its turn")

@@ -173,3 +173,22 @@ def test_openapi_lists_every_status_the_claim_endpoints_answer():
         for status in ("400", "413", "415"):
             schema = responses[status]["content"]["application/json"]["schema"]
             assert schema == {"$ref": "#/components/schemas/ErrorBody"}
+
+
+def test_an_output_holding_too_many_arrays_and_objects_is_refused():
+    """Every turn carrying it would be UNSUPPORTED_FORMAT (docs/gateway-protocol.md,
+    "Size limit"): refused before its content is parsed; one fewer is recorded."""
+    from schemas.limits import MAX_ITEM_CONTAINERS
+
+    def output(containers: int) -> bytes:  # the item's own object, its "x" array, then []s
+        return canonical_json({"type": "function_call_output", "id": "fco_1",
+                               "call_id": "call_1", "output": "sent",
+                               "x": [[]] * (containers - 2)})
+
+    http = client()
+    effect_id, token = claimed(http)
+    refused = complete(http, effect_id, token, content=output(MAX_ITEM_CONTAINERS + 1))
+    assert refused.status_code == 422
+    assert f"more than {MAX_ITEM_CONTAINERS} arrays and objects" in refused.text
+    done = complete(http, effect_id, token, content=output(MAX_ITEM_CONTAINERS))
+    assert done.json()["state"] == "COMPLETED"

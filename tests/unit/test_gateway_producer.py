@@ -3,12 +3,18 @@ the reports are fed to the producer's own callbacks, nothing is queued)."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from confluent_kafka import KafkaError, Message
 
+from ratchet.domain.bounds import elements_of
 from ratchet.samples import make_tool_effect, make_turn
 from ratchet.settings import Settings
-from services.gateway.errors import DeliveryError, UnservableId
+from schemas.canonical import json_containers
+from schemas.items import message
+from schemas.limits import MAX_EVENT_ELEMENTS, MAX_ITEM_CONTAINERS
+from services.gateway.errors import DeliveryError, EventBeyondLimits, UnservableId
 from services.gateway.producer import GatewayProducer
 
 # librdkafka's "no offset" (RD_KAFKA_OFFSET_INVALID): Message.offset() reads it as None.
@@ -85,3 +91,51 @@ def test_an_event_with_an_id_the_api_cannot_serve_is_refused_before_producing(fi
             "call_1", idempotency_key=turn.idempotency_key, tenant_id=turn.tenant_id,
             conversation_id=turn.conversation_id, chain_root_id=turn.chain_root_id,
             response_id=turn.response_id)])
+
+
+def _deep_item(containers: int):
+    """A message item whose content holds ``containers`` arrays and objects in all."""
+    item = message("hi", role="assistant", item_id="m_many")
+    extra = containers - json_containers(item.content, 10**9) - 1  # the "x" array itself
+    content = item.content[:-1] + b',"x":[' + b",".join([b"[]"] * extra) + b"]}"
+    return item.model_copy(update={"content": content,
+                                   "content_digest": hashlib.sha256(content).hexdigest()})
+
+
+@pytest.mark.parametrize("beyond", ["array items", "arrays and objects"])
+def test_a_turn_beyond_the_bounds_is_refused_before_producing(beyond):
+    """The processor would reject it UNSUPPORTED_FORMAT (docs/gateway-protocol.md, "Size
+    limit"): neither it nor its effects are produced."""
+    producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=RefusingSerde(),
+                               config={"log_level": 0})
+    if beyond == "array items":
+        turn = make_turn(tool_effect_ids=tuple(f"e{i}" for i in range(MAX_EVENT_ELEMENTS)))
+    else:
+        turn = make_turn(items=[_deep_item(MAX_ITEM_CONTAINERS + 1)])
+    with pytest.raises(EventBeyondLimits, match="not produced") as refused:
+        producer.send(turn)
+    assert not refused.value.retryable and beyond in refused.value.detail
+    with pytest.raises(EventBeyondLimits):
+        producer.send_turn(turn, effects=[make_tool_effect(
+            "call_1", idempotency_key=turn.idempotency_key, tenant_id=turn.tenant_id,
+            conversation_id=turn.conversation_id, response_id=turn.response_id)])
+
+
+def test_a_turn_at_the_bounds_is_produced():
+    """Exactly the bounds: encoded (the serde is asked) and queued."""
+    encoded: list[str] = []
+
+    class CountingSerde:
+        def encode(self, event, topic):
+            encoded.append(event.event_id)
+            return b"\x00\x00\x00\x00\x01" + b"x" * 10
+
+    producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=CountingSerde(),
+                               config={"log_level": 0})
+    turn = make_turn(items=[_deep_item(MAX_ITEM_CONTAINERS)])
+    others = elements_of(turn)
+    turn = turn.model_copy(update={"tool_effect_ids": tuple(
+        f"e{i}" for i in range(MAX_EVENT_ELEMENTS - others))})
+    assert elements_of(turn) == MAX_EVENT_ELEMENTS
+    producer.send(turn)
+    assert encoded == [turn.event_id]

@@ -741,3 +741,16 @@ def test_the_counted_c_walk_over_any_writer_schema_agrees_with_python(c, schema,
         assert found is None
     elif fast == 2:
         assert found is not None and found.too_many, found
+
+
+# --- json_containers against its Python twin (schemas/canonical.py) -----------------------
+
+@given(st.lists(st.sampled_from([b"[", b"]", b"{", b"}", b'"', b"\\", b"a", b",", b":",
+                                 b"\xc3\xa9", b"\x00"]), max_size=60).map(b"".join),
+       st.integers(0, 12))
+@settings(max_examples=3000)
+def test_json_containers_twins_agree_on_any_bytes(c, text, most):
+    """Brackets, quotes and backslashes in any order (strings left open, lone
+    backslashes at the end): the C scan counts what the Python twin counts."""
+    from schemas.canonical import json_containers
+    assert c.json_containers(text, most) == json_containers(text, most)
