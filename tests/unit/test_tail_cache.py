@@ -22,7 +22,7 @@ from services.ledger.memory import MemoryLedger
 from services.store.base import ANY_LINEAGE, StoreOptions
 from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor
-from streams.tail_cache import WEIGHT_CHARS, Tail, TailCache, tail_weight
+from streams.tail_cache import ID_OVERHEAD, WEIGHT_CHARS, Tail, TailCache, tail_weight
 from tests.unit.test_processor_rules import TOPICS, Harness, PickleCodec, chain_turn, conv_id, turn
 
 R = RejectionReason
@@ -226,17 +226,25 @@ def test_the_cache_is_bounded():
     assert len(tails) <= 15  # 5 tails + 5 heads + 5 owners
 
 
-def test_lineages_with_too_many_call_ids_are_not_cached():
-    tails = TailCache(max_call_ids=2)
-    h = harness(tails)
+def test_lineages_with_many_call_ids_are_cached_and_weighed():
+    """A long agent loop's pairing state holds every call id of its history: cached
+    all the same (until session 35 a lineage of more than 256 call ids was not, and
+    every later turn read the whole history), weighing more the more ids it holds."""
+    h = harness()
     conv = conv_id()
     items = []
-    for n in range(3):
+    for n in range(600):
         items += [function_call(f"c{n}", "lookup", {}, item_id=new_id("fc")),
                   function_call_output(f"c{n}", "{}", item_id=new_id("fco"))]
     assert h.outcome(turn(conv, 0, items=[*items, msg()])).seq == 1
-    assert h.outcome(turn(conv, 1)).seq == 2
-    assert h.store.history_reads == 1
+    reads = h.store.history_reads
+    for head in range(1, 4):
+        assert h.outcome(turn(conv, head)).seq == head + 1
+    assert h.store.history_reads == reads  # each decided from the cached tail
+    [tail] = [h.processor.tails.head_at(TENANT, conv, 4)]
+    assert tail is not None and len(tail.pairing.call_ids) == 600
+    assert tail_weight(tail) == 1 + (sum(map(len, tail.pairing.call_ids))
+                                     + ID_OVERHEAD * 600) // WEIGHT_CHARS > 1
 
 
 def test_tails_are_weighed_by_the_size_of_their_ids():
@@ -252,7 +260,7 @@ def test_tails_are_weighed_by_the_size_of_their_ids():
     for i in range(20):
         tail = Tail(replace(cp, response_id=f"resp_{i}"),
                     PairingState(frozenset({huge + str(i)}), ((huge + str(i), "function_call"),)))
-        assert tail_weight(tail) == 1 + 2 * len(huge + str(i)) // WEIGHT_CHARS
+        assert tail_weight(tail) == 1 + (2 * len(huge + str(i)) + 2 * ID_OVERHEAD) // WEIGHT_CHARS
         cache.learn(tail)
         held = [cache.tail(TENANT, cp.partition_key, f"resp_{j}") for j in range(i + 1)]
         assert sum(2 * len(huge) for t in held if t is not None) <= 50 * WEIGHT_CHARS
