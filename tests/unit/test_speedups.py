@@ -668,20 +668,32 @@ def _writer_schemas(draw, depth: int = 0, named: list[str] | None = None):
     return draw(st.sampled_from([kind, {"type": kind}]))
 
 
+def _rooted(schema):
+    """``schema`` as the one field of a record, parsed (a schema fastavro refuses is
+    not a case)."""
+    try:
+        return fastavro.parse_schema({"type": "record", "name": "Root",
+                                      "fields": [{"name": "v", "type": schema}]})
+    except fastavro.schema.SchemaParseException:
+        assume(False)
+
+
+def _walked(walk):
+    """The Python walk's answer; a record containing itself outside any union has no
+    finite value (the decode refuses such a schema first: unsafe_shape): not a case."""
+    try:
+        return walk()
+    except RecursionError:
+        assume(False)
+
+
 @given(_writer_schemas(), st.binary(max_size=48))
 @settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
 def test_the_c_walk_over_any_writer_schema_passes_only_what_python_passes(c, schema, body):
     """Any schema's plan (every type, named references, recursion) against any bytes:
     the C walk conforms only where the Python walk does."""
-    try:
-        parsed = fastavro.parse_schema({"type": "record", "name": "Root",
-                                        "fields": [{"name": "v", "type": schema}]})
-    except fastavro.schema.SchemaParseException:
-        assume(False)
-    try:
-        found = strict.strict_violation(body, parsed)
-    except RecursionError:  # a record containing itself outside any union: no finite value
-        assume(False)       # (the decode refuses such a schema first: unsafe_shape)
+    parsed = _rooted(schema)
+    found = _walked(lambda: strict.strict_violation(body, parsed))
     fast = c.avro_conforms(strict.plan_of(parsed), body)
     assert not fast or found is None, found
 
@@ -737,15 +749,8 @@ def test_a_body_damaged_before_the_bound_is_not_too_many(c):
 def test_the_counted_c_walk_over_any_writer_schema_agrees_with_python(c, schema, body, most):
     """Any schema, any bytes, any small bound: where the C walk answers (1: conforms
     within the bound, 2: too many), the Python walk answers the same."""
-    try:
-        parsed = fastavro.parse_schema({"type": "record", "name": "Root",
-                                        "fields": [{"name": "v", "type": schema}]})
-    except fastavro.schema.SchemaParseException:
-        assume(False)
-    try:
-        found = strict.refusal_of(body, parsed, most_elements=most)
-    except RecursionError:
-        assume(False)
+    parsed = _rooted(schema)
+    found = _walked(lambda: strict.refusal_of(body, parsed, most_elements=most))
     fast = c.avro_counted(strict.plan_of(parsed), body, most)
     if fast == 1:
         assert found is None
