@@ -1129,6 +1129,9 @@ typedef struct {
      * set when it holds more and every byte before the first one too many conforms. */
     int64_t elements_left;
     int too_many;
+    int ran_out;   /* the walk stopped because the body ended */
+    int not_sure;  /* the walk stopped at what it does not take (depth, a REFUSE node) */
+    int64_t nodes; /* schema nodes walked: what reading the body costs a reader */
 } AvroWalk;
 
 /* A zigzag varint of at most `most` bytes (Avro's long: 10; its int, and what Java reads
@@ -1139,8 +1142,10 @@ avro_varint_of(AvroWalk *w, int64_t *out, int most)
 {
     uint64_t value = 0;
     for (int i = 0; i < most; i++) {
-        if (w->p >= w->end)
+        if (w->p >= w->end) {
+            w->ran_out = 1;
             return 0;
+        }
         unsigned byte = *w->p++;
         if (i == 9 && (byte & 0x7E))
             return 0;
@@ -1169,8 +1174,12 @@ avro_int(AvroWalk *w, int64_t *out)
 static int
 avro_skip(AvroWalk *w, int64_t n)
 {
-    if (n < 0 || n > w->end - w->p)
+    if (n < 0)
         return 0;
+    if (n > w->end - w->p) {
+        w->ran_out = 1;
+        return 0;
+    }
     w->p += n;
     return 1;
 }
@@ -1195,32 +1204,31 @@ avro_blocks(AvroWalk *w, int32_t item, int is_map, int depth)
         if (count == 0)
             return 1;
         int sized = count < 0;
-        if (sized) {
-            if (count == INT64_MIN || !avro_varint(w, &size))
-                return 0;
-            count = -count;
-        }
-        const unsigned char *start = w->p;
-        /* Items of zero bytes (null) could make a huge count loop for long: not sure. */
-        if (count > w->end - w->p)
+        /* the count's magnitude (2^63 for INT64_MIN, as the twin reads it) */
+        uint64_t items = sized ? (uint64_t)0 - (uint64_t)count : (uint64_t)count;
+        if (sized && !avro_varint(w, &size))
             return 0;
-        int over = 0; /* this block holds more items than the bound leaves */
-        if (w->elements_left >= 0) {
-            over = count > w->elements_left;
-            if (over)
-                count = w->elements_left; /* walk those the bound allows, then stop */
-            w->elements_left -= count;
+        const unsigned char *start = w->p;
+        /* Items of zero bytes (null) could make a huge count loop for long: not sure.
+         * With a bound on items the loop ends at the bound (counted item by item below,
+         * as the twin counts them). */
+        if (w->elements_left < 0 && items > (uint64_t)(w->end - w->p)) {
+            w->not_sure = 1;
+            return 0;
         }
-        for (int64_t i = 0; i < count; i++) {
+        for (uint64_t i = 0; i < items; i++) {
+            if (w->elements_left >= 0) {
+                if (w->elements_left == 0) {
+                    w->too_many = 1; /* every byte before this item conforms */
+                    return 0;
+                }
+                w->elements_left--;
+            }
             int64_t n;
             if (is_map && !(avro_int(w, &n) && avro_skip(w, n)))
                 return 0;
             if (!avro_node(w, item, depth + 1))
                 return 0;
-        }
-        if (over) {
-            w->too_many = 1;
-            return 0;
         }
         /* A block's byte size must be what its items took: a reader that skips the
          * block by its size would go on elsewhere than one that reads the items. */
@@ -1232,16 +1240,21 @@ avro_blocks(AvroWalk *w, int32_t item, int is_map, int depth)
 static int
 avro_node(AvroWalk *w, int32_t at, int depth)
 {
-    if (depth > MAX_AVRO_DEPTH || !plan_has(w, at, 0))
+    if (depth > MAX_AVRO_DEPTH || !plan_has(w, at, 0)) {
+        w->not_sure = 1;
         return 0;
+    }
     const int32_t *node = w->plan + at;
     int64_t value;
+    w->nodes++;
     switch (node[0]) {
     case PLAN_NULL:
         return 1;
     case PLAN_BOOLEAN:
-        if (w->p >= w->end)
+        if (w->p >= w->end) {
+            w->ran_out = 1;
             return 0;
+        }
         return *w->p++ <= 1;
     case PLAN_VARINT:
         return avro_varint(w, &value);
@@ -1256,40 +1269,67 @@ avro_node(AvroWalk *w, int32_t at, int depth)
     case PLAN_FIXED:
         return plan_has(w, at, 1) && avro_skip(w, node[1]);
     case PLAN_ENUM:
-        return plan_has(w, at, 1) && avro_int(w, &value) && value >= 0 && value < node[1];
-    case PLAN_UNION:
-        if (!plan_has(w, at, 1) || node[1] < 0 || !plan_has(w, at, 1 + (int64_t)node[1]))
+        if (!plan_has(w, at, 1)) {
+            w->not_sure = 1;
             return 0;
+        }
+        return avro_int(w, &value) && value >= 0 && value < node[1];
+    case PLAN_UNION:
+        if (!plan_has(w, at, 1) || node[1] < 0 || !plan_has(w, at, 1 + (int64_t)node[1])) {
+            w->not_sure = 1;
+            return 0;
+        }
         if (!avro_int(w, &value) || value < 0 || value >= node[1])
             return 0;
         return avro_node(w, node[2 + value], depth + 1);
     case PLAN_RECORD:
-        if (!plan_has(w, at, 1) || node[1] < 0 || !plan_has(w, at, 1 + (int64_t)node[1]))
+        if (!plan_has(w, at, 1) || node[1] < 0 || !plan_has(w, at, 1 + (int64_t)node[1])) {
+            w->not_sure = 1;
             return 0;
+        }
         for (int32_t i = 0; i < node[1]; i++)
             if (!avro_node(w, node[2 + i], depth + 1))
                 return 0;
         return 1;
     case PLAN_ARRAY:
     case PLAN_MAP:
-        return plan_has(w, at, 1) && avro_blocks(w, node[1], node[0] == PLAN_MAP, depth);
+        if (!plan_has(w, at, 1)) {
+            w->not_sure = 1;
+            return 0;
+        }
+        return avro_blocks(w, node[1], node[0] == PLAN_MAP, depth);
     default: /* PLAN_REFUSE, or a kind this build does not know */
+        w->not_sure = 1;
         return 0;
     }
 }
 
-/* 1: conforms (within the bound); 2: holds more array items and map entries than
- * most_elements (< 0: no bound) and conforms up to the first one too many; 0: refused or
- * not sure. */
+/* What avro_walk_body found (avro_counted's codes; twin: refusal_of). */
+enum {
+    WALK_NOT_SURE = 0, /* a node it does not take (REFUSE, too deep): the twin decides */
+    WALK_CONFORMS = 1, /* within the bound, if any */
+    WALK_TOO_MANY = 2, /* more items than the bound; every byte before the first too many conforms */
+    WALK_DAMAGED = 3,  /* breaks the spec before the body ends (or bytes after the record) */
+    WALK_RAN_OUT = 4,  /* the body ends early (and conforms up to there) */
+};
+
 static int
-avro_walk_body(Py_buffer *plan, Py_buffer *body, long long most_elements)
+avro_walk_body(Py_buffer *plan, Py_buffer *body, long long most_elements,
+               Py_ssize_t *at, int64_t *nodes)
 {
     AvroWalk w = {body->buf, (const unsigned char *)body->buf + body->len, plan->buf,
                   plan->len / (Py_ssize_t)sizeof(int32_t),
-                  most_elements < 0 ? -1 : (int64_t)most_elements, 0};
-    if (avro_node(&w, 0, 0))
-        return w.p == w.end; /* nothing after the record */
-    return w.too_many ? 2 : 0;
+                  most_elements < 0 ? -1 : (int64_t)most_elements, 0, 0, 0, 0};
+    int ok = avro_node(&w, 0, 0);
+    *at = w.p - (const unsigned char *)body->buf;
+    *nodes = w.nodes;
+    if (ok)
+        return w.p == w.end ? WALK_CONFORMS : WALK_DAMAGED; /* nothing after the record */
+    if (w.too_many)
+        return WALK_TOO_MANY;
+    if (w.not_sure)
+        return WALK_NOT_SURE;
+    return w.ran_out ? WALK_RAN_OUT : WALK_DAMAGED;
 }
 
 static PyObject *
@@ -1298,14 +1338,18 @@ avro_conforms(PyObject *self, PyObject *args)
     Py_buffer plan, body;
     if (!PyArg_ParseTuple(args, "y*y*", &plan, &body))
         return NULL;
-    int found = avro_walk_body(&plan, &body, -1);
+    Py_ssize_t at;
+    int64_t nodes;
+    int found = avro_walk_body(&plan, &body, -1, &at, &nodes);
     PyBuffer_Release(&plan);
     PyBuffer_Release(&body);
-    return PyBool_FromLong(found == 1);
+    return PyBool_FromLong(found == WALK_CONFORMS);
 }
 
-/* avro_counted(plan, body, most_elements) -> 0, 1 or 2 (avro_walk_body). Twin: refusal_of
- * in schemas/strict.py with most_elements: 2 where it refuses too_many. */
+/* avro_counted(plan, body, most_elements) -> (code, byte, nodes): code as above (with
+ * most_elements < 0: no bound), the byte the walk stopped at, the schema nodes it walked.
+ * Twin: refusal_of in schemas/strict.py: 1 where it finds nothing, 2 where it refuses
+ * too_many, 3 where it refuses otherwise before the end, 4 where it runs out. */
 static PyObject *
 avro_counted(PyObject *self, PyObject *args)
 {
@@ -1313,10 +1357,12 @@ avro_counted(PyObject *self, PyObject *args)
     long long most_elements;
     if (!PyArg_ParseTuple(args, "y*y*L", &plan, &body, &most_elements))
         return NULL;
-    int found = most_elements < 0 ? 0 : avro_walk_body(&plan, &body, most_elements);
+    Py_ssize_t at;
+    int64_t nodes;
+    int found = avro_walk_body(&plan, &body, most_elements, &at, &nodes);
     PyBuffer_Release(&plan);
     PyBuffer_Release(&body);
-    return PyLong_FromLong(found);
+    return Py_BuildValue("(inL)", found, at, (long long)nodes);
 }
 
 /* ------------------------------------------- arrays and objects in JSON text */
@@ -1384,9 +1430,10 @@ static PyMethodDef methods[] = {
      "The '[' and '{' of JSON text outside its strings, up to most + 1 "
      "(twin: json_containers in schemas/canonical.py)."},
     {"avro_counted", avro_counted, METH_VARARGS,
-     "1 if an Avro body keeps to the spec over its plan holding at most most_elements "
-     "array items and map entries, 2 if it holds more and keeps to it up to the first "
-     "one too many, 0: refused or not sure (twin: refusal_of in schemas/strict.py)."},
+     "(code, byte, nodes): 1 if an Avro body keeps to the spec over its plan holding at "
+     "most most_elements array items and map entries (< 0: any number), 2 if it holds "
+     "more and keeps to it up to the first one too many, 3 damaged, 4 ends early, 0 not "
+     "sure (twin: refusal_of in schemas/strict.py)."},
     {NULL, NULL, 0, NULL},
 };
 

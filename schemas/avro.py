@@ -472,20 +472,35 @@ class EventSerde:
 
 
 def _counted(known: _Reader, body: memoryview) -> Refusal | None:
-    """The strict walk (C first, the Python twin deciding what it is not sure of) with
-    at most ``MAX_EVENT_ELEMENTS`` array items and map entries: its cost is bounded by
-    the bound, not by the body."""
+    """The strict walk with at most ``MAX_EVENT_ELEMENTS`` array items and map entries.
+    In C it answers every body of a writer schema ``unsafe_shape`` passed (it is not
+    sure only of what such a schema cannot hold: a REFUSE node, nesting past its depth)
+    and says where it stopped, so the Python twin never walks a long body again to word
+    a refusal (a review: 26 s for 131 072 items of a writer's 1 000-field record). The
+    Python walk runs only without the C module: its items are bounded, not the fields
+    each one holds (docs/decisions.md, "Items per event")."""
     if SPEEDUPS is not None:
-        found = SPEEDUPS.avro_counted(known.strict_plan, body, MAX_EVENT_ELEMENTS)
-        if found == _CONFORMS:
+        code, at, _ = SPEEDUPS.avro_counted(known.strict_plan, body, MAX_EVENT_ELEMENTS)
+        if code == _CONFORMS:
             return None
-        if found == _TOO_MANY:  # said without walking again in Python (0.9 s)
+        if code == _TOO_MANY:
             return Refusal(f"more than {MAX_EVENT_ELEMENTS} array items and map entries",
                            too_many=True)
+        if code == _DAMAGED:
+            return Refusal(f"not valid Avro at byte {at} of {len(body)} (the C walk)")
+        if code == _RAN_OUT:
+            return Refusal(f"the body ends at byte {at} inside a value (the C walk)",
+                           ran_out=True)
     return refusal_of(body, known.writer, most_elements=MAX_EVENT_ELEMENTS)
 
 
-_CONFORMS, _TOO_MANY = 1, 2  # what ``avro_counted`` answers (0: refused or not sure)
+# What ``avro_counted`` answers (0: not sure, the Python walk decides)
+_CONFORMS, _TOO_MANY, _DAMAGED, _RAN_OUT = 1, 2, 3, 4
+# The most schema nodes a turn beyond the element bound may take to read for its fields
+# (fastavro skips its arrays value by value, ~20-100 ns a node, holding the GIL): ratchet's
+# own schema with 16 M one-byte items is 16 M nodes (1.8 s); a writer's wide records in an
+# array took 22.5 s (a review). More: a dead letter, not a rejection.
+MAX_IDENTITY_NODES = 16 * 2**20
 
 
 def _identity_of(known: _Reader, value: bytes) -> Any:
@@ -495,9 +510,18 @@ def _identity_of(known: _Reader, value: bytes) -> Any:
     request, attempt). None when that cannot be read safely, so it is a dead letter:
     without the C module (the Python walk over up to 16 M items would take minutes),
     when the whole body does not keep to the spec (fastavro reads damage leniently: a
-    wrapped union index could change an id), or when the fields do not make a turn."""
+    wrapped union index could change an id), when reading it would walk more than
+    ``MAX_IDENTITY_NODES`` schema nodes, when the writer's arrays are not ratchet's
+    (``_arrays_as_ratchets``: such a writer's bodies within the bound are
+    ``SCHEMA_MISMATCH``, so one beyond it must not record a rejection), or when the
+    fields do not make a turn."""
+    if not _arrays_as_ratchets(known.writer):
+        return None
     body = memoryview(value)[HEADER_SIZE:]
-    if SPEEDUPS is None or not SPEEDUPS.avro_conforms(known.strict_plan, body):
+    if SPEEDUPS is None:
+        return None
+    code, _, nodes = SPEEDUPS.avro_counted(known.strict_plan, body, -1)
+    if code != _CONFORMS or nodes > MAX_IDENTITY_NODES:
         return None
     reader, fill = _without_arrays_reader()
     try:
@@ -543,6 +567,83 @@ def _without_arrays_reader() -> tuple[Any, Callable[[dict[str, Any]], None]]:
                 at[path[-1]] = type(empty)()
 
     return reader, fill
+
+
+def _arrays_as_ratchets(writer: Any) -> bool:
+    """Whether every array and map field of ratchet's ``TurnCompleted`` (the fields the
+    identity read skips) has the very same type in the writer schema, names' namespaces
+    and docs aside. A writer with another type there (``tool_effect_ids`` of longs, an
+    ``input_items`` that is no array) cannot be read as ratchet's, but skipping the field
+    hides it (found by a review)."""
+    names = writer.get("__named_schemas", {}) if isinstance(writer, dict) else {}
+    for path, wanted in _ratchet_arrays():
+        node: Any = writer
+        for name in path:
+            node = _record_of_node(node, names)
+            fields = {} if node is None else {f["name"]: f["type"] for f in node["fields"]}
+            if name not in fields:
+                return False
+            node = fields[name]
+        if _shape(node, names) != wanted:
+            return False
+    return True
+
+
+@cache
+def _ratchet_arrays() -> tuple[tuple[tuple[str, ...], Any], ...]:
+    """(path, shape) of every array and map field of ratchet's ``TurnCompleted``."""
+    reader = avsc.parsed("TurnCompleted")
+    names = reader.get("__named_schemas", {})
+    found: list[tuple[tuple[str, ...], Any]] = []
+
+    def visit(node: Any, path: tuple[str, ...]) -> None:
+        record = _record_of_node(node, names)
+        if record is None:
+            return
+        for field in record["fields"]:
+            kind = field["type"]
+            if isinstance(kind, dict) and kind.get("type") in ("array", "map"):
+                found.append(((*path, field["name"]), _shape(kind, names)))
+            else:
+                visit(kind, (*path, field["name"]))
+
+    visit(reader, ())
+    return tuple(found)
+
+
+def _record_of_node(node: Any, names: dict[str, Any]) -> dict[str, Any] | None:
+    """The record a schema node is (a named reference resolved), else None."""
+    if isinstance(node, str):
+        node = names.get(node)
+    if isinstance(node, dict) and isinstance(node.get("type"), dict | list):
+        return _record_of_node(node["type"], names)
+    if isinstance(node, dict) and node.get("type") in RECORD_KINDS:
+        return node
+    return None
+
+
+def _shape(node: Any, names: dict[str, Any]) -> Any:
+    """A schema node as a comparable value: references resolved, short names, no docs,
+    defaults or aliases (the schemas compared recurse nowhere: ``unsafe_shape``)."""
+    if isinstance(node, str):
+        return _shape(names[node], names) if node in names else node
+    if isinstance(node, list):
+        return [_shape(branch, names) for branch in node]
+    kind = node["type"]
+    if isinstance(kind, dict | list):
+        return _shape(kind, names)
+    short = str(node.get("name", "")).rsplit(".", 1)[-1]
+    if kind in RECORD_KINDS:
+        return ["record", short, [(f["name"], _shape(f["type"], names)) for f in node["fields"]]]
+    if kind == "enum":
+        return ["enum", short, list(node["symbols"])]
+    if kind == "fixed":
+        return ["fixed", short, node["size"], node.get("logicalType")]
+    if kind == "array":
+        return ["array", _shape(node["items"], names)]
+    if kind == "map":
+        return ["map", _shape(node["values"], names)]
+    return [kind, node.get("logicalType")]
 
 
 def _left_out(record: str, writer: Any) -> str | None:

@@ -61,6 +61,10 @@ class _Body:
         shift = value = 0
         for _ in range(most):
             byte = self.take(1)[0]
+            if shift == 63 and byte & 0x7E:
+                # Java refuses it too; fastavro read it and the range check refused it
+                # after the body was built (``schemas.avro``): refused here, first.
+                raise _Refused(f"a varint beyond 64 bits at byte {self.at}")
             value |= (byte & 0x7F) << shift
             if not byte & 0x80:
                 return (value >> 1) ^ -(value & 1)

@@ -17,6 +17,7 @@ import logging
 from dataclasses import replace
 
 from ratchet.domain import promotion
+from ratchet.domain.bounds import container_problem
 from ratchet.domain.catalogue import EFFECT_OUTPUT_TYPES, effect_key
 from ratchet.domain.history import (
     NO_ITEMS,
@@ -78,6 +79,12 @@ class RequestFacts:
         if unbounded is not None:
             raise DecodeFailed(DeadLetterReason.INVALID_EVENT,
                                f"effect {effect.effect_id}: {unbounded}")
+        beyond = container_problem((effect.output,))
+        if beyond is not None:
+            # No turn could carry this output (UNSUPPORTED_FORMAT), and the claims API
+            # refuses it: recorded, it would be an effect no promotion can use.
+            raise DecodeFailed(DeadLetterReason.INVALID_EVENT,
+                               f"effect {effect.effect_id}: output {beyond}")
         if not effect.output.digest_ok():
             # The digest is what a turn's output is checked against: one that is not its
             # content's would let a turn carry another output than the tool's.

@@ -43,11 +43,13 @@ Memory is bounded: at most ``capacity`` entries in each of the four maps (LRU), 
 tail weighing one more per 4 KiB of the ids its pairing state holds, each id counted
 with what holding it costs beside its characters (``tail_weight``). A lineage's
 pairing state grows with its Conversation (every call id of the history); a long one
-weighs more and is evicted sooner, but is cached: until session 35 a lineage of more
-than 256 call ids was not cached at all, and every turn of a long agent loop read its
-whole history (4 ms a turn up to 256 calls, 21 ms at 300, 46 ms at 800: quadratic).
-The default (10 000) keeps the two tail maps under ~100 MB at the worst and a few MB
-for ordinary conversations.
+is cached up to 1/16 of a map's weight (``MAX_TAIL_SHARE``, ~30 000 ordinary call
+ids): until session 35 a lineage of more than 256 call ids was not cached at all, and
+every turn of a long agent loop read its whole history (4 ms a turn up to 256 calls,
+21 ms at 300, 46 ms at 800: quadratic). A Conversation's tails are kept as its head
+only (its turns look up nothing else), so a long loop holds one tail, not its last
+few. The default (10 000) keeps each map's ids within ~40 MB at the worst and a few
+MB for ordinary conversations.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ class Tail:
     weight: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "weight", _weight_of(self.pairing))
+        object.__setattr__(self, "weight", _weight_of(self.pairing, self.checkpoint))
 
     @property
     def head(self) -> Head:
@@ -95,14 +97,20 @@ class Tail:
 # overhead, whatever their size and number (10 000 x 4 KiB: ~40 MB a map).
 WEIGHT_CHARS = 4096
 ID_OVERHEAD = 80
+# The largest share of a map one tail may weigh (1/16 of 10 000: ~2.5 MB of ids, ~30 000
+# call ids of 8 characters); a heavier one is not cached.
+MAX_TAIL_SHARE = 1 / 16
 
 
-def _weight_of(pairing: PairingState) -> int:
+def _weight_of(pairing: PairingState, checkpoint: CheckpointRecord) -> int:
+    """The pairing state's ids and the effect ids the cached checkpoint keeps (one per
+    effect its turn used: 3 000 of them held 0.28 MB at weight 1, a review found)."""
+    effects = checkpoint.accepted_effect_ids or ()
     ids = (len(pairing.call_ids) + len(pairing.request_ids) + len(pairing.open_calls)
-           + len(pairing.open_requests))
+           + len(pairing.open_requests) + len(effects))
     chars = (sum(map(len, pairing.call_ids)) + sum(map(len, pairing.request_ids))
              + sum(len(call_id) for call_id, _ in pairing.open_calls)
-             + sum(map(len, pairing.open_requests)))
+             + sum(map(len, pairing.open_requests)) + sum(map(len, effects)))
     return 1 + (chars + ID_OVERHEAD * ids) // WEIGHT_CHARS
 
 
@@ -155,19 +163,25 @@ class TailCache:
 
     # -- learning ---------------------------------------------------------------------
     def learn(self, tail: Tail) -> bool:
-        """Remember a promoted response's tail (and, in Conversation mode, that it was
-        a head). False when the cache is off."""
-        if self.capacity <= 0:
+        """Remember a promoted response's tail: a chain's by its response id, a
+        Conversation's as its head (the only way a Conversation turn looks one up: its
+        expected head). False when the cache is off, or the tail weighs more than
+        ``MAX_TAIL_SHARE`` of it: one long agent loop's tails evicted every other
+        lineage, and one heavier than the whole cache emptied it (a review); such a
+        lineage's turns read their history, as every lineage did before session 35's
+        "Long agent loops"."""
+        if self.capacity <= 0 or tail.weight > self.capacity * MAX_TAIL_SHARE:
             return False
         cp = tail.checkpoint
         with self._lock:
-            self._tails.put((cp.tenant_id, cp.partition_key, cp.response_id), tail)
             if cp.mode is PromotionMode.CONVERSATION:
                 key = (cp.tenant_id, cp.partition_key)
                 known = self._heads.get(key)
                 # Heads only move forward: an older response never replaces a newer one.
                 if not isinstance(known, Tail) or known.checkpoint.seq <= cp.seq:
                     self._heads.put(key, tail)
+            else:
+                self._tails.put((cp.tenant_id, cp.partition_key, cp.response_id), tail)
         return True
 
     def learn_owner(self, conversation_id: str, tenant_id: str) -> None:

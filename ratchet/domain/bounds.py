@@ -2,9 +2,9 @@
 and the gateway library apply them (docs/gateway-protocol.md, "Size limit").
 
 - ``MAX_EVENT_ELEMENTS``: array items and map entries of the Avro body. The processor
-  counts them in the body before decoding (``schemas.avro``); the gateway library from
-  the model it is about to encode (``elements_of``): ratchet's own schema, the same
-  count.
+  counts them in the body before decoding (``schemas.avro``); the gateway library
+  (``services.gateway.producer``) from the model it is about to encode
+  (``elements_of``): ratchet's own schema, the same count.
 - ``MAX_ITEM_CONTAINERS`` / ``MAX_EVENT_CONTAINERS``: arrays and objects of the items'
   contents, counted in the text before any content is parsed (``container_problem``).
 """
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from ratchet.speedups import SPEEDUPS
 from schemas.canonical import json_containers as _python_containers
-from schemas.limits import MAX_EVENT_CONTAINERS, MAX_EVENT_ELEMENTS, MAX_ITEM_CONTAINERS
+from schemas.limits import MAX_EVENT_CONTAINERS, MAX_ITEM_CONTAINERS
 from schemas.models import Item, TurnCompleted
 
 
@@ -53,13 +53,3 @@ def container_problem(items: Sequence[Item]) -> str | None:
             return (f"the items' contents hold more than {MAX_EVENT_CONTAINERS} arrays "
                     "and objects in all")
     return None
-
-
-def beyond_limits(turn: TurnCompleted) -> str | None:
-    """Why the gateway library must not produce ``turn`` (the processor would reject it
-    ``UNSUPPORTED_FORMAT``), else None: the size is checked on the encoded value."""
-    elements = elements_of(turn)
-    if elements > MAX_EVENT_ELEMENTS:
-        return (f"{elements} array items and map entries, above the protocol maximum of "
-                f"{MAX_EVENT_ELEMENTS}")
-    return container_problem(turn.items)

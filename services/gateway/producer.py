@@ -24,11 +24,12 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from ratchet.domain.bounds import beyond_limits
+from ratchet.domain.bounds import container_problem, elements_of
+from ratchet.domain.validation import PROMOTABLE_STATUSES
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
 from schemas.ids import unservable_id
-from schemas.limits import CLIENT_MAX_BYTES, MAX_EVENT_BYTES
+from schemas.limits import CLIENT_MAX_BYTES, MAX_EVENT_BYTES, MAX_EVENT_ELEMENTS
 from schemas.models import GatewayEvent, ToolEffect, TurnCompleted
 from services.gateway.errors import (
     DeliveryError,
@@ -90,7 +91,7 @@ class GatewayProducer:
         problem = unservable_id(event)
         if problem:
             raise UnservableId(f"event {event.event_id}: {problem}")
-        if isinstance(event, TurnCompleted):
+        if isinstance(event, TurnCompleted | ToolEffect):
             beyond = beyond_limits(event)
             if beyond is not None:
                 raise EventBeyondLimits(event.event_id, beyond)
@@ -154,3 +155,22 @@ class GatewayProducer:
                     self._failures.append((event_id, err))
 
         return report
+
+
+def beyond_limits(event: TurnCompleted | ToolEffect) -> str | None:
+    """Why the gateway library must not produce ``event``, else None (the size is
+    checked on the encoded value): a turn beyond the item bound (any status: the
+    processor rejects it ``UNSUPPORTED_FORMAT`` before anything else), a promotable
+    turn whose contents hold too many arrays and objects (``UNSUPPORTED_FORMAT``; a
+    turn of another status is ``NOT_PROMOTABLE_STATUS`` first, and must still be sent
+    so its effects are orphaned, a review found), an effect whose output does (the
+    processor dead-letters it, as the claims API refuses it)."""
+    if isinstance(event, ToolEffect):
+        return container_problem((event.output,))
+    elements = elements_of(event)
+    if elements > MAX_EVENT_ELEMENTS:
+        return (f"{elements} array items and map entries, above the protocol maximum of "
+                f"{MAX_EVENT_ELEMENTS}")
+    if event.status not in PROMOTABLE_STATUSES:
+        return None
+    return container_problem(event.items)

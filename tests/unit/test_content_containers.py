@@ -147,3 +147,25 @@ def test_the_count_is_what_the_parser_builds():
                  item_with(500, nested=True).content):
         assert canonical.json_containers(text, 10**9) == containers(
             canonical.parse_json(text))
+
+
+def test_an_effect_whose_output_no_turn_could_carry_is_dead_lettered():
+    """Recorded, it would be an effect no promotion can use (every turn carrying its
+    output is UNSUPPORTED_FORMAT), and the claims API refuses the same output."""
+    from ratchet.samples import make_tool_effect
+    from schemas.models import DeadLetter, DeadLetterReason
+    from tests.unit.test_processor_rules import Harness
+
+    h = Harness()
+    effect = make_tool_effect("call_1", idempotency_key="idem_many")
+    too_many = item_with(MAX_ITEM_CONTAINERS + 1, item_id=effect.output.item_id)
+    content = too_many.content.replace(b'"type":"message"', b'"type":"function_call_output"')
+    output = effect.output.model_copy(update={
+        "content": content, "content_digest": hashlib.sha256(content).hexdigest()})
+    [letter] = h.processor.handle(h.record(effect.model_copy(update={"output": output}))).outbound
+    assert isinstance(letter.model, DeadLetter)
+    assert letter.model.reason is DeadLetterReason.INVALID_EVENT
+    assert f"more than {MAX_ITEM_CONTAINERS} arrays and objects" in letter.model.error
+    assert h.ledger.turn_facts(event_id="e", tenant_id=effect.tenant_id,
+                               idempotency_key=effect.idempotency_key, conversation_id=None,
+                               scope=None).effects == ()

@@ -246,3 +246,81 @@ def test_an_ordinary_turn_is_not_walked_twice(serde, monkeypatch):  # noqa: F811
 def _refuse_all(*_args):
     raise AssertionError("a short body was counted")
 
+
+
+# --- found by a review: the cost per item, twins, and writers ratchet cannot read -------------
+
+def _writer_with(client, extra_fields: list, name: str) -> tuple[int, dict]:  # noqa: F811
+    schema = json.loads(avsc.schema_text("TurnCompleted"))
+    schema["fields"].extend(extra_fields)
+    return client.register_schema(name, Schema(json.dumps(schema), "AVRO")), schema
+
+
+def _framed_with(schema_id: int, schema: dict, data: dict) -> bytes:
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(schema), data)
+    return b"\x00" + struct.pack(">I", schema_id) + body.getvalue()
+
+
+def test_a_long_damaged_body_is_decided_in_c_without_the_python_walk(serde, client,  # noqa: F811
+                                                                     monkeypatch):
+    """A writer's added array of records of 300 null fields, 1 byte each, and a long
+    beyond 64 bits after it: the C walk said "not sure" and the Python walk then walked
+    131 072 of those records (26 s at 1 000 fields). C decides such a body now."""
+    if C is None:
+        pytest.fail("ratchet._speedups is not built")
+    wide = {"type": "record", "name": "Wide", "fields": [
+        {"name": f"n{i}", "type": "null"} for i in range(300)] + [
+        {"name": "b", "type": "boolean"}]}
+    schema_id, schema = _writer_with(client, [
+        {"name": "wide", "type": {"type": "array", "items": wide}, "default": []},
+        {"name": "late", "type": "long", "default": 0}], "wide-turn")
+    data = make_turn(conversation_id=new_id("conv")).to_avro() | {
+        "wide": [{"b": True}] * 140_000, "late": 5}
+    value = _framed_with(schema_id, schema, data)
+    value = value[:-1] + b"\xff" * 9 + b"\x7f"  # "late" beyond 64 bits
+    monkeypatch.setattr(avro, "SPEEDUPS", C)
+    monkeypatch.setattr(avro, "refusal_of", _refuse_all)
+    with pytest.raises(TooManyElements):  # too many comes first, decided in C
+        serde.decode_gateway_event(value, TOPIC, 0, 8)
+    data["wide"] = [{"b": True}] * 130_000
+    value = _framed_with(schema_id, schema, data)[:-1] + b"\xff" * 9 + b"\x7f"
+    assert decode_error(serde, value).reason is DeadLetterReason.CORRUPT_PAYLOAD
+
+
+def test_a_writer_whose_arrays_are_not_ratchets_records_no_rejection(serde, client):  # noqa: F811
+    """tool_effect_ids as longs: every body of it within the bound is SCHEMA_MISMATCH;
+    skipping the field hid that and a rejection was recorded for the request (a review).
+    Now such a body beyond the bound is a dead letter."""
+    if C is None:
+        pytest.fail("ratchet._speedups is not built")
+    schema = json.loads(avsc.schema_text("TurnCompleted"))
+    for field in schema["fields"]:
+        if field["name"] == "tool_effect_ids":
+            field["type"] = {"type": "array", "items": "long"}
+    schema_id = client.register_schema("long-ids", Schema(json.dumps(schema), "AVRO"))
+    data = make_turn(conversation_id=new_id("conv")).to_avro()
+    small = _framed_with(schema_id, schema, data | {"tool_effect_ids": [1]})
+    assert decode_error(serde, small).reason is DeadLetterReason.SCHEMA_MISMATCH
+    value = _framed_with(schema_id, schema,
+                         data | {"tool_effect_ids": [1] * (MAX_EVENT_ELEMENTS + 1)})
+    with pytest.raises(TooManyElements) as caught:
+        serde.decode_gateway_event(value, TOPIC, 0, 9)
+    assert caught.value.turn is None
+
+
+def test_a_turn_costly_to_read_beyond_the_bound_is_a_dead_letter(serde, monkeypatch):  # noqa: F811
+    """Reading its fields walks every value of its arrays (fastavro skips them one by
+    one): beyond MAX_IDENTITY_NODES schema nodes it is not read (a writer's wide records
+    took 22.5 s, a review)."""
+    if C is None:
+        pytest.fail("ratchet._speedups is not built")
+    turn = make_turn(conversation_id=new_id("conv"))
+    value = _with(serde, turn, output_items=[TINY_ITEM] * (MAX_EVENT_ELEMENTS + 1))
+    with pytest.raises(TooManyElements) as caught:
+        serde.decode_gateway_event(value, TOPIC, 0, 10)
+    assert caught.value.turn is not None  # ~1 M nodes: read
+    monkeypatch.setattr(avro, "MAX_IDENTITY_NODES", 1_000_000)
+    with pytest.raises(TooManyElements) as caught:
+        serde.decode_gateway_event(value, TOPIC, 0, 11)
+    assert caught.value.turn is None

@@ -139,3 +139,35 @@ def test_a_turn_at_the_bounds_is_produced():
     assert elements_of(turn) == MAX_EVENT_ELEMENTS
     producer.send(turn)
     assert encoded == [turn.event_id]
+
+
+def test_a_failed_turn_is_produced_whatever_its_contents_hold():
+    """The processor answers NOT_PROMOTABLE_STATUS before the content bound and orphans
+    the attempt's effects: the gateway must be able to send it (a review)."""
+    from schemas.models import TurnStatus
+    encoded: list[str] = []
+
+    class CountingSerde:
+        def encode(self, event, topic):
+            encoded.append(event.event_id)
+            return b"\x00\x00\x00\x00\x01" + b"x" * 10
+
+    producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=CountingSerde(),
+                               config={"log_level": 0})
+    turn = make_turn(items=[_deep_item(MAX_ITEM_CONTAINERS + 1)], status=TurnStatus.FAILED,
+                     certified=False)
+    producer.send(turn)
+    assert encoded == [turn.event_id]
+
+
+def test_an_effect_whose_output_no_turn_could_carry_is_refused_before_producing():
+    producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=RefusingSerde(),
+                               config={"log_level": 0})
+    effect = make_tool_effect("call_1", idempotency_key="idem_1")
+    output = effect.output
+    content = output.content[:-1] + b',"x":[' + b",".join(
+        [b"[]"] * MAX_ITEM_CONTAINERS) + b"]}"
+    effect = effect.model_copy(update={"output": output.model_copy(update={
+        "content": content, "content_digest": hashlib.sha256(content).hexdigest()})})
+    with pytest.raises(EventBeyondLimits, match="arrays and objects"):
+        producer.send(effect)

@@ -611,12 +611,11 @@ def test_the_c_walk_never_passes_a_body_the_python_walk_refuses(c, which, at, no
 
 
 def test_the_c_walk_is_not_sure_of_what_it_cannot_bound(c):
-    """A varint beyond 64 bits, a count beyond the bytes left (items of no bytes) and a
-    plan node it does not take: False, and the Python walk passes all three."""
-    wide = fastavro.parse_schema({"type": "record", "name": "W", "fields": [
-        {"name": "n", "type": "long"}]})
+    """A count beyond the bytes left (items of no bytes) and a plan node it does not
+    take: False, and the Python walk passes both. (A varint beyond 64 bits was a third;
+    both walks refuse it now.)"""
     nulls = fastavro.parse_schema({"type": "array", "items": "null"})
-    for schema, body in ((wide, b"\xff" * 9 + b"\x7f"), (nulls, b"\x0a\x00")):
+    for schema, body in ((nulls, b"\x0a\x00"),):
         assert strict.strict_violation(body, schema) is None
         assert c.avro_conforms(strict.plan_of(schema), body) is False
     assert c.avro_conforms(bytes(4 * [strict.PLAN_REFUSE, 0, 0, 0]), b"") is False
@@ -719,10 +718,10 @@ def test_the_counted_walks_agree_at_the_bound_and_one_below(c):
         count = _elements(body, schema)
         counts.append(count)
         plan = AVRO_PLANS[name]
-        assert c.avro_counted(plan, body, count) == 1
+        assert c.avro_counted(plan, body, count)[0] == 1
         assert strict.refusal_of(body, schema, most_elements=count) is None
         if count:
-            assert c.avro_counted(plan, body, count - 1) == 2, name
+            assert c.avro_counted(plan, body, count - 1)[0] == 2, name
             refusal = strict.refusal_of(body, schema, most_elements=count - 1)
             assert refusal is not None and refusal.too_many and not refusal.ran_out
     assert counts[1] > 20  # the tool-loop turn's items and effect ids are counted
@@ -730,17 +729,19 @@ def test_the_counted_walks_agree_at_the_bound_and_one_below(c):
 
 def test_a_body_damaged_before_the_bound_is_not_too_many(c):
     """Damage met before the first item too many is what both walks answer (the C walk
-    0, the Python walk the damage), not 'too many'."""
+    3 and where, the Python walk the damage), not 'too many'."""
     schema = fastavro.parse_schema({"type": "record", "name": "R", "fields": [
         {"name": "flag", "type": "boolean"}, {"name": "xs", "type": {"type": "array",
                                                                      "items": "int"}}]})
     plan = strict.plan_of(schema)
     body = b"\x02" + b"\x06\x02\x04\x06\x00"  # boolean byte 2, then 3 ints
-    assert c.avro_counted(plan, body, 1) == 0
+    assert c.avro_counted(plan, body, 1)[:2] == (3, 1)
     refusal = strict.refusal_of(body, schema, most_elements=1)
     assert refusal is not None and not refusal.too_many and "boolean byte 2" in refusal.detail
     good = b"\x01" + b"\x06\x02\x04\x06\x00"
-    assert c.avro_counted(plan, good, 3) == 1 and c.avro_counted(plan, good, 2) == 2
+    assert c.avro_counted(plan, good, 3)[0] == 1 and c.avro_counted(plan, good, 2)[0] == 2
+    assert c.avro_counted(plan, good[:-2], 5)[0] == 4  # ends early
+    assert c.avro_counted(plan, good + b"\x00", 5)[0] == 3  # a byte after the record
     assert strict.refusal_of(good, schema, most_elements=2).too_many
 
 
@@ -748,14 +749,49 @@ def test_a_body_damaged_before_the_bound_is_not_too_many(c):
 @settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
 def test_the_counted_c_walk_over_any_writer_schema_agrees_with_python(c, schema, body, most):
     """Any schema, any bytes, any small bound: where the C walk answers (1: conforms
-    within the bound, 2: too many), the Python walk answers the same."""
+    within the bound, 2: too many, 3: damaged, 4: ends early; 0: not sure), the Python
+    walk answers the same."""
     parsed = _rooted(schema)
     found = _walked(lambda: strict.refusal_of(body, parsed, most_elements=most))
-    fast = c.avro_counted(strict.plan_of(parsed), body, most)
+    fast, _, _ = c.avro_counted(strict.plan_of(parsed), body, most)
     if fast == 1:
         assert found is None
     elif fast == 2:
         assert found is not None and found.too_many, found
+    elif fast == 3:
+        assert found is not None and not found.too_many and not found.ran_out, found
+    elif fast == 4:
+        assert found is not None and found.ran_out, found
+
+
+def test_the_counted_walk_counts_item_by_item_as_its_twin():
+    """A nested array in the first of two records: the C walk reserved the outer
+    block's whole count first and said "too many" where the Python walk, counting item
+    by item, reaches a damaged boolean first (found by a review)."""
+    c = speedups.load()
+    if c is None:
+        pytest.fail("ratchet._speedups is not built")
+    schema = fastavro.parse_schema({"type": "record", "name": "Root", "fields": [
+        {"name": "v", "type": {"type": "array", "items": {"type": "record", "name": "E",
+                                                          "fields": [
+            {"name": "xs", "type": {"type": "array", "items": "int"}},
+            {"name": "b", "type": "boolean"}]}}}]})
+    body = bytes([0x04, 0x02, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00])  # b = 5
+    refusal = strict.refusal_of(body, schema, most_elements=2)
+    assert refusal is not None and "boolean byte 5" in refusal.detail
+    assert c.avro_counted(strict.plan_of(schema), body, 2)[0] == 3
+
+
+def test_a_long_beyond_64_bits_is_refused_by_both_walks(c):
+    """Java refuses it; fastavro read it and the range check refused it after the body
+    was built. The C walk refused it as "not sure", and the Python walk then walked the
+    whole body to accept it (26 s for a long one, a review): both refuse it now."""
+    wide = fastavro.parse_schema({"type": "record", "name": "W", "fields": [
+        {"name": "n", "type": "long"}]})
+    body = b"\xff" * 9 + b"\x7f"
+    assert "beyond 64 bits" in strict.strict_violation(body, wide)
+    assert c.avro_counted(strict.plan_of(wide), body, 10)[0] == 3
+    assert strict.strict_violation(b"\xff" * 9 + b"\x01", wide) is None  # 2^64 - 1 zigzag
 
 
 # --- json_containers against its Python twin (schemas/canonical.py) -----------------------

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from ratchet.domain.history import PromotionMode
 from ratchet.domain.plan import LineageChanged, Promoted
 from ratchet.domain.promotion import promotion_request
 from ratchet.domain.validation import EMPTY_PAIRING, PairingState
@@ -250,20 +251,59 @@ def test_lineages_with_many_call_ids_are_cached_and_weighed():
 def test_tails_are_weighed_by_the_size_of_their_ids():
     """A gateway's call ids have no length limit: counted by entries alone, 100 tails
     with a 4 MB open call id held 400 MB (an outside review, session 34). Weighed, the
-    cache keeps ids of at most ~capacity x WEIGHT_CHARS characters, and small tails
-    still fill it by count."""
+    cache keeps ids of at most ~capacity x WEIGHT_CHARS characters; a tail heavier than
+    MAX_TAIL_SHARE of the cache is not kept at all (one emptied the cache, a review of
+    session 35), and small tails still fill it by count."""
     h = harness()
     first = h.outcome(turn(conv_id(), 0))
-    cp = h.store.get_checkpoint(TENANT, first.response_id)
-    cache = TailCache(capacity=50)
+    cp = replace(h.store.get_checkpoint(TENANT, first.response_id), mode=PromotionMode.CHAIN)
+    cache = TailCache(capacity=1000)
+    for i in range(50):
+        cache.learn(Tail(replace(cp, response_id=f"small_{i}"), EMPTY_PAIRING))
     huge = "c" * 4_000_000
     for i in range(20):
         tail = Tail(replace(cp, response_id=f"resp_{i}"),
                     PairingState(frozenset({huge + str(i)}), ((huge + str(i), "function_call"),)))
         assert tail_weight(tail) == 1 + (2 * len(huge + str(i)) + 2 * ID_OVERHEAD) // WEIGHT_CHARS
-        cache.learn(tail)
-        held = [cache.tail(TENANT, cp.partition_key, f"resp_{j}") for j in range(i + 1)]
-        assert sum(2 * len(huge) for t in held if t is not None) <= 50 * WEIGHT_CHARS
+        assert not cache.learn(tail)
+    mid = "m" * 100_000  # ~50 weight: under 1/16 of 1000
+    for i in range(40):
+        tail = Tail(replace(cp, response_id=f"mid_{i}"),
+                    PairingState(frozenset({mid + str(i)}), ((mid + str(i), "function_call"),)))
+        assert cache.learn(tail)
+        held = [cache.tail(TENANT, cp.partition_key, f"mid_{j}") for j in range(i + 1)]
+        assert sum(2 * len(mid) for t in held if t is not None) <= 1000 * WEIGHT_CHARS
     for i in range(50):
         cache.learn(Tail(replace(cp, response_id=f"small_{i}"), EMPTY_PAIRING))
     assert all(cache.tail(TENANT, cp.partition_key, f"small_{i}") for i in range(50))
+
+
+def test_a_long_agent_loop_keeps_one_tail_and_leaves_the_others():
+    """A Conversation's tails are kept as its head only: 300 turns of one loop, each
+    tail a little heavier, leave 100 chains' tails cached (before: its last tails filled
+    the cache and evicted them, a review of session 35)."""
+    h = harness()
+    first = h.outcome(turn(conv_id(), 0))
+    conversation = h.store.get_checkpoint(TENANT, first.response_id)
+    chain = replace(conversation, mode=PromotionMode.CHAIN)
+    cache = TailCache(capacity=400)
+    for i in range(100):
+        assert cache.learn(Tail(replace(chain, response_id=f"chain_{i}"), EMPTY_PAIRING))
+    ids: set[str] = set()
+    for seq in range(1, 301):
+        ids.add(f"call_{seq:06d}" + "x" * 40)
+        assert cache.learn(Tail(replace(conversation, seq=seq, response_id=f"r{seq}"),
+                                PairingState(frozenset(ids))))
+    assert cache.head_at(TENANT, conversation.partition_key, 300) is not None
+    assert all(cache.tail(TENANT, chain.partition_key, f"chain_{i}") for i in range(100))
+
+
+def test_the_effect_ids_a_cached_checkpoint_keeps_are_weighed():
+    """One id per effect the turn used: 3 000 of them held 0.28 MB at weight 1."""
+    h = harness()
+    first = h.outcome(turn(conv_id(), 0))
+    cp = h.store.get_checkpoint(TENANT, first.response_id)
+    effects = tuple(f"eff_{i:032x}" for i in range(3000))
+    tail = Tail(replace(cp, accepted_effect_ids=effects), EMPTY_PAIRING)
+    assert tail_weight(tail) == 1 + (sum(map(len, effects)) + ID_OVERHEAD * 3000) // WEIGHT_CHARS
+    assert tail_weight(tail) > 80
