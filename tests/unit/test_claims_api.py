@@ -192,3 +192,30 @@ def test_an_output_holding_too_many_arrays_and_objects_is_refused():
     assert f"more than {MAX_ITEM_CONTAINERS} arrays and objects" in refused.text
     done = complete(http, effect_id, token, content=output(MAX_ITEM_CONTAINERS))
     assert done.json()["state"] == "COMPLETED"
+
+
+@pytest.mark.parametrize("size", [100, 200_000])
+def test_a_large_output_is_judged_off_the_event_loop(monkeypatch, size):
+    """Judging an output parses it: 1.95 s for 8 MiB on the loop every request shares (a
+    review). Above 64 KiB it is judged on a worker thread; a small one inline."""
+    import asyncio
+
+    from services.api import claims as claims_module
+    judged_on_loop: list[bool] = []
+    real = claims_module._output_item
+
+    def spy(output):
+        try:
+            asyncio.get_running_loop()
+            judged_on_loop.append(True)
+        except RuntimeError:
+            judged_on_loop.append(False)
+        return real(output)
+
+    monkeypatch.setattr(claims_module, "_output_item", spy)
+    http = client()
+    effect_id, token = claimed(http)
+    content = canonical_json({"type": "function_call_output", "id": "fco_1",
+                              "call_id": "call_1", "output": "x" * size})
+    assert complete(http, effect_id, token, content=content).json()["state"] == "COMPLETED"
+    assert judged_on_loop == [size < 64 * 1024]
