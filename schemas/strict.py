@@ -238,19 +238,29 @@ def _primitive(body: _Body, kind: str, path: str) -> None:
 # ratchet's own schemas nest 4 levels at most (TurnCompleted), recurse nowhere and have
 # no such array.
 MAX_SCHEMA_DEPTH = 32
+# - An array (or map) whose items are wide for the bytes they take: a record of 1 000
+#   null fields and a boolean is one byte a value, so 131 072 of them (within the item
+#   bound, 128 KiB) made every reader walk 131 M schema nodes (26 s in the Python walk;
+#   fastavro reads it too, ~20-100 ns a node; an outside review, session 35). Items may
+#   take at most MAX_NODES_PER_BYTE nodes per byte they take at the fewest; ratchet's
+#   own take 2 at most (an Item: 12 nodes in 7 bytes).
+MAX_NODES_PER_BYTE = 8
 
 
 def unsafe_shape(schema: Any) -> str | None:
     """Why fastavro must not read bodies of the fastavro-parsed ``schema``, else None: a
     named type that contains itself, nesting deeper than ``MAX_SCHEMA_DEPTH`` levels (a
-    reference to a named type counts as deep as its definition), or an array whose
-    items may be written in no bytes."""
+    reference to a named type counts as deep as its definition), an array whose items
+    may be written in no bytes, or an array or map whose items may take more than
+    ``MAX_NODES_PER_BYTE`` schema nodes per byte they take."""
     names = _names(schema)
-    measured: dict[str, tuple[int, int]] = {}  # a named type's (depth, fewest bytes)
+    # a named type's (depth, fewest bytes, most nodes walked outside its arrays' items)
+    measured: dict[str, tuple[int, int, int]] = {}
     open_names: list[str] = []  # the named types being measured, outermost first
 
-    def measure(schema: Any) -> tuple[int, int]:
-        """(levels it nests, the fewest bytes a value of it takes)."""
+    def measure(schema: Any) -> tuple[int, int, int]:
+        """(levels it nests, the fewest bytes a value of it takes, the most schema
+        nodes reading one walks, the items of its arrays and maps aside)."""
         if isinstance(schema, str):
             if schema in names:
                 if schema in open_names:
@@ -261,31 +271,40 @@ def unsafe_shape(schema: Any) -> str | None:
             if schema not in _PRIMITIVE_NODES:
                 raise _Refused(f"the writer schema names a type this check does not know: "
                                f"{schema!r}")
-            return 0, _FEWEST_BYTES.get(schema, 1)
+            return 0, _FEWEST_BYTES.get(schema, 1), 1
         if isinstance(schema, list):  # a union: its index, then the branch
             branches = [measure(branch) for branch in schema]
-            found = (1 + max((d for d, _ in branches), default=0),
-                     1 + min((b for _, b in branches), default=0))
+            found = (1 + max((d for d, _, _ in branches), default=0),
+                     1 + min((b for _, b, _ in branches), default=0),
+                     1 + max((n for _, _, n in branches), default=0))
         elif isinstance(schema["type"], (dict, list)):
             return measure(schema["type"])
         elif schema["type"] in RECORD_KINDS:
             open_names.append(schema["name"])
             fields = [measure(field["type"]) for field in schema["fields"]]
             open_names.pop()
-            found = (1 + max((d for d, _ in fields), default=0), sum(b for _, b in fields))
+            found = (1 + max((d for d, _, _ in fields), default=0),
+                     sum(b for _, b, _ in fields), 1 + sum(n for _, _, n in fields))
             measured[schema["name"]] = found
-        elif schema["type"] == "array":
-            items_depth, items_bytes = measure(schema["items"])
-            if items_bytes == 0:
+        elif schema["type"] in ("array", "map"):
+            is_map = schema["type"] == "map"
+            items_depth, items_bytes, items_nodes = measure(
+                schema["values"] if is_map else schema["items"])
+            if items_bytes == 0 and not is_map:
                 raise _Refused("the writer schema has an array whose items may take no "
                                "bytes: its count is bounded by nothing in the body")
-            found = (1 + items_depth, 1)
-        elif schema["type"] == "map":
-            found = (1 + measure(schema["values"])[0], 1)
+            per_item = items_bytes + is_map  # a map entry's key takes a byte or more
+            if items_nodes > MAX_NODES_PER_BYTE * per_item:
+                raise _Refused(
+                    f"the writer schema has an {schema['type']} whose items may take "
+                    f"{items_nodes} schema nodes in {per_item} byte(s) (at most "
+                    f"{MAX_NODES_PER_BYTE} a byte): reading a body would cost without "
+                    "bound by its size")
+            found = (1 + items_depth, 1, 1)
         elif schema["type"] == "fixed":
-            return 0, schema["size"]
+            return 0, schema["size"], 1
         elif schema["type"] == "enum" or schema["type"] in _PRIMITIVE_NODES:
-            return 0, _FEWEST_BYTES.get(schema["type"], 1)  # maybe with a logical type
+            return 0, _FEWEST_BYTES.get(schema["type"], 1), 1  # maybe with a logical type
         else:  # fail closed: a kind this check does not know is not measured as small
             raise _Refused(f"the writer schema has a type this check does not know: "
                            f"{schema['type']!r}")

@@ -27,7 +27,7 @@ from confluent_kafka.schema_registry import Schema
 from ratchet import speedups
 from ratchet.samples import make_tool_loop_turn, make_turn, new_id
 from schemas import avro, avsc
-from schemas.errors import TooManyElements
+from schemas.errors import DecodeError, TooManyElements
 from schemas.keys import partition_key
 from schemas.limits import MAX_EVENT_ELEMENTS
 from schemas.models import (
@@ -264,28 +264,39 @@ def _framed_with(schema_id: int, schema: dict, data: dict) -> bytes:
 
 def test_a_long_damaged_body_is_decided_in_c_without_the_python_walk(serde, client,  # noqa: F811
                                                                      monkeypatch):
-    """A writer's added array of records of 300 null fields, 1 byte each, and a long
-    beyond 64 bits after it: the C walk said "not sure" and the Python walk then walked
-    131 072 of those records (26 s at 1 000 fields). C decides such a body now."""
+    """Items, then a long beyond 64 bits after them: the C walk said "not sure" and the
+    Python walk then walked every item to accept the long (26 s for a writer's wide
+    items, a review). C decides such a body now, too many or damaged."""
     if C is None:
         pytest.fail("ratchet._speedups is not built")
+    schema_id, schema = _writer_with(
+        client, [{"name": "late", "type": "long", "default": 0}], "late-turn")
+    data = make_turn(conversation_id=new_id("conv")).to_avro() | {"late": 5}
+    monkeypatch.setattr(avro, "SPEEDUPS", C)
+    monkeypatch.setattr(avro, "refusal_of", _refuse_all)
+    for ids, raised in ((MAX_EVENT_ELEMENTS + 1, TooManyElements), (100_000, DecodeError)):
+        value = _framed_with(schema_id, schema, data | {"tool_effect_ids": ["e1"] * ids})
+        value = value[:-1] + b"\xff" * 9 + b"\x7f"  # "late" beyond 64 bits
+        with pytest.raises(raised) as caught:
+            serde.decode_gateway_event(value, TOPIC, 0, 8)
+        if raised is DecodeError:
+            assert caught.value.reason is DeadLetterReason.CORRUPT_PAYLOAD
+
+
+def test_a_writer_whose_items_are_wide_for_their_bytes_is_refused(serde, client):  # noqa: F811
+    """A writer's added array of records of 300 null fields and a boolean: 302 schema
+    nodes a byte, so 131 072 of them (128 KiB) walked 40 M nodes in every reader (26 s
+    in the Python walk at 1 000 fields, a review): SCHEMA_MISMATCH before any body."""
     wide = {"type": "record", "name": "Wide", "fields": [
         {"name": f"n{i}", "type": "null"} for i in range(300)] + [
         {"name": "b", "type": "boolean"}]}
     schema_id, schema = _writer_with(client, [
-        {"name": "wide", "type": {"type": "array", "items": wide}, "default": []},
-        {"name": "late", "type": "long", "default": 0}], "wide-turn")
-    data = make_turn(conversation_id=new_id("conv")).to_avro() | {
-        "wide": [{"b": True}] * 140_000, "late": 5}
-    value = _framed_with(schema_id, schema, data)
-    value = value[:-1] + b"\xff" * 9 + b"\x7f"  # "late" beyond 64 bits
-    monkeypatch.setattr(avro, "SPEEDUPS", C)
-    monkeypatch.setattr(avro, "refusal_of", _refuse_all)
-    with pytest.raises(TooManyElements):  # too many comes first, decided in C
-        serde.decode_gateway_event(value, TOPIC, 0, 8)
-    data["wide"] = [{"b": True}] * 130_000
-    value = _framed_with(schema_id, schema, data)[:-1] + b"\xff" * 9 + b"\x7f"
-    assert decode_error(serde, value).reason is DeadLetterReason.CORRUPT_PAYLOAD
+        {"name": "wide", "type": {"type": "array", "items": wide}, "default": []}],
+        "wide-turn")
+    data = make_turn(conversation_id=new_id("conv")).to_avro() | {"wide": [{"b": True}]}
+    error = decode_error(serde, _framed_with(schema_id, schema, data))
+    assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
+    assert "302 schema nodes in 1 byte" in error.message
 
 
 def test_a_writer_whose_arrays_are_not_ratchets_records_no_rejection(serde, client):  # noqa: F811
