@@ -243,7 +243,7 @@ MAX_SCHEMA_DEPTH = 32
 #   bound, 128 KiB) made every reader walk 131 M schema nodes (26 s in the Python walk;
 #   fastavro reads it too, ~20-100 ns a node; an outside review, session 35). Items may
 #   take at most MAX_NODES_PER_BYTE nodes per byte they take at the fewest; ratchet's
-#   own take 2 at most (an Item: 12 nodes in 7 bytes).
+#   own take 2 at most (an Item: 10 nodes in 7 bytes).
 MAX_NODES_PER_BYTE = 8
 
 
