@@ -242,9 +242,11 @@ MAX_SCHEMA_DEPTH = 32
 #   null fields and a boolean is one byte a value, so 131 072 of them (within the item
 #   bound, 128 KiB) made every reader walk 131 M schema nodes (26 s in the Python walk;
 #   fastavro reads it too, ~20-100 ns a node; an outside review, session 35). Items may
-#   take at most MAX_NODES_PER_BYTE nodes per byte they take at the fewest; ratchet's
-#   own take 2 at most (an Item: 10 nodes in 7 bytes).
-MAX_NODES_PER_BYTE = 8
+#   take at most MAX_NODES_PER_BYTE nodes per byte, whatever values they hold (each
+#   union branch, each optional field measured as it may be written); ratchet's own
+#   take 2 at most (an Item: 10 nodes in 7 bytes, a Subturn 5 in 3), an array of
+#   records of optional fields 3 (a record of one: 3 nodes in 1 byte).
+MAX_NODES_PER_BYTE = 4
 
 
 def unsafe_shape(schema: Any) -> str | None:
@@ -252,15 +254,18 @@ def unsafe_shape(schema: Any) -> str | None:
     named type that contains itself, nesting deeper than ``MAX_SCHEMA_DEPTH`` levels (a
     reference to a named type counts as deep as its definition), an array whose items
     may be written in no bytes, or an array or map whose items may take more than
-    ``MAX_NODES_PER_BYTE`` schema nodes per byte they take."""
+    ``MAX_NODES_PER_BYTE`` schema nodes per byte they take (some value of them)."""
     names = _names(schema)
-    # a named type's (depth, fewest bytes, most nodes walked outside its arrays' items)
+    # a named type's (depth, fewest bytes, most excess): the excess of a value is the
+    # schema nodes reading it walks less MAX_NODES_PER_BYTE per byte it takes (its
+    # arrays' and maps' items aside: each is checked where it is), the most over every
+    # value of the type. Items whose most excess is above 0 may take more nodes a byte.
     measured: dict[str, tuple[int, int, int]] = {}
     open_names: list[str] = []  # the named types being measured, outermost first
+    rate = MAX_NODES_PER_BYTE
 
     def measure(schema: Any) -> tuple[int, int, int]:
-        """(levels it nests, the fewest bytes a value of it takes, the most schema
-        nodes reading one walks, the items of its arrays and maps aside)."""
+        """(levels it nests, the fewest bytes a value of it takes, its most excess)."""
         if isinstance(schema, str):
             if schema in names:
                 if schema in open_names:
@@ -271,12 +276,13 @@ def unsafe_shape(schema: Any) -> str | None:
             if schema not in _PRIMITIVE_NODES:
                 raise _Refused(f"the writer schema names a type this check does not know: "
                                f"{schema!r}")
-            return 0, _FEWEST_BYTES.get(schema, 1), 1
-        if isinstance(schema, list):  # a union: its index, then the branch
+            fewest = _FEWEST_BYTES.get(schema, 1)
+            return 0, fewest, 1 - rate * fewest
+        if isinstance(schema, list):  # a union: its index (a byte or more), then the branch
             branches = [measure(branch) for branch in schema]
             found = (1 + max((d for d, _, _ in branches), default=0),
                      1 + min((b for _, b, _ in branches), default=0),
-                     1 + max((n for _, _, n in branches), default=0))
+                     1 - rate + max((x for _, _, x in branches), default=0))
         elif isinstance(schema["type"], (dict, list)):
             return measure(schema["type"])
         elif schema["type"] in RECORD_KINDS:
@@ -284,27 +290,28 @@ def unsafe_shape(schema: Any) -> str | None:
             fields = [measure(field["type"]) for field in schema["fields"]]
             open_names.pop()
             found = (1 + max((d for d, _, _ in fields), default=0),
-                     sum(b for _, b, _ in fields), 1 + sum(n for _, _, n in fields))
+                     sum(b for _, b, _ in fields), 1 + sum(x for _, _, x in fields))
             measured[schema["name"]] = found
         elif schema["type"] in ("array", "map"):
             is_map = schema["type"] == "map"
-            items_depth, items_bytes, items_nodes = measure(
+            items_depth, items_bytes, items_excess = measure(
                 schema["values"] if is_map else schema["items"])
             if items_bytes == 0 and not is_map:
                 raise _Refused("the writer schema has an array whose items may take no "
                                "bytes: its count is bounded by nothing in the body")
-            per_item = items_bytes + is_map  # a map entry's key takes a byte or more
-            if items_nodes > MAX_NODES_PER_BYTE * per_item:
+            if is_map:  # an entry's key: a string of a byte or more
+                items_excess += 1 - rate
+            if items_excess > 0:
                 raise _Refused(
-                    f"the writer schema has an {schema['type']} whose items may take "
-                    f"{items_nodes} schema nodes in {per_item} byte(s) (at most "
-                    f"{MAX_NODES_PER_BYTE} a byte): reading a body would cost without "
+                    f"the writer schema has an {schema['type']} whose items may take more "
+                    f"than {rate} schema nodes a byte: reading a body would cost without "
                     "bound by its size")
-            found = (1 + items_depth, 1, 1)
+            found = (1 + items_depth, 1, 1 - rate)  # the array itself: a count byte
         elif schema["type"] == "fixed":
-            return 0, schema["size"], 1
+            return 0, schema["size"], 1 - rate * schema["size"]
         elif schema["type"] == "enum" or schema["type"] in _PRIMITIVE_NODES:
-            return 0, _FEWEST_BYTES.get(schema["type"], 1), 1  # maybe with a logical type
+            fewest = _FEWEST_BYTES.get(schema["type"], 1)  # maybe with a logical type
+            return 0, fewest, 1 - rate * fewest
         else:  # fail closed: a kind this check does not know is not measured as small
             raise _Refused(f"the writer schema has a type this check does not know: "
                            f"{schema['type']!r}")
@@ -382,7 +389,10 @@ def plan_of(schema: Any) -> bytes:
             at = emit(PLAN_ENUM, len(schema["symbols"]))
         elif kind == "fixed":
             size = schema["size"]
-            at = emit(PLAN_FIXED, size) if 0 <= size <= _INT32_MAX else emit(PLAN_REFUSE)
+            # A size beyond int32 is one no body can hold (the topic takes 16 MiB): the
+            # C walk runs out there, as the Python walk does (it was REFUSE: "not sure",
+            # and the Python walk then walked the whole long body, 30 s; a review).
+            at = emit(PLAN_FIXED, min(size, _INT32_MAX)) if size >= 0 else emit(PLAN_REFUSE)
         elif kind in ("array", "map"):
             at = emit(PLAN_ARRAY if kind == "array" else PLAN_MAP, 0)
             plan[at + 1] = node(schema["items" if kind == "array" else "values"])

@@ -170,8 +170,8 @@ class TailCache:
         lineage, and one heavier than the whole cache emptied it (a review); such a
         lineage's turns read their history, as every lineage did before session 35's
         "Long agent loops"."""
-        if self.capacity <= 0 or tail.weight > self.capacity * MAX_TAIL_SHARE:
-            return False
+        if self.capacity <= 0 or tail.weight > max(1.0, self.capacity * MAX_TAIL_SHARE):
+            return False  # (a tail of weight 1 fits any cache: a small one is no cache off)
         cp = tail.checkpoint
         with self._lock:
             if cp.mode is PromotionMode.CONVERSATION:

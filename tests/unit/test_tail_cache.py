@@ -307,3 +307,14 @@ def test_the_effect_ids_a_cached_checkpoint_keeps_are_weighed():
     tail = Tail(replace(cp, accepted_effect_ids=effects), EMPTY_PAIRING)
     assert tail_weight(tail) == 1 + (sum(map(len, effects)) + ID_OVERHEAD * 3000) // WEIGHT_CHARS
     assert tail_weight(tail) > 80
+
+
+def test_a_small_cache_still_keeps_small_tails():
+    """RATCHET_TAIL_CACHE_ENTRIES below 16 made every tail heavier than 1/16 of it: the
+    cache was off without saying so (a review). A tail of weight 1 fits any cache."""
+    h = harness()
+    first = h.outcome(turn(conv_id(), 0))
+    cp = replace(h.store.get_checkpoint(TENANT, first.response_id), mode=PromotionMode.CHAIN)
+    cache = TailCache(capacity=4)
+    assert cache.learn(Tail(cp, EMPTY_PAIRING))
+    assert cache.tail(TENANT, cp.partition_key, cp.response_id) is not None
