@@ -454,7 +454,6 @@ class EventSerde:
             reason, f"{type(error).__name__}: {error}", schema_id=schema_id, **where
         ) from error
 
-
     def _beyond_the_element_bound(self, record: str, known: _Reader, value: bytes,
                                   refusal: Refusal, schema_id: int,
                                   where: dict[str, Any]) -> DecodeError:
@@ -519,11 +518,9 @@ def _identity_of(known: _Reader, value: bytes) -> Any:
     (``_arrays_as_ratchets``: such a writer's bodies within the bound are
     ``SCHEMA_MISMATCH``, so one beyond it must not record a rejection), or when the
     fields do not make a turn."""
-    if not _arrays_as_ratchets(known.writer):
+    if SPEEDUPS is None or not _arrays_as_ratchets(known.writer):
         return None
     body = memoryview(value)[HEADER_SIZE:]
-    if SPEEDUPS is None:
-        return None
     code, _, nodes = SPEEDUPS.avro_counted(known.strict_plan, body, -1)
     if code != _CONFORMS or nodes > MAX_IDENTITY_NODES:
         return None
@@ -627,8 +624,9 @@ def _record_of_node(node: Any, names: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _shape(node: Any, names: dict[str, Any]) -> Any:
-    """A schema node as a comparable value: references resolved, short names, no docs,
-    defaults or aliases (the schemas compared recurse nowhere: ``unsafe_shape``)."""
+    """A schema node as a comparable value: references resolved, short names, record
+    fields in name order, no docs, defaults or aliases (the schemas compared recurse
+    nowhere: ``unsafe_shape``)."""
     if isinstance(node, str):
         return _shape(names[node], names) if node in names else node
     if isinstance(node, list):
@@ -637,8 +635,9 @@ def _shape(node: Any, names: dict[str, Any]) -> Any:
     if isinstance(kind, dict | list):
         return _shape(kind, names)
     short = str(node.get("name", "")).rsplit(".", 1)[-1]
-    if kind in RECORD_KINDS:
-        return ["record", short, [(f["name"], _shape(f["type"], names)) for f in node["fields"]]]
+    if kind in RECORD_KINDS:  # fields by name: a reader resolves them by name, not place
+        return ["record", short, sorted((f["name"], _shape(f["type"], names))
+                                        for f in node["fields"])]
     if kind == "enum":
         return ["enum", short, list(node["symbols"])]
     if kind == "fixed":

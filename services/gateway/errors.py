@@ -22,8 +22,9 @@ class EventTooLarge(GatewayError):
 
 class EventBeyondLimits(GatewayError):
     """A turn beyond the protocol's bounds on array items and map entries or on its
-    items' arrays and objects (``schemas/limits.py``); it was not produced (the
-    processor would reject it ``UNSUPPORTED_FORMAT``). Not retryable."""
+    items' arrays and objects, or an effect whose output is beyond the latter
+    (``schemas/limits.py``); it was not produced (the processor would reject the turn
+    ``UNSUPPORTED_FORMAT``, and dead-letter the effect). Not retryable."""
 
     def __init__(self, event_id: str, detail: str) -> None:
         self.event_id = event_id

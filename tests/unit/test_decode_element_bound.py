@@ -371,3 +371,23 @@ def test_a_fixed_no_body_can_hold_is_decided_in_c(serde, client, monkeypatch):  
     monkeypatch.setattr(avro, "SPEEDUPS", C)
     monkeypatch.setattr(avro, "refusal_of", _refuse_all)
     assert decode_error(serde, value).reason is DeadLetterReason.TRUNCATED
+
+
+def test_a_writer_with_items_fields_in_another_order_is_still_rejected(serde, client):  # noqa: F811
+    """A reader resolves fields by name: an Item written with its fields in another
+    order is ratchet's Item, and a turn of it beyond the bound is answered with a
+    rejection, not a dead letter (a review)."""
+    if C is None:
+        pytest.fail("ratchet._speedups is not built")
+    schema = json.loads(avsc.schema_text("TurnCompleted"))
+    for field in schema["fields"]:
+        if field["name"] == "input_items":
+            field["type"]["items"]["fields"].reverse()
+    schema_id = client.register_schema("reordered-item", Schema(json.dumps(schema), "AVRO"))
+    turn = make_turn(conversation_id=new_id("conv"))
+    data = turn.to_avro()
+    data["output_items"] = list(data["output_items"]) + [TINY_ITEM] * (MAX_EVENT_ELEMENTS + 1)
+    with pytest.raises(TooManyElements) as caught:
+        serde.decode_gateway_event(_framed_with(schema_id, schema, data), TOPIC, 0, 13)
+    assert caught.value.turn is not None
+    assert caught.value.turn.response_id == turn.response_id

@@ -93,6 +93,17 @@ def test_an_event_with_an_id_the_api_cannot_serve_is_refused_before_producing(fi
             response_id=turn.response_id)])
 
 
+class CountingSerde:
+    """Encodes every event as a small stand-in value, noting which it was asked for."""
+
+    def __init__(self) -> None:
+        self.encoded: list[str] = []
+
+    def encode(self, event, topic):
+        self.encoded.append(event.event_id)
+        return b"\x00\x00\x00\x00\x01" + b"x" * 10
+
+
 def _deep_item(containers: int):
     """A message item whose content holds ``containers`` arrays and objects in all."""
     item = message("hi", role="assistant", item_id="m_many")
@@ -123,14 +134,9 @@ def test_a_turn_beyond_the_bounds_is_refused_before_producing(beyond):
 
 def test_a_turn_at_the_bounds_is_produced():
     """Exactly the bounds: encoded (the serde is asked) and queued."""
-    encoded: list[str] = []
-
-    class CountingSerde:
-        def encode(self, event, topic):
-            encoded.append(event.event_id)
-            return b"\x00\x00\x00\x00\x01" + b"x" * 10
-
-    producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=CountingSerde(),
+    serde = CountingSerde()
+    encoded = serde.encoded
+    producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=serde,
                                config={"log_level": 0})
     turn = make_turn(items=[_deep_item(MAX_ITEM_CONTAINERS)])
     others = elements_of(turn)
@@ -145,14 +151,9 @@ def test_a_failed_turn_is_produced_whatever_its_contents_hold():
     """The processor answers NOT_PROMOTABLE_STATUS before the content bound and orphans
     the attempt's effects: the gateway must be able to send it (a review)."""
     from schemas.models import TurnStatus
-    encoded: list[str] = []
-
-    class CountingSerde:
-        def encode(self, event, topic):
-            encoded.append(event.event_id)
-            return b"\x00\x00\x00\x00\x01" + b"x" * 10
-
-    producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=CountingSerde(),
+    serde = CountingSerde()
+    encoded = serde.encoded
+    producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=serde,
                                config={"log_level": 0})
     turn = make_turn(items=[_deep_item(MAX_ITEM_CONTAINERS + 1)], status=TurnStatus.FAILED,
                      certified=False)
