@@ -15,16 +15,14 @@ the real codec with the in-memory store and ledger (``Pipeline``).
 
 from __future__ import annotations
 
-import io
 import json
-import struct
 import tracemalloc
 
-import fastavro
 import pytest
 from confluent_kafka.schema_registry import Schema
 
 from ratchet import speedups
+from ratchet.domain.bounds import elements_of
 from ratchet.samples import make_tool_loop_turn, make_turn, new_id
 from schemas import avro, avsc
 from schemas.errors import DecodeError, TooManyElements
@@ -42,7 +40,7 @@ from schemas.models import (
     TurnStatus,
 )
 from tests.unit.test_avro_serde import TOPIC, client, serde  # noqa: F401 - fixtures
-from tests.unit.test_decode_hardening import Pipeline, decode_error, registered_id
+from tests.unit.test_decode_hardening import Pipeline, decode_error, framed, registered_id
 
 C = speedups.load()
 # The smallest Item Avro can carry: 7 bytes (six empty fields and format_version 0).
@@ -56,16 +54,7 @@ def _with(serde, turn: TurnCompleted, **lists) -> bytes:  # noqa: F811 - the fix
     data = turn.to_avro()
     for name, extra in lists.items():
         data[name] = list(data[name]) + extra
-    body = io.BytesIO()
-    fastavro.schemaless_writer(body, avsc.parsed("TurnCompleted"), data)
-    return b"\x00" + struct.pack(">I", registered_id(serde, turn)) + body.getvalue()
-
-
-def _elements_of(turn: TurnCompleted) -> int:
-    """The array items and map entries a turn's body holds."""
-    return (len(turn.input_items) + len(turn.output_items) + len(turn.tool_effect_ids)
-            + len(turn.fingerprint.multimodal_input_digests) + len(turn.subturns)
-            + sum(len(s.effect_ids) for s in turn.subturns))
+    return framed(registered_id(serde, turn), avsc.parsed("TurnCompleted"), data)
 
 
 @pytest.fixture(params=["C", "Python"])
@@ -107,7 +96,7 @@ def test_exactly_the_bound_decodes_and_one_more_is_too_many(serde, twin):  # noq
     """Counted over every array of the body (here effect ids of 3 bytes: a 0.4 MB
     body, longer than the bound, so it is walked)."""
     turn = make_turn(conversation_id=new_id("conv"))
-    room = MAX_EVENT_ELEMENTS - _elements_of(turn)
+    room = MAX_EVENT_ELEMENTS - elements_of(turn)
     ids = [f"e{i % 10}" for i in range(room)]
     decoded = serde.decode_gateway_event(_with(serde, turn, tool_effect_ids=ids), TOPIC, 0, 1)
     assert len(decoded.tool_effect_ids) == room
@@ -168,18 +157,12 @@ def test_a_tool_effect_beyond_the_bound_is_dead_lettered(serde, client):  # noqa
     schema_id = client.register_schema("effect-with-notes", Schema(json.dumps(schema), "AVRO"))
     _, [effect, *_] = make_tool_loop_turn(rounds=1, conversation_id=new_id("conv"))
     data = effect.to_avro() | {"notes": ["n"] * (MAX_EVENT_ELEMENTS + 1)}
-    body = io.BytesIO()
-    fastavro.schemaless_writer(body, fastavro.parse_schema(schema), data)
-    value = b"\x00" + struct.pack(">I", schema_id) + body.getvalue()
     with pytest.raises(TooManyElements) as caught:
-        serde.decode_gateway_event(value, TOPIC, 0, 4)
+        serde.decode_gateway_event(framed(schema_id, schema, data), TOPIC, 0, 4)
     assert caught.value.turn is None and caught.value.reason is DeadLetterReason.INVALID_EVENT
     # within the bound the same writer's records decode (the notes are not read)
     data["notes"] = ["n"] * 10
-    body = io.BytesIO()
-    fastavro.schemaless_writer(body, fastavro.parse_schema(schema), data)
-    decoded = serde.decode_gateway_event(b"\x00" + struct.pack(">I", schema_id)
-                                         + body.getvalue(), TOPIC, 0, 5)
+    decoded = serde.decode_gateway_event(framed(schema_id, schema, data), TOPIC, 0, 5)
     assert decoded == effect
 
 
@@ -256,12 +239,6 @@ def _writer_with(client, extra_fields: list, name: str) -> tuple[int, dict]:  # 
     return client.register_schema(name, Schema(json.dumps(schema), "AVRO")), schema
 
 
-def _framed_with(schema_id: int, schema: dict, data: dict) -> bytes:
-    body = io.BytesIO()
-    fastavro.schemaless_writer(body, fastavro.parse_schema(schema), data)
-    return b"\x00" + struct.pack(">I", schema_id) + body.getvalue()
-
-
 def test_a_long_damaged_body_is_decided_in_c_without_the_python_walk(serde, client,  # noqa: F811
                                                                      monkeypatch):
     """Items, then a long beyond 64 bits after them: the C walk said "not sure" and the
@@ -275,7 +252,7 @@ def test_a_long_damaged_body_is_decided_in_c_without_the_python_walk(serde, clie
     monkeypatch.setattr(avro, "SPEEDUPS", C)
     monkeypatch.setattr(avro, "refusal_of", _refuse_all)
     for ids, raised in ((MAX_EVENT_ELEMENTS + 1, TooManyElements), (100_000, DecodeError)):
-        value = _framed_with(schema_id, schema, data | {"tool_effect_ids": ["e1"] * ids})
+        value = framed(schema_id, schema, data | {"tool_effect_ids": ["e1"] * ids})
         value = value[:-1] + b"\xff" * 9 + b"\x7f"  # "late" beyond 64 bits
         with pytest.raises(raised) as caught:
             serde.decode_gateway_event(value, TOPIC, 0, 8)
@@ -296,7 +273,7 @@ def test_a_writer_whose_items_are_wide_for_their_bytes_is_refused(serde, client)
         {"name": "wide", "type": {"type": "array", "items": wide}, "default": []}],
         "wide-turn")
     data = make_turn(conversation_id=new_id("conv")).to_avro() | {"wide": [{"b": True}]}
-    error = decode_error(serde, _framed_with(schema_id, schema, data))
+    error = decode_error(serde, framed(schema_id, schema, data))
     assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
     assert "more than 4 schema nodes a byte" in error.message
 
@@ -313,9 +290,9 @@ def test_a_writer_whose_arrays_are_not_ratchets_records_no_rejection(serde, clie
             field["type"] = {"type": "array", "items": "long"}
     schema_id = client.register_schema("long-ids", Schema(json.dumps(schema), "AVRO"))
     data = make_turn(conversation_id=new_id("conv")).to_avro()
-    small = _framed_with(schema_id, schema, data | {"tool_effect_ids": [1]})
+    small = framed(schema_id, schema, data | {"tool_effect_ids": [1]})
     assert decode_error(serde, small).reason is DeadLetterReason.SCHEMA_MISMATCH
-    value = _framed_with(schema_id, schema,
+    value = framed(schema_id, schema,
                          data | {"tool_effect_ids": [1] * (MAX_EVENT_ELEMENTS + 1)})
     with pytest.raises(TooManyElements) as caught:
         serde.decode_gateway_event(value, TOPIC, 0, 9)
@@ -352,7 +329,7 @@ def test_a_writer_whose_items_hold_optional_records_is_read(serde, client):  # n
         "entries-turn")
     turn = make_turn(conversation_id=new_id("conv"))
     data = turn.to_avro() | {"entries": [{"name": "a", "meta": None}] * 3}
-    assert serde.decode_gateway_event(_framed_with(schema_id, schema, data), TOPIC, 0, 12) == turn
+    assert serde.decode_gateway_event(framed(schema_id, schema, data), TOPIC, 0, 12) == turn
 
 
 def test_a_fixed_no_body_can_hold_is_decided_in_c(serde, client, monkeypatch):  # noqa: F811
@@ -366,7 +343,7 @@ def test_a_fixed_no_body_can_hold_is_decided_in_c(serde, client, monkeypatch):  
         {"name": "blob", "type": ["null", huge], "default": None}], "huge-fixed-turn")
     data = make_turn(conversation_id=new_id("conv")).to_avro() | {
         "blob": None, "tool_effect_ids": ["e1"] * 100_000}
-    value = _framed_with(schema_id, schema, data)
+    value = framed(schema_id, schema, data)
     value = value[:-1] + b"\x02" + b"x" * 10  # the fixed's branch, then 10 bytes of it
     monkeypatch.setattr(avro, "SPEEDUPS", C)
     monkeypatch.setattr(avro, "refusal_of", _refuse_all)
@@ -388,6 +365,6 @@ def test_a_writer_with_items_fields_in_another_order_is_still_rejected(serde, cl
     data = turn.to_avro()
     data["output_items"] = list(data["output_items"]) + [TINY_ITEM] * (MAX_EVENT_ELEMENTS + 1)
     with pytest.raises(TooManyElements) as caught:
-        serde.decode_gateway_event(_framed_with(schema_id, schema, data), TOPIC, 0, 13)
+        serde.decode_gateway_event(framed(schema_id, schema, data), TOPIC, 0, 13)
     assert caught.value.turn is not None
     assert caught.value.turn.response_id == turn.response_id

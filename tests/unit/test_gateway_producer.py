@@ -11,11 +11,10 @@ from confluent_kafka import KafkaError, Message
 from ratchet.domain.bounds import elements_of
 from ratchet.samples import make_tool_effect, make_turn
 from ratchet.settings import Settings
-from schemas.canonical import json_containers
-from schemas.items import message
 from schemas.limits import MAX_EVENT_ELEMENTS, MAX_ITEM_CONTAINERS
 from services.gateway.errors import DeliveryError, EventBeyondLimits, UnservableId
 from services.gateway.producer import GatewayProducer
+from tests.unit.test_content_containers import item_with
 
 # librdkafka's "no offset" (RD_KAFKA_OFFSET_INVALID): Message.offset() reads it as None.
 NO_OFFSET = -1001
@@ -104,15 +103,6 @@ class CountingSerde:
         return b"\x00\x00\x00\x00\x01" + b"x" * 10
 
 
-def _deep_item(containers: int):
-    """A message item whose content holds ``containers`` arrays and objects in all."""
-    item = message("hi", role="assistant", item_id="m_many")
-    extra = containers - json_containers(item.content, 10**9) - 1  # the "x" array itself
-    content = item.content[:-1] + b',"x":[' + b",".join([b"[]"] * extra) + b"]}"
-    return item.model_copy(update={"content": content,
-                                   "content_digest": hashlib.sha256(content).hexdigest()})
-
-
 @pytest.mark.parametrize("beyond", ["array items", "arrays and objects"])
 def test_a_turn_beyond_the_bounds_is_refused_before_producing(beyond):
     """The processor would reject it UNSUPPORTED_FORMAT (docs/gateway-protocol.md, "Size
@@ -122,7 +112,7 @@ def test_a_turn_beyond_the_bounds_is_refused_before_producing(beyond):
     if beyond == "array items":
         turn = make_turn(tool_effect_ids=tuple(f"e{i}" for i in range(MAX_EVENT_ELEMENTS)))
     else:
-        turn = make_turn(items=[_deep_item(MAX_ITEM_CONTAINERS + 1)])
+        turn = make_turn(items=[item_with(MAX_ITEM_CONTAINERS + 1)])
     with pytest.raises(EventBeyondLimits, match="not produced") as refused:
         producer.send(turn)
     assert not refused.value.retryable and beyond in refused.value.detail
@@ -138,7 +128,7 @@ def test_a_turn_at_the_bounds_is_produced():
     encoded = serde.encoded
     producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=serde,
                                config={"log_level": 0})
-    turn = make_turn(items=[_deep_item(MAX_ITEM_CONTAINERS)])
+    turn = make_turn(items=[item_with(MAX_ITEM_CONTAINERS)])
     others = elements_of(turn)
     turn = turn.model_copy(update={"tool_effect_ids": tuple(
         f"e{i}" for i in range(MAX_EVENT_ELEMENTS - others))})
@@ -155,7 +145,7 @@ def test_a_failed_turn_is_produced_whatever_its_contents_hold():
     encoded = serde.encoded
     producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=serde,
                                config={"log_level": 0})
-    turn = make_turn(items=[_deep_item(MAX_ITEM_CONTAINERS + 1)], status=TurnStatus.FAILED,
+    turn = make_turn(items=[item_with(MAX_ITEM_CONTAINERS + 1)], status=TurnStatus.FAILED,
                      certified=False)
     producer.send(turn)
     assert encoded == [turn.event_id]
