@@ -490,6 +490,22 @@ def verify_history(
     )
 
 
+def lineage_refs(snapshot: PartitionSnapshot, response_id: str) -> list[str]:
+    """The response ids of the lineage ending at ``response_id`` in ``snapshot``'s
+    checkpoints, newest first, as far as parent links lead (a missing or damaged
+    parent, or a seq that does not step down by one, ends it: ``verify_history`` says
+    why). What a response's read must load the items of."""
+    refs: list[str] = []
+    current = snapshot.checkpoints.get(response_id)
+    while current is not None and len(refs) <= len(snapshot.checkpoints):
+        refs.append(current.response_id)
+        parent = snapshot.checkpoints.get(current.parent_response_id or "")
+        if parent is None or parent.seq != current.seq - 1:
+            break
+        current = parent
+    return refs
+
+
 def verify_extension(
     tip: CheckpointRecord,
     turns: Sequence[CheckpointRecord],

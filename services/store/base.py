@@ -532,14 +532,14 @@ class CheckpointStore(ABC):
         assert response_id is not None
         hinted = self._hinted_partition(tenant_id, response_id, partition_key)
         if hinted is not None:
-            snapshot = self._load_partition(tenant_id, hinted)
+            snapshot = self._load_lineage(tenant_id, hinted, response_id)
             result = self._response_result(tenant_id, hinted, response_id, snapshot, now)
             if result is not None:
                 return result
         located = self._locate(tenant_id, response_id)
         if located is None or located == hinted:
             return no_such_response()
-        snapshot = self._load_partition(tenant_id, located)
+        snapshot = self._load_lineage(tenant_id, located, response_id)
         return self._response_result(tenant_id, located, response_id, snapshot, now) or (
             no_such_response()
         )
@@ -580,14 +580,14 @@ class CheckpointStore(ABC):
         assert response_id is not None
         hinted = self._hinted_partition(tenant_id, response_id, partition_key)
         if hinted is not None:
-            snapshot = await self._load_partition_async(tenant_id, hinted)
+            snapshot = await self._load_lineage_async(tenant_id, hinted, response_id)
             result = self._response_result(tenant_id, hinted, response_id, snapshot, now)
             if result is not None:
                 return result
         located = await self._locate_async(tenant_id, response_id)
         if located is None or located == hinted:
             return no_such_response()
-        snapshot = await self._load_partition_async(tenant_id, located)
+        snapshot = await self._load_lineage_async(tenant_id, located, response_id)
         return self._response_result(tenant_id, located, response_id, snapshot, now) or (
             no_such_response()
         )
@@ -925,6 +925,22 @@ class CheckpointStore(ABC):
     @abstractmethod
     def _load_partition(self, tenant_id: str, partition_key: str) -> PartitionSnapshot | None:
         """Every checkpoint and item of one partition, or None if it holds nothing."""
+
+    def _load_lineage(
+        self, tenant_id: str, partition_key: str, response_id: str
+    ) -> PartitionSnapshot | None:
+        """What the read of one response needs of its partition: every checkpoint and
+        the head (the rules check the whole partition's structure) and the items of the
+        response's lineage; other turns' items may be left out (``verify_history``
+        reads the lineage's only). By default the whole partition; a backend whose
+        reads cost per byte overrides it."""
+        return self._load_partition(tenant_id, partition_key)
+
+    async def _load_lineage_async(
+        self, tenant_id: str, partition_key: str, response_id: str
+    ) -> PartitionSnapshot | None:
+        """``_load_lineage`` awaited."""
+        return await self._load_partition_async(tenant_id, partition_key)
 
     async def _locate_async(self, tenant_id: str, response_id: str) -> str | None:
         """``_locate`` awaited; a backend with async I/O overrides it."""

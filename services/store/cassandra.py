@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from cassandra import (
@@ -60,12 +60,14 @@ from cassandra.protocol import (
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, tuple_factory
 
 from ratchet.domain.history import (
+    NO_ITEMS,
     CheckpointRecord,
     Head,
     PartitionSnapshot,
     PromotionMode,
     as_of_head,
     beyond_head,
+    lineage_refs,
 )
 from ratchet.domain.plan import (
     CorruptPartition,
@@ -78,20 +80,23 @@ from ratchet.domain.plan import (
 from ratchet.settings import Settings
 from services.cassandra_cluster import DRIVER_OUTAGES, completed, open_cluster
 from services.cassandra_loop import LoopRequestFailed, LoopResult, LoopSession
-from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable
+from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable, _Hints
 from services.store.rows import (
     CHECKPOINT_COLUMNS,
     CHECKPOINT_SELECT,
     DAMAGED_ROW_ERRORS,
     HISTORY_KINDS,
     HISTORY_SELECT,
+    STRUCTURE_SELECT,
     checkpoint_of,
     checkpoint_values,
     decode_snapshot,
+    decode_structure,
     head_from,
     head_of,
     item_values,
     unset_nulls,
+    with_items,
 )
 
 T = TypeVar("T")
@@ -123,6 +128,15 @@ _MAYBE_APPLIED = (
 # One page holds any history this store accepts in practice (a 50-turn Conversation
 # is 51 rows): one round trip. Longer ones page on, still verified as a whole.
 _HISTORY_FETCH_SIZE = 5000
+# A response's read in a WIDE partition (``_load_lineage``): one whose turns outside the
+# lineage read were at least this many, or held at least this many bytes of items.
+# Below, the whole read in one round trip costs less than a second one.
+_WIDE_TURNS = 64
+_WIDE_ITEM_BYTES = 256 * 1024
+# There, the lineage's items are asked for by response id (``ref IN ?``) when it is at
+# most this many turns and under half of the partition's; else every turn's items come
+# in one slice, as the whole-partition read does.
+_LINEAGE_IN_MAX = 256
 
 
 # A claim row as both claims tables return it (the key columns come back with an
@@ -200,6 +214,9 @@ class CassandraCheckpointStore(CheckpointStore):
         super().__init__(options)
         self._session = session
         self._timeout = timeout_s
+        # (tenant, partition_key) of partitions whose responses are read as structure
+        # and lineage items (``_load_lineage``): learnt, never a correctness input.
+        self._wide = _Hints(self.options.hint_capacity)
         # The requests awaited on an event loop go through the C++ driver when the process
         # gives a session of it (services/cassandra_loop.py); else cassandra-driver's
         # callbacks. Only the loop that session connected on may use it.
@@ -239,6 +256,23 @@ class CassandraCheckpointStore(CheckpointStore):
             read_consistency,
         )
         self._select_partition.fetch_size = _HISTORY_FETCH_SIZE
+        # A response's read: the partition's structure, then its lineage's items.
+        self._select_structure = self._prepare(
+            f"SELECT {STRUCTURE_SELECT} FROM {table} "
+            f"WHERE {partition} AND kind IN {HISTORY_KINDS}",
+            read_consistency,
+        )
+        self._select_structure.fetch_size = _HISTORY_FETCH_SIZE
+        self._select_items_of = self._prepare(
+            f"SELECT ref, items FROM {table} WHERE {partition} AND kind = 'checkpoint' "
+            "AND ref IN ?",
+            read_consistency,
+        )
+        self._select_all_items = self._prepare(
+            f"SELECT ref, items FROM {table} WHERE {partition} AND kind = 'checkpoint'",
+            read_consistency,
+        )
+        self._select_all_items.fetch_size = _HISTORY_FETCH_SIZE
         # The API's reads (read consistency, never SERIAL): a Conversation's head alone,
         # and one turn row (with the static head) by response id.
         self._read_head = self._prepare(
@@ -397,13 +431,37 @@ class CassandraCheckpointStore(CheckpointStore):
         self, tenant_id: str, partition_key: str
     ) -> PartitionSnapshot | None:
         """``_load_partition`` on the driver's I/O thread (the same queries)."""
+        return await self._whole_async(tenant_id, partition_key, self._select_partition,
+                                       decode_snapshot)
+
+    async def _load_lineage_async(
+        self, tenant_id: str, partition_key: str, response_id: str
+    ) -> PartitionSnapshot | None:
+        """``_load_lineage`` on the driver's I/O thread (the same queries)."""
+        if self._wide.get((tenant_id, partition_key)) is None:
+            snapshot = await self._load_partition_async(tenant_id, partition_key)
+            self._learn_width(snapshot, response_id)
+            return snapshot
+        structure = await self._whole_async(tenant_id, partition_key, self._select_structure,
+                                            decode_structure)
+        if structure is None:
+            return None
+        statement, params = self._items_query(structure, response_id)
+        cells = await self._rows_async("read_history", statement, params)
+        return self._with_lineage_items(structure, response_id, cells)
+
+    async def _whole_async(
+        self, tenant_id: str, partition_key: str, statement: PreparedStatement,
+        decode: Callable[[str, str, Sequence[Any]], PartitionSnapshot | None],
+    ) -> PartitionSnapshot | None:
+        """``_whole`` awaited."""
         key = (tenant_id, partition_key)
         for _ in range(2):
-            rows = await self._rows_async("read_history", self._select_partition, key)
+            rows = await self._rows_async("read_history", statement, key)
             if not rows:
                 rows = await self._rows_async("read_history", self._select_static_head, key)
-            snapshot = decode_snapshot(tenant_id, partition_key, rows)
-            ahead = self._ahead_across_pages(snapshot, rows)
+            snapshot = decode(tenant_id, partition_key, rows)
+            ahead = self._ahead_across_pages(snapshot, rows, statement)
             if ahead is None:
                 return snapshot
             head = await self.read_head_async(tenant_id, partition_key)
@@ -842,18 +900,84 @@ class CassandraCheckpointStore(CheckpointStore):
         The second read is needed for a response promoted during the first: every turn
         up to the second read's head was stored before it.
         """
+        return self._whole(tenant_id, partition_key, self._select_partition, decode_snapshot)
+
+    def _load_lineage(
+        self, tenant_id: str, partition_key: str, response_id: str
+    ) -> PartitionSnapshot | None:
+        """A response's read. In a partition this store found WIDE (``_learn_width``:
+        the turns outside a lineage it read were many, or held many bytes): the
+        partition's structure (every row but its items, read as ``_load_partition``
+        reads the whole), then the items of the response's lineage only. The turns of
+        other forks of a chain, or a Conversation's turns after the response, are then
+        most of the partition's bytes, and the answer holds none of them (an outside
+        review, session 34: a 3-turn response beside 12 forks of 8 MB took 0.9 s;
+        docs/decisions.md, "Reads in proportion to the answer"). Elsewhere the whole
+        partition in one round trip, which costs less than two for a small one.
+        Rows are never rewritten, so the two reads agree on every turn the structure
+        holds; a row changed between them fails its digests, and the failure is read
+        again (``_confirmed``)."""
+        if self._wide.get((tenant_id, partition_key)) is None:
+            snapshot = self._load_partition(tenant_id, partition_key)
+            self._learn_width(snapshot, response_id)
+            return snapshot
+        structure = self._whole(tenant_id, partition_key, self._select_structure,
+                                decode_structure)
+        if structure is None:
+            return None
+        statement, params = self._items_query(structure, response_id)
+        cells = _guard("read_history", lambda: self._rows(statement, params))
+        return self._with_lineage_items(structure, response_id, cells)
+
+    def _learn_width(self, snapshot: PartitionSnapshot | None, response_id: str) -> None:
+        """Remember the partition as wide when the turns outside ``response_id``'s
+        lineage are ``_WIDE_TURNS`` or more, or hold ``_WIDE_ITEM_BYTES`` of items or
+        more. Partitions only grow: it stays so until evicted (LRU, ``hint_capacity``)."""
+        if snapshot is None:
+            return
+        lineage = set(lineage_refs(snapshot, response_id))
+        others = [ref for ref in snapshot.checkpoints if ref not in lineage]
+        wide = len(others) >= _WIDE_TURNS or sum(
+            len(content) for ref in others
+            for content in snapshot.items.get(ref, NO_ITEMS).contents
+        ) >= _WIDE_ITEM_BYTES
+        if wide:
+            self._wide.put((snapshot.tenant_id, snapshot.partition_key), True)
+
+    def _items_query(self, structure: PartitionSnapshot,
+                     response_id: str) -> tuple[PreparedStatement, tuple[Any, ...]]:
+        """The lineage's items by response id when it is a small part of the partition;
+        else every turn's items in one slice (an ``IN`` of many keys costs more)."""
+        key = (structure.tenant_id, structure.partition_key)
+        refs = lineage_refs(structure, response_id)
+        if refs and len(refs) <= _LINEAGE_IN_MAX and 2 * len(refs) < len(structure.checkpoints):
+            return self._select_items_of, (*key, refs)
+        return self._select_all_items, key
+
+    @staticmethod
+    def _with_lineage_items(structure: PartitionSnapshot, response_id: str,
+                            cells: Sequence[Any]) -> PartitionSnapshot:
+        lineage = set(lineage_refs(structure, response_id))
+        return with_items(structure, {ref: cell for ref, cell in cells if ref in lineage})
+
+    def _whole(
+        self, tenant_id: str, partition_key: str, statement: PreparedStatement,
+        decode: Callable[[str, str, Sequence[Any]], PartitionSnapshot | None],
+    ) -> PartitionSnapshot | None:
+        """Every row of ``statement``'s partition read (all pages) and decoded, as of
+        its head (see ``_load_partition``)."""
         key = (tenant_id, partition_key)
 
         def load() -> list[Any]:
-            rows = self._rows(self._select_partition, key)
+            rows = self._rows(statement, key)
             if not rows:  # nothing but (possibly) static cells: a head without rows
                 rows = self._rows(self._select_static_head, key)
             return rows
 
         for _ in range(2):
             rows = _guard("read_history", load)
-            snapshot = decode_snapshot(tenant_id, partition_key, rows)
-            ahead = self._ahead_across_pages(snapshot, rows)
+            snapshot = decode(tenant_id, partition_key, rows)
+            ahead = self._ahead_across_pages(snapshot, rows, statement)
             if ahead is None:
                 return snapshot
             head = self.read_head(tenant_id, partition_key)
@@ -861,12 +985,13 @@ class CassandraCheckpointStore(CheckpointStore):
                 return snapshot  # beyond the head even now: the verification's CORRUPT
         return as_of_head(snapshot)
 
+    @staticmethod
     def _ahead_across_pages(
-        self, snapshot: PartitionSnapshot | None, rows: list[Any]
+        snapshot: PartitionSnapshot | None, rows: list[Any], statement: PreparedStatement
     ) -> int | None:
         """The highest seq beyond the head of a read that took several pages (None:
         one page, one consistent read, or nothing beyond the head)."""
-        if snapshot is None or len(rows) <= self._select_partition.fetch_size:
+        if snapshot is None or len(rows) <= statement.fetch_size:
             return None
         return beyond_head(snapshot)
 

@@ -9,10 +9,11 @@ that response as damaged (``PartitionSnapshot.damaged``) for verification to rep
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import struct
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -64,6 +65,10 @@ HISTORY_COLUMNS = (
     "kind, ref, head_seq, head_response_id, head_item_count, head_lineage_digest, items, "
     f"{', '.join(DECODED_CHECKPOINT_NAMES)}"
 )
+# A partition's structure: every column of ``HISTORY_COLUMNS`` but the items, which
+# hold nearly all of a turn's bytes. A response's read takes the structure of the whole
+# partition (the rules check it), then the items of its lineage only (``with_items``).
+STRUCTURE_COLUMNS = HISTORY_COLUMNS.replace(" items,", "")
 # Timestamp cells are selected as epoch milliseconds (bigint), not as the drivers'
 # datetimes: cassandra-driver fails a whole response, and closes its connection, on a
 # timestamp it cannot make a datetime of (past year 9999: only damage writes one), so
@@ -81,7 +86,9 @@ def selected(columns: str) -> str:
 
 CHECKPOINT_SELECT = selected(CHECKPOINT_COLUMNS)
 HISTORY_SELECT = selected(HISTORY_COLUMNS)
-# Positions in a row of ``HISTORY_COLUMNS`` (partition reads decode plain tuples).
+STRUCTURE_SELECT = selected(STRUCTURE_COLUMNS)
+# Positions in a row of ``HISTORY_COLUMNS`` (partition reads decode plain tuples); a
+# row of ``STRUCTURE_COLUMNS`` has no items and its checkpoint one place earlier.
 _KIND, _REF, _HEAD_SEQ, _HEAD_RESPONSE, _HEAD_ITEMS, _HEAD_LINEAGE, _ITEMS = range(7)
 _CHECKPOINT_AT = 7
 # Rows a history read needs (``kind IN HISTORY_KINDS``): not the idempotency records (one per turn, never read).
@@ -402,8 +409,41 @@ def decode_snapshot(
     tenant_id: str, partition_key: str, rows: Sequence[Sequence[Any]]
 ) -> PartitionSnapshot | None:
     """Rows of ``HISTORY_COLUMNS`` (plain or named tuples, read by position)."""
+    return _decode_rows(tenant_id, partition_key, rows, with_items=True)
+
+
+def decode_structure(
+    tenant_id: str, partition_key: str, rows: Sequence[Sequence[Any]]
+) -> PartitionSnapshot | None:
+    """Rows of ``STRUCTURE_COLUMNS``: every checkpoint and the head, no turn's items
+    (``with_items`` adds those a read returns)."""
+    return _decode_rows(tenant_id, partition_key, rows, with_items=False)
+
+
+def with_items(
+    snapshot: PartitionSnapshot, cells: Mapping[str, bytes | None]
+) -> PartitionSnapshot:
+    """``snapshot`` (a structure) with the items of the turns in ``cells`` (their
+    ``items`` cells by response id), decoded as ``decode_snapshot`` does: a cell that
+    cannot be decoded marks its response damaged. Turns left out hold no items."""
+    items: dict[str, TurnItems] = {}
+    damaged = set(snapshot.damaged)
+    for ref, cell in cells.items():
+        if ref not in snapshot.checkpoints:
+            continue  # promoted after the structure was read: not part of this answer
+        try:
+            items[ref] = decode_items_cell(cell)
+        except DAMAGED_ROW_ERRORS:
+            damaged.add(ref)
+    return dataclasses.replace(snapshot, items=items, damaged=frozenset(damaged))
+
+
+def _decode_rows(
+    tenant_id: str, partition_key: str, rows: Sequence[Sequence[Any]], *, with_items: bool
+) -> PartitionSnapshot | None:
     if not rows:
         return None
+    checkpoint_at = _CHECKPOINT_AT if with_items else _ITEMS
     checkpoints: dict[str, CheckpointRecord] = {}
     items: dict[str, TurnItems] = {}
     damaged: set[str] = set()
@@ -412,11 +452,12 @@ def decode_snapshot(
             continue
         ref = row[_REF]
         try:
-            checkpoint = _decode_checkpoint(tenant_id, partition_key, row[_CHECKPOINT_AT:])
+            checkpoint = _decode_checkpoint(tenant_id, partition_key, row[checkpoint_at:])
             if checkpoint.response_id != ref:
                 raise ValueError("checkpoint row filed under another response id")
             checkpoints[ref] = checkpoint
-            items[ref] = decode_items_cell(row[_ITEMS])
+            if with_items:
+                items[ref] = decode_items_cell(row[_ITEMS])
         except DAMAGED_ROW_ERRORS:
             damaged.add(ref)
     first = rows[0]

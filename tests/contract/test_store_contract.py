@@ -50,9 +50,10 @@ MIB = 1024 * 1024
 
 class _DroppingLoads:
     """A store's partition loads that leave out one checkpoint for their first ``gaps``
-    calls, as a read that missed a row would. Both loads are wrapped, with one count:
+    calls, as a read that missed a row would. Every load is wrapped, with one count:
     each backend's read reaches exactly one of them (memory's awaited read is its
-    blocking one)."""
+    blocking one; its lineage load is its partition load, so only a backend that loads
+    a response's lineage its own way has that load wrapped too)."""
 
     def __init__(self, store: CheckpointStore, dropped: str, gaps: int) -> None:
         self.calls = 0
@@ -65,6 +66,17 @@ class _DroppingLoads:
         store._load_partition_async = patched_async  # type: ignore[method-assign]
         store._load_partition = (  # type: ignore[method-assign]
             lambda tenant_id, partition_key: self._without(load(tenant_id, partition_key)))
+        if type(store)._load_lineage is CheckpointStore._load_lineage:
+            return
+        lineage, lineage_async = store._load_lineage, store._load_lineage_async
+
+        async def lineage_patched_async(tenant_id: str, partition_key: str, response_id: str):
+            return self._without(await lineage_async(tenant_id, partition_key, response_id))
+
+        store._load_lineage_async = lineage_patched_async  # type: ignore[method-assign]
+        store._load_lineage = (  # type: ignore[method-assign]
+            lambda tenant_id, partition_key, response_id: self._without(
+                lineage(tenant_id, partition_key, response_id)))
 
     def _without(self, snapshot):
         self.calls += 1

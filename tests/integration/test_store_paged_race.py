@@ -49,12 +49,13 @@ class _FuturePromotingBetweenPages:
 
 
 class RacingSession:
-    """The store's session, but every partition read (``_select_partition``) has a turn
-    promoted after its first page came and before the next is fetched."""
+    """The store's session, but every partition read (``_select_partition``, and the
+    structure read of a response, ``_select_structure``) has a turn promoted after its
+    first page came and before the next is fetched."""
 
-    def __init__(self, session: Any, statement: Any, promote_next: Any) -> None:
+    def __init__(self, session: Any, statements: tuple[Any, ...], promote_next: Any) -> None:
         self._session = session
-        self._statement = statement
+        self._statements = statements
         self._promote_next = promote_next
 
     def __getattr__(self, name: str) -> Any:
@@ -62,13 +63,13 @@ class RacingSession:
 
     def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
         result = self._session.execute(statement, *args, **kwargs)  # its first page
-        if statement is self._statement and result.has_more_pages:
+        if statement in self._statements and result.has_more_pages:
             self._promote_next()  # the next pages are fetched as the rows are iterated
         return result
 
     def execute_async(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
         future = self._session.execute_async(statement, *args, **kwargs)
-        if statement is self._statement:
+        if statement in self._statements:
             return _FuturePromotingBetweenPages(future, self._promote_next)
         return future
 
@@ -93,11 +94,13 @@ def growing(store_session):
         promote(f"resp_a{n:03d}_{uid('r')}")
 
     reader = CassandraCheckpointStore(store_session, timeout_s=30)
-    reader._select_partition.fetch_size = PAGE
-    reader._session = RacingSession(store_session, reader._select_partition,
-                                    lambda: promote(coming.pop(0)))
+    raced = (reader._select_partition, reader._select_structure)
+    for statement in raced:
+        statement.fetch_size = PAGE
+    reader._session = RacingSession(store_session, raced, lambda: promote(coming.pop(0)))
     yield reader, tenant, conv, promoted, coming
-    reader._select_partition.fetch_size = _HISTORY_FETCH_SIZE
+    for statement in raced:
+        statement.fetch_size = _HISTORY_FETCH_SIZE
 
 
 def _whole(history: Any) -> VerifiedHistory:

@@ -13,6 +13,7 @@ from ratchet.domain.history import (
     PartitionSnapshot,
     TurnItems,
     VerifiedHistory,
+    lineage_refs,
     verify_conversation_history,
     verify_history,
 )
@@ -188,6 +189,26 @@ def test_chain_fork_reads_only_its_path():
     broken = with_items(snapshot, a, ())
     assert isinstance(verify_history(broken, b, T0), VerifiedHistory)
     assert verify_history(broken, a, T0).reason is R.MISSING_HISTORY
+
+
+def test_lineage_refs_follow_parents_newest_first_and_stop_where_verification_fails():
+    store = MemoryCheckpointStore(StoreOptions(clock=FakeClock()))
+    tenant, root, a, b, c = (uid("resp") for _ in range(5))
+    for rid, parent in ((root, None), (a, root), (b, a), (c, root)):
+        store.promote(chain_turn(tenant, root, rid, parent))
+    snapshot = store._load_partition(tenant, root)
+    assert lineage_refs(snapshot, b) == [b, a, root]
+    assert lineage_refs(snapshot, c) == [c, root]
+    assert lineage_refs(snapshot, uid("resp")) == []
+    # A missing parent ends it, and so does one whose seq is not one less: the
+    # response's read then loads those turns' items only, and verification says why.
+    without_a = replace(snapshot, checkpoints={k: v for k, v in snapshot.checkpoints.items()
+                                               if k != a})
+    assert lineage_refs(without_a, b) == [b]
+    assert verify_history(without_a, b, T0).reason is R.MISSING_HISTORY
+    skewed = with_checkpoint(snapshot, a, seq=5)
+    assert lineage_refs(skewed, b) == [b]
+    assert verify_history(skewed, b, T0).reason is R.CORRUPT_HISTORY
 
 
 # --- lineage digests (rule 7) ------------------------------------------------------------

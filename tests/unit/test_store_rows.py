@@ -68,6 +68,33 @@ def test_damaged_rows_are_reported_not_raised():
     assert stored.roles == ("user",) and stored.call_ids == (None,)
 
 
+def test_a_structure_and_its_items_decode_as_the_whole_rows_do():
+    """A response's read: the rows without their items (``decode_structure``), then
+    some turns' items cells (``with_items``): the same checkpoints, head and damage as
+    ``decode_snapshot`` of the whole rows, for the turns whose items are given."""
+    good = backend.encode_turn_items([(1, "i", "message", "user", None, b"{}", "d", 1)])
+    whole = [
+        _turn_row("resp_a", items=good),
+        _turn_row("resp_b", items=b"\x09damaged"),
+        _turn_row("resp_c", mode="nonsense", items=good),
+        _turn_row("resp_d", items=good),
+        _row(kind="head", ref="", head_seq=1, head_response_id="resp_a"),
+    ]
+    columns = [c.strip() for c in backend.HISTORY_COLUMNS.split(",")]
+    at = columns.index("items")
+    structure = backend.decode_structure("t", "p", [r[:at] + r[at + 1:] for r in whole])
+    expected = backend.decode_snapshot("t", "p", whole)
+    assert structure is not None and expected is not None
+    assert structure.checkpoints == expected.checkpoints and structure.head == expected.head
+    assert structure.items == {} and structure.damaged == frozenset({"resp_c"})
+    cells = {r[1]: r[at] for r in whole if r[0] == "checkpoint"}
+    given = backend.with_items(structure, {ref: cells[ref] for ref in ("resp_a", "resp_b")})
+    assert given.items == {"resp_a": expected.items["resp_a"]}
+    assert given.damaged == frozenset({"resp_b", "resp_c"})
+    # A cell of a turn the structure does not hold (promoted after it) is left out.
+    assert backend.with_items(structure, {"resp_z": good}).items == {}
+
+
 def test_decoded_records_equal_records_built_by_their_constructors():
     """``history.frozen_record`` skips the dataclasses' ``__init__``: every field must
     still be there (a field added to a record but not to the decoder fails here) and
