@@ -30,8 +30,10 @@ its claim (``CheckpointStore.locate``).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ratchet.domain.history import CheckpointRecord, PromotionMode
@@ -156,15 +158,26 @@ class _FairShares:
     """Cached histories by tenant, each tenant's in least-recently-used order, bounded
     in total by ``capacity`` bytes. Over it, the tenant holding the most bytes gives up
     its least recently used entry, until the total fits: a tenant keeps its entries
-    while it holds no more than any other. Not thread-safe (``HistoryCache`` locks)."""
+    while it holds no more than any other. Not thread-safe (``HistoryCache`` locks).
+
+    Every operation costs O(log tenants), not O(tenants): the entry count is kept as
+    it changes, and the heaviest tenant is found in a heap of (weight, tenant) pushed
+    at each change of a tenant's weight, whose stale pairs are dropped as they reach
+    its top (an outside review, session 36: with 21 916 tenants cached, summing their
+    counts and scanning for the heaviest on every fill cost 14-19 ms per cold read,
+    against 1.2-1.6 ms with few tenants). Of equally heavy tenants, the one that
+    reached that weight first gives up an entry."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.weight = 0
+        self._count = 0
         self._tenants: dict[str, Lru] = {}
+        self._heaviest: list[tuple[int, int, str]] = []  # (-weight, order, tenant)
+        self._order = itertools.count()
 
     def __len__(self) -> int:
-        return sum(len(lru) for lru in self._tenants.values())
+        return self._count
 
     def get(self, tenant_id: str, response_id: str) -> CachedHistory | None:
         lru = self._tenants.get(tenant_id)
@@ -174,27 +187,43 @@ class _FairShares:
     def put(self, response_id: str, entry: CachedHistory) -> None:
         if self.capacity <= 0:
             return
-        lru = self._tenants.setdefault(entry.tenant_id, Lru(self.capacity, weigh=_nbytes))
-        before = lru.weight
-        lru.put(response_id, entry)
-        self.weight += lru.weight - before
+        tenant_id = entry.tenant_id
+        lru = self._tenants.setdefault(tenant_id, Lru(self.capacity, weigh=_nbytes))
+        self._changing(tenant_id, lru, lambda: lru.put(response_id, entry))
         while self.weight > self.capacity:
-            tenant_id, largest = max(self._tenants.items(), key=lambda item: item[1].weight)
-            before = largest.weight
-            largest.pop_oldest()
-            self.weight -= before - largest.weight
-            if not len(largest):
-                del self._tenants[tenant_id]
+            heaviest = self._heaviest_tenant()
+            largest = self._tenants[heaviest]
+            self._changing(heaviest, largest, largest.pop_oldest)
 
     def pop(self, tenant_id: str, response_id: str) -> None:
         lru = self._tenants.get(tenant_id)
-        if lru is None:
-            return
-        before = lru.weight
-        lru.pop(response_id)
-        self.weight -= before - lru.weight
+        if lru is not None:
+            self._changing(tenant_id, lru, lambda: lru.pop(response_id))
+
+    def _changing(self, tenant_id: str, lru: Lru, change: Callable[[], object]) -> None:
+        """Run ``change`` on one tenant's entries and keep the totals and heap true."""
+        weight, count = lru.weight, len(lru)
+        change()
+        self.weight += lru.weight - weight
+        self._count += len(lru) - count
         if not len(lru):
             del self._tenants[tenant_id]
+        elif lru.weight != weight:
+            heapq.heappush(self._heaviest, (-lru.weight, next(self._order), tenant_id))
+            if len(self._heaviest) > 2 * len(self._tenants) + 64:
+                self._heaviest = [(-w.weight, next(self._order), t)
+                                  for t, w in self._tenants.items()]
+                heapq.heapify(self._heaviest)
+
+    def _heaviest_tenant(self) -> str:
+        """The tenant holding the most bytes (called only while some tenant holds any:
+        the total is above the capacity)."""
+        while True:
+            negative, _, tenant_id = self._heaviest[0]
+            lru = self._tenants.get(tenant_id)
+            if lru is not None and lru.weight == -negative:
+                return tenant_id
+            heapq.heappop(self._heaviest)  # stale: that tenant's weight changed since
 
 
 def _nbytes(entry: object) -> int:

@@ -12,7 +12,8 @@ tests/e2e/test_http_cache.py.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+import random
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -549,6 +550,78 @@ def test_the_bound_is_shared_fairly_between_tenants():
     cache.put("q4", _entry("quiet", 1))  # now the quiet one is larger: its own oldest goes
     assert [n for n in ("q1", "q2", "q3", "q4") if cache.get("quiet", n)] == ["q2", "q3", "q4"]
     assert [n for n in range(50) if cache.get("busy", f"b{n}")] == [47, 48, 49]
+
+
+@dataclass(frozen=True)
+class _Weighing(CachedHistory):
+    """An entry that weighs what it is told."""
+
+    weighs: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.weighs
+
+
+class _ScanningShares:
+    """The fair shares as first built: count and heaviest tenant found by scanning
+    every tenant (O(tenants) per fill), the reference the heap must agree with."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.tenants = capacity, {}
+
+    def weight(self) -> int:
+        return sum(e.nbytes for entries in self.tenants.values() for e in entries.values())
+
+    def put(self, response_id: str, entry: CachedHistory) -> None:
+        entries = self.tenants.setdefault(entry.tenant_id, {})
+        entries.pop(response_id, None)
+        entries[response_id] = entry
+        while self.weight() > self.capacity:
+            heaviest = max(self.tenants.values(),
+                           key=lambda es: sum(e.nbytes for e in es.values()))
+            heaviest.pop(next(iter(heaviest)))
+            self.tenants = {t: es for t, es in self.tenants.items() if es}
+
+    def touch(self, tenant_id: str, response_id: str) -> None:
+        entries = self.tenants.get(tenant_id, {})
+        if response_id in entries:
+            entries[response_id] = entries.pop(response_id)
+
+    def pop(self, tenant_id: str, response_id: str) -> None:
+        self.tenants.get(tenant_id, {}).pop(response_id, None)
+        self.tenants = {t: es for t, es in self.tenants.items() if es}
+
+
+def test_the_fair_shares_agree_with_scanning_every_tenant():
+    """The cache keeps its count and finds its heaviest tenant without a pass over
+    every tenant (an outside review, session 36: 14-19 ms a fill with 21 916 tenants):
+    over random puts, reads and discards by 40 tenants, what it holds is what the
+    scanning reference holds, entry for entry. Entries weigh random 48-bit numbers, so
+    no two tenants are ever equally heavy: the reference's choice is the only right one."""
+    rng = random.Random(36)
+    cache = HistoryCache(max_bytes=60 * 2**47)
+    reference = _ScanningShares(cache.max_bytes)
+    for _ in range(30_000):
+        tenant, rid = f"t{rng.randrange(40)}", f"r{rng.randrange(25)}"
+        action = rng.random()
+        if action < 0.7:
+            entry = _Weighing(tenant, "p", None, False,  # type: ignore[arg-type]
+                              RenderedHistory("r", b"", b""), rng.getrandbits(48))
+            cache.put(rid, entry)
+            reference.put(rid, entry)
+        elif action < 0.9:
+            found = cache.get(tenant, rid)
+            reference.touch(tenant, rid)
+            assert found is reference.tenants.get(tenant, {}).get(rid)
+        else:
+            cache.discard(tenant, rid)
+            reference.pop(tenant, rid)
+        assert cache.nbytes == reference.weight()
+        assert len(cache) == sum(len(es) for es in reference.tenants.values())
+    held = {(t, r) for t, es in reference.tenants.items() for r in es}
+    assert held == {(t, r) for t in (f"t{n}" for n in range(40)) for r in
+                    (f"r{n}" for n in range(25)) if cache.get(t, r) is not None}
 
 
 def test_an_entry_counts_the_receipt_proof_and_effect_ids_its_checkpoint_holds():
