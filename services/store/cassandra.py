@@ -446,8 +446,10 @@ class CassandraCheckpointStore(CheckpointStore):
                                             decode_structure)
         if structure is None:
             return None
-        statement, params = self._items_query(structure, response_id)
-        cells = await self._rows_async("read_history", statement, params)
+        query = self._items_query(structure, response_id)
+        if query is None:
+            return structure
+        cells = await self._rows_async("read_history", *query)
         return self._with_lineage_items(structure, response_id, cells)
 
     async def _whole_async(
@@ -925,8 +927,10 @@ class CassandraCheckpointStore(CheckpointStore):
                                 decode_structure)
         if structure is None:
             return None
-        statement, params = self._items_query(structure, response_id)
-        cells = _guard("read_history", lambda: self._rows(statement, params))
+        query = self._items_query(structure, response_id)
+        if query is None:
+            return structure
+        cells = _guard("read_history", lambda: self._rows(*query))
         return self._with_lineage_items(structure, response_id, cells)
 
     def _learn_width(self, snapshot: PartitionSnapshot | None, response_id: str) -> None:
@@ -945,12 +949,17 @@ class CassandraCheckpointStore(CheckpointStore):
             self._wide.put((snapshot.tenant_id, snapshot.partition_key), True)
 
     def _items_query(self, structure: PartitionSnapshot,
-                     response_id: str) -> tuple[PreparedStatement, tuple[Any, ...]]:
+                     response_id: str) -> tuple[PreparedStatement, tuple[Any, ...]] | None:
         """The lineage's items by response id when it is a small part of the partition;
-        else every turn's items in one slice (an ``IN`` of many keys costs more)."""
+        else every turn's items in one slice (an ``IN`` of many keys costs more). None
+        when the response has no (decodable) checkpoint there: nothing to read, the
+        verification answers from the structure (a wrong partition hint, a response
+        not promoted yet, a damaged row)."""
         key = (structure.tenant_id, structure.partition_key)
         refs = lineage_refs(structure, response_id)
-        if refs and len(refs) <= _LINEAGE_IN_MAX and 2 * len(refs) < len(structure.checkpoints):
+        if not refs:
+            return None
+        if len(refs) <= _LINEAGE_IN_MAX and 2 * len(refs) < len(structure.checkpoints):
             return self._select_items_of, (*key, refs)
         return self._select_all_items, key
 
