@@ -318,14 +318,17 @@ class RehydrationService:
         if lookup.use_cache:
             entry = self._cache.get(tenant_id, response_id)
             if entry is not None:
+                expired = self._expired_hit(entry, "response")
+                if expired is not None:
+                    return expired
                 if entry.checkpoint.mode is PromotionMode.CONVERSATION:
                     answer = await self._conversation_response_hit(entry, fingerprint_hash)
                 else:
                     answer = self._hit(entry, entry.checkpoint.seq, fingerprint_hash, "response")
                 if answer is not None:
                     return answer
-                # A cached history that cannot answer (expired, head not backed): the
-                # full read decides, with its detail.
+                # A cached history that cannot answer (its head not backed): the full
+                # read decides, with its detail.
                 child(metrics.HISTORY_CACHE, "response", "miss").inc()
                 return await self._read_response(
                     tenant_id, response_id, fingerprint_hash, entry.partition_key
@@ -525,10 +528,10 @@ class RehydrationService:
     ) -> Answer | None:
         """The answer from a cached history, or None if only a full read may answer.
         ``current_head_seq``: the Conversation's backed head (chain mode: ignored)."""
+        expired = self._expired_hit(entry, endpoint)
+        if expired is not None:
+            return expired
         now = self._clock()
-        expires = entry.checkpoint.logical_expires_at
-        if expires is not None and utc_ms(now) >= expires:
-            return None  # the full read answers EXPIRED, with its detail
         child(metrics.HISTORY_CACHE, endpoint, "hit").inc()
         return self._verified_answer(
             entry.rendered,
@@ -537,6 +540,20 @@ class RehydrationService:
             fallback_reason(entry.checkpoint, fingerprint_hash, now),
             endpoint,
         )
+
+    def _expired_hit(self, entry: CachedHistory, endpoint: str) -> Answer | None:
+        """``EXPIRED`` from a cached history past its logical expiry, or None. What the
+        full read answers first for it, before the lineage and the head (rule 2,
+        ``verify_history``): its stored expiry never changes, so the answer needs no
+        read (an outside review, session 36: every request for an expired response or
+        Conversation was a full partition read, 36 ms beside a 4 MB history)."""
+        expires = entry.checkpoint.logical_expires_at
+        if expires is None or utc_ms(self._clock()) < expires:
+            return None
+        child(metrics.HISTORY_CACHE, endpoint, "hit").inc()
+        return self._failure(
+            HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}"),
+            endpoint)
 
     # -- extension: only the rows after a cached, verified prefix ------------------------
 

@@ -265,6 +265,31 @@ def test_logical_expiry_is_decided_per_request():
     assert resp.status_code == 410 and resp.json()["reason"] == "EXPIRED"
 
 
+def test_an_expired_cached_history_answers_expired_without_a_full_read():
+    """Its stored expiry never changes, and the full read answers EXPIRED before any
+    other rule of the response: a cached one answers the same, byte for byte, with no
+    read (a Conversation endpoint: its head read only, which names the turn)."""
+    stack = CachingStack(retention_s=60)
+    tenant, conv, root = uid("tenant"), uid("conv"), uid("resp")
+    rid = stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),))
+    stack.chain(tenant, root, root, None)
+    for response_id in (rid, root):
+        assert stack.history(tenant, response_id).status_code == 200
+    assert stack.conversation(tenant, conv).status_code == 200
+    stack.clock.now = NOW + timedelta(seconds=61)
+    for response_id in (rid, root):
+        fresh = stack.fresh(tenant, response_id)
+        assert fresh.status_code == 410 and fresh.json()["reason"] == "EXPIRED"
+        for _ in range(2):
+            cached, reads = stack.reads_during(lambda r=response_id: stack.history(tenant, r))
+            assert reads == {}
+            assert (cached.status_code, cached.content) == (410, fresh.content)
+    fresh = stack.conversation(tenant, conv, **NO_CACHE)
+    cached, reads = stack.reads_during(lambda: stack.conversation(tenant, conv))
+    assert reads == {"read_head": 1}
+    assert (cached.status_code, cached.content) == (410, fresh.content)
+
+
 def test_a_new_turn_is_read_alone_and_appended_to_the_cached_prefix(stack):
     tenant, rid, _ = two_turns(stack)
     conv = _conv_of(stack, tenant, rid)
