@@ -437,6 +437,9 @@ class VerifiedHistory:
     # Every turn's lineage digest was checked from the root: the history may be
     # extended by later rows alone (``verify_extension``).
     linked: bool = False
+    # A Conversation's head as this verification found it backed by its own checkpoint
+    # (chain mode: None). Its row is immutable: the same head cells stay backed.
+    head: Head | None = None
 
     @property
     def response_id(self) -> str:
@@ -484,9 +487,10 @@ def verify_history(
     linked = _check_links(lineage)
     if isinstance(linked, HistoryFailure):
         return linked
-    head_seq = snapshot.head.seq if _is_conversation(checkpoint, snapshot) else checkpoint.seq
+    head = snapshot.head if _is_conversation(checkpoint, snapshot) else None
     return VerifiedHistory(
-        checkpoint=checkpoint, lineage=lineage, turns=turns, head_seq=head_seq, linked=linked
+        checkpoint=checkpoint, lineage=lineage, turns=turns,
+        head_seq=checkpoint.seq if head is None else head.seq, linked=linked, head=head,
     )
 
 

@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ratchet.domain.history import CheckpointRecord, PromotionMode
+from ratchet.domain.history import CheckpointRecord, Head, PromotionMode
 from ratchet.lru import Lru
 from services.api.render import RenderedHistory
 
@@ -82,6 +82,10 @@ class HistoryCache:
         # (tenant_id, partition_key) -> the highest Conversation seq verified here: a
         # head never moves back, so one below it is damage (``head_went_back``).
         self._highest = Lru(max_locations)
+        # (tenant_id, partition_key) -> the Conversation head a full read found backed:
+        # the same head cells need no cached history of the head's own turn to be
+        # trusted by a hit of an earlier turn (its row is immutable).
+        self._backed_heads = Lru(max_locations)
         self._lock = threading.Lock()
 
     @property
@@ -121,6 +125,15 @@ class HistoryCache:
         with self._lock:
             highest = self._highest.get((tenant_id, partition_key))
             return isinstance(highest, int) and head_seq < highest
+
+    def remember_backed_head(self, tenant_id: str, partition_key: str, head: Head) -> None:
+        with self._lock:
+            self._backed_heads.put((tenant_id, partition_key), head)
+
+    def head_backed(self, tenant_id: str, partition_key: str, head: Head) -> bool:
+        """A full read here found these very head cells backed by their checkpoint."""
+        with self._lock:
+            return self._backed_heads.get((tenant_id, partition_key)) == head
 
     def discard(self, tenant_id: str, response_id: str) -> None:
         with self._lock:

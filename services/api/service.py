@@ -343,12 +343,14 @@ class RehydrationService:
         The head must be backed: its own verified history is cached, or is loaded now by
         an extension (only its new rows). None: the full read decides (a head that no
         checkpoint backs is ``CORRUPT_HISTORY`` there, as on every endpoint)."""
+        assert self._cache is not None
         tenant_id, partition_key = entry.tenant_id, entry.partition_key
         head = await self._store.read_head_async(tenant_id, partition_key)
         if head is None or head.seq < entry.checkpoint.seq or self._head_went_back(
                 tenant_id, partition_key, head):
             return None
-        if self._head_entry(tenant_id, partition_key, head) is None:
+        if self._head_entry(tenant_id, partition_key, head) is None and not (
+                self._cache.head_backed(tenant_id, partition_key, head)):
             backed = await run_in_threadpool(self._back_head, tenant_id, partition_key, head)
             if not backed:
                 return None
@@ -412,7 +414,9 @@ class RehydrationService:
         assert head is not None  # _extended refuses a Conversation turn without one
         if backs(head, target):
             return True
-        return self._head_entry(tenant_id, partition_key, head) is not None
+        assert self._cache is not None
+        return self._head_entry(tenant_id, partition_key, head) is not None or (
+            self._cache.head_backed(tenant_id, partition_key, head))
 
     def _back_head(self, tenant_id: str, partition_key: str, head: Head) -> bool:
         """Load and verify the head's turn by extension (blocking): True if its history
@@ -826,6 +830,8 @@ class RehydrationService:
         self._cache.remember_locations(
             tenant_id, [turn.response_id for turn in history.lineage], checkpoint.partition_key
         )
+        if history.head is not None:
+            self._cache.remember_backed_head(tenant_id, checkpoint.partition_key, history.head)
         self._cache.put(
             checkpoint.response_id,
             CachedHistory(

@@ -439,7 +439,8 @@ class CassandraCheckpointStore(CheckpointStore):
     ) -> PartitionSnapshot | None:
         """``_load_lineage`` on the driver's I/O thread (the same queries)."""
         if self._wide.get((tenant_id, partition_key)) is None:
-            snapshot = await self._load_partition_async(tenant_id, partition_key)
+            snapshot = await self._whole_async(tenant_id, partition_key,
+                                               self._select_partition, decode_snapshot)
             self._learn_width(snapshot, response_id)
             return snapshot
         structure = await self._whole_async(tenant_id, partition_key, self._select_structure,
@@ -920,7 +921,8 @@ class CassandraCheckpointStore(CheckpointStore):
         holds; a row changed between them fails its digests, and the failure is read
         again (``_confirmed``)."""
         if self._wide.get((tenant_id, partition_key)) is None:
-            snapshot = self._load_partition(tenant_id, partition_key)
+            snapshot = self._whole(tenant_id, partition_key, self._select_partition,
+                                   decode_snapshot)
             self._learn_width(snapshot, response_id)
             return snapshot
         structure = self._whole(tenant_id, partition_key, self._select_structure,

@@ -290,6 +290,32 @@ def test_an_expired_cached_history_answers_expired_without_a_full_read():
     assert (cached.status_code, cached.content) == (410, fresh.content)
 
 
+def test_a_cached_turn_under_a_head_too_large_to_cache_is_a_hit():
+    """An outside review, session 36: a cached early turn of a Conversation whose head
+    history is not cached (here larger than the whole cache) was never served from the
+    cache: each request tried to back the head by extension, failed, and read the whole
+    partition again. The full read that cached the turn verified the head backed by its
+    checkpoint; the same head cells are backed still (rows are immutable): one head
+    read, as for any Conversation response hit."""
+    stack = CachingStack(cache_bytes=8 * 1024)
+    tenant, conv = uid("tenant"), uid("conv")
+    early = stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),))
+    for seq in (1, 2):
+        stack.promote(tenant, conv, seq, (message("x" * 6000, item_id=uid("m")),))
+    first, reads = stack.reads_during(lambda: stack.history(tenant, early))
+    assert first.status_code == 200 and reads.get("read_history") == 1
+    assert stack.cache.get(tenant, early) is not None
+    for _ in range(3):
+        again, reads = stack.reads_during(lambda: stack.history(tenant, early))
+        assert reads == {"read_head": 1}
+        assert again.content == first.content
+    # A head that moved is not the one the read backed: backed by a read again.
+    stack.promote(tenant, conv, 3, (message("b", item_id=uid("m")),))
+    moved, reads = stack.reads_during(lambda: stack.history(tenant, early))
+    assert moved.status_code == 200 and moved.json()["conversation_head_seq"] == 4
+    assert reads.get("read_head") == 1 and reads != {"read_head": 1}
+
+
 def test_a_new_turn_is_read_alone_and_appended_to_the_cached_prefix(stack):
     tenant, rid, _ = two_turns(stack)
     conv = _conv_of(stack, tenant, rid)
