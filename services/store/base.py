@@ -527,7 +527,7 @@ class CheckpointStore(ABC):
         partition_key: str | None,
     ) -> VerifiedHistory | HistoryFailure:
         if conversation_id is not None:
-            snapshot = self._load_partition(tenant_id, conversation_id)
+            snapshot = self._load_conversation(tenant_id, conversation_id)
             return self._conversation_result(tenant_id, conversation_id, snapshot, now)
         assert response_id is not None
         hinted = self._hinted_partition(tenant_id, response_id, partition_key)
@@ -575,7 +575,7 @@ class CheckpointStore(ABC):
         partition_key: str | None,
     ) -> VerifiedHistory | HistoryFailure:
         if conversation_id is not None:
-            snapshot = await self._load_partition_async(tenant_id, conversation_id)
+            snapshot = await self._load_conversation_async(tenant_id, conversation_id)
             return self._conversation_result(tenant_id, conversation_id, snapshot, now)
         assert response_id is not None
         hinted = self._hinted_partition(tenant_id, response_id, partition_key)
@@ -925,6 +925,18 @@ class CheckpointStore(ABC):
     @abstractmethod
     def _load_partition(self, tenant_id: str, partition_key: str) -> PartitionSnapshot | None:
         """Every checkpoint and item of one partition, or None if it holds nothing."""
+
+    def _load_conversation(self, tenant_id: str, conversation_id: str) -> PartitionSnapshot | None:
+        """What the read of a Conversation needs of its partition: all of it (its head's
+        lineage is every turn). A backend whose reads cost per byte may answer a
+        partition that holds no Conversation from its structure alone."""
+        return self._load_partition(tenant_id, conversation_id)
+
+    async def _load_conversation_async(
+        self, tenant_id: str, conversation_id: str
+    ) -> PartitionSnapshot | None:
+        """``_load_conversation`` awaited."""
+        return await self._load_partition_async(tenant_id, conversation_id)
 
     def _load_lineage(
         self, tenant_id: str, partition_key: str, response_id: str

@@ -190,6 +190,14 @@ async def _on_loop(operation: str, request: Awaitable[LoopResult]) -> LoopResult
                                operation=operation) from exc
 
 
+def _holds_a_conversation(snapshot: PartitionSnapshot | None) -> bool:
+    """A head, the first batch's marker, or a Conversation turn (even a damaged
+    partition's: verification says what is wrong with it, from the whole read)."""
+    return snapshot is not None and (
+        snapshot.head is not None or snapshot.conversation_begun or bool(snapshot.damaged)
+        or any(c.mode is PromotionMode.CONVERSATION for c in snapshot.checkpoints.values()))
+
+
 class CassandraCheckpointStore(CheckpointStore):
     """``CheckpointStore`` on a cassandra-driver ``Session``.
 
@@ -215,8 +223,11 @@ class CassandraCheckpointStore(CheckpointStore):
         self._session = session
         self._timeout = timeout_s
         # (tenant, partition_key) of partitions whose responses are read as structure
-        # and lineage items (``_load_lineage``): learnt, never a correctness input.
+        # and lineage items (``_load_lineage``), and of partitions a read found holding
+        # turns but no Conversation (``_load_conversation``): learnt, never a
+        # correctness input (every answer is verified from what is read).
         self._wide = _Hints(self.options.hint_capacity)
+        self._no_conversation = _Hints(self.options.hint_capacity)
         # The requests awaited on an event loop go through the C++ driver when the process
         # gives a session of it (services/cassandra_loop.py); else cassandra-driver's
         # callbacks. Only the loop that session connected on may use it.
@@ -433,6 +444,20 @@ class CassandraCheckpointStore(CheckpointStore):
         """``_load_partition`` on the driver's I/O thread (the same queries)."""
         return await self._whole_async(tenant_id, partition_key, self._select_partition,
                                        decode_snapshot)
+
+    async def _load_conversation_async(
+        self, tenant_id: str, conversation_id: str
+    ) -> PartitionSnapshot | None:
+        """``_load_conversation`` on the driver's I/O thread (the same queries)."""
+        key = (tenant_id, conversation_id)
+        if self._no_conversation.get(key) is not None:
+            structure = await self._whole_async(tenant_id, conversation_id,
+                                                self._select_structure, decode_structure)
+            if not _holds_a_conversation(structure):
+                return structure
+        snapshot = await self._load_partition_async(tenant_id, conversation_id)
+        self._learn_no_conversation(key, snapshot)
+        return snapshot
 
     async def _load_lineage_async(
         self, tenant_id: str, partition_key: str, response_id: str
@@ -934,6 +959,28 @@ class CassandraCheckpointStore(CheckpointStore):
             return structure
         cells = _guard("read_history", lambda: self._rows(*query))
         return self._with_lineage_items(structure, response_id, cells)
+
+    def _load_conversation(self, tenant_id: str, conversation_id: str) -> PartitionSnapshot | None:
+        """A Conversation's read: the whole partition, except where a read found turns
+        but no Conversation (a chain's partition, asked for by its root's id on the
+        Conversation endpoint): there the structure alone says so again, with no turn's
+        items (an outside review, session 36: each such 404 read a 20 x 200 KB chain
+        whole). A Conversation found there after all is read whole."""
+        key = (tenant_id, conversation_id)
+        if self._no_conversation.get(key) is not None:
+            structure = self._whole(tenant_id, conversation_id, self._select_structure,
+                                    decode_structure)
+            if not _holds_a_conversation(structure):
+                return structure
+        snapshot = self._load_partition(tenant_id, conversation_id)
+        self._learn_no_conversation(key, snapshot)
+        return snapshot
+
+    def _learn_no_conversation(self, key: tuple[str, str],
+                               snapshot: PartitionSnapshot | None) -> None:
+        if snapshot is not None and snapshot.checkpoints and not _holds_a_conversation(
+                snapshot):
+            self._no_conversation.put(key, True)
 
     def _learn_width(self, snapshot: PartitionSnapshot | None, response_id: str) -> None:
         """Remember the partition as wide when the turns outside ``response_id``'s

@@ -235,3 +235,33 @@ def test_a_wrong_partition_hint_reads_no_items_of_a_wide_partition(recorded, for
         if n:
             assert recorded.store._select_structure in statements
             assert recorded.items_read() == []
+
+
+@pytest.mark.parametrize("awaited", [False, True], ids=["blocking", "event loop"])
+def test_a_chain_asked_for_as_a_conversation_reads_no_items_again(recorded, forks, awaited):
+    """A chain's root id on the Conversation endpoint (an outside review, session 36:
+    each such 404 read the chain whole). The first read is whole and finds turns but no
+    Conversation; after it the structure alone answers NOT_FOUND again."""
+    tenant, root, _ = forks
+    for n in range(3):
+        result = recorded.read(tenant, awaited, conversation_id=root)
+        assert isinstance(result, HistoryFailure), result
+        assert result.reason is HistoryFailureReason.NOT_FOUND
+        assert recorded.statements() == ([recorded.store._select_partition] if n == 0
+                                         else [recorded.store._select_structure])
+
+
+def test_a_conversation_found_where_none_was_is_read_whole(recorded, store_session):
+    """The structure says a Conversation is there after all (its id is also a chain's
+    root id, and a turn of it was promoted since): the whole read decides, as always."""
+    tenant, shared = uid("tenant"), uid("shared")
+    recorded.store.promote(chain_turn(tenant, shared, shared, None))
+    assert recorded.read(tenant, False, conversation_id=shared).reason is (
+        HistoryFailureReason.NOT_FOUND)
+    turn = conversation_turn(tenant, shared, 0)
+    recorded.store.promote(turn)
+    history = recorded.read(tenant, False, conversation_id=shared)
+    assert isinstance(history, VerifiedHistory), history
+    assert history.checkpoint.response_id == turn.response_id
+    assert recorded.statements() == [recorded.store._select_structure,
+                                     recorded.store._select_partition]
