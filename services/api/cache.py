@@ -40,8 +40,16 @@ from ratchet.domain.history import CheckpointRecord, Head, PromotionMode
 from ratchet.lru import Lru
 from services.api.render import RenderedHistory
 
-# Bytes counted per entry on top of its JSON (the checkpoint record and bookkeeping).
-ENTRY_OVERHEAD_BYTES = 1024
+# Bytes counted per entry on top of its JSON: the checkpoint record (~1.4 KB decoded),
+# the entry, its rendered parts and the LRU's bookkeeping. Measured in RSS: 1 KiB
+# counted ~half of it (an outside review, session 36: a full 64 MiB cache of ~3 KB
+# histories grew the API by 124 MiB).
+ENTRY_OVERHEAD_BYTES = 3 * 1024
+# The cache's side maps (locations, linked partitions, highest seqs, backed heads) are
+# bounded by bytes too, each at this share of the cache's: an entry counts its key's
+# and value's text plus this overhead (the tuple key, the LRU's node, the value).
+SIDE_MAP_SHARE = 16
+SIDE_ENTRY_OVERHEAD_BYTES = 480
 
 
 @dataclass(frozen=True)
@@ -67,26 +75,35 @@ class CachedHistory:
 class HistoryCache:
     """LRU of ``CachedHistory`` by (tenant_id, response_id), bounded by bytes.
 
-    Also remembers, bounded by ``max_locations`` each: (tenant_id, response_id) ->
+    Also remembers, each side map bounded by ``max_bytes / SIDE_MAP_SHARE`` (their
+    text and a fixed overhead per entry, ``_SideMap``): (tenant_id, response_id) ->
     partition_key for every verified turn (locations are immutable), and which
     (tenant_id, partition_key) had a linked history cached (so a miss elsewhere does
     not try an extension that cannot succeed). Thread-safe: lookups use it on the
     event loop, multi-row extensions and conversation misses from the thread pool,
     the pre-warmer from its own thread."""
 
-    def __init__(self, max_bytes: int, max_locations: int = 100_000) -> None:
+    def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._entries = _FairShares(max_bytes)
-        self._locations = Lru(max_locations)
-        self._partitions = Lru(max_locations)
+        side = max_bytes // SIDE_MAP_SHARE
+        self._locations = _SideMap(side)
+        self._partitions = _SideMap(side)
         # (tenant_id, partition_key) -> the highest Conversation seq verified here: a
         # head never moves back, so one below it is damage (``head_went_back``).
-        self._highest = Lru(max_locations)
+        self._highest = _SideMap(side)
         # (tenant_id, partition_key) -> the Conversation head a full read found backed:
         # the same head cells need no cached history of the head's own turn to be
         # trusted by a hit of an earlier turn (its row is immutable).
-        self._backed_heads = Lru(max_locations)
+        self._backed_heads = _SideMap(side)
         self._lock = threading.Lock()
+
+    @property
+    def side_nbytes(self) -> int:
+        """The side maps' bytes, as counted."""
+        with self._lock:
+            return sum(m.nbytes for m in (self._locations, self._partitions, self._highest,
+                                          self._backed_heads))
 
     @property
     def enabled(self) -> bool:
@@ -165,6 +182,34 @@ class HistoryCache:
                 key = (tenant_id, response_id)
                 if locations.get(key) != partition_key:
                     locations.put(key, partition_key)
+
+
+class _SideMap:
+    """An LRU of small facts keyed by (tenant_id, id), bounded by the bytes counted
+    for it: its key's and value's text plus ``SIDE_ENTRY_OVERHEAD_BYTES`` an entry
+    (an outside review, session 36: bounded by count only, 100 000 entries each, three
+    of them held 89 MiB with 20-character ids, 174 MiB with 200). Not thread-safe."""
+
+    def __init__(self, capacity: int) -> None:
+        self._lru = Lru(capacity, weigh=_side_weight)
+
+    @property
+    def nbytes(self) -> int:
+        return self._lru.weight
+
+    def get(self, key: tuple[str, str]) -> object | None:
+        held = self._lru.get(key)
+        return None if held is None else held[1]  # type: ignore[index]
+
+    def put(self, key: tuple[str, str], value: object) -> None:
+        text = len(value.response_id) + len(value.lineage_digest or "") if isinstance(
+            value, Head) else len(value) if isinstance(value, str) else 0
+        self._lru.put(key, (len(key[0]) + len(key[1]) + text + SIDE_ENTRY_OVERHEAD_BYTES,
+                            value))
+
+
+def _side_weight(held: object) -> int:
+    return held[0]  # type: ignore[index]
 
 
 class _FairShares:

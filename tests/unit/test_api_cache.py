@@ -23,7 +23,13 @@ from ratchet.domain.history import PromotionMode, VerifiedHistory
 from ratchet.domain.plan import PromotionRequest
 from schemas.items import message
 from schemas.models import Certification
-from services.api.cache import ENTRY_OVERHEAD_BYTES, CachedHistory, HistoryCache
+from services.api.cache import (
+    ENTRY_OVERHEAD_BYTES,
+    SIDE_ENTRY_OVERHEAD_BYTES,
+    SIDE_MAP_SHARE,
+    CachedHistory,
+    HistoryCache,
+)
 from services.api.render import (
     RenderedHistory,
     history_json,
@@ -297,11 +303,11 @@ def test_a_cached_turn_under_a_head_too_large_to_cache_is_a_hit():
     partition again. The full read that cached the turn verified the head backed by its
     checkpoint; the same head cells are backed still (rows are immutable): one head
     read, as for any Conversation response hit."""
-    stack = CachingStack(cache_bytes=8 * 1024)
+    stack = CachingStack(cache_bytes=64 * 1024)
     tenant, conv = uid("tenant"), uid("conv")
     early = stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),))
     for seq in (1, 2):
-        stack.promote(tenant, conv, seq, (message("x" * 6000, item_id=uid("m")),))
+        stack.promote(tenant, conv, seq, (message("x" * 40_000, item_id=uid("m")),))
     first, reads = stack.reads_during(lambda: stack.history(tenant, early))
     assert first.status_code == 200 and reads.get("read_history") == 1
     assert stack.cache.get(tenant, early) is not None
@@ -673,6 +679,23 @@ def test_the_fair_shares_agree_with_scanning_every_tenant():
     held = {(t, r) for t, es in reference.tenants.items() for r in es}
     assert held == {(t, r) for t in (f"t{n}" for n in range(40)) for r in
                     (f"r{n}" for n in range(25)) if cache.get(t, r) is not None}
+
+
+def test_the_side_maps_are_bounded_by_bytes_not_by_count():
+    """An outside review, session 36: locations and partitions were bounded at 100 000
+    entries each whatever their ids' length (174 MiB with 200-character ids). Each
+    side map now holds at most a sixteenth of the cache's bytes, the newest kept."""
+    cache = HistoryCache(max_bytes=1 << 20)
+    bound = (1 << 20) // SIDE_MAP_SHARE
+    for n in range(20_000):
+        tenant, rid = "t" * 100 + str(n % 7), f"resp_{n:06d}_" + "r" * 180
+        cache.remember_location(tenant, rid, "p" * 200)
+    counted = cache.side_nbytes
+    assert bound - 1024 < counted <= bound  # one map full, newest first
+    assert cache.location("t" * 100 + str(19_999 % 7), f"resp_{19_999:06d}_" + "r" * 180)
+    assert cache.location("t" * 100 + "0", f"resp_{0:06d}_" + "r" * 180) is None
+    per_entry = 100 + 1 + 188 + 200 + SIDE_ENTRY_OVERHEAD_BYTES
+    assert counted // per_entry == bound // per_entry  # all of them counted alike
 
 
 def test_an_entry_counts_the_receipt_proof_and_effect_ids_its_checkpoint_holds():
