@@ -681,9 +681,13 @@ class PromotionProcessor:
         rules (an output answering no call: ``UNPAIRED_TOOL_CALL`` stands, the event's
         own reason comes first) by its pairing against the history the original
         extended. None otherwise, or when that history cannot be read (the pairing
-        rejection stands: fail closed). Only on an ``UNPAIRED_TOOL_CALL`` (rare)."""
+        rejection stands: fail closed). Only on an ``UNPAIRED_TOOL_CALL`` (rare). A retry
+        under the original's own response id with its digest is no retry of it here (it
+        is replayed, ``_already_promoted``); with another digest it is a key reuse like
+        any other (an outside review, session 36: it was answered UNPAIRED_TOOL_CALL)."""
         original = self._promoted_original(turn)
-        if original is None or original.response_id == turn.response_id:
+        if original is None or (original.response_id == turn.response_id
+                                and original.request_digest == turn.request_digest):
             return None
         before = EMPTY_PAIRING
         if original.parent_response_id is not None:

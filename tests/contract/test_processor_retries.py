@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from ratchet.samples import TENANT, canonical_digest, make_turn, new_id
+from ratchet.samples import TENANT, canonical_digest, make_tool_loop_turn, make_turn, new_id
 from schemas.items import function_call, function_call_output, message
 from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import CheckpointPromoted, PromotionRejected
@@ -183,6 +183,42 @@ def test_a_reused_key_under_the_same_response_id_is_key_reused(entry, mode, dama
     out = Worker(store, ledger, entry).outcome(reused)  # nothing cached
     assert isinstance(out, PromotionRejected)
     assert out.reason is R.IDEMPOTENCY_KEY_REUSED, (out.reason, out.detail)
+
+
+# An outside review, session 36: a retry of a promoted request under the SAME response
+# id with ANOTHER digest (a key reuse), sent on the history that holds the original
+# (its expected head is the original's seq, or its chain parent is a later turn): the
+# calls the original made are "not unique" there, so pairing failed and
+# UNPAIRED_TOOL_CALL stood, where a message-only turn, or the same retry under another
+# response id, is IDEMPOTENCY_KEY_REUSED (CONTRACT 4: "Same key, different digest").
+# ``_retry_unpaired_by_its_original`` skipped every retry under the original's own id;
+# only one with the original's digest is not a key reuse (it is replayed).
+
+@ENTRIES
+@pytest.mark.parametrize("mode", ["conversation", "chain"])
+def test_a_reused_key_under_its_own_id_on_the_original_history_is_key_reused(entry, mode):
+    store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+    worker = Worker(store, ledger, entry)
+    where = (dict(conversation_id=uid("conv"), expected_head_seq=0) if mode == "conversation"
+             else dict(conversation_id=None, expected_head_seq=None))
+    original, effects = make_tool_loop_turn(rounds=2, **where)
+    worker.feed(*effects)
+    assert isinstance(worker.outcome(original), CheckpointPromoted)
+    retry = {"event_id": str(uuid.uuid4()), "attempt": 2,
+             "request_digest": canonical_digest(["another request", uid("x")])}
+    if mode == "conversation":
+        retry["expected_head_seq"] = 1  # the head: the original itself
+    else:  # a child of the original, then the retry continuing it
+        child = make_turn(conversation_id=None, expected_head_seq=None,
+                          chain_root_id=original.response_id,
+                          previous_response_id=original.response_id)
+        assert isinstance(worker.outcome(child), CheckpointPromoted)
+        retry.update(chain_root_id=original.response_id, previous_response_id=child.response_id)
+    for reader in (worker, Worker(store, ledger, entry)):  # the tail cached, and not
+        out = reader.outcome(original.model_copy(update=retry))
+        assert isinstance(out, PromotionRejected)
+        assert (out.reason, out.existing_response_id) == (
+            R.IDEMPOTENCY_KEY_REUSED, original.response_id), (out.reason, out.detail)
 
 
 # A retry of a promoted request whose OWN items break the pairing rules (a
