@@ -52,6 +52,7 @@ from ratchet.domain.fingerprint import fingerprint_hash
 from ratchet.domain.history import CheckpointRecord, PromotionMode, StoredTokenArtifact
 from ratchet.samples import make_fingerprint
 from ratchet.settings import Settings
+from schemas.canonical import canonical_json_text
 from schemas.models import Certification
 from services.gateway.events import to_item
 
@@ -99,9 +100,15 @@ def _request(
         )
         for role, kind in (("user", "input_text"), ("assistant", "output_text"))
     )
-    artifact = StoredTokenArtifact(
-        f"art_{response_id}", "th", 100 * (head + 1), 100 * (head + 1), fp_hash, None
-    )
+    tokens = 100 * (head + 1)
+    artifact = StoredTokenArtifact(f"art_{response_id}", "th", tokens, tokens, fp_hash, None)
+    # The boundary proof that binds the artifact to the turn: without it every answer is
+    # a NO_ARTIFACT fallback (rehydration.proof_binds), not the certified history timed.
+    proof = canonical_json_text({
+        "boundary_kind": "append", "prefix_hash": "ph", "prefix_count": tokens - 2,
+        "append_hash": "ah", "append_count": 2, "combined_hash": "th",
+        "combined_count": tokens, "fingerprint_hash": fp_hash,
+    })
     return PromotionRequest(
         tenant_id=tenant,
         partition_key=partition,
@@ -115,6 +122,7 @@ def _request(
         expected_head_seq=None if chain else head,
         previous_response_id=chain_parent,
         token_artifact=artifact,
+        boundary_proof=proof,
     )
 
 
