@@ -45,11 +45,12 @@ from services.api.render import RenderedHistory
 # counted ~half of it (an outside review, session 36: a full 64 MiB cache of ~3 KB
 # histories grew the API by 124 MiB).
 ENTRY_OVERHEAD_BYTES = 3 * 1024
-# The cache's side maps (locations, linked partitions, highest seqs, backed heads) are
-# bounded by bytes too, each at this share of the cache's: an entry counts its key's
-# and value's text plus this overhead (the tuple key, the LRU's node, the value).
+# The cache's locations are bounded by bytes too, at this share of the cache's: an
+# entry counts its key's and value's text plus this overhead (the tuple key, the LRU's
+# node, the value).
 SIDE_MAP_SHARE = 16
 SIDE_ENTRY_OVERHEAD_BYTES = 480
+_UNBOUNDED = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -75,35 +76,28 @@ class CachedHistory:
 class HistoryCache:
     """LRU of ``CachedHistory`` by (tenant_id, response_id), bounded by bytes.
 
-    Also remembers, each side map bounded by ``max_bytes / SIDE_MAP_SHARE`` (their
-    text and a fixed overhead per entry, ``_SideMap``): (tenant_id, response_id) ->
-    partition_key for every verified turn (locations are immutable), and which
-    (tenant_id, partition_key) had a linked history cached (so a miss elsewhere does
-    not try an extension that cannot succeed). Thread-safe: lookups use it on the
-    event loop, multi-row extensions and conversation misses from the thread pool,
-    the pre-warmer from its own thread."""
+    Also remembers, per (tenant_id, partition_key) with an entry cached (``_Facts``,
+    dropped with the partition's last entry, so they protect every hit as long as one
+    can be served): whether a linked history was cached (a miss elsewhere there may
+    extend it), the highest Conversation seq verified (a head below it is damage), the
+    head a full read found backed. And (tenant_id, response_id) -> partition_key for
+    every verified turn (locations are immutable), bounded by ``max_bytes /
+    SIDE_MAP_SHARE`` (``_SideMap``). Thread-safe: lookups use it on the event loop,
+    multi-row extensions and conversation misses from the thread pool, the pre-warmer
+    from its own thread."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._entries = _FairShares(max_bytes)
-        side = max_bytes // SIDE_MAP_SHARE
-        self._locations = _SideMap(side)
-        self._partitions = _SideMap(side)
-        # (tenant_id, partition_key) -> the highest Conversation seq verified here: a
-        # head never moves back, so one below it is damage (``head_went_back``).
-        self._highest = _SideMap(side)
-        # (tenant_id, partition_key) -> the Conversation head a full read found backed:
-        # the same head cells need no cached history of the head's own turn to be
-        # trusted by a hit of an earlier turn (its row is immutable).
-        self._backed_heads = _SideMap(side)
+        self._locations = _SideMap(max_bytes // SIDE_MAP_SHARE)
+        self._facts: dict[tuple[str, str], _Facts] = {}
         self._lock = threading.Lock()
 
     @property
     def side_nbytes(self) -> int:
-        """The side maps' bytes, as counted."""
+        """The locations' bytes, as counted."""
         with self._lock:
-            return sum(m.nbytes for m in (self._locations, self._partitions, self._highest,
-                                          self._backed_heads))
+            return self._locations.nbytes
 
     @property
     def enabled(self) -> bool:
@@ -124,43 +118,59 @@ class HistoryCache:
     def put(self, response_id: str, entry: CachedHistory) -> None:
         if entry.nbytes > self.max_bytes:
             return  # larger than the whole cache: serving it from the store is the bound
+        key = (entry.tenant_id, entry.partition_key)
         with self._lock:
-            self._entries.put(response_id, entry)
-            key = (entry.tenant_id, entry.partition_key)
-            if entry.linked:
-                self._partitions.put(key, True)
+            known = self._entries.get(entry.tenant_id, response_id) is not None
+            facts = self._facts.setdefault(key, _Facts())
+            facts.entries += 0 if known else 1
+            facts.linked = facts.linked or entry.linked
             checkpoint = entry.checkpoint
             if checkpoint is not None and checkpoint.mode is PromotionMode.CONVERSATION:
-                highest = self._highest.get(key)
-                if not isinstance(highest, int) or highest < checkpoint.seq:
-                    self._highest.put(key, checkpoint.seq)
+                facts.highest = max(facts.highest or 0, checkpoint.seq)
+            for evicted in self._entries.put(response_id, entry):
+                self._forget(evicted)
+
+    def _forget(self, entry: CachedHistory) -> None:
+        key = (entry.tenant_id, entry.partition_key)
+        facts = self._facts.get(key)
+        if facts is not None:
+            facts.entries -= 1
+            if facts.entries <= 0:
+                del self._facts[key]
 
     def head_went_back(self, tenant_id: str, partition_key: str, head_seq: int) -> bool:
         """Whether a Conversation turn beyond ``head_seq`` was verified here: the head
         read now is behind a turn that stood (rolled back: damage). Only a full read
         may answer then; it sees the rows beyond the head."""
         with self._lock:
-            highest = self._highest.get((tenant_id, partition_key))
-            return isinstance(highest, int) and head_seq < highest
+            facts = self._facts.get((tenant_id, partition_key))
+            return facts is not None and facts.highest is not None and head_seq < facts.highest
 
     def remember_backed_head(self, tenant_id: str, partition_key: str, head: Head) -> None:
+        """Remembered while an entry of the partition is cached (call after ``put``)."""
         with self._lock:
-            self._backed_heads.put((tenant_id, partition_key), head)
+            facts = self._facts.get((tenant_id, partition_key))
+            if facts is not None:
+                facts.backed_head = head
 
     def head_backed(self, tenant_id: str, partition_key: str, head: Head) -> bool:
         """A full read here found these very head cells backed by their checkpoint."""
         with self._lock:
-            return self._backed_heads.get((tenant_id, partition_key)) == head
+            facts = self._facts.get((tenant_id, partition_key))
+            return facts is not None and facts.backed_head == head
 
     def discard(self, tenant_id: str, response_id: str) -> None:
         with self._lock:
-            self._entries.pop(tenant_id, response_id)
+            dropped = self._entries.pop(tenant_id, response_id)
+            if dropped is not None:
+                self._forget(dropped)
 
     def extendable(self, tenant_id: str, partition_key: str) -> bool:
-        """A linked history of this partition was cached (it may have been evicted
-        since: a hint that costs at most one row read, never an answer)."""
+        """A linked history of this partition was cached, and an entry of it still is (a
+        hint that costs at most one row read, never an answer)."""
         with self._lock:
-            return self._partitions.get((tenant_id, partition_key)) is not None
+            facts = self._facts.get((tenant_id, partition_key))
+            return facts is not None and facts.linked
 
     def location(self, tenant_id: str, response_id: str) -> str | None:
         with self._lock:
@@ -184,11 +194,22 @@ class HistoryCache:
                     locations.put(key, partition_key)
 
 
+@dataclass
+class _Facts:
+    """What the cache knows of one partition while it holds an entry of it."""
+
+    entries: int = 0  # entries of the partition cached
+    linked: bool = False  # a linked history of it was cached
+    highest: int | None = None  # the highest Conversation seq verified
+    backed_head: Head | None = None  # the head a full read found backed
+
+
 class _SideMap:
-    """An LRU of small facts keyed by (tenant_id, id), bounded by the bytes counted
-    for it: its key's and value's text plus ``SIDE_ENTRY_OVERHEAD_BYTES`` an entry
-    (an outside review, session 36: bounded by count only, 100 000 entries each, three
-    of them held 89 MiB with 20-character ids, 174 MiB with 200). Not thread-safe."""
+    """An LRU of texts keyed by (tenant_id, id), bounded by the bytes counted for it:
+    its key's and value's text plus ``SIDE_ENTRY_OVERHEAD_BYTES`` an entry (an outside
+    review, session 36: the cache's maps were bounded by count only, 100 000 entries
+    each; three of them held 89 MiB with 20-character ids, 174 MiB with 200). Not
+    thread-safe."""
 
     def __init__(self, capacity: int) -> None:
         self._lru = Lru(capacity, weigh=_side_weight)
@@ -201,10 +222,8 @@ class _SideMap:
         held = self._lru.get(key)
         return None if held is None else held[1]  # type: ignore[index]
 
-    def put(self, key: tuple[str, str], value: object) -> None:
-        text = len(value.response_id) + len(value.lineage_digest or "") if isinstance(
-            value, Head) else len(value) if isinstance(value, str) else 0
-        self._lru.put(key, (len(key[0]) + len(key[1]) + text + SIDE_ENTRY_OVERHEAD_BYTES,
+    def put(self, key: tuple[str, str], value: str) -> None:
+        self._lru.put(key, (len(key[0]) + len(key[1]) + len(value) + SIDE_ENTRY_OVERHEAD_BYTES,
                             value))
 
 
@@ -242,21 +261,29 @@ class _FairShares:
         entry = None if lru is None else lru.get(response_id)
         return entry if isinstance(entry, CachedHistory) else None
 
-    def put(self, response_id: str, entry: CachedHistory) -> None:
+    def put(self, response_id: str, entry: CachedHistory) -> list[CachedHistory]:
+        """Cache ``entry``; the entries evicted to make room (possibly itself)."""
         if self.capacity <= 0:
-            return
+            return [entry]
         tenant_id = entry.tenant_id
-        lru = self._tenants.setdefault(tenant_id, Lru(self.capacity, weigh=_nbytes))
+        # Each tenant's LRU is unbounded: only this loop evicts (and says what).
+        lru = self._tenants.setdefault(tenant_id, Lru(_UNBOUNDED, weigh=_nbytes))
         self._changing(tenant_id, lru, lambda: lru.put(response_id, entry))
+        evicted: list[CachedHistory] = []
         while self.weight > self.capacity:
             heaviest = self._heaviest_tenant()
             largest = self._tenants[heaviest]
-            self._changing(heaviest, largest, largest.pop_oldest)
+            self._changing(heaviest, largest,
+                           lambda lru=largest: evicted.append(lru.pop_oldest()))
+        return evicted
 
-    def pop(self, tenant_id: str, response_id: str) -> None:
+    def pop(self, tenant_id: str, response_id: str) -> CachedHistory | None:
+        """Drop one entry; the entry dropped, if there was one."""
         lru = self._tenants.get(tenant_id)
-        if lru is not None:
+        entry = None if lru is None else lru.get(response_id)
+        if lru is not None and entry is not None:
             self._changing(tenant_id, lru, lambda: lru.pop(response_id))
+        return entry if isinstance(entry, CachedHistory) else None
 
     def _changing(self, tenant_id: str, lru: Lru, change: Callable[[], object]) -> None:
         """Run ``change`` on one tenant's entries and keep the totals and heap true."""

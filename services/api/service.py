@@ -830,14 +830,14 @@ class RehydrationService:
         self._cache.remember_locations(
             tenant_id, [turn.response_id for turn in history.lineage], checkpoint.partition_key
         )
-        if history.head is not None:
-            self._cache.remember_backed_head(tenant_id, checkpoint.partition_key, history.head)
         self._cache.put(
             checkpoint.response_id,
             CachedHistory(
                 tenant_id, checkpoint.partition_key, checkpoint, history.linked, rendered
             ),
         )
+        if history.head is not None:  # kept while an entry of the partition is cached
+            self._cache.remember_backed_head(tenant_id, checkpoint.partition_key, history.head)
         self._cache_gauges()
 
     def _cache_gauges(self) -> None:

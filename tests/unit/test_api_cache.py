@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ratchet.domain.history import PromotionMode, VerifiedHistory
+from ratchet.domain.history import Head, PromotionMode, VerifiedHistory
 from ratchet.domain.plan import PromotionRequest
 from schemas.items import message
 from schemas.models import Certification
@@ -320,6 +320,29 @@ def test_a_cached_turn_under_a_head_too_large_to_cache_is_a_hit():
     moved, reads = stack.reads_during(lambda: stack.history(tenant, early))
     assert moved.status_code == 200 and moved.json()["conversation_head_seq"] == 4
     assert reads.get("read_head") == 1 and reads != {"read_head": 1}
+
+
+def test_a_head_rolled_back_is_caught_while_any_turn_of_it_is_cached():
+    """An outside review of session 36's first side-map bound: the highest seq verified
+    per partition was kept in a map bounded apart from the entries, and 700 other
+    Conversations read evicted it while turn 1 stayed cached; a head then rolled back
+    onto turn 1 was served 200 certified, a shortened history. What the cache knows
+    of a partition now lives exactly as long as an entry of it."""
+    stack = CachingStack(cache_bytes=4 << 20)
+    tenant, second, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, second)
+    partition = stack.store._partitions[(tenant, conv)]
+    first = next(c.response_id for c in partition.checkpoints.values() if c.seq == 1)
+    for rid in (first, second):
+        assert stack.history(tenant, rid).status_code == 200
+    for _ in range(700):  # other traffic: one-turn Conversations of other tenants
+        other, other_conv = uid("tenant"), uid("conv")
+        rid = stack.promote(other, other_conv, 0, (message("a", item_id=uid("m")),))
+        assert stack.history(other, rid).status_code == 200
+    assert stack.cache.get(tenant, first) is not None
+    partition.head = Head.of(partition.checkpoints[first])  # damage: turn 2 stands
+    for answer in (stack.conversation(tenant, conv), stack.history(tenant, first)):
+        assert (answer.status_code, answer.json()["reason"]) == (500, "CORRUPT_HISTORY")
 
 
 def test_a_new_turn_is_read_alone_and_appended_to_the_cached_prefix(stack):
