@@ -60,12 +60,17 @@ class UpgradeTolerantHttpToolsProtocol(HttpToolsProtocol):
 
     _replaying = False  # the current head offered an upgrade: it is replayed, not served
     _replay_line = b""  # its request line, as the replay writes it
-    _in_head = False  # a request began and its headers are not complete yet
-    _head_bytes = 0  # the bytes of the reads that fell wholly inside that head
+    _in_message = False  # a request began and is not complete yet
+    _in_head = False  # ... and its headers are not complete yet
     _began = False  # a request began during the read being parsed
+    _head_bytes = 0  # the bytes of the reads that fell wholly inside its head
+    _framing = 0  # the bytes of its later reads that were not body (chunk framing, trailers)
+    _body_total = 0  # its body bytes so far
+    _read_body = 0  # body bytes of the read being parsed
 
     def on_message_begin(self) -> None:
-        self._in_head, self._head_bytes, self._began = True, 0, True
+        self._in_message, self._in_head, self._began = True, True, True
+        self._head_bytes = self._framing = self._body_total = 0
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
@@ -87,10 +92,13 @@ class UpgradeTolerantHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
+        self._read_body += len(body)
+        self._body_total += len(body)
         if not self._replaying:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         if not self._replaying:
             super().on_message_complete()
 
@@ -99,7 +107,7 @@ class UpgradeTolerantHttpToolsProtocol(HttpToolsProtocol):
         # requests that each offer an upgrade.
         while True:
             self._unset_keepalive_if_required()
-            self._began = False
+            self._began, self._read_body = False, 0
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserError:
@@ -117,13 +125,22 @@ class UpgradeTolerantHttpToolsProtocol(HttpToolsProtocol):
                 data = self._replay(bytes(data[offset:]))
                 continue
             else:
-                if self._in_head and not self._began:
-                    self._head_bytes += len(data)
-                    if self._head_bytes > MAX_HEAD_BYTES:
-                        self._in_head = False
-                        self._refuse(431, f"the request head is above {MAX_HEAD_BYTES} "
-                                          "bytes (its line and headers)")
+                if self._in_message and not self._began and self._beyond_head_bound(data):
+                    self._in_message = self._in_head = False
+                    self._refuse(431, f"the request head is above {MAX_HEAD_BYTES} bytes "
+                                      "(its line and headers, or a chunked body's framing "
+                                      "and trailers beyond its body's size)")
             return
+
+    def _beyond_head_bound(self, data: bytes) -> bool:
+        """A read inside a request that began in an earlier one: its head, or what is
+        not body after it (chunk framing, trailers: the parser glues a trailer's
+        fragments like a header's), past the bound (the framing's: the body's size more)."""
+        if self._in_head:
+            self._head_bytes += len(data)
+            return self._head_bytes > MAX_HEAD_BYTES
+        self._framing += len(data) - self._read_body
+        return self._framing > MAX_HEAD_BYTES + self._body_total
 
     def send_400_response(self, msg: str) -> None:
         """A request the parser refuses (an unknown method, a malformed line or header)

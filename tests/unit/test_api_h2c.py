@@ -249,3 +249,25 @@ def test_heads_under_the_bound_pipelined_requests_and_large_bodies_pass(port):
     many = b"".join(_long_head(500, "header") for _ in range(200))
     assert len(many) > 1.5 * MAX_HEAD_BYTES
     assert [s for s, _ in _exchange(port, many, responses=200)] == [200] * 200
+
+
+def test_chunked_trailers_count_toward_the_bound(port):
+    """An outside review, session 36: trailers go through the parser's header glue too,
+    and were not counted (a 32 MiB trailer cost 19.6 s of CPU, then 200). A trailer
+    above the bound is refused 431; a chunked body in small chunks is not."""
+    head = (b"POST /v1/effects/claims HTTP/1.1\r\nHost: x\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+    trailer = b"4\r\nbody\r\n0\r\nX-T: " + b"t" * (4 * 1024 * 1024) + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        with contextlib.suppress(ConnectionError):
+            conn.sendall(head)
+            for start in range(0, len(trailer), 16384):
+                conn.sendall(trailer[start:start + 16384])
+        status, seen = _read_response(conn, bytearray())
+        assert status == 431 and json.loads(seen["raw"])["error"] == "INVALID_REQUEST"
+    body = json.dumps({"pad": "z" * 300_000}).encode()
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 512]), body[i:i + 512])
+                      for i in range(0, len(body), 512)) + b"0\r\n\r\n"
+    pieces = [head] + [chunks[i:i + 8192] for i in range(0, len(chunks), 8192)]
+    [(status, seen)] = _exchange(port, *pieces[:3], b"".join(pieces[3:]))
+    assert status == 200 and seen["body"] == body.decode()
