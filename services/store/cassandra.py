@@ -189,6 +189,13 @@ async def _on_loop(operation: str, request: Awaitable[LoopResult]) -> LoopResult
                                operation=operation) from exc
 
 
+def _with_lineage_items(structure: PartitionSnapshot, refs: list[str],
+                        cells: Sequence[Any]) -> PartitionSnapshot:
+    """The structure with the items of its lineage ``refs`` (a slice brings others)."""
+    lineage = set(refs)
+    return with_items(structure, {ref: cell for ref, cell in cells if ref in lineage})
+
+
 def _holds_a_conversation(snapshot: PartitionSnapshot | None) -> bool:
     """A head, the first batch's marker, or a Conversation turn (even a damaged
     partition's: verification says what is wrong with it, from the whole read)."""
@@ -471,11 +478,11 @@ class CassandraCheckpointStore(CheckpointStore):
                                             decode_structure)
         if structure is None:
             return None
-        query = self._items_query(structure, response_id)
-        if query is None:
+        refs = lineage_refs(structure, response_id)
+        if not refs:  # not there, or damaged: verification answers from the structure
             return structure
-        cells = await self._rows_async("read_history", *query)
-        return self._with_lineage_items(structure, response_id, cells)
+        cells = await self._rows_async("read_history", *self._items_query(structure, refs))
+        return _with_lineage_items(structure, refs, cells)
 
     async def _whole_async(
         self, tenant_id: str, partition_key: str, statement: PreparedStatement,
@@ -933,7 +940,7 @@ class CassandraCheckpointStore(CheckpointStore):
         self, tenant_id: str, partition_key: str, response_id: str
     ) -> PartitionSnapshot | None:
         """A response's read. In a partition this store found WIDE (``_learn_width``:
-        the turns outside a lineage it read were many, or held many bytes): the
+        the turns outside a lineage it read held many bytes of items): the
         partition's structure (every row but its items, read as ``_load_partition``
         reads the whole), then the items of the response's lineage only. The turns of
         other forks of a chain, or a Conversation's turns after the response, are then
@@ -953,11 +960,12 @@ class CassandraCheckpointStore(CheckpointStore):
                                 decode_structure)
         if structure is None:
             return None
-        query = self._items_query(structure, response_id)
-        if query is None:
+        refs = lineage_refs(structure, response_id)
+        if not refs:  # not there, or damaged: verification answers from the structure
             return structure
+        query = self._items_query(structure, refs)
         cells = _guard("read_history", lambda: self._rows(*query))
-        return self._with_lineage_items(structure, response_id, cells)
+        return _with_lineage_items(structure, refs, cells)
 
     def _load_conversation(self, tenant_id: str, conversation_id: str) -> PartitionSnapshot | None:
         """A Conversation's read: the whole partition, except where a read found turns
@@ -996,25 +1004,13 @@ class CassandraCheckpointStore(CheckpointStore):
             self._wide.put((snapshot.tenant_id, snapshot.partition_key), True)
 
     def _items_query(self, structure: PartitionSnapshot,
-                     response_id: str) -> tuple[PreparedStatement, tuple[Any, ...]] | None:
+                     refs: list[str]) -> tuple[PreparedStatement, tuple[Any, ...]]:
         """The lineage's items by response id when it is a small part of the partition;
-        else every turn's items in one slice (an ``IN`` of many keys costs more). None
-        when the response has no (decodable) checkpoint there: nothing to read, the
-        verification answers from the structure (a wrong partition hint, a response
-        not promoted yet, a damaged row)."""
+        else every turn's items in one slice (an ``IN`` of many keys costs more)."""
         key = (structure.tenant_id, structure.partition_key)
-        refs = lineage_refs(structure, response_id)
-        if not refs:
-            return None
         if len(refs) <= _LINEAGE_IN_MAX and 2 * len(refs) < len(structure.checkpoints):
             return self._select_items_of, (*key, refs)
         return self._select_all_items, key
-
-    @staticmethod
-    def _with_lineage_items(structure: PartitionSnapshot, response_id: str,
-                            cells: Sequence[Any]) -> PartitionSnapshot:
-        lineage = set(lineage_refs(structure, response_id))
-        return with_items(structure, {ref: cell for ref, cell in cells if ref in lineage})
 
     def _whole(
         self, tenant_id: str, partition_key: str, statement: PreparedStatement,
