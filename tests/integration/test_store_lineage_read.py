@@ -111,12 +111,19 @@ def test_a_fork_is_read_without_its_siblings_items(recorded, forks, awaited):
         assert recorded.items_read() == sorted(lineage)  # 3 of the partition's 13 turns
 
 
+def promote_chain(store: CassandraCheckpointStore, tenant: str, root: str,
+                  turns: int) -> list[str]:
+    """A chain of ``turns`` without forks from ``root``: its response ids, root first."""
+    ids = [root] + [uid("r") for _ in range(turns - 1)]
+    for previous, response_id in zip([None, *ids], ids, strict=False):
+        store.promote(chain_turn(tenant, root, response_id, previous))
+    return ids
+
+
 @pytest.mark.parametrize("awaited", [False, True], ids=["blocking", "event loop"])
 def test_a_narrow_partition_is_read_whole_in_one_query(recorded, awaited):
     tenant, root, fork = uid("tenant"), uid("root"), uid("f")
-    ids = [root] + [uid("r") for _ in range(4)]
-    for previous, response_id in zip([None, *ids], ids, strict=False):
-        recorded.store.promote(chain_turn(tenant, root, response_id, previous))
+    ids = promote_chain(recorded.store, tenant, root, 5)
     recorded.store.promote(chain_turn(tenant, root, fork, root))
     for _ in range(2):
         for wanted, turns in ((ids[-1], 5), (fork, 2), (ids[1], 2)):
@@ -128,9 +135,7 @@ def test_a_narrow_partition_is_read_whole_in_one_query(recorded, awaited):
 @pytest.mark.parametrize("awaited", [False, True], ids=["blocking", "event loop"])
 def test_a_lineage_that_is_most_of_a_wide_partition_takes_one_slice(recorded, awaited):
     tenant, root, heavy = uid("tenant"), uid("root"), uid("heavy")
-    ids = [root] + [uid("r") for _ in range(4)]
-    for previous, response_id in zip([None, *ids], ids, strict=False):
-        recorded.store.promote(chain_turn(tenant, root, response_id, previous))
+    ids = promote_chain(recorded.store, tenant, root, 5)
     recorded.store.promote(dataclasses.replace(
         chain_turn(tenant, root, heavy, root),
         items=(item("heavy", role="assistant", size=300 * KB),)))
