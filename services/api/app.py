@@ -27,6 +27,7 @@ from services.api import metrics
 from services.api.body_limit import BodyBudget, BodyLimit
 from services.api.models import ErrorBody, HealthBody, HistoryBody, StatusBody
 from services.api.service import WAIT_MS_CAP, Answer, RehydrationService
+from services.api.slow_readers import PartsResponse
 from services.ledger.base import LedgerUnavailable
 from services.store.base import CorruptPartition, StoreUnavailable
 
@@ -219,8 +220,9 @@ def use_cache(cache_control: str | None) -> bool:
 
 
 def history_response(answer: Answer) -> Response:
-    # The body is already JSON (rendered once per verified history, see render.py).
-    return Response(answer.payload, status_code=answer.status_code, media_type="application/json")
+    # The body is already JSON (rendered once per verified history, see render.py), sent
+    # in slices so a client that does not read holds little (slow_readers.py).
+    return PartsResponse(answer.parts, answer.status_code)
 
 
 def _json(body: HealthBody | StatusBody, status_code: int) -> Response:

@@ -100,3 +100,8 @@ PREWARM = Counter(
     "dropped (too many warm-ups running), failed (store error).",
     ["result"],
 )
+STALLED_ANSWERS = Counter(
+    "ratchet_api_stalled_answers_total",
+    "Connections aborted because their client took none of an answer's waiting bytes for "
+    "RATCHET_API_SEND_STALL_S seconds (services/api/slow_readers.py).",
+)

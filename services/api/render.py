@@ -181,6 +181,17 @@ def history_json(
 ) -> bytes:
     """The whole certified (``fallback`` None) or fallback body, in ``HistoryBody``'s
     field order; the checkpoint travels with certified answers only."""
+    return b"".join(history_parts(rendered, head_seq, conversation_head, fallback))
+
+
+def history_parts(
+    rendered: RenderedHistory,
+    head_seq: int,
+    conversation_head: int | None,
+    fallback: FallbackReason | None,
+) -> tuple[bytes, bytes, bytes]:
+    """``history_json`` in three parts, the rendered items' own bytes in the middle (not
+    copied: an answer is sent in slices, services/api/slow_readers.py)."""
     if fallback is None:
         head = b'{"outcome":"certified","reason":null,"head_seq":'
         checkpoint = rendered.checkpoint_json
@@ -188,7 +199,7 @@ def history_json(
         head = b'{"outcome":"fallback","reason":' + _STR.dump_json(str(fallback))
         head += b',"head_seq":'
         checkpoint = b"null"
-    return b"".join(
+    before = b"".join(
         (
             head,
             str(int(head_seq)).encode(),
@@ -197,12 +208,10 @@ def history_json(
             b',"response_id":',
             _STR.dump_json(rendered.response_id),
             b',"items":',
-            rendered.items_json,
-            b',"checkpoint":',
-            checkpoint,
-            b',"detail":null}',
         )
     )
+    return before, rendered.items_json, b',"checkpoint":' + checkpoint + b',"detail":null}'
+
 
 
 def failure_body(reason: str, *, response_id: str | None = None, detail: str = "") -> HistoryBody:

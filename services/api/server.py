@@ -32,6 +32,7 @@ from services.api.h2c import UpgradeTolerantHttpToolsProtocol
 from services.api.notifier import DecisionNotifier, ResponseIdDecoder
 from services.api.prewarm import Prewarmer
 from services.api.service import RehydrationService
+from services.api.slow_readers import with_stall_guard
 from services.api.waiters import PromotionWaiters
 from services.cassandra_cluster import open_cluster
 from services.cassandra_loop import LoopSession
@@ -168,7 +169,10 @@ def cli_api(settings: Settings) -> int:
             # parser's protocol serves a request offering `Upgrade: h2c` (Java's
             # HttpClient) with its body, which uvicorn's own drops (h2c.py).
             loop="uvloop",
-            http=UpgradeTolerantHttpToolsProtocol,
+            # A client that takes none of its answer for RATCHET_API_SEND_STALL_S is
+            # cut off (slow_readers.py).
+            http=with_stall_guard(UpgradeTolerantHttpToolsProtocol,
+                                  settings.api_send_stall_s),
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )).run(sockets=[sock])
     finally:

@@ -49,7 +49,7 @@ from services.api.render import (
     RenderedHistory,
     conversation_head_seq,
     failure_body,
-    history_json,
+    history_parts,
     render_extension,
     render_history,
 )
@@ -67,14 +67,20 @@ MAX_EXTENSION_ROWS = 4
 
 @dataclass(frozen=True)
 class Answer:
-    """A history answer: the JSON body, its status, and the fields the log line names."""
+    """A history answer: the JSON body (in parts, sent in slices: slow_readers.py), its
+    status, and the fields the log line names."""
 
     status_code: int
     outcome: str
     reason: str | None
     head_seq: int | None
     detail: str | None
-    payload: bytes
+    parts: tuple[bytes, ...]
+
+    @property
+    def payload(self) -> bytes:
+        """The whole JSON body."""
+        return b"".join(self.parts)
 
     @classmethod
     def of(cls, body: HistoryBody, status_code: int) -> Answer:
@@ -84,7 +90,7 @@ class Answer:
             body.reason,
             body.head_seq,
             body.detail,
-            body.__pydantic_serializer__.to_json(body),
+            (body.__pydantic_serializer__.to_json(body),),
         )
 
 
@@ -816,10 +822,10 @@ class RehydrationService:
         reason = None if fallback is None else str(fallback)
         child(metrics.OUTCOMES, endpoint, outcome, reason or "").inc()
         own = checkpoint.seq
-        body = history_json(
+        parts = history_parts(
             rendered, own, conversation_head_seq(checkpoint, current_head_seq), fallback
         )
-        return Answer(200, outcome, reason, own, None, body)
+        return Answer(200, outcome, reason, own, None, parts)
 
     def _fill(self, history: VerifiedHistory, rendered: RenderedHistory) -> None:
         """Cache a history just loaded from storage and verified."""

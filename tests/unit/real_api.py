@@ -19,6 +19,7 @@ from services.api.claims import claims_router
 from services.api.fastpath import HistoryFastPath
 from services.api.h2c import UpgradeTolerantHttpToolsProtocol
 from services.api.service import RehydrationService
+from services.api.slow_readers import with_stall_guard
 from services.api.waiters import PromotionWaiters
 from services.ledger.memory import MemoryLedger
 from services.store.base import StoreOptions
@@ -35,7 +36,8 @@ def served_api() -> Iterator[int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(
-        HistoryFastPath(app, service), http=UpgradeTolerantHttpToolsProtocol, loop="uvloop",
+        HistoryFastPath(app, service), http=with_stall_guard(UpgradeTolerantHttpToolsProtocol, 30),
+        loop="uvloop",
         log_config=None, access_log=False, lifespan="off"))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
                               daemon=True)

@@ -570,3 +570,20 @@ def test_a_failed_first_look_leaves_the_answer_to_the_lookup(stack, monkeypatch)
     resp = stack.history("t", uid("resp"), wait_ms=5000)
     assert time.monotonic() - started < 2
     assert resp.status_code == 503 and resp.json()["retryable"] is True
+
+
+def test_an_answer_of_many_slices_arrives_whole_and_as_the_service_rendered_it(stack):
+    """A history far larger than one body message (services/api/slow_readers.py sends
+    it in slices) arrives whole, with its Content-Length, on both paths."""
+    tenant, conv = uid("tenant"), uid("conv")
+    big = "x" * (300 * 1024)
+    items = tuple(message(f"{n}:{big}", item_id=uid("msg")) for n in range(4))
+    rid = stack.promote(tenant, conv, 0, items)
+    answer = stack.history(tenant, rid)
+    assert answer.status_code == 200
+    assert int(answer.headers["content-length"]) == len(answer.content) > 4 * len(big)
+    body = answer.json()
+    assert body["outcome"] == "certified"
+    assert [item["item_id"] for item in body["items"]] == [i.item_id for i in items]
+    assert [json.loads(item["content"])["content"][0]["text"][:2] for item in body["items"]] \
+        == ["0:", "1:", "2:", "3:"]

@@ -21,6 +21,7 @@ def test_defaults_point_at_the_local_launcher():
     assert s.api_coalesce_us == 0  # each API read written at once (not the driver's 200)
     assert s.cassandra_timer_slack_us == 200  # the launched Cassandra's spin-waits merge
     assert s.fetch_wait_ms == 5  # paced turns share the worker's fetches
+    assert s.api_send_stall_s == 30  # a client that takes nothing for 30 s is cut off
 
 
 def test_environment_overrides():
@@ -56,7 +57,8 @@ def test_environment_overrides():
                                         ("RATCHET_CASSANDRA_TIMER_SLACK_US", "-1"),
                                         ("RATCHET_WORKER_EVENT_LOOP", "trio"),
                                         ("RATCHET_WORKER_CONSUMER", "process"),
-                                        ("RATCHET_FETCH_WAIT_MS", "-1")])
+                                        ("RATCHET_FETCH_WAIT_MS", "-1"),
+                                        ("RATCHET_API_SEND_STALL_S", "-1")])
 def test_bad_values_are_refused_with_the_variable_name(name, value):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
@@ -77,6 +79,7 @@ def test_to_env_round_trips_through_from_env():
         "RATCHET_LOGICAL_RETENTION_S": "60",
         "RATCHET_LOOP_DRIVER": "cassandra-driver",
         "RATCHET_API_COALESCE_US": "150",
+        "RATCHET_API_SEND_STALL_S": "0",
         "RATCHET_API_MAX_BODY_BYTES": "1048576",
         "RATCHET_CASSANDRA_TIMER_SLACK_US": "1000",
         "RATCHET_WORKER_EVENT_LOOP": "asyncio",
@@ -182,6 +185,7 @@ def test_values_the_clients_accept_are_accepted(name, value, read):
     ("RATCHET_LANE_WINDOW", "1001"),
     ("RATCHET_API_MAX_BODY_BYTES", str(2**41)),
     ("RATCHET_FETCH_STALL_S", "86401"),
+    ("RATCHET_API_SEND_STALL_S", "86401"),
     ("RATCHET_FETCH_WAIT_MS", "1001"),  # every paced turn would wait up to it
 ])
 def test_integers_above_their_bound_are_refused(name, value):

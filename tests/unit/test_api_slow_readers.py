@@ -1,0 +1,208 @@
+"""services/api/slow_readers.py: an answer is sent in slices, so a client that does not
+read holds little of the API's memory, and a client that takes none of its answer for
+the stall limit is cut off, while one that reads slowly gets all of it. The last three
+run a real uvicorn server on uvloop with the API's protocol, raw sockets as clients."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+from starlette.responses import Response
+
+from services.api import metrics
+from services.api.h2c import UpgradeTolerantHttpToolsProtocol
+from services.api.slow_readers import (
+    SLICE_BYTES,
+    PartsResponse,
+    StallGuard,
+    slices,
+    with_stall_guard,
+)
+
+ANSWER = b"0123456789abcdef" * (24 * 1024)  # 384 KiB
+PARTS = (b'{"items":', ANSWER * 16, b"}")  # 6 MiB, the middle part as a cache holds it
+TOTAL = sum(len(part) for part in PARTS)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_slices_rebuild_the_body_in_pieces_of_the_size(seed):
+    rng = random.Random(seed)
+    parts = tuple(bytes(rng.randrange(256) for _ in range(rng.choice((0, 1, 5, 40, 300))))
+                  for _ in range(rng.randrange(0, 6)))
+    size = rng.choice((1, 3, 16, 64, 1000))
+    pieces = list(slices(parts, size))
+    assert b"".join(pieces) == b"".join(parts)
+    assert all(len(piece) == size for piece in pieces[:-1])
+    assert all(0 < len(piece) <= size for piece in pieces)
+
+
+def test_a_part_that_fits_a_slice_is_sent_as_is_not_copied():
+    part = b"x" * 1000
+    assert next(slices((part,), 1000)) is part
+    assert list(slices((), 1000)) == []
+
+
+async def _messages(response: Response) -> list[dict]:
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await response({"type": "http", "method": "GET"}, None, send)
+    return sent
+
+
+@pytest.mark.parametrize("parts", [(b"{}",), (b'{"a":', b"1", b"}"), PARTS])
+def test_the_wire_carries_what_one_plain_response_of_the_joined_body_carries(parts):
+    whole = b"".join(parts)
+    plain = asyncio.run(_messages(Response(whole, 200, media_type="application/json")))
+    sliced = asyncio.run(_messages(PartsResponse(parts, 200)))
+    assert sliced[0] == plain[0]  # status and headers, in order
+    assert b"".join(m["body"] for m in sliced[1:]) == whole
+    assert all(m["more_body"] for m in sliced[1:-1]) and not sliced[-1].get("more_body")
+    assert len(sliced) - 1 == max(1, -(-len(whole) // SLICE_BYTES))
+
+
+# --- through a real server ------------------------------------------------------------
+
+class CountingGuard(StallGuard):
+    """The guard, counting its looks at a paused transport."""
+
+    looks = 0
+
+    def _look(self) -> None:
+        CountingGuard.looks += 1
+        super()._look()
+
+
+class Handed:
+    """What the app handed to uvicorn, and whether the answer's task ended."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.ended = threading.Event()
+
+
+@contextlib.contextmanager
+def served(stall_s: float, parts: tuple[bytes, ...] = PARTS) -> Iterator[tuple[int, Handed]]:
+    handed = Handed()
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+
+        async def counting(message: dict) -> None:
+            await send(message)
+            handed.bytes += len(message.get("body", b""))
+
+        try:
+            await PartsResponse(parts, 200)(scope, receive, counting)
+        finally:
+            handed.ended.set()
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(
+        app, http=type("Guarded", (CountingGuard, UpgradeTolerantHttpToolsProtocol),
+                       {"stall_s": stall_s}), loop="uvloop",
+        log_config=None, access_log=False, lifespan="off"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
+                              daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        yield sock.getsockname()[1], handed
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def _ask(port: int, window: int = 4096) -> socket.socket:
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, window)  # before connect
+    client.connect(("127.0.0.1", port))
+    client.sendall(b"GET /history HTTP/1.1\r\nHost: api\r\n\r\n")
+    return client
+
+
+def _read_all(client: socket.socket, pause_s: float = 0.0, chunk: int = 65536) -> bytes:
+    received = b""
+    client.settimeout(10)
+    while True:
+        data = client.recv(chunk)
+        if not data:
+            return received
+        received += data
+        head, _, body = received.partition(b"\r\n\r\n")
+        if body and len(body) == TOTAL:
+            return received
+        time.sleep(pause_s)
+
+
+def test_a_client_that_does_not_read_is_handed_only_what_the_socket_takes():
+    """The rest stays in the answer's parts: uvicorn waits for the transport to drain
+    before each slice (one message of 6 MiB was handed to the transport whole)."""
+    with served(stall_s=0) as (port, handed):
+        client = _ask(port)
+        try:
+            time.sleep(1.0)
+            assert not handed.ended.is_set()
+            # the kernel's buffers of both ends, one slice and the transport's mark
+            assert handed.bytes < TOTAL / 2, handed.bytes
+        finally:
+            client.close()
+        assert handed.ended.wait(10)  # the task ends with the connection
+
+
+def test_a_client_that_takes_nothing_for_the_stall_limit_is_cut_off():
+    before = metrics.STALLED_ANSWERS._value.get()
+    with served(stall_s=0.5) as (port, handed):
+        client = _ask(port)
+        try:
+            assert handed.ended.wait(10), "the answer's task still waits for the client"
+            assert metrics.STALLED_ANSWERS._value.get() == before + 1
+            # what the kernel held reaches the client, then the reset: never the whole
+            with pytest.raises(ConnectionResetError):
+                received = _read_all(client)
+                assert len(received) < TOTAL  # a close instead of a reset: still short
+                raise ConnectionResetError
+        finally:
+            client.close()
+
+
+def test_a_client_that_reads_slowly_gets_the_whole_answer():
+    """Reading at most 64 KiB every 20 ms (~3 s for the answer) through a 64 KiB
+    window: the transport is paused for longer than the stall limit, and every look
+    finds that the client took some of what waited. (The transport's own buffer did not
+    show it: the kernel takes more only once a third of its queue has gone; the first
+    guard, looking at the buffer alone, cut this client off after 2.8 of 6 MB.)"""
+    before = metrics.STALLED_ANSWERS._value.get()
+    CountingGuard.looks = 0
+    with served(stall_s=0.2) as (port, handed):
+        client = _ask(port, window=65536)
+        try:
+            received = _read_all(client, pause_s=0.02)
+        finally:
+            client.close()
+        assert received.partition(b"\r\n\r\n")[2] == b"".join(PARTS)
+        assert CountingGuard.looks >= 1, "the transport never stayed paused: nothing checked"
+        assert metrics.STALLED_ANSWERS._value.get() == before
+        assert handed.ended.wait(10)
+
+
+def test_the_guard_is_mixed_into_the_protocol_with_its_limit():
+    guarded = with_stall_guard(UpgradeTolerantHttpToolsProtocol, 7)
+    assert guarded.__mro__[1:3] == (StallGuard, UpgradeTolerantHttpToolsProtocol)
+    assert guarded.stall_s == 7
