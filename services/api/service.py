@@ -784,6 +784,7 @@ class RehydrationService:
         rendered = render_history(history)
         if isinstance(rendered, HistoryBody):  # stored bytes that are not a UTF-8 JSON object
             return self._unrenderable(rendered, endpoint)
+        rendered = self._shared(history.checkpoint, rendered)
         self._fill(history, rendered)
         return self._verified_answer(
             rendered,
@@ -826,6 +827,20 @@ class RehydrationService:
             rendered, own, conversation_head_seq(checkpoint, current_head_seq), fallback
         )
         return Answer(200, outcome, reason, own, None, parts)
+
+    def _shared(self, checkpoint: CheckpointRecord, rendered: RenderedHistory) -> RenderedHistory:
+        """The cached rendering of this response if it is the same bytes, else
+        ``rendered``. A verified history never changes, so a full read of a cached one
+        (a ``no-cache`` request) renders the same JSON: its answer then holds the
+        cache's bytes, not a copy of its own while its client reads it (40 ``no-cache``
+        clients that did not read an 8 MB answer held +337 MiB; an outside review,
+        docs/decisions.md, "Clients that do not read")."""
+        if self._cache is None:
+            return rendered
+        entry = self._cache.get(checkpoint.tenant_id, checkpoint.response_id)
+        if entry is not None and entry.rendered == rendered:
+            return entry.rendered
+        return rendered
 
     def _fill(self, history: VerifiedHistory, rendered: RenderedHistory) -> None:
         """Cache a history just loaded from storage and verified."""

@@ -3,25 +3,25 @@
 Why: uvicorn hands each body message to the transport whole, and the transport keeps
 what the socket does not take until the client reads it or leaves. A history answer
 was one message: 40 clients that asked for an 8 MB Conversation and did not read held
-+188 MiB of the API's memory, each its own copy of the answer, for as long as they
-kept the connection open (measured in session 37; docs/decisions.md, "Clients that do
-not read").
++305 MiB of a real ``ratchet api``, each its own copy of the answer, for as long as
+they kept the connection open (docs/decisions.md, "Clients that do not read").
 
 Two parts, both needed:
 
-- ``PartsResponse`` sends an answer in slices of at most ``SLICE_BYTES``. uvicorn waits,
-  before each message, until the transport has drained below its low-water mark, so a
-  client that stops reading holds at most about one slice beyond that mark; the rest
-  stays in the answer's parts, and the large one (the items' JSON) is the cached
-  history's own bytes, shared with the cache rather than copied. An answer of one
-  slice or less is one message, as before.
+- ``PartsResponse`` sends an answer in slices of at most ``SLICE_BYTES``, each cut only
+  once uvicorn has seen the transport drain below its low-water mark, so a client that
+  stops reading holds about one slice; the rest stays in the answer's parts, and the
+  large one (the items' JSON) is the cached history's own bytes, shared with the cache
+  rather than copied. An answer of one slice or less is one message, as before.
 - ``StallGuard`` (a mixin of the HTTP protocol) ends what the slices only bound: while
   the transport is paused for writing, it looks every ``stall_s`` seconds at how many
-  bytes wait in its buffer. A client that took none of them in that time has its
-  connection aborted: the buffered bytes are freed at once (a plain close would keep
-  them until sent) and the answer's task ends (uvicorn's send returns on a lost
-  connection). A client that reads, however slowly the socket drains, is never cut off
-  while the buffer shrinks between two looks.
+  bytes the client has not taken (the transport's buffer and the socket's send queue).
+  If none went since the last look, the connection is reset: the bytes are freed at
+  once, the kernel's queue too, the client learns it at once, and the answer's task
+  ends (uvicorn's send returns on a lost connection). Progress is what reaches the
+  client's TCP window, which its kernel reopens in steps (about a segment: 64 KiB on
+  loopback, ~1.5 KiB on Ethernet; or a sixteenth of its receive buffer): a client
+  reading slower than one step per limit may be cut off while it reads.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import socket
+import struct
 import sys
 import termios
 from collections.abc import Iterator
@@ -76,13 +78,22 @@ class PartsResponse(Response):
                     "headers": self.raw_headers})
         if self._length <= self._slice_bytes:  # most answers: one message, as before
             await send({"type": "http.response.body", "body": b"".join(self._parts)})
-            return
+        else:
+            await self._send_slices(send)
+        if self.background is not None:
+            await self.background()
+
+    async def _send_slices(self, send: Any) -> None:
+        left = self._length
         pieces = slices(self._parts, self._slice_bytes)
-        piece = next(pieces, b"")
-        for following in pieces:
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
-            piece = following
-        await send({"type": "http.response.body", "body": piece})
+        while left > 0:
+            # An empty message first: uvicorn waits there until the transport has
+            # drained, so the next slice is cut only once it can be written (a stalled
+            # client holds one slice, not the one written and the next one cut).
+            await send({"type": "http.response.body", "body": b"", "more_body": True})
+            piece = next(pieces)
+            left -= len(piece)
+            await send({"type": "http.response.body", "body": piece, "more_body": left > 0})
 
 
 def slices(parts: tuple[bytes, ...], size: int) -> Iterator[bytes]:
@@ -128,6 +139,18 @@ class StallGuard:
         self._stop_looking()
         super().connection_lost(exc)  # type: ignore[misc]
 
+    def eof_received(self) -> bool | None:
+        """A client that half-closes after its request (``shutdown(SHUT_WR)``) still
+        gets the whole answer, then the connection closes. uvicorn's protocol lets the
+        transport close at the end of the stream, which ended a sliced answer at the
+        slice being written (its whole answer was buffered when it was one message).
+        During a request's body, or between requests, the end closes as before."""
+        cycle = self.cycle  # type: ignore[attr-defined]
+        if cycle is not None and not cycle.response_complete and not cycle.more_body:
+            cycle.keep_alive = False
+            return True  # keep the transport open for writing
+        return super().eof_received()  # type: ignore[misc]
+
     def _look_later(self) -> None:
         self._stall_buffered = _unsent(self.transport)  # type: ignore[attr-defined]
         self._stall_timer = self.loop.call_later(  # type: ignore[attr-defined]
@@ -151,7 +174,20 @@ class StallGuard:
             extra={"ctx": {"peer": _peer(transport), "buffered_bytes": buffered,
                            "stall_s": self.stall_s}},
         )
-        transport.abort()
+        _reset(transport)
+
+
+def _reset(transport: Any) -> None:
+    """Abort with a TCP reset: a zero linger makes the kernel drop its send queue (up to
+    a few MB the client has not taken) and send RST. A plain abort frees only the
+    transport's buffer; the kernel then keeps the queue and a FIN behind it for minutes
+    (an orphaned socket in FIN-WAIT-1, measured 330-345 s) and the client, still
+    reading it, sees an ordinary end of stream."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def _unsent(transport: Any) -> int:

@@ -780,3 +780,23 @@ def test_an_expired_and_damaged_turn_gets_one_answer_on_every_load():
                                 params={**query, "partition_key": conv})
     assert (cold.status_code, cold.json()["reason"]) == (410, "EXPIRED")
     assert (extended.status_code, extended.json()["reason"]) == (410, "EXPIRED")
+
+
+def test_a_no_cache_read_answers_with_the_cached_bytes_of_the_same_history():
+    """A verified history never changes: a full read of a cached one renders the same
+    JSON, and its answer holds the cache's bytes rather than a copy of its own (40
+    ``no-cache`` clients that did not read an 8 MB answer each held their copy; an
+    outside review, session 37)."""
+    stack = CachingStack()
+    tenant, rid, _ = two_turns(stack)
+    assert stack.history(tenant, rid).status_code == 200  # cached now
+    cached = stack.cache.get(tenant, rid).rendered.items_json
+    answer, reads = stack.reads_during(lambda: asyncio.run(stack.service.response_history(
+        tenant, rid, FP, 0, use_cache=False)))
+    assert reads == {"read_history": 1}  # still a full read: the bytes are decided by it
+    assert answer.parts[1] is cached
+    assert stack.cache.get(tenant, rid).rendered.items_json is cached
+    # a damaged row read by the bypass is not hidden by the sharing
+    stack.damage_item(tenant, stack.cache.get(tenant, rid).partition_key)
+    damaged = asyncio.run(stack.service.response_history(tenant, rid, FP, 0, use_cache=False))
+    assert damaged.reason == "CORRUPT_HISTORY"
