@@ -123,6 +123,10 @@ class StallGuard:
     seconds while writing was paused (module docstring). ``stall_s`` 0: never."""
 
     stall_s: float = 30.0
+    # From the server's shutdown on: the limit, below uvicorn's 12 s grace
+    # (services/api/server.py), so an answer no one reads is reset, not cancelled when
+    # the grace ends (uvicorn logs each cancelled answer as an ERROR with a traceback).
+    shutdown_stall_s: float = 5.0
     _stall_timer: Any = None
     _stall_buffered = 0  # the buffer's size at the last look
 
@@ -138,6 +142,17 @@ class StallGuard:
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_looking()
         super().connection_lost(exc)  # type: ignore[misc]
+
+    def shutdown(self) -> None:
+        """The server stops: answers still being written keep going (uvicorn's grace),
+        but one whose client takes nothing is reset after ``shutdown_stall_s``."""
+        limit = min(self.stall_s or self.shutdown_stall_s, self.shutdown_stall_s)
+        if limit != self.stall_s:
+            self.stall_s = limit  # this connection's own limit from now on
+            if self._stall_timer is not None:
+                self._stop_looking()
+                self._look_later()
+        super().shutdown()  # type: ignore[misc]
 
     def eof_received(self) -> bool | None:
         """A client that half-closes after its request (``shutdown(SHUT_WR)``) still

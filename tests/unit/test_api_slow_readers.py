@@ -91,10 +91,12 @@ class Handed:
         self.bytes = 0
         self.slices = 0  # body messages with bytes
         self.ended = threading.Event()
+        self.server: uvicorn.Server | None = None
 
 
 @contextlib.contextmanager
-def served(stall_s: float, parts: tuple[bytes, ...] = PARTS) -> Iterator[tuple[int, Handed]]:
+def served(stall_s: float, parts: tuple[bytes, ...] = PARTS,
+           shutdown_stall_s: float = 5.0) -> Iterator[tuple[int, Handed]]:
     handed = Handed()
 
     async def app(scope, receive, send) -> None:
@@ -115,8 +117,9 @@ def served(stall_s: float, parts: tuple[bytes, ...] = PARTS) -> Iterator[tuple[i
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(
         app, http=type("Guarded", (CountingGuard, UpgradeTolerantHttpToolsProtocol),
-                       {"stall_s": stall_s}), loop="uvloop",
-        log_config=None, access_log=False, lifespan="off"))
+                       {"stall_s": stall_s, "shutdown_stall_s": shutdown_stall_s}),
+        loop="uvloop", log_config=None, access_log=False, lifespan="off"))
+    handed.server = server
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
                               daemon=True)
     thread.start()
@@ -240,6 +243,25 @@ def test_a_stalled_answer_has_cut_no_slice_beyond_those_handed_to_the_transport(
                 client.close()
     assert 0 < handed_then < len(list(slices(PARTS, SLICE_BYTES)))
     assert cut_then == handed_then
+
+
+def test_at_shutdown_an_answer_no_one_reads_is_reset_not_cancelled_at_the_grace(caplog):
+    """uvicorn cancels what is still running when its grace ends and logs each as an
+    ERROR with a traceback; from the shutdown on, a client that takes nothing for the
+    shutdown limit is reset instead (a WARNING), and the server stops then."""
+    before = metrics.STALLED_ANSWERS._value.get()
+    with served(stall_s=30, shutdown_stall_s=0.3) as (port, handed):
+        client = _ask(port)
+        try:
+            time.sleep(0.5)  # the answer is stalled
+            handed.server.should_exit = True
+            assert handed.ended.wait(10), "the answer's task still waits for the client"
+            with pytest.raises(ConnectionResetError):
+                _read_all(client)
+        finally:
+            client.close()
+    assert metrics.STALLED_ANSWERS._value.get() == before + 1
+    assert not [r for r in caplog.records if "Exception in ASGI" in r.getMessage()]
 
 
 def test_the_guard_is_mixed_into_the_protocol_with_its_limit():
