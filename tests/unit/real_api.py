@@ -33,12 +33,20 @@ def served_api() -> Iterator[int]:
     service = RehydrationService(store, ledger, PromotionWaiters())
     app = create_app(service, lambda: True,
                      routers=[claims_router(ledger, store.mark_request_facts, lambda: NOW_MS)])
+    protocol = with_stall_guard(UpgradeTolerantHttpToolsProtocol, 30)
+    with running_server(HistoryFastPath(app, service), protocol) as (port, _):
+        yield port
+
+
+@contextlib.contextmanager
+def running_server(app, protocol: type) -> Iterator[tuple[int, uvicorn.Server]]:
+    """``app`` served by uvicorn on uvloop with ``protocol``, in a thread, on a free
+    port: yields (port, server); stops it after."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(
-        HistoryFastPath(app, service), http=with_stall_guard(UpgradeTolerantHttpToolsProtocol, 30),
-        loop="uvloop",
-        log_config=None, access_log=False, lifespan="off"))
+        app, http=protocol, loop="uvloop", log_config=None, access_log=False,
+        lifespan="off"))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
                               daemon=True)
     thread.start()
@@ -47,7 +55,7 @@ def served_api() -> Iterator[int]:
         while not server.started:
             assert time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.01)
-        yield sock.getsockname()[1]
+        yield sock.getsockname()[1], server
     finally:
         server.should_exit = True
         thread.join(10)

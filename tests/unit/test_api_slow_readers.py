@@ -27,6 +27,7 @@ from services.api.slow_readers import (
     slices,
     with_stall_guard,
 )
+from tests.unit.real_api import running_server
 
 ANSWER = b"0123456789abcdef" * (24 * 1024)  # 384 KiB
 PARTS = (b'{"items":', ANSWER * 16, b"}")  # 6 MiB, the middle part as a cache holds it
@@ -113,26 +114,11 @@ def served(stall_s: float, parts: tuple[bytes, ...] = PARTS,
         finally:
             handed.ended.set()
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(
-        app, http=type("Guarded", (CountingGuard, UpgradeTolerantHttpToolsProtocol),
-                       {"stall_s": stall_s, "shutdown_stall_s": shutdown_stall_s}),
-        loop="uvloop", log_config=None, access_log=False, lifespan="off"))
-    handed.server = server
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
-                              daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-        yield sock.getsockname()[1], handed
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    protocol = type("Guarded", (CountingGuard, UpgradeTolerantHttpToolsProtocol),
+                    {"stall_s": stall_s, "shutdown_stall_s": shutdown_stall_s})
+    with running_server(app, protocol) as (port, server):
+        handed.server = server
+        yield port, handed
 
 
 def _ask(port: int, window: int = 4096) -> socket.socket:
