@@ -223,6 +223,10 @@ class Settings:
     # its connection (services/api/slow_readers.py; 0 = never): what a client that does
     # not read holds in the API's memory is freed then.
     api_send_stall_s: int = 30
+    # Bytes of full reads running and of the answers they built that are their request's
+    # own copy (not the cache's), until written (services/api/answer_budget.py): a full
+    # read waits for room, 503 after 5 s. The API pod's memory limit rests on it.
+    api_answer_budget_bytes: int = 64 * 1024 * 1024
     # Entries per map of the worker's tail cache (streams/tail_cache.py; 0 = off): it
     # saves the lineage and owner reads of a conversation's next turn.
     tail_cache_entries: int = 10_000
@@ -321,6 +325,8 @@ class Settings:
             lane_window=_int(env, "RATCHET_LANE_WINDOW", d.lane_window, 1, MAX_WINDOW),
             lane_max_bytes=_int(env, "RATCHET_LANE_MAX_BYTES", d.lane_max_bytes, 1, MAX_BYTES),
             loop_driver=_choice(env, "RATCHET_LOOP_DRIVER", d.loop_driver, LOOP_DRIVERS),
+            api_answer_budget_bytes=_int(env, "RATCHET_API_ANSWER_BUDGET_BYTES",
+                                         d.api_answer_budget_bytes, 1, MAX_BYTES),
             api_send_stall_s=_int(env, "RATCHET_API_SEND_STALL_S", d.api_send_stall_s, 0,
                                   MAX_STALL_S),
             api_coalesce_us=_int(env, "RATCHET_API_COALESCE_US", d.api_coalesce_us, 0,
@@ -365,6 +371,7 @@ class Settings:
             "RATCHET_LOOP_DRIVER": self.loop_driver,
             "RATCHET_API_COALESCE_US": str(self.api_coalesce_us),
             "RATCHET_API_SEND_STALL_S": str(self.api_send_stall_s),
+            "RATCHET_API_ANSWER_BUDGET_BYTES": str(self.api_answer_budget_bytes),
             "RATCHET_WORKER_EVENT_LOOP": self.worker_event_loop,
             "RATCHET_WORKER_CONSUMER": self.worker_consumer,
             "RATCHET_FETCH_WAIT_MS": str(self.fetch_wait_ms),

@@ -24,6 +24,7 @@ from ratchet.metric_children import child
 from ratchet.settings import Settings
 from schemas.ids import ID_PATTERN
 from services.api import metrics
+from services.api.answer_budget import AnswersBusy
 from services.api.body_limit import BodyBudget, BodyLimit
 from services.api.models import ErrorBody, HealthBody, HistoryBody, StatusBody
 from services.api.service import WAIT_MS_CAP, Answer, RehydrationService
@@ -222,7 +223,7 @@ def use_cache(cache_control: str | None) -> bool:
 def history_response(answer: Answer) -> Response:
     # The body is already JSON (rendered once per verified history, see render.py), sent
     # in slices so a client that does not read holds little (slow_readers.py).
-    return PartsResponse(answer.parts, answer.status_code)
+    return PartsResponse(answer.parts, answer.status_code, held=answer.held)
 
 
 def _json(body: HealthBody | StatusBody, status_code: int) -> Response:
@@ -262,6 +263,8 @@ def error_response(exc: Exception) -> JSONResponse:
         return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=exc.retryable))
     if isinstance(exc, LedgerUnavailable):
         child(metrics.STORE_ERRORS, "ledger").inc()
+        return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=True))
+    if isinstance(exc, AnswersBusy):  # the answer budget had no room (answer_budget.py)
         return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=True))
     if isinstance(exc, CorruptPartition):  # a damaged row (the status endpoint's read)
         log.error("damaged checkpoint row: %s", exc)

@@ -105,3 +105,12 @@ STALLED_ANSWERS = Counter(
     "Connections aborted because their client took none of an answer's waiting bytes for "
     "RATCHET_API_SEND_STALL_S seconds (services/api/slow_readers.py).",
 )
+ANSWER_BYTES_HELD = Gauge(
+    "ratchet_api_answer_bytes_held",
+    "Bytes the answer budget holds: full reads running, and the answers they built that "
+    "are their request's own copy until written (services/api/answer_budget.py).",
+)
+ANSWER_BUDGET_REFUSALS = Counter(
+    "ratchet_api_answer_budget_refusals_total",
+    "Full reads answered 503 because the answer budget had no room for their whole wait.",
+)

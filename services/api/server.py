@@ -24,6 +24,7 @@ from ratchet.settings import Settings
 from ratchet.startup import explain
 from schemas.avro import EventSerde, registry_client
 from services.api import logs
+from services.api.answer_budget import AnswerBudget
 from services.api.app import create_app
 from services.api.cache import HistoryCache
 from services.api.claims import claims_router
@@ -92,7 +93,8 @@ class ApiProcess:
         self.waiters = PromotionWaiters()
         self.cache = HistoryCache(settings.api_history_cache_bytes)
         self.service = RehydrationService(
-            self.store, self.ledger, self.waiters, cache=self.cache
+            self.store, self.ledger, self.waiters, cache=self.cache,
+            answers=AnswerBudget(settings.api_answer_budget_bytes),
         )
         self.prewarmer = Prewarmer(self.service.prewarm)
         self.notifier = DecisionNotifier(

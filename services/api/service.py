@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -43,6 +43,7 @@ from ratchet.domain.history import (
 from ratchet.domain.rehydration import fallback_reason
 from ratchet.metric_children import child
 from services.api import metrics
+from services.api.answer_budget import AnswerBudget, Reservation
 from services.api.cache import CachedHistory, HistoryCache
 from services.api.models import FAILURE_HTTP_STATUS, HistoryBody, StatusBody
 from services.api.render import (
@@ -76,6 +77,10 @@ class Answer:
     head_seq: int | None
     detail: str | None
     parts: tuple[bytes, ...]
+    # The bytes of ``parts`` that are this answer's own copy (not the cache's), and the
+    # answer budget's reservation of them until written (answer_budget.py).
+    own_bytes: int = 0
+    held: Reservation | None = None
 
     @property
     def payload(self) -> bytes:
@@ -115,8 +120,10 @@ class RehydrationService:
         clock: Callable[[], datetime] = _utc_now,
         *,
         cache: HistoryCache | None = None,
+        answers: AnswerBudget | None = None,
     ) -> None:
         self._store = store
+        self._answers = answers
         self._ledger = ledger
         self._waiters = waiters
         self._clock = clock
@@ -384,9 +391,28 @@ class RehydrationService:
                 answer = self._hit(entry, head.seq, fingerprint_hash, "conversation")
                 if answer is not None:
                     return answer
-        return await run_in_threadpool(
-            self._conversation_miss, tenant_id, conversation_id, fingerprint_hash, head
-        )
+        return await self._budgeted(("conversation", tenant_id, conversation_id), lambda: (
+            run_in_threadpool(
+                self._conversation_miss, tenant_id, conversation_id, fingerprint_hash, head)))
+
+    async def _budgeted(
+        self, key: tuple[str, ...], read: Callable[[], Awaitable[Answer]]
+    ) -> Answer:
+        """``read`` (a full read, or a miss that may be one) once the answer budget has
+        room for what it will cost; its answer then holds its own bytes until written
+        (answer_budget.py)."""
+        if self._answers is None:
+            return await read()
+        reservation = await self._answers.reserve(key)
+        try:
+            answer = await read()
+        except BaseException:
+            reservation.release()
+            raise
+        reservation.settle(sum(len(part) for part in answer.parts), answer.own_bytes)
+        if reservation.nbytes == 0:
+            return answer
+        return replace(answer, held=reservation)
 
     def _head_went_back(self, tenant_id: str, partition_key: str, head: Head) -> bool:
         """The head read is behind a Conversation turn verified here (rolled back onto
@@ -740,6 +766,12 @@ class RehydrationService:
     async def _read_conversation_async(
         self, tenant_id: str, conversation_id: str, fingerprint_hash: str
     ) -> Answer:
+        return await self._budgeted(("conversation", tenant_id, conversation_id), lambda: (
+            self._read_conversation_now(tenant_id, conversation_id, fingerprint_hash)))
+
+    async def _read_conversation_now(
+        self, tenant_id: str, conversation_id: str, fingerprint_hash: str
+    ) -> Answer:
         now = self._clock()
         history = await self._store.read_history_async(
             tenant_id, conversation_id=conversation_id, now=now
@@ -755,6 +787,16 @@ class RehydrationService:
     ) -> Answer:
         """The full read, on the event loop (the driver's async reads; verification
         and rendering are CPU work the thread pool would not run any sooner)."""
+        return await self._budgeted(("response", tenant_id, response_id), lambda: (
+            self._read_response_now(tenant_id, response_id, fingerprint_hash, partition_key)))
+
+    async def _read_response_now(
+        self,
+        tenant_id: str,
+        response_id: str,
+        fingerprint_hash: str,
+        partition_key: str | None,
+    ) -> Answer:
         now = self._clock()
         history = await self._store.read_history_async(
             tenant_id, response_id=response_id, now=now, partition_key=partition_key
@@ -826,7 +868,11 @@ class RehydrationService:
         parts = history_parts(
             rendered, own, conversation_head_seq(checkpoint, current_head_seq), fallback
         )
-        return Answer(200, outcome, reason, own, None, parts)
+        cached = None if self._cache is None else self._cache.get(
+            checkpoint.tenant_id, checkpoint.response_id)
+        shared = cached is not None and cached.rendered.items_json is rendered.items_json
+        own_bytes = 0 if shared else sum(len(part) for part in parts)
+        return Answer(200, outcome, reason, own, None, parts, own_bytes)
 
     def _shared(self, checkpoint: CheckpointRecord, rendered: RenderedHistory) -> RenderedHistory:
         """The cached rendering of this response if it is the same bytes, else

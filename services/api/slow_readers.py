@@ -39,6 +39,7 @@ from typing import Any
 from starlette.responses import Response
 
 from services.api import metrics
+from services.api.answer_budget import Reservation
 
 # The largest body message of an answer. 256 KiB: an 8 MB answer is 32 writes; a client
 # that stops reading holds about this much beyond the transport's high-water mark.
@@ -55,8 +56,11 @@ class PartsResponse(Response):
     media_type = "application/json"
 
     def __init__(self, parts: tuple[bytes, ...], status_code: int,
-                 slice_bytes: int = SLICE_BYTES) -> None:
+                 slice_bytes: int = SLICE_BYTES, *, held: Reservation | None = None) -> None:
+        """``held``: the answer budget's reservation of this answer's own bytes, released
+        once it is written (answer_budget.py)."""
         self.status_code = status_code
+        self._held = held
         self.background = None
         self._parts = parts
         self._slice_bytes = slice_bytes
@@ -76,10 +80,14 @@ class PartsResponse(Response):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
-        if self._length <= self._slice_bytes:  # most answers: one message, as before
-            await send({"type": "http.response.body", "body": b"".join(self._parts)})
-        else:
-            await self._send_slices(send)
+        try:
+            if self._length <= self._slice_bytes:  # most answers: one message, as before
+                await send({"type": "http.response.body", "body": b"".join(self._parts)})
+            else:
+                await self._send_slices(send)
+        finally:
+            if self._held is not None:
+                self._held.release()
         if self.background is not None:
             await self.background()
 

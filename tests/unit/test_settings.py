@@ -22,6 +22,7 @@ def test_defaults_point_at_the_local_launcher():
     assert s.cassandra_timer_slack_us == 200  # the launched Cassandra's spin-waits merge
     assert s.fetch_wait_ms == 5  # paced turns share the worker's fetches
     assert s.api_send_stall_s == 30  # a client that takes nothing for 30 s is cut off
+    assert s.api_answer_budget_bytes == 64 * 1024 * 1024
 
 
 def test_environment_overrides():
@@ -58,7 +59,8 @@ def test_environment_overrides():
                                         ("RATCHET_WORKER_EVENT_LOOP", "trio"),
                                         ("RATCHET_WORKER_CONSUMER", "process"),
                                         ("RATCHET_FETCH_WAIT_MS", "-1"),
-                                        ("RATCHET_API_SEND_STALL_S", "-1")])
+                                        ("RATCHET_API_SEND_STALL_S", "-1"),
+                                        ("RATCHET_API_ANSWER_BUDGET_BYTES", "0")])
 def test_bad_values_are_refused_with_the_variable_name(name, value):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
@@ -80,6 +82,7 @@ def test_to_env_round_trips_through_from_env():
         "RATCHET_LOOP_DRIVER": "cassandra-driver",
         "RATCHET_API_COALESCE_US": "150",
         "RATCHET_API_SEND_STALL_S": "0",
+        "RATCHET_API_ANSWER_BUDGET_BYTES": "1048576",
         "RATCHET_API_MAX_BODY_BYTES": "1048576",
         "RATCHET_CASSANDRA_TIMER_SLACK_US": "1000",
         "RATCHET_WORKER_EVENT_LOOP": "asyncio",

@@ -1,0 +1,143 @@
+"""services/api/answer_budget.py: full reads wait for room in a byte budget, in
+arrival order, and the answers they build hold their own bytes until written; a read
+that finds no room in time is 503. Cache hits reserve nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.api import answer_budget
+from services.api.answer_budget import AnswerBudget, AnswersBusy
+from services.api.service import RehydrationService
+from services.api.slow_readers import PartsResponse
+from tests.unit.test_api_cache import CachingStack
+from tests.unit.test_api_http import FP, Stack, message, uid
+
+MB = 1024 * 1024
+
+
+def test_an_unknown_lookup_reserves_an_eighth_and_a_known_one_twice_its_last_answer():
+    async def run():
+        budget = AnswerBudget(64 * MB)
+        first = await budget.reserve(("response", "t", "r1"))
+        assert first.nbytes == 8 * MB and budget.held == 8 * MB
+        first.settle(answer_bytes=3 * MB, own_bytes=3 * MB)  # built: its own bytes only
+        assert budget.held == 3 * MB
+        first.release()
+        first.release()  # idempotent
+        assert budget.held == 0
+        again = await budget.reserve(("response", "t", "r1"))
+        assert again.nbytes == 6 * MB  # the rows read and their JSON
+        again.settle(answer_bytes=3 * MB, own_bytes=0)  # the cache's bytes: none held
+        assert budget.held == 0
+    asyncio.run(run())
+
+
+def test_reads_wait_in_arrival_order_while_the_budget_is_full():
+    async def run():
+        budget = AnswerBudget(16 * MB)
+        budget.learn(("big",), 4 * MB)  # costs 8 MB
+        budget.learn(("small",), MB // 2)  # costs 1 MB
+        holding = [await budget.reserve(("big",)), await budget.reserve(("big",))]
+        assert budget.held == 16 * MB
+        order = []
+
+        async def read(key):
+            reservation = await budget.reserve(key, wait_s=5)
+            order.append(key[0])
+            return reservation
+
+        waiting = [asyncio.create_task(read(("big",))), asyncio.create_task(read(("small",)))]
+        await asyncio.sleep(0.05)
+        assert order == []  # the small one does not overtake the big one
+        holding[0].release()
+        await asyncio.sleep(0.05)
+        assert order == ["big"] and budget.held == 16 * MB  # the small one: no room yet
+        holding[1].release()
+        await asyncio.sleep(0.05)
+        assert order == ["big", "small"] and budget.held == 9 * MB
+        for reservation in [await task for task in waiting]:
+            reservation.release()
+        assert budget.held == 0
+    asyncio.run(run())
+
+
+def test_a_read_with_no_room_in_time_is_busy_and_leaves_no_trace():
+    async def run():
+        budget = AnswerBudget(8 * MB)
+        held = await budget.reserve(("a",))  # an unknown read: a whole eighth... of 8 MB
+        budget.learn(("b",), 4 * MB)
+        with pytest.raises(AnswersBusy, match="RATCHET_API_ANSWER_BUDGET_BYTES"):
+            await budget.reserve(("b",), wait_s=0.05)
+        cancelled = asyncio.create_task(budget.reserve(("b",), wait_s=5))
+        await asyncio.sleep(0.02)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        held.release()
+        assert budget.held == 0  # neither the refused nor the cancelled read holds any
+        alone = AnswerBudget(MB)
+        budget_of_one = await alone.reserve(("huge",))
+        budget_of_one.settle(answer_bytes=50 * MB, own_bytes=50 * MB)
+        budget_of_one.release()
+        assert (await alone.reserve(("huge",))).nbytes == 100 * MB  # one alone always runs
+    asyncio.run(run())
+
+
+def _big_history(stack: Stack) -> tuple[str, str]:
+    tenant, conv = uid("tenant"), uid("conv")
+    items = tuple(message(f"{n}:" + "x" * (300 * 1024), item_id=uid("msg")) for n in range(4))
+    return tenant, stack.promote(tenant, conv, 0, items)
+
+
+async def _written(answer) -> None:
+    async def send(_message):
+        return None
+    await PartsResponse(answer.parts, answer.status_code, held=answer.held)(
+        {"type": "http"}, None, send)
+
+
+def test_an_uncached_answer_holds_its_bytes_until_written_and_the_next_read_waits():
+    stack = Stack()
+    budget = AnswerBudget(3 * MB)
+    service = RehydrationService(stack.store, stack.ledger, stack.waiters, clock=stack.clock,
+                                 answers=budget)
+    tenant, rid = _big_history(stack)
+
+    async def run():
+        first = await service.response_history(tenant, rid, FP, 0)
+        assert first.outcome == "certified" and first.own_bytes == len(first.payload)
+        assert budget.held == first.own_bytes > MB  # the cache is off: its own copy
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(answer_budget, "ROOM_WAIT_S", 0.05)
+            with pytest.raises(AnswersBusy):  # twice the last answer does not fit beside it
+                await service.response_history(tenant, rid, FP, 0)
+            waiting = asyncio.create_task(service.response_history(tenant, rid, FP, 0))
+            await asyncio.sleep(0.01)
+            assert not waiting.done()
+            await _written(first)  # written: its bytes released, the waiting read runs
+            second = await asyncio.wait_for(waiting, 5)
+        assert second.payload == first.payload
+        await _written(second)
+        assert budget.held == 0
+    asyncio.run(run())
+
+
+def test_a_cached_answer_holds_nothing_and_a_hit_never_waits():
+    stack = CachingStack(cache_bytes=64 * MB)
+    budget = AnswerBudget(3 * MB)
+    service = RehydrationService(stack.store, stack.ledger, stack.waiters, clock=stack.clock,
+                                 cache=stack.cache, answers=budget)
+    tenant, rid = _big_history(stack)
+
+    async def run():
+        miss = await service.response_history(tenant, rid, FP, 0)
+        assert miss.own_bytes == 0 and miss.held is None and budget.held == 0
+        blocker = await budget.reserve(("response", "other", "r"))
+        budget.resize(blocker, 10 * MB)  # the budget full of another read
+        hit = await asyncio.wait_for(service.response_history(tenant, rid, FP, 0), 1)
+        assert hit.payload == miss.payload and hit.held is None
+        blocker.release()
+    asyncio.run(run())
