@@ -391,9 +391,7 @@ class RehydrationService:
                 answer = self._hit(entry, head.seq, fingerprint_hash, "conversation")
                 if answer is not None:
                     return answer
-        return await self._budgeted(("conversation", tenant_id, conversation_id), lambda: (
-            run_in_threadpool(
-                self._conversation_miss, tenant_id, conversation_id, fingerprint_hash, head)))
+        return await self._conversation_miss(tenant_id, conversation_id, fingerprint_hash, head)
 
     async def _budgeted(
         self, key: tuple[str, ...], read: Callable[[], Awaitable[Answer]]
@@ -409,7 +407,10 @@ class RehydrationService:
         except BaseException:
             reservation.release()
             raise
-        reservation.settle(sum(len(part) for part in answer.parts), answer.own_bytes)
+        # Only a history teaches a lookup's cost: a failure (a poll before promotion
+        # answers NOT_FOUND in a few hundred bytes) says nothing of the next read's.
+        learned = sum(len(part) for part in answer.parts) if answer.status_code == 200 else None
+        reservation.settle(learned, answer.own_bytes)
         if reservation.nbytes == 0:
             return answer
         return replace(answer, held=reservation)
@@ -459,18 +460,23 @@ class RehydrationService:
         )
         return isinstance(extended, tuple)
 
-    def _conversation_miss(
+    async def _conversation_miss(
         self, tenant_id: str, conversation_id: str, fingerprint_hash: str, head: Head | None
     ) -> Answer:
+        """An extension of a cached prefix (in the thread pool: it may read rows one by
+        one), else the full read, which alone waits in the answer budget."""
         assert self._cache is not None
         if head is not None and head.response_id:
-            answer = self._extend(
+            answer = await run_in_threadpool(
+                self._extend,
                 tenant_id, conversation_id, head.response_id, fingerprint_hash, "conversation", head
             )
             if answer is not None:
                 return answer
         child(metrics.HISTORY_CACHE, "conversation", "miss").inc()
-        return self._read_conversation(tenant_id, conversation_id, fingerprint_hash)
+        return await self._budgeted(("conversation", tenant_id, conversation_id), lambda: (
+            run_in_threadpool(
+                self._read_conversation, tenant_id, conversation_id, fingerprint_hash)))
 
     async def _response_miss(self, lookup: _Lookup) -> Answer:
         """Find the response's partition and its turn row, then extend a cached prefix

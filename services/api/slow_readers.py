@@ -78,9 +78,9 @@ class PartsResponse(Response):
         return b"".join(self._parts)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": self.status_code,
-                    "headers": self.raw_headers})
         try:
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
             if self._length <= self._slice_bytes:  # most answers: one message, as before
                 await send({"type": "http.response.body", "body": b"".join(self._parts)})
             else:
@@ -147,9 +147,23 @@ class StallGuard:
         super().resume_writing()  # type: ignore[misc]
         self._stop_looking()
 
+    _running: Any = None  # the request whose answer is being written
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)  # type: ignore[misc]
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_looking()
         super().connection_lost(exc)  # type: ignore[misc]
+        # uvicorn marks only the LAST request parsed as disconnected; with pipelined
+        # requests the answer being written is an earlier one's, whose next write then
+        # raised on the closed transport (an ERROR with a traceback on uvloop). Every
+        # request of the connection is told, so each answer's send returns at once.
+        for cycle, _ in (self._running, None), *self.pipeline:  # type: ignore[attr-defined]
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
 
     def shutdown(self) -> None:
         """The server stops: answers still being written keep going (uvicorn's grace),

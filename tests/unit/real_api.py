@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import uvicorn
+import uvloop
 
 from ratchet.samples import NOW_MS
 from services.api.app import create_app
@@ -47,8 +48,12 @@ def running_server(app, protocol: type) -> Iterator[tuple[int, uvicorn.Server]]:
     server = uvicorn.Server(uvicorn.Config(
         app, http=protocol, loop="uvloop", log_config=None, access_log=False,
         lifespan="off"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
-                              daemon=True)
+    # On uvloop as ``ratchet api`` (uvicorn applies ``loop=`` in ``Server.run`` only).
+    def serve() -> None:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(server.serve(sockets=[sock]))
+
+    thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + 10

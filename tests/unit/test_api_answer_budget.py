@@ -141,3 +141,58 @@ def test_a_cached_answer_holds_nothing_and_a_hit_never_waits():
         assert hit.payload == miss.payload and hit.held is None
         blocker.release()
     asyncio.run(run())
+
+
+def test_a_failure_does_not_teach_a_lookup_its_cost():
+    """A poll before promotion answers NOT_FOUND in a few hundred bytes: learned, it let
+    the real read of the history slip in at that cost (an outside review, session 37)."""
+    stack = Stack()
+    budget = AnswerBudget(8 * MB)
+    service = RehydrationService(stack.store, stack.ledger, stack.waiters, clock=stack.clock,
+                                 answers=budget)
+
+    async def run():
+        missing = await service.response_history("t", "resp_never", FP, 0)
+        assert missing.status_code == 404 and budget.held == 0
+        assert budget._cost(("response", "t", "resp_never")) == MB  # still the default
+    asyncio.run(run())
+
+
+def test_a_conversation_extended_from_its_cached_prefix_does_not_wait_in_the_budget():
+    """Only a full read waits: the next turn of a cached Conversation reads its one new
+    row (an outside review: it waited, and was refused 503, with the budget full)."""
+    stack = CachingStack(cache_bytes=64 * MB)
+    budget = AnswerBudget(3 * MB)
+    service = RehydrationService(stack.store, stack.ledger, stack.waiters, clock=stack.clock,
+                                 cache=stack.cache, answers=budget)
+    tenant, conv = uid("tenant"), uid("conv")
+    stack.promote(tenant, conv, 0, (message("x" * (600 * 1024), item_id=uid("msg")),))
+
+    async def run():
+        first = await service.conversation_history(tenant, conv, FP)
+        assert first.outcome == "certified"
+        stack.promote(tenant, conv, 1, (message("next", item_id=uid("msg")),))
+        blocker = await budget.reserve(("response", "other", "r"))
+        budget.resize(blocker, 10 * MB)  # full
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(answer_budget, "ROOM_WAIT_S", 0.05)
+            extended = await service.conversation_history(tenant, conv, FP)
+        assert extended.outcome == "certified" and extended.head_seq == 2
+        blocker.release()
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("fails", [RuntimeError("transport closed"), asyncio.CancelledError()])
+def test_an_answer_whose_first_message_fails_releases_its_bytes(fails):
+    async def run():
+        budget = AnswerBudget(8 * MB)
+        reservation = await budget.reserve(("response", "t", "r"))
+        reservation.settle(MB, MB)
+
+        async def send(_message):
+            raise fails
+
+        with pytest.raises(type(fails)):
+            await PartsResponse((b"x" * MB,), 200, held=reservation)({"type": "http"}, None, send)
+        assert budget.held == 0
+    asyncio.run(run())

@@ -250,6 +250,38 @@ def test_at_shutdown_an_answer_no_one_reads_is_reset_not_cancelled_at_the_grace(
     assert not [r for r in caplog.records if "Exception in ASGI" in r.getMessage()]
 
 
+def test_the_server_these_tests_run_is_on_uvloop_as_the_api():
+    loops = []
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "http":
+            loops.append(type(asyncio.get_running_loop()).__module__)
+            await PartsResponse((b"{}",), 200)(scope, receive, send)
+
+    with running_server(app, UpgradeTolerantHttpToolsProtocol) as (port, _):
+        _ask(port).recv(4096)
+    assert loops == ["uvloop"]
+
+
+def test_pipelined_answers_end_quietly_when_their_client_is_cut_off(caplog):
+    """uvicorn marked only the last request parsed as disconnected: the answer being
+    written, an earlier one's, wrote on into the closed transport and failed with an
+    ERROR traceback (an outside review, session 37)."""
+    before = metrics.STALLED_ANSWERS._value.get()
+    with served(stall_s=0.3) as (port, handed):
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", port))
+        client.sendall(b"GET /a HTTP/1.1\r\nHost: api\r\n\r\n" * 2)  # never read
+        try:
+            assert handed.ended.wait(10)
+            time.sleep(0.3)
+        finally:
+            client.close()
+    assert metrics.STALLED_ANSWERS._value.get() == before + 1
+    assert not [r for r in caplog.records if "Exception in ASGI" in r.getMessage()]
+
+
 def test_the_guard_is_mixed_into_the_protocol_with_its_limit():
     guarded = with_stall_guard(UpgradeTolerantHttpToolsProtocol, 7)
     assert guarded.__mro__[1:3] == (StallGuard, UpgradeTolerantHttpToolsProtocol)
