@@ -5,19 +5,17 @@ the client's."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from services.api.h2c import MAX_HEAD_BYTES, UpgradeTolerantHttpToolsProtocol
+from tests.unit.real_api import running_server
 
 OFFER = (b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
          b"HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n")
@@ -49,25 +47,8 @@ async def echo(scope, receive, send) -> None:
 
 
 def _serve(protocol: type) -> Iterator[int]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(echo, http=protocol, loop="uvloop", log_config=None,
-                            access_log=False, lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
-                              daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
+    with running_server(echo, protocol) as (port, _):
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 @pytest.fixture(scope="module")
