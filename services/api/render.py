@@ -213,7 +213,6 @@ def history_parts(
     return before, rendered.items_json, b',"checkpoint":' + checkpoint + b',"detail":null}'
 
 
-
 def failure_body(reason: str, *, response_id: str | None = None, detail: str = "") -> HistoryBody:
     return HistoryBody(
         outcome="failure", reason=str(reason), response_id=response_id, detail=detail or None

@@ -396,9 +396,8 @@ class RehydrationService:
     async def _budgeted(
         self, key: tuple[str, ...], read: Callable[[], Awaitable[Answer]]
     ) -> Answer:
-        """``read`` (a full read, or a miss that may be one) once the answer budget has
-        room for what it will cost; its answer then holds its own bytes until written
-        (answer_budget.py)."""
+        """``read`` (a full read) once the answer budget has room for what it will cost;
+        its answer then holds its own bytes until written (answer_budget.py)."""
         if self._answers is None:
             return await read()
         reservation = await self._answers.reserve(key)
