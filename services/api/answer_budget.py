@@ -95,6 +95,10 @@ class AnswerBudget:
             ) from None
         return Reservation(self, key, nbytes)  # _admit held its bytes
 
+    def has_room(self, key: tuple[str, ...]) -> bool:
+        """Whether a read of ``key`` would be admitted at once (nobody waits ahead of it)."""
+        return not self._queue and self._fits(self._cost(key))
+
     def learn(self, key: tuple[str, ...], answer_bytes: int) -> None:
         self._costs[key] = 2 * answer_bytes  # the rows read and their JSON
         self._costs.move_to_end(key)

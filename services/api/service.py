@@ -394,12 +394,24 @@ class RehydrationService:
         return await self._conversation_miss(tenant_id, conversation_id, fingerprint_hash, head)
 
     async def _budgeted(
-        self, key: tuple[str, ...], read: Callable[[], Awaitable[Answer]]
+        self,
+        key: tuple[str, ...],
+        read: Callable[[], Awaitable[Answer]],
+        absent: Callable[[], Awaitable[Answer | None]] | None = None,
     ) -> Answer:
         """``read`` (a full read) once the answer budget has room for what it will cost;
-        its answer then holds its own bytes until written (answer_budget.py)."""
+        its answer then holds its own bytes until written (answer_budget.py).
+
+        ``absent``: asked first when the read would have to wait for room; its answer
+        (a response promoted nowhere) is given at once. Why: a ``wait_ms`` request's
+        last look at its deadline, or a poll before promotion, would otherwise wait the
+        budget's 5 s and answer 503 where there is nothing to read (409 or 404)."""
         if self._answers is None:
             return await read()
+        if absent is not None and not self._answers.has_room(key):
+            answer = await absent()
+            if answer is not None:
+                return answer
         reservation = await self._answers.reserve(key)
         try:
             answer = await read()
@@ -792,8 +804,19 @@ class RehydrationService:
     ) -> Answer:
         """The full read, on the event loop (the driver's async reads; verification
         and rendering are CPU work the thread pool would not run any sooner)."""
-        return await self._budgeted(("response", tenant_id, response_id), lambda: (
-            self._read_response_now(tenant_id, response_id, fingerprint_hash, partition_key)))
+        return await self._budgeted(
+            ("response", tenant_id, response_id),
+            lambda: self._read_response_now(
+                tenant_id, response_id, fingerprint_hash, partition_key),
+            absent=lambda: self._unclaimed(tenant_id, response_id),
+        )
+
+    async def _unclaimed(self, tenant_id: str, response_id: str) -> Answer | None:
+        """The answer for a response claimed nowhere (so promoted nowhere: a response id
+        is claimed before its promotion batch is sent), else None."""
+        if await self._store.locate_async(tenant_id, response_id) is not None:
+            return None
+        return await self._absent(tenant_id, response_id, no_such_response())
 
     async def _read_response_now(
         self,

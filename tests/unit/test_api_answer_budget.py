@@ -196,3 +196,35 @@ def test_an_answer_whose_first_message_fails_releases_its_bytes(fails):
             await PartsResponse((b"x" * MB,), 200, held=reservation)({"type": "http"}, None, send)
         assert budget.held == 0
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_response_promoted_nowhere_is_answered_at_once_when_the_budget_is_full(cached):
+    """A poll before promotion, and a ``wait_ms`` request's last look at its deadline,
+    have nothing to read: with the budget full they answered 503 after its wait where
+    the answer is 404, or 409 for a recorded rejection (left open in session 37)."""
+    stack = CachingStack(cache_bytes=64 * MB) if cached else Stack()
+    budget = AnswerBudget(3 * MB)
+    service = RehydrationService(stack.store, stack.ledger, stack.waiters, clock=stack.clock,
+                                 cache=stack.cache if cached else None, answers=budget)
+    tenant, rid = _big_history(stack)
+
+    async def run():
+        blocker = await budget.reserve(("response", "other", "r"))
+        budget.resize(blocker, 10 * MB)  # the budget full of another read
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(answer_budget, "ROOM_WAIT_S", 0.05)
+            pending = await service.response_history(tenant, uid("resp"), FP, 0)
+            assert pending.status_code == 404 and pending.reason == "NOT_FOUND"
+            rejected = uid("resp")
+            stack.ledger.mark_rejected(tenant, rejected, "CONFLICT", "head moved")
+            waited = await service.response_history(tenant, rejected, FP, 30)
+            assert waited.status_code == 409 and waited.reason == "NOT_PROMOTED"
+            timed_out = await service.response_history(tenant, uid("resp"), FP, 20)
+            assert timed_out.status_code == 409 and "no decision within" in timed_out.detail
+            # A promoted response still waits for room: it has a history to build.
+            with pytest.raises(AnswersBusy):
+                await service.response_history(tenant, rid, FP, 0)
+        assert budget.held == 10 * MB
+        blocker.release()
+    asyncio.run(run())
