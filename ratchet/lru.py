@@ -38,6 +38,10 @@ class Lru:
             self._entries.move_to_end(key)
         return value
 
+    def peek(self, key: Hashable) -> object | None:
+        """The value, without making it recently used."""
+        return self._entries.get(key)
+
     def put(self, key: Hashable, value: object) -> None:
         if self.capacity <= 0:
             return

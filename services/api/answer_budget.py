@@ -17,12 +17,20 @@ built, its reservation shrinks to the answer's own bytes (none when the answer i
 cache's bytes) and is released when the answer has been written (``PartsResponse``).
 A read that finds no room within ``ROOM_WAIT_S`` is ``AnswersBusy``: 503, retryable.
 Cache hits reserve nothing. One event loop's (the API's).
+
+An answer of more than one slice that is a cached history's bytes is pinned while it
+is written (``pin``): those bytes are the cache's, counted by its own bound, until the
+cache lets the entry go (``evicted``, from any thread). From then on they are counted
+here, until the last answer writing them is done: a slow reader of an evicted history
+otherwise held its bytes outside both bounds (left open in session 37).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from services.api import metrics
 
@@ -58,12 +66,44 @@ class Reservation:
         self._budget.resize(self, 0)
 
 
+@dataclass(eq=False)
+class _Pinned:
+    """A cached history's bytes that answers being written hold."""
+
+    entry: object  # the cache's entry (kept alive here, so its id() is not reused)
+    nbytes: int
+    readers: int = 0
+    counted: bool = False  # let go by the cache: its bytes are counted in ``held``
+
+
+class Pin:
+    """One answer's hold on a cached history's bytes, until written (``release``)."""
+
+    def __init__(self, budget: AnswerBudget, pinned: _Pinned) -> None:
+        self._budget = budget
+        self._pinned: _Pinned | None = pinned
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes this answer makes the budget count now (0 while the cache holds them)."""
+        pinned = self._pinned
+        return pinned.nbytes if pinned is not None and pinned.counted else 0
+
+    def release(self) -> None:
+        """Idempotent: the answer was written (or will not be)."""
+        if self._pinned is not None:
+            pinned, self._pinned = self._pinned, None
+            self._budget._unpin(pinned)
+
+
 class AnswerBudget:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.held = 0
         self._queue: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._costs: OrderedDict[tuple[str, ...], int] = OrderedDict()
+        self._pins: dict[int, _Pinned] = {}  # id(entry) -> its pin
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def reserve(self, key: tuple[str, ...], wait_s: float | None = None) -> Reservation:
         """Room for a full read of ``key`` (its expected cost), in arrival order;
@@ -98,6 +138,53 @@ class AnswerBudget:
     def has_room(self, key: tuple[str, ...]) -> bool:
         """Whether a read of ``key`` would be admitted at once (nobody waits ahead of it)."""
         return not self._queue and self._fits(self._cost(key))
+
+    def pin(self, entry: object, nbytes: int, cached: Callable[[], bool]) -> Pin:
+        """An answer about to write ``nbytes`` of ``entry``'s bytes, a cached history's.
+        ``cached()`` says whether the cache holds ``entry``; it is asked once the pin is
+        taken, so an eviction on another thread is either seen by it or told to
+        ``evicted``, never missed. On the event loop."""
+        self._loop = asyncio.get_running_loop()
+        pinned = self._pins.get(id(entry))
+        if pinned is None:
+            pinned = self._pins[id(entry)] = _Pinned(entry, nbytes)
+        pinned.readers += 1
+        pin = Pin(self, pinned)
+        try:
+            if not cached():
+                self._count_pinned(pinned)
+        except BaseException:
+            pin.release()
+            raise
+        return pin
+
+    def evicted(self, entry: object) -> None:
+        """The cache let ``entry`` go (any thread): answers still writing its bytes make
+        them count here until written."""
+        loop = self._loop
+        if loop is not None and id(entry) in self._pins:  # one dict lookup: GIL-atomic
+            loop.call_soon_threadsafe(self._on_evicted, entry)
+
+    def _on_evicted(self, entry: object) -> None:
+        pinned = self._pins.get(id(entry))
+        if pinned is not None and pinned.entry is entry:
+            self._count_pinned(pinned)
+
+    def _count_pinned(self, pinned: _Pinned) -> None:
+        if not pinned.counted:
+            pinned.counted = True
+            self.held += pinned.nbytes
+            metrics.ANSWER_BYTES_HELD.set(self.held)
+
+    def _unpin(self, pinned: _Pinned) -> None:
+        pinned.readers -= 1
+        if pinned.readers > 0:
+            return
+        del self._pins[id(pinned.entry)]
+        if pinned.counted:
+            self.held -= pinned.nbytes
+            metrics.ANSWER_BYTES_HELD.set(self.held)
+            self._admit()
 
     def learn(self, key: tuple[str, ...], answer_bytes: int) -> None:
         self._costs[key] = 2 * answer_bytes  # the rows read and their JSON

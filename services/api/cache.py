@@ -88,6 +88,10 @@ class HistoryCache:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
+        # Told of every entry the cache lets go (evicted, replaced, discarded), from the
+        # thread that let it go: answers still being written may hold its bytes
+        # (``AnswerBudget.evicted``).
+        self.on_evict: Callable[[CachedHistory], None] | None = None
         self._entries = _FairShares(max_bytes)
         self._locations = _SideMap(max_bytes // SIDE_MAP_SHARE)
         self._facts: dict[tuple[str, str], _Facts] = {}
@@ -120,17 +124,26 @@ class HistoryCache:
             return  # larger than the whole cache: serving it from the store is the bound
         key = (entry.tenant_id, entry.partition_key)
         with self._lock:
-            known = self._entries.get(entry.tenant_id, response_id) is not None
+            known = self._entries.get(entry.tenant_id, response_id)
             facts = self._facts.setdefault(key, _Facts())
-            facts.entries += 0 if known else 1
+            facts.entries += 0 if known is not None else 1
             facts.linked = facts.linked or entry.linked
             checkpoint = entry.checkpoint
             if checkpoint is not None and checkpoint.mode is PromotionMode.CONVERSATION:
                 facts.highest = max(facts.highest or 0, checkpoint.seq)
+            if known is not None and known is not entry and self.on_evict is not None:
+                self.on_evict(known)  # replaced: the entry counted once, let go here
             for evicted in self._entries.put(response_id, entry):
                 self._forget(evicted)
 
+    def holds(self, entry: CachedHistory) -> bool:
+        """Whether ``entry`` itself is cached now (not made recently used)."""
+        with self._lock:
+            return self._entries.peek(entry.tenant_id, entry.checkpoint.response_id) is entry
+
     def _forget(self, entry: CachedHistory) -> None:
+        if self.on_evict is not None:
+            self.on_evict(entry)
         key = (entry.tenant_id, entry.partition_key)
         facts = self._facts.get(key)
         if facts is not None:
@@ -259,6 +272,11 @@ class _FairShares:
     def get(self, tenant_id: str, response_id: str) -> CachedHistory | None:
         lru = self._tenants.get(tenant_id)
         entry = None if lru is None else lru.get(response_id)
+        return entry if isinstance(entry, CachedHistory) else None
+
+    def peek(self, tenant_id: str, response_id: str) -> CachedHistory | None:
+        lru = self._tenants.get(tenant_id)
+        entry = None if lru is None else lru.peek(response_id)
         return entry if isinstance(entry, CachedHistory) else None
 
     def put(self, response_id: str, entry: CachedHistory) -> list[CachedHistory]:

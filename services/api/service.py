@@ -43,7 +43,7 @@ from ratchet.domain.history import (
 from ratchet.domain.rehydration import fallback_reason
 from ratchet.metric_children import child
 from services.api import metrics
-from services.api.answer_budget import AnswerBudget, Reservation
+from services.api.answer_budget import AnswerBudget, Pin, Reservation
 from services.api.cache import CachedHistory, HistoryCache
 from services.api.models import FAILURE_HTTP_STATUS, HistoryBody, StatusBody
 from services.api.render import (
@@ -54,6 +54,7 @@ from services.api.render import (
     render_extension,
     render_history,
 )
+from services.api.slow_readers import SLICE_BYTES
 from services.api.waiters import PromotionWaiters
 from services.ledger.base import Ledger, ResponseState
 from services.store.base import CheckpointStore, CorruptPartition, no_such_response
@@ -80,7 +81,9 @@ class Answer:
     # The bytes of ``parts`` that are this answer's own copy (not the cache's), and the
     # answer budget's reservation of them until written (answer_budget.py).
     own_bytes: int = 0
-    held: Reservation | None = None
+    held: Reservation | Pin | None = None
+    # The cache's entry whose bytes ``parts`` shares (pinned while written: ``_pinned``).
+    shares: CachedHistory | None = None
 
     @property
     def payload(self) -> bytes:
@@ -128,6 +131,8 @@ class RehydrationService:
         self._waiters = waiters
         self._clock = clock
         self._cache = cache if cache is not None and cache.enabled else None
+        if self._cache is not None and answers is not None:
+            self._cache.on_evict = answers.evicted  # see _pinned
 
     # -- endpoints -----------------------------------------------------------------------
 
@@ -150,7 +155,7 @@ class RehydrationService:
             )
         child(metrics.LOOKUP_SECONDS, "conversation").observe(time.perf_counter() - start)
         self._log("conversation", answer, tenant_id=tenant_id, conversation_id=conversation_id)
-        return answer
+        return self._pinned(answer)
 
     async def response_history(
         self,
@@ -177,7 +182,7 @@ class RehydrationService:
             response_id=response_id,
             wait_ms=wait_ms or None,
         )
-        return answer
+        return self._pinned(answer)
 
     def status(self, tenant_id: str, response_id: str) -> StatusBody:
         """Promoted (the store is the truth), else what the ledger recorded, else unknown.
@@ -900,7 +905,21 @@ class RehydrationService:
             checkpoint.tenant_id, checkpoint.response_id)
         shared = cached is not None and cached.rendered.items_json is rendered.items_json
         own_bytes = 0 if shared else sum(len(part) for part in parts)
-        return Answer(200, outcome, reason, own, None, parts, own_bytes)
+        return Answer(200, outcome, reason, own, None, parts, own_bytes,
+                      shares=cached if shared else None)
+
+    def _pinned(self, answer: Answer) -> Answer:
+        """``answer`` holding its cache entry's bytes while it is written, if it is more
+        than one slice of them (one slice is written at once: nothing waits on a
+        reader). Should the cache let the entry go meanwhile, the answer budget counts
+        those bytes until the answer is written (answer_budget.py)."""
+        entry = answer.shares
+        if entry is None or self._answers is None or self._cache is None:
+            return answer
+        if sum(len(part) for part in answer.parts) <= SLICE_BYTES:
+            return answer
+        cache, nbytes = self._cache, len(entry.rendered.items_json)
+        return replace(answer, held=self._answers.pin(entry, nbytes, lambda: cache.holds(entry)))
 
     def _shared(self, checkpoint: CheckpointRecord, rendered: RenderedHistory) -> RenderedHistory:
         """The cached rendering of this response if it is the same bytes, else

@@ -39,7 +39,7 @@ from typing import Any
 from starlette.responses import Response
 
 from services.api import metrics
-from services.api.answer_budget import Reservation
+from services.api.answer_budget import Pin, Reservation
 
 # The largest body message of an answer. 256 KiB: an 8 MB answer is 32 writes; a client
 # that stops reading holds about this much beyond the transport's high-water mark.
@@ -56,9 +56,11 @@ class PartsResponse(Response):
     media_type = "application/json"
 
     def __init__(self, parts: tuple[bytes, ...], status_code: int,
-                 slice_bytes: int = SLICE_BYTES, *, held: Reservation | None = None) -> None:
-        """``held``: the answer budget's reservation of this answer's own bytes, released
-        once it is written (answer_budget.py)."""
+                 slice_bytes: int = SLICE_BYTES, *, held: Reservation | Pin | None = None
+                 ) -> None:
+        """``held``: the answer budget's reservation of this answer's own bytes, or its
+        pin of the cache's bytes it writes, released once it is written
+        (answer_budget.py)."""
         self.status_code = status_code
         self._held = held
         self.background = None

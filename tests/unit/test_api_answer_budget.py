@@ -134,12 +134,16 @@ def test_a_cached_answer_holds_nothing_and_a_hit_never_waits():
 
     async def run():
         miss = await service.response_history(tenant, rid, FP, 0)
-        assert miss.own_bytes == 0 and miss.held is None and budget.held == 0
+        # Pinned while written, counting nothing while the cache holds its bytes.
+        assert miss.own_bytes == 0 and miss.held.nbytes == 0 and budget.held == 0
         blocker = await budget.reserve(("response", "other", "r"))
         budget.resize(blocker, 10 * MB)  # the budget full of another read
         hit = await asyncio.wait_for(service.response_history(tenant, rid, FP, 0), 1)
-        assert hit.payload == miss.payload and hit.held is None
+        assert hit.payload == miss.payload and hit.held.nbytes == 0
         blocker.release()
+        await _written(miss)
+        await _written(hit)
+        assert budget.held == 0 and not budget._pins
     asyncio.run(run())
 
 
@@ -227,4 +231,78 @@ def test_a_response_promoted_nowhere_is_answered_at_once_when_the_budget_is_full
                 await service.response_history(tenant, rid, FP, 0)
         assert budget.held == 10 * MB
         blocker.release()
+    asyncio.run(run())
+
+
+def _pinning_service(cache_bytes: int, budget: AnswerBudget):
+    stack = CachingStack(cache_bytes=cache_bytes)
+    return stack, RehydrationService(stack.store, stack.ledger, stack.waiters,
+                                     clock=stack.clock, cache=stack.cache, answers=budget)
+
+
+def test_a_cached_answer_evicted_while_written_counts_its_bytes_until_written():
+    """A slow reader of a history the cache then lets go held its bytes outside both
+    bounds (left open in session 37): they now count in the budget, once however many
+    answers write them, until the last is written; an eviction on a thread of the
+    pool is counted too."""
+    budget = AnswerBudget(64 * MB)
+    stack, service = _pinning_service(64 * MB, budget)
+    tenant, rid = _big_history(stack)
+
+    async def run():
+        first = await service.response_history(tenant, rid, FP, 0)
+        second = await service.response_history(tenant, rid, FP, 0)  # a hit, same bytes
+        entry = stack.cache.get(tenant, rid)
+        assert first.held.nbytes == second.held.nbytes == 0 and budget.held == 0
+        await asyncio.to_thread(stack.cache.discard, tenant, rid)  # let go on a thread
+        await asyncio.sleep(0)  # the loop hears of it
+        assert budget.held == len(entry.rendered.items_json) > MB
+        assert first.held.nbytes == second.held.nbytes == budget.held
+        await _written(first)
+        assert budget.held == len(entry.rendered.items_json)  # the second still writes
+        await _written(second)
+        assert budget.held == 0 and not budget._pins
+    asyncio.run(run())
+
+
+def test_an_eviction_by_the_caches_own_bound_counts_and_admits_the_next_read_once_written():
+    """The cache full: filling it with another history evicts the one being written;
+    its bytes then fill the budget, and a full read waits until the answer is written."""
+    budget = AnswerBudget(2 * MB)
+    stack, service = _pinning_service(2 * MB, budget)  # room for one 1.2 MB history
+    tenant, rid = _big_history(stack)
+    other_tenant, other = _big_history(stack)
+
+    async def run():
+        slow = await service.response_history(tenant, rid, FP, 0)
+        assert budget.held == 0
+        filled = await service.response_history(other_tenant, other, FP, 0)  # evicts rid
+        await asyncio.sleep(0)
+        assert stack.cache.get(tenant, rid) is None
+        assert budget.held == slow.held.nbytes > MB
+        await _written(filled)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(answer_budget, "ROOM_WAIT_S", 0.05)
+            with pytest.raises(AnswersBusy):  # its next full read does not fit beside it
+                await service.response_history(tenant, rid, FP, 0)
+        await _written(slow)
+        assert budget.held == 0
+        again = await service.response_history(tenant, rid, FP, 0)
+        assert again.payload == slow.payload
+    asyncio.run(run())
+
+
+def test_a_pin_taken_after_the_cache_let_go_counts_at_once():
+    """The eviction came between the answer and its pin: ``cached()`` says so."""
+    async def run():
+        budget = AnswerBudget(8 * MB)
+        entry = object()
+        pin = budget.pin(entry, MB, lambda: False)
+        assert budget.held == MB == pin.nbytes
+        budget.evicted(entry)  # told as well: counted once
+        await asyncio.sleep(0)
+        assert budget.held == MB
+        pin.release()
+        pin.release()  # idempotent
+        assert budget.held == 0 and not budget._pins
     asyncio.run(run())
