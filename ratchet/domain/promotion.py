@@ -658,11 +658,15 @@ def interpret(turn: TurnCompleted, outcome: PromotionOutcome,
                           head_seq=cp.seq, existing_response_id=cp.response_id)
         case ResponseExists(original=cp):
             # Another request already owns this response id: never rebind it (CONTRACT 4).
+            # ``existing_response_id`` names the bound id (the turn's own): what tells
+            # this CONFLICT from the head's, which a resend at the current head answers.
             return Reject(R.CONFLICT, f"response id {cp.response_id} is already bound to "
-                          f"request {cp.idempotency_key} at seq {cp.seq}", head_seq=cp.seq)
+                          f"request {cp.idempotency_key} at seq {cp.seq}", head_seq=cp.seq,
+                          existing_response_id=cp.response_id)
         case ResponseClaimed(holder=claim):
             return Reject(R.CONFLICT, f"response id {claim.response_id} is already bound to "
-                          f"request {claim.idempotency_key} in {claim.partition_key}")
+                          f"request {claim.idempotency_key} in {claim.partition_key}",
+                          existing_response_id=claim.response_id)
         case KeyReused(original_response_id=rid):
             return Reject(R.IDEMPOTENCY_KEY_REUSED, f"idempotency key {turn.idempotency_key} "
                           f"already promoted a different request ({rid})",

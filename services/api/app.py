@@ -81,8 +81,13 @@ _HISTORY_RESPONSES = {
     500: {"model": HistoryBody | ErrorBody,
           "description": "integrity failure (a history body: CORRUPT_HISTORY, ...), or "
                          "{\"error\": \"INTERNAL\"} for an error of the service itself"},
-    503: {"model": ErrorBody, "description": "store unavailable; retry"},
+    503: {"model": ErrorBody, "description": "store unavailable, or the answer budget "
+                                             "full; retry"},
 }
+# The Conversation endpoint never answers NOT_PROMOTED (a Conversation has a head or
+# is NOT_FOUND): its spec does not list 409 (an outside review, session 38).
+_CONVERSATION_RESPONSES = {code: answer for code, answer in _HISTORY_RESPONSES.items()
+                           if code != 409}
 
 
 # The largest request body read (the effect-claims calls are the only bodies). A
@@ -132,7 +137,7 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
         "/v1/conversations/{conversation_id}/history",
         response_model=HistoryBody,
         response_model_exclude_none=False,
-        responses=_HISTORY_RESPONSES,
+        responses=_CONVERSATION_RESPONSES,
         summary="Rehydrate a Conversation up to its head",
     )
     async def conversation_history(

@@ -99,7 +99,10 @@ class StatusBody(_Body):
     seq: int | None = Field(None, description="Promoted sequence number, when promoted.")
     existing_response_id: str | None = Field(
         None,
-        description="DUPLICATE: the response the request was promoted as (answer with it).",
+        description="DUPLICATE: the response the request was promoted as (answer with it); "
+                    "IDEMPOTENCY_KEY_REUSED: the response the key promoted; CONFLICT: the "
+                    "response id itself when it is bound to another request (null when "
+                    "the head conflicts).",
     )
 
 

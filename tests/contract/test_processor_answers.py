@@ -37,6 +37,27 @@ def test_a_bound_response_id_in_another_conversation_is_conflict(entry):
     # gateway-protocol 7: "any other (... another Conversation or chain) is rejected CONFLICT"
     assert (type(out).__name__, getattr(out, "reason", None), owner) == (
         "PromotionRejected", R.CONFLICT, None), (out, owner)  # nothing promoted in c2
+    assert out.existing_response_id == t1.response_id  # the id's CONFLICT, not the head's
+
+
+@ENTRIES
+def test_only_a_response_ids_conflict_names_the_bound_id(entry):
+    """A gateway tells the two CONFLICTs apart without parsing ``detail`` (an outside
+    review, session 38: both read alike, and a resend at the current head of a turn
+    whose response id is bound conflicts again): the id's names it in
+    ``existing_response_id``, the head's leaves it null and gives the current head."""
+    store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+    worker = Worker(store, ledger, entry)
+    conv = uid("conv")
+    first = make_turn(conversation_id=conv, expected_head_seq=0, response_id=uid("resp"))
+    assert worker.outcome(first).seq == 1
+    assert worker.outcome(make_turn(conversation_id=conv, expected_head_seq=1)).seq == 2
+    reused = worker.outcome(make_turn(conversation_id=conv, expected_head_seq=2,
+                                      response_id=first.response_id))
+    assert (reused.reason, reused.existing_response_id, reused.head_seq) == (
+        R.CONFLICT, first.response_id, 1)  # bound at seq 1: no head helps
+    stale = worker.outcome(make_turn(conversation_id=conv, expected_head_seq=1))
+    assert (stale.reason, stale.existing_response_id, stale.head_seq) == (R.CONFLICT, None, 2)
 
 
 class CorruptStore(MemoryCheckpointStore):

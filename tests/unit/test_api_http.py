@@ -336,7 +336,12 @@ def test_openapi_publishes_the_response_models(stack):
         schemas
     )
     responses = spec["paths"]["/v1/responses/{response_id}/history"]["get"]["responses"]
-    assert {"200", "404", "409", "410", "422", "500"} <= set(responses)
+    assert {"200", "404", "409", "410", "422", "500", "503"} <= set(responses)
+    # NOT_PROMOTED is the response endpoint's only (docs/gateway-protocol.md).
+    path = "/v1/conversations/{conversation_id}/history"
+    responses = spec["paths"][path]["get"]["responses"]
+    assert {"200", "404", "410", "422", "500", "503"} <= set(responses)
+    assert "409" not in responses
 
 
 def test_every_id_parameter_publishes_the_one_shared_pattern(stack):
