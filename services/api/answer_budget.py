@@ -19,15 +19,17 @@ A read that finds no room within ``ROOM_WAIT_S`` is ``AnswersBusy``: 503, retrya
 Cache hits reserve nothing. One event loop's (the API's).
 
 An answer of more than one slice that is a cached history's bytes is pinned while it
-is written (``pin``): those bytes are the cache's, counted by its own bound, until the
-cache lets the entry go (``evicted``, from any thread). From then on they are counted
-here, until the last answer writing them is done: a slow reader of an evicted history
-otherwise held its bytes outside both bounds (left open in session 37).
+is written (``pin``, by the bytes object itself): those bytes are the cache's, counted
+by its own bound, until the cache lets them go (``evicted``, from any thread). From
+then on they are counted here, once however many answers write them, until the last
+is done: a slow reader of an evicted history otherwise held its bytes outside both
+bounds (left open in session 37).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,10 +72,13 @@ class Reservation:
 class _Pinned:
     """A cached history's bytes that answers being written hold."""
 
-    entry: object  # the cache's entry (kept alive here, so its id() is not reused)
-    nbytes: int
+    items: bytes  # kept alive here, so its id() is not reused while pinned
     readers: int = 0
-    counted: bool = False  # let go by the cache: its bytes are counted in ``held``
+    counted: bool = False  # let go by the cache: counted in ``held``
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.items)
 
 
 class Pin:
@@ -139,15 +144,15 @@ class AnswerBudget:
         """Whether a read of ``key`` would be admitted at once (nobody waits ahead of it)."""
         return not self._queue and self._fits(self._cost(key))
 
-    def pin(self, entry: object, nbytes: int, cached: Callable[[], bool]) -> Pin:
-        """An answer about to write ``nbytes`` of ``entry``'s bytes, a cached history's.
-        ``cached()`` says whether the cache holds ``entry``; it is asked once the pin is
-        taken, so an eviction on another thread is either seen by it or told to
-        ``evicted``, never missed. On the event loop."""
+    def pin(self, items: bytes, cached: Callable[[], bool]) -> Pin:
+        """An answer about to write ``items``, a cached history's bytes. ``cached()``
+        says whether the cache holds them; it is asked once the pin is taken, so an
+        eviction on another thread is either seen by it or told to ``evicted``, never
+        missed. On the event loop."""
         self._loop = asyncio.get_running_loop()
-        pinned = self._pins.get(id(entry))
+        pinned = self._pins.get(id(items))
         if pinned is None:
-            pinned = self._pins[id(entry)] = _Pinned(entry, nbytes)
+            pinned = self._pins[id(items)] = _Pinned(items)
         pinned.readers += 1
         pin = Pin(self, pinned)
         try:
@@ -158,16 +163,26 @@ class AnswerBudget:
             raise
         return pin
 
-    def evicted(self, entry: object) -> None:
-        """The cache let ``entry`` go (any thread): answers still writing its bytes make
-        them count here until written."""
+    def evicted(self, items: bytes) -> None:
+        """The cache let ``items`` go (any thread, under the cache's lock): answers still
+        writing them make them count here until written. On the loop's own thread at
+        once, so a burst of reads sees each eviction before the next read reserves."""
         loop = self._loop
-        if loop is not None and id(entry) in self._pins:  # one dict lookup: GIL-atomic
-            loop.call_soon_threadsafe(self._on_evicted, entry)
+        if loop is None or id(items) not in self._pins:  # one dict lookup: GIL-atomic
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._on_evicted(items)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed: nothing is written
+            loop.call_soon_threadsafe(self._on_evicted, items)
 
-    def _on_evicted(self, entry: object) -> None:
-        pinned = self._pins.get(id(entry))
-        if pinned is not None and pinned.entry is entry:
+    def _on_evicted(self, items: bytes) -> None:
+        pinned = self._pins.get(id(items))
+        if pinned is not None and pinned.items is items:
             self._count_pinned(pinned)
 
     def _count_pinned(self, pinned: _Pinned) -> None:
@@ -180,7 +195,7 @@ class AnswerBudget:
         pinned.readers -= 1
         if pinned.readers > 0:
             return
-        del self._pins[id(pinned.entry)]
+        del self._pins[id(pinned.items)]
         if pinned.counted:
             self.held -= pinned.nbytes
             metrics.ANSWER_BYTES_HELD.set(self.held)

@@ -88,10 +88,11 @@ class HistoryCache:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        # Told of every entry the cache lets go (evicted, replaced, discarded), from the
-        # thread that let it go: answers still being written may hold its bytes
+        # Told of the items bytes of every entry the cache lets go (evicted, discarded,
+        # replaced by an entry of other bytes), from the thread that let it go, under
+        # the cache's lock: answers still being written may hold them
         # (``AnswerBudget.evicted``).
-        self.on_evict: Callable[[CachedHistory], None] | None = None
+        self.on_evict: Callable[[bytes], None] | None = None
         self._entries = _FairShares(max_bytes)
         self._locations = _SideMap(max_bytes // SIDE_MAP_SHARE)
         self._facts: dict[tuple[str, str], _Facts] = {}
@@ -131,19 +132,25 @@ class HistoryCache:
             checkpoint = entry.checkpoint
             if checkpoint is not None and checkpoint.mode is PromotionMode.CONVERSATION:
                 facts.highest = max(facts.highest or 0, checkpoint.seq)
-            if known is not None and known is not entry and self.on_evict is not None:
-                self.on_evict(known)  # replaced: the entry counted once, let go here
+            if (known is not None and self.on_evict is not None
+                    and known.rendered.items_json is not entry.rendered.items_json):
+                # Replaced by other bytes. A full read of a cached history (``no-cache``)
+                # renders the cache's own bytes again (service.py, ``_shared``): the
+                # cache still holds those, nothing is let go.
+                self.on_evict(known.rendered.items_json)
             for evicted in self._entries.put(response_id, entry):
                 self._forget(evicted)
 
-    def holds(self, entry: CachedHistory) -> bool:
-        """Whether ``entry`` itself is cached now (not made recently used)."""
+    def holds(self, entry: CachedHistory, items_json: bytes) -> bool:
+        """Whether ``entry``'s response is cached now with these very items bytes (not
+        made recently used)."""
         with self._lock:
-            return self._entries.peek(entry.tenant_id, entry.checkpoint.response_id) is entry
+            cached = self._entries.peek(entry.tenant_id, entry.checkpoint.response_id)
+            return cached is not None and cached.rendered.items_json is items_json
 
     def _forget(self, entry: CachedHistory) -> None:
         if self.on_evict is not None:
-            self.on_evict(entry)
+            self.on_evict(entry.rendered.items_json)
         key = (entry.tenant_id, entry.partition_key)
         facts = self._facts.get(key)
         if facts is not None:

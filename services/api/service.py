@@ -813,13 +813,23 @@ class RehydrationService:
             ("response", tenant_id, response_id),
             lambda: self._read_response_now(
                 tenant_id, response_id, fingerprint_hash, partition_key),
-            absent=lambda: self._unclaimed(tenant_id, response_id),
+            absent=lambda: self._promoted_nowhere(tenant_id, response_id),
         )
 
-    async def _unclaimed(self, tenant_id: str, response_id: str) -> Answer | None:
-        """The answer for a response claimed nowhere (so promoted nowhere: a response id
-        is claimed before its promotion batch is sent), else None."""
-        if await self._store.locate_async(tenant_id, response_id) is not None:
+    async def _promoted_nowhere(self, tenant_id: str, response_id: str) -> Answer | None:
+        """The answer for a response promoted nowhere, else None (a full read decides).
+
+        Promoted nowhere: claimed nowhere (a response id is claimed before its promotion
+        batch is sent), or claimed where its turn row is not. The claim alone does not
+        say: the processor claims every turn it starts on and keeps the claim when the
+        turn is rejected (an outside review, session 38: a rejected response still
+        waited for room and answered 503). Any error of these reads: the full read."""
+        try:
+            partition_key = await self._store.locate_async(tenant_id, response_id)
+            if partition_key is not None and await self._store.read_turn_async(
+                    tenant_id, partition_key, response_id) is not None:
+                return None
+        except Exception:  # noqa: BLE001 - the full read reads again and reports it
             return None
         return await self._absent(tenant_id, response_id, no_such_response())
 
@@ -918,8 +928,8 @@ class RehydrationService:
             return answer
         if sum(len(part) for part in answer.parts) <= SLICE_BYTES:
             return answer
-        cache, nbytes = self._cache, len(entry.rendered.items_json)
-        return replace(answer, held=self._answers.pin(entry, nbytes, lambda: cache.holds(entry)))
+        cache, items = self._cache, entry.rendered.items_json
+        return replace(answer, held=self._answers.pin(items, lambda: cache.holds(entry, items)))
 
     def _shared(self, checkpoint: CheckpointRecord, rendered: RenderedHistory) -> RenderedHistory:
         """The cached rendering of this response if it is the same bytes, else

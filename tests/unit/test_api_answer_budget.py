@@ -5,9 +5,11 @@ that finds no room in time is 503. Cache hits reserve nothing."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
+from ratchet.domain.plan import ResponseClaim
 from services.api import answer_budget
 from services.api.answer_budget import AnswerBudget, AnswersBusy
 from services.api.service import RehydrationService
@@ -226,6 +228,20 @@ def test_a_response_promoted_nowhere_is_answered_at_once_when_the_budget_is_full
             assert waited.status_code == 409 and waited.reason == "NOT_PROMOTED"
             timed_out = await service.response_history(tenant, uid("resp"), FP, 20)
             assert timed_out.status_code == 409 and "no decision within" in timed_out.detail
+            # Claimed, not promoted: the processor claims every turn it starts on and
+            # keeps the claim of a rejected one (an outside review: these waited, 503).
+            claimed_rejected, claimed_pending = uid("resp"), uid("resp")
+            for claimed in (claimed_rejected, claimed_pending):
+                stack.store.start_claiming(
+                    ResponseClaim(tenant, claimed, uid("conv"), uid("key"), "digest"))()
+            stack.ledger.mark_rejected(tenant, claimed_rejected, "OUT_OF_ORDER", "ahead")
+            for wait_ms in (0, 30):
+                answer = await service.response_history(tenant, claimed_rejected, FP, wait_ms)
+                assert (answer.status_code, answer.detail) == (409, "rejected: OUT_OF_ORDER")
+            pending_now = await service.response_history(tenant, claimed_pending, FP, 0)
+            assert pending_now.status_code == 404
+            deadline = await service.response_history(tenant, claimed_pending, FP, 20)
+            assert deadline.status_code == 409 and "no decision within" in deadline.detail
             # A promoted response still waits for room: it has a history to build.
             with pytest.raises(AnswersBusy):
                 await service.response_history(tenant, rid, FP, 0)
@@ -293,16 +309,105 @@ def test_an_eviction_by_the_caches_own_bound_counts_and_admits_the_next_read_onc
 
 
 def test_a_pin_taken_after_the_cache_let_go_counts_at_once():
-    """The eviction came between the answer and its pin: ``cached()`` says so."""
+    """The eviction came between the answer and its pin: the cache, asked once the pin
+    is taken, says it no longer holds those bytes."""
+    budget = AnswerBudget(64 * MB)
+    stack, service = _pinning_service(64 * MB, budget)
+    tenant, rid = _big_history(stack)
+
     async def run():
-        budget = AnswerBudget(8 * MB)
-        entry = object()
-        pin = budget.pin(entry, MB, lambda: False)
-        assert budget.held == MB == pin.nbytes
-        budget.evicted(entry)  # told as well: counted once
+        answer = await service.response_history(tenant, rid, FP, 0)
+        await _written(answer)
+        stack.cache.discard(tenant, rid)  # let go before the next answer's pin
+        late = service._pinned(replace(answer, held=None))
+        assert budget.held == late.held.nbytes == len(answer.shares.rendered.items_json)
+        budget.evicted(answer.shares.rendered.items_json)  # told as well: counted once
         await asyncio.sleep(0)
-        assert budget.held == MB
-        pin.release()
-        pin.release()  # idempotent
+        assert budget.held == late.held.nbytes
+        late.held.release()
+        late.held.release()  # idempotent
         assert budget.held == 0 and not budget._pins
+    asyncio.run(run())
+
+
+def test_no_cache_reads_of_a_cached_history_count_nothing_while_it_stays_cached():
+    """A full read of a cached history renders the cache's own bytes and caches them
+    again: that replaces the entry but lets no bytes go. The first draft counted each
+    such read's answer once more (an outside review: 34 of 40 ``no-cache`` reads of an
+    8.6 MB Conversation answered 503 with the budget 64 MiB)."""
+    budget = AnswerBudget(4 * MB)
+    stack, service = _pinning_service(64 * MB, budget)
+    tenant, rid = _big_history(stack)
+
+    async def run():
+        answers = [await service.response_history(tenant, rid, FP, 0)]
+        for _ in range(5):  # every one a full read, none of them written yet
+            answers.append(await service.response_history(tenant, rid, FP, 0,
+                                                          use_cache=False))
+        await asyncio.sleep(0)  # any notice of the cache's has landed
+        assert budget.held == 0
+        assert len({id(a.parts[1]) for a in answers}) == 1  # one copy of the items
+        stack.cache.discard(tenant, rid)
+        assert budget.held == len(answers[0].parts[1])  # let go: counted once, at once
+        for answer in answers:
+            await _written(answer)
+        assert budget.held == 0 and not budget._pins
+    asyncio.run(run())
+
+
+def test_a_read_waiting_behind_an_evicted_answer_is_admitted_once_it_is_written():
+    budget = AnswerBudget(int(1.3 * MB))
+    stack, service = _pinning_service(64 * MB, budget)
+    tenant, rid = _big_history(stack)
+    other_tenant, other = _big_history(stack)
+
+    async def run():
+        slow = await service.response_history(tenant, rid, FP, 0)
+        stack.cache.discard(tenant, rid)
+        assert budget.held == slow.held.nbytes > MB
+        waiting = asyncio.create_task(service.response_history(other_tenant, other, FP, 0))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # an eighth of the budget does not fit beside 1.2 MiB
+        await _written(slow)
+        admitted = await asyncio.wait_for(waiting, 5)
+        assert admitted.outcome == "certified"
+        await _written(admitted)
+        assert budget.held == 0
+    asyncio.run(run())
+
+
+def test_an_answer_of_one_slice_takes_no_pin():
+    budget = AnswerBudget(8 * MB)
+    stack, service = _pinning_service(64 * MB, budget)
+    tenant, conv = uid("tenant"), uid("conv")
+    rid = stack.promote(tenant, conv, 0, (message("small", item_id=uid("msg")),))
+
+    async def run():
+        answer = await service.response_history(tenant, rid, FP, 0)
+        assert answer.shares is not None and answer.held is None
+        assert budget.held == 0 and not budget._pins
+    asyncio.run(run())
+
+
+def test_the_cache_tells_of_bytes_it_lets_go_and_only_of_those():
+    """Evicted, discarded, or replaced by an entry of other bytes: told. Replaced by an
+    entry of the same bytes (a full read of a cached history): not told."""
+    budget = AnswerBudget(64 * MB)
+    stack, service = _pinning_service(64 * MB, budget)
+    tenant, rid = _big_history(stack)
+    told: list[bytes] = []
+
+    async def run():
+        await service.response_history(tenant, rid, FP, 0)
+        stack.cache.on_evict = told.append
+        entry = stack.cache.get(tenant, rid)
+        same = replace(entry, linked=entry.linked)  # another entry, the same bytes
+        stack.cache.put(rid, same)
+        assert told == []
+        other = replace(entry, rendered=replace(entry.rendered,
+                                                items_json=bytes(bytearray(entry.rendered.items_json))))
+        stack.cache.put(rid, other)
+        assert len(told) == 1 and told[0] is entry.rendered.items_json
+        stack.cache.discard(tenant, rid)
+        assert len(told) == 2 and told[1] is other.rendered.items_json
     asyncio.run(run())
