@@ -18,7 +18,7 @@ from cassandra.cluster import Cluster
 from cassandra.policies import ExponentialReconnectionPolicy
 
 from infra.migrate import check_schema
-from ratchet import speedups
+from ratchet import early_log, speedups
 from ratchet.settings import Settings
 from ratchet.startup import StartupFailed, explain
 from services.cassandra_cluster import open_cluster
@@ -26,7 +26,7 @@ from services.cassandra_loop import LoopSession
 from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
-from streams import early_log, lenient_records, metrics
+from streams import lenient_records, metrics
 from streams.app import FetchGuard, Runtime, create_app
 from streams.codec import RegistryCodec
 from streams.health import Health, health_dir, health_path

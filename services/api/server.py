@@ -19,7 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from infra.migrate import check_schema
-from ratchet import speedups
+from ratchet import early_log, speedups
 from ratchet.settings import Settings
 from ratchet.startup import explain
 from schemas.avro import EventSerde, registry_client
@@ -129,15 +129,21 @@ def api_loop_session(settings: Settings) -> LoopSession:
 
 
 def cli_api(settings: Settings) -> int:
-    logs.configure()
+    # What connecting logs is kept until it is known whether the API starts: if it
+    # cannot, one line says why (docs/operations.md), not the driver's tracebacks first.
+    held = early_log.hold("INFO")
     try:
         process = ApiProcess(settings)
     except Exception as exc:
         line = explain(exc, settings)
         if line is None:
+            logs.configure()
+            held.replay()
             raise
         print(f"ratchet api: cannot start: {line}", file=sys.stderr, flush=True)
         return 1
+    logs.configure()
+    held.replay()
     try:
         # Bound before anything says "listening": a port in use or a host that does not
         # resolve is one line and exit 1 (uvicorn logged the line, then exited 3).

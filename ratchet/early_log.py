@@ -1,11 +1,13 @@
-"""The worker's first log lines, kept until Faust has set up logging.
+"""A process's first log lines, kept until it has set up logging (or failed to start).
 
 The worker connects, creates its topics and says which group it joins before Faust's
 worker configures logging; Python drops an INFO record that finds no handler, so those
 lines never reached the log (docs/operations.md promised them; found by an outside
 review of the deployment, session 25). ``hold()`` keeps them; ``replay()``, called once
-Faust's handlers exist, passes each to them as if it had just been logged (its own
-time, logger and level), then stops holding.
+the process's handlers exist, passes each to them as if it had just been logged (its
+own time, logger and level), then stops holding. A process that cannot start drops
+them and says why in one line (``ratchet api``: the Cassandra driver's connection
+errors came first, with tracebacks; an operator's review, session 38).
 """
 
 from __future__ import annotations
