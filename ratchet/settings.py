@@ -46,6 +46,12 @@ _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")  # Kafka's legal topic character
 # A host name as resolvers take it: an absolute one (a trailing dot), underscores
 # (docker-compose's service_1); no port, no scheme, no spaces.
 _HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252}[A-Za-z0-9_.])?")
+# A CQL replication map: quoted names, quoted names or integers as values. Pasted into
+# ``CREATE KEYSPACE`` by ``ratchet migrate``: anything beyond the map (``} AND
+# durable_writes = false``) was run as CQL (an operator's review, session 38).
+_REPLICATION_ENTRY = r"\s*'[A-Za-z0-9_.-]+'\s*:\s*(?:'[A-Za-z0-9_.-]+'|[0-9]+)\s*"
+_REPLICATION = re.compile(rf"\{{{_REPLICATION_ENTRY}(?:,{_REPLICATION_ENTRY})*\}}")
+_REPLICATION_CLASS = re.compile(r"[{,]\s*'class'\s*:")
 MAX_GROUP = 249 - len("-__assignor-__leader")
 _GROUP = re.compile(rf"^[A-Za-z0-9._-]{{1,{MAX_GROUP}}}$")
 
@@ -138,6 +144,15 @@ def _group(env: Mapping[str, str], default: str) -> str:
         # more, within Kafka's 249 (a longer group failed after the topics were made).
         raise SettingsError(f"RATCHET_CONSUMER_GROUP={value!r}: 1 to {MAX_GROUP} of letters, "
                             "digits, '.', '_' and '-'")
+    return value
+
+
+def _replication(env: Mapping[str, str], default: str) -> str:
+    value = _text(env, "RATCHET_REPLICATION", default)
+    if not (_REPLICATION.fullmatch(value) and _REPLICATION_CLASS.search(value)):
+        raise SettingsError(
+            f"RATCHET_REPLICATION={value!r}: a CQL replication map with its 'class', e.g. "
+            "{'class': 'NetworkTopologyStrategy', 'dc1': 3}")
     return value
 
 
@@ -302,7 +317,7 @@ class Settings:
                 env, "RATCHET_CASSANDRA_TIMER_SLACK_US", d.cassandra_timer_slack_us, 0,
                 MAX_MICROSECONDS),
             keyspace=keyspace,
-            replication=_text(env, "RATCHET_REPLICATION", d.replication),
+            replication=_replication(env, d.replication),
             topic_prefix=topic_prefix,
             partitions=_int(env, "RATCHET_PARTITIONS", d.partitions, 1, MAX_PARTITIONS),
             home=d.home if home is None else Path(home),

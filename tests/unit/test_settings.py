@@ -127,10 +127,26 @@ def test_to_env_round_trips_through_from_env():
     ("RATCHET_API_HOST", "http://0.0.0.0"),
     ("RATCHET_CONSUMER_GROUP", ""),
     ("RATCHET_CONSUMER_GROUP", "a group"),
+    # Pasted into CREATE KEYSPACE: more than a map ran as CQL, "rf=3" failed only at
+    # migrate (an operator's review, session 38).
+    ("RATCHET_REPLICATION", "rf=3"),
+    ("RATCHET_REPLICATION", "{'class': 'SimpleStrategy', 'replication_factor': 1} "
+                            "AND durable_writes = false"),
+    ("RATCHET_REPLICATION", "{'replication_factor': 1}"),
+    ("RATCHET_REPLICATION", "{'class': 'SimpleStrategy', 'replication_factor': 1}; DROP"),
 ])
 def test_values_that_cannot_work_are_refused_at_start(name, value):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({name: value})
+
+
+@pytest.mark.parametrize("value", [
+    "{'class': 'SimpleStrategy', 'replication_factor': 1}",
+    "{'class':'NetworkTopologyStrategy','dc1':3,'dc-2':2}",
+    "{ 'class' : 'org.apache.cassandra.locator.NetworkTopologyStrategy', 'eu_west' : 3 }",
+])
+def test_a_replication_map_is_accepted_as_written(value):
+    assert Settings.from_env({"RATCHET_REPLICATION": value}).replication == value
 
 
 def test_the_largest_values_that_work_are_accepted():
