@@ -173,7 +173,11 @@ def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
 
     if args and args[0] in ("--help", "-h"):
         click.echo(ctx.get_help())
+        click.echo("\nSuites:")
+        for name, (_, what) in BENCH_SUITES.items():
+            click.echo(f"  {name:<11} {what}")
         return
+    _settings()  # a bad setting is a usage error here too (exit 2), not a traceback
     suites = []
     for arg in args:
         if arg not in BENCH_SUITES:
@@ -189,6 +193,9 @@ def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
         click.echo(f"\n== bench {name}: {what}")
         entry = importlib.import_module(module).main
         takes_argv = "argv" in entry.__code__.co_varnames
+        if options in (["--help"], ["-h"]) and not takes_argv:
+            click.echo(f"usage: ratchet bench {name}\n\n{what}; it takes no options.")
+            return
         if options and not takes_argv:
             raise click.UsageError(f"bench {name} takes no options")
         result = entry(options) if takes_argv else entry()

@@ -25,5 +25,22 @@ def test_help_after_a_suite_is_the_suites_options():
 
 
 def test_a_suite_without_options_says_so():
+    """Its --help is a help (exit 0, an operator's review, session 38: it was a usage
+    error); any other option is a usage error."""
     result = CliRunner().invoke(main, ["bench", "store", "--help"])
-    assert result.exit_code != 0 and "bench store takes no options" in result.output
+    assert result.exit_code == 0 and "usage: ratchet bench store" in result.output
+    assert "takes no options" in result.output
+    result = CliRunner().invoke(main, ["bench", "store", "--turns", "5"])
+    assert result.exit_code == 2 and "bench store takes no options" in result.output
+
+
+def test_bench_help_lists_the_suites():
+    result = CliRunner().invoke(main, ["bench", "--help"])
+    for suite in ("validation", "store", "api", "processor", "memory"):
+        assert f"\n  {suite} " in result.output
+
+
+def test_a_bad_setting_is_a_usage_error_before_any_suite_runs():
+    result = CliRunner().invoke(main, ["bench", "memory"], env={"RATCHET_PARTITIONS": "abc"})
+    assert result.exit_code == 2 and "RATCHET_PARTITIONS" in result.output
+    assert "== bench" not in result.output  # nothing ran
