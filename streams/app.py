@@ -404,8 +404,12 @@ def _faust_datadir(settings: Settings, group_id: str) -> Path:
 
 
 def _update_lag(app: faust.App, lanes: PartitionLanes, fetched: dict[TP, int]) -> None:
-    """Consumer lag per assigned partition: records not yet fetched plus those queued in
-    its lane (fetched, not yet handled), i.e. everything the worker still owes.
+    """Consumer lag per assigned partition: records not yet fetched plus those its lane
+    has not acked (queued or in flight), i.e. everything the worker still owes. An event
+    in flight was left out: a partition whose one event retried through a storage
+    outage read 0 (an operator's review, session 38). A partition no record of which
+    was fetched since its assignment has no sample (its position is not known without
+    asking the consumer).
 
     Only cached, non-blocking figures are used (the high watermark of the last fetch and
     the last offset dispatched): asking the consumer for its position can wait on a
@@ -420,7 +424,7 @@ def _update_lag(app: faust.App, lanes: PartitionLanes, fetched: dict[TP, int]) -
             continue
         if last is None or highwater is None:
             continue
-        owed = max(0, highwater - (last + 1)) + lanes.depth(tp)
+        owed = max(0, highwater - (last + 1)) + lanes.owed(tp)
         metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(owed)
 
 

@@ -83,6 +83,11 @@ class Lane:
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"lane-{key}")
 
     @property
+    def unacked(self) -> int:
+        """Events started and not yet acked."""
+        return len(self._unacked)
+
+    @property
     def current(self) -> Any:
         """The oldest event in flight (None when idle)."""
         return self._unacked[0][0].payload if self._unacked else None
@@ -305,8 +310,15 @@ class PartitionLanes:
             room.set()
 
     def depth(self, key: Hashable) -> int:
+        """Events queued on lane ``key``, not yet started."""
         lane = self._lanes.get(key)
         return 0 if lane is None else lane.queue.qsize()
+
+    def owed(self, key: Hashable) -> int:
+        """Events of lane ``key`` not yet acked: queued, in flight, or finished behind an
+        earlier one still in flight (the consumer-lag gauge counts them)."""
+        lane = self._lanes.get(key)
+        return 0 if lane is None else lane.queue.qsize() + lane.unacked
 
     def in_flight(self, key: Hashable) -> tuple[Any, float] | None:
         """The payload in flight on lane ``key`` and its seconds so far (None: idle)."""

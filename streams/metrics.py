@@ -67,7 +67,9 @@ PARTITION_PARKS = Counter(
 )
 CONSUMER_LAG = Gauge(
     "ratchet_worker_consumer_lag_records",
-    "Records between the worker's position and the high watermark, per assigned partition.",
+    "Records the worker still owes, per assigned partition: not fetched yet, or fetched "
+    "and not acked (queued or in flight). No sample for a partition no record of which "
+    "was fetched since its assignment.",
     ["topic", "partition"],
 )
 

@@ -205,6 +205,29 @@ def test_window_runs_other_keys_beside_a_slow_one_and_acks_in_offset_order():
     run(scenario())
 
 
+def test_owed_counts_the_events_in_flight_and_queued_until_acked():
+    """The consumer-lag gauge counts ``owed``: a partition whose one event retried a
+    storage outage read 0 when only the queue was counted (an operator's review)."""
+    async def scenario():
+        gate = asyncio.Event()
+
+        async def handle(payload, lane):
+            await gate.wait()
+
+        lanes = PartitionLanes(handle)
+        await lanes.submit("p", 0, lambda: None)
+        await asyncio.sleep(0.01)
+        assert (lanes.depth("p"), lanes.owed("p")) == (0, 1)  # in flight
+        await lanes.submit("p", 1, lambda: None)
+        assert (lanes.depth("p"), lanes.owed("p")) == (1, 2)
+        gate.set()
+        await lanes.wait_idle()
+        assert lanes.owed("p") == 0 and lanes.owed("never") == 0
+        await lanes.stop()
+
+    run(scenario())
+
+
 def test_window_handles_one_key_one_event_at_a_time_in_order():
     async def scenario():
         seen: list[tuple[str, int]] = []
