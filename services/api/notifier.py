@@ -137,8 +137,10 @@ class DecisionNotifier:
         assignment = []
         for topic in self._topics:
             info = meta.topics.get(topic)
-            if info is None or info.error is not None:
-                raise TopicsMissing(f"topic {topic} is not available: {info and info.error}")
+            if info is None:
+                raise TopicsMissing(f"topic {topic} does not exist")
+            if info.error is not None:
+                raise TopicsMissing(f"topic {topic} is not available: {info.error}")
             assignment += [TopicPartition(topic, p, OFFSET_END) for p in info.partitions]
         return assignment
 
