@@ -808,9 +808,17 @@ class RehydrationService:
         partition_key: str | None,
     ) -> Answer:
         """The full read, on the event loop (the driver's async reads; verification
-        and rendering are CPU work the thread pool would not run any sooner)."""
+        and rendering are CPU work the thread pool would not run any sooner).
+
+        Its cost in the answer budget is learned per partition when the partition is
+        known (verified here, or the caller's hint: a wrong hint only misjudges the
+        cost): a response id is new each turn, so learned per response a Conversation's
+        every read was a lookup not read yet, reserving an eighth of the budget whatever
+        its size; the partition's last answer is the next one's best guess."""
+        key = (("response", tenant_id, response_id) if partition_key is None
+               else ("partition", tenant_id, partition_key))
         return await self._budgeted(
-            ("response", tenant_id, response_id),
+            key,
             lambda: self._read_response_now(
                 tenant_id, response_id, fingerprint_hash, partition_key),
             absent=lambda: self._promoted_nowhere(tenant_id, response_id),

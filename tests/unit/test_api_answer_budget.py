@@ -411,3 +411,36 @@ def test_the_cache_tells_of_bytes_it_lets_go_and_only_of_those():
         stack.cache.discard(tenant, rid)
         assert len(told) == 2 and told[1] is other.rendered.items_json
     asyncio.run(run())
+
+
+def test_a_responses_cost_is_learned_per_partition_when_the_partition_is_known():
+    """A response id is new each turn: learned per response, every read of a growing
+    Conversation was a lookup not read yet (an eighth of the budget, whatever its
+    size). With the partition known (the caller's hint) the last answer there is the
+    next read's guess: a 1.2 MiB history's next turn no longer slips in beside a full
+    budget at 3/8 MiB."""
+    stack = Stack()
+    budget = AnswerBudget(3 * MB)
+    service = RehydrationService(stack.store, stack.ledger, stack.waiters, clock=stack.clock,
+                                 answers=budget)
+    tenant, first = _big_history(stack)
+    conv = stack.store.get_checkpoint(tenant, first).partition_key
+    second = stack.promote(tenant, conv, 1, (message("next", item_id=uid("msg")),))
+
+    async def run():
+        answer = await service.response_history(tenant, first, FP, 0, partition_key=conv)
+        await _written(answer)
+        assert budget._cost(("partition", tenant, conv)) == 2 * len(answer.payload)
+        blocker = await budget.reserve(("response", "other", "r"))
+        budget.resize(blocker, MB)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(answer_budget, "ROOM_WAIT_S", 0.05)
+            with pytest.raises(AnswersBusy):  # 1 MiB held + 2 x 1.2 MiB > 3 MiB
+                await service.response_history(tenant, second, FP, 0, partition_key=conv)
+            # Without the hint it is a lookup not read yet: an eighth, and it fits.
+            unhinted = await service.response_history(tenant, second, FP, 0)
+        assert unhinted.outcome == "certified"
+        await _written(unhinted)
+        blocker.release()
+        assert budget.held == 0
+    asyncio.run(run())
