@@ -821,22 +821,24 @@ class RehydrationService:
             key,
             lambda: self._read_response_now(
                 tenant_id, response_id, fingerprint_hash, partition_key),
-            absent=lambda: self._promoted_nowhere(tenant_id, response_id),
+            absent=lambda: self._promoted_nowhere(tenant_id, response_id, partition_key),
         )
 
-    async def _promoted_nowhere(self, tenant_id: str, response_id: str) -> Answer | None:
+    async def _promoted_nowhere(self, tenant_id: str, response_id: str,
+                                partition_key: str | None) -> Answer | None:
         """The answer for a response promoted nowhere, else None (a full read decides).
 
-        Promoted nowhere: claimed nowhere (a response id is claimed before its promotion
-        batch is sent), or claimed where its turn row is not. The claim alone does not
-        say: the processor claims every turn it starts on and keeps the claim when the
-        turn is rejected (an outside review, session 38: a rejected response still
-        waited for room and answered 503). Any error of these reads: the full read."""
+        Promoted nowhere: its turn row is neither where its claim says nor in the
+        partition the caller named (a response promoted before migration 007 has no
+        claim; the full read finds it by the hint). The claim alone does not say: the
+        processor claims every turn it starts on and keeps the claim when the turn is
+        rejected (an outside review, session 38: a rejected response still waited for
+        room and answered 503). Any error of these reads: the full read."""
         try:
-            partition_key = await self._store.locate_async(tenant_id, response_id)
-            if partition_key is not None and await self._store.read_turn_async(
-                    tenant_id, partition_key, response_id) is not None:
-                return None
+            located = await self._store.locate_async(tenant_id, response_id)
+            for where in dict.fromkeys(p for p in (located, partition_key) if p is not None):
+                if await self._store.read_turn_async(tenant_id, where, response_id) is not None:
+                    return None
         except Exception:  # noqa: BLE001 - the full read reads again and reports it
             return None
         return await self._absent(tenant_id, response_id, no_such_response())

@@ -444,3 +444,29 @@ def test_a_responses_cost_is_learned_per_partition_when_the_partition_is_known()
         blocker.release()
         assert budget.held == 0
     asyncio.run(run())
+
+
+def test_a_response_with_no_claim_found_by_its_hint_still_waits_for_room():
+    """A response promoted before migration 007 has no claim; the full read finds it by
+    the request's ``partition_key``: it is promoted, and waits for room like any."""
+    stack = Stack()
+    budget = AnswerBudget(3 * MB)
+    service = RehydrationService(stack.store, stack.ledger, stack.waiters, clock=stack.clock,
+                                 answers=budget)
+    tenant, rid = _big_history(stack)
+    conv = stack.store.get_checkpoint(tenant, rid).partition_key
+    del stack.store._claims[(tenant, rid)]  # as before migration 007
+
+    async def run():
+        blocker = await budget.reserve(("response", "other", "r"))
+        budget.resize(blocker, 10 * MB)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(answer_budget, "ROOM_WAIT_S", 0.05)
+            with pytest.raises(AnswersBusy):
+                await service.response_history(tenant, rid, FP, 0, partition_key=conv)
+            missing = await service.response_history(tenant, rid, FP, 0)  # no hint
+            assert missing.status_code == 404  # as the full read answers it
+        blocker.release()
+        found = await service.response_history(tenant, rid, FP, 0, partition_key=conv)
+        assert found.outcome == "certified"
+    asyncio.run(run())
