@@ -159,7 +159,7 @@ class RequestFacts:
             return None
         mine = replace(recorded, conflicted=result is EffectWrite.CONFLICT)
         if effect.effect_id in promotion.carried_by_items(
-                items, promoted.accepted_effect_ids or (), (mine,), ()):
+                items, promoted.accepted_effect_ids or (), (mine,), (), stored=True):
             return None
         return promotion.Orphan(recorded, OrphanReason.ATTEMPT_SUPERSEDED, detail=(
             f"recorded after request {effect.idempotency_key} was promoted as "

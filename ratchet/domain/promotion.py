@@ -460,10 +460,18 @@ def carried_effect_ids(turn: TurnCompleted, effects: Iterable[RecordedEffect],
 
 def carried_by_items(items: Iterable[Item], listed: Iterable[str],
                      effects: Iterable[RecordedEffect],
-                     claims: Iterable[ClaimRecord]) -> set[str]:
+                     claims: Iterable[ClaimRecord], *, stored: bool = False) -> set[str]:
     """``carried_effect_ids`` for any turn's ``items`` (the event's, or a stored
     promotion's, for effects recorded after it) and the effect ids it ``listed``.
-    A conflicted effect is carried by nothing."""
+
+    A conflicted effect is carried by no turn still to be decided (every turn carrying
+    it is refused). A ``stored`` promotion was decided before the conflict: it carries
+    a conflicted effect whose reference output (the one recorded first) its items
+    hold, and that execution is in the history. Counted unused, it was published
+    ``ATTEMPT_SUPERSEDED`` (or ``EFFECT_CONFLICT`` under that output) once a later
+    attempt re-ran the tool: compensators undid the run the model saw (an outside
+    review, session 38). The re-run itself is published ``EFFECT_CONFLICT`` under its
+    own output when it is recorded (``RequestFacts._conflict_orphan``)."""
     effects, claims = list(effects), list(claims)
     if not effects and not claims:
         return set()  # the common turn: no effect recorded for its request
@@ -478,7 +486,7 @@ def carried_by_items(items: Iterable[Item], listed: Iterable[str],
         if item.type in EFFECT_OUTPUT_TYPES and effect_key(item) not in answered:
             outputs_by_call.setdefault(effect_key(item), []).append(item)
     carried = {e.effect_id for e in effects
-               if e.effect_id not in listed and not e.conflicted
+               if e.effect_id not in listed and (stored or not e.conflicted)
                and any(a.content_digest == e.output_digest
                        for a in outputs_by_call.get(e.call_id, ()))}
     results = _Results()
@@ -782,7 +790,8 @@ def _orphans_of_verdict(turn: TurnCompleted, verdict: Verdict,
     def carried_by_stored(used: set[str]) -> set[str]:
         if promoted_items is None:
             return set()
-        return carried_by_items(promoted_items, used, effects_only, claim_by_id.values())
+        return carried_by_items(promoted_items, used, effects_only, claim_by_id.values(),
+                                stored=True)
 
     if isinstance(verdict, Accepted):
         used = _accepted_effect_ids(turn, verdict)
@@ -817,6 +826,14 @@ def _orphans_of_verdict(turn: TurnCompleted, verdict: Verdict,
     used = set() if other_partitions else set(used_effect_ids(turn))
     mine = [e for e in all_effects if (e.effect_id in used or e.attempt == turn.attempt)
             and e.effect_id not in protected]
+    if promoted is not None:
+        # The request stands promoted without them: settled, so final (section 7's
+        # ATTEMPT_SUPERSEDED), not the provisional TURN_REJECTED / TURN_NOT_PROMOTABLE,
+        # after which a compensator waits for a promotion that cannot come (an outside
+        # review, session 38).
+        return [orphan(e, OrphanReason.EFFECT_CONFLICT if e.conflicted
+                       else OrphanReason.ATTEMPT_SUPERSEDED, verdict.reason, verdict.detail)
+                for e in mine]
     return [orphan(e, _rejected_orphan_reason(e, verdict), verdict.reason, verdict.detail)
             for e in mine]
 
