@@ -12,9 +12,11 @@ here, over frozen records, so a storage move never changes it:
   ``occurrence`` numbers the calls of that tool in that subturn from 0 (model output
   order). The arguments are deliberately NOT in the key: a retry that asks the same
   slot with other arguments (a reworded e-mail) gets ``CONFLICT`` instead of silently
-  running a second, different side effect. The price: a retry that takes a different
-  number of tool rounds, or reorders calls of one tool with different arguments, gets
-  a new key or ``CONFLICT`` (loud, never a silent double execution).
+  running a second, different side effect. The price: a retry that reorders calls of
+  one tool with different arguments gets ``CONFLICT``, and one that takes a different
+  number of tool rounds gets a new key, and runs the tool again: the first run, unused
+  by the promotion, is published for compensation (docs/gateway-protocol.md, section
+  8, says how a gateway avoids it).
 * :func:`decide_claim` - the state machine of one claim request against the stored
   claim: ``CLAIMED`` (execute now), ``COMPLETED`` (reuse the recorded output),
   ``IN_PROGRESS`` (another live holder; wait), ``LEASE_EXPIRED`` (the holder's lease
