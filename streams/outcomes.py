@@ -19,6 +19,7 @@ from schemas.models import (
     EffectOrphaned,
     PromotionRejected,
     ToolEffect,
+    TurnCancelled,
     TurnCompleted,
 )
 
@@ -54,7 +55,7 @@ def recorded_effect(effect: ToolEffect) -> RecordedEffect:
     )
 
 
-def _header(turn: TurnCompleted | ToolEffect, partition: str, kind: str,
+def _header(turn: TurnCompleted | ToolEffect | TurnCancelled, partition: str, kind: str,
             produced_at: int) -> dict:
     return {
         "event_id": outcome_event_id(turn.event_id, kind),
@@ -107,7 +108,7 @@ def rejected_event(turn: TurnCompleted, partition: str, verdict: Reject) -> Prom
     )
 
 
-def orphaned_event(turn: TurnCompleted | ToolEffect, partition: str,
+def orphaned_event(turn: TurnCompleted | ToolEffect | TurnCancelled, partition: str,
                    orphan: Orphan) -> EffectOrphaned:
     """An effect orphaned by ``turn``'s verdict, or by ``late_orphan_event``. A run its
     effect id's reference displaced (``Orphan.displaced``) has an outcome id of its own:

@@ -10,7 +10,8 @@ for one record:
   facts mark; publishes it ``EffectOrphaned`` only if its request already stands
   promoted without it (an effect arriving after the promotion) or cancelled
   (``streams/request_facts.py``);
-* ``TurnCancelled``: record the cancellation, then the facts mark; publishes nothing;
+* ``TurnCancelled``: record the cancellation, then the facts mark; publishes the
+  request's effects and claims ``TURN_CANCELLED`` when it stands promoted nowhere;
 * ``TurnCompleted``: decide it as if the request had no facts (the promotion batch
   asserts that: no facts mark) unless they are needed or known to exist, then read
   them; replay an earlier rejection of this very event if there is one, else take the
@@ -196,8 +197,7 @@ class PromotionProcessor:
                     raise DecodeFailed(DeadLetterReason.INVALID_EVENT, problem)
                 if isinstance(event, ToolEffect):
                     return Handled(self.request_facts.record_effect(event), "effect")
-                self.request_facts.record_cancel(event)
-                return Handled((), "cancel")
+                return Handled(self.request_facts.record_cancel(event), "cancel")
             unquotable = unquotable_field(event)
             if unquotable is not None:
                 raise DecodeFailed(DeadLetterReason.INVALID_EVENT, unquotable)

@@ -45,7 +45,7 @@ from services.ledger.base import (
     TurnFacts,
 )
 from services.store.base import CheckpointStore, CorruptPartition
-from streams.outcomes import late_orphan_event, recorded_effect
+from streams.outcomes import late_orphan_event, orphaned_event, recorded_effect
 from streams.records import DecodeFailed, Outbound
 from streams.tail_cache import TailCache
 from streams.topics import Topics
@@ -227,11 +227,42 @@ class RequestFacts:
             f"recorded after request {effect.idempotency_key} was cancelled"),
             rejection_reason=RejectionReason.CANCELLED)
 
-    def record_cancel(self, cancel: TurnCancelled) -> None:
+    def record_cancel(self, cancel: TurnCancelled) -> tuple[Outbound, ...]:
+        """Record the cancellation, then the request's facts mark; then, if the request
+        stands promoted nowhere, publish every effect and claim of it ``TURN_CANCELLED``
+        (``promotion.cancellation_orphans``). Read at SERIAL after the mark: a promotion
+        batch that landed before it is seen (the cancellation came too late and is
+        dropped: that promotion decided the effects), one sent after it is refused and
+        decided again with the cancellation (``CANCELLED``), so the request never
+        promotes and the orphans are final. Why here and not only by a turn: a turn
+        rejected before the cancellation orphaned its own attempt's effects only, and a
+        claim whose holder vanished was published nowhere (an outside review, session
+        38). A chain's first response publishes nothing here: another attempt of its
+        request, in another partition, may be promoting with an effect it replays
+        (its turn's ``CANCELLED`` orphans what is its own)."""
         self.ledger.record_cancellation(Cancellation(
             cancel.tenant_id, cancel.idempotency_key, cancel.response_id, cancel.cancelled_at,
             request_scope(cancel)))
         self.mark(cancel.tenant_id, cancel.partition_key, cancel.idempotency_key)
+        if _first_of_chain(cancel):
+            return ()
+        facts = self.effects_of(cancel)
+        if not facts.effects and not facts.claims:
+            return ()  # the common cancellation: nothing ran
+        try:
+            promoted = self.store.promoted_key(cancel.tenant_id, cancel.partition_key,
+                                               cancel.idempotency_key, cancel.response_id,
+                                               first_of_chain=False)
+        except CorruptPartition as exc:
+            log.error("request %s cancelled; whether it stands promoted cannot be read: %s",
+                      cancel.idempotency_key, exc)
+            return ()
+        if promoted is not None:
+            return ()
+        key = cancel.partition_key.encode()
+        return tuple(Outbound(self.topics.orphaned_effects, key,
+                              orphaned_event(cancel, cancel.partition_key, orphan))
+                     for orphan in promotion.cancellation_orphans(facts.effects, facts.claims))
 
     def _no_other_attempt(self, effect: ToolEffect) -> bool:
         """For an effect of a chain's first response: no other attempt of its request
@@ -279,7 +310,7 @@ class RequestFacts:
         mark = self.store.mark_request_facts(tenant_id, key, idempotency_key)
         self.tails.learn_facts_mark(tenant_id, key, idempotency_key, mark)
 
-    def effects_of(self, turn: TurnCompleted) -> TurnFacts:
+    def effects_of(self, turn: TurnCompleted | TurnCancelled) -> TurnFacts:
         """The request's facts as far as its orphans need them (effects and claims)."""
         return self.ledger.turn_facts(
             event_id=turn.event_id, tenant_id=turn.tenant_id,

@@ -746,6 +746,37 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
     ``needs_promoted_items``. An effect recorded after that promotion whose output it
     carries is used as if it listed it (its checkpoint could not: it did not exist yet).
     """
+    claim_by_id, found, others = _merged(effects, claims)
+    return others + _orphans_of_verdict(turn, verdict, claim_by_id, found, promoted,
+                                        promoted_items)
+
+
+def cancellation_orphans(effects: Iterable[RecordedEffect],
+                         claims: Iterable[ClaimRecord] = ()) -> list[Orphan]:
+    """The orphans of a request cancelled while it stands promoted nowhere: every
+    effect and claim of it ``TURN_CANCELLED`` (a run its claim's completion displaced:
+    ``EFFECT_CONFLICT``), what a turn of it decided after the cancellation publishes.
+    Published by the cancellation itself: a turn of the request rejected before it
+    orphaned only its own attempt's effects, and no turn may come after it (an outside
+    review, session 38: a claim whose holder vanished was published nowhere)."""
+    claim_by_id, found, others = _merged(effects, claims)
+    return others + [
+        _orphan_of(e, claim_by_id, OrphanReason.TURN_CANCELLED, R.CANCELLED,
+                   "the request was cancelled before any turn of it was promoted")
+        for e in (found[k] for k in sorted(found))]
+
+
+def _orphan_of(e: RecordedEffect, claim_by_id: dict[str, ClaimRecord], reason: OrphanReason,
+               rejection: RejectionReason | None = None, detail: str = "") -> Orphan:
+    claim = claim_by_id.get(e.effect_id)
+    completed = claim is None or claim.completed or e.output_digest != ""
+    return Orphan(e, reason, rejection, detail, completed=completed)
+
+
+def _merged(effects: Iterable[RecordedEffect], claims: Iterable[ClaimRecord]
+            ) -> tuple[dict[str, ClaimRecord], dict[str, RecordedEffect], list[Orphan]]:
+    """One effect per id, claims standing for the effects they displaced, and the
+    displaced runs' own orphans."""
     claim_by_id = {c.effect_id: c for c in claims}
     found = {e.effect_id: e for e in effects}
     displaced: list[RecordedEffect] = []
@@ -766,8 +797,7 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
         f"effect {e.effect_id} recorded with output digest {e.output_digest}, not its "
         "claim's completion: another execution of the tool, used by no turn"),
         displaced=True) for e in sorted(displaced, key=lambda e: e.effect_id)]
-    return others + _orphans_of_verdict(turn, verdict, claim_by_id, found, promoted,
-                                        promoted_items)
+    return claim_by_id, found, others
 
 
 def _orphans_of_verdict(turn: TurnCompleted, verdict: Verdict,
@@ -780,9 +810,7 @@ def _orphans_of_verdict(turn: TurnCompleted, verdict: Verdict,
 
     def orphan(e: RecordedEffect, reason: OrphanReason, rejection: RejectionReason | None = None,
                detail: str = "") -> Orphan:
-        claim = claim_by_id.get(e.effect_id)
-        completed = claim is None or claim.completed or e.output_digest != ""
-        return Orphan(e, reason, rejection, detail, completed=completed)
+        return _orphan_of(e, claim_by_id, reason, rejection, detail)
 
     all_effects = [found[k] for k in sorted(found)]
     effects_only = [e for k, e in found.items() if k not in claim_by_id]

@@ -25,12 +25,14 @@ from ratchet.domain.claims import (
     EffectPolicy,
     effect_id_for_claim,
 )
-from ratchet.samples import NOW_MS, TENANT, new_id
+from ratchet.samples import NOW_MS, TENANT, make_turn_cancelled, new_id
 from schemas.canonical import canonical_digest
 from schemas.items import arguments_digest, function_call, function_call_output, message
 from schemas.models import CheckpointPromoted, EffectOrphaned, OrphanReason
 from tests.contract.test_late_carried_effects import _carried_turn, _late_effect, _promoted
 from tests.contract.test_processor_handover import ENTRIES, data  # noqa: F401
+from tests.contract.test_processor_races import turn as race_turn
+from tests.contract.test_processor_races import uid
 from tests.unit.test_processor_rules import Harness, conv_id, turn
 
 BOOKED = function_call_output("call_a", '{"booked": "PNR123"}', item_id="fco_a")
@@ -127,3 +129,48 @@ def test_a_rejected_retry_of_a_promoted_request_orphans_its_run_final(how):
     handled = h.processor.handle(h.record(retry))
     assert [(o[0], o[1]) for o in _orphans(handled)] == [
         (effect_id, OrphanReason.ATTEMPT_SUPERSEDED)]
+
+
+@ENTRIES
+@pytest.mark.parametrize("cancel_first", [False, True])
+def test_a_cancelled_requests_vanished_claim_is_published_in_either_order(
+        data, entry, cancel_first):  # noqa: F811
+    """Attempt 1 claims ``pay`` and vanishes (no outcome, no turn); attempt 2 gets
+    ``LEASE_EXPIRED``, fails its turn, and the gateway cancels the request. With the
+    failed turn first, the claim (which may have run) was published nowhere: the turn
+    orphaned its own attempt's effects, the cancellation nothing. It is published
+    ``TURN_CANCELLED`` with ``effect_completed`` false in either order now."""
+    ledger, store = data.ledger(), data.store()
+    worker = data.worker(entry, store=store, ledger=ledger)
+    conv, key = uid("conv"), uid("idem")
+    effect_id = effect_id_for_claim(key, 0, "pay", 0)
+
+    def claim(attempt: int, now_ms: int):
+        request = ClaimRequest(TENANT, key, effect_id, attempt, 0, f"c{attempt}", "pay",
+                               arguments_digest({"eur": 10}), uuid.uuid4().hex, 1_000,
+                               EffectPolicy.AT_MOST_ONCE)
+        store.mark_request_facts(TENANT, conv, key)
+        answer = ledger.claim_effect(request, now_ms)
+        store.mark_request_facts(TENANT, conv, key)
+        return answer.state
+
+    assert claim(1, NOW_MS) is ClaimState.CLAIMED  # runs pay() and dies
+    assert claim(2, NOW_MS + 5_000) is ClaimState.LEASE_EXPIRED  # must not run it
+    failed = race_turn(conv, 0, idempotency_key=key, attempt=2, status="failed")
+    cancel = make_turn_cancelled(failed)
+    published = []
+    for event in ([cancel, failed] if cancel_first else [failed, cancel]):
+        published += [(o.model.effect_id, o.model.reason, o.model.effect_completed)
+                      for o in worker.handle(event).outbound
+                      if isinstance(o.model, EffectOrphaned)]
+    assert (effect_id, OrphanReason.TURN_CANCELLED, False) in published, published
+
+
+@ENTRIES
+def test_a_cancellation_after_the_promotion_publishes_nothing(data, entry):  # noqa: F811
+    """The promotion decided the request's effects; a cancellation after it is dropped."""
+    worker = data.worker(entry)
+    promoted = _carried_turn(output=BOOKED)
+    _promoted(worker, promoted)
+    assert _orphans(worker.handle(_late_effect(promoted, BOOKED))) == []
+    assert _orphans(worker.handle(make_turn_cancelled(promoted))) == []
