@@ -21,7 +21,6 @@ import pytest
 from ratchet.domain.claims import (
     ClaimRequest,
     ClaimState,
-    CompletionState,
     EffectPolicy,
     effect_id_for_claim,
 )
@@ -33,6 +32,7 @@ from tests.contract.test_late_carried_effects import _carried_turn, _late_effect
 from tests.contract.test_processor_handover import ENTRIES, data  # noqa: F401
 from tests.contract.test_processor_races import turn as race_turn
 from tests.contract.test_processor_races import uid
+from tests.unit.test_processor_carried_effects import _claim_and_complete
 from tests.unit.test_processor_rules import Harness, conv_id, turn
 
 BOOKED = function_call_output("call_a", '{"booked": "PNR123"}', item_id="fco_a")
@@ -96,21 +96,6 @@ def test_a_retry_that_reran_the_tool_never_orphans_the_carried_run(data, entry):
     assert _compensates_the_booking(_orphans(answer)) == []
 
 
-def _claimed_and_completed(h: Harness, key: str, conv: str, output, attempt: int) -> str:
-    effect_id = effect_id_for_claim(key, 0, "send_sms", 0)
-    request = ClaimRequest(TENANT, key, effect_id, attempt, 0, "c9", "send_sms",
-                           arguments_digest({"to": "bob"}), uuid.uuid4().hex, 30_000,
-                           EffectPolicy.AT_MOST_ONCE)
-    h.store.mark_request_facts(TENANT, conv, key)
-    assert h.ledger.claim_effect(request, NOW_MS).state is ClaimState.CLAIMED
-    h.store.mark_request_facts(TENANT, conv, key)
-    state, _ = h.ledger.complete_claim(TENANT, key, effect_id, request.token, "succeeded",
-                                       output, NOW_MS + 10)
-    h.store.mark_request_facts(TENANT, conv, key)
-    assert state is CompletionState.COMPLETED
-    return effect_id
-
-
 @pytest.mark.parametrize("how", ["failed", "key_reused"])
 def test_a_rejected_retry_of_a_promoted_request_orphans_its_run_final(how):
     h = Harness()
@@ -119,7 +104,7 @@ def test_a_rejected_retry_of_a_promoted_request_orphans_its_run_final(how):
                       CheckpointPromoted)
     # Attempt 2 (attempt 1's answer lost) takes another path and runs another tool.
     sent = function_call_output("c9", '{"sent": "id-9"}', item_id="fco_9")
-    effect_id = _claimed_and_completed(h, key, conv, sent, attempt=2)
+    effect_id = _claim_and_complete(h, key, conv, "c9", sent, tool="send_sms", attempt=2)
     extra = ({"status": "failed"} if how == "failed"
              else {"request_digest": canonical_digest(["other", key])})
     retry = turn(conv, 1, idempotency_key=key, attempt=2, response_id=new_id("resp"),

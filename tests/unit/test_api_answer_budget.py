@@ -250,6 +250,12 @@ def test_a_response_promoted_nowhere_is_answered_at_once_when_the_budget_is_full
     asyncio.run(run())
 
 
+def _uncached(budget_bytes: int) -> tuple[Stack, AnswerBudget, RehydrationService]:
+    stack, budget = Stack(), AnswerBudget(budget_bytes)
+    return stack, budget, RehydrationService(stack.store, stack.ledger, stack.waiters,
+                                             clock=stack.clock, answers=budget)
+
+
 def _pinning_service(cache_bytes: int, budget: AnswerBudget):
     stack = CachingStack(cache_bytes=cache_bytes)
     return stack, RehydrationService(stack.store, stack.ledger, stack.waiters,
@@ -419,10 +425,7 @@ def test_a_responses_cost_is_learned_per_partition_when_the_partition_is_known()
     size). With the partition known (the caller's hint) the last answer there is the
     next read's guess: a 1.2 MiB history's next turn no longer slips in beside a full
     budget at 3/8 MiB."""
-    stack = Stack()
-    budget = AnswerBudget(3 * MB)
-    service = RehydrationService(stack.store, stack.ledger, stack.waiters, clock=stack.clock,
-                                 answers=budget)
+    stack, budget, service = _uncached(3 * MB)
     tenant, first = _big_history(stack)
     conv = stack.store.get_checkpoint(tenant, first).partition_key
     second = stack.promote(tenant, conv, 1, (message("next", item_id=uid("msg")),))
@@ -449,10 +452,7 @@ def test_a_responses_cost_is_learned_per_partition_when_the_partition_is_known()
 def test_a_response_with_no_claim_found_by_its_hint_still_waits_for_room():
     """A response promoted before migration 007 has no claim; the full read finds it by
     the request's ``partition_key``: it is promoted, and waits for room like any."""
-    stack = Stack()
-    budget = AnswerBudget(3 * MB)
-    service = RehydrationService(stack.store, stack.ledger, stack.waiters, clock=stack.clock,
-                                 answers=budget)
+    stack, budget, service = _uncached(3 * MB)
     tenant, rid = _big_history(stack)
     conv = stack.store.get_checkpoint(tenant, rid).partition_key
     del stack.store._claims[(tenant, rid)]  # as before migration 007

@@ -32,9 +32,9 @@ from schemas.models import OrphanReason, RejectionReason
 from tests.unit.test_processor_rules import TOPICS, Harness, conv_id, turn
 
 
-def _claim_and_complete(h, key, conv, call_id, output):
-    effect_id = effect_id_for_claim(key, 0, "send_email", 0)
-    req = ClaimRequest(TENANT, key, effect_id, 1, 0, call_id, "send_email",
+def _claim_and_complete(h, key, conv, call_id, output, *, tool="send_email", attempt=1):
+    effect_id = effect_id_for_claim(key, 0, tool, 0)
+    req = ClaimRequest(TENANT, key, effect_id, attempt, 0, call_id, tool,
                        arguments_digest({"to": "bob"}), uuid.uuid4().hex, 30_000,
                        EffectPolicy.AT_MOST_ONCE)
     h.store.mark_request_facts(TENANT, conv, key)
