@@ -107,7 +107,7 @@ class AnswerBudget:
         self.held = 0
         self._queue: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._costs: OrderedDict[tuple[str, ...], int] = OrderedDict()
-        self._pins: dict[int, _Pinned] = {}  # id(entry) -> its pin
+        self._pins: dict[int, _Pinned] = {}  # id(the pinned bytes) -> their pin
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def reserve(self, key: tuple[str, ...], wait_s: float | None = None) -> Reservation:
