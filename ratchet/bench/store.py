@@ -11,6 +11,9 @@ Measured in one run, in a keyspace of its own (created, then dropped):
   same raw LWT: a new claim (one conditional batch: the claim row and the request's
   cancellation condition) and, at concurrency 1, the claim of a completed effect (a
   retry reusing the output: the LWT is not applied and answers with the stored claim).
+  Beside it, the claims API's writes for a new claim: the request's facts mark, the
+  claim, and the conditional mark that learns whether the request stands promoted
+  (``mark_claim``), and the same with the plain mark it replaced.
 - ``promote, no hint`` at concurrency 1: a store without hints (``hint_capacity=0``),
   so every turn after the first reads the view at SERIAL first (two Paxos rounds): the
   cost of the path a stale hint falls back to.
@@ -33,21 +36,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 from ratchet.domain.history import PromotionMode, VerifiedHistory
 from ratchet.settings import Settings
 from schemas.models import Certification, Item
-
-_MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "infra" / "migrations"
-# The store's tables: turns (004), response_claims (007) and lineage digests (009); the
-# ledger's (002, 003) with request_facts (006), the status column (008) and the claim
-# columns (010).
-_M = ("004_turn_rows.cql", "007_response_claims.cql", "009_lineage_digest.cql",
-      "002_ledger.cql", "003_ledger_owners.cql", "006_request_facts.cql",
-      "008_status_existing_response.cql", "010_effect_claims.cql")
-MIGRATIONS = tuple(_MIGRATIONS_DIR / name for name in _M)
 
 
 @dataclass(frozen=True)
@@ -101,7 +94,9 @@ def measure(name: str, concurrency: int, per_worker: int, op: Callable[[int, int
 
 
 def _item(text: str) -> Item:
-    content = json.dumps({"role": "user", "text": text, "pad": "x" * 1000}).encode()
+    # The content says what the record says (type, role), as a promoted item must.
+    content = json.dumps({"type": "message", "role": "user", "text": text,
+                          "pad": "x" * 1000}).encode()
     return Item(
         item_id=uuid.uuid4().hex,
         type="message",
@@ -144,22 +139,17 @@ def _claim(tenant: str, request: str, occurrence: int):
                         policy=EffectPolicy.AT_MOST_ONCE)
 
 
-def _create_keyspace(cluster, keyspace: str, replication: str):
-    admin = cluster.connect()
-    admin.execute(
-        f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}", timeout=60
-    )
-    session = cluster.connect(keyspace)
-    from infra.migrate import split_statements
+def _create_keyspace(cluster, settings: Settings):
+    """The bench's keyspace at the schema this tree defines (every migration, applied
+    by the project's own migrator) and the raw baseline's table."""
+    from infra.migrate import apply_migrations
 
-    for path in MIGRATIONS:
-        for statement in split_statements(path.read_text()):
-            session.execute(statement, timeout=60)
+    apply_migrations(cluster, settings)
+    session = cluster.connect(settings.keyspace)
     session.execute(
         "CREATE TABLE IF NOT EXISTS raw_baseline (k text, c text, v blob, PRIMARY KEY (k, c))",
         timeout=60,
     )
-    admin.shutdown()
     return session
 
 
@@ -179,7 +169,7 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
     settings = settings or Settings.from_env()
     keyspace = f"{settings.keyspace}_bench_{uuid.uuid4().hex[:6]}"
     cluster = open_cluster(settings)
-    session = _create_keyspace(cluster, keyspace, settings.replication)
+    session = _create_keyspace(cluster, replace(settings, keyspace=keyspace))
     try:
         store = CassandraCheckpointStore(session)
         ledger = CassandraLedger(session)
@@ -221,11 +211,31 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
                 answer = ledger.claim_effect(_claim(tenant, f"{run_id}_{w}", i), _now_ms())
                 assert answer.state is state, answer
 
-            _warm_up(promote, raw, claim)
+            def api_claim(w: int, i: int, run_id=run_id, conditional=True) -> None:
+                # The claims API's writes for a new claim: the facts mark before it, the
+                # claim, and the mark after it, which learns whether the request stands
+                # promoted (``mark_claim``) or, before session 39, a plain mark.
+                request = _claim(tenant, f"api_{run_id}_{w}_{conditional}", i)
+                where = (tenant, f"conv_api_{run_id}_{w}", request.idempotency_key)
+                store.mark_request_facts(*where)
+                assert ledger.claim_effect(request, _now_ms()).state is ClaimState.CLAIMED
+                if conditional:
+                    assert store.mark_claim(*where) is None
+                else:
+                    store.mark_request_facts(*where)
+
+            def api_claim_plain(w: int, i: int) -> None:
+                api_claim(w, i, conditional=False)
+
+            _warm_up(promote, raw, claim, api_claim, api_claim_plain)
             figures.append(measure("raw LWT INSERT IF NOT EXISTS", concurrency, per_worker, raw))
             figures.append(measure("store.promote (2 items)", concurrency, per_worker, promote))
             figures.append(measure("ledger.claim_effect (new claim)", concurrency, per_worker,
                                    claim))
+            figures.append(measure("claims API writes, conditional mark", concurrency,
+                                   per_worker, api_claim))
+            figures.append(measure("claims API writes, plain marks (before)", concurrency,
+                                   per_worker, api_claim_plain))
 
         done_key = f"done_{uuid.uuid4().hex[:6]}"
         done = _claim(tenant, done_key, 0)

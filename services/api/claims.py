@@ -32,6 +32,7 @@ from ratchet.domain.claims import (
     Answer,
     ClaimRecord,
     ClaimRequest,
+    ClaimState,
     CompletionState,
     EffectPolicy,
 )
@@ -41,6 +42,7 @@ from schemas.limits import MIB
 from schemas.models import SUPPORTED_FORMAT_VERSIONS, Item, sha256_hex
 from services.api.models import ErrorBody, HistoryItem
 from services.ledger.base import Ledger
+from services.store.base import CheckpointStore
 
 _ID = ID_PATTERN  # schemas/ids.py: the ids of the history routes and of turns
 _NAME = r"^[A-Za-z0-9_.:\-]{1,128}$"
@@ -130,7 +132,7 @@ class ClaimErrorBody(_Body):
 
 class ClaimBody(_Body):
     state: Literal["CLAIMED", "COMPLETED", "IN_PROGRESS", "LEASE_EXPIRED", "CONFLICT",
-                   "CANCELLED", "ALREADY_COMPLETED"]
+                   "CANCELLED", "PROMOTED", "ALREADY_COMPLETED"]
     effect_id: str
     attempt: int | None = Field(None, description="The attempt holding (or that held) it.")
     lease_until: int | None = Field(None, description="Lease end, epoch millis.")
@@ -138,6 +140,8 @@ class ClaimBody(_Body):
                                 "again.")
     previous_attempt: int | None = Field(None, description="CLAIMED by taking over the "
                                          "expired lease of this attempt.")
+    existing_response_id: str | None = Field(None, description="PROMOTED: the response "
+                                             "the request stands promoted as.")
     status: Literal["succeeded", "failed"] | None = None
     output: HistoryItem | None = Field(None, description="COMPLETED: the recorded output "
                                        "(re-key it to the new call id before use).")
@@ -226,14 +230,23 @@ def _unreadable_body(body: bytes) -> str | None:
     return None
 
 
-def claims_router(ledger: Ledger, mark_facts: Callable[[str, str, str], object],
+# The answers after which a holder may run the tool, now or after waiting: a request
+# that already stands promoted is answered PROMOTED instead (``mark_claim``).
+_MAY_RUN = frozenset({ClaimState.CLAIMED, ClaimState.IN_PROGRESS, ClaimState.LEASE_EXPIRED})
+
+
+def claims_router(ledger: Ledger, store: CheckpointStore,
                   clock_ms: Callable[[], int] | None = None) -> APIRouter:
-    """``mark_facts(tenant, partition key, idempotency key)``: the store's
-    ``mark_request_facts`` (a claim and its outcome are facts a promotion of the request
-    must see). Called around every claim write (``_marked``): after it, as every fact
-    writer does, and also before it, because a gateway whose call failed may never send
-    it again (the processor's writers get that from Kafka's redelivery)."""
+    """``store``'s request facts marks, in the request's history partition (a claim
+    and its outcome are facts a promotion of the request must see): its
+    ``mark_request_facts`` around every claim write (``_marked``), after it as every
+    fact writer does, and also before it, because a gateway whose call failed may never
+    send it again (the processor's writers get that from Kafka's redelivery). After a
+    claim whose answer would let its holder run the tool, the mark is its
+    ``mark_claim``, which says whether the request stands promoted: the answer is then
+    ``PROMOTED``."""
     now = clock_ms or (lambda: time.time_ns() // 1_000_000)
+    mark_facts, mark_claim = store.mark_request_facts, store.mark_claim
 
     async def _marked(body: _InPartition, write: Callable[..., Any], *args: Any) -> Any:
         mark = (mark_facts, body.tenant_id, body.partition_key, body.idempotency_key)
@@ -241,6 +254,18 @@ def claims_router(ledger: Ledger, mark_facts: Callable[[str, str, str], object],
         result = await run_in_threadpool(write, *args)
         await run_in_threadpool(*mark)
         return result
+
+    async def _claimed(body: ClaimIn, request: ClaimRequest) -> tuple[Answer, str | None]:
+        """The claim's answer, and the response its request stands promoted as when
+        that answer would let the holder run the tool (then nothing may run it: no
+        turn of the request can be promoted any more, so none would use the run)."""
+        where = (body.tenant_id, body.partition_key, body.idempotency_key)
+        await run_in_threadpool(mark_facts, *where)
+        answer: Answer = await run_in_threadpool(ledger.claim_effect, request, now())
+        if answer.state not in _MAY_RUN:
+            await run_in_threadpool(mark_facts, *where)
+            return answer, None
+        return answer, await run_in_threadpool(mark_claim, *where)
 
     # A body without a Content-Type is read as JSON (Java's HttpClient sends none by
     # default); one declared as another type is a 415 (``_ClaimsRoute``).
@@ -273,9 +298,15 @@ def claims_router(ledger: Ledger, mark_facts: Callable[[str, str, str], object],
             body.tenant_id, body.idempotency_key, effect_id, body.attempt, body.subturn_index,
             body.call_id, body.tool_name, body.arguments_digest, body.token, body.lease_ms,
             body.policy)
-        answer: Answer = await _marked(body, ledger.claim_effect, request, now())
-        out = _body(answer.state.value, effect_id, answer.claim, wait_ms=answer.wait_ms,
-                    previous_attempt=answer.previous_attempt, detail=answer.detail)
+        answer, promoted = await _claimed(body, request)
+        if promoted is not None:
+            out = _body(ClaimState.PROMOTED.value, effect_id, answer.claim,
+                        existing_response_id=promoted, detail=(
+                            f"request {body.idempotency_key} stands promoted as response "
+                            f"{promoted}: do not run the tool"))
+        else:
+            out = _body(answer.state.value, effect_id, answer.claim, wait_ms=answer.wait_ms,
+                        previous_attempt=answer.previous_attempt, detail=answer.detail)
         return JSONResponse(out.model_dump(mode="json"))
 
     @router.post(

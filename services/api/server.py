@@ -110,7 +110,7 @@ class ApiProcess:
         self.app: FastAPI = create_app(
             self.service,
             lambda: self.notifier.up,
-            routers=[claims_router(self.ledger, self.store.mark_request_facts)],
+            routers=[claims_router(self.ledger, self.store)],
             # Warm-ups read on the serving loop, like the requests (prewarm.py).
             on_start=lambda: self.prewarmer.attach(asyncio.get_running_loop()),
             max_body_bytes=settings.api_max_body_bytes,

@@ -13,7 +13,8 @@ outcome (the synchronous complete call, then a ``ToolEffect`` through the produc
 one is given, with the claim's effect id), and otherwise reuses the recorded output
 (COMPLETED), waits for a live holder (IN_PROGRESS), or raises a typed error:
 ``EffectOutcomeUnknown`` (LEASE_EXPIRED under ``at_most_once``), ``EffectConflict``,
-``RequestCancelled``, ``EffectOutputUnusable``. The rules are the server's
+``RequestCancelled``, ``RequestPromoted`` (another attempt's turn was promoted),
+``EffectOutputUnusable``. The rules are the server's
 (``ratchet/domain/claims.py``).
 """
 
@@ -48,7 +49,8 @@ from services.gateway.events import (
 from services.gateway.producer import GatewayProducer
 
 __all__ = ["Effect", "EffectClaims", "EffectConflict", "EffectOutcomeUnknown",
-           "EffectOutputUnusable", "EffectPolicy", "RequestCancelled", "StillInProgress"]
+           "EffectOutputUnusable", "EffectPolicy", "RequestCancelled", "RequestPromoted",
+           "StillInProgress"]
 
 
 class EffectOutcomeUnknown(GatewayError):
@@ -81,6 +83,16 @@ class EffectOutputUnusable(GatewayError, ValueError):
 
 class RequestCancelled(GatewayError):
     """The request was cancelled: no new effects may start."""
+
+
+class RequestPromoted(GatewayError):
+    """PROMOTED: the request already stands promoted as ``response_id`` (another
+    attempt's turn). Not executed: no turn of this attempt can be promoted any more.
+    Stop the attempt and answer the client with that response (its history)."""
+
+    def __init__(self, effect_id: str, response_id: str, detail: str) -> None:
+        self.effect_id, self.response_id = effect_id, response_id
+        super().__init__(f"{effect_id}: {detail}")
 
 
 class EffectOutputUnrecordable(GatewayError, ValueError):
@@ -299,6 +311,10 @@ class EffectClaims:
                                            body.get("detail", ""))
             if state == "CONFLICT":
                 raise EffectConflict(f"{effect.effect_id}: {body.get('detail', '')}")
+            if state == "PROMOTED":
+                raise RequestPromoted(effect.effect_id, body["existing_response_id"],
+                                      body.get("detail", ""))
+            # CANCELLED, and any state this library does not know: never execute
             raise RequestCancelled(f"{effect.effect_id}: {body.get('detail', '')}")
 
     def _complete(self, effect: Effect, output: Item, succeeded: bool) -> None:

@@ -780,6 +780,39 @@ class CheckpointStore(ABC):
         self._set_facts_mark(tenant_id, partition_key, idempotency_key, mark)
         return mark
 
+    def mark_claim(self, tenant_id: str, partition_key: str, idempotency_key: str) -> str | None:
+        """``mark_request_facts`` after an effect claim that would let its holder run the
+        tool, which it must not once the request stands promoted: nothing would ever use
+        the run, and a holder that vanished would leave it published nowhere. Returns
+        the response id the request stands promoted with (the claims API then answers
+        ``PROMOTED``), else None once the mark is written.
+
+        The mark is conditional (no response bound to the key in that partition), so it
+        and a promotion batch, which asserts the mark its decision saw, are ordered by
+        one Paxos round: a batch before it promoted (we learn it here), one after it is
+        refused and decided again with the claim among the facts. A chain's first
+        response holds its request in the partition of the response that claimed it
+        first (``hold_request``), so that partition is marked too when it is another
+        one. What stays open: a chain's first attempt that claims the request after
+        this read of its holder, having read the facts before the claim was written
+        (docs/decisions.md, "Claims of a promoted request")."""
+        promoted = self._mark_unless_promoted(tenant_id, partition_key, idempotency_key,
+                                              uuid.uuid4().hex)
+        if promoted is not None:
+            return promoted
+        holder = self._request_holder(tenant_id, idempotency_key)
+        if holder is None or holder.partition_key == partition_key:
+            return None
+        return self._mark_unless_promoted(tenant_id, holder.partition_key, idempotency_key,
+                                          uuid.uuid4().hex)
+
+    @abstractmethod
+    def _mark_unless_promoted(self, tenant_id: str, partition_key: str, idempotency_key: str,
+                              mark: str) -> str | None:
+        """Write the mark unless a response is bound to the key in the partition
+        (linearizable with the promotion batch); returns that response's id, or None
+        when the mark was written. An unknown outcome raises ``StoreUnavailable``."""
+
     @abstractmethod
     def request_facts_mark(self, tenant_id: str, partition_key: str,
                            idempotency_key: str) -> str | None:

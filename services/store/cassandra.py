@@ -372,6 +372,11 @@ class CassandraCheckpointStore(CheckpointStore):
         self._set_mark = self._prepare(
             f"UPDATE {table} SET facts_mark = ? WHERE {idempotency_row}", write_consistency
         )
+        # A claim's mark (``mark_claim``): not once a response is bound to the key, in
+        # one Paxos round with the promotion batch that binds it.
+        self._set_mark_unless_promoted = self._prepare_lwt(
+            f"UPDATE {table} SET facts_mark = ? WHERE {idempotency_row} IF response_id = null"
+        )
         self._select_mark = self._prepare(
             f"SELECT facts_mark FROM {table} WHERE {idempotency_row}", read_consistency
         )
@@ -583,6 +588,20 @@ class CassandraCheckpointStore(CheckpointStore):
             "facts_mark", self._select_mark, (tenant_id, partition_key, idempotency_key)
         ).one()
         return None if row is None else row.facts_mark
+
+    def _mark_unless_promoted(self, tenant_id: str, partition_key: str, idempotency_key: str,
+                              mark: str) -> str | None:
+        # An unknown outcome is StoreUnavailable (the claims API answers 503): the
+        # gateway sends its claim again with the same token, and it is marked again.
+        rows = self._execute("claim_mark", self._set_mark_unless_promoted,
+                             (mark, tenant_id, partition_key, idempotency_key))
+        if rows.was_applied:
+            return None
+        row = rows.one()
+        if row is None or row.response_id is None:  # never: the condition held then
+            raise CorruptPartition(f"idempotency row of {idempotency_key} in {partition_key} "
+                                   "refused a mark without a bound response")
+        return row.response_id
 
     def _set_facts_mark(self, tenant_id: str, partition_key: str, idempotency_key: str,
                         mark: str) -> None:

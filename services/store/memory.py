@@ -177,6 +177,16 @@ class MemoryCheckpointStore(CheckpointStore):
             partition = self._partitions.setdefault((tenant_id, partition_key), _Partition())
             partition.facts_marks[idempotency_key] = mark
 
+    def _mark_unless_promoted(self, tenant_id: str, partition_key: str, idempotency_key: str,
+                              mark: str) -> str | None:
+        with self._lock:
+            partition = self._partitions.setdefault((tenant_id, partition_key), _Partition())
+            record = partition.idempotency.get(idempotency_key)
+            if record is not None:
+                return record.response_id
+            partition.facts_marks[idempotency_key] = mark
+            return None
+
     def _write(self, request: PromotionRequest, plan: Plan, checkpoint: CheckpointRecord,
                facts_mark: str | None) -> bool:
         key = (request.tenant_id, request.partition_key)

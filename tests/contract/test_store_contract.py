@@ -391,6 +391,48 @@ class StoreContract:
         assert store.promote(retry) == Duplicate(store.get_checkpoint(tenant,
                                                                       first.response_id))
 
+    # -- a claim's mark: no tool runs for a request that stands promoted -------------
+
+    def test_a_claims_mark_before_the_promotion_refuses_a_batch_decided_without_it(
+            self, store, tenant):
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        # no idempotency row yet: the conditional mark applies and creates it
+        assert store.mark_claim(tenant, conv, turn.idempotency_key) is None
+        mark = store.request_facts_mark(tenant, conv, turn.idempotency_key)
+        assert mark is not None
+        assert store.promote(turn) == FactsChanged(mark)
+        assert store.mark_claim(tenant, conv, turn.idempotency_key) is None  # a new mark
+        assert store.promote(turn, facts_mark=mark) == FactsChanged(
+            store.request_facts_mark(tenant, conv, turn.idempotency_key))
+
+    def test_a_claims_mark_after_the_promotion_names_the_response(self, store, tenant):
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        mark = store.mark_request_facts(tenant, conv, turn.idempotency_key)
+        assert isinstance(store.promote(turn, facts_mark=mark), Promoted)
+        assert store.mark_claim(tenant, conv, turn.idempotency_key) == turn.response_id
+        assert store.mark_claim(tenant, conv, turn.idempotency_key) == turn.response_id
+        # another request of the partition, and the same key elsewhere, are not promoted
+        assert store.mark_claim(tenant, conv, uid("idem")) is None
+        assert store.mark_claim(tenant, uid("conv"), turn.idempotency_key) is None
+        assert store.mark_claim(uid("t"), conv, turn.idempotency_key) is None
+
+    def test_a_claims_mark_finds_a_chains_first_request_in_its_holders_partition(
+            self, store, tenant):
+        root = uid("resp")
+        first = chain_turn(tenant, root, root, None)
+        store._claim_request(ResponseClaim.of(first))  # held, its batch not sent yet
+        retry_id = uid("resp")  # a retry of the request under another response id
+        assert store.mark_claim(tenant, retry_id, first.idempotency_key) is None
+        # the holder's partition was marked too: its batch decided before is refused
+        mark = store.request_facts_mark(tenant, root, first.idempotency_key)
+        assert mark is not None
+        assert store.promote(first) == FactsChanged(mark)
+        assert isinstance(store.promote(first, facts_mark=mark), Promoted)
+        assert store.mark_claim(tenant, retry_id, first.idempotency_key) == root
+        assert store.mark_claim(tenant, root, first.idempotency_key) == root
+
     def test_logical_only_turn(self, store, tenant):
         conv = uid("conv")
         store.promote(conversation_turn(tenant, conv, 0, certified=False))

@@ -33,7 +33,7 @@ def served_api() -> Iterator[int]:
     store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
     service = RehydrationService(store, ledger, PromotionWaiters())
     app = create_app(service, lambda: True,
-                     routers=[claims_router(ledger, store.mark_request_facts, lambda: NOW_MS)])
+                     routers=[claims_router(ledger, store, lambda: NOW_MS)])
     protocol = with_stall_guard(UpgradeTolerantHttpToolsProtocol, 30)
     with running_server(HistoryFastPath(app, service), protocol) as (port, _):
         yield port

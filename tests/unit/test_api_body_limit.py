@@ -31,7 +31,7 @@ def api(max_body_bytes: int = MAX_BODY_BYTES) -> TestClient:
     store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
     service = RehydrationService(store, ledger, PromotionWaiters())
     app = create_app(service, lambda: True,
-                     routers=[claims_router(ledger, store.mark_request_facts, lambda: NOW_MS)],
+                     routers=[claims_router(ledger, store, lambda: NOW_MS)],
                      max_body_bytes=max_body_bytes)
     return TestClient(HistoryFastPath(app, service), raise_server_exceptions=False)
 

@@ -98,7 +98,7 @@ def _run(seed: int, turns: int, raced: bool):
     clock = _Clock()
     processor, store, ledger = _processor(clock.now_ms)
     service = RehydrationService(store, ledger, PromotionWaiters())
-    routers = [claims_router(ledger, store.mark_request_facts, clock.now_ms)]
+    routers = [claims_router(ledger, store, clock.now_ms)]
     api = TestClient(HistoryFastPath(create_app(service, lambda: True, routers=routers),
                                      service), raise_server_exceptions=False)
     # Claims go through the API over the same store and ledger, as in a chaos run; a

@@ -28,7 +28,7 @@ from services.store.memory import MemoryCheckpointStore
 def client() -> TestClient:
     app = FastAPI()
     store = MemoryCheckpointStore(StoreOptions())
-    app.include_router(claims_router(MemoryLedger(), store.mark_request_facts, lambda: NOW_MS))
+    app.include_router(claims_router(MemoryLedger(), store, lambda: NOW_MS))
     return TestClient(app, raise_server_exceptions=False)
 
 
@@ -37,7 +37,7 @@ def api_client() -> TestClient:
     store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
     service = RehydrationService(store, ledger, PromotionWaiters())
     app = create_app(service, lambda: True,
-                     routers=[claims_router(ledger, store.mark_request_facts, lambda: NOW_MS)])
+                     routers=[claims_router(ledger, store, lambda: NOW_MS)])
     return TestClient(HistoryFastPath(app, service), raise_server_exceptions=False)
 
 

@@ -35,7 +35,7 @@ def body(key: str, partition: str) -> dict:
 
 def client(ledger, store) -> TestClient:
     app = FastAPI()
-    app.include_router(claims_router(ledger, store.mark_request_facts, lambda: NOW_MS))
+    app.include_router(claims_router(ledger, store, lambda: NOW_MS))
     return TestClient(app, raise_server_exceptions=False)
 
 

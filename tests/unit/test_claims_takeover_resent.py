@@ -41,7 +41,7 @@ def test_a_resent_takeover_claim_still_names_the_vanished_attempt():
     clock = Clock()
     app = FastAPI()
     app.include_router(claims_router(MemoryLedger(),
-                                     MemoryCheckpointStore(StoreOptions()).mark_request_facts,
+                                     MemoryCheckpointStore(StoreOptions()),
                                      clock))
     http = TestClient(app)
     first = http.post("/v1/effects/claims",

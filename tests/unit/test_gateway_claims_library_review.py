@@ -54,7 +54,7 @@ class Server:
         self.ledger = MemoryLedger()
         app = FastAPI()
         app.include_router(claims_router(self.ledger,
-                                         MemoryCheckpointStore(StoreOptions()).mark_request_facts,
+                                         MemoryCheckpointStore(StoreOptions()),
                                          lambda: self.now_ms))
         self.http = TestClient(app)
         self.lose_next_answer = False

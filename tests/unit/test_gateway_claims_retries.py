@@ -39,7 +39,7 @@ def _claims(ledger: MemoryLedger, attempt: int, *, lost_completions: int = 0,
     first ``lost_completions`` completions are answered 503."""
     app = FastAPI()
     app.include_router(claims_router(
-        ledger, MemoryCheckpointStore(StoreOptions()).mark_request_facts, lambda: NOW_MS))
+        ledger, MemoryCheckpointStore(StoreOptions()), lambda: NOW_MS))
     server = TestClient(app)
     lost = [lost_completions]
 
@@ -119,3 +119,37 @@ def test_an_effect_says_which_vanished_attempt_it_took_over():
     with fresh.effect(CALL, subturn_index=0) as first:
         first.run(lambda: "sent")
     assert (first.state, first.previous_attempt) == ("CLAIMED", None)
+
+
+def test_a_claim_of_a_promoted_request_is_never_run():
+    """PROMOTED (docs/gateway-protocol.md section 8): another attempt's turn stands
+    promoted; the library raises ``RequestPromoted`` naming it and never runs the tool."""
+    from ratchet.samples import make_turn
+    from services.gateway.claims import RequestPromoted
+    from tests.unit.test_processor_rules import Harness
+
+    h = Harness()
+    promoted = make_turn(tenant_id="t1", conversation_id="conv_1", idempotency_key="k1")
+    h.processor.handle(h.record(promoted))
+    app = FastAPI()
+    app.include_router(claims_router(h.ledger, h.store, lambda: NOW_MS))
+    server = TestClient(app)
+
+    def forward(request: httpx.Request) -> httpx.Response:
+        answer = server.post(request.url.path, content=request.content,
+                             headers={"content-type": "application/json"})
+        return httpx.Response(answer.status_code, content=answer.content)
+
+    identity = TurnIdentity(tenant_id="t1", response_id="r2", conversation_id="conv_1",
+                            expected_head_seq=0)
+    claims = EffectClaims("http://claims.test", identity, idempotency_key="k1", attempt=2,
+                          transport=httpx.MockTransport(forward))
+    runs: list[int] = []
+    with claims.effect(CALL, subturn_index=0) as effect:
+        try:
+            effect.run(lambda: runs.append(1) or "sent")
+        except RequestPromoted as exc:
+            assert exc.response_id == promoted.response_id
+        else:
+            raise AssertionError("a claim of a promoted request was run")
+    assert runs == []
