@@ -232,9 +232,9 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
             figures.append(measure("store.promote (2 items)", concurrency, per_worker, promote))
             figures.append(measure("ledger.claim_effect (new claim)", concurrency, per_worker,
                                    claim))
-            figures.append(measure("claims API writes, conditional mark", concurrency,
+            figures.append(measure("claims API writes, mark_claim", concurrency,
                                    per_worker, api_claim))
-            figures.append(measure("claims API writes, plain marks (before)", concurrency,
+            figures.append(measure("claims API writes, plain mark", concurrency,
                                    per_worker, api_claim_plain))
 
         done_key = f"done_{uuid.uuid4().hex[:6]}"

@@ -16,6 +16,6 @@ pytestmark = pytest.mark.integration
 def test_the_store_bench_times_every_operation_it_names(settings):
     figures = store.run(settings, promotes=4, reads=4)
     names = {figure.name for figure in figures}
-    assert {"store.promote (2 items)", "claims API writes, conditional mark",
-            "claims API writes, plain marks (before)"} <= names
+    assert {"store.promote (2 items)", "claims API writes, mark_claim",
+            "claims API writes, plain mark"} <= names
     assert all(figure.samples > 0 and figure.p50_ms > 0 for figure in figures)
