@@ -10,6 +10,7 @@ malformed, 404 unknown claim, 409 not the holder / another outcome already recor
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
@@ -99,6 +100,11 @@ class ClaimIn(_InPartition):
     policy: EffectPolicy
     effect_id: str | None = Field(None, pattern=EFFECT_ID_PATTERN, description="Optional: "
                                   "the key the caller computed; refused if it differs.")
+    response_id: str | None = Field(None, pattern=_ID, description=(
+        "Optional: this attempt's response id. For a chain's first response "
+        "(partition_key equal to it) the claim also learns a promotion of the request "
+        "under another response id (PROMOTED); without it only partition_key's "
+        "partition is looked at."))
 
 
 class OutputIn(_Body):
@@ -265,7 +271,9 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
         if answer.state not in _MAY_RUN:
             await run_in_threadpool(mark_facts, *where)
             return answer, None
-        return answer, await run_in_threadpool(mark_claim, *where)
+        first_of_chain = body.response_id == body.partition_key
+        return answer, await run_in_threadpool(
+            functools.partial(mark_claim, *where, first_of_chain=first_of_chain))
 
     # A body without a Content-Type is read as JSON (Java's HttpClient sends none by
     # default); one declared as another type is a 415 (``_ClaimsRoute``).

@@ -296,7 +296,7 @@ class EffectClaims:
                 "arguments_digest": arguments_digest_of(effect.call),
                 "call_id": effect.call_id, "token": effect.token,
                 "lease_ms": self._lease_ms, "policy": self.policy(effect.tool_name).value,
-                "effect_id": effect.effect_id})
+                "effect_id": effect.effect_id, "response_id": self.identity.response_id})
             state = body["state"]
             if state in ("CLAIMED", "COMPLETED"):
                 return body

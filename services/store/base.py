@@ -780,7 +780,8 @@ class CheckpointStore(ABC):
         self._set_facts_mark(tenant_id, partition_key, idempotency_key, mark)
         return mark
 
-    def mark_claim(self, tenant_id: str, partition_key: str, idempotency_key: str) -> str | None:
+    def mark_claim(self, tenant_id: str, partition_key: str, idempotency_key: str, *,
+                   first_of_chain: bool = False) -> str | None:
         """``mark_request_facts`` after an effect claim that would let its holder run the
         tool, which it must not once the request stands promoted: nothing would ever use
         the run, and a holder that vanished would leave it published nowhere. Returns
@@ -790,15 +791,19 @@ class CheckpointStore(ABC):
         The mark is conditional (no response bound to the key in that partition), so it
         and a promotion batch, which asserts the mark its decision saw, are ordered by
         one Paxos round: a batch before it promoted (we learn it here), one after it is
-        refused and decided again with the claim among the facts. A chain's first
-        response holds its request in the partition of the response that claimed it
-        first (``hold_request``), so that partition is marked too when it is another
-        one. What stays open: a chain's first attempt that claims the request after
-        this read of its holder, having read the facts before the claim was written
-        (docs/decisions.md, "Claims of a promoted request")."""
+        refused and decided again with the claim among the facts.
+
+        ``first_of_chain``: the claim is an attempt of a chain's first response (its
+        partition is its own response id). Its request may stand promoted under another
+        response id, in the partition of the response holding the request
+        (``hold_request``): that partition is marked the same way. Only then: the same
+        key in another chain or a Conversation is another request, whose holder this is
+        not. A claim made before the holder held the request is seen by the holder's
+        own read of the request's facts after its batch (the processor's
+        ``_on_turn``)."""
         promoted = self._mark_unless_promoted(tenant_id, partition_key, idempotency_key,
                                               uuid.uuid4().hex)
-        if promoted is not None:
+        if promoted is not None or not first_of_chain:
             return promoted
         holder = self._request_holder(tenant_id, idempotency_key)
         if holder is None or holder.partition_key == partition_key:

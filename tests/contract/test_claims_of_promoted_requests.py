@@ -33,13 +33,16 @@ class Claims:
         self.http = TestClient(app)
 
     def claim(self, key: str, partition: str, *, attempt: int, token: str | None = None,
-              policy: str = "at_most_once") -> dict:
-        answer = self.http.post("/v1/effects/claims", json={
+              policy: str = "at_most_once", response_id: str | None = None) -> dict:
+        body = {
             "tenant_id": TENANT, "idempotency_key": key, "partition_key": partition,
             "attempt": attempt, "subturn_index": 0, "tool_name": "send_email",
             "occurrence": 0, "arguments_digest": hashlib.sha256(b"{}").hexdigest(),
             "call_id": f"call_{attempt}", "token": token or uuid.uuid4().hex,
-            "lease_ms": 30_000, "policy": policy})
+            "lease_ms": 30_000, "policy": policy}
+        if response_id is not None:
+            body["response_id"] = response_id
+        answer = self.http.post("/v1/effects/claims", json=body)
         assert answer.status_code == 200, answer.text
         return answer.json()
 
@@ -140,5 +143,53 @@ def test_a_chains_first_request_retried_under_another_response_id(data, entry): 
                       expected_head_seq=None)
     _promoted(worker, first)
     retry_id = new_id("resp")
-    answer = claims.claim(first.idempotency_key, retry_id, attempt=2)
+    answer = claims.claim(first.idempotency_key, retry_id, attempt=2, response_id=retry_id)
     assert (answer["state"], answer["existing_response_id"]) == ("PROMOTED", root)
+    # Without its response id the API cannot tell a chain's first response from a
+    # later turn of another chain (partition_key = its root), which is another request
+    # under the same key: only that partition is looked at (attempt 2's claim is live).
+    assert claims.claim(first.idempotency_key, retry_id, attempt=3)["state"] == "IN_PROGRESS"
+
+
+def test_the_same_key_in_another_chain_or_a_conversation_is_another_request(
+        data, entry="handle"):  # noqa: F811
+    """An idempotency key's scope is its partition: a chain's first request promoted
+    under a key says nothing of a request of another chain or a Conversation that uses
+    the same key. Their claims run (claims themselves are per tenant and key: the
+    docs say so)."""
+    claims, worker = Claims(data), data.worker(entry)
+    root = new_id("resp")
+    first = make_turn(response_id=root, conversation_id=None, chain_root_id=root,
+                      expected_head_seq=None)
+    _promoted(worker, first)
+    other_root, conv = new_id("resp"), new_id("conv")
+    # a later turn of another chain (partition: its root), and a Conversation's turn
+    later = claims.claim(first.idempotency_key, other_root, attempt=1,
+                         response_id=new_id("resp"))
+    assert later["state"] == "CLAIMED", later
+    in_conversation = claims.claim(first.idempotency_key, conv, attempt=1,
+                                   response_id=new_id("resp"))
+    assert in_conversation["state"] == "IN_PROGRESS", in_conversation  # the same claim
+
+
+def test_a_retrys_claim_before_a_chains_first_promotion_is_published_by_it(data):  # noqa: F811
+    """A chain's first response: a retry under another response id claims (its own
+    partition) before the first attempt holds the request, so the claim's marks miss
+    the first attempt's partition, and its batch, asserting no mark, lands. The first
+    attempt reads the request's facts again after its batch: the claim is published
+    for compensation (it may have run), never left unnamed."""
+    claims = Claims(data)
+    store = PausedBatch(data.store())
+    worker = data.worker("handle", store=store)
+    root = new_id("resp")
+    first = make_turn(response_id=root, conversation_id=None, chain_root_id=root,
+                      expected_head_seq=None)
+    answers = []
+    store.before_promote = lambda land: answers.append(
+        claims.claim(first.idempotency_key, new_id("resp"), attempt=2))
+    handled = worker.handle(first)
+    assert [a["state"] for a in answers] == ["CLAIMED"]
+    assert isinstance(handled.outbound[0].model, CheckpointPromoted)
+    orphans = [(o.model.effect_id, o.model.reason, o.model.effect_completed)
+               for o in handled.outbound if isinstance(o.model, EffectOrphaned)]
+    assert orphans == [(answers[0]["effect_id"], OrphanReason.ATTEMPT_SUPERSEDED, False)]

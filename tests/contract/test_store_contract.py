@@ -424,14 +424,18 @@ class StoreContract:
         first = chain_turn(tenant, root, root, None)
         store._claim_request(ResponseClaim.of(first))  # held, its batch not sent yet
         retry_id = uid("resp")  # a retry of the request under another response id
-        assert store.mark_claim(tenant, retry_id, first.idempotency_key) is None
+        assert store.mark_claim(tenant, retry_id, first.idempotency_key,
+                                first_of_chain=True) is None
         # the holder's partition was marked too: its batch decided before is refused
         mark = store.request_facts_mark(tenant, root, first.idempotency_key)
         assert mark is not None
         assert store.promote(first) == FactsChanged(mark)
         assert isinstance(store.promote(first, facts_mark=mark), Promoted)
-        assert store.mark_claim(tenant, retry_id, first.idempotency_key) == root
+        assert store.mark_claim(tenant, retry_id, first.idempotency_key,
+                                first_of_chain=True) == root
         assert store.mark_claim(tenant, root, first.idempotency_key) == root
+        # not a chain's first response: another partition is another request
+        assert store.mark_claim(tenant, retry_id, first.idempotency_key) is None
 
     def test_logical_only_turn(self, store, tenant):
         conv = uid("conv")
