@@ -11,9 +11,9 @@ Measured in one run, in a keyspace of its own (created, then dropped):
   same raw LWT: a new claim (one conditional batch: the claim row and the request's
   cancellation condition) and, at concurrency 1, the claim of a completed effect (a
   retry reusing the output: the LWT is not applied and answers with the stored claim).
-  Beside it, the claims API's writes for a new claim: the request's facts mark, the
-  claim, and the conditional mark that learns whether the request stands promoted
-  (``mark_claim``), and the same with the plain mark it replaced.
+  Beside it, the claims API's writes for a new claim: the request's conditional facts
+  marks before and after the claim, which learn whether the request stands promoted
+  (``mark_claim``), and the same with the plain marks they replaced.
 - ``promote, no hint`` at concurrency 1: a store without hints (``hint_capacity=0``),
   so every turn after the first reads the view at SERIAL first (two Paxos rounds): the
   cost of the path a stale hint falls back to.
@@ -212,17 +212,23 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
                 assert answer.state is state, answer
 
             def api_claim(w: int, i: int, run_id=run_id, conditional=True) -> None:
-                # The claims API's writes for a new claim: the facts mark before it, the
-                # claim, and the mark after it, which learns whether the request stands
-                # promoted (``mark_claim``) or, before session 39, a plain mark.
+                # The claims API's writes for a new claim: the facts marks before and
+                # after it, which learn whether the request stands promoted
+                # (``mark_claim``) or, before session 39, plain marks.
                 request = _claim(tenant, f"api_{run_id}_{w}_{conditional}", i)
                 where = (tenant, f"conv_api_{run_id}_{w}", request.idempotency_key)
-                store.mark_request_facts(*where)
-                assert ledger.claim_effect(request, _now_ms()).state is ClaimState.CLAIMED
-                if conditional:
-                    assert store.mark_claim(*where) is None
-                else:
-                    store.mark_request_facts(*where)
+
+                def mark() -> None:
+                    if not conditional:
+                        store.mark_request_facts(*where)
+                    elif store.mark_claim(*where) is not None:
+                        raise AssertionError(f"{where}: no promotion expected")
+
+                mark()
+                answer = ledger.claim_effect(request, _now_ms())
+                if answer.state is not ClaimState.CLAIMED:
+                    raise AssertionError(f"{where}: {answer}")
+                mark()
 
             def api_claim_plain(w: int, i: int) -> None:
                 api_claim(w, i, conditional=False)

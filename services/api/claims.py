@@ -37,6 +37,7 @@ from ratchet.domain.claims import (
     CompletionState,
     EffectPolicy,
 )
+from ratchet.domain.plan import IdempotencyRecord
 from schemas.canonical import parse_json
 from schemas.ids import ID_PATTERN
 from schemas.limits import MIB
@@ -148,6 +149,9 @@ class ClaimBody(_Body):
                                          "expired lease of this attempt.")
     existing_response_id: str | None = Field(None, description="PROMOTED: the response "
                                              "the request stands promoted as.")
+    existing_request_digest: str | None = Field(None, description=(
+        "PROMOTED: the request_digest of the promoted request; another than yours: the "
+        "key was used for another request (IDEMPOTENCY_KEY_REUSED)."))
     status: Literal["succeeded", "failed"] | None = None
     output: HistoryItem | None = Field(None, description="COMPLETED: the recorded output "
                                        "(re-key it to the new call id before use).")
@@ -237,7 +241,7 @@ def _unreadable_body(body: bytes) -> str | None:
 
 
 # The answers after which a holder may run the tool, now or after waiting: a request
-# that already stands promoted is answered PROMOTED instead (``mark_claim``).
+# found promoted after the claim's write is answered PROMOTED instead (``mark_claim``).
 _MAY_RUN = frozenset({ClaimState.CLAIMED, ClaimState.IN_PROGRESS, ClaimState.LEASE_EXPIRED})
 
 
@@ -245,14 +249,13 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
                   clock_ms: Callable[[], int] | None = None) -> APIRouter:
     """``store``'s request facts marks, in the request's history partition (a claim
     and its outcome are facts a promotion of the request must see): its
-    ``mark_request_facts`` around every claim write (``_marked``), after it as every
-    fact writer does, and also before it, because a gateway whose call failed may never
-    send it again (the processor's writers get that from Kafka's redelivery). After a
-    claim whose answer would let its holder run the tool, the mark is its
-    ``mark_claim``, which says whether the request stands promoted: the answer is then
-    ``PROMOTED``."""
+    ``mark_request_facts`` around every write (``_marked``), after it as every fact
+    writer does, and also before it, because a gateway whose call failed may never
+    send it again (the processor's writers get that from Kafka's redelivery). Around a
+    claim both marks are ``mark_claim``, which says whether the request stands
+    promoted (``_claimed``)."""
     now = clock_ms or (lambda: time.time_ns() // 1_000_000)
-    mark_facts, mark_claim = store.mark_request_facts, store.mark_claim
+    mark_facts = store.mark_request_facts
 
     async def _marked(body: _InPartition, write: Callable[..., Any], *args: Any) -> Any:
         mark = (mark_facts, body.tenant_id, body.partition_key, body.idempotency_key)
@@ -261,19 +264,29 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
         await run_in_threadpool(*mark)
         return result
 
-    async def _claimed(body: ClaimIn, request: ClaimRequest) -> tuple[Answer, str | None]:
-        """The claim's answer, and the response its request stands promoted as when
-        that answer would let the holder run the tool (then nothing may run it: no
-        turn of the request can be promoted any more, so none would use the run)."""
-        where = (body.tenant_id, body.partition_key, body.idempotency_key)
-        await run_in_threadpool(mark_facts, *where)
+    async def _claimed(body: ClaimIn,
+                       request: ClaimRequest) -> Answer | IdempotencyRecord:
+        """The claim's answer, or the record of the promotion its request stands with.
+
+        Before the claim is written: a request that stands promoted writes no claim
+        (nothing would use a run; a claim written would be published for compensation,
+        and a takeover would lock out a holder still running). After it, for an answer
+        that lets the holder run the tool: a promotion that landed between the two is
+        learnt too. Both marks are conditional, in one Paxos round with the promotion
+        batch (``CheckpointStore.mark_claim``), so either the promotion sees the claim
+        or the claim is answered PROMOTED."""
+        mark = functools.partial(store.mark_claim, body.tenant_id, body.partition_key,
+                                 body.idempotency_key,
+                                 first_of_chain=body.response_id == body.partition_key)
+        promoted = await run_in_threadpool(mark)
+        if promoted is not None:
+            return promoted
         answer: Answer = await run_in_threadpool(ledger.claim_effect, request, now())
         if answer.state not in _MAY_RUN:
-            await run_in_threadpool(mark_facts, *where)
-            return answer, None
-        first_of_chain = body.response_id == body.partition_key
-        return answer, await run_in_threadpool(
-            functools.partial(mark_claim, *where, first_of_chain=first_of_chain))
+            await run_in_threadpool(mark_facts, body.tenant_id, body.partition_key,
+                                    body.idempotency_key)
+            return answer
+        return await run_in_threadpool(mark) or answer
 
     # A body without a Content-Type is read as JSON (Java's HttpClient sends none by
     # default); one declared as another type is a 415 (``_ClaimsRoute``).
@@ -306,12 +319,14 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
             body.tenant_id, body.idempotency_key, effect_id, body.attempt, body.subturn_index,
             body.call_id, body.tool_name, body.arguments_digest, body.token, body.lease_ms,
             body.policy)
-        answer, promoted = await _claimed(body, request)
-        if promoted is not None:
-            out = _body(ClaimState.PROMOTED.value, effect_id, answer.claim,
-                        existing_response_id=promoted, detail=(
+        answer = await _claimed(body, request)
+        if isinstance(answer, IdempotencyRecord):
+            # No claim's fields: nobody holds the effect for a promoted request.
+            out = _body(ClaimState.PROMOTED.value, effect_id, None,
+                        existing_response_id=answer.response_id,
+                        existing_request_digest=answer.request_digest, detail=(
                             f"request {body.idempotency_key} stands promoted as response "
-                            f"{promoted}: do not run the tool"))
+                            f"{answer.response_id}: do not run the tool"))
         else:
             out = _body(answer.state.value, effect_id, answer.claim, wait_ms=answer.wait_ms,
                         previous_attempt=answer.previous_attempt, detail=answer.detail)

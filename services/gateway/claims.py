@@ -86,12 +86,16 @@ class RequestCancelled(GatewayError):
 
 
 class RequestPromoted(GatewayError):
-    """PROMOTED: the request already stands promoted as ``response_id`` (another
-    attempt's turn). Not executed: no turn of this attempt can be promoted any more.
-    Stop the attempt and answer the client with that response (its history)."""
+    """PROMOTED: the request's key already stands promoted as ``response_id`` (another
+    attempt's turn) with ``request_digest``. Not executed: no turn of this attempt can
+    be promoted any more. The same digest as this request's: stop the attempt and
+    answer the client with that response (its history); another: the key was used for
+    another request (what the turn would be rejected as: IDEMPOTENCY_KEY_REUSED)."""
 
-    def __init__(self, effect_id: str, response_id: str, detail: str) -> None:
+    def __init__(self, effect_id: str, response_id: str, request_digest: str,
+                 detail: str) -> None:
         self.effect_id, self.response_id = effect_id, response_id
+        self.request_digest = request_digest
         super().__init__(f"{effect_id}: {detail}")
 
 
@@ -313,6 +317,7 @@ class EffectClaims:
                 raise EffectConflict(f"{effect.effect_id}: {body.get('detail', '')}")
             if state == "PROMOTED":
                 raise RequestPromoted(effect.effect_id, body["existing_response_id"],
+                                      body["existing_request_digest"],
                                       body.get("detail", ""))
             # CANCELLED, and any state this library does not know: never execute
             raise RequestCancelled(f"{effect.effect_id}: {body.get('detail', '')}")

@@ -76,6 +76,7 @@ from ratchet.domain.plan import (
     Duplicate,
     FactsChanged,
     HeadDamaged,
+    IdempotencyRecord,
     KeyReused,
     LineageChanged,
     Plan,
@@ -781,11 +782,11 @@ class CheckpointStore(ABC):
         return mark
 
     def mark_claim(self, tenant_id: str, partition_key: str, idempotency_key: str, *,
-                   first_of_chain: bool = False) -> str | None:
-        """``mark_request_facts`` after an effect claim that would let its holder run the
-        tool, which it must not once the request stands promoted: nothing would ever use
-        the run, and a holder that vanished would leave it published nowhere. Returns
-        the response id the request stands promoted with (the claims API then answers
+                   first_of_chain: bool = False) -> IdempotencyRecord | None:
+        """``mark_request_facts`` around an effect claim, which must not let its holder
+        run the tool once the request stands promoted: nothing would ever use the run,
+        and a holder that vanished would leave it published nowhere. Returns the record
+        of the promotion the request stands with (the claims API then answers
         ``PROMOTED``), else None once the mark is written.
 
         The mark is conditional (no response bound to the key in that partition), so it
@@ -813,10 +814,10 @@ class CheckpointStore(ABC):
 
     @abstractmethod
     def _mark_unless_promoted(self, tenant_id: str, partition_key: str, idempotency_key: str,
-                              mark: str) -> str | None:
+                              mark: str) -> IdempotencyRecord | None:
         """Write the mark unless a response is bound to the key in the partition
-        (linearizable with the promotion batch); returns that response's id, or None
-        when the mark was written. An unknown outcome raises ``StoreUnavailable``."""
+        (linearizable with the promotion batch); returns that binding, or None when the
+        mark was written. An unknown outcome raises ``StoreUnavailable``."""
 
     @abstractmethod
     def request_facts_mark(self, tenant_id: str, partition_key: str,

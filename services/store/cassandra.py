@@ -375,7 +375,9 @@ class CassandraCheckpointStore(CheckpointStore):
         # A claim's mark (``mark_claim``): not once a response is bound to the key, in
         # one Paxos round with the promotion batch that binds it.
         self._set_mark_unless_promoted = self._prepare_lwt(
-            f"UPDATE {table} SET facts_mark = ? WHERE {idempotency_row} IF response_id = null"
+            f"UPDATE {table} SET facts_mark = ? WHERE {idempotency_row} "
+            # Both are set together by a promotion: the refusal returns them both.
+            "IF response_id = null AND request_digest = null"
         )
         self._select_mark = self._prepare(
             f"SELECT facts_mark FROM {table} WHERE {idempotency_row}", read_consistency
@@ -590,7 +592,7 @@ class CassandraCheckpointStore(CheckpointStore):
         return None if row is None else row.facts_mark
 
     def _mark_unless_promoted(self, tenant_id: str, partition_key: str, idempotency_key: str,
-                              mark: str) -> str | None:
+                              mark: str) -> IdempotencyRecord | None:
         # An unknown outcome is StoreUnavailable (the claims API answers 503): the
         # gateway sends its claim again with the same token, and it is marked again.
         rows = self._execute("claim_mark", self._set_mark_unless_promoted,
@@ -598,10 +600,10 @@ class CassandraCheckpointStore(CheckpointStore):
         if rows.was_applied:
             return None
         row = rows.one()
-        if row is None or row.response_id is None:  # never: the condition held then
+        if row is None or row.response_id is None or row.request_digest is None:
             raise CorruptPartition(f"idempotency row of {idempotency_key} in {partition_key} "
-                                   "refused a mark without a bound response")
-        return row.response_id
+                                   "refused a mark without a whole binding")
+        return IdempotencyRecord(idempotency_key, row.request_digest, row.response_id)
 
     def _set_facts_mark(self, tenant_id: str, partition_key: str, idempotency_key: str,
                         mark: str) -> None:

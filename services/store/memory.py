@@ -178,12 +178,12 @@ class MemoryCheckpointStore(CheckpointStore):
             partition.facts_marks[idempotency_key] = mark
 
     def _mark_unless_promoted(self, tenant_id: str, partition_key: str, idempotency_key: str,
-                              mark: str) -> str | None:
+                              mark: str) -> IdempotencyRecord | None:
         with self._lock:
             partition = self._partitions.setdefault((tenant_id, partition_key), _Partition())
             record = partition.idempotency.get(idempotency_key)
             if record is not None:
-                return record.response_id
+                return record
             partition.facts_marks[idempotency_key] = mark
             return None
 

@@ -1,12 +1,14 @@
 """No tool runs for a request that already stands promoted (both backends).
 
-A claim that would let its holder run the tool (``CLAIMED``, ``IN_PROGRESS``,
-``LEASE_EXPIRED``) of a request already promoted is answered ``PROMOTED`` with the
-response it stands promoted as: no turn of the request can be promoted any more, so
-nothing would use the run, and a holder that vanished left it published nowhere
-(docs/decisions.md, "Claims of a promoted request"). The claim's conditional mark and
-the promotion batch are ordered by one Paxos round, so whichever lands first, the run
-is either refused or seen by the promotion."""
+A claim of a request already promoted is answered ``PROMOTED`` with the response it
+stands promoted as and that request's digest, and nothing is written: no turn of the
+request can be promoted any more, so nothing would use a run, and a holder that
+vanished left it published nowhere (docs/decisions.md, "Claims of a promoted
+request"). The claim's conditional marks, before and after its write, and the promotion
+batch are ordered by one Paxos round, so whichever lands first, the run is either
+refused or seen by the promotion. Found by review (session 39): a claim refused after
+its write was published for compensation, and a refused takeover locked a live holder
+out of recording its run."""
 
 from __future__ import annotations
 
@@ -26,11 +28,13 @@ from tests.contract.test_processor_handover import ENTRIES, PausedBatch, data  #
 class Claims:
     """The claims API over one backend's store and ledger, on a clock tests move."""
 
-    def __init__(self, data) -> None:  # noqa: F811
+    def __init__(self, data, ledger=None) -> None:  # noqa: F811
         self.now_ms = NOW_MS
         app = FastAPI()
-        app.include_router(claims_router(data.ledger(), data.store(), lambda: self.now_ms))
+        app.include_router(claims_router(ledger or data.ledger(), data.store(),
+                                         lambda: self.now_ms))
         self.http = TestClient(app)
+
 
     def claim(self, key: str, partition: str, *, attempt: int, token: str | None = None,
               policy: str = "at_most_once", response_id: str | None = None) -> dict:
@@ -47,6 +51,22 @@ class Claims:
         return answer.json()
 
 
+class AfterClaim:
+    """A ledger that runs ``after`` once a claim is written, before its answer."""
+
+    def __init__(self, ledger, after) -> None:
+        self._ledger, self.after = ledger, after
+
+    def claim_effect(self, request, now_ms):
+        answer = self._ledger.claim_effect(request, now_ms)
+        if self.after is not None:
+            act, self.after = self.after, None
+            act()
+        return answer
+
+    def __getattr__(self, name):
+        return getattr(self._ledger, name)
+
 def _promoted(worker, t) -> None:
     assert isinstance(worker.outcome(t), CheckpointPromoted)
 
@@ -59,10 +79,16 @@ def test_a_claim_after_the_promotion_is_answered_promoted(data, entry):  # noqa:
     _promoted(worker, t)
     token = uuid.uuid4().hex
     answer = claims.claim(t.idempotency_key, conv, attempt=2, token=token)
-    assert (answer["state"], answer["existing_response_id"]) == ("PROMOTED", t.response_id)
+    assert (answer["state"], answer["existing_response_id"],
+            answer["existing_request_digest"]) == ("PROMOTED", t.response_id,
+                                                   t.request_digest)
     assert answer["effect_id"] == effect_id_for_claim(t.idempotency_key, 0, "send_email", 0)
-    # the same call re-sent, another attempt while its lease runs, and one after it ran
-    # out under either policy: none may run the tool
+    assert (answer["attempt"], answer["lease_until"]) == (None, None)  # nobody holds it
+    # nothing was written: no claim to publish for compensation, now or on redelivery
+    assert data.ledger().claim(TENANT, t.idempotency_key, answer["effect_id"]) is None
+    assert _orphans(worker.handle(t)) == []
+    # the same call re-sent, another attempt, and one after a lease would have run out
+    # under either policy: none may run the tool
     assert claims.claim(t.idempotency_key, conv, attempt=2, token=token)["state"] == "PROMOTED"
     assert claims.claim(t.idempotency_key, conv, attempt=3)["state"] == "PROMOTED"
     claims.now_ms += 60_000
@@ -73,9 +99,16 @@ def test_a_claim_after_the_promotion_is_answered_promoted(data, entry):  # noqa:
     assert claims.claim(new_id("idem"), conv, attempt=1)["state"] == "CLAIMED"
 
 
+def _orphans(handled) -> list:
+    return [(o.model.effect_id, o.model.reason, o.model.effect_completed)
+            for o in handled.outbound if isinstance(o.model, EffectOrphaned)]
+
+
 @ENTRIES
-def test_a_completed_claim_is_still_reused_after_the_promotion(data, entry):  # noqa: F811
-    """Reusing a recorded outcome never runs the tool: ``COMPLETED`` stays."""
+def test_a_completed_claim_is_not_reused_after_the_promotion(data, entry):  # noqa: F811
+    """A retry of a promoted request is told so even where a recorded output could be
+    reused: it stops at its first claim instead of building a turn that is a
+    ``DUPLICATE``."""
     claims, worker = Claims(data), data.worker(entry)
     conv, key, token = new_id("conv"), new_id("idem"), uuid.uuid4().hex
     first = claims.claim(key, conv, attempt=1, token=token)
@@ -88,9 +121,38 @@ def test_a_completed_claim_is_still_reused_after_the_promotion(data, entry):  # 
                    "call_id": "call_1", "content": content.decode(),
                    "content_digest": hashlib.sha256(content).hexdigest()}})
     assert done.json()["state"] == "COMPLETED"
-    _promoted(worker, make_turn(conversation_id=conv, idempotency_key=key, attempt=2))
+    promoted = make_turn(conversation_id=conv, idempotency_key=key, attempt=2)
+    _promoted(worker, promoted)
     again = claims.claim(key, conv, attempt=3)
-    assert (again["state"], again["output"]["content"]) == ("COMPLETED", content.decode())
+    assert (again["state"], again["existing_response_id"]) == ("PROMOTED",
+                                                               promoted.response_id)
+
+
+@ENTRIES
+def test_a_refused_takeover_leaves_the_running_holder_its_completion(data, entry):  # noqa: F811
+    """Attempt 1 holds the claim (``at_least_once``) and its tool runs past its lease;
+    attempt 2's turn is promoted meanwhile. Attempt 3 would take the expired lease
+    over: it is answered ``PROMOTED`` without writing, so attempt 1 still records what
+    its run did (a first draft wrote the takeover, then refused it: attempt 1's
+    completion was ``NOT_HOLDER`` and the run's outcome was never recorded)."""
+    claims, worker = Claims(data), data.worker(entry)
+    conv, key, token = new_id("conv"), new_id("idem"), uuid.uuid4().hex
+    assert claims.claim(key, conv, attempt=1, token=token,
+                        policy="at_least_once")["state"] == "CLAIMED"
+    effect_id = effect_id_for_claim(key, 0, "send_email", 0)
+    promoted = make_turn(conversation_id=conv, idempotency_key=key, attempt=2)
+    worker.handle(promoted)
+    claims.now_ms += 60_000
+    taker = claims.claim(key, conv, attempt=3, policy="at_least_once")
+    assert taker["state"] == "PROMOTED", taker
+    content = b'{"call_id":"call_1","id":"fco_1","output":"sent","type":"function_call_output"}'
+    done = claims.http.post(f"/v1/effects/claims/{effect_id}/complete", json={
+        "tenant_id": TENANT, "idempotency_key": key, "partition_key": conv,
+        "token": token, "status": "succeeded",
+        "output": {"item_id": "fco_1", "type": "function_call_output", "role": None,
+                   "call_id": "call_1", "content": content.decode(),
+                   "content_digest": hashlib.sha256(content).hexdigest()}})
+    assert (done.status_code, done.json()["state"]) == (200, "COMPLETED"), done.text
 
 
 def test_a_promotion_landing_before_the_claims_mark_refuses_the_claim(data):  # noqa: F811
@@ -147,8 +209,8 @@ def test_a_chains_first_request_retried_under_another_response_id(data, entry): 
     assert (answer["state"], answer["existing_response_id"]) == ("PROMOTED", root)
     # Without its response id the API cannot tell a chain's first response from a
     # later turn of another chain (partition_key = its root), which is another request
-    # under the same key: only that partition is looked at (attempt 2's claim is live).
-    assert claims.claim(first.idempotency_key, retry_id, attempt=3)["state"] == "IN_PROGRESS"
+    # under the same key: only that partition is looked at (attempt 2 wrote no claim).
+    assert claims.claim(first.idempotency_key, retry_id, attempt=3)["state"] == "CLAIMED"
 
 
 def test_the_same_key_in_another_chain_or_a_conversation_is_another_request(
@@ -193,3 +255,16 @@ def test_a_retrys_claim_before_a_chains_first_promotion_is_published_by_it(data)
     orphans = [(o.model.effect_id, o.model.reason, o.model.effect_completed)
                for o in handled.outbound if isinstance(o.model, EffectOrphaned)]
     assert orphans == [(answers[0]["effect_id"], OrphanReason.ATTEMPT_SUPERSEDED, False)]
+
+
+@ENTRIES
+def test_a_promotion_landing_between_the_claim_and_its_second_mark(data, entry):  # noqa: F811
+    """The first mark found nothing promoted; the batch lands right after the claim's
+    write: the second mark learns it. The claim stays written (the promotion may have
+    read it): it is answered ``PROMOTED`` all the same, and never run."""
+    worker = data.worker(entry)
+    conv = new_id("conv")
+    t = make_turn(conversation_id=conv)
+    claims = Claims(data, AfterClaim(data.ledger(), lambda: _promoted(worker, t)))
+    answer = claims.claim(t.idempotency_key, conv, attempt=2)
+    assert (answer["state"], answer["existing_response_id"]) == ("PROMOTED", t.response_id)

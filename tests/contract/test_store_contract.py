@@ -19,6 +19,7 @@ from ratchet.domain.plan import (
     Conflict,
     Duplicate,
     FactsChanged,
+    IdempotencyRecord,
     KeyReused,
     LineageChanged,
     ParentMissing,
@@ -411,8 +412,10 @@ class StoreContract:
         turn = conversation_turn(tenant, conv, 0)
         mark = store.mark_request_facts(tenant, conv, turn.idempotency_key)
         assert isinstance(store.promote(turn, facts_mark=mark), Promoted)
-        assert store.mark_claim(tenant, conv, turn.idempotency_key) == turn.response_id
-        assert store.mark_claim(tenant, conv, turn.idempotency_key) == turn.response_id
+        binding = IdempotencyRecord(turn.idempotency_key, turn.request_digest,
+                                    turn.response_id)
+        assert store.mark_claim(tenant, conv, turn.idempotency_key) == binding
+        assert store.mark_claim(tenant, conv, turn.idempotency_key) == binding
         # another request of the partition, and the same key elsewhere, are not promoted
         assert store.mark_claim(tenant, conv, uid("idem")) is None
         assert store.mark_claim(tenant, uid("conv"), turn.idempotency_key) is None
@@ -431,9 +434,10 @@ class StoreContract:
         assert mark is not None
         assert store.promote(first) == FactsChanged(mark)
         assert isinstance(store.promote(first, facts_mark=mark), Promoted)
+        binding = IdempotencyRecord(first.idempotency_key, first.request_digest, root)
         assert store.mark_claim(tenant, retry_id, first.idempotency_key,
-                                first_of_chain=True) == root
-        assert store.mark_claim(tenant, root, first.idempotency_key) == root
+                                first_of_chain=True) == binding
+        assert store.mark_claim(tenant, root, first.idempotency_key) == binding
         # not a chain's first response: another partition is another request
         assert store.mark_claim(tenant, retry_id, first.idempotency_key) is None
 

@@ -149,7 +149,8 @@ def test_a_claim_of_a_promoted_request_is_never_run():
         try:
             effect.run(lambda: runs.append(1) or "sent")
         except RequestPromoted as exc:
-            assert exc.response_id == promoted.response_id
+            assert (exc.response_id, exc.request_digest) == (promoted.response_id,
+                                                             promoted.request_digest)
         else:
             raise AssertionError("a claim of a promoted request was run")
     assert runs == []
