@@ -9,7 +9,10 @@ durable, and its request's facts marked, before its turn can be processed.
 
 ``ClaimRunner`` keeps one ``EffectClaims`` per request attempt, so a round sent again
 after a failure (the API restarted, Cassandra paused) repeats the same claim with the
-same token: ``CLAIMED`` again for its holder, or ``COMPLETED`` with the recorded output.
+same token: ``CLAIMED`` again for its holder, or ``COMPLETED`` with the recorded output,
+or ``PROMOTED`` when the round's turn was delivered and promoted although its send
+failed (the library's ``RequestPromoted``: logged by the producer as a refusal, not a
+wrong answer).
 The tool itself is the run's fixed output text: what matters is that it runs at most
 once and its outcome is recorded.
 
