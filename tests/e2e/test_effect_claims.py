@@ -16,7 +16,12 @@ from ratchet.domain.claims import EffectPolicy, effect_id_for_claim
 from schemas.avro import EventSerde
 from schemas.models import Subturn
 from services.demo.simulator import SimulatedGateway, assistant, call, user
-from services.gateway.claims import EffectClaims, EffectOutcomeUnknown, RequestCancelled
+from services.gateway.claims import (
+    EffectClaims,
+    EffectOutcomeUnknown,
+    RequestCancelled,
+    RequestPromoted,
+)
 from services.gateway.events import TurnIdentity, turn_cancelled
 from streams.testing import OutcomeCollector
 from streams.topics import topic_names
@@ -183,6 +188,27 @@ def test_cancelled_request_refuses_claims(e2e_stack, http):
             pytest.raises(RequestCancelled):
         effect.run(runs())
     assert runs.runs == 0
+
+
+def test_a_retry_of_a_promoted_chain_request_is_told_promoted_and_runs_nothing(e2e_stack):
+    """A chain's first response is promoted; a retry of its request under another
+    response id (another partition) claims a tool through the library: ``PROMOTED``
+    with the first response and its request's digest, and the tool never runs
+    (docs/gateway-protocol.md section 8)."""
+    gw = SimulatedGateway(e2e_stack.producer, e2e_stack.client)
+    key, first = uid("idem"), chain(gw.tenant_id)
+    turn = gw.turn(first, [user("book AF1")], [assistant("booked")], idempotency_key=key)
+    gw.publish(turn)
+    assert type(gw.rehydrate(first.response_id, wait_ms=10_000)).__name__ in (
+        "Certified", "Fallback")
+    runs = Counter()
+    retry = claims_for(e2e_stack, chain(gw.tenant_id), key, 2)
+    with retry.effect(call("book", '{"flight":"AF1"}'), subturn_index=0) as effect, \
+            pytest.raises(RequestPromoted) as told:
+        effect.run(runs("booked again"))
+    assert runs.runs == 0
+    assert (told.value.response_id, told.value.request_digest) == (first.response_id,
+                                                                   turn.request_digest)
 
 
 def test_claims_are_tenant_isolated(http):
