@@ -144,15 +144,13 @@ class ClaimRecord:
 class Answer:
     """What the gateway is told. ``claim`` is the claim as it stands after the request
     (None only for CANCELLED with no claim); ``wait_ms`` for IN_PROGRESS;
-    ``previous_attempt`` when an expired lease was taken over, and ``replaced`` the
-    claim that takeover replaced (not told: kept to give it back, ``give_back``)."""
+    ``previous_attempt`` when an expired lease was taken over."""
 
     state: ClaimState
     claim: ClaimRecord | None
     wait_ms: int | None = None
     previous_attempt: int | None = None
     detail: str = ""
-    replaced: ClaimRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -236,20 +234,8 @@ def answer_for(action: Insert | TakeOver) -> Answer:
         if action.claim.token == action.previous.token:  # a lease renewed (rule 5)
             return Answer(ClaimState.CLAIMED, action.claim,
                           previous_attempt=action.claim.previous_attempt)
-        return Answer(ClaimState.CLAIMED, action.claim, previous_attempt=action.previous.attempt,
-                      replaced=action.previous)
+        return Answer(ClaimState.CLAIMED, action.claim, previous_attempt=action.previous.attempt)
     return Answer(ClaimState.CLAIMED, action.claim)
-
-
-def give_back(answer: Answer) -> TakeOver | None:
-    """Undo the takeover ``answer`` made (the claims API, when the request was found
-    promoted right after it: the taker never runs, and the holder it replaced may still
-    be running the tool and must be able to record its outcome): the replaced claim
-    written back over the taker's, on the same conditions as a takeover (the taker's
-    token and lease, not completed, not cancelled). None when nothing was taken over."""
-    if answer.replaced is None or answer.claim is None:
-        return None
-    return TakeOver(previous=answer.claim, claim=answer.replaced)
 
 
 def decide_completion(existing: ClaimRecord | None, token: str, status: str,

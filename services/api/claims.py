@@ -286,14 +286,7 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
             await run_in_threadpool(mark_facts, body.tenant_id, body.partition_key,
                                     body.idempotency_key)
             return answer
-        promoted = await run_in_threadpool(mark)
-        if promoted is None:
-            return answer
-        # Promoted right after the claim was written (milliseconds): the claim stays
-        # (the promotion may have read it), but a takeover is given back, so the holder
-        # it replaced, which may still be running the tool, can record what it did.
-        await run_in_threadpool(ledger.give_back, answer)
-        return promoted
+        return await run_in_threadpool(mark) or answer
 
     # A body without a Content-Type is read as JSON (Java's HttpClient sends none by
     # default); one declared as another type is a 415 (``_ClaimsRoute``).

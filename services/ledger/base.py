@@ -170,13 +170,6 @@ class Ledger(abc.ABC):
         linearizable read, never guessed."""
 
     @abc.abstractmethod
-    def give_back(self, answer: Answer) -> bool:
-        """Undo the takeover ``answer`` made (``claims.give_back``) with ONE conditional
-        write; True if the replaced claim stands again. False when nothing was taken
-        over, or the taker's claim changed since (completed, taken over, cancelled): it
-        is then left as it is. An unknown outcome raises ``LedgerUnavailable``."""
-
-    @abc.abstractmethod
     def complete_claim(self, tenant_id: str, idempotency_key: str, effect_id: str, token: str,
                        status: str, output: Item,
                        now_ms: int) -> tuple[CompletionState, ClaimRecord | None]:

@@ -291,17 +291,6 @@ class CassandraLedger(Ledger):
         raise LedgerUnavailable(f"claim {r.effect_id}: still contended after "
                                 f"{_CLAIM_ROUNDS} conditional writes")
 
-    def give_back(self, answer: Answer) -> bool:
-        undo = claims.give_back(answer)
-        if undo is None:
-            return False
-        stmt, params = self._takeover(undo)
-        # Unknown outcome: LedgerUnavailable (the API answers 503; the holder it failed
-        # to give back to completes or not: as for any takeover, NOT_HOLDER).
-        result = _guard(lambda: self._session.execute(
-            stmt, params, timeout=self._timeout, execution_profile=self._dict_profile))
-        return bool(result.was_applied)
-
     def _claim_batch(self, c: ClaimRecord, now_ms: int) -> BatchStatement:
         batch = BatchStatement(BatchType.LOGGED, consistency_level=ConsistencyLevel.QUORUM,
                                serial_consistency_level=ConsistencyLevel.SERIAL,

@@ -68,21 +68,6 @@ class MemoryLedger(Ledger):
             by_id[request.effect_id] = action.claim
             return claims.answer_for(action)
 
-    def give_back(self, answer: Answer) -> bool:
-        undo = claims.give_back(answer)
-        if undo is None:
-            return False
-        with self._lock:
-            taker, key = undo.previous, (undo.previous.tenant_id, undo.previous.idempotency_key)
-            by_id = self._claims.get(key, {})
-            current = by_id.get(taker.effect_id)
-            if (current is None or current.token != taker.token or current.completed
-                    or current.lease_until != taker.lease_until
-                    or self._cancellations.get(key)):
-                return False
-            by_id[taker.effect_id] = undo.claim
-            return True
-
     def complete_claim(self, tenant_id: str, idempotency_key: str, effect_id: str, token: str,
                        status: str, output: Item,
                        now_ms: int) -> tuple[CompletionState, ClaimRecord | None]:

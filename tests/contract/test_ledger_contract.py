@@ -354,37 +354,6 @@ class LedgerContract:
         assert [c.taken_over_call_ids for c in facts.claims] == [
             (first.call_id, second.call_id)]
 
-    def test_a_takeover_is_given_back_only_while_it_stands(self, ledger, tenant):
-        """``give_back`` (the claims API, when the request was promoted right after a
-        takeover): the replaced claim stands again, its holder completes; not once the
-        taker's claim changed (completed), and nothing for an answer that took nothing
-        over."""
-        key = uid("key")
-        first = claim_request(tenant, key, policy=EffectPolicy.AT_LEAST_ONCE)
-        fresh = ledger.claim_effect(first, NOW)
-        assert ledger.give_back(fresh) is False  # a new claim replaced nobody
-        taker = claim_request(tenant, key, attempt=2, policy=EffectPolicy.AT_LEAST_ONCE)
-        took = ledger.claim_effect(taker, NOW + 2 * LEASE)
-        assert took.replaced is not None and took.replaced.token == first.token
-        assert ledger.give_back(took) is True
-        back = ledger.claim(tenant, key, first.effect_id)
-        assert (back.token, back.attempt, back.lease_until, back.takeovers,
-                back.taken_over_call_ids) == (first.token, 1, NOW + LEASE, 0, ())
-        assert ledger.give_back(took) is False  # the taker no longer holds it
-        state, _ = ledger.complete_claim(tenant, key, first.effect_id, first.token,
-                                         "succeeded", output_for(first), NOW + 3 * LEASE)
-        assert state is CompletionState.COMPLETED
-        # a taker whose claim was completed meanwhile keeps it
-        key2 = uid("key")
-        holder = claim_request(tenant, key2, policy=EffectPolicy.AT_LEAST_ONCE)
-        ledger.claim_effect(holder, NOW)
-        taker2 = claim_request(tenant, key2, attempt=2, policy=EffectPolicy.AT_LEAST_ONCE)
-        took2 = ledger.claim_effect(taker2, NOW + 2 * LEASE)
-        ledger.complete_claim(tenant, key2, taker2.effect_id, taker2.token, "succeeded",
-                              output_for(taker2), NOW + 2 * LEASE + 1)
-        assert ledger.give_back(took2) is False
-        assert ledger.claim(tenant, key2, taker2.effect_id).token == taker2.token
-
     def test_cancelled_request_refuses_new_claims(self, ledger, tenant):
         key = uid("key")
         held = claim_request(tenant, key)
