@@ -63,10 +63,11 @@ class ClaimState(StrEnum):
     LEASE_EXPIRED = "LEASE_EXPIRED"
     CONFLICT = "CONFLICT"
     CANCELLED = "CANCELLED"
-    # Not an answer of ``decide_claim``: the claims API's, when the request already
-    # stands promoted and the claim would have let its holder run the tool (CLAIMED,
-    # IN_PROGRESS, LEASE_EXPIRED). Learnt after the claim's write, from a conditional
-    # mark in the request's history partition (``CheckpointStore.mark_claim``).
+    # Not an answer of ``decide_claim``: the claims API's, before every other answer,
+    # when the request already stands promoted (nothing would use a run). Learnt
+    # before the claim's write and, for an answer that lets the holder run the tool
+    # (CLAIMED, IN_PROGRESS, LEASE_EXPIRED), again after it, from a conditional mark in
+    # the request's history partition (``CheckpointStore.mark_claim``).
     PROMOTED = "PROMOTED"
 
 
