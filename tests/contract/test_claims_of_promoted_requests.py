@@ -50,6 +50,17 @@ class Claims:
         assert answer.status_code == 200, answer.text
         return answer.json()
 
+    def complete(self, key: str, partition: str, effect_id: str, token: str):
+        """The holder ``token`` records a succeeded run of ``effect_id``."""
+        content = (b'{"call_id":"call_1","id":"fco_1","output":"sent",'
+                   b'"type":"function_call_output"}')
+        return self.http.post(f"/v1/effects/claims/{effect_id}/complete", json={
+            "tenant_id": TENANT, "idempotency_key": key, "partition_key": partition,
+            "token": token, "status": "succeeded",
+            "output": {"item_id": "fco_1", "type": "function_call_output", "role": None,
+                       "call_id": "call_1", "content": content.decode(),
+                       "content_digest": hashlib.sha256(content).hexdigest()}})
+
 
 class AfterClaim:
     """A ledger that runs ``after`` once a claim is written, before its answer."""
@@ -66,6 +77,12 @@ class AfterClaim:
 
     def __getattr__(self, name):
         return getattr(self._ledger, name)
+
+def _chain_first(root: str):
+    """A chain's first response ``root`` (its own partition)."""
+    return make_turn(response_id=root, conversation_id=None, chain_root_id=root,
+                     expected_head_seq=None)
+
 
 def _promoted(worker, t) -> None:
     assert isinstance(worker.outcome(t), CheckpointPromoted)
@@ -113,13 +130,7 @@ def test_a_completed_claim_is_not_reused_after_the_promotion(data, entry):  # no
     conv, key, token = new_id("conv"), new_id("idem"), uuid.uuid4().hex
     first = claims.claim(key, conv, attempt=1, token=token)
     assert first["state"] == "CLAIMED"
-    content = b'{"call_id":"call_1","id":"fco_1","output":"sent","type":"function_call_output"}'
-    done = claims.http.post(f"/v1/effects/claims/{first['effect_id']}/complete", json={
-        "tenant_id": TENANT, "idempotency_key": key, "partition_key": conv,
-        "token": token, "status": "succeeded",
-        "output": {"item_id": "fco_1", "type": "function_call_output", "role": None,
-                   "call_id": "call_1", "content": content.decode(),
-                   "content_digest": hashlib.sha256(content).hexdigest()}})
+    done = claims.complete(key, conv, first["effect_id"], token)
     assert done.json()["state"] == "COMPLETED"
     promoted = make_turn(conversation_id=conv, idempotency_key=key, attempt=2)
     _promoted(worker, promoted)
@@ -145,13 +156,7 @@ def test_a_refused_takeover_leaves_the_running_holder_its_completion(data, entry
     claims.now_ms += 60_000
     taker = claims.claim(key, conv, attempt=3, policy="at_least_once")
     assert taker["state"] == "PROMOTED", taker
-    content = b'{"call_id":"call_1","id":"fco_1","output":"sent","type":"function_call_output"}'
-    done = claims.http.post(f"/v1/effects/claims/{effect_id}/complete", json={
-        "tenant_id": TENANT, "idempotency_key": key, "partition_key": conv,
-        "token": token, "status": "succeeded",
-        "output": {"item_id": "fco_1", "type": "function_call_output", "role": None,
-                   "call_id": "call_1", "content": content.decode(),
-                   "content_digest": hashlib.sha256(content).hexdigest()}})
+    done = claims.complete(key, conv, effect_id, token)
     assert (done.status_code, done.json()["state"]) == (200, "COMPLETED"), done.text
 
 
@@ -190,9 +195,8 @@ def test_a_claim_landing_before_the_batch_is_seen_by_the_promotion(data):  # noq
     handled = worker.handle(t)
     assert [a["state"] for a in answers] == ["CLAIMED"]
     assert isinstance(handled.outbound[0].model, CheckpointPromoted)
-    orphans = [(o.model.effect_id, o.model.reason, o.model.effect_completed)
-               for o in handled.outbound if isinstance(o.model, EffectOrphaned)]
-    assert orphans == [(answers[0]["effect_id"], OrphanReason.ATTEMPT_SUPERSEDED, False)]
+    assert _orphans(handled) == [
+        (answers[0]["effect_id"], OrphanReason.ATTEMPT_SUPERSEDED, False)]
 
 
 @ENTRIES
@@ -201,8 +205,7 @@ def test_a_chains_first_request_retried_under_another_response_id(data, entry): 
     claims with its own id as partition key, and still learns the promotion."""
     claims, worker = Claims(data), data.worker(entry)
     root = new_id("resp")
-    first = make_turn(response_id=root, conversation_id=None, chain_root_id=root,
-                      expected_head_seq=None)
+    first = _chain_first(root)
     _promoted(worker, first)
     retry_id = new_id("resp")
     answer = claims.claim(first.idempotency_key, retry_id, attempt=2, response_id=retry_id)
@@ -221,8 +224,7 @@ def test_the_same_key_in_another_chain_or_a_conversation_is_another_request(
     docs say so)."""
     claims, worker = Claims(data), data.worker(entry)
     root = new_id("resp")
-    first = make_turn(response_id=root, conversation_id=None, chain_root_id=root,
-                      expected_head_seq=None)
+    first = _chain_first(root)
     _promoted(worker, first)
     other_root, conv = new_id("resp"), new_id("conv")
     # a later turn of another chain (partition: its root), and a Conversation's turn
@@ -244,17 +246,15 @@ def test_a_retrys_claim_before_a_chains_first_promotion_is_published_by_it(data)
     store = PausedBatch(data.store())
     worker = data.worker("handle", store=store)
     root = new_id("resp")
-    first = make_turn(response_id=root, conversation_id=None, chain_root_id=root,
-                      expected_head_seq=None)
+    first = _chain_first(root)
     answers = []
     store.before_promote = lambda land: answers.append(
         claims.claim(first.idempotency_key, new_id("resp"), attempt=2))
     handled = worker.handle(first)
     assert [a["state"] for a in answers] == ["CLAIMED"]
     assert isinstance(handled.outbound[0].model, CheckpointPromoted)
-    orphans = [(o.model.effect_id, o.model.reason, o.model.effect_completed)
-               for o in handled.outbound if isinstance(o.model, EffectOrphaned)]
-    assert orphans == [(answers[0]["effect_id"], OrphanReason.ATTEMPT_SUPERSEDED, False)]
+    assert _orphans(handled) == [
+        (answers[0]["effect_id"], OrphanReason.ATTEMPT_SUPERSEDED, False)]
 
 
 @ENTRIES
