@@ -294,12 +294,36 @@ def stop_server(settings: Settings, name: str, out: Say = _print) -> str:
     return how
 
 
+def _mismatches(settings: Settings, names: list[str]) -> dict[str, str]:
+    """Of ``names``, the live servers of the home whose ports differ from the
+    settings', with why (``port_mismatch``)."""
+    entries = StateFile(settings.home).read()
+    found = {}
+    for name in names:
+        entry = entries.get(name)
+        mismatch = (entry and is_alive(entry)
+                    and port_mismatch(server(settings, name), entry, settings.home))
+        if mismatch:
+            found[name] = mismatch
+    return found
+
+
 def down(settings: Settings, purge: bool = False, names: Iterable[str] = NAMES,
          out: Say = _print) -> dict[str, str]:
-    """Stop the named servers in parallel; returns how each ended (``stop_server``). A
-    server the settings do not name (``port_mismatch``) is "refused" and nothing is
-    purged."""
+    """Stop the named servers in parallel; returns how each ended (``stop_server``).
+
+    A server the settings do not name (``port_mismatch``) is "refused", and then
+    nothing is stopped (the others are "not stopped") or purged: the settings point at
+    another set of servers than the home's, and the home's servers whose ports happen
+    to agree belong to that other set too (an outside review, session 40: they were
+    stopped while the mismatched one was refused)."""
     names = list(names)
+    refused = _mismatches(settings, names)
+    if refused:
+        for name in names:
+            out(f"{name}: {refused[name]}; not stopping it" if name in refused else
+                f"{name}: not stopped (the settings name other servers, above)")
+        return {name: "refused" if name in refused else "not stopped" for name in names}
     how: dict[str, str] = {}
 
     def stop(name: str) -> None:

@@ -129,7 +129,7 @@ def demo(keep: bool) -> None:
               help="Directory for the report, plot and logs (one subdirectory per run).")
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
               default="WARNING", show_default=True,
-              help="The workers' and API's log level (their logs are under --out).")
+              help="The workers' and API's log level, RATCHET_LOG_LEVEL (their logs are under --out).")
 def chaos(seed: int, turns: int, rate: float, producers: int, workers: int, faults: str,
           fault_gap: float, drain_timeout: float, out: str, log_level: str) -> None:
     """Seeded workload + faults on the servers of RATCHET_HOME, checked by an oracle.

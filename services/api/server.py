@@ -131,18 +131,18 @@ def api_loop_session(settings: Settings) -> LoopSession:
 def cli_api(settings: Settings) -> int:
     # What connecting logs is kept until it is known whether the API starts: if it
     # cannot, one line says why (docs/operations.md), not the driver's tracebacks first.
-    held = early_log.hold("INFO")
+    held = early_log.hold(settings.log_level)
     try:
         process = ApiProcess(settings)
     except Exception as exc:
         line = explain(exc, settings)
         if line is None:
-            logs.configure()
+            logs.configure(settings.log_level)
             held.replay()
             raise
         print(f"ratchet api: cannot start: {line}", file=sys.stderr, flush=True)
         return 1
-    logs.configure()
+    logs.configure(settings.log_level)
     held.replay()
     try:
         # Bound before anything says "listening": a port in use or a host that does not

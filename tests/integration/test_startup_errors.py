@@ -240,6 +240,45 @@ def test_the_api_exits_0_on_sigterm(settings):
             proc.kill()
 
 
+@pytest.mark.parametrize("level", ["INFO", "WARNING"])
+def test_the_api_logs_at_ratchet_log_level(settings, level):
+    """RATCHET_LOG_LEVEL is the API's level too (docs/operations.md): it logged at INFO
+    whatever the setting, a line per history request included (an outside review of
+    the docs, session 40)."""
+    import json
+    import signal
+    import time
+
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, **settings.to_env(), "PYTHONPATH": str(ROOT),
+           "RATCHET_API_PORT": str(port), "RATCHET_LOG_LEVEL": level}
+    proc = subprocess.Popen([sys.executable, "-m", "ratchet.cli", "api"], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        # A request: the API logs one line for each at INFO.
+        httpx.get(f"http://127.0.0.1:{port}/v1/responses/resp_nowhere/history", timeout=10)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    levels = {json.loads(line)["level"] for line in stderr.splitlines()
+              if line.startswith("{")}
+    if level == "INFO":
+        assert "info" in levels, stderr[-2000:]
+    else:
+        assert levels <= {"warning", "error", "critical"}, stderr[-2000:]
+
+
 def test_a_worker_without_kafka_says_so_in_a_few_lines(settings):
     """librdkafka printed each failed connection attempt: ~580 lines before the one."""
     done = _run("worker", settings, RATCHET_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}",

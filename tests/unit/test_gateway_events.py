@@ -10,6 +10,7 @@ import pytest
 from ratchet.domain.fingerprint import fingerprint_hash
 from ratchet.domain.validation import Valid, validate_turn
 from ratchet.samples import make_artifact_and_proof, make_fingerprint
+from schemas.keys import MissingChainRoot
 from services.gateway.errors import UnservableId
 from services.gateway.events import (
     InvalidGatewayItem,
@@ -104,7 +105,8 @@ def test_chain_mode_keys_by_the_root():
     turn = build(child)
     assert turn.partition_key == "resp_a" and turn.expected_head_seq is None
     assert turn.previous_response_id == "resp_a"
-    with pytest.raises(ValueError):
+    # What docs/service.md names (a ValueError too): the partition is unknown.
+    with pytest.raises(MissingChainRoot, match="resp_c continues resp_b without chain_root_id"):
         TurnIdentity.chain("tenant-1", "resp_c", previous_response_id="resp_b")
 
 

@@ -19,9 +19,8 @@ from infra.procs import Running, StateFile, is_alive, proc_start_time
 from ratchet.settings import Settings
 
 
-@pytest.fixture
-def recorded_registry(tmp_path):
-    """A stand-in process recorded in a home's state as its registry on port 18081."""
+def _record(home, name: str, port: int) -> subprocess.Popen:
+    """A stand-in process recorded in ``home``'s state as its ``name`` on ``port``."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                             start_new_session=True)
     for _ in range(100):
@@ -29,9 +28,25 @@ def recorded_registry(tmp_path):
         if start is not None:
             break
         time.sleep(0.01)
-    with StateFile(tmp_path).locked() as entries:
-        entries["registry"] = Running("registry", proc.pid, start, str(tmp_path / "r.log"),
-                                      time.time(), 18081)
+    with StateFile(home).locked() as entries:
+        entries[name] = Running(name, proc.pid, start, str(home / f"{name}.log"),
+                                time.time(), port)
+    return proc
+
+
+@pytest.fixture
+def recorded_registry(tmp_path):
+    """A stand-in process recorded in a home's state as its registry on port 18081."""
+    proc = _record(tmp_path, "registry", 18081)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def recorded_kafka(tmp_path):
+    """A stand-in recorded as the home's Kafka on the default port (the settings')."""
+    proc = _record(tmp_path, "kafka", launcher.server(Settings(), "kafka").client_port())
     yield proc
     proc.kill()
     proc.wait()
@@ -50,6 +65,21 @@ def test_down_with_the_ports_of_another_set_stops_nothing(tmp_path, recorded_reg
     assert recorded_registry.poll() is None
     assert "serves port 18081, the settings name 28081" in said[0]
     assert launcher.cli_down(_settings(tmp_path, 28081)) == 1
+
+
+def test_down_refusing_one_server_stops_none_of_the_others(tmp_path, recorded_registry,
+                                                           recorded_kafka):
+    """The home's Kafka serves the port the settings name, its registry another: the
+    settings point at another set, so the Kafka whose port agrees is not stopped either
+    (an outside review, session 40: it was, while the registry was refused)."""
+    said = []
+    how = launcher.down(_settings(tmp_path, 28081), names=["registry", "kafka"],
+                        out=said.append, purge=True)
+    assert how == {"registry": "refused", "kafka": "not stopped"}
+    assert recorded_kafka.poll() is None and recorded_registry.poll() is None
+    assert set(StateFile(tmp_path).read()) == {"registry", "kafka"}
+    assert any("kafka: not stopped" in line for line in said)
+    assert not any("purged" in line for line in said)
 
 
 def test_status_with_the_ports_of_another_set_names_the_mismatch(tmp_path, recorded_registry):
