@@ -1,8 +1,9 @@
 """The oracle: what each produced event must lead to, from the CONTRACT rules (section 4).
 
 Written apart from ``ratchet/domain`` on purpose (it imports no ratchet code but the
-event models): if the processor and the oracle disagree, one of them is wrong, and
-the report shows the event. It replays one story's events in the order they were
+event models; its digests are the docs' recipes, ``ratchet/chaos/recipes.py``, checked
+against the published vectors): if the processor and the oracle disagree, one of them
+is wrong, and the report shows the event. It replays one story's events in the order they were
 sent. A step's ``race`` events may land in Kafka in any order, so the oracle keeps one
 **world** per possible order; the checker accepts a story when some world matches.
 
