@@ -24,6 +24,7 @@ import itertools
 import json
 from dataclasses import dataclass, field, replace
 
+from ratchet.chaos import recipes
 from ratchet.chaos.claims import ClaimedRun
 from ratchet.chaos.workload import RawRecord, Story, workload_fp_hash
 from schemas.models import ToolEffect, TurnCancelled, TurnCompleted
@@ -415,6 +416,11 @@ def _invalid(w: World, ev: TurnCompleted) -> set[str]:
         reasons.add("UNKNOWN_ITEM_TYPE")
     if any(hashlib.sha256(i.content).hexdigest() != i.content_digest for i in items):
         reasons.add("CORRUPT")
+    if ev.fingerprint_hash != _own_fp_hash(fp):
+        # Recomputed by ratchet, by the docs' recipe (gateway-protocol.md section 4): a
+        # turn whose hash is not the recipe's is CORRUPT (a product recipe that drifted
+        # agrees with its own library, not with this).
+        reasons.add("CORRUPT")
     revision = (fp.model_weights_revision or "").strip().lower()
     if not revision or revision in MUTABLE_REVISIONS:
         reasons.add("INCOMPLETE_FINGERPRINT")
@@ -437,13 +443,22 @@ def _invalid(w: World, ev: TurnCompleted) -> set[str]:
     return reasons
 
 
+_FP_HASHES: dict = {}
+
+
+def _own_fp_hash(fingerprint) -> str:
+    if fingerprint not in _FP_HASHES:
+        _FP_HASHES[fingerprint] = recipes.fingerprint_hash(fingerprint)
+    return _FP_HASHES[fingerprint]
+
+
 def _proof_broken(ev: TurnCompleted) -> bool:
     """CONTRACT 1.5: a proof binds the turn's fingerprint and agrees with the artifact."""
     proof, artifact = ev.boundary_proof, ev.token_artifact
     if proof is None:
         return False
-    if artifact is None or ev.fingerprint_hash != proof.fingerprint_hash \
-            or ev.fingerprint_hash != artifact.fingerprint_hash:
+    own = _own_fp_hash(ev.fingerprint)  # the turn's hash as the docs compute it
+    if artifact is None or own != proof.fingerprint_hash or own != artifact.fingerprint_hash:
         return True
     return not (proof.prefix_count + proof.append_count == proof.combined_count
                 == artifact.token_count and proof.combined_hash == artifact.token_hash)

@@ -84,3 +84,25 @@ def test_cross_check_catches_a_drifted_recipe() -> None:
 def test_canonical_refuses_non_finite(bad: float) -> None:
     with pytest.raises(ValueError):
         recipes.canonical({"x": bad})
+
+
+def test_the_oracle_expects_corrupt_when_the_library_hash_drifts() -> None:
+    """C5-style drift (a component left out of the product's hash, in the library and
+    the processor alike): the turn's ``fingerprint_hash`` is not the recipe's, so the
+    oracle expects ``CORRUPT`` alone (its proof, bound by the workload to the recipe's
+    hash, is fine): the product's own answer then differs from the oracle's."""
+    import random
+
+    from ratchet.chaos.oracle import expect
+    from ratchet.chaos.workload import Story, _Gateway
+
+    story = Story(0, "rec", "conversation", "ten-rec", "conv-rec", "gateway")
+    gw = _Gateway(story, random.Random(0))
+    turn = gw.turn(gw.identity(gw.rid(), 0), gw.key(), "hi")
+    fields = {n: getattr(turn.fingerprint, n) for n in recipes.FINGERPRINT_FIELDS
+              if n != "model_weights_revision"}
+    drifted = recipes.sha256_hex(recipes.canonical(
+        {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}))
+    story.add("drifted", turn.model_copy(update={"fingerprint_hash": drifted}))
+    (world,) = expect(story).worlds
+    assert world.decided[0] == {("R", "CORRUPT", None)}
