@@ -42,8 +42,7 @@ from typing import Any
 
 import httpx
 
-from ratchet.domain.claims import effect_id_for_claim
-from schemas.items import from_responses
+from ratchet.chaos import recipes
 from services.gateway.claims import (
     ClaimTakenOver,
     Effect,
@@ -51,7 +50,7 @@ from services.gateway.claims import (
     EffectOutcomeUnknown,
     EffectPolicy,
 )
-from services.gateway.events import TurnIdentity, tool_name_of
+from services.gateway.events import TurnIdentity
 
 # The short lease of a slow or vanished attempt (the API's least is 100 ms), and how long
 # after its claim's answer the next attempt claims: well past it on the API's clock.
@@ -111,10 +110,13 @@ def claimed_run(identity: TurnIdentity, idempotency_key: str, call: dict[str, An
     library records (``Effect._output``: item id ``<effect id>:<attempt>``)."""
     if role not in ROLES or (role != "run" and attempt < 2):
         raise ValueError(f"role {role!r} with attempt {attempt}")
-    effect_id = effect_id_for_claim(idempotency_key, subturn_index, tool_name_of(call), 0)
+    # The docs' recipes (ratchet/chaos/recipes.py), not the product's: the library's
+    # claim must name the same effect id (``ClaimRunner`` asserts it).
+    effect_id = recipes.claimed_effect_id(idempotency_key, subturn_index,
+                                          recipes.tool_name(call), 0)
     item = {"type": "function_call_output", "call_id": call["call_id"],
             "output": output_text, "id": f"{effect_id}:{attempt}"}
-    digest = from_responses(item, item_id=item["id"]).content_digest
+    digest = recipes.item_digest(item)
     run = ClaimedRun(identity, idempotency_key, attempt, subturn_index, call, output_text,
                      effect_id, digest, role)
     return run, item

@@ -1,8 +1,9 @@
 """The oracle: what each produced event must lead to, from the CONTRACT rules (section 4).
 
 Written apart from ``ratchet/domain`` on purpose (it imports no ratchet code but the
-event models): if the processor and the oracle disagree, one of them is wrong, and
-the report shows the event. It replays one story's events in the order they were
+event models; its digests are the docs' recipes, ``ratchet/chaos/recipes.py``, checked
+against the published vectors): if the processor and the oracle disagree, one of them
+is wrong, and the report shows the event. It replays one story's events in the order they were
 sent. A step's ``race`` events may land in Kafka in any order, so the oracle keeps one
 **world** per possible order; the checker accepts a story when some world matches.
 
@@ -20,15 +21,26 @@ from __future__ import annotations
 import copy
 import hashlib
 import itertools
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
 
+from ratchet.chaos import recipes
 from ratchet.chaos.claims import ClaimedRun
 from ratchet.chaos.workload import RawRecord, Story, workload_fp_hash
 from schemas.models import ToolEffect, TurnCancelled, TurnCompleted
 
-# The Responses item types the workload sends as known (CONTRACT 3); anything else is
-# UNKNOWN_ITEM_TYPE. Listed here, not imported: the oracle must not share the code's list.
-KNOWN_TYPES = frozenset({"message", "reasoning", "function_call", "function_call_output"})
+# The Responses item types a gateway stores (CONTRACT 3, docs/gateway-protocol.md section
+# 5); anything else is UNKNOWN_ITEM_TYPE. Listed here, not imported: the oracle must not
+# share the code's list. Calls answered by their own ``<type>_output`` (by ``call_id``):
+CALL_TYPES = frozenset({"function_call", "custom_tool_call", "computer_call",
+                        "local_shell_call", "shell_call", "apply_patch_call"})
+OUTPUT_TYPES = frozenset(f"{t}_output" for t in CALL_TYPES)
+# An approval request answered by its response (by ``approval_request_id``).
+APPROVAL_REQUEST, APPROVAL_RESPONSE = "mcp_approval_request", "mcp_approval_response"
+KNOWN_TYPES = frozenset({
+    "message", "reasoning", "compaction", "web_search_call", "file_search_call",
+    "code_interpreter_call", "image_generation_call", "mcp_list_tools", "mcp_call",
+    *CALL_TYPES, *OUTPUT_TYPES, APPROVAL_REQUEST, APPROVAL_RESPONSE})
 NEVER_PROMOTED = frozenset({"failed", "cancelled", "in_progress", "queued"})
 # A weights revision that names a branch, not immutable weights (CONTRACT 1.2: "a model
 # alias alone is never an identity"); docs/gateway-protocol.md lists these.
@@ -60,19 +72,34 @@ class Promo:
     # Its logical expiry had passed when it was sent (the workload's ``expired``):
     # promoted all the same, and its own reads answer EXPIRED (expiry is per response).
     expired: bool = False
+    # What of it expires a few seconds after its send (the workload's ``expiring``:
+    # ``receipt``, ``artifact`` or ``logical``; ratchet/chaos/timed.py). The checker's
+    # reads come after that expiry (the runner waits for it), so ``read`` answers as
+    # past it; ``late``: the artifact had expired when the turn was processed (the
+    # oracle learns it after the run, ``timed.settle``), so it was never kept.
+    expiring: str | None = None
+    late: bool = False
 
     def read(self, fingerprint_hash: str) -> tuple[str, str | None]:
         """Outcome and reason of its history asked with ``fingerprint_hash`` (CONTRACT 5:
         the response's own logical expiry first, then the fallback reasons in the order
         gateway-protocol.md gives)."""
-        if self.expired:
+        return self.read_at(fingerprint_hash, past_expiry=True)
+
+    def read_at(self, fingerprint_hash: str, *, past_expiry: bool) -> tuple[str, str | None]:
+        """The same, asked before (``past_expiry`` False) or after its ``expiring``
+        expiry (fallback reasons in the order of gateway-protocol.md section 8)."""
+        expiring = self.expiring if past_expiry else None
+        if self.expired or expiring == "logical":
             return "failure", "EXPIRED"
         if self.certification != "certified":
             return "fallback", "NOT_CERTIFIED"
-        if not self.artifact:
+        if not self.artifact or (self.late and expiring == "artifact"):
             return "fallback", "NO_ARTIFACT"
         if fingerprint_hash != self.fingerprint_hash:
             return "fallback", "FINGERPRINT_MISMATCH"
+        if expiring in ("receipt", "artifact"):
+            return "fallback", "ARTIFACT_EXPIRED"
         return "certified", None
 
     @property
@@ -189,6 +216,43 @@ def _apply(w: World, story: Story, index: int) -> None:
         if index in w.decided:  # the same event again: its outcome never flips
             return
         w.decided[index] = _decide(w, story, ev)
+        _mark_timed(w, story, index, ev)
+
+
+def _mark_timed(w: World, story: Story, index: int, ev: TurnCompleted) -> None:
+    """A turn whose expiry the producer stamps at its send (``Story.timed``): its
+    promotion carries what expires."""
+    timed = story.timed.get(index)
+    promo = w.promoted.get(ev.response_id)
+    if timed is None or promo is None or promo.key != ev.idempotency_key:
+        return
+    promo = replace(promo, expiring=timed[0])
+    w.promoted[ev.response_id] = promo
+    w.keys[ev.idempotency_key] = promo
+
+
+def _listed(ev: TurnCompleted) -> tuple[str, ...]:
+    """The effect ids a turn lists: ``tool_effect_ids`` with every subturn's
+    ``effect_ids`` (the union is used, gateway-protocol.md section 6)."""
+    ids = list(ev.tool_effect_ids)
+    for sub in ev.subturns:
+        ids += [e for e in sub.effect_ids if e not in ids]
+    return tuple(ids)
+
+
+def _pair_key(item) -> tuple[str, str | None]:
+    """(type, pairing key) of an item: a call's or output's ``call_id``, an approval
+    request's ``id``, an approval response's ``approval_request_id`` (from its content:
+    the record has no field for it)."""
+    if item.type == APPROVAL_REQUEST:
+        return item.type, item.item_id
+    if item.type == APPROVAL_RESPONSE:
+        try:
+            named = json.loads(item.content).get("approval_request_id")
+        except (ValueError, AttributeError):
+            named = None
+        return item.type, named if isinstance(named, str) else None
+    return item.type, item.call_id
 
 
 def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
@@ -255,7 +319,7 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
     if elsewhere:
         write.add("CONFLICT")
     turn_items = (*ev.input_items, *ev.output_items)
-    calls = prior_calls + tuple((i.type, i.call_id) for i in turn_items)
+    calls = prior_calls + tuple(_pair_key(i) for i in turn_items)
     if _unpaired(calls):
         write.add("UNPAIRED_TOOL_CALL")
     if write:
@@ -263,13 +327,13 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
     items = prior + tuple((i.item_id, i.type, i.content_digest) for i in turn_items)
     # A call answered by a listed effect carries no other effect (gateway-protocol.md
     # section 6): what a late effect is judged by (``Promo.outputs``).
-    answered = {w.effects[e][1] for e in ev.tool_effect_ids if e in w.effects}
+    answered = {w.effects[e][1] for e in _listed(ev) if e in w.effects}
     certified = ev.status == "completed" and not ev.effective_config.truncated
     artifact = certified and ev.token_artifact is not None and ev.boundary_proof is not None
     promo = Promo(ev.response_id, ev.idempotency_key, ev.request_digest, seq, items,
                   "certified" if certified else "logical_only", artifact,
                   ev.conversation_id, ev.previous_response_id, ev.fingerprint_hash, calls,
-                  frozenset(ev.tool_effect_ids),
+                  frozenset(_listed(ev)),
                   frozenset((i.call_id, i.content_digest) for i in turn_items
                             if i.type == "function_call_output"
                             and i.call_id not in answered),
@@ -282,7 +346,7 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
         w.head, w.head_items, w.head_calls = seq, items, calls
     elif ev.conversation_id is not None:
         w.other_heads[ev.conversation_id] = (seq, items, calls)
-    used = set(ev.tool_effect_ids)
+    used = set(_listed(ev))
     w.used |= used
     w.orphans |= {eid for eid, (key, _, _) in w.effects.items()
                   if key == ev.idempotency_key and eid not in used}
@@ -301,23 +365,37 @@ def _conversation(w: World, story: Story, conversation_id: str) -> tuple:
 
 
 def _unpaired(calls: tuple[tuple[str, str | None], ...]) -> bool:
-    """The pairing rules of CONTRACT 4 over a whole history, for the item types the
-    workload sends: call ids unique; an output follows its own still open call; an open
-    call is followed only by calls and outputs (so it stays open only at the end); a
-    reasoning item is followed by another item."""
+    """The pairing rules of CONTRACT 4 over a whole history (contracts.md section 7), for
+    every call type: call ids unique across all call types; an output follows its own
+    still open call, of its type (a ``custom_tool_call_output`` never answers a
+    ``function_call``); an approval response names a still open request (request ids
+    unique); open calls and requests are followed only by calls, outputs, requests and
+    responses (so they stay open only at the end); a reasoning item is followed by
+    another item."""
     seen: set[str | None] = set()
-    open_calls: set[str | None] = set()
+    open_calls: dict[str | None, str] = {}  # call id -> its call type
+    requests: set[str | None] = set()
+    open_requests: set[str | None] = set()
     for n, (kind, call_id) in enumerate(calls):
-        if kind == "function_call":
+        if kind in CALL_TYPES:
             if call_id in seen:
                 return True
             seen.add(call_id)
-            open_calls.add(call_id)
-        elif kind == "function_call_output":
-            if call_id not in open_calls:
+            open_calls[call_id] = kind
+        elif kind in OUTPUT_TYPES:
+            if open_calls.get(call_id) != kind[: -len("_output")]:
                 return True
-            open_calls.discard(call_id)
-        elif open_calls:
+            del open_calls[call_id]
+        elif kind == APPROVAL_REQUEST:
+            if call_id in requests:
+                return True
+            requests.add(call_id)
+            open_requests.add(call_id)
+        elif kind == APPROVAL_RESPONSE:
+            if call_id not in open_requests:
+                return True
+            open_requests.discard(call_id)
+        elif open_calls or open_requests:
             return True
         if kind == "reasoning" and n == len(calls) - 1:
             return True
@@ -338,6 +416,11 @@ def _invalid(w: World, ev: TurnCompleted) -> set[str]:
         reasons.add("UNKNOWN_ITEM_TYPE")
     if any(hashlib.sha256(i.content).hexdigest() != i.content_digest for i in items):
         reasons.add("CORRUPT")
+    if ev.fingerprint_hash != _own_fp_hash(fp):
+        # Recomputed by ratchet, by the docs' recipe (gateway-protocol.md section 4): a
+        # turn whose hash is not the recipe's is CORRUPT (a product recipe that drifted
+        # agrees with its own library, not with this).
+        reasons.add("CORRUPT")
     revision = (fp.model_weights_revision or "").strip().lower()
     if not revision or revision in MUTABLE_REVISIONS:
         reasons.add("INCOMPLETE_FINGERPRINT")
@@ -346,13 +429,13 @@ def _invalid(w: World, ev: TurnCompleted) -> set[str]:
     if ev.idempotency_key in w.cancelled:
         reasons.add("CANCELLED")
     recorded = {eid: v for eid, v in w.effects.items() if v[0] == ev.idempotency_key}
-    if any(eid not in recorded for eid in ev.tool_effect_ids):
+    if any(eid not in recorded for eid in _listed(ev)):
         reasons.add("MISSING_TOOL_EFFECT")
     # A listed effect recorded twice with different outputs, or answered with another
     # output than its recorded one: the tool ran again (gateway-protocol.md section 6).
-    if any(eid in w.conflicted for eid in ev.tool_effect_ids):
+    if any(eid in w.conflicted for eid in _listed(ev)):
         reasons.add("DUPLICATE_TOOL_EFFECT")
-    outputs = {call: out for eid, (_, call, out) in recorded.items() if eid in ev.tool_effect_ids}
+    outputs = {call: out for eid, (_, call, out) in recorded.items() if eid in _listed(ev)}
     for item in items:
         if item.type == "function_call_output" and item.call_id in outputs \
                 and outputs[item.call_id] != item.content_digest:
@@ -360,13 +443,22 @@ def _invalid(w: World, ev: TurnCompleted) -> set[str]:
     return reasons
 
 
+_FP_HASHES: dict = {}
+
+
+def _own_fp_hash(fingerprint) -> str:
+    if fingerprint not in _FP_HASHES:
+        _FP_HASHES[fingerprint] = recipes.fingerprint_hash(fingerprint)
+    return _FP_HASHES[fingerprint]
+
+
 def _proof_broken(ev: TurnCompleted) -> bool:
     """CONTRACT 1.5: a proof binds the turn's fingerprint and agrees with the artifact."""
     proof, artifact = ev.boundary_proof, ev.token_artifact
     if proof is None:
         return False
-    if artifact is None or ev.fingerprint_hash != proof.fingerprint_hash \
-            or ev.fingerprint_hash != artifact.fingerprint_hash:
+    own = _own_fp_hash(ev.fingerprint)  # the turn's hash as the docs compute it
+    if artifact is None or own != proof.fingerprint_hash or own != artifact.fingerprint_hash:
         return True
     return not (proof.prefix_count + proof.append_count == proof.combined_count
                 == artifact.token_count and proof.combined_hash == artifact.token_hash)
@@ -380,7 +472,7 @@ def _orphan_attempt(w: World, ev: TurnCompleted) -> None:
     """A rejected attempt of a request not promoted: the effects it used or recorded
     are published orphaned (a later attempt may still use them: not final)."""
     w.orphans |= {eid for eid, (k, _, _) in w.effects.items() if k == ev.idempotency_key
-                  and (eid in ev.tool_effect_ids or w.attempts.get(eid) == ev.attempt)}
+                  and (eid in _listed(ev) or w.attempts.get(eid) == ev.attempt)}
 
 
 def _reject_any(w: World, ev: TurnCompleted, reasons: set[str]) -> frozenset[Sig]:

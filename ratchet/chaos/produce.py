@@ -26,6 +26,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from ratchet.chaos.claims import ClaimAnswerWrong, ClaimedRun, ClaimRunner
+from ratchet.chaos.timed import Stamper
 from ratchet.chaos.workload import RawRecord, Story, generate
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
@@ -77,9 +78,10 @@ class _Sender:
         self.serde = serde
         self.claims = ClaimRunner(f"http://{settings.api_host}:{settings.api_port}")
         self.claims_wrong: list[tuple[str, str, str]] = []
+        self.stamp = Stamper()  # expiries stamped at the send (ratchet/chaos/timed.py)
 
     def send(self, story: Story, index: int, race: bool = False) -> None:
-        ev = story.events[index]
+        ev = self.stamp(story, index, story.events[index])
         if isinstance(ev, ClaimedRun):
             self._claim(ev)
         elif isinstance(ev, RawRecord):
@@ -120,6 +122,7 @@ def run(cfg: dict[str, Any], index: int, sent_counter: Any, stop: Any) -> None:
     mine = [s for s in workload.stories if s.index % cfg["producers"] == index]
     rate = cfg["rate"] / cfg["producers"]  # turns per second for this process
     sender = _Sender(settings)
+    sender.stamp = Stamper(Path(cfg["out"], f"stamps-{index}.jsonl"))
     with Path(cfg["out"], f"sent-{index}.jsonl").open("a", buffering=1) as log:
         _produce(mine, rate, sender, log, sent_counter, stop)
 

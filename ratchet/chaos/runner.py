@@ -26,6 +26,7 @@ from typing import Any
 from confluent_kafka.admin import AdminClient
 
 from ratchet.chaos import report as reporting
+from ratchet.chaos import timed
 from ratchet.chaos.checker import check, sends_per_response
 from ratchet.chaos.faults import PROFILES, Cluster, FaultInjector
 from ratchet.chaos.observe import OutputReader, Waiters, fetch_histories
@@ -114,6 +115,8 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
              for i in range(cfg.producers)]
     for p in procs:
         p.start()
+    prober = timed.Prober(cluster.base_url, out)  # reads of expiries passing in the run
+    prober.start()
     plan = list(PROFILES[cfg.faults])
     random.Random(f"plan:{cfg.seed}").shuffle(plan)
     faults = FaultInjector(cluster, plan, cfg.seed, t0, cfg.fault_gap_s, cfg.faults_start_s, say,
@@ -152,6 +155,8 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
             break
     waiters.close()
     time.sleep(3)  # let the reader take the last records (re-emitted outcomes, orphans)
+    stamps = timed.read_stamps(out)
+    timed.wait_past(stamps, say)  # the reads below are judged as past every expiry
     if not cluster.wait_api():
         say("the API is not ready; histories will be missing")
     say("reading histories over HTTP ...")
@@ -163,9 +168,17 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     reader.stop.set()
     reader.join(10)
     reader.obs.claim_answers_wrong.extend(_claims_wrong(out))
+    prober.close()
+    timed.settle(expectations, stamps, reader.obs)
+    timed_waits = timed.take_waits(reader.obs, stamps)
     violations = check(expectations, reader.obs)
+    timed_violations, timed_counts = timed.judge(expectations, stamps,
+                                                 [*prober.reads, *timed_waits])
+    violations += timed_violations + timed.recipe_violations(workload)
+    say(f"timed turns: {len(stamps)} stamped; their reads judged {timed_counts}")
     report = _report(cfg, tag, out, workload, expectations, reader, faults, waiters, cluster.exits,
                      violations, time.monotonic() - t0, sent.value)
+    report["timed"] = {"stamped": len(stamps), "reads": timed_counts}
     sent_at = _sent_times(out)
     decided_at = _decided_times(reader)
     if reporting.plot(out / "chaos.png", sent_at, decided_at, t0_wall, report["faults"]):

@@ -18,12 +18,15 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from ratchet.chaos import recipes
 from ratchet.chaos.claims import ClaimedRun, claimed_run
 from ratchet.samples import make_artifact_and_proof, make_fingerprint
 from schemas.models import (
     BoundaryProof,
     Fingerprint,
     GatewayEvent,
+    RouterReceipt,
+    Subturn,
     TokenArtifact,
     TurnCompleted,
 )
@@ -76,6 +79,9 @@ class Story:
     events: list[Event] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)  # scenario label per step
+    # Turns whose expiry the producer stamps at send time (event index -> (what expires:
+    # ``receipt``, ``artifact`` or ``logical``, ms after the send)): ratchet/chaos/timed.py.
+    timed: dict[int, tuple[str, int]] = field(default_factory=dict)
 
     def add(self, label: str, *events: Event, race: tuple[Event, ...] = ()) -> list[int]:
         idx = []
@@ -130,6 +136,11 @@ def build_story(seed: int, tag: str, index: int) -> Story:
         story = Story(index, sid, kind, tenant, f"dl-{sid}", "raw")
         _garbage(story, rng)
         return story
+    if index % LARGE_EVERY == LARGE_AT:
+        # A story with one large turn sends it as raw bytes: a gateway library that
+        # refuses it before producing would stall the producer's round, while the
+        # processor's refusal is an outcome the checker reports.
+        path = "raw"
     key = f"conv-{sid}" if kind == "conversation" else f"resp-{sid}-0"
     story = Story(index, sid, kind, tenant, key, path)
     (_conversation if kind == "conversation" else _chain)(story, rng)
@@ -173,7 +184,9 @@ class _Gateway:
              extra_output: tuple[dict, ...] = (), inputs: tuple[dict, ...] = (),
              final_message: bool = True, tail: tuple[dict, ...] = (),
              fingerprint: Fingerprint = FINGERPRINT,
-             expires_at: int | None = None) -> TurnCompleted:
+             expires_at: int | None = None, with_artifact: bool = True,
+             receipt: bool = False, truncated: bool = False,
+             subturns: tuple[Subturn, ...] = ()) -> TurnCompleted:
         """``inputs`` come before the user's message (a client tool's output);
         ``final_message`` False ends the output with its last call (a client tool);
         ``tail`` follows the assistant's message (items that break pairing there)."""
@@ -195,9 +208,13 @@ class _Gateway:
         artifact: TokenArtifact | None = None
         proof: BoundaryProof | None = None
         fp_hash = _fp_hash(fingerprint)
-        if certified:
+        if certified and with_artifact:
             artifact, proof = make_artifact_and_proof(fp_hash, now_ms=now_ms())
             artifact = artifact.model_copy(update={"artifact_id": f"art-{rid}-{attempt}"})
+        router_receipt = RouterReceipt(
+            receipt_id=f"rcpt-{rid}-{attempt}", router_key_format=fingerprint.router_key_format,
+            covered_tokens=artifact.token_count, expires_at=artifact.expires_at,
+            issuer="chaos-router") if receipt and artifact is not None else None
         return turn_completed(
             identity, idempotency_key=key,
             # The logical request: the same for every retry of it (not the head, not the id).
@@ -207,7 +224,9 @@ class _Gateway:
             attempt=attempt, status=status,
             incomplete_reason="max_output_tokens" if status == "incomplete" else None,
             token_artifact=artifact, boundary_proof=proof, tool_effect_ids=effect_ids,
-            gateway_id="chaos", expires_at=expires_at,
+            gateway_id="chaos", expires_at=expires_at, router_receipt=router_receipt,
+            truncation="auto" if truncated else "disabled", truncated=truncated,
+            subturns=subturns,
         )
 
     def tool_call(self, rid: str, n: int) -> tuple[dict, dict]:
@@ -228,10 +247,10 @@ _FP_HASH: dict[Fingerprint, str] = {}
 
 
 def _fp_hash(fingerprint: Fingerprint = FINGERPRINT) -> str:
+    """The harness's own recipe (ratchet/chaos/recipes.py), not the product's: a
+    product hash that drifted from the docs then disagrees with every turn's."""
     if fingerprint not in _FP_HASH:
-        from ratchet.domain.fingerprint import fingerprint_hash  # the gateway's helper
-
-        _FP_HASH[fingerprint] = fingerprint_hash(fingerprint)
+        _FP_HASH[fingerprint] = recipes.fingerprint_hash(fingerprint)
     return _FP_HASH[fingerprint]
 
 
@@ -316,6 +335,13 @@ CONVERSATION_STEPS = {
     # A slow attempt's lease taken over by the next (at_least_once); a vanished attempt's
     # lease expired under at_most_once, the next attempt answering without the tool.
     "claim_takeover": 2, "claim_expired": 2,
+    # Coverage of the contract beyond function calls (ratchet/chaos/workload.py, end):
+    # item types of the catalogue with their pairing rules, a completed turn without a
+    # token artifact (NO_ARTIFACT), a truncated one (NOT_CERTIFIED), router receipts,
+    # gateway-tool rounds (subturns, ephemeral artifacts), and expiries a few seconds
+    # after the send (ARTIFACT_EXPIRED, EXPIRED; ratchet/chaos/timed.py).
+    **{"catalogue": 5, "catalogue_client": 2, "catalogue_unpaired": 3, "no_artifact": 3,
+       "truncated": 3, "receipt": 3, "subturns": 3, "expiring": 3},
 }
 # Chains whose first response is retried under another response id, racing it.
 ROOT_RETRY_RATE = 0.1
@@ -325,6 +351,7 @@ CHAIN_STEPS = {
     "redelivery": 6, "duplicate": 4, "corrupt": 3, "cancel_before": 4, "tool_loop": 6,
     "unpaired": 3, "bad_proof": 2, "redeployed": 2, "foreign_parent": 2, "late_effect": 2,
     "expired": 2, "claimed": 3,
+    **{"catalogue": 4, "no_artifact": 2, "truncated": 2, "receipt": 2, "expiring": 2},
 }
 # How long before it is sent an ``expired`` turn's logical expiry passed.
 EXPIRED_AGO_MS = 60_000
@@ -342,6 +369,8 @@ def _conversation(story: Story, rng: random.Random) -> None:
     names, weights = zip(*CONVERSATION_STEPS.items(), strict=True)
     for n in range(rng.randint(3, 10)):
         scenario = "normal" if n == 0 else rng.choices(names, weights)[0]
+        if n == 1 and story.index % LARGE_EVERY == LARGE_AT:
+            scenario = "large"
         rid, key, text = gw.rid(), gw.key(), gw.text()
         ident = gw.identity(rid, head)
         if scenario == "normal" or (scenario == "gateway_retry" and not plain) or (
@@ -464,6 +493,12 @@ def _conversation(story: Story, rng: random.Random) -> None:
             last = story.add(scenario, a, race=(b,))[0]
             promoted.append((rid, key, text, last))
             head += 1  # in the order that sends it first; the oracle has both orders
+        elif scenario in COVERAGE_SCENARIOS:
+            for last, ok, said in _coverage(story, gw, scenario, ident, key, text, head):
+                if ok:
+                    promoted.append((story.events[last].response_id,
+                                     story.events[last].idempotency_key, said, last))
+                    head += 1
         else:  # stale_head at head 0: a normal turn instead
             last = story.add("normal", gw.turn(ident, key, text))[0]
             promoted.append((rid, key, text, last))
@@ -567,8 +602,10 @@ def _chain(story: Story, rng: random.Random) -> None:
     sent.append((root, key, text, last))
     dead: list[str] = []  # rejected responses: children of these lack a parent
     names, weights = zip(*CHAIN_STEPS.items(), strict=True)
-    for _ in range(rng.randint(2, 8)):
+    for n in range(rng.randint(2, 8)):
         scenario = rng.choices(names, weights)[0]
+        if n == 0 and story.index % LARGE_EVERY == LARGE_AT:
+            scenario = "large"
         rid, key, text = gw.rid(), gw.key(), gw.text()
         if scenario == "fork":
             parent = rng.choice([n for n in nodes if children.get(n)] or nodes)
@@ -617,6 +654,11 @@ def _chain(story: Story, rng: random.Random) -> None:
             last, _ = _tool_turn(story, gw, scenario, ident, key, text, rng)
         elif scenario == "redeployed":
             last = story.add(scenario, gw.turn(ident, key, text, fingerprint=REDEPLOYED))[0]
+        elif scenario in COVERAGE_SCENARIOS:
+            (last, ok, _), = _coverage(story, gw, scenario, ident, key, text, None)
+            if not ok:
+                dead.append(rid)
+                continue
         elif scenario == "expired":
             last = story.add(scenario, gw.turn(ident, key, text,
                                                expires_at=now_ms() - EXPIRED_AGO_MS))[0]
@@ -654,3 +696,188 @@ def _garbage(story: Story, rng: random.Random) -> None:
             "null_value": None,
         }[label]
         story.add(label, RawRecord(key, value, label))
+
+
+# ------------------------------------------------------------------- coverage turns
+#
+# Turns the contract defines an outcome for beyond the function-call tool loop: each
+# builder returns [(event index of a TurnCompleted, whether it promotes)] and the oracle
+# (ratchet/chaos/oracle.py) predicts the outcome and every read from the event alone.
+
+COVERAGE_SCENARIOS = frozenset({"catalogue", "catalogue_client", "catalogue_unpaired",
+                                "no_artifact", "truncated", "receipt", "subturns",
+                                "expiring", "large"})
+# Item groups of the catalogue (contracts.md section 7, docs/gateway-protocol.md section
+# 5): self-contained items, and calls with the output of their own type.
+SELF_CONTAINED = ("web_search", "file_search", "code_interpreter", "image_generation",
+                  "mcp_list_tools", "mcp_call", "compaction")
+CALL_KINDS = ("custom_tool", "computer", "local_shell", "shell", "apply_patch")
+CLIENT_KINDS = (*CALL_KINDS, "mcp_approval")
+UNPAIRED_CATALOGUE = ("wrong_output_type", "approval_unknown", "open_call_then_message",
+                      "call_id_across_types", "approval_twice")
+# How long after its send a timed turn's receipt, artifact or logical expiry passes.
+TIMED_MS = 3000
+TIMED_KINDS = ("receipt", "artifact", "logical")
+# One story in LARGE_EVERY (at index LARGE_AT) sends a turn of about LARGE_BYTES of items
+# (the contract promises 8 MiB; this is enough to catch a lowered bound, cheaply).
+LARGE_EVERY, LARGE_AT, LARGE_BYTES = 40, 7, 1 << 20
+
+
+def catalogue_call(rid: str, kind: str, n: int, rng: random.Random) -> dict:
+    """The call (or approval request) of a ``CLIENT_KINDS`` group."""
+    p, word = f"{rid}-{kind}-{n}", rng.choice(WORDS)
+    cid = f"call-{p}"
+    return {
+        "custom_tool": {"type": "custom_tool_call", "id": f"ct-{p}", "call_id": cid,
+                        "name": "grep", "input": word},
+        "computer": {"type": "computer_call", "id": f"cc-{p}", "call_id": cid,
+                     "action": {"type": "click", "x": 3, "y": 4, "button": "left"},
+                     "pending_safety_checks": [], "status": "completed"},
+        "local_shell": {"type": "local_shell_call", "id": f"ls-{p}", "call_id": cid,
+                        "action": {"type": "exec", "command": ["ls", word], "env": {}},
+                        "status": "completed"},
+        "shell": {"type": "shell_call", "id": f"sh-{p}", "call_id": cid,
+                  "action": {"commands": [f"grep {word}"]}, "status": "completed"},
+        "apply_patch": {"type": "apply_patch_call", "id": f"ap-{p}", "call_id": cid,
+                        "operation": {"type": "update_file", "path": f"{word}.txt",
+                                      "diff": f"-{word}\n+{word}!"},
+                        "status": "completed"},
+        "mcp_approval": {"type": "mcp_approval_request", "id": f"ar-{p}",
+                         "server_label": "docs", "name": "delete",
+                         "arguments": json.dumps({"what": word})},
+    }[kind]
+
+
+def catalogue_answer(call: dict, rid: str, rng: random.Random) -> dict:
+    """The item answering ``call`` (its type's output, or the approval response)."""
+    if call["type"] == "mcp_approval_request":
+        return {"type": "mcp_approval_response", "id": f"resp-of-{call['id']}-{rid}",
+                "approval_request_id": call["id"], "approve": rng.random() < 0.5}
+    out = {"type": call["type"] + "_output", "id": f"out-{call['id']}-{rid}",
+           "call_id": call["call_id"]}
+    if call["type"] == "computer_call":
+        out["output"] = {"type": "computer_screenshot", "image_url": "data:image/png;base64,AA=="}
+    elif call["type"] == "shell_call":
+        out["output"] = [{"stdout": "ok", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}]
+    else:
+        out["output"] = f"done: {rng.choice(WORDS)}"
+    return out
+
+
+def catalogue_items(rid: str, kind: str, n: int, rng: random.Random) -> list[dict]:
+    """One group of items of ``kind`` (a self-contained item, or a call and its answer)."""
+    if kind in CLIENT_KINDS:
+        call = catalogue_call(rid, kind, n, rng)
+        return [call, catalogue_answer(call, rid, rng)]
+    p, word = f"{rid}-{kind}-{n}", rng.choice(WORDS)
+    return [{
+        "web_search": {"type": "web_search_call", "id": f"ws-{p}", "status": "completed",
+                       "action": {"type": "search", "query": word}},
+        "file_search": {"type": "file_search_call", "id": f"fs-{p}", "status": "completed",
+                        "queries": [word], "results": None},
+        "code_interpreter": {"type": "code_interpreter_call", "id": f"ci-{p}",
+                             "status": "completed", "code": f"print({word!r})",
+                             "container_id": "cntr-chaos", "outputs": [{"type": "logs",
+                                                                        "logs": word}]},
+        "image_generation": {"type": "image_generation_call", "id": f"ig-{p}",
+                             "status": "completed", "result": "aGVsbG8="},
+        "mcp_list_tools": {"type": "mcp_list_tools", "id": f"ml-{p}", "server_label": "docs",
+                           "tools": [{"name": "search", "input_schema": {"type": "object"}}]},
+        "mcp_call": {"type": "mcp_call", "id": f"mc-{p}", "server_label": "docs",
+                     "name": "search", "arguments": json.dumps({"q": word}), "output": word},
+        "compaction": {"type": "compaction", "id": f"cp-{p}",
+                       "encrypted_content": f"gAAAA-chaos-{word}"},
+    }[kind]]
+
+
+def _unpaired_catalogue(rid: str, how: str, rng: random.Random) -> list[dict]:
+    """Output items that break one pairing rule of the catalogue (UNPAIRED_TOOL_CALL)."""
+    if how == "wrong_output_type":  # a custom tool's output answering a function call
+        call = {"type": "function_call", "id": f"fc-{rid}-w", "call_id": f"call-{rid}-w",
+                "name": "get_weather", "arguments": "{}"}
+        return [call, {"type": "custom_tool_call_output", "id": f"cto-{rid}-w",
+                       "call_id": call["call_id"], "output": "sunny"}]
+    if how == "approval_unknown":  # a response to a request nobody made
+        return [{"type": "mcp_approval_response", "id": f"arr-{rid}-u",
+                 "approval_request_id": f"ar-never-{rid}", "approve": True}]
+    if how == "open_call_then_message":  # an open call, then the assistant's message
+        return [catalogue_call(rid, rng.choice(CLIENT_KINDS), 0, rng)]
+    if how == "approval_twice":  # one request answered twice
+        call = catalogue_call(rid, "mcp_approval", 0, rng)
+        answer = catalogue_answer(call, rid, rng)
+        return [call, answer, {**answer, "id": answer["id"] + "-again"}]
+    # One call id used by two call types.
+    first = catalogue_items(rid, "custom_tool", 0, rng)
+    second = catalogue_items(rid, "local_shell", 1, rng)
+    cid = first[0]["call_id"]
+    return first + [{**second[0], "call_id": cid}, {**second[1], "call_id": cid}]
+
+
+def _large_output(rid: str, rng: random.Random) -> tuple[dict, ...]:
+    """About ``LARGE_BYTES`` of assistant messages (16 items)."""
+    size = LARGE_BYTES // 16
+    out = []
+    for n in range(16):
+        words, total = [], 0
+        while total < size:
+            w = rng.choice(WORDS)
+            words.append(w)
+            total += len(w) + 1
+        out.append({"type": "message", "role": "assistant", "id": f"big-{rid}-{n}",
+                    "content": [{"type": "output_text", "text": " ".join(words)}]})
+    return tuple(out)
+
+
+def _coverage(story: Story, gw: _Gateway, scenario: str, ident: TurnIdentity, key: str,
+              text: str, head: int | None) -> list[tuple[int, bool, str]]:
+    """Build one coverage scenario; ``head`` is the Conversation's (None in a chain).
+    Returns (event index, whether it promotes, its request text) per turn."""
+    rng, rid = gw.rng, ident.response_id
+    if scenario == "catalogue":
+        kinds = rng.sample((*SELF_CONTAINED, *CLIENT_KINDS), rng.randint(2, 4))
+        items = [i for n, k in enumerate(kinds) for i in catalogue_items(rid, k, n, rng)]
+        turn = gw.turn(ident, key, text, extra_output=tuple(items),
+                       reasoning=rng.random() < 0.3)
+        return [(story.add(scenario, turn)[0], True, text)]
+    if scenario == "catalogue_client":
+        # The model calls a tool the client runs (or asks an approval): the turn ends
+        # with the open call, the next turn starts with its answer.
+        kind = rng.choice(CLIENT_KINDS)
+        call = catalogue_call(rid, kind, 0, rng)
+        asked = story.add(scenario, gw.turn(ident, key, text, extra_output=(call,),
+                                            final_message=False))[0]
+        rid2, key2, text2 = gw.rid(), gw.key(), gw.text()
+        answer = catalogue_answer(call, rid2, rng)
+        nxt = gw.turn(gw.identity(rid2, head + 1), key2, text2, inputs=(answer,))
+        return [(asked, True, text), (story.add(f"{scenario}_answer", nxt)[0], True, text2)]
+    if scenario == "catalogue_unpaired":
+        how = rng.choice(UNPAIRED_CATALOGUE)
+        turn = gw.turn(ident, key, text, extra_output=tuple(_unpaired_catalogue(rid, how, rng)))
+        return [(story.add(f"unpaired_{how}", turn)[0], False, text)]
+    if scenario == "no_artifact":
+        # Completed and certified, with no token artifact to reuse: reads fall back
+        # NO_ARTIFACT with the whole history.
+        return [(story.add(scenario, gw.turn(ident, key, text, with_artifact=False))[0], True, text)]
+    if scenario == "truncated":
+        # truncation=auto and the history was truncated: promoted logical_only.
+        return [(story.add(scenario, gw.turn(ident, key, text, truncated=True))[0], True, text)]
+    if scenario == "receipt":
+        return [(story.add(scenario, gw.turn(ident, key, text, receipt=True))[0], True, text)]
+    if scenario == "subturns":
+        # Two gateway-tool rounds, each with its ephemeral artifact (never promoted) and
+        # its effect, listed by its subturn only (the union of the lists is what counts).
+        tools = [gw.tool_call(rid, n) for n in range(2)]
+        effects = [gw.effect(ident, key, n, c, r) for n, (c, r) in enumerate(tools)]
+        rounds = tuple(Subturn(index=n, ephemeral_artifact_ref=f"eph-{rid}-{n}",
+                               effect_ids=(e.effect_id,)) for n, e in enumerate(effects))
+        turn = gw.turn(ident, key, text, tools=tools, subturns=rounds)
+        return [(story.add(scenario, *effects, turn)[-1], True, text)]
+    if scenario == "expiring":
+        what = rng.choice(TIMED_KINDS)
+        turn = gw.turn(ident, key, text, receipt=what == "receipt")
+        index = story.add(f"expiring_{what}", turn)[0]
+        story.timed[index] = (what, TIMED_MS)
+        return [(index, True, text)]
+    assert scenario == "large"
+    turn = gw.turn(ident, key, text, extra_output=_large_output(rid, rng))
+    return [(story.add(scenario, turn)[0], True, text)]

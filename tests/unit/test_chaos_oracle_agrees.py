@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -32,6 +33,7 @@ from ratchet.chaos.checker import FINAL_ORPHAN_REASONS, OTHER_FINGERPRINT, _answ
 from ratchet.chaos.claims import ClaimedRun, ClaimRunner
 from ratchet.chaos.observe import history_of
 from ratchet.chaos.oracle import expect
+from ratchet.chaos.timed import stamp
 from ratchet.chaos.workload import Story, _Gateway, generate, workload_fp_hash
 from schemas.models import CheckpointPromoted, EffectOrphaned, PromotionRejected, TurnCompleted
 from services.api.app import create_app
@@ -97,7 +99,10 @@ def _run(seed: int, turns: int, raced: bool):
     the rehydration API over the processor's store."""
     clock = _Clock()
     processor, store, ledger = _processor(clock.now_ms)
-    service = RehydrationService(store, ledger, PromotionWaiters())
+    # The API reads a minute ahead of the processor: past every expiry a timed turn was
+    # stamped with at its send (ratchet/chaos/timed.py), as the checker's reads are.
+    service = RehydrationService(store, ledger, PromotionWaiters(), clock=lambda: (
+        datetime.fromtimestamp((clock.now_ms() + 60_000) / 1000, UTC)))
     routers = [claims_router(ledger, store, clock.now_ms)]
     api = TestClient(HistoryFastPath(create_app(service, lambda: True, routers=routers),
                                      service), raise_server_exceptions=False)
@@ -122,7 +127,10 @@ def _run(seed: int, turns: int, raced: bool):
                     claims.run(e.story.events[index])
                     continue
                 offset += 1
-                handled = processor.handle(raw_record(e.story.events[index], offset))
+                ev = e.story.events[index]
+                if index in e.story.timed:
+                    ev = stamp(e.story, index, ev, clock.now_ms())
+                handled = processor.handle(raw_record(ev, offset))
                 for out in handled.outbound:
                     if isinstance(out.model, (CheckpointPromoted, PromotionRejected)):
                         decisions.setdefault((e.story.index, index), []).append(_sig(out.model))
