@@ -166,7 +166,8 @@ class ClaimedRun:
     output_digest: str  # the recorded output item's content digest
     role: str = "run"
     # ``conflicted``: ``live`` (attempt 2 claims while attempt 1's tool runs) or ""
-    # (after attempt 1's completion).
+    # (after attempt 1's completion); ``contended``: the contender's policy,
+    # ``at_least_once`` or "" (``at_most_once``): a live lease is IN_PROGRESS for both.
     variant: str = ""
 
     @property
@@ -487,16 +488,18 @@ class ClaimRunner:
         then attempt 2 reuses attempt 1's recorded output (``COMPLETED``)."""
         holder = replace(step, attempt=1)
         token = uuid.uuid4().hex
+        policy = EffectPolicy.AT_LEAST_ONCE if step.variant == "at_least_once" \
+            else EffectPolicy.AT_MOST_ONCE
 
         def tool() -> str:
             self.runs[step.effect_id] += 1
             body = self._contend(step, step.attempt, step.call, token, "while attempt 1 "
-                                 "holds a live lease")
+                                 "holds a live lease", policy)
             if body is not None and (body["state"] != "IN_PROGRESS" or body.get("attempt") != 1
                                      or not body.get("wait_ms")):
                 self._find("claim_answer_wrong", step, (
-                    f"{step.effect_id}: attempt {step.attempt} claiming while attempt 1 "
-                    f"holds a live lease got {_said(body)}; IN_PROGRESS (attempt 1, "
+                    f"{step.effect_id}: attempt {step.attempt} ({policy.value}) claiming "
+                    f"while attempt 1 holds a live lease got {_said(body)}; IN_PROGRESS (attempt 1, "
                     f"wait_ms > 0) expected"))
             return step.output_text
 
@@ -504,7 +507,7 @@ class ClaimRunner:
         with contextlib.suppress(ClaimTakenOver):  # a contender wrongly let in: reported
             first.run(tool)
         self._record(step.effect_id, first)
-        second = self._effect(step, step.attempt, EffectPolicy.AT_MOST_ONCE)
+        second = self._effect(step, step.attempt, policy)
         output = second.run(self._tool(step.effect_id, step.output_text))
         self._record(step.effect_id, second)
         if second.state != "COMPLETED":
@@ -552,13 +555,14 @@ class ClaimRunner:
             self._replayed(step, step.effect_id, _item(body.get("output")), "CONFLICT")
 
     def _contend(self, step: ClaimedRun, attempt: int, call: dict[str, Any], token: str,
-                 what: str) -> dict[str, Any] | None:
+                 what: str, policy: EffectPolicy = EffectPolicy.AT_MOST_ONCE
+                 ) -> dict[str, Any] | None:
         """Another attempt's claim of the step's effect, raw (the library would wait or
         raise); one that was let in runs the tool and records its outcome, as a gateway
         would. None if the API could not be asked (left unchecked)."""
         try:
             body = self._post_claim(step.identity, step.idempotency_key, attempt,
-                                    step.subturn_index, call, token)
+                                    step.subturn_index, call, token, policy)
         except RehydrationUnavailable as exc:
             self.unchecked.append(f"{step.effect_id}: claim {what}: {exc!r:.200}")
             return None
@@ -638,14 +642,15 @@ class ClaimRunner:
         return resp
 
     def _post_claim(self, identity: TurnIdentity, key: str, attempt: int, subturn: int,
-                    call: dict[str, Any], token: str) -> dict[str, Any]:
+                    call: dict[str, Any], token: str,
+                    policy: EffectPolicy = EffectPolicy.AT_MOST_ONCE) -> dict[str, Any]:
         name = tool_name_of(call)
         resp = self._post("/v1/effects/claims", {
             "partition_key": identity.conversation_id or identity.chain_root_id,
             "tenant_id": identity.tenant_id, "idempotency_key": key, "attempt": attempt,
             "subturn_index": subturn, "tool_name": name, "occurrence": 0,
             "arguments_digest": arguments_digest_of(call), "call_id": call["call_id"],
-            "token": token, "lease_ms": 30_000, "policy": EffectPolicy.AT_MOST_ONCE.value,
+            "token": token, "lease_ms": 30_000, "policy": policy.value,
             "effect_id": effect_id_for_claim(key, subturn, name, 0),
             "response_id": identity.response_id})
         if resp.status_code != 200:

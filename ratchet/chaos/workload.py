@@ -699,7 +699,8 @@ def _claim_role(story: Story, gw: _Gateway, rng: random.Random, role: str,
     call, result = _claim_call(rid, rng)
     if role == "claim_contended":
         run, item = claimed_run(ident, key, call, result["output"], attempt=2,
-                                role="contended")
+                                role="contended",
+                                variant=rng.choice(("at_least_once", "")))
         turn = gw.turn(ident, key, text, attempt=2, tools=[(call, item)],
                        effect_ids=(run.effect_id,))
         story.add(role, run, turn)
