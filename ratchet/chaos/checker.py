@@ -220,7 +220,8 @@ def claim_violation(tenant: str, effect_id: str, detail: str) -> Violation:
         tag, _, rest = detail[1:].partition("] ")
         if tag in CLAIM_CLASSES:
             kind, detail = tag, rest
-    return Violation(kind, tenant, f"{effect_id}: {detail}")
+    named = detail if detail.startswith(f"{effect_id}:") else f"{effect_id}: {detail}"
+    return Violation(kind, tenant, named)
 
 
 # ------------------------------------------------------------------------ invariants

@@ -496,11 +496,11 @@ class ClaimRunner:
             body = self._contend(step, step.attempt, step.call, token, "while attempt 1 "
                                  "holds a live lease", policy)
             if body is not None and (body["state"] != "IN_PROGRESS" or body.get("attempt") != 1
-                                     or not body.get("wait_ms")):
+                                     or not 0 < (body.get("wait_ms") or 0) <= 30_000):
                 self._find("claim_answer_wrong", step, (
                     f"{step.effect_id}: attempt {step.attempt} ({policy.value}) claiming "
                     f"while attempt 1 holds a live lease got {_said(body)}; IN_PROGRESS (attempt 1, "
-                    f"wait_ms > 0) expected"))
+                    f"0 < wait_ms <= 30000) expected"))
             return step.output_text
 
         first = self._effect(holder, 1, EffectPolicy.AT_MOST_ONCE, HOLDER_LEASE_MS)
@@ -590,11 +590,12 @@ class ClaimRunner:
             if want == "PROMOTED":
                 wrong = wrong or (body.get("existing_response_id"),
                                   body.get("existing_request_digest")) != (
-                    probe.existing_response_id, probe.existing_request_digest) or (
-                    body.get("attempt") is not None or body.get("output") is not None)
+                    probe.existing_response_id, probe.existing_request_digest) or any(
+                    body.get(k) is not None for k in ("attempt", "lease_until", "status",
+                                                      "output"))
                 expected = (f"PROMOTED (existing_response_id {probe.existing_response_id}, "
-                            f"existing_request_digest {probe.existing_request_digest}, no "
-                            f"attempt, no output)")
+                            f"existing_request_digest {probe.existing_request_digest}; "
+                            f"attempt, lease_until, status and output null)")
             elif want == "COMPLETED":
                 expected = "COMPLETED with the recorded output"
             else:
@@ -688,7 +689,7 @@ def _show(item: Item) -> str:
 
 def _said(body: dict[str, Any]) -> str:
     """An answer, briefly."""
-    keep = ("state", "attempt", "wait_ms", "status", "existing_response_id",
+    keep = ("state", "attempt", "lease_until", "wait_ms", "status", "existing_response_id",
             "existing_request_digest", "previous_attempt")
     said = ", ".join(f"{k}={body.get(k)}" for k in keep if body.get(k) is not None)
     if body.get("output") is not None:
