@@ -133,8 +133,8 @@ def build_story(seed: int, tag: str, index: int) -> Story:
         return story
     key = f"conv-{sid}" if kind == "conversation" else f"resp-{sid}-0"
     story = Story(index, sid, kind, tenant, key, path)
-    # The claims' contention roles draw from a stream of their own: the stories' other
-    # steps are the same with or without them.
+    # The claims' contention roles draw from a stream of their own: the story's other
+    # steps draw what they drew without them (their response ids, keys and heads shift).
     claims = random.Random(f"{seed}:{index}:claims")
     (_conversation if kind == "conversation" else _chain)(story, rng, claims)
     return story
