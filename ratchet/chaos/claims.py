@@ -484,23 +484,30 @@ class ClaimRunner:
                                f"got {second.state}; LEASE_EXPIRED expected")
 
     def _contended(self, step: ClaimedRun) -> None:
-        """Attempt 1 holds a live lease while attempt 2 claims (``IN_PROGRESS``, rule 6);
-        then attempt 2 reuses attempt 1's recorded output (``COMPLETED``)."""
+        """Attempt 1 holds a live lease while attempt 2 claims with the step's policy and
+        attempt 3 with the other (``IN_PROGRESS`` for both, rule 6: a takeover is for an
+        expired lease only); then attempt 2 reuses attempt 1's recorded output
+        (``COMPLETED``)."""
         holder = replace(step, attempt=1)
-        token = uuid.uuid4().hex
         policy = EffectPolicy.AT_LEAST_ONCE if step.variant == "at_least_once" \
             else EffectPolicy.AT_MOST_ONCE
+        other = EffectPolicy.AT_MOST_ONCE if policy is EffectPolicy.AT_LEAST_ONCE \
+            else EffectPolicy.AT_LEAST_ONCE
+        contenders = ((step.attempt, policy, uuid.uuid4().hex),
+                      (step.attempt + 1, other, uuid.uuid4().hex))
 
         def tool() -> str:
             self.runs[step.effect_id] += 1
-            body = self._contend(step, step.attempt, step.call, token, "while attempt 1 "
-                                 "holds a live lease", policy)
-            if body is not None and (body["state"] != "IN_PROGRESS" or body.get("attempt") != 1
-                                     or not 0 < (body.get("wait_ms") or 0) <= 30_000):
-                self._find("claim_answer_wrong", step, (
-                    f"{step.effect_id}: attempt {step.attempt} ({policy.value}) claiming "
-                    f"while attempt 1 holds a live lease got {_said(body)}; IN_PROGRESS (attempt 1, "
-                    f"0 < wait_ms <= 30000) expected"))
+            for attempt, pol, token in contenders:
+                body = self._contend(step, attempt, step.call, token, "while attempt 1 "
+                                     "holds a live lease", pol)
+                if body is not None and (body["state"] != "IN_PROGRESS"
+                                         or body.get("attempt") != 1
+                                         or not 0 < (body.get("wait_ms") or 0) <= 30_000):
+                    self._find("claim_answer_wrong", step, (
+                        f"{step.effect_id}: attempt {attempt} ({pol.value}) claiming while "
+                        f"attempt 1 holds a live lease got {_said(body)}; IN_PROGRESS "
+                        f"(attempt 1, 0 < wait_ms <= 30000) expected"))
             return step.output_text
 
         first = self._effect(holder, 1, EffectPolicy.AT_MOST_ONCE, HOLDER_LEASE_MS)
