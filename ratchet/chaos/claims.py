@@ -30,10 +30,12 @@ Two roles exercise the leases (rules 5-7 of the claims API), as one step each:
 
 Two more roles write a claim and have its turn use it (``ClaimedRun``):
 
-- ``contended``: attempt 1 claims and, while its tool runs (its lease live), attempt 2
-  claims the same effect: it must get ``IN_PROGRESS`` (rule 6) naming attempt 1, and
-  once attempt 1 recorded its outcome, ``COMPLETED`` with that output; the turn is
-  attempt 2's, carrying the reused output. The tool runs once across both.
+- ``contended``: attempt 1 claims and, while its tool runs (its lease live), attempts 2
+  and 3 claim the same effect, one ``at_most_once``, one ``at_least_once`` (``variant``
+  says which is attempt 2's): both must get ``IN_PROGRESS`` (rule 6) naming attempt 1
+  with a ``wait_ms``, and once attempt 1 recorded its outcome, attempt 2 ``COMPLETED``
+  with that output; the turn is attempt 2's, carrying the reused output. The tool runs
+  once across all (a contender wrongly let in runs it, as a gateway would).
 - ``conflicted``: attempt 1 claims, runs and records; attempt 2 claims the same place
   (subturn, tool, occurrence) with other arguments, while attempt 1 holds the lease
   (``variant`` ``live``) or after its completion: ``CONFLICT`` (rule 2) naming attempt
@@ -47,8 +49,9 @@ probe unchecked, since the turn's own outcome is judged by the checker):
 - ``promoted``: another attempt of a request that stands promoted (a Conversation's
   turn, a chain's child, or a chain's first response claimed by a retry under another
   response id, with ``response_id`` equal to its ``partition_key``): ``PROMOTED`` with
-  the promoted ``existing_response_id`` and its ``existing_request_digest``, no
-  ``attempt`` and no ``output`` (section 8, "First of all");
+  the promoted ``existing_response_id`` and its ``existing_request_digest``;
+  ``attempt``, ``lease_until``, ``status`` and ``output`` null (section 8, "First of
+  all");
 - ``cancelled``: attempt 2 of a request whose ``TurnCancelled`` was processed (its turn
   rejected ``CANCELLED``): the effect attempt 1 completed before the cancellation is
   ``COMPLETED`` with its recorded output (rule 3), a new one ``CANCELLED`` (rule 1).
