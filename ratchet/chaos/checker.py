@@ -40,8 +40,11 @@ VIOLATION_CLASSES = (
     "valid_turn_rejected", "promotion_mismatch", "history_mismatch", "orphan_missing",
     "dead_letter_missing", "outcome_missing", "unexpected_outcome", "unexpected_dead_letter",
     "orphan_of_used_effect", "stale_wait", "tenant_leak", "orphan_said_completed",
-    "claim_answer_wrong",
+    "claim_answer_wrong", "effect_executed_twice", "claim_output_mismatch",
 )
+# The classes of the claim checks the producers make (``ratchet/chaos/claims.py``,
+# ``Finding.logged``: the class tag first in the logged detail).
+CLAIM_CLASSES = ("claim_answer_wrong", "effect_executed_twice", "claim_output_mismatch")
 
 # Orphan reasons that tell the gateway to compensate (docs/gateway-protocol.md, "When to
 # compensate"): an effect a promoted turn used must never carry one.
@@ -200,13 +203,25 @@ def _against_workload(expectations: list[Expectation], obs: Observations) -> lis
     for key, value in obs.dead_letters - garbage:
         out.append(Violation("unexpected_dead_letter", "-", f"key={key!r} value="
                              f"{(value or b'')[:60]!r} is not an undecodable record"))
-    for tenant, eid, detail in obs.claim_answers_wrong:
-        out.append(Violation("claim_answer_wrong", tenant, f"{eid}: {detail}"))
+    out += [claim_violation(tenant, eid, detail)
+            for tenant, eid, detail in obs.claim_answers_wrong]
     for (tenant, rid), h in sorted(obs.foreign.items()):
         if (h.outcome, h.reason) != ("failure", "NOT_FOUND"):
             out.append(Violation("tenant_leak", "-", f"{rid} asked as tenant {tenant}: "
                                  f"{_hist(h)}, expected failure/NOT_FOUND"))
     return out
+
+
+def claim_violation(tenant: str, effect_id: str, detail: str) -> Violation:
+    """A claim check a producer logged: its class is the detail's tag
+    (``[effect_executed_twice] ...``), ``claim_answer_wrong`` without one."""
+    kind = "claim_answer_wrong"
+    if detail.startswith("["):
+        tag, _, rest = detail[1:].partition("] ")
+        if tag in CLAIM_CLASSES:
+            kind, detail = tag, rest
+    named = detail if detail.startswith(f"{effect_id}:") else f"{effect_id}: {detail}"
+    return Violation(kind, tenant, named)
 
 
 # ------------------------------------------------------------------------ invariants

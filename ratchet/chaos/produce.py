@@ -13,7 +13,7 @@ another gateway would), so which of the two lands first in Kafka is open.
 Each first send of a turn is logged (``<out>/sent-<i>.jsonl``: response id, tenant, wall
 clock) for the latency plot; a shared counter reports progress to the runner. A claim
 answered against the claims API's rules is logged there too (``claim_wrong``), for the
-checker.
+checker (its class first: ``[effect_executed_twice] ...``, ``ratchet/chaos/claims.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from ratchet.chaos.claims import ClaimAnswerWrong, ClaimedRun, ClaimRunner
+from ratchet.chaos.claims import ClaimAnswerWrong, ClaimedRun, ClaimProbe, ClaimRunner
 from ratchet.chaos.timed import Stamper
 from ratchet.chaos.workload import RawRecord, Story, generate
 from ratchet.settings import Settings
@@ -82,7 +82,7 @@ class _Sender:
 
     def send(self, story: Story, index: int, race: bool = False) -> None:
         ev = self.stamp(story, index, story.events[index])
-        if isinstance(ev, ClaimedRun):
+        if isinstance(ev, (ClaimedRun, ClaimProbe)):
             self._claim(ev)
         elif isinstance(ev, RawRecord):
             self.raw.send(ev.key, ev.value)
@@ -93,12 +93,14 @@ class _Sender:
         else:
             self.gateway.send(ev)
 
-    def _claim(self, run: ClaimedRun) -> None:
+    def _claim(self, run: ClaimedRun | ClaimProbe) -> None:
         """Through the API, now (its turn is produced after it). Unavailable: the round
-        is sent again (same token). Any other refusal is reported, not retried: the
-        turn that lists the claim is then judged without it, and the checker reports
-        the outcome the oracle did not expect; an answer against the rules is also kept
-        for the log (``claims_wrong``)."""
+        is sent again (same token). A library refusal of the first roles is reported,
+        not retried: the turn that lists the claim is then judged without it, and the
+        checker reports the outcome the oracle did not expect. Every failed check of the
+        runner (an answer against the rules, an effect run twice, a replayed output that
+        is not the recorded one; also an unexpected ``AssertionError``: never taken for a
+        refusal) is kept for the log (``claims_wrong``): the checker reports each."""
         try:
             self.claims.run(run)
         except RehydrationUnavailable:
@@ -106,9 +108,15 @@ class _Sender:
         except ClaimAnswerWrong as exc:
             print(f"producer: claim {run.effect_id} answered against the rules: {exc}",
                   flush=True)
-            self.claims_wrong.append((run.tenant_id, run.effect_id, str(exc)))
-        except (GatewayError, AssertionError) as exc:
+        except GatewayError as exc:
             print(f"producer: claim {run.effect_id} refused: {exc!r:.300}", flush=True)
+        finally:
+            for found in self.claims.findings:
+                self.claims_wrong.append((found.tenant_id, found.effect_id, found.logged()))
+            self.claims.findings.clear()
+            for note in self.claims.unchecked:
+                print(f"producer: claim check left unchecked: {note}", flush=True)
+            self.claims.unchecked.clear()
 
     def flush(self) -> None:
         for p in (self.gateway, self.race, self.raw):

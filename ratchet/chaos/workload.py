@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratchet.chaos import recipes
-from ratchet.chaos.claims import ClaimedRun, claimed_run
+from ratchet.chaos.claims import ClaimedRun, ClaimProbe, claimed_run, probe_claim
 from ratchet.samples import make_artifact_and_proof, make_fingerprint
 from schemas.models import (
     BoundaryProof,
@@ -58,8 +58,9 @@ class RawRecord:
     label: str
 
 
-# A ClaimedRun is not produced: the producer makes it through the claims API.
-Event = GatewayEvent | RawRecord | ClaimedRun
+# A ClaimedRun or a ClaimProbe is not produced: the producer makes it through the claims
+# API (the oracle ignores a probe: it writes nothing).
+Event = GatewayEvent | RawRecord | ClaimedRun | ClaimProbe
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,10 @@ def build_story(seed: int, tag: str, index: int) -> Story:
         path = "raw"
     key = f"conv-{sid}" if kind == "conversation" else f"resp-{sid}-0"
     story = Story(index, sid, kind, tenant, key, path)
-    (_conversation if kind == "conversation" else _chain)(story, rng)
+    # The claims' contention roles draw from a stream of their own: the story's other
+    # steps draw what they drew without them (their response ids, keys and heads shift).
+    claims = random.Random(f"{seed}:{index}:claims")
+    (_conversation if kind == "conversation" else _chain)(story, rng, claims)
     return story
 
 
@@ -359,7 +363,8 @@ UNPAIRED_KINDS = ("output_without_call", "call_left_open", "reasoning_last", "ca
 BAD_PROOFS = ("other_fingerprint", "counts", "artifact_other_fingerprint")
 
 
-def _conversation(story: Story, rng: random.Random) -> None:
+def _conversation(story: Story, rng: random.Random,
+                  claims: random.Random | None = None) -> None:
     gw = _Gateway(story, rng)
     head = 0
     promoted: list[tuple[str, str, str, int]] = []  # (rid, key, request text, event index)
@@ -368,6 +373,9 @@ def _conversation(story: Story, rng: random.Random) -> None:
     last = None  # index of the last TurnCompleted
     names, weights = zip(*CONVERSATION_STEPS.items(), strict=True)
     for n in range(rng.randint(3, 10)):
+        if claims is not None and n and claims.random() < CLAIM_ROLE_RATE:
+            role = claims.choice(CONVERSATION_CLAIM_ROLES)
+            head += _claim_role(story, gw, claims, role, gw.identity(gw.rid(), head))
         scenario = "normal" if n == 0 else rng.choices(names, weights)[0]
         if n == 1 and story.index % LARGE_EVERY == LARGE_AT:
             scenario = "large"
@@ -582,7 +590,7 @@ def _tool_turn(story: Story, gw: _Gateway, scenario: str, ident: TurnIdentity, k
     return idx[-1], True
 
 
-def _chain(story: Story, rng: random.Random) -> None:
+def _chain(story: Story, rng: random.Random, claims: random.Random | None = None) -> None:
     gw = _Gateway(story, rng)
     root = gw.rid()
     assert root == story.key
@@ -597,12 +605,18 @@ def _chain(story: Story, rng: random.Random) -> None:
         # the other is DUPLICATE naming it, and the root's children then have no parent).
         retry = gw.turn(gw.identity(gw.rid()), key, text, attempt=2)
         last = story.add("root_retry", first, race=(retry,))[0]
+        claims = None  # the root raced its retry: no response of the chain is sure
     else:
         last = story.add("root", first)[0]
+        if claims is not None and claims.random() < ROOT_PROBE_RATE:
+            _root_probe(story, gw, claims, first)
     sent.append((root, key, text, last))
     dead: list[str] = []  # rejected responses: children of these lack a parent
     names, weights = zip(*CHAIN_STEPS.items(), strict=True)
     for n in range(rng.randint(2, 8)):
+        if claims is not None and claims.random() < CLAIM_ROLE_RATE:
+            ident = gw.identity(gw.rid(), parent=nodes[-1])
+            _claim_role(story, gw, claims, claims.choice(CHAIN_CLAIM_ROLES), ident)
         scenario = rng.choices(names, weights)[0]
         if n == 0 and story.index % LARGE_EVERY == LARGE_AT:
             scenario = "large"
@@ -681,6 +695,96 @@ def _chain(story: Story, rng: random.Random) -> None:
         nodes.append(rid)
         children[parent] = children.get(parent, 0) + 1
         sent.append((rid, key, text, last))
+
+
+# ------------------------------------------------------------ claims' contention roles
+
+# Per step of a story (a Conversation's after its first turn, a chain's): the chance of
+# one of these roles (ratchet/chaos/claims.py), each a new request of its own.
+CLAIM_ROLE_RATE = 0.07
+CONVERSATION_CLAIM_ROLES = ("claim_contended", "claim_conflict", "claim_promoted",
+                            "claim_cancelled")
+CHAIN_CLAIM_ROLES = ("claim_contended", "claim_conflict", "claim_promoted")
+# A chain whose first response is not raced: the chance that a retry of the first
+# response, under another response id, claims once it is promoted.
+ROOT_PROBE_RATE = 0.25
+
+
+def _claim_call(rid: str, rng: random.Random, n: int = 0) -> tuple[dict, dict]:
+    """``_Gateway.tool_call`` drawn from ``rng`` (the claims' stream)."""
+    city = rng.choice(WORDS)
+    call = {"type": "function_call", "id": f"fc-{rid}-{n}", "call_id": f"call-{rid}-{n}",
+            "name": "get_weather", "arguments": json.dumps({"city": city})}
+    result = {"type": "function_call_output", "id": f"fco-{rid}-{n}",
+              "call_id": call["call_id"], "output": f"{rng.randint(-5, 35)} C in {city}"}
+    return call, result
+
+
+def _claim_role(story: Story, gw: _Gateway, rng: random.Random, role: str,
+                ident: TurnIdentity) -> int:
+    """One claims role on a new request at ``ident`` (a Conversation's head, or a child
+    of a chain's promoted response). Returns 1 if its turn is promoted, else 0.
+
+    - ``claim_contended``: attempt 1 holds the claim while attempt 2 claims
+      (IN_PROGRESS), then reuses its output (COMPLETED); attempt 2's turn carries it.
+    - ``claim_conflict``: attempt 2 claims attempt 1's place with other arguments
+      (CONFLICT), during attempt 1's run (``claim_conflict_live``) or after; attempt 1's
+      turn carries its output.
+    - ``claim_promoted``: a plain turn, then attempt 2 of its request claims once it
+      stands promoted (PROMOTED, naming it and its request digest).
+    - ``claim_cancelled``: attempt 1 claims and records a tool, then the request is
+      cancelled and attempt 1's turn is rejected CANCELLED (the claim orphaned
+      TURN_CANCELLED); attempt 2 then claims that tool (COMPLETED, the recorded output)
+      and a new one (CANCELLED)."""
+    rid, key = ident.response_id, gw.key()
+    text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6)))
+    call, result = _claim_call(rid, rng)
+    if role == "claim_contended":
+        run, item = claimed_run(ident, key, call, result["output"], attempt=2,
+                                role="contended",
+                                variant=rng.choice(("at_least_once", "")))
+        turn = gw.turn(ident, key, text, attempt=2, tools=[(call, item)],
+                       effect_ids=(run.effect_id,))
+        story.add(role, run, turn)
+        return 1
+    if role == "claim_conflict":
+        variant = rng.choice(("live", ""))
+        run, item = claimed_run(ident, key, call, result["output"], role="conflicted",
+                                variant=variant)
+        turn = gw.turn(ident, key, text, tools=[(call, item)], effect_ids=(run.effect_id,))
+        story.add(f"{role}_live" if variant else role, run, turn)
+        return 1
+    if role == "claim_promoted":
+        turn = gw.turn(ident, key, text)
+        story.add(role, turn)
+        story.add("claim_promoted_probe", ClaimProbe(
+            ident, key, 2, (probe_claim(key, 0, call, "PROMOTED"),), "promoted", rid,
+            "promoted", rid, turn.request_digest))
+        return 1
+    if role != "claim_cancelled":
+        raise ValueError(role)
+    run, item = claimed_run(ident, key, call, result["output"])
+    turn = gw.turn(ident, key, text, tools=[(call, item)], effect_ids=(run.effect_id,))
+    story.add(role, run, turn_cancelled(ident, idempotency_key=key), turn)
+    other, _ = _claim_call(rid, rng, 1)
+    story.add("claim_cancelled_probe", ClaimProbe(
+        ident, key, 2, (probe_claim(key, 0, call, "COMPLETED"),
+                        probe_claim(key, 1, other, "CANCELLED")), "cancelled", rid, "rejected"))
+    return 0
+
+
+def _root_probe(story: Story, gw: _Gateway, rng: random.Random,
+                first: TurnCompleted) -> None:
+    """A retry of the chain's first request under another response id (its own
+    partition, ``response_id`` = ``partition_key``) claims once the first response is
+    promoted: PROMOTED, naming it (gateway-protocol.md section 8, "for a chain's first
+    response")."""
+    retry = TurnIdentity.chain(story.tenant, gw.rid())
+    call, _ = _claim_call(retry.response_id, rng)
+    story.add("claim_promoted_root", ClaimProbe(
+        retry, first.idempotency_key, 2,
+        (probe_claim(first.idempotency_key, 0, call, "PROMOTED"),), "promoted",
+        first.response_id, "promoted", first.response_id, first.request_digest))
 
 
 def _garbage(story: Story, rng: random.Random) -> None:

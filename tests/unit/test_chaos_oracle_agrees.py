@@ -30,7 +30,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ratchet.chaos.checker import FINAL_ORPHAN_REASONS, OTHER_FINGERPRINT, _answer_problem
-from ratchet.chaos.claims import ClaimedRun, ClaimRunner
+from ratchet.chaos.claims import ClaimedRun, ClaimProbe, ClaimRunner
 from ratchet.chaos.observe import history_of
 from ratchet.chaos.oracle import expect
 from ratchet.chaos.timed import stamp
@@ -52,7 +52,9 @@ from tests.unit.test_processor_rules import TOPICS, PickleCodec, raw_record
 NEW_LABELS = ("bad_fingerprint", "unsupported_format", "bad_proof", "unpaired", "redeployed",
               "client_tool", "client_tool_answer", "foreign_rid", "effect_conflict",
               "rid_elsewhere", "foreign_tenant", "foreign_parent", "late_effect", "expired",
-              "claimed", "claim_abandoned", "claim_takeover", "claim_expired")
+              "claimed", "claim_abandoned", "claim_takeover", "claim_expired",
+              "claim_contended", "claim_conflict", "claim_conflict_live", "claim_promoted",
+              "claim_cancelled")
 
 
 def _sig(model) -> tuple:
@@ -85,7 +87,7 @@ def _processor(clock_ms=lambda: int(time.time() * 1000)):
 def _through(api: TestClient):
     """An httpx transport handler that answers with ``api`` (the in-process app)."""
     def handle(request: httpx.Request) -> httpx.Response:
-        got = api.request(request.method, request.url.path, content=request.content,
+        got = api.request(request.method, request.url.raw_path.decode(), content=request.content,
                           headers={"content-type": "application/json"})
         return httpx.Response(got.status_code, content=got.content,
                               headers={"content-type": got.headers.get("content-type", "")})
@@ -123,7 +125,7 @@ def _run(seed: int, turns: int, raced: bool):
             if raced and step.race:  # the oracle's last world: the race won by the other
                 order = (*step.sends[:-1], *reversed((step.sends[-1], *step.race)))
             for index in order:
-                if isinstance(e.story.events[index], ClaimedRun):
+                if isinstance(e.story.events[index], (ClaimedRun, ClaimProbe)):
                     claims.run(e.story.events[index])
                     continue
                 offset += 1
@@ -139,7 +141,15 @@ def _run(seed: int, turns: int, raced: bool):
                             out.model.reason)
                         if out.model.effect_completed:
                             completed.add((e.story.index, out.model.effect_id))
-    assert claims.ran > 0  # the workload claimed tools, and each ran once
+    assert claims.ran > 0  # the workload claimed tools
+    assert claims.findings == []  # every check made was right
+    # Every check made, but where the race run the other way round legitimately rejects
+    # a probe's turn (a Conversation's head left behind by the race: OUT_OF_ORDER after
+    # it), which the probe then leaves unchecked.
+    assert claims.unchecked == [] if not raced else all(
+        "is rejected, not promoted" in line for line in claims.unchecked), claims.unchecked
+    assert all(n <= 2 for n in claims.runs.values())
+    assert {"promoted", "cancelled", "conflict"} <= {check for check, _ in claims.checked}
     return expectations, decisions, orphans, completed, api
 
 
