@@ -155,7 +155,10 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     plan = list(PROFILES[cfg.faults])
     random.Random(f"plan:{cfg.seed}").shuffle(plan)
     faults = FaultInjector(cluster, plan, cfg.seed, t0, cfg.fault_gap_s, cfg.faults_start_s, say,
-                           repeat_while=lambda: cfg.faults != "ci" and any(p.is_alive() for p in procs))
+                           # (an empty plan, --faults none, went round and round, a
+                           # core busy while the producers were alive)
+                           repeat_while=lambda: bool(plan) and cfg.faults != "ci"
+                           and any(p.is_alive() for p in procs))
     faults.start()
     needed = _needed(expectations)
     last = 0.0
@@ -234,10 +237,16 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     return report
 
 
+# Faults that leave the API and its servers alone: the API answers through them, so they
+# excuse no lost answer.
+WORKER_FAULTS = frozenset({"worker_kill", "zombie"})
+
+
 def fault_windows(faults: FaultInjector, t0_wall: float, now_s: float) -> list[tuple[int, int]]:
-    """Each fault's span in epoch ms (the checker excuses an answer lost in one); a
-    fault still in progress spans to ``now_s``."""
-    spans = [(f.start_s, f.end_s) for f in faults.records]
+    """The span of each fault that may cost the API an answer (a restart of the API or
+    of a server, a paused Cassandra; not WORKER_FAULTS), in epoch ms: the checker
+    excuses an answer lost in one. A fault still in progress spans to ``now_s``."""
+    spans = [(f.start_s, f.end_s) for f in faults.records if f.name not in WORKER_FAULTS]
     if faults.is_alive():
         spans.append((spans[-1][1] if spans else 0.0, now_s))
     return [(int((t0_wall + a) * 1000), int((t0_wall + b) * 1000)) for a, b in spans]

@@ -474,3 +474,29 @@ def test_the_summary_puts_the_run_deadline_first():
     text = summary(report)
     assert text.index("run_deadline") < text.index("never_decided")
     assert "verdict: FAIL" in text
+
+
+def test_fault_windows_are_those_of_faults_that_may_cost_an_answer():
+    """An answer lost while the API, Kafka, Cassandra or the registry was restarted or
+    paused is excused (``answer_missing`` is not for those); a worker killed or frozen
+    leaves the API alone and excuses nothing."""
+    from ratchet.chaos.faults import FaultRecord
+    from ratchet.chaos.runner import fault_windows
+
+    class Done:
+        records = [FaultRecord("worker_kill", 10.0, 11.0, True),
+                   FaultRecord("api_restart", 20.0, 24.5, True),
+                   FaultRecord("zombie", 30.0, 55.0, True),
+                   FaultRecord("cassandra_pause", 60.0, 75.0, True)]
+
+        def is_alive(self):
+            return False
+
+    assert fault_windows(Done(), 1000.0, 80.0) == [(1_020_000, 1_024_500),
+                                                    (1_060_000, 1_075_000)]
+
+    class Busy(Done):
+        def is_alive(self):
+            return True
+
+    assert fault_windows(Busy(), 1000.0, 80.0)[-1] == (1_075_000, 1_080_000)
