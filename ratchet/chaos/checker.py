@@ -416,11 +416,11 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
             continue
         rid, got = wait.response_id, wait.history
         promo = w.promoted.get(rid) if wait.tenant == tenant else None
-        if got.outcome == "failure" and promo is not None \
-                and got.reason in NEVER_PROMOTED_REASONS:
+        if got.outcome == "failure" and promo is not None and got.reason == "NOT_PROMOTED":
             # Not promoted yet when asked is a right answer; after the promotion was
             # published, it is a stale read. Any other failure (an integrity failure,
-            # EXPIRED) is wrong for a promoted response, and judged below.
+            # EXPIRED, NOT_FOUND: "with wait_ms > 0 there is no 404", gateway-protocol.md
+            # section 8) is wrong for a promoted response, and judged below.
             published = first_at.get((wait.tenant, rid))
             if published is not None and wait.asked_ms > published:
                 out.append(Violation("stale_wait", sid, f"wait_ms answer for {rid}: "

@@ -500,3 +500,14 @@ def test_fault_windows_are_those_of_faults_that_may_cost_an_answer():
             return True
 
     assert fault_windows(Busy(), 1000.0, 80.0)[-1] == (1_075_000, 1_080_000)
+
+
+def test_a_wait_answered_not_found_is_reported(expectations):
+    """"With wait_ms > 0 there is no 404" (gateway-protocol.md section 8): not decided
+    in time is 409 NOT_PROMOTED. NOT_FOUND was taken for "not yet"."""
+    e, rid, p = _certified(expectations)
+    obs = complete(expectations)
+    obs.waits.append(Wait(e.story.tenant, rid, History("failure", "NOT_PROMOTED", ()), -1))
+    assert check(expectations, obs) == []
+    obs.waits[-1] = Wait(e.story.tenant, rid, History("failure", "NOT_FOUND", ()), -1)
+    assert kinds(expectations, obs) == {"history_mismatch"}
