@@ -281,6 +281,11 @@ def _unanswered(obs: Observations) -> list[Violation]:
                     and (what, tenant, ident) not in lost_keys:
                 out.append(Violation("answer_missing", tenant, f"{what} {ident}: asked, "
                                      f"neither answered nor lost"))
+    if len(obs.asked.get("history", ())) >= 20:  # the observer ran: each kind was asked
+        for what in ("other_fingerprint", "foreign"):
+            if not obs.asked.get(what):
+                out.append(Violation("answer_missing", "-", f"no {what} read was asked "
+                                     f"beside {len(obs.asked['history'])} histories"))
     for lost in obs.lost:
         if lost.what != "history" and not _excused(lost, obs.fault_windows):
             out.append(Violation("answer_missing", lost.tenant, f"{lost.what} {lost.ident}: "

@@ -511,3 +511,18 @@ def test_a_wait_answered_not_found_is_reported(expectations):
     assert check(expectations, obs) == []
     obs.waits[-1] = Wait(e.story.tenant, rid, History("failure", "NOT_FOUND", ()), -1)
     assert kinds(expectations, obs) == {"history_mismatch"}
+
+
+def test_reads_beside_the_histories_that_were_never_asked_are_reported(expectations):
+    """The observer asks every tenth response with another fingerprint and every
+    twentieth as another tenant: none asked at all is a check that never ran."""
+    obs = complete(expectations)
+    obs.asked["history"] = set(obs.histories)
+    assert kinds(expectations, obs) == {"answer_missing"}
+    e, rid, p = _certified(expectations)
+    head = _final_heads(e.story, e.worlds[0]).get(p.conversation_id)
+    obs.asked["other_fingerprint"] = {(e.story.tenant, rid)}
+    obs.other_fingerprint[(e.story.tenant, rid)] = full(p, head, OTHER_FINGERPRINT)
+    obs.asked["foreign"] = {(observe.FOREIGN_TENANT, rid)}
+    obs.foreign[(observe.FOREIGN_TENANT, rid)] = History("failure", "NOT_FOUND", ())
+    assert check(expectations, obs) == []
