@@ -162,7 +162,6 @@ def history_of(outcome: Outcome, fp_hash: str, body: dict | None = None) -> Hist
     if isinstance(outcome, Certified):
         cp = outcome.checkpoint
         cert = certificate_of(cp.token_artifact, cp.boundary_proof, cp.router_receipt)
-        cp = outcome.checkpoint
         if cp.seq != outcome.head_seq:
             faults.append(f"checkpoint seq {cp.seq} != head_seq {outcome.head_seq}")
         if cp.fingerprint_hash != fp_hash:
