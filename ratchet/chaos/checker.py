@@ -41,6 +41,11 @@ VIOLATION_CLASSES = (
     "dead_letter_missing", "outcome_missing", "unexpected_outcome", "unexpected_dead_letter",
     "orphan_of_used_effect", "stale_wait", "tenant_leak", "orphan_said_completed",
     "claim_answer_wrong", "effect_executed_twice", "claim_output_mismatch",
+    # A request to the API left without an answer where no fault explains it; wait_ms
+    # requests (nearly) never answered with a history; an orphan record whose reason,
+    # effect_completed or output_digest contradicts what the rules and the workload
+    # say; a run that did not end in time (a round sent again and again).
+    "answer_missing", "waits_unanswered", "orphan_record_wrong", "run_deadline",
 )
 # The classes of the claim checks the producers make (``ratchet/chaos/claims.py``,
 # ``Finding.logged``: the class tag first in the logged detail).
@@ -54,6 +59,16 @@ FINAL_ORPHAN_REASONS = frozenset({"ATTEMPT_SUPERSEDED", "TURN_CANCELLED", "EFFEC
 OTHER_FINGERPRINT = "f" * 64
 # What a history answer for a response that was never promoted may say.
 NEVER_PROMOTED_REASONS = frozenset({"NOT_PROMOTED", "NOT_FOUND"})
+# A History field the observer did not record (a History built by hand, in tests):
+# ``history_of`` records every one of them from every answer.
+UNSEEN = "unseen"
+# A request that got no answer is excused when it overlaps a fault window stretched by
+# this much after the fault ended (the API reconnecting to a restarted Cassandra).
+FAULT_GRACE_MS = 30_000
+# wait_ms requests outside fault windows: with at least this many asked, fewer than
+# this share answered with a history fails the run (``waits_unanswered``).
+WAITS_MIN_ASKED = 20
+WAITS_MIN_ANSWERED = 0.25
 
 
 @dataclass(frozen=True)
@@ -102,6 +117,26 @@ class History:
     response_id: str | None = None
     head_seq: int | None = None
     faults: tuple[str, ...] = ()
+    # The Conversation's head beside ``head_seq`` (null in chain mode), and of a
+    # certified answer what its checkpoint carries (``oracle.certificate_of``); UNSEEN
+    # when not recorded (``history_of`` records both from every answer).
+    conversation_head_seq: int | None | str = UNSEEN
+    certificate: tuple | None | str = UNSEEN
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A request to the API that got no answer (a connection refused or reset, a 5xx,
+    an answer the client could not trust) after its retries: which endpoint (``what``:
+    history, conversation, foreign, other_fingerprint, wait), for whom, when (epoch ms:
+    asked, given up) and the last error."""
+
+    what: str
+    tenant: str
+    ident: str
+    asked_ms: int
+    ended_ms: int
+    error: str
 
 
 @dataclass(frozen=True)
@@ -139,6 +174,19 @@ class Observations:
     # Histories asked with another fingerprint than the workload's (OTHER_FINGERPRINT):
     # a fingerprint change invalidates reuse, never the history (CONTRACT 5).
     other_fingerprint: dict[tuple[str, str], History] = field(default_factory=dict)
+    # Requests that got no answer (``Lost``), and when faults were injected (epoch ms,
+    # start and end of each, from the runner): a lost answer outside every window is
+    # ``answer_missing``.
+    lost: list[Lost] = field(default_factory=list)
+    fault_windows: list[tuple[int, int]] = field(default_factory=list)
+    # What ``fetch_histories`` asked, per endpoint (the keys of ``histories``,
+    # ``conversations``, ``foreign``, ``other_fingerprint``): each needs an answer or a
+    # ``Lost``.
+    asked: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
+    # Every EffectOrphaned record: (tenant, effect id) -> [(reason, effect_completed,
+    # output_digest), ...] in the order read.
+    orphan_records: dict[tuple[str, str], list[tuple[str, bool | None, str | None]]] = field(
+        default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -152,7 +200,7 @@ class Violation:
 
 
 def check(expectations: list[Expectation], obs: Observations) -> list[Violation]:
-    out = _invariants(obs) + _against_workload(expectations, obs)
+    out = _invariants(obs) + _against_workload(expectations, obs) + _unanswered(obs)
     by_rid: dict[tuple[str, str], set[Sig]] = defaultdict(set)
     first_at: dict[tuple[str, str], int] = {}
     for rec in (*obs.promoted, *obs.rejected):
@@ -165,7 +213,8 @@ def check(expectations: list[Expectation], obs: Observations) -> list[Violation]
             out += [Violation("dead_letter_missing", exp.story.sid, f"{r.label} key={r.key!r}")
                     for r in exp.dead_letters if (r.key, r.value) not in obs.dead_letters]
             continue
-        found = [_story_violations(exp, w, by_rid, first_at, obs) for w in exp.worlds]
+        found = [_story_violations(exp, w, by_rid, first_at, obs)
+                 + _records_of_world(exp, w, obs) for w in exp.worlds]
         out += min(found, key=len)
     return out
 
@@ -222,6 +271,51 @@ def claim_violation(tenant: str, effect_id: str, detail: str) -> Violation:
             kind, detail = tag, rest
     named = detail if detail.startswith(f"{effect_id}:") else f"{effect_id}: {detail}"
     return Violation(kind, tenant, named)
+
+
+def _excused(lost: Lost, windows: list[tuple[int, int]]) -> bool:
+    """A request lost while a fault was injected (or within FAULT_GRACE_MS after it)."""
+    return any(lost.asked_ms <= end + FAULT_GRACE_MS and lost.ended_ms >= start
+               for start, end in windows)
+
+
+def _unanswered(obs: Observations) -> list[Violation]:
+    """Requests to the API that got no answer where no fault explains it. Every request
+    the observer makes ends in an answer or a ``Lost``; one asked after the run
+    (``obs.asked``) with neither is lost too. The history of a response sent is judged
+    by ``_story_violations`` ("no answer"), not here. And wait_ms requests outside the
+    fault windows: (nearly) none answered with a history is a failure of read-your-
+    writes, whatever each answer said."""
+    out = []
+    lost_keys = {(lost.what, lost.tenant, lost.ident) for lost in obs.lost}
+    answered = {"history": obs.histories, "conversation": obs.conversations,
+                "foreign": obs.foreign, "other_fingerprint": obs.other_fingerprint}
+    for what, keys in sorted(obs.asked.items()):
+        for tenant, ident in sorted(keys):
+            if what != "history" and (tenant, ident) not in answered.get(what, {}) \
+                    and (what, tenant, ident) not in lost_keys:
+                out.append(Violation("answer_missing", tenant, f"{what} {ident}: asked, "
+                                     f"neither answered nor lost"))
+    if len(obs.asked.get("history", ())) >= 20:  # the observer ran: each kind was asked
+        for what in ("other_fingerprint", "foreign"):
+            if not obs.asked.get(what):
+                out.append(Violation("answer_missing", "-", f"no {what} read was asked "
+                                     f"beside {len(obs.asked['history'])} histories"))
+    for lost in obs.lost:
+        if lost.what != "history" and not _excused(lost, obs.fault_windows):
+            out.append(Violation("answer_missing", lost.tenant, f"{lost.what} {lost.ident}: "
+                                 f"no answer, no fault to explain it ({lost.error[:200]})"))
+    lost_waits = [w for w in obs.lost if w.what == "wait"
+                  and not _excused(w, obs.fault_windows)]
+    waits = [w for w in obs.waits if not _excused(
+        Lost("wait", w.tenant, w.response_id, w.asked_ms, w.asked_ms, ""), obs.fault_windows)]
+    asked = len(waits) + len(lost_waits)
+    histories = sum(1 for w in waits if w.history.outcome != "failure")
+    if asked >= WAITS_MIN_ASKED and histories < WAITS_MIN_ANSWERED * asked:
+        out.append(Violation("waits_unanswered", "-", f"{asked} wait_ms requests outside "
+                             f"faults, {histories} answered with a history ({len(lost_waits)} "
+                             f"without any answer): read-your-writes does not work"))
+    return out
 
 
 # ------------------------------------------------------------------------ invariants
@@ -316,13 +410,15 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
                 (tenant, eid, used_output) in obs.conflict_orphans):
             out.append(Violation("orphan_of_used_effect", sid, f"{eid}: used by a promoted "
                                  f"turn, published orphaned with a reason to compensate"))
+    heads = _final_heads(story, w)
     for sender, rid in per_rid:
         promo = w.promoted.get(rid) if sender == tenant else None
-        problem = _answer_problem(promo, rid, obs.histories.get((sender, rid)))
+        head = _head_range(promo, heads)
+        problem = _answer_problem(promo, rid, obs.histories.get((sender, rid)), heads=head)
         if problem:
             out.append(Violation("history_mismatch", sid, f"{rid}: {problem}"))
-        other = obs.other_fingerprint.get((sender, rid))
-        problem = other and _answer_problem(promo, rid, other, OTHER_FINGERPRINT)
+        other = obs.other_fingerprint.get((sender, rid))  # asked, unanswered: _unanswered
+        problem = other and _answer_problem(promo, rid, other, OTHER_FINGERPRINT, heads=head)
         if problem:
             out.append(Violation("history_mismatch", sid, f"{rid} asked with another "
                                                           f"fingerprint: {problem}"))
@@ -330,7 +426,8 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
         head = next(p for p in w.promoted.values()
                     if p.conversation_id == story.key and p.seq == w.head)
         problem = _answer_problem(head, head.response_id,
-                                  obs.conversations.get((tenant, story.key)))
+                                  obs.conversations.get((tenant, story.key)),
+                                  heads=(w.head, w.head))
         if problem:
             out.append(Violation("history_mismatch", sid, f"conversation {story.key} (head "
                                  f"{head.response_id}): {problem}"))
@@ -339,35 +436,107 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
             continue
         rid, got = wait.response_id, wait.history
         promo = w.promoted.get(rid) if wait.tenant == tenant else None
-        if got.outcome == "failure" and promo is not None \
-                and got.reason in NEVER_PROMOTED_REASONS:
+        if got.outcome == "failure" and promo is not None and got.reason == "NOT_PROMOTED":
             # Not promoted yet when asked is a right answer; after the promotion was
             # published, it is a stale read. Any other failure (an integrity failure,
-            # EXPIRED) is wrong for a promoted response, and judged below.
+            # EXPIRED, NOT_FOUND: "with wait_ms > 0 there is no 404", gateway-protocol.md
+            # section 8) is wrong for a promoted response, and judged below.
             published = first_at.get((wait.tenant, rid))
             if published is not None and wait.asked_ms > published:
                 out.append(Violation("stale_wait", sid, f"wait_ms answer for {rid}: "
                                      f"{_hist(got)}, asked {wait.asked_ms - published} ms "
                                      f"after its promotion was published"))
             continue
-        problem = _answer_problem(promo, rid, got)
+        # Asked while the run went on: the Conversation's head then was at least this
+        # response's seq and at most the final head.
+        head = _head_range(promo, heads)
+        problem = _answer_problem(promo, rid, got, heads=head and (promo.seq, head[1]))
         if problem:
             out.append(Violation("history_mismatch", sid, f"wait_ms answer for {rid}: "
                                                           f"{problem}"))
     return out
 
 
+def _records_of_world(exp: Expectation, w: World, obs: Observations) -> list[Violation]:
+    """Each orphan record against what the rules and the workload say of its effect
+    (gateway-protocol.md section 7, ``EffectOrphaned`` and "When to compensate"):
+
+    - an effect of a request that stands promoted and that the promoted turn does not
+      use is final: at least one record says ``ATTEMPT_SUPERSEDED``, whatever
+      provisional ``TURN_REJECTED`` came before; an effect of a request neither promoted
+      nor cancelled is never published with a final reason (a later attempt may still
+      use it);
+    - an effect whose outcome was recorded (a ``ToolEffect``, a completed claim) has a
+      record with ``effect_completed`` true and the recorded output's digest; one no
+      attempt recorded an outcome for has none with an ``output_digest``.
+
+    Conflicted effects are judged by their ``EFFECT_CONFLICT`` records (one per
+    execution) elsewhere."""
+    story, out = exp.story, []
+    for eid in sorted(w.orphans - w.conflicted):
+        records = obs.orphan_records.get((story.tenant, eid))
+        if not records:
+            continue  # orphan_missing
+        reasons = sorted({r[0] for r in records})
+        key, _, output = w.effects.get(eid, (None, None, None))
+        settled = key is not None and key in w.keys
+        if settled and eid not in w.used and "ATTEMPT_SUPERSEDED" not in reasons:
+            out.append(Violation("orphan_record_wrong", story.sid, f"{eid}: its request "
+                                 f"stands promoted without it (ATTEMPT_SUPERSEDED due), "
+                                 f"published {reasons}"))
+        elif not settled and key not in w.cancelled and set(reasons) & {
+                "ATTEMPT_SUPERSEDED", "TURN_CANCELLED"}:
+            out.append(Violation("orphan_record_wrong", story.sid, f"{eid}: its request is "
+                                 f"not settled (neither promoted nor cancelled), published "
+                                 f"with a final reason {reasons}"))
+        if eid in w.no_outcome:
+            digests = sorted({r[2] for r in records if r[2] is not None})
+            if digests:
+                out.append(Violation("orphan_record_wrong", story.sid, f"{eid}: no outcome "
+                                     f"was recorded, published with output_digest {digests}"))
+        elif output is not None and not any(r[1] is True and r[2] == output for r in records):
+            out.append(Violation("orphan_record_wrong", story.sid, f"{eid}: its outcome was "
+                                 f"recorded (output {output[:12]}), no record says "
+                                 f"effect_completed true with that output_digest: "
+                                 f"{[(r[0], r[1], (r[2] or '')[:12]) for r in records]}"))
+    return out
+
+
+def _final_heads(story, w: World) -> dict[str, int]:
+    """The head of every Conversation the story's turns were promoted on, at the end."""
+    heads = {c: h[0] for c, h in w.other_heads.items()}
+    if story.kind == "conversation":
+        heads[story.key] = w.head
+    return heads
+
+
+def _head_range(promo: Promo | None, heads: dict[str, int]) -> tuple[int, int] | None:
+    """The ``conversation_head_seq`` a history answer of ``promo`` must report, as a
+    range (the final fetch: exactly the final head); None in chain mode (null)."""
+    if promo is None or promo.conversation_id is None:
+        return None
+    final = heads.get(promo.conversation_id, promo.seq)
+    return final, final
+
+
 def _answer_problem(promo: Promo | None, rid: str, got: History | None,
-                    fingerprint_hash: str | None = None) -> str | None:
+                    fingerprint_hash: str | None = None, *, heads: tuple[int, int] | None
+                    | str = UNSEEN, sent: bool = True) -> str | None:
     """What is wrong with ``got``, the history answer for ``rid`` (promoted as ``promo``,
-    or never promoted: None) asked with ``fingerprint_hash`` (default: the workload's);
-    None if it is right."""
+    or never promoted: None) asked with ``fingerprint_hash`` (default: the workload's)
+    by a tenant that sent it (``sent``) or not; None if it is right. ``heads``: the
+    range its ``conversation_head_seq`` must lie in, None for null (chain mode), UNSEEN
+    not to check it."""
     if got is None:
         return "no answer"
     if promo is None:
-        if got.outcome == "failure" and got.reason in NEVER_PROMOTED_REASONS:
+        # Rejected: the ledger recorded the rejection for this tenant, NOT_PROMOTED (409);
+        # NOT_FOUND (404) is for an id this tenant never sent (gateway-protocol.md
+        # section 8, the table of outcomes).
+        want = "NOT_PROMOTED" if sent else "NOT_FOUND"
+        if (got.outcome, got.reason) == ("failure", want):
             return None
-        return f"{_hist(got)}, but it was never promoted (expected NOT_PROMOTED or NOT_FOUND)"
+        return f"{_hist(got)}, but it was never promoted (expected {want})"
     outcome, reason = promo.read_as if fingerprint_hash is None else promo.read(fingerprint_hash)
     wrong = []
     if (got.outcome, got.reason) != (outcome, reason):
@@ -377,8 +546,42 @@ def _answer_problem(promo: Promo | None, rid: str, got: History | None,
     if got.outcome != "failure" and (got.response_id, got.head_seq) != (rid, promo.seq):
         wrong.append(f"names {got.response_id} at head_seq {got.head_seq}, expected "
                      f"{rid} at {promo.seq}")
+    if got.outcome != "failure":
+        wrong += _fields_problems(promo, got, outcome, heads)
     wrong += list(got.faults)
     return "; ".join(wrong) or None
+
+
+def _fields_problems(promo: Promo, got: History, expected: str,
+                     heads: tuple[int, int] | None | str) -> list[str]:
+    """A history answer's fields beside its items: ``conversation_head_seq`` (the
+    Conversation's head, null in chain mode) and, certified, the checkpoint's artifact,
+    boundary proof and receipt against the promoted turn's (gateway-protocol.md section
+    8, "History body")."""
+    wrong = []
+    chs = got.conversation_head_seq
+    if chs != UNSEEN and heads != UNSEEN:
+        if heads is None and chs is not None:
+            wrong.append(f"conversation_head_seq {chs} in chain mode (null expected)")
+        elif heads is not None and not (isinstance(chs, int)
+                                        and heads[0] <= chs <= heads[1]):
+            want = heads[0] if heads[0] == heads[1] else f"{heads[0]}..{heads[1]}"
+            wrong.append(f"conversation_head_seq {chs}, expected {want}")
+    if got.outcome == expected == "certified" and got.certificate != UNSEEN \
+            and got.certificate != promo.certificate:
+        wrong.append(f"checkpoint carries {_cert(got.certificate)}, the promoted turn "
+                     f"{_cert(promo.certificate)}")
+    return wrong
+
+
+def _cert(cert) -> str:
+    if not isinstance(cert, tuple):
+        return repr(cert)
+    artifact, proof, receipt = cert
+    art = "no artifact" if artifact is None else (
+        f"artifact {artifact[0]} ({artifact[2]} tokens, hash {str(artifact[1])[:12]})")
+    return (f"{art}, {'no proof' if proof is None else 'proof ' + str(proof[4])[:12]}, "
+            f"{'a' if receipt else 'no'} receipt")
 
 
 def _classify(acceptable: frozenset[Sig], seen: set[Sig]) -> str:

@@ -7,11 +7,15 @@
   requests are waiting when the API is restarted; each answer is kept for the checker;
 - ``fetch_histories``: after the run, the history of every response sent (promoted or
   not), of every Conversation, and of some responses asked as another tenant, over HTTP.
+
+A request that gets no answer is never dropped: it is kept as a ``Lost`` (what, for whom,
+when, why), and the checker excuses only those a fault window explains.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import threading
 import time
@@ -23,17 +27,21 @@ from confluent_kafka import Consumer, KafkaError
 from ratchet.chaos.checker import (
     FINAL_ORPHAN_REASONS,
     OTHER_FINGERPRINT,
+    UNSEEN,
     History,
+    Lost,
     Observations,
     Promoted,
     Rejected,
     Wait,
 )
+from ratchet.chaos.oracle import certificate_of
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, registry_client
 from schemas.errors import RegistryUnavailable
 from schemas.models import CheckpointPromoted, DeadLetter, EffectOrphaned, PromotionRejected
-from services.gateway.client import Certified, Failure, Outcome, RehydrationClient
+from services.gateway.client import Certified, Failure, Outcome
+from services.gateway.client import RehydrationClient as _LibraryClient
 from services.gateway.errors import GatewayError
 
 OUTPUT_TOPICS = ("checkpoints", "rejections", "orphaned-effects", "dead-letters")
@@ -94,6 +102,8 @@ class OutputReader(threading.Thread):
                 self._count(r.tenant, r.response_id)
             elif isinstance(rec, EffectOrphaned):
                 self.obs.orphaned.add((rec.tenant_id, rec.effect_id))
+                self.obs.orphan_records.setdefault((rec.tenant_id, rec.effect_id), []).append(
+                    (str(rec.reason), rec.effect_completed, rec.output_digest))
                 if rec.effect_completed:
                     self.obs.completed_orphans.add((rec.tenant_id, rec.effect_id))
                 if str(rec.reason) == "EFFECT_CONFLICT":
@@ -108,9 +118,35 @@ class OutputReader(threading.Thread):
         self.counts[(tenant, rid)] = self.counts.get((tenant, rid), 0) + 1
 
 
-def history_of(outcome: Outcome, fp_hash: str) -> History:
+class RehydrationClient(_LibraryClient):
+    """The gateway library's client, keeping the body of the last history answer
+    (``last_body``): the checker also compares fields the library does not return
+    (``conversation_head_seq``). One per thread, like the library's."""
+
+    last_body: dict | None = None
+
+    def _get(self, path: str, params: dict, timeout: float | None):
+        self.last_body = None
+        resp = super()._get(path, params, timeout)
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        self.last_body = body if isinstance(body, dict) else None
+        return resp
+
+
+def _body_of(client) -> dict | None:
+    """The last answer's body, if the client keeps it (a test's stand-in may not)."""
+    return getattr(client, "last_body", None)
+
+
+def history_of(outcome: Outcome, fp_hash: str, body: dict | None = None) -> History:
     """Digests recomputed from the returned content: a wrong digest field cannot hide
-    (it is a fault of its own), nor a checkpoint that is not this answer's."""
+    (it is a fault of its own), nor a checkpoint that is not this answer's, nor an item
+    whose ``role`` or ``call_id`` is not its content's (gateway-protocol.md section 5).
+    With the answer's ``body``, also its ``conversation_head_seq``; of a certified
+    answer, what its checkpoint carries (``oracle.certificate_of``)."""
     if isinstance(outcome, Failure):
         return History("failure", outcome.reason, ())
     faults = []
@@ -120,8 +156,12 @@ def history_of(outcome: Outcome, fp_hash: str) -> History:
         items.append((i.item_id, i.type, digest))
         if i.content_digest != digest:
             faults.append(f"item {n} ({i.item_id}) content_digest is not its content's")
+        faults += _columns_problems(n, i)
+    chs = UNSEEN if body is None else body.get("conversation_head_seq")
+    cert = UNSEEN
     if isinstance(outcome, Certified):
         cp = outcome.checkpoint
+        cert = certificate_of(cp.token_artifact, cp.boundary_proof, cp.router_receipt)
         if cp.seq != outcome.head_seq:
             faults.append(f"checkpoint seq {cp.seq} != head_seq {outcome.head_seq}")
         if cp.fingerprint_hash != fp_hash:
@@ -130,7 +170,24 @@ def history_of(outcome: Outcome, fp_hash: str) -> History:
             faults.append("certified without a token artifact")
     return History("certified" if isinstance(outcome, Certified) else "fallback",
                    getattr(outcome, "reason", None), tuple(items), outcome.response_id,
-                   outcome.head_seq, tuple(faults))
+                   outcome.head_seq, tuple(faults), chs, cert)
+
+
+def _columns_problems(n: int, item) -> list[str]:
+    """``role`` and ``call_id`` are the content's own (a string, else null)."""
+    try:
+        doc = json.loads(item.content)
+    except ValueError:
+        return [f"item {n} ({item.item_id}) content is not JSON"]
+    if not isinstance(doc, dict):
+        return [f"item {n} ({item.item_id}) content is not a JSON object"]
+    wrong = []
+    for name in ("role", "call_id"):
+        want = doc.get(name) if isinstance(doc.get(name), str) else None
+        if getattr(item, name) != want:
+            wrong.append(f"item {n} ({item.item_id}) {name} {getattr(item, name)!r}, its "
+                         f"content's {want!r}")
+    return wrong
 
 
 FOREIGN_TENANT = "chaos-foreign-tenant"
@@ -149,32 +206,50 @@ def fetch_histories(base_url: str, fp_hash: str, responses: Iterable[tuple[str, 
             local.c = RehydrationClient(base_url, timeout_s=30)
         return local.c
 
+    names = {"r": "history", "f": "foreign", "o": "other_fingerprint", "c": "conversation"}
+
     def one(kind: str, tenant: str, ident: str) -> None:
+        asked_ms, error = _now_ms(), ""
         for attempt in range(5):
             try:
+                c = client()
                 if kind == "r":
-                    outcome = client().response_history(tenant, ident, fp_hash)
-                    obs.histories[(tenant, ident)] = history_of(outcome, fp_hash)
+                    outcome = c.response_history(tenant, ident, fp_hash)
+                    obs.histories[(tenant, ident)] = history_of(outcome, fp_hash, _body_of(c))
                 elif kind == "f":
-                    outcome = client().response_history(FOREIGN_TENANT, ident, fp_hash)
-                    obs.foreign[(FOREIGN_TENANT, ident)] = history_of(outcome, fp_hash)
+                    outcome = c.response_history(FOREIGN_TENANT, ident, fp_hash)
+                    obs.foreign[(FOREIGN_TENANT, ident)] = history_of(outcome, fp_hash,
+                                                                      _body_of(c))
                 elif kind == "o":
-                    outcome = client().response_history(tenant, ident, OTHER_FINGERPRINT)
-                    obs.other_fingerprint[(tenant, ident)] = history_of(outcome,
-                                                                         OTHER_FINGERPRINT)
+                    outcome = c.response_history(tenant, ident, OTHER_FINGERPRINT)
+                    obs.other_fingerprint[(tenant, ident)] = history_of(
+                        outcome, OTHER_FINGERPRINT, _body_of(c))
                 else:
-                    outcome = client().conversation_history(tenant, ident, fp_hash)
-                    obs.conversations[(tenant, ident)] = history_of(outcome, fp_hash)
+                    outcome = c.conversation_history(tenant, ident, fp_hash)
+                    obs.conversations[(tenant, ident)] = history_of(outcome, fp_hash,
+                                                                    _body_of(c))
                 return
-            except GatewayError:
+            except GatewayError as exc:
+                error = f"{type(exc).__name__}: {exc}"
                 time.sleep(1 + attempt)
+        who = FOREIGN_TENANT if kind == "f" else tenant
+        with lock:
+            obs.lost.append(Lost(names[kind], who, ident, asked_ms, _now_ms(), error))
 
+    lock = threading.Lock()
     responses = list(responses)
     jobs = [("r", t, r) for t, r in responses] + [("c", t, c) for t, c in conversations]
     jobs += [("f", t, r) for t, r in responses[::foreign_every] if t != FOREIGN_TENANT]
     jobs += [("o", t, r) for t, r in responses[1::other_fp_every]]
+    for kind, tenant, ident in jobs:
+        who = FOREIGN_TENANT if kind == "f" else tenant
+        obs.asked.setdefault(names[kind], set()).add((who, ident))
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda j: one(*j), jobs))
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class Waiters:
@@ -216,11 +291,14 @@ class Waiters:
                 asked_ms = int(time.time() * 1000)
                 try:
                     outcome = client.response_history(tenant, rid, self.fp_hash, self.wait_ms)
-                except GatewayError:
+                except GatewayError as exc:
                     self._count("unavailable")
+                    with self._lock:  # kept: the checker excuses it only inside a fault
+                        self.obs.lost.append(Lost("wait", tenant, rid, asked_ms, _now_ms(),
+                                                  f"{type(exc).__name__}: {exc}"))
                     time.sleep(0.5)
                     continue
-                h = history_of(outcome, self.fp_hash)
+                h = history_of(outcome, self.fp_hash, _body_of(client))
                 self._count("not_yet" if h.outcome == "failure" else "answered")
                 with self._lock:  # failures too: one asked after the promotion is stale
                     self.obs.waits.append(Wait(tenant, rid, h, asked_ms))

@@ -79,6 +79,9 @@ class Promo:
     # oracle learns it after the run, ``timed.settle``), so it was never kept.
     expiring: str | None = None
     late: bool = False
+    # What a certified answer's checkpoint must carry: the promoted turn's artifact,
+    # boundary proof and receipt (``certificate_of``); a retry is answered with these.
+    certificate: tuple | None = None
 
     def read(self, fingerprint_hash: str) -> tuple[str, str | None]:
         """Outcome and reason of its history asked with ``fingerprint_hash`` (CONTRACT 5:
@@ -337,7 +340,9 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
                   frozenset((i.call_id, i.content_digest) for i in turn_items
                             if i.type == "function_call_output"
                             and i.call_id not in answered),
-                  ev.expires_at is not None and ev.expires_at <= ev.produced_at)
+                  ev.expires_at is not None and ev.expires_at <= ev.produced_at,
+                  certificate=certificate_of(_dump(ev.token_artifact),
+                                             _dump(ev.boundary_proof), ev.router_receipt))
     w.promoted[ev.response_id] = promo
     w.keys[ev.idempotency_key] = promo
     if ev.conversation_id is not None:
@@ -351,6 +356,27 @@ def _decide(w: World, story: Story, ev: TurnCompleted) -> frozenset[Sig]:
     w.orphans |= {eid for eid, (key, _, _) in w.effects.items()
                   if key == ev.idempotency_key and eid not in used}
     return frozenset({promo.sig})
+
+
+ARTIFACT_FIELDS = ("artifact_id", "token_hash", "token_count", "safe_append_boundary",
+                   "fingerprint_hash")
+PROOF_FIELDS = ("prefix_hash", "prefix_count", "append_hash", "append_count", "combined_hash",
+                "combined_count", "boundary_kind", "fingerprint_hash")
+
+
+def certificate_of(artifact: dict | None, proof: dict | None, receipt: object) -> tuple:
+    """The parts of a turn's token artifact and boundary proof a certified answer's
+    ``checkpoint`` must repeat (CONTRACT 1.3, 1.5; gateway-protocol.md section 8: "objects
+    with the fields of the records of section 6"), and whether it has a router receipt.
+    Expiries are left out (the API spells them otherwise, and each process that builds
+    the workload stamps its own)."""
+    def pick(record: dict | None, names: tuple[str, ...]) -> tuple | None:
+        return None if record is None else tuple(record.get(n) for n in names)
+    return pick(artifact, ARTIFACT_FIELDS), pick(proof, PROOF_FIELDS), receipt is not None
+
+
+def _dump(record) -> dict | None:
+    return None if record is None else record.model_dump(mode="json")
 
 
 def _partition(ev: TurnCompleted) -> str:

@@ -41,7 +41,10 @@ def summary(report: dict[str, Any]) -> str:
     v = r["violations"]
     lines.append(f"violations: {sum(c['count'] for c in v.values())}"
                  + ("" if v else "  (none: every check passed)"))
-    for kind in VIOLATION_CLASSES:
+    # run_deadline first (what follows it may be its consequence: turns never sent are
+    # never decided); then every class, those the tuple does not list too.
+    order = ["run_deadline", *VIOLATION_CLASSES, *sorted(v)]
+    for kind in dict.fromkeys(order):
         if kind in v:
             lines.append(f"  {kind:<28} {v[kind]['count']:>6}")
             for ex in v[kind]["examples"]:

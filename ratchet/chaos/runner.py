@@ -4,7 +4,10 @@
 2. Workers (one consumer group) and the API as ``ratchet`` subprocesses.
 3. The output reader, the ``wait_ms`` waiters, the producer processes and the faults.
 4. When every story is sent and every fault done: wait until every turn is decided
-   (or the drain deadline passes: what is left is reported ``never_decided``).
+   (or the drain deadline passes: what is left is reported ``never_decided``). Sending
+   has a deadline of its own (``send_budget_s``: from turns, rate and the fault plan):
+   producers still at work after it (a round failing again and again, e.g. an API that
+   refuses every claim) are stopped and the run fails ``run_deadline``.
 5. Histories over HTTP, the checker, the report; stop the workers and the API; make
    sure the servers are healthy again.
 """
@@ -19,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,12 +31,12 @@ from confluent_kafka.admin import AdminClient
 
 from ratchet.chaos import report as reporting
 from ratchet.chaos import timed
-from ratchet.chaos.checker import check, sends_per_response
+from ratchet.chaos.checker import Violation, check, sends_per_response
 from ratchet.chaos.faults import PROFILES, Cluster, FaultInjector
 from ratchet.chaos.observe import OutputReader, Waiters, fetch_histories
 from ratchet.chaos.oracle import Expectation, expect
 from ratchet.chaos.produce import run as produce_run
-from ratchet.chaos.workload import generate, workload_fp_hash
+from ratchet.chaos.workload import REUSE_TTL_MS, generate, workload_fp_hash
 from ratchet.settings import Settings
 from schemas.avro import register_schemas, registry_client
 
@@ -51,6 +55,40 @@ class ChaosConfig:
     out: Path | None = None
     # The workers' and API's RATCHET_LOG_LEVEL (INFO shows, e.g., partitions parked).
     log_level: str = "WARNING"
+    # Seconds from the start until every turn must be sent and every fault done; None:
+    # ``send_budget_s``.
+    send_deadline_s: float | None = None
+
+
+def send_budget_s(cfg: ChaosConfig, faults: int) -> float:
+    """How long sending (and the faults of the plan) may take before the run fails
+    ``run_deadline``: three times the paced sending time (``turns / rate``), two minutes,
+    and per fault of the plan its gap and 90 s (a restart waits for its server)."""
+    if cfg.send_deadline_s is not None:
+        return cfg.send_deadline_s
+    return (cfg.faults_start_s + 120 + 3 * cfg.turns / cfg.rate
+            + faults * (cfg.fault_gap_s + 90))
+
+
+def stop_producers(procs, stop, grace_s: float = 10.0) -> list[str]:
+    """Ask the producers to stop (they look between rounds), then terminate those still
+    alive after ``grace_s`` (stuck sending one round again and again). Returns what was
+    done to each, for the report."""
+    stop.value = 1
+    deadline = time.monotonic() + grace_s
+    done = []
+    for n, p in enumerate(procs):
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+            done.append(f"producer {n} (pid {p.pid}) terminated")
+        else:
+            done.append(f"producer {n} stopped")
+    return done
 
 
 def _say(msg: str, t0: float = time.monotonic()) -> None:
@@ -120,15 +158,36 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     plan = list(PROFILES[cfg.faults])
     random.Random(f"plan:{cfg.seed}").shuffle(plan)
     faults = FaultInjector(cluster, plan, cfg.seed, t0, cfg.fault_gap_s, cfg.faults_start_s, say,
-                           repeat_while=lambda: cfg.faults != "ci" and any(p.is_alive() for p in procs))
+                           # (an empty plan, --faults none, went round and round, a
+                           # core busy while the producers were alive)
+                           repeat_while=lambda: bool(plan) and cfg.faults != "ci"
+                           and any(p.is_alive() for p in procs))
     faults.start()
     needed = _needed(expectations)
     last = 0.0
     drain_deadline = None
+    budget = send_budget_s(cfg, len(plan))
+    if budget + cfg.drain_timeout_s >= REUSE_TTL_MS / 1000 / 2:
+        raise RuntimeError(f"a run of up to {budget + cfg.drain_timeout_s:.0f} s outlives "
+                           f"half the workload's artifacts ({REUSE_TTL_MS // 1000} s)")
+    say(f"sending must end within {budget:.0f} s of the start, the drain within "
+        f"{cfg.drain_timeout_s:.0f} s after it")
+    overdue: Violation | None = None
     while True:
         time.sleep(1)
         producing = any(p.is_alive() for p in procs)
         injecting = faults.is_alive()
+        if (producing or injecting) and overdue is None and time.monotonic() - t0 > budget:
+            overdue = Violation("run_deadline", "-", (
+                f"{time.monotonic() - t0:.0f} s after the start, past the send deadline "
+                f"({budget:.0f} s), {sent.value}/{total} turns sent, producers "
+                f"{'still sending' if producing else 'done'}, faults "
+                f"{'still injecting' if injecting else 'done'}: a round failing again and "
+                f"again? (the producers' 'round failed' lines)"))
+            say(f"RUN DEADLINE: {overdue.detail}")
+            faults.stop.set()
+            say("; ".join(stop_producers(procs, stop)))
+            continue
         cluster.revive(time.monotonic() - t0)
         with reader.lock:
             undecided = [k for k, need in needed.items()
@@ -146,7 +205,9 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
             continue
         if decided >= len(needed) and dl_done:
             break
-        drain_deadline = drain_deadline or time.monotonic() + cfg.drain_timeout_s
+        # Failed already (run_deadline): what was never sent is never decided.
+        drain_deadline = drain_deadline or time.monotonic() + (
+            min(cfg.drain_timeout_s, 30) if overdue else cfg.drain_timeout_s)
         if time.monotonic() > drain_deadline:
             say(f"drain deadline passed with {len(needed) - decided} responses undecided: "
                 + ", ".join(f"{rid} of {tenant} ({reader.counts.get((tenant, rid), 0)} "
@@ -171,7 +232,8 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     prober.close()
     timed.settle(expectations, stamps, reader.obs)
     timed_waits = timed.take_waits(reader.obs, stamps)
-    violations = check(expectations, reader.obs)
+    reader.obs.fault_windows = fault_windows(faults, t0_wall, time.monotonic() - t0)
+    violations = ([overdue] if overdue else []) + check(expectations, reader.obs)
     timed_violations, timed_counts = timed.judge(expectations, stamps,
                                                  [*prober.reads, *timed_waits])
     violations += timed_violations + timed.recipe_violations(workload)
@@ -186,6 +248,21 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     reporting.write(report, out)
     print(reporting.summary(report), flush=True)
     return report
+
+
+# Faults that leave the API and its servers alone: the API answers through them, so they
+# excuse no lost answer.
+WORKER_FAULTS = frozenset({"worker_kill", "zombie"})
+
+
+def fault_windows(faults: FaultInjector, t0_wall: float, now_s: float) -> list[tuple[int, int]]:
+    """The span of each fault that may cost the API an answer (a restart of the API or
+    of a server, a paused Cassandra; not WORKER_FAULTS), in epoch ms: the checker
+    excuses an answer lost in one. A fault still in progress spans to ``now_s``."""
+    spans = [(f.start_s, f.end_s) for f in faults.records if f.name not in WORKER_FAULTS]
+    if faults.is_alive():
+        spans.append((spans[-1][1] if spans else 0.0, now_s))
+    return [(int((t0_wall + a) * 1000), int((t0_wall + b) * 1000)) for a, b in spans]
 
 
 def _report(cfg, tag, out, workload, expectations, reader, faults, waiters, unexpected,
@@ -208,7 +285,10 @@ def _report(cfg, tag, out, workload, expectations, reader, faults, waiters, unex
         "observed": {"promoted": len(reader.obs.promoted), "rejected": len(reader.obs.rejected),
                      "orphaned": len(reader.obs.orphaned),
                      "dead_letters": len(reader.obs.dead_letters),
-                     "histories": len(reader.obs.histories)},
+                     "histories": len(reader.obs.histories),
+                     # requests the API never answered, per endpoint (excused only
+                     # inside a fault window: ``answer_missing``)
+                     "lost_answers": dict(Counter(x.what for x in reader.obs.lost))},
         "expected_outcomes": expected,
         "waits": dict(waiters.counts),
         "faults": fault_dicts,

@@ -39,6 +39,12 @@ from services.gateway.events import (
 )
 
 UNKNOWN_TYPE = "x_chaos_unknown_item"
+# How long after the workload is built its token artifacts and boundary proofs stay
+# reusable: far longer than a run may last (the runner refuses a run whose deadline is
+# not well inside it). They expired an hour after it, so a run longer than that read
+# correct ARTIFACT_EXPIRED fallbacks where the oracle expected certified (an outside
+# review, 2026-12-06).
+REUSE_TTL_MS = 7 * 24 * 3600 * 1000
 WORDS = ("lyon", "rain", "train", "budget", "museum", "cheese", "river", "hotel", "map",
          "ticket", "bike", "wine", "bridge", "market", "opera", "sunday")
 FINGERPRINT = make_fingerprint()
@@ -214,7 +220,13 @@ class _Gateway:
         fp_hash = _fp_hash(fingerprint)
         if certified and with_artifact:
             artifact, proof = make_artifact_and_proof(fp_hash, now_ms=now_ms())
-            artifact = artifact.model_copy(update={"artifact_id": f"art-{rid}-{attempt}"})
+            # Reusable for longer than any run (REUSE_TTL_MS): the oracle judges an
+            # expiry that passes while the run reads only for the timed turns, which
+            # stamp their own at the send (ratchet/chaos/timed.py).
+            reusable_until = now_ms() + REUSE_TTL_MS
+            artifact = artifact.model_copy(update={"artifact_id": f"art-{rid}-{attempt}",
+                                                   "expires_at": reusable_until})
+            proof = proof.model_copy(update={"expires_at": reusable_until})
         router_receipt = RouterReceipt(
             receipt_id=f"rcpt-{rid}-{attempt}", router_key_format=fingerprint.router_key_format,
             covered_tokens=artifact.token_count, expires_at=artifact.expires_at,

@@ -29,7 +29,13 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from ratchet.chaos.checker import FINAL_ORPHAN_REASONS, OTHER_FINGERPRINT, _answer_problem
+from ratchet.chaos.checker import (
+    FINAL_ORPHAN_REASONS,
+    OTHER_FINGERPRINT,
+    _answer_problem,
+    _final_heads,
+    _head_range,
+)
 from ratchet.chaos.claims import ClaimedRun, ClaimProbe, ClaimRunner
 from ratchet.chaos.observe import history_of
 from ratchet.chaos.oracle import expect
@@ -116,6 +122,7 @@ def _run(seed: int, turns: int, raced: bool):
     decisions: dict[tuple[int, int], list[tuple]] = {}
     orphans: dict[int, dict[str, str]] = {}
     completed: set[tuple[int, str]] = set()  # (story, effect) orphaned effect_completed
+    records: dict[tuple[str, str], list[tuple]] = {}  # (tenant, effect) -> each record
     offset = 0
     for e in expectations:
         if e.story.kind == "garbage":
@@ -141,6 +148,10 @@ def _run(seed: int, turns: int, raced: bool):
                             out.model.reason)
                         if out.model.effect_completed:
                             completed.add((e.story.index, out.model.effect_id))
+                        records.setdefault((out.model.tenant_id, out.model.effect_id),
+                                           []).append((str(out.model.reason),
+                                                       out.model.effect_completed,
+                                                       out.model.output_digest))
     assert claims.ran > 0  # the workload claimed tools
     assert claims.findings == []  # every check made was right
     # Every check made, but where the race run the other way round legitimately rejects
@@ -150,6 +161,7 @@ def _run(seed: int, turns: int, raced: bool):
         "is rejected, not promoted" in line for line in claims.unchecked), claims.unchecked
     assert all(n <= 2 for n in claims.runs.values())
     assert {"promoted", "cancelled", "conflict"} <= {check for check, _ in claims.checked}
+    _run.records = records  # every orphan record: test_every_orphan_record_is_as_the_rules_say
     return expectations, decisions, orphans, completed, api
 
 
@@ -159,7 +171,11 @@ def run(request):
     seed, raced = request.param
     expectations, decisions, orphans, completed, api = _run(seed, 1500, raced)
     world = -1 if raced else 0
+    run_records[request.param] = _run.records
     return [(e, e.worlds[world]) for e in expectations], decisions, orphans, completed, api
+
+
+run_records: dict[tuple, dict] = {}  # per run: every orphan record (tenant, effect) -> [...]
 
 
 def test_every_decision_is_one_the_oracle_accepts(run):
@@ -197,6 +213,24 @@ def test_every_decision_is_one_the_oracle_accepts(run):
     assert all(sent_labels[label] > 0 for label in NEW_LABELS), sent_labels
 
 
+def test_every_orphan_record_is_as_the_rules_say(run, request):
+    """Each EffectOrphaned the processor publishes, judged as the chaos checker judges
+    it (``_records_of_world``): a final ATTEMPT_SUPERSEDED for an effect its promoted
+    request did not use, no final reason while the request is unsettled,
+    ``effect_completed`` true with the recorded output's digest for an outcome that was
+    recorded, no digest for a claim without one."""
+    from ratchet.chaos.checker import Observations, _records_of_world
+
+    expectations = run[0]
+    records = run_records[request.node.callspec.params["run"]]
+    obs = Observations(orphan_records=records)
+    wrong = [v for e, w in expectations if e.story.kind != "garbage"
+             for v in _records_of_world(e, w, obs)]
+    assert wrong == []
+    reasons = Counter(r[0] for rs in records.values() for r in rs)
+    assert reasons["ATTEMPT_SUPERSEDED"] > 10, reasons  # the rule was exercised
+
+
 def test_every_history_is_the_one_the_oracle_promoted(run):
     """The rehydration API over the processor's store answers every response sent and
     every Conversation as the oracle says (``_answer_problem``, the chaos checker's own
@@ -209,18 +243,22 @@ def test_every_history_is_the_one_the_oracle_promoted(run):
 
     def ask(path: str, tenant: str, fp: str):
         resp = api.get(path, params={"tenant_id": tenant, "fingerprint_hash": fp})
-        return history_of(parse_outcome(resp.json(), resp.status_code), fp)
+        return history_of(parse_outcome(resp.json(), resp.status_code), fp, resp.json())
 
     for e, w in expectations:
         if e.story.kind == "garbage":
             continue
         tenant = e.story.tenant
-        rids = {e.story.events[i].response_id for i in w.decided}
-        for n, rid in enumerate(sorted(rids)):
-            promo = w.promoted.get(rid)
+        # Asked by the tenant that sent it (a turn of another tenant on the story's
+        # Conversation is that tenant's: rejected, NOT_PROMOTED; not the story's).
+        rids = {(e.story.events[i].tenant_id, e.story.events[i].response_id)
+                for i in w.decided}
+        for n, (sender, rid) in enumerate(sorted(rids)):
+            promo = w.promoted.get(rid) if sender == tenant else None
+            heads = _head_range(promo, _final_heads(e.story, w))
             for fp in (workload_fp_hash(), *((OTHER_FINGERPRINT,) if n % 3 == 0 else ())):
-                got = ask(f"/v1/responses/{rid}/history", tenant, fp)
-                problem = _answer_problem(promo, rid, got, fp)
+                got = ask(f"/v1/responses/{rid}/history", sender, fp)
+                problem = _answer_problem(promo, rid, got, fp, heads=heads)
                 checked[got.reason or got.outcome] += 1
                 if problem:
                     wrong.append(f"{e.story.sid} {rid} asked with {fp[:8]}: {problem}")
@@ -228,7 +266,7 @@ def test_every_history_is_the_one_the_oracle_promoted(run):
             head = next(p for p in w.promoted.values()
                         if p.conversation_id == e.story.key and p.seq == w.head)
             got = ask(f"/v1/conversations/{e.story.key}/history", tenant, workload_fp_hash())
-            problem = _answer_problem(head, head.response_id, got)
+            problem = _answer_problem(head, head.response_id, got, heads=(w.head, w.head))
             if problem:
                 wrong.append(f"{e.story.sid} conversation {e.story.key}: {problem}")
     assert wrong == []
