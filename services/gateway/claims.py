@@ -34,6 +34,7 @@ from ratchet.domain.catalogue import CATALOGUE, Kind
 from ratchet.domain.claims import EffectPolicy, effect_id_for_claim, rekey_output
 from schemas.items import from_responses
 from schemas.models import Item
+from services.gateway.client import server_error
 from services.gateway.errors import (
     GatewayError,
     InvalidRehydrationRequest,
@@ -350,7 +351,7 @@ class EffectClaims:
         except httpx.HTTPError as exc:
             raise RehydrationUnavailable(f"{path}: {exc!r}") from exc
         if resp.status_code >= 500:
-            raise RehydrationUnavailable(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            raise server_error(resp)
         if resp.status_code != 200:
             raise InvalidRehydrationRequest(resp.status_code, resp.text[:500])
         return resp.json()

@@ -23,7 +23,11 @@ from typing import Any
 
 import httpx
 
-from services.gateway.errors import InvalidRehydrationRequest, RehydrationUnavailable
+from services.gateway.errors import (
+    InvalidRehydrationRequest,
+    RehydrationServerError,
+    RehydrationUnavailable,
+)
 
 
 @dataclass(frozen=True)
@@ -192,8 +196,26 @@ def _pick(cls: type, data: dict[str, Any]) -> Any:
     return cls(**{name: data.get(name) for name in names})
 
 
+def server_error(resp: httpx.Response) -> Exception:
+    """A 5xx answer's error: ``RehydrationServerError`` when its body says it is not
+    transient (``"retryable": false``, ratchet's ``INTERNAL`` and ``CORRUPT_HISTORY``),
+    else ``RehydrationUnavailable`` (a 503, a proxy's page: retry later). Taken for a
+    transient failure, a bug's answer was retried for ever (found by the chaos review,
+    session 40)."""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("retryable") is False \
+            and isinstance(body.get("error"), str):
+        return RehydrationServerError(resp.status_code, body["error"], body.get("detail"))
+    return RehydrationUnavailable(f"HTTP {resp.status_code}: {resp.text[:200]}")
+
+
 def _unexpected(resp: httpx.Response) -> Exception:
-    if resp.status_code >= 500 or resp.status_code == 429:
+    if resp.status_code >= 500:
+        return server_error(resp)
+    if resp.status_code == 429:
         return RehydrationUnavailable(f"HTTP {resp.status_code}: {resp.text[:200]}")
     try:
         detail: object = resp.json()

@@ -69,6 +69,20 @@ class RehydrationUnavailable(GatewayError):
     retryable = True
 
 
+class RehydrationServerError(GatewayError):
+    """The service answered 5xx with a body saying it is not transient (``"retryable":
+    false``): ``INTERNAL`` (a bug: report it) or ``CORRUPT_HISTORY`` (``/status`` of a
+    damaged history). Not retryable: the same request gets the same answer; retry at
+    most by hand, with backoff (docs/gateway-protocol.md section 8). A 5xx without such
+    a body (a proxy's, a 503 ``UNAVAILABLE``) is ``RehydrationUnavailable``."""
+
+    def __init__(self, status: int, error: str, detail: object) -> None:
+        self.status = status
+        self.error = error
+        self.detail = detail
+        super().__init__(f"HTTP {status}: {error}: {detail}")
+
+
 class InvalidRehydrationRequest(GatewayError):
     """The service refused the request as malformed (4xx other than the typed outcomes)."""
 

@@ -92,3 +92,24 @@ def test_a_recorded_output_with_no_canonical_form_is_a_typed_error_never_a_rerun
         effect.run(lambda: ran.append("ran") or "done")
     assert refused.value.effect_id == effect.effect_id and not refused.value.retryable
     assert ran == [] and not effect.executed
+
+
+def test_a_claim_answered_by_a_bug_is_not_retried_as_an_outage():
+    """500 ``INTERNAL`` with ``"retryable": false`` from the claims API is
+    ``RehydrationServerError`` (not retryable), not ``RehydrationUnavailable``."""
+    from services.gateway.errors import RehydrationServerError, RehydrationUnavailable
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, json={"error": "INTERNAL", "detail": "KeyError",
+                                         "retryable": False})
+
+    identity = TurnIdentity(tenant_id="t", response_id="r1", conversation_id="conv",
+                            expected_head_seq=0)
+    claims = EffectClaims("http://claims.test", identity, idempotency_key="k", attempt=1,
+                          transport=httpx.MockTransport(answer))
+    ran = []
+    with pytest.raises(RehydrationServerError) as err, \
+            claims.effect(CALLS["function_call"], subturn_index=0) as effect:
+        effect.run(lambda: ran.append(1) or "done")
+    assert not isinstance(err.value, RehydrationUnavailable) and not err.value.retryable
+    assert ran == []  # the tool never ran

@@ -6,7 +6,11 @@ import httpx
 import pytest
 
 from services.gateway.client import Certified, Failure, Fallback, RehydrationClient
-from services.gateway.errors import InvalidRehydrationRequest, RehydrationUnavailable
+from services.gateway.errors import (
+    InvalidRehydrationRequest,
+    RehydrationServerError,
+    RehydrationUnavailable,
+)
 
 ITEM = {
     "item_id": "m1",
@@ -84,6 +88,33 @@ def test_unavailable_and_invalid_are_typed_errors():
     with pytest.raises(InvalidRehydrationRequest) as bad:
         history(client_for(422, {"error": "INVALID_REQUEST", "detail": []}))
     assert bad.value.status == 422 and not bad.value.retryable
+
+
+@pytest.mark.parametrize("status,body", [
+    (500, {"error": "INTERNAL", "detail": "TypeError", "retryable": False}),
+    (500, {"error": "CORRUPT_HISTORY", "detail": None, "retryable": False}),
+])
+def test_a_server_error_said_not_retryable_is_not_unavailable(status, body):
+    """A bug's answer (500 ``INTERNAL``, ``"retryable": false``) was raised as
+    ``RehydrationUnavailable`` ("retry later"), and a gateway retrying those retried it
+    for ever (the chaos review, session 40)."""
+    with pytest.raises(RehydrationServerError) as err:
+        history(client_for(status, body))
+    assert not err.value.retryable and not isinstance(err.value, RehydrationUnavailable)
+    assert (err.value.status, err.value.error) == (status, body["error"])
+    # /status answers the same way
+    with pytest.raises(RehydrationServerError):
+        client_for(status, body).status("t", "resp_1")
+
+
+@pytest.mark.parametrize("status,body", [
+    (503, {"error": "UNAVAILABLE", "retryable": True}),
+    (502, "<html>bad gateway</html>"),  # a proxy's page: not known to be lasting
+    (500, {"error": "INTERNAL"}),  # no word on retrying
+])
+def test_other_server_errors_stay_unavailable(status, body):
+    with pytest.raises(RehydrationUnavailable):
+        history(client_for(status, body))
 
 
 def test_transport_failure_is_unavailable():
