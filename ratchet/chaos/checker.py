@@ -46,6 +46,9 @@ VIOLATION_CLASSES = (
     # effect_completed or output_digest contradicts what the rules and the workload
     # say; a run that did not end in time (a round sent again and again).
     "answer_missing", "waits_unanswered", "orphan_record_wrong", "run_deadline",
+    # /status of a response against the oracle: promoted at its seq, or rejected with a
+    # reason the rules give.
+    "status_mismatch",
 )
 # The classes of the claim checks the producers make (``ratchet/chaos/claims.py``,
 # ``Finding.logged``: the class tag first in the logged detail).
@@ -187,6 +190,10 @@ class Observations:
     # output_digest), ...] in the order read.
     orphan_records: dict[tuple[str, str], list[tuple[str, bool | None, str | None]]] = field(
         default_factory=dict)
+    # ``/status`` of every response sent, asked by its sender after the run:
+    # (tenant, rid) -> (state, reason, seq).
+    statuses: dict[tuple[str, str], tuple[str, str | None, int | None]] = field(
+        default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -289,6 +296,7 @@ def _unanswered(obs: Observations) -> list[Violation]:
     out = []
     lost_keys = {(lost.what, lost.tenant, lost.ident) for lost in obs.lost}
     answered = {"history": obs.histories, "conversation": obs.conversations,
+                "status": obs.statuses,
                 "foreign": obs.foreign, "other_fingerprint": obs.other_fingerprint}
     for what, keys in sorted(obs.asked.items()):
         for tenant, ident in sorted(keys):
@@ -422,6 +430,11 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
         if problem:
             out.append(Violation("history_mismatch", sid, f"{rid} asked with another "
                                                           f"fingerprint: {problem}"))
+    for (sender, rid), accs in per_rid.items():
+        problem = _status_problem(w.promoted.get(rid) if sender == tenant else None,
+                                  set().union(*accs), obs.statuses.get((sender, rid)))
+        if problem:
+            out.append(Violation("status_mismatch", sid, f"{rid}: {problem}"))
     if story.kind == "conversation" and w.head:
         head = next(p for p in w.promoted.values()
                     if p.conversation_id == story.key and p.seq == w.head)
@@ -500,6 +513,32 @@ def _records_of_world(exp: Expectation, w: World, obs: Observations) -> list[Vio
                                  f"effect_completed true with that output_digest: "
                                  f"{[(r[0], r[1], (r[2] or '')[:12]) for r in records]}"))
     return out
+
+
+def _status_problem(promo: Promo | None, wanted: set[Sig],
+                    got: tuple[str, str | None, int | None] | None) -> str | None:
+    """``/status`` of a response against the oracle (docs/gateway-protocol.md section 8):
+    ``promoted`` with its seq when the oracle promoted it; otherwise never ``promoted``,
+    and ``rejected`` with one of the reasons the oracle allows for it. ``unknown`` only
+    for a response the oracle may reject ``CORRUPT`` (an event whose identity cannot be
+    trusted records no status under it). Not asked, or no answer: ``_unanswered``."""
+    if got is None:
+        return None
+    state, reason, seq = got
+    if promo is not None:
+        if state != "promoted" or seq != promo.seq:
+            return f"status {state} {reason or ''} seq {seq}; promoted at seq {promo.seq}"
+        return None
+    reasons = {sig[1] for sig in wanted if sig[0] == "R"}
+    if state == "promoted":
+        return f"status promoted (seq {seq}); never promoted (expected {sorted(reasons)})"
+    if state == "rejected" and reason not in reasons:
+        return f"status rejected {reason}; expected one of {sorted(reasons)}"
+    if state == "unknown" and "CORRUPT" not in reasons:
+        return f"status unknown; a rejection was recorded ({sorted(reasons)})"
+    if state not in ("rejected", "unknown"):
+        return f"status {state!r}: not a state of the contract"
+    return None
 
 
 def _final_heads(story, w: World) -> dict[str, int]:

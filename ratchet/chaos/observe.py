@@ -196,7 +196,8 @@ FOREIGN_TENANT = "chaos-foreign-tenant"
 def fetch_histories(base_url: str, fp_hash: str, responses: Iterable[tuple[str, str]],
                     conversations: Iterable[tuple[str, str]], obs: Observations,
                     threads: int = 8, foreign_every: int = 20, other_fp_every: int = 10) -> None:
-    """Every history of ``responses`` and ``conversations``; every ``foreign_every``-th
+    """Every history of ``responses`` and ``conversations``, and every response's
+    ``/status`` (``obs.statuses``); every ``foreign_every``-th
     response is also asked as a tenant that never sent it (``obs.foreign``), every
     ``other_fp_every``-th with another fingerprint (``obs.other_fingerprint``)."""
     local = threading.local()
@@ -206,7 +207,8 @@ def fetch_histories(base_url: str, fp_hash: str, responses: Iterable[tuple[str, 
             local.c = RehydrationClient(base_url, timeout_s=30)
         return local.c
 
-    names = {"r": "history", "f": "foreign", "o": "other_fingerprint", "c": "conversation"}
+    names = {"r": "history", "f": "foreign", "o": "other_fingerprint", "c": "conversation",
+             "s": "status"}
 
     def one(kind: str, tenant: str, ident: str) -> None:
         asked_ms, error = _now_ms(), ""
@@ -220,6 +222,9 @@ def fetch_histories(base_url: str, fp_hash: str, responses: Iterable[tuple[str, 
                     outcome = c.response_history(FOREIGN_TENANT, ident, fp_hash)
                     obs.foreign[(FOREIGN_TENANT, ident)] = history_of(outcome, fp_hash,
                                                                       _body_of(c))
+                elif kind == "s":
+                    got = c.status(tenant, ident)
+                    obs.statuses[(tenant, ident)] = (got.state, got.reason, got.seq)
                 elif kind == "o":
                     outcome = c.response_history(tenant, ident, OTHER_FINGERPRINT)
                     obs.other_fingerprint[(tenant, ident)] = history_of(
@@ -239,6 +244,7 @@ def fetch_histories(base_url: str, fp_hash: str, responses: Iterable[tuple[str, 
     lock = threading.Lock()
     responses = list(responses)
     jobs = [("r", t, r) for t, r in responses] + [("c", t, c) for t, c in conversations]
+    jobs += [("s", t, r) for t, r in responses]
     jobs += [("f", t, r) for t, r in responses[::foreign_every] if t != FOREIGN_TENANT]
     jobs += [("o", t, r) for t, r in responses[1::other_fp_every]]
     for kind, tenant, ident in jobs:

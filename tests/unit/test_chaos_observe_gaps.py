@@ -178,6 +178,10 @@ def test_fetch_histories_keeps_what_was_asked_and_what_got_no_answer(monkeypatch
     good = json.loads(json.dumps(_body()))
 
     def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/status"):
+            rid = request.url.path.split("/")[-2]
+            return httpx.Response(200, json={"response_id": rid, "state": "promoted",
+                                             "reason": None, "seq": 2})
         if request.url.params["fingerprint_hash"] == OTHER_FINGERPRINT:
             return httpx.Response(503, json={"error": "UNAVAILABLE", "retryable": True})
         return httpx.Response(200, json=good)
@@ -196,6 +200,9 @@ def test_fetch_histories_keeps_what_was_asked_and_what_got_no_answer(monkeypatch
     assert [(x.what, x.ident) for x in obs.lost] == [("other_fingerprint", "resp-b")], obs.lost
     assert "503" in obs.lost[0].error
     assert obs.histories[("ten", "resp-a")].conversation_head_seq == 2  # the body's
+    # every response's /status too
+    assert obs.asked["status"] == {("ten", "resp-a"), ("ten", "resp-b")}
+    assert obs.statuses[("ten", "resp-b")] == ("promoted", None, 2)
 
 
 # --- 2. orphan records ------------------------------------------------------------

@@ -35,6 +35,7 @@ from ratchet.chaos.checker import (
     _answer_problem,
     _final_heads,
     _head_range,
+    _status_problem,
 )
 from ratchet.chaos.claims import ClaimedRun, ClaimProbe, ClaimRunner
 from ratchet.chaos.observe import history_of
@@ -359,3 +360,43 @@ def test_another_tenants_child_of_a_chain_response_is_tenant_mismatch():
     assert [g[0][:2] for g in got] == [("P", 1), ("R", "TENANT_MISMATCH"),
                                       ("R", "PARENT_NOT_PROMOTED"), ("P", 2)]
     assert all(sig in accepted for sig, accepted in got), got
+
+
+def test_every_status_is_the_one_the_oracle_says(run):
+    """``/status`` of every response sent, asked by its sender, as the chaos checker
+    judges it (``_status_problem``): promoted at the oracle's seq, else rejected with a
+    reason the oracle allows (or unknown where it allows CORRUPT)."""
+    expectations, _, _, _, api = run
+    wrong, states = [], Counter()
+    for e, w in expectations:
+        if e.story.kind == "garbage":
+            continue
+        per_rid: dict[tuple[str, str], set] = {}
+        for i, acceptable in w.decided.items():
+            ev = e.story.events[i]
+            per_rid.setdefault((ev.tenant_id, ev.response_id), set()).update(acceptable)
+        for (sender, rid), wanted in sorted(per_rid.items()):
+            body = api.get(f"/v1/responses/{rid}/status", params={"tenant_id": sender}).json()
+            got = (body["state"], body.get("reason"), body.get("seq"))
+            states[got[0]] += 1
+            promo = w.promoted.get(rid) if sender == e.story.tenant else None
+            problem = _status_problem(promo, wanted, got)
+            if problem:
+                wrong.append(f"{e.story.sid} {rid}: {problem}")
+    assert wrong == []
+    assert states["promoted"] > 100 and states["rejected"] > 20, states
+
+
+def test_a_status_against_the_oracle_is_judged():
+    from ratchet.chaos.oracle import Promo
+
+    promo = Promo("resp_1", "key_1", "d" * 64, 3, (), "certified")
+    assert _status_problem(promo, set(), ("promoted", None, promo.seq)) is None
+    assert "promoted at seq" in _status_problem(promo, set(), ("promoted", None, promo.seq + 1))
+    assert "promoted at seq" in _status_problem(promo, set(), ("unknown", None, None))
+    rejected = {("R", "CONFLICT", None)}
+    assert _status_problem(None, rejected, ("rejected", "CONFLICT", None)) is None
+    assert "expected one of" in _status_problem(None, rejected, ("rejected", "OUT_OF_ORDER", 3))
+    assert "never promoted" in _status_problem(None, rejected, ("promoted", None, 2))
+    assert "a rejection was recorded" in _status_problem(None, rejected, ("unknown", None, None))
+    assert _status_problem(None, {("R", "CORRUPT", None)}, ("unknown", None, None)) is None
