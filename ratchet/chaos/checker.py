@@ -492,6 +492,7 @@ def _records_of_world(exp: Expectation, w: World, obs: Observations) -> list[Vio
             continue  # orphan_missing
         reasons = sorted({r[0] for r in records})
         key, _, output = w.effects.get(eid, (None, None, None))
+        output = w.recorded.get(eid, output)
         settled = key is not None and key in w.keys
         if settled and eid not in w.used and "ATTEMPT_SUPERSEDED" not in reasons:
             out.append(Violation("orphan_record_wrong", story.sid, f"{eid}: its request "

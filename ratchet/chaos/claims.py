@@ -182,6 +182,18 @@ class ClaimedRun:
     def call_id(self) -> str:
         return str(self.call["call_id"])
 
+    @property
+    def recorded_digest(self) -> str:
+        """The content digest of the output the claim's completion recorded: this
+        attempt's item, but for ``contended``, whose holder (attempt 1) recorded its own
+        (item id ``<effect id>:1``) and this attempt's turn carries it re-keyed (a CI
+        chaos run's orphan of a rejected contended turn named attempt 1's digest, as it
+        should; the oracle expected the turn's)."""
+        if self.role != "contended":
+            return self.output_digest
+        return recipes.item_digest({"type": "function_call_output", "call_id": self.call_id,
+                                    "output": self.output_text, "id": f"{self.effect_id}:1"})
+
 
 def claimed_run(identity: TurnIdentity, idempotency_key: str, call: dict[str, Any],
                 output_text: str, *, attempt: int = 1, subturn_index: int = 0,

@@ -141,6 +141,9 @@ class World:
     # ``effect_completed`` false.
     no_outcome: set[str] = field(default_factory=set)
     used: set[str] = field(default_factory=set)  # effect ids of promoted turns: never undone
+    # Effect id -> the digest its outcome was recorded with, where it is not the one in
+    # ``effects`` (a contended claim: its holder's item; ``ClaimedRun.recorded_digest``).
+    recorded: dict[str, str] = field(default_factory=dict)
 
     def fork(self) -> World:
         return copy.deepcopy(self)
@@ -187,6 +190,11 @@ def _apply(w: World, story: Story, index: int) -> None:
             w.no_outcome.add(ev.effect_id)
             return
         w.effects.setdefault(ev.effect_id, (ev.idempotency_key, ev.call_id, ev.output_digest))
+        if ev.recorded_digest != ev.output_digest:
+            # What the completion recorded (a contended holder's own item), which an
+            # orphan record names; the turn carries it re-keyed (``effects``: compared
+            # with the turn's items, ids aside, as the processor does).
+            w.recorded.setdefault(ev.effect_id, ev.recorded_digest)
         w.attempts.setdefault(ev.effect_id, ev.attempt)
         return
     if isinstance(ev, ToolEffect):

@@ -300,3 +300,41 @@ def test_claim_violation_reads_the_class_tag():
     assert claim_violation("t", "eff_1", "[not_a_class] x").kind == "claim_answer_wrong"
     assert claim_violation("t", "eff_1", "got IN_PROGRESS").kind == "claim_answer_wrong"
     assert check([], Observations()) == []
+
+
+def test_a_rejected_contended_turn_is_orphaned_with_its_holders_output():
+    """A contended claim's outcome is the holder's (attempt 1's item, id
+    ``<effect id>:1``); attempt 2's turn carries it re-keyed. When that turn is rejected,
+    its orphan record names the recorded output, and the oracle must expect that one:
+    both CI chaos runs of session 40 reported ``orphan_record_wrong`` for a contended
+    turn a race had rejected, on right behaviour."""
+    import copy
+
+    from ratchet.chaos.checker import _records_of_world
+    from ratchet.chaos.oracle import expect
+    from schemas.models import EffectOrphaned
+
+    story = _story("claim_contended")
+    # The first plain turn never sent: the contended turn, expecting head 1, is
+    # OUT_OF_ORDER, and the claimed effect is orphaned TURN_REJECTED.
+    trimmed = copy.copy(story)
+    trimmed.steps = story.steps[1:]
+    world, records = _World(), {}
+    for step in trimmed.steps:
+        for index in (*step.sends, *step.race):
+            ev = story.events[index]
+            if isinstance(ev, (ClaimedRun, ClaimProbe)):
+                world.claims.run(ev)
+                continue
+            world.offset += 1
+            for out in world.processor.handle(raw_record(ev, world.offset)).outbound:
+                if isinstance(out.model, EffectOrphaned):
+                    records.setdefault((out.model.tenant_id, out.model.effect_id), []).append(
+                        (out.model.reason.value, out.model.effect_completed,
+                         out.model.output_digest))
+    run = next(ev for ev in story.events if isinstance(ev, ClaimedRun))
+    assert run.role == "contended" and run.recorded_digest != run.output_digest
+    assert records[(run.tenant_id, run.effect_id)] == [
+        ("TURN_REJECTED", True, run.recorded_digest)]
+    exp = expect(trimmed)
+    assert _records_of_world(exp, exp.worlds[0], Observations(orphan_records=records)) == []
