@@ -60,8 +60,6 @@ FINAL_ORPHAN_REASONS = frozenset({"ATTEMPT_SUPERSEDED", "TURN_CANCELLED", "EFFEC
 # The fingerprint hash some histories are asked with besides the workload's: a model
 # nobody deployed.
 OTHER_FINGERPRINT = "f" * 64
-# What a history answer for a response that was never promoted may say.
-NEVER_PROMOTED_REASONS = frozenset({"NOT_PROMOTED", "NOT_FOUND"})
 # A History field the observer did not record (a History built by hand, in tests):
 # ``history_of`` records every one of them from every answer.
 UNSEEN = "unseen"

@@ -211,14 +211,27 @@ def test_an_api_port_in_use_is_one_line_and_never_said_listening(settings):
     assert "rehydration API listening" not in done.stderr
 
 
+def _wait_healthy(port: int, timeout_s: float = 60) -> None:
+    """Until the API on ``port`` answers /healthz 200 (or ``timeout_s`` passed)."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+
+
 def test_the_api_exits_0_on_sigterm(settings):
     """docs/operations.md: a SIGTERM lets in-flight requests finish and the process
     exit. uvicorn re-raised the signal after its shutdown with the default handler: the
     process died with 143 before closing its clients."""
     import signal
-    import time
 
-    import httpx
 
     port = free_port()
     env = {**os.environ, **settings.to_env(), "PYTHONPATH": str(ROOT),
@@ -226,13 +239,7 @@ def test_the_api_exits_0_on_sigterm(settings):
     proc = subprocess.Popen([sys.executable, "-m", "ratchet.cli", "api"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        _wait_healthy(port)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
@@ -247,7 +254,6 @@ def test_the_api_logs_at_ratchet_log_level(settings, level):
     the docs, session 40)."""
     import json
     import signal
-    import time
 
     import httpx
 
@@ -257,13 +263,7 @@ def test_the_api_logs_at_ratchet_log_level(settings, level):
     proc = subprocess.Popen([sys.executable, "-m", "ratchet.cli", "api"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        _wait_healthy(port)
         # A request: the API logs one line for each at INFO.
         httpx.get(f"http://127.0.0.1:{port}/v1/responses/resp_nowhere/history", timeout=10)
         proc.send_signal(signal.SIGTERM)
