@@ -1,6 +1,6 @@
 """Drive a real promotion worker from outside: produce events, collect outcomes.
 
-Used by the integration and fault tests and by ``ratchet/bench/processor.py``.
+Used by the integration and fault tests and by the benches (``ratchet/bench/``).
 Everything talks to the real servers of ``settings``; a unique topic prefix and
 consumer group per run keep runs apart.
 """

@@ -14,7 +14,7 @@ import gc
 
 import pytest
 
-from ratchet.bench.processor import (
+from ratchet.bench.floors import (
     FAUST_FLOOR,
     FLOOR_SHAPES,
     PacedFloor,

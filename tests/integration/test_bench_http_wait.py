@@ -16,15 +16,11 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from ratchet.bench.floors import PacedFloor
 from ratchet.bench.http_wait import ASYNC_CLIENT, BLOCKING_CLIENT
-from ratchet.bench.processor import (
-    OutcomeCounter,
-    PacedFloor,
-    alternated_latency,
-    consume_now,
-    http_latency,
-    start_worker,
-)
+from ratchet.bench.latency import alternated_latency, http_latency
+from ratchet.bench.processor import OutcomeCounter, start_worker
+from ratchet.bench.turns import consume_now
 from streams.testing import Rig, isolated_settings
 
 pytestmark = pytest.mark.integration

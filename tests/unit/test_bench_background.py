@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import threading
 
-import ratchet.bench.processor as bench
-from ratchet.bench.processor import CpuWindow, Row, background_cpu, summary, thread_cpu
+import ratchet.bench.measure as measure
+from ratchet.bench.measure import CpuWindow, background_cpu, thread_cpu
+from ratchet.bench.table import Row, background_lines
+from ratchet.bench.verdicts import QuarterLoad, http_summary, summary
 
 BEFORE = {1: ("C2 CompilerThre", 1.0), 2: ("CompactionExecu", 0.5),
           3: ("Native-Transpor", 2.0), 5: ("MemtableFlushWr", 0.2)}
@@ -30,7 +32,7 @@ def test_a_window_splits_only_the_servers_threads(monkeypatch):
         asked.append(pid)
         return next(snapshots)
 
-    monkeypatch.setattr(bench, "thread_cpu", scripted)
+    monkeypatch.setattr(measure, "thread_cpu", scripted)
     with CpuWindow({"cassandra": os.getpid(), "client": os.getpid()}) as window:
         pass
     assert asked == [os.getpid(), os.getpid()]  # the client's threads are never read
@@ -78,14 +80,14 @@ def _jit_row(name: str, count: int, jit_s: float) -> Row:
 
 
 def test_a_run_on_servers_still_compiling_is_flagged():
-    lines = bench.background_lines([_jit_row("floor", 1000, 0.05), _jit_row("ratchet", 2000, 0.9),
+    lines = background_lines([_jit_row("floor", 1000, 0.05), _jit_row("ratchet", 2000, 0.9),
                                     _jit_row("floor 1b", 1000, 0.4)])
     assert lines[-1].startswith("WARNING: the servers' JIT compilers were busy in 2 window")
     assert "0.45 ms per op, in 'ratchet'" in lines[-1]
 
 
 def test_a_warm_run_carries_no_warning():
-    lines = bench.background_lines([_jit_row("floor", 1000, 0.13), _jit_row("ratchet", 3000, 0.12)])
+    lines = background_lines([_jit_row("floor", 1000, 0.13), _jit_row("ratchet", 3000, 0.12)])
     assert lines and not any(line.startswith("WARNING") for line in lines)
 
 
@@ -99,8 +101,8 @@ def test_the_http_lines_show_the_servers_background_inside_their_windows():
                            cpu_s={"cassandra": 0.2, "api": 0.1}, seconds=2.0,
                            background_s={"jit": 0.0, "compaction": compaction_s})
 
-    lines = bench.http_summary(figures(0.5), {}, (5.0, 15.0, 100), 50.0,
-                               bench.QuarterLoad(25.0, figures(0.1), (5.0, 12.0, 100)))
+    lines = http_summary(figures(0.5), {}, (5.0, 15.0, 100), 50.0,
+                               QuarterLoad(25.0, figures(0.1), (5.0, 12.0, 100)))
     demand = [line for line in lines if line.strip().startswith("demand:")]
     assert len(demand) == 2
     assert demand[0].endswith("; of which the servers' jit 0.00, compaction 0.25")

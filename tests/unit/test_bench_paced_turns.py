@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ratchet.bench.processor import TURN_SPACING_S, RecordClock, paced_turns
+from ratchet.bench.latency import TURN_SPACING_S, paced_turns
+from ratchet.bench.probe import RecordClock
 
 
 def test_the_nth_outcome_of_a_key_answers_its_nth_record():

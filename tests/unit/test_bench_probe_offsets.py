@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from ratchet.bench.processor import end_offsets
+from ratchet.bench.probe import end_offsets
 
 
 class _Consumer:

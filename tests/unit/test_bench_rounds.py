@@ -3,7 +3,8 @@ p99 ratios, so one round that met a stall of the shared machine does not decide.
 
 from __future__ import annotations
 
-from ratchet.bench.processor import Row, ThroughputRound, round_lines, throughput_lines
+from ratchet.bench.table import Row
+from ratchet.bench.verdicts import ThroughputRound, round_lines, throughput_lines
 
 
 def test_each_round_is_printed_and_the_median_ratio_decides():
