@@ -825,10 +825,15 @@ class PromotionProcessor:
         """The tenant that promoted chain response ``response_id`` (another tenant's
         parent is ``TENANT_MISMATCH``), or None. The owner row is written beside the
         promotion batch, so it may name a tenant whose batch was then refused: another
-        tenant counts only if its checkpoint is there (asked on this rare path only)."""
+        tenant counts only if its checkpoint is there (asked on this rare path only).
+        Response ids are per tenant and the row holds the last tenant written: when it
+        names another, this tenant may have promoted the id too (in another chain than
+        the turn names), and then the parent is its own, not another tenant's."""
         found = self.ledger.response_owner(response_id)
         if found is None or found == turn.tenant_id:
             return found
+        if self.store.get_checkpoint(turn.tenant_id, response_id) is not None:
+            return turn.tenant_id
         return found if self.store.get_checkpoint(found, response_id) is not None else None
 
     def _held_by_another_response(self, turn: TurnCompleted, holder: ResponseClaim) -> Reject:

@@ -204,7 +204,8 @@ class Ledger(abc.ABC):
     # -- ownership (tenant checks) ---------------------------------------------------
     @abc.abstractmethod
     def record_conversation_owner(self, conversation_id: str, tenant_id: str) -> None:
-        """Remember the tenant that promoted a conversation's first turn (idempotent).
+        """Remember the tenant that promoted a conversation's first turn (idempotent;
+        a plain write: the last tenant written stands, on every backend).
 
         A plain write is enough: every event of a conversation id is on one Kafka
         partition and handled by one lane at a time, so two tenants never race here.
@@ -215,7 +216,9 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     def record_response_owner(self, response_id: str, tenant_id: str) -> None:
-        """Remember which tenant promoted a chain's response id (idempotent). Asked only
+        """Remember which tenant promoted a chain's response id (idempotent; the last
+        tenant written stands: response ids are per tenant, so a reader checks the
+        checkpoints, ``PromotionProcessor._chain_owner``). Asked only
         when a chain turn's parent is missing (``TENANT_MISMATCH`` for another tenant's
         parent); a Conversation's responses are never a chain's parent (they live in
         the Conversation's partition), so they are not recorded."""

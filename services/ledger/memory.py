@@ -99,7 +99,8 @@ class MemoryLedger(Ledger):
 
     def record_conversation_owner(self, conversation_id: str, tenant_id: str) -> None:
         with self._lock:
-            self._conversation_owners.setdefault(conversation_id, tenant_id)
+            # The last write stands, as for Cassandra's plain INSERT (the contract).
+            self._conversation_owners[conversation_id] = tenant_id
 
     def conversation_owner(self, conversation_id: str) -> str | None:
         with self._lock:
@@ -107,7 +108,7 @@ class MemoryLedger(Ledger):
 
     def record_response_owner(self, response_id: str, tenant_id: str) -> None:
         with self._lock:
-            self._response_owners.setdefault(response_id, tenant_id)
+            self._response_owners[response_id] = tenant_id
 
     def response_owner(self, response_id: str) -> str | None:
         with self._lock:

@@ -214,6 +214,19 @@ class LedgerContract:
         ledger.start_recording_owners(tenant_id=tenant, response_id=resp, conversation_id=None)()
         assert ledger.response_owner(resp) == tenant
 
+    def test_an_owner_row_holds_the_last_tenant_written(self, ledger, tenant):
+        """Owner rows are plain writes on both backends: the last one stands. Response
+        ids are per tenant, so two tenants may record one id; a reader never trusts
+        the row alone (``PromotionProcessor._chain_owner`` checks the checkpoints). A
+        Conversation's owner is written by its partition's one lane, after reading
+        that none was there (docs/processor.md), so it is never written twice."""
+        other, conv, resp = uid("tenant-b"), uid("conv"), uid("resp")
+        for who in (tenant, other):
+            ledger.start_recording_owners(tenant_id=who, response_id=resp,
+                                          conversation_id=conv)()
+        assert ledger.response_owner(resp) == other
+        assert ledger.conversation_owner(conv) == other
+
     def test_status_is_the_latest_rejection_and_tenants_are_separate(self, ledger, tenant):
         resp = uid("resp")
         assert ledger.status(tenant, resp).status is ResponseState.UNKNOWN
