@@ -50,11 +50,20 @@ KINDS = {
     "items_swapped": "CORRUPT_HISTORY",    # the turn's first two items swapped
     "content_altered": "CORRUPT_HISTORY",  # one item's content changed, digest kept
     "head_unbacked": "CORRUPT_HISTORY",    # the head's lineage digest rewritten
+    "turn_deleted": "MISSING_HISTORY",     # a turn's row deleted (its descendants' answer)
 }
 CONVERSATION_KINDS = ("items_garbage", "item_dropped", "head_unbacked", "items_swapped",
-                      "content_altered")
-CHAIN_KINDS = ("item_dropped", "items_garbage", "content_altered", "items_swapped")
+                      "content_altered", "turn_deleted")
+CHAIN_KINDS = ("item_dropped", "items_garbage", "content_altered", "items_swapped",
+               "turn_deleted")
 NO_CACHE = {"Cache-Control": "no-cache"}
+# What the deleted turn's OWN reads may answer (``turn_deleted``). The docs do not settle
+# it: docs/store.md rule 1 gives NOT_FOUND to a response without a row, which is what
+# ratchet answers (and ``unknown`` on /status), while gateway-protocol.md section 8 keeps
+# NOT_FOUND for ids never decided and says /status is "never unknown for a promoted
+# response" (docs/chaos.md, "Damaged rows": a finding). Accepted: a failure (never a
+# history read from storage), and on /status anything but ``rejected``.
+DELETED_OWN_REASONS = frozenset({"NOT_FOUND", "MISSING_HISTORY", "CORRUPT_HISTORY"})
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,12 @@ class Damage:
     @property
     def reason(self) -> str:
         return KINDS[self.kind]
+
+    def reasons(self, rid: str) -> frozenset[str]:
+        """The failures a read of ``rid`` (in ``through``) from storage may answer."""
+        if self.kind == "turn_deleted" and rid == self.response_id:
+            return DELETED_OWN_REASONS
+        return frozenset({self.reason})
 
     @property
     def cache_may_hide(self) -> bool:
@@ -144,8 +159,8 @@ def _needs(kind: str) -> int:
     return {"items_swapped": 2, "item_dropped": 1, "content_altered": 1}.get(kind, 0)
 
 
-def plan(expectations: list[Expectation], seed: int, conversations: int = 5,
-         chains: int = 4) -> list[Damage]:
+def plan(expectations: list[Expectation], seed: int, conversations: int = 6,
+         chains: int = 5) -> list[Damage]:
     """The damage of this run: ``conversations`` Conversations (one turn in the middle,
     so turns before it stay readable, or the head cells) and ``chains`` chains (a turn
     with a child, forks preferred: the other branch stays readable), each kind in turn."""
@@ -262,6 +277,9 @@ def apply(settings, damages: Iterable[Damage], seed: int, say=print) -> None:
             if d.kind == "head_unbacked":
                 run(f"UPDATE {table} SET head_lineage_digest = %s WHERE {where}",
                     ("0" * 64, d.tenant, d.partition))
+            elif d.kind == "turn_deleted":
+                run(f"DELETE FROM {table} WHERE {where} AND kind = 'checkpoint' AND ref = %s",
+                    (d.tenant, d.partition, d.response_id))
             else:
                 row = run(f"SELECT items FROM {table} WHERE {where} AND kind = 'checkpoint' "
                           f"AND ref = %s", (d.tenant, d.partition, d.response_id)).one()

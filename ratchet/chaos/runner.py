@@ -262,6 +262,13 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
                 else f"{r.answer.outcome}/{r.answer.reason}")
             for r in reader.obs.damage_reads).items())),
     }
+    # The deleted turns' own answers, which the docs do not settle (docs/chaos.md).
+    deleted = {(d.tenant, d.response_id) for d in reader.obs.damages if d.kind == "turn_deleted"}
+    report["damage"]["deleted_own"] = sorted({
+        f"{r.what}{'' if r.cached else ' no-cache'}: " + (
+            "/".join(str(x) for x in r.answer[:2]) if isinstance(r.answer, tuple)
+            else f"{r.answer.outcome}/{r.answer.reason}")
+        for r in reader.obs.damage_reads if (r.tenant, r.ident) in deleted})
     report["cross_tenant"] = dict(Counter(r.what for r in reader.obs.cross_reads))
     sent_at = _sent_times(out)
     decided_at = _decided_times(reader)

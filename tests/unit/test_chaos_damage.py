@@ -334,3 +334,33 @@ def test_a_wait_answered_before_its_time_is_reported():
         "cross_tenant_wait"}
     rejected = {**_body("wait", "resp-1"), "detail": "rejected: TENANT_MISMATCH"}
     assert _kinds(check_cross_tenant(_cross("wait", body=rejected))) == {"cross_tenant_wait"}
+
+
+def test_a_deleted_turns_own_reads(expectations, damages):
+    """Its descendants read MISSING_HISTORY (faithful_damage); its own reads are not
+    settled by the docs (``damage.DELETED_OWN_REASONS``): a failure, never a history
+    read from storage, and a /status that is not ``rejected``."""
+    d = _damage(damages, "turn_deleted", conversation=True)
+    faithful = faithful_damage(expectations, damages)
+
+    def own(r):
+        return (r.what, r.ident, r.cached) == ("history", d.response_id, False)
+
+    served = next(r.answer for r in faithful.damage_reads
+                  if (r.what, r.ident, r.cached) == ("history", d.response_id, True))
+    for answer, kinds in ((History("failure", "NOT_FOUND", ()), set()),
+                          (History("failure", "EXPIRED", ()), {"damage_wrong_reason"}),
+                          (served, {"damage_undetected"})):
+        assert _kinds(check_damage(expectations, _replace(faithful, own, answer))) == kinds
+
+    def status(r):
+        return (r.what, r.ident) == ("status", d.response_id)
+
+    for answer, kinds in ((("unknown", None, None), set()),
+                          (("rejected", "CONFLICT", None), {"damage_status_mismatch"})):
+        assert _kinds(check_damage(expectations, _replace(faithful, status, answer))) == kinds
+    # A descendant answered NOT_FOUND: MISSING_HISTORY is due (docs/store.md rule 3).
+    child = next(r for r in sorted(d.through) if r != d.response_id)
+    obs = _replace(faithful, lambda r: (r.what, r.ident, r.cached) == ("history", child, False),
+                   History("failure", "NOT_FOUND", ()))
+    assert _kinds(check_damage(expectations, obs)) == {"damage_wrong_reason"}
