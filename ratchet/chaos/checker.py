@@ -55,6 +55,8 @@ VIOLATION_CLASSES = (
     # the damage does not touch (another partition, a turn before it, a sibling branch)
     # answered otherwise than before; a /status of a damaged story against the docs.
     "damage_undetected", "damage_wrong_reason", "damage_leak", "damage_status_mismatch",
+    # A turn sent on top of a damaged history decided otherwise than the docs allow.
+    "damage_continuation_wrong",
     # Reads as another tenant of the workload (ratchet/chaos/crosstenant.py): of a
     # response's history, a Conversation's history, a /status, a wait_ms read.
     "cross_tenant_history", "cross_tenant_conversation", "cross_tenant_status",
@@ -206,6 +208,8 @@ class Observations:
     # answer after it (``DamageRead``).
     damages: list = field(default_factory=list)
     damage_reads: list = field(default_factory=list)
+    # Turns sent on top of the damaged histories (``damage.Continuation``).
+    continuations: list = field(default_factory=list)
     # Reads as another tenant of the workload (ratchet/chaos/crosstenant.py,
     # ``CrossRead``), and per (endpoint, tenant) the answer to an id nobody used:
     # (HTTP status, normalized body).
@@ -264,6 +268,7 @@ def _against_workload(expectations: list[Expectation], obs: Observations) -> lis
     records: dict[tuple[str, str], int] = defaultdict(int)
     for rec in (*obs.promoted, *obs.rejected):
         records[(rec.tenant, rec.response_id)] += 1
+    sent.update({c.event_key: (c.sid, 1) for c in obs.continuations})
     for key, n in sorted(records.items()):
         if key not in sent:
             out.append(Violation("unexpected_outcome", "-", f"{n} outcome record(s) for "
@@ -735,6 +740,55 @@ def check_damage(expectations: list[Expectation], obs: Observations) -> list[Vio
                                  f"as tenant {r.tenant}: {_hist(r.answer)}, expected "
                                  f"failure/NOT_FOUND"))
     out += _damage_controls(expectations, obs, reads, damaged_keys)
+    return out + _continuations(obs, reads, stories)
+
+
+def _continuations(obs: Observations, reads, stories) -> list[Violation]:
+    """Each turn sent on a damaged history: decided as ``allowed``; promoted, its history
+    read from storage fails like the history it extends (the cache may serve it whole:
+    its prefix was verified before the damage, and an extension reads the new row
+    alone, CONTRACT 5), its status ``promoted``; rejected, ``NOT_PROMOTED`` and
+    ``rejected CORRUPT``."""
+    from ratchet.chaos.damage import Damage
+
+    seen: dict[tuple[str, str], set[Sig]] = defaultdict(set)
+    for rec in (*obs.promoted, *obs.rejected):
+        seen[(rec.tenant, rec.response_id)].add(rec.sig)
+    out = []
+    for c in obs.continuations:
+        got = seen.get(c.event_key, set())
+        if not got or got - c.allowed:
+            out.append(Violation("damage_continuation_wrong", c.sid, f"{c.response_id} sent "
+                                 f"on a history damaged by {c.kind}: {_fmt(got)}, expected "
+                                 f"{_fmt(c.allowed)}"))
+            continue
+        promoted = any(sig[0] == "P" for sig in got)
+        as_damage = Damage(c.sid, c.tenant, "", c.promo.conversation_id is not None, c.kind,
+                           "", frozenset({c.response_id}))
+        seq = c.promo.seq
+        heads = None if c.promo.conversation_id is None else (seq, seq)
+        for cached in (True, False):
+            answer = reads.get(("history", c.tenant, c.response_id, cached))
+            if answer is None:
+                continue
+            via = "through the cache" if cached else "with no-cache"
+            if promoted:
+                found = _through_problem(as_damage, c.promo, c.response_id, answer, cached,
+                                         heads)
+            elif (answer.outcome, answer.reason) != ("failure", "NOT_PROMOTED"):
+                found = ("damage_wrong_reason", f"{_hist(answer)}, rejected: NOT_PROMOTED due")
+            else:
+                found = None
+            if found:
+                out.append(Violation(found[0], c.sid, f"{c.response_id} (sent after "
+                                     f"{c.kind}) {via}: {found[1]}"))
+        status = reads.get(("status", c.tenant, c.response_id, False))
+        want = {("promoted", None, seq)} if promoted else {("rejected", "CORRUPT", None)}
+        if c.kind == "head_unbacked" and promoted:
+            want = {("error", "CORRUPT_HISTORY", None)}
+        if status is not None and tuple(status) not in want:
+            out.append(Violation("damage_status_mismatch", c.sid, f"{c.response_id} (sent "
+                                 f"after {c.kind}): status {status}, expected {sorted(want)}"))
     return out
 
 

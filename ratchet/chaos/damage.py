@@ -330,7 +330,6 @@ def read(base_url: str, fp_hash: str, damages: list[Damage], expectations: list[
     """Every read of the damage phase (module docstring) into ``obs.damage_reads``; a
     read without an answer after its retries is a ``Lost`` (``what`` damage_<what>).
     ``foreign_of(tenant, ident)``: a tenant of the workload that never used ``ident``."""
-    from ratchet.chaos.checker import Lost
     by_sid = {e.story.sid: e for e in expectations}
     jobs: list[tuple[str, str, str, bool]] = []
     for d in damages:
@@ -349,6 +348,13 @@ def read(base_url: str, fp_hash: str, damages: list[Damage], expectations: list[
             jobs.append(("history", e.story.tenant, rid, False))
         if e.story.kind == "conversation":
             jobs.append(("conversation", e.story.tenant, e.story.key, False))
+    _read(base_url, fp_hash, jobs, obs)
+
+
+def _read(base_url: str, fp_hash: str, jobs: list[tuple[str, str, str, bool]],
+          obs: Observations) -> None:
+    from ratchet.chaos.checker import Lost
+
     with httpx.Client(base_url=base_url, timeout=30) as http:
         for what, tenant, ident, cached in jobs:
             asked, error = int(time.time() * 1000), ""
@@ -374,3 +380,92 @@ def read(base_url: str, fp_hash: str, damages: list[Damage], expectations: list[
             else:
                 obs.lost.append(Lost(f"damage_{what}", tenant, ident, asked,
                                      int(time.time() * 1000), error))
+
+
+# ------------------------------------------------------------- continuations
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A turn sent after the damage on top of a damaged history: the Conversation's next
+    turn at its head, or a chain child of the deepest response through the damaged
+    turn. ``allowed``: its acceptable outcome records (gateway-protocol.md section 7: a
+    turn whose stored history cannot be read is rejected ``CORRUPT``, "unless it is
+    CONFLICT / OUT_OF_ORDER against the head, or fails an earlier check"; a worker
+    "that promoted the history's last turn itself keeps what it verified and does not
+    read it again", so it may promote it, unless the head's cells are damaged: the
+    batch is conditioned on them). ``promo``: what the oracle promotes it as."""
+
+    sid: str
+    tenant: str
+    response_id: str
+    kind: str  # of the damage it continues
+    reason: str  # what its history reads as from storage, once promoted
+    promo: Promo
+    allowed: frozenset
+
+    @property
+    def event_key(self) -> tuple[str, str]:
+        return self.tenant, self.response_id
+
+
+def continuations(expectations: list[Expectation], damages: list[Damage]):
+    """One continuation per damage whose oracle world would promote it (a turn the
+    oracle rejects for a reason of its own is not sent: the docs order those checks
+    against the history's read only loosely). Returns ``[(Continuation, event)]``."""
+    from ratchet.chaos.oracle import _decide
+    from ratchet.chaos.workload import _Gateway
+
+    by_sid = {e.story.sid: e for e in expectations}
+    out = []
+    for d in damages:
+        e = by_sid[d.sid]
+        w = e.worlds[0].fork()
+        gw = _Gateway(e.story, random.Random(f"continue:{d.sid}"))
+        rid, key = f"resp-{d.sid}-after-damage", f"idem-{d.sid}-after-damage"
+        if d.conversation:
+            ident = gw.identity(rid, head=w.head)
+        else:
+            parents = [r for r in d.through
+                       if not (d.kind == "turn_deleted" and r == d.response_id)]
+            parent = max(sorted(parents), key=lambda r: w.promoted[r].seq)
+            ident = gw.identity(rid, parent=parent)
+        ev = gw.turn(ident, key, "and after the damage?")
+        sigs = _decide(w, e.story, ev)
+        promo = w.promoted.get(rid)
+        if promo is None:
+            continue
+        corrupt = ("R", "CORRUPT", None)
+        allowed = {corrupt} if d.kind == "head_unbacked" else {corrupt, *sigs}
+        out.append((Continuation(d.sid, d.tenant, rid, d.kind, d.reason, promo,
+                                 frozenset(allowed)), ev))
+    return out
+
+
+def send_continuations(settings, events, decided, say=print, timeout_s: float = 60.0) -> None:
+    """Produce the continuations with the gateway library and wait until the output
+    reader saw each one's outcome (``decided(tenant, rid)``) or ``timeout_s`` passed."""
+    from ratchet.chaos.produce import DELIVERY_TIMEOUT_MS
+    from schemas.avro import EventSerde, registry_client
+    from services.gateway.producer import GatewayProducer
+
+    producer = GatewayProducer(settings, EventSerde(registry_client(settings.schema_registry_url)),
+                               config={"delivery.timeout.ms": DELIVERY_TIMEOUT_MS})
+    for ev in events:
+        producer.send(ev)
+    producer.flush(DELIVERY_TIMEOUT_MS / 1000 + 10)
+    deadline = time.monotonic() + timeout_s
+    left = list(events)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = [ev for ev in left if not decided(ev.tenant_id, ev.response_id)]
+    say(f"damage: {len(events)} turns sent on damaged histories, "
+        f"{len(events) - len(left)} decided")
+
+
+def read_continuations(base_url: str, fp_hash: str, conts: list[Continuation],
+                       obs: Observations) -> None:
+    """Each continuation's history (cache and ``no-cache``) and ``/status``."""
+    _read(base_url, fp_hash, [job for c in conts for job in (
+        ("history", c.tenant, c.response_id, True), ("history", c.tenant, c.response_id, False),
+        ("status", c.tenant, c.response_id, False))], obs)

@@ -234,6 +234,16 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     damage.apply(settings, reader.obs.damages, cfg.seed, say)
     damage.read(cluster.base_url, fp_hash, reader.obs.damages, expectations,
                 crosstenant.foreign_picker(expectations), reader.obs)
+    conts = damage.continuations(expectations, reader.obs.damages)
+    reader.obs.continuations = [c for c, _ in conts]
+
+    def decided(tenant: str, rid: str) -> bool:
+        with reader.lock:
+            return bool(reader.decided.get((tenant, rid)))
+
+    damage.send_continuations(settings, [ev for _, ev in conts], decided, say)
+    time.sleep(2)  # the API's pre-warmer takes the promotions too
+    damage.read_continuations(cluster.base_url, fp_hash, reader.obs.continuations, reader.obs)
     say(f"damage: {len(reader.obs.damages)} partitions damaged, "
         f"{len(reader.obs.damage_reads)} reads after it")
     reader.stop.set()
@@ -269,6 +279,13 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
             "/".join(str(x) for x in r.answer[:2]) if isinstance(r.answer, tuple)
             else f"{r.answer.outcome}/{r.answer.reason}")
         for r in reader.obs.damage_reads if (r.tenant, r.ident) in deleted})
+    decisions = {}
+    for rec in (*reader.obs.promoted, *reader.obs.rejected):
+        decisions.setdefault((rec.tenant, rec.response_id), set()).add(
+            "promoted" if rec.sig[0] == "P" else f"rejected {rec.sig[1]}")
+    report["damage"]["continuations"] = dict(Counter(
+        f"{c.kind}: {'|'.join(sorted(decisions.get(c.event_key, {'undecided'})))}"
+        for c in reader.obs.continuations))
     report["cross_tenant"] = dict(Counter(r.what for r in reader.obs.cross_reads))
     sent_at = _sent_times(out)
     decided_at = _decided_times(reader)

@@ -364,3 +364,68 @@ def test_a_deleted_turns_own_reads(expectations, damages):
     obs = _replace(faithful, lambda r: (r.what, r.ident, r.cached) == ("history", child, False),
                    History("failure", "NOT_FOUND", ()))
     assert _kinds(check_damage(expectations, obs)) == {"damage_wrong_reason"}
+
+
+# --- turns sent on damaged histories -----------------------------------------------------
+
+
+def _continued(expectations, damages, kind: str, outcome: str):
+    """The faithful observation of the continuation of ``kind``'s damage, decided
+    ``outcome`` (promoted, or rejected CORRUPT)."""
+    from ratchet.chaos.checker import Promoted, Rejected
+
+    c = next(c for c, _ in damage.continuations(expectations, damages) if c.kind == kind)
+    obs = faithful_damage(expectations, damages)
+    obs.continuations = [c]
+    p = c.promo
+    if outcome == "promoted":
+        obs.promoted.append(Promoted(c.tenant, c.response_id, p.conversation_id,
+                                     p.previous_response_id, *p.sig[1:], at_ms=0))
+        heads = None if p.conversation_id is None else p.seq
+        reads = [("history", True, full(p, heads)),
+                 ("history", False, History("failure", c.reason, ())),
+                 ("status", False, ("promoted", None, p.seq))]
+    else:
+        obs.rejected.append(Rejected(c.tenant, c.response_id, "CORRUPT", None, 0))
+        reads = [("history", True, History("failure", "NOT_PROMOTED", ())),
+                 ("history", False, History("failure", "NOT_PROMOTED", ())),
+                 ("status", False, ("rejected", "CORRUPT", None))]
+    obs.damage_reads += [DamageRead(what, c.tenant, c.response_id, cached, answer)
+                         for what, cached, answer in reads]
+    return c, obs
+
+
+@pytest.mark.parametrize("kind", ["items_garbage", "turn_deleted", "head_unbacked"])
+def test_a_continuation_decided_as_the_docs_allow_passes(expectations, damages, kind):
+    for outcome in ("promoted", "rejected"):
+        if kind == "head_unbacked" and outcome == "promoted":
+            continue
+        c, obs = _continued(expectations, damages, kind, outcome)
+        assert check_damage(expectations, obs) == []
+        whole = complete(expectations)
+        for name in ("damages", "damage_reads", "continuations"):
+            setattr(whole, name, getattr(obs, name))
+        whole.promoted += [p for p in obs.promoted if p.response_id == c.response_id]
+        whole.rejected += [r for r in obs.rejected if r.response_id == c.response_id]
+        assert check(expectations, whole) == []  # not an unexpected_outcome either
+
+
+def test_a_continuation_on_a_head_no_checkpoint_backs_promoted_is_reported(expectations,
+                                                                           damages):
+    c, obs = _continued(expectations, damages, "items_garbage", "promoted")
+    head = next(x for x, _ in damage.continuations(expectations, damages)
+                if x.kind == "head_unbacked")
+    obs.continuations = [dataclasses.replace(c, allowed=head.allowed)]
+    assert _kinds(check_damage(expectations, obs)) == {"damage_continuation_wrong"}
+
+
+def test_a_continuation_served_from_storage_is_reported(expectations, damages):
+    c, obs = _continued(expectations, damages, "item_dropped", "promoted")
+    served = full(c.promo, None if c.promo.conversation_id is None else c.promo.seq)
+    obs = _replace(obs, lambda r: (r.ident, r.what, r.cached) == (c.response_id, "history",
+                                                                  False), served)
+    assert _kinds(check_damage(expectations, obs)) == {"damage_undetected"}
+    c, obs = _continued(expectations, damages, "items_garbage", "rejected")
+    obs = _replace(obs, lambda r: (r.ident, r.what) == (c.response_id, "status"),
+                   ("unknown", None, None))
+    assert _kinds(check_damage(expectations, obs)) == {"damage_status_mismatch"}
