@@ -269,8 +269,14 @@ def apply(settings, damages: Iterable[Damage], seed: int, say=print) -> None:
         session = cluster.connect()
 
         def run(cql: str, params: tuple):
-            return session.execute(SimpleStatement(
-                cql, consistency_level=ConsistencyLevel.LOCAL_QUORUM), params, timeout=30)
+            statement = SimpleStatement(cql, consistency_level=ConsistencyLevel.LOCAL_QUORUM)
+            for attempt in range(5):  # a server a fault of the plan left busy
+                try:
+                    return session.execute(statement, params, timeout=30)
+                except Exception:  # noqa: BLE001 - the last one is raised
+                    if attempt == 4:
+                        raise
+                    time.sleep(1 + attempt)
 
         for d in damages:
             where = "tenant_id = %s AND partition_key = %s"
