@@ -272,13 +272,17 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
                 else f"{r.answer.outcome}/{r.answer.reason}")
             for r in reader.obs.damage_reads).items())),
     }
-    # The deleted turns' own answers, which the docs do not settle (docs/chaos.md).
-    deleted = {(d.tenant, d.response_id) for d in reader.obs.damages if d.kind == "turn_deleted"}
-    report["damage"]["deleted_own"] = sorted({
-        f"{r.what}{'' if r.cached else ' no-cache'}: " + (
-            "/".join(str(x) for x in r.answer[:2]) if isinstance(r.answer, tuple)
-            else f"{r.answer.outcome}/{r.answer.reason}")
-        for r in reader.obs.damage_reads if (r.tenant, r.ident) in deleted})
+    # Each damaged turn's own answers, per kind: what the docs do not settle (a deleted
+    # turn's; the status of a damaged items cell) shows here (docs/chaos.md).
+    own = {(d.tenant, d.response_id): f"{d.kind} ({'conversation' if d.conversation else 'chain'})"
+           for d in reader.obs.damages}
+    report["damage"]["own"] = {}
+    for r in reader.obs.damage_reads:
+        if (r.tenant, r.ident) in own and r.what != "foreign":
+            answer = ("/".join(str(x) for x in r.answer[:2]) if isinstance(r.answer, tuple)
+                      else f"{r.answer.outcome}/{r.answer.reason}")
+            report["damage"]["own"].setdefault(own[(r.tenant, r.ident)], []).append(
+                f"{r.what}{'' if r.cached else ' no-cache'}: {answer}")
     decisions = {}
     for rec in (*reader.obs.promoted, *reader.obs.rejected):
         decisions.setdefault((rec.tenant, rec.response_id), set()).add(
