@@ -49,6 +49,18 @@ VIOLATION_CLASSES = (
     # /status of a response against the oracle: promoted at its seq, or rejected with a
     # reason the rules give.
     "status_mismatch",
+    # The damage phase (ratchet/chaos/damage.py): a read through a damaged turn answered
+    # with a history that is not the verified one (or any history where only the typed
+    # failure may come), or with another failure than the one the docs give; a history
+    # the damage does not touch (another partition, a turn before it, a sibling branch)
+    # answered otherwise than before; a /status of a damaged story against the docs.
+    "damage_undetected", "damage_wrong_reason", "damage_leak", "damage_status_mismatch",
+    # A turn sent on top of a damaged history decided otherwise than the docs allow.
+    "damage_continuation_wrong",
+    # Reads as another tenant of the workload (ratchet/chaos/crosstenant.py): of a
+    # response's history, a Conversation's history, a /status, a wait_ms read.
+    "cross_tenant_history", "cross_tenant_conversation", "cross_tenant_status",
+    "cross_tenant_wait",
 )
 # The classes of the claim checks the producers make (``ratchet/chaos/claims.py``,
 # ``Finding.logged``: the class tag first in the logged detail).
@@ -192,6 +204,17 @@ class Observations:
     # (tenant, rid) -> (state, reason, seq).
     statuses: dict[tuple[str, str], tuple[str, str | None, int | None]] = field(
         default_factory=dict)
+    # The damage phase (ratchet/chaos/damage.py): what was damaged (``Damage``) and every
+    # answer after it (``DamageRead``).
+    damages: list = field(default_factory=list)
+    damage_reads: list = field(default_factory=list)
+    # Turns sent on top of the damaged histories (``damage.Continuation``).
+    continuations: list = field(default_factory=list)
+    # Reads as another tenant of the workload (ratchet/chaos/crosstenant.py,
+    # ``CrossRead``), and per (endpoint, tenant) the answer to an id nobody used:
+    # (HTTP status, normalized body).
+    cross_reads: list = field(default_factory=list)
+    cross_baseline: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -221,7 +244,7 @@ def check(expectations: list[Expectation], obs: Observations) -> list[Violation]
         found = [_story_violations(exp, w, by_rid, first_at, obs)
                  + _records_of_world(exp, w, obs) for w in exp.worlds]
         out += min(found, key=len)
-    return out
+    return out + check_damage(expectations, obs) + check_cross_tenant(obs)
 
 
 def sends_per_response(exp: Expectation) -> dict[tuple[str, str], int]:
@@ -245,6 +268,7 @@ def _against_workload(expectations: list[Expectation], obs: Observations) -> lis
     records: dict[tuple[str, str], int] = defaultdict(int)
     for rec in (*obs.promoted, *obs.rejected):
         records[(rec.tenant, rec.response_id)] += 1
+    sent.update({c.event_key: (c.sid, 1) for c in obs.continuations})
     for key, n in sorted(records.items()):
         if key not in sent:
             out.append(Violation("unexpected_outcome", "-", f"{n} outcome record(s) for "
@@ -645,3 +669,234 @@ def _hist(h: History | None) -> str:
     if h is None:
         return "no answer"
     return f"{h.outcome}{'/' + h.reason if h.reason else ''} with {len(h.items)} items"
+
+
+# ------------------------------------------------------------------- damaged rows
+
+
+def check_damage(expectations: list[Expectation], obs: Observations) -> list[Violation]:
+    """The damage phase's answers (``obs.damage_reads``) against the docs
+    (ratchet/chaos/damage.py says what each damage must read as): through a damaged
+    turn, read from storage, exactly the damage's failure; through the cache, that
+    failure or the promoted history exactly (never for the head's damage); every other
+    history of the story, and of the undamaged stories read again, as before
+    (``damage_leak``); ``/status`` as the docs give it."""
+    from ratchet.chaos.damage import certain
+
+    if not obs.damages and not obs.damage_reads:
+        return []
+    reads: dict[tuple[str, str, str, bool], object] = {}
+    for r in obs.damage_reads:
+        reads[(r.what, r.tenant, r.ident, r.cached)] = r.answer
+    stories = {e.story.sid: e for e in expectations}
+    out: list[Violation] = []
+    damaged_keys: set[tuple[str, str, str, bool]] = set()
+    for d in obs.damages:
+        e = stories.get(d.sid)
+        w = certain(e) if e is not None else None
+        if w is None:
+            continue
+        heads = _final_heads(e.story, w)
+        for rid, promo in sorted(w.promoted.items()):
+            for cached in (True, False):
+                key = ("history", d.tenant, rid, cached)
+                damaged_keys.add(key)
+                got = reads.get(key)
+                if got is None:
+                    continue  # never asked, or lost: answer_missing
+                via = "through the cache" if cached else "with no-cache"
+                if rid in d.through:
+                    found = _through_problem(d, promo, rid, got, cached,
+                                             _head_range(promo, heads))
+                else:
+                    problem = _answer_problem(promo, rid, got, heads=_head_range(promo, heads))
+                    found = problem and ("damage_leak", f"not through the damaged turn, "
+                                         f"changed: {problem}")
+                if found:
+                    out.append(Violation(found[0], d.sid, f"{rid} {via} after {d.kind} on "
+                                         f"{d.response_id}: {found[1]}"))
+            key = ("status", d.tenant, rid, False)
+            damaged_keys.add(key)
+            problem = _damaged_status_problem(d, promo, rid, reads.get(key))
+            if problem:
+                out.append(Violation("damage_status_mismatch", d.sid, f"{rid} after {d.kind} "
+                                     f"on {d.response_id}: {problem}"))
+        if d.conversation and w.head:
+            head = next(p for p in w.promoted.values() if p.seq == w.head)
+            for cached in (True, False):
+                key = ("conversation", d.tenant, d.partition, cached)
+                damaged_keys.add(key)
+                got = reads.get(key)
+                found = got is not None and _through_problem(d, head, head.response_id, got,
+                                                             cached, (w.head, w.head))
+                if found:
+                    via = "through the cache" if cached else "with no-cache"
+                    out.append(Violation(found[0], d.sid, f"conversation {d.partition} {via} "
+                                         f"after {d.kind} on {d.response_id}: {found[1]}"))
+    for r in obs.damage_reads:
+        if r.what == "foreign" and (r.answer.outcome, r.answer.reason) != ("failure",
+                                                                           "NOT_FOUND"):
+            out.append(Violation("cross_tenant_history", r.tenant, f"damaged {r.ident} asked "
+                                 f"as tenant {r.tenant}: {_hist(r.answer)}, expected "
+                                 f"failure/NOT_FOUND"))
+    out += _damage_controls(expectations, obs, reads, damaged_keys)
+    return out + _continuations(obs, reads, stories)
+
+
+def _continuations(obs: Observations, reads, stories) -> list[Violation]:
+    """Each turn sent on a damaged history: decided as ``allowed``; promoted, its history
+    read from storage fails like the history it extends (the cache may serve it whole:
+    its prefix was verified before the damage, and an extension reads the new row
+    alone, CONTRACT 5), its status ``promoted``; rejected, ``NOT_PROMOTED`` and
+    ``rejected CORRUPT``."""
+    from ratchet.chaos.damage import Damage
+
+    seen: dict[tuple[str, str], set[Sig]] = defaultdict(set)
+    for rec in (*obs.promoted, *obs.rejected):
+        seen[(rec.tenant, rec.response_id)].add(rec.sig)
+    out = []
+    for c in obs.continuations:
+        got = seen.get(c.event_key, set())
+        if not got or got - c.allowed:
+            out.append(Violation("damage_continuation_wrong", c.sid, f"{c.response_id} sent "
+                                 f"on a history damaged by {c.kind}: {_fmt(got)}, expected "
+                                 f"{_fmt(c.allowed)}"))
+            continue
+        promoted = any(sig[0] == "P" for sig in got)
+        as_damage = Damage(c.sid, c.tenant, "", c.promo.conversation_id is not None, c.kind,
+                           "", frozenset({c.response_id}))
+        seq = c.promo.seq
+        heads = None if c.promo.conversation_id is None else (seq, seq)
+        for cached in (True, False):
+            answer = reads.get(("history", c.tenant, c.response_id, cached))
+            if answer is None:
+                continue
+            via = "through the cache" if cached else "with no-cache"
+            if promoted:
+                found = _through_problem(as_damage, c.promo, c.response_id, answer, cached,
+                                         heads)
+            elif (answer.outcome, answer.reason) != ("failure", "NOT_PROMOTED"):
+                found = ("damage_wrong_reason", f"{_hist(answer)}, rejected: NOT_PROMOTED due")
+            else:
+                found = None
+            if found:
+                out.append(Violation(found[0], c.sid, f"{c.response_id} (sent after "
+                                     f"{c.kind}) {via}: {found[1]}"))
+        status = reads.get(("status", c.tenant, c.response_id, False))
+        want = {("promoted", None, seq)} if promoted else {("rejected", "CORRUPT", None)}
+        if c.kind == "head_unbacked" and promoted:
+            want = {("error", "CORRUPT_HISTORY", None)}
+        if status is not None and tuple(status) not in want:
+            out.append(Violation("damage_status_mismatch", c.sid, f"{c.response_id} (sent "
+                                 f"after {c.kind}): status {status}, expected {sorted(want)}"))
+    return out
+
+
+def _through_problem(d, promo: Promo, rid: str, got: History, cached: bool,
+                     heads) -> tuple[str, str] | None:
+    """(class, detail) of a read through damaged rows that is not what the docs give."""
+    reasons = d.reasons(rid)
+    want = "failure/" + "|".join(sorted(reasons))
+    if got.outcome == "failure" and got.reason in reasons:
+        return None
+    if got.outcome != "failure":
+        if cached and d.cache_may_hide:
+            problem = _answer_problem(promo, rid, got, heads=heads)
+            if problem is None:
+                return None  # the verified history, served from memory (CONTRACT 5)
+            return "damage_undetected", (f"{_hist(got)} from the cache is not the promoted "
+                                         f"history ({problem}); expected it or {want}")
+        return "damage_undetected", f"{_hist(got)} served; expected {want}"
+    return "damage_wrong_reason", f"{_hist(got)}, expected {want}"
+
+
+def _damaged_status_problem(d, promo: Promo, rid: str, got) -> str | None:
+    """``/status`` after the damage (gateway-protocol.md section 8, "Status body"): the
+    head's damage makes every response of the Conversation 500 CORRUPT_HISTORY; the
+    damaged turn's own is ``promoted`` at its seq or 500 CORRUPT_HISTORY (a deleted
+    turn's also ``unknown``: ``damage.DELETED_OWN_REASONS``); any other ``promoted`` at
+    its seq."""
+    if got is None:
+        return None
+    promoted = ("promoted", None, promo.seq)
+    corrupt = ("error", "CORRUPT_HISTORY", None)
+    if d.kind == "head_unbacked":
+        allowed = {corrupt}
+    elif d.kind == "turn_deleted" and rid == d.response_id:
+        allowed = {promoted, corrupt, ("unknown", None, None)}
+    elif rid == d.response_id:
+        allowed = {promoted, corrupt}
+    else:
+        allowed = {promoted}
+    if tuple(got) in allowed:
+        return None
+    return f"status {got}, expected one of {sorted(allowed, key=str)}"
+
+
+def _damage_controls(expectations, obs, reads, damaged_keys) -> list[Violation]:
+    """Undamaged stories read again after the damage (``no-cache``): as before."""
+    from ratchet.chaos.damage import certain
+
+    promos: dict[tuple[str, str], tuple] = {}
+    convs: dict[tuple[str, str], tuple] = {}
+    for e in expectations:
+        w = certain(e)
+        if w is None:
+            continue
+        heads = _final_heads(e.story, w)
+        for rid, p in w.promoted.items():
+            promos[(e.story.tenant, rid)] = (e.story.sid, p, _head_range(p, heads))
+        if e.story.kind == "conversation" and w.head:
+            head = next(p for p in w.promoted.values() if p.seq == w.head)
+            convs[(e.story.tenant, e.story.key)] = (e.story.sid, head, (w.head, w.head))
+    out = []
+    for key, got in reads.items():
+        what, tenant, ident, cached = key
+        if key in damaged_keys or what not in ("history", "conversation"):
+            continue
+        found = (promos if what == "history" else convs).get((tenant, ident))
+        if found is None:
+            continue
+        sid, promo, heads = found
+        problem = _answer_problem(promo, promo.response_id, got, heads=heads)
+        if problem:
+            out.append(Violation("damage_leak", sid, f"{what} {ident} of an undamaged "
+                                 f"story, read after the damage: {problem}"))
+    return out
+
+
+# ------------------------------------------------------------ another tenant's reads
+
+
+def check_cross_tenant(obs: Observations) -> list[Violation]:
+    """Each read by a tenant of the workload of an id it never used
+    (ratchet/chaos/crosstenant.py): the endpoint's answer for an unknown id, nothing of
+    the history disclosed, the same body as for an id nobody used, and a ``wait_ms``
+    read answered only after its wait."""
+    from ratchet.chaos.crosstenant import DISCLOSING, EXPECTED, WAIT_MS, normalized
+
+    out = []
+    for r in obs.cross_reads:
+        status, outcome, reason = EXPECTED[r.what]
+        body = r.body or {}
+        got = (r.http_status, body.get("state" if r.what == "status" else "outcome"),
+               body.get("reason"))
+        wrong = []
+        if got != (status, outcome, reason):
+            wrong.append(f"HTTP {got[0]} {got[1]}/{got[2]}, expected HTTP {status} "
+                         f"{outcome}/{reason}")
+        shown = [f for f in DISCLOSING if body.get(f) is not None]
+        if shown:
+            wrong.append(f"discloses {shown}")
+        base = obs.cross_baseline.get((r.what, r.tenant))
+        if base is not None and not wrong and base != (r.http_status,
+                                                       normalized(r.body, r.ident)):
+            wrong.append(f"another body than for an id nobody used: "
+                         f"{normalized(r.body, r.ident)[:300]} != {base[1][:300]}")
+        if r.what == "wait" and r.elapsed_ms < WAIT_MS * 0.9:
+            wrong.append(f"answered after {r.elapsed_ms:.0f} ms of a {WAIT_MS} ms wait (an "
+                         f"unknown id waits the whole time)")
+        if wrong:
+            out.append(Violation(f"cross_tenant_{r.what}", r.tenant, f"{r.ident} (of "
+                                 f"{r.owner}) asked as {r.tenant}: {'; '.join(wrong)}"))
+    return out

@@ -29,8 +29,8 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
+from ratchet.chaos import crosstenant, damage, timed
 from ratchet.chaos import report as reporting
-from ratchet.chaos import timed
 from ratchet.chaos.checker import Violation, check, sends_per_response
 from ratchet.chaos.faults import PROFILES, Cluster, FaultInjector
 from ratchet.chaos.observe import OutputReader, Waiters, fetch_histories
@@ -226,6 +226,26 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     convs = sorted({(e.story.tenant, e.story.key) for e in expectations
                     if e.story.kind == "conversation"})
     fetch_histories(cluster.base_url, fp_hash, responses, convs, reader.obs)
+    cross = crosstenant.jobs(expectations, responses, convs)
+    crosstenant.read(cluster.base_url, fp_hash, cross, tag, reader.obs)
+    say(f"read {len(reader.obs.cross_reads)} of {len(cross)} ids as another tenant")
+    # Damaged rows (docs/chaos.md): after every other read, in this run's keyspace only.
+    reader.obs.damages = damage.plan(expectations, cfg.seed)
+    damage.apply(settings, reader.obs.damages, cfg.seed, say)
+    damage.read(cluster.base_url, fp_hash, reader.obs.damages, expectations,
+                crosstenant.foreign_picker(expectations), reader.obs)
+    conts = damage.continuations(expectations, reader.obs.damages)
+    reader.obs.continuations = [c for c, _ in conts]
+
+    def decided(tenant: str, rid: str) -> bool:
+        with reader.lock:
+            return bool(reader.decided.get((tenant, rid)))
+
+    damage.send_continuations(settings, [ev for _, ev in conts], decided, say)
+    time.sleep(2)  # the API's pre-warmer takes the promotions too
+    damage.read_continuations(cluster.base_url, fp_hash, reader.obs.continuations, reader.obs)
+    say(f"damage: {len(reader.obs.damages)} partitions damaged, "
+        f"{len(reader.obs.damage_reads)} reads after it")
     reader.stop.set()
     reader.join(10)
     reader.obs.claim_answers_wrong.extend(_claims_wrong(out))
@@ -241,6 +261,36 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     report = _report(cfg, tag, out, workload, expectations, reader, faults, waiters, cluster.exits,
                      violations, time.monotonic() - t0, sent.value)
     report["timed"] = {"stamped": len(stamps), "reads": timed_counts}
+    report["damage"] = {
+        "damaged": [{"kind": d.kind, "response_id": d.response_id, "partition": d.partition,
+                     "mode": "conversation" if d.conversation else "chain",
+                     "through": len(d.through)} for d in reader.obs.damages],
+        # what each kind of read answered, e.g. "history no-cache: failure/CORRUPT_HISTORY"
+        "reads": dict(sorted(Counter(
+            f"{r.what}{'' if r.cached else ' no-cache'}: " + (
+                "/".join(str(x) for x in r.answer[:2]) if isinstance(r.answer, tuple)
+                else f"{r.answer.outcome}/{r.answer.reason}")
+            for r in reader.obs.damage_reads).items())),
+    }
+    # Each damaged turn's own answers, per kind: what the docs do not settle (a deleted
+    # turn's; the status of a damaged items cell) shows here (docs/chaos.md).
+    own = {(d.tenant, d.response_id): f"{d.kind} ({'conversation' if d.conversation else 'chain'})"
+           for d in reader.obs.damages}
+    report["damage"]["own"] = {}
+    for r in reader.obs.damage_reads:
+        if (r.tenant, r.ident) in own and r.what != "foreign":
+            answer = ("/".join(str(x) for x in r.answer[:2]) if isinstance(r.answer, tuple)
+                      else f"{r.answer.outcome}/{r.answer.reason}")
+            report["damage"]["own"].setdefault(own[(r.tenant, r.ident)], []).append(
+                f"{r.what}{'' if r.cached else ' no-cache'}: {answer}")
+    decisions = {}
+    for rec in (*reader.obs.promoted, *reader.obs.rejected):
+        decisions.setdefault((rec.tenant, rec.response_id), set()).add(
+            "promoted" if rec.sig[0] == "P" else f"rejected {rec.sig[1]}")
+    report["damage"]["continuations"] = dict(Counter(
+        f"{c.kind}: {'|'.join(sorted(decisions.get(c.event_key, {'undecided'})))}"
+        for c in reader.obs.continuations))
+    report["cross_tenant"] = dict(Counter(r.what for r in reader.obs.cross_reads))
     sent_at = _sent_times(out)
     decided_at = _decided_times(reader)
     if reporting.plot(out / "chaos.png", sent_at, decided_at, t0_wall, report["faults"]):
