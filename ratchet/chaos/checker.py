@@ -814,8 +814,7 @@ def _damaged_status_problem(d, promo: Promo, rid: str, got) -> str | None:
     """``/status`` after the damage (gateway-protocol.md section 8, "Status body"): the
     head's damage makes every response of the Conversation 500 CORRUPT_HISTORY; the
     damaged turn's own is ``promoted`` at its seq or 500 CORRUPT_HISTORY (a deleted
-    turn's also ``unknown``: ``damage.DELETED_OWN_REASONS``); any other ``promoted`` at
-    its seq."""
+    turn's: 500 MISSING_HISTORY, its row is gone); any other ``promoted`` at its seq."""
     if got is None:
         return None
     promoted = ("promoted", None, promo.seq)
@@ -823,7 +822,7 @@ def _damaged_status_problem(d, promo: Promo, rid: str, got) -> str | None:
     if d.kind == "head_unbacked":
         allowed = {corrupt}
     elif d.kind == "turn_deleted" and rid == d.response_id:
-        allowed = {promoted, corrupt, ("unknown", None, None)}
+        allowed = {("error", "MISSING_HISTORY", None)}
     elif rid == d.response_id:
         allowed = {promoted, corrupt}
     else:

@@ -57,13 +57,11 @@ CONVERSATION_KINDS = ("items_garbage", "item_dropped", "head_unbacked", "items_s
 CHAIN_KINDS = ("item_dropped", "items_garbage", "content_altered", "items_swapped",
                "turn_deleted")
 NO_CACHE = {"Cache-Control": "no-cache"}
-# What the deleted turn's OWN reads may answer (``turn_deleted``). The docs do not settle
-# it: docs/store.md rule 1 gives NOT_FOUND to a response without a row, which is what
-# ratchet answers (and ``unknown`` on /status), while gateway-protocol.md section 8 keeps
-# NOT_FOUND for ids never decided and says /status is "never unknown for a promoted
-# response" (docs/chaos.md, "Damaged rows": a finding). Accepted: a failure (never a
-# history read from storage), and on /status anything but ``rejected``.
-DELETED_OWN_REASONS = frozenset({"NOT_FOUND", "MISSING_HISTORY", "CORRUPT_HISTORY"})
+# What the deleted turn's OWN reads answer (``turn_deleted``): MISSING_HISTORY, as its
+# descendants' (docs/store.md rule 1: its request's idempotency record says it was
+# promoted), and /status 500 MISSING_HISTORY. Until session 41 the docs did not settle
+# it and ratchet answered NOT_FOUND / ``unknown`` (docs/chaos.md, "Damaged rows").
+DELETED_OWN_REASONS = frozenset({"MISSING_HISTORY"})
 
 
 @dataclass(frozen=True)

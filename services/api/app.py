@@ -30,7 +30,7 @@ from services.api.models import ErrorBody, HealthBody, HistoryBody, StatusBody
 from services.api.service import WAIT_MS_CAP, Answer, RehydrationService
 from services.api.slow_readers import PartsResponse
 from services.ledger.base import LedgerUnavailable
-from services.store.base import CorruptPartition, StoreUnavailable
+from services.store.base import CorruptPartition, StoreUnavailable, TurnLost
 
 log = logging.getLogger("ratchet.api")
 
@@ -182,7 +182,9 @@ def create_app(service: RehydrationService, notifier_up: Callable[[], bool],
         responses={422: {"model": ErrorBody},
                    500: {"model": ErrorBody, "description": "CORRUPT_HISTORY: the response's "
                          "checkpoint row is damaged, or its Conversation's head (no "
-                         "checkpoint backs it, or it is behind the response); INTERNAL: "
+                         "checkpoint backs it, or it is behind the response); "
+                         "MISSING_HISTORY: the response was promoted and its turn row is "
+                         "gone; INTERNAL: "
                          "an error of the service itself"},
                    503: {"model": ErrorBody}},
         summary="Was a response promoted, rejected (and why), or is it unknown?",
@@ -261,7 +263,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def error_response(exc: Exception) -> JSONResponse:
     """The answer to an exception out of the service: 503 when the store or the ledger
-    is unavailable (retry), 500 ``CORRUPT_HISTORY`` for a damaged row, else 500 (a bug:
+    is unavailable (retry), 500 ``CORRUPT_HISTORY`` for a damaged row, 500
+    ``MISSING_HISTORY`` for a promoted turn's row that is gone, else 500 (a bug:
     typed, logged with its traceback)."""
     if isinstance(exc, StoreUnavailable):
         child(metrics.STORE_ERRORS, "any").inc()
@@ -271,6 +274,9 @@ def error_response(exc: Exception) -> JSONResponse:
         return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=True))
     if isinstance(exc, AnswersBusy):  # the answer budget had no room (answer_budget.py)
         return _error(503, ErrorBody(error="UNAVAILABLE", detail=str(exc), retryable=True))
+    if isinstance(exc, TurnLost):  # a promoted turn's row is gone (the status endpoint)
+        log.error("lost turn row: %s", exc)
+        return _error(500, ErrorBody(error="MISSING_HISTORY", detail=str(exc)))
     if isinstance(exc, CorruptPartition):  # a damaged row (the status endpoint's read)
         log.error("damaged checkpoint row: %s", exc)
         return _error(500, ErrorBody(error="CORRUPT_HISTORY", detail=str(exc)))

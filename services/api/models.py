@@ -109,8 +109,10 @@ class StatusBody(_Body):
 class ErrorBody(_Body):
     """Typed error for requests that never reached the domain."""
 
-    # CORRUPT_HISTORY: the status endpoint's answer for a damaged checkpoint row.
-    error: Literal["INVALID_REQUEST", "UNAVAILABLE", "INTERNAL", "CORRUPT_HISTORY"]
+    # CORRUPT_HISTORY: the status endpoint's answer for a damaged checkpoint row;
+    # MISSING_HISTORY: for a promoted response whose turn row is gone.
+    error: Literal["INVALID_REQUEST", "UNAVAILABLE", "INTERNAL", "CORRUPT_HISTORY",
+                   "MISSING_HISTORY"]
     detail: Any = None
     retryable: bool = False
 

@@ -190,8 +190,10 @@ class RehydrationService:
         ``CORRUPT_HISTORY``, as its history is): never "unknown", which would tell the
         gateway to wait for a decision that was made. A Conversation response whose
         partition head no checkpoint backs raises it too (CONTRACT 5: "an integrity
-        failure on every endpoint", as both history endpoints answer it)."""
-        checkpoint = self._store.read_checkpoint(tenant_id, response_id)
+        failure on every endpoint", as both history endpoints answer it). A promoted
+        response whose turn row is gone raises ``TurnLost`` (500 ``MISSING_HISTORY``, as
+        its history is; ``CheckpointStore.turn_lost``)."""
+        checkpoint = self._store.read_promoted(tenant_id, response_id)
         if checkpoint is not None:
             self._check_head_backed(tenant_id, checkpoint)
             body = StatusBody(response_id=response_id, state="promoted", seq=checkpoint.seq)
@@ -301,7 +303,13 @@ class RehydrationService:
         look = _first_look(await asyncio.gather(*reads, return_exceptions=True))
         if isinstance(look, str):  # claimed: the turn row where the claim says decides
             try:
-                look = await self._store.read_turn_async(tenant_id, look, response_id) is None
+                located = look
+                look = await self._store.read_turn_async(tenant_id, located, response_id) is None
+                # No row: in flight, refused, or promoted and lost (storage damage): a
+                # lost turn's decision was published long ago, no notice will wake the
+                # wait, so the ordinary lookup answers it now (MISSING_HISTORY).
+                if look and await self._store.turn_lost_async(tenant_id, response_id, located):
+                    look = False
             except Exception:  # noqa: BLE001 - the ordinary lookup reads again and reports it
                 look = False
         child(metrics.WAIT_FIRST_LOOKS, "undecided" if look else "found").inc()
@@ -518,12 +526,19 @@ class RehydrationService:
             if row is None and verified is None:  # a wrong hint, or nothing promoted yet
                 hinted = partition_key
                 partition_key = await self._store.locate_async(tenant_id, response_id)
-                if partition_key is None or partition_key == hinted:
+                if partition_key is None or (
+                    partition_key == hinted
+                    and not await self._store.turn_lost_async(tenant_id, response_id,
+                                                              partition_key)
+                ):
                     # Claimed nowhere, or where its row is not (yet): not promoted. A
                     # full read would read the claim (and that partition) again to say
-                    # so; a waiting request asks this once per wait.
+                    # so; a waiting request asks this once per wait. A promoted turn
+                    # whose row is gone (``turn_lost``): the full read answers it.
                     return await self._absent(tenant_id, response_id, no_such_response())
-                row = await self._read_turn_if_extendable(tenant_id, partition_key, response_id)
+                if partition_key != hinted:
+                    row = await self._read_turn_if_extendable(tenant_id, partition_key,
+                                                              response_id)
         elif partition_key is None:
             partition_key = await self._store.locate_async(tenant_id, response_id)
             if partition_key is not None:
@@ -839,6 +854,10 @@ class RehydrationService:
             for where in dict.fromkeys(p for p in (located, partition_key) if p is not None):
                 if await self._store.read_turn_async(tenant_id, where, response_id) is not None:
                     return None
+            if located is not None and await self._store.turn_lost_async(
+                tenant_id, response_id, located
+            ):
+                return None  # promoted, its row gone: the full read answers MISSING_HISTORY
         except Exception:  # noqa: BLE001 - the full read reads again and reports it
             return None
         return await self._absent(tenant_id, response_id, no_such_response())

@@ -41,9 +41,15 @@ requires the mark the caller decided with; a different mark ends the call with
 A chain's first response also claims its request, (tenant, idempotency key), the same
 way (``_request_held``): its retries under other response ids are other partitions.
 
+A response located by its claim whose turn row is not there was either never promoted
+(refused, in flight) or promoted and its row lost to storage damage (rows never expire):
+``turn_lost`` tells them apart by the claim's request's idempotency record, and a lost
+one reads ``MISSING_HISTORY`` (``TurnLost`` from ``read_promoted``), never ``NOT_FOUND``.
+
 Backends implement ``_claim``, ``_claim_request``, ``_request_holder``, ``_read_view``,
-``_write``, ``_load_partition``, ``_locate`` and the facts mark's ``_set_facts_mark`` /
-``request_facts_mark``.
+``_write``, ``_load_partition``, ``_locate``, ``_located_checkpoint``, the lost-row reads
+``_claim_of`` / ``_promoted_response`` / ``_turn_row_serial``, and the facts mark's
+``_set_facts_mark`` / ``request_facts_mark``.
 """
 
 from __future__ import annotations
@@ -109,6 +115,7 @@ __all__ = [
     "StoreError",
     "StoreOptions",
     "StoreUnavailable",
+    "TurnLost",
     "turn_size",
     "validate_request",
 ]
@@ -155,6 +162,11 @@ class StoreUnavailable(StoreError, Unavailable):
 
 class InvalidPromotion(StoreError, ValueError):
     """The request itself is malformed; the caller must validate before promoting."""
+
+
+class TurnLost(CorruptPartition):
+    """A promoted response whose turn row is not in its partition (``turn_lost``):
+    data loss, answered ``MISSING_HISTORY`` (its history is), never as an unknown id."""
 
 
 # ``promote(extends=ANY_LINEAGE)``: the caller does not care which response the turn
@@ -243,6 +255,16 @@ def _exactly_one(response_id: str | None, conversation_id: str | None) -> None:
 
 def no_such_response() -> HistoryFailure:
     return HistoryFailure(HistoryFailureReason.NOT_FOUND, "no such response")
+
+
+def lost_turn(tenant_id: str, partition_key: str, response_id: str) -> str:
+    return (f"response {response_id} of tenant {tenant_id} was promoted in {partition_key} "
+            "(its request's idempotency record names it) but its turn row is missing")
+
+
+def _missing_turn(tenant_id: str, partition_key: str, response_id: str) -> HistoryFailure:
+    return HistoryFailure(HistoryFailureReason.MISSING_HISTORY,
+                          lost_turn(tenant_id, partition_key, response_id))
 
 
 # Failures that say the stored rows are wrong: a lineage with a gap, rows that do not
@@ -538,12 +560,17 @@ class CheckpointStore(ABC):
             if result is not None:
                 return result
         located = self._locate(tenant_id, response_id)
-        if located is None or located == hinted:
+        if located is None:
             return no_such_response()
-        snapshot = self._load_lineage(tenant_id, located, response_id)
-        return self._response_result(tenant_id, located, response_id, snapshot, now) or (
-            no_such_response()
-        )
+        if located != hinted:
+            snapshot = self._load_lineage(tenant_id, located, response_id)
+            result = self._response_result(tenant_id, located, response_id, snapshot, now)
+            if result is not None:
+                return result
+        # Claimed there, its row not there: promoted (a lost row) or never (``turn_lost``).
+        if self.turn_lost(tenant_id, response_id, located):
+            return _missing_turn(tenant_id, located, response_id)
+        return no_such_response()
 
     async def read_history_async(
         self,
@@ -586,12 +613,16 @@ class CheckpointStore(ABC):
             if result is not None:
                 return result
         located = await self._locate_async(tenant_id, response_id)
-        if located is None or located == hinted:
+        if located is None:
             return no_such_response()
-        snapshot = await self._load_lineage_async(tenant_id, located, response_id)
-        return self._response_result(tenant_id, located, response_id, snapshot, now) or (
-            no_such_response()
-        )
+        if located != hinted:
+            snapshot = await self._load_lineage_async(tenant_id, located, response_id)
+            result = self._response_result(tenant_id, located, response_id, snapshot, now)
+            if result is not None:
+                return result
+        if await self.turn_lost_async(tenant_id, response_id, located):
+            return _missing_turn(tenant_id, located, response_id)
+        return no_such_response()
 
     def _hinted_partition(
         self, tenant_id: str, response_id: str, partition_key: str | None
@@ -656,6 +687,51 @@ class CheckpointStore(ABC):
         """The partition a response id was promoted under (a hint, verified by reads)."""
         return self._locate(tenant_id, response_id)
 
+    def turn_lost(self, tenant_id: str, response_id: str,
+                  partition_key: str | None = None) -> bool:
+        """True when the response was promoted and its turn row is gone (storage
+        damage: rows never expire, docs/store.md). Only for a response whose row a read
+        did not find where its claim says (``partition_key``, when the caller located
+        it): never on the common read path.
+
+        Promoted: the idempotency record of the request holding the response id's claim,
+        in the claimed partition, names this response id (the promotion batch writes
+        the record with the turn row, atomically). A claim whose batch was refused or is
+        in flight, or whose request promoted another response id, was not promoted:
+        False, as for an id claimed nowhere. The row is then looked for once more at
+        linearizable consistency (``_turn_row_serial``), which completes a promotion
+        still committing: a row that is only late is not lost."""
+        claim = self._claim_of(tenant_id, response_id)
+        if claim is None or (partition_key is not None and claim.partition_key != partition_key):
+            return False
+        promoted = self._promoted_response(tenant_id, claim.partition_key,
+                                           claim.idempotency_key)
+        if promoted != response_id:
+            return False
+        return not self._turn_row_serial(tenant_id, claim.partition_key, response_id)
+
+    async def turn_lost_async(self, tenant_id: str, response_id: str,
+                              partition_key: str | None = None) -> bool:
+        """``turn_lost`` for an event loop (a rare path: the thread pool's hop is fine)."""
+        return await asyncio.to_thread(self.turn_lost, tenant_id, response_id, partition_key)
+
+    def read_promoted(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
+        """``read_checkpoint`` for an answer that must tell a promoted response from an
+        unknown one (the status endpoint): raises ``TurnLost`` where ``read_checkpoint``
+        finds no row but the response was promoted (``turn_lost``), else its answer."""
+        located, checkpoint = self._located_checkpoint(tenant_id, response_id)
+        if checkpoint is None and located is not None and self.turn_lost(
+            tenant_id, response_id, located
+        ):
+            raise TurnLost(lost_turn(tenant_id, located, response_id))
+        return checkpoint
+
+    def read_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
+        """The promoted checkpoint of a response, or None (also for another tenant);
+        raises ``CorruptPartition`` for a row that cannot be decoded or is filed under
+        another response id (the status endpoint answers it, never as "unknown")."""
+        return self._located_checkpoint(tenant_id, response_id)[1]
+
     async def read_turn_async(
         self, tenant_id: str, partition_key: str, response_id: str
     ) -> PartitionSnapshot | None:
@@ -676,10 +752,11 @@ class CheckpointStore(ABC):
             return None
 
     @abstractmethod
-    def read_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
-        """The promoted checkpoint of a response, or None (also for another tenant);
-        raises ``CorruptPartition`` for a row that cannot be decoded or is filed under
-        another response id (the status endpoint answers it, never as "unknown")."""
+    def _located_checkpoint(
+        self, tenant_id: str, response_id: str
+    ) -> tuple[str | None, CheckpointRecord | None]:
+        """The partition the response id's claim names (None: claimed nowhere) and the
+        checkpoint row there (``read_checkpoint``'s answer, its errors included)."""
 
     def _request_held(
         self, request: PromotionRequest
@@ -954,6 +1031,21 @@ class CheckpointStore(ABC):
     @abstractmethod
     def _locate(self, tenant_id: str, response_id: str) -> str | None:
         """The partition key of the response id's claim (verified against it later)."""
+
+    @abstractmethod
+    def _claim_of(self, tenant_id: str, response_id: str) -> ResponseClaim | None:
+        """The response id's claim (read consistency), or None: claimed nowhere."""
+
+    @abstractmethod
+    def _promoted_response(self, tenant_id: str, partition_key: str,
+                           idempotency_key: str) -> str | None:
+        """The response id the request's idempotency record in that partition names (read
+        consistency); None without a record (none, or only the request's facts mark)."""
+
+    @abstractmethod
+    def _turn_row_serial(self, tenant_id: str, partition_key: str, response_id: str) -> bool:
+        """Whether the response's turn row is in that partition, read linearizably (a
+        promotion in flight is completed first); a row that cannot be decoded is there."""
 
     @abstractmethod
     def _load_turn(

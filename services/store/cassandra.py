@@ -320,6 +320,10 @@ class CassandraCheckpointStore(CheckpointStore):
             f"SELECT partition_key FROM {claims} WHERE tenant_id = ? AND response_id = ?",
             read_consistency,
         )
+        self._select_claim = self._prepare(
+            f"SELECT {_CLAIM_COLUMNS} FROM {claims} WHERE tenant_id = ? AND response_id = ?",
+            read_consistency,
+        )
         self._insert_claim = self._prepare_lwt(
             f"INSERT INTO {claims} (tenant_id, response_id, partition_key, idempotency_key, "
             "request_digest) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS"
@@ -381,6 +385,15 @@ class CassandraCheckpointStore(CheckpointStore):
         )
         self._select_mark = self._prepare(
             f"SELECT facts_mark FROM {table} WHERE {idempotency_row}", read_consistency
+        )
+        # ``turn_lost``: the response the request promoted, and its turn row at SERIAL
+        # (completes a promotion in flight: a row only late is not lost).
+        self._select_promoted = self._prepare(
+            f"SELECT response_id FROM {table} WHERE {idempotency_row}", read_consistency
+        )
+        self._select_turn_ref_serial = self._prepare(
+            f"SELECT ref FROM {table} WHERE {partition} AND kind = 'checkpoint' AND ref = ?",
+            serial_consistency,
         )
         # A Conversation's first batch only: the marker must not exist yet, so a
         # partition whose head cells were lost (damage) is not begun again over its
@@ -565,15 +578,17 @@ class CassandraCheckpointStore(CheckpointStore):
         rows = _guard("read_turn", lambda: self._rows(self._select_turn, key))
         return decode_snapshot(tenant_id, partition_key, rows)
 
-    def read_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
+    def _located_checkpoint(
+        self, tenant_id: str, response_id: str
+    ) -> tuple[str | None, CheckpointRecord | None]:
         partition_key = self._locate(tenant_id, response_id)
         if partition_key is None:
-            return None
+            return None, None
         row = self._execute(
             "get_checkpoint", self._select_checkpoint, (tenant_id, partition_key, response_id)
         ).one()
         if row is None:
-            return None
+            return partition_key, None
         try:
             checkpoint = checkpoint_of(tenant_id, partition_key, row)
         except DAMAGED_ROW_ERRORS as exc:
@@ -582,7 +597,7 @@ class CassandraCheckpointStore(CheckpointStore):
         if checkpoint.response_id != response_id:
             raise CorruptPartition(f"checkpoint row of {response_id} in {partition_key} is "
                                    f"filed under another response id")
-        return checkpoint
+        return partition_key, checkpoint
 
     def request_facts_mark(self, tenant_id: str, partition_key: str,
                            idempotency_key: str) -> str | None:
@@ -928,6 +943,24 @@ class CassandraCheckpointStore(CheckpointStore):
                  facts_mark),
             ))
         return parts
+
+    # A promoted response's row not found where its claim says (``turn_lost``, rare):
+    # the claim, the request's idempotency row, then the turn row at SERIAL.
+
+    def _claim_of(self, tenant_id: str, response_id: str) -> ResponseClaim | None:
+        return _guard("turn_lost/claim", lambda: self._read_claim(
+            self._select_claim, (tenant_id, response_id)))
+
+    def _promoted_response(self, tenant_id: str, partition_key: str,
+                           idempotency_key: str) -> str | None:
+        row = self._execute("turn_lost/idempotency", self._select_promoted,
+                            (tenant_id, partition_key, idempotency_key)).one()
+        return None if row is None else row.response_id
+
+    def _turn_row_serial(self, tenant_id: str, partition_key: str, response_id: str) -> bool:
+        row = self._execute("turn_lost/turn", self._select_turn_ref_serial,
+                            (tenant_id, partition_key, response_id)).one()
+        return row is not None
 
     def _locate(self, tenant_id: str, response_id: str) -> str | None:
         row = _guard("locate", lambda: self._session.execute(

@@ -124,13 +124,36 @@ class MemoryCheckpointStore(CheckpointStore):
                 items={response_id: partition.items.get(response_id, NO_ITEMS)},
             )
 
-    def read_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
+    def _located_checkpoint(
+        self, tenant_id: str, response_id: str
+    ) -> tuple[str | None, CheckpointRecord | None]:
         with self._lock:
             claim = self._claims.get((tenant_id, response_id))
             if claim is None:
-                return None
+                return None, None
             partition = self._partitions.get((tenant_id, claim.partition_key))
-            return None if partition is None else partition.checkpoints.get(response_id)
+            return claim.partition_key, (
+                None if partition is None else partition.checkpoints.get(response_id))
+
+    async def turn_lost_async(self, tenant_id: str, response_id: str,
+                              partition_key: str | None = None) -> bool:
+        return self.turn_lost(tenant_id, response_id, partition_key)
+
+    def _claim_of(self, tenant_id: str, response_id: str) -> ResponseClaim | None:
+        with self._lock:
+            return self._claims.get((tenant_id, response_id))
+
+    def _promoted_response(self, tenant_id: str, partition_key: str,
+                           idempotency_key: str) -> str | None:
+        with self._lock:
+            partition = self._partitions.get((tenant_id, partition_key))
+            record = None if partition is None else partition.idempotency.get(idempotency_key)
+            return None if record is None else record.response_id
+
+    def _turn_row_serial(self, tenant_id: str, partition_key: str, response_id: str) -> bool:
+        with self._lock:
+            partition = self._partitions.get((tenant_id, partition_key))
+            return partition is not None and response_id in partition.checkpoints
 
     def _claim(self, claim: ResponseClaim) -> ResponseClaim:
         with self._lock:

@@ -154,3 +154,23 @@ def test_unreadable_and_corrupt_partition_is_rejected_not_dead_lettered(entry, m
     out = Worker(store, ledger, entry).outcome(nxt)   # fresh worker, nothing cached
     assert not isinstance(out, DeadLetter), out.error
     assert isinstance(out, PromotionRejected) and out.reason is R.CORRUPT, out
+
+
+@ENTRIES
+def test_a_chain_turn_on_a_parent_whose_row_is_lost_is_corrupt(entry):
+    """A promoted parent whose turn row is gone (storage damage) reads MISSING_HISTORY
+    (docs/store.md rule 1), a lineage that cannot be read: CORRUPT, as for any damaged
+    lineage, not PARENT_NOT_PROMOTED (which tells the gateway the parent is undecided)."""
+    store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+    root = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"))
+    assert isinstance(Worker(store, ledger, entry).outcome(root), CheckpointPromoted)
+    parent = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"),
+                       chain_root_id=root.response_id, previous_response_id=root.response_id)
+    assert isinstance(Worker(store, ledger, entry).outcome(parent), CheckpointPromoted)
+    partition = store._partitions[(TENANT, root.response_id)]
+    del partition.checkpoints[parent.response_id]
+    partition.items.pop(parent.response_id, None)
+    nxt = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"),
+                    chain_root_id=root.response_id, previous_response_id=parent.response_id)
+    out = Worker(store, ledger, entry).outcome(nxt)  # fresh worker, nothing cached
+    assert isinstance(out, PromotionRejected) and out.reason is R.CORRUPT, out

@@ -823,7 +823,78 @@ class StoreContract:
         with pytest.raises(CorruptPartition):
             store.judge(conversation_turn(tenant, conv, 1))
 
+    # -- a promoted turn whose row is gone (storage damage) ------------------------------
+
+    def _lost_turns(self, store, tenant) -> tuple[tuple[str, str], tuple[str, str]]:
+        """A Conversation's second turn and a chain's second response, promoted, then
+        their turn rows deleted from storage: ((partition, response id), ...)."""
+        conv = uid("conv")
+        for seq in range(3):
+            turn = conversation_turn(tenant, conv, seq)
+            assert isinstance(store.promote(turn), Promoted)
+            if seq == 1:
+                lost_turn = turn.response_id
+        root, child = uid("root"), uid("resp")
+        assert isinstance(store.promote(chain_turn(tenant, root, root, None)), Promoted)
+        assert isinstance(store.promote(chain_turn(tenant, root, child, root)), Promoted)
+        self.delete_turn(store, tenant, conv, lost_turn)
+        self.delete_turn(store, tenant, root, child)
+        return (conv, lost_turn), (root, child)
+
+    def test_a_promoted_turn_whose_row_is_gone_is_missing_history(self, store, tenant,
+                                                                  clock):
+        """Rows never expire (docs/store.md): a promoted response whose turn row is gone
+        is data loss, MISSING_HISTORY, never NOT_FOUND (an unknown id). Its request's
+        idempotency record, written by the same batch, says it was promoted."""
+        lost = self._lost_turns(store, tenant)
+        cold = self.shared_store(store, StoreOptions(clock=clock))  # no location learnt
+        for partition, rid in lost:
+            for reader in (store, cold):
+                for hint in (None, partition):
+                    result = reader.read_history(tenant, response_id=rid, partition_key=hint)
+                    assert isinstance(result, HistoryFailure), (rid, result)
+                    assert result.reason is HistoryFailureReason.MISSING_HISTORY, (rid, result)
+                    result = asyncio.run(reader.read_history_async(
+                        tenant, response_id=rid, partition_key=hint))
+                    assert isinstance(result, HistoryFailure), (rid, result)
+                    assert result.reason is HistoryFailureReason.MISSING_HISTORY, (rid, result)
+            from services.store.base import TurnLost  # noqa: PLC0415 - new with the rule
+
+            assert store.turn_lost(tenant, rid)
+            assert store.turn_lost(tenant, rid, partition)
+            assert asyncio.run(store.turn_lost_async(tenant, rid, partition))
+            with pytest.raises(TurnLost):
+                store.read_promoted(tenant, rid)
+            assert store.get_checkpoint(tenant, rid) is None  # the processor's lookup
+
+    def test_a_claimed_response_never_promoted_is_still_not_found(self, store, tenant):
+        """The claim alone says nothing: a claim whose batch was refused (or is in
+        flight), and a claim whose request promoted another response id (a retry of
+        it), stay NOT_FOUND (``unknown`` on /status)."""
+        conv = uid("conv")
+        first = conversation_turn(tenant, conv, 0)
+        assert isinstance(store.promote(first), Promoted)
+        in_flight = ResponseClaim(tenant, uid("resp"), conv, uid("key"), "d" * 64)
+        retry = ResponseClaim(tenant, uid("resp"), conv, first.idempotency_key,
+                              first.request_digest)
+        for claim in (in_flight, retry):
+            assert store.start_claiming(claim)() == claim
+            for hint in (None, conv):
+                result = store.read_history(tenant, response_id=claim.response_id,
+                                            partition_key=hint)
+                assert result.reason is HistoryFailureReason.NOT_FOUND, result
+                result = asyncio.run(store.read_history_async(
+                    tenant, response_id=claim.response_id, partition_key=hint))
+                assert result.reason is HistoryFailureReason.NOT_FOUND, result
+            assert not store.turn_lost(tenant, claim.response_id)
+            assert store.read_promoted(tenant, claim.response_id) is None
+        assert not store.turn_lost(tenant, uid("resp"))  # claimed nowhere
+        assert not store.turn_lost(tenant, first.response_id)  # there
+
     def damage_head(self, store, tenant, conv) -> None:
+        raise NotImplementedError
+
+    def delete_turn(self, store, tenant, partition_key, response_id) -> None:
         raise NotImplementedError
 
 
@@ -849,6 +920,11 @@ class TestMemoryStore(StoreContract):
         partition = store._partitions[(tenant, conv)]
         partition.head = dataclasses.replace(partition.head, lineage_digest="0" * 64)
 
+    def delete_turn(self, store, tenant, partition_key, response_id) -> None:
+        partition = store._partitions[(tenant, partition_key)]
+        del partition.checkpoints[response_id]
+        partition.items.pop(response_id, None)
+
 
 @pytest.mark.integration
 class TestCassandraStore(StoreContract):
@@ -868,3 +944,8 @@ class TestCassandraStore(StoreContract):
         self.session.execute("UPDATE turns SET head_lineage_digest = %s "
                              "WHERE tenant_id = %s AND partition_key = %s",
                              ("0" * 64, tenant, conv))
+
+    def delete_turn(self, store, tenant, partition_key, response_id) -> None:
+        self.session.execute("DELETE FROM turns WHERE tenant_id = %s AND partition_key = %s "
+                             "AND kind = 'checkpoint' AND ref = %s",
+                             (tenant, partition_key, response_id))

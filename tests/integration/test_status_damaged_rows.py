@@ -110,3 +110,42 @@ def test_a_timestamp_past_the_calendar_is_a_damaged_row_on_every_read(
         assert isinstance(result, HistoryFailure), result
         assert result.reason is HistoryFailureReason.CORRUPT_HISTORY
     assert store.get_checkpoint(healthy.tenant_id, healthy.response_id).seq == 1
+
+
+def test_a_promoted_turn_whose_row_is_deleted_is_missing_history_on_every_endpoint(
+        store, store_session, api):
+    """Rows never expire (docs/store.md): a promoted turn's row that is gone is data
+    loss, 500 ``MISSING_HISTORY`` on /status and on its history (``wait_ms`` too: no
+    notice will come for a decision made long ago), never ``unknown`` / ``NOT_FOUND``
+    (the damage chaos phase, session 41). A response id claimed and never promoted keeps
+    ``unknown`` / ``NOT_FOUND``."""
+    from ratchet.domain.plan import ResponseClaim  # noqa: PLC0415
+
+    lost, healthy = promoted_pair(store)
+    store_session.execute(
+        "DELETE FROM turns WHERE tenant_id = %s AND partition_key = %s "
+        "AND kind = 'checkpoint' AND ref = %s",
+        (lost.tenant_id, lost.partition_key, lost.response_id), timeout=30)
+    answer = status(api, lost)
+    assert answer.status_code == 500, answer.text
+    body = answer.json()
+    assert set(body) == {"error", "detail", "retryable"}
+    assert (body["error"], body["retryable"]) == ("MISSING_HISTORY", False)
+    assert lost.response_id in body["detail"]
+    for params in ({}, {"partition_key": lost.partition_key}, {"wait_ms": 3000}):
+        answer = api.get(f"/v1/responses/{lost.response_id}/history",
+                         params={"tenant_id": lost.tenant_id,
+                                 "fingerprint_hash": "f" * 64, **params})
+        assert (answer.status_code, answer.json()["reason"]) == (500, "MISSING_HISTORY"), (
+            params, answer.text)
+
+    never = ResponseClaim(healthy.tenant_id, uid("resp"), healthy.partition_key, uid("key"),
+                          "d" * 64)
+    assert store.start_claiming(never)() == never
+    assert status(api, healthy).json()["state"] == "promoted"
+    assert api.get(f"/v1/responses/{never.response_id}/status",
+                   params={"tenant_id": never.tenant_id}).json()["state"] == "unknown"
+    answer = api.get(f"/v1/responses/{never.response_id}/history",
+                     params={"tenant_id": never.tenant_id,
+                             "fingerprint_hash": "f" * 64})
+    assert (answer.status_code, answer.json()["reason"]) == (404, "NOT_FOUND")

@@ -365,7 +365,7 @@ def test_an_unexpected_error_is_a_typed_500(stack, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(stack.store, "read_checkpoint", broken)
+    monkeypatch.setattr(stack.store, "read_promoted", broken)
     resp = stack.client.get("/v1/responses/r1/status", params={"tenant_id": "t"})
     assert resp.status_code == 500
     assert resp.json() == {"error": "INTERNAL", "detail": "RuntimeError", "retryable": False}

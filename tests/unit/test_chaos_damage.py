@@ -63,6 +63,8 @@ def faithful_damage(expectations, damages) -> Observations:
             cached = fail if through and not d.cache_may_hide else right
             reads.append(DamageRead("history", d.tenant, rid, True, cached))
             status = (("error", "CORRUPT_HISTORY", None) if d.kind == "head_unbacked"
+                      else ("error", "MISSING_HISTORY", None)
+                      if d.kind == "turn_deleted" and rid == d.response_id
                       else ("promoted", None, p.seq))
             reads.append(DamageRead("status", d.tenant, rid, False, status))
         if d.conversation:
@@ -337,9 +339,9 @@ def test_a_wait_answered_before_its_time_is_reported():
 
 
 def test_a_deleted_turns_own_reads(expectations, damages):
-    """Its descendants read MISSING_HISTORY (faithful_damage); its own reads are not
-    settled by the docs (``damage.DELETED_OWN_REASONS``): a failure, never a history
-    read from storage, and a /status that is not ``rejected``."""
+    """Its descendants read MISSING_HISTORY (faithful_damage), and so do its own reads
+    from storage (docs/store.md rule 1: promoted, its row gone), never NOT_FOUND (an
+    unknown id) nor a history; its /status is 500 MISSING_HISTORY, never ``unknown``."""
     d = _damage(damages, "turn_deleted", conversation=True)
     faithful = faithful_damage(expectations, damages)
 
@@ -348,7 +350,9 @@ def test_a_deleted_turns_own_reads(expectations, damages):
 
     served = next(r.answer for r in faithful.damage_reads
                   if (r.what, r.ident, r.cached) == ("history", d.response_id, True))
-    for answer, kinds in ((History("failure", "NOT_FOUND", ()), set()),
+    for answer, kinds in ((History("failure", "MISSING_HISTORY", ()), set()),
+                          (History("failure", "NOT_FOUND", ()), {"damage_wrong_reason"}),
+                          (History("failure", "CORRUPT_HISTORY", ()), {"damage_wrong_reason"}),
                           (History("failure", "EXPIRED", ()), {"damage_wrong_reason"}),
                           (served, {"damage_undetected"})):
         assert _kinds(check_damage(expectations, _replace(faithful, own, answer))) == kinds
@@ -356,7 +360,10 @@ def test_a_deleted_turns_own_reads(expectations, damages):
     def status(r):
         return (r.what, r.ident) == ("status", d.response_id)
 
-    for answer, kinds in ((("unknown", None, None), set()),
+    for answer, kinds in ((("error", "MISSING_HISTORY", None), set()),
+                          (("unknown", None, None), {"damage_status_mismatch"}),
+                          (("error", "CORRUPT_HISTORY", None), {"damage_status_mismatch"}),
+                          (("promoted", None, 2), {"damage_status_mismatch"}),
                           (("rejected", "CONFLICT", None), {"damage_status_mismatch"})):
         assert _kinds(check_damage(expectations, _replace(faithful, status, answer))) == kinds
     # A descendant answered NOT_FOUND: MISSING_HISTORY is due (docs/store.md rule 3).
