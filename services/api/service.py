@@ -302,14 +302,11 @@ class RehydrationService:
             reads.append(self._ledger.status_async(tenant_id, response_id))
         look = _first_look(await asyncio.gather(*reads, return_exceptions=True))
         if isinstance(look, str):  # claimed: the turn row where the claim says decides
+            # No row there: in flight or refused (or, after storage damage, promoted
+            # and lost: ``turn_lost`` is not asked on this hot path, the read at the
+            # wait's deadline answers such a turn MISSING_HISTORY).
             try:
-                located = look
-                look = await self._store.read_turn_async(tenant_id, located, response_id) is None
-                # No row: in flight, refused, or promoted and lost (storage damage): a
-                # lost turn's decision was published long ago, no notice will wake the
-                # wait, so the ordinary lookup answers it now (MISSING_HISTORY).
-                if look and await self._store.turn_lost_async(tenant_id, response_id, located):
-                    look = False
+                look = await self._store.read_turn_async(tenant_id, look, response_id) is None
             except Exception:  # noqa: BLE001 - the ordinary lookup reads again and reports it
                 look = False
         child(metrics.WAIT_FIRST_LOOKS, "undecided" if look else "found").inc()
