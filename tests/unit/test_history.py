@@ -87,6 +87,24 @@ def test_expired(built):
     assert verify_history(snapshot, last.response_id, later).reason is R.EXPIRED
 
 
+def test_expired_from_the_instant_of_its_expiry(built):
+    """``logical_expires_at`` is the first instant the history is ``EXPIRED`` (as every
+    other expiry: ``expires_at <= now``, and the API's cached hit, ``_expired_hit``), on
+    the full read and on an extension alike. Found by a mutation review: ``>`` passed
+    every test (the only expiry test read one second later)."""
+    from ratchet.domain.history import verify_extension
+
+    turns, snapshot = built
+    tip, middle, last = (snapshot.checkpoints[t.response_id] for t in turns)
+    at = last.logical_expires_at
+    just_before = at - timedelta(milliseconds=1)
+    assert verify_history(snapshot, last.response_id, at).reason is R.EXPIRED
+    assert isinstance(verify_history(snapshot, last.response_id, just_before), VerifiedHistory)
+    assert verify_extension(tip, [middle, last], snapshot, at).reason is R.EXPIRED
+    assert not isinstance(verify_extension(tip, [middle, last], snapshot, just_before),
+                          HistoryFailure)
+
+
 def test_missing_middle_item(built):
     turns, snapshot = built
     rid = turns[1].response_id
