@@ -350,6 +350,31 @@ def test_tool_loop_with_recorded_effects_promotes_certified(h):
     assert out.artifact_id not in {s.ephemeral_artifact_ref for s in t.subturns}
 
 
+def test_a_certified_turn_whose_artifact_expired_is_promoted_without_it(h):
+    """A completed turn whose token artifact expired (its proof still valid) is certified
+    with no reusable artifact: the checkpoint keeps no artifact, proof or receipt, and a
+    read falls back ``NO_ARTIFACT`` (CONTRACT 5), not ``ARTIFACT_EXPIRED``. Found by a
+    mutation review: the store request could carry the artifact with every test passing."""
+    from ratchet.domain.rehydration import Fallback, FallbackReason, rehydrate
+    from ratchet.samples import HOUR_MS, make_artifact_and_proof
+
+    fresh = make_turn()
+    artifact, proof = make_artifact_and_proof(fresh.fingerprint_hash)
+    artifact = artifact.model_copy(update={"expires_at": NOW_MS - 1})
+    proof = proof.model_copy(update={"expires_at": NOW_MS + HOUR_MS})
+    conv = conv_id()
+    t = turn(conv, 0, token_artifact=artifact, boundary_proof=proof)
+    out = h.outcome(t)
+    assert out.seq == 1 and out.certification is Certification.CERTIFIED
+    stored = h.store.get_checkpoint(TENANT, t.response_id)
+    assert (stored.token_artifact, stored.boundary_proof, stored.router_receipt) == (
+        None, None, None)
+    now = datetime.fromtimestamp(NOW_MS / 1000, UTC)
+    read = rehydrate(h.store.read_history(TENANT, conversation_id=conv, now=now),
+                     t.fingerprint_hash, now)
+    assert isinstance(read, Fallback) and read.reason is FallbackReason.NO_ARTIFACT
+
+
 def test_missing_tool_effect_is_rejected(h):
     t, effects = make_tool_loop_turn(rounds=3, conversation_id=conv_id())
     h.feed(*effects[:2])
