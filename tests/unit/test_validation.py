@@ -88,6 +88,16 @@ def test_format_is_checked_before_type_and_digest() -> None:
     assert rejected_reason(make_turn(items=[tampered(weird)])) is RejectionReason.UNSUPPORTED_FORMAT
 
 
+def test_unknown_fingerprint_item_format_version_is_unsupported_format() -> None:
+    """The fingerprint's ``item_format_version`` this build cannot read is
+    ``UNSUPPORTED_FORMAT`` (before the fingerprint hash is checked). Found by a mutation
+    review: the check could be dropped with every test passing."""
+    fingerprint = make_fingerprint(item_format_version=2)
+    turn = make_turn(fingerprint=fingerprint)
+    assert turn.fingerprint.item_format_version == 2
+    assert rejected_reason(turn) is RejectionReason.UNSUPPORTED_FORMAT
+
+
 def test_unknown_fingerprint_version_is_unsupported_format() -> None:
     fingerprint = make_fingerprint().model_copy(update={"fingerprint_version": 2})
     assert rejected_reason(make_turn(fingerprint=fingerprint)) is RejectionReason.UNSUPPORTED_FORMAT
