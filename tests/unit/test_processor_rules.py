@@ -482,6 +482,26 @@ def test_a_replay_of_a_checkpoint_without_its_effects_orphans_nothing():
         other_attempt, Accepted(promoted), recorded)] == [effects[1].effect_id]
 
 
+def test_a_duplicate_whose_original_cannot_be_read_orphans_nothing():
+    """A ``DUPLICATE`` retry orphans the request's effects its original did not use;
+    when the original's promotion cannot be read, any effect may be one it used: none is
+    orphaned (never compensate an execution the promoted history holds). Found by a
+    mutation review: dropping the unreadable-original guard passed every test."""
+    t, effects = make_tool_loop_turn(rounds=2, conversation_id=conv_id())
+    retry, _ = make_tool_loop_turn(rounds=1, idempotency_key=t.idempotency_key,
+                                   conversation_id=t.conversation_id)
+    store = MemoryCheckpointStore(StoreOptions())
+    used_one = t.model_copy(update={"tool_effect_ids": t.tool_effect_ids[:1],
+                                    "subturns": t.subturns[:1]})
+    promoted = store.promote(promotion_request(used_one, Certification.CERTIFIED)).checkpoint
+    recorded = [recorded_effect(e) for e in effects]
+    duplicate = Reject(R.DUPLICATE, "already promoted", existing_response_id=t.response_id)
+    assert orphaned_effects(retry, duplicate, recorded, promoted=None) == []
+    assert [(o.effect.effect_id, o.reason) for o in orphaned_effects(
+        retry, duplicate, recorded, promoted=promoted)] == [
+        (effects[1].effect_id, OrphanReason.ATTEMPT_SUPERSEDED)]
+
+
 def _another_attempt(first, **changes):
     """``first``'s request (same key and digest) completed again by attempt 2 under
     another response id."""
@@ -862,3 +882,49 @@ def test_an_expiry_beyond_year_9999_is_corrupt_not_a_dead_letter(h):
     handled = h.processor.handle(h.record(turn(conv_id(), 0, expires_at=2**63 - 1)))
     assert [o.topic for o in handled.outbound] == [TOPICS.rejections]
     assert handled.outbound[0].model.reason is R.CORRUPT
+
+
+@pytest.mark.xfail(strict=True, reason="product defect: a fresh promotion's orphans "
+                   "ignore its checkpoint's carried effects once one conflicts")
+def test_an_effect_a_fresh_promotion_carries_is_not_orphaned_when_it_conflicts_after():
+    """A product defect found by a mutation review. A chain's first response carries
+    the output of an effect E it does not list (carried: its checkpoint's
+    ``accepted_effect_ids`` names E). Its facts are read again after its batch
+    (``_on_turn``: a chain's first response); if a second record of E with another
+    output (another attempt re-ran the tool) lands in between, E is conflicted and
+    ``orphaned_effects`` (fresh ``Accepted``: ``carried_effect_ids``, which counts no
+    conflicted effect) publishes E ``ATTEMPT_SUPERSEDED``: a compensator undoes the run
+    whose output the promoted history holds. The same facts on a redelivery (replayed:
+    the checkpoint's effects) orphan nothing; the re-run itself is published
+    ``EFFECT_CONFLICT`` by its own record."""
+    h = Harness()
+    rid = new_id("resp")
+    t, effects = make_tool_loop_turn(rounds=1, conversation_id=None, chain_root_id=rid,
+                                     response_id=rid, expected_head_seq=None)
+    unlisted = t.model_copy(update={
+        "tool_effect_ids": (),
+        "subturns": tuple(s.model_copy(update={"effect_ids": ()}) for s in t.subturns)})
+    h.feed(*effects)
+    (effect,) = effects
+    rerun = effect.model_copy(update={
+        "event_id": str(uuid.uuid4()), "attempt": 2,
+        "output": function_call_output(effect.call_id, '{"temperature_c": -40}',
+                                       item_id=new_id("fco"))})
+    ledger, real_turn_facts = h.ledger, h.ledger.turn_facts
+
+    def turn_facts(**kw):
+        if h.store.get_checkpoint(TENANT, rid) is not None and not getattr(
+                turn_facts, "done", False):
+            turn_facts.done = True  # the re-run lands between the batch and this read
+            ledger.record_effect(recorded_effect(rerun))
+        return real_turn_facts(**kw)
+
+    ledger.turn_facts = turn_facts
+    handled = h.processor.handle(h.record(unlisted))
+    promoted = handled.outbound[0].model
+    assert getattr(promoted, 'seq', None) == 1, promoted
+    checkpoint = h.store.get_checkpoint(TENANT, rid)
+    assert effect.effect_id in checkpoint.accepted_effect_ids  # carried, so used
+    orphans = [(o.model.effect_id, o.model.reason) for o in handled.outbound
+               if o.topic == TOPICS.orphaned_effects]
+    assert (effect.effect_id, OrphanReason.ATTEMPT_SUPERSEDED) not in orphans, orphans
