@@ -858,6 +858,18 @@ class StoreContract:
         with pytest.raises(InvalidPromotion):
             store.judge(negative)
 
+    def test_a_head_rolled_back_under_the_store_is_corrupt_never_built_on(self, store, tenant):
+        """Head cells rewritten with an earlier turn's own values (its row backs them)
+        while the later turns stand: the store that promoted the later turns knows the
+        head only moves forward, and refuses to plan on it (``HeadDamaged``), never
+        writing a second turn at a seq that stands. Found by a mutation review: the
+        check could be dropped with every test passing."""
+        conv, turns = self._three_turns(store, tenant)
+        second = store.get_checkpoint(tenant, turns[1].response_id)
+        self.roll_back_head(store, tenant, conv, Head.of(second))
+        with pytest.raises(CorruptPartition):
+            store.promote(conversation_turn(tenant, conv, 2))
+
     def test_judge_on_a_head_no_row_backs_is_corrupt(self, store, tenant):
         """The planner's head check, as ``promote`` makes it: the caller orders the turn
         against the cells itself (docs/processor.md, step 4)."""
@@ -892,6 +904,9 @@ class TestMemoryStore(StoreContract):
         partition = store._partitions[(tenant, conv)]
         partition.head = dataclasses.replace(partition.head, lineage_digest="0" * 64)
 
+    def roll_back_head(self, store, tenant, conv, head: Head) -> None:
+        store._partitions[(tenant, conv)].head = head
+
 
 @pytest.mark.integration
 class TestCassandraStore(StoreContract):
@@ -911,3 +926,10 @@ class TestCassandraStore(StoreContract):
         self.session.execute("UPDATE turns SET head_lineage_digest = %s "
                              "WHERE tenant_id = %s AND partition_key = %s",
                              ("0" * 64, tenant, conv))
+
+    def roll_back_head(self, store, tenant, conv, head: Head) -> None:
+        self.session.execute("UPDATE turns SET head_seq = %s, head_response_id = %s, "
+                             "head_item_count = %s, head_lineage_digest = %s "
+                             "WHERE tenant_id = %s AND partition_key = %s",
+                             (head.seq, head.response_id, head.item_count,
+                              head.lineage_digest, tenant, conv))

@@ -105,6 +105,27 @@ def test_expired_from_the_instant_of_its_expiry(built):
                           HistoryFailure)
 
 
+def test_a_turn_whose_items_do_not_follow_its_parents_is_corrupt(built):
+    """A turn's item range must start right after its parent's (no gap): a checkpoint
+    shifted by one, its own items shifted with it (so the turn on its own is
+    consistent), is ``CORRUPT_HISTORY`` on the full read and on an extension alike.
+    Found by a mutation review: the extension's link check could be dropped with every
+    test passing."""
+    from ratchet.domain.history import verify_extension
+
+    turns, snapshot = built
+    tip, middle, last = (snapshot.checkpoints[t.response_id] for t in turns)
+    rid = last.response_id
+    shifted = with_checkpoint(snapshot, rid, first_item_seq=last.first_item_seq + 1,
+                              last_item_seq=last.last_item_seq + 1)
+    shifted = with_items(shifted, rid, [(seq + 1, item)
+                                        for seq, item in entries_of(snapshot, rid)])
+    assert reason_of(shifted, rid) is R.CORRUPT_HISTORY
+    moved = shifted.checkpoints[rid]
+    failure = verify_extension(tip, [middle, moved], shifted, T0)
+    assert isinstance(failure, HistoryFailure) and failure.reason is R.CORRUPT_HISTORY
+
+
 def test_missing_middle_item(built):
     turns, snapshot = built
     rid = turns[1].response_id
