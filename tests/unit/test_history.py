@@ -126,6 +126,21 @@ def test_a_turn_whose_items_do_not_follow_its_parents_is_corrupt(built):
     assert isinstance(failure, HistoryFailure) and failure.reason is R.CORRUPT_HISTORY
 
 
+def test_a_lineage_whose_root_is_not_seq_one_is_corrupt():
+    """Seqs step down by one to 1: a chain whose seqs are all shifted by one (each step
+    intact) has a root at seq 2, ``CORRUPT_HISTORY``. Found by a mutation review: the
+    root's seq could go unchecked with every test passing."""
+    store = MemoryCheckpointStore(StoreOptions(clock=FakeClock()))
+    tenant, root, child = uid("tenant"), uid("resp"), uid("resp")
+    store.promote(chain_turn(tenant, root, root, None))
+    store.promote(chain_turn(tenant, root, child, root))
+    snapshot = store._load_partition(tenant, root)
+    assert isinstance(verify_history(snapshot, child, T0), VerifiedHistory)
+    for rid in (root, child):
+        snapshot = with_checkpoint(snapshot, rid, seq=snapshot.checkpoints[rid].seq + 1)
+    assert reason_of(snapshot, child) is R.CORRUPT_HISTORY
+
+
 def test_missing_middle_item(built):
     turns, snapshot = built
     rid = turns[1].response_id
