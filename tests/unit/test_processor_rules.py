@@ -928,3 +928,24 @@ def test_an_effect_a_fresh_promotion_carries_is_not_orphaned_when_it_conflicts_a
     orphans = [(o.model.effect_id, o.model.reason) for o in handled.outbound
                if o.topic == TOPICS.orphaned_effects]
     assert (effect.effect_id, OrphanReason.ATTEMPT_SUPERSEDED) not in orphans, orphans
+
+
+def test_a_continued_chain_requests_cancellation_orphans_its_effects(h):
+    """A cancellation of a continued chain turn's request that stands promoted nowhere
+    publishes the request's effects ``TURN_CANCELLED`` itself (``record_cancel``), as a
+    Conversation's does; only a chain's FIRST response publishes nothing there (its
+    other attempts are other partitions). Found by a mutation review: counting every
+    effect and cancellation as a chain's first response passed every test (the first
+    check sees only a Conversation or a ``previous_response_id``; a ``ToolEffect`` or
+    ``TurnCancelled`` of a continued chain has neither)."""
+    root = chain_turn(None, None)
+    assert h.outcome(root).seq == 1
+    t, effects = make_tool_loop_turn(rounds=2, conversation_id=None,
+                                     chain_root_id=root.response_id,
+                                     previous_response_id=root.response_id,
+                                     expected_head_seq=None)
+    h.feed(*effects)
+    handled = h.processor.handle(h.record(make_turn_cancelled(t)))
+    orphans = {(o.model.effect_id, o.model.reason) for o in handled.outbound
+               if o.topic == TOPICS.orphaned_effects}
+    assert orphans == {(e.effect_id, OrphanReason.TURN_CANCELLED) for e in effects}
