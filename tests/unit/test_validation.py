@@ -362,14 +362,6 @@ def test_artifact_expiring_now_is_not_reusable() -> None:
     assert reusable(turn, now_ms=NOW_MS - 1)
 
 
-def test_attempt_below_one_is_corrupt() -> None:
-    """Attempts are numbered from 1 (docs/gateway-protocol.md: below 1 is ``CORRUPT``).
-    Found by a mutation review: ``attempt < 0`` passed every test."""
-    assert rejected_reason(make_turn(attempt=0)) is RejectionReason.CORRUPT
-    assert rejected_reason(make_turn(attempt=-1)) is RejectionReason.CORRUPT
-    assert rejected_reason(make_turn(attempt=1)) is None
-
-
 def test_chain_mode_turn_is_valid() -> None:
     turn = make_turn(
         conversation_id=None,
