@@ -13,7 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ratchet.domain.history import Head, HistoryFailure, HistoryFailureReason, VerifiedHistory
+from ratchet.domain.history import (
+    Head,
+    HistoryFailure,
+    HistoryFailureReason,
+    VerifiedHistory,
+    items_digest,
+    lineage_digest,
+)
 from ratchet.domain.plan import (
     AheadOfHead,
     Conflict,
@@ -456,6 +463,15 @@ class StoreContract:
         with pytest.raises(InvalidPromotion):
             store.promote(conversation_turn(tenant, uid("conv"), 0, items=(bad,)))
 
+    def test_a_response_named_as_its_own_parent_is_refused(self, store, tenant):
+        """A chain turn whose ``previous_response_id`` is its own id is a caller's bug
+        (``InvalidPromotion``), never ``ParentMissing``. Found by a mutation review: the
+        check could be dropped with every test passing."""
+        root = uid("resp")
+        with pytest.raises(InvalidPromotion):
+            store.promote(chain_turn(tenant, root, root, root))
+        assert store.get_checkpoint(tenant, root) is None
+
     # -- fast path: a write planned from hints ----------------------------------------
 
     def test_stale_head_hint_still_promotes_at_the_true_head(self, store, tenant):
@@ -541,6 +557,23 @@ class StoreContract:
         assert store.get_checkpoint(tenant, orphan.response_id) is None
         foreign = chain_turn(uid("tenant"), root, uid("resp"), root)
         assert store.promote(foreign, parent_hint=parent) == ParentMissing(root)
+
+    def test_a_parent_hint_with_another_lineage_digest_is_checked_by_the_write(
+            self, store, tenant):
+        """A parent hint wrong only in its lineage digest (the rest is the parent's own)
+        must not give the child a lineage digest chained from it: the write's parent
+        condition includes the digest (plan.py, ``Plan.parent``), so the child is built
+        on the true parent and its history verifies. Found by a mutation review: the
+        memory store's condition could drop the digest with every test passing."""
+        root = uid("resp")
+        parent = store.promote(chain_turn(tenant, root, root, None)).checkpoint
+        wrong = dataclasses.replace(parent, lineage_digest="0" * 64)
+        child = chain_turn(tenant, root, uid("resp"), root)
+        outcome = store.promote(child, parent_hint=wrong)
+        assert isinstance(outcome, Promoted) and outcome.seq == 2
+        assert outcome.checkpoint.lineage_digest == lineage_digest(
+            parent.lineage_digest, items_digest(child.items))
+        assert len(self.history(store, tenant, response_id=child.response_id).items) == 4
 
     # -- chain mode ---------------------------------------------------------------------
 
@@ -691,6 +724,16 @@ class StoreContract:
         assert isinstance(store.promote(turn), Promoted)
         assert self.history(store, tenant, conversation_id=conv).items == items
 
+    def test_a_turn_of_exactly_the_limit_is_stored(self, clock, tenant):
+        """The limit is the largest turn stored (``turn_size <= max_turn_bytes``); one
+        byte more is ``TooLarge``. Found by a mutation review: ``>=`` passed every test."""
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        over = self.make_store(StoreOptions(clock=clock, max_turn_bytes=turn_size(turn) - 1))
+        assert over.promote(turn) == TooLarge(turn_size(turn), turn_size(turn) - 1)
+        exact = self.make_store(StoreOptions(clock=clock, max_turn_bytes=turn_size(turn)))
+        assert isinstance(exact.promote(turn), Promoted)
+
     def test_turn_above_the_limit_is_refused_whole(self, store, tenant):
         conv = uid("conv")
         limit = store.options.max_turn_bytes
@@ -815,6 +858,18 @@ class StoreContract:
         with pytest.raises(InvalidPromotion):
             store.judge(negative)
 
+    def test_a_head_rolled_back_under_the_store_is_corrupt_never_built_on(self, store, tenant):
+        """Head cells rewritten with an earlier turn's own values (its row backs them)
+        while the later turns stand: the store that promoted the later turns knows the
+        head only moves forward, and refuses to plan on it (``HeadDamaged``), never
+        writing a second turn at a seq that stands. Found by a mutation review: the
+        check could be dropped with every test passing."""
+        conv, turns = self._three_turns(store, tenant)
+        second = store.get_checkpoint(tenant, turns[1].response_id)
+        self.roll_back_head(store, tenant, conv, Head.of(second))
+        with pytest.raises(CorruptPartition):
+            store.promote(conversation_turn(tenant, conv, 2))
+
     def test_judge_on_a_head_no_row_backs_is_corrupt(self, store, tenant):
         """The planner's head check, as ``promote`` makes it: the caller orders the turn
         against the cells itself (docs/processor.md, step 4)."""
@@ -925,6 +980,9 @@ class TestMemoryStore(StoreContract):
         del partition.checkpoints[response_id]
         partition.items.pop(response_id, None)
 
+    def roll_back_head(self, store, tenant, conv, head: Head) -> None:
+        store._partitions[(tenant, conv)].head = head
+
 
 @pytest.mark.integration
 class TestCassandraStore(StoreContract):
@@ -949,3 +1007,10 @@ class TestCassandraStore(StoreContract):
         self.session.execute("DELETE FROM turns WHERE tenant_id = %s AND partition_key = %s "
                              "AND kind = 'checkpoint' AND ref = %s",
                              (tenant, partition_key, response_id))
+
+    def roll_back_head(self, store, tenant, conv, head: Head) -> None:
+        self.session.execute("UPDATE turns SET head_seq = %s, head_response_id = %s, "
+                             "head_item_count = %s, head_lineage_digest = %s "
+                             "WHERE tenant_id = %s AND partition_key = %s",
+                             (head.seq, head.response_id, head.item_count,
+                              head.lineage_digest, tenant, conv))

@@ -800,3 +800,24 @@ def test_a_no_cache_read_answers_with_the_cached_bytes_of_the_same_history():
     stack.damage_item(tenant, stack.cache.get(tenant, rid).partition_key)
     damaged = asyncio.run(stack.service.response_history(tenant, rid, FP, 0, use_cache=False))
     assert damaged.reason == "CORRUPT_HISTORY"
+
+
+def test_a_parent_link_into_another_partition_gets_the_full_reads_answer(stack):
+    """A row whose parent link names a response of another partition (damage: a
+    response id lives in one partition per tenant) is never linked to that partition's
+    cached history by an extension: both paths give the full read's answer. Found by a
+    mutation review: dropping the extension's same-partition check passed every test
+    (the extension then answered CORRUPT_HISTORY where the full read answers
+    MISSING_HISTORY)."""
+    tenant = uid("tenant")
+    here, there = uid("resp"), uid("resp")
+    stack.chain(tenant, here, here, None)
+    stack.chain(tenant, there, there, None)
+    child = stack.chain(tenant, here, uid("resp"), here)
+    for rid in (here, there):  # both partitions hold a cached, linked history
+        assert stack.history(tenant, rid).status_code == 200
+    stack.rewrite_checkpoint(tenant, here, child, parent_response_id=there)
+    full = stack.fresh(tenant, child)
+    assert (full.status_code, full.json()["reason"]) == (500, "MISSING_HISTORY")
+    extended = stack.history(tenant, child, partition_key=here)
+    assert (extended.status_code, extended.json()["reason"]) == (500, "MISSING_HISTORY")

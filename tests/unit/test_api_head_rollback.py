@@ -63,3 +63,24 @@ def test_a_rolled_back_head_is_corrupt_for_a_turn_loaded_by_extension():
     for _ in range(2):  # the extension, then whatever the first read left cached
         answer = stack.history(tenant, second)
         assert (answer.status_code, answer.json()["reason"]) == (500, "CORRUPT_HISTORY")
+
+
+def test_a_turn_beyond_a_rolled_back_head_is_corrupt_when_loaded_by_extension():
+    """The turn beyond a rolled-back head, never cached, read while its parent (the
+    head's turn) is cached: the extension loads its row with the head, which is behind
+    it (rows beyond the head: damage, docs/store.md rule 3), and must leave the answer
+    to the full read (``CORRUPT_HISTORY``), never serve the turn 200 on a head that no
+    longer reaches it. Found by a mutation review: dropping the extension's "head not
+    behind the turn" check passed every test (the head's cached turn backs the head)."""
+    stack = CachingStack()
+    tenant, second, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, second)
+    partition = stack.store._partitions[(tenant, conv)]
+    first = next(c.response_id for c in partition.checkpoints.values() if c.seq == 1)
+    for rid in (first, second):
+        assert stack.history(tenant, rid).status_code == 200
+    third = _third_turn(stack, tenant, conv)
+    assert stack.cache.get(tenant, third) is None  # loaded by the next read: an extension
+    partition.head = Head.of(partition.checkpoints[second])
+    answer = stack.history(tenant, third, partition_key=conv)
+    assert (answer.status_code, answer.json()["reason"]) == (500, "CORRUPT_HISTORY")

@@ -57,3 +57,21 @@ def test_a_stale_holders_output_for_a_taken_over_claim_is_not_promoted():
     assert getattr(outcome, "reason", None) is RejectionReason.MISSING_TOOL_EFFECT, (
         f"promoted at seq {getattr(outcome, 'seq', None)}: an output answering claimed call "
         "c1, whose (taken over) claim has no outcome")
+
+
+def test_an_output_for_a_claimed_call_with_no_outcome_is_missing_even_unlisted():
+    """An output answering a call whose claim has no outcome is ``MISSING_TOOL_EFFECT``
+    (docs/gateway-protocol.md section 8), also when the turn does not list the claim's
+    effect id: never ``DUPLICATE_TOOL_EFFECT`` (no outcome was recorded to differ from).
+    Found by a mutation review: the unlisted case could fall through to the "differs
+    from the recorded outcome" rule with every test passing."""
+    h = Harness()
+    conv, key = conv_id(), new_id("idem")
+    _, answer = _claim(h, key, conv, "c1", 1, EffectPolicy.AT_MOST_ONCE, NOW_MS, 60_000)
+    assert answer.state is ClaimState.CLAIMED
+    items = [function_call("c1", "send_email", {"to": "bob"}, item_id="fc_1"),
+             function_call_output("c1", '{"sent": true}', item_id="fco_1"),
+             message("sent", role="assistant", item_id=new_id("msg"))]
+    unlisted = turn(conv, 0, items=items, idempotency_key=key, attempt=1)
+    assert unlisted.tool_effect_ids == ()
+    assert getattr(h.outcome(unlisted), "reason", None) is RejectionReason.MISSING_TOOL_EFFECT

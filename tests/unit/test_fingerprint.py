@@ -212,3 +212,17 @@ def test_hash_is_cached_by_value_not_identity() -> None:
     a, b = fp(), fp()
     assert a is not b and fingerprint_hash(a) == fingerprint_hash(b)
     assert fingerprint_hash(a) == fingerprint_hash.__wrapped__(a)
+
+
+@pytest.mark.parametrize("key", ["x_api_key", "github_token", "db_password", "oauth_secret",
+                                 "aws_credentials", "X_API_KEY"])
+def test_secret_suffixed_keys_are_sanitized(key: str) -> None:
+    """Keys ending in a secret suffix (``SECRET_SUFFIXES``) are transport secrets: they
+    never reach the tools digest, whatever their case. Found by a mutation review: the
+    suffix rule could be dropped with every test passing (the other tests name whole
+    secret keys only)."""
+    tool = {"type": "mcp", "server_label": "x", "connector": {key: "s3cr3t", "url": "u"}}
+    assert sanitize_tools([tool]) == [{"type": "mcp", "server_label": "x",
+                                       "connector": {"url": "u"}}]
+    rotated = {"type": "mcp", "server_label": "x", "connector": {key: "other", "url": "u"}}
+    assert fp(tools=[tool]).tools_digest == fp(tools=[rotated]).tools_digest

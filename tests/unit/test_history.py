@@ -87,6 +87,60 @@ def test_expired(built):
     assert verify_history(snapshot, last.response_id, later).reason is R.EXPIRED
 
 
+def test_expired_from_the_instant_of_its_expiry(built):
+    """``logical_expires_at`` is the first instant the history is ``EXPIRED`` (as every
+    other expiry: ``expires_at <= now``, and the API's cached hit, ``_expired_hit``), on
+    the full read and on an extension alike. Found by a mutation review: ``>`` passed
+    every test (the only expiry test read one second later)."""
+    from ratchet.domain.history import verify_extension
+
+    turns, snapshot = built
+    tip, middle, last = (snapshot.checkpoints[t.response_id] for t in turns)
+    at = last.logical_expires_at
+    just_before = at - timedelta(milliseconds=1)
+    assert verify_history(snapshot, last.response_id, at).reason is R.EXPIRED
+    assert isinstance(verify_history(snapshot, last.response_id, just_before), VerifiedHistory)
+    assert verify_extension(tip, [middle, last], snapshot, at).reason is R.EXPIRED
+    assert not isinstance(verify_extension(tip, [middle, last], snapshot, just_before),
+                          HistoryFailure)
+
+
+def test_a_turn_whose_items_do_not_follow_its_parents_is_corrupt(built):
+    """A turn's item range must start right after its parent's (no gap): a checkpoint
+    shifted by one, its own items shifted with it (so the turn on its own is
+    consistent), is ``CORRUPT_HISTORY`` on the full read and on an extension alike.
+    Found by a mutation review: the extension's link check could be dropped with every
+    test passing."""
+    from ratchet.domain.history import verify_extension
+
+    turns, snapshot = built
+    tip, middle, last = (snapshot.checkpoints[t.response_id] for t in turns)
+    rid = last.response_id
+    shifted = with_checkpoint(snapshot, rid, first_item_seq=last.first_item_seq + 1,
+                              last_item_seq=last.last_item_seq + 1)
+    shifted = with_items(shifted, rid, [(seq + 1, item)
+                                        for seq, item in entries_of(snapshot, rid)])
+    assert reason_of(shifted, rid) is R.CORRUPT_HISTORY
+    moved = shifted.checkpoints[rid]
+    failure = verify_extension(tip, [middle, moved], shifted, T0)
+    assert isinstance(failure, HistoryFailure) and failure.reason is R.CORRUPT_HISTORY
+
+
+def test_a_lineage_whose_root_is_not_seq_one_is_corrupt():
+    """Seqs step down by one to 1: a chain whose seqs are all shifted by one (each step
+    intact) has a root at seq 2, ``CORRUPT_HISTORY``. Found by a mutation review: the
+    root's seq could go unchecked with every test passing."""
+    store = MemoryCheckpointStore(StoreOptions(clock=FakeClock()))
+    tenant, root, child = uid("tenant"), uid("resp"), uid("resp")
+    store.promote(chain_turn(tenant, root, root, None))
+    store.promote(chain_turn(tenant, root, child, root))
+    snapshot = store._load_partition(tenant, root)
+    assert isinstance(verify_history(snapshot, child, T0), VerifiedHistory)
+    for rid in (root, child):
+        snapshot = with_checkpoint(snapshot, rid, seq=snapshot.checkpoints[rid].seq + 1)
+    assert reason_of(snapshot, child) is R.CORRUPT_HISTORY
+
+
 def test_missing_middle_item(built):
     turns, snapshot = built
     rid = turns[1].response_id

@@ -174,3 +174,30 @@ def test_a_lost_head_of_a_begun_conversation_is_corrupt_not_a_new_one():
     assert isinstance(plan_promotion(request, PromotionView(None)), Plan)
     chain = chain_turn("t", "conv", "resp_r", None)  # a chain of the same key has no head
     assert isinstance(plan_promotion(chain, PromotionView(None, conversation_begun=True)), Plan)
+
+
+def test_logical_expiry_is_the_earlier_of_the_gateways_and_the_retention():
+    """CONTRACT 5: logical expiry honours ``TurnCompleted.expires_at``, capped by the
+    server's retention. Found by a mutation review: the later of the two (``max``) passed
+    every test (no test gave both)."""
+    request = conversation_turn("t", "conv", 0)
+    plan = plan_promotion(request, PromotionView(None))
+    soon, late = T0 + timedelta(seconds=30), T0 + timedelta(seconds=120)
+    assert build_checkpoint(replace(request, expires_at=soon), plan, T0,
+                            logical_retention_s=60).logical_expires_at == soon
+    assert build_checkpoint(replace(request, expires_at=late), plan, T0,
+                            logical_retention_s=60).logical_expires_at == T0 + timedelta(seconds=60)
+    assert build_checkpoint(replace(request, expires_at=late), plan, T0,
+                            logical_retention_s=0).logical_expires_at == late
+
+
+def test_a_chain_turn_never_extends_a_conversation_turn():
+    """A chain turn whose partition holds a Conversation turn under its parent's id (a
+    chain root id equal to a Conversation id) finds no chain parent: ``ParentMissing``,
+    never a child of the Conversation turn (the read would find a lineage of two modes).
+    Found by a mutation review: the parent's mode was unchecked by every test."""
+    first = conversation_turn("t", "shared", 0, response_id="resp_conv")
+    conversation_row = checkpoint_of(first, plan_promotion(first, PromotionView(None)))
+    child = chain_turn("t", "shared", "resp_c", "resp_conv")
+    assert plan_promotion(child, PromotionView(None, parent=conversation_row)) == \
+        ParentMissing("resp_conv")

@@ -350,6 +350,31 @@ def test_tool_loop_with_recorded_effects_promotes_certified(h):
     assert out.artifact_id not in {s.ephemeral_artifact_ref for s in t.subturns}
 
 
+def test_a_certified_turn_whose_artifact_expired_is_promoted_without_it(h):
+    """A completed turn whose token artifact expired (its proof still valid) is certified
+    with no reusable artifact: the checkpoint keeps no artifact, proof or receipt, and a
+    read falls back ``NO_ARTIFACT`` (CONTRACT 5), not ``ARTIFACT_EXPIRED``. Found by a
+    mutation review: the store request could carry the artifact with every test passing."""
+    from ratchet.domain.rehydration import Fallback, FallbackReason, rehydrate
+    from ratchet.samples import HOUR_MS, make_artifact_and_proof
+
+    fresh = make_turn()
+    artifact, proof = make_artifact_and_proof(fresh.fingerprint_hash)
+    artifact = artifact.model_copy(update={"expires_at": NOW_MS - 1})
+    proof = proof.model_copy(update={"expires_at": NOW_MS + HOUR_MS})
+    conv = conv_id()
+    t = turn(conv, 0, token_artifact=artifact, boundary_proof=proof)
+    out = h.outcome(t)
+    assert out.seq == 1 and out.certification is Certification.CERTIFIED
+    stored = h.store.get_checkpoint(TENANT, t.response_id)
+    assert (stored.token_artifact, stored.boundary_proof, stored.router_receipt) == (
+        None, None, None)
+    now = datetime.fromtimestamp(NOW_MS / 1000, UTC)
+    read = rehydrate(h.store.read_history(TENANT, conversation_id=conv, now=now),
+                     t.fingerprint_hash, now)
+    assert isinstance(read, Fallback) and read.reason is FallbackReason.NO_ARTIFACT
+
+
 def test_missing_tool_effect_is_rejected(h):
     t, effects = make_tool_loop_turn(rounds=3, conversation_id=conv_id())
     h.feed(*effects[:2])
@@ -455,6 +480,26 @@ def test_a_replay_of_a_checkpoint_without_its_effects_orphans_nothing():
     assert fresh == []  # both effects are the promoted turn's
     assert [o.effect.effect_id for o in orphaned_effects(
         other_attempt, Accepted(promoted), recorded)] == [effects[1].effect_id]
+
+
+def test_a_duplicate_whose_original_cannot_be_read_orphans_nothing():
+    """A ``DUPLICATE`` retry orphans the request's effects its original did not use;
+    when the original's promotion cannot be read, any effect may be one it used: none is
+    orphaned (never compensate an execution the promoted history holds). Found by a
+    mutation review: dropping the unreadable-original guard passed every test."""
+    t, effects = make_tool_loop_turn(rounds=2, conversation_id=conv_id())
+    retry, _ = make_tool_loop_turn(rounds=1, idempotency_key=t.idempotency_key,
+                                   conversation_id=t.conversation_id)
+    store = MemoryCheckpointStore(StoreOptions())
+    used_one = t.model_copy(update={"tool_effect_ids": t.tool_effect_ids[:1],
+                                    "subturns": t.subturns[:1]})
+    promoted = store.promote(promotion_request(used_one, Certification.CERTIFIED)).checkpoint
+    recorded = [recorded_effect(e) for e in effects]
+    duplicate = Reject(R.DUPLICATE, "already promoted", existing_response_id=t.response_id)
+    assert orphaned_effects(retry, duplicate, recorded, promoted=None) == []
+    assert [(o.effect.effect_id, o.reason) for o in orphaned_effects(
+        retry, duplicate, recorded, promoted=promoted)] == [
+        (effects[1].effect_id, OrphanReason.ATTEMPT_SUPERSEDED)]
 
 
 def _another_attempt(first, **changes):
@@ -837,3 +882,70 @@ def test_an_expiry_beyond_year_9999_is_corrupt_not_a_dead_letter(h):
     handled = h.processor.handle(h.record(turn(conv_id(), 0, expires_at=2**63 - 1)))
     assert [o.topic for o in handled.outbound] == [TOPICS.rejections]
     assert handled.outbound[0].model.reason is R.CORRUPT
+
+
+@pytest.mark.xfail(strict=True, reason="product defect: a fresh promotion's orphans "
+                   "ignore its checkpoint's carried effects once one conflicts")
+def test_an_effect_a_fresh_promotion_carries_is_not_orphaned_when_it_conflicts_after():
+    """A product defect found by a mutation review. A chain's first response carries
+    the output of an effect E it does not list (carried: its checkpoint's
+    ``accepted_effect_ids`` names E). Its facts are read again after its batch
+    (``_on_turn``: a chain's first response); if a second record of E with another
+    output (another attempt re-ran the tool) lands in between, E is conflicted and
+    ``orphaned_effects`` (fresh ``Accepted``: ``carried_effect_ids``, which counts no
+    conflicted effect) publishes E ``ATTEMPT_SUPERSEDED``: a compensator undoes the run
+    whose output the promoted history holds. The same facts on a redelivery (replayed:
+    the checkpoint's effects) orphan nothing; the re-run itself is published
+    ``EFFECT_CONFLICT`` by its own record."""
+    h = Harness()
+    rid = new_id("resp")
+    t, effects = make_tool_loop_turn(rounds=1, conversation_id=None, chain_root_id=rid,
+                                     response_id=rid, expected_head_seq=None)
+    unlisted = t.model_copy(update={
+        "tool_effect_ids": (),
+        "subturns": tuple(s.model_copy(update={"effect_ids": ()}) for s in t.subturns)})
+    h.feed(*effects)
+    (effect,) = effects
+    rerun = effect.model_copy(update={
+        "event_id": str(uuid.uuid4()), "attempt": 2,
+        "output": function_call_output(effect.call_id, '{"temperature_c": -40}',
+                                       item_id=new_id("fco"))})
+    ledger, real_turn_facts = h.ledger, h.ledger.turn_facts
+
+    def turn_facts(**kw):
+        if h.store.get_checkpoint(TENANT, rid) is not None and not getattr(
+                turn_facts, "done", False):
+            turn_facts.done = True  # the re-run lands between the batch and this read
+            ledger.record_effect(recorded_effect(rerun))
+        return real_turn_facts(**kw)
+
+    ledger.turn_facts = turn_facts
+    handled = h.processor.handle(h.record(unlisted))
+    promoted = handled.outbound[0].model
+    assert getattr(promoted, 'seq', None) == 1, promoted
+    checkpoint = h.store.get_checkpoint(TENANT, rid)
+    assert effect.effect_id in checkpoint.accepted_effect_ids  # carried, so used
+    orphans = [(o.model.effect_id, o.model.reason) for o in handled.outbound
+               if o.topic == TOPICS.orphaned_effects]
+    assert (effect.effect_id, OrphanReason.ATTEMPT_SUPERSEDED) not in orphans, orphans
+
+
+def test_a_continued_chain_requests_cancellation_orphans_its_effects(h):
+    """A cancellation of a continued chain turn's request that stands promoted nowhere
+    publishes the request's effects ``TURN_CANCELLED`` itself (``record_cancel``), as a
+    Conversation's does; only a chain's FIRST response publishes nothing there (its
+    other attempts are other partitions). Found by a mutation review: counting every
+    effect and cancellation as a chain's first response passed every test (the first
+    check sees only a Conversation or a ``previous_response_id``; a ``ToolEffect`` or
+    ``TurnCancelled`` of a continued chain has neither)."""
+    root = chain_turn(None, None)
+    assert h.outcome(root).seq == 1
+    t, effects = make_tool_loop_turn(rounds=2, conversation_id=None,
+                                     chain_root_id=root.response_id,
+                                     previous_response_id=root.response_id,
+                                     expected_head_seq=None)
+    h.feed(*effects)
+    handled = h.processor.handle(h.record(make_turn_cancelled(t)))
+    orphans = {(o.model.effect_id, o.model.reason) for o in handled.outbound
+               if o.topic == TOPICS.orphaned_effects}
+    assert orphans == {(e.effect_id, OrphanReason.TURN_CANCELLED) for e in effects}

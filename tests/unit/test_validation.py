@@ -88,6 +88,16 @@ def test_format_is_checked_before_type_and_digest() -> None:
     assert rejected_reason(make_turn(items=[tampered(weird)])) is RejectionReason.UNSUPPORTED_FORMAT
 
 
+def test_unknown_fingerprint_item_format_version_is_unsupported_format() -> None:
+    """The fingerprint's ``item_format_version`` this build cannot read is
+    ``UNSUPPORTED_FORMAT`` (before the fingerprint hash is checked). Found by a mutation
+    review: the check could be dropped with every test passing."""
+    fingerprint = make_fingerprint(item_format_version=2)
+    turn = make_turn(fingerprint=fingerprint)
+    assert turn.fingerprint.item_format_version == 2
+    assert rejected_reason(turn) is RejectionReason.UNSUPPORTED_FORMAT
+
+
 def test_unknown_fingerprint_version_is_unsupported_format() -> None:
     fingerprint = make_fingerprint().model_copy(update={"fingerprint_version": 2})
     assert rejected_reason(make_turn(fingerprint=fingerprint)) is RejectionReason.UNSUPPORTED_FORMAT
@@ -127,6 +137,11 @@ def test_effective_config_disagreeing_with_fingerprint_is_corrupt() -> None:
         {"block_size": None},
         {"renderer_version": None},
         {"lora_name": "my-lora"},  # a LoRA without a revision
+        # Found by a mutation review: each of these passed with its check weakened.
+        {"block_size": 0},  # must be > 0
+        {"tokenizer_name": "   "},  # whitespace only is absent
+        {"model_weights_revision": "Main"},  # a mutable ref whatever its case
+        {"model_weights_revision": " latest "},  # ... and its surrounding blanks
     ],
     ids=str,
 )
@@ -334,6 +349,17 @@ def test_expired_artifact_is_certified_without_a_reusable_artifact() -> None:
     proof = proof.model_copy(update={"expires_at": NOW_MS + HOUR_MS})
     turn = make_turn(token_artifact=artifact, boundary_proof=proof)
     assert certification(turn) is Certification.CERTIFIED and not reusable(turn)
+
+
+def test_artifact_expiring_now_is_not_reusable() -> None:
+    """An artifact is reusable only while ``expires_at > now`` (the proof's and the
+    read's boundary alike: ``expires_at <= now`` is expired). Found by a mutation review:
+    ``>=`` passed every test."""
+    artifact, proof = make_artifact_and_proof(make_turn().fingerprint_hash)
+    artifact = artifact.model_copy(update={"expires_at": NOW_MS})
+    turn = make_turn(token_artifact=artifact, boundary_proof=proof)
+    assert certification(turn) is Certification.CERTIFIED and not reusable(turn)
+    assert reusable(turn, now_ms=NOW_MS - 1)
 
 
 def test_chain_mode_turn_is_valid() -> None:
