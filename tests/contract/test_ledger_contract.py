@@ -430,11 +430,3 @@ class TestCassandraLedger(LedgerContract):
         from services.ledger.cassandra import CassandraLedger
 
         return CassandraLedger(self.session, timeout_s=30)
-
-    # A product defect a mutation review found: the Cassandra ledger writes the owner rows
-    # with a plain INSERT (the last writer wins), the memory ledger keeps the first
-    # writer, as docs/decisions.md says "the ledger keeps the first writer". Strict: fix
-    # the INSERT (``IF NOT EXISTS``) and drop this override.
-    @pytest.mark.xfail(strict=True, reason="Cassandra owner rows: last writer wins")
-    def test_an_owner_once_recorded_is_never_replaced(self, ledger, tenant):
-        super().test_an_owner_once_recorded_is_never_replaced(ledger, tenant)
