@@ -705,10 +705,16 @@ def _accepted_effect_ids(turn: TurnCompleted, verdict: Accepted) -> set[str] | N
     promotion already (``replayed``): then the turn is a redelivery or another attempt
     of the request, and what counts is the turn that WAS promoted, whose effects its
     checkpoint keeps. None if it does not (promoted before migration 012): nothing can
-    be shown unused, so nothing is orphaned."""
-    if not verdict.replayed:
-        return set(used_effect_ids(turn))
+    be shown unused, so nothing is orphaned.
+
+    A fresh promotion's checkpoint is this turn's, and it keeps what the turn used when
+    it was decided, carried effects included: those stay used even if the facts read
+    after the batch show one of them conflicted since (another attempt re-ran the tool:
+    that re-run is published ``EFFECT_CONFLICT`` by its own record; the run the history
+    holds is never ``ATTEMPT_SUPERSEDED``; found by a mutation review, session 41)."""
     kept = verdict.checkpoint.accepted_effect_ids
+    if not verdict.replayed:
+        return set(used_effect_ids(turn)) | set(kept or ())
     return None if kept is None else set(kept)
 
 
