@@ -24,7 +24,7 @@ from confluent_kafka.schema_registry import Schema
 from ratchet import speedups
 from ratchet.domain.bounds import elements_of
 from ratchet.samples import make_tool_loop_turn, make_turn, new_id
-from schemas import avro, avsc
+from schemas import avro, avro_bodies, avsc
 from schemas.errors import DecodeError, TooManyElements
 from schemas.keys import partition_key
 from schemas.limits import MAX_EVENT_ELEMENTS
@@ -62,7 +62,7 @@ def twin(request, monkeypatch):
     """Which strict walk counts: the C walk, or the Python twin alone."""
     if request.param == "C" and C is None:
         pytest.fail("ratchet._speedups is not built (needs gcc, Python and OpenSSL headers)")
-    monkeypatch.setattr(avro, "SPEEDUPS", C if request.param == "C" else None)
+    monkeypatch.setattr(avro_bodies, "SPEEDUPS", C if request.param == "C" else None)
     return request.param
 
 
@@ -221,7 +221,7 @@ def test_without_the_c_module_a_turn_beyond_the_bound_is_a_dead_letter(serde, tw
 
 def test_an_ordinary_turn_is_not_walked_twice(serde, monkeypatch):  # noqa: F811
     """Bodies no longer than the bound cannot hold too many items: not counted."""
-    monkeypatch.setattr(avro, "_counted", _refuse_all)
+    monkeypatch.setattr(avro, "counted", _refuse_all)
     turn = make_turn(conversation_id=new_id("conv"))
     assert serde.decode_gateway_event(serde.encode(turn, TOPIC), TOPIC, 0, 6) == turn
 
@@ -249,8 +249,8 @@ def test_a_long_damaged_body_is_decided_in_c_without_the_python_walk(serde, clie
     schema_id, schema = _writer_with(
         client, [{"name": "late", "type": "long", "default": 0}], "late-turn")
     data = make_turn(conversation_id=new_id("conv")).to_avro() | {"late": 5}
-    monkeypatch.setattr(avro, "SPEEDUPS", C)
-    monkeypatch.setattr(avro, "refusal_of", _refuse_all)
+    monkeypatch.setattr(avro_bodies, "SPEEDUPS", C)
+    monkeypatch.setattr(avro_bodies, "refusal_of", _refuse_all)
     for ids, raised in ((MAX_EVENT_ELEMENTS + 1, TooManyElements), (100_000, DecodeError)):
         value = framed(schema_id, schema, data | {"tool_effect_ids": ["e1"] * ids})
         value = value[:-1] + b"\xff" * 9 + b"\x7f"  # "late" beyond 64 bits
@@ -310,7 +310,7 @@ def test_a_turn_costly_to_read_beyond_the_bound_is_a_dead_letter(serde, monkeypa
     with pytest.raises(TooManyElements) as caught:
         serde.decode_gateway_event(value, TOPIC, 0, 10)
     assert caught.value.turn is not None  # ~1 M nodes: read
-    monkeypatch.setattr(avro, "MAX_IDENTITY_NODES", 1_000_000)
+    monkeypatch.setattr(avro_bodies, "MAX_IDENTITY_NODES", 1_000_000)
     with pytest.raises(TooManyElements) as caught:
         serde.decode_gateway_event(value, TOPIC, 0, 11)
     assert caught.value.turn is None
@@ -345,8 +345,8 @@ def test_a_fixed_no_body_can_hold_is_decided_in_c(serde, client, monkeypatch):  
         "blob": None, "tool_effect_ids": ["e1"] * 100_000}
     value = framed(schema_id, schema, data)
     value = value[:-1] + b"\x02" + b"x" * 10  # the fixed's branch, then 10 bytes of it
-    monkeypatch.setattr(avro, "SPEEDUPS", C)
-    monkeypatch.setattr(avro, "refusal_of", _refuse_all)
+    monkeypatch.setattr(avro_bodies, "SPEEDUPS", C)
+    monkeypatch.setattr(avro_bodies, "refusal_of", _refuse_all)
     assert decode_error(serde, value).reason is DeadLetterReason.TRUNCATED
 
 

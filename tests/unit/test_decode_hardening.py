@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka.schema_registry import Schema
 
 from ratchet.samples import NOW_MS, make_tool_effect, make_turn, make_turn_cancelled, new_id
-from schemas import avro, avsc
+from schemas import avro_ranges, avsc
 from schemas.avro import EventSerde, dead_letter_for
 from schemas.errors import DecodeError
 from schemas.models import CheckpointPromoted, DeadLetter, DeadLetterReason
@@ -219,7 +219,7 @@ def test_an_int_inside_a_nullable_record_is_checked_too(serde):  # noqa: F811
 def test_a_long_field_beyond_64_bits_is_reported():
     """fastavro's C reader wraps a varint longer than 64 bits, so a long beyond them
     only comes from its pure-Python reader: the check is asked directly."""
-    check = avro._range_check("TurnCompleted")
+    check = avro_ranges.range_check("TurnCompleted")
     data = make_turn(expected_head_seq=3).to_avro()
     assert check(data) is None
     assert check(data | {"expected_head_seq": 2**63}) == (
@@ -242,10 +242,10 @@ def test_every_record_has_a_range_check_of_its_int_and_long_fields_only():
     """Derived from the reader schemas: timestamps (read as datetimes) and records
     without int/long fields cost nothing."""
     for record in avsc.TOP_LEVEL_RECORDS:
-        assert callable(avro._range_check(record))
-    assert avro._range_check("TurnCancelled") is avro._nothing_to_check  # timestamps only
+        assert callable(avro_ranges.range_check(record))
+    assert avro_ranges.range_check("TurnCancelled") is avro_ranges.nothing_to_check  # timestamps only
     produced = make_turn().to_avro() | {"produced_at": 2**70}  # a datetime once decoded
-    assert avro._range_check("TurnCompleted")(produced) is None
+    assert avro_ranges.range_check("TurnCompleted")(produced) is None
 
 
 def test_the_range_check_follows_maps_named_references_and_recursion():
@@ -253,7 +253,7 @@ def test_the_range_check_follows_maps_named_references_and_recursion():
         {"name": "value", "type": "int"},
         {"name": "counts", "type": {"type": "map", "values": "long"}},
         {"name": "next", "type": ["null", "Node"]}]}
-    check = avro._compile(node, {}, "io.ratchet")
+    check = avro_ranges._compile(node, {}, "io.ratchet")
     leaf = {"value": 1, "counts": {"a": 2**40}, "next": None}
     assert check({"value": 2, "counts": {}, "next": leaf}) is None
     assert check({"value": 2, "counts": {}, "next": leaf | {"value": 2**31}}) == (
@@ -261,7 +261,7 @@ def test_the_range_check_follows_maps_named_references_and_recursion():
     assert check(leaf | {"counts": {"b": -(2**63) - 1}}) == (
         f".counts['b'] = {-(2**63) - 1}: outside the 64-bit range of an Avro long")
     with pytest.raises(NotImplementedError):  # which branch a value took is unknown
-        avro._compile(["null", "int", "string", {"type": "array", "items": "long"}], {}, "x")
+        avro_ranges._compile(["null", "int", "string", {"type": "array", "items": "long"}], {}, "x")
 
 
 def test_the_range_check_is_derived_once_not_per_record(serde, monkeypatch):  # noqa: F811
@@ -272,7 +272,7 @@ def test_the_range_check_is_derived_once_not_per_record(serde, monkeypatch):  # 
     def compiled_again(*args, **kwargs):
         raise AssertionError("range check derived again")
 
-    monkeypatch.setattr(avro, "_compile", compiled_again)
+    monkeypatch.setattr(avro_ranges, "_compile", compiled_again)
     for offset in range(3):
         assert serde.decode_gateway_event(value, TOPIC, 0, offset) == turn
 

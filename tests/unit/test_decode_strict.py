@@ -32,7 +32,7 @@ from confluent_kafka.schema_registry import Schema
 
 from ratchet import speedups
 from ratchet.samples import make_tool_loop_turn, make_turn, new_id
-from schemas import avro, avsc
+from schemas import avro_bodies, avsc
 from schemas.models import CheckpointPromoted, DeadLetter, DeadLetterReason, TurnStatus
 from schemas.strict import MAX_SCHEMA_DEPTH, plan_of, strict_violation, unsafe_shape
 from tests.unit.test_avro_serde import TOPIC, client, serde  # noqa: F401 - fixtures
@@ -43,12 +43,12 @@ C = speedups.load()
 
 @pytest.fixture(autouse=True, params=["C", "Python"])
 def twin(request, monkeypatch):
-    """Which strict walk the decode runs (``schemas.avro._lenient_read``)."""
+    """Which strict walk the decode runs (``schemas.avro_bodies.lenient_read``)."""
     if request.param == "C" and C is None:
         if os.environ.get("CI"):
             pytest.fail("ratchet._speedups is not built (needs gcc, Python and OpenSSL headers)")
         pytest.skip("ratchet._speedups is not built here")
-    monkeypatch.setattr(avro, "SPEEDUPS", C if request.param == "C" else None)
+    monkeypatch.setattr(avro_bodies, "SPEEDUPS", C if request.param == "C" else None)
     return request.param
 
 

@@ -1,0 +1,166 @@
+"""int/long ranges: what fastavro lets through and Avro's readers refuse.
+
+fastavro reads an Avro ``int`` as a long varint (up to 10 bytes, wrapping beyond), so
+a body may carry an ``int`` field far beyond 32 bits. The check is derived once per
+record from its reader schema (the shape of every decoded dict) and visits only the
+int/long fields; a check returns None, or where the first bad value is and what it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from schemas import avsc
+
+_RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
+_DATETIME_TYPES = frozenset({"timestamp-millis", "timestamp-micros", "local-timestamp-millis",
+                             "local-timestamp-micros", "date", "time-millis", "time-micros"})
+_PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+_Check = Callable[[Any], "str | None"]
+
+
+@dataclass(frozen=True)
+class _Scalar:
+    """An int or long value (its range): checked inline by its record or array."""
+
+    low: int
+    high: int
+
+
+@cache
+def range_check(record: str) -> _Check:
+    """The range check of a top-level record (derived from its schema once per process).
+
+    Raises NotImplementedError for a schema shape it does not handle (a union of more
+    than null and one other type holding ints), so a new schema cannot slip past it.
+    """
+    check = _compile(avsc.inlined(record), {}, avsc.NAMESPACE)
+    return check if callable(check) else nothing_to_check
+
+
+def nothing_to_check(_: Any) -> None:
+    return None
+
+
+def _compile(schema: Any, names: dict[str, Any], namespace: str) -> _Scalar | _Check | None:
+    """A ``_Scalar`` for an int/long, a check for a type holding some, else None."""
+    if isinstance(schema, str):
+        if schema in _RANGES:
+            return _Scalar(*_RANGES[schema])
+        if schema in _PRIMITIVES:
+            return None
+        return names.get(schema if "." in schema else f"{namespace}.{schema}")  # defined above
+    if isinstance(schema, list):
+        branches = [c for c in (_compile(b, names, namespace) for b in schema) if c is not None]
+        if len(branches) > 1:
+            raise NotImplementedError(f"range check of the union {schema}")
+        return branches[0] if branches else None  # null is skipped where the value is read
+    kind = schema["type"]
+    if isinstance(kind, dict | list):
+        return _compile(kind, names, namespace)
+    if kind in _RANGES:
+        # fastavro hands these back as date/time objects, built only from values it can
+        # represent (else OverflowError or ValueError: CORRUPT_PAYLOAD): nothing to check
+        return None if schema.get("logicalType") in _DATETIME_TYPES else _Scalar(*_RANGES[kind])
+    if kind == "record":
+        full = avsc.full_name_of({"namespace": namespace, **schema})
+        scalars: list[tuple[str, int, int]] = []
+        nested: list[tuple[str, _Check]] = []
+        names[full] = check = _record_check(scalars, nested)  # a recursive use finds it
+        inner_namespace = full.rpartition(".")[0]
+        for field in schema["fields"]:
+            found = _compile(field["type"], names, inner_namespace)
+            if isinstance(found, _Scalar):
+                scalars.append((field["name"], found.low, found.high))
+            elif found is not None:
+                nested.append((field["name"], found))
+        if not scalars and not nested:
+            names[full] = None
+            return None
+        # complete now (a recursive use above got it before: no inlining there)
+        check.scalars, check.nested = scalars, nested  # type: ignore[attr-defined]
+        return check
+    if kind in ("array", "map"):
+        inner = _compile(schema["items" if kind == "array" else "values"], names, namespace)
+        if inner is None:
+            return None
+        return _array_check(inner) if kind == "array" else _map_check(inner)
+    if kind in ("enum", "fixed"):
+        names[avsc.full_name_of({"namespace": namespace, **schema})] = None
+    return None
+
+
+def _outside(value: Any, high: int) -> str:
+    kind, bits = ("int", 32) if high == _RANGES["int"][1] else ("long", 64)
+    return f" = {value!r}: outside the {bits}-bit range of an Avro {kind}"
+
+
+def _record_check(scalars: list[tuple[str, int, int]], nested: list[tuple[str, _Check]]) -> _Check:
+    def check(data: dict[str, Any]) -> str | None:
+        for name, low, high in scalars:
+            value = data[name]
+            if value is not None and not low <= value <= high:
+                return f".{name}{_outside(value, high)}"
+        for name, inner in nested:
+            value = data[name]
+            if value is not None:
+                bad = inner(value)
+                if bad is not None:
+                    return f".{name}{bad}"
+        return None
+
+    return check
+
+
+def _array_check(inner: _Scalar | _Check) -> _Check:
+    if isinstance(inner, _Scalar):
+        low, high = inner.low, inner.high
+
+        def scalars(values: list[Any]) -> str | None:
+            for i, value in enumerate(values):
+                if value is not None and not low <= value <= high:
+                    return f"[{i}]{_outside(value, high)}"
+            return None
+
+        return scalars
+
+    fields = getattr(inner, "scalars", None)
+    if fields and not inner.nested:  # type: ignore[attr-defined]
+        # records of ints alone (an Item's format_version): their fields inline
+
+        def flat(values: list[Any]) -> str | None:
+            for i, value in enumerate(values):
+                if value is not None:
+                    for name, low, high in fields:
+                        field = value[name]
+                        if field is not None and not low <= field <= high:
+                            return f"[{i}].{name}{_outside(field, high)}"
+            return None
+
+        return flat
+
+    def records(values: list[Any]) -> str | None:
+        for i, value in enumerate(values):
+            if value is not None:
+                bad = inner(value)
+                if bad is not None:
+                    return f"[{i}]{bad}"
+        return None
+
+    return records
+
+
+def _map_check(inner: _Scalar | _Check) -> _Check:
+    check_values = _array_check(inner)
+
+    def check(values: dict[str, Any]) -> str | None:
+        for key, value in values.items():
+            bad = check_values([value])
+            if bad is not None:
+                return f"[{key!r}]{bad.removeprefix('[0]')}"
+        return None
+
+    return check
