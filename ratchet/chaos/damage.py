@@ -418,14 +418,14 @@ def continuations(expectations: list[Expectation], damages: list[Damage]):
     oracle rejects for a reason of its own is not sent: the docs order those checks
     against the history's read only loosely). Returns ``[(Continuation, event)]``."""
     from ratchet.chaos.oracle import _decide
-    from ratchet.chaos.workload import _Gateway
+    from ratchet.chaos.story import StoryGateway
 
     by_sid = {e.story.sid: e for e in expectations}
     out = []
     for d in damages:
         e = by_sid[d.sid]
         w = e.worlds[0].fork()
-        gw = _Gateway(e.story, random.Random(f"continue:{d.sid}"))
+        gw = StoryGateway(e.story, random.Random(f"continue:{d.sid}"))
         rid, key = f"resp-{d.sid}-after-damage", f"idem-{d.sid}-after-damage"
         if d.conversation:
             ident = gw.identity(rid, head=w.head)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from ratchet.chaos import recipes
 from ratchet.chaos.claims import ClaimedRun
-from ratchet.chaos.workload import RawRecord, Story, workload_fp_hash
+from ratchet.chaos.story import RawRecord, Story, workload_fp_hash
 from schemas.models import ToolEffect, TurnCancelled, TurnCompleted
 
 # The Responses item types a gateway stores (CONTRACT 3, docs/gateway-protocol.md section

@@ -26,8 +26,9 @@ from typing import Any
 from confluent_kafka import Producer
 
 from ratchet.chaos.claims import ClaimAnswerWrong, ClaimedRun, ClaimProbe, ClaimRunner
+from ratchet.chaos.story import RawRecord, Story
 from ratchet.chaos.timed import Stamper
-from ratchet.chaos.workload import RawRecord, Story, generate
+from ratchet.chaos.workload import generate
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
 from schemas.models import TurnCompleted

@@ -36,7 +36,8 @@ from ratchet.chaos.faults import PROFILES, Cluster, FaultInjector
 from ratchet.chaos.observe import OutputReader, Waiters, fetch_histories
 from ratchet.chaos.oracle import Expectation, expect
 from ratchet.chaos.produce import run as produce_run
-from ratchet.chaos.workload import REUSE_TTL_MS, generate, workload_fp_hash
+from ratchet.chaos.story import REUSE_TTL_MS, workload_fp_hash
+from ratchet.chaos.workload import generate
 from ratchet.settings import Settings
 from schemas.avro import register_schemas, registry_client
 

@@ -38,7 +38,8 @@ from pathlib import Path
 from ratchet.chaos import recipes
 from ratchet.chaos.checker import History, Observations, Violation
 from ratchet.chaos.oracle import Expectation, Promo
-from ratchet.chaos.workload import Story, Workload, workload_fp_hash
+from ratchet.chaos.story import Story, workload_fp_hash
+from ratchet.chaos.workload import Workload
 from schemas.models import TurnCompleted
 
 # Reads closer than this to an expiry are not judged; the runner's reads wait this long

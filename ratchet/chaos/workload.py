@@ -1,9 +1,9 @@
 """The chaos workload: stories generated from a seed, the same in every process.
 
-A **story** is what one gateway does on one partition key: a Conversation, a response
-chain, or a run of undecodable records. It is a list of **steps**; a step is sent in
-order by one producer, and a step's ``race`` events are sent at the same time by a
-second producer (two gateways continuing one head): their order in Kafka is open.
+A **story** (``ratchet.chaos.story``) is what one gateway does on one partition key: a
+Conversation, a response chain, or a run of undecodable records; this module draws
+which stories a run holds and what each one does. The coverage turns are
+``ratchet.chaos.coverage``.
 
 Each story is drawn from its own ``random.Random(f"{seed}:{index}")``, so a producer
 process regenerates exactly its share and the oracle regenerates everything, without
@@ -15,98 +15,23 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from ratchet.chaos import recipes
-from ratchet.chaos.claims import ClaimedRun, ClaimProbe, claimed_run, probe_claim
-from ratchet.samples import make_artifact_and_proof, make_fingerprint
-from schemas.models import (
-    BoundaryProof,
-    Fingerprint,
-    GatewayEvent,
-    RouterReceipt,
-    Subturn,
-    TokenArtifact,
-    TurnCompleted,
+from ratchet.chaos.claims import ClaimProbe, claimed_run, probe_claim
+from ratchet.chaos.coverage import COVERAGE_SCENARIOS, LARGE_AT, LARGE_EVERY, coverage_turns
+from ratchet.chaos.story import (
+    MUTABLE_REVISION,
+    REDEPLOYED,
+    UNKNOWN_TYPE,
+    WORDS,
+    RawRecord,
+    Step,
+    Story,
+    StoryGateway,
+    fp_hash,
 )
-from services.gateway.events import (
-    TurnIdentity,
-    now_ms,
-    tool_effect,
-    turn_cancelled,
-    turn_completed,
-)
-
-UNKNOWN_TYPE = "x_chaos_unknown_item"
-# How long after the workload is built its token artifacts and boundary proofs stay
-# reusable: far longer than a run may last (the runner refuses a run whose deadline is
-# not well inside it). They expired an hour after it, so a run longer than that read
-# correct ARTIFACT_EXPIRED fallbacks where the oracle expected certified (an outside
-# review, 2026-12-06).
-REUSE_TTL_MS = 7 * 24 * 3600 * 1000
-WORDS = ("lyon", "rain", "train", "budget", "museum", "cheese", "river", "hotel", "map",
-         "ticket", "bike", "wine", "bridge", "market", "opera", "sunday")
-FINGERPRINT = make_fingerprint()
-# A redeployed model (another weights revision): its turns promote, and a read with the
-# workload's fingerprint is FINGERPRINT_MISMATCH (CONTRACT 5: reuse invalid, history not).
-REDEPLOYED = make_fingerprint(model_weights_revision="0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c")
-# Not an identity: a mutable branch name as the weights revision (INCOMPLETE_FINGERPRINT).
-MUTABLE_REVISION = make_fingerprint(model_weights_revision="main")
-
-
-@dataclass(frozen=True)
-class RawRecord:
-    """Bytes produced as they are (not a gateway event): must end in a dead letter."""
-
-    key: bytes
-    value: bytes | None
-    label: str
-
-
-# A ClaimedRun or a ClaimProbe is not produced: the producer makes it through the claims
-# API (the oracle ignores a probe: it writes nothing).
-Event = GatewayEvent | RawRecord | ClaimedRun | ClaimProbe
-
-
-@dataclass(frozen=True)
-class Step:
-    sends: tuple[int, ...]  # indices into Story.events, produced in this order
-    race: tuple[int, ...] = ()  # produced concurrently by another producer
-
-
-@dataclass
-class Story:
-    index: int
-    sid: str
-    kind: str  # conversation | chain | garbage
-    tenant: str
-    key: str  # partition key
-    path: str  # gateway | raw (how its events reach Kafka)
-    events: list[Event] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
-    labels: list[str] = field(default_factory=list)  # scenario label per step
-    # Turns whose expiry the producer stamps at send time (event index -> (what expires:
-    # ``receipt``, ``artifact`` or ``logical``, ms after the send)): ratchet/chaos/timed.py.
-    timed: dict[int, tuple[str, int]] = field(default_factory=dict)
-
-    def add(self, label: str, *events: Event, race: tuple[Event, ...] = ()) -> list[int]:
-        idx = []
-        for ev in (*events, *race):
-            self.events.append(ev)
-            idx.append(len(self.events) - 1)
-        self.steps.append(Step(tuple(idx[: len(events)]), tuple(idx[len(events):])))
-        self.labels.append(label)
-        return idx
-
-    def resend(self, label: str, index: int) -> None:
-        self.steps.append(Step((index,)))
-        self.labels.append(label)
-
-    @property
-    def turn_count(self) -> int:
-        return sum(1 for s in self.steps for i in (*s.sends, *s.race)
-                   if isinstance(self.events[i], TurnCompleted))
+from schemas.models import TurnCompleted
+from services.gateway.events import TurnIdentity, now_ms, turn_cancelled
 
 
 @dataclass
@@ -157,124 +82,6 @@ def build_story(seed: int, tag: str, index: int) -> Story:
     return story
 
 
-# ------------------------------------------------------------------------ builders
-
-
-class _Gateway:
-    """Builds the events of one story with the gateway library (ids from the story)."""
-
-    def __init__(self, story: Story, rng: random.Random) -> None:
-        self.story, self.rng = story, rng
-        self.n_resp = 0
-        self.n_key = 0
-
-    def rid(self) -> str:
-        self.n_resp += 1
-        return f"resp-{self.story.sid}-{self.n_resp - 1}"
-
-    def key(self) -> str:
-        self.n_key += 1
-        return f"idem-{self.story.sid}-{self.n_key}"
-
-    def text(self) -> str:
-        return " ".join(self.rng.choice(WORDS) for _ in range(self.rng.randint(2, 8)))
-
-    def identity(self, rid: str, head: int | None = None, parent: str | None = None):
-        s = self.story
-        if s.kind == "conversation":
-            return TurnIdentity.conversation(s.tenant, s.key, rid, head or 0)
-        # A chain's first response is its own root (CONTRACT 2): a retry of the root's
-        # request under another response id is its own partition, not the story's.
-        root = s.key if parent is not None else None
-        return TurnIdentity.chain(s.tenant, rid, previous_response_id=parent, chain_root_id=root)
-
-    def turn(self, identity: TurnIdentity, key: str, request_text: str, *, attempt: int = 1,
-             status: str = "completed", tools: list[tuple[dict, dict]] = (),
-             effect_ids: tuple[str, ...] = (), reasoning: bool = False,
-             extra_output: tuple[dict, ...] = (), inputs: tuple[dict, ...] = (),
-             final_message: bool = True, tail: tuple[dict, ...] = (),
-             fingerprint: Fingerprint = FINGERPRINT,
-             expires_at: int | None = None, with_artifact: bool = True,
-             receipt: bool = False, truncated: bool = False,
-             subturns: tuple[Subturn, ...] = ()) -> TurnCompleted:
-        """``inputs`` come before the user's message (a client tool's output);
-        ``final_message`` False ends the output with its last call (a client tool);
-        ``tail`` follows the assistant's message (items that break pairing there)."""
-        rid = identity.response_id
-        out: list[dict[str, Any]] = []
-        if reasoning:
-            out.append({"type": "reasoning", "id": f"rs-{rid}",
-                        "summary": [{"type": "summary_text", "text": "thinking"}]})
-        for call, result in tools:
-            out += [call, result]
-        out += list(extra_output)
-        if final_message:
-            out.append({"type": "message", "role": "assistant", "id": f"msg-{rid}",
-                        "content": [{"type": "output_text", "text": f"re: {request_text}"}]})
-        out += list(tail)
-        user = {"type": "message", "role": "user",
-                "content": [{"type": "input_text", "text": request_text}]}
-        certified = status == "completed"
-        artifact: TokenArtifact | None = None
-        proof: BoundaryProof | None = None
-        fp_hash = _fp_hash(fingerprint)
-        if certified and with_artifact:
-            artifact, proof = make_artifact_and_proof(fp_hash, now_ms=now_ms())
-            # Reusable for longer than any run (REUSE_TTL_MS): the oracle judges an
-            # expiry that passes while the run reads only for the timed turns, which
-            # stamp their own at the send (ratchet/chaos/timed.py).
-            reusable_until = now_ms() + REUSE_TTL_MS
-            artifact = artifact.model_copy(update={"artifact_id": f"art-{rid}-{attempt}",
-                                                   "expires_at": reusable_until})
-            proof = proof.model_copy(update={"expires_at": reusable_until})
-        router_receipt = RouterReceipt(
-            receipt_id=f"rcpt-{rid}-{attempt}", router_key_format=fingerprint.router_key_format,
-            covered_tokens=artifact.token_count, expires_at=artifact.expires_at,
-            issuer="chaos-router") if receipt and artifact is not None else None
-        return turn_completed(
-            identity, idempotency_key=key,
-            # The logical request: the same for every retry of it (not the head, not the id).
-            request={"model": FINGERPRINT.model_name, "input": request_text,
-                     "scope": self.story.key},
-            input_items=[*inputs, user], output_items=out, fingerprint=fingerprint,
-            attempt=attempt, status=status,
-            incomplete_reason="max_output_tokens" if status == "incomplete" else None,
-            token_artifact=artifact, boundary_proof=proof, tool_effect_ids=effect_ids,
-            gateway_id="chaos", expires_at=expires_at, router_receipt=router_receipt,
-            truncation="auto" if truncated else "disabled", truncated=truncated,
-            subturns=subturns,
-        )
-
-    def tool_call(self, rid: str, n: int) -> tuple[dict, dict]:
-        city = self.rng.choice(WORDS)
-        call = {"type": "function_call", "id": f"fc-{rid}-{n}", "call_id": f"call-{rid}-{n}",
-                "name": "get_weather", "arguments": json.dumps({"city": city})}
-        result = {"type": "function_call_output", "id": f"fco-{rid}-{n}",
-                  "call_id": call["call_id"], "output": f"{self.rng.randint(-5, 35)} C in {city}"}
-        return call, result
-
-    def effect(self, identity: TurnIdentity, key: str, subturn: int, call: dict, result: dict,
-               attempt: int = 1):
-        return tool_effect(identity, idempotency_key=key, subturn_index=subturn, call=call,
-                           output=result, attempt=attempt)
-
-
-_FP_HASH: dict[Fingerprint, str] = {}
-
-
-def _fp_hash(fingerprint: Fingerprint = FINGERPRINT) -> str:
-    """The harness's own recipe (ratchet/chaos/recipes.py), not the product's: a
-    product hash that drifted from the docs then disagrees with every turn's."""
-    if fingerprint not in _FP_HASH:
-        _FP_HASH[fingerprint] = recipes.fingerprint_hash(fingerprint)
-    return _FP_HASH[fingerprint]
-
-
-def workload_fp_hash() -> str:
-    """The fingerprint hash the checker asks histories with (the workload's model)."""
-    return _fp_hash(FINGERPRINT)
-
-
 def corrupt(turn: TurnCompleted) -> TurnCompleted:
     """One output item's bytes changed after its digest was computed."""
     item = turn.output_items[0]
@@ -282,7 +89,7 @@ def corrupt(turn: TurnCompleted) -> TurnCompleted:
     return turn.model_copy(update={"output_items": (bad, *turn.output_items[1:])})
 
 
-def _broken(gw: _Gateway, how: str, ident: TurnIdentity, key: str, text: str) -> TurnCompleted:
+def _broken(gw: StoryGateway, how: str, ident: TurnIdentity, key: str, text: str) -> TurnCompleted:
     """A turn that breaks one rule of its own: a fingerprint that is not an identity, an
     item format this version does not know, or a boundary proof that proves nothing."""
     if how == "bad_fingerprint":
@@ -293,7 +100,7 @@ def _broken(gw: _Gateway, how: str, ident: TurnIdentity, key: str, text: str) ->
         return turn.model_copy(update={"output_items": (*turn.output_items[:-1], item)})
     proof, artifact = turn.boundary_proof, turn.token_artifact
     which = gw.rng.choice(BAD_PROOFS)
-    other = _fp_hash(REDEPLOYED)
+    other = fp_hash(REDEPLOYED)
     if which == "other_fingerprint":
         return turn.model_copy(update={"boundary_proof": proof.model_copy(
             update={"fingerprint_hash": other})})
@@ -304,7 +111,7 @@ def _broken(gw: _Gateway, how: str, ident: TurnIdentity, key: str, text: str) ->
         update={"fingerprint_hash": other})})
 
 
-def _unpaired(gw: _Gateway, how: str, ident: TurnIdentity, key: str, text: str,
+def _unpaired(gw: StoryGateway, how: str, ident: TurnIdentity, key: str, text: str,
               calls: list[str]) -> TurnCompleted:
     """A turn whose items break pairing with the history they extend (CONTRACT 4)."""
     rid = ident.response_id
@@ -351,7 +158,7 @@ CONVERSATION_STEPS = {
     # A slow attempt's lease taken over by the next (at_least_once); a vanished attempt's
     # lease expired under at_most_once, the next attempt answering without the tool.
     "claim_takeover": 2, "claim_expired": 2,
-    # Coverage of the contract beyond function calls (ratchet/chaos/workload.py, end):
+    # Coverage of the contract beyond function calls (ratchet/chaos/coverage.py):
     # item types of the catalogue with their pairing rules, a completed turn without a
     # token artifact (NO_ARTIFACT), a truncated one (NOT_CERTIFIED), router receipts,
     # gateway-tool rounds (subturns, ephemeral artifacts), and expiries a few seconds
@@ -377,7 +184,7 @@ BAD_PROOFS = ("other_fingerprint", "counts", "artifact_other_fingerprint")
 
 def _conversation(story: Story, rng: random.Random,
                   claims: random.Random | None = None) -> None:
-    gw = _Gateway(story, rng)
+    gw = StoryGateway(story, rng)
     head = 0
     promoted: list[tuple[str, str, str, int]] = []  # (rid, key, request text, event index)
     plain: list[tuple[str, str, str, int]] = []  # the promoted turns without tools
@@ -514,7 +321,7 @@ def _conversation(story: Story, rng: random.Random,
             promoted.append((rid, key, text, last))
             head += 1  # in the order that sends it first; the oracle has both orders
         elif scenario in COVERAGE_SCENARIOS:
-            for last, ok, said in _coverage(story, gw, scenario, ident, key, text, head):
+            for last, ok, said in coverage_turns(story, gw, scenario, ident, key, text, head):
                 if ok:
                     promoted.append((story.events[last].response_id,
                                      story.events[last].idempotency_key, said, last))
@@ -525,7 +332,7 @@ def _conversation(story: Story, rng: random.Random,
             head += 1
 
 
-def _tool_turn(story: Story, gw: _Gateway, scenario: str, ident: TurnIdentity, key: str,
+def _tool_turn(story: Story, gw: StoryGateway, scenario: str, ident: TurnIdentity, key: str,
                text: str, rng: random.Random) -> tuple[int, bool]:
     """A gateway tool loop. Returns (index of the turn, whether it should promote)."""
     rid = ident.response_id
@@ -603,7 +410,7 @@ def _tool_turn(story: Story, gw: _Gateway, scenario: str, ident: TurnIdentity, k
 
 
 def _chain(story: Story, rng: random.Random, claims: random.Random | None = None) -> None:
-    gw = _Gateway(story, rng)
+    gw = StoryGateway(story, rng)
     root = gw.rid()
     assert root == story.key
     key, text = gw.key(), gw.text()
@@ -681,7 +488,7 @@ def _chain(story: Story, rng: random.Random, claims: random.Random | None = None
         elif scenario == "redeployed":
             last = story.add(scenario, gw.turn(ident, key, text, fingerprint=REDEPLOYED))[0]
         elif scenario in COVERAGE_SCENARIOS:
-            (last, ok, _), = _coverage(story, gw, scenario, ident, key, text, None)
+            (last, ok, _), = coverage_turns(story, gw, scenario, ident, key, text, None)
             if not ok:
                 dead.append(rid)
                 continue
@@ -723,7 +530,7 @@ ROOT_PROBE_RATE = 0.25
 
 
 def _claim_call(rid: str, rng: random.Random, n: int = 0) -> tuple[dict, dict]:
-    """``_Gateway.tool_call`` drawn from ``rng`` (the claims' stream)."""
+    """``StoryGateway.tool_call`` drawn from ``rng`` (the claims' stream)."""
     city = rng.choice(WORDS)
     call = {"type": "function_call", "id": f"fc-{rid}-{n}", "call_id": f"call-{rid}-{n}",
             "name": "get_weather", "arguments": json.dumps({"city": city})}
@@ -732,7 +539,7 @@ def _claim_call(rid: str, rng: random.Random, n: int = 0) -> tuple[dict, dict]:
     return call, result
 
 
-def _claim_role(story: Story, gw: _Gateway, rng: random.Random, role: str,
+def _claim_role(story: Story, gw: StoryGateway, rng: random.Random, role: str,
                 ident: TurnIdentity) -> int:
     """One claims role on a new request at ``ident`` (a Conversation's head, or a child
     of a chain's promoted response). Returns 1 if its turn is promoted, else 0.
@@ -785,7 +592,7 @@ def _claim_role(story: Story, gw: _Gateway, rng: random.Random, role: str,
     return 0
 
 
-def _root_probe(story: Story, gw: _Gateway, rng: random.Random,
+def _root_probe(story: Story, gw: StoryGateway, rng: random.Random,
                 first: TurnCompleted) -> None:
     """A retry of the chain's first request under another response id (its own
     partition, ``response_id`` = ``partition_key``) claims once the first response is
@@ -812,188 +619,3 @@ def _garbage(story: Story, rng: random.Random) -> None:
             "null_value": None,
         }[label]
         story.add(label, RawRecord(key, value, label))
-
-
-# ------------------------------------------------------------------- coverage turns
-#
-# Turns the contract defines an outcome for beyond the function-call tool loop: each
-# builder returns [(event index of a TurnCompleted, whether it promotes)] and the oracle
-# (ratchet/chaos/oracle.py) predicts the outcome and every read from the event alone.
-
-COVERAGE_SCENARIOS = frozenset({"catalogue", "catalogue_client", "catalogue_unpaired",
-                                "no_artifact", "truncated", "receipt", "subturns",
-                                "expiring", "large"})
-# Item groups of the catalogue (contracts.md section 7, docs/gateway-protocol.md section
-# 5): self-contained items, and calls with the output of their own type.
-SELF_CONTAINED = ("web_search", "file_search", "code_interpreter", "image_generation",
-                  "mcp_list_tools", "mcp_call", "compaction")
-CALL_KINDS = ("custom_tool", "computer", "local_shell", "shell", "apply_patch")
-CLIENT_KINDS = (*CALL_KINDS, "mcp_approval")
-UNPAIRED_CATALOGUE = ("wrong_output_type", "approval_unknown", "open_call_then_message",
-                      "call_id_across_types", "approval_twice")
-# How long after its send a timed turn's receipt, artifact or logical expiry passes.
-TIMED_MS = 3000
-TIMED_KINDS = ("receipt", "artifact", "logical")
-# One story in LARGE_EVERY (at index LARGE_AT) sends a turn of about LARGE_BYTES of items
-# (the contract promises 8 MiB; this is enough to catch a lowered bound, cheaply).
-LARGE_EVERY, LARGE_AT, LARGE_BYTES = 40, 7, 1 << 20
-
-
-def catalogue_call(rid: str, kind: str, n: int, rng: random.Random) -> dict:
-    """The call (or approval request) of a ``CLIENT_KINDS`` group."""
-    p, word = f"{rid}-{kind}-{n}", rng.choice(WORDS)
-    cid = f"call-{p}"
-    return {
-        "custom_tool": {"type": "custom_tool_call", "id": f"ct-{p}", "call_id": cid,
-                        "name": "grep", "input": word},
-        "computer": {"type": "computer_call", "id": f"cc-{p}", "call_id": cid,
-                     "action": {"type": "click", "x": 3, "y": 4, "button": "left"},
-                     "pending_safety_checks": [], "status": "completed"},
-        "local_shell": {"type": "local_shell_call", "id": f"ls-{p}", "call_id": cid,
-                        "action": {"type": "exec", "command": ["ls", word], "env": {}},
-                        "status": "completed"},
-        "shell": {"type": "shell_call", "id": f"sh-{p}", "call_id": cid,
-                  "action": {"commands": [f"grep {word}"]}, "status": "completed"},
-        "apply_patch": {"type": "apply_patch_call", "id": f"ap-{p}", "call_id": cid,
-                        "operation": {"type": "update_file", "path": f"{word}.txt",
-                                      "diff": f"-{word}\n+{word}!"},
-                        "status": "completed"},
-        "mcp_approval": {"type": "mcp_approval_request", "id": f"ar-{p}",
-                         "server_label": "docs", "name": "delete",
-                         "arguments": json.dumps({"what": word})},
-    }[kind]
-
-
-def catalogue_answer(call: dict, rid: str, rng: random.Random) -> dict:
-    """The item answering ``call`` (its type's output, or the approval response)."""
-    if call["type"] == "mcp_approval_request":
-        return {"type": "mcp_approval_response", "id": f"resp-of-{call['id']}-{rid}",
-                "approval_request_id": call["id"], "approve": rng.random() < 0.5}
-    out = {"type": call["type"] + "_output", "id": f"out-{call['id']}-{rid}",
-           "call_id": call["call_id"]}
-    if call["type"] == "computer_call":
-        out["output"] = {"type": "computer_screenshot", "image_url": "data:image/png;base64,AA=="}
-    elif call["type"] == "shell_call":
-        out["output"] = [{"stdout": "ok", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}]
-    else:
-        out["output"] = f"done: {rng.choice(WORDS)}"
-    return out
-
-
-def catalogue_items(rid: str, kind: str, n: int, rng: random.Random) -> list[dict]:
-    """One group of items of ``kind`` (a self-contained item, or a call and its answer)."""
-    if kind in CLIENT_KINDS:
-        call = catalogue_call(rid, kind, n, rng)
-        return [call, catalogue_answer(call, rid, rng)]
-    p, word = f"{rid}-{kind}-{n}", rng.choice(WORDS)
-    return [{
-        "web_search": {"type": "web_search_call", "id": f"ws-{p}", "status": "completed",
-                       "action": {"type": "search", "query": word}},
-        "file_search": {"type": "file_search_call", "id": f"fs-{p}", "status": "completed",
-                        "queries": [word], "results": None},
-        "code_interpreter": {"type": "code_interpreter_call", "id": f"ci-{p}",
-                             "status": "completed", "code": f"print({word!r})",
-                             "container_id": "cntr-chaos", "outputs": [{"type": "logs",
-                                                                        "logs": word}]},
-        "image_generation": {"type": "image_generation_call", "id": f"ig-{p}",
-                             "status": "completed", "result": "aGVsbG8="},
-        "mcp_list_tools": {"type": "mcp_list_tools", "id": f"ml-{p}", "server_label": "docs",
-                           "tools": [{"name": "search", "input_schema": {"type": "object"}}]},
-        "mcp_call": {"type": "mcp_call", "id": f"mc-{p}", "server_label": "docs",
-                     "name": "search", "arguments": json.dumps({"q": word}), "output": word},
-        "compaction": {"type": "compaction", "id": f"cp-{p}",
-                       "encrypted_content": f"gAAAA-chaos-{word}"},
-    }[kind]]
-
-
-def _unpaired_catalogue(rid: str, how: str, rng: random.Random) -> list[dict]:
-    """Output items that break one pairing rule of the catalogue (UNPAIRED_TOOL_CALL)."""
-    if how == "wrong_output_type":  # a custom tool's output answering a function call
-        call = {"type": "function_call", "id": f"fc-{rid}-w", "call_id": f"call-{rid}-w",
-                "name": "get_weather", "arguments": "{}"}
-        return [call, {"type": "custom_tool_call_output", "id": f"cto-{rid}-w",
-                       "call_id": call["call_id"], "output": "sunny"}]
-    if how == "approval_unknown":  # a response to a request nobody made
-        return [{"type": "mcp_approval_response", "id": f"arr-{rid}-u",
-                 "approval_request_id": f"ar-never-{rid}", "approve": True}]
-    if how == "open_call_then_message":  # an open call, then the assistant's message
-        return [catalogue_call(rid, rng.choice(CLIENT_KINDS), 0, rng)]
-    if how == "approval_twice":  # one request answered twice
-        call = catalogue_call(rid, "mcp_approval", 0, rng)
-        answer = catalogue_answer(call, rid, rng)
-        return [call, answer, {**answer, "id": answer["id"] + "-again"}]
-    # One call id used by two call types.
-    first = catalogue_items(rid, "custom_tool", 0, rng)
-    second = catalogue_items(rid, "local_shell", 1, rng)
-    cid = first[0]["call_id"]
-    return first + [{**second[0], "call_id": cid}, {**second[1], "call_id": cid}]
-
-
-def _large_output(rid: str, rng: random.Random) -> tuple[dict, ...]:
-    """About ``LARGE_BYTES`` of assistant messages (16 items)."""
-    size = LARGE_BYTES // 16
-    out = []
-    for n in range(16):
-        words, total = [], 0
-        while total < size:
-            w = rng.choice(WORDS)
-            words.append(w)
-            total += len(w) + 1
-        out.append({"type": "message", "role": "assistant", "id": f"big-{rid}-{n}",
-                    "content": [{"type": "output_text", "text": " ".join(words)}]})
-    return tuple(out)
-
-
-def _coverage(story: Story, gw: _Gateway, scenario: str, ident: TurnIdentity, key: str,
-              text: str, head: int | None) -> list[tuple[int, bool, str]]:
-    """Build one coverage scenario; ``head`` is the Conversation's (None in a chain).
-    Returns (event index, whether it promotes, its request text) per turn."""
-    rng, rid = gw.rng, ident.response_id
-    if scenario == "catalogue":
-        kinds = rng.sample((*SELF_CONTAINED, *CLIENT_KINDS), rng.randint(2, 4))
-        items = [i for n, k in enumerate(kinds) for i in catalogue_items(rid, k, n, rng)]
-        turn = gw.turn(ident, key, text, extra_output=tuple(items),
-                       reasoning=rng.random() < 0.3)
-        return [(story.add(scenario, turn)[0], True, text)]
-    if scenario == "catalogue_client":
-        # The model calls a tool the client runs (or asks an approval): the turn ends
-        # with the open call, the next turn starts with its answer.
-        kind = rng.choice(CLIENT_KINDS)
-        call = catalogue_call(rid, kind, 0, rng)
-        asked = story.add(scenario, gw.turn(ident, key, text, extra_output=(call,),
-                                            final_message=False))[0]
-        rid2, key2, text2 = gw.rid(), gw.key(), gw.text()
-        answer = catalogue_answer(call, rid2, rng)
-        nxt = gw.turn(gw.identity(rid2, head + 1), key2, text2, inputs=(answer,))
-        return [(asked, True, text), (story.add(f"{scenario}_answer", nxt)[0], True, text2)]
-    if scenario == "catalogue_unpaired":
-        how = rng.choice(UNPAIRED_CATALOGUE)
-        turn = gw.turn(ident, key, text, extra_output=tuple(_unpaired_catalogue(rid, how, rng)))
-        return [(story.add(f"unpaired_{how}", turn)[0], False, text)]
-    if scenario == "no_artifact":
-        # Completed and certified, with no token artifact to reuse: reads fall back
-        # NO_ARTIFACT with the whole history.
-        return [(story.add(scenario, gw.turn(ident, key, text, with_artifact=False))[0], True, text)]
-    if scenario == "truncated":
-        # truncation=auto and the history was truncated: promoted logical_only.
-        return [(story.add(scenario, gw.turn(ident, key, text, truncated=True))[0], True, text)]
-    if scenario == "receipt":
-        return [(story.add(scenario, gw.turn(ident, key, text, receipt=True))[0], True, text)]
-    if scenario == "subturns":
-        # Two gateway-tool rounds, each with its ephemeral artifact (never promoted) and
-        # its effect, listed by its subturn only (the union of the lists is what counts).
-        tools = [gw.tool_call(rid, n) for n in range(2)]
-        effects = [gw.effect(ident, key, n, c, r) for n, (c, r) in enumerate(tools)]
-        rounds = tuple(Subturn(index=n, ephemeral_artifact_ref=f"eph-{rid}-{n}",
-                               effect_ids=(e.effect_id,)) for n, e in enumerate(effects))
-        turn = gw.turn(ident, key, text, tools=tools, subturns=rounds)
-        return [(story.add(scenario, *effects, turn)[-1], True, text)]
-    if scenario == "expiring":
-        what = rng.choice(TIMED_KINDS)
-        turn = gw.turn(ident, key, text, receipt=what == "receipt")
-        index = story.add(f"expiring_{what}", turn)[0]
-        story.timed[index] = (what, TIMED_MS)
-        return [(index, True, text)]
-    assert scenario == "large"
-    turn = gw.turn(ident, key, text, extra_output=_large_output(rid, rng))
-    return [(story.add(scenario, turn)[0], True, text)]

@@ -35,7 +35,8 @@ from ratchet.chaos.claims import (
     ClaimRunner,
     Finding,
 )
-from ratchet.chaos.workload import Story, _claim_role, _Gateway, _root_probe, _tool_turn
+from ratchet.chaos.story import Story, StoryGateway
+from ratchet.chaos.workload import _claim_role, _root_probe, _tool_turn
 from services.api.app import create_app
 from services.api.claims import claims_router
 from services.api.fastpath import HistoryFastPath
@@ -90,7 +91,7 @@ def _story(role: str, kind: str = "conversation", seed: int = 0) -> Story:
     key = "conv-claims-pinned" if kind == "conversation" else "resp-claims-pinned-0"
     story = Story(0, "claims-pinned", kind, "ten-claims", key, "gateway")
     rng = random.Random(seed)
-    gw = _Gateway(story, rng)
+    gw = StoryGateway(story, rng)
     rid = gw.rid()
     first_ident = (TurnIdentity.conversation(story.tenant, key, rid, 0) if kind == "conversation"
                    else TurnIdentity.chain(story.tenant, rid))
@@ -239,7 +240,7 @@ def test_the_takeover_roles_compare_a_replayed_output_too():
     compared with the completion the taker recorded."""
     story = Story(0, "claims-pinned", "conversation", "ten-claims", "conv-claims-pinned",
                   "gateway")
-    gw = _Gateway(story, random.Random(0))
+    gw = StoryGateway(story, random.Random(0))
     ident = gw.identity(gw.rid(), 0)
     _tool_turn(story, gw, "claim_takeover", ident, gw.key(), "hi", random.Random(0))
     assert _World().play(story) == []

@@ -1,4 +1,4 @@
-"""The chaos workload's coverage turns (ratchet/chaos/workload.py, "coverage turns") are
+"""The chaos workload's coverage turns (ratchet/chaos/coverage.py) are
 produced for a typical seed, and the oracle expects the documented outcome of each:
 catalogue item types with their pairing rules, NO_ARTIFACT, truncated turns, router
 receipts, subturns, a large turn, and expiries that pass during the run
@@ -14,17 +14,11 @@ import pytest
 
 from ratchet.chaos import timed
 from ratchet.chaos.checker import History, Observations, Promoted, Wait
+from ratchet.chaos.coverage import LARGE_BYTES, UNPAIRED_CATALOGUE, _unpaired_catalogue
 from ratchet.chaos.oracle import KNOWN_TYPES, _unpaired, expect
-from ratchet.chaos.workload import (
-    LARGE_BYTES,
-    UNPAIRED_CATALOGUE,
-    Story,
-    TurnCompleted,
-    _Gateway,
-    _unpaired_catalogue,
-    generate,
-    workload_fp_hash,
-)
+from ratchet.chaos.story import Story, StoryGateway, workload_fp_hash
+from ratchet.chaos.workload import generate
+from schemas.models import TurnCompleted
 
 # Every item type of the catalogue (contracts.md section 7).
 CATALOGUE = {
@@ -97,7 +91,7 @@ def test_catalogue_pairing_breaches_are_sent_and_unpaired(work):
 @pytest.mark.parametrize("how", UNPAIRED_CATALOGUE)
 def test_each_catalogue_pairing_breach_is_unpaired(how):
     story = Story(0, "cov-pin", "conversation", "ten-pin", "conv-cov-pin", "gateway")
-    gw = _Gateway(story, random.Random(1))
+    gw = StoryGateway(story, random.Random(1))
     first = story.add("normal", gw.turn(gw.identity(gw.rid(), 0), gw.key(), "hello"))[0]
     rid = gw.rid()
     bad = gw.turn(gw.identity(rid, 1), gw.key(), "again",

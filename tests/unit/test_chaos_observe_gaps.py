@@ -31,7 +31,8 @@ from ratchet.chaos.checker import (
     check,
 )
 from ratchet.chaos.oracle import expect
-from ratchet.chaos.workload import REUSE_TTL_MS, generate, workload_fp_hash
+from ratchet.chaos.story import REUSE_TTL_MS, workload_fp_hash
+from ratchet.chaos.workload import generate
 from tests.unit.test_chaos_checker import faithful, kinds
 
 

@@ -40,8 +40,9 @@ from ratchet.chaos.checker import (
 from ratchet.chaos.claims import ClaimedRun, ClaimProbe, ClaimRunner
 from ratchet.chaos.observe import history_of
 from ratchet.chaos.oracle import expect
+from ratchet.chaos.story import Story, StoryGateway, workload_fp_hash
 from ratchet.chaos.timed import stamp
-from ratchet.chaos.workload import Story, _Gateway, generate, workload_fp_hash
+from ratchet.chaos.workload import generate
 from schemas.models import CheckpointPromoted, EffectOrphaned, PromotionRejected, TurnCompleted
 from services.api.app import create_app
 from services.api.claims import claims_router
@@ -280,7 +281,7 @@ def _story_of(*turns, kind: str = "conversation") -> tuple[Story, list[tuple]]:
     order); the processor's outcome of each, and the oracle's acceptable ones."""
     key = "conv-agree-pinned" if kind == "conversation" else "resp-agree-pinned-0"
     story = Story(0, "agree-pinned", kind, "ten-pinned", key, "gateway")
-    gw = _Gateway(story, random.Random(0))
+    gw = StoryGateway(story, random.Random(0))
     for make in turns:
         story.add("pinned", make(gw, story))
     (world,) = expect(story).worlds

@@ -94,10 +94,10 @@ def test_the_oracle_expects_corrupt_when_the_library_hash_drifts() -> None:
     import random
 
     from ratchet.chaos.oracle import expect
-    from ratchet.chaos.workload import Story, _Gateway
+    from ratchet.chaos.story import Story, StoryGateway
 
     story = Story(0, "rec", "conversation", "ten-rec", "conv-rec", "gateway")
-    gw = _Gateway(story, random.Random(0))
+    gw = StoryGateway(story, random.Random(0))
     turn = gw.turn(gw.identity(gw.rid(), 0), gw.key(), "hi")
     fields = {n: getattr(turn.fingerprint, n) for n in recipes.FINGERPRINT_FIELDS
               if n != "model_weights_revision"}
