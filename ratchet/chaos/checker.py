@@ -29,9 +29,24 @@ keep offsets), and the rules the workload never exercises (docs/chaos.md).
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
 
-from ratchet.chaos.oracle import Expectation, Promo, Sig, World
+from ratchet.chaos.answers import (
+    answer_problem,
+    classify,
+    final_heads,
+    head_range,
+    history_text,
+    sigs_text,
+    status_problem,
+)
+from ratchet.chaos.damage_checks import check_cross_tenant, check_damage
+from ratchet.chaos.observations import (
+    Lost,
+    Observations,
+    Promoted,
+    Violation,
+)
+from ratchet.chaos.oracle import Expectation, Sig, World
 from schemas.models import TurnCompleted
 
 VIOLATION_CLASSES = (
@@ -72,9 +87,7 @@ FINAL_ORPHAN_REASONS = frozenset({"ATTEMPT_SUPERSEDED", "TURN_CANCELLED", "EFFEC
 # The fingerprint hash some histories are asked with besides the workload's: a model
 # nobody deployed.
 OTHER_FINGERPRINT = "f" * 64
-# A History field the observer did not record (a History built by hand, in tests):
-# ``history_of`` records every one of them from every answer.
-UNSEEN = "unseen"
+
 # A request that got no answer is excused when it overlaps a fault window stretched by
 # this much after the fault ended (the API reconnecting to a restarted Cassandra).
 FAULT_GRACE_MS = 30_000
@@ -82,149 +95,6 @@ FAULT_GRACE_MS = 30_000
 # this share answered with a history fails the run (``waits_unanswered``).
 WAITS_MIN_ASKED = 20
 WAITS_MIN_ANSWERED = 0.25
-
-
-@dataclass(frozen=True)
-class Promoted:
-    tenant: str
-    response_id: str
-    conversation_id: str | None
-    previous_response_id: str | None
-    seq: int
-    certification: str
-    key: str
-    digest: str
-    item_count: int
-    at_ms: int  # when the record was appended to its topic
-
-    @property
-    def sig(self) -> Sig:
-        return ("P", self.seq, self.certification, self.key, self.digest, self.item_count)
-
-
-@dataclass(frozen=True)
-class Rejected:
-    tenant: str
-    response_id: str
-    reason: str | None
-    existing_response_id: str | None
-    at_ms: int
-
-    @property
-    def sig(self) -> Sig:
-        existing = self.existing_response_id if self.reason == "DUPLICATE" else None
-        return ("R", self.reason, existing)
-
-
-@dataclass(frozen=True)
-class History:
-    """One HTTP history answer: outcome, reason, the items in order as (item_id, type,
-    sha256 recomputed from the returned content), the response it names and its
-    ``head_seq``, and ``faults``: what the answer contradicts in itself (an item's
-    digest field that is not its content's, a checkpoint of another seq or
-    fingerprint, a certified answer without an artifact)."""
-
-    outcome: str
-    reason: str | None
-    items: tuple[tuple[str, str, str], ...]
-    response_id: str | None = None
-    head_seq: int | None = None
-    faults: tuple[str, ...] = ()
-    # The Conversation's head beside ``head_seq`` (null in chain mode), and of a
-    # certified answer what its checkpoint carries (``oracle.certificate_of``); UNSEEN
-    # when not recorded (``history_of`` records both from every answer).
-    conversation_head_seq: int | None | str = UNSEEN
-    certificate: tuple | None | str = UNSEEN
-
-
-@dataclass(frozen=True)
-class Lost:
-    """A request to the API that got no answer (a connection refused or reset, a 5xx,
-    an answer the client could not trust) after its retries: which endpoint (``what``:
-    history, conversation, foreign, other_fingerprint, wait), for whom, when (epoch ms:
-    asked, given up) and the last error."""
-
-    what: str
-    tenant: str
-    ident: str
-    asked_ms: int
-    ended_ms: int
-    error: str
-
-
-@dataclass(frozen=True)
-class Wait:
-    """One ``wait_ms`` answer, failures included, and when (epoch ms) it was asked."""
-
-    tenant: str
-    response_id: str
-    history: History
-    asked_ms: int
-
-
-@dataclass
-class Observations:
-    promoted: list[Promoted] = field(default_factory=list)
-    rejected: list[Rejected] = field(default_factory=list)
-    orphaned: set[tuple[str, str]] = field(default_factory=set)  # (tenant, effect id)
-    # Orphans published with a reason in FINAL_ORPHAN_REASONS, but EFFECT_CONFLICT.
-    final_orphans: set[tuple[str, str]] = field(default_factory=set)
-    # EFFECT_CONFLICT orphans (tenant, effect id, output digest): each names one
-    # execution of the effect id by its output, which may be another than the one a
-    # promoted turn used (the tool ran again after the promotion).
-    conflict_orphans: set[tuple[str, str, str]] = field(default_factory=set)
-    # Orphans published with ``effect_completed`` true (an outcome was recorded).
-    completed_orphans: set[tuple[str, str]] = field(default_factory=set)
-    # Claims answered otherwise than the claims API's rules, as the producer saw them
-    # (tenant, effect id, what was answered): ``ratchet/chaos/claims.py``.
-    claim_answers_wrong: list[tuple[str, str, str]] = field(default_factory=list)
-    dead_letters: set[tuple[bytes | None, bytes | None]] = field(default_factory=set)
-    histories: dict[tuple[str, str], History] = field(default_factory=dict)  # (tenant, rid)
-    conversations: dict[tuple[str, str], History] = field(default_factory=dict)
-    waits: list[Wait] = field(default_factory=list)
-    # Histories asked with a tenant that never sent the response: (tenant asked, rid).
-    foreign: dict[tuple[str, str], History] = field(default_factory=dict)
-    # Histories asked with another fingerprint than the workload's (OTHER_FINGERPRINT):
-    # a fingerprint change invalidates reuse, never the history (CONTRACT 5).
-    other_fingerprint: dict[tuple[str, str], History] = field(default_factory=dict)
-    # Requests that got no answer (``Lost``), and when faults were injected (epoch ms,
-    # start and end of each, from the runner): a lost answer outside every window is
-    # ``answer_missing``.
-    lost: list[Lost] = field(default_factory=list)
-    fault_windows: list[tuple[int, int]] = field(default_factory=list)
-    # What ``fetch_histories`` asked, per endpoint (the keys of ``histories``,
-    # ``conversations``, ``foreign``, ``other_fingerprint``): each needs an answer or a
-    # ``Lost``.
-    asked: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
-    # Every EffectOrphaned record: (tenant, effect id) -> [(reason, effect_completed,
-    # output_digest), ...] in the order read.
-    orphan_records: dict[tuple[str, str], list[tuple[str, bool | None, str | None]]] = field(
-        default_factory=dict)
-    # ``/status`` of every response sent, asked by its sender after the run:
-    # (tenant, rid) -> (state, reason, seq).
-    statuses: dict[tuple[str, str], tuple[str, str | None, int | None]] = field(
-        default_factory=dict)
-    # The damage phase (ratchet/chaos/damage.py): what was damaged (``Damage``) and every
-    # answer after it (``DamageRead``).
-    damages: list = field(default_factory=list)
-    damage_reads: list = field(default_factory=list)
-    # Turns sent on top of the damaged histories (``damage.Continuation``).
-    continuations: list = field(default_factory=list)
-    # Reads as another tenant of the workload (ratchet/chaos/crosstenant.py,
-    # ``CrossRead``), and per (endpoint, tenant) the answer to an id nobody used:
-    # (HTTP status, normalized body).
-    cross_reads: list = field(default_factory=list)
-    cross_baseline: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Violation:
-    kind: str
-    story: str
-    detail: str
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def check(expectations: list[Expectation], obs: Observations) -> list[Violation]:
@@ -286,7 +156,7 @@ def _against_workload(expectations: list[Expectation], obs: Observations) -> lis
     for (tenant, rid), h in sorted(obs.foreign.items()):
         if (h.outcome, h.reason) != ("failure", "NOT_FOUND"):
             out.append(Violation("tenant_leak", "-", f"{rid} asked as tenant {tenant}: "
-                                 f"{_hist(h)}, expected failure/NOT_FOUND"))
+                                 f"{history_text(h)}, expected failure/NOT_FOUND"))
     return out
 
 
@@ -406,18 +276,18 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
     for (sender, rid), accs in per_rid.items():
         seen = by_rid.get((sender, rid), set())
         if not seen:
-            out.append(Violation("never_decided", sid, f"{rid}: expected {_fmt(accs[0])}"))
+            out.append(Violation("never_decided", sid, f"{rid}: expected {sigs_text(accs[0])}"))
             continue
         wanted = set().union(*accs)
         for acc in accs:
             if not acc & seen:
-                out.append(Violation(_classify(acc, seen), sid,
-                                     f"{rid}: expected {_fmt(acc)}, observed {_fmt(seen)}"))
+                out.append(Violation(classify(acc, seen), sid,
+                                     f"{rid}: expected {sigs_text(acc)}, observed {sigs_text(seen)}"))
         for sig in seen - wanted:
             if not any(v.detail.startswith(f"{rid}:") for v in out):
                 kind = "promotion_should_not_exist" if sig[0] == "P" else "wrong_reason"
-                out.append(Violation(kind, sid, f"{rid}: unexpected {_fmt({sig})}, "
-                                                f"expected {_fmt(wanted)}"))
+                out.append(Violation(kind, sid, f"{rid}: unexpected {sigs_text({sig})}, "
+                                                f"expected {sigs_text(wanted)}"))
     for p in obs.promoted:
         promo = w.promoted.get(p.response_id) if p.tenant == tenant else None
         if promo is not None and (p.conversation_id, p.previous_response_id) != (
@@ -440,27 +310,27 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
                 (tenant, eid, used_output) in obs.conflict_orphans):
             out.append(Violation("orphan_of_used_effect", sid, f"{eid}: used by a promoted "
                                  f"turn, published orphaned with a reason to compensate"))
-    heads = _final_heads(story, w)
+    heads = final_heads(story, w)
     for sender, rid in per_rid:
         promo = w.promoted.get(rid) if sender == tenant else None
-        head = _head_range(promo, heads)
-        problem = _answer_problem(promo, rid, obs.histories.get((sender, rid)), heads=head)
+        head = head_range(promo, heads)
+        problem = answer_problem(promo, rid, obs.histories.get((sender, rid)), heads=head)
         if problem:
             out.append(Violation("history_mismatch", sid, f"{rid}: {problem}"))
         other = obs.other_fingerprint.get((sender, rid))  # asked, unanswered: _unanswered
-        problem = other and _answer_problem(promo, rid, other, OTHER_FINGERPRINT, heads=head)
+        problem = other and answer_problem(promo, rid, other, OTHER_FINGERPRINT, heads=head)
         if problem:
             out.append(Violation("history_mismatch", sid, f"{rid} asked with another "
                                                           f"fingerprint: {problem}"))
     for (sender, rid), accs in per_rid.items():
-        problem = _status_problem(w.promoted.get(rid) if sender == tenant else None,
+        problem = status_problem(w.promoted.get(rid) if sender == tenant else None,
                                   set().union(*accs), obs.statuses.get((sender, rid)))
         if problem:
             out.append(Violation("status_mismatch", sid, f"{rid}: {problem}"))
     if story.kind == "conversation" and w.head:
         head = next(p for p in w.promoted.values()
                     if p.conversation_id == story.key and p.seq == w.head)
-        problem = _answer_problem(head, head.response_id,
+        problem = answer_problem(head, head.response_id,
                                   obs.conversations.get((tenant, story.key)),
                                   heads=(w.head, w.head))
         if problem:
@@ -479,13 +349,13 @@ def _story_violations(exp: Expectation, w: World, by_rid, first_at,
             published = first_at.get((wait.tenant, rid))
             if published is not None and wait.asked_ms > published:
                 out.append(Violation("stale_wait", sid, f"wait_ms answer for {rid}: "
-                                     f"{_hist(got)}, asked {wait.asked_ms - published} ms "
+                                     f"{history_text(got)}, asked {wait.asked_ms - published} ms "
                                      f"after its promotion was published"))
             continue
         # Asked while the run went on: the Conversation's head then was at least this
         # response's seq and at most the final head.
-        head = _head_range(promo, heads)
-        problem = _answer_problem(promo, rid, got, heads=head and (promo.seq, head[1]))
+        head = head_range(promo, heads)
+        problem = answer_problem(promo, rid, got, heads=head and (promo.seq, head[1]))
         if problem:
             out.append(Violation("history_mismatch", sid, f"wait_ms answer for {rid}: "
                                                           f"{problem}"))
@@ -535,367 +405,4 @@ def _records_of_world(exp: Expectation, w: World, obs: Observations) -> list[Vio
                                  f"recorded (output {output[:12]}), no record says "
                                  f"effect_completed true with that output_digest: "
                                  f"{[(r[0], r[1], (r[2] or '')[:12]) for r in records]}"))
-    return out
-
-
-def _status_problem(promo: Promo | None, wanted: set[Sig],
-                    got: tuple[str, str | None, int | None] | None) -> str | None:
-    """``/status`` of a response against the oracle (docs/gateway-protocol.md section 8):
-    ``promoted`` with its seq when the oracle promoted it; otherwise never ``promoted``,
-    and ``rejected`` with one of the reasons the oracle allows for it. ``unknown`` only
-    for a response the oracle may reject ``CORRUPT`` (an event whose identity cannot be
-    trusted records no status under it). Not asked, or no answer: ``_unanswered``."""
-    if got is None:
-        return None
-    state, reason, seq = got
-    if promo is not None:
-        if state != "promoted" or seq != promo.seq:
-            return f"status {state} {reason or ''} seq {seq}; promoted at seq {promo.seq}"
-        return None
-    reasons = {sig[1] for sig in wanted if sig[0] == "R"}
-    if state == "promoted":
-        return f"status promoted (seq {seq}); never promoted (expected {sorted(reasons)})"
-    if state == "rejected" and reason not in reasons:
-        return f"status rejected {reason}; expected one of {sorted(reasons)}"
-    if state == "unknown" and "CORRUPT" not in reasons:
-        return f"status unknown; a rejection was recorded ({sorted(reasons)})"
-    if state not in ("rejected", "unknown"):
-        return f"status {state!r}: not a state of the contract"
-    return None
-
-
-def _final_heads(story, w: World) -> dict[str, int]:
-    """The head of every Conversation the story's turns were promoted on, at the end."""
-    heads = {c: h[0] for c, h in w.other_heads.items()}
-    if story.kind == "conversation":
-        heads[story.key] = w.head
-    return heads
-
-
-def _head_range(promo: Promo | None, heads: dict[str, int]) -> tuple[int, int] | None:
-    """The ``conversation_head_seq`` a history answer of ``promo`` must report, as a
-    range (the final fetch: exactly the final head); None in chain mode (null)."""
-    if promo is None or promo.conversation_id is None:
-        return None
-    final = heads.get(promo.conversation_id, promo.seq)
-    return final, final
-
-
-def _answer_problem(promo: Promo | None, rid: str, got: History | None,
-                    fingerprint_hash: str | None = None, *, heads: tuple[int, int] | None
-                    | str = UNSEEN, sent: bool = True) -> str | None:
-    """What is wrong with ``got``, the history answer for ``rid`` (promoted as ``promo``,
-    or never promoted: None) asked with ``fingerprint_hash`` (default: the workload's)
-    by a tenant that sent it (``sent``) or not; None if it is right. ``heads``: the
-    range its ``conversation_head_seq`` must lie in, None for null (chain mode), UNSEEN
-    not to check it."""
-    if got is None:
-        return "no answer"
-    if promo is None:
-        # Rejected: the ledger recorded the rejection for this tenant, NOT_PROMOTED (409);
-        # NOT_FOUND (404) is for an id this tenant never sent (gateway-protocol.md
-        # section 8, the table of outcomes).
-        want = "NOT_PROMOTED" if sent else "NOT_FOUND"
-        if (got.outcome, got.reason) == ("failure", want):
-            return None
-        return f"{_hist(got)}, but it was never promoted (expected {want})"
-    outcome, reason = promo.read_as if fingerprint_hash is None else promo.read(fingerprint_hash)
-    wrong = []
-    if (got.outcome, got.reason) != (outcome, reason):
-        wrong.append(f"{_hist(got)} != {outcome}{'/' + reason if reason else ''}")
-    elif got.outcome != "failure" and got.items != promo.items:
-        wrong.append(f"{len(got.items)} items != the {len(promo.items)} promoted, in order")
-    if got.outcome != "failure" and (got.response_id, got.head_seq) != (rid, promo.seq):
-        wrong.append(f"names {got.response_id} at head_seq {got.head_seq}, expected "
-                     f"{rid} at {promo.seq}")
-    if got.outcome != "failure":
-        wrong += _fields_problems(promo, got, outcome, heads)
-    wrong += list(got.faults)
-    return "; ".join(wrong) or None
-
-
-def _fields_problems(promo: Promo, got: History, expected: str,
-                     heads: tuple[int, int] | None | str) -> list[str]:
-    """A history answer's fields beside its items: ``conversation_head_seq`` (the
-    Conversation's head, null in chain mode) and, certified, the checkpoint's artifact,
-    boundary proof and receipt against the promoted turn's (gateway-protocol.md section
-    8, "History body")."""
-    wrong = []
-    chs = got.conversation_head_seq
-    if chs != UNSEEN and heads != UNSEEN:
-        if heads is None and chs is not None:
-            wrong.append(f"conversation_head_seq {chs} in chain mode (null expected)")
-        elif heads is not None and not (isinstance(chs, int)
-                                        and heads[0] <= chs <= heads[1]):
-            want = heads[0] if heads[0] == heads[1] else f"{heads[0]}..{heads[1]}"
-            wrong.append(f"conversation_head_seq {chs}, expected {want}")
-    if got.outcome == expected == "certified" and got.certificate != UNSEEN \
-            and got.certificate != promo.certificate:
-        wrong.append(f"checkpoint carries {_cert(got.certificate)}, the promoted turn "
-                     f"{_cert(promo.certificate)}")
-    return wrong
-
-
-def _cert(cert) -> str:
-    if not isinstance(cert, tuple):
-        return repr(cert)
-    artifact, proof, receipt = cert
-    art = "no artifact" if artifact is None else (
-        f"artifact {artifact[0]} ({artifact[2]} tokens, hash {str(artifact[1])[:12]})")
-    return (f"{art}, {'no proof' if proof is None else 'proof ' + str(proof[4])[:12]}, "
-            f"{'a' if receipt else 'no'} receipt")
-
-
-def _classify(acceptable: frozenset[Sig], seen: set[Sig]) -> str:
-    wanted_promotion = any(s[0] == "P" for s in acceptable)
-    seen_promotion = any(s[0] == "P" for s in seen)
-    if wanted_promotion:
-        return "promotion_mismatch" if seen_promotion else "valid_turn_rejected"
-    return "promotion_should_not_exist" if seen_promotion and not any(
-        s[0] == "R" for s in seen) else "wrong_reason"
-
-
-def _fmt(sigs) -> str:
-    parts = []
-    for s in sorted(sigs, key=str):
-        if s[0] == "P":
-            parts.append(f"promoted(seq={s[1]}, {s[2]}, items={s[5]})")
-        else:
-            parts.append(f"rejected({s[1]}{', original=' + s[2] if s[2] else ''})")
-    return " | ".join(parts) or "nothing"
-
-
-def _hist(h: History | None) -> str:
-    if h is None:
-        return "no answer"
-    return f"{h.outcome}{'/' + h.reason if h.reason else ''} with {len(h.items)} items"
-
-
-# ------------------------------------------------------------------- damaged rows
-
-
-def check_damage(expectations: list[Expectation], obs: Observations) -> list[Violation]:
-    """The damage phase's answers (``obs.damage_reads``) against the docs
-    (ratchet/chaos/damage.py says what each damage must read as): through a damaged
-    turn, read from storage, exactly the damage's failure; through the cache, that
-    failure or the promoted history exactly (never for the head's damage); every other
-    history of the story, and of the undamaged stories read again, as before
-    (``damage_leak``); ``/status`` as the docs give it."""
-    from ratchet.chaos.damage import certain
-
-    if not obs.damages and not obs.damage_reads:
-        return []
-    reads: dict[tuple[str, str, str, bool], object] = {}
-    for r in obs.damage_reads:
-        reads[(r.what, r.tenant, r.ident, r.cached)] = r.answer
-    stories = {e.story.sid: e for e in expectations}
-    out: list[Violation] = []
-    damaged_keys: set[tuple[str, str, str, bool]] = set()
-    for d in obs.damages:
-        e = stories.get(d.sid)
-        w = certain(e) if e is not None else None
-        if w is None:
-            continue
-        heads = _final_heads(e.story, w)
-        for rid, promo in sorted(w.promoted.items()):
-            for cached in (True, False):
-                key = ("history", d.tenant, rid, cached)
-                damaged_keys.add(key)
-                got = reads.get(key)
-                if got is None:
-                    continue  # never asked, or lost: answer_missing
-                via = "through the cache" if cached else "with no-cache"
-                if rid in d.through:
-                    found = _through_problem(d, promo, rid, got, cached,
-                                             _head_range(promo, heads))
-                else:
-                    problem = _answer_problem(promo, rid, got, heads=_head_range(promo, heads))
-                    found = problem and ("damage_leak", f"not through the damaged turn, "
-                                         f"changed: {problem}")
-                if found:
-                    out.append(Violation(found[0], d.sid, f"{rid} {via} after {d.kind} on "
-                                         f"{d.response_id}: {found[1]}"))
-            key = ("status", d.tenant, rid, False)
-            damaged_keys.add(key)
-            problem = _damaged_status_problem(d, promo, rid, reads.get(key))
-            if problem:
-                out.append(Violation("damage_status_mismatch", d.sid, f"{rid} after {d.kind} "
-                                     f"on {d.response_id}: {problem}"))
-        if d.conversation and w.head:
-            head = next(p for p in w.promoted.values() if p.seq == w.head)
-            for cached in (True, False):
-                key = ("conversation", d.tenant, d.partition, cached)
-                damaged_keys.add(key)
-                got = reads.get(key)
-                found = got is not None and _through_problem(d, head, head.response_id, got,
-                                                             cached, (w.head, w.head))
-                if found:
-                    via = "through the cache" if cached else "with no-cache"
-                    out.append(Violation(found[0], d.sid, f"conversation {d.partition} {via} "
-                                         f"after {d.kind} on {d.response_id}: {found[1]}"))
-    for r in obs.damage_reads:
-        if r.what == "foreign" and (r.answer.outcome, r.answer.reason) != ("failure",
-                                                                           "NOT_FOUND"):
-            out.append(Violation("cross_tenant_history", r.tenant, f"damaged {r.ident} asked "
-                                 f"as tenant {r.tenant}: {_hist(r.answer)}, expected "
-                                 f"failure/NOT_FOUND"))
-    out += _damage_controls(expectations, obs, reads, damaged_keys)
-    return out + _continuations(obs, reads, stories)
-
-
-def _continuations(obs: Observations, reads, stories) -> list[Violation]:
-    """Each turn sent on a damaged history: decided as ``allowed``; promoted, its history
-    read from storage fails like the history it extends (the cache may serve it whole:
-    its prefix was verified before the damage, and an extension reads the new row
-    alone, CONTRACT 5), its status ``promoted``; rejected, ``NOT_PROMOTED`` and
-    ``rejected CORRUPT``."""
-    from ratchet.chaos.damage import Damage
-
-    seen: dict[tuple[str, str], set[Sig]] = defaultdict(set)
-    for rec in (*obs.promoted, *obs.rejected):
-        seen[(rec.tenant, rec.response_id)].add(rec.sig)
-    out = []
-    for c in obs.continuations:
-        got = seen.get(c.event_key, set())
-        if not got or got - c.allowed:
-            out.append(Violation("damage_continuation_wrong", c.sid, f"{c.response_id} sent "
-                                 f"on a history damaged by {c.kind}: {_fmt(got)}, expected "
-                                 f"{_fmt(c.allowed)}"))
-            continue
-        promoted = any(sig[0] == "P" for sig in got)
-        as_damage = Damage(c.sid, c.tenant, "", c.promo.conversation_id is not None, c.kind,
-                           "", frozenset({c.response_id}))
-        seq = c.promo.seq
-        heads = None if c.promo.conversation_id is None else (seq, seq)
-        for cached in (True, False):
-            answer = reads.get(("history", c.tenant, c.response_id, cached))
-            if answer is None:
-                continue
-            via = "through the cache" if cached else "with no-cache"
-            if promoted:
-                found = _through_problem(as_damage, c.promo, c.response_id, answer, cached,
-                                         heads)
-            elif (answer.outcome, answer.reason) != ("failure", "NOT_PROMOTED"):
-                found = ("damage_wrong_reason", f"{_hist(answer)}, rejected: NOT_PROMOTED due")
-            else:
-                found = None
-            if found:
-                out.append(Violation(found[0], c.sid, f"{c.response_id} (sent after "
-                                     f"{c.kind}) {via}: {found[1]}"))
-        status = reads.get(("status", c.tenant, c.response_id, False))
-        want = {("promoted", None, seq)} if promoted else {("rejected", "CORRUPT", None)}
-        if c.kind == "head_unbacked" and promoted:
-            want = {("error", "CORRUPT_HISTORY", None)}
-        if status is not None and tuple(status) not in want:
-            out.append(Violation("damage_status_mismatch", c.sid, f"{c.response_id} (sent "
-                                 f"after {c.kind}): status {status}, expected {sorted(want)}"))
-    return out
-
-
-def _through_problem(d, promo: Promo, rid: str, got: History, cached: bool,
-                     heads) -> tuple[str, str] | None:
-    """(class, detail) of a read through damaged rows that is not what the docs give."""
-    reasons = d.reasons(rid)
-    want = "failure/" + "|".join(sorted(reasons))
-    if got.outcome == "failure" and got.reason in reasons:
-        return None
-    if got.outcome != "failure":
-        if cached and d.cache_may_hide:
-            problem = _answer_problem(promo, rid, got, heads=heads)
-            if problem is None:
-                return None  # the verified history, served from memory (CONTRACT 5)
-            return "damage_undetected", (f"{_hist(got)} from the cache is not the promoted "
-                                         f"history ({problem}); expected it or {want}")
-        return "damage_undetected", f"{_hist(got)} served; expected {want}"
-    return "damage_wrong_reason", f"{_hist(got)}, expected {want}"
-
-
-def _damaged_status_problem(d, promo: Promo, rid: str, got) -> str | None:
-    """``/status`` after the damage (gateway-protocol.md section 8, "Status body"): the
-    head's damage makes every response of the Conversation 500 CORRUPT_HISTORY; the
-    damaged turn's own is ``promoted`` at its seq or 500 CORRUPT_HISTORY (a deleted
-    turn's: 500 MISSING_HISTORY, its row is gone); any other ``promoted`` at its seq."""
-    if got is None:
-        return None
-    promoted = ("promoted", None, promo.seq)
-    corrupt = ("error", "CORRUPT_HISTORY", None)
-    if d.kind == "head_unbacked":
-        allowed = {corrupt}
-    elif d.kind == "turn_deleted" and rid == d.response_id:
-        allowed = {("error", "MISSING_HISTORY", None)}
-    elif rid == d.response_id:
-        allowed = {promoted, corrupt}
-    else:
-        allowed = {promoted}
-    if tuple(got) in allowed:
-        return None
-    return f"status {got}, expected one of {sorted(allowed, key=str)}"
-
-
-def _damage_controls(expectations, obs, reads, damaged_keys) -> list[Violation]:
-    """Undamaged stories read again after the damage (``no-cache``): as before."""
-    from ratchet.chaos.damage import certain
-
-    promos: dict[tuple[str, str], tuple] = {}
-    convs: dict[tuple[str, str], tuple] = {}
-    for e in expectations:
-        w = certain(e)
-        if w is None:
-            continue
-        heads = _final_heads(e.story, w)
-        for rid, p in w.promoted.items():
-            promos[(e.story.tenant, rid)] = (e.story.sid, p, _head_range(p, heads))
-        if e.story.kind == "conversation" and w.head:
-            head = next(p for p in w.promoted.values() if p.seq == w.head)
-            convs[(e.story.tenant, e.story.key)] = (e.story.sid, head, (w.head, w.head))
-    out = []
-    for key, got in reads.items():
-        what, tenant, ident, cached = key
-        if key in damaged_keys or what not in ("history", "conversation"):
-            continue
-        found = (promos if what == "history" else convs).get((tenant, ident))
-        if found is None:
-            continue
-        sid, promo, heads = found
-        problem = _answer_problem(promo, promo.response_id, got, heads=heads)
-        if problem:
-            out.append(Violation("damage_leak", sid, f"{what} {ident} of an undamaged "
-                                 f"story, read after the damage: {problem}"))
-    return out
-
-
-# ------------------------------------------------------------ another tenant's reads
-
-
-def check_cross_tenant(obs: Observations) -> list[Violation]:
-    """Each read by a tenant of the workload of an id it never used
-    (ratchet/chaos/crosstenant.py): the endpoint's answer for an unknown id, nothing of
-    the history disclosed, the same body as for an id nobody used, and a ``wait_ms``
-    read answered only after its wait."""
-    from ratchet.chaos.crosstenant import DISCLOSING, EXPECTED, WAIT_MS, normalized
-
-    out = []
-    for r in obs.cross_reads:
-        status, outcome, reason = EXPECTED[r.what]
-        body = r.body or {}
-        got = (r.http_status, body.get("state" if r.what == "status" else "outcome"),
-               body.get("reason"))
-        wrong = []
-        if got != (status, outcome, reason):
-            wrong.append(f"HTTP {got[0]} {got[1]}/{got[2]}, expected HTTP {status} "
-                         f"{outcome}/{reason}")
-        shown = [f for f in DISCLOSING if body.get(f) is not None]
-        if shown:
-            wrong.append(f"discloses {shown}")
-        base = obs.cross_baseline.get((r.what, r.tenant))
-        if base is not None and not wrong and base != (r.http_status,
-                                                       normalized(r.body, r.ident)):
-            wrong.append(f"another body than for an id nobody used: "
-                         f"{normalized(r.body, r.ident)[:300]} != {base[1][:300]}")
-        if r.what == "wait" and r.elapsed_ms < WAIT_MS * 0.9:
-            wrong.append(f"answered after {r.elapsed_ms:.0f} ms of a {WAIT_MS} ms wait (an "
-                         f"unknown id waits the whole time)")
-        if wrong:
-            out.append(Violation(f"cross_tenant_{r.what}", r.tenant, f"{r.ident} (of "
-                                 f"{r.owner}) asked as {r.tenant}: {'; '.join(wrong)}"))
     return out

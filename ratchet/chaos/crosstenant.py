@@ -34,7 +34,7 @@ from ratchet.chaos.oracle import Expectation
 from schemas.models import TurnCompleted
 
 if TYPE_CHECKING:
-    from ratchet.chaos.checker import Observations
+    from ratchet.chaos.observations import Observations
 
 WAIT_MS = 300
 # What each endpoint must answer another tenant: HTTP status, outcome/state, reason.
@@ -134,7 +134,7 @@ def read(base_url: str, fp_hash: str, todo: list[tuple[str, str, str, str]], tag
     asking, the answer for an id nobody used (``obs.cross_baseline``). A read whose
     answer is a 5xx or no answer after its retries is a ``Lost``
     (``cross_tenant_<what>``)."""
-    from ratchet.chaos.checker import Lost
+    from ratchet.chaos.observations import Lost
 
     def one(http, what, owner, tenant, ident) -> CrossRead | None:
         asked, error = int(time.time() * 1000), ""

@@ -41,7 +41,7 @@ import httpx
 from ratchet.chaos.oracle import Expectation, Promo, World
 
 if TYPE_CHECKING:
-    from ratchet.chaos.checker import History, Observations
+    from ratchet.chaos.observations import History, Observations
 
 # Damage kind -> the failure every read through the damaged turn must answer.
 KINDS = {
@@ -357,7 +357,7 @@ def read(base_url: str, fp_hash: str, damages: list[Damage], expectations: list[
 
 def _read(base_url: str, fp_hash: str, jobs: list[tuple[str, str, str, bool]],
           obs: Observations) -> None:
-    from ratchet.chaos.checker import Lost
+    from ratchet.chaos.observations import Lost
 
     with httpx.Client(base_url=base_url, timeout=30) as http:
         for what, tenant, ident, cached in jobs:

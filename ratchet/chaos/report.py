@@ -7,7 +7,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from ratchet.chaos.checker import VIOLATION_CLASSES, Violation
+from ratchet.chaos.checker import VIOLATION_CLASSES
+from ratchet.chaos.observations import Violation
 
 
 def group(violations: list[Violation], examples: int = 3) -> dict[str, dict[str, Any]]:

@@ -31,8 +31,9 @@ from confluent_kafka.admin import AdminClient
 
 from ratchet.chaos import crosstenant, damage, timed
 from ratchet.chaos import report as reporting
-from ratchet.chaos.checker import Violation, check, sends_per_response
+from ratchet.chaos.checker import check, sends_per_response
 from ratchet.chaos.faults import PROFILES, Cluster, FaultInjector
+from ratchet.chaos.observations import Violation
 from ratchet.chaos.observe import OutputReader, Waiters, fetch_histories
 from ratchet.chaos.oracle import Expectation, expect
 from ratchet.chaos.produce import run as produce_run

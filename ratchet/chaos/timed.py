@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ratchet.chaos import recipes
-from ratchet.chaos.checker import History, Observations, Violation
+from ratchet.chaos.observations import History, Observations, Violation
 from ratchet.chaos.oracle import Expectation, Promo
 from ratchet.chaos.story import Story, workload_fp_hash
 from ratchet.chaos.workload import Workload

@@ -11,7 +11,8 @@ from collections import Counter
 
 import pytest
 
-from ratchet.chaos.checker import History, Observations, Promoted, Rejected, check
+from ratchet.chaos.checker import check
+from ratchet.chaos.observations import History, Observations, Promoted, Rejected
 from ratchet.chaos.oracle import expect
 from ratchet.chaos.workload import generate
 from schemas.models import TurnCompleted

@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from ratchet.chaos import observe
-from ratchet.chaos.checker import History, Wait, check
+from ratchet.chaos.checker import check
+from ratchet.chaos.observations import History, Wait
 from ratchet.chaos.observe import FOREIGN_TENANT, history_of
 from ratchet.chaos.oracle import expect
 from ratchet.chaos.workload import generate
@@ -298,7 +299,7 @@ def test_the_waiters_keep_failed_answers_with_when_they_were_asked(monkeypatch):
             from services.gateway.client import Failure
             return Failure("NOT_PROMOTED", 409, rid)
 
-    from ratchet.chaos.checker import Observations
+    from ratchet.chaos.observations import Observations
     monkeypatch.setattr(observe, "RehydrationClient", NotYet)
     obs = Observations()
     waiters = observe.Waiters("http://mock", FP, lambda rng: ("ten", "resp-a"), obs, threads=1)

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from ratchet.chaos.checker import Observations, check, claim_violation
+from ratchet.chaos.checker import check, claim_violation
 from ratchet.chaos.claims import (
     ClaimAnswerWrong,
     ClaimedRun,
@@ -35,6 +35,7 @@ from ratchet.chaos.claims import (
     ClaimRunner,
     Finding,
 )
+from ratchet.chaos.observations import Observations
 from ratchet.chaos.story import Story, StoryGateway
 from ratchet.chaos.workload import _claim_role, _root_probe, _tool_turn
 from services.api.app import create_app

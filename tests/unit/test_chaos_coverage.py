@@ -13,8 +13,8 @@ from collections import Counter
 import pytest
 
 from ratchet.chaos import timed
-from ratchet.chaos.checker import History, Observations, Promoted, Wait
 from ratchet.chaos.coverage import LARGE_BYTES, UNPAIRED_CATALOGUE, _unpaired_catalogue
+from ratchet.chaos.observations import History, Observations, Promoted, Wait
 from ratchet.chaos.oracle import KNOWN_TYPES, _unpaired, expect
 from ratchet.chaos.story import Story, StoryGateway, workload_fp_hash
 from ratchet.chaos.workload import generate

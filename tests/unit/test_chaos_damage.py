@@ -12,17 +12,12 @@ import random
 import pytest
 
 from ratchet.chaos import crosstenant, damage
-from ratchet.chaos.checker import (
-    History,
-    Observations,
-    _final_heads,
-    _head_range,
-    check,
-    check_cross_tenant,
-    check_damage,
-)
+from ratchet.chaos.answers import final_heads, head_range
+from ratchet.chaos.checker import check
 from ratchet.chaos.crosstenant import CrossRead, normalized
 from ratchet.chaos.damage import Damage, DamageRead
+from ratchet.chaos.damage_checks import check_cross_tenant, check_damage
+from ratchet.chaos.observations import History, Observations
 from ratchet.chaos.oracle import expect
 from ratchet.chaos.workload import generate
 from services.store.rows import decode_turn_items, encode_turn_items
@@ -53,9 +48,9 @@ def faithful_damage(expectations, damages) -> Observations:
     for d in damages:
         e = stories[d.sid]
         w = e.worlds[0]
-        heads = _final_heads(e.story, w)
+        heads = final_heads(e.story, w)
         for rid, p in sorted(w.promoted.items()):
-            head = _head_range(p, heads)
+            head = head_range(p, heads)
             right = full(p, None if head is None else head[0])
             fail = History("failure", d.reason, ())
             through = rid in d.through
@@ -77,9 +72,9 @@ def faithful_damage(expectations, damages) -> Observations:
                                 History("failure", "NOT_FOUND", ())))
     for e in damage.controls(expectations, damages):
         w = e.worlds[0]
-        heads = _final_heads(e.story, w)
+        heads = final_heads(e.story, w)
         for rid, p in sorted(w.promoted.items()):
-            head = _head_range(p, heads)
+            head = head_range(p, heads)
             reads.append(DamageRead("history", e.story.tenant, rid, False,
                                     full(p, None if head is None else head[0])))
         if e.story.kind == "conversation":
@@ -379,7 +374,7 @@ def test_a_deleted_turns_own_reads(expectations, damages):
 def _continued(expectations, damages, kind: str, outcome: str):
     """The faithful observation of the continuation of ``kind``'s damage, decided
     ``outcome`` (promoted, or rejected CORRUPT)."""
-    from ratchet.chaos.checker import Promoted, Rejected
+    from ratchet.chaos.observations import Promoted, Rejected
 
     c = next(c for c, _ in damage.continuations(expectations, damages) if c.kind == kind)
     obs = faithful_damage(expectations, damages)

@@ -20,16 +20,9 @@ import httpx
 import pytest
 
 from ratchet.chaos import observe
-from ratchet.chaos.checker import (
-    OTHER_FINGERPRINT,
-    UNSEEN,
-    History,
-    Lost,
-    Observations,
-    Wait,
-    _final_heads,
-    check,
-)
+from ratchet.chaos.answers import final_heads
+from ratchet.chaos.checker import OTHER_FINGERPRINT, check
+from ratchet.chaos.observations import UNSEEN, History, Lost, Observations, Wait
 from ratchet.chaos.oracle import expect
 from ratchet.chaos.story import REUSE_TTL_MS, workload_fp_hash
 from ratchet.chaos.workload import generate
@@ -54,7 +47,7 @@ def complete(expectations) -> Observations:
     """``faithful`` with every field recorded (test_chaos_checker's leaves them unseen)."""
     obs = faithful(expectations)
     for e in expectations:
-        w, heads = e.worlds[0], _final_heads(e.story, e.worlds[0])
+        w, heads = e.worlds[0], final_heads(e.story, e.worlds[0])
         for (tenant, rid), h in list(obs.histories.items()):
             promo = w.promoted.get(rid) if tenant == e.story.tenant else None
             if promo is not None and h.outcome != "failure":
@@ -85,7 +78,7 @@ def test_a_request_with_another_fingerprint_that_got_no_answer_is_reported(expec
     e, rid, p = _certified(expectations)
     obs = complete([e])
     obs.asked["other_fingerprint"] = {(e.story.tenant, rid)}
-    obs.other_fingerprint[(e.story.tenant, rid)] = full(p, _final_heads(e.story, e.worlds[0])
+    obs.other_fingerprint[(e.story.tenant, rid)] = full(p, final_heads(e.story, e.worlds[0])
                                                         .get(p.conversation_id),
                                                         OTHER_FINGERPRINT)
     assert check([e], obs) == []
@@ -123,7 +116,7 @@ def test_wait_ms_answered_by_nobody_fails_the_run(expectations):
     assert check(expectations, obs) == []
     # Answered, the same number: fine.
     obs = complete(expectations)
-    head = _final_heads(e.story, e.worlds[0]).get(p.conversation_id)
+    head = final_heads(e.story, e.worlds[0]).get(p.conversation_id)
     obs.waits += [Wait(e.story.tenant, rid, full(p, head), 1_000 * n) for n in range(57)]
     assert check(expectations, obs) == []
     # Each answered "not promoted yet" (asked before the promotion was published): each
@@ -383,7 +376,7 @@ def test_a_run_longer_than_an_hour_reads_what_the_oracle_expects():
     with its clock 61 minutes ahead answers what the oracle expects."""
     from fastapi.testclient import TestClient
 
-    from ratchet.chaos.checker import _answer_problem, _head_range
+    from ratchet.chaos.answers import answer_problem, head_range
     from ratchet.chaos.claims import ClaimedRun, ClaimProbe
     from services.api.app import create_app
     from services.api.service import RehydrationService
@@ -418,8 +411,8 @@ def test_a_run_longer_than_an_hour_reads_what_the_oracle_expects():
                         params={"tenant_id": e.story.tenant, "fingerprint_hash": fp})
             got = observe.history_of(parse_outcome(r.json(), r.status_code), fp, r.json())
             certified += got.outcome == "certified"
-            problem = _answer_problem(promo, rid, got,
-                                      heads=_head_range(promo, _final_heads(e.story, w)))
+            problem = answer_problem(promo, rid, got,
+                                      heads=head_range(promo, final_heads(e.story, w)))
             if problem:
                 problems.append(f"{rid}: {problem}")
     assert problems == [] and certified > 20
@@ -471,7 +464,7 @@ def test_the_send_deadline_follows_turns_rate_and_the_fault_plan():
 
 
 def test_the_summary_puts_the_run_deadline_first():
-    from ratchet.chaos.checker import Violation
+    from ratchet.chaos.observations import Violation
     from ratchet.chaos.report import group, summary
 
     v = [Violation("never_decided", "s", "resp-1: expected ..."),
@@ -531,7 +524,7 @@ def test_reads_beside_the_histories_that_were_never_asked_are_reported(expectati
     obs.asked["history"] = set(obs.histories)
     assert kinds(expectations, obs) == {"answer_missing"}
     e, rid, p = _certified(expectations)
-    head = _final_heads(e.story, e.worlds[0]).get(p.conversation_id)
+    head = final_heads(e.story, e.worlds[0]).get(p.conversation_id)
     obs.asked["other_fingerprint"] = {(e.story.tenant, rid)}
     obs.other_fingerprint[(e.story.tenant, rid)] = full(p, head, OTHER_FINGERPRINT)
     obs.asked["foreign"] = {(observe.FOREIGN_TENANT, rid)}

@@ -29,14 +29,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from ratchet.chaos.checker import (
-    FINAL_ORPHAN_REASONS,
-    OTHER_FINGERPRINT,
-    _answer_problem,
-    _final_heads,
-    _head_range,
-    _status_problem,
-)
+from ratchet.chaos.answers import answer_problem, final_heads, head_range, status_problem
+from ratchet.chaos.checker import FINAL_ORPHAN_REASONS, OTHER_FINGERPRINT
 from ratchet.chaos.claims import ClaimedRun, ClaimProbe, ClaimRunner
 from ratchet.chaos.observe import history_of
 from ratchet.chaos.oracle import expect
@@ -221,7 +215,8 @@ def test_every_orphan_record_is_as_the_rules_say(run, request):
     request did not use, no final reason while the request is unsettled,
     ``effect_completed`` true with the recorded output's digest for an outcome that was
     recorded, no digest for a claim without one."""
-    from ratchet.chaos.checker import Observations, _records_of_world
+    from ratchet.chaos.checker import _records_of_world
+    from ratchet.chaos.observations import Observations
 
     expectations = run[0]
     records = run_records[request.node.callspec.params["run"]]
@@ -235,7 +230,7 @@ def test_every_orphan_record_is_as_the_rules_say(run, request):
 
 def test_every_history_is_the_one_the_oracle_promoted(run):
     """The rehydration API over the processor's store answers every response sent and
-    every Conversation as the oracle says (``_answer_problem``, the chaos checker's own
+    every Conversation as the oracle says (``answer_problem``, the chaos checker's own
     judgement): the outcome and fallback reason for the workload's fingerprint and for
     another one (a redeployed model's turns fall back, and every certified history
     asked with a fingerprint nobody deployed), the complete history in order, a failure
@@ -257,10 +252,10 @@ def test_every_history_is_the_one_the_oracle_promoted(run):
                 for i in w.decided}
         for n, (sender, rid) in enumerate(sorted(rids)):
             promo = w.promoted.get(rid) if sender == tenant else None
-            heads = _head_range(promo, _final_heads(e.story, w))
+            heads = head_range(promo, final_heads(e.story, w))
             for fp in (workload_fp_hash(), *((OTHER_FINGERPRINT,) if n % 3 == 0 else ())):
                 got = ask(f"/v1/responses/{rid}/history", sender, fp)
-                problem = _answer_problem(promo, rid, got, fp, heads=heads)
+                problem = answer_problem(promo, rid, got, fp, heads=heads)
                 checked[got.reason or got.outcome] += 1
                 if problem:
                     wrong.append(f"{e.story.sid} {rid} asked with {fp[:8]}: {problem}")
@@ -268,7 +263,7 @@ def test_every_history_is_the_one_the_oracle_promoted(run):
             head = next(p for p in w.promoted.values()
                         if p.conversation_id == e.story.key and p.seq == w.head)
             got = ask(f"/v1/conversations/{e.story.key}/history", tenant, workload_fp_hash())
-            problem = _answer_problem(head, head.response_id, got, heads=(w.head, w.head))
+            problem = answer_problem(head, head.response_id, got, heads=(w.head, w.head))
             if problem:
                 wrong.append(f"{e.story.sid} conversation {e.story.key}: {problem}")
     assert wrong == []
@@ -365,7 +360,7 @@ def test_another_tenants_child_of_a_chain_response_is_tenant_mismatch():
 
 def test_every_status_is_the_one_the_oracle_says(run):
     """``/status`` of every response sent, asked by its sender, as the chaos checker
-    judges it (``_status_problem``): promoted at the oracle's seq, else rejected with a
+    judges it (``status_problem``): promoted at the oracle's seq, else rejected with a
     reason the oracle allows (or unknown where it allows CORRUPT)."""
     expectations, _, _, _, api = run
     wrong, states = [], Counter()
@@ -381,7 +376,7 @@ def test_every_status_is_the_one_the_oracle_says(run):
             got = (body["state"], body.get("reason"), body.get("seq"))
             states[got[0]] += 1
             promo = w.promoted.get(rid) if sender == e.story.tenant else None
-            problem = _status_problem(promo, wanted, got)
+            problem = status_problem(promo, wanted, got)
             if problem:
                 wrong.append(f"{e.story.sid} {rid}: {problem}")
     assert wrong == []
@@ -392,12 +387,12 @@ def test_a_status_against_the_oracle_is_judged():
     from ratchet.chaos.oracle import Promo
 
     promo = Promo("resp_1", "key_1", "d" * 64, 3, (), "certified")
-    assert _status_problem(promo, set(), ("promoted", None, promo.seq)) is None
-    assert "promoted at seq" in _status_problem(promo, set(), ("promoted", None, promo.seq + 1))
-    assert "promoted at seq" in _status_problem(promo, set(), ("unknown", None, None))
+    assert status_problem(promo, set(), ("promoted", None, promo.seq)) is None
+    assert "promoted at seq" in status_problem(promo, set(), ("promoted", None, promo.seq + 1))
+    assert "promoted at seq" in status_problem(promo, set(), ("unknown", None, None))
     rejected = {("R", "CONFLICT", None)}
-    assert _status_problem(None, rejected, ("rejected", "CONFLICT", None)) is None
-    assert "expected one of" in _status_problem(None, rejected, ("rejected", "OUT_OF_ORDER", 3))
-    assert "never promoted" in _status_problem(None, rejected, ("promoted", None, 2))
-    assert "a rejection was recorded" in _status_problem(None, rejected, ("unknown", None, None))
-    assert _status_problem(None, {("R", "CORRUPT", None)}, ("unknown", None, None)) is None
+    assert status_problem(None, rejected, ("rejected", "CONFLICT", None)) is None
+    assert "expected one of" in status_problem(None, rejected, ("rejected", "OUT_OF_ORDER", 3))
+    assert "never promoted" in status_problem(None, rejected, ("promoted", None, 2))
+    assert "a rejection was recorded" in status_problem(None, rejected, ("unknown", None, None))
+    assert status_problem(None, {("R", "CORRUPT", None)}, ("unknown", None, None)) is None
