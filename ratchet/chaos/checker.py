@@ -41,6 +41,7 @@ from ratchet.chaos.answers import (
 )
 from ratchet.chaos.damage_checks import check_cross_tenant, check_damage
 from ratchet.chaos.observations import (
+    OTHER_FINGERPRINT,
     Lost,
     Observations,
     Promoted,
@@ -81,12 +82,6 @@ VIOLATION_CLASSES = (
 # ``Finding.logged``: the class tag first in the logged detail).
 CLAIM_CLASSES = ("claim_answer_wrong", "effect_executed_twice", "claim_output_mismatch")
 
-# Orphan reasons that tell the gateway to compensate (docs/gateway-protocol.md, "When to
-# compensate"): an effect a promoted turn used must never carry one.
-FINAL_ORPHAN_REASONS = frozenset({"ATTEMPT_SUPERSEDED", "TURN_CANCELLED", "EFFECT_CONFLICT"})
-# The fingerprint hash some histories are asked with besides the workload's: a model
-# nobody deployed.
-OTHER_FINGERPRINT = "f" * 64
 
 # A request that got no answer is excused when it overlaps a fault window stretched by
 # this much after the fault ended (the API reconnecting to a restarted Cassandra).

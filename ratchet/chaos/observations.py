@@ -11,6 +11,12 @@ from dataclasses import asdict, dataclass, field
 
 from ratchet.chaos.oracle import Sig
 
+# Orphan reasons that tell the gateway to compensate (docs/gateway-protocol.md, "When to
+# compensate"): an effect a promoted turn used must never carry one.
+FINAL_ORPHAN_REASONS = frozenset({"ATTEMPT_SUPERSEDED", "TURN_CANCELLED", "EFFECT_CONFLICT"})
+# The fingerprint hash some histories are asked with besides the workload's: a model
+# nobody deployed.
+OTHER_FINGERPRINT = "f" * 64
 # A History field the observer did not record (a History built by hand, in tests):
 # ``history_of`` records every one of them from every answer.
 UNSEEN = "unseen"

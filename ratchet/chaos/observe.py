@@ -24,8 +24,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import Consumer, KafkaError
 
-from ratchet.chaos.checker import FINAL_ORPHAN_REASONS, OTHER_FINGERPRINT
-from ratchet.chaos.observations import UNSEEN, History, Lost, Observations, Promoted, Rejected, Wait
+from ratchet.chaos.observations import (
+    FINAL_ORPHAN_REASONS,
+    OTHER_FINGERPRINT,
+    UNSEEN,
+    History,
+    Lost,
+    Observations,
+    Promoted,
+    Rejected,
+    Wait,
+)
 from ratchet.chaos.oracle import certificate_of
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, registry_client

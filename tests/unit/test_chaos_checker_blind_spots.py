@@ -330,7 +330,7 @@ def test_a_fingerprint_change_served_as_reusable_is_reported(expectations, asked
     history asked with a fingerprint nobody deployed, or a redeployed model's turn asked
     with the workload's fingerprint, must fall back FINGERPRINT_MISMATCH with every item
     (found while adding the rules the chaos workload never sent, session 25)."""
-    from ratchet.chaos.checker import OTHER_FINGERPRINT
+    from ratchet.chaos.observations import OTHER_FINGERPRINT
     if asked_other:
         e, rid, p = next((e, rid, p) for e in expectations if len(e.worlds) == 1
                          for rid, p in e.worlds[0].promoted.items() if p.read_as[0] == "certified")

@@ -21,8 +21,8 @@ import pytest
 
 from ratchet.chaos import observe
 from ratchet.chaos.answers import final_heads
-from ratchet.chaos.checker import OTHER_FINGERPRINT, check
-from ratchet.chaos.observations import UNSEEN, History, Lost, Observations, Wait
+from ratchet.chaos.checker import check
+from ratchet.chaos.observations import OTHER_FINGERPRINT, UNSEEN, History, Lost, Observations, Wait
 from ratchet.chaos.oracle import expect
 from ratchet.chaos.story import REUSE_TTL_MS, workload_fp_hash
 from ratchet.chaos.workload import generate

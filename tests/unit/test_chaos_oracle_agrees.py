@@ -30,8 +30,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ratchet.chaos.answers import answer_problem, final_heads, head_range, status_problem
-from ratchet.chaos.checker import FINAL_ORPHAN_REASONS, OTHER_FINGERPRINT
 from ratchet.chaos.claims import ClaimedRun, ClaimProbe, ClaimRunner
+from ratchet.chaos.observations import FINAL_ORPHAN_REASONS, OTHER_FINGERPRINT
 from ratchet.chaos.observe import history_of
 from ratchet.chaos.oracle import expect
 from ratchet.chaos.story import Story, StoryGateway, workload_fp_hash
