@@ -6,6 +6,8 @@ is raised (the write landed), or the timeout is raised WITHOUT sending (it did n
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from cassandra import ConsistencyLevel, OperationTimedOut, WriteTimeout, WriteType
 from cassandra.cluster import NoHostAvailable
@@ -14,7 +16,14 @@ from cassandra.protocol import ErrorMessage, ServerError
 from cassandra.query import BatchStatement
 
 from ratchet.domain.history import VerifiedHistory
-from ratchet.domain.plan import Conflict, Duplicate, FactsChanged, IdempotencyRecord, Promoted
+from ratchet.domain.plan import (
+    Conflict,
+    Duplicate,
+    FactsChanged,
+    IdempotencyRecord,
+    Promoted,
+    ResponseClaim,
+)
 from services.store.base import StoreUnavailable
 from services.store.cassandra import CAS_WRITE_UNKNOWN, CassandraCheckpointStore
 from tests.contract.store_support import chain_turn, conversation_turn, uid
@@ -292,3 +301,51 @@ def test_claim_mark_with_unknown_outcome_is_retryable(store_session, healthy, la
         store.mark_claim(*where)
     assert store.mark_claim(*where) == IdempotencyRecord(
         turn.idempotency_key, turn.request_digest, turn.response_id)
+
+
+class FailedFuture:
+    """A driver future that failed (its errback runs at once)."""
+
+    def __init__(self, error: Exception):
+        self._error = error
+
+    def add_callbacks(self, callback, errback):
+        errback(self._error)
+
+    def result(self):
+        raise self._error
+
+
+class FlakyAsyncSession(FlakySession):
+    """``FlakySession`` for the batch sent with ``execute_async`` (the event loop's
+    promotion, ``promote_from_hints_async``)."""
+
+    def execute_async(self, statement, *args, **kwargs):
+        if isinstance(statement, BatchStatement) and self._failures > 0:
+            self._failures -= 1
+            self.tripped = True
+            if self._land:
+                self._real.execute(statement, *args, **kwargs)
+                self.batches_sent += 1
+            return FailedFuture(self._error())
+        return self._real.execute_async(statement, *args, **kwargs)
+
+
+@pytest.mark.parametrize("land", [True, False])
+def test_loop_write_with_unknown_outcome_is_settled_by_promote(store_session, healthy, land):
+    """On the event loop an unknown outcome is not settled (its SERIAL read would block
+    the loop): None, and the thread path's ``promote`` finds the write that landed as
+    the request's own promotion (accepted, replayed), or writes it."""
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    session = FlakyAsyncSession(store_session, cas_timeout, land=land)
+    store = CassandraCheckpointStore(session, timeout_s=30)
+    assert store.start_claiming(ResponseClaim.of(turn))() == ResponseClaim.of(turn)
+    assert asyncio.run(store.promote_from_hints_async(turn)) is None
+    assert session.tripped and session.batches_sent == int(land)
+    outcome = store.promote(turn)
+    if land:  # its own response id: ``promotion.interpret`` accepts it (replayed)
+        assert isinstance(outcome, Duplicate)
+        assert outcome.original.response_id == turn.response_id
+    else:
+        assert isinstance(outcome, Promoted)
+    one_turn_history(healthy, turn)
