@@ -260,9 +260,13 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
     async def _marked(body: _InPartition, write: Callable[..., Any], *args: Any) -> Any:
         mark = (mark_facts, body.tenant_id, body.partition_key, body.idempotency_key)
         await run_in_threadpool(*mark)
-        result = await run_in_threadpool(write, *args)
-        await run_in_threadpool(*mark)
-        return result
+        try:
+            return await run_in_threadpool(write, *args)
+        finally:
+            # Also after a write that failed: its outcome may be unknown (landed, the
+            # answer lost), and a promotion that read the facts since the first mark
+            # asserts that mark (the 503's gateway may never send the call again).
+            await run_in_threadpool(*mark)
 
     async def _claimed(body: ClaimIn,
                        request: ClaimRequest) -> Answer | IdempotencyRecord:
@@ -281,7 +285,14 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
         promoted = await run_in_threadpool(mark)
         if promoted is not None:
             return promoted
-        answer: Answer = await run_in_threadpool(ledger.claim_effect, request, now())
+        try:
+            answer: Answer = await run_in_threadpool(ledger.claim_effect, request, now())
+        except Exception:
+            # The claim's outcome may be unknown (``_marked``): the facts are marked
+            # after it all the same, then the failure answered (503).
+            await run_in_threadpool(mark_facts, body.tenant_id, body.partition_key,
+                                    body.idempotency_key)
+            raise
         if answer.state not in _MAY_RUN:
             await run_in_threadpool(mark_facts, body.tenant_id, body.partition_key,
                                     body.idempotency_key)

@@ -134,10 +134,11 @@ class CassandraLedger(Ledger):
             "INSERT INTO request_facts (tenant_id, idempotency_key, kind, ref, response_id, "
             "cancelled_at, scope) VALUES (?, ?, 'cancel', ?, ?, ?, ?) IF NOT EXISTS"
         )
-        self._select_cancel = self._prepare(
-            f"SELECT {_FACT_COLUMNS} FROM {facts} AND kind = 'cancel'",
-            ConsistencyLevel.QUORUM,
-        )
+        cancel_cql = f"SELECT {_FACT_COLUMNS} FROM {facts} AND kind = 'cancel'"
+        self._select_cancel = self._prepare(cancel_cql, ConsistencyLevel.QUORUM)
+        # An unknown outcome's read: SERIAL completes (or supersedes) a round in flight,
+        # which a QUORUM read would miss, and which could then land after it.
+        self._select_cancel_serial = self._prepare(cancel_cql, ConsistencyLevel.SERIAL)
         # -- claims (migration 010; rules in ratchet/domain/claims.py) ------------------
         self._insert_claim = self._lwt(
             "INSERT INTO request_facts (tenant_id, idempotency_key, kind, ref, attempt, "
@@ -357,8 +358,11 @@ class CassandraLedger(Ledger):
             # The update did not apply yet the claim is ours and open: only an unknown
             # outcome leaves that (a timeout that did not land). Say so; never guess.
             raise LedgerUnavailable(f"claim {effect_id}: completion outcome unknown")
-        if refused is CompletionState.ALREADY_COMPLETED and applied is None:
-            return CompletionState.COMPLETED, existing  # our timed-out write landed
+        if refused is CompletionState.ALREADY_COMPLETED and applied is None \
+                and existing is not None and existing.completed_at == now_ms:
+            # Our timed-out write landed (it wrote completed_at = now_ms); an earlier
+            # completion of the same outcome, whose answer was lost, stays ALREADY.
+            return CompletionState.COMPLETED, existing
         return refused, existing
 
     def claim(self, tenant_id: str, idempotency_key: str, effect_id: str) -> ClaimRecord | None:
@@ -382,8 +386,13 @@ class CassandraLedger(Ledger):
         try:
             _guard(lambda: self._session.execute(batch, timeout=self._timeout))
         except LedgerUnavailable:
-            if not any((found.scope or "") == (c.scope or "") for found in
-                       self.cancellations(c.tenant_id, c.idempotency_key)):
+            # The outcome may be unknown: a SERIAL read settles it. A cancellation of
+            # this scope there (ours or a first one) stands; none: it did not land, and
+            # the caller retries the (idempotent) write.
+            rows = self._run(self._select_cancel_serial, (c.tenant_id, c.idempotency_key))
+            if not any((found.scope or "") == (c.scope or "") for found in (
+                    _cancellation_from_row(c.tenant_id, c.idempotency_key, row)
+                    for row in rows)):
                 raise
 
     def cancellations(self, tenant_id: str, idempotency_key: str) -> Sequence[Cancellation]:

@@ -6,6 +6,8 @@ is raised (the write landed), or the timeout is raised WITHOUT sending (it did n
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from cassandra import ConsistencyLevel, OperationTimedOut, WriteTimeout, WriteType
 from cassandra.cluster import NoHostAvailable
@@ -14,10 +16,17 @@ from cassandra.protocol import ErrorMessage, ServerError
 from cassandra.query import BatchStatement
 
 from ratchet.domain.history import VerifiedHistory
-from ratchet.domain.plan import Conflict, Duplicate, Promoted
+from ratchet.domain.plan import (
+    Conflict,
+    Duplicate,
+    FactsChanged,
+    IdempotencyRecord,
+    Promoted,
+    ResponseClaim,
+)
 from services.store.base import StoreUnavailable
 from services.store.cassandra import CAS_WRITE_UNKNOWN, CassandraCheckpointStore
-from tests.contract.store_support import conversation_turn, uid
+from tests.contract.store_support import chain_turn, conversation_turn, uid
 
 pytestmark = pytest.mark.integration
 
@@ -169,11 +178,14 @@ def test_unreachable_cluster_is_retryable_and_writes_nothing(store_session, heal
 
 
 class FlakyClaimSession:
-    """Delegates to a real session; the first response-id claim (its LWT insert)
-    raises ``error`` after being sent (``land``) or without being sent."""
+    """Delegates to a real session; the first response-id claim (its LWT insert), or
+    the first statement whose CQL holds ``fragment``, raises ``error`` after being sent
+    (``land``) or without being sent."""
 
-    def __init__(self, real, error, *, land: bool):
+    def __init__(self, real, error, *, land: bool,
+                 fragment: str = "INSERT INTO response_claims"):
         self._real, self._error, self._land = real, error, land
+        self._fragment = fragment
         self.tripped = False
 
     def __getattr__(self, name):
@@ -181,7 +193,7 @@ class FlakyClaimSession:
 
     def execute(self, statement, *args, **kwargs):
         query = getattr(statement, "query_string", "")
-        if not self.tripped and "INSERT INTO response_claims" in query:
+        if not self.tripped and self._fragment in query:
             self.tripped = True
             if self._land:
                 self._real.execute(statement, *args, **kwargs)
@@ -205,3 +217,135 @@ def test_claim_with_unknown_outcome_is_read_at_serial(store_session, healthy, er
     assert caught.value.retryable
     assert isinstance(store.promote(lost), Promoted)
     one_turn_history(healthy, lost)
+
+
+@pytest.mark.parametrize("error", [client_timeout, cas_timeout, cas_write_unknown])
+def test_request_claim_with_unknown_outcome_is_read_at_serial(store_session, healthy, error):
+    """A chain's first response also claims its request (``request_claims``): settled
+    the same way, and a retry under another response id stays the request's
+    duplicate."""
+    tenant = uid("tenant")
+    root = uid("resp")
+    landed = chain_turn(tenant, root, root, None)
+    session = FlakyClaimSession(store_session, error, land=True,
+                                fragment="INSERT INTO request_claims")
+    assert isinstance(CassandraCheckpointStore(session, timeout_s=30).promote(landed), Promoted)
+    assert session.tripped
+    root = uid("resp")
+    lost = chain_turn(tenant, root, root, None)
+    store = CassandraCheckpointStore(FlakyClaimSession(
+        store_session, error, land=False, fragment="INSERT INTO request_claims"), timeout_s=30)
+    with pytest.raises(StoreUnavailable) as caught:
+        store.promote(lost)
+    assert caught.value.retryable
+    assert isinstance(store.promote(lost), Promoted)
+    for turn in (landed, lost):
+        other = uid("resp")
+        retry = chain_turn(tenant, other, other, None, key=turn.idempotency_key)
+        again = healthy.promote(retry)
+        assert isinstance(again, Duplicate) and again.original.response_id == turn.response_id
+
+
+@pytest.mark.parametrize("land", [True, False])
+def test_chain_turn_with_unknown_outcome(store_session, healthy, land):
+    """The batch's parent condition (``_check_parent``) settled with the rest."""
+    tenant, root = uid("tenant"), uid("resp")
+    assert isinstance(healthy.promote(chain_turn(tenant, root, root, None)), Promoted)
+    second = chain_turn(tenant, root, uid("resp"), root)
+    session, store = flaky_store(store_session, cas_timeout, land=land)
+    outcome = store.promote(second)
+    assert isinstance(outcome, Promoted) and outcome.seq == 2
+    assert session.batches_sent == 1
+
+
+@pytest.mark.parametrize("land", [True, False])
+def test_turn_asserting_a_facts_mark_with_unknown_outcome(store_session, healthy, land):
+    """The idempotency row's conditional update (``_claim_marked_idempotency``, a
+    request with recorded facts) settled with the rest of the batch."""
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    mark = healthy.mark_request_facts(turn.tenant_id, turn.partition_key, turn.idempotency_key)
+    session, store = flaky_store(store_session, cas_timeout, land=land)
+    outcome = store.promote(turn, facts_mark=mark)
+    assert isinstance(outcome, Promoted) and outcome.seq == 1
+    assert session.batches_sent == 1
+    one_turn_history(healthy, turn)
+
+
+CLAIM_MARK = "IF response_id = null AND request_digest = null"
+
+
+@pytest.mark.parametrize("land", [True, False])
+def test_claim_mark_with_unknown_outcome_is_retryable(store_session, healthy, land):
+    """``mark_claim``'s conditional mark: an unknown outcome is ``StoreUnavailable``
+    (retryable: the claims API's 503, and the gateway's claim sent again marks again);
+    a mark that landed refuses a batch decided before it."""
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    where = (turn.tenant_id, turn.partition_key, turn.idempotency_key)
+    before = healthy.mark_request_facts(*where)
+    store = CassandraCheckpointStore(
+        FlakyClaimSession(store_session, cas_timeout, land=land, fragment=CLAIM_MARK),
+        timeout_s=30)
+    with pytest.raises(StoreUnavailable) as caught:
+        store.mark_claim(*where)
+    assert caught.value.retryable
+    assert (healthy.request_facts_mark(*where) != before) is land
+    assert store.mark_claim(*where) is None  # sent again: marked
+    assert isinstance(healthy.promote(turn, facts_mark=before), FactsChanged)
+    assert isinstance(healthy.promote(turn, facts_mark=healthy.request_facts_mark(*where)),
+                      Promoted)
+    # after the promotion: the record, whether the refused mark's answer was lost or not
+    store = CassandraCheckpointStore(
+        FlakyClaimSession(store_session, cas_timeout, land=land, fragment=CLAIM_MARK),
+        timeout_s=30)
+    with pytest.raises(StoreUnavailable):
+        store.mark_claim(*where)
+    assert store.mark_claim(*where) == IdempotencyRecord(
+        turn.idempotency_key, turn.request_digest, turn.response_id)
+
+
+class FailedFuture:
+    """A driver future that failed (its errback runs at once)."""
+
+    def __init__(self, error: Exception):
+        self._error = error
+
+    def add_callbacks(self, callback, errback):
+        errback(self._error)
+
+    def result(self):
+        raise self._error
+
+
+class FlakyAsyncSession(FlakySession):
+    """``FlakySession`` for the batch sent with ``execute_async`` (the event loop's
+    promotion, ``promote_from_hints_async``)."""
+
+    def execute_async(self, statement, *args, **kwargs):
+        if isinstance(statement, BatchStatement) and self._failures > 0:
+            self._failures -= 1
+            self.tripped = True
+            if self._land:
+                self._real.execute(statement, *args, **kwargs)
+                self.batches_sent += 1
+            return FailedFuture(self._error())
+        return self._real.execute_async(statement, *args, **kwargs)
+
+
+@pytest.mark.parametrize("land", [True, False])
+def test_loop_write_with_unknown_outcome_is_settled_by_promote(store_session, healthy, land):
+    """On the event loop an unknown outcome is not settled (its SERIAL read would block
+    the loop): None, and the thread path's ``promote`` finds the write that landed as
+    the request's own promotion (accepted, replayed), or writes it."""
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    session = FlakyAsyncSession(store_session, cas_timeout, land=land)
+    store = CassandraCheckpointStore(session, timeout_s=30)
+    assert store.start_claiming(ResponseClaim.of(turn))() == ResponseClaim.of(turn)
+    assert asyncio.run(store.promote_from_hints_async(turn)) is None
+    assert session.tripped and session.batches_sent == int(land)
+    outcome = store.promote(turn)
+    if land:  # its own response id: ``promotion.interpret`` accepts it (replayed)
+        assert isinstance(outcome, Duplicate)
+        assert outcome.original.response_id == turn.response_id
+    else:
+        assert isinstance(outcome, Promoted)
+    one_turn_history(healthy, turn)
