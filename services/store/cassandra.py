@@ -81,12 +81,7 @@ from services.cassandra_cluster import DRIVER_OUTAGES, completed, open_cluster
 from services.cassandra_loop import LoopRequestFailed, LoopResult, LoopSession
 from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable, _Hints
 from services.store.rows import (
-    CHECKPOINT_COLUMNS,
-    CHECKPOINT_SELECT,
     DAMAGED_ROW_ERRORS,
-    HISTORY_KINDS,
-    HISTORY_SELECT,
-    STRUCTURE_SELECT,
     checkpoint_of,
     checkpoint_values,
     decode_snapshot,
@@ -97,6 +92,7 @@ from services.store.rows import (
     unset_nulls,
     with_items,
 )
+from services.store.statements import StoreStatements
 
 T = TypeVar("T")
 
@@ -124,9 +120,6 @@ _MAYBE_APPLIED = (
 )
 
 
-# One page holds any history this store accepts in practice (a 50-turn Conversation
-# is 51 rows): one round trip. Longer ones page on, still verified as a whole.
-_HISTORY_FETCH_SIZE = 5000
 # A response's read in a WIDE partition (``_load_lineage``): one whose turns outside the
 # lineage read held at least this many bytes of items. Below, the whole read in one
 # round trip costs less than a second one (an outside review, session 36: counted by
@@ -138,9 +131,6 @@ _WIDE_ITEM_BYTES = 256 * 1024
 _LINEAGE_IN_MAX = 256
 
 
-# A claim row as both claims tables return it (the key columns come back with an
-# ``[applied]=false`` answer too).
-_CLAIM_COLUMNS = "response_id, partition_key, idempotency_key, request_digest"
 
 
 def _holder(tenant_id: str, found: dict[str, Any]) -> ResponseClaim:
@@ -242,69 +232,6 @@ class CassandraCheckpointStore(CheckpointStore):
         self._read_cl = read_consistency
         self._write_cl = write_consistency
         self._serial_cl = serial_consistency
-        prefix = f"{keyspace}." if keyspace else ""
-        table = f"{prefix}turns"
-        claims = f"{prefix}response_claims"
-        partition = "tenant_id = ? AND partition_key = ?"
-        self._select_head = self._prepare(
-            f"SELECT head_seq, head_response_id, head_item_count, head_lineage_digest FROM {table} "
-            f"WHERE {partition} LIMIT 1",
-            serial_consistency,
-        )
-        self._select_view_rows = self._prepare(
-            "SELECT kind, ref, head_seq, head_response_id, head_item_count, "
-            f"head_lineage_digest, facts_mark, {CHECKPOINT_SELECT} FROM {table} "
-            f"WHERE {partition} AND (kind, ref) IN "
-            "(('head', ''), ('idempotency', ?), ('checkpoint', ?), ('checkpoint', ?))",
-            serial_consistency,
-        )
-        self._select_checkpoint_serial = self._prepare(
-            f"SELECT {CHECKPOINT_SELECT} FROM {table} "
-            f"WHERE {partition} AND kind = 'checkpoint' AND ref = ?",
-            serial_consistency,
-        )
-        self._select_checkpoint = self._prepare(
-            f"SELECT {CHECKPOINT_SELECT} FROM {table} "
-            f"WHERE {partition} AND kind = 'checkpoint' AND ref = ?",
-            read_consistency,
-        )
-        self._select_partition = self._prepare(
-            f"SELECT {HISTORY_SELECT} FROM {table} WHERE {partition} AND kind IN {HISTORY_KINDS}",
-            read_consistency,
-        )
-        self._select_partition.fetch_size = _HISTORY_FETCH_SIZE
-        # A response's read: the partition's structure, then its lineage's items.
-        self._select_structure = self._prepare(
-            f"SELECT {STRUCTURE_SELECT} FROM {table} "
-            f"WHERE {partition} AND kind IN {HISTORY_KINDS}",
-            read_consistency,
-        )
-        self._select_structure.fetch_size = _HISTORY_FETCH_SIZE
-        self._select_items_of = self._prepare(
-            f"SELECT ref, items FROM {table} WHERE {partition} AND kind = 'checkpoint' "
-            "AND ref IN ?",
-            read_consistency,
-        )
-        self._select_all_items = self._prepare(
-            f"SELECT ref, items FROM {table} WHERE {partition} AND kind = 'checkpoint'",
-            read_consistency,
-        )
-        self._select_all_items.fetch_size = _HISTORY_FETCH_SIZE
-        # The API's reads (read consistency, never SERIAL): a Conversation's head alone,
-        # and one turn row (with the static head) by response id.
-        self._read_head = self._prepare(
-            f"SELECT head_seq, head_response_id, head_item_count, head_lineage_digest "
-            f"FROM {table} WHERE {partition} LIMIT 1",
-            read_consistency,
-        )
-        self._select_turn = self._prepare(
-            f"SELECT {HISTORY_SELECT} FROM {table} "
-            f"WHERE {partition} AND kind = 'checkpoint' AND ref = ?",
-            read_consistency,
-        )
-        self._select_static_head = self._prepare(
-            f"SELECT {HISTORY_SELECT} FROM {table} WHERE {partition} LIMIT 1", read_consistency
-        )
         # Partition reads decode plain tuples by position: the driver's default
         # named-tuple rows build a class per result. A profile object passed per call
         # changes nothing on the shared session (legacy-configured clusters, which
@@ -316,92 +243,10 @@ class CassandraCheckpointStore(CheckpointStore):
             )
         except Exception:  # noqa: BLE001 - legacy mode or a session wrapper: keep defaults
             self._tuple_rows = EXEC_PROFILE_DEFAULT
-        self._select_location = self._prepare(
-            f"SELECT partition_key FROM {claims} WHERE tenant_id = ? AND response_id = ?",
-            read_consistency,
-        )
-        self._select_claim = self._prepare(
-            f"SELECT {_CLAIM_COLUMNS} FROM {claims} WHERE tenant_id = ? AND response_id = ?",
-            read_consistency,
-        )
-        self._insert_claim = self._prepare_lwt(
-            f"INSERT INTO {claims} (tenant_id, response_id, partition_key, idempotency_key, "
-            "request_digest) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS"
-        )
-        self._select_claim_serial = self._prepare(
-            f"SELECT {_CLAIM_COLUMNS} FROM {claims} WHERE tenant_id = ? AND response_id = ?",
-            serial_consistency,
-        )
-        # A chain's first response also claims its request (tenant, idempotency key):
-        # the same claim, keyed by the key (base.py, ``_request_held``).
-        request_claims = f"{prefix}request_claims"
-        self._insert_request_claim = self._prepare_lwt(
-            f"INSERT INTO {request_claims} (tenant_id, idempotency_key, response_id, "
-            "partition_key, request_digest) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS"
-        )
-        self._select_request_claim_serial = self._prepare(
-            f"SELECT {_CLAIM_COLUMNS} FROM {request_claims} "
-            "WHERE tenant_id = ? AND idempotency_key = ?",
-            serial_consistency,
-        )
-        self._advance_head = self._prepare_lwt(
-            f"UPDATE {table} SET head_seq = ?, head_response_id = ?, head_item_count = ?, "
-            f"head_lineage_digest = ?, head_token = ? WHERE {partition} "
-            "IF head_seq = ? AND head_response_id = ? AND head_item_count = ? "
-            "AND head_lineage_digest = ?"
-        )
-        # The chain parent as a condition: its row must still hold the seq and item
-        # range the plan extends. The SET rewrites the value the condition proved.
-        self._check_parent = self._prepare_lwt(
-            f"UPDATE {table} SET seq = ? WHERE {partition} AND kind = 'checkpoint' AND ref = ? "
-            "IF seq = ? AND last_item_seq = ? AND mode = 'chain' AND lineage_digest = ?"
-        )
-        # The turn row: the checkpoint and the turn's items (one blob of item
-        # records, ``encode_turn_items``).
-        self._insert_checkpoint = self._prepare_lwt(
-            f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, {CHECKPOINT_COLUMNS}, "
-            f"items) VALUES (?, ?, 'checkpoint', ?, {', '.join('?' * 23)}) IF NOT EXISTS"
-        )
-        self._insert_idempotency = self._prepare_lwt(
-            f"INSERT INTO {table} (tenant_id, partition_key, kind, ref, response_id, "
-            "request_digest) VALUES (?, ?, 'idempotency', ?, ?, ?) IF NOT EXISTS"
-        )
-        # The request's idempotency row when facts were recorded before it: the mark
-        # the caller decided with is a condition, and no request may own the key yet.
-        self._claim_marked_idempotency = self._prepare_lwt(
-            f"UPDATE {table} SET response_id = ?, request_digest = ? WHERE {partition} "
-            "AND kind = 'idempotency' AND ref = ? IF response_id = null AND facts_mark = ?"
-        )
-        idempotency_row = f"{partition} AND kind = 'idempotency' AND ref = ?"
-        self._set_mark = self._prepare(
-            f"UPDATE {table} SET facts_mark = ? WHERE {idempotency_row}", write_consistency
-        )
-        # A claim's mark (``mark_claim``): not once a response is bound to the key, in
-        # one Paxos round with the promotion batch that binds it.
-        self._set_mark_unless_promoted = self._prepare_lwt(
-            f"UPDATE {table} SET facts_mark = ? WHERE {idempotency_row} "
-            # Both are set together by a promotion: the refusal returns them both.
-            "IF response_id = null AND request_digest = null"
-        )
-        self._select_mark = self._prepare(
-            f"SELECT facts_mark FROM {table} WHERE {idempotency_row}", read_consistency
-        )
-        # ``turn_lost``: the response the request promoted, and its turn row at SERIAL
-        # (completes a promotion in flight: a row only late is not lost).
-        self._select_promoted = self._prepare(
-            f"SELECT response_id FROM {table} WHERE {idempotency_row}", read_consistency
-        )
-        self._select_turn_ref_serial = self._prepare(
-            f"SELECT ref FROM {table} WHERE {partition} AND kind = 'checkpoint' AND ref = ?",
-            serial_consistency,
-        )
-        # A Conversation's first batch only: the marker must not exist yet, so a
-        # partition whose head cells were lost (damage) is not begun again over its
-        # turns (the refusal's view reads the marker: ``CorruptPartition``).
-        self._insert_head_marker = self._prepare_lwt(
-            f"INSERT INTO {table} (tenant_id, partition_key, kind, ref) VALUES (?, ?, 'head', '') "
-            "IF NOT EXISTS"
-        )
+        self.cql = StoreStatements(
+            self._prepare, self._prepare_lwt, keyspace=keyspace,
+            read_consistency=read_consistency, write_consistency=write_consistency,
+            serial_consistency=serial_consistency)
 
     @classmethod
     def connect(
@@ -440,35 +285,35 @@ class CassandraCheckpointStore(CheckpointStore):
     # -- public reads -----------------------------------------------------------------------
 
     def head(self, tenant_id: str, partition_key: str) -> Head | None:
-        row = self._execute("head", self._select_head, (tenant_id, partition_key)).one()
+        row = self._execute("head", self.cql.select_head, (tenant_id, partition_key)).one()
         return None if row is None else head_of(row)
 
     def read_head(self, tenant_id: str, partition_key: str) -> Head | None:
-        row = self._execute("read_head", self._read_head, (tenant_id, partition_key)).one()
+        row = self._execute("read_head", self.cql.read_head, (tenant_id, partition_key)).one()
         return None if row is None else head_of(row)
 
     async def read_head_async(self, tenant_id: str, partition_key: str) -> Head | None:
         """The head read on the driver's own I/O thread: the event loop only awaits."""
-        rows = await self._rows_async("read_head", self._read_head, (tenant_id, partition_key))
+        rows = await self._rows_async("read_head", self.cql.read_head, (tenant_id, partition_key))
         return head_from(*rows[0]) if rows else None
 
     async def read_turn_async(
         self, tenant_id: str, partition_key: str, response_id: str
     ) -> PartitionSnapshot | None:
         rows = await self._rows_async(
-            "read_turn", self._select_turn, (tenant_id, partition_key, response_id)
+            "read_turn", self.cql.select_turn, (tenant_id, partition_key, response_id)
         )
         return decode_snapshot(tenant_id, partition_key, rows)
 
     async def _locate_async(self, tenant_id: str, response_id: str) -> str | None:
-        rows = await self._rows_async("locate", self._select_location, (tenant_id, response_id))
+        rows = await self._rows_async("locate", self.cql.select_location, (tenant_id, response_id))
         return _claimed_partition(tenant_id, response_id, rows[0] if rows else None)
 
     async def _load_partition_async(
         self, tenant_id: str, partition_key: str
     ) -> PartitionSnapshot | None:
         """``_load_partition`` on the driver's I/O thread (the same queries)."""
-        return await self._whole_async(tenant_id, partition_key, self._select_partition,
+        return await self._whole_async(tenant_id, partition_key, self.cql.select_partition,
                                        decode_snapshot)
 
     async def _load_conversation_async(
@@ -478,7 +323,7 @@ class CassandraCheckpointStore(CheckpointStore):
         key = (tenant_id, conversation_id)
         if self._no_conversation.get(key) is not None:
             structure = await self._whole_async(tenant_id, conversation_id,
-                                                self._select_structure, decode_structure)
+                                                self.cql.select_structure, decode_structure)
             if not _holds_a_conversation(structure):
                 return structure
         snapshot = await self._load_partition_async(tenant_id, conversation_id)
@@ -491,10 +336,10 @@ class CassandraCheckpointStore(CheckpointStore):
         """``_load_lineage`` on the driver's I/O thread (the same queries)."""
         if self._wide.get((tenant_id, partition_key)) is None:
             snapshot = await self._whole_async(tenant_id, partition_key,
-                                               self._select_partition, decode_snapshot)
+                                               self.cql.select_partition, decode_snapshot)
             self._learn_width(snapshot, response_id)
             return snapshot
-        structure = await self._whole_async(tenant_id, partition_key, self._select_structure,
+        structure = await self._whole_async(tenant_id, partition_key, self.cql.select_structure,
                                             decode_structure)
         if structure is None:
             return None
@@ -513,7 +358,7 @@ class CassandraCheckpointStore(CheckpointStore):
         for _ in range(2):
             rows = await self._rows_async("read_history", statement, key)
             if not rows:
-                rows = await self._rows_async("read_history", self._select_static_head, key)
+                rows = await self._rows_async("read_history", self.cql.select_static_head, key)
             snapshot = decode(tenant_id, partition_key, rows)
             ahead = self._ahead_across_pages(snapshot, rows, statement)
             if ahead is None:
@@ -575,7 +420,7 @@ class CassandraCheckpointStore(CheckpointStore):
         self, tenant_id: str, partition_key: str, response_id: str
     ) -> PartitionSnapshot | None:
         key = (tenant_id, partition_key, response_id)
-        rows = _guard("read_turn", lambda: self._rows(self._select_turn, key))
+        rows = _guard("read_turn", lambda: self._rows(self.cql.select_turn, key))
         return decode_snapshot(tenant_id, partition_key, rows)
 
     def _located_checkpoint(
@@ -585,7 +430,7 @@ class CassandraCheckpointStore(CheckpointStore):
         if partition_key is None:
             return None, None
         row = self._execute(
-            "get_checkpoint", self._select_checkpoint, (tenant_id, partition_key, response_id)
+            "get_checkpoint", self.cql.select_checkpoint, (tenant_id, partition_key, response_id)
         ).one()
         if row is None:
             return partition_key, None
@@ -602,7 +447,7 @@ class CassandraCheckpointStore(CheckpointStore):
     def request_facts_mark(self, tenant_id: str, partition_key: str,
                            idempotency_key: str) -> str | None:
         row = self._execute(
-            "facts_mark", self._select_mark, (tenant_id, partition_key, idempotency_key)
+            "facts_mark", self.cql.select_mark, (tenant_id, partition_key, idempotency_key)
         ).one()
         return None if row is None else row.facts_mark
 
@@ -610,7 +455,7 @@ class CassandraCheckpointStore(CheckpointStore):
                               mark: str) -> IdempotencyRecord | None:
         # An unknown outcome is StoreUnavailable (the claims API answers 503): the
         # gateway sends its claim again with the same token, and it is marked again.
-        rows = self._execute("claim_mark", self._set_mark_unless_promoted,
+        rows = self._execute("claim_mark", self.cql.set_mark_unless_promoted,
                              (mark, tenant_id, partition_key, idempotency_key))
         if rows.was_applied:
             return None
@@ -622,7 +467,7 @@ class CassandraCheckpointStore(CheckpointStore):
 
     def _set_facts_mark(self, tenant_id: str, partition_key: str, idempotency_key: str,
                         mark: str) -> None:
-        self._execute("facts_mark", self._set_mark,
+        self._execute("facts_mark", self.cql.set_mark,
                       (mark, tenant_id, partition_key, idempotency_key))
 
     # -- backend hooks ----------------------------------------------------------------------
@@ -646,7 +491,7 @@ class CassandraCheckpointStore(CheckpointStore):
         def read() -> PromotionView:
             rows = list(
                 self._session.execute(
-                    self._select_view_rows,
+                    self.cql.select_view_rows,
                     (*key, request.idempotency_key, request.response_id, parent),
                     timeout=self._timeout,
                 )
@@ -654,7 +499,7 @@ class CassandraCheckpointStore(CheckpointStore):
             head_row = next((r for r in rows if r.kind == "head"), None)
             if head_row is None and request.mode is PromotionMode.CONVERSATION:
                 head_row = self._session.execute(
-                    self._select_head, key, timeout=self._timeout
+                    self.cql.select_head, key, timeout=self._timeout
                 ).one()
             try:
                 return self._view(request, head_row, rows)
@@ -671,7 +516,7 @@ class CassandraCheckpointStore(CheckpointStore):
         future = _guard(
             "promote/claim",
             lambda: self._session.execute_async(
-                self._insert_claim, self._claim_values(claim), timeout=self._timeout,
+                self.cql.insert_claim, self._claim_values(claim), timeout=self._timeout,
                 execution_profile=self._tuple_rows,
             ),
         )
@@ -683,12 +528,12 @@ class CassandraCheckpointStore(CheckpointStore):
         ``promote`` takes the claim again (same request: the same holder)."""
         if self.loop_session is not None:
             answer = await _on_loop("promote/claim", self.loop_session.execute(
-                self._insert_claim, self._claim_values(claim), serial_consistency=self._serial_cl))
+                self.cql.insert_claim, self._claim_values(claim), serial_consistency=self._serial_cl))
             return self._claim_holder(claim, lambda: answer)
         future = _guard(
             "promote/claim",
             lambda: self._session.execute_async(
-                self._insert_claim, self._claim_values(claim), timeout=self._timeout,
+                self.cql.insert_claim, self._claim_values(claim), timeout=self._timeout,
                 execution_profile=self._tuple_rows,
             ),
         )
@@ -703,14 +548,14 @@ class CassandraCheckpointStore(CheckpointStore):
         return self._claim_holder(
             claim,
             lambda: self._session.execute(
-                self._insert_claim, self._claim_values(claim), timeout=self._timeout,
+                self.cql.insert_claim, self._claim_values(claim), timeout=self._timeout,
                 execution_profile=self._tuple_rows,
             ),
         )
 
     def _request_holder(self, tenant_id: str, idempotency_key: str) -> ResponseClaim | None:
         return _guard("promote/request-claim", lambda: self._read_claim(
-            self._select_request_claim_serial, (tenant_id, idempotency_key)))
+            self.cql.select_request_claim_serial, (tenant_id, idempotency_key)))
 
     def _read_claim(self, statement: Any, key: tuple[str, str]) -> ResponseClaim | None:
         """A claim row read at SERIAL (``key`` = tenant, then the claim's own key), or
@@ -727,10 +572,10 @@ class CassandraCheckpointStore(CheckpointStore):
         return self._claim_holder(
             claim,
             lambda: self._session.execute(
-                self._insert_request_claim, values, timeout=self._timeout,
+                self.cql.insert_request_claim, values, timeout=self._timeout,
                 execution_profile=self._tuple_rows,
             ),
-            serial=(self._select_request_claim_serial, (claim.tenant_id, claim.idempotency_key)),
+            serial=(self.cql.select_request_claim_serial, (claim.tenant_id, claim.idempotency_key)),
         )
 
     @staticmethod
@@ -749,7 +594,7 @@ class CassandraCheckpointStore(CheckpointStore):
             raise _unavailable("promote/claim", exc) from exc
         except _MAYBE_APPLIED as exc:
             return self._serial_claim(claim, exc, serial or (
-                self._select_claim_serial, (claim.tenant_id, claim.response_id)))
+                self.cql.select_claim_serial, (claim.tenant_id, claim.response_id)))
         if rows.was_applied:
             return claim
         # Plain tuples (a named-tuple row builds a class per result: 5 % of the worker's
@@ -813,7 +658,7 @@ class CassandraCheckpointStore(CheckpointStore):
         self, tenant_id: str, partition_key: str, response_id: str
     ) -> CheckpointRecord | None:
         row = self._session.execute(
-            self._select_checkpoint_serial,
+            self.cql.select_checkpoint_serial,
             (tenant_id, partition_key, response_id),
             timeout=self._timeout,
         ).one()
@@ -861,7 +706,7 @@ class CassandraCheckpointStore(CheckpointStore):
         """Did the batch with ``token`` land? A SERIAL read settles any in-flight round."""
         try:
             row = self._session.execute(
-                self._select_checkpoint_serial,
+                self.cql.select_checkpoint_serial,
                 (request.tenant_id, request.partition_key, request.response_id),
                 timeout=self._timeout,
             ).one()
@@ -906,7 +751,7 @@ class CassandraCheckpointStore(CheckpointStore):
             )
             new = plan.new_head
             parts.append((
-                self._advance_head,
+                self.cql.advance_head,
                 (new.seq, new.response_id, new.item_count, new.lineage_digest, token,
                  *key, *expected),
             ))
@@ -914,16 +759,16 @@ class CassandraCheckpointStore(CheckpointStore):
                 # The Conversation's first batch; the row has no TTL, so later batches
                 # need not write it again (a partition that lost it only costs the
                 # view's separate head query, see ``_read_view``).
-                parts.append((self._insert_head_marker, key))
+                parts.append((self.cql.insert_head_marker, key))
         if plan.parent is not None:
             parent = plan.parent
             parts.append((
-                self._check_parent,
+                self.cql.check_parent,
                 (parent.seq, *key, parent.response_id, parent.seq, parent.last_item_seq,
                  parent.lineage_digest),
             ))
         parts.append((
-            self._insert_checkpoint,
+            self.cql.insert_checkpoint,
             (
                 *key,
                 request.response_id,
@@ -933,12 +778,12 @@ class CassandraCheckpointStore(CheckpointStore):
         ))
         if facts_mark is None:  # no fact recorded: the row must not exist at all
             parts.append((
-                self._insert_idempotency,
+                self.cql.insert_idempotency,
                 (*key, request.idempotency_key, request.response_id, request.request_digest),
             ))
         else:
             parts.append((
-                self._claim_marked_idempotency,
+                self.cql.claim_marked_idempotency,
                 (request.response_id, request.request_digest, *key, request.idempotency_key,
                  facts_mark),
             ))
@@ -949,22 +794,22 @@ class CassandraCheckpointStore(CheckpointStore):
 
     def _claim_of(self, tenant_id: str, response_id: str) -> ResponseClaim | None:
         return _guard("turn_lost/claim", lambda: self._read_claim(
-            self._select_claim, (tenant_id, response_id)))
+            self.cql.select_claim, (tenant_id, response_id)))
 
     def _promoted_response(self, tenant_id: str, partition_key: str,
                            idempotency_key: str) -> str | None:
-        row = self._execute("turn_lost/idempotency", self._select_promoted,
+        row = self._execute("turn_lost/idempotency", self.cql.select_promoted,
                             (tenant_id, partition_key, idempotency_key)).one()
         return None if row is None else row.response_id
 
     def _turn_row_serial(self, tenant_id: str, partition_key: str, response_id: str) -> bool:
-        row = self._execute("turn_lost/turn", self._select_turn_ref_serial,
+        row = self._execute("turn_lost/turn", self.cql.select_turn_ref_serial,
                             (tenant_id, partition_key, response_id)).one()
         return row is not None
 
     def _locate(self, tenant_id: str, response_id: str) -> str | None:
         row = _guard("locate", lambda: self._session.execute(
-            self._select_location, (tenant_id, response_id), timeout=self._timeout,
+            self.cql.select_location, (tenant_id, response_id), timeout=self._timeout,
             execution_profile=self._tuple_rows)).one()
         return _claimed_partition(tenant_id, response_id, row)
 
@@ -976,7 +821,7 @@ class CassandraCheckpointStore(CheckpointStore):
         overlaps that commit and always sees it; SERIAL would add a Paxos round only
         to also see promotions still in flight, which nobody has been told about.
 
-        **A history longer than a page** (``_HISTORY_FETCH_SIZE`` rows) is read in
+        **A history longer than a page** (``HISTORY_FETCH_SIZE`` rows) is read in
         several requests, and a promotion between them shows its turn row on a later
         page with the head of the first: a turn beyond the head, which one consistent
         read never has (an outside review, session 31: a Conversation of 5 100 turns
@@ -988,7 +833,7 @@ class CassandraCheckpointStore(CheckpointStore):
         The second read is needed for a response promoted during the first: every turn
         up to the second read's head was stored before it.
         """
-        return self._whole(tenant_id, partition_key, self._select_partition, decode_snapshot)
+        return self._whole(tenant_id, partition_key, self.cql.select_partition, decode_snapshot)
 
     def _load_lineage(
         self, tenant_id: str, partition_key: str, response_id: str
@@ -1006,11 +851,11 @@ class CassandraCheckpointStore(CheckpointStore):
         holds; a row changed between them fails its digests, and the failure is read
         again (``_confirmed``)."""
         if self._wide.get((tenant_id, partition_key)) is None:
-            snapshot = self._whole(tenant_id, partition_key, self._select_partition,
+            snapshot = self._whole(tenant_id, partition_key, self.cql.select_partition,
                                    decode_snapshot)
             self._learn_width(snapshot, response_id)
             return snapshot
-        structure = self._whole(tenant_id, partition_key, self._select_structure,
+        structure = self._whole(tenant_id, partition_key, self.cql.select_structure,
                                 decode_structure)
         if structure is None:
             return None
@@ -1029,7 +874,7 @@ class CassandraCheckpointStore(CheckpointStore):
         whole). A Conversation found there after all is read whole."""
         key = (tenant_id, conversation_id)
         if self._no_conversation.get(key) is not None:
-            structure = self._whole(tenant_id, conversation_id, self._select_structure,
+            structure = self._whole(tenant_id, conversation_id, self.cql.select_structure,
                                     decode_structure)
             if not _holds_a_conversation(structure):
                 return structure
@@ -1063,8 +908,8 @@ class CassandraCheckpointStore(CheckpointStore):
         else every turn's items in one slice (an ``IN`` of many keys costs more)."""
         key = (structure.tenant_id, structure.partition_key)
         if len(refs) <= _LINEAGE_IN_MAX and 2 * len(refs) < len(structure.checkpoints):
-            return self._select_items_of, (*key, refs)
-        return self._select_all_items, key
+            return self.cql.select_items_of, (*key, refs)
+        return self.cql.select_all_items, key
 
     def _whole(
         self, tenant_id: str, partition_key: str, statement: PreparedStatement,
@@ -1077,7 +922,7 @@ class CassandraCheckpointStore(CheckpointStore):
         def load() -> list[Any]:
             rows = self._rows(statement, key)
             if not rows:  # nothing but (possibly) static cells: a head without rows
-                rows = self._rows(self._select_static_head, key)
+                rows = self._rows(self.cql.select_static_head, key)
             return rows
 
         for _ in range(2):

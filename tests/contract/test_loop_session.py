@@ -31,10 +31,10 @@ def test_a_conditional_write_answers_applied_then_the_row_it_found(ledger_sessio
     store = CassandraCheckpointStore(ledger_session, StoreOptions())
     values = ("tenant", f"resp_{uuid.uuid4().hex}", "conv", "idem", "digest")
 
-    first = runner.run(session.execute(store._insert_claim, values,
+    first = runner.run(session.execute(store.cql.insert_claim, values,
                                        serial_consistency=ConsistencyLevel.SERIAL))
     assert first.was_applied
-    again = runner.run(session.execute(store._insert_claim, (*values[:3], "other", "d2"),
+    again = runner.run(session.execute(store.cql.insert_claim, (*values[:3], "other", "d2"),
                                        serial_consistency=ConsistencyLevel.SERIAL))
     assert not again.was_applied
     found = dict(zip(again.column_names, again.one(), strict=True))

@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from ratchet.domain.history import HistoryFailure, HistoryFailureReason, VerifiedHistory
-from services.store.cassandra import _HISTORY_FETCH_SIZE, CassandraCheckpointStore
+from services.store.cassandra import CassandraCheckpointStore
 from services.store.rows import decode_turn_items, encode_turn_items
+from services.store.statements import HISTORY_FETCH_SIZE
 from tests.contract.store_support import conversation_turn, uid
 
 pytestmark = pytest.mark.integration
@@ -239,15 +240,15 @@ def test_async_reads_equal_blocking_reads_across_pages(store, conversation):
     """The event loop's reads collect every page (here two rows a page) and decode and
     verify exactly as the blocking ones."""
     tenant, conv, rids = conversation
-    store._select_partition.fetch_size = 2
-    assert len(store._session.execute(store._select_partition, (tenant, conv)).current_rows) == 2
+    store.cql.select_partition.fetch_size = 2
+    assert len(store._session.execute(store.cql.select_partition, (tenant, conv)).current_rows) == 2
     try:
         for ids in ({"conversation_id": conv}, {"response_id": rids[1]}):
             blocking = store.read_history(tenant, **ids)
             assert isinstance(blocking, VerifiedHistory)
             assert asyncio.run(store.read_history_async(tenant, **ids)) == blocking
     finally:
-        store._select_partition.fetch_size = _HISTORY_FETCH_SIZE
+        store.cql.select_partition.fetch_size = HISTORY_FETCH_SIZE
     assert asyncio.run(store.read_turn_async(tenant, conv, rids[2])) == store.read_turn(
         tenant, conv, rids[2]
     )

@@ -56,8 +56,8 @@ class Recorded:
     def items_read(self) -> list[str]:
         """The response ids whose items cells came back, in all reads."""
         return sorted(row[0] for statement, _, rows in self.reads
-                      if statement in (self.store._select_items_of,
-                                       self.store._select_all_items)
+                      if statement in (self.store.cql.select_items_of,
+                                       self.store.cql.select_all_items)
                       for row in rows)
 
     def statements(self) -> list[Any]:
@@ -89,11 +89,11 @@ def forks(store_session):
 
 
 def whole_read(recorded: Recorded) -> bool:
-    return recorded.statements() == [recorded.store._select_partition]
+    return recorded.statements() == [recorded.store.cql.select_partition]
 
 
 def lineage_read(recorded: Recorded, items: Any) -> bool:
-    return recorded.statements() == [recorded.store._select_structure, items]
+    return recorded.statements() == [recorded.store.cql.select_structure, items]
 
 
 @pytest.mark.parametrize("awaited", [False, True], ids=["blocking", "event loop"])
@@ -107,7 +107,7 @@ def test_a_fork_is_read_without_its_siblings_items(recorded, forks, awaited):
         if n == 0:  # the whole partition, in one query: 5 other forks of 256 KiB
             assert whole_read(recorded)
             continue
-        assert lineage_read(recorded, recorded.store._select_items_of)
+        assert lineage_read(recorded, recorded.store.cql.select_items_of)
         assert recorded.items_read() == sorted(lineage)  # 3 of the partition's 13 turns
 
 
@@ -146,7 +146,7 @@ def test_a_lineage_that_is_most_of_a_wide_partition_takes_one_slice(recorded, aw
         if n == 0:
             assert whole_read(recorded)  # and the heavy fork makes it wide
         else:
-            assert lineage_read(recorded, recorded.store._select_all_items)
+            assert lineage_read(recorded, recorded.store.cql.select_all_items)
             assert recorded.items_read() == sorted([*ids, heavy])  # decoded: ids only
 
 
@@ -175,7 +175,7 @@ def test_an_early_turn_of_a_conversation_reads_its_own_lineage_only(recorded, co
     assert isinstance(history, VerifiedHistory), history
     assert [c.response_id for c in history.lineage] == rids[:2]
     assert history.head_seq == 10
-    assert lineage_read(recorded, recorded.store._select_items_of)
+    assert lineage_read(recorded, recorded.store.cql.select_items_of)
     assert recorded.items_read() == sorted(rids[:2])
     # The whole Conversation is still read whole, in one query.
     whole = recorded.read(tenant, awaited, conversation_id=conv)
@@ -199,8 +199,8 @@ def test_the_whole_partition_is_still_checked_for_an_early_turn(recorded, store_
     assert isinstance(result, HistoryFailure), result
     assert result.reason is HistoryFailureReason.CORRUPT_HISTORY
     assert "beyond the head" in result.detail
-    assert recorded.statements()[:2] == [recorded.store._select_structure,
-                                         recorded.store._select_items_of]
+    assert recorded.statements()[:2] == [recorded.store.cql.select_structure,
+                                         recorded.store.cql.select_items_of]
 
 
 @pytest.mark.parametrize("awaited", [False, True], ids=["blocking", "event loop"])
@@ -214,12 +214,12 @@ def test_damaged_items_fail_their_lineage_only(recorded, store_session, forks, a
     result = recorded.read(tenant, awaited, response_id=damaged_end, partition_key=root)
     assert isinstance(result, HistoryFailure), result
     assert result.reason is HistoryFailureReason.CORRUPT_HISTORY
-    assert lineage_read(recorded, recorded.store._select_items_of) is False  # read twice
-    assert recorded.statements()[:2] == [recorded.store._select_structure,
-                                         recorded.store._select_items_of]
+    assert lineage_read(recorded, recorded.store.cql.select_items_of) is False  # read twice
+    assert recorded.statements()[:2] == [recorded.store.cql.select_structure,
+                                         recorded.store.cql.select_items_of]
     assert isinstance(recorded.read(tenant, awaited, response_id=other_end, partition_key=root),
                       VerifiedHistory)
-    assert lineage_read(recorded, recorded.store._select_items_of)
+    assert lineage_read(recorded, recorded.store.cql.select_items_of)
 
 
 @pytest.mark.parametrize("awaited", [False, True], ids=["blocking", "event loop"])
@@ -236,9 +236,9 @@ def test_a_wrong_partition_hint_reads_no_items_of_a_wide_partition(recorded, for
         assert isinstance(result, HistoryFailure), result
         assert result.reason is HistoryFailureReason.NOT_FOUND
         statements = recorded.statements()
-        assert (recorded.store._select_partition in statements) is (n == 0)
+        assert (recorded.store.cql.select_partition in statements) is (n == 0)
         if n:
-            assert recorded.store._select_structure in statements
+            assert recorded.store.cql.select_structure in statements
             assert recorded.items_read() == []
 
 
@@ -252,8 +252,8 @@ def test_a_chain_asked_for_as_a_conversation_reads_no_items_again(recorded, fork
         result = recorded.read(tenant, awaited, conversation_id=root)
         assert isinstance(result, HistoryFailure), result
         assert result.reason is HistoryFailureReason.NOT_FOUND
-        assert recorded.statements() == ([recorded.store._select_partition] if n == 0
-                                         else [recorded.store._select_structure])
+        assert recorded.statements() == ([recorded.store.cql.select_partition] if n == 0
+                                         else [recorded.store.cql.select_structure])
 
 
 def test_a_conversation_found_where_none_was_is_read_whole(recorded, store_session):
@@ -268,8 +268,8 @@ def test_a_conversation_found_where_none_was_is_read_whole(recorded, store_sessi
     history = recorded.read(tenant, False, conversation_id=shared)
     assert isinstance(history, VerifiedHistory), history
     assert history.checkpoint.response_id == turn.response_id
-    assert recorded.statements() == [recorded.store._select_structure,
-                                     recorded.store._select_partition]
+    assert recorded.statements() == [recorded.store.cql.select_structure,
+                                     recorded.store.cql.select_partition]
 
 
 def test_many_turns_of_small_items_stay_one_query(recorded):

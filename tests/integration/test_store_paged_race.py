@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from ratchet.domain.history import HistoryFailure, HistoryFailureReason, VerifiedHistory
-from services.store.cassandra import _HISTORY_FETCH_SIZE, CassandraCheckpointStore
+from services.store.cassandra import CassandraCheckpointStore
+from services.store.statements import HISTORY_FETCH_SIZE
 from tests.contract.store_support import conversation_turn, uid
 
 pytestmark = pytest.mark.integration
@@ -94,13 +95,13 @@ def growing(store_session):
         promote(f"resp_a{n:03d}_{uid('r')}")
 
     reader = CassandraCheckpointStore(store_session, timeout_s=30)
-    raced = (reader._select_partition, reader._select_structure)
+    raced = (reader.cql.select_partition, reader.cql.select_structure)
     for statement in raced:
         statement.fetch_size = PAGE
     reader._session = RacingSession(store_session, raced, lambda: promote(coming.pop(0)))
     yield reader, tenant, conv, promoted, coming
     for statement in raced:
-        statement.fetch_size = _HISTORY_FETCH_SIZE
+        statement.fetch_size = HISTORY_FETCH_SIZE
 
 
 def _whole(history: Any) -> VerifiedHistory:
@@ -157,11 +158,11 @@ def test_turns_beyond_a_head_that_does_not_move_are_still_corrupt(store_session)
         "head_lineage_digest = %s WHERE tenant_id = %s AND partition_key = %s",
         (second.seq, second.response_id, second.last_item_seq, second.lineage_digest,
          tenant, conv), timeout=30)
-    store._select_partition.fetch_size = PAGE
+    store.cql.select_partition.fetch_size = PAGE
     try:
         for result in (store.read_history(tenant, conversation_id=conv),
                        asyncio.run(store.read_history_async(tenant, conversation_id=conv))):
             assert isinstance(result, HistoryFailure), result
             assert result.reason is HistoryFailureReason.CORRUPT_HISTORY
     finally:
-        store._select_partition.fetch_size = _HISTORY_FETCH_SIZE
+        store.cql.select_partition.fetch_size = HISTORY_FETCH_SIZE
