@@ -306,11 +306,22 @@ class FetchGuard:
         self._stop = stop or (lambda: os.kill(os.getpid(), signal.SIGTERM))
         self._reported_hangs: dict[TP, object] = {}
 
-    def _settled(self) -> bool:
-        return not self.app.rebalancing and self.app.consumer.flow_active
+    def _settled(self, since: int | None = None) -> bool:
+        """Not rebalancing, and (``since``: a ``_rebalances()`` count) no rebalance
+        began since: offsets taken before a rebalance are not the new assignment's."""
+        return (not self.app.rebalancing and self.app.consumer.flow_active
+                and (since is None or self._rebalances() == since))
+
+    def _rebalances(self) -> int:
+        """Rebalances begun so far (Faust's count)."""
+        return getattr(self.app, "rebalancing_count", 0)
 
     async def check(self) -> None:
         consumer = self.app.consumer
+        # Every figure below belongs to the assignment of now: a seek with one taken
+        # before a rebalance (revoked, its lane's queued records dropped unacked, assigned
+        # again from the committed offset) would skip those records.
+        since = self._rebalances()
         if not self._settled():
             # Rebalancing: nothing to judge, and the assignment is about to change.
             self.watchdog.reset()
@@ -330,7 +341,7 @@ class FetchGuard:
             next_offset = last + 1 if last is not None else first_needed_offset(self.app, tp)
             figures.append(PartitionFigures(tp, next_offset, end_offsets.get(tp)))
         stalls = self.watchdog.observe(self._clock(), figures, room=self.lanes.has_room(),
-                                       settled=self._settled())
+                                       settled=self._settled(since))
         now_ms = int(time.time() * 1000)
         for stall in stalls:
             log.warning("fetch watchdog: partition %s owes records (next offset %s, end offset"
@@ -341,7 +352,9 @@ class FetchGuard:
             self._give_up([s.tp.partition for s in stalls])
             return
         for stall in stalls:
-            if not self._settled():  # a rebalance began meanwhile: Faust reseeks anyway
+            if not self._settled(since):
+                # A rebalance began meanwhile (during the previous stall's seek, say): its
+                # offset is the old assignment's; Faust sought to the committed ones.
                 return
             await self._recover(stall.tp, stall.next_offset)
 
