@@ -304,6 +304,9 @@ class FetchGuard:
         self._clock = clock
         # Default: Faust's graceful stop (lanes finish, commit, leave the group).
         self._stop = stop or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+        # Partition -> offset of its event in flight reported hung (the offset, not the
+        # record: a turn of up to 16 MiB stayed alive after it; dropped once the lane is
+        # idle or the partition no longer assigned).
         self._reported_hangs: dict[TP, object] = {}
 
     def _settled(self, since: int | None = None) -> bool:
@@ -393,15 +396,21 @@ class FetchGuard:
         problem (a persistence outage logs its own warning; anything else is a hang),
         but the same symptom from outside, so it is named here."""
         health = self.app.runtime.health  # type: ignore[attr-defined]
+        for tp in [tp for tp in self._reported_hangs if tp not in tps]:
+            del self._reported_hangs[tp]  # revoked
         for tp in tps:
             busy = self.lanes.in_flight(tp)
-            if busy is None or busy[1] < self.watchdog.stall_after_s:
+            if busy is None:
+                self._reported_hangs.pop(tp, None)
+                continue
+            if busy[1] < self.watchdog.stall_after_s:
                 continue
             if health.is_retrying(f"{tp.topic}[{tp.partition}]"):
                 continue  # a persistence outage: the retry loop has said so already
-            if self._reported_hangs.get(tp) is busy[0]:
+            offset = getattr(busy[0], "offset", None)
+            if tp in self._reported_hangs and self._reported_hangs[tp] == offset:
                 continue
-            self._reported_hangs[tp] = busy[0]
+            self._reported_hangs[tp] = offset
             log.warning("lane %s: event at offset %s in flight for %.0fs", tp.partition,
                         getattr(busy[0], "offset", "?"), busy[1])
 

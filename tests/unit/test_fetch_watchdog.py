@@ -251,3 +251,36 @@ def test_guard_never_seeks_with_figures_taken_before_a_rebalance():
     assert {tps[1]: 8} not in app.consumer.seeks, (
         f"partition 1 was sought to offset 8, its next offset before the rebalance; the new "
         f"assignment starts at its committed offset 5 (seeks: {app.consumer.seeks})")
+
+
+def test_a_reported_hang_keeps_no_record_once_its_lane_is_idle_or_revoked(caplog):
+    """The guard names a hung event once; what it keeps to know that must not be the
+    record itself: a turn of up to 16 MiB per partition stayed alive after its event
+    was done, and after its partition was revoked (state per partition must be dropped
+    on revoke, bounded). (An outside review of the worker across rebalances, session 42.)"""
+    import asyncio
+    import gc
+    import weakref
+
+    guard, app, clock, stops, tps = make_guard(fetched={0: 4, 1: 7}, end_offsets={0: 5, 1: 8})
+
+    class Record:
+        offset = 5
+
+    record = Record()
+    busy = {tps[0]: (record, 20.0)}
+    guard.lanes.in_flight = lambda tp: busy.get(tp)
+    kept = weakref.ref(record)
+
+    async def scenario():
+        await guard.check()  # reported
+        await guard.check()  # not twice
+        busy.clear()  # the event is done
+        app.consumer.tps = {tps[1]}  # and partition 0 revoked
+        await guard.check()
+
+    asyncio.run(scenario())
+    assert sum("in flight for" in r.getMessage() for r in caplog.records) == 1
+    del record
+    gc.collect()
+    assert kept() is None, "the guard still holds the record of a finished, revoked event"
