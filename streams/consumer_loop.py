@@ -206,13 +206,35 @@ class _ParkingSupport:
                 or tp in self._buffered_partitions)  # type: ignore[attr-defined]
 
 
-class _LoopConsumer(_ParkingSupport, faust_aiokafka.Consumer):
+class _CommitBeforeRevoke:
+    """Commit what the lanes acked before Faust forgets it on a revocation.
+
+    Faust's ``Consumer.on_partitions_revoked`` drops its acks of the revoked partitions
+    before the app's revoke handler runs (whose commit then has only what the lanes ack
+    during its grace, ``streams/app.py``): every event finished since the last periodic
+    commit was handled again by the partition's next owner, its outcomes published
+    twice, on every rebalance (an eager one revokes every partition). Committed here
+    first, still in the old generation; twice, because a periodic commit in flight makes
+    ``commit`` wait for it and commit nothing itself
+    (``tests/unit/test_commit_before_revoke.py``)."""
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        for _ in range(2):
+            try:
+                await self.commit()  # type: ignore[attr-defined]
+            except Exception as exc:  # the broker away: the next owner re-reads them
+                log.warning("commit before the revocation failed: %r", exc)
+                break
+        await super().on_partitions_revoked(revoked)  # type: ignore[misc]
+
+
+class _LoopConsumer(_CommitBeforeRevoke, _ParkingSupport, faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerOnLoop(self, loop=self.loop, thread_loop=self.loop,
                                Worker=_LoopTask, beacon=self.beacon)
 
 
-class _ThreadConsumer(_ParkingSupport, faust_aiokafka.Consumer):
+class _ThreadConsumer(_CommitBeforeRevoke, _ParkingSupport, faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _BatchedFetches(self, loop=self.loop, beacon=self.beacon)
 
