@@ -43,7 +43,7 @@ from ratchet.settings import Settings
 from schemas.limits import CLIENT_MAX_BYTES
 from services.cassandra_loop import LoopSession
 from streams import metrics
-from streams.consumer_loop import LoopConsumerApp, WorkerApp
+from streams.consumer_loop import LoopConsumerApp, WorkerApp, commit_acked
 from streams.fetchwatch import (
     EndOffsets,
     FetchWatchdog,
@@ -237,7 +237,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         # Every revoked partition is closed, with a lane or not: a record of it still in
         # the stream is not ours to decide.
         await lanes.stop(revoked, grace_s=shutdown_grace_s)
-        await app.consumer.commit()
+        await commit_acked(app.consumer)
 
     @app.on_partitions_assigned.connect
     async def on_assigned(_app: faust.App, assigned: set[TP], **_: object) -> None:
@@ -254,7 +254,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         log.info("shutting down: finishing events in flight")
         parking.forget(list(parking.paused()))
         await lanes.stop(grace_s=shutdown_grace_s)
-        await app.consumer.commit()
+        await commit_acked(app.consumer)
         if runtime.loop_session is not None:
             await runtime.loop_session.close()
         executor.shutdown(wait=False, cancel_futures=True)

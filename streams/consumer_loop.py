@@ -206,6 +206,15 @@ class _ParkingSupport:
                 or tp in self._buffered_partitions)  # type: ignore[attr-defined]
 
 
+async def commit_acked(consumer: Any) -> None:
+    """Commit every offset acked so far. Faust's ``commit`` called while another commit
+    is in flight (its periodic one) waits for that one and commits nothing itself: the
+    acks that came after it would wait for the next period, which a revocation or a
+    stop does not leave them. So twice: the second commits what the first did not."""
+    for _ in range(2):
+        await consumer.commit()
+
+
 class _CommitBeforeRevoke:
     """Commit what the lanes acked before Faust forgets it on a revocation.
 
@@ -214,17 +223,14 @@ class _CommitBeforeRevoke:
     during its grace, ``streams/app.py``): every event finished since the last periodic
     commit was handled again by the partition's next owner, its outcomes published
     twice, on every rebalance (an eager one revokes every partition). Committed here
-    first, still in the old generation; twice, because a periodic commit in flight makes
-    ``commit`` wait for it and commit nothing itself
-    (``tests/unit/test_commit_before_revoke.py``)."""
+    first, still in the old generation (``commit_acked``;
+    ``tests/unit/test_commit_before_revoke.py``)."""
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        for _ in range(2):
-            try:
-                await self.commit()  # type: ignore[attr-defined]
-            except Exception as exc:  # the broker away: the next owner re-reads them
-                log.warning("commit before the revocation failed: %r", exc)
-                break
+        try:
+            await commit_acked(self)
+        except Exception as exc:  # the broker away: the next owner re-reads them
+            log.warning("commit before the revocation failed: %r", exc)
         await super().on_partitions_revoked(revoked)  # type: ignore[misc]
 
 

@@ -98,3 +98,35 @@ def test_two_workers_share_the_group_and_sigterm_hands_over_cleanly(settings, tm
         for worker in (first, second):
             worker.terminate()
         rig.close()
+
+
+def test_a_worker_joining_the_group_costs_no_outcome_published_twice(settings, tmp_path):
+    """A second worker joins while the first one promotes: every partition of the first
+    is revoked (an eager rebalance). What its lanes had acked since the last periodic
+    commit was dropped by Faust before the revoke handler's commit, and the partitions'
+    next owners handled those events again: their outcomes published twice. Committed
+    before the revocation now (``streams/consumer_loop.py``, ``_CommitBeforeRevoke``).
+    (An outside review of the worker across rebalances, session 42.)"""
+    rig = Rig(isolated_settings(settings, "join", partitions=4, home=tmp_path / "home"))
+    first = rig.worker(tmp_path, "first")
+    second = None
+    try:
+        warm = single_turn_conversations(40)
+        rig.send(*warm)
+        rig.collector.wait(lambda: len(promoted(rig)) == 40, 120, "the first worker runs")
+        for n in range(150):  # a steady flow (~15 s), the second worker joining early in it
+            rig.send(*single_turn_conversations(4))
+            time.sleep(0.1)
+            if n == 10:
+                second = rig.worker(tmp_path, "second")
+        rig.collector.wait(lambda: len(promoted(rig)) == 640, 180, "all promoted")
+        time.sleep(3)  # any second publication of one of them comes by now
+        with rig.collector._lock:
+            seen = [s.model for s in rig.collector.all if isinstance(s.model, CheckpointPromoted)]
+        twice = len(seen) - len({m.response_id for m in seen})
+        assert twice == 0, f"{twice} promotions published twice across the rebalance"
+    finally:
+        for worker in (first, second):
+            if worker is not None:
+                worker.terminate()
+        rig.close()
