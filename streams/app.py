@@ -359,9 +359,9 @@ class FetchGuard:
                 # A rebalance began meanwhile (during the previous stall's seek, say): its
                 # offset is the old assignment's; Faust sought to the committed ones.
                 return
-            await self._recover(stall.tp, stall.next_offset)
+            await self._recover(stall.tp, stall.next_offset, since)
 
-    async def _recover(self, tp: TP, offset: int | None) -> None:
+    async def _recover(self, tp: TP, offset: int | None, since: int | None = None) -> None:
         if offset is None:
             return
         consumer = self.app.consumer
@@ -377,7 +377,11 @@ class FetchGuard:
                         tp.partition, offset, exc)
             return
         finally:
-            if tp not in self._parked():  # (parked during the seek: left to the parking)
+            # Parked during the seek: left to the parking. A rebalance begun during it:
+            # the partition may be another worker's now (Faust's resume would put it
+            # back into the set it fetches from all the same), and Faust sets the fetch
+            # state of its new assignment itself.
+            if tp not in self._parked() and (since is None or self._rebalances() == since):
                 consumer.resume_partitions([tp])  # back into the set Faust fetches from
         log.warning("fetch watchdog: partition %s resumed and seeked to offset %d",
                     tp.partition, offset)

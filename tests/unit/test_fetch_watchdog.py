@@ -284,3 +284,32 @@ def test_a_reported_hang_keeps_no_record_once_its_lane_is_idle_or_revoked(caplog
     del record
     gc.collect()
     assert kept() is None, "the guard still holds the record of a finished, revoked event"
+
+
+def test_guard_resumes_nothing_after_a_rebalance_began_during_its_seek():
+    """A rebalance during the seek (it awaits the broker): the partition may be another
+    worker's by now. Faust's resume only adds it to the set Faust fetches from, so a
+    partition revoked meanwhile was put back into that set while not assigned; Faust
+    sets the fetch state of its new assignment itself. (An outside review of the
+    worker across rebalances, session 42.)"""
+    import asyncio
+
+    guard, app, clock, stops, tps = make_guard(fetched={0: 4, 1: 7}, end_offsets={0: 10, 1: 8})
+    app.rebalancing_count = 0
+    seek = app.consumer.seek_wait
+
+    async def seek_during_which_a_rebalance_runs(offsets):
+        await seek(offsets)
+        app.rebalancing_count += 1
+        app.consumer.tps = {tps[1]}  # partition 0 went to another worker
+
+    app.consumer.seek_wait = seek_during_which_a_rebalance_runs
+
+    async def scenario():
+        for now in (0, 15):
+            clock.now = now
+            await guard.check()
+
+    asyncio.run(scenario())
+    assert app.consumer.seeks == [{tps[0]: 5}]
+    assert app.consumer.resumed == [], app.consumer.resumed
