@@ -43,7 +43,7 @@ from ratchet.settings import Settings
 from schemas.limits import CLIENT_MAX_BYTES
 from services.cassandra_loop import LoopSession
 from streams import metrics
-from streams.consumer_loop import LoopConsumerApp, WorkerApp
+from streams.consumer_loop import LoopConsumerApp, WorkerApp, commit_acked
 from streams.fetchwatch import (
     EndOffsets,
     FetchWatchdog,
@@ -237,7 +237,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         # Every revoked partition is closed, with a lane or not: a record of it still in
         # the stream is not ours to decide.
         await lanes.stop(revoked, grace_s=shutdown_grace_s)
-        await app.consumer.commit()
+        await commit_acked(app.consumer)
 
     @app.on_partitions_assigned.connect
     async def on_assigned(_app: faust.App, assigned: set[TP], **_: object) -> None:
@@ -254,7 +254,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         log.info("shutting down: finishing events in flight")
         parking.forget(list(parking.paused()))
         await lanes.stop(grace_s=shutdown_grace_s)
-        await app.consumer.commit()
+        await commit_acked(app.consumer)
         if runtime.loop_session is not None:
             await runtime.loop_session.close()
         executor.shutdown(wait=False, cancel_futures=True)
@@ -304,13 +304,27 @@ class FetchGuard:
         self._clock = clock
         # Default: Faust's graceful stop (lanes finish, commit, leave the group).
         self._stop = stop or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+        # Partition -> offset of its event in flight reported hung (the offset, not the
+        # record: a turn of up to 16 MiB stayed alive after it; dropped once the lane is
+        # idle or the partition no longer assigned).
         self._reported_hangs: dict[TP, object] = {}
 
-    def _settled(self) -> bool:
-        return not self.app.rebalancing and self.app.consumer.flow_active
+    def _settled(self, since: int | None = None) -> bool:
+        """Not rebalancing, and (``since``: a ``_rebalances()`` count) no rebalance
+        began since: offsets taken before a rebalance are not the new assignment's."""
+        return (not self.app.rebalancing and self.app.consumer.flow_active
+                and (since is None or self._rebalances() == since))
+
+    def _rebalances(self) -> int:
+        """Rebalances begun so far (Faust's count)."""
+        return getattr(self.app, "rebalancing_count", 0)
 
     async def check(self) -> None:
         consumer = self.app.consumer
+        # Every figure below belongs to the assignment of now: a seek with one taken
+        # before a rebalance (revoked, its lane's queued records dropped unacked, assigned
+        # again from the committed offset) would skip those records.
+        since = self._rebalances()
         if not self._settled():
             # Rebalancing: nothing to judge, and the assignment is about to change.
             self.watchdog.reset()
@@ -330,7 +344,7 @@ class FetchGuard:
             next_offset = last + 1 if last is not None else first_needed_offset(self.app, tp)
             figures.append(PartitionFigures(tp, next_offset, end_offsets.get(tp)))
         stalls = self.watchdog.observe(self._clock(), figures, room=self.lanes.has_room(),
-                                       settled=self._settled())
+                                       settled=self._settled(since))
         now_ms = int(time.time() * 1000)
         for stall in stalls:
             log.warning("fetch watchdog: partition %s owes records (next offset %s, end offset"
@@ -341,11 +355,13 @@ class FetchGuard:
             self._give_up([s.tp.partition for s in stalls])
             return
         for stall in stalls:
-            if not self._settled():  # a rebalance began meanwhile: Faust reseeks anyway
+            if not self._settled(since):
+                # A rebalance began meanwhile (during the previous stall's seek, say): its
+                # offset is the old assignment's; Faust sought to the committed ones.
                 return
-            await self._recover(stall.tp, stall.next_offset)
+            await self._recover(stall.tp, stall.next_offset, since)
 
-    async def _recover(self, tp: TP, offset: int | None) -> None:
+    async def _recover(self, tp: TP, offset: int | None, since: int | None = None) -> None:
         if offset is None:
             return
         consumer = self.app.consumer
@@ -361,7 +377,11 @@ class FetchGuard:
                         tp.partition, offset, exc)
             return
         finally:
-            if tp not in self._parked():  # (parked during the seek: left to the parking)
+            # Parked during the seek: left to the parking. A rebalance begun during it:
+            # the partition may be another worker's now (Faust's resume would put it
+            # back into the set it fetches from all the same), and Faust sets the fetch
+            # state of its new assignment itself.
+            if tp not in self._parked() and (since is None or self._rebalances() == since):
                 consumer.resume_partitions([tp])  # back into the set Faust fetches from
         log.warning("fetch watchdog: partition %s resumed and seeked to offset %d",
                     tp.partition, offset)
@@ -380,15 +400,21 @@ class FetchGuard:
         problem (a persistence outage logs its own warning; anything else is a hang),
         but the same symptom from outside, so it is named here."""
         health = self.app.runtime.health  # type: ignore[attr-defined]
+        for tp in [tp for tp in self._reported_hangs if tp not in tps]:
+            del self._reported_hangs[tp]  # revoked
         for tp in tps:
             busy = self.lanes.in_flight(tp)
-            if busy is None or busy[1] < self.watchdog.stall_after_s:
+            if busy is None:
+                self._reported_hangs.pop(tp, None)
+                continue
+            if busy[1] < self.watchdog.stall_after_s:
                 continue
             if health.is_retrying(f"{tp.topic}[{tp.partition}]"):
                 continue  # a persistence outage: the retry loop has said so already
-            if self._reported_hangs.get(tp) is busy[0]:
+            offset = getattr(busy[0], "offset", None)
+            if tp in self._reported_hangs and self._reported_hangs[tp] == offset:
                 continue
-            self._reported_hangs[tp] = busy[0]
+            self._reported_hangs[tp] = offset
             log.warning("lane %s: event at offset %s in flight for %.0fs", tp.partition,
                         getattr(busy[0], "offset", "?"), busy[1])
 

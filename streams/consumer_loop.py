@@ -206,13 +206,41 @@ class _ParkingSupport:
                 or tp in self._buffered_partitions)  # type: ignore[attr-defined]
 
 
-class _LoopConsumer(_ParkingSupport, faust_aiokafka.Consumer):
+async def commit_acked(consumer: Any) -> None:
+    """Commit every offset acked so far. Faust's ``commit`` called while another commit
+    is in flight (its periodic one) waits for that one and commits nothing itself: the
+    acks that came after it would wait for the next period, which a revocation or a
+    stop does not leave them. So twice: the second commits what the first did not."""
+    for _ in range(2):
+        await consumer.commit()
+
+
+class _CommitBeforeRevoke:
+    """Commit what the lanes acked before Faust forgets it on a revocation.
+
+    Faust's ``Consumer.on_partitions_revoked`` drops its acks of the revoked partitions
+    before the app's revoke handler runs (whose commit then has only what the lanes ack
+    during its grace, ``streams/app.py``): every event finished since the last periodic
+    commit was handled again by the partition's next owner, its outcomes published
+    twice, on every rebalance (an eager one revokes every partition). Committed here
+    first, still in the old generation (``commit_acked``;
+    ``tests/unit/test_commit_before_revoke.py``)."""
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        try:
+            await commit_acked(self)
+        except Exception as exc:  # the broker away: the next owner re-reads them
+            log.warning("commit before the revocation failed: %r", exc)
+        await super().on_partitions_revoked(revoked)  # type: ignore[misc]
+
+
+class _LoopConsumer(_CommitBeforeRevoke, _ParkingSupport, faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerOnLoop(self, loop=self.loop, thread_loop=self.loop,
                                Worker=_LoopTask, beacon=self.beacon)
 
 
-class _ThreadConsumer(_ParkingSupport, faust_aiokafka.Consumer):
+class _ThreadConsumer(_CommitBeforeRevoke, _ParkingSupport, faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _BatchedFetches(self, loop=self.loop, beacon=self.beacon)
 

@@ -388,3 +388,23 @@ def test_a_failed_retry_never_orphans_what_the_first_attempt_promotes_with(worke
     outcome = first_owner.outcome(first)
     assert isinstance(outcome, CheckpointPromoted), outcome
     _no_effect_orphaned_and_used(published, outcome, effect)
+
+
+def test_the_same_turn_promoted_by_the_old_owner_while_the_new_ones_batch_is_pending(workers):
+    """A zombie: the old owner, still running, promotes the turn the new owner has
+    decided (its batch pending) and the next one too. The new owner's batch, on the
+    head it cached, is refused; it must publish the very promotion the old owner
+    published (same seq, same outcome id), never a rejection of its own or another
+    seq. (An outside review of the worker across rebalances, session 42: held.)"""
+    old, new = workers
+    conv = uid("conv")
+    assert new.outcome(turn(conv, 0)).seq == 1  # the new owner caches head 1
+    contested, after = turn(conv, 1), turn(conv, 2)
+    by_old = []
+    new.store.before_promote = lambda: by_old.extend(
+        [old.outcome(contested), old.outcome(after)])
+    by_new = new.outcome(contested)
+    assert [type(o) for o in by_old] == [CheckpointPromoted, CheckpointPromoted]
+    assert (by_old[0].seq, by_old[1].seq) == (2, 3)
+    assert by_new == by_old[0], (by_new, by_old[0])
+    assert new.outcome(turn(conv, 3)).seq == 4

@@ -5,6 +5,9 @@
   real consumer) and goes on; every event is still handled once, in Kafka order.
 * Two workers in one consumer group share the partitions; SIGTERM on one drains it
   and its partitions move to the other without losing or duplicating a promotion.
+* A worker joining mid-flow revokes every partition of the first: no outcome is
+  published twice (what was acked is committed before Faust forgets it), and a parked
+  partition revoked that way completes in order on either worker.
 """
 
 from __future__ import annotations
@@ -72,6 +75,52 @@ def test_a_burst_above_a_lanes_share_parks_its_partition_and_completes_in_order(
     assert code == 0, worker.log_tail()
 
 
+def test_a_parked_partition_revoked_by_a_joining_worker_completes_in_order(settings, tmp_path):
+    """The burst above, and a second worker joining once a partition is parked: the
+    parked partition is revoked (its parking forgotten, its lane's queued turns dropped
+    unacked) and assigned to either worker (the same one again: it must be fetched
+    again, no longer paused). Every turn is still promoted at the seq its position
+    gives, none rejected: nothing skipped, taken twice into a decision or out of order.
+    (An outside review of the worker across rebalances, session 42.)"""
+    rig = Rig(isolated_settings(settings, "parkjoin", partitions=2, home=tmp_path / "home"))
+    first = rig.worker(tmp_path, "first")
+    second = None
+    try:
+        now = int(time.time() * 1000)
+        conversations = [f"conv_{uuid.uuid4().hex[:12]}" for _ in range(50)]
+        rounds = [[make_turn(conversation_id=c, expected_head_seq=head, now_ms=now,
+                             response_id=f"resp_{uuid.uuid4().hex[:12]}",
+                             idempotency_key=f"idem_{uuid.uuid4().hex[:12]}")
+                   for c in conversations] for head in range(50)]
+        for turns in rounds:
+            rig.send(*turns)
+        deadline = time.monotonic() + 120
+        while _parks(first) < 1:
+            assert time.monotonic() < deadline, "no partition was parked"
+            time.sleep(0.05)
+        second = rig.worker(tmp_path, "second")
+        total = sum(len(turns) for turns in rounds)
+        rig.collector.wait(lambda: len(promoted(rig)) == total, 300, "all promoted")
+        seqs = promoted(rig)
+        assert all(seqs[t.response_id] == {head + 1}
+                   for head, turns in enumerate(rounds) for t in turns)
+        assert rig.collector.count(rig.collector.topics.rejections) == 0
+        assert not rig.collector.dead_letters
+        assert first.alive() and second.alive(), first.log_tail() + second.log_tail()
+    finally:
+        for worker in (first, second):
+            if worker is not None:
+                worker.terminate()
+        rig.close()
+
+
+def _parks(worker) -> float:
+    try:
+        return _counter(worker.metrics_port, "ratchet_worker_partition_parks_total")
+    except OSError:  # not serving its metrics yet
+        return 0
+
+
 def _counter(port: int, name: str) -> float:
     """A counter's value from the worker's Prometheus endpoint."""
     import urllib.request
@@ -97,4 +146,36 @@ def test_two_workers_share_the_group_and_sigterm_hands_over_cleanly(settings, tm
     finally:
         for worker in (first, second):
             worker.terminate()
+        rig.close()
+
+
+def test_a_worker_joining_the_group_costs_no_outcome_published_twice(settings, tmp_path):
+    """A second worker joins while the first one promotes: every partition of the first
+    is revoked (an eager rebalance). What its lanes had acked since the last periodic
+    commit was dropped by Faust before the revoke handler's commit, and the partitions'
+    next owners handled those events again: their outcomes published twice. Committed
+    before the revocation now (``streams/consumer_loop.py``, ``_CommitBeforeRevoke``).
+    (An outside review of the worker across rebalances, session 42.)"""
+    rig = Rig(isolated_settings(settings, "join", partitions=4, home=tmp_path / "home"))
+    first = rig.worker(tmp_path, "first")
+    second = None
+    try:
+        warm = single_turn_conversations(40)
+        rig.send(*warm)
+        rig.collector.wait(lambda: len(promoted(rig)) == 40, 120, "the first worker runs")
+        for n in range(150):  # a steady flow (~15 s), the second worker joining early in it
+            rig.send(*single_turn_conversations(4))
+            time.sleep(0.1)
+            if n == 10:
+                second = rig.worker(tmp_path, "second")
+        rig.collector.wait(lambda: len(promoted(rig)) == 640, 180, "all promoted")
+        time.sleep(3)  # any second publication of one of them comes by now
+        with rig.collector._lock:
+            seen = [s.model for s in rig.collector.all if isinstance(s.model, CheckpointPromoted)]
+        twice = len(seen) - len({m.response_id for m in seen})
+        assert twice == 0, f"{twice} promotions published twice across the rebalance"
+    finally:
+        for worker in (first, second):
+            if worker is not None:
+                worker.terminate()
         rig.close()

@@ -211,3 +211,105 @@ def test_guard_judges_a_partition_with_nothing_dispatched_from_its_committed_off
 
     asyncio.run(scenario())
     assert app.consumer.seeks == [{tps[0]: 3}]
+
+
+def test_guard_never_seeks_with_figures_taken_before_a_rebalance():
+    """Two partitions stalled in one check: the first one's seek waits on the broker
+    (``seek_wait`` awaits the new position), and a whole rebalance can run meanwhile
+    (revoked, the lanes' queued records dropped unacked, assigned again from the
+    committed offset). The second one's offset was taken before it: its last dispatched
+    record + 1 of the old assignment, past the records the revoked lane dropped. Sought
+    there, the new assignment would skip them, and a commit of a later record would pass
+    them: never handled (CONTRACT 4). (An outside review of the worker across
+    rebalances, session 42.)"""
+    import asyncio
+
+    guard, app, clock, stops, tps = make_guard(fetched={0: 4, 1: 7}, end_offsets={0: 10, 1: 10})
+    app.rebalancing_count = 0
+    seek = app.consumer.seek_wait
+
+    async def seek_during_which_a_rebalance_runs(offsets):
+        await seek(offsets)
+        if len(app.consumer.seeks) == 1:
+            # what on_revoked / on_assigned and Faust do, all within this await
+            app.rebalancing, app.rebalancing_count = True, app.rebalancing_count + 1
+            guard.fetched.clear()
+            guard.watchdog.reset()
+            app.consumer._read_offset = {tps[0]: 3, tps[1]: 5}  # the committed offsets
+            await asyncio.sleep(0)
+            app.rebalancing = False
+
+    app.consumer.seek_wait = seek_during_which_a_rebalance_runs
+
+    async def scenario():
+        for now in (0, 15):
+            clock.now = now
+            await guard.check()
+
+    asyncio.run(scenario())
+    assert app.consumer.seeks[0] == {tps[0]: 5}
+    assert {tps[1]: 8} not in app.consumer.seeks, (
+        f"partition 1 was sought to offset 8, its next offset before the rebalance; the new "
+        f"assignment starts at its committed offset 5 (seeks: {app.consumer.seeks})")
+
+
+def test_a_reported_hang_keeps_no_record_once_its_lane_is_idle_or_revoked(caplog):
+    """The guard names a hung event once; what it keeps to know that must not be the
+    record itself: a turn of up to 16 MiB per partition stayed alive after its event
+    was done, and after its partition was revoked (state per partition must be dropped
+    on revoke, bounded). (An outside review of the worker across rebalances, session 42.)"""
+    import asyncio
+    import gc
+    import weakref
+
+    guard, app, clock, stops, tps = make_guard(fetched={0: 4, 1: 7}, end_offsets={0: 5, 1: 8})
+
+    class Record:
+        offset = 5
+
+    record = Record()
+    busy = {tps[0]: (record, 20.0)}
+    guard.lanes.in_flight = lambda tp: busy.get(tp)
+    kept = weakref.ref(record)
+
+    async def scenario():
+        await guard.check()  # reported
+        await guard.check()  # not twice
+        busy.clear()  # the event is done
+        app.consumer.tps = {tps[1]}  # and partition 0 revoked
+        await guard.check()
+
+    asyncio.run(scenario())
+    assert sum("in flight for" in r.getMessage() for r in caplog.records) == 1
+    del record
+    gc.collect()
+    assert kept() is None, "the guard still holds the record of a finished, revoked event"
+
+
+def test_guard_resumes_nothing_after_a_rebalance_began_during_its_seek():
+    """A rebalance during the seek (it awaits the broker): the partition may be another
+    worker's by now. Faust's resume only adds it to the set Faust fetches from, so a
+    partition revoked meanwhile was put back into that set while not assigned; Faust
+    sets the fetch state of its new assignment itself. (An outside review of the
+    worker across rebalances, session 42.)"""
+    import asyncio
+
+    guard, app, clock, stops, tps = make_guard(fetched={0: 4, 1: 7}, end_offsets={0: 10, 1: 8})
+    app.rebalancing_count = 0
+    seek = app.consumer.seek_wait
+
+    async def seek_during_which_a_rebalance_runs(offsets):
+        await seek(offsets)
+        app.rebalancing_count += 1
+        app.consumer.tps = {tps[1]}  # partition 0 went to another worker
+
+    app.consumer.seek_wait = seek_during_which_a_rebalance_runs
+
+    async def scenario():
+        for now in (0, 15):
+            clock.now = now
+            await guard.check()
+
+    asyncio.run(scenario())
+    assert app.consumer.seeks == [{tps[0]: 5}]
+    assert app.consumer.resumed == [], app.consumer.resumed
