@@ -37,7 +37,7 @@ from ratchet.domain.history import (
     TurnItems,
     VerifiedHistory,
     backs,
-    utc_ms,
+    logically_expired,
     verify_extension,
 )
 from ratchet.domain.rehydration import fallback_reason
@@ -618,7 +618,7 @@ class RehydrationService:
         read (an outside review, session 36: every request for an expired response or
         Conversation was a full partition read, 36 ms beside a 4 MB history)."""
         expires = entry.checkpoint.logical_expires_at
-        if expires is None or utc_ms(self._clock()) < expires:
+        if expires is None or not logically_expired(expires, self._clock()):
             return None
         child(metrics.HISTORY_CACHE, endpoint, "hit").inc()
         return self._failure(
