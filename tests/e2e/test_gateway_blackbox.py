@@ -239,6 +239,35 @@ def test_turn_expires_at_is_honoured(gw, tenant):
     assert (answer.json()["outcome"], answer.json()["reason"]) == ("failure", "EXPIRED")
 
 
+@pytest.mark.parametrize("expires_at", [0, -1])
+@pytest.mark.parametrize("mode", ["conversation", "chain"])
+def test_a_turn_continuing_one_that_expired_before_1970_is_promoted(gw, tenant, mode,
+                                                                    expires_at):
+    """Promotion ignores expiry (docs/gateway-protocol.md, "Logical expiry"), whatever
+    the expiry: a first turn sent with ``expires_at`` 0 or -1 (a gateway's "none", a
+    clock gone wrong) is promoted, reads 410, and the turn continuing it is promoted,
+    its history whole. An outside review, session 42: the child was rejected
+    ``CORRUPT``."""
+    if mode == "conversation":
+        conv = uid("conv")
+        first = turn(tenant, uid("resp"), [user("q0")], [assistant("a0")],
+                     conversation_id=conv, expected_head_seq=0, expires_at=expires_at)
+        child = turn(tenant, uid("resp"), [user("q1")], [assistant("a1")],
+                     conversation_id=conv, expected_head_seq=1)
+    else:
+        first = turn(tenant, uid("resp"), [user("q0")], [assistant("a0")],
+                     expires_at=expires_at)
+        child = turn(tenant, uid("resp"), [user("q1")], [assistant("a1")],
+                     chain_root_id=first["response_id"],
+                     previous_response_id=first["response_id"])
+    assert epoch_ms(gw.promoted(first)["expires_at"]) == expires_at
+    assert gw.response_history(tenant, first["response_id"]).status_code == 410
+    assert gw.promoted(child)["seq"] == 2
+    answer = gw.response_history(tenant, child["response_id"])
+    assert answer.status_code == 200, answer.text
+    assert item_contents(answer.json()) == contents(first, child)
+
+
 def test_outside_digests_are_what_the_api_serves(gw, tenant):
     """The outside implementation of canonical JSON and digests agrees with ratchet's."""
     _, events, promotions = conversation(gw, tenant, 1)
