@@ -13,7 +13,8 @@ review of expiry and time, session 42.
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timedelta
+import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -32,9 +33,15 @@ LATE = NOW + timedelta(seconds=20)  # when the tests read
 
 def promote(stack: Stack, tenant: str, partition: str, mode: str, *,
             head: int | None = None, previous: str | None = None,
-            expires: datetime | None = None) -> str:
-    """One certified turn (its artifact reusable for a day) whose logical expiry is
-    ``expires``; a chain's first response is the partition's own id."""
+            expires: datetime | None = None, reuse_ends: dict[str, datetime] | None = None,
+            ) -> str:
+    """One certified turn whose logical expiry is ``expires``; its artifact, proof and
+    receipt reusable for a day unless ``reuse_ends`` names their ends; a chain's first
+    response is the partition's own id."""
+    ends = {name: NOW + timedelta(days=1) for name in ("artifact", "proof", "receipt")}
+    ends.update(reuse_ends or {})
+    proof = json.loads(binding_proof(FP))
+    proof["expires_at"] = _ms(ends["proof"])
     rid = partition if mode == "chain" and previous is None else uid("resp")
     key = uid("key")
     outcome = stack.store.promote(PromotionRequest(
@@ -45,14 +52,18 @@ def promote(stack: Stack, tenant: str, partition: str, mode: str, *,
         items=(message(f"turn {rid}", item_id=uid("m")),),
         certification=Certification.CERTIFIED, fingerprint_hash=FP,
         expected_head_seq=head, previous_response_id=previous,
-        token_artifact=StoredTokenArtifact(uid("art"), "th", 42, 40, FP,
-                                           NOW + timedelta(days=1)),
-        router_receipt=canonical_json({"receipt_id": "rc1"}),
-        boundary_proof=binding_proof(FP),
+        token_artifact=StoredTokenArtifact(uid("art"), "th", 42, 40, FP, ends["artifact"]),
+        router_receipt=canonical_json({"receipt_id": "rc1",
+                                       "expires_at": _ms(ends["receipt"])}),
+        boundary_proof=canonical_json(proof),
         expires_at=expires,
     ))
     assert type(outcome).__name__ == "Promoted", outcome
     return rid
+
+
+def _ms(moment: datetime) -> int:
+    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
 
 
 def two(stack: Stack, mode: str, first: datetime | None,
@@ -191,3 +202,25 @@ def test_an_expired_response_answers_expired_before_its_damaged_head():
         assert answer(read.response(r2))[:3] == (500, "failure", "CORRUPT_HISTORY")
         assert answer(read.conversation(conv))[:3] == (500, "failure", "CORRUPT_HISTORY")
         assert read.status(r1)["error"] == "CORRUPT_HISTORY"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("record", ["artifact", "proof", "receipt"])
+def test_reuse_ends_at_the_first_expiry_of_artifact_proof_and_receipt(path, record):
+    """``ARTIFACT_EXPIRED`` from the instant the artifact, its proof or its receipt
+    expires (one microsecond before: certified), decided per request on every path,
+    while the history itself (no logical expiry) is served whole."""
+    stack = stack_for(path)
+    tenant, conv = uid("tenant"), uid("conv")
+    ends = {record: EARLY + timedelta(milliseconds=7)}
+    promote(stack, tenant, conv, "conversation", head=0)
+    r2 = promote(stack, tenant, conv, "conversation", head=1, reuse_ends=ends)
+    if path.startswith("warm"):
+        warm(stack, tenant, conv, "conversation", r2)
+    read = Reader(stack, tenant, NO_CACHE if path.endswith("no-cache") else {})
+    for now, outcome, reason in ((ends[record] - timedelta(microseconds=1), "certified", None),
+                                 (ends[record], "fallback", "ARTIFACT_EXPIRED"),
+                                 (LATE, "fallback", "ARTIFACT_EXPIRED")):
+        stack.clock.now = now
+        for resp in (read.response(r2), read.conversation(conv)):
+            assert answer(resp) == (200, outcome, reason, 2, 2, 2), now
