@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -224,3 +225,18 @@ def test_reuse_ends_at_the_first_expiry_of_artifact_proof_and_receipt(path, reco
         stack.clock.now = now
         for resp in (read.response(r2), read.conversation(conv)):
             assert answer(resp) == (200, outcome, reason, 2, 2, 2), now
+
+
+@pytest.mark.parametrize("path", ["uncached", "cold", "warm"])
+def test_a_wait_for_an_expired_response_is_answered_at_once(path):
+    """docs/gateway-protocol.md, ``wait_ms``: a response already decided is answered at
+    once, exactly as the plain read, 410 included (nothing is waited for)."""
+    stack = stack_for(path)
+    tenant, partition, r1, r2 = two(stack, "chain", EARLY, None)
+    if path == "warm":
+        warm(stack, tenant, partition, "chain", r1, r2)
+    stack.clock.now = LATE
+    read = Reader(stack, tenant, {})
+    start = time.monotonic()
+    assert answer(read.response(r1, wait_ms=5000))[:3] == (410, "failure", "EXPIRED")
+    assert time.monotonic() - start < 2.5
