@@ -473,6 +473,10 @@ class HistoryFailure:
 
     reason: HistoryFailureReason
     detail: str = ""
+    # ``EXPIRED``: the checkpoint found past its expiry (its row verified as far as the
+    # rules before expiry go: decodable, this tenant's). Not part of the answer.
+    expired: CheckpointRecord | None = dataclasses.field(default=None, compare=False,
+                                                          repr=False)
 
 
 def verify_history(
@@ -486,7 +490,8 @@ def verify_history(
         return HistoryFailure(HistoryFailureReason.NOT_FOUND, f"no checkpoint {response_id}")
     expires = checkpoint.logical_expires_at
     if expires is not None and logically_expired(expires, now):
-        return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}")
+        return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}",
+                              checkpoint)
     lineage = _lineage(snapshot, checkpoint)
     if isinstance(lineage, HistoryFailure):
         return lineage
@@ -554,7 +559,8 @@ def verify_extension(
         return _corrupt(f"rows of {last.response_id} cannot be decoded")
     expires = last.logical_expires_at
     if expires is not None and logically_expired(expires, now):
-        return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}")
+        return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}",
+                              last)
     # The lineage's structure, newest turn first, as the full read walks the parent
     # links (``_lineage``): partition and mode (the mode of the turn read, the newest),
     # the parent link, the seq step; then the tip, the first row of the verified prefix.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -24,6 +25,7 @@ from ratchet.domain.plan import PromotionRequest
 from schemas.canonical import canonical_json_text as canonical_json
 from schemas.items import message
 from schemas.models import Certification
+from services.api.cache import SIDE_MAP_SHARE, HistoryCache
 from tests.contract.store_support import binding_proof
 from tests.unit.test_api_cache import NO_CACHE, CachingStack
 from tests.unit.test_api_http import FP, NOW, Stack, uid
@@ -240,3 +242,55 @@ def test_a_wait_for_an_expired_response_is_answered_at_once(path):
     start = time.monotonic()
     assert answer(read.response(r1, wait_ms=5000))[:3] == (410, "failure", "EXPIRED")
     assert time.monotonic() - start < 2.5
+
+
+@pytest.mark.parametrize("mode", ["conversation", "chain"])
+def test_a_response_that_expired_before_it_was_cached_is_read_once(mode):
+    """An outside review, session 42: a cached history past its expiry answered 410 with
+    no read (session 36), but one first read after its expiry was a full partition read
+    on every request (failures are never cached). The full read's 410 is remembered
+    with the response's location (its expiry never changes, and it is the full read's
+    first answer after the row's own damage and tenant): later requests answer the same
+    bytes with no read (the Conversation endpoint: its head read, which must name that
+    very turn); ``no-cache`` reads in full; a turn on top renews the Conversation."""
+    stack = CachingStack()
+    tenant, partition, r1, r2 = two(stack, mode, None, EARLY)
+    stack.clock.now = LATE
+    read, fresh = Reader(stack, tenant, {}), Reader(stack, tenant, NO_CACHE)
+    first, reads = stack.reads_during(lambda: read.response(r2))
+    assert first.status_code == 410 and reads.get("read_history") == 1
+    for _ in range(2):
+        again, reads = stack.reads_during(lambda: read.response(r2))
+        assert (again.status_code, again.content, reads) == (410, first.content, {})
+    bypass, reads = stack.reads_during(lambda: fresh.response(r2))
+    assert (bypass.content, reads.get("read_history")) == (first.content, 1)
+    if mode == "chain":
+        return
+    whole, reads = stack.reads_during(lambda: read.conversation(partition))
+    assert whole.status_code == 410 and reads == {"read_head": 1}
+    assert whole.content == fresh.conversation(partition).content
+    promote(stack, tenant, partition, mode, head=2)
+    renewed = read.conversation(partition)
+    assert answer(renewed) == (200, "certified", None, 3, 3, 3)
+    assert read.response(r2).status_code == 410
+
+
+def test_remembered_expiries_stay_within_the_locations_bound():
+    """They are kept with the locations, in their bound (a sixteenth of the cache's),
+    counted by the text they hold; a location remembered again keeps its expiry."""
+    cache = HistoryCache(64 * 1024)
+    bound = cache.max_bytes // SIDE_MAP_SHARE
+    stack = CachingStack()
+    tenant, conv, r1, r2 = two(stack, "conversation", None, EARLY)
+    stack.clock.now = LATE
+    checkpoint = stack.store.get_checkpoint(tenant, r2)
+    cache.remember_expired(tenant, checkpoint)
+    cache.remember_location(tenant, r2, conv)
+    known = cache.expired(tenant, r2)
+    assert (known.partition_key, known.expires_at, known.head.seq) == (conv, EARLY, 2)
+    assert cache.location(tenant, r2) == conv
+    for n in range(500):
+        cache.remember_expired(tenant, replace(checkpoint, response_id=f"resp_{n:06d}"))
+    assert 0 < cache.side_nbytes <= bound
+    assert cache.expired(tenant, "resp_000499") is not None
+    assert cache.expired(tenant, r2) is None  # the oldest went first
