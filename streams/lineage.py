@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from ratchet.domain.history import (
+    IGNORING_EXPIRY,
     CheckpointRecord,
     Head,
     HistoryFailure,
@@ -28,8 +29,11 @@ from streams.tail_cache import Tail, TailCache
 # ``_head``: no head to tell (a chain turn, or head cells that cannot be decoded).
 _UNTOLD = object()
 
-# A lineage read "as of" this moment sees every stored turn as unexpired (pairing only).
-BEFORE_ANY_EXPIRY = datetime.fromtimestamp(0, UTC)
+# A lineage read "as of" this moment sees every stored turn as unexpired (pairing only):
+# ``IGNORING_EXPIRY``, before every expiry a row can hold. Until session 42 it was epoch
+# 0, and a turn continuing one whose ``expires_at`` was 0 or before 1970 was rejected
+# ``CORRUPT`` ("cannot be read (EXPIRED)"), though promotion ignores expiry.
+BEFORE_ANY_EXPIRY = IGNORING_EXPIRY
 
 
 @dataclass(frozen=True)
@@ -127,12 +131,12 @@ class LineageReader:
         off_head = self._off_head(turn) if head_first else None
         if off_head is not None:
             return off_head
-        found = self._read_history(turn, now=None)
-        if isinstance(found, HistoryFailure) and found.reason is HistoryFailureReason.EXPIRED:
-            # An expired lineage may still be extended (its descendant renews it,
-            # docs/decisions.md) and its items are still stored: the turn's pairing is
-            # checked against all of them, or the new history could repeat a call id.
-            found = self._read_history(turn, now=BEFORE_ANY_EXPIRY)
+        # Read as of before any expiry: an expired lineage may still be extended (its
+        # descendant renews it, docs/decisions.md) and its items are still stored: the
+        # turn's pairing is checked against all of them, or the new history could repeat
+        # a call id. (Until session 42 it was read as of now first, and read again when
+        # that said EXPIRED: two reads where one decides.)
+        found = self._read_history(turn, now=BEFORE_ANY_EXPIRY)
         # No readable history. Nothing stored there: the store's ordering checks decide
         # (CONFLICT, OUT_OF_ORDER, PARENT_NOT_PROMOTED), pairing has nothing to continue.
         # Stored but unreadable: the turn is rejected (``_on_unreadable_lineage``).
@@ -175,7 +179,7 @@ class LineageReader:
             return _UNTOLD
 
     def _read_history(self, turn: TurnCompleted,
-                              now: datetime | None) -> VerifiedHistory | HistoryFailure:
+                              now: datetime) -> VerifiedHistory | HistoryFailure:
         if turn.conversation_id is not None:
             return self.store.read_history(turn.tenant_id, conversation_id=turn.conversation_id,
                                            now=now)

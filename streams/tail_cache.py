@@ -58,7 +58,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ratchet.domain.history import CheckpointRecord, Head, PromotionMode
+from ratchet.domain.history import CheckpointRecord, Head, PromotionMode, logically_expired
 from ratchet.domain.validation import PairingState
 from ratchet.lru import Lru
 
@@ -85,8 +85,7 @@ class Tail:
 
     def expired(self, now: datetime) -> bool:
         """Logically expired: a history read would fail with EXPIRED; do not use it."""
-        expires = self.checkpoint.logical_expires_at
-        return expires is not None and now >= expires
+        return logically_expired(self.checkpoint.logical_expires_at, now)
 
 
 # A tail's weight: one per entry, and one more per WEIGHT_CHARS characters of the ids

@@ -83,6 +83,21 @@ class HistoryFailureReason(StrEnum):
 FIRST_MS, LAST_MS = -62_135_596_800_000, 253_402_300_799_999
 
 
+# ``now`` of a read that ignores logical expiry: the processor's lineage reads (promotion
+# ignores expiry, and a turn's pairing is checked against every stored turn). Not an
+# instant: no expiry a row can hold is past as of it, not even one at epoch 0, before
+# 1970 or at ``FIRST_MS`` (this very millisecond): ``logically_expired``.
+IGNORING_EXPIRY = datetime.min.replace(tzinfo=UTC)
+
+
+def logically_expired(expires_at: datetime | None, now: datetime) -> bool:
+    """Whether a checkpoint whose logical expiry is ``expires_at`` is past it at ``now``:
+    from that instant on (``expires_at <= now``, to the millisecond), never for None and
+    never as of ``IGNORING_EXPIRY``. The one rule of every read: the full read, an
+    extension, the API's cached hit."""
+    return expires_at is not None and now != IGNORING_EXPIRY and utc_ms(now) >= expires_at
+
+
 def utc_ms(moment: datetime) -> datetime:
     """``moment`` as an aware UTC datetime truncated to milliseconds.
 
@@ -458,6 +473,10 @@ class HistoryFailure:
 
     reason: HistoryFailureReason
     detail: str = ""
+    # ``EXPIRED``: the checkpoint found past its expiry (its row verified as far as the
+    # rules before expiry go: decodable, this tenant's). Not part of the answer.
+    expired: CheckpointRecord | None = dataclasses.field(default=None, compare=False,
+                                                          repr=False)
 
 
 def verify_history(
@@ -470,8 +489,9 @@ def verify_history(
     if checkpoint is None or checkpoint.tenant_id != snapshot.tenant_id:
         return HistoryFailure(HistoryFailureReason.NOT_FOUND, f"no checkpoint {response_id}")
     expires = checkpoint.logical_expires_at
-    if expires is not None and utc_ms(now) >= expires:
-        return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}")
+    if expires is not None and logically_expired(expires, now):
+        return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}",
+                              checkpoint)
     lineage = _lineage(snapshot, checkpoint)
     if isinstance(lineage, HistoryFailure):
         return lineage
@@ -538,8 +558,9 @@ def verify_extension(
     if last.response_id in snapshot.damaged:
         return _corrupt(f"rows of {last.response_id} cannot be decoded")
     expires = last.logical_expires_at
-    if expires is not None and utc_ms(now) >= expires:
-        return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}")
+    if expires is not None and logically_expired(expires, now):
+        return HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}",
+                              last)
     # The lineage's structure, newest turn first, as the full read walks the parent
     # links (``_lineage``): partition and mode (the mode of the turn read, the newest),
     # the parent link, the seq step; then the tip, the first row of the verified prefix.

@@ -25,7 +25,10 @@ prefix's plus the new turns' pre-rendered fragments.
 Locations: (tenant_id, response_id) -> partition_key of every verified turn, kept here
 (immutable: a response id is bound once per tenant, ``response_claims``); a response
 not seen yet is looked for under the caller's ``partition_key`` hint, else located by
-its claim (``CheckpointStore.locate``).
+its claim (``CheckpointStore.locate``). A response a read found past its logical expiry
+keeps its expiry beside its location (``ExpiredTurn``): never a history, but the read's
+first answer for it, which never changes, so it is answered ``EXPIRED`` with no read
+(session 42; before, only a history cached before it expired was).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import itertools
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from ratchet.domain.history import CheckpointRecord, Head, PromotionMode
 from ratchet.lru import Lru
@@ -51,6 +55,34 @@ ENTRY_OVERHEAD_BYTES = 3 * 1024
 SIDE_MAP_SHARE = 16
 SIDE_ENTRY_OVERHEAD_BYTES = 480
 _UNBOUNDED = 1 << 62
+
+
+@dataclass(frozen=True)
+class ExpiredTurn:
+    """A response a read found past its logical expiry: its partition, its expiry (a
+    stored expiry never changes) and, for a Conversation's turn, the head it is (the
+    Conversation endpoint answers ``EXPIRED`` for a head naming exactly it)."""
+
+    partition_key: str
+    expires_at: datetime
+    head: Head | None
+
+    @property
+    def text_len(self) -> int:
+        """The text it holds, as the side map counts it (a Head's two ids, its digest)."""
+        head = self.head
+        held = len(self.partition_key) + 64  # the datetime and the record
+        if head is not None:
+            held += len(head.response_id) + len(head.lineage_digest or "") + 64
+        return held
+
+
+def expired_turn(checkpoint: CheckpointRecord) -> ExpiredTurn | None:
+    """What is remembered of a checkpoint a read found expired (None: no expiry)."""
+    if checkpoint.logical_expires_at is None:
+        return None
+    head = Head.of(checkpoint) if checkpoint.mode is PromotionMode.CONVERSATION else None
+    return ExpiredTurn(checkpoint.partition_key, checkpoint.logical_expires_at, head)
 
 
 @dataclass(frozen=True)
@@ -194,8 +226,22 @@ class HistoryCache:
 
     def location(self, tenant_id: str, response_id: str) -> str | None:
         with self._lock:
-            location = self._locations.get((tenant_id, response_id))
-            return location if isinstance(location, str) else None
+            return _location_of(self._locations.get((tenant_id, response_id)))
+
+    def expired(self, tenant_id: str, response_id: str) -> ExpiredTurn | None:
+        """The response's expiry, if a read here found it past it."""
+        with self._lock:
+            known = self._locations.get((tenant_id, response_id))
+            return known if isinstance(known, ExpiredTurn) else None
+
+    def remember_expired(self, tenant_id: str, checkpoint: CheckpointRecord) -> None:
+        """A read found ``checkpoint`` past its logical expiry (``HistoryFailure.expired``):
+        kept with its location, in the locations' bound."""
+        known = expired_turn(checkpoint)
+        if known is None:
+            return
+        with self._lock:
+            self._locations.put((tenant_id, checkpoint.response_id), known)
 
     def remember_location(self, tenant_id: str, response_id: str, partition_key: str) -> None:
         self.remember_locations(tenant_id, (response_id,), partition_key)
@@ -210,7 +256,7 @@ class HistoryCache:
         with self._lock:
             for response_id in response_ids:
                 key = (tenant_id, response_id)
-                if locations.get(key) != partition_key:
+                if _location_of(locations.get(key)) != partition_key:
                     locations.put(key, partition_key)
 
 
@@ -224,8 +270,16 @@ class _Facts:
     backed_head: Head | None = None  # the head a full read found backed
 
 
+def _location_of(known: object) -> str | None:
+    """The partition a locations entry names (a text, or an ``ExpiredTurn``'s)."""
+    if isinstance(known, ExpiredTurn):
+        return known.partition_key
+    return known if isinstance(known, str) else None
+
+
 class _SideMap:
-    """An LRU of texts keyed by (tenant_id, id), bounded by the bytes counted for it:
+    """An LRU of texts (or ``ExpiredTurn``s, counted by ``text_len``) keyed by
+    (tenant_id, id), bounded by the bytes counted for it:
     its key's and value's text plus ``SIDE_ENTRY_OVERHEAD_BYTES`` an entry (an outside
     review, session 36: the cache's maps were bounded by count only, 100 000 entries
     each; three of them held 89 MiB with 20-character ids, 174 MiB with 200). Not
@@ -242,8 +296,9 @@ class _SideMap:
         held = self._lru.get(key)
         return None if held is None else held[1]  # type: ignore[index]
 
-    def put(self, key: tuple[str, str], value: str) -> None:
-        self._lru.put(key, (len(key[0]) + len(key[1]) + len(value) + SIDE_ENTRY_OVERHEAD_BYTES,
+    def put(self, key: tuple[str, str], value: str | ExpiredTurn) -> None:
+        text = len(value) if isinstance(value, str) else value.text_len
+        self._lru.put(key, (len(key[0]) + len(key[1]) + text + SIDE_ENTRY_OVERHEAD_BYTES,
                             value))
 
 
@@ -341,4 +396,4 @@ def _nbytes(entry: object) -> int:
     return entry.nbytes
 
 
-__all__ = ["CachedHistory", "ENTRY_OVERHEAD_BYTES", "HistoryCache"]
+__all__ = ["CachedHistory", "ENTRY_OVERHEAD_BYTES", "ExpiredTurn", "HistoryCache"]

@@ -37,7 +37,7 @@ from ratchet.domain.history import (
     TurnItems,
     VerifiedHistory,
     backs,
-    utc_ms,
+    logically_expired,
     verify_extension,
 )
 from ratchet.domain.rehydration import fallback_reason
@@ -356,6 +356,11 @@ class RehydrationService:
                 return await self._read_response(
                     tenant_id, response_id, fingerprint_hash, entry.partition_key
                 )
+            known = self._cache.expired(tenant_id, response_id)
+            if known is not None:
+                expired = self._expired_answer(known.expires_at, "response")
+                if expired is not None:
+                    return expired
         return await self._response_miss(lookup)
 
     async def _conversation_response_hit(
@@ -401,6 +406,12 @@ class RehydrationService:
                 answer = self._hit(entry, head.seq, fingerprint_hash, "conversation")
                 if answer is not None:
                     return answer
+            known = self._cache.expired(tenant_id, head.response_id)
+            if (known is not None and known.partition_key == conversation_id
+                    and known.head == head):  # the head names exactly that turn
+                expired = self._expired_answer(known.expires_at, "conversation")
+                if expired is not None:
+                    return expired
         return await self._conversation_miss(tenant_id, conversation_id, fingerprint_hash, head)
 
     async def _budgeted(
@@ -617,8 +628,14 @@ class RehydrationService:
         ``verify_history``): its stored expiry never changes, so the answer needs no
         read (an outside review, session 36: every request for an expired response or
         Conversation was a full partition read, 36 ms beside a 4 MB history)."""
-        expires = entry.checkpoint.logical_expires_at
-        if expires is None or utc_ms(self._clock()) < expires:
+        return self._expired_answer(entry.checkpoint.logical_expires_at, endpoint)
+
+    def _expired_answer(self, expires: datetime | None, endpoint: str) -> Answer | None:
+        """``EXPIRED`` (a hit) for a response known to expire at ``expires`` if that has
+        passed, else None: a cached history's (``_expired_hit``), or one a read here found
+        expired (``HistoryCache.expired``: the full read's first answer after the row's
+        own damage and tenant, and a stored expiry never changes; session 42)."""
+        if expires is None or not logically_expired(expires, self._clock()):
             return None
         child(metrics.HISTORY_CACHE, endpoint, "hit").inc()
         return self._failure(
@@ -652,6 +669,7 @@ class RehydrationService:
             return None
         if isinstance(extended, HistoryFailure):
             child(metrics.HISTORY_CACHE, endpoint, "extended").inc()
+            self._remember_expired(extended)
             return self._failure(extended, endpoint)
         if isinstance(extended, HistoryBody):
             child(metrics.HISTORY_CACHE, endpoint, "extended").inc()
@@ -891,6 +909,7 @@ class RehydrationService:
         endpoint: str,
     ) -> Answer:
         if isinstance(history, HistoryFailure):
+            self._remember_expired(history)
             return self._failure(history, endpoint)
         rendered = render_history(history)
         if isinstance(rendered, HistoryBody):  # stored bytes that are not a UTF-8 JSON object
@@ -904,6 +923,12 @@ class RehydrationService:
             fallback_reason(history.checkpoint, fingerprint_hash, now),
             endpoint,
         )
+
+    def _remember_expired(self, failure: HistoryFailure) -> None:
+        """A read found a response past its logical expiry: later requests for it are
+        answered ``EXPIRED`` with no read (``_expired_answer``)."""
+        if self._cache is not None and failure.expired is not None:
+            self._cache.remember_expired(failure.expired.tenant_id, failure.expired)
 
     def _unrenderable(self, body: HistoryBody, endpoint: str) -> Answer:
         """A stored checkpoint that cannot be rendered (``CORRUPT_HISTORY``): the body

@@ -408,3 +408,32 @@ def test_the_same_turn_promoted_by_the_old_owner_while_the_new_ones_batch_is_pen
     assert (by_old[0].seq, by_old[1].seq) == (2, 3)
     assert by_new == by_old[0], (by_new, by_old[0])
     assert new.outcome(turn(conv, 3)).seq == 4
+
+
+@pytest.mark.parametrize("expires_at", [NOW_MS - 1, 0, -1])
+@pytest.mark.parametrize("mode", ["conversation", "chain"])
+def test_a_turn_continuing_an_expired_one_is_promoted_on_every_backend(workers, mode,
+                                                                       expires_at):
+    """Promotion ignores expiry (docs/gateway-protocol.md, "Logical expiry"): a turn
+    whose parent expired (a moment ago, at epoch 0, before 1970) is promoted on it by
+    either worker, both entry points, both backends; its history holds the parent's
+    items. An outside review, session 42: a parent expired at or before epoch 0 made its
+    child ``CORRUPT`` ("cannot be read (EXPIRED)")."""
+    first_owner, new_owner = workers
+    if mode == "conversation":
+        conv = uid("conv")
+        parent = turn(conv, 0, expires_at=expires_at)
+        child = turn(conv, 1)
+    else:
+        root = uid("resp")
+        parent = make_turn(conversation_id=None, chain_root_id=root, response_id=root,
+                           expected_head_seq=None, previous_response_id=None,
+                           idempotency_key=uid("idem"), expires_at=expires_at)
+        child = make_turn(conversation_id=None, chain_root_id=root, response_id=uid("resp"),
+                          expected_head_seq=None, previous_response_id=root,
+                          idempotency_key=uid("idem"))
+    promoted = first_owner.outcome(parent)
+    assert (promoted.seq, promoted.expires_at) == (1, expires_at), promoted
+    outcome = new_owner.outcome(child)
+    assert isinstance(outcome, CheckpointPromoted), outcome
+    assert outcome.seq == 2 and outcome.item_count == len(parent.items) + len(child.items)

@@ -8,12 +8,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ratchet.domain.history import (
+    FIRST_MS,
+    IGNORING_EXPIRY,
+    LAST_MS,
     Head,
     HistoryFailure,
     HistoryFailureReason,
@@ -54,6 +58,7 @@ from tests.contract.store_support import (
 )
 
 MIB = 1024 * 1024
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class _DroppingLoads:
@@ -650,6 +655,33 @@ class StoreContract:
         assert store.read_history(tenant, response_id=first.response_id).reason is (
             HistoryFailureReason.EXPIRED
         )
+
+    @pytest.mark.parametrize("expires_ms", [FIRST_MS, -1, 0, LAST_MS])
+    def test_extreme_logical_expiries_are_kept_and_ignored_by_lineage_reads(
+            self, clock, tenant, expires_ms):
+        """A gateway's ``expires_at`` anywhere in years 1-9999 (epoch 0 and before 1970
+        too) is stored to the millisecond and read back as it was; a read as of now
+        answers by it, a read ``IGNORING_EXPIRY`` (the processor's lineage reads) never
+        says ``EXPIRED``, and a turn continuing it is promoted (session 42)."""
+        store = self.make_store(StoreOptions(clock=clock))
+        expires = _EPOCH + timedelta(milliseconds=expires_ms)
+        conv, root = uid("conv"), uid("resp")
+        first = dataclasses.replace(conversation_turn(tenant, conv, 0), expires_at=expires)
+        chained = dataclasses.replace(chain_turn(tenant, root, root, None), expires_at=expires)
+        for request in (first, chained):
+            promoted = store.promote(request)
+            assert isinstance(promoted, Promoted)
+            assert promoted.checkpoint.logical_expires_at == expires
+            assert store.get_checkpoint(tenant, request.response_id) == promoted.checkpoint
+            at_now = store.read_history(tenant, response_id=request.response_id)
+            expired = expires_ms < LAST_MS
+            assert isinstance(at_now, HistoryFailure) is expired, at_now
+            ignoring = self.history(store, tenant, response_id=request.response_id,
+                                    now=IGNORING_EXPIRY)
+            assert ignoring.checkpoint == promoted.checkpoint
+        self.history(store, tenant, conversation_id=conv, now=IGNORING_EXPIRY)
+        assert isinstance(store.promote(conversation_turn(tenant, conv, 1)), Promoted)
+        assert isinstance(store.promote(chain_turn(tenant, root, uid("resp"), root)), Promoted)
 
     # -- a failure decided from two reads ---------------------------------------------------
 

@@ -239,6 +239,69 @@ def test_turn_expires_at_is_honoured(gw, tenant):
     assert (answer.json()["outcome"], answer.json()["reason"]) == ("failure", "EXPIRED")
 
 
+@pytest.mark.parametrize("expires_at", [0, -1])
+@pytest.mark.parametrize("mode", ["conversation", "chain"])
+def test_a_turn_continuing_one_that_expired_before_1970_is_promoted(gw, tenant, mode,
+                                                                    expires_at):
+    """Promotion ignores expiry (docs/gateway-protocol.md, "Logical expiry"), whatever
+    the expiry: a first turn sent with ``expires_at`` 0 or -1 (a gateway's "none", a
+    clock gone wrong) is promoted, reads 410, and the turn continuing it is promoted,
+    its history whole. An outside review, session 42: the child was rejected
+    ``CORRUPT``."""
+    if mode == "conversation":
+        conv = uid("conv")
+        first = turn(tenant, uid("resp"), [user("q0")], [assistant("a0")],
+                     conversation_id=conv, expected_head_seq=0, expires_at=expires_at)
+        child = turn(tenant, uid("resp"), [user("q1")], [assistant("a1")],
+                     conversation_id=conv, expected_head_seq=1)
+    else:
+        first = turn(tenant, uid("resp"), [user("q0")], [assistant("a0")],
+                     expires_at=expires_at)
+        child = turn(tenant, uid("resp"), [user("q1")], [assistant("a1")],
+                     chain_root_id=first["response_id"],
+                     previous_response_id=first["response_id"])
+    assert epoch_ms(gw.promoted(first)["expires_at"]) == expires_at
+    assert gw.response_history(tenant, first["response_id"]).status_code == 410
+    assert gw.promoted(child)["seq"] == 2
+    answer = gw.response_history(tenant, child["response_id"])
+    assert answer.status_code == 200, answer.text
+    assert item_contents(answer.json()) == contents(first, child)
+
+
+def test_turns_of_one_conversation_expire_apart_on_every_endpoint(gw, tenant):
+    """Expiry is per response (docs/gateway-protocol.md, "Logical expiry"), on the real
+    worker, API and Cassandra, cached or not: turns 1 and 3 are sent already expired,
+    turn 2 never expires. Turn 2's history is whole (turn 1's items in it) and reports
+    head 3; turns 1 and 3 and the Conversation (its head is turn 3) answer 410;
+    ``/status`` ignores expiry; turn 4 continues the expired head and renews the
+    Conversation's history. An outside review, session 42."""
+    conv, past = uid("conv"), now_ms() - 1_000
+    events = [turn(tenant, uid("resp"), [user(f"q{i}")], [assistant(f"a{i}")],
+                   conversation_id=conv, expected_head_seq=i,
+                   expires_at=past if i in (0, 2) else None) for i in range(3)]
+    for event in events:
+        gw.promoted(event)
+    first, second, third = (e["response_id"] for e in events)
+    for headers in ({}, {"Cache-Control": "no-cache"}, {}):
+        for rid in (first, third):
+            answer = gw.response_history(tenant, rid, **headers)
+            assert (answer.status_code, answer.json()["reason"]) == (410, "EXPIRED")
+        answer = gw.response_history(tenant, second, **headers)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert (body["head_seq"], body["conversation_head_seq"]) == (2, 3)
+        assert item_contents(body) == contents(*events[:2])
+        whole = gw.conversation_history(tenant, conv, **headers)
+        assert (whole.status_code, whole.json()["reason"]) == (410, "EXPIRED")
+    assert [gw.status(tenant, rid)["seq"] for rid in (first, second, third)] == [1, 2, 3]
+    fourth = turn(tenant, uid("resp"), [user("q3")], [assistant("a3")],
+                  conversation_id=conv, expected_head_seq=3)
+    assert gw.promoted(fourth)["seq"] == 4
+    whole = gw.conversation_history(tenant, conv)
+    assert whole.status_code == 200, whole.text
+    assert item_contents(whole.json()) == contents(*events, fourth)
+
+
 def test_outside_digests_are_what_the_api_serves(gw, tenant):
     """The outside implementation of canonical JSON and digests agrees with ratchet's."""
     _, events, promotions = conversation(gw, tenant, 1)

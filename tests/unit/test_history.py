@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from ratchet.domain.history import (
+    FIRST_MS,
+    IGNORING_EXPIRY,
+    LAST_MS,
     HistoryFailure,
     HistoryFailureReason,
     PartitionSnapshot,
     TurnItems,
     VerifiedHistory,
     lineage_refs,
+    logically_expired,
     verify_conversation_history,
     verify_history,
 )
@@ -103,6 +107,33 @@ def test_expired_from_the_instant_of_its_expiry(built):
     assert verify_extension(tip, [middle, last], snapshot, at).reason is R.EXPIRED
     assert not isinstance(verify_extension(tip, [middle, last], snapshot, just_before),
                           HistoryFailure)
+
+
+@pytest.mark.parametrize("expires_ms", [FIRST_MS, -1, 0, 1, LAST_MS])
+def test_a_read_ignoring_expiry_verifies_any_storable_expiry(built, expires_ms):
+    """``IGNORING_EXPIRY`` (the processor's lineage reads: promotion ignores expiry) lies
+    before every expiry a row can hold, ``FIRST_MS`` (year 1) included, on the full read
+    and on an extension alike; any real instant at or past the expiry is ``EXPIRED``, one
+    millisecond before it is not. An outside review, session 42: the processor read "as
+    of" epoch 0, which an expiry at or before 1970 is past too."""
+    from ratchet.domain.history import verify_extension
+
+    turns, snapshot = built
+    expires = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=expires_ms)
+    tip, middle, last = (snapshot.checkpoints[t.response_id] for t in turns)
+    snapshot = with_checkpoint(snapshot, last.response_id, logical_expires_at=expires)
+    last = snapshot.checkpoints[last.response_id]
+    assert not logically_expired(expires, IGNORING_EXPIRY)
+    assert isinstance(verify_history(snapshot, last.response_id, IGNORING_EXPIRY),
+                      VerifiedHistory)
+    assert isinstance(verify_extension(tip, [middle, last], snapshot, IGNORING_EXPIRY), tuple)
+    if expires_ms > FIRST_MS:  # (no clock reads year 1: that instant is IGNORING_EXPIRY)
+        assert logically_expired(expires, expires)
+        assert verify_history(snapshot, last.response_id, expires).reason is R.EXPIRED
+        before = expires - timedelta(milliseconds=1)
+        assert isinstance(verify_history(snapshot, last.response_id, before), VerifiedHistory)
+        # A microsecond before its expiry is still the millisecond before it.
+        assert not logically_expired(expires, expires - timedelta(microseconds=1))
 
 
 def test_a_turn_whose_items_do_not_follow_its_parents_is_corrupt(built):

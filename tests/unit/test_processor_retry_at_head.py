@@ -100,3 +100,20 @@ def test_a_retry_whose_own_items_break_pairing_is_unpaired_at_its_originals_head
               message("x", role="assistant", item_id=new_id("msg"))]
     retry = turn(conv, 1, items=broken, idempotency_key=original.idempotency_key, attempt=2)
     assert h.outcome(retry).reason is R.UNPAIRED_TOOL_CALL
+
+
+@pytest.mark.parametrize("expires_at", [0, -1])
+def test_a_retry_on_an_original_whose_parent_expired_before_1970_is_duplicate(h, expires_at):
+    """The original's parent is read as of before any expiry to judge the retry's pairing
+    (``_retry_unpaired_by_its_original``). An outside review, session 42: "before any
+    expiry" was epoch 0, which a parent that expired at or before it is past too, so the
+    retry was answered ``UNPAIRED_TOOL_CALL`` with no ``existing_response_id``."""
+    conv = conv_id()
+    assert h.outcome(turn(conv, 0, items=tool_items("call_first"),
+                          expires_at=expires_at)).seq == 1
+    items = tool_items("call_second")
+    original = turn(conv, 1, items=items)
+    assert h.outcome(original).seq == 2
+    retry = turn(conv, 2, items=items, idempotency_key=original.idempotency_key, attempt=2)
+    out = h.outcome(retry)
+    assert (out.reason, out.existing_response_id) == (R.DUPLICATE, original.response_id)

@@ -721,6 +721,40 @@ def test_a_turn_on_an_expired_lineage_is_paired_against_all_of_it(mode):
     assert h.outcome(child("c2")).seq == 2
 
 
+# Epoch 0, the millisecond before it, and the first readable one (year 1): expiries a
+# gateway may send (a 0 meaning "none", a clock off by decades), all already past.
+@pytest.mark.parametrize("expires_at", [0, -1, -62_135_596_800_000])
+@pytest.mark.parametrize("mode", ["chain", "conversation"])
+def test_a_turn_continuing_one_that_expired_before_1970_is_promoted(mode, expires_at):
+    """Promotion ignores expiry (docs/gateway-protocol.md, "Logical expiry"): a turn whose
+    parent expired at or before epoch 0 extends it like any expired parent. An outside
+    review, session 42: the lineage was read again "as of" epoch 0 to ignore expiry, which
+    such a parent is past too, so its child was rejected ``CORRUPT`` ("the history this
+    turn extends cannot be read (EXPIRED)"), on every backend. Its pairing is still checked
+    against the expired parent's items."""
+    h = Harness()
+    if mode == "chain":
+        parent = chain_turn(None, None, items=_tool_round("c1"), expires_at=expires_at)
+    else:
+        conv = conv_id()
+        parent = turn(conv, 0, items=_tool_round("c1"), expires_at=expires_at)
+    assert h.outcome(parent).seq == 1
+
+    def child(call_id: str):
+        if mode == "chain":
+            return chain_turn(parent.response_id, parent.response_id, items=_tool_round(call_id))
+        return turn(conv, 1, items=_tool_round(call_id))
+
+    assert h.outcome(child("c1")).reason is R.UNPAIRED_TOOL_CALL
+    promoted = h.outcome(child("c2"))
+    assert (promoted.seq, promoted.expires_at) == (2, None)
+    history = h.store.read_history(TENANT, response_id=promoted.response_id,
+                                   partition_key=promoted.partition_key)
+    first = [i.item_id for i in parent.items]
+    assert [i.item_id for i in history.items[:len(first)]] == first
+    assert len(history.items) == 2 * len(first)
+
+
 # --- chains, forks, tenants ---------------------------------------------------------------------
 
 
