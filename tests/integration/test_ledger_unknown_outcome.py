@@ -1,7 +1,7 @@
 """Every conditional write of the Cassandra ledger whose outcome is unknown is resolved
 by a SERIAL read (or said retryable), never guessed (CONTRACT 4).
 
-``FlakyLedgerSession`` wraps a real session: the chosen LWT (a prepared statement or a
+``FlakySession`` wraps a real session: the chosen LWT (a prepared statement or a
 conditional batch) is sent and THEN an error is raised (it landed), or the error is
 raised WITHOUT sending it (it did not). A retry must not read its own landed write as
 someone else's (a claim "in progress", an effect "in conflict", a takeover counted
@@ -15,23 +15,23 @@ from dataclasses import replace
 
 import pytest
 from cassandra import ConsistencyLevel
-from cassandra.query import BatchStatement
 
 from ratchet.domain.claims import ClaimState, CompletionState, EffectPolicy
 from services.ledger.base import Cancellation, Decision, EffectWrite, LedgerUnavailable
 from services.ledger.cassandra import CassandraLedger
 from tests.contract.store_support import uid
 from tests.contract.test_ledger_contract import LEASE, NOW, claim_request, effect, output_for
-from tests.integration.test_store_unknown_outcome import (
+from tests.integration.flaky_session import (
+    UNKNOWN_OUTCOMES,
+    FlakySession,
+    batch,
     cas_timeout,
-    cas_write_unknown,
-    client_timeout,
-    connection_lost,
+    query,
 )
 
 pytestmark = pytest.mark.integration
 
-ERRORS = [client_timeout, cas_timeout, cas_write_unknown, connection_lost]
+ERRORS = UNKNOWN_OUTCOMES
 
 
 @pytest.fixture(scope="module")
@@ -46,69 +46,6 @@ def ledger_session(cassandra_cluster, settings):
     session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
 
 
-def _query(statement) -> str:
-    return getattr(statement, "query_string", "") or ""
-
-
-def _consistency(statement) -> int | None:
-    return getattr(statement, "consistency_level", None)
-
-
-class FlakyLedgerSession:
-    """Delegates to a real session; the next ``failures`` statements that ``match``
-    raise ``error``, after being sent (``land``) or without being sent.
-
-    ``break_reads``: every later request fails too (the resolution read cannot be
-    made). ``meanwhile``: run before the (unsent) write would have run. ``after``: the
-    query text and consistency level of every request made after the first failure.
-    """
-
-    def __init__(self, real, match, error, *, land: bool, failures: int = 1,
-                 break_reads: bool = False, meanwhile=None):
-        self._real, self._match, self._error = real, match, error
-        self._land, self._failures = land, failures
-        self._break_reads, self._meanwhile = break_reads, meanwhile
-        self.sent = 0  # matching statements sent to the server
-        self.tripped = False
-        self.after: list[tuple[str, int | None]] = []
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def _before(self, statement, args, kwargs) -> None:
-        if self._match(statement):
-            if self._failures > 0:
-                self._failures -= 1
-                self.tripped = True
-                if self._meanwhile is not None:
-                    self._meanwhile()
-                if self._land:
-                    self._real.execute(statement, *args, **kwargs)
-                    self.sent += 1
-                raise self._error()
-            self.sent += 1
-        elif self.tripped:
-            self.after.append((_query(statement), _consistency(statement)))
-            if self._break_reads:
-                raise client_timeout()
-
-    def execute(self, statement, *args, **kwargs):
-        self._before(statement, args, kwargs)
-        return self._real.execute(statement, *args, **kwargs)
-
-    def execute_async(self, statement, *args, **kwargs):
-        self._before(statement, args, kwargs)
-        return self._real.execute_async(statement, *args, **kwargs)
-
-
-def batch(statement) -> bool:
-    return isinstance(statement, BatchStatement)
-
-
-def query(fragment: str):
-    return lambda statement: fragment in _query(statement)
-
-
 INSERT_EFFECT = query("'effect', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, false, ?) IF NOT EXISTS")
 MARK_CONFLICTED = query("SET conflicted = true")
 TAKE_OVER = query("SET attempt = ?, call_id = ?, claim_token = ?")
@@ -121,12 +58,12 @@ def healthy(ledger_session):
     return CassandraLedger(ledger_session, timeout_s=30)
 
 
-def flaky(ledger_session, match, error, **kw) -> tuple[FlakyLedgerSession, CassandraLedger]:
-    session = FlakyLedgerSession(ledger_session, match, error, **kw)
+def flaky(ledger_session, match, error, **kw) -> tuple[FlakySession, CassandraLedger]:
+    session = FlakySession(ledger_session, match, error, **kw)
     return session, CassandraLedger(session, timeout_s=30)
 
 
-def serial_reads_only(session: FlakyLedgerSession) -> None:
+def serial_reads_only(session: FlakySession) -> None:
     """The unknown outcome was resolved by SERIAL reads (QUORUM ones see a committed
     write but never complete a Paxos round still in flight)."""
     reads = [(q, cl) for q, cl in session.after if q.lstrip().upper().startswith("SELECT")]

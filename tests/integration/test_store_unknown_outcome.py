@@ -9,11 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from cassandra import ConsistencyLevel, OperationTimedOut, WriteTimeout, WriteType
 from cassandra.cluster import NoHostAvailable
-from cassandra.connection import ConnectionShutdown
-from cassandra.protocol import ErrorMessage, ServerError
-from cassandra.query import BatchStatement
 
 from ratchet.domain.history import VerifiedHistory
 from ratchet.domain.plan import (
@@ -25,76 +21,20 @@ from ratchet.domain.plan import (
     ResponseClaim,
 )
 from services.store.base import StoreUnavailable
-from services.store.cassandra import CAS_WRITE_UNKNOWN, CassandraCheckpointStore
+from services.store.cassandra import CassandraCheckpointStore
 from tests.contract.store_support import chain_turn, conversation_turn, uid
+from tests.integration.flaky_session import (
+    FlakySession,
+    batch,
+    cas_timeout,
+    cas_write_unknown,
+    client_timeout,
+    connection_lost,
+    query,
+    server_error,
+)
 
 pytestmark = pytest.mark.integration
-
-
-def cas_timeout() -> Exception:
-    return WriteTimeout(
-        "injected CAS timeout",
-        write_type=WriteType.CAS,
-        consistency=ConsistencyLevel.SERIAL,
-        required_responses=1,
-        received_responses=0,
-    )
-
-
-def cas_write_unknown() -> Exception:
-    return ErrorMessage(code=CAS_WRITE_UNKNOWN, message="injected CAS_WRITE_UNKNOWN", info=None)
-
-
-def server_error() -> Exception:
-    return ServerError(code=0x0000, message="injected server error", info=None)
-
-
-def connection_lost() -> Exception:
-    return ConnectionShutdown("injected: connection closed after sending")
-
-
-def client_timeout() -> Exception:
-    return OperationTimedOut("injected client-side timeout")
-
-
-class FlakySession:
-    """Delegates to a real session; the next ``failures`` batches misbehave.
-
-    ``land``: send the batch before raising. ``break_reads``: every later non-batch
-    request fails too (the SERIAL resolution read cannot be made).
-    ``meanwhile``: run this callable before the (unsent) batch would have run.
-    """
-
-    def __init__(
-        self, real, error, *, land: bool, failures: int = 1, break_reads=False, meanwhile=None
-    ):
-        self._real = real
-        self._error = error
-        self._land = land
-        self._failures = failures
-        self._break_reads = break_reads
-        self._meanwhile = meanwhile
-        self.batches_sent = 0
-        self.tripped = False
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def execute(self, statement, *args, **kwargs):
-        if isinstance(statement, BatchStatement):
-            if self._failures > 0:
-                self._failures -= 1
-                self.tripped = True
-                if self._meanwhile is not None:
-                    self._meanwhile()
-                if self._land:
-                    self._real.execute(statement, *args, **kwargs)
-                    self.batches_sent += 1
-                raise self._error()
-            self.batches_sent += 1
-        elif self.tripped and self._break_reads:
-            raise client_timeout()
-        return self._real.execute(statement, *args, **kwargs)
 
 
 @pytest.fixture
@@ -103,7 +43,8 @@ def healthy(store_session):
 
 
 def flaky_store(store_session, error, **kw):
-    session = FlakySession(store_session, error, **kw)
+    """The promotion batch's outcome unknown (``FlakySession`` on batches)."""
+    session = FlakySession(store_session, batch, error, **kw)
     return session, CassandraCheckpointStore(session, timeout_s=30)
 
 
@@ -121,7 +62,7 @@ def test_landed_write_is_reported_promoted(store_session, healthy, error):
     session, store = flaky_store(store_session, error, land=True)
     outcome = store.promote(turn)
     assert isinstance(outcome, Promoted) and outcome.seq == 1
-    assert session.batches_sent == 1  # resolved by reading, not by writing again
+    assert session.sent == 1  # resolved by reading, not by writing again
     one_turn_history(healthy, turn)
 
 
@@ -133,7 +74,7 @@ def test_write_that_did_not_land_is_made_again(store_session, healthy, error):
     session, store = flaky_store(store_session, error, land=False)
     outcome = store.promote(turn)
     assert isinstance(outcome, Promoted) and outcome.seq == 1
-    assert session.batches_sent == 1
+    assert session.sent == 1
     one_turn_history(healthy, turn)
 
 
@@ -177,28 +118,11 @@ def test_unreachable_cluster_is_retryable_and_writes_nothing(store_session, heal
     assert healthy.head(turn.tenant_id, turn.partition_key) is None
 
 
-class FlakyClaimSession:
-    """Delegates to a real session; the first response-id claim (its LWT insert), or
-    the first statement whose CQL holds ``fragment``, raises ``error`` after being sent
-    (``land``) or without being sent."""
-
-    def __init__(self, real, error, *, land: bool,
-                 fragment: str = "INSERT INTO response_claims"):
-        self._real, self._error, self._land = real, error, land
-        self._fragment = fragment
-        self.tripped = False
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def execute(self, statement, *args, **kwargs):
-        query = getattr(statement, "query_string", "")
-        if not self.tripped and self._fragment in query:
-            self.tripped = True
-            if self._land:
-                self._real.execute(statement, *args, **kwargs)
-            raise self._error()
-        return self._real.execute(statement, *args, **kwargs)
+def FlakyClaimSession(real, error, *, land: bool,  # noqa: N802 - reads as the class it builds
+                      fragment: str = "INSERT INTO response_claims") -> FlakySession:
+    """The first response-id claim (its LWT insert), or the first statement whose CQL
+    holds ``fragment``, fails after being sent (``land``) or without being sent."""
+    return FlakySession(real, query(fragment), error, land=land)
 
 
 @pytest.mark.parametrize("error", [client_timeout, cas_timeout, cas_write_unknown])
@@ -255,7 +179,7 @@ def test_chain_turn_with_unknown_outcome(store_session, healthy, land):
     session, store = flaky_store(store_session, cas_timeout, land=land)
     outcome = store.promote(second)
     assert isinstance(outcome, Promoted) and outcome.seq == 2
-    assert session.batches_sent == 1
+    assert session.sent == 1
 
 
 @pytest.mark.parametrize("land", [True, False])
@@ -267,7 +191,7 @@ def test_turn_asserting_a_facts_mark_with_unknown_outcome(store_session, healthy
     session, store = flaky_store(store_session, cas_timeout, land=land)
     outcome = store.promote(turn, facts_mark=mark)
     assert isinstance(outcome, Promoted) and outcome.seq == 1
-    assert session.batches_sent == 1
+    assert session.sent == 1
     one_turn_history(healthy, turn)
 
 
@@ -303,45 +227,17 @@ def test_claim_mark_with_unknown_outcome_is_retryable(store_session, healthy, la
         turn.idempotency_key, turn.request_digest, turn.response_id)
 
 
-class FailedFuture:
-    """A driver future that failed (its errback runs at once)."""
-
-    def __init__(self, error: Exception):
-        self._error = error
-
-    def add_callbacks(self, callback, errback):
-        errback(self._error)
-
-    def result(self):
-        raise self._error
-
-
-class FlakyAsyncSession(FlakySession):
-    """``FlakySession`` for the batch sent with ``execute_async`` (the event loop's
-    promotion, ``promote_from_hints_async``)."""
-
-    def execute_async(self, statement, *args, **kwargs):
-        if isinstance(statement, BatchStatement) and self._failures > 0:
-            self._failures -= 1
-            self.tripped = True
-            if self._land:
-                self._real.execute(statement, *args, **kwargs)
-                self.batches_sent += 1
-            return FailedFuture(self._error())
-        return self._real.execute_async(statement, *args, **kwargs)
-
-
 @pytest.mark.parametrize("land", [True, False])
 def test_loop_write_with_unknown_outcome_is_settled_by_promote(store_session, healthy, land):
     """On the event loop an unknown outcome is not settled (its SERIAL read would block
     the loop): None, and the thread path's ``promote`` finds the write that landed as
     the request's own promotion (accepted, replayed), or writes it."""
     turn = conversation_turn(uid("tenant"), uid("conv"), 0)
-    session = FlakyAsyncSession(store_session, cas_timeout, land=land)
+    session = FlakySession(store_session, batch, cas_timeout, land=land)
     store = CassandraCheckpointStore(session, timeout_s=30)
     assert store.start_claiming(ResponseClaim.of(turn))() == ResponseClaim.of(turn)
     assert asyncio.run(store.promote_from_hints_async(turn)) is None
-    assert session.tripped and session.batches_sent == int(land)
+    assert session.tripped and session.sent == int(land)
     outcome = store.promote(turn)
     if land:  # its own response id: ``promotion.interpret`` accepts it (replayed)
         assert isinstance(outcome, Duplicate)
