@@ -29,11 +29,6 @@ from streams.tail_cache import Tail, TailCache
 # ``_head``: no head to tell (a chain turn, or head cells that cannot be decoded).
 _UNTOLD = object()
 
-# A lineage read "as of" this moment sees every stored turn as unexpired (pairing only):
-# ``IGNORING_EXPIRY``, before every expiry a row can hold. Until session 42 it was epoch
-# 0, and a turn continuing one whose ``expires_at`` was 0 or before 1970 was rejected
-# ``CORRUPT`` ("cannot be read (EXPIRED)"), though promotion ignores expiry.
-BEFORE_ANY_EXPIRY = IGNORING_EXPIRY
 
 
 @dataclass(frozen=True)
@@ -131,12 +126,14 @@ class LineageReader:
         off_head = self._off_head(turn) if head_first else None
         if off_head is not None:
             return off_head
-        # Read as of before any expiry: an expired lineage may still be extended (its
-        # descendant renews it, docs/decisions.md) and its items are still stored: the
-        # turn's pairing is checked against all of them, or the new history could repeat
-        # a call id. (Until session 42 it was read as of now first, and read again when
-        # that said EXPIRED: two reads where one decides.)
-        found = self._read_history(turn, now=BEFORE_ANY_EXPIRY)
+        # Read ignoring expiry (``IGNORING_EXPIRY``: no stored expiry is past as of it):
+        # an expired lineage may still be extended (its descendant renews it,
+        # docs/decisions.md) and its items are still stored: the turn's pairing is checked
+        # against all of them, or the new history could repeat a call id. (Until session
+        # 42 it was read as of now, then again as of epoch 0 when that said EXPIRED, and a
+        # turn continuing one whose ``expires_at`` was 0 or before 1970 was rejected
+        # ``CORRUPT``, though promotion ignores expiry.)
+        found = self._read_history(turn, now=IGNORING_EXPIRY)
         # No readable history. Nothing stored there: the store's ordering checks decide
         # (CONFLICT, OUT_OF_ORDER, PARENT_NOT_PROMOTED), pairing has nothing to continue.
         # Stored but unreadable: the turn is rejected (``_on_unreadable_lineage``).

@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 
 from ratchet.domain import promotion
 from ratchet.domain.history import (
+    IGNORING_EXPIRY,
     CheckpointRecord,
     Head,
     HistoryFailure,
@@ -102,7 +103,7 @@ from services.store.base import (
     StoreUnavailable,
 )
 from streams import metrics
-from streams.lineage import BEFORE_ANY_EXPIRY, Lineage, LineageReader
+from streams.lineage import Lineage, LineageReader
 from streams.outcomes import (
     orphaned_event,
     promoted_event,
@@ -693,7 +694,7 @@ class PromotionProcessor:
         if original.parent_response_id is not None:
             found = self.store.read_history(
                 turn.tenant_id, response_id=original.parent_response_id,
-                partition_key=original.partition_key, now=BEFORE_ANY_EXPIRY)
+                partition_key=original.partition_key, now=IGNORING_EXPIRY)
             if isinstance(found, HistoryFailure):
                 return None
             state = pairing_state_of(found.items)
