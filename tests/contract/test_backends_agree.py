@@ -30,7 +30,8 @@ Normalized, and only this (everything else must be equal, field by field):
   row details: logs only);
 * ``HistoryFailure.detail`` is compared too: it turned out equal everywhere.
 Timestamps need no normalization: both stores and the ledger's ``now_ms`` read one
-injected ``FakeClock``, and every record keeps milliseconds (``utc_ms``).
+injected ``FakeClock`` (which also moves by fractions of a millisecond: every record
+keeps milliseconds, ``utc_ms``, on both backends).
 """
 
 from __future__ import annotations
@@ -95,9 +96,33 @@ class _Marks:
 
 @dataclasses.dataclass
 class Side:
-    store: CheckpointStore
+    """One backend: two stores on the same data (two workers, each with hints of its
+    own: one's are stale after the other's promotions), its ledger, its marks."""
+
+    stores: tuple[CheckpointStore, CheckpointStore]
     ledger: Ledger
     marks: _Marks = dataclasses.field(default_factory=_Marks)
+    current: int = 0
+
+    @property
+    def store(self) -> CheckpointStore:
+        return self.stores[self.current]
+
+
+def _first_difference(a: Any, b: Any, path: str = "answer") -> str:
+    """Where two unequal answers first differ (a field path), for the failure."""
+    if type(a) is not type(b):
+        return f"{path}: {a!r} != {b!r}"
+    if dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if x != y:
+                return _first_difference(x, y, f"{path}.{f.name}")
+    if isinstance(a, (tuple, list)) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if x != y:
+                return _first_difference(x, y, f"{path}[{i}]")
+    return f"{path}: {a!r} != {b!r}"
 
 
 def _outcome(call: Callable[[], Any]) -> Any:
@@ -145,7 +170,7 @@ class Sequence:
 
     @property
     def memory(self) -> MemoryCheckpointStore:
-        store = self.sides[0].store
+        store = self.sides[0].stores[0]
         assert isinstance(store, MemoryCheckpointStore)
         return store
 
@@ -174,7 +199,8 @@ class Sequence:
             trail = "\n  ".join(self.log[-12:])
             raise Diverged(
                 f"seed {self.seed}, step {self.steps}: {what}\n"
-                f"  memory:    {answers[0]!r}\n  cassandra: {answers[1]!r}\n"
+                f"  first difference (memory, then the other): "
+                f"{_first_difference(*answers)[:2000]}\n"
                 f"last operations:\n  {trail}")
         return answers[0]
 
@@ -674,7 +700,10 @@ class Sequence:
         for self.steps in range(count):
             # Time passes between operations too: leases run out, artifacts and
             # histories expire (``advance`` makes the longer jumps).
-            self.clock.advance(self.rng.choice((0, 0, 1, 2, 3)))
+            self.clock.advance(self.rng.choice((0, 0, 1, 2, 3, 0.0004, 1.0007)))
+            which = int(self.rng.random() < 0.3)  # the step's worker
+            for side in self.sides:
+                side.current = which
             getattr(self, self.rng.choices(names, weights)[0])()
         self.sweep()
         return count
@@ -714,8 +743,15 @@ class BackendsAgree:
         options = dict(max_turn_bytes=MAX_TURN_BYTES, clock=clock,
                        logical_retention_s=rng.choice((0, 0, 600)),
                        hint_capacity=rng.choice((4096, 4096, 0)))
-        memory = Side(MemoryCheckpointStore(StoreOptions(**options)), MemoryLedger())
-        other = Side(*self.make_other(StoreOptions(**options)))
+        first = MemoryCheckpointStore(StoreOptions(**options))
+        second = MemoryCheckpointStore(StoreOptions(**options))
+        # Same data and lock, hints of its own: what a second worker process sees.
+        second._lock, second._partitions = first._lock, first._partitions
+        second._claims, second._request_claims = first._claims, first._request_claims
+        memory = Side((first, second), MemoryLedger())
+        stores, ledger = zip(*(self.make_other(StoreOptions(**options)) for _ in range(2)),
+                             strict=True)
+        other = Side((stores[0], stores[1]), ledger[0])
         return Sequence(seed, memory, other, clock, run).run_steps()
 
 

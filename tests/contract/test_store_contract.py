@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+from datetime import timedelta
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -46,7 +47,9 @@ from services.store.base import (
 )
 from services.store.memory import MemoryCheckpointStore
 from tests.contract.store_support import (
+    T0,
     FakeClock,
+    artifact,
     chain_turn,
     conversation_turn,
     item,
@@ -650,6 +653,25 @@ class StoreContract:
         assert store.read_history(tenant, response_id=first.response_id).reason is (
             HistoryFailureReason.EXPIRED
         )
+
+    def test_an_artifact_expiry_is_kept_to_the_millisecond_on_every_backend(self, store,
+                                                                             tenant):
+        """A token artifact whose expiry has microseconds (a caller's clock, not the
+        Avro millis the processor converts) is stored and answered as the Cassandra
+        row keeps it, to the millisecond, by every backend, in ``Promoted`` as in every
+        read: the memory store kept the microseconds, so the backends told a read 0.4 ms
+        before the expiry different things (found by tests/contract/test_backends_agree.py,
+        session 42)."""
+        expires = T0 + timedelta(minutes=5, microseconds=400_700)
+        turn = dataclasses.replace(conversation_turn(tenant, uid("conv"), 0),
+                                   token_artifact=artifact(expires_at=expires))
+        outcome = store.promote(turn)
+        assert isinstance(outcome, Promoted)
+        at_ms = T0 + timedelta(minutes=5, microseconds=400_000)
+        assert outcome.checkpoint.token_artifact.expires_at == at_ms
+        read = self.history(store, tenant, response_id=turn.response_id)
+        assert read.checkpoint == outcome.checkpoint
+        assert store.get_checkpoint(tenant, turn.response_id) == outcome.checkpoint
 
     # -- a failure decided from two reads ---------------------------------------------------
 
