@@ -63,9 +63,7 @@ from tests.contract.store_support import T0, FakeClock
 
 SEEDS = range(42, 42 + 40)
 MIN_STEPS, MAX_STEPS = 20, 40
-# Small enough that a turn above it is cheap to build; "big" turns sit just under it,
-# and three of them beside a lineage make a partition the Cassandra store reads as
-# wide (structure, then the lineage's items: ``_load_lineage``).
+# Small enough that a turn above it is cheap to build; "big" turns sit just under it.
 MAX_TURN_BYTES = 150_000
 BIG_ITEM = 100_000
 LEASE = 10_000
@@ -213,15 +211,15 @@ class Sequence:
         return Item(item_id=n, type="message", role="user", content=content,
                     content_digest=sha256_hex(content))
 
-    def items(self) -> tuple[Item, ...]:
+    def items(self, big: float = 0.08) -> tuple[Item, ...]:
         roll = self.rng.random()
         if roll < 0.06:
             return (self.item(), self.item(MAX_TURN_BYTES))  # over the size bound
-        if roll < 0.14:
+        if roll < 0.06 + big:
             return (self.item(BIG_ITEM),)  # under it
-        if roll < 0.17:
+        if roll < 0.09 + big:
             return ()  # a turn that adds no item
-        if roll < 0.35:
+        if roll < 0.27 + big:
             # other item types: a tool call and its output (a call id, no role), an
             # assistant message with text beyond ASCII
             call = self.new("call")
@@ -277,7 +275,8 @@ class Sequence:
         attempt = self.rng.choice((None, 1, 2))
         return PromotionRequest(
             tenant_id=tenant, partition_key=partition, mode=mode, response_id=response_id,
-            idempotency_key=key, request_digest=digest, items=self.items(),
+            idempotency_key=key, request_digest=digest,
+            items=self.items(),
             certification=Certification.CERTIFIED if certified
             else Certification.LOGICAL_ONLY,
             fingerprint_hash=self.rng.choice(("fp1", "fp1", None)),
@@ -758,8 +757,14 @@ class BackendsAgree:
 @pytest.mark.integration
 class TestMemoryAndCassandraAgree(BackendsAgree):
     @pytest.fixture(autouse=True)
-    def _sessions(self, store_session, ledger_session):
+    def _sessions(self, store_session, ledger_session, monkeypatch):
         self.store_session, self.ledger_session = store_session, ledger_session
+        # A partition is read as WIDE (its structure, then the lineage's items only:
+        # ``_load_lineage``) once a read found this many bytes of items outside the
+        # lineage; 256 KiB in production, a few turns here, so that the sequences'
+        # forks and Conversations reach that path too. Only how it reads changes: the
+        # answer must be the same.
+        monkeypatch.setattr("services.store.cassandra._WIDE_ITEM_BYTES", 300)
 
     def make_other(self, options: StoreOptions) -> tuple[CheckpointStore, Ledger]:
         from services.ledger.cassandra import CassandraLedger
