@@ -155,6 +155,7 @@ class Sequence:
         self.requests: list[PromotionRequest] = []
         self.response_ids: list[tuple[str, str]] = []  # (tenant, id) ever used
         self.keys: list[tuple[str, str, str]] = []  # (tenant, partition, key)
+        self.ledger_keys: list[tuple[str, str, str]] = []  # those the ledger was told of
         self.claims: list[ClaimRequest] = []
         self.effects: list[RecordedEffect] = []
         self.events: list[tuple[str, str, str]] = []  # (tenant, key, event id)
@@ -550,12 +551,19 @@ class Sequence:
     # -- the ledger -----------------------------------------------------------------------
 
     def ledger_key(self) -> tuple[str, str, str]:
-        if self.keys and self.rng.random() < 0.8:
-            return self.rng.choice(self.keys)
-        tenant, partition = self.any_partition()
-        key = self.new("key")
-        self.keys.append((tenant, partition, key))
-        return tenant, partition, key
+        """A request's key: mostly one the ledger holds facts of already (claims,
+        effects, a cancellation meet), else a promoted or tried request's, or a new one."""
+        roll = self.rng.random()
+        if self.ledger_keys and roll < 0.55:
+            return self.rng.choice(self.ledger_keys)
+        if self.keys and roll < 0.85:
+            found = self.rng.choice(self.keys)
+        else:
+            tenant, partition = self.any_partition()
+            found = (tenant, partition, self.new("key"))
+            self.keys.append(found)
+        self.ledger_keys.append(found)
+        return found
 
     def now_ms(self) -> int:
         return int(self.clock.now.timestamp() * 1000)
@@ -707,7 +715,7 @@ class Sequence:
 
     OPERATIONS = (
         ("conversation_turn", 7), ("chain_turn", 6), ("judge", 1), ("read", 9),
-        ("facts", 3), ("effect", 2), ("cancel", 1), ("claim", 4), ("complete", 2),
+        ("facts", 3), ("effect", 2), ("cancel", 2), ("claim", 4), ("complete", 2),
         ("decide", 1), ("status", 1), ("owners", 1), ("advance", 1),
     )
 
@@ -741,7 +749,18 @@ class Sequence:
             self.both(f"sweep conversation {tenant} {partition}",
                       lambda s, t=tenant, p=partition: (
                           s.store.read_history(t, conversation_id=p), s.store.head(t, p)))
-        for tenant, partition, key in set(self.keys):
+        for tenant, _, key in sorted(set(self.ledger_keys)):
+            # A new claimant of a new effect of every request the ledger knows: what
+            # the request's facts answer it (a cancellation refuses it).
+            probe = ClaimRequest(tenant, key, claims.effect_id_for_claim(key, 9, "probe", 0),
+                                 attempt=9, subturn_index=9, call_id="call_probe",
+                                 tool_name="probe", arguments_digest="args",
+                                 token=f"tok_probe_{key}", lease_ms=LEASE,
+                                 policy=EffectPolicy.AT_MOST_ONCE)
+            now = self.now_ms()
+            self.both(f"sweep claim {tenant} {key}",
+                      lambda s, p=probe, n=now: s.ledger.claim_effect(p, n))
+        for tenant, partition, key in sorted(set(self.keys)):
             self.both(f"sweep facts {tenant} {partition} {key}",
                       lambda s, t=tenant, p=partition, k=key: (
                           s.marks.label(s.store.request_facts_mark(t, p, k)),
