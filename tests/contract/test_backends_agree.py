@@ -338,7 +338,7 @@ class Sequence:
         self.promote(request, head_hint=hint, extends=extends)
 
     def chain_turn(self) -> None:
-        if not self.roots or self.rng.random() < 0.25:
+        if not self.roots or self.rng.random() < 0.15:
             tenant = self.tenant()
             root = self.new("resp")
             if self.convs and self.rng.random() < 0.1:
@@ -354,7 +354,10 @@ class Sequence:
                           lambda s: s.store.hold_request(tenant, key, holder))
             self.promote(request)
             return
-        tenant, root = self.rng.choice(self.roots)
+        # mostly a chain that has turns to continue
+        grown = [(t, r) for t, r in self.roots if self.peek_checkpoints(t, r)]
+        tenant, root = self.rng.choice(grown if grown and self.rng.random() < 0.8
+                                       else self.roots)
         promoted = [c for c in self.peek_checkpoints(tenant, root).values()]
         roll = self.rng.random()
         parent_hint = None
@@ -362,10 +365,16 @@ class Sequence:
             parent = self.rng.choice(promoted)  # the latest or an earlier one: a fork
             previous = parent.response_id
             hint_roll = self.rng.random()
-            if hint_roll < 0.35:
+            if hint_roll < 0.3:
                 parent_hint = parent
-            elif hint_roll < 0.5:
-                parent_hint = dataclasses.replace(parent, seq=parent.seq + 1)
+            elif hint_roll < 0.7:
+                # a hint wrong in one fact the child is built from (a stale or damaged
+                # copy): the write's conditions refuse it, on both
+                parent_hint = self.rng.choice((
+                    dataclasses.replace(parent, seq=parent.seq + 1),
+                    dataclasses.replace(parent, last_item_seq=parent.last_item_seq + 1),
+                    dataclasses.replace(parent, lineage_digest="0" * 64),
+                    dataclasses.replace(parent, mode=PromotionMode.CONVERSATION)))
         elif roll < 0.8 and self.convs:
             conv_tenant, conv = self.rng.choice(self.convs)
             checkpoints = list(self.peek_checkpoints(conv_tenant, conv))
@@ -714,7 +723,7 @@ class Sequence:
     # -- the sequence -----------------------------------------------------------------------
 
     OPERATIONS = (
-        ("conversation_turn", 7), ("chain_turn", 6), ("judge", 1), ("read", 9),
+        ("conversation_turn", 8), ("chain_turn", 9), ("judge", 1), ("read", 9),
         ("facts", 3), ("effect", 2), ("cancel", 2), ("claim", 4), ("complete", 2),
         ("decide", 1), ("status", 1), ("owners", 1), ("advance", 1),
     )
