@@ -402,6 +402,21 @@ class StoreContract:
         assert store.promote(retry) == Duplicate(store.get_checkpoint(tenant,
                                                                       first.response_id))
 
+    def test_a_chains_first_request_held_in_another_worker(self, store, tenant):
+        """A request held by one worker's first response is held for every worker: a
+        second store on the same data (``shared_store``) is told who holds it, on every
+        backend. The memory suite's second store shared the response claims but not the
+        request claims, so it promoted the retry beside the first attempt (found while
+        building tests/contract/test_backends_agree.py, session 42)."""
+        root = uid("resp")
+        first = chain_turn(tenant, root, root, None)
+        store.hold_request(tenant, first.idempotency_key, root)
+        other = self.shared_store(store, StoreOptions())
+        retry_id = uid("resp")
+        retry = dataclasses.replace(first, response_id=retry_id, partition_key=retry_id)
+        assert other.promote(retry) == RequestHeld(
+            ResponseClaim(tenant, root, root, first.idempotency_key, ""))
+
     # -- a claim's mark: no tool runs for a request that stands promoted -------------
 
     def test_a_claims_mark_before_the_promotion_refuses_a_batch_decided_without_it(
@@ -991,6 +1006,7 @@ class TestMemoryStore(StoreContract):
         other._lock = store._lock
         other._partitions = store._partitions
         other._claims = store._claims
+        other._request_claims = store._request_claims
         return other
 
     def damage_head(self, store, tenant, conv) -> None:
