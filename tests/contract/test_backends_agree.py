@@ -17,9 +17,16 @@ effect claims (claim, the same token re-sent, another claimant, takeover after e
 on the injected clock, conflicting arguments, completion by the holder or not, again
 with the same or another outcome), decisions, rejections and status, owners.
 
+Each backend runs two stores on the same data (two workers, each with its own hints,
+stale after the other's promotions); a step goes through one of them, the same one on
+both backends. The Cassandra store reads a partition as wide from a few hundred bytes of
+items outside the lineage read (256 KiB in production), so that its two-query read is
+compared too; that changes how it reads, never what it answers.
+
 Deterministic: fixed seeds drive every choice, ids are numbered (a per-run suffix keeps
 them apart from other runs on the shared keyspace; it changes no decision). After each
-sequence every response, Conversation, key and claim it touched is read back from both.
+sequence every response, Conversation, key and claim it touched is read back from both,
+and a new claim of every request the ledger knows is answered by both.
 
 Normalized, and only this (everything else must be equal, field by field):
 * facts marks: each backend draws its own uuid per mark (``mark_request_facts``,
