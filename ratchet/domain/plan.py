@@ -13,7 +13,7 @@ facts (a head, a parent checkpoint) are true, so a backend may write before read
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from ratchet.domain.history import (
@@ -416,6 +416,20 @@ def _as_plan(decision: PromotionOutcome | Plan) -> Plan | None:
 
 
 
+def _artifact_as_stored(artifact: StoredTokenArtifact | None) -> StoredTokenArtifact | None:
+    """The artifact as every backend keeps it: its expiry to the millisecond, in UTC
+    (the Cassandra row's JSON, ``StoredTokenArtifact.to_json``). The processor's are
+    already (Avro millis); a caller's with microseconds was kept whole by the memory
+    store only, so the backends answered a read in the last millisecond differently
+    (found by tests/contract/test_backends_agree.py, session 42)."""
+    if artifact is None or artifact.expires_at is None:
+        return artifact
+    expires = utc_ms(artifact.expires_at)
+    if expires == artifact.expires_at and expires.tzinfo is artifact.expires_at.tzinfo:
+        return artifact
+    return replace(artifact, expires_at=expires)
+
+
 def build_checkpoint(
     request: PromotionRequest, plan: Plan, promoted_at: datetime, logical_retention_s: int
 ) -> CheckpointRecord:
@@ -440,7 +454,7 @@ def build_checkpoint(
         request_digest=request.request_digest,
         certification=request.certification,
         fingerprint_hash=request.fingerprint_hash,
-        token_artifact=request.token_artifact,
+        token_artifact=_artifact_as_stored(request.token_artifact),
         router_receipt=request.router_receipt,
         boundary_proof=request.boundary_proof,
         first_item_seq=plan.first_item_seq,

@@ -50,7 +50,9 @@ from services.store.base import (
 )
 from services.store.memory import MemoryCheckpointStore
 from tests.contract.store_support import (
+    T0,
     FakeClock,
+    artifact,
     chain_turn,
     conversation_turn,
     item,
@@ -404,6 +406,21 @@ class StoreContract:
         assert store.promote(retry) == Duplicate(store.get_checkpoint(tenant,
                                                                       first.response_id))
 
+    def test_a_chains_first_request_held_in_another_worker(self, store, tenant):
+        """A request held by one worker's first response is held for every worker: a
+        second store on the same data (``shared_store``) is told who holds it, on every
+        backend. The memory suite's second store shared the response claims but not the
+        request claims, so it promoted the retry beside the first attempt (found while
+        building tests/contract/test_backends_agree.py, session 42)."""
+        root = uid("resp")
+        first = chain_turn(tenant, root, root, None)
+        store.hold_request(tenant, first.idempotency_key, root)
+        other = self.shared_store(store, StoreOptions())
+        retry_id = uid("resp")
+        retry = dataclasses.replace(first, response_id=retry_id, partition_key=retry_id)
+        assert other.promote(retry) == RequestHeld(
+            ResponseClaim(tenant, root, root, first.idempotency_key, ""))
+
     # -- a claim's mark: no tool runs for a request that stands promoted -------------
 
     def test_a_claims_mark_before_the_promotion_refuses_a_batch_decided_without_it(
@@ -682,6 +699,25 @@ class StoreContract:
         self.history(store, tenant, conversation_id=conv, now=IGNORING_EXPIRY)
         assert isinstance(store.promote(conversation_turn(tenant, conv, 1)), Promoted)
         assert isinstance(store.promote(chain_turn(tenant, root, uid("resp"), root)), Promoted)
+
+    def test_an_artifact_expiry_is_kept_to_the_millisecond_on_every_backend(self, store,
+                                                                             tenant):
+        """A token artifact whose expiry has microseconds (a caller's clock, not the
+        Avro millis the processor converts) is stored and answered as the Cassandra
+        row keeps it, to the millisecond, by every backend, in ``Promoted`` as in every
+        read: the memory store kept the microseconds, so the backends told a read 0.4 ms
+        before the expiry different things (found by tests/contract/test_backends_agree.py,
+        session 42)."""
+        expires = T0 + timedelta(minutes=5, microseconds=400_700)
+        turn = dataclasses.replace(conversation_turn(tenant, uid("conv"), 0),
+                                   token_artifact=artifact(expires_at=expires))
+        outcome = store.promote(turn)
+        assert isinstance(outcome, Promoted)
+        at_ms = T0 + timedelta(minutes=5, microseconds=400_000)
+        assert outcome.checkpoint.token_artifact.expires_at == at_ms
+        read = self.history(store, tenant, response_id=turn.response_id)
+        assert read.checkpoint == outcome.checkpoint
+        assert store.get_checkpoint(tenant, turn.response_id) == outcome.checkpoint
 
     # -- a failure decided from two reads ---------------------------------------------------
 
@@ -1001,6 +1037,7 @@ class TestMemoryStore(StoreContract):
         other._lock = store._lock
         other._partitions = store._partitions
         other._claims = store._claims
+        other._request_claims = store._request_claims
         return other
 
     def damage_head(self, store, tenant, conv) -> None:
