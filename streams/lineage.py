@@ -30,7 +30,6 @@ from streams.tail_cache import Tail, TailCache
 _UNTOLD = object()
 
 
-
 @dataclass(frozen=True)
 class Lineage:
     """What pairing needs about the lineage a turn extends.

@@ -406,14 +406,8 @@ def plan_from_hints(
     return _as_plan(_plan_chain(request, parent_hint))
 
 
-
-
 def _as_plan(decision: PromotionOutcome | Plan) -> Plan | None:
     return decision if isinstance(decision, Plan) else None
-
-
-
-
 
 
 def _artifact_as_stored(artifact: StoredTokenArtifact | None) -> StoredTokenArtifact | None:
