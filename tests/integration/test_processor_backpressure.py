@@ -51,21 +51,8 @@ def test_a_burst_above_a_lanes_share_parks_its_partition_and_completes_in_order(
     rig = Rig(isolated_settings(settings, "burst", partitions=2, home=tmp_path / "home"))
     worker = rig.worker(tmp_path)
     try:
-        now = int(time.time() * 1000)
-        conversations = [f"conv_{uuid.uuid4().hex[:12]}" for _ in range(50)]
-        rounds = [[make_turn(conversation_id=c, expected_head_seq=head, now_ms=now,
-                             response_id=f"resp_{uuid.uuid4().hex[:12]}",
-                             idempotency_key=f"idem_{uuid.uuid4().hex[:12]}")
-                   for c in conversations] for head in range(50)]
-        for turns in rounds:
-            rig.send(*turns)
-        total = sum(len(turns) for turns in rounds)
-        rig.collector.wait(lambda: len(promoted(rig)) == total, 240, "all promoted")
-        seqs = promoted(rig)
-        assert all(seqs[t.response_id] == {head + 1}
-                   for head, turns in enumerate(rounds) for t in turns)
-        assert rig.collector.count(rig.collector.topics.rejections) == 0
-        assert not rig.collector.dead_letters
+        rounds = _send_burst(rig)
+        _assert_promoted_in_order(rig, rounds, timeout_s=240)
         parks = _counter(worker.metrics_port, "ratchet_worker_partition_parks_total")
         assert parks >= 1, "no partition was parked: the burst did not reach a lane's share"
         assert worker.alive(), worker.log_tail()
@@ -86,32 +73,45 @@ def test_a_parked_partition_revoked_by_a_joining_worker_completes_in_order(setti
     first = rig.worker(tmp_path, "first")
     second = None
     try:
-        now = int(time.time() * 1000)
-        conversations = [f"conv_{uuid.uuid4().hex[:12]}" for _ in range(50)]
-        rounds = [[make_turn(conversation_id=c, expected_head_seq=head, now_ms=now,
-                             response_id=f"resp_{uuid.uuid4().hex[:12]}",
-                             idempotency_key=f"idem_{uuid.uuid4().hex[:12]}")
-                   for c in conversations] for head in range(50)]
-        for turns in rounds:
-            rig.send(*turns)
+        rounds = _send_burst(rig)
         deadline = time.monotonic() + 120
         while _parks(first) < 1:
             assert time.monotonic() < deadline, "no partition was parked"
             time.sleep(0.05)
         second = rig.worker(tmp_path, "second")
-        total = sum(len(turns) for turns in rounds)
-        rig.collector.wait(lambda: len(promoted(rig)) == total, 300, "all promoted")
-        seqs = promoted(rig)
-        assert all(seqs[t.response_id] == {head + 1}
-                   for head, turns in enumerate(rounds) for t in turns)
-        assert rig.collector.count(rig.collector.topics.rejections) == 0
-        assert not rig.collector.dead_letters
+        _assert_promoted_in_order(rig, rounds, timeout_s=300)
         assert first.alive() and second.alive(), first.log_tail() + second.log_tail()
     finally:
         for worker in (first, second):
             if worker is not None:
                 worker.terminate()
         rig.close()
+
+
+def _send_burst(rig: Rig) -> list[list]:
+    """50 rounds of one turn for each of 50 Conversations, each naming its head
+    (``expected_head_seq``), produced round by round: 2 500 turns."""
+    now = int(time.time() * 1000)
+    conversations = [f"conv_{uuid.uuid4().hex[:12]}" for _ in range(50)]
+    rounds = [[make_turn(conversation_id=c, expected_head_seq=head, now_ms=now,
+                         response_id=f"resp_{uuid.uuid4().hex[:12]}",
+                         idempotency_key=f"idem_{uuid.uuid4().hex[:12]}")
+               for c in conversations] for head in range(50)]
+    for turns in rounds:
+        rig.send(*turns)
+    return rounds
+
+
+def _assert_promoted_in_order(rig: Rig, rounds: list[list], timeout_s: float) -> None:
+    """Every turn of the burst promoted at the seq its round gives, none rejected or
+    dead-lettered: nothing skipped, taken twice or out of order."""
+    total = sum(len(turns) for turns in rounds)
+    rig.collector.wait(lambda: len(promoted(rig)) == total, timeout_s, "all promoted")
+    seqs = promoted(rig)
+    assert all(seqs[t.response_id] == {head + 1}
+               for head, turns in enumerate(rounds) for t in turns)
+    assert rig.collector.count(rig.collector.topics.rejections) == 0
+    assert not rig.collector.dead_letters
 
 
 def _parks(worker) -> float:

@@ -20,35 +20,45 @@ from faust.types.tuples import Message
 from streams.consumer_loop import LoopConsumerApp, WorkerApp
 
 
+class _Producer:
+    async def flush(self):
+        return None
+
+
+def _recording_consumer(cls, name: str, tmp_path, monkeypatch):
+    """A worker app's consumer of one assigned partition whose commits are recorded
+    (``committed``) instead of sent; acks enabled. Call on the event loop."""
+    app = cls(name, broker="kafka://127.0.0.1:1", web_enabled=False, store="memory://",
+              datadir=str(tmp_path / "faust"))
+    consumer = app.consumer
+    committed: dict = {}
+
+    async def commit(offsets):
+        committed.update(offsets)
+        return True
+
+    monkeypatch.setattr(app.topics, "acks_enabled_for", lambda topic: True)
+    monkeypatch.setattr(consumer, "assignment", lambda: {TP("events", 0)})
+    monkeypatch.setattr(consumer, "_commit", commit)
+    app.producer = _Producer()
+    return consumer, committed
+
+
+
 @pytest.mark.parametrize("cls", [LoopConsumerApp, WorkerApp])
 def test_acked_offsets_are_committed_before_faust_drops_them_on_revoke(tmp_path, monkeypatch,
                                                                       cls):
     async def check() -> dict:
-        app = cls("unit-commit-before-revoke", broker="kafka://127.0.0.1:1",
-                  web_enabled=False, store="memory://", datadir=str(tmp_path / "faust"))
-        consumer = app.consumer
-        tp = TP("events", 0)
-        committed: dict = {}
-
-        async def commit(offsets):
-            committed.update(offsets)
-            return True
+        consumer, committed = _recording_consumer(cls, "unit-commit-before-revoke",
+                                                  tmp_path, monkeypatch)
 
         async def app_revoke_handler(revoked):
             return None
 
-        class Producer:
-            async def flush(self):
-                return None
-
-        monkeypatch.setattr(app.topics, "acks_enabled_for", lambda topic: True)
-        monkeypatch.setattr(consumer, "assignment", lambda: {tp})
-        monkeypatch.setattr(consumer, "_commit", commit)
         monkeypatch.setattr(consumer, "_on_partitions_revoked", app_revoke_handler)
-        app.producer = Producer()
         for offset in range(3):  # handled and acked by its lane, not committed yet
             consumer.ack(Message("events", 0, offset, 0.0, 0, None, b"k", b"v", None))
-        await consumer.on_partitions_revoked({tp})
+        await consumer.on_partitions_revoked({TP("events", 0)})
         return committed
 
     committed = asyncio.run(asyncio.wait_for(check(), 10))
@@ -65,24 +75,8 @@ def test_acks_are_committed_when_a_periodic_commit_is_in_flight(tmp_path, monkey
     from streams.consumer_loop import commit_acked
 
     async def check() -> dict:
-        app = cls("unit-commit-in-flight", broker="kafka://127.0.0.1:1",
-                  web_enabled=False, store="memory://", datadir=str(tmp_path / "faust"))
-        consumer = app.consumer
-        tp = TP("events", 0)
-        committed: dict = {}
-
-        async def commit(offsets):
-            committed.update(offsets)
-            return True
-
-        class Producer:
-            async def flush(self):
-                return None
-
-        monkeypatch.setattr(app.topics, "acks_enabled_for", lambda topic: True)
-        monkeypatch.setattr(consumer, "assignment", lambda: {tp})
-        monkeypatch.setattr(consumer, "_commit", commit)
-        app.producer = Producer()
+        consumer, committed = _recording_consumer(cls, "unit-commit-in-flight",
+                                                  tmp_path, monkeypatch)
         periodic = asyncio.get_running_loop().create_future()
         consumer._commit_fut = periodic  # the periodic commit, in flight
         consumer.ack(Message("events", 0, 0, 0.0, 0, None, b"k", b"v", None))
