@@ -428,8 +428,9 @@ def event_vectors() -> dict[str, Any]:
                      "Timestamps are fixed (the bytes depend on them) and lie in the past "
                      "(around 2026-01-01): they check an encoder, they are not events to "
                      "send. A sample sent as it is would be judged at its arrival: its "
-                     "boundary proof's expires_at is past (INVALID_BOUNDARY_PROOF); a live "
-                     "event carries the current times and future expiries.",
+                     "token artifact and boundary proof have expired, so it would be "
+                     "promoted without a reusable artifact (reads fall back NO_ARTIFACT); "
+                     "a live event carries the current times and future expiries.",
             "cases": cases}
 
 

@@ -53,8 +53,8 @@ def now_ms() -> int:
 
 def stamp(story: Story, index: int, ev: TurnCompleted, at_ms: int) -> TurnCompleted:
     """The turn as sent at ``at_ms``: what ``story.timed[index]`` names expires
-    ``offset`` ms later (the proof keeps its own expiry: an expired proof would make the
-    promotion itself depend on the worker's speed)."""
+    ``offset`` ms later (the proof keeps its own expiry: its expiry is judged as the
+    artifact's, so one timed thing of the two is enough)."""
     what, offset = story.timed[index]
     expires = at_ms + offset
     if what == "receipt":

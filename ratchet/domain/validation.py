@@ -31,14 +31,17 @@ the same reason:
 6. UNPAIRED_TOOL_CALL     ``check_pairing`` over input then output items, continuing
                           the pairing state of the history before the turn.
 7. INVALID_BOUNDARY_PROOF artifact or proof bound to another fingerprint; counts or
-                          hashes inconsistent with the artifact; proof expired. Checked
-                          whenever an artifact or proof is present, even for turns that
-                          end up logical_only: a broken proof means a broken gateway.
+                          hashes inconsistent with the artifact. Checked whenever an
+                          artifact or proof is present, even for turns that end up
+                          logical_only: a broken proof means a broken gateway.
 
 Certification of a valid turn: ``certified`` for ``completed`` without truncation (its
 logical history is certified); otherwise ``logical_only``. A certified turn carries a
-reusable token artifact only with an unexpired artifact AND a boundary proof; without
-one it is promoted certified with no artifact (rehydration falls back ``NO_ARTIFACT``).
+reusable token artifact only with an unexpired artifact AND an unexpired boundary proof;
+without them it is promoted certified with no artifact (rehydration falls back
+``NO_ARTIFACT``). Expiry is the one input that depends on when the worker processes the
+turn, so it decides reuse, never promotion: a backlog older than its proofs (a worker
+down for longer than their lifetime) is promoted whole, not rejected turn by turn.
 """
 
 from __future__ import annotations
@@ -266,8 +269,6 @@ def check_boundary(event: TurnCompleted, now_ms: int) -> Rejected | None:
         return None
     if proof.fingerprint_hash != event.fingerprint_hash:
         return _invalid_proof("boundary proof is bound to another fingerprint_hash")
-    if proof.expires_at <= now_ms:
-        return _invalid_proof(f"boundary proof expired at {proof.expires_at} (now {now_ms})")
     if min(proof.prefix_count, proof.append_count) < 0:
         return _invalid_proof("negative token count in boundary proof")
     if proof.prefix_count + proof.append_count != proof.combined_count:
@@ -300,11 +301,15 @@ def certification_of(event: TurnCompleted, now_ms: int) -> tuple[Certification, 
 
 
 def artifact_reusable(event: TurnCompleted, now_ms: int) -> bool:
-    """The turn's token artifact can be reused: present, unexpired, with a proof."""
+    """The turn's token artifact can be reused: present and unexpired, with an unexpired
+    proof. An expiry that passed before the turn was processed (a backlog, a worker
+    down) costs the turn its reuse, never its promotion: whether a turn is promoted
+    never depends on how soon the worker got to it."""
     return (
         event.token_artifact is not None
         and event.boundary_proof is not None
         and event.token_artifact.expires_at > now_ms
+        and event.boundary_proof.expires_at > now_ms
     )
 
 

@@ -11,13 +11,16 @@ before it is durable, as after a crash).
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable
+from unittest import mock
 
 import pytest
 
+from ratchet.domain import promotion
+from ratchet.domain.validation import Rejected
 from ratchet.samples import (
-    NOW_MS,
     TENANT,
     make_tool_effect,
     make_tool_loop_turn,
@@ -44,7 +47,24 @@ from services.store.memory import MemoryCheckpointStore
 from tests.contract.test_processor_races import Interleaving, Worker, turn, uid
 
 R = RejectionReason
-HOUR_MS = 3_600_000
+
+
+@contextlib.contextmanager
+def another_build_rejects(event):
+    """While it lasts, workers run a build whose rules reject ``event``
+    (``UNSUPPORTED_FORMAT``, e.g. a rolling rollback to a build that cannot read its
+    format) where the old owner's build promoted it. No rule depends on the moment a
+    turn is processed (an expired boundary proof costs the turn its reuse, never its
+    promotion: docs/gateway-protocol.md, section 6), so two owners decide one record
+    differently only when their rules differ."""
+    real = promotion.validate_turn
+
+    def stricter(turn, now_ms, **kw):
+        if turn.event_id == event.event_id:
+            return Rejected(R.UNSUPPORTED_FORMAT, "a format this build cannot read")
+        return real(turn, now_ms, **kw)
+    with mock.patch.object(promotion, "validate_turn", stricter):
+        yield
 
 
 class Data:
@@ -226,18 +246,19 @@ class BeforeDecision:
 
 @ENTRIES
 def test_one_event_is_never_both_promoted_and_rejected(data, entry):
-    """The old owner decided to promote; the new owner, handling the same record 10 s
-    later, rejects it (its boundary proof expired meanwhile). The old owner's batch
-    lands after the new owner looked for a promotion, before its decision."""
+    """The old owner decided to promote; the new owner, handling the same record on
+    another build, rejects it. The old owner's batch lands after the new owner looked
+    for a promotion, before its decision."""
     old_store, new_ledger = PausedBatch(data.store()), BeforeDecision(data.ledger())
     old = data.worker(store=old_store)
-    new = data.worker(entry, ledger=new_ledger, clock_ms=lambda: NOW_MS + 10_000)
-    t = turn(uid("conv"), 0, now_ms=NOW_MS - HOUR_MS + 5_000)  # proof valid to NOW + 5 s
+    new = data.worker(entry, ledger=new_ledger)
+    t = turn(uid("conv"), 0)
     published = {}
 
     def the_new_owner_runs(land):
         new_ledger.before = land
-        published["new"] = new.outcome(t)
+        with another_build_rejects(t):
+            published["new"] = new.outcome(t)
     old_store.before_promote = the_new_owner_runs
     published["old"] = old.outcome(t)
     assert {type(o) for o in published.values()} == {CheckpointPromoted}, published
@@ -300,9 +321,10 @@ def _rejected_first_attempt(why: str, worker):
         outcome = worker.outcome(first)  # its effect is not recorded yet
         worker.feed(*effects)
         retry = first.model_copy(update={"event_id": str(uuid.uuid4()), "attempt": 2})
-    elif why == "expired proof":
-        first = turn(conv, 0, now_ms=NOW_MS - 2 * HOUR_MS)
-        outcome = worker.outcome(first)
+    elif why == "another build's rule":
+        first = turn(conv, 0)
+        with another_build_rejects(first):
+            outcome = worker.outcome(first)
         retry = _retry(first)
     else:
         big = message("x" * (MAX_EVENT_BYTES + 10), role="assistant", item_id=new_id("msg"))
@@ -314,7 +336,7 @@ def _rejected_first_attempt(why: str, worker):
 
 
 @ENTRIES
-@pytest.mark.parametrize("why", ["missing effect", "expired proof", "too large",
+@pytest.mark.parametrize("why", ["missing effect", "another build's rule", "too large",
                                  "out of order", "parent missing"])
 def test_a_rejected_attempt_stays_rejected_after_its_retry_is_promoted(data, entry, why):
     """A retry goes on after its first attempt was rejected (gateway-protocol section
@@ -361,25 +383,27 @@ class StopAtConversationOwner:
 @ENTRIES
 def test_a_promotion_found_while_settling_a_rejection_owns_its_conversation(data, entry):
     """The old owner's batch of a Conversation's first turn lands right before the new
-    owner records its rejection (proof expired meanwhile); the old owner stops before
-    writing the Conversation's owner. The new owner answers with the promotion and
-    writes the owner, so another tenant is TENANT_MISMATCH there (CONTRACT 4)."""
+    owner (another build, which rejects the turn) records its rejection; the old owner
+    stops before writing the Conversation's owner. The new owner answers with the
+    promotion and writes the owner, so another tenant is TENANT_MISMATCH there
+    (CONTRACT 4)."""
     old_store, new_ledger = PausedBatch(data.store()), BeforeDecision(data.ledger())
     old = data.worker(store=old_store, ledger=StopAtConversationOwner(data.ledger()))
-    new = data.worker(entry, ledger=new_ledger, clock_ms=lambda: NOW_MS + 10_000)
+    new = data.worker(entry, ledger=new_ledger)
     conv = uid("conv")
-    first = turn(conv, 0, now_ms=NOW_MS - HOUR_MS + 5_000)  # proof valid to NOW + 5 s
+    first = turn(conv, 0)
     published = {}
 
     def the_new_owner_runs(land):
         new_ledger.before = land
-        published["new"] = new.outcome(first)
+        with another_build_rejects(first):
+            published["new"] = new.outcome(first)
     old_store.before_promote = the_new_owner_runs
     with pytest.raises(Unavailable):
         old.handle(first)  # batch applied, stopped before the Conversation's owner
     assert isinstance(published["new"], CheckpointPromoted)
     assert data.ledger().conversation_owner(conv) == TENANT
-    other = turn(conv, 1, tenant_id=uid("tenant-b"), now_ms=NOW_MS + 10_000)
+    other = turn(conv, 1, tenant_id=uid("tenant-b"))
     out = new.outcome(other)
     assert isinstance(out, PromotionRejected) and out.reason is R.TENANT_MISMATCH, out
 
@@ -489,22 +513,22 @@ class StopAtResponseOwner:
 @ENTRIES
 def test_a_chain_promotion_answered_again_writes_its_response_owner(data, entry):
     """The old owner's chain batch applied, then it stopped before the response id's
-    owner was durable; the redelivery, which a rule now rejects (its proof expired),
-    is answered with the stored promotion and writes the owner: another tenant's
-    child of that response is TENANT_MISMATCH (CONTRACT 4), not PARENT_NOT_PROMOTED."""
+    owner was durable; the redelivery, which the new owner's build rejects, is
+    answered with the stored promotion and writes the owner: another tenant's child of
+    that response is TENANT_MISMATCH (CONTRACT 4), not PARENT_NOT_PROMOTED."""
     root = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"))
     assert isinstance(data.worker().outcome(root), CheckpointPromoted)
     old = data.worker(ledger=StopAtResponseOwner(data.ledger()))
     child = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"),
-                      chain_root_id=root.response_id, previous_response_id=root.response_id,
-                      now_ms=NOW_MS - HOUR_MS + 5_000)  # proof valid to NOW + 5 s
+                      chain_root_id=root.response_id, previous_response_id=root.response_id)
     with pytest.raises(Unavailable):
         old.handle(child)
-    new = data.worker(entry, clock_ms=lambda: NOW_MS + 10_000)
-    assert isinstance(new.outcome(child), CheckpointPromoted)
+    new = data.worker(entry)
+    with another_build_rejects(child):
+        assert isinstance(new.outcome(child), CheckpointPromoted)
     other = make_turn(conversation_id=None, expected_head_seq=None, response_id=uid("resp"),
                       tenant_id=uid("tenant-b"), chain_root_id=root.response_id,
-                      previous_response_id=child.response_id, now_ms=NOW_MS + 10_000)
+                      previous_response_id=child.response_id)
     out = new.outcome(other)
     assert isinstance(out, PromotionRejected) and out.reason is R.TENANT_MISMATCH, out
 

@@ -103,6 +103,28 @@ def test_expired_artifact_falls_back(e2e_stack):
     assert [i.item_id for i in outcome.items] == all_item_ids(turns)
 
 
+def test_a_turn_processed_after_its_proof_expired_is_promoted_without_reuse(e2e_stack):
+    """A turn whose artifact and boundary proof expired before the worker got to it (a
+    backlog after an outage) is promoted: its history falls back ``NO_ARTIFACT`` and
+    the Conversation goes on, the next turn certified with its artifact. Before
+    session 43 it was rejected ``INVALID_BOUNDARY_PROOF`` and the next turn
+    ``OUT_OF_ORDER``."""
+    gw = SimulatedGateway(e2e_stack.producer, e2e_stack.client)
+    conv = uid("conv")
+    late = gw.turn(TurnIdentity.conversation(gw.tenant_id, conv, uid("resp"), 0),
+                   [user("hello")], [assistant("hi")], artifact_ttl_ms=-60_000)
+    gw.publish(late)
+    outcome = gw.rehydrate(late.response_id, wait_ms=WAIT_MS)
+    assert isinstance(outcome, Fallback) and outcome.reason == "NO_ARTIFACT", outcome
+    assert [i.item_id for i in outcome.items] == all_item_ids([late])
+    following = gw.turn(TurnIdentity.conversation(gw.tenant_id, conv, uid("resp"), 1),
+                        [user("again")], [assistant("yes")])
+    gw.publish(following)
+    outcome = gw.rehydrate(following.response_id, wait_ms=WAIT_MS)
+    assert isinstance(outcome, Certified) and outcome.head_seq == 2, outcome
+    assert [i.item_id for i in outcome.items] == all_item_ids([late, following])
+
+
 def test_incomplete_turn_is_logical_only(e2e_stack):
     gw = SimulatedGateway(e2e_stack.producer, e2e_stack.client)
     turn = gw.turn(

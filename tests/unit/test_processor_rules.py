@@ -28,6 +28,7 @@ from ratchet.domain.promotion import (
     promotion_request,
 )
 from ratchet.samples import (
+    HOUR_MS,
     NOW_MS,
     TENANT,
     make_tool_effect,
@@ -51,6 +52,7 @@ from schemas.keys import MissingChainRoot, partition_key
 from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import (
     Certification,
+    CheckpointPromoted,
     DeadLetterReason,
     EffectiveConfig,
     Item,
@@ -356,7 +358,7 @@ def test_a_certified_turn_whose_artifact_expired_is_promoted_without_it(h):
     read falls back ``NO_ARTIFACT`` (CONTRACT 5), not ``ARTIFACT_EXPIRED``. Found by a
     mutation review: the store request could carry the artifact with every test passing."""
     from ratchet.domain.rehydration import Fallback, FallbackReason, rehydrate
-    from ratchet.samples import HOUR_MS, make_artifact_and_proof
+    from ratchet.samples import make_artifact_and_proof
 
     fresh = make_turn()
     artifact, proof = make_artifact_and_proof(fresh.fingerprint_hash)
@@ -373,6 +375,35 @@ def test_a_certified_turn_whose_artifact_expired_is_promoted_without_it(h):
     read = rehydrate(h.store.read_history(TENANT, conversation_id=conv, now=now),
                      t.fingerprint_hash, now)
     assert isinstance(read, Fallback) and read.reason is FallbackReason.NO_ARTIFACT
+
+
+def test_a_backlog_older_than_its_proofs_is_promoted_in_full(h):
+    """A worker down for longer than the boundary proofs' lifetime (here: turns sent
+    two hours ago, proofs and artifacts valid for one) comes back to a backlog. Every
+    turn is promoted in order, certified without a reusable artifact (reads fall back
+    ``NO_ARTIFACT``), and the Conversation and the chain go on; the first fresh turn is
+    reusable again. Before session 43 each was ``INVALID_BOUNDARY_PROOF``, and every
+    later turn of its Conversation ``OUT_OF_ORDER`` (of its chain
+    ``PARENT_NOT_PROMOTED``): an outage rejected every Conversation in flight."""
+    from ratchet.domain.rehydration import Fallback, FallbackReason, rehydrate
+
+    sent = NOW_MS - 2 * HOUR_MS
+    conv = conv_id()
+    backlog = [turn(conv, head, now_ms=sent) for head in range(3)]
+    root = chain_turn(None, None, now_ms=sent)
+    child = chain_turn(root.response_id, root.response_id, now_ms=sent)
+    for t in [*backlog, root, child]:
+        out = h.outcome(t)
+        assert isinstance(out, CheckpointPromoted), out
+        assert out.certification is Certification.CERTIFIED and out.artifact_id is None, out
+    assert [h.store.get_checkpoint(TENANT, t.response_id).seq for t in backlog] == [1, 2, 3]
+    now = datetime.fromtimestamp(NOW_MS / 1000, UTC)
+    read = rehydrate(h.store.read_history(TENANT, conversation_id=conv, now=now),
+                     backlog[0].fingerprint_hash, now)
+    assert isinstance(read, Fallback) and read.reason is FallbackReason.NO_ARTIFACT
+    assert len(read.items) == sum(len(t.items) for t in backlog)
+    fresh = h.outcome(turn(conv, 3))
+    assert fresh.seq == 4 and fresh.artifact_id is not None, fresh
 
 
 def test_missing_tool_effect_is_rejected(h):

@@ -7,12 +7,14 @@ import pytest
 from ratchet.domain.validation import (
     EMPTY_PAIRING,
     EVALUATION_ORDER,
+    OffLineage,
     PairingState,
     Rejected,
     Unpaired,
     Valid,
     check_pairing,
     pairing_state_of,
+    validate_off_lineage,
     validate_turn,
 )
 from ratchet.samples import (
@@ -246,8 +248,8 @@ def _proof_turn(proof_changes=None, artifact_changes=None, **kw):
         ({"prefix_count": 1}, None),  # prefix + append != combined
         ({"combined_count": 999, "prefix_count": 919}, None),  # != artifact token_count
         ({"combined_hash": "d" * 64}, None),
-        ({"expires_at": NOW_MS}, None),
         (None, {"safe_append_boundary": 10_000}),
+        ({"prefix_count": 1, "expires_at": NOW_MS - 1}, None),  # expired AND broken
     ],
     ids=[
         "proof-fp",
@@ -255,8 +257,8 @@ def _proof_turn(proof_changes=None, artifact_changes=None, **kw):
         "sum",
         "artifact-count",
         "artifact-hash",
-        "expired",
         "boundary",
+        "expired-and-broken",
     ],
 )
 def test_invalid_boundary_proofs(proof_changes, artifact_changes) -> None:
@@ -349,6 +351,20 @@ def test_expired_artifact_is_certified_without_a_reusable_artifact() -> None:
     proof = proof.model_copy(update={"expires_at": NOW_MS + HOUR_MS})
     turn = make_turn(token_artifact=artifact, boundary_proof=proof)
     assert certification(turn) is Certification.CERTIFIED and not reusable(turn)
+
+
+@pytest.mark.parametrize("expires_at", [NOW_MS, NOW_MS - 1, NOW_MS - 30 * 24 * HOUR_MS])
+def test_a_proof_expired_before_processing_costs_the_reuse_not_the_promotion(expires_at):
+    """A backlog (a worker down longer than the proofs' lifetime) must not reject the
+    turns it holds: whether a turn is promoted never depends on how soon the worker got
+    to it. A consistent proof that has expired (``expires_at <= now``) leaves the turn
+    certified without a reusable artifact (reads fall back ``NO_ARTIFACT``), as an
+    expired artifact does. It was ``INVALID_BOUNDARY_PROOF`` before session 43."""
+    turn = _proof_turn({"expires_at": expires_at}, None)
+    assert certification(turn) is Certification.CERTIFIED and not reusable(turn)
+    assert reusable(turn, now_ms=expires_at - 1)
+    assert isinstance(validate_off_lineage(turn, NOW_MS), OffLineage)
+    assert not validate_off_lineage(turn, NOW_MS).artifact_reusable
 
 
 def test_artifact_expiring_now_is_not_reusable() -> None:
