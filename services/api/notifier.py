@@ -3,8 +3,11 @@
 Design:
 - one confluent-kafka consumer per API process, in a daemon thread;
 - it ``assign``s every partition of ``ratchet.checkpoints`` and ``ratchet.rejections``
-  at the END offset: only decisions made from now on matter, because a decision made
-  earlier is already durable and the first read of a waiting request sees it;
+  at its end as read when it connects (the high watermark, a concrete offset): only
+  decisions made from then on are delivered, and once positioned (on every connect,
+  the first one and each restart) it wakes every waiter, because a decision published
+  before that is durable but may have come after a waiting request's read (the API
+  serves while the notifier connects);
 - no consumer group offsets are committed (``enable.auto.commit=false``): every API
   replica needs every decision for its own waiters, and a restart loses nothing;
 - each record is decoded to learn its ``response_id``; a record that cannot be
@@ -22,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from services.api import metrics
 from services.api.waiters import PromotionWaiters
@@ -114,6 +117,11 @@ class DecisionNotifier:
         try:
             consumer.assign(self._end_of_every_partition(consumer))
             self._assigned.set()
+            # A decision published before these ends is one this consumer never sees,
+            # and a request may have registered and read before it was published (the
+            # API serves while the notifier connects or reconnects): such a request is
+            # woken now, its re-read sees the decision (an outside review, session 43).
+            self._waiters.notify_all()
             metrics.NOTIFIER_UP.set(1)
             log.info("decision notifier assigned", extra={"ctx": {"topics": list(self._topics)}})
             polls = 0
@@ -141,7 +149,13 @@ class DecisionNotifier:
                 raise TopicsMissing(f"topic {topic} does not exist")
             if info.error is not None:
                 raise TopicsMissing(f"topic {topic} is not available: {info.error}")
-            assignment += [TopicPartition(topic, p, OFFSET_END) for p in info.partitions]
+            for partition in info.partitions:
+                # The end as of now, not ``OFFSET_END``: librdkafka resolves a logical
+                # offset at its first fetch, later, so a record published in between
+                # would be skipped after the wake-up of ``_consume``.
+                _, end = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10, cached=False)
+                assignment.append(TopicPartition(topic, partition, end))
         return assignment
 
     def _handle(self, topic: str, value: bytes | None) -> None:
