@@ -6,11 +6,16 @@ must wake it. The notifier follows the topics from their end, so a decision publ
 before it is positioned (the API serves while the notifier connects, and again while it
 reconnects after a broken connection) is one it never sees: pinned here, a waiter that
 registered before the notifier was positioned is woken once it is (its re-read finds
-what was published meanwhile), on a first start and after a restart.
+what was published meanwhile), on a first start and after a restart; and a decision
+published in a topic created again (deleted and created under the notifier) wakes its
+waiter, where librdkafka's reset to the end skipped it.
 
 Kafka is a fake (``FakeBroker``): one log per topic, a consumer positioned at
 ``OFFSET_END`` starts at the log's end as of its first poll (librdkafka resolves a
-logical offset when it first fetches)."""
+logical offset when it first fetches); a position past a log's end is reset to the end
+silently, or with ``auto.offset.reset=error`` is an ``_AUTO_OFFSET_RESET`` error (as
+librdkafka does). A partition added to a topic needs the real broker:
+``tests/integration/test_notifier_topics_missing.py``."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from confluent_kafka import OFFSET_END, KafkaException
+from confluent_kafka import OFFSET_END, KafkaError, KafkaException
 
 from services.api import notifier as notifier_module
 from services.api.notifier import DecisionNotifier
@@ -50,6 +55,7 @@ class FakeConsumer:
         self.number = self.broker.consumers
         self.positions: dict[str, int] = {}
         self.pending_end: set[str] = set()
+        self.reset_is_error = config.get("auto.offset.reset") == "error"
 
     def list_topics(self, timeout: float = -1) -> SimpleNamespace:
         hook = self.broker.on_connect.pop(self.number, None)
@@ -77,7 +83,15 @@ class FakeConsumer:
             self.positions[topic] = len(self.broker.logs[topic])
             self.pending_end.discard(topic)
         for topic, position in self.positions.items():
-            if position < len(self.broker.logs[topic]):
+            log = self.broker.logs[topic]
+            if position > len(log):  # out of range: the topic was created again
+                if self.reset_is_error:
+                    return SimpleNamespace(
+                        error=lambda: KafkaError(KafkaError._AUTO_OFFSET_RESET),
+                        topic=lambda t=topic: t, value=lambda: None)
+                self.positions[topic] = len(log)  # librdkafka's default: to the end
+                continue
+            if position < len(log):
                 self.positions[topic] = position + 1
                 value = self.broker.logs[topic][position]
                 return SimpleNamespace(error=lambda: None, topic=lambda t=topic: t,
@@ -163,3 +177,26 @@ def test_a_decision_published_while_the_notifier_reconnects_wakes_its_waiter(bro
 
     assert asyncio.run(scenario()), "the waiter was never woken"
 
+
+
+def test_a_decision_published_in_a_topic_created_again_wakes_its_waiter(broker):
+    """The checkpoints topic was deleted and created again under the notifier, and a
+    promotion published in it before the notifier's next fetch: its old position is
+    past the new log's end."""
+
+    async def scenario() -> bool:
+        broker.logs["ck"] = [b"old_1", b"old_2", b"old_3"]
+        waiters = PromotionWaiters()
+        notifier = _notifier(waiters)
+        notifier.start()
+        try:
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(None, notifier.wait_assigned, BOUND_S)
+            await asyncio.sleep(0.1)  # positioned (and everyone woken): past the old records
+            ticket = waiters.register("resp_1")
+            broker.logs["ck"] = [b"resp_1"]  # created again, the promotion in it
+            return await _woken(ticket)
+        finally:
+            notifier.stop()
+
+    assert asyncio.run(scenario()), "the waiter was never woken"
