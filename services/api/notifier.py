@@ -36,11 +36,11 @@ from services.api import metrics
 from services.api.waiters import PromotionWaiters
 
 log = logging.getLogger("ratchet.api.notifier")
+KAFKA_LOG = logging.getLogger("ratchet.api.kafka")
 
 # How often the followed topics' partitions are compared with the broker's (one metadata
 # request): a partition added to a decision topic is followed within this.
 TOPICS_CHECK_S = 10.0
-KAFKA_LOG = logging.getLogger("ratchet.api.kafka")
 
 # (topic, raw value) -> the decoded record (it has a ``response_id``), or raises when
 # the record cannot be decoded.
