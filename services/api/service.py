@@ -604,7 +604,7 @@ class RehydrationService:
             # One row at most: should another thread evict the parent meanwhile, the
             # extension gives up (the full read answers) instead of reading the rows
             # before it with the blocking driver here, on the event loop.
-            return self._extend(*args[:6], 1, row)
+            return self._extend(*args[:6], max_rows=1, first=row)
         return await run_in_threadpool(self._extend, *args)
 
     def _hit(
