@@ -55,12 +55,14 @@ class Reservation:
         self._key = key
         self.nbytes = nbytes
 
-    def settle(self, answer_bytes: int | None, own_bytes: int) -> None:
+    def settle(self, answer_bytes: int | None, own_bytes: int,
+               key: tuple[str, ...] | None = None) -> None:
         """The answer is built: remember what this lookup costs (``answer_bytes``; None:
-        the answer says nothing of it, a failure), and keep only the answer's own bytes
-        (``own_bytes``) until ``release``."""
+        the answer says nothing of it, a failure) under ``key`` (None: the one it was
+        reserved under), and keep only the answer's own bytes (``own_bytes``) until
+        ``release``."""
         if answer_bytes is not None:
-            self._budget.learn(self._key, answer_bytes)
+            self._budget.learn(key or self._key, answer_bytes)
         self._budget.resize(self, own_bytes)
 
     def release(self) -> None:

@@ -3,13 +3,20 @@
 Design:
 - one confluent-kafka consumer per API process, in a daemon thread;
 - it ``assign``s every partition of ``ratchet.checkpoints`` and ``ratchet.rejections``
-  at the END offset: only decisions made from now on matter, because a decision made
-  earlier is already durable and the first read of a waiting request sees it;
+  at its end as read when it connects (the high watermark, a concrete offset): only
+  decisions made from then on are delivered, and once positioned (on every connect,
+  the first one and each restart) it wakes every waiter, because a decision published
+  before that is durable but may have come after a waiting request's read (the API
+  serves while the notifier connects);
 - no consumer group offsets are committed (``enable.auto.commit=false``): every API
   replica needs every decision for its own waiters, and a restart loses nothing;
 - each record is decoded to learn its ``response_id``; a record that cannot be
   decoded wakes every waiter (a spurious wake-up costs one read, a lost one a timeout);
 - a woken request learns the partition the record names (``Ticket.found_in``);
+- the topics are followed again (positioned, everyone woken) when they change under it:
+  a partition added (its partitions are compared every ``TOPICS_CHECK_S``), a topic
+  deleted, or a position the broker no longer has (a topic created again; librdkafka
+  would jump to the end silently, ``auto.offset.reset`` is ``error``);
 - a promotion record that woke no waiting request is also handed to ``on_promoted``
   (the cache pre-warmer, which only schedules: the consumer never waits on a storage
   read); a woken request reads the promoted row itself.
@@ -19,16 +26,21 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from services.api import metrics
 from services.api.waiters import PromotionWaiters
 
 log = logging.getLogger("ratchet.api.notifier")
 KAFKA_LOG = logging.getLogger("ratchet.api.kafka")
+
+# How often the followed topics' partitions are compared with the broker's (one metadata
+# request): a partition added to a decision topic is followed within this.
+TOPICS_CHECK_S = 10.0
 
 # (topic, raw value) -> the decoded record (it has a ``response_id``), or raises when
 # the record cannot be decoded.
@@ -46,15 +58,18 @@ class DecisionNotifier:
         decode_response_id: ResponseIdDecoder,
         poll_timeout_s: float = 0.2,
         on_promoted: Callable[[Any], None] | None = None,
+        topics_check_s: float = TOPICS_CHECK_S,
     ) -> None:
         """``topics`` maps a full topic name to the decision it carries
-        (``promoted`` or ``rejected``)."""
+        (``promoted`` or ``rejected``). ``topics_check_s``: how often the topics'
+        partitions are compared with the ones followed (``TopicsChanged``)."""
         self._bootstrap = bootstrap
         self._topics = topics
         self._waiters = waiters
         self._decode = decode_response_id
         self._poll_timeout_s = poll_timeout_s
         self._on_promoted = on_promoted
+        self._topics_check_s = topics_check_s
         self._stop = threading.Event()
         self._assigned = threading.Event()
         self._thread: threading.Thread | None = None
@@ -80,6 +95,9 @@ class DecisionNotifier:
         while not self._stop.is_set():
             try:
                 self._consume()
+            except TopicsChanged as exc:
+                # Followed again at once: positioned at the new ends, everyone woken.
+                log.warning("decision topics changed; following them again: %s", exc)
             except TopicsMissing as exc:
                 # An API started before the worker created the topics (a first start):
                 # expected, and said once per retry without a traceback.
@@ -106,27 +124,44 @@ class DecisionNotifier:
                 "enable.auto.offset.store": False,
                 "enable.partition.eof": False,
                 "topic.metadata.refresh.interval.ms": 30000,
+                # A position the broker no longer has (a topic deleted and created
+                # again) is an error here, not a silent jump to the end past the
+                # decisions published since: the notifier follows the topics again.
+                "auto.offset.reset": "error",
                 # librdkafka's own lines (a broker down: one per reconnect) through
                 # Python logging, so the API's log stays JSON lines (services/api/logs.py).
                 "logger": KAFKA_LOG,
             }
         )
         try:
-            consumer.assign(self._end_of_every_partition(consumer))
+            assignment = self._end_of_every_partition(consumer)
+            consumer.assign(assignment)
+            followed = _partition_counts(assignment)
+            # A decision published before these ends is one this consumer never sees,
+            # and a request may have registered and read before it was published (the
+            # API serves while the notifier connects or reconnects): such a request is
+            # woken now, its re-read sees the decision (an outside review, session 43).
+            self._waiters.notify_all()
             self._assigned.set()
             metrics.NOTIFIER_UP.set(1)
             log.info("decision notifier assigned", extra={"ctx": {"topics": list(self._topics)}})
             polls = 0
+            next_check = time.monotonic() + self._topics_check_s
             while not self._stop.is_set():
                 msg = consumer.poll(self._poll_timeout_s)
                 polls += 1
                 if polls % 50 == 0:
                     self._report_lag(consumer)
+                if time.monotonic() >= next_check:
+                    self._check_topics(consumer, followed)
+                    next_check = time.monotonic() + self._topics_check_s
                 if msg is None:
                     continue
                 if msg.error():
                     if msg.error().fatal():
                         raise KafkaException(msg.error())
+                    if msg.error().code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise TopicsChanged(f"position lost: {msg.error()}")
                     continue
                 self._handle(msg.topic(), msg.value())
         finally:
@@ -141,8 +176,30 @@ class DecisionNotifier:
                 raise TopicsMissing(f"topic {topic} does not exist")
             if info.error is not None:
                 raise TopicsMissing(f"topic {topic} is not available: {info.error}")
-            assignment += [TopicPartition(topic, p, OFFSET_END) for p in info.partitions]
+            for partition in info.partitions:
+                # The end as of now, not ``OFFSET_END``: librdkafka resolves a logical
+                # offset at its first fetch, later, so a record published in between
+                # would be skipped after the wake-up of ``_consume``.
+                _, end = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10, cached=False)
+                assignment.append(TopicPartition(topic, partition, end))
         return assignment
+
+    def _check_topics(self, consumer: Consumer, followed: dict[str, int]) -> None:
+        """``TopicsChanged`` when a topic's partitions are not the ones followed (a
+        partition added: its decisions would wake nobody; a topic deleted). A failed
+        look says nothing: the next one looks again."""
+        try:
+            meta = consumer.list_topics(timeout=5)
+        except KafkaException:
+            return
+        for topic, count in followed.items():
+            info = meta.topics.get(topic)
+            if info is None:
+                raise TopicsChanged(f"topic {topic} is gone")
+            if info.error is None and len(info.partitions) != count:
+                raise TopicsChanged(f"topic {topic} has {len(info.partitions)} partitions, "
+                                    f"{count} followed")
 
     def _handle(self, topic: str, value: bytes | None) -> None:
         decision = self._topics.get(topic, "unknown")
@@ -184,6 +241,18 @@ class DecisionNotifier:
 
 class TopicsMissing(KafkaException):
     """A decision topic the notifier follows does not exist (yet)."""
+
+
+class TopicsChanged(Exception):
+    """The decision topics are no longer what the consumer follows: a partition was
+    added, a topic is gone, or a position was lost (a topic created again)."""
+
+
+def _partition_counts(assignment: list[TopicPartition]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for tp in assignment:
+        counts[tp.topic] = counts.get(tp.topic, 0) + 1
+    return counts
 
 
 def _found_in(record: Any) -> tuple[str, str] | None:

@@ -2,8 +2,9 @@
 
 ``ratchet api`` calls ``cli_api``. Startup order:
 1. connect to Cassandra (store + ledger share one session);
-2. start the decision notifier (Kafka) - the API serves even while it connects, a
-   waiting request then ends with its deadline read;
+2. start the decision notifier (Kafka) - the API serves even while it connects; once
+   positioned it wakes every waiting request, whose re-read sees what was decided
+   meanwhile (notifier.py);
 3. serve HTTP until SIGTERM; uvicorn lets in-flight requests (waits <= 10 s) finish.
 """
 

@@ -84,6 +84,8 @@ class Answer:
     held: Reservation | Pin | None = None
     # The cache's entry whose bytes ``parts`` shares (pinned while written: ``_pinned``).
     shares: CachedHistory | None = None
+    # The partition of the verified history answered (None: not a history).
+    partition_key: str | None = None
 
     @property
     def payload(self) -> bytes:
@@ -419,6 +421,7 @@ class RehydrationService:
         key: tuple[str, ...],
         read: Callable[[], Awaitable[Answer]],
         absent: Callable[[], Awaitable[Answer | None]] | None = None,
+        learn_as: Callable[[Answer], tuple[str, ...]] | None = None,
     ) -> Answer:
         """``read`` (a full read) once the answer budget has room for what it will cost;
         its answer then holds its own bytes until written (answer_budget.py).
@@ -426,7 +429,8 @@ class RehydrationService:
         ``absent``: asked first when the read would have to wait for room; its answer
         (a response promoted nowhere) is given at once. Why: a ``wait_ms`` request's
         last look at its deadline, or a poll before promotion, would otherwise wait the
-        budget's 5 s and answer 503 where there is nothing to read (409 or 404)."""
+        budget's 5 s and answer 503 where there is nothing to read (409 or 404).
+        ``learn_as``: the key the answer's cost is learned under (None: ``key``)."""
         if self._answers is None:
             return await read()
         if absent is not None and not self._answers.has_room(key):
@@ -442,7 +446,8 @@ class RehydrationService:
         # Only a history teaches a lookup's cost: a failure (a poll before promotion
         # answers NOT_FOUND in a few hundred bytes) says nothing of the next read's.
         learned = sum(len(part) for part in answer.parts) if answer.status_code == 200 else None
-        reservation.settle(learned, answer.own_bytes)
+        reservation.settle(learned, answer.own_bytes,
+                           None if learn_as is None else learn_as(answer))
         if reservation.nbytes == 0:
             return answer
         return replace(answer, held=reservation)
@@ -601,7 +606,10 @@ class RehydrationService:
             )
         )
         if one_row:
-            return self._extend(*args)
+            # One row at most: should another thread evict the parent meanwhile, the
+            # extension gives up (the full read answers) instead of reading the rows
+            # before it with the blocking driver here, on the event loop.
+            return self._extend(*args[:6], max_rows=1, first=row)
         return await run_in_threadpool(self._extend, *args)
 
     def _hit(
@@ -844,14 +852,25 @@ class RehydrationService:
         known (verified here, or the caller's hint: a wrong hint only misjudges the
         cost): a response id is new each turn, so learned per response a Conversation's
         every read was a lookup not read yet, reserving an eighth of the budget whatever
-        its size; the partition's last answer is the next one's best guess."""
+        its size; the partition's last answer is the next one's best guess. What it cost
+        is learned under the partition the history was read from: a wrong hint must not
+        teach the partition it names another history's cost (an outside review, session
+        43: a large history's cost, learned under a small Conversation named by one
+        wrong hint, made that Conversation's reads wait and answer 503)."""
         key = (("response", tenant_id, response_id) if partition_key is None
                else ("partition", tenant_id, partition_key))
+
+        def learn_as(answer: Answer) -> tuple[str, ...]:
+            if partition_key is None or answer.partition_key is None:
+                return key
+            return ("partition", tenant_id, answer.partition_key)
+
         return await self._budgeted(
             key,
             lambda: self._read_response_now(
                 tenant_id, response_id, fingerprint_hash, partition_key),
             absent=lambda: self._promoted_nowhere(tenant_id, response_id, partition_key),
+            learn_as=learn_as,
         )
 
     async def _promoted_nowhere(self, tenant_id: str, response_id: str,
@@ -967,7 +986,8 @@ class RehydrationService:
         shared = cached is not None and cached.rendered.items_json is rendered.items_json
         own_bytes = 0 if shared else sum(len(part) for part in parts)
         return Answer(200, outcome, reason, own, None, parts, own_bytes,
-                      shares=cached if shared else None)
+                      shares=cached if shared else None,
+                      partition_key=checkpoint.partition_key)
 
     def _pinned(self, answer: Answer) -> Answer:
         """``answer`` holding its cache entry's bytes while it is written, if it is more

@@ -14,7 +14,9 @@ Protocol, in this order (it has no lost wake-up):
    first, as with a gateway's ``partition_key`` hint (never trusted: the turn row must
    be found there), instead of reading the response's claim to find it.
 The processor publishes only after the write is durable, so any decision published
-before step 1 is already visible to the read of step 2.
+before step 1 is already visible to the read of step 2. A decision published while the
+notifier is not following the topics (connecting, reconnecting) is covered by its
+``notify_all`` once it is positioned (notifier.py).
 
 Thread-safety: ``notify`` is called from the Kafka consumer thread; events belong to
 the event loop of the waiting request and are set with ``call_soon_threadsafe``.

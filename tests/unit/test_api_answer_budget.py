@@ -470,3 +470,35 @@ def test_a_response_with_no_claim_found_by_its_hint_still_waits_for_room():
         found = await service.response_history(tenant, rid, FP, 0, partition_key=conv)
         assert found.outcome == "certified"
     asyncio.run(run())
+
+
+def test_a_wrong_partition_hint_does_not_teach_that_partition_another_histories_cost():
+    """A read with a ``partition_key`` hint that names another partition (never
+    trusted: the claim finds the response) is answered from the response's own
+    partition; what it cost is that partition's, not the hinted one's. Before (an
+    outside review, session 43) it was learned under the hint: one request naming a
+    small Conversation for a large history made every later read of that Conversation
+    reserve twice the large one, and wait or answer 503 beside a budget it fits in."""
+    stack, budget, service = _uncached(3 * MB)
+    tenant, big = _big_history(stack)
+    small_conv = uid("conv")
+    small = stack.promote(tenant, small_conv, 0, (message("small", item_id=uid("msg")),))
+
+    async def run():
+        await _written(await service.response_history(tenant, small, FP, 0,
+                                                      partition_key=small_conv))
+        wrong = await service.response_history(tenant, big, FP, 0, partition_key=small_conv)
+        assert wrong.outcome == "certified" and len(wrong.payload) > MB
+        await _written(wrong)
+        blocker = await budget.reserve(("response", "other", "r"))
+        budget.resize(blocker, MB)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(answer_budget, "ROOM_WAIT_S", 0.05)
+            # 1 MiB held + twice the small history's answer: room.
+            again = await service.response_history(tenant, small, FP, 0,
+                                                   partition_key=small_conv)
+        assert again.outcome == "certified"
+        await _written(again)
+        blocker.release()
+        assert budget.held == 0
+    asyncio.run(run())
