@@ -42,6 +42,11 @@ class ChecksumMismatch(MigrationError):
     """An applied migration's file was edited afterwards."""
 
 
+class SchemaAhead(MigrationError):
+    """The keyspace records migrations this ratchet has no file for: a newer version
+    migrated it, and this one does not know what they changed."""
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -180,7 +185,9 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
 
     Accepts a cassandra-driver ``Cluster`` or ``Session``; a session of its own is used
     so the caller's current keyspace is left unchanged. Raises ``ChecksumMismatch`` when
-    an applied migration's file changed, ``MigrationError`` for other problems.
+    an applied migration's file changed, ``SchemaAhead`` (before applying anything) when
+    the keyspace records a migration this code has no file for, ``MigrationError`` for
+    other problems.
     """
     migrations = discover(folder)
     cluster = getattr(session_or_cluster, "cluster", session_or_cluster)
@@ -195,6 +202,16 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
         try:
             applied = {r.version: r for r in session.execute(
                 f"SELECT version, name, checksum FROM {ks}.schema_migrations", timeout=30)}
+            unknown = sorted(set(applied) - {m.version for m in migrations})
+            if unknown:
+                # Was a warning, and the older migrations then ran over a newer schema
+                # with exit 0 (an operator's review, session 43): fail closed.
+                names = ", ".join(f"{v:03d}_{applied[v].name}" for v in unknown)
+                raise SchemaAhead(
+                    f"keyspace {ks} records migration(s) {names}, which this ratchet does "
+                    f"not have (its newest is {migrations[-1].path.name if migrations else 'none'}"
+                    f", in {folder}): the keyspace was migrated by a newer version; run that "
+                    "version's `ratchet migrate`, never an older one. Nothing was applied")
             for m in migrations:
                 done = applied.get(m.version)
                 if done is not None and done.checksum != m.checksum:
@@ -231,9 +248,6 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
                     timeout=30)
                 out(f"applied {m.path.name} ({len(m.statements)} statements, "
                     f"{time.monotonic() - t:.1f}s)")
-            for v in sorted(set(applied) - {m.version for m in migrations}):
-                out(f"warning: version {v} ({applied[v].name}) is recorded as applied but has "
-                    f"no file in {folder}")
             return todo
         finally:
             _release_lease(session, ks, owner)

@@ -10,7 +10,9 @@ import pytest
 from infra.migrate import (
     ChecksumMismatch,
     MigrationError,
+    SchemaAhead,
     apply_migrations,
+    cli_migrate,
     discover,
     split_statements,
 )
@@ -114,5 +116,37 @@ def test_a_migration_stopped_before_it_was_recorded_can_be_run_again(
         cassandra_session.execute(f"ALTER TABLE {s.keyspace}.things ADD other text")
         with pytest.raises(MigrationError, match="003_other.cql statement 1"):
             apply_migrations(cassandra_session, s, tmp_path)
+    finally:
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
+
+
+@pytest.mark.integration
+def test_a_keyspace_migrated_by_a_newer_version_is_refused_and_nothing_applied(
+    cassandra_session, settings, unique_name, tmp_path, capsys
+):
+    """A keyspace that records a migration this code has no file for was migrated by a
+    newer ratchet: an older ``ratchet migrate`` must not run its own files over that
+    schema. It printed a warning, applied what it had and exited 0 (an operator's
+    review, session 43); now it is a typed failure (exit 1) naming the unknown
+    migration, before anything is applied."""
+    s = dataclasses.replace(settings, keyspace=unique_name("mig"))
+    try:
+        (tmp_path / "001_core.cql").write_text("CREATE TABLE IF NOT EXISTS things (k int PRIMARY KEY);")
+        apply_migrations(cassandra_session, s, tmp_path)
+        cassandra_session.execute(  # what a newer version's migrate recorded
+            f"INSERT INTO {s.keyspace}.schema_migrations (version, name, checksum, applied_at) "
+            "VALUES (3, 'from_a_newer_version', 'ab', toTimestamp(now()))")
+        (tmp_path / "002_more.cql").write_text("CREATE TABLE IF NOT EXISTS more (k int PRIMARY KEY);")
+        with pytest.raises(SchemaAhead, match="003_from_a_newer_version"):
+            apply_migrations(cassandra_session, s, tmp_path)
+        assert cli_migrate(s, tmp_path) == 1
+        err = capsys.readouterr().err
+        assert "003_from_a_newer_version" in err and "newer version" in err
+        versions = {r.version for r in cassandra_session.execute(
+            f"SELECT version FROM {s.keyspace}.schema_migrations")}
+        assert versions == {1, 3}  # 002 was not applied
+        tables = {r.table_name for r in cassandra_session.execute(
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (s.keyspace,))}
+        assert "more" not in tables
     finally:
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
