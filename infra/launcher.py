@@ -31,6 +31,7 @@ from infra import timer_slack
 from infra.procs import (
     Running,
     StateFile,
+    StateFileError,
     is_alive,
     pid_listens_on,
     proc_start_time,
@@ -371,16 +372,34 @@ def status(settings: Settings) -> dict[str, ServerStatus]:
 # ------------------------------------------------------------------------------- cli
 
 
+def _failed(command: str, settings: Settings, exc: BaseException) -> int:
+    """The operator's lines for a command that could not run (exit 1), no traceback:
+    a home that is a file or not writable raised ``OSError`` from ``mkdir`` or a read
+    (an operator's review, session 43)."""
+    why = str(exc)
+    if isinstance(exc, OSError):
+        why = (f"{exc.strerror or exc}: {exc.filename or settings.home} (RATCHET_HOME="
+               f"{settings.home} must be a directory this user can write)")
+    print(f"ratchet infra {command} failed:\n{why}", file=sys.stderr, flush=True)
+    return 1
+
+
 def cli_up(settings: Settings) -> int:
     try:
         up(settings)
-    except InfraError as exc:
-        print(f"ratchet infra up failed:\n{exc}", file=sys.stderr, flush=True)
-        return 1
+    except (InfraError, StateFileError, OSError) as exc:
+        return _failed("up", settings, exc)
     return 0
 
 
 def cli_down(settings: Settings, purge: bool = False) -> int:
+    try:
+        return _cli_down(settings, purge)
+    except (StateFileError, OSError) as exc:
+        return _failed("down", settings, exc)
+
+
+def _cli_down(settings: Settings, purge: bool) -> int:
     how = down(settings, purge=purge)
     if "refused" in how.values():
         print("ratchet infra down: refused to stop servers the settings do not name (above)",
@@ -394,7 +413,10 @@ def cli_down(settings: Settings, purge: bool = False) -> int:
 
 
 def cli_status(settings: Settings) -> int:
-    report = status(settings)
+    try:
+        report = status(settings)
+    except (StateFileError, OSError) as exc:
+        return _failed("status", settings, exc)
     for s in report.values():
         print(s.line())
     return 0 if all(s.healthy for s in report.values()) else 1
@@ -405,7 +427,6 @@ def cli_restart(settings: Settings, name: str) -> int:
         if stop_server(settings, name) == "refused":
             return 1
         start_server(settings, name)
-    except InfraError as exc:
-        print(f"ratchet infra restart {name} failed:\n{exc}", file=sys.stderr, flush=True)
-        return 1
+    except (InfraError, StateFileError, OSError) as exc:
+        return _failed(f"restart {name}", settings, exc)
     return 0

@@ -33,6 +33,10 @@ class Running:
     port: int = 0
 
 
+class StateFileError(RuntimeError):
+    """``state.json`` exists but cannot be read: which processes ``up`` started is unknown."""
+
+
 def proc_start_time(pid: int) -> int | None:
     """Kernel start time of ``pid``, or None when no such process exists (or it is a zombie)."""
     try:
@@ -69,11 +73,23 @@ class StateFile:
             tmp.replace(self.path)
 
     def read(self) -> dict[str, Running]:
+        """The recorded processes ({} when there is no file yet). A file that cannot be
+        read is a ``StateFileError``: read as {}, it made ``down`` stop nothing and exit
+        0 with every server left running, and ``up`` take its own servers for someone
+        else's (an operator's review, session 43)."""
         try:
-            raw = json.loads(self.path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            text = self.path.read_text()
+        except FileNotFoundError:
             return {}
-        return {name: Running(**value) for name, value in raw.items()}
+        try:
+            raw = json.loads(text)
+            return {name: Running(**value) for name, value in raw.items()}
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise StateFileError(
+                f"{self.path} cannot be read ({type(exc).__name__}: {exc}); it names the "
+                f"processes `ratchet infra up` started, so nothing is started or stopped "
+                f"while it is damaged: stop this home's servers by hand (`pgrep -af "
+                f"{self.path.parent}`), then delete it") from None
 
     def get(self, name: str) -> Running | None:
         entry = self.read().get(name)

@@ -1,0 +1,74 @@
+"""What ``ratchet infra`` does with a home it cannot use: a damaged ``state.json``, a
+RATCHET_HOME that is not a directory. Each is exit 1 with a line naming the file or
+the variable, never a traceback, and never a guess about which processes are ours.
+(An operator's review of the launcher, session 43.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+
+from infra import launcher
+from infra.procs import Running, StateFile, StateFileError, proc_start_time
+from ratchet.settings import Settings
+
+# Ports nothing serves here: no check may reach a real server.
+PORTS = dict(kafka_bootstrap="127.0.0.1:18627", cassandra_port=18628,
+             schema_registry_url="http://127.0.0.1:18629/apis/ccompat/v7")
+
+
+def _settings(home) -> Settings:
+    return replace(Settings(), home=home, **PORTS)
+
+
+@pytest.fixture
+def recorded_kafka(tmp_path):
+    """A stand-in process recorded in the home's state as its Kafka."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                            start_new_session=True)
+    for _ in range(100):
+        start = proc_start_time(proc.pid)
+        if start is not None:
+            break
+        time.sleep(0.01)
+    with StateFile(tmp_path).locked() as entries:
+        entries["kafka"] = Running("kafka", proc.pid, start, str(tmp_path / "kafka.log"),
+                                   time.time(), 18627)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("damage", ["{truncated", '{"kafka": {"pid": 1}}', "[1, 2]"])
+def test_a_damaged_state_file_stops_down_with_exit_1_and_leaves_the_server(
+        tmp_path, recorded_kafka, capsys, damage):
+    """Read as "no processes", a damaged state file made ``down`` say "nothing to
+    stop" and exit 0 with the server still running."""
+    (tmp_path / "state.json").write_text(damage)
+    with pytest.raises(StateFileError, match="state.json"):
+        StateFile(tmp_path).read()
+    assert launcher.cli_down(_settings(tmp_path)) == 1
+    assert "state.json cannot be read" in capsys.readouterr().err
+    assert recorded_kafka.poll() is None  # nothing was signalled on a guess
+    assert launcher.cli_status(_settings(tmp_path)) == 1
+    assert "state.json cannot be read" in capsys.readouterr().err
+    assert launcher.cli_up(_settings(tmp_path)) == 1
+    assert "state.json cannot be read" in capsys.readouterr().err
+    assert (tmp_path / "state.json").read_text() == damage  # left for the operator
+
+
+@pytest.mark.parametrize("command", ["up", "down", "status", "restart"])
+def test_a_home_that_is_not_a_directory_is_exit_1_naming_ratchet_home(tmp_path, capsys,
+                                                                      command):
+    (tmp_path / "afile").write_text("")
+    settings = _settings(tmp_path / "afile" / "home")
+    run = {"up": launcher.cli_up, "down": launcher.cli_down, "status": launcher.cli_status,
+           "restart": lambda s: launcher.cli_restart(s, "registry")}[command]
+    assert run(settings) == 1
+    err = capsys.readouterr().err
+    assert f"ratchet infra {command}" in err and f"RATCHET_HOME={settings.home}" in err
+    assert "Traceback" not in err
