@@ -354,8 +354,13 @@ def server_status(settings: Settings, name: str) -> ServerStatus:
     mismatch = entry and port_mismatch(srv, entry, settings.home)
     if mismatch:
         return ServerStatus(name, pid, False, mismatch)
-    if entry is None and not srv.port_open():
+    port_open = srv.port_open()
+    if entry is None and not port_open:
         return ServerStatus(name, None, False, "")
+    if entry is not None and port_open and pid_listens_on(entry.pid, srv.client_port()) is False:
+        # Another process answers on the port: ours is not serving (as _wait_healthy).
+        return ServerStatus(name, pid, False, f"port {srv.client_port()} is open, but not "
+                            f"by pid {entry.pid}: another process serves it")
     try:
         srv.check(timeout_s=5)
     except Unhealthy as exc:

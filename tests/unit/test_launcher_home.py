@@ -5,6 +5,7 @@ the variable, never a traceback, and never a guess about which processes are our
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -72,3 +73,22 @@ def test_a_home_that_is_not_a_directory_is_exit_1_naming_ratchet_home(tmp_path, 
     err = capsys.readouterr().err
     assert f"ratchet infra {command}" in err and f"RATCHET_HOME={settings.home}" in err
     assert "Traceback" not in err
+
+
+def test_status_does_not_call_a_recorded_process_healthy_when_another_serves_its_port(
+        tmp_path, recorded_kafka, monkeypatch):
+    """The home's Kafka (alive, recorded) does not listen on its port (hung, or bound
+    elsewhere); another process does and answers the health check. ``status`` said
+    "healthy" beside the recorded pid, exit 0, for a server that was not serving (an
+    operator's review, session 43). ``up`` already tells the two apart."""
+    from infra.servers.kafka import Kafka
+
+    listener = socket.create_server(("127.0.0.1", 18627))  # "another process": not the pid
+    monkeypatch.setattr(Kafka, "check", lambda self, timeout_s=10.0: None)  # it answers
+    try:
+        report = launcher.server_status(_settings(tmp_path), "kafka")
+    finally:
+        listener.close()
+    assert report.pid == recorded_kafka.pid
+    assert not report.healthy
+    assert f"not by pid {recorded_kafka.pid}" in report.detail
