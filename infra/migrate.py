@@ -159,14 +159,25 @@ def _ensure_keyspace(session, settings: Settings) -> None:
         "owner text)", timeout=60)
 
 
-def _acquire_lease(session, ks: str, owner: str, wait_s: float) -> None:
-    deadline = time.monotonic() + wait_s
+def _acquire_lease(session, ks: str, owner: str, wait_s: float,
+                   out: Callable[[str], None] = lambda _msg: None) -> None:
+    """Take the lease, waiting up to ``wait_s`` for another migrator's (or a killed
+    one's, until its TTL) and saying so every 15 s: the wait was silent for up to two
+    minutes (an operator's review, session 43)."""
+    started = time.monotonic()
+    deadline, next_word = started + wait_s, started
     while True:
         rs = session.execute(
             f"INSERT INTO {ks}.schema_migrations_lease (id, owner) VALUES ('migrate', %s) "
             f"IF NOT EXISTS USING TTL {LEASE_TTL_S}", (owner,), timeout=30)
         if rs.was_applied:
             return
+        if time.monotonic() >= next_word:
+            out(f"waiting for another migrator (owner {rs.one().owner}) to finish, "
+                f"{time.monotonic() - started:.0f}s so far: its lease on "
+                f"{ks}.schema_migrations_lease ends when it does, or {LEASE_TTL_S}s after "
+                "it was taken if it was killed")
+            next_word += 15
         if time.monotonic() > deadline:
             raise MigrationError(
                 f"another migrator holds {ks}.schema_migrations_lease (owner "
@@ -198,7 +209,7 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
         differs = _replication_differs(session, settings)
         if differs:
             out(f"warning: {differs}")
-        _acquire_lease(session, ks, owner, wait_s=LEASE_TTL_S)
+        _acquire_lease(session, ks, owner, wait_s=LEASE_TTL_S, out=out)
         try:
             applied = {r.version: r for r in session.execute(
                 f"SELECT version, name, checksum FROM {ks}.schema_migrations", timeout=30)}

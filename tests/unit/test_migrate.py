@@ -150,3 +150,25 @@ def test_a_keyspace_migrated_by_a_newer_version_is_refused_and_nothing_applied(
         assert "more" not in tables
     finally:
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
+
+
+@pytest.mark.integration
+def test_a_run_waiting_for_a_killed_migrators_lease_says_so_then_applies(
+    cassandra_session, settings, unique_name, tmp_path
+):
+    """A migrator killed half way leaves its lease until its TTL; the next run waits for
+    it. That wait (up to two minutes) printed nothing: an operator saw ``ratchet
+    migrate`` hang (an operator's review, session 43). It says whom it waits for."""
+    s = dataclasses.replace(settings, keyspace=unique_name("mig"))
+    try:
+        apply_migrations(cassandra_session, s, tmp_path)  # keyspace and lease table
+        cassandra_session.execute(  # the killed migrator's lease (a short TTL here)
+            f"INSERT INTO {s.keyspace}.schema_migrations_lease (id, owner) "
+            "VALUES ('migrate', 'killed-one') USING TTL 2")
+        (tmp_path / "001_core.cql").write_text("CREATE TABLE IF NOT EXISTS t (k int PRIMARY KEY);")
+        said: list[str] = []
+        assert [m.version for m in apply_migrations(cassandra_session, s, tmp_path,
+                                                    out=said.append)] == [1]
+        assert any("waiting for another migrator (owner killed-one)" in line for line in said)
+    finally:
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
