@@ -103,6 +103,30 @@ def _print(msg: str) -> None:
     print(msg, flush=True)
 
 
+PROGRESS_EVERY_S = 15.0
+
+
+@contextlib.contextmanager
+def _ticking(say: Say, what: str) -> Iterator[None]:
+    """Say ``what`` with the seconds so far every ``PROGRESS_EVERY_S`` while the block
+    runs: a first download (Maven, ~50 s here, minutes on a slow link) said nothing
+    between its first and its last line (an operator's review, session 43)."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(PROGRESS_EVERY_S):
+            say(f"{what} after {time.monotonic() - started:.0f}s")
+
+    ticker = threading.Thread(target=tick, name="progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+
+
 # ---------------------------------------------------------------------------- start
 
 
@@ -217,7 +241,9 @@ def _ensure_started(srv: Server, state: StateFile, say: Say) -> None:
     if not srv.is_fetched():
         say(f"{srv.name}: downloading {srv.name} {srv.version} with Maven (first run only)...")
         t = time.monotonic()
-        srv.fetch()
+        with _ticking(say, f"{srv.name}: still downloading (Maven's log: "
+                      f"{srv.dist_dir}.tmp/mvn.log)"):
+            srv.fetch()
         say(f"{srv.name}: downloaded in {time.monotonic() - t:.1f}s")
     if srv.port_open():  # someone may have started one while we were downloading
         return _ensure_started(srv, state, say)

@@ -92,3 +92,46 @@ def test_status_does_not_call_a_recorded_process_healthy_when_another_serves_its
     assert report.pid == recorded_kafka.pid
     assert not report.healthy
     assert f"not by pid {recorded_kafka.pid}" in report.detail
+
+
+def test_a_long_download_says_it_is_still_downloading(tmp_path, monkeypatch):
+    """A first ``up`` downloads with Maven (~50 s here, minutes on a slow link) and said
+    nothing between "downloading" and "downloaded" (an operator's review, session 43)."""
+    import threading
+
+    from infra.servers.base import Server, Unhealthy
+
+    said: list[str] = []
+    ticked = threading.Event()
+
+    def say(line: str) -> None:
+        said.append(line)
+        if "still downloading" in line:
+            ticked.set()
+
+    class Slow(Server):
+        name, version = "slow", "1"
+
+        def fetch(self):  # "downloads" until progress was said (10 s at most)
+            ticked.wait(10)
+
+        def prepare(self):
+            raise RuntimeError("stop after the download")
+
+        def command(self):
+            return []
+
+        def client_port(self):
+            return 18629
+
+        def check(self, timeout_s=10.0):
+            raise Unhealthy("not started")
+
+        def endpoint(self):
+            return "slow"
+
+    monkeypatch.setattr(launcher, "PROGRESS_EVERY_S", 0.05)
+    with pytest.raises(RuntimeError, match="stop after the download"):
+        launcher._ensure_started(Slow(_settings(tmp_path)), StateFile(tmp_path), say)
+    assert any(line.startswith("slow: still downloading") and "mvn.log" in line
+               for line in said), said
