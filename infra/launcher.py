@@ -302,8 +302,13 @@ def start_server(settings: Settings, name: str, out: Say = _print) -> None:
 # ----------------------------------------------------------------------------- stop
 
 
+STOP_GRACE_S = 30.0
+
+
 def stop_server(settings: Settings, name: str, out: Say = _print) -> str:
-    """Stop the process ``up`` started for ``name`` (SIGTERM, then SIGKILL after 30 s)."""
+    """Stop the process ``up`` started for ``name`` (SIGTERM, then SIGKILL after 30 s).
+    One that outlives SIGKILL stays recorded ("still running"): it was forgotten, and
+    ``down`` exited 0 with it running (an operator's review, session 43)."""
     srv = server(settings, name)  # validates the name
     state = StateFile(settings.home)
     with state.locked() as entries:
@@ -316,7 +321,10 @@ def stop_server(settings: Settings, name: str, out: Say = _print) -> str:
     if entry is None:
         out(f"{name}: not started by ratchet, nothing to stop")
         return "not running"
-    how = terminate(entry)
+    how = terminate(entry, grace_s=STOP_GRACE_S)
+    if how == "still running":
+        with state.locked() as entries:
+            entries.setdefault(name, entry)
     out(f"{name}: {how} (pid {entry.pid})")
     return how
 
@@ -455,7 +463,7 @@ def cli_status(settings: Settings) -> int:
 
 def cli_restart(settings: Settings, name: str) -> int:
     try:
-        if stop_server(settings, name) == "refused":
+        if stop_server(settings, name) in ("refused", "still running"):
             return 1
         start_server(settings, name)
     except (InfraError, StateFileError, OSError) as exc:

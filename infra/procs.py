@@ -96,10 +96,15 @@ class StateFile:
         return entry if entry and is_alive(entry) else None
 
 
+KILL_WAIT_S = 10.0
+
+
 def terminate(entry: Running, grace_s: float = 30.0) -> str:
     """SIGTERM the process group of ``entry``, wait up to ``grace_s``, then SIGKILL.
 
-    Returns how it ended: ``"not running"``, ``"stopped"`` or ``"killed"``.
+    Returns how it ended: ``"not running"``, ``"stopped"``, ``"killed"``, or
+    ``"still running"`` when it outlived SIGKILL by ``KILL_WAIT_S`` (a process stuck in
+    the kernel, e.g. on a dead disk): it was "killed" while it ran on.
     """
     if not is_alive(entry):
         return "not running"
@@ -111,13 +116,13 @@ def terminate(entry: Running, grace_s: float = 30.0) -> str:
             return "stopped"
         time.sleep(0.2)
     _signal_group(entry.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + KILL_WAIT_S
     while time.monotonic() < deadline:
         _reap(entry.pid)
         if not is_alive(entry):
-            break
+            return "killed"
         time.sleep(0.1)
-    return "killed"
+    return "killed" if not is_alive(entry) else "still running"
 
 
 def _reap(pid: int) -> None:

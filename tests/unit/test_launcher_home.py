@@ -135,3 +135,19 @@ def test_a_long_download_says_it_is_still_downloading(tmp_path, monkeypatch):
         launcher._ensure_started(Slow(_settings(tmp_path)), StateFile(tmp_path), say)
     assert any(line.startswith("slow: still downloading") and "mvn.log" in line
                for line in said), said
+
+
+def test_a_process_that_outlives_sigkill_stays_recorded_and_down_exits_1(
+        tmp_path, recorded_kafka, monkeypatch, capsys):
+    """A process stuck in the kernel (a dead disk) outlives SIGKILL. ``stop_server``
+    dropped it from the state and said "killed", so ``down`` exited 0 with it running
+    and no later command knew it (an operator's review, session 43). Simulated: the
+    signals are not delivered."""
+    from infra import procs
+
+    monkeypatch.setattr(procs, "_signal_group", lambda pid, sig: None)
+    monkeypatch.setattr(procs, "KILL_WAIT_S", 0.2)
+    monkeypatch.setattr(launcher, "STOP_GRACE_S", 0.2)
+    assert launcher.cli_down(_settings(tmp_path)) == 1
+    assert f"kafka: still running (pid {recorded_kafka.pid})" in capsys.readouterr().out
+    assert StateFile(tmp_path).get("kafka").pid == recorded_kafka.pid
