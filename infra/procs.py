@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import signal
 import time
 from collections.abc import Iterator
@@ -89,7 +90,7 @@ class StateFile:
                 f"{self.path} cannot be read ({type(exc).__name__}: {exc}); it names the "
                 f"processes `ratchet infra up` started, so nothing is started or stopped "
                 f"while it is damaged: stop this home's servers by hand (`pgrep -af "
-                f"{self.path.parent}`), then delete it") from None
+                f"{shlex.quote(str(self.path.parent))}`), then delete it") from None
 
     def get(self, name: str) -> Running | None:
         entry = self.read().get(name)

@@ -1,7 +1,9 @@
 """What ``ratchet infra`` does with a home it cannot use: a damaged ``state.json``, a
 RATCHET_HOME that is not a directory. Each is exit 1 with a line naming the file or
 the variable, never a traceback, and never a guess about which processes are ours.
-(An operator's review of the launcher, session 43.)"""
+Then what it says of its processes: ``status`` of one that does not serve its port, a
+process that outlives SIGKILL, a long download. (An operator's review of the launcher,
+session 43.)"""
 
 from __future__ import annotations
 
