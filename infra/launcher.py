@@ -56,12 +56,16 @@ class InfraError(RuntimeError):
 class ServerStartError(InfraError):
     """One server did not come up; the message names it, its exit code, log and last lines."""
 
-    def __init__(self, name: str, reason: str, log: str, exit_code: int | None = None) -> None:
+    def __init__(self, name: str, reason: str, log: str | None,
+                 exit_code: int | None = None) -> None:
+        """``log`` None: nothing was started, and the log's last lines are an earlier
+        start's (an operator's review, session 43: a port taken by a stranger showed a
+        healthy start of the day before)."""
         self.name, self.reason, self.log, self.exit_code = name, reason, log, exit_code
         super().__init__(
             f"{name} failed to start: {reason}"
             + (f" (exit code {exit_code})" if exit_code is not None else "")
-            + f"\n  log: {log}\n  last lines:\n{_tail(log)}"
+            + (f"\n  log: {log}\n  last lines:\n{_tail(log)}" if log is not None else "")
         )
 
 
@@ -216,7 +220,7 @@ def _ensure_started(srv: Server, state: StateFile, say: Say) -> None:
     if entry is not None:
         mismatch = port_mismatch(srv, entry, state.path.parent)
         if mismatch:
-            raise ServerStartError(srv.name, mismatch, entry.log)
+            raise ServerStartError(srv.name, mismatch, None)
         try:
             srv.check(timeout_s=5)
             say(f"{srv.name}: already running (pid {entry.pid}), healthy")
@@ -234,7 +238,7 @@ def _ensure_started(srv: Server, state: StateFile, say: Say) -> None:
         except Unhealthy as exc:
             raise ServerStartError(
                 srv.name, f"port {srv.client_port()} is taken by a process that is not a healthy "
-                f"{srv.name} ({exc})", str(srv.log_path)) from None
+                f"{srv.name} ({exc}); nothing was started", None) from None
         say(f"{srv.name}: served on port {srv.client_port()} by a process ratchet did not "
             "start; leaving it alone")
         return

@@ -17,6 +17,7 @@ import pytest
 
 from infra import launcher
 from infra.procs import Running, StateFile, StateFileError, proc_start_time
+from infra.servers.base import Server, Unhealthy
 from ratchet.settings import Settings
 
 # Ports nothing serves here: no check may reach a real server.
@@ -96,12 +97,51 @@ def test_status_does_not_call_a_recorded_process_healthy_when_another_serves_its
     assert f"not by pid {recorded_kafka.pid}" in report.detail
 
 
+class _Fake(Server):
+    """A server that is never fetched or started here: its check always fails."""
+
+    name, version = "fake", "1"
+
+    def fetch(self):
+        raise AssertionError("not expected to download")
+
+    def prepare(self):
+        raise RuntimeError("stop before the launch")
+
+    def command(self):
+        return []
+
+    def client_port(self):
+        return 18629
+
+    def check(self, timeout_s=10.0):
+        raise Unhealthy("it does not answer")
+
+    def endpoint(self):
+        return "fake"
+
+
+def test_a_port_taken_by_a_stranger_does_not_show_an_earlier_starts_log(tmp_path):
+    """Nothing is started when the port is taken, yet the error showed the log's last
+    lines: an earlier, healthy start of the server, which sent the operator looking
+    at the wrong thing (an operator's review, session 43)."""
+    srv = _Fake(_settings(tmp_path))
+    srv.log_path.parent.mkdir(parents=True)
+    srv.log_path.write_text("an earlier start: fake is ready\n")
+    listener = socket.create_server(("127.0.0.1", 18629))
+    try:
+        with pytest.raises(launcher.ServerStartError) as failed:
+            launcher._ensure_started(srv, StateFile(tmp_path), lambda _line: None)
+    finally:
+        listener.close()
+    assert "port 18629 is taken by a process that is not a healthy fake" in str(failed.value)
+    assert "an earlier start" not in str(failed.value)
+
+
 def test_a_long_download_says_it_is_still_downloading(tmp_path, monkeypatch):
     """A first ``up`` downloads with Maven (~50 s here, minutes on a slow link) and said
     nothing between "downloading" and "downloaded" (an operator's review, session 43)."""
     import threading
-
-    from infra.servers.base import Server, Unhealthy
 
     said: list[str] = []
     ticked = threading.Event()
