@@ -185,6 +185,22 @@ def _acquire_lease(session, ks: str, owner: str, wait_s: float,
         time.sleep(1)
 
 
+def _renew_lease(session, ks: str, owner: str) -> None:
+    """Hold the lease another ``LEASE_TTL_S`` before each migration, or stop: it was
+    taken once for the whole run, so a run longer than its TTL (DDL waiting for schema
+    agreement on a slow cluster) went on beside a second migrator that had taken it
+    (an operator's review, session 43)."""
+    rs = session.execute(
+        f"UPDATE {ks}.schema_migrations_lease USING TTL {LEASE_TTL_S} SET owner = %s "
+        "WHERE id = 'migrate' IF owner = %s", (owner, owner), timeout=30)
+    if not rs.was_applied:
+        holder = rs.one().owner if "owner" in rs.column_names else None
+        raise MigrationError(
+            f"lost {ks}.schema_migrations_lease (held now by {holder or 'nobody'}): this run "
+            f"took longer than its {LEASE_TTL_S}s between two migrations; stopped so that "
+            "two migrators never run at once. Run `ratchet migrate` again")
+
+
 def _release_lease(session, ks: str, owner: str) -> None:
     session.execute(f"DELETE FROM {ks}.schema_migrations_lease WHERE id = 'migrate' IF owner = %s",
                     (owner,), timeout=30)
@@ -233,6 +249,7 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
             todo = [m for m in migrations if m.version not in applied]
             session.set_keyspace(ks)
             for m in todo:
+                _renew_lease(session, ks, owner)
                 t = time.monotonic()
                 for i, stmt in enumerate(m.statements, 1):
                     try:

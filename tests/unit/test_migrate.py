@@ -172,3 +172,35 @@ def test_a_run_waiting_for_a_killed_migrators_lease_says_so_then_applies(
         assert any("waiting for another migrator (owner killed-one)" in line for line in said)
     finally:
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
+
+
+@pytest.mark.integration
+def test_a_run_that_lost_its_lease_stops_before_the_next_migration(
+    cassandra_session, settings, unique_name, tmp_path
+):
+    """The lease was taken once, for 120 s, for the whole run: a longer run (DDL waiting
+    for schema agreement on a slow cluster) went on applying migrations beside a second
+    migrator that had taken the lease after it expired (an operator's review, session
+    43). Each migration now renews it first, or the run stops. Simulated: as 001 is
+    recorded, another migrator holds the lease."""
+    s = dataclasses.replace(settings, keyspace=unique_name("mig"))
+    try:
+        (tmp_path / "001_core.cql").write_text("CREATE TABLE IF NOT EXISTS a (k int PRIMARY KEY);")
+        (tmp_path / "002_more.cql").write_text("CREATE TABLE IF NOT EXISTS b (k int PRIMARY KEY);")
+
+        def out(line: str) -> None:
+            if line.startswith("applied 001"):  # our lease expired; another took it
+                cassandra_session.execute(
+                    f"UPDATE {s.keyspace}.schema_migrations_lease SET owner = 'other' "
+                    "WHERE id = 'migrate'")
+
+        with pytest.raises(MigrationError, match="lost .*schema_migrations_lease .*other"):
+            apply_migrations(cassandra_session, s, tmp_path, out=out)
+        versions = {r.version for r in cassandra_session.execute(
+            f"SELECT version FROM {s.keyspace}.schema_migrations")}
+        assert versions == {1}
+        lease = cassandra_session.execute(
+            f"SELECT owner FROM {s.keyspace}.schema_migrations_lease WHERE id = 'migrate'").one()
+        assert lease.owner == "other"  # the other migrator's lease is left alone
+    finally:
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
