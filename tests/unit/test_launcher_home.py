@@ -193,3 +193,56 @@ def test_a_process_that_outlives_sigkill_stays_recorded_and_down_exits_1(
     assert launcher.cli_down(_settings(tmp_path)) == 1
     assert f"kafka: still running (pid {recorded_kafka.pid})" in capsys.readouterr().out
     assert StateFile(tmp_path).get("kafka").pid == recorded_kafka.pid
+
+
+@pytest.mark.parametrize("url,port", [
+    ("http://127.0.0.1/apis/ccompat/v7", 80),
+    ("https://127.0.0.1/apis/ccompat/v7", 443),
+])
+def test_the_launched_registry_serves_the_port_its_clients_use(tmp_path, url, port):
+    """A URL without a port is 80 for the clients; the launcher started the registry on
+    8081 and waited 90 s for a check on 80 (an operator's review, session 43)."""
+    srv = launcher.server(replace(_settings(tmp_path), schema_registry_url=url), "registry")
+    assert srv.client_port() == port
+    assert f"-Dquarkus.http.port={port}" in srv.command()
+
+
+def test_the_registry_check_with_several_urls_asks_the_first(tmp_path):
+    """RATCHET_SCHEMA_REGISTRY_URL may list several URLs; the launcher's check pasted the
+    whole list before its path, so a healthy registry was never healthy (an operator's
+    review, session 43). A stand-in registry answers the check's two calls."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from infra.servers.registry import HEALTH_SCHEMA
+
+    class Registry(BaseHTTPRequestHandler):
+        def _answer(self, body):
+            data = json.dumps(body).encode()
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            ok = self.path == "/apis/ccompat/v7/subjects/_ratchet.healthcheck-value/versions"
+            self._answer({"id": 7} if ok else {})
+
+        def do_GET(self):  # noqa: N802
+            ok = self.path == "/apis/ccompat/v7/schemas/ids/7"
+            self._answer({"schema": json.dumps(HEALTH_SCHEMA)} if ok else {})
+
+        def log_message(self, *args):
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 18629), Registry)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    try:
+        url = "http://127.0.0.1:18629/apis/ccompat/v7,http://127.0.0.1:18628/apis/ccompat/v7"
+        launcher.server(replace(_settings(tmp_path), schema_registry_url=url), "registry").check(5)
+    finally:
+        http.shutdown()
+        http.server_close()
