@@ -41,8 +41,10 @@ def _mvn(args: list[str], cwd: Path, log: Path) -> None:
         raise FetchError("Maven (mvn) is not on PATH: install maven (apt-get install maven)")
     env = dict(os.environ, JAVA_HOME=str(java17_home()))
     with log.open("w") as out:
-        rc = subprocess.run([mvn, "-B", "-q", *args], cwd=cwd, env=env, stdout=out,
-                            stderr=subprocess.STDOUT).returncode
+        # --strict-checksums: Maven's default policy only warns when a download's
+        # checksum differs from the repository's, and keeps the file.
+        rc = subprocess.run([mvn, "-B", "-q", "--strict-checksums", *args], cwd=cwd, env=env,
+                            stdout=out, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
         raise FetchError(f"mvn {' '.join(args)} failed with exit code {rc} (log {log}):\n{tail}")
@@ -94,8 +96,15 @@ def fetch_zip(dest: Path, coordinate: str) -> Path:
     archive = _local_repo(work) / g.replace(".", "/") / a / v / f"{a}-{v}-{classifier}.{ext}"
     if not archive.is_file():
         raise FetchError(f"mvn reported success but {archive} does not exist")
-    with zipfile.ZipFile(archive) as zf:
-        zf.extractall(work / "app")
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(work / "app")  # checks each member's CRC as it goes
+    except (zipfile.BadZipFile, EOFError) as exc:
+        # Maven would find it in its repository and never download it again: every
+        # later run failed the same way (an operator's review, session 43).
+        archive.unlink(missing_ok=True)
+        raise FetchError(f"{archive} is damaged ({type(exc).__name__}: {exc}); removed "
+                         "it, so the next run downloads it again") from None
     shutil.rmtree(dest, ignore_errors=True)
     work.rename(dest)
     marker.write_text(coordinate + "\n")

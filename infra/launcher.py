@@ -31,6 +31,7 @@ from infra import timer_slack
 from infra.procs import (
     Running,
     StateFile,
+    StateFileError,
     is_alive,
     pid_listens_on,
     proc_start_time,
@@ -55,12 +56,16 @@ class InfraError(RuntimeError):
 class ServerStartError(InfraError):
     """One server did not come up; the message names it, its exit code, log and last lines."""
 
-    def __init__(self, name: str, reason: str, log: str, exit_code: int | None = None) -> None:
+    def __init__(self, name: str, reason: str, log: str | None,
+                 exit_code: int | None = None) -> None:
+        """``log`` None: nothing was started, and the log's last lines are an earlier
+        start's (an operator's review, session 43: a port taken by a stranger showed a
+        healthy start of the day before)."""
         self.name, self.reason, self.log, self.exit_code = name, reason, log, exit_code
         super().__init__(
             f"{name} failed to start: {reason}"
             + (f" (exit code {exit_code})" if exit_code is not None else "")
-            + f"\n  log: {log}\n  last lines:\n{_tail(log)}"
+            + (f"\n  log: {log}\n  last lines:\n{_tail(log)}" if log is not None else "")
         )
 
 
@@ -100,6 +105,30 @@ class _Clock:
 
 def _print(msg: str) -> None:
     print(msg, flush=True)
+
+
+PROGRESS_EVERY_S = 15.0
+
+
+@contextlib.contextmanager
+def _ticking(say: Say, what: str) -> Iterator[None]:
+    """Say ``what`` with the seconds so far every ``PROGRESS_EVERY_S`` while the block
+    runs: a first download (Maven, ~50 s here, minutes on a slow link) said nothing
+    between its first and its last line (an operator's review, session 43)."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(PROGRESS_EVERY_S):
+            say(f"{what} after {time.monotonic() - started:.0f}s")
+
+    ticker = threading.Thread(target=tick, name="progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
 
 
 # ---------------------------------------------------------------------------- start
@@ -191,7 +220,7 @@ def _ensure_started(srv: Server, state: StateFile, say: Say) -> None:
     if entry is not None:
         mismatch = port_mismatch(srv, entry, state.path.parent)
         if mismatch:
-            raise ServerStartError(srv.name, mismatch, entry.log)
+            raise ServerStartError(srv.name, mismatch, None)
         try:
             srv.check(timeout_s=5)
             say(f"{srv.name}: already running (pid {entry.pid}), healthy")
@@ -209,14 +238,16 @@ def _ensure_started(srv: Server, state: StateFile, say: Say) -> None:
         except Unhealthy as exc:
             raise ServerStartError(
                 srv.name, f"port {srv.client_port()} is taken by a process that is not a healthy "
-                f"{srv.name} ({exc})", str(srv.log_path)) from None
+                f"{srv.name} ({exc}); nothing was started", None) from None
         say(f"{srv.name}: served on port {srv.client_port()} by a process ratchet did not "
             "start; leaving it alone")
         return
     if not srv.is_fetched():
         say(f"{srv.name}: downloading {srv.name} {srv.version} with Maven (first run only)...")
         t = time.monotonic()
-        srv.fetch()
+        with _ticking(say, f"{srv.name}: still downloading (Maven's log: "
+                      f"{srv.dist_dir}.tmp/mvn.log)"):
+            srv.fetch()
         say(f"{srv.name}: downloaded in {time.monotonic() - t:.1f}s")
     if srv.port_open():  # someone may have started one while we were downloading
         return _ensure_started(srv, state, say)
@@ -275,8 +306,13 @@ def start_server(settings: Settings, name: str, out: Say = _print) -> None:
 # ----------------------------------------------------------------------------- stop
 
 
+STOP_GRACE_S = 30.0
+
+
 def stop_server(settings: Settings, name: str, out: Say = _print) -> str:
-    """Stop the process ``up`` started for ``name`` (SIGTERM, then SIGKILL after 30 s)."""
+    """Stop the process ``up`` started for ``name`` (SIGTERM, then SIGKILL after 30 s).
+    One that outlives SIGKILL stays recorded ("still running"): it was forgotten, and
+    ``down`` exited 0 with it running (an operator's review, session 43)."""
     srv = server(settings, name)  # validates the name
     state = StateFile(settings.home)
     with state.locked() as entries:
@@ -289,7 +325,10 @@ def stop_server(settings: Settings, name: str, out: Say = _print) -> str:
     if entry is None:
         out(f"{name}: not started by ratchet, nothing to stop")
         return "not running"
-    how = terminate(entry)
+    how = terminate(entry, grace_s=STOP_GRACE_S)
+    if how == "still running":
+        with state.locked() as entries:
+            entries.setdefault(name, entry)
     out(f"{name}: {how} (pid {entry.pid})")
     return how
 
@@ -353,8 +392,13 @@ def server_status(settings: Settings, name: str) -> ServerStatus:
     mismatch = entry and port_mismatch(srv, entry, settings.home)
     if mismatch:
         return ServerStatus(name, pid, False, mismatch)
-    if entry is None and not srv.port_open():
+    port_open = srv.port_open()
+    if entry is None and not port_open:
         return ServerStatus(name, None, False, "")
+    if entry is not None and port_open and pid_listens_on(entry.pid, srv.client_port()) is False:
+        # Another process answers on the port: ours is not serving (as _wait_healthy).
+        return ServerStatus(name, pid, False, f"port {srv.client_port()} is open, but not "
+                            f"by pid {entry.pid}: another process serves it")
     try:
         srv.check(timeout_s=5)
     except Unhealthy as exc:
@@ -371,16 +415,34 @@ def status(settings: Settings) -> dict[str, ServerStatus]:
 # ------------------------------------------------------------------------------- cli
 
 
+def _failed(command: str, settings: Settings, exc: BaseException) -> int:
+    """The operator's lines for a command that could not run (exit 1), no traceback:
+    a home that is a file or not writable raised ``OSError`` from ``mkdir`` or a read
+    (an operator's review, session 43)."""
+    why = str(exc)
+    if isinstance(exc, OSError):
+        why = (f"{exc.strerror or exc}: {exc.filename or settings.home} (RATCHET_HOME="
+               f"{settings.home} must be a directory this user can write)")
+    print(f"ratchet infra {command} failed:\n{why}", file=sys.stderr, flush=True)
+    return 1
+
+
 def cli_up(settings: Settings) -> int:
     try:
         up(settings)
-    except InfraError as exc:
-        print(f"ratchet infra up failed:\n{exc}", file=sys.stderr, flush=True)
-        return 1
+    except (InfraError, StateFileError, OSError) as exc:
+        return _failed("up", settings, exc)
     return 0
 
 
 def cli_down(settings: Settings, purge: bool = False) -> int:
+    try:
+        return _cli_down(settings, purge)
+    except (StateFileError, OSError) as exc:
+        return _failed("down", settings, exc)
+
+
+def _cli_down(settings: Settings, purge: bool) -> int:
     how = down(settings, purge=purge)
     if "refused" in how.values():
         print("ratchet infra down: refused to stop servers the settings do not name (above)",
@@ -394,7 +456,10 @@ def cli_down(settings: Settings, purge: bool = False) -> int:
 
 
 def cli_status(settings: Settings) -> int:
-    report = status(settings)
+    try:
+        report = status(settings)
+    except (StateFileError, OSError) as exc:
+        return _failed("status", settings, exc)
     for s in report.values():
         print(s.line())
     return 0 if all(s.healthy for s in report.values()) else 1
@@ -402,10 +467,9 @@ def cli_status(settings: Settings) -> int:
 
 def cli_restart(settings: Settings, name: str) -> int:
     try:
-        if stop_server(settings, name) == "refused":
+        if stop_server(settings, name) in ("refused", "still running"):
             return 1
         start_server(settings, name)
-    except InfraError as exc:
-        print(f"ratchet infra restart {name} failed:\n{exc}", file=sys.stderr, flush=True)
-        return 1
+    except (InfraError, StateFileError, OSError) as exc:
+        return _failed(f"restart {name}", settings, exc)
     return 0

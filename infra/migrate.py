@@ -42,6 +42,11 @@ class ChecksumMismatch(MigrationError):
     """An applied migration's file was edited afterwards."""
 
 
+class SchemaAhead(MigrationError):
+    """The keyspace records migrations this ratchet has no file for: a newer version
+    migrated it, and this one does not know what they changed."""
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -154,19 +159,46 @@ def _ensure_keyspace(session, settings: Settings) -> None:
         "owner text)", timeout=60)
 
 
-def _acquire_lease(session, ks: str, owner: str, wait_s: float) -> None:
-    deadline = time.monotonic() + wait_s
+def _acquire_lease(session, ks: str, owner: str, wait_s: float,
+                   out: Callable[[str], None] = lambda _msg: None) -> None:
+    """Take the lease, waiting up to ``wait_s`` for another migrator's (or a killed
+    one's, until its TTL) and saying so every 15 s: the wait was silent for up to two
+    minutes (an operator's review, session 43)."""
+    started = time.monotonic()
+    deadline, next_word = started + wait_s, started
     while True:
         rs = session.execute(
             f"INSERT INTO {ks}.schema_migrations_lease (id, owner) VALUES ('migrate', %s) "
             f"IF NOT EXISTS USING TTL {LEASE_TTL_S}", (owner,), timeout=30)
         if rs.was_applied:
             return
+        if time.monotonic() >= next_word:
+            out(f"waiting for another migrator (owner {rs.one().owner}) to finish, "
+                f"{time.monotonic() - started:.0f}s so far: its lease on "
+                f"{ks}.schema_migrations_lease ends when it does, or {LEASE_TTL_S}s after "
+                "it was taken if it was killed")
+            next_word += 15
         if time.monotonic() > deadline:
             raise MigrationError(
                 f"another migrator holds {ks}.schema_migrations_lease (owner "
                 f"{rs.one().owner}); it expires after {LEASE_TTL_S}s")
         time.sleep(1)
+
+
+def _renew_lease(session, ks: str, owner: str) -> None:
+    """Hold the lease another ``LEASE_TTL_S`` before each migration, or stop: it was
+    taken once for the whole run, so a run longer than its TTL (DDL waiting for schema
+    agreement on a slow cluster) went on beside a second migrator that had taken it
+    (an operator's review, session 43)."""
+    rs = session.execute(
+        f"UPDATE {ks}.schema_migrations_lease USING TTL {LEASE_TTL_S} SET owner = %s "
+        "WHERE id = 'migrate' IF owner = %s", (owner, owner), timeout=30)
+    if not rs.was_applied:
+        holder = rs.one().owner if "owner" in rs.column_names else None
+        raise MigrationError(
+            f"lost {ks}.schema_migrations_lease (held now by {holder or 'nobody'}): this run "
+            f"took longer than its {LEASE_TTL_S}s between two migrations; stopped so that "
+            "two migrators never run at once. Run `ratchet migrate` again")
 
 
 def _release_lease(session, ks: str, owner: str) -> None:
@@ -180,7 +212,9 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
 
     Accepts a cassandra-driver ``Cluster`` or ``Session``; a session of its own is used
     so the caller's current keyspace is left unchanged. Raises ``ChecksumMismatch`` when
-    an applied migration's file changed, ``MigrationError`` for other problems.
+    an applied migration's file changed, ``SchemaAhead`` (before applying anything) when
+    the keyspace records a migration this code has no file for, ``MigrationError`` for
+    other problems.
     """
     migrations = discover(folder)
     cluster = getattr(session_or_cluster, "cluster", session_or_cluster)
@@ -191,10 +225,20 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
         differs = _replication_differs(session, settings)
         if differs:
             out(f"warning: {differs}")
-        _acquire_lease(session, ks, owner, wait_s=LEASE_TTL_S)
+        _acquire_lease(session, ks, owner, wait_s=LEASE_TTL_S, out=out)
         try:
             applied = {r.version: r for r in session.execute(
                 f"SELECT version, name, checksum FROM {ks}.schema_migrations", timeout=30)}
+            unknown = sorted(set(applied) - {m.version for m in migrations})
+            if unknown:
+                # Was a warning, and the older migrations then ran over a newer schema
+                # with exit 0 (an operator's review, session 43): fail closed.
+                names = ", ".join(f"{v:03d}_{applied[v].name}" for v in unknown)
+                raise SchemaAhead(
+                    f"keyspace {ks} records migration(s) {names}, which this ratchet does "
+                    f"not have (its newest is {migrations[-1].path.name if migrations else 'none'}"
+                    f", in {folder}): the keyspace was migrated by a newer version; run that "
+                    "version's `ratchet migrate`, never an older one. Nothing was applied")
             for m in migrations:
                 done = applied.get(m.version)
                 if done is not None and done.checksum != m.checksum:
@@ -205,6 +249,7 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
             todo = [m for m in migrations if m.version not in applied]
             session.set_keyspace(ks)
             for m in todo:
+                _renew_lease(session, ks, owner)
                 t = time.monotonic()
                 for i, stmt in enumerate(m.statements, 1):
                     try:
@@ -231,9 +276,6 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
                     timeout=30)
                 out(f"applied {m.path.name} ({len(m.statements)} statements, "
                     f"{time.monotonic() - t:.1f}s)")
-            for v in sorted(set(applied) - {m.version for m in migrations}):
-                out(f"warning: version {v} ({applied[v].name}) is recorded as applied but has "
-                    f"no file in {folder}")
             return todo
         finally:
             _release_lease(session, ks, owner)

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import signal
 import time
 from collections.abc import Iterator
@@ -31,6 +32,10 @@ class Running:
     # The client port it was started to serve (0: a state file from before it was kept).
     # The settings of a later ``status``, ``down`` or ``restart`` must name the same one.
     port: int = 0
+
+
+class StateFileError(RuntimeError):
+    """``state.json`` exists but cannot be read: which processes ``up`` started is unknown."""
 
 
 def proc_start_time(pid: int) -> int | None:
@@ -69,21 +74,38 @@ class StateFile:
             tmp.replace(self.path)
 
     def read(self) -> dict[str, Running]:
+        """The recorded processes ({} when there is no file yet). A file that cannot be
+        read is a ``StateFileError``: read as {}, it made ``down`` stop nothing and exit
+        0 with every server left running, and ``up`` take its own servers for someone
+        else's (an operator's review, session 43)."""
         try:
-            raw = json.loads(self.path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            text = self.path.read_text()
+        except FileNotFoundError:
             return {}
-        return {name: Running(**value) for name, value in raw.items()}
+        try:
+            raw = json.loads(text)
+            return {name: Running(**value) for name, value in raw.items()}
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise StateFileError(
+                f"{self.path} cannot be read ({type(exc).__name__}: {exc}); it names the "
+                f"processes `ratchet infra up` started, so nothing is started or stopped "
+                f"while it is damaged: stop this home's servers by hand (`pgrep -af "
+                f"{shlex.quote(str(self.path.parent))}`), then delete it") from None
 
     def get(self, name: str) -> Running | None:
         entry = self.read().get(name)
         return entry if entry and is_alive(entry) else None
 
 
+KILL_WAIT_S = 10.0
+
+
 def terminate(entry: Running, grace_s: float = 30.0) -> str:
     """SIGTERM the process group of ``entry``, wait up to ``grace_s``, then SIGKILL.
 
-    Returns how it ended: ``"not running"``, ``"stopped"`` or ``"killed"``.
+    Returns how it ended: ``"not running"``, ``"stopped"``, ``"killed"``, or
+    ``"still running"`` when it outlived SIGKILL by ``KILL_WAIT_S`` (a process stuck in
+    the kernel, e.g. on a dead disk): it was "killed" while it ran on.
     """
     if not is_alive(entry):
         return "not running"
@@ -95,13 +117,13 @@ def terminate(entry: Running, grace_s: float = 30.0) -> str:
             return "stopped"
         time.sleep(0.2)
     _signal_group(entry.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + KILL_WAIT_S
     while time.monotonic() < deadline:
         _reap(entry.pid)
         if not is_alive(entry):
-            break
+            return "killed"
         time.sleep(0.1)
-    return "killed"
+    return "killed" if not is_alive(entry) else "still running"
 
 
 def _reap(pid: int) -> None:

@@ -156,6 +156,14 @@ def _replication(env: Mapping[str, str], default: str) -> str:
     return value
 
 
+def _home(raw: str) -> Path:
+    """``RATCHET_HOME`` as an absolute path (``~`` expanded). The launcher starts each
+    server in its data directory, so a relative home named jars and config that were
+    not there: Kafka exited "Could not find or load main class kafka.Kafka" (an
+    operator's review, session 43)."""
+    return Path(os.path.abspath(os.path.expanduser(raw)))
+
+
 def _text(env: Mapping[str, str], name: str, default: str) -> str:
     raw = _raw(env, name)
     return default if raw is None else raw
@@ -320,7 +328,7 @@ class Settings:
             replication=_replication(env, d.replication),
             topic_prefix=topic_prefix,
             partitions=_int(env, "RATCHET_PARTITIONS", d.partitions, 1, MAX_PARTITIONS),
-            home=d.home if home is None else Path(home),
+            home=d.home if home is None else _home(home),
             api_host=_bind_host(env, "RATCHET_API_HOST", d.api_host),
             consumer_group=_group(env, d.consumer_group),
             api_port=_port(env, "RATCHET_API_PORT", d.api_port),

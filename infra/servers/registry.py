@@ -36,11 +36,17 @@ class Registry(Server):
     version = VERSION
     start_timeout_s = 90.0
 
-    def _url(self):
-        return urlsplit(self.settings.schema_registry_url)
+    def _base(self) -> str:
+        """The URL this registry serves: the first of RATCHET_SCHEMA_REGISTRY_URL's
+        (the whole comma-separated list was taken as one URL)."""
+        return self.settings.schema_registry_url.split(",")[0].strip()
 
     def client_port(self) -> int:
-        return self._url().port or 8081
+        """The port the clients use: a URL without one is 80 (443), as for them; it
+        was 8081, so ``up`` started a registry no client reached and waited 90 s
+        (an operator's review, session 43)."""
+        url = urlsplit(self._base())
+        return url.port or (443 if url.scheme == "https" else 80)
 
     def endpoint(self) -> str:
         return f"registry   {self.settings.schema_registry_url}  (Apicurio {VERSION}, Confluent API)"
@@ -74,7 +80,7 @@ class Registry(Server):
         """Register a schema and read it back by id through the Confluent-compatible API."""
         import httpx
 
-        base = self.settings.schema_registry_url
+        base = self._base()
         headers = {"Content-Type": "application/vnd.schemaregistry.v1+json"}
         try:
             with httpx.Client(timeout=timeout_s) as http:

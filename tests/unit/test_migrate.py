@@ -10,7 +10,9 @@ import pytest
 from infra.migrate import (
     ChecksumMismatch,
     MigrationError,
+    SchemaAhead,
     apply_migrations,
+    cli_migrate,
     discover,
     split_statements,
 )
@@ -114,5 +116,91 @@ def test_a_migration_stopped_before_it_was_recorded_can_be_run_again(
         cassandra_session.execute(f"ALTER TABLE {s.keyspace}.things ADD other text")
         with pytest.raises(MigrationError, match="003_other.cql statement 1"):
             apply_migrations(cassandra_session, s, tmp_path)
+    finally:
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
+
+
+@pytest.mark.integration
+def test_a_keyspace_migrated_by_a_newer_version_is_refused_and_nothing_applied(
+    cassandra_session, settings, unique_name, tmp_path, capsys
+):
+    """A keyspace that records a migration this code has no file for was migrated by a
+    newer ratchet: an older ``ratchet migrate`` must not run its own files over that
+    schema. It printed a warning, applied what it had and exited 0 (an operator's
+    review, session 43); now it is a typed failure (exit 1) naming the unknown
+    migration, before anything is applied."""
+    s = dataclasses.replace(settings, keyspace=unique_name("mig"))
+    try:
+        (tmp_path / "001_core.cql").write_text("CREATE TABLE IF NOT EXISTS things (k int PRIMARY KEY);")
+        apply_migrations(cassandra_session, s, tmp_path)
+        cassandra_session.execute(  # what a newer version's migrate recorded
+            f"INSERT INTO {s.keyspace}.schema_migrations (version, name, checksum, applied_at) "
+            "VALUES (3, 'from_a_newer_version', 'ab', toTimestamp(now()))")
+        (tmp_path / "002_more.cql").write_text("CREATE TABLE IF NOT EXISTS more (k int PRIMARY KEY);")
+        with pytest.raises(SchemaAhead, match="003_from_a_newer_version"):
+            apply_migrations(cassandra_session, s, tmp_path)
+        assert cli_migrate(s, tmp_path) == 1
+        err = capsys.readouterr().err
+        assert "003_from_a_newer_version" in err and "newer version" in err
+        versions = {r.version for r in cassandra_session.execute(
+            f"SELECT version FROM {s.keyspace}.schema_migrations")}
+        assert versions == {1, 3}  # 002 was not applied
+        tables = {r.table_name for r in cassandra_session.execute(
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (s.keyspace,))}
+        assert "more" not in tables
+    finally:
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
+
+
+@pytest.mark.integration
+def test_a_run_waiting_for_a_killed_migrators_lease_says_so_then_applies(
+    cassandra_session, settings, unique_name, tmp_path
+):
+    """A migrator killed half way leaves its lease until its TTL; the next run waits for
+    it. That wait (up to two minutes) printed nothing: an operator saw ``ratchet
+    migrate`` hang (an operator's review, session 43). It says whom it waits for."""
+    s = dataclasses.replace(settings, keyspace=unique_name("mig"))
+    try:
+        apply_migrations(cassandra_session, s, tmp_path)  # keyspace and lease table
+        cassandra_session.execute(  # the killed migrator's lease (a short TTL here)
+            f"INSERT INTO {s.keyspace}.schema_migrations_lease (id, owner) "
+            "VALUES ('migrate', 'killed-one') USING TTL 2")
+        (tmp_path / "001_core.cql").write_text("CREATE TABLE IF NOT EXISTS t (k int PRIMARY KEY);")
+        said: list[str] = []
+        assert [m.version for m in apply_migrations(cassandra_session, s, tmp_path,
+                                                    out=said.append)] == [1]
+        assert any("waiting for another migrator (owner killed-one)" in line for line in said)
+    finally:
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
+
+
+@pytest.mark.integration
+def test_a_run_that_lost_its_lease_stops_before_the_next_migration(
+    cassandra_session, settings, unique_name, tmp_path
+):
+    """The lease was taken once, for 120 s, for the whole run: a longer run (DDL waiting
+    for schema agreement on a slow cluster) went on applying migrations beside a second
+    migrator that had taken the lease after it expired (an operator's review, session
+    43). Each migration now renews it first, or the run stops. Simulated: as 001 is
+    recorded, another migrator holds the lease."""
+    s = dataclasses.replace(settings, keyspace=unique_name("mig"))
+    try:
+        (tmp_path / "001_core.cql").write_text("CREATE TABLE IF NOT EXISTS a (k int PRIMARY KEY);")
+        (tmp_path / "002_more.cql").write_text("CREATE TABLE IF NOT EXISTS b (k int PRIMARY KEY);")
+
+        def out(line: str) -> None:
+            if line.startswith("applied 001"):  # our lease expired; another took it
+                cassandra_session.execute(
+                    f"UPDATE {s.keyspace}.schema_migrations_lease SET owner = 'other' "
+                    "WHERE id = 'migrate'")
+
+        with pytest.raises(MigrationError, match="lost .*schema_migrations_lease .*other"):
+            apply_migrations(cassandra_session, s, tmp_path, out=out)
+        versions = {r.version for r in cassandra_session.execute(
+            f"SELECT version FROM {s.keyspace}.schema_migrations")}
+        assert versions == {1}
+        lease = cassandra_session.execute(
+            f"SELECT owner FROM {s.keyspace}.schema_migrations_lease WHERE id = 'migrate'").one()
+        assert lease.owner == "other"  # the other migrator's lease is left alone
     finally:
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)

@@ -241,3 +241,14 @@ def test_an_api_host_of_digits_is_no_name(host):
     authentication."""
     with pytest.raises(SettingsError, match="RATCHET_API_HOST"):
         Settings.from_env({"RATCHET_API_HOST": host})
+
+
+def test_a_relative_home_or_one_with_a_tilde_is_made_absolute(monkeypatch, tmp_path):
+    """The launcher starts each server in its data directory: a relative RATCHET_HOME
+    named a class path and a config that were not there from it (Kafka exited "Could
+    not find or load main class kafka.Kafka"; an operator's review, session 43), and a
+    quoted ``~`` made a directory called ``~``."""
+    monkeypatch.chdir(tmp_path)
+    assert Settings.from_env({"RATCHET_HOME": "rel/home"}).home == tmp_path / "rel" / "home"
+    assert Settings.from_env({"RATCHET_HOME": "~/r h"}).home == Path.home() / "r h"
+    assert Settings.from_env({"RATCHET_HOME": "/a/b/../c"}).home == Path("/a/c")
