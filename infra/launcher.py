@@ -435,20 +435,25 @@ def cli_up(settings: Settings) -> int:
     return 0
 
 
-def cli_down(settings: Settings, purge: bool = False) -> int:
+def cli_down(settings: Settings, purge: bool = False, names: Iterable[str] = NAMES) -> int:
+    """Stop the named servers (all by default); exit 1 when one of them is refused or
+    still runs. A server not named is neither stopped nor judged: `.ci/run` stops only
+    the servers it started, and leaves those it found serving (a developer's exported
+    ``RATCHET_HOME``)."""
     try:
-        return _cli_down(settings, purge)
+        return _cli_down(settings, purge, list(names) or list(NAMES))
     except (StateFileError, OSError) as exc:
         return _failed("down", settings, exc)
 
 
-def _cli_down(settings: Settings, purge: bool) -> int:
-    how = down(settings, purge=purge)
+def _cli_down(settings: Settings, purge: bool, names: list[str]) -> int:
+    how = down(settings, purge=purge, names=names)
     if "refused" in how.values():
         print("ratchet infra down: refused to stop servers the settings do not name (above)",
               file=sys.stderr)
         return 1
-    left = {n: e.pid for n, e in StateFile(settings.home).read().items() if is_alive(e)}
+    left = {n: e.pid for n, e in StateFile(settings.home).read().items()
+            if n in names and is_alive(e)}
     if left:
         print(f"still running: {left}", file=sys.stderr)
         return 1

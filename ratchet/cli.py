@@ -37,11 +37,12 @@ def infra_up() -> None:
 
 @infra.command("down")
 @click.option("--purge", is_flag=True, help="Also delete the servers' data and logs.")
-def infra_down(purge: bool) -> None:
-    """Stop exactly the processes `infra up` started."""
+@click.argument("servers", nargs=-1, type=click.Choice(["kafka", "cassandra", "registry"]))
+def infra_down(purge: bool, servers: tuple[str, ...]) -> None:
+    """Stop exactly the processes `infra up` started (only SERVERS, when named)."""
     from infra import launcher
 
-    sys.exit(launcher.cli_down(_settings(), purge=purge))
+    sys.exit(launcher.cli_down(_settings(), purge=purge, names=servers))
 
 
 @infra.command("status")

@@ -103,3 +103,29 @@ def test_an_entry_from_before_ports_were_kept_is_still_read(tmp_path):
     assert entry.port == 0
     srv = launcher.server(replace(Settings(), home=tmp_path), "kafka")
     assert launcher.port_mismatch(srv, entry, tmp_path) is None
+
+
+def test_down_of_named_servers_stops_only_those_and_judges_only_those(
+        tmp_path, recorded_registry, recorded_kafka):
+    """`ratchet infra down kafka` stops the home's Kafka and leaves its registry, and
+    exits 0 though the registry runs on: `.ci/run` stops only the servers it started
+    (a developer's exported RATCHET_HOME keeps the servers it found serving)."""
+    settings = _settings(tmp_path, 18081)
+    assert launcher.cli_down(settings, names=["kafka"]) == 0
+    recorded_kafka.wait(timeout=10)
+    assert recorded_registry.poll() is None
+    assert set(StateFile(tmp_path).read()) == {"registry"}
+
+
+def test_the_cli_passes_the_named_servers_to_down(monkeypatch):
+    from click.testing import CliRunner
+
+    from ratchet import cli
+
+    seen = {}
+    monkeypatch.setattr(launcher, "cli_down",
+                        lambda settings, purge, names: seen.setdefault("names", names) and 0)
+    result = CliRunner().invoke(cli.main, ["infra", "down", "kafka", "registry"])
+    assert seen["names"] == ("kafka", "registry"), result.output
+    result = CliRunner().invoke(cli.main, ["infra", "down", "zookeeper"])
+    assert result.exit_code == 2 and "zookeeper" in result.output
