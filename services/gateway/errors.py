@@ -32,6 +32,27 @@ class EventBeyondLimits(GatewayError):
         super().__init__(f"event {event_id}: {detail}: not produced")
 
 
+class EventNotEncoded(GatewayError):
+    """The event could not be encoded, so it was not produced: the schema registry did
+    not answer (``retryable``: network, 5xx, a timeout), or its answer was not a schema
+    of the event's subject (not registered: ratchet's worker registers them when it
+    starts; or ``schema_registry_url`` is not a Confluent-compatible registry's, e.g.
+    Apicurio's without ``/apis/ccompat/v7``), or the event does not fit its schema."""
+
+    def __init__(self, event_id: str, detail: str, *, retryable: bool) -> None:
+        self.event_id = event_id
+        self.detail = detail
+        self.retryable = retryable
+        super().__init__(f"event {event_id} not encoded: {detail}: not produced "
+                         + ("(the registry did not answer: retry)" if retryable else
+                            "(is the schema registered, and is schema_registry_url a "
+                            "Confluent-compatible registry?)"))
+
+
+class ProducerClosed(GatewayError):
+    """``send`` after ``close`` (or after the ``with`` block): nothing was produced."""
+
+
 class UnservableId(GatewayError, ValueError):
     """An id of the event (tenant, response, Conversation, chain root, parent) does not
     match the HTTP API's id pattern (``schemas/ids.py``): the API could never serve the
