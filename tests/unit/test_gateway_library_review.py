@@ -15,8 +15,10 @@ before producing is refused with none of its effects produced.
    ``SerializationError`` / ``struct.error``; a registry's errors were not
    ``GatewayError``s.
 5. Producing to a topic that does not exist created it (the broker's auto-creation).
+6. A 200 that is not the service's answer leaked raw ``JSONDecodeError`` / ``KeyError``
+   from the rehydration and claims clients (or was "fix your request").
 
-No broker is needed: librdkafka is replaced by ``FakeKafka``, which delivers what the
+No broker is needed for 1-5: librdkafka is replaced by ``FakeKafka``, which delivers what the
 test tells it to, so every report is the library's own handling of it.
 """
 
@@ -26,6 +28,7 @@ import contextlib
 import struct
 import threading
 
+import httpx
 import pytest
 from confluent_kafka import KafkaError, Message
 from confluent_kafka.serialization import SerializationError
@@ -34,14 +37,20 @@ from ratchet.samples import make_tool_effect, make_turn
 from ratchet.settings import Settings
 from schemas.errors import EncodeError, RegistryUnavailable
 from schemas.limits import MAX_EVENT_BYTES
+from services.gateway.claims import EffectClaims
+from services.gateway.client import RehydrationClient
 from services.gateway.errors import (
     DeliveryError,
     EventNotEncoded,
     EventTooLarge,
     GatewayError,
     ProducerClosed,
+    RehydrationUnavailable,
 )
+from services.gateway.events import TurnIdentity
 from services.gateway.producer import PRODUCER_DEFAULTS, GatewayProducer
+from tests.unit.test_gateway_claims_library_review import CALL1 as CALL
+from tests.unit.test_gateway_claims_library_review import Server
 
 
 def effect_of(turn, call_id: str = "call_1"):
@@ -258,3 +267,69 @@ def test_a_registry_failure_is_a_typed_gateway_error(error, retryable):
 # 5. ------------------------------------------------------------------------------------
 def test_producing_never_creates_the_topic():
     assert PRODUCER_DEFAULTS["allow.auto.create.topics"] is False
+
+
+# 6. ------------------------------------------------------------------------------------
+# docs/service.md, section 3: every answer of the contract is a typed outcome;
+# ``RehydrationUnavailable`` (retry) when the service could not answer. A 200 whose body
+# is not the service's answer (a proxy's page, a cut body) leaked ``JSONDecodeError`` /
+# ``KeyError`` / ``TypeError``, or was ``InvalidRehydrationRequest`` ("fix the request").
+GARBLED = [b"<html>502 Bad Gateway</html>", b"[]", b"{}", b'{"outcome": "certified"}',
+           b'{"outcome": "fallback", "response_id": "r1"}']
+
+
+def answering(body: bytes) -> httpx.MockTransport:
+    return httpx.MockTransport(lambda request: httpx.Response(
+        200, content=body, headers={"content-type": "application/json"}))
+
+
+@pytest.mark.parametrize("body", GARBLED)
+@pytest.mark.parametrize("ask", [
+    lambda client: client.response_history("t1", "r1", "f" * 64),
+    lambda client: client.conversation_history("t1", "conv_1", "f" * 64),
+    lambda client: client.status("t1", "r1"),
+], ids=["response history", "conversation history", "status"])
+def test_a_200_that_is_not_the_services_answer_is_retryable(body, ask):
+    client = RehydrationClient("http://api.test", transport=answering(body))
+    with pytest.raises(RehydrationUnavailable):
+        ask(client)
+
+
+@pytest.mark.parametrize("body", [*GARBLED, b'{"state": "IN_PROGRESS"}',
+                                  b'{"state": "COMPLETED", "output": null}'])
+def test_a_claim_answer_that_is_not_the_services_runs_nothing_and_is_retryable(body):
+    identity = TurnIdentity(tenant_id="t1", response_id="r1", conversation_id="conv_1",
+                            expected_head_seq=0)
+    claims = EffectClaims("http://api.test", identity, idempotency_key="k1", attempt=1,
+                          transport=answering(body))
+    runs = []
+    with claims.effect(CALL, subturn_index=0) as effect, \
+            pytest.raises(RehydrationUnavailable):
+        effect.run(lambda: runs.append(1) or "sent")
+    assert runs == []
+
+
+def test_after_a_garbled_claim_answer_the_retry_runs_the_tool_once():
+    server = Server()
+    garble = [True]
+
+    def forward(request: httpx.Request) -> httpx.Response:
+        resp = server.http.post(request.url.path, content=request.content,
+                                headers={"content-type": "application/json"})
+        if garble.pop() if garble else False:  # the claim is written; its answer garbled
+            return httpx.Response(200, content=b"<html>", headers={"content-type": "text/html"})
+        return httpx.Response(resp.status_code, content=resp.content,
+                              headers={"content-type": "application/json"})
+
+    identity = TurnIdentity(tenant_id="t1", response_id="r1", conversation_id="conv_1",
+                            expected_head_seq=0)
+    claims = EffectClaims("http://claims.test", identity, idempotency_key="k1", attempt=1,
+                          transport=httpx.MockTransport(forward))
+    runs = []
+    with claims.effect(CALL, subturn_index=0) as effect, \
+            pytest.raises(RehydrationUnavailable):
+        effect.run(lambda: runs.append(1) or "sent")
+    with claims.effect(CALL, subturn_index=0) as effect:  # the documented retry
+        effect.run(lambda: runs.append(1) or "sent")
+    assert runs == [1]
+    assert server.ledger.claims_for("t1", "k1")[0].completed
