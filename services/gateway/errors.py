@@ -64,14 +64,20 @@ class UnservableId(GatewayError, ValueError):
 
 
 class DeliveryError(GatewayError):
-    """Kafka did not acknowledge an event; raised on ``flush`` (once per failed batch)."""
+    """Kafka did not acknowledge an event; raised on ``flush`` (once per failed batch).
+    ``pending``: events still in flight when it was raised (their fate is unknown yet,
+    as with ``FlushTimeout``: an event not in ``failures`` is not known written unless
+    ``pending`` is 0)."""
 
-    def __init__(self, failures: list[tuple[str, str]], retryable: bool) -> None:
+    def __init__(self, failures: list[tuple[str, str]], retryable: bool,
+                 pending: int = 0) -> None:
         self.failures = failures  # (event_id, broker error text)
         self.retryable = retryable
+        self.pending = pending
         ids = ", ".join(f"{eid}: {err}" for eid, err in failures[:5])
         more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
-        super().__init__(f"{len(failures)} event(s) not delivered: {ids}{more}")
+        flight = f"; {pending} event(s) still in flight" if pending else ""
+        super().__init__(f"{len(failures)} event(s) not delivered: {ids}{more}{flight}")
 
 
 class FlushTimeout(GatewayError):

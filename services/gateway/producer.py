@@ -160,6 +160,7 @@ class GatewayProducer:
             raise DeliveryError(
                 [(event_id, str(err)) for event_id, err in failures],
                 retryable=all(err.retriable() and not err.fatal() for _, err in failures),
+                pending=pending,
             )
         if pending:
             raise FlushTimeout(pending)

@@ -15,7 +15,8 @@ before producing is refused with none of its effects produced.
    ``SerializationError`` / ``struct.error``; a registry's errors were not
    ``GatewayError``s.
 5. Producing to a topic that does not exist created it (the broker's auto-creation).
-6. A 200 that is not the service's answer leaked raw ``JSONDecodeError`` / ``KeyError``
+6. A ``DeliveryError`` raised while other events were still in flight did not say so.
+7. A 200 that is not the service's answer leaked raw ``JSONDecodeError`` / ``KeyError``
    from the rehydration and claims clients (or was "fix your request").
 
 No broker is needed for 1-5: librdkafka is replaced by ``FakeKafka``, which delivers what the
@@ -211,6 +212,19 @@ def test_a_delivery_failure_says_whether_to_send_again(code, retryable, says):
     assert says in str(raised.value)
 
 
+def test_a_delivery_error_raised_with_events_in_flight_says_so():
+    # Listed by id, the failures read as the whole story: an event neither listed nor
+    # written (still in flight at the timeout) was taken for written.
+    producer, kafka = gateway()
+    producer.send(make_turn())
+    producer.send(make_turn())
+    kafka.deliver(0, KafkaError(KafkaError.NOT_ENOUGH_REPLICAS, "x", retriable=True))
+    with pytest.raises(DeliveryError) as raised:
+        producer.flush(1)
+    assert raised.value.pending == 1
+    assert "1 event(s) still in flight" in str(raised.value)
+
+
 # 3. ------------------------------------------------------------------------------------
 def test_a_turn_too_large_is_refused_with_none_of_its_effects_produced():
     turn = make_turn()
@@ -269,7 +283,7 @@ def test_producing_never_creates_the_topic():
     assert PRODUCER_DEFAULTS["allow.auto.create.topics"] is False
 
 
-# 6. ------------------------------------------------------------------------------------
+# 7. ------------------------------------------------------------------------------------
 # docs/service.md, section 3: every answer of the contract is a typed outcome;
 # ``RehydrationUnavailable`` (retry) when the service could not answer. A 200 whose body
 # is not the service's answer (a proxy's page, a cut body) leaked ``JSONDecodeError`` /
