@@ -23,7 +23,9 @@ class EventTooLarge(GatewayError):
 class EventBeyondLimits(GatewayError):
     """A turn beyond the protocol's bounds on array items and map entries or on its
     items' arrays and objects, or an effect whose output is beyond the latter
-    (``schemas/limits.py``); it was not produced (the processor would reject the turn
+    (``schemas/limits.py``) or whose ``tool_name`` (1 to 128 characters), ``call_id`` (1
+    to 200) or ``arguments_digest`` (sha256 hex) is not (``ratchet.domain.bounds``); it
+    was not produced (the processor would reject the turn
     ``UNSUPPORTED_FORMAT``, and dead-letter the effect). Not retryable."""
 
     def __init__(self, event_id: str, detail: str) -> None:

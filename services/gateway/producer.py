@@ -28,7 +28,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.serialization import SerializationError
 
-from ratchet.domain.bounds import container_problem, elements_of
+from ratchet.domain.bounds import container_problem, effect_field_problem, elements_of
 from ratchet.domain.validation import PROMOTABLE_STATUSES
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
@@ -277,9 +277,11 @@ def beyond_limits(event: TurnCompleted | ToolEffect) -> str | None:
     turn whose contents hold too many arrays and objects (``UNSUPPORTED_FORMAT``; a
     turn of another status is ``NOT_PROMOTABLE_STATUS`` first, and must still be sent
     so its effects are orphaned, a review found), an effect whose output does (the
-    processor dead-letters it, as the claims API refuses it)."""
+    processor dead-letters it, as the claims API refuses it), an effect whose
+    ``tool_name``, ``call_id`` or ``arguments_digest`` is out of its bound (dead-lettered
+    too: produced before session 43, its turn was then ``MISSING_TOOL_EFFECT``)."""
     if isinstance(event, ToolEffect):
-        return container_problem((event.output,))
+        return effect_field_problem(event) or container_problem((event.output,))
     elements = elements_of(event)
     if elements > MAX_EVENT_ELEMENTS:
         return (f"{elements} array items and map entries, above the protocol maximum of "

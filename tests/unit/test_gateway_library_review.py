@@ -10,7 +10,8 @@ before producing is refused with none of its effects produced.
    never written (no broker) left the block as if it had been.
 2. One flush took every thread's failures: a thread whose turn failed could flush after
    another thread and be told nothing.
-3. ``send_turn`` produced the effects, then refused the turn as too large.
+3. ``send_turn`` produced the effects, then refused the turn as too large; an effect
+   the processor dead-letters for its fields' bounds was produced.
 4. A registry answering something that is not a schema id leaked confluent-kafka's
    ``SerializationError`` / ``struct.error``; a registry's errors were not
    ``GatewayError``s.
@@ -42,6 +43,7 @@ from services.gateway.claims import EffectClaims
 from services.gateway.client import RehydrationClient
 from services.gateway.errors import (
     DeliveryError,
+    EventBeyondLimits,
     EventNotEncoded,
     EventTooLarge,
     GatewayError,
@@ -250,6 +252,33 @@ def test_an_effect_too_large_is_refused_with_nothing_of_the_turn_produced():
     with pytest.raises(EventTooLarge):
         producer.send_turn(turn, effects=[first, second])
     assert kafka.produced == []
+
+
+# 3b. -----------------------------------------------------------------------------------
+# docs/gateway-protocol.md, section 6: a ToolEffect whose tool_name is longer than 128
+# characters, whose call_id is longer than 200, or whose arguments_digest is not sha256
+# hex is dead-lettered INVALID_EVENT, nothing recorded; the library produced it, and
+# the turn listing it was then MISSING_TOOL_EFFECT.
+@pytest.mark.parametrize("fields", [
+    dict(tool_name="t" * 129), dict(call_id="c" * 201), dict(arguments_digest="ab" * 10),
+], ids=["tool_name", "call_id", "arguments_digest"])
+def test_an_effect_the_processor_would_dead_letter_is_refused_before_producing(fields):
+    turn = make_turn()
+    effect = effect_of(turn).model_copy(update=fields)
+    producer, kafka = gateway()
+    with pytest.raises(EventBeyondLimits):
+        producer.send(effect)
+    with pytest.raises(EventBeyondLimits):
+        producer.send_turn(turn, effects=[effect])
+    assert kafka.produced == []
+
+
+def test_an_effect_at_the_bounds_is_produced():
+    effect = effect_of(make_turn()).model_copy(update=dict(tool_name="t" * 128,
+                                                           call_id="c" * 200))
+    producer, kafka = gateway()
+    producer.send(effect)
+    assert len(kafka.produced) == 1
 
 
 # 4. ------------------------------------------------------------------------------------
