@@ -94,6 +94,7 @@ class GatewayProducer:
         self._first_kept = 0
         self._cursors: dict[int, int] = {}
         self._closed = False
+        self._sending = threading.Lock()  # ``close`` against ``send``s in other threads
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -112,11 +113,14 @@ class GatewayProducer:
         (its threads and sockets), then raise as ``flush`` does: ``DeliveryError``.
         Events still queued at the timeout are purged and listed in it (retryable: they
         may or may not have been written; sending them again is safe).
-        Leaving the ``with`` block closes; ``send`` after ``close`` is ``ProducerClosed``. Before session 43 it flushed for 10 s and
-        raised nothing: a turn never written left the block as if it had been."""
-        if self._closed:
-            return
-        self._closed = True
+        Leaving the ``with`` block closes; ``send`` after ``close`` (or while another
+        thread closes) is ``ProducerClosed``, ``flush`` after it raises what is left.
+        Before session 43 leaving the block flushed for 10 s and raised nothing: a turn
+        never written left the block as if it had been."""
+        with self._sending:
+            if self._closed:
+                return
+            self._closed = True
         self._producer.flush(timeout_s)
         self._producer.purge()
         self._producer.flush(0)  # serves the purged events' reports: failures (retryable)
@@ -152,7 +156,13 @@ class GatewayProducer:
         one producer shared by threads, other threads' events may be among them), else
         ``FlushTimeout`` if events are still in flight. A thread's first flush raises
         every failure no thread that sent before it has flushed past yet."""
-        self._raise_failures(pending=self._producer.flush(timeout_s))
+        try:
+            pending = self._producer.flush(timeout_s)
+        except RuntimeError:  # confluent-kafka's "Producer has been closed"
+            if not self._closed:
+                raise
+            pending = 0  # ``close`` purged what was in flight; its reports are failures
+        self._raise_failures(pending=pending)
 
     def _raise_failures(self, pending: int) -> None:
         failures = self._failures_for(threading.get_ident())
@@ -202,15 +212,19 @@ class GatewayProducer:
             # A sending thread is raised every failure reported from now on by its
             # flushes (``_failures_for``).
             self._cursors.setdefault(threading.get_ident(), self._next_failure)
-        while True:
-            try:
-                self._producer.produce(self.topic, value=value,
-                                       key=encode_key(event.partition_key),
-                                       on_delivery=callback)
-                break
-            except BufferError:  # local queue full: let deliveries drain, then retry
-                self._producer.poll(0.1)
-        self._producer.poll(0)
+        with self._sending:  # never after ``close`` began: its purge would miss it
+            if self._closed:
+                raise ProducerClosed(f"the producer is closed: event {event.event_id} "
+                                     "not produced; create a new one")
+            while True:
+                try:
+                    self._producer.produce(self.topic, value=value,
+                                           key=encode_key(event.partition_key),
+                                           on_delivery=callback)
+                    break
+                except BufferError:  # local queue full: let deliveries drain, then retry
+                    self._producer.poll(0.1)
+            self._producer.poll(0)
 
     def _failures_for(self, thread: int) -> list[tuple[str, KafkaError]]:
         """The failures reported since ``thread``'s last flush; its cursor moves past

@@ -80,6 +80,8 @@ class FakeKafka:
         self.reports.append((callback, err, 7 if err is None else -1001))
 
     def poll(self, timeout=0):
+        if self.closed:
+            raise RuntimeError("Producer has been closed")  # as confluent-kafka's
         reports, self.reports = self.reports, []
         for callback, err, offset in reports:
             callback(err, Message(topic="t", partition=0, offset=offset))
@@ -144,6 +146,8 @@ def test_leaving_the_with_block_after_delivery_raises_nothing_and_closes():
     assert kafka.closed
     with pytest.raises(ProducerClosed):
         producer.send(make_turn())
+    producer.flush()  # nothing in flight: not confluent-kafka's RuntimeError
+    producer.close()  # closing again changes nothing
 
 
 def test_an_error_in_the_block_is_the_one_raised():
