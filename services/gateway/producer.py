@@ -165,7 +165,7 @@ class GatewayProducer:
         self._raise_failures(pending=pending)
 
     def _raise_failures(self, pending: int) -> None:
-        failures = self._failures_for(threading.get_ident())
+        failures = self._failures_for(_thread_id())
         if failures:
             raise DeliveryError(
                 [(event_id, str(err)) for event_id, err in failures],
@@ -211,7 +211,7 @@ class GatewayProducer:
         with self._lock:
             # A sending thread is raised every failure reported from now on by its
             # flushes (``_failures_for``).
-            self._cursors.setdefault(threading.get_ident(), self._next_failure)
+            self._cursors.setdefault(_thread_id(), self._next_failure)
         with self._sending:  # never after ``close`` began: its purge would miss it
             if self._closed:
                 raise ProducerClosed(f"the producer is closed: event {event.event_id} "
@@ -303,3 +303,10 @@ def beyond_limits(event: TurnCompleted | ToolEffect) -> str | None:
     if event.status not in PROMOTABLE_STATUSES:
         return None
     return container_problem(event.items)
+
+
+def _thread_id() -> int:
+    """The calling thread's ident, the thread known to ``threading.enumerate`` (a thread
+    not started by ``threading`` is registered as a dummy thread, never forgotten), so
+    ``_failures_for`` never drops the cursor of a live thread."""
+    return threading.current_thread().ident or threading.get_ident()
