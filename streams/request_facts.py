@@ -17,7 +17,7 @@ import logging
 from dataclasses import replace
 
 from ratchet.domain import promotion
-from ratchet.domain.bounds import container_problem
+from ratchet.domain.bounds import container_problem, effect_field_problem
 from ratchet.domain.catalogue import EFFECT_OUTPUT_TYPES, effect_key
 from ratchet.domain.history import (
     NO_ITEMS,
@@ -26,7 +26,6 @@ from ratchet.domain.history import (
     verify_turn_items,
 )
 from ratchet.domain.promotion import RecordedEffect, Reject
-from schemas.canonical import is_sha256_hex
 from schemas.keys import MissingChainRoot, partition_key, request_scope
 from schemas.models import (
     DeadLetterReason,
@@ -75,7 +74,7 @@ class RequestFacts:
         promotion's own orphans could not include it. Read at SERIAL after the mark: a
         promotion batch that landed before the mark is seen here, one sent after it is
         refused and reads the effect with the request's facts."""
-        unbounded = _unbounded_field(effect)
+        unbounded = effect_field_problem(effect)
         if unbounded is not None:
             raise DecodeFailed(DeadLetterReason.INVALID_EVENT,
                                f"effect {effect.effect_id}: {unbounded}")
@@ -440,22 +439,3 @@ def _of_request(turn: TurnCompleted, promoted: CheckpointRecord) -> bool:
             and promoted.parent_response_id is None)
 
 
-# What a ToolEffect's fields may hold. Each orphan of the effect carries ``tool_name``,
-# ``call_id`` and ``arguments_digest``, and each small turn of its request that leaves
-# it unused orphans it again: unbounded, 60 effects with 4 MB names made every 1.7 KB
-# failed turn publish 240 MB (an outside review, session 34). The claims API already
-# holds a claim's fields to these bounds.
-_MAX_TOOL_NAME_CHARS = 128
-_MAX_CALL_ID_CHARS = 200  # an id's longest (schemas/ids.py)
-
-
-def _unbounded_field(effect: ToolEffect) -> str | None:
-    """Why one of the effect's fields is out of its bound, or None."""
-    if not 1 <= len(effect.tool_name) <= _MAX_TOOL_NAME_CHARS:
-        return f"tool_name of {len(effect.tool_name)} characters (1 to {_MAX_TOOL_NAME_CHARS})"
-    if not 1 <= len(effect.call_id) <= _MAX_CALL_ID_CHARS:
-        return f"call_id of {len(effect.call_id)} characters (1 to {_MAX_CALL_ID_CHARS})"
-    if not is_sha256_hex(effect.arguments_digest):
-        shown = effect.arguments_digest[:80]
-        return f"arguments_digest {shown!r} is not a sha256 hex digest (64 of 0-9 a-f)"
-    return None

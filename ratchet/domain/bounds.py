@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ratchet.speedups import SPEEDUPS
+from schemas.canonical import is_sha256_hex
 from schemas.canonical import json_containers as _python_containers
 from schemas.limits import MAX_EVENT_CONTAINERS, MAX_ITEM_CONTAINERS
-from schemas.models import Item, TurnCompleted
+from schemas.models import Item, ToolEffect, TurnCompleted
 
 
 def elements_of(turn: TurnCompleted) -> int:
@@ -52,4 +53,27 @@ def container_problem(items: Sequence[Item]) -> str | None:
         if total > MAX_EVENT_CONTAINERS:
             return (f"the items' contents hold more than {MAX_EVENT_CONTAINERS} arrays "
                     "and objects in all")
+    return None
+
+
+# What a ToolEffect's fields may hold. Each orphan of the effect carries ``tool_name``,
+# ``call_id`` and ``arguments_digest``, and each small turn of its request that leaves
+# it unused orphans it again: unbounded, 60 effects with 4 MB names made every 1.7 KB
+# failed turn publish 240 MB (an outside review, session 34). The claims API already
+# holds a claim's fields to these bounds.
+_MAX_TOOL_NAME_CHARS = 128
+_MAX_CALL_ID_CHARS = 200  # an id's longest (schemas/ids.py)
+
+
+def effect_field_problem(effect: ToolEffect) -> str | None:
+    """Why one of the effect's fields is out of its bound, or None: the processor
+    dead-letters such an effect (``streams/request_facts.py``), the gateway library
+    refuses to produce it."""
+    if not 1 <= len(effect.tool_name) <= _MAX_TOOL_NAME_CHARS:
+        return f"tool_name of {len(effect.tool_name)} characters (1 to {_MAX_TOOL_NAME_CHARS})"
+    if not 1 <= len(effect.call_id) <= _MAX_CALL_ID_CHARS:
+        return f"call_id of {len(effect.call_id)} characters (1 to {_MAX_CALL_ID_CHARS})"
+    if not is_sha256_hex(effect.arguments_digest):
+        shown = effect.arguments_digest[:80]
+        return f"arguments_digest {shown!r} is not a sha256 hex digest (64 of 0-9 a-f)"
     return None

@@ -34,7 +34,7 @@ from ratchet.domain.catalogue import CATALOGUE, Kind
 from ratchet.domain.claims import EffectPolicy, effect_id_for_claim, rekey_output
 from schemas.items import from_responses
 from schemas.models import Item
-from services.gateway.client import server_error
+from services.gateway.client import answer_object, not_the_service, server_error
 from services.gateway.errors import (
     GatewayError,
     InvalidRehydrationRequest,
@@ -291,6 +291,17 @@ class EffectClaims:
 
     # -- HTTP -------------------------------------------------------------------------------
     def _claim(self, effect: Effect) -> dict[str, Any]:
+        """The claim's answer once it is CLAIMED or COMPLETED (else a typed error). An
+        answer without the fields its state has is not the service's: it is never run on
+        (``RehydrationUnavailable``; re-sent with the same token by the next ``run``)."""
+        try:
+            return self._claim_answer(effect)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise RehydrationUnavailable(
+                f"{effect.effect_id}: the claim's answer lacks a field of its state "
+                f"({type(exc).__name__}: {exc}): not the service's answer") from exc
+
+    def _claim_answer(self, effect: Effect) -> dict[str, Any]:
         deadline = time.monotonic() + self._max_wait_s
         while True:
             body = self._post("/v1/effects/claims", {
@@ -303,6 +314,8 @@ class EffectClaims:
                 "lease_ms": self._lease_ms, "policy": self.policy(effect.tool_name).value,
                 "effect_id": effect.effect_id, "response_id": self.identity.response_id})
             state = body["state"]
+            if state == "COMPLETED":
+                _item(body["output"])  # an output that is not an item: not the service's
             if state in ("CLAIMED", "COMPLETED"):
                 return body
             if state == "IN_PROGRESS":
@@ -354,7 +367,10 @@ class EffectClaims:
             raise server_error(resp)
         if resp.status_code != 200:
             raise InvalidRehydrationRequest(resp.status_code, resp.text[:500])
-        return resp.json()
+        body = answer_object(resp)
+        if not isinstance(body.get("state"), str):
+            raise not_the_service(resp)
+        return body
 
 
 def _error_of(exc: InvalidRehydrationRequest) -> str | None:

@@ -148,7 +148,9 @@ class RehydrationClient:
         resp = self._get(f"/v1/responses/{response_id}/status", {"tenant_id": tenant_id}, None)
         if resp.status_code != 200:
             raise _unexpected(resp)
-        body = resp.json()
+        body = answer_object(resp)
+        if not isinstance(body.get("response_id"), str) or not isinstance(body.get("state"), str):
+            raise not_the_service(resp)
         return Status(body["response_id"], body["state"], body.get("reason"), body.get("seq"))
 
     def _history(self, path: str, params: dict[str, Any], timeout: float | None) -> Outcome:
@@ -156,9 +158,11 @@ class RehydrationClient:
         try:
             body = resp.json()
         except ValueError:
-            raise _unexpected(resp) from None
+            body = None
         if not isinstance(body, dict) or "outcome" not in body:
-            raise _unexpected(resp)
+            # A 200 that is not a history answer is not the service's (a proxy's page):
+            # before session 43 it was ``InvalidRehydrationRequest`` ("do not retry").
+            raise not_the_service(resp) if resp.status_code == 200 else _unexpected(resp)
         return parse_outcome(body, resp.status_code)
 
     def _get(self, path: str, params: dict[str, Any], timeout: float | None) -> httpx.Response:
@@ -175,7 +179,17 @@ def parse_outcome(body: dict[str, Any], http_status: int) -> Outcome:
 
     A body that contradicts its HTTP status (a history with anything but 200, a failure
     with 200: CONTRACT 5) is not trusted: ``RehydrationUnavailable``, as for any answer
-    that is not the service's."""
+    that is not the service's; so is a body without the fields its outcome has (before
+    session 43 a raw ``KeyError``)."""
+    try:
+        return _outcome(body, http_status)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise RehydrationUnavailable(f"HTTP {http_status}: the answer lacks a field of its "
+                                     f"outcome ({type(exc).__name__}: {exc}): not the "
+                                     "rehydration service's answer") from exc
+
+
+def _outcome(body: dict[str, Any], http_status: int) -> Outcome:
     kind = body["outcome"]
     if (kind in ("certified", "fallback")) != (http_status == 200):
         raise RehydrationUnavailable(f"outcome {kind!r} with HTTP {http_status}")
@@ -194,6 +208,24 @@ def _pick(cls: type, data: dict[str, Any]) -> Any:
     """Build ``cls`` from the fields it knows: newer servers may add fields."""
     names = cls.__dataclass_fields__
     return cls(**{name: data.get(name) for name in names})
+
+
+def answer_object(resp: httpx.Response) -> dict[str, Any]:
+    """The JSON object of a 200 answer, else ``RehydrationUnavailable``."""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise not_the_service(resp)
+    return body
+
+
+def not_the_service(resp: httpx.Response) -> RehydrationUnavailable:
+    """A 2xx whose body is not the answer the API gives (a proxy's page, a truncated
+    body): not the service's answer, so retry later, as for an unreachable service."""
+    return RehydrationUnavailable(f"HTTP {resp.status_code} that is not the rehydration "
+                                  f"service's answer: {resp.text[:200]!r}")
 
 
 def server_error(resp: httpx.Response) -> Exception:

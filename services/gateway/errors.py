@@ -23,13 +23,36 @@ class EventTooLarge(GatewayError):
 class EventBeyondLimits(GatewayError):
     """A turn beyond the protocol's bounds on array items and map entries or on its
     items' arrays and objects, or an effect whose output is beyond the latter
-    (``schemas/limits.py``); it was not produced (the processor would reject the turn
+    (``schemas/limits.py``) or whose ``tool_name`` (1 to 128 characters), ``call_id`` (1
+    to 200) or ``arguments_digest`` (sha256 hex) is not (``ratchet.domain.bounds``); it
+    was not produced (the processor would reject the turn
     ``UNSUPPORTED_FORMAT``, and dead-letter the effect). Not retryable."""
 
     def __init__(self, event_id: str, detail: str) -> None:
         self.event_id = event_id
         self.detail = detail
         super().__init__(f"event {event_id}: {detail}: not produced")
+
+
+class EventNotEncoded(GatewayError):
+    """The event could not be encoded, so it was not produced: the schema registry did
+    not answer (``retryable``: network, 5xx, a timeout), or its answer was not a schema
+    of the event's subject (not registered: ratchet's worker registers them when it
+    starts; or ``schema_registry_url`` is not a Confluent-compatible registry's, e.g.
+    Apicurio's without ``/apis/ccompat/v7``), or the event does not fit its schema."""
+
+    def __init__(self, event_id: str, detail: str, *, retryable: bool) -> None:
+        self.event_id = event_id
+        self.detail = detail
+        self.retryable = retryable
+        super().__init__(f"event {event_id} not encoded: {detail}: not produced "
+                         + ("(the registry did not answer: retry)" if retryable else
+                            "(is the schema registered, and is schema_registry_url a "
+                            "Confluent-compatible registry?)"))
+
+
+class ProducerClosed(GatewayError):
+    """``send`` after ``close`` (or after the ``with`` block): nothing was produced."""
 
 
 class UnservableId(GatewayError, ValueError):
@@ -43,14 +66,20 @@ class UnservableId(GatewayError, ValueError):
 
 
 class DeliveryError(GatewayError):
-    """Kafka did not acknowledge an event; raised on ``flush`` (once per failed batch)."""
+    """Kafka did not acknowledge an event; raised on ``flush`` (once per failed batch).
+    ``pending``: events still in flight when it was raised (their fate is unknown yet,
+    as with ``FlushTimeout``: an event not in ``failures`` is not known written unless
+    ``pending`` is 0)."""
 
-    def __init__(self, failures: list[tuple[str, str]], retryable: bool) -> None:
+    def __init__(self, failures: list[tuple[str, str]], retryable: bool,
+                 pending: int = 0) -> None:
         self.failures = failures  # (event_id, broker error text)
         self.retryable = retryable
+        self.pending = pending
         ids = ", ".join(f"{eid}: {err}" for eid, err in failures[:5])
         more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
-        super().__init__(f"{len(failures)} event(s) not delivered: {ids}{more}")
+        flight = f"; {pending} event(s) still in flight" if pending else ""
+        super().__init__(f"{len(failures)} event(s) not delivered: {ids}{more}{flight}")
 
 
 class FlushTimeout(GatewayError):

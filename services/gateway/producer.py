@@ -5,11 +5,12 @@ retries safe (no duplicates, no reordering within a partition), so a turn's
 ``ToolEffect``s, produced first with the same key, stay ordered before its
 ``TurnCompleted`` - the order the processor relies on (CONTRACT section 2).
 
-Delivery is asynchronous. Failures reported by delivery callbacks are collected and
-raised, once, by the next ``flush`` as ``DeliveryError`` (``retryable`` when every
-broker error was retriable). A gateway must not report a turn as persisted before its
-``flush`` returned - and even then, persisted is not promoted: ask the rehydration API
-with ``wait_ms`` for that.
+Delivery is asynchronous. Failures reported by delivery callbacks are raised by the
+next ``flush`` of each thread as ``DeliveryError`` (``retryable`` when sending the events
+again can help: a broker's retriable error, a timeout, a purge at close). A gateway must
+not report a turn as persisted before its ``flush`` returned - and even then, persisted
+is not promoted: ask the rehydration API with ``wait_ms`` for that. Leaving the ``with``
+block closes the producer: it flushes and raises as ``flush`` does.
 
     with GatewayProducer(settings) as producer:
         producer.send_turn(turn, effects=effects)
@@ -18,26 +19,36 @@ with ``wait_ms`` for that.
 
 from __future__ import annotations
 
+import contextlib
+import struct
 import threading
 from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka.serialization import SerializationError
 
-from ratchet.domain.bounds import container_problem, elements_of
+from ratchet.domain.bounds import container_problem, effect_field_problem, elements_of
 from ratchet.domain.validation import PROMOTABLE_STATUSES
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
+from schemas.errors import RegistryUnavailable, SerdeError
 from schemas.ids import unservable_id
 from schemas.limits import CLIENT_MAX_BYTES, MAX_EVENT_BYTES, MAX_EVENT_ELEMENTS
 from schemas.models import GatewayEvent, ToolEffect, TurnCompleted
 from services.gateway.errors import (
     DeliveryError,
     EventBeyondLimits,
+    EventNotEncoded,
     EventTooLarge,
     FlushTimeout,
+    GatewayError,
+    ProducerClosed,
     UnservableId,
 )
+
+# librdkafka's reports of events purged by ``close`` (queued, or sent and unanswered).
+_PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
@@ -51,6 +62,11 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "delivery.timeout.ms": 30_000,
     # Above the protocol's maximum event: ``send`` refuses larger events itself, typed.
     "message.max.bytes": CLIENT_MAX_BYTES,
+    # Never create the topic by producing to it: with the broker's auto-creation on (the
+    # local stack's), a wrong topic prefix silently created a one-partition topic nobody
+    # consumes, and ``flush`` reported every event written. Off, such an event fails:
+    # ``DeliveryError`` naming the topic (session 43).
+    "allow.auto.create.topics": False,
 }
 
 
@@ -71,20 +87,98 @@ class GatewayProducer:
             {"bootstrap.servers": settings.kafka_bootstrap, **PRODUCER_DEFAULTS, **(config or {})}
         )
         self._lock = threading.Lock()
-        self._failures: list[tuple[str, KafkaError]] = []
+        # Delivery failures, numbered in the order reported; each thread's cursor is the
+        # number of the first one its flush has not raised (``_failures_for``).
+        self._failure_log: list[tuple[int, str, KafkaError]] = []
+        self._next_failure = 0
+        self._first_kept = 0
+        self._cursors: dict[int, int] = {}
+        self._closed = False
+        self._sending = threading.Lock()  # ``close`` against ``send``s in other threads
 
     def __enter__(self) -> GatewayProducer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._producer.flush(10)
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """``close``: raises what was not delivered, unless the block is already raising
+        (its error is the one to see; the queued events still get their flush)."""
+        if exc_type is None:
+            self.close()
+            return
+        with contextlib.suppress(GatewayError):
+            self.close()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Wait for every queued event (at most ``timeout_s``), release the Kafka client
+        (its threads and sockets), then raise as ``flush`` does: ``DeliveryError``.
+        Events still queued at the timeout are purged and listed in it (retryable: they
+        may or may not have been written; sending them again is safe).
+        Leaving the ``with`` block closes; ``send`` after ``close`` (or while another
+        thread closes) is ``ProducerClosed``, ``flush`` after it raises what is left.
+        Before session 43 leaving the block flushed for 10 s and raised nothing: a turn
+        never written left the block as if it had been."""
+        with self._sending:
+            if self._closed:
+                return
+            self._closed = True
+        self._producer.flush(timeout_s)
+        self._producer.purge()
+        self._producer.flush(0)  # serves the purged events' reports: failures (retryable)
+        self._producer.close()
+        self._raise_failures(pending=0)
 
     def send(self, event: GatewayEvent) -> None:
         """Queue one event (keyed by its partition key); delivery is reported on flush.
         Refused before producing: an id the API could never serve (``UnservableId``), a
         value above the protocol maximum (``EventTooLarge``), a turn beyond the
         protocol's bounds on array items and on its contents' arrays and objects
-        (``EventBeyondLimits``)."""
+        (``EventBeyondLimits``), an event the registry could not encode
+        (``EventNotEncoded``)."""
+        self._produce(event, self._prepare(event))
+
+    def send_turn(self, turn: TurnCompleted, effects: Iterable[ToolEffect] = ()) -> None:
+        """The turn's tool effects first, then the turn (same key: same partition, in order).
+        Every event is checked and encoded before the first is produced: a turn or an
+        effect that ``send`` would refuse (an id, a bound, the size, the encoding) or an
+        effect keyed apart from its turn is refused with nothing of the turn produced."""
+        effects = tuple(effects)
+        for effect in effects:
+            if effect.partition_key != turn.partition_key:
+                raise ValueError(f"effect {effect.effect_id} is keyed apart from its turn")
+        self._check(turn)  # the turn's own refusals first, before encoding anything
+        values = [self._prepare(event) for event in (*effects, turn)]
+        for event, value in zip((*effects, turn), values, strict=True):
+            self._produce(event, value)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait for every queued event; raise every delivery failure reported since the
+        calling thread's last flush (``DeliveryError``, listing the events by id: with
+        one producer shared by threads, other threads' events may be among them), else
+        ``FlushTimeout`` if events are still in flight. A thread's first flush raises
+        every failure no thread that sent before it has flushed past yet."""
+        try:
+            pending = self._producer.flush(timeout_s)
+        except RuntimeError:  # confluent-kafka's "Producer has been closed"
+            if not self._closed:
+                raise
+            pending = 0  # ``close`` purged what was in flight; its reports are failures
+        self._raise_failures(pending=pending)
+
+    def _raise_failures(self, pending: int) -> None:
+        failures = self._failures_for(_thread_id())
+        if failures:
+            raise DeliveryError(
+                [(event_id, str(err)) for event_id, err in failures],
+                retryable=all(err.retriable() and not err.fatal() for _, err in failures),
+                pending=pending,
+            )
+        if pending:
+            raise FlushTimeout(pending)
+
+    def _check(self, event: GatewayEvent) -> None:
+        """The refusals that need no encoding."""
+        if self._closed:
+            raise ProducerClosed("the producer is closed: create a new one")
         key = event.partition_key  # raises MissingChainRoot for a chain without its root
         if not key:
             raise ValueError(f"event {event.event_id} has an empty partition key")
@@ -95,48 +189,58 @@ class GatewayProducer:
             beyond = beyond_limits(event)
             if beyond is not None:
                 raise EventBeyondLimits(event.event_id, beyond)
-        value = self._serde.encode(event, self.topic)
+
+    def _prepare(self, event: GatewayEvent) -> bytes:
+        """The event's value, once every local check passed (nothing is produced)."""
+        self._check(event)
+        try:
+            value = self._serde.encode(event, self.topic)
+        except RegistryUnavailable as exc:
+            raise EventNotEncoded(event.event_id, str(exc), retryable=True) from exc
+        except (SerdeError, SerializationError, struct.error) as exc:
+            # SerializationError, struct.error: the registry's answer was not a schema
+            # id (a garbage answer); they leaked raw before session 43.
+            raise EventNotEncoded(event.event_id, f"{type(exc).__name__}: {exc}",
+                                  retryable=False) from exc
         if len(value) > MAX_EVENT_BYTES:
             raise EventTooLarge(event.event_id, len(value))
+        return value
+
+    def _produce(self, event: GatewayEvent, value: bytes) -> None:
         callback = self._on_delivery(event.event_id)
-        while True:
-            try:
-                self._producer.produce(
-                    self.topic, value=value, key=encode_key(key), on_delivery=callback
-                )
-                break
-            except BufferError:  # local queue full: let deliveries drain, then retry
-                self._producer.poll(0.1)
-        self._producer.poll(0)
-
-    def send_turn(self, turn: TurnCompleted, effects: Iterable[ToolEffect] = ()) -> None:
-        """The turn's tool effects first, then the turn (same key: same partition, in order).
-        A turn with an id the API could never serve, or beyond the protocol's bounds, is
-        refused before any of its effects is produced."""
-        problem = unservable_id(turn)
-        if problem:
-            raise UnservableId(f"event {turn.event_id}: {problem}")
-        beyond = beyond_limits(turn)
-        if beyond is not None:
-            raise EventBeyondLimits(turn.event_id, beyond)
-        for effect in effects:
-            if effect.partition_key != turn.partition_key:
-                raise ValueError(f"effect {effect.effect_id} is keyed apart from its turn")
-            self.send(effect)
-        self.send(turn)
-
-    def flush(self, timeout_s: float = 30.0) -> None:
-        """Wait for every queued event; raise what failed since the last flush."""
-        pending = self._producer.flush(timeout_s)
         with self._lock:
-            failures, self._failures = self._failures, []
-        if failures:
-            raise DeliveryError(
-                [(event_id, str(err)) for event_id, err in failures],
-                retryable=all(err.retriable() and not err.fatal() for _, err in failures),
-            )
-        if pending:
-            raise FlushTimeout(pending)
+            # A sending thread is raised every failure reported from now on by its
+            # flushes (``_failures_for``).
+            self._cursors.setdefault(_thread_id(), self._next_failure)
+        with self._sending:  # never after ``close`` began: its purge would miss it
+            if self._closed:
+                raise ProducerClosed(f"the producer is closed: event {event.event_id} "
+                                     "not produced; create a new one")
+            while True:
+                try:
+                    self._producer.produce(self.topic, value=value,
+                                           key=encode_key(event.partition_key),
+                                           on_delivery=callback)
+                    break
+                except BufferError:  # local queue full: let deliveries drain, then retry
+                    self._producer.poll(0.1)
+            self._producer.poll(0)
+
+    def _failures_for(self, thread: int) -> list[tuple[str, KafkaError]]:
+        """The failures reported since ``thread``'s last flush; its cursor moves past
+        them. A failure is kept until every live thread that sent or flushed has been
+        raised it: before session 43, the first flush took every failure, so a thread
+        whose event failed could flush after another thread and be told nothing."""
+        with self._lock:
+            start = self._cursors.get(thread, self._first_kept)
+            failures = [(event_id, err) for seq, event_id, err in self._failure_log
+                        if seq >= start]
+            self._cursors[thread] = self._next_failure
+            live = {t.ident for t in threading.enumerate()}
+            self._cursors = {t: c for t, c in self._cursors.items() if t in live}
+            self._first_kept = min(self._cursors.values(), default=self._next_failure)
+            self._failure_log = [f for f in self._failure_log if f[0] >= self._first_kept]
+        return failures
 
     def _on_delivery(self, event_id: str):
         def report(err: KafkaError | None, msg: Message) -> None:
@@ -151,10 +255,33 @@ class GatewayProducer:
                                  "reported delivered without an offset: not confirmed "
                                  "written; send the event again", retriable=True)
             if err is not None:
+                err = self._explained(err)
                 with self._lock:
-                    self._failures.append((event_id, err))
+                    self._failure_log.append((self._next_failure, event_id, err))
+                    self._next_failure += 1
 
         return report
+
+    def _explained(self, err: KafkaError) -> KafkaError:
+        """librdkafka's report, with what to do where its own text does not say it. An
+        event that timed out or was purged may or may not be written: retryable (send
+        it again; the processor dedupes), which librdkafka does not flag (session 43:
+        a gateway treating ``retryable`` as the rule failed every turn of a broker
+        outage for good)."""
+        code = err.code()
+        if code in _PURGED:
+            return KafkaError(code, "the producer was closed before the broker "
+                              "acknowledged it: it may or may not be written; send it "
+                              "again with a new producer", retriable=True)
+        if code == KafkaError._MSG_TIMED_OUT:
+            return KafkaError(code, "no broker acknowledged it within delivery.timeout.ms: "
+                              "it may or may not be written; send it again once Kafka is "
+                              "reachable", retriable=True)
+        if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            return KafkaError(code, f"topic {self.topic!r} does not exist: check the topic "
+                              "prefix (RATCHET_TOPIC_PREFIX); ratchet's worker creates its "
+                              "topics", fatal=err.fatal())
+        return err
 
 
 def beyond_limits(event: TurnCompleted | ToolEffect) -> str | None:
@@ -164,9 +291,11 @@ def beyond_limits(event: TurnCompleted | ToolEffect) -> str | None:
     turn whose contents hold too many arrays and objects (``UNSUPPORTED_FORMAT``; a
     turn of another status is ``NOT_PROMOTABLE_STATUS`` first, and must still be sent
     so its effects are orphaned, a review found), an effect whose output does (the
-    processor dead-letters it, as the claims API refuses it)."""
+    processor dead-letters it, as the claims API refuses it), an effect whose
+    ``tool_name``, ``call_id`` or ``arguments_digest`` is out of its bound (dead-lettered
+    too: produced before session 43, its turn was then ``MISSING_TOOL_EFFECT``)."""
     if isinstance(event, ToolEffect):
-        return container_problem((event.output,))
+        return effect_field_problem(event) or container_problem((event.output,))
     elements = elements_of(event)
     if elements > MAX_EVENT_ELEMENTS:
         return (f"{elements} array items and map entries, above the protocol maximum of "
@@ -174,3 +303,10 @@ def beyond_limits(event: TurnCompleted | ToolEffect) -> str | None:
     if event.status not in PROMOTABLE_STATUSES:
         return None
     return container_problem(event.items)
+
+
+def _thread_id() -> int:
+    """The calling thread's ident, the thread known to ``threading.enumerate`` (a thread
+    not started by ``threading`` is registered as a dummy thread, never forgotten), so
+    ``_failures_for`` never drops the cursor of a live thread."""
+    return threading.current_thread().ident or threading.get_ident()
