@@ -8,17 +8,15 @@ session 43.)"""
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
-import time
 from dataclasses import replace
 
 import pytest
 
 from infra import launcher
-from infra.procs import Running, StateFile, StateFileError, proc_start_time
+from infra.procs import StateFile, StateFileError
 from infra.servers.base import Server, Unhealthy
 from ratchet.settings import Settings
+from tests.unit.test_launcher_ports import record_stand_in
 
 # Ports nothing serves here: no check may reach a real server.
 PORTS = dict(kafka_bootstrap="127.0.0.1:18627", cassandra_port=18628,
@@ -32,16 +30,7 @@ def _settings(home) -> Settings:
 @pytest.fixture
 def recorded_kafka(tmp_path):
     """A stand-in process recorded in the home's state as its Kafka."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
-                            start_new_session=True)
-    for _ in range(100):
-        start = proc_start_time(proc.pid)
-        if start is not None:
-            break
-        time.sleep(0.01)
-    with StateFile(tmp_path).locked() as entries:
-        entries["kafka"] = Running("kafka", proc.pid, start, str(tmp_path / "kafka.log"),
-                                   time.time(), 18627)
+    proc = record_stand_in(tmp_path, "kafka", 18627)
     yield proc
     proc.kill()
     proc.wait()
@@ -151,26 +140,14 @@ def test_a_long_download_says_it_is_still_downloading(tmp_path, monkeypatch):
         if "still downloading" in line:
             ticked.set()
 
-    class Slow(Server):
-        name, version = "slow", "1"
+    class Slow(_Fake):
+        name = "slow"
 
         def fetch(self):  # "downloads" until progress was said (10 s at most)
             ticked.wait(10)
 
         def prepare(self):
             raise RuntimeError("stop after the download")
-
-        def command(self):
-            return []
-
-        def client_port(self):
-            return 18629
-
-        def check(self, timeout_s=10.0):
-            raise Unhealthy("not started")
-
-        def endpoint(self):
-            return "slow"
 
     monkeypatch.setattr(launcher, "PROGRESS_EVERY_S", 0.05)
     with pytest.raises(RuntimeError, match="stop after the download"):

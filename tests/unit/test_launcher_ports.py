@@ -19,7 +19,7 @@ from infra.procs import Running, StateFile, is_alive, proc_start_time
 from ratchet.settings import Settings
 
 
-def _record(home, name: str, port: int) -> subprocess.Popen:
+def record_stand_in(home, name: str, port: int) -> subprocess.Popen:
     """A stand-in process recorded in ``home``'s state as its ``name`` on ``port``."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                             start_new_session=True)
@@ -37,7 +37,7 @@ def _record(home, name: str, port: int) -> subprocess.Popen:
 @pytest.fixture
 def recorded_registry(tmp_path):
     """A stand-in process recorded in a home's state as its registry on port 18081."""
-    proc = _record(tmp_path, "registry", 18081)
+    proc = record_stand_in(tmp_path, "registry", 18081)
     yield proc
     proc.kill()
     proc.wait()
@@ -46,7 +46,7 @@ def recorded_registry(tmp_path):
 @pytest.fixture
 def recorded_kafka(tmp_path):
     """A stand-in recorded as the home's Kafka on the default port (the settings')."""
-    proc = _record(tmp_path, "kafka", launcher.server(Settings(), "kafka").client_port())
+    proc = record_stand_in(tmp_path, "kafka", launcher.server(Settings(), "kafka").client_port())
     yield proc
     proc.kill()
     proc.wait()
