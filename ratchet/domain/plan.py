@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from ratchet.domain.history import (
     CheckpointRecord,
@@ -77,6 +78,12 @@ class PromotionRequest:
     # The turn's attempt and the tool effects it uses, kept with its checkpoint.
     attempt: int | None = None
     effect_ids: tuple[str, ...] = ()
+
+    @cached_property
+    def turn_items_digest(self) -> str:
+        """``history.items_digest`` of ``items``, computed once per request: the plan's
+        lineage digest and the checkpoint's items digest are both made of it."""
+        return items_digest(self.items)
 
 
 @dataclass(frozen=True)
@@ -353,7 +360,7 @@ def _chained(parent_digest: str | None, root: bool, request: PromotionRequest) -
     """The new turn's lineage digest: from the root, or from a parent that has one."""
     if not root and parent_digest is None:
         return None
-    return lineage_digest(parent_digest, items_digest(request.items))
+    return lineage_digest(parent_digest, request.turn_items_digest)
 
 
 def _plan_chain(
@@ -453,7 +460,7 @@ def build_checkpoint(
         boundary_proof=request.boundary_proof,
         first_item_seq=plan.first_item_seq,
         last_item_seq=plan.first_item_seq + len(request.items) - 1,
-        items_digest=items_digest(request.items),
+        items_digest=request.turn_items_digest,
         promoted_at=promoted_at,
         logical_expires_at=expires,
         lineage_digest=plan.lineage_digest,

@@ -242,13 +242,17 @@ class CassandraLedger(Ledger):
             # The outcome may be unknown: resolve it by a SERIAL read. If the read also
             # fails, the caller retries the whole (idempotent) write later.
             applied = None
+        if applied:
+            # The row was not there and now holds this record: nothing to read (a SERIAL
+            # read here cost a Paxos round per recorded effect).
+            return EffectWrite.RECORDED
         existing = self._effect_serial(*key)
         if existing is None:
             raise LedgerUnavailable(f"effect {effect.effect_id}: write outcome unknown")
         if None not in (existing.scope, effect.scope) and existing.scope != effect.scope:
             return EffectWrite.FOREIGN
         if existing.output_digest == effect.output_digest:
-            return EffectWrite.RECORDED if applied else EffectWrite.ALREADY_RECORDED
+            return EffectWrite.ALREADY_RECORDED  # unapplied, or an unknown outcome
         self._run(self._mark_conflicted, key)
         return EffectWrite.CONFLICT
 
@@ -331,6 +335,14 @@ class CassandraLedger(Ledger):
         claim = None if claim_row is None else _claim_from_row(tenant_id, key, claim_row)
         return claim, cancelled
 
+    def _claim_only_serial(self, tenant_id: str, key: str, effect_id: str) -> ClaimRecord | None:
+        """``_claim_serial`` without the cancellation flag, for callers that do not use
+        it: one SERIAL read (a Paxos round), not two."""
+        row = _guard(lambda: self._session.execute(
+            self._select_claim_serial, (tenant_id, key, effect_id), timeout=self._timeout,
+            execution_profile=self._dict_profile)).one()
+        return None if row is None else _claim_from_row(tenant_id, key, row)
+
     def _fan_out_dicts(self, calls: list[tuple[PreparedStatement, Sequence[Any]]]) -> list[Any]:
         def run() -> list[Any]:
             futures = [self._session.execute_async(stmt, params, timeout=self._timeout,
@@ -350,7 +362,7 @@ class CassandraLedger(Ledger):
             applied = self._run(self._complete_claim, params).was_applied
         except LedgerUnavailable:
             applied = None
-        existing, _ = self._claim_serial(tenant_id, idempotency_key, effect_id)
+        existing = self._claim_only_serial(tenant_id, idempotency_key, effect_id)
         if applied:
             return CompletionState.COMPLETED, existing
         refused = claims.decide_completion(existing, token, status, output)
@@ -366,7 +378,7 @@ class CassandraLedger(Ledger):
         return refused, existing
 
     def claim(self, tenant_id: str, idempotency_key: str, effect_id: str) -> ClaimRecord | None:
-        return self._claim_serial(tenant_id, idempotency_key, effect_id)[0]
+        return self._claim_only_serial(tenant_id, idempotency_key, effect_id)
 
     def claims_for(self, tenant_id: str, idempotency_key: str) -> Sequence[ClaimRecord]:
         rows = self._run(self._select_facts, (tenant_id, idempotency_key))

@@ -201,3 +201,24 @@ def test_a_chain_turn_never_extends_a_conversation_turn():
     child = chain_turn("t", "shared", "resp_c", "resp_conv")
     assert plan_promotion(child, PromotionView(None, parent=conversation_row)) == \
         ParentMissing("resp_conv")
+
+
+@pytest.mark.parametrize("mode", ["conversation", "chain"])
+def test_a_promotion_digests_its_items_once(monkeypatch, mode):
+    """The plan's lineage digest and the checkpoint's items digest are made of one
+    items digest, computed once per request (session 43: it was computed twice)."""
+    import ratchet.domain.plan as plan_module
+
+    calls = []
+
+    def counted(items):
+        calls.append(1)
+        return items_digest(items)
+
+    monkeypatch.setattr(plan_module, "items_digest", counted)
+    request = (conversation_turn("t", "conv", 0, n_items=3) if mode == "conversation"
+               else chain_turn("t", "root", "root", None, n_items=3))
+    checkpoint = checkpoint_of(request, plan_promotion(request, PromotionView(head=None)))
+    assert len(calls) == 1
+    assert checkpoint.items_digest == items_digest(request.items)
+    assert checkpoint.lineage_digest == lineage_digest(None, items_digest(request.items))
