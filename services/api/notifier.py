@@ -17,6 +17,9 @@ Design:
   a partition added (its partitions are compared every ``TOPICS_CHECK_S``), a topic
   deleted, or a position the broker no longer has (a topic created again; librdkafka
   would jump to the end silently, ``auto.offset.reset`` is ``error``);
+- a partition whose end cannot be read when it connects (no leader) is followed once
+  it can be (looked at again every ``TOPICS_CHECK_S``, everyone woken then): the
+  others are followed meanwhile, where the notifier restarted for ever;
 - a promotion record that woke no waiting request is also handed to ``on_promoted``
   (the cache pre-warmer, which only schedules: the consumer never waits on a storage
   read); a woken request reads the promoted row itself.
@@ -134,9 +137,9 @@ class DecisionNotifier:
             }
         )
         try:
-            assignment = self._end_of_every_partition(consumer)
+            assignment, unread = self._end_of_every_partition(consumer)
             consumer.assign(assignment)
-            followed = _partition_counts(assignment)
+            followed = _partition_counts(assignment + unread)
             # A decision published before these ends is one this consumer never sees,
             # and a request may have registered and read before it was published (the
             # API serves while the notifier connects or reconnects): such a request is
@@ -154,6 +157,8 @@ class DecisionNotifier:
                     self._report_lag(consumer)
                 if time.monotonic() >= next_check:
                     self._check_topics(consumer, followed)
+                    if unread:
+                        unread = self._follow_unread(consumer, unread)
                     next_check = time.monotonic() + self._topics_check_s
                 if msg is None:
                     continue
@@ -167,9 +172,17 @@ class DecisionNotifier:
         finally:
             consumer.close()
 
-    def _end_of_every_partition(self, consumer: Consumer) -> list[TopicPartition]:
+    def _end_of_every_partition(
+        self, consumer: Consumer
+    ) -> tuple[list[TopicPartition], list[TopicPartition]]:
+        """Every partition at its end, and the partitions whose end could not be read (no
+        leader: a broker down in a cluster). Those are followed later (``_follow_unread``):
+        one of them must not keep the notifier from following the others (it restarted
+        for ever, an outside review, session 43). None readable: ``KafkaException``."""
         meta = consumer.list_topics(timeout=10)
-        assignment = []
+        assignment: list[TopicPartition] = []
+        unread: list[TopicPartition] = []
+        error: KafkaException | None = None
         for topic in self._topics:
             info = meta.topics.get(topic)
             if info is None:
@@ -180,10 +193,40 @@ class DecisionNotifier:
                 # The end as of now, not ``OFFSET_END``: librdkafka resolves a logical
                 # offset at its first fetch, later, so a record published in between
                 # would be skipped after the wake-up of ``_consume``.
-                _, end = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=10, cached=False)
+                try:
+                    _, end = consumer.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=10, cached=False)
+                except KafkaException as exc:
+                    error = exc
+                    unread.append(TopicPartition(topic, partition))
+                    continue
                 assignment.append(TopicPartition(topic, partition, end))
-        return assignment
+        if not assignment and error is not None:
+            raise error
+        if unread:
+            log.warning("decision partitions not followed until their end can be read "
+                        "(looked at again every %.0f s): %s", self._topics_check_s,
+                        _names(unread), extra={"ctx": {"error": str(error)}})
+        return assignment, unread
+
+    def _follow_unread(self, consumer: Consumer,
+                       unread: list[TopicPartition]) -> list[TopicPartition]:
+        """Adds to the assignment the ``unread`` partitions whose end can be read now,
+        positioned there, then wakes every waiter (a decision published there before
+        this position is one the consumer never sees). The ones still unread."""
+        added, left = [], []
+        for tp in unread:
+            try:
+                _, end = consumer.get_watermark_offsets(tp, timeout=1, cached=False)
+            except KafkaException:
+                left.append(tp)
+                continue
+            added.append(TopicPartition(tp.topic, tp.partition, end))
+        if added:
+            consumer.incremental_assign(added)
+            self._waiters.notify_all()
+            log.info("decision partitions followed: %s", _names(added))
+        return left
 
     def _check_topics(self, consumer: Consumer, followed: dict[str, int]) -> None:
         """``TopicsChanged`` when a topic's partitions are not the ones followed (a
@@ -253,6 +296,10 @@ def _partition_counts(assignment: list[TopicPartition]) -> dict[str, int]:
     for tp in assignment:
         counts[tp.topic] = counts.get(tp.topic, 0) + 1
     return counts
+
+
+def _names(partitions: list[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions)
 
 
 def _found_in(record: Any) -> tuple[str, str] | None:

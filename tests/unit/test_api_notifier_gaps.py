@@ -200,3 +200,55 @@ def test_a_decision_published_in_a_topic_created_again_wakes_its_waiter(broker):
             notifier.stop()
 
     assert asyncio.run(scenario()), "the waiter was never woken"
+
+
+class LeaderlessConsumer(FakeConsumer):
+    """The rejections topic's partition has no leader: its end cannot be read (librdkafka
+    raises for it), while the checkpoints topic serves. Assigned partitions are added
+    with ``incremental_assign`` once readable."""
+
+    readable: set[str] = {"ck"}
+
+    def get_watermark_offsets(self, tp, timeout: float = -1, cached: bool = False):
+        if tp.topic not in self.readable:
+            raise KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE))
+        return super().get_watermark_offsets(tp, timeout, cached)
+
+    def incremental_assign(self, partitions) -> None:
+        self.assign(partitions)
+
+
+def test_a_partition_without_a_leader_does_not_stop_the_others_decisions(broker, monkeypatch):
+    """One decision partition without a leader (a broker down in a cluster): the
+    notifier follows every other partition (a decision there wakes its own waiter, no
+    one else), and the leaderless one once it has a leader again. Before session 43's
+    review it restarted for ever (each time waking every waiter, never delivering)."""
+    LeaderlessConsumer.readable = {"ck"}
+    monkeypatch.setattr(notifier_module, "Consumer", LeaderlessConsumer)
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        waiters = PromotionWaiters()
+        notifier = DecisionNotifier("fake:9092", TOPICS, waiters,
+                                    lambda topic, value: value.decode(),
+                                    poll_timeout_s=0.01, topics_check_s=0.05)
+        notifier.start()
+        try:
+            loop = asyncio.get_running_loop()
+            positioned = await loop.run_in_executor(None, notifier.wait_assigned, BOUND_S)
+            await asyncio.sleep(0.1)
+            ticket, bystander = waiters.register("resp_1"), waiters.register("resp_2")
+            broker.produce("ck", b"resp_1")
+            woken = positioned and await _woken(ticket)
+            left_alone = not bystander.event.is_set()
+            LeaderlessConsumer.readable = {"ck", "rj"}  # a leader again
+            await asyncio.sleep(0.3)  # followed at a topics check (everyone woken then)
+            rejected = waiters.register("resp_4")
+            broker.produce("rj", b"resp_4")
+            return woken, left_alone, await _woken(rejected)
+        finally:
+            notifier.stop()
+
+    woken, left_alone, followed_again = asyncio.run(scenario())
+    assert woken, "a decision on a partition with a leader woke nobody"
+    assert left_alone, "another waiter was woken (the notifier restarted)"
+    assert followed_again, "the partition that has a leader again is not followed"
