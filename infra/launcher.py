@@ -312,7 +312,8 @@ STOP_GRACE_S = 30.0
 def stop_server(settings: Settings, name: str, out: Say = _print) -> str:
     """Stop the process ``up`` started for ``name`` (SIGTERM, then SIGKILL after 30 s).
     One that outlives SIGKILL stays recorded ("still running"): it was forgotten, and
-    ``down`` exited 0 with it running (an operator's review, session 43)."""
+    ``down`` exited 0 with it running (an operator's review, session 43); so does one
+    whose stop was interrupted (Ctrl-C in the grace) while it runs."""
     srv = server(settings, name)  # validates the name
     state = StateFile(settings.home)
     with state.locked() as entries:
@@ -325,10 +326,15 @@ def stop_server(settings: Settings, name: str, out: Say = _print) -> str:
     if entry is None:
         out(f"{name}: not started by ratchet, nothing to stop")
         return "not running"
-    how = terminate(entry, grace_s=STOP_GRACE_S)
-    if how == "still running":
-        with state.locked() as entries:
-            entries.setdefault(name, entry)
+    how = "interrupted"
+    try:
+        how = terminate(entry, grace_s=STOP_GRACE_S)
+    finally:
+        # Still running (it outlived SIGKILL, or the wait was interrupted: Ctrl-C in
+        # the grace, an error): recorded again, never forgotten while it runs.
+        if how == "still running" or (how == "interrupted" and is_alive(entry)):
+            with state.locked() as entries:
+                entries.setdefault(name, entry)
     out(f"{name}: {how} (pid {entry.pid})")
     return how
 

@@ -3,8 +3,8 @@ it has asked which servers already serve.
 
 A copy of the script runs in a temporary directory where every command it calls is a
 stand-in (``PATH`` holds the stand-ins first: Python, pip, ruff, apt-get, the tools it
-looks for, and ``ratchet``, which records its arguments and says every server is
-healthy): nothing is installed, started or stopped. Lint fails (``ruff check`` exits
+looks for, and ``ratchet``, which records its arguments and calls the servers named
+in ``CI_SERVING`` healthy): nothing is installed, started or stopped. Lint fails (``ruff check`` exits
 1), the run's own failure before any server starts: the servers an exported
 ``RATCHET_HOME`` already served must be left running (before the fix, the run stopped
 all three: ``ratchet infra down kafka cassandra registry``)."""

@@ -223,3 +223,20 @@ def test_the_registry_check_with_several_urls_asks_the_first(tmp_path):
     finally:
         http.shutdown()
         http.server_close()
+
+
+def test_a_down_interrupted_while_its_server_runs_on_keeps_it_recorded(
+        tmp_path, recorded_kafka, monkeypatch):
+    """Ctrl-C during ``down``'s 30 s grace (or any error while stopping): the server was
+    already dropped from the state, so it ran on and every later command said "not
+    started by ratchet, nothing to stop" (found by an outside review of session 43's
+    fixes, the cousin of the SIGKILL one above)."""
+
+    def interrupted(entry, grace_s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher, "terminate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        launcher.stop_server(_settings(tmp_path), "kafka", out=lambda _m: None)
+    assert recorded_kafka.poll() is None
+    assert StateFile(tmp_path).get("kafka").pid == recorded_kafka.pid
