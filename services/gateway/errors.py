@@ -69,17 +69,23 @@ class DeliveryError(GatewayError):
     """Kafka did not acknowledge an event; raised on ``flush`` (once per failed batch).
     ``pending``: events still in flight when it was raised (their fate is unknown yet,
     as with ``FlushTimeout``: an event not in ``failures`` is not known written unless
-    ``pending`` is 0)."""
+    ``pending`` is 0). ``forgotten``: failures reported since the calling thread's last
+    flush that are no longer listed (the producer keeps at most ``MAX_KEPT_FAILURES``:
+    a thread that flushes rarely); not retryable then, they cannot be named."""
 
     def __init__(self, failures: list[tuple[str, str]], retryable: bool,
-                 pending: int = 0) -> None:
+                 pending: int = 0, forgotten: int = 0) -> None:
         self.failures = failures  # (event_id, broker error text)
         self.retryable = retryable
         self.pending = pending
+        self.forgotten = forgotten
         ids = ", ".join(f"{eid}: {err}" for eid, err in failures[:5])
         more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
         flight = f"; {pending} event(s) still in flight" if pending else ""
-        super().__init__(f"{len(failures)} event(s) not delivered: {ids}{more}{flight}")
+        lost = (f"; {forgotten} earlier failure(s) no longer listed (the producer keeps "
+                "the latest ones only: flush more often)" if forgotten else "")
+        super().__init__(f"{len(failures) + forgotten} event(s) not delivered: "
+                         f"{ids}{more}{lost}{flight}")
 
 
 class FlushTimeout(GatewayError):

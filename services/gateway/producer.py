@@ -50,6 +50,12 @@ from services.gateway.errors import (
 # librdkafka's reports of events purged by ``close`` (queued, or sent and unanswered).
 _PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 
+# Delivery failures kept for the flushes of threads that have not been raised them yet.
+# Beyond it the oldest are dropped: a thread that sent and never flushes (a pool's worker
+# whose flushes happen elsewhere) kept every later failure for the process's life. A
+# flush that would have listed dropped ones says how many (``DeliveryError.forgotten``).
+MAX_KEPT_FAILURES = 10_000
+
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
     "acks": "all",
@@ -165,12 +171,15 @@ class GatewayProducer:
         self._raise_failures(pending=pending)
 
     def _raise_failures(self, pending: int) -> None:
-        failures = self._failures_for(_thread_id())
-        if failures:
+        failures, forgotten = self._failures_for(_thread_id())
+        if failures or forgotten:
             raise DeliveryError(
                 [(event_id, str(err)) for event_id, err in failures],
-                retryable=all(err.retriable() and not err.fatal() for _, err in failures),
+                # Failures no longer listed cannot be sent again by id: not retryable.
+                retryable=not forgotten and all(err.retriable() and not err.fatal()
+                                                for _, err in failures),
                 pending=pending,
+                forgotten=forgotten,
             )
         if pending:
             raise FlushTimeout(pending)
@@ -226,13 +235,16 @@ class GatewayProducer:
                     self._producer.poll(0.1)
             self._producer.poll(0)
 
-    def _failures_for(self, thread: int) -> list[tuple[str, KafkaError]]:
-        """The failures reported since ``thread``'s last flush; its cursor moves past
-        them. A failure is kept until every live thread that sent or flushed has been
-        raised it: before session 43, the first flush took every failure, so a thread
-        whose event failed could flush after another thread and be told nothing."""
+    def _failures_for(self, thread: int) -> tuple[list[tuple[str, KafkaError]], int]:
+        """The failures reported since ``thread``'s last flush, and how many more of
+        them were dropped (``MAX_KEPT_FAILURES``); its cursor moves past them. A failure
+        is kept until every live thread that sent or flushed has been raised it (or the
+        bound drops it): before session 43, the first flush took every failure, so a
+        thread whose event failed could flush after another thread and be told nothing."""
         with self._lock:
             start = self._cursors.get(thread, self._first_kept)
+            oldest = self._failure_log[0][0] if self._failure_log else self._next_failure
+            forgotten = max(0, oldest - start)
             failures = [(event_id, err) for seq, event_id, err in self._failure_log
                         if seq >= start]
             self._cursors[thread] = self._next_failure
@@ -240,7 +252,7 @@ class GatewayProducer:
             self._cursors = {t: c for t, c in self._cursors.items() if t in live}
             self._first_kept = min(self._cursors.values(), default=self._next_failure)
             self._failure_log = [f for f in self._failure_log if f[0] >= self._first_kept]
-        return failures
+        return failures, forgotten
 
     def _on_delivery(self, event_id: str):
         def report(err: KafkaError | None, msg: Message) -> None:
@@ -259,6 +271,9 @@ class GatewayProducer:
                 with self._lock:
                     self._failure_log.append((self._next_failure, event_id, err))
                     self._next_failure += 1
+                    if len(self._failure_log) > MAX_KEPT_FAILURES:
+                        del self._failure_log[:len(self._failure_log) - MAX_KEPT_FAILURES]
+                        self._first_kept = max(self._first_kept, self._failure_log[0][0])
 
         return report
 

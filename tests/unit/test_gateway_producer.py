@@ -162,3 +162,49 @@ def test_an_effect_whose_output_no_turn_could_carry_is_refused_before_producing(
         "content": content, "content_digest": hashlib.sha256(content).hexdigest()})})
     with pytest.raises(EventBeyondLimits, match="arrays and objects"):
         producer.send(effect)
+
+
+class TinySerde:
+    def encode(self, event, topic):
+        return b"\0" * 16
+
+
+def test_a_thread_that_never_flushes_does_not_keep_every_failure(producer, monkeypatch):
+    """A thread that sent and lives on without flushing (a pool's worker whose flushes
+    happen elsewhere) held every failure reported after its send: kept for its flush,
+    for the process's life (an outside review of session 43's per-thread cursors). The
+    failures kept are bounded; that thread's flush is still told, by number, of the ones
+    no longer listed (not retryable: they cannot be named), never told nothing."""
+    import threading
+
+    from services.gateway import producer as producer_module
+
+    monkeypatch.setattr(producer_module, "MAX_KEPT_FAILURES", 10, raising=False)
+    producer._serde = TinySerde()
+    sent, done = threading.Event(), threading.Event()
+    raised: list[DeliveryError] = []
+
+    def pool_worker() -> None:
+        producer.send(make_turn())  # never acknowledged: no broker at 127.0.0.1:1
+        sent.set()
+        done.wait(10)
+        try:
+            producer.flush(timeout_s=0)
+        except DeliveryError as exc:
+            raised.append(exc)
+
+    worker = threading.Thread(target=pool_worker)
+    worker.start()
+    assert sent.wait(10)
+    for n in range(50):
+        report(producer, f"ev-{n}", KafkaError(KafkaError._MSG_TIMED_OUT), 0)
+        with pytest.raises(DeliveryError):
+            producer.flush(timeout_s=0)
+    kept = len(producer._failure_log)
+    done.set()
+    worker.join(10)
+    assert kept <= 10, f"{kept} failures kept for a thread that never flushed"
+    assert raised and raised[0].forgotten == 40, raised
+    assert not raised[0].retryable
+    assert [eid for eid, _ in raised[0].failures] == [f"ev-{n}" for n in range(40, 50)]
+    assert "40 earlier" in str(raised[0])
