@@ -315,7 +315,12 @@ class EffectClaims:
                 "effect_id": effect.effect_id, "response_id": self.identity.response_id})
             state = body["state"]
             if state == "COMPLETED":
-                _item(body["output"])  # an output that is not an item: not the service's
+                try:
+                    _item(body["output"])  # an output that is not an item: not the service's
+                except ValueError as exc:  # pydantic's ValidationError: a field's type
+                    raise RehydrationUnavailable(
+                        f"{effect.effect_id}: the claim's recorded output is not an item "
+                        f"({type(exc).__name__}): not the service's answer") from exc
             if state in ("CLAIMED", "COMPLETED"):
                 return body
             if state == "IN_PROGRESS":

@@ -356,6 +356,30 @@ def test_a_claim_answer_that_is_not_the_services_runs_nothing_and_is_retryable(b
     assert runs == []
 
 
+# An output of the wrong types (not the service's: it answers the item it recorded)
+# leaked pydantic's ValidationError from ``run`` (found by an outside review of the
+# session 43 fix above, which caught KeyError/TypeError/AttributeError only).
+WRONG_TYPES = [
+    b'{"state": "COMPLETED", "output": {"item_id": 5, "type": "function_call_output", '
+    b'"content": "{}", "content_digest": "' + b"0" * 64 + b'"}}',
+    b'{"state": "COMPLETED", "output": {"item_id": "i1", "type": "function_call_output", '
+    b'"content": "{}", "content_digest": "' + b"0" * 64 + b'", "format_version": "v2"}}',
+]
+
+
+@pytest.mark.parametrize("body", WRONG_TYPES, ids=["item_id", "format_version"])
+def test_a_completed_claim_whose_output_has_wrong_types_runs_nothing_and_is_retryable(body):
+    identity = TurnIdentity(tenant_id="t1", response_id="r1", conversation_id="conv_1",
+                            expected_head_seq=0)
+    claims = EffectClaims("http://api.test", identity, idempotency_key="k1", attempt=1,
+                          transport=answering(body))
+    runs = []
+    with claims.effect(CALL, subturn_index=0) as effect, \
+            pytest.raises(RehydrationUnavailable):
+        effect.run(lambda: runs.append(1) or "sent")
+    assert runs == []
+
+
 def test_after_a_garbled_claim_answer_the_retry_runs_the_tool_once():
     server = Server()
     garble = [True]
