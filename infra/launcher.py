@@ -242,6 +242,9 @@ def _ensure_started(srv: Server, state: StateFile, say: Say) -> None:
         say(f"{srv.name}: served on port {srv.client_port()} by a process ratchet did not "
             "start; leaving it alone")
         return
+    problem = srv.cannot_launch()
+    if problem:
+        raise ServerStartError(srv.name, f"{problem}; nothing was started", None)
     if not srv.is_fetched():
         say(f"{srv.name}: downloading {srv.name} {srv.version} with Maven (first run only)...")
         t = time.monotonic()

@@ -48,6 +48,10 @@ class Server(ABC):
     def is_fetched(self) -> bool:
         return (self.dist_dir / ".complete").exists()
 
+    def cannot_launch(self) -> str | None:
+        """Why the settings name a server this launcher cannot start (None: it can)."""
+        return None
+
     @abstractmethod
     def fetch(self) -> None: ...
 

@@ -48,6 +48,17 @@ class Registry(Server):
         url = urlsplit(self._base())
         return url.port or (443 if url.scheme == "https" else 80)
 
+    def cannot_launch(self) -> str | None:
+        """The launched registry serves plain HTTP: with an ``https://`` URL it served
+        HTTP on 443 while ``up`` waited 90 s for a TLS round trip that could not pass
+        (an outside review, session 43)."""
+        scheme = urlsplit(self._base()).scheme
+        if scheme != "http":
+            return (f"RATCHET_SCHEMA_REGISTRY_URL is {scheme}://, and the registry `ratchet "
+                    "infra up` starts serves plain HTTP: use an http:// URL, or run the "
+                    "https registry yourself")
+        return None
+
     def endpoint(self) -> str:
         return f"registry   {self.settings.schema_registry_url}  (Apicurio {VERSION}, Confluent API)"
 

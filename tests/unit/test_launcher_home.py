@@ -240,3 +240,20 @@ def test_a_down_interrupted_while_its_server_runs_on_keeps_it_recorded(
         launcher.stop_server(_settings(tmp_path), "kafka", out=lambda _m: None)
     assert recorded_kafka.poll() is None
     assert StateFile(tmp_path).get("kafka").pid == recorded_kafka.pid
+
+
+def test_an_https_registry_url_is_refused_before_anything_is_fetched_or_started(
+        tmp_path, monkeypatch):
+    """The launched registry serves plain HTTP: with an https URL ``up`` started it on
+    443 and waited 90 s for a TLS round trip that could not pass (session 43)."""
+    from infra.servers.registry import Registry
+
+    settings = replace(_settings(tmp_path),
+                       schema_registry_url="https://127.0.0.1:18629/apis/ccompat/v7")
+    srv = Registry(settings)
+    monkeypatch.setattr(srv, "fetch", lambda: pytest.fail("downloaded"))
+    monkeypatch.setattr(srv, "prepare", lambda: pytest.fail("prepared to start"))
+    with pytest.raises(launcher.ServerStartError, match="http://") as raised:
+        launcher._ensure_started(srv, StateFile(tmp_path), lambda _line: None)
+    assert "nothing was started" in str(raised.value) and "last lines" not in str(raised.value)
+    assert StateFile(tmp_path).read() == {}
