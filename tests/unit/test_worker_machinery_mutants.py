@@ -39,3 +39,58 @@ def test_a_bug_in_the_handler_is_retried_never_acked_past():
                        ("try", 1), ("done", 1), ("ack", 1)]
 
     run(scenario())
+
+
+def test_a_lanes_share_of_events_is_full_at_exactly_its_share():
+    """One lane may hold a quarter of the events bound: a record that finds its lane at
+    that share (not past it) is not queued, its partition is parked."""
+    async def scenario():
+        gate = asyncio.Event()
+
+        async def handle(payload, lane):
+            await gate.wait()
+
+        lanes = PartitionLanes(handle, max_queued=8, lane_share=4)  # a share of 2
+        await lanes.submit("p", 0, lambda: None)
+        while lanes.depth("p"):
+            await asyncio.sleep(0)  # 0 in flight
+        await lanes.submit("p", 1, lambda: None)
+        assert not lanes.lane_full("p")
+        await lanes.submit("p", 2, lambda: None)
+        assert lanes.depth("p") == 2 and lanes.lane_full("p")
+        gate.set()
+        await lanes.wait_idle()
+        await lanes.stop()
+
+    run(scenario())
+
+
+def test_the_queued_events_a_stopping_lane_drops_give_their_bytes_back_at_once():
+    """A revoked lane drops its queued events unacked at once; only its event in
+    flight holds bytes during the grace, so other partitions are not held back by
+    records nobody will handle."""
+    async def scenario():
+        gate = asyncio.Event()
+        started = asyncio.Event()
+
+        async def handle(payload, lane):
+            started.set()
+            await gate.wait()
+
+        lanes = PartitionLanes(handle, max_bytes=1000, lane_share=None)
+        await lanes.submit("p", 0, lambda: None, size=100)
+        await started.wait()
+        for n in range(1, 4):
+            await lanes.submit("p", n, lambda: None, size=200)
+        assert lanes.held_bytes() == 700
+        [lane] = [lane for lane in lanes._lanes.values()]
+        stopping = asyncio.create_task(lanes.stop(["p"], grace_s=5))
+        while not lane.stopping:  # the stop has begun (dropping the queue is its first step)
+            await asyncio.sleep(0)
+        assert lanes.held_bytes() == 100  # the one in flight, until it finishes
+        assert lanes.has_room(800)
+        gate.set()
+        await stopping
+        assert lanes.held_bytes() == 0
+
+    run(scenario())
