@@ -94,3 +94,28 @@ def test_the_queued_events_a_stopping_lane_drops_give_their_bytes_back_at_once()
         assert lanes.held_bytes() == 0
 
     run(scenario())
+
+
+def test_a_lanes_share_of_bytes_counts_the_record_and_an_empty_lane_takes_any_one():
+    """A lane is full when the record would take its bytes past its share (a quarter
+    of ``max_bytes``); a lane holding nothing takes any one record, however large (a
+    valid turn is never refused for its size: parking it would park it for ever)."""
+    async def scenario():
+        gate = asyncio.Event()
+
+        async def handle(payload, lane):
+            if payload == "slow":
+                await gate.wait()
+
+        lanes = PartitionLanes(handle, max_bytes=1000, lane_share=4)  # a share of 250
+        await lanes.submit("p", "quick", lambda: None, size=10)
+        await lanes.wait_idle()
+        assert not lanes.lane_full("p", 5000)  # the lane exists and holds nothing
+        await lanes.submit("p", "slow", lambda: None, size=200)
+        assert not lanes.lane_full("p", 50)
+        assert lanes.lane_full("p", 51)
+        gate.set()
+        await lanes.wait_idle()
+        await lanes.stop()
+
+    run(scenario())
