@@ -119,3 +119,25 @@ def test_a_lanes_share_of_bytes_counts_the_record_and_an_empty_lane_takes_any_on
         await lanes.stop()
 
     run(scenario())
+
+
+def test_a_parked_partition_waits_until_its_lane_could_take_its_record_at_half_share():
+    """A parked partition resumes once its lane is down to half its share counting the
+    record it was parked at (``lane_room(key, size)``), not half without it."""
+    async def scenario():
+        gate = asyncio.Event()
+
+        async def handle(payload, lane):
+            await gate.wait()
+
+        lanes = PartitionLanes(handle, max_bytes=1000, lane_share=4)  # half a share: 125
+        await lanes.submit("p", 0, lambda: None, size=100)
+        room = asyncio.create_task(lanes.lane_room("p", 50))
+        await asyncio.sleep(0.05)
+        assert not room.done()  # 100 + 50 > 125: not yet
+        gate.set()
+        await asyncio.wait_for(room, 5)
+        await lanes.wait_idle()
+        await lanes.stop()
+
+    run(scenario())
