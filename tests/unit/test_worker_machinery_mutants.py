@@ -141,3 +141,59 @@ def test_a_parked_partition_waits_until_its_lane_could_take_its_record_at_half_s
         await lanes.stop()
 
     run(scenario())
+
+
+def test_a_revoked_partition_is_closed_until_assigned_again():
+    """A record of a revoked partition that the stream still delivers (its generation
+    taken after the revocation) is refused, never queued nor acked, until the
+    partition is assigned again."""
+    async def scenario():
+        handled, acked = [], []
+
+        async def handle(payload, lane):
+            handled.append(payload)
+
+        lanes = PartitionLanes(handle)
+        assert await lanes.submit("p", 0, lambda: acked.append(0), generation=lanes.generation("p"))
+        await lanes.wait_idle()
+        await lanes.stop(["p"])
+        assert not await lanes.submit("p", 1, lambda: acked.append(1),
+                                      generation=lanes.generation("p"))
+        lanes.reopen(["p"])
+        assert await lanes.submit("p", 2, lambda: acked.append(2),
+                                  generation=lanes.generation("p"))
+        await lanes.wait_idle()
+        await lanes.stop()
+        assert handled == acked == [0, 2]
+
+    run(scenario())
+
+
+def test_a_record_held_for_room_across_a_revoke_and_reassign_is_refused():
+    """A record the dispatcher took before its partition was revoked, and still held
+    while the lanes were full, is refused even once the partition is assigned again:
+    its queued predecessors were dropped, it would be decided out of order."""
+    async def scenario():
+        gate = asyncio.Event()
+        handled = []
+
+        async def handle(payload, lane):
+            handled.append(payload)
+            await gate.wait()
+
+        lanes = PartitionLanes(handle, max_queued=1, lane_share=None)
+        await lanes.submit("q", "q0", lambda: None)  # in flight, blocked
+        await lanes.submit("q", "q1", lambda: None)  # queued: the lanes are full
+        held = asyncio.create_task(lanes.submit("p", "p5", lambda: None,
+                                                generation=lanes.generation("p")))
+        await asyncio.sleep(0.05)
+        assert not held.done()
+        await lanes.stop(["p"])
+        lanes.reopen(["p"])
+        gate.set()
+        assert await asyncio.wait_for(held, 5) is False
+        await lanes.wait_idle()
+        await lanes.stop()
+        assert "p5" not in handled
+
+    run(scenario())
