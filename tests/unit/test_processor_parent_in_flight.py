@@ -43,9 +43,7 @@ def test_a_child_read_before_its_parent_landed_is_paired_against_the_parent():
     assert out.reason is RejectionReason.UNPAIRED_TOOL_CALL
     assert h.store.get_checkpoint(TENANT, child.response_id) is None
     assert h.processor.tails.tail(TENANT, child.chain_root_id, child.response_id) is None
-
-
-def test_a_child_read_before_its_parent_landed_still_promotes_when_it_pairs():
+    # The same race, a child that does pair with its parent: promoted on it.
     h = harness()
     parent = chain_turn(None, None, items=[function_call("c1", "lookup", {}, item_id=new_id("fc"))])
     _parent_lands_after_the_read(h, parent)
