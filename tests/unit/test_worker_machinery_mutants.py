@@ -197,3 +197,89 @@ def test_a_record_held_for_room_across_a_revoke_and_reassign_is_refused():
         assert "p5" not in handled
 
     run(scenario())
+
+
+def test_a_closed_key_never_waits_for_room():
+    """A record held for room whose partition is revoked is refused as soon as the
+    revocation begins, not once the lanes have room again: the dispatcher is not held
+    up by a record that is no longer its to queue."""
+    async def scenario():
+        gate = asyncio.Event()
+
+        async def handle(payload, lane):
+            await gate.wait()
+
+        lanes = PartitionLanes(handle, max_queued=1, lane_share=None)
+        await lanes.submit("p", 0, lambda: None)  # in flight, blocked
+        await lanes.submit("p", 1, lambda: None)  # queued: the lanes are full
+        held = asyncio.create_task(lanes.submit("p", 2, lambda: None,
+                                                generation=lanes.generation("p")))
+        await asyncio.sleep(0.05)
+        assert not held.done()
+        stopping = asyncio.create_task(lanes.stop(["p"], grace_s=5))
+        # Refused while the event in flight still runs (the gate is still shut).
+        assert await asyncio.wait_for(held, 5) is False
+        gate.set()
+        await stopping
+
+    run(scenario())
+
+
+def test_a_bug_is_not_retried_as_an_outage():
+    """Only ``Unavailable`` (store, ledger, registry, broker) is retried with backoff
+    and reported ``degraded``; any other exception leaves ``retry_until_done`` at once
+    (the lane logs it as a bug), the worker's health untouched."""
+    from streams.health import Health
+    from streams.retry import Backoff, retry_until_done
+
+    async def scenario():
+        health = Health()
+        calls = []
+
+        async def call():
+            calls.append(1)
+            raise ValueError("a bug")
+
+        try:
+            await retry_until_done(call, lane="p0", health=health,
+                                   backoff=Backoff(base_s=0.001, jitter=0), stopping=lambda: False)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("the bug was swallowed")
+        assert calls == [1] and health.status == "ok"
+
+    run(scenario())
+
+
+def test_a_stop_during_a_backoff_step_gives_up_before_another_attempt():
+    """A lane stopped while its event waits out a backoff step gives up at that step
+    (``LaneStopped``: the event stays unacked), with no further attempt."""
+    from services.store.base import StoreUnavailable
+    from streams.health import Health
+    from streams.retry import Backoff, LaneStopped, retry_until_done
+
+    async def scenario():
+        calls = []
+        asked = []
+
+        async def call():
+            calls.append(1)
+            if len(calls) == 1:
+                raise StoreUnavailable("down", retryable=True, operation="promote")
+            return "done"
+
+        def stopping() -> bool:  # the stop comes during the first backoff step
+            asked.append(1)
+            return len(asked) > 1
+
+        try:
+            await retry_until_done(call, lane="p0", health=Health(),
+                                   backoff=Backoff(base_s=0.05, jitter=0), stopping=stopping)
+        except LaneStopped:
+            pass
+        else:
+            raise AssertionError("a stopped lane made another attempt")
+        assert calls == [1]
+
+    run(scenario())
