@@ -283,3 +283,80 @@ def test_a_stop_during_a_backoff_step_gives_up_before_another_attempt():
         assert calls == [1]
 
     run(scenario())
+
+
+# --- the dispatcher and the revoke handler (``streams/app.py``, with tests/unit/stream_world.py)
+
+
+def test_a_record_refused_after_a_revocation_does_not_hide_the_redelivery(tmp_path, monkeypatch):
+    """A record of a revoked partition that the stream still delivers is refused; once
+    the partition is assigned again its records come again from the committed offset,
+    and every one of them is handled (the refused one was never dispatched: it must not
+    count as "already in its lane")."""
+    from faust.types import TP
+
+    from ratchet.samples import make_turn
+    from tests.unit.stream_world import TOPIC, build, dispatch_task
+    from tests.unit.test_processor_rules import conv_id
+
+    conv = conv_id()
+    turns = [make_turn(conversation_id=conv, expected_head_seq=h) for h in range(3)]
+
+    async def scenario():
+        w = build(tmp_path, monkeypatch)
+        task = dispatch_task(w)
+        await w.revoke(0)
+        await w.stream.queue.put(w.event(turns[2], 2))  # fetched before the revocation
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        assert w.handled == []
+        await w.app.on_partitions_assigned.send({TP(TOPIC, 0)})
+        for offset, t in enumerate(turns):  # from the committed offset, 0
+            await w.stream.queue.put(w.event(t, offset))
+        for _ in range(100):
+            if len(w.acks) == 3:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await w.app.lanes.stop()
+        return w
+
+    w = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert w.handled == [(0, 0), (0, 1), (0, 2)] and w.acks == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_what_a_revoked_lane_acks_during_its_grace_is_committed(tmp_path, monkeypatch):
+    """A revocation lets the event in flight finish (the grace) and then commits what
+    the lanes acked, that event included: its next owner does not handle it again."""
+    from ratchet.samples import make_turn
+    from tests.unit.stream_world import build, dispatch_task
+    from tests.unit.test_processor_rules import conv_id
+
+    release = asyncio.Event()
+    turn = make_turn(conversation_id=conv_id(), expected_head_seq=0)
+
+    async def scenario():
+        w = build(tmp_path, monkeypatch, gate=lambda record: release.wait(), grace_s=5.0)
+        acked_at_commit: list[list] = []
+        commit = w.consumer.commit
+
+        async def noting(*a, **k):
+            acked_at_commit.append(list(w.acks))
+            return await commit(*a, **k)
+
+        w.consumer.commit = noting
+        task = dispatch_task(w)
+        await w.stream.queue.put(w.event(turn, 0))
+        while not w.handled:
+            await asyncio.sleep(0.01)
+        revoking = asyncio.ensure_future(w.revoke(0))
+        await asyncio.sleep(0.05)
+        release.set()  # finishes within the grace
+        await revoking
+        task.cancel()
+        await w.app.lanes.stop()
+        return w, acked_at_commit
+
+    w, acked_at_commit = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert w.acks == [(0, 0)]
+    assert any((0, 0) in acked for acked in acked_at_commit), acked_at_commit
