@@ -317,3 +317,38 @@ def test_guard_resumes_nothing_after_a_rebalance_began_during_its_seek():
     asyncio.run(scenario())
     assert app.consumer.seeks == [{tps[0]: 5}]
     assert app.consumer.resumed == [], app.consumer.resumed
+
+
+def test_a_parked_partition_is_no_stall_and_is_never_sought_by_the_guard():
+    """A partition the worker parked itself (streams/parking.py) owes records and does
+    not move: no stall, no seek, no resume, and never the worker's stop; one parked
+    after a check began (its end offsets being read) is left to its resumption too.
+    A mutation review, session 43."""
+    import asyncio
+
+    guard, app, clock, stops, tps = make_guard(fetched={0: 4, 1: 8}, end_offsets={0: 10, 1: 9})
+    guard._parked = lambda: {tps[0]}
+
+    async def parked_for_ever():
+        for now in range(0, 100, 5):
+            clock.now = now
+            await guard.check()
+
+    asyncio.run(parked_for_ever())
+    assert app.consumer.seeks == [] and app.consumer.resumed == [] and stops == []
+
+    guard, app, clock, stops, tps = make_guard(fetched={0: 4, 1: 8}, end_offsets={0: 10, 1: 9})
+    asks = []
+
+    def parked():  # not parked when the check lists partitions, parked right after
+        asks.append(1)
+        return set() if len(asks) == 1 else {tps[0]}
+
+    async def parked_during_the_check():
+        await guard.check()
+        clock.now = 15
+        guard._parked = parked
+        await guard.check()
+
+    asyncio.run(parked_during_the_check())
+    assert app.consumer.seeks == [] and app.consumer.resumed == []
