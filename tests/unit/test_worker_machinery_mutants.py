@@ -360,3 +360,85 @@ def test_what_a_revoked_lane_acks_during_its_grace_is_committed(tmp_path, monkey
     w, acked_at_commit = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert w.acks == [(0, 0)]
     assert any((0, 0) in acked for acked in acked_at_commit), acked_at_commit
+
+
+def test_an_event_is_acked_only_once_the_broker_acknowledged_its_outcomes(tmp_path, monkeypatch):
+    """Step 2 of the commit order waits for the broker's acknowledgement of every
+    outcome, not only for the send: a delivery that fails is retried like an outage
+    (``PublishUnavailable``), and the event is acked once, after a delivery that
+    succeeded."""
+    from ratchet.samples import make_turn
+    from tests.unit.stream_world import build, dispatch_task
+    from tests.unit.test_processor_rules import conv_id
+
+    turn = make_turn(conversation_id=conv_id(), expected_head_seq=0)
+
+    async def scenario():
+        w = build(tmp_path, monkeypatch)
+        deliveries: list[str] = []
+
+        async def send(topic, key, value, partition, timestamp, headers):
+            fut = asyncio.get_running_loop().create_future()
+            if not deliveries:
+                deliveries.append("failed")
+                fut.set_exception(RuntimeError("not enough in-sync replicas"))
+            else:
+                deliveries.append("delivered")
+                fut.set_result(None)
+            return fut
+
+        w.producer.send = send
+        task = dispatch_task(w)
+        await w.stream.queue.put(w.event(turn, 0))
+        for _ in range(200):
+            if w.acks:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await w.app.lanes.stop()
+        return w, deliveries
+
+    w, deliveries = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert deliveries[0] == "failed" and "delivered" in deliveries
+    assert w.acks == [(0, 0)] and w.handled == [(0, 0), (0, 0)]
+
+
+def test_an_outcome_that_cannot_be_encoded_is_an_outage_not_a_bug(tmp_path, monkeypatch):
+    """Encoding an outcome asks the registry; any failure of it is ``PublishUnavailable``:
+    retried with backoff and reported ``degraded`` while it lasts, then acked."""
+    from ratchet.samples import make_turn
+    from tests.unit.stream_world import build, dispatch_task
+    from tests.unit.test_processor_rules import conv_id
+
+    turn = make_turn(conversation_id=conv_id(), expected_head_seq=0)
+
+    async def scenario():
+        w = build(tmp_path, monkeypatch)
+        encode = w.runtime.codec.encode
+        failures = []
+        retried = []
+
+        def flaky(topic, model):
+            if not failures:
+                failures.append(1)
+                raise ConnectionError("registry unreachable")
+            return encode(topic, model)
+
+        w.runtime.codec.encode = flaky
+        retrying = w.runtime.health.retrying
+        w.runtime.health.retrying = lambda lane, error, **kw: (retried.append(error),
+                                                             retrying(lane, error, **kw))
+        task = dispatch_task(w)
+        await w.stream.queue.put(w.event(turn, 0))
+        for _ in range(300):
+            if w.acks:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await w.app.lanes.stop()
+        return w, retried
+
+    w, retried = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert w.acks == [(0, 0)]
+    assert retried and "registry unreachable" in retried[0]
+    assert w.runtime.health.status == "ok"
