@@ -442,3 +442,31 @@ def test_an_outcome_that_cannot_be_encoded_is_an_outage_not_a_bug(tmp_path, monk
     assert w.acks == [(0, 0)]
     assert retried and "registry unreachable" in retried[0]
     assert w.runtime.health.status == "ok"
+
+
+def test_the_health_file_counts_the_outcomes(tmp_path, monkeypatch):
+    """The worker's health file counts what it promoted, rejected and dead-lettered."""
+    from ratchet.samples import make_turn
+    from tests.unit.stream_world import build, dispatch_task
+    from tests.unit.test_processor_rules import conv_id
+
+    conv = conv_id()
+    promoted = make_turn(conversation_id=conv, expected_head_seq=0)
+    rejected = make_turn(conversation_id=conv, expected_head_seq=5)  # OUT_OF_ORDER
+
+    async def scenario():
+        w = build(tmp_path, monkeypatch)
+        task = dispatch_task(w)
+        await w.stream.queue.put(w.event(promoted, 0))
+        await w.stream.queue.put(w.event(rejected, 1))
+        for _ in range(200):
+            if len(w.acks) == 2:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await w.app.lanes.stop()
+        return w
+
+    w = asyncio.run(asyncio.wait_for(scenario(), 20))
+    snapshot = w.runtime.health.snapshot()
+    assert (snapshot["promoted"], snapshot["rejected"], snapshot["dead_lettered"]) == (1, 1, 0)
