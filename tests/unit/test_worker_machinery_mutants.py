@@ -470,3 +470,87 @@ def test_the_health_file_counts_the_outcomes(tmp_path, monkeypatch):
     w = asyncio.run(asyncio.wait_for(scenario(), 20))
     snapshot = w.runtime.health.snapshot()
     assert (snapshot["promoted"], snapshot["rejected"], snapshot["dead_lettered"]) == (1, 1, 0)
+
+
+# --- health (``streams/health.py``) -----------------------------------------------------
+
+
+def test_the_worker_is_degraded_while_any_lane_retries_and_since_the_first():
+    """``degraded`` from the first lane that retries until the last one recovered;
+    ``degraded_since`` is when it became degraded, not the latest retry."""
+    from streams.health import Health
+
+    health = Health()
+    health.retrying("events[0]", "store: timeout")
+    since = health.snapshot()["degraded_since"]
+    health.retrying("events[1]", "store: timeout")
+    assert health.snapshot()["degraded_since"] == since
+    health.recovered("events[0]")
+    assert health.status == "degraded" and health.is_retrying("events[1]")
+    health.recovered("events[1]")
+    assert health.status == "ok" and health.snapshot()["degraded_since"] is None
+
+
+def test_read_health_folds_the_live_workers_files(tmp_path):
+    """``read_health``: ``degraded`` if any live worker retries, ``ok`` if one reports
+    ok, ``down`` without a live one; a file whose heartbeat is stale (a hung worker) or
+    whose process is gone does not count."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from streams.health import STALE_AFTER_S, Health, health_path, read_health
+
+    assert read_health(tmp_path)["status"] == "down"
+    ok = Health(health_path(tmp_path))
+    ok.write()
+    assert read_health(tmp_path)["status"] == "ok"
+    # A second live worker (the test's parent process stands in for it), degraded.
+    other = Health(health_path(tmp_path, os.getppid()))
+    other._state.pid = os.getppid()
+    other.retrying("events[3]", "store: timeout")
+    assert read_health(tmp_path)["status"] == "degraded"
+    assert len(read_health(tmp_path)["workers"]) == 2
+    # Stale: as if both stopped writing long ago.
+    later = time.time() + STALE_AFTER_S + 1
+    assert read_health(tmp_path, now=later)["status"] == "down"
+    # A worker whose process is gone: its file does not count.
+    other.remove()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = int(gone.stdout)
+    state = {**ok.snapshot(), "pid": dead, "status": "degraded"}
+    health_path(tmp_path, dead).write_text(json.dumps(state))
+    assert read_health(tmp_path)["status"] == "ok"
+    assert [w["pid"] for w in read_health(tmp_path)["workers"]] == [os.getpid()]
+
+
+def test_a_partition_in_fausts_flow_control_may_still_be_handed_over():
+    """``may_hand_over``: Faust hands over records of a partition in its fetch set, and
+    also of one in its flow control's set (``_buffered_partitions``) even when paused:
+    a resumption must hold such a partition through another batch."""
+    from faust.types import TP
+
+    from streams.consumer_loop import _ParkingSupport
+
+    tp = TP("t", 0)
+
+    class Consumer(_ParkingSupport):
+        def __init__(self):
+            self._buffered_partitions = set()
+            self.active = set()
+
+        def _get_active_partitions(self):
+            return self.active
+
+        def pause_partitions(self, tps):
+            self.active.difference_update(tps)
+
+    consumer = Consumer()
+    assert not consumer.may_hand_over(tp)
+    consumer._buffered_partitions.add(tp)
+    assert consumer.may_hand_over(tp)
+    consumer.hold_partitions([tp])
+    assert not consumer.may_hand_over(tp)
