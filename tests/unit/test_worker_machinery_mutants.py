@@ -489,6 +489,9 @@ def test_the_worker_is_degraded_while_any_lane_retries_and_since_the_first():
     assert health.status == "degraded" and health.is_retrying("events[1]")
     health.recovered("events[1]")
     assert health.status == "ok" and health.snapshot()["degraded_since"] is None
+    # What it says of an error is bounded (the file is rewritten every 2 s).
+    health.retrying("events[2]", "x" * 100_000)
+    assert len(health.snapshot()["retrying"]["events[2]"]) == 500
 
 
 def test_read_health_folds_the_live_workers_files(tmp_path):
@@ -554,3 +557,45 @@ def test_a_partition_in_fausts_flow_control_may_still_be_handed_over():
     assert consumer.may_hand_over(tp)
     consumer.hold_partitions([tp])
     assert not consumer.may_hand_over(tp)
+
+
+def test_a_shutdown_commits_what_the_lanes_acked_and_removes_the_health_file(
+        tmp_path, monkeypatch):
+    """SIGTERM: the lanes finish the event in flight, what they acked is committed (that
+    event included: the partition's next owner does not handle it again), and the
+    health file is removed (a stopped worker is not a live one)."""
+    from ratchet.samples import make_turn
+    from streams.health import Health, health_path
+    from tests.unit.stream_world import build, dispatch_task
+    from tests.unit.test_processor_rules import conv_id
+
+    release = asyncio.Event()
+    turn = make_turn(conversation_id=conv_id(), expected_head_seq=0)
+
+    async def scenario():
+        w = build(tmp_path, monkeypatch, gate=lambda record: release.wait(), grace_s=5.0)
+        w.runtime.health = Health(health_path(tmp_path))
+        w.runtime.health.write()
+        acked_at_commit: list[list] = []
+        commit = w.consumer.commit
+
+        async def noting(*a, **k):
+            acked_at_commit.append(list(w.acks))
+            return await commit(*a, **k)
+
+        w.consumer.commit = noting
+        task = dispatch_task(w)
+        await w.stream.queue.put(w.event(turn, 0))
+        while not w.handled:
+            await asyncio.sleep(0.01)
+        stopping = asyncio.ensure_future(w.app.on_before_shutdown.send())
+        await asyncio.sleep(0.05)
+        release.set()  # finishes within the grace
+        await stopping
+        task.cancel()
+        return w, acked_at_commit
+
+    w, acked_at_commit = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert w.acks == [(0, 0)]
+    assert any((0, 0) in acked for acked in acked_at_commit), acked_at_commit
+    assert not health_path(tmp_path).exists()
