@@ -95,7 +95,6 @@ from services.ledger.base import (
     TurnFacts,
 )
 from services.store.base import (
-    ANY_LINEAGE,
     CheckpointStore,
     CorruptPartition,
     HeadDamaged,
@@ -974,7 +973,7 @@ class _Hints:
 
     head: Head | None
     parent: CheckpointRecord | None
-    extends: str | None | object
+    extends: str | None
 
     @classmethod
     def of(cls, decided: Promote, lineage: Lineage) -> _Hints:
@@ -985,9 +984,13 @@ class _Hints:
                 head = Head.of(lineage.tail)
             else:
                 parent = lineage.tail
-        extends: str | None | object = (
-            ANY_LINEAGE if lineage.unread
-            else None if lineage.tail is None else lineage.tail.response_id)
+        # A turn validated on no lineage (none read: a chain parent or a Conversation
+        # not found) extends nothing: a parent or head the store finds after all (its
+        # promotion in flight when the lineage was read, another worker's) is
+        # ``LineageChanged``, and the lineage is read again, never written on unpaired
+        # (until session 43 ``ANY_LINEAGE``: a child whose parent landed after the read
+        # was promoted on it with its pairing checked against nothing).
+        extends: str | None = None if lineage.tail is None else lineage.tail.response_id
         return cls(head, parent, extends)
 
 

@@ -317,3 +317,74 @@ def test_guard_resumes_nothing_after_a_rebalance_began_during_its_seek():
     asyncio.run(scenario())
     assert app.consumer.seeks == [{tps[0]: 5}]
     assert app.consumer.resumed == [], app.consumer.resumed
+
+
+def test_a_parked_partition_is_no_stall_and_is_never_sought_by_the_guard():
+    """A partition the worker parked itself (streams/parking.py) owes records and does
+    not move: no stall, no seek, no resume, and never the worker's stop; one parked
+    after a check began (its end offsets being read) is left to its resumption too.
+    A mutation review, session 43."""
+    import asyncio
+
+    guard, app, clock, stops, tps = make_guard(fetched={0: 4, 1: 8}, end_offsets={0: 10, 1: 9})
+    guard._parked = lambda: {tps[0]}
+
+    async def parked_for_ever():
+        for now in range(0, 100, 5):
+            clock.now = now
+            await guard.check()
+
+    asyncio.run(parked_for_ever())
+    assert app.consumer.seeks == [] and app.consumer.resumed == [] and stops == []
+
+    guard, app, clock, stops, tps = make_guard(fetched={0: 4, 1: 8}, end_offsets={0: 10, 1: 9})
+    asks = []
+
+    def parked():  # not parked when the check lists partitions, parked right after
+        asks.append(1)
+        return set() if len(asks) == 1 else {tps[0]}
+
+    async def parked_during_the_check():
+        await guard.check()
+        clock.now = 15
+        guard._parked = parked
+        await guard.check()
+
+    asyncio.run(parked_during_the_check())
+    assert app.consumer.seeks == [] and app.consumer.resumed == []
+
+
+def test_an_event_retrying_an_outage_is_not_reported_hung(caplog):
+    """A lane whose event in flight retries a persistence outage has said so itself
+    (the retry's warning, ``degraded``): the guard names only other hangs."""
+    import asyncio
+
+    guard, app, clock, stops, tps = make_guard(fetched={0: 4, 1: 7}, end_offsets={0: 5, 1: 8})
+
+    class Record:
+        offset = 5
+
+    busy = {tps[0]: (Record(), 20.0), tps[1]: (Record(), 20.0)}
+    guard.lanes.in_flight = lambda tp: busy.get(tp)
+    app.runtime.health.retrying("events[0]", "store: timeout")
+    asyncio.run(guard.check())
+    hung = [r.getMessage() for r in caplog.records if "in flight for" in r.getMessage()]
+    assert len(hung) == 1 and hung[0].startswith("lane 1:"), hung
+
+
+def test_the_lag_gauge_counts_what_the_lanes_still_owe():
+    """Consumer lag: records not fetched yet plus those the partition's lane has not
+    acked (an event in flight included: one retrying through an outage read 0 before
+    session 38)."""
+    from types import SimpleNamespace
+
+    from faust.types import TP
+
+    from streams import metrics
+    from streams.app import _update_lag
+
+    tp = TP("events", 0)
+    consumer = SimpleNamespace(assignment=lambda: {tp}, highwater=lambda _tp: 10)
+    lanes = SimpleNamespace(owed=lambda _tp: 1)  # offset 9, in flight
+    _update_lag(SimpleNamespace(consumer=consumer), lanes, {tp: 9})
+    assert metrics.CONSUMER_LAG.labels("events", "0")._value.get() == 1

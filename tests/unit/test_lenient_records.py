@@ -110,3 +110,21 @@ def test_a_fetch_read_committed_is_not_read_leniently():
     raw = batch(11, [b"b"], bad_header=True)
     with pytest.raises(UnicodeDecodeError):
         list(LenientPartitionRecords(TP, _KeptRecords(raw), [], 11, None, None, True, 1))
+
+
+def test_a_partial_last_batch_is_left_for_the_next_fetch():
+    """The last batch of a fetch may be cut short (the broker fills the fetch size): the
+    lenient reader delivers the whole batches before it and leaves it to be fetched
+    again, as aiokafka's own reader does. A mutation review, session 43."""
+    raw = batch(10, [b"a", b"b"], bad_header=True) + batch(12, [b"c"])[:-1]
+    got = read(LenientPartitionRecords, raw, 10)
+    assert [(r.offset, r.value) for r in got] == [(10, b"a"), (11, b"b")]
+
+
+def test_an_empty_value_is_read_as_empty_not_as_none():
+    """Zero bytes and null are two values on the wire (length 0 and -1): an empty
+    record value stays ``b""`` (a tombstone is ``None``). A mutation review, session 43."""
+    raw = batch(10, [b"a", b""], bad_header=True)
+    got = read(LenientPartitionRecords, raw, 10)
+    assert [r.value for r in got] == [b"a", b""]
+    assert [r.value for r in read(PartitionRecords, batch(10, [b"a", b""]), 10)] == [b"a", b""]

@@ -204,3 +204,24 @@ def test_a_partition_faust_put_back_meanwhile_is_held_through_another_batch():
         assert faust.calls[3:] == [("seek", 0, 7), ("resume", 0)]
 
     asyncio.run(check())
+
+
+def test_a_partition_revoked_during_its_seek_is_not_resumed():
+    """Its lane stopped (the partition revoked) while the resumption's seek was on its
+    way: the seek's return resumes nothing, the parking is forgotten (the next owner,
+    or this worker assigned again, starts from the committed offset). A mutation
+    review, session 43."""
+    async def check() -> None:
+        parking, lanes, faust = world()
+        faust.seek_done.clear()
+        parking.park(TP0, 7)
+        lanes.room.set()
+        await settle()
+        assert faust.calls == [("pause", 0), ("pause", 0), ("seek", 0, 7)]
+        lanes.gen += 1  # revoked meanwhile
+        faust.seek_done.set()
+        await settle()
+        assert faust.calls == [("pause", 0), ("pause", 0), ("seek", 0, 7)]
+        assert parking.paused() == set() and parking.admits(TP0, 3)
+
+    asyncio.run(check())

@@ -318,3 +318,45 @@ def test_a_small_cache_still_keeps_small_tails():
     cache = TailCache(capacity=4)
     assert cache.learn(Tail(cp, EMPTY_PAIRING))
     assert cache.tail(TENANT, cp.partition_key, cp.response_id) is not None
+
+
+# --- the head pointer (a mutation review, session 43) -----------------------------------
+
+
+def test_a_head_is_found_only_at_its_own_seq_and_never_moves_back():
+    """The head pointer is used only by a turn that expects exactly its seq (the seq ->
+    response mapping is immutable, the head itself is not), and an older response
+    learnt later (a redelivery, a slow thread) never replaces a newer head."""
+    h = harness()
+    conv = conv_id()
+    for head in range(3):
+        assert h.outcome(turn(conv, head)).seq == head + 1
+    cp = h.store.get_checkpoint(TENANT, h.store.head(TENANT, conv).response_id)
+    cache = TailCache()
+    newer = Tail(cp, EMPTY_PAIRING)
+    older = Tail(replace(cp, seq=cp.seq - 1, response_id="resp_older"), EMPTY_PAIRING)
+    assert cache.learn(newer)
+    assert cache.head_at(TENANT, conv, cp.seq) is newer
+    assert cache.head_at(TENANT, conv, cp.seq - 1) is None
+    assert cache.head_at(TENANT, conv, cp.seq + 1) is None
+    assert cache.learn(older)
+    assert cache.head_at(TENANT, conv, cp.seq) is newer
+    assert cache.head_at(TENANT, conv, cp.seq - 1) is None
+
+
+def test_a_tail_expired_by_a_fraction_of_a_second_is_not_used():
+    """Expiry is to the millisecond (as a history read judges it): a tail that expired
+    300 ms before the processor's clock is a miss, read again."""
+    from datetime import UTC, datetime
+    now_ms = (NOW_MS // 1000) * 1000 + 500
+    h = harness()
+    h.processor = PromotionProcessor(h.store, h.ledger, PickleCodec(), TOPICS,
+                                     clock_ms=lambda: now_ms)
+    conv = conv_id()
+    first = h.outcome(turn(conv, 0))
+    cp = h.store.get_checkpoint(TENANT, first.response_id)
+    expired = replace(cp, logical_expires_at=datetime.fromtimestamp((now_ms - 300) / 1000, UTC))
+    h.processor.tails.learn(Tail(expired, EMPTY_PAIRING))
+    reads = h.store.history_reads
+    assert h.outcome(turn(conv, 1)).seq == 2
+    assert h.store.history_reads == reads + 1
