@@ -1,0 +1,141 @@
+"""The read path's gaps a mutation review found (session 43): each test pins what
+CONTRACT section 5 and docs/service.md promise where a single plausible defect in
+``services/api/`` or ``services/store/`` passed every other fast test.
+
+On the in-memory store, through HTTP (the fast path and FastAPI alike), with the
+API's verified-history cache wired in (``CachingStack``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from schemas.items import message
+from tests.unit.test_api_cache import NO_CACHE, CachingStack
+from tests.unit.test_api_http import uid
+
+
+def outcome(resp) -> tuple:
+    body = resp.json()
+    return resp.status_code, body["outcome"], body["reason"]
+
+
+@pytest.fixture(params=[True, False], ids=["fast-path", "fastapi"])
+def stack(request) -> CachingStack:
+    return CachingStack(fast_path=request.param)
+
+
+def test_a_head_copied_from_another_conversation_backs_nothing_here(stack):
+    """A Conversation's head rewritten to the cells of another Conversation's head (same
+    tenant) names a turn of another partition: no checkpoint of this Conversation backs
+    it, an integrity failure on every endpoint (CONTRACT section 5), never the other
+    Conversation's history served from the cache because its entry matches the cells."""
+    tenant, mine, other = uid("tenant"), uid("conv"), uid("conv")
+    a1 = stack.promote(tenant, mine, 0, (message("mine", item_id=uid("m")),))
+    stack.promote(tenant, other, 0, (message("other 1", item_id=uid("m")),))
+    stack.promote(tenant, other, 1, (message("other 2", item_id=uid("m")),))
+    assert stack.history(tenant, a1).status_code == 200  # a1 cached
+    assert stack.conversation(tenant, other).status_code == 200  # the other head cached
+    stolen = stack.store._partitions[(tenant, other)].head
+    stack.store._partitions[(tenant, mine)].head = stolen
+
+    cold = stack.conversation(tenant, mine, **NO_CACHE)
+    assert outcome(cold) == (500, "failure", "CORRUPT_HISTORY")
+    for resp in (stack.conversation(tenant, mine), stack.history(tenant, a1)):
+        assert outcome(resp) == (500, "failure", "CORRUPT_HISTORY"), resp.json()
+
+
+def test_a_lost_turn_past_a_cached_prefix_is_missing_history_with_a_right_hint(stack):
+    """A promoted turn whose row is gone is 500 ``MISSING_HISTORY`` (docs/store.md rule
+    1), also when its partition holds a cached linked prefix and the caller names that
+    partition: the hinted one-row read finds nothing, the claim names the same
+    partition, and ``turn_lost`` says promoted. Never 404 ``NOT_FOUND``."""
+    tenant, conv = uid("tenant"), uid("conv")
+    r1 = stack.promote(tenant, conv, 0, (message("one", item_id=uid("m")),))
+    r2 = stack.promote(tenant, conv, 1, (message("two", item_id=uid("m")),))
+    assert stack.history(tenant, r1).status_code == 200  # a linked prefix cached
+    partition = stack.store._partitions[(tenant, conv)]
+    del partition.checkpoints[r2]
+    partition.items.pop(r2, None)
+    for params in ({"partition_key": conv}, {}):
+        answer = stack.history(tenant, r2, **params)
+        assert outcome(answer) == (500, "failure", "MISSING_HISTORY"), params
+
+
+def test_where_this_api_verified_a_response_comes_before_the_callers_hint(stack):
+    """docs/service.md, "Partition hint": a response's partition is where this API
+    verified it before, else the caller's hint. A response verified here whose entry was
+    let go, asked for with a hint naming another partition, is read where it was
+    verified (one row, extending its cached prefix), not by a full read of the hinted
+    partition first."""
+    tenant, conv, elsewhere = uid("tenant"), uid("conv"), uid("conv")
+    r1 = stack.promote(tenant, conv, 0, (message("one", item_id=uid("m")),))
+    r2 = stack.promote(tenant, conv, 1, (message("two", item_id=uid("m")),))
+    stack.promote(tenant, elsewhere, 0, (message("other", item_id=uid("m")),))
+    assert stack.history(tenant, r1).status_code == 200
+    first = stack.history(tenant, r2)
+    assert first.status_code == 200
+    stack.cache.discard(tenant, r2)  # evicted; its location is still known
+    again, reads = stack.reads_during(
+        lambda: stack.history(tenant, r2, partition_key=elsewhere))
+    assert (again.status_code, again.content) == (200, first.content)
+    assert reads == {"read_turn": 1}, reads
+
+
+def test_a_turn_below_its_conversations_head_is_extended_off_the_loop():
+    """docs/service.md, "No thread-pool hop on lookups": only an extension that must
+    read several rows one by one runs in the thread pool, never with the blocking driver
+    on the event loop. A Conversation's turn one past a cached prefix, while the head
+    has moved beyond it, needs the head's row too (the head must be backed): that read
+    is made off the loop."""
+    stack = CachingStack()
+    tenant, conv = uid("tenant"), uid("conv")
+    r1 = stack.promote(tenant, conv, 0, (message("one", item_id=uid("m")),))
+    r2 = stack.promote(tenant, conv, 1, (message("two", item_id=uid("m")),))
+    stack.promote(tenant, conv, 2, (message("three", item_id=uid("m")),))
+    assert stack.history(tenant, r1).status_code == 200  # a linked prefix cached
+    expected = stack.fresh(tenant, r2).content
+    stack.cache.discard(tenant, r2)
+
+    blocking_on_loop: list[tuple] = []
+    read_turn = stack.store.read_turn
+
+    def watched_read_turn(*args):
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass  # a worker thread: where the blocking driver belongs
+        else:
+            blocking_on_loop.append(args)
+        return read_turn(*args)
+
+    async def read_turn_async(*args):  # the async driver's read: never blocks
+        return read_turn(*args)
+
+    stack.store.read_turn = watched_read_turn
+    stack.store.read_turn_async = read_turn_async
+    resp = stack.history(tenant, r2, partition_key=conv)
+    assert (resp.status_code, resp.content) == (200, expected)
+    assert blocking_on_loop == []
+
+
+@pytest.mark.parametrize("cells", [{"lineage_digest": "0" * 64}, {"item_count": 99}],
+                         ids=["lineage-digest", "item-count"])
+def test_a_new_head_its_row_does_not_back_is_corrupt_on_the_conversation_extension(
+        stack, cells):
+    """CONTRACT section 5: a head that no verified checkpoint backs is an integrity
+    failure on every endpoint. The Conversation endpoint, one turn past a cached
+    prefix, extends it by the head's row: the head's cells must be that row's, else
+    500 ``CORRUPT_HISTORY`` as the full read answers, not the row's history."""
+    tenant, conv = uid("tenant"), uid("conv")
+    r1 = stack.promote(tenant, conv, 0, (message("one", item_id=uid("m")),))
+    stack.promote(tenant, conv, 1, (message("two", item_id=uid("m")),))
+    assert stack.history(tenant, r1).status_code == 200  # a linked prefix cached
+    stack.rewrite_head(tenant, conv, **cells)
+    cold = stack.conversation(tenant, conv, **NO_CACHE)
+    assert outcome(cold) == (500, "failure", "CORRUPT_HISTORY")
+    for _ in range(2):
+        assert outcome(stack.conversation(tenant, conv)) == (
+            500, "failure", "CORRUPT_HISTORY")
