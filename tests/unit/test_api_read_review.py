@@ -139,3 +139,18 @@ def test_a_new_head_its_row_does_not_back_is_corrupt_on_the_conversation_extensi
     for _ in range(2):
         assert outcome(stack.conversation(tenant, conv)) == (
             500, "failure", "CORRUPT_HISTORY")
+
+
+def test_a_lost_head_is_corrupt_on_the_response_extension(stack):
+    """A Conversation whose head cells are gone is damage (CORRUPT_HISTORY) on every
+    path, also for a turn one past a cached prefix, which the response endpoint loads
+    as an extension: the same typed failure as the full read, not an internal error."""
+    tenant, conv = uid("tenant"), uid("conv")
+    r1 = stack.promote(tenant, conv, 0, (message("one", item_id=uid("m")),))
+    r2 = stack.promote(tenant, conv, 1, (message("two", item_id=uid("m")),))
+    assert stack.history(tenant, r1).status_code == 200  # a linked prefix cached
+    stack.store._partitions[(tenant, conv)].head = None
+    assert outcome(stack.fresh(tenant, r2)) == (500, "failure", "CORRUPT_HISTORY")
+    for params in ({}, {"partition_key": conv}):
+        answer = stack.history(tenant, r2, **params)
+        assert outcome(answer) == (500, "failure", "CORRUPT_HISTORY"), params
