@@ -154,3 +154,39 @@ def test_a_lost_head_is_corrupt_on_the_response_extension(stack):
     for params in ({}, {"partition_key": conv}):
         answer = stack.history(tenant, r2, **params)
         assert outcome(answer) == (500, "failure", "CORRUPT_HISTORY"), params
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["uncached", "cached"])
+def test_a_lost_turn_is_never_answered_as_promoted_nowhere_when_the_budget_is_full(cached):
+    """docs/service.md, "The answer budget": a read that would wait for room first looks
+    whether the response was promoted anywhere; one promoted whose row is gone
+    (``turn_lost``) was promoted: it waits for room like any promoted response, and its
+    answer is 500 ``MISSING_HISTORY``, never the 404 of an unknown id."""
+    from services.api import answer_budget
+    from services.api.answer_budget import AnswerBudget, AnswersBusy
+    from services.api.service import RehydrationService
+    from tests.unit.test_api_http import FP, Stack
+
+    stack = CachingStack() if cached else Stack()
+    budget = AnswerBudget(1 << 20)
+    service = RehydrationService(stack.store, stack.ledger, stack.waiters, clock=stack.clock,
+                                 cache=stack.cache if cached else None, answers=budget)
+    tenant, conv = uid("tenant"), uid("conv")
+    stack.promote(tenant, conv, 0, (message("one", item_id=uid("m")),))
+    lost = stack.promote(tenant, conv, 1, (message("two", item_id=uid("m")),))
+    partition = stack.store._partitions[(tenant, conv)]
+    del partition.checkpoints[lost]
+    partition.items.pop(lost, None)
+
+    async def run():
+        blocker = await budget.reserve(("response", "other", "r"))
+        budget.resize(blocker, 4 << 20)  # the budget full of another read
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(answer_budget, "ROOM_WAIT_S", 0.05)
+            for hint in (None, conv):
+                with pytest.raises(AnswersBusy):
+                    await service.response_history(tenant, lost, FP, 0, partition_key=hint)
+        blocker.release()
+        answer = await service.response_history(tenant, lost, FP, 0)
+        assert (answer.status_code, answer.reason) == (500, "MISSING_HISTORY")
+    asyncio.run(run())
