@@ -9,6 +9,7 @@ API's verified-history cache wired in (``CachingStack``).
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -190,3 +191,24 @@ def test_a_lost_turn_is_never_answered_as_promoted_nowhere_when_the_budget_is_fu
         answer = await service.response_history(tenant, lost, FP, 0)
         assert (answer.status_code, answer.reason) == (500, "MISSING_HISTORY")
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["uncached", "cached"])
+def test_a_damaged_promoted_response_is_corrupt_whatever_the_ledger_recorded(cached):
+    """The store is the truth (service.py): a response in the store is answered by its
+    rows, whatever the ledger recorded for its id (a later turn reusing the id is
+    rejected and recorded). Damaged rows are 500 ``CORRUPT_HISTORY``, never 409
+    ``NOT_PROMOTED`` "rejected", which tells a gateway the turn was never promoted."""
+    from tests.unit.test_api_http import Stack
+
+    stack = CachingStack() if cached else Stack()
+    tenant, conv = uid("tenant"), uid("conv")
+    stack.promote(tenant, conv, 0, (message("one", item_id=uid("m")),))
+    rid = stack.promote(tenant, conv, 1, (message("two", item_id=uid("m")),))
+    stack.ledger.mark_rejected(tenant, rid, "CONFLICT", "the id reused by another turn")
+    partition = stack.store._partitions[(tenant, conv)]
+    stored = partition.items[rid]
+    partition.items[rid] = replace(stored, contents=(b'{"x":1}', *stored.contents[1:]))
+    for params in ({}, {"partition_key": conv}):
+        assert outcome(stack.history(tenant, rid, **params)) == (
+            500, "failure", "CORRUPT_HISTORY"), params
