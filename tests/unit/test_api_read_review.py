@@ -212,3 +212,56 @@ def test_a_damaged_promoted_response_is_corrupt_whatever_the_ledger_recorded(cac
     for params in ({}, {"partition_key": conv}):
         assert outcome(stack.history(tenant, rid, **params)) == (
             500, "failure", "CORRUPT_HISTORY"), params
+
+
+def test_a_head_rolled_back_is_caught_whatever_order_the_turns_were_cached_in(stack):
+    """A Conversation's head rolled back onto an earlier turn (damage: the later turns'
+    rows stand) is never served as the shortened history (CONTRACT section 5): the
+    highest seq verified stays the highest whichever turn was cached last. Here the
+    later turn is cached first, then the earlier one."""
+    from ratchet.domain.history import Head
+
+    tenant, conv = uid("tenant"), uid("conv")
+    first = stack.promote(tenant, conv, 0, (message("one", item_id=uid("m")),))
+    second = stack.promote(tenant, conv, 1, (message("two", item_id=uid("m")),))
+    assert stack.history(tenant, second).status_code == 200
+    stack.cache.discard(tenant, first)  # cached by the extension? read it in full now
+    assert stack.fresh(tenant, first).status_code == 200
+    assert stack.cache.get(tenant, first) is not None
+    partition = stack.store._partitions[(tenant, conv)]
+    partition.head = Head.of(partition.checkpoints[first])  # damage: turn 2 stands
+    cold = stack.conversation(tenant, conv, **NO_CACHE)
+    assert outcome(cold) == (500, "failure", "CORRUPT_HISTORY")
+    for answer in (stack.conversation(tenant, conv), stack.history(tenant, first)):
+        assert outcome(answer) == (500, "failure", "CORRUPT_HISTORY")
+
+
+def _cached(tenant: str, partition: str, linked: bool):
+    from services.api.cache import CachedHistory
+    from services.api.render import RenderedHistory
+
+    rendered = RenderedHistory("r", b"[]", b"")
+    return CachedHistory(tenant, partition, None, linked, rendered)  # type: ignore[arg-type]
+
+
+def test_what_the_cache_knows_of_a_partition_lives_exactly_as_long_as_its_entries():
+    """docs/service.md, "Verified-history cache": beside the entries, what the cache
+    knows of a partition (a linked history was cached, ...) is kept per partition with
+    an entry cached, and dropped with its last entry (the memory stays bounded by the
+    entries). A partition whose only entries are not linked is not extendable; one
+    that holds a linked history is, whatever was cached after it."""
+    from services.api.cache import HistoryCache
+
+    cache = HistoryCache(1 << 20)
+    tenant = uid("tenant")
+    cache.put("unlinked", _cached(tenant, "p1", linked=False))
+    assert not cache.extendable(tenant, "p1")
+    cache.put("linked", _cached(tenant, "p2", linked=True))
+    cache.put("later", _cached(tenant, "p2", linked=False))
+    assert cache.extendable(tenant, "p2")
+    cache.discard(tenant, "later")
+    assert cache.extendable(tenant, "p2")
+    cache.discard(tenant, "linked")
+    assert not cache.extendable(tenant, "p2")  # its last entry gone: nothing known
+    cache.put("again", _cached(tenant, "p2", linked=False))
+    assert not cache.extendable(tenant, "p2")
