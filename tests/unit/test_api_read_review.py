@@ -265,3 +265,17 @@ def test_what_the_cache_knows_of_a_partition_lives_exactly_as_long_as_its_entrie
     assert not cache.extendable(tenant, "p2")  # its last entry gone: nothing known
     cache.put("again", _cached(tenant, "p2", linked=False))
     assert not cache.extendable(tenant, "p2")
+
+
+def test_a_turn_with_no_items_extends_a_cached_prefix_whole(stack):
+    """A history is never shortened (CONTRACT section 5): a turn promoted with no items
+    (the store accepts it) extends a cached prefix to that prefix's items, the same
+    bytes a full read answers."""
+    tenant, conv = uid("tenant"), uid("conv")
+    r1 = stack.promote(tenant, conv, 0, (message("one", item_id=uid("m")),))
+    assert stack.history(tenant, r1).status_code == 200  # a linked prefix cached
+    r2 = stack.promote(tenant, conv, 1, ())
+    extended, reads = stack.reads_during(lambda: stack.history(tenant, r2))
+    assert "read_history" not in reads  # the extension answered
+    assert extended.status_code == 200 and len(extended.json()["items"]) == 1
+    assert extended.content == stack.fresh(tenant, r2).content
