@@ -279,3 +279,49 @@ def test_a_turn_with_no_items_extends_a_cached_prefix_whole(stack):
     assert "read_history" not in reads  # the extension answered
     assert extended.status_code == 200 and len(extended.json()["items"]) == 1
     assert extended.content == stack.fresh(tenant, r2).content
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "fastapi"])
+def test_the_fast_path_leaves_what_fastapi_refuses_to_fastapi(fast_path):
+    """docs/service.md, "No framework on the hot path": a history GET whose parameters
+    all pass the routes' constraints is answered by the fast path; anything else is
+    FastAPI's, with its answer. A HEAD (405: the routes are GET only) and a hint with a
+    trailing newline (422: ``ID_PATTERN``'s ``$`` would take it under ``re.match``)."""
+    from tests.unit.test_api_http import FP, Stack
+
+    stack = Stack(fast_path=fast_path)
+    tenant, conv = uid("tenant"), uid("conv")
+    rid = stack.promote(tenant, conv, 0, (message("one", item_id=uid("m")),))
+    params = {"tenant_id": tenant, "fingerprint_hash": FP}
+    head = stack.client.request("HEAD", f"/v1/responses/{rid}/history", params=params)
+    assert head.status_code == 405
+    for bad in ({"partition_key": conv + "\n"}, {"tenant_id": tenant + "\n"}):
+        resp = stack.history(tenant, rid, **{**params, **bad})
+        assert (resp.status_code, resp.json()["error"]) == (422, "INVALID_REQUEST"), bad
+
+
+def test_the_answer_budget_admits_reads_in_arrival_order():
+    """docs/service.md, "The answer budget": a full read waits for room in arrival
+    order: a small read arriving after a large one that waits waits behind it, even
+    where it alone would fit, and ``has_room`` says so (a large read is never passed
+    over by a stream of smaller ones)."""
+    from services.api.answer_budget import AnswerBudget
+
+    async def run():
+        budget = AnswerBudget(10)
+        budget.learn(("big",), 2)  # costs 4
+        budget.learn(("small",), 1)  # costs 2
+        blocker = await budget.reserve(("other",))
+        budget.resize(blocker, 8)
+        big = asyncio.ensure_future(budget.reserve(("big",), wait_s=5))
+        await asyncio.sleep(0)
+        assert not big.done()
+        assert not budget.has_room(("small",))
+        small = asyncio.ensure_future(budget.reserve(("small",), wait_s=5))
+        await asyncio.sleep(0)
+        assert not small.done(), "a small read passed over the large one waiting"
+        blocker.release()
+        (await big).release()
+        (await small).release()
+        assert budget.held == 0
+    asyncio.run(run())
