@@ -325,3 +325,38 @@ def test_the_answer_budget_admits_reads_in_arrival_order():
         (await small).release()
         assert budget.held == 0
     asyncio.run(run())
+
+
+def test_a_chunked_body_one_byte_past_the_limit_is_refused_413():
+    """docs/gateway-protocol.md, "Size limit": a body past ``RATCHET_API_MAX_BODY_BYTES``
+    is refused 413 where it is read, by one byte too, when it comes without a declared
+    length (counted as it arrives)."""
+    import json
+
+    from tests.unit.test_api_body_limit import api, claim, completion
+
+    http = api(max_body_bytes=4096)
+    effect_id, token = claim(http)
+    small = json.dumps(completion(token, "")).encode()
+    body = json.dumps(completion(token, "x" * (4097 - len(small)))).encode()
+    assert len(body) == 4097
+
+    def chunks():  # no Content-Length
+        for at in range(0, len(body), 1000):
+            yield body[at:at + 1000]
+
+    refused = http.post(f"/v1/effects/claims/{effect_id}/complete", content=chunks(),
+                        headers={"content-type": "application/json"})
+    assert (refused.status_code, refused.json()["error"]) == (413, "INVALID_REQUEST")
+
+
+@pytest.mark.parametrize("parts", [(b"a" * 5,), (b"a" * 3, b"b" * 5), (b"a" * 4, b"b" * 9)])
+def test_an_answer_is_cut_in_slices_of_the_slice_size(parts):
+    """docs/service.md, "Clients that do not read": an answer is written in slices of the
+    slice size (the last one shorter), its bytes unchanged: a client that stops reading
+    holds about one slice, so no slice is larger, whatever the parts' sizes."""
+    from services.api.slow_readers import slices
+
+    pieces = list(slices(parts, 4))
+    assert b"".join(pieces) == b"".join(parts)
+    assert all(len(piece) == 4 for piece in pieces[:-1]) and 0 < len(pieces[-1]) <= 4
