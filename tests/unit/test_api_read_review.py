@@ -360,3 +360,22 @@ def test_an_answer_is_cut_in_slices_of_the_slice_size(parts):
     pieces = list(slices(parts, 4))
     assert b"".join(pieces) == b"".join(parts)
     assert all(len(piece) == 4 for piece in pieces[:-1]) and 0 < len(pieces[-1]) <= 4
+
+
+def test_readiness_is_503_while_the_store_does_not_answer(monkeypatch):
+    """docs/gateway-protocol.md, section 8: ``/healthz`` (readiness) is 503 when the store does not
+    answer, so the API is taken out of service; liveness (``probe=live``) does not read
+    the store and stays 200."""
+    from tests.unit.test_api_http import Stack
+
+    stack = Stack()
+
+    def down(*args, **kwargs):
+        raise ConnectionError("store down")
+
+    monkeypatch.setattr(stack.store, "get_checkpoint", down)
+    for params in ({}, {"probe": "ready"}):
+        ready = stack.client.get("/healthz", params=params)
+        assert (ready.status_code, ready.json()["status"], ready.json()["store"]) == (
+            503, "degraded", False)
+    assert stack.client.get("/healthz", params={"probe": "live"}).status_code == 200
