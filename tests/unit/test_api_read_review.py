@@ -379,3 +379,21 @@ def test_readiness_is_503_while_the_store_does_not_answer(monkeypatch):
         assert (ready.status_code, ready.json()["status"], ready.json()["store"]) == (
             503, "degraded", False)
     assert stack.client.get("/healthz", params={"probe": "live"}).status_code == 200
+
+
+def test_a_store_outage_is_never_read_as_no_checkpoint():
+    """Fail closed: ``get_checkpoint`` answers None for a damaged row (the processor's
+    lookups treat it as absent), but a store that does not answer raises
+    ``StoreUnavailable``: read as "not promoted", a parent would be judged missing
+    during an outage instead of the turn being retried."""
+    from services.store.base import StoreOptions, StoreUnavailable
+    from services.store.memory import MemoryCheckpointStore
+
+    store = MemoryCheckpointStore(StoreOptions())
+
+    def down(tenant_id, response_id):
+        raise StoreUnavailable("store get_checkpoint: timed out", retryable=True)
+
+    store._located_checkpoint = down  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailable):
+        store.get_checkpoint("t1", "resp_1")
