@@ -15,7 +15,7 @@ import pytest
 
 from schemas.items import message
 from tests.unit.test_api_cache import NO_CACHE, CachingStack
-from tests.unit.test_api_http import uid
+from tests.unit.test_api_http import FP, uid
 
 
 def outcome(resp) -> tuple:
@@ -397,3 +397,96 @@ def test_a_store_outage_is_never_read_as_no_checkpoint():
     store._located_checkpoint = down  # type: ignore[method-assign]
     with pytest.raises(StoreUnavailable):
         store.get_checkpoint("t1", "resp_1")
+
+
+def test_a_full_answer_budget_is_a_retryable_503_over_http():
+    """docs/service.md, "The answer budget": no room within its wait is 503
+    ``UNAVAILABLE``, ``retryable: true`` (not a 500 of the service)."""
+    from services.api import answer_budget
+    from services.api.answer_budget import AnswerBudget
+    from services.api.service import RehydrationService
+    from tests.unit.test_api_http import FP, Stack
+
+    stack = Stack()
+    budget = AnswerBudget(1 << 20)
+    service = RehydrationService(stack.store, stack.ledger, stack.waiters, clock=stack.clock,
+                                 answers=budget)
+    client = stack.client_of(service)
+    tenant, conv = uid("tenant"), uid("conv")
+    rid = stack.promote(tenant, conv, 0, (message("one", item_id=uid("m")),))
+    budget.held = 4 << 20  # the budget full of other reads
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(answer_budget, "ROOM_WAIT_S", 0.05)
+        resp = client.get(f"/v1/responses/{rid}/history",
+                          params={"tenant_id": tenant, "fingerprint_hash": FP})
+    assert resp.status_code == 503
+    assert (resp.json()["error"], resp.json()["retryable"]) == ("UNAVAILABLE", True)
+
+
+def test_a_permanent_store_error_is_a_503_that_says_not_retryable(monkeypatch):
+    """docs/gateway-protocol.md, section 8: a store error is 503 ``UNAVAILABLE`` with
+    ``retryable`` as the store says (false for a refused statement: a missing schema)."""
+    from services.store.base import StoreUnavailable
+    from tests.unit.test_api_http import FP, Stack
+
+    stack = Stack()
+
+    def refused(*args, **kwargs):
+        raise StoreUnavailable("store read_history: unconfigured table", retryable=False)
+
+    monkeypatch.setattr(stack.store, "read_history", refused)
+    resp = stack.client.get("/v1/conversations/conv_1/history",
+                            params={"tenant_id": "t1", "fingerprint_hash": FP})
+    assert resp.status_code == 503
+    assert (resp.json()["error"], resp.json()["retryable"]) == ("UNAVAILABLE", False)
+
+
+def test_cache_control_no_store_reads_the_store_like_no_cache():
+    """docs/service.md: a ``Cache-Control`` with ``no-cache`` or ``no-store`` reads and
+    verifies the whole history."""
+    stack = CachingStack()
+    tenant, conv = uid("tenant"), uid("conv")
+    rid = stack.promote(tenant, conv, 0, (message("one", item_id=uid("m")),))
+    assert stack.history(tenant, rid).status_code == 200  # cached
+    for header in ("no-store", "max-age=0, No-Store"):
+        resp, reads = stack.reads_during(lambda h=header: stack.client.get(
+            f"/v1/responses/{rid}/history", headers={"Cache-Control": h},
+            params={"tenant_id": tenant, "fingerprint_hash": FP}))
+        assert resp.status_code == 200 and reads.get("read_history") == 1, (header, reads)
+
+
+def test_a_completion_whose_digest_is_not_its_contents_is_refused_422():
+    """docs/gateway-protocol.md, effect claims: an output is recorded only if it is one
+    a turn could carry; a ``content_digest`` that is not the sha256 of ``content`` is
+    422 ``INVALID_REQUEST`` and nothing is recorded."""
+    from tests.unit.test_api_body_limit import api, claim, completion
+
+    http = api()
+    effect_id, token = claim(http)
+    body = completion(token, "ok")
+    body["output"]["content_digest"] = "0" * 64
+    refused = http.post(f"/v1/effects/claims/{effect_id}/complete", json=body)
+    assert (refused.status_code, refused.json()["error"]) == (422, "INVALID_REQUEST")
+    done = http.post(f"/v1/effects/claims/{effect_id}/complete", json=completion(token, "ok"))
+    assert done.json()["state"] == "COMPLETED"
+
+
+def test_a_claim_naming_another_effect_id_is_refused_409():
+    """docs/gateway-protocol.md, effect claims: ``effect_id`` in a claim's body is the
+    key the caller computed; refused 409 ``EFFECT_KEY_MISMATCH`` if it differs from the
+    server's (another occurrence's id here), nothing claimed."""
+    import hashlib
+    import uuid
+
+    from tests.unit.test_api_body_limit import KEYS, api, claim
+
+    http = api()
+    effect_id, _ = claim(http)
+    body = {**KEYS, "attempt": 1, "subturn_index": 0, "tool_name": "send_email",
+            "occurrence": 1, "arguments_digest": hashlib.sha256(b"{}").hexdigest(),
+            "call_id": "call_1", "token": uuid.uuid4().hex, "lease_ms": 30_000,
+            "policy": "at_most_once", "effect_id": effect_id}
+    refused = http.post("/v1/effects/claims", json=body)
+    assert (refused.status_code, refused.json()["error"]) == (409, "EFFECT_KEY_MISMATCH")
+    del body["effect_id"]
+    assert http.post("/v1/effects/claims", json=body).json()["state"] == "CLAIMED"
