@@ -103,6 +103,21 @@ class _DroppingLoads:
             items={k: v for k, v in snapshot.items.items() if k != self.dropped})
 
 
+class _DamagingLoads(_DroppingLoads):
+    """``_DroppingLoads`` that keep the turn and read its first item's content changed
+    (its digest no longer matches: ``CORRUPT_HISTORY``) for the first ``gaps`` calls."""
+
+    def _without(self, snapshot):
+        self.calls += 1
+        if snapshot is None or self.calls > self.gaps:
+            return snapshot
+        items = dict(snapshot.items)
+        stored = items[self.dropped]
+        items[self.dropped] = dataclasses.replace(
+            stored, contents=(b'{"x":1}', *stored.contents[1:]))
+        return dataclasses.replace(snapshot, items=items)
+
+
 class StoreContract:
     """Behaviour shared by every backend. Ids are unique per test: no cleanup needed."""
 
@@ -747,6 +762,23 @@ class StoreContract:
         result = asyncio.run(store.read_history_async(tenant, conversation_id=conv))
         assert isinstance(result, VerifiedHistory), result
         assert [c.response_id for c in result.lineage] == [parent, child]
+        assert loads.calls == 2
+
+    def test_a_damaged_read_seen_once_is_read_again(self, store, tenant, caplog):
+        """``CORRUPT_HISTORY`` is decided from two reads too (``CONFIRMED_FAILURES``): a
+        read that saw a turn's items damaged once is made again and its answer stands
+        (a mutation review, session 43: only the lineage gap was held to it)."""
+        conv, parent, child = self._two_turns(store, tenant)
+        loads = _DamagingLoads(store, child, gaps=1)
+        result = store.read_history(tenant, response_id=child, partition_key=conv)
+        assert isinstance(result, VerifiedHistory), result
+        assert loads.calls == 2
+        [warning] = [r for r in caplog.records if "did not agree" in r.getMessage()]
+        assert warning.ctx["first"].startswith("CORRUPT_HISTORY")
+
+        loads = _DamagingLoads(store, child, gaps=1)
+        result = asyncio.run(store.read_history_async(tenant, conversation_id=conv))
+        assert isinstance(result, VerifiedHistory), result
         assert loads.calls == 2
 
     def test_a_gap_both_reads_see_is_missing_history(self, store, tenant):

@@ -405,3 +405,21 @@ def test_a_head_rolled_back_onto_an_earlier_turn_is_not_built_on_by_a_store_that
             store.promote(conversation_turn(tenant, conv, expected))
     snapshot = store._load_partition(tenant, conv)
     assert sorted(c.seq for c in snapshot.checkpoints.values()) == [1, 2, 3]
+
+
+def test_a_checkpoint_row_filed_under_another_response_id_is_damage(
+    store, store_session, conversation
+):
+    """A checkpoint row whose ``response_id`` cell names another response than the row it
+    is filed under is damage: the status endpoint's read raises ``CorruptPartition``
+    (answered 500 ``CORRUPT_HISTORY``), never another response's checkpoint as this
+    one's (a mutation review, session 43: no test held the check)."""
+    from services.store.base import CorruptPartition
+
+    tenant, conv, rids = conversation
+    cql(store_session,
+        f"UPDATE turns SET response_id = %s {WHERE} AND kind = 'checkpoint' AND ref = %s",
+        rids[0], tenant, conv, rids[1])
+    with pytest.raises(CorruptPartition):
+        store.read_checkpoint(tenant, rids[1])
+    assert store.read_checkpoint(tenant, rids[0]).response_id == rids[0]

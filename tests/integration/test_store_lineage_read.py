@@ -256,16 +256,19 @@ def test_a_chain_asked_for_as_a_conversation_reads_no_items_again(recorded, fork
                                          else [recorded.store.cql.select_structure])
 
 
-def test_a_conversation_found_where_none_was_is_read_whole(recorded, store_session):
+@pytest.mark.parametrize("awaited", [False, True], ids=["blocking", "event loop"])
+def test_a_conversation_found_where_none_was_is_read_whole(recorded, store_session, awaited):
     """The structure says a Conversation is there after all (its id is also a chain's
-    root id, and a turn of it was promoted since): the whole read decides, as always."""
+    root id, and a turn of it was promoted since): the whole read decides, as always,
+    on the event loop's reads (the API's) too (a mutation review, session 43: only the
+    blocking read was held to it)."""
     tenant, shared = uid("tenant"), uid("shared")
     recorded.store.promote(chain_turn(tenant, shared, shared, None))
-    assert recorded.read(tenant, False, conversation_id=shared).reason is (
+    assert recorded.read(tenant, awaited, conversation_id=shared).reason is (
         HistoryFailureReason.NOT_FOUND)
     turn = conversation_turn(tenant, shared, 0)
     recorded.store.promote(turn)
-    history = recorded.read(tenant, False, conversation_id=shared)
+    history = recorded.read(tenant, awaited, conversation_id=shared)
     assert isinstance(history, VerifiedHistory), history
     assert history.checkpoint.response_id == turn.response_id
     assert recorded.statements() == [recorded.store.cql.select_structure,
