@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from tests.contract.store_support import create_store_keyspace
+from tests.contract.store_support import create_store_keyspace, migrated_keyspace
 
 
 @pytest.fixture(scope="session")
@@ -22,12 +22,4 @@ def store_session(cassandra_cluster, settings):
 def ledger_session(cassandra_cluster, settings):
     """A session on a keyspace of its own with every migration applied (the ledger's
     tables, at the schema this tree defines)."""
-    from dataclasses import replace
-
-    from infra.migrate import apply_migrations
-
-    keyspace = f"ledger_contract_{uuid.uuid4().hex[:8]}"
-    apply_migrations(cassandra_cluster, replace(settings, keyspace=keyspace))
-    session = cassandra_cluster.connect(keyspace)
-    yield session
-    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+    yield from migrated_keyspace(cassandra_cluster, settings, "ledger_contract")

@@ -151,6 +151,21 @@ def create_store_keyspace(cluster, keyspace: str, replication: str):
     return session
 
 
+def migrated_keyspace(cluster, settings, prefix: str):
+    """A session on a new keyspace (``prefix`` + random) with every migration applied,
+    the tables at the schema this tree defines; the keyspace is dropped after. For a
+    fixture: ``yield from migrated_keyspace(...)``."""
+    from dataclasses import replace
+
+    from infra.migrate import apply_migrations
+
+    keyspace = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    apply_migrations(cluster, replace(settings, keyspace=keyspace))
+    session = cluster.connect(keyspace)
+    yield session
+    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+
+
 def migration_statements() -> list[str]:
     """The store's migrations, split exactly the way `ratchet migrate` splits them."""
     from infra.migrate import split_statements

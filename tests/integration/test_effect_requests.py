@@ -14,8 +14,6 @@ decided nothing (docs/decisions.md, "The effect path's requests counted"):
 from __future__ import annotations
 
 import re
-import uuid
-from dataclasses import replace
 
 import pytest
 from cassandra import ConsistencyLevel
@@ -27,7 +25,7 @@ from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
 from streams.processor import PromotionProcessor
 from streams.tail_cache import TailCache
-from tests.contract.store_support import uid
+from tests.contract.store_support import migrated_keyspace, uid
 from tests.contract.test_ledger_contract import NOW, claim_request, effect, output_for
 from tests.unit.test_processor_rules import TOPICS, PickleCodec, raw_record
 
@@ -39,13 +37,7 @@ SERIAL = (ConsistencyLevel.SERIAL, ConsistencyLevel.LOCAL_SERIAL)
 @pytest.fixture(scope="module")
 def ledger_session(cassandra_cluster, settings):
     """A keyspace of its own with every migration applied (store and ledger tables)."""
-    from infra.migrate import apply_migrations
-
-    keyspace = f"effect_requests_{uuid.uuid4().hex[:8]}"
-    apply_migrations(cassandra_cluster, replace(settings, keyspace=keyspace))
-    session = cassandra_cluster.connect(keyspace)
-    yield session
-    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+    yield from migrated_keyspace(cassandra_cluster, settings, "effect_requests")
 
 
 class RecordingSession:

@@ -10,16 +10,13 @@ twice).
 
 from __future__ import annotations
 
-import uuid
-from dataclasses import replace
-
 import pytest
 from cassandra import ConsistencyLevel
 
 from ratchet.domain.claims import ClaimState, CompletionState, EffectPolicy
 from services.ledger.base import Cancellation, Decision, EffectWrite, LedgerUnavailable
 from services.ledger.cassandra import CassandraLedger
-from tests.contract.store_support import uid
+from tests.contract.store_support import migrated_keyspace, uid
 from tests.contract.test_ledger_contract import LEASE, NOW, claim_request, effect, output_for
 from tests.integration.flaky_session import (
     UNKNOWN_OUTCOMES,
@@ -37,13 +34,7 @@ ERRORS = UNKNOWN_OUTCOMES
 @pytest.fixture(scope="module")
 def ledger_session(cassandra_cluster, settings):
     """A keyspace of its own with every migration applied (the ledger's tables)."""
-    from infra.migrate import apply_migrations
-
-    keyspace = f"ledger_lwt_{uuid.uuid4().hex[:8]}"
-    apply_migrations(cassandra_cluster, replace(settings, keyspace=keyspace))
-    session = cassandra_cluster.connect(keyspace)
-    yield session
-    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+    yield from migrated_keyspace(cassandra_cluster, settings, "ledger_lwt")
 
 
 INSERT_EFFECT = query("'effect', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, false, ?) IF NOT EXISTS")

@@ -29,23 +29,7 @@ def test_a_parent_evicted_during_a_one_row_extension_is_not_read_on_the_loop():
     expected = stack.fresh(tenant, third).content
     stack.cache.discard(tenant, third)  # the fresh read cached it: a miss again
 
-    blocking_on_loop: list[tuple] = []
-    read_turn = stack.store.read_turn
-
-    def watched_read_turn(*args):
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass  # a worker thread: where the blocking driver belongs
-        else:
-            blocking_on_loop.append(args)
-        return read_turn(*args)
-
-    async def read_turn_async(*args):  # the async driver's read: never blocks
-        return read_turn(*args)
-
-    stack.store.read_turn = watched_read_turn
-    stack.store.read_turn_async = read_turn_async
+    blocking_on_loop = blocking_reads_on_the_loop(stack.store)
 
     cache_get = stack.cache.get
     looks = []
@@ -62,3 +46,27 @@ def test_a_parent_evicted_during_a_one_row_extension_is_not_read_on_the_loop():
     assert len(looks) >= 2, "the scenario did not reach the extension"
     assert resp.status_code == 200 and resp.content == expected
     assert blocking_on_loop == []
+
+
+def blocking_reads_on_the_loop(store) -> list[tuple]:
+    """Watches ``store``'s row reads: the list fills with the arguments of every read
+    made with the blocking driver on an event loop (the async driver's read is given
+    the same rows and never blocks)."""
+    blocking_on_loop: list[tuple] = []
+    read_turn = store.read_turn
+
+    def watched_read_turn(*args):
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass  # a worker thread: where the blocking driver belongs
+        else:
+            blocking_on_loop.append(args)
+        return read_turn(*args)
+
+    async def read_turn_async(*args):  # the async driver's read: never blocks
+        return read_turn(*args)
+
+    store.read_turn = watched_read_turn
+    store.read_turn_async = read_turn_async
+    return blocking_on_loop

@@ -15,6 +15,7 @@ import pytest
 
 from schemas.items import message
 from tests.unit.test_api_cache import NO_CACHE, CachingStack
+from tests.unit.test_api_extension_race import blocking_reads_on_the_loop
 from tests.unit.test_api_http import FP, uid
 
 
@@ -100,23 +101,7 @@ def test_a_turn_below_its_conversations_head_is_extended_off_the_loop():
     expected = stack.fresh(tenant, r2).content
     stack.cache.discard(tenant, r2)
 
-    blocking_on_loop: list[tuple] = []
-    read_turn = stack.store.read_turn
-
-    def watched_read_turn(*args):
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass  # a worker thread: where the blocking driver belongs
-        else:
-            blocking_on_loop.append(args)
-        return read_turn(*args)
-
-    async def read_turn_async(*args):  # the async driver's read: never blocks
-        return read_turn(*args)
-
-    stack.store.read_turn = watched_read_turn
-    stack.store.read_turn_async = read_turn_async
+    blocking_on_loop = blocking_reads_on_the_loop(stack.store)
     resp = stack.history(tenant, r2, partition_key=conv)
     assert (resp.status_code, resp.content) == (200, expected)
     assert blocking_on_loop == []

@@ -10,6 +10,20 @@ import asyncio
 from streams.lanes import PartitionLanes
 
 
+def _acks_at_each_commit(w) -> list[list]:
+    """The acks the lanes had made at each commit the worker's consumer was asked for
+    (filled as the commits come)."""
+    noted: list[list] = []
+    commit = w.consumer.commit
+
+    async def noting(*a, **k):
+        noted.append(list(w.acks))
+        return await commit(*a, **k)
+
+    w.consumer.commit = noting
+    return noted
+
+
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 10))
 
@@ -337,14 +351,7 @@ def test_what_a_revoked_lane_acks_during_its_grace_is_committed(tmp_path, monkey
 
     async def scenario():
         w = build(tmp_path, monkeypatch, gate=lambda record: release.wait(), grace_s=5.0)
-        acked_at_commit: list[list] = []
-        commit = w.consumer.commit
-
-        async def noting(*a, **k):
-            acked_at_commit.append(list(w.acks))
-            return await commit(*a, **k)
-
-        w.consumer.commit = noting
+        acked_at_commit = _acks_at_each_commit(w)
         task = dispatch_task(w)
         await w.stream.queue.put(w.event(turn, 0))
         while not w.handled:
@@ -576,14 +583,7 @@ def test_a_shutdown_commits_what_the_lanes_acked_and_removes_the_health_file(
         w = build(tmp_path, monkeypatch, gate=lambda record: release.wait(), grace_s=5.0)
         w.runtime.health = Health(health_path(tmp_path))
         w.runtime.health.write()
-        acked_at_commit: list[list] = []
-        commit = w.consumer.commit
-
-        async def noting(*a, **k):
-            acked_at_commit.append(list(w.acks))
-            return await commit(*a, **k)
-
-        w.consumer.commit = noting
+        acked_at_commit = _acks_at_each_commit(w)
         task = dispatch_task(w)
         await w.stream.queue.put(w.event(turn, 0))
         while not w.handled:
