@@ -122,7 +122,7 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         broker_session_timeout=10.0,
         broker_heartbeat_interval=2.0,
         # Faust must not wait for "all streams empty" on rebalance/stop: events queued
-        # in lanes are tracked but intentionally dropped unacked (see on_revoked).
+        # in lanes are tracked but intentionally dropped unacked (see settle_revoked).
         stream_wait_empty=False,
         # Records fetched but not yet dispatched to the lanes: the lanes are the worker's
         # buffer (bounded in events and bytes, RATCHET_LANE_MAX_BYTES), this is only the
@@ -225,9 +225,11 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
     def ours(tps: set[TP]) -> list[int]:
         return sorted(tp.partition for tp in tps if tp.topic == gateway_events.get_topic_name())
 
-    @app.on_partitions_revoked.connect
-    async def on_revoked(_app: faust.App, revoked: set[TP], **_: object) -> None:
-        """Finish in-flight events of revoked partitions, drop the queued ones, commit."""
+    async def settle_revoked(revoked: set[TP]) -> None:
+        """Finish in-flight events of revoked partitions, drop the queued ones. Called by
+        the consumer before Faust forgets the partitions' acks, which it then commits
+        (``streams/consumer_loop.py``, ``_SettleBeforeRevoke``): nothing of them is
+        acked after this, so nothing acked is lost to the revocation."""
         log.info("partitions revoked: %s (lanes with queued events: %s)", ours(revoked),
                  {tp.partition: lanes.depth(tp) for tp in lanes.keys if lanes.depth(tp)})
         for tp in revoked:
@@ -237,7 +239,8 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         # Every revoked partition is closed, with a lane or not: a record of it still in
         # the stream is not ours to decide.
         await lanes.stop(revoked, grace_s=shutdown_grace_s)
-        await commit_acked(app.consumer)
+
+    app.settle_revoked = settle_revoked
 
     @app.on_partitions_assigned.connect
     async def on_assigned(_app: faust.App, assigned: set[TP], **_: object) -> None:

@@ -215,18 +215,25 @@ async def commit_acked(consumer: Any) -> None:
         await consumer.commit()
 
 
-class _CommitBeforeRevoke:
-    """Commit what the lanes acked before Faust forgets it on a revocation.
+class _SettleBeforeRevoke:
+    """Settle the revoked partitions and commit their acks before Faust forgets them.
 
     Faust's ``Consumer.on_partitions_revoked`` drops its acks of the revoked partitions
-    before the app's revoke handler runs (whose commit then has only what the lanes ack
-    during its grace, ``streams/app.py``): every event finished since the last periodic
+    before the app's revoke handler runs: every event finished since the last periodic
     commit was handled again by the partition's next owner, its outcomes published
-    twice, on every rebalance (an eager one revokes every partition). Committed here
-    first, still in the old generation (``commit_acked``;
-    ``tests/unit/test_commit_before_revoke.py``)."""
+    twice, on every rebalance (an eager one revokes every partition). Session 42
+    committed first, here, with the lanes still running: an event acked while that
+    commit was on its way to the broker was dropped all the same (CI, session 43: two
+    outcomes published twice across one rebalance on a loaded machine). So the app's
+    ``settle_revoked`` runs first (its lanes finish the events in flight and drop the
+    queued ones: nothing of those partitions is acked after it), then everything acked
+    is committed, still in the old generation (``commit_acked``), and only then does
+    Faust forget (``tests/unit/test_commit_before_revoke.py``)."""
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
+        settle = getattr(self.app, "settle_revoked", None)
+        if settle is not None:
+            await settle(revoked)
         try:
             await commit_acked(self)
         except Exception as exc:  # the broker away: the next owner re-reads them
@@ -234,13 +241,13 @@ class _CommitBeforeRevoke:
         await super().on_partitions_revoked(revoked)  # type: ignore[misc]
 
 
-class _LoopConsumer(_CommitBeforeRevoke, _ParkingSupport, faust_aiokafka.Consumer):
+class _LoopConsumer(_SettleBeforeRevoke, _ParkingSupport, faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerOnLoop(self, loop=self.loop, thread_loop=self.loop,
                                Worker=_LoopTask, beacon=self.beacon)
 
 
-class _ThreadConsumer(_CommitBeforeRevoke, _ParkingSupport, faust_aiokafka.Consumer):
+class _ThreadConsumer(_SettleBeforeRevoke, _ParkingSupport, faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _BatchedFetches(self, loop=self.loop, beacon=self.beacon)
 
@@ -258,6 +265,9 @@ class WorkerApp(faust.App):
     before the worker starts; 0: Faust's own fetches), in Faust's consumer thread."""
 
     fetch_wait_ms: int = 0
+    # Called by the consumer on a revocation before anything else of it (see
+    # ``_SettleBeforeRevoke``): ``await settle_revoked(revoked_partitions)``.
+    settle_revoked: Callable[[Any], Awaitable[None]] | None = None
 
     def _new_transport(self) -> faust_aiokafka.Transport:
         return _ThreadTransport(self.conf.broker_consumer, self)

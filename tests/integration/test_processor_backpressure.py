@@ -154,8 +154,10 @@ def test_a_worker_joining_the_group_costs_no_outcome_published_twice(settings, t
     is revoked (an eager rebalance). What its lanes had acked since the last periodic
     commit was dropped by Faust before the revoke handler's commit, and the partitions'
     next owners handled those events again: their outcomes published twice. Committed
-    before the revocation now (``streams/consumer_loop.py``, ``_CommitBeforeRevoke``).
-    (An outside review of the worker across rebalances, session 42.)"""
+    before the revocation since session 42, and since session 44 after the revoked lanes
+    are settled: an event acked while that commit was on its way was still dropped
+    (``streams/consumer_loop.py``, ``_SettleBeforeRevoke``). (An outside review of the
+    worker across rebalances, session 42.)"""
     rig = Rig(isolated_settings(settings, "join", partitions=4, home=tmp_path / "home"))
     first = rig.worker(tmp_path, "first")
     second = None

@@ -18,6 +18,7 @@ from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
 from streams import app as app_module
 from streams.app import Runtime, create_app
+from streams.consumer_loop import commit_acked
 from streams.health import Health
 from streams.lanes import PartitionLanes
 from streams.processor import PromotionProcessor
@@ -110,7 +111,10 @@ class World:
         return Ev(Msg(TOPIC, partition, offset, kafka_key(model), pickle.dumps(model)), self.acks)
 
     async def revoke(self, *partitions: int) -> None:
-        await self.app.on_partitions_revoked.send({TP(TOPIC, p) for p in partitions})
+        """What the worker's consumer does on a revocation before Faust forgets the
+        partitions' acks (``streams/consumer_loop.py``, ``_SettleBeforeRevoke``)."""
+        await self.app.settle_revoked({TP(TOPIC, p) for p in partitions})
+        await commit_acked(self.app.consumer)
 
     def outcomes(self, response_id: str) -> list:
         return [m for _t, _k, m in self.producer.sent

@@ -2,7 +2,7 @@
 
 Faust's ``Consumer.on_partitions_revoked`` drops its acks of the revoked partitions
 (``_acked``) before the app's revoke handler runs: the handler's commit
-(``streams/app.py``, ``on_revoked``) then commits only what the lanes ack during the
+(``streams/app.py``, then ``on_revoked``) committed only what the lanes ack during the
 grace. Every event finished since the last periodic commit (``broker_commit_interval``,
 1 s) was handled again by the partition's next owner, and its outcomes published twice:
 on every rebalance, for every partition (an eager rebalance revokes them all, also the
@@ -91,3 +91,51 @@ def test_acks_are_committed_when_a_periodic_commit_is_in_flight(tmp_path, monkey
 
     committed = asyncio.run(asyncio.wait_for(check(), 10))
     assert committed.get(TP("events", 0)) == 1, committed
+
+
+@pytest.mark.parametrize("cls", [LoopConsumerApp, WorkerApp])
+def test_an_ack_that_lands_while_the_commit_is_on_its_way_is_committed(tmp_path, monkeypatch,
+                                                                      cls):
+    """The lanes go on finishing events while the commit before the revocation waits
+    for the broker. Committed before the lanes were settled (session 42), an event acked
+    during that round trip was forgotten by Faust right after it, and the next owner
+    published its outcome again (CI, session 43: 2 outcomes twice across one rebalance).
+    Now the app's ``settle_revoked`` runs first: its lanes finish what is in flight and
+    ack nothing after it, and then everything acked is committed."""
+
+    async def check() -> tuple[dict, int]:
+        consumer, committed = _recording_consumer(cls, "unit-ack-during-commit",
+                                                  tmp_path, monkeypatch)
+        lane = {"next": 3, "running": True}
+
+        def finish_one():  # an event of the partition handled to the end: acked
+            consumer.ack(Message("events", 0, lane["next"], 0.0, 0, None, b"k", b"v", None))
+            lane["next"] += 1
+
+        async def commit(offsets):  # the round trip to the broker: the lane goes on
+            await asyncio.sleep(0)
+            if lane["running"]:
+                finish_one()
+            committed.update(offsets)
+            return True
+
+        async def settle_revoked(revoked):  # the event in flight finishes, then no more
+            finish_one()
+            lane["running"] = False
+
+        async def app_revoke_handler(revoked):
+            return None
+
+        monkeypatch.setattr(consumer, "_commit", commit)
+        monkeypatch.setattr(consumer, "_on_partitions_revoked", app_revoke_handler)
+        monkeypatch.setattr(consumer.app, "settle_revoked", settle_revoked, raising=False)
+        for offset in range(3):
+            consumer.ack(Message("events", 0, offset, 0.0, 0, None, b"k", b"v", None))
+        await consumer.on_partitions_revoked({TP("events", 0)})
+        return committed, lane["next"]
+
+    committed, acked_up_to = asyncio.run(asyncio.wait_for(check(), 10))
+    assert committed.get(TP("events", 0)) == acked_up_to, (
+        f"offsets 0-{acked_up_to - 1} were acked by the end of the revocation; committed: "
+        f"{committed}: the next owner handles the rest again and publishes their outcomes "
+        "twice")
