@@ -74,6 +74,16 @@ NOTIFIER_LAG = Gauge(
 NOTIFIER_UP = Gauge(
     "ratchet_api_notifier_up", "1 while the decision consumer is assigned and polling."
 )
+NOTIFIER_RESTARTS = Counter(
+    "ratchet_api_notifier_restarts_total",
+    "Restarts of the decision consumer, by cause (topics_changed).",
+    ["cause"],
+)
+NOTIFIER_RESTART_DELAY = Gauge(
+    "ratchet_api_notifier_restart_delay_seconds",
+    "The delay before the decision consumer's last restart for changed topics "
+    "(0: at once; grows with restarts in a row, bounded, jittered).",
+)
 STORE_ERRORS = Counter(
     "ratchet_api_store_errors_total",
     "Store reads that raised (infrastructure failure, answered 503).",
