@@ -420,23 +420,13 @@ class RehydrationService:
         self,
         key: tuple[str, ...],
         read: Callable[[], Awaitable[Answer]],
-        absent: Callable[[], Awaitable[Answer | None]] | None = None,
         learn_as: Callable[[Answer], tuple[str, ...]] | None = None,
     ) -> Answer:
         """``read`` (a full read) once the answer budget has room for what it will cost;
         its answer then holds its own bytes until written (answer_budget.py).
-
-        ``absent``: asked first when the read would have to wait for room; its answer
-        (a response promoted nowhere) is given at once. Why: a ``wait_ms`` request's
-        last look at its deadline, or a poll before promotion, would otherwise wait the
-        budget's 5 s and answer 503 where there is nothing to read (409 or 404).
         ``learn_as``: the key the answer's cost is learned under (None: ``key``)."""
         if self._answers is None:
             return await read()
-        if absent is not None and not self._answers.has_room(key):
-            answer = await absent()
-            if answer is not None:
-                return answer
         reservation = await self._answers.reserve(key)
         try:
             answer = await read()
@@ -849,8 +839,9 @@ class RehydrationService:
         and rendering are CPU work the thread pool would not run any sooner).
 
         Its cost in the answer budget is learned per partition when the partition is
-        known (verified here, or the caller's hint: a wrong hint only misjudges the
-        cost): a response id is new each turn, so learned per response a Conversation's
+        known (verified here, or the caller's hint; a read that would wait for room first
+        finds where the response is, so a wrong hint misjudges a cost only where there
+        is room for it): a response id is new each turn, so learned per response a Conversation's
         every read was a lookup not read yet, reserving an eighth of the budget whatever
         its size; the partition's last answer is the next one's best guess. What it cost
         is learned under the partition the history was read from: a wrong hint must not
@@ -859,6 +850,19 @@ class RehydrationService:
         wrong hint, made that Conversation's reads wait and answer 503)."""
         key = (("response", tenant_id, response_id) if partition_key is None
                else ("partition", tenant_id, partition_key))
+        if self._answers is not None and not self._answers.has_room(key):
+            # It would wait: first where the response is (the reads a poll before its
+            # promotion needs anyway). Promoted nowhere: answered at once, where it
+            # waited the budget's 5 s and answered 503 (409 or 404 is the answer).
+            # Found in another partition than the hint names (a wrong hint): it waits
+            # for that partition's cost and reads there first. Before, a wrong
+            # hint naming a large partition made a small history's read wait for the
+            # large one's cost and answer 503 (left open in session 43; session 44).
+            found = await self._promoted_where(tenant_id, response_id, partition_key)
+            if isinstance(found, Answer):
+                return found
+            if partition_key is not None and found is not None and found != partition_key:
+                partition_key, key = found, ("partition", tenant_id, found)
 
         def learn_as(answer: Answer) -> tuple[str, ...]:
             if partition_key is None or answer.partition_key is None:
@@ -869,13 +873,13 @@ class RehydrationService:
             key,
             lambda: self._read_response_now(
                 tenant_id, response_id, fingerprint_hash, partition_key),
-            absent=lambda: self._promoted_nowhere(tenant_id, response_id, partition_key),
             learn_as=learn_as,
         )
 
-    async def _promoted_nowhere(self, tenant_id: str, response_id: str,
-                                partition_key: str | None) -> Answer | None:
-        """The answer for a response promoted nowhere, else None (a full read decides).
+    async def _promoted_where(self, tenant_id: str, response_id: str,
+                              partition_key: str | None) -> Answer | str | None:
+        """The answer for a response promoted nowhere; else the partition its turn row
+        was found in; else None (a full read decides).
 
         Promoted nowhere: its turn row is neither where its claim says nor in the
         partition the caller named (a response promoted before migration 007 has no
@@ -887,7 +891,7 @@ class RehydrationService:
             located = await self._store.locate_async(tenant_id, response_id)
             for where in dict.fromkeys(p for p in (located, partition_key) if p is not None):
                 if await self._store.read_turn_async(tenant_id, where, response_id) is not None:
-                    return None
+                    return where
             if located is not None and await self._store.turn_lost_async(
                 tenant_id, response_id, located
             ):

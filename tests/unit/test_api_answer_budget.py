@@ -502,3 +502,72 @@ def test_a_wrong_partition_hint_does_not_teach_that_partition_another_histories_
         blocker.release()
         assert budget.held == 0
     asyncio.run(run())
+
+
+def _wrong_hint_world(stack: Stack) -> tuple[str, str, str, str]:
+    """A large history in one Conversation, and a small response in another: the
+    tenant, the large Conversation, the small response and its Conversation."""
+    tenant, big = _big_history(stack)
+    big_conv = stack.store.get_checkpoint(tenant, big).partition_key
+    small_conv = uid("conv")
+    small = stack.promote(tenant, small_conv, 0, (message("small", item_id=uid("msg")),))
+    return tenant, big_conv, small, small_conv
+
+
+async def _honest_reads_beside_a_held_mib(service, budget, tenant, small, hint) -> list:
+    """Two reads of ``small`` with the (wrong) ``hint``, 1 MiB of a 3 MiB budget held,
+    the second once the response's location was learned by the first."""
+    blocker = await budget.reserve(("response", "other", "r"))
+    budget.resize(blocker, MB)
+    outcomes = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(answer_budget, "ROOM_WAIT_S", 0.05)
+        for _ in range(2):
+            try:
+                answer = await service.response_history(tenant, small, FP, 0, partition_key=hint,
+                                                        use_cache=False)
+            except AnswersBusy:
+                outcomes.append("503")
+                continue
+            outcomes.append(answer.outcome)
+            await _written(answer)
+    blocker.release()
+    assert budget.held == 0
+    return outcomes
+
+
+def test_a_wrong_hint_does_not_make_a_small_read_wait_for_the_hinted_partitions_cost():
+    """A read of a small history whose ``partition_key`` hint names a large partition
+    (its cost learned: 2 x 1.2 MiB) beside 1 MiB held in a 3 MiB budget: it reserves
+    its own partition's cost and is answered. Before (left open in session 43), it
+    reserved the hinted partition's and answered 503, also once its location was
+    learned. The cache is off: nothing but the hint says where the response is."""
+    stack, budget, service = _uncached(3 * MB)
+    tenant, big_conv, small, _ = _wrong_hint_world(stack)
+
+    async def run():
+        big = stack.store.read_head(tenant, big_conv).response_id
+        await _written(await service.response_history(tenant, big, FP, 0,
+                                                      partition_key=big_conv))
+        assert budget._cost(("partition", tenant, big_conv)) > 2 * MB
+        return await _honest_reads_beside_a_held_mib(service, budget, tenant, small, big_conv)
+
+    assert asyncio.run(run()) == ["certified", "certified"]
+
+
+def test_a_wrong_hint_naming_a_partition_the_cache_cannot_extend_reserves_the_right_cost():
+    """The same with the cache on: the large history is too large for it (its partition
+    is not extendable, the hint not checked by a one-row read), and the reads bypass
+    it (``no-cache``) with the wrong hint."""
+    budget = AnswerBudget(3 * MB)
+    stack, service = _pinning_service(MB // 2, budget)
+    tenant, big_conv, small, _ = _wrong_hint_world(stack)
+
+    async def run():
+        big = stack.store.read_head(tenant, big_conv).response_id
+        await _written(await service.response_history(tenant, big, FP, 0,
+                                                      partition_key=big_conv))
+        assert not stack.cache.extendable(tenant, big_conv)
+        return await _honest_reads_beside_a_held_mib(service, budget, tenant, small, big_conv)
+
+    assert asyncio.run(run()) == ["certified", "certified"]
