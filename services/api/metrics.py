@@ -84,6 +84,12 @@ NOTIFIER_RESTART_DELAY = Gauge(
     "The delay before the decision consumer's last restart for changed topics "
     "(0: at once; grows with restarts in a row, bounded, jittered).",
 )
+SHARED_READS = Counter(
+    "ratchet_api_shared_reads_total",
+    "Full reads by requests for a history, by kind (response, conversation): read "
+    "(a store read made) or joined (another request's read shared; flights.py).",
+    ["kind", "result"],
+)
 STORE_ERRORS = Counter(
     "ratchet_api_store_errors_total",
     "Store reads that raised (infrastructure failure, answered 503).",

@@ -45,6 +45,7 @@ from ratchet.metric_children import child
 from services.api import metrics
 from services.api.answer_budget import AnswerBudget, Pin, Reservation
 from services.api.cache import CachedHistory, HistoryCache
+from services.api.flights import SingleFlight
 from services.api.models import FAILURE_HTTP_STATUS, HistoryBody, StatusBody
 from services.api.render import (
     RenderedHistory,
@@ -135,6 +136,7 @@ class RehydrationService:
         self._cache = cache if cache is not None and cache.enabled else None
         if self._cache is not None and answers is not None:
             self._cache.on_evict = answers.evicted  # see _pinned
+        self._response_reads: SingleFlight[_Loaded] = SingleFlight("response")
 
     # -- endpoints -----------------------------------------------------------------------
 
@@ -907,22 +909,44 @@ class RehydrationService:
         fingerprint_hash: str,
         partition_key: str | None,
     ) -> Answer:
+        """The full read, shared with the concurrent requests for the same response
+        (``flights.py``: one read, begun after each of them arrived); each request
+        answers from it with its own fingerprint."""
+        loaded = await self._response_reads.run(
+            (tenant_id, response_id),
+            lambda: self._load_response(tenant_id, response_id, partition_key))
+        return self._answer(loaded, fingerprint_hash, "response")
+
+    async def _load_response(
+        self, tenant_id: str, response_id: str, partition_key: str | None
+    ) -> _Loaded:
         now = self._clock()
         history = await self._store.read_history_async(
             tenant_id, response_id=response_id, now=now, partition_key=partition_key
         )
         if isinstance(history, HistoryFailure) and history.reason is HistoryFailureReason.NOT_FOUND:
-            return await self._absent(tenant_id, response_id, history)
-        return self._decide(history, fingerprint_hash, now, "response")
+            rejected = await self._rejection(tenant_id, response_id)
+            return _Loaded(history, None, now,
+                           None if rejected is None else (response_id, rejected))
+        return self._loaded(history, now)
 
     async def _absent(self, tenant_id: str, response_id: str, history: HistoryFailure) -> Answer:
         """A response promoted nowhere: NOT_PROMOTED if the ledger recorded its
         rejection, else the NOT_FOUND failure (pending, for a waiting request)."""
-        if self._ledger is not None:
-            recorded = await self._ledger.status_async(tenant_id, response_id)
-            if recorded.status is ResponseState.REJECTED:
-                return _not_promoted(response_id, f"rejected: {recorded.reason}")
+        rejected = await self._rejection(tenant_id, response_id)
+        if rejected is not None:
+            return _not_promoted(response_id, rejected)
         return self._failure(history, "response")
+
+    async def _rejection(self, tenant_id: str, response_id: str) -> str | None:
+        """The detail of the response's recorded rejection (``rejected: <reason>``), or
+        None: not recorded (or no ledger)."""
+        if self._ledger is None:
+            return None
+        recorded = await self._ledger.status_async(tenant_id, response_id)
+        if recorded.status is ResponseState.REJECTED:
+            return f"rejected: {recorded.reason}"
+        return None
 
     def _decide(
         self,
@@ -931,19 +955,34 @@ class RehydrationService:
         now: datetime,
         endpoint: str,
     ) -> Answer:
+        return self._answer(self._loaded(history, now), fingerprint_hash, endpoint)
+
+    def _loaded(self, history: VerifiedHistory | HistoryFailure, now: datetime) -> _Loaded:
+        """A history read: rendered and cached once, whoever shares the read."""
         if isinstance(history, HistoryFailure):
             self._remember_expired(history)
-            return self._failure(history, endpoint)
+            return _Loaded(history, None, now)
         rendered = render_history(history)
+        if isinstance(rendered, RenderedHistory):
+            rendered = self._shared(history.checkpoint, rendered)
+            self._fill(history, rendered)
+        return _Loaded(history, rendered, now)
+
+    def _answer(self, loaded: _Loaded, fingerprint_hash: str, endpoint: str) -> Answer:
+        """One request's answer from a history read (its own fingerprint)."""
+        history, rendered = loaded.history, loaded.rendered
+        if isinstance(history, HistoryFailure):
+            if loaded.rejected is not None:
+                return _not_promoted(*loaded.rejected)
+            return self._failure(history, endpoint)
         if isinstance(rendered, HistoryBody):  # stored bytes that are not a UTF-8 JSON object
             return self._unrenderable(rendered, endpoint)
-        rendered = self._shared(history.checkpoint, rendered)
-        self._fill(history, rendered)
+        assert rendered is not None
         return self._verified_answer(
             rendered,
             history.checkpoint,
             history.head_seq,
-            fallback_reason(history.checkpoint, fingerprint_hash, now),
+            fallback_reason(history.checkpoint, fingerprint_hash, loaded.now),
             endpoint,
         )
 
@@ -1062,6 +1101,18 @@ class RehydrationService:
                 }
             },
         )
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """A full read's result, which the requests sharing it each answer from."""
+
+    history: VerifiedHistory | HistoryFailure
+    # A verified history's rendering (cached), or its CORRUPT_HISTORY body.
+    rendered: RenderedHistory | HistoryBody | None
+    now: datetime  # when the read began: its expiry and fallback are judged then
+    # Not found, and the ledger recorded its rejection: (response id, detail).
+    rejected: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
