@@ -137,6 +137,7 @@ class RehydrationService:
         if self._cache is not None and answers is not None:
             self._cache.on_evict = answers.evicted  # see _pinned
         self._response_reads: SingleFlight[_Loaded] = SingleFlight("response")
+        self._conversation_reads: SingleFlight[_Loaded] = SingleFlight("conversation")
 
     # -- endpoints -----------------------------------------------------------------------
 
@@ -503,9 +504,7 @@ class RehydrationService:
             if answer is not None:
                 return answer
         child(metrics.HISTORY_CACHE, "conversation", "miss").inc()
-        return await self._budgeted(("conversation", tenant_id, conversation_id), lambda: (
-            run_in_threadpool(
-                self._read_conversation, tenant_id, conversation_id, fingerprint_hash)))
+        return await self._read_conversation_async(tenant_id, conversation_id, fingerprint_hash)
 
     async def _response_miss(self, lookup: _Lookup) -> Answer:
         """Find the response's partition and its turn row, then extend a cached prefix
@@ -806,14 +805,7 @@ class RehydrationService:
         )
         return isinstance(extended, tuple)
 
-    # -- full reads (blocking; run in the thread pool) -----------------------------------
-
-    def _read_conversation(
-        self, tenant_id: str, conversation_id: str, fingerprint_hash: str
-    ) -> Answer:
-        now = self._clock()
-        history = self._store.read_history(tenant_id, conversation_id=conversation_id, now=now)
-        return self._decide(history, fingerprint_hash, now, "conversation")
+    # -- full reads: on the event loop, each shared by the concurrent requests for it ---
 
     async def _read_conversation_async(
         self, tenant_id: str, conversation_id: str, fingerprint_hash: str
@@ -824,11 +816,20 @@ class RehydrationService:
     async def _read_conversation_now(
         self, tenant_id: str, conversation_id: str, fingerprint_hash: str
     ) -> Answer:
+        """The full read, shared with the concurrent requests for the same Conversation
+        (``flights.py``); each answers from it with its own fingerprint. On the event
+        loop, as a response's (it ran in the thread pool on a cache miss)."""
+        loaded = await self._conversation_reads.run(
+            (tenant_id, conversation_id),
+            lambda: self._load_conversation(tenant_id, conversation_id))
+        return self._answer(loaded, fingerprint_hash, "conversation")
+
+    async def _load_conversation(self, tenant_id: str, conversation_id: str) -> _Loaded:
         now = self._clock()
         history = await self._store.read_history_async(
             tenant_id, conversation_id=conversation_id, now=now
         )
-        return self._decide(history, fingerprint_hash, now, "conversation")
+        return self._loaded(history, now)
 
     async def _read_response(
         self,
@@ -947,15 +948,6 @@ class RehydrationService:
         if recorded.status is ResponseState.REJECTED:
             return f"rejected: {recorded.reason}"
         return None
-
-    def _decide(
-        self,
-        history: VerifiedHistory | HistoryFailure,
-        fingerprint_hash: str,
-        now: datetime,
-        endpoint: str,
-    ) -> Answer:
-        return self._answer(self._loaded(history, now), fingerprint_hash, endpoint)
 
     def _loaded(self, history: VerifiedHistory | HistoryFailure, now: datetime) -> _Loaded:
         """A history read: rendered and cached once, whoever shares the read."""
