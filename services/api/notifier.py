@@ -240,7 +240,8 @@ class DecisionNotifier:
         if unread:
             log.warning("decision partitions not followed until their end can be read "
                         "(looked at again every %.0f s): %s", self._topics_check_s,
-                        _names(unread), extra={"ctx": {"error": str(error)}})
+                        _names(unread),
+                        extra={"ctx": {"error": "no leader" if error is None else str(error)}})
         return assignment, unread
 
     def _follow_unread(self, consumer: Consumer, unread: list[TopicPartition],
