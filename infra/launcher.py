@@ -85,9 +85,13 @@ class ServerStatus:
     pid: int | None  # our process, if one is running
     healthy: bool
     detail: str
+    # Something answers on the server's port (ours or not): then it is never "not
+    # running", which read as "`up` will start it" while `up` refused the taken port.
+    served: bool = False
 
     def line(self) -> str:
-        state = "healthy" if self.healthy else "UNHEALTHY" if self.pid else "not running"
+        state = ("healthy" if self.healthy else
+                 "UNHEALTHY" if self.pid or self.served else "not running")
         pid = f"pid {self.pid}" if self.pid else "no pid"
         return f"{self.name:<10} {state:<12} {pid:<10} {self.detail}"
 
@@ -459,7 +463,7 @@ def server_status(settings: Settings, name: str) -> ServerStatus:
         return ServerStatus(name, pid, False, mismatch)
     port_open = srv.port_open()
     if entry is None and not port_open:
-        return ServerStatus(name, None, False, "")
+        return ServerStatus(name, None, False, f"nothing listens on port {srv.client_port()}")
     if entry is not None and port_open and pid_listens_on(entry.pid, srv.client_port()) is False:
         # Another process answers on the port: ours is not serving (as _wait_healthy).
         return ServerStatus(name, pid, False, f"port {srv.client_port()} is open, but not "
@@ -467,10 +471,16 @@ def server_status(settings: Settings, name: str) -> ServerStatus:
     try:
         srv.check(timeout_s=5)
     except Unhealthy as exc:
-        return ServerStatus(name, pid, False, str(exc))
+        if pid is None and port_open:
+            # Not "not running": `up` refuses a port taken so (an operator's review,
+            # session 44).
+            return ServerStatus(name, None, False, f"port {srv.client_port()} is open, "
+                                f"but not a healthy {name} (a process ratchet did not "
+                                f"start; `up` will not start one there): {exc}", served=True)
+        return ServerStatus(name, pid, False, str(exc), served=port_open)
     where = srv.endpoint().split()[1]
     detail = where if pid else f"{where} (a process ratchet did not start)"
-    return ServerStatus(name, pid, True, detail)
+    return ServerStatus(name, pid, True, detail, served=True)
 
 
 def status(settings: Settings) -> dict[str, ServerStatus]:
