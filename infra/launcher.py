@@ -294,8 +294,8 @@ def check_ports(to_launch: list[Server]) -> None:
     """Raise ``PortUnusable`` unless every port of the servers about to be launched is
     a port, theirs alone, and free on 127.0.0.1. Kafka's controller port (its client
     port + 1) was never checked: 65536 from a client port of 65535, or a port another
-    server or process holds, and Kafka exited at start (its log said why) after the
-    others had been started (an operator's review, session 43, left; session 44)."""
+    server or process holds, and Kafka exited at start (its log said why) while the
+    others were started beside it (an operator's review, session 43, left; session 44)."""
     problems: list[str] = []
     taken: dict[int, Port] = {}
     for srv in to_launch:

@@ -1,8 +1,8 @@
 """``ratchet infra up`` checks every port it would launch a server on before it fetches
 or starts anything (``infra/launcher.py``'s ``check_ports``). Kafka's controller port is
 derived (its client port + 1) and was never checked: from a client port of 65535 it was
-65536, and Kafka exited at start, its log saying why, after the other servers had been
-started (an operator's review, session 43, left). No server is started here: the
+65536, and Kafka exited at start, its log saying why, while the other servers were
+started beside it (an operator's review, session 43, left). No server is started here: the
 download and the launch are stand-ins that record being called."""
 
 from __future__ import annotations
