@@ -447,7 +447,82 @@ def check_schema(session, keyspace: str, folder: Path = MIGRATIONS_DIR) -> None:
                            f"version needs ({names}): run `ratchet migrate` first")
 
 
-def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR) -> int:
+def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGRATIONS_DIR,
+                     out: Callable[[str], None] = print) -> int:
+    """Say which of ``folder``'s migrations the keyspace records and which it lacks,
+    changing nothing (no keyspace created, no lease taken); 0 only when it is up to
+    date. Until now ``ratchet migrate`` itself was the only way to look, and it applies
+    what is missing (an operator's review, session 44)."""
+    migrations = discover(folder)
+    ks = settings.keyspace
+    if not _IDENT.match(ks):
+        raise MigrationError(f"keyspace {ks!r} is not a valid CQL identifier")
+    cluster = getattr(session_or_cluster, "cluster", session_or_cluster)
+    session = cluster.connect()
+    try:
+        tables = {r[0] for r in session.execute(
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (ks,),
+            timeout=30)}
+        exists = bool(tables) or session.execute(
+            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
+            (ks,), timeout=30).one() is not None
+        if not exists:
+            out(f"keyspace {ks} does not exist: `ratchet migrate` creates it and applies "
+                f"all {len(migrations)} migration(s)")
+            return 1
+        if "schema_migrations" not in tables:
+            out(f"keyspace {ks} exists but was never migrated (no schema_migrations table): "
+                "run `ratchet migrate`")
+            return 1
+        rows = {r.version: r for r in session.execute(
+            f"SELECT version, name, checksum, applied_at FROM {ks}.schema_migrations",
+            timeout=30)}
+        holder = None
+        if "schema_migrations_lease" in tables:
+            lease = session.execute(f"SELECT owner FROM {ks}.schema_migrations_lease "
+                                    "WHERE id = 'migrate'", timeout=30).one()
+            holder = lease.owner if lease is not None else None
+    finally:
+        session.shutdown()
+
+    def when(row) -> str:
+        return f"{row.applied_at:%Y-%m-%d %H:%M:%S} UTC" if row.applied_at else "at an unknown time"
+
+    pending, changed = [], []
+    for m in migrations:
+        row = rows.get(m.version)
+        if row is None:
+            pending.append(m)
+            out(f"  {m.path.name:<40} pending")
+        elif row.checksum != m.checksum:
+            changed.append(m)
+            out(f"  {m.path.name:<40} applied {when(row)}, but the file was edited since "
+                f"(checksum {row.checksum[:12]}… then, {m.checksum[:12]}… now)")
+        else:
+            out(f"  {m.path.name:<40} applied {when(row)}")
+    unknown = sorted(set(rows) - {m.version for m in migrations})
+    for v in unknown:
+        out(f"  {f'{v:03d}_{rows[v].name}':<40} applied {when(rows[v])}, no file here "
+            "(a newer version's)")
+    if holder is not None:
+        out(f"a migrator is running now (lease owner {holder})")
+    total = len(migrations)
+    if unknown:
+        out(f"keyspace {ks}: migrated by a newer version ({len(unknown)} migration(s) this "
+            "ratchet has no file for): run that version's `ratchet migrate`")
+    elif changed:
+        out(f"keyspace {ks}: {len(changed)} applied migration(s) edited since: never edit an "
+            "applied migration, add a new one")
+    elif pending:
+        out(f"keyspace {ks}: {len(pending)} of {total} migration(s) pending: run "
+            "`ratchet migrate`")
+    else:
+        out(f"keyspace {ks}: up to date ({total} of {total} migrations applied)")
+    return 1 if unknown or changed or pending else 0
+
+
+def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bool = False) -> int:
+    """``ratchet migrate`` (``status``: ``ratchet migrate --status``, ``migration_status``)."""
     import logging
 
     from cassandra import (
@@ -472,6 +547,8 @@ def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR) -> int:
               f"check RATCHET_CASSANDRA_HOSTS", file=sys.stderr, flush=True)
         return 1
     try:
+        if status:
+            return migration_status(cluster, settings, folder, out=print)
         applied = apply_migrations(cluster, settings, folder, out=print)
     except MigrationError as exc:
         print(f"ratchet migrate failed: {exc}", file=sys.stderr, flush=True)

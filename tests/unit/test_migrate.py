@@ -260,3 +260,44 @@ def test_a_statement_longer_than_the_lease_keeps_it_on_the_real_cassandra(
         assert versions == {1}
     finally:
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
+
+
+@pytest.mark.integration
+def test_migrate_status_says_what_is_applied_and_pending_and_changes_nothing(
+    cassandra_session, settings, unique_name, tmp_path, capsys
+):
+    """``ratchet migrate --status``: the only way to see a keyspace's migrations was
+    ``ratchet migrate``, which applies them (and creates the keyspace). The status
+    changes nothing and exits 0 only when the keyspace is up to date (an operator's
+    review, session 44)."""
+    s = dataclasses.replace(settings, keyspace=unique_name("mig"))
+
+    def keyspace_exists() -> bool:
+        return cassandra_session.execute(
+            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
+            (s.keyspace,)).one() is not None
+
+    def versions() -> set[int]:
+        return {r.version for r in cassandra_session.execute(
+            f"SELECT version FROM {s.keyspace}.schema_migrations")}
+
+    try:
+        (tmp_path / "001_core.cql").write_text("CREATE TABLE IF NOT EXISTS a (k int PRIMARY KEY);")
+        assert cli_migrate(s, tmp_path, status=True) == 1
+        assert f"keyspace {s.keyspace} does not exist" in capsys.readouterr().out
+        assert not keyspace_exists()
+
+        apply_migrations(cassandra_session, s, tmp_path)
+        (tmp_path / "002_more.cql").write_text("CREATE TABLE IF NOT EXISTS b (k int PRIMARY KEY);")
+        assert cli_migrate(s, tmp_path, status=True) == 1
+        out = capsys.readouterr().out
+        lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+        assert "applied" in lines["001_core.cql"] and "pending" in lines["002_more.cql"]
+        assert f"keyspace {s.keyspace}: 1 of 2 migration(s) pending: run `ratchet migrate`" in out
+        assert versions() == {1}  # nothing applied
+
+        apply_migrations(cassandra_session, s, tmp_path)
+        assert cli_migrate(s, tmp_path, status=True) == 0
+        assert f"keyspace {s.keyspace}: up to date (2 of 2 migrations applied)" in capsys.readouterr().out
+    finally:
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
