@@ -283,7 +283,10 @@ def up(settings: Settings, names: Iterable[str] = NAMES, out: Say = _print) -> N
     state = StateFile(settings.home)
     servers = [server(settings, n) for n in names]
     with _up_lock(settings):
-        check_ports([s for s in servers if state.get(s.name) is None and not s.port_open()])
+        # The servers it will launch: not those running or served already, nor those
+        # it refuses to launch whatever their ports (``cannot_launch``, said below).
+        check_ports([s for s in servers if state.get(s.name) is None and not s.port_open()
+                     and s.cannot_launch() is None])
         _up(servers, state, say)
     say("all servers ready:")
     for srv in servers:
