@@ -190,12 +190,15 @@ def _acquire_lease(session, ks: str, owner: str, wait_s: float,
             out(f"waiting for another migrator (owner {rs.one().owner}) to finish, "
                 f"{time.monotonic() - started:.0f}s so far: its lease on "
                 f"{ks}.schema_migrations_lease ends when it does, or {LEASE_TTL_S}s after "
-                "it was taken if it was killed")
+                "its last renewal if it was killed")
             next_word += 15
         if time.monotonic() > deadline:
             raise MigrationError(
                 f"another migrator holds {ks}.schema_migrations_lease (owner "
-                f"{rs.one().owner}); it expires after {LEASE_TTL_S}s")
+                f"{rs.one().owner}) after {wait_s:.0f}s of waiting: it renews the lease while "
+                f"it runs, and a killed one's ends {LEASE_TTL_S}s after its last renewal. "
+                "`ratchet migrate --status` says whether one runs; run `ratchet migrate` "
+                "again once it is done")
         time.sleep(1)
 
 
