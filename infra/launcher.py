@@ -17,8 +17,10 @@ stderr of the java process), ``state.json`` (pids).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -38,13 +40,15 @@ from infra.procs import (
     terminate,
 )
 from infra.servers import NAMES, Server, Unhealthy, server
+from infra.servers.base import Port
 
 __all__ = [
-    "NAMES", "InfraError", "ServerStartError", "ServerStatus", "StateFile", "Unhealthy",
+    "NAMES", "InfraError", "PortUnusable", "ServerStartError", "ServerStatus", "StateFile",
+    "Unhealthy",
     "cli_down", "cli_restart", "cli_status", "cli_up", "down", "pid_listens_on", "server",
     "server_status", "start_server", "status", "stop_server", "up",
 ]
-from ratchet.settings import Settings
+from ratchet.settings import MAX_PORT, Settings
 
 Say = Callable[[str], None]
 
@@ -69,15 +73,25 @@ class ServerStartError(InfraError):
         )
 
 
+class PortUnusable(InfraError):
+    """A port a server would be launched on is not a port, is another launched
+    server's too, or cannot be listened on: nothing was fetched or started. The message
+    names each port, what it is for and the setting that moves it."""
+
+
 @dataclass(frozen=True)
 class ServerStatus:
     name: str
     pid: int | None  # our process, if one is running
     healthy: bool
     detail: str
+    # Something answers on the server's port (ours or not): then it is never "not
+    # running", which read as "`up` will start it" while `up` refused the taken port.
+    served: bool = False
 
     def line(self) -> str:
-        state = "healthy" if self.healthy else "UNHEALTHY" if self.pid else "not running"
+        state = ("healthy" if self.healthy else
+                 "UNHEALTHY" if self.pid or self.served else "not running")
         pid = f"pid {self.pid}" if self.pid else "no pid"
         return f"{self.name:<10} {state:<12} {pid:<10} {self.detail}"
 
@@ -263,15 +277,64 @@ def _ensure_started(srv: Server, state: StateFile, say: Say) -> None:
 
 
 def up(settings: Settings, names: Iterable[str] = NAMES, out: Say = _print) -> None:
-    """Start every named server in parallel; raise ``InfraError`` listing each failure."""
+    """Start every named server in parallel; raise ``InfraError`` listing each failure
+    (``PortUnusable`` before anything is fetched or started)."""
     say = _Clock(out)
     state = StateFile(settings.home)
     servers = [server(settings, n) for n in names]
     with _up_lock(settings):
+        # The servers it will launch: not those running or served already, nor those
+        # it refuses to launch whatever their ports (``cannot_launch``, said below).
+        check_ports([s for s in servers if state.get(s.name) is None and not s.port_open()
+                     and s.cannot_launch() is None])
         _up(servers, state, say)
     say("all servers ready:")
     for srv in servers:
         out("  " + srv.endpoint())
+
+
+def check_ports(to_launch: list[Server]) -> None:
+    """Raise ``PortUnusable`` unless every port of the servers about to be launched is
+    a port, theirs alone, and free on 127.0.0.1. Kafka's controller port (its client
+    port + 1) was never checked: 65536 from a client port of 65535, or a port another
+    server or process holds, and Kafka exited at start (its log said why) while the
+    others were started beside it (an operator's review, session 43, left; session 44)."""
+    problems: list[str] = []
+    taken: dict[int, Port] = {}
+    for srv in to_launch:
+        for port in srv.ports():
+            if not 1 <= port.number <= MAX_PORT:
+                problems.append(f"{port.role} would be {port.number}, not a port (1-{MAX_PORT}): "
+                                f"change {port.setting}")
+                continue
+            first = taken.setdefault(port.number, port)
+            if first is not port:
+                problems.append(f"port {port.number} would be both {first.role} and "
+                                f"{port.role}: change {port.setting}"
+                                + (f" or {first.setting}" if first.setting != port.setting else ""))
+                continue
+            why = _cannot_listen(port.number)
+            if why:
+                problems.append(f"{port.role} {port.number} {why}: change {port.setting}")
+    if problems:
+        raise PortUnusable("cannot launch the servers on these ports; nothing was started:\n  "
+                           + "\n  ".join(problems))
+
+
+def _cannot_listen(port: int) -> str | None:
+    """Why a server could not listen on 127.0.0.1:``port`` (None: it could). Bound with
+    ``SO_REUSEADDR`` as the servers do, so a port in TIME_WAIT after a stop is free."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "is in use by another process (`ss -ltnp` names it)"
+            if exc.errno == errno.EACCES:
+                return "needs privileges this user lacks (a port below 1024)"
+            return f"cannot be listened on ({exc.strerror or exc})"
+    return None
 
 
 @contextlib.contextmanager
@@ -403,7 +466,7 @@ def server_status(settings: Settings, name: str) -> ServerStatus:
         return ServerStatus(name, pid, False, mismatch)
     port_open = srv.port_open()
     if entry is None and not port_open:
-        return ServerStatus(name, None, False, "")
+        return ServerStatus(name, None, False, f"nothing listens on port {srv.client_port()}")
     if entry is not None and port_open and pid_listens_on(entry.pid, srv.client_port()) is False:
         # Another process answers on the port: ours is not serving (as _wait_healthy).
         return ServerStatus(name, pid, False, f"port {srv.client_port()} is open, but not "
@@ -411,10 +474,16 @@ def server_status(settings: Settings, name: str) -> ServerStatus:
     try:
         srv.check(timeout_s=5)
     except Unhealthy as exc:
-        return ServerStatus(name, pid, False, str(exc))
+        if pid is None and port_open:
+            # Not "not running": `up` refuses a port taken so (an operator's review,
+            # session 44).
+            return ServerStatus(name, None, False, f"port {srv.client_port()} is open, "
+                                f"but not a healthy {name} (a process ratchet did not "
+                                f"start; `up` will not start one there): {exc}", served=True)
+        return ServerStatus(name, pid, False, str(exc), served=port_open)
     where = srv.endpoint().split()[1]
     detail = where if pid else f"{where} (a process ratchet did not start)"
-    return ServerStatus(name, pid, True, detail)
+    return ServerStatus(name, pid, True, detail, served=True)
 
 
 def status(settings: Settings) -> dict[str, ServerStatus]:

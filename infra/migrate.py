@@ -12,7 +12,10 @@ Rules for their authors:
 
 ``apply_migrations`` creates the keyspace with ``settings.replication`` and the
 ``schema_migrations`` table (version, name, checksum, applied_at), takes a short LWT
-lease so two migrators never run DDL at once, then applies what is missing.
+lease so two migrators never run DDL at once, then applies what is missing. The lease
+(``LEASE_TTL_S``) is renewed every ``RENEW_EVERY_S`` by a thread while the run goes
+on, statements included, and before each migration; lost, the run stops before its
+next statement (``LeaseLost``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -32,6 +36,9 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _FILE = re.compile(r"^(\d{3,})_([A-Za-z0-9_]+)\.cql$")
 _IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 LEASE_TTL_S = 120
+# How often the lease is renewed while a run holds it: a quarter of its TTL, so three
+# renewals in a row can fail (a busy node) before it expires.
+RENEW_EVERY_S = 30.0
 
 
 class MigrationError(RuntimeError):
@@ -40,6 +47,11 @@ class MigrationError(RuntimeError):
 
 class ChecksumMismatch(MigrationError):
     """An applied migration's file was edited afterwards."""
+
+
+class LeaseLost(MigrationError):
+    """This run no longer holds the migration lease (another migrator took it, or it
+    could not be renewed before its TTL): it stopped before its next statement."""
 
 
 class SchemaAhead(MigrationError):
@@ -160,45 +172,109 @@ def _ensure_keyspace(session, settings: Settings) -> None:
 
 
 def _acquire_lease(session, ks: str, owner: str, wait_s: float,
-                   out: Callable[[str], None] = lambda _msg: None) -> None:
+                   out: Callable[[str], None] = lambda _msg: None) -> float:
     """Take the lease, waiting up to ``wait_s`` for another migrator's (or a killed
     one's, until its TTL) and saying so every 15 s: the wait was silent for up to two
-    minutes (an operator's review, session 43)."""
+    minutes (an operator's review, session 43). Returns when (``time.monotonic``) the
+    request that took it was sent: its TTL runs from no earlier."""
     started = time.monotonic()
     deadline, next_word = started + wait_s, started
     while True:
+        sent = time.monotonic()
         rs = session.execute(
             f"INSERT INTO {ks}.schema_migrations_lease (id, owner) VALUES ('migrate', %s) "
             f"IF NOT EXISTS USING TTL {LEASE_TTL_S}", (owner,), timeout=30)
         if rs.was_applied:
-            return
+            return sent
         if time.monotonic() >= next_word:
             out(f"waiting for another migrator (owner {rs.one().owner}) to finish, "
                 f"{time.monotonic() - started:.0f}s so far: its lease on "
                 f"{ks}.schema_migrations_lease ends when it does, or {LEASE_TTL_S}s after "
-                "it was taken if it was killed")
+                "its last renewal if it was killed")
             next_word += 15
         if time.monotonic() > deadline:
             raise MigrationError(
                 f"another migrator holds {ks}.schema_migrations_lease (owner "
-                f"{rs.one().owner}); it expires after {LEASE_TTL_S}s")
+                f"{rs.one().owner}) after {wait_s:.0f}s of waiting: it renews the lease while "
+                f"it runs, and a killed one's ends {LEASE_TTL_S}s after its last renewal. "
+                "`ratchet migrate --status` says whether one runs; run `ratchet migrate` "
+                "again once it is done")
         time.sleep(1)
 
 
-def _renew_lease(session, ks: str, owner: str) -> None:
-    """Hold the lease another ``LEASE_TTL_S`` before each migration, or stop: it was
-    taken once for the whole run, so a run longer than its TTL (DDL waiting for schema
-    agreement on a slow cluster) went on beside a second migrator that had taken it
-    (an operator's review, session 43)."""
+def _renew_lease(session, ks: str, owner: str) -> str | None:
+    """Hold the lease another ``LEASE_TTL_S``; None when renewed, else who holds it now
+    (``"nobody"``: it expired)."""
     rs = session.execute(
         f"UPDATE {ks}.schema_migrations_lease USING TTL {LEASE_TTL_S} SET owner = %s "
         "WHERE id = 'migrate' IF owner = %s", (owner, owner), timeout=30)
-    if not rs.was_applied:
-        holder = rs.one().owner if "owner" in rs.column_names else None
-        raise MigrationError(
-            f"lost {ks}.schema_migrations_lease (held now by {holder or 'nobody'}): this run "
-            f"took longer than its {LEASE_TTL_S}s between two migrations; stopped so that "
-            "two migrators never run at once. Run `ratchet migrate` again")
+    if rs.was_applied:
+        return None
+    holder = rs.one().owner if "owner" in rs.column_names else None
+    return holder or "nobody"
+
+
+class _LeaseKeeper:
+    """Keeps this run's lease while it runs: a thread renews it every
+    ``RENEW_EVERY_S``, and ``check`` (before each statement) raises ``LeaseLost`` once
+    a renewal found another holder, or none succeeded for ``LEASE_TTL_S``.
+
+    The lease was renewed only between migrations, so one statement longer than its
+    TTL (DDL waiting for schema agreement on a slow cluster) ran on without it while a
+    second migrator could take it (an operator's review, session 43, left; session 44).
+    """
+
+    def __init__(self, session, ks: str, owner: str, taken_at: float) -> None:
+        self.session, self.ks, self.owner = session, ks, owner
+        # When the last request that took or renewed the lease was sent (its TTL runs
+        # from no earlier).
+        self.renewed_at = taken_at
+        self.renewals = 0
+        self.lost: str | None = None  # why this run no longer holds the lease
+        self.last_error: Exception | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="migrate-lease", daemon=True)
+
+    def __enter__(self) -> _LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while self.lost is None and not self._done.wait(RENEW_EVERY_S):
+            self.renew()
+
+    def renew(self) -> None:
+        """One renewal; a failed request is tried again at the next one (the lease is
+        lost only once ``LEASE_TTL_S`` passed without a renewal, ``check``)."""
+        sent = time.monotonic()
+        try:
+            holder = _renew_lease(self.session, self.ks, self.owner)
+        except Exception as exc:  # the driver's errors: unknown, tried again
+            self.last_error = exc
+            return
+        if holder is None:
+            self.renewed_at = max(self.renewed_at, sent)
+            self.renewals += 1
+        elif self.lost is None:
+            self.lost = f"held now by {holder}"
+
+    def check(self, before: str) -> None:
+        """Raise ``LeaseLost`` (naming ``before``, the step not taken) unless the lease
+        is still this run's."""
+        why = self.lost
+        unrenewed = time.monotonic() - self.renewed_at
+        if why is None and unrenewed >= LEASE_TTL_S:
+            why = (f"not renewed for {unrenewed:.0f}s, its TTL is {LEASE_TTL_S}s (last "
+                   f"error: {self.last_error!r})")
+        if why is not None:
+            raise LeaseLost(
+                f"lost {self.ks}.schema_migrations_lease ({why}): stopped before {before}, "
+                "so that two migrators never run at once; what ran before it stays "
+                "(a migration is re-run whole). Run `ratchet migrate` again")
 
 
 def _release_lease(session, ks: str, owner: str) -> None:
@@ -225,62 +301,72 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
         differs = _replication_differs(session, settings)
         if differs:
             out(f"warning: {differs}")
-        _acquire_lease(session, ks, owner, wait_s=LEASE_TTL_S, out=out)
+        taken_at = _acquire_lease(session, ks, owner, wait_s=LEASE_TTL_S, out=out)
         try:
-            applied = {r.version: r for r in session.execute(
-                f"SELECT version, name, checksum FROM {ks}.schema_migrations", timeout=30)}
-            unknown = sorted(set(applied) - {m.version for m in migrations})
-            if unknown:
-                # Was a warning, and the older migrations then ran over a newer schema
-                # with exit 0 (an operator's review, session 43): fail closed.
-                names = ", ".join(f"{v:03d}_{applied[v].name}" for v in unknown)
-                raise SchemaAhead(
-                    f"keyspace {ks} records migration(s) {names}, which this ratchet does "
-                    f"not have (its newest is {migrations[-1].path.name if migrations else 'none'}"
-                    f", in {folder}): the keyspace was migrated by a newer version; run that "
-                    "version's `ratchet migrate`, never an older one. Nothing was applied")
-            for m in migrations:
-                done = applied.get(m.version)
-                if done is not None and done.checksum != m.checksum:
-                    raise ChecksumMismatch(
-                        f"{m.path.name} was applied to keyspace {ks} with checksum "
-                        f"{done.checksum[:12]}… but the file now has {m.checksum[:12]}…: "
-                        "never edit an applied migration, add a new one")
-            todo = [m for m in migrations if m.version not in applied]
-            session.set_keyspace(ks)
-            for m in todo:
-                _renew_lease(session, ks, owner)
-                t = time.monotonic()
-                for i, stmt in enumerate(m.statements, 1):
-                    try:
-                        session.execute(stmt, timeout=120)
-                    except Exception as exc:
-                        if _columns_already_added(session, ks, stmt, exc):
-                            out(f"{m.path.name} statement {i}: its columns are there already "
-                                "(an earlier run stopped before recording the migration)")
-                            continue
-                        raise MigrationError(
-                            f"{m.path.name} statement {i} failed: {exc}\n  {stmt}") from exc
-                    # ``ADD IF NOT EXISTS`` succeeds over a column of another type: the
-                    # types are checked here, or the worker dead-lettered every turn
-                    # later (an outside review, session 26).
-                    wrong = _column_mismatches(session, ks, stmt)
-                    if wrong:
-                        raise MigrationError(
-                            f"{m.path.name} statement {i}: {'; '.join(wrong)} (a column made "
-                            f"by hand or by another version; fix the table, then run "
-                            f"`ratchet migrate` again)\n  {stmt}")
-                session.execute(
-                    f"INSERT INTO {ks}.schema_migrations (version, name, checksum, applied_at) "
-                    "VALUES (%s, %s, %s, toTimestamp(now()))", (m.version, m.name, m.checksum),
-                    timeout=30)
-                out(f"applied {m.path.name} ({len(m.statements)} statements, "
-                    f"{time.monotonic() - t:.1f}s)")
-            return todo
+            with _LeaseKeeper(session, ks, owner, taken_at) as lease:
+                return _apply(session, settings, migrations, folder, lease, out)
         finally:
             _release_lease(session, ks, owner)
     finally:
         session.shutdown()
+
+
+def _apply(session, settings: Settings, migrations: list[Migration], folder: Path,
+           lease: _LeaseKeeper, out: Callable[[str], None]) -> list[Migration]:
+    """What ``apply_migrations`` does while it holds the lease."""
+    ks = settings.keyspace
+    applied = {r.version: r for r in session.execute(
+        f"SELECT version, name, checksum FROM {ks}.schema_migrations", timeout=30)}
+    unknown = sorted(set(applied) - {m.version for m in migrations})
+    if unknown:
+        # Was a warning, and the older migrations then ran over a newer schema
+        # with exit 0 (an operator's review, session 43): fail closed.
+        names = ", ".join(f"{v:03d}_{applied[v].name}" for v in unknown)
+        raise SchemaAhead(
+            f"keyspace {ks} records migration(s) {names}, which this ratchet does "
+            f"not have (its newest is {migrations[-1].path.name if migrations else 'none'}"
+            f", in {folder}): the keyspace was migrated by a newer version; run that "
+            "version's `ratchet migrate`, never an older one. Nothing was applied")
+    for m in migrations:
+        done = applied.get(m.version)
+        if done is not None and done.checksum != m.checksum:
+            raise ChecksumMismatch(
+                f"{m.path.name} was applied to keyspace {ks} with checksum "
+                f"{done.checksum[:12]}… but the file now has {m.checksum[:12]}…: "
+                "never edit an applied migration, add a new one")
+    todo = [m for m in migrations if m.version not in applied]
+    session.set_keyspace(ks)
+    for m in todo:
+        lease.renew()  # a lease taken meanwhile stops the run here, not later
+        t = time.monotonic()
+        for i, stmt in enumerate(m.statements, 1):
+            lease.check(f"{m.path.name} statement {i}")
+            try:
+                session.execute(stmt, timeout=120)
+            except Exception as exc:
+                if _columns_already_added(session, ks, stmt, exc):
+                    out(f"{m.path.name} statement {i}: its columns are there already "
+                        "(an earlier run stopped before recording the migration)")
+                    continue
+                raise MigrationError(
+                    f"{m.path.name} statement {i} failed: {exc}\n  {stmt}") from exc
+            # ``ADD IF NOT EXISTS`` succeeds over a column of another type: the
+            # types are checked here, or the worker dead-lettered every turn
+            # later (an outside review, session 26).
+            wrong = _column_mismatches(session, ks, stmt)
+            if wrong:
+                raise MigrationError(
+                    f"{m.path.name} statement {i}: {'; '.join(wrong)} (a column made "
+                    f"by hand or by another version; fix the table, then run "
+                    f"`ratchet migrate` again)\n  {stmt}")
+        lease.check(f"recording {m.path.name}")
+        session.execute(
+            f"INSERT INTO {ks}.schema_migrations (version, name, checksum, applied_at) "
+            "VALUES (%s, %s, %s, toTimestamp(now()))", (m.version, m.name, m.checksum),
+            timeout=30)
+        out(f"applied {m.path.name} ({len(m.statements)} statements, "
+            f"{time.monotonic() - t:.1f}s)")
+    return todo
 
 
 _ADD = re.compile(r"^\s*ALTER\s+TABLE\s+(\w+)\s+ADD\s+\(?(.*?)\)?\s*;?\s*$",
@@ -364,7 +450,82 @@ def check_schema(session, keyspace: str, folder: Path = MIGRATIONS_DIR) -> None:
                            f"version needs ({names}): run `ratchet migrate` first")
 
 
-def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR) -> int:
+def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGRATIONS_DIR,
+                     out: Callable[[str], None] = print) -> int:
+    """Say which of ``folder``'s migrations the keyspace records and which it lacks,
+    changing nothing (no keyspace created, no lease taken); 0 only when it is up to
+    date. Until now ``ratchet migrate`` itself was the only way to look, and it applies
+    what is missing (an operator's review, session 44)."""
+    migrations = discover(folder)
+    ks = settings.keyspace
+    if not _IDENT.match(ks):
+        raise MigrationError(f"keyspace {ks!r} is not a valid CQL identifier")
+    cluster = getattr(session_or_cluster, "cluster", session_or_cluster)
+    session = cluster.connect()
+    try:
+        tables = {r[0] for r in session.execute(
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (ks,),
+            timeout=30)}
+        exists = bool(tables) or session.execute(
+            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
+            (ks,), timeout=30).one() is not None
+        if not exists:
+            out(f"keyspace {ks} does not exist: `ratchet migrate` creates it and applies "
+                f"all {len(migrations)} migration(s)")
+            return 1
+        if "schema_migrations" not in tables:
+            out(f"keyspace {ks} exists but was never migrated (no schema_migrations table): "
+                "run `ratchet migrate`")
+            return 1
+        rows = {r.version: r for r in session.execute(
+            f"SELECT version, name, checksum, applied_at FROM {ks}.schema_migrations",
+            timeout=30)}
+        holder = None
+        if "schema_migrations_lease" in tables:
+            lease = session.execute(f"SELECT owner FROM {ks}.schema_migrations_lease "
+                                    "WHERE id = 'migrate'", timeout=30).one()
+            holder = lease.owner if lease is not None else None
+    finally:
+        session.shutdown()
+
+    def when(row) -> str:
+        return f"{row.applied_at:%Y-%m-%d %H:%M:%S} UTC" if row.applied_at else "at an unknown time"
+
+    pending, changed = [], []
+    for m in migrations:
+        row = rows.get(m.version)
+        if row is None:
+            pending.append(m)
+            out(f"  {m.path.name:<40} pending")
+        elif row.checksum != m.checksum:
+            changed.append(m)
+            out(f"  {m.path.name:<40} applied {when(row)}, but the file was edited since "
+                f"(checksum {row.checksum[:12]}… then, {m.checksum[:12]}… now)")
+        else:
+            out(f"  {m.path.name:<40} applied {when(row)}")
+    unknown = sorted(set(rows) - {m.version for m in migrations})
+    for v in unknown:
+        out(f"  {f'{v:03d}_{rows[v].name}':<40} applied {when(rows[v])}, no file here "
+            "(a newer version's)")
+    if holder is not None:
+        out(f"a migrator is running now (lease owner {holder})")
+    total = len(migrations)
+    if unknown:
+        out(f"keyspace {ks}: migrated by a newer version ({len(unknown)} migration(s) this "
+            "ratchet has no file for): run that version's `ratchet migrate`")
+    elif changed:
+        out(f"keyspace {ks}: {len(changed)} applied migration(s) edited since: never edit an "
+            "applied migration, add a new one")
+    elif pending:
+        out(f"keyspace {ks}: {len(pending)} of {total} migration(s) pending: run "
+            "`ratchet migrate`")
+    else:
+        out(f"keyspace {ks}: up to date ({total} of {total} migrations applied)")
+    return 1 if unknown or changed or pending else 0
+
+
+def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bool = False) -> int:
+    """``ratchet migrate`` (``status``: ``ratchet migrate --status``, ``migration_status``)."""
     import logging
 
     from cassandra import (
@@ -389,6 +550,8 @@ def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR) -> int:
               f"check RATCHET_CASSANDRA_HOSTS", file=sys.stderr, flush=True)
         return 1
     try:
+        if status:
+            return migration_status(cluster, settings, folder, out=print)
         applied = apply_migrations(cluster, settings, folder, out=print)
     except MigrationError as exc:
         print(f"ratchet migrate failed: {exc}", file=sys.stderr, flush=True)

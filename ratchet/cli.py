@@ -63,12 +63,15 @@ def infra_restart(server: str) -> None:
 
 
 @main.command()
-def migrate() -> None:
+@click.option("--status", is_flag=True,
+              help="Only say which migrations the keyspace has and lacks; change nothing "
+                   "(exit 0 only when it is up to date).")
+def migrate(status: bool) -> None:
     """Apply the numbered CQL migrations in infra/migrations (idempotent)."""
     settings = _settings()  # a bad value stops here, before any import or connection
     from infra import migrate as migrations
 
-    sys.exit(migrations.cli_migrate(settings))
+    sys.exit(migrations.cli_migrate(settings, status=status))
 
 
 @main.command()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 
 from ratchet.settings import Settings
@@ -11,6 +12,15 @@ from ratchet.settings import Settings
 
 class Unhealthy(RuntimeError):
     """A health check failed; the message says what was tried and what went wrong."""
+
+
+@dataclass(frozen=True)
+class Port:
+    """A port a launched server listens on, and the setting that moves it."""
+
+    number: int
+    role: str  # e.g. "kafka's controller port (its client port + 1)"
+    setting: str  # the environment variable an operator changes
 
 
 class Server(ABC):
@@ -64,6 +74,13 @@ class Server(ABC):
     @abstractmethod
     def client_port(self) -> int:
         """The port clients use; a process listening there is taken as this server."""
+
+    #: the setting that names ``client_port``
+    port_setting: str
+
+    def ports(self) -> list[Port]:
+        """Every port the launched process listens on (127.0.0.1), the client port first."""
+        return [Port(self.client_port(), f"{self.name}'s client port", self.port_setting)]
 
     def timer_slack_ns(self) -> int:
         """Timer slack of the server's process in ns (0: the kernel's default)."""

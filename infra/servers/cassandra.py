@@ -11,7 +11,7 @@ import json
 
 from infra.fetch import fetch_jars
 from infra.jdk import java17
-from infra.servers.base import Server, Unhealthy
+from infra.servers.base import Port, Server, Unhealthy
 
 VERSION = "5.0.6"
 ARTIFACTS = [f"org.apache.cassandra:cassandra-all:{VERSION}"]
@@ -48,6 +48,7 @@ class Cassandra(Server):
     name = "cassandra"
     version = VERSION
     start_timeout_s = 180.0
+    port_setting = "RATCHET_CASSANDRA_PORT"
 
     def client_port(self) -> int:
         return self.settings.cassandra_port
@@ -60,6 +61,10 @@ class Cassandra(Server):
     def storage_port(self) -> int:
         """Inter-node port: from settings, so two local nodes (two homes) can coexist."""
         return self.settings.cassandra_storage_port
+
+    def ports(self) -> list[Port]:
+        return [*super().ports(), Port(self.storage_port(), "cassandra's storage (gossip) port",
+                                       "RATCHET_CASSANDRA_STORAGE_PORT")]
 
     def endpoint(self) -> str:
         hosts = ",".join(self.settings.cassandra_hosts)

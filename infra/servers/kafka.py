@@ -8,7 +8,7 @@ import uuid
 
 from infra.fetch import fetch_jars
 from infra.jdk import java17
-from infra.servers.base import Server, Unhealthy, host_port
+from infra.servers.base import Port, Server, Unhealthy, host_port
 
 VERSION = "4.1.1"
 ARTIFACTS = [
@@ -25,12 +25,18 @@ class Kafka(Server):
     name = "kafka"
     version = VERSION
     start_timeout_s = 90.0
+    port_setting = "RATCHET_KAFKA_BOOTSTRAP"
 
     def client_port(self) -> int:
         return host_port(self.settings.kafka_bootstrap.split(",")[0], 9092)[1]
 
     def controller_port(self) -> int:
         return self.client_port() + 1
+
+    def ports(self) -> list[Port]:
+        return [*super().ports(),
+                Port(self.controller_port(), "kafka's controller port (its client port + 1)",
+                     self.port_setting)]
 
     def endpoint(self) -> str:
         return f"kafka      {self.settings.kafka_bootstrap}  (controller 127.0.0.1:{self.controller_port()})"

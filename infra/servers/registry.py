@@ -35,6 +35,7 @@ class Registry(Server):
     name = "registry"
     version = VERSION
     start_timeout_s = 90.0
+    port_setting = "RATCHET_SCHEMA_REGISTRY_URL"
 
     def _base(self) -> str:
         """The URL this registry serves: the first of RATCHET_SCHEMA_REGISTRY_URL's

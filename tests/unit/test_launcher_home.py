@@ -257,3 +257,32 @@ def test_an_https_registry_url_is_refused_before_anything_is_fetched_or_started(
         launcher._ensure_started(srv, StateFile(tmp_path), lambda _line: None)
     assert "nothing was started" in str(raised.value) and "last lines" not in str(raised.value)
     assert StateFile(tmp_path).read() == {}
+
+
+def test_status_of_a_port_a_stranger_holds_is_unhealthy_not_not_running(tmp_path, capsys):
+    """No process of the home, and something listens on the registry's port that is not
+    a registry: ``status`` said ``not running``, which reads as "``up`` will start it",
+    while ``up`` refuses the taken port (an operator's review, session 44)."""
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", 0))
+        stranger.listen()
+        port = stranger.getsockname()[1]
+        settings = replace(Settings(), home=tmp_path,
+                           schema_registry_url=f"http://127.0.0.1:{port}/apis/ccompat/v7")
+        line = launcher.server_status(settings, "registry").line()
+    assert line.split()[1] == "UNHEALTHY", line
+    assert f"port {port} is open, but not a healthy registry" in line
+    assert "`up` will not start one there" in line
+
+
+def test_status_of_a_server_nothing_serves_says_which_port_is_free(tmp_path):
+    """``not running`` with an empty detail did not say which port was looked at (a
+    setting pointing elsewhere than the operator thinks reads the same)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # bound, not listening: nothing answers there
+        settings = replace(Settings(), home=tmp_path,
+                           schema_registry_url=f"http://127.0.0.1:{port}/apis/ccompat/v7")
+        line = launcher.server_status(settings, "registry").line()
+    assert line.split()[1:3] == ["not", "running"], line
+    assert f"nothing listens on port {port}" in line

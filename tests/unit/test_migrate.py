@@ -204,3 +204,100 @@ def test_a_run_that_lost_its_lease_stops_before_the_next_migration(
         assert lease.owner == "other"  # the other migrator's lease is left alone
     finally:
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
+
+
+@pytest.mark.integration
+def test_a_statement_longer_than_the_lease_keeps_it_on_the_real_cassandra(
+    cassandra_session, cassandra_cluster, settings, unique_name, tmp_path, monkeypatch
+):
+    """The lease (120 s) was renewed between migrations only: one statement longer than
+    it ran without the lease, and a second migrator could take it meanwhile (an
+    operator's review, session 43, left). A lease of 2 s here, and a statement held for
+    three times that before Cassandra runs it: the lease is renewed while it waits, so a
+    second migrator's ``INSERT ... IF NOT EXISTS`` then is refused
+    (``tests/unit/test_migrate_lease.py`` has the lost lease, on a stand-in)."""
+    from infra import migrate
+
+    ttl_s = 2
+    monkeypatch.setattr(migrate, "LEASE_TTL_S", ttl_s)
+    monkeypatch.setattr(migrate, "RENEW_EVERY_S", ttl_s / 8, raising=False)
+    s = dataclasses.replace(settings, keyspace=unique_name("mig"))
+    seen: dict[str, object] = {}
+
+    class Held:
+        """The migrator's own session, its migration statement held back."""
+
+        def __init__(self, session):
+            self._session = session
+
+        def __getattr__(self, name):
+            return getattr(self._session, name)
+
+        def execute(self, query, *args, **kwargs):
+            if isinstance(query, str) and query.startswith("CREATE TABLE IF NOT EXISTS slow"):
+                import time
+
+                time.sleep(3 * ttl_s)
+                seen["other took it"] = cassandra_session.execute(
+                    f"INSERT INTO {s.keyspace}.schema_migrations_lease (id, owner) "
+                    "VALUES ('migrate', 'other') IF NOT EXISTS USING TTL 60").was_applied
+            if isinstance(query, str) and query.startswith(
+                    f"UPDATE {s.keyspace}.schema_migrations_lease"):
+                seen["renewals"] = int(seen.get("renewals", 0)) + 1
+            return self._session.execute(query, *args, **kwargs)
+
+    class Cluster:
+        def connect(self):
+            return Held(cassandra_cluster.connect())
+
+    try:
+        (tmp_path / "001_slow.cql").write_text("CREATE TABLE IF NOT EXISTS slow (k int PRIMARY KEY);")
+        assert [m.version for m in apply_migrations(Cluster(), s, tmp_path)] == [1]
+        assert seen["other took it"] is False  # the lease was still ours
+        assert int(seen["renewals"]) >= 1
+        versions = {r.version for r in cassandra_session.execute(
+            f"SELECT version FROM {s.keyspace}.schema_migrations")}
+        assert versions == {1}
+    finally:
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
+
+
+@pytest.mark.integration
+def test_migrate_status_says_what_is_applied_and_pending_and_changes_nothing(
+    cassandra_session, settings, unique_name, tmp_path, capsys
+):
+    """``ratchet migrate --status``: the only way to see a keyspace's migrations was
+    ``ratchet migrate``, which applies them (and creates the keyspace). The status
+    changes nothing and exits 0 only when the keyspace is up to date (an operator's
+    review, session 44)."""
+    s = dataclasses.replace(settings, keyspace=unique_name("mig"))
+
+    def keyspace_exists() -> bool:
+        return cassandra_session.execute(
+            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
+            (s.keyspace,)).one() is not None
+
+    def versions() -> set[int]:
+        return {r.version for r in cassandra_session.execute(
+            f"SELECT version FROM {s.keyspace}.schema_migrations")}
+
+    try:
+        (tmp_path / "001_core.cql").write_text("CREATE TABLE IF NOT EXISTS a (k int PRIMARY KEY);")
+        assert cli_migrate(s, tmp_path, status=True) == 1
+        assert f"keyspace {s.keyspace} does not exist" in capsys.readouterr().out
+        assert not keyspace_exists()
+
+        apply_migrations(cassandra_session, s, tmp_path)
+        (tmp_path / "002_more.cql").write_text("CREATE TABLE IF NOT EXISTS b (k int PRIMARY KEY);")
+        assert cli_migrate(s, tmp_path, status=True) == 1
+        out = capsys.readouterr().out
+        lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+        assert "applied" in lines["001_core.cql"] and "pending" in lines["002_more.cql"]
+        assert f"keyspace {s.keyspace}: 1 of 2 migration(s) pending: run `ratchet migrate`" in out
+        assert versions() == {1}  # nothing applied
+
+        apply_migrations(cassandra_session, s, tmp_path)
+        assert cli_migrate(s, tmp_path, status=True) == 0
+        assert f"keyspace {s.keyspace}: up to date (2 of 2 migrations applied)" in capsys.readouterr().out
+    finally:
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)

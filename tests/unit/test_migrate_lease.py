@@ -1,0 +1,201 @@
+"""The migration lease held while one statement runs (``infra/migrate.py``), against an
+in-memory stand-in for Cassandra: the lease row's LWTs with real TTLs (short here),
+``schema_migrations``, and migration statements that take as long as a test wants.
+
+The lease (120 s) was renewed between migrations only: a single statement longer than
+it (DDL waiting for schema agreement on a slow cluster) ran without the lease, and a
+second migrator could take it meanwhile (an operator's review, session 43, left).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from infra import migrate
+from infra.migrate import MigrationError, apply_migrations
+from ratchet.settings import Settings
+
+KS = "leaseks"
+TTL_S = 1  # the lease's TTL in these tests (seconds)
+
+
+class Result(list):
+    def __init__(self, rows=(), applied=True, columns=()):
+        super().__init__(rows)
+        self.was_applied = applied
+        self.column_names = list(columns)
+
+    def one(self):
+        return self[0] if self else None
+
+
+class FakeCassandra:
+    """What ``apply_migrations`` asks of a session. A statement of a migration that
+    contains ``/*slow*/`` calls ``on_slow`` (the test's doing) before it returns."""
+
+    def __init__(self, on_slow=lambda cassandra: None):
+        self.lock = threading.Lock()
+        self.lease: tuple[str, float] | None = None  # owner, expires (monotonic)
+        self.recorded: dict[int, SimpleNamespace] = {}
+        self.ran: list[str] = []
+        self.renewals: list[tuple[str, bool]] = []  # (owner, applied) per renewal asked
+        self.fail_renewals = False
+        self.on_slow = on_slow
+        self.cluster = self
+
+    # the Cluster's side
+    def connect(self):
+        return self
+
+    def shutdown(self):
+        pass
+
+    def set_keyspace(self, ks):
+        assert ks == KS
+
+    def holder(self) -> str | None:
+        if self.lease is not None and self.lease[1] > time.monotonic():
+            return self.lease[0]
+        return None
+
+    def take(self, owner: str) -> bool:
+        """Another migrator's ``INSERT ... IF NOT EXISTS`` of the lease."""
+        with self.lock:
+            if self.holder() is not None:
+                return False
+            self.lease = (owner, time.monotonic() + TTL_S)
+            return True
+
+    def execute(self, query: str, params=(), timeout=None):
+        q = " ".join(query.split())
+        if q.startswith(("CREATE KEYSPACE", f"CREATE TABLE IF NOT EXISTS {KS}.")):
+            return Result()
+        if q.startswith("SELECT replication FROM system_schema.keyspaces"):
+            return Result()
+        if q.startswith(f"INSERT INTO {KS}.schema_migrations_lease"):
+            with self.lock:
+                if self.holder() is None:
+                    self.lease = (params[0], time.monotonic() + TTL_S)
+                    return Result()
+                return Result([SimpleNamespace(owner=self.holder())], False, ["owner"])
+        if q.startswith(f"UPDATE {KS}.schema_migrations_lease"):
+            if self.fail_renewals:
+                raise TimeoutError("the renewal timed out (a busy node)")
+            with self.lock:
+                applied = self.holder() == params[1]
+                self.renewals.append((params[1], applied))
+                if applied:
+                    self.lease = (params[0], time.monotonic() + TTL_S)
+                    return Result()
+                holder = self.holder()
+                return Result([SimpleNamespace(owner=holder)] if holder else [], False,
+                              ["owner"] if holder else [])
+        if q.startswith(f"DELETE FROM {KS}.schema_migrations_lease"):
+            with self.lock:
+                if self.holder() == params[0]:
+                    self.lease = None
+            return Result()
+        if q.startswith(f"SELECT version, name, checksum FROM {KS}.schema_migrations"):
+            return Result(list(self.recorded.values()))
+        if q.startswith(f"INSERT INTO {KS}.schema_migrations "):
+            version, name, checksum = params
+            self.recorded[version] = SimpleNamespace(version=version, name=name,
+                                                     checksum=checksum)
+            return Result()
+        if q.startswith("CREATE TABLE"):
+            if "/*slow*/" in query:
+                self.on_slow(self)
+            self.ran.append(q)
+            return Result()
+        raise AssertionError(f"unexpected statement: {q}")
+
+
+@pytest.fixture
+def short_lease(monkeypatch):
+    """A lease of ``TTL_S``, renewed ten times as often."""
+    monkeypatch.setattr(migrate, "LEASE_TTL_S", TTL_S)
+    monkeypatch.setattr(migrate, "RENEW_EVERY_S", TTL_S / 10, raising=False)
+
+
+@pytest.fixture
+def settings():
+    return dataclasses.replace(Settings.from_env({}), keyspace=KS)
+
+
+def _slow_migration(folder, second: bool = False):
+    # The marker is quoted: ``split_statements`` drops comments.
+    text = "CREATE TABLE a (k int PRIMARY KEY, note text) WITH comment = '/*slow*/';\n"
+    if second:
+        text += "CREATE TABLE b (k int PRIMARY KEY);\n"
+    (folder / "001_slow.cql").write_text(text)
+
+
+def test_a_statement_longer_than_the_lease_keeps_it_while_it_runs(short_lease, settings,
+                                                                  tmp_path):
+    """A statement that runs three times the lease's TTL: the lease is renewed while it
+    runs, so another migrator trying then is refused; the migration is applied and
+    recorded."""
+    seen = {}
+
+    def slow(cassandra):
+        time.sleep(3 * TTL_S)
+        ours = cassandra.holder()
+        seen["renewed"] = sum(1 for owner, applied in cassandra.renewals
+                              if applied and owner == ours)
+        seen["other took it"] = cassandra.take("other")
+
+    cassandra = FakeCassandra(on_slow=slow)
+    _slow_migration(tmp_path)
+    applied = apply_migrations(cassandra, settings, tmp_path)
+    assert seen["other took it"] is False  # the lease was still ours
+    assert seen["renewed"] >= 1
+    assert [m.version for m in applied] == [1] and set(cassandra.recorded) == {1}
+    assert cassandra.holder() is None  # released at the end
+
+
+def test_a_lease_taken_while_a_statement_runs_stops_the_run_before_the_next(
+        short_lease, settings, tmp_path):
+    """Another migrator holds the lease (ours was lost) while statement 1 runs: a
+    renewal finds it so, and the run stops before statement 2 with a typed error naming
+    the holder and the statement not run; the migration is not recorded and the other
+    migrator's lease is left alone."""
+
+    def slow(cassandra):
+        with cassandra.lock:
+            cassandra.lease = ("other", time.monotonic() + 60)
+        deadline = time.monotonic() + 10  # a renewal refused, or give up (the old code)
+        while time.monotonic() < deadline and not any(
+                not applied for _owner, applied in cassandra.renewals):
+            time.sleep(0.01)
+
+    cassandra = FakeCassandra(on_slow=slow)
+    _slow_migration(tmp_path, second=True)
+    with pytest.raises(getattr(migrate, "LeaseLost", MigrationError)) as err:
+        apply_migrations(cassandra, settings, tmp_path)
+    assert "held now by other" in str(err.value)
+    assert "001_slow.cql statement 2" in str(err.value)
+    assert [q for q in cassandra.ran if q.startswith("CREATE TABLE b")] == []
+    assert cassandra.recorded == {}
+    assert cassandra.holder() == "other"
+
+
+def test_a_lease_that_could_not_be_renewed_for_its_ttl_stops_the_run(short_lease, settings,
+                                                                     tmp_path):
+    """Every renewal fails (a timeout each) while statement 1 runs longer than the TTL:
+    the lease may be anyone's now, so the run stops before statement 2."""
+
+    def slow(cassandra):
+        cassandra.fail_renewals = True
+        time.sleep(2 * TTL_S)
+
+    cassandra = FakeCassandra(on_slow=slow)
+    _slow_migration(tmp_path, second=True)
+    with pytest.raises(MigrationError, match="not renewed for .*statement 2"):
+        apply_migrations(cassandra, settings, tmp_path)
+    assert [q for q in cassandra.ran if q.startswith("CREATE TABLE b")] == []
+    assert cassandra.recorded == {}
