@@ -92,11 +92,12 @@ const crcPartitioner = () => ({ partitionMetadata, message }) => {
 function item(obj) {
   if (typeof obj.type !== 'string') throw new Error('item without type');
   if (typeof obj.id !== 'string' || !obj.id) throw new Error('item without id');
+  for (const f of ['role', 'call_id']) {
+    if (obj[f] != null && typeof obj[f] !== 'string') throw new Error(`item ${f} not a string`); // ratchet: CORRUPT
+  }
   const content = canonical(obj);
   return {
-    item_id: obj.id, type: obj.type,
-    role: typeof obj.role === 'string' ? obj.role : null,
-    call_id: typeof obj.call_id === 'string' ? obj.call_id : null,
+    item_id: obj.id, type: obj.type, role: obj.role ?? null, call_id: obj.call_id ?? null,
     content: Buffer.from(content, 'utf8'), content_digest: sha256(content), format_version: 1,
   };
 }
