@@ -98,6 +98,20 @@ def test_an_item_whose_role_or_call_id_is_not_a_string_is_refused(field, value):
     assert getattr(null, field) is None and shape_problem(null) is None
 
 
+@pytest.mark.parametrize("value", [5, True, ["ws_1"], {"x": 1}])
+def test_an_item_whose_id_is_not_a_string_is_refused(value):
+    """The processor compares the content's ``id`` with the record's ``item_id``: an id
+    that is no string was written as ``str(id)`` beside it and the turn always
+    rejected ``CORRUPT``; the library refuses it before producing."""
+    obj = {"type": "web_search_call", "status": "completed", "id": value}
+    with pytest.raises(InvalidGatewayItem, match="id"):
+        to_item(obj, default_id="ws_1")
+    # what the library built before: content id ``value``, record id ``str(value)``
+    built = make_item("web_search_call", {"status": "completed", "id": value},
+                      item_id=str(value))
+    assert shape_problem(built) is not None  # what the processor says of it
+
+
 def test_built_turn_is_valid_for_the_domain():
     turn = build()
     assert turn.fingerprint_hash == fingerprint_hash(turn.fingerprint)
