@@ -28,7 +28,9 @@ def from_responses(
     ``content`` is the canonical JSON of the dict with its ``id`` (the dict's own id,
     else ``item_id``); the record's ``role`` and ``call_id`` are the dict's, so they
     can never disagree with what the model sees. Raises ``ValueError`` for a dict
-    without a string ``type`` or without any id.
+    without a string ``type``, without any id or with one that is not a string, or
+    whose ``role`` or ``call_id`` is neither a string nor null (the processor compares
+    the content's ``id``, ``role`` and ``call_id`` with the record's: ``CORRUPT``).
     """
     item_type = obj.get("type")
     if not isinstance(item_type, str) or not item_type:
@@ -36,13 +38,21 @@ def from_responses(
     own_id = obj.get("id") or item_id
     if not own_id:
         raise ValueError(f"{item_type} item without an id: {dict(obj)!r:.200}")
-    content = canonical_json({**obj, "id": own_id})
+    if not isinstance(own_id, str):
+        # the content would keep it beside a record id str(id): ratchet rejects CORRUPT
+        raise ValueError(f"{item_type} item with an id that is not a string: {own_id!r:.100}")
     role, call_id = obj.get("role"), obj.get("call_id")
+    for name, value in (("role", role), ("call_id", call_id)):
+        if value is not None and not isinstance(value, str):
+            # no record column can equal it: ratchet would reject the turn CORRUPT
+            raise ValueError(f"{item_type} item with a {name} that is not a string: "
+                             f"{value!r:.100}")
+    content = canonical_json({**obj, "id": own_id})
     return Item(
-        item_id=str(own_id),
+        item_id=own_id,
         type=item_type,
-        role=role if isinstance(role, str) else None,
-        call_id=call_id if isinstance(call_id, str) else None,
+        role=role,
+        call_id=call_id,
         content=content,
         content_digest=sha256_hex(content),
         format_version=format_version,

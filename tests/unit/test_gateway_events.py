@@ -7,9 +7,11 @@ import json
 
 import pytest
 
+from ratchet.domain.catalogue import shape_problem
 from ratchet.domain.fingerprint import fingerprint_hash
 from ratchet.domain.validation import Valid, validate_turn
 from ratchet.samples import make_artifact_and_proof, make_fingerprint
+from schemas.items import make_item
 from schemas.keys import MissingChainRoot
 from services.gateway.errors import UnservableId
 from services.gateway.events import (
@@ -78,6 +80,36 @@ def test_unknown_types_pass_through_as_strings_for_ratchet_to_judge():
     assert to_item({"type": "web_search_call"}, default_id="a").type == "web_search_call"
     with pytest.raises(InvalidGatewayItem):
         to_item({"role": "user"}, default_id="a")
+
+
+@pytest.mark.parametrize("field", ["role", "call_id"])
+@pytest.mark.parametrize("value", [5, True, ["user"], {"x": 1}])
+def test_an_item_whose_role_or_call_id_is_not_a_string_is_refused(field, value):
+    """The processor takes the record's ``role`` / ``call_id`` to be the content's and
+    rejects the turn ``CORRUPT`` when they differ, so a content value that is no string
+    (which no record column can equal) was built into a record of ``None`` and always
+    rejected: the library refuses it before producing, as a non-string ``type``."""
+    obj = {"type": "web_search_call", "status": "completed", field: value}
+    with pytest.raises(InvalidGatewayItem, match=field):
+        to_item(obj, default_id="ws_1")
+    built = make_item("web_search_call", {"status": "completed", field: value}, item_id="ws_1")
+    assert shape_problem(built) is not None  # what the processor says of such an item
+    null = to_item({**obj, field: None}, default_id="ws_1")  # null stays allowed
+    assert getattr(null, field) is None and shape_problem(null) is None
+
+
+@pytest.mark.parametrize("value", [5, True, ["ws_1"], {"x": 1}])
+def test_an_item_whose_id_is_not_a_string_is_refused(value):
+    """The processor compares the content's ``id`` with the record's ``item_id``: an id
+    that is no string was written as ``str(id)`` beside it and the turn always
+    rejected ``CORRUPT``; the library refuses it before producing."""
+    obj = {"type": "web_search_call", "status": "completed", "id": value}
+    with pytest.raises(InvalidGatewayItem, match="id"):
+        to_item(obj, default_id="ws_1")
+    # what the library built before: content id ``value``, record id ``str(value)``
+    built = make_item("web_search_call", {"status": "completed", "id": value},
+                      item_id=str(value))
+    assert shape_problem(built) is not None  # what the processor says of it
 
 
 def test_built_turn_is_valid_for_the_domain():
