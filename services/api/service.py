@@ -914,7 +914,9 @@ class RehydrationService:
         (``flights.py``: one read, begun after each of them arrived); each request
         answers from it with its own fingerprint."""
         loaded = await self._response_reads.run(
-            (tenant_id, response_id),
+            # the hint too: a response with no claim (before migration 007) is found
+            # only by a read that names its partition
+            (tenant_id, response_id, partition_key),
             lambda: self._load_response(tenant_id, response_id, partition_key))
         return self._answer(loaded, fingerprint_hash, "response")
 

@@ -15,7 +15,7 @@ import asyncio
 
 import pytest
 
-from services.store.base import StoreUnavailable
+from services.store.base import StoreUnavailable, _Hints
 from tests.unit.test_api_cache import CachingStack
 from tests.unit.test_api_http import FP, message, uid
 
@@ -151,3 +151,28 @@ def test_concurrent_cold_reads_of_one_conversation_share_at_most_two_store_reads
     assert {a.outcome for a in answers} == {"certified"}
     assert len({a.payload for a in answers}) == 1
     assert reads <= 2, f"{N} concurrent cold reads made {reads} store reads"
+
+
+def test_a_request_whose_hint_differs_does_not_take_another_hints_read():
+    """A response promoted before migration 007 has no claim: only a request naming its
+    partition (``partition_key``) finds it. A request without the hint and one with it,
+    concurrent: each is answered by a read made with its own hint (keyed by the hint
+    too), so the hinted one is certified, not the unhinted read's 404."""
+    stack = CachingStack(cache_bytes=64 << 20)
+    tenant, conv = uid("tenant"), uid("conv")
+    rid = stack.promote(tenant, conv, 0, (message("hello", item_id=uid("msg")),))
+    del stack.store._claims[(tenant, rid)]  # as before migration 007
+    stack.store._location_hints = _Hints(64)  # another replica's store: it saw nothing
+
+    async def run():
+        gated = Gated(stack)
+        unhinted = asyncio.ensure_future(_history(stack, tenant, rid))
+        hinted = asyncio.ensure_future(
+            stack.service.response_history(tenant, rid, FP, 0, partition_key=conv))
+        await _progress()
+        gated.gate.set()
+        return await unhinted, await hinted
+
+    unhinted, hinted = asyncio.run(run())
+    assert unhinted.status_code == 404
+    assert hinted.outcome == "certified", hinted
