@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import struct
 import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -94,11 +95,16 @@ class GatewayProducer:
         )
         self._lock = threading.Lock()
         # Delivery failures, numbered in the order reported; each thread's cursor is the
-        # number of the first one its flush has not raised (``_failures_for``).
+        # number of the first one its flush has not raised (``_failures_for``). Keyed by
+        # the thread object, held weakly: keyed by ident before session 44, a thread
+        # that ended left its cursor to the next thread given the same ident (Python
+        # reuses them), which was then told failures it never produced, or not told
+        # failures a thread that sent before it had not flushed past.
         self._failure_log: list[tuple[int, str, KafkaError]] = []
         self._next_failure = 0
         self._first_kept = 0
-        self._cursors: dict[int, int] = {}
+        self._cursors: weakref.WeakKeyDictionary[threading.Thread, int] = (
+            weakref.WeakKeyDictionary())
         self._closed = False
         self._sending = threading.Lock()  # ``close`` against ``send``s in other threads
 
@@ -171,7 +177,7 @@ class GatewayProducer:
         self._raise_failures(pending=pending)
 
     def _raise_failures(self, pending: int) -> None:
-        failures, forgotten = self._failures_for(_thread_id())
+        failures, forgotten = self._failures_for(threading.current_thread())
         if failures or forgotten:
             raise DeliveryError(
                 [(event_id, str(err)) for event_id, err in failures],
@@ -220,7 +226,7 @@ class GatewayProducer:
         with self._lock:
             # A sending thread is raised every failure reported from now on by its
             # flushes (``_failures_for``).
-            self._cursors.setdefault(_thread_id(), self._next_failure)
+            self._cursors.setdefault(threading.current_thread(), self._next_failure)
         with self._sending:  # never after ``close`` began: its purge would miss it
             if self._closed:
                 raise ProducerClosed(f"the producer is closed: event {event.event_id} "
@@ -235,12 +241,18 @@ class GatewayProducer:
                     self._producer.poll(0.1)
             self._producer.poll(0)
 
-    def _failures_for(self, thread: int) -> tuple[list[tuple[str, KafkaError]], int]:
+    def _failures_for(self, thread: threading.Thread
+                      ) -> tuple[list[tuple[str, KafkaError]], int]:
         """The failures reported since ``thread``'s last flush, and how many more of
         them were dropped (``MAX_KEPT_FAILURES``); its cursor moves past them. A failure
         is kept until every live thread that sent or flushed has been raised it (or the
         bound drops it): before session 43, the first flush took every failure, so a
-        thread whose event failed could flush after another thread and be told nothing."""
+        thread whose event failed could flush after another thread and be told nothing.
+        A thread is its ``threading.Thread`` object (a thread that ended is dropped,
+        and a new one never takes its place, whatever its ident). A thread not started
+        by ``threading`` is the dummy thread object Python registers for its ident and
+        never forgets (3.11): its cursor is kept, and a later foreign thread given the
+        same ident shares it (the one case still keyed by ident)."""
         with self._lock:
             start = self._cursors.get(thread, self._first_kept)
             oldest = self._failure_log[0][0] if self._failure_log else self._next_failure
@@ -248,8 +260,8 @@ class GatewayProducer:
             failures = [(event_id, err) for seq, event_id, err in self._failure_log
                         if seq >= start]
             self._cursors[thread] = self._next_failure
-            live = {t.ident for t in threading.enumerate()}
-            self._cursors = {t: c for t, c in self._cursors.items() if t in live}
+            for ended in [t for t in list(self._cursors) if not t.is_alive()]:
+                del self._cursors[ended]
             self._first_kept = min(self._cursors.values(), default=self._next_failure)
             self._failure_log = [f for f in self._failure_log if f[0] >= self._first_kept]
         return failures, forgotten
@@ -319,9 +331,3 @@ def beyond_limits(event: TurnCompleted | ToolEffect) -> str | None:
         return None
     return container_problem(event.items)
 
-
-def _thread_id() -> int:
-    """The calling thread's ident, the thread known to ``threading.enumerate`` (a thread
-    not started by ``threading`` is registered as a dummy thread, never forgotten), so
-    ``_failures_for`` never drops the cursor of a live thread."""
-    return threading.current_thread().ident or threading.get_ident()
