@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from schemas.keys import MissingChainRoot
 from schemas.limits import MAX_EVENT_BYTES
 
 
@@ -63,6 +64,35 @@ class UnservableId(GatewayError, ValueError):
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"{detail}: not produced")
+
+
+class EffectKeyedApart(GatewayError, ValueError):
+    """``send_turn`` was given an effect whose partition key is not its turn's (built
+    with another ``TurnIdentity``: another Conversation or chain). On another partition
+    the turn's promotion would never see it (the turn ``MISSING_TOOL_EFFECT``). Nothing
+    of the turn was produced; not retryable: build the effect with the turn's
+    ``TurnIdentity``. A plain ``ValueError`` before session 44."""
+
+    def __init__(self, effect_id: str, effect_key: str, turn_key: str) -> None:
+        self.effect_id = effect_id
+        self.effect_key = effect_key
+        self.turn_key = turn_key
+        super().__init__(f"effect {effect_id} is keyed {effect_key!r}, its turn "
+                         f"{turn_key!r}: build it with the turn's TurnIdentity; nothing "
+                         "of the turn produced")
+
+
+class ChainRootUnknown(GatewayError, MissingChainRoot):
+    """A continued chain's event (or ``TurnIdentity.chain``) without ``chain_root_id``:
+    its partition, the chain's first response's id, cannot be derived, so it was not
+    produced. Not retryable: pass ``chain_root_id`` (the root the parent's own events
+    carried). Still a ``MissingChainRoot``; the producer let that untyped one out before
+    session 44."""
+
+    def __init__(self, response_id: str, previous_response_id: str) -> None:
+        MissingChainRoot.__init__(self, response_id, previous_response_id)
+        self.args = (f"{self.args[0]}: pass chain_root_id (the chain's first response's "
+                     "id); not produced",)
 
 
 class DeliveryError(GatewayError):

@@ -43,7 +43,7 @@ from ratchet.domain.fingerprint import fingerprint_hash
 from schemas.canonical import canonical_digest, canonical_json, duplicate_key, parse_json
 from schemas.ids import unservable_id
 from schemas.items import arguments_digest, effect_id_for, from_responses
-from schemas.keys import MissingChainRoot, partition_key
+from schemas.keys import partition_key
 from schemas.models import (
     BoundaryProof,
     EffectiveConfig,
@@ -59,7 +59,7 @@ from schemas.models import (
     TurnCompleted,
     TurnStatus,
 )
-from services.gateway.errors import UnservableId
+from services.gateway.errors import ChainRootUnknown, UnservableId
 
 ITEM_FORMAT_VERSION = 1
 
@@ -127,8 +127,8 @@ class TurnIdentity:
     ) -> TurnIdentity:
         """The first response of a chain is its own root."""
         root = chain_root_id or (response_id if previous_response_id is None else None)
-        if root is None:  # a ValueError too
-            raise MissingChainRoot(response_id, previous_response_id or "")
+        if root is None:  # a MissingChainRoot and a ValueError too
+            raise ChainRootUnknown(response_id, previous_response_id or "")
         return cls(
             tenant_id, response_id, chain_root_id=root, previous_response_id=previous_response_id
         )

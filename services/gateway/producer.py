@@ -35,10 +35,13 @@ from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
 from schemas.errors import RegistryUnavailable, SerdeError
 from schemas.ids import unservable_id
+from schemas.keys import MissingChainRoot
 from schemas.limits import CLIENT_MAX_BYTES, MAX_EVENT_BYTES, MAX_EVENT_ELEMENTS
 from schemas.models import GatewayEvent, ToolEffect, TurnCompleted
 from services.gateway.errors import (
+    ChainRootUnknown,
     DeliveryError,
+    EffectKeyedApart,
     EventBeyondLimits,
     EventNotEncoded,
     EventTooLarge,
@@ -142,6 +145,7 @@ class GatewayProducer:
     def send(self, event: GatewayEvent) -> None:
         """Queue one event (keyed by its partition key); delivery is reported on flush.
         Refused before producing: an id the API could never serve (``UnservableId``), a
+        continued chain's event without ``chain_root_id`` (``ChainRootUnknown``), a
         value above the protocol maximum (``EventTooLarge``), a turn beyond the
         protocol's bounds on array items and on its contents' arrays and objects
         (``EventBeyondLimits``), an event the registry could not encode
@@ -152,12 +156,14 @@ class GatewayProducer:
         """The turn's tool effects first, then the turn (same key: same partition, in order).
         Every event is checked and encoded before the first is produced: a turn or an
         effect that ``send`` would refuse (an id, a bound, the size, the encoding) or an
-        effect keyed apart from its turn is refused with nothing of the turn produced."""
+        effect keyed apart from its turn (``EffectKeyedApart``) is refused with nothing of
+        the turn produced."""
         effects = tuple(effects)
-        for effect in effects:
-            if effect.partition_key != turn.partition_key:
-                raise ValueError(f"effect {effect.effect_id} is keyed apart from its turn")
         self._check(turn)  # the turn's own refusals first, before encoding anything
+        for effect in effects:
+            key = _key_of(effect)
+            if key != turn.partition_key:
+                raise EffectKeyedApart(effect.effect_id, key, turn.partition_key)
         values = [self._prepare(event) for event in (*effects, turn)]
         for event, value in zip((*effects, turn), values, strict=True):
             self._produce(event, value)
@@ -194,12 +200,11 @@ class GatewayProducer:
         """The refusals that need no encoding."""
         if self._closed:
             raise ProducerClosed("the producer is closed: create a new one")
-        key = event.partition_key  # raises MissingChainRoot for a chain without its root
-        if not key:
-            raise ValueError(f"event {event.event_id} has an empty partition key")
-        problem = unservable_id(event)
+        problem = unservable_id(event)  # an empty id too
         if problem:
             raise UnservableId(f"event {event.event_id}: {problem}")
+        if not _key_of(event):  # no empty id passes the pattern: never, but not produced
+            raise UnservableId(f"event {event.event_id} has an empty partition key")
         if isinstance(event, TurnCompleted | ToolEffect):
             beyond = beyond_limits(event)
             if beyond is not None:
@@ -331,3 +336,11 @@ def beyond_limits(event: TurnCompleted | ToolEffect) -> str | None:
         return None
     return container_problem(event.items)
 
+
+def _key_of(event: GatewayEvent) -> str:
+    """The event's partition key; a continued chain without its root has none:
+    ``ChainRootUnknown`` (a ``MissingChainRoot`` and a ``GatewayError``)."""
+    try:
+        return event.partition_key
+    except MissingChainRoot as exc:
+        raise ChainRootUnknown(exc.response_id, exc.previous_response_id) from None

@@ -25,8 +25,15 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import KafkaError
 
-from ratchet.samples import make_turn
-from services.gateway.errors import DeliveryError
+from ratchet.samples import make_tool_effect, make_turn
+from schemas.keys import MissingChainRoot
+from services.gateway.errors import (
+    DeliveryError,
+    EffectKeyedApart,
+    GatewayError,
+    UnservableId,
+)
+from services.gateway.events import TurnIdentity
 from tests.unit.test_gateway_library_review import gateway
 
 RETRIABLE = KafkaError(KafkaError.NOT_ENOUGH_REPLICAS, "not enough replicas", retriable=True)
@@ -109,3 +116,37 @@ def test_a_new_thread_with_a_reused_ident_is_told_what_a_sender_has_not_flushed_
     producer.flush(1)
     assert producer._failure_log == []  # no thread left needs it: not kept
 
+
+
+# 2. ------------------------------------------------------------------------------------
+def test_an_effect_keyed_apart_from_its_turn_is_a_typed_refusal_with_nothing_produced():
+    producer, kafka = gateway()
+    turn = make_turn()
+    effect = make_tool_effect("call_1", idempotency_key=turn.idempotency_key,
+                              conversation_id="conv_other")
+    with pytest.raises(EffectKeyedApart, match="TurnIdentity") as refused:
+        producer.send_turn(turn, effects=[effect])
+    assert isinstance(refused.value, GatewayError) and not refused.value.retryable
+    assert (refused.value.effect_id, refused.value.effect_key, refused.value.turn_key) == (
+        effect.effect_id, "conv_other", turn.conversation_id)
+    assert kafka.produced == []
+
+
+def test_a_continued_chain_without_its_root_is_a_typed_refusal_with_nothing_produced():
+    producer, kafka = gateway()
+    turn = make_turn(conversation_id=None, expected_head_seq=None, chain_root_id=None,
+                     previous_response_id="resp_0")
+    for send in (producer.send, producer.send_turn):
+        with pytest.raises(GatewayError, match="pass chain_root_id") as refused:
+            send(turn)
+        assert isinstance(refused.value, MissingChainRoot) and not refused.value.retryable
+    with pytest.raises(GatewayError, match="pass chain_root_id"):
+        TurnIdentity.chain("t1", "resp_1", previous_response_id="resp_0")
+    assert kafka.produced == []
+
+
+def test_an_event_with_an_empty_key_is_a_typed_refusal():
+    producer, kafka = gateway()
+    with pytest.raises(UnservableId):
+        producer.send(make_turn(conversation_id=""))
+    assert kafka.produced == []
