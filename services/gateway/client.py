@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from services.gateway.errors import (
+    ClientClosed,
     InvalidRehydrationRequest,
     RehydrationServerError,
     RehydrationUnavailable,
@@ -113,6 +114,7 @@ class RehydrationClient:
         self.close()
 
     def close(self) -> None:
+        """Release the connection pool; a request after it is ``ClientClosed``."""
         self._http.close()
 
     def response_history(
@@ -166,6 +168,8 @@ class RehydrationClient:
         return parse_outcome(body, resp.status_code)
 
     def _get(self, path: str, params: dict[str, Any], timeout: float | None) -> httpx.Response:
+        if self._http.is_closed:
+            raise ClientClosed(f"{path}: the rehydration client is closed: create a new one")
         try:
             if timeout is None:
                 return self._http.get(path, params=params)

@@ -56,6 +56,12 @@ class ProducerClosed(GatewayError):
     """``send`` after ``close`` (or after the ``with`` block): nothing was produced."""
 
 
+class ClientClosed(GatewayError):
+    """A request through a ``RehydrationClient`` or ``EffectClaims`` after its ``close``
+    (or after its ``with`` block): nothing was sent. Create a new one. Before session 44
+    httpx's untyped ``RuntimeError``."""
+
+
 class UnservableId(GatewayError, ValueError):
     """An id of the event (tenant, response, Conversation, chain root, parent) does not
     match the HTTP API's id pattern (``schemas/ids.py``): the API could never serve the

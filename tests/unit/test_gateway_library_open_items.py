@@ -22,18 +22,31 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import httpx
 import pytest
 from confluent_kafka import KafkaError
 
+from ratchet.domain.claims import EffectPolicy
 from ratchet.samples import make_tool_effect, make_turn
 from schemas.keys import MissingChainRoot
+from services.gateway.claims import (
+    ClaimsLeftOpen,
+    EffectClaims,
+    EffectOutcomeUnknown,
+    StillInProgress,
+)
+from services.gateway.client import RehydrationClient
 from services.gateway.errors import (
+    ClientClosed,
     DeliveryError,
     EffectKeyedApart,
     GatewayError,
+    RehydrationUnavailable,
     UnservableId,
 )
 from services.gateway.events import TurnIdentity
+from tests.unit.test_gateway_claims_library_review import CALL1 as CALL
+from tests.unit.test_gateway_claims_library_review import CALL2, Server
 from tests.unit.test_gateway_library_review import gateway
 
 RETRIABLE = KafkaError(KafkaError.NOT_ENOUGH_REPLICAS, "not enough replicas", retriable=True)
@@ -150,3 +163,147 @@ def test_an_event_with_an_empty_key_is_a_typed_refusal():
     with pytest.raises(UnservableId):
         producer.send(make_turn(conversation_id=""))
     assert kafka.produced == []
+
+
+# 3. ------------------------------------------------------------------------------------
+def run_expecting(error: type[BaseException], effect, fn) -> None:
+    with pytest.raises(error):
+        effect.run(fn)
+
+
+class FlakyServer(Server):
+    """The claims routes (``Server``), and a switch that makes the API unreachable:
+    nothing is forwarded while ``down``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    def claims(self, attempt: int, *, lease_ms: int = 2_000, max_wait_s: float = 60.0,
+               policy: EffectPolicy = EffectPolicy.AT_MOST_ONCE) -> EffectClaims:
+        def forward(request: httpx.Request) -> httpx.Response:
+            if self.down:
+                raise httpx.ConnectError("unreachable", request=request)
+            if self.lose_next_answer:
+                self.lose_next_answer = False
+                self.http.post(request.url.path, content=request.content,
+                               headers={"content-type": "application/json"})
+                raise httpx.ReadTimeout("answer lost", request=request)
+            resp = self.http.post(request.url.path, content=request.content,
+                                  headers={"content-type": "application/json"})
+            return httpx.Response(resp.status_code, content=resp.content,
+                                  headers={"content-type": "application/json"})
+
+        identity = TurnIdentity(tenant_id="t1", response_id=f"r{attempt}",
+                                conversation_id="conv_1", expected_head_seq=0)
+        return EffectClaims("http://claims.test", identity, idempotency_key="k1",
+                            attempt=attempt, lease_ms=lease_ms, max_wait_s=max_wait_s,
+                            default_policy=policy, transport=httpx.MockTransport(forward))
+
+    def stored(self):
+        return self.ledger.claims_for("t1", "k1")
+
+
+def test_leaving_the_claims_block_releases_the_session_and_a_later_request_is_typed():
+    server = FlakyServer()
+    with server.claims(1) as claims, claims.effect(CALL, subturn_index=0) as effect:
+        effect.run(lambda: "sent")
+    with claims.effect(CALL2, subturn_index=0) as other, \
+            pytest.raises(ClientClosed, match="create a new one"):
+        other.run(lambda: pytest.fail("run after close"))
+    assert [claim.completed for claim in server.stored()] == [True]  # nothing claimed
+
+
+def test_leaving_the_claims_block_records_an_outcome_whose_completion_failed():
+    """The tool ran; its completion did not get through. Leaving the block sends it again
+    (the same token): the claim records what ran, and the block leaves quietly."""
+    server = FlakyServer()
+    runs = []
+
+    def send_email():
+        runs.append(1)
+        server.down = True  # the API goes away while the tool runs
+        return "sent"
+
+    with server.claims(1) as claims, claims.effect(CALL, subturn_index=0) as effect:
+        run_expecting(RehydrationUnavailable, effect, send_email)
+        server.down = False
+    [stored] = server.stored()
+    assert (stored.completed, stored.status, runs) == (True, "succeeded", [1])
+    assert b"sent" in stored.output.content
+
+
+def test_leaving_the_claims_block_with_an_unrecorded_outcome_says_so_and_holds_the_claim():
+    """Its completion fails again: ``ClaimsLeftOpen`` names it; the claim is neither
+    completed (nothing reported done that was not) nor released (the tool ran): the
+    next attempt waits for the lease, then is told the outcome is unknown."""
+    server = FlakyServer()
+
+    def send_email():
+        server.down = True
+        return "sent"
+
+    with pytest.raises(ClaimsLeftOpen) as left, \
+            server.claims(1) as claims, claims.effect(CALL, subturn_index=0) as effect:
+        run_expecting(RehydrationUnavailable, effect, send_email)
+    assert (left.value.unrecorded, left.value.interrupted, left.value.unanswered) == (
+        [effect.effect_id], [], [])
+    assert not left.value.retryable and "outcome not recorded" in str(left.value)
+    server.down = False
+    [stored] = server.stored()
+    assert not stored.completed
+    later = server.claims(2, max_wait_s=0)
+    with later.effect(CALL2, subturn_index=0) as retry, pytest.raises(StillInProgress):
+        retry.run(lambda: pytest.fail("ran beside the holder"))
+    server.now_ms += 5_000
+    with later.effect(CALL2, subturn_index=0) as retry, pytest.raises(EffectOutcomeUnknown):
+        retry.run(lambda: pytest.fail("ran again after the lease"))
+
+
+class ToolTimeout(BaseException):
+    """As gevent's Timeout: a BaseException."""
+
+
+def test_leaving_the_claims_block_after_an_interrupted_tool_says_so_and_holds_the_claim():
+    server = FlakyServer()
+
+    def send_email():
+        raise ToolTimeout()
+
+    with pytest.raises(ClaimsLeftOpen, match="may have run") as left, \
+            server.claims(1) as claims, claims.effect(CALL, subturn_index=0) as effect:
+        run_expecting(ToolTimeout, effect, send_email)
+    assert left.value.interrupted == [effect.effect_id]
+    assert [claim.completed for claim in server.stored()] == [False]
+
+
+def test_leaving_the_claims_block_after_a_lost_claim_answer_says_so():
+    server = FlakyServer()
+    server.lose_next_answer = True  # the claim lands; its answer is lost
+    with pytest.raises(ClaimsLeftOpen, match="never run") as left, \
+            server.claims(1) as claims, claims.effect(CALL, subturn_index=0) as effect:
+        run_expecting(RehydrationUnavailable, effect, lambda: pytest.fail("not claimed: never run"))
+    assert left.value.unanswered == [effect.effect_id]
+    assert [claim.completed for claim in server.stored()] == [False]
+
+
+def test_an_error_leaving_the_claims_block_is_the_one_raised_with_the_open_claim_noted():
+    server = FlakyServer()
+
+    def send_email():
+        server.down = True
+        return "sent"
+
+    with pytest.raises(RehydrationUnavailable) as raised, \
+            server.claims(1) as claims, claims.effect(CALL, subturn_index=0) as effect:
+        effect.run(send_email)
+    assert any(effect.effect_id in note and "outcome not recorded" in note
+               for note in raised.value.__notes__)
+
+
+def test_a_request_after_the_rehydration_client_is_closed_is_typed():
+    with RehydrationClient("http://api.test", transport=httpx.MockTransport(
+            lambda request: pytest.fail("sent after close"))) as client:
+        pass
+    with pytest.raises(ClientClosed):
+        client.status("t1", "resp_1")
