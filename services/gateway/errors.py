@@ -56,6 +56,21 @@ class ProducerClosed(GatewayError):
     """``send`` after ``close`` (or after the ``with`` block): nothing was produced."""
 
 
+class InvalidGatewayItem(GatewayError, ValueError):
+    """A Responses item (a dict) the builders cannot turn into an ``Item``, or a call
+    and output they cannot make an effect of: nothing built. Not retryable: the same
+    item is always refused. A ``ValueError`` that was no ``GatewayError`` before
+    session 44."""
+
+
+class InvalidGatewayEvent(GatewayError, ValueError):
+    """A builder's argument the event's schema refuses (``turn_completed``,
+    ``tool_effect``, ``turn_cancelled``: pydantic's text says which field and why), or a
+    ``TurnIdentity`` that is neither one Conversation nor one chain: nothing built. Not
+    retryable: fix the argument. pydantic's ``ValidationError`` and a plain
+    ``ValueError`` before session 44."""
+
+
 class ClientClosed(GatewayError):
     """A request through a ``RehydrationClient`` or ``EffectClaims`` after its ``close``
     (or after its ``with`` block): nothing was sent. Create a new one. Before session 44

@@ -32,11 +32,14 @@ verifies and what rehydration returns are the same bytes:
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
+
+from pydantic import ValidationError
 
 from ratchet.domain.catalogue import CATALOGUE, shape_problem
 from ratchet.domain.fingerprint import fingerprint_hash
@@ -59,13 +62,17 @@ from schemas.models import (
     TurnCompleted,
     TurnStatus,
 )
-from services.gateway.errors import ChainRootUnknown, UnservableId
+from services.gateway.errors import (
+    ChainRootUnknown,
+    InvalidGatewayEvent,
+    InvalidGatewayItem,
+    UnservableId,
+)
 
 ITEM_FORMAT_VERSION = 1
 
-
-class InvalidGatewayItem(ValueError):
-    """A Responses item dict the builders cannot turn into an ``Item``."""
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -85,11 +92,12 @@ class TurnIdentity:
 
     def __post_init__(self) -> None:
         if (self.conversation_id is None) == (self.chain_root_id is None):
-            raise ValueError("give exactly one of conversation_id or chain_root_id")
+            raise InvalidGatewayEvent("give exactly one of conversation_id or chain_root_id")
         if self.conversation_id is not None and self.expected_head_seq is None:
-            raise ValueError("Conversation mode needs expected_head_seq (0 for a new one)")
+            raise InvalidGatewayEvent("Conversation mode needs expected_head_seq (0 for a new "
+                                      "one)")
         if self.conversation_id is not None and self.previous_response_id is not None:
-            raise ValueError("Conversation mode continues the Conversation's head: "
+            raise InvalidGatewayEvent("Conversation mode continues the Conversation's head: "
                              "previous_response_id must be None")
         problem = unservable_id(self)
         if problem:
@@ -138,6 +146,20 @@ class TurnIdentity:
         return partition_key(self)
 
 
+def _built(builder: Callable[P, R]) -> Callable[P, R]:
+    """``builder``, with the model's refusal of an argument typed: pydantic's
+    ``ValidationError`` becomes ``InvalidGatewayEvent`` (its text kept)."""
+
+    @functools.wraps(builder)
+    def build(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return builder(*args, **kwargs)
+        except ValidationError as exc:
+            raise InvalidGatewayEvent(f"{builder.__name__}: {exc}") from exc
+
+    return build
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -168,6 +190,7 @@ def request_digest(request: Mapping[str, Any]) -> str:
     return canonical_digest(dict(request))
 
 
+@_built
 def turn_completed(
     identity: TurnIdentity,
     *,
@@ -226,6 +249,7 @@ def turn_completed(
     )
 
 
+@_built
 def tool_effect(
     identity: TurnIdentity,
     *,
@@ -294,6 +318,7 @@ def arguments_digest_of(call: Mapping[str, Any]) -> str:
                                                                "arguments"))))
 
 
+@_built
 def turn_cancelled(identity: TurnIdentity, *, idempotency_key: str) -> TurnCancelled:
     produced = now_ms()
     return TurnCancelled(

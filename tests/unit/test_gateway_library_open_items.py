@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from ratchet.domain.claims import EffectPolicy
-from ratchet.samples import make_tool_effect, make_turn
+from ratchet.samples import make_fingerprint, make_tool_effect, make_turn
 from schemas.keys import MissingChainRoot
 from services.gateway.claims import (
     ClaimsLeftOpen,
@@ -41,14 +41,23 @@ from services.gateway.errors import (
     DeliveryError,
     EffectKeyedApart,
     GatewayError,
+    InvalidGatewayEvent,
+    InvalidGatewayItem,
     RehydrationUnavailable,
     UnservableId,
 )
-from services.gateway.events import TurnIdentity
+from services.gateway.events import (
+    TurnIdentity,
+    to_item,
+    tool_effect,
+    turn_cancelled,
+    turn_completed,
+)
 from tests.unit.test_gateway_claims_library_review import CALL1 as CALL
 from tests.unit.test_gateway_claims_library_review import CALL2, Server
 from tests.unit.test_gateway_library_review import gateway
 
+IDENTITY = TurnIdentity.conversation("t1", "conv_1", "resp_1", 0)
 RETRIABLE = KafkaError(KafkaError.NOT_ENOUGH_REPLICAS, "not enough replicas", retriable=True)
 
 
@@ -307,3 +316,42 @@ def test_a_request_after_the_rehydration_client_is_closed_is_typed():
         pass
     with pytest.raises(ClientClosed):
         client.status("t1", "resp_1")
+
+
+# More of the same kind (session 44). -------------------------------------------------
+FUNCTION_CALL = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+
+
+@pytest.mark.parametrize("build", [
+    lambda: TurnIdentity("t1", "resp_1"),
+    lambda: TurnIdentity("t1", "resp_1", conversation_id="conv_1"),
+    lambda: TurnIdentity("t1", "resp_1", conversation_id="conv_1", expected_head_seq=0,
+                         previous_response_id="resp_0"),
+    lambda: turn_completed(IDENTITY, idempotency_key="k1", request={}, input_items=[],
+                           output_items=[], fingerprint=make_fingerprint(), status="bogus"),
+    lambda: turn_completed(IDENTITY, idempotency_key="k1", request={}, input_items=[],
+                           output_items=[], fingerprint=make_fingerprint(), truncation=5),
+    lambda: turn_cancelled(IDENTITY, idempotency_key=7),
+    lambda: tool_effect(IDENTITY, idempotency_key="k1", subturn_index="first",
+                        call=FUNCTION_CALL, output={"type": "function_call_output",
+                                                    "call_id": "c1", "output": "ok"}),
+], ids=["no mode", "no head", "conversation with parent", "status", "truncation",
+        "key type", "subturn type"])
+def test_a_builder_refusing_its_arguments_is_a_typed_gateway_error(build):
+    """pydantic's ``ValidationError`` (and ``TurnIdentity``'s plain ``ValueError``) left
+    the builders untyped; still a ``ValueError``."""
+    with pytest.raises(InvalidGatewayEvent) as refused:
+        build()
+    assert isinstance(refused.value, GatewayError) and isinstance(refused.value, ValueError)
+    assert not refused.value.retryable
+
+
+@pytest.mark.parametrize("build", [
+    lambda: to_item({"content": "no type"}, default_id="i1"),
+    lambda: tool_effect(IDENTITY, idempotency_key="k1", subturn_index=0,
+                        call={"type": "message"}, output={}),
+], ids=["item", "effect"])
+def test_an_item_the_builders_refuse_is_a_typed_gateway_error(build):
+    with pytest.raises(InvalidGatewayItem) as refused:
+        build()
+    assert isinstance(refused.value, GatewayError) and not refused.value.retryable
