@@ -197,7 +197,11 @@ def _outcome(body: dict[str, Any], http_status: int) -> Outcome:
     kind = body["outcome"]
     if (kind in ("certified", "fallback")) != (http_status == 200):
         raise RehydrationUnavailable(f"outcome {kind!r} with HTTP {http_status}")
-    items = tuple(_pick(HistoryItem, item) for item in body.get("items") or ())
+    items: tuple[HistoryItem, ...] = ()
+    if kind in ("certified", "fallback"):
+        if not isinstance(body["items"], list):  # a history is a list, maybe empty
+            raise TypeError(f"items is {type(body['items']).__name__}, not a list")
+        items = tuple(_pick(HistoryItem, item) for item in body["items"])
     if kind == "certified":
         checkpoint = _pick(Checkpoint, body["checkpoint"])
         return Certified(body["response_id"], body.get("head_seq"), items, checkpoint)
@@ -209,9 +213,28 @@ def _outcome(body: dict[str, Any], http_status: int) -> Outcome:
 
 
 def _pick(cls: type, data: dict[str, Any]) -> Any:
-    """Build ``cls`` from the fields it knows: newer servers may add fields."""
-    names = cls.__dataclass_fields__
-    return cls(**{name: data.get(name) for name in names})
+    """Build ``cls`` from the fields it knows: newer servers may add fields. A field
+    the server always sends (its type is not ``X | None``) that is missing, null or of
+    another type is ``KeyError`` / ``TypeError`` (so ``RehydrationUnavailable``: not the
+    service's answer); before session 44 it became ``None``: an item without
+    ``content``, a checkpoint without ``seq``."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__} is {type(data).__name__}, not an object")
+    values = {}
+    for name, spec in cls.__dataclass_fields__.items():
+        value = data.get(name)
+        kind, _, optional = str(spec.type).partition(" | ")
+        if value is None:
+            if not optional:
+                raise KeyError(f"{cls.__name__}.{name}")
+        elif not isinstance(value, _JSON_TYPES[kind.split("[")[0]]) or isinstance(value, bool):
+            raise TypeError(f"{cls.__name__}.{name} is {type(value).__name__}, not {kind}")
+        values[name] = value
+    return cls(**values)
+
+
+# The JSON types of the answer's fields, by the name their annotation starts with.
+_JSON_TYPES: dict[str, type] = {"str": str, "int": int, "dict": dict}
 
 
 def answer_object(resp: httpx.Response) -> dict[str, Any]:

@@ -355,3 +355,41 @@ def test_an_item_the_builders_refuse_is_a_typed_gateway_error(build):
     with pytest.raises(InvalidGatewayItem) as refused:
         build()
     assert isinstance(refused.value, GatewayError) and not refused.value.retryable
+
+
+ITEM = {"item_id": "m1", "type": "message", "role": "user", "call_id": None,
+        "content": '{"id":"m1","type":"message"}', "content_digest": "d" * 64,
+        "format_version": 1}
+CHECKPOINT = {"seq": 3, "fingerprint_hash": "f" * 64, "expires_at": None,
+              "token_artifact": {}, "router_receipt": None, "boundary_proof": None}
+CERTIFIED = {"outcome": "certified", "reason": None, "head_seq": 3, "response_id": "resp_1",
+             "items": [ITEM], "checkpoint": CHECKPOINT}
+
+
+def _without(body: dict, key: str) -> dict:
+    return {k: v for k, v in body.items() if k != key}
+
+
+@pytest.mark.parametrize("body", [
+    {**CERTIFIED, "items": [_without(ITEM, "content")]},
+    {**CERTIFIED, "items": [{**ITEM, "content": None}]},
+    {**CERTIFIED, "items": [{**ITEM, "content_digest": 7}]},
+    {**CERTIFIED, "items": [{**ITEM, "format_version": "1"}]},
+    {**CERTIFIED, "checkpoint": _without(CHECKPOINT, "seq")},
+    {**CERTIFIED, "checkpoint": {**CHECKPOINT, "fingerprint_hash": None}},
+    {**CERTIFIED, "checkpoint": {**CHECKPOINT, "token_artifact": "reuse me"}},
+    _without(CERTIFIED, "items"),
+    {**_without(CERTIFIED, "checkpoint"), "outcome": "fallback", "reason": "NO_ARTIFACT",
+     "items": None},
+], ids=["item without content", "null content", "digest not a string",
+        "format version not an int", "checkpoint without seq", "null fingerprint hash",
+        "artifact not an object", "certified without items", "fallback with null items"])
+def test_a_history_answer_missing_a_field_its_outcome_always_has_is_not_the_services(body):
+    """The client filled a missing field with ``None``: a certified history whose item
+    has no content, a checkpoint without ``seq``, a certified history with no items at
+    all, was handed to the gateway as the service's answer."""
+    client = RehydrationClient("http://api.test", transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, json=body)))
+    with pytest.raises(RehydrationUnavailable, match="not the rehydration service's"):
+        client.response_history("t1", "resp_1", "f" * 64)
+
