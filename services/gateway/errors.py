@@ -52,6 +52,23 @@ class EventNotEncoded(GatewayError):
                             "Confluent-compatible registry?)"))
 
 
+class EventNotQueued(GatewayError):
+    """librdkafka refused to queue the event (``produce`` raised: e.g. after a fatal
+    error of the idempotent producer, which then refuses every event): not produced.
+    ``retryable`` when librdkafka says its error is retriable and not fatal; after a
+    fatal one, close this producer and send with a new one (sending again is safe).
+    confluent-kafka's untyped ``KafkaException`` before session 44."""
+
+    def __init__(self, event_id: str, detail: str, *, retryable: bool, fatal: bool) -> None:
+        self.event_id = event_id
+        self.detail = detail
+        self.retryable = retryable
+        self.fatal = fatal
+        super().__init__(f"event {event_id} not queued: {detail}: not produced"
+                         + ("; the producer failed for good: close it and send with a new "
+                            "one" if fatal else ""))
+
+
 class ProducerClosed(GatewayError):
     """``send`` after ``close`` (or after the ``with`` block): nothing was produced."""
 

@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.serialization import SerializationError
 
 from ratchet.domain.bounds import container_problem, effect_field_problem, elements_of
@@ -44,6 +44,7 @@ from services.gateway.errors import (
     EffectKeyedApart,
     EventBeyondLimits,
     EventNotEncoded,
+    EventNotQueued,
     EventTooLarge,
     FlushTimeout,
     GatewayError,
@@ -149,7 +150,8 @@ class GatewayProducer:
         value above the protocol maximum (``EventTooLarge``), a turn beyond the
         protocol's bounds on array items and on its contents' arrays and objects
         (``EventBeyondLimits``), an event the registry could not encode
-        (``EventNotEncoded``)."""
+        (``EventNotEncoded``); an event librdkafka refuses to queue is
+        ``EventNotQueued``."""
         self._produce(event, self._prepare(event))
 
     def send_turn(self, turn: TurnCompleted, effects: Iterable[ToolEffect] = ()) -> None:
@@ -157,7 +159,8 @@ class GatewayProducer:
         Every event is checked and encoded before the first is produced: a turn or an
         effect that ``send`` would refuse (an id, a bound, the size, the encoding) or an
         effect keyed apart from its turn (``EffectKeyedApart``) is refused with nothing of
-        the turn produced."""
+        the turn produced. ``EventNotQueued`` (librdkafka's own refusal) may come after
+        some effects were queued: send the turn, effects and all, again (safe)."""
         effects = tuple(effects)
         self._check(turn)  # the turn's own refusals first, before encoding anything
         for effect in effects:
@@ -244,6 +247,13 @@ class GatewayProducer:
                     break
                 except BufferError:  # local queue full: let deliveries drain, then retry
                     self._producer.poll(0.1)
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) \
+                        else None
+                    raise EventNotQueued(
+                        event.event_id, str(err if err is not None else exc),
+                        retryable=err is not None and err.retriable() and not err.fatal(),
+                        fatal=err is None or err.fatal()) from exc
             self._producer.poll(0)
 
     def _failures_for(self, thread: threading.Thread

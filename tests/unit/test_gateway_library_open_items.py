@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from ratchet.domain.claims import EffectPolicy
 from ratchet.samples import make_fingerprint, make_tool_effect, make_turn
@@ -40,6 +40,7 @@ from services.gateway.errors import (
     ClientClosed,
     DeliveryError,
     EffectKeyedApart,
+    EventNotQueued,
     GatewayError,
     InvalidGatewayEvent,
     InvalidGatewayItem,
@@ -393,3 +394,23 @@ def test_a_history_answer_missing_a_field_its_outcome_always_has_is_not_the_serv
     with pytest.raises(RehydrationUnavailable, match="not the rehydration service's"):
         client.response_history("t1", "resp_1", "f" * 64)
 
+
+
+@pytest.mark.parametrize(("error", "retryable"), [
+    (KafkaError(KafkaError._FATAL, "the idempotent producer failed", fatal=True), False),
+    (KafkaError(KafkaError._STATE, "not ready", retriable=True), True),
+], ids=["fatal", "retriable"])
+def test_an_event_librdkafka_refuses_to_queue_is_a_typed_gateway_error(error, retryable):
+    """``produce`` raising (as confluent-kafka does after the idempotent producer's fatal
+    error) leaked its untyped ``KafkaException`` from ``send``."""
+    producer, kafka = gateway()
+
+    def refuse(*args, **kwargs):
+        raise KafkaException(error)
+
+    kafka.produce = refuse
+    turn = make_turn()
+    with pytest.raises(EventNotQueued, match="not produced") as refused:
+        producer.send(turn)
+    assert (refused.value.event_id, refused.value.retryable) == (turn.event_id, retryable)
+    assert refused.value.fatal is not retryable
