@@ -52,6 +52,14 @@ class EventNotEncoded(GatewayError):
                             "Confluent-compatible registry?)"))
 
 
+class ProducerMisconfigured(GatewayError, ValueError):
+    """``GatewayProducer(config=...)`` overrides a setting the protocol's guarantees rest
+    on (``enable.idempotence``, ``acks``, ``allow.auto.create.topics``, the compression,
+    ``delivery.report.only.error``: ``producer.GUARANTEED``) with another value: no
+    producer is made. Not retryable: drop the setting. Before session 44 it was taken:
+    ``acks=1`` or idempotence off weakened every event's delivery silently."""
+
+
 class EventNotQueued(GatewayError):
     """librdkafka refused to queue the event (``produce`` raised: e.g. after a fatal
     error of the idempotent producer, which then refuses every event): not produced.

@@ -49,6 +49,7 @@ from services.gateway.errors import (
     FlushTimeout,
     GatewayError,
     ProducerClosed,
+    ProducerMisconfigured,
     UnservableId,
 )
 
@@ -81,6 +82,40 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 }
 
 
+# The settings the guarantees rest on (the module's docstring, CONTRACT section 2), under
+# each of librdkafka's names for them, and the values (as given in Python or as text) a
+# ``config`` may give them: another is ``ProducerMisconfigured``. Compression: what the
+# processor's consumer reads without native libraries.
+GUARANTEED: dict[str, frozenset[object]] = {
+    "enable.idempotence": frozenset({True, "true"}),
+    "acks": frozenset({"all", "-1", -1}),
+    "request.required.acks": frozenset({"all", "-1", -1}),
+    "allow.auto.create.topics": frozenset({False, "false"}),
+    "compression.type": frozenset({"none", "gzip"}),
+    "compression.codec": frozenset({"none", "gzip"}),
+    # Successes must be reported: one without an offset is not a confirmed write.
+    "delivery.report.only.error": frozenset({False, "false"}),
+}
+
+
+def _checked(config: dict[str, Any]) -> dict[str, Any]:
+    """``config``, once it gives no guaranteed setting another value."""
+    for name, value in config.items():
+        allowed = GUARANTEED.get(name)
+        if allowed is not None and not _among(value, allowed):
+            raise ProducerMisconfigured(
+                f"config {name}={value!r}: the gateway protocol's delivery guarantees need "
+                f"{name} in {sorted(map(str, allowed))}; no producer made")
+    return config
+
+
+def _among(value: object, allowed: frozenset[object]) -> bool:
+    try:
+        return (value.lower() if isinstance(value, str) else value) in allowed
+    except TypeError:  # unhashable: no such setting's value
+        return False
+
+
 class GatewayProducer:
     """One Kafka producer per gateway process; thread-safe like the underlying client."""
 
@@ -95,7 +130,8 @@ class GatewayProducer:
             registry_client(settings.schema_registry_url)
         )
         self._producer = Producer(
-            {"bootstrap.servers": settings.kafka_bootstrap, **PRODUCER_DEFAULTS, **(config or {})}
+            {"bootstrap.servers": settings.kafka_bootstrap, **PRODUCER_DEFAULTS,
+             **_checked(config or {})}
         )
         self._lock = threading.Lock()
         # Delivery failures, numbered in the order reported; each thread's cursor is the

@@ -28,6 +28,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from ratchet.domain.claims import EffectPolicy
 from ratchet.samples import make_fingerprint, make_tool_effect, make_turn
+from ratchet.settings import Settings
 from schemas.keys import MissingChainRoot
 from services.gateway.claims import (
     ClaimsLeftOpen,
@@ -44,6 +45,7 @@ from services.gateway.errors import (
     GatewayError,
     InvalidGatewayEvent,
     InvalidGatewayItem,
+    ProducerMisconfigured,
     RehydrationUnavailable,
     UnservableId,
 )
@@ -54,6 +56,7 @@ from services.gateway.events import (
     turn_cancelled,
     turn_completed,
 )
+from services.gateway.producer import GatewayProducer
 from tests.unit.test_gateway_claims_library_review import CALL1 as CALL
 from tests.unit.test_gateway_claims_library_review import CALL2, Server
 from tests.unit.test_gateway_library_review import gateway
@@ -414,3 +417,19 @@ def test_an_event_librdkafka_refuses_to_queue_is_a_typed_gateway_error(error, re
         producer.send(turn)
     assert (refused.value.event_id, refused.value.retryable) == (turn.event_id, retryable)
     assert refused.value.fatal is not retryable
+
+
+@pytest.mark.parametrize("config", [
+    {"enable.idempotence": False}, {"acks": 1}, {"acks": "1"},
+    {"request.required.acks": 0}, {"allow.auto.create.topics": "true"},
+    {"compression.type": "lz4"}, {"compression.codec": "zstd"},
+    {"delivery.report.only.error": True},
+], ids=lambda config: ",".join(f"{k}={v}" for k, v in config.items()))
+def test_a_config_weakening_the_delivery_guarantees_is_refused(config):
+    """``config`` overrode the producer's defaults whatever they were: ``acks=1`` or
+    idempotence off (order of effects before their turn, no duplicates) was taken
+    silently; lz4 or zstd batches stop the processor's partition."""
+    with pytest.raises(ProducerMisconfigured, match="no producer made") as refused:
+        GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=object(),
+                        config={"log_level": 0, **config})
+    assert isinstance(refused.value, GatewayError) and not refused.value.retryable
