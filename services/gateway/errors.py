@@ -54,7 +54,7 @@ class EventNotEncoded(GatewayError):
 
 class ProducerMisconfigured(GatewayError, ValueError):
     """``GatewayProducer(config=...)`` overrides a setting the protocol's guarantees rest
-    on (``enable.idempotence``, ``acks``, ``allow.auto.create.topics``, the compression,
+    on (``enable.idempotence``, ``acks``, ``allow.auto.create.topics``,
     ``delivery.report.only.error``: ``producer.GUARANTEED``) with another value: no
     producer is made. Not retryable: drop the setting. Before session 44 it was taken:
     ``acks=1`` or idempotence off weakened every event's delivery silently."""
