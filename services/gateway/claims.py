@@ -362,6 +362,9 @@ class EffectClaims:
         """The effect of ``call`` (a Responses call item); ``occurrence`` defaults to the
         count of earlier calls of the same tool in this subturn. The same call entered
         again is the same effect (its occurrence, key and token)."""
+        if not isinstance(call, Mapping):
+            raise InvalidGatewayItem(f"call is a Responses call item dict, not "
+                                     f"{type(call).__name__}")
         seen = self._effects.get((subturn_index, str(call.get("call_id"))))
         if seen is not None and occurrence in (None, seen.occurrence):
             yield seen

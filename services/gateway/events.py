@@ -99,6 +99,14 @@ class TurnIdentity:
         if self.conversation_id is not None and self.previous_response_id is not None:
             raise InvalidGatewayEvent("Conversation mode continues the Conversation's head: "
                              "previous_response_id must be None")
+        for name in ("tenant_id", "response_id", "conversation_id", "chain_root_id",
+                     "previous_response_id"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise InvalidGatewayEvent(f"{name} is {type(value).__name__}, not a string")
+        head = self.expected_head_seq
+        if head is not None and (not isinstance(head, int) or isinstance(head, bool)):
+            raise InvalidGatewayEvent(f"expected_head_seq {head!r} is not an integer")
         problem = unservable_id(self)
         if problem:
             raise UnservableId(problem)
@@ -168,10 +176,21 @@ def to_item(
     obj: Mapping[str, Any], *, default_id: str, format_version: int = ITEM_FORMAT_VERSION
 ) -> Item:
     """One Responses item dict as a ratchet ``Item`` (canonical content + digest)."""
+    _need_mapping(obj, "an item")
     try:
         return from_responses(obj, item_id=default_id, format_version=format_version)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # TypeError: a value JSON has no form for
         raise InvalidGatewayItem(str(exc)) from None
+
+
+def _need_mapping(obj: object, what: str) -> None:
+    """``InvalidGatewayItem`` unless ``obj`` is a dict (a ``Mapping``): an SDK's item
+    object left an ``AttributeError`` before session 44."""
+    if not isinstance(obj, Mapping):
+        raise InvalidGatewayItem(
+            f"{what} is a Responses item dict, not {type(obj).__name__}"
+            + (" (an SDK object: pass its .model_dump())"
+               if hasattr(obj, "model_dump") else ""))
 
 
 def to_items(
@@ -186,8 +205,16 @@ def to_items(
 
 
 def request_digest(request: Mapping[str, Any]) -> str:
-    """Digest of the logical request: identical for every retry of it."""
-    return canonical_digest(dict(request))
+    """Digest of the logical request: identical for every retry of it. A request that is
+    not a JSON object with a canonical form (a NaN, a value JSON has no form for) is
+    ``InvalidGatewayEvent``."""
+    if not isinstance(request, Mapping):
+        raise InvalidGatewayEvent(f"request is {type(request).__name__}, not the Responses "
+                                  "create body (a dict)")
+    try:
+        return canonical_digest(dict(request))
+    except (ValueError, TypeError) as exc:
+        raise InvalidGatewayEvent(f"request has no canonical JSON: {exc}") from None
 
 
 @_built
@@ -217,6 +244,9 @@ def turn_completed(
 ) -> TurnCompleted:
     """The event asking ratchet to promote this turn (``input_items`` are the items
     this turn ADDS, not the rehydrated history)."""
+    if not isinstance(fingerprint, Fingerprint):
+        raise InvalidGatewayEvent(f"fingerprint is {type(fingerprint).__name__}, not a "
+                                  "Fingerprint (ratchet.domain.fingerprint.build_fingerprint)")
     produced = now_ms()
     return TurnCompleted(
         **identity.common_fields(produced),
@@ -271,6 +301,9 @@ def tool_effect(
     ``effect_id``: a claimed effect's id (``services/gateway/claims.py``), which replaces
     the call-id recipe so the claim and its record are one effect.
     """
+    _need_mapping(call, "call")
+    if output is not None:
+        _need_mapping(output, "output")
     call_type = call.get("type")
     entry = CATALOGUE.get(call_type) if isinstance(call_type, str) else None
     if entry is None or entry.effect_output is None:

@@ -124,13 +124,21 @@ class GatewayProducer:
         config: dict[str, Any] | None = None,
     ) -> None:
         self.topic = settings.topic("gateway-events")
-        self._serde = serde or EventSerde(
-            registry_client(settings.schema_registry_url)
-        )
-        self._producer = Producer(
-            {"bootstrap.servers": settings.kafka_bootstrap, **PRODUCER_DEFAULTS,
-             **_checked(config or {})}
-        )
+        try:
+            self._serde = serde or EventSerde(
+                registry_client(settings.schema_registry_url)
+            )
+        except ValueError as exc:  # confluent-kafka's "Invalid url"
+            raise ProducerMisconfigured(f"schema_registry_url "
+                                        f"{settings.schema_registry_url!r}: {exc}") from exc
+        try:
+            self._producer = Producer(
+                {"bootstrap.servers": settings.kafka_bootstrap, **PRODUCER_DEFAULTS,
+                 **_checked(config or {})}
+            )
+        except KafkaException as exc:  # a property librdkafka does not know or take
+            raise ProducerMisconfigured(f"librdkafka refused the config: {exc.args[0]}; "
+                                        "no producer made") from exc
         self._lock = threading.Lock()
         # Delivery failures, numbered in the order reported; each thread's cursor is the
         # number of the first one its flush has not raised (``_failures_for``). Keyed by

@@ -433,3 +433,57 @@ def test_a_config_weakening_the_delivery_guarantees_is_refused(config):
         GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=object(),
                         config={"log_level": 0, **config})
     assert isinstance(refused.value, GatewayError) and not refused.value.retryable
+
+
+class SdkItem:
+    """As an SDK's pydantic item (openai's ``ResponseOutputMessage``): not a dict."""
+
+    def model_dump(self) -> dict:
+        return {"type": "message", "role": "user", "content": []}
+
+
+@pytest.mark.parametrize("build", [
+    lambda: to_item(SdkItem(), default_id="i1"),
+    lambda: turn_completed(IDENTITY, idempotency_key="k1", request={}, input_items=["hi"],
+                           output_items=[], fingerprint=make_fingerprint()),
+    lambda: to_item({"type": "message", "content": b"bytes"}, default_id="i1"),
+    lambda: tool_effect(IDENTITY, idempotency_key="k1", subturn_index=0, call=FUNCTION_CALL,
+                        output="ok"),
+    lambda: tool_effect(IDENTITY, idempotency_key="k1", subturn_index=0, call=SdkItem()),
+    lambda: EffectClaims("http://api.test", IDENTITY, idempotency_key="k1",
+                         attempt=1).effect(SdkItem(), subturn_index=0).__enter__(),
+], ids=["sdk object", "str item", "bytes in an item", "str output", "sdk call",
+        "sdk call claimed"])
+def test_an_item_that_is_not_a_json_dict_is_a_typed_refusal(build):
+    """A gateway holding its items as an SDK's objects (or a string) got an
+    ``AttributeError`` ("no attribute 'get'") or a ``TypeError`` from the builders."""
+    with pytest.raises(InvalidGatewayItem) as refused:
+        build()
+    assert isinstance(refused.value, GatewayError)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: TurnIdentity.conversation(5, "conv_1", "resp_1", 0),
+    lambda: TurnIdentity.conversation("t1", "conv_1", "resp_1", "3"),
+    lambda: turn_completed(IDENTITY, idempotency_key="k1", request=[("model", "m")],
+                           input_items=[], output_items=[], fingerprint=make_fingerprint()),
+    lambda: turn_completed(IDENTITY, idempotency_key="k1", request={"t": float("nan")},
+                           input_items=[], output_items=[], fingerprint=make_fingerprint()),
+    lambda: turn_completed(IDENTITY, idempotency_key="k1", request={}, input_items=[],
+                           output_items=[], fingerprint={"model_name": "m"}),
+], ids=["int tenant", "str head", "request not a dict", "NaN in the request",
+        "fingerprint a dict"])
+def test_an_argument_of_another_type_is_a_typed_refusal(build):
+    with pytest.raises(InvalidGatewayEvent) as refused:
+        build()
+    assert isinstance(refused.value, ValueError)
+
+
+@pytest.mark.parametrize(("settings", "config"), [
+    (Settings(kafka_bootstrap="127.0.0.1:1"), {"linger.ms": "soon"}),
+    (Settings(kafka_bootstrap="127.0.0.1:1"), {"lingr.ms": 5}),
+    (Settings(kafka_bootstrap="127.0.0.1:1", schema_registry_url="registry"), {}),
+], ids=["bad value", "unknown property", "registry url"])
+def test_a_config_librdkafka_or_the_registry_client_refuses_is_typed(settings, config):
+    with pytest.raises(ProducerMisconfigured):
+        GatewayProducer(settings, config={"log_level": 0, **config})
