@@ -153,6 +153,7 @@ class GatewayProducer:
             weakref.WeakKeyDictionary())
         self._closed = False
         self._sending = threading.Lock()  # ``close`` against ``send``s in other threads
+        self._closed_done = threading.Event()  # the first ``close`` released the client
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -174,15 +175,24 @@ class GatewayProducer:
         Leaving the ``with`` block closes; ``send`` after ``close`` (or while another
         thread closes) is ``ProducerClosed``, ``flush`` after it raises what is left.
         Before session 43 leaving the block flushed for 10 s and raised nothing: a turn
-        never written left the block as if it had been."""
+        never written left the block as if it had been. A ``close`` while another
+        thread closes waits for that one to end, then raises as ``flush`` does for its
+        own thread (before session 44 it returned at once, raising nothing: a thread
+        whose events were then purged was told they were all delivered)."""
         with self._sending:
-            if self._closed:
-                return
+            first = not self._closed
             self._closed = True
-        self._producer.flush(timeout_s)
-        self._producer.purge()
-        self._producer.flush(0)  # serves the purged events' reports: failures (retryable)
-        self._producer.close()
+        if not first:
+            self._closed_done.wait()
+            self._raise_failures(pending=0)
+            return
+        try:
+            self._producer.flush(timeout_s)
+            self._producer.purge()
+            self._producer.flush(0)  # serves the purged events' reports: failures
+            self._producer.close()
+        finally:
+            self._closed_done.set()
         self._raise_failures(pending=0)
 
     def send(self, event: GatewayEvent) -> None:

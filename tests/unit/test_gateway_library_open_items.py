@@ -487,3 +487,48 @@ def test_an_argument_of_another_type_is_a_typed_refusal(build):
 def test_a_config_librdkafka_or_the_registry_client_refuses_is_typed(settings, config):
     with pytest.raises(ProducerMisconfigured):
         GatewayProducer(settings, config={"log_level": 0, **config})
+
+
+def test_a_close_while_another_thread_closes_raises_what_was_not_delivered():
+    """Two threads close the producer (each leaving its ``with`` block, or a shutdown
+    hook and a worker): the second returned at once, raising nothing, while the first
+    was still flushing; its event was then purged, never written."""
+    producer, kafka = gateway()
+    flushing, release = threading.Event(), threading.Event()
+    sent, go = threading.Event(), threading.Event()
+    outcome: dict[str, BaseException | None] = {}
+    plain_flush = kafka.flush
+
+    def slow_flush(timeout=None):
+        if timeout:  # close's first flush waits for the broker
+            flushing.set()
+            release.wait(10)
+        return plain_flush(timeout)
+
+    kafka.flush = slow_flush
+
+    def closer(name: str, send_first: bool) -> Callable[[], None]:
+        def close() -> None:
+            if send_first:
+                producer.send(make_turn())  # never acknowledged: purged by close
+                sent.set()
+                go.wait(10)
+            try:
+                producer.close()
+                outcome[name] = None
+            except DeliveryError as exc:
+                outcome[name] = exc
+        return close
+
+    second = threading.Thread(target=closer("second", send_first=True))
+    second.start()
+    assert sent.wait(10)
+    first = threading.Thread(target=closer("first", send_first=False))
+    first.start()
+    assert flushing.wait(10)  # the first close is under way
+    go.set()  # the second closes now
+    release.set()
+    for thread in (first, second):
+        thread.join(10)
+    assert isinstance(outcome["second"], DeliveryError), outcome
+    assert outcome["second"].retryable  # purged: may or may not be written
