@@ -14,6 +14,16 @@ every refusal of the library is a typed ``GatewayError`` saying whether a retry 
    ``ValueError``.
 3. ``EffectClaims`` had no context manager.
 
+More of the same kind, found reading the library again:
+
+4. Builders, producer and clients let untyped errors out: pydantic's
+   ``ValidationError``, ``AttributeError`` for an SDK's item object, confluent-kafka's
+   ``KafkaException`` (a fatal error, a config it refuses), httpx's ``RuntimeError``
+   after ``close``; a ``config`` weakening the delivery guarantees was taken silently.
+5. A history answer missing a field its outcome always has became ``None`` in it.
+6. A ``close`` while another thread closed the producer returned at once, raising
+   nothing.
+
 No broker is needed: librdkafka is replaced by ``FakeKafka`` (the session 43 review's).
 """
 
