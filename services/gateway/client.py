@@ -151,9 +151,12 @@ class RehydrationClient:
         if resp.status_code != 200:
             raise _unexpected(resp)
         body = answer_object(resp)
-        if not isinstance(body.get("response_id"), str) or not isinstance(body.get("state"), str):
-            raise not_the_service(resp)
-        return Status(body["response_id"], body["state"], body.get("reason"), body.get("seq"))
+        try:
+            return Status(_field(body, "response_id", str), _field(body, "state", str),
+                          _field(body, "reason", str, optional=True),
+                          _field(body, "seq", int, optional=True))
+        except (KeyError, TypeError):
+            raise not_the_service(resp) from None
 
     def _history(self, path: str, params: dict[str, Any], timeout: float | None) -> Outcome:
         resp = self._get(path, params, timeout)
@@ -204,11 +207,15 @@ def _outcome(body: dict[str, Any], http_status: int) -> Outcome:
         items = tuple(_pick(HistoryItem, item) for item in body["items"])
     if kind == "certified":
         checkpoint = _pick(Checkpoint, body["checkpoint"])
-        return Certified(body["response_id"], body.get("head_seq"), items, checkpoint)
+        return Certified(_field(body, "response_id", str),
+                         _field(body, "head_seq", int, optional=True), items, checkpoint)
     if kind == "fallback":
-        return Fallback(body["reason"], body["response_id"], body.get("head_seq"), items)
+        return Fallback(_field(body, "reason", str), _field(body, "response_id", str),
+                        _field(body, "head_seq", int, optional=True), items)
     if kind == "failure":
-        return Failure(body["reason"], http_status, body.get("response_id"), body.get("detail"))
+        return Failure(_field(body, "reason", str), http_status,
+                       _field(body, "response_id", str, optional=True),
+                       _field(body, "detail", str, optional=True))
     raise RehydrationUnavailable(f"unknown outcome {kind!r} (HTTP {http_status})")
 
 
@@ -231,6 +238,20 @@ def _pick(cls: type, data: dict[str, Any]) -> Any:
             raise TypeError(f"{cls.__name__}.{name} is {type(value).__name__}, not {kind}")
         values[name] = value
     return cls(**values)
+
+
+def _field(body: dict[str, Any], name: str, kind: type, *, optional: bool = False) -> Any:
+    """``body[name]`` when it is a ``kind`` (or null and ``optional``), else ``KeyError``
+    / ``TypeError``: not the service's answer (before session 44 a null ``reason`` or
+    ``response_id`` was handed on as the outcome's)."""
+    value = body.get(name)
+    if value is None:
+        if optional:
+            return None
+        raise KeyError(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise TypeError(f"{name} is {type(value).__name__}, not {kind.__name__}")
+    return value
 
 
 # The JSON types of the answer's fields, by the name their annotation starts with.

@@ -542,3 +542,30 @@ def test_a_close_while_another_thread_closes_raises_what_was_not_delivered():
         thread.join(10)
     assert isinstance(outcome["second"], DeliveryError), outcome
     assert outcome["second"].retryable  # purged: may or may not be written
+
+
+@pytest.mark.parametrize(("status", "body"), [
+    (200, {**CERTIFIED, "response_id": None}),
+    (200, {**CERTIFIED, "head_seq": "3"}),
+    (200, {**_without(CERTIFIED, "checkpoint"), "outcome": "fallback", "reason": None}),
+    (404, {"outcome": "failure", "reason": None, "detail": "no such response"}),
+    (404, {"outcome": "failure", "reason": "NOT_FOUND", "detail": {"why": 1}}),
+], ids=["certified without response_id", "head_seq a string", "fallback without reason",
+        "failure without reason", "detail an object"])
+def test_an_outcome_whose_own_fields_are_missing_or_mistyped_is_not_the_services(
+        status, body):
+    client = RehydrationClient("http://api.test", transport=httpx.MockTransport(
+        lambda request: httpx.Response(status, json=body)))
+    with pytest.raises(RehydrationUnavailable, match="not the rehydration service's"):
+        client.response_history("t1", "resp_1", "f" * 64)
+
+
+@pytest.mark.parametrize("body", [
+    {"response_id": "resp_1", "state": "promoted", "reason": None, "seq": "3"},
+    {"response_id": "resp_1", "state": "rejected", "reason": 7, "seq": None},
+], ids=["seq a string", "reason a number"])
+def test_a_status_answer_with_a_mistyped_field_is_not_the_services(body):
+    client = RehydrationClient("http://api.test", transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, json=body)))
+    with pytest.raises(RehydrationUnavailable, match="not the rehydration service's"):
+        client.status("t1", "resp_1")
