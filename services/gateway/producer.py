@@ -124,10 +124,13 @@ class GatewayProducer:
         config: dict[str, Any] | None = None,
     ) -> None:
         self.topic = settings.topic("gateway-events")
+        # The registry client this producer made (none given a serde): ``close``
+        # releases it (its HTTP session stayed open before session 44).
+        self._registry: Any = None
         try:
-            self._serde = serde or EventSerde(
-                registry_client(settings.schema_registry_url)
-            )
+            if serde is None:
+                self._registry = registry_client(settings.schema_registry_url)
+            self._serde = serde or EventSerde(self._registry)
         except ValueError as exc:  # confluent-kafka's "Invalid url"
             raise ProducerMisconfigured(f"schema_registry_url "
                                         f"{settings.schema_registry_url!r}: {exc}") from exc
@@ -137,6 +140,8 @@ class GatewayProducer:
                  **_checked(config or {})}
             )
         except KafkaException as exc:  # a property librdkafka does not know or take
+            if self._registry is not None:
+                self._registry.close()
             raise ProducerMisconfigured(f"librdkafka refused the config: {exc.args[0]}; "
                                         "no producer made") from exc
         self._lock = threading.Lock()
@@ -169,7 +174,8 @@ class GatewayProducer:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Wait for every queued event (at most ``timeout_s``), release the Kafka client
-        (its threads and sockets), then raise as ``flush`` does: ``DeliveryError``.
+        (its threads and sockets) and the registry client it made (not one of a ``serde``
+        given: the caller's), then raise as ``flush`` does: ``DeliveryError``.
         Events still queued at the timeout are purged and listed in it (retryable: they
         may or may not have been written; sending them again is safe).
         Leaving the ``with`` block closes; ``send`` after ``close`` (or while another
@@ -192,6 +198,8 @@ class GatewayProducer:
             self._producer.flush(0)  # serves the purged events' reports: failures
             self._producer.close()
         finally:
+            if self._registry is not None:
+                self._registry.close()
             self._closed_done.set()
         self._raise_failures(pending=0)
 

@@ -569,3 +569,14 @@ def test_a_status_answer_with_a_mistyped_field_is_not_the_services(body):
         lambda request: httpx.Response(200, json=body)))
     with pytest.raises(RehydrationUnavailable, match="not the rehydration service's"):
         client.status("t1", "resp_1")
+
+
+def test_closing_the_producer_releases_the_registry_client_it_made():
+    """A producer made without a serde makes its registry client (an HTTP session to
+    the registry): ``close`` released the Kafka client only."""
+    producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1",
+                                        schema_registry_url="http://127.0.0.1:1"),
+                               config={"log_level": 0})
+    session = producer._serde.client._rest_client.session
+    producer.close(timeout_s=0)
+    assert session.is_closed
