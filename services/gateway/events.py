@@ -98,7 +98,7 @@ class TurnIdentity:
                                       "one)")
         if self.conversation_id is not None and self.previous_response_id is not None:
             raise InvalidGatewayEvent("Conversation mode continues the Conversation's head: "
-                             "previous_response_id must be None")
+                                      "previous_response_id must be None")
         for name in ("tenant_id", "response_id", "conversation_id", "chain_root_id",
                      "previous_response_id"):
             value = getattr(self, name)
