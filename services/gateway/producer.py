@@ -159,6 +159,7 @@ class GatewayProducer:
         self._closed = False
         self._sending = threading.Lock()  # ``close`` against ``send``s in other threads
         self._closed_done = threading.Event()  # the first ``close`` released the client
+        self._closer: threading.Thread | None = None  # the thread of the first ``close``
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -188,8 +189,12 @@ class GatewayProducer:
         with self._sending:
             first = not self._closed
             self._closed = True
+            if first:
+                self._closer = threading.current_thread()
         if not first:
-            self._closed_done.wait()
+            # Never wait for itself (a signal handler's close inside the first close).
+            if threading.current_thread() is not self._closer:
+                self._closed_done.wait()
             self._raise_failures(pending=0)
             return
         try:

@@ -580,3 +580,38 @@ def test_closing_the_producer_releases_the_registry_client_it_made():
     session = producer._serde.client._rest_client.session
     producer.close(timeout_s=0)
     assert session.is_closed
+
+
+def test_a_close_inside_the_first_close_of_the_same_thread_does_not_wait_for_itself():
+    """A signal handler's ``close`` while its thread is inside ``close``: waiting for the
+    first close to end would wait for ever (the first version of the fix above did)."""
+    producer, kafka = gateway()
+    producer.send(make_turn())
+    plain_flush = kafka.flush
+    inner: list[BaseException | None] = []
+
+    def flush_with_a_signal(timeout=None):
+        if timeout and not inner:
+            try:
+                producer.close()  # as a handler of SIGTERM would, in this thread
+                inner.append(None)
+            except DeliveryError as exc:
+                inner.append(exc)
+        return plain_flush(timeout)
+
+    kafka.flush = flush_with_a_signal
+    outer: list[BaseException | None] = []
+
+    def close() -> None:
+        try:
+            producer.close()
+            outer.append(None)
+        except DeliveryError as exc:
+            outer.append(exc)
+
+    thread = threading.Thread(target=close, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "close waited for itself"
+    assert inner == [None]  # nothing failed yet when the handler closed
+    assert isinstance(outer[0], DeliveryError)  # the purged event, told by the first
