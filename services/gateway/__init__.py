@@ -6,6 +6,6 @@
   raised, typed, on ``flush``;
 - ``client``: the rehydration client returning typed outcomes, never raw dicts;
 - ``claims``: claim before execute (``EffectClaims``, a context manager);
-- ``errors``: every error the library raises is a ``GatewayError`` saying whether a
+- ``errors``: the library's refusals and failures are ``GatewayError``s saying whether a
   retry helps (docs/service.md, section 3, lists them).
 """
