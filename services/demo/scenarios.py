@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from contextlib import closing
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -136,14 +135,14 @@ def tool_loop_retried_mid_loop(gw: SimulatedGateway, settings: Settings) -> Row:
     args = '{"restaurant":"Paul Bocuse","guests":2}'
     first_call = call("book_table", args)
     first = TurnIdentity.conversation(gw.tenant_id, conv, uid("resp"), 0)
-    with closing(gw.claims(first, key, attempt=1)) as claims, \
+    with gw.claims(first, key, attempt=1) as claims, \
             claims.effect(first_call, subturn_index=0) as effect:
         effect.run(book_table)
     gw.producer.flush()  # the recorded ToolEffect is out; now the gateway "crashes"
 
     retry = TurnIdentity.conversation(gw.tenant_id, conv, uid("resp"), 0)
     regenerated = call("book_table", args)  # same request, the model's new call id
-    with closing(gw.claims(retry, key, attempt=2)) as claims, \
+    with gw.claims(retry, key, attempt=2) as claims, \
             claims.effect(regenerated, subturn_index=0) as reused:
         output = reused.run(book_table)
     booking = json.loads(json.loads(output.content)["output"])["booking"]

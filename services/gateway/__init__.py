@@ -4,5 +4,8 @@
   ``ToolEffect`` / ``TurnCancelled`` with canonical content, digests and fingerprint;
 - ``producer``: an idempotent Kafka producer (acks=all) whose delivery errors are
   raised, typed, on ``flush``;
-- ``client``: the rehydration client returning typed outcomes, never raw dicts.
+- ``client``: the rehydration client returning typed outcomes, never raw dicts;
+- ``claims``: claim before execute (``EffectClaims``, a context manager);
+- ``errors``: the library's refusals and failures are ``GatewayError``s saying whether a
+  retry helps (docs/service.md, section 3, lists them).
 """

@@ -1,12 +1,12 @@
 """Claim before execute, for gateways: run a side-effecting tool at most once per
 logical request, even when the request is retried with regenerated call ids.
 
-    claims = EffectClaims(base_url, identity, idempotency_key=key, attempt=2,
-                          producer=producer, policies={"send_email": AT_MOST_ONCE})
-    with claims.effect(call, subturn_index=0) as effect:
-        effect.run(lambda: send_email(**json.loads(call["arguments"])))
-    effect.output      # the function_call_output answering THIS call (maybe reused)
-    effect.effect_id   # list it in the turn's subturn / tool_effect_ids
+    with EffectClaims(base_url, identity, idempotency_key=key, attempt=2,
+                      producer=producer, policies={"send_email": AT_MOST_ONCE}) as claims:
+        with claims.effect(call, subturn_index=0) as effect:
+            effect.run(lambda: send_email(**json.loads(call["arguments"])))
+        effect.output      # the function_call_output answering THIS call (maybe reused)
+        effect.effect_id   # list it in the turn's subturn / tool_effect_ids
 
 ``run`` executes the function only when the claim says so (CLAIMED), records the
 outcome (the synchronous complete call, then a ``ToolEffect`` through the producer, if
@@ -15,11 +15,14 @@ one is given, with the claim's effect id), and otherwise reuses the recorded out
 ``EffectOutcomeUnknown`` (LEASE_EXPIRED under ``at_most_once``), ``EffectConflict``,
 ``RequestCancelled``, ``RequestPromoted`` (another attempt's turn was promoted),
 ``EffectOutputUnusable``. The rules are the server's
-(``ratchet/domain/claims.py``).
+(``ratchet/domain/claims.py``). Leaving the ``with`` block closes the claims: an
+outcome whose completion failed is sent once more, a claim still held without an
+outcome is never released, and is reported (``ClaimsLeftOpen``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -36,8 +39,10 @@ from schemas.items import from_responses
 from schemas.models import Item
 from services.gateway.client import answer_object, not_the_service, server_error
 from services.gateway.errors import (
+    ClientClosed,
     GatewayError,
     InvalidRehydrationRequest,
+    RehydrationServerError,
     RehydrationUnavailable,
 )
 from services.gateway.events import (
@@ -49,7 +54,8 @@ from services.gateway.events import (
 )
 from services.gateway.producer import GatewayProducer
 
-__all__ = ["Effect", "EffectClaims", "EffectConflict", "EffectOutcomeUnknown",
+__all__ = ["ClaimTakenOver", "ClaimsLeftOpen", "ClientClosed", "Effect", "EffectClaims",
+           "EffectConflict", "EffectOutcomeUnknown", "EffectOutputUnrecordable",
            "EffectOutputUnusable", "EffectPolicy", "RequestCancelled", "RequestPromoted",
            "StillInProgress"]
 
@@ -127,6 +133,31 @@ class ClaimTakenOver(GatewayError):
                          "this run's outcome was not recorded")
 
 
+class ClaimsLeftOpen(GatewayError):
+    """``close`` (also leaving ``with EffectClaims(...)``) found claims this attempt may
+    still hold with no outcome recorded; they are not released (the API has no release,
+    and a lease whose tool may have run must never be freed for another attempt to run
+    it): each stays held until its lease ends, then an ``at_most_once`` effect answers
+    every later attempt ``LEASE_EXPIRED`` (``EffectOutcomeUnknown``: never run again)
+    and an ``at_least_once`` one is taken over (it may run twice). ``unrecorded``: the
+    tool ran and its completion did not get through, not even the one re-sent by
+    ``close``; ``interrupted``: the tool was started and interrupted (it may have run);
+    ``unanswered``: the claim call's answer was lost (it may hold the claim; the tool
+    never ran). Not retryable: the holders' tokens go with this object."""
+
+    def __init__(self, unrecorded: list[str], interrupted: list[str],
+                 unanswered: list[str]) -> None:
+        self.unrecorded, self.interrupted = unrecorded, interrupted
+        self.unanswered = unanswered
+        parts = [f"{label}: {', '.join(ids)}" for label, ids in (
+            ("ran, outcome not recorded", unrecorded),
+            ("interrupted, may have run", interrupted),
+            ("claim answer lost, never run", unanswered)) if ids]
+        super().__init__("claims left open, held until their leases end (at_most_once: "
+                         "LEASE_EXPIRED to later attempts; at_least_once: taken over): "
+                         + "; ".join(parts))
+
+
 class StillInProgress(GatewayError):
     """Another live attempt held the effect for longer than ``max_wait_s``."""
 
@@ -168,6 +199,11 @@ class Effect:
         # The function was started and neither returned nor raised an ``Exception``:
         # it may have run, its outcome is unknown, it is never started again.
         self._interrupted = False
+        # The last claim call got no answer of the service (lost, 5xx, interrupted): it
+        # may have written the claim, held by this token; the function never started.
+        self._unanswered = False
+        # The completion of ``_unrecorded`` landed (its ``ToolEffect`` did not go).
+        self._completion_landed = False
 
     def run(self, fn: Callable[[], str]) -> Item:
         """Claim, then run ``fn`` (returning the tool's output text) only if CLAIMED."""
@@ -179,7 +215,13 @@ class Effect:
             raise EffectOutcomeUnknown(self.effect_id, self._owner.attempt, (
                 "this attempt's run of the tool was interrupted and recorded no outcome: "
                 "it may have run, so it is not run again"))
-        body = self._owner._claim(self)
+        self._unanswered = True
+        try:
+            body = self._owner._claim(self)
+        except GatewayError as exc:  # a typed answer wrote no claim of this token
+            self._unanswered = isinstance(exc, RehydrationUnavailable | RehydrationServerError)
+            raise
+        self._unanswered = False
         self.state = body["state"]
         self.previous_attempt = body.get("previous_attempt")
         if body["state"] == "COMPLETED":
@@ -230,6 +272,7 @@ class Effect:
         """Complete the claim with the outcome; the output is this effect's only once
         that got through (a retryable failure keeps it for the next ``run``)."""
         self._unrecorded = (output, succeeded)
+        self._completion_landed = False
         try:
             self._owner._complete(self, output, succeeded)
         except InvalidRehydrationRequest as exc:
@@ -243,7 +286,11 @@ class Effect:
 
 
 class EffectClaims:
-    """The claims of one attempt of one logical request (not thread-safe: one loop)."""
+    """The claims of one attempt of one logical request (not thread-safe: one loop).
+
+    ``with EffectClaims(...) as claims:`` closes it on leaving (``close``): a claim it
+    may still hold with no outcome recorded is never released, and is reported
+    (``ClaimsLeftOpen``). The producer it was given is the caller's: not closed."""
 
     def __init__(self, base_url: str, identity: TurnIdentity, *, idempotency_key: str,
                  attempt: int, producer: GatewayProducer | None = None,
@@ -265,8 +312,46 @@ class EffectClaims:
         self._effects: dict[tuple[int, str], Effect] = {}
         self._http = httpx.Client(base_url=base_url, timeout=10.0, transport=transport)
 
+    def __enter__(self) -> EffectClaims:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        """``close``; when the block is already raising, its error is the one to see,
+        and what ``close`` raises is added to it as a note."""
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except GatewayError as left:
+            exc.add_note(f"on leaving the EffectClaims block: {left}")
+
     def close(self) -> None:
-        self._http.close()
+        """Re-send, once, each completion that did not get through (the tool ran: its
+        outcome is recorded with its token, as ``run`` would), release the HTTP session,
+        then raise ``ClaimsLeftOpen`` if a claim may still be held with no outcome
+        recorded: a tool that ran and whose completion failed again, a tool interrupted
+        (it may have run), a claim call whose answer was lost. None is released or
+        completed for it (nothing is reported done that was not, and no lease whose
+        tool may have run is freed for another attempt): each lease runs out. A request
+        after ``close`` is ``ClientClosed``. Idempotent."""
+        if self._http.is_closed:
+            return
+        try:
+            for effect in self._effects.values():
+                if effect._unrecorded is not None and not effect._completion_landed:
+                    with contextlib.suppress(GatewayError):
+                        effect._record(*effect._unrecorded)
+        finally:
+            self._http.close()
+        effects = self._effects.values()
+        unrecorded = [e.effect_id for e in effects
+                      if e._unrecorded is not None and not e._completion_landed]
+        interrupted = [e.effect_id for e in effects if e._interrupted]
+        unanswered = [e.effect_id for e in effects if e._unanswered]
+        if unrecorded or interrupted or unanswered:
+            raise ClaimsLeftOpen(unrecorded, interrupted, unanswered)
 
     def policy(self, tool_name: str) -> EffectPolicy:
         return self._policies.get(tool_name, self._default)
@@ -277,6 +362,9 @@ class EffectClaims:
         """The effect of ``call`` (a Responses call item); ``occurrence`` defaults to the
         count of earlier calls of the same tool in this subturn. The same call entered
         again is the same effect (its occurrence, key and token)."""
+        if not isinstance(call, Mapping):
+            raise InvalidGatewayItem(f"call is a Responses call item dict, not "
+                                     f"{type(call).__name__}")
         seen = self._effects.get((subturn_index, str(call.get("call_id"))))
         if seen is not None and occurrence in (None, seen.occurrence):
             yield seen
@@ -350,6 +438,7 @@ class EffectClaims:
                        "call_id": output.call_id, "content": output.content.decode("utf-8"),
                        "content_digest": output.content_digest,
                        "format_version": output.format_version}})
+        effect._completion_landed = True
         if self._producer is not None:
             self._producer.send(tool_effect(
                 self.identity, idempotency_key=self.idempotency_key,
@@ -364,6 +453,9 @@ class EffectClaims:
         return {"partition_key": key}
 
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        if self._http.is_closed:
+            raise ClientClosed(f"{path}: the EffectClaims is closed: nothing sent; create "
+                               "a new one")
         try:
             resp = self._http.post(path, json=payload)
         except httpx.HTTPError as exc:

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from services.gateway.errors import (
+    ClientClosed,
     InvalidRehydrationRequest,
     RehydrationServerError,
     RehydrationUnavailable,
@@ -113,6 +114,7 @@ class RehydrationClient:
         self.close()
 
     def close(self) -> None:
+        """Release the connection pool; a request after it is ``ClientClosed``."""
         self._http.close()
 
     def response_history(
@@ -149,9 +151,12 @@ class RehydrationClient:
         if resp.status_code != 200:
             raise _unexpected(resp)
         body = answer_object(resp)
-        if not isinstance(body.get("response_id"), str) or not isinstance(body.get("state"), str):
-            raise not_the_service(resp)
-        return Status(body["response_id"], body["state"], body.get("reason"), body.get("seq"))
+        try:
+            return Status(_field(body, "response_id", str), _field(body, "state", str),
+                          _field(body, "reason", str, optional=True),
+                          _field(body, "seq", int, optional=True))
+        except (KeyError, TypeError):
+            raise not_the_service(resp) from None
 
     def _history(self, path: str, params: dict[str, Any], timeout: float | None) -> Outcome:
         resp = self._get(path, params, timeout)
@@ -166,6 +171,8 @@ class RehydrationClient:
         return parse_outcome(body, resp.status_code)
 
     def _get(self, path: str, params: dict[str, Any], timeout: float | None) -> httpx.Response:
+        if self._http.is_closed:
+            raise ClientClosed(f"{path}: the rehydration client is closed: create a new one")
         try:
             if timeout is None:
                 return self._http.get(path, params=params)
@@ -193,21 +200,62 @@ def _outcome(body: dict[str, Any], http_status: int) -> Outcome:
     kind = body["outcome"]
     if (kind in ("certified", "fallback")) != (http_status == 200):
         raise RehydrationUnavailable(f"outcome {kind!r} with HTTP {http_status}")
-    items = tuple(_pick(HistoryItem, item) for item in body.get("items") or ())
+    items: tuple[HistoryItem, ...] = ()
+    if kind in ("certified", "fallback"):
+        if not isinstance(body["items"], list):  # a history is a list, maybe empty
+            raise TypeError(f"items is {type(body['items']).__name__}, not a list")
+        items = tuple(_pick(HistoryItem, item) for item in body["items"])
     if kind == "certified":
         checkpoint = _pick(Checkpoint, body["checkpoint"])
-        return Certified(body["response_id"], body.get("head_seq"), items, checkpoint)
+        return Certified(_field(body, "response_id", str),
+                         _field(body, "head_seq", int, optional=True), items, checkpoint)
     if kind == "fallback":
-        return Fallback(body["reason"], body["response_id"], body.get("head_seq"), items)
+        return Fallback(_field(body, "reason", str), _field(body, "response_id", str),
+                        _field(body, "head_seq", int, optional=True), items)
     if kind == "failure":
-        return Failure(body["reason"], http_status, body.get("response_id"), body.get("detail"))
+        return Failure(_field(body, "reason", str), http_status,
+                       _field(body, "response_id", str, optional=True),
+                       _field(body, "detail", str, optional=True))
     raise RehydrationUnavailable(f"unknown outcome {kind!r} (HTTP {http_status})")
 
 
 def _pick(cls: type, data: dict[str, Any]) -> Any:
-    """Build ``cls`` from the fields it knows: newer servers may add fields."""
-    names = cls.__dataclass_fields__
-    return cls(**{name: data.get(name) for name in names})
+    """Build ``cls`` from the fields it knows: newer servers may add fields. A field
+    the server always sends (its type is not ``X | None``) that is missing, null or of
+    another type is ``KeyError`` / ``TypeError`` (so ``RehydrationUnavailable``: not the
+    service's answer); before session 44 it became ``None``: an item without
+    ``content``, a checkpoint without ``seq``."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__} is {type(data).__name__}, not an object")
+    values = {}
+    for name, spec in cls.__dataclass_fields__.items():
+        value = data.get(name)
+        kind, _, optional = str(spec.type).partition(" | ")
+        if value is None:
+            if not optional:
+                raise KeyError(f"{cls.__name__}.{name}")
+        elif not isinstance(value, _JSON_TYPES[kind.split("[")[0]]) or isinstance(value, bool):
+            raise TypeError(f"{cls.__name__}.{name} is {type(value).__name__}, not {kind}")
+        values[name] = value
+    return cls(**values)
+
+
+def _field(body: dict[str, Any], name: str, kind: type, *, optional: bool = False) -> Any:
+    """``body[name]`` when it is a ``kind`` (or null and ``optional``), else ``KeyError``
+    / ``TypeError``: not the service's answer (before session 44 a null ``reason`` or
+    ``response_id`` was handed on as the outcome's)."""
+    value = body.get(name)
+    if value is None:
+        if optional:
+            return None
+        raise KeyError(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise TypeError(f"{name} is {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+# The JSON types of the answer's fields, by the name their annotation starts with.
+_JSON_TYPES: dict[str, type] = {"str": str, "int": int, "dict": dict}
 
 
 def answer_object(resp: httpx.Response) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from schemas.keys import MissingChainRoot
 from schemas.limits import MAX_EVENT_BYTES
 
 
@@ -51,8 +52,54 @@ class EventNotEncoded(GatewayError):
                             "Confluent-compatible registry?)"))
 
 
+class ProducerMisconfigured(GatewayError, ValueError):
+    """``GatewayProducer(config=...)`` overrides a setting the protocol's guarantees rest
+    on (``enable.idempotence``, ``acks``, ``allow.auto.create.topics``,
+    ``delivery.report.only.error``: ``producer.GUARANTEED``) with another value: no
+    producer is made. Not retryable: drop the setting. Before session 44 it was taken:
+    ``acks=1`` or idempotence off weakened every event's delivery silently."""
+
+
+class EventNotQueued(GatewayError):
+    """librdkafka refused to queue the event (``produce`` raised: e.g. after a fatal
+    error of the idempotent producer, which then refuses every event): not produced.
+    ``retryable`` when librdkafka says its error is retriable and not fatal; after a
+    fatal one, close this producer and send with a new one (sending again is safe).
+    confluent-kafka's untyped ``KafkaException`` before session 44."""
+
+    def __init__(self, event_id: str, detail: str, *, retryable: bool, fatal: bool) -> None:
+        self.event_id = event_id
+        self.detail = detail
+        self.retryable = retryable
+        self.fatal = fatal
+        super().__init__(f"event {event_id} not queued: {detail}: not produced"
+                         + ("; the producer failed for good: close it and send with a new "
+                            "one" if fatal else ""))
+
+
 class ProducerClosed(GatewayError):
     """``send`` after ``close`` (or after the ``with`` block): nothing was produced."""
+
+
+class InvalidGatewayItem(GatewayError, ValueError):
+    """A Responses item (a dict) the builders cannot turn into an ``Item``, or a call
+    and output they cannot make an effect of: nothing built. Not retryable: the same
+    item is always refused. A ``ValueError`` that was no ``GatewayError`` before
+    session 44."""
+
+
+class InvalidGatewayEvent(GatewayError, ValueError):
+    """A builder's argument the event's schema refuses (``turn_completed``,
+    ``tool_effect``, ``turn_cancelled``: pydantic's text says which field and why), or a
+    ``TurnIdentity`` that is neither one Conversation nor one chain: nothing built. Not
+    retryable: fix the argument. pydantic's ``ValidationError`` and a plain
+    ``ValueError`` before session 44."""
+
+
+class ClientClosed(GatewayError):
+    """A request through a ``RehydrationClient`` or ``EffectClaims`` after its ``close``
+    (or after its ``with`` block): nothing was sent. Create a new one. Before session 44
+    httpx's untyped ``RuntimeError``."""
 
 
 class UnservableId(GatewayError, ValueError):
@@ -63,6 +110,35 @@ class UnservableId(GatewayError, ValueError):
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"{detail}: not produced")
+
+
+class EffectKeyedApart(GatewayError, ValueError):
+    """``send_turn`` was given an effect whose partition key is not its turn's (built
+    with another ``TurnIdentity``: another Conversation or chain). On another partition
+    the turn's promotion would never see it (the turn ``MISSING_TOOL_EFFECT``). Nothing
+    of the turn was produced; not retryable: build the effect with the turn's
+    ``TurnIdentity``. A plain ``ValueError`` before session 44."""
+
+    def __init__(self, effect_id: str, effect_key: str, turn_key: str) -> None:
+        self.effect_id = effect_id
+        self.effect_key = effect_key
+        self.turn_key = turn_key
+        super().__init__(f"effect {effect_id} is keyed {effect_key!r}, its turn "
+                         f"{turn_key!r}: build it with the turn's TurnIdentity; nothing "
+                         "of the turn produced")
+
+
+class ChainRootUnknown(GatewayError, MissingChainRoot):
+    """A continued chain's event (or ``TurnIdentity.chain``) without ``chain_root_id``:
+    its partition, the chain's first response's id, cannot be derived, so it was not
+    produced. Not retryable: pass ``chain_root_id`` (the root the parent's own events
+    carried). Still a ``MissingChainRoot``; the producer let that untyped one out before
+    session 44."""
+
+    def __init__(self, response_id: str, previous_response_id: str) -> None:
+        MissingChainRoot.__init__(self, response_id, previous_response_id)
+        self.args = (f"{self.args[0]}: pass chain_root_id (the chain's first response's "
+                     "id); not produced",)
 
 
 class DeliveryError(GatewayError):

@@ -32,18 +32,21 @@ verifies and what rehydration returns are the same bytes:
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
+
+from pydantic import ValidationError
 
 from ratchet.domain.catalogue import CATALOGUE, shape_problem
 from ratchet.domain.fingerprint import fingerprint_hash
 from schemas.canonical import canonical_digest, canonical_json, duplicate_key, parse_json
 from schemas.ids import unservable_id
 from schemas.items import arguments_digest, effect_id_for, from_responses
-from schemas.keys import MissingChainRoot, partition_key
+from schemas.keys import partition_key
 from schemas.models import (
     BoundaryProof,
     EffectiveConfig,
@@ -59,13 +62,17 @@ from schemas.models import (
     TurnCompleted,
     TurnStatus,
 )
-from services.gateway.errors import UnservableId
+from services.gateway.errors import (
+    ChainRootUnknown,
+    InvalidGatewayEvent,
+    InvalidGatewayItem,
+    UnservableId,
+)
 
 ITEM_FORMAT_VERSION = 1
 
-
-class InvalidGatewayItem(ValueError):
-    """A Responses item dict the builders cannot turn into an ``Item``."""
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -85,12 +92,21 @@ class TurnIdentity:
 
     def __post_init__(self) -> None:
         if (self.conversation_id is None) == (self.chain_root_id is None):
-            raise ValueError("give exactly one of conversation_id or chain_root_id")
+            raise InvalidGatewayEvent("give exactly one of conversation_id or chain_root_id")
         if self.conversation_id is not None and self.expected_head_seq is None:
-            raise ValueError("Conversation mode needs expected_head_seq (0 for a new one)")
+            raise InvalidGatewayEvent("Conversation mode needs expected_head_seq (0 for a new "
+                                      "one)")
         if self.conversation_id is not None and self.previous_response_id is not None:
-            raise ValueError("Conversation mode continues the Conversation's head: "
-                             "previous_response_id must be None")
+            raise InvalidGatewayEvent("Conversation mode continues the Conversation's head: "
+                                      "previous_response_id must be None")
+        for name in ("tenant_id", "response_id", "conversation_id", "chain_root_id",
+                     "previous_response_id"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise InvalidGatewayEvent(f"{name} is {type(value).__name__}, not a string")
+        head = self.expected_head_seq
+        if head is not None and (not isinstance(head, int) or isinstance(head, bool)):
+            raise InvalidGatewayEvent(f"expected_head_seq {head!r} is not an integer")
         problem = unservable_id(self)
         if problem:
             raise UnservableId(problem)
@@ -127,8 +143,8 @@ class TurnIdentity:
     ) -> TurnIdentity:
         """The first response of a chain is its own root."""
         root = chain_root_id or (response_id if previous_response_id is None else None)
-        if root is None:  # a ValueError too
-            raise MissingChainRoot(response_id, previous_response_id or "")
+        if root is None:  # a MissingChainRoot and a ValueError too
+            raise ChainRootUnknown(response_id, previous_response_id or "")
         return cls(
             tenant_id, response_id, chain_root_id=root, previous_response_id=previous_response_id
         )
@@ -136,6 +152,20 @@ class TurnIdentity:
     @property
     def partition_key(self) -> str:
         return partition_key(self)
+
+
+def _built(builder: Callable[P, R]) -> Callable[P, R]:
+    """``builder``, with the model's refusal of an argument typed: pydantic's
+    ``ValidationError`` becomes ``InvalidGatewayEvent`` (its text kept)."""
+
+    @functools.wraps(builder)
+    def build(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return builder(*args, **kwargs)
+        except ValidationError as exc:
+            raise InvalidGatewayEvent(f"{builder.__name__}: {exc}") from exc
+
+    return build
 
 
 def now_ms() -> int:
@@ -146,10 +176,21 @@ def to_item(
     obj: Mapping[str, Any], *, default_id: str, format_version: int = ITEM_FORMAT_VERSION
 ) -> Item:
     """One Responses item dict as a ratchet ``Item`` (canonical content + digest)."""
+    _need_mapping(obj, "an item")
     try:
         return from_responses(obj, item_id=default_id, format_version=format_version)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # TypeError: a value JSON has no form for
         raise InvalidGatewayItem(str(exc)) from None
+
+
+def _need_mapping(obj: object, what: str) -> None:
+    """``InvalidGatewayItem`` unless ``obj`` is a dict (a ``Mapping``): an SDK's item
+    object left an ``AttributeError`` before session 44."""
+    if not isinstance(obj, Mapping):
+        raise InvalidGatewayItem(
+            f"{what} is a Responses item dict, not {type(obj).__name__}"
+            + (" (an SDK object: pass its .model_dump())"
+               if hasattr(obj, "model_dump") else ""))
 
 
 def to_items(
@@ -164,10 +205,19 @@ def to_items(
 
 
 def request_digest(request: Mapping[str, Any]) -> str:
-    """Digest of the logical request: identical for every retry of it."""
-    return canonical_digest(dict(request))
+    """Digest of the logical request: identical for every retry of it. A request that is
+    not a JSON object with a canonical form (a NaN, a value JSON has no form for) is
+    ``InvalidGatewayEvent``."""
+    if not isinstance(request, Mapping):
+        raise InvalidGatewayEvent(f"request is {type(request).__name__}, not the Responses "
+                                  "create body (a dict)")
+    try:
+        return canonical_digest(dict(request))
+    except (ValueError, TypeError) as exc:
+        raise InvalidGatewayEvent(f"request has no canonical JSON: {exc}") from None
 
 
+@_built
 def turn_completed(
     identity: TurnIdentity,
     *,
@@ -194,6 +244,9 @@ def turn_completed(
 ) -> TurnCompleted:
     """The event asking ratchet to promote this turn (``input_items`` are the items
     this turn ADDS, not the rehydrated history)."""
+    if not isinstance(fingerprint, Fingerprint):
+        raise InvalidGatewayEvent(f"fingerprint is {type(fingerprint).__name__}, not a "
+                                  "Fingerprint (ratchet.domain.fingerprint.build_fingerprint)")
     produced = now_ms()
     return TurnCompleted(
         **identity.common_fields(produced),
@@ -226,6 +279,7 @@ def turn_completed(
     )
 
 
+@_built
 def tool_effect(
     identity: TurnIdentity,
     *,
@@ -247,6 +301,9 @@ def tool_effect(
     ``effect_id``: a claimed effect's id (``services/gateway/claims.py``), which replaces
     the call-id recipe so the claim and its record are one effect.
     """
+    _need_mapping(call, "call")
+    if output is not None:
+        _need_mapping(output, "output")
     call_type = call.get("type")
     entry = CATALOGUE.get(call_type) if isinstance(call_type, str) else None
     if entry is None or entry.effect_output is None:
@@ -294,6 +351,7 @@ def arguments_digest_of(call: Mapping[str, Any]) -> str:
                                                                "arguments"))))
 
 
+@_built
 def turn_cancelled(identity: TurnIdentity, *, idempotency_key: str) -> TurnCancelled:
     produced = now_ms()
     return TurnCancelled(

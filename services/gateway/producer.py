@@ -22,10 +22,11 @@ from __future__ import annotations
 import contextlib
 import struct
 import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.serialization import SerializationError
 
 from ratchet.domain.bounds import container_problem, effect_field_problem, elements_of
@@ -34,16 +35,21 @@ from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
 from schemas.errors import RegistryUnavailable, SerdeError
 from schemas.ids import unservable_id
+from schemas.keys import MissingChainRoot
 from schemas.limits import CLIENT_MAX_BYTES, MAX_EVENT_BYTES, MAX_EVENT_ELEMENTS
 from schemas.models import GatewayEvent, ToolEffect, TurnCompleted
 from services.gateway.errors import (
+    ChainRootUnknown,
     DeliveryError,
+    EffectKeyedApart,
     EventBeyondLimits,
     EventNotEncoded,
+    EventNotQueued,
     EventTooLarge,
     FlushTimeout,
     GatewayError,
     ProducerClosed,
+    ProducerMisconfigured,
     UnservableId,
 )
 
@@ -76,6 +82,38 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 }
 
 
+# The settings the guarantees rest on (the module's docstring, CONTRACT section 2), under
+# each of librdkafka's names for them, and the values (as given in Python or as text) a
+# ``config`` may give them: another is ``ProducerMisconfigured``. The compression is
+# free: the worker reads every codec (cramjam), the default is a matter of CPU.
+GUARANTEED: dict[str, frozenset[object]] = {
+    "enable.idempotence": frozenset({True, "true"}),
+    "acks": frozenset({"all", "-1", -1}),
+    "request.required.acks": frozenset({"all", "-1", -1}),
+    "allow.auto.create.topics": frozenset({False, "false"}),
+    # Successes must be reported: one without an offset is not a confirmed write.
+    "delivery.report.only.error": frozenset({False, "false"}),
+}
+
+
+def _checked(config: dict[str, Any]) -> dict[str, Any]:
+    """``config``, once it gives no guaranteed setting another value."""
+    for name, value in config.items():
+        allowed = GUARANTEED.get(name)
+        if allowed is not None and not _among(value, allowed):
+            raise ProducerMisconfigured(
+                f"config {name}={value!r}: the gateway protocol's delivery guarantees need "
+                f"{name} in {sorted(map(str, allowed))}; no producer made")
+    return config
+
+
+def _among(value: object, allowed: frozenset[object]) -> bool:
+    try:
+        return (value.lower() if isinstance(value, str) else value) in allowed
+    except TypeError:  # unhashable: no such setting's value
+        return False
+
+
 class GatewayProducer:
     """One Kafka producer per gateway process; thread-safe like the underlying client."""
 
@@ -86,21 +124,42 @@ class GatewayProducer:
         config: dict[str, Any] | None = None,
     ) -> None:
         self.topic = settings.topic("gateway-events")
-        self._serde = serde or EventSerde(
-            registry_client(settings.schema_registry_url)
-        )
-        self._producer = Producer(
-            {"bootstrap.servers": settings.kafka_bootstrap, **PRODUCER_DEFAULTS, **(config or {})}
-        )
+        # The registry client this producer made (none given a serde): ``close``
+        # releases it (its HTTP session stayed open before session 44).
+        self._registry: Any = None
+        try:
+            if serde is None:
+                self._registry = registry_client(settings.schema_registry_url)
+            self._serde = serde or EventSerde(self._registry)
+        except ValueError as exc:  # confluent-kafka's "Invalid url"
+            raise ProducerMisconfigured(f"schema_registry_url "
+                                        f"{settings.schema_registry_url!r}: {exc}") from exc
+        try:
+            self._producer = Producer(
+                {"bootstrap.servers": settings.kafka_bootstrap, **PRODUCER_DEFAULTS,
+                 **_checked(config or {})}
+            )
+        except KafkaException as exc:  # a property librdkafka does not know or take
+            if self._registry is not None:
+                self._registry.close()
+            raise ProducerMisconfigured(f"librdkafka refused the config: {exc.args[0]}; "
+                                        "no producer made") from exc
         self._lock = threading.Lock()
         # Delivery failures, numbered in the order reported; each thread's cursor is the
-        # number of the first one its flush has not raised (``_failures_for``).
+        # number of the first one its flush has not raised (``_failures_for``). Keyed by
+        # the thread object, held weakly: keyed by ident before session 44, a thread
+        # that ended left its cursor to the next thread given the same ident (Python
+        # reuses them), which was then told failures it never produced, or not told
+        # failures a thread that sent before it had not flushed past.
         self._failure_log: list[tuple[int, str, KafkaError]] = []
         self._next_failure = 0
         self._first_kept = 0
-        self._cursors: dict[int, int] = {}
+        self._cursors: weakref.WeakKeyDictionary[threading.Thread, int] = (
+            weakref.WeakKeyDictionary())
         self._closed = False
         self._sending = threading.Lock()  # ``close`` against ``send``s in other threads
+        self._closed_done = threading.Event()  # the first ``close`` released the client
+        self._closer: threading.Thread | None = None  # the thread of the first ``close``
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -116,42 +175,63 @@ class GatewayProducer:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Wait for every queued event (at most ``timeout_s``), release the Kafka client
-        (its threads and sockets), then raise as ``flush`` does: ``DeliveryError``.
+        (its threads and sockets) and the registry client it made (not one of a ``serde``
+        given: the caller's), then raise as ``flush`` does: ``DeliveryError``.
         Events still queued at the timeout are purged and listed in it (retryable: they
         may or may not have been written; sending them again is safe).
         Leaving the ``with`` block closes; ``send`` after ``close`` (or while another
         thread closes) is ``ProducerClosed``, ``flush`` after it raises what is left.
         Before session 43 leaving the block flushed for 10 s and raised nothing: a turn
-        never written left the block as if it had been."""
+        never written left the block as if it had been. A ``close`` while another
+        thread closes waits for that one to end, then raises as ``flush`` does for its
+        own thread (before session 44 it returned at once, raising nothing: a thread
+        whose events were then purged was told they were all delivered)."""
         with self._sending:
-            if self._closed:
-                return
+            first = not self._closed
             self._closed = True
-        self._producer.flush(timeout_s)
-        self._producer.purge()
-        self._producer.flush(0)  # serves the purged events' reports: failures (retryable)
-        self._producer.close()
+            if first:
+                self._closer = threading.current_thread()
+        if not first:
+            # Never wait for itself (a signal handler's close inside the first close).
+            if threading.current_thread() is not self._closer:
+                self._closed_done.wait()
+            self._raise_failures(pending=0)
+            return
+        try:
+            self._producer.flush(timeout_s)
+            self._producer.purge()
+            self._producer.flush(0)  # serves the purged events' reports: failures
+            self._producer.close()
+        finally:
+            if self._registry is not None:
+                self._registry.close()
+            self._closed_done.set()
         self._raise_failures(pending=0)
 
     def send(self, event: GatewayEvent) -> None:
         """Queue one event (keyed by its partition key); delivery is reported on flush.
         Refused before producing: an id the API could never serve (``UnservableId``), a
+        continued chain's event without ``chain_root_id`` (``ChainRootUnknown``), a
         value above the protocol maximum (``EventTooLarge``), a turn beyond the
         protocol's bounds on array items and on its contents' arrays and objects
         (``EventBeyondLimits``), an event the registry could not encode
-        (``EventNotEncoded``)."""
+        (``EventNotEncoded``); an event librdkafka refuses to queue is
+        ``EventNotQueued``."""
         self._produce(event, self._prepare(event))
 
     def send_turn(self, turn: TurnCompleted, effects: Iterable[ToolEffect] = ()) -> None:
         """The turn's tool effects first, then the turn (same key: same partition, in order).
         Every event is checked and encoded before the first is produced: a turn or an
         effect that ``send`` would refuse (an id, a bound, the size, the encoding) or an
-        effect keyed apart from its turn is refused with nothing of the turn produced."""
+        effect keyed apart from its turn (``EffectKeyedApart``) is refused with nothing of
+        the turn produced. ``EventNotQueued`` (librdkafka's own refusal) may come after
+        some effects were queued: send the turn, effects and all, again (safe)."""
         effects = tuple(effects)
-        for effect in effects:
-            if effect.partition_key != turn.partition_key:
-                raise ValueError(f"effect {effect.effect_id} is keyed apart from its turn")
         self._check(turn)  # the turn's own refusals first, before encoding anything
+        for effect in effects:
+            key = _key_of(effect)
+            if key != turn.partition_key:
+                raise EffectKeyedApart(effect.effect_id, key, turn.partition_key)
         values = [self._prepare(event) for event in (*effects, turn)]
         for event, value in zip((*effects, turn), values, strict=True):
             self._produce(event, value)
@@ -171,7 +251,7 @@ class GatewayProducer:
         self._raise_failures(pending=pending)
 
     def _raise_failures(self, pending: int) -> None:
-        failures, forgotten = self._failures_for(_thread_id())
+        failures, forgotten = self._failures_for(threading.current_thread())
         if failures or forgotten:
             raise DeliveryError(
                 [(event_id, str(err)) for event_id, err in failures],
@@ -188,12 +268,11 @@ class GatewayProducer:
         """The refusals that need no encoding."""
         if self._closed:
             raise ProducerClosed("the producer is closed: create a new one")
-        key = event.partition_key  # raises MissingChainRoot for a chain without its root
-        if not key:
-            raise ValueError(f"event {event.event_id} has an empty partition key")
-        problem = unservable_id(event)
+        problem = unservable_id(event)  # an empty id too
         if problem:
             raise UnservableId(f"event {event.event_id}: {problem}")
+        if not _key_of(event):  # no empty id passes the pattern: never, but not produced
+            raise UnservableId(f"event {event.event_id} has an empty partition key")
         if isinstance(event, TurnCompleted | ToolEffect):
             beyond = beyond_limits(event)
             if beyond is not None:
@@ -220,7 +299,7 @@ class GatewayProducer:
         with self._lock:
             # A sending thread is raised every failure reported from now on by its
             # flushes (``_failures_for``).
-            self._cursors.setdefault(_thread_id(), self._next_failure)
+            self._cursors.setdefault(threading.current_thread(), self._next_failure)
         with self._sending:  # never after ``close`` began: its purge would miss it
             if self._closed:
                 raise ProducerClosed(f"the producer is closed: event {event.event_id} "
@@ -233,14 +312,27 @@ class GatewayProducer:
                     break
                 except BufferError:  # local queue full: let deliveries drain, then retry
                     self._producer.poll(0.1)
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) \
+                        else None
+                    raise EventNotQueued(
+                        event.event_id, str(err if err is not None else exc),
+                        retryable=err is not None and err.retriable() and not err.fatal(),
+                        fatal=err is None or err.fatal()) from exc
             self._producer.poll(0)
 
-    def _failures_for(self, thread: int) -> tuple[list[tuple[str, KafkaError]], int]:
+    def _failures_for(self, thread: threading.Thread
+                      ) -> tuple[list[tuple[str, KafkaError]], int]:
         """The failures reported since ``thread``'s last flush, and how many more of
         them were dropped (``MAX_KEPT_FAILURES``); its cursor moves past them. A failure
         is kept until every live thread that sent or flushed has been raised it (or the
         bound drops it): before session 43, the first flush took every failure, so a
-        thread whose event failed could flush after another thread and be told nothing."""
+        thread whose event failed could flush after another thread and be told nothing.
+        A thread is its ``threading.Thread`` object (a thread that ended is dropped,
+        and a new one never takes its place, whatever its ident). A thread not started
+        by ``threading`` is the dummy thread object Python registers for its ident and
+        never forgets (3.11): its cursor is kept, and a later foreign thread given the
+        same ident shares it (the one case still keyed by ident)."""
         with self._lock:
             start = self._cursors.get(thread, self._first_kept)
             oldest = self._failure_log[0][0] if self._failure_log else self._next_failure
@@ -248,8 +340,8 @@ class GatewayProducer:
             failures = [(event_id, err) for seq, event_id, err in self._failure_log
                         if seq >= start]
             self._cursors[thread] = self._next_failure
-            live = {t.ident for t in threading.enumerate()}
-            self._cursors = {t: c for t, c in self._cursors.items() if t in live}
+            for ended in [t for t in list(self._cursors) if not t.is_alive()]:
+                del self._cursors[ended]
             self._first_kept = min(self._cursors.values(), default=self._next_failure)
             self._failure_log = [f for f in self._failure_log if f[0] >= self._first_kept]
         return failures, forgotten
@@ -320,8 +412,10 @@ def beyond_limits(event: TurnCompleted | ToolEffect) -> str | None:
     return container_problem(event.items)
 
 
-def _thread_id() -> int:
-    """The calling thread's ident, the thread known to ``threading.enumerate`` (a thread
-    not started by ``threading`` is registered as a dummy thread, never forgotten), so
-    ``_failures_for`` never drops the cursor of a live thread."""
-    return threading.current_thread().ident or threading.get_ident()
+def _key_of(event: GatewayEvent) -> str:
+    """The event's partition key; a continued chain without its root has none:
+    ``ChainRootUnknown`` (a ``MissingChainRoot`` and a ``GatewayError``)."""
+    try:
+        return event.partition_key
+    except MissingChainRoot as exc:
+        raise ChainRootUnknown(exc.response_id, exc.previous_response_id) from None
