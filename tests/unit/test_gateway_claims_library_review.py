@@ -59,22 +59,23 @@ class Server:
         self.http = TestClient(app)
         self.lose_next_answer = False
 
+    def forward(self, request: httpx.Request) -> httpx.Response:
+        """One claims call, answered by the routes (its answer lost when asked)."""
+        resp = self.http.post(request.url.path, content=request.content,
+                              headers={"content-type": "application/json"})
+        if self.lose_next_answer:
+            self.lose_next_answer = False
+            raise httpx.ReadTimeout("answer lost", request=request)
+        return httpx.Response(resp.status_code, content=resp.content,
+                              headers={"content-type": "application/json"})
+
     def claims(self, attempt: int, *, lease_ms: int = 2_000, max_wait_s: float = 60.0,
                policy: EffectPolicy = EffectPolicy.AT_MOST_ONCE) -> EffectClaims:
-        def forward(request: httpx.Request) -> httpx.Response:
-            resp = self.http.post(request.url.path, content=request.content,
-                                  headers={"content-type": "application/json"})
-            if self.lose_next_answer:
-                self.lose_next_answer = False
-                raise httpx.ReadTimeout("answer lost", request=request)
-            return httpx.Response(resp.status_code, content=resp.content,
-                                  headers={"content-type": "application/json"})
-
         identity = TurnIdentity(tenant_id="t1", response_id=f"r{attempt}",
                                 conversation_id="conv_1", expected_head_seq=0)
         return EffectClaims("http://claims.test", identity, idempotency_key="k1",
                             attempt=attempt, lease_ms=lease_ms, max_wait_s=max_wait_s,
-                            default_policy=policy, transport=httpx.MockTransport(forward))
+                            default_policy=policy, transport=httpx.MockTransport(self.forward))
 
 
 @pytest.mark.parametrize("result", ["sent: caf\udce9", b"sent"])

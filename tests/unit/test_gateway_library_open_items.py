@@ -36,7 +36,6 @@ import httpx
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from ratchet.domain.claims import EffectPolicy
 from ratchet.samples import make_fingerprint, make_tool_effect, make_turn
 from ratchet.settings import Settings
 from schemas.keys import MissingChainRoot
@@ -202,26 +201,10 @@ class FlakyServer(Server):
         super().__init__()
         self.down = False
 
-    def claims(self, attempt: int, *, lease_ms: int = 2_000, max_wait_s: float = 60.0,
-               policy: EffectPolicy = EffectPolicy.AT_MOST_ONCE) -> EffectClaims:
-        def forward(request: httpx.Request) -> httpx.Response:
-            if self.down:
-                raise httpx.ConnectError("unreachable", request=request)
-            if self.lose_next_answer:
-                self.lose_next_answer = False
-                self.http.post(request.url.path, content=request.content,
-                               headers={"content-type": "application/json"})
-                raise httpx.ReadTimeout("answer lost", request=request)
-            resp = self.http.post(request.url.path, content=request.content,
-                                  headers={"content-type": "application/json"})
-            return httpx.Response(resp.status_code, content=resp.content,
-                                  headers={"content-type": "application/json"})
-
-        identity = TurnIdentity(tenant_id="t1", response_id=f"r{attempt}",
-                                conversation_id="conv_1", expected_head_seq=0)
-        return EffectClaims("http://claims.test", identity, idempotency_key="k1",
-                            attempt=attempt, lease_ms=lease_ms, max_wait_s=max_wait_s,
-                            default_policy=policy, transport=httpx.MockTransport(forward))
+    def forward(self, request: httpx.Request) -> httpx.Response:
+        if self.down:
+            raise httpx.ConnectError("unreachable", request=request)
+        return super().forward(request)
 
     def stored(self):
         return self.ledger.claims_for("t1", "k1")
