@@ -810,7 +810,12 @@ class RehydrationService:
     async def _read_conversation_async(
         self, tenant_id: str, conversation_id: str, fingerprint_hash: str
     ) -> Answer:
-        return await self._budgeted(("conversation", tenant_id, conversation_id), lambda: (
+        # Its cost is learned under its partition, as a response's read with the
+        # partition known (``_read_response``): both read that partition's rows up to
+        # a turn, so the last answer of either endpoint is the next one's best guess.
+        # Before session 44 it had a key of its own: a Conversation read after response
+        # reads started at the default estimate (an eighth of the budget).
+        return await self._budgeted(("partition", tenant_id, conversation_id), lambda: (
             self._read_conversation_now(tenant_id, conversation_id, fingerprint_hash)))
 
     async def _read_conversation_now(
