@@ -612,3 +612,44 @@ def test_both_endpoints_learn_a_conversations_cost_under_its_partition():
             lambda: service.response_history(tenant, first, FP, 0, partition_key=conv))
         assert budget.held == 0
     asyncio.run(run())
+
+
+N_WAITING = 4
+
+
+def _cold_reads_behind_each_other(endpoint: str) -> tuple[list, int]:
+    """``N_WAITING`` concurrent cold requests (the cache on, nothing of the history in it)
+    for a 1.2 MiB history whose cost is learned (2 x 1.2 MiB in a 3 MiB budget: one read
+    at a time). The answers, and the store's full reads they made."""
+    budget = AnswerBudget(3 * MB)
+    stack, service = _pinning_service(64 * MB, budget)
+    tenant, rid = _big_history(stack)
+    conv = stack.store.get_checkpoint(tenant, rid).partition_key
+    budget.learn(("partition", tenant, conv), 1_250_000)
+
+    def request():
+        if endpoint == "conversation":
+            return service.conversation_history(tenant, conv, FP)
+        return service.response_history(tenant, rid, FP, 0, partition_key=conv)
+
+    async def run():
+        before = stack.reads.get("read_history", 0)
+        answers = await asyncio.gather(*(request() for _ in range(N_WAITING)))
+        for answer in answers:
+            await _written(answer)
+        assert budget.held == 0
+        return list(answers), stack.reads.get("read_history", 0) - before
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("endpoint", ["response", "conversation"])
+def test_requests_waiting_for_room_behind_a_read_of_their_history_find_it_cached(endpoint):
+    """The first request reads; the others wait for room behind it (its cost is most of
+    the budget), and once they get it the history is cached: they answer from the cache.
+    Before session 44 each read it again once admitted, one after another: 4 reads."""
+    answers, reads = _cold_reads_behind_each_other(endpoint)
+    assert {a.outcome for a in answers} == {"certified"}
+    assert len({a.payload for a in answers}) == 1
+    assert reads == 1, f"{N_WAITING} requests made {reads} full reads"
+
