@@ -424,14 +424,23 @@ class RehydrationService:
         key: tuple[str, ...],
         read: Callable[[], Awaitable[Answer]],
         learn_as: Callable[[Answer], tuple[str, ...]] | None = None,
+        cached: Callable[[], Awaitable[Answer | None]] | None = None,
     ) -> Answer:
         """``read`` (a full read) once the answer budget has room for what it will cost;
         its answer then holds its own bytes until written (answer_budget.py).
-        ``learn_as``: the key the answer's cost is learned under (None: ``key``)."""
+        ``learn_as``: the key the answer's cost is learned under (None: ``key``).
+        ``cached``: the cache's answer, or None; asked again once the read has room,
+        before reading (a read of the same history may have cached it meanwhile): the
+        requests for one history waiting for room behind the read of it (one at a time,
+        when its cost is most of the budget) each read it again before session 44."""
         if self._answers is None:
             return await read()
         reservation = await self._answers.reserve(key)
         try:
+            found = None if cached is None else await cached()
+            if found is not None:
+                reservation.release()
+                return found
             answer = await read()
         except BaseException:
             reservation.release()
@@ -504,7 +513,22 @@ class RehydrationService:
             if answer is not None:
                 return answer
         child(metrics.HISTORY_CACHE, "conversation", "miss").inc()
-        return await self._read_conversation_async(tenant_id, conversation_id, fingerprint_hash)
+        return await self._read_conversation_async(
+            tenant_id, conversation_id, fingerprint_hash,
+            cached=lambda: self._conversation_hit(tenant_id, conversation_id,
+                                                  fingerprint_hash, head))
+
+    async def _conversation_hit(self, tenant_id: str, conversation_id: str,
+                                fingerprint_hash: str, head: Head | None) -> Answer | None:
+        """The cached history of ``head``, the Conversation's head read after the
+        request arrived (so after any promotion it was told of: never an older turn's
+        history), if a read cached it since; else None. No read."""
+        assert self._cache is not None
+        if head is None or self._head_went_back(tenant_id, conversation_id, head):
+            return None
+        entry = self._head_entry(tenant_id, conversation_id, head)
+        return None if entry is None else self._hit(entry, head.seq, fingerprint_hash,
+                                                    "conversation")
 
     async def _response_miss(self, lookup: _Lookup) -> Answer:
         """Find the response's partition and its turn row, then extend a cached prefix
@@ -553,8 +577,25 @@ class RehydrationService:
                 return answer
         child(metrics.HISTORY_CACHE, "response", "miss").inc()
         return await self._read_response(
-            tenant_id, response_id, lookup.fingerprint_hash, partition_key
+            tenant_id, response_id, lookup.fingerprint_hash, partition_key,
+            cached=lambda: self._response_hit(lookup),
         )
+
+    async def _response_hit(self, lookup: _Lookup) -> Answer | None:
+        """The cached history's answer for ``lookup`` (what ``_cached_response``
+        answers from the cache, a Conversation response's head read now), else None.
+        A response's verified history never changes: a cached one is what a full read
+        would answer, whenever the request arrived."""
+        assert self._cache is not None
+        entry = self._cache.get(lookup.tenant_id, lookup.response_id)
+        if entry is None:
+            return None
+        expired = self._expired_hit(entry, "response")
+        if expired is not None:
+            return expired
+        if entry.checkpoint.mode is PromotionMode.CONVERSATION:
+            return await self._conversation_response_hit(entry, lookup.fingerprint_hash)
+        return self._hit(entry, entry.checkpoint.seq, lookup.fingerprint_hash, "response")
 
     async def _read_turn_if_extendable(
         self, tenant_id: str, partition_key: str, response_id: str
@@ -808,10 +849,17 @@ class RehydrationService:
     # -- full reads: on the event loop, each shared by the concurrent requests for it ---
 
     async def _read_conversation_async(
-        self, tenant_id: str, conversation_id: str, fingerprint_hash: str
+        self, tenant_id: str, conversation_id: str, fingerprint_hash: str,
+        cached: Callable[[], Awaitable[Answer | None]] | None = None,
     ) -> Answer:
-        return await self._budgeted(("conversation", tenant_id, conversation_id), lambda: (
-            self._read_conversation_now(tenant_id, conversation_id, fingerprint_hash)))
+        # Its cost is learned under its partition, as a response's read with the
+        # partition known (``_read_response``): both read that partition's rows up to
+        # a turn, so the last answer of either endpoint is the next one's best guess.
+        # Before session 44 it had a key of its own: a Conversation read after response
+        # reads started at the default estimate (an eighth of the budget).
+        return await self._budgeted(("partition", tenant_id, conversation_id), lambda: (
+            self._read_conversation_now(tenant_id, conversation_id, fingerprint_hash)),
+            cached=cached)
 
     async def _read_conversation_now(
         self, tenant_id: str, conversation_id: str, fingerprint_hash: str
@@ -837,6 +885,7 @@ class RehydrationService:
         response_id: str,
         fingerprint_hash: str,
         partition_key: str | None,
+        cached: Callable[[], Awaitable[Answer | None]] | None = None,
     ) -> Answer:
         """The full read, on the event loop (the driver's async reads; verification
         and rendering are CPU work the thread pool would not run any sooner).
@@ -877,6 +926,7 @@ class RehydrationService:
             lambda: self._read_response_now(
                 tenant_id, response_id, fingerprint_hash, partition_key),
             learn_as=learn_as,
+            cached=cached,
         )
 
     async def _promoted_where(self, tenant_id: str, response_id: str,

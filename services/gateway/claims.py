@@ -36,7 +36,7 @@ import httpx
 from ratchet.domain.catalogue import CATALOGUE, Kind
 from ratchet.domain.claims import EffectPolicy, effect_id_for_claim, rekey_output
 from schemas.items import from_responses
-from schemas.models import Item
+from schemas.models import Item, ToolEffect
 from services.gateway.client import answer_object, not_the_service, server_error
 from services.gateway.errors import (
     ClientClosed,
@@ -149,6 +149,9 @@ class ClaimsLeftOpen(GatewayError):
                  unanswered: list[str]) -> None:
         self.unrecorded, self.interrupted = unrecorded, interrupted
         self.unanswered = unanswered
+        # ToolEffects of completed claims the producer refused (``ToolEffectsNotProduced``,
+        # noted on this error when claims are left open too).
+        self.unsent: list[ToolEffect] = []
         parts = [f"{label}: {', '.join(ids)}" for label, ids in (
             ("ran, outcome not recorded", unrecorded),
             ("interrupted, may have run", interrupted),
@@ -156,6 +159,25 @@ class ClaimsLeftOpen(GatewayError):
         super().__init__("claims left open, held until their leases end (at_most_once: "
                          "LEASE_EXPIRED to later attempts; at_least_once: taken over): "
                          + "; ".join(parts))
+
+
+class ToolEffectsNotProduced(GatewayError):
+    """``close`` (also leaving ``with EffectClaims(...)``) found effects whose claim was
+    completed (the outcome is recorded: the turn can use it) but whose ``ToolEffect``
+    the producer refused (``ProducerClosed``, ``EventNotQueued``, ``EventNotEncoded``),
+    again when ``close`` sent it once more. ``effects``: those ``ToolEffect`` events,
+    built: send them with the turn (``producer.send_turn(turn, [*effects, ...])``, with
+    a new producer if this one is closed or failed for good). Retryable. Before session
+    44 ``close`` dropped them without a word."""
+
+    retryable = True
+
+    def __init__(self, effects: list[ToolEffect]) -> None:
+        self.effects = effects
+        super().__init__(
+            "claims completed whose ToolEffect was not produced: "
+            + ", ".join(e.effect_id for e in effects)
+            + "; send these ToolEffects (.effects) with the turn (producer.send_turn)")
 
 
 class StillInProgress(GatewayError):
@@ -204,6 +226,8 @@ class Effect:
         self._unanswered = False
         # The completion of ``_unrecorded`` landed (its ``ToolEffect`` did not go).
         self._completion_landed = False
+        # The ``ToolEffect`` of a landed completion, while the producer has not taken it.
+        self._unsent: ToolEffect | None = None
 
     def run(self, fn: Callable[[], str]) -> Item:
         """Claim, then run ``fn`` (returning the tool's output text) only if CLAIMED."""
@@ -334,8 +358,12 @@ class EffectClaims:
         recorded: a tool that ran and whose completion failed again, a tool interrupted
         (it may have run), a claim call whose answer was lost. None is released or
         completed for it (nothing is reported done that was not, and no lease whose
-        tool may have run is freed for another attempt): each lease runs out. A request
-        after ``close`` is ``ClientClosed``. Idempotent."""
+        tool may have run is freed for another attempt): each lease runs out. A claim
+        completed whose ``ToolEffect`` the producer refused (in ``run`` or in this
+        re-send) is sent once more; if refused again, ``close`` raises
+        ``ToolEffectsNotProduced`` carrying the events to send with the turn (when claims
+        are left open too, ``ClaimsLeftOpen`` is raised, with them in its ``unsent`` and
+        a note). A request after ``close`` is ``ClientClosed``. Idempotent."""
         if self._http.is_closed:
             return
         try:
@@ -343,6 +371,11 @@ class EffectClaims:
                 if effect._unrecorded is not None and not effect._completion_landed:
                     with contextlib.suppress(GatewayError):
                         effect._record(*effect._unrecorded)
+                elif effect._unsent is not None and self._producer is not None:
+                    # Completed, its ToolEffect refused (by an earlier run): once more.
+                    with contextlib.suppress(GatewayError):
+                        self._producer.send(effect._unsent)
+                        effect._unsent = None
         finally:
             self._http.close()
         effects = self._effects.values()
@@ -350,8 +383,15 @@ class EffectClaims:
                       if e._unrecorded is not None and not e._completion_landed]
         interrupted = [e.effect_id for e in effects if e._interrupted]
         unanswered = [e.effect_id for e in effects if e._unanswered]
+        unsent = [e._unsent for e in effects if e._unsent is not None]
         if unrecorded or interrupted or unanswered:
-            raise ClaimsLeftOpen(unrecorded, interrupted, unanswered)
+            left = ClaimsLeftOpen(unrecorded, interrupted, unanswered)
+            if unsent:
+                left.add_note(str(ToolEffectsNotProduced(unsent)))
+            left.unsent = unsent
+            raise left
+        if unsent:
+            raise ToolEffectsNotProduced(unsent)
 
     def policy(self, tool_name: str) -> EffectPolicy:
         return self._policies.get(tool_name, self._default)
@@ -440,11 +480,13 @@ class EffectClaims:
                        "format_version": output.format_version}})
         effect._completion_landed = True
         if self._producer is not None:
-            self._producer.send(tool_effect(
+            effect._unsent = tool_effect(
                 self.identity, idempotency_key=self.idempotency_key,
                 subturn_index=effect.subturn_index, call=effect.call,
                 output=json.loads(output.content), attempt=self.attempt,
-                succeeded=succeeded, effect_id=effect.effect_id))
+                succeeded=succeeded, effect_id=effect.effect_id)
+            self._producer.send(effect._unsent)
+            effect._unsent = None
 
     def _partition(self) -> dict[str, str]:
         """The request's history partition (its turns' Kafka key)."""

@@ -83,10 +83,15 @@ class Failure:
 Outcome = Certified | Fallback | Failure
 
 
+# The states of ``/status`` (``services.api.models.StatusBody``); any other is refused
+# as not the service's answer (``RehydrationUnavailable``).
+STATUS_STATES = ("promoted", "rejected", "unknown")
+
+
 @dataclass(frozen=True)
 class Status:
     response_id: str
-    state: str  # promoted | rejected | unknown
+    state: str  # one of STATUS_STATES
     reason: str | None
     seq: int | None
 
@@ -152,10 +157,15 @@ class RehydrationClient:
             raise _unexpected(resp)
         body = answer_object(resp)
         try:
-            return Status(_field(body, "response_id", str), _field(body, "state", str),
+            state = _field(body, "state", str)
+            if state not in STATUS_STATES:
+                # Fail closed: a state the client does not know is not the service's
+                # answer (before session 44 it was handed on as ``Status.state``).
+                raise ValueError(f"state {state!r} is not one of {STATUS_STATES}")
+            return Status(_field(body, "response_id", str), state,
                           _field(body, "reason", str, optional=True),
                           _field(body, "seq", int, optional=True))
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, ValueError):
             raise not_the_service(resp) from None
 
     def _history(self, path: str, params: dict[str, Any], timeout: float | None) -> Outcome:

@@ -128,6 +128,26 @@ class EffectKeyedApart(GatewayError, ValueError):
                          "of the turn produced")
 
 
+class EffectOfAnotherTurn(GatewayError, ValueError):
+    """``send_turn`` was given an effect of another request: its ``tenant_id``,
+    ``idempotency_key``, ``response_id``, ``conversation_id`` or ``chain_root_id`` is
+    not its turn's (``fields``: each such field, the effect's value and the turn's). The
+    processor records an effect for the request its own fields name: the turn would not
+    find it (``MISSING_TOOL_EFFECT``) and the other request would be given an effect it
+    never ran. Nothing of the turn was produced; not retryable: build the effect with
+    the turn's ``TurnIdentity`` and ``idempotency_key``. Before session 44 only the
+    partition key was compared and such an effect was produced."""
+
+    def __init__(self, effect_id: str, fields: list[tuple[str, object, object]]) -> None:
+        self.effect_id = effect_id
+        self.fields = fields
+        apart = ", ".join(f"{name} {mine!r} (the turn's {theirs!r})"
+                          for name, mine, theirs in fields)
+        super().__init__(f"effect {effect_id} is of another request: {apart}; build it "
+                         "with the turn's TurnIdentity and idempotency_key; nothing of "
+                         "the turn produced")
+
+
 class ChainRootUnknown(GatewayError, MissingChainRoot):
     """A continued chain's event (or ``TurnIdentity.chain``) without ``chain_root_id``:
     its partition, the chain's first response's id, cannot be derived, so it was not

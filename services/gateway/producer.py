@@ -23,7 +23,7 @@ import contextlib
 import struct
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -42,6 +42,7 @@ from services.gateway.errors import (
     ChainRootUnknown,
     DeliveryError,
     EffectKeyedApart,
+    EffectOfAnotherTurn,
     EventBeyondLimits,
     EventNotEncoded,
     EventNotQueued,
@@ -61,6 +62,11 @@ _PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 # whose flushes happen elsewhere) kept every later failure for the process's life. A
 # flush that would have listed dropped ones says how many (``DeliveryError.forgotten``).
 MAX_KEPT_FAILURES = 10_000
+
+# The fields naming the request an effect is recorded for: ``send_turn`` refuses an
+# effect whose value of one of them is not its turn's (``EffectOfAnotherTurn``).
+_REQUEST_FIELDS = ("tenant_id", "idempotency_key", "response_id", "conversation_id",
+                   "chain_root_id")
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
@@ -217,24 +223,35 @@ class GatewayProducer:
         (``EventBeyondLimits``), an event the registry could not encode
         (``EventNotEncoded``); an event librdkafka refuses to queue is
         ``EventNotQueued``."""
-        self._produce(event, self._prepare(event))
+        self._produce((event, self._prepare(event)))
 
     def send_turn(self, turn: TurnCompleted, effects: Iterable[ToolEffect] = ()) -> None:
         """The turn's tool effects first, then the turn (same key: same partition, in order).
         Every event is checked and encoded before the first is produced: a turn or an
-        effect that ``send`` would refuse (an id, a bound, the size, the encoding) or an
-        effect keyed apart from its turn (``EffectKeyedApart``) is refused with nothing of
-        the turn produced. ``EventNotQueued`` (librdkafka's own refusal) may come after
-        some effects were queued: send the turn, effects and all, again (safe)."""
+        effect that ``send`` would refuse (an id, a bound, the size, the encoding), an
+        effect keyed apart from its turn (``EffectKeyedApart``) or an effect of another
+        request (its tenant, idempotency key, response id, Conversation or chain root not
+        the turn's: ``EffectOfAnotherTurn``) is refused with nothing of the turn
+        produced. A ``close`` in another thread comes before the turn
+        (``ProducerClosed``, nothing produced) or after it, never between its events.
+        ``EventNotQueued`` (librdkafka's own refusal) names the event refused; the events
+        before it may have been queued (the first refused: none; after a fatal error
+        every later event is refused and those queued fail on ``flush``). Then send the
+        turn, effects and all, again (safe: effects are deduplicated by ``effect_id``, a
+        turn by its ``response_id``), with a new producer if ``fatal``; never the turn
+        alone, whose effects may not be written."""
         effects = tuple(effects)
         self._check(turn)  # the turn's own refusals first, before encoding anything
         for effect in effects:
             key = _key_of(effect)
             if key != turn.partition_key:
                 raise EffectKeyedApart(effect.effect_id, key, turn.partition_key)
-        values = [self._prepare(event) for event in (*effects, turn)]
-        for event, value in zip((*effects, turn), values, strict=True):
-            self._produce(event, value)
+            apart = [(name, getattr(effect, name), getattr(turn, name))
+                     for name in _REQUEST_FIELDS
+                     if getattr(effect, name) != getattr(turn, name)]
+            if apart:
+                raise EffectOfAnotherTurn(effect.effect_id, apart)
+        self._produce(*((event, self._prepare(event)) for event in (*effects, turn)))
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait for every queued event; raise every delivery failure reported since the
@@ -294,32 +311,41 @@ class GatewayProducer:
             raise EventTooLarge(event.event_id, len(value))
         return value
 
-    def _produce(self, event: GatewayEvent, value: bytes) -> None:
-        callback = self._on_delivery(event.event_id)
+    def _produce(self, *events: tuple[GatewayEvent, bytes]) -> None:
+        """Queue ``events`` (each with its value) in order, under one hold of
+        ``_sending``: a ``close`` in another thread comes before the first or after the
+        last, never between (before session 44 it could come between a turn's effects,
+        queuing some and refusing the rest ``ProducerClosed``)."""
+        callbacks = [self._on_delivery(event.event_id) for event, _ in events]
         with self._lock:
             # A sending thread is raised every failure reported from now on by its
             # flushes (``_failures_for``).
             self._cursors.setdefault(threading.current_thread(), self._next_failure)
         with self._sending:  # never after ``close`` began: its purge would miss it
             if self._closed:
-                raise ProducerClosed(f"the producer is closed: event {event.event_id} "
+                raise ProducerClosed(f"the producer is closed: event {events[0][0].event_id} "
                                      "not produced; create a new one")
-            while True:
-                try:
-                    self._producer.produce(self.topic, value=value,
-                                           key=encode_key(event.partition_key),
-                                           on_delivery=callback)
-                    break
-                except BufferError:  # local queue full: let deliveries drain, then retry
-                    self._producer.poll(0.1)
-                except KafkaException as exc:
-                    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) \
-                        else None
-                    raise EventNotQueued(
-                        event.event_id, str(err if err is not None else exc),
-                        retryable=err is not None and err.retriable() and not err.fatal(),
-                        fatal=err is None or err.fatal()) from exc
-            self._producer.poll(0)
+            for (event, value), callback in zip(events, callbacks, strict=True):
+                self._queue(event, value, callback)
+                self._producer.poll(0)
+
+    def _queue(self, event: GatewayEvent, value: bytes,
+               callback: Callable[[KafkaError | None, Any], None]) -> None:
+        while True:
+            try:
+                self._producer.produce(self.topic, value=value,
+                                       key=encode_key(event.partition_key),
+                                       on_delivery=callback)
+                return
+            except BufferError:  # local queue full: let deliveries drain, then retry
+                self._producer.poll(0.1)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) \
+                    else None
+                raise EventNotQueued(
+                    event.event_id, str(err if err is not None else exc),
+                    retryable=err is not None and err.retriable() and not err.fatal(),
+                    fatal=err is None or err.fatal()) from exc
 
     def _failures_for(self, thread: threading.Thread
                       ) -> tuple[list[tuple[str, KafkaError]], int]:

@@ -571,3 +571,85 @@ def test_a_wrong_hint_naming_a_partition_the_cache_cannot_extend_reserves_the_ri
         return await _honest_reads_beside_a_held_mib(service, budget, tenant, small, big_conv)
 
     assert asyncio.run(run()) == ["certified", "certified"]
+
+
+def test_both_endpoints_learn_a_conversations_cost_under_its_partition():
+    """A Conversation read and a response read with its partition known read the same
+    partition's rows: the last answer of either is the other's guess. Before session 44
+    the Conversation endpoint learned under a key of its own: after response reads of
+    a 1.2 MiB history, its read reserved an eighth of the budget and slipped in beside
+    a full one (and a response read after Conversation reads, the same)."""
+    stack, budget, service = _uncached(3 * MB)
+    tenant, first = _big_history(stack)
+    conv = stack.store.get_checkpoint(tenant, first).partition_key
+
+    async def busy_beside_a_held_mib(read) -> bool:
+        blocker = await budget.reserve(("response", "other", "r"))
+        budget.resize(blocker, MB)
+        try:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(answer_budget, "ROOM_WAIT_S", 0.05)
+                try:
+                    await _written(await read())
+                except AnswersBusy:
+                    return True
+                return False
+        finally:
+            blocker.release()
+
+    async def run():
+        await _written(await service.response_history(tenant, first, FP, 0,
+                                                      partition_key=conv))
+        # 1 MiB held + 2 x 1.2 MiB > 3 MiB: the Conversation's read waits.
+        assert await busy_beside_a_held_mib(
+            lambda: service.conversation_history(tenant, conv, FP))
+        budget._costs.clear()
+        conversation = await service.conversation_history(tenant, conv, FP)
+        assert conversation.outcome == "certified"
+        await _written(conversation)
+        assert budget._cost(("partition", tenant, conv)) == 2 * len(conversation.payload)
+        assert await busy_beside_a_held_mib(
+            lambda: service.response_history(tenant, first, FP, 0, partition_key=conv))
+        assert budget.held == 0
+    asyncio.run(run())
+
+
+N_WAITING = 4
+
+
+def _cold_reads_behind_each_other(endpoint: str) -> tuple[list, int]:
+    """``N_WAITING`` concurrent cold requests (the cache on, nothing of the history in it)
+    for a 1.2 MiB history whose cost is learned (2 x 1.2 MiB in a 3 MiB budget: one read
+    at a time). The answers, and the store's full reads they made."""
+    budget = AnswerBudget(3 * MB)
+    stack, service = _pinning_service(64 * MB, budget)
+    tenant, rid = _big_history(stack)
+    conv = stack.store.get_checkpoint(tenant, rid).partition_key
+    budget.learn(("partition", tenant, conv), 1_250_000)
+
+    def request():
+        if endpoint == "conversation":
+            return service.conversation_history(tenant, conv, FP)
+        return service.response_history(tenant, rid, FP, 0, partition_key=conv)
+
+    async def run():
+        before = stack.reads.get("read_history", 0)
+        answers = await asyncio.gather(*(request() for _ in range(N_WAITING)))
+        for answer in answers:
+            await _written(answer)
+        assert budget.held == 0
+        return list(answers), stack.reads.get("read_history", 0) - before
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("endpoint", ["response", "conversation"])
+def test_requests_waiting_for_room_behind_a_read_of_their_history_find_it_cached(endpoint):
+    """The first request reads; the others wait for room behind it (its cost is most of
+    the budget), and once they get it the history is cached: they answer from the cache.
+    Before session 44 each read it again once admitted, one after another: 4 reads."""
+    answers, reads = _cold_reads_behind_each_other(endpoint)
+    assert {a.outcome for a in answers} == {"certified"}
+    assert len({a.payload for a in answers}) == 1
+    assert reads == 1, f"{N_WAITING} requests made {reads} full reads"
+

@@ -57,7 +57,11 @@ from tests.unit.test_gateway_claims_library_review import Server
 
 
 def effect_of(turn, call_id: str = "call_1"):
-    return make_tool_effect(call_id, idempotency_key=turn.idempotency_key)
+    """An effect of ``turn``'s request (its tenant, key, response and Conversation)."""
+    return make_tool_effect(call_id, idempotency_key=turn.idempotency_key,
+                            tenant_id=turn.tenant_id, response_id=turn.response_id,
+                            conversation_id=turn.conversation_id,
+                            chain_root_id=turn.chain_root_id)
 
 
 class FakeKafka:
