@@ -2,7 +2,7 @@
 it has asked which servers already serve.
 
 A copy of the script runs in a temporary directory where every command it calls is a
-stand-in (``PATH`` holds the stand-ins first: Python, pip, ruff, apt-get, the tools it
+stand-in (``PATH`` holds the stand-ins first: Python, pip, npm, ruff, apt-get, the tools it
 looks for, and ``ratchet``, which records its arguments and calls the servers named
 in ``CI_SERVING`` healthy): nothing is installed, started or stopped. Lint fails (``ruff check`` exits
 1), the run's own failure before any server starts: the servers an exported
@@ -54,7 +54,7 @@ def _run(tmp_path: Path, serving: str, lint_fails: bool) -> tuple[int, list[str]
     _stub(stubs, "ratchet", RATCHET)
     for name in ("python3.13", "python3.12", "python3.11", "python3"):
         _stub(stubs, name, PYTHON)
-    for name in ("pip", "apt-get", "mvn", "gcc", "debootstrap", "buildah", "pytest"):
+    for name in ("pip", "npm", "apt-get", "mvn", "gcc", "debootstrap", "buildah", "pytest"):
         _stub(stubs, name, "#!/bin/bash\nexit 0\n")
     _stub(stubs, "ruff", f"#!/bin/bash\nexit {int(lint_fails)}\n")
     log = tmp_path / "ratchet-calls.log"
