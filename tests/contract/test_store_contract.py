@@ -21,6 +21,7 @@ from ratchet.domain.history import (
     Head,
     HistoryFailure,
     HistoryFailureReason,
+    PromotionMode,
     VerifiedHistory,
     items_digest,
     lineage_digest,
@@ -611,6 +612,45 @@ class StoreContract:
         assert outcome.checkpoint.lineage_digest == lineage_digest(
             parent.lineage_digest, items_digest(child.items))
         assert len(self.history(store, tenant, response_id=child.response_id).items) == 4
+
+    # A hint wrong in one fact only: the write's condition on that fact refuses it, and the
+    # turn is built on the row that stands (a mutation review of the write path, session
+    # 44: each condition could be dropped from one backend with every test passing).
+
+    def test_a_head_hint_with_another_lineage_digest_is_checked_by_the_write(self, store,
+                                                                             tenant):
+        conv = uid("conv")
+        first = store.promote(conversation_turn(tenant, conv, 0)).checkpoint
+        wrong = dataclasses.replace(Head.of(first), lineage_digest="0" * 64)
+        turn = conversation_turn(tenant, conv, 1)
+        outcome = store.promote(turn, head_hint=wrong)
+        assert isinstance(outcome, Promoted) and outcome.seq == 2
+        assert outcome.checkpoint.lineage_digest == lineage_digest(
+            first.lineage_digest, items_digest(turn.items))
+        assert self.history(store, tenant, conversation_id=conv).head_seq == 2
+
+    def test_a_parent_hint_with_another_item_range_is_checked_by_the_write(self, store,
+                                                                           tenant):
+        root = uid("resp")
+        parent = store.promote(chain_turn(tenant, root, root, None)).checkpoint
+        wrong = dataclasses.replace(parent, last_item_seq=parent.last_item_seq + 5)
+        child = chain_turn(tenant, root, uid("resp"), root)
+        outcome = store.promote(child, parent_hint=wrong)
+        assert isinstance(outcome, Promoted) and outcome.seq == 2
+        assert outcome.checkpoint.first_item_seq == parent.last_item_seq + 1
+        assert len(self.history(store, tenant, response_id=child.response_id).items) == 4
+
+    def test_a_parent_hint_calling_a_conversation_turn_a_chain_turn_is_checked(self, store,
+                                                                             tenant):
+        """A chain turn never extends a Conversation's turn (``ParentMissing``), whatever
+        the caller's copy of that turn says its mode is."""
+        conv = uid("conv")
+        turn = store.promote(conversation_turn(tenant, conv, 0)).checkpoint
+        lying = dataclasses.replace(turn, mode=PromotionMode.CHAIN)
+        child = chain_turn(tenant, conv, uid("resp"), turn.response_id)
+        assert store.promote(child, parent_hint=lying) == ParentMissing(turn.response_id)
+        assert store.get_checkpoint(tenant, child.response_id) is None
+        assert self.history(store, tenant, conversation_id=conv).head_seq == 1
 
     # -- chain mode ---------------------------------------------------------------------
 
