@@ -1086,7 +1086,45 @@ class StoreContract:
         assert not store.turn_lost(tenant, uid("resp"))  # claimed nowhere
         assert not store.turn_lost(tenant, first.response_id)  # there
 
+    # -- damage the write's conditions hold against (a mutation review of the write path,
+    # session 44: each condition could be dropped from one backend with every test passing)
+
+    def test_a_lost_head_is_not_begun_again_by_a_store_without_hints(self, store, tenant,
+                                                                      clock):
+        """Head cells lost while the turns stand (damage): a turn expecting 0, planned
+        without a read (no hint), is refused by the write (the Conversation's first
+        batch requires that none began here) and the view says why: ``CorruptPartition``,
+        never a second first turn."""
+        conv, turns = self._three_turns(store, tenant)
+        self.lose_head(store, tenant, conv)
+        cold = self.shared_store(store, StoreOptions(clock=clock))
+        again = conversation_turn(tenant, conv, 0)
+        with pytest.raises(CorruptPartition):
+            cold.promote(again)
+        assert cold.get_checkpoint(tenant, again.response_id) is None
+        for turn in turns:
+            assert store.get_checkpoint(tenant, turn.response_id).seq == turns.index(turn) + 1
+
+    def test_a_promoted_response_whose_claim_was_lost_is_not_written_again(self, store,
+                                                                           tenant):
+        """A response id's turn row is written once (``IF NOT EXISTS``), also where its
+        claim row was lost: another request planned on a true head with that response id
+        is refused by the write, and the view answers ``ResponseExists``."""
+        conv, turns = self._three_turns(store, tenant)
+        taken = store.get_checkpoint(tenant, turns[2].response_id)
+        self.delete_claim(store, tenant, taken.response_id)
+        other = conversation_turn(tenant, conv, 3, response_id=taken.response_id)
+        assert store.promote(other) == ResponseExists(taken)
+        assert store.get_checkpoint(tenant, taken.response_id) == taken
+        assert self.history(store, tenant, conversation_id=conv).head_seq == 3
+
     def damage_head(self, store, tenant, conv) -> None:
+        raise NotImplementedError
+
+    def lose_head(self, store, tenant, conv) -> None:
+        raise NotImplementedError
+
+    def delete_claim(self, store, tenant, response_id) -> None:
         raise NotImplementedError
 
     def delete_turn(self, store, tenant, partition_key, response_id) -> None:
@@ -1124,6 +1162,12 @@ class TestMemoryStore(StoreContract):
     def roll_back_head(self, store, tenant, conv, head: Head) -> None:
         store._partitions[(tenant, conv)].head = head
 
+    def lose_head(self, store, tenant, conv) -> None:
+        store._partitions[(tenant, conv)].head = None
+
+    def delete_claim(self, store, tenant, response_id) -> None:
+        del store._claims[(tenant, response_id)]
+
 
 @pytest.mark.integration
 class TestCassandraStore(StoreContract):
@@ -1155,3 +1199,12 @@ class TestCassandraStore(StoreContract):
                              "WHERE tenant_id = %s AND partition_key = %s",
                              (head.seq, head.response_id, head.item_count,
                               head.lineage_digest, tenant, conv))
+
+    def lose_head(self, store, tenant, conv) -> None:
+        self.session.execute("DELETE head_seq, head_response_id, head_item_count, "
+                             "head_lineage_digest, head_token FROM turns "
+                             "WHERE tenant_id = %s AND partition_key = %s", (tenant, conv))
+
+    def delete_claim(self, store, tenant, response_id) -> None:
+        self.session.execute("DELETE FROM response_claims WHERE tenant_id = %s "
+                             "AND response_id = %s", (tenant, response_id))
