@@ -1105,6 +1105,18 @@ class StoreContract:
         for turn in turns:
             assert store.get_checkpoint(tenant, turn.response_id).seq == turns.index(turn) + 1
 
+    def test_a_lost_head_and_marker_are_not_begun_again_by_the_store_that_knew_them(
+            self, store, tenant):
+        """Head cells and the head marker both lost (damage) while the turns stand: the
+        write's conditions hold, the view shows no Conversation, and only what the store
+        saw itself (the head it promoted, never behind) refuses a second first turn."""
+        conv, turns = self._three_turns(store, tenant)
+        self.lose_head(store, tenant, conv, marker=True)
+        again = conversation_turn(tenant, conv, 0)
+        with pytest.raises(CorruptPartition):
+            store.promote(again)
+        assert store.get_checkpoint(tenant, again.response_id) is None
+
     def test_a_promoted_response_whose_claim_was_lost_is_not_written_again(self, store,
                                                                            tenant):
         """A response id's turn row is written once (``IF NOT EXISTS``), also where its
@@ -1121,7 +1133,7 @@ class StoreContract:
     def damage_head(self, store, tenant, conv) -> None:
         raise NotImplementedError
 
-    def lose_head(self, store, tenant, conv) -> None:
+    def lose_head(self, store, tenant, conv, marker: bool = False) -> None:
         raise NotImplementedError
 
     def delete_claim(self, store, tenant, response_id) -> None:
@@ -1162,7 +1174,8 @@ class TestMemoryStore(StoreContract):
     def roll_back_head(self, store, tenant, conv, head: Head) -> None:
         store._partitions[(tenant, conv)].head = head
 
-    def lose_head(self, store, tenant, conv) -> None:
+    def lose_head(self, store, tenant, conv, marker: bool = False) -> None:
+        # The memory store's marker is its Conversation turns: they stand.
         store._partitions[(tenant, conv)].head = None
 
     def delete_claim(self, store, tenant, response_id) -> None:
@@ -1200,10 +1213,14 @@ class TestCassandraStore(StoreContract):
                              (head.seq, head.response_id, head.item_count,
                               head.lineage_digest, tenant, conv))
 
-    def lose_head(self, store, tenant, conv) -> None:
+    def lose_head(self, store, tenant, conv, marker: bool = False) -> None:
         self.session.execute("DELETE head_seq, head_response_id, head_item_count, "
                              "head_lineage_digest, head_token FROM turns "
                              "WHERE tenant_id = %s AND partition_key = %s", (tenant, conv))
+        if marker:
+            self.session.execute("DELETE FROM turns WHERE tenant_id = %s AND "
+                                 "partition_key = %s AND kind = 'head' AND ref = ''",
+                                 (tenant, conv))
 
     def delete_claim(self, store, tenant, response_id) -> None:
         self.session.execute("DELETE FROM response_claims WHERE tenant_id = %s "

@@ -1,0 +1,43 @@
+"""What a mutation review of the store's write path (session 44) found no test holding,
+where one backend-free test can hold it: ``turn_size`` counts every byte the turn's row
+stores (``services/store/base.py``; the guard keeps one Cassandra mutation under its
+cap, docs/store.md "Size")."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from schemas.models import Item
+from services.store.base import turn_size
+from tests.contract.store_support import artifact, chain_turn, conversation_turn, uid
+
+
+def _stored_bytes(request) -> int:
+    """The bytes of the values the turn row holds, without any overhead."""
+    size = len(request.response_id) + len(request.idempotency_key) + len(request.request_digest)
+    if request.token_artifact is not None:
+        size += len(request.token_artifact.to_json())
+    for item in request.items:
+        size += len(item.content) + len(item.content_digest) + len(item.item_id)
+    return size
+
+
+def test_every_stored_value_of_a_turn_counts_towards_its_size():
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0, n_items=3)
+    assert turn_size(turn) >= _stored_bytes(turn) + 64 * len(turn.items)
+
+
+def test_a_token_artifact_counts_towards_the_turn_size():
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    bare = dataclasses.replace(turn, token_artifact=None)
+    with_artifact = dataclasses.replace(turn, token_artifact=artifact())
+    assert turn_size(with_artifact) - turn_size(bare) >= len(artifact().to_json())
+
+
+def test_an_items_digest_counts_towards_the_turn_size():
+    turn = chain_turn(uid("tenant"), uid("root"), uid("resp"), None, n_items=1)
+    (item,) = turn.items
+    longer = dataclasses.replace(turn, items=(Item(
+        item_id=item.item_id, type=item.type, role=item.role, content=item.content,
+        content_digest=item.content_digest + "0" * 100),))
+    assert turn_size(longer) - turn_size(turn) == 100
