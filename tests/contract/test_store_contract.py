@@ -567,6 +567,24 @@ class StoreContract:
         assert store.head(tenant, conv) == hint
         assert self.history(store, tenant, conversation_id=conv).items == turn.items
 
+    def test_a_key_promoted_under_a_facts_mark_is_not_bound_again(self, store, tenant):
+        """The idempotency row of a request with recorded facts is bound by a conditional
+        update, which must require that no response is bound yet: a second request
+        under the key, planned on the true head with the same mark, is ``KeyReused``,
+        and the key keeps naming the first response (a mutation review of the write
+        path, session 44)."""
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        mark = store.mark_request_facts(tenant, conv, turn.idempotency_key)
+        first = store.promote(turn, facts_mark=mark)
+        assert isinstance(first, Promoted)
+        reused = conversation_turn(tenant, conv, 1, key=turn.idempotency_key, digest="other")
+        assert store.promote(reused, head_hint=store.head(tenant, conv),
+                             facts_mark=mark) == KeyReused(turn.request_digest,
+                                                           turn.response_id)
+        assert store.get_checkpoint(tenant, reused.response_id) is None
+        assert store.promote(turn, facts_mark=mark) == Duplicate(first.checkpoint)
+
     def test_every_store_sees_the_truth_whatever_another_one_hinted(self, clock, tenant):
         """Two stores (two workers): each one's hints go stale as the other promotes."""
         a = self.make_store(StoreOptions(clock=clock))
