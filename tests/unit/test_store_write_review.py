@@ -41,3 +41,18 @@ def test_an_items_digest_counts_towards_the_turn_size():
         item_id=item.item_id, type=item.type, role=item.role, content=item.content,
         content_digest=item.content_digest + "0" * 100),))
     assert turn_size(longer) - turn_size(turn) == 100
+
+
+def test_a_head_hint_never_goes_back():
+    """``_Hints.put_head``: the store's own heads only move forward (an older head
+    learnt late, from a read that raced a promotion, must not replace a newer one: the
+    newer is what tells a head rolled back under the store, ``_check_not_behind``)."""
+    from ratchet.domain.history import Head
+    from services.store.base import _Hints
+
+    hints = _Hints(8)
+    hints.put_head("p", Head(3, "resp_3", 6))
+    hints.put_head("p", Head(2, "resp_2", 4))
+    assert hints.get("p") == Head(3, "resp_3", 6)
+    hints.put_head("p", Head(4, "resp_4", 8))
+    assert hints.get("p") == Head(4, "resp_4", 8)
