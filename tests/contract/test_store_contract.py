@@ -1065,6 +1065,40 @@ class StoreContract:
         with pytest.raises(CorruptPartition):
             store.judge(conversation_turn(tenant, conv, 2))
 
+    def test_damaged_head_cells_are_never_learnt_as_a_hint(self, store, tenant, clock):
+        """Head cells their row does not back: each promoter reads them once (the view)
+        and must not keep them as its hint, whose cells the fast path's write would
+        assert (``_learn_view``); held on both backends (session 44: only
+        ``test_store_corruption.py`` held it, on Cassandra)."""
+        conv, _ = self._three_turns(store, tenant)
+        self.damage_head(store, tenant, conv)
+        fresh = self.shared_store(store, StoreOptions(clock=clock))
+        for promoter in (store, fresh, store, fresh):
+            with pytest.raises(CorruptPartition):
+                promoter.promote(conversation_turn(tenant, conv, 3))
+        assert store.head(tenant, conv).seq == 3
+
+    @pytest.mark.parametrize("change", [{"seq": 7}, {"lineage_digest": "ab"},
+                                        {"last_item_seq": 9}])
+    def test_a_child_is_never_numbered_from_a_parent_row_changed_since(self, store, tenant,
+                                                                       clock, change):
+        """A chain parent's row never changes once written: a caller that validated the
+        turn against its copy (``extends``) is sent back to a verified read
+        (``LineageChanged``) when the row differs, never given a child numbered from
+        the changed row; held on both backends (session 44: only
+        ``test_store_corruption.py`` held it, on Cassandra)."""
+        root, child = uid("resp"), uid("resp")
+        store.promote(chain_turn(tenant, root, root, None))
+        store.promote(chain_turn(tenant, root, child, root))
+        parent = store.get_checkpoint(tenant, child)
+        self.rewrite_turn(store, tenant, root, child, change)
+        grandchild = chain_turn(tenant, root, uid("resp"), child)
+        fresh = self.shared_store(store, StoreOptions(clock=clock))
+        for promoter in (store, fresh):
+            assert promoter.promote(grandchild, parent_hint=parent,
+                                    extends=child) == LineageChanged(child)
+        assert store.get_checkpoint(tenant, grandchild.response_id) is None
+
     def test_a_lost_head_marker_costs_nothing_but_a_read(self, store, tenant):
         """The head marker row has no TTL; a partition that lost it (damage) while its
         head cells stand reads the head on its own, and the next turn is promoted."""
@@ -1206,6 +1240,9 @@ class StoreContract:
     def lose_marker(self, store, tenant, conv) -> None:
         raise NotImplementedError
 
+    def rewrite_turn(self, store, tenant, partition_key, response_id, change: dict) -> None:
+        raise NotImplementedError
+
     def delete_turn(self, store, tenant, partition_key, response_id) -> None:
         raise NotImplementedError
 
@@ -1250,6 +1287,10 @@ class TestMemoryStore(StoreContract):
 
     def lose_marker(self, store, tenant, conv) -> None:
         pass  # the memory store's marker is its Conversation turns
+
+    def rewrite_turn(self, store, tenant, partition_key, response_id, change: dict) -> None:
+        checkpoints = store._partitions[(tenant, partition_key)].checkpoints
+        checkpoints[response_id] = dataclasses.replace(checkpoints[response_id], **change)
 
 
 @pytest.mark.integration
@@ -1299,3 +1340,9 @@ class TestCassandraStore(StoreContract):
     def lose_marker(self, store, tenant, conv) -> None:
         self.session.execute("DELETE FROM turns WHERE tenant_id = %s AND partition_key = %s "
                              "AND kind = 'head' AND ref = ''", (tenant, conv))
+
+    def rewrite_turn(self, store, tenant, partition_key, response_id, change: dict) -> None:
+        ((column, value),) = change.items()
+        self.session.execute(f"UPDATE turns SET {column} = %s WHERE tenant_id = %s AND "
+                             "partition_key = %s AND kind = 'checkpoint' AND ref = %s",
+                             (value, tenant, partition_key, response_id))
