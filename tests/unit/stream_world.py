@@ -116,6 +116,14 @@ class World:
         await self.app.settle_revoked({TP(TOPIC, p) for p in partitions})
         await commit_acked(self.app.consumer)
 
+    async def until_acked(self, count: int, *, polls: int) -> None:
+        """Let the lanes run until ``count`` events are acked, or ``polls`` short sleeps
+        passed (the test's assertions then say what was not)."""
+        for _ in range(polls):
+            if len(self.acks) >= count:
+                return
+            await asyncio.sleep(0.01)
+
     def outcomes(self, response_id: str) -> list:
         return [m for _t, _k, m in self.producer.sent
                 if getattr(m, "response_id", None) == response_id]

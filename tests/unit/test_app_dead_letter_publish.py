@@ -45,10 +45,7 @@ def test_a_dead_letter_not_published_is_never_acked_and_holds_its_partition(
             await w.revoke(0)
         else:
             broker_down["dead-letters"] = False
-            for _ in range(300):
-                if len(w.acks) == 2:
-                    break
-                await asyncio.sleep(0.01)
+            await w.until_acked(2, polls=300)
         task.cancel()
         await w.app.lanes.stop()
         return w

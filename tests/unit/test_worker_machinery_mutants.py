@@ -327,10 +327,7 @@ def test_a_record_refused_after_a_revocation_does_not_hide_the_redelivery(tmp_pa
         await w.app.on_partitions_assigned.send({TP(TOPIC, 0)})
         for offset, t in enumerate(turns):  # from the committed offset, 0
             await w.stream.queue.put(w.event(t, offset))
-        for _ in range(100):
-            if len(w.acks) == 3:
-                break
-            await asyncio.sleep(0.01)
+        await w.until_acked(3, polls=100)
         task.cancel()
         await w.app.lanes.stop()
         return w
@@ -397,10 +394,7 @@ def test_an_event_is_acked_only_once_the_broker_acknowledged_its_outcomes(tmp_pa
         w.producer.send = send
         task = dispatch_task(w)
         await w.stream.queue.put(w.event(turn, 0))
-        for _ in range(200):
-            if w.acks:
-                break
-            await asyncio.sleep(0.01)
+        await w.until_acked(1, polls=200)
         task.cancel()
         await w.app.lanes.stop()
         return w, deliveries
@@ -437,10 +431,7 @@ def test_an_outcome_that_cannot_be_encoded_is_an_outage_not_a_bug(tmp_path, monk
                                                              retrying(lane, error, **kw))
         task = dispatch_task(w)
         await w.stream.queue.put(w.event(turn, 0))
-        for _ in range(300):
-            if w.acks:
-                break
-            await asyncio.sleep(0.01)
+        await w.until_acked(1, polls=300)
         task.cancel()
         await w.app.lanes.stop()
         return w, retried
@@ -466,10 +457,7 @@ def test_the_health_file_counts_the_outcomes(tmp_path, monkeypatch):
         task = dispatch_task(w)
         await w.stream.queue.put(w.event(promoted, 0))
         await w.stream.queue.put(w.event(rejected, 1))
-        for _ in range(200):
-            if len(w.acks) == 2:
-                break
-            await asyncio.sleep(0.01)
+        await w.until_acked(2, polls=200)
         task.cancel()
         await w.app.lanes.stop()
         return w
