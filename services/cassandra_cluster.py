@@ -8,6 +8,12 @@ this stack (one client, 12 requests in flight, half 1 KiB inserts, half reads):
 driver is the worker's largest CPU cost (docs/decisions.md, "Promotion cost"). v4
 has everything the store uses: prepared statements, conditional batches, SERIAL
 reads, paging. What v5 adds is the segment checksum on top of TCP's.
+
+The default execution profile names its load-balancing policy: the driver's own default
+(``TokenAwarePolicy(DCAwareRoundRobinPolicy())``, the local DC taken from the contact
+points), so nothing about routing changes. Left to the driver, every ``Cluster`` with
+contact points logged "no load_balancing_policy ... this will raise an error" at each
+start of the worker, the API and the benches (session 45).
 """
 
 from __future__ import annotations
@@ -16,8 +22,15 @@ import asyncio
 from typing import Any
 
 from cassandra import DriverException
-from cassandra.cluster import Cluster, NoHostAvailable, ResponseFuture
+from cassandra.cluster import (
+    EXEC_PROFILE_DEFAULT,
+    Cluster,
+    ExecutionProfile,
+    NoHostAvailable,
+    ResponseFuture,
+)
 from cassandra.connection import ConnectionException
+from cassandra.policies import DCAwareRoundRobinPolicy, LoadBalancingPolicy, TokenAwarePolicy
 from cassandra.protocol import ErrorMessage
 
 from ratchet.settings import Settings
@@ -43,9 +56,25 @@ DRIVER_OUTAGES: tuple[type[BaseException], ...] = (
 )
 
 
+def load_balancing_policy() -> LoadBalancingPolicy:
+    """The policy every request uses: cassandra-driver 3's default, named (token aware,
+    over round robin within the local DC, the DC of the contact points; remote DCs'
+    hosts never used). One per ``Cluster``: a policy holds the hosts it routes to."""
+    return TokenAwarePolicy(DCAwareRoundRobinPolicy())
+
+
+def default_profile() -> ExecutionProfile:
+    """The default execution profile: the driver's own defaults (10 s request timeout,
+    ``LOCAL_ONE``, named-tuple rows, ``RetryPolicy``), its load-balancing policy named."""
+    return ExecutionProfile(load_balancing_policy=load_balancing_policy())
+
+
 def open_cluster(settings: Settings, **options: Any) -> Cluster:
     """A ``Cluster`` for ``settings``' hosts (not connected yet); ``options`` go to the
-    driver as they are (e.g. a reconnection policy)."""
+    driver as they are (e.g. a reconnection policy). Its default execution profile is
+    ``default_profile()`` unless ``options`` configure profiles themselves."""
+    if "execution_profiles" not in options and "load_balancing_policy" not in options:
+        options["execution_profiles"] = {EXEC_PROFILE_DEFAULT: default_profile()}
     return Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
                    protocol_version=PROTOCOL_VERSION, **options)
 

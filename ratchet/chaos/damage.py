@@ -254,15 +254,15 @@ def apply(settings, damages: Iterable[Damage], seed: int, say=print) -> None:
     import logging
 
     from cassandra import ConsistencyLevel
-    from cassandra.cluster import Cluster
     from cassandra.query import SimpleStatement
 
+    from services.cassandra_cluster import open_cluster
     from services.store.rows import decode_turn_items, encode_turn_items
 
     rng = random.Random(f"damage-bytes:{seed}")
     logging.getLogger("cassandra").setLevel(logging.ERROR)
     table = f"{settings.keyspace}.turns"
-    cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+    cluster = open_cluster(settings)
     try:
         session = cluster.connect()
 

@@ -452,7 +452,7 @@ def _cleanup(settings: Settings, topic_prefix: str, say) -> None:
     partition at start, so leftovers of many runs slow every later start."""
     import logging
 
-    from cassandra.cluster import Cluster
+    from services.cassandra_cluster import open_cluster
 
     try:
         admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "log_level": 0})
@@ -460,7 +460,7 @@ def _cleanup(settings: Settings, topic_prefix: str, say) -> None:
         for fut in admin.delete_topics(names, operation_timeout=30).values() if names else ():
             fut.result(timeout=60)
         logging.getLogger("cassandra").setLevel(logging.ERROR)
-        cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
+        cluster = open_cluster(settings)
         try:
             cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
         finally:

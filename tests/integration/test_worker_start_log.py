@@ -1,7 +1,8 @@
 """The worker's start lines reach its log: the group it joins, the history codec in use
 (docs/operations.md, ``RATCHET_SPEEDUPS``: "the worker's start log line names the one in
 use") and the topics it created. They were logged before Faust set up logging, and
-Python dropped them (found by an outside review of the deployment, session 25). A real
+Python dropped them (found by an outside review of the deployment, session 25); and no
+warning of the Cassandra driver's about its configuration (session 45). A real
 worker on real Kafka, Cassandra and registry, with topics of its own."""
 
 from __future__ import annotations
@@ -47,3 +48,6 @@ def test_the_worker_logs_its_start_lines(settings, tmp_path):
         text[-2000:]
     assert f"created topic {prefix}gateway-events (1 partitions)" in text
     assert text.count("history codec") == 1  # replayed once, not twice
+    # cassandra-driver's "no load_balancing_policy" warning, logged at every start before
+    # session 45: the cluster now names the policy the driver chose itself.
+    assert "load_balancing_policy" not in text, text[-2000:]
