@@ -19,7 +19,9 @@ block closes the producer: it flushes and raises as ``flush`` does.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
+import os
 import struct
 import threading
 import weakref
@@ -157,11 +159,13 @@ class GatewayProducer:
         # that ended left its cursor to the next thread given the same ident (Python
         # reuses them), which was then told failures it never produced, or not told
         # failures a thread that sent before it had not flushed past.
+        # A thread started outside ``threading`` is its ident and OS thread id (session
+        # 45): as its dummy ``Thread``, the next such thread given the same ident took
+        # its place (``_Places``).
         self._failure_log: list[tuple[int, str, KafkaError]] = []
         self._next_failure = 0
         self._first_kept = 0
-        self._cursors: weakref.WeakKeyDictionary[threading.Thread, int] = (
-            weakref.WeakKeyDictionary())
+        self._cursors = _Places()
         self._closed = False
         self._sending = threading.Lock()  # ``close`` against ``send``s in other threads
         self._closed_done = threading.Event()  # the first ``close`` released the client
@@ -268,7 +272,7 @@ class GatewayProducer:
         self._raise_failures(pending=pending)
 
     def _raise_failures(self, pending: int) -> None:
-        failures, forgotten = self._failures_for(threading.current_thread())
+        failures, forgotten = self._failures_for()
         if failures or forgotten:
             raise DeliveryError(
                 [(event_id, str(err)) for event_id, err in failures],
@@ -320,7 +324,7 @@ class GatewayProducer:
         with self._lock:
             # A sending thread is raised every failure reported from now on by its
             # flushes (``_failures_for``).
-            self._cursors.setdefault(threading.current_thread(), self._next_failure)
+            self._cursors.setdefault(self._next_failure)
         with self._sending:  # never after ``close`` began: its purge would miss it
             if self._closed:
                 raise ProducerClosed(f"the producer is closed: event {events[0][0].event_id} "
@@ -347,27 +351,22 @@ class GatewayProducer:
                     retryable=err is not None and err.retriable() and not err.fatal(),
                     fatal=err is None or err.fatal()) from exc
 
-    def _failures_for(self, thread: threading.Thread
-                      ) -> tuple[list[tuple[str, KafkaError]], int]:
-        """The failures reported since ``thread``'s last flush, and how many more of
-        them were dropped (``MAX_KEPT_FAILURES``); its cursor moves past them. A failure
-        is kept until every live thread that sent or flushed has been raised it (or the
-        bound drops it): before session 43, the first flush took every failure, so a
-        thread whose event failed could flush after another thread and be told nothing.
-        A thread is its ``threading.Thread`` object (a thread that ended is dropped,
-        and a new one never takes its place, whatever its ident). A thread not started
-        by ``threading`` is the dummy thread object Python registers for its ident and
-        never forgets (3.11): its cursor is kept, and a later foreign thread given the
-        same ident shares it (the one case still keyed by ident)."""
+    def _failures_for(self) -> tuple[list[tuple[str, KafkaError]], int]:
+        """The failures reported since the calling thread's last flush, and how many more
+        of them were dropped (``MAX_KEPT_FAILURES``); its cursor moves past them. A
+        failure is kept until every live thread that sent or flushed has been raised it
+        (or the bound drops it): before session 43, the first flush took every failure,
+        so a thread whose event failed could flush after another thread and be told
+        nothing. A thread is its place in ``_Places``: a thread that ended is dropped,
+        and a new one never takes its place, whatever its ident."""
         with self._lock:
-            start = self._cursors.get(thread, self._first_kept)
+            start = self._cursors.get(self._first_kept)
             oldest = self._failure_log[0][0] if self._failure_log else self._next_failure
             forgotten = max(0, oldest - start)
             failures = [(event_id, err) for seq, event_id, err in self._failure_log
                         if seq >= start]
-            self._cursors[thread] = self._next_failure
-            for ended in [t for t in list(self._cursors) if not t.is_alive()]:
-                del self._cursors[ended]
+            self._cursors.set(self._next_failure)
+            self._cursors.drop_ended()
             self._first_kept = min(self._cursors.values(), default=self._next_failure)
             self._failure_log = [f for f in self._failure_log if f[0] >= self._first_kept]
         return failures, forgotten
@@ -415,6 +414,85 @@ class GatewayProducer:
                               "prefix (RATCHET_TOPIC_PREFIX); ratchet's worker creates its "
                               "topics", fatal=err.fatal())
         return err
+
+
+# Linux lists a process's live OS threads here: a thread started outside ``threading``
+# that ended is gone from it (elsewhere such a thread's place lasts until its ident is
+# given to another thread).
+_TASKS = "/proc/self/task"
+_HAVE_TASKS = os.path.isdir(_TASKS)
+
+
+class _Places:
+    """Each thread's cursor into the producer's failures (callers hold its lock).
+
+    A thread ``threading`` started (the main thread too) is its ``Thread`` object, held
+    weakly (session 44: by ident before, and Python reuses idents). A thread started
+    outside it (``_thread.start_new_thread``, a C extension's thread calling in through
+    ``PyGILState_Ensure``) is its ident and its OS thread id (session 45): Python 3.11
+    gives it a dummy ``Thread`` registered for its ident and never dropped, and its
+    ``is_alive`` is always true, so keyed by that object the next such thread given the
+    same ident took the ended one's place (told failures reported before it sent, or
+    not told one a sender had not flushed past), and an ended one's place held every
+    later failure for nobody. Not a ``threading.local``: a C thread that enters Python
+    once per call gets a fresh thread state, and fresh locals, each time, so its place
+    would vanish between its send and its flush. An ident belongs to one live thread at
+    a time, so a place under the caller's ident with another OS thread id is an ended
+    thread's: replaced. An ended foreign thread's place is also dropped at a flush once
+    its OS thread id is gone from ``/proc/self/task`` (Linux; an OS thread id is reused
+    only after the kernel's ids wrap around)."""
+
+    def __init__(self) -> None:
+        self._threads: weakref.WeakKeyDictionary[threading.Thread, int] = (
+            weakref.WeakKeyDictionary())
+        self._foreign: dict[int, tuple[int, int]] = {}  # ident: (OS thread id, cursor)
+
+    def _caller(self) -> tuple[threading.Thread | None, int, int]:
+        """The calling thread: its ``Thread`` (None if ``threading`` did not start it),
+        ident and OS thread id. A place under its ident of another thread is dropped."""
+        thread = threading.current_thread()
+        ident, native = threading.get_ident(), _thread.get_native_id()
+        held = self._foreign.get(ident)
+        if held is not None and (held[0] != native
+                                 or not isinstance(thread, threading._DummyThread)):
+            del self._foreign[ident]  # that thread ended: its ident is the caller's
+        return (None if isinstance(thread, threading._DummyThread) else thread,
+                ident, native)
+
+    def get(self, default: int) -> int:
+        thread, ident, _ = self._caller()
+        if thread is not None:
+            return self._threads.get(thread, default)
+        held = self._foreign.get(ident)
+        return default if held is None else held[1]
+
+    def set(self, cursor: int) -> None:
+        thread, ident, native = self._caller()
+        if thread is not None:
+            self._threads[thread] = cursor
+        else:
+            self._foreign[ident] = (native, cursor)
+
+    def setdefault(self, cursor: int) -> None:
+        thread, ident, native = self._caller()
+        if thread is not None:
+            self._threads.setdefault(thread, cursor)
+        else:
+            self._foreign.setdefault(ident, (native, cursor))
+
+    def drop_ended(self) -> None:
+        for ended in [t for t in list(self._threads) if not t.is_alive()]:
+            del self._threads[ended]
+        if _HAVE_TASKS:
+            for ident, (native, _) in list(self._foreign.items()):
+                if not os.path.exists(f"{_TASKS}/{native}"):
+                    del self._foreign[ident]
+
+    def values(self) -> list[int]:
+        return [*self._threads.values(), *(cursor for _, cursor in self._foreign.values())]
+
+    def __len__(self) -> int:
+        return len(self._threads) + len(self._foreign)
 
 
 def beyond_limits(event: TurnCompleted | ToolEffect) -> str | None:
