@@ -65,16 +65,32 @@ class EventNotQueued(GatewayError):
     error of the idempotent producer, which then refuses every event): not produced.
     ``retryable`` when librdkafka says its error is retriable and not fatal; after a
     fatal one, close this producer and send with a new one (sending again is safe).
-    confluent-kafka's untyped ``KafkaException`` before session 44."""
+    confluent-kafka's untyped ``KafkaException`` before session 44.
 
-    def __init__(self, event_id: str, detail: str, *, retryable: bool, fatal: bool) -> None:
+    ``queued``: the ids of the events of the same call (``send_turn``: the turn's
+    effects) handed to librdkafka before it, in order: they may still be written (their
+    delivery is reported by ``flush`` as any event's; after a fatal error they fail
+    there). ``not_queued``: this event and every later one of the call, never produced.
+    A turn refused so is sent again whole, effects and all (since session 45 the error
+    says which were queued; before, the caller had to guess)."""
+
+    def __init__(self, event_id: str, detail: str, *, retryable: bool, fatal: bool,
+                 queued: tuple[str, ...] = (), not_queued: tuple[str, ...] = ()) -> None:
         self.event_id = event_id
         self.detail = detail
         self.retryable = retryable
         self.fatal = fatal
-        super().__init__(f"event {event_id} not queued: {detail}: not produced"
-                         + ("; the producer failed for good: close it and send with a new "
-                            "one" if fatal else ""))
+        self.queued = tuple(queued)
+        self.not_queued = tuple(not_queued) or (event_id,)
+        super().__init__(
+            f"event {event_id} not queued: {detail}: not produced"
+            + (f"; queued before it: {', '.join(self.queued)}" if self.queued else "")
+            + (f"; never produced: {', '.join(self.not_queued)}"
+               if self.not_queued != (event_id,) else "")
+            + ("; send the whole turn again, effects and all" if self.queued
+               or len(self.not_queued) > 1 else "")
+            + ("; the producer failed for good: close it and send with a new one"
+               if fatal else ""))
 
 
 class ProducerClosed(GatewayError):

@@ -238,12 +238,13 @@ class GatewayProducer:
         the turn's: ``EffectOfAnotherTurn``) is refused with nothing of the turn
         produced. A ``close`` in another thread comes before the turn
         (``ProducerClosed``, nothing produced) or after it, never between its events.
-        ``EventNotQueued`` (librdkafka's own refusal) names the event refused; the events
-        before it may have been queued (the first refused: none; after a fatal error
-        every later event is refused and those queued fail on ``flush``). Then send the
-        turn, effects and all, again (safe: effects are deduplicated by ``effect_id``, a
-        turn by its ``response_id``), with a new producer if ``fatal``; never the turn
-        alone, whose effects may not be written."""
+        ``EventNotQueued`` (librdkafka's own refusal) names the event refused, the
+        events of the turn queued before it (``queued``: they may be written; after a
+        fatal error they fail on ``flush``) and those never produced (``not_queued``).
+        Then send the turn, effects and all, again (safe: effects are deduplicated by
+        ``effect_id``, a turn by its ``response_id``), with a new producer if ``fatal``;
+        never the turn alone, whose effects may not be written. Effects whose turn never
+        comes are recorded and wait for it (docs/gateway-protocol.md, section 1)."""
         effects = tuple(effects)
         self._check(turn)  # the turn's own refusals first, before encoding anything
         for effect in effects:
@@ -329,12 +330,18 @@ class GatewayProducer:
             if self._closed:
                 raise ProducerClosed(f"the producer is closed: event {events[0][0].event_id} "
                                      "not produced; create a new one")
-            for (event, value), callback in zip(events, callbacks, strict=True):
-                self._queue(event, value, callback)
+            ids = [event.event_id for event, _ in events]
+            for at, ((event, value), callback) in enumerate(
+                    zip(events, callbacks, strict=True)):
+                # A refusal names the events of the call handed over before it and
+                # those never produced (session 45): the turn is sent again whole.
+                self._queue(event, value, callback, queued=tuple(ids[:at]),
+                            not_queued=tuple(ids[at:]))
                 self._producer.poll(0)
 
     def _queue(self, event: GatewayEvent, value: bytes,
-               callback: Callable[[KafkaError | None, Any], None]) -> None:
+               callback: Callable[[KafkaError | None, Any], None], *,
+               queued: tuple[str, ...], not_queued: tuple[str, ...]) -> None:
         while True:
             try:
                 self._producer.produce(self.topic, value=value,
@@ -349,7 +356,8 @@ class GatewayProducer:
                 raise EventNotQueued(
                     event.event_id, str(err if err is not None else exc),
                     retryable=err is not None and err.retriable() and not err.fatal(),
-                    fatal=err is None or err.fatal()) from exc
+                    fatal=err is None or err.fatal(), queued=queued,
+                    not_queued=not_queued) from exc
 
     def _failures_for(self) -> tuple[list[tuple[str, KafkaError]], int]:
         """The failures reported since the calling thread's last flush, and how many more

@@ -28,11 +28,12 @@ import time
 from collections.abc import Callable
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from ratchet.samples import make_turn
-from services.gateway.errors import DeliveryError
+from services.gateway.errors import DeliveryError, EventNotQueued
 from tests.unit.test_gateway_library_open_items import RETRIABLE, run_in_thread
-from tests.unit.test_gateway_library_review import gateway
+from tests.unit.test_gateway_library_review import effect_of, gateway
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"),
                                 reason="waits for a thread's end in /proc (Linux)")
@@ -174,17 +175,47 @@ def test_foreign_threads_that_ended_leave_no_place_behind():
     assert len(producer._cursors) == 1  # this thread's
 
 
-def test_a_foreign_thread_that_sends_and_flushes_is_told_its_failure_once():
-    """The plain case, unchanged: a foreign thread's own failure, once."""
+# 2. ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("refused_at", [0, 1, 2])
+def test_an_event_not_queued_says_which_events_of_the_turn_were_queued(refused_at):
+    """librdkafka refuses the ``refused_at``-th event of a turn (a fatal error between
+    two ``produce`` calls): the error names the events of the turn queued before it
+    (they may still be written) and those never produced, in the turn's order."""
     producer, kafka = gateway()
     turn = make_turn()
-    told: list[DeliveryError | None] = []
+    effects = [effect_of(turn, "call_1"), effect_of(turn, "call_2")]
+    order = [e.event_id for e in effects] + [turn.event_id]
+    real_produce = kafka.produce
+    calls: list[int] = []
 
-    def sender() -> None:
+    def produce(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > refused_at:
+            raise KafkaException(KafkaError(KafkaError._FATAL, "fenced", fatal=True))
+        real_produce(*args, **kwargs)
+
+    kafka.produce = produce
+    with pytest.raises(EventNotQueued) as refused:
+        producer.send_turn(turn, effects=effects)
+    error = refused.value
+    assert error.event_id == order[refused_at]
+    assert error.queued == tuple(order[:refused_at])
+    assert error.not_queued == tuple(order[refused_at:])
+    assert error.fatal and not error.retryable
+    assert len(kafka.produced) == refused_at
+    for event_id in order:
+        assert event_id in str(error)
+
+
+def test_a_single_event_not_queued_has_nothing_queued():
+    producer, kafka = gateway()
+
+    def refuse(*args, **kwargs):
+        raise KafkaException(KafkaError(KafkaError._STATE, "not ready", retriable=True))
+
+    kafka.produce = refuse
+    turn = make_turn()
+    with pytest.raises(EventNotQueued) as refused:
         producer.send(turn)
-        kafka.deliver(0, RETRIABLE)
-        flush_into(producer, told)()
-        flush_into(producer, told)()
-
-    run_foreign(sender)
-    assert [failed_ids(exc) for exc in told] == [[turn.event_id], []]
+    assert (refused.value.queued, refused.value.not_queued) == ((), (turn.event_id,))
+    assert refused.value.retryable
