@@ -32,11 +32,24 @@ from services.cassandra_cluster import open_cluster
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _driver_default_profile():
+    """The default profile of a ``Cluster`` left to the driver (its warning muted)."""
+    logger = logging.getLogger("cassandra.cluster")
+    logger.disabled = True
+    try:
+        return Cluster(list(Settings().cassandra_hosts)).profile_manager.default
+    finally:
+        logger.disabled = False
+
+
 @pytest.mark.parametrize("options", [
     {},
     {"reconnection_policy": ExponentialReconnectionPolicy(0.5, 4.0)},  # the worker's
 ], ids=["api-bench-chaos", "worker"])
-def test_opening_a_cluster_warns_of_nothing(caplog, options):
+def test_opening_a_cluster_warns_of_nothing_and_routes_as_the_driver_did(caplog, options):
+    """No warning (logged or ``warnings``), and the default profile is the one a
+    ``Cluster`` left to the driver gets, field for field, its policy named."""
+    driver = _driver_default_profile()
     caplog.set_level(logging.DEBUG, logger="cassandra")
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
@@ -45,29 +58,13 @@ def test_opening_a_cluster_warns_of_nothing(caplog, options):
         logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert logged == []
         assert [str(w.message) for w in warned] == []
-    finally:
-        cluster.shutdown()
-
-
-def test_the_policy_is_the_one_the_driver_chose_before():
-    """The default profile a ``Cluster`` left to the driver gets, field for field; only
-    the policy is named (and is this cluster's own object)."""
-    logging.getLogger("cassandra.cluster").disabled = True
-    try:
-        driver = Cluster(list(Settings().cassandra_hosts)).profile_manager.default
-    finally:
-        logging.getLogger("cassandra.cluster").disabled = False
-    cluster = open_cluster(Settings())
-    try:
         ours = cluster.profile_manager.default
         assert cluster.profile_manager.profiles[EXEC_PROFILE_DEFAULT] is ours
-        policy = ours.load_balancing_policy
-        assert type(policy) is TokenAwarePolicy
-        assert type(policy._child_policy) is DCAwareRoundRobinPolicy
-        assert ours._load_balancing_policy_explicit
-        before = driver.load_balancing_policy
-        assert type(before) is TokenAwarePolicy
-        assert type(before._child_policy) is DCAwareRoundRobinPolicy
+        policy, before = ours.load_balancing_policy, driver.load_balancing_policy
+        for lbp in (policy, before):
+            assert type(lbp) is TokenAwarePolicy
+            assert type(lbp._child_policy) is DCAwareRoundRobinPolicy
+        assert policy is not before  # a policy holds its cluster's hosts: one each
         assert policy.shuffle_replicas == before.shuffle_replicas
         for name in ("local_dc", "used_hosts_per_remote_dc"):
             assert getattr(policy._child_policy, name) == getattr(before._child_policy, name)
