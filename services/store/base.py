@@ -100,8 +100,8 @@ from ratchet.domain.plan import (
     starts_chain,
 )
 from ratchet.lru import Lru
-from schemas.errors import Unavailable
 from schemas.models import Certification
+from services.store.errors import InvalidPromotion, StoreError, StoreUnavailable, TurnLost
 
 log = logging.getLogger(__name__)
 
@@ -134,39 +134,6 @@ ROW_OVERHEAD_BYTES = 64
 # How many read-decide-write rounds a promotion may lose before giving up; each lost
 # round means another promoter moved the partition, so the next decision is final.
 MAX_PROMOTION_ROUNDS = 4
-
-
-# --- errors --------------------------------------------------------------------------
-
-
-class StoreError(Exception):
-    """Base of the store's exceptions."""
-
-
-class StoreUnavailable(StoreError, Unavailable):
-    """The store could not be reached or did not answer in time.
-
-    ``retryable`` says whether repeating the same call can succeed (a timeout or an
-    unavailable replica: yes; a schema missing or a query refused: no). After an
-    unknown write outcome that could not be resolved, repeating ``promote`` with the
-    same idempotency key is safe: it returns ``Duplicate`` if the first write landed.
-    """
-
-    dependency = "the checkpoint store (Cassandra)"
-
-    def __init__(self, message: str, *, retryable: bool, operation: str = "") -> None:
-        super().__init__(message)
-        self.retryable = retryable
-        self.operation = operation
-
-
-class InvalidPromotion(StoreError, ValueError):
-    """The request itself is malformed; the caller must validate before promoting."""
-
-
-class TurnLost(CorruptPartition):
-    """A promoted response whose turn row is not in its partition (``turn_lost``):
-    data loss, answered ``MISSING_HISTORY`` (its history is), never as an unknown id."""
 
 
 # ``promote(extends=ANY_LINEAGE)``: the caller does not care which response the turn
