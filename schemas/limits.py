@@ -3,8 +3,9 @@
 ``MAX_EVENT_BYTES`` bounds one gateway event value (5-byte Confluent header + Avro
 body): the gateway library refuses a larger one before producing, and the processor
 rejects one that arrives anyway ``UNSUPPORTED_FORMAT``. Everything below it travels end
-to end: the store's own guard (``services.store.base.DEFAULT_MAX_TURN_BYTES``, 15 MiB of
-``turn_size``) is above what any event within it can carry, many small items included.
+to end: the store's own guard (``DEFAULT_MAX_TURN_BYTES`` of
+``services/store/request_checks.py``, 15 MiB of ``turn_size``) is above what any event
+within it can carry, many small items included.
 
 The Kafka settings leave room ABOVE it on purpose: the gateway-events topic accepts
 records up to ``TOPIC_MAX_MESSAGE_BYTES``, so a too-large record from a gateway that

@@ -102,6 +102,7 @@ from ratchet.domain.plan import (
 from ratchet.lru import Lru
 from schemas.models import Certification
 from services.store.errors import InvalidPromotion, StoreError, StoreUnavailable, TurnLost
+from services.store.request_checks import DEFAULT_MAX_TURN_BYTES, turn_size, validate_request
 
 log = logging.getLogger(__name__)
 
@@ -120,17 +121,6 @@ __all__ = [
     "validate_request",
 ]
 
-# The store's own guard, above the protocol's maximum event (schemas/limits.py) so that
-# every turn an event within it carries is stored ("everything below it travels end to
-# end", CONTRACT 4): ``turn_size`` counts ``ROW_OVERHEAD_BYTES`` per item where the
-# event's Avro spends ~8 bytes of lengths, and an item takes >= ~125 bytes of Avro (its
-# digest alone 65), so a turn counts at most ~1.45 x its event: <= 14.5 MiB for 10 MiB.
-# What is written is smaller (the items cell spends 36 bytes per item): one Cassandra
-# mutation under half of ``commitlog_segment_size`` (32 MiB -> 16 MiB), the hard cap of
-# a single-partition batch, which an LWT writes in its Paxos proposal and on commit.
-DEFAULT_MAX_TURN_BYTES = 15 * 1024 * 1024
-# Bytes counted per stored row on top of its payload (keys, column names, timestamps).
-ROW_OVERHEAD_BYTES = 64
 # How many read-decide-write rounds a promotion may lose before giving up; each lost
 # round means another promoter moved the partition, so the next decision is final.
 MAX_PROMOTION_ROUNDS = 4
@@ -183,36 +173,6 @@ def _built_from(parent: CheckpointRecord) -> tuple[object, ...]:
 
 def _extends(plan: Plan, extends: str | None | object) -> bool:
     return extends is ANY_LINEAGE or plan.parent_response_id == extends
-
-
-def turn_size(request: PromotionRequest) -> int:
-    """Bytes the turn adds to its partition, counted the way the limit is documented."""
-    size = ROW_OVERHEAD_BYTES * 2 + len(request.response_id) + len(request.idempotency_key)
-    size += len(request.request_digest) * 2 + len(request.fingerprint_hash or "")
-    size += len(request.router_receipt or "") + len(request.boundary_proof or "")
-    if request.token_artifact is not None:
-        size += len(request.token_artifact.to_json())
-    for item in request.items:
-        size += ROW_OVERHEAD_BYTES + len(item.content) + len(item.content_digest)
-        size += len(item.item_id) + len(item.type) + len(item.role or "")
-        size += len(item.call_id or "")
-    return size
-
-
-def validate_request(request: PromotionRequest) -> None:
-    """Refuse requests that are bugs in the caller, or that could never be read back."""
-    for name in ("tenant_id", "partition_key", "response_id", "idempotency_key"):
-        if not getattr(request, name):
-            raise InvalidPromotion(f"{name} is empty")
-    if request.mode is PromotionMode.CONVERSATION:
-        if request.expected_head_seq is None or request.expected_head_seq < 0:
-            raise InvalidPromotion("Conversation mode needs expected_head_seq >= 0")
-    elif request.previous_response_id == request.response_id:
-        raise InvalidPromotion("a response cannot be its own parent")
-    for item in request.items:
-        if not item.digest_ok():
-            raise InvalidPromotion(f"item {item.item_id} content does not match its digest")
-
 
 
 def _exactly_one(response_id: str | None, conversation_id: str | None) -> None:
