@@ -58,7 +58,8 @@ from services.api.render import (
 from services.api.slow_readers import SLICE_BYTES
 from services.api.waiters import PromotionWaiters
 from services.ledger.base import Ledger, ResponseState
-from services.store.base import CheckpointStore, CorruptPartition, no_such_response
+from services.store.base import CheckpointStore, CorruptPartition
+from services.store.history_answers import no_such_response
 
 log = logging.getLogger("ratchet.api")
 
