@@ -58,10 +58,9 @@ import asyncio
 import dataclasses
 import functools
 import logging
-import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -99,9 +98,9 @@ from ratchet.domain.plan import (
     plan_promotion,
     starts_chain,
 )
-from ratchet.lru import Lru
 from schemas.models import Certification
 from services.store.errors import InvalidPromotion, StoreError, StoreUnavailable, TurnLost
+from services.store.hints import _Hints
 from services.store.history_answers import (
     _confirmed,
     _exactly_one,
@@ -166,30 +165,6 @@ class StoreOptions:
     max_turn_bytes: int = DEFAULT_MAX_TURN_BYTES
     clock: Callable[[], datetime] = field(default=_utc_now)
     hint_capacity: int = 4096
-
-
-class _Hints:
-    """A bounded, thread-safe LRU map of facts this store saw: hints, never truth."""
-
-    def __init__(self, capacity: int) -> None:
-        self._lru = Lru(capacity)
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> object | None:
-        with self._lock:
-            return self._lru.get(key)
-
-    def put(self, key: Hashable, value: object) -> None:
-        with self._lock:
-            self._lru.put(key, value)
-
-    def put_head(self, key: Hashable, head: Head) -> None:
-        """Heads only move forward: never replace a newer head by an older one."""
-        with self._lock:
-            known = self._lru.get(key)
-            if isinstance(known, Head) and known.seq > head.seq:
-                return
-            self._lru.put(key, head)
 
 
 class CheckpointStore(ABC):
