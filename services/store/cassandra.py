@@ -79,7 +79,8 @@ from ratchet.domain.plan import (
 from ratchet.settings import Settings
 from services.cassandra_cluster import DRIVER_OUTAGES, completed, open_cluster
 from services.cassandra_loop import LoopRequestFailed, LoopResult, LoopSession
-from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable, _Hints
+from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable
+from services.store.hints import _Hints
 from services.store.rows import (
     DAMAGED_ROW_ERRORS,
     checkpoint_of,

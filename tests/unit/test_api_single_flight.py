@@ -15,7 +15,8 @@ import asyncio
 
 import pytest
 
-from services.store.base import StoreUnavailable, _Hints
+from services.store.base import StoreUnavailable
+from services.store.hints import _Hints
 from tests.unit.test_api_cache import CachingStack
 from tests.unit.test_api_http import FP, message, uid
 

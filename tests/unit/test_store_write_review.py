@@ -48,7 +48,7 @@ def test_a_head_hint_never_goes_back():
     learnt late, from a read that raced a promotion, must not replace a newer one: the
     newer is what tells a head rolled back under the store, ``_check_not_behind``)."""
     from ratchet.domain.history import Head
-    from services.store.base import _Hints
+    from services.store.hints import _Hints
 
     hints = _Hints(8)
     hints.put_head("p", Head(3, "resp_3", 6))
