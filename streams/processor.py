@@ -76,8 +76,7 @@ from ratchet.domain.validation import (
 )
 from schemas.avro import header_schema_id
 from schemas.errors import Unavailable
-from schemas.ids import KEY_ID_FIELDS, SERVED_ID_FIELDS, unservable_id
-from schemas.keys import MissingChainRoot, key_problem, partition_key, root_problem
+from schemas.keys import MissingChainRoot, partition_key
 from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import (
     DeadLetter,
@@ -102,6 +101,7 @@ from services.store.base import (
     StoreUnavailable,
 )
 from streams import metrics
+from streams.identity_checks import _first_of_chain, identity_problem, unquotable_field
 from streams.lineage import Lineage, LineageReader
 from streams.outcomes import (
     orphaned_event,
@@ -992,42 +992,6 @@ class _Hints:
         # was promoted on it with its pairing checked against nothing).
         extends: str | None = None if lineage.tail is None else lineage.tail.response_id
         return cls(head, parent, extends)
-
-
-# The most characters of ids and digest, together, that a turn's outcome record may
-# repeat. An id is at most 200 characters (schemas/ids.py) and a longer one is CORRUPT,
-# quoted in the rejection; but one of megabytes made a rejection over its topic's limit,
-# the partition key repeated four times (three fields and the record's key): the publish
-# failed for ever and the partition stopped (an outside review, session 26). A turn past
-# this is parked instead; at most 4 MiB of a record's 16 MiB can be its ids then.
-MAX_QUOTED_CHARS = 1024 * 1024
-QUOTED_FIELDS = (*SERVED_ID_FIELDS, *KEY_ID_FIELDS, "request_digest")
-
-
-def unquotable_field(event: object) -> str | None:
-    """Why ``event``'s outcome record could not carry its ids, or None."""
-    lengths = {name: len(value) for name in QUOTED_FIELDS
-               if isinstance(value := getattr(event, name, None), str)}
-    if sum(lengths.values()) <= MAX_QUOTED_CHARS:
-        return None
-    longest = max(lengths, key=lengths.__getitem__)
-    return (f"{longest} of {lengths[longest]} characters: an outcome record could not "
-            f"carry it (ids are at most 200 characters, a request digest 64)")
-
-
-def identity_problem(event: object, kafka_key: bytes | None) -> str | None:
-    """Why an event's identity is unusable, or None: an id outside the API's pattern
-    (``schemas/ids.py``), a chain's first response naming another root, a Kafka key
-    that is not its partition key (``schemas/keys.py``)."""
-    problem = unservable_id(event)
-    if problem is None and isinstance(event, TurnCompleted):
-        problem = root_problem(event)
-    return problem or key_problem(event, kafka_key)  # type: ignore[arg-type]
-
-
-def _first_of_chain(turn: TurnCompleted) -> bool:
-    """A chain's first response: each attempt of its request is its own partition."""
-    return turn.conversation_id is None and turn.previous_response_id is None
 
 
 # The rejection of a turn extending a lineage a read could not verify, by the read's
