@@ -42,10 +42,8 @@ from ratchet.domain import promotion
 from ratchet.domain.history import (
     IGNORING_EXPIRY,
     CheckpointRecord,
-    Head,
     HistoryFailure,
     HistoryFailureReason,
-    PromotionMode,
 )
 from ratchet.domain.plan import (
     AheadOfHead,
@@ -108,6 +106,7 @@ from streams.outcomes import (
     promoted_event,
     rejected_event,
 )
+from streams.promotion_hints import _Hints
 from streams.records import DecodeFailed, EventCodec, Outbound, RawRecord, TurnBeyondLimits
 from streams.request_facts import UNKNOWN, RequestFacts
 from streams.tail_cache import TailCache
@@ -965,33 +964,6 @@ class PromotionProcessor:
             dead_lettered_at=self.clock_ms(),
         )
         return Outbound(self.topics.dead_letters, record.key, letter)
-
-
-@dataclass(frozen=True)
-class _Hints:
-    """What a promotion passes the store about the lineage it was decided on."""
-
-    head: Head | None
-    parent: CheckpointRecord | None
-    extends: str | None
-
-    @classmethod
-    def of(cls, decided: Promote, lineage: Lineage) -> _Hints:
-        head = parent = None
-        if lineage.cached and lineage.tail is not None:
-            # The cached tail is the plan's premise; the batch checks it as a condition.
-            if decided.request.mode is PromotionMode.CONVERSATION:
-                head = Head.of(lineage.tail)
-            else:
-                parent = lineage.tail
-        # A turn validated on no lineage (none read: a chain parent or a Conversation
-        # not found) extends nothing: a parent or head the store finds after all (its
-        # promotion in flight when the lineage was read, another worker's) is
-        # ``LineageChanged``, and the lineage is read again, never written on unpaired
-        # (until session 43 ``ANY_LINEAGE``: a child whose parent landed after the read
-        # was promoted on it with its pairing checked against nothing).
-        extends: str | None = None if lineage.tail is None else lineage.tail.response_id
-        return cls(head, parent, extends)
 
 
 # The rejection of a turn extending a lineage a read could not verify, by the read's

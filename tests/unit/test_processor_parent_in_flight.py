@@ -1,7 +1,7 @@
 """A chain turn whose parent was not there when its lineage was read, and is there
 when its batch is written (the parent's promotion in flight: another worker's, a
 zombie's across a rebalance): the turn is never promoted on a lineage its pairing was
-not checked against (``streams/processor.py``, ``_Hints``; a mutation review of the
+not checked against (``streams/promotion_hints.py``, ``_Hints``; a mutation review of the
 worker's machinery, session 43, docs/decisions.md)."""
 
 from __future__ import annotations
