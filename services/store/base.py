@@ -57,7 +57,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import logging
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -117,8 +116,6 @@ from services.store.promotion_checks import (
 )
 from services.store.request_checks import DEFAULT_MAX_TURN_BYTES, turn_size, validate_request
 
-log = logging.getLogger(__name__)
-
 __all__ = [
     "ANY_LINEAGE",
     "CheckpointStore",
@@ -137,10 +134,6 @@ __all__ = [
 # How many read-decide-write rounds a promotion may lose before giving up; each lost
 # round means another promoter moved the partition, so the next decision is final.
 MAX_PROMOTION_ROUNDS = 4
-
-
-def _nothing_to_wait_for() -> None:
-    return None
 
 
 def _utc_now() -> datetime:
