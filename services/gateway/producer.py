@@ -163,7 +163,11 @@ class GatewayProducer:
         self._cursors: weakref.WeakKeyDictionary[threading.Thread, int] = (
             weakref.WeakKeyDictionary())
         self._closed = False
-        self._sending = threading.Lock()  # ``close`` against ``send``s in other threads
+        # ``close`` against ``send``s in other threads. Reentrant: a signal handler's
+        # ``close`` while its thread is inside a send (holding it, up to
+        # ``delivery.timeout.ms`` while librdkafka's queue is full) waited for it for ever
+        # before session 45; that send then refuses what it had not queued.
+        self._sending = threading.RLock()
         self._closed_done = threading.Event()  # the first ``close`` released the client
         self._closer: threading.Thread | None = None  # the thread of the first ``close``
 
@@ -326,19 +330,42 @@ class GatewayProducer:
                 raise ProducerClosed(f"the producer is closed: event {events[0][0].event_id} "
                                      "not produced; create a new one")
             for (event, value), callback in zip(events, callbacks, strict=True):
+                if self._closed:  # by a signal handler of this thread, inside this send
+                    raise ProducerClosed(f"the producer was closed while it sent: event "
+                                         f"{event.event_id} not produced (those before "
+                                         "it were, and close reported them); create a "
+                                         "new one")
                 self._queue(event, value, callback)
-                self._producer.poll(0)
+                self._serve_reports()
+
+    def _serve_reports(self, timeout_s: float = 0) -> None:
+        """librdkafka's ``poll``; nothing once a signal handler's ``close`` of this
+        thread closed the client (its flush served them)."""
+        try:
+            self._producer.poll(timeout_s)
+        except RuntimeError:  # confluent-kafka's "Producer has been closed"
+            if not self._closed:
+                raise
 
     def _queue(self, event: GatewayEvent, value: bytes,
                callback: Callable[[KafkaError | None, Any], None]) -> None:
         while True:
+            if self._closed:  # a signal handler's close while the queue was full
+                raise ProducerClosed(f"the producer was closed while it sent: event "
+                                     f"{event.event_id} not produced; create a new one")
             try:
                 self._producer.produce(self.topic, value=value,
                                        key=encode_key(event.partition_key),
                                        on_delivery=callback)
                 return
             except BufferError:  # local queue full: let deliveries drain, then retry
-                self._producer.poll(0.1)
+                self._serve_reports(0.1)
+            except RuntimeError:  # "Producer has been closed": by a handler, just now
+                if not self._closed:
+                    raise
+                raise ProducerClosed(f"the producer was closed while it sent: event "
+                                     f"{event.event_id} not produced; create a new one"
+                                     ) from None
             except KafkaException as exc:
                 err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) \
                     else None

@@ -1,0 +1,101 @@
+"""An outside review of session 44's fixes (session 45).
+
+docs/service.md, section 3: ``close`` (also leaving ``with GatewayProducer(...)``) may be
+called from a signal handler: "a close inside the first close of the same thread (a
+signal handler's) does not wait for itself"; a ``send`` after ``close`` (or while it
+runs) is ``ProducerClosed``, and a turn's events are produced under one hold of the
+send lock.
+
+1. A signal handler's ``close`` while its thread was inside ``send`` / ``send_turn``
+   (holding the send lock: up to ``delivery.timeout.ms`` when librdkafka's queue is
+   full) waited for that lock for ever: the process hung on SIGTERM.
+
+No broker is needed: librdkafka is replaced by ``FakeKafka``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ratchet.samples import make_turn
+from services.gateway.errors import DeliveryError, ProducerClosed
+from tests.unit.test_gateway_library_review import effect_of, gateway
+
+
+def run_in_daemon(fn) -> threading.Thread:
+    """``fn`` in a thread of its own, joined for at most 10 s (a hang stays behind)."""
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    thread.join(10)
+    return thread
+
+
+# 1. ------------------------------------------------------------------------------------
+def test_a_signal_handlers_close_inside_send_turn_does_not_hang():
+    """The handler's close runs while its thread has queued the turn's first effect:
+    it closes (its DeliveryError names the effect it purged), and the send refuses the
+    rest ``ProducerClosed``, nothing produced after the close."""
+    producer, kafka = gateway()
+    turn = make_turn()
+    effects = [effect_of(turn, "call_1"), effect_of(turn, "call_2")]
+    plain_produce = kafka.produce
+    handler: list[BaseException | None] = []
+
+    def produce_then_a_signal(topic, value, key, on_delivery):
+        plain_produce(topic, value, key, on_delivery)
+        if not handler:  # SIGTERM arrives now; its handler closes the producer
+            try:
+                producer.close(timeout_s=0)
+                handler.append(None)
+            except DeliveryError as exc:
+                handler.append(exc)
+
+    kafka.produce = produce_then_a_signal
+    sent: list[BaseException | None] = []
+
+    def send() -> None:
+        try:
+            producer.send_turn(turn, effects=effects)
+            sent.append(None)
+        except ProducerClosed as exc:
+            sent.append(exc)
+
+    thread = run_in_daemon(send)
+    assert not thread.is_alive(), "the handler's close waited for the send lock its thread held"
+    assert isinstance(handler[0], DeliveryError)
+    assert [eid for eid, _ in handler[0].failures] == [effects[0].event_id]  # purged
+    assert handler[0].retryable
+    assert isinstance(sent[0], ProducerClosed)  # the second effect and the turn: not produced
+    assert len(kafka.produced) == 1 and kafka.closed
+
+
+def test_a_signal_handlers_close_inside_send_does_not_hang():
+    """The same for one event: the handler closes after it was queued; the send returns
+    (its event was queued before the close, whose DeliveryError names it)."""
+    producer, kafka = gateway()
+    turn = make_turn()
+    plain_produce = kafka.produce
+    handler: list[BaseException | None] = []
+
+    def produce_then_a_signal(topic, value, key, on_delivery):
+        plain_produce(topic, value, key, on_delivery)
+        try:
+            producer.close(timeout_s=0)
+            handler.append(None)
+        except DeliveryError as exc:
+            handler.append(exc)
+
+    kafka.produce = produce_then_a_signal
+    sent: list[BaseException | None] = []
+
+    def send() -> None:
+        try:
+            producer.send(turn)
+            sent.append(None)
+        except Exception as exc:  # noqa: BLE001 - what it raises is asserted
+            sent.append(exc)
+
+    thread = run_in_daemon(send)
+    assert not thread.is_alive(), "the handler's close waited for the send lock its thread held"
+    assert [eid for eid, _ in handler[0].failures] == [turn.event_id]
+    assert sent == [None]  # queued before the close; not a closed client's RuntimeError
