@@ -150,7 +150,9 @@ class GatewayProducer:
                 self._registry.close()
             raise ProducerMisconfigured(f"librdkafka refused the config: {exc.args[0]}; "
                                         "no producer made") from exc
-        self._lock = threading.Lock()
+        # Reentrant, as ``_sending``: a signal handler's ``close`` while its thread holds
+        # it (serving a delivery report, reading its failures) waited for ever.
+        self._lock = threading.RLock()
         # Delivery failures, numbered in the order reported; each thread's cursor is the
         # number of the first one its flush has not raised (``_failures_for``). Keyed by
         # the thread object, held weakly: keyed by ident before session 44, a thread

@@ -8,7 +8,8 @@ send lock.
 
 1. A signal handler's ``close`` while its thread was inside ``send`` / ``send_turn``
    (holding the send lock: up to ``delivery.timeout.ms`` when librdkafka's queue is
-   full) waited for that lock for ever: the process hung on SIGTERM.
+   full) waited for that lock for ever: the process hung on SIGTERM. So did one while
+   its thread recorded a delivery failure (the producer's own lock held).
 
 No broker is needed: librdkafka is replaced by ``FakeKafka``.
 """
@@ -17,9 +18,13 @@ from __future__ import annotations
 
 import threading
 
+from confluent_kafka import KafkaError
+
 from ratchet.samples import make_turn
 from services.gateway.errors import DeliveryError, ProducerClosed
 from tests.unit.test_gateway_library_review import effect_of, gateway
+
+RETRIABLE = KafkaError(KafkaError.NOT_ENOUGH_REPLICAS, "not enough replicas", retriable=True)
 
 
 def run_in_daemon(fn) -> threading.Thread:
@@ -99,3 +104,39 @@ def test_a_signal_handlers_close_inside_send_does_not_hang():
     assert not thread.is_alive(), "the handler's close waited for the send lock its thread held"
     assert [eid for eid, _ in handler[0].failures] == [turn.event_id]
     assert sent == [None]  # queued before the close; not a closed client's RuntimeError
+
+
+def test_a_signal_handlers_close_while_its_thread_records_a_failure_does_not_hang():
+    """The handler runs while its thread's ``flush`` serves a delivery report (the
+    producer's own lock held, recording the failure): its ``close`` serves reports and
+    reads the failures under that lock too. It waited for it for ever."""
+    producer, kafka = gateway()
+    producer.send(turn := make_turn())
+    kafka.deliver(0, RETRIABLE)
+    handler: list[BaseException | None] = []
+
+    class FailuresWithASignal(list):
+        def append(self, failure) -> None:
+            super().append(failure)
+            if not handler:  # SIGTERM arrives now; its handler closes the producer
+                try:
+                    producer.close(timeout_s=0)
+                    handler.append(None)
+                except DeliveryError as exc:
+                    handler.append(exc)
+
+    producer._failure_log = FailuresWithASignal()
+    flushed: list[BaseException | None] = []
+
+    def flush() -> None:
+        try:
+            producer.flush()
+            flushed.append(None)
+        except DeliveryError as exc:
+            flushed.append(exc)
+
+    thread = run_in_daemon(flush)
+    assert not thread.is_alive(), "the handler's close waited for the lock its thread held"
+    assert isinstance(handler[0], DeliveryError)
+    assert [eid for eid, _ in handler[0].failures] == [turn.event_id]
+    assert kafka.closed
