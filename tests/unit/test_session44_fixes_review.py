@@ -11,17 +11,29 @@ send lock.
    full) waited for that lock for ever: the process hung on SIGTERM. So did one while
    its thread recorded a delivery failure (the producer's own lock held).
 
-No broker is needed: librdkafka is replaced by ``FakeKafka``.
+2. docs/processor.md, "Rebalance": on a revocation the app's ``settle_revoked`` runs
+   first, then the commit, then Faust's revocation. ``settle_revoked`` raising escaped
+   into aiokafka, which logs a rebalance listener's error and goes on: nothing
+   committed, Faust never told, the worker running on.
+
+No broker is needed: librdkafka is replaced by ``FakeKafka``, Kafka's commits are
+recorded (``tests/unit/test_commit_before_revoke.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
+import pytest
 from confluent_kafka import KafkaError
+from faust.types import TP
+from faust.types.tuples import Message
 
 from ratchet.samples import make_turn
 from services.gateway.errors import DeliveryError, ProducerClosed
+from streams.consumer_loop import LoopConsumerApp, WorkerApp
+from tests.unit.test_commit_before_revoke import _recording_consumer
 from tests.unit.test_gateway_library_review import effect_of, gateway
 
 RETRIABLE = KafkaError(KafkaError.NOT_ENOUGH_REPLICAS, "not enough replicas", retriable=True)
@@ -140,3 +152,40 @@ def test_a_signal_handlers_close_while_its_thread_records_a_failure_does_not_han
     assert isinstance(handler[0], DeliveryError)
     assert [eid for eid, _ in handler[0].failures] == [turn.event_id]
     assert kafka.closed
+
+
+# 2. ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [LoopConsumerApp, WorkerApp])
+def test_a_revocation_whose_settling_fails_crashes_the_worker(tmp_path, monkeypatch, cls):
+    """``settle_revoked`` raising (a bug) escaped the consumer's revocation into
+    aiokafka, which logs a rebalance listener's error and goes on: nothing committed,
+    Faust never told (its acks of the partitions kept, its flow not stopped), the
+    lanes of partitions now another worker's maybe still running. Before session 44 the
+    same error in the app's revoke handler crashed the worker (Faust's rule): fail
+    closed, the supervisor starts it again from the committed offsets."""
+    async def check():
+        consumer, committed = _recording_consumer(cls, "unit-settle-fails", tmp_path,
+                                                  monkeypatch)
+        told: list[set] = []
+
+        async def app_revoke_handler(revoked):
+            told.append(revoked)
+
+        async def settle_revoked(revoked):
+            raise RuntimeError("a bug while settling")
+
+        monkeypatch.setattr(consumer, "_on_partitions_revoked", app_revoke_handler)
+        monkeypatch.setattr(consumer.app, "settle_revoked", settle_revoked, raising=False)
+        consumer.ack(Message("events", 0, 0, 0.0, 0, None, b"k", b"v", None))
+        try:
+            await consumer.on_partitions_revoked({TP("events", 0)})
+            escaped = None
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            escaped = exc
+        return consumer.app, committed, told, escaped
+
+    app, committed, told, escaped = asyncio.run(asyncio.wait_for(check(), 10))
+    assert escaped is None, f"{escaped!r} escaped to aiokafka, which logs it and goes on"
+    assert app.crashed and str(app.crash_reason) == "a bug while settling"
+    assert told == [{TP("events", 0)}]  # Faust still told (it forgets the partition)
+    assert committed.get(TP("events", 0)) == 1  # what was acked is committed all the same
