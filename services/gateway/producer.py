@@ -172,6 +172,14 @@ class GatewayProducer:
         self._sending = threading.RLock()
         self._closed_done = threading.Event()  # the first ``close`` released the client
         self._closer: threading.Thread | None = None  # the thread of the first ``close``
+        # How many of librdkafka's calls that run delivery reports (``poll``, ``flush``)
+        # each thread is inside (``_served``), and the timeout of a first ``close`` asked
+        # for inside one of them: librdkafka cannot be flushed or closed from inside its
+        # own callback (confluent-kafka asserts and aborts the process, or its close
+        # waits for itself), so that close is finished once the call returns
+        # (``_finish_close``; a signal handler's, session 45).
+        self._serving = threading.local()
+        self._close_pending: float | None = None
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -203,12 +211,26 @@ class GatewayProducer:
             self._closed = True
             if first:
                 self._closer = threading.current_thread()
+                if getattr(self._serving, "depth", 0):
+                    # A signal handler's, inside a delivery report of this thread's poll
+                    # or flush: sends are refused from now on, and that call finishes
+                    # the close once it returns (``_finish_close``); what was not
+                    # delivered is raised by it (a flush) or by the thread's next flush
+                    # or close. It aborted the process, or waited for ever, before.
+                    self._close_pending = timeout_s
+                    return
         if not first:
             # Never wait for itself (a signal handler's close inside the first close).
             if threading.current_thread() is not self._closer:
                 self._closed_done.wait()
             self._raise_failures(pending=0)
             return
+        self._release(timeout_s)
+        self._raise_failures(pending=0)
+
+    def _release(self, timeout_s: float) -> None:
+        """The first close's work: flush, purge, release the clients."""
+        self._close_pending = None
         try:
             self._producer.flush(timeout_s)
             self._producer.purge()
@@ -218,7 +240,24 @@ class GatewayProducer:
             if self._registry is not None:
                 self._registry.close()
             self._closed_done.set()
-        self._raise_failures(pending=0)
+
+    def _served(self, call: Callable[[float], int], timeout_s: float) -> int:
+        """librdkafka's ``call`` (``poll`` or ``flush``: they run delivery reports),
+        then the close a signal handler asked for inside one of them
+        (``_finish_close``)."""
+        self._serving.depth = getattr(self._serving, "depth", 0) + 1
+        try:
+            return call(timeout_s)
+        finally:
+            self._serving.depth -= 1
+            self._finish_close()
+
+    def _finish_close(self) -> None:
+        """The close asked for inside a delivery report, once this thread (its own) is
+        out of every librdkafka call that runs them."""
+        if (self._close_pending is not None and not self._serving.depth
+                and threading.current_thread() is self._closer):
+            self._release(self._close_pending)
 
     def send(self, event: GatewayEvent) -> None:
         """Queue one event (keyed by its partition key); delivery is reported on flush.
@@ -266,11 +305,13 @@ class GatewayProducer:
         ``FlushTimeout`` if events are still in flight. A thread's first flush raises
         every failure no thread that sent before it has flushed past yet."""
         try:
-            pending = self._producer.flush(timeout_s)
+            pending = self._served(self._producer.flush, timeout_s)
         except RuntimeError:  # confluent-kafka's "Producer has been closed"
             if not self._closed:
                 raise
             pending = 0  # ``close`` purged what was in flight; its reports are failures
+        if self._closed_done.is_set():
+            pending = 0  # closed meanwhile (a signal handler's): purged, reported
         self._raise_failures(pending=pending)
 
     def _raise_failures(self, pending: int) -> None:
@@ -344,7 +385,7 @@ class GatewayProducer:
         """librdkafka's ``poll``; nothing once a signal handler's ``close`` of this
         thread closed the client (its flush served them)."""
         try:
-            self._producer.poll(timeout_s)
+            self._served(self._producer.poll, timeout_s)
         except RuntimeError:  # confluent-kafka's "Producer has been closed"
             if not self._closed:
                 raise

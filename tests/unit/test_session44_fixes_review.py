@@ -23,7 +23,9 @@ recorded (``tests/unit/test_commit_before_revoke.py``).
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError
@@ -36,6 +38,7 @@ from streams.consumer_loop import LoopConsumerApp, WorkerApp
 from tests.unit.test_commit_before_revoke import _recording_consumer
 from tests.unit.test_gateway_library_review import effect_of, gateway
 
+ROOT = Path(__file__).resolve().parents[2]
 RETRIABLE = KafkaError(KafkaError.NOT_ENOUGH_REPLICAS, "not enough replicas", retriable=True)
 
 
@@ -120,8 +123,8 @@ def test_a_signal_handlers_close_inside_send_does_not_hang():
 
 def test_a_signal_handlers_close_while_its_thread_records_a_failure_does_not_hang():
     """The handler runs while its thread's ``flush`` serves a delivery report (the
-    producer's own lock held, recording the failure): its ``close`` serves reports and
-    reads the failures under that lock too. It waited for it for ever."""
+    producer's own lock held, recording the failure): its ``close`` waited for that lock
+    for ever."""
     producer, kafka = gateway()
     producer.send(turn := make_turn())
     kafka.deliver(0, RETRIABLE)
@@ -149,8 +152,11 @@ def test_a_signal_handlers_close_while_its_thread_records_a_failure_does_not_han
 
     thread = run_in_daemon(flush)
     assert not thread.is_alive(), "the handler's close waited for the lock its thread held"
-    assert isinstance(handler[0], DeliveryError)
-    assert [eid for eid, _ in handler[0].failures] == [turn.event_id]
+    # Inside a delivery report librdkafka cannot be flushed or closed (the test below):
+    # the handler's close returns, and the flush it ran in finishes it and raises.
+    assert handler == [None]
+    assert isinstance(flushed[0], DeliveryError)
+    assert [eid for eid, _ in flushed[0].failures] == [turn.event_id]
     assert kafka.closed
 
 
@@ -189,3 +195,70 @@ def test_a_revocation_whose_settling_fails_crashes_the_worker(tmp_path, monkeypa
     assert app.crashed and str(app.crash_reason) == "a bug while settling"
     assert told == [{TP("events", 0)}]  # Faust still told (it forgets the partition)
     assert committed.get(TP("events", 0)) == 1  # what was acked is committed all the same
+
+
+# A signal handler's close inside librdkafka's own delivery report, with the real client:
+# in a process of its own (confluent-kafka aborts the process on a flush from inside its
+# callback, and its close there waits for itself).
+_CLOSE_IN_A_REPORT = """
+import sys
+from ratchet.samples import make_turn
+from ratchet.settings import Settings
+from services.gateway.errors import DeliveryError
+from services.gateway.producer import GatewayProducer
+
+
+class Serde:
+    def encode(self, event, topic):
+        return b"\\0" * 100
+
+
+producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=Serde(),
+                           config={"message.timeout.ms": 300, "log_level": 0})
+explained, handled = producer._explained, []
+
+
+def report_with_a_signal(err):  # SIGTERM arrives while a delivery report runs
+    if not handled:
+        try:
+            producer.close(timeout_s=1)
+            handled.append("returned")
+        except DeliveryError as exc:
+            handled.append(sorted(eid for eid, _ in exc.failures))
+    return explained(err)
+
+
+producer._explained = report_with_a_signal
+turns = [make_turn(), make_turn()]
+for turn in turns:
+    producer.send(turn)
+try:
+    producer.flush(20)  # the broker is unreachable: each event times out, reported here
+    print("flush raised nothing")
+except DeliveryError as exc:
+    told = sorted(eid for eid, _ in exc.failures)
+    print("flush:", "both" if told == sorted(t.event_id for t in turns) else told)
+print("handler:", handled)
+try:
+    producer.send(make_turn())
+except Exception as exc:
+    print("send after:", type(exc).__name__)
+sys.stdout.flush()
+"""
+
+
+def test_a_signal_handlers_close_inside_a_delivery_report_closes_once_the_flush_returns():
+    """librdkafka cannot be flushed or closed from inside its own delivery report
+    (confluent-kafka asserts and aborts the process, or its close waits for itself): a
+    handler's ``close`` there refuses further sends at once, and the flush the report
+    ran in completes the close when it returns, raising what was not delivered."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _CLOSE_IN_A_REPORT], capture_output=True,
+                          text=True, timeout=60, cwd=str(ROOT), env={**os.environ})
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
+    lines = done.stdout.splitlines()
+    assert "handler: ['returned']" in lines, lines  # deferred: nothing of it raised there
+    assert "flush: both" in lines, lines  # timed out or purged: both told, retryable
+    assert "send after: ProducerClosed" in lines, lines
