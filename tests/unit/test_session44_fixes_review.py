@@ -23,6 +23,7 @@ recorded (``tests/unit/test_commit_before_revoke.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -195,6 +196,42 @@ def test_a_revocation_whose_settling_fails_crashes_the_worker(tmp_path, monkeypa
     assert app.crashed and str(app.crash_reason) == "a bug while settling"
     assert told == [{TP("events", 0)}]  # Faust still told (it forgets the partition)
     assert committed.get(TP("events", 0)) == 1  # what was acked is committed all the same
+
+
+def test_a_signal_handlers_close_while_its_thread_reads_its_failures_does_not_hang():
+    """The handler runs while its thread's ``flush`` reads the failures to raise (the
+    producer's own lock held, out of librdkafka's calls): its ``close`` flushes and
+    purges, whose reports, and its own read of the failures, take that lock. It
+    waited for it for ever."""
+    producer, kafka = gateway()
+    handler: list[BaseException | None] = []
+    signalled: list[bool] = []
+
+    class FailuresWithASignal(list):
+        def __iter__(self):
+            if not signalled:  # SIGTERM arrives now; its handler closes the producer
+                signalled.append(True)
+                try:
+                    producer.close(timeout_s=0)
+                    handler.append(None)
+                except DeliveryError as exc:
+                    handler.append(exc)
+            return super().__iter__()
+
+    producer._failure_log = FailuresWithASignal()
+    producer.send(first := make_turn())
+    kafka.deliver(0, RETRIABLE)
+    producer.send(second := make_turn())  # still queued: the close purges it
+    thread = run_in_daemon(lambda: _flush_quietly(producer))
+    assert not thread.is_alive(), "the handler's close waited for the lock its thread held"
+    assert isinstance(handler[0], DeliveryError)
+    assert {eid for eid, _ in handler[0].failures} == {first.event_id, second.event_id}
+    assert kafka.closed
+
+
+def _flush_quietly(producer) -> None:
+    with contextlib.suppress(DeliveryError):
+        producer.flush()
 
 
 # A signal handler's close inside librdkafka's own delivery report, with the real client:
