@@ -205,7 +205,11 @@ class GatewayProducer:
         never written left the block as if it had been. A ``close`` while another
         thread closes waits for that one to end, then raises as ``flush`` does for its
         own thread (before session 44 it returned at once, raising nothing: a thread
-        whose events were then purged was told they were all delivered)."""
+        whose events were then purged was told they were all delivered). A signal
+        handler's ``close`` inside a send of its thread closes at once (the send refuses
+        what it had not queued); inside a delivery report (librdkafka's ``poll`` or
+        ``flush``) it refuses sends and returns, and that call finishes the close as it
+        returns (session 45: the process waited for ever, or aborted)."""
         with self._sending:
             first = not self._closed
             self._closed = True
