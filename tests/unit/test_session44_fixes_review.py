@@ -16,6 +16,10 @@ send lock.
    into aiokafka, which logs a rebalance listener's error and goes on: nothing
    committed, Faust never told, the worker running on.
 
+3. The rehydration client: a request after ``close`` is ``ClientClosed``; one whose
+   ``close`` came from another thread between its check and its send raised httpx's
+   ``RuntimeError``.
+
 No broker is needed: librdkafka is replaced by ``FakeKafka``, Kafka's commits are
 recorded (``tests/unit/test_commit_before_revoke.py``).
 """
@@ -28,13 +32,15 @@ import os
 import threading
 from pathlib import Path
 
+import httpx
 import pytest
 from confluent_kafka import KafkaError
 from faust.types import TP
 from faust.types.tuples import Message
 
 from ratchet.samples import make_turn
-from services.gateway.errors import DeliveryError, ProducerClosed
+from services.gateway.client import RehydrationClient
+from services.gateway.errors import ClientClosed, DeliveryError, ProducerClosed
 from streams.consumer_loop import LoopConsumerApp, WorkerApp
 from tests.unit.test_commit_before_revoke import _recording_consumer
 from tests.unit.test_gateway_library_review import effect_of, gateway
@@ -299,3 +305,26 @@ def test_a_signal_handlers_close_inside_a_delivery_report_closes_once_the_flush_
     assert "handler: ['returned']" in lines, lines  # deferred: nothing of it raised there
     assert "flush: both" in lines, lines  # timed out or purged: both told, retryable
     assert "send after: ProducerClosed" in lines, lines
+
+
+# 3. ------------------------------------------------------------------------------------
+def test_a_close_in_another_thread_racing_a_request_is_client_closed():
+    """The rehydration client's ``close`` in another thread landing between its request's
+    closed check and the send: httpx's ``RuntimeError`` ("the client has been closed")
+    escaped untyped, where a request after ``close`` is ``ClientClosed``."""
+
+    class ClosedRightAfterTheCheck(httpx.Client):
+        @property
+        def is_closed(self) -> bool:
+            closed = super().is_closed
+            if not closed:
+                self.close()  # the other thread's close, just now
+            return closed
+
+    client = RehydrationClient("http://rehydration.invalid")
+    client._http.close()
+    client._http = ClosedRightAfterTheCheck(
+        base_url="http://rehydration.invalid",
+        transport=httpx.MockTransport(lambda request: httpx.Response(500)))
+    with pytest.raises(ClientClosed):
+        client.status("t1", "resp_1")
