@@ -9,7 +9,10 @@ send lock.
 1. A signal handler's ``close`` while its thread was inside ``send`` / ``send_turn``
    (holding the send lock: up to ``delivery.timeout.ms`` when librdkafka's queue is
    full) waited for that lock for ever: the process hung on SIGTERM. So did one while
-   its thread recorded a delivery failure (the producer's own lock held).
+   its thread held the producer's own lock (recording or reading failures). One inside
+   a delivery report (librdkafka's ``poll`` or ``flush``, where a pending signal's
+   handler runs) flushed or closed librdkafka from inside its own callback: the real
+   client aborts the process, or its close waits for itself.
 
 2. docs/processor.md, "Rebalance": on a revocation the app's ``settle_revoked`` runs
    first, then the commit, then Faust's revocation. ``settle_revoked`` raising escaped
@@ -20,8 +23,9 @@ send lock.
    ``close`` came from another thread between its check and its send raised httpx's
    ``RuntimeError``.
 
-No broker is needed: librdkafka is replaced by ``FakeKafka``, Kafka's commits are
-recorded (``tests/unit/test_commit_before_revoke.py``).
+No broker is needed: librdkafka is replaced by ``FakeKafka`` (once the real client, in a
+process of its own, with an unreachable broker), Kafka's commits are recorded
+(``tests/unit/test_commit_before_revoke.py``).
 """
 
 from __future__ import annotations
