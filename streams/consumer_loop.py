@@ -233,7 +233,18 @@ class _SettleBeforeRevoke:
     async def on_partitions_revoked(self, revoked: Any) -> None:
         settle = getattr(self.app, "settle_revoked", None)
         if settle is not None:
-            await settle(revoked)
+            try:
+                await settle(revoked)
+            except Exception as exc:
+                # Raised on, it reached aiokafka, which logs a rebalance listener's error
+                # and goes on: nothing committed, Faust never told, lanes of partitions
+                # now another worker's maybe running on (session 45). As Faust does with
+                # its app's revoke handler (so did this one before session 44): crash,
+                # and the supervisor starts the worker again from the committed offsets;
+                # what was acked is still committed and Faust still told.
+                log.error("settling the revoked partitions failed: the worker stops",
+                          exc_info=True)
+                await self.app.crash(exc)
         try:
             await commit_acked(self)
         except Exception as exc:  # the broker away: the next owner re-reads them

@@ -189,6 +189,11 @@ class RehydrationClient:
             return self._http.get(path, params=params, timeout=timeout)
         except httpx.HTTPError as exc:
             raise RehydrationUnavailable(f"{path}: {exc!r}") from exc
+        except RuntimeError:  # httpx's "the client has been closed": by another thread,
+            if not self._http.is_closed:  # after the check above (session 45)
+                raise
+            raise ClientClosed(f"{path}: the rehydration client was closed: create a new "
+                               "one") from None
 
 
 def parse_outcome(body: dict[str, Any], http_status: int) -> Outcome:

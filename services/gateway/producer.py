@@ -152,7 +152,9 @@ class GatewayProducer:
                 self._registry.close()
             raise ProducerMisconfigured(f"librdkafka refused the config: {exc.args[0]}; "
                                         "no producer made") from exc
-        self._lock = threading.Lock()
+        # Reentrant, as ``_sending``: a signal handler's ``close`` while its thread holds
+        # it (serving a delivery report, reading its failures) waited for ever.
+        self._lock = threading.RLock()
         # Delivery failures, numbered in the order reported; each thread's cursor is the
         # number of the first one its flush has not raised (``_failures_for``). Keyed by
         # the thread object, held weakly: keyed by ident before session 44, a thread
@@ -167,9 +169,21 @@ class GatewayProducer:
         self._first_kept = 0
         self._cursors = _Places()
         self._closed = False
-        self._sending = threading.Lock()  # ``close`` against ``send``s in other threads
+        # ``close`` against ``send``s in other threads. Reentrant: a signal handler's
+        # ``close`` while its thread is inside a send (holding it, up to
+        # ``delivery.timeout.ms`` while librdkafka's queue is full) waited for it for ever
+        # before session 45; that send then refuses what it had not queued.
+        self._sending = threading.RLock()
         self._closed_done = threading.Event()  # the first ``close`` released the client
         self._closer: threading.Thread | None = None  # the thread of the first ``close``
+        # How many of librdkafka's calls that run delivery reports (``poll``, ``flush``)
+        # each thread is inside (``_served``), and the timeout of a first ``close`` asked
+        # for inside one of them: librdkafka cannot be flushed or closed from inside its
+        # own callback (confluent-kafka asserts and aborts the process, or its close
+        # waits for itself), so that close is finished once the call returns
+        # (``_finish_close``; a signal handler's, session 45).
+        self._serving = threading.local()
+        self._close_pending: float | None = None
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -195,18 +209,36 @@ class GatewayProducer:
         never written left the block as if it had been. A ``close`` while another
         thread closes waits for that one to end, then raises as ``flush`` does for its
         own thread (before session 44 it returned at once, raising nothing: a thread
-        whose events were then purged was told they were all delivered)."""
+        whose events were then purged was told they were all delivered). A signal
+        handler's ``close`` inside a send of its thread closes at once (the send refuses
+        what it had not queued); inside a delivery report (librdkafka's ``poll`` or
+        ``flush``) it refuses sends and returns, and that call finishes the close as it
+        returns (session 45: the process waited for ever, or aborted)."""
         with self._sending:
             first = not self._closed
             self._closed = True
             if first:
                 self._closer = threading.current_thread()
+                if getattr(self._serving, "depth", 0):
+                    # A signal handler's, inside a delivery report of this thread's poll
+                    # or flush: sends are refused from now on, and that call finishes
+                    # the close once it returns (``_finish_close``); what was not
+                    # delivered is raised by it (a flush) or by the thread's next flush
+                    # or close. It aborted the process, or waited for ever, before.
+                    self._close_pending = timeout_s
+                    return
         if not first:
             # Never wait for itself (a signal handler's close inside the first close).
             if threading.current_thread() is not self._closer:
                 self._closed_done.wait()
             self._raise_failures(pending=0)
             return
+        self._release(timeout_s)
+        self._raise_failures(pending=0)
+
+    def _release(self, timeout_s: float) -> None:
+        """The first close's work: flush, purge, release the clients."""
+        self._close_pending = None
         try:
             self._producer.flush(timeout_s)
             self._producer.purge()
@@ -216,7 +248,24 @@ class GatewayProducer:
             if self._registry is not None:
                 self._registry.close()
             self._closed_done.set()
-        self._raise_failures(pending=0)
+
+    def _served(self, call: Callable[[float], int], timeout_s: float) -> int:
+        """librdkafka's ``call`` (``poll`` or ``flush``: they run delivery reports),
+        then the close a signal handler asked for inside one of them
+        (``_finish_close``)."""
+        self._serving.depth = getattr(self._serving, "depth", 0) + 1
+        try:
+            return call(timeout_s)
+        finally:
+            self._serving.depth -= 1
+            self._finish_close()
+
+    def _finish_close(self) -> None:
+        """The close asked for inside a delivery report, once this thread (its own) is
+        out of every librdkafka call that runs them."""
+        if (self._close_pending is not None and not self._serving.depth
+                and threading.current_thread() is self._closer):
+            self._release(self._close_pending)
 
     def send(self, event: GatewayEvent) -> None:
         """Queue one event (keyed by its partition key); delivery is reported on flush.
@@ -265,11 +314,13 @@ class GatewayProducer:
         ``FlushTimeout`` if events are still in flight. A thread's first flush raises
         every failure no thread that sent before it has flushed past yet."""
         try:
-            pending = self._producer.flush(timeout_s)
+            pending = self._served(self._producer.flush, timeout_s)
         except RuntimeError:  # confluent-kafka's "Producer has been closed"
             if not self._closed:
                 raise
             pending = 0  # ``close`` purged what was in flight; its reports are failures
+        if self._closed_done.is_set():
+            pending = 0  # closed meanwhile (a signal handler's): purged, reported
         self._raise_failures(pending=pending)
 
     def _raise_failures(self, pending: int) -> None:
@@ -333,23 +384,47 @@ class GatewayProducer:
             ids = [event.event_id for event, _ in events]
             for at, ((event, value), callback) in enumerate(
                     zip(events, callbacks, strict=True)):
+                if self._closed:  # by a signal handler of this thread, inside this send
+                    raise ProducerClosed(
+                        f"the producer was closed while it sent: event {event.event_id} "
+                        f"not produced (queued before it, and reported by close: "
+                        f"{', '.join(ids[:at]) or 'none'}); send the whole turn again "
+                        "with a new one")
                 # A refusal names the events of the call handed over before it and
                 # those never produced (session 45): the turn is sent again whole.
                 self._queue(event, value, callback, queued=tuple(ids[:at]),
                             not_queued=tuple(ids[at:]))
-                self._producer.poll(0)
+                self._serve_reports()
+
+    def _serve_reports(self, timeout_s: float = 0) -> None:
+        """librdkafka's ``poll``; nothing once a signal handler's ``close`` of this
+        thread closed the client (its flush served them)."""
+        try:
+            self._served(self._producer.poll, timeout_s)
+        except RuntimeError:  # confluent-kafka's "Producer has been closed"
+            if not self._closed:
+                raise
 
     def _queue(self, event: GatewayEvent, value: bytes,
                callback: Callable[[KafkaError | None, Any], None], *,
                queued: tuple[str, ...], not_queued: tuple[str, ...]) -> None:
         while True:
+            if self._closed:  # a signal handler's close while the queue was full
+                raise ProducerClosed(f"the producer was closed while it sent: event "
+                                     f"{event.event_id} not produced; create a new one")
             try:
                 self._producer.produce(self.topic, value=value,
                                        key=encode_key(event.partition_key),
                                        on_delivery=callback)
                 return
             except BufferError:  # local queue full: let deliveries drain, then retry
-                self._producer.poll(0.1)
+                self._serve_reports(0.1)
+            except RuntimeError:  # "Producer has been closed": by a handler, just now
+                if not self._closed:
+                    raise
+                raise ProducerClosed(f"the producer was closed while it sent: event "
+                                     f"{event.event_id} not produced; create a new one"
+                                     ) from None
             except KafkaException as exc:
                 err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) \
                     else None
