@@ -8,30 +8,30 @@
   delay after the first: topics that kept changing (or metadata that kept disagreeing)
   restarted the consumer in a tight loop.
 
-Kafka is ``test_api_notifier_gaps``'s fake, with partitions beyond the first."""
+Kafka is ``tests/unit/notifier_world.py``'s fake, with partitions beyond the first."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
-from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from services.api import metrics
 from services.api import notifier as notifier_module
-from services.api.notifier import DecisionNotifier
 from services.api.waiters import PromotionWaiters
-from tests.unit.test_api_notifier_gaps import TOPICS, FakeBroker, FakeConsumer, _woken
+from tests.unit.notifier_world import (
+    FakeConsumer,
+    decision_wakes_its_waiter,
+    fake_kafka,
+    notifier_of,
+    partition_meta,
+    topics_meta,
+)
 
 BOUND_S = 30  # a bound on waits that end at once when the notifier is right
 EXTRA = (1, 2, 3, 4)  # the rejections topic's partitions beyond 0, whose leader is away
-
-
-def _meta(leader: int) -> SimpleNamespace:
-    return SimpleNamespace(leader=leader, error=None)
 
 
 class AwayLeaders(FakeConsumer):
@@ -47,12 +47,10 @@ class AwayLeaders(FakeConsumer):
     most_in_flight = 0
     lock = threading.Lock()
 
-    def list_topics(self, timeout: float = -1) -> SimpleNamespace:
-        partitions = {"ck": {0: _meta(1)},
-                      "rj": {0: _meta(1), **{p: _meta(self.leader) for p in EXTRA}}}
-        return SimpleNamespace(topics={
-            topic: SimpleNamespace(error=None, partitions=partitions[topic])
-            for topic in TOPICS})
+    def list_topics(self, timeout: float = -1):
+        return topics_meta({"ck": {0: partition_meta(1)},
+                            "rj": {0: partition_meta(1),
+                                   **{p: partition_meta(self.leader) for p in EXTRA}}})
 
     def get_watermark_offsets(self, tp, timeout: float = -1, cached: bool = False):
         if tp.partition == 0:
@@ -73,38 +71,12 @@ class AwayLeaders(FakeConsumer):
                 cls.in_flight -= 1
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
 
-    def incremental_assign(self, partitions) -> None:
-        self.assign(partitions)
-
 
 @pytest.fixture
 def away(monkeypatch) -> type[AwayLeaders]:
-    broker = FakeBroker()
-    FakeConsumer.broker = broker
+    fake_kafka(monkeypatch, AwayLeaders)
     AwayLeaders.asked, AwayLeaders.in_flight, AwayLeaders.most_in_flight = [], 0, 0
-    monkeypatch.setattr(notifier_module, "Consumer", AwayLeaders)
     return AwayLeaders
-
-
-def _decision_wakes_its_waiter(broker: FakeBroker) -> bool:
-    async def scenario() -> bool:
-        waiters = PromotionWaiters()
-        notifier = DecisionNotifier("fake:9092", TOPICS, waiters,
-                                    lambda topic, value: value.decode(),
-                                    poll_timeout_s=0.01, topics_check_s=0.05)
-        notifier.start()
-        try:
-            loop = asyncio.get_running_loop()
-            if not await loop.run_in_executor(None, notifier.wait_assigned, BOUND_S):
-                return False
-            await asyncio.sleep(0.1)  # positioned (and everyone woken)
-            ticket = waiters.register("resp_1")
-            broker.produce("ck", b"resp_1")
-            return await _woken(ticket)
-        finally:
-            notifier.stop()
-
-    return asyncio.run(scenario())
 
 
 def test_partitions_with_no_leader_do_not_delay_the_others_decisions(away):
@@ -113,7 +85,7 @@ def test_partitions_with_no_leader_do_not_delay_the_others_decisions(away):
     connect asked their ends one after another, 10 s each (here: never answered)."""
     away.leader, away.gate = -1, threading.Event()
     try:
-        assert _decision_wakes_its_waiter(FakeConsumer.broker), (
+        assert decision_wakes_its_waiter(FakeConsumer.broker, BOUND_S, topics_check_s=0.05), (
             "a decision on a partition with a leader woke nobody")
     finally:
         away.gate.set()
@@ -125,7 +97,7 @@ def test_partitions_whose_leader_is_away_are_asked_at_once(away):
     (before: 4 x 10 s, every waiter delayed 40 s). The asks pass the gate only all
     together; one after another, each waits out its timeout."""
     away.leader, away.gate = 1, threading.Barrier(len(EXTRA))
-    woken = _decision_wakes_its_waiter(FakeConsumer.broker)
+    woken = decision_wakes_its_waiter(FakeConsumer.broker, BOUND_S, topics_check_s=0.05)
     assert sorted(set(away.asked)) == list(EXTRA)
     assert away.most_in_flight == len(EXTRA), "the partitions' ends were asked one by one"
     assert woken, "a decision on a partition with a leader woke nobody"
@@ -135,23 +107,18 @@ class ChangingTopics(FakeConsumer):
     """Every topics check finds another partition count than the connect did (a topic
     that keeps changing, or brokers whose metadata keeps disagreeing)."""
 
-    def list_topics(self, timeout: float = -1) -> SimpleNamespace:
+    def list_topics(self, timeout: float = -1):
         self.looks = getattr(self, "looks", 0) + 1
         count = 1 if self.looks == 1 else 2
-        return SimpleNamespace(topics={
-            topic: SimpleNamespace(error=None, partitions={p: _meta(1) for p in range(count)})
-            for topic in TOPICS})
-
-    def incremental_assign(self, partitions) -> None:
-        self.assign(partitions)
+        return topics_meta({topic: {p: partition_meta(1) for p in range(count)}
+                            for topic in ("ck", "rj")})
 
 
 def test_restarts_for_changing_topics_back_off(monkeypatch):
     """Topics that change at every check: the notifier restarts at once the first
     time, then after delays growing to a bound, each shown in the gauge and counted.
     Before, it restarted in a tight loop (no delay at all)."""
-    FakeConsumer.broker = FakeBroker()
-    monkeypatch.setattr(notifier_module, "Consumer", ChangingTopics)
+    fake_kafka(monkeypatch, ChangingTopics)
     delays: list[float] = []
 
     class Recorded(notifier_module.RestartBackoff):
@@ -165,9 +132,8 @@ def test_restarts_for_changing_topics_back_off(monkeypatch):
     done = threading.Event()
     restarts = metrics.NOTIFIER_RESTARTS.labels("topics_changed")
     before = restarts._value.get()
-    notifier = DecisionNotifier(
-        "fake:9092", TOPICS, PromotionWaiters(), lambda topic, value: value.decode(),
-        poll_timeout_s=0.001, topics_check_s=0.001,
+    notifier = notifier_of(
+        PromotionWaiters(), poll_timeout_s=0.001, topics_check_s=0.001,
         restart_backoff=Recorded(first_s=0.01, max_s=0.04, steady_s=60, rand=lambda: 1.0))
     notifier.start()
     try:
@@ -189,3 +155,4 @@ def test_the_restart_delay_is_jittered_bounded_and_starts_over_after_a_steady_ru
     jittered = notifier_module.RestartBackoff(first_s=2.0, max_s=30, rand=lambda: next(draws))
     jittered.next_delay(0)
     assert [jittered.next_delay(0) for _ in range(3)] == [1.0, 3.0, 8.0]
+
