@@ -48,7 +48,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -391,20 +390,25 @@ class _Checked:
 
 
 class _Beside:
-    """The calls on one consumer that may wait on a broker, run beside its poll: the
-    topics check (a thread of its own) and the asks of partitions' ends (at most
-    ``END_QUERIES`` threads). What they found is queued for the poll thread (``take``); ``asking`` and
-    ``checking`` are the poll thread's own bookkeeping (it alone starts and takes).
+    """The calls on one consumer that may wait on a broker, run beside its poll, each in
+    a daemon thread of its own: the topics check and the asks of partitions' ends (at
+    most ``END_QUERIES`` asking at once). What they found is queued for the poll thread
+    (``take``); ``asking`` and ``checking`` are the poll thread's own bookkeeping (it
+    alone starts and takes). Daemon threads, not an executor's: the interpreter joins
+    an executor's threads at exit, and an API stopping while the brokers do not answer
+    would wait out their timeouts.
 
     librdkafka's calls are thread-safe (a metadata request or a watermark query beside
     ``poll``), but closing a consumer destroys the handle under a call still in it:
-    ``close`` leaves the consumer open until every call started here has ended."""
+    ``close`` leaves the consumer open until every call started here has ended, and the
+    last to end closes it."""
 
     def __init__(self, consumer: Consumer) -> None:
         self._consumer = consumer
-        # Two pools: a check is never queued behind asks that wait out their timeout.
-        self._asks = ThreadPoolExecutor(END_QUERIES, thread_name_prefix="decision-ends")
-        self._checks = ThreadPoolExecutor(1, thread_name_prefix="decision-topics-check")
+        self._slots = threading.Semaphore(END_QUERIES)
+        self._lock = threading.Lock()
+        self._running = 0  # threads started and not ended
+        self._closing = False
         self._found: queue.SimpleQueue[_EndRead | _Checked] = queue.SimpleQueue()
         self._asked: dict[tuple[str, int], TopicPartition] = {}
         self.checking = False
@@ -420,11 +424,11 @@ class _Beside:
             if key in self._asked:
                 continue
             self._asked[key] = tp
-            self._asks.submit(self._ask_end, tp)
+            self._start("decision-end", self._ask_end, tp)
 
     def check_topics(self) -> None:
         self.checking = True
-        self._checks.submit(self._check)
+        self._start("decision-topics-check", self._check)
 
     def take(self, timeout_s: float) -> list[_EndRead | _Checked]:
         """What ended, waiting up to ``timeout_s`` for the first (0: no wait)."""
@@ -444,28 +448,44 @@ class _Beside:
         return ended
 
     def close(self) -> None:
-        """Closes the consumer now if nothing runs beside its poll, else once the calls
-        running end (a thread waits for them; each ends within its timeout)."""
-        for pool in (self._asks, self._checks):
-            pool.shutdown(wait=False, cancel_futures=True)
-        if not self._asked and not self.checking:
+        """Closes the consumer now if nothing runs beside its poll, else the last call
+        to end closes it (each ends within its timeout); asks not begun are dropped."""
+        with self._lock:
+            self._closing = True
+            idle = self._running == 0
+        if idle:
             self._consumer.close()
-            return
-        threading.Thread(target=self._close_when_done, name="decision-notifier-close",
+
+    def _start(self, name: str, call: Callable[..., None], *args: Any) -> None:
+        with self._lock:
+            self._running += 1
+        threading.Thread(target=self._run, args=(call, *args), name=name,
                          daemon=True).start()
 
-    def _close_when_done(self) -> None:
-        for pool in (self._asks, self._checks):
-            pool.shutdown(wait=True)
-        self._consumer.close()
+    def _run(self, call: Callable[..., None], *args: Any) -> None:
+        try:
+            if not self._closing:
+                call(*args)
+        finally:
+            with self._lock:
+                self._running -= 1
+                last = self._closing and self._running == 0
+            if last:
+                try:
+                    self._consumer.close()
+                except Exception:  # noqa: BLE001 - nothing left to tell; the next consumer runs
+                    log.warning("closing a decision consumer failed", exc_info=True)
 
     def _ask_end(self, tp: TopicPartition) -> None:
-        try:
-            _, high = self._consumer.get_watermark_offsets(tp, timeout=END_TIMEOUT_S,
-                                                           cached=False)
-        except Exception as exc:  # noqa: BLE001 - handed to the poll thread (``_ended``)
-            self._found.put(_EndRead(tp, exc))
-            return
+        with self._slots:
+            if self._closing:
+                return
+            try:
+                _, high = self._consumer.get_watermark_offsets(tp, timeout=END_TIMEOUT_S,
+                                                               cached=False)
+            except Exception as exc:  # noqa: BLE001 - handed to the poll thread (``_ended``)
+                self._found.put(_EndRead(tp, exc))
+                return
         self._found.put(_EndRead(TopicPartition(tp.topic, tp.partition, high)))
 
     def _check(self) -> None:
