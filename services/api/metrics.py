@@ -76,12 +76,12 @@ NOTIFIER_UP = Gauge(
 )
 NOTIFIER_RESTARTS = Counter(
     "ratchet_api_notifier_restarts_total",
-    "Restarts of the decision consumer, by cause (topics_changed).",
+    "Restarts of the decision consumer, by cause (topics_changed, topics_missing, failed).",
     ["cause"],
 )
 NOTIFIER_RESTART_DELAY = Gauge(
     "ratchet_api_notifier_restart_delay_seconds",
-    "The delay before the decision consumer's last restart for changed topics "
+    "The delay before the decision consumer's last restart, whatever its cause "
     "(0: at once; grows with restarts in a row, bounded, jittered).",
 )
 SHARED_READS = Counter(

@@ -106,6 +106,28 @@ class Answer:
         )
 
 
+class _Recheck:
+    """The cache's answer asked again once a full read has room (``_budgeted``), and
+    whether it answered. A request counts once in ``ratchet_api_history_cache_total``,
+    as what it finally was: a hit when this found its history cached (``_hit`` counts
+    it), else a miss. Before, such a request counted as a miss when it queued and a hit
+    when it found the history (session 45)."""
+
+    def __init__(self, cached: Callable[[], Awaitable[Answer | None]]) -> None:
+        self._cached = cached
+        self.answered = False
+
+    async def __call__(self) -> Answer | None:
+        found = await self._cached()
+        self.answered = found is not None
+        return found
+
+    def count_miss(self, endpoint: str) -> None:
+        """Counts the request a miss unless the cache answered it."""
+        if not self.answered:
+            child(metrics.HISTORY_CACHE, endpoint, "miss").inc()
+
+
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -403,6 +425,7 @@ class RehydrationService:
             )
         head = await self._store.read_head_async(tenant_id, conversation_id)
         if head is not None and self._head_went_back(tenant_id, conversation_id, head):
+            child(metrics.HISTORY_CACHE, "conversation", "miss").inc()
             return await self._read_conversation_async(
                 tenant_id, conversation_id, fingerprint_hash
             )
@@ -513,11 +536,13 @@ class RehydrationService:
             )
             if answer is not None:
                 return answer
-        child(metrics.HISTORY_CACHE, "conversation", "miss").inc()
-        return await self._read_conversation_async(
-            tenant_id, conversation_id, fingerprint_hash,
-            cached=lambda: self._conversation_hit(tenant_id, conversation_id,
-                                                  fingerprint_hash, head))
+        recheck = _Recheck(lambda: self._conversation_hit(tenant_id, conversation_id,
+                                                          fingerprint_hash, head))
+        try:
+            return await self._read_conversation_async(
+                tenant_id, conversation_id, fingerprint_hash, cached=recheck)
+        finally:
+            recheck.count_miss("conversation")
 
     async def _conversation_hit(self, tenant_id: str, conversation_id: str,
                                 fingerprint_hash: str, head: Head | None) -> Answer | None:
@@ -564,6 +589,7 @@ class RehydrationService:
                     # full read would read the claim (and that partition) again to say
                     # so; a waiting request asks this once per wait. A promoted turn
                     # whose row is gone (``turn_lost``): the full read answers it.
+                    child(metrics.HISTORY_CACHE, "response", "miss").inc()
                     return await self._absent(tenant_id, response_id, no_such_response())
                 if partition_key != hinted:
                     row = await self._read_turn_if_extendable(tenant_id, partition_key,
@@ -576,11 +602,14 @@ class RehydrationService:
             answer = await self._extend_from(lookup, partition_key, row)
             if answer is not None:
                 return answer
-        child(metrics.HISTORY_CACHE, "response", "miss").inc()
-        return await self._read_response(
-            tenant_id, response_id, lookup.fingerprint_hash, partition_key,
-            cached=lambda: self._response_hit(lookup),
-        )
+        recheck = _Recheck(lambda: self._response_hit(lookup))
+        try:
+            return await self._read_response(
+                tenant_id, response_id, lookup.fingerprint_hash, partition_key,
+                cached=recheck,
+            )
+        finally:
+            recheck.count_miss("response")
 
     async def _response_hit(self, lookup: _Lookup) -> Answer | None:
         """The cached history's answer for ``lookup`` (what ``_cached_response``

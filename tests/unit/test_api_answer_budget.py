@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from ratchet.domain.plan import ResponseClaim
-from services.api import answer_budget
+from services.api import answer_budget, metrics
 from services.api.answer_budget import AnswerBudget, AnswersBusy
 from services.api.service import RehydrationService
 from services.api.slow_readers import PartsResponse
@@ -653,3 +653,21 @@ def test_requests_waiting_for_room_behind_a_read_of_their_history_find_it_cached
     assert len({a.payload for a in answers}) == 1
     assert reads == 1, f"{N_WAITING} requests made {reads} full reads"
 
+
+
+@pytest.mark.parametrize("endpoint", ["response", "conversation"])
+def test_each_request_waiting_behind_a_read_of_its_history_counts_once_as_what_it_was(endpoint):
+    """The cache's counter says how each request finally used it: the one that read, a
+    miss; the ones that found the history cached once they got room, hits. Before, those
+    were counted a miss when they queued and a hit when they found it: 4 misses and 3 hits
+    for 4 requests."""
+    def counts() -> dict[str, float]:
+        return {result: metrics.HISTORY_CACHE.labels(endpoint, result)._value.get()
+                for result in ("hit", "miss", "extended", "bypass")}
+
+    before = counts()
+    _, reads = _cold_reads_behind_each_other(endpoint)
+    after = counts()
+    counted = {result: after[result] - before[result] for result in after}
+    assert reads == 1
+    assert counted == {"hit": N_WAITING - 1, "miss": 1, "extended": 0, "bypass": 0}

@@ -821,3 +821,45 @@ def test_a_parent_link_into_another_partition_gets_the_full_reads_answer(stack):
     assert (full.status_code, full.json()["reason"]) == (500, "MISSING_HISTORY")
     extended = stack.history(tenant, child, partition_key=here)
     assert (extended.status_code, extended.json()["reason"]) == (500, "MISSING_HISTORY")
+
+
+def _cache_counts(endpoint: str) -> dict[str, float]:
+    from services.api import metrics
+
+    return {result: metrics.HISTORY_CACHE.labels(endpoint, result)._value.get()
+            for result in ("hit", "extended", "miss", "bypass")}
+
+
+def _counted(endpoint: str, call) -> tuple[object, dict[str, float]]:
+    before = _cache_counts(endpoint)
+    result = call()
+    after = _cache_counts(endpoint)
+    return result, {k: v - before[k] for k, v in after.items() if v != before[k]}
+
+
+def test_a_response_promoted_nowhere_counts_as_a_cache_miss(stack):
+    """Every lookup counts once in ``ratchet_api_history_cache_total``: a response
+    whose hint names a partition the cache can extend and which is promoted nowhere is
+    answered from the claim's read, not the cache: a miss. Before, it counted nothing."""
+    tenant, conv = uid("tenant"), uid("conv")
+    rid = stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),))
+    assert stack.history(tenant, rid).status_code == 200  # the partition is extendable
+    answer, counted = _counted("response", lambda: stack.history(
+        tenant, uid("resp"), partition_key=conv))
+    assert answer.status_code == 404
+    assert counted == {"miss": 1}
+
+
+def test_a_conversation_whose_head_went_back_counts_as_a_cache_miss():
+    """A Conversation read whose head is behind a turn verified here reads in full
+    (the head rolled back): a miss. Before, it counted nothing."""
+    stack = CachingStack()
+    tenant, second, _ = two_turns(stack)
+    conv = _conv_of(stack, tenant, second)
+    partition = stack.store._partitions[(tenant, conv)]
+    first = next(c.response_id for c in partition.checkpoints.values() if c.seq == 1)
+    assert stack.history(tenant, second).status_code == 200
+    partition.head = Head.of(partition.checkpoints[first])  # damage: turn 2 stands
+    answer, counted = _counted("conversation", lambda: stack.conversation(tenant, conv))
+    assert (answer.status_code, answer.json()["reason"]) == (500, "CORRUPT_HISTORY")
+    assert counted == {"miss": 1}
