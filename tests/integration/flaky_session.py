@@ -67,6 +67,15 @@ def query(fragment: str) -> Callable[[Any], bool]:
     return lambda statement: fragment in query_of(statement)
 
 
+def serial_reads_only(session: FlakySession) -> None:
+    """The unknown outcome was resolved by SERIAL reads (QUORUM ones see a committed
+    write but never complete a Paxos round still in flight): every read made after the
+    first failure is at SERIAL, and there is one."""
+    reads = [(q, cl) for q, cl in session.after if q.lstrip().upper().startswith("SELECT")]
+    assert reads, "the outcome was not read"
+    assert all(cl == ConsistencyLevel.SERIAL for _, cl in reads), reads
+
+
 class FailedFuture:
     """A driver future that failed (its errback runs at once)."""
 

@@ -1,4 +1,5 @@
-"""An LWT whose outcome is unknown is resolved by a SERIAL read, never guessed.
+"""An LWT whose outcome is unknown is resolved by a SERIAL read, never guessed (every
+read after the failure is at SERIAL: ``serial_reads_only``).
 
 ``FlakySession`` wraps a real session: the promotion batch is sent and THEN a timeout
 is raised (the write landed), or the timeout is raised WITHOUT sending (it did not).
@@ -31,6 +32,7 @@ from tests.integration.flaky_session import (
     client_timeout,
     connection_lost,
     query,
+    serial_reads_only,
     server_error,
 )
 
@@ -63,6 +65,7 @@ def test_landed_write_is_reported_promoted(store_session, healthy, error):
     outcome = store.promote(turn)
     assert isinstance(outcome, Promoted) and outcome.seq == 1
     assert session.sent == 1  # resolved by reading, not by writing again
+    serial_reads_only(session)
     one_turn_history(healthy, turn)
 
 
@@ -75,6 +78,7 @@ def test_write_that_did_not_land_is_made_again(store_session, healthy, error):
     outcome = store.promote(turn)
     assert isinstance(outcome, Promoted) and outcome.seq == 1
     assert session.sent == 1
+    serial_reads_only(session)
     one_turn_history(healthy, turn)
 
 
@@ -149,12 +153,14 @@ def test_claim_with_unknown_outcome_is_read_at_serial(store_session, healthy, er
     session = FlakyClaimSession(store_session, error, land=True)
     outcome = CassandraCheckpointStore(session, timeout_s=30).promote(landed)
     assert session.tripped and isinstance(outcome, Promoted)
+    serial_reads_only(session)
     lost = conversation_turn(uid("tenant"), uid("conv"), 0)
-    store = CassandraCheckpointStore(FlakyClaimSession(store_session, error, land=False),
-                                     timeout_s=30)
+    session = FlakyClaimSession(store_session, error, land=False)
+    store = CassandraCheckpointStore(session, timeout_s=30)
     with pytest.raises(StoreUnavailable) as caught:
         store.promote(lost)
     assert caught.value.retryable
+    serial_reads_only(session)
     assert isinstance(store.promote(lost), Promoted)
     one_turn_history(healthy, lost)
 
@@ -171,13 +177,16 @@ def test_request_claim_with_unknown_outcome_is_read_at_serial(store_session, hea
                                 fragment="INSERT INTO request_claims")
     assert isinstance(CassandraCheckpointStore(session, timeout_s=30).promote(landed), Promoted)
     assert session.tripped
+    serial_reads_only(session)
     root = uid("resp")
     lost = chain_turn(tenant, root, root, None)
-    store = CassandraCheckpointStore(FlakyClaimSession(
-        store_session, error, land=False, fragment="INSERT INTO request_claims"), timeout_s=30)
+    session = FlakyClaimSession(store_session, error, land=False,
+                                fragment="INSERT INTO request_claims")
+    store = CassandraCheckpointStore(session, timeout_s=30)
     with pytest.raises(StoreUnavailable) as caught:
         store.promote(lost)
     assert caught.value.retryable
+    serial_reads_only(session)
     assert isinstance(store.promote(lost), Promoted)
     for turn in (landed, lost):
         other = uid("resp")
@@ -196,6 +205,7 @@ def test_chain_turn_with_unknown_outcome(store_session, healthy, land):
     outcome = store.promote(second)
     assert isinstance(outcome, Promoted) and outcome.seq == 2
     assert session.sent == 1
+    serial_reads_only(session)
 
 
 @pytest.mark.parametrize("land", [True, False])
