@@ -540,7 +540,8 @@ class CassandraCheckpointStore(CheckpointStore):
         await completed(future)
         try:
             rows = future.result()  # answered already: does not block
-        except (_NOT_APPLIED, _MAYBE_APPLIED) as exc:
+        except _NOT_APPLIED + _MAYBE_APPLIED as exc:  # one flat tuple: a nested one is a
+            # TypeError when the except clause is matched (Python 3.11), not a match
             raise _unavailable("promote/claim", exc) from exc
         return self._claim_holder(claim, lambda: rows)
 

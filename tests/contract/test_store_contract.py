@@ -1162,6 +1162,10 @@ class StoreContract:
             assert store.turn_lost(tenant, rid)
             assert store.turn_lost(tenant, rid, partition)
             assert asyncio.run(store.turn_lost_async(tenant, rid, partition))
+            # where its claim does not locate it, nothing is said of it (a mutation
+            # review, session 45: the partition compared by neither call)
+            assert not store.turn_lost(tenant, rid, uid("elsewhere"))
+            assert not asyncio.run(store.turn_lost_async(tenant, rid, uid("elsewhere")))
             with pytest.raises(TurnLost):
                 store.read_promoted(tenant, rid)
             assert store.get_checkpoint(tenant, rid) is None  # the processor's lookup

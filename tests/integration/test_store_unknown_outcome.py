@@ -8,6 +8,7 @@ is raised (the write landed), or the timeout is raised WITHOUT sending (it did n
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from cassandra.cluster import NoHostAvailable
@@ -25,6 +26,7 @@ from services.store.base import StoreUnavailable
 from services.store.cassandra import CassandraCheckpointStore
 from tests.contract.store_support import chain_turn, conversation_turn, uid
 from tests.integration.flaky_session import (
+    FlakyLoopSession,
     FlakySession,
     batch,
     cas_timeout,
@@ -264,6 +266,79 @@ def test_loop_write_with_unknown_outcome_is_settled_by_promote(store_session, he
     assert store.start_claiming(ResponseClaim.of(turn))() == ResponseClaim.of(turn)
     assert asyncio.run(store.promote_from_hints_async(turn)) is None
     assert session.tripped and session.sent == int(land)
+    outcome = store.promote(turn)
+    if land:  # its own response id: ``promotion.interpret`` accepts it (replayed)
+        assert isinstance(outcome, Duplicate)
+        assert outcome.original.response_id == turn.response_id
+    else:
+        assert isinstance(outcome, Promoted)
+    one_turn_history(healthy, turn)
+
+
+@pytest.mark.parametrize("error", [client_timeout, cas_timeout, connection_lost])
+@pytest.mark.parametrize("land", [True, False])
+def test_a_claim_awaited_with_unknown_outcome_is_never_taken(store_session, healthy, land,
+                                                              error):
+    """``claim_async`` (the worker's loop path, here on cassandra-driver's callbacks) does
+    not settle an unknown outcome (its SERIAL read would block the loop): a retryable
+    ``StoreUnavailable``, never the claim taken as ours (the batch would then be written
+    for a response id the request may not hold) and never a bare driver error.
+    ``promote`` claims again and finds the holder: the request itself (a mutation
+    review, session 45: either change passed every test)."""
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    session = FlakyClaimSession(store_session, error, land=land)
+    store = CassandraCheckpointStore(session, timeout_s=30)
+    with pytest.raises(StoreUnavailable) as caught:
+        asyncio.run(store.claim_async(ResponseClaim.of(turn)))
+    assert caught.value.retryable and session.tripped
+    assert isinstance(store.promote(turn), Promoted)
+    one_turn_history(healthy, turn)
+
+
+@pytest.fixture
+def loop_runner(store_session, settings):
+    """An event loop and a C++ driver session (``LoopSession``) on the store's keyspace."""
+    from services.cassandra_loop import LoopSession  # noqa: PLC0415 - the C++ driver
+
+    runner = asyncio.Runner()
+    session = LoopSession(dataclasses.replace(settings, keyspace=store_session.keyspace))
+    yield runner, session
+    runner.run(session.close())
+    runner.close()
+
+
+@pytest.mark.parametrize("land", [True, False])
+def test_the_c_drivers_claim_with_unknown_outcome_is_never_taken(store_session, healthy,
+                                                                  loop_runner, land):
+    """The same through the C++ driver (``loop_session``): its failed claim is a
+    retryable ``StoreUnavailable``, never the claim taken as ours."""
+    runner, real = loop_runner
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    flaky = FlakyLoopSession(real, kind="claim", land=land)
+    store = CassandraCheckpointStore(store_session, timeout_s=30, loop_session=flaky)
+    with pytest.raises(StoreUnavailable) as caught:
+        runner.run(store.claim_async(ResponseClaim.of(turn)))
+    assert caught.value.retryable and flaky.tripped
+    assert isinstance(store.promote(turn), Promoted)
+    one_turn_history(healthy, turn)
+
+
+@pytest.mark.parametrize("land", [True, False])
+def test_the_c_drivers_batch_with_unknown_outcome_is_never_taken(store_session, healthy,
+                                                                  loop_runner, land):
+    """The promotion batch through the C++ driver: an unknown outcome is not settled on
+    the loop (a retryable ``StoreUnavailable``; the processor hands the record to the
+    thread path), never ``Promoted``; ``promote`` then finds a batch that landed as the
+    request's own promotion, or writes it (a mutation review, session 45: a failed
+    batch taken as applied passed every test)."""
+    runner, real = loop_runner
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    flaky = FlakyLoopSession(real, kind="batch", land=land)
+    store = CassandraCheckpointStore(store_session, timeout_s=30, loop_session=flaky)
+    assert runner.run(store.claim_async(ResponseClaim.of(turn))) == ResponseClaim.of(turn)
+    with pytest.raises(StoreUnavailable) as caught:
+        runner.run(store.promote_from_hints_async(turn))
+    assert caught.value.retryable and flaky.tripped
     outcome = store.promote(turn)
     if land:  # its own response id: ``promotion.interpret`` accepts it (replayed)
         assert isinstance(outcome, Duplicate)
