@@ -683,8 +683,10 @@ class CassandraCheckpointStore(CheckpointStore):
 
     async def _write_async(self, request: PromotionRequest, plan: Plan,
                            checkpoint: CheckpointRecord, facts_mark: str | None) -> bool:
-        """The batch awaited on the event loop; an unknown outcome is False here (its
-        SERIAL read would block the loop): the caller's ``promote`` finds out."""
+        """The batch awaited on the event loop; an unknown outcome is not settled here
+        (its SERIAL read would block the loop): False on cassandra-driver, a retryable
+        ``StoreUnavailable`` through the C++ driver (its failure is all it says); the
+        caller's ``promote`` finds out."""
         if self.loop_session is not None:
             parts = self._batch_parts(request, plan, checkpoint, uuid.uuid4(), facts_mark)
             answer = await _on_loop("promote", self.loop_session.execute_batch(
