@@ -255,6 +255,19 @@ def test_claim_mark_with_unknown_outcome_is_retryable(store_session, healthy, la
         turn.idempotency_key, turn.request_digest, turn.response_id)
 
 
+def settled_by_promote(store, healthy, turn, land: bool) -> None:
+    """The thread path's ``promote`` after a batch sent on the loop with an unknown
+    outcome: a batch that landed is the request's own promotion (its own response id:
+    ``promotion.interpret`` accepts it, replayed), one that did not is written now."""
+    outcome = store.promote(turn)
+    if land:
+        assert isinstance(outcome, Duplicate)
+        assert outcome.original.response_id == turn.response_id
+    else:
+        assert isinstance(outcome, Promoted)
+    one_turn_history(healthy, turn)
+
+
 @pytest.mark.parametrize("land", [True, False])
 def test_loop_write_with_unknown_outcome_is_settled_by_promote(store_session, healthy, land):
     """On the event loop an unknown outcome is not settled (its SERIAL read would block
@@ -266,13 +279,7 @@ def test_loop_write_with_unknown_outcome_is_settled_by_promote(store_session, he
     assert store.start_claiming(ResponseClaim.of(turn))() == ResponseClaim.of(turn)
     assert asyncio.run(store.promote_from_hints_async(turn)) is None
     assert session.tripped and session.sent == int(land)
-    outcome = store.promote(turn)
-    if land:  # its own response id: ``promotion.interpret`` accepts it (replayed)
-        assert isinstance(outcome, Duplicate)
-        assert outcome.original.response_id == turn.response_id
-    else:
-        assert isinstance(outcome, Promoted)
-    one_turn_history(healthy, turn)
+    settled_by_promote(store, healthy, turn, land)
 
 
 @pytest.mark.parametrize("error", [client_timeout, cas_timeout, connection_lost])
@@ -339,10 +346,4 @@ def test_the_c_drivers_batch_with_unknown_outcome_is_never_taken(store_session, 
     with pytest.raises(StoreUnavailable) as caught:
         runner.run(store.promote_from_hints_async(turn))
     assert caught.value.retryable and flaky.tripped
-    outcome = store.promote(turn)
-    if land:  # its own response id: ``promotion.interpret`` accepts it (replayed)
-        assert isinstance(outcome, Duplicate)
-        assert outcome.original.response_id == turn.response_id
-    else:
-        assert isinstance(outcome, Promoted)
-    one_turn_history(healthy, turn)
+    settled_by_promote(store, healthy, turn, land)
