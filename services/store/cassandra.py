@@ -541,7 +541,8 @@ class CassandraCheckpointStore(CheckpointStore):
         await completed(future)
         try:
             rows = future.result()  # answered already: does not block
-        except (_NOT_APPLIED, _MAYBE_APPLIED) as exc:
+        except _NOT_APPLIED + _MAYBE_APPLIED as exc:  # one flat tuple: a nested one is a
+            # TypeError when the except clause is matched (Python 3.11), not a match
             raise _unavailable("promote/claim", exc) from exc
         return self._claim_holder(claim, lambda: rows)
 
@@ -683,8 +684,10 @@ class CassandraCheckpointStore(CheckpointStore):
 
     async def _write_async(self, request: PromotionRequest, plan: Plan,
                            checkpoint: CheckpointRecord, facts_mark: str | None) -> bool:
-        """The batch awaited on the event loop; an unknown outcome is False here (its
-        SERIAL read would block the loop): the caller's ``promote`` finds out."""
+        """The batch awaited on the event loop; an unknown outcome is not settled here
+        (its SERIAL read would block the loop): False on cassandra-driver, a retryable
+        ``StoreUnavailable`` through the C++ driver (its failure is all it says); the
+        caller's ``promote`` finds out."""
         if self.loop_session is not None:
             parts = self._batch_parts(request, plan, checkpoint, uuid.uuid4(), facts_mark)
             answer = await _on_loop("promote", self.loop_session.execute_batch(

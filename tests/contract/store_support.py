@@ -8,6 +8,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from ratchet.domain.history import PromotionMode, StoredTokenArtifact
 from ratchet.domain.plan import PromotionRequest
 from schemas.canonical import canonical_json_text as canonical_json
@@ -136,6 +138,20 @@ def chain_turn(
         previous_response_id=previous,
         token_artifact=artifact(),
     )
+
+
+class OnCassandra:
+    """A contract's Cassandra half: stores on the contract keyspace (``store_session``,
+    ``tests/contract/conftest.py``), ``self.session`` for the tests' damage."""
+
+    @pytest.fixture(autouse=True)
+    def _session(self, store_session):
+        self.session = store_session
+
+    def make_store(self, options):
+        from services.store.cassandra import CassandraCheckpointStore  # noqa: PLC0415 - driver
+
+        return CassandraCheckpointStore(self.session, options, timeout_s=30)
 
 
 def create_store_keyspace(cluster, keyspace: str, replication: str):

@@ -121,6 +121,24 @@ def _orphans(handled) -> list:
             for o in handled.outbound if isinstance(o.model, EffectOrphaned)]
 
 
+def _claimed_while_the_batch_waits(data, turn, partition: str) -> None:  # noqa: F811
+    """A claim of ``turn``'s request (attempt 2, in ``partition``) written and marked
+    while the turn's batch, decided without it, waits (``PausedBatch``, the thread
+    path): the claim is ``CLAIMED``, the turn promoted all the same, and the claim,
+    which it does not use, published for compensation."""
+    claims = Claims(data)
+    store = PausedBatch(data.store())
+    worker = data.worker("handle", store=store)
+    answers = []
+    store.before_promote = lambda land: answers.append(
+        claims.claim(turn.idempotency_key, partition, attempt=2))
+    handled = worker.handle(turn)
+    assert [a["state"] for a in answers] == ["CLAIMED"]
+    assert isinstance(handled.outbound[0].model, CheckpointPromoted)
+    assert _orphans(handled) == [
+        (answers[0]["effect_id"], OrphanReason.ATTEMPT_SUPERSEDED, False)]
+
+
 @ENTRIES
 def test_a_completed_claim_is_not_reused_after_the_promotion(data, entry):  # noqa: F811
     """A retry of a promoted request is told so even where a recorded output could be
@@ -184,19 +202,8 @@ def test_a_claim_landing_before_the_batch_is_seen_by_the_promotion(data):  # noq
     """The other order: the claim is written and marked while the batch, decided
     without it, waits. The batch is refused (the mark moved), the turn decided again
     with the claim, which it does not use: published for compensation."""
-    claims = Claims(data)
-    store = PausedBatch(data.store())
-    worker = data.worker("handle", store=store)
     conv = new_id("conv")
-    t = make_turn(conversation_id=conv)
-    answers = []
-    store.before_promote = lambda land: answers.append(
-        claims.claim(t.idempotency_key, conv, attempt=2))
-    handled = worker.handle(t)
-    assert [a["state"] for a in answers] == ["CLAIMED"]
-    assert isinstance(handled.outbound[0].model, CheckpointPromoted)
-    assert _orphans(handled) == [
-        (answers[0]["effect_id"], OrphanReason.ATTEMPT_SUPERSEDED, False)]
+    _claimed_while_the_batch_waits(data, make_turn(conversation_id=conv), conv)
 
 
 @ENTRIES
@@ -242,19 +249,7 @@ def test_a_retrys_claim_before_a_chains_first_promotion_is_published_by_it(data)
     the first attempt's partition, and its batch, asserting no mark, lands. The first
     attempt reads the request's facts again after its batch: the claim is published
     for compensation (it may have run), never left unnamed."""
-    claims = Claims(data)
-    store = PausedBatch(data.store())
-    worker = data.worker("handle", store=store)
-    root = new_id("resp")
-    first = _chain_first(root)
-    answers = []
-    store.before_promote = lambda land: answers.append(
-        claims.claim(first.idempotency_key, new_id("resp"), attempt=2))
-    handled = worker.handle(first)
-    assert [a["state"] for a in answers] == ["CLAIMED"]
-    assert isinstance(handled.outbound[0].model, CheckpointPromoted)
-    assert _orphans(handled) == [
-        (answers[0]["effect_id"], OrphanReason.ATTEMPT_SUPERSEDED, False)]
+    _claimed_while_the_batch_waits(data, _chain_first(new_id("resp")), new_id("resp"))
 
 
 @ENTRIES

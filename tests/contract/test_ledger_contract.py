@@ -127,6 +127,24 @@ class LedgerContract:
                                       idempotency_key=key, conversation_id=None, scope=scope)
             assert [e.effect_id for e in facts.effects] == ids, scope
 
+    def test_an_effect_recorded_before_scopes_is_the_keys_in_every_scope(self, ledger,
+                                                                          tenant):
+        """docs/gateway-protocol.md section 6: facts recorded before scopes existed are
+        facts of the key in every scope: an effect id recorded without a scope and again
+        with one (or the other way round) is the same effect, never ``FOREIGN`` (a
+        mutation review, session 45: the memory ledger calling it foreign passed every
+        test)."""
+        key, other = uid("key"), uid("key")
+        assert ledger.record_effect(effect(tenant, key, "e1")) is EffectWrite.RECORDED
+        assert ledger.record_effect(effect(tenant, key, "e1", scope="conv_1")) is (
+            EffectWrite.ALREADY_RECORDED)
+        assert ledger.record_effect(effect(tenant, key, "e1", "d2", scope="conv_2")) is (
+            EffectWrite.CONFLICT)
+        assert ledger.record_effect(effect(tenant, other, "e1", scope="conv_1")) is (
+            EffectWrite.RECORDED)
+        assert ledger.record_effect(effect(tenant, other, "e1")) is (
+            EffectWrite.ALREADY_RECORDED)
+
     def test_decisions_first_wins(self, ledger, tenant):
         event, key = uid("evt"), uid("key")
         first = Decision(event, tenant, "resp_a", "rejected", "CONFLICT", "d", 3, 10, "resp_x",
@@ -387,6 +405,16 @@ class LedgerContract:
                                      output_for(held), NOW + 1)[0] is CompletionState.COMPLETED
         assert ledger.claim_effect(claim_request(tenant, key, occurrence=3),
                                    NOW).state is ClaimState.CANCELLED
+
+    def test_a_cancellation_in_any_scope_cancels_the_keys_claims(self, ledger, tenant):
+        """docs/gateway-protocol.md section 6: effect claims are found by tenant and key
+        alone, and a cancellation in any scope makes the key's claims ``CANCELLED`` (a
+        mutation review, session 45: the memory ledger refusing claims only after an
+        unscoped cancellation passed every test)."""
+        key = uid("key")
+        ledger.record_cancellation(Cancellation(tenant, key, "resp_c", NOW, "conv_1"))
+        answer = ledger.claim_effect(claim_request(tenant, key), NOW)
+        assert (answer.state, answer.claim) == (ClaimState.CANCELLED, None)
 
     def test_claims_are_per_tenant_and_in_turn_facts(self, ledger, tenant):
         key = uid("key")

@@ -36,7 +36,7 @@ from services.api.waiters import PromotionWaiters
 from services.store.base import CheckpointStore, StoreOptions
 from services.store.memory import MemoryCheckpointStore
 from services.store.rows import decode_turn_items, encode_turn_items
-from tests.contract.store_support import FakeClock, conversation_turn, uid
+from tests.contract.store_support import FakeClock, OnCassandra, conversation_turn, uid
 
 FP = "fp1"
 # Fields of an item record (services/store/rows.py ``ITEM_RECORD_FIELDS``).
@@ -291,16 +291,7 @@ WHERE = "WHERE tenant_id = %s AND partition_key = %s AND kind = 'checkpoint' AND
 
 
 @pytest.mark.integration
-class TestCassandraLoads(LoadContract):
-    @pytest.fixture(autouse=True)
-    def _session(self, store_session):
-        self.session = store_session
-
-    def make_store(self, options: StoreOptions) -> CheckpointStore:
-        from services.store.cassandra import CassandraCheckpointStore
-
-        return CassandraCheckpointStore(self.session, options, timeout_s=30)
-
+class TestCassandraLoads(OnCassandra, LoadContract):
     def rewrite_items(self, store, tenant, conv, rid, change) -> None:
         row = self.session.execute(
             f"SELECT items FROM turns {WHERE}", (tenant, conv, rid), timeout=30

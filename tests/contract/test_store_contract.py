@@ -53,6 +53,7 @@ from services.store.memory import MemoryCheckpointStore
 from tests.contract.store_support import (
     T0,
     FakeClock,
+    OnCassandra,
     artifact,
     chain_turn,
     conversation_turn,
@@ -383,16 +384,25 @@ class StoreContract:
         assert store.promoted_request(elsewhere) is None  # per partition, like the view
         assert store.promoted_request(dataclasses.replace(retry, tenant_id=uid("t"))) is None
 
+    @staticmethod
+    def chain_root_and_its_retry(store, tenant):
+        """A chain's first response promoted, and its request's retry under another
+        response id (its own partition, attempt 2), not sent yet."""
+        root = uid("resp")
+        first = chain_turn(tenant, root, root, None)
+        promoted = store.promote(first)
+        assert isinstance(promoted, Promoted), promoted
+        retry_id = uid("resp")
+        retry = dataclasses.replace(first, response_id=retry_id, partition_key=retry_id,
+                                    attempt=2)
+        return first, promoted.checkpoint, retry
+
     def test_a_chains_first_request_retried_under_another_response_id(self, store, tenant):
         """A chain's first response is its own partition: a retry of its request under
         another response id lands elsewhere, and the request's claim still finds the
         first attempt (the same answers a partition's own idempotency record gives)."""
-        root = uid("resp")
-        first = chain_turn(tenant, root, root, None)
-        promoted = store.promote(first).checkpoint
-        retry_id = uid("resp")
-        retry = dataclasses.replace(first, response_id=retry_id, partition_key=retry_id,
-                                    attempt=2)
+        first, promoted, retry = self.chain_root_and_its_retry(store, tenant)
+        retry_id = retry.response_id
         assert store.promote(retry) == Duplicate(promoted)
         reused_id = uid("resp")
         reused = dataclasses.replace(first, response_id=reused_id, partition_key=reused_id,
@@ -415,12 +425,8 @@ class StoreContract:
         first response is never written by it: a retry under another response id of a
         promoted request would land in its own partition, the request promoted twice
         (a mutation review of the write path, session 44)."""
-        root = uid("resp")
-        first = chain_turn(tenant, root, root, None)
-        promoted = store.promote(first).checkpoint
-        retry_id = uid("resp")
-        retry = dataclasses.replace(first, response_id=retry_id, partition_key=retry_id,
-                                    attempt=2)
+        _, promoted, retry = self.chain_root_and_its_retry(store, tenant)
+        retry_id = retry.response_id
         assert store.start_claiming(ResponseClaim.of(retry))() == ResponseClaim.of(retry)
         assert asyncio.run(store.promote_from_hints_async(retry)) is None
         assert store.get_checkpoint(tenant, retry_id) is None
@@ -1156,6 +1162,10 @@ class StoreContract:
             assert store.turn_lost(tenant, rid)
             assert store.turn_lost(tenant, rid, partition)
             assert asyncio.run(store.turn_lost_async(tenant, rid, partition))
+            # where its claim does not locate it, nothing is said of it (a mutation
+            # review, session 45: the partition compared by neither call)
+            assert not store.turn_lost(tenant, rid, uid("elsewhere"))
+            assert not asyncio.run(store.turn_lost_async(tenant, rid, uid("elsewhere")))
             with pytest.raises(TurnLost):
                 store.read_promoted(tenant, rid)
             assert store.get_checkpoint(tenant, rid) is None  # the processor's lookup
@@ -1294,16 +1304,7 @@ class TestMemoryStore(StoreContract):
 
 
 @pytest.mark.integration
-class TestCassandraStore(StoreContract):
-    @pytest.fixture(autouse=True)
-    def _session(self, store_session):
-        self.session = store_session
-
-    def make_store(self, options: StoreOptions) -> CheckpointStore:
-        from services.store.cassandra import CassandraCheckpointStore
-
-        return CassandraCheckpointStore(self.session, options, timeout_s=30)
-
+class TestCassandraStore(OnCassandra, StoreContract):
     def shared_store(self, store: CheckpointStore, options: StoreOptions) -> CheckpointStore:
         return self.make_store(options)
 

@@ -67,6 +67,15 @@ def query(fragment: str) -> Callable[[Any], bool]:
     return lambda statement: fragment in query_of(statement)
 
 
+def serial_reads_only(session: FlakySession) -> None:
+    """The unknown outcome was resolved by SERIAL reads (QUORUM ones see a committed
+    write but never complete a Paxos round still in flight): every read made after the
+    first failure is at SERIAL, and there is one."""
+    reads = [(q, cl) for q, cl in session.after if q.lstrip().upper().startswith("SELECT")]
+    assert reads, "the outcome was not read"
+    assert all(cl == ConsistencyLevel.SERIAL for _, cl in reads), reads
+
+
 class FailedFuture:
     """A driver future that failed (its errback runs at once)."""
 
@@ -132,3 +141,48 @@ class FlakySession:
         if self._fails(statement, args, kwargs):
             return FailedFuture(self._error())
         return self._real.execute_async(statement, *args, **kwargs)
+
+
+class FlakyLoopSession:
+    """A ``LoopSession`` (the C++ driver) whose next ``failures`` requests of one kind
+    (``"claim"``: a single statement whose CQL holds ``fragment``; ``"batch"``: a
+    batch) fail the way the driver reports a request with no answer (a client-side
+    timeout, ``LoopRequestFailed``), after being sent (``land=True``) or without being
+    sent. Everything else goes to ``real``."""
+
+    def __init__(self, real, *, kind: str, land: bool, failures: int = 1,
+                 fragment: str = "INSERT INTO response_claims") -> None:
+        self._real, self.kind, self._land = real, kind, land
+        self._failures, self._fragment = failures, fragment
+        self.tripped = False
+
+    def _fails(self) -> bool:
+        if self._failures <= 0:
+            return False
+        self._failures -= 1
+        self.tripped = True
+        return True
+
+    @staticmethod
+    def _timeout() -> Exception:
+        from acsylla import errors  # noqa: PLC0415 - the C++ driver's, only here
+
+        from services.cassandra_loop import LoopRequestFailed  # noqa: PLC0415
+        return LoopRequestFailed(errors.CassErrorLibRequestTimedOut("injected timeout"))
+
+    async def execute(self, statement, values, **kwargs):
+        if self.kind == "claim" and self._fragment in query_of(statement) and self._fails():
+            if self._land:
+                await self._real.execute(statement, values, **kwargs)
+            raise self._timeout()
+        return await self._real.execute(statement, values, **kwargs)
+
+    async def execute_batch(self, parts, **kwargs):
+        if self.kind == "batch" and self._fails():
+            if self._land:
+                await self._real.execute_batch(parts, **kwargs)
+            raise self._timeout()
+        return await self._real.execute_batch(parts, **kwargs)
+
+    async def close(self) -> None:
+        await self._real.close()

@@ -11,7 +11,6 @@ twice).
 from __future__ import annotations
 
 import pytest
-from cassandra import ConsistencyLevel
 
 from ratchet.domain.claims import ClaimState, CompletionState, EffectPolicy
 from services.ledger.base import Cancellation, Decision, EffectWrite, LedgerUnavailable
@@ -24,6 +23,7 @@ from tests.integration.flaky_session import (
     batch,
     cas_timeout,
     query,
+    serial_reads_only,
 )
 
 pytestmark = pytest.mark.integration
@@ -52,14 +52,6 @@ def healthy(ledger_session):
 def flaky(ledger_session, match, error, **kw) -> tuple[FlakySession, CassandraLedger]:
     session = FlakySession(ledger_session, match, error, **kw)
     return session, CassandraLedger(session, timeout_s=30)
-
-
-def serial_reads_only(session: FlakySession) -> None:
-    """The unknown outcome was resolved by SERIAL reads (QUORUM ones see a committed
-    write but never complete a Paxos round still in flight)."""
-    reads = [(q, cl) for q, cl in session.after if q.lstrip().upper().startswith("SELECT")]
-    assert reads, "the outcome was not read"
-    assert all(cl == ConsistencyLevel.SERIAL for _, cl in reads), reads
 
 
 # -- tool effects -------------------------------------------------------------------------

@@ -31,6 +31,8 @@ class CountingSession:
         self._real = real
         self.batches: list[bool] = []
         self.serial_reads = 0
+        # every other statement: its CQL and the consistency it was prepared with
+        self.statements: list[tuple[str, int | None]] = []
 
     def __getattr__(self, name):
         return getattr(self._real, name)
@@ -39,13 +41,22 @@ class CountingSession:
         result = self._real.execute(statement, *args, **kwargs)
         if isinstance(statement, BatchStatement):
             self.batches.append(bool(result.was_applied))
-        elif getattr(statement, "consistency_level", None) in SERIAL:
-            self.serial_reads += 1
+        else:
+            self.statements.append((getattr(statement, "query_string", str(statement)),
+                                    getattr(statement, "consistency_level", None)))
+            if self.statements[-1][1] in SERIAL:
+                self.serial_reads += 1
         return result
 
     def reset(self) -> None:
         self.batches.clear()
         self.serial_reads = 0
+        self.statements.clear()
+
+    def reads(self, fragment: str = "") -> list[int | None]:
+        """The consistency of each SELECT since ``reset`` whose CQL holds ``fragment``."""
+        return [cl for cql, cl in self.statements
+                if cql.lstrip().upper().startswith("SELECT") and fragment in cql]
 
 
 @pytest.fixture
@@ -220,3 +231,55 @@ def test_read_by_response_id_skips_the_location_lookup_once_known(counted, healt
     assert wrong == history
     stranger = healthy.read_history(uid("tenant"), response_id=turn.response_id, partition_key=conv)
     assert stranger.reason.value == "NOT_FOUND"
+
+
+def test_every_read_a_promotion_decides_on_is_serial(counted, healthy):
+    """docs/store.md, step 3: the view is read at SERIAL, and so is what it does not
+    hold (a QUORUM read never completes a Paxos round in flight: a batch that lands
+    after it would be decided against). A mutation review (session 45): the head's own
+    row read apart, the original of a key promoted under another response id, and a
+    Conversation's head without its marker row could each be read at LOCAL_QUORUM with
+    every test passing. Each case below makes exactly that read, and it is SERIAL."""
+    session, store = counted
+    tenant, conv = uid("tenant"), uid("conv")
+    # The first turn, no hint: no marker row yet, so the head is a query of its own.
+    session.reset()
+    first = conversation_turn(tenant, conv, 0)
+    assert isinstance(store.promote(first, head_hint=Head(5, "resp_nowhere", 1)), Promoted)
+    assert session.reads() and set(session.reads()) == {ConsistencyLevel.SERIAL}
+    assert session.reads("LIMIT 1") == [ConsistencyLevel.SERIAL]  # the head query
+    # The second turn with a wrong hint: the head's row is not among the view's rows.
+    rival = healthy.promote(conversation_turn(tenant, conv, 1)).checkpoint
+    session.reset()
+    lie = Head(2, uid("resp"), rival.last_item_seq)
+    assert store.promote(conversation_turn(tenant, conv, 2), head_hint=lie).seq == 3
+    backing = session.reads("kind = 'checkpoint' AND ref = ?")
+    assert backing == [ConsistencyLevel.SERIAL], session.statements
+    assert set(session.reads()) == {ConsistencyLevel.SERIAL}
+    # A retry of the first request under another response id: its original is read.
+    session.reset()
+    retry = dataclasses.replace(first, response_id=uid("resp"), expected_head_seq=3)
+    assert store.promote(retry) == Duplicate(healthy.get_checkpoint(tenant,
+                                                                    first.response_id))
+    assert session.reads("kind = 'checkpoint' AND ref = ?") == [ConsistencyLevel.SERIAL]
+    assert set(session.reads()) == {ConsistencyLevel.SERIAL}
+
+
+def test_a_lost_turns_row_is_looked_for_again_at_serial(counted, healthy, store_session):
+    """docs/store.md, verification 1: a promoted response's row not found where its claim
+    says is looked for once more at SERIAL before it is called lost (a promotion still
+    committing is completed first; a QUORUM read would call a late row lost). A
+    mutation review (session 45): that read at LOCAL_QUORUM passed every test."""
+    session, store = counted
+    tenant, conv = uid("tenant"), uid("conv")
+    turn = conversation_turn(tenant, conv, 0)
+    assert isinstance(healthy.promote(turn), Promoted)
+    session.reset()
+    assert not store.turn_lost(tenant, turn.response_id, conv)  # there
+    assert session.reads("SELECT ref FROM") == [ConsistencyLevel.SERIAL], session.statements
+    store_session.execute("DELETE FROM turns WHERE tenant_id = %s AND partition_key = %s "
+                          "AND kind = 'checkpoint' AND ref = %s",
+                          (tenant, conv, turn.response_id))
+    session.reset()
+    assert store.turn_lost(tenant, turn.response_id, conv)
+    assert session.reads("SELECT ref FROM") == [ConsistencyLevel.SERIAL], session.statements

@@ -1,4 +1,5 @@
-"""An LWT whose outcome is unknown is resolved by a SERIAL read, never guessed.
+"""An LWT whose outcome is unknown is resolved by a SERIAL read, never guessed (every
+read after the failure is at SERIAL: ``serial_reads_only``).
 
 ``FlakySession`` wraps a real session: the promotion batch is sent and THEN a timeout
 is raised (the write landed), or the timeout is raised WITHOUT sending (it did not).
@@ -7,6 +8,7 @@ is raised (the write landed), or the timeout is raised WITHOUT sending (it did n
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from cassandra.cluster import NoHostAvailable
@@ -24,6 +26,7 @@ from services.store.base import StoreUnavailable
 from services.store.cassandra import CassandraCheckpointStore
 from tests.contract.store_support import chain_turn, conversation_turn, uid
 from tests.integration.flaky_session import (
+    FlakyLoopSession,
     FlakySession,
     batch,
     cas_timeout,
@@ -31,6 +34,7 @@ from tests.integration.flaky_session import (
     client_timeout,
     connection_lost,
     query,
+    serial_reads_only,
     server_error,
 )
 
@@ -63,6 +67,7 @@ def test_landed_write_is_reported_promoted(store_session, healthy, error):
     outcome = store.promote(turn)
     assert isinstance(outcome, Promoted) and outcome.seq == 1
     assert session.sent == 1  # resolved by reading, not by writing again
+    serial_reads_only(session)
     one_turn_history(healthy, turn)
 
 
@@ -75,6 +80,7 @@ def test_write_that_did_not_land_is_made_again(store_session, healthy, error):
     outcome = store.promote(turn)
     assert isinstance(outcome, Promoted) and outcome.seq == 1
     assert session.sent == 1
+    serial_reads_only(session)
     one_turn_history(healthy, turn)
 
 
@@ -149,12 +155,14 @@ def test_claim_with_unknown_outcome_is_read_at_serial(store_session, healthy, er
     session = FlakyClaimSession(store_session, error, land=True)
     outcome = CassandraCheckpointStore(session, timeout_s=30).promote(landed)
     assert session.tripped and isinstance(outcome, Promoted)
+    serial_reads_only(session)
     lost = conversation_turn(uid("tenant"), uid("conv"), 0)
-    store = CassandraCheckpointStore(FlakyClaimSession(store_session, error, land=False),
-                                     timeout_s=30)
+    session = FlakyClaimSession(store_session, error, land=False)
+    store = CassandraCheckpointStore(session, timeout_s=30)
     with pytest.raises(StoreUnavailable) as caught:
         store.promote(lost)
     assert caught.value.retryable
+    serial_reads_only(session)
     assert isinstance(store.promote(lost), Promoted)
     one_turn_history(healthy, lost)
 
@@ -171,13 +179,16 @@ def test_request_claim_with_unknown_outcome_is_read_at_serial(store_session, hea
                                 fragment="INSERT INTO request_claims")
     assert isinstance(CassandraCheckpointStore(session, timeout_s=30).promote(landed), Promoted)
     assert session.tripped
+    serial_reads_only(session)
     root = uid("resp")
     lost = chain_turn(tenant, root, root, None)
-    store = CassandraCheckpointStore(FlakyClaimSession(
-        store_session, error, land=False, fragment="INSERT INTO request_claims"), timeout_s=30)
+    session = FlakyClaimSession(store_session, error, land=False,
+                                fragment="INSERT INTO request_claims")
+    store = CassandraCheckpointStore(session, timeout_s=30)
     with pytest.raises(StoreUnavailable) as caught:
         store.promote(lost)
     assert caught.value.retryable
+    serial_reads_only(session)
     assert isinstance(store.promote(lost), Promoted)
     for turn in (landed, lost):
         other = uid("resp")
@@ -196,6 +207,7 @@ def test_chain_turn_with_unknown_outcome(store_session, healthy, land):
     outcome = store.promote(second)
     assert isinstance(outcome, Promoted) and outcome.seq == 2
     assert session.sent == 1
+    serial_reads_only(session)
 
 
 @pytest.mark.parametrize("land", [True, False])
@@ -243,6 +255,19 @@ def test_claim_mark_with_unknown_outcome_is_retryable(store_session, healthy, la
         turn.idempotency_key, turn.request_digest, turn.response_id)
 
 
+def settled_by_promote(store, healthy, turn, land: bool) -> None:
+    """The thread path's ``promote`` after a batch sent on the loop with an unknown
+    outcome: a batch that landed is the request's own promotion (its own response id:
+    ``promotion.interpret`` accepts it, replayed), one that did not is written now."""
+    outcome = store.promote(turn)
+    if land:
+        assert isinstance(outcome, Duplicate)
+        assert outcome.original.response_id == turn.response_id
+    else:
+        assert isinstance(outcome, Promoted)
+    one_turn_history(healthy, turn)
+
+
 @pytest.mark.parametrize("land", [True, False])
 def test_loop_write_with_unknown_outcome_is_settled_by_promote(store_session, healthy, land):
     """On the event loop an unknown outcome is not settled (its SERIAL read would block
@@ -254,10 +279,71 @@ def test_loop_write_with_unknown_outcome_is_settled_by_promote(store_session, he
     assert store.start_claiming(ResponseClaim.of(turn))() == ResponseClaim.of(turn)
     assert asyncio.run(store.promote_from_hints_async(turn)) is None
     assert session.tripped and session.sent == int(land)
-    outcome = store.promote(turn)
-    if land:  # its own response id: ``promotion.interpret`` accepts it (replayed)
-        assert isinstance(outcome, Duplicate)
-        assert outcome.original.response_id == turn.response_id
-    else:
-        assert isinstance(outcome, Promoted)
+    settled_by_promote(store, healthy, turn, land)
+
+
+@pytest.mark.parametrize("error", [client_timeout, cas_timeout, connection_lost])
+@pytest.mark.parametrize("land", [True, False])
+def test_a_claim_awaited_with_unknown_outcome_is_never_taken(store_session, healthy, land,
+                                                              error):
+    """``claim_async`` (the worker's loop path, here on cassandra-driver's callbacks) does
+    not settle an unknown outcome (its SERIAL read would block the loop): a retryable
+    ``StoreUnavailable``, never the claim taken as ours (the batch would then be written
+    for a response id the request may not hold) and never a bare driver error.
+    ``promote`` claims again and finds the holder: the request itself (a mutation
+    review, session 45: either change passed every test)."""
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    session = FlakyClaimSession(store_session, error, land=land)
+    store = CassandraCheckpointStore(session, timeout_s=30)
+    with pytest.raises(StoreUnavailable) as caught:
+        asyncio.run(store.claim_async(ResponseClaim.of(turn)))
+    assert caught.value.retryable and session.tripped
+    assert isinstance(store.promote(turn), Promoted)
     one_turn_history(healthy, turn)
+
+
+@pytest.fixture
+def loop_runner(store_session, settings):
+    """An event loop and a C++ driver session (``LoopSession``) on the store's keyspace."""
+    from services.cassandra_loop import LoopSession  # noqa: PLC0415 - the C++ driver
+
+    runner = asyncio.Runner()
+    session = LoopSession(dataclasses.replace(settings, keyspace=store_session.keyspace))
+    yield runner, session
+    runner.run(session.close())
+    runner.close()
+
+
+@pytest.mark.parametrize("land", [True, False])
+def test_the_c_drivers_claim_with_unknown_outcome_is_never_taken(store_session, healthy,
+                                                                  loop_runner, land):
+    """The same through the C++ driver (``loop_session``): its failed claim is a
+    retryable ``StoreUnavailable``, never the claim taken as ours."""
+    runner, real = loop_runner
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    flaky = FlakyLoopSession(real, kind="claim", land=land)
+    store = CassandraCheckpointStore(store_session, timeout_s=30, loop_session=flaky)
+    with pytest.raises(StoreUnavailable) as caught:
+        runner.run(store.claim_async(ResponseClaim.of(turn)))
+    assert caught.value.retryable and flaky.tripped
+    assert isinstance(store.promote(turn), Promoted)
+    one_turn_history(healthy, turn)
+
+
+@pytest.mark.parametrize("land", [True, False])
+def test_the_c_drivers_batch_with_unknown_outcome_is_never_taken(store_session, healthy,
+                                                                  loop_runner, land):
+    """The promotion batch through the C++ driver: an unknown outcome is not settled on
+    the loop (a retryable ``StoreUnavailable``; the processor hands the record to the
+    thread path), never ``Promoted``; ``promote`` then finds a batch that landed as the
+    request's own promotion, or writes it (a mutation review, session 45: a failed
+    batch taken as applied passed every test)."""
+    runner, real = loop_runner
+    turn = conversation_turn(uid("tenant"), uid("conv"), 0)
+    flaky = FlakyLoopSession(real, kind="batch", land=land)
+    store = CassandraCheckpointStore(store_session, timeout_s=30, loop_session=flaky)
+    assert runner.run(store.claim_async(ResponseClaim.of(turn))) == ResponseClaim.of(turn)
+    with pytest.raises(StoreUnavailable) as caught:
+        runner.run(store.promote_from_hints_async(turn))
+    assert caught.value.retryable and flaky.tripped
+    settled_by_promote(store, healthy, turn, land)

@@ -13,6 +13,8 @@ import pickle
 
 from ratchet.samples import TENANT, make_tool_loop_turn
 from schemas.models import RejectionReason, TurnStatus
+from services.cassandra_loop import WrongLoop
+from services.ledger.base import LedgerUnavailable
 from streams import processor as processor_module
 from streams.processor import Handled, PromotionProcessor
 from streams.records import RawRecord
@@ -129,3 +131,32 @@ def test_an_undecodable_record_is_dead_lettered_by_the_thread_path():
     handled = asyncio.run(h.processor.handle_async(record, in_thread))
     assert handled.kind == "dead_lettered" and h.handed_over == 1
     assert pickle.loads(pickle.dumps(handled.outbound[0].model)).value == record.value
+
+
+def test_any_failure_on_the_loop_hands_the_record_to_the_thread_path():
+    """A request of the loop path that fails in any way (the ledger unavailable, the C++
+    driver's session serving another loop, a bug of the loop path) gives the record to
+    ``handle`` whole: ``handle_async``'s docstring, services/cassandra_loop.py. A mutation
+    review (session 45): handing over only ``StoreUnavailable`` passed every test (a
+    ``TypeError`` of the awaited claim, fixed that session, reached exactly this)."""
+    h = LoopHarness()
+
+    async def ledger_down(conversation_id):
+        raise LedgerUnavailable("injected")
+
+    async def another_loop(claim):
+        raise WrongLoop("injected")
+
+    async def broken(claim):
+        raise TypeError("injected")
+
+    for patch in ((h.ledger, "conversation_owner_async", ledger_down),
+                  (h.store, "claim_async", another_loop), (h.store, "claim_async", broken)):
+        h.handed_over = 0
+        setattr(*patch)
+        conv = conv_id()
+        assert h.outcome(turn(conv, 0)).seq == 1
+        assert h.handed_over == 1
+        assert h.store.head(TENANT, conv).seq == 1
+        delattr(patch[0], patch[1])
+    assert h.processor.loop_promotions == 0
