@@ -194,7 +194,9 @@ type TurnCancelled struct {
 	CancelledAt    time.Time `avro:"cancelled_at"`
 }
 
-func (c *TurnCancelled) Key() string { return PartitionKey(c.ConversationID, c.ChainRootID, c.ResponseID) }
+func (c *TurnCancelled) Key() string {
+	return PartitionKey(c.ConversationID, c.ChainRootID, c.ResponseID)
+}
 
 func S(s string) *string { return &s }
 func I(i int) *int       { return &i }

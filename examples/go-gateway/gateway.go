@@ -317,7 +317,9 @@ func (g *Gateway) Status(tenant, resp string) Answer {
 	return g.do("GET", "/v1/responses/"+resp+"/status", url.Values{"tenant_id": {tenant}}, nil)
 }
 
-func (g *Gateway) Claim(req map[string]any) Answer { return g.do("POST", "/v1/effects/claims", nil, req) }
+func (g *Gateway) Claim(req map[string]any) Answer {
+	return g.do("POST", "/v1/effects/claims", nil, req)
+}
 
 func (g *Gateway) Complete(effectID string, req map[string]any) Answer {
 	return g.do("POST", "/v1/effects/claims/"+effectID+"/complete", nil, req)

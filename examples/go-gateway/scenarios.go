@@ -558,4 +558,27 @@ var scenarios = []scenario{
 		a = g.Claim(map[string]any{"tenant_id": tenant})
 		check("malformed claim: 422 INVALID_REQUEST", a.Code == 422 && a.S("error") == "INVALID_REQUEST", a.Raw)
 	}},
+	{"API shapes", func(r runner) {
+		g := r.g
+		conv := NewID("conv_go_")
+		e := Turn{Tenant: tenant, Conv: conv, Resp: NewID("resp_"), Key: NewID("idem_"), Text: "shape"}.Build()
+		past := time.Now().Add(-time.Second)
+		e.ExpiresAt = &past
+		r.send(e)
+		r.promoted("expired turn", e)
+		h := g.ResponseHistory(tenant, e.ResponseID, fpHash, 0)
+		check("410 body: response_id, head_seq, items, checkpoint null", h.Code == 410 && h.Body["response_id"] == nil && h.Body["head_seq"] == nil && h.Body["items"] == nil && h.Body["checkpoint"] == nil, h.Raw)
+		h = g.ResponseHistory(tenant, NewID("resp_"), fpHash, 0)
+		check("404 body: response_id null, detail set", h.Code == 404 && h.Body["response_id"] == nil && h.S("detail") != "", h.Raw)
+		st := g.Status(tenant, NewID("resp_"))
+		check("status of an unknown id: 200 unknown, reason and seq null", st.Code == 200 && st.S("state") == "unknown" && st.Body["reason"] == nil && st.Body["seq"] == nil, st.Raw)
+		h = g.ResponseHistory(tenant, e.ResponseID, strings.ToUpper(fpHash), 0)
+		check("uppercase fingerprint_hash: 422 INVALID_REQUEST, retryable false", h.Code == 422 && h.S("error") == "INVALID_REQUEST" && h.S("retryable") == "false", h.Raw)
+		a := g.do("GET", "/v1/responses/"+e.ResponseID+"/status/", nil, nil)
+		check("trailing slash: 404 INVALID_REQUEST, not redirected", a.Code == 404 && a.S("error") == "INVALID_REQUEST", a.Code, a.Raw)
+		a = g.do("DELETE", "/v1/responses/"+e.ResponseID+"/status", nil, nil)
+		check("unknown method: 405 INVALID_REQUEST", a.Code == 405 && a.S("error") == "INVALID_REQUEST", a.Code, a.Raw)
+		a = g.do("GET", "/v1/responses/"+e.ResponseID+"/status?tenant_id=a&tenant_id="+tenant, nil, nil)
+		check("a parameter given twice counts with its last value", a.Code == 200 && a.S("state") == "promoted", a.Raw)
+	}},
 }
