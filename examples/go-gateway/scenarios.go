@@ -581,4 +581,21 @@ var scenarios = []scenario{
 		a = g.do("GET", "/v1/responses/"+e.ResponseID+"/status?tenant_id=a&tenant_id="+tenant, nil, nil)
 		check("a parameter given twice counts with its last value", a.Code == 200 && a.S("state") == "promoted", a.Raw)
 	}},
+	{"response id binding", func(r runner) {
+		// a rejected turn still binds its id; a failed one binds nothing (section 7)
+		convA, convB := NewID("conv_go_"), NewID("conv_go_")
+		e := Turn{Tenant: tenant, Conv: convA, Resp: NewID("resp_"), Key: NewID("idem_"), Head: 3, Text: "ahead"}.Build()
+		r.send(e)
+		r.rejected("turn ahead of the head", e, "OUT_OF_ORDER")
+		e2 := Turn{Tenant: tenant, Conv: convB, Resp: e.ResponseID, Key: NewID("idem_"), Text: "reuse rejected id"}.Build()
+		r.send(e2)
+		rej := r.rejected("id of a rejected turn reused by another request", e2, "CONFLICT")
+		check("bound by the rejected turn: existing_response_id own id, head_seq null", rej != nil && rej["existing_response_id"] == e.ResponseID && rej["head_seq"] == nil, rej)
+		f := Turn{Tenant: tenant, Conv: convA, Resp: NewID("resp_"), Key: NewID("idem_"), Text: "bg", Status: "in_progress"}.Build()
+		r.send(f)
+		r.rejected("in_progress turn", f, "NOT_PROMOTABLE_STATUS")
+		f2 := Turn{Tenant: tenant, Conv: convB, Resp: f.ResponseID, Key: NewID("idem_"), Text: "reuse unbound id"}.Build()
+		r.send(f2)
+		r.promoted("id of an in_progress turn reused by another request", f2)
+	}},
 }
