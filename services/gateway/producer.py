@@ -260,6 +260,13 @@ class GatewayProducer:
             self._serving.depth -= 1
             self._finish_close()
 
+    def _in_reports(self) -> bool:
+        """Whether this thread is inside one of librdkafka's calls that run delivery
+        reports (``_served``): a send there (a signal handler's) must not ``poll``, as
+        confluent-kafka's call from inside its own callback leaves the outer call
+        without its state and its next report aborts the process (session 45, rfix3)."""
+        return bool(getattr(self._serving, "depth", 0))
+
     def _finish_close(self) -> None:
         """The close asked for inside a delivery report, once this thread (its own) is
         out of every librdkafka call that runs them."""
@@ -398,7 +405,10 @@ class GatewayProducer:
 
     def _serve_reports(self, timeout_s: float = 0) -> None:
         """librdkafka's ``poll``; nothing once a signal handler's ``close`` of this
-        thread closed the client (its flush served them)."""
+        thread closed the client (its flush served them), nor inside a delivery report
+        of this thread (``_in_reports``: the call it runs in serves them)."""
+        if self._in_reports():
+            return
         try:
             self._served(self._producer.poll, timeout_s)
         except RuntimeError:  # confluent-kafka's "Producer has been closed"
@@ -418,6 +428,14 @@ class GatewayProducer:
                                        on_delivery=callback)
                 return
             except BufferError:  # local queue full: let deliveries drain, then retry
+                if self._in_reports():
+                    # Only serving reports makes room, and not from inside one (a
+                    # signal handler's send): it looped for ever (session 45, rfix3).
+                    raise EventNotQueued(
+                        event.event_id, "librdkafka's queue is full and this send runs "
+                        "inside a delivery report of its thread (a signal handler's), "
+                        "where it cannot wait for room", retryable=True, fatal=False,
+                        queued=queued, not_queued=not_queued) from None
                 self._serve_reports(0.1)
             except RuntimeError:  # "Producer has been closed": by a handler, just now
                 if not self._closed:

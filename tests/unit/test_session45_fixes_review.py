@@ -1,0 +1,100 @@
+"""An outside review of session 45's fixes (session 45, rfix3).
+
+docs/service.md, section 3: a signal handler may use the gateway producer while its
+thread is inside the producer (session 45 made its locks reentrant so that a handler's
+``close`` there does not wait for ever). A handler that *sends* (a cancellation on
+SIGTERM, then ``close``) while its thread is inside librdkafka's ``poll`` or ``flush``
+runs inside a delivery report: the send served reports itself (``poll``), and
+confluent-kafka's ``poll`` from inside its own callback leaves the outer call without
+its call state: the next report of that call aborts the process (``CallState_get:
+Assertion `cs != NULL' failed``). A send there must queue its event and leave the
+reports to the call it runs in; with librdkafka's queue full it cannot wait for room
+there (only serving reports makes room): ``EventNotQueued``, retryable.
+
+With the real client, each case in a process of its own (an abort ends the process),
+an unreachable broker: every event times out and is reported by ``flush``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_SEND_IN_A_REPORT = """
+import sys
+from ratchet.samples import make_turn
+from ratchet.settings import Settings
+from services.gateway.errors import DeliveryError
+from services.gateway.producer import GatewayProducer
+
+
+class Serde:
+    def encode(self, event, topic):
+        return b"\\\\0" * 100
+
+
+config = {"message.timeout.ms": 300, "log_level": 0}
+if sys.argv[1] == "full":
+    config["queue.buffering.max.messages"] = 3
+producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=Serde(),
+                           config=config)
+explained, handled = producer._explained, []
+late = make_turn()
+
+
+def report_with_a_signal(err):  # a signal handler sends while a delivery report runs
+    if not handled:
+        try:
+            producer.send(late)
+            handled.append("queued")
+        except Exception as exc:
+            handled.append(f"{type(exc).__name__} retryable={exc.retryable}")
+    return explained(err)
+
+
+producer._explained = report_with_a_signal
+turns = [make_turn() for _ in range(3)]
+for turn in turns:
+    producer.send(turn)
+told = set()
+for _ in range(3):  # the late event, if queued, may be reported by the next flush
+    try:
+        producer.flush(20)
+        break
+    except DeliveryError as exc:
+        told |= {eid for eid, _ in exc.failures}
+print("handler:", handled)
+ids = {t.event_id for t in turns}
+print("flush:", "all" if told == ids | ({late.event_id} if handled == ["queued"] else set())
+      else sorted(told))
+sys.stdout.flush()
+"""
+
+
+def _run(case: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", _SEND_IN_A_REPORT, case],
+                          capture_output=True, text=True, timeout=60, cwd=str(ROOT),
+                          env={**os.environ})
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
+    return done.stdout.splitlines()
+
+
+def test_a_signal_handlers_send_inside_a_delivery_report_queues_without_aborting():
+    """The handler's send is queued (no ``poll`` from inside the report) and its event
+    reported like any other; the process goes on (it aborted)."""
+    lines = _run("room")
+    assert "handler: ['queued']" in lines, lines
+    assert "flush: all" in lines, lines
+
+
+def test_a_signal_handlers_send_inside_a_delivery_report_with_the_queue_full_is_refused():
+    """librdkafka's queue full inside a delivery report: the send cannot wait for room
+    (serving reports there aborts the process): refused, retryable, nothing produced;
+    the flush it ran in still reports every event queued before."""
+    lines = _run("full")
+    assert "handler: ['EventNotQueued retryable=True']" in lines, lines
+    assert "flush: all" in lines, lines
