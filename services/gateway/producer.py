@@ -25,7 +25,7 @@ import os
 import struct
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -392,11 +392,7 @@ class GatewayProducer:
             for at, ((event, value), callback) in enumerate(
                     zip(events, callbacks, strict=True)):
                 if self._closed:  # by a signal handler of this thread, inside this send
-                    raise ProducerClosed(
-                        f"the producer was closed while it sent: event {event.event_id} "
-                        f"not produced (queued before it, and reported by close: "
-                        f"{', '.join(ids[:at]) or 'none'}); send the whole turn again "
-                        "with a new one")
+                    raise _closed_while_sending(event.event_id, ids[:at])
                 # A refusal names the events of the call handed over before it and
                 # those never produced (session 45): the turn is sent again whole.
                 self._queue(event, value, callback, queued=tuple(ids[:at]),
@@ -420,8 +416,7 @@ class GatewayProducer:
                queued: tuple[str, ...], not_queued: tuple[str, ...]) -> None:
         while True:
             if self._closed:  # a signal handler's close while the queue was full
-                raise ProducerClosed(f"the producer was closed while it sent: event "
-                                     f"{event.event_id} not produced; create a new one")
+                raise _closed_while_sending(event.event_id, queued)
             try:
                 self._producer.produce(self.topic, value=value,
                                        key=encode_key(event.partition_key),
@@ -440,9 +435,7 @@ class GatewayProducer:
             except RuntimeError:  # "Producer has been closed": by a handler, just now
                 if not self._closed:
                     raise
-                raise ProducerClosed(f"the producer was closed while it sent: event "
-                                     f"{event.event_id} not produced; create a new one"
-                                     ) from None
+                raise _closed_while_sending(event.event_id, queued) from None
             except KafkaException as exc:
                 err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) \
                     else None
@@ -515,6 +508,18 @@ class GatewayProducer:
                               "prefix (RATCHET_TOPIC_PREFIX); ratchet's worker creates its "
                               "topics", fatal=err.fatal())
         return err
+
+
+def _closed_while_sending(event_id: str, queued: Sequence[str]) -> ProducerClosed:
+    """A signal handler's ``close`` inside a send of its thread: ``event_id`` and the
+    call's later events not produced, ``queued`` (the call's events handed over before
+    it) reported by that close. Every such refusal names them and asks for the whole
+    turn again (a close while the send waited for room in librdkafka's queue named
+    nothing, an outside review of session 45: the turn alone could be sent again)."""
+    return ProducerClosed(
+        f"the producer was closed while it sent: event {event_id} not produced (queued "
+        f"before it, and reported by close: {', '.join(queued) or 'none'}); send the "
+        "whole turn again with a new one")
 
 
 # Linux lists a process's live OS threads here: a thread started outside ``threading``

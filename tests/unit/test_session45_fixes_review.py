@@ -22,6 +22,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ratchet.samples import make_turn
+from services.gateway.errors import ProducerClosed
+from tests.unit.test_gateway_library_review import effect_of, gateway
+
 ROOT = Path(__file__).resolve().parents[2]
 
 _SEND_IN_A_REPORT = """
@@ -98,3 +102,39 @@ def test_a_signal_handlers_send_inside_a_delivery_report_with_the_queue_full_is_
     lines = _run("full")
     assert "handler: ['EventNotQueued retryable=True']" in lines, lines
     assert "flush: all" in lines, lines
+
+
+# A close mid-turn names the events of the turn queued before it (the merge of session
+# 45: "a close mid-turn names the events queued before it"), so that the caller sends
+# the whole turn again, never the turn alone, whose effects the close purged.
+def test_a_signal_handlers_close_while_a_turn_waits_for_room_names_what_was_queued():
+    """librdkafka's queue full at the turn's second effect: the send serves reports to
+    make room, and a signal handler's close runs in that ``poll``. The send's
+    ``ProducerClosed`` names the effect queued before it and asks for the whole turn
+    again (it said "create a new one", naming nothing: the caller could send the turn
+    alone)."""
+    producer, kafka = gateway()
+    turn = make_turn()
+    effects = [effect_of(turn, "call_1"), effect_of(turn, "call_2")]
+    plain_produce, plain_poll = kafka.produce, kafka.poll
+
+    def produce_until_full(topic, value, key, on_delivery):
+        if kafka.produced:
+            raise BufferError("Local: Queue full")
+        plain_produce(topic, value, key, on_delivery)
+
+    def poll_with_a_signal(timeout=0):
+        if timeout:  # the send waits for room: SIGTERM arrives, its handler closes
+            producer.close(timeout_s=0)  # inside librdkafka's poll: it finishes as that returns
+        return plain_poll(timeout)
+
+    kafka.produce, kafka.poll = produce_until_full, poll_with_a_signal
+    try:
+        producer.send_turn(turn, effects=effects)
+        refused = None
+    except ProducerClosed as exc:
+        refused = exc
+    assert refused is not None
+    assert kafka.closed and len(kafka.produced) == 1
+    assert effects[0].event_id in str(refused), str(refused)  # queued, then purged
+    assert "whole turn" in str(refused), str(refused)
