@@ -17,13 +17,20 @@ an unreachable broker: every event times out and is reported by ``flush``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from faust.types import TP
+from faust.types.tuples import Message
+
 from ratchet.samples import make_turn
 from services.gateway.errors import ProducerClosed
+from streams.consumer_loop import LoopConsumerApp, WorkerApp
+from tests.unit.test_commit_before_revoke import _recording_consumer
 from tests.unit.test_gateway_library_review import effect_of, gateway
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,3 +145,42 @@ def test_a_signal_handlers_close_while_a_turn_waits_for_room_names_what_was_queu
     assert kafka.closed and len(kafka.produced) == 1
     assert effects[0].event_id in str(refused), str(refused)  # queued, then purged
     assert "whole turn" in str(refused), str(refused)
+
+
+# A revocation whose settling fails crashes the worker (session 45) "what was acked is
+# still committed and Faust still told". With the thread consumer
+# (``RATCHET_WORKER_CONSUMER=thread``) a commit is a call to the consumer's thread, and
+# the app's crash crashes that thread's service: on a real broker its method queue
+# served one more call after ``app.crash``, then none (the review's probe), so the
+# second of ``commit_acked``'s two commits, needed when Faust's periodic commit is in
+# flight, was never served. The commits and Faust's revocation come first, the crash last.
+@pytest.mark.parametrize("cls", [LoopConsumerApp, WorkerApp])
+def test_a_revocation_whose_settling_fails_commits_and_tells_faust_before_the_crash(
+        tmp_path, monkeypatch, cls):
+    async def check():
+        consumer, committed = _recording_consumer(cls, "unit-settle-fails-order", tmp_path,
+                                                  monkeypatch)
+        order: list[str] = []
+        plain_commit = consumer._commit
+
+        async def commit(offsets):
+            order.append("commit, crashed" if consumer.app.crashed else "commit")
+            return await plain_commit(offsets)
+
+        async def app_revoke_handler(revoked):
+            order.append("told, crashed" if consumer.app.crashed else "told")
+
+        async def settle_revoked(revoked):
+            raise RuntimeError("a bug while settling")
+
+        monkeypatch.setattr(consumer, "_commit", commit)
+        monkeypatch.setattr(consumer, "_on_partitions_revoked", app_revoke_handler)
+        monkeypatch.setattr(consumer.app, "settle_revoked", settle_revoked, raising=False)
+        consumer.ack(Message("events", 0, 0, 0.0, 0, None, b"k", b"v", None))
+        await consumer.on_partitions_revoked({TP("events", 0)})
+        return consumer.app, committed, order
+
+    app, committed, order = asyncio.run(asyncio.wait_for(check(), 10))
+    assert app.crashed and str(app.crash_reason) == "a bug while settling"
+    assert committed.get(TP("events", 0)) == 1
+    assert order == ["commit", "told"], order  # both before the crash
