@@ -319,7 +319,14 @@ class GatewayProducer:
         calling thread's last flush (``DeliveryError``, listing the events by id: with
         one producer shared by threads, other threads' events may be among them), else
         ``FlushTimeout`` if events are still in flight. A thread's first flush raises
-        every failure no thread that sent before it has flushed past yet."""
+        every failure no thread that sent before it has flushed past yet. Inside a
+        delivery report of its thread (a signal handler's flush) it cannot wait: it
+        raises what it knows at once, the events in flight as ``FlushTimeout``
+        (librdkafka's flush from inside its own callback aborted the process)."""
+        if self._in_reports():
+            self._raise_failures(pending=0 if self._closed_done.is_set()
+                                 else len(self._producer))
+            return
         try:
             pending = self._served(self._producer.flush, timeout_s)
         except RuntimeError:  # confluent-kafka's "Producer has been closed"
