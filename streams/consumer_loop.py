@@ -232,6 +232,7 @@ class _SettleBeforeRevoke:
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         settle = getattr(self.app, "settle_revoked", None)
+        failed: Exception | None = None
         if settle is not None:
             try:
                 await settle(revoked)
@@ -240,16 +241,23 @@ class _SettleBeforeRevoke:
                 # and goes on: nothing committed, Faust never told, lanes of partitions
                 # now another worker's maybe running on (session 45). As Faust does with
                 # its app's revoke handler (so did this one before session 44): crash,
-                # and the supervisor starts the worker again from the committed offsets;
-                # what was acked is still committed and Faust still told.
+                # and the supervisor starts the worker again from the committed offsets.
                 log.error("settling the revoked partitions failed: the worker stops",
                           exc_info=True)
-                await self.app.crash(exc)
+                failed = exc
         try:
-            await commit_acked(self)
-        except Exception as exc:  # the broker away: the next owner re-reads them
-            log.warning("commit before the revocation failed: %r", exc)
-        await super().on_partitions_revoked(revoked)  # type: ignore[misc]
+            try:
+                await commit_acked(self)
+            except Exception as exc:  # the broker away: the next owner re-reads them
+                log.warning("commit before the revocation failed: %r", exc)
+            await super().on_partitions_revoked(revoked)  # type: ignore[misc]
+        finally:
+            if failed is not None:
+                # Last: what was acked is committed and Faust told first. The crash
+                # crashes the consumer's thread too, whose method queue then serves one
+                # more call at most: a commit after it (the thread consumer's) could
+                # wait for ever (an outside review, session 45).
+                await self.app.crash(failed)
 
 
 class _LoopConsumer(_SettleBeforeRevoke, _ParkingSupport, faust_aiokafka.Consumer):

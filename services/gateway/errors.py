@@ -94,7 +94,10 @@ class EventNotQueued(GatewayError):
 
 
 class ProducerClosed(GatewayError):
-    """``send`` after ``close`` (or after the ``with`` block): nothing was produced."""
+    """``send`` after ``close`` (or after the ``with`` block): nothing was produced.
+    A signal handler's ``close`` inside a send of its own thread: the event named and
+    the call's later ones not produced; the message names those queued before it
+    (reported by that close): send the whole turn again with a new producer."""
 
 
 class InvalidGatewayItem(GatewayError, ValueError):

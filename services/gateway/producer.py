@@ -25,7 +25,7 @@ import os
 import struct
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -260,6 +260,13 @@ class GatewayProducer:
             self._serving.depth -= 1
             self._finish_close()
 
+    def _in_reports(self) -> bool:
+        """Whether this thread is inside one of librdkafka's calls that run delivery
+        reports (``_served``): a send there (a signal handler's) must not ``poll``, as
+        confluent-kafka's call from inside its own callback leaves the outer call
+        without its state and its next report aborts the process (session 45, rfix3)."""
+        return bool(getattr(self._serving, "depth", 0))
+
     def _finish_close(self) -> None:
         """The close asked for inside a delivery report, once this thread (its own) is
         out of every librdkafka call that runs them."""
@@ -312,7 +319,14 @@ class GatewayProducer:
         calling thread's last flush (``DeliveryError``, listing the events by id: with
         one producer shared by threads, other threads' events may be among them), else
         ``FlushTimeout`` if events are still in flight. A thread's first flush raises
-        every failure no thread that sent before it has flushed past yet."""
+        every failure no thread that sent before it has flushed past yet. Inside a
+        delivery report of its thread (a signal handler's flush) it cannot wait: it
+        raises what it knows at once, the events in flight as ``FlushTimeout``
+        (librdkafka's flush from inside its own callback aborted the process)."""
+        if self._in_reports():
+            self._raise_failures(pending=0 if self._closed_done.is_set()
+                                 else len(self._producer))
+            return
         try:
             pending = self._served(self._producer.flush, timeout_s)
         except RuntimeError:  # confluent-kafka's "Producer has been closed"
@@ -385,11 +399,7 @@ class GatewayProducer:
             for at, ((event, value), callback) in enumerate(
                     zip(events, callbacks, strict=True)):
                 if self._closed:  # by a signal handler of this thread, inside this send
-                    raise ProducerClosed(
-                        f"the producer was closed while it sent: event {event.event_id} "
-                        f"not produced (queued before it, and reported by close: "
-                        f"{', '.join(ids[:at]) or 'none'}); send the whole turn again "
-                        "with a new one")
+                    raise _closed_while_sending(event.event_id, ids[:at])
                 # A refusal names the events of the call handed over before it and
                 # those never produced (session 45): the turn is sent again whole.
                 self._queue(event, value, callback, queued=tuple(ids[:at]),
@@ -398,7 +408,10 @@ class GatewayProducer:
 
     def _serve_reports(self, timeout_s: float = 0) -> None:
         """librdkafka's ``poll``; nothing once a signal handler's ``close`` of this
-        thread closed the client (its flush served them)."""
+        thread closed the client (its flush served them), nor inside a delivery report
+        of this thread (``_in_reports``: the call it runs in serves them)."""
+        if self._in_reports():
+            return
         try:
             self._served(self._producer.poll, timeout_s)
         except RuntimeError:  # confluent-kafka's "Producer has been closed"
@@ -410,21 +423,26 @@ class GatewayProducer:
                queued: tuple[str, ...], not_queued: tuple[str, ...]) -> None:
         while True:
             if self._closed:  # a signal handler's close while the queue was full
-                raise ProducerClosed(f"the producer was closed while it sent: event "
-                                     f"{event.event_id} not produced; create a new one")
+                raise _closed_while_sending(event.event_id, queued)
             try:
                 self._producer.produce(self.topic, value=value,
                                        key=encode_key(event.partition_key),
                                        on_delivery=callback)
                 return
             except BufferError:  # local queue full: let deliveries drain, then retry
+                if self._in_reports():
+                    # Only serving reports makes room, and not from inside one (a
+                    # signal handler's send): it looped for ever (session 45, rfix3).
+                    raise EventNotQueued(
+                        event.event_id, "librdkafka's queue is full and this send runs "
+                        "inside a delivery report of its thread (a signal handler's), "
+                        "where it cannot wait for room", retryable=True, fatal=False,
+                        queued=queued, not_queued=not_queued) from None
                 self._serve_reports(0.1)
             except RuntimeError:  # "Producer has been closed": by a handler, just now
                 if not self._closed:
                     raise
-                raise ProducerClosed(f"the producer was closed while it sent: event "
-                                     f"{event.event_id} not produced; create a new one"
-                                     ) from None
+                raise _closed_while_sending(event.event_id, queued) from None
             except KafkaException as exc:
                 err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) \
                     else None
@@ -497,6 +515,18 @@ class GatewayProducer:
                               "prefix (RATCHET_TOPIC_PREFIX); ratchet's worker creates its "
                               "topics", fatal=err.fatal())
         return err
+
+
+def _closed_while_sending(event_id: str, queued: Sequence[str]) -> ProducerClosed:
+    """A signal handler's ``close`` inside a send of its thread: ``event_id`` and the
+    call's later events not produced, ``queued`` (the call's events handed over before
+    it) reported by that close. Every such refusal names them and asks for the whole
+    turn again (a close while the send waited for room in librdkafka's queue named
+    nothing, an outside review of session 45: the turn alone could be sent again)."""
+    return ProducerClosed(
+        f"the producer was closed while it sent: event {event_id} not produced (queued "
+        f"before it, and reported by close: {', '.join(queued) or 'none'}); send the "
+        "whole turn again with a new one")
 
 
 # Linux lists a process's live OS threads here: a thread started outside ``threading``
