@@ -11,10 +11,11 @@ again). A request for a key whose read began before it arrived does not take tha
 read's answer: it may predate a promotion the request was told of (a waiter woken by
 its decision would read "not found" again and sleep to its deadline). Such requests
 share the NEXT read, which begins when the running one ends, or once it has waited
-``OVERTAKE_AFTER_S`` for it (a read stuck until the driver's timeout held every later request
-for the history as long), with at most ``MAX_READS_PER_KEY`` reads of one key running
-at once. Each read begins after every request it answers arrived (linearizable). A
-request cancelled leaves the read to the others. One event loop's (the API's).
+``OVERTAKE_AFTER_S`` for it (a read stuck until the driver's timeout held every later
+request for the history as long), with at most ``MAX_READS_PER_KEY`` reads of one key
+running at once. Each read begins after every request it answers arrived
+(linearizable). A request cancelled leaves the read to the others. One event loop's
+(the API's).
 """
 
 from __future__ import annotations
