@@ -527,7 +527,7 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
     return 1 if unknown or changed or pending else 0
 
 
-def describe_lease(owner: str, ttl_left_s: int | None, ks: str,
+def describe_lease(owner: str | None, ttl_left_s: int | None, ks: str,
                    now: datetime | None = None) -> str:
     """What ``--status`` says of the lease row: whose it is, when it was last taken or
     renewed and when it expires. It said "a migrator is running now" for a killed
@@ -540,6 +540,7 @@ def describe_lease(owner: str, ttl_left_s: int | None, ks: str,
     ``LEASE_TTL_S``, so it was written ``LEASE_TTL_S - ttl_left_s`` seconds ago by
     Cassandra's own count (no client clock compared with another)."""
     now = now or datetime.now(UTC)
+    owner = owner or "no owner named (a row written by hand)"
     if ttl_left_s is None:
         return (f"lease {ks}.schema_migrations_lease held by {owner} with no expiry (not "
                 "written by ratchet migrate, whose lease always has one): no migrator "

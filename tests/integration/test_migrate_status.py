@@ -88,3 +88,16 @@ def test_a_lease_without_expiry_says_so_and_how_to_remove_it(
     line = _lease_line(capsys.readouterr().out)
     assert "hand" in line and "no expiry" in line
     assert f"DELETE FROM {s.keyspace}.schema_migrations_lease WHERE id = 'migrate'" in line
+
+
+def test_the_lease_line_without_a_server():
+    """``describe_lease`` alone: the age is the TTL's count, the owner always named."""
+    from infra.migrate import RENEW_EVERY_S, describe_lease
+
+    now = datetime(2026, 12, 7, 2, 0, 0, tzinfo=UTC)
+    stopped = describe_lease("o1", LEASE_TTL_S - 50, "ks", now)
+    assert "held by o1" in stopped and "renewed at 2026-12-07 01:59:10 UTC (50s ago)" in stopped
+    assert f"expires in {LEASE_TTL_S - 50}s" in stopped and "killed" in stopped
+    running = describe_lease("o2", LEASE_TTL_S - int(RENEW_EVERY_S), "ks", now)
+    assert "A migrator is running now" in running
+    assert "no owner named" in describe_lease(None, LEASE_TTL_S, "ks", now)
