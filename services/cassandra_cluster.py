@@ -109,8 +109,8 @@ def keyspace_of(session: Any, keyspace: str | None) -> str:
     to the session's ``USE`` with a warning ("`USE <keyspace>` with prepared statements is
     considered to be an anti-pattern"), which cassandra-driver logs at WARNING: once per
     statement and keyspace the server had not prepared yet, so at the start of a worker
-    or API on a new keyspace, a process for every statement of the store and the ledger
-    (session 45). Qualified, the statement reads the same table and draws no warning.
+    or an API on a keyspace new to the server (session 45). Qualified, the statement
+    reads the same table and draws no warning.
     ``keyspace`` None: the session's own (``cluster.connect(keyspace)``); neither is
     ``NoKeyspace``, before any statement is prepared.
     """

@@ -199,8 +199,9 @@ class CassandraCheckpointStore(CheckpointStore):
     """``CheckpointStore`` on a cassandra-driver ``Session``.
 
     Statements are prepared once here. ``keyspace`` qualifies the tables (default:
-    the session's keyspace; neither is ``NoKeyspace``). Reads use ``read_consistency``; the promotion batch
-    commits at ``write_consistency`` with Paxos at ``serial_consistency``.
+    the session's keyspace; neither is ``NoKeyspace``). Reads use
+    ``read_consistency``; the promotion batch commits at ``write_consistency`` with
+    Paxos at ``serial_consistency``.
     """
 
     def __init__(
