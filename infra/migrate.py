@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from ratchet.settings import Settings
@@ -480,11 +481,13 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
         rows = {r.version: r for r in session.execute(
             f"SELECT version, name, checksum, applied_at FROM {ks}.schema_migrations",
             timeout=30)}
-        holder = None
+        lease = None
         if "schema_migrations_lease" in tables:
-            lease = session.execute(f"SELECT owner FROM {ks}.schema_migrations_lease "
-                                    "WHERE id = 'migrate'", timeout=30).one()
-            holder = lease.owner if lease is not None else None
+            # The TTL left is Cassandra's count: how long ago the lease was last
+            # written follows from it (``describe_lease``).
+            lease = session.execute(
+                f"SELECT owner, TTL(owner) FROM {ks}.schema_migrations_lease "
+                "WHERE id = 'migrate'", timeout=30).one()
     finally:
         session.shutdown()
 
@@ -507,8 +510,8 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
     for v in unknown:
         out(f"  {f'{v:03d}_{rows[v].name}':<40} applied {when(rows[v])}, no file here "
             "(a newer version's)")
-    if holder is not None:
-        out(f"a migrator is running now (lease owner {holder})")
+    if lease is not None:
+        out(describe_lease(lease[0], lease[1], ks))
     total = len(migrations)
     if unknown:
         out(f"keyspace {ks}: migrated by a newer version ({len(unknown)} migration(s) this "
@@ -522,6 +525,39 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
     else:
         out(f"keyspace {ks}: up to date ({total} of {total} migrations applied)")
     return 1 if unknown or changed or pending else 0
+
+
+def describe_lease(owner: str | None, ttl_left_s: int | None, ks: str,
+                   now: datetime | None = None) -> str:
+    """What ``--status`` says of the lease row: whose it is, when it was last taken or
+    renewed and when it expires. It said "a migrator is running now" for a killed
+    migrator's lease too, for up to ``LEASE_TTL_S`` (session 44's review, left; session
+    45): a running migrator renews every ``RENEW_EVERY_S``, so a lease not renewed for
+    longer is likely a stopped one's, and the operator is told how long to wait.
+
+    ``ttl_left_s``: ``TTL(owner)``, the seconds Cassandra keeps it still (None: no TTL,
+    a row written by hand, never expires). Every take and renewal writes it with
+    ``LEASE_TTL_S``, so it was written ``LEASE_TTL_S - ttl_left_s`` seconds ago by
+    Cassandra's own count (no client clock compared with another)."""
+    now = now or datetime.now(UTC)
+    owner = owner or "no owner named (a row written by hand)"
+    if ttl_left_s is None:
+        return (f"lease {ks}.schema_migrations_lease held by {owner} with no expiry (not "
+                "written by ratchet migrate, whose lease always has one): no migrator "
+                "can take it until it is deleted. Once sure no migrator runs: DELETE FROM "
+                f"{ks}.schema_migrations_lease WHERE id = 'migrate'")
+    since = max(0, LEASE_TTL_S - ttl_left_s)
+    at = now - timedelta(seconds=since)
+    head = (f"lease {ks}.schema_migrations_lease held by {owner}: last taken or renewed at "
+            f"{at:%Y-%m-%d %H:%M:%S} UTC ({since}s ago), expires in {ttl_left_s}s unless "
+            "renewed")
+    if since <= RENEW_EVERY_S + 5:
+        return (f"{head}. A migrator is running now (it renews the lease every "
+                f"{RENEW_EVERY_S:.0f}s while it runs): `ratchet migrate` waits for it")
+    return (f"{head}. Not renewed for {since}s, while a running migrator renews it every "
+            f"{RENEW_EVERY_S:.0f}s: its migrator was most likely stopped or killed (or cannot "
+            f"reach Cassandra). `ratchet migrate` can run in {ttl_left_s}s, when the lease "
+            "expires (started sooner, it waits for that)")
 
 
 def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bool = False) -> int:

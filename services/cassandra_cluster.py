@@ -96,3 +96,25 @@ async def completed(future: ResponseFuture) -> None:
 def _resolve(done: asyncio.Future[None]) -> None:
     if not done.done():
         done.set_result(None)
+
+
+class NoKeyspace(ValueError):
+    """A store or ledger was given no keyspace and a session connected to none."""
+
+
+def keyspace_of(session: Any, keyspace: str | None) -> str:
+    """The keyspace every statement ratchet prepares names before its tables.
+
+    Cassandra (4.0 and later) answers the prepare of a statement that leaves the keyspace
+    to the session's ``USE`` with a warning ("`USE <keyspace>` with prepared statements is
+    considered to be an anti-pattern"), which cassandra-driver logs at WARNING: once per
+    statement and keyspace the server had not prepared yet, so at the start of a worker
+    or an API on a keyspace new to the server (session 45). Qualified, the statement
+    reads the same table and draws no warning.
+    ``keyspace`` None: the session's own (``cluster.connect(keyspace)``); neither is
+    ``NoKeyspace``, before any statement is prepared.
+    """
+    name = keyspace or getattr(session, "keyspace", None)
+    if not name:
+        raise NoKeyspace("no keyspace: pass one, or a session connected to one")
+    return name

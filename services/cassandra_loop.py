@@ -8,7 +8,9 @@ encodes and does its I/O in C++ threads without the GIL and resolves asyncio fut
 on the caller's loop. Used only by the loop path's requests (the claim, the promotion
 batch, the owners); everything else (SERIAL reads, paging, the thread path) stays on
 cassandra-driver. Statements are the store's and ledger's own cassandra-driver
-``PreparedStatement``s: same CQL, same consistency levels, prepared again here once.
+``PreparedStatement``s: same CQL (each names its keyspace, so the session's keyspace
+draws no server warning; ``services/cassandra_cluster.py``, ``keyspace_of``), same
+consistency levels, prepared again here once.
 
 A failed request raises ``LoopRequestFailed``: the worker's loop path then hands the
 record to the thread path, which decides with cassandra-driver (every loop write is

@@ -222,12 +222,12 @@ def run(
         base_url = f"http://127.0.0.1:{bench.api_port}"
         wait_api_ready(api, base_url, require_notifier=True)
         raw_partition = session.prepare(
-            f"SELECT {HISTORY_SELECT} FROM turns WHERE tenant_id = ? AND partition_key = ? "
-            "AND kind IN ('checkpoint', 'head')"
+            f"SELECT {HISTORY_SELECT} FROM {bench.keyspace}.turns WHERE tenant_id = ? "
+            "AND partition_key = ? AND kind IN ('checkpoint', 'head')"
         )
         raw_row = session.prepare(
-            f"SELECT {HISTORY_SELECT} FROM turns WHERE tenant_id = ? AND partition_key = ? "
-            "AND kind = 'checkpoint' AND ref = ?"
+            f"SELECT {HISTORY_SELECT} FROM {bench.keyspace}.turns WHERE tenant_id = ? "
+            "AND partition_key = ? AND kind = 'checkpoint' AND ref = ?"
         )
         for statement in (raw_partition, raw_row):
             statement.consistency_level = ConsistencyLevel.LOCAL_QUORUM

@@ -51,6 +51,7 @@ def _label(query: str) -> str:
                   if w.upper() in ("INTO", "FROM", "UPDATE")), "?")
     if words[0].upper() == "UPDATE":
         table = words[1]
+    table = table.rsplit(".", 1)[-1]  # the table, not its keyspace: labels compare across runs
     return f"{words[0].upper()} {table}{' IF' if conditional else ''}"
 
 

@@ -165,7 +165,8 @@ def _request_label(query: object) -> str:
     if text is None:
         text = getattr(query, "query_string", None) or str(query)
     match = re.search(r"^\s*(\w+).*?\b(?:FROM|INTO|UPDATE)\s+([\w.]+)", text, re.S | re.I)
-    label = text[:40] if match is None else f"{match.group(1).upper()} {match.group(2)}"
+    label = text[:40] if match is None else (  # the table, not its keyspace
+        f"{match.group(1).upper()} {match.group(2).rsplit('.', 1)[-1]}")
     if re.search(r"\bIF\b", text):
         label += " IF"
     return label

@@ -174,20 +174,20 @@ def run(settings: Settings | None = None, *, promotes: int = 400, reads: int = 4
         store = CassandraCheckpointStore(session)
         ledger = CassandraLedger(session)
         raw_insert = session.prepare(
-            "INSERT INTO raw_baseline (k, c, v) VALUES (?, ?, ?) IF NOT EXISTS"
+            f"INSERT INTO {keyspace}.raw_baseline (k, c, v) VALUES (?, ?, ?) IF NOT EXISTS"
         )
         raw_insert.retry_policy = FallthroughRetryPolicy()
         raw_insert.serial_consistency_level = ConsistencyLevel.SERIAL
         raw_insert.consistency_level = ConsistencyLevel.LOCAL_QUORUM
         raw_select = session.prepare(
-            "SELECT * FROM turns WHERE tenant_id = ? AND partition_key = ?"
+            f"SELECT * FROM {keyspace}.turns WHERE tenant_id = ? AND partition_key = ?"
         )
         raw_select.consistency_level = ConsistencyLevel.LOCAL_QUORUM
         # The query the store itself makes (no idempotency rows), without decoding
         # into records or verifying.
         raw_history = session.prepare(
-            f"SELECT {HISTORY_SELECT} FROM turns WHERE tenant_id = ? AND partition_key = ? "
-            f"AND kind IN {HISTORY_KINDS}"
+            f"SELECT {HISTORY_SELECT} FROM {keyspace}.turns WHERE tenant_id = ? "
+            f"AND partition_key = ? AND kind IN {HISTORY_KINDS}"
         )
         raw_history.consistency_level = ConsistencyLevel.LOCAL_QUORUM
         payload = _item("baseline").content * 2

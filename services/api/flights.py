@@ -6,19 +6,23 @@ from Cassandra: N full reads for one answer (left open in session 43).
 
 How: one asyncio future per key (the running read, a ``Task``); a request for a key
 whose read has not begun joins it, and every request that joined gets its result, or
-its exception (never kept: the next request reads again). A request for a key whose
-read began before it arrived does not take that read's answer: it may predate a
-promotion the request was told of (a waiter woken by its decision would read "not
-found" again and sleep to its deadline). Such requests share the NEXT read, which
-begins when the running one ends: at most two reads per burst, each begun after every
-request it answers arrived (linearizable). A request cancelled leaves the read to the
-others. One event loop's (the API's).
+the read's exception as an object of its own (never kept: the next request reads
+again). A request for a key whose read began before it arrived does not take that
+read's answer: it may predate a promotion the request was told of (a waiter woken by
+its decision would read "not found" again and sleep to its deadline). Such requests
+share the NEXT read, which begins when the running one ends, or once it has waited
+``OVERTAKE_AFTER_S`` for it (a read stuck until the driver's timeout held every later
+request for the history as long), with at most ``MAX_READS_PER_KEY`` reads of one key
+running at once. Each read begins after every request it answers arrived
+(linearizable). A request cancelled leaves the read to the others. One event loop's
+(the API's).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from ratchet.metric_children import child
@@ -26,18 +30,41 @@ from services.api import metrics
 
 T = TypeVar("T")
 
+# How long the next read of a history waits for the running one before it begins
+# beside it. A full read takes milliseconds (tens for a history of megabytes); one
+# running a second is stuck or on an overloaded store, and the API's store requests
+# time out after 5 s. Lower, a slow but healthy store would get two reads of a
+# history where one would do; higher, a stuck read holds later requests longer.
+OVERTAKE_AFTER_S = 1.0
+# Reads of one key running at once: the one that overran and one beside it. A third
+# waits for either to end (two stuck reads say the store is, and more would add to its
+# load, not get an answer sooner).
+MAX_READS_PER_KEY = 2
+
+
+@dataclass(frozen=True)
+class _Outcome(Generic[T]):
+    """A read's result or exception. The shared task never raises the read's exception:
+    awaited by each request, one object would be raised in each (its traceback, context
+    and notes rewritten by every raise, one request's shown in another's log)."""
+
+    value: T | None
+    error: Exception | None
+
 
 class _Flight(Generic[T]):
     def __init__(self, previous: _Flight[T] | None) -> None:
         self.previous = previous
         self.begun = False
-        self.task: asyncio.Future[T] | None = None
+        self.task: asyncio.Future[_Outcome[T]] | None = None
 
 
 class SingleFlight(Generic[T]):
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, *, overtake_after_s: float = OVERTAKE_AFTER_S) -> None:
         self._kind = kind
+        self._overtake_after = overtake_after_s
         self._flights: dict[Hashable, _Flight[T]] = {}  # the latest read of each key
+        self._running: dict[Hashable, set[asyncio.Future]] = {}  # begun, not ended
 
     def __len__(self) -> int:
         return len(self._flights)
@@ -54,19 +81,66 @@ class SingleFlight(Generic[T]):
         else:
             child(metrics.SHARED_READS, self._kind, "joined").inc()
         assert flight.task is not None
-        return await asyncio.shield(flight.task)
+        outcome = await asyncio.shield(flight.task)
+        if outcome.error is not None:
+            raise _own_copy(outcome.error)
+        return outcome.value  # type: ignore[return-value]
 
     async def _fly(self, key: Hashable, flight: _Flight[T],
-                   read: Callable[[], Awaitable[T]]) -> T:
+                   read: Callable[[], Awaitable[T]]) -> _Outcome[T]:
+        task = asyncio.current_task()
+        assert task is not None
         try:
             previous, flight.previous = flight.previous, None
             if previous is not None and previous.task is not None:
-                await asyncio.wait([previous.task])  # its end, whatever it was
+                await self._after(key, previous.task)
             flight.begun = True
-            return await read()
+            self._running.setdefault(key, set()).add(task)
+            try:
+                return _Outcome(await read(), None)
+            except Exception as error:  # noqa: BLE001 - each request raises its own copy
+                return _Outcome(None, error)
         finally:
+            running = self._running.get(key)
+            if running is not None:
+                running.discard(task)
+                if not running:
+                    del self._running[key]
             if self._flights.get(key) is flight:
                 del self._flights[key]
+
+    async def _after(self, key: Hashable, previous: asyncio.Future) -> None:
+        """Until ``previous`` (the read begun before this one) ends, or, once this read
+        has waited ``OVERTAKE_AFTER_S`` for it, until fewer than ``MAX_READS_PER_KEY``
+        reads of ``key`` run."""
+        await asyncio.wait([previous], timeout=self._overtake_after)
+        while not previous.done():
+            running = self._running.get(key, set())
+            if len(running) < MAX_READS_PER_KEY:
+                child(metrics.SHARED_READ_OVERTAKES, self._kind).inc()
+                return
+            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+
+
+def _own_copy(error: Exception) -> Exception:
+    """``error`` as an object of its own for one request: the same type, arguments and
+    attributes, cause and context, and the read's traceback (this request's frames are
+    added as it is raised; the read's own object is never raised again). An exception
+    that cannot be built without its ``__init__`` is raised as it is, shared (as before
+    session 45)."""
+    cls = type(error)
+    try:
+        own = cls.__new__(cls, *error.args)
+        if hasattr(error, "__dict__"):
+            own.__dict__.update(error.__dict__)
+            if isinstance(getattr(error, "__notes__", None), list):
+                own.__notes__ = list(error.__notes__)
+    except Exception:  # noqa: BLE001 - e.g. __slots__ or a __new__ with other arguments
+        return error
+    own.__cause__ = error.__cause__
+    own.__context__ = error.__context__
+    own.__suppress_context__ = error.__suppress_context__
+    return own.with_traceback(error.__traceback__)
 
 
 def _retrieved(task: asyncio.Future) -> None:

@@ -90,6 +90,13 @@ SHARED_READS = Counter(
     "(a store read made) or joined (another request's read shared; flights.py).",
     ["kind", "result"],
 )
+SHARED_READ_OVERTAKES = Counter(
+    "ratchet_api_shared_read_overtakes_total",
+    "Full reads begun beside the read of the same history before them, after waiting "
+    "OVERTAKE_AFTER_S for it to end (flights.py): a read slow or stuck until the store's "
+    "timeout.",
+    ["kind"],
+)
 STORE_ERRORS = Counter(
     "ratchet_api_store_errors_total",
     "Store reads that raised (infrastructure failure, answered 503).",

@@ -37,7 +37,7 @@ from ratchet.domain.claims import (
 )
 from ratchet.domain.promotion import RecordedEffect
 from schemas.models import Item
-from services.cassandra_cluster import DRIVER_OUTAGES, completed
+from services.cassandra_cluster import DRIVER_OUTAGES, completed, keyspace_of
 from services.cassandra_loop import LoopRequestFailed, LoopResult, LoopSession
 from services.ledger.base import (
     Cancellation,
@@ -90,10 +90,13 @@ async def _on_loop(request: Awaitable[LoopResult]) -> LoopResult:
 
 
 class CassandraLedger(Ledger):
-    """Ledger on an existing driver ``Session`` bound to the ratchet keyspace."""
+    """Ledger on an existing driver ``Session``. ``keyspace`` qualifies the tables
+    (default: the session's keyspace; neither is ``NoKeyspace``)."""
 
     def __init__(self, session: Session, *, timeout_s: float = 5.0,
-                 loop_session: LoopSession | None = None) -> None:
+                 loop_session: LoopSession | None = None, keyspace: str | None = None) -> None:
+        ks = keyspace_of(session, keyspace)  # never left to the session's USE
+        facts_table = f"{ks}.request_facts"
         self._session = session
         self._timeout = timeout_s
         # The requests awaited on an event loop go through the C++ driver when the process
@@ -112,15 +115,15 @@ class CassandraLedger(Ledger):
                 EXEC_PROFILE_DEFAULT, row_factory=tuple_factory)
         # A request's effects, cancellation and decisions: one partition of
         # ``request_facts`` (migration 006), read whole by ``turn_facts``.
-        facts = "request_facts WHERE tenant_id = ? AND idempotency_key = ?"
+        facts = f"{facts_table} WHERE tenant_id = ? AND idempotency_key = ?"
         self._insert_effect = self._lwt(
-            "INSERT INTO request_facts (tenant_id, idempotency_key, kind, ref, attempt, "
+            f"INSERT INTO {facts_table} (tenant_id, idempotency_key, kind, ref, attempt, "
             "subturn_index, call_id, tool_name, arguments_digest, status, output_item_id, "
             "output_digest, executed_at, conflicted, scope) "
             "VALUES (?, ?, 'effect', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, false, ?) IF NOT EXISTS"
         )
         self._mark_conflicted = self._lwt(
-            "UPDATE request_facts SET conflicted = true WHERE tenant_id = ? AND "
+            f"UPDATE {facts_table} SET conflicted = true WHERE tenant_id = ? AND "
             "idempotency_key = ? AND kind = 'effect' AND ref = ? IF EXISTS"
         )
         self._select_effect_serial = self._prepare(
@@ -131,7 +134,7 @@ class CassandraLedger(Ledger):
             f"SELECT {_FACT_COLUMNS} FROM {facts}", ConsistencyLevel.QUORUM)
         # One row per scope (its ref; '' also for every row written before scopes).
         self._insert_cancel = self._lwt(
-            "INSERT INTO request_facts (tenant_id, idempotency_key, kind, ref, response_id, "
+            f"INSERT INTO {facts_table} (tenant_id, idempotency_key, kind, ref, response_id, "
             "cancelled_at, scope) VALUES (?, ?, 'cancel', ?, ?, ?, ?) IF NOT EXISTS"
         )
         cancel_cql = f"SELECT {_FACT_COLUMNS} FROM {facts} AND kind = 'cancel'"
@@ -141,23 +144,23 @@ class CassandraLedger(Ledger):
         self._select_cancel_serial = self._prepare(cancel_cql, ConsistencyLevel.SERIAL)
         # -- claims (migration 010; rules in ratchet/domain/claims.py) ------------------
         self._insert_claim = self._lwt(
-            "INSERT INTO request_facts (tenant_id, idempotency_key, kind, ref, attempt, "
+            f"INSERT INTO {facts_table} (tenant_id, idempotency_key, kind, ref, attempt, "
             "subturn_index, call_id, tool_name, arguments_digest, claim_token, lease_until, "
             "claimed_at, claim_completed, takeovers) "
             "VALUES (?, ?, 'claim', ?, ?, ?, ?, ?, ?, ?, ?, ?, false, 0) IF NOT EXISTS")
         # Carries the cancellation condition into the claim's batch (a batch statement
         # must write something: when the request last claimed, kept for operators).
         self._claim_not_cancelled = self._lwt(
-            "UPDATE request_facts SET last_claim_at = ? WHERE tenant_id = ? AND "
+            f"UPDATE {facts_table} SET last_claim_at = ? WHERE tenant_id = ? AND "
             "idempotency_key = ? IF request_cancelled = null")
         self._take_over_claim = self._lwt(
-            "UPDATE request_facts SET attempt = ?, call_id = ?, claim_token = ?, "
+            f"UPDATE {facts_table} SET attempt = ?, call_id = ?, claim_token = ?, "
             "lease_until = ?, claimed_at = ?, takeovers = ?, taken_over_call_ids = ?, "
             "previous_attempt = ? WHERE tenant_id = ? AND "
             "idempotency_key = ? AND kind = 'claim' AND ref = ? IF claim_token = ? AND "
             "lease_until = ? AND claim_completed = false AND request_cancelled = null")
         self._complete_claim = self._lwt(
-            "UPDATE request_facts SET claim_completed = true, status = ?, output_item = ?, "
+            f"UPDATE {facts_table} SET claim_completed = true, status = ?, output_item = ?, "
             "output_item_id = ?, output_digest = ?, completed_at = ? WHERE tenant_id = ? AND "
             "idempotency_key = ? AND kind = 'claim' AND ref = ? IF claim_token = ? AND "
             "claim_completed = false")
@@ -168,14 +171,14 @@ class CassandraLedger(Ledger):
         self._select_cancelled_serial = self._prepare(
             f"SELECT request_cancelled FROM {facts} LIMIT 1", ConsistencyLevel.SERIAL)
         self._cancel_flag = self._lwt(
-            "UPDATE request_facts SET request_cancelled = true WHERE tenant_id = ? AND "
+            f"UPDATE {facts_table} SET request_cancelled = true WHERE tenant_id = ? AND "
             "idempotency_key = ?")
         self._dict_profile: Any = EXEC_PROFILE_DEFAULT
         with contextlib.suppress(Exception):
             self._dict_profile = session.execution_profile_clone_update(
                 EXEC_PROFILE_DEFAULT, row_factory=dict_factory)
         self._insert_decision = self._lwt(
-            "INSERT INTO request_facts (tenant_id, idempotency_key, kind, ref, response_id, "
+            f"INSERT INTO {facts_table} (tenant_id, idempotency_key, kind, ref, response_id, "
             "outcome, reason, detail, seq, decided_at, existing_response_id) "
             "VALUES (?, ?, 'decision', ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"
         )
@@ -183,29 +186,30 @@ class CassandraLedger(Ledger):
         self._select_decision = self._prepare(decision_cql, ConsistencyLevel.QUORUM)
         self._select_decision_serial = self._prepare(decision_cql, ConsistencyLevel.SERIAL)
         self._insert_conversation_owner = self._prepare(
-            "INSERT INTO conversation_owners (conversation_id, tenant_id) VALUES (?, ?)",
+            f"INSERT INTO {ks}.conversation_owners (conversation_id, tenant_id) VALUES (?, ?)",
             ConsistencyLevel.QUORUM,
         )
         self._select_conversation_owner = self._prepare(
-            "SELECT tenant_id FROM conversation_owners WHERE conversation_id = ?",
+            f"SELECT tenant_id FROM {ks}.conversation_owners WHERE conversation_id = ?",
             ConsistencyLevel.QUORUM,
         )
         self._insert_response_owner = self._prepare(
-            "INSERT INTO response_owners (response_id, tenant_id) VALUES (?, ?)",
+            f"INSERT INTO {ks}.response_owners (response_id, tenant_id) VALUES (?, ?)",
             ConsistencyLevel.QUORUM,
         )
         self._select_response_owner = self._prepare(
-            "SELECT tenant_id FROM response_owners WHERE response_id = ?",
+            f"SELECT tenant_id FROM {ks}.response_owners WHERE response_id = ?",
             ConsistencyLevel.QUORUM,
         )
         self._set_rejected = self._prepare(
-            "UPDATE response_status SET rejected_reason = ?, rejected_detail = ?, "
+            f"UPDATE {ks}.response_status SET rejected_reason = ?, rejected_detail = ?, "
             "rejected_existing_response_id = ? WHERE tenant_id = ? AND response_id = ?",
             ConsistencyLevel.QUORUM,
         )
         self._select_status = self._prepare(
             "SELECT promoted, promoted_seq, rejected_reason, rejected_detail, "
-            "rejected_existing_response_id FROM response_status WHERE tenant_id = ? AND response_id = ?",
+            f"rejected_existing_response_id FROM {ks}.response_status WHERE tenant_id = ? "
+            "AND response_id = ?",
             ConsistencyLevel.QUORUM,
         )
 

@@ -77,7 +77,7 @@ from ratchet.domain.plan import (
     ResponseClaim,
 )
 from ratchet.settings import Settings
-from services.cassandra_cluster import DRIVER_OUTAGES, completed, open_cluster
+from services.cassandra_cluster import DRIVER_OUTAGES, completed, keyspace_of, open_cluster
 from services.cassandra_loop import LoopRequestFailed, LoopResult, LoopSession
 from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable
 from services.store.hints import _Hints
@@ -199,8 +199,9 @@ class CassandraCheckpointStore(CheckpointStore):
     """``CheckpointStore`` on a cassandra-driver ``Session``.
 
     Statements are prepared once here. ``keyspace`` qualifies the tables (default:
-    the session's keyspace). Reads use ``read_consistency``; the promotion batch
-    commits at ``write_consistency`` with Paxos at ``serial_consistency``.
+    the session's keyspace; neither is ``NoKeyspace``). Reads use
+    ``read_consistency``; the promotion batch commits at ``write_consistency`` with
+    Paxos at ``serial_consistency``.
     """
 
     def __init__(
@@ -245,7 +246,7 @@ class CassandraCheckpointStore(CheckpointStore):
         except Exception:  # noqa: BLE001 - legacy mode or a session wrapper: keep defaults
             self._tuple_rows = EXEC_PROFILE_DEFAULT
         self.cql = StoreStatements(
-            self._prepare, self._prepare_lwt, keyspace=keyspace,
+            self._prepare, self._prepare_lwt, keyspace=keyspace_of(session, keyspace),
             read_consistency=read_consistency, write_consistency=write_consistency,
             serial_consistency=serial_consistency)
 

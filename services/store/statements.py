@@ -40,12 +40,12 @@ class StoreStatements:
         prepare: Callable[[str, int], PreparedStatement],
         prepare_lwt: Callable[[str], PreparedStatement],
         *,
-        keyspace: str | None,
+        keyspace: str,
         read_consistency: int,
         write_consistency: int,
         serial_consistency: int,
     ) -> None:
-        prefix = f"{keyspace}." if keyspace else ""
+        prefix = f"{keyspace}."  # never left to the session's USE (keyspace_of says why)
         table = f"{prefix}turns"
         claims = f"{prefix}response_claims"
         partition = "tenant_id = ? AND partition_key = ?"

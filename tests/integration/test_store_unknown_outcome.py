@@ -141,7 +141,7 @@ def test_unreachable_cluster_is_retryable_and_writes_nothing(store_session, heal
 
 
 def FlakyClaimSession(real, error, *, land: bool,  # noqa: N802 - reads as the class it builds
-                      fragment: str = "INSERT INTO response_claims") -> FlakySession:
+                      fragment: str = "response_claims (tenant_id") -> FlakySession:
     """The first response-id claim (its LWT insert), or the first statement whose CQL
     holds ``fragment``, fails after being sent (``land``) or without being sent."""
     return FlakySession(real, query(fragment), error, land=land)
@@ -176,14 +176,14 @@ def test_request_claim_with_unknown_outcome_is_read_at_serial(store_session, hea
     root = uid("resp")
     landed = chain_turn(tenant, root, root, None)
     session = FlakyClaimSession(store_session, error, land=True,
-                                fragment="INSERT INTO request_claims")
+                                fragment="request_claims (tenant_id")
     assert isinstance(CassandraCheckpointStore(session, timeout_s=30).promote(landed), Promoted)
     assert session.tripped
     serial_reads_only(session)
     root = uid("resp")
     lost = chain_turn(tenant, root, root, None)
     session = FlakyClaimSession(store_session, error, land=False,
-                                fragment="INSERT INTO request_claims")
+                                fragment="request_claims (tenant_id")
     store = CassandraCheckpointStore(session, timeout_s=30)
     with pytest.raises(StoreUnavailable) as caught:
         store.promote(lost)

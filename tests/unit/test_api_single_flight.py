@@ -12,9 +12,11 @@ trip would; ``read_history`` counts the store's full reads."""
 from __future__ import annotations
 
 import asyncio
+import traceback
 
 import pytest
 
+from services.api.flights import SingleFlight
 from services.store.base import StoreUnavailable
 from services.store.hints import _Hints
 from tests.unit.test_api_cache import CachingStack
@@ -177,3 +179,178 @@ def test_a_request_whose_hint_differs_does_not_take_another_hints_read():
     unhinted, hinted = asyncio.run(run())
     assert unhinted.status_code == 404
     assert hinted.outcome == "certified", hinted
+
+
+# -- each request's own exception (session 45) ---------------------------------------
+
+
+def test_each_request_that_shared_a_failed_read_raises_an_exception_of_its_own():
+    """One exception object was raised in every request that joined a failed read: its
+    traceback was the last raise's (a request's log showed another's frames), and a
+    request raising it inside an ``except`` set its ``__context__`` for all. Now each
+    gets its own: the read's type, message, attributes and frames, plus its own frames;
+    the Nth request's traceback is no longer than the first's."""
+    stack = CachingStack(cache_bytes=64 << 20)
+    tenant, conv = uid("tenant"), uid("conv")
+    rid = stack.promote(tenant, conv, 0, (message("hello", item_id=uid("msg")),))
+    caught: list[tuple[BaseException, int]] = []
+
+    async def request(inside_handler: bool) -> None:
+        try:
+            if inside_handler:  # e.g. a request served while handling its own error
+                try:
+                    raise KeyError("this request's own")
+                except KeyError:
+                    await _history(stack, tenant, rid)
+            else:
+                await _history(stack, tenant, rid)
+        except StoreUnavailable as exc:
+            caught.append((exc, len(traceback.extract_tb(exc.__traceback__))))
+
+    async def run():
+        gated = Gated(stack)
+        gated.fail = StoreUnavailable("cassandra timed out", retryable=True, operation="read")
+        requests = [asyncio.ensure_future(request(inside_handler=i == 0)) for i in range(N)]
+        await _progress()
+        gated.gate.set()
+        await asyncio.gather(*requests)
+
+    asyncio.run(run())
+    assert len(caught) == N
+    errors = [exc for exc, _ in caught]
+    assert len({id(exc) for exc in errors}) == N, "one object raised in every request"
+    assert all(str(e) == "cassandra timed out" and e.retryable and e.operation == "read"
+               for e in errors)
+    # each traceback, looked at once every request raised, is the one it was raised with
+    lengths_now = [len(traceback.extract_tb(exc.__traceback__)) for exc in errors]
+    assert lengths_now == [n for _, n in caught]
+    assert lengths_now[-1] <= lengths_now[0]
+    # the read's own frame is in each (where it failed), and only the first request's
+    # handled KeyError is its context
+    assert all(any(f.name == "gated" for f in traceback.extract_tb(e.__traceback__))
+               for e in errors)
+    with_key_error = [e for e in errors if isinstance(e.__context__, KeyError)]
+    assert len(with_key_error) == 1
+
+
+def test_the_nth_requests_traceback_is_no_longer_than_the_firsts_at_any_depth():
+    """Requests calling from different depths: each traceback is its own depth's, not
+    the deepest one's (with one shared object the first request's exception showed the
+    last raise's frames once that had raised)."""
+    flights: SingleFlight[int] = SingleFlight("response")
+    gate = asyncio.Event()
+    seen: list[tuple[BaseException, int]] = []
+
+    async def read() -> int:
+        await gate.wait()
+        raise RuntimeError("the read failed")
+
+    async def nested(depth: int) -> int:
+        if depth == 0:
+            return await flights.run("key", read)
+        return await nested(depth - 1)
+
+    async def request(depth: int) -> None:
+        try:
+            await nested(depth)
+        except RuntimeError as exc:
+            seen.append((exc, len(traceback.extract_tb(exc.__traceback__))))
+
+    async def run():
+        requests = [asyncio.ensure_future(request(depth)) for depth in range(5)]
+        await _progress()
+        gate.set()
+        await asyncio.gather(*requests)
+
+    asyncio.run(run())
+    at_raise = [n for _, n in seen]
+    assert at_raise == sorted(at_raise) and len(set(at_raise)) == 5  # one per depth
+    assert [len(traceback.extract_tb(e.__traceback__)) for e, _ in seen] == at_raise
+
+
+# -- a stuck read does not hold the requests after it (session 45) -------------------
+
+BOUND_S = 0.05  # the tests' OVERTAKE_AFTER_S
+LONG_S = 10.0  # a deadline that only a request held by a stuck read reaches
+
+
+class Reads:
+    """Reads of one key that each wait for their own release; ``begun`` in order."""
+
+    def __init__(self) -> None:
+        self.begun: list[asyncio.Event] = []
+        self.began = asyncio.Event()
+
+    async def read(self) -> int:
+        release = asyncio.Event()
+        self.begun.append(release)
+        index = len(self.begun)
+        self.began.set()
+        await release.wait()
+        return index
+
+    async def until_begun(self, count: int) -> None:
+        while len(self.begun) < count:
+            self.began.clear()
+            await asyncio.wait_for(self.began.wait(), LONG_S)
+
+
+def test_a_request_behind_a_stuck_read_begins_its_own_after_the_bound():
+    """Read 1 never ends (stuck until the driver's timeout); a request arriving after it
+    began used to wait for it to end before its own began. Now its read begins once it
+    waited ``OVERTAKE_AFTER_S``: it is answered while read 1 still runs, by a read begun
+    after it arrived (never read 1's answer)."""
+    flights: SingleFlight[int] = SingleFlight("response", overtake_after_s=BOUND_S)
+
+    async def run():
+        reads = Reads()
+        first = asyncio.ensure_future(flights.run("key", reads.read))
+        await reads.until_begun(1)
+        late = asyncio.ensure_future(flights.run("key", reads.read))
+        await reads.until_begun(2)
+        reads.begun[1].set()
+        answer = await asyncio.wait_for(late, LONG_S)
+        stuck = not first.done()
+        reads.begun[0].set()
+        return answer, stuck, await first, len(flights)
+
+    answer, stuck, first, left = asyncio.run(run())
+    assert (answer, first) == (2, 1)
+    assert stuck  # answered while read 1 still ran
+    assert left == 0
+
+
+def test_reads_of_one_key_running_at_once_are_two_at_most_and_each_begins_after_its_requests():
+    """The cost of not waiting: while reads are stuck, a key gets a second read beside
+    the first (before: one, the others queued behind it), never a third; requests
+    arriving after the second began share a third, begun only once one of the two
+    ended. Every request's answer comes from a read begun after it arrived."""
+    flights: SingleFlight[int] = SingleFlight("conversation", overtake_after_s=BOUND_S)
+
+    async def run():
+        reads = Reads()
+        waves: list[tuple[int, list[asyncio.Future]]] = []  # (reads begun at arrival, requests)
+
+        def wave() -> None:
+            waves.append((len(reads.begun), [
+                asyncio.ensure_future(flights.run("key", reads.read)) for _ in range(3)]))
+
+        wave()
+        await reads.until_begun(1)
+        wave()  # behind read 1: overtakes it after the bound
+        await reads.until_begun(2)
+        wave()  # behind read 2, with two running: waits for one to end
+        await asyncio.sleep(BOUND_S * 20)
+        running_while_stuck = len(reads.begun)
+        reads.begun[0].set()  # read 1 ends: the third may begin
+        await reads.until_begun(3)
+        for release in reads.begun:
+            release.set()
+        answers = [(before, await asyncio.gather(*requests)) for before, requests in waves]
+        return running_while_stuck, answers, len(reads.begun)
+
+    running_while_stuck, answers, total = asyncio.run(run())
+    assert running_while_stuck == 2
+    assert total == 3
+    for begun_before, values in answers:
+        assert len(set(values)) == 1 and values[0] > begun_before  # a read begun after it
