@@ -43,22 +43,27 @@ from ratchet.domain.history import (
 from ratchet.domain.rehydration import fallback_reason
 from ratchet.metric_children import child
 from services.api import metrics
-from services.api.answer_budget import AnswerBudget, Pin, Reservation
+from services.api.answer import (
+    Answer,
+    failure_answer,
+    not_promoted,
+    unrenderable_answer,
+    verified_answer,
+)
+from services.api.answer_budget import AnswerBudget
 from services.api.cache import CachedHistory, HistoryCache
 from services.api.flights import SingleFlight
-from services.api.models import FAILURE_HTTP_STATUS, HistoryBody, StatusBody
+from services.api.models import HistoryBody, StatusBody
 from services.api.render import (
     RenderedHistory,
-    conversation_head_seq,
-    failure_body,
-    history_parts,
     render_extension,
     render_history,
 )
 from services.api.slow_readers import SLICE_BYTES
+from services.api.status_reader import StatusReader
 from services.api.waiters import PromotionWaiters
 from services.ledger.base import Ledger, ResponseState
-from services.store.base import CheckpointStore, CorruptPartition
+from services.store.base import CheckpointStore
 from services.store.history_answers import no_such_response
 
 log = logging.getLogger("ratchet.api")
@@ -67,43 +72,6 @@ WAIT_MS_CAP = 10_000
 # Rows a lookup reads one by one back to a cached prefix before it reads the partition
 # in full instead (a gateway's continuation is usually one turn past its last lookup).
 MAX_EXTENSION_ROWS = 4
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A history answer: the JSON body (in parts, sent in slices: slow_readers.py), its
-    status, and the fields the log line names."""
-
-    status_code: int
-    outcome: str
-    reason: str | None
-    head_seq: int | None
-    detail: str | None
-    parts: tuple[bytes, ...]
-    # The bytes of ``parts`` that are this answer's own copy (not the cache's), and the
-    # answer budget's reservation of them until written (answer_budget.py).
-    own_bytes: int = 0
-    held: Reservation | Pin | None = None
-    # The cache's entry whose bytes ``parts`` shares (pinned while written: ``_pinned``).
-    shares: CachedHistory | None = None
-    # The partition of the verified history answered (None: not a history).
-    partition_key: str | None = None
-
-    @property
-    def payload(self) -> bytes:
-        """The whole JSON body."""
-        return b"".join(self.parts)
-
-    @classmethod
-    def of(cls, body: HistoryBody, status_code: int) -> Answer:
-        return cls(
-            status_code,
-            body.outcome,
-            body.reason,
-            body.head_seq,
-            body.detail,
-            (body.__pydantic_serializer__.to_json(body),),
-        )
 
 
 class _Recheck:
@@ -159,6 +127,7 @@ class RehydrationService:
         self._cache = cache if cache is not None and cache.enabled else None
         if self._cache is not None and answers is not None:
             self._cache.on_evict = answers.evicted  # see _pinned
+        self._status = StatusReader(store, ledger)
         self._response_reads: SingleFlight[_Loaded] = SingleFlight("response")
         self._conversation_reads: SingleFlight[_Loaded] = SingleFlight("conversation")
 
@@ -213,60 +182,8 @@ class RehydrationService:
         return self._pinned(answer)
 
     def status(self, tenant_id: str, response_id: str) -> StatusBody:
-        """Promoted (the store is the truth), else what the ledger recorded, else unknown.
-        A checkpoint row that cannot be decoded raises ``CorruptPartition`` (answered 500
-        ``CORRUPT_HISTORY``, as its history is): never "unknown", which would tell the
-        gateway to wait for a decision that was made. A Conversation response whose
-        partition head no checkpoint backs raises it too (CONTRACT 5: "an integrity
-        failure on every endpoint", as both history endpoints answer it). A promoted
-        response whose turn row is gone raises ``TurnLost`` (500 ``MISSING_HISTORY``, as
-        its history is; ``CheckpointStore.turn_lost``)."""
-        checkpoint = self._store.read_promoted(tenant_id, response_id)
-        if checkpoint is not None:
-            self._check_head_backed(tenant_id, checkpoint)
-            body = StatusBody(response_id=response_id, state="promoted", seq=checkpoint.seq)
-        elif self._ledger is not None:
-            recorded = self._ledger.status(tenant_id, response_id)
-            body = StatusBody(
-                response_id=response_id,
-                state=recorded.status.value,
-                reason=recorded.reason,
-                seq=recorded.seq,
-                existing_response_id=recorded.existing_response_id,
-            )
-        else:
-            body = StatusBody(response_id=response_id, state="unknown")
-        child(metrics.STATUS_ANSWERS, body.state, body.reason or "").inc()
-        return body
-
-    def _check_head_backed(self, tenant_id: str, checkpoint: CheckpointRecord) -> None:
-        """``CorruptPartition`` unless the head of ``checkpoint``'s Conversation is a
-        checkpoint's own cells, at or beyond it (a head lost, rolled back below it, or
-        rewritten). Chain responses have no head. Found by an outside review: the status
-        said ``promoted`` where both history endpoints said ``CORRUPT_HISTORY``."""
-        if checkpoint.mode is not PromotionMode.CONVERSATION:
-            return
-        problem = self._head_problem(tenant_id, checkpoint, self._store.read_head)
-        if problem is not None:
-            # Looked at again at SERIAL before it is an integrity failure: reads at read
-            # consistency may straddle a promotion still committing (the head behind
-            # the response just promoted, or seen before its row); SERIAL completes it.
-            problem = self._head_problem(tenant_id, checkpoint, self._store.head)
-        if problem is not None:
-            raise CorruptPartition(
-                f"partition {checkpoint.partition_key} of tenant {tenant_id}: {problem}")
-
-    def _head_problem(self, tenant_id: str, checkpoint: CheckpointRecord,
-                      read_head: Callable[[str, str], Head | None]) -> str | None:
-        head = read_head(tenant_id, checkpoint.partition_key)
-        if head is None or head.seq < checkpoint.seq:
-            return (f"the head {head} is behind response {checkpoint.response_id} at seq "
-                    f"{checkpoint.seq}")
-        row = (checkpoint if head.response_id == checkpoint.response_id
-               else self._store.read_checkpoint(tenant_id, head.response_id))
-        if row is None or row.partition_key != checkpoint.partition_key or not backs(head, row):
-            return f"the head {head} is not backed by its checkpoint"
-        return None
+        """The response's state (status_reader.py)."""
+        return self._status.status(tenant_id, response_id)
 
     def store_ok(self) -> bool:
         try:
@@ -291,7 +208,7 @@ class RehydrationService:
                     child(metrics.WAITS, "timeout").inc()
                     answer = await self._response(lookup)
                     if _still_pending(answer):
-                        return _not_promoted(
+                        return not_promoted(
                             lookup.response_id, f"no decision within {wait_ms} ms"
                         )
                     return answer
@@ -684,7 +601,8 @@ class RehydrationService:
             return expired
         now = self._clock()
         child(metrics.HISTORY_CACHE, endpoint, "hit").inc()
-        return self._verified_answer(
+        return verified_answer(
+            self._cache,
             entry.rendered,
             entry.checkpoint,
             current_head_seq,
@@ -708,7 +626,7 @@ class RehydrationService:
         if expires is None or not logically_expired(expires, self._clock()):
             return None
         child(metrics.HISTORY_CACHE, endpoint, "hit").inc()
-        return self._failure(
+        return failure_answer(
             HistoryFailure(HistoryFailureReason.EXPIRED, f"expired at {expires.isoformat()}"),
             endpoint)
 
@@ -740,10 +658,10 @@ class RehydrationService:
         if isinstance(extended, HistoryFailure):
             child(metrics.HISTORY_CACHE, endpoint, "extended").inc()
             self._remember_expired(extended)
-            return self._failure(extended, endpoint)
+            return failure_answer(extended, endpoint)
         if isinstance(extended, HistoryBody):
             child(metrics.HISTORY_CACHE, endpoint, "extended").inc()
-            return self._unrenderable(extended, endpoint)
+            return unrenderable_answer(extended, endpoint)
         entry, current = extended
         target = entry.checkpoint
         if target.mode is PromotionMode.CONVERSATION:
@@ -754,7 +672,8 @@ class RehydrationService:
             ):
                 return None
         child(metrics.HISTORY_CACHE, endpoint, "extended").inc()
-        return self._verified_answer(
+        return verified_answer(
+            self._cache,
             entry.rendered,
             target,
             target.seq if current is None else current.seq,
@@ -1018,8 +937,8 @@ class RehydrationService:
         rejection, else the NOT_FOUND failure (pending, for a waiting request)."""
         rejected = await self._rejection(tenant_id, response_id)
         if rejected is not None:
-            return _not_promoted(response_id, rejected)
-        return self._failure(history, "response")
+            return not_promoted(response_id, rejected)
+        return failure_answer(history, "response")
 
     async def _rejection(self, tenant_id: str, response_id: str) -> str | None:
         """The detail of the response's recorded rejection (``rejected: <reason>``), or
@@ -1047,12 +966,13 @@ class RehydrationService:
         history, rendered = loaded.history, loaded.rendered
         if isinstance(history, HistoryFailure):
             if loaded.rejected is not None:
-                return _not_promoted(*loaded.rejected)
-            return self._failure(history, endpoint)
+                return not_promoted(*loaded.rejected)
+            return failure_answer(history, endpoint)
         if isinstance(rendered, HistoryBody):  # stored bytes that are not a UTF-8 JSON object
-            return self._unrenderable(rendered, endpoint)
+            return unrenderable_answer(rendered, endpoint)
         assert rendered is not None
-        return self._verified_answer(
+        return verified_answer(
+            self._cache,
             rendered,
             history.checkpoint,
             history.head_seq,
@@ -1065,46 +985,6 @@ class RehydrationService:
         answered ``EXPIRED`` with no read (``_expired_answer``)."""
         if self._cache is not None and failure.expired is not None:
             self._cache.remember_expired(failure.expired.tenant_id, failure.expired)
-
-    def _unrenderable(self, body: HistoryBody, endpoint: str) -> Answer:
-        """A stored checkpoint that cannot be rendered (``CORRUPT_HISTORY``): the body
-        names the response on the response endpoint, nothing on the Conversation one
-        (docs/gateway-protocol.md, section 8: a failure body's ``response_id``)."""
-        if endpoint == "conversation":
-            body = body.model_copy(update={"response_id": None})
-        child(metrics.OUTCOMES, endpoint, body.outcome, body.reason or "").inc()
-        return Answer.of(body, 500)
-
-    def _failure(self, history: HistoryFailure, endpoint: str) -> Answer:
-        reason = str(history.reason)
-        body = failure_body(reason, detail=history.detail)
-        child(metrics.OUTCOMES, endpoint, "failure", reason).inc()
-        return Answer.of(body, _failure_status(reason))
-
-    def _verified_answer(
-        self,
-        rendered: RenderedHistory,
-        checkpoint: CheckpointRecord,
-        current_head_seq: int,
-        fallback,
-        endpoint: str,
-    ) -> Answer:
-        """``head_seq`` is the response's own seq; a Conversation's current head
-        (``current_head_seq``, as verified) is answered beside it."""
-        outcome = "certified" if fallback is None else "fallback"
-        reason = None if fallback is None else str(fallback)
-        child(metrics.OUTCOMES, endpoint, outcome, reason or "").inc()
-        own = checkpoint.seq
-        parts = history_parts(
-            rendered, own, conversation_head_seq(checkpoint, current_head_seq), fallback
-        )
-        cached = None if self._cache is None else self._cache.get(
-            checkpoint.tenant_id, checkpoint.response_id)
-        shared = cached is not None and cached.rendered.items_json is rendered.items_json
-        own_bytes = 0 if shared else sum(len(part) for part in parts)
-        return Answer(200, outcome, reason, own, None, parts, own_bytes,
-                      shares=cached if shared else None,
-                      partition_key=checkpoint.partition_key)
 
     def _pinned(self, answer: Answer) -> Answer:
         """``answer`` holding its cache entry's bytes while it is written, if it is more
@@ -1225,16 +1105,6 @@ def _first_look(found: list[Any]) -> bool | str:
 def _still_pending(answer: Answer) -> bool:
     """Only "nothing known yet" is worth waiting for; anything else is final."""
     return answer.outcome == "failure" and answer.reason == "NOT_FOUND"
-
-
-def _not_promoted(response_id: str, detail: str) -> Answer:
-    body = failure_body("NOT_PROMOTED", response_id=response_id, detail=detail)
-    child(metrics.OUTCOMES, "response", "failure", "NOT_PROMOTED").inc()
-    return Answer.of(body, 409)
-
-
-def _failure_status(reason: str) -> int:
-    return FAILURE_HTTP_STATUS.get(reason, 500)
 
 
 __all__ = ["Answer", "RehydrationService", "WAIT_MS_CAP"]
