@@ -15,12 +15,7 @@ from services.api import metrics
 from services.api.answer_budget import Pin, Reservation
 from services.api.cache import CachedHistory, HistoryCache
 from services.api.models import FAILURE_HTTP_STATUS, HistoryBody
-from services.api.render import (
-    RenderedHistory,
-    conversation_head_seq,
-    failure_body,
-    history_parts,
-)
+from services.api.render import RenderedHistory, conversation_head_seq, failure_body, history_parts
 
 
 @dataclass(frozen=True)
