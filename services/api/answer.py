@@ -33,7 +33,7 @@ class Answer:
     # answer budget's reservation of them until written (answer_budget.py).
     own_bytes: int = 0
     held: Reservation | Pin | None = None
-    # The cache's entry whose bytes ``parts`` shares (pinned while written: ``_pinned``).
+    # The cache's entry whose bytes ``parts`` shares (pinned while written: service.py).
     shares: CachedHistory | None = None
     # The partition of the verified history answered (None: not a history).
     partition_key: str | None = None

@@ -1,10 +1,10 @@
 """``GET .../conversations/{id}/history``: the Conversation's head read (one row), then
 the head's cached history if there is one (cached_histories.py), else an extension
-from a cached prefix, else the full read (full_reads.py)."""
+from a cached prefix, else the full read (full_reads.py). Without a cache every lookup is
+the full read (``read_in_full``); service.py chooses and times the lookup."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
@@ -43,34 +43,18 @@ class ConversationReader:
     async def read(
         self, tenant_id: str, conversation_id: str, fingerprint_hash: str, use_cache: bool
     ) -> Answer:
-        """The answer, its lookup time observed in ``ratchet_api_lookup_seconds``."""
-        start = time.perf_counter()
-        if self._cache is None:
-            answer = await self._read_conversation_async(
-                tenant_id, conversation_id, fingerprint_hash
-            )
-        else:
-            answer = await self._cached_conversation(
-                tenant_id, conversation_id, fingerprint_hash, use_cache
-            )
-        child(metrics.LOOKUP_SECONDS, "conversation").observe(time.perf_counter() - start)
-        return answer
-
-    async def _cached_conversation(
-        self, tenant_id: str, conversation_id: str, fingerprint_hash: str, use_cache: bool
-    ) -> Answer:
         """One head read (one row); the head's cached lineage if there is one, else an
         extension from a cached prefix, else the full read."""
         assert self._cache is not None
         if not use_cache:
             child(metrics.HISTORY_CACHE, "conversation", "bypass").inc()
-            return await self._read_conversation_async(
+            return await self.read_in_full(
                 tenant_id, conversation_id, fingerprint_hash
             )
         head = await self._store.read_head_async(tenant_id, conversation_id)
         if head is not None and self._histories.head_went_back(tenant_id, conversation_id, head):
             child(metrics.HISTORY_CACHE, "conversation", "miss").inc()
-            return await self._read_conversation_async(
+            return await self.read_in_full(
                 tenant_id, conversation_id, fingerprint_hash
             )
         if head is not None:
@@ -103,7 +87,7 @@ class ConversationReader:
         recheck = Recheck(lambda: self._conversation_hit(tenant_id, conversation_id,
                                                           fingerprint_hash, head))
         try:
-            return await self._read_conversation_async(
+            return await self.read_in_full(
                 tenant_id, conversation_id, fingerprint_hash, cached=recheck)
         finally:
             recheck.count_miss("conversation")
@@ -120,7 +104,7 @@ class ConversationReader:
         return None if entry is None else self._histories.hit(entry, head.seq, fingerprint_hash,
                                                     "conversation")
 
-    async def _read_conversation_async(
+    async def read_in_full(
         self, tenant_id: str, conversation_id: str, fingerprint_hash: str,
         cached: Callable[[], Awaitable[Answer | None]] | None = None,
     ) -> Answer:

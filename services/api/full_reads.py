@@ -43,9 +43,9 @@ class Loaded:
 
 
 class Recheck:
-    """The cache's answer asked again once a full read has room (``_budgeted``), and
+    """The cache's answer asked again once a full read has room (``budgeted``), and
     whether it answered. A request counts once in ``ratchet_api_history_cache_total``,
-    as what it finally was: a hit when this found its history cached (``_hit`` counts
+    as what it finally was: a hit when this found its history cached (``hit`` counts
     it), else a miss. Before, such a request counted as a miss when it queued and a hit
     when it found the history (session 45)."""
 

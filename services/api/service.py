@@ -29,10 +29,13 @@ cache's bytes it shares while it is written. Where each part lives:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from ratchet.metric_children import child
+from services.api import metrics
 from services.api.answer import Answer
 from services.api.answer_budget import AnswerBudget
 from services.api.cache import HistoryCache
@@ -98,8 +101,16 @@ class RehydrationService:
         *,
         use_cache: bool = True,
     ) -> Answer:
-        answer = await self._conversations.read(
-            tenant_id, conversation_id, fingerprint_hash, use_cache)
+        start = time.perf_counter()
+        if self._cache is None:
+            answer = await self._conversations.read_in_full(
+                tenant_id, conversation_id, fingerprint_hash
+            )
+        else:
+            answer = await self._conversations.read(
+                tenant_id, conversation_id, fingerprint_hash, use_cache
+            )
+        child(metrics.LOOKUP_SECONDS, "conversation").observe(time.perf_counter() - start)
         self._log("conversation", answer, tenant_id=tenant_id, conversation_id=conversation_id)
         return self._pinned(answer)
 
