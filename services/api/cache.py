@@ -17,7 +17,7 @@ fairly between tenants (CONTRACT section 5: "bounded, per tenant"): over the bou
 tenant holding the most bytes gives up its least recently used entry, so one tenant's
 traffic cannot push out the others' histories while it holds more than they do.
 
-Extension (``services/api/service.py``): a history whose lineage digests were all
+Extension (``services/api/cached_histories.py``): a history whose lineage digests were all
 checked (``linked``) may be extended by the rows promoted after it, read and verified
 alone (``ratchet.domain.history.verify_extension``); the new entry's items JSON is the
 prefix's plus the new turns' pre-rendered fragments.
@@ -167,7 +167,7 @@ class HistoryCache:
             if (known is not None and self.on_evict is not None
                     and known.rendered.items_json is not entry.rendered.items_json):
                 # Replaced by other bytes. A full read of a cached history (``no-cache``)
-                # renders the cache's own bytes again (service.py, ``_shared``): the
+                # renders the cache's own bytes again (cached_histories.py, ``shared``): the
                 # cache still holds those, nothing is let go.
                 self.on_evict(known.rendered.items_json)
             for evicted in self._entries.put(response_id, entry):

@@ -2,7 +2,7 @@
 
 Promised (services/api/cache.py ``HistoryCache``: "Thread-safe: lookups use it on the
 event loop, multi-row extensions and conversation misses from the thread pool, the
-pre-warmer from its own thread"). ``RehydrationService._cache_gauges`` calls
+pre-warmer from its own thread"). ``CachedHistories._cache_gauges`` calls
 ``len(self._cache)`` after every fill/extension, from the event loop and from the
 thread pool at once.
 

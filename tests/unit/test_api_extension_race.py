@@ -1,6 +1,6 @@
 """A one-row extension on the event loop never reads storage with the blocking driver
 there, even when another thread evicts its cached parent at that moment
-(services/api/service.py, ``_extend_from``: "on the event loop when the row alone links
+(services/api/response_reader.py, ``_extend_from``: "on the event loop when the row alone links
 to a cached prefix, else in the thread pool, which reads the rows in between").
 
 Before (an outside review, session 43): the parent was looked up for the choice, then
