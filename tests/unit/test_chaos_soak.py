@@ -1,12 +1,16 @@
-"""A chaos producer whose Kafka client stopped delivering goes on with a new one.
+"""What session 45's chaos soak found in the harness (docs/chaos.md, "Defects it found").
 
-Seed 3 of session 45's soak (``--faults ci --turns 600 --rate 20``, lane window 4): after
+A chaos producer whose Kafka client stopped delivering goes on with a new one. Seed 3 of session 45's soak (``--faults ci --turns 600 --rate 20``, lane window 4): after
 the Kafka restart one producer process's raw client (``_RawProducer``) delivered nothing
 again. Each round timed out after ``DELIVERY_TIMEOUT_MS`` and was sent again through the
 same client, which timed out again, until the run's deadline failed a correct run
 (``run_deadline``). A failed flush now replaces the client whose events were not
 delivered; the round is then sent again through the new one. Here a client that never
 delivers stands in for the stuck one (no servers).
+
+The same run then ended in a traceback of the damage phase (no report, no verdict): it
+damages turns the oracle expects promoted, and a turn never sent has no row. A run that
+ends with a turn undecided now skips the phase and reports its verdict.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from types import SimpleNamespace
 import pytest
 
 from ratchet.chaos import produce
+from ratchet.chaos.observations import Violation
+from ratchet.chaos.oracle import expect
+from ratchet.chaos.workload import generate
 from services.gateway.errors import DeliveryError, GatewayError
 
 
@@ -103,3 +110,15 @@ def test_a_gateway_producer_that_never_delivers_is_replaced(clients, monkeypatch
         sender.flush()
     sender.flush()  # the round, sent again through a new gateway producer
     assert sender.gateway is not _Gateway.made[0] and _Gateway.made[0].closed
+
+
+def test_a_run_cut_short_damages_nothing():
+    from ratchet.chaos.runner import damage_plan
+
+    expectations = [expect(s) for s in generate(seed=3, turns=400, tag="unit").stories]
+    said: list[str] = []
+    overdue = Violation("run_deadline", "-", "276/603 turns sent")
+    assert damage_plan(expectations, 3, overdue, [("ten-1", "resp-1")], said.append) == []
+    assert damage_plan(expectations, 3, None, [("ten-1", "resp-1")], said.append) == []
+    assert all(line.startswith("damage: skipped") for line in said) and len(said) == 2
+    assert damage_plan(expectations, 3, None, [], said.append)  # a whole run: damaged
