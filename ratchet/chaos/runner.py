@@ -402,10 +402,18 @@ def _dead_letters(expectations: list[Expectation]) -> int:
 
 
 def _surely_promoted(expectations: list[Expectation]) -> list[tuple[str, str]]:
+    """The responses the ``wait_ms`` threads ask: promoted in every world, and answered
+    with a history. A turn whose logical expiry passed before it was sent (the
+    workload's ``expired``) is promoted, but its every read is the failure ``EXPIRED``:
+    asked, it counts as a wait never answered with a history. Once every turn is sent
+    the threads ask the last response of this list again and again; seed 5 of session
+    45's soak had such a turn there and failed ``waits_unanswered`` on a correct run
+    (14 090 waits outside faults, each answered ``EXPIRED``)."""
     out = []
     for e in expectations:
         common = set.intersection(*(set(w.promoted) for w in e.worlds)) if e.worlds else set()
-        out += [(e.story.tenant, rid) for rid in sorted(common)]
+        out += [(e.story.tenant, rid) for rid in sorted(common)
+                if not any(w.promoted[rid].expired for w in e.worlds)]
     return out
 
 

@@ -11,6 +11,12 @@ delivers stands in for the stuck one (no servers).
 The same run then ended in a traceback of the damage phase (no report, no verdict): it
 damages turns the oracle expects promoted, and a turn never sent has no row. A run that
 ends with a turn undecided now skips the phase and reports its verdict.
+
+Seed 5 (``--faults long --turns 1000 --rate 20 --workers 3``) failed ``waits_unanswered``
+on a correct run: once every turn was sent, the ``wait_ms`` threads asked the last
+"surely promoted" response again and again, a turn whose logical expiry had passed
+before it was sent, whose every read is ``EXPIRED``. The threads now ask only responses
+answered with a history.
 """
 
 from __future__ import annotations
@@ -122,3 +128,20 @@ def test_a_run_cut_short_damages_nothing():
     assert damage_plan(expectations, 3, None, [("ten-1", "resp-1")], said.append) == []
     assert all(line.startswith("damage: skipped") for line in said) and len(said) == 2
     assert damage_plan(expectations, 3, None, [], said.append)  # a whole run: damaged
+
+
+def test_waits_ask_only_responses_answered_with_a_history():
+    from ratchet.chaos.runner import _surely_promoted
+
+    expectations = [expect(s) for s in generate(seed=5, turns=1000, tag="5x9c2115").stories]
+    expired = {(e.story.tenant, rid) for e in expectations for w in e.worlds
+               for rid, p in w.promoted.items() if p.expired}
+    assert expired  # the workload has such turns
+    asked = _surely_promoted(expectations)
+    assert asked and not expired & set(asked)
+    worlds = {(e.story.tenant, rid): e.worlds for e in expectations for w in e.worlds
+              for rid in w.promoted}
+    # (a timed turn's waits are judged by when they were asked: ratchet/chaos/timed.py)
+    assert all(w.promoted[rid].read_at(w.promoted[rid].fingerprint_hash,
+                                       past_expiry=False)[0] != "failure"
+               for tenant, rid in asked for w in worlds[(tenant, rid)])
