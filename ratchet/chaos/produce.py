@@ -18,6 +18,7 @@ checker (its class first: ``[effect_executed_twice] ...``, ``ratchet/chaos/claim
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -45,9 +46,11 @@ class _RawProducer:
 
     def __init__(self, settings: Settings) -> None:
         self.topic = settings.topic("gateway-events")
-        self._p = Producer({"bootstrap.servers": settings.kafka_bootstrap, **PRODUCER_DEFAULTS,
-                            "delivery.timeout.ms": DELIVERY_TIMEOUT_MS})
+        self._config = {"bootstrap.servers": settings.kafka_bootstrap, **PRODUCER_DEFAULTS,
+                        "delivery.timeout.ms": DELIVERY_TIMEOUT_MS}
+        self._p = Producer(self._config)
         self._errors: list[str] = []
+        self._retired: list[Producer] = []
 
     def send(self, key: bytes, value: bytes | None) -> None:
         def report(err, msg) -> None:
@@ -63,18 +66,34 @@ class _RawProducer:
         self._p.poll(0)
 
     def flush(self) -> None:
+        """Raise ``GatewayError`` when an event was not delivered, after replacing the
+        librdkafka client (``_renew``): the round is then sent again through a new one."""
         left = self._p.flush(DELIVERY_TIMEOUT_MS / 1000 + 10)
         errors, self._errors = self._errors, []
         if errors or left:
+            self._renew()
             raise GatewayError(f"raw delivery failed: {errors[:3]} ({left} in flight)")
+
+    def _renew(self) -> None:
+        """A new client in place of one whose round failed. After a Kafka restart
+        (seed 3, session 45) one client of a producer process delivered nothing again:
+        every round timed out after ``DELIVERY_TIMEOUT_MS``, sent again through the same
+        client, timed out again, until the run's deadline failed it (``run_deadline``).
+        The old client is purged and kept, not destroyed: destroying a client that
+        cannot reach its broker may block."""
+        old, self._p = self._p, Producer(self._config)
+        old.purge()
+        old.poll(0)
+        self._retired.append(old)
+        self._errors = []
 
 
 class _Sender:
     def __init__(self, settings: Settings) -> None:
         serde = EventSerde(registry_client(settings.schema_registry_url))
-        config = {"delivery.timeout.ms": DELIVERY_TIMEOUT_MS}
-        self.gateway = GatewayProducer(settings, serde, config=config)
-        self.race = GatewayProducer(settings, serde, config=config)
+        self._settings = settings
+        self.gateway = self._gateway_producer(serde)
+        self.race = self._gateway_producer(serde)
         self.raw = _RawProducer(settings)
         self.serde = serde
         self.claims = ClaimRunner(f"http://{settings.api_host}:{settings.api_port}")
@@ -119,9 +138,26 @@ class _Sender:
                 print(f"producer: claim check left unchecked: {note}", flush=True)
             self.claims.unchecked.clear()
 
+    def _gateway_producer(self, serde: EventSerde) -> GatewayProducer:
+        return GatewayProducer(self._settings, serde,
+                               config={"delivery.timeout.ms": DELIVERY_TIMEOUT_MS})
+
     def flush(self) -> None:
-        for p in (self.gateway, self.race, self.raw):
-            p.flush(DELIVERY_TIMEOUT_MS / 1000 + 10) if p is not self.raw else p.flush()
+        """Flush every producer; one whose events were not all delivered is replaced by a
+        new one before the error is raised (the round is sent again: ``_send_round``),
+        as the raw producer replaces its client (``_RawProducer._renew``, why). The old
+        one is closed at once (what it still held is purged, never written later behind
+        the round sent again)."""
+        for name in ("gateway", "race"):
+            producer = getattr(self, name)
+            try:
+                producer.flush(DELIVERY_TIMEOUT_MS / 1000 + 10)
+            except GatewayError:
+                setattr(self, name, self._gateway_producer(self.serde))
+                with contextlib.suppress(GatewayError):  # the purged events: known
+                    producer.close(0)
+                raise
+        self.raw.flush()
 
 
 def run(cfg: dict[str, Any], index: int, sent_counter: Any, stop: Any) -> None:
