@@ -60,9 +60,11 @@ class _Flight(Generic[T]):
 
 
 class SingleFlight(Generic[T]):
-    def __init__(self, kind: str, *, overtake_after_s: float = OVERTAKE_AFTER_S) -> None:
+    def __init__(self, kind: str, *, overtake_after_s: float | None = None) -> None:
+        """``overtake_after_s``: None is ``OVERTAKE_AFTER_S`` as it is when built."""
         self._kind = kind
-        self._overtake_after = overtake_after_s
+        self._overtake_after = (OVERTAKE_AFTER_S if overtake_after_s is None
+                                else overtake_after_s)
         self._flights: dict[Hashable, _Flight[T]] = {}  # the latest read of each key
         self._running: dict[Hashable, set[asyncio.Future]] = {}  # begun, not ended
 
