@@ -32,7 +32,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from ratchet.samples import make_turn
 from services.gateway.errors import DeliveryError, EventNotQueued
-from tests.unit.test_gateway_library_open_items import RETRIABLE, run_in_thread
+from tests.unit.test_gateway_library_open_items import RETRIABLE, run_in_thread, run_with_ident
 from tests.unit.test_gateway_library_review import effect_of, gateway
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"),
@@ -66,24 +66,6 @@ def run_foreign(fn: Callable[[], None]) -> tuple[int, int]:
     if "error" in seen:
         raise seen["error"]  # type: ignore[misc]
     return seen["ident"], seen["native"]  # type: ignore[return-value]
-
-
-def run_foreign_with_ident(ident: int, fn: Callable[[], None]) -> None:
-    """Run ``fn`` in a new foreign thread given ``ident`` (of one that ended): start
-    threads until the platform hands it out again (glibc reuses an ended thread's
-    stack, and so its ident, within a few threads)."""
-    ran: list[bool] = []
-
-    def maybe() -> None:
-        if threading.get_ident() == ident:
-            ran.append(True)
-            fn()
-
-    for _ in range(1000):
-        run_foreign(maybe)
-        if ran:
-            return
-    pytest.fail(f"no new foreign thread was given the ident {ident} in 1000 threads")
 
 
 def flush_into(producer, told: list[DeliveryError | None]) -> Callable[[], None]:
@@ -120,7 +102,7 @@ def test_a_new_foreign_thread_with_a_reused_ident_is_told_only_its_own_failure_o
         flush_into(producer, told)()
         flush_into(producer, told)()
 
-    run_foreign_with_ident(ident, second)
+    run_with_ident(ident, second, run=run_foreign)
     assert [failed_ids(exc) for exc in told] == [[second_turn.event_id], []], told
     assert told[0].retryable
 
@@ -136,7 +118,7 @@ def test_a_new_foreign_thread_with_a_reused_ident_is_told_what_a_sender_has_not_
     kafka.deliver(0, RETRIABLE)
     told: list[DeliveryError | None] = []
     ident, _ = run_foreign(flush_into(producer, told))
-    run_foreign_with_ident(ident, flush_into(producer, told))
+    run_with_ident(ident, flush_into(producer, told), run=run_foreign)
     assert [failed_ids(exc) for exc in told] == [[mine.event_id], [mine.event_id]], told
     with pytest.raises(DeliveryError) as raised:  # and the sender is told, once
         producer.flush(1)

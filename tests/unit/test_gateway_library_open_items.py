@@ -82,10 +82,11 @@ def run_in_thread(fn: Callable[[], None]) -> threading.Thread:
     return thread
 
 
-def run_with_ident(ident: int, fn: Callable[[], None]) -> None:
+def run_with_ident(ident: int, fn: Callable[[], None],
+                   run: Callable[[Callable[[], None]], object] = run_in_thread) -> None:
     """Run ``fn`` in a new thread that has the ident ``ident`` (of a thread that ended):
-    start and join threads until the platform hands that ident out again (glibc reuses
-    a joined thread's stack, and its ident, within a few threads)."""
+    start and join threads (with ``run``) until the platform hands that ident out again
+    (glibc reuses a joined thread's stack, and its ident, within a few threads)."""
     ran: list[bool] = []
 
     def maybe() -> None:
@@ -94,7 +95,7 @@ def run_with_ident(ident: int, fn: Callable[[], None]) -> None:
             fn()
 
     for _ in range(1000):
-        run_in_thread(maybe)
+        run(maybe)
         if ran:
             return
     pytest.fail(f"no new thread was given the ident {ident} in 1000 threads")
