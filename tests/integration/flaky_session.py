@@ -151,7 +151,7 @@ class FlakyLoopSession:
     sent. Everything else goes to ``real``."""
 
     def __init__(self, real, *, kind: str, land: bool, failures: int = 1,
-                 fragment: str = "INSERT INTO response_claims") -> None:
+                 fragment: str = "response_claims (tenant_id") -> None:
         self._real, self.kind, self._land = real, kind, land
         self._failures, self._fragment = failures, fragment
         self.tripped = False
