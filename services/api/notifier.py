@@ -18,11 +18,15 @@ Design:
   deleted, or a position the broker no longer has (a topic created again; librdkafka
   would jump to the end silently, ``auto.offset.reset`` is ``error``);
 - what may wait on a broker runs beside the poll, never in it (``_Beside``): the
-  topics check (one metadata request, up to 5 s) and every ask of a partition's end
-  (up to 10 s each, at most ``END_QUERIES`` at once). The poll thread starts them and
-  takes what they found between two polls; it alone assigns, wakes and restarts.
+  connect's first metadata request and the topics check (the same call, up to 5 s),
+  and every ask of a partition's end (up to 10 s each, at most ``END_QUERIES`` at
+  once). The poll thread starts them and takes what they found between two polls (the
+  connect looks at the stop flag meanwhile); it alone assigns, wakes and restarts.
   Before session 45 the topics check ran on the poll thread: while the brokers did not
-  answer, every decision's wake-up waited for it;
+  answer, every decision's wake-up waited for it; before session 46 the connect's
+  first metadata request did (up to 10 s): a stop waited out its join then;
+- a stop is not a failure: what fails once the stop is asked (the brokers away while
+  the API stops) is neither logged as an error nor restarted nor counted (session 46);
 - a partition whose end is not read when it connects is followed once it is, everyone
   woken then: one the metadata names no leader for is not asked (looked at again at
   each topics check); the others are asked at once, and the connect waits for them
@@ -69,7 +73,8 @@ TOPICS_CHECK_TIMEOUT_S = 5.0
 END_TIMEOUT_S = 10.0
 END_QUERIES = 32
 CONNECT_WAIT_S = 1.0
-# How often the connect looks at the stop flag while it waits for the first end.
+# How often the connect looks at the stop flag while it waits for its metadata or
+# the first end.
 _TAKE_S = 0.05
 
 # (topic, raw value) -> the decoded record (it has a ``response_id``), or raises when
@@ -125,25 +130,42 @@ class DecisionNotifier:
         read (the others are followed once they can be)."""
         return self._assigned.wait(timeout_s)
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stops the poll thread; True once it has ended (within ``timeout_s``)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        if self._thread is None:
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self._following_since = None
             try:
                 self._consume()
-            except TopicsChanged as exc:
-                # Followed again (positioned at the new ends, everyone woken).
-                self._restart_later("topics_changed", exc)
-            except TopicsMissing as exc:
-                # An API started before the worker created the topics (a first start):
-                # expected, and said once per retry without a traceback.
-                self._restart_later("topics_missing", exc)
-            except Exception as exc:  # a broken broker connection must not kill waiting
-                self._restart_later("failed", exc)
+            except Exception as exc:
+                if self._stop.is_set():
+                    # A call the stop came during failed after it (brokers away while
+                    # the API stops): not a failure to report nor a restart (before
+                    # session 46, logged ``failed; restarting`` at error level).
+                    log.debug("decision notifier stopped; its consumer failed meanwhile: %r",
+                              exc)
+                    break
+                self._restart_after(exc)
+        # Not following once stopped (the gauge stayed 1 before session 46).
+        self._assigned.clear()
+        metrics.NOTIFIER_UP.set(0)
+
+    def _restart_after(self, exc: Exception) -> None:
+        if isinstance(exc, TopicsChanged):
+            # Followed again (positioned at the new ends, everyone woken).
+            self._restart_later("topics_changed", exc)
+        elif isinstance(exc, TopicsMissing):
+            # An API started before the worker created the topics (a first start):
+            # expected, and said once per retry without a traceback.
+            self._restart_later("topics_missing", exc)
+        else:  # a broken broker connection must not kill waiting
+            self._restart_later("failed", exc)
 
     def _restart_later(self, cause: str, exc: Exception) -> None:
         """The next consumer after a delay (``RestartBackoff``: at once the first time,
@@ -247,7 +269,9 @@ class DecisionNotifier:
         longer: a leader the metadata names but that is away (stale metadata) cost the
         connect its 10 s timeout (session 45). Nothing read once every ask ended:
         ``KafkaException``. None: stopped meanwhile."""
-        meta = consumer.list_topics(timeout=10)
+        meta = self._first_look(beside)
+        if meta is None:
+            return None
         partitions: list[TopicPartition] = []
         unread: list[TopicPartition] = []
         for topic in self._topics:
@@ -293,6 +317,22 @@ class DecisionNotifier:
                                        else str(state.error),
                                        "still_asked": _names(beside.asking)}})
         return state
+
+    def _first_look(self, beside: _Beside) -> Any:
+        """The topics' metadata as the connect's first request reads it, beside this
+        thread (the topics check's call, up to ``TOPICS_CHECK_TIMEOUT_S``), the stop
+        flag looked at meanwhile; None: stopped. Its failure is the connect's
+        (raised). Before session 46 it ran on this thread, up to 10 s while the
+        brokers did not answer: a stop then waited out its join with the thread still
+        in the request."""
+        beside.check_topics()
+        while not self._stop.is_set():
+            for result in beside.take(_TAKE_S):
+                if isinstance(result, _Checked):
+                    if result.error is not None:
+                        raise result.error
+                    return result.meta
+        return None
 
     def _take(self, consumer: Consumer, beside: _Beside, state: _Following) -> None:
         """What ended beside the poll since the last look (never waits): partitions
@@ -391,7 +431,8 @@ class _Checked:
 
 class _Beside:
     """The calls on one consumer that may wait on a broker, run beside its poll, each in
-    a daemon thread of its own: the topics check and the asks of partitions' ends (at
+    a daemon thread of its own: the metadata request (the connect's first, then each
+    topics check) and the asks of partitions' ends (at
     most ``END_QUERIES`` asking at once). What they found is queued for the poll thread
     (``take``); ``asking`` and ``checking`` are the poll thread's own bookkeeping (it
     alone starts and takes). Daemon threads, not an executor's: the interpreter joins
