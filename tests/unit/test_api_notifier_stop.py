@@ -26,7 +26,6 @@ from services.api.waiters import PromotionWaiters
 from tests.unit.notifier_world import (
     BOUND_S,
     FakeConsumer,
-    decision_wakes_its_waiter,
     fake_kafka,
     following,
     notifier_of,
@@ -38,12 +37,17 @@ CAUSES = ("topics_changed", "topics_missing", "failed")
 
 class RecordedCalls(FakeConsumer):
     """Records the thread of every call that may wait on a broker (a metadata request,
-    an uncached ask of a partition's end) and the metadata request's timeout."""
+    an uncached ask of a partition's end) and the metadata request's timeout;
+    ``checked`` is set at the second metadata request (the first topics check)."""
 
     calls: list[tuple[str, str, float]]
+    checked: threading.Event
 
     def list_topics(self, timeout: float = -1):
-        type(self).calls.append(("list_topics", threading.current_thread().name, timeout))
+        cls = type(self)
+        cls.calls.append(("list_topics", threading.current_thread().name, timeout))
+        if sum(call[0] == "list_topics" for call in cls.calls) >= 2:
+            cls.checked.set()
         return super().list_topics(timeout)
 
     def get_watermark_offsets(self, tp, timeout: float = -1, cached: bool = False):
@@ -54,15 +58,23 @@ class RecordedCalls(FakeConsumer):
 
 def test_no_call_that_may_wait_on_the_brokers_runs_on_the_poll_thread(monkeypatch):
     """The connect's metadata request, its asks of the partitions' ends and the topics
-    checks all run beside the poll, each bounded by its timeout. Before, the connect's
-    metadata request ran on the poll thread, up to 10 s."""
-    broker = fake_kafka(monkeypatch, RecordedCalls)
-    RecordedCalls.calls = []
-    assert decision_wakes_its_waiter(broker, topics_check_s=0.01)
-    looks = [call for call in RecordedCalls.calls if call[0] == "list_topics"]
-    assert len(looks) >= 2, "no topics check ran after the connect"
+    checks all run beside the poll, each metadata request bounded as the check's. Before,
+    the connect's metadata request ran on the poll thread, up to 10 s."""
+    fake_kafka(monkeypatch, RecordedCalls)
+    RecordedCalls.calls, RecordedCalls.checked = [], threading.Event()
+
+    async def scenario() -> bool:
+        loop = asyncio.get_running_loop()
+        async with following(notifier_of(PromotionWaiters(), topics_check_s=0.01)) as positioned:
+            assert positioned
+            return await loop.run_in_executor(None, RecordedCalls.checked.wait, BOUND_S)
+
+    assert asyncio.run(scenario()), "no topics check ran after the connect"
+    kinds = {call[0] for call in RecordedCalls.calls}
+    assert kinds == {"list_topics", "end"}, kinds
     on_poll_thread = [call for call in RecordedCalls.calls if call[1] == POLL_THREAD]
     assert on_poll_thread == [], "a call that may wait on the brokers ran on the poll thread"
+    looks = [call for call in RecordedCalls.calls if call[0] == "list_topics"]
     assert all(0 < timeout <= notifier_module.TOPICS_CHECK_TIMEOUT_S
                for _, _, timeout in looks), looks
 
