@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -172,9 +173,7 @@ def _readable(error: Exception) -> tuple[str, str, dict[str, object]]:
     copy, compared by identity first). One that cannot be read (a slot unset, an
     ``OSError``'s ``characters_written``) reads as ``_UNSET``."""
     attributes = {}
-    for name in dir(error):
-        if name.startswith("__"):
-            continue
+    for name in (*_class_attributes(type(error)), *getattr(error, "__dict__", ())):
         try:
             value = getattr(error, name)
         except AttributeError:
@@ -185,6 +184,14 @@ def _readable(error: Exception) -> tuple[str, str, dict[str, object]]:
 
 
 _UNSET = object()
+
+
+@functools.cache
+def _class_attributes(cls: type) -> tuple[str, ...]:
+    """The attribute names an exception class gives its instances (its slots and C
+    fields among them), dunders and methods left out: ``dir`` once per class (~20 us)."""
+    return tuple(name for name in dir(cls)
+                 if not name.startswith("__") and not callable(getattr(cls, name, None)))
 
 
 class _Same:
