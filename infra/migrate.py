@@ -536,7 +536,7 @@ def describe_lease(owner: str | None, ttl_left_s: int | None, ks: str,
     longer is likely a stopped one's, and the operator is told how long to wait.
 
     ``ttl_left_s``: ``TTL(owner)``, the seconds Cassandra keeps it still (None: no TTL,
-    a row written by hand, never expires). Every take and renewal writes it with
+    a row written by hand, never expires; above ``LEASE_TTL_S``: written by hand too). Every take and renewal writes it with
     ``LEASE_TTL_S``, so it was written ``LEASE_TTL_S - ttl_left_s`` seconds ago by
     Cassandra's own count (no client clock compared with another)."""
     now = now or datetime.now(UTC)
@@ -545,6 +545,14 @@ def describe_lease(owner: str | None, ttl_left_s: int | None, ks: str,
         return (f"lease {ks}.schema_migrations_lease held by {owner} with no expiry (not "
                 "written by ratchet migrate, whose lease always has one): no migrator "
                 "can take it until it is deleted. Once sure no migrator runs: DELETE FROM "
+                f"{ks}.schema_migrations_lease WHERE id = 'migrate'")
+    if ttl_left_s > LEASE_TTL_S:
+        # Longer than any take or renewal writes: its age cannot be told (it read as
+        # renewed 0 s ago, a running migrator; session 46).
+        return (f"lease {ks}.schema_migrations_lease held by {owner}, expires in "
+                f"{ttl_left_s}s: not written by ratchet migrate, whose lease lasts "
+                f"{LEASE_TTL_S}s from each renewal; no migrator can take it until then. "
+                "Once sure no migrator runs: DELETE FROM "
                 f"{ks}.schema_migrations_lease WHERE id = 'migrate'")
     since = max(0, LEASE_TTL_S - ttl_left_s)
     at = now - timedelta(seconds=since)

@@ -21,6 +21,8 @@ running at once. Each read begins after every request it answers arrived
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -127,22 +129,84 @@ class SingleFlight(Generic[T]):
 def _own_copy(error: Exception) -> Exception:
     """``error`` as an object of its own for one request: the same type, arguments and
     attributes, cause and context, and the read's traceback (this request's frames are
-    added as it is raised; the read's own object is never raised again). An exception
-    that cannot be built without its ``__init__`` is raised as it is, shared (as before
-    session 45)."""
-    cls = type(error)
+    added as it is raised; the read's own object is never raised again). Built without
+    its ``__init__`` (``__new__`` with its arguments, then its ``__dict__``), else as
+    ``copy.copy`` builds it (with its ``__init__``: a field it sets in C, as
+    ``UnicodeDecodeError``'s, ``SyntaxError``'s or an ``OSError`` subclass's errno, is
+    not in its arguments or ``__dict__``), whichever reads as ``error`` does
+    (``_readable``); neither (a slot, an ``__init__`` with other arguments): raised as
+    it is, shared, as before session 45. Until session 46 the first was raised whatever
+    it lacked: a request raised a ``UnicodeDecodeError`` with an empty message."""
     try:
-        own = cls.__new__(cls, *error.args)
-        if hasattr(error, "__dict__"):
-            own.__dict__.update(error.__dict__)
-            if isinstance(getattr(error, "__notes__", None), list):
-                own.__notes__ = list(error.__notes__)
-    except Exception:  # noqa: BLE001 - e.g. __slots__ or a __new__ with other arguments
+        expected = _readable(error)
+    except Exception:  # noqa: BLE001 - an attribute or text that raises when read
         return error
+    for build in (_built_bare, copy.copy):
+        try:
+            own = build(error)
+            if _readable(own) == expected:
+                break
+        except Exception:  # noqa: BLE001 - e.g. a __new__ or __init__ with other arguments
+            continue
+    else:
+        return error
+    if isinstance(getattr(error, "__notes__", None), list):
+        own.__notes__ = list(error.__notes__)  # a request's note is its own
     own.__cause__ = error.__cause__
     own.__context__ = error.__context__
     own.__suppress_context__ = error.__suppress_context__
     return own.with_traceback(error.__traceback__)
+
+
+def _built_bare(error: Exception) -> Exception:
+    """``error``'s type built without its ``__init__``: its arguments and ``__dict__``."""
+    cls = type(error)
+    own = cls.__new__(cls, *error.args)
+    if hasattr(error, "__dict__"):
+        own.__dict__.update(error.__dict__)
+    return own
+
+
+def _readable(error: Exception) -> tuple[str, str, dict[str, object]]:
+    """What a handler or a log line reads of an exception: its text and its attributes
+    (its slots and C-level fields too; ``__dict__``'s values are the same objects in a
+    copy, compared by identity first). One that cannot be read (a slot unset, an
+    ``OSError``'s ``characters_written``) reads as ``_UNSET``."""
+    attributes = {}
+    for name in (*_class_attributes(type(error)), *getattr(error, "__dict__", ())):
+        try:
+            value = getattr(error, name)
+        except AttributeError:
+            value = _UNSET
+        if not callable(value):
+            attributes[name] = _Same(value)
+    return str(error), repr(error), attributes
+
+
+_UNSET = object()
+
+
+@functools.cache
+def _class_attributes(cls: type) -> tuple[str, ...]:
+    """The attribute names an exception class gives its instances (its slots and C
+    fields among them), dunders and methods left out: ``dir`` once per class (~20 us)."""
+    return tuple(name for name in dir(cls)
+                 if not name.startswith("__") and not callable(getattr(cls, name, None)))
+
+
+class _Same:
+    """A value equal to the same object, or to an equal one (a NaN equals itself)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and (
+            other.value is self.value or bool(other.value == self.value))
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _retrieved(task: asyncio.Future) -> None:

@@ -101,3 +101,18 @@ def test_the_lease_line_without_a_server():
     running = describe_lease("o2", LEASE_TTL_S - int(RENEW_EVERY_S), "ks", now)
     assert "A migrator is running now" in running
     assert "no owner named" in describe_lease(None, LEASE_TTL_S, "ks", now)
+
+
+def test_a_lease_with_a_longer_ttl_than_migrate_writes_is_not_called_a_running_migrator():
+    """``ratchet migrate`` writes its lease with ``LEASE_TTL_S`` at every take and
+    renewal, so a TTL left above it was written otherwise (by hand): its age cannot be
+    told from it. It read as renewed 0 s ago, "A migrator is running now" (an outside
+    review, session 46); now it is named as not ratchet's, with its expiry."""
+    from infra.migrate import describe_lease
+
+    now = datetime(2026, 12, 7, 2, 0, 0, tzinfo=UTC)
+    line = describe_lease("hand", 86_400, "ks", now)
+    assert "A migrator is running now" not in line
+    assert "held by hand" in line and "not written by ratchet migrate" in line
+    assert "expires in 86400s" in line
+    assert "DELETE FROM ks.schema_migrations_lease WHERE id = 'migrate'" in line

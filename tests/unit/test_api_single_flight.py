@@ -289,6 +289,75 @@ def test_the_nth_requests_traceback_is_no_longer_than_the_firsts_at_any_depth():
     assert [len(traceback.extract_tb(e.__traceback__)) for e, _ in seen] == at_raise
 
 
+
+class _Slotted(Exception):
+    """An exception whose attribute lives in a slot, not in ``__dict__``."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, message: str, where: str) -> None:
+        super().__init__(message)
+        self.where = where
+
+
+class _OwnInitOSError(OSError):
+    """An ``OSError`` with an ``__init__`` of its own: its errno is set there."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+
+
+def _state(exc: BaseException) -> dict[str, object]:
+    """What a handler or a log line can read of an exception: its text and every
+    attribute (C-level fields and slots included; None for one that cannot be read)."""
+    seen = {name: getattr(exc, name, None) for name in dir(exc) if not name.startswith("__")}
+    return {"str": str(exc), "repr": repr(exc),
+            **{name: value for name, value in seen.items() if not callable(value)}}
+
+
+@pytest.mark.parametrize(("error", "copied"), [
+    (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), True),
+    (_OwnInitOSError(32, "Broken pipe"), True),
+    (ImportError("no module", name="missing_module", path="/nowhere"), True),
+    (SyntaxError("bad", ("f.py", 1, 2, "text")), True),
+    (_Slotted("failed", where="the read"), False),  # no copy reads as it: shared
+], ids=lambda param: type(param).__name__)
+def test_every_request_reads_the_shared_reads_error_as_the_read_raised_it(error, copied):
+    """An exception whose state is not its ``args`` and ``__dict__`` (fields set by its
+    ``__init__`` in C, a slot) was copied without it (``__new__`` with the args): a
+    request raised a ``UnicodeDecodeError`` or an ``OSError`` whose message was empty,
+    an ``ImportError`` that named no module, an exception whose slot could not be read
+    (an outside review, session 46). Each request's exception reads as the read's: a
+    copy of its own built by ``copy.copy`` (with its ``__init__``) where the bare copy
+    lacks a field, the read's own object where no copy reads as it."""
+    flights: SingleFlight[int] = SingleFlight("response")
+    gate = asyncio.Event()
+    seen: list[BaseException] = []
+
+    async def read() -> int:
+        await gate.wait()
+        raise error
+
+    async def request() -> None:
+        try:
+            await flights.run("key", read)
+        except type(error) as exc:
+            seen.append(exc)
+
+    async def run():
+        requests = [asyncio.ensure_future(request()) for _ in range(3)]
+        await _progress()
+        gate.set()
+        await asyncio.gather(*requests)
+
+    expected = _state(error)
+    asyncio.run(run())
+    assert len(seen) == 3
+    assert all(type(exc) is type(error) for exc in seen)
+    assert [_state(exc) for exc in seen] == [expected] * 3
+    assert len({id(exc) for exc in seen}) == (3 if copied else 1)
+
+
 # -- a stuck read does not hold the requests after it (session 45) -------------------
 
 BOUND_S = 0.05  # the tests' OVERTAKE_AFTER_S
