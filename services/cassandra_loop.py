@@ -105,11 +105,17 @@ class LoopSession:
         )
         return await cluster.create_session(keyspace=self._settings.keyspace)
 
-    async def _bound(self, statement: PreparedStatement, values: Sequence[Any]) -> Any:
+    async def _bound(self, statement: PreparedStatement,
+                     values: Sequence[Any]) -> tuple[Any, Any]:
+        """The driver's session and ``statement`` bound on it. The session is returned
+        with the statement: a ``close`` while this awaited the statement's preparation
+        leaves the request without a session (``_open``), and a statement prepared on a
+        closed session is not kept for the next one."""
         session = await self._connected()
         prepared = self._prepared.get(statement.query_string)
         if prepared is None:
             prepared = await session.create_prepared(statement.query_string)
+            self._open(session)
             self._prepared[statement.query_string] = prepared
         bound = prepared.bind()
         if UNSET_VALUE in values:  # unset, not null: a null is a tombstone cell
@@ -118,14 +124,22 @@ class LoopSession:
                     bound.bind(index, value)
         else:
             bound.bind_list(list(values))
-        return bound
+        return session, bound
+
+    def _open(self, session: Any) -> None:
+        """Raises ``LoopRequestFailed`` when ``close`` ran since ``session`` was taken (a
+        request awaiting its preparation or its previous page at shutdown): the request
+        fails like one the driver could not send. Before session 46 it called the
+        closed session's ``None`` (``AttributeError``)."""
+        if self._session is not session:
+            raise LoopRequestFailed(SessionClosed("the session was closed during the request"))
 
     async def execute(self, statement: PreparedStatement, values: Sequence[Any], *,
                       serial_consistency: int | None = None) -> LoopResult:
         """``statement`` at its own consistency level (the serial level of a conditional
         write: the statement's, else ``serial_consistency``), every page of its rows."""
         try:
-            bound = await self._bound(statement, values)
+            session, bound = await self._bound(statement, values)
             if statement.consistency_level is not None:
                 bound.set_consistency(_CONSISTENCY[statement.consistency_level])
             serial = statement.serial_consistency_level or serial_consistency
@@ -134,11 +148,12 @@ class LoopSession:
             bound.set_retry_policy("fallthrough")
             if isinstance(statement.fetch_size, int):  # else cassandra-driver's "unset"
                 bound.set_page_size(statement.fetch_size)
-            result = await self._session.execute(bound)
+            result = await session.execute(bound)
             names, rows = tuple(result.columns_names()), [row.as_tuple() for row in result]
             while result.has_more_pages():
                 bound.set_page_state(result.page_state())
-                result = await self._session.execute(bound)
+                self._open(session)
+                result = await session.execute(bound)
                 rows.extend(row.as_tuple() for row in result)
         except acsylla_errors.CassException as exc:
             raise LoopRequestFailed(exc) from exc
@@ -150,13 +165,15 @@ class LoopSession:
         try:
             batch = (acsylla.create_batch_logged() if logged
                      else acsylla.create_batch_unlogged())
+            session = await self._connected()
             for statement, values in parts:
-                batch.add_statement(await self._bound(statement, values))
+                batch.add_statement((await self._bound(statement, values))[1])
+            self._open(session)  # every part bound on this one session, still open
             batch.set_consistency(_CONSISTENCY[consistency])
             if serial_consistency is not None:
                 batch.set_serial_consistency(_CONSISTENCY[serial_consistency])
             batch.set_retry_policy("fallthrough")
-            result = await self._session.execute_batch(batch)
+            result = await session.execute_batch(batch)
         except acsylla_errors.CassException as exc:
             raise LoopRequestFailed(exc) from exc
         return LoopResult(tuple(result.columns_names()), tuple(row.as_tuple() for row in result))
@@ -185,6 +202,11 @@ class LoopRequestFailed(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.permanent = isinstance(cause, _PERMANENT)
+
+
+class SessionClosed(RuntimeError):
+    """``LoopSession.close`` ran while a request was under way (the cause of its
+    ``LoopRequestFailed``: not permanent, like any request the driver could not send)."""
 
 
 class WrongLoop(RuntimeError):
