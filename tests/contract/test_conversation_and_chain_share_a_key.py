@@ -217,3 +217,26 @@ def test_a_cancellation_and_tool_effects_stay_with_their_history(data, entry,  #
         found = s.history(response_id=chain_loop.response_id)
         assert isinstance(found, VerifiedHistory) and found.head_seq == 2
         assert s.data.store().head(s.tenant, s.key).seq == 1
+
+
+@ENTRIES
+@pytest.mark.parametrize("chain_first", [True, False])
+def test_each_history_is_absent_until_its_own_first_turn(data, entry, chain_first):  # noqa: F811
+    """The partition holding one history says nothing of the other: NOT_FOUND, no
+    head, ``/status`` unknown for the chain's first response id."""
+    s = Shared(data, entry, fresh=True)
+    s.promoted(s.chain(None) if chain_first else s.conversation(0), 1)
+    store, status = s.data.store(), StatusReader(s.data.store(), s.data.ledger())
+    if chain_first:
+        found = s.history(conversation_id=s.key)
+        assert isinstance(found, HistoryFailure), found
+        assert found.reason is HistoryFailureReason.NOT_FOUND
+        assert store.head(s.tenant, s.key) is None
+        assert store.read_head(s.tenant, s.key) is None
+    else:
+        for found in (s.history(response_id=s.key),
+                      s.history(response_id=s.key, partition_key=s.key)):
+            assert isinstance(found, HistoryFailure), found
+            assert found.reason is HistoryFailureReason.NOT_FOUND
+        assert status.status(s.tenant, s.key).state == "unknown"
+    s.promoted(s.conversation(0) if chain_first else s.chain(None), 1)
