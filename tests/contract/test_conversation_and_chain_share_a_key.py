@@ -225,7 +225,8 @@ def test_each_history_is_absent_until_its_own_first_turn(data, entry, chain_firs
     """The partition holding one history says nothing of the other: NOT_FOUND, no
     head, ``/status`` unknown for the chain's first response id."""
     s = Shared(data, entry, fresh=True)
-    s.promoted(s.chain(None) if chain_first else s.conversation(0), 1)
+    first = s.chain(None) if chain_first else s.conversation(0)
+    s.promoted(first, 1)
     store, status = s.data.store(), StatusReader(s.data.store(), s.data.ledger())
     if chain_first:
         found = s.history(conversation_id=s.key)
@@ -239,4 +240,12 @@ def test_each_history_is_absent_until_its_own_first_turn(data, entry, chain_firs
             assert isinstance(found, HistoryFailure), found
             assert found.reason is HistoryFailureReason.NOT_FOUND
         assert status.status(s.tenant, s.key).state == "unknown"
-    s.promoted(s.conversation(0) if chain_first else s.chain(None), 1)
+    second = s.conversation(0) if chain_first else s.chain(None)
+    s.promoted(second, 1)
+    # Read again through the store object that found the history absent (Cassandra
+    # remembers a partition without a Conversation, to read no chain items again).
+    for which in ({"conversation_id": s.key}, {"response_id": s.key}):
+        found = store.read_history(s.tenant, now=NOW, **which)
+        assert isinstance(found, VerifiedHistory) and found.checkpoint.seq == 1, found
+    conversation = store.read_history(s.tenant, conversation_id=s.key, now=NOW)
+    assert conversation.response_id == (second if chain_first else first).response_id
