@@ -175,6 +175,12 @@ class GatewayProducer:
         # before session 45; that send then refuses what it had not queued.
         self._sending = threading.RLock()
         self._closed_done = threading.Event()  # the first ``close`` released the client
+        # A ``close`` began (set before it waits for ``_sending``): a send of another
+        # thread waiting for room in librdkafka's full queue gives up (``_queue``), or
+        # the close waited for that send until a queued event was delivered or timed
+        # out, ``delivery.timeout.ms`` for each event of the turn, whatever its
+        # ``timeout_s`` (for ever with a queue that never drains; session 46).
+        self._closing = threading.Event()
         self._closer: threading.Thread | None = None  # the thread of the first ``close``
         # How many of librdkafka's calls that run delivery reports (``poll``, ``flush``)
         # each thread is inside (``_served``), and the timeout of a first ``close`` asked
@@ -213,7 +219,13 @@ class GatewayProducer:
         handler's ``close`` inside a send of its thread closes at once (the send refuses
         what it had not queued); inside a delivery report (librdkafka's ``poll`` or
         ``flush``) it refuses sends and returns, and that call finishes the close as it
-        returns (session 45: the process waited for ever, or aborted)."""
+        returns (session 45: the process waited for ever, or aborted). A send of
+        another thread waiting for room in librdkafka's full queue is ended
+        (``ProducerClosed`` naming the events of its turn queued before it, which this
+        close purges): it waited for that send, whatever ``timeout_s``, before session
+        46. A ``flush`` of another thread is ended by the purge and raises what it
+        purged."""
+        self._closing.set()  # before waiting for ``_sending``: see ``_queue``
         with self._sending:
             first = not self._closed
             self._closed = True
@@ -430,6 +442,11 @@ class GatewayProducer:
                                        on_delivery=callback)
                 return
             except BufferError:  # local queue full: let deliveries drain, then retry
+                if self._closing.is_set():
+                    # Another thread's close waits for this send's lock: waiting for
+                    # room would hold it up to delivery.timeout.ms per event (session
+                    # 46). Its purge reports what this call queued before.
+                    raise _closed_while_sending(event.event_id, queued) from None
                 if self._in_reports():
                     # Only serving reports makes room, and not from inside one (a
                     # signal handler's send): it looped for ever (session 45, rfix3).

@@ -139,3 +139,83 @@ def test_an_ack_that_lands_while_the_commit_is_on_its_way_is_committed(tmp_path,
         f"offsets 0-{acked_up_to - 1} were acked by the end of the revocation; committed: "
         f"{committed}: the next owner handles the rest again and publishes their outcomes "
         "twice")
+
+
+# A revocation whose settling raises (an outside review of session 44's fixes,
+# session 45; docs/processor.md, "Rebalance"): on a revocation the app's
+# ``settle_revoked`` runs first, then the commit, then Faust's revocation.
+# ``settle_revoked`` raising escaped into aiokafka, which logs a rebalance listener's
+# error and goes on: nothing committed, Faust never told, the worker running on.
+@pytest.mark.parametrize("cls", [LoopConsumerApp, WorkerApp])
+def test_a_revocation_whose_settling_fails_crashes_the_worker(tmp_path, monkeypatch, cls):
+    """``settle_revoked`` raising (a bug) escaped the consumer's revocation into
+    aiokafka, which logs a rebalance listener's error and goes on: nothing committed,
+    Faust never told (its acks of the partitions kept, its flow not stopped), the
+    lanes of partitions now another worker's maybe still running. Before session 44 the
+    same error in the app's revoke handler crashed the worker (Faust's rule): fail
+    closed, the supervisor starts it again from the committed offsets."""
+    async def check():
+        consumer, committed = _recording_consumer(cls, "unit-settle-fails", tmp_path,
+                                                  monkeypatch)
+        told: list[set] = []
+
+        async def app_revoke_handler(revoked):
+            told.append(revoked)
+
+        async def settle_revoked(revoked):
+            raise RuntimeError("a bug while settling")
+
+        monkeypatch.setattr(consumer, "_on_partitions_revoked", app_revoke_handler)
+        monkeypatch.setattr(consumer.app, "settle_revoked", settle_revoked, raising=False)
+        consumer.ack(Message("events", 0, 0, 0.0, 0, None, b"k", b"v", None))
+        try:
+            await consumer.on_partitions_revoked({TP("events", 0)})
+            escaped = None
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            escaped = exc
+        return consumer.app, committed, told, escaped
+
+    app, committed, told, escaped = asyncio.run(asyncio.wait_for(check(), 10))
+    assert escaped is None, f"{escaped!r} escaped to aiokafka, which logs it and goes on"
+    assert app.crashed and str(app.crash_reason) == "a bug while settling"
+    assert told == [{TP("events", 0)}]  # Faust still told (it forgets the partition)
+    assert committed.get(TP("events", 0)) == 1  # what was acked is committed all the same
+
+
+# A revocation whose settling fails crashes the worker (session 45) "what was acked is
+# still committed and Faust still told". With the thread consumer
+# (``RATCHET_WORKER_CONSUMER=thread``) a commit is a call to the consumer's thread, and
+# the app's crash crashes that thread's service: on a real broker its method queue
+# served one more call after ``app.crash``, then none (the review's probe), so the
+# second of ``commit_acked``'s two commits, needed when Faust's periodic commit is in
+# flight, was never served. The commits and Faust's revocation come first, the crash last.
+@pytest.mark.parametrize("cls", [LoopConsumerApp, WorkerApp])
+def test_a_revocation_whose_settling_fails_commits_and_tells_faust_before_the_crash(
+        tmp_path, monkeypatch, cls):
+    async def check():
+        consumer, committed = _recording_consumer(cls, "unit-settle-fails-order", tmp_path,
+                                                  monkeypatch)
+        order: list[str] = []
+        plain_commit = consumer._commit
+
+        async def commit(offsets):
+            order.append("commit, crashed" if consumer.app.crashed else "commit")
+            return await plain_commit(offsets)
+
+        async def app_revoke_handler(revoked):
+            order.append("told, crashed" if consumer.app.crashed else "told")
+
+        async def settle_revoked(revoked):
+            raise RuntimeError("a bug while settling")
+
+        monkeypatch.setattr(consumer, "_commit", commit)
+        monkeypatch.setattr(consumer, "_on_partitions_revoked", app_revoke_handler)
+        monkeypatch.setattr(consumer.app, "settle_revoked", settle_revoked, raising=False)
+        consumer.ack(Message("events", 0, 0, 0.0, 0, None, b"k", b"v", None))
+        await consumer.on_partitions_revoked({TP("events", 0)})
+        return consumer.app, committed, order
+
+    app, committed, order = asyncio.run(asyncio.wait_for(check(), 10))
+    assert app.crashed and str(app.crash_reason) == "a bug while settling"
+    assert committed.get(TP("events", 0)) == 1
+    assert order == ["commit", "told"], order  # both before the crash

@@ -7,6 +7,7 @@ import pytest
 
 from services.gateway.client import Certified, Failure, Fallback, RehydrationClient
 from services.gateway.errors import (
+    ClientClosed,
     InvalidRehydrationRequest,
     RehydrationServerError,
     RehydrationUnavailable,
@@ -137,3 +138,29 @@ def test_the_partition_hint_is_sent_only_when_given():
     client.response_history("t", "resp_1", "f" * 64)
     client.response_history("t", "resp_1", "f" * 64, partition_key="conv_1")
     assert "partition_key" not in seen[0] and seen[1]["partition_key"] == "conv_1"
+
+
+# A request racing a ``close`` in another thread (an outside review of session 44's
+# fixes, session 45): a request after ``close`` is ``ClientClosed``; one whose
+# ``close`` came from another thread between its check and its send raised httpx's
+# ``RuntimeError``.
+def test_a_close_in_another_thread_racing_a_request_is_client_closed():
+    """The rehydration client's ``close`` in another thread landing between its request's
+    closed check and the send: httpx's ``RuntimeError`` ("the client has been closed")
+    escaped untyped, where a request after ``close`` is ``ClientClosed``."""
+
+    class ClosedRightAfterTheCheck(httpx.Client):
+        @property
+        def is_closed(self) -> bool:
+            closed = super().is_closed
+            if not closed:
+                self.close()  # the other thread's close, just now
+            return closed
+
+    client = RehydrationClient("http://rehydration.invalid")
+    client._http.close()
+    client._http = ClosedRightAfterTheCheck(
+        base_url="http://rehydration.invalid",
+        transport=httpx.MockTransport(lambda request: httpx.Response(500)))
+    with pytest.raises(ClientClosed):
+        client.status("t1", "resp_1")

@@ -26,7 +26,7 @@ from ratchet.domain.claims import (
     EffectPolicy,
     effect_id_for_claim,
 )
-from ratchet.samples import NOW_MS, TENANT, new_id
+from ratchet.samples import NOW_MS, TENANT, make_tool_effect, make_turn, new_id
 from schemas.items import arguments_digest, function_call, function_call_output, message
 from schemas.models import OrphanReason, RejectionReason
 from tests.unit.test_processor_rules import TOPICS, Harness, conv_id, turn
@@ -154,3 +154,69 @@ def test_a_holders_tool_effect_with_another_output_than_its_completion_is_a_conf
     assert sorted((o.effect_id, o.reason, o.output_digest) for o in orphans) == sorted([
         (effect_id, OrphanReason.EFFECT_CONFLICT, recorded.content_digest),
         (effect_id, OrphanReason.EFFECT_CONFLICT, other.content_digest)])
+
+
+# Another attempt's re-run of a listed call (an outside red team of session 26's own
+# fixes; failed before its fix): the late-effect fix (an effect its promoted turn
+# carries is used) also took another attempt's re-run of the same call, with the
+# same output, as carried: a second execution of the tool was never compensated. A
+# call the turn answers with a listed effect carries no other effect.
+def _orphans(handled):
+    return [(o.model.effect_id, o.model.reason) for o in handled.outbound
+            if o.topic == TOPICS.orphaned_effects]
+
+
+def test_another_attempts_rerun_of_a_listed_call_is_superseded():
+    h = Harness()
+    key, conv = new_id("idem"), new_id("conv")
+    out = function_call_output("call_a", '{"sent": true}', item_id="fco_a")
+    r1 = new_id("resp")
+    e1 = make_tool_effect("call_a", out, idempotency_key=key, response_id=r1,
+                          conversation_id=conv, tool_name="send_mail", subturn_index=0)
+    h.feed(e1)
+    t1 = make_turn([function_call("call_a", "send_mail", {"to": "x"}, item_id="fc_a"), out,
+                    message("sent", role="assistant", item_id=new_id("msg"))],
+                   idempotency_key=key, response_id=r1, conversation_id=conv,
+                   tool_effect_ids=[e1.effect_id], attempt=1)
+    assert h.processor.handle(h.record(t1)).outbound[0].model.seq == 1
+    # attempt 2, which never saw the promotion, ran call_a again one round later
+    r2 = new_id("resp")
+    e2 = make_tool_effect("call_a", out, idempotency_key=key, response_id=r2,
+                          conversation_id=conv, tool_name="send_mail", subturn_index=1,
+                          attempt=2)
+    assert e2.effect_id != e1.effect_id
+    late = h.processor.handle(h.record(e2))
+    t2 = t1.model_copy(update={"event_id": new_id("evt"), "response_id": r2, "attempt": 2,
+                               "tool_effect_ids": [e2.effect_id]})
+    dup = h.processor.handle(h.record(t2))
+    assert dup.outbound[0].model.reason is RejectionReason.DUPLICATE
+    assert (e2.effect_id, OrphanReason.ATTEMPT_SUPERSEDED) in _orphans(late) + _orphans(dup)
+
+
+def test_another_attempts_claimed_rerun_of_a_listed_call_is_superseded():
+    h = Harness()
+    key, conv = new_id("idem"), new_id("conv")
+
+    def claim(subturn, attempt, output):
+        effect_id = effect_id_for_claim(key, subturn, "send_email", 0)
+        req = ClaimRequest(TENANT, key, effect_id, attempt, subturn, "ca", "send_email",
+                           arguments_digest({"to": "ca"}), uuid.uuid4().hex, 30_000,
+                           EffectPolicy.AT_MOST_ONCE)
+        h.ledger.claim_effect(req, NOW_MS)
+        h.ledger.complete_claim(TENANT, key, effect_id, req.token, "succeeded", output,
+                                NOW_MS)
+        h.store.mark_request_facts(TENANT, conv, key)
+        return effect_id
+
+    out1 = function_call_output("ca", '{"sent": true}', item_id="fco_a")
+    c1 = claim(0, 1, out1)
+    t1 = make_turn([function_call("ca", "send_email", {"to": "ca"}, item_id="fc_a"), out1,
+                    message("sent", role="assistant", item_id=new_id("msg"))],
+                   idempotency_key=key, conversation_id=conv, tool_effect_ids=[c1])
+    assert h.outcome(t1).seq == 1
+    c2 = claim(1, 2, function_call_output("ca", '{"sent": true}', item_id="fco_a2"))
+    t2 = t1.model_copy(update={"event_id": new_id("evt"), "response_id": new_id("resp"),
+                               "attempt": 2, "tool_effect_ids": [c2]})
+    dup = h.processor.handle(h.record(t2))
+    assert dup.outbound[0].model.reason is RejectionReason.DUPLICATE
+    assert (c2, OrphanReason.ATTEMPT_SUPERSEDED) in _orphans(dup)

@@ -6,9 +6,12 @@ retry of a promoted request whatever its size. Found by an outside review (sessi
 
 from __future__ import annotations
 
+import io
+import json
 import pickle
 from dataclasses import replace
 
+import fastavro
 import pytest
 
 from ratchet.samples import (
@@ -19,8 +22,9 @@ from ratchet.samples import (
     make_turn_cancelled,
     new_id,
 )
+from schemas import avsc
 from schemas.items import function_call, function_call_output, message
-from schemas.limits import MAX_EVENT_BYTES
+from schemas.limits import MAX_EVENT_BYTES, MIB, TOPIC_MAX_MESSAGE_BYTES
 from schemas.models import (
     CheckpointPromoted,
     DeadLetter,
@@ -300,3 +304,38 @@ def test_a_turn_is_never_promoted_on_top_of_a_history_that_cannot_be_read(h):
     child = make_turn(conversation_id=None, expected_head_seq=None,
                       previous_response_id=root.response_id, chain_root_id=root.response_id)
     assert h.outcome(child).reason is R.CORRUPT
+
+
+# A chain's first response whose ``response_id`` is ~4.8 MiB of id characters (an
+# outside red team of session 26's own fixes; failed before its fix) is a legal-size
+# event, rejected ``CORRUPT`` (the id is outside the API's pattern); its rejection
+# repeated the id up to four times (three fields and the record's key): a 20 MB
+# record for a 16 MiB topic, refused by the broker, retried for ever, the partition
+# stopped. A turn whose ids and request digest hold more than ``MAX_QUOTED_CHARS``
+# (1 MiB) together is now dead-lettered ``INVALID_EVENT`` (the record is kept).
+def _avro_size(model, record: str) -> int:
+    schema = fastavro.parse_schema(json.loads(avsc.schema_text(record)))
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, schema, model.to_avro())
+    return 5 + len(buf.getvalue())
+
+
+def test_an_event_whose_ids_no_record_could_carry_is_parked_not_rejected():
+    rid = "resp_" + "a" * int(4.8 * MIB)
+    t = make_turn(conversation_id=None, chain_root_id=rid, response_id=rid,
+                  previous_response_id=None, expected_head_seq=None)
+    assert _avro_size(t, "TurnCompleted") <= MAX_EVENT_BYTES  # a legal-size event
+    (out,) = Harness().processor.handle(raw_record(t)).outbound
+    assert out.topic == TOPICS.dead_letters
+    assert out.model.reason is DeadLetterReason.INVALID_EVENT
+    assert "response_id of" in out.model.error
+    assert len(out.key or b"") + _avro_size(out.model, "DeadLetter") <= 2 * TOPIC_MAX_MESSAGE_BYTES
+
+
+def test_an_id_just_outside_the_pattern_is_still_rejected_corrupt():
+    rid = "resp_" + "a" * 300  # beyond the 200 of the pattern, quotable
+    t = make_turn(conversation_id=None, chain_root_id=rid, response_id=rid,
+                  previous_response_id=None, expected_head_seq=None)
+    rejected = Harness().outcome(t)
+    assert isinstance(rejected, PromotionRejected)
+    assert rejected.reason is RejectionReason.CORRUPT

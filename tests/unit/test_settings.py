@@ -252,3 +252,11 @@ def test_a_relative_home_or_one_with_a_tilde_is_made_absolute(monkeypatch, tmp_p
     assert Settings.from_env({"RATCHET_HOME": "rel/home"}).home == tmp_path / "rel" / "home"
     assert Settings.from_env({"RATCHET_HOME": "~/r h"}).home == Path.home() / "r h"
     assert Settings.from_env({"RATCHET_HOME": "/a/b/../c"}).home == Path("/a/c")
+
+
+# The Cassandra host check refused names that resolve: an absolute name (trailing
+# dot) and one with underscores (an outside red team of session 26's own fixes).
+@pytest.mark.parametrize("host", ["cassandra-0.cassandra.svc.cluster.local.",
+                                  "ratchet_cassandra_1"])
+def test_cassandra_host_names_that_resolve_are_accepted(host):
+    assert Settings.from_env({"RATCHET_CASSANDRA_HOSTS": host}).cassandra_hosts == (host,)

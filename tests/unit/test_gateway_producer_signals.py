@@ -1,4 +1,5 @@
-"""An outside review of session 44's fixes (session 45).
+"""The gateway producer used by a signal handler while its own thread is inside the
+producer (outside reviews of session 44's and session 45's fixes, session 45).
 
 docs/service.md, section 3: ``close`` (also leaving ``with GatewayProducer(...)``) may be
 called from a signal handler: "a close inside the first close of the same thread (a
@@ -14,39 +15,35 @@ send lock.
    handler runs) flushed or closed librdkafka from inside its own callback: the real
    client aborts the process, or its close waits for itself.
 
-2. docs/processor.md, "Rebalance": on a revocation the app's ``settle_revoked`` runs
-   first, then the commit, then Faust's revocation. ``settle_revoked`` raising escaped
-   into aiokafka, which logs a rebalance listener's error and goes on: nothing
-   committed, Faust never told, the worker running on.
+2. (rfix3) A signal handler may use the gateway producer while its thread is inside the
+   producer (session 45 made its locks reentrant so that a handler's ``close`` there
+   does not wait for ever). A handler that *sends* (a cancellation on SIGTERM, then
+   ``close``) while its thread is inside librdkafka's ``poll`` or ``flush`` runs inside
+   a delivery report: the send served reports itself (``poll``), and confluent-kafka's
+   ``poll`` from inside its own callback leaves the outer call without its call state:
+   the next report of that call aborts the process (``CallState_get: Assertion `cs !=
+   NULL' failed``). A send there must queue its event and leave the reports to the call
+   it runs in; with librdkafka's queue full it cannot wait for room there (only serving
+   reports makes room): ``EventNotQueued``, retryable.
 
-3. The rehydration client: a request after ``close`` is ``ClientClosed``; one whose
-   ``close`` came from another thread between its check and its send raised httpx's
-   ``RuntimeError``.
-
-No broker is needed: librdkafka is replaced by ``FakeKafka`` (once the real client, in a
-process of its own, with an unreachable broker), Kafka's commits are recorded
-(``tests/unit/test_commit_before_revoke.py``).
+No broker is needed: librdkafka is replaced by ``FakeKafka``, except where the real
+client is needed: each such case in a process of its own (an abort ends the process),
+an unreachable broker: every event times out and is reported by ``flush``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
-import httpx
-import pytest
 from confluent_kafka import KafkaError
-from faust.types import TP
-from faust.types.tuples import Message
 
 from ratchet.samples import make_turn
-from services.gateway.client import RehydrationClient
-from services.gateway.errors import ClientClosed, DeliveryError, ProducerClosed
-from streams.consumer_loop import LoopConsumerApp, WorkerApp
-from tests.unit.test_commit_before_revoke import _recording_consumer
+from services.gateway.errors import DeliveryError, ProducerClosed
 from tests.unit.test_gateway_library_review import effect_of, gateway
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,43 +168,6 @@ def test_a_signal_handlers_close_while_its_thread_records_a_failure_does_not_han
     assert kafka.closed
 
 
-# 2. ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("cls", [LoopConsumerApp, WorkerApp])
-def test_a_revocation_whose_settling_fails_crashes_the_worker(tmp_path, monkeypatch, cls):
-    """``settle_revoked`` raising (a bug) escaped the consumer's revocation into
-    aiokafka, which logs a rebalance listener's error and goes on: nothing committed,
-    Faust never told (its acks of the partitions kept, its flow not stopped), the
-    lanes of partitions now another worker's maybe still running. Before session 44 the
-    same error in the app's revoke handler crashed the worker (Faust's rule): fail
-    closed, the supervisor starts it again from the committed offsets."""
-    async def check():
-        consumer, committed = _recording_consumer(cls, "unit-settle-fails", tmp_path,
-                                                  monkeypatch)
-        told: list[set] = []
-
-        async def app_revoke_handler(revoked):
-            told.append(revoked)
-
-        async def settle_revoked(revoked):
-            raise RuntimeError("a bug while settling")
-
-        monkeypatch.setattr(consumer, "_on_partitions_revoked", app_revoke_handler)
-        monkeypatch.setattr(consumer.app, "settle_revoked", settle_revoked, raising=False)
-        consumer.ack(Message("events", 0, 0, 0.0, 0, None, b"k", b"v", None))
-        try:
-            await consumer.on_partitions_revoked({TP("events", 0)})
-            escaped = None
-        except Exception as exc:  # noqa: BLE001 - asserted below
-            escaped = exc
-        return consumer.app, committed, told, escaped
-
-    app, committed, told, escaped = asyncio.run(asyncio.wait_for(check(), 10))
-    assert escaped is None, f"{escaped!r} escaped to aiokafka, which logs it and goes on"
-    assert app.crashed and str(app.crash_reason) == "a bug while settling"
-    assert told == [{TP("events", 0)}]  # Faust still told (it forgets the partition)
-    assert committed.get(TP("events", 0)) == 1  # what was acked is committed all the same
-
-
 def test_a_signal_handlers_close_while_its_thread_reads_its_failures_does_not_hang():
     """The handler runs while its thread's ``flush`` reads the failures to raise (the
     producer's own lock held, out of librdkafka's calls): its ``close`` flushes and
@@ -311,24 +271,128 @@ def test_a_signal_handlers_close_inside_a_delivery_report_closes_once_the_flush_
     assert "send after: ProducerClosed" in lines, lines
 
 
-# 3. ------------------------------------------------------------------------------------
-def test_a_close_in_another_thread_racing_a_request_is_client_closed():
-    """The rehydration client's ``close`` in another thread landing between its request's
-    closed check and the send: httpx's ``RuntimeError`` ("the client has been closed")
-    escaped untyped, where a request after ``close`` is ``ClientClosed``."""
+# 2. ------------------------------------------------------------------------------------
+_SEND_IN_A_REPORT = """
+import sys
+from ratchet.samples import make_turn
+from ratchet.settings import Settings
+from services.gateway.errors import DeliveryError
+from services.gateway.producer import GatewayProducer
 
-    class ClosedRightAfterTheCheck(httpx.Client):
-        @property
-        def is_closed(self) -> bool:
-            closed = super().is_closed
-            if not closed:
-                self.close()  # the other thread's close, just now
-            return closed
 
-    client = RehydrationClient("http://rehydration.invalid")
-    client._http.close()
-    client._http = ClosedRightAfterTheCheck(
-        base_url="http://rehydration.invalid",
-        transport=httpx.MockTransport(lambda request: httpx.Response(500)))
-    with pytest.raises(ClientClosed):
-        client.status("t1", "resp_1")
+class Serde:
+    def encode(self, event, topic):
+        return b"\\\\0" * 100
+
+
+config = {"message.timeout.ms": 300, "log_level": 0}
+if sys.argv[1] == "full":
+    config["queue.buffering.max.messages"] = 3
+producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=Serde(),
+                           config=config)
+explained, handled = producer._explained, []
+late = make_turn()
+
+
+def report_with_a_signal(err):  # a signal handler sends while a delivery report runs
+    if not handled:
+        try:
+            if sys.argv[1] == "flush":
+                producer.flush(1)
+                handled.append("flushed")
+            else:
+                producer.send(late)
+                handled.append("queued")
+        except Exception as exc:
+            handled.append(f"{type(exc).__name__} retryable={exc.retryable}")
+    return explained(err)
+
+
+producer._explained = report_with_a_signal
+turns = [make_turn() for _ in range(3)]
+for turn in turns:
+    producer.send(turn)
+told = set()
+for _ in range(3):  # the late event, if queued, may be reported by the next flush
+    try:
+        producer.flush(20)
+        break
+    except DeliveryError as exc:
+        told |= {eid for eid, _ in exc.failures}
+print("handler:", handled)
+ids = {t.event_id for t in turns}
+print("flush:", "all" if told == ids | ({late.event_id} if handled == ["queued"] else set())
+      else sorted(told))
+sys.stdout.flush()
+"""
+
+
+def _run(case: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", _SEND_IN_A_REPORT, case],
+                          capture_output=True, text=True, timeout=60, cwd=str(ROOT),
+                          env={**os.environ})
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
+    return done.stdout.splitlines()
+
+
+def test_a_signal_handlers_send_inside_a_delivery_report_queues_without_aborting():
+    """The handler's send is queued (no ``poll`` from inside the report) and its event
+    reported like any other; the process goes on (it aborted)."""
+    lines = _run("room")
+    assert "handler: ['queued']" in lines, lines
+    assert "flush: all" in lines, lines
+
+
+def test_a_signal_handlers_send_inside_a_delivery_report_with_the_queue_full_is_refused():
+    """librdkafka's queue full inside a delivery report: the send cannot wait for room
+    (serving reports there aborts the process): refused, retryable, nothing produced;
+    the flush it ran in still reports every event queued before."""
+    lines = _run("full")
+    assert "handler: ['EventNotQueued retryable=True']" in lines, lines
+    assert "flush: all" in lines, lines
+
+
+def test_a_signal_handlers_flush_inside_a_delivery_report_does_not_abort():
+    """A handler's ``flush`` there cannot wait (librdkafka's flush from inside its own
+    callback aborts the process): it raises at once what it knows, ``FlushTimeout``
+    with the events still in flight (retryable); the flush it ran in goes on and
+    reports every event."""
+    lines = _run("flush")
+    assert "handler: ['FlushTimeout retryable=True']" in lines, lines
+    assert "flush: all" in lines, lines
+
+
+# A close mid-turn names the events of the turn queued before it (the merge of session
+# 45: "a close mid-turn names the events queued before it"), so that the caller sends
+# the whole turn again, never the turn alone, whose effects the close purged.
+def test_a_signal_handlers_close_while_a_turn_waits_for_room_names_what_was_queued():
+    """librdkafka's queue full at the turn's second effect: the send serves reports to
+    make room, and a signal handler's close runs in that ``poll``. The send's
+    ``ProducerClosed`` names the effect queued before it and asks for the whole turn
+    again (it said "create a new one", naming nothing: the caller could send the turn
+    alone)."""
+    producer, kafka = gateway()
+    turn = make_turn()
+    effects = [effect_of(turn, "call_1"), effect_of(turn, "call_2")]
+    plain_produce, plain_poll = kafka.produce, kafka.poll
+
+    def produce_until_full(topic, value, key, on_delivery):
+        if kafka.produced:
+            raise BufferError("Local: Queue full")
+        plain_produce(topic, value, key, on_delivery)
+
+    def poll_with_a_signal(timeout=0):
+        if timeout:  # the send waits for room: SIGTERM arrives, its handler closes
+            producer.close(timeout_s=0)  # inside librdkafka's poll: it finishes as that returns
+        return plain_poll(timeout)
+
+    kafka.produce, kafka.poll = produce_until_full, poll_with_a_signal
+    try:
+        producer.send_turn(turn, effects=effects)
+        refused = None
+    except ProducerClosed as exc:
+        refused = exc
+    assert refused is not None
+    assert kafka.closed and len(kafka.produced) == 1
+    assert effects[0].event_id in str(refused), str(refused)  # queued, then purged
+    assert "whole turn" in str(refused), str(refused)
