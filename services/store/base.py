@@ -39,7 +39,7 @@ requires the mark the caller decided with; a different mark ends the call with
 ``FactsChanged`` before any write.
 
 A chain's first response also claims its request, (tenant, idempotency key), the same
-way (``_request_held``): its retries under other response ids are other partitions.
+way (``RequestFacts.request_held``): its retries under other response ids are other partitions.
 
 A response located by its claim whose turn row is not there was either never promoted
 (refused, in flight) or promoted and its row lost to storage damage (rows never expire):
@@ -340,7 +340,7 @@ class CheckpointStore(StoreBackend):
         key) for it unless another first response holds it; returns the holder. Asked
         for a fact of the request, not a turn (the processor, before orphaning a late
         effect of a cancelled request): the claim's ``request_digest`` is empty, and
-        only its ``response_id`` is ever compared (``_request_held``). Held by
+        only its ``response_id`` is ever compared (``RequestFacts.request_held``). Held by
         ``response_id``, no other attempt of the request can ever be promoted."""
         return self._requests.hold_request(tenant_id, idempotency_key, response_id)
 

@@ -1,12 +1,8 @@
 """What the store says of a request apart from promoting one of its turns: whether it
 stands promoted (by whichever attempt), which chain's first response holds it, and the
 facts mark that orders a fact of the request (kept by the ledger) against a promotion.
-
-A chain's first response claims its request, (tenant, idempotency key), before its
-first write, as it claims its response id: a retry under another response id lands in
-another partition, where no idempotency record can see the first attempt. So every
-question "does this request stand promoted" for a chain's first response asks two
-partitions: its own and the holder's (``promoted_at``)."""
+For a chain's first response "does this request stand promoted" asks two partitions,
+its own and that of the response holding its request claim (``promoted_at``)."""
 
 from __future__ import annotations
 
