@@ -1,6 +1,6 @@
 """A bounded least-recently-used map: the one eviction rule of the in-process caches.
 
-Used by the store's hints (``services/store/base.py``), the worker's tail cache
+Used by the store's hints (``services/store/hints.py``), the worker's tail cache
 (``streams/tail_cache.py``) and the API's history cache (``services/api/cache.py``,
 bounded by bytes through ``weigh``). Not thread-safe on purpose: each cache holds its
 own lock, often around several maps at once.

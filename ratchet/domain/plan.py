@@ -8,7 +8,7 @@ response id, the chain parent), ``plan_promotion`` returns an outcome
 unchanged. ``plan_from_hints`` gives the plan a fresh view would give IF remembered
 facts (a head, a parent checkpoint) are true, so a backend may write before reading;
 ``build_checkpoint`` is the record a plan persists. Every backend shares these rules
-(``services/store/base.py`` runs the read-plan-write loop around them).
+(``services/store/promotion.py`` runs the read-plan-write loop around them).
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ class StoreStatements:
             serial_consistency,
         )
         # A chain's first response also claims its request (tenant, idempotency key):
-        # the same claim, keyed by the key (base.py, ``_request_held``).
+        # the same claim, keyed by the key (request_facts.py, ``request_held``).
         request_claims = f"{prefix}request_claims"
         self.insert_request_claim = prepare_lwt(
             f"INSERT INTO {request_claims} (tenant_id, idempotency_key, response_id, "

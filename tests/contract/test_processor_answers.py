@@ -66,15 +66,22 @@ class CorruptStore(MemoryCheckpointStore):
 
     corrupt: set = set()
 
+    def __init__(self, options):
+        super().__init__(options)
+        # The store's parts ask its hints object (services/store/hints.py) for a head.
+        hinted_head = self._hints.head
+
+        def head(request):  # another worker's store object: no hints of its own
+            if (request.tenant_id, request.partition_key) in self.corrupt:
+                return None
+            return hinted_head(request)
+
+        self._hints.head = head
+
     def _read_view(self, request, head_guess=None):
         if (request.tenant_id, request.partition_key) in self.corrupt:
             raise CorruptPartition(f"partition {request.partition_key}: undecodable row")
         return super()._read_view(request, head_guess)
-
-    def _hinted_head(self, request):  # another worker's store object: no hints of its own
-        if (request.tenant_id, request.partition_key) in self.corrupt:
-            return None
-        return super()._hinted_head(request)
 
 
 @ENTRIES

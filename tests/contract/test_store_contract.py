@@ -1074,7 +1074,7 @@ class StoreContract:
     def test_damaged_head_cells_are_never_learnt_as_a_hint(self, store, tenant, clock):
         """Head cells their row does not back: each promoter reads them once (the view)
         and must not keep them as its hint, whose cells the fast path's write would
-        assert (``_learn_view``); held on both backends (session 44: only
+        assert (``StoreHints.learn_view``); held on both backends (session 44: only
         ``test_store_corruption.py`` held it, on Cassandra)."""
         conv, _ = self._three_turns(store, tenant)
         self.damage_head(store, tenant, conv)

@@ -137,7 +137,7 @@ def test_stale_hint_is_refused_then_promoted_at_the_true_head(counted, healthy):
     assert isinstance(store.promote(conversation_turn(tenant, conv, 0)), Promoted)
     # Another worker moves the head: this store's hint (seq 1) is now stale.
     rival = healthy.promote(conversation_turn(tenant, conv, 1)).checkpoint
-    stale = store._hinted_head(conversation_turn(tenant, conv, 1))
+    stale = store._hints.head(conversation_turn(tenant, conv, 1))
     assert stale is not None and stale.seq == 1
     # With a wrong item count for the true head seq the batch must be refused.
     lie = Head(2, rival.response_id, rival.last_item_seq + 5)

@@ -414,7 +414,7 @@ def test_a_woken_request_reads_where_the_decision_record_says(stack, cached):
         stack.promote(tenant, conv, 1, (message("b", item_id=uid("m")),), response_id=rid)
         # The API's store never promotes, so it has not learnt where promotions live:
         # forget what this one learnt from promoting.
-        stack.store._location_hints = type(stack.store._location_hints)(1000)
+        stack.store._hints.locations = type(stack.store._hints.locations)(1000)
         read_before_the_wake.append(len(claims_read))
         while not stack.waiters.notify(rid, "promoted", (tenant, conv)):
             time.sleep(0.01)

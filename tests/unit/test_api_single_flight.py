@@ -186,7 +186,7 @@ def test_a_request_whose_hint_differs_does_not_take_another_hints_read():
     tenant, conv = uid("tenant"), uid("conv")
     rid = stack.promote(tenant, conv, 0, (message("hello", item_id=uid("msg")),))
     del stack.store._claims[(tenant, rid)]  # as before migration 007
-    stack.store._location_hints = _Hints(64)  # another replica's store: it saw nothing
+    stack.store._hints.locations = _Hints(64)  # another replica's store: it saw nothing
 
     async def run():
         gated = Gated(stack)
