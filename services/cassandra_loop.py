@@ -105,27 +105,24 @@ class LoopSession:
         )
         return await cluster.create_session(keyspace=self._settings.keyspace)
 
-    async def _bound(self, statement: PreparedStatement, values: Sequence[Any]) -> Any:
-        session = await self._connected()
+    async def _prepare(self, session: Any, statement: PreparedStatement) -> Any:
+        """The driver's own prepared statement for ``statement``: prepared once, then
+        found in ``_prepared`` by the callers themselves (a coroutine per statement of
+        every request was most of the loop's binding cost in calls)."""
         prepared = self._prepared.get(statement.query_string)
         if prepared is None:
             prepared = await session.create_prepared(statement.query_string)
             self._prepared[statement.query_string] = prepared
-        bound = prepared.bind()
-        if UNSET_VALUE in values:  # unset, not null: a null is a tombstone cell
-            for index, value in enumerate(values):
-                if value is not UNSET_VALUE:
-                    bound.bind(index, value)
-        else:
-            bound.bind_list(list(values))
-        return bound
+        return prepared
 
     async def execute(self, statement: PreparedStatement, values: Sequence[Any], *,
                       serial_consistency: int | None = None) -> LoopResult:
         """``statement`` at its own consistency level (the serial level of a conditional
         write: the statement's, else ``serial_consistency``), every page of its rows."""
         try:
-            bound = await self._bound(statement, values)
+            session = await self._connected()
+            bound = _bound(self._prepared.get(statement.query_string)
+                           or await self._prepare(session, statement), values)
             if statement.consistency_level is not None:
                 bound.set_consistency(_CONSISTENCY[statement.consistency_level])
             serial = statement.serial_consistency_level or serial_consistency
@@ -134,11 +131,11 @@ class LoopSession:
             bound.set_retry_policy("fallthrough")
             if isinstance(statement.fetch_size, int):  # else cassandra-driver's "unset"
                 bound.set_page_size(statement.fetch_size)
-            result = await self._session.execute(bound)
+            result = await session.execute(bound)
             names, rows = tuple(result.columns_names()), [row.as_tuple() for row in result]
             while result.has_more_pages():
                 bound.set_page_state(result.page_state())
-                result = await self._session.execute(bound)
+                result = await session.execute(bound)
                 rows.extend(row.as_tuple() for row in result)
         except acsylla_errors.CassException as exc:
             raise LoopRequestFailed(exc) from exc
@@ -148,15 +145,17 @@ class LoopSession:
                             *, consistency: int, serial_consistency: int | None = None,
                             logged: bool = True) -> LoopResult:
         try:
+            session = await self._connected()
             batch = (acsylla.create_batch_logged() if logged
                      else acsylla.create_batch_unlogged())
             for statement, values in parts:
-                batch.add_statement(await self._bound(statement, values))
+                batch.add_statement(_bound(self._prepared.get(statement.query_string)
+                                           or await self._prepare(session, statement), values))
             batch.set_consistency(_CONSISTENCY[consistency])
             if serial_consistency is not None:
                 batch.set_serial_consistency(_CONSISTENCY[serial_consistency])
             batch.set_retry_policy("fallthrough")
-            result = await self._session.execute_batch(batch)
+            result = await session.execute_batch(batch)
         except acsylla_errors.CassException as exc:
             raise LoopRequestFailed(exc) from exc
         return LoopResult(tuple(result.columns_names()), tuple(row.as_tuple() for row in result))
@@ -167,6 +166,18 @@ class LoopSession:
             session, self._session = self._session, None
             self._prepared.clear()
             await session.close()
+
+
+def _bound(prepared: Any, values: Sequence[Any]) -> Any:
+    """``prepared`` bound to ``values``."""
+    bound = prepared.bind()
+    if UNSET_VALUE in values:  # unset, not null: a null is a tombstone cell
+        for index, value in enumerate(values):
+            if value is not UNSET_VALUE:
+                bound.bind(index, value)
+    else:
+        bound.bind_list(list(values))
+    return bound
 
 
 # Server answers that no retry changes: the statement or the schema is wrong.
