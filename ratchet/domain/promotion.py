@@ -752,6 +752,9 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
     ``needs_promoted_items``. An effect recorded after that promotion whose output it
     carries is used as if it listed it (its checkpoint could not: it did not exist yet).
     """
+    effects, claims = tuple(effects), tuple(claims)
+    if not effects and not claims:
+        return []  # every orphan is a recorded or claimed effect: most turns have none
     claim_by_id, found, others = _merged(effects, claims)
     return others + _orphans_of_verdict(turn, verdict, claim_by_id, found, promoted,
                                         promoted_items)
