@@ -177,3 +177,34 @@ def test_a_promotions_items_cell_is_the_generic_encoders():
         assert cell == backend.encode_turn_items(records)
         assert backend.decode_turn_items(cell) == records
     assert backend.item_values((), 1) is backend.UNSET_VALUE
+
+
+def test_utc_ms_gives_what_it_gave_before_its_shortcut():
+    """``utc_ms`` returns a moment already aware in UTC and whole in milliseconds as it
+    is (since session 46); every other moment goes through the conversion, and both
+    give what the conversion alone gives, zone and fold included."""
+    from datetime import timedelta, timezone
+
+    def converted(moment):
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        moment = moment.astimezone(UTC)
+        return moment.replace(microsecond=moment.microsecond - moment.microsecond % 1000)
+
+    plus_two = timezone(timedelta(hours=2))
+    moments = [
+        datetime(2030, 1, 1, 12, 0, 0, 123000, tzinfo=UTC),
+        datetime(2030, 1, 1, 12, 0, 0, 123456, tzinfo=UTC),
+        datetime(2030, 1, 1, 12, 0, 0, 123000),
+        datetime(2030, 1, 1, 12, 0, 0, 999999),
+        datetime(2030, 1, 1, 14, 0, 0, 5000, tzinfo=plus_two),
+        datetime(2030, 1, 1, 14, 0, 0, 5001, tzinfo=plus_two),
+        datetime(2030, 1, 1, 12, 0, 0, tzinfo=timezone(timedelta(0))),
+        datetime(1, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC),
+        datetime(2030, 1, 1, 12, 0, 0, 1000, tzinfo=UTC, fold=1),
+    ]
+    for moment in moments:
+        got, want = backend.utc_ms(moment), converted(moment)
+        assert got == want and got.tzinfo is want.tzinfo is UTC
+        assert got.microsecond % 1000 == 0 and got.fold == want.fold
+        assert got.isoformat() == want.isoformat()
