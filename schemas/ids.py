@@ -10,7 +10,10 @@ library refuses to produce it (``services.gateway``). Fail closed, before the st
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
+from collections.abc import Callable
 from typing import Any
 
 ID_PATTERN = (r"^(?:[A-Za-z0-9_:\-][A-Za-z0-9._:\-]{0,199}"
@@ -46,6 +49,8 @@ served ones: an id the store could not key (Cassandra refuses a key above 64 KiB
 otherwise stall its partition on a write that can never succeed."""
 
 _SHOWN = 60  # characters of an offending id quoted in a detail
+_ID_FIELDS = SERVED_ID_FIELDS + KEY_ID_FIELDS
+_MATCH = _ID.fullmatch
 
 
 def is_servable_id(value: str) -> bool:
@@ -57,10 +62,33 @@ def unservable_id(event: Any) -> str | None:
     """Why one of ``event``'s ids (``SERVED_ID_FIELDS`` and ``KEY_ID_FIELDS``; null or
     absent ones aside) could never be served by the API or key a stored row, or None.
     Works for any gateway event or ``TurnIdentity``."""
-    for name in SERVED_ID_FIELDS + KEY_ID_FIELDS:
-        value = getattr(event, name, None)
-        if value is not None and not is_servable_id(value):
+    read = _ids_reader(type(event))
+    if read is None:  # not a model whose attributes its class fixes: ask each name
+        names: tuple[str, ...] = _ID_FIELDS
+        values = tuple([getattr(event, name, None) for name in names])
+    else:
+        names, values = read[0], read[1](event)
+    for name, value in zip(names, values, strict=True):
+        if value is not None and _MATCH(value) is None:
             shown = value if len(value) <= _SHOWN else value[:_SHOWN] + "..."
             return (f"{name} {shown!r} ({len(value)} characters) does not match the API's "
                     f"id pattern {ID_PATTERN}: the API could never serve it")
     return None
+
+
+@functools.cache
+def _ids_reader(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]] | None:
+    """For a pydantic model class that allows no extra attributes: the id names it has
+    (fields, or class attributes such as properties) and one getter of all their
+    values. Asked twice per turn (the processor's identity check, then validation),
+    a ``getattr`` with a default per name cost a pydantic ``__getattr__`` and its
+    exception for every name the model lacks. None for any other class."""
+    fields = getattr(cls, "model_fields", None)
+    config = getattr(cls, "model_config", None)
+    if not isinstance(fields, dict) or not isinstance(config, dict) \
+            or config.get("extra") == "allow":
+        return None
+    names = tuple(name for name in _ID_FIELDS if name in fields or hasattr(cls, name))
+    if len(names) < 2:  # attrgetter of one name gives the value, not a tuple
+        return None
+    return names, operator.attrgetter(*names)

@@ -105,26 +105,18 @@ class LoopSession:
         )
         return await cluster.create_session(keyspace=self._settings.keyspace)
 
-    async def _bound(self, statement: PreparedStatement,
-                     values: Sequence[Any]) -> tuple[Any, Any]:
-        """The driver's session and ``statement`` bound on it. The session is returned
-        with the statement: a ``close`` while this awaited the statement's preparation
-        leaves the request without a session (``_open``), and a statement prepared on a
-        closed session is not kept for the next one."""
-        session = await self._connected()
+    async def _prepare(self, session: Any, statement: PreparedStatement) -> Any:
+        """The driver's own prepared statement for ``statement``: prepared once, then
+        found in ``_prepared`` by the callers themselves (a coroutine per statement of
+        every request was most of the loop's binding cost in calls). A statement prepared
+        while a ``close`` ran is not kept for the next session: the request fails
+        (``_open``)."""
         prepared = self._prepared.get(statement.query_string)
         if prepared is None:
             prepared = await session.create_prepared(statement.query_string)
             self._open(session)
             self._prepared[statement.query_string] = prepared
-        bound = prepared.bind()
-        if UNSET_VALUE in values:  # unset, not null: a null is a tombstone cell
-            for index, value in enumerate(values):
-                if value is not UNSET_VALUE:
-                    bound.bind(index, value)
-        else:
-            bound.bind_list(list(values))
-        return session, bound
+        return prepared
 
     def _open(self, session: Any) -> None:
         """Raises ``LoopRequestFailed`` when ``close`` ran since ``session`` was taken (a
@@ -139,7 +131,9 @@ class LoopSession:
         """``statement`` at its own consistency level (the serial level of a conditional
         write: the statement's, else ``serial_consistency``), every page of its rows."""
         try:
-            session, bound = await self._bound(statement, values)
+            session = await self._connected()
+            bound = _bound(self._prepared.get(statement.query_string)
+                           or await self._prepare(session, statement), values)
             if statement.consistency_level is not None:
                 bound.set_consistency(_CONSISTENCY[statement.consistency_level])
             serial = statement.serial_consistency_level or serial_consistency
@@ -163,12 +157,12 @@ class LoopSession:
                             *, consistency: int, serial_consistency: int | None = None,
                             logged: bool = True) -> LoopResult:
         try:
+            session = await self._connected()
             batch = (acsylla.create_batch_logged() if logged
                      else acsylla.create_batch_unlogged())
-            session = await self._connected()
             for statement, values in parts:
-                batch.add_statement((await self._bound(statement, values))[1])
-            self._open(session)  # every part bound on this one session, still open
+                batch.add_statement(_bound(self._prepared.get(statement.query_string)
+                                           or await self._prepare(session, statement), values))
             batch.set_consistency(_CONSISTENCY[consistency])
             if serial_consistency is not None:
                 batch.set_serial_consistency(_CONSISTENCY[serial_consistency])
@@ -184,6 +178,18 @@ class LoopSession:
             session, self._session = self._session, None
             self._prepared.clear()
             await session.close()
+
+
+def _bound(prepared: Any, values: Sequence[Any]) -> Any:
+    """``prepared`` bound to ``values``."""
+    bound = prepared.bind()
+    if UNSET_VALUE in values:  # unset, not null: a null is a tombstone cell
+        for index, value in enumerate(values):
+            if value is not UNSET_VALUE:
+                bound.bind(index, value)
+    else:
+        bound.bind_list(list(values))
+    return bound
 
 
 # Server answers that no retry changes: the statement or the schema is wrong.

@@ -280,8 +280,13 @@ class PromotionProcessor:
             owner = None if conversation is None else self.tails.owner(conversation)
             if conversation is not None and owner is None:
                 owner = await self.ledger.conversation_owner_async(conversation)
-            with metrics.VALIDATION_SECONDS.time():
+            # Timed by hand, not by the histograms' ``time()`` (a context manager: six
+            # calls more per use, twice per turn); observed whatever happens, like it.
+            started = time.perf_counter()
+            try:
                 validation = promotion.validate_after(turn, self.clock_ms(), lineage.pairing)
+            finally:
+                metrics.VALIDATION_SECONDS.observe(time.perf_counter() - started)
             decided = promotion.decide_turn(turn, validation, Facts(
                 cancelled=False, effects={}, conversation_owner=owner, claims={}))
             holder = await claiming
@@ -296,12 +301,13 @@ class PromotionProcessor:
         owners = (asyncio.ensure_future(self.ledger.record_owners_async(
             tenant_id=turn.tenant_id, response_id=turn.response_id, conversation_id=None))
             if conversation is None else None)
+        started = time.perf_counter()
         try:
-            with metrics.LWT_SECONDS.time():
-                promoted = await self.store.promote_from_hints_async(
-                    decided.request, head_hint=hints.head, parent_hint=hints.parent,
-                    extends=hints.extends, facts_mark=None)
+            promoted = await self.store.promote_from_hints_async(
+                decided.request, head_hint=hints.head, parent_hint=hints.parent,
+                extends=hints.extends, facts_mark=None)
         finally:
+            metrics.LWT_SECONDS.observe(time.perf_counter() - started)
             if owners is not None:
                 await owners  # durable before anything is published (raises if not)
         if promoted is None:

@@ -199,7 +199,7 @@ def shape_problem(item: Item) -> str | None:
     keys (``call_id``, ``approval_request_id``) not empty.
     """
     entry = CATALOGUE[item.type]
-    content = decode_content(item)
+    content = json_object(item.content)  # ``decode_content``, a call less per item
     if content is None:
         return f"item {item.item_id}: content is not a JSON object{_why_not_json(item)}"
     try:
@@ -212,9 +212,9 @@ def shape_problem(item: Item) -> str | None:
         return f"item {item.item_id}: content type {content.get('type')!r} != {item.type!r}"
     if content.get("id") != item.item_id:
         return f"item {item.item_id}: content id {content.get('id')!r} != item_id"
-    for name in ("role", "call_id"):
-        if content.get(name) != getattr(item, name):
-            return f"item {item.item_id}: {name} {getattr(item, name)!r} != content {name} " \
+    for name, mirrored in (("role", item.role), ("call_id", item.call_id)):
+        if content.get(name) != mirrored:
+            return f"item {item.item_id}: {name} {mirrored!r} != content {name} " \
                    f"{content.get(name)!r}"
     for name, types in entry.required:
         value = content.get(name)

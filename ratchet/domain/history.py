@@ -104,6 +104,8 @@ def utc_ms(moment: datetime) -> datetime:
     Cassandra ``timestamp`` cells keep milliseconds and come back naive; every backend
     normalises through here so records compare equal whatever stored them.
     """
+    if moment.tzinfo is UTC and moment.microsecond % 1000 == 0:
+        return moment  # normalised already (what every promotion passes, 3 times a turn)
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     moment = moment.astimezone(UTC)

@@ -240,7 +240,8 @@ def decide_turn(turn: TurnCompleted, validation: ValidationVerdict,
     if rejection is not None:
         return rejection
     assert validation.certification is not None
-    carried = carried_effect_ids(turn, facts.effects.values(), facts.claims.values())
+    carried = (carried_effect_ids(turn, facts.effects.values(), facts.claims.values())
+               if facts.effects or facts.claims else ())  # none recorded: none carried
     return Promote(promotion_request(turn, validation.certification,
                                      validation.artifact_reusable, carried))
 
@@ -286,8 +287,9 @@ def _unreadable_timestamp(turn: TurnCompleted) -> str | None:
     decoder dead-letters such a record; a turn that reached the rules another way is
     refused here, whichever of its timestamps it is (docs/gateway-protocol.md, section 6)."""
     stamps = {"produced_at": turn.produced_at, "expires_at": turn.expires_at}
-    for name in ("token_artifact", "boundary_proof", "router_receipt"):
-        record = getattr(turn, name)
+    for name, record in (("token_artifact", turn.token_artifact),
+                         ("boundary_proof", turn.boundary_proof),
+                         ("router_receipt", turn.router_receipt)):
         if record is not None:
             stamps[f"{name}.expires_at"] = record.expires_at
     for name, value in stamps.items():
@@ -752,6 +754,9 @@ def orphaned_effects(turn: TurnCompleted, verdict: Verdict,
     ``needs_promoted_items``. An effect recorded after that promotion whose output it
     carries is used as if it listed it (its checkpoint could not: it did not exist yet).
     """
+    effects, claims = tuple(effects), tuple(claims)
+    if not effects and not claims:
+        return []  # every orphan is a recorded or claimed effect: most turns have none
     claim_by_id, found, others = _merged(effects, claims)
     return others + _orphans_of_verdict(turn, verdict, claim_by_id, found, promoted,
                                         promoted_items)

@@ -38,8 +38,11 @@ def turn_size(request: PromotionRequest) -> int:
 
 def validate_request(request: PromotionRequest) -> None:
     """Refuse requests that are bugs in the caller, or that could never be read back."""
-    for name in ("tenant_id", "partition_key", "response_id", "idempotency_key"):
-        if not getattr(request, name):
+    for name, value in (("tenant_id", request.tenant_id),
+                        ("partition_key", request.partition_key),
+                        ("response_id", request.response_id),
+                        ("idempotency_key", request.idempotency_key)):
+        if not value:
             raise InvalidPromotion(f"{name} is empty")
     if request.mode is PromotionMode.CONVERSATION:
         if request.expected_head_seq is None or request.expected_head_seq < 0:

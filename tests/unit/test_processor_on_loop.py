@@ -160,3 +160,22 @@ def test_any_failure_on_the_loop_hands_the_record_to_the_thread_path():
         assert h.store.head(TENANT, conv).seq == 1
         delattr(patch[0], patch[1])
     assert h.processor.loop_promotions == 0
+
+
+def test_a_loop_promotion_observes_its_validation_and_write_times():
+    """Each turn promoted on the loop is one observation of the validation and of the
+    promotion write histograms (timed by hand there since session 46, not by their
+    ``time()`` context managers)."""
+    from streams import metrics
+
+    def counts():
+        return tuple(next(s.value for s in histogram.collect()[0].samples
+                          if s.name.endswith("_count"))
+                     for histogram in (metrics.VALIDATION_SECONDS, metrics.LWT_SECONDS))
+
+    h = LoopHarness()
+    conv = conv_id()
+    before = counts()
+    assert [h.outcome(turn(conv, head)).seq for head in range(3)] == [1, 2, 3]
+    assert h.processor.loop_promotions == 3 and h.handed_over == 0
+    assert tuple(after - was for after, was in zip(counts(), before, strict=True)) == (3, 3)

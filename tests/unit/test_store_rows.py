@@ -10,6 +10,7 @@ import pytest
 
 from ratchet.domain import history
 from ratchet.domain.history import NO_ITEMS, StoredTokenArtifact, TurnItems
+from schemas.models import Item
 from services.store import rows as backend
 from tests.contract.store_support import item
 
@@ -153,3 +154,57 @@ def test_items_cell_round_trips_and_refuses_damage():
     columns += (turn.contents, turn.digests, turn.formats)
     assert list(zip(*columns, strict=True)) == records
     assert backend.decode_items_cell(None) == NO_ITEMS
+
+
+def test_a_promotions_items_cell_is_the_generic_encoders():
+    """``item_values`` (the promotion's own encoder) writes what ``encode_turn_items``
+    (the generic one, the decoder's reference) makes of the same records: nulls,
+    non-ASCII text, empty and binary content, another format version."""
+    items = (
+        Item(item_id="item_a", type="message", role="user", content=b'{"a": 1}',
+             content_digest="d1"),
+        Item(item_id="item_\u00e9\u4e2d", type="function_call", role=None, call_id="call_\u00e9",
+             content=b"", content_digest="d\u00e92", format_version=2),
+        Item(item_id="i", type="reasoning", role="assistant", call_id="c", content=b"\x00\xff",
+             content_digest=""),
+        Item(item_id="j", type="function_call_output", call_id="", content=b"{}",
+             content_digest="d4"),
+    )
+    for first_seq, turn in ((1, items), (41, items[1:]), (7, items[:1])):
+        records = [(first_seq + n, i.item_id, i.type, i.role, i.call_id, i.content,
+                    i.content_digest, i.format_version) for n, i in enumerate(turn)]
+        cell = backend.item_values(turn, first_seq)
+        assert cell == backend.encode_turn_items(records)
+        assert backend.decode_turn_items(cell) == records
+    assert backend.item_values((), 1) is backend.UNSET_VALUE
+
+
+def test_utc_ms_gives_what_it_gave_before_its_shortcut():
+    """``utc_ms`` returns a moment already aware in UTC and whole in milliseconds as it
+    is (since session 46); every other moment goes through the conversion, and both
+    give what the conversion alone gives, zone and fold included."""
+    from datetime import timedelta, timezone
+
+    def converted(moment):
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        moment = moment.astimezone(UTC)
+        return moment.replace(microsecond=moment.microsecond - moment.microsecond % 1000)
+
+    plus_two = timezone(timedelta(hours=2))
+    moments = [
+        datetime(2030, 1, 1, 12, 0, 0, 123000, tzinfo=UTC),
+        datetime(2030, 1, 1, 12, 0, 0, 123456, tzinfo=UTC),
+        datetime(2030, 1, 1, 12, 0, 0, 123000),
+        datetime(2030, 1, 1, 12, 0, 0, 999999),
+        datetime(2030, 1, 1, 14, 0, 0, 5000, tzinfo=plus_two),
+        datetime(2030, 1, 1, 14, 0, 0, 5001, tzinfo=plus_two),
+        datetime(2030, 1, 1, 12, 0, 0, tzinfo=timezone(timedelta(0))),
+        datetime(1, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC),
+        datetime(2030, 1, 1, 12, 0, 0, 1000, tzinfo=UTC, fold=1),
+    ]
+    for moment in moments:
+        got, want = backend.utc_ms(moment), converted(moment)
+        assert got == want and got.tzinfo is want.tzinfo is UTC
+        assert got.microsecond % 1000 == 0 and got.fold == want.fold
+        assert got.isoformat() == want.isoformat()

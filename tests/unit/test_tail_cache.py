@@ -360,3 +360,23 @@ def test_a_tail_expired_by_a_fraction_of_a_second_is_not_used():
     reads = h.store.history_reads
     assert h.outcome(turn(conv, 1)).seq == 2
     assert h.store.history_reads == reads + 1
+
+
+def test_each_kind_of_id_weighs_alone():
+    """A tail weighs 1 only when it holds no id at all (``_weight_of``'s shortcut):
+    ids of any one kind alone (calls, open calls, approval requests, open requests,
+    used effects) weigh what the sum over every kind gives."""
+    h = harness()
+    cp = h.store.get_checkpoint(TENANT, h.outcome(turn(conv_id(), 0)).response_id)
+    cp = replace(cp, accepted_effect_ids=())
+    big = "i" * 40_000
+    assert tail_weight(Tail(cp, EMPTY_PAIRING)) == 1
+    alone = [
+        Tail(cp, PairingState(call_ids=frozenset({big}))),
+        Tail(cp, PairingState(open_calls=((big, "function_call"),))),
+        Tail(cp, PairingState(request_ids=frozenset({big}))),
+        Tail(cp, PairingState(open_requests=(big,))),
+        Tail(replace(cp, accepted_effect_ids=(big,)), EMPTY_PAIRING),
+    ]
+    for tail in alone:
+        assert tail_weight(tail) == 1 + (len(big) + ID_OVERHEAD) // WEIGHT_CHARS > 1

@@ -1,0 +1,64 @@
+"""``schemas.ids.unservable_id`` reads a model's ids with one getter per class
+(``_ids_reader``, docs/decisions.md "The worker's Python calls per promoted turn
+cut"): it must answer exactly what the name-by-name reading answers, for every kind of
+gateway event and every id field, first offending field first."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from ratchet.samples import make_tool_effect, make_turn, make_turn_cancelled
+from schemas import ids
+from schemas.models import TurnCompleted
+
+TURN = make_turn(conversation_id="conv_1", expected_head_seq=0)
+EVENTS = {
+    "conversation turn": TURN,
+    "chain turn": make_turn(conversation_id=None, chain_root_id="resp_root",
+                            previous_response_id="resp_root", expected_head_seq=None),
+    "tool effect": make_tool_effect("call_1", idempotency_key=TURN.idempotency_key),
+    "cancellation": make_turn_cancelled(TURN),
+}
+BAD = ("", "a b", ".", "..", "x" * 201, "\u00e9", "ok\n")
+
+
+def _by_name(event):
+    """The same event as a plain object: ``unservable_id`` reads it name by name."""
+    return SimpleNamespace(**{name: getattr(event, name) for name in type(event).model_fields})
+
+
+@pytest.mark.parametrize("kind", sorted(EVENTS))
+def test_a_models_ids_are_judged_as_read_name_by_name(kind):
+    event = EVENTS[kind]
+    assert ids._ids_reader(type(event)) is not None  # the getter, not the fallback
+    assert ids.unservable_id(event) is None
+    assert ids.unservable_id(_by_name(event)) is None
+    judged = 0
+    for name in ids.SERVED_ID_FIELDS + ids.KEY_ID_FIELDS:
+        if name not in type(event).model_fields:
+            continue
+        for bad in BAD:
+            changed = event.model_copy(update={name: bad})
+            found = ids.unservable_id(changed)
+            assert found is not None and found.startswith(f"{name} ")
+            assert found == ids.unservable_id(_by_name(changed))
+            judged += 1
+    assert judged >= 6 * len(BAD)
+
+
+def test_the_first_offending_field_is_named():
+    turn = EVENTS["conversation turn"].model_copy(
+        update={"idempotency_key": "a b", "tenant_id": "c d", "event_id": "e f"})
+    assert ids.unservable_id(turn).startswith("tenant_id 'c d'")
+    assert ids.unservable_id(_by_name(turn)).startswith("tenant_id 'c d'")
+
+
+def test_a_class_that_fixes_no_attributes_is_read_name_by_name():
+    assert ids._ids_reader(SimpleNamespace) is None
+
+    class Open(TurnCompleted, extra="allow"):
+        pass
+
+    assert ids._ids_reader(Open) is None
