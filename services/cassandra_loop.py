@@ -71,19 +71,34 @@ class LoopSession:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Lock | None = None
         self._prepared: dict[str, Any] = {}
+        self._closes = 0  # how many times ``close`` ran: a connect it overtook is not kept
 
     async def _connected(self) -> Any:
+        """The session, connected first if need be. A ``close`` while this request
+        connected, or waited for another's connect, fails it (``SessionClosed``) and
+        the session that connect made is closed, not kept: before session 46 the
+        close found no session and returned, then the connect kept one nobody closed
+        and the request ran on it after the shutdown's close."""
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop, self._connecting = loop, asyncio.Lock()
         elif loop is not self._loop:
             raise WrongLoop("this LoopSession serves another event loop")
-        if self._session is None:
-            assert self._connecting is not None
-            async with self._connecting:
-                if self._session is None:
-                    self._session = await self._connect()
-        return self._session
+        if self._session is not None:
+            return self._session
+        closes = self._closes
+        assert self._connecting is not None
+        async with self._connecting:
+            if self._session is None and self._closes == closes:
+                session = await self._connect()
+                if self._closes == closes:
+                    self._session = session
+                else:
+                    await session.close()
+            if self._closes != closes:
+                raise LoopRequestFailed(SessionClosed(
+                    "the session was closed while the request connected"))
+            return self._session
 
     async def _connect(self) -> Any:
         cluster = acsylla.create_cluster(
@@ -173,7 +188,9 @@ class LoopSession:
         return LoopResult(tuple(result.columns_names()), tuple(row.as_tuple() for row in result))
 
     async def close(self) -> None:
-        """Close the session (on the loop it serves); a later use connects again."""
+        """Close the session (on the loop it serves); a later use connects again. A
+        request connecting meanwhile fails (``_connected``)."""
+        self._closes += 1
         if self._session is not None:
             session, self._session = self._session, None
             self._prepared.clear()

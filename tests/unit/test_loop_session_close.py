@@ -150,3 +150,51 @@ def test_a_close_between_two_pages_fails_the_read():
 
     asyncio.run(read())
     assert len(driver.sent) == 1  # the second page was never asked of the closed session
+
+
+class _SlowConnect:
+    """A connect that ends only once ``release`` is set, giving a fresh driver session."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.connecting = asyncio.Event()
+        self.made: list[_DriverSession] = []
+
+    async def __call__(self) -> _DriverSession:
+        self.connecting.set()
+        await self.release.wait()
+        driver = _DriverSession()
+        driver.release.set()
+        self.made.append(driver)
+        return driver
+
+
+def test_a_close_while_a_request_connects_fails_it_and_keeps_no_session():
+    """At shutdown a request may still be connecting (Cassandra slow or away): the
+    close found no session and returned, then the connect ended and kept a session
+    nobody would close, and the request ran on it after the close."""
+    session, connect = LoopSession(Settings.from_env({})), _SlowConnect()
+    session._connect = connect  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        first = asyncio.ensure_future(session.execute(_statement("q"), ("a",)))
+        await connect.connecting.wait()
+        waiting = asyncio.ensure_future(session.execute(_statement("q"), ("b",)))
+        await asyncio.sleep(0)  # one turn of the loop: the second request now waits
+        assert not waiting.done()  # for the first one's connect (its lock)
+        await session.close()
+        connect.release.set()
+        for request in (first, waiting):
+            with pytest.raises(LoopRequestFailed) as failed:
+                await request
+            assert str(failed.value).startswith("SessionClosed:")
+            assert not failed.value.permanent
+        assert len(connect.made) == 1  # the waiting request did not connect again
+        assert connect.made[0].closed and connect.made[0].sent == []
+        assert session._session is None
+        # A request after the close connects again, as ``close`` promises.
+        read = await session.execute(_statement("q"), ("c",))
+        assert read.rows == (("row",), ("row",))  # the fake driver's two pages
+        assert len(connect.made) == 2 and not connect.made[1].closed
+
+    asyncio.run(scenario())
