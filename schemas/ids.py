@@ -63,11 +63,19 @@ def unservable_id(event: Any) -> str | None:
     absent ones aside) could never be served by the API or key a stored row, or None.
     Works for any gateway event or ``TurnIdentity``."""
     read = _ids_reader(type(event))
-    if read is None:  # not a model whose attributes its class fixes: ask each name
-        names: tuple[str, ...] = _ID_FIELDS
+    names: tuple[str, ...] = _ID_FIELDS
+    values: tuple[Any, ...] | None = None
+    if read is not None:
+        try:
+            names, values = read[0], read[1](event)
+        except AttributeError:
+            # A model that lacks a field of its class (built by ``model_construct``),
+            # or a property that raises: read name by name, as an absent id (the
+            # getter's AttributeError escaped to the caller; an outside review,
+            # session 46).
+            names = _ID_FIELDS
+    if values is None:  # not a model whose attributes its class fixes: ask each name
         values = tuple([getattr(event, name, None) for name in names])
-    else:
-        names, values = read[0], read[1](event)
     for name, value in zip(names, values, strict=True):
         if value is not None and _MATCH(value) is None:
             shown = value if len(value) <= _SHOWN else value[:_SHOWN] + "..."
