@@ -188,6 +188,11 @@ def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
             break
         suites.append(arg)
     options = list(args[len(suites):])
+    if options and not options[0].startswith("-"):
+        # No suite takes a positional argument: a word here is a misspelt suite (it was
+        # called an option, or "bench store takes no options").
+        raise click.UsageError(
+            f"unknown suite {options[0]!r} (one of {', '.join(BENCH_SUITES)})")
     if options and len(suites) != 1:
         raise click.UsageError(
             f"options {options} need exactly one suite first (one of {sorted(BENCH_SUITES)})")
