@@ -162,6 +162,56 @@ def _replication_differs(session, settings: Settings) -> str | None:
             f"replication = {settings.replication}, then a full repair on every node")
 
 
+def replication_shortfalls(replication: dict, nodes_by_dc: dict[str, int]) -> list[str]:
+    """Where ``replication`` (a keyspace's, as ``system_schema`` stores it) asks for more
+    replicas than the cluster has nodes (``nodes_by_dc``), one phrase each. Such a
+    keyspace is made without complaint (Cassandra's warning at ``CREATE KEYSPACE`` is
+    not shown) and migrates, and then the worker and the API fail every LOCAL_QUORUM
+    read and write with Unavailable (an operator's review, session 46). Strategies
+    other than these two are not judged."""
+    kind = str(replication.get("class", "")).rsplit(".", 1)[-1]
+    if kind == "SimpleStrategy":
+        wanted = {"the cluster": replication.get("replication_factor")}
+        have = {"the cluster": sum(nodes_by_dc.values())}
+    elif kind == "NetworkTopologyStrategy":
+        wanted = {f"datacenter {dc}": rf for dc, rf in replication.items() if dc != "class"}
+        have = {f"datacenter {dc}": nodes_by_dc.get(dc, 0) for dc in replication if dc != "class"}
+    else:
+        return []
+    out = []
+    for where, rf in wanted.items():
+        try:
+            rf = int(str(rf).split("/")[0])  # "3/1": 3 replicas, 1 transient
+        except ValueError:
+            continue
+        nodes, quorum = have[where], rf // 2 + 1
+        if nodes < rf:
+            fate = (f"a QUORUM ({quorum} of {rf}) cannot be reached, so the worker and the "
+                    "API fail every read and write" if nodes < quorum else
+                    f"a QUORUM ({quorum} of {rf}) fails when {nodes - quorum + 1} node(s) "
+                    "are down")
+            out.append(f"replication factor {rf} in {where}, which has {nodes} node(s): {fate}")
+    return out
+
+
+def _replication_warning(session, ks: str) -> str | None:
+    """The warning for ``replication_shortfalls`` of keyspace ``ks`` (None: none, or no
+    such keyspace)."""
+    row = session.execute("SELECT replication FROM system_schema.keyspaces WHERE "
+                          "keyspace_name = %s", (ks,), timeout=30).one()
+    if row is None:
+        return None
+    nodes_by_dc: dict[str, int] = {}
+    for host in session.cluster.metadata.all_hosts():
+        nodes_by_dc[host.datacenter] = nodes_by_dc.get(host.datacenter, 0) + 1
+    short = replication_shortfalls(dict(row[0]), nodes_by_dc)
+    if not short:
+        return None
+    return (f"keyspace {ks} has {'; '.join(short)} (until nodes are added; else "
+            f"ALTER KEYSPACE {ks} WITH replication = ..., then a full repair, and fix "
+            "RATCHET_REPLICATION)")
+
+
 def _ensure_keyspace(session, settings: Settings) -> None:
     if not _IDENT.match(settings.keyspace):
         raise MigrationError(f"keyspace {settings.keyspace!r} is not a valid CQL identifier")
@@ -319,9 +369,10 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
     ks, owner = settings.keyspace, uuid.uuid4().hex
     try:
         _ensure_keyspace(session, settings)
-        differs = _replication_differs(session, settings)
-        if differs:
-            out(f"warning: {differs}")
+        for warning in (_replication_differs(session, settings),
+                        _replication_warning(session, ks)):
+            if warning:
+                out(f"warning: {warning}")
         taken_at = _acquire_lease(session, ks, owner, wait_s=LEASE_TTL_S, out=out)
         try:
             with _LeaseKeeper(session, ks, owner, taken_at) as lease:
@@ -501,6 +552,9 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
         rows = {r.version: r for r in session.execute(
             f"SELECT version, name, checksum, applied_at FROM {ks}.schema_migrations",
             timeout=30)}
+        short = _replication_warning(session, ks)
+        if short:
+            out(f"warning: {short}")
         lease = None
         if "schema_migrations_lease" in tables:
             # The TTL left is Cassandra's count; with the TTL the row was written with,
