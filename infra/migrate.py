@@ -256,17 +256,21 @@ def _acquire_lease(session, ks: str, owner: str, wait_s: float,
             f"IF NOT EXISTS USING TTL {LEASE_TTL_S}", (owner,), timeout=30)
         if rs.was_applied:
             return sent
+        # The refused LWT returns the holder's row: its own TTL, when it stored one.
+        held = rs.one()
+        ttl = getattr(held, "ttl_s", None)
+        ends = (f"{ttl}s after its last renewal" if ttl else "when its TTL runs out after "
+                "its last renewal (the row does not say how long: an earlier version's)")
         if time.monotonic() >= next_word:
-            out(f"waiting for another migrator (owner {rs.one().owner}) to finish, "
+            out(f"waiting for another migrator (owner {held.owner}) to finish, "
                 f"{time.monotonic() - started:.0f}s so far: its lease on "
-                f"{ks}.schema_migrations_lease ends when it does, or {LEASE_TTL_S}s after "
-                "its last renewal if it was killed")
+                f"{ks}.schema_migrations_lease ends when it does, or {ends} if it was killed")
             next_word += 15
         if time.monotonic() > deadline:
             raise MigrationError(
                 f"another migrator holds {ks}.schema_migrations_lease (owner "
-                f"{rs.one().owner}) after {wait_s:.0f}s of waiting: it renews the lease while "
-                f"it runs, and a killed one's ends {LEASE_TTL_S}s after its last renewal. "
+                f"{held.owner}) after {wait_s:.0f}s of waiting: it renews the lease while "
+                f"it runs, and a killed one's ends {ends}. "
                 "`ratchet migrate --status` says whether one runs; run `ratchet migrate` "
                 "again once it is done")
         time.sleep(1)

@@ -194,3 +194,15 @@ def test_the_lease_line_without_a_server():
         assert "expires in 100s" in line and "can run in 100s" in line, line
     unknown_period = describe_lease(LeaseRow("o4", 100, 120, None), "ks", now)
     assert "(20s ago)" in unknown_period and "still runs is unknown" in unknown_period
+
+
+def test_a_run_waiting_for_another_versions_lease_names_its_ttl(cassandra_session, migrated):
+    """The waiting line said a killed migrator's lease ends "120s after its last
+    renewal", this version's TTL, whatever the holder's (session 46)."""
+    s, folder = migrated
+    _hold_lease(cassandra_session, s.keyspace, "other-version", renewed_s_ago=597,
+                ttl_s=600, renew_every_s=150)  # 3 s left
+    said: list[str] = []
+    apply_migrations(cassandra_session, s, folder, out=said.append)
+    waiting = [line for line in said if line.startswith("waiting for another migrator")]
+    assert waiting and "600s after its last renewal" in waiting[0], said
