@@ -139,16 +139,21 @@ def chaos(seed: int, turns: int, rate: float, producers: int, workers: int, faul
     """Seeded workload + faults on the servers of RATCHET_HOME, checked by an oracle.
 
     Restarts, pauses and kills the servers and processes it uses: point it at servers
-    nobody else needs. Exits 1 on any violation, 2 when a fault could not be injected.
+    nobody else needs. Exits 1 on any violation, 2 when a fault could not be injected,
+    3 when the run could not start (one line says why).
     """
     from pathlib import Path
 
-    from ratchet.chaos.runner import ChaosConfig, run
+    from ratchet.chaos.runner import ChaosConfig, ChaosSetupFailed, run
 
     cfg = ChaosConfig(seed=seed, turns=turns, rate=rate, producers=producers, workers=workers,
                       faults=faults, fault_gap_s=fault_gap, drain_timeout_s=drain_timeout,
                       out=Path(out), log_level=log_level)
-    report = run(_settings(), cfg)
+    try:
+        report = run(_settings(), cfg)
+    except ChaosSetupFailed as exc:
+        print(f"ratchet chaos: cannot start: {exc}", file=sys.stderr, flush=True)
+        sys.exit(3)
     sys.exit(1 if not report["passed"] else 2 if report["faults_failed"] else 0)
 
 

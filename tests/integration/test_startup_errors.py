@@ -408,3 +408,37 @@ def test_migrate_does_not_warn_when_the_nodes_hold_the_replicas(settings, unique
             cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=60)
         finally:
             cluster.shutdown()
+
+
+def _chaos(settings, out, **env) -> subprocess.CompletedProcess:
+    return _run("chaos", settings, "--turns", "1", "--faults", "none", "--out", str(out),
+                RATCHET_HOME=str(out / "home"), **env)
+
+
+def test_chaos_without_cassandra_is_one_line_and_exit_3(settings, tmp_path):
+    """`ratchet chaos` whose servers cannot be reached ended in a traceback of its
+    migrate subprocess (CalledProcessError) and exit 1, the code of a violation (an
+    operator's review, session 46). Now one line and exit 3: the run never started."""
+    done = _chaos(settings, tmp_path, RATCHET_CASSANDRA_PORT=str(free_port()))
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ratchet chaos: cannot start: "), lines
+    assert "cannot reach Cassandra" in lines[0], lines
+
+
+def test_chaos_without_the_registry_is_one_line_and_leaves_no_keyspace(
+        settings, tmp_path, cassandra_session):
+    """The run's keyspace is made (migrate) before the registry is asked: the failure
+    drops it again, and starts no server (no fault was injected: nothing to heal)."""
+    done = _chaos(settings, tmp_path,
+                  RATCHET_SCHEMA_REGISTRY_URL=f"http://127.0.0.1:{free_port()}/apis/ccompat/v7")
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "schema registry" in lines[0], lines
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name != "home"]
+    assert cassandra_session.execute(
+        "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
+        (f"chaos_{run_dir.name}",)).one() is None
+    assert not (tmp_path / "home" / "state.json").exists()  # no server started
