@@ -442,3 +442,13 @@ def test_chaos_without_the_registry_is_one_line_and_leaves_no_keyspace(
         "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
         (f"chaos_{run_dir.name}",)).one() is None
     assert not (tmp_path / "home" / "state.json").exists()  # no server started
+
+
+def test_smoke_without_kafka_says_so_in_a_few_lines(settings):
+    """librdkafka logged each failed connection of the smoke's clients, ~190 lines on
+    stderr in its 10 s, before the one line saying Kafka is not there (the worker's
+    were quieted in session 26; an operator's review, session 46)."""
+    done = _run("smoke", settings, RATCHET_KAFKA_BOOTSTRAP=f"127.0.0.1:{free_port()}")
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "ratchet smoke FAILED: KafkaException" in done.stdout, done.stdout[-2000:]
+    assert len(done.stderr.splitlines()) <= 3, done.stderr[-3000:]
