@@ -186,7 +186,7 @@ def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
         for name, (_, what) in BENCH_SUITES.items():
             click.echo(f"  {name:<11} {what}")
         return
-    _settings()  # a bad setting is a usage error here too (exit 2), not a traceback
+    settings = _settings()  # a bad setting is a usage error here too (exit 2), not a traceback
     suites = []
     for arg in args:
         if arg not in BENCH_SUITES:
@@ -212,9 +212,33 @@ def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
             return
         if options and not takes_argv:
             raise click.UsageError(f"bench {name} takes no options")
-        result = entry(options) if takes_argv else entry()
+        try:
+            result = entry(options) if takes_argv else entry()
+        except Exception as exc:
+            line = _unreachable(exc, settings)
+            if line is None:
+                raise  # a bug: its traceback
+            print(f"ratchet bench {name}: cannot run: {line}", file=sys.stderr, flush=True)
+            sys.exit(1)
         failed += bool(result)
     sys.exit(1 if failed else 0)
+
+
+def _unreachable(exc: BaseException, settings: Settings) -> str | None:
+    """The operator's line when ``exc``, or an error it was raised while handling (a
+    bench's clean-up failing after its server could not be reached), says a server
+    cannot be reached; None otherwise. A bench without its servers ended in a driver's
+    traceback, or two (an operator's review, session 46)."""
+    from ratchet.startup import explain
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        line = explain(exc, settings)
+        if line is not None:
+            return line
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 if __name__ == "__main__":

@@ -452,3 +452,24 @@ def test_smoke_without_kafka_says_so_in_a_few_lines(settings):
     assert done.returncode == 1, done.stdout[-2000:]
     assert "ratchet smoke FAILED: KafkaException" in done.stdout, done.stdout[-2000:]
     assert len(done.stderr.splitlines()) <= 3, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("args,away,says", [
+    (["store"], "RATCHET_CASSANDRA_PORT", "cannot reach Cassandra"),
+    # Its clean-up's own error (the cluster shut down) came last, the cause before it.
+    (["api"], "RATCHET_CASSANDRA_PORT", "cannot reach Cassandra"),
+    (["processor", "--turns", "10"], "RATCHET_KAFKA_BOOTSTRAP", "Kafka at 127.0.0.1:"),
+])
+def test_a_bench_without_its_servers_is_one_line(settings, args, away, says):
+    """A bench whose servers cannot be reached ended in a driver's traceback (two for
+    `bench api`) (an operator's review, session 46)."""
+    port = str(free_port())
+    done = _run("bench", settings, *args,
+                **{away: port if away == "RATCHET_CASSANDRA_PORT" else f"127.0.0.1:{port}"})
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    # The last line (the processor bench writes its progress lines before it).
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) <= 2, lines
+    assert lines[-1].startswith(f"ratchet bench {args[0]}: cannot run: "), lines
+    assert says in lines[-1], lines
