@@ -15,7 +15,8 @@ Rules for their authors:
 lease so two migrators never run DDL at once, then applies what is missing. The lease
 (``LEASE_TTL_S``) is renewed every ``RENEW_EVERY_S`` by a thread while the run goes
 on, statements included, and before each migration; lost, the run stops before its
-next statement (``LeaseLost``).
+next statement (``LeaseLost``). The lease row carries its TTL and renewal period
+(``ttl_s``, ``renew_every_s``): ``--status`` reads another version's lease by its own.
 """
 
 from __future__ import annotations
