@@ -15,7 +15,8 @@ Rules for their authors:
 lease so two migrators never run DDL at once, then applies what is missing. The lease
 (``LEASE_TTL_S``) is renewed every ``RENEW_EVERY_S`` by a thread while the run goes
 on, statements included, and before each migration; lost, the run stops before its
-next statement (``LeaseLost``).
+next statement (``LeaseLost``). The lease row carries its TTL and renewal period
+(``ttl_s``, ``renew_every_s``): ``--status`` reads another version's lease by its own.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _FILE = re.compile(r"^(\d{3,})_([A-Za-z0-9_]+)\.cql$")
 _IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 LEASE_TTL_S = 120
+# Written with every take and renewal of the lease, beside its owner and with the same
+# TTL: ``--status`` reads the lease's terms from the row, not from this version's
+# constants (another version's lease, or these changed later, was misread; session 46).
+LEASE_COLUMNS = frozenset({"ttl_s", "renew_every_s"})
 # How often the lease is renewed while a run holds it: a quarter of its TTL, so three
 # renewals in a row can fail (a busy node) before it expires.
 RENEW_EVERY_S = 30.0
@@ -158,6 +163,56 @@ def _replication_differs(session, settings: Settings) -> str | None:
             f"replication = {settings.replication}, then a full repair on every node")
 
 
+def replication_shortfalls(replication: dict, nodes_by_dc: dict[str, int]) -> list[str]:
+    """Where ``replication`` (a keyspace's, as ``system_schema`` stores it) asks for more
+    replicas than the cluster has nodes (``nodes_by_dc``), one phrase each. Such a
+    keyspace is made without complaint (Cassandra's warning at ``CREATE KEYSPACE`` is
+    not shown) and migrates, and then the worker and the API fail every LOCAL_QUORUM
+    read and write with Unavailable (an operator's review, session 46). Strategies
+    other than these two are not judged."""
+    kind = str(replication.get("class", "")).rsplit(".", 1)[-1]
+    if kind == "SimpleStrategy":
+        wanted = {"the cluster": replication.get("replication_factor")}
+        have = {"the cluster": sum(nodes_by_dc.values())}
+    elif kind == "NetworkTopologyStrategy":
+        wanted = {f"datacenter {dc}": rf for dc, rf in replication.items() if dc != "class"}
+        have = {f"datacenter {dc}": nodes_by_dc.get(dc, 0) for dc in replication if dc != "class"}
+    else:
+        return []
+    out = []
+    for where, rf in wanted.items():
+        try:
+            rf = int(str(rf).split("/")[0])  # "3/1": 3 replicas, 1 transient
+        except ValueError:
+            continue
+        nodes, quorum = have[where], rf // 2 + 1
+        if nodes < rf:
+            fate = (f"a QUORUM ({quorum} of {rf}) cannot be reached, so the worker and the "
+                    "API fail every read and write" if nodes < quorum else
+                    f"a QUORUM ({quorum} of {rf}) fails when {nodes - quorum + 1} node(s) "
+                    "are down")
+            out.append(f"replication factor {rf} in {where}, which has {nodes} node(s): {fate}")
+    return out
+
+
+def _replication_warning(session, ks: str) -> str | None:
+    """The warning for ``replication_shortfalls`` of keyspace ``ks`` (None: none, or no
+    such keyspace)."""
+    row = session.execute("SELECT replication FROM system_schema.keyspaces WHERE "
+                          "keyspace_name = %s", (ks,), timeout=30).one()
+    if row is None:
+        return None
+    nodes_by_dc: dict[str, int] = {}
+    for host in session.cluster.metadata.all_hosts():
+        nodes_by_dc[host.datacenter] = nodes_by_dc.get(host.datacenter, 0) + 1
+    short = replication_shortfalls(dict(row[0]), nodes_by_dc)
+    if not short:
+        return None
+    return (f"keyspace {ks} has {'; '.join(short)} (until nodes are added; else "
+            f"ALTER KEYSPACE {ks} WITH replication = ..., then a full repair, and fix "
+            "RATCHET_REPLICATION)")
+
+
 def _ensure_keyspace(session, settings: Settings) -> None:
     if not _IDENT.match(settings.keyspace):
         raise MigrationError(f"keyspace {settings.keyspace!r} is not a valid CQL identifier")
@@ -169,7 +224,21 @@ def _ensure_keyspace(session, settings: Settings) -> None:
         "name text, checksum text, applied_at timestamp)", timeout=60)
     session.execute(
         f"CREATE TABLE IF NOT EXISTS {ks}.schema_migrations_lease (id text PRIMARY KEY, "
-        "owner text)", timeout=60)
+        "owner text, ttl_s int, renew_every_s double)", timeout=60)
+    if not _lease_columns(session, ks) >= LEASE_COLUMNS:
+        # A lease table made before session 46 (owner only): the lease's own terms are
+        # added before the lease is taken, so every lease this version writes carries
+        # them (a numbered migration runs only once the lease is held).
+        session.execute(
+            f"ALTER TABLE {ks}.schema_migrations_lease ADD IF NOT EXISTS "
+            "(ttl_s int, renew_every_s double)", timeout=60)
+
+
+def _lease_columns(session, ks: str) -> set[str]:
+    """The columns of ``ks.schema_migrations_lease`` (empty: no such table)."""
+    return {r[0] for r in session.execute(
+        "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s "
+        "AND table_name = 'schema_migrations_lease'", (ks,), timeout=30)}
 
 
 def _acquire_lease(session, ks: str, owner: str, wait_s: float,
@@ -183,21 +252,26 @@ def _acquire_lease(session, ks: str, owner: str, wait_s: float,
     while True:
         sent = time.monotonic()
         rs = session.execute(
-            f"INSERT INTO {ks}.schema_migrations_lease (id, owner) VALUES ('migrate', %s) "
+            f"INSERT INTO {ks}.schema_migrations_lease (id, owner, ttl_s, renew_every_s) "
+            f"VALUES ('migrate', %s, {LEASE_TTL_S}, {float(RENEW_EVERY_S)!r}) "
             f"IF NOT EXISTS USING TTL {LEASE_TTL_S}", (owner,), timeout=30)
         if rs.was_applied:
             return sent
+        # The refused LWT returns the holder's row: its own TTL, when it stored one.
+        held = rs.one()
+        ttl = getattr(held, "ttl_s", None)
+        ends = (f"{ttl}s after its last renewal" if ttl else "when its TTL runs out after "
+                "its last renewal (the row does not say how long: an earlier version's)")
         if time.monotonic() >= next_word:
-            out(f"waiting for another migrator (owner {rs.one().owner}) to finish, "
+            out(f"waiting for another migrator (owner {held.owner}) to finish, "
                 f"{time.monotonic() - started:.0f}s so far: its lease on "
-                f"{ks}.schema_migrations_lease ends when it does, or {LEASE_TTL_S}s after "
-                "its last renewal if it was killed")
+                f"{ks}.schema_migrations_lease ends when it does, or {ends} if it was killed")
             next_word += 15
         if time.monotonic() > deadline:
             raise MigrationError(
                 f"another migrator holds {ks}.schema_migrations_lease (owner "
-                f"{rs.one().owner}) after {wait_s:.0f}s of waiting: it renews the lease while "
-                f"it runs, and a killed one's ends {LEASE_TTL_S}s after its last renewal. "
+                f"{held.owner}) after {wait_s:.0f}s of waiting: it renews the lease while "
+                f"it runs, and a killed one's ends {ends}. "
                 "`ratchet migrate --status` says whether one runs; run `ratchet migrate` "
                 "again once it is done")
         time.sleep(1)
@@ -207,7 +281,8 @@ def _renew_lease(session, ks: str, owner: str) -> str | None:
     """Hold the lease another ``LEASE_TTL_S``; None when renewed, else who holds it now
     (``"nobody"``: it expired)."""
     rs = session.execute(
-        f"UPDATE {ks}.schema_migrations_lease USING TTL {LEASE_TTL_S} SET owner = %s "
+        f"UPDATE {ks}.schema_migrations_lease USING TTL {LEASE_TTL_S} SET owner = %s, "
+        f"ttl_s = {LEASE_TTL_S}, renew_every_s = {float(RENEW_EVERY_S)!r} "
         "WHERE id = 'migrate' IF owner = %s", (owner, owner), timeout=30)
     if rs.was_applied:
         return None
@@ -299,9 +374,10 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
     ks, owner = settings.keyspace, uuid.uuid4().hex
     try:
         _ensure_keyspace(session, settings)
-        differs = _replication_differs(session, settings)
-        if differs:
-            out(f"warning: {differs}")
+        for warning in (_replication_differs(session, settings),
+                        _replication_warning(session, ks)):
+            if warning:
+                out(f"warning: {warning}")
         taken_at = _acquire_lease(session, ks, owner, wait_s=LEASE_TTL_S, out=out)
         try:
             with _LeaseKeeper(session, ks, owner, taken_at) as lease:
@@ -481,13 +557,20 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
         rows = {r.version: r for r in session.execute(
             f"SELECT version, name, checksum, applied_at FROM {ks}.schema_migrations",
             timeout=30)}
+        short = _replication_warning(session, ks)
+        if short:
+            out(f"warning: {short}")
         lease = None
         if "schema_migrations_lease" in tables:
-            # The TTL left is Cassandra's count: how long ago the lease was last
-            # written follows from it (``describe_lease``).
-            lease = session.execute(
-                f"SELECT owner, TTL(owner) FROM {ks}.schema_migrations_lease "
-                "WHERE id = 'migrate'", timeout=30).one()
+            # The TTL left is Cassandra's count; with the TTL the row was written with,
+            # how long ago that was follows (``describe_lease``). A lease table of a
+            # version before session 46 has no such column: its rows are read without.
+            stored = _lease_columns(session, ks) >= LEASE_COLUMNS
+            row = session.execute(
+                f"SELECT owner, TTL(owner){', ttl_s, renew_every_s' if stored else ''} "
+                f"FROM {ks}.schema_migrations_lease WHERE id = 'migrate'", timeout=30).one()
+            if row is not None:
+                lease = LeaseRow(*row) if stored else LeaseRow(row[0], row[1], None, None)
     finally:
         session.shutdown()
 
@@ -511,7 +594,7 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
         out(f"  {f'{v:03d}_{rows[v].name}':<40} applied {when(rows[v])}, no file here "
             "(a newer version's)")
     if lease is not None:
-        out(describe_lease(lease[0], lease[1], ks))
+        out(describe_lease(lease, ks))
     total = len(migrations)
     if unknown:
         out(f"keyspace {ks}: migrated by a newer version ({len(unknown)} migration(s) this "
@@ -527,45 +610,68 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
     return 1 if unknown or changed or pending else 0
 
 
-def describe_lease(owner: str | None, ttl_left_s: int | None, ks: str,
-                   now: datetime | None = None) -> str:
-    """What ``--status`` says of the lease row: whose it is, when it was last taken or
-    renewed and when it expires. It said "a migrator is running now" for a killed
-    migrator's lease too, for up to ``LEASE_TTL_S`` (session 44's review, left; session
-    45): a running migrator renews every ``RENEW_EVERY_S``, so a lease not renewed for
-    longer is likely a stopped one's, and the operator is told how long to wait.
+@dataclass(frozen=True)
+class LeaseRow:
+    """The lease row as ``--status`` reads it.
 
     ``ttl_left_s``: ``TTL(owner)``, the seconds Cassandra keeps it still (None: no TTL,
-    a row written by hand, never expires; above ``LEASE_TTL_S``: written by hand too). Every take and renewal writes it with
-    ``LEASE_TTL_S``, so it was written ``LEASE_TTL_S - ttl_left_s`` seconds ago by
-    Cassandra's own count (no client clock compared with another)."""
+    it never expires). ``ttl_s``, ``renew_every_s``: the TTL it was written with and how
+    often its migrator renews it, stored with it since session 46 (None: a row of an
+    earlier version, or written by hand)."""
+
+    owner: str | None
+    ttl_left_s: int | None
+    ttl_s: int | None
+    renew_every_s: float | None
+
+
+def describe_lease(lease: LeaseRow, ks: str, now: datetime | None = None) -> str:
+    """What ``--status`` says of the lease row: whose it is, when it was last taken or
+    renewed, when it expires and whether its migrator still runs, each from the row.
+
+    It said "a migrator is running now" for a killed migrator's lease too (session 44's
+    review, left; session 45), then took the age from this version's ``LEASE_TTL_S``,
+    so a lease written with another TTL was misread (session 46). Every take and
+    renewal writes ``ttl_s`` with the lease's TTL, so it was written ``ttl_s -
+    ttl_left_s`` seconds ago by Cassandra's own count (no client clock compared with
+    another); a migrator that renews every ``renew_every_s`` and has not for longer
+    (5 s of slack) has most likely stopped. What the row does not say is "unknown",
+    never this version's constants."""
     now = now or datetime.now(UTC)
-    owner = owner or "no owner named (a row written by hand)"
-    if ttl_left_s is None:
+    owner = lease.owner or "no owner named (a row written by hand)"
+    ttl_left = lease.ttl_left_s
+    if ttl_left is None:
         return (f"lease {ks}.schema_migrations_lease held by {owner} with no expiry (not "
                 "written by ratchet migrate, whose lease always has one): no migrator "
                 "can take it until it is deleted. Once sure no migrator runs: DELETE FROM "
                 f"{ks}.schema_migrations_lease WHERE id = 'migrate'")
-    if ttl_left_s > LEASE_TTL_S:
-        # Longer than any take or renewal writes: its age cannot be told (it read as
-        # renewed 0 s ago, a running migrator; session 46).
-        return (f"lease {ks}.schema_migrations_lease held by {owner}, expires in "
-                f"{ttl_left_s}s: not written by ratchet migrate, whose lease lasts "
-                f"{LEASE_TTL_S}s from each renewal; no migrator can take it until then. "
-                "Once sure no migrator runs: DELETE FROM "
-                f"{ks}.schema_migrations_lease WHERE id = 'migrate'")
-    since = max(0, LEASE_TTL_S - ttl_left_s)
+    wait = (f"`ratchet migrate` can run in {ttl_left}s, when the lease expires (started "
+            "sooner, it waits for that)")
+    if lease.ttl_s is None or not 0 < ttl_left <= lease.ttl_s:
+        why = ("the row does not say with which TTL it was written: a ratchet migrate "
+               "before session 46, or a hand, wrote it" if lease.ttl_s is None else
+               f"the row says it was written with a TTL of {lease.ttl_s}s, but "
+               f"{ttl_left}s are left: not written by ratchet migrate")
+        return (f"lease {ks}.schema_migrations_lease held by {owner}: expires in "
+                f"{ttl_left}s unless renewed; when it was last taken or renewed is unknown "
+                f"({why}), so whether its migrator still runs is unknown. If it runs, "
+                f"`ratchet migrate` waits for it; if not, {wait}")
+    since = lease.ttl_s - ttl_left
     at = now - timedelta(seconds=since)
     head = (f"lease {ks}.schema_migrations_lease held by {owner}: last taken or renewed at "
-            f"{at:%Y-%m-%d %H:%M:%S} UTC ({since}s ago), expires in {ttl_left_s}s unless "
+            f"{at:%Y-%m-%d %H:%M:%S} UTC ({since}s ago), expires in {ttl_left}s unless "
             "renewed")
-    if since <= RENEW_EVERY_S + 5:
+    every = lease.renew_every_s
+    if every is None or every <= 0:
+        return (f"{head}. Whether its migrator still runs is unknown (the row does not say "
+                f"how often it renews the lease): if it runs, `ratchet migrate` waits for "
+                f"it; if not, {wait}")
+    if since <= every + 5:
         return (f"{head}. A migrator is running now (it renews the lease every "
-                f"{RENEW_EVERY_S:.0f}s while it runs): `ratchet migrate` waits for it")
+                f"{every:g}s while it runs): `ratchet migrate` waits for it")
     return (f"{head}. Not renewed for {since}s, while a running migrator renews it every "
-            f"{RENEW_EVERY_S:.0f}s: its migrator was most likely stopped or killed (or cannot "
-            f"reach Cassandra). `ratchet migrate` can run in {ttl_left_s}s, when the lease "
-            "expires (started sooner, it waits for that)")
+            f"{every:g}s: its migrator was most likely stopped or killed (or cannot "
+            f"reach Cassandra). {wait}")
 
 
 def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bool = False) -> int:

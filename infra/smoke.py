@@ -32,9 +32,13 @@ def _kafka_round_trip(settings: Settings, record: dict) -> dict:
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     from schemas.avro import registry_client
+    from streams.topics import QUIET_LOG_LEVEL
 
+    # librdkafka logged each failed connection itself (~190 lines with Kafka away);
+    # its errors reach this code as exceptions, and the failure's line says them.
+    quiet = {"bootstrap.servers": settings.kafka_bootstrap, "log_level": QUIET_LOG_LEVEL}
     topic = settings.topic("smoke")
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(quiet)
     if topic not in admin.list_topics(timeout=10).topics:
         try:
             admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
@@ -49,7 +53,7 @@ def _kafka_round_trip(settings: Settings, record: dict) -> dict:
           f"{len(payload)} bytes in Confluent wire format")
 
     delivered: list = []
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "acks": "all"})
+    producer = Producer({**quiet, "acks": "all"})
     producer.produce(topic, key=record["smoke_id"].encode(), value=payload,
                      on_delivery=lambda err, msg: delivered.append((err, msg)))
     producer.flush(30)
@@ -58,7 +62,7 @@ def _kafka_round_trip(settings: Settings, record: dict) -> dict:
     partition, offset = delivered[0][1].partition(), delivered[0][1].offset()
     print(f"  kafka: produced to {topic}[{partition}] offset {offset}")
 
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap,
+    consumer = Consumer({**quiet,
                          "group.id": f"ratchet-smoke-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False})
     try:

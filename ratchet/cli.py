@@ -139,16 +139,21 @@ def chaos(seed: int, turns: int, rate: float, producers: int, workers: int, faul
     """Seeded workload + faults on the servers of RATCHET_HOME, checked by an oracle.
 
     Restarts, pauses and kills the servers and processes it uses: point it at servers
-    nobody else needs. Exits 1 on any violation, 2 when a fault could not be injected.
+    nobody else needs. Exits 1 on any violation, 2 when a fault could not be injected,
+    3 when the run could not start (one line says why).
     """
     from pathlib import Path
 
-    from ratchet.chaos.runner import ChaosConfig, run
+    from ratchet.chaos.runner import ChaosConfig, ChaosSetupFailed, run
 
     cfg = ChaosConfig(seed=seed, turns=turns, rate=rate, producers=producers, workers=workers,
                       faults=faults, fault_gap_s=fault_gap, drain_timeout_s=drain_timeout,
                       out=Path(out), log_level=log_level)
-    report = run(_settings(), cfg)
+    try:
+        report = run(_settings(), cfg)
+    except ChaosSetupFailed as exc:
+        print(f"ratchet chaos: cannot start: {exc}", file=sys.stderr, flush=True)
+        sys.exit(3)
     sys.exit(1 if not report["passed"] else 2 if report["faults_failed"] else 0)
 
 
@@ -181,13 +186,18 @@ def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
         for name, (_, what) in BENCH_SUITES.items():
             click.echo(f"  {name:<11} {what}")
         return
-    _settings()  # a bad setting is a usage error here too (exit 2), not a traceback
+    settings = _settings()  # a bad setting is a usage error here too (exit 2), not a traceback
     suites = []
     for arg in args:
         if arg not in BENCH_SUITES:
             break
         suites.append(arg)
     options = list(args[len(suites):])
+    if options and not options[0].startswith("-"):
+        # No suite takes a positional argument: a word here is a misspelt suite (it was
+        # called an option, or "bench store takes no options").
+        raise click.UsageError(
+            f"unknown suite {options[0]!r} (one of {', '.join(BENCH_SUITES)})")
     if options and len(suites) != 1:
         raise click.UsageError(
             f"options {options} need exactly one suite first (one of {sorted(BENCH_SUITES)})")
@@ -202,9 +212,33 @@ def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
             return
         if options and not takes_argv:
             raise click.UsageError(f"bench {name} takes no options")
-        result = entry(options) if takes_argv else entry()
+        try:
+            result = entry(options) if takes_argv else entry()
+        except Exception as exc:
+            line = _unreachable(exc, settings)
+            if line is None:
+                raise  # a bug: its traceback
+            print(f"ratchet bench {name}: cannot run: {line}", file=sys.stderr, flush=True)
+            sys.exit(1)
         failed += bool(result)
     sys.exit(1 if failed else 0)
+
+
+def _unreachable(exc: BaseException, settings: Settings) -> str | None:
+    """The operator's line when ``exc``, or an error it was raised while handling (a
+    bench's clean-up failing after its server could not be reached), says a server
+    cannot be reached; None otherwise. A bench without its servers ended in a driver's
+    traceback, or two (an operator's review, session 46)."""
+    from ratchet.startup import explain
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        line = explain(exc, settings)
+        if line is not None:
+            return line
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 if __name__ == "__main__":

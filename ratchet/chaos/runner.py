@@ -43,6 +43,13 @@ from ratchet.settings import Settings
 from schemas.avro import register_schemas, registry_client
 
 
+class ChaosSetupFailed(RuntimeError):
+    """The run could not start (a server unreachable, the workers or the API never
+    ready): ``str()`` is the operator's one line. Nothing was checked, so it is neither
+    a pass nor a violation (``ratchet chaos`` exits 3); what the run had made is removed
+    and no server is started or healed (no fault was injected)."""
+
+
 @dataclass(frozen=True)
 class ChaosConfig:
     seed: int = 1
@@ -115,17 +122,50 @@ def run(base: Settings, cfg: ChaosConfig) -> dict[str, Any]:
     total_turns = workload.turns
     say(f"workload: seed {cfg.seed}, {len(workload.stories)} stories, {total_turns} turn sends; "
         f"keyspace {settings.keyspace}, topics {settings.topic_prefix}*, out {out}")
-    subprocess.run([sys.executable, "-m", "ratchet.cli", "migrate"], env=env, check=True,
-                   stdout=subprocess.DEVNULL)
-    register_schemas(registry_client(settings.schema_registry_url))
+    # A setup failure was a traceback (CalledProcessError, RegistryUnavailable, ...) and
+    # exit 1, a violation's code (an operator's review, session 46).
+    migrated = subprocess.run([sys.executable, "-m", "ratchet.cli", "migrate"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if migrated.returncode != 0:
+        # Its last line says why (docs/operations.md). Nothing to clean up: no topic
+        # exists yet, and the keyspace only if Cassandra refused a later statement.
+        lines = migrated.stderr.strip().splitlines() or [f"exit {migrated.returncode}"]
+        raise ChaosSetupFailed(lines[-1])
     cluster = Cluster(settings, env, out, cfg.workers)
-    cluster.start()
+    try:
+        _start(settings, cluster, out)
+    except BaseException:
+        cluster.stop()
+        _cleanup(settings, f"chaos-{tag}", say)
+        raise
     try:
         return _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, say)
     finally:
         cluster.stop()
         _heal_servers(settings, say)
         _cleanup(settings, f"chaos-{tag}", say)
+
+
+def _start(settings: Settings, cluster: Cluster, out: Path) -> None:
+    """Register the record schemas, start the workers and the API and wait until they
+    serve; ``ChaosSetupFailed`` when a server cannot be reached or they never do."""
+    from ratchet.startup import explain
+
+    try:
+        register_schemas(registry_client(settings.schema_registry_url))
+    except Exception as exc:
+        line = explain(exc, settings)
+        if line is None:
+            raise
+        raise ChaosSetupFailed(line) from exc
+    cluster.start()
+    try:
+        _wait_topics(settings)
+    except RuntimeError as exc:
+        raise ChaosSetupFailed(f"{exc}: the workers did not start; see "
+                               f"{out / 'logs'}/worker-*.log") from exc
+    if not cluster.wait_api():
+        raise ChaosSetupFailed(f"the API did not become ready; see {out / 'logs' / 'api.log'}")
 
 
 def damage_plan(expectations, seed: int, overdue: Violation | None, undecided: list,
@@ -143,9 +183,6 @@ def damage_plan(expectations, seed: int, overdue: Violation | None, undecided: l
 
 
 def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, say):
-    _wait_topics(settings, say)
-    if not cluster.wait_api():
-        raise RuntimeError(f"the API did not become ready; see {out / 'logs' / 'api.log'}")
     say(f"{cfg.workers} workers and the API are up")
     reader = OutputReader(settings, group=f"chaos-check-{tag}")
     reader.start()
@@ -444,7 +481,7 @@ def _decided_times(reader: OutputReader) -> dict[tuple[str, str], float]:
     return first
 
 
-def _wait_topics(settings: Settings, say, timeout_s: float = 180.0) -> None:
+def _wait_topics(settings: Settings, timeout_s: float = 180.0) -> None:
     """The workers create the topics at start; the reader subscribes once they exist."""
     admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "log_level": 0})
     want = {settings.topic(t) for t in ("gateway-events", "checkpoints", "rejections",

@@ -161,10 +161,12 @@ def cli_api(settings: Settings) -> int:
         extra={"ctx": {"host": settings.api_host, "port": settings.api_port,
                        "history_codec": speedups.describe()}},
     )
-    # uvicorn re-raises the SIGTERM it shut down on once it is done, with the handler it
-    # found: the default one ended the process there (exit 143), before ``close``. A
-    # handler that does nothing lets the process close its clients and exit 0.
-    signal.signal(signal.SIGTERM, lambda *_: None)
+    # uvicorn re-raises the SIGTERM or SIGINT it shut down on once it is done, with the
+    # handler it found: the default ones ended the process there (exit 143 before
+    # ``close``; Ctrl-C: KeyboardInterrupt, click's "Aborted!", exit 1). A handler that
+    # does nothing lets the process close its clients and exit 0, as the worker does.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: None)
     try:
         uvicorn.Server(uvicorn.Config(
             # The history GETs skip FastAPI's per-request machinery (fastpath.py).

@@ -37,12 +37,17 @@ def say(msg: str) -> None:
 
 
 def cli_demo(settings: Settings, keep: bool = False) -> int:
+    from infra.launcher import InfraError
+    from infra.migrate import MigrationError
+
     started: list[ChildProcess] = []
     log_dir = settings.home / "logs" / "demo"
     try:
         base_url = _bring_up(settings, log_dir, started)
         rows = _run_scenarios(settings, base_url)
-    except ProcessFailed as exc:
+    # The launcher's refusals (a port, the home) and migrate's (a newer version's
+    # keyspace, an edited migration) say what to do: a line, not their traceback.
+    except (ProcessFailed, InfraError, MigrationError) as exc:
         say(f"\nFAILED to start: {exc}")
         return 2
     finally:

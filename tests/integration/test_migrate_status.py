@@ -4,9 +4,12 @@ It said "a migrator is running now (lease owner X)" for any lease row, a killed
 migrator's too, for up to ``LEASE_TTL_S`` (120 s): an operator could not tell whether
 to wait, or how long (session 44's review, left; session 45). Now it names the owner,
 when the lease was last taken or renewed and when it expires, and whether that owner
-still renews it. The lease rows are written as ``ratchet migrate`` writes them (owner,
-TTL); a killed migrator's last renewal is set in the past with ``USING TIMESTAMP``
-by the TTL it would have left.
+still renews it. The age was this version's ``LEASE_TTL_S`` minus the TTL left, so a
+lease written with another TTL (another version's) was misread (session 46): the row
+now carries the TTL it was written with and its renewal period, and a row without
+them (the previous version's) says "unknown". The lease rows are written as a
+migrator leaves them: a killed migrator's last renewal is set in the past by the TTL
+it would have left.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from infra.migrate import LEASE_TTL_S, apply_migrations, cli_migrate
+from infra.migrate import LEASE_TTL_S, RENEW_EVERY_S, apply_migrations, cli_migrate
 
 pytestmark = pytest.mark.integration
 
@@ -32,13 +35,21 @@ def migrated(cassandra_session, settings, unique_name, tmp_path):
     cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
 
 
-def _hold_lease(session, ks: str, owner: str, *, renewed_s_ago: int) -> datetime:
-    """The lease row as a migrator that last renewed it ``renewed_s_ago`` seconds ago
-    leaves it (the TTL it has left then)."""
+def _hold_lease(session, ks: str, owner: str, *, renewed_s_ago: int, ttl_s: int = LEASE_TTL_S,
+                renew_every_s: float = RENEW_EVERY_S) -> datetime:
+    """The lease row as a migrator whose lease lasts ``ttl_s`` and that last renewed it
+    ``renewed_s_ago`` seconds ago leaves it (the TTL it has left then)."""
     session.execute(
-        f"INSERT INTO {ks}.schema_migrations_lease (id, owner) VALUES ('migrate', %s) "
-        f"USING TTL {LEASE_TTL_S - renewed_s_ago}", (owner,), timeout=30)
+        f"INSERT INTO {ks}.schema_migrations_lease (id, owner, ttl_s, renew_every_s) "
+        f"VALUES ('migrate', %s, %s, %s) USING TTL {ttl_s - renewed_s_ago}",
+        (owner, ttl_s, renew_every_s), timeout=30)
     return datetime.fromtimestamp(time.time() - renewed_s_ago, UTC)
+
+
+def _since(line: str) -> int:
+    renewed = re.search(r"renewed at \S+ \S+ UTC \((\d+)s ago\)", line)
+    assert renewed is not None, line
+    return int(renewed.group(1))
 
 
 def _lease_line(out: str) -> str:
@@ -90,29 +101,108 @@ def test_a_lease_without_expiry_says_so_and_how_to_remove_it(
     assert f"DELETE FROM {s.keyspace}.schema_migrations_lease WHERE id = 'migrate'" in line
 
 
+def test_a_lease_written_with_a_longer_ttl_is_read_with_its_own_ttl(
+        cassandra_session, migrated, capsys):
+    """Another version's lease (600 s, renewed every 150 s), renewed 100 s ago: it was
+    read as renewed "0s ago" (120 s minus the 500 s left, floored)."""
+    s, folder = migrated
+    _hold_lease(cassandra_session, s.keyspace, "long-owner", renewed_s_ago=100, ttl_s=600,
+                renew_every_s=150)
+    cli_migrate(s, folder, status=True)
+    line = _lease_line(capsys.readouterr().out)
+    assert 100 <= _since(line) <= 110, line
+    assert "A migrator is running now" in line and "every 150s" in line, line
+
+
+def test_a_lease_written_with_a_shorter_ttl_is_read_with_its_own_ttl(
+        cassandra_session, migrated, capsys):
+    """A lease of 60 s renewed every 15 s, renewed 40 s ago: it was read as 100 s ago
+    (120 s minus the 20 s left); its migrator has missed two renewals."""
+    s, folder = migrated
+    _hold_lease(cassandra_session, s.keyspace, "short-owner", renewed_s_ago=40, ttl_s=60,
+                renew_every_s=15)
+    cli_migrate(s, folder, status=True)
+    line = _lease_line(capsys.readouterr().out)
+    assert 40 <= _since(line) <= 50, line
+    assert "Not renewed for" in line and "every 15s" in line and "killed" in line, line
+
+
+def _previous_versions_lease_table(session, ks: str) -> None:
+    """The lease table as ratchet before session 46 made it: an owner, nothing else."""
+    session.execute(f"DROP TABLE {ks}.schema_migrations_lease", timeout=60)
+    session.execute(f"CREATE TABLE {ks}.schema_migrations_lease (id text PRIMARY KEY, "
+                    "owner text)", timeout=60)
+
+
+def test_the_previous_versions_lease_says_its_age_is_unknown(cassandra_session, migrated,
+                                                              capsys):
+    """A lease written by the previous version (no stored TTL; 90 s left): it was read
+    as renewed 30 s ago by a running migrator, a guess from this version's TTL."""
+    s, folder = migrated
+    _previous_versions_lease_table(cassandra_session, s.keyspace)
+    cassandra_session.execute(
+        f"INSERT INTO {s.keyspace}.schema_migrations_lease (id, owner) VALUES ('migrate', "
+        "'old-owner') USING TTL 90", timeout=30)
+    assert cli_migrate(s, folder, status=True) == 0
+    line = _lease_line(capsys.readouterr().out)
+    assert "old-owner" in line and "renewed is unknown" in line, line
+    assert "still runs is unknown" in line, line
+    assert "ago" not in line and "running now" not in line and "killed" not in line, line
+    expires = re.search(r"expires in (\d+)s", line)
+    assert expires is not None and 0 < int(expires.group(1)) <= 90, line
+
+
+def test_migrate_over_the_previous_versions_lease_table_stores_the_lease_terms(
+        cassandra_session, migrated):
+    """The upgrade: the first run of this version adds the columns before it takes the
+    lease, so its own lease already carries them."""
+    s, folder = migrated
+    _previous_versions_lease_table(cassandra_session, s.keyspace)
+    (folder / "002_more.cql").write_text("CREATE TABLE IF NOT EXISTS b (k int PRIMARY KEY);")
+    seen = []
+
+    def out(line: str) -> None:
+        if line.startswith("applied 002"):  # the lease is held still
+            seen.append(cassandra_session.execute(
+                f"SELECT owner, ttl_s, renew_every_s, TTL(owner) FROM "
+                f"{s.keyspace}.schema_migrations_lease WHERE id = 'migrate'",
+                timeout=30).one())
+
+    assert [m.version for m in apply_migrations(cassandra_session, s, folder, out=out)] == [2]
+    (row,) = seen
+    assert row.owner and row.ttl_s == LEASE_TTL_S and row.renew_every_s == RENEW_EVERY_S
+    assert 0 < row.ttl_owner <= LEASE_TTL_S
+
+
 def test_the_lease_line_without_a_server():
-    """``describe_lease`` alone: the age is the TTL's count, the owner always named."""
-    from infra.migrate import RENEW_EVERY_S, describe_lease
+    """``describe_lease`` alone: the age is the row's TTL's count, the owner always
+    named, and what the row does not say is unknown."""
+    from infra.migrate import LeaseRow, describe_lease
 
     now = datetime(2026, 12, 7, 2, 0, 0, tzinfo=UTC)
-    stopped = describe_lease("o1", LEASE_TTL_S - 50, "ks", now)
+    stopped = describe_lease(LeaseRow("o1", 250, 300, 30.0), "ks", now)
     assert "held by o1" in stopped and "renewed at 2026-12-07 01:59:10 UTC (50s ago)" in stopped
-    assert f"expires in {LEASE_TTL_S - 50}s" in stopped and "killed" in stopped
-    running = describe_lease("o2", LEASE_TTL_S - int(RENEW_EVERY_S), "ks", now)
-    assert "A migrator is running now" in running
-    assert "no owner named" in describe_lease(None, LEASE_TTL_S, "ks", now)
+    assert "expires in 250s" in stopped and "can run in 250s" in stopped
+    assert "Not renewed for 50s" in stopped and "every 30s" in stopped
+    assert "A migrator is running now" in describe_lease(LeaseRow("o2", 240, 300, 60.0), "ks", now)
+    assert "killed" in describe_lease(LeaseRow("o2", 234, 300, 60.0), "ks", now)
+    assert "no owner named" in describe_lease(LeaseRow(None, 100, 120, 30.0), "ks", now)
+    for row in (LeaseRow("o3", 100, None, None),  # the previous version's row
+                LeaseRow("o3", 100, 60, 30.0)):  # more left than it was written with
+        line = describe_lease(row, "ks", now)
+        assert "renewed is unknown" in line and "ago" not in line, line
+        assert "expires in 100s" in line and "can run in 100s" in line, line
+    unknown_period = describe_lease(LeaseRow("o4", 100, 120, None), "ks", now)
+    assert "(20s ago)" in unknown_period and "still runs is unknown" in unknown_period
 
 
-def test_a_lease_with_a_longer_ttl_than_migrate_writes_is_not_called_a_running_migrator():
-    """``ratchet migrate`` writes its lease with ``LEASE_TTL_S`` at every take and
-    renewal, so a TTL left above it was written otherwise (by hand): its age cannot be
-    told from it. It read as renewed 0 s ago, "A migrator is running now" (an outside
-    review, session 46); now it is named as not ratchet's, with its expiry."""
-    from infra.migrate import describe_lease
-
-    now = datetime(2026, 12, 7, 2, 0, 0, tzinfo=UTC)
-    line = describe_lease("hand", 86_400, "ks", now)
-    assert "A migrator is running now" not in line
-    assert "held by hand" in line and "not written by ratchet migrate" in line
-    assert "expires in 86400s" in line
-    assert "DELETE FROM ks.schema_migrations_lease WHERE id = 'migrate'" in line
+def test_a_run_waiting_for_another_versions_lease_names_its_ttl(cassandra_session, migrated):
+    """The waiting line said a killed migrator's lease ends "120s after its last
+    renewal", this version's TTL, whatever the holder's (session 46)."""
+    s, folder = migrated
+    _hold_lease(cassandra_session, s.keyspace, "other-version", renewed_s_ago=597,
+                ttl_s=600, renew_every_s=150)  # 3 s left
+    said: list[str] = []
+    apply_migrations(cassandra_session, s, folder, out=said.append)
+    waiting = [line for line in said if line.startswith("waiting for another migrator")]
+    assert waiting and "600s after its last renewal" in waiting[0], said

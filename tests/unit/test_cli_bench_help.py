@@ -44,3 +44,14 @@ def test_a_bad_setting_is_a_usage_error_before_any_suite_runs():
     result = CliRunner().invoke(main, ["bench", "memory"], env={"RATCHET_PARTITIONS": "abc"})
     assert result.exit_code == 2 and "RATCHET_PARTITIONS" in result.output
     assert "== bench" not in result.output  # nothing ran
+
+
+def test_an_unknown_suite_is_named_as_one():
+    """A misspelt suite was called an option ("options ['procesor'] need exactly one
+    suite first"), before or after a suite (an operator's review, session 46). No suite
+    takes a positional argument, so a word that is no suite and no option is a typo."""
+    for args in (["procesor"], ["store", "procesor"], ["store", "api", "procesor", "--x"]):
+        result = CliRunner().invoke(main, ["bench", *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert "unknown suite 'procesor'" in result.output, (args, result.output)
+        assert "processor" in result.output and "== bench" not in result.output

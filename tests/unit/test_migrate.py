@@ -301,3 +301,20 @@ def test_migrate_status_says_what_is_applied_and_pending_and_changes_nothing(
         assert f"keyspace {s.keyspace}: up to date (2 of 2 migrations applied)" in capsys.readouterr().out
     finally:
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
+
+
+def test_replication_shortfalls_name_each_datacenter_short_of_nodes():
+    """The pure part of migrate's warning for a replication the cluster cannot hold."""
+    from infra.migrate import replication_shortfalls
+
+    simple = {"class": "org.apache.cassandra.locator.SimpleStrategy", "replication_factor": "3"}
+    assert replication_shortfalls(simple, {"dc1": 3}) == []
+    (one,) = replication_shortfalls(simple, {"dc1": 1})
+    assert "factor 3 in the cluster, which has 1 node(s)" in one and "cannot be reached" in one
+    (two,) = replication_shortfalls(simple, {"dc1": 1, "dc2": 1})
+    assert "has 2 node(s)" in two and "fails when 1 node(s) are down" in two
+    nts = {"class": "NetworkTopologyStrategy", "dc1": "3", "dc2": "2/1"}
+    assert replication_shortfalls(nts, {"dc1": 3, "dc2": 2}) == []
+    (short,) = replication_shortfalls(nts, {"dc1": 3})
+    assert "factor 2 in datacenter dc2, which has 0 node(s)" in short
+    assert replication_shortfalls({"class": "LocalStrategy"}, {}) == []
