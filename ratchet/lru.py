@@ -26,6 +26,9 @@ class Lru:
     def __init__(self, capacity: int, weigh: Callable[[object], int] = _one) -> None:
         self.capacity = capacity
         self._weigh = weigh
+        # A count (the default weigh) adds 1 without calling ``_one``: the store's hints
+        # and the tail cache put 5 entries per promoted turn.
+        self._counts = weigh is _one
         self.weight = 0  # the total weight of the entries held
         self._entries: OrderedDict[Hashable, object] = OrderedDict()
 
@@ -46,6 +49,14 @@ class Lru:
         if self.capacity <= 0:
             return
         old = self._entries.pop(key, None)  # ``pop``, inline: every promotion puts 4-5
+        if self._counts:
+            if old is None:
+                self.weight += 1
+            self._entries[key] = value
+            while self.weight > self.capacity:
+                self._entries.popitem(last=False)
+                self.weight -= 1
+            return
         if old is not None:
             self.weight -= self._weigh(old)
         self._entries[key] = value

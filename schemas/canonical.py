@@ -17,9 +17,30 @@ from typing import Any
 import orjson
 from pydantic_core import from_json
 
+# The value types of a flat object orjson encodes exactly as ``json.dumps`` below does
+# (exact types: a subclass, e.g. an enum, takes the reference path).
+_FLAT = frozenset({str, int, bool, type(None)})
+
 
 def canonical_json(value: Any) -> bytes:
-    """``value`` (JSON-compatible) as canonical JSON bytes."""
+    """``value`` (JSON-compatible) as canonical JSON bytes.
+
+    A flat object (string keys; string, integer, boolean or null values: a token
+    artifact, a router receipt, a boundary proof, twice per promoted turn) is encoded by
+    orjson, ~0.3 against ~4.5 us: the same bytes (its escapes and key order agree with
+    ``json.dumps`` on every code point, ``tests/unit/test_canonical_flat.py``). What
+    orjson refuses (an integer beyond 64 bits, a key that is not a string, a lone
+    surrogate) and everything else takes ``json.dumps``, which answers or raises as
+    before."""
+    if type(value) is dict:
+        for inner in value.values():  # noqa: SIM110 - a loop: no generator per call
+            if type(inner) not in _FLAT:
+                break
+        else:
+            try:
+                return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+            except orjson.JSONEncodeError:
+                pass  # the reference path answers (or raises) as it always did
     return json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode("utf-8")

@@ -62,6 +62,10 @@ def unservable_id(event: Any) -> str | None:
     """Why one of ``event``'s ids (``SERVED_ID_FIELDS`` and ``KEY_ID_FIELDS``; null or
     absent ones aside) could never be served by the API or key a stored row, or None.
     Works for any gateway event or ``TurnIdentity``."""
+    global _last
+    last = _last
+    if last[0] is event:
+        return last[1]
     read = _ids_reader(type(event))
     names: tuple[str, ...] = _ID_FIELDS
     values: tuple[Any, ...] | None = None
@@ -76,20 +80,34 @@ def unservable_id(event: Any) -> str | None:
             names = _ID_FIELDS
     if values is None:  # not a model whose attributes its class fixes: ask each name
         values = tuple([getattr(event, name, None) for name in names])
+    answer = None
     for name, value in zip(names, values, strict=True):
         if value is not None and _MATCH(value) is None:
             shown = value if len(value) <= _SHOWN else value[:_SHOWN] + "..."
-            return (f"{name} {shown!r} ({len(value)} characters) does not match the API's "
-                    f"id pattern {ID_PATTERN}: the API could never serve it")
-    return None
+            answer = (f"{name} {shown!r} ({len(value)} characters) does not match the "
+                      f"API's id pattern {ID_PATTERN}: the API could never serve it")
+            break
+    if read is not None and read[2]:
+        _last = (event, answer)
+    return answer
+
+
+# The last frozen event asked about and its answer: a turn is asked twice (the
+# processor's identity check decides its path, then validation's rule), ~3 us and 7
+# calls each. Its answer cannot change (a frozen model's ids are fixed), and the event
+# is held here, so no other object can take its identity. One tuple, swapped whole:
+# safe between the worker's loop and its thread.
+_last: tuple[Any, str | None] = (object(), None)
 
 
 @functools.cache
-def _ids_reader(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]] | None:
+def _ids_reader(
+    cls: type,
+) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]], bool] | None:
     """For a pydantic model class that allows no extra attributes: the id names it has
     (fields, or class attributes such as properties) and one getter of all their
-    values. Asked twice per turn (the processor's identity check, then validation),
-    a ``getattr`` with a default per name cost a pydantic ``__getattr__`` and its
+    values, and whether the class is frozen. Asked twice per turn (the processor's
+    identity check, then validation), a ``getattr`` with a default per name cost a pydantic ``__getattr__`` and its
     exception for every name the model lacks. None for any other class."""
     fields = getattr(cls, "model_fields", None)
     config = getattr(cls, "model_config", None)
@@ -99,4 +117,5 @@ def _ids_reader(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, 
     names = tuple(name for name in _ID_FIELDS if name in fields or hasattr(cls, name))
     if len(names) < 2:  # attrgetter of one name gives the value, not a tuple
         return None
-    return names, operator.attrgetter(*names)
+    # Frozen (its ids fixed once built): its answer may be remembered (``_last``).
+    return names, operator.attrgetter(*names), config.get("frozen") is True

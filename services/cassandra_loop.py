@@ -31,7 +31,23 @@ from cassandra.query import UNSET_VALUE, PreparedStatement
 
 from ratchet.settings import Settings
 
-_CONSISTENCY = {value: getattr(acsylla.Consistency, name)
+
+class _Level:
+    """A consistency level as the driver's binding reads it: it reads only ``.value``
+    of what ``set_consistency`` is given, and ``acsylla.Consistency.X.value`` is an
+    enum property (two Python calls each time, ~8 a turn); here it is a plain slot.
+    Its ``value`` is the enum's (``tests/unit/test_loop_session_levels.py``)."""
+
+    __slots__ = ("name", "value")
+
+    def __init__(self, level: acsylla.Consistency) -> None:
+        self.name, self.value = level.name, level.value
+
+    def __repr__(self) -> str:
+        return f"<consistency {self.name}: {self.value}>"
+
+
+_CONSISTENCY = {value: _Level(getattr(acsylla.Consistency, name))
                 for value, name in ConsistencyLevel.value_to_name.items()
                 if hasattr(acsylla.Consistency, name)}
 

@@ -91,7 +91,7 @@ def promoted_event(turn: TurnCompleted, partition: str,
         attempt=turn.attempt if cp.accepted_attempt is None else cp.accepted_attempt,
         previous_response_id=cp.previous_response_id,
         seq=cp.seq,
-        certification=cp.certification.value,
+        certification=cp.certification,  # the model's own enum: no `.value` to read
         fingerprint_hash=cp.fingerprint_hash or turn.fingerprint_hash,
         artifact_id=None if artifact is None else artifact.artifact_id,
         artifact_expires_at=None if artifact is None or artifact.expires_at is None

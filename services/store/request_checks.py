@@ -5,7 +5,7 @@ counted the way the bound is documented (docs/store.md)."""
 
 from __future__ import annotations
 
-from ratchet.domain.history import PromotionMode
+from ratchet.domain.history import PromotionMode, first_digest_mismatch
 from ratchet.domain.plan import PromotionRequest
 from services.store.errors import InvalidPromotion
 
@@ -49,6 +49,10 @@ def validate_request(request: PromotionRequest) -> None:
             raise InvalidPromotion("Conversation mode needs expected_head_seq >= 0")
     elif request.previous_response_id == request.response_id:
         raise InvalidPromotion("a response cannot be its own parent")
-    for item in request.items:
-        if not item.digest_ok():
-            raise InvalidPromotion(f"item {item.item_id} content does not match its digest")
+    # Every item's digest, in one call (in C with ``ratchet._speedups``: one call
+    # against three per item by ``Item.digest_ok``): the first that does not match.
+    items = request.items
+    bad = first_digest_mismatch([item.content for item in items],
+                                [item.content_digest for item in items])
+    if bad >= 0:
+        raise InvalidPromotion(f"item {items[bad].item_id} content does not match its digest")

@@ -269,16 +269,19 @@ def decode_items_cell_py(cell: bytes) -> TurnItems:
 
 
 def checkpoint_values(checkpoint: CheckpointRecord, token: uuid.UUID) -> tuple[Any, ...]:
+    """The turn row's checkpoint columns. The enums' values are read as ``_value_``
+    (the member's value attribute, enum's own documented name for it): ``.value`` is
+    a property, two Python calls each, per promoted turn."""
     artifact = checkpoint.token_artifact
     return (
         checkpoint.response_id,
         checkpoint.seq,
-        checkpoint.mode.value,
+        checkpoint.mode._value_,
         checkpoint.parent_response_id,
         checkpoint.previous_response_id,
         checkpoint.idempotency_key,
         checkpoint.request_digest,
-        checkpoint.certification.value,
+        checkpoint.certification._value_,
         checkpoint.fingerprint_hash,
         None if artifact is None else artifact.to_json(),
         checkpoint.router_receipt,

@@ -98,3 +98,30 @@ def _present(event):
     """``event``'s fields that it has, as a plain object (read name by name)."""
     return SimpleNamespace(**{name: getattr(event, name) for name in type(event).model_fields
                               if hasattr(event, name)})
+def test_an_answer_remembered_is_the_events_own():
+    """The last frozen event's answer is remembered (session 46, ``_last``): asked
+    again, each event still gets its own answer, whatever was asked in between."""
+    good = EVENTS["conversation turn"]
+    bad = good.model_copy(update={"response_id": "a b"})
+    worse = good.model_copy(update={"tenant_id": "c d"})
+    fresh = {id(e): ids.unservable_id(_by_name(e)) for e in (good, bad, worse)}
+    assert fresh[id(good)] is None and fresh[id(bad)] and fresh[id(worse)]
+    for event in (good, good, bad, bad, good, worse, bad, worse, worse, good):
+        assert ids.unservable_id(event) == fresh[id(event)]
+        assert ids._last[0] is event  # remembered: frozen
+
+
+def test_an_object_that_is_not_frozen_is_judged_every_time():
+    open_event = _by_name(EVENTS["conversation turn"])
+    assert ids.unservable_id(open_event) is None
+    open_event.response_id = "a b"  # the same object, changed
+    assert ids.unservable_id(open_event).startswith("response_id 'a b'")
+
+    class Thawed(TurnCompleted, frozen=False):
+        pass
+
+    thawed = Thawed(**dict(EVENTS["conversation turn"]))
+    assert ids.unservable_id(thawed) is None
+    thawed.response_id = "a b"
+    assert ids.unservable_id(thawed).startswith("response_id 'a b'")
+    assert ids._last[0] is not thawed

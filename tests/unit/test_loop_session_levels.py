@@ -68,6 +68,12 @@ class _DriverSession:
         return _Answer()
 
 
+def _read(level) -> int:
+    """What the driver's binding reads of the level it is given (its ``.value`` only:
+    ``test_every_level_is_the_drivers_own_value``)."""
+    return level.value
+
+
 def _statement(consistency: int, serial: int | None = None) -> SimpleNamespace:
     return SimpleNamespace(query_string=f"q{consistency}{serial}", consistency_level=consistency,
                            serial_consistency_level=serial, fetch_size=None)
@@ -92,10 +98,10 @@ def test_a_request_is_sent_at_its_statements_levels():
 
     asyncio.run(send())
     sent = [request.set for request in driver.sent]
-    assert [s.get("consistency") for s in sent] == [
-        acsylla.Consistency.LOCAL_QUORUM, acsylla.Consistency.SERIAL,
-        acsylla.Consistency.LOCAL_QUORUM]
-    assert sent[2]["serial"] == acsylla.Consistency.SERIAL
+    assert [_read(s.get("consistency")) for s in sent] == [
+        acsylla.Consistency.LOCAL_QUORUM.value, acsylla.Consistency.SERIAL.value,
+        acsylla.Consistency.LOCAL_QUORUM.value]
+    assert _read(sent[2]["serial"]) == acsylla.Consistency.SERIAL.value
     assert {s["retry"] for s in sent} == {"fallthrough"}  # never re-sent by the driver
 
 
@@ -111,8 +117,28 @@ def test_a_batch_is_sent_at_the_levels_asked_for(monkeypatch):
         assert answer.was_applied
         batch = driver.sent[-1]
         assert len(batch.added) == 2
-        assert batch.set["consistency"] == acsylla.Consistency.LOCAL_QUORUM
-        assert batch.set["serial"] == getattr(acsylla.Consistency,
-                                              ConsistencyLevel.value_to_name[serial])
+        assert _read(batch.set["consistency"]) == acsylla.Consistency.LOCAL_QUORUM.value
+        assert _read(batch.set["serial"]) == getattr(acsylla.Consistency,
+                                                     ConsistencyLevel.value_to_name[serial]).value
         assert batch.set["retry"] == "fallthrough"
     runner.close()
+
+
+def test_every_level_is_the_drivers_own_value():
+    """The levels handed to the driver are plain holders of the enum's value (session
+    46: the enum's ``value`` is a property, two Python calls per read): each is the
+    value of the driver's level of the same name, and the real binding takes it."""
+    assert cassandra_loop._CONSISTENCY  # every level cassandra-driver names, if acsylla has it
+    for value, name in ConsistencyLevel.value_to_name.items():
+        if not hasattr(acsylla.Consistency, name):
+            continue
+        level = cassandra_loop._CONSISTENCY[value]
+        assert level.value == getattr(acsylla.Consistency, name).value, name
+        statement = acsylla.create_statement("SELECT now() FROM system.local")
+        statement.set_consistency(level)  # the binding reads .value; raises otherwise
+        statement.set_serial_consistency(level)
+        batch = acsylla.create_batch_logged()
+        batch.set_consistency(level)
+        batch.set_serial_consistency(level)
+    assert len(cassandra_loop._CONSISTENCY) == sum(
+        hasattr(acsylla.Consistency, name) for name in ConsistencyLevel.value_to_name.values())

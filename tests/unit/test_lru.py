@@ -1,5 +1,8 @@
 """The one eviction rule of the in-process caches (ratchet/lru.py)."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ratchet.lru import Lru
 
 
@@ -42,3 +45,29 @@ def test_a_weighed_lru_evicts_until_the_total_weight_fits():
     assert lru.weight == 8
     lru.pop("c")
     assert lru.weight == 2 and len(lru) == 1
+
+
+_ops = st.lists(st.tuples(st.sampled_from(["put", "get", "pop", "oldest"]),
+                          st.integers(0, 6), st.integers(0, 3)), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-1, 5), _ops)
+def test_a_count_keeps_what_the_general_weighing_of_one_keeps(capacity, ops):
+    """The default weigh (a count) takes a shortcut in ``put`` (no call per entry,
+    session 46): it keeps, evicts and answers exactly as weighing each entry 1 does,
+    and its weight is its length."""
+    counted, weighed = Lru(capacity), Lru(capacity, weigh=lambda _value: 1)
+    for op, key, value in ops:
+        if op == "put":
+            counted.put(key, value)
+            weighed.put(key, value)
+        elif op == "get":
+            assert counted.get(key) == weighed.get(key)
+        elif op == "pop":
+            counted.pop(key)
+            weighed.pop(key)
+        else:
+            assert counted.pop_oldest() == weighed.pop_oldest()
+        assert list(counted._entries.items()) == list(weighed._entries.items())
+        assert counted.weight == weighed.weight == len(counted)

@@ -208,3 +208,19 @@ def test_utc_ms_gives_what_it_gave_before_its_shortcut():
         assert got == want and got.tzinfo is want.tzinfo is UTC
         assert got.microsecond % 1000 == 0 and got.fold == want.fold
         assert got.isoformat() == want.isoformat()
+
+
+@pytest.mark.parametrize("mode", list(history.PromotionMode))
+@pytest.mark.parametrize("certification", list(history.Certification))
+def test_a_checkpoints_enum_cells_are_their_values_as_plain_text(mode, certification):
+    """``checkpoint_values`` reads the enums' ``_value_`` (session 46, not the ``value``
+    property): the cells are still each member's value, as plain ``str``."""
+    cp = history.CheckpointRecord(
+        tenant_id="t", partition_key="c", response_id="r", seq=1, mode=mode,
+        parent_response_id=None, previous_response_id=None, idempotency_key="k",
+        request_digest="d" * 64, certification=certification, fingerprint_hash=None,
+        token_artifact=None, router_receipt=None, boundary_proof=None, first_item_seq=1,
+        last_item_seq=1, items_digest="e" * 64, promoted_at=datetime(2026, 1, 1, tzinfo=UTC))
+    values = backend.checkpoint_values(cp, None)
+    assert (values[2], values[7]) == (mode.value, certification.value)
+    assert type(values[2]) is str and type(values[7]) is str
