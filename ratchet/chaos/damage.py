@@ -171,6 +171,12 @@ def plan(expectations: list[Expectation], seed: int, conversations: int = 6,
         (conv if e.story.kind == "conversation" else chain).append((e, w))
     rng.shuffle(conv)
     rng.shuffle(chain)
+    # Up to ``SHARED_FIRST`` stories of each mode whose partition holds the other
+    # history too (a Conversation id equal to a chain's first response id,
+    # ``workload.shared_key_partner``) first: the other history is then read again
+    # beside the damage, in the very partition.
+    shared = _shared_partitions(expectations)
+    conv = _shared_first(conv, shared)
     out: list[Damage] = []
     for e, w in conv:
         if len([d for d in out if d.conversation]) >= conversations:
@@ -193,6 +199,7 @@ def plan(expectations: list[Expectation], seed: int, conversations: int = 6,
                           frozenset(p.response_id for p in turns if p.seq >= target.seq)))
     # Chains: forks first (a sibling branch must stay readable), then any parent.
     chain.sort(key=lambda ew: -_forks(ew[1]))
+    chain = _shared_first(chain, shared)
     made = 0
     for e, w in chain:
         if made >= chains:
@@ -210,6 +217,26 @@ def plan(expectations: list[Expectation], seed: int, conversations: int = 6,
                           frozenset(descendants(w, target.response_id))))
         made += 1
     return out
+
+
+def _shared_partitions(expectations: list[Expectation]) -> set[tuple[str, str]]:
+    """(tenant, partition key) of the partitions a Conversation story and a chain
+    story share."""
+    keys = {kind: {(e.story.tenant, e.story.key) for e in expectations
+                   if e.story.kind == kind} for kind in ("conversation", "chain")}
+    return keys["conversation"] & keys["chain"]
+
+
+SHARED_FIRST = 2
+
+
+def _shared_first(stories: list[tuple[Expectation, World]],
+                  shared: set[tuple[str, str]]) -> list[tuple[Expectation, World]]:
+    """The first ``SHARED_FIRST`` stories of a shared partition, then the others in
+    their order."""
+    first = [ew for ew in stories
+             if (ew[0].story.tenant, ew[0].story.key) in shared][:SHARED_FIRST]
+    return first + [ew for ew in stories if ew not in first]
 
 
 def _forks(w: World) -> int:

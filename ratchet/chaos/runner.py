@@ -120,7 +120,8 @@ def run(base: Settings, cfg: ChaosConfig) -> dict[str, Any]:
     workload = generate(cfg.seed, cfg.turns, tag)
     expectations = [expect(s) for s in workload.stories]
     total_turns = workload.turns
-    say(f"workload: seed {cfg.seed}, {len(workload.stories)} stories, {total_turns} turn sends; "
+    say(f"workload: seed {cfg.seed}, {len(workload.stories)} stories ("
+        f"{len(workload.shared_keys)} Conversations on a chain's key), {total_turns} turn sends; "
         f"keyspace {settings.keyspace}, topics {settings.topic_prefix}*, out {out}")
     # A setup failure was a traceback (CalledProcessError, RegistryUnavailable, ...) and
     # exit 1, a violation's code (an operator's review, session 46).
@@ -384,6 +385,8 @@ def _report(cfg, tag, out, workload, expectations, reader, faults, waiters, unex
         "producers": cfg.producers, "rate": cfg.rate, "fault_profile": cfg.faults,
         "events": {"sent_turns": sent, "planned_turns": workload.turns,
                    "stories": len(workload.stories),
+                   # Conversations whose id is a chain's first response id (one partition)
+                   "shared_keys": len(workload.shared_keys),
                    "responses": len(_needed(expectations)),
                    "dead_letter_records": _dead_letters(expectations)},
         "observed": {"promoted": len(reader.obs.promoted), "rejected": len(reader.obs.rejected),

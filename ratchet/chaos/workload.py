@@ -44,6 +44,14 @@ class Workload:
     def turns(self) -> int:
         return sum(s.turn_count for s in self.stories)
 
+    @property
+    def shared_keys(self) -> list[tuple[Story, Story]]:
+        """(Conversation story, chain story) pairs of one tenant and one partition key
+        (``shared_key_partner``; a partner beyond the last story was not generated)."""
+        chains = {(s.tenant, s.key): s for s in self.stories if s.kind == "chain"}
+        return [(s, chains[(s.tenant, s.key)]) for s in self.stories
+                if s.kind == "conversation" and (s.tenant, s.key) in chains]
+
 
 def generate(seed: int, turns: int, tag: str) -> Workload:
     """Stories until at least ``turns`` TurnCompleted sends; about 1 story in 25 is garbage."""
@@ -58,9 +66,46 @@ def generate(seed: int, turns: int, tag: str) -> Workload:
     return Workload(seed, tag, stories)
 
 
+# A Conversation whose id is the first response id of a chain of its tenant
+# (docs/store.md, "Two histories in one partition"): one Kafka key, one store partition,
+# two histories. A Conversation story's partner is the story ``SHARED_KEY_STRIDE``
+# indices on (same tenant: ``index % 7``), after it when ``index // 7`` is even, else
+# before it, so the chain's first turn is sent after the Conversation's or before it
+# (the producers interleave the two: their Kafka order is open, and the oracle needs
+# none, each story's outcomes being what they are without the other). The direction
+# rule gives each chain at most one partner. Drawn from a stream of its own
+# (``<seed>:<index>:shared``): every other draw of the story is what it was without it.
+SHARED_KEY_RATE = 0.25  # of the Conversation stories whose partner is a chain
+SHARED_KEY_STRIDE = 7
+
+
+def _kind(rng: random.Random) -> str:
+    """A story's kind: its stream's first draw."""
+    return rng.choices(["conversation", "chain", "garbage"], [60, 36, 4])[0]
+
+
+def shared_key_partner(seed: int, index: int) -> int | None:
+    """The index of the chain story whose first response id is the id of Conversation
+    story ``index``'s Conversation, or None (not a Conversation story, or not drawn)."""
+    if _kind(random.Random(f"{seed}:{index}")) != "conversation":
+        return None
+    step = SHARED_KEY_STRIDE if (index // SHARED_KEY_STRIDE) % 2 == 0 else -SHARED_KEY_STRIDE
+    partner = index + step
+    if partner < 0 or _kind(random.Random(f"{seed}:{partner}")) != "chain":
+        return None
+    if random.Random(f"{seed}:{index}:shared").random() >= SHARED_KEY_RATE:
+        return None
+    return partner
+
+
+def chain_root_id(tag: str, index: int) -> str:
+    """The first response id of chain story ``index`` (its partition key)."""
+    return f"resp-{tag}-{index}-0"
+
+
 def build_story(seed: int, tag: str, index: int) -> Story:
     rng = random.Random(f"{seed}:{index}")
-    kind = rng.choices(["conversation", "chain", "garbage"], [60, 36, 4])[0]
+    kind = _kind(rng)
     sid = f"{tag}-{index}"
     tenant = f"ten-{tag}-{index % 7}"
     path = "raw" if rng.random() < 0.3 else "gateway"
@@ -73,7 +118,11 @@ def build_story(seed: int, tag: str, index: int) -> Story:
         # refuses it before producing would stall the producer's round, while the
         # processor's refusal is an outcome the checker reports.
         path = "raw"
-    key = f"conv-{sid}" if kind == "conversation" else f"resp-{sid}-0"
+    if kind == "chain":
+        key = chain_root_id(tag, index)
+    else:
+        partner = shared_key_partner(seed, index)
+        key = f"conv-{sid}" if partner is None else chain_root_id(tag, partner)
     story = Story(index, sid, kind, tenant, key, path)
     # The claims' contention roles draw from a stream of their own: the story's other
     # steps draw what they drew without them (their response ids, keys and heads shift).

@@ -52,7 +52,9 @@ def complete(expectations) -> Observations:
             promo = w.promoted.get(rid) if tenant == e.story.tenant else None
             if promo is not None and h.outcome != "failure":
                 obs.histories[(tenant, rid)] = full(promo, heads.get(promo.conversation_id))
-        if (e.story.tenant, e.story.key) in obs.conversations:
+        # (A chain story's partition key may be a Conversation's id too: the workload's
+        # shared keys. Its Conversation is the Conversation story's.)
+        if e.story.kind == "conversation" and (e.story.tenant, e.story.key) in obs.conversations:
             head = next(p for p in w.promoted.values()
                         if p.conversation_id == e.story.key and p.seq == w.head)
             obs.conversations[(e.story.tenant, e.story.key)] = full(head, w.head)

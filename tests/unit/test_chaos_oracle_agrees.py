@@ -15,7 +15,10 @@ are not identities, unknown formats, boundary proofs that prove nothing, pairing
 breaches and a client tool answered by the next turn, a redeployed model, a conflicted
 effect, a response id raced on two Conversations of one tenant, one used by another
 tenant too, and another tenant's turn on a Conversation (``TENANT_MISMATCH``); since
-session 26 also another tenant's child of a chain's response (``foreign_parent``).
+session 26 also another tenant's child of a chain's response (``foreign_parent``); since
+session 46 Conversations whose id is a chain's first response id (one partition, two
+histories: the chain's story before or after the Conversation's, as the stories are
+processed in order here).
 """
 
 from __future__ import annotations
@@ -207,6 +210,12 @@ def test_every_decision_is_one_the_oracle_accepts(run):
     assert wrong == []
     # The workload sent every new rule (else this test proves nothing about them).
     assert all(sent_labels[label] > 0 for label in NEW_LABELS), sent_labels
+    # And shared keys, the chain's story first and the Conversation's first.
+    stories = [e.story for e, _ in expectations]
+    pairs = [(c.index, ch.index) for c in stories for ch in stories
+             if (c.kind, ch.kind) == ("conversation", "chain")
+             and (c.tenant, c.key) == (ch.tenant, ch.key)]
+    assert {c < ch for c, ch in pairs} == {True, False}, pairs
 
 
 def test_every_orphan_record_is_as_the_rules_say(run, request):
