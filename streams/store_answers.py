@@ -230,8 +230,6 @@ class StoreAnswers:
         return Reject(reason, f"the history this turn extends cannot be read "
                       f"({failure.reason.value}): it cannot be continued")
 
-
-
     def chain_owner(self, turn: TurnCompleted, response_id: str) -> str | None:
         """The tenant that promoted chain response ``response_id`` (another tenant's
         parent is ``TENANT_MISMATCH``), or None. The owner row is written beside the
