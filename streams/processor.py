@@ -1,9 +1,9 @@
 """The promotion processor core: one consumed record in, the records to publish out.
 
 This is the Faust-free part of the agent. ``handle_async`` runs the common promotion
-on the event loop (``loop_promotion.py``) and hands everything else to ``handle``, the synchronous
-path, in a worker thread (the store and ledger drivers block there). ``handle`` does,
-for one record:
+on the event loop (``loop_promotion.py``) and hands everything else to ``handle``, the
+synchronous path, in a worker thread (the store and ledger drivers block there).
+``handle`` does, for one record:
 
 * decode it; an undecodable record becomes a ``DeadLetter`` (never an exception);
 * ``ToolEffect``: record it in the ledger (dedupe by effect_id), then the request's
