@@ -135,7 +135,7 @@ class LineageReader:
         found = self._read_history(turn, now=IGNORING_EXPIRY)
         # No readable history. Nothing stored there: the store's ordering checks decide
         # (CONFLICT, OUT_OF_ORDER, PARENT_NOT_PROMOTED), pairing has nothing to continue.
-        # Stored but unreadable: the turn is rejected (``_on_unreadable_lineage``).
+        # Stored but unreadable: the turn is rejected (``StoreAnswers.on_unreadable_lineage``).
         if isinstance(found, HistoryFailure):
             absent = found.reason is HistoryFailureReason.NOT_FOUND
             return Lineage(EMPTY_PAIRING, None, unread=True, absent=absent,
@@ -150,7 +150,7 @@ class LineageReader:
         """The ``off_head`` lineage of a Conversation turn whose current head is not the
         one it expects, else None (a chain turn too): one row, at read consistency. The
         processor confirms it at SERIAL before the turn is decided off its lineage
-        (``PromotionProcessor._decide_off_head``): a promotion still in flight (another
+        (``TurnDecider._decide_off_head``): a promotion still in flight (another
         worker's, across a rebalance) may have made the expected head after all.
         Damaged head cells: None (the full read says what is wrong)."""
         head = self._head(turn, self.store.read_head)

@@ -1,6 +1,6 @@
 """What a promotion passes the store about the lineage it was decided on
 (``CheckpointStore.promote``'s hints and ``extends``), on the loop path and the thread
-path alike (``streams/processor.py``)."""
+path alike (``loop_promotion.py``, ``turn_decider.py``)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def test_an_event_abandoned_in_its_thread_is_neither_published_nor_acked_after_a
             return None
 
         processor.handle = hung_once
-        processor._promote_on_loop = never_on_the_loop
+        processor._loop.promote = never_on_the_loop
         task = dispatch_task(w)
         old_acks: list = []
         for offset, t in enumerate(turns):

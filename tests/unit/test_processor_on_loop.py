@@ -15,7 +15,7 @@ from ratchet.samples import TENANT, make_tool_loop_turn
 from schemas.models import RejectionReason, TurnStatus
 from services.cassandra_loop import WrongLoop
 from services.ledger.base import LedgerUnavailable
-from streams import processor as processor_module
+from streams import loop_promotion
 from streams.processor import Handled, PromotionProcessor
 from streams.records import RawRecord
 from tests.unit.test_processor_rules import (
@@ -101,7 +101,7 @@ def test_a_redelivered_promotion_is_republished_as_it_was():
 
 def test_a_large_record_is_promoted_on_the_thread_path(monkeypatch):
     """Decoding and validating a large turn would hold up every other lane."""
-    monkeypatch.setattr(processor_module, "LOOP_MAX_RECORD_BYTES", 100)
+    monkeypatch.setattr(loop_promotion, "LOOP_MAX_RECORD_BYTES", 100)
     h = LoopHarness()
     assert h.outcome(turn(conv_id(), 0)).seq == 1
     assert (h.processor.loop_promotions, h.handed_over) == (0, 1)

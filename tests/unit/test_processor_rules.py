@@ -304,7 +304,7 @@ def test_an_event_within_the_size_limit_is_promoted_whatever_its_item_count(h):
     stored = turn_size(promotion_request(big, Certification.CERTIFIED))
     assert event_bytes <= MAX_EVENT_BYTES < stored
     # the pickled stand-in record is larger than the Avro one: decided as its Avro is
-    assert h.processor._on_turn(big).outbound[0].model.seq == 1
+    assert h.processor._turns.handle(big).outbound[0].model.seq == 1
 
 
 def test_undecodable_record_becomes_a_dead_letter(h):

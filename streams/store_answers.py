@@ -1,0 +1,268 @@
+"""The store's answers the thread path gives itself, for a turn that never reaches the
+store's write or that the write refused: a retry of a request that stands promoted
+(``DUPLICATE`` / ``IDEMPOTENCY_KEY_REUSED``), ordering against a head the turn does not
+extend (``CONFLICT`` / ``OUT_OF_ORDER``), a chain parent not there or another tenant's,
+a lineage that cannot be read, damaged rows, a request held by another chain's first
+response. Each in the order the write would answer (docs/gateway-protocol.md,
+section 7); rare paths, each a read or two."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ratchet.domain import promotion
+from ratchet.domain.history import (
+    IGNORING_EXPIRY,
+    CheckpointRecord,
+    HistoryFailure,
+    HistoryFailureReason,
+)
+from ratchet.domain.plan import (
+    AheadOfHead,
+    Conflict,
+    Duplicate,
+    KeyReused,
+    ParentMissing,
+    ResponseClaim,
+)
+from ratchet.domain.promotion import Facts, Reject
+from ratchet.domain.validation import EMPTY_PAIRING, PairingState, pairing_state_of
+from schemas.models import RejectionReason, TurnCompleted
+from services.ledger.base import Ledger, ResponseState
+from services.store.base import (
+    CheckpointStore,
+    CorruptPartition,
+    HeadDamaged,
+    InvalidPromotion,
+    StoreUnavailable,
+)
+from streams.lineage import Lineage, LineageReader
+from streams.request_facts import RequestFacts
+
+# The processor's logger: its log lines kept their name when this part left it.
+log = logging.getLogger("streams.processor")
+
+
+class StoreAnswers:
+    """What the store would answer a turn, decided from reads (never a write)."""
+
+    def __init__(self, store: CheckpointStore, ledger: Ledger, request_facts: RequestFacts,
+                 lineages: LineageReader, clock_ms: Callable[[], int]) -> None:
+        self.store = store
+        self.ledger = ledger
+        self.request_facts = request_facts
+        self.lineages = lineages
+        self.clock_ms = clock_ms
+
+    def out_of_lineage(self, turn: TurnCompleted, lineage: Lineage,
+                        known: Facts) -> Reject | None:
+        """``_write_answer_out_of_lineage``, after every rule but pairing: a turn that
+        does not extend the lineage it was paired against is not judged by that
+        pairing, but its other checks stand, in their order (its boundary proof, its
+        effects: docs/gateway-protocol.md, section 7), as off the head."""
+        answer = self._write_answer_out_of_lineage(turn, lineage)
+        if answer is None:
+            return None
+        off = promotion.decide_off_lineage(turn, self.clock_ms(), known)
+        return off if isinstance(off, Reject) else answer
+
+    def _write_answer_out_of_lineage(self, turn: TurnCompleted,
+                                     lineage: Lineage) -> Reject | None:
+        """Why a turn whose pairing failed does not extend ``lineage`` at all, or None.
+
+        Pairing is checked against the lineage read for the turn: a Conversation's
+        current head (which the turn may not extend: it expects an older or a newer
+        one), or a chain parent that is not there. Such a turn is judged by ordering,
+        as the store would judge it (CONTRACT 4: ``CONFLICT`` / ``OUT_OF_ORDER`` with the
+        head; ``PARENT_NOT_PROMOTED`` / ``TENANT_MISMATCH``), not by a pairing against
+        a history that is not its own. From a read only (a cached lineage is the one
+        the turn expects)."""
+        if lineage.cached:
+            return None
+        if turn.conversation_id is not None:
+            expected = turn.expected_head_seq
+            head = (0 if lineage.absent else None if lineage.tail is None
+                    else lineage.tail.seq)
+            if head is None and expected == 0 and not lineage.unread:
+                # Taken for a new Conversation from the turn alone (``starts_lineage``):
+                # whether one exists decides, as for any other expected head.
+                stored = self.store.head(turn.tenant_id, turn.conversation_id)
+                head = 0 if stored is None else stored.seq
+            if head is None or expected is None or expected == head:
+                return None  # the head it extends: its own pairing failed
+            return self._off_head_answer(turn, head)
+        parent = turn.previous_response_id
+        if parent is None or not lineage.absent:
+            return None
+        verdict = promotion.interpret(turn, ParentMissing(parent),
+                                      self.chain_owner(turn, parent))
+        assert isinstance(verdict, Reject)
+        return verdict
+
+    def refused_by_store(self, turn: TurnCompleted,
+                          exc: InvalidPromotion | CorruptPartition) -> Reject:
+        """The answer when the store refuses a request (validation let through what it
+        refuses) or meets damaged rows, in a write or a judgement alike: ``CORRUPT``,
+        recorded and published like any rejection (not a dead letter: the event itself
+        is fine, and a redelivery must get the same answer). The head's own damage
+        (``HeadDamaged``, ordering's input) is answered as a lineage that cannot be
+        read: ordering against the head cells first; other damage (the request's
+        idempotency record, an undecodable row) is an answer that comes before
+        ordering and cannot be decided."""
+        if isinstance(exc, InvalidPromotion):
+            return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
+        log.error("promotion of %s met a corrupt partition: %s", turn.response_id, exc)
+        if isinstance(exc, HeadDamaged):
+            return self.on_unreadable_lineage(turn, HistoryFailure(
+                HistoryFailureReason.CORRUPT_HISTORY, f"stored partition is corrupt: {exc}"))
+        return Reject(RejectionReason.CORRUPT, f"stored partition is corrupt: {exc}")
+
+    def _off_head_answer(self, turn: TurnCompleted, head: int) -> Reject:
+        """The write's answer to a Conversation turn that expects another head than
+        ``head``. A retry of a promoted request first, e.g. of a turn that answered a call
+        the retry now finds answered in the head (the original itself): the store's
+        answer, which comes before ordering's. Then ``CONFLICT`` / ``OUT_OF_ORDER``."""
+        retry = self._retry_of_promoted_request(turn)
+        if retry is not None:
+            return retry
+        assert turn.expected_head_seq is not None and turn.expected_head_seq != head
+        outcome = Conflict(head) if turn.expected_head_seq < head else AheadOfHead(head)
+        verdict = promotion.interpret(turn, outcome)
+        assert isinstance(verdict, Reject)
+        return verdict
+
+    def retry_unpaired_by_its_original(self, turn: TurnCompleted,
+                                        known: Facts) -> Reject | None:
+        """A retry of a request that stands promoted, whose pairing failed only because
+        of its original: sent on a history that holds the original (a gateway that lost
+        the answer rehydrates the head, which is the original), its calls are "not
+        unique" because the original put them there. It is answered as the retry it is
+        (CONTRACT 4: ``DUPLICATE`` naming the original, ``IDEMPOTENCY_KEY_REUSED``), as
+        one with message items only is. Told from a retry whose own items break the
+        rules (an output answering no call: ``UNPAIRED_TOOL_CALL`` stands, the event's
+        own reason comes first) by its pairing against the history the original
+        extended. None otherwise, or when that history cannot be read (the pairing
+        rejection stands: fail closed). Only on an ``UNPAIRED_TOOL_CALL`` (rare). A retry
+        under the original's own response id with its digest is no retry of it here (it
+        is replayed, ``VerdictRecorder.already_promoted``); with another digest it is a key reuse like
+        any other (an outside review, session 36: it was answered UNPAIRED_TOOL_CALL)."""
+        original = self._promoted_original(turn)
+        if original is None or (original.response_id == turn.response_id
+                                and original.request_digest == turn.request_digest):
+            return None
+        before = EMPTY_PAIRING
+        if original.parent_response_id is not None:
+            found = self.store.read_history(
+                turn.tenant_id, response_id=original.parent_response_id,
+                partition_key=original.partition_key, now=IGNORING_EXPIRY)
+            if isinstance(found, HistoryFailure):
+                return None
+            state = pairing_state_of(found.items)
+            if not isinstance(state, PairingState):
+                return None
+            before = state
+        again = promotion.validate_after(turn, self.clock_ms(), before)
+        if again.reason is RejectionReason.UNPAIRED_TOOL_CALL:
+            return None  # its own items break the rules wherever it is sent
+        # Its checks after pairing stand (its boundary proof, its effects), before the
+        # write's answer (section 7's order).
+        rejected = promotion.decide_turn(turn, again, known)
+        if isinstance(rejected, Reject):
+            return rejected
+        return self._retry_verdict(turn, original)
+
+    def _promoted_original(self, turn: TurnCompleted) -> CheckpointRecord | None:
+        """``promoted_request``, None when the rows that say it are damaged (logged)."""
+        try:
+            return self.request_facts.promoted_request(turn)
+        except CorruptPartition as exc:  # damaged rows: the caller's rule decides
+            log.error("%s: whether request %s stands promoted cannot be read: %s",
+                      turn.response_id, turn.idempotency_key, exc)
+            return None
+
+    def _retry_of_promoted_request(self, turn: TurnCompleted) -> Reject | None:
+        """The store's first answer to a turn whose request stands promoted, when the
+        turn never reaches the store (its lineage is unreadable, or its pairing was
+        checked against a head it does not extend): ``DUPLICATE`` under another response
+        id with the same request digest, ``IDEMPOTENCY_KEY_REUSED`` with another digest
+        (under any response id). None otherwise; under the same response id and digest,
+        "already promoted" follows. It does not depend on the lineage."""
+        original = self._promoted_original(turn)
+        return None if original is None else self._retry_verdict(turn, original)
+
+    @staticmethod
+    def _retry_verdict(turn: TurnCompleted, original: CheckpointRecord) -> Reject | None:
+        """The store's answer to ``turn`` given the promotion its request stands with."""
+        if original.request_digest == turn.request_digest:
+            if original.response_id == turn.response_id:
+                return None
+            outcome: Duplicate | KeyReused = Duplicate(original)
+        else:
+            outcome = KeyReused(original.request_digest, original.response_id)
+        verdict = promotion.interpret(turn, outcome)
+        return verdict if isinstance(verdict, Reject) else None
+
+    def on_unreadable_lineage(self, turn: TurnCompleted, failure: HistoryFailure) -> Reject:
+        """The rejection of a turn (valid on its own) whose lineage is stored but cannot
+        be read: its pairing cannot be checked, and the history it would end could never
+        be served. As the store would answer, a retry of a request promoted under
+        another response id first (``DUPLICATE`` / ``IDEMPOTENCY_KEY_REUSED``), then
+        ordering: a Conversation turn that does not expect the current head is
+        ``CONFLICT`` / ``OUT_OF_ORDER``. Then the read's
+        reason: an item type or format this version does not know (e.g. written by a
+        newer one) is ``UNKNOWN_ITEM_TYPE`` / ``UNSUPPORTED_FORMAT``, damaged or missing
+        rows ``CORRUPT``. The read's detail goes to the log only (it may quote stored
+        data)."""
+        retry = self._retry_of_promoted_request(turn)
+        if retry is not None:
+            return retry
+        expected = turn.expected_head_seq
+        seq = self.lineages.readable_head_seq(turn)
+        if expected is not None and seq is not None and expected != seq:
+            verdict = promotion.interpret(
+                turn, Conflict(seq) if expected < seq else AheadOfHead(seq))
+            assert isinstance(verdict, Reject)
+            return verdict
+        log.error("%s extends a lineage that cannot be read: %s: %s", turn.response_id,
+                  failure.reason.value, failure.detail)
+        reason = _UNREADABLE.get(failure.reason, RejectionReason.CORRUPT)
+        return Reject(reason, f"the history this turn extends cannot be read "
+                      f"({failure.reason.value}): it cannot be continued")
+
+    def chain_owner(self, turn: TurnCompleted, response_id: str) -> str | None:
+        """The tenant that promoted chain response ``response_id`` (another tenant's
+        parent is ``TENANT_MISMATCH``), or None. The owner row is written beside the
+        promotion batch, so it may name a tenant whose batch was then refused: another
+        tenant counts only if its checkpoint is there (asked on this rare path only).
+        Response ids are per tenant and the row holds the last tenant written: when it
+        names another, this tenant may have promoted the id too (in another chain than
+        the turn names), and then the parent is its own, not another tenant's."""
+        found = self.ledger.response_owner(response_id)
+        if found is None or found == turn.tenant_id:
+            return found
+        if self.store.get_checkpoint(turn.tenant_id, response_id) is not None:
+            return turn.tenant_id
+        return found if self.store.get_checkpoint(found, response_id) is not None else None
+
+    def held_by_another_response(self, turn: TurnCompleted, holder: ResponseClaim) -> Reject:
+        """A chain's first response whose request another first response holds, not
+        promoted: if that response was rejected, the request is bound to it and this
+        one is ``CONFLICT`` (a retry keeps its response id); undecided (its event still
+        in flight in its own partition), wait for it: retried, like a store outage."""
+        state = self.ledger.status(turn.tenant_id, holder.response_id).status
+        if state is ResponseState.REJECTED:
+            return Reject(RejectionReason.CONFLICT, f"request {turn.idempotency_key} is bound "
+                          f"to response {holder.response_id}, which was not promoted")
+        raise StoreUnavailable(
+            f"request {turn.idempotency_key} is held by response {holder.response_id} "
+            "(the first response of another chain), not decided yet", retryable=True,
+            operation="promote/request-claim")
+
+
+# The rejection of a turn extending a lineage a read could not verify, by the read's
+# reason (any other: CORRUPT).
+_UNREADABLE = {
+    HistoryFailureReason.UNKNOWN_ITEM_TYPE: RejectionReason.UNKNOWN_ITEM_TYPE,
+    HistoryFailureReason.UNSUPPORTED_FORMAT: RejectionReason.UNSUPPORTED_FORMAT,
+}
