@@ -38,10 +38,6 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _FILE = re.compile(r"^(\d{3,})_([A-Za-z0-9_]+)\.cql$")
 _IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 LEASE_TTL_S = 120
-# Written with every take and renewal of the lease, beside its owner and with the same
-# TTL: ``--status`` reads the lease's terms from the row, not from this version's
-# constants (another version's lease, or these changed later, was misread; session 46).
-LEASE_COLUMNS = frozenset({"ttl_s", "renew_every_s"})
 # How often the lease is renewed while a run holds it: a quarter of its TTL, so three
 # renewals in a row can fail (a busy node) before it expires.
 RENEW_EVERY_S = 30.0
@@ -225,20 +221,38 @@ def _ensure_keyspace(session, settings: Settings) -> None:
     session.execute(
         f"CREATE TABLE IF NOT EXISTS {ks}.schema_migrations_lease (id text PRIMARY KEY, "
         "owner text, ttl_s int, renew_every_s double)", timeout=60)
-    if not _lease_columns(session, ks) >= LEASE_COLUMNS:
+    if not _lease_terms_taken(session, ks):
         # A lease table made before session 46 (owner only): the lease's own terms are
         # added before the lease is taken, so every lease this version writes carries
-        # them (a numbered migration runs only once the lease is held).
+        # them (a numbered migration runs only once the lease is held). Another migrate
+        # may be adding them now: ``IF NOT EXISTS`` leaves its columns as they are.
         session.execute(
             f"ALTER TABLE {ks}.schema_migrations_lease ADD IF NOT EXISTS "
             "(ttl_s int, renew_every_s double)", timeout=60)
+        deadline = time.monotonic() + 60
+        while not _lease_terms_taken(session, ks):
+            if time.monotonic() > deadline:
+                raise MigrationError(
+                    f"{ks}.schema_migrations_lease: its columns ttl_s and renew_every_s "
+                    "were added but are still refused after 60s (schema disagreement?)")
+            time.sleep(0.2)
 
 
-def _lease_columns(session, ks: str) -> set[str]:
-    """The columns of ``ks.schema_migrations_lease`` (empty: no such table)."""
-    return {r[0] for r in session.execute(
-        "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s "
-        "AND table_name = 'schema_migrations_lease'", (ks,), timeout=30)}
+def _lease_terms_taken(session, ks: str) -> bool:
+    """Whether the coordinator takes a statement naming the lease's terms (``ttl_s``,
+    ``renew_every_s``). Asked of the table itself, not of ``system_schema.columns``,
+    which lists a column another migrate's ``ALTER`` is adding before the table takes
+    it: two migrates at once over the previous version's table, the one that found the
+    columns listed skipped the ``ALTER``, and its lease ``INSERT`` failed "Undefined
+    column name ttl_s" (an outside review, session 47)."""
+    from cassandra import InvalidRequest
+
+    try:
+        session.execute(f"SELECT ttl_s, renew_every_s FROM {ks}.schema_migrations_lease "
+                        "WHERE id = 'migrate'", timeout=30)
+    except InvalidRequest:
+        return False
+    return True
 
 
 def _acquire_lease(session, ks: str, owner: str, wait_s: float,
@@ -565,7 +579,7 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
             # The TTL left is Cassandra's count; with the TTL the row was written with,
             # how long ago that was follows (``describe_lease``). A lease table of a
             # version before session 46 has no such column: its rows are read without.
-            stored = _lease_columns(session, ks) >= LEASE_COLUMNS
+            stored = _lease_terms_taken(session, ks)
             row = session.execute(
                 f"SELECT owner, TTL(owner){', ttl_s, renew_every_s' if stored else ''} "
                 f"FROM {ks}.schema_migrations_lease WHERE id = 'migrate'", timeout=30).one()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -206,3 +207,66 @@ def test_a_run_waiting_for_another_versions_lease_names_its_ttl(cassandra_sessio
     apply_migrations(cassandra_session, s, folder, out=said.append)
     waiting = [line for line in said if line.startswith("waiting for another migrator")]
     assert waiting and "600s after its last renewal" in waiting[0], said
+
+
+class _ColumnsListedEarly:
+    """A cluster whose sessions read ``system_schema.columns`` of the lease table as it
+    is while another migrator's ``ALTER ... ADD`` is under way: the new columns are
+    listed there before the coordinator takes a statement naming them. Two or three
+    migrates at once on the previous version's lease table met that window (rreview3,
+    session 47: 3 of 6 runs of three at once, one migrate failing "Undefined column
+    name ttl_s" on its lease INSERT); here it is held open."""
+
+    def __init__(self, cluster) -> None:
+        self._cluster = cluster
+
+    def connect(self):
+        return _ListsLeaseTerms(self._cluster.connect())
+
+
+class _ListsLeaseTerms:
+    def __init__(self, session) -> None:
+        self._session = session
+
+    def execute(self, query, *args, **kwargs):
+        if "system_schema.columns" in query and "schema_migrations_lease" in query:
+            return [(name,) for name in ("id", "owner", "ttl_s", "renew_every_s")]
+        return self._session.execute(query, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
+
+
+def test_migrate_takes_the_lease_while_the_lease_terms_are_listed_but_not_taken_yet(
+        cassandra_cluster, cassandra_session, migrated):
+    """The columns ``system_schema`` lists are not yet the columns a statement may
+    name: migrate skipped its ``ALTER`` and its lease ``INSERT`` failed with
+    ``InvalidRequest`` (a traceback, nothing applied)."""
+    s, folder = migrated
+    _previous_versions_lease_table(cassandra_session, s.keyspace)
+    (folder / "002_more.cql").write_text("CREATE TABLE IF NOT EXISTS b (k int PRIMARY KEY);")
+    applied = apply_migrations(_ColumnsListedEarly(cassandra_cluster), s, folder)
+    assert [m.version for m in applied] == [2]
+
+
+def test_three_migrates_at_once_over_the_previous_versions_lease_table(
+        cassandra_cluster, cassandra_session, migrated):
+    """The upgrade as a deployment runs it, several migrates at once: each ends, one
+    applies the migration, none fails."""
+    s, folder = migrated
+    _previous_versions_lease_table(cassandra_session, s.keyspace)
+    (folder / "002_more.cql").write_text("CREATE TABLE IF NOT EXISTS b (k int PRIMARY KEY);")
+    ended: list[object] = []
+
+    def migrate() -> None:
+        try:
+            ended.append([m.version for m in apply_migrations(cassandra_cluster, s, folder)])
+        except Exception as exc:  # noqa: BLE001 - the failure is what is asserted
+            ended.append(exc)
+
+    runs = [threading.Thread(target=migrate) for _ in range(3)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(timeout=300)
+    assert len(ended) == 3 and ended.count([2]) == 1 and ended.count([]) == 2, ended

@@ -77,8 +77,8 @@ class FakeCassandra:
             return Result()
         if q.startswith("SELECT replication FROM system_schema.keyspaces"):
             return Result()
-        if q.startswith("SELECT column_name FROM system_schema.columns"):
-            return Result([(c,) for c in ("id", "owner", "ttl_s", "renew_every_s")])
+        if q.startswith(f"SELECT ttl_s, renew_every_s FROM {KS}.schema_migrations_lease"):
+            return Result()  # the lease table takes the lease's terms
         if q.startswith(f"INSERT INTO {KS}.schema_migrations_lease"):
             with self.lock:
                 if self.holder() is None:
