@@ -22,6 +22,7 @@ next statement (``LeaseLost``). The lease row carries its TTL and renewal period
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import sys
 import threading
@@ -676,7 +677,9 @@ def describe_lease(lease: LeaseRow, ks: str, now: datetime | None = None) -> str
             f"{at:%Y-%m-%d %H:%M:%S} UTC ({since}s ago), expires in {ttl_left}s unless "
             "renewed")
     every = lease.renew_every_s
-    if every is None or every <= 0:
+    # 0 or less, NaN or infinite (CQL takes both; only a hand writes them) is no period:
+    # NaN read as a killed migrator, infinity as a running one (session 47).
+    if every is None or not 0 < every < math.inf:
         return (f"{head}. Whether its migrator still runs is unknown (the row does not say "
                 f"how often it renews the lease): if it runs, `ratchet migrate` waits for "
                 f"it; if not, {wait}")

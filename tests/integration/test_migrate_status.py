@@ -270,3 +270,16 @@ def test_three_migrates_at_once_over_the_previous_versions_lease_table(
     for run in runs:
         run.join(timeout=300)
     assert len(ended) == 3 and ended.count([2]) == 1 and ended.count([]) == 2, ended
+
+
+@pytest.mark.parametrize("every", [float("nan"), float("inf"), float("-inf")])
+def test_a_renewal_period_that_is_no_period_is_unknown(every):
+    """A row whose ``renew_every_s`` is NaN or infinite (CQL takes both; only a hand
+    writes them): it was read as a period, a killed migrator for NaN ("every nans") and
+    a running one for infinity; like a period of 0 or less, it says nothing."""
+    from infra.migrate import LeaseRow, describe_lease
+
+    now = datetime(2026, 12, 7, 2, 0, 0, tzinfo=UTC)
+    line = describe_lease(LeaseRow("o5", 100, 120, every), "ks", now)
+    assert "(20s ago)" in line and "still runs is unknown" in line, line
+    assert "running now" not in line and "killed" not in line, line
