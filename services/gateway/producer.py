@@ -295,7 +295,9 @@ class GatewayProducer:
         (``EventBeyondLimits``), an event the registry could not encode
         (``EventNotEncoded``); an event librdkafka refuses to queue is
         ``EventNotQueued``."""
-        self._produce((event, self._prepare(event)))
+        ids = (event.event_id,)
+        self._refuse_once_closing(ids)
+        self._produce((event, self._prepare(event, ids)))
 
     def send_turn(self, turn: TurnCompleted, effects: Iterable[ToolEffect] = ()) -> None:
         """The turn's tool effects first, then the turn (same key: same partition, in order).
@@ -314,6 +316,8 @@ class GatewayProducer:
         never the turn alone, whose effects may not be written. Effects whose turn never
         comes are recorded and wait for it (docs/gateway-protocol.md, section 1)."""
         effects = tuple(effects)
+        ids = tuple(event.event_id for event in (*effects, turn))
+        self._refuse_once_closing(ids)
         self._check(turn)  # the turn's own refusals first, before encoding anything
         for effect in effects:
             key = _key_of(effect)
@@ -324,7 +328,7 @@ class GatewayProducer:
                      if getattr(effect, name) != getattr(turn, name)]
             if apart:
                 raise EffectOfAnotherTurn(effect.effect_id, apart)
-        self._produce(*((event, self._prepare(event)) for event in (*effects, turn)))
+        self._produce(*((event, self._prepare(event, ids)) for event in (*effects, turn)))
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait for every queued event; raise every delivery failure reported since the
@@ -365,8 +369,6 @@ class GatewayProducer:
 
     def _check(self, event: GatewayEvent) -> None:
         """The refusals that need no encoding."""
-        if self._closed:
-            raise ProducerClosed("the producer is closed: create a new one")
         problem = unservable_id(event)  # an empty id too
         if problem:
             raise UnservableId(f"event {event.event_id}: {problem}")
@@ -377,8 +379,19 @@ class GatewayProducer:
             if beyond is not None:
                 raise EventBeyondLimits(event.event_id, beyond)
 
-    def _prepare(self, event: GatewayEvent) -> bytes:
-        """The event's value, once every local check passed (nothing is produced)."""
+    def _refuse_once_closing(self, ids: Sequence[str]) -> None:
+        """``ProducerClosed`` naming the call's events (``ids``) once a ``close`` began:
+        before a send is checked or encoded (the registry client may be closed), and
+        again as it takes the send lock (``_produce``)."""
+        if self._closing.is_set():
+            raise ProducerClosed(
+                f"the producer is closed: event{'s' if len(ids) > 1 else ''} "
+                f"{', '.join(ids)} not produced; send the whole turn again with a new one")
+
+    def _prepare(self, event: GatewayEvent, ids: Sequence[str]) -> bytes:
+        """The event's value, once every local check passed (nothing is produced);
+        ``ids``: the events of the call, named if a close began meanwhile."""
+        self._refuse_once_closing(ids)
         self._check(event)
         try:
             value = self._serde.encode(event, self.topic)
@@ -403,11 +416,13 @@ class GatewayProducer:
             # A sending thread is raised every failure reported from now on by its
             # flushes (``_failures_for``).
             self._cursors.setdefault(self._next_failure)
-        with self._sending:  # never after ``close`` began: its purge would miss it
-            if self._closed:
-                raise ProducerClosed(f"the producer is closed: event {events[0][0].event_id} "
-                                     "not produced; create a new one")
+        with self._sending:
+            # Never once a ``close`` began (``_closing``, set before it waits for this
+            # lock), not only once it closed: a send that took the lock while a close
+            # waited for it queued its events and returned as if they were on their
+            # way, and that close then purged them (before session 47).
             ids = [event.event_id for event, _ in events]
+            self._refuse_once_closing(ids)
             for at, ((event, value), callback) in enumerate(
                     zip(events, callbacks, strict=True)):
                 if self._closed:  # by a signal handler of this thread, inside this send

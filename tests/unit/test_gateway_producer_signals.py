@@ -34,19 +34,15 @@ an unreachable broker: every event times out and is reported by ``flush``.
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 from confluent_kafka import KafkaError
 
 from ratchet.samples import make_turn
 from services.gateway.errors import DeliveryError, ProducerClosed
+from tests.unit.producer_process import run_script
 from tests.unit.test_gateway_library_review import effect_of, gateway
 
-ROOT = Path(__file__).resolve().parents[2]
 RETRIABLE = KafkaError(KafkaError.NOT_ENOUGH_REPLICAS, "not enough replicas", retriable=True)
 
 
@@ -208,20 +204,7 @@ def _flush_quietly(producer) -> None:
 # in a process of its own (confluent-kafka aborts the process on a flush from inside its
 # callback, and its close there waits for itself).
 _CLOSE_IN_A_REPORT = """
-import sys
-from ratchet.samples import make_turn
-from ratchet.settings import Settings
-from services.gateway.errors import DeliveryError
-from services.gateway.producer import GatewayProducer
-
-
-class Serde:
-    def encode(self, event, topic):
-        return b"\\0" * 100
-
-
-producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=Serde(),
-                           config={"message.timeout.ms": 300, "log_level": 0})
+producer = unreachable({"message.timeout.ms": 300})
 explained, handled = producer._explained, []
 
 
@@ -259,13 +242,7 @@ def test_a_signal_handlers_close_inside_a_delivery_report_closes_once_the_flush_
     (confluent-kafka asserts and aborts the process, or its close waits for itself): a
     handler's ``close`` there refuses further sends at once, and the flush the report
     ran in completes the close when it returns, raising what was not delivered."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", _CLOSE_IN_A_REPORT], capture_output=True,
-                          text=True, timeout=60, cwd=str(ROOT), env={**os.environ})
-    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
-    lines = done.stdout.splitlines()
+    lines = run_script(_CLOSE_IN_A_REPORT, timeout_s=60)
     assert "handler: ['returned']" in lines, lines  # deferred: nothing of it raised there
     assert "flush: both" in lines, lines  # timed out or purged: both told, retryable
     assert "send after: ProducerClosed" in lines, lines
@@ -273,23 +250,10 @@ def test_a_signal_handlers_close_inside_a_delivery_report_closes_once_the_flush_
 
 # 2. ------------------------------------------------------------------------------------
 _SEND_IN_A_REPORT = """
-import sys
-from ratchet.samples import make_turn
-from ratchet.settings import Settings
-from services.gateway.errors import DeliveryError
-from services.gateway.producer import GatewayProducer
-
-
-class Serde:
-    def encode(self, event, topic):
-        return b"\\\\0" * 100
-
-
-config = {"message.timeout.ms": 300, "log_level": 0}
+config = {"message.timeout.ms": 300}
 if sys.argv[1] == "full":
     config["queue.buffering.max.messages"] = 3
-producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=Serde(),
-                           config=config)
+producer = unreachable(config)
 explained, handled = producer._explained, []
 late = make_turn()
 
@@ -328,11 +292,7 @@ sys.stdout.flush()
 
 
 def _run(case: str) -> list[str]:
-    done = subprocess.run([sys.executable, "-c", _SEND_IN_A_REPORT, case],
-                          capture_output=True, text=True, timeout=60, cwd=str(ROOT),
-                          env={**os.environ})
-    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
-    return done.stdout.splitlines()
+    return run_script(_SEND_IN_A_REPORT, case, timeout_s=60)
 
 
 def test_a_signal_handlers_send_inside_a_delivery_report_queues_without_aborting():
