@@ -174,7 +174,13 @@ class GatewayProducer:
         # ``delivery.timeout.ms`` while librdkafka's queue is full) waited for it for ever
         # before session 45; that send then refuses what it had not queued.
         self._sending = threading.RLock()
-        self._closed_done = threading.Event()  # the first ``close`` released the client
+        # The first ``close``'s release ended: done, or interrupted (an exception out of
+        # librdkafka's flush, SIGINT's ``KeyboardInterrupt``), when a later ``close``
+        # does it (``_release_unfinished``). ``_released``: the Kafka client is closed.
+        self._closed_done = threading.Event()
+        self._released = False
+        self._releasing: threading.Thread | None = None  # the thread inside ``_release``
+        self._release_lock = threading.Lock()
         # A ``close`` began (set before it waits for ``_sending``): a send of another
         # thread waiting for room in librdkafka's full queue gives up (``_queue``), or
         # the close waited for that send until a queued event was delivered or timed
@@ -243,23 +249,44 @@ class GatewayProducer:
             # Never wait for itself (a signal handler's close inside the first close).
             if threading.current_thread() is not self._closer:
                 self._closed_done.wait()
+            self._release_unfinished(timeout_s)
             self._raise_failures(pending=0)
             return
         self._release(timeout_s)
         self._raise_failures(pending=0)
 
+    def _release_unfinished(self, timeout_s: float) -> None:
+        """A later close's part: the release an earlier close began and did not finish
+        (interrupted: a ``KeyboardInterrupt`` out of librdkafka's flush). Such a close
+        returned at once before session 47, raising nothing, the events still queued
+        in an open client: never delivered or reported, and nobody told. Not inside
+        the release of its own thread (a signal handler's), nor while a close asked
+        for inside a delivery report is pending (that call finishes it)."""
+        if (self._released or self._close_pending is not None or self._in_reports()
+                or self._releasing is threading.current_thread()):
+            return
+        self._release(timeout_s)
+
     def _release(self, timeout_s: float) -> None:
-        """The first close's work: flush, purge, release the clients."""
-        self._close_pending = None
-        try:
-            self._producer.flush(timeout_s)
-            self._producer.purge()
-            self._producer.flush(0)  # serves the purged events' reports: failures
-            self._producer.close()
-        finally:
-            if self._registry is not None:
-                self._registry.close()
-            self._closed_done.set()
+        """The close's work: flush, purge, release the clients; once, whoever calls it
+        (``_release_lock``)."""
+        with self._release_lock:
+            if self._released:
+                return
+            self._close_pending = None
+            self._releasing = threading.current_thread()
+            try:
+                self._producer.flush(timeout_s)
+                self._producer.purge()
+                self._producer.flush(0)  # serves the purged events' reports: failures
+                self._producer.close()
+                self._released = True
+            finally:
+                self._releasing = None
+                if self._registry is not None:
+                    self._registry.close()
+                    self._registry = None
+                self._closed_done.set()
 
     def _served(self, call: Callable[[float], int], timeout_s: float) -> int:
         """librdkafka's ``call`` (``poll`` or ``flush``: they run delivery reports),
@@ -340,7 +367,7 @@ class GatewayProducer:
         raises what it knows at once, the events in flight as ``FlushTimeout``
         (librdkafka's flush from inside its own callback aborted the process)."""
         if self._in_reports():
-            self._raise_failures(pending=0 if self._closed_done.is_set()
+            self._raise_failures(pending=0 if self._released
                                  else len(self._producer))
             return
         try:
@@ -349,7 +376,7 @@ class GatewayProducer:
             if not self._closed:
                 raise
             pending = 0  # ``close`` purged what was in flight; its reports are failures
-        if self._closed_done.is_set():
+        if self._released:
             pending = 0  # closed meanwhile (a signal handler's): purged, reported
         self._raise_failures(pending=pending)
 

@@ -356,3 +356,57 @@ def test_a_signal_handlers_close_while_a_turn_waits_for_room_names_what_was_queu
     assert kafka.closed and len(kafka.produced) == 1
     assert effects[0].event_id in str(refused), str(refused)  # queued, then purged
     assert "whole turn" in str(refused), str(refused)
+
+
+# 3. ------------------------------------------------------------------------------------
+# A close interrupted (SIGINT's ``KeyboardInterrupt`` raised out of librdkafka's flush,
+# as confluent-kafka does between its flush's chunks), then closed again, with the real
+# client: the queued event is neither delivered nor reported until a close releases.
+_CLOSE_INTERRUPTED = """
+import _thread
+
+producer = unreachable({"message.timeout.ms": 30_000})
+first = make_turn()
+producer.send(first)
+threading.Timer(0.5, _thread.interrupt_main).start()  # Ctrl-C as the close waits
+try:
+    producer.close(timeout_s=20)
+    print("close: returned")
+except KeyboardInterrupt:
+    print("close: KeyboardInterrupt")
+start = time.monotonic()
+try:
+    producer.close(timeout_s=1)
+    print("again: returned")
+except DeliveryError as exc:
+    print("again: DeliveryError", [eid == first.event_id for eid, _ in exc.failures],
+          exc.retryable)
+print("again took under 10 s:", time.monotonic() - start < 10)
+print("queued:", len(producer._producer))
+try:
+    producer._producer.poll(0)
+    print("client: open")
+except RuntimeError:  # confluent-kafka's "Producer has been closed"
+    print("client: closed")
+try:
+    producer.send(make_turn())
+except Exception as exc:
+    print("send after:", type(exc).__name__)
+sys.stdout.flush()
+"""
+
+
+def test_a_close_again_after_a_close_interrupted_by_ctrl_c_releases_and_reports():
+    """Ctrl-C while ``close`` waits for the queued events: ``KeyboardInterrupt`` out of
+    it, the client still open with the event queued. The next ``close`` returned at
+    once, raising nothing (the first close had begun): the event was never delivered,
+    purged or reported, and the client never released. Now a close after an
+    interrupted one does the release: it waits its own ``timeout_s``, purges the event
+    and raises it (retryable), and the client is closed."""
+    lines = run_script(_CLOSE_INTERRUPTED, timeout_s=60)
+    assert "close: KeyboardInterrupt" in lines, lines
+    assert "again: DeliveryError [True] True" in lines, lines
+    assert "again took under 10 s: True" in lines, lines
+    assert "queued: 0" in lines, lines
+    assert "client: closed" in lines, lines
+    assert "send after: ProducerClosed" in lines, lines
