@@ -230,7 +230,11 @@ class GatewayProducer:
         (``ProducerClosed`` naming the events of its turn queued before it, which this
         close purges): it waited for that send, whatever ``timeout_s``, before session
         46. A ``flush`` of another thread is ended by the purge and raises what it
-        purged."""
+        purged. A send that starts once a close began (this call's first line) is
+        ``ProducerClosed`` naming its events, nothing queued (it could take the send
+        lock before this close and have its events purged, before session 47). A close
+        interrupted before it released the client (Ctrl-C in librdkafka's flush) leaves
+        that to the next ``close`` (it returned at once before session 47)."""
         self._closing.set()  # before waiting for ``_sending``: see ``_queue``
         with self._sending:
             first = not self._closed
