@@ -94,7 +94,9 @@ class EventNotQueued(GatewayError):
 
 
 class ProducerClosed(GatewayError):
-    """``send`` after ``close`` (or after the ``with`` block): nothing was produced.
+    """``send`` once a ``close`` began (also one of another thread still waiting for
+    the sends under way), or after the ``with`` block: nothing of the call was
+    produced, and the message names its events.
     A signal handler's ``close`` inside a send of its own thread: the event named and
     the call's later ones not produced; the message names those queued before it
     (reported by that close): send the whole turn again with a new producer."""

@@ -174,7 +174,13 @@ class GatewayProducer:
         # ``delivery.timeout.ms`` while librdkafka's queue is full) waited for it for ever
         # before session 45; that send then refuses what it had not queued.
         self._sending = threading.RLock()
-        self._closed_done = threading.Event()  # the first ``close`` released the client
+        # The first ``close``'s release ended: done, or interrupted (an exception out of
+        # librdkafka's flush, SIGINT's ``KeyboardInterrupt``), when a later ``close``
+        # does it (``_release_unfinished``). ``_released``: the Kafka client is closed.
+        self._closed_done = threading.Event()
+        self._released = False
+        self._releasing: threading.Thread | None = None  # the thread inside ``_release``
+        self._release_lock = threading.Lock()
         # A ``close`` began (set before it waits for ``_sending``): a send of another
         # thread waiting for room in librdkafka's full queue gives up (``_queue``), or
         # the close waited for that send until a queued event was delivered or timed
@@ -224,7 +230,11 @@ class GatewayProducer:
         (``ProducerClosed`` naming the events of its turn queued before it, which this
         close purges): it waited for that send, whatever ``timeout_s``, before session
         46. A ``flush`` of another thread is ended by the purge and raises what it
-        purged."""
+        purged. A send that starts once a close began (this call's first line) is
+        ``ProducerClosed`` naming its events, nothing queued (it could take the send
+        lock before this close and have its events purged, before session 47). A close
+        interrupted before it released the client (Ctrl-C in librdkafka's flush) leaves
+        that to the next ``close`` (it returned at once before session 47)."""
         self._closing.set()  # before waiting for ``_sending``: see ``_queue``
         with self._sending:
             first = not self._closed
@@ -243,23 +253,44 @@ class GatewayProducer:
             # Never wait for itself (a signal handler's close inside the first close).
             if threading.current_thread() is not self._closer:
                 self._closed_done.wait()
+            self._release_unfinished(timeout_s)
             self._raise_failures(pending=0)
             return
         self._release(timeout_s)
         self._raise_failures(pending=0)
 
+    def _release_unfinished(self, timeout_s: float) -> None:
+        """A later close's part: the release an earlier close began and did not finish
+        (interrupted: a ``KeyboardInterrupt`` out of librdkafka's flush). Such a close
+        returned at once before session 47, raising nothing, the events still queued
+        in an open client: never delivered or reported, and nobody told. Not inside
+        the release of its own thread (a signal handler's), nor while a close asked
+        for inside a delivery report is pending (that call finishes it)."""
+        if (self._released or self._close_pending is not None or self._in_reports()
+                or self._releasing is threading.current_thread()):
+            return
+        self._release(timeout_s)
+
     def _release(self, timeout_s: float) -> None:
-        """The first close's work: flush, purge, release the clients."""
-        self._close_pending = None
-        try:
-            self._producer.flush(timeout_s)
-            self._producer.purge()
-            self._producer.flush(0)  # serves the purged events' reports: failures
-            self._producer.close()
-        finally:
-            if self._registry is not None:
-                self._registry.close()
-            self._closed_done.set()
+        """The close's work: flush, purge, release the clients; once, whoever calls it
+        (``_release_lock``)."""
+        with self._release_lock:
+            if self._released:
+                return
+            self._close_pending = None
+            self._releasing = threading.current_thread()
+            try:
+                self._producer.flush(timeout_s)
+                self._producer.purge()
+                self._producer.flush(0)  # serves the purged events' reports: failures
+                self._producer.close()
+                self._released = True
+            finally:
+                self._releasing = None
+                if self._registry is not None:
+                    self._registry.close()
+                    self._registry = None
+                self._closed_done.set()
 
     def _served(self, call: Callable[[float], int], timeout_s: float) -> int:
         """librdkafka's ``call`` (``poll`` or ``flush``: they run delivery reports),
@@ -295,7 +326,9 @@ class GatewayProducer:
         (``EventBeyondLimits``), an event the registry could not encode
         (``EventNotEncoded``); an event librdkafka refuses to queue is
         ``EventNotQueued``."""
-        self._produce((event, self._prepare(event)))
+        ids = (event.event_id,)
+        self._refuse_once_closing(ids)
+        self._produce((event, self._prepare(event, ids)))
 
     def send_turn(self, turn: TurnCompleted, effects: Iterable[ToolEffect] = ()) -> None:
         """The turn's tool effects first, then the turn (same key: same partition, in order).
@@ -314,6 +347,8 @@ class GatewayProducer:
         never the turn alone, whose effects may not be written. Effects whose turn never
         comes are recorded and wait for it (docs/gateway-protocol.md, section 1)."""
         effects = tuple(effects)
+        ids = tuple(event.event_id for event in (*effects, turn))
+        self._refuse_once_closing(ids)
         self._check(turn)  # the turn's own refusals first, before encoding anything
         for effect in effects:
             key = _key_of(effect)
@@ -324,7 +359,7 @@ class GatewayProducer:
                      if getattr(effect, name) != getattr(turn, name)]
             if apart:
                 raise EffectOfAnotherTurn(effect.effect_id, apart)
-        self._produce(*((event, self._prepare(event)) for event in (*effects, turn)))
+        self._produce(*((event, self._prepare(event, ids)) for event in (*effects, turn)))
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait for every queued event; raise every delivery failure reported since the
@@ -336,7 +371,7 @@ class GatewayProducer:
         raises what it knows at once, the events in flight as ``FlushTimeout``
         (librdkafka's flush from inside its own callback aborted the process)."""
         if self._in_reports():
-            self._raise_failures(pending=0 if self._closed_done.is_set()
+            self._raise_failures(pending=0 if self._released
                                  else len(self._producer))
             return
         try:
@@ -345,7 +380,7 @@ class GatewayProducer:
             if not self._closed:
                 raise
             pending = 0  # ``close`` purged what was in flight; its reports are failures
-        if self._closed_done.is_set():
+        if self._released:
             pending = 0  # closed meanwhile (a signal handler's): purged, reported
         self._raise_failures(pending=pending)
 
@@ -365,8 +400,6 @@ class GatewayProducer:
 
     def _check(self, event: GatewayEvent) -> None:
         """The refusals that need no encoding."""
-        if self._closed:
-            raise ProducerClosed("the producer is closed: create a new one")
         problem = unservable_id(event)  # an empty id too
         if problem:
             raise UnservableId(f"event {event.event_id}: {problem}")
@@ -377,8 +410,19 @@ class GatewayProducer:
             if beyond is not None:
                 raise EventBeyondLimits(event.event_id, beyond)
 
-    def _prepare(self, event: GatewayEvent) -> bytes:
-        """The event's value, once every local check passed (nothing is produced)."""
+    def _refuse_once_closing(self, ids: Sequence[str]) -> None:
+        """``ProducerClosed`` naming the call's events (``ids``) once a ``close`` began:
+        before a send is checked or encoded (the registry client may be closed), and
+        again as it takes the send lock (``_produce``)."""
+        if self._closing.is_set():
+            raise ProducerClosed(
+                f"the producer is closed: event{'s' if len(ids) > 1 else ''} "
+                f"{', '.join(ids)} not produced; send the whole turn again with a new one")
+
+    def _prepare(self, event: GatewayEvent, ids: Sequence[str]) -> bytes:
+        """The event's value, once every local check passed (nothing is produced);
+        ``ids``: the events of the call, named if a close began meanwhile."""
+        self._refuse_once_closing(ids)
         self._check(event)
         try:
             value = self._serde.encode(event, self.topic)
@@ -403,11 +447,13 @@ class GatewayProducer:
             # A sending thread is raised every failure reported from now on by its
             # flushes (``_failures_for``).
             self._cursors.setdefault(self._next_failure)
-        with self._sending:  # never after ``close`` began: its purge would miss it
-            if self._closed:
-                raise ProducerClosed(f"the producer is closed: event {events[0][0].event_id} "
-                                     "not produced; create a new one")
+        with self._sending:
+            # Never once a ``close`` began (``_closing``, set before it waits for this
+            # lock), not only once it closed: a send that took the lock while a close
+            # waited for it queued its events and returned as if they were on their
+            # way, and that close then purged them (before session 47).
             ids = [event.event_id for event, _ in events]
+            self._refuse_once_closing(ids)
             for at, ((event, value), callback) in enumerate(
                     zip(events, callbacks, strict=True)):
                 if self._closed:  # by a signal handler of this thread, inside this send

@@ -24,44 +24,23 @@ process), an unreachable broker: nothing is ever delivered.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 from ratchet.samples import make_turn
 from services.gateway.errors import ProducerClosed
+from tests.unit.producer_process import run_script
 from tests.unit.test_gateway_library_review import effect_of, gateway
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # The main thread sends the first event, thread A the second and flushes; the main
 # thread closes once A is inside librdkafka's ``poll`` (waiting for room: "room") or
 # ``flush`` ("flush"). Each line says what a
 # thread was told; "took" is the close's time against the events' 30 s timeout.
 _CLOSE_RACING_A_POLL = """
-import sys
-import threading
-import time
-
-from ratchet.samples import make_turn
-from ratchet.settings import Settings
-from services.gateway.errors import DeliveryError, GatewayError
-from services.gateway.producer import GatewayProducer
-
-
-class Serde:
-    def encode(self, event, topic):
-        return b"\\\\0" * 100
-
-
 case = sys.argv[1]
-config = {"message.timeout.ms": 30_000, "log_level": 0}
+config = {"message.timeout.ms": 30_000}
 if case == "room":
     config["queue.buffering.max.messages"] = 1
-producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=Serde(),
-                           config=config)
+producer = unreachable(config)
 inside = threading.Event()
 serve, flush = producer._serve_reports, producer.flush
 
@@ -126,11 +105,7 @@ sys.stdout.flush()
 
 
 def _run(case: str) -> list[str]:
-    done = subprocess.run([sys.executable, "-c", _CLOSE_RACING_A_POLL, case],
-                          capture_output=True, text=True, timeout=150, cwd=str(ROOT),
-                          env={**os.environ})
-    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
-    return done.stdout.splitlines()
+    return run_script(_CLOSE_RACING_A_POLL, case, timeout_s=150)
 
 
 def test_a_close_while_another_threads_send_waits_for_room_ends_that_send():
@@ -161,6 +136,80 @@ def test_a_close_while_another_thread_flushes_tells_each_thread_once():
     assert lines.count("A then: nothing") == 2, lines
     assert "A ended: True" in lines, lines
     assert any(line.startswith("took under 10 s: True") for line in lines), lines
+
+
+# Thread B sends once the main thread's close has begun (marked the producer closing)
+# and before that close takes the send lock: the close is held there until B's send
+# returned or raised. The close then waits 1 s for the events and purges the rest.
+_SEND_AS_A_CLOSE_BEGINS = """
+producer = unreachable({"message.timeout.ms": 30_000})
+first, second = make_turn(), make_turn()
+names = {first.event_id: "first", second.event_id: "second"}
+began, sent, told = threading.Event(), threading.Event(), []
+
+
+class Closing(type(producer._closing)):
+    def set(self):  # the close marks the producer closing, then B sends
+        super().set()
+        began.set()
+        sent.wait(30)
+
+
+producer._closing = Closing()
+
+
+def told_of(exc):
+    return sorted((names.get(eid, eid), "purged" if "closed before" in why else why)
+                  for eid, why in getattr(exc, "failures", ()))
+
+
+def thread_b():
+    began.wait(30)
+    try:
+        producer.send(second)
+        told.append("B send: returned")
+    except GatewayError as exc:
+        told.append(f"B {type(exc).__name__}: {told_of(exc)}")
+        told.append(f"B names second: {second.event_id in str(exc)}")
+    sent.set()
+    for _ in range(2):  # what B's flushes are told
+        try:
+            producer.flush(60)
+            told.append("B then: nothing")
+        except GatewayError as exc:
+            told.append(f"B then {type(exc).__name__}: {told_of(exc)}")
+
+
+producer.send(first)
+b = threading.Thread(target=thread_b)
+b.start()
+try:
+    producer.close(timeout_s=1)
+    told.append("close: returned")
+except GatewayError as exc:
+    told.append(f"close {type(exc).__name__}: {told_of(exc)}")
+b.join(90)
+for line in told:
+    print(line)
+print("B ended:", not b.is_alive())
+sys.stdout.flush()
+"""
+
+
+def test_a_send_that_starts_once_a_close_began_is_refused_and_queues_nothing():
+    """Thread B's send starts after the main thread's close began and before it took
+    the send lock. It queued its event and returned, as if the event were on its way,
+    and the close then purged it (told only to flushes, as a delivery failure). A send
+    that starts once a close began is ``ProducerClosed`` now, naming the event it did
+    not produce; nothing of it is queued, purged or reported (session 47)."""
+    lines = run_script(_SEND_AS_A_CLOSE_BEGINS, timeout_s=150)
+    assert "B ProducerClosed: []" in lines, lines
+    assert "B names second: True" in lines, lines
+    assert "close DeliveryError: [('first', 'purged')]" in lines, lines
+    # B's flushes: the first's purge or nothing (B never sent: told what no sender has
+    # flushed past, as any first flush), never the second, which was not produced.
+    assert not [line for line in lines if "'second'" in line], lines
+    assert "B ended: True" in lines, lines
 
 
 def test_a_close_while_another_threads_turn_waits_for_room_that_never_comes_returns():
@@ -220,3 +269,29 @@ def test_a_close_while_another_threads_turn_waits_for_room_that_never_comes_retu
     assert [eid for eid, _ in closed[0].failures] == [effects[0].event_id]  # purged
     assert closed[0].retryable
     assert kafka.closed and len(kafka.produced) == 1
+
+
+def test_a_turn_sent_once_a_close_began_is_refused_naming_each_of_its_events():
+    """The same with a turn (``FakeKafka``; the send runs as the close marks the
+    producer closing, before it takes the send lock): it queued the effects and the
+    turn, which the close purged. Now nothing of the turn is produced, and the refusal
+    names every event of it, to be sent again whole with a new producer."""
+    producer, kafka = gateway()
+    turn = make_turn()
+    effects = [effect_of(turn, "call_1"), effect_of(turn, "call_2")]
+    refused: list[ProducerClosed] = []
+
+    class Closing(type(producer._closing)):
+        def set(self) -> None:  # another thread's send_turn runs now
+            super().set()
+            try:
+                producer.send_turn(turn, effects=effects)
+            except ProducerClosed as exc:
+                refused.append(exc)
+
+    producer._closing = Closing()
+    producer.close(timeout_s=0)  # nothing queued: nothing purged, nothing raised
+    assert kafka.produced == [] and kafka.closed
+    assert len(refused) == 1
+    assert all(e.event_id in str(refused[0]) for e in (*effects, turn)), str(refused[0])
+    assert "whole turn" in str(refused[0])

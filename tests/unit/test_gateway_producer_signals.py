@@ -34,19 +34,15 @@ an unreachable broker: every event times out and is reported by ``flush``.
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 from confluent_kafka import KafkaError
 
 from ratchet.samples import make_turn
 from services.gateway.errors import DeliveryError, ProducerClosed
+from tests.unit.producer_process import run_script
 from tests.unit.test_gateway_library_review import effect_of, gateway
 
-ROOT = Path(__file__).resolve().parents[2]
 RETRIABLE = KafkaError(KafkaError.NOT_ENOUGH_REPLICAS, "not enough replicas", retriable=True)
 
 
@@ -208,20 +204,7 @@ def _flush_quietly(producer) -> None:
 # in a process of its own (confluent-kafka aborts the process on a flush from inside its
 # callback, and its close there waits for itself).
 _CLOSE_IN_A_REPORT = """
-import sys
-from ratchet.samples import make_turn
-from ratchet.settings import Settings
-from services.gateway.errors import DeliveryError
-from services.gateway.producer import GatewayProducer
-
-
-class Serde:
-    def encode(self, event, topic):
-        return b"\\0" * 100
-
-
-producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=Serde(),
-                           config={"message.timeout.ms": 300, "log_level": 0})
+producer = unreachable({"message.timeout.ms": 300})
 explained, handled = producer._explained, []
 
 
@@ -259,13 +242,7 @@ def test_a_signal_handlers_close_inside_a_delivery_report_closes_once_the_flush_
     (confluent-kafka asserts and aborts the process, or its close waits for itself): a
     handler's ``close`` there refuses further sends at once, and the flush the report
     ran in completes the close when it returns, raising what was not delivered."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", _CLOSE_IN_A_REPORT], capture_output=True,
-                          text=True, timeout=60, cwd=str(ROOT), env={**os.environ})
-    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
-    lines = done.stdout.splitlines()
+    lines = run_script(_CLOSE_IN_A_REPORT, timeout_s=60)
     assert "handler: ['returned']" in lines, lines  # deferred: nothing of it raised there
     assert "flush: both" in lines, lines  # timed out or purged: both told, retryable
     assert "send after: ProducerClosed" in lines, lines
@@ -273,23 +250,10 @@ def test_a_signal_handlers_close_inside_a_delivery_report_closes_once_the_flush_
 
 # 2. ------------------------------------------------------------------------------------
 _SEND_IN_A_REPORT = """
-import sys
-from ratchet.samples import make_turn
-from ratchet.settings import Settings
-from services.gateway.errors import DeliveryError
-from services.gateway.producer import GatewayProducer
-
-
-class Serde:
-    def encode(self, event, topic):
-        return b"\\\\0" * 100
-
-
-config = {"message.timeout.ms": 300, "log_level": 0}
+config = {"message.timeout.ms": 300}
 if sys.argv[1] == "full":
     config["queue.buffering.max.messages"] = 3
-producer = GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=Serde(),
-                           config=config)
+producer = unreachable(config)
 explained, handled = producer._explained, []
 late = make_turn()
 
@@ -328,11 +292,7 @@ sys.stdout.flush()
 
 
 def _run(case: str) -> list[str]:
-    done = subprocess.run([sys.executable, "-c", _SEND_IN_A_REPORT, case],
-                          capture_output=True, text=True, timeout=60, cwd=str(ROOT),
-                          env={**os.environ})
-    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
-    return done.stdout.splitlines()
+    return run_script(_SEND_IN_A_REPORT, case, timeout_s=60)
 
 
 def test_a_signal_handlers_send_inside_a_delivery_report_queues_without_aborting():
@@ -396,3 +356,57 @@ def test_a_signal_handlers_close_while_a_turn_waits_for_room_names_what_was_queu
     assert kafka.closed and len(kafka.produced) == 1
     assert effects[0].event_id in str(refused), str(refused)  # queued, then purged
     assert "whole turn" in str(refused), str(refused)
+
+
+# 3. ------------------------------------------------------------------------------------
+# A close interrupted (SIGINT's ``KeyboardInterrupt`` raised out of librdkafka's flush,
+# as confluent-kafka does between its flush's chunks), then closed again, with the real
+# client: the queued event is neither delivered nor reported until a close releases.
+_CLOSE_INTERRUPTED = """
+import _thread
+
+producer = unreachable({"message.timeout.ms": 30_000})
+first = make_turn()
+producer.send(first)
+threading.Timer(0.5, _thread.interrupt_main).start()  # Ctrl-C as the close waits
+try:
+    producer.close(timeout_s=20)
+    print("close: returned")
+except KeyboardInterrupt:
+    print("close: KeyboardInterrupt")
+start = time.monotonic()
+try:
+    producer.close(timeout_s=1)
+    print("again: returned")
+except DeliveryError as exc:
+    print("again: DeliveryError", [eid == first.event_id for eid, _ in exc.failures],
+          exc.retryable)
+print("again took under 10 s:", time.monotonic() - start < 10)
+print("queued:", len(producer._producer))
+try:
+    producer._producer.poll(0)
+    print("client: open")
+except RuntimeError:  # confluent-kafka's "Producer has been closed"
+    print("client: closed")
+try:
+    producer.send(make_turn())
+except Exception as exc:
+    print("send after:", type(exc).__name__)
+sys.stdout.flush()
+"""
+
+
+def test_a_close_again_after_a_close_interrupted_by_ctrl_c_releases_and_reports():
+    """Ctrl-C while ``close`` waits for the queued events: ``KeyboardInterrupt`` out of
+    it, the client still open with the event queued. The next ``close`` returned at
+    once, raising nothing (the first close had begun): the event was never delivered,
+    purged or reported, and the client never released. Now a close after an
+    interrupted one does the release: it waits its own ``timeout_s``, purges the event
+    and raises it (retryable), and the client is closed."""
+    lines = run_script(_CLOSE_INTERRUPTED, timeout_s=60)
+    assert "close: KeyboardInterrupt" in lines, lines
+    assert "again: DeliveryError [True] True" in lines, lines
+    assert "again took under 10 s: True" in lines, lines
+    assert "queued: 0" in lines, lines
+    assert "client: closed" in lines, lines
+    assert "send after: ProducerClosed" in lines, lines
