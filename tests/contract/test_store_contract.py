@@ -1238,6 +1238,50 @@ class StoreContract:
         assert store.get_checkpoint(tenant, taken.response_id) == taken
         assert self.history(store, tenant, conversation_id=conv).head_seq == 3
 
+    # -- a Conversation turn whose ``mode`` cell reads ``chain`` (session 47) -------------
+
+    @pytest.mark.parametrize(("turns", "flipped"), [
+        (1, (0,)),         # the head names the row
+        (3, (0,)),         # the second turn names it as its parent
+        (3, (0, 1)),       # the third turn names the second, whose lineage holds the first
+        (3, (0, 1, 2)),    # every turn: the head names the last, which descends to each
+    ])
+    def test_a_conversation_turn_whose_mode_reads_chain_is_corrupt(self, store, tenant,
+                                                                   clock, turns, flipped):
+        """A ``mode`` cell damaged from ``conversation`` to ``chain`` on the Conversation's
+        first turn (and maybe more) is no chain: the partition's head, or a Conversation
+        turn, names it (or a row descending to it), which no chain row can be (a chain
+        batch writes no head, and a Conversation turn's parent is the head it was planned
+        on, a Conversation row). Every read of such a row is ``CORRUPT_HISTORY`` (before
+        session 47 the first turn read as a verified one-turn chain). A chain sharing
+        the partition (its first response id is the Conversation's id) still verifies:
+        no Conversation row names its rows."""
+        conv = uid("conv")
+        chain_root, chain_child = conv, uid("resp")
+        for turn in (chain_turn(tenant, conv, chain_root, None),
+                     chain_turn(tenant, conv, chain_child, chain_root)):
+            assert isinstance(store.promote(turn), Promoted)
+        promoted = [conversation_turn(tenant, conv, seq) for seq in range(turns)]
+        for turn in promoted:
+            assert isinstance(store.promote(turn), Promoted)
+        for index in flipped:
+            self.rewrite_turn(store, tenant, conv, promoted[index].response_id,
+                              {"mode": PromotionMode.CHAIN})
+        cold = self.shared_store(store, StoreOptions(clock=clock))
+        for reader in (store, cold):
+            for turn in promoted:
+                by = {"response_id": turn.response_id}
+                for found in (reader.read_history(tenant, **by),
+                              asyncio.run(reader.read_history_async(tenant, **by))):
+                    assert isinstance(found, HistoryFailure), (turn.expected_head_seq, found)
+                    assert found.reason is HistoryFailureReason.CORRUPT_HISTORY, found
+            whole = reader.read_history(tenant, conversation_id=conv)
+            assert isinstance(whole, HistoryFailure)
+            assert whole.reason is HistoryFailureReason.CORRUPT_HISTORY
+            for rid, seq in ((chain_root, 1), (chain_child, 2)):
+                history = self.history(reader, tenant, response_id=rid)
+                assert (history.checkpoint.seq, history.head_seq) == (seq, seq)
+
     def damage_head(self, store, tenant, conv) -> None:
         raise NotImplementedError
 
@@ -1344,6 +1388,8 @@ class TestCassandraStore(OnCassandra, StoreContract):
 
     def rewrite_turn(self, store, tenant, partition_key, response_id, change: dict) -> None:
         ((column, value),) = change.items()
+        if isinstance(value, PromotionMode):  # the driver would encode it as a list
+            value = value.value
         self.session.execute(f"UPDATE turns SET {column} = %s WHERE tenant_id = %s AND "
                              "partition_key = %s AND kind = 'checkpoint' AND ref = %s",
                              (value, tenant, partition_key, response_id))
