@@ -1194,6 +1194,42 @@ class StoreContract:
         assert not store.turn_lost(tenant, uid("resp"))  # claimed nowhere
         assert not store.turn_lost(tenant, first.response_id)  # there
 
+    @pytest.mark.parametrize("replaced", ["turn_lost", "turn_lost_async"])
+    def test_a_read_asks_the_store_itself_whether_a_row_was_lost(self, store, tenant,
+                                                                 replaced):
+        """A history read of a response claimed where its row is not asks the store's
+        ``turn_lost`` (blocking read) or ``turn_lost_async`` (awaited read, which asks
+        ``turn_lost`` unless a backend answers it otherwise), looked up on the store at
+        the call: a subclass's or a test's replacement is the one asked. Before session
+        47 the reader asked the checkpoint reader directly and kept the awaited one it
+        was given at build."""
+        conv = uid("conv")
+        claim = ResponseClaim(tenant, uid("resp"), conv, uid("key"), "d" * 64)
+        assert store.start_claiming(claim)() == claim  # claimed, never promoted
+        asked: list[tuple] = []
+
+        def lost(*args):
+            asked.append(args)
+            return True
+
+        async def lost_async(*args):
+            return lost(*args)
+
+        setattr(store, replaced, lost if replaced == "turn_lost" else lost_async)
+        reads = [store.read_history(tenant, response_id=claim.response_id),
+                 asyncio.run(store.read_history_async(tenant, response_id=claim.response_id))]
+        # Replacing ``turn_lost`` is seen by both reads (the awaited one asks it too);
+        # replacing only ``turn_lost_async``, by the awaited read alone on a backend whose
+        # awaited read is its own (the memory store's is its blocking one).
+        awaited_own = type(store).read_history_async is not MemoryCheckpointStore.read_history_async
+        expected = [True, True] if replaced == "turn_lost" else [False, awaited_own]
+        for found, lost_there in zip(reads, expected, strict=True):
+            reason = (HistoryFailureReason.MISSING_HISTORY if lost_there
+                      else HistoryFailureReason.NOT_FOUND)
+            assert found.reason is reason, (replaced, found)
+        assert set(asked) <= {(tenant, claim.response_id, conv)}
+        assert bool(asked) == any(expected)
+
     # -- damage the write's conditions hold against (a mutation review of the write path,
     # session 44: each condition could be dropped from one backend with every test passing)
 
