@@ -47,6 +47,7 @@ from services.store.base import (
     CorruptPartition,
     InvalidPromotion,
     StoreOptions,
+    TurnLost,
     turn_size,
 )
 from services.store.memory import MemoryCheckpointStore
@@ -1200,9 +1201,10 @@ class StoreContract:
         """A history read of a response claimed where its row is not asks the store's
         ``turn_lost`` (blocking read) or ``turn_lost_async`` (awaited read, which asks
         ``turn_lost`` unless a backend answers it otherwise), looked up on the store at
-        the call: a subclass's or a test's replacement is the one asked. Before session
-        47 the reader asked the checkpoint reader directly and kept the awaited one it
-        was given at build."""
+        the call: a subclass's or a test's replacement is the one asked, as it is by
+        ``read_promoted``. Before session 47 the reader asked the checkpoint reader
+        directly and kept the awaited one it was given at build, and ``read_promoted``
+        asked the checkpoint reader's."""
         conv = uid("conv")
         claim = ResponseClaim(tenant, uid("resp"), conv, uid("key"), "d" * 64)
         assert store.start_claiming(claim)() == claim  # claimed, never promoted
@@ -1229,6 +1231,9 @@ class StoreContract:
             assert found.reason is reason, (replaced, found)
         assert set(asked) <= {(tenant, claim.response_id, conv)}
         assert bool(asked) == any(expected)
+        if replaced == "turn_lost":  # the status endpoint's read asks it too
+            with pytest.raises(TurnLost):
+                store.read_promoted(tenant, claim.response_id)
 
     # -- damage the write's conditions hold against (a mutation review of the write path,
     # session 44: each condition could be dropped from one backend with every test passing)
