@@ -394,7 +394,7 @@ class CheckpointStore(StoreBackend):
         key in another chain or a Conversation is another request, whose holder this is
         not. A claim made before the holder held the request is seen by the holder's
         own read of the request's facts after its batch (the processor's
-        ``_on_turn``)."""
+        ``TurnPromotion.handle``, streams/turn_promotion.py)."""
         return self._requests.mark_claim(tenant_id, partition_key, idempotency_key,
                                           first_of_chain=first_of_chain)
 
