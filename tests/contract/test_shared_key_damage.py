@@ -254,9 +254,17 @@ def test_a_conversation_first_turn_whose_mode_reads_chain_fails_its_own_history_
     """The Conversation's first turn with its ``mode`` cell rewritten to ``chain``: its
     response, the Conversation and its later turns are ``CORRUPT_HISTORY`` (its response
     read as a verified one-turn chain before session 47: docs/decisions.md, "A damaged
-    ``mode`` cell"), the chain sharing the key stands, on both backends."""
+    ``mode`` cell"), a chain turn naming it as its parent is ``CORRUPT``, and the chain
+    sharing the key stands, on both backends."""
     p = Partition(data, entry)
     clients = api_clients(p.s)
     prime(p, clients)
     damage(p.s, p.v1.response_id, "mode_chain")
     check(p, "conversation_first_turn", "mode_chain", clients)
+    # Nor is anything built on it: a chain turn naming it as its parent (in the shared
+    # partition, where its row now reads as a chain root) was promoted before session 47.
+    for worker in (p.warm.outcome, p.cold):
+        child = p.s.chain(p.v1.response_id)
+        outcome = worker(child)
+        assert getattr(outcome, "reason", None) is R.CORRUPT, outcome
+        assert p.s.data.store().get_checkpoint(p.s.tenant, child.response_id) is None
