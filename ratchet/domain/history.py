@@ -16,7 +16,9 @@ Verification order (the first broken rule decides the reason):
    tenant's ids);
 2. its logical retention has not passed, else ``EXPIRED``;
 3. the lineage links resolve, else ``MISSING_HISTORY``; seqs step by exactly one
-   down to 1 and a Conversation has one checkpoint per seq, else ``CORRUPT_HISTORY``;
+   down to 1, a Conversation has one checkpoint per seq, and a chain lineage holds no
+   row the Conversation of its partition names (``_check_chain``), else
+   ``CORRUPT_HISTORY``;
 4. each turn has exactly its items: too few is ``MISSING_HISTORY``; extra, duplicated,
    renumbered or swapped items are ``CORRUPT_HISTORY``;
 5. every item's ``sha256(content) == content_digest``, else ``CORRUPT_HISTORY``;
@@ -497,7 +499,7 @@ def verify_history(
     lineage = _lineage(snapshot, checkpoint)
     if isinstance(lineage, HistoryFailure):
         return lineage
-    failure = _check_conversation(snapshot, checkpoint)
+    failure = _check_conversation(snapshot, checkpoint) or _check_chain(snapshot, lineage)
     if failure is not None:
         return failure
     turns = _lineage_items(snapshot, lineage)
@@ -692,6 +694,42 @@ def _check_conversation(
     if len(set(seqs)) != len(seqs):  # a set first: counting costs more, and is rare
         doubled = sorted(seq for seq, n in Counter(seqs).items() if n > 1)
         return _corrupt(f"several checkpoints at seq {doubled}")
+    return None
+
+
+def _check_chain(
+    snapshot: PartitionSnapshot, lineage: tuple[CheckpointRecord, ...]
+) -> HistoryFailure | None:
+    """A chain's rows are never a Conversation's. Only Conversation batches write the
+    head, naming the Conversation row they write, and a Conversation row's parent is
+    the head it was planned on (``backs``: a Conversation row), so every row the head
+    names or a Conversation row names as its parent, and every row below those, is a
+    Conversation row. A chain lineage holding one has a damaged cell (its ``mode``
+    rewritten to ``chain``, or a link or the head's response id rewritten to name it):
+    which history owns the row cannot be told, so the read fails closed. Without this,
+    a Conversation's first turn whose ``mode`` reads ``chain`` verified as a one-turn
+    chain (docs/decisions.md, "A damaged ``mode`` cell", session 47)."""
+    if lineage[-1].mode is not PromotionMode.CHAIN:
+        return None
+    checkpoints, conversation = snapshot.checkpoints, PromotionMode.CONVERSATION
+    named = [c.parent_response_id for c in checkpoints.values()
+             if c.mode is conversation and c.parent_response_id is not None]
+    if snapshot.head is not None:
+        named.append(snapshot.head.response_id)
+    if not named:  # no Conversation here (the common chain read): nothing names a row
+        return None
+    mine = {c.response_id for c in lineage}
+    seen: set[str] = set()
+    while named:  # every row named, and its ancestors, each visited once
+        ref = named.pop()
+        if ref in mine:
+            return _corrupt(f"{ref} reads as a chain turn but a Conversation names it")
+        row = checkpoints.get(ref)
+        if ref in seen or row is None:
+            continue
+        seen.add(ref)
+        if row.parent_response_id is not None:
+            named.append(row.parent_response_id)
     return None
 
 

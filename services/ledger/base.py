@@ -218,7 +218,7 @@ class Ledger(abc.ABC):
     def record_response_owner(self, response_id: str, tenant_id: str) -> None:
         """Remember which tenant promoted a chain's response id (idempotent; the last
         tenant written stands: response ids are per tenant, so a reader checks the
-        checkpoints, ``PromotionProcessor._chain_owner``). Asked only
+        checkpoints, ``StoreAnswers.chain_owner`` in streams/store_answers.py). Asked only
         when a chain turn's parent is missing (``TENANT_MISMATCH`` for another tenant's
         parent); a Conversation's responses are never a chain's parent (they live in
         the Conversation's partition), so they are not recorded."""
@@ -250,7 +250,7 @@ class Ledger(abc.ABC):
         returns once they are durable (``LedgerUnavailable`` otherwise). Nothing to
         write (both None): no request. The processor writes a chain turn's response
         owner beside its promotion batch (it may stay though the batch is refused: a
-        reader of it checks the checkpoint, ``PromotionProcessor._chain_owner``) and a
+        reader of it checks the checkpoint, ``StoreAnswers.chain_owner``) and a
         Conversation's owner only after its first turn's batch applied."""
         if response_id is not None:
             self.record_response_owner(response_id, tenant_id)

@@ -50,7 +50,8 @@ one reads ``MISSING_HISTORY`` (``TurnLost`` from ``read_promoted``), never ``NOT
 imports point one way, from here to the parts to the backend hooks:
 
 - ``promotion.py``, ``PromotionWriter``: ``promote``, ``judge``, the awaited fast path;
-- ``history_reader.py``, ``HistoryReader``: ``read_history`` and its awaited form;
+- ``history_reader.py``, ``HistoryReader``: ``read_history`` and its awaited form (one
+  generator of steps, two drivers);
 - ``checkpoint_reader.py``, ``CheckpointReader``: a response's checkpoint, ``turn_lost``;
 - ``request_facts.py``, ``RequestFacts``: a request standing promoted, its holder, the
   facts marks;
@@ -130,8 +131,7 @@ class CheckpointStore(StoreBackend):
         self._checkpoints = CheckpointReader(self)
         self._requests = RequestFacts(self)
         self._promotion = PromotionWriter(self, self._hints, self._requests)
-        self._histories = HistoryReader(self, self._hints, self._checkpoints,
-                                        self.turn_lost_async)
+        self._histories = HistoryReader(self, self._hints)
 
     # -- promotion ----------------------------------------------------------------------
 
@@ -310,9 +310,9 @@ class CheckpointStore(StoreBackend):
 
     async def turn_lost_async(self, tenant_id: str, response_id: str,
                               partition_key: str | None = None) -> bool:
-        """``turn_lost`` for an event loop (a rare path: the thread pool's hop is fine)."""
-        return await asyncio.to_thread(self._checkpoints.turn_lost, tenant_id, response_id,
-                                       partition_key)
+        """``turn_lost`` for an event loop (a rare path: the thread pool's hop is fine);
+        the store's ``turn_lost``, so that a subclass overriding it is asked here too."""
+        return await asyncio.to_thread(self.turn_lost, tenant_id, response_id, partition_key)
 
     def read_promoted(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         """``read_checkpoint`` for an answer that must tell a promoted response from an
@@ -394,7 +394,7 @@ class CheckpointStore(StoreBackend):
         key in another chain or a Conversation is another request, whose holder this is
         not. A claim made before the holder held the request is seen by the holder's
         own read of the request's facts after its batch (the processor's
-        ``_on_turn``)."""
+        ``TurnPromotion.handle``, streams/turn_promotion.py)."""
         return self._requests.mark_claim(tenant_id, partition_key, idempotency_key,
                                           first_of_chain=first_of_chain)
 

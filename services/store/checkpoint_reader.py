@@ -38,8 +38,11 @@ class CheckpointReader:
         return not backend._turn_row_serial(tenant_id, claim.partition_key, response_id)
 
     def read_promoted(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
-        located, checkpoint = self._backend._located_checkpoint(tenant_id, response_id)
-        if checkpoint is None and located is not None and self.turn_lost(
+        store = self._backend
+        located, checkpoint = store._located_checkpoint(tenant_id, response_id)
+        # The store's ``turn_lost`` (the backend object is the ``CheckpointStore``), not
+        # this reader's: a subclass's or a test's replacement of it is the one asked.
+        if checkpoint is None and located is not None and store.turn_lost(  # type: ignore[attr-defined]
             tenant_id, response_id, located
         ):
             raise TurnLost(lost_turn(tenant_id, located, response_id))

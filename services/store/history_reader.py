@@ -2,13 +2,19 @@
 location (the caller's hint, this store's, else the response id's claim), the
 partition's load (``_load_lineage`` / ``_load_conversation``), the domain's
 verification, a failure confirmed by a second read, and a claimed response whose row is
-not there told apart as lost or never promoted. The blocking and the awaited read take
-the same steps; only the loads differ."""
+not there told apart as lost or never promoted (``turn_lost``).
+
+The blocking and the awaited read are one: the read's steps are a generator
+(``_read_steps``) that yields each I/O it needs as a hook's name and its arguments and
+is sent the answer; ``read`` calls the hook, ``read_async`` awaits its ``_async`` twin
+(every hook a read takes has one: ``backend.py``, and the store's ``turn_lost_async``).
+Everything between two I/Os (the hints, verification, the confirmation) is written once."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Generator
 from datetime import datetime
+from typing import Any
 
 from ratchet.domain.history import (
     HistoryFailure,
@@ -19,7 +25,6 @@ from ratchet.domain.history import (
     verify_history,
 )
 from services.store.backend import StoreBackend
-from services.store.checkpoint_reader import CheckpointReader
 from services.store.hints import StoreHints
 from services.store.history_answers import (
     _confirmed,
@@ -29,18 +34,21 @@ from services.store.history_answers import (
     no_such_response,
 )
 
+# One I/O of a read: the name of the store's method and its arguments.
+Step = tuple[str, tuple[Any, ...]]
+Steps = Generator[Step, Any, VerifiedHistory | HistoryFailure]
+
 
 class HistoryReader:
     """``CheckpointStore.read_history`` and ``read_history_async`` (their promises are
-    on the facade). ``turn_lost_async`` is the store's own (a backend without I/O to
-    wait for answers it in place), passed in so that this reader needs no facade."""
+    on the facade). ``store`` is the store object itself (a ``CheckpointStore``, typed
+    by the hooks it implements so that this module needs no facade): each step's method
+    is looked up on it at the call, so a backend's hook, and a subclass's or a test's
+    replacement of a hook or of ``turn_lost`` / ``turn_lost_async``, is the one called."""
 
-    def __init__(self, backend: StoreBackend, hints: StoreHints, checkpoints: CheckpointReader,
-                 turn_lost_async: Callable[[str, str, str | None], Awaitable[bool]]) -> None:
-        self._backend = backend
+    def __init__(self, store: StoreBackend, hints: StoreHints) -> None:
+        self._store = store
         self._hints = hints
-        self._checkpoints = checkpoints
-        self._turn_lost_async = turn_lost_async
 
     def read(
         self,
@@ -50,45 +58,14 @@ class HistoryReader:
         now: datetime | None,
         partition_key: str | None,
     ) -> VerifiedHistory | HistoryFailure:
-        _exactly_one(response_id, conversation_id)
-        now = now or self._backend.options.clock()
-        first = self._read_once(tenant_id, response_id, conversation_id, now, partition_key)
-        if not _needs_confirming(first):
-            return first
-        again = self._read_once(tenant_id, response_id, conversation_id, now, partition_key)
-        return _confirmed(tenant_id, response_id or conversation_id, first, again)
-
-    def _read_once(
-        self,
-        tenant_id: str,
-        response_id: str | None,
-        conversation_id: str | None,
-        now: datetime,
-        partition_key: str | None,
-    ) -> VerifiedHistory | HistoryFailure:
-        backend = self._backend
-        if conversation_id is not None:
-            snapshot = backend._load_conversation(tenant_id, conversation_id)
-            return self._conversation_result(tenant_id, conversation_id, snapshot, now)
-        assert response_id is not None
-        hinted = self._hints.partition(tenant_id, response_id, partition_key)
-        if hinted is not None:
-            snapshot = backend._load_lineage(tenant_id, hinted, response_id)
-            result = self._response_result(tenant_id, hinted, response_id, snapshot, now)
-            if result is not None:
-                return result
-        located = backend._locate(tenant_id, response_id)
-        if located is None:
-            return no_such_response()
-        if located != hinted:
-            snapshot = backend._load_lineage(tenant_id, located, response_id)
-            result = self._response_result(tenant_id, located, response_id, snapshot, now)
-            if result is not None:
-                return result
-        # Claimed there, its row not there: promoted (a lost row) or never (``turn_lost``).
-        if self._checkpoints.turn_lost(tenant_id, response_id, located):
-            return _missing_turn(tenant_id, located, response_id)
-        return no_such_response()
+        steps = self._read_steps(tenant_id, response_id, conversation_id, now, partition_key)
+        store = self._store
+        try:
+            name, args = next(steps)
+            while True:
+                name, args = steps.send(getattr(store, name)(*args))
+        except StopIteration as done:
+            return done.value
 
     async def read_async(
         self,
@@ -98,44 +75,61 @@ class HistoryReader:
         now: datetime | None,
         partition_key: str | None,
     ) -> VerifiedHistory | HistoryFailure:
+        steps = self._read_steps(tenant_id, response_id, conversation_id, now, partition_key)
+        store = self._store
+        try:
+            name, args = next(steps)
+            while True:
+                name, args = steps.send(await getattr(store, f"{name}_async")(*args))
+        except StopIteration as done:
+            return done.value
+
+    def _read_steps(
+        self,
+        tenant_id: str,
+        response_id: str | None,
+        conversation_id: str | None,
+        now: datetime | None,
+        partition_key: str | None,
+    ) -> Steps:
         _exactly_one(response_id, conversation_id)
-        now = now or self._backend.options.clock()
-        first = await self._read_once_async(tenant_id, response_id, conversation_id,
-                                            now, partition_key)
+        now = now or self._store.options.clock()
+        first = yield from self._read_once(tenant_id, response_id, conversation_id, now,
+                                           partition_key)
         if not _needs_confirming(first):
             return first
-        again = await self._read_once_async(tenant_id, response_id, conversation_id,
-                                            now, partition_key)
+        again = yield from self._read_once(tenant_id, response_id, conversation_id, now,
+                                           partition_key)
         return _confirmed(tenant_id, response_id or conversation_id, first, again)
 
-    async def _read_once_async(
+    def _read_once(
         self,
         tenant_id: str,
         response_id: str | None,
         conversation_id: str | None,
         now: datetime,
         partition_key: str | None,
-    ) -> VerifiedHistory | HistoryFailure:
-        backend = self._backend
+    ) -> Steps:
         if conversation_id is not None:
-            snapshot = await backend._load_conversation_async(tenant_id, conversation_id)
+            snapshot = yield "_load_conversation", (tenant_id, conversation_id)
             return self._conversation_result(tenant_id, conversation_id, snapshot, now)
         assert response_id is not None
         hinted = self._hints.partition(tenant_id, response_id, partition_key)
         if hinted is not None:
-            snapshot = await backend._load_lineage_async(tenant_id, hinted, response_id)
+            snapshot = yield "_load_lineage", (tenant_id, hinted, response_id)
             result = self._response_result(tenant_id, hinted, response_id, snapshot, now)
             if result is not None:
                 return result
-        located = await backend._locate_async(tenant_id, response_id)
+        located = yield "_locate", (tenant_id, response_id)
         if located is None:
             return no_such_response()
         if located != hinted:
-            snapshot = await backend._load_lineage_async(tenant_id, located, response_id)
+            snapshot = yield "_load_lineage", (tenant_id, located, response_id)
             result = self._response_result(tenant_id, located, response_id, snapshot, now)
             if result is not None:
                 return result
-        if await self._turn_lost_async(tenant_id, response_id, located):
+        # Claimed there, its row not there: promoted (a lost row) or never (``turn_lost``).
+        if (yield "turn_lost", (tenant_id, response_id, located)):
             return _missing_turn(tenant_id, located, response_id)
         return no_such_response()
 

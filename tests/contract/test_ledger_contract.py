@@ -235,7 +235,7 @@ class LedgerContract:
     def test_an_owner_row_holds_the_last_tenant_written(self, ledger, tenant):
         """Owner rows are plain writes on both backends: the last one stands. Response
         ids are per tenant, so two tenants may record one id; a reader never trusts
-        the row alone (``PromotionProcessor._chain_owner`` checks the checkpoints). A
+        the row alone (``StoreAnswers.chain_owner`` checks the checkpoints). A
         Conversation's owner is written by its partition's one lane, after reading
         that none was there (docs/processor.md), so it is never written twice."""
         other, conv, resp = uid("tenant-b"), uid("conv"), uid("resp")

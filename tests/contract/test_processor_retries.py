@@ -30,10 +30,11 @@ ENTRIES = pytest.mark.parametrize("entry", ["handle", "handle_async"])
 # (accepted_attempt) settles a rejection as promoted ... another attempt's promotion does
 # not count: this rejection was decided first"). One event, one outcome, on any worker.
 #
-# ``_reject_before_the_store`` (too large / malformed digest / unkeyed) reads the event's
-# decision, then, if there is none, answers with ``_already_promoted`` -- a promotion of
-# ANY attempt -- without recording anything or checking that no rejection of this very
-# event was recorded meanwhile. Two workers on one partition (a rebalance): the old
+# ``EarlyRejections.reject_before_the_store`` (too large / malformed digest / unkeyed)
+# reads the event's decision, then, if there is none, answers with
+# ``VerdictRecorder.already_promoted`` -- a promotion of ANY attempt -- without
+# recording anything or checking that no rejection of this very event was recorded
+# meanwhile. Two workers on one partition (a rebalance): the old
 # owner reads E_big's facts (attempt 2, above the size limit: no decision yet) and
 # pauses; the new owner rejects E_big UNSUPPORTED_FORMAT (recorded, published), then
 # promotes the next record, attempt 1 of the same request under the same response id
@@ -98,9 +99,9 @@ def test_a_too_large_retry_is_never_published_both_rejected_and_promoted(entry):
 # response id. Without a tool call, the retry is DUPLICATE naming the original. With the
 # call answered, the processor validates the retry's pairing against the CURRENT head
 # (the original turn itself, where the call is already answered): UNPAIRED_TOOL_CALL,
-# which ``_out_of_lineage`` turns into ordering: CONFLICT "expected head 1, head is 2",
+# which ``StoreAnswers.out_of_lineage`` turns into ordering: CONFLICT "expected head 1, head is 2",
 # no existing_response_id. The session-20 fix put DUPLICATE/KEY_REUSED before ordering
-# only on the unreadable-lineage path (``_on_unreadable_lineage``), not here.
+# only on the unreadable-lineage path (``StoreAnswers.on_unreadable_lineage``), not here.
 # Same for a key reused with another digest (CONFLICT instead of IDEMPOTENCY_KEY_REUSED).
 
 def _promoted_answer(worker):
@@ -141,19 +142,20 @@ def test_a_key_reused_by_a_turn_answering_a_call_is_idempotency_key_reused(entry
     assert out.reason is R.IDEMPOTENCY_KEY_REUSED, (out.reason, out.detail)
 
 
-# CONTRACT 4: "Same key, different digest -> IDEMPOTENCY_KEY_REUSED". streams/processor.py
-# ``_on_unreadable_lineage`` (session 20 fix): "As the store would answer, a retry of a
-# request promoted ... (DUPLICATE / IDEMPOTENCY_KEY_REUSED) first ... Under the same id,
-# 'already promoted' follows"; gateway-protocol 7: IDEMPOTENCY_KEY_REUSED decides before
-# CONFLICT "for the same key with another digest once that key is promoted".
+# CONTRACT 4: "Same key, different digest -> IDEMPOTENCY_KEY_REUSED".
+# ``StoreAnswers.on_unreadable_lineage`` (streams/store_answers.py; session 20 fix): "As
+# the store would answer, a retry of a request promoted ... (DUPLICATE /
+# IDEMPOTENCY_KEY_REUSED) first ... Under the same id, 'already promoted' follows";
+# gateway-protocol 7: IDEMPOTENCY_KEY_REUSED decides before CONFLICT "for the same key
+# with another digest once that key is promoted".
 #
 # A request promoted under response R; then a turn with the same key and the same
 # response id R but ANOTHER request digest. On a readable lineage the processor answers
 # IDEMPOTENCY_KEY_REUSED (checked below). Once the lineage it extends cannot be read,
-# the "another response id" test in ``_on_unreadable_lineage`` skips it (same id), and
-# "already promoted" does not follow either (``_already_promoted`` needs the same
-# digest): chain mode answers CORRUPT, Conversation mode CONFLICT. The answer to a key
-# reuse depends on whether unrelated rows are damaged.
+# the "another response id" test in ``StoreAnswers.on_unreadable_lineage`` skips it (same
+# id), and "already promoted" does not follow either (``VerdictRecorder.already_promoted``
+# needs the same digest): chain mode answers CORRUPT, Conversation mode CONFLICT. The
+# answer to a key reuse depends on whether unrelated rows are damaged.
 
 @ENTRIES
 @pytest.mark.parametrize("mode", ["conversation", "chain"])
@@ -191,7 +193,7 @@ def test_a_reused_key_under_the_same_response_id_is_key_reused(entry, mode, dama
 # calls the original made are "not unique" there, so pairing failed and
 # UNPAIRED_TOOL_CALL stood, where a message-only turn, or the same retry under another
 # response id, is IDEMPOTENCY_KEY_REUSED (CONTRACT 4: "Same key, different digest").
-# ``_retry_unpaired_by_its_original`` skipped every retry under the original's own id;
+# ``StoreAnswers.retry_unpaired_by_its_original`` skipped every retry under the original's own id;
 # only one with the original's digest is not a key reuse (it is replayed).
 
 @ENTRIES
@@ -223,8 +225,8 @@ def test_a_reused_key_under_its_own_id_on_the_original_history_is_key_reused(ent
 
 # A retry of a promoted request whose OWN items break the pairing rules (a
 # ``function_call_output`` answering no call: nothing to do with a moved head) is
-# answered DUPLICATE (``_out_of_lineage`` -> ``_retry_of_promoted_request``) instead of
-# UNPAIRED_TOOL_CALL.
+# answered DUPLICATE (``StoreAnswers.out_of_lineage`` ->
+# ``StoreAnswers._retry_of_promoted_request``) instead of UNPAIRED_TOOL_CALL.
 #
 # docs/gateway-protocol.md section 7: "a TurnCompleted is checked (first failure wins):
 # ... then the event itself: NOT_PROMOTABLE_STATUS, ..., CORRUPT, INCOMPLETE_FINGERPRINT,

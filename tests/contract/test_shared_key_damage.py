@@ -14,7 +14,8 @@ digest no longer matches); Cassandra also with rows that cannot be decoded (an u
 ``mode``, an ``items`` cell that is not one). Session 46 left this tested in the API on
 memory only (docs/decisions.md, "A Conversation id equal to a chain's first response
 id"); no defect was found (docs/decisions.md, "Two histories in one partition under
-damage").
+damage") but one: the Conversation's first turn whose ``mode`` reads ``chain`` was a
+verified one-turn chain, fixed in session 47 (both backends; "A damaged ``mode`` cell").
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import replace
 import pytest
 from fastapi.testclient import TestClient
 
-from ratchet.domain.history import HistoryFailure, VerifiedHistory
+from ratchet.domain.history import HistoryFailure, PromotionMode, VerifiedHistory
 from schemas.models import CheckpointPromoted, RejectionReason
 from services.api.app import create_app
 from services.api.cache import HistoryCache
@@ -54,8 +55,18 @@ def damage(s: Shared, response_id: str, how: str) -> None:
     """Damage ``response_id``'s stored turn, as ``tests/integration/test_store_corruption``
     does: ``content`` (its first item's content changed: decodes, fails its digest),
     ``row`` (``mode`` unknown: the row cannot be decoded), ``items_cell`` (not an items
-    cell: the turn cannot be decoded)."""
+    cell: the turn cannot be decoded), ``mode_chain`` (a Conversation turn's ``mode``
+    rewritten to ``chain``)."""
     store = s.data.store()
+    if how == "mode_chain":  # decodes, and reads as a chain row (session 47)
+        if isinstance(store, MemoryCheckpointStore):
+            checkpoints = store._partitions[(s.tenant, s.key)].checkpoints
+            checkpoints[response_id] = replace(checkpoints[response_id],
+                                               mode=PromotionMode.CHAIN)
+        else:
+            store._session.execute(f"UPDATE turns SET mode = 'chain' {ROW}",
+                                   (s.tenant, s.key, response_id), timeout=30)
+        return
     if isinstance(store, MemoryCheckpointStore):
         assert how == "content"  # the memory store holds records: nothing undecodable
         partition = store._partitions[(s.tenant, s.key)]
@@ -235,3 +246,25 @@ def test_an_undecodable_row_fails_its_own_history_only(data, entry, how, target)
     prime(p, clients)
     damage(p.s, p.event(TARGETS[target][0]).response_id, how)
     check(p, target, how, clients)
+
+
+@ENTRIES
+def test_a_conversation_first_turn_whose_mode_reads_chain_fails_its_own_history_only(
+        data, entry):  # noqa: F811
+    """The Conversation's first turn with its ``mode`` cell rewritten to ``chain``: its
+    response, the Conversation and its later turns are ``CORRUPT_HISTORY`` (its response
+    read as a verified one-turn chain before session 47: docs/decisions.md, "A damaged
+    ``mode`` cell"), a chain turn naming it as its parent is ``CORRUPT``, and the chain
+    sharing the key stands, on both backends."""
+    p = Partition(data, entry)
+    clients = api_clients(p.s)
+    prime(p, clients)
+    damage(p.s, p.v1.response_id, "mode_chain")
+    check(p, "conversation_first_turn", "mode_chain", clients)
+    # Nor is anything built on it: a chain turn naming it as its parent (in the shared
+    # partition, where its row now reads as a chain root) was promoted before session 47.
+    for worker in (p.warm.outcome, p.cold):
+        child = p.s.chain(p.v1.response_id)
+        outcome = worker(child)
+        assert getattr(outcome, "reason", None) is R.CORRUPT, outcome
+        assert p.s.data.store().get_checkpoint(p.s.tenant, child.response_id) is None

@@ -47,6 +47,7 @@ from services.store.base import (
     CorruptPartition,
     InvalidPromotion,
     StoreOptions,
+    TurnLost,
     turn_size,
 )
 from services.store.memory import MemoryCheckpointStore
@@ -1194,6 +1195,46 @@ class StoreContract:
         assert not store.turn_lost(tenant, uid("resp"))  # claimed nowhere
         assert not store.turn_lost(tenant, first.response_id)  # there
 
+    @pytest.mark.parametrize("replaced", ["turn_lost", "turn_lost_async"])
+    def test_a_read_asks_the_store_itself_whether_a_row_was_lost(self, store, tenant,
+                                                                 replaced):
+        """A history read of a response claimed where its row is not asks the store's
+        ``turn_lost`` (blocking read) or ``turn_lost_async`` (awaited read, which asks
+        ``turn_lost`` unless a backend answers it otherwise), looked up on the store at
+        the call: a subclass's or a test's replacement is the one asked, as it is by
+        ``read_promoted``. Before session 47 the reader asked the checkpoint reader
+        directly and kept the awaited one it was given at build, and ``read_promoted``
+        asked the checkpoint reader's."""
+        conv = uid("conv")
+        claim = ResponseClaim(tenant, uid("resp"), conv, uid("key"), "d" * 64)
+        assert store.start_claiming(claim)() == claim  # claimed, never promoted
+        asked: list[tuple] = []
+
+        def lost(*args):
+            asked.append(args)
+            return True
+
+        async def lost_async(*args):
+            return lost(*args)
+
+        setattr(store, replaced, lost if replaced == "turn_lost" else lost_async)
+        reads = [store.read_history(tenant, response_id=claim.response_id),
+                 asyncio.run(store.read_history_async(tenant, response_id=claim.response_id))]
+        # Replacing ``turn_lost`` is seen by both reads (the awaited one asks it too);
+        # replacing only ``turn_lost_async``, by the awaited read alone on a backend whose
+        # awaited read is its own (the memory store's is its blocking one).
+        awaited_own = type(store).read_history_async is not MemoryCheckpointStore.read_history_async
+        expected = [True, True] if replaced == "turn_lost" else [False, awaited_own]
+        for found, lost_there in zip(reads, expected, strict=True):
+            reason = (HistoryFailureReason.MISSING_HISTORY if lost_there
+                      else HistoryFailureReason.NOT_FOUND)
+            assert found.reason is reason, (replaced, found)
+        assert set(asked) <= {(tenant, claim.response_id, conv)}
+        assert bool(asked) == any(expected)
+        if replaced == "turn_lost":  # the status endpoint's read asks it too
+            with pytest.raises(TurnLost):
+                store.read_promoted(tenant, claim.response_id)
+
     # -- damage the write's conditions hold against (a mutation review of the write path,
     # session 44: each condition could be dropped from one backend with every test passing)
 
@@ -1237,6 +1278,50 @@ class StoreContract:
         assert store.promote(other) == ResponseExists(taken)
         assert store.get_checkpoint(tenant, taken.response_id) == taken
         assert self.history(store, tenant, conversation_id=conv).head_seq == 3
+
+    # -- a Conversation turn whose ``mode`` cell reads ``chain`` (session 47) -------------
+
+    @pytest.mark.parametrize(("turns", "flipped"), [
+        (1, (0,)),         # the head names the row
+        (3, (0,)),         # the second turn names it as its parent
+        (3, (0, 1)),       # the third turn names the second, whose lineage holds the first
+        (3, (0, 1, 2)),    # every turn: the head names the last, which descends to each
+    ])
+    def test_a_conversation_turn_whose_mode_reads_chain_is_corrupt(self, store, tenant,
+                                                                   clock, turns, flipped):
+        """A ``mode`` cell damaged from ``conversation`` to ``chain`` on the Conversation's
+        first turn (and maybe more) is no chain: the partition's head, or a Conversation
+        turn, names it (or a row descending to it), which no chain row can be (a chain
+        batch writes no head, and a Conversation turn's parent is the head it was planned
+        on, a Conversation row). Every read of such a row is ``CORRUPT_HISTORY`` (before
+        session 47 the first turn read as a verified one-turn chain). A chain sharing
+        the partition (its first response id is the Conversation's id) still verifies:
+        no Conversation row names its rows."""
+        conv = uid("conv")
+        chain_root, chain_child = conv, uid("resp")
+        for turn in (chain_turn(tenant, conv, chain_root, None),
+                     chain_turn(tenant, conv, chain_child, chain_root)):
+            assert isinstance(store.promote(turn), Promoted)
+        promoted = [conversation_turn(tenant, conv, seq) for seq in range(turns)]
+        for turn in promoted:
+            assert isinstance(store.promote(turn), Promoted)
+        for index in flipped:
+            self.rewrite_turn(store, tenant, conv, promoted[index].response_id,
+                              {"mode": PromotionMode.CHAIN})
+        cold = self.shared_store(store, StoreOptions(clock=clock))
+        for reader in (store, cold):
+            for turn in promoted:
+                by = {"response_id": turn.response_id}
+                for found in (reader.read_history(tenant, **by),
+                              asyncio.run(reader.read_history_async(tenant, **by))):
+                    assert isinstance(found, HistoryFailure), (turn.expected_head_seq, found)
+                    assert found.reason is HistoryFailureReason.CORRUPT_HISTORY, found
+            whole = reader.read_history(tenant, conversation_id=conv)
+            assert isinstance(whole, HistoryFailure)
+            assert whole.reason is HistoryFailureReason.CORRUPT_HISTORY
+            for rid, seq in ((chain_root, 1), (chain_child, 2)):
+                history = self.history(reader, tenant, response_id=rid)
+                assert (history.checkpoint.seq, history.head_seq) == (seq, seq)
 
     def damage_head(self, store, tenant, conv) -> None:
         raise NotImplementedError
@@ -1344,6 +1429,8 @@ class TestCassandraStore(OnCassandra, StoreContract):
 
     def rewrite_turn(self, store, tenant, partition_key, response_id, change: dict) -> None:
         ((column, value),) = change.items()
+        if isinstance(value, PromotionMode):  # the driver would encode it as a list
+            value = value.value
         self.session.execute(f"UPDATE turns SET {column} = %s WHERE tenant_id = %s AND "
                              "partition_key = %s AND kind = 'checkpoint' AND ref = %s",
                              (value, tenant, partition_key, response_id))

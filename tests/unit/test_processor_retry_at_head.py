@@ -105,7 +105,7 @@ def test_a_retry_whose_own_items_break_pairing_is_unpaired_at_its_originals_head
 @pytest.mark.parametrize("expires_at", [0, -1])
 def test_a_retry_on_an_original_whose_parent_expired_before_1970_is_duplicate(h, expires_at):
     """The original's parent is read as of before any expiry to judge the retry's pairing
-    (``_retry_unpaired_by_its_original``). An outside review, session 42: "before any
+    (``StoreAnswers.retry_unpaired_by_its_original``). An outside review, session 42: "before any
     expiry" was epoch 0, which a parent that expired at or before it is past too, so the
     retry was answered ``UNPAIRED_TOOL_CALL`` with no ``existing_response_id``."""
     conv = conv_id()

@@ -957,7 +957,7 @@ def test_an_effect_a_fresh_promotion_carries_is_not_orphaned_when_it_conflicts_a
     """A product defect found by a mutation review (fixed). A chain's first response carries
     the output of an effect E it does not list (carried: its checkpoint's
     ``accepted_effect_ids`` names E). Its facts are read again after its batch
-    (``_on_turn``: a chain's first response); if a second record of E with another
+    (``TurnPromotion.handle``: a chain's first response); if a second record of E with another
     output (another attempt re-ran the tool) lands in between, E is conflicted and
     ``orphaned_effects`` (fresh ``Accepted``: ``carried_effect_ids``, which counts no
     conflicted effect) publishes E ``ATTEMPT_SUPERSEDED``: a compensator undoes the run
