@@ -76,7 +76,7 @@ class LoopPromotion:
         key = partition_key(turn)
         if self.tails.facts_mark(turn.tenant_id, key, turn.idempotency_key) is not None:
             return None
-        lineage = self.lineages.cached(turn)
+        lineage = self.lineages.cached(turn, key)
         if lineage is None:
             return None
         claim = ResponseClaim(turn.tenant_id, turn.response_id, key, turn.idempotency_key,
@@ -98,8 +98,10 @@ class LoopPromotion:
                 validation = promotion.validate_after(turn, self.clock_ms(), lineage.pairing)
             finally:
                 metrics.VALIDATION_SECONDS.observe(time.perf_counter() - started)
+            # It uses no effects (checked above) and its key is known: not again.
             decided = promotion.decide_turn(turn, validation, Facts(
-                cancelled=False, effects={}, conversation_owner=owner, claims={}))
+                cancelled=False, effects={}, conversation_owner=owner, claims={}),
+                used=(), key=key)
             holder = await claiming
         finally:
             if not claiming.done():
