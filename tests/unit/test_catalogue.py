@@ -439,8 +439,11 @@ def decision(turn, facts):
     decided = decide_turn(turn, validation, facts)
     # The caller's own used effect ids and key (the loop path hands them over) give the
     # same decision, the same request.
-    assert decide_turn(turn, validation, facts, used=used_effect_ids(turn),
-                       key=partition_key(turn)) == decided
+    used, key = used_effect_ids(turn), partition_key(turn)
+    assert decide_turn(turn, validation, facts, used=used, key=key) == decided
+    if isinstance(decided, Promote):  # and the request keeps them, computed once
+        assert decided.request.effect_ids[:len(used)] == used
+        assert decided.request.partition_key == key
     return decided
 
 
