@@ -163,6 +163,19 @@ def test_validation_checks_answer_as_the_uncached_functions(component: str) -> N
                                                 missing_components.__wrapped__(each))
 
 
+def test_every_way_of_building_a_fingerprint_keeps_its_fields_in_order() -> None:
+    """``fingerprint_checks`` keys by the values in ``__dict__``'s order: it must be the
+    fields' order however the model was built (validated, constructed, copied with an
+    update of a later field first)."""
+    fields = list(Fingerprint.model_fields)
+    built = fp()
+    for each in (built, Fingerprint.model_validate(built.model_dump()),
+                 Fingerprint.model_construct(**dict(reversed(built.model_dump().items()))),
+                 Fingerprint.model_construct(model_name="m"),
+                 built.model_copy(update={"item_format_version": 3, "model_name": "x"})):
+        assert list(each.__dict__) == fields
+
+
 def test_fingerprint_version_is_part_of_the_hash() -> None:
     bumped = fp().model_copy(update={"fingerprint_version": 2})
     assert fingerprint_hash(bumped) != fingerprint_hash(fp())
