@@ -170,15 +170,9 @@ class StoredTokenArtifact:
     expires_at: datetime | None = None
 
     def to_json(self) -> str:
-        """Its canonical JSON, written once per artifact and kept on it (a promotion's
-        size check and its batch both ask; the fields are frozen). Kept beside the
-        fields in ``__dict__``, which equality, hashing, ``repr`` and ``replace`` never
-        read: a replaced artifact writes its own."""
-        try:
-            return self._json_text  # type: ignore[attr-defined, no-any-return]
-        except AttributeError:
-            text = self.__dict__["_json_text"] = self._json()
-            return text
+        """Its canonical JSON (remembered for the last few artifacts: a promotion's
+        size check and its batch both write it)."""
+        return _artifact_json(self)
 
     def _json(self) -> str:
         data = {
@@ -212,11 +206,8 @@ class StoredTokenArtifact:
         )
         # A cell that parses to these fields but is not their canonical JSON (a key twice,
         # an extra key, another spelling) would be served altered: it is damage.
-        # Compared through ``_artifact_json``'s memory of recent artifacts: the same
-        # rows are read again and again (each read builds new artifacts).
-        if _artifact_json(artifact) != text:
+        if artifact.to_json() != text:
             raise ValueError("token artifact is not the canonical JSON of its fields")
-        artifact.__dict__["_json_text"] = text  # its ``to_json``, found canonical
         return artifact
 
 
@@ -235,7 +226,6 @@ def _count(value: Any) -> int:
 @functools.lru_cache(maxsize=64)
 def _artifact_json(artifact: StoredTokenArtifact) -> str:
     # Keyed by the artifact's fields (a frozen dataclass): equal artifacts, same JSON.
-    # For reads (``from_json``); a promotion's artifact keeps its own (``to_json``).
     return artifact._json()
 
 
