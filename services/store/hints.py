@@ -83,16 +83,11 @@ class StoreHints:
     def learn_promotion(self, request: PromotionRequest, plan: Plan,
                         checkpoint: CheckpointRecord) -> None:
         """The write of ``plan`` applied: remember what it makes true."""
-        tenant, key = request.tenant_id, request.partition_key
+        key = (request.tenant_id, request.partition_key)
         if plan.new_head is not None:
-            self.heads.put_head((tenant, key), plan.new_head)
-        # ``_Hints.put`` inline, each map under its own lock as there: every promotion
-        # makes these two puts (looked up at each call: a test may replace a map).
-        checkpoints, locations = self.checkpoints, self.locations
-        with checkpoints._lock:
-            checkpoints._lru.put((tenant, key, request.response_id), checkpoint)
-        with locations._lock:
-            locations._lru.put((tenant, request.response_id), key)
+            self.heads.put_head(key, plan.new_head)
+        self.checkpoints.put((*key, request.response_id), checkpoint)
+        self.locations.put((request.tenant_id, request.response_id), request.partition_key)
 
     def learn_view(self, request: PromotionRequest, view: PromotionView) -> None:
         key = (request.tenant_id, request.partition_key)

@@ -59,9 +59,9 @@ def test_a_head_hint_never_goes_back():
 
 
 def test_a_promotion_teaches_the_hints_its_head_checkpoint_and_location():
-    """``StoreHints.learn_promotion`` (its two plain puts inline since session 47): after
-    a promotion the store knows the Conversation's head, the checkpoint a chain's next
-    turn names as its parent, and where each response lives."""
+    """``StoreHints.learn_promotion``: after a promotion the store knows the
+    Conversation's head, the checkpoint a chain's next turn names as its parent, and
+    where each response lives (no test pinned it; session 47 tried inlining its puts)."""
     from ratchet.domain.history import Head
     from ratchet.domain.plan import Promoted
     from services.store.memory import MemoryCheckpointStore
