@@ -232,7 +232,8 @@ def fingerprint_checks(fingerprint: Fingerprint) -> tuple[str, tuple[str, ...]]:
     Remembered by the fingerprint's class and its field values in ``__dict__``'s order,
     which is the fields' order for every instance of a class (validation,
     ``model_construct`` and ``model_copy`` keep it; ``tests/unit/test_fingerprint.py``
-    checks), compared as pydantic's ``__eq__`` compares them. Hashing that tuple is C,
+    checks; no extra attributes: ``extra="forbid"``), compared as pydantic's ``__eq__``
+    compares them. Hashing that tuple is C,
     where the two caches above call the model's Python ``__hash__`` and ``__eq__`` (12
     calls a turn; the two asks 1.6-1.9 against 4.7-6.9 us). At most ``_CHECKS_MAX``
     entries, all dropped when full (gateways send a few fingerprints); a race between

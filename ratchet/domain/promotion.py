@@ -343,9 +343,10 @@ def used_effect_ids(turn: TurnCompleted) -> tuple[str, ...]:
 
 
 def _effects_rule(turn: TurnCompleted, facts: Facts, used: tuple[str, ...]) -> Reject | None:
-    """Every used effect (``used``: the turn's ``used_effect_ids``) recorded, unconflicted, and matching the turn's outputs; the
-    ONE rule for effects recorded after the fact (``ToolEffect``, deduplicated by
-    ``effect_id``) and effects claimed before execution (same ``effect_id``).
+    """Every used effect (``used``: the turn's ``used_effect_ids``) recorded,
+    unconflicted, and matching the turn's outputs; the ONE rule for effects recorded
+    after the fact (``ToolEffect``, deduplicated by ``effect_id``) and effects claimed
+    before execution (same ``effect_id``).
 
     * a claimed effect must be completed, and the turn must carry its recorded result
       (``claims.result_digest``: the output without its ids, so a retry whose calls
