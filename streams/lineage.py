@@ -95,14 +95,15 @@ class LineageReader:
         self.clock_ms = clock_ms
         self.cache_hits = self.cache_misses = 0
 
-    def cached(self, turn: TurnCompleted) -> Lineage | None:
+    def cached(self, turn: TurnCompleted, key: str | None = None) -> Lineage | None:
         """The lineage from the tail cache, or from the turn alone when it starts one;
         None when a read is needed (see ``streams/tail_cache.py`` for why a hit is
-        safe to promote from)."""
+        safe to promote from). ``key``: the turn's ``partition_key`` if the caller has it."""
         start = starts_lineage(turn)
         if start is not None:
             return start
-        key = partition_key(turn)
+        if key is None:
+            key = partition_key(turn)
         if turn.conversation_id is not None:
             assert turn.expected_head_seq is not None
             tail = self.tails.head_at(turn.tenant_id, key, turn.expected_head_seq)

@@ -76,12 +76,16 @@ class LoopPromotion:
         key = partition_key(turn)
         if self.tails.facts_mark(turn.tenant_id, key, turn.idempotency_key) is not None:
             return None
-        lineage = self.lineages.cached(turn)
+        lineage = self.lineages.cached(turn, key)
         if lineage is None:
             return None
         claim = ResponseClaim(turn.tenant_id, turn.response_id, key, turn.idempotency_key,
                               turn.request_digest)
-        claiming = asyncio.ensure_future(self.store.claim_async(claim))  # sent now
+        # ``loop.create_task``, not ``asyncio.ensure_future`` (which checks its argument
+        # and finds the loop again: 6 Python calls against 1); the store's and the
+        # ledger's ``*_async`` are coroutine functions.
+        loop = asyncio.get_running_loop()
+        claiming = loop.create_task(self.store.claim_async(claim))  # sent now
         try:
             conversation = turn.conversation_id
             owner = None if conversation is None else self.tails.owner(conversation)
@@ -94,8 +98,10 @@ class LoopPromotion:
                 validation = promotion.validate_after(turn, self.clock_ms(), lineage.pairing)
             finally:
                 metrics.VALIDATION_SECONDS.observe(time.perf_counter() - started)
+            # It uses no effects (checked above) and its key is known: not again.
             decided = promotion.decide_turn(turn, validation, Facts(
-                cancelled=False, effects={}, conversation_owner=owner, claims={}))
+                cancelled=False, effects={}, conversation_owner=owner, claims={}),
+                used=(), key=key)
             holder = await claiming
         finally:
             if not claiming.done():
@@ -105,7 +111,7 @@ class LoopPromotion:
         hints = _Hints.of(decided, lineage)
         # A chain turn's response id owner, beside the batch (a Conversation's turns
         # own no response id: no task for an empty write).
-        owners = (asyncio.ensure_future(self.ledger.record_owners_async(
+        owners = (loop.create_task(self.ledger.record_owners_async(
             tenant_id=turn.tenant_id, response_id=turn.response_id, conversation_id=None))
             if conversation is None else None)
         started = time.perf_counter()

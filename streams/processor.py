@@ -51,9 +51,11 @@ Effects and cancellations are ``request_facts.py``'s (``RequestFacts.record_effe
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from schemas.errors import Unavailable
 from schemas.limits import MAX_EVENT_BYTES
@@ -195,7 +197,17 @@ class PromotionProcessor:
             handled = None
         if handled is not None:
             self.loop_promotions += 1
-            metrics.events_by_path("loop").inc()
+            self._events_on_loop.inc()
             return handled
-        metrics.events_by_path("thread").inc()
+        self._events_on_thread.inc()
         return await in_thread(lambda: self.handle(record))
+
+    # The children of ``ratchet_worker_events_total``: each looked up on its first use
+    # (as before: no sample until then) and held, not looked up by label per event.
+    @functools.cached_property
+    def _events_on_loop(self) -> Any:
+        return metrics.events_by_path("loop")
+
+    @functools.cached_property
+    def _events_on_thread(self) -> Any:
+        return metrics.events_by_path("thread")

@@ -20,7 +20,11 @@ import time
 from collections.abc import Callable
 
 from ratchet.bench.args import positive_int
-from ratchet.domain.fingerprint import fingerprint_hash, missing_components
+from ratchet.domain.fingerprint import (
+    fingerprint_checks,
+    fingerprint_hash,
+    missing_components,
+)
 from ratchet.domain.validation import Valid, validate_turn
 from ratchet.samples import NOW_MS, make_tool_loop_turn
 from schemas.models import Certification
@@ -31,6 +35,7 @@ TARGET_P99_US = 200.0
 def clear_fingerprint_caches() -> None:
     fingerprint_hash.cache_clear()
     missing_components.cache_clear()
+    fingerprint_checks.cache_clear()
 
 
 def measure(

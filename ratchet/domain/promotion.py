@@ -233,17 +233,25 @@ class Orphan:
 # --- 1. may the turn be promoted? ------------------------------------------------------
 
 
-def decide_turn(turn: TurnCompleted, validation: ValidationVerdict,
-                facts: Facts) -> Promote | Reject:
-    """Every pre-write rule of contract section 4; the store decides ordering after."""
-    rejection = _first_rejection(turn, validation, facts)
+def decide_turn(turn: TurnCompleted, validation: ValidationVerdict, facts: Facts, *,
+                used: tuple[str, ...] | None = None, key: str | None = None
+                ) -> Promote | Reject:
+    """Every pre-write rule of contract section 4; the store decides ordering after.
+
+    ``used`` and ``key``: the turn's ``used_effect_ids`` and ``partition_key`` when the
+    caller computed them already (the loop path does, to choose its path); else they
+    are computed here, once for the rules and the request."""
+    if used is None:
+        used = used_effect_ids(turn)
+    rejection = _first_rejection(turn, validation, facts, used)
     if rejection is not None:
         return rejection
     assert validation.certification is not None
     carried = (carried_effect_ids(turn, facts.effects.values(), facts.claims.values())
                if facts.effects or facts.claims else ())  # none recorded: none carried
     return Promote(promotion_request(turn, validation.certification,
-                                     validation.artifact_reusable, carried))
+                                     validation.artifact_reusable, carried,
+                                     used=used, key=key))
 
 
 @dataclass(frozen=True)
@@ -263,7 +271,7 @@ def decide_off_lineage(turn: TurnCompleted, now_ms: int, facts: Facts) -> JudgeO
     checked = validate_off_lineage(turn, now_ms)
     validation = (ValidationVerdict(None, checked.reason, checked.detail)
                   if isinstance(checked, Rejected) else ValidationVerdict(None))
-    rejection = _first_rejection(turn, validation, facts)
+    rejection = _first_rejection(turn, validation, facts, used_effect_ids(turn))
     if rejection is not None:
         return rejection
     assert isinstance(checked, OffLineage)
@@ -273,11 +281,14 @@ def decide_off_lineage(turn: TurnCompleted, now_ms: int, facts: Facts) -> JudgeO
 
 
 def _first_rejection(turn: TurnCompleted, validation: ValidationVerdict,
-                     facts: Facts) -> Reject | None:
-    for check in (_tenant_rule, _cancel_rule, _validation_rule, _effects_rule):
+                     facts: Facts, used: tuple[str, ...]) -> Reject | None:
+    for check in (_tenant_rule, _cancel_rule, _validation_rule):
         rejection = check(turn, validation, facts)
         if rejection is not None:
             return rejection
+    rejection = _effects_rule(turn, facts, used)
+    if rejection is not None:
+        return rejection
     unreadable = _unreadable_timestamp(turn)  # before ``_utc_ms`` could raise on one
     return None if unreadable is None else Reject(R.CORRUPT, unreadable)
 
@@ -331,10 +342,11 @@ def used_effect_ids(turn: TurnCompleted) -> tuple[str, ...]:
     return tuple(ids)
 
 
-def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> Reject | None:
-    """Every used effect recorded, unconflicted, and matching the turn's outputs; the
-    ONE rule for effects recorded after the fact (``ToolEffect``, deduplicated by
-    ``effect_id``) and effects claimed before execution (same ``effect_id``).
+def _effects_rule(turn: TurnCompleted, facts: Facts, used: tuple[str, ...]) -> Reject | None:
+    """Every used effect (``used``: the turn's ``used_effect_ids``) recorded,
+    unconflicted, and matching the turn's outputs; the ONE rule for effects recorded
+    after the fact (``ToolEffect``, deduplicated by ``effect_id``) and effects claimed
+    before execution (same ``effect_id``).
 
     * a claimed effect must be completed, and the turn must carry its recorded result
       (``claims.result_digest``: the output without its ids, so a retry whose calls
@@ -357,7 +369,6 @@ def _effects_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> R
     for item in outputs:
         outputs_by_call.setdefault(effect_key(item), []).append(item)
     results = _Results(outputs)
-    used = used_effect_ids(turn)
     for effect_id in used:
         effect = facts.effects.get(effect_id)
         claim = facts.claims.get(effect_id)
@@ -583,17 +594,21 @@ def _result_or_none(item: Item) -> str | None:
 
 def promotion_request(turn: TurnCompleted, certification: Certification,
                       artifact_reusable: bool = True,
-                      carried: Iterable[str] = ()) -> PromotionRequest:
+                      carried: Iterable[str] = (), *,
+                      used: tuple[str, ...] | None = None,
+                      key: str | None = None) -> PromotionRequest:
     """The store request for a turn: its new items and the outer checkpoint metadata.
     The artifact, receipt and proof travel only with a certified turn whose artifact is
     reusable (``artifact_reusable``); a certified turn without one falls back
     ``NO_ARTIFACT`` on reads. The checkpoint keeps the effects the turn uses: those it
-    lists, then those it ``carried`` without listing (``carried_effect_ids``)."""
+    lists, then those it ``carried`` without listing (``carried_effect_ids``).
+    ``used`` and ``key``: the turn's ``used_effect_ids`` and ``partition_key`` if the
+    caller has them (``decide_turn``), else computed here."""
     certified = certification is Certification.CERTIFIED and artifact_reusable
     conversation = turn.conversation_id is not None
     return PromotionRequest(
         tenant_id=turn.tenant_id,
-        partition_key=partition_key(turn),
+        partition_key=partition_key(turn) if key is None else key,
         mode=PromotionMode.CONVERSATION if conversation else PromotionMode.CHAIN,
         response_id=turn.response_id,
         idempotency_key=turn.idempotency_key,
@@ -608,7 +623,7 @@ def promotion_request(turn: TurnCompleted, certification: Certification,
         boundary_proof=_json_or_none(turn.boundary_proof) if certified else None,
         expires_at=None if turn.expires_at is None else _utc_ms(turn.expires_at),
         attempt=turn.attempt,
-        effect_ids=_with_carried(used_effect_ids(turn), carried),
+        effect_ids=_with_carried(used_effect_ids(turn) if used is None else used, carried),
     )
 
 

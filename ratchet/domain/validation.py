@@ -59,7 +59,7 @@ from ratchet.domain.catalogue import (
     shape_problem,
     unknown_type_detail,
 )
-from ratchet.domain.fingerprint import fingerprint_hash, missing_components
+from ratchet.domain.fingerprint import fingerprint_checks
 from schemas.canonical import is_sha256_hex
 from schemas.ids import unservable_id
 from schemas.keys import root_problem
@@ -381,7 +381,7 @@ def _check_integrity(event: TurnCompleted, items: Sequence[Item]) -> Rejected | 
         if problem:
             return _corrupt(problem)
     fingerprint = event.fingerprint
-    if fingerprint_hash(fingerprint) != event.fingerprint_hash:
+    if fingerprint_checks(fingerprint)[0] != event.fingerprint_hash:
         return _corrupt("fingerprint_hash does not match the fingerprint")
     config = event.effective_config
     for name in ("instructions_digest", "tools_digest"):
@@ -406,7 +406,7 @@ def _mode_problem(event: TurnCompleted) -> str | None:
 
 
 def _check_fingerprint_complete(event: TurnCompleted) -> Rejected | None:
-    missing = missing_components(event.fingerprint)
+    missing = fingerprint_checks(event.fingerprint)[1]
     if not missing:
         return None
     return Rejected(RejectionReason.INCOMPLETE_FINGERPRINT, "missing: " + ", ".join(missing))

@@ -12,7 +12,14 @@ import pytest
 
 from ratchet.domain import catalogue
 from ratchet.domain.catalogue import CATALOGUE, KNOWN_ITEM_TYPES, NOT_STORED, Kind
-from ratchet.domain.promotion import Facts, Promote, Reject, decide_turn, validate
+from ratchet.domain.promotion import (
+    Facts,
+    Promote,
+    Reject,
+    decide_turn,
+    used_effect_ids,
+    validate,
+)
 from ratchet.domain.validation import (
     PairingState,
     Rejected,
@@ -25,6 +32,7 @@ from ratchet.domain.validation import (
 from ratchet.samples import NOW_MS, make_turn
 from schemas import items as b
 from schemas.canonical import canonical_json, sha256_hex
+from schemas.keys import partition_key
 from schemas.models import Item, RejectionReason
 from services.gateway.events import InvalidGatewayItem, TurnIdentity, to_item, tool_effect
 from streams.outcomes import recorded_effect
@@ -427,7 +435,16 @@ def effect_turn(items: list[Item], *effects) -> tuple:
 
 
 def decision(turn, facts):
-    return decide_turn(turn, validate(turn, NOW_MS, []), facts)
+    validation = validate(turn, NOW_MS, [])
+    decided = decide_turn(turn, validation, facts)
+    # The caller's own used effect ids and key (the loop path hands them over) give the
+    # same decision, the same request.
+    used, key = used_effect_ids(turn), partition_key(turn)
+    assert decide_turn(turn, validation, facts, used=used, key=key) == decided
+    if isinstance(decided, Promote):  # and the request keeps them, computed once
+        assert decided.request.effect_ids[:len(used)] == used
+        assert decided.request.partition_key == key
+    return decided
 
 
 @pytest.mark.parametrize("t", sorted(CALLS))

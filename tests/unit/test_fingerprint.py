@@ -16,6 +16,7 @@ from ratchet.domain.fingerprint import (
     build_fingerprint,
     canonical_fingerprint,
     digest_cache_salt,
+    fingerprint_checks,
     fingerprint_hash,
     missing_components,
     sanitize_tools,
@@ -141,6 +142,38 @@ def test_changing_any_single_component_changes_the_hash(component: str) -> None:
     changed = fp(**CHANGES[component])
     assert getattr(changed, component) != getattr(fp(), component)
     assert fingerprint_hash(changed) != fingerprint_hash(fp())
+    assert fingerprint_checks(changed) != fingerprint_checks(fp())
+
+
+@pytest.mark.parametrize("component", [*sorted(CHANGES), *REQUIRED_COMPONENTS, "version"])
+def test_validation_checks_answer_as_the_uncached_functions(component: str) -> None:
+    """``fingerprint_checks`` (what validation asks, remembered by the fields) answers
+    each fingerprint as computing afresh does: changed one component at a time, a
+    required one removed, the version bumped; equal fingerprints share an answer."""
+    fingerprint_checks.cache_clear()
+    if component == "version":
+        changed = fp().model_copy(update={"fingerprint_version": 2})
+    elif component in CHANGES and component not in REQUIRED_COMPONENTS:
+        changed = fp(**CHANGES[component])
+    else:
+        changed = fp().model_copy(update={component: None})
+    for _ in range(2):  # computed, then remembered
+        for each in (fp(), changed):
+            assert fingerprint_checks(each) == (fingerprint_hash.__wrapped__(each),
+                                                missing_components.__wrapped__(each))
+
+
+def test_every_way_of_building_a_fingerprint_keeps_its_fields_in_order() -> None:
+    """``fingerprint_checks`` keys by the values in ``__dict__``'s order: it must be the
+    fields' order however the model was built (validated, constructed, copied with an
+    update of a later field first)."""
+    fields = list(Fingerprint.model_fields)
+    built = fp()
+    for each in (built, Fingerprint.model_validate(built.model_dump()),
+                 Fingerprint.model_construct(**dict(reversed(built.model_dump().items()))),
+                 Fingerprint.model_construct(model_name="m"),
+                 built.model_copy(update={"item_format_version": 3, "model_name": "x"})):
+        assert list(each.__dict__) == fields
 
 
 def test_fingerprint_version_is_part_of_the_hash() -> None:

@@ -179,3 +179,24 @@ def test_a_loop_promotion_observes_its_validation_and_write_times():
     assert [h.outcome(turn(conv, head)).seq for head in range(3)] == [1, 2, 3]
     assert h.processor.loop_promotions == 3 and h.handed_over == 0
     assert tuple(after - was for after, was in zip(counts(), before, strict=True)) == (3, 3)
+
+
+def test_each_event_counts_once_under_its_path():
+    """``ratchet_worker_events_total{path}``: one per event, ``loop`` for a promotion on
+    the loop, ``thread`` for one handed over (the children are held since session 47,
+    not looked up by label per event)."""
+    from streams import metrics
+
+    def counts():
+        return tuple(metrics.EVENTS_BY_PATH.labels(path)._value.get()
+                     for path in ("loop", "thread"))
+
+    h = LoopHarness()
+    conv = conv_id()
+    before = counts()
+    assert [h.outcome(turn(conv, head)).seq for head in range(2)] == [1, 2]
+    assert h.outcome(chain_turn(None, None)).seq == 1  # a chain's first: the thread path
+    assert tuple(after - was for after, was in zip(counts(), before, strict=True)) == (2, 1)
+    again = LoopHarness()  # another processor counts into the same children
+    assert again.outcome(turn(conv_id(), 0)).seq == 1
+    assert tuple(after - was for after, was in zip(counts(), before, strict=True)) == (3, 1)

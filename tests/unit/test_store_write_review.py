@@ -56,3 +56,28 @@ def test_a_head_hint_never_goes_back():
     assert hints.get("p") == Head(3, "resp_3", 6)
     hints.put_head("p", Head(4, "resp_4", 8))
     assert hints.get("p") == Head(4, "resp_4", 8)
+
+
+def test_a_promotion_teaches_the_hints_its_head_checkpoint_and_location():
+    """``StoreHints.learn_promotion``: after a promotion the store knows the
+    Conversation's head, the checkpoint a chain's next turn names as its parent, and
+    where each response lives (no test pinned it; session 47 tried inlining its puts)."""
+    from ratchet.domain.history import Head
+    from ratchet.domain.plan import Promoted
+    from services.store.memory import MemoryCheckpointStore
+
+    store = MemoryCheckpointStore()
+    conv = uid("conv")
+    first = conversation_turn("t1", conv, 0)
+    promoted = store.promote(first)
+    assert isinstance(promoted, Promoted)
+    hints = store._hints
+    assert hints.head(conversation_turn("t1", conv, 1)) == Head.of(promoted.checkpoint)
+    assert hints.partition("t1", first.response_id, None) == conv
+    root = uid("resp")
+    parent = store.promote(chain_turn("t1", root, root, None))
+    assert isinstance(parent, Promoted)
+    child = chain_turn("t1", root, uid("resp"), root)
+    assert hints.parent(child) == parent.checkpoint
+    assert hints.partition("t1", root, None) == root
+    assert hints.partition("t2", root, None) is None  # another tenant's: never
