@@ -34,7 +34,9 @@ class BodyReader:
 
     record: str  # record name without namespace, "?" if the schema is not a record
     writer_text: str
-    writer: Any = None  # fastavro-parsed writer schema (None until first body read)
+    # fastavro-parsed writer schema, its timestamp-millis read as longs
+    # (``timestamps_as_longs``); None until the first body is read
+    writer: Any = None
     reader: Any = None  # parsed reader schema, or None: writer == reader, no resolution
     in_range: Any = None  # the reader record's int/long range check (``range_check``)
     # A gateway record's writer that lacks a field ratchet's first schema has: what it

@@ -4,6 +4,14 @@ fastavro reads an Avro ``int`` as a long varint (up to 10 bytes, wrapping beyond
 a body may carry an ``int`` field far beyond 32 bits. The check is derived once per
 record from its reader schema (the shape of every decoded dict) and visits only the
 int/long fields; a check returns None, or where the first bad value is and what it is.
+
+A ``timestamp-millis`` field (an instant) must lie within years 1 to 9999, the range a
+datetime holds (docs/gateway-protocol.md section 6). The serde reads it as the long it
+is (``writer_schema.timestamps_as_longs``): fastavro built a datetime of it, refusing one
+outside that range, and the model turned it back into the same int; this check is what
+refuses it now, whatever the writer declared (a writer's plain ``long`` was let through
+at any value). A writer's ``timestamp-micros`` is still read as a datetime (fastavro
+refused one outside the range while building it): such a value is not checked here.
 """
 
 from __future__ import annotations
@@ -18,6 +26,9 @@ from schemas import avsc
 _RANGES = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
 _DATETIME_TYPES = frozenset({"timestamp-millis", "timestamp-micros", "local-timestamp-millis",
                              "local-timestamp-micros", "date", "time-millis", "time-micros"})
+# The first and last millisecond a datetime holds: 0001-01-01T00:00:00.000Z and
+# 9999-12-31T23:59:59.999Z, in epoch milliseconds.
+INSTANT_RANGE = (-62_135_596_800_000, 253_402_300_799_999)
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 _Check = Callable[[Any], "str | None"]
 
@@ -28,6 +39,12 @@ class _Scalar:
 
     low: int
     high: int
+
+
+@dataclass(frozen=True)
+class _Instant(_Scalar):
+    """A ``timestamp-millis``: epoch milliseconds within ``INSTANT_RANGE``, or a
+    datetime (from a writer's ``timestamp-micros``: fastavro built it, so it is one)."""
 
 
 @cache
@@ -62,31 +79,41 @@ def _compile(schema: Any, names: dict[str, Any], namespace: str) -> _Scalar | _C
     if isinstance(kind, dict | list):
         return _compile(kind, names, namespace)
     if kind in _RANGES:
-        # fastavro hands these back as date/time objects, built only from values it can
-        # represent (else OverflowError or ValueError: CORRUPT_PAYLOAD): nothing to check
-        return None if schema.get("logicalType") in _DATETIME_TYPES else _Scalar(*_RANGES[kind])
+        logical = schema.get("logicalType")
+        if kind == "long" and logical == "timestamp-millis":
+            return _Instant(*INSTANT_RANGE)
+        # other date/time types: fastavro hands them back as date/time objects, built
+        # only from values it can represent (else OverflowError or ValueError:
+        # CORRUPT_PAYLOAD); ratchet's readers have none
+        return None if logical in _DATETIME_TYPES else _Scalar(*_RANGES[kind])
     if kind == "record":
         full = avsc.full_name_of({"namespace": namespace, **schema})
         scalars: list[tuple[str, int, int]] = []
+        instants: list[tuple[str, int, int]] = []
         nested: list[tuple[str, _Check]] = []
-        names[full] = check = _record_check(scalars, nested)  # a recursive use finds it
+        names[full] = check = _record_check(scalars, instants, nested)  # a recursive use finds it
         inner_namespace = full.rpartition(".")[0]
         for field in schema["fields"]:
             found = _compile(field["type"], names, inner_namespace)
-            if isinstance(found, _Scalar):
+            if isinstance(found, _Instant):
+                instants.append((field["name"], found.low, found.high))
+            elif isinstance(found, _Scalar):
                 scalars.append((field["name"], found.low, found.high))
             elif found is not None:
                 nested.append((field["name"], found))
-        if not scalars and not nested:
+        if not scalars and not instants and not nested:
             names[full] = None
             return None
         # complete now (a recursive use above got it before: no inlining there)
-        check.scalars, check.nested = scalars, nested  # type: ignore[attr-defined]
+        check.scalars, check.instants, check.nested = (  # type: ignore[attr-defined]
+            scalars, instants, nested)
         return check
     if kind in ("array", "map"):
         inner = _compile(schema["items" if kind == "array" else "values"], names, namespace)
         if inner is None:
             return None
+        if isinstance(inner, _Instant):  # none in ratchet's schemas: not derived, refused
+            raise NotImplementedError(f"range check of an {kind} of timestamps")
         return _array_check(inner) if kind == "array" else _map_check(inner)
     if kind in ("enum", "fixed"):
         names[avsc.full_name_of({"namespace": namespace, **schema})] = None
@@ -98,12 +125,18 @@ def _outside(value: Any, high: int) -> str:
     return f" = {value!r}: outside the {bits}-bit range of an Avro {kind}"
 
 
-def _record_check(scalars: list[tuple[str, int, int]], nested: list[tuple[str, _Check]]) -> _Check:
+def _record_check(scalars: list[tuple[str, int, int]], instants: list[tuple[str, int, int]],
+                  nested: list[tuple[str, _Check]]) -> _Check:
     def check(data: dict[str, Any]) -> str | None:
         for name, low, high in scalars:
             value = data[name]
             if value is not None and not low <= value <= high:
                 return f".{name}{_outside(value, high)}"
+        for name, low, high in instants:
+            value = data[name]
+            if value.__class__ is int and not low <= value <= high:
+                return (f".{name} = {value!r}: outside years 1 to 9999 (epoch milliseconds "
+                        f"{low} to {high})")
         for name, inner in nested:
             value = data[name]
             if value is not None:
@@ -128,7 +161,7 @@ def _array_check(inner: _Scalar | _Check) -> _Check:
         return scalars
 
     fields = getattr(inner, "scalars", None)
-    if fields and not inner.nested:  # type: ignore[attr-defined]
+    if fields and not inner.nested and not inner.instants:  # type: ignore[attr-defined]
         # records of ints alone (an Item's format_version): their fields inline
 
         def flat(values: list[Any]) -> str | None:

@@ -5,8 +5,10 @@
 Conventions:
 * Every model is frozen (``extra="forbid"``): an event is a fact, never edited.
 * Avro ``timestamp-millis`` fields are ``EpochMillis`` ints (UTC epoch milliseconds),
-  the unit of Kafka timestamps and of ``validate_turn(now_ms=...)``. fastavro decodes
-  them to aware datetimes; the validator converts those back.
+  the unit of Kafka timestamps and of ``validate_turn(now_ms=...)``. The serde reads
+  them as the longs they are (``writer_schema.timestamps_as_longs``; their range is
+  ``avro_ranges``'); an aware datetime (a writer's ``timestamp-micros``, which fastavro
+  reads as one) is converted by the validator.
 * Arrays are tuples so that the models stay immutable.
 * Enums are ``StrEnum`` whose values are exactly the Avro symbols.
 * ``to_avro()`` gives the dict fastavro writes; ``from_avro(d)`` validates a decoded dict.
@@ -38,7 +40,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _to_epoch_millis(value: Any) -> Any:
-    """fastavro hands timestamp-millis back as aware datetimes; the models keep ints."""
+    """An aware datetime (fastavro reads a writer's timestamp-micros as one) as epoch
+    milliseconds, floored; the models keep ints."""
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ValueError("naive datetime: timestamps must be timezone-aware (UTC)")

@@ -6,7 +6,8 @@ judgments about a writer schema that fastavro does not make: which ratchet recor
 is (``record_name_of``), fields it leaves out that a reader would silently default
 (``left_out``), logical types fastavro would apply where ratchet's field has none
 (``foreign_logical_type``), whether its arrays are ratchet's (``arrays_as_ratchets``),
-and the schema text normalised for reading (``uuids_as_strings``, ``without_docs``).
+and the schema text normalised for reading (``uuids_as_strings``, ``timestamps_as_longs``,
+``without_docs``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,25 @@ def uuids_as_strings(schema: Any) -> Any:
         return {k: uuids_as_strings(v) for k, v in schema.items()}
     if isinstance(schema, list):
         return [uuids_as_strings(v) for v in schema]
+    return schema
+
+
+def timestamps_as_longs(schema: Any) -> Any:
+    """A writer schema with ``"logicalType": "timestamp-millis"`` dropped from its longs,
+    so that fastavro reads each as the epoch milliseconds it is: the int the model keeps
+    (``schemas.models.EpochMillis``). Read as the logical type says, fastavro built a
+    datetime of it (refusing one outside years 1-9999) and the model's validator turned
+    it back into the same int: 6 datetimes a turn, about half of the model's validation
+    (docs/decisions.md, "The decoded turn's validation"). The range a datetime holds is
+    checked on the int instead (``avro_ranges.INSTANT_RANGE``). Applied only after the
+    writer's own logical types were judged (``foreign_logical_type``), on the schema
+    fastavro reads bodies with."""
+    if isinstance(schema, dict):
+        if schema.get("type") == "long" and schema.get("logicalType") == "timestamp-millis":
+            return {k: v for k, v in schema.items() if k != "logicalType"}
+        return {k: timestamps_as_longs(v) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [timestamps_as_longs(v) for v in schema]
     return schema
 
 

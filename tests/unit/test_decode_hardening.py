@@ -239,13 +239,17 @@ def test_a_turn_with_a_32_bit_overflow_is_dead_lettered_not_republished(serde): 
 
 
 def test_every_record_has_a_range_check_of_its_int_and_long_fields_only():
-    """Derived from the reader schemas: timestamps (read as datetimes) and records
-    without int/long fields cost nothing."""
+    """Derived from the reader schemas: timestamps (epoch milliseconds within years
+    1-9999, or a datetime a writer's timestamp-micros was read as) are checked too."""
     for record in avsc.TOP_LEVEL_RECORDS:
         assert callable(avro_ranges.range_check(record))
-    assert avro_ranges.range_check("TurnCancelled") is avro_ranges.nothing_to_check  # timestamps only
-    produced = make_turn().to_avro() | {"produced_at": 2**70}  # a datetime once decoded
-    assert avro_ranges.range_check("TurnCompleted")(produced) is None
+    cancel = make_turn_cancelled(make_turn()).to_avro()
+    assert avro_ranges.range_check("TurnCancelled")(cancel) is None
+    assert avro_ranges.range_check("TurnCancelled")(cancel | {"cancelled_at": 2**62}) == (
+        f".cancelled_at = {2**62}: outside years 1 to 9999 (epoch milliseconds "
+        "-62135596800000 to 253402300799999)")
+    read_as_datetime = cancel | {"produced_at": datetime(9999, 12, 31, tzinfo=UTC)}
+    assert avro_ranges.range_check("TurnCancelled")(read_as_datetime) is None
 
 
 def test_the_range_check_follows_maps_named_references_and_recursion():
