@@ -96,9 +96,18 @@ def worker() -> None:
 def api() -> None:
     """Serve the rehydration HTTP API (RATCHET_API_HOST:RATCHET_API_PORT)."""
     settings = _settings()  # a bad value stops here, before any import or connection
-    from services.api import server
+    try:
+        from services.api import server
 
-    sys.exit(server.cli_api(settings))
+        code = server.cli_api(settings)
+    except KeyboardInterrupt:
+        # Ctrl-C before it serves (importing, connecting: Cassandra slow or away) was
+        # click's "Aborted!", exit 1; once it serves, Ctrl-C is exit 0 (session 47).
+        # ``cli_api`` has closed what it had opened.
+        print("ratchet api: interrupted while starting (Ctrl-C): stopped, nothing was "
+              "served", file=sys.stderr, flush=True)
+        code = 0
+    sys.exit(code)
 
 
 @main.command()

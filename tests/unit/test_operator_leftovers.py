@@ -1,0 +1,69 @@
+"""The operator's leftovers of session 46 (session 47): each failed before its fix.
+
+No server is needed: "Cassandra away" is a port where nothing listens, "Cassandra
+still connecting" a socket that accepts and never answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from ratchet.settings import Settings
+from streams.testing import ROOT, free_port
+
+
+@pytest.fixture
+def away(tmp_path):
+    """Settings whose Cassandra, Kafka and registry are ports where nothing listens."""
+    return dataclasses.replace(
+        Settings.from_env({}), home=tmp_path, cassandra_port=free_port(),
+        kafka_bootstrap=f"127.0.0.1:{free_port()}",
+        schema_registry_url=f"http://127.0.0.1:{free_port()}/apis/ccompat/v7")
+
+
+def test_bench_api_without_cassandra_raises_only_the_failure_to_reach_it(away):
+    """Its clean-up connected the cluster again, which the failed connect had shut
+    down: ``DriverException('Cluster is already shut down')`` came out, the real cause
+    only chained under it."""
+    from cassandra.cluster import NoHostAvailable
+
+    from ratchet.bench import api
+
+    with pytest.raises(NoHostAvailable) as caught:
+        api.run(away, reads=1, turns=1, waits=1)
+    assert caught.value.__context__ is None, repr(caught.value.__context__)
+
+
+def test_ctrl_c_while_the_api_connects_exits_0_in_one_line(away):
+    """Ctrl-C while ``ratchet api`` still connected to Cassandra (unreachable or slow)
+    ended in click's ``Aborted!`` and exit 1; after the start it is exit 0."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    env = {**os.environ, **away.to_env(), "PYTHONPATH": str(ROOT),
+           "RATCHET_CASSANDRA_PORT": str(silent.getsockname()[1]),
+           "RATCHET_API_PORT": str(free_port())}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ratchet.cli", "api"], env=env, cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # As a terminal's shell starts it (a background job's would ignore SIGINT).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        silent.settimeout(60)
+        connection, _ = silent.accept()  # the driver is connecting now
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        silent.close()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert proc.returncode == 0, stderr[-2000:]
+    assert lines == ["ratchet api: interrupted while starting (Ctrl-C): stopped, "
+                     "nothing was served"], lines
+    connection.close()
