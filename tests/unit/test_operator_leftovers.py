@@ -67,3 +67,19 @@ def test_ctrl_c_while_the_api_connects_exits_0_in_one_line(away):
     assert lines == ["ratchet api: interrupted while starting (Ctrl-C): stopped, "
                      "nothing was served"], lines
     connection.close()
+
+
+def test_chaos_whose_migrate_failed_says_which_keyspace_may_be_left(away, tmp_path, capsys):
+    """A chaos run whose migrate stopped (here: Cassandra away) cleaned nothing up and
+    said nothing of its keyspace, which migrate may have made before it stopped. With
+    Cassandra away it cannot be dropped: the run names it and the statement to drop it
+    (``tests/integration/test_startup_errors.py`` has it dropped)."""
+    from ratchet.chaos.runner import ChaosConfig, ChaosSetupFailed, run
+
+    with pytest.raises(ChaosSetupFailed, match="cannot reach Cassandra"):
+        run(away, ChaosConfig(turns=1, faults="none", out=tmp_path / "out"))
+    (run_dir,) = (tmp_path / "out").iterdir()
+    out = capsys.readouterr().out
+    ks = f"chaos_{run_dir.name}"
+    assert f"keyspace {ks} may be left" in out, out
+    assert f"DROP KEYSPACE IF EXISTS {ks};" in out, out
