@@ -66,12 +66,16 @@ def infra_restart(server: str) -> None:
 @click.option("--status", is_flag=True,
               help="Only say which migrations the keyspace has and lacks; change nothing "
                    "(exit 0 only when it is up to date).")
-def migrate(status: bool) -> None:
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Wait at most SECONDS for another migrator's lease (0: not at all), then "
+                   "exit 1 having applied nothing. Default: as long as it holds the lease "
+                   "(a running migrator renews it; a killed one's expires by its TTL).")
+def migrate(status: bool, wait_s: float | None) -> None:
     """Apply the numbered CQL migrations in infra/migrations (idempotent)."""
     settings = _settings()  # a bad value stops here, before any import or connection
     from infra import migrate as migrations
 
-    sys.exit(migrations.cli_migrate(settings, status=status))
+    sys.exit(migrations.cli_migrate(settings, status=status, wait_s=wait_s))
 
 
 @main.command()
