@@ -91,9 +91,13 @@ def smoke() -> None:
 def worker() -> None:
     """Run the promotion processor (joins the consumer group; SIGTERM drains and exits)."""
     settings = _settings()  # a bad value stops here, before any import or connection
-    from streams import worker as promotion_worker
+    try:
+        from streams import worker as promotion_worker
 
-    sys.exit(promotion_worker.cli_worker(settings))
+        code = promotion_worker.cli_worker(settings)
+    except KeyboardInterrupt:  # once Faust runs, it stops the worker on Ctrl-C: exit 0
+        code = _interrupted_start("worker", "nothing was processed")
+    sys.exit(code)
 
 
 @main.command()
@@ -104,14 +108,18 @@ def api() -> None:
         from services.api import server
 
         code = server.cli_api(settings)
-    except KeyboardInterrupt:
-        # Ctrl-C before it serves (importing, connecting: Cassandra slow or away) was
-        # click's "Aborted!", exit 1; once it serves, Ctrl-C is exit 0 (session 47).
-        # ``cli_api`` has closed what it had opened.
-        print("ratchet api: interrupted while starting (Ctrl-C): stopped, nothing was "
-              "served", file=sys.stderr, flush=True)
-        code = 0
+    except KeyboardInterrupt:  # once it serves, Ctrl-C stops it: exit 0
+        code = _interrupted_start("api", "nothing was served")
     sys.exit(code)
+
+
+def _interrupted_start(command: str, so: str) -> int:
+    """Ctrl-C before a server command serves (importing, connecting: Cassandra slow or
+    away) was click's "Aborted!" and exit 1, while Ctrl-C once it serves is exit 0
+    (session 47). What the command had opened is closed by then; one line, exit 0."""
+    print(f"ratchet {command}: interrupted while starting (Ctrl-C): stopped, {so}",
+          file=sys.stderr, flush=True)
+    return 0
 
 
 @main.command()

@@ -41,15 +41,18 @@ def test_bench_api_without_cassandra_raises_only_the_failure_to_reach_it(away):
     assert caught.value.__context__ is None, repr(caught.value.__context__)
 
 
-def test_ctrl_c_while_the_api_connects_exits_0_in_one_line(away):
-    """Ctrl-C while ``ratchet api`` still connected to Cassandra (unreachable or slow)
-    ended in click's ``Aborted!`` and exit 1; after the start it is exit 0."""
+@pytest.mark.parametrize("command,so", [("api", "nothing was served"),
+                                        ("worker", "nothing was processed")])
+def test_ctrl_c_while_a_server_command_connects_exits_0_in_one_line(away, command, so):
+    """Ctrl-C while ``ratchet api`` or ``ratchet worker`` still connected to Cassandra
+    (unreachable or slow) ended in click's ``Aborted!`` and exit 1; once they serve,
+    Ctrl-C is exit 0."""
     silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
     env = {**os.environ, **away.to_env(), "PYTHONPATH": str(ROOT),
            "RATCHET_CASSANDRA_PORT": str(silent.getsockname()[1]),
-           "RATCHET_API_PORT": str(free_port())}
+           "RATCHET_API_PORT": str(free_port()), "RATCHET_WORKER_METRICS_PORT": "0"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ratchet.cli", "api"], env=env, cwd=ROOT,
+        [sys.executable, "-m", "ratchet.cli", command], env=env, cwd=ROOT,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         # As a terminal's shell starts it (a background job's would ignore SIGINT).
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -64,8 +67,8 @@ def test_ctrl_c_while_the_api_connects_exits_0_in_one_line(away):
         silent.close()
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert proc.returncode == 0, stderr[-2000:]
-    assert lines == ["ratchet api: interrupted while starting (Ctrl-C): stopped, "
-                     "nothing was served"], lines
+    assert lines == [f"ratchet {command}: interrupted while starting (Ctrl-C): stopped, "
+                     f"{so}"], lines
     connection.close()
 
 
