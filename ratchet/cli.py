@@ -72,6 +72,8 @@ def infra_restart(server: str) -> None:
                    "(a running migrator renews it; a killed one's expires by its TTL).")
 def migrate(status: bool, wait_s: float | None) -> None:
     """Apply the numbered CQL migrations in infra/migrations (idempotent)."""
+    if status and wait_s is not None:
+        raise click.UsageError("--wait is for a run that takes the lease; --status takes none")
     settings = _settings()  # a bad value stops here, before any import or connection
     from infra import migrate as migrations
 

@@ -86,3 +86,18 @@ def test_chaos_whose_migrate_failed_says_which_keyspace_may_be_left(away, tmp_pa
     ks = f"chaos_{run_dir.name}"
     assert f"keyspace {ks} may be left" in out, out
     assert f"DROP KEYSPACE IF EXISTS {ks};" in out, out
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--wait", "-1"], "-1.0 is not in the range x>=0"),
+    (["--status", "--wait", "5"], "--status takes none"),
+])
+def test_migrate_refuses_a_wait_it_cannot_use(args, says):
+    """``--wait`` bounds the wait for another migrator's lease (session 47); it is a
+    usage error (exit 2) where it cannot apply, before any connection."""
+    from click.testing import CliRunner
+
+    from ratchet.cli import main
+
+    done = CliRunner().invoke(main, ["migrate", *args])
+    assert done.exit_code == 2 and says in done.output, done.output
