@@ -256,14 +256,17 @@ def _lease_terms_taken(session, ks: str) -> bool:
     return True
 
 
-def _acquire_lease(session, ks: str, owner: str, wait_s: float,
+def _acquire_lease(session, ks: str, owner: str, wait_s: float | None,
                    out: Callable[[str], None] = lambda _msg: None) -> float:
-    """Take the lease, waiting up to ``wait_s`` for another migrator's (or a killed
-    one's, until its TTL) and saying so every 15 s: the wait was silent for up to two
-    minutes (an operator's review, session 43). Returns when (``time.monotonic``) the
-    request that took it was sent: its TTL runs from no earlier."""
+    """Take the lease, waiting for another migrator's for as long as it holds it (a
+    running one renews it; a killed one's expires by its own TTL), or at most
+    ``wait_s`` (``--wait``), saying so every 15 s. It waited at most this version's
+    ``LEASE_TTL_S`` whatever the holder's lease: a running migrator with a longer lease,
+    or a long migration, made this run give up while it went on (session 46's review,
+    left; session 47). Returns when (``time.monotonic``) the request that took it was
+    sent: its TTL runs from no earlier."""
     started = time.monotonic()
-    deadline, next_word = started + wait_s, started
+    next_word = started
     while True:
         sent = time.monotonic()
         rs = session.execute(
@@ -272,24 +275,47 @@ def _acquire_lease(session, ks: str, owner: str, wait_s: float,
             f"IF NOT EXISTS USING TTL {LEASE_TTL_S}", (owner,), timeout=30)
         if rs.was_applied:
             return sent
-        # The refused LWT returns the holder's row: its own TTL, when it stored one.
-        held = rs.one()
-        ttl = getattr(held, "ttl_s", None)
-        ends = (f"{ttl}s after its last renewal" if ttl else "when its TTL runs out after "
-                "its last renewal (the row does not say how long: an earlier version's)")
+        lease = _read_lease(session, ks)
+        if lease is None:
+            continue  # released or expired since: try again at once
+        waited = time.monotonic() - started
+        held = f"{ks}.schema_migrations_lease"
+        verdict = lease_wait_verdict(lease, waited, wait_s)
+        if verdict is not None:
+            raise MigrationError(f"cannot take {held}, {verdict}. Nothing was applied. "
+                                 f"{describe_lease(lease, ks)}")
         if time.monotonic() >= next_word:
-            out(f"waiting for another migrator (owner {held.owner}) to finish, "
-                f"{time.monotonic() - started:.0f}s so far: its lease on "
-                f"{ks}.schema_migrations_lease ends when it does, or {ends} if it was killed")
+            bound = (f"at most {wait_s:g}s (--wait)" if wait_s is not None else
+                     "for as long as it holds the lease (`ratchet migrate --wait SECONDS` "
+                     "bounds the wait)")
+            out(f"waiting for another migrator (owner {lease.owner}) to finish, "
+                f"{waited:.0f}s so far, {bound}; Ctrl-C stops this run, nothing applied: "
+                f"{describe_lease(lease, ks)}")
             next_word += 15
-        if time.monotonic() > deadline:
-            raise MigrationError(
-                f"another migrator holds {ks}.schema_migrations_lease (owner "
-                f"{held.owner}) after {wait_s:.0f}s of waiting: it renews the lease while "
-                f"it runs, and a killed one's ends {ends}. "
-                "`ratchet migrate --status` says whether one runs; run `ratchet migrate` "
-                "again once it is done")
         time.sleep(1)
+
+
+def lease_wait_verdict(lease: LeaseRow, waited_s: float, wait_s: float | None) -> str | None:
+    """Whether a run that has waited ``waited_s`` for ``lease`` gives up: None to wait on,
+    else why not. A lease with a TTL ends: its migrator finishes and releases it, or
+    stops renewing it (killed) and it expires, so by default the run waits as long as
+    the lease is held. A lease without one never expires (not written by ratchet
+    migrate): waiting cannot end it. ``wait_s`` (``--wait``) bounds the wait."""
+    if lease.ttl_left_s is None:
+        return "which never expires: waiting cannot end it"
+    if wait_s is not None and waited_s >= wait_s:
+        return (f"still held after {waited_s:.0f}s of waiting (--wait {wait_s:g}; without "
+                "--wait, `ratchet migrate` waits for as long as it is held)")
+    return None
+
+
+def _read_lease(session, ks: str) -> LeaseRow | None:
+    """The lease row with the TTL it has left (None: nobody holds it). The bootstrap
+    added ``ttl_s`` and ``renew_every_s`` to the table before any lease is taken."""
+    row = session.execute(
+        f"SELECT owner, TTL(owner), ttl_s, renew_every_s FROM {ks}.schema_migrations_lease "
+        "WHERE id = 'migrate'", timeout=30).one()
+    return None if row is None else LeaseRow(*row)
 
 
 def _renew_lease(session, ks: str, owner: str) -> str | None:
@@ -374,14 +400,16 @@ def _release_lease(session, ks: str, owner: str) -> None:
 
 
 def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGRATIONS_DIR,
-                     out: Callable[[str], None] = lambda _msg: None) -> list[Migration]:
+                     out: Callable[[str], None] = lambda _msg: None,
+                     lease_wait_s: float | None = None) -> list[Migration]:
     """Create the keyspace and apply every migration not applied yet; return those applied.
 
     Accepts a cassandra-driver ``Cluster`` or ``Session``; a session of its own is used
     so the caller's current keyspace is left unchanged. Raises ``ChecksumMismatch`` when
     an applied migration's file changed, ``SchemaAhead`` (before applying anything) when
     the keyspace records a migration this code has no file for, ``MigrationError`` for
-    other problems.
+    other problems. Another migrator's lease is waited for as long as it is held, or at
+    most ``lease_wait_s`` (``_acquire_lease``).
     """
     migrations = discover(folder)
     cluster = getattr(session_or_cluster, "cluster", session_or_cluster)
@@ -393,7 +421,7 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
                         _replication_warning(session, ks)):
             if warning:
                 out(f"warning: {warning}")
-        taken_at = _acquire_lease(session, ks, owner, wait_s=LEASE_TTL_S, out=out)
+        taken_at = _acquire_lease(session, ks, owner, wait_s=lease_wait_s, out=out)
         try:
             with _LeaseKeeper(session, ks, owner, taken_at) as lease:
                 return _apply(session, settings, migrations, folder, lease, out)
@@ -691,8 +719,10 @@ def describe_lease(lease: LeaseRow, ks: str, now: datetime | None = None) -> str
             f"reach Cassandra). {wait}")
 
 
-def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bool = False) -> int:
-    """``ratchet migrate`` (``status``: ``ratchet migrate --status``, ``migration_status``)."""
+def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bool = False,
+                wait_s: float | None = None) -> int:
+    """``ratchet migrate`` (``status``: ``ratchet migrate --status``, ``migration_status``;
+    ``wait_s``: ``--wait``, how long another migrator's lease is waited for)."""
     import logging
 
     from cassandra import (
@@ -719,7 +749,7 @@ def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bo
     try:
         if status:
             return migration_status(cluster, settings, folder, out=print)
-        applied = apply_migrations(cluster, settings, folder, out=print)
+        applied = apply_migrations(cluster, settings, folder, out=print, lease_wait_s=wait_s)
     except MigrationError as exc:
         print(f"ratchet migrate failed: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -66,12 +66,18 @@ def infra_restart(server: str) -> None:
 @click.option("--status", is_flag=True,
               help="Only say which migrations the keyspace has and lacks; change nothing "
                    "(exit 0 only when it is up to date).")
-def migrate(status: bool) -> None:
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Wait at most SECONDS for another migrator's lease (0: not at all), then "
+                   "exit 1 having applied nothing. Default: as long as it holds the lease "
+                   "(a running migrator renews it; a killed one's expires by its TTL).")
+def migrate(status: bool, wait_s: float | None) -> None:
     """Apply the numbered CQL migrations in infra/migrations (idempotent)."""
+    if status and wait_s is not None:
+        raise click.UsageError("--wait is for a run that takes the lease; --status takes none")
     settings = _settings()  # a bad value stops here, before any import or connection
     from infra import migrate as migrations
 
-    sys.exit(migrations.cli_migrate(settings, status=status))
+    sys.exit(migrations.cli_migrate(settings, status=status, wait_s=wait_s))
 
 
 @main.command()
@@ -87,18 +93,35 @@ def smoke() -> None:
 def worker() -> None:
     """Run the promotion processor (joins the consumer group; SIGTERM drains and exits)."""
     settings = _settings()  # a bad value stops here, before any import or connection
-    from streams import worker as promotion_worker
+    try:
+        from streams import worker as promotion_worker
 
-    sys.exit(promotion_worker.cli_worker(settings))
+        code = promotion_worker.cli_worker(settings)
+    except KeyboardInterrupt:  # once Faust runs, it stops the worker on Ctrl-C: exit 0
+        code = _interrupted_start("worker", "nothing was processed")
+    sys.exit(code)
 
 
 @main.command()
 def api() -> None:
     """Serve the rehydration HTTP API (RATCHET_API_HOST:RATCHET_API_PORT)."""
     settings = _settings()  # a bad value stops here, before any import or connection
-    from services.api import server
+    try:
+        from services.api import server
 
-    sys.exit(server.cli_api(settings))
+        code = server.cli_api(settings)
+    except KeyboardInterrupt:  # once it serves, Ctrl-C stops it: exit 0
+        code = _interrupted_start("api", "nothing was served")
+    sys.exit(code)
+
+
+def _interrupted_start(command: str, so: str) -> int:
+    """Ctrl-C before a server command serves (importing, connecting: Cassandra slow or
+    away) was click's "Aborted!" and exit 1, while Ctrl-C once it serves is exit 0
+    (session 47). What the command had opened is closed by then; one line, exit 0."""
+    print(f"ratchet {command}: interrupted while starting (Ctrl-C): stopped, {so}",
+          file=sys.stderr, flush=True)
+    return 0
 
 
 @main.command()

@@ -94,37 +94,40 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
         if line is None:
             raise
         raise StartupFailed(line) from exc
-    metrics.serve(settings.api_host, settings.worker_metrics_port)
-    group = group_id or settings.consumer_group
-    # Tests only: starve this partition once to prove the watchdog recovers it.
-    starve = os.environ.get("RATCHET_TEST_STARVE_PARTITION")
-    app = create_app(settings, runtime, group_id=group, stall_after_s=float(settings.fetch_stall_s),
-                     starve_partition=int(starve) if starve else None)
-
-    @app.task
-    async def replay_start_lines() -> None:  # Faust's logging is set up by now
-        held.replay()
-
-    runtime.health.write()
-    # Everything built so far (modules, clients, the app) lives as long as the worker:
-    # out of the collector's view, the oldest generation's collections no longer walk it
-    # (a 96 ms pause in a paced run before, 14 ms after; docs/decisions.md).
-    gc.collect()
-    gc.freeze()
-    log.info("worker %d joining group %s on %s; history codec: %s", os.getpid(), group,
-             runtime.topics.gateway_events, speedups.describe())
+    # From here the clients are closed however the worker ends, Ctrl-C before Faust
+    # runs included (``ratchet worker`` says so, exit 0; session 47).
     try:
-        worker = faust.Worker(app, loglevel=loglevel, quiet=True)
-        # No terminal spinner: at WARNING and above Faust would otherwise set the ROOT
-        # logger to DEBUG so its spinner turns on every record, and every debug call
-        # of aiokafka and the Cassandra driver then builds and handles a LogRecord
-        # (~6% of the worker's CPU in a py-spy profile at RATCHET_LOG_LEVEL=WARNING).
-        worker.spinner = None
-        worker.execute_from_commandline()  # returns (or exits) after a clean stop
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    else:
-        code = 0
+        metrics.serve(settings.api_host, settings.worker_metrics_port)
+        group = group_id or settings.consumer_group
+        # Tests only: starve this partition once to prove the watchdog recovers it.
+        starve = os.environ.get("RATCHET_TEST_STARVE_PARTITION")
+        app = create_app(settings, runtime, group_id=group, stall_after_s=float(settings.fetch_stall_s),
+                         starve_partition=int(starve) if starve else None)
+
+        @app.task
+        async def replay_start_lines() -> None:  # Faust's logging is set up by now
+            held.replay()
+
+        runtime.health.write()
+        # Everything built so far (modules, clients, the app) lives as long as the worker:
+        # out of the collector's view, the oldest generation's collections no longer walk it
+        # (a 96 ms pause in a paced run before, 14 ms after; docs/decisions.md).
+        gc.collect()
+        gc.freeze()
+        log.info("worker %d joining group %s on %s; history codec: %s", os.getpid(), group,
+                 runtime.topics.gateway_events, speedups.describe())
+        try:
+            worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+            # No terminal spinner: at WARNING and above Faust would otherwise set the ROOT
+            # logger to DEBUG so its spinner turns on every record, and every debug call
+            # of aiokafka and the Cassandra driver then builds and handles a LogRecord
+            # (~6% of the worker's CPU in a py-spy profile at RATCHET_LOG_LEVEL=WARNING).
+            worker.spinner = None
+            worker.execute_from_commandline()  # returns (or exits) after a clean stop
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        else:
+            code = 0
     finally:
         runtime.health.remove()
         cluster.shutdown()

@@ -188,10 +188,15 @@ def run(
         api_port=free_port(),
     )
     cluster = open_cluster(bench)
+    # The clean-up drops the keyspace through this session. When it cannot open, nothing
+    # was made, and nothing is cleaned up: the clean-up connected the cluster again,
+    # which the failed connect had shut down, and "Cluster is already shut down" came
+    # last, over the real cause (session 46's review, left; session 47).
+    admin = cluster.connect()
     api = None
     topics = None
     try:
-        apply_migrations(cluster, bench)
+        apply_migrations(admin, bench)
         topics = ensure_topics(bench)
         registry = registry_client(bench.schema_registry_url)
         register_schemas(registry)
@@ -354,14 +359,16 @@ def run(
     finally:
         if api is not None:
             api.stop()
-        session = cluster.connect()
-        session.execute(f"DROP KEYSPACE IF EXISTS {bench.keyspace}", timeout=120)
-        cluster.shutdown()
-        if topics is not None:
-            admin = AdminClient({"bootstrap.servers": bench.kafka_bootstrap})
-            deleted = admin.delete_topics(list(vars(topics).values()), operation_timeout=30)
-            for future in deleted.values():  # wait: an exiting process drops the request
-                future.result(timeout=60)
+        try:
+            admin.execute(f"DROP KEYSPACE IF EXISTS {bench.keyspace}", timeout=120)
+        finally:
+            cluster.shutdown()
+            if topics is not None:
+                kafka = AdminClient({"bootstrap.servers": bench.kafka_bootstrap})
+                deleted = kafka.delete_topics(list(vars(topics).values()),
+                                              operation_timeout=30)
+                for future in deleted.values():  # wait: an exiting process drops it
+                    future.result(timeout=60)
 
 
 def _prewarmed(base_url: str) -> float:

@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -128,9 +129,12 @@ def run(base: Settings, cfg: ChaosConfig) -> dict[str, Any]:
     migrated = subprocess.run([sys.executable, "-m", "ratchet.cli", "migrate"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if migrated.returncode != 0:
-        # Its last line says why (docs/operations.md). Nothing to clean up: no topic
-        # exists yet, and the keyspace only if Cassandra refused a later statement.
+        # Its last line says why (docs/operations.md). No topic exists yet; the keyspace
+        # does when migrate stopped after making it (a statement refused, the lease
+        # not taken): it was left behind (session 46's review, left). It is this run's
+        # (named by its tag), so it is dropped, or the run says it may be left.
         lines = migrated.stderr.strip().splitlines() or [f"exit {migrated.returncode}"]
+        say(_drop_keyspace(settings) or f"dropped keyspace {settings.keyspace} (if made)")
         raise ChaosSetupFailed(lines[-1])
     cluster = Cluster(settings, env, out, cfg.workers)
     try:
@@ -512,22 +516,51 @@ def _heal_servers(settings: Settings, say) -> None:
 
 def _cleanup(settings: Settings, topic_prefix: str, say) -> None:
     """Drop the run's topics (with Faust's internal ones) and keyspace: a broker loads every
-    partition at start, so leftovers of many runs slow every later start."""
-    import logging
-
-    from services.cassandra_cluster import open_cluster
-
+    partition at start, so leftovers of many runs slow every later start. What cannot
+    be dropped is named with how to remove it (it said "cleanup incomplete" and the
+    exception); a failure never hides the verdict."""
     try:
         admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "log_level": 0})
         names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(topic_prefix)]
         for fut in admin.delete_topics(names, operation_timeout=30).values() if names else ():
             fut.result(timeout=60)
-        logging.getLogger("cassandra").setLevel(logging.ERROR)
+        dropped = [f"{len(names)} topics"]
+    except Exception as exc:
+        dropped = []
+        say(f"cleanup: topics {topic_prefix}* may be left ({_short(exc)}): remove them with "
+            f"`kafka-topics.sh --bootstrap-server {settings.kafka_bootstrap} --delete "
+            f"--topic '{re.escape(topic_prefix)}.*'` once Kafka answers")
+    left = _drop_keyspace(settings)
+    if left:
+        say(left)
+    else:
+        dropped.append(f"keyspace {settings.keyspace}")
+    if dropped:
+        say(f"dropped {' and '.join(dropped)}")
+
+
+def _drop_keyspace(settings: Settings) -> str | None:
+    """Drop the run's keyspace; None when dropped (or never made), else the line saying
+    it may be left and how to drop it (Cassandra could not be asked)."""
+    import logging
+
+    from services.cassandra_cluster import open_cluster
+
+    ks = settings.keyspace
+    logging.getLogger("cassandra").setLevel(logging.ERROR)
+    try:
         cluster = open_cluster(settings)
         try:
-            cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", timeout=60)
+            cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=60)
         finally:
             cluster.shutdown()
-        say(f"dropped {len(names)} topics and keyspace {settings.keyspace}")
-    except Exception as exc:  # cleanup must not hide the verdict
-        say(f"cleanup incomplete: {exc!r}")
+    except Exception as exc:
+        return (f"cleanup: keyspace {ks} may be left ({_short(exc)}): remove it with "
+                f"`DROP KEYSPACE IF EXISTS {ks};` (cqlsh) once Cassandra answers")
+    return None
+
+
+def _short(exc: BaseException) -> str:
+    """An exception in a line of at most 200 characters."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 200 else text[:197] + "..."

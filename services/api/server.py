@@ -143,6 +143,16 @@ def cli_api(settings: Settings) -> int:
             raise
         print(f"ratchet api: cannot start: {line}", file=sys.stderr, flush=True)
         return 1
+    try:
+        return _serve(settings, process, held)
+    except KeyboardInterrupt:
+        # Ctrl-C before the handlers below are installed (``ratchet api`` says so).
+        process.close()
+        raise
+
+
+def _serve(settings: Settings, process: ApiProcess, held: early_log.EarlyRecords) -> int:
+    """Listen, start the notifier and serve until SIGTERM or SIGINT; 0 after either."""
     logs.configure(settings.log_level)
     held.replay()
     try:

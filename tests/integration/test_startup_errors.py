@@ -444,6 +444,34 @@ def test_chaos_without_the_registry_is_one_line_and_leaves_no_keyspace(
     assert not (tmp_path / "home" / "state.json").exists()  # no server started
 
 
+def test_chaos_whose_migrate_stopped_after_making_the_keyspace_drops_it(
+        settings, tmp_path, cassandra_session, monkeypatch):
+    """A migrate refused half way (another migrator holding the lease, a statement
+    refused) leaves the keyspace it made: the run left it behind (session 46's review,
+    left; session 47). The stand-in migrate makes the run's keyspace as the real one
+    does first, then fails as a lease it cannot take makes it fail."""
+    from ratchet.chaos import runner
+
+    made: list[str] = []
+
+    def migrate_refused(args, env, **_kwargs):
+        ks = env["RATCHET_KEYSPACE"]
+        cassandra_session.execute(f"CREATE KEYSPACE {ks} WITH replication = "
+                                  f"{settings.replication}", timeout=60)
+        made.append(ks)
+        return subprocess.CompletedProcess(args, 1, None, (
+            f"ratchet migrate failed: another migrator holds {ks}.schema_migrations_lease "
+            "(owner other) after 0s of waiting"))
+
+    monkeypatch.setattr(runner.subprocess, "run", migrate_refused)
+    with pytest.raises(runner.ChaosSetupFailed, match="another migrator holds"):
+        runner.run(settings, runner.ChaosConfig(turns=1, faults="none", out=tmp_path))
+    (ks,) = made
+    assert cassandra_session.execute(
+        "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s",
+        (ks,)).one() is None
+
+
 def test_smoke_without_kafka_says_so_in_a_few_lines(settings):
     """librdkafka logged each failed connection of the smoke's clients, ~190 lines on
     stderr in its 10 s, before the one line saying Kafka is not there (the worker's

@@ -41,6 +41,9 @@ class FakeCassandra:
     def __init__(self, on_slow=lambda cassandra: None):
         self.lock = threading.Lock()
         self.lease: tuple[str, float] | None = None  # owner, expires (monotonic)
+        # The TTL and renewal period the lease row stores (another migrator's may differ
+        # from this run's; a TTL of None: a row written by hand without one).
+        self.terms: tuple[int | None, float | None] = (TTL_S, TTL_S / 10)
         self.recorded: dict[int, SimpleNamespace] = {}
         self.ran: list[str] = []
         self.renewals: list[tuple[str, bool]] = []  # (owner, applied) per renewal asked
@@ -85,6 +88,14 @@ class FakeCassandra:
                     self.lease = (params[0], time.monotonic() + TTL_S)
                     return Result()
                 return Result([SimpleNamespace(owner=self.holder())], False, ["owner"])
+        if q.startswith(f"SELECT owner, TTL(owner), ttl_s, renew_every_s FROM {KS}."):
+            with self.lock:
+                holder = self.holder()
+                if holder is None:
+                    return Result()
+                ttl_s, every = self.terms
+                left = None if ttl_s is None else max(1, round(self.lease[1] - time.monotonic()))
+                return Result([(holder, left, ttl_s, every)])
         if q.startswith(f"UPDATE {KS}.schema_migrations_lease"):
             if self.fail_renewals:
                 raise TimeoutError("the renewal timed out (a busy node)")
@@ -201,3 +212,86 @@ def test_a_lease_that_could_not_be_renewed_for_its_ttl_stops_the_run(short_lease
         apply_migrations(cassandra, settings, tmp_path)
     assert [q for q in cassandra.ran if q.startswith("CREATE TABLE b")] == []
     assert cassandra.recorded == {}
+
+
+# --- Waiting for another migrator's lease (session 46's review, left; session 47) ------
+
+def _other_migrator(cassandra, runs_s: float, ttl_s: float = 5 * TTL_S) -> threading.Thread:
+    """Another migrator that holds the lease for ``runs_s`` with a TTL of ``ttl_s`` (five
+    times this run's), renewing it as it goes, then releases it."""
+    with cassandra.lock:
+        cassandra.lease = ("other", time.monotonic() + ttl_s)
+        cassandra.terms = (int(ttl_s), ttl_s / 4)
+
+    def run():
+        ends = time.monotonic() + runs_s
+        while time.monotonic() < ends:
+            time.sleep(ttl_s / 4)
+            with cassandra.lock:
+                cassandra.lease = ("other", time.monotonic() + ttl_s)
+        with cassandra.lock:
+            cassandra.lease = None
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_running_migrator_with_a_longer_lease_is_waited_for_until_it_is_done(
+        short_lease, settings, tmp_path):
+    """A running migrator whose lease (5 s here) outlasts this run's own TTL (1 s here;
+    120 s against a 600 s lease for real), holding it 4 s: the run waited this
+    version's TTL and gave up, exit 1, while the other went on. It waits while the lease
+    is held, saying so with the lease's own terms, then applies."""
+    cassandra = FakeCassandra()
+    other = _other_migrator(cassandra, runs_s=4 * TTL_S)
+    _slow_migration(tmp_path)
+    said: list[str] = []
+    applied = apply_migrations(cassandra, settings, tmp_path, out=said.append)
+    other.join()
+    assert [m.version for m in applied] == [1] and set(cassandra.recorded) == {1}
+    waiting = [line for line in said if line.startswith("waiting for another migrator")]
+    assert waiting and "(owner other)" in waiting[0], said
+    assert "--wait SECONDS" in waiting[0] and "A migrator is running now" in waiting[0], said
+
+
+def test_wait_bounds_the_wait_and_nothing_is_applied(short_lease, settings, tmp_path):
+    """``--wait 0``: another migrator holds the lease, so the run stops at once, naming
+    the holder, applying nothing; the other's lease is left alone."""
+    cassandra = FakeCassandra()
+    other = _other_migrator(cassandra, runs_s=2 * TTL_S)
+    _slow_migration(tmp_path)
+    with pytest.raises(MigrationError) as err:
+        apply_migrations(cassandra, settings, tmp_path, lease_wait_s=0)
+    assert cassandra.holder() == "other"
+    other.join()
+    message = str(err.value)
+    assert "--wait 0" in message and "held by other" in message, message
+    assert "Nothing was applied" in message and cassandra.recorded == {}
+
+
+def test_a_lease_that_never_expires_is_refused_at_once_naming_its_delete(
+        short_lease, settings, tmp_path):
+    """A lease row without a TTL (by hand) never ends: waiting for it cannot help, so
+    the run stops at once with the statement that removes it."""
+    cassandra = FakeCassandra()
+    cassandra.lease = ("hand", float("inf"))
+    cassandra.terms = (None, None)
+    _slow_migration(tmp_path)
+    with pytest.raises(MigrationError) as err:
+        apply_migrations(cassandra, settings, tmp_path)
+    message = str(err.value)
+    assert "never expires" in message, message
+    assert f"DELETE FROM {KS}.schema_migrations_lease WHERE id = 'migrate'" in message
+    assert cassandra.recorded == {}
+
+
+@pytest.mark.parametrize("lease,waited,wait_s,gives_up", [
+    (migrate.LeaseRow("o", 550, 600, 150.0), 300, None, False),  # held: wait on
+    (migrate.LeaseRow("o", 30, None, None), 300, None, False),  # an older version's: ends
+    (migrate.LeaseRow("o", 550, 600, 150.0), 10, 10, True),  # --wait 10 spent
+    (migrate.LeaseRow("o", 550, 600, 150.0), 9, 10, False),
+    (migrate.LeaseRow("o", None, None, None), 0, None, True),  # never expires
+])
+def test_lease_wait_verdict(lease, waited, wait_s, gives_up):
+    assert (migrate.lease_wait_verdict(lease, waited, wait_s) is not None) is gives_up

@@ -1,0 +1,103 @@
+"""The operator's leftovers of session 46 (session 47): each failed before its fix.
+
+No server is needed: "Cassandra away" is a port where nothing listens, "Cassandra
+still connecting" a socket that accepts and never answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from ratchet.settings import Settings
+from streams.testing import ROOT, free_port
+
+
+@pytest.fixture
+def away(tmp_path):
+    """Settings whose Cassandra, Kafka and registry are ports where nothing listens."""
+    return dataclasses.replace(
+        Settings.from_env({}), home=tmp_path, cassandra_port=free_port(),
+        kafka_bootstrap=f"127.0.0.1:{free_port()}",
+        schema_registry_url=f"http://127.0.0.1:{free_port()}/apis/ccompat/v7")
+
+
+def test_bench_api_without_cassandra_raises_only_the_failure_to_reach_it(away):
+    """Its clean-up connected the cluster again, which the failed connect had shut
+    down: ``DriverException('Cluster is already shut down')`` came out, the real cause
+    only chained under it."""
+    from cassandra.cluster import NoHostAvailable
+
+    from ratchet.bench import api
+
+    with pytest.raises(NoHostAvailable) as caught:
+        api.run(away, reads=1, turns=1, waits=1)
+    assert caught.value.__context__ is None, repr(caught.value.__context__)
+
+
+@pytest.mark.parametrize("command,so", [("api", "nothing was served"),
+                                        ("worker", "nothing was processed")])
+def test_ctrl_c_while_a_server_command_connects_exits_0_in_one_line(away, command, so):
+    """Ctrl-C while ``ratchet api`` or ``ratchet worker`` still connected to Cassandra
+    (unreachable or slow) ended in click's ``Aborted!`` and exit 1; once they serve,
+    Ctrl-C is exit 0."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    env = {**os.environ, **away.to_env(), "PYTHONPATH": str(ROOT),
+           "RATCHET_CASSANDRA_PORT": str(silent.getsockname()[1]),
+           "RATCHET_API_PORT": str(free_port()), "RATCHET_WORKER_METRICS_PORT": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ratchet.cli", command], env=env, cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # As a terminal's shell starts it (a background job's would ignore SIGINT).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        silent.settimeout(60)
+        connection, _ = silent.accept()  # the driver is connecting now
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        silent.close()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert proc.returncode == 0, stderr[-2000:]
+    assert lines == [f"ratchet {command}: interrupted while starting (Ctrl-C): stopped, "
+                     f"{so}"], lines
+    connection.close()
+
+
+def test_chaos_whose_migrate_failed_says_which_keyspace_may_be_left(away, tmp_path, capsys):
+    """A chaos run whose migrate stopped (here: Cassandra away) cleaned nothing up and
+    said nothing of its keyspace, which migrate may have made before it stopped. With
+    Cassandra away it cannot be dropped: the run names it and the statement to drop it
+    (``tests/integration/test_startup_errors.py`` has it dropped)."""
+    from ratchet.chaos.runner import ChaosConfig, ChaosSetupFailed, run
+
+    with pytest.raises(ChaosSetupFailed, match="cannot reach Cassandra"):
+        run(away, ChaosConfig(turns=1, faults="none", out=tmp_path / "out"))
+    (run_dir,) = (tmp_path / "out").iterdir()
+    out = capsys.readouterr().out
+    ks = f"chaos_{run_dir.name}"
+    assert f"keyspace {ks} may be left" in out, out
+    assert f"DROP KEYSPACE IF EXISTS {ks};" in out, out
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--wait", "-1"], "-1.0 is not in the range x>=0"),
+    (["--status", "--wait", "5"], "--status takes none"),
+])
+def test_migrate_refuses_a_wait_it_cannot_use(args, says):
+    """``--wait`` bounds the wait for another migrator's lease (session 47); it is a
+    usage error (exit 2) where it cannot apply, before any connection."""
+    from click.testing import CliRunner
+
+    from ratchet.cli import main
+
+    done = CliRunner().invoke(main, ["migrate", *args])
+    assert done.exit_code == 2 and says in done.output, done.output
