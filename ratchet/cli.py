@@ -75,9 +75,30 @@ def migrate(status: bool, wait_s: float | None) -> None:
     if status and wait_s is not None:
         raise click.UsageError("--wait is for a run that takes the lease; --status takes none")
     settings = _settings()  # a bad value stops here, before any import or connection
-    from infra import migrate as migrations
+    try:
+        from infra import migrate as migrations
 
-    sys.exit(migrations.cli_migrate(settings, status=status, wait_s=wait_s))
+        code = migrations.cli_migrate(settings, status=status, wait_s=wait_s)
+    except KeyboardInterrupt:
+        code = _interrupted_migrate(status)
+    sys.exit(code)
+
+
+def _interrupted_migrate(status: bool) -> int:
+    """Ctrl-C during ``migrate`` (connecting, waiting for another migrator's lease,
+    applying) was click's ``Aborted!`` and exit 1, which reads as a failure of the
+    schema (session 47). One line saying what holds instead, and 130 (128 + SIGINT, a
+    shell's code for a run stopped by Ctrl-C): not 0, the keyspace may not be up to date.
+    The lease, if taken, was released on the way out (``apply_migrations``' ``finally``;
+    a release that does not reach Cassandra leaves it to expire by its TTL)."""
+    if status:
+        said = "changed nothing"
+    else:
+        said = ("what it applied stays applied, a migration it was applying is not "
+                "recorded and is re-run whole; `ratchet migrate --status` says what is "
+                "left, `ratchet migrate` finishes")
+    print(f"ratchet migrate: interrupted (Ctrl-C): stopped; {said}", file=sys.stderr, flush=True)
+    return 130
 
 
 @main.command()

@@ -101,3 +101,34 @@ def test_migrate_refuses_a_wait_it_cannot_use(args, says):
 
     done = CliRunner().invoke(main, ["migrate", *args])
     assert done.exit_code == 2 and says in done.output, done.output
+
+
+@pytest.mark.parametrize("args,said", [
+    ([], "what it applied stays applied"),
+    (["--status"], "changed nothing"),
+])
+def test_ctrl_c_during_migrate_says_what_holds_and_exits_130(away, args, said):
+    """Ctrl-C while ``ratchet migrate`` connected (or waited for a lease, or applied)
+    was click's ``Aborted!`` and exit 1, read as a failed migration; it is one line
+    saying what holds, and exit 130 (stopped by Ctrl-C, not up to date)."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    env = {**os.environ, **away.to_env(), "PYTHONPATH": str(ROOT),
+           "RATCHET_CASSANDRA_PORT": str(silent.getsockname()[1])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ratchet.cli", "migrate", *args], env=env, cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        silent.settimeout(60)
+        connection, _ = silent.accept()  # the driver is connecting now
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        silent.close()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert proc.returncode == 130, stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(
+        "ratchet migrate: interrupted (Ctrl-C): stopped; ") and said in lines[0], lines
+    connection.close()
