@@ -106,6 +106,10 @@ class LoopPromotion:
         finally:
             if not claiming.done():
                 claiming.cancel()  # failed before the claim's answer: claimed again
+            elif not claiming.cancelled():
+                # Failed after it (both failing: Cassandra down): its error is retrieved,
+                # or the task's finalizer logs "Task exception was never retrieved".
+                claiming.exception()
         if not isinstance(decided, Promote) or holder != claim:
             return None
         hints = _Hints.of(decided, lineage)

@@ -233,12 +233,19 @@ def fingerprint_checks(fingerprint: Fingerprint) -> tuple[str, tuple[str, ...]]:
     which is the fields' order for every instance of a class (validation,
     ``model_construct`` and ``model_copy`` keep it; ``tests/unit/test_fingerprint.py``
     checks; no extra attributes: ``extra="forbid"``), compared as pydantic's ``__eq__``
-    compares them. Hashing that tuple is C,
+    compares them, and the classes of its numeric fields. Hashing that tuple is C,
     where the two caches above call the model's Python ``__hash__`` and ``__eq__`` (12
     calls a turn; the two asks 1.6-1.9 against 4.7-6.9 us). At most ``_CHECKS_MAX``
     entries, all dropped when full (gateways send a few fingerprints); a race between
     threads can only store an answer twice, each the pure function's of its key."""
-    key = (type(fingerprint), *fingerprint.__dict__.values())
+    fields = fingerprint.__dict__
+    # A model built without validation (``model_copy(update=...)``, ``model_construct``)
+    # may hold ``True`` or ``1.0`` where validation makes ``1``: equal, hashed alike,
+    # other canonical JSON (``true``, ``1.0``). The classes of the numeric fields (every
+    # field but text and the tuple: tests/unit/test_fingerprint.py) tell them apart (a
+    # review, session 47: the int's hash was given to the bool).
+    key = (type(fingerprint), *fields.values(), fields["fingerprint_version"].__class__,
+           fields["block_size"].__class__, fields["item_format_version"].__class__)
     found = _CHECKS.get(key)
     if found is None:
         found = (sha256_hex(canonical_fingerprint(fingerprint)),

@@ -176,6 +176,36 @@ def test_every_way_of_building_a_fingerprint_keeps_its_fields_in_order() -> None
         assert list(each.__dict__) == fields
 
 
+NUMBERS = ("fingerprint_version", "block_size", "item_format_version")
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")  # the odd values' dump
+@pytest.mark.parametrize("field", NUMBERS)
+@pytest.mark.parametrize("other", [True, 1.0], ids=["bool", "float"])
+def test_validation_checks_tell_a_number_from_an_equal_value_of_another_type(
+        field: str, other: Any) -> None:
+    """``1 == True == 1.0`` (and hash alike), but their canonical JSON differs (``1``,
+    ``true``, ``1.0``). A model built without validation (``model_copy(update=...)``,
+    ``model_construct``) can hold either: ``fingerprint_checks`` answers each as
+    computing afresh does, whichever was asked first (a review, session 47: it gave
+    the int's hash to the bool)."""
+    one = fp().model_copy(update={field: 1})
+    odd = fp().model_copy(update={field: other})
+    assert fingerprint_hash.__wrapped__(one) != fingerprint_hash.__wrapped__(odd)
+    for first, then in ((one, odd), (odd, one)):
+        fingerprint_checks.cache_clear()
+        for each in (first, then):
+            assert fingerprint_checks(each)[0] == fingerprint_hash.__wrapped__(each), each
+
+
+def test_the_numbers_are_every_field_neither_text_nor_a_tuple() -> None:
+    """``fingerprint_checks`` keys by the classes of these fields' values too (the test
+    above): a new numeric field must be among them."""
+    numeric = {name for name, field in Fingerprint.model_fields.items()
+               if field.annotation not in (str | None, tuple[str, ...])}
+    assert numeric == set(NUMBERS)
+
+
 def test_fingerprint_version_is_part_of_the_hash() -> None:
     bumped = fp().model_copy(update={"fingerprint_version": 2})
     assert fingerprint_hash(bumped) != fingerprint_hash(fp())

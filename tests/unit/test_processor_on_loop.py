@@ -162,6 +162,46 @@ def test_any_failure_on_the_loop_hands_the_record_to_the_thread_path():
     assert h.processor.loop_promotions == 0
 
 
+def test_a_claim_that_failed_beside_another_failure_is_not_logged_as_never_retrieved(caplog):
+    """The claim runs as a task beside the owner's read. When both fail (Cassandra
+    down: the store and the ledger alike), the read's error hands the record to the
+    thread path; the claim's error is retrieved there too, not left for the task's
+    finalizer to log ``Task exception was never retrieved`` with a traceback on
+    every such turn (a review, session 47)."""
+    import gc
+    import logging
+
+    from services.store.errors import StoreUnavailable
+
+    h = LoopHarness()
+    claim_failed = None
+
+    async def claim_down(claim):
+        claim_failed.set()
+        raise StoreUnavailable("injected", retryable=True)
+
+    async def ledger_down(conversation_id):
+        nonlocal claim_failed
+        await claim_failed.wait()  # the claim's task has run and failed
+        raise LedgerUnavailable("injected")
+
+    async def run(record, in_thread):
+        nonlocal claim_failed
+        claim_failed = asyncio.Event()
+        return await h.processor.handle_async(record, in_thread)
+
+    async def in_thread(handle):
+        h.handed_over += 1
+        return handle()
+
+    h.store.claim_async, h.ledger.conversation_owner_async = claim_down, ledger_down
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        handled = asyncio.run(run(h.record(turn(conv_id(), 0)), in_thread))
+        gc.collect()
+    assert handled.outbound[0].model.seq == 1 and h.handed_over == 1
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
 def test_a_loop_promotion_observes_its_validation_and_write_times():
     """Each turn promoted on the loop is one observation of the validation and of the
     promotion write histograms (timed by hand there since session 46, not by their
