@@ -23,6 +23,7 @@ from ratchet.samples import (
 )
 from schemas.items import arguments_digest, function_call, function_call_output, message
 from schemas.keys import partition_key
+from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import CheckpointPromoted, DeadLetter, DeadLetterReason, RejectionReason
 from services.ledger.base import LedgerUnavailable, ResponseState
 from services.store.base import StoreUnavailable
@@ -31,6 +32,7 @@ from streams.handled import lane_name
 from streams.records import DecodeFailed, RawRecord
 from streams.turn_decider import MAX_LINEAGE_ROUNDS
 from streams.turn_promotion import MAX_FACTS_ROUNDS
+from tests.unit.test_processor_off_head import TURNS, _damage_head, promoted
 from tests.unit.test_processor_on_loop import LoopHarness
 from tests.unit.test_processor_rules import TOPICS, Harness, chain_turn, conv_id, raw_record, turn
 
@@ -225,3 +227,45 @@ def test_a_continued_chain_turn_without_its_root_is_parent_not_promoted_and_reco
     assert rejected.model.reason is RejectionReason.PARENT_NOT_PROMOTED
     assert rejected.key == t.response_id.encode()
     assert h.ledger.status(TENANT, t.response_id).status is ResponseState.REJECTED
+
+
+def test_a_promoted_turn_redelivered_beyond_a_limit_writes_the_owner_its_worker_did_not():
+    """``EarlyRejections.reject_before_the_store``: a redelivery answered with its
+    stored promotion makes the Conversation's owner durable, as any replay does (the
+    worker that promoted it may have stopped before writing it)."""
+    h = Harness()
+    conv, resp, key = conv_id(), new_id("resp"), new_id("idem")
+    small = turn(conv, 0, response_id=resp, idempotency_key=key)
+    assert h.outcome(small).seq == 1
+    h.ledger._conversation_owners.pop(conv)  # its worker stopped before the owner
+    big = message("x" * (MAX_EVENT_BYTES + 10), role="assistant", item_id=new_id("msg"))
+    redelivered = make_turn((big,), conversation_id=conv, expected_head_seq=0,
+                            response_id=resp, idempotency_key=key)
+    assert redelivered.request_digest == small.request_digest
+    h.rewire()  # another worker: nothing cached
+    assert isinstance(h.outcome(redelivered), CheckpointPromoted)
+    assert h.ledger.conversation_owner(conv) == TENANT
+
+
+def test_an_unpaired_turn_at_a_damaged_head_gets_the_lineages_answer_not_pairings():
+    """``TurnDecider._decide``: a turn at the head whose pairing fails against a lineage
+    that cannot be read is answered as that lineage (``CORRUPT``): its pairing was
+    checked against nothing it can trust (docs/gateway-protocol.md section 7)."""
+    h = Harness()
+    conv, _ = promoted(h)
+    _damage_head(h, conv)
+    unpaired = [function_call_output("call_nowhere", "{}", item_id=new_id("fco"))]
+    out = h.outcome(turn(conv, TURNS, items=unpaired))
+    assert out.reason is RejectionReason.CORRUPT, out.detail
+
+
+def test_a_wrong_cached_owner_costs_a_read_never_a_rejection():
+    """``TurnDecider.decide_and_write``: a rejection decided with the tail cache's owner
+    of a Conversation (a turn that reads its facts) is decided again with the ledger's:
+    a wrong cache entry never rejects a turn ``TENANT_MISMATCH``."""
+    h = Harness()
+    conv = conv_id()
+    final, effects = make_tool_loop_turn(rounds=1, conversation_id=conv)
+    h.feed(*effects)
+    h.processor.tails.learn_owner(conv, "tenant-other")
+    assert h.outcome(final).seq == 1
