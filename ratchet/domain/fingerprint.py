@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from typing import Any
 
 from schemas.canonical import canonical_digest, canonical_json, canonical_json_text, sha256_hex
@@ -192,23 +191,34 @@ def canonical_fingerprint(fingerprint: Fingerprint) -> bytes:
     return canonical_json(fingerprint.model_dump())
 
 
-@lru_cache(maxsize=4096)
 def fingerprint_hash(fingerprint: Fingerprint) -> str:
     """sha256 hex of ``canonical_fingerprint``.
 
-    Cached by value: a frozen fingerprint equal to one already hashed has the same
-    canonical bytes, so the cache can never return a wrong hash. Gateways send the
-    same few fingerprints millions of times, which makes verification nearly free.
+    Remembered with ``missing_components`` by ``fingerprint_checks`` (below), keyed by
+    the fingerprint's class, its field values and the classes of its numbers: gateways
+    send the same few fingerprints millions of times, which makes verification nearly
+    free. (It was an lru by the model's value, which gave a fingerprint built without
+    validation holding ``True`` the hash of one holding ``1``: equal and hashed alike
+    in Python, other canonical JSON; session 47.) ``fingerprint_hash.__wrapped__``
+    computes afresh.
     """
-    return sha256_hex(canonical_fingerprint(fingerprint))
+    return fingerprint_checks(fingerprint)[0]
 
 
-@lru_cache(maxsize=4096)
 def missing_components(fingerprint: Fingerprint) -> tuple[str, ...]:
     """Why ``fingerprint`` is not a complete identity (empty tuple when it is).
 
-    Cached by value, like ``fingerprint_hash``: a pure function of a frozen record.
+    Remembered like ``fingerprint_hash``; ``missing_components.__wrapped__`` computes
+    afresh.
     """
+    return fingerprint_checks(fingerprint)[1]
+
+
+def _hash_afresh(fingerprint: Fingerprint) -> str:
+    return sha256_hex(canonical_fingerprint(fingerprint))
+
+
+def _missing_afresh(fingerprint: Fingerprint) -> tuple[str, ...]:
     missing = [name for name in REQUIRED_COMPONENTS if _absent(getattr(fingerprint, name))]
     revision = fingerprint.model_weights_revision
     if revision and revision.strip().lower() in MUTABLE_REVISIONS:
@@ -234,7 +244,7 @@ def fingerprint_checks(fingerprint: Fingerprint) -> tuple[str, tuple[str, ...]]:
     ``model_construct`` and ``model_copy`` keep it; ``tests/unit/test_fingerprint.py``
     checks; no extra attributes: ``extra="forbid"``), compared as pydantic's ``__eq__``
     compares them, and the classes of its numeric fields. Hashing that tuple is C,
-    where the two caches above call the model's Python ``__hash__`` and ``__eq__`` (12
+    where lru caches by the model call its Python ``__hash__`` and ``__eq__`` (12
     calls a turn; the two asks 1.6-1.9 against 4.7-6.9 us). At most ``_CHECKS_MAX``
     entries, all dropped when full (gateways send a few fingerprints); a race between
     threads can only store an answer twice, each the pure function's of its key."""
@@ -248,15 +258,19 @@ def fingerprint_checks(fingerprint: Fingerprint) -> tuple[str, tuple[str, ...]]:
            fields["block_size"].__class__, fields["item_format_version"].__class__)
     found = _CHECKS.get(key)
     if found is None:
-        found = (sha256_hex(canonical_fingerprint(fingerprint)),
-                 missing_components.__wrapped__(fingerprint))
+        found = (_hash_afresh(fingerprint), _missing_afresh(fingerprint))
         if len(_CHECKS) >= _CHECKS_MAX:
             _CHECKS.clear()
         _CHECKS[key] = found
     return found
 
 
-fingerprint_checks.cache_clear = _CHECKS.clear  # type: ignore[attr-defined]  # as lru's
+# As the lru caches these were: ``cache_clear`` forgets, ``__wrapped__`` computes afresh.
+fingerprint_checks.cache_clear = _CHECKS.clear  # type: ignore[attr-defined]
+fingerprint_hash.cache_clear = _CHECKS.clear  # type: ignore[attr-defined]
+missing_components.cache_clear = _CHECKS.clear  # type: ignore[attr-defined]
+fingerprint_hash.__wrapped__ = _hash_afresh  # type: ignore[attr-defined]
+missing_components.__wrapped__ = _missing_afresh  # type: ignore[attr-defined]
 
 
 def _absent(value: Any) -> bool:
