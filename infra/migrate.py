@@ -706,8 +706,9 @@ def describe_lease(lease: LeaseRow, ks: str, now: datetime | None = None) -> str
             "renewed")
     every = lease.renew_every_s
     # 0 or less, NaN or infinite (CQL takes both; only a hand writes them) is no period:
-    # NaN read as a killed migrator, infinity as a running one (session 47).
-    if every is None or not 0 < every < math.inf:
+    # NaN read as a killed migrator, infinity as a running one (session 47). Nor is one
+    # the row's TTL cannot outlast (with the slack): every age it leaves reads running.
+    if every is None or not 0 < every < math.inf or every + 5 >= lease.ttl_s:
         return (f"{head}. Whether its migrator still runs is unknown (the row does not say "
                 f"how often it renews the lease): if it runs, `ratchet migrate` waits for "
                 f"it; if not, {wait}")

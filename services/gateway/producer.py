@@ -287,10 +287,14 @@ class GatewayProducer:
                 self._released = True
             finally:
                 self._releasing = None
-                if self._registry is not None:
-                    self._registry.close()
-                    self._registry = None
-                self._closed_done.set()
+                try:
+                    if self._registry is not None:
+                        self._registry.close()
+                        self._registry = None
+                finally:
+                    # Whatever the cleanup raises (a second Ctrl-C): a close of another
+                    # thread waits for this, for ever if never set (session 47).
+                    self._closed_done.set()
 
     def _served(self, call: Callable[[float], int], timeout_s: float) -> int:
         """librdkafka's ``call`` (``poll`` or ``flush``: they run delivery reports),

@@ -59,13 +59,15 @@ class HistoryReader:
         partition_key: str | None,
     ) -> VerifiedHistory | HistoryFailure:
         steps = self._read_steps(tenant_id, response_id, conversation_id, now, partition_key)
-        store = self._store
-        try:
-            name, args = next(steps)
-            while True:
-                name, args = steps.send(getattr(store, name)(*args))
-        except StopIteration as done:
-            return done.value
+        store, answer = self._store, None
+        while True:
+            # Only the generator's own end is caught, never a hook's exception (a
+            # ``StopIteration`` out of a hook returned None as the history, session 47).
+            try:
+                name, args = steps.send(answer)
+            except StopIteration as done:
+                return done.value
+            answer = getattr(store, name)(*args)
 
     async def read_async(
         self,
@@ -76,13 +78,13 @@ class HistoryReader:
         partition_key: str | None,
     ) -> VerifiedHistory | HistoryFailure:
         steps = self._read_steps(tenant_id, response_id, conversation_id, now, partition_key)
-        store = self._store
-        try:
-            name, args = next(steps)
-            while True:
-                name, args = steps.send(await getattr(store, f"{name}_async")(*args))
-        except StopIteration as done:
-            return done.value
+        store, answer = self._store, None
+        while True:
+            try:  # the generator's end alone, as in ``read``
+                name, args = steps.send(answer)
+            except StopIteration as done:
+                return done.value
+            answer = await getattr(store, f"{name}_async")(*args)
 
     def _read_steps(
         self,

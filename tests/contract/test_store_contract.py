@@ -1235,6 +1235,26 @@ class StoreContract:
             with pytest.raises(TurnLost):
                 store.read_promoted(tenant, claim.response_id)
 
+    def test_a_hook_raising_stop_iteration_is_raised_by_the_read(self, store, tenant):
+        """An exception out of a hook a read calls is the read's, whatever it is: a
+        ``StopIteration`` too (a test's ``Mock(side_effect=[...])`` once used up, a
+        subclass's bare ``next``). Since the reads were folded into one generator
+        (session 47) the blocking driver caught it as the generator's own end and
+        returned ``None`` for the history: a failed read answered as no answer at all
+        (an outside review, session 47)."""
+        claim = ResponseClaim(tenant, uid("resp"), uid("conv"), uid("key"), "d" * 64)
+        assert store.start_claiming(claim)() == claim  # claimed, never promoted
+
+        def lost(*args):
+            raise StopIteration
+
+        store.turn_lost = lost
+        with pytest.raises(StopIteration):
+            store.read_history(tenant, response_id=claim.response_id)
+        # Not the awaited read: the base ``turn_lost_async`` runs ``turn_lost`` in
+        # ``asyncio.to_thread``, whose future cannot hold a StopIteration and never
+        # completes (asyncio's own limit: the read waits for ever; decisions.md).
+
     # -- damage the write's conditions hold against (a mutation review of the write path,
     # session 44: each condition could be dropped from one backend with every test passing)
 

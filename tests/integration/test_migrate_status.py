@@ -286,3 +286,18 @@ def test_a_renewal_period_that_is_no_period_is_unknown(every):
     line = describe_lease(LeaseRow("o5", 100, 120, every), "ks", now)
     assert "(20s ago)" in line and "still runs is unknown" in line, line
     assert "running now" not in line and "killed" not in line, line
+
+
+@pytest.mark.parametrize("every", [1e9, 120.0, 115.0])
+def test_a_renewal_period_the_ttl_cannot_outlast_is_unknown(every):
+    """A row whose ``renew_every_s`` (with the 5 s of slack) is not below its own
+    ``ttl_s``: every age the TTL leaves is within one period, so the line said "A
+    migrator is running now" of any such lease, a killed migrator's too, as it did for
+    infinity (an outside review, session 47). No ratchet migrate writes one (it renews
+    every quarter of the TTL); like a period that is no period, it says nothing."""
+    from infra.migrate import LeaseRow, describe_lease
+
+    now = datetime(2026, 12, 7, 2, 0, 0, tzinfo=UTC)
+    line = describe_lease(LeaseRow("o6", 5, 120, every), "ks", now)
+    assert "(115s ago)" in line and "still runs is unknown" in line, line
+    assert "running now" not in line and "killed" not in line, line

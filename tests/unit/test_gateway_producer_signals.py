@@ -410,3 +410,38 @@ def test_a_close_again_after_a_close_interrupted_by_ctrl_c_releases_and_reports(
     assert "queued: 0" in lines, lines
     assert "client: closed" in lines, lines
     assert "send after: ProducerClosed" in lines, lines
+
+
+def test_a_second_ctrl_c_in_an_interrupted_close_does_not_hang_another_threads_close():
+    """Ctrl-C twice (a user's habit): the first out of librdkafka's flush in the first
+    close, the second while that close's cleanup releases the registry client. The
+    release's end (``_closed_done``) was set after that cleanup, so it was never set,
+    and a close of another thread waited for it for ever (an outside review, session
+    47). Now it is set first: that close does the release and raises the purged event."""
+    producer, kafka = gateway()
+    producer.send(turn := make_turn())
+    interrupts = iter([KeyboardInterrupt, KeyboardInterrupt])
+
+    def interrupted_flush(timeout=None):
+        raise next(interrupts)
+
+    class Registry:
+        def close(self):
+            with contextlib.suppress(StopIteration):  # the second Ctrl-C, once
+                raise next(interrupts)
+
+    kafka.flush, producer._registry = interrupted_flush, Registry()
+    with contextlib.suppress(KeyboardInterrupt):
+        producer.close()
+    del kafka.flush  # the class's flush from now on
+    raised: list[BaseException] = []
+
+    def close_elsewhere():
+        try:
+            producer.close(timeout_s=1)
+        except DeliveryError as exc:
+            raised.append(exc)
+
+    assert not run_in_daemon(close_elsewhere).is_alive(), "the other thread's close hung"
+    assert kafka.closed
+    assert [eid for eid, _ in raised[0].failures] == [turn.event_id], raised
