@@ -21,6 +21,7 @@ next statement (``LeaseLost``). The lease row carries its TTL and renewal period
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import re
@@ -267,6 +268,7 @@ def _acquire_lease(session, ks: str, owner: str, wait_s: float | None,
     sent: its TTL runs from no earlier."""
     started = time.monotonic()
     next_word = started
+    unseen = False  # the last take was refused and its row then read as absent
     while True:
         sent = time.monotonic()
         rs = session.execute(
@@ -276,32 +278,42 @@ def _acquire_lease(session, ks: str, owner: str, wait_s: float | None,
         if rs.was_applied:
             return sent
         lease = _read_lease(session, ks)
-        if lease is None:
+        if lease is None and not unseen:
+            unseen = True
             continue  # released or expired since: try again at once
+        # Refused twice and read as absent both times: the plain read (LOCAL_ONE) sees
+        # a replica behind the LWT's. It was tried again at once for ever, with no line
+        # and no --wait (an outside review, session 47): now waited for as held.
+        unseen = lease is None
         waited = time.monotonic() - started
         held = f"{ks}.schema_migrations_lease"
+        said = (describe_lease(lease, ks) if lease is not None else
+                "the lease's INSERT was refused, but its row reads as absent (a replica "
+                "behind the lease's; `ratchet migrate --status` shows it once it reads)")
         verdict = lease_wait_verdict(lease, waited, wait_s)
         if verdict is not None:
-            raise MigrationError(f"cannot take {held}, {verdict}. Nothing was applied. "
-                                 f"{describe_lease(lease, ks)}")
+            raise MigrationError(f"cannot take {held}, {verdict}. Nothing was applied. {said}")
         if time.monotonic() >= next_word:
             bound = (f"at most {wait_s:g}s (--wait)" if wait_s is not None else
                      "for as long as it holds the lease (`ratchet migrate --wait SECONDS` "
                      "bounds the wait)")
-            out(f"waiting for another migrator (owner {lease.owner}) to finish, "
+            whose = lease.owner if lease is not None else "unknown"
+            out(f"waiting for another migrator (owner {whose}) to finish, "
                 f"{waited:.0f}s so far, {bound}; Ctrl-C stops this run, nothing applied: "
-                f"{describe_lease(lease, ks)}")
+                f"{said}")
             next_word += 15
         time.sleep(1)
 
 
-def lease_wait_verdict(lease: LeaseRow, waited_s: float, wait_s: float | None) -> str | None:
+def lease_wait_verdict(lease: LeaseRow | None, waited_s: float,
+                       wait_s: float | None) -> str | None:
     """Whether a run that has waited ``waited_s`` for ``lease`` gives up: None to wait on,
     else why not. A lease with a TTL ends: its migrator finishes and releases it, or
     stops renewing it (killed) and it expires, so by default the run waits as long as
     the lease is held. A lease without one never expires (not written by ratchet
-    migrate): waiting cannot end it. ``wait_s`` (``--wait``) bounds the wait."""
-    if lease.ttl_left_s is None:
+    migrate): waiting cannot end it. ``wait_s`` (``--wait``) bounds the wait. ``lease``
+    None: held (its take refused) but its row not read, waited for as one with a TTL."""
+    if lease is not None and lease.ttl_left_s is None:
         return "which never expires: waiting cannot end it"
     if wait_s is not None and waited_s >= wait_s:
         return (f"still held after {waited_s:.0f}s of waiting (--wait {wait_s:g}; without "
@@ -399,6 +411,13 @@ def _release_lease(session, ks: str, owner: str) -> None:
                     (owner,), timeout=30)
 
 
+def _release_quietly(session, ks: str, owner: str) -> None:
+    """``_release_lease`` on the way out of a failed take: the failure is the one to
+    raise; a release that does not reach Cassandra leaves the lease to its TTL."""
+    with contextlib.suppress(Exception):  # the driver's errors
+        _release_lease(session, ks, owner)
+
+
 def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGRATIONS_DIR,
                      out: Callable[[str], None] = lambda _msg: None,
                      lease_wait_s: float | None = None) -> list[Migration]:
@@ -421,7 +440,14 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
                         _replication_warning(session, ks)):
             if warning:
                 out(f"warning: {warning}")
-        taken_at = _acquire_lease(session, ks, owner, wait_s=lease_wait_s, out=out)
+        try:
+            taken_at = _acquire_lease(session, ks, owner, wait_s=lease_wait_s, out=out)
+        except BaseException:
+            # Ctrl-C (or a lost answer) while the take was answered: Cassandra may have
+            # applied it, and the lease stayed this run's for its TTL, the next migrate
+            # waiting that long (an outside review, session 47). Ours or nobody's.
+            _release_quietly(session, ks, owner)
+            raise
         try:
             with _LeaseKeeper(session, ks, owner, taken_at) as lease:
                 return _apply(session, settings, migrations, folder, lease, out)

@@ -126,8 +126,14 @@ def run(base: Settings, cfg: ChaosConfig) -> dict[str, Any]:
         f"keyspace {settings.keyspace}, topics {settings.topic_prefix}*, out {out}")
     # A setup failure was a traceback (CalledProcessError, RegistryUnavailable, ...) and
     # exit 1, a violation's code (an operator's review, session 46).
-    migrated = subprocess.run([sys.executable, "-m", "ratchet.cli", "migrate"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        migrated = subprocess.run([sys.executable, "-m", "ratchet.cli", "migrate"], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    except BaseException:
+        # Ctrl-C stops migrate too, perhaps after it made the keyspace: it left as the
+        # failed migrate's below did before session 47 (an outside review, session 47).
+        say(_drop_keyspace(settings) or f"dropped keyspace {settings.keyspace} (if made)")
+        raise
     if migrated.returncode != 0:
         # Its last line says why (docs/operations.md). No topic exists yet; the keyspace
         # does when migrate stopped after making it (a statement refused, the lease

@@ -292,6 +292,70 @@ def test_a_lease_that_never_expires_is_refused_at_once_naming_its_delete(
     (migrate.LeaseRow("o", 550, 600, 150.0), 10, 10, True),  # --wait 10 spent
     (migrate.LeaseRow("o", 550, 600, 150.0), 9, 10, False),
     (migrate.LeaseRow("o", None, None, None), 0, None, True),  # never expires
+    (None, 300, None, False),  # held, its row not read: wait on
+    (None, 0, 0, True),  # ... but --wait 0 is spent
 ])
 def test_lease_wait_verdict(lease, waited, wait_s, gives_up):
     assert (migrate.lease_wait_verdict(lease, waited, wait_s) is not None) is gives_up
+
+
+# --- Ctrl-C at the take, and a refused take whose row is not read (session 47) ------
+
+class InterruptedTake(FakeCassandra):
+    """Ctrl-C lands while the lease's ``INSERT`` is answered: Cassandra applied it (a
+    lease that outlives the test: only a release ends it), the run never learns so."""
+
+    def execute(self, query: str, params=(), timeout=None):
+        result = super().execute(query, params, timeout)
+        if " ".join(query.split()).startswith(f"INSERT INTO {KS}.schema_migrations_lease"):
+            with self.lock:
+                self.lease = (self.lease[0], float("inf"))
+            raise KeyboardInterrupt
+        return result
+
+
+def test_ctrl_c_while_the_lease_is_taken_releases_it(short_lease, settings, tmp_path):
+    """The take's ``INSERT`` applied, then Ctrl-C: the run stopped before its ``finally``
+    that releases the lease, so the lease stayed its (for ``LEASE_TTL_S``, 120 s: the
+    next migrate, a Job's retry, waited that long). It is released on the way out."""
+    cassandra = InterruptedTake()
+    _slow_migration(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        apply_migrations(cassandra, settings, tmp_path)
+    assert cassandra.holder() is None
+    assert cassandra.recorded == {}
+
+
+class UnreadLease(FakeCassandra):
+    """The lease's ``INSERT ... IF NOT EXISTS`` is refused (the Paxos round sees a
+    holder) but the plain read that follows never sees the row (a replica behind the
+    LWT's, read at the driver's LOCAL_ONE). Stops the test after 500 takes."""
+
+    def __init__(self):
+        super().__init__()
+        self.lease = ("other", float("inf"))
+        self.takes = 0
+
+    def execute(self, query: str, params=(), timeout=None):
+        q = " ".join(query.split())
+        if q.startswith(f"INSERT INTO {KS}.schema_migrations_lease"):
+            self.takes += 1
+            if self.takes > 500:
+                raise AssertionError("500 takes without a pause or the --wait bound")
+        if q.startswith(f"SELECT owner, TTL(owner), ttl_s, renew_every_s FROM {KS}."):
+            return Result()
+        return super().execute(query, params, timeout)
+
+
+def test_a_refused_take_whose_row_is_not_read_keeps_the_wait_bound(short_lease, settings,
+                                                                   tmp_path):
+    """A take refused while its row reads as absent was tried again at once, for ever:
+    no pause, no line, and ``--wait`` never checked (it was checked only against a row
+    read). Now it is tried again at once one time, then waited for as a held lease."""
+    cassandra = UnreadLease()
+    _slow_migration(tmp_path)
+    with pytest.raises(MigrationError) as err:
+        apply_migrations(cassandra, settings, tmp_path, lease_wait_s=0)
+    message = str(err.value)
+    assert "--wait 0" in message and "Nothing was applied" in message, message
+    assert cassandra.takes <= 3 and cassandra.recorded == {}
