@@ -239,12 +239,14 @@ def _other_migrator(cassandra, runs_s: float, ttl_s: float = 5 * TTL_S) -> threa
 
 def test_a_running_migrator_with_a_longer_lease_is_waited_for_until_it_is_done(
         short_lease, settings, tmp_path):
-    """A running migrator whose lease (5 s here) outlasts this run's own TTL (1 s here;
+    """A running migrator whose lease (8 s here) outlasts this run's own TTL (1 s here;
     120 s against a 600 s lease for real), holding it 4 s: the run waited this
     version's TTL and gave up, exit 1, while the other went on. It waits while the lease
-    is held, saying so with the lease's own terms, then applies."""
+    is held, saying so with the lease's own terms, then applies. (8 s: its renewal
+    period, a quarter, plus --status's 5 s of slack stays below the TTL; at 5 s no age
+    could tell a running migrator from a killed one, which reads "unknown".)"""
     cassandra = FakeCassandra()
-    other = _other_migrator(cassandra, runs_s=4 * TTL_S)
+    other = _other_migrator(cassandra, runs_s=4 * TTL_S, ttl_s=8 * TTL_S)
     _slow_migration(tmp_path)
     said: list[str] = []
     applied = apply_migrations(cassandra, settings, tmp_path, out=said.append)
