@@ -73,9 +73,10 @@ class StoreAnswers:
 
         Pairing is checked against the lineage read for the turn: a Conversation's
         current head (which the turn may not extend: it expects an older or a newer
-        one), or a chain parent that is not there. Such a turn is judged by ordering,
-        as the store would judge it (CONTRACT 4: ``CONFLICT`` / ``OUT_OF_ORDER`` with the
-        head; ``PARENT_NOT_PROMOTED`` / ``TENANT_MISMATCH``), not by a pairing against
+        one), or a chain parent that is not there. Such a turn is judged as the store
+        would judge it (CONTRACT 4: a retry of a promoted request first, ``DUPLICATE`` /
+        ``IDEMPOTENCY_KEY_REUSED``; then ordering, ``CONFLICT`` / ``OUT_OF_ORDER`` with
+        the head, ``PARENT_NOT_PROMOTED`` / ``TENANT_MISMATCH``), not by a pairing against
         a history that is not its own. From a read only (a cached lineage is the one
         the turn expects)."""
         if lineage.cached:
@@ -95,6 +96,12 @@ class StoreAnswers:
         parent = turn.previous_response_id
         if parent is None or not lineage.absent:
             return None
+        # The write's first answer, as for a Conversation turn off its head: a retry of a
+        # promoted request is DUPLICATE / IDEMPOTENCY_KEY_REUSED whatever its pairing
+        # (until session 47 PARENT_NOT_PROMOTED when its own items were unpaired).
+        retry = self._retry_of_promoted_request(turn)
+        if retry is not None:
+            return retry
         verdict = promotion.interpret(turn, ParentMissing(parent),
                                       self.chain_owner(turn, parent))
         assert isinstance(verdict, Reject)

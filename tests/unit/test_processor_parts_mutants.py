@@ -7,12 +7,15 @@ under mutation")."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 
 import pytest
 
 from ratchet.domain.claims import ClaimRequest, EffectPolicy, effect_id_for_claim
+from ratchet.domain.history import HistoryFailure, HistoryFailureReason
 from ratchet.domain.plan import FactsChanged, LineageChanged
+from ratchet.domain.validation import EMPTY_PAIRING
 from ratchet.samples import (
     NOW_MS,
     TENANT,
@@ -25,16 +28,31 @@ from schemas.items import arguments_digest, function_call, function_call_output,
 from schemas.keys import partition_key
 from schemas.limits import MAX_EVENT_BYTES
 from schemas.models import CheckpointPromoted, DeadLetter, DeadLetterReason, RejectionReason
-from services.ledger.base import LedgerUnavailable, ResponseState
-from services.store.base import StoreUnavailable
+from services.ledger.base import Decision, LedgerUnavailable, ResponseState
+from services.ledger.memory import MemoryLedger
+from services.store.base import StoreOptions, StoreUnavailable
+from services.store.memory import MemoryCheckpointStore
 from streams import loop_promotion
-from streams.handled import lane_name
+from streams.handled import NO_FACTS, lane_name
+from streams.lineage import Lineage
+from streams.processor import PromotionProcessor
 from streams.records import DecodeFailed, RawRecord
+from streams.tail_cache import TailCache
 from streams.turn_decider import MAX_LINEAGE_ROUNDS
 from streams.turn_promotion import MAX_FACTS_ROUNDS
 from tests.unit.test_processor_off_head import TURNS, _damage_head, promoted
 from tests.unit.test_processor_on_loop import LoopHarness
-from tests.unit.test_processor_rules import TOPICS, Harness, chain_turn, conv_id, raw_record, turn
+from tests.unit.test_processor_order_before_pairing import self_unpaired
+from tests.unit.test_processor_retry_at_head import tool_items
+from tests.unit.test_processor_rules import (
+    TOPICS,
+    Harness,
+    PickleCodec,
+    chain_turn,
+    conv_id,
+    raw_record,
+    turn,
+)
 
 
 def test_a_records_log_name_is_its_topic_partition_and_offset():
@@ -269,3 +287,271 @@ def test_a_wrong_cached_owner_costs_a_read_never_a_rejection():
     h.feed(*effects)
     h.processor.tails.learn_owner(conv, "tenant-other")
     assert h.outcome(final).seq == 1
+
+
+# --- the survivors left by the first run, and the mutants it did not run -----------------
+
+
+class DecidedMeanwhile(MemoryLedger):
+    """A ledger on which another worker's decision of the event (``first``) is recorded
+    just before this worker's own: between its read of the facts and its record."""
+
+    first: Decision | None = None
+
+    def record_decision(self, decision: Decision) -> Decision:
+        if self.first is not None:
+            first, self.first = self.first, None
+            super().record_decision(first)
+        return super().record_decision(decision)
+
+
+def test_a_decision_another_worker_recorded_first_is_the_one_published():
+    """``VerdictRecorder.make_durable``: when the ledger holds another decision of the
+    event (a zombie's, recorded between this worker's facts read and its record), that
+    one is settled and published, never this worker's own (an outcome never flips)."""
+    h = Harness()
+    h.ledger = DecidedMeanwhile()
+    h.rewire(ledger=h.ledger)
+    conv = conv_id()
+    assert [h.outcome(turn(conv, head)).seq for head in (0, 1)] == [1, 2]
+    late = turn(conv, 1)  # this worker: CONFLICT at head 2
+    h.ledger.first = Decision(  # the zombie's, when the Conversation had no turn yet
+        event_id=late.event_id, tenant_id=TENANT, response_id=late.response_id,
+        outcome="rejected", reason="OUT_OF_ORDER", detail="expected head 1 is ahead of head 0",
+        seq=0, decided_at=NOW_MS - 1, idempotency_key=late.idempotency_key)
+    out = h.outcome(late)
+    assert (out.reason, out.head_seq) == (RejectionReason.OUT_OF_ORDER, 0)
+    assert h.ledger.status(TENANT, late.response_id).reason == "OUT_OF_ORDER"
+
+
+class _Delegating:
+    def __init__(self, store) -> None:
+        self._store = store
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+class PausedBatch(_Delegating):
+    """A worker's store whose promotion batch waits until ``go`` (a slow old owner)."""
+
+    def __init__(self, store) -> None:
+        super().__init__(store)
+        self.go, self.at_batch = threading.Event(), threading.Event()
+
+    def promote(self, request, **kw):
+        self.at_batch.set()
+        assert self.go.wait(30)
+        return self._store.promote(request, **kw)
+
+
+class StopsBeforeTheMark(_Delegating):
+    """A worker that stops between a fact it recorded and the facts mark."""
+
+    def mark_request_facts(self, *args, **kw):
+        raise StoreUnavailable("injected: stopped before the mark", retryable=True,
+                               operation="mark")
+
+
+class BeforeTheMark(_Delegating):
+    """Runs ``before_mark`` once, just before this worker writes a facts mark."""
+
+    before_mark = None
+
+    def mark_request_facts(self, *args, **kw):
+        if self.before_mark is not None:
+            act, self.before_mark = self.before_mark, None
+            act()
+        return self._store.mark_request_facts(*args, **kw)
+
+
+def test_a_batch_landing_before_a_rejections_mark_is_published_not_the_rejection():
+    """``VerdictRecorder.settle_rejection`` writes the facts mark, then reads whether the
+    attempt stands promoted: a promotion decided without the rejection (its facts read
+    before it) whose batch lands before the mark is what both workers publish. Read
+    first, such a batch landing between the read and the mark was published beside the
+    rejection. (A chain's first response: both workers read its facts always.)"""
+    store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+    paused, marking = PausedBatch(store), BeforeTheMark(store)
+    old, stopping, new = (PromotionProcessor(s, ledger, PickleCodec(), TOPICS,
+                                             clock_ms=lambda: NOW_MS)
+                          for s in (paused, StopsBeforeTheMark(store), marking))
+    t = chain_turn(None, None)
+    by_old = []
+    old_worker = threading.Thread(target=lambda: by_old.append(old.handle(raw_record(t, 1))))
+    old_worker.start()  # read the facts (none), decided Promote, its batch pending
+    assert paused.at_batch.wait(30)
+    with pytest.raises(StoreUnavailable):  # the cancellation recorded, not its mark
+        stopping.handle(raw_record(make_turn_cancelled(t), 2))
+
+    def old_batch_lands():
+        paused.go.set()
+        old_worker.join(30)
+
+    marking.before_mark = old_batch_lands
+    by_new = new.handle(raw_record(t, 1)).outbound[0].model  # decided CANCELLED
+    assert marking.before_mark is None and len(by_old) == 1
+    published = by_old[0].outbound[0].model
+    assert isinstance(published, CheckpointPromoted)
+    assert by_new == published
+
+
+def test_a_fact_recorded_after_a_fresh_recheck_is_read_with_the_ledgers_owner():
+    """``TurnPromotion``: a rejection decided with a wrong cached Conversation owner is
+    decided again from fresh reads (the ledger's owner); when a fact of the request
+    lands before that decision's batch (``FactsChanged``), the facts are read again with
+    the ledger's owner too, never the cached one: no ``TENANT_MISMATCH``."""
+    h = Harness()
+    conv = conv_id()
+    assert h.outcome(turn(conv, 0)).seq == 1
+    h.processor.tails.learn_owner(conv, "tenant-other")
+    t = turn(conv, 1)
+    _, [effect] = make_tool_loop_turn(rounds=1, conversation_id=conv,
+                                      idempotency_key=t.idempotency_key,
+                                      response_id=t.response_id)
+    other = PromotionProcessor(h.store, h.ledger, PickleCodec(), TOPICS,
+                               clock_ms=lambda: NOW_MS)
+    promote = h.store.promote
+
+    def effect_lands_first(request, **kw):
+        h.store.promote = promote
+        assert other.handle(raw_record(effect, 99)).outbound == ()
+        return promote(request, **kw)
+
+    h.store.promote = effect_lands_first
+    assert h.outcome(t).seq == 2
+    assert h.store.promote is promote  # the batch did meet the new fact
+
+
+def test_a_turn_the_loop_cannot_promote_for_its_status_binds_no_response_id():
+    """``LoopPromotion.promote`` takes no claim for a turn whose status is not promotable
+    (docs/gateway-protocol.md: a ``failed`` or ``in_progress`` turn binds nothing), as
+    the thread path takes none: its response id stays free for another request."""
+    h = LoopHarness()
+    conv = conv_id()
+    started = turn(conv, 0, status="in_progress")
+    assert h.outcome(started).reason is RejectionReason.NOT_PROMOTABLE_STATUS
+    assert h.outcome(turn(conv, 0, response_id=started.response_id)).seq == 1
+
+
+class ClaimUnknown(_Delegating):
+    """The response id's claim is sent but its outcome stays unknown (a timeout)."""
+
+    def start_claiming(self, claim):
+        def waiter():
+            raise StoreUnavailable("injected: the claim's outcome is unknown", retryable=True,
+                                   operation="promote/claim")
+        return waiter
+
+
+def test_an_off_head_turn_is_answered_only_once_its_response_ids_claim_is_known():
+    """``TurnDecider._decide_off_head`` waits for the response id's claim before the
+    store's judgement, as a turn sent to the write does: while its outcome is unknown
+    the attempt is retried whole, nothing recorded or published."""
+    h = Harness()
+    conv = conv_id()
+    assert [h.outcome(turn(conv, head)).seq for head in (0, 1)] == [1, 2]
+    h.rewire(store=ClaimUnknown(h.store), tails=TailCache(capacity=0))
+    stale = turn(conv, 1)  # off its head: judged by the store, never written
+    with pytest.raises(StoreUnavailable) as raised:
+        h.processor.handle(h.record(stale))
+    assert raised.value.retryable
+    assert h.ledger.status(TENANT, stale.response_id).status is not ResponseState.REJECTED
+
+
+def test_a_conversation_lineage_found_absent_is_at_head_zero():
+    """``StoreAnswers`` (via ``TurnDecider._decide``): a Conversation whose lineage read
+    found nothing stored has no head: a turn expecting head 2 whose pairing failed
+    against nothing is ``OUT_OF_ORDER`` at head 0 (ordering before pairing), not
+    ``UNPAIRED_TOOL_CALL``. (Through the processor a read finds a Conversation absent
+    only after its head was found at the expected seq; answered directly here.)"""
+    h = Harness()
+    t = turn(conv_id(), 2, items=[function_call_output("call_open", "{}",
+                                                       item_id=new_id("fco"))])
+    absent = Lineage(EMPTY_PAIRING, None, unread=True, absent=True)
+    out = h.processor._decider._decide(t, NO_FACTS, None, absent, facts_read=True)
+    assert (out.reason, out.head_seq) == (RejectionReason.OUT_OF_ORDER, 0)
+
+
+@pytest.mark.parametrize("reason", [HistoryFailureReason.UNKNOWN_ITEM_TYPE,
+                                    HistoryFailureReason.UNSUPPORTED_FORMAT])
+def test_a_lineage_this_version_cannot_read_is_answered_with_the_reads_reason(reason):
+    """``StoreAnswers.on_unreadable_lineage``: a turn at the head of a history written
+    with an item type or a format this version does not know is rejected with that
+    reason (docs/gateway-protocol.md section 7), not ``CORRUPT``."""
+    h = Harness()
+    conv = conv_id()
+    assert h.outcome(turn(conv, 0)).seq == 1
+    h.rewire(tails=TailCache(capacity=0))
+    h.store.read_history = lambda *a, **kw: HistoryFailure(reason, "written by a newer build")
+    assert h.outcome(turn(conv, 1)).reason is RejectionReason(reason.value)
+
+
+def test_a_parent_whose_owner_row_names_a_tenant_without_it_is_not_promoted():
+    """``StoreAnswers.chain_owner``: the response owner row is written beside a batch
+    that may then be refused: another tenant named there without the checkpoint is no
+    owner, and the continuation is ``PARENT_NOT_PROMOTED``, not ``TENANT_MISMATCH``."""
+    h = Harness()
+    root = chain_turn(None, None)
+    assert h.outcome(root).seq == 1
+    refused = new_id("resp")
+    h.ledger.record_response_owner(refused, "tenant-other")  # its batch then refused
+    out = h.outcome(chain_turn(root.response_id, refused))
+    assert out.reason is RejectionReason.PARENT_NOT_PROMOTED
+
+
+def test_a_resent_first_turn_with_unpaired_items_is_answered_as_a_retry():
+    """``StoreAnswers._off_head_answer``: a retry of a promoted first turn sent again at
+    head 0 of the Conversation its original began does not extend the head and is not
+    judged by pairing: the write's first answer, ``DUPLICATE`` naming the original,
+    with unpaired items of its own too (not ``CONFLICT``)."""
+    h = Harness()
+    conv = conv_id()
+    original = turn(conv, 0)
+    assert h.outcome(original).seq == 1
+    retry = turn(conv, 0, items=self_unpaired(), idempotency_key=original.idempotency_key,
+                 attempt=2)
+    out = h.outcome(retry)
+    assert (out.reason, out.existing_response_id) == (RejectionReason.DUPLICATE,
+                                                      original.response_id)
+
+
+def test_a_retry_whose_originals_history_cannot_be_read_stays_unpaired():
+    """``StoreAnswers.retry_unpaired_by_its_original``: a retry whose pairing failed at
+    its original's head is judged on the history its original extended; when that
+    cannot be read, the pairing rejection stands (fail closed), never a pairing
+    against nothing. (A store whose two reads disagree: a double.)"""
+    h = Harness()
+    conv, items = conv_id(), tool_items("call_twice")
+    first = turn(conv, 0)
+    assert h.outcome(first).seq == 1
+    original = turn(conv, 1, items=items)
+    assert h.outcome(original).seq == 2
+    h.rewire(tails=TailCache(capacity=0))
+    read_history = h.store.read_history
+
+    def parent_unreadable(tenant_id, **kw):
+        if kw.get("response_id") == first.response_id:
+            return HistoryFailure(HistoryFailureReason.CORRUPT_HISTORY, "injected")
+        return read_history(tenant_id, **kw)
+
+    h.store.read_history = parent_unreadable
+    retry = turn(conv, 2, items=items, idempotency_key=original.idempotency_key, attempt=2)
+    assert h.outcome(retry).reason is RejectionReason.UNPAIRED_TOOL_CALL
+
+
+def test_a_chain_retry_with_no_parent_gets_the_writes_answer_whatever_its_pairing():
+    """``StoreAnswers._write_answer_out_of_lineage``: a chain turn whose parent is not
+    there extends no lineage and is not judged by pairing: a retry of a promoted request
+    gets the write's first answer (``DUPLICATE``) with its own unpaired items as with
+    paired ones (it was ``PARENT_NOT_PROMOTED`` then, the answer resting on pairing)."""
+    h = Harness()
+    original = chain_turn(None, None)
+    assert h.outcome(original).seq == 1
+    answers = []
+    for items in (tool_items("call_c"), self_unpaired()):
+        retry = chain_turn(original.response_id, new_id("resp"), items=items,
+                           idempotency_key=original.idempotency_key, attempt=2)
+        out = h.outcome(retry)
+        answers.append((out.reason, out.existing_response_id))
+    assert answers == [(RejectionReason.DUPLICATE, original.response_id)] * 2
