@@ -366,15 +366,13 @@ def test_migrate_does_not_warn_for_a_replication_factor_stored_per_datacenter(
     # (A datacenter that does not exist is refused by Cassandra 5: one line, exit 1.)
     ("{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}", "datacenter datacenter1"),
 ])
-def test_migrate_warns_of_more_replicas_than_nodes(settings, unique_name, replication,
-                                                    datacenter):
+def test_migrate_warns_of_more_replicas_than_nodes(settings, unique_name, cassandra_session,
+                                                    replication, datacenter):
     """A replication the cluster cannot hold (a production RATCHET_REPLICATION on one
     node) was "schema up to date", exit 0, and the worker and
     the API then failed every LOCAL_QUORUM read and write (Unavailable): Cassandra's own
     warning at CREATE KEYSPACE is not shown (an operator's review, session 46). Still
     exit 0 (nodes may be added next), with a warning, at each run and in --status."""
-    from cassandra.cluster import Cluster
-
     ks = unique_name("repl")
     try:
         for args in ([], [], ["--status"]):
@@ -387,27 +385,18 @@ def test_migrate_warns_of_more_replicas_than_nodes(settings, unique_name, replic
             assert f"{datacenter}, which has " in warnings[0] and "QUORUM" in warnings[0]
             assert "RATCHET_REPLICATION" in warnings[0], warnings[0]
     finally:
-        cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
-        try:
-            cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=60)
-        finally:
-            cluster.shutdown()
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=60)
 
 
-def test_migrate_does_not_warn_when_the_nodes_hold_the_replicas(settings, unique_name):
-    from cassandra.cluster import Cluster
-
+def test_migrate_does_not_warn_when_the_nodes_hold_the_replicas(settings, unique_name,
+                                                                 cassandra_session):
     ks = unique_name("repl")
     try:
         done = _run("migrate", settings, RATCHET_KEYSPACE=ks,
                     RATCHET_REPLICATION="{'class': 'NetworkTopologyStrategy', 'datacenter1': 1}")
         assert done.returncode == 0 and "warning" not in done.stdout, done.stdout
     finally:
-        cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port)
-        try:
-            cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=60)
-        finally:
-            cluster.shutdown()
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=60)
 
 
 def _chaos(settings, out, **env) -> subprocess.CompletedProcess:
