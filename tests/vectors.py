@@ -195,6 +195,53 @@ ITEM_OBJECTS = [
 ]
 
 
+# One item of every other catalogue type (contracts.md, section 7), in an order that keeps
+# the pairing rules: how each builds its record (an ``mcp_call`` has no ``call_id``, an
+# approval response answers by ``approval_request_id``, not ``call_id``). Not in
+# events.json, whose bytes stay as published.
+CATALOGUE_ITEM_OBJECTS = [
+    {"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAAABoZ3x0"},
+    {"type": "web_search_call", "id": "ws_1", "status": "completed",
+     "action": {"type": "search", "query": "weather Zürich"}},
+    {"type": "file_search_call", "id": "fs_1", "queries": ["weather"],
+     "status": "completed", "results": None},
+    {"type": "code_interpreter_call", "id": "ci_1", "status": "completed",
+     "code": "print(2 + 2)", "container_id": "cntr_1",
+     "outputs": [{"type": "logs", "logs": "4\n"}]},
+    {"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": None},
+    {"type": "mcp_list_tools", "id": "mcpl_1", "server_label": "wiki",
+     "tools": [{"name": "ask", "input_schema": {"type": "object"}}]},
+    {"type": "mcp_call", "id": "mcp_1", "server_label": "wiki", "name": "ask",
+     "arguments": "{\"q\":\"Zürich\"}", "output": "A city.", "error": None},
+    {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_ct_1", "name": "grep",
+     "input": "Zürich"},
+    {"type": "custom_tool_call_output", "id": "ctco_1", "call_id": "call_ct_1",
+     "output": "3 matches"},
+    {"type": "computer_call", "id": "cu_1", "call_id": "call_cu_1", "status": "completed",
+     "action": {"type": "click", "button": "left", "x": 10, "y": 20},
+     "pending_safety_checks": []},
+    {"type": "computer_call_output", "id": "cuo_1", "call_id": "call_cu_1",
+     "output": {"type": "computer_screenshot", "image_url": "data:image/png;base64,iVBORw0K"}},
+    {"type": "local_shell_call", "id": "lsh_1", "call_id": "call_ls_1", "status": "completed",
+     "action": {"type": "exec", "command": ["ls"], "env": {}}},
+    {"type": "local_shell_call_output", "id": "lsho_1", "call_id": "call_ls_1",
+     "output": "README.md\n"},
+    {"type": "shell_call", "id": "sh_1", "call_id": "call_sh_1", "status": "completed",
+     "action": {"commands": ["ls"], "timeout_ms": 1000}},
+    {"type": "shell_call_output", "id": "sho_1", "call_id": "call_sh_1",
+     "output": [{"stdout": "README.md\n", "stderr": "",
+                 "outcome": {"type": "exit", "exit_code": 0}}]},
+    {"type": "apply_patch_call", "id": "ap_1", "call_id": "call_ap_1", "status": "completed",
+     "operation": {"type": "update_file", "path": "a.txt", "diff": "@@\n-a\n+b\n"}},
+    {"type": "apply_patch_call_output", "id": "apo_1", "call_id": "call_ap_1",
+     "status": "completed", "output": "patched"},
+    {"type": "mcp_approval_request", "id": "mcpr_1", "server_label": "wiki", "name": "ask",
+     "arguments": "{}"},
+    {"type": "mcp_approval_response", "id": "mcpa_1", "approval_request_id": "mcpr_1",
+     "approve": True, "reason": None},
+]
+
+
 def item_record(obj: dict[str, Any]) -> Item:
     """The Item record of a Responses item object (as the gateway library builds it)."""
     content = canonical_json(obj)
@@ -207,14 +254,16 @@ def item_record(obj: dict[str, Any]) -> Item:
 
 def item_vectors() -> dict[str, Any]:
     cases = []
-    for obj in ITEM_OBJECTS:
+    for obj in (*ITEM_OBJECTS, *CATALOGUE_ITEM_OBJECTS):
         record = item_record(obj)
         cases.append({"object": obj, "content": record.content.decode("utf-8"),
                       "content_hex": record.content.hex(),
                       "content_digest": record.content_digest,
                       "item": _json_record(record)})
     return {"about": "Item.content = canonical JSON of the Responses item object (with its "
-                     "id and type); content_digest = sha256 hex of content.",
+                     "id and type); content_digest = sha256 hex of content; role and "
+                     "call_id are the object's, null when it has none. One case of every "
+                     "type of the item catalogue (docs/contracts.md, section 7).",
             "cases": cases}
 
 

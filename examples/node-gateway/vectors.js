@@ -23,7 +23,7 @@ const check = (name, got, want) => { if (got === want) ok++; else { bad++; conso
   for (const c of E.effect_ids) check('eff', gw.effectId(c.idempotency_key, c.subturn_index, c.call_id), c.effect_id);
   for (const c of E.claimed_effect_ids) check('ceff', gw.claimedEffectId(c.idempotency_key, c.subturn_index, c.tool_name, c.occurrence), c.effect_id);
   for (const c of V('fingerprints.json').cases) check('fp ' + c.name, gw.fingerprintHash(c.fingerprint), c.fingerprint_hash);
-  for (const c of V('items.json').cases) { const it = gw.item(c.object); check('item', it.content.toString(), c.content); check('itemd', it.content_digest, c.content_digest); }
+  for (const c of V('items.json').cases) { const it = gw.item(c.object); check('item', it.content.toString(), c.content); check('itemd', it.content_digest, c.content_digest); check('item record ' + c.object.type, JSON.stringify([it.item_id, it.type, it.role, it.call_id, it.format_version]), JSON.stringify([c.item.item_id, c.item.type, c.item.role, c.item.call_id, c.item.format_version])); }
   for (const c of V('partition-keys.json').cases) { const k = gw.partitionKey(c.event); check('pk', k, c.key); check('crc', zlib.crc32(Buffer.from(k)) >>> 0, c.crc32); check('part', (zlib.crc32(Buffer.from(k)) >>> 0) % 12, c.partition_of_12); }
   for (const c of V('request-digests.json').cases) check('rd', gw.sha256(gw.canonical(c.request)), c.request_digest);
   for (const c of V('events.json').cases) {

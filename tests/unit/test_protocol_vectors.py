@@ -17,6 +17,7 @@ from typing import Any
 import fastavro
 import pytest
 
+from ratchet.domain.catalogue import KNOWN_ITEM_TYPES, shape_problem
 from ratchet.domain.claims import effect_id_for_claim
 from ratchet.domain.fingerprint import (
     canonical_fingerprint,
@@ -27,7 +28,7 @@ from ratchet.domain.fingerprint import (
     fingerprint_hash,
     sanitize_tools,
 )
-from ratchet.domain.validation import Valid, validate_turn
+from ratchet.domain.validation import Unpaired, Valid, check_pairing, validate_turn
 from schemas import avsc
 from schemas.canonical import canonical_digest, canonical_json, parse_json
 from schemas.items import arguments_digest, effect_id_for
@@ -138,6 +139,21 @@ def test_item_content_and_digest(case):
     built = to_item(case["object"], default_id="unused")
     assert built == Item(**{**case["item"], "content": case["content"].encode("utf-8")})
     assert built.digest_ok()
+
+
+def test_items_vectors_cover_the_whole_catalogue_as_valid_items():
+    """A gateway in another language builds the record of every item type it stores
+    (which ``role`` / ``call_id`` an ``mcp_call`` or an approval response carries, say)
+    from items.json: one case per catalogue type, each of a valid shape, the catalogue's
+    cases one history that keeps the pairing rules (contracts.md, section 7)."""
+    covered = {case["object"]["type"] for case in ITEMS}
+    assert sorted(KNOWN_ITEM_TYPES - covered) == []
+    records = [Item(**{**case["item"], "content": case["content"].encode("utf-8")})
+               for case in ITEMS]
+    assert [shape_problem(record) for record in records] == [None] * len(records)
+    catalogue = [r for r in records if r.item_id not in {"msg_user_1", "rs_1", "fc_1",
+                                                          "fco_1", "msg_asst_1"}]
+    assert not isinstance(check_pairing(catalogue), Unpaired)
 
 
 # --- partition keys -------------------------------------------------------------------------
