@@ -222,6 +222,25 @@ async function main() {
   ({ r } = await sendAndWait(s2));
   expect('8 MiB of items travels end to end', r.status === 200 && r.body.outcome === 'certified' && r.body.items.length === 9, [r.status, r.body.reason, r.body.detail]);
 
+  // the bound is exact: a value of 10,485,760 bytes (header + body) travels, one more byte is refused
+  const sized = async (rid, target) => {
+    const pad = (n) => turn({ response_id: rid, output_items: [...eight.slice(0, 9), msg(`${rid}_pad`, 'assistant', 'z'.repeat(n))] });
+    let n = 1000; const base = (await gw.encode('TurnCompleted', pad(n))).length;
+    n += target - base;  // then once more: the content's length prefix grew a byte or two
+    n += target - (await gw.encode('TurnCompleted', pad(n))).length;
+    const ev = pad(n); const v = await gw.encode('TurnCompleted', ev);
+    return { ev, v };
+  };
+  const atMax = await sized(`resp_${RUN}_max`, gw.MAX_VALUE);
+  expect('value of exactly 10,485,760 bytes built', atMax.v.length === gw.MAX_VALUE, atMax.v.length);
+  await gw.produceRaw(Buffer.from(atMax.ev.response_id), atMax.v);
+  r = await hist(atMax.ev.response_id, { wait_ms: 10000 });
+  expect('a 10,485,760-byte turn is promoted', r.status === 200 && r.body.outcome === 'certified', [r.status, r.body.reason, r.body.detail]);
+  const overMax = await sized(`resp_${RUN}_max1`, gw.MAX_VALUE + 1);
+  await gw.produceRaw(Buffer.from(overMax.ev.response_id), overMax.v);
+  rj = await rejection(overMax.ev);
+  expect(`a ${overMax.v.length}-byte turn is UNSUPPORTED_FORMAT`, overMax.v.length === gw.MAX_VALUE + 1 && rj && rj.value.reason === 'UNSUPPORTED_FORMAT', [overMax.v.length, rj && rj.value]);
+
   // 14. dead letters
   let p = await gw.produceRaw(Buffer.from(`dl_${RUN}`), Buffer.from([1, 0, 0, 0, 1, 2, 3]));
   let dl = await deadLetter(p);
@@ -257,6 +276,78 @@ async function main() {
   expect('turn using a completed claim certified at seq 7', r.status === 200 && r.body.head_seq === 7, r.body);
   r = await gw.api.claim({ ...claimBody, token: uuid(), occurrence: 1 });
   expect('claim of a promoted request -> PROMOTED', r.body.state === 'PROMOTED' && r.body.existing_response_id === t15.response_id, r.body);
+
+  // 16. timestamps: years 1-9999 (docs/gateway-protocol.md section 6), any field
+  const MAX_MS = 253402300799999, MIN_MS = -62135596800000;  // 9999-12-31T23:59:59.999Z, 0001-01-01T00:00:00.000Z
+  const tsOk = turn({ response_id: `resp_${RUN}_ts_ok`, expires_at: MAX_MS });
+  tsOk.produced_at = MIN_MS; tsOk.token_artifact.expires_at = MAX_MS;
+  ({ r } = await sendAndWait(tsOk));
+  expect('timestamps at both ends of years 1-9999 -> promoted, certified, artifact expiry served',
+    r.status === 200 && r.body.outcome === 'certified' && Date.parse(r.body.checkpoint.expires_at) === MAX_MS, r.body);
+  const outOfRange = [
+    ['TurnCompleted produced_at after 9999', (ev) => { ev.produced_at = MAX_MS + 1; }],
+    ['TurnCompleted produced_at before year 1', (ev) => { ev.produced_at = MIN_MS - 1; }],
+    ['TurnCompleted expires_at after 9999', (ev) => { ev.expires_at = MAX_MS + 1; }],
+    ['token_artifact.expires_at after 9999', (ev) => { ev.token_artifact.expires_at = MAX_MS + 1; }],
+    ['boundary_proof.expires_at before year 1', (ev) => { ev.boundary_proof.expires_at = MIN_MS - 1; }],
+    ['router_receipt.expires_at after 9999', (ev) => { ev.router_receipt = { receipt_id: 'rr', router_key_format: FP.router_key_format, covered_tokens: 16, expires_at: MAX_MS + 1, issuer: 'router' }; }],
+  ];
+  for (const [i, [what, spoil]] of outOfRange.entries()) {
+    const ev = turn({ response_id: `resp_${RUN}_ts_${i}` }); spoil(ev);
+    const pos = await gw.produce('TurnCompleted', ev);
+    const d = await deadLetter(pos);
+    expect(`${what} -> dead letter CORRUPT_PAYLOAD`, d && d.value.reason === 'CORRUPT_PAYLOAD', d && d.value);
+  }
+  r = await status(`resp_${RUN}_ts_0`);
+  expect('a dead-lettered turn has no decision: status unknown', r.body.state === 'unknown', r.body);
+  r = await hist(`resp_${RUN}_ts_0`, { wait_ms: 300 });
+  expect('... and a wait_ms read ends 409 NOT_PROMOTED, no decision', r.status === 409 && r.body.reason === 'NOT_PROMOTED', r.body);
+  p = await gw.produce('ToolEffect', { ...te, event_id: uuid(), executed_at: MAX_MS + 1 });
+  dl = await deadLetter(p);
+  expect('ToolEffect executed_at after 9999 -> CORRUPT_PAYLOAD', dl && dl.value.reason === 'CORRUPT_PAYLOAD', dl && dl.value);
+  p = await gw.produce('TurnCancelled', { ...can, event_id: uuid(), idempotency_key: `idem_${RUN}_ts_can`, cancelled_at: MIN_MS - 1 });
+  dl = await deadLetter(p);
+  expect('TurnCancelled cancelled_at before year 1 -> CORRUPT_PAYLOAD', dl && dl.value.reason === 'CORRUPT_PAYLOAD', dl && dl.value);
+  const ancient = turn({ response_id: `resp_${RUN}_ts_ancient`, expires_at: MIN_MS });
+  ({ r } = await sendAndWait(ancient));
+  expect('expires_at 0001-01-01 -> promoted, read 410 EXPIRED', r.status === 410 && r.body.reason === 'EXPIRED', r.body);
+
+  // 17. artifacts that are not kept: certified, NO_ARTIFACT, CheckpointPromoted without artifact
+  const noProof = turn({ response_id: `resp_${RUN}_noproof` }); noProof.boundary_proof = null;
+  ({ r } = await sendAndWait(noProof));
+  let cpx = await gw.waitOutcome((o) => o.topic === 'checkpoints' && o.value.response_id === noProof.response_id);
+  expect('artifact without boundary proof -> certified, fallback NO_ARTIFACT, artifact_id null',
+    r.body.reason === 'NO_ARTIFACT' && cpx && cpx.value.certification === 'certified' && cpx.value.artifact_id === null && cpx.value.artifact_expires_at === null, [r.body, cpx && cpx.value]);
+  const stale = turn({ response_id: `resp_${RUN}_stale` }); stale.token_artifact.expires_at = Date.now() - 1000;
+  ({ r } = await sendAndWait(stale));
+  cpx = await gw.waitOutcome((o) => o.topic === 'checkpoints' && o.value.response_id === stale.response_id);
+  expect('artifact expired before processing -> promoted, NO_ARTIFACT (not ARTIFACT_EXPIRED), artifact_id null',
+    r.body.reason === 'NO_ARTIFACT' && cpx && cpx.value.artifact_id === null, [r.body, cpx && cpx.value]);
+  const rcpt = turn({ response_id: `resp_${RUN}_rcpt` });
+  rcpt.router_receipt = { receipt_id: 'rr', router_key_format: FP.router_key_format, covered_tokens: 16, expires_at: Date.now() - 1000, issuer: 'router' };
+  ({ r } = await sendAndWait(rcpt));
+  expect('router receipt expired before processing -> ARTIFACT_EXPIRED', r.body.outcome === 'fallback' && r.body.reason === 'ARTIFACT_EXPIRED', r.body);
+
+  // 18. head_seq of an older Conversation response, and the Conversation's head beside it
+  r = await hist(t1.response_id);
+  expect('older Conversation response: head_seq its own seq (1), conversation_head_seq the head (7)',
+    r.status === 200 && r.body.head_seq === 1 && r.body.conversation_head_seq === 7 && r.body.items.length === 2, r.body);
+
+  // 19. a chain retry of a promoted request whose parent is absent: the promotion that stands
+  const cpc2 = await gw.waitOutcome((o) => o.topic === 'checkpoints' && o.value.response_id === c2.response_id);
+  const c2r = { ...c2, event_id: uuid(), attempt: 2, previous_response_id: `resp_${RUN}_absent` };
+  await gw.produce('TurnCompleted', c2r);
+  cpx = await gw.waitOutcome((o) => o.topic === 'checkpoints' && o.value.response_id === c2.response_id && o.value.event_id !== cpc2.value.event_id);
+  expect('chain retry, same response id, absent parent -> the standing promotion (seq 2, attempt 1)',
+    cpx && cpx.value.seq === 2 && cpx.value.attempt === 1, cpx && cpx.value);
+  const c2d = { ...c2, event_id: uuid(), attempt: 3, response_id: `resp_${RUN}_c2d`, previous_response_id: `resp_${RUN}_absent`,
+    output_items: [item({ id: 'fco_c2d', type: 'function_call_output', call_id: 'call_none', output: 'x' })] };
+  await gw.produce('TurnCompleted', c2d); rj = await rejection(c2d);
+  expect('chain retry, other response id, absent parent, unpaired items -> DUPLICATE naming the original',
+    rj && rj.value.reason === 'DUPLICATE' && rj.value.existing_response_id === c2.response_id && rj.value.head_seq === 2, rj && rj.value);
+  const c2k = { ...c2d, event_id: uuid(), attempt: 4, response_id: `resp_${RUN}_c2k`, request_digest: sha256('another request') };
+  await gw.produce('TurnCompleted', c2k); rj = await rejection(c2k);
+  expect('... with another request digest -> IDEMPOTENCY_KEY_REUSED', rj && rj.value.reason === 'IDEMPOTENCY_KEY_REUSED' && rj.value.existing_response_id === c2.response_id, rj && rj.value);
 
   console.log(`\n${pass} passed, ${fail} failed`);
   if (findings.length) console.log('failed:', findings.join('; '));
