@@ -349,6 +349,16 @@ async function main() {
   await gw.produce('TurnCompleted', c2k); rj = await rejection(c2k);
   expect('... with another request digest -> IDEMPOTENCY_KEY_REUSED', rj && rj.value.reason === 'IDEMPOTENCY_KEY_REUSED' && rj.value.existing_response_id === c2.response_id, rj && rj.value);
 
+  // 20. response ids are per tenant: another tenant's chain may reuse R1 (same Kafka key)
+  const T2 = `ten2_${RUN}`;
+  const o1 = turn({ response_id: R1, tenant_id: T2, idempotency_key: `idem_${RUN}_t2`, input_items: [msg(`${R1}:in:0`, 'user', 'tenant two')] });
+  await gw.produce('TurnCompleted', o1);
+  r = await gw.api.history(R1, { tenant_id: T2, fingerprint_hash: FPH, wait_ms: 10000 });
+  const mine = await hist(R1);
+  expect('another tenant promotes the same response id as its own chain root; each reads its own',
+    r.status === 200 && r.body.head_seq === 1 && r.body.items[0].content === o1.input_items[0].content.toString()
+    && mine.status === 200 && mine.body.items[0].content === c1.input_items[0].content.toString() && mine.body.items[0].content !== r.body.items[0].content, [r.body, mine.body]);
+
   console.log(`\n${pass} passed, ${fail} failed`);
   if (findings.length) console.log('failed:', findings.join('; '));
   await consumer.disconnect(); await gw.producer.disconnect();
