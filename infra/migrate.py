@@ -412,8 +412,8 @@ def _release_lease(session, ks: str, owner: str) -> None:
 
 
 def _release_quietly(session, ks: str, owner: str) -> None:
-    """``_release_lease`` on the way out of a failed take: the failure is the one to
-    raise; a release that does not reach Cassandra leaves the lease to its TTL."""
+    """``_release_lease`` on the way out of a failed take or run: the failure is the one
+    to raise; a release that does not reach Cassandra leaves the lease to its TTL."""
     with contextlib.suppress(Exception):  # the driver's errors
         _release_lease(session, ks, owner)
 
@@ -450,9 +450,15 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
             raise
         try:
             with _LeaseKeeper(session, ks, owner, taken_at) as lease:
-                return _apply(session, settings, migrations, folder, lease, out)
-        finally:
-            _release_lease(session, ks, owner)
+                applied = _apply(session, settings, migrations, folder, lease, out)
+        except BaseException:
+            # The run's own failure (Ctrl-C included) is the one raised: a release that
+            # failed too replaced it, and an interrupted run said "cannot reach
+            # Cassandra", exit 1 (an outside review, session 48). Left to its TTL then.
+            _release_quietly(session, ks, owner)
+            raise
+        _release_lease(session, ks, owner)  # after a run that applied: its error says so
+        return applied
     finally:
         session.shutdown()
 

@@ -25,9 +25,11 @@ from ratchet.domain.plan import (
     KeyReused,
     ParentMissing,
     ResponseClaim,
+    ResponseExists,
 )
 from ratchet.domain.promotion import Facts, Reject
 from ratchet.domain.validation import EMPTY_PAIRING, PairingState, pairing_state_of
+from schemas.keys import partition_key
 from schemas.models import RejectionReason, TurnCompleted
 from services.ledger.base import Ledger, ResponseState
 from services.store.base import (
@@ -96,12 +98,14 @@ class StoreAnswers:
         parent = turn.previous_response_id
         if parent is None or not lineage.absent:
             return None
-        # The write's first answer, as for a Conversation turn off its head: a retry of a
-        # promoted request is DUPLICATE / IDEMPOTENCY_KEY_REUSED whatever its pairing
-        # (until session 47 PARENT_NOT_PROMOTED when its own items were unpaired).
-        retry = self._retry_of_promoted_request(turn)
-        if retry is not None:
-            return retry
+        # The write's first answers, as for a Conversation turn off its head: a retry of
+        # a promoted request is DUPLICATE / IDEMPOTENCY_KEY_REUSED, a response id bound
+        # to another request CONFLICT, whatever its pairing (until session 47
+        # PARENT_NOT_PROMOTED when its own items were unpaired; the bound id until
+        # session 48).
+        first = self._before_ordering(turn)
+        if first is not None:
+            return first
         verdict = promotion.interpret(turn, ParentMissing(parent),
                                       self.chain_owner(turn, parent))
         assert isinstance(verdict, Reject)
@@ -129,10 +133,11 @@ class StoreAnswers:
         """The write's answer to a Conversation turn that expects another head than
         ``head``. A retry of a promoted request first, e.g. of a turn that answered a call
         the retry now finds answered in the head (the original itself): the store's
-        answer, which comes before ordering's. Then ``CONFLICT`` / ``OUT_OF_ORDER``."""
-        retry = self._retry_of_promoted_request(turn)
-        if retry is not None:
-            return retry
+        answer, which comes before ordering's; a response id bound to another request
+        too. Then ``CONFLICT`` / ``OUT_OF_ORDER``."""
+        first = self._before_ordering(turn)
+        if first is not None:
+            return first
         assert turn.expected_head_seq is not None and turn.expected_head_seq != head
         outcome = Conflict(head) if turn.expected_head_seq < head else AheadOfHead(head)
         verdict = promotion.interpret(turn, outcome)
@@ -197,6 +202,25 @@ class StoreAnswers:
         "already promoted" follows. It does not depend on the lineage."""
         original = self._promoted_original(turn)
         return None if original is None else self._retry_verdict(turn, original)
+
+    def _before_ordering(self, turn: TurnCompleted) -> Reject | None:
+        """The write's answers that come before ordering (CONTRACT 4,
+        ``plan_promotion``'s order): the request standing promoted, then the turn's
+        response id promoted in its partition by another request (``CONFLICT`` naming
+        it, ``ResponseExists``). None otherwise. The bound id is asked only here, on
+        the rare path of a turn that extends no lineage and failed pairing: a read of
+        the id's checkpoint, kept to the turn's partition as the write's view is (an id
+        bound elsewhere is the claim's, which the write meets after ordering)."""
+        retry = self._retry_of_promoted_request(turn)
+        if retry is not None:
+            return retry
+        bound = self.store.get_checkpoint(turn.tenant_id, turn.response_id)
+        if (bound is None or bound.idempotency_key == turn.idempotency_key
+                or bound.partition_key != partition_key(turn)):
+            return None  # none, the request's own (already promoted), or elsewhere
+        verdict = promotion.interpret(turn, ResponseExists(bound))
+        assert isinstance(verdict, Reject)
+        return verdict
 
     @staticmethod
     def _retry_verdict(turn: TurnCompleted, original: CheckpointRecord) -> Reject | None:

@@ -361,3 +361,45 @@ def test_a_refused_take_whose_row_is_not_read_keeps_the_wait_bound(short_lease, 
     message = str(err.value)
     assert "--wait 0" in message and "Nothing was applied" in message, message
     assert cassandra.takes <= 3 and cassandra.recorded == {}
+
+
+# --- Ctrl-C while applying, then a release that fails (session 48) -----------------
+
+class ReleaseFails(FakeCassandra):
+    """The lease's release (its ``DELETE``) fails as the driver fails a request that
+    does not reach Cassandra; a migration's ``/*slow*/`` statement is where Ctrl-C
+    lands (``on_slow``)."""
+
+    def execute(self, query: str, params=(), timeout=None):
+        if " ".join(query.split()).startswith(f"DELETE FROM {KS}.schema_migrations_lease"):
+            raise TimeoutError("the release timed out (Cassandra away)")
+        return super().execute(query, params, timeout)
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, MigrationError])
+def test_a_failed_release_never_hides_why_the_run_stopped(short_lease, settings, tmp_path,
+                                                          raised):
+    """Ctrl-C (or any failure) while a migration ran, then the lease's release fails:
+    the release's error replaced the ``KeyboardInterrupt``, and ``ratchet migrate``
+    said "cannot reach Cassandra", exit 1, instead of its interrupted line and 130 (an
+    outside review, session 48). The run's own failure is the one raised; the lease is
+    left to its TTL."""
+    def stop(cassandra):
+        raise KeyboardInterrupt if raised is KeyboardInterrupt else MigrationError("bad")
+
+    cassandra = ReleaseFails(on_slow=stop)
+    _slow_migration(tmp_path)
+    with pytest.raises(raised):
+        apply_migrations(cassandra, settings, tmp_path)
+    assert cassandra.recorded == {}
+
+
+def test_a_release_that_fails_after_a_run_that_applied_is_still_raised(short_lease,
+                                                                      settings, tmp_path):
+    """A run that applied everything and could not release its lease says so (the next
+    migrate waits up to its TTL): the release's error is not swallowed there."""
+    cassandra = ReleaseFails()
+    _slow_migration(tmp_path)
+    with pytest.raises(TimeoutError, match="release timed out"):
+        apply_migrations(cassandra, settings, tmp_path)
+    assert list(cassandra.recorded) == [1]
