@@ -196,6 +196,17 @@ class GatewayProducer:
         # (``_finish_close``; a signal handler's, session 45).
         self._serving = threading.local()
         self._close_pending: float | None = None
+        # A send waiting for room in librdkafka's full queue waits on ``_room``: woken at
+        # once by a delivery report (``_reports`` counts them; each one served may have
+        # made room) or by a ``close`` (``_closing``). It polled librdkafka 0.1 s at a
+        # time before session 48, so it saw a close only when that poll returned.
+        # librdkafka's poll cannot be woken from Python: while sends wait, a thread of
+        # the producer's own serves the reports (``_pump_reports``).
+        self._room = threading.Condition(threading.RLock())
+        self._reports = 0
+        self._waiting_for_room = 0
+        self._pump: threading.Thread | None = None
+        self._pump_failure: BaseException | None = None
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -236,6 +247,8 @@ class GatewayProducer:
         interrupted before it released the client (Ctrl-C in librdkafka's flush) leaves
         that to the next ``close`` (it returned at once before session 47)."""
         self._closing.set()  # before waiting for ``_sending``: see ``_queue``
+        with self._room:  # a send of another thread waiting for room gives up at once
+            self._room.notify_all()
         with self._sending:
             first = not self._closed
             self._closed = True
@@ -283,6 +296,7 @@ class GatewayProducer:
                 self._producer.flush(timeout_s)
                 self._producer.purge()
                 self._producer.flush(0)  # serves the purged events' reports: failures
+                self._stop_pump()
                 self._producer.close()
                 self._released = True
             finally:
@@ -486,6 +500,7 @@ class GatewayProducer:
         while True:
             if self._closed:  # a signal handler's close while the queue was full
                 raise _closed_while_sending(event.event_id, queued)
+            seen = self._reports  # before producing: a report served after it is room
             try:
                 self._producer.produce(self.topic, value=value,
                                        key=encode_key(event.partition_key),
@@ -505,7 +520,8 @@ class GatewayProducer:
                         "inside a delivery report of its thread (a signal handler's), "
                         "where it cannot wait for room", retryable=True, fatal=False,
                         queued=queued, not_queued=not_queued) from None
-                self._serve_reports(0.1)
+                self._wait_for_room(seen, event.event_id, queued=queued,
+                                    not_queued=not_queued)
             except RuntimeError:  # "Producer has been closed": by a handler, just now
                 if not self._closed:
                     raise
@@ -518,6 +534,69 @@ class GatewayProducer:
                     retryable=err is not None and err.retriable() and not err.fatal(),
                     fatal=err is None or err.fatal(), queued=queued,
                     not_queued=not_queued) from exc
+
+    def _wait_for_room(self, seen: int, event_id: str, *, queued: tuple[str, ...],
+                       not_queued: tuple[str, ...]) -> None:
+        """Wait until a delivery report is served after ``seen`` (room may have been
+        made: the caller produces again) or a ``close`` began (``ProducerClosed``, as
+        ``_queue``; a report and a close together: the close). The flag is read under
+        ``_room``, which ``close`` takes to notify after setting it, so a close before
+        the wait, during it or with a report is never missed. While any send waits a
+        pump thread serves the reports (``_pump_reports``; started again if it ended)."""
+        with self._room:
+            self._waiting_for_room += 1
+            try:
+                while self._reports == seen and not self._closing.is_set():
+                    if self._pump is None:
+                        if self._pump_failure is not None:
+                            failure, self._pump_failure = self._pump_failure, None
+                            raise EventNotQueued(
+                                event_id, f"serving librdkafka's delivery reports while "
+                                f"waiting for room failed: {failure!r}", retryable=True,
+                                fatal=False, queued=queued, not_queued=not_queued
+                            ) from failure
+                        self._pump = threading.Thread(
+                            target=self._pump_reports, daemon=True,
+                            name=f"ratchet-gateway-reports-{id(self):x}")
+                        self._pump.start()
+                    self._room.wait()
+            finally:
+                self._waiting_for_room -= 1
+        if self._closing.is_set():
+            raise _closed_while_sending(event_id, queued)
+
+    def _pump_reports(self) -> None:
+        """Serve delivery reports while a send waits for room and no close began: the
+        reports wake the waiting sends (``_made_room``). Its last poll (0.1 s) delays
+        only the close's release of the client (``_stop_pump``), never a send."""
+        failure: BaseException | None = None
+        try:
+            while True:
+                with self._room:
+                    if not self._waiting_for_room or self._closing.is_set():
+                        return
+                self._serve_reports(0.1)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting send
+            failure = exc
+        finally:
+            with self._room:
+                self._pump = None
+                self._pump_failure = failure
+                self._room.notify_all()
+
+    def _made_room(self) -> None:
+        """A delivery report was served: librdkafka's queue has room for one more."""
+        with self._room:
+            self._reports += 1
+            self._room.notify_all()
+
+    def _stop_pump(self) -> None:
+        """Wait for the report pump to end (a close began: it ends after its poll)
+        before the client is closed under it."""
+        with self._room:
+            pump = self._pump
+        if pump is not None and pump is not threading.current_thread():
+            pump.join()
 
     def _failures_for(self) -> tuple[list[tuple[str, KafkaError]], int]:
         """The failures reported since the calling thread's last flush, and how many more
@@ -559,6 +638,7 @@ class GatewayProducer:
                     if len(self._failure_log) > MAX_KEPT_FAILURES:
                         del self._failure_log[:len(self._failure_log) - MAX_KEPT_FAILURES]
                         self._first_kept = max(self._first_kept, self._failure_log[0][0])
+            self._made_room()
 
         return report
 
