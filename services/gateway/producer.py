@@ -35,11 +35,12 @@ from ratchet.domain.bounds import container_problem, effect_field_problem, eleme
 from ratchet.domain.validation import PROMOTABLE_STATUSES
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
+from schemas.avro_ranges import range_check
 from schemas.errors import RegistryUnavailable, SerdeError
 from schemas.ids import unservable_id
 from schemas.keys import MissingChainRoot
 from schemas.limits import CLIENT_MAX_BYTES, MAX_EVENT_BYTES, MAX_EVENT_ELEMENTS
-from schemas.models import GatewayEvent, ToolEffect, TurnCompleted
+from schemas.models import GatewayEvent, ToolEffect, TurnCompleted, record_name
 from services.gateway.errors import (
     ChainRootUnknown,
     DeliveryError,
@@ -427,6 +428,14 @@ class GatewayProducer:
             beyond = beyond_limits(event)
             if beyond is not None:
                 raise EventBeyondLimits(event.event_id, beyond)
+        # An int beyond 32 bits, a long beyond 64, a timestamp outside years 1 to 9999:
+        # the processor dead-letters such a record (CORRUPT_PAYLOAD), so it gets no
+        # decision. Produced before session 48 (one beyond 64 bits leaked fastavro's
+        # OverflowError); checked with the processor's own check of a decoded record.
+        record = record_name(event)
+        outside = range_check(record)(event.to_avro())
+        if outside is not None:
+            raise EventBeyondLimits(event.event_id, f"{record}{outside}")
 
     def _refuse_once_closing(self, ids: Sequence[str]) -> None:
         """``ProducerClosed`` naming the call's events (``ids``) once a ``close`` began:
