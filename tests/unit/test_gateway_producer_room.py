@@ -15,8 +15,10 @@ each test knows which wake-up ended the wait: never a timing claim.
 
 from __future__ import annotations
 
+import signal
 import threading
 
+import pytest
 from confluent_kafka import Message
 
 from ratchet.samples import make_turn
@@ -174,3 +176,29 @@ def test_a_report_served_while_a_send_waits_makes_room_for_it():
 
 def _set_within(event: threading.Event) -> bool:
     return event.wait(10)
+
+
+def test_ctrl_c_while_a_send_waits_for_room_leaves_a_producer_that_closes():
+    """SIGINT in the sending (main) thread while it waits on the condition: the send
+    raises ``KeyboardInterrupt``; the report pump ends once no send waits, and a later
+    ``close`` purges the effect queued before and raises it (nothing hangs)."""
+    room = Room()
+    main = threading.main_thread().ident
+    assert threading.current_thread().ident == main  # signal handlers run there
+
+    plain_poll = room.kafka.poll  # the room's (never held here: released)
+    room.release.set()
+
+    def poll(timeout=0):
+        if timeout and not room.polling.is_set():  # the send waits for room: Ctrl-C
+            signal.pthread_kill(main, signal.SIGINT)
+        return plain_poll(timeout)
+
+    room.kafka.poll = poll
+    with pytest.raises(KeyboardInterrupt):
+        room.producer.send_turn(room.turn, effects=[room.effect])
+    with pytest.raises(DeliveryError) as raised:
+        room.producer.close(timeout_s=0)
+    assert [eid for eid, _ in raised.value.failures] == [room.effect.event_id]
+    assert room.kafka.closed and len(room.kafka.produced) == 1
+    assert room.producer._pump is None and room.producer._waiting_for_room == 0
