@@ -87,7 +87,7 @@ def _started(target) -> threading.Thread:
     return thread
 
 
-def test_a_close_ends_a_send_waiting_for_room_while_librdkafkas_poll_still_blocks():
+def test_a_close_ends_a_send_waiting_for_reports_while_librdkafkas_poll_still_blocks():
     """The send waits for room; the close of another thread must end it without any
     poll returning (the one poll in progress is held until the send has ended). It
     polled itself before session 48, so it saw the close only once its poll returned:
@@ -201,4 +201,4 @@ def test_ctrl_c_while_a_send_waits_for_room_leaves_a_producer_that_closes():
         room.producer.close(timeout_s=0)
     assert [eid for eid, _ in raised.value.failures] == [room.effect.event_id]
     assert room.kafka.closed and len(room.kafka.produced) == 1
-    assert room.producer._pump is None and room.producer._waiting_for_room == 0
+    assert room.producer._pump is None and room.producer._waiting_for_reports == 0
