@@ -15,6 +15,13 @@ block closes the producer: it flushes and raises as ``flush`` does.
     with GatewayProducer(settings) as producer:
         producer.send_turn(turn, effects=effects)
         producer.flush()            # raises DeliveryError / FlushTimeout
+
+A thread serving several requests (coroutines on an event loop) confirms each one by its
+own ``Delivery`` instead: ``flush`` tells each failure once per thread, to whichever
+request flushes first (session 48).
+
+    sent = producer.send_turn(turn, effects=effects)
+    await sent.wait_async()         # its own events' DeliveryError / FlushTimeout
 """
 
 from __future__ import annotations
