@@ -347,7 +347,8 @@ class GatewayProducer:
             self._release(self._close_pending)
 
     def send(self, event: GatewayEvent) -> Delivery:
-        """Queue one event (keyed by its partition key); delivery is reported on flush.
+        """Queue one event (keyed by its partition key); delivery is reported on flush,
+        and by the ``Delivery`` returned (its own failures only, session 48).
         Refused before producing: an id the API could never serve (``UnservableId``), a
         continued chain's event without ``chain_root_id`` (``ChainRootUnknown``), a
         value above the protocol maximum (``EventTooLarge``), a turn beyond the
@@ -603,8 +604,9 @@ class GatewayProducer:
 
     def _pump_reports(self) -> None:
         """Serve delivery reports while a send waits for room (or a ``Delivery`` for its
-        reports) and no close began: each report wakes them (``_made_room``). Its last poll (0.1 s) delays
-        only the close's release of the client (``_stop_pump``), never a send."""
+        reports) and no close began: each report wakes them (``_made_room``). Its last
+        poll (0.1 s) delays only the close's release of the client (``_stop_pump``),
+        never a send."""
         failure: BaseException | None = None
         try:
             while True:
@@ -621,7 +623,8 @@ class GatewayProducer:
                 self._room.notify_all()
 
     def _made_room(self) -> None:
-        """A delivery report was served: librdkafka's queue has room for one more."""
+        """A delivery report was served: librdkafka's queue has room for one more, and
+        a ``Delivery`` may be done."""
         with self._room:
             self._reports += 1
             self._room.notify_all()
