@@ -27,7 +27,10 @@ class EventBeyondLimits(GatewayError):
     (``schemas/limits.py``) or whose ``tool_name`` (1 to 128 characters), ``call_id`` (1
     to 200) or ``arguments_digest`` (sha256 hex) is not (``ratchet.domain.bounds``); it
     was not produced (the processor would reject the turn
-    ``UNSUPPORTED_FORMAT``, and dead-letter the effect). Not retryable."""
+    ``UNSUPPORTED_FORMAT``, and dead-letter the effect). Also any event with a value
+    outside its Avro type's range: an ``int`` beyond 32 bits, a ``long`` beyond 64, a
+    timestamp outside years 1 to 9999 (the processor dead-letters it: no decision ever
+    comes; session 48). Not retryable."""
 
     def __init__(self, event_id: str, detail: str) -> None:
         self.event_id = event_id

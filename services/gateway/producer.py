@@ -15,15 +15,24 @@ block closes the producer: it flushes and raises as ``flush`` does.
     with GatewayProducer(settings) as producer:
         producer.send_turn(turn, effects=effects)
         producer.flush()            # raises DeliveryError / FlushTimeout
+
+A thread serving several requests (coroutines on an event loop) confirms each one by its
+own ``Delivery`` instead: ``flush`` tells each failure once per thread, to whichever
+request flushes first (session 48).
+
+    sent = producer.send_turn(turn, effects=effects)
+    await sent.wait_async()         # its own events' DeliveryError / FlushTimeout
 """
 
 from __future__ import annotations
 
 import _thread
+import asyncio
 import contextlib
 import os
 import struct
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -35,11 +44,12 @@ from ratchet.domain.bounds import container_problem, effect_field_problem, eleme
 from ratchet.domain.validation import PROMOTABLE_STATUSES
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
+from schemas.avro_ranges import range_check
 from schemas.errors import RegistryUnavailable, SerdeError
 from schemas.ids import unservable_id
 from schemas.keys import MissingChainRoot
 from schemas.limits import CLIENT_MAX_BYTES, MAX_EVENT_BYTES, MAX_EVENT_ELEMENTS
-from schemas.models import GatewayEvent, ToolEffect, TurnCompleted
+from schemas.models import GatewayEvent, ToolEffect, TurnCompleted, record_name
 from services.gateway.errors import (
     ChainRootUnknown,
     DeliveryError,
@@ -196,6 +206,18 @@ class GatewayProducer:
         # (``_finish_close``; a signal handler's, session 45).
         self._serving = threading.local()
         self._close_pending: float | None = None
+        # A send waiting for room in librdkafka's full queue waits on ``_room``: woken at
+        # once by a delivery report (``_reports`` counts them; each one served may have
+        # made room) or by a ``close`` (``_closing``). It polled librdkafka 0.1 s at a
+        # time before session 48, so it saw a close only when that poll returned.
+        # librdkafka's poll cannot be woken from Python: while sends (or ``Delivery``s,
+        # ``_waiting_for_reports``) wait, a thread of the producer's own serves the
+        # reports (``_pump_reports``).
+        self._room = threading.Condition(threading.RLock())
+        self._reports = 0
+        self._waiting_for_reports = 0
+        self._pump: threading.Thread | None = None
+        self._pump_failure: BaseException | None = None
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -236,6 +258,8 @@ class GatewayProducer:
         interrupted before it released the client (Ctrl-C in librdkafka's flush) leaves
         that to the next ``close`` (it returned at once before session 47)."""
         self._closing.set()  # before waiting for ``_sending``: see ``_queue``
+        with self._room:  # a send of another thread waiting for room gives up at once
+            self._room.notify_all()
         with self._sending:
             first = not self._closed
             self._closed = True
@@ -283,6 +307,7 @@ class GatewayProducer:
                 self._producer.flush(timeout_s)
                 self._producer.purge()
                 self._producer.flush(0)  # serves the purged events' reports: failures
+                self._stop_pump()
                 self._producer.close()
                 self._released = True
             finally:
@@ -321,8 +346,9 @@ class GatewayProducer:
                 and threading.current_thread() is self._closer):
             self._release(self._close_pending)
 
-    def send(self, event: GatewayEvent) -> None:
-        """Queue one event (keyed by its partition key); delivery is reported on flush.
+    def send(self, event: GatewayEvent) -> Delivery:
+        """Queue one event (keyed by its partition key); delivery is reported on flush,
+        and by the ``Delivery`` returned (its own failures only, session 48).
         Refused before producing: an id the API could never serve (``UnservableId``), a
         continued chain's event without ``chain_root_id`` (``ChainRootUnknown``), a
         value above the protocol maximum (``EventTooLarge``), a turn beyond the
@@ -332,9 +358,9 @@ class GatewayProducer:
         ``EventNotQueued``."""
         ids = (event.event_id,)
         self._refuse_once_closing(ids)
-        self._produce((event, self._prepare(event, ids)))
+        return self._produce((event, self._prepare(event, ids)))
 
-    def send_turn(self, turn: TurnCompleted, effects: Iterable[ToolEffect] = ()) -> None:
+    def send_turn(self, turn: TurnCompleted, effects: Iterable[ToolEffect] = ()) -> Delivery:
         """The turn's tool effects first, then the turn (same key: same partition, in order).
         Every event is checked and encoded before the first is produced: a turn or an
         effect that ``send`` would refuse (an id, a bound, the size, the encoding), an
@@ -363,7 +389,8 @@ class GatewayProducer:
                      if getattr(effect, name) != getattr(turn, name)]
             if apart:
                 raise EffectOfAnotherTurn(effect.effect_id, apart)
-        self._produce(*((event, self._prepare(event, ids)) for event in (*effects, turn)))
+        return self._produce(*((event, self._prepare(event, ids))
+                               for event in (*effects, turn)))
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait for every queued event; raise every delivery failure reported since the
@@ -413,6 +440,14 @@ class GatewayProducer:
             beyond = beyond_limits(event)
             if beyond is not None:
                 raise EventBeyondLimits(event.event_id, beyond)
+        # An int beyond 32 bits, a long beyond 64, a timestamp outside years 1 to 9999:
+        # the processor dead-letters such a record (CORRUPT_PAYLOAD), so it gets no
+        # decision. Produced before session 48 (one beyond 64 bits leaked fastavro's
+        # OverflowError); checked with the processor's own check of a decoded record.
+        record = record_name(event)
+        outside = range_check(record)(event.to_avro())
+        if outside is not None:
+            raise EventBeyondLimits(event.event_id, f"{record}{outside}")
 
     def _refuse_once_closing(self, ids: Sequence[str]) -> None:
         """``ProducerClosed`` naming the call's events (``ids``) once a ``close`` began:
@@ -441,12 +476,13 @@ class GatewayProducer:
             raise EventTooLarge(event.event_id, len(value))
         return value
 
-    def _produce(self, *events: tuple[GatewayEvent, bytes]) -> None:
+    def _produce(self, *events: tuple[GatewayEvent, bytes]) -> Delivery:
         """Queue ``events`` (each with its value) in order, under one hold of
         ``_sending``: a ``close`` in another thread comes before the first or after the
         last, never between (before session 44 it could come between a turn's effects,
-        queuing some and refusing the rest ``ProducerClosed``)."""
-        callbacks = [self._on_delivery(event.event_id) for event, _ in events]
+        queuing some and refusing the rest ``ProducerClosed``). Their ``Delivery``."""
+        delivery = Delivery(self, tuple(event.event_id for event, _ in events))
+        callbacks = [self._on_delivery(event.event_id, delivery) for event, _ in events]
         with self._lock:
             # A sending thread is raised every failure reported from now on by its
             # flushes (``_failures_for``).
@@ -467,6 +503,7 @@ class GatewayProducer:
                 self._queue(event, value, callback, queued=tuple(ids[:at]),
                             not_queued=tuple(ids[at:]))
                 self._serve_reports()
+        return delivery
 
     def _serve_reports(self, timeout_s: float = 0) -> None:
         """librdkafka's ``poll``; nothing once a signal handler's ``close`` of this
@@ -486,6 +523,7 @@ class GatewayProducer:
         while True:
             if self._closed:  # a signal handler's close while the queue was full
                 raise _closed_while_sending(event.event_id, queued)
+            seen = self._reports  # before producing: a report served after it is room
             try:
                 self._producer.produce(self.topic, value=value,
                                        key=encode_key(event.partition_key),
@@ -505,7 +543,8 @@ class GatewayProducer:
                         "inside a delivery report of its thread (a signal handler's), "
                         "where it cannot wait for room", retryable=True, fatal=False,
                         queued=queued, not_queued=not_queued) from None
-                self._serve_reports(0.1)
+                self._wait_for_room(seen, event.event_id, queued=queued,
+                                    not_queued=not_queued)
             except RuntimeError:  # "Producer has been closed": by a handler, just now
                 if not self._closed:
                     raise
@@ -518,6 +557,85 @@ class GatewayProducer:
                     retryable=err is not None and err.retriable() and not err.fatal(),
                     fatal=err is None or err.fatal(), queued=queued,
                     not_queued=not_queued) from exc
+
+    def _wait_for_room(self, seen: int, event_id: str, *, queued: tuple[str, ...],
+                       not_queued: tuple[str, ...]) -> None:
+        """Wait until a delivery report is served after ``seen`` (room may have been
+        made: the caller produces again) or a ``close`` began (``ProducerClosed``, as
+        ``_queue``; a report and a close together: the close). The flag is read under
+        ``_room``, which ``close`` takes to notify after setting it, so a close before
+        the wait, during it or with a report is never missed."""
+        try:
+            self._wait_for_reports(
+                lambda: self._reports != seen or self._closing.is_set(), None)
+        except _PumpFailed as failed:
+            raise EventNotQueued(
+                event_id, f"serving librdkafka's delivery reports while waiting for room "
+                f"failed: {failed.cause!r}", retryable=True, fatal=False, queued=queued,
+                not_queued=not_queued) from failed.cause
+        if self._closing.is_set():
+            raise _closed_while_sending(event_id, queued)
+
+    def _wait_for_reports(self, until: Callable[[], bool], timeout_s: float | None) -> bool:
+        """Wait until ``until()`` (checked under ``_room`` at once and after each
+        delivery report and each ``close``) or ``timeout_s``; return ``until()``. While
+        any caller waits a pump thread serves the reports (``_pump_reports``; started
+        again if it ended; ``_PumpFailed`` if it ended by an exception)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._room:
+            self._waiting_for_reports += 1
+            try:
+                while not until():
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    if self._pump is None and not self._closing.is_set():
+                        if self._pump_failure is not None:
+                            failure, self._pump_failure = self._pump_failure, None
+                            raise _PumpFailed(failure)
+                        self._pump = threading.Thread(
+                            target=self._pump_reports, daemon=True,
+                            name=f"ratchet-gateway-reports-{id(self):x}")
+                        self._pump.start()
+                    self._room.wait(remaining)
+                return True
+            finally:
+                self._waiting_for_reports -= 1
+
+    def _pump_reports(self) -> None:
+        """Serve delivery reports while a send waits for room (or a ``Delivery`` for its
+        reports) and no close began: each report wakes them (``_made_room``). Its last
+        poll (0.1 s) delays only the close's release of the client (``_stop_pump``),
+        never a send."""
+        failure: BaseException | None = None
+        try:
+            while True:
+                with self._room:
+                    if not self._waiting_for_reports or self._closing.is_set():
+                        return
+                self._serve_reports(0.1)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting send
+            failure = exc
+        finally:
+            with self._room:
+                self._pump = None
+                self._pump_failure = failure
+                self._room.notify_all()
+
+    def _made_room(self) -> None:
+        """A delivery report was served: librdkafka's queue has room for one more, and
+        a ``Delivery`` may be done."""
+        with self._room:
+            self._reports += 1
+            self._room.notify_all()
+
+    def _stop_pump(self) -> None:
+        """Wait for the report pump to end (a close began: it ends after its poll)
+        before the client is closed under it."""
+        with self._room:
+            pump = self._pump
+        if pump is not None and pump is not threading.current_thread():
+            pump.join()
 
     def _failures_for(self) -> tuple[list[tuple[str, KafkaError]], int]:
         """The failures reported since the calling thread's last flush, and how many more
@@ -539,7 +657,7 @@ class GatewayProducer:
             self._failure_log = [f for f in self._failure_log if f[0] >= self._first_kept]
         return failures, forgotten
 
-    def _on_delivery(self, event_id: str):
+    def _on_delivery(self, event_id: str, delivery: Delivery | None = None):
         def report(err: KafkaError | None, msg: Message) -> None:
             if err is None and msg.offset() is None:
                 # A "success" without an offset is not a confirmed write: librdkafka
@@ -559,6 +677,9 @@ class GatewayProducer:
                     if len(self._failure_log) > MAX_KEPT_FAILURES:
                         del self._failure_log[:len(self._failure_log) - MAX_KEPT_FAILURES]
                         self._first_kept = max(self._first_kept, self._failure_log[0][0])
+            if delivery is not None:
+                delivery._reported(event_id, err)  # before waking its waiters
+            self._made_room()
 
         return report
 
@@ -601,6 +722,66 @@ def _closed_while_sending(event_id: str, queued: Sequence[str]) -> ProducerClose
 # given to another thread).
 _TASKS = "/proc/self/task"
 _HAVE_TASKS = os.path.isdir(_TASKS)
+
+
+class Delivery:
+    """The delivery of the events one ``send`` / ``send_turn`` queued (``event_ids``):
+    ``wait`` raises their failures, and only theirs, however many callers share the
+    thread. ``flush`` tells each *thread* each failure once, so with coroutines on one
+    event loop (or requests served in turn by one thread) one's flush could be told
+    another's failure and the other's flush then returned as if its turn were written
+    (session 48); a gateway confirming a turn per request waits for its ``Delivery``.
+    Its events' failures are still told to the threads' flushes as before."""
+
+    def __init__(self, producer: GatewayProducer, event_ids: tuple[str, ...]) -> None:
+        self.event_ids = event_ids
+        self._producer = producer
+        self._failures: list[tuple[str, KafkaError]] = []
+        self._unreported = set(event_ids)
+
+    def _reported(self, event_id: str, err: KafkaError | None) -> None:
+        """Its event's report (``err`` already explained); called under no lock of its
+        own: each event is reported once, by librdkafka's one report of it."""
+        if err is not None:
+            self._failures.append((event_id, err))
+        self._unreported.discard(event_id)
+
+    def done(self) -> bool:
+        """Every event of it was reported (delivered or failed)."""
+        return not self._unreported
+
+    def wait(self, timeout_s: float = 30.0) -> None:
+        """Return once every event of it was acknowledged with an offset; raise
+        ``DeliveryError`` listing those that failed (``pending``: those not reported
+        yet), else ``FlushTimeout`` with those not reported within ``timeout_s``. The
+        reports are served by the producer (its report pump) while it waits; inside a
+        delivery report of its thread (a signal handler's) it raises what it knows at
+        once, as ``flush`` does."""
+        producer = self._producer
+        if not producer._in_reports() and not producer._released:
+            try:
+                producer._wait_for_reports(self.done, timeout_s)
+            except _PumpFailed as failed:
+                raise failed.cause from None
+        failures, pending = list(self._failures), len(self._unreported)
+        if failures:
+            raise DeliveryError([(event_id, str(err)) for event_id, err in failures],
+                                retryable=all(err.retriable() and not err.fatal()
+                                              for _, err in failures), pending=pending)
+        if pending:
+            raise FlushTimeout(pending)
+
+    async def wait_async(self, timeout_s: float = 30.0) -> None:
+        """``wait`` in a thread of the event loop's executor: the loop goes on."""
+        await asyncio.to_thread(self.wait, timeout_s)
+
+
+class _PumpFailed(Exception):
+    """The report pump ended by an exception (``cause``), out of librdkafka's poll."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(repr(cause))
+        self.cause = cause
 
 
 class _Places:

@@ -161,13 +161,13 @@ def test_a_close_in_another_thread_never_comes_between_a_turns_events():
     on_delivery = producer._on_delivery
     made: list[str] = []
 
-    def on_delivery_then_close(event_id):
+    def on_delivery_then_close(event_id, *delivery):
         made.append(event_id)
         if len(made) == 2:
             closer.append(threading.Thread(target=close))
             closer[0].start()
             closer[0].join(0.5)  # a close not held off has closed by now
-        return on_delivery(event_id)
+        return on_delivery(event_id, *delivery)
 
     producer._on_delivery = on_delivery_then_close
     try:

@@ -34,6 +34,7 @@ an unreachable broker: every event times out and is reported by ``flush``.
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 
 from confluent_kafka import KafkaError
@@ -326,11 +327,12 @@ def test_a_signal_handlers_flush_inside_a_delivery_report_does_not_abort():
 # 45: "a close mid-turn names the events queued before it"), so that the caller sends
 # the whole turn again, never the turn alone, whose effects the close purged.
 def test_a_signal_handlers_close_while_a_turn_waits_for_room_names_what_was_queued():
-    """librdkafka's queue full at the turn's second effect: the send serves reports to
-    make room, and a signal handler's close runs in that ``poll``. The send's
-    ``ProducerClosed`` names the effect queued before it and asks for the whole turn
-    again (it said "create a new one", naming nothing: the caller could send the turn
-    alone)."""
+    """librdkafka's queue full at the turn's second effect: the send waits for room, and
+    a signal handler's close runs in its thread meanwhile (SIGUSR1 sent to it while the
+    producer's report pump polls; until session 48 the send polled itself and the
+    handler ran inside that ``poll``). The send's ``ProducerClosed`` names the effect
+    queued before it and asks for the whole turn again (it said "create a new one",
+    naming nothing: the caller could send the turn alone)."""
     producer, kafka = gateway()
     turn = make_turn()
     effects = [effect_of(turn, "call_1"), effect_of(turn, "call_2")]
@@ -341,17 +343,34 @@ def test_a_signal_handlers_close_while_a_turn_waits_for_room_names_what_was_queu
             raise BufferError("Local: Queue full")
         plain_produce(topic, value, key, on_delivery)
 
+    sender = threading.main_thread().ident  # signal handlers run in the main thread
+    signalled = []
+
     def poll_with_a_signal(timeout=0):
-        if timeout:  # the send waits for room: SIGTERM arrives, its handler closes
-            producer.close(timeout_s=0)  # inside librdkafka's poll: it finishes as that returns
-        return plain_poll(timeout)
+        if timeout and not signalled:  # the send waits for room: a signal arrives
+            signalled.append(True)
+            signal.pthread_kill(sender, signal.SIGUSR1)
+        return plain_poll(0)
 
     kafka.produce, kafka.poll = produce_until_full, poll_with_a_signal
+    closed = []
+
+    def handler(*_):  # as a gateway's: what the close raises is its own to handle
+        try:
+            producer.close(timeout_s=0)
+        except DeliveryError as exc:
+            closed.append([eid for eid, _ in exc.failures])
+
+    previous = signal.signal(signal.SIGUSR1, handler)
     try:
         producer.send_turn(turn, effects=effects)
         refused = None
     except ProducerClosed as exc:
         refused = exc
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert threading.current_thread().ident == sender and signalled
+    assert closed == [[effects[0].event_id]]  # the handler's close purged the first
     assert refused is not None
     assert kafka.closed and len(kafka.produced) == 1
     assert effects[0].event_id in str(refused), str(refused)  # queued, then purged
