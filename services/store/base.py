@@ -67,7 +67,6 @@ declared here.
 
 from __future__ import annotations
 
-import asyncio
 from abc import abstractmethod
 from collections.abc import Callable
 from datetime import datetime
@@ -91,9 +90,16 @@ from ratchet.domain.plan import (
 )
 from services.store.backend import StoreBackend
 from services.store.checkpoint_reader import CheckpointReader
-from services.store.errors import InvalidPromotion, StoreError, StoreUnavailable, TurnLost
+from services.store.errors import (
+    InvalidPromotion,
+    StoreError,
+    StoreUnavailable,
+    StrayStopIteration,
+    TurnLost,
+)
 from services.store.hints import StoreHints
 from services.store.history_reader import HistoryReader
+from services.store.hook_calls import call_hook, in_thread
 from services.store.options import StoreOptions
 from services.store.promotion import PromotionWriter
 from services.store.promotion_checks import ANY_LINEAGE
@@ -110,6 +116,7 @@ __all__ = [
     "StoreError",
     "StoreOptions",
     "StoreUnavailable",
+    "StrayStopIteration",
     "TurnLost",
     "turn_size",
     "validate_request",
@@ -120,7 +127,8 @@ class CheckpointStore(StoreBackend):
     """Atomic promotion of turns and verified reads of histories.
 
     Thread-safe. Every method either returns a typed result or raises
-    ``StoreUnavailable`` / ``InvalidPromotion``.
+    ``StoreUnavailable`` / ``InvalidPromotion`` (``StrayStopIteration`` for a hook
+    that raised ``StopIteration``: ``hook_calls.py``).
     """
 
     def __init__(self, options: StoreOptions | None = None) -> None:
@@ -219,7 +227,7 @@ class CheckpointStore(StoreBackend):
         """``start_claiming``'s waiter, awaited: the claim's holder (``claim`` itself
         when it is ours). ``StoreUnavailable`` when the outcome is not known at once (a
         backend with async I/O leaves the settling SERIAL read to ``promote``)."""
-        return await asyncio.to_thread(self.start_claiming(claim))
+        return await in_thread(call_hook(self.start_claiming, claim))
 
     # -- history reads ------------------------------------------------------------------
 
@@ -273,7 +281,7 @@ class CheckpointStore(StoreBackend):
     async def read_head_async(self, tenant_id: str, partition_key: str) -> Head | None:
         """``read_head`` for an event loop; a backend with async I/O overrides it so a
         Conversation cache hit never takes the thread-pool hop."""
-        return await asyncio.to_thread(self.read_head, tenant_id, partition_key)
+        return await in_thread(self.read_head, tenant_id, partition_key)
 
     def read_turn(
         self, tenant_id: str, partition_key: str, response_id: str
@@ -287,7 +295,7 @@ class CheckpointStore(StoreBackend):
         self, tenant_id: str, partition_key: str, response_id: str
     ) -> PartitionSnapshot | None:
         """``read_turn`` for an event loop (a backend with async I/O overrides it)."""
-        return await asyncio.to_thread(self.read_turn, tenant_id, partition_key, response_id)
+        return await in_thread(self.read_turn, tenant_id, partition_key, response_id)
 
     def locate(self, tenant_id: str, response_id: str) -> str | None:
         """The partition a response id was promoted under (a hint, verified by reads)."""
@@ -312,7 +320,7 @@ class CheckpointStore(StoreBackend):
                               partition_key: str | None = None) -> bool:
         """``turn_lost`` for an event loop (a rare path: the thread pool's hop is fine);
         the store's ``turn_lost``, so that a subclass overriding it is asked here too."""
-        return await asyncio.to_thread(self.turn_lost, tenant_id, response_id, partition_key)
+        return await in_thread(self.turn_lost, tenant_id, response_id, partition_key)
 
     def read_promoted(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         """``read_checkpoint`` for an answer that must tell a promoted response from an
