@@ -50,6 +50,7 @@ from services.store.base import (
     TurnLost,
     turn_size,
 )
+from services.store.errors import StrayStopIteration
 from services.store.memory import MemoryCheckpointStore
 from tests.contract.store_support import (
     T0,
@@ -1235,25 +1236,51 @@ class StoreContract:
             with pytest.raises(TurnLost):
                 store.read_promoted(tenant, claim.response_id)
 
-    def test_a_hook_raising_stop_iteration_is_raised_by_the_read(self, store, tenant):
-        """An exception out of a hook a read calls is the read's, whatever it is: a
-        ``StopIteration`` too (a test's ``Mock(side_effect=[...])`` once used up, a
-        subclass's bare ``next``). Since the reads were folded into one generator
-        (session 47) the blocking driver caught it as the generator's own end and
-        returned ``None`` for the history: a failed read answered as no answer at all
-        (an outside review, session 47)."""
+    @pytest.mark.parametrize("replaced", ["turn_lost", "turn_lost_async", "turn_lost_async plain"])
+    def test_a_hook_raising_stop_iteration_fails_the_read_typed(self, store, tenant, replaced):
+        """An exception out of a hook a read calls is the read's: a ``StopIteration``
+        too (a test's ``Mock(side_effect=[...])`` once used up, a subclass's bare
+        ``next``), raised as ``StrayStopIteration`` (a ``RuntimeError``, caused by it) by
+        the blocking and the awaited read alike. Since the reads were folded into one
+        generator (session 47) the blocking driver took it for the generator's end and
+        returned ``None`` (fixed in session 47, which raised the bare ``StopIteration``:
+        a caller iterating takes that for its own end). The awaited read of a store
+        whose ``turn_lost_async`` is the base one (Cassandra's) waited for ever: it ran
+        ``turn_lost`` in ``asyncio.to_thread``, whose future cannot hold a
+        ``StopIteration`` (session 48). ``turn_lost_async`` replaced by a coroutine
+        raising it gave Python's bare ``RuntimeError``, by a plain callable the same."""
         claim = ResponseClaim(tenant, uid("resp"), uid("conv"), uid("key"), "d" * 64)
         assert store.start_claiming(claim)() == claim  # claimed, never promoted
 
         def lost(*args):
             raise StopIteration
 
-        store.turn_lost = lost
-        with pytest.raises(StopIteration):
-            store.read_history(tenant, response_id=claim.response_id)
-        # Not the awaited read: the base ``turn_lost_async`` runs ``turn_lost`` in
-        # ``asyncio.to_thread``, whose future cannot hold a StopIteration and never
-        # completes (asyncio's own limit: the read waits for ever; decisions.md).
+        async def lost_async(*args):
+            raise StopIteration
+
+        by_name = {"turn_lost": lost, "turn_lost_async": lost_async,
+                   "turn_lost_async plain": lost}
+        setattr(store, replaced.split()[0], by_name[replaced])
+
+        def read():
+            return store.read_history(tenant, response_id=claim.response_id)
+
+        async def read_async():  # bounded: the hang this test is about must fail it
+            return await asyncio.wait_for(
+                store.read_history_async(tenant, response_id=claim.response_id), 30)
+
+        # Replacing only ``turn_lost_async`` is seen by the awaited read alone, and only
+        # on a backend whose awaited read is its own (the memory store's is its blocking
+        # one, which asks ``turn_lost``): there both reads answer as without the hook.
+        awaited_own = type(store).read_history_async is not MemoryCheckpointStore.read_history_async
+        raising = [replaced == "turn_lost" or awaited_own, replaced == "turn_lost"]
+        for run, raises in zip((lambda: asyncio.run(read_async()), read), raising, strict=True):
+            if not raises:
+                assert run().reason is HistoryFailureReason.NOT_FOUND
+                continue
+            with pytest.raises(StrayStopIteration) as raised:
+                run()
+            assert isinstance(raised.value.__cause__, StopIteration), raised.value
 
     # -- damage the write's conditions hold against (a mutation review of the write path,
     # session 44: each condition could be dropped from one backend with every test passing)
