@@ -1370,6 +1370,48 @@ class StoreContract:
                 history = self.history(reader, tenant, response_id=rid)
                 assert (history.checkpoint.seq, history.head_seq) == (seq, seq)
 
+    @pytest.mark.parametrize("turns,flipped,tell", [
+        (1, 0, "the head names it"),
+        (3, 2, "the head names it (and its links disagree)"),
+        (3, 1, "its links disagree: a chain row's parent is its previous_response_id"),
+    ])
+    def test_promote_refuses_a_chain_turn_on_a_row_its_view_shows_is_no_chain(
+            self, store, tenant, clock, turns, flipped, tell):
+        """``promote`` alone (no verified read before it) of a chain turn whose parent is a
+        Conversation turn whose ``mode`` reads ``chain``: refused (``CorruptPartition``,
+        nothing written) where the view it reads anyway tells, at no request more: the
+        partition's head names the parent (a head names a Conversation row only), or the
+        parent's own links disagree (a chain row's ``parent_response_id`` is its
+        ``previous_response_id``, both None at a root; a Conversation row's parent is
+        the head it was planned on). By the promoting store and a cold one, with and
+        without the parent's record as the caller's hint. Before session 48 every case
+        was written. The one case no view shows (the first turn of a longer
+        Conversation: its cells are a chain root's) is the reads' alone: docs/store.md.
+        The chain sharing the partition still takes its next turn."""
+        conv = uid("conv")
+        chain_root, chain_child = conv, uid("resp")
+        for turn in (chain_turn(tenant, conv, chain_root, None),
+                     chain_turn(tenant, conv, chain_child, chain_root)):
+            assert isinstance(store.promote(turn), Promoted)
+        promoted = [conversation_turn(tenant, conv, seq) for seq in range(turns)]
+        for turn in promoted:
+            assert isinstance(store.promote(turn), Promoted)
+        damaged = promoted[flipped].response_id
+        self.rewrite_turn(store, tenant, conv, damaged, {"mode": PromotionMode.CHAIN})
+        cold = self.shared_store(store, StoreOptions(clock=clock))
+        record = cold.get_checkpoint(tenant, damaged)
+        assert record is not None and record.mode is PromotionMode.CHAIN
+        for promoter in (store, cold):
+            for hint in (None, record):
+                if hint is not None and promoter is cold and turns == 1:
+                    continue  # a caller's hint on a store that never saw the head: below
+                child = chain_turn(tenant, conv, uid("resp"), damaged)
+                with pytest.raises(CorruptPartition):
+                    promoter.promote(child, parent_hint=hint)
+                assert cold.get_checkpoint(tenant, child.response_id) is None, (tell, hint)
+        grandchild = chain_turn(tenant, conv, uid("resp"), chain_child)
+        assert isinstance(cold.promote(grandchild), Promoted)
+
     def damage_head(self, store, tenant, conv) -> None:
         raise NotImplementedError
 
