@@ -99,7 +99,7 @@ class HistoryReader:
         partition_key: str | None,
     ) -> Steps:
         _exactly_one(response_id, conversation_id)
-        now = now or self._store.options.clock()
+        now = now or call_hook(self._store.options.clock)  # a hook: asked in a generator
         first = yield from self._read_once(tenant_id, response_id, conversation_id, now,
                                            partition_key)
         if not _needs_confirming(first):

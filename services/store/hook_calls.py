@@ -5,7 +5,12 @@ through, and an asyncio future refuses to hold one: ``asyncio.to_thread`` of a h
 raises it never completes (the loop logs a ``TypeError`` and the caller waits for ever).
 Each boundary the store's hooks are called across goes through one of these three
 functions, which raise ``StrayStopIteration`` in its place: the same typed failure
-whether the call was blocking, awaited or in a thread."""
+whether the call was blocking, awaited or in a thread. The store's blocking calls that
+reach hooks (``base.py``: each delegating to a part; the history reads wrap their hooks
+and clock themselves) go through ``call_hook`` too,
+so that none lets a bare ``StopIteration`` out to a caller iterating (a ``map`` over
+store calls would end short, with no error) or to a thread's future (the worker's
+``run_in_executor``: it would never complete)."""
 
 from __future__ import annotations
 
@@ -18,20 +23,21 @@ from services.store.errors import StrayStopIteration
 T = TypeVar("T")
 
 
-def call_hook(hook: Callable[..., T], *args: Any) -> T:
-    """``hook(*args)``, with a ``StopIteration`` out of it raised as ``StrayStopIteration``."""
+def call_hook(hook: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``hook(*args, **kwargs)``, a ``StopIteration`` out of it raised as
+    ``StrayStopIteration``."""
     try:
-        return hook(*args)
+        return hook(*args, **kwargs)
     except StopIteration as stop:
         raise _stray(hook, stop) from stop
 
 
-async def await_hook(hook: Callable[..., Awaitable[T]], *args: Any) -> T:
+async def await_hook(hook: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
     """``await hook(*args)``, with a ``StopIteration`` out of it raised as
     ``StrayStopIteration``: one raised by the call itself (a plain callable), or one
     that left a coroutine (which Python turned into a bare ``RuntimeError`` caused by it)."""
     try:
-        return await hook(*args)
+        return await hook(*args, **kwargs)
     except StopIteration as stop:
         raise _stray(hook, stop) from stop
     except RuntimeError as error:

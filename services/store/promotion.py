@@ -26,6 +26,7 @@ from ratchet.domain.plan import (
 from services.store.backend import StoreBackend
 from services.store.errors import StoreUnavailable
 from services.store.hints import StoreHints
+from services.store.hook_calls import call_hook
 from services.store.promotion_checks import (
     ANY_LINEAGE,
     _check_not_behind,
@@ -158,7 +159,10 @@ class PromotionWriter:
 
     def _checkpoint_of(self, request: PromotionRequest, plan: Plan) -> CheckpointRecord:
         options = self._backend.options
-        return build_checkpoint(request, plan, options.clock(), options.logical_retention_s)
+        # The clock is a hook: awaited (``promote_from_hints_async``) a bare StopIteration
+        # out of it would be a coroutine's bare RuntimeError, not the store's failure.
+        return build_checkpoint(request, plan, call_hook(options.clock),
+                                options.logical_retention_s)
 
     def _plan_from_hints(self, request: PromotionRequest, head_hint: Head | None,
                          parent_hint: CheckpointRecord | None) -> Plan | None:

@@ -78,3 +78,66 @@ def test_a_caller_iterating_over_reads_is_not_stopped_short():
 
     with pytest.raises(StrayStopIteration):
         list(map(read, [claim.response_id, claim.response_id]))
+
+
+# (the hook replaced, a blocking public call that reaches it)
+BLOCKING = {
+    "promote/_write": lambda store: store.promote(conversation_turn(TENANT, uid("conv"), 0)),
+    "promote/_read_view": lambda store: store.promote(
+        conversation_turn(TENANT, uid("conv"), 3)),
+    "promote/clock": lambda store: store.promote(conversation_turn(TENANT, uid("conv"), 0)),
+    "judge/_read_view": lambda store: store.judge(conversation_turn(TENANT, uid("conv"), 0)),
+    "start_claiming/_claim": lambda store: store.start_claiming(_claim()),
+    "read_turn/_load_turn": lambda store: store.read_turn(TENANT, uid("conv"), uid("resp")),
+    "locate/_locate": lambda store: store.locate(TENANT, uid("resp")),
+    "turn_lost/_claim_of": lambda store: store.turn_lost(TENANT, uid("resp")),
+    "read_promoted/_located_checkpoint": lambda store: store.read_promoted(TENANT, uid("resp")),
+    "read_checkpoint/_located_checkpoint": lambda store: store.read_checkpoint(
+        TENANT, uid("resp")),
+    "get_checkpoint/_located_checkpoint": lambda store: store.get_checkpoint(
+        TENANT, uid("resp")),
+    "hold_request/_claim_request": lambda store: store.hold_request(
+        TENANT, uid("key"), uid("resp")),
+    "promoted_request/_read_view": lambda store: store.promoted_request(
+        conversation_turn(TENANT, uid("conv"), 0)),
+    "promoted_key/_read_view": lambda store: store.promoted_key(
+        TENANT, uid("conv"), uid("key"), uid("resp"), first_of_chain=False),
+    "mark_request_facts/_set_facts_mark": lambda store: store.mark_request_facts(
+        TENANT, uid("conv"), uid("key")),
+    "mark_claim/_mark_unless_promoted": lambda store: store.mark_claim(
+        TENANT, uid("conv"), uid("key")),
+    "read_history/clock": lambda store: store.read_history(TENANT, conversation_id=uid("conv")),
+}
+
+
+def _replace(store, hook: str) -> None:
+    if hook == "clock":  # the store's clock, a hook of its options
+        store.options.clock = _stop
+    else:
+        setattr(store, hook, _stop)
+
+
+@pytest.mark.parametrize("case", sorted(BLOCKING))
+def test_a_blocking_call_whose_hook_raises_stop_iteration_fails_typed(case):
+    """A store call made by a caller's own iteration (``map``; a generator would make it
+    a bare ``RuntimeError``) or in a thread (the worker runs its handler with
+    ``run_in_executor``, whose future cannot hold one: it waited for ever): before
+    session 48 a hook's bare ``StopIteration`` went out of the store's call as it came,
+    so the ``map`` ended short with no error and the thread's caller hung; the history
+    read's clock, asked inside its steps' generator, gave a bare ``RuntimeError``."""
+    store = MemoryCheckpointStore()
+    _replace(store, case.split("/")[1])
+    call = BLOCKING[case]
+    with pytest.raises(StrayStopIteration):
+        list(map(call, [store]))
+    with pytest.raises(StrayStopIteration):
+        _bounded(asyncio.to_thread(call, store))
+
+
+def test_an_awaited_promotion_whose_clock_raises_stop_iteration_fails_typed():
+    """The store's clock is asked by ``promote_from_hints_async`` in its coroutine: a
+    bare ``StopIteration`` out of it was Python's bare ``RuntimeError`` there."""
+    store = MemoryCheckpointStore()
+    store.options.clock = _stop
+    with pytest.raises(StrayStopIteration):
+        _bounded(store.promote_from_hints_async(conversation_turn(TENANT, uid("conv"), 0)))
