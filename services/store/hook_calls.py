@@ -29,7 +29,7 @@ def call_hook(hook: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return hook(*args, **kwargs)
     except StopIteration as stop:
-        raise _stray(hook, stop) from stop
+        raise stray_stop(hook, stop) from stop
 
 
 async def await_hook(hook: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
@@ -39,10 +39,10 @@ async def await_hook(hook: Callable[..., Awaitable[T]], *args: Any, **kwargs: An
     try:
         return await hook(*args, **kwargs)
     except StopIteration as stop:
-        raise _stray(hook, stop) from stop
+        raise stray_stop(hook, stop) from stop
     except RuntimeError as error:
         if type(error) is RuntimeError and isinstance(error.__cause__, StopIteration):
-            raise _stray(hook, error.__cause__) from error.__cause__
+            raise stray_stop(hook, error.__cause__) from error.__cause__
         raise
 
 
@@ -52,7 +52,8 @@ async def in_thread(hook: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(call_hook, hook, *args)
 
 
-def _stray(hook: Callable[..., Any], stop: StopIteration) -> StrayStopIteration:
+def stray_stop(hook: Callable[..., Any], stop: StopIteration) -> StrayStopIteration:
+    """The failure to raise, from ``stop``, for ``hook``'s ``StopIteration``."""
     name = getattr(hook, "__qualname__", None) or repr(hook)
     return StrayStopIteration(f"the store's hook {name} raised StopIteration ({stop!r}): "
                               "a bug in the hook, not an answer")

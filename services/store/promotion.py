@@ -26,7 +26,7 @@ from ratchet.domain.plan import (
 from services.store.backend import StoreBackend
 from services.store.errors import StoreUnavailable
 from services.store.hints import StoreHints
-from services.store.hook_calls import call_hook
+from services.store.hook_calls import stray_stop
 from services.store.promotion_checks import (
     ANY_LINEAGE,
     _check_not_behind,
@@ -161,8 +161,12 @@ class PromotionWriter:
         options = self._backend.options
         # The clock is a hook: awaited (``promote_from_hints_async``) a bare StopIteration
         # out of it would be a coroutine's bare RuntimeError, not the store's failure.
-        return build_checkpoint(request, plan, call_hook(options.clock),
-                                options.logical_retention_s)
+        # Caught here, not through ``call_hook``: no call more per promoted turn.
+        try:
+            now = options.clock()
+        except StopIteration as stop:
+            raise stray_stop(options.clock, stop) from stop
+        return build_checkpoint(request, plan, now, options.logical_retention_s)
 
     def _plan_from_hints(self, request: PromotionRequest, head_hint: Head | None,
                          parent_hint: CheckpointRecord | None) -> Plan | None:
