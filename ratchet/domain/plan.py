@@ -318,7 +318,28 @@ def plan_promotion(request: PromotionRequest, view: PromotionView) -> PromotionO
     if request.mode is PromotionMode.CONVERSATION:
         _check_head(request, view)
         return _plan_conversation(request, view.head)
+    if view.parent is not None and not _may_be_a_chain_row(view.parent, view.head):
+        raise CorruptPartition(
+            f"partition {request.partition_key} of tenant {request.tenant_id}: the parent "
+            f"{view.parent.response_id} reads as a chain row but is a Conversation's "
+            "(its mode cell or a link is damaged)")
     return _plan_chain(request, view.parent)
+
+
+def _may_be_a_chain_row(row: CheckpointRecord, head: Head | None) -> bool:
+    """False for a row reading ``chain`` that the view shows is none (a damaged ``mode``
+    cell or link, docs/store.md): the head names it (a head names a Conversation row
+    only), or its own links disagree (a chain row's parent is its
+    ``previous_response_id``, both None at a root; a Conversation row's parent is the
+    head it was planned on). What a promotion's view holds anyway, so ``promote`` alone
+    refuses these at no request more. A Conversation row whose cells are a chain row's
+    (its first turn when not the head: parent and ``previous_response_id`` both None)
+    is told only by a read of the partition (``_check_chain`` in ``history.py``), which
+    the processor makes before every chain turn (its hints come from such reads)."""
+    if row.mode is not PromotionMode.CHAIN:
+        return True  # not a chain parent at all: ``_plan_chain`` answers ParentMissing
+    named_by_head = head is not None and head.response_id == row.response_id
+    return not named_by_head and row.parent_response_id == row.previous_response_id
 
 
 def _check_head(request: PromotionRequest, view: PromotionView) -> None:
@@ -408,8 +429,9 @@ def plan_from_hints(
         or parent_hint.response_id != request.previous_response_id
         or (parent_hint.tenant_id, parent_hint.partition_key)
         != (request.tenant_id, request.partition_key)
+        or not _may_be_a_chain_row(parent_hint, head_hint)
     ):
-        return None
+        return None  # (a parent that is no chain row: the view decides, and refuses it)
     return _as_plan(_plan_chain(request, parent_hint))
 
 

@@ -6,7 +6,8 @@ with one job each (``promotion.py``, ``history_reader.py``, ``checkpoint_reader.
 class, never against the facade, so the imports point one way: ``base.py`` -> its parts
 -> this module. A backend (``memory.py``, ``cassandra.py``) subclasses ``CheckpointStore``
 and implements every abstract hook here; the awaited forms default to the blocking hook
-in a thread, and a backend with async I/O overrides them.
+in a thread (``in_thread``: a ``StopIteration`` out of it would leave the awaiting caller
+waiting for ever), and a backend with async I/O overrides them.
 
 A part keeps the store object and looks a hook up on it at each call, so a backend's
 hook (or a test's replacement of it on one store) is the one called.
@@ -14,7 +15,6 @@ hook (or a test's replacement of it on one store) is the one called.
 
 from __future__ import annotations
 
-import asyncio
 from abc import ABC, abstractmethod
 
 from ratchet.domain.history import CheckpointRecord, PartitionSnapshot
@@ -25,6 +25,7 @@ from ratchet.domain.plan import (
     PromotionView,
     ResponseClaim,
 )
+from services.store.hook_calls import in_thread
 from services.store.options import StoreOptions
 
 
@@ -79,7 +80,7 @@ class StoreBackend(ABC):
                            checkpoint: CheckpointRecord, facts_mark: str | None) -> bool:
         """``_write`` awaited; True if applied, False if refused or (a backend with async
         I/O) if the outcome is unknown: the caller then reads (``promote``)."""
-        return await asyncio.to_thread(self._write, request, plan, checkpoint, facts_mark)
+        return await in_thread(self._write, request, plan, checkpoint, facts_mark)
 
     # -- request facts marks ------------------------------------------------------------
 
@@ -103,7 +104,7 @@ class StoreBackend(ABC):
 
     async def _locate_async(self, tenant_id: str, response_id: str) -> str | None:
         """``_locate`` awaited; a backend with async I/O overrides it."""
-        return await asyncio.to_thread(self._locate, tenant_id, response_id)
+        return await in_thread(self._locate, tenant_id, response_id)
 
     @abstractmethod
     def _located_checkpoint(
@@ -143,7 +144,7 @@ class StoreBackend(ABC):
         self, tenant_id: str, partition_key: str
     ) -> PartitionSnapshot | None:
         """``_load_partition`` awaited; a backend with async I/O overrides it."""
-        return await asyncio.to_thread(self._load_partition, tenant_id, partition_key)
+        return await in_thread(self._load_partition, tenant_id, partition_key)
 
     def _load_conversation(self, tenant_id: str, conversation_id: str) -> PartitionSnapshot | None:
         """What the read of a Conversation needs of its partition: all of it (its head's

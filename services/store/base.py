@@ -67,7 +67,6 @@ declared here.
 
 from __future__ import annotations
 
-import asyncio
 from abc import abstractmethod
 from collections.abc import Callable
 from datetime import datetime
@@ -91,9 +90,16 @@ from ratchet.domain.plan import (
 )
 from services.store.backend import StoreBackend
 from services.store.checkpoint_reader import CheckpointReader
-from services.store.errors import InvalidPromotion, StoreError, StoreUnavailable, TurnLost
+from services.store.errors import (
+    InvalidPromotion,
+    StoreError,
+    StoreUnavailable,
+    StrayStopIteration,
+    TurnLost,
+)
 from services.store.hints import StoreHints
 from services.store.history_reader import HistoryReader
+from services.store.hook_calls import call_hook, in_thread
 from services.store.options import StoreOptions
 from services.store.promotion import PromotionWriter
 from services.store.promotion_checks import ANY_LINEAGE
@@ -110,6 +116,7 @@ __all__ = [
     "StoreError",
     "StoreOptions",
     "StoreUnavailable",
+    "StrayStopIteration",
     "TurnLost",
     "turn_size",
     "validate_request",
@@ -120,7 +127,8 @@ class CheckpointStore(StoreBackend):
     """Atomic promotion of turns and verified reads of histories.
 
     Thread-safe. Every method either returns a typed result or raises
-    ``StoreUnavailable`` / ``InvalidPromotion``.
+    ``StoreUnavailable`` / ``InvalidPromotion`` (``StrayStopIteration`` for a hook
+    that raised ``StopIteration``: ``hook_calls.py``).
     """
 
     def __init__(self, options: StoreOptions | None = None) -> None:
@@ -168,8 +176,8 @@ class CheckpointStore(StoreBackend):
         write applies only if the mark is still that; otherwise ``FactsChanged`` with
         the mark found, and nothing is written (see ``mark_request_facts``).
         """
-        return self._promotion.promote(request, head_hint, parent_hint, extends, claimed,
-                                       facts_mark)
+        return call_hook(self._promotion.promote, request, head_hint, parent_hint, extends,
+                         claimed, facts_mark)
 
     def judge(self, request: PromotionRequest,
               head_guess: str | None = None) -> PromotionOutcome | Plan:
@@ -182,7 +190,7 @@ class CheckpointStore(StoreBackend):
         sent (a Conversation turn that expects another head than the head).
         ``head_guess``: the response id of the head the caller read, so that its row
         comes with the view (one round trip); any guess is checked, none trusted."""
-        return self._promotion.judge(request, head_guess)
+        return call_hook(self._promotion.judge, request, head_guess)
 
     async def promote_from_hints_async(
         self,
@@ -212,14 +220,14 @@ class CheckpointStore(StoreBackend):
         rejected binds its response id whether or not the waiter is called (the memory
         store took it only when waited for, so its rejected turns bound nothing: an
         outside review, session 32)."""
-        holder = self._claim(claim)
+        holder = call_hook(self._claim, claim)
         return lambda: holder
 
     async def claim_async(self, claim: ResponseClaim) -> ResponseClaim:
         """``start_claiming``'s waiter, awaited: the claim's holder (``claim`` itself
         when it is ours). ``StoreUnavailable`` when the outcome is not known at once (a
         backend with async I/O leaves the settling SERIAL read to ``promote``)."""
-        return await asyncio.to_thread(self.start_claiming(claim))
+        return await in_thread(call_hook(self.start_claiming, claim))
 
     # -- history reads ------------------------------------------------------------------
 
@@ -273,7 +281,7 @@ class CheckpointStore(StoreBackend):
     async def read_head_async(self, tenant_id: str, partition_key: str) -> Head | None:
         """``read_head`` for an event loop; a backend with async I/O overrides it so a
         Conversation cache hit never takes the thread-pool hop."""
-        return await asyncio.to_thread(self.read_head, tenant_id, partition_key)
+        return await in_thread(self.read_head, tenant_id, partition_key)
 
     def read_turn(
         self, tenant_id: str, partition_key: str, response_id: str
@@ -281,17 +289,17 @@ class CheckpointStore(StoreBackend):
         """ONE turn row (its checkpoint and items, UNverified, with the partition's
         head): what extending an already verified history reads. None if absent.
         The caller verifies it (``ratchet.domain.history.verify_extension``)."""
-        return self._load_turn(tenant_id, partition_key, response_id)
+        return call_hook(self._load_turn, tenant_id, partition_key, response_id)
 
     async def read_turn_async(
         self, tenant_id: str, partition_key: str, response_id: str
     ) -> PartitionSnapshot | None:
         """``read_turn`` for an event loop (a backend with async I/O overrides it)."""
-        return await asyncio.to_thread(self.read_turn, tenant_id, partition_key, response_id)
+        return await in_thread(self.read_turn, tenant_id, partition_key, response_id)
 
     def locate(self, tenant_id: str, response_id: str) -> str | None:
         """The partition a response id was promoted under (a hint, verified by reads)."""
-        return self._locate(tenant_id, response_id)
+        return call_hook(self._locate, tenant_id, response_id)
 
     async def locate_async(self, tenant_id: str, response_id: str) -> str | None:
         """``locate`` for an event loop."""
@@ -306,31 +314,31 @@ class CheckpointStore(StoreBackend):
         did not find where its claim says (``partition_key``, when the caller located
         it): never on the common read path. How promoted is told from never promoted,
         and a late row from a lost one: ``CheckpointReader.turn_lost``."""
-        return self._checkpoints.turn_lost(tenant_id, response_id, partition_key)
+        return call_hook(self._checkpoints.turn_lost, tenant_id, response_id, partition_key)
 
     async def turn_lost_async(self, tenant_id: str, response_id: str,
                               partition_key: str | None = None) -> bool:
         """``turn_lost`` for an event loop (a rare path: the thread pool's hop is fine);
         the store's ``turn_lost``, so that a subclass overriding it is asked here too."""
-        return await asyncio.to_thread(self.turn_lost, tenant_id, response_id, partition_key)
+        return await in_thread(self.turn_lost, tenant_id, response_id, partition_key)
 
     def read_promoted(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         """``read_checkpoint`` for an answer that must tell a promoted response from an
         unknown one (the status endpoint): raises ``TurnLost`` where ``read_checkpoint``
         finds no row but the response was promoted (``turn_lost``), else its answer."""
-        return self._checkpoints.read_promoted(tenant_id, response_id)
+        return call_hook(self._checkpoints.read_promoted, tenant_id, response_id)
 
     def read_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         """The promoted checkpoint of a response, or None (also for another tenant);
         raises ``CorruptPartition`` for a row that cannot be decoded or is filed under
         another response id (the status endpoint answers it, never as "unknown")."""
-        return self._checkpoints.read_checkpoint(tenant_id, response_id)
+        return call_hook(self._checkpoints.read_checkpoint, tenant_id, response_id)
 
     def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
         """The promoted checkpoint of a response, or None (also for another tenant, and
         for a row that cannot be decoded: the processor's lookups, which only ask
         whether a usable promotion is there, treat a damaged one as absent)."""
-        return self._checkpoints.get_checkpoint(tenant_id, response_id)
+        return call_hook(self._checkpoints.get_checkpoint, tenant_id, response_id)
 
     # -- a request's standing and facts marks ---------------------------------------------
 
@@ -342,7 +350,7 @@ class CheckpointStore(StoreBackend):
         effect of a cancelled request): the claim's ``request_digest`` is empty, and
         only its ``response_id`` is ever compared (``RequestFacts.request_held``). Held by
         ``response_id``, no other attempt of the request can ever be promoted."""
-        return self._requests.hold_request(tenant_id, idempotency_key, response_id)
+        return call_hook(self._requests.hold_request, tenant_id, idempotency_key, response_id)
 
     def promoted_request(self, request: PromotionRequest) -> CheckpointRecord | None:
         """The checkpoint the request (its idempotency key) stands promoted with, by
@@ -352,7 +360,7 @@ class CheckpointStore(StoreBackend):
         linearizable consistency, like a promotion's view. Asked on the rare paths that
         must know whether the request stands promoted (a cancellation that came after
         its promotion; effects a rejected attempt must not orphan)."""
-        return self._requests.promoted_request(request)
+        return call_hook(self._requests.promoted_request, request)
 
     def promoted_key(self, tenant_id: str, partition_key: str, idempotency_key: str,
                      response_id: str, *, first_of_chain: bool) -> CheckpointRecord | None:
@@ -362,8 +370,8 @@ class CheckpointStore(StoreBackend):
         (``first_of_chain``: its partition is its own response id, in chain mode), the
         request claim's holder's: its request may stand promoted in another attempt's
         partition."""
-        return self._requests.promoted_key(tenant_id, partition_key, idempotency_key,
-                                            response_id, first_of_chain=first_of_chain)
+        return call_hook(self._requests.promoted_key, tenant_id, partition_key,
+                         idempotency_key, response_id, first_of_chain=first_of_chain)
 
     def mark_request_facts(self, tenant_id: str, partition_key: str, idempotency_key: str) -> str:
         """Say that a fact of this request (a tool effect, an effect claim or its
@@ -372,7 +380,8 @@ class CheckpointStore(StoreBackend):
         decided without that fact asserts the old mark and is refused
         (``FactsChanged``), so a promotion never misses a fact recorded before it.
         One recorded after the promotion's write is ordered after the promotion."""
-        return self._requests.mark_request_facts(tenant_id, partition_key, idempotency_key)
+        return call_hook(self._requests.mark_request_facts, tenant_id, partition_key,
+                         idempotency_key)
 
     def mark_claim(self, tenant_id: str, partition_key: str, idempotency_key: str, *,
                    first_of_chain: bool = False) -> IdempotencyRecord | None:
@@ -395,8 +404,8 @@ class CheckpointStore(StoreBackend):
         not. A claim made before the holder held the request is seen by the holder's
         own read of the request's facts after its batch (the processor's
         ``TurnPromotion.handle``, streams/turn_promotion.py)."""
-        return self._requests.mark_claim(tenant_id, partition_key, idempotency_key,
-                                          first_of_chain=first_of_chain)
+        return call_hook(self._requests.mark_claim, tenant_id, partition_key, idempotency_key,
+                         first_of_chain=first_of_chain)
 
     @abstractmethod
     def request_facts_mark(self, tenant_id: str, partition_key: str,

@@ -1,6 +1,7 @@
 """The store's exceptions: broken infrastructure (``StoreUnavailable``, which says
 whether retrying the same call can help), a malformed request (``InvalidPromotion``, a
-bug in the caller) and a promoted turn whose row is gone (``TurnLost``). Expected
+bug in the caller), a hook that raised ``StopIteration`` (``StrayStopIteration``, a bug
+in the hook) and a promoted turn whose row is gone (``TurnLost``). Expected
 results are outcomes, not exceptions (``ratchet.domain.plan``)."""
 
 from __future__ import annotations
@@ -32,6 +33,18 @@ class StoreUnavailable(StoreError, Unavailable):
 
 class InvalidPromotion(StoreError, ValueError):
     """The request itself is malformed; the caller must validate before promoting."""
+
+
+class StrayStopIteration(StoreError, RuntimeError):
+    """A hook the store called raised ``StopIteration`` (a used-up ``Mock``, a
+    subclass's bare ``next``): a bug in the hook, never an answer. The store raises this
+    instead (the ``StopIteration`` is its ``__cause__``) because a ``StopIteration``
+    cannot cross the boundaries a store call goes through: out of a generator or a
+    coroutine Python makes it a bare ``RuntimeError``, into an asyncio future it cannot
+    be set at all (the awaiting caller waits for ever), and a caller iterating (``map``,
+    a ``for`` over a generator that calls the store) takes it for the end of its input
+    and stops short, silently. A ``RuntimeError``, as Python makes it of one that leaves
+    a generator (PEP 479)."""
 
 
 class TurnLost(CorruptPartition):

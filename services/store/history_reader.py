@@ -8,6 +8,8 @@ The blocking and the awaited read are one: the read's steps are a generator
 (``_read_steps``) that yields each I/O it needs as a hook's name and its arguments and
 is sent the answer; ``read`` calls the hook, ``read_async`` awaits its ``_async`` twin
 (every hook a read takes has one: ``backend.py``, and the store's ``turn_lost_async``).
+A hook that raises ``StopIteration`` fails both alike (``StrayStopIteration``,
+``hook_calls.py``): neither the generator nor a coroutine can pass one on.
 Everything between two I/Os (the hints, verification, the confirmation) is written once."""
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from services.store.history_answers import (
     _needs_confirming,
     no_such_response,
 )
+from services.store.hook_calls import await_hook, call_hook
 
 # One I/O of a read: the name of the store's method and its arguments.
 Step = tuple[str, tuple[Any, ...]]
@@ -62,12 +65,13 @@ class HistoryReader:
         store, answer = self._store, None
         while True:
             # Only the generator's own end is caught, never a hook's exception (a
-            # ``StopIteration`` out of a hook returned None as the history, session 47).
+            # ``StopIteration`` out of a hook returned None as the history, session 47);
+            # a hook's own ``StopIteration`` is ``StrayStopIteration`` (``hook_calls``).
             try:
                 name, args = steps.send(answer)
             except StopIteration as done:
                 return done.value
-            answer = getattr(store, name)(*args)
+            answer = call_hook(getattr(store, name), *args)
 
     async def read_async(
         self,
@@ -84,7 +88,7 @@ class HistoryReader:
                 name, args = steps.send(answer)
             except StopIteration as done:
                 return done.value
-            answer = await getattr(store, f"{name}_async")(*args)
+            answer = await await_hook(getattr(store, f"{name}_async"), *args)
 
     def _read_steps(
         self,
@@ -95,7 +99,7 @@ class HistoryReader:
         partition_key: str | None,
     ) -> Steps:
         _exactly_one(response_id, conversation_id)
-        now = now or self._store.options.clock()
+        now = now or call_hook(self._store.options.clock)  # a hook: asked in a generator
         first = yield from self._read_once(tenant_id, response_id, conversation_id, now,
                                            partition_key)
         if not _needs_confirming(first):

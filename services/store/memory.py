@@ -32,6 +32,7 @@ from ratchet.domain.plan import (
     ResponseClaim,
 )
 from services.store.base import CheckpointStore, StoreOptions
+from services.store.hook_calls import call_hook
 
 
 @dataclass
@@ -80,17 +81,19 @@ class MemoryCheckpointStore(CheckpointStore):
         return self.head(tenant_id, partition_key)
 
     async def read_head_async(self, tenant_id: str, partition_key: str) -> Head | None:
-        return self.read_head(tenant_id, partition_key)  # no I/O to wait for
+        return call_hook(self.read_head, tenant_id, partition_key)  # no I/O to wait for
 
-    # No I/O to wait for: the async reads are the blocking ones, called in place.
+    # No I/O to wait for: the async reads are the blocking ones, called in place
+    # (through ``call_hook``: a ``StopIteration`` out of one fails as the base's thread
+    # hop does, ``StrayStopIteration``, not as a coroutine's bare ``RuntimeError``).
 
     async def read_turn_async(
         self, tenant_id: str, partition_key: str, response_id: str
     ) -> PartitionSnapshot | None:
-        return self.read_turn(tenant_id, partition_key, response_id)
+        return call_hook(self.read_turn, tenant_id, partition_key, response_id)
 
     async def locate_async(self, tenant_id: str, response_id: str) -> str | None:
-        return self.locate(tenant_id, response_id)
+        return call_hook(self.locate, tenant_id, response_id)
 
     async def read_history_async(
         self,
@@ -137,7 +140,7 @@ class MemoryCheckpointStore(CheckpointStore):
 
     async def turn_lost_async(self, tenant_id: str, response_id: str,
                               partition_key: str | None = None) -> bool:
-        return self.turn_lost(tenant_id, response_id, partition_key)
+        return call_hook(self.turn_lost, tenant_id, response_id, partition_key)
 
     def _claim_of(self, tenant_id: str, response_id: str) -> ResponseClaim | None:
         with self._lock:

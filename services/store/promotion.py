@@ -26,6 +26,7 @@ from ratchet.domain.plan import (
 from services.store.backend import StoreBackend
 from services.store.errors import StoreUnavailable
 from services.store.hints import StoreHints
+from services.store.hook_calls import stray_stop
 from services.store.promotion_checks import (
     ANY_LINEAGE,
     _check_not_behind,
@@ -158,7 +159,14 @@ class PromotionWriter:
 
     def _checkpoint_of(self, request: PromotionRequest, plan: Plan) -> CheckpointRecord:
         options = self._backend.options
-        return build_checkpoint(request, plan, options.clock(), options.logical_retention_s)
+        # The clock is a hook: awaited (``promote_from_hints_async``) a bare StopIteration
+        # out of it would be a coroutine's bare RuntimeError, not the store's failure.
+        # Caught here, not through ``call_hook``: no call more per promoted turn.
+        try:
+            now = options.clock()
+        except StopIteration as stop:
+            raise stray_stop(options.clock, stop) from stop
+        return build_checkpoint(request, plan, now, options.logical_retention_s)
 
     def _plan_from_hints(self, request: PromotionRequest, head_hint: Head | None,
                          parent_hint: CheckpointRecord | None) -> Plan | None:

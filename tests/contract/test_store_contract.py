@@ -50,6 +50,7 @@ from services.store.base import (
     TurnLost,
     turn_size,
 )
+from services.store.errors import StrayStopIteration
 from services.store.memory import MemoryCheckpointStore
 from tests.contract.store_support import (
     T0,
@@ -1235,25 +1236,51 @@ class StoreContract:
             with pytest.raises(TurnLost):
                 store.read_promoted(tenant, claim.response_id)
 
-    def test_a_hook_raising_stop_iteration_is_raised_by_the_read(self, store, tenant):
-        """An exception out of a hook a read calls is the read's, whatever it is: a
-        ``StopIteration`` too (a test's ``Mock(side_effect=[...])`` once used up, a
-        subclass's bare ``next``). Since the reads were folded into one generator
-        (session 47) the blocking driver caught it as the generator's own end and
-        returned ``None`` for the history: a failed read answered as no answer at all
-        (an outside review, session 47)."""
+    @pytest.mark.parametrize("replaced", ["turn_lost", "turn_lost_async", "turn_lost_async plain"])
+    def test_a_hook_raising_stop_iteration_fails_the_read_typed(self, store, tenant, replaced):
+        """An exception out of a hook a read calls is the read's: a ``StopIteration``
+        too (a test's ``Mock(side_effect=[...])`` once used up, a subclass's bare
+        ``next``), raised as ``StrayStopIteration`` (a ``RuntimeError``, caused by it) by
+        the blocking and the awaited read alike. Since the reads were folded into one
+        generator (session 47) the blocking driver took it for the generator's end and
+        returned ``None`` (fixed in session 47, which raised the bare ``StopIteration``:
+        a caller iterating takes that for its own end). The awaited read of a store
+        whose ``turn_lost_async`` is the base one (Cassandra's) waited for ever: it ran
+        ``turn_lost`` in ``asyncio.to_thread``, whose future cannot hold a
+        ``StopIteration`` (session 48). ``turn_lost_async`` replaced by a coroutine
+        raising it gave Python's bare ``RuntimeError``, by a plain callable the same."""
         claim = ResponseClaim(tenant, uid("resp"), uid("conv"), uid("key"), "d" * 64)
         assert store.start_claiming(claim)() == claim  # claimed, never promoted
 
         def lost(*args):
             raise StopIteration
 
-        store.turn_lost = lost
-        with pytest.raises(StopIteration):
-            store.read_history(tenant, response_id=claim.response_id)
-        # Not the awaited read: the base ``turn_lost_async`` runs ``turn_lost`` in
-        # ``asyncio.to_thread``, whose future cannot hold a StopIteration and never
-        # completes (asyncio's own limit: the read waits for ever; decisions.md).
+        async def lost_async(*args):
+            raise StopIteration
+
+        by_name = {"turn_lost": lost, "turn_lost_async": lost_async,
+                   "turn_lost_async plain": lost}
+        setattr(store, replaced.split()[0], by_name[replaced])
+
+        def read():
+            return store.read_history(tenant, response_id=claim.response_id)
+
+        async def read_async():  # bounded: the hang this test is about must fail it
+            return await asyncio.wait_for(
+                store.read_history_async(tenant, response_id=claim.response_id), 30)
+
+        # Replacing only ``turn_lost_async`` is seen by the awaited read alone, and only
+        # on a backend whose awaited read is its own (the memory store's is its blocking
+        # one, which asks ``turn_lost``): there both reads answer as without the hook.
+        awaited_own = type(store).read_history_async is not MemoryCheckpointStore.read_history_async
+        raising = [replaced == "turn_lost" or awaited_own, replaced == "turn_lost"]
+        for run, raises in zip((lambda: asyncio.run(read_async()), read), raising, strict=True):
+            if not raises:
+                assert run().reason is HistoryFailureReason.NOT_FOUND
+                continue
+            with pytest.raises(StrayStopIteration) as raised:
+                run()
+            assert isinstance(raised.value.__cause__, StopIteration), raised.value
 
     # -- damage the write's conditions hold against (a mutation review of the write path,
     # session 44: each condition could be dropped from one backend with every test passing)
@@ -1342,6 +1369,48 @@ class StoreContract:
             for rid, seq in ((chain_root, 1), (chain_child, 2)):
                 history = self.history(reader, tenant, response_id=rid)
                 assert (history.checkpoint.seq, history.head_seq) == (seq, seq)
+
+    @pytest.mark.parametrize("turns,flipped,tell", [
+        (1, 0, "the head names it"),
+        (3, 2, "the head names it (and its links disagree)"),
+        (3, 1, "its links disagree: a chain row's parent is its previous_response_id"),
+    ])
+    def test_promote_refuses_a_chain_turn_on_a_row_its_view_shows_is_no_chain(
+            self, store, tenant, clock, turns, flipped, tell):
+        """``promote`` alone (no verified read before it) of a chain turn whose parent is a
+        Conversation turn whose ``mode`` reads ``chain``: refused (``CorruptPartition``,
+        nothing written) where the view it reads anyway tells, at no request more: the
+        partition's head names the parent (a head names a Conversation row only), or the
+        parent's own links disagree (a chain row's ``parent_response_id`` is its
+        ``previous_response_id``, both None at a root; a Conversation row's parent is
+        the head it was planned on). By the promoting store and a cold one, with and
+        without the parent's record as the caller's hint. Before session 48 every case
+        was written. The one case no view shows (the first turn of a longer
+        Conversation: its cells are a chain root's) is the reads' alone: docs/store.md.
+        The chain sharing the partition still takes its next turn."""
+        conv = uid("conv")
+        chain_root, chain_child = conv, uid("resp")
+        for turn in (chain_turn(tenant, conv, chain_root, None),
+                     chain_turn(tenant, conv, chain_child, chain_root)):
+            assert isinstance(store.promote(turn), Promoted)
+        promoted = [conversation_turn(tenant, conv, seq) for seq in range(turns)]
+        for turn in promoted:
+            assert isinstance(store.promote(turn), Promoted)
+        damaged = promoted[flipped].response_id
+        self.rewrite_turn(store, tenant, conv, damaged, {"mode": PromotionMode.CHAIN})
+        cold = self.shared_store(store, StoreOptions(clock=clock))
+        record = cold.get_checkpoint(tenant, damaged)
+        assert record is not None and record.mode is PromotionMode.CHAIN
+        for promoter in (store, cold):
+            for hint in (None, record):
+                if hint is not None and promoter is cold and turns == 1:
+                    continue  # a caller's hint on a store that never saw the head: below
+                child = chain_turn(tenant, conv, uid("resp"), damaged)
+                with pytest.raises(CorruptPartition):
+                    promoter.promote(child, parent_hint=hint)
+                assert cold.get_checkpoint(tenant, child.response_id) is None, (tell, hint)
+        grandchild = chain_turn(tenant, conv, uid("resp"), chain_child)
+        assert isinstance(cold.promote(grandchild), Promoted)
 
     def damage_head(self, store, tenant, conv) -> None:
         raise NotImplementedError

@@ -203,6 +203,31 @@ def test_a_chain_turn_never_extends_a_conversation_turn():
         ParentMissing("resp_conv")
 
 
+def test_a_chain_parent_the_view_shows_is_a_conversation_row_is_corrupt():
+    """A Conversation row whose ``mode`` cell reads ``chain`` (damage), as a chain turn's
+    parent: ``CorruptPartition`` where the view tells (the head names it, or its links
+    disagree: a chain row's parent is its ``previous_response_id``), and a hint of it
+    gives no plan (the view decides). A chain parent with agreeing links that no head
+    names still plans (a root: both links None). Session 48."""
+    first = conversation_turn("t", "shared", 0, response_id="resp_1")
+    row_1 = checkpoint_of(first, plan_promotion(first, PromotionView(None)))
+    head_1 = Head(1, "resp_1", row_1.last_item_seq, row_1.lineage_digest)
+    second = conversation_turn("t", "shared", 1, response_id="resp_2")
+    row_2 = checkpoint_of(second, plan_promotion(second, viewing(head_1)))
+    head_2 = Head(2, "resp_2", row_2.last_item_seq, row_2.lineage_digest)
+    assert (row_2.parent_response_id, row_2.previous_response_id) == ("resp_1", None)
+    flipped_1, flipped_2 = (replace(row, mode=PromotionMode.CHAIN) for row in (row_1, row_2))
+    for parent, head in ((flipped_1, head_1), (flipped_2, head_2), (flipped_2, None)):
+        child = chain_turn("t", "shared", "resp_c", parent.response_id)
+        with pytest.raises(CorruptPartition):
+            plan_promotion(child, PromotionView(head, parent=parent))
+        assert plan_from_hints(child, head, parent) is None
+    # The first turn of two, its cells a chain root's, no head naming it: only a read of
+    # the partition tells it (``_check_chain``); the view cannot.
+    child = chain_turn("t", "shared", "resp_c", "resp_1")
+    assert isinstance(plan_promotion(child, PromotionView(head_2, parent=flipped_1)), Plan)
+
+
 @pytest.mark.parametrize("mode", ["conversation", "chain"])
 def test_a_promotion_digests_its_items_once(monkeypatch, mode):
     """The plan's lineage digest and the checkpoint's items digest are made of one
