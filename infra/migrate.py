@@ -43,6 +43,9 @@ LEASE_TTL_S = 120
 # How often the lease is renewed while a run holds it: a quarter of its TTL, so three
 # renewals in a row can fail (a busy node) before it expires.
 RENEW_EVERY_S = 30.0
+# How long the lease's release may take (an LWT): a Job's grace period after SIGTERM
+# must outlast it (deploy/k8s/migrate-job.yaml) or the kill leaves the lease to its TTL.
+RELEASE_TIMEOUT_S = 30
 
 
 class MigrationError(RuntimeError):
@@ -408,7 +411,7 @@ class _LeaseKeeper:
 
 def _release_lease(session, ks: str, owner: str) -> None:
     session.execute(f"DELETE FROM {ks}.schema_migrations_lease WHERE id = 'migrate' IF owner = %s",
-                    (owner,), timeout=30)
+                    (owner,), timeout=RELEASE_TIMEOUT_S)
 
 
 def _release_quietly(session, ks: str, owner: str) -> None:
