@@ -21,7 +21,6 @@ next statement (``LeaseLost``). The lease row carries its TTL and renewal period
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import re
@@ -35,6 +34,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from ratchet.settings import Settings
+from ratchet.stops import LeaseLeft
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _FILE = re.compile(r"^(\d{3,})_([A-Za-z0-9_]+)\.cql$")
@@ -414,11 +414,17 @@ def _release_lease(session, ks: str, owner: str) -> None:
                     (owner,), timeout=RELEASE_TIMEOUT_S)
 
 
-def _release_quietly(session, ks: str, owner: str) -> None:
-    """``_release_lease`` on the way out of a failed take: the failure is the one to
-    raise; a release that does not reach Cassandra leaves the lease to its TTL."""
-    with contextlib.suppress(Exception):  # the driver's errors
+def _release(session, ks: str, owner: str, *, quietly: bool = False) -> None:
+    """``_release_lease`` on the way out. ``quietly`` (a failed take): the take's failure
+    is the one to raise, a release that does not reach Cassandra leaves the lease to its
+    TTL. A stop (Ctrl-C, SIGTERM) during the release is ``LeaseLeft``."""
+    try:
         _release_lease(session, ks, owner)
+    except Exception:  # the driver's errors
+        if not quietly:
+            raise
+    except BaseException as stop:
+        raise LeaseLeft(f"{ks}.schema_migrations_lease") from stop
 
 
 def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGRATIONS_DIR,
@@ -449,13 +455,13 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
             # Ctrl-C (or a lost answer) while the take was answered: Cassandra may have
             # applied it, and the lease stayed this run's for its TTL, the next migrate
             # waiting that long (an outside review, session 47). Ours or nobody's.
-            _release_quietly(session, ks, owner)
+            _release(session, ks, owner, quietly=True)
             raise
         try:
             with _LeaseKeeper(session, ks, owner, taken_at) as lease:
                 return _apply(session, settings, migrations, folder, lease, out)
         finally:
-            _release_lease(session, ks, owner)
+            _release(session, ks, owner)
     finally:
         session.shutdown()
 

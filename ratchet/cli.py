@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import NoReturn
 
 import click
 
 from ratchet.settings import Settings, SettingsError
+from ratchet.stops import LeaseLeft, Terminated, raise_on_sigterm
 
 
 def _settings() -> Settings:
@@ -77,30 +79,55 @@ def migrate(status: bool, wait_s: float | None) -> None:
     if status and wait_s is not None:
         raise click.UsageError("--wait is for a run that takes the lease; --status takes none")
     settings = _settings()  # a bad value stops here, before any import or connection
+    raise_on_sigterm()
     try:
         from infra import migrate as migrations
 
         code = migrations.cli_migrate(settings, status=status, wait_s=wait_s)
-    except KeyboardInterrupt:
-        _exit_interrupted(_interrupted_migrate(status))
+    except (KeyboardInterrupt, Terminated) as stop:
+        _exit_interrupted(_interrupted_migrate(status, stop))
+    except LeaseLeft as left:
+        _exit_interrupted(_interrupted_migrate(status, left.__cause__, lease_left=left.lease))
     sys.exit(code)
 
 
-def _interrupted_migrate(status: bool) -> int:
+# A stop's line names it and ends with its code: 128 + the signal, a shell's code for a
+# process the signal stopped (not 0: the keyspace may not be up to date).
+_STOPS = {KeyboardInterrupt: ("interrupted (Ctrl-C)", 130),
+          Terminated: ("terminated (SIGTERM)", 143)}
+
+
+def _interrupted_migrate(status: bool, stop: BaseException | None,
+                         lease_left: str | None = None) -> int:
     """Ctrl-C during ``migrate`` (connecting, waiting for another migrator's lease,
     applying) was click's ``Aborted!`` and exit 1, which reads as a failure of the
-    schema (session 47). One line saying what holds instead, and 130 (128 + SIGINT, a
-    shell's code for a run stopped by Ctrl-C): not 0, the keyspace may not be up to date.
-    The lease, if taken, was released on the way out (``apply_migrations``' ``finally``;
-    a release that does not reach Cassandra leaves it to expire by its TTL)."""
+    schema (session 47); SIGTERM was Python's default death. One line saying what holds
+    instead, and the stop's code (``_STOPS``). The lease, if taken, was released on the way
+    out (``apply_migrations``' ``finally``; a release that does not reach Cassandra leaves
+    it to expire by its TTL); a stop during the release itself (``lease_left``) says the
+    lease may stay held. A second stop while the line is written was a traceback under
+    it: both signals are ignored from here to the exit (session 48)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    how, code = _STOPS.get(type(stop), _STOPS[KeyboardInterrupt])
     if status:
         said = "changed nothing"
     else:
         said = ("what it applied stays applied, a migration it was applying is not "
                 "recorded and is re-run whole; `ratchet migrate --status` says what is "
                 "left, `ratchet migrate` finishes")
-    print(f"ratchet migrate: interrupted (Ctrl-C): stopped; {said}", file=sys.stderr, flush=True)
-    return 130
+    if lease_left is not None:
+        said += (f"; stopped while releasing its lease {lease_left}, which may stay held "
+                 f"until its TTL ends (at most {_lease_ttl_s()} s): a `ratchet migrate` "
+                 "started sooner waits for it, `ratchet migrate --status` shows it")
+    print(f"ratchet migrate: {how}: stopped; {said}", file=sys.stderr, flush=True)
+    return code
+
+
+def _lease_ttl_s() -> int:
+    from infra.migrate import LEASE_TTL_S
+
+    return LEASE_TTL_S
 
 
 @main.command()
