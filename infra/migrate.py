@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -316,6 +316,9 @@ def lease_wait_verdict(lease: LeaseRow | None, waited_s: float,
     the lease is held. A lease without one never expires (not written by ratchet
     migrate): waiting cannot end it. ``wait_s`` (``--wait``) bounds the wait. ``lease``
     None: held (its take refused) but its row not read, waited for as one with a TTL."""
+    if lease is not None and lease.owner is None:
+        return ("whose row names no owner (not written by ratchet migrate): waiting for it "
+                "may never end")
     if lease is not None and lease.ttl_left_s is None:
         return "which never expires: waiting cannot end it"
     if wait_s is not None and waited_s >= wait_s:
@@ -330,7 +333,20 @@ def _read_lease(session, ks: str) -> LeaseRow | None:
     row = session.execute(
         f"SELECT owner, TTL(owner), ttl_s, renew_every_s FROM {ks}.schema_migrations_lease "
         "WHERE id = 'migrate'", timeout=30).one()
-    return None if row is None else LeaseRow(*row)
+    if row is None:
+        return None
+    lease = LeaseRow(*row)
+    return lease if lease.owner is not None else _with_columns_ttl(session, ks, lease)
+
+
+def _with_columns_ttl(session, ks: str, lease: LeaseRow) -> LeaseRow:
+    """``lease``, a row without an owner (by hand: ``TTL(owner)`` is null), with the TTL
+    its other columns have left: what the row says of its expiry (session 48)."""
+    row = session.execute(
+        f"SELECT TTL(ttl_s), TTL(renew_every_s) FROM {ks}.schema_migrations_lease "
+        "WHERE id = 'migrate'", timeout=30).one()
+    left = [ttl for ttl in (row or ()) if ttl is not None]
+    return replace(lease, columns_ttl_left_s=max(left) if left else None)
 
 
 def _renew_lease(session, ks: str, owner: str) -> str | None:
@@ -649,6 +665,8 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
                 f"FROM {ks}.schema_migrations_lease WHERE id = 'migrate'", timeout=30).one()
             if row is not None:
                 lease = LeaseRow(*row) if stored else LeaseRow(row[0], row[1], None, None)
+                if stored and lease.owner is None:
+                    lease = _with_columns_ttl(session, ks, lease)
     finally:
         session.shutdown()
 
@@ -701,6 +719,9 @@ class LeaseRow:
     ttl_left_s: int | None
     ttl_s: int | None
     renew_every_s: float | None
+    # A row without an owner only (``TTL(owner)`` is null then): the longest TTL its
+    # other columns have left (None: none has one, or not read).
+    columns_ttl_left_s: int | None = None
 
 
 def describe_lease(lease: LeaseRow, ks: str, now: datetime | None = None) -> str:
@@ -716,7 +737,20 @@ def describe_lease(lease: LeaseRow, ks: str, now: datetime | None = None) -> str
     (5 s of slack) has most likely stopped. What the row does not say is "unknown",
     never this version's constants."""
     now = now or datetime.now(UTC)
-    owner = lease.owner or "no owner named (a row written by hand)"
+    if lease.owner is None:
+        # ``TTL(owner)`` of a null owner is null whatever the row's TTL: it was called
+        # "with no expiry" (session 47's review, left; session 48). The row marker's own
+        # TTL cannot be read in CQL, so whether the row goes with its columns is unknown.
+        left = lease.columns_ttl_left_s
+        expiry = (f"its other columns expire in {left}s, and the row with them if it was "
+                  "inserted with that TTL (which CQL cannot read)" if left is not None else
+                  "none of its columns has a TTL (whether the row has one cannot be read)")
+        return (f"lease {ks}.schema_migrations_lease: its row has no owner named (written by "
+                f"hand: ratchet migrate always names one); {expiry}. No migrator can take "
+                "the lease while the row exists, and `ratchet migrate` stops at once rather "
+                "than wait for a row no migrator wrote. Once sure no migrator runs: DELETE "
+                f"FROM {ks}.schema_migrations_lease WHERE id = 'migrate'")
+    owner = lease.owner
     ttl_left = lease.ttl_left_s
     if ttl_left is None:
         return (f"lease {ks}.schema_migrations_lease held by {owner} with no expiry (not "
