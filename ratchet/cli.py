@@ -131,12 +131,15 @@ def _lease_ttl_s() -> int:
 
 
 @main.command()
-def smoke() -> None:
-    """Round trip: Avro via the registry -> Kafka -> consume -> Cassandra LWT -> read back."""
+@click.option("--keep", is_flag=True,
+              help="Leave the run's topic, registry subject and keyspace (named at the end).")
+def smoke(keep: bool) -> None:
+    """Round trip: Avro via the registry -> Kafka -> consume -> Cassandra LWT -> read back,
+    then remove what it made (names of its own, never reused)."""
     settings = _settings()  # a bad value stops here, before any import or connection
     from infra import smoke as smoke_test
 
-    sys.exit(smoke_test.cli_smoke(settings))
+    sys.exit(smoke_test.cli_smoke(settings, keep=keep))
 
 
 @main.command()
