@@ -21,7 +21,6 @@ next statement (``LeaseLost``). The lease row carries its TTL and renewal period
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import re
@@ -30,11 +29,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from ratchet.settings import Settings
+from ratchet.stops import LeaseLeft
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _FILE = re.compile(r"^(\d{3,})_([A-Za-z0-9_]+)\.cql$")
@@ -43,6 +43,9 @@ LEASE_TTL_S = 120
 # How often the lease is renewed while a run holds it: a quarter of its TTL, so three
 # renewals in a row can fail (a busy node) before it expires.
 RENEW_EVERY_S = 30.0
+# How long the lease's release may take (an LWT): a Job's grace period after SIGTERM
+# must outlast it (deploy/k8s/migrate-job.yaml) or the kill leaves the lease to its TTL.
+RELEASE_TIMEOUT_S = 30
 
 
 class MigrationError(RuntimeError):
@@ -313,6 +316,9 @@ def lease_wait_verdict(lease: LeaseRow | None, waited_s: float,
     the lease is held. A lease without one never expires (not written by ratchet
     migrate): waiting cannot end it. ``wait_s`` (``--wait``) bounds the wait. ``lease``
     None: held (its take refused) but its row not read, waited for as one with a TTL."""
+    if lease is not None and lease.owner is None:
+        return ("whose row names no owner (not written by ratchet migrate): waiting for it "
+                "may never end")
     if lease is not None and lease.ttl_left_s is None:
         return "which never expires: waiting cannot end it"
     if wait_s is not None and waited_s >= wait_s:
@@ -327,7 +333,20 @@ def _read_lease(session, ks: str) -> LeaseRow | None:
     row = session.execute(
         f"SELECT owner, TTL(owner), ttl_s, renew_every_s FROM {ks}.schema_migrations_lease "
         "WHERE id = 'migrate'", timeout=30).one()
-    return None if row is None else LeaseRow(*row)
+    if row is None:
+        return None
+    lease = LeaseRow(*row)
+    return lease if lease.owner is not None else _with_columns_ttl(session, ks, lease)
+
+
+def _with_columns_ttl(session, ks: str, lease: LeaseRow) -> LeaseRow:
+    """``lease``, a row without an owner (by hand: ``TTL(owner)`` is null), with the TTL
+    its other columns have left: what the row says of its expiry (session 48)."""
+    row = session.execute(
+        f"SELECT TTL(ttl_s), TTL(renew_every_s) FROM {ks}.schema_migrations_lease "
+        "WHERE id = 'migrate'", timeout=30).one()
+    left = [ttl for ttl in (row or ()) if ttl is not None]
+    return replace(lease, columns_ttl_left_s=max(left) if left else None)
 
 
 def _renew_lease(session, ks: str, owner: str) -> str | None:
@@ -408,14 +427,20 @@ class _LeaseKeeper:
 
 def _release_lease(session, ks: str, owner: str) -> None:
     session.execute(f"DELETE FROM {ks}.schema_migrations_lease WHERE id = 'migrate' IF owner = %s",
-                    (owner,), timeout=30)
+                    (owner,), timeout=RELEASE_TIMEOUT_S)
 
 
-def _release_quietly(session, ks: str, owner: str) -> None:
-    """``_release_lease`` on the way out of a failed take or run: the failure is the one
-    to raise; a release that does not reach Cassandra leaves the lease to its TTL."""
-    with contextlib.suppress(Exception):  # the driver's errors
+def _release(session, ks: str, owner: str, *, quietly: bool = False) -> None:
+    """``_release_lease`` on the way out. ``quietly`` (a failed take): the take's failure
+    is the one to raise, a release that does not reach Cassandra leaves the lease to its
+    TTL. A stop (Ctrl-C, SIGTERM) during the release is ``LeaseLeft``."""
+    try:
         _release_lease(session, ks, owner)
+    except Exception:  # the driver's errors
+        if not quietly:
+            raise
+    except BaseException as stop:
+        raise LeaseLeft(f"{ks}.schema_migrations_lease") from stop
 
 
 def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGRATIONS_DIR,
@@ -446,7 +471,7 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
             # Ctrl-C (or a lost answer) while the take was answered: Cassandra may have
             # applied it, and the lease stayed this run's for its TTL, the next migrate
             # waiting that long (an outside review, session 47). Ours or nobody's.
-            _release_quietly(session, ks, owner)
+            _release(session, ks, owner, quietly=True)
             raise
         try:
             with _LeaseKeeper(session, ks, owner, taken_at) as lease:
@@ -455,9 +480,9 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
             # The run's own failure (Ctrl-C included) is the one raised: a release that
             # failed too replaced it, and an interrupted run said "cannot reach
             # Cassandra", exit 1 (an outside review, session 48). Left to its TTL then.
-            _release_quietly(session, ks, owner)
+            _release(session, ks, owner, quietly=True)
             raise
-        _release_lease(session, ks, owner)  # after a run that applied: its error says so
+        _release(session, ks, owner)  # after a run that applied: its error says so
         return applied
     finally:
         session.shutdown()
@@ -646,6 +671,8 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
                 f"FROM {ks}.schema_migrations_lease WHERE id = 'migrate'", timeout=30).one()
             if row is not None:
                 lease = LeaseRow(*row) if stored else LeaseRow(row[0], row[1], None, None)
+                if stored and lease.owner is None:
+                    lease = _with_columns_ttl(session, ks, lease)
     finally:
         session.shutdown()
 
@@ -698,6 +725,9 @@ class LeaseRow:
     ttl_left_s: int | None
     ttl_s: int | None
     renew_every_s: float | None
+    # A row without an owner only (``TTL(owner)`` is null then): the longest TTL its
+    # other columns have left (None: none has one, or not read).
+    columns_ttl_left_s: int | None = None
 
 
 def describe_lease(lease: LeaseRow, ks: str, now: datetime | None = None) -> str:
@@ -713,7 +743,20 @@ def describe_lease(lease: LeaseRow, ks: str, now: datetime | None = None) -> str
     (5 s of slack) has most likely stopped. What the row does not say is "unknown",
     never this version's constants."""
     now = now or datetime.now(UTC)
-    owner = lease.owner or "no owner named (a row written by hand)"
+    if lease.owner is None:
+        # ``TTL(owner)`` of a null owner is null whatever the row's TTL: it was called
+        # "with no expiry" (session 47's review, left; session 48). The row marker's own
+        # TTL cannot be read in CQL, so whether the row goes with its columns is unknown.
+        left = lease.columns_ttl_left_s
+        expiry = (f"its other columns expire in {left}s, and the row with them if it was "
+                  "inserted with that TTL (which CQL cannot read)" if left is not None else
+                  "none of its columns has a TTL (whether the row has one cannot be read)")
+        return (f"lease {ks}.schema_migrations_lease: its row has no owner named (written by "
+                f"hand: ratchet migrate always names one); {expiry}. No migrator can take "
+                "the lease while the row exists, and `ratchet migrate` stops at once rather "
+                "than wait for a row no migrator wrote. Once sure no migrator runs: DELETE "
+                f"FROM {ks}.schema_migrations_lease WHERE id = 'migrate'")
+    owner = lease.owner
     ttl_left = lease.ttl_left_s
     if ttl_left is None:
         return (f"lease {ks}.schema_migrations_lease held by {owner} with no expiry (not "

@@ -1,8 +1,13 @@
 """``ratchet smoke``: one round trip through every server, as the application will use them.
 
 1. Serialize an Avro record through the schema registry (Confluent wire format).
-2. Produce it to Kafka (``<prefix>smoke``) and consume that exact record back.
+2. Produce it to Kafka (``<prefix>smoke-<run>``) and consume that exact record back.
 3. Write it to Cassandra with a lightweight transaction and read it back at SERIAL.
+4. Remove what this run made (its topic, subject and keyspace), unless ``keep``.
+
+Every name is the run's own (``<run>``: 8 hex digits) and made, never reused: what it
+removes is what it made. It kept and reused ``<prefix>smoke``, ``<prefix>smoke-value``
+and ``<keyspace>_smoke`` (session 47's review, left; session 48).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass, field
 
 from ratchet.settings import Settings
 
@@ -25,7 +31,28 @@ class SmokeFailed(RuntimeError):
     """A step of the round trip did not give back what was sent."""
 
 
-def _kafka_round_trip(settings: Settings, record: dict) -> dict:
+@dataclass
+class SmokeRun:
+    """The run's names, and which of them it has made so far (what it removes)."""
+
+    topic: str
+    keyspace: str
+    made: list[str] = field(default_factory=list)  # "topic", "subject", "keyspace"
+
+    @classmethod
+    def of(cls, settings: Settings) -> SmokeRun:
+        run = uuid.uuid4().hex[:8]
+        # A keyspace name is at most 48 characters: the settings' is cut to leave room.
+        return cls(topic=settings.topic(f"smoke-{run}"),
+                   keyspace=f"{settings.keyspace[:48 - len(SMOKE_KEYSPACE_SUFFIX) - 9]}"
+                            f"{SMOKE_KEYSPACE_SUFFIX}_{run}")
+
+    @property
+    def subject(self) -> str:
+        return f"{self.topic}-value"
+
+
+def _kafka_round_trip(settings: Settings, record: dict, run: SmokeRun) -> dict:
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
     from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
@@ -37,16 +64,14 @@ def _kafka_round_trip(settings: Settings, record: dict) -> dict:
     # librdkafka logged each failed connection itself (~190 lines with Kafka away);
     # its errors reach this code as exceptions, and the failure's line says them.
     quiet = {"bootstrap.servers": settings.kafka_bootstrap, "log_level": QUIET_LOG_LEVEL}
-    topic = settings.topic("smoke")
+    topic = run.topic
     admin = AdminClient(quiet)
-    if topic not in admin.list_topics(timeout=10).topics:
-        try:
-            admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
-        except Exception as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
+    admin.list_topics(timeout=10)  # Kafka away: its own error, not the create's bare timeout
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+    run.made.append("topic")
     registry = registry_client(settings.schema_registry_url)
     ctx = SerializationContext(topic, MessageField.VALUE)
+    run.made.append("subject")  # the serializer registers it (a failure: not made, no harm)
     payload = AvroSerializer(registry, json.dumps(SMOKE_SCHEMA))(record, ctx)
     schema_id = int.from_bytes(payload[1:5], "big")
     print(f"  registry: schema id {schema_id} for subject {topic}-value, "
@@ -80,22 +105,22 @@ def _kafka_round_trip(settings: Settings, record: dict) -> dict:
     raise SmokeFailed(f"kafka: record at {topic}[{partition}]@{offset} not consumed in 30s")
 
 
-def _cassandra_round_trip(settings: Settings, record: dict) -> dict:
+def _cassandra_round_trip(settings: Settings, record: dict, run: SmokeRun) -> dict:
     from cassandra import ConsistencyLevel
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import RoundRobinPolicy
     from cassandra.query import SimpleStatement
 
     logging.getLogger("cassandra").setLevel(logging.ERROR)
-    ks = settings.keyspace + SMOKE_KEYSPACE_SUFFIX
+    ks = run.keyspace
     profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(), request_timeout=60)
     cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
                       protocol_version=5, execution_profiles={EXEC_PROFILE_DEFAULT: profile})
     try:
         s = cluster.connect()
-        s.execute(f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = {settings.replication}")
-        s.execute(f"CREATE TABLE IF NOT EXISTS {ks}.smoke (smoke_id text PRIMARY KEY, "
-                  "sent_at_ms bigint)")
+        s.execute(f"CREATE KEYSPACE {ks} WITH replication = {settings.replication}")
+        run.made.append("keyspace")
+        s.execute(f"CREATE TABLE {ks}.smoke (smoke_id text PRIMARY KEY, sent_at_ms bigint)")
         rs = s.execute(f"INSERT INTO {ks}.smoke (smoke_id, sent_at_ms) VALUES (%s, %s) "
                        "IF NOT EXISTS", (record["smoke_id"], record["sent_at_ms"]))
         if not rs.was_applied:
@@ -109,20 +134,76 @@ def _cassandra_round_trip(settings: Settings, record: dict) -> dict:
         cluster.shutdown()
 
 
-def cli_smoke(settings: Settings) -> int:
+def _remove(settings: Settings, run: SmokeRun) -> list[str]:
+    """Remove what ``run`` made; the lines naming what could not be, with how."""
+    left = []
+    if "topic" in run.made:
+        try:
+            from confluent_kafka.admin import AdminClient
+
+            from streams.topics import QUIET_LOG_LEVEL
+
+            admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap,
+                                 "log_level": QUIET_LOG_LEVEL})
+            admin.delete_topics([run.topic], operation_timeout=30)[run.topic].result(timeout=60)
+        except Exception as exc:
+            left.append(f"topic {run.topic} ({type(exc).__name__}: {exc}): kafka-topics.sh "
+                        f"--bootstrap-server {settings.kafka_bootstrap} --delete --topic "
+                        f"{run.topic}")
+    if "subject" in run.made:
+        try:
+            from schemas.avro import registry_client
+
+            registry = registry_client(settings.schema_registry_url)
+            registry.delete_subject(run.subject)
+            registry.delete_subject(run.subject, permanent=True)
+        except Exception as exc:
+            left.append(f"subject {run.subject} ({type(exc).__name__}: {exc}): DELETE "
+                        f"{settings.schema_registry_url}/subjects/{run.subject}, then again "
+                        "with ?permanent=true")
+    if "keyspace" in run.made:
+        try:
+            from services.cassandra_cluster import open_cluster
+
+            cluster = open_cluster(settings)
+            try:
+                cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {run.keyspace}", timeout=60)
+            finally:
+                cluster.shutdown()
+        except Exception as exc:
+            left.append(f"keyspace {run.keyspace} ({type(exc).__name__}: {exc}): DROP "
+                        f"KEYSPACE IF EXISTS {run.keyspace};")
+    return left
+
+
+def cli_smoke(settings: Settings, *, keep: bool = False) -> int:
+    """``ratchet smoke``; ``keep``: leave the run's topic, subject and keyspace (named)."""
     t0 = time.monotonic()
     record = {"smoke_id": uuid.uuid4().hex, "sent_at_ms": int(time.time() * 1000)}
+    run = SmokeRun.of(settings)
     print(f"smoke record {record}")
     try:
-        via_kafka = _kafka_round_trip(settings, record)
+        via_kafka = _kafka_round_trip(settings, record, run)
         if via_kafka != record:
             raise SmokeFailed(f"kafka gave back {via_kafka}, sent {record}")
-        via_cassandra = _cassandra_round_trip(settings, via_kafka)
+        via_cassandra = _cassandra_round_trip(settings, via_kafka, run)
         if via_cassandra != record:
             raise SmokeFailed(f"cassandra gave back {via_cassandra}, sent {record}")
     except Exception as exc:
         print(f"ratchet smoke FAILED: {type(exc).__name__}: {exc}\n"
               "  (are the servers up? `ratchet infra status`)", flush=True)
-        return 1
-    print(f"smoke OK: registry -> kafka -> cassandra round trip in {time.monotonic() - t0:.1f}s")
-    return 0
+        code = 1
+    else:
+        print(f"smoke OK: registry -> kafka -> cassandra round trip in "
+              f"{time.monotonic() - t0:.1f}s")
+        code = 0
+    if keep:
+        print(f"  kept (--keep): topic {run.topic}, subject {run.subject}, keyspace "
+              f"{run.keyspace} (those it made of them)")
+        return code
+    left = _remove(settings, run)
+    for line in left:
+        print(f"  could not remove {line}", flush=True)
+    if not left and run.made:
+        print(f"  removed what it made ({', '.join(run.made)})")
+    return 1 if left else code

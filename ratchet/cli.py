@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import NoReturn
 
 import click
 
 from ratchet.settings import Settings, SettingsError
+from ratchet.stops import LeaseLeft, Terminated, raise_on_sigterm
 
 
 def _settings() -> Settings:
@@ -77,39 +79,67 @@ def migrate(status: bool, wait_s: float | None) -> None:
     if status and wait_s is not None:
         raise click.UsageError("--wait is for a run that takes the lease; --status takes none")
     settings = _settings()  # a bad value stops here, before any import or connection
+    raise_on_sigterm()
     try:
         from infra import migrate as migrations
 
         code = migrations.cli_migrate(settings, status=status, wait_s=wait_s)
-    except KeyboardInterrupt:
-        _exit_interrupted(_interrupted_migrate(status))
+    except (KeyboardInterrupt, Terminated) as stop:
+        _exit_interrupted(_interrupted_migrate(status, stop))
+    except LeaseLeft as left:
+        _exit_interrupted(_interrupted_migrate(status, left.__cause__, lease_left=left.lease))
     sys.exit(code)
 
 
-def _interrupted_migrate(status: bool) -> int:
+# A stop's line names it and ends with its code: 128 + the signal, a shell's code for a
+# process the signal stopped (not 0: the keyspace may not be up to date).
+_STOPS = {KeyboardInterrupt: ("interrupted (Ctrl-C)", 130),
+          Terminated: ("terminated (SIGTERM)", 143)}
+
+
+def _interrupted_migrate(status: bool, stop: BaseException | None,
+                         lease_left: str | None = None) -> int:
     """Ctrl-C during ``migrate`` (connecting, waiting for another migrator's lease,
     applying) was click's ``Aborted!`` and exit 1, which reads as a failure of the
-    schema (session 47). One line saying what holds instead, and 130 (128 + SIGINT, a
-    shell's code for a run stopped by Ctrl-C): not 0, the keyspace may not be up to date.
-    The lease, if taken, was released on the way out (``apply_migrations``' ``finally``;
-    a release that does not reach Cassandra leaves it to expire by its TTL)."""
+    schema (session 47); SIGTERM was Python's default death. One line saying what holds
+    instead, and the stop's code (``_STOPS``). The lease, if taken, was released on the way
+    out (``apply_migrations``' ``finally``; a release that does not reach Cassandra leaves
+    it to expire by its TTL); a stop during the release itself (``lease_left``) says the
+    lease may stay held. A second stop while the line is written was a traceback under
+    it: both signals are ignored from here to the exit (session 48)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    how, code = _STOPS.get(type(stop), _STOPS[KeyboardInterrupt])
     if status:
         said = "changed nothing"
     else:
         said = ("what it applied stays applied, a migration it was applying is not "
                 "recorded and is re-run whole; `ratchet migrate --status` says what is "
                 "left, `ratchet migrate` finishes")
-    print(f"ratchet migrate: interrupted (Ctrl-C): stopped; {said}", file=sys.stderr, flush=True)
-    return 130
+    if lease_left is not None:
+        said += (f"; stopped while releasing its lease {lease_left}, which may stay held "
+                 f"until its TTL ends (at most {_lease_ttl_s()} s): a `ratchet migrate` "
+                 "started sooner waits for it, `ratchet migrate --status` shows it")
+    print(f"ratchet migrate: {how}: stopped; {said}", file=sys.stderr, flush=True)
+    return code
+
+
+def _lease_ttl_s() -> int:
+    from infra.migrate import LEASE_TTL_S
+
+    return LEASE_TTL_S
 
 
 @main.command()
-def smoke() -> None:
-    """Round trip: Avro via the registry -> Kafka -> consume -> Cassandra LWT -> read back."""
+@click.option("--keep", is_flag=True,
+              help="Leave the run's topic, registry subject and keyspace (named at the end).")
+def smoke(keep: bool) -> None:
+    """Round trip: Avro via the registry -> Kafka -> consume -> Cassandra LWT -> read back,
+    then remove what it made (names of its own, never reused)."""
     settings = _settings()  # a bad value stops here, before any import or connection
     from infra import smoke as smoke_test
 
-    sys.exit(smoke_test.cli_smoke(settings))
+    sys.exit(smoke_test.cli_smoke(settings, keep=keep))
 
 
 @main.command()
@@ -259,17 +289,27 @@ def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
     if options and len(suites) != 1:
         raise click.UsageError(
             f"options {options} need exactly one suite first (one of {sorted(BENCH_SUITES)})")
+    if options:
+        # Parsed before any header: a usage error (or the suite's help) comes first and
+        # alone. It printed `== bench <suite>` above argparse's error (session 46's
+        # review, noted; session 48).
+        (name,) = suites
+        module, what = BENCH_SUITES[name]
+        suite = importlib.import_module(module)
+        if hasattr(suite, "parse_args"):
+            suite.parse_args(options)  # argparse: exit 2 on a usage error, 0 after --help
+        elif options in (["--help"], ["-h"]):
+            click.echo(f"usage: ratchet bench {name}\n\n{what}; it takes no options.")
+            return
+        else:
+            raise click.UsageError(f"bench {name} takes no options (usage: ratchet bench "
+                                   f"{name})")
     failed = 0
     for name in suites or tuple(BENCH_SUITES):
         module, what = BENCH_SUITES[name]
         click.echo(f"\n== bench {name}: {what}")
         entry = importlib.import_module(module).main
         takes_argv = "argv" in entry.__code__.co_varnames
-        if options in (["--help"], ["-h"]) and not takes_argv:
-            click.echo(f"usage: ratchet bench {name}\n\n{what}; it takes no options.")
-            return
-        if options and not takes_argv:
-            raise click.UsageError(f"bench {name} takes no options")
         try:
             result = entry(options) if takes_argv else entry()
         except Exception as exc:

@@ -443,7 +443,9 @@ def format_table(figures: list[Figure], load_before: tuple[float, ...]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None):
+    """The suite's options; a usage error exits 2 (``ratchet bench`` asks before its
+    header)."""
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -456,7 +458,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=positive_int, default=1000,
                         help="continuation rounds of each kind")
     parser.add_argument("--waits", type=positive_int, default=200, help="wait_ms rounds")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     started = time.monotonic()
     load_before = os.getloadavg()
     print(format_table(run(reads=args.reads, turns=args.turns, waits=args.waits),

@@ -124,7 +124,9 @@ def _wait_for(consumer: Consumer, count: int, worker, timeout_s: float = 900) ->
             seen += 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The suite's options; a usage error exits 2 (``ratchet bench`` asks before its
+    header)."""
     parser = argparse.ArgumentParser(prog="ratchet bench memory",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=positive_int, default=60)
@@ -134,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.mib > 9:
         parser.error("--mib: at most 9 (a gateway event is at most 10 MiB)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     settings = replace(Settings.from_env(), worker_metrics_port=0)
     rows = [
         run_row(settings, "defaults", args.turns, args.mib, args.partitions, {}),

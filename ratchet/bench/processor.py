@@ -277,7 +277,9 @@ def profile_core(settings: Settings, rig: Rig, turns: int = 300,
         text.splitlines()[:70])
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The suite's options; a usage error exits 2 (``ratchet bench`` asks before its
+    header)."""
     parser = argparse.ArgumentParser(prog="ratchet bench processor",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=positive_int, default=3000)
@@ -297,7 +299,11 @@ def main(argv: list[str] | None = None) -> int:
                              "(the verdicts: the medians of the rounds' ratios)")
     parser.add_argument("--latency-rounds", type=positive_int, default=3,
                         help="alternated latency runs of ratchet and floor 1 (pooled)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     import logging
 

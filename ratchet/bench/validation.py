@@ -78,13 +78,19 @@ def summary(name: str, samples: list[float]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The suite's options; a usage error exits 2 (``ratchet bench`` asks before its
+    header)."""
     parser = argparse.ArgumentParser(prog="ratchet bench validation",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=positive_int, default=20_000)
     parser.add_argument("--items", type=positive_int, default=20)
     parser.add_argument("--rounds", type=positive_int, default=3)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     turn, _ = make_tool_loop_turn(rounds=args.rounds, total_items=args.items)
     outcome = validate_turn(turn, NOW_MS)

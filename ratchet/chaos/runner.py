@@ -124,6 +124,9 @@ def run(base: Settings, cfg: ChaosConfig) -> dict[str, Any]:
     say(f"workload: seed {cfg.seed}, {len(workload.stories)} stories ("
         f"{len(workload.shared_keys)} Conversations on a chain's key), {total_turns} turn sends; "
         f"keyspace {settings.keyspace}, topics {settings.topic_prefix}*, out {out}")
+    # The run drops its keyspace at its end, or when its migrate fails: only one this run
+    # made, so it makes it first and refuses one that exists (session 48).
+    _make_keyspace(settings, say)
     # A setup failure was a traceback (CalledProcessError, RegistryUnavailable, ...) and
     # exit 1, a violation's code (an operator's review, session 46).
     try:
@@ -138,7 +141,7 @@ def run(base: Settings, cfg: ChaosConfig) -> dict[str, Any]:
         # Its last line says why (docs/operations.md). No topic exists yet; the keyspace
         # does when migrate stopped after making it (a statement refused, the lease
         # not taken): it was left behind (session 46's review, left). It is this run's
-        # (named by its tag), so it is dropped, or the run says it may be left.
+        # (``_make_keyspace`` made it), so it is dropped, or the run says it may be left.
         lines = migrated.stderr.strip().splitlines() or [f"exit {migrated.returncode}"]
         say(_drop_keyspace(settings) or f"dropped keyspace {settings.keyspace} (if made)")
         raise ChaosSetupFailed(lines[-1])
@@ -543,6 +546,46 @@ def _cleanup(settings: Settings, topic_prefix: str, say) -> None:
         dropped.append(f"keyspace {settings.keyspace}")
     if dropped:
         say(f"dropped {' and '.join(dropped)}")
+
+
+def _make_keyspace(settings: Settings, say) -> None:
+    """Create the run's keyspace (``CREATE KEYSPACE`` without ``IF NOT EXISTS``), so that
+    what the run drops is what it made. It trusted the name, ``chaos_<seed>x<6 hex>``: a
+    keyspace of that name made before the run (a tag's collision, by hand) was used, and
+    dropped when the run's migrate failed or at its end (session 47's review, left;
+    session 48). One that exists is ``ChaosSetupFailed``, nothing used or dropped; a
+    create that was sent but not answered may have made it: named, not dropped."""
+    import logging
+
+    from cassandra import AlreadyExists
+
+    from ratchet.startup import explain
+    from services.cassandra_cluster import open_cluster
+
+    ks = settings.keyspace
+    logging.getLogger("cassandra").setLevel(logging.ERROR)
+    cluster = open_cluster(settings)
+    try:
+        try:
+            session = cluster.connect()
+        except Exception as exc:  # nothing was sent: nothing made
+            raise ChaosSetupFailed(explain(exc, settings) or _short(exc)) from exc
+        try:
+            session.execute(f"CREATE KEYSPACE {ks} WITH replication = {settings.replication}",
+                            timeout=60)
+        except AlreadyExists:
+            raise ChaosSetupFailed(
+                f"keyspace {ks} exists already, made before this run (its tag met an "
+                "earlier run's, or a hand made it): not this run's to use or drop; nothing "
+                "was changed, run again (a new tag)") from None
+        except BaseException as exc:
+            say(f"keyspace {ks} may have been made ({_short(exc)}): remove it with "
+                f"`DROP KEYSPACE IF EXISTS {ks};` once sure it is this run's")
+            if isinstance(exc, Exception):
+                raise ChaosSetupFailed(explain(exc, settings) or _short(exc)) from exc
+            raise
+    finally:
+        cluster.shutdown()
 
 
 def _drop_keyspace(settings: Settings) -> str | None:

@@ -301,3 +301,28 @@ def test_a_renewal_period_the_ttl_cannot_outlast_is_unknown(every):
     line = describe_lease(LeaseRow("o6", 5, 120, every), "ks", now)
     assert "(115s ago)" in line and "still runs is unknown" in line, line
     assert "running now" not in line and "killed" not in line, line
+
+
+def test_a_lease_row_without_an_owner_says_what_its_row_does(cassandra_session, migrated,
+                                                             capsys):
+    """A row written by hand with a TTL but no owner: ``TTL(owner)`` is null, and the
+    row was called one "with no expiry" (session 47's review, left; session 48). Its
+    other columns' TTL is what the row says; migrate still refuses it at once (no
+    migrator wrote it), in words that are true of it."""
+    from infra.migrate import MigrationError
+
+    s, folder = migrated
+    cassandra_session.execute(
+        f"INSERT INTO {s.keyspace}.schema_migrations_lease (id, ttl_s, renew_every_s) "
+        f"VALUES ('migrate', {LEASE_TTL_S}, {RENEW_EVERY_S}) USING TTL {LEASE_TTL_S}",
+        timeout=30)
+    cli_migrate(s, folder, status=True)
+    line = _lease_line(capsys.readouterr().out)
+    assert "no owner named" in line and "no expiry" not in line, line
+    expires = re.search(r"its other columns expire in (\d+)s", line)
+    assert expires is not None and 0 < int(expires.group(1)) <= LEASE_TTL_S, line
+    assert f"DELETE FROM {s.keyspace}.schema_migrations_lease WHERE id = 'migrate'" in line
+    with pytest.raises(MigrationError) as err:
+        apply_migrations(cassandra_session, s, folder)
+    message = str(err.value)
+    assert "names no owner" in message and "never expires" not in message, message

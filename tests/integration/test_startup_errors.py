@@ -438,14 +438,15 @@ def test_chaos_whose_migrate_stopped_after_making_the_keyspace_drops_it(
     """A migrate refused half way (another migrator holding the lease, a statement
     refused) leaves the keyspace it made: the run left it behind (session 46's review,
     left; session 47). The stand-in migrate makes the run's keyspace as the real one
-    does first, then fails as a lease it cannot take makes it fail."""
+    does first (``IF NOT EXISTS``: the run has made it, since session 48), then fails as
+    a lease it cannot take makes it fail."""
     from ratchet.chaos import runner
 
     made: list[str] = []
 
     def migrate_refused(args, env, **_kwargs):
         ks = env["RATCHET_KEYSPACE"]
-        cassandra_session.execute(f"CREATE KEYSPACE {ks} WITH replication = "
+        cassandra_session.execute(f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = "
                                   f"{settings.replication}", timeout=60)
         made.append(ks)
         return subprocess.CompletedProcess(args, 1, None, (
@@ -490,3 +491,36 @@ def test_a_bench_without_its_servers_is_one_line(settings, args, away, says):
     assert len(lines) <= 2, lines
     assert lines[-1].startswith(f"ratchet bench {args[0]}: cannot run: "), lines
     assert says in lines[-1], lines
+
+
+def test_chaos_refuses_a_keyspace_it_did_not_make(settings, tmp_path, cassandra_session,
+                                                  monkeypatch):
+    """The run trusted its tag: a keyspace of its name made before it (a tag's collision,
+    by hand) was used, and dropped once its migrate failed (session 47's review, left).
+    Now the run makes its keyspace itself and refuses one that exists: nothing used,
+    nothing dropped, migrate never run."""
+    from ratchet.chaos import runner
+
+    drawn = uuid.uuid4()
+    monkeypatch.setattr(runner.uuid, "uuid4", lambda: drawn)  # the run's tag, known
+    ks = f"chaos_1x{drawn.hex[:6]}"
+    cassandra_session.execute(f"CREATE KEYSPACE {ks} WITH replication = {settings.replication}",
+                              timeout=60)
+    cassandra_session.execute(f"CREATE TABLE {ks}.not_the_runs (k int PRIMARY KEY)", timeout=60)
+    migrations: list[str] = []
+
+    def migrate_refused(args, env, **_kwargs):
+        migrations.append(env["RATCHET_KEYSPACE"])
+        return subprocess.CompletedProcess(args, 1, None, "ratchet migrate failed: refused")
+
+    monkeypatch.setattr(runner.subprocess, "run", migrate_refused)
+    try:
+        with pytest.raises(runner.ChaosSetupFailed, match=f"keyspace {ks} exists already"):
+            runner.run(settings, runner.ChaosConfig(seed=1, turns=1, faults="none",
+                                                    out=tmp_path))
+        assert migrations == []
+        assert cassandra_session.execute(
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s",
+            (ks,)).one() == ("not_the_runs",)
+    finally:
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=60)

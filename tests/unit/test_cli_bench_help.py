@@ -3,6 +3,7 @@ suite's own (its options), not the command's."""
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from ratchet.cli import main
@@ -55,3 +56,22 @@ def test_an_unknown_suite_is_named_as_one():
         assert result.exit_code == 2, (args, result.output)
         assert "unknown suite 'procesor'" in result.output, (args, result.output)
         assert "processor" in result.output and "== bench" not in result.output
+
+
+@pytest.mark.parametrize("suite", ["validation", "api", "processor", "memory", "store"])
+@pytest.mark.parametrize("options,code", [(["--nope"], 2), (["--turns", "0"], 2),
+                                          (["--help"], 0)])
+def test_a_suites_options_are_parsed_before_its_header(suite, options, code):
+    """`bench validation --nope` printed `== bench validation: ...` before argparse's
+    usage error (session 46's review, noted; session 48): a usage error, or a suite's
+    help, comes first and alone. `store` takes no options: the same."""
+    result = CliRunner().invoke(main, ["bench", suite, *options])
+    assert result.exit_code == code, result.output
+    assert "== bench" not in result.output, result.output
+    assert "usage: ratchet bench " + suite in result.output, result.output
+
+
+def test_memorys_own_bound_is_a_usage_error_before_its_header():
+    result = CliRunner().invoke(main, ["bench", "memory", "--mib", "10"])
+    assert result.exit_code == 2 and "at most 9" in result.output, result.output
+    assert "== bench" not in result.output, result.output

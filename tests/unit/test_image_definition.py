@@ -153,8 +153,10 @@ def test_containers_run_ratchet_subcommands_through_the_entrypoint(name: str) ->
 
     (container,) = _pod(name)["containers"]
     assert "command" not in container  # keeps the image's `ratchet` entrypoint
-    (subcommand,) = container["args"]
+    subcommand, *options = container["args"]
     assert subcommand in main.commands
+    # Its options are the command's own (the migrate Job's `--wait`): parsed as the CLI does.
+    main.commands[subcommand].make_context(subcommand, list(options))
     for probe in ("livenessProbe", "readinessProbe"):
         if "exec" in container.get(probe, {}):
             # Exec probes bypass the entrypoint: `python` must be the venv's, on PATH.

@@ -185,7 +185,7 @@ def test_deployments_run_their_ratchet_command() -> None:
     assert _containers(_deployment("ratchet-worker"))[0]["args"] == ["worker"]
     assert _containers(_deployment("ratchet-api"))[0]["args"] == ["api"]
     (job,) = _kind("Job")
-    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["migrate"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][0] == "migrate"
 
 
 def test_service_selects_the_api_pods_on_a_named_port() -> None:
@@ -304,3 +304,39 @@ def test_the_migrate_job_can_be_replaced_for_the_next_release() -> None:
     assert steps.index("kubectl -n ratchet delete job ratchet-migrate") \
         < steps.index("kubectl apply -k deploy/k8s") \
         < steps.index("wait --for=condition=complete job/ratchet-migrate")
+
+
+# Kubernetes' back-off between a Job's retries: 10 s, doubling (capped at 6 min).
+_JOB_BACKOFF_S = 10
+# What one attempt of the migrate Job needs beside its lease wait: connect and apply
+# every migration on a fresh keyspace (12 s on the shared 2-core node, session 48).
+_MIGRATE_RUN_BUDGET_S = 100
+
+
+def test_the_migrate_job_is_bounded_and_its_bounds_agree() -> None:
+    """The Job ran ``ratchet migrate`` without ``--wait`` and without a deadline: behind a
+    holder that renews its lease but never finishes (its main thread stuck) it waited for
+    ever (session 47's review, left). Each attempt's wait is bounded now, outlasts a
+    killed pod's lease (its TTL), every attempt ``backoffLimit`` allows fits in the
+    deadline, the grace period covers the lease's release on SIGTERM, and the upgrade
+    steps' ``kubectl wait`` outlasts the deadline (it sees the Job end either way)."""
+    from infra.migrate import LEASE_TTL_S, RELEASE_TIMEOUT_S
+
+    (job,) = _kind("Job")
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[0] == "migrate" and "--wait" in args, args
+    wait_s = float(args[args.index("--wait") + 1])
+    attempts = spec["backoffLimit"] + 1
+    deadline = spec["activeDeadlineSeconds"]
+    assert LEASE_TTL_S < wait_s < deadline <= 3600, (wait_s, deadline)
+    assert attempts >= 2, "a transient failure (Cassandra restarting) is retried"
+    backoffs = sum(_JOB_BACKOFF_S * 2 ** i for i in range(attempts - 1))
+    assert attempts * (wait_s + _MIGRATE_RUN_BUDGET_S) + backoffs <= deadline, (
+        attempts, wait_s, deadline)
+    assert pod["terminationGracePeriodSeconds"] > RELEASE_TIMEOUT_S
+    upgrading = (K8S.parents[1] / "docs" / "operations.md").read_text().split("## Upgrading", 1)[1]
+    steps = upgrading.split("```bash", 1)[1].split("```", 1)[0]
+    timeout = steps.split("wait --for=condition=complete job/ratchet-migrate --timeout=", 1)[1]
+    minutes = int(timeout.split("m", 1)[0])
+    assert minutes * 60 >= deadline, (minutes, deadline)

@@ -80,13 +80,17 @@ def _ctrl_c_while_connecting(away, args, **env_extra) -> tuple[int, list[str]]:
     return proc.returncode, [line for line in stderr.splitlines() if line.strip()]
 
 
-def test_chaos_whose_migrate_failed_says_which_keyspace_may_be_left(away, tmp_path, capsys):
-    """A chaos run whose migrate stopped (here: Cassandra away) cleaned nothing up and
-    said nothing of its keyspace, which migrate may have made before it stopped. With
-    Cassandra away it cannot be dropped: the run names it and the statement to drop it
-    (``tests/integration/test_startup_errors.py`` has it dropped)."""
+def test_chaos_whose_migrate_failed_says_which_keyspace_may_be_left(away, tmp_path, capsys,
+                                                                  monkeypatch):
+    """A chaos run whose migrate stopped cleaned nothing up and said nothing of its
+    keyspace, which migrate may have made before it stopped. With Cassandra away it
+    cannot be dropped: the run names it and the statement to drop it
+    (``tests/integration/test_startup_errors.py`` has it dropped). Since session 48 the
+    run makes its keyspace before migrate: a stand-in says it did, Cassandra went away."""
+    from ratchet.chaos import runner
     from ratchet.chaos.runner import ChaosConfig, ChaosSetupFailed, run
 
+    monkeypatch.setattr(runner, "_make_keyspace", lambda *_args: None)
     with pytest.raises(ChaosSetupFailed, match="cannot reach Cassandra"):
         run(away, ChaosConfig(turns=1, faults="none", out=tmp_path / "out"))
     (run_dir,) = (tmp_path / "out").iterdir()
@@ -137,6 +141,7 @@ def test_chaos_stopped_by_ctrl_c_during_its_migrate_drops_its_keyspace(away, tmp
         raise KeyboardInterrupt
 
     dropped: list[str] = []
+    monkeypatch.setattr(runner, "_make_keyspace", lambda *_args: None)  # made (session 48)
     monkeypatch.setattr(runner.subprocess, "run", interrupted)
     monkeypatch.setattr(runner, "_drop_keyspace", lambda s: dropped.append(s.keyspace))
     with pytest.raises(KeyboardInterrupt):

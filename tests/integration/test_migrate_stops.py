@@ -1,0 +1,132 @@
+"""``ratchet migrate`` stopped by a signal, as a real process against the real Cassandra
+(a keyspace of each test's own).
+
+SIGTERM (how Kubernetes stops a Job's pod) was Python's default death: exit 143 with no
+``finally``, the lease left held for its TTL (120 s), the Job's next attempt waiting that
+long. A stop during the lease's release said nothing of the lease it may leave (session
+47's review, left; session 48). Where the moment cannot be reached by timing alone, a
+stand-in holds the run there (``_apply`` blocking once the lease is taken; the release's
+``DELETE`` sent, then the signal): the lease, its take and its release are Cassandra's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from streams.testing import ROOT
+
+pytestmark = pytest.mark.integration
+
+# The run held where the test wants it, then ``ratchet migrate`` as the CLI runs it.
+_HELD = """
+import os, signal, sys, time
+import infra.migrate as m
+
+def holding(*_args, **_kwargs):  # the lease is this run's now
+    print("holding the lease", flush=True)
+    time.sleep(120)
+
+def stopped_while_releasing(session, ks, owner):  # the DELETE sent, then the signal
+    sent = session.execute_async(
+        f"DELETE FROM {{ks}}.schema_migrations_lease WHERE id = 'migrate' IF owner = %s",
+        (owner,))
+    os.kill(os.getpid(), signal.SIG{signal})
+    sent.result()
+
+if "{where}" == "applying":
+    m._apply = holding
+else:
+    m._release_lease = stopped_while_releasing
+from ratchet.cli import main
+main(["migrate"])
+"""
+
+
+@pytest.fixture
+def own(cassandra_session, settings, unique_name):
+    """Settings on a keyspace of this test's own, dropped afterwards."""
+    s = dataclasses.replace(settings, keyspace=unique_name("migstop"))
+    yield s
+    cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
+
+
+def _env(s) -> dict[str, str]:
+    return {**os.environ, **s.to_env(), "PYTHONPATH": str(ROOT)}
+
+
+def _lease_owner(session, ks: str) -> str | None:
+    row = session.execute(f"SELECT owner FROM {ks}.schema_migrations_lease WHERE id = 'migrate'",
+                          timeout=30).one()
+    return None if row is None else row.owner
+
+
+def _stop_when_said(args: list[str], env: dict[str, str], said: str,
+                    sig: signal.Signals) -> tuple[int, list[str]]:
+    """Start ``args``, send ``sig`` once its stdout says ``said``: its exit code and
+    non-blank stderr lines."""
+    proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for line in proc.stdout:
+            if said in line:
+                proc.send_signal(sig)
+                break
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_sigterm_while_holding_the_lease_releases_it_and_exits_143(own, cassandra_session):
+    """Before: killed by the signal (returncode -15), no line, the lease this run's for
+    120 s more."""
+    script = _HELD.format(signal="INT", where="applying")
+    code, lines = _stop_when_said([sys.executable, "-c", script], _env(own),
+                                  "holding the lease", signal.SIGTERM)
+    assert code == 143, lines
+    assert len(lines) == 1 and lines[0].startswith(
+        "ratchet migrate: terminated (SIGTERM): stopped; what it applied stays applied"), lines
+    assert _lease_owner(cassandra_session, own.keyspace) is None  # released
+
+
+def test_sigterm_while_waiting_for_another_migrators_lease_leaves_it_alone(
+        own, cassandra_session):
+    """No stand-in: ``ratchet migrate`` itself, waiting for another owner's lease."""
+    from infra.migrate import LEASE_TTL_S, RENEW_EVERY_S
+
+    subprocess.run([sys.executable, "-m", "ratchet.cli", "migrate"], env=_env(own), cwd=ROOT,
+                   check=True, capture_output=True, timeout=180)
+    cassandra_session.execute(
+        f"INSERT INTO {own.keyspace}.schema_migrations_lease (id, owner, ttl_s, renew_every_s) "
+        f"VALUES ('migrate', 'another', {LEASE_TTL_S}, {RENEW_EVERY_S}) USING TTL {LEASE_TTL_S}",
+        timeout=30)
+    code, lines = _stop_when_said([sys.executable, "-m", "ratchet.cli", "migrate"], _env(own),
+                                  "waiting for another migrator", signal.SIGTERM)
+    assert code == 143, lines
+    assert len(lines) == 1 and lines[0].startswith(
+        "ratchet migrate: terminated (SIGTERM): stopped; "), lines
+    assert _lease_owner(cassandra_session, own.keyspace) == "another"
+
+
+@pytest.mark.parametrize("sig,how,code", [("INT", "interrupted (Ctrl-C)", 130),
+                                          ("TERM", "terminated (SIGTERM)", 143)])
+def test_a_stop_during_the_release_says_the_lease_may_stay_held(own, sig, how, code):
+    """Before: the Ctrl-C line said nothing of the lease, which stayed held for its TTL
+    (the next run waited 120 s here); SIGTERM killed the process."""
+    script = _HELD.format(signal=sig, where="releasing")
+    done = subprocess.run([sys.executable, "-c", script], env=_env(own), cwd=ROOT,
+                          capture_output=True, text=True, timeout=180)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == code, done.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"ratchet migrate: {how}: stopped; "), lines
+    assert (f"stopped while releasing its lease {own.keyspace}.schema_migrations_lease, "
+            "which may stay held until its TTL ends (at most 120 s)") in lines[0], lines

@@ -1,0 +1,58 @@
+"""``ratchet smoke`` removes what it made, and only that (session 48).
+
+It kept and reused ``<prefix>smoke``, ``<prefix>smoke-value`` and
+``<keyspace>_smoke`` (documented; session 47's review, left). Now each run makes its
+own, names of its own, and removes them at its end unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from infra.smoke import cli_smoke
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def own(settings, unique_name):
+    name = unique_name("smk")
+    return dataclasses.replace(settings, keyspace=name, topic_prefix=f"{name}.")
+
+
+def _left(own, kafka_admin, schema_registry_client, cassandra_session) -> list[str]:
+    """Every topic, subject and keyspace named after ``own``'s prefix and keyspace."""
+    topics = [t for t in kafka_admin.list_topics(timeout=10).topics
+              if t.startswith(own.topic_prefix)]
+    subjects = [s for s in schema_registry_client.get_subjects()
+                if s.startswith(own.topic_prefix)]
+    keyspaces = [r.keyspace_name for r in cassandra_session.execute(
+        "SELECT keyspace_name FROM system_schema.keyspaces", timeout=30)
+        if r.keyspace_name.startswith(own.keyspace)]
+    return topics + subjects + keyspaces
+
+
+def test_smoke_removes_its_topic_subject_and_keyspace(own, kafka_admin,
+                                                      schema_registry_client,
+                                                      cassandra_session, capsys):
+    assert cli_smoke(own) == 0, capsys.readouterr().out
+    assert _left(own, kafka_admin, schema_registry_client, cassandra_session) == []
+    assert "removed what it made (topic, subject, keyspace)" in capsys.readouterr().out
+
+
+def test_smoke_keep_leaves_them_named(own, kafka_admin, schema_registry_client,
+                                      cassandra_session, capsys):
+    from infra.smoke import SmokeRun, _remove
+
+    assert cli_smoke(own, keep=True) == 0
+    out = capsys.readouterr().out
+    kept = _left(own, kafka_admin, schema_registry_client, cassandra_session)
+    try:
+        assert len(kept) == 3, kept
+        assert all(name in out for name in kept), (kept, out)
+    finally:
+        topic = next(t for t in kept if not t.endswith("-value") and "." in t)
+        keyspace = next(k for k in kept if "." not in k)
+        assert _remove(own, SmokeRun(topic, keyspace, ["topic", "subject", "keyspace"])) == []
