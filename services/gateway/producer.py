@@ -597,6 +597,12 @@ class GatewayProducer:
                             target=self._pump_reports, daemon=True,
                             name=f"ratchet-gateway-reports-{id(self):x}")
                         self._pump.start()
+                        # A signal handler of this thread may have run as the pump
+                        # started (``_room`` held): a close that served the reports
+                        # notified no one. Checked again before waiting (it waited its
+                        # whole timeout, for ever for a send; an outside review,
+                        # session 48).
+                        continue
                     self._room.wait(remaining)
                 return True
             finally:
@@ -631,11 +637,19 @@ class GatewayProducer:
 
     def _stop_pump(self) -> None:
         """Wait for the report pump to end (a close began: it ends after its poll)
-        before the client is closed under it."""
+        before the client is closed under it. Waited for on ``_room``, not joined: a
+        signal handler's close may run in a thread that holds ``_room`` (its send or
+        ``Delivery`` waiting for reports, as it starts the pump), and the pump takes
+        ``_room`` before it can see the close; the join waited for ever (an outside
+        review, session 48). The wait lets ``_room`` go, however often it is held. A
+        pump not started yet (or not running yet) polls nothing: it sees the close
+        first."""
         with self._room:
-            pump = self._pump
-        if pump is not None and pump is not threading.current_thread():
-            pump.join()
+            self._room.wait_for(self._pump_stopped)
+
+    def _pump_stopped(self) -> bool:
+        pump = self._pump  # set to None, and ``_room`` notified, as the pump ends
+        return pump is None or pump is threading.current_thread() or not pump.is_alive()
 
     def _failures_for(self) -> tuple[list[tuple[str, KafkaError]], int]:
         """The failures reported since the calling thread's last flush, and how many more
@@ -763,7 +777,13 @@ class Delivery:
                 producer._wait_for_reports(self.done, timeout_s)
             except _PumpFailed as failed:
                 raise failed.cause from None
-        failures, pending = list(self._failures), len(self._unreported)
+        # Not reported yet, then failures: a report adds its failure before it marks
+        # its event reported, so one landing between the reads is in the second. Read
+        # the other way round, it was in neither and a wait that timed out returned as
+        # if its failed event were written (an outside review, session 48).
+        unreported = set(self._unreported)
+        failures = list(self._failures)
+        pending = len(unreported.difference(event_id for event_id, _ in failures))
         if failures:
             raise DeliveryError([(event_id, str(err)) for event_id, err in failures],
                                 retryable=all(err.retriable() and not err.fatal()
