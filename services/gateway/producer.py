@@ -628,6 +628,11 @@ class GatewayProducer:
                 self._pump_failure = failure
                 self._room.notify_all()
 
+    def _wake_waiters(self) -> None:
+        """Every wait for reports checks its condition again (an abandoned one ends)."""
+        with self._room:
+            self._room.notify_all()
+
     def _made_room(self) -> None:
         """A delivery report was served: librdkafka's queue has room for one more, and
         a ``Delivery`` may be done."""
@@ -771,10 +776,14 @@ class Delivery:
         reports are served by the producer (its report pump) while it waits; inside a
         delivery report of its thread (a signal handler's) it raises what it knows at
         once, as ``flush`` does."""
+        self._wait(timeout_s, self.done)
+
+    def _wait(self, timeout_s: float, until: Callable[[], bool]) -> None:
+        """``wait``, its waiting ended early once ``until()`` (checked as ``done``)."""
         producer = self._producer
         if not producer._in_reports() and not producer._released:
             try:
-                producer._wait_for_reports(self.done, timeout_s)
+                producer._wait_for_reports(until, timeout_s)
             except _PumpFailed as failed:
                 raise failed.cause from None
         # Not reported yet, then failures: a report adds its failure before it marks
@@ -792,8 +801,18 @@ class Delivery:
             raise FlushTimeout(pending)
 
     async def wait_async(self, timeout_s: float = 30.0) -> None:
-        """``wait`` in a thread of the event loop's executor: the loop goes on."""
-        await asyncio.to_thread(self.wait, timeout_s)
+        """``wait`` in a thread of the event loop's executor: the loop goes on. Cancelled
+        (``asyncio.run``'s task at Ctrl-C), its thread stops waiting at once: it waited
+        out ``timeout_s`` before, and ``asyncio.run``, which waits for the executor's
+        threads, with it (an outside review, session 48)."""
+        abandoned = threading.Event()
+        try:
+            await asyncio.to_thread(self._wait, timeout_s,
+                                    lambda: self.done() or abandoned.is_set())
+        except asyncio.CancelledError:
+            abandoned.set()
+            self._producer._wake_waiters()
+            raise
 
 
 class _PumpFailed(Exception):

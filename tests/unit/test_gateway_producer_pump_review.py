@@ -16,6 +16,10 @@ Two ways these broke:
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
 import pytest
 from confluent_kafka import KafkaError
 
@@ -113,3 +117,41 @@ def test_a_report_landing_while_a_timed_out_wait_reads_it_is_not_lost():
         sent.wait(timeout_s=0)
     assert [eid for eid, _ in again.value.failures] == [turn.event_id]
     assert again.value.pending == 0
+
+
+def test_a_cancelled_wait_async_lets_its_thread_go():
+    """A coroutine awaiting its ``Delivery`` is cancelled (what ``asyncio.run`` does to
+    its task at Ctrl-C); the broker never answers. The wait's executor thread must end
+    with it: ``asyncio.run`` waits for the loop's executor before it returns, so the
+    process stayed up to the wait's ``timeout_s`` after Ctrl-C (here 600 s; the thread
+    counted against the loop's executor meanwhile)."""
+    producer, kafka = gateway()
+    plain_poll = kafka.poll
+
+    def poll(timeout=0):  # librdkafka's poll waits its timeout for a report: none here
+        time.sleep(timeout)
+        return plain_poll(0)
+
+    kafka.poll = poll
+    told: list[str] = []
+
+    async def main() -> None:
+        waiting = asyncio.create_task(producer.send(make_turn()).wait_async(600))
+        while not producer._waiting_for_reports:  # its thread waits for reports
+            await asyncio.sleep(0.01)
+        waiting.cancel()
+        try:
+            await waiting
+        except asyncio.CancelledError:
+            told.append("cancelled")
+
+    runner = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    runner.start()
+    runner.join(30)
+    try:
+        assert not runner.is_alive(), "asyncio.run waited for the cancelled wait's thread"
+        assert told == ["cancelled"]
+        assert producer._waiting_for_reports == 0
+    finally:
+        with pytest.raises(DeliveryError):  # purged: told to the thread's close
+            producer.close(timeout_s=0)
