@@ -69,6 +69,13 @@ from services.gateway.errors import (
 # librdkafka's reports of events purged by ``close`` (queued, or sent and unanswered).
 _PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 
+# The longest a wait for reports sleeps before it checks its condition again. Woken at
+# once by a report or a close of another thread; the bound is for a close that a signal
+# handler of the waiting thread runs between the wait's check and its sleep, which
+# notifies no one (an outside review, session 48: a send's wait for room waited for
+# ever, a ``Delivery.wait`` its whole timeout).
+_RECHECK_S = 1.0
+
 # Delivery failures kept for the flushes of threads that have not been raised them yet.
 # Beyond it the oldest are dropped: a thread that sent and never flushes (a pool's worker
 # whose flushes happen elsewhere) kept every later failure for the process's life. A
@@ -603,7 +610,8 @@ class GatewayProducer:
                         # whole timeout, for ever for a send; an outside review,
                         # session 48).
                         continue
-                    self._room.wait(remaining)
+                    self._room.wait(_RECHECK_S if remaining is None
+                                    else min(remaining, _RECHECK_S))
                 return True
             finally:
                 self._waiting_for_reports -= 1

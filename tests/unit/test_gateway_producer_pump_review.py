@@ -155,3 +155,55 @@ def test_a_cancelled_wait_async_lets_its_thread_go():
     finally:
         with pytest.raises(DeliveryError):  # purged: told to the thread's close
             producer.close(timeout_s=0)
+
+
+_HANDLERS_CLOSE_JUST_BEFORE_THE_WAIT = '''
+import signal
+import types
+
+from services.gateway import producer as module
+
+told = []
+calls = []
+
+
+def handler(signum, frame):
+    try:
+        producer.close(timeout_s=0)
+    except DeliveryError as exc:
+        told.append(f"close: {[eid for eid, _ in exc.failures]}")
+
+
+def monotonic():
+    """The wait's clock; its third reading is the wait's last step before it waits
+    (the pump started, the condition checked again): where the signal lands."""
+    calls.append(1)
+    if len(calls) == 3:
+        signal.raise_signal(signal.SIGUSR1)
+    return time.monotonic()
+
+
+signal.signal(signal.SIGUSR1, handler)
+module.time = types.SimpleNamespace(monotonic=monotonic)
+producer = unreachable({})
+turn = make_turn()
+sent = producer.send(turn)
+try:
+    sent.wait(timeout_s=600)  # never its timeout: done once closed
+    told.append("wait: written")
+except DeliveryError as exc:
+    told.append(f"wait: {[eid for eid, _ in exc.failures]}")
+for line in told:
+    print(line)
+print("turn", turn.event_id)
+'''
+
+
+def test_a_handlers_close_just_before_its_thread_waits_is_seen():
+    """SIGUSR1's handler closes the producer between the wait's last check and its
+    ``wait`` (its thread holds ``_room``; the close notifies no one). The wait must
+    still see the close and raise the purged turn, not wait out its 600 s (a send's
+    wait for room, which has no timeout, waited for ever)."""
+    *told, turn = run_script(_HANDLERS_CLOSE_JUST_BEFORE_THE_WAIT, timeout_s=60)
+    event_id = turn.removeprefix("turn ")
+    assert told == [f"close: {[event_id]}", f"wait: {[event_id]}"]
