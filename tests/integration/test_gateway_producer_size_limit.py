@@ -13,9 +13,10 @@ it (``EventTooLarge``, nothing written), under a topic prefix of their own.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from ratchet.samples import make_turn
 from schemas.avro import EventSerde, register_schemas, registry_client
@@ -58,14 +59,30 @@ def turn_of_value_size(serde: EventSerde, topic: str, size: int):
 
 
 def _end_offsets(settings, topic: str) -> dict[int, int]:
+    """Each partition's end offset. A topic this module has just made may not have
+    elected its partitions' leaders yet (the broker answers NOT_LEADER_FOR_PARTITION
+    or LEADER_NOT_AVAILABLE for a moment): those are asked again, for up to 30 s."""
     consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap,
                          "group.id": f"{topic}-probe"})
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in partitions}
+        return {p: _end_offset(consumer, TopicPartition(topic, p)) for p in partitions}
     finally:
         consumer.close()
+
+
+_ELECTING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+
+
+def _end_offset(consumer: Consumer, partition: TopicPartition) -> int:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=10)[1]
+        except KafkaException as failure:
+            if failure.args[0].code() not in _ELECTING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _read_back(settings, topic: str, before: dict[int, int]) -> list[bytes]:
