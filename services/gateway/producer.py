@@ -69,12 +69,18 @@ from services.gateway.errors import (
 # librdkafka's reports of events purged by ``close`` (queued, or sent and unanswered).
 _PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 
-# The longest a wait for reports sleeps before it checks its condition again. Woken at
-# once by a report or a close of another thread; the bound is for a close that a signal
-# handler of the waiting thread runs between the wait's check and its sleep, which
-# notifies no one (an outside review, session 48: a send's wait for room waited for
-# ever, a ``Delivery.wait`` its whole timeout).
-_RECHECK_S = 1.0
+# The longest one of librdkafka's polls lasts while a send waits for room in its full
+# queue or a ``Delivery`` waits for its reports. Such a wait serves the reports itself
+# and checks between polls for what no poll returns on: a ``close`` of another thread
+# (seen within this bound) and a report another thread's poll served. Session 48 woke
+# them at once with a condition and a report-pumping thread; that saved at most this
+# bound and brought a deadlock (a signal handler's close while its thread held the
+# condition and another thread's send waited for room), so it was taken out (rgw4).
+_WAIT_POLL_S = 0.1
+
+# A ``Delivery.wait_async``'s first pause between non-blocking polls (librdkafka's
+# ``linger.ms``); each later one doubles, up to ``_WAIT_POLL_S``.
+_FIRST_ASYNC_PAUSE_S = 0.005
 
 # Delivery failures kept for the flushes of threads that have not been raised them yet.
 # Beyond it the oldest are dropped: a thread that sent and never flushes (a pool's worker
@@ -213,18 +219,6 @@ class GatewayProducer:
         # (``_finish_close``; a signal handler's, session 45).
         self._serving = threading.local()
         self._close_pending: float | None = None
-        # A send waiting for room in librdkafka's full queue waits on ``_room``: woken at
-        # once by a delivery report (``_reports`` counts them; each one served may have
-        # made room) or by a ``close`` (``_closing``). It polled librdkafka 0.1 s at a
-        # time before session 48, so it saw a close only when that poll returned.
-        # librdkafka's poll cannot be woken from Python: while sends (or ``Delivery``s,
-        # ``_waiting_for_reports``) wait, a thread of the producer's own serves the
-        # reports (``_pump_reports``).
-        self._room = threading.Condition(threading.RLock())
-        self._reports = 0
-        self._waiting_for_reports = 0
-        self._pump: threading.Thread | None = None
-        self._pump_failure: BaseException | None = None
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -255,18 +249,16 @@ class GatewayProducer:
         what it had not queued); inside a delivery report (librdkafka's ``poll`` or
         ``flush``) it refuses sends and returns, and that call finishes the close as it
         returns (session 45: the process waited for ever, or aborted). A send of
-        another thread waiting for room in librdkafka's full queue is ended
-        (``ProducerClosed`` naming the events of its turn queued before it, which this
-        close purges): it waited for that send, whatever ``timeout_s``, before session
-        46. A ``flush`` of another thread is ended by the purge and raises what it
+        another thread waiting for room in librdkafka's full queue is ended once its
+        poll returns, within 0.1 s (``ProducerClosed`` naming the events of its turn
+        queued before it, which this close purges): it waited for that send, whatever
+        ``timeout_s``, before session 46. A ``flush`` of another thread is ended by the purge and raises what it
         purged. A send that starts once a close began (this call's first line) is
         ``ProducerClosed`` naming its events, nothing queued (it could take the send
         lock before this close and have its events purged, before session 47). A close
         interrupted before it released the client (Ctrl-C in librdkafka's flush) leaves
         that to the next ``close`` (it returned at once before session 47)."""
         self._closing.set()  # before waiting for ``_sending``: see ``_queue``
-        with self._room:  # a send of another thread waiting for room gives up at once
-            self._room.notify_all()
         with self._sending:
             first = not self._closed
             self._closed = True
@@ -314,7 +306,6 @@ class GatewayProducer:
                 self._producer.flush(timeout_s)
                 self._producer.purge()
                 self._producer.flush(0)  # serves the purged events' reports: failures
-                self._stop_pump()
                 self._producer.close()
                 self._released = True
             finally:
@@ -530,7 +521,6 @@ class GatewayProducer:
         while True:
             if self._closed:  # a signal handler's close while the queue was full
                 raise _closed_while_sending(event.event_id, queued)
-            seen = self._reports  # before producing: a report served after it is room
             try:
                 self._producer.produce(self.topic, value=value,
                                        key=encode_key(event.partition_key),
@@ -550,8 +540,11 @@ class GatewayProducer:
                         "inside a delivery report of its thread (a signal handler's), "
                         "where it cannot wait for room", retryable=True, fatal=False,
                         queued=queued, not_queued=not_queued) from None
-                self._wait_for_room(seen, event.event_id, queued=queued,
-                                    not_queued=not_queued)
+                self._serve_reports(_WAIT_POLL_S)
+                if self._closing.is_set():
+                    # Room made and a close begun during that poll: the close wins, the
+                    # event is not queued for it to purge (session 48).
+                    raise _closed_while_sending(event.event_id, queued) from None
             except RuntimeError:  # "Producer has been closed": by a handler, just now
                 if not self._closed:
                     raise
@@ -564,105 +557,6 @@ class GatewayProducer:
                     retryable=err is not None and err.retriable() and not err.fatal(),
                     fatal=err is None or err.fatal(), queued=queued,
                     not_queued=not_queued) from exc
-
-    def _wait_for_room(self, seen: int, event_id: str, *, queued: tuple[str, ...],
-                       not_queued: tuple[str, ...]) -> None:
-        """Wait until a delivery report is served after ``seen`` (room may have been
-        made: the caller produces again) or a ``close`` began (``ProducerClosed``, as
-        ``_queue``; a report and a close together: the close). The flag is read under
-        ``_room``, which ``close`` takes to notify after setting it, so a close before
-        the wait, during it or with a report is never missed."""
-        try:
-            self._wait_for_reports(
-                lambda: self._reports != seen or self._closing.is_set(), None)
-        except _PumpFailed as failed:
-            raise EventNotQueued(
-                event_id, f"serving librdkafka's delivery reports while waiting for room "
-                f"failed: {failed.cause!r}", retryable=True, fatal=False, queued=queued,
-                not_queued=not_queued) from failed.cause
-        if self._closing.is_set():
-            raise _closed_while_sending(event_id, queued)
-
-    def _wait_for_reports(self, until: Callable[[], bool], timeout_s: float | None) -> bool:
-        """Wait until ``until()`` (checked under ``_room`` at once and after each
-        delivery report and each ``close``) or ``timeout_s``; return ``until()``. While
-        any caller waits a pump thread serves the reports (``_pump_reports``; started
-        again if it ended; ``_PumpFailed`` if it ended by an exception)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._room:
-            self._waiting_for_reports += 1
-            try:
-                while not until():
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        return False
-                    if self._pump is None and not self._closing.is_set():
-                        if self._pump_failure is not None:
-                            failure, self._pump_failure = self._pump_failure, None
-                            raise _PumpFailed(failure)
-                        self._pump = threading.Thread(
-                            target=self._pump_reports, daemon=True,
-                            name=f"ratchet-gateway-reports-{id(self):x}")
-                        self._pump.start()
-                        # A signal handler of this thread may have run as the pump
-                        # started (``_room`` held): a close that served the reports
-                        # notified no one. Checked again before waiting (it waited its
-                        # whole timeout, for ever for a send; an outside review,
-                        # session 48).
-                        continue
-                    self._room.wait(_RECHECK_S if remaining is None
-                                    else min(remaining, _RECHECK_S))
-                return True
-            finally:
-                self._waiting_for_reports -= 1
-
-    def _pump_reports(self) -> None:
-        """Serve delivery reports while a send waits for room (or a ``Delivery`` for its
-        reports) and no close began: each report wakes them (``_made_room``). Its last
-        poll (0.1 s) delays only the close's release of the client (``_stop_pump``),
-        never a send."""
-        failure: BaseException | None = None
-        try:
-            while True:
-                with self._room:
-                    if not self._waiting_for_reports or self._closing.is_set():
-                        return
-                self._serve_reports(0.1)
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting send
-            failure = exc
-        finally:
-            with self._room:
-                self._pump = None
-                self._pump_failure = failure
-                self._room.notify_all()
-
-    def _wake_waiters(self) -> None:
-        """Every wait for reports checks its condition again (an abandoned one ends)."""
-        with self._room:
-            self._room.notify_all()
-
-    def _made_room(self) -> None:
-        """A delivery report was served: librdkafka's queue has room for one more, and
-        a ``Delivery`` may be done."""
-        with self._room:
-            self._reports += 1
-            self._room.notify_all()
-
-    def _stop_pump(self) -> None:
-        """Wait for the report pump to end (a close began: it ends after its poll)
-        before the client is closed under it. Waited for on ``_room``, not joined: a
-        signal handler's close may run in a thread that holds ``_room`` (its send or
-        ``Delivery`` waiting for reports, as it starts the pump), and the pump takes
-        ``_room`` before it can see the close; the join waited for ever (an outside
-        review, session 48). The wait lets ``_room`` go, however often it is held. A
-        pump not started yet (or not running yet) polls nothing: it sees the close
-        first."""
-        with self._room:
-            self._room.wait_for(self._pump_stopped)
-
-    def _pump_stopped(self) -> bool:
-        pump = self._pump  # set to None, and ``_room`` notified, as the pump ends
-        return pump is None or pump is threading.current_thread() or not pump.is_alive()
 
     def _failures_for(self) -> tuple[list[tuple[str, KafkaError]], int]:
         """The failures reported since the calling thread's last flush, and how many more
@@ -705,8 +599,7 @@ class GatewayProducer:
                         del self._failure_log[:len(self._failure_log) - MAX_KEPT_FAILURES]
                         self._first_kept = max(self._first_kept, self._failure_log[0][0])
             if delivery is not None:
-                delivery._reported(event_id, err)  # before waking its waiters
-            self._made_room()
+                delivery._reported(event_id, err)
 
         return report
 
@@ -780,20 +673,47 @@ class Delivery:
     def wait(self, timeout_s: float = 30.0) -> None:
         """Return once every event of it was acknowledged with an offset; raise
         ``DeliveryError`` listing those that failed (``pending``: those not reported
-        yet), else ``FlushTimeout`` with those not reported within ``timeout_s``. The
-        reports are served by the producer (its report pump) while it waits; inside a
+        yet), else ``FlushTimeout`` with those not reported within ``timeout_s``. It
+        serves the reports itself, as ``flush`` does (librdkafka's poll, at most 0.1 s
+        at a time: a report another thread served is seen within that); inside a
         delivery report of its thread (a signal handler's) it raises what it knows at
         once, as ``flush`` does."""
-        self._wait(timeout_s, self.done)
-
-    def _wait(self, timeout_s: float, until: Callable[[], bool]) -> None:
-        """``wait``, its waiting ended early once ``until()`` (checked as ``done``)."""
         producer = self._producer
-        if not producer._in_reports() and not producer._released:
-            try:
-                producer._wait_for_reports(until, timeout_s)
-            except _PumpFailed as failed:
-                raise failed.cause from None
+        deadline = time.monotonic() + timeout_s
+        while self._waits_on():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            producer._serve_reports(min(remaining, _WAIT_POLL_S))
+        self._raise_outcome()
+
+    async def wait_async(self, timeout_s: float = 30.0) -> None:
+        """``wait`` on an event loop: non-blocking polls between pauses of the loop
+        (5 ms, doubling up to 0.1 s), so no thread is held while it waits and a
+        cancellation (``asyncio.run``'s task at Ctrl-C) ends it at once. Session 48's
+        ran ``wait`` in the loop's executor: each awaited ``Delivery`` held one of its
+        few threads (a later one started only when one ended), and a cancelled one
+        waited on until an outside review woke it."""
+        deadline = time.monotonic() + timeout_s
+        pause = _FIRST_ASYNC_PAUSE_S
+        while self._waits_on():
+            self._producer._serve_reports()
+            remaining = deadline - time.monotonic()
+            if not self._waits_on() or remaining <= 0:
+                break
+            await asyncio.sleep(min(pause, remaining))
+            pause = min(pause * 2, _WAIT_POLL_S)
+        self._raise_outcome()
+
+    def _waits_on(self) -> bool:
+        """Reports can still come and be served here: not every event reported, not
+        inside a delivery report of this thread (its poll cannot be entered again),
+        the client not released (its close served every report: purged ones too)."""
+        producer = self._producer
+        return not (self.done() or producer._in_reports() or producer._released)
+
+    def _raise_outcome(self) -> None:
+        """Raise what is known of it: failures, else events not reported."""
         # Not reported yet, then failures: a report adds its failure before it marks
         # its event reported, so one landing between the reads is in the second. Read
         # the other way round, it was in neither and a wait that timed out returned as
@@ -807,28 +727,6 @@ class Delivery:
                                               for _, err in failures), pending=pending)
         if pending:
             raise FlushTimeout(pending)
-
-    async def wait_async(self, timeout_s: float = 30.0) -> None:
-        """``wait`` in a thread of the event loop's executor: the loop goes on. Cancelled
-        (``asyncio.run``'s task at Ctrl-C), its thread stops waiting at once: it waited
-        out ``timeout_s`` before, and ``asyncio.run``, which waits for the executor's
-        threads, with it (an outside review, session 48)."""
-        abandoned = threading.Event()
-        try:
-            await asyncio.to_thread(self._wait, timeout_s,
-                                    lambda: self.done() or abandoned.is_set())
-        except asyncio.CancelledError:
-            abandoned.set()
-            self._producer._wake_waiters()
-            raise
-
-
-class _PumpFailed(Exception):
-    """The report pump ended by an exception (``cause``), out of librdkafka's poll."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(repr(cause))
-        self.cause = cause
 
 
 class _Places:

@@ -1,17 +1,19 @@
-"""The gateway producer's report pump and ``Delivery.wait`` of session 48, reviewed from
-outside (session 48, rreva).
+"""The gateway producer's waits for reports and ``Delivery.wait`` of session 48,
+reviewed from outside (session 48, rreva; its report pump taken out by rgw4).
 
 docs/service.md, section 3: a signal handler's ``close`` inside a call of its own thread
 closes (session 45); a ``Delivery``'s ``wait`` raises every failure of its own events.
-Two ways these broke:
+Ways these broke with session 48's report pump, and what still holds without it:
 
-- The thread that waits for reports (a send waiting for room, a ``Delivery.wait``)
-  holds the producer's ``_room`` lock while it starts the report pump, and the pump
-  takes that lock before anything else. A signal handler's ``close`` run there joined
-  the pump, which could not take the lock its own thread held: the process hung.
+- A signal handler's ``close`` in a thread waiting for reports hung (it joined a pump
+  waiting for a lock its own thread held) or left the wait its whole timeout (the
+  close notified no one). The wait now polls itself: a handler's close inside its poll
+  is finished as the poll returns, one just before its poll makes that poll return at
+  once; either way the wait raises the purged turn.
 - ``wait`` read its failures, then how many events were not reported: a report landing
   between the two reads was in neither, so a wait that timed out as that event failed
   returned as if it had been written.
+- A cancelled ``wait_async`` kept an executor thread; it now holds none.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from confluent_kafka import KafkaError
@@ -31,10 +34,8 @@ from tests.unit.test_gateway_library_review import gateway
 
 TIMED_OUT = KafkaError(KafkaError._MSG_TIMED_OUT)
 
-_HANDLERS_CLOSE_AS_THE_PUMP_STARTS = '''
+_HANDLERS_CLOSE_INSIDE_THE_WAITS_POLL = '''
 import signal
-
-from services.gateway import producer as module
 
 told = []
 
@@ -47,19 +48,27 @@ def handler(signum, frame):
         told.append(f"close: {[eid for eid, _ in exc.failures]}")
 
 
-class Pump(threading.Thread):
-    """The report pump's thread; its start is where the signal lands (the waiting
-    thread holds ``_room`` there, as at any step before its wait)."""
+class Client:
+    """The real client; the signal lands in the wait's first poll."""
 
-    def start(self):
-        super().start()
-        if self.name.startswith("ratchet-gateway-reports"):
+    def __init__(self, real):
+        self._real = real
+
+    def poll(self, timeout=0):
+        if timeout and not told:
             signal.raise_signal(signal.SIGUSR1)  # the handler runs before this returns
+        return self._real.poll(timeout)
+
+    def __len__(self):
+        return len(self._real)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
 
 
 signal.signal(signal.SIGUSR1, handler)
-module.threading.Thread = Pump
 producer = unreachable({})
+producer._producer = Client(producer._producer)
 turn = make_turn()
 sent = producer.send(turn)
 try:
@@ -73,14 +82,17 @@ print("turn", turn.event_id)
 '''
 
 
-def test_a_handlers_close_while_its_thread_starts_the_report_pump_does_not_hang():
-    """``Delivery.wait`` in the main thread starts the report pump; SIGUSR1's handler
-    closes the producer right then (its thread holds ``_room``). The close purges the
-    turn and raises it, and the wait raises it too. Before: the close joined a pump
-    waiting for ``_room`` for ever (the real client, in a process of its own)."""
-    *told, turn = run_script(_HANDLERS_CLOSE_AS_THE_PUMP_STARTS, timeout_s=60)
+def test_a_handlers_close_while_its_thread_waits_in_a_poll_does_not_hang():
+    """``Delivery.wait`` in the main thread polls; SIGUSR1's handler closes the
+    producer inside that poll (a delivery-report call: the close refuses sends and
+    returns, raising nothing). The poll's return finishes the close (the turn purged),
+    and the wait raises the purged turn, not its 600 s. Session 48's version landed the
+    signal where the wait started its report pump: the close hung (a join) or the wait
+    ran out its timeout; the pump is gone (rgw4), the wait's own poll is where a
+    handler lands now (the real client, in a process of its own)."""
+    *told, turn = run_script(_HANDLERS_CLOSE_INSIDE_THE_WAITS_POLL, timeout_s=60)
     event_id = turn.removeprefix("turn ")
-    assert told == [f"close: {[event_id]}", f"wait: {[event_id]}"]
+    assert told == ["close: nothing", f"wait: {[event_id]}"]
 
 
 class _ReportedWhileRead(list):
@@ -119,16 +131,18 @@ def test_a_report_landing_while_a_timed_out_wait_reads_it_is_not_lost():
     assert again.value.pending == 0
 
 
-def test_a_cancelled_wait_async_lets_its_thread_go():
+def test_a_cancelled_wait_async_ends_at_once():
     """A coroutine awaiting its ``Delivery`` is cancelled (what ``asyncio.run`` does to
-    its task at Ctrl-C); the broker never answers. The wait's executor thread must end
-    with it: ``asyncio.run`` waits for the loop's executor before it returns, so the
-    process stayed up to the wait's ``timeout_s`` after Ctrl-C (here 600 s; the thread
-    counted against the loop's executor meanwhile)."""
+    its task at Ctrl-C); the broker never answers. The wait must end with it and
+    ``asyncio.run`` return: it ran in the loop's executor before, and ``asyncio.run``
+    waits for those threads, so the process stayed up to the wait's ``timeout_s`` after
+    Ctrl-C (here 600 s)."""
     producer, kafka = gateway()
     plain_poll = kafka.poll
+    polled = threading.Event()
 
     def poll(timeout=0):  # librdkafka's poll waits its timeout for a report: none here
+        polled.set()
         time.sleep(timeout)
         return plain_poll(0)
 
@@ -136,8 +150,10 @@ def test_a_cancelled_wait_async_lets_its_thread_go():
     told: list[str] = []
 
     async def main() -> None:
-        waiting = asyncio.create_task(producer.send(make_turn()).wait_async(600))
-        while not producer._waiting_for_reports:  # its thread waits for reports
+        sent = producer.send(make_turn())
+        polled.clear()  # the send's own poll: wait for the wait's
+        waiting = asyncio.create_task(sent.wait_async(600))
+        while not polled.is_set():  # the wait serves reports
             await asyncio.sleep(0.01)
         waiting.cancel()
         try:
@@ -149,12 +165,51 @@ def test_a_cancelled_wait_async_lets_its_thread_go():
     runner.start()
     runner.join(30)
     try:
-        assert not runner.is_alive(), "asyncio.run waited for the cancelled wait's thread"
+        assert not runner.is_alive(), "asyncio.run waited for the cancelled wait"
         assert told == ["cancelled"]
-        assert producer._waiting_for_reports == 0
     finally:
         with pytest.raises(DeliveryError):  # purged: told to the thread's close
             producer.close(timeout_s=0)
+
+
+class _NoThreads(ThreadPoolExecutor):
+    """A loop's executor that refuses work: what uses it fails."""
+
+    def submit(self, *args, **kwargs):
+        raise RuntimeError("wait_async used the loop's executor")
+
+
+def test_wait_async_holds_no_executor_thread():
+    """Awaited ``Delivery``s hold none of the loop's executor threads (session 48's ran
+    ``wait`` there: with 2 cores, 6 threads, a seventh concurrent wait started only when
+    one ended, its timeout counted from then). Eight waits on a loop whose executor
+    refuses work: each told its own outcome."""
+    producer, kafka = gateway()
+    turns = [make_turn() for _ in range(8)]
+    told: dict[str, object] = {}
+
+    async def request(turn, sent):
+        try:
+            await sent.wait_async(5)
+            told[turn.event_id] = "written"
+        except DeliveryError as exc:
+            told[turn.event_id] = [eid for eid, _ in exc.failures]
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_default_executor(_NoThreads(max_workers=1))
+        waits = [asyncio.create_task(request(turn, producer.send(turn))) for turn in turns]
+        await asyncio.sleep(0)  # every wait started
+        for _ in turns[:4]:
+            kafka.deliver(0)
+        for _ in turns[4:]:
+            kafka.deliver(0, TIMED_OUT)
+        await asyncio.gather(*waits)
+
+    asyncio.run(main())
+    assert told == {**{t.event_id: "written" for t in turns[:4]},
+                    **{t.event_id: [t.event_id] for t in turns[4:]}}
+    with pytest.raises(DeliveryError):  # the thread's flushes are told them as before
+        producer.close(timeout_s=0)
 
 
 _HANDLERS_CLOSE_JUST_BEFORE_THE_WAIT = '''

@@ -1,16 +1,19 @@
 """A send waiting for room in librdkafka's full queue, against a ``close`` of another
-thread (session 48).
+thread (sessions 48 and 48's rgw4).
 
 docs/service.md, section 3: a send of another thread waiting for room is ended by a
-``close`` (``ProducerClosed`` naming the events of its turn queued before it). Before
-session 48 the waiting send polled librdkafka 0.1 s at a time and saw the close only
-when its poll returned; it now waits on a condition that a delivery report (room) and a
-close both notify, while a thread of the producer serves the reports. No wake-up may be
-lost: a close before the wait, during it, or together with a report.
+``close`` (``ProducerClosed`` naming the events of its turn queued before it) once its
+poll returns: it serves the reports itself, at most 0.1 s a poll, and looks for a close
+between polls. Session 48 woke it at once with a condition and a report-pumping
+thread; that was taken out (a signal handler's close deadlocked with it, the last test
+here), and these tests hold the 0.1 s promise instead: each poll of the waiting send
+asks for at most 0.1 s, and a close begun during it ends the send once it returns,
+with no poll more; no close is missed (one begun while the poll is in progress,
+one together with a report: the close wins).
 
-``FakeKafka`` stands in for librdkafka: its queue holds one event, and its ``poll`` with
-a timeout (the one that waits for reports) blocks until the test lets it return, so
-each test knows which wake-up ended the wait: never a timing claim.
+``FakeKafka`` stands in for librdkafka: its queue holds one event, and its ``poll``
+with a timeout (the waiting send's) blocks until the test lets it return, so each test
+knows what the send saw when: never a timing claim.
 """
 
 from __future__ import annotations
@@ -19,22 +22,24 @@ import signal
 import threading
 
 import pytest
-from confluent_kafka import Message
 
 from ratchet.samples import make_turn
 from services.gateway.errors import DeliveryError, ProducerClosed
+from tests.unit.producer_process import run_script
 from tests.unit.test_gateway_library_review import effect_of, gateway
 
 
 class Room:
     """A producer on a ``FakeKafka`` whose queue holds one event, and whose waiting
-    ``poll`` blocks until ``release`` (each entry counted, ``polling`` set on entry)."""
+    ``poll`` blocks until ``release`` (each entry counted and its timeout kept,
+    ``polling`` set on entry; ``on_poll`` run there first, if given)."""
 
     def __init__(self) -> None:
         self.producer, self.kafka = gateway()
         self.polling = threading.Event()
         self.release = threading.Event()
-        self.waiting_polls = 0
+        self.poll_timeouts: list[float] = []
+        self.on_poll = None
         plain_produce, plain_poll = self.kafka.produce, self.kafka.poll
 
         def produce_until_full(topic, value, key, on_delivery):
@@ -44,7 +49,9 @@ class Room:
 
         def poll(timeout=0):
             if timeout:
-                self.waiting_polls += 1
+                self.poll_timeouts.append(timeout)
+                if self.on_poll is not None:
+                    self.on_poll()
                 self.polling.set()
                 assert self.release.wait(30), "the test never let librdkafka's poll return"
             return plain_poll(0)
@@ -54,6 +61,10 @@ class Room:
         self.effect = effect_of(self.turn, "call_1")
         self.sent: list[BaseException | None] = []
         self.closed: list[BaseException | None] = []
+
+    @property
+    def waiting_polls(self) -> int:
+        return len(self.poll_timeouts)
 
     def send_turn(self) -> threading.Thread:
         """Thread: the effect is queued, the turn waits for room."""
@@ -87,70 +98,62 @@ def _started(target) -> threading.Thread:
     return thread
 
 
-def test_a_close_ends_a_send_waiting_for_reports_while_librdkafkas_poll_still_blocks():
-    """The send waits for room; the close of another thread must end it without any
-    poll returning (the one poll in progress is held until the send has ended). It
-    polled itself before session 48, so it saw the close only once its poll returned:
-    here never, until the test let it."""
+def test_a_close_ends_a_send_waiting_for_room_once_its_poll_of_at_most_0_1_s_returns():
+    """The send waits for room, polling; another thread's close begins during that poll
+    (and waits for the send). Once the poll returns (here: when the test lets it), the
+    send ends ``ProducerClosed`` without polling again, and the close goes on. Each
+    poll asked for at most 0.1 s: the bound on how long the close waits for it. (This
+    replaces session 48's "ended while the poll still blocks", the promise of the
+    report pump taken out.)"""
     room = Room()
     sender = room.send_turn()
     assert room.polling.wait(10)
     closer = room.close()
+    assert _set_within(room.producer._closing)
+    assert sender.is_alive() and closer.is_alive()  # the close waits for the send
+    room.release.set()
     sender.join(10)
-    try:
-        assert not sender.is_alive(), "the send saw the close only when its poll returned"
-        assert room.waiting_polls == 1 and not room.release.is_set()
-    finally:
-        room.release.set()  # the report pump's poll returns: the close releases the client
     closer.join(10)
-    assert not closer.is_alive()
+    assert not sender.is_alive() and not closer.is_alive()
+    assert room.poll_timeouts == [0.1]  # one poll, bounded: no other before the close
     room.assert_the_turn_was_refused_and_the_effect_purged()
 
 
-def test_a_close_between_the_queue_full_check_and_the_wait_is_not_missed():
-    """The close begins (marks the producer closing and notifies) after the send found
-    the queue full and checked for a close, before it waits: it must not wait (no report
-    would ever wake it here: the poll is held for good)."""
+def test_a_close_begun_as_the_send_starts_its_poll_is_not_missed():
+    """The close begins (marks the producer closing) after the send found the queue
+    full and checked for a close, as its poll starts: the send must not produce or
+    poll again once that poll returns."""
     room = Room()
-    producer = room.producer
-    plain_wait = producer._wait_for_room
     closers: list[threading.Thread] = []
 
-    def close_first(*args, **kwargs):
-        with producer._room:  # the close's notify waits for this lock: as late as it gets
-            closers.append(room.close())
-            assert _set_within(producer._closing)
-            return plain_wait(*args, **kwargs)
+    def close_first() -> None:
+        closers.append(room.close())
+        assert _set_within(room.producer._closing)
 
-    producer._wait_for_room = close_first
+    room.on_poll = close_first
+    room.release.set()  # polls return at once: only the close can end the send
     sender = room.send_turn()
     sender.join(10)
-    try:
-        assert not sender.is_alive(), "a close before the wait was missed"
-    finally:
-        room.release.set()
+    assert not sender.is_alive(), "a close as the poll started was missed"
     closers[0].join(10)
-    assert room.waiting_polls == 0  # never waited for a report
+    assert room.waiting_polls == 1
     room.assert_the_turn_was_refused_and_the_effect_purged()
 
 
 def test_a_report_and_a_close_together_end_the_send_as_closed():
-    """Room made (the queued effect's report served by another thread) and a close begun
-    before the waiting send wakes: the close wins, the turn is refused, not queued."""
+    """Room made (the queued effect's report served by the send's own poll) and a close
+    begun during that poll: the close wins, the turn is refused, not queued for the
+    close to purge."""
     room = Room()
     producer, kafka = room.producer, room.kafka
     sender = room.send_turn()
     assert room.polling.wait(10)
-    with producer._room:  # the send cannot wake until both happened
-        closer = room.close()
-        assert _set_within(producer._closing)
-        _, _, report = kafka.queued.pop(0)  # delivered: room for the turn
-        report(None, Message(topic="t", partition=0, offset=7))
+    closer = room.close()
+    assert _set_within(producer._closing)
+    kafka.deliver(0)  # delivered: its report comes with the poll, room for the turn
+    room.release.set()
     sender.join(10)
-    try:
-        assert not sender.is_alive()
-    finally:
-        room.release.set()
+    assert not sender.is_alive()
     closer.join(10)
     assert isinstance(room.sent[0], ProducerClosed), room.sent
     assert room.closed == [None]  # the effect was delivered, nothing purged
@@ -158,8 +161,8 @@ def test_a_report_and_a_close_together_end_the_send_as_closed():
 
 
 def test_a_report_served_while_a_send_waits_makes_room_for_it():
-    """The report pump's poll serves the queued effect's report: the send wakes and
-    queues the turn, and returns (no close)."""
+    """The send's poll serves the queued effect's report: the send queues the turn and
+    returns (no close)."""
     room = Room()
     kafka = room.kafka
     sender = room.send_turn()
@@ -179,9 +182,9 @@ def _set_within(event: threading.Event) -> bool:
 
 
 def test_ctrl_c_while_a_send_waits_for_room_leaves_a_producer_that_closes():
-    """SIGINT in the sending (main) thread while it waits on the condition: the send
-    raises ``KeyboardInterrupt``; the report pump ends once no send waits, and a later
-    ``close`` purges the effect queued before and raises it (nothing hangs)."""
+    """SIGINT in the sending (main) thread while it waits for room: the send raises
+    ``KeyboardInterrupt``; a later ``close`` purges the effect queued before and raises
+    it (nothing hangs)."""
     room = Room()
     main = threading.main_thread().ident
     assert threading.current_thread().ident == main  # signal handlers run there
@@ -201,4 +204,91 @@ def test_ctrl_c_while_a_send_waits_for_room_leaves_a_producer_that_closes():
         room.producer.close(timeout_s=0)
     assert [eid for eid, _ in raised.value.failures] == [room.effect.event_id]
     assert room.kafka.closed and len(room.kafka.produced) == 1
-    assert room.producer._pump is None and room.producer._waiting_for_reports == 0
+
+_HANDLERS_CLOSE_WHILE_ANOTHER_THREAD_WAITS_FOR_ROOM = '''
+import signal
+
+told = {}
+polled_elsewhere = threading.Event()  # a thread other than the main one polled
+
+
+class Client:
+    """The real client, its queue one event long; says when another thread polls."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def poll(self, timeout=0):
+        if threading.current_thread() is not threading.main_thread():
+            polled_elsewhere.set()
+        return self._real.poll(timeout)
+
+    def __len__(self):
+        return len(self._real)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def handler(signum, frame):
+    try:
+        producer.close(timeout_s=0)
+        told["close"] = "nothing"
+    except DeliveryError as exc:
+        told["close"] = [eid for eid, _ in exc.failures]
+
+
+producer = unreachable({"queue.buffering.max.messages": 1})
+producer._producer = Client(producer._producer)
+first, second = make_turn(), make_turn()
+sent = producer.send(first)  # the queue is full from now on
+
+
+def send_second():
+    try:
+        producer.send(second)
+        told["send"] = "queued"
+    except GatewayError as exc:
+        told["send"] = type(exc).__name__
+
+
+sender = threading.Thread(target=send_second, daemon=True)
+sender.start()
+signal.signal(signal.SIGUSR1, handler)
+plain_done = sent.done
+
+
+def done():
+    """The main thread's wait checks its delivery: once the sender waits for room (a
+    thread of its own polled), the signal lands here (where the wait holds its locks)."""
+    if polled_elsewhere.is_set() and "signalled" not in told:
+        told["signalled"] = True
+        signal.raise_signal(signal.SIGUSR1)  # the handler runs before this returns
+    return plain_done()
+
+
+sent.done = done
+try:
+    sent.wait(timeout_s=600)  # never its timeout: done once closed
+    told["wait"] = "written"
+except DeliveryError as exc:
+    told["wait"] = [eid for eid, _ in exc.failures]
+sender.join(30)
+for name in ("close", "wait", "send"):
+    print(name, told.get(name))
+print("first", first.event_id)
+'''
+
+
+def test_a_handlers_close_while_another_threads_send_waits_for_room_does_not_hang():
+    """Thread S's send waits for room in librdkafka's full queue (the real client, one
+    event long, broker unreachable); the main thread waits for its own ``Delivery``, and
+    SIGUSR1's handler closes the producer there. The close ends S's send
+    (``ProducerClosed``), purges the main thread's turn and raises it, and the wait
+    raises it too. With session 48's report pump the main thread held ``_room`` there,
+    S needed ``_room`` to let ``_sending`` go and the close waited for ``_sending``: a
+    deadlock (the outside review's item left; killed at the bound)."""
+    *told, first = run_script(_HANDLERS_CLOSE_WHILE_ANOTHER_THREAD_WAITS_FOR_ROOM,
+                              timeout_s=30)
+    event_id = first.removeprefix("first ")
+    assert told == [f"close {[event_id]}", f"wait {[event_id]}", "send ProducerClosed"]

@@ -37,6 +37,7 @@ import contextlib
 import signal
 import threading
 
+import pytest
 from confluent_kafka import KafkaError
 
 from ratchet.samples import make_turn
@@ -329,10 +330,11 @@ def test_a_signal_handlers_flush_inside_a_delivery_report_does_not_abort():
 def test_a_signal_handlers_close_while_a_turn_waits_for_room_names_what_was_queued():
     """librdkafka's queue full at the turn's second effect: the send waits for room, and
     a signal handler's close runs in its thread meanwhile (SIGUSR1 sent to it while the
-    producer's report pump polls; until session 48 the send polled itself and the
-    handler ran inside that ``poll``). The send's ``ProducerClosed`` names the effect
-    queued before it and asks for the whole turn again (it said "create a new one",
-    naming nothing: the caller could send the turn alone)."""
+    send polls: the handler runs inside that ``poll``, so the close refuses sends and
+    is finished as the poll returns, raising nothing there; the purged effect is told
+    by the thread's next flush). The send's ``ProducerClosed`` names the effect queued
+    before it and asks for the whole turn again (it said "create a new one", naming
+    nothing: the caller could send the turn alone)."""
     producer, kafka = gateway()
     turn = make_turn()
     effects = [effect_of(turn, "call_1"), effect_of(turn, "call_2")]
@@ -370,11 +372,14 @@ def test_a_signal_handlers_close_while_a_turn_waits_for_room_names_what_was_queu
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert threading.current_thread().ident == sender and signalled
-    assert closed == [[effects[0].event_id]]  # the handler's close purged the first
+    assert closed == []  # inside the poll: finished as it returned, raising nothing
     assert refused is not None
     assert kafka.closed and len(kafka.produced) == 1
     assert effects[0].event_id in str(refused), str(refused)  # queued, then purged
     assert "whole turn" in str(refused), str(refused)
+    with pytest.raises(DeliveryError) as purged:  # told to the thread's next flush
+        producer.flush(0)
+    assert [eid for eid, _ in purged.value.failures] == [effects[0].event_id]
 
 
 # 3. ------------------------------------------------------------------------------------
