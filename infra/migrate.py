@@ -430,17 +430,27 @@ def _release_lease(session, ks: str, owner: str) -> None:
                     (owner,), timeout=RELEASE_TIMEOUT_S)
 
 
-def _release(session, ks: str, owner: str, *, quietly: bool = False) -> None:
-    """``_release_lease`` on the way out. ``quietly`` (a failed take): the take's failure
-    is the one to raise, a release that does not reach Cassandra leaves the lease to its
-    TTL. A stop (Ctrl-C, SIGTERM) during the release is ``LeaseLeft``."""
+def _release(session, ks: str, owner: str) -> Exception | None:
+    """``_release_lease`` on the way out: None once released, else the driver's error,
+    the lease left to its TTL. After a failed run the run's failure is the one raised;
+    after a run that applied, the schema is up to date and the caller warns (session
+    48). A stop (Ctrl-C, SIGTERM) during the release is ``LeaseLeft``."""
     try:
         _release_lease(session, ks, owner)
-    except Exception:  # the driver's errors
-        if not quietly:
-            raise
+    except Exception as exc:  # the driver's errors
+        return exc
     except BaseException as stop:
         raise LeaseLeft(f"{ks}.schema_migrations_lease") from stop
+    return None
+
+
+def release_failed_warning(ks: str, exc: Exception) -> str:
+    """What a run that applied every migration says when its lease's release failed:
+    the schema is up to date, only the next migrate may wait (docs/operations.md)."""
+    return (f"warning: could not release the lease {ks}.schema_migrations_lease "
+            f"({type(exc).__name__}: {exc}); it stays held until its TTL ends (at most "
+            f"{LEASE_TTL_S} s): a `ratchet migrate` started sooner waits for it, "
+            "`ratchet migrate --status` shows it. Nothing else is affected")
 
 
 def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGRATIONS_DIR,
@@ -471,7 +481,7 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
             # Ctrl-C (or a lost answer) while the take was answered: Cassandra may have
             # applied it, and the lease stayed this run's for its TTL, the next migrate
             # waiting that long (an outside review, session 47). Ours or nobody's.
-            _release(session, ks, owner, quietly=True)
+            _release(session, ks, owner)
             raise
         try:
             with _LeaseKeeper(session, ks, owner, taken_at) as lease:
@@ -480,9 +490,14 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
             # The run's own failure (Ctrl-C included) is the one raised: a release that
             # failed too replaced it, and an interrupted run said "cannot reach
             # Cassandra", exit 1 (an outside review, session 48). Left to its TTL then.
-            _release(session, ks, owner, quietly=True)
+            _release(session, ks, owner)
             raise
-        _release(session, ks, owner)  # after a run that applied: its error says so
+        # After a run that applied: the schema is up to date whatever the release's
+        # fate. A release that failed was "cannot reach Cassandra", exit 1 (session 48's
+        # operator leftovers, left): a warning now, the lease left to its TTL.
+        failed = _release(session, ks, owner)
+        if failed is not None:
+            out(release_failed_warning(ks, failed))
         return applied
     finally:
         session.shutdown()

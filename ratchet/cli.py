@@ -146,12 +146,13 @@ def smoke(keep: bool) -> None:
 def worker() -> None:
     """Run the promotion processor (joins the consumer group; SIGTERM drains and exits)."""
     settings = _settings()  # a bad value stops here, before any import or connection
+    raise_on_sigterm()  # until Faust's own handlers: a stop while connecting
     try:
         from streams import worker as promotion_worker
 
         code = promotion_worker.cli_worker(settings)
-    except KeyboardInterrupt:  # once Faust runs, it stops the worker on Ctrl-C: exit 0
-        _exit_interrupted(_interrupted_start("worker", "nothing was processed"))
+    except (KeyboardInterrupt, Terminated) as stop:  # once Faust runs it drains: exit 0
+        _exit_interrupted(_interrupted_start("worker", "nothing was processed", stop))
     sys.exit(code)
 
 
@@ -159,12 +160,13 @@ def worker() -> None:
 def api() -> None:
     """Serve the rehydration HTTP API (RATCHET_API_HOST:RATCHET_API_PORT)."""
     settings = _settings()  # a bad value stops here, before any import or connection
+    raise_on_sigterm()  # until uvicorn's own handlers: a stop while connecting
     try:
         from services.api import server
 
         code = server.cli_api(settings)
-    except KeyboardInterrupt:  # once it serves, Ctrl-C stops it: exit 0
-        _exit_interrupted(_interrupted_start("api", "nothing was served"))
+    except (KeyboardInterrupt, Terminated) as stop:  # once it serves, it drains: exit 0
+        _exit_interrupted(_interrupted_start("api", "nothing was served", stop))
     sys.exit(code)
 
 
@@ -180,12 +182,15 @@ def _exit_interrupted(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _interrupted_start(command: str, so: str) -> int:
+def _interrupted_start(command: str, so: str, stop: BaseException) -> int:
     """Ctrl-C before a server command serves (importing, connecting: Cassandra slow or
     away) was click's "Aborted!" and exit 1, while Ctrl-C once it serves is exit 0
-    (session 47). What the command had opened is closed by then; one line, exit 0."""
-    print(f"ratchet {command}: interrupted while starting (Ctrl-C): stopped, {so}",
-          file=sys.stderr, flush=True)
+    (session 47); SIGTERM there was Python's default death, exit 143 and no line
+    (session 48). What the command had opened is closed by then; one line, exit 0, as
+    once it serves: a supervisor that stops a server asked for the stop it got."""
+    how = ("terminated while starting (SIGTERM)" if isinstance(stop, Terminated)
+           else "interrupted while starting (Ctrl-C)")
+    print(f"ratchet {command}: {how}: stopped, {so}", file=sys.stderr, flush=True)
     return 0
 
 

@@ -18,7 +18,6 @@ import json
 import multiprocessing
 import os
 import random
-import re
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from ratchet.chaos import crosstenant, damage, timed
+from ratchet.chaos import crosstenant, damage, run_topics, timed
 from ratchet.chaos import report as reporting
 from ratchet.chaos.checker import check, sends_per_response
 from ratchet.chaos.faults import PROFILES, Cluster, FaultInjector
@@ -146,18 +145,35 @@ def run(base: Settings, cfg: ChaosConfig) -> dict[str, Any]:
         say(_drop_keyspace(settings) or f"dropped keyspace {settings.keyspace} (if made)")
         raise ChaosSetupFailed(lines[-1])
     cluster = Cluster(settings, env, out, cfg.workers)
+    # The topics the run deletes at its end: those it made (session 48; it deleted every
+    # topic named ``chaos-<tag>...``).
+    made: list[str] = []
     try:
+        _make_topics(settings, f"chaos-{tag}", made)
         _start(settings, cluster, out)
     except BaseException:
         cluster.stop()
-        _cleanup(settings, f"chaos-{tag}", say)
+        _cleanup(settings, made, f"chaos-{tag}", say)
         raise
     try:
         return _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, say)
     finally:
         cluster.stop()
         _heal_servers(settings, say)
-        _cleanup(settings, f"chaos-{tag}", say)
+        _cleanup(settings, made, f"chaos-{tag}", say)
+
+
+def _make_topics(settings: Settings, group: str, made: list[str]) -> None:
+    """``run_topics.make``; a refusal or a Kafka that cannot be reached is
+    ``ChaosSetupFailed`` (the keyspace and the topics made so far are removed)."""
+    from ratchet.startup import explain
+
+    try:
+        run_topics.make(settings, group, made)
+    except run_topics.TopicsNotMade as exc:
+        raise ChaosSetupFailed(str(exc)) from exc
+    except Exception as exc:
+        raise ChaosSetupFailed(explain(exc, settings) or _short(exc)) from exc
 
 
 def _start(settings: Settings, cluster: Cluster, out: Path) -> None:
@@ -523,22 +539,26 @@ def _heal_servers(settings: Settings, say) -> None:
         launcher.up(settings, bad, out=lambda m: say(f"infra: {m}"))
 
 
-def _cleanup(settings: Settings, topic_prefix: str, say) -> None:
-    """Drop the run's topics (with Faust's internal ones) and keyspace: a broker loads every
-    partition at start, so leftovers of many runs slow every later start. What cannot
-    be dropped is named with how to remove it (it said "cleanup incomplete" and the
-    exception); a failure never hides the verdict."""
+def _cleanup(settings: Settings, made: list[str], topic_prefix: str, say) -> None:
+    """Delete the topics the run made (``run_topics``) and drop its keyspace: a broker
+    loads every partition at start, so leftovers of many runs slow every later start.
+    What cannot be deleted is named with the command that deletes it, and so are the
+    topics named ``<topic_prefix>...`` the run did not make (left alone: it deleted them
+    too before session 48); a failure never hides the verdict."""
     try:
-        admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap, "log_level": 0})
-        names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(topic_prefix)]
-        for fut in admin.delete_topics(names, operation_timeout=30).values() if names else ():
-            fut.result(timeout=60)
-        dropped = [f"{len(names)} topics"]
+        failed, others = run_topics.delete(settings, made, topic_prefix)
     except Exception as exc:
-        dropped = []
-        say(f"cleanup: topics {topic_prefix}* may be left ({_short(exc)}): remove them with "
-            f"`kafka-topics.sh --bootstrap-server {settings.kafka_bootstrap} --delete "
-            f"--topic '{re.escape(topic_prefix)}.*'` once Kafka answers")
+        failed, others = list(made), []
+        if made:
+            say(f"cleanup: topics {', '.join(made)} may be left ({_short(exc)}): remove each "
+                f"with {run_topics.delete_command(settings, '<name>')} once Kafka answers")
+    else:
+        for line in failed:
+            say(f"cleanup: could not delete topic {line}")
+        if others:
+            say(f"cleanup: left topic(s) {', '.join(others)}: named {topic_prefix}... but "
+                "not made by this run")
+    dropped = [f"{len(made) - len(failed)} topics"] if made else []
     left = _drop_keyspace(settings)
     if left:
         say(left)

@@ -23,6 +23,7 @@ from infra.migrate import check_schema
 from ratchet import early_log, speedups
 from ratchet.settings import Settings
 from ratchet.startup import explain
+from ratchet.stops import Terminated
 from schemas.avro import EventSerde, registry_client
 from services.api import logs
 from services.api.answer_budget import AnswerBudget
@@ -145,8 +146,9 @@ def cli_api(settings: Settings) -> int:
         return 1
     try:
         return _serve(settings, process, held)
-    except KeyboardInterrupt:
-        # Ctrl-C before the handlers below are installed (``ratchet api`` says so).
+    except (KeyboardInterrupt, Terminated):
+        # Ctrl-C or SIGTERM before the handlers below are installed (``ratchet api``
+        # says so).
         process.close()
         raise
 

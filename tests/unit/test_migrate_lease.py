@@ -394,12 +394,18 @@ def test_a_failed_release_never_hides_why_the_run_stopped(short_lease, settings,
     assert cassandra.recorded == {}
 
 
-def test_a_release_that_fails_after_a_run_that_applied_is_still_raised(short_lease,
-                                                                      settings, tmp_path):
-    """A run that applied everything and could not release its lease says so (the next
-    migrate waits up to its TTL): the release's error is not swallowed there."""
+def test_a_release_that_fails_after_a_run_that_applied_is_a_warning(short_lease, settings,
+                                                                     tmp_path):
+    """A run that applied everything and could not release its lease raised the
+    release's error, and ``ratchet migrate`` said "cannot reach Cassandra", exit 1,
+    although the schema was up to date (session 48's operator leftovers, left). It
+    returns what it applied and warns: the lease stays held until its TTL ends."""
     cassandra = ReleaseFails()
     _slow_migration(tmp_path)
-    with pytest.raises(TimeoutError, match="release timed out"):
-        apply_migrations(cassandra, settings, tmp_path)
-    assert list(cassandra.recorded) == [1]
+    said: list[str] = []
+    applied = apply_migrations(cassandra, settings, tmp_path, out=said.append)
+    assert [m.version for m in applied] == [1] and list(cassandra.recorded) == [1]
+    (warning,) = [line for line in said if line.startswith("warning: ")]
+    assert (f"could not release the lease {KS}.schema_migrations_lease (TimeoutError: the "
+            f"release timed out (Cassandra away)); it stays held until its TTL ends (at most "
+            f"{migrate.LEASE_TTL_S} s)") in warning, warning

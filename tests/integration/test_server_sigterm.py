@@ -1,0 +1,167 @@
+"""SIGTERM once ``ratchet worker`` and ``ratchet api`` run: the graceful stops that
+docs/operations.md promises, as real processes on the real servers (a keyspace, topic
+prefix, consumer group, home and ports of the test's own).
+
+- The worker: what it processed is committed and it leaves its consumer group (the
+  group is empty at its exit, not after its 10 s session timeout), exit 0.
+- The API: it stops accepting at once and finishes the request in flight (a
+  ``wait_ms`` read waiting for a decision), then exit 0.
+
+SIGTERM before they run is in ``tests/unit/test_server_sigterm_starting.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from infra.migrate import apply_migrations
+from streams.testing import ROOT, free_port
+from streams.topics import delete_topics_with_prefix, topic_names
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def own(settings, cassandra_cluster, cassandra_session, unique_name, tmp_path):
+    """Settings of the test's own: a migrated keyspace, a topic prefix, a home."""
+    tag = uuid.uuid4().hex[:8]
+    s = dataclasses.replace(settings, keyspace=unique_name("sigterm"),
+                            topic_prefix=f"sigterm-{tag}.", home=tmp_path / "home")
+    apply_migrations(cassandra_cluster, s)
+    yield s
+    cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
+    delete_topics_with_prefix(s.kafka_bootstrap, [s.topic_prefix, f"sigterm-{tag}-"])
+
+
+def _start(command: str, s, log, **env) -> subprocess.Popen:
+    full = {**os.environ, **s.to_env(), "PYTHONPATH": str(ROOT), **env}
+    return subprocess.Popen([sys.executable, "-m", "ratchet.cli", command], env=full, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=log)
+
+
+def _read(bootstrap: str, topic: str, n: int, timeout_s: float = 120) -> int:
+    """How many records of ``topic`` were read, waiting for ``n`` at most ``timeout_s``."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4()}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    seen, deadline = 0, time.monotonic() + timeout_s
+    try:
+        while seen < n and time.monotonic() < deadline:
+            msg = consumer.poll(1)
+            if msg is not None and msg.error() is None:
+                seen += 1
+    finally:
+        consumer.close()
+    return seen
+
+
+def test_sigterm_on_a_running_worker_commits_and_leaves_its_group(own, tmp_path):
+    group = f"sigterm-{own.topic_prefix.split('-')[1].rstrip('.')}-group"
+    topics = topic_names(own)
+    log = (tmp_path / "worker.log").open("w")
+    proc = _start("worker", own, log, RATCHET_CONSUMER_GROUP=group,
+                  RATCHET_WORKER_METRICS_PORT="0", RATCHET_LOG_LEVEL="INFO")
+    try:
+        admin = AdminClient({"bootstrap.servers": own.kafka_bootstrap})
+        deadline = time.monotonic() + 120
+        while topics.gateway_events not in admin.list_topics(timeout=10).topics:
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "worker.log").read_text()[-3000:]
+            time.sleep(0.2)
+        # Records it cannot decode: each is dead-lettered, then acked and committed.
+        producer = Producer({"bootstrap.servers": own.kafka_bootstrap})
+        for n in range(own.partitions * 2):
+            producer.produce(topics.gateway_events, key=f"k{n}".encode(), value=b"\x00not avro",
+                             partition=n % own.partitions)
+        assert producer.flush(30) == 0
+        sent = own.partitions * 2
+        assert _read(own.kafka_bootstrap, topics.dead_letters, sent) == sent, \
+            (tmp_path / "worker.log").read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    # Left its group: no member waits out a session timeout.
+    (future,) = admin.describe_consumer_groups([group]).values()
+    described = future.result(timeout=30)
+    assert described.members == [], described.members
+    # Committed what it processed: every partition's committed offset is its end.
+    reader = Consumer({"bootstrap.servers": own.kafka_bootstrap, "group.id": group,
+                       "enable.auto.commit": False})
+    try:
+        parts = [TopicPartition(topics.gateway_events, p) for p in range(own.partitions)]
+        committed = {tp.partition: tp.offset for tp in reader.committed(parts, timeout=30)}
+        ends = {p: reader.get_watermark_offsets(TopicPartition(topics.gateway_events, p),
+                                                timeout=30)[1] for p in range(own.partitions)}
+    finally:
+        reader.close()
+    assert committed == ends, (committed, ends)
+
+
+def test_sigterm_on_a_serving_api_stops_accepting_and_finishes_what_is_in_flight(own,
+                                                                                  tmp_path):
+    port = free_port()
+    log = (tmp_path / "api.log").open("w")
+    proc = _start("api", own, log, RATCHET_API_PORT=str(port))
+    base = f"http://127.0.0.1:{port}"
+    answer: dict = {}
+
+    def wait_for_a_decision() -> None:  # nothing will decide it: it waits its 6 s
+        answer["response"] = httpx.get(
+            f"{base}/v1/responses/resp-undecided/history",
+            params={"tenant_id": "t1", "fingerprint_hash": "a" * 64, "wait_ms": 6000},
+            timeout=30)
+
+    waiter = threading.Thread(target=wait_for_a_decision)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "api.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        waiter.start()
+        # In flight: the API counts the wait's first look (nothing decided).
+        while 'ratchet_api_wait_first_looks_total{result="undecided"} 1.0' not in \
+                httpx.get(f"{base}/metrics", timeout=5).text:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        refused = False
+        while not refused and waiter.is_alive():
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except ConnectionRefusedError:
+                refused = True
+        assert refused and waiter.is_alive(), "a new connection refused while one waits"
+        waiter.join(timeout=30)
+        assert proc.wait(timeout=30) == 0, (tmp_path / "api.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    response = answer["response"]
+    # Its answer, whole: the wait ran to its deadline after the SIGTERM.
+    assert response.status_code == 409, response.text
+    body = response.json()
+    assert (body["reason"], body["detail"]) == ("NOT_PROMOTED", "no decision within 6000 ms")

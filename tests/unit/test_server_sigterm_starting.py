@@ -1,0 +1,59 @@
+"""SIGTERM while ``ratchet api`` or ``ratchet worker`` still connects (session 48).
+
+It was Python's default death: exit 143, no line, nothing closed; Ctrl-C there was
+one line and exit 0 (session 47). How a supervisor stops a pod that is still starting
+(Cassandra slow or away: a rollout, a drain). No server is needed: "still connecting"
+is a socket that accepts and never answers. The stops once they serve are in
+``tests/integration/test_server_sigterm.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from ratchet.settings import Settings
+from streams.testing import ROOT, free_port
+
+
+@pytest.fixture
+def away(tmp_path):
+    """Settings whose Kafka and registry are ports where nothing listens."""
+    return dataclasses.replace(
+        Settings.from_env({}), home=tmp_path, kafka_bootstrap=f"127.0.0.1:{free_port()}",
+        schema_registry_url=f"http://127.0.0.1:{free_port()}/apis/ccompat/v7")
+
+
+@pytest.mark.parametrize("command,so", [("api", "nothing was served"),
+                                        ("worker", "nothing was processed")])
+def test_sigterm_while_a_server_command_connects_exits_0_in_one_line(away, command, so):
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    env = {**os.environ, **away.to_env(), "PYTHONPATH": str(ROOT),
+           "RATCHET_CASSANDRA_PORT": str(silent.getsockname()[1]),
+           "RATCHET_API_PORT": str(free_port()), "RATCHET_WORKER_METRICS_PORT": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "ratchet.cli", command], env=env,
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    connection = None
+    try:
+        silent.settimeout(60)
+        connection, _ = silent.accept()  # the driver is connecting now
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        silent.close()
+        if connection is not None:
+            connection.close()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert proc.returncode == 0, (proc.returncode, lines)
+    assert lines == [f"ratchet {command}: terminated while starting (SIGTERM): stopped, "
+                     f"{so}"], lines
