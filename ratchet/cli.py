@@ -137,9 +137,21 @@ def smoke(keep: bool) -> None:
     """Round trip: Avro via the registry -> Kafka -> consume -> Cassandra LWT -> read back,
     then remove what it made (names of its own, never reused)."""
     settings = _settings()  # a bad value stops here, before any import or connection
-    from infra import smoke as smoke_test
+    raise_on_sigterm()
+    try:
+        from infra import smoke as smoke_test
 
-    sys.exit(smoke_test.cli_smoke(settings, keep=keep))
+        code = smoke_test.cli_smoke(settings, keep=keep)
+    except (KeyboardInterrupt, Terminated) as stop:
+        # What it made was removed (or named) on the way out. Ctrl-C was click's
+        # "Aborted!" (exit 1), SIGTERM (a CI job cancelled) Python's death, neither
+        # removing anything (session 48's review). Further stops are ignored from here.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        how, code = _STOPS[type(stop)]
+        print(f"ratchet smoke: {how}: stopped", file=sys.stderr, flush=True)
+        _exit_interrupted(code)
+    sys.exit(code)
 
 
 @main.command()
