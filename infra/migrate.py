@@ -46,6 +46,9 @@ RENEW_EVERY_S = 30.0
 # How long the lease's release may take (an LWT): a Job's grace period after SIGTERM
 # must outlast it (deploy/k8s/migrate-job.yaml) or the kill leaves the lease to its TTL.
 RELEASE_TIMEOUT_S = 30
+# How long a renewal may take: a stop waits for one in flight before the release, so the
+# grace period must outlast both.
+RENEW_TIMEOUT_S = 30
 
 
 class MigrationError(RuntimeError):
@@ -355,7 +358,7 @@ def _renew_lease(session, ks: str, owner: str) -> str | None:
     rs = session.execute(
         f"UPDATE {ks}.schema_migrations_lease USING TTL {LEASE_TTL_S} SET owner = %s, "
         f"ttl_s = {LEASE_TTL_S}, renew_every_s = {float(RENEW_EVERY_S)!r} "
-        "WHERE id = 'migrate' IF owner = %s", (owner, owner), timeout=30)
+        "WHERE id = 'migrate' IF owner = %s", (owner, owner), timeout=RENEW_TIMEOUT_S)
     if rs.was_applied:
         return None
     holder = rs.one().owner if "owner" in rs.column_names else None
