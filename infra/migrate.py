@@ -46,6 +46,9 @@ RENEW_EVERY_S = 30.0
 # How long the lease's release may take (an LWT): a Job's grace period after SIGTERM
 # must outlast it (deploy/k8s/migrate-job.yaml) or the kill leaves the lease to its TTL.
 RELEASE_TIMEOUT_S = 30
+# How long a renewal may take: a stop waits for one in flight before the release, so the
+# grace period must outlast both.
+RENEW_TIMEOUT_S = 30
 
 
 class MigrationError(RuntimeError):
@@ -355,7 +358,7 @@ def _renew_lease(session, ks: str, owner: str) -> str | None:
     rs = session.execute(
         f"UPDATE {ks}.schema_migrations_lease USING TTL {LEASE_TTL_S} SET owner = %s, "
         f"ttl_s = {LEASE_TTL_S}, renew_every_s = {float(RENEW_EVERY_S)!r} "
-        "WHERE id = 'migrate' IF owner = %s", (owner, owner), timeout=30)
+        "WHERE id = 'migrate' IF owner = %s", (owner, owner), timeout=RENEW_TIMEOUT_S)
     if rs.was_applied:
         return None
     holder = rs.one().owner if "owner" in rs.column_names else None
@@ -430,17 +433,21 @@ def _release_lease(session, ks: str, owner: str) -> None:
                     (owner,), timeout=RELEASE_TIMEOUT_S)
 
 
-def _release(session, ks: str, owner: str) -> Exception | None:
+def _release(session, ks: str, owner: str, *,
+             after: BaseException | None = None) -> Exception | None:
     """``_release_lease`` on the way out: None once released, else the driver's error,
-    the lease left to its TTL. After a failed run the run's failure is the one raised;
-    after a run that applied, the schema is up to date and the caller warns (session
-    48). A stop (Ctrl-C, SIGTERM) during the release is ``LeaseLeft``."""
+    the lease left to its TTL. After a failed take or run (``after``) that failure is the
+    one raised; after a run that applied, the schema is up to date and the caller warns
+    (session 48). A stop (Ctrl-C, SIGTERM) during the release is ``LeaseLeft``, carrying
+    the failure it came after: a stop here replaced it, and a run that failed (a checksum
+    mismatch, Cassandra timing out) said only that it was stopped (session 48's review)."""
     try:
         _release_lease(session, ks, owner)
     except Exception as exc:  # the driver's errors
         return exc
     except BaseException as stop:
-        raise LeaseLeft(f"{ks}.schema_migrations_lease") from stop
+        failure = after if isinstance(after, Exception) else None
+        raise LeaseLeft(f"{ks}.schema_migrations_lease", failure) from stop
     return None
 
 
@@ -477,20 +484,20 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
                 out(f"warning: {warning}")
         try:
             taken_at = _acquire_lease(session, ks, owner, wait_s=lease_wait_s, out=out)
-        except BaseException:
+        except BaseException as failure:
             # Ctrl-C (or a lost answer) while the take was answered: Cassandra may have
             # applied it, and the lease stayed this run's for its TTL, the next migrate
             # waiting that long (an outside review, session 47). Ours or nobody's.
-            _release(session, ks, owner)
+            _release(session, ks, owner, after=failure)
             raise
         try:
             with _LeaseKeeper(session, ks, owner, taken_at) as lease:
                 applied = _apply(session, settings, migrations, folder, lease, out)
-        except BaseException:
+        except BaseException as failure:
             # The run's own failure (Ctrl-C included) is the one raised: a release that
             # failed too replaced it, and an interrupted run said "cannot reach
             # Cassandra", exit 1 (an outside review, session 48). Left to its TTL then.
-            _release(session, ks, owner)
+            _release(session, ks, owner, after=failure)
             raise
         # After a run that applied: the schema is up to date whatever the release's
         # fate. A release that failed was "cannot reach Cassandra", exit 1 (session 48's
@@ -837,24 +844,39 @@ def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bo
         print(f"ratchet migrate: cannot reach Cassandra at {hosts}: no host name resolves; "
               f"check RATCHET_CASSANDRA_HOSTS", file=sys.stderr, flush=True)
         return 1
+    def failed(exc: Exception) -> str | None:
+        """The line of a failure of the run, None for one it does not expect."""
+        if isinstance(exc, MigrationError):
+            return f"ratchet migrate failed: {exc}"
+        if isinstance(exc, ErrorMessage | RequestValidationException):
+            # Cassandra answered and refused: the statement, the keyspace (a system one)
+            # or the credentials, never "cannot reach" (an outside review, session 26).
+            return (f"ratchet migrate failed: Cassandra at {hosts} refused a statement: "
+                    f"{exc} (RATCHET_KEYSPACE={settings.keyspace!r}, RATCHET_REPLICATION="
+                    f"{settings.replication!r}?)")
+        if isinstance(exc, NoHostAvailable | RequestExecutionException | DriverException
+                      | OSError):
+            return (f"ratchet migrate: cannot reach Cassandra at {hosts} ({exc}); check "
+                    f"RATCHET_CASSANDRA_HOSTS and RATCHET_CASSANDRA_PORT (on this machine: "
+                    f"is `ratchet infra up` running?)")
+        return None
+
     try:
         if status:
             return migration_status(cluster, settings, folder, out=print)
         applied = apply_migrations(cluster, settings, folder, out=print, lease_wait_s=wait_s)
-    except MigrationError as exc:
-        print(f"ratchet migrate failed: {exc}", file=sys.stderr, flush=True)
-        return 1
-    except (ErrorMessage, RequestValidationException) as exc:
-        # Cassandra answered and refused: the statement, the keyspace (a system one) or
-        # the credentials, never "cannot reach" (an outside review, session 26).
-        print(f"ratchet migrate failed: Cassandra at {hosts} refused a statement: {exc} "
-              f"(RATCHET_KEYSPACE={settings.keyspace!r}, RATCHET_REPLICATION="
-              f"{settings.replication!r}?)", file=sys.stderr, flush=True)
-        return 1
-    except (NoHostAvailable, RequestExecutionException, DriverException, OSError) as exc:
-        print(f"ratchet migrate: cannot reach Cassandra at {hosts} ({exc}); check "
-              f"RATCHET_CASSANDRA_HOSTS and RATCHET_CASSANDRA_PORT (on this machine: is "
-              f"`ratchet infra up` running?)", file=sys.stderr, flush=True)
+    except LeaseLeft as left:
+        # Stopped while releasing the lease after the run failed: the failure first,
+        # then the stop's line (the CLI's).
+        said = None if left.failure is None else failed(left.failure)
+        if said is not None:
+            print(said, file=sys.stderr, flush=True)
+        raise
+    except Exception as exc:
+        said = failed(exc)
+        if said is None:
+            raise
+        print(said, file=sys.stderr, flush=True)
         return 1
     finally:
         cluster.shutdown()

@@ -85,10 +85,21 @@ def migrate(status: bool, wait_s: float | None) -> None:
 
         code = migrations.cli_migrate(settings, status=status, wait_s=wait_s)
     except (KeyboardInterrupt, Terminated) as stop:
-        _exit_interrupted(_interrupted_migrate(status, stop))
+        left = _lease_left_before(stop)
+        _exit_interrupted(_interrupted_migrate(status, stop, lease_left=left and left.lease))
     except LeaseLeft as left:
         _exit_interrupted(_interrupted_migrate(status, left.__cause__, lease_left=left.lease))
     sys.exit(code)
+
+
+def _lease_left_before(stop: BaseException) -> LeaseLeft | None:
+    """The ``LeaseLeft`` a later stop replaced (Ctrl-C pressed on while the session and
+    the cluster closed after the release was stopped), else None: what it says still
+    holds, and the line said nothing of the lease (session 48's review)."""
+    seen = stop.__context__
+    while seen is not None and not isinstance(seen, LeaseLeft):
+        seen = seen.__context__
+    return seen
 
 
 # A stop's line names it and ends with its code: 128 + the signal, a shell's code for a
@@ -137,9 +148,21 @@ def smoke(keep: bool) -> None:
     """Round trip: Avro via the registry -> Kafka -> consume -> Cassandra LWT -> read back,
     then remove what it made (names of its own, never reused)."""
     settings = _settings()  # a bad value stops here, before any import or connection
-    from infra import smoke as smoke_test
+    raise_on_sigterm()
+    try:
+        from infra import smoke as smoke_test
 
-    sys.exit(smoke_test.cli_smoke(settings, keep=keep))
+        code = smoke_test.cli_smoke(settings, keep=keep)
+    except (KeyboardInterrupt, Terminated) as stop:
+        # What it made was removed (or named) on the way out. Ctrl-C was click's
+        # "Aborted!" (exit 1), SIGTERM (a CI job cancelled) Python's death, neither
+        # removing anything (session 48's review). Further stops are ignored from here.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        how, code = _STOPS[type(stop)]
+        print(f"ratchet smoke: {how}: stopped", file=sys.stderr, flush=True)
+        _exit_interrupted(code)
+    sys.exit(code)
 
 
 @main.command()

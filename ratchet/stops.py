@@ -31,8 +31,11 @@ class LeaseLeft(BaseException):
     while it released its migration lease: whether the ``DELETE`` reached Cassandra is
     unknown, so the lease may stay held until its TTL ends, a migrate started sooner
     waiting for it. The stop came out as it was, and the CLI's line said nothing of the
-    lease (session 47's review, left; session 48)."""
+    lease (session 47's review, left; session 48). ``failure``: the run's own failure the
+    release came after (None: it came after a success or a stop), said before the stop's
+    line (session 48's review)."""
 
-    def __init__(self, lease: str) -> None:
+    def __init__(self, lease: str, failure: Exception | None = None) -> None:
         super().__init__(lease)
         self.lease = lease
+        self.failure = failure

@@ -238,16 +238,18 @@ class StoreAnswers:
         """The rejection of a turn (valid on its own) whose lineage is stored but cannot
         be read: its pairing cannot be checked, and the history it would end could never
         be served. As the store would answer, a retry of a request promoted under
-        another response id first (``DUPLICATE`` / ``IDEMPOTENCY_KEY_REUSED``), then
-        ordering: a Conversation turn that does not expect the current head is
-        ``CONFLICT`` / ``OUT_OF_ORDER``. Then the read's
+        another response id first (``DUPLICATE`` / ``IDEMPOTENCY_KEY_REUSED``), and the
+        response id bound in the partition (``CONFLICT`` naming it: ``_before_ordering``;
+        it was the read's ``CORRUPT`` at the head, ``CONFLICT`` off it: session 48's
+        review), then ordering: a Conversation turn that does not expect the current
+        head is ``CONFLICT`` / ``OUT_OF_ORDER``. Then the read's
         reason: an item type or format this version does not know (e.g. written by a
         newer one) is ``UNKNOWN_ITEM_TYPE`` / ``UNSUPPORTED_FORMAT``, damaged or missing
         rows ``CORRUPT``. The read's detail goes to the log only (it may quote stored
         data)."""
-        retry = self._retry_of_promoted_request(turn)
-        if retry is not None:
-            return retry
+        first = self._before_ordering(turn)
+        if first is not None:
+            return first
         expected = turn.expected_head_seq
         seq = self.lineages.readable_head_seq(turn)
         if expected is not None and seq is not None and expected != seq:

@@ -39,10 +39,23 @@ def stopped_while_releasing(session, ks, owner):  # the DELETE sent, then the si
     os.kill(os.getpid(), signal.SIG{signal})
     sent.result()
 
+def failing(*_args, **_kwargs):  # the run fails while it holds the lease
+    raise m.MigrationError("a stand-in failure of the run")
+
 if "{where}" == "applying":
     m._apply = holding
 else:
     m._release_lease = stopped_while_releasing
+if "{where}" == "failed, releasing":
+    m._apply = failing
+if "{where}" == "releasing, then shutting down":  # a third stop, as the session closes
+    from cassandra.cluster import Session
+    closing = Session.shutdown
+    def stopped_while_closing(self):
+        Session.shutdown = closing
+        os.kill(os.getpid(), signal.SIG{signal})
+        closing(self)
+    Session.shutdown = stopped_while_closing
 from ratchet.cli import main
 main(["migrate"])
 """
@@ -130,3 +143,32 @@ def test_a_stop_during_the_release_says_the_lease_may_stay_held(own, sig, how, c
     assert len(lines) == 1 and lines[0].startswith(f"ratchet migrate: {how}: stopped; "), lines
     assert (f"stopped while releasing its lease {own.keyspace}.schema_migrations_lease, "
             "which may stay held until its TTL ends (at most 120 s)") in lines[0], lines
+
+
+def test_a_stop_while_releasing_after_a_failed_run_still_says_the_failure(own):
+    """A run that failed (a checksum mismatch, a lost lease, Cassandra timing out), then a
+    stop while its lease was released (a Job's deadline, Ctrl-C): the failure was said
+    nowhere, only the stop's line (session 48's review). The run's failure is the one the
+    operator must act on; the stop's line follows it."""
+    script = _HELD.format(signal="TERM", where="failed, releasing")
+    done = subprocess.run([sys.executable, "-c", script], env=_env(own), cwd=ROOT,
+                          capture_output=True, text=True, timeout=180)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert len(lines) == 2, lines
+    assert lines[0] == "ratchet migrate failed: a stand-in failure of the run", lines
+    assert lines[1].startswith("ratchet migrate: terminated (SIGTERM): stopped; "), lines
+    assert "stopped while releasing its lease" in lines[1], lines
+
+
+def test_a_stop_after_the_release_was_stopped_keeps_the_lease_note(own):
+    """Ctrl-C pressed on: the release stopped (``LeaseLeft``), then another stop as the
+    session closed replaced it, and the line no longer said the lease may stay held
+    (session 48's review)."""
+    script = _HELD.format(signal="INT", where="releasing, then shutting down")
+    done = subprocess.run([sys.executable, "-c", script], env=_env(own), cwd=ROOT,
+                          capture_output=True, text=True, timeout=180)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("ratchet migrate: interrupted (Ctrl-C): "), lines
+    assert "stopped while releasing its lease" in lines[0], lines

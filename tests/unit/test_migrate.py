@@ -162,9 +162,12 @@ def test_a_run_waiting_for_a_killed_migrators_lease_says_so_then_applies(
     s = dataclasses.replace(settings, keyspace=unique_name("mig"))
     try:
         apply_migrations(cassandra_session, s, tmp_path)  # keyspace and lease table
-        cassandra_session.execute(  # the killed migrator's lease (a short TTL here)
+        # The killed migrator's lease, a short TTL here, but longer than the run's own
+        # start (connect, keyspace, replication checks): with 2 s a loaded machine (load
+        # 13 on 2 cores) let it expire first and the run never waited (session 48's review).
+        cassandra_session.execute(
             f"INSERT INTO {s.keyspace}.schema_migrations_lease (id, owner) "
-            "VALUES ('migrate', 'killed-one') USING TTL 2")
+            "VALUES ('migrate', 'killed-one') USING TTL 10")
         (tmp_path / "001_core.cql").write_text("CREATE TABLE IF NOT EXISTS t (k int PRIMARY KEY);")
         said: list[str] = []
         assert [m.version for m in apply_migrations(cassandra_session, s, tmp_path,

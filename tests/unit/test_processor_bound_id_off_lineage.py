@@ -83,3 +83,32 @@ def test_an_unpaired_conversation_turn_off_its_head_is_still_out_of_order():
     ahead = turn(conv, 2, items=self_unpaired())
     out = h.processor._decider._decide(ahead, NO_FACTS, None, at_head_one, facts_read=True)
     assert (out.reason, out.head_seq) == (RejectionReason.OUT_OF_ORDER, 1)
+
+
+@pytest.mark.parametrize("chain", [False, True], ids=["conversation", "chain"])
+def test_a_turn_on_an_unreadable_lineage_with_a_bound_id_is_conflict_naming_it(chain):
+    """A turn at the head (or on the chain parent) whose lineage cannot be read, under a
+    response id another request promoted in its partition: the write answers the bound
+    id (``ResponseExists``) before ordering, so ``CONFLICT`` naming it, as the same turn
+    off its head gets (section 7: "whatever the expected head"). It was ``CORRUPT``:
+    ``on_unreadable_lineage`` asked only the retry, not ``_before_ordering`` (session
+    48's review)."""
+    from tests.unit.test_processor_identity import TENANT, _damage_first_item
+
+    h = Harness()
+    if chain:
+        root = chain_turn(None, None)
+        assert h.outcome(root).seq == 1
+        _damage_first_item(h.store, TENANT, root.response_id, root.response_id)
+        bound = root.response_id
+        sent = chain_turn(root.response_id, root.response_id, response_id=bound)
+    else:
+        conv = conv_id()
+        first = turn(conv, 0)
+        assert h.outcome(first).seq == 1
+        _damage_first_item(h.store, TENANT, conv, first.response_id)
+        bound = first.response_id
+        sent = turn(conv, 1, response_id=bound)
+    h.rewire(tails=TailCache(capacity=0))  # a worker that reads the lineage
+    out = h.outcome(sent)
+    assert (out.reason, out.existing_response_id) == (RejectionReason.CONFLICT, bound), out
