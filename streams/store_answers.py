@@ -23,11 +23,13 @@ from ratchet.domain.plan import (
     Conflict,
     Duplicate,
     KeyReused,
+    LineageChanged,
     ParentMissing,
+    Plan,
     ResponseClaim,
     ResponseExists,
 )
-from ratchet.domain.promotion import Facts, Reject
+from ratchet.domain.promotion import Facts, JudgeOnly, Reject, Verdict
 from ratchet.domain.validation import EMPTY_PAIRING, PairingState, pairing_state_of
 from schemas.keys import partition_key
 from schemas.models import RejectionReason, TurnCompleted
@@ -58,58 +60,42 @@ class StoreAnswers:
         self.clock_ms = clock_ms
 
     def out_of_lineage(self, turn: TurnCompleted, lineage: Lineage,
-                        known: Facts) -> Reject | None:
-        """``_write_answer_out_of_lineage``, after every rule but pairing: a turn that
-        does not extend the lineage it was paired against is not judged by that
-        pairing, but its other checks stand, in their order (its boundary proof, its
-        effects: docs/gateway-protocol.md, section 7), as off the head."""
-        answer = self._write_answer_out_of_lineage(turn, lineage)
-        if answer is None:
+                       known: Facts) -> Verdict | LineageChanged | None:
+        """The write's answer to a turn whose pairing failed against a lineage it does
+        not extend (a Conversation head it does not expect, a chain parent that is not
+        there), or None when it does extend it (its own pairing failed: that stands).
+        Such a turn is not judged by a pairing against a history that is not its own:
+        its other checks stand, in their order (its boundary proof, its effects), then
+        the store's judgement (``CheckpointStore.judge``: one view read at SERIAL,
+        never a write), which answers in the write's own order (docs/gateway-protocol.md,
+        section 7): the size rule (``UNSUPPORTED_FORMAT``), the request standing promoted
+        (``DUPLICATE`` / ``IDEMPOTENCY_KEY_REUSED``, or its promotion again under its
+        own response id), a response id another request promoted in the partition
+        (``CONFLICT`` naming it), damaged rows (``CORRUPT``), then ordering
+        (``CONFLICT`` / ``OUT_OF_ORDER``, ``PARENT_NOT_PROMOTED`` / ``TENANT_MISMATCH``).
+        ``LineageChanged``: the write would put the turn on another lineage than the one
+        read for it (a parent promoted, a head moved since): decided again from a fresh
+        read. Until session 48 this answer was assembled from reads of its own, which
+        skipped the size rule, read damaged request rows as "not promoted" and answered
+        a parent promoted since that read ``PARENT_NOT_PROMOTED``."""
+        if not _off_its_lineage(turn, lineage):
             return None
         off = promotion.decide_off_lineage(turn, self.clock_ms(), known)
-        return off if isinstance(off, Reject) else answer
-
-    def _write_answer_out_of_lineage(self, turn: TurnCompleted,
-                                     lineage: Lineage) -> Reject | None:
-        """Why a turn whose pairing failed does not extend ``lineage`` at all, or None.
-
-        Pairing is checked against the lineage read for the turn: a Conversation's
-        current head (which the turn may not extend: it expects an older or a newer
-        one), or a chain parent that is not there. Such a turn is judged as the store
-        would judge it (CONTRACT 4: a retry of a promoted request first, ``DUPLICATE`` /
-        ``IDEMPOTENCY_KEY_REUSED``; then ordering, ``CONFLICT`` / ``OUT_OF_ORDER`` with
-        the head, ``PARENT_NOT_PROMOTED`` / ``TENANT_MISMATCH``), not by a pairing against
-        a history that is not its own. From a read only (a cached lineage is the one
-        the turn expects)."""
-        if lineage.cached:
-            return None
-        if turn.conversation_id is not None:
-            expected = turn.expected_head_seq
-            head = (0 if lineage.absent else None if lineage.tail is None
-                    else lineage.tail.seq)
-            if head is None and expected == 0 and not lineage.unread:
-                # Taken for a new Conversation from the turn alone (``starts_lineage``):
-                # whether one exists decides, as for any other expected head.
-                stored = self.store.head(turn.tenant_id, turn.conversation_id)
-                head = 0 if stored is None else stored.seq
-            if head is None or expected is None or expected == head:
-                return None  # the head it extends: its own pairing failed
-            return self._off_head_answer(turn, head)
-        parent = turn.previous_response_id
-        if parent is None or not lineage.absent:
-            return None
-        # The write's first answers, as for a Conversation turn off its head: a retry of
-        # a promoted request is DUPLICATE / IDEMPOTENCY_KEY_REUSED, a response id bound
-        # to another request CONFLICT, whatever its pairing (until session 47
-        # PARENT_NOT_PROMOTED when its own items were unpaired; the bound id until
-        # session 48).
-        first = self._before_ordering(turn)
-        if first is not None:
-            return first
-        verdict = promotion.interpret(turn, ParentMissing(parent),
-                                      self.chain_owner(turn, parent))
-        assert isinstance(verdict, Reject)
-        return verdict
+        if isinstance(off, Reject):
+            return off
+        assert isinstance(off, JudgeOnly)
+        extends = None if lineage.tail is None else lineage.tail.response_id
+        try:
+            outcome = self.store.judge(off.request, extends)
+        except (InvalidPromotion, CorruptPartition) as exc:  # as the write's are answered
+            return self.refused_by_store(turn, exc)
+        if isinstance(outcome, Plan):
+            if outcome.parent_response_id == extends:
+                return None  # it extends the lineage it was paired against after all
+            return LineageChanged(outcome.parent_response_id)
+        owner = (self.chain_owner(turn, outcome.previous_response_id)
+                 if isinstance(outcome, ParentMissing) else None)
+        return promotion.interpret(turn, outcome, owner)
 
     def refused_by_store(self, turn: TurnCompleted,
                           exc: InvalidPromotion | CorruptPartition) -> Reject:
@@ -128,21 +114,6 @@ class StoreAnswers:
             return self.on_unreadable_lineage(turn, HistoryFailure(
                 HistoryFailureReason.CORRUPT_HISTORY, f"stored partition is corrupt: {exc}"))
         return Reject(RejectionReason.CORRUPT, f"stored partition is corrupt: {exc}")
-
-    def _off_head_answer(self, turn: TurnCompleted, head: int) -> Reject:
-        """The write's answer to a Conversation turn that expects another head than
-        ``head``. A retry of a promoted request first, e.g. of a turn that answered a call
-        the retry now finds answered in the head (the original itself): the store's
-        answer, which comes before ordering's; a response id bound to another request
-        too. Then ``CONFLICT`` / ``OUT_OF_ORDER``."""
-        first = self._before_ordering(turn)
-        if first is not None:
-            return first
-        assert turn.expected_head_seq is not None and turn.expected_head_seq != head
-        outcome = Conflict(head) if turn.expected_head_seq < head else AheadOfHead(head)
-        verdict = promotion.interpret(turn, outcome)
-        assert isinstance(verdict, Reject)
-        return verdict
 
     def retry_unpaired_by_its_original(self, turn: TurnCompleted,
                                         known: Facts) -> Reject | None:
@@ -207,10 +178,11 @@ class StoreAnswers:
         """The write's answers that come before ordering (CONTRACT 4,
         ``plan_promotion``'s order): the request standing promoted, then the turn's
         response id promoted in its partition by another request (``CONFLICT`` naming
-        it, ``ResponseExists``). None otherwise. The bound id is asked only here, on
-        the rare path of a turn that extends no lineage and failed pairing: a read of
-        the id's checkpoint, kept to the turn's partition as the write's view is (an id
-        bound elsewhere is the claim's, which the write meets after ordering)."""
+        it, ``ResponseExists``). None otherwise. Asked only by ``on_unreadable_lineage``
+        (a turn whose lineage cannot be read; ``out_of_lineage`` asks the store's
+        ``judge`` instead): a read of the id's checkpoint, kept to the turn's partition
+        as the write's view is (an id bound elsewhere is the claim's, which the write
+        meets after ordering)."""
         retry = self._retry_of_promoted_request(turn)
         if retry is not None:
             return retry
@@ -291,6 +263,22 @@ class StoreAnswers:
             f"request {turn.idempotency_key} is held by response {holder.response_id} "
             "(the first response of another chain), not decided yet", retryable=True,
             operation="promote/request-claim")
+
+
+def _off_its_lineage(turn: TurnCompleted, lineage: Lineage) -> bool:
+    """Whether ``turn`` does not extend ``lineage`` as read (a cached lineage is the one
+    the turn expects): a Conversation turn expecting another head than the one read
+    (or expecting none, taken for a new Conversation from the turn alone, which only
+    the store's view can confirm), a chain turn whose parent was not there."""
+    if lineage.cached:
+        return False
+    if turn.conversation_id is not None:
+        expected = turn.expected_head_seq
+        if lineage.tail is None and not lineage.unread:
+            return expected == 0  # ``starts_lineage``: whether one exists decides
+        head = 0 if lineage.absent else None if lineage.tail is None else lineage.tail.seq
+        return head is not None and expected is not None and expected != head
+    return turn.previous_response_id is not None and lineage.absent
 
 
 # The rejection of a turn extending a lineage a read could not verify, by the read's

@@ -124,8 +124,11 @@ class TurnDecider:
                 or decided.reason is RejectionReason.UNPAIRED_TOOL_CALL):
             decided = self.answers.on_unreadable_lineage(turn, lineage.unreadable)
         elif isinstance(decided, Reject) and decided.reason is RejectionReason.UNPAIRED_TOOL_CALL:
-            decided = (self.answers.retry_unpaired_by_its_original(turn, known)
-                       or self.answers.out_of_lineage(turn, lineage, known) or decided)
+            answered = (self.answers.retry_unpaired_by_its_original(turn, known)
+                        or self.answers.out_of_lineage(turn, lineage, known) or decided)
+            if isinstance(answered, LineageChanged):
+                return None  # the write's view is another lineage (a parent promoted since)
+            decided = answered
         if not isinstance(decided, Promote):
             # A retry of a request that stands promoted gets the promotion; but only
             # once the facts are read: a recorded rejection of this very event holds

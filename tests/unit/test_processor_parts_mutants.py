@@ -501,7 +501,7 @@ def test_a_parent_whose_owner_row_names_a_tenant_without_it_is_not_promoted():
 
 
 def test_a_resent_first_turn_with_unpaired_items_is_answered_as_a_retry():
-    """``StoreAnswers._off_head_answer``: a retry of a promoted first turn sent again at
+    """``StoreAnswers.out_of_lineage``: a retry of a promoted first turn sent again at
     head 0 of the Conversation its original began does not extend the head and is not
     judged by pairing: the write's first answer, ``DUPLICATE`` naming the original,
     with unpaired items of its own too (not ``CONFLICT``)."""
@@ -541,7 +541,7 @@ def test_a_retry_whose_originals_history_cannot_be_read_stays_unpaired():
 
 
 def test_a_chain_retry_with_no_parent_gets_the_writes_answer_whatever_its_pairing():
-    """``StoreAnswers._write_answer_out_of_lineage``: a chain turn whose parent is not
+    """``StoreAnswers.out_of_lineage``: a chain turn whose parent is not
     there extends no lineage and is not judged by pairing: a retry of a promoted request
     gets the write's first answer (``DUPLICATE``) with its own unpaired items as with
     paired ones (it was ``PARENT_NOT_PROMOTED`` then, the answer resting on pairing)."""
