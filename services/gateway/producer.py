@@ -273,6 +273,15 @@ class GatewayProducer:
                     self._close_pending = timeout_s
                     return
         if not first:
+            if self._in_reports():
+                # A signal handler's, inside librdkafka's poll or flush of its thread (a
+                # ``Delivery.wait``'s, a ``flush``'s): never wait there. Another
+                # thread's release closes the client, and confluent-kafka's close waits
+                # for every call inside it, this one too: waiting for that release
+                # here waited for ever (an outside review, session 48). That call
+                # ends once the client is purged or closed and raises what was not
+                # delivered; so does this thread's next flush or close.
+                return
             # Never wait for itself (a signal handler's close inside the first close).
             if threading.current_thread() is not self._closer:
                 self._closed_done.wait()
