@@ -689,11 +689,14 @@ class Delivery:
         once, as ``flush`` does."""
         producer = self._producer
         deadline = time.monotonic() + timeout_s
+        # Polls once at least, as ``flush`` does: ``wait(0)`` served no report, so the
+        # broker's answers librdkafka held were ``FlushTimeout`` (an outside review,
+        # session 48).
         while self._waits_on():
             remaining = deadline - time.monotonic()
+            producer._serve_reports(min(max(remaining, 0.0), _WAIT_POLL_S))
             if remaining <= 0:
                 break
-            producer._serve_reports(min(remaining, _WAIT_POLL_S))
         self._raise_outcome()
 
     async def wait_async(self, timeout_s: float = 30.0) -> None:

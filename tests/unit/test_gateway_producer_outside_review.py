@@ -14,8 +14,12 @@ client, in a subprocess bounded by its timeout).
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import KafkaError
 
+from ratchet.samples import make_turn
+from services.gateway.errors import DeliveryError
 from tests.unit.producer_process import run_script
+from tests.unit.test_gateway_library_review import gateway
 
 _HANDLERS_CLOSE_INSIDE_A_CALL_WHILE_ANOTHER_THREAD_CLOSES = '''
 import signal
@@ -115,3 +119,18 @@ def test_a_handlers_close_inside_a_call_while_another_thread_closes_does_not_han
     event_id = turn.removeprefix("turn ")
     closer = [event_id] if call == "wait" else "nothing"
     assert told == ["handler nothing", f"main {[event_id]}", f"closer {closer}"]
+
+
+def test_a_wait_of_no_time_serves_the_reports_already_come():
+    """``wait(0)`` asks what is known now, and serves the reports librdkafka holds, as
+    ``flush(0)`` and ``wait_async(0)`` do: the broker answered the turn (written) and
+    the other turn (timed out) before anyone polled. It served none before: each was
+    ``FlushTimeout``, however long ago the broker answered."""
+    producer, kafka = gateway()
+    written, failed = producer.send(make_turn()), producer.send(make_turn())
+    kafka.deliver(0)
+    kafka.deliver(0, KafkaError(KafkaError._MSG_TIMED_OUT))
+    written.wait(0)
+    with pytest.raises(DeliveryError) as raised:
+        failed.wait(0)
+    assert [eid for eid, _ in raised.value.failures] == list(failed.event_ids)
