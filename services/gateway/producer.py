@@ -219,6 +219,11 @@ class GatewayProducer:
         # (``_finish_close``; a signal handler's, session 45).
         self._serving = threading.local()
         self._close_pending: float | None = None
+        # The report callbacks of events handed to librdkafka, until their report ran to
+        # its end: confluent-kafka drops a report an exception ends (Ctrl-C inside it),
+        # so one that recorded nothing is failed once the client is closed and can
+        # report nothing more (``_fail_unreported``; an outside review, session 48).
+        self._handed_over: dict[Callable[..., None], tuple[str, Delivery]] = {}
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -316,6 +321,7 @@ class GatewayProducer:
                 self._producer.purge()
                 self._producer.flush(0)  # serves the purged events' reports: failures
                 self._producer.close()
+                self._fail_unreported()
                 self._released = True
             finally:
                 self._releasing = None
@@ -327,6 +333,21 @@ class GatewayProducer:
                     # Whatever the cleanup raises (a second Ctrl-C): a close of another
                     # thread waits for this, for ever if never set (session 47).
                     self._closed_done.set()
+
+    def _fail_unreported(self) -> None:
+        """Once the client is closed: each event handed to it whose ``Delivery`` never
+        had its report is a failure, retryable (it may or may not be written), told to
+        the threads' flushes and its ``Delivery``. Its report was ended by an exception
+        before it recorded anything (Ctrl-C in its first lines): before, it was told to
+        no one (the next flush and the close returned as if it were written) and its
+        ``Delivery`` said ``FlushTimeout`` for ever."""
+        handed_over, self._handed_over = self._handed_over, {}
+        for callback, (event_id, delivery) in handed_over.items():
+            if event_id in delivery._unreported:
+                callback(KafkaError(KafkaError._INTR, "its delivery report never ran to its end "
+                                    "(an exception inside it, such as Ctrl-C): it may "
+                                    "or may not be written; send it again",
+                                    retriable=True), None)
 
     def _served(self, call: Callable[[float], int], timeout_s: float) -> int:
         """librdkafka's ``call`` (``poll`` or ``flush``: they run delivery reports),
@@ -509,6 +530,12 @@ class GatewayProducer:
                 # those never produced (session 45): the turn is sent again whole.
                 self._queue(event, value, callback, queued=tuple(ids[:at]),
                             not_queued=tuple(ids[at:]))
+                # Kept once queued (kept before, a close while the send waited for room
+                # failed an event it never queued); a report another thread's poll
+                # served meanwhile is not kept.
+                self._handed_over[callback] = (event.event_id, delivery)
+                if event.event_id not in delivery._unreported:
+                    self._handed_over.pop(callback, None)
                 self._serve_reports()
         return delivery
 
@@ -609,6 +636,7 @@ class GatewayProducer:
                         self._first_kept = max(self._first_kept, self._failure_log[0][0])
             if delivery is not None:
                 delivery._reported(event_id, err)
+            self._handed_over.pop(report, None)  # last: one ended before is failed
 
         return report
 

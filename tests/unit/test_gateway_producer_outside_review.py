@@ -134,3 +134,40 @@ def test_a_wait_of_no_time_serves_the_reports_already_come():
     with pytest.raises(DeliveryError) as raised:
         failed.wait(0)
     assert [eid for eid, _ in raised.value.failures] == list(failed.event_ids)
+
+
+def test_a_report_ctrl_c_interrupted_is_a_failure_once_the_producer_is_closed():
+    """Ctrl-C lands in a delivery report before it recorded anything (its first line):
+    confluent-kafka raises the ``KeyboardInterrupt`` out of the flush serving it and the
+    report is gone, the failure with it (checked with the real client, delivery timed
+    out: the next flush, and the close, returned as if the turn were written; its
+    ``Delivery`` said ``FlushTimeout``, "still in flight", for ever). No report can come
+    once the client is closed, so ``close`` names such an event: a retryable
+    ``DeliveryError`` (it may or may not be written), and so does its wait."""
+    producer, kafka = gateway()
+    plain_on_delivery = producer._on_delivery
+    interrupted: list[str] = []
+
+    def on_delivery(event_id, delivery=None):
+        report = plain_on_delivery(event_id, delivery)
+
+        def ctrl_c_first(err, msg):
+            if not interrupted:
+                interrupted.append(event_id)
+                raise KeyboardInterrupt
+            report(err, msg)
+        return ctrl_c_first
+
+    producer._on_delivery = on_delivery
+    sent = producer.send(make_turn())
+    kafka.deliver(0, KafkaError(KafkaError._MSG_TIMED_OUT))
+    with pytest.raises(KeyboardInterrupt):
+        producer.flush(5)
+    assert interrupted == list(sent.event_ids)
+    with pytest.raises(DeliveryError) as raised:
+        producer.close(timeout_s=0)
+    assert [eid for eid, _ in raised.value.failures] == interrupted
+    assert raised.value.retryable
+    with pytest.raises(DeliveryError) as waited:
+        sent.wait(0)
+    assert [eid for eid, _ in waited.value.failures] == interrupted
