@@ -249,7 +249,10 @@ class GatewayProducer:
         never written left the block as if it had been. A ``close`` while another
         thread closes waits for that one to end, then raises as ``flush`` does for its
         own thread (before session 44 it returned at once, raising nothing: a thread
-        whose events were then purged was told they were all delivered). A signal
+        whose events were then purged was told they were all delivered); a signal
+        handler's inside librdkafka's poll or flush of its thread returns at once
+        instead (the other close's close of the client waits for that call: session
+        48's outside review found them waiting for each other). A signal
         handler's ``close`` inside a send of its thread closes at once (the send refuses
         what it had not queued); inside a delivery report (librdkafka's ``poll`` or
         ``flush``) it refuses sends and returns, and that call finishes the close as it
@@ -712,7 +715,8 @@ class Delivery:
         ``DeliveryError`` listing those that failed (``pending``: those not reported
         yet), else ``FlushTimeout`` with those not reported within ``timeout_s``. It
         serves the reports itself, as ``flush`` does (librdkafka's poll, at most 0.1 s
-        at a time: a report another thread served is seen within that); inside a
+        at a time, once at least: a report another thread served is seen within that);
+        after ``close`` it raises what the close's purge reported; inside a
         delivery report of its thread (a signal handler's) it raises what it knows at
         once, as ``flush`` does."""
         producer = self._producer
