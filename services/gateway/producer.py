@@ -219,6 +219,11 @@ class GatewayProducer:
         # (``_finish_close``; a signal handler's, session 45).
         self._serving = threading.local()
         self._close_pending: float | None = None
+        # The report callbacks of events handed to librdkafka, until their report ran to
+        # its end: confluent-kafka drops a report an exception ends (Ctrl-C inside it),
+        # so one that recorded nothing is failed once the client is closed and can
+        # report nothing more (``_fail_unreported``; an outside review, session 48).
+        self._handed_over: dict[Callable[..., None], tuple[str, Delivery]] = {}
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -244,7 +249,10 @@ class GatewayProducer:
         never written left the block as if it had been. A ``close`` while another
         thread closes waits for that one to end, then raises as ``flush`` does for its
         own thread (before session 44 it returned at once, raising nothing: a thread
-        whose events were then purged was told they were all delivered). A signal
+        whose events were then purged was told they were all delivered); a signal
+        handler's inside librdkafka's poll or flush of its thread returns at once
+        instead (the other close's close of the client waits for that call: session
+        48's outside review found them waiting for each other). A signal
         handler's ``close`` inside a send of its thread closes at once (the send refuses
         what it had not queued); inside a delivery report (librdkafka's ``poll`` or
         ``flush``) it refuses sends and returns, and that call finishes the close as it
@@ -273,6 +281,15 @@ class GatewayProducer:
                     self._close_pending = timeout_s
                     return
         if not first:
+            if self._in_reports():
+                # A signal handler's, inside librdkafka's poll or flush of its thread (a
+                # ``Delivery.wait``'s, a ``flush``'s): never wait there. Another
+                # thread's release closes the client, and confluent-kafka's close waits
+                # for every call inside it, this one too: waiting for that release
+                # here waited for ever (an outside review, session 48). That call
+                # ends once the client is purged or closed and raises what was not
+                # delivered; so does this thread's next flush or close.
+                return
             # Never wait for itself (a signal handler's close inside the first close).
             if threading.current_thread() is not self._closer:
                 self._closed_done.wait()
@@ -307,6 +324,7 @@ class GatewayProducer:
                 self._producer.purge()
                 self._producer.flush(0)  # serves the purged events' reports: failures
                 self._producer.close()
+                self._fail_unreported()
                 self._released = True
             finally:
                 self._releasing = None
@@ -318,6 +336,21 @@ class GatewayProducer:
                     # Whatever the cleanup raises (a second Ctrl-C): a close of another
                     # thread waits for this, for ever if never set (session 47).
                     self._closed_done.set()
+
+    def _fail_unreported(self) -> None:
+        """Once the client is closed: each event handed to it whose ``Delivery`` never
+        had its report is a failure, retryable (it may or may not be written), told to
+        the threads' flushes and its ``Delivery``. Its report was ended by an exception
+        before it recorded anything (Ctrl-C in its first lines): before, it was told to
+        no one (the next flush and the close returned as if it were written) and its
+        ``Delivery`` said ``FlushTimeout`` for ever."""
+        handed_over, self._handed_over = self._handed_over, {}
+        for callback, (event_id, delivery) in handed_over.items():
+            if event_id in delivery._unreported:
+                callback(KafkaError(KafkaError._INTR, "its delivery report never ran to its end "
+                                    "(an exception inside it, such as Ctrl-C): it may "
+                                    "or may not be written; send it again",
+                                    retriable=True), None)
 
     def _served(self, call: Callable[[float], int], timeout_s: float) -> int:
         """librdkafka's ``call`` (``poll`` or ``flush``: they run delivery reports),
@@ -500,6 +533,12 @@ class GatewayProducer:
                 # those never produced (session 45): the turn is sent again whole.
                 self._queue(event, value, callback, queued=tuple(ids[:at]),
                             not_queued=tuple(ids[at:]))
+                # Kept once queued (kept before, a close while the send waited for room
+                # failed an event it never queued); a report another thread's poll
+                # served meanwhile is not kept.
+                self._handed_over[callback] = (event.event_id, delivery)
+                if event.event_id not in delivery._unreported:
+                    self._handed_over.pop(callback, None)
                 self._serve_reports()
         return delivery
 
@@ -600,6 +639,7 @@ class GatewayProducer:
                         self._first_kept = max(self._first_kept, self._failure_log[0][0])
             if delivery is not None:
                 delivery._reported(event_id, err)
+            self._handed_over.pop(report, None)  # last: one ended before is failed
 
         return report
 
@@ -675,16 +715,20 @@ class Delivery:
         ``DeliveryError`` listing those that failed (``pending``: those not reported
         yet), else ``FlushTimeout`` with those not reported within ``timeout_s``. It
         serves the reports itself, as ``flush`` does (librdkafka's poll, at most 0.1 s
-        at a time: a report another thread served is seen within that); inside a
+        at a time, once at least: a report another thread served is seen within that);
+        after ``close`` it raises what the close's purge reported; inside a
         delivery report of its thread (a signal handler's) it raises what it knows at
         once, as ``flush`` does."""
         producer = self._producer
         deadline = time.monotonic() + timeout_s
+        # Polls once at least, as ``flush`` does: ``wait(0)`` served no report, so the
+        # broker's answers librdkafka held were ``FlushTimeout`` (an outside review,
+        # session 48).
         while self._waits_on():
             remaining = deadline - time.monotonic()
+            producer._serve_reports(min(max(remaining, 0.0), _WAIT_POLL_S))
             if remaining <= 0:
                 break
-            producer._serve_reports(min(remaining, _WAIT_POLL_S))
         self._raise_outcome()
 
     async def wait_async(self, timeout_s: float = 30.0) -> None:
