@@ -191,15 +191,25 @@ def test_ctrl_c_while_a_send_waits_for_room_leaves_a_producer_that_closes():
 
     plain_poll = room.kafka.poll  # the room's (never held here: released)
     room.release.set()
+    waits = []
 
     def poll(timeout=0):
+        if timeout:
+            waits.append(timeout)
+            # Bounded: were Ctrl-C not to interrupt it, the send would wait for room
+            # for ever (a run stalled once): fail instead of hanging.
+            assert len(waits) < 50, "SIGINT did not interrupt the waiting send"
         if timeout and not room.polling.is_set():  # the send waits for room: Ctrl-C
             signal.pthread_kill(main, signal.SIGINT)
         return plain_poll(timeout)
 
     room.kafka.poll = poll
-    with pytest.raises(KeyboardInterrupt):
-        room.producer.send_turn(room.turn, effects=[room.effect])
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            room.producer.send_turn(room.turn, effects=[room.effect])
+    finally:
+        signal.signal(signal.SIGINT, before)
     with pytest.raises(DeliveryError) as raised:
         room.producer.close(timeout_s=0)
     assert [eid for eid, _ in raised.value.failures] == [room.effect.event_id]
