@@ -12,7 +12,9 @@ store's judgement", its "Left") give the write's answer, in the write's order
   "not promoted" and answered the read's reason (here ``UNKNOWN_ITEM_TYPE``): the write's
   plan finds the damage, ``CORRUPT``.
 
-Memory store, a worker with no tail cache (it reads every lineage) and one with it."""
+Memory store, a worker with no tail cache (it reads every lineage) and one with it;
+``handle`` and ``handle_async`` (a cold worker: the loop's fast path gives these turns to
+the thread path)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from services.store.base import StoreOptions, StoreUnavailable
 from services.store.memory import MemoryCheckpointStore
 from streams.tail_cache import TailCache
 from streams.turn_decider import MAX_LINEAGE_ROUNDS
+from tests.contract.test_processor_races import Worker
 from tests.unit.test_processor_retry_at_head import tool_items
 from tests.unit.test_processor_rules import TENANT, Harness, conv_id, turn
 
@@ -43,6 +46,17 @@ def h(request) -> Harness:
     return harness
 
 
+ENTRIES = pytest.mark.parametrize("entry", ["handle", "handle_async"])
+
+
+def _ask(h: Harness, entry: str, event):
+    """The outcome of ``event`` from ``h``'s worker (``handle``) or from a cold one
+    over the same store and ledger entered by ``handle_async``."""
+    if entry == "handle":
+        return h.outcome(event)
+    return Worker(h.store, h.ledger, entry).outcome(event)
+
+
 def _bulky() -> list:
     return [message("x" * (2 * LIMIT), role="assistant", item_id=new_id("msg"))]
 
@@ -54,20 +68,22 @@ def _unreadable(h: Harness, reason: HistoryFailureReason) -> None:
 
 
 @pytest.mark.parametrize("repeats_calls", [True, False], ids=["unpaired", "paired"])
-def test_an_oversized_retry_at_its_originals_head_is_unsupported_format(h, repeats_calls):
+@ENTRIES
+def test_an_oversized_retry_at_its_originals_head_is_unsupported_format(h, entry, repeats_calls):
     """Unpaired: the retry repeats its original's call, which the head holds."""
     conv, call = conv_id(), new_id("call")
     original = turn(conv, 0, items=tool_items(call))
     assert h.outcome(original).seq == 1
     items = (tool_items(call) if repeats_calls else []) + _bulky()
     retry = turn(conv, 1, items=items, idempotency_key=original.idempotency_key, attempt=2)
-    out = h.outcome(retry)
+    out = _ask(h, entry, retry)
     assert out.reason is R.UNSUPPORTED_FORMAT, out.detail
     assert f"{LIMIT}-byte" in out.detail
 
 
 @pytest.mark.parametrize("paired", [True, False], ids=["paired", "unpaired"])
-def test_an_oversized_retry_on_an_unreadable_lineage_is_unsupported_format(h, paired):
+@ENTRIES
+def test_an_oversized_retry_on_an_unreadable_lineage_is_unsupported_format(h, entry, paired):
     conv = conv_id()
     original = turn(conv, 0)
     assert h.outcome(original).seq == 1
@@ -75,13 +91,14 @@ def test_an_oversized_retry_on_an_unreadable_lineage_is_unsupported_format(h, pa
     items = (tool_items(new_id("call")) if paired else
              [*tool_items(new_id("call"))[1:]]) + _bulky()
     retry = turn(conv, 1, items=items, idempotency_key=original.idempotency_key, attempt=2)
-    out = h.outcome(retry)
+    out = _ask(h, entry, retry)
     assert out.reason is R.UNSUPPORTED_FORMAT, out.detail
 
 
 @pytest.mark.parametrize("paired", [True, False], ids=["paired", "unpaired"])
+@ENTRIES
 def test_a_retry_on_a_damaged_idempotency_record_and_an_unreadable_lineage_is_corrupt(
-        h, paired):
+        h, entry, paired):
     """The lineage holds an item type this version does not know (its read says
     ``UNKNOWN_ITEM_TYPE``) and the request's idempotency record names a response with
     no checkpoint: the write's view cannot say whether the request stands promoted,
@@ -95,7 +112,7 @@ def test_a_retry_on_a_damaged_idempotency_record_and_an_unreadable_lineage_is_co
     _unreadable(h, HistoryFailureReason.UNKNOWN_ITEM_TYPE)
     items = tool_items(new_id("call")) if paired else tool_items(new_id("call"))[1:]
     retry = turn(conv, 1, items=items, idempotency_key=original.idempotency_key, attempt=2)
-    out = h.outcome(retry)
+    out = _ask(h, entry, retry)
     assert out.reason is R.CORRUPT, out.detail
     assert "corrupt" in out.detail
 
