@@ -26,12 +26,12 @@ from ratchet.domain.plan import (
     LineageChanged,
     ParentMissing,
     Plan,
+    PromotionRequest,
     ResponseClaim,
-    ResponseExists,
+    TooLarge,
 )
 from ratchet.domain.promotion import Facts, JudgeOnly, Reject, Verdict
 from ratchet.domain.validation import EMPTY_PAIRING, PairingState, pairing_state_of
-from schemas.keys import partition_key
 from schemas.models import RejectionReason, TurnCompleted
 from services.ledger.base import Ledger, ResponseState
 from services.store.base import (
@@ -40,6 +40,7 @@ from services.store.base import (
     HeadDamaged,
     InvalidPromotion,
     StoreUnavailable,
+    turn_size,
 )
 from streams.lineage import Lineage, LineageReader
 from streams.request_facts import RequestFacts
@@ -111,7 +112,7 @@ class StoreAnswers:
             return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
         log.error("promotion of %s met a corrupt partition: %s", turn.response_id, exc)
         if isinstance(exc, HeadDamaged):
-            return self.on_unreadable_lineage(turn, HistoryFailure(
+            return self._against_damaged_head(turn, HistoryFailure(
                 HistoryFailureReason.CORRUPT_HISTORY, f"stored partition is corrupt: {exc}"))
         return Reject(RejectionReason.CORRUPT, f"stored partition is corrupt: {exc}")
 
@@ -153,6 +154,11 @@ class StoreAnswers:
         rejected = promotion.decide_turn(turn, again, known)
         if isinstance(rejected, Reject):
             return rejected
+        # The write's first answer is its size rule, before the request's promotion
+        # (until session 48's second outside review, DUPLICATE for an oversized retry).
+        size, limit = turn_size(rejected.request), self.store.options.max_turn_bytes
+        if size > limit:
+            return promotion.interpret(turn, TooLarge(size, limit))
         return self._retry_verdict(turn, original)
 
     def _promoted_original(self, turn: TurnCompleted) -> CheckpointRecord | None:
@@ -163,36 +169,6 @@ class StoreAnswers:
             log.error("%s: whether request %s stands promoted cannot be read: %s",
                       turn.response_id, turn.idempotency_key, exc)
             return None
-
-    def _retry_of_promoted_request(self, turn: TurnCompleted) -> Reject | None:
-        """The store's first answer to a turn whose request stands promoted, when the
-        turn never reaches the store (its lineage is unreadable, or its pairing was
-        checked against a head it does not extend): ``DUPLICATE`` under another response
-        id with the same request digest, ``IDEMPOTENCY_KEY_REUSED`` with another digest
-        (under any response id). None otherwise; under the same response id and digest,
-        "already promoted" follows. It does not depend on the lineage."""
-        original = self._promoted_original(turn)
-        return None if original is None else self._retry_verdict(turn, original)
-
-    def _before_ordering(self, turn: TurnCompleted) -> Reject | None:
-        """The write's answers that come before ordering (CONTRACT 4,
-        ``plan_promotion``'s order): the request standing promoted, then the turn's
-        response id promoted in its partition by another request (``CONFLICT`` naming
-        it, ``ResponseExists``). None otherwise. Asked only by ``on_unreadable_lineage``
-        (a turn whose lineage cannot be read; ``out_of_lineage`` asks the store's
-        ``judge`` instead): a read of the id's checkpoint, kept to the turn's partition
-        as the write's view is (an id bound elsewhere is the claim's, which the write
-        meets after ordering)."""
-        retry = self._retry_of_promoted_request(turn)
-        if retry is not None:
-            return retry
-        bound = self.store.get_checkpoint(turn.tenant_id, turn.response_id)
-        if (bound is None or bound.idempotency_key == turn.idempotency_key
-                or bound.partition_key != partition_key(turn)):
-            return None  # none, the request's own (already promoted), or elsewhere
-        verdict = promotion.interpret(turn, ResponseExists(bound))
-        assert isinstance(verdict, Reject)
-        return verdict
 
     @staticmethod
     def _retry_verdict(turn: TurnCompleted, original: CheckpointRecord) -> Reject | None:
@@ -206,22 +182,48 @@ class StoreAnswers:
         verdict = promotion.interpret(turn, outcome)
         return verdict if isinstance(verdict, Reject) else None
 
-    def on_unreadable_lineage(self, turn: TurnCompleted, failure: HistoryFailure) -> Reject:
-        """The rejection of a turn (valid on its own) whose lineage is stored but cannot
-        be read: its pairing cannot be checked, and the history it would end could never
-        be served. As the store would answer, a retry of a request promoted under
-        another response id first (``DUPLICATE`` / ``IDEMPOTENCY_KEY_REUSED``), and the
-        response id bound in the partition (``CONFLICT`` naming it: ``_before_ordering``;
-        it was the read's ``CORRUPT`` at the head, ``CONFLICT`` off it: session 48's
-        review), then ordering: a Conversation turn that does not expect the current
-        head is ``CONFLICT`` / ``OUT_OF_ORDER``. Then the read's
-        reason: an item type or format this version does not know (e.g. written by a
-        newer one) is ``UNKNOWN_ITEM_TYPE`` / ``UNSUPPORTED_FORMAT``, damaged or missing
-        rows ``CORRUPT``. The read's detail goes to the log only (it may quote stored
-        data)."""
-        first = self._before_ordering(turn)
-        if first is not None:
-            return first
+    def on_unreadable_lineage(self, turn: TurnCompleted, failure: HistoryFailure,
+                              known: Facts, request: PromotionRequest | None) -> Verdict:
+        """The answer to a turn (valid on its own) whose lineage is stored but cannot be
+        read: its pairing cannot be checked, and the history it would end could never
+        be served. ``request``: the turn as it would be written (None when its pairing
+        failed against the empty state read for it: every other rule is applied here
+        first, in its order, as off the lineage). Then the store's judgement
+        (``CheckpointStore.judge``, one view read at SERIAL), the write's answers in the
+        write's order: the size rule (``UNSUPPORTED_FORMAT``), the request standing
+        promoted (``DUPLICATE`` / ``IDEMPOTENCY_KEY_REUSED``, or its promotion again
+        under its own id), the response id bound in the partition (``CONFLICT`` naming
+        it), damaged request rows (``CORRUPT``), ordering against the head (``CONFLICT``
+        / ``OUT_OF_ORDER``). Else the read's reason: an item type or format this version
+        does not know (e.g. written by a newer one) is ``UNKNOWN_ITEM_TYPE`` /
+        ``UNSUPPORTED_FORMAT``, damaged or missing rows ``CORRUPT``; so is a view that
+        would plan the turn and a chain parent the view does not find (the read found
+        something there). A head the store finds damaged: ordering against its cells
+        (``_against_damaged_head``), as after the write. Until
+        session 48's second outside review this was assembled from reads of its own
+        (``_before_ordering``), which answered a retry before the size rule and read a
+        damaged idempotency record as "not promoted". The read's detail goes to the log
+        only (it may quote stored data)."""
+        if request is None:
+            off = promotion.decide_off_lineage(turn, self.clock_ms(), known)
+            if isinstance(off, Reject):
+                return off
+            assert isinstance(off, JudgeOnly)
+            request = off.request
+        try:
+            outcome = self.store.judge(request)
+        except (InvalidPromotion, CorruptPartition) as exc:  # HeadDamaged: the cells' order
+            return self.refused_by_store(turn, exc)
+        if not isinstance(outcome, Plan | ParentMissing):
+            return promotion.interpret(turn, outcome)
+        return _unreadable(turn, failure)
+
+    def _against_damaged_head(self, turn: TurnCompleted, failure: HistoryFailure) -> Reject:
+        """A Conversation turn whose head the store finds damaged (``HeadDamaged``: cells
+        no row backs, a head lost while turns stand), raised after the answers that come
+        before ordering found none, or before them when the head went back: ordered
+        against the head cells as they read (``CONFLICT`` / ``OUT_OF_ORDER``), else the
+        read's reason (``CORRUPT``)."""
         expected = turn.expected_head_seq
         seq = self.lineages.readable_head_seq(turn)
         if expected is not None and seq is not None and expected != seq:
@@ -229,11 +231,7 @@ class StoreAnswers:
                 turn, Conflict(seq) if expected < seq else AheadOfHead(seq))
             assert isinstance(verdict, Reject)
             return verdict
-        log.error("%s extends a lineage that cannot be read: %s: %s", turn.response_id,
-                  failure.reason.value, failure.detail)
-        reason = _UNREADABLE.get(failure.reason, RejectionReason.CORRUPT)
-        return Reject(reason, f"the history this turn extends cannot be read "
-                      f"({failure.reason.value}): it cannot be continued")
+        return _unreadable(turn, failure)
 
     def chain_owner(self, turn: TurnCompleted, response_id: str) -> str | None:
         """The tenant that promoted chain response ``response_id`` (another tenant's
@@ -279,6 +277,16 @@ def _off_its_lineage(turn: TurnCompleted, lineage: Lineage) -> bool:
         head = 0 if lineage.absent else None if lineage.tail is None else lineage.tail.seq
         return head is not None and expected is not None and expected != head
     return turn.previous_response_id is not None and lineage.absent
+
+
+def _unreadable(turn: TurnCompleted, failure: HistoryFailure) -> Reject:
+    """The rejection of a turn extending a lineage a read could not verify, by the
+    read's reason; its detail (it may quote stored data) to the log only."""
+    log.error("%s extends a lineage that cannot be read: %s: %s", turn.response_id,
+              failure.reason.value, failure.detail)
+    reason = _UNREADABLE.get(failure.reason, RejectionReason.CORRUPT)
+    return Reject(reason, f"the history this turn extends cannot be read "
+                  f"({failure.reason.value}): it cannot be continued")
 
 
 # The rejection of a turn extending a lineage a read could not verify, by the read's

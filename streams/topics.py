@@ -92,7 +92,7 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> Topics:
     # Its errors reach the caller as exceptions; only critical ones are logged here.
     admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap,
                          "log_level": QUIET_LOG_LEVEL})
-    metadata = admin.list_topics(timeout=timeout_s)
+    metadata = list_topics(admin, timeout_s)
     replication = min(3, max(1, len(metadata.brokers)))
     existing = [name for name in vars(topics).values() if name in metadata.topics]
     wanted = [
@@ -113,6 +113,26 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> Topics:
                 raise
     raise_size_limits(admin, topics, existing, timeout_s)
     return topics
+
+
+# How long one metadata request of ``list_topics`` may block.
+_ASK_S = 0.5
+
+
+def list_topics(admin: AdminClient, timeout_s: float):
+    """``admin.list_topics`` within ``timeout_s``, asked ``_ASK_S`` at a time: librdkafka's
+    call blocks in C, where a signal's Python handler runs only once it returns, so a
+    SIGTERM or Ctrl-C while the worker waited for a Kafka that accepts and never answers
+    stopped it the rest of the 30 s later (session 48's second outside review). The
+    last error is raised once ``timeout_s`` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return admin.list_topics(timeout=max(0.001, min(_ASK_S,
+                                                            deadline - time.monotonic())))
+        except KafkaException:
+            if time.monotonic() >= deadline:
+                raise
 
 
 def raise_size_limits(admin: AdminClient, topics: Topics, names: Sequence[str],

@@ -122,7 +122,9 @@ class TurnDecider:
         if lineage.unreadable is not None and (
                 isinstance(decided, Promote)
                 or decided.reason is RejectionReason.UNPAIRED_TOOL_CALL):
-            decided = self.answers.on_unreadable_lineage(turn, lineage.unreadable)
+            decided = self.answers.on_unreadable_lineage(
+                turn, lineage.unreadable, known,
+                decided.request if isinstance(decided, Promote) else None)
         elif isinstance(decided, Reject) and decided.reason is RejectionReason.UNPAIRED_TOOL_CALL:
             answered = (self.answers.retry_unpaired_by_its_original(turn, known)
                         or self.answers.out_of_lineage(turn, lineage, known) or decided)

@@ -165,3 +165,38 @@ def test_sigterm_on_a_serving_api_stops_accepting_and_finishes_what_is_in_flight
     assert response.status_code == 409, response.text
     body = response.json()
     assert (body["reason"], body["detail"]) == ("NOT_PROMOTED", "no decision within 6000 ms")
+
+
+def test_sigterm_while_the_worker_waits_for_kafka_stops_it_at_once(own, tmp_path):
+    """Cassandra and the registry answer, Kafka accepts and never answers: the worker
+    waits in its topics' metadata request (``ensure_topics``, up to 30 s). SIGTERM
+    there stops it as while connecting (one line, exit 0), and at once: librdkafka's
+    call blocks in C, where the signal's handler does not run until the call returns,
+    so the stop took the rest of the 30 s (25.7 s measured; the Deployment's grace is
+    30 s). Session 48's second outside review."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    s = dataclasses.replace(own, kafka_bootstrap=f"127.0.0.1:{silent.getsockname()[1]}")
+    log = (tmp_path / "worker.log").open("w")
+    proc = _start("worker", s, log, RATCHET_WORKER_METRICS_PORT="0")
+    connection = None
+    try:
+        silent.settimeout(120)
+        connection, _ = silent.accept()  # the worker asks Kafka now
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        silent.close()
+        if connection is not None:
+            connection.close()
+        log.close()
+    lines = [line for line in (tmp_path / "worker.log").read_text().splitlines()
+             if line.strip() and not line.startswith("{")]
+    assert code == 0, (code, lines)
+    assert lines[-1:] == ["ratchet worker: terminated while starting (SIGTERM): stopped, "
+                          "nothing was processed"], lines
+    assert took < 5, f"stopped {took:.1f} s after SIGTERM"

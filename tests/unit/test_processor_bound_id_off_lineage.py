@@ -97,10 +97,14 @@ def test_a_turn_on_an_unreadable_lineage_with_a_bound_id_is_conflict_naming_it(c
 
     h = Harness()
     if chain:
+        # The bound id is the root's child's, sent on the root: a turn naming its own
+        # id as its parent (as this case did until session 48's second review) is
+        # ``CORRUPT`` wherever it is sent (gateway-protocol.md section 6).
         root = chain_turn(None, None)
-        assert h.outcome(root).seq == 1
+        child = chain_turn(root.response_id, root.response_id)
+        assert (h.outcome(root).seq, h.outcome(child).seq) == (1, 2)
         _damage_first_item(h.store, TENANT, root.response_id, root.response_id)
-        bound = root.response_id
+        bound = child.response_id
         sent = chain_turn(root.response_id, root.response_id, response_id=bound)
     else:
         conv = conv_id()
