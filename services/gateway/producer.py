@@ -29,6 +29,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import contextlib
+import functools
 import os
 import struct
 import threading
@@ -219,11 +220,17 @@ class GatewayProducer:
         # (``_finish_close``; a signal handler's, session 45).
         self._serving = threading.local()
         self._close_pending: float | None = None
-        # The report callbacks of events handed to librdkafka, until their report ran to
-        # its end: confluent-kafka drops a report an exception ends (Ctrl-C inside it),
-        # so one that recorded nothing is failed once the client is closed and can
-        # report nothing more (``_fail_unreported``; an outside review, session 48).
-        self._handed_over: dict[Callable[..., None], tuple[str, Delivery]] = {}
+        # The events handed to librdkafka (by ``Delivery`` and id), until their report
+        # ran to its end, each with a weak reference to the report librdkafka holds:
+        # confluent-kafka drops a report an exception ends (Ctrl-C, a signal handler's
+        # exception) and raises the exception out of the ``poll`` / ``flush`` that ran
+        # it. So an event whose report is gone while the event is not reported was
+        # lost: failed by the next ``flush`` or ``Delivery.wait`` once such an
+        # exception came out (``_reports_may_be_cut``, ``_fail_lost``; session 49: only
+        # the close told it before), and every one left once the client is closed and
+        # can report nothing more (``_fail_unreported``; an outside review, session 48).
+        self._handed_over: dict[tuple[Delivery, str], weakref.ref[Callable[..., None]]] = {}
+        self._reports_may_be_cut = False
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -326,6 +333,9 @@ class GatewayProducer:
                 self._producer.close()
                 self._fail_unreported()
                 self._released = True
+            except BaseException:
+                self._reports_may_be_cut = True  # see ``_served``
+                raise
             finally:
                 self._releasing = None
                 try:
@@ -345,12 +355,25 @@ class GatewayProducer:
         no one (the next flush and the close returned as if it were written) and its
         ``Delivery`` said ``FlushTimeout`` for ever."""
         handed_over, self._handed_over = self._handed_over, {}
-        for callback, (event_id, delivery) in handed_over.items():
+        for delivery, event_id in handed_over:
             if event_id in delivery._unreported:
-                callback(KafkaError(KafkaError._INTR, "its delivery report never ran to its end "
-                                    "(an exception inside it, such as Ctrl-C): it may "
-                                    "or may not be written; send it again",
-                                    retriable=True), None)
+                self._report(event_id, delivery, _lost_report(), None)
+
+    def _fail_lost(self) -> None:
+        """Once an exception came out of a librdkafka call that runs reports: each
+        event handed over whose report librdkafka no longer holds (its weak reference
+        is dead: confluent-kafka dropped it) and that is not reported was lost, a
+        failure as in ``_fail_unreported``. A report still to come, or running in
+        another thread, is held by the client. Nothing is looked at otherwise: a
+        flag's check is all a ``flush`` or ``wait`` pays."""
+        if not self._reports_may_be_cut:
+            return
+        self._reports_may_be_cut = False  # before the look: a later cut sets it again
+        for key, report in list(self._handed_over.items()):
+            delivery, event_id = key
+            if (report() is None and self._handed_over.pop(key, None) is not None
+                    and event_id in delivery._unreported):
+                self._report(event_id, delivery, _lost_report(), None)
 
     def _served(self, call: Callable[[float], int], timeout_s: float) -> int:
         """librdkafka's ``call`` (``poll`` or ``flush``: they run delivery reports),
@@ -359,6 +382,12 @@ class GatewayProducer:
         self._serving.depth = getattr(self._serving, "depth", 0) + 1
         try:
             return call(timeout_s)
+        except BaseException:
+            # Out of librdkafka's call: it may have ended a report inside it, which
+            # confluent-kafka then drops (``_fail_lost``). Or it came between reports
+            # (confluent-kafka checks for signals while it waits): nothing is lost.
+            self._reports_may_be_cut = True
+            raise
         finally:
             self._serving.depth -= 1
             self._finish_close()
@@ -433,6 +462,7 @@ class GatewayProducer:
         raises what it knows at once, the events in flight as ``FlushTimeout``
         (librdkafka's flush from inside its own callback aborted the process)."""
         if self._in_reports():
+            self._fail_lost()
             self._raise_failures(pending=0 if self._released
                                  else len(self._producer))
             return
@@ -444,6 +474,7 @@ class GatewayProducer:
             pending = 0  # ``close`` purged what was in flight; its reports are failures
         if self._released:
             pending = 0  # closed meanwhile (a signal handler's): purged, reported
+        self._fail_lost()
         self._raise_failures(pending=pending)
 
     def _raise_failures(self, pending: int) -> None:
@@ -513,7 +544,6 @@ class GatewayProducer:
         last, never between (before session 44 it could come between a turn's effects,
         queuing some and refusing the rest ``ProducerClosed``). Their ``Delivery``."""
         delivery = Delivery(self, tuple(event.event_id for event, _ in events))
-        callbacks = [self._on_delivery(event.event_id, delivery) for event, _ in events]
         with self._lock:
             # A sending thread is raised every failure reported from now on by its
             # flushes (``_failures_for``).
@@ -525,20 +555,23 @@ class GatewayProducer:
             # way, and that close then purged them (before session 47).
             ids = [event.event_id for event, _ in events]
             self._refuse_once_closing(ids)
-            for at, ((event, value), callback) in enumerate(
-                    zip(events, callbacks, strict=True)):
+            for at, (event, value) in enumerate(events):
                 if self._closed:  # by a signal handler of this thread, inside this send
                     raise _closed_while_sending(event.event_id, ids[:at])
                 # A refusal names the events of the call handed over before it and
                 # those never produced (session 45): the turn is sent again whole.
-                self._queue(event, value, callback, queued=tuple(ids[:at]),
-                            not_queued=tuple(ids[at:]))
+                # The report is made in the call, held by no variable here: only
+                # librdkafka holds it once ``_queue`` returned (``_fail_lost``).
+                report = self._queue(event, value,
+                                     self._on_delivery(event.event_id, delivery),
+                                     queued=tuple(ids[:at]), not_queued=tuple(ids[at:]))
                 # Kept once queued (kept before, a close while the send waited for room
                 # failed an event it never queued); a report another thread's poll
                 # served meanwhile is not kept.
-                self._handed_over[callback] = (event.event_id, delivery)
+                key = (delivery, event.event_id)
+                self._handed_over[key] = report
                 if event.event_id not in delivery._unreported:
-                    self._handed_over.pop(callback, None)
+                    self._handed_over.pop(key, None)
                 self._serve_reports()
         return delivery
 
@@ -556,7 +589,10 @@ class GatewayProducer:
 
     def _queue(self, event: GatewayEvent, value: bytes,
                callback: Callable[[KafkaError | None, Any], None], *,
-               queued: tuple[str, ...], not_queued: tuple[str, ...]) -> None:
+               queued: tuple[str, ...], not_queued: tuple[str, ...]
+               ) -> weakref.ref[Callable[[KafkaError | None, Any], None]]:
+        """Hand ``event`` to librdkafka with its report ``callback``; a weak reference
+        to that report (``_handed_over``)."""
         while True:
             if self._closed:  # a signal handler's close while the queue was full
                 raise _closed_while_sending(event.event_id, queued)
@@ -564,7 +600,7 @@ class GatewayProducer:
                 self._producer.produce(self.topic, value=value,
                                        key=encode_key(event.partition_key),
                                        on_delivery=callback)
-                return
+                return weakref.ref(callback)
             except BufferError:  # local queue full: let deliveries drain, then retry
                 if self._closing.is_set():
                     # Another thread's close waits for this send's lock: waiting for
@@ -617,31 +653,38 @@ class GatewayProducer:
             self._failure_log = [f for f in self._failure_log if f[0] >= self._first_kept]
         return failures, forgotten
 
-    def _on_delivery(self, event_id: str, delivery: Delivery | None = None):
-        def report(err: KafkaError | None, msg: Message) -> None:
-            if err is None and msg.offset() is None:
-                # A "success" without an offset is not a confirmed write: librdkafka
-                # reports a batch the broker answered DUPLICATE_SEQUENCE_NUMBER as
-                # delivered, and we have seen such events missing from the log (test
-                # rigs producing right after topic creation, CHANGELOG.md). Fail
-                # closed: a retryable DeliveryError; sending the event again is safe,
-                # the processor dedupes redelivered events.
-                err = KafkaError(KafkaError.DUPLICATE_SEQUENCE_NUMBER,
-                                 "reported delivered without an offset: not confirmed "
-                                 "written; send the event again", retriable=True)
-            if err is not None:
-                err = self._explained(err)
-                with self._lock:
-                    self._failure_log.append((self._next_failure, event_id, err))
-                    self._next_failure += 1
-                    if len(self._failure_log) > MAX_KEPT_FAILURES:
-                        del self._failure_log[:len(self._failure_log) - MAX_KEPT_FAILURES]
-                        self._first_kept = max(self._first_kept, self._failure_log[0][0])
-            if delivery is not None:
-                delivery._reported(event_id, err)
-            self._handed_over.pop(report, None)  # last: one ended before is failed
+    def _on_delivery(self, event_id: str, delivery: Delivery | None = None
+                     ) -> Callable[[KafkaError | None, Any], None]:
+        """The report librdkafka runs for ``event_id``: a ``partial`` of ``_report``,
+        which nothing but the client holds (no frame refers to it, so the traceback of
+        an exception that ended it cannot keep it alive): once the client dropped it,
+        its weak reference is dead (``_fail_lost``)."""
+        return functools.partial(self._report, event_id, delivery)
 
-        return report
+    def _report(self, event_id: str, delivery: Delivery | None, err: KafkaError | None,
+                msg: Message | None) -> None:
+        if err is None and (msg is None or msg.offset() is None):
+            # A "success" without an offset is not a confirmed write: librdkafka
+            # reports a batch the broker answered DUPLICATE_SEQUENCE_NUMBER as
+            # delivered, and we have seen such events missing from the log (test
+            # rigs producing right after topic creation, CHANGELOG.md). Fail
+            # closed: a retryable DeliveryError; sending the event again is safe,
+            # the processor dedupes redelivered events.
+            err = KafkaError(KafkaError.DUPLICATE_SEQUENCE_NUMBER,
+                             "reported delivered without an offset: not confirmed "
+                             "written; send the event again", retriable=True)
+        if err is not None:
+            err = self._explained(err)
+            with self._lock:
+                self._failure_log.append((self._next_failure, event_id, err))
+                self._next_failure += 1
+                if len(self._failure_log) > MAX_KEPT_FAILURES:
+                    del self._failure_log[:len(self._failure_log) - MAX_KEPT_FAILURES]
+                    self._first_kept = max(self._first_kept, self._failure_log[0][0])
+        if delivery is not None:
+            delivery._reported(event_id, err)
+            # Last: one ended before this line is failed (``_fail_lost``).
+            self._handed_over.pop((delivery, event_id), None)
 
     def _explained(self, err: KafkaError) -> KafkaError:
         """librdkafka's report, with what to do where its own text does not say it. An
@@ -663,6 +706,13 @@ class GatewayProducer:
                               "prefix (RATCHET_TOPIC_PREFIX); ratchet's worker creates its "
                               "topics", fatal=err.fatal())
         return err
+
+
+def _lost_report() -> KafkaError:
+    """The failure of an event whose report an exception ended (``_fail_lost``)."""
+    return KafkaError(KafkaError._INTR, "its delivery report never ran to its end (an "
+                      "exception inside it, such as Ctrl-C): it may or may not be "
+                      "written; send it again", retriable=True)
 
 
 def _closed_while_sending(event_id: str, queued: Sequence[str]) -> ProducerClosed:
@@ -754,6 +804,7 @@ class Delivery:
         inside a delivery report of this thread (its poll cannot be entered again),
         the client not released (its close served every report: purged ones too)."""
         producer = self._producer
+        producer._fail_lost()  # a report of it an exception ended: failed, so reported
         return not (self.done() or producer._in_reports() or producer._released)
 
     def _raise_outcome(self) -> None:
