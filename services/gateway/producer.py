@@ -369,11 +369,15 @@ class GatewayProducer:
         if not self._reports_may_be_cut:
             return
         self._reports_may_be_cut = False  # before the look: a later cut sets it again
-        for key, report in list(self._handed_over.items()):
-            delivery, event_id = key
-            if (report() is None and self._handed_over.pop(key, None) is not None
-                    and event_id in delivery._unreported):
-                self._report(event_id, delivery, _lost_report(), None)
+        try:
+            for key, report in list(self._handed_over.items()):
+                delivery, event_id = key
+                if (report() is None and self._handed_over.pop(key, None) is not None
+                        and event_id in delivery._unreported):
+                    self._report(event_id, delivery, _lost_report(), None)
+        except BaseException:  # a second Ctrl-C: the rest is looked at next time
+            self._reports_may_be_cut = True
+            raise
 
     def _served(self, call: Callable[[float], int], timeout_s: float) -> int:
         """librdkafka's ``call`` (``poll`` or ``flush``: they run delivery reports),
@@ -460,7 +464,10 @@ class GatewayProducer:
         every failure no thread that sent before it has flushed past yet. Inside a
         delivery report of its thread (a signal handler's flush) it cannot wait: it
         raises what it knows at once, the events in flight as ``FlushTimeout``
-        (librdkafka's flush from inside its own callback aborted the process)."""
+        (librdkafka's flush from inside its own callback aborted the process). An
+        event whose report an exception ended (Ctrl-C inside it: confluent-kafka drops
+        it) is a retryable failure here (``_fail_lost``); before session 49 only the
+        ``close`` told it, and this returned as if it were written."""
         if self._in_reports():
             self._fail_lost()
             self._raise_failures(pending=0 if self._released
@@ -766,9 +773,12 @@ class Delivery:
         yet), else ``FlushTimeout`` with those not reported within ``timeout_s``. It
         serves the reports itself, as ``flush`` does (librdkafka's poll, at most 0.1 s
         at a time, once at least: a report another thread served is seen within that);
-        after ``close`` it raises what the close's purge reported; inside a
+        after ``close`` it raises what the close's purge reported, and a close of
+        another thread while it waits is told with that purge (a send or wait begun
+        after it raises at once); inside a
         delivery report of its thread (a signal handler's) it raises what it knows at
-        once, as ``flush`` does."""
+        once, as ``flush`` does. A report of it an exception ended (Ctrl-C) is its
+        retryable failure, as in ``flush`` (session 49: ``FlushTimeout`` for ever)."""
         producer = self._producer
         deadline = time.monotonic() + timeout_s
         # Polls once at least, as ``flush`` does: ``wait(0)`` served no report, so the
@@ -784,7 +794,8 @@ class Delivery:
     async def wait_async(self, timeout_s: float = 30.0) -> None:
         """``wait`` on an event loop: non-blocking polls between pauses of the loop
         (5 ms, doubling up to 0.1 s), so no thread is held while it waits and a
-        cancellation (``asyncio.run``'s task at Ctrl-C) ends it at once. Session 48's
+        cancellation (``asyncio.run``'s task at Ctrl-C) ends it at once; another
+        thread's close is seen at the end of its pause (at most 0.1 s). Session 48's
         ran ``wait`` in the loop's executor: each awaited ``Delivery`` held one of its
         few threads (a later one started only when one ended), and a cancelled one
         waited on until an outside review woke it."""
