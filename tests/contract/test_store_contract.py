@@ -1328,6 +1328,20 @@ class StoreContract:
 
     # -- a Conversation turn whose ``mode`` cell reads ``chain`` (session 47) -------------
 
+    def _chain_beside_conversation(self, store, tenant, turns: int):
+        """A two-turn chain whose first response id is the Conversation's id (so it shares
+        the partition), then that Conversation's first ``turns`` turns, all promoted:
+        ``(conv, chain_root, chain_child, the Conversation's turns)``."""
+        conv = uid("conv")
+        chain_root, chain_child = conv, uid("resp")
+        for turn in (chain_turn(tenant, conv, chain_root, None),
+                     chain_turn(tenant, conv, chain_child, chain_root)):
+            assert isinstance(store.promote(turn), Promoted)
+        promoted = [conversation_turn(tenant, conv, seq) for seq in range(turns)]
+        for turn in promoted:
+            assert isinstance(store.promote(turn), Promoted)
+        return conv, chain_root, chain_child, promoted
+
     @pytest.mark.parametrize(("turns", "flipped"), [
         (1, (0,)),         # the head names the row
         (3, (0,)),         # the second turn names it as its parent
@@ -1344,14 +1358,8 @@ class StoreContract:
         session 47 the first turn read as a verified one-turn chain). A chain sharing
         the partition (its first response id is the Conversation's id) still verifies:
         no Conversation row names its rows."""
-        conv = uid("conv")
-        chain_root, chain_child = conv, uid("resp")
-        for turn in (chain_turn(tenant, conv, chain_root, None),
-                     chain_turn(tenant, conv, chain_child, chain_root)):
-            assert isinstance(store.promote(turn), Promoted)
-        promoted = [conversation_turn(tenant, conv, seq) for seq in range(turns)]
-        for turn in promoted:
-            assert isinstance(store.promote(turn), Promoted)
+        conv, chain_root, chain_child, promoted = self._chain_beside_conversation(
+            store, tenant, turns)
         for index in flipped:
             self.rewrite_turn(store, tenant, conv, promoted[index].response_id,
                               {"mode": PromotionMode.CHAIN})
@@ -1388,14 +1396,8 @@ class StoreContract:
         was written. The one case no view shows (the first turn of a longer
         Conversation: its cells are a chain root's) is the reads' alone: docs/store.md.
         The chain sharing the partition still takes its next turn."""
-        conv = uid("conv")
-        chain_root, chain_child = conv, uid("resp")
-        for turn in (chain_turn(tenant, conv, chain_root, None),
-                     chain_turn(tenant, conv, chain_child, chain_root)):
-            assert isinstance(store.promote(turn), Promoted)
-        promoted = [conversation_turn(tenant, conv, seq) for seq in range(turns)]
-        for turn in promoted:
-            assert isinstance(store.promote(turn), Promoted)
+        conv, chain_root, chain_child, promoted = self._chain_beside_conversation(
+            store, tenant, turns)
         damaged = promoted[flipped].response_id
         self.rewrite_turn(store, tenant, conv, damaged, {"mode": PromotionMode.CHAIN})
         cold = self.shared_store(store, StoreOptions(clock=clock))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pytest
@@ -16,3 +17,13 @@ def store_session(cassandra_cluster, settings):
     session = create_store_keyspace(cassandra_cluster, keyspace, settings.replication)
     yield session
     session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+
+
+@pytest.fixture
+def own(cassandra_session, settings, unique_name):
+    """Settings on a keyspace of the test's own, not made here (what the test runs makes
+    it: ``ratchet migrate``), dropped afterwards. A file whose tests need more of their
+    own (a topic prefix, a home) has an ``own`` of its own."""
+    s = dataclasses.replace(settings, keyspace=unique_name("own"))
+    yield s
+    cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)

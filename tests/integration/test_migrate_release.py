@@ -10,8 +10,6 @@ fails as the driver fails a request Cassandra does not answer; the rest is real.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import subprocess
 import sys
 
@@ -19,6 +17,7 @@ import pytest
 
 from infra.migrate import LEASE_TTL_S, discover
 from streams.testing import ROOT
+from tests.processes import cli_env
 
 pytestmark = pytest.mark.integration
 
@@ -35,17 +34,9 @@ main(["migrate"])
 """
 
 
-@pytest.fixture
-def own(cassandra_session, settings, unique_name):
-    s = dataclasses.replace(settings, keyspace=unique_name("migrel"))
-    yield s
-    cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
-
-
 def test_a_failed_release_after_every_migration_applied_is_a_warning_and_exit_0(
         own, cassandra_session):
-    env = {**os.environ, **own.to_env(), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", _RELEASE_TIMES_OUT], env=env, cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", _RELEASE_TIMES_OUT], env=cli_env(own), cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     assert "cannot reach Cassandra" not in done.stderr, done.stderr[-2000:]

@@ -11,8 +11,6 @@ stand-in holds the run there (``_apply`` blocking once the lease is taken; the r
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +18,7 @@ import sys
 import pytest
 
 from streams.testing import ROOT
+from tests.processes import blank_free, cli_env, stop_when_said
 
 pytestmark = pytest.mark.integration
 
@@ -61,18 +60,6 @@ main(["migrate"])
 """
 
 
-@pytest.fixture
-def own(cassandra_session, settings, unique_name):
-    """Settings on a keyspace of this test's own, dropped afterwards."""
-    s = dataclasses.replace(settings, keyspace=unique_name("migstop"))
-    yield s
-    cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
-
-
-def _env(s) -> dict[str, str]:
-    return {**os.environ, **s.to_env(), "PYTHONPATH": str(ROOT)}
-
-
 def _lease_owner(session, ks: str) -> str | None:
     row = session.execute(f"SELECT owner FROM {ks}.schema_migrations_lease WHERE id = 'migrate'",
                           timeout=30).one()
@@ -83,27 +70,15 @@ def _stop_when_said(args: list[str], env: dict[str, str], said: str,
                     sig: signal.Signals) -> tuple[int, list[str]]:
     """Start ``args``, send ``sig`` once its stdout says ``said``: its exit code and
     non-blank stderr lines."""
-    proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        for line in proc.stdout:
-            if said in line:
-                proc.send_signal(sig)
-                break
-        _, stderr = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, [line for line in stderr.splitlines() if line.strip()]
+    code, _, err = stop_when_said(args, env, said, sig, timeout_s=90)
+    return code, blank_free(err)
 
 
 def test_sigterm_while_holding_the_lease_releases_it_and_exits_143(own, cassandra_session):
     """Before: killed by the signal (returncode -15), no line, the lease this run's for
     120 s more."""
     script = _HELD.format(signal="INT", where="applying")
-    code, lines = _stop_when_said([sys.executable, "-c", script], _env(own),
+    code, lines = _stop_when_said([sys.executable, "-c", script], cli_env(own),
                                   "holding the lease", signal.SIGTERM)
     assert code == 143, lines
     assert len(lines) == 1 and lines[0].startswith(
@@ -116,13 +91,13 @@ def test_sigterm_while_waiting_for_another_migrators_lease_leaves_it_alone(
     """No stand-in: ``ratchet migrate`` itself, waiting for another owner's lease."""
     from infra.migrate import LEASE_TTL_S, RENEW_EVERY_S
 
-    subprocess.run([sys.executable, "-m", "ratchet.cli", "migrate"], env=_env(own), cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "ratchet.cli", "migrate"], env=cli_env(own), cwd=ROOT,
                    check=True, capture_output=True, timeout=180)
     cassandra_session.execute(
         f"INSERT INTO {own.keyspace}.schema_migrations_lease (id, owner, ttl_s, renew_every_s) "
         f"VALUES ('migrate', 'another', {LEASE_TTL_S}, {RENEW_EVERY_S}) USING TTL {LEASE_TTL_S}",
         timeout=30)
-    code, lines = _stop_when_said([sys.executable, "-m", "ratchet.cli", "migrate"], _env(own),
+    code, lines = _stop_when_said([sys.executable, "-m", "ratchet.cli", "migrate"], cli_env(own),
                                   "waiting for another migrator", signal.SIGTERM)
     assert code == 143, lines
     assert len(lines) == 1 and lines[0].startswith(
@@ -136,7 +111,7 @@ def test_a_stop_during_the_release_says_the_lease_may_stay_held(own, sig, how, c
     """Before: the Ctrl-C line said nothing of the lease, which stayed held for its TTL
     (the next run waited 120 s here); SIGTERM killed the process."""
     script = _HELD.format(signal=sig, where="releasing")
-    done = subprocess.run([sys.executable, "-c", script], env=_env(own), cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", script], env=cli_env(own), cwd=ROOT,
                           capture_output=True, text=True, timeout=180)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == code, done.stderr[-2000:]
@@ -151,7 +126,7 @@ def test_a_stop_while_releasing_after_a_failed_run_still_says_the_failure(own):
     nowhere, only the stop's line (session 48's review). The run's failure is the one the
     operator must act on; the stop's line follows it."""
     script = _HELD.format(signal="TERM", where="failed, releasing")
-    done = subprocess.run([sys.executable, "-c", script], env=_env(own), cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", script], env=cli_env(own), cwd=ROOT,
                           capture_output=True, text=True, timeout=180)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 143, done.stderr[-2000:]
@@ -166,7 +141,7 @@ def test_a_stop_after_the_release_was_stopped_keeps_the_lease_note(own):
     session closed replaced it, and the line no longer said the lease may stay held
     (session 48's review)."""
     script = _HELD.format(signal="INT", where="releasing, then shutting down")
-    done = subprocess.run([sys.executable, "-c", script], env=_env(own), cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", script], env=cli_env(own), cwd=ROOT,
                           capture_output=True, text=True, timeout=180)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 130, done.stderr[-2000:]

@@ -13,11 +13,9 @@ SIGTERM before they run is in ``tests/unit/test_server_sigterm_starting.py``.
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -30,6 +28,7 @@ from confluent_kafka.admin import AdminClient
 from infra.migrate import apply_migrations
 from streams.testing import ROOT, free_port
 from streams.topics import delete_topics_with_prefix, topic_names
+from tests.processes import CLI, cli_env, reap, silent_server
 
 pytestmark = pytest.mark.integration
 
@@ -47,8 +46,7 @@ def own(settings, cassandra_cluster, cassandra_session, unique_name, tmp_path):
 
 
 def _start(command: str, s, log, **env) -> subprocess.Popen:
-    full = {**os.environ, **s.to_env(), "PYTHONPATH": str(ROOT), **env}
-    return subprocess.Popen([sys.executable, "-m", "ratchet.cli", command], env=full, cwd=ROOT,
+    return subprocess.Popen([*CLI, command], env=cli_env(s, **env), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=log)
 
 
@@ -93,9 +91,7 @@ def test_sigterm_on_a_running_worker_commits_and_leaves_its_group(own, tmp_path)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
         log.close()
     # Left its group: no member waits out a session timeout.
     (future,) = admin.describe_consumer_groups([group]).values()
@@ -158,9 +154,7 @@ def test_sigterm_on_a_serving_api_stops_accepting_and_finishes_what_is_in_flight
         waiter.join(timeout=30)
         assert proc.wait(timeout=30) == 0, (tmp_path / "api.log").read_text()[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
         log.close()
     response = answer["response"]
     # Its answer, whole: the wait ran to its deadline after the SIGTERM.
@@ -176,26 +170,19 @@ def test_sigterm_while_the_worker_waits_for_kafka_stops_it_at_once(own, tmp_path
     call blocks in C, where the signal's handler does not run until the call returns,
     so the stop took the rest of the 30 s (25.7 s measured; the Deployment's grace is
     30 s). Session 48's second outside review."""
-    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
-    s = dataclasses.replace(own, kafka_bootstrap=f"127.0.0.1:{silent.getsockname()[1]}")
-    log = (tmp_path / "worker.log").open("w")
-    proc = _start("worker", s, log, RATCHET_WORKER_METRICS_PORT="0")
-    connection = None
-    try:
-        silent.settimeout(120)
-        connection, _ = silent.accept()  # the worker asks Kafka now
-        proc.send_signal(signal.SIGTERM)
-        signalled = time.monotonic()
-        code = proc.wait(timeout=60)
-        took = time.monotonic() - signalled
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        silent.close()
-        if connection is not None:
-            connection.close()
-        log.close()
+    with silent_server() as kafka:
+        s = dataclasses.replace(own, kafka_bootstrap=f"127.0.0.1:{kafka.port}")
+        log = (tmp_path / "worker.log").open("w")
+        proc = _start("worker", s, log, RATCHET_WORKER_METRICS_PORT="0")
+        try:
+            kafka.accept(timeout_s=120)  # the worker asks Kafka now
+            proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            code = proc.wait(timeout=60)
+            took = time.monotonic() - signalled
+        finally:
+            reap(proc)
+            log.close()
     lines = [line for line in (tmp_path / "worker.log").read_text().splitlines()
              if line.strip() and not line.startswith("{")]
     assert code == 0, (code, lines)

@@ -8,15 +8,12 @@ own, names of its own, and removes them at its end unless ``--keep``.
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from infra.smoke import cli_smoke
-from streams.testing import ROOT
+from tests.processes import CLI, cli_env, stop_when_said
 
 pytestmark = pytest.mark.integration
 
@@ -71,20 +68,9 @@ def test_a_stopped_smoke_removes_what_it_made(own, kafka_admin, schema_registry_
     cancelled, Ctrl-C). Before: Ctrl-C was click's ``Aborted!`` (exit 1) and SIGTERM
     Python's death, nothing removed and nothing named; names of the run's own (session
     48) are found by no later run (session 48's review)."""
-    env = {**os.environ, **own.to_env(), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "ratchet.cli", "smoke"], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        for line in proc.stdout:
-            if line.startswith("  registry: schema id"):  # topic and subject made
-                proc.send_signal(sig)
-                break
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == code, (out, err[-2000:])
+    exited, out, err = stop_when_said([*CLI, "smoke"], cli_env(own),
+                                      "  registry: schema id",  # topic and subject made
+                                      sig, timeout_s=120)
+    assert exited == code, (out, err[-2000:])
     assert f"ratchet smoke: {how}: stopped" in err, err[-2000:]
     assert _left(own, kafka_admin, schema_registry_client, cassandra_session) == [], out

@@ -3,11 +3,12 @@ for the producer's tests whose failure is an abort (confluent-kafka asserts and 
 the process) or a hang, which must not take the test run with them.
 
 A script starts with ``PRELUDE`` (the imports it shares, a serde that needs no
-registry, and ``unreachable(config)``: a producer whose broker never answers, so
-nothing is delivered and every outcome is a timeout or a purge), prints one line per
-thing it was told, and ``run_script`` returns those lines once the process exited 0.
-Shared by ``test_gateway_producer_signals.py`` and
-``test_gateway_producer_close_race.py`` (each had its own copy before session 47)."""
+registry, ``unreachable(config)``: a producer whose broker never answers, so nothing
+is delivered and every outcome is a timeout or a purge, and ``outcome(call, ok)``:
+what a call was told), prints one line per thing it was told, and ``run_script``
+returns those lines once the process exited 0. Shared by
+``test_gateway_producer_signals.py`` and ``test_gateway_producer_close_race.py`` (each
+had its own copy before session 47), and the review tests that came since."""
 
 from __future__ import annotations
 
@@ -37,6 +38,16 @@ class Serde:
 def unreachable(config):
     return GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=Serde(),
                            config={"log_level": 0, **config})
+
+
+def outcome(call, ok):
+    """What ``call()`` was told: ``ok`` if it returned, else the event ids its
+    ``DeliveryError`` names."""
+    try:
+        call()
+        return ok
+    except DeliveryError as exc:
+        return [eid for eid, _ in exc.failures]
 '''
 
 

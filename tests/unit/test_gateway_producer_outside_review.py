@@ -29,11 +29,7 @@ served = threading.Event()  # the main thread served a purged event's report
 
 
 def handler(signum, frame):
-    try:
-        producer.close(timeout_s=0)
-        told["handler"] = "nothing"
-    except DeliveryError as exc:
-        told["handler"] = [eid for eid, _ in exc.failures]
+    told["handler"] = outcome(lambda: producer.close(timeout_s=0), "nothing")
 
 
 class Client:
@@ -78,25 +74,15 @@ turn = make_turn()
 sent = producer.send(turn)
 
 
-def close():
-    try:
-        producer.close(timeout_s=1)  # the broker never answers: the turn is purged
-        told["closer"] = "nothing"
-    except DeliveryError as exc:
-        told["closer"] = [eid for eid, _ in exc.failures]
+def close():  # the broker never answers: the turn is purged
+    told["closer"] = outcome(lambda: producer.close(timeout_s=1), "nothing")
 
 
 closer = threading.Thread(target=close, daemon=True)
 closer.start()
 producer._closing.wait(10)
-try:
-    if sys.argv[1] == "wait":
-        sent.wait(timeout_s=600)
-    else:
-        producer.flush(timeout_s=600)
-    told["main"] = "written"
-except DeliveryError as exc:
-    told["main"] = [eid for eid, _ in exc.failures]
+call = sent.wait if sys.argv[1] == "wait" else producer.flush
+told["main"] = outcome(lambda: call(timeout_s=600), "written")
 closer.join(30)
 for name in ("handler", "main", "closer"):
     print(name, told.get(name))

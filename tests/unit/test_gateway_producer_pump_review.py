@@ -34,6 +34,18 @@ from tests.unit.test_gateway_library_review import gateway
 
 TIMED_OUT = KafkaError(KafkaError._MSG_TIMED_OUT)
 
+# Each script's end: the main thread sends a turn and waits for it (the signal lands in
+# that wait), then prints what the handler and the wait were told, and the turn's id.
+_SEND_WAIT_AND_TELL = '''
+turn = make_turn()
+sent = producer.send(turn)
+# never its timeout: done once closed
+told.append(f"wait: {outcome(lambda: sent.wait(timeout_s=600), 'written')}")
+for line in told:
+    print(line)
+print("turn", turn.event_id)
+'''
+
 _HANDLERS_CLOSE_INSIDE_THE_WAITS_POLL = '''
 import signal
 
@@ -69,17 +81,7 @@ class Client:
 signal.signal(signal.SIGUSR1, handler)
 producer = unreachable({})
 producer._producer = Client(producer._producer)
-turn = make_turn()
-sent = producer.send(turn)
-try:
-    sent.wait(timeout_s=600)  # never its timeout: done once closed
-    told.append("wait: written")
-except DeliveryError as exc:
-    told.append(f"wait: {[eid for eid, _ in exc.failures]}")
-for line in told:
-    print(line)
-print("turn", turn.event_id)
-'''
+''' + _SEND_WAIT_AND_TELL
 
 
 def test_a_handlers_close_while_its_thread_waits_in_a_poll_does_not_hang():
@@ -241,17 +243,7 @@ def monotonic():
 signal.signal(signal.SIGUSR1, handler)
 module.time = types.SimpleNamespace(monotonic=monotonic)
 producer = unreachable({})
-turn = make_turn()
-sent = producer.send(turn)
-try:
-    sent.wait(timeout_s=600)  # never its timeout: done once closed
-    told.append("wait: written")
-except DeliveryError as exc:
-    told.append(f"wait: {[eid for eid, _ in exc.failures]}")
-for line in told:
-    print(line)
-print("turn", turn.event_id)
-'''
+''' + _SEND_WAIT_AND_TELL
 
 
 def test_a_handlers_close_just_before_its_thread_waits_is_seen():

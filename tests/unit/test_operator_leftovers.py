@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -17,6 +16,7 @@ import pytest
 
 from ratchet.settings import Settings
 from streams.testing import ROOT, free_port
+from tests.processes import signal_while_connecting
 
 
 @pytest.fixture
@@ -47,37 +47,12 @@ def test_ctrl_c_while_a_server_command_connects_exits_0_in_one_line(away, comman
     """Ctrl-C while ``ratchet api`` or ``ratchet worker`` still connected to Cassandra
     (unreachable or slow) ended in click's ``Aborted!`` and exit 1; once they serve,
     Ctrl-C is exit 0."""
-    code, lines = _ctrl_c_while_connecting(
-        away, [command], RATCHET_API_PORT=str(free_port()), RATCHET_WORKER_METRICS_PORT="0")
+    code, lines = signal_while_connecting(away, [command], signal.SIGINT,
+                                          RATCHET_API_PORT=str(free_port()),
+                                          RATCHET_WORKER_METRICS_PORT="0")
     assert code == 0, lines
     assert lines == [f"ratchet {command}: interrupted while starting (Ctrl-C): stopped, "
                      f"{so}"], lines
-
-
-def _ctrl_c_while_connecting(away, args, **env_extra) -> tuple[int, list[str]]:
-    """``ratchet <args>`` with its Cassandra a socket that accepts and never answers,
-    Ctrl-C once the driver is connecting: its exit code and non-blank stderr lines."""
-    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
-    env = {**os.environ, **away.to_env(), "PYTHONPATH": str(ROOT),
-           "RATCHET_CASSANDRA_PORT": str(silent.getsockname()[1]), **env_extra}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ratchet.cli", *args], env=env, cwd=ROOT,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        # As a terminal's shell starts it (a background job's would ignore SIGINT).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    connection = None
-    try:
-        silent.settimeout(60)
-        connection, _ = silent.accept()  # the driver is connecting now
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        silent.close()
-        if connection is not None:
-            connection.close()
-    return proc.returncode, [line for line in stderr.splitlines() if line.strip()]
 
 
 def test_chaos_whose_migrate_failed_says_which_keyspace_may_be_left(away, tmp_path, capsys,
@@ -123,7 +98,7 @@ def test_ctrl_c_during_migrate_says_what_holds_and_exits_130(away, args, said):
     """Ctrl-C while ``ratchet migrate`` connected (or waited for a lease, or applied)
     was click's ``Aborted!`` and exit 1, read as a failed migration; it is one line
     saying what holds, and exit 130 (stopped by Ctrl-C, not up to date)."""
-    code, lines = _ctrl_c_while_connecting(away, ["migrate", *args])
+    code, lines = signal_while_connecting(away, ["migrate", *args], signal.SIGINT)
     assert code == 130, lines
     assert len(lines) == 1 and lines[0].startswith(
         "ratchet migrate: interrupted (Ctrl-C): stopped; ") and said in lines[0], lines

@@ -10,16 +10,13 @@ is a socket that accepts and never answers. The stops once they serve are in
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
-import socket
-import subprocess
-import sys
 
 import pytest
 
 from ratchet.settings import Settings
-from streams.testing import ROOT, free_port
+from streams.testing import free_port
+from tests.processes import signal_while_connecting
 
 
 @pytest.fixture
@@ -33,27 +30,9 @@ def away(tmp_path):
 @pytest.mark.parametrize("command,so", [("api", "nothing was served"),
                                         ("worker", "nothing was processed")])
 def test_sigterm_while_a_server_command_connects_exits_0_in_one_line(away, command, so):
-    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
-    env = {**os.environ, **away.to_env(), "PYTHONPATH": str(ROOT),
-           "RATCHET_CASSANDRA_PORT": str(silent.getsockname()[1]),
-           "RATCHET_API_PORT": str(free_port()), "RATCHET_WORKER_METRICS_PORT": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "ratchet.cli", command], env=env,
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    connection = None
-    try:
-        silent.settimeout(60)
-        connection, _ = silent.accept()  # the driver is connecting now
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        silent.close()
-        if connection is not None:
-            connection.close()
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert proc.returncode == 0, (proc.returncode, lines)
+    code, lines = signal_while_connecting(away, [command], signal.SIGTERM,
+                                          RATCHET_API_PORT=str(free_port()),
+                                          RATCHET_WORKER_METRICS_PORT="0")
+    assert code == 0, (code, lines)
     assert lines == [f"ratchet {command}: terminated while starting (SIGTERM): stopped, "
                      f"{so}"], lines
