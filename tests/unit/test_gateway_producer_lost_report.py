@@ -13,6 +13,7 @@ and its report is served by the main thread's ``flush``.
 from __future__ import annotations
 
 import functools
+import threading
 
 import pytest
 
@@ -152,3 +153,134 @@ def test_a_report_still_to_come_is_no_lost_one():
     with pytest.raises(DeliveryError):
         producer.close(timeout_s=0)
 
+
+
+def test_a_flush_of_another_thread_between_the_cut_and_its_call_s_end_raises_it():
+    """A report another thread's flush waits for, ended by Ctrl-C inside the main
+    thread's poll: librdkafka counts the event done as the report returns, so that
+    flush can return before the poll's exception reaches the producer. The order is
+    forced here (the flush runs to its end there); with the GIL taken in turn it is
+    one the threads can take. Before (an outside review, session 49): that flush
+    returned as if the event were written (the look for lost reports waited for a
+    flag set only once the exception came out of the poll)."""
+    producer = _unreachable()
+    _interrupted(producer, "before its first line")
+    told: list[BaseException | None] = []
+
+    def flush_of_the_sender():
+        sent.append(producer.send(make_turn()))
+        ready.set()
+        go.wait(10)
+        try:
+            producer.flush(10)
+            told.append(None)
+        except BaseException as exc:  # noqa: BLE001 - what the flush raised is told
+            told.append(exc)
+
+    sent: list = []
+    ready, go = threading.Event(), threading.Event()
+    sender = threading.Thread(target=flush_of_the_sender)
+    sender.start()
+    assert ready.wait(10)
+    real_poll = producer._producer.poll
+
+    def poll_then_the_flush(timeout=-1):
+        try:
+            return real_poll(timeout)
+        except KeyboardInterrupt:
+            go.set()  # the cut report is gone: the other thread's flush now ends
+            sender.join(10)
+            raise
+
+    producer._producer.poll = poll_then_the_flush
+    with pytest.raises(KeyboardInterrupt):
+        while not go.is_set():  # the main thread serves the report (Ctrl-C ends it)
+            producer._serve_reports(0.1)
+    sender.join(10)
+    assert not sender.is_alive()
+    [outcome] = told
+    assert isinstance(outcome, DeliveryError), outcome
+    assert [eid for eid, _ in outcome.failures] == list(sent[0].event_ids)
+    assert "never ran to its end" in outcome.failures[0][1]
+    with pytest.raises(DeliveryError) as waited:
+        sent[0].wait(0)
+    assert [eid for eid, _ in waited.value.failures] == list(sent[0].event_ids)
+    producer.close(timeout_s=0)  # the only sender flushed past it: nothing left to tell
+
+
+def test_a_second_ctrl_c_in_the_look_for_lost_reports_loses_none():
+    """Ctrl-C again while the look fails a lost report (in the failure's own lines):
+    the next flush, the ``Delivery`` and the close still tell it. Before (an outside
+    review, session 49): the look took the event out before failing it, so the flush
+    after returned as if it were written, its wait said ``FlushTimeout`` and the
+    close told no one."""
+    producer = _unreachable()
+    _interrupted(producer, "inside")
+    sent = producer.send(make_turn())
+    with pytest.raises(KeyboardInterrupt):
+        producer.flush(10)  # Ctrl-C ends the report
+    explained, again = producer._explained, []
+
+    def ctrl_c_again(err):  # the lost report's failure, as it is recorded
+        if not again:
+            again.append(err)
+            raise KeyboardInterrupt
+        return explained(err)
+    producer._explained = ctrl_c_again
+    with pytest.raises(KeyboardInterrupt):
+        producer.flush(0)
+    assert again, "the second Ctrl-C came in the look"
+    with pytest.raises(DeliveryError) as flushed:
+        producer.flush(0)
+    assert [eid for eid, _ in flushed.value.failures] == list(sent.event_ids)
+    with pytest.raises(DeliveryError) as waited:
+        sent.wait(0)
+    assert [eid for eid, _ in waited.value.failures] == list(sent.event_ids)
+    producer.close(timeout_s=0)
+
+
+def test_a_report_cut_before_its_send_kept_it_is_told():
+    """The main thread's poll cuts the report (Ctrl-C) between another thread's
+    ``produce`` and that send's keeping of the event, and a flush looks (clearing the
+    flag) before it is kept: the sender's flush still raises it. Before (an outside
+    review, session 49): kept with its report already gone and no flag set, it was
+    told to no flush or wait until the close."""
+    producer = _unreachable()
+    _interrupted(producer, "before its first line")
+    wrapped = producer._producer
+    produced, keep = threading.Event(), threading.Event()
+
+    class _Held(_Client):
+        def produce(self, *args, **kwargs):
+            wrapped.produce(*args, **kwargs)
+            produced.set()
+            keep.wait(10)  # the send keeps the event once the main thread let it
+
+    producer._producer = _Held(wrapped._real, lambda report: report)
+    told: list[BaseException | None] = []
+    sent: list = []
+
+    def send_then_flush():
+        sent.append(producer.send(make_turn()))
+        try:
+            producer.flush(10)
+            told.append(None)
+        except BaseException as exc:  # noqa: BLE001 - what the flush raised is told
+            told.append(exc)
+
+    sender = threading.Thread(target=send_then_flush)
+    sender.start()
+    try:
+        assert produced.wait(10)
+        with pytest.raises(KeyboardInterrupt):
+            for _ in range(100):  # the main thread serves the report: Ctrl-C ends it
+                producer._serve_reports(0.1)
+        producer.flush(0)  # looks for lost reports before the send kept the event
+    finally:
+        keep.set()
+        sender.join(10)
+    [outcome] = told
+    assert isinstance(outcome, DeliveryError), outcome
+    assert [eid for eid, _ in outcome.failures] == list(sent[0].event_ids)
+    with pytest.raises(DeliveryError):
+        producer.close(timeout_s=0)  # the main thread flushed before it: told it too
