@@ -60,6 +60,12 @@ PERSISTENCE_RETRIES = Counter(
     "ratchet_worker_persistence_retries_total",
     "Attempts that met unavailable Cassandra/registry and were retried (the partition waited).",
 )
+LINEAGE_READ_MISSES = Counter(
+    "ratchet_worker_lineage_read_misses_total",
+    "Turns rejected CORRUPT because fresh history reads kept missing the lineage the "
+    "store's view (at SERIAL) said they extend (damaged rows, or a store whose two reads "
+    "disagree; streams/turn_decider.py, MAX_LINEAGE_MISSES). A healthy store never counts.",
+)
 PARTITION_PARKS = Counter(
     "ratchet_worker_partition_parks_total",
     "Times a partition's lane was full and the partition was paused until it had room "

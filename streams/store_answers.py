@@ -42,6 +42,7 @@ from services.store.base import (
     StoreUnavailable,
     turn_size,
 )
+from streams import metrics
 from streams.lineage import Lineage, LineageReader
 from streams.request_facts import RequestFacts
 
@@ -217,6 +218,23 @@ class StoreAnswers:
         if not isinstance(outcome, Plan | ParentMissing):
             return promotion.interpret(turn, outcome)
         return _unreadable(turn, failure)
+
+    def lineage_never_read(self, turn: TurnCompleted, named: str | None,
+                           misses: int) -> Reject:
+        """The answer to a turn whose lineage the store's view names (``named``: the
+        response it would extend, at SERIAL) while ``misses`` fresh history reads in a
+        row after it did not extend that response (``TurnDecider``,
+        ``MAX_LINEAGE_MISSES``). A healthy store never gets here: the view's SERIAL read
+        completes a promotion in flight, so the next read sees it. Left are rows the
+        read skips and the view takes (a row filed under another tenant) or a store
+        whose two reads disagree: the history the turn would extend cannot be read,
+        so its pairing cannot be checked and the history it would end could never be
+        served: ``CORRUPT``, like any lineage that cannot be read (never a promotion,
+        never a retry without end). Counted, and logged by ``_unreadable``."""
+        metrics.LINEAGE_READ_MISSES.inc()
+        return _unreadable(turn, HistoryFailure(
+            HistoryFailureReason.MISSING_HISTORY,
+            f"the store's view names {named}, {misses} history reads in a row missed it"))
 
     def _against_damaged_head(self, turn: TurnCompleted, failure: HistoryFailure) -> Reject:
         """A Conversation turn whose head the store finds damaged (``HeadDamaged``: cells

@@ -43,12 +43,21 @@ log = logging.getLogger("streams.processor")
 # How often a turn is decided again because the lineage it extends moved meanwhile
 # (another promoter on the same partition) before the attempt is retried as a whole.
 MAX_LINEAGE_ROUNDS = 4
+# How many fresh lineage reads in a row may miss the response the store's view (at
+# SERIAL) just said the turn extends, before the turn is ``CORRUPT``
+# (``StoreAnswers.lineage_never_read``). One miss never happens in a healthy store (the
+# view's SERIAL read completes a promotion in flight; the next read sees it); a lineage
+# that keeps moving names another response each time and is not counted. Less than
+# ``MAX_LINEAGE_ROUNDS``, so that it is reached within one attempt even after a round
+# spent on cached facts: until session 49 such a turn was retried without end.
+MAX_LINEAGE_MISSES = 3
 
 
 class TurnDecider:
     """``decide_and_write``: a verdict (a promotion written, or a rejection not yet
     durable), ``FactsChanged`` (the facts the write asserted moved), after at most
-    ``MAX_LINEAGE_ROUNDS`` lineage reads. Counts the decisions made again because they
+    ``MAX_LINEAGE_ROUNDS`` lineage reads (``CORRUPT`` once ``MAX_LINEAGE_MISSES`` of
+    them in a row missed the response the store's view names). Counts the decisions made again because they
     rested on cached facts (``cache_rechecks``)."""
 
     def __init__(self, store: CheckpointStore, ledger: Ledger, tails: TailCache,
@@ -73,10 +82,11 @@ class TurnDecider:
         as it is (the caller decides it again from fresh reads anyway)."""
         lineage = None if fresh else self.lineages.cached(turn)
         from_cache = (lineage is not None and lineage.cached) or owner_cached
-        verdict = self._decide(turn, facts, mark, lineage or self.lineages.read(turn), claiming,
-                               facts_read=recheck)
-        rounds = 0
-        while verdict is None or (recheck and from_cache and isinstance(verdict, Reject)):
+        lineage = lineage or self.lineages.read(turn)
+        verdict = self._decide(turn, facts, mark, lineage, claiming, facts_read=recheck)
+        rounds = misses = 0
+        while (verdict is None or isinstance(verdict, LineageChanged)
+               or (recheck and from_cache and isinstance(verdict, Reject))):
             # Decide again from fresh reads when (a) a rejection was decided with cached
             # facts: a stale or wrong entry may cost reads, never a wrong rejection (a
             # promotion needs no second look: the store only writes it on top of the
@@ -93,20 +103,29 @@ class TurnDecider:
                     facts = replace(facts, conversation_owner=self.ledger.conversation_owner(
                         turn.conversation_id))
                 from_cache = False
-            # After None (the lineage, or the head the turn expects, is not what it was
-            # looked up as), the lineage is read whole: a head read could lag again.
-            verdict = self._decide(turn, facts, mark,
-                                   self.lineages.read(turn, head_first=verdict is not None),
-                                   claiming, facts_read=recheck)
+            # After None or ``LineageChanged`` (the lineage, or the head the turn
+            # expects, is not what it was looked up as), the lineage is read whole: a
+            # head read could lag again.
+            named = verdict
+            lineage = self.lineages.read(turn, head_first=isinstance(verdict, Reject))
+            verdict = self._decide(turn, facts, mark, lineage, claiming, facts_read=recheck)
+            misses = misses + 1 if _missed_again(named, lineage, verdict) else 0
+            if misses == MAX_LINEAGE_MISSES:
+                assert isinstance(verdict, LineageChanged)
+                rejected = self.answers.lineage_never_read(
+                    turn, verdict.parent_response_id, misses)
+                return (self.verdicts.already_promoted(turn) if recheck else None) or rejected
         return verdict
 
     def _decide(self, turn: TurnCompleted, facts: TurnFacts, mark: str | None,
                 lineage: Lineage, claiming: Callable[[], ResponseClaim] | None = None,
-                facts_read: bool = True) -> Verdict | FactsChanged | None:
+                facts_read: bool = True) -> Verdict | FactsChanged | LineageChanged | None:
         """Validate against ``lineage``, decide, and promote if the rules allow it.
 
-        None: the store would put the turn on another lineage than ``lineage``
-        (nothing written); the caller reads the lineage again."""
+        ``LineageChanged``: the store would put the turn on another lineage than
+        ``lineage``, the one it names (nothing written); None: the head the turn
+        expects is the head after all (``_decide_off_head``). Either way the caller
+        reads the lineage again."""
         known = Facts(
             cancelled=facts.cancellation is not None,
             effects={e.effect_id: e for e in facts.effects},
@@ -129,7 +148,7 @@ class TurnDecider:
             answered = (self.answers.retry_unpaired_by_its_original(turn, known)
                         or self.answers.out_of_lineage(turn, lineage, known) or decided)
             if isinstance(answered, LineageChanged):
-                return None  # the write's view is another lineage (a parent promoted since)
+                return answered  # the write's view is another lineage (a parent promoted since)
             decided = answered
         if not isinstance(decided, Promote):
             # A retry of a request that stands promoted gets the promotion; but only
@@ -173,7 +192,7 @@ class TurnDecider:
 
     def _promote(self, turn: TurnCompleted, decided: Promote, lineage: Lineage,
                  mark: str | None, claiming: Callable[[], ResponseClaim] | None = None
-                 ) -> Verdict | FactsChanged | None:
+                 ) -> Verdict | FactsChanged | LineageChanged:
         hints = _Hints.of(decided, lineage)
         # The claim's holder (raises StoreUnavailable if its outcome stays unknown).
         holder = claiming() if claiming is not None else None
@@ -198,10 +217,23 @@ class TurnDecider:
                      turn.response_id, outcome.parent_response_id, hints.extends)
             if lineage.cached and turn.conversation_id is not None:
                 self.tails.forget_head(turn.tenant_id, turn.conversation_id)
-            return None
+            return outcome
         if isinstance(outcome, RequestHeld):
             return self.answers.held_by_another_response(turn, outcome.holder)
         parent_owner = None
         if isinstance(outcome, ParentMissing):
             parent_owner = self.answers.chain_owner(turn, outcome.previous_response_id)
         return promotion.interpret(turn, outcome, parent_owner)
+
+
+def _missed_again(named: object, lineage: Lineage, verdict: object) -> bool:
+    """Whether a fresh ``lineage`` read right after the store named the response the
+    turn extends (``named``, a ``LineageChanged``) did not extend it, and the store
+    names it again: the two reads disagree (``MAX_LINEAGE_MISSES``). A lineage that
+    moved again names another response; a read that extends the named one but whose
+    write still says ``LineageChanged`` is no miss (the rounds' bound retries it)."""
+    if not (isinstance(named, LineageChanged) and isinstance(verdict, LineageChanged)):
+        return False
+    parent = named.parent_response_id
+    tail = None if lineage.tail is None else lineage.tail.response_id
+    return verdict.parent_response_id == parent and tail != parent

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ratchet.domain.plan import LineageChanged
 from ratchet.samples import new_id
 from schemas.items import function_call, function_call_output, message
 from schemas.models import RejectionReason as R
@@ -73,5 +74,8 @@ def test_a_head_moved_to_the_one_expected_is_decided_again():
     third = turn(conv, 2, input_items=[], items=[
         function_call_output("call_h", "{}", item_id=new_id("fco")),
         message("ok", role="assistant", item_id=new_id("msg"))])
-    assert h.processor._decider._decide(third, NO_FACTS, None, at_one, facts_read=True) is None
+    # ``LineageChanged`` naming head 2 (None until session 49, which made ``_decide``
+    # name the lineage, to count reads that keep missing it).
+    decided = h.processor._decider._decide(third, NO_FACTS, None, at_one, facts_read=True)
+    assert decided == LineageChanged(second.response_id)
     assert h.outcome(third).seq == 3

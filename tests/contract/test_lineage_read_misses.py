@@ -1,0 +1,160 @@
+"""A chain parent the store's view sees promoted (at SERIAL) while every history read of
+it misses it ends as a typed rejection, not a record retried without end.
+
+Until session 49 each decision answered ``LineageChanged`` (the write, or the judgement
+off the lineage, would put the turn on the parent), the turn was decided again from a
+fresh read, at most ``MAX_LINEAGE_ROUNDS`` times, then a retryable ``StoreUnavailable``:
+the record was processed again with backoff, for ever (each attempt bounded, the record
+not; docs/decisions.md, "Session 48's off-lineage answers ... reviewed from outside",
+its "Left"). A healthy store never gets there: the view's SERIAL read completes a
+promotion in flight, so the next read sees it. Two states that do:
+
+- memory: a parent row filed under another tenant (damage): the history read answers
+  ``NOT_FOUND`` (no leak across tenants), the view's parent lookup finds the row;
+- both backends: a store whose history reads miss the parent for good while its view
+  sees it (``LaggingParentReads`` that never catches up).
+
+Now: after ``MAX_LINEAGE_MISSES`` fresh reads in a row missed the lineage the store had
+just named, ``CORRUPT`` (the history the turn would extend cannot be read, so it could
+never be served either), counted in ``ratchet_worker_lineage_read_misses_total`` and
+logged. Whatever the child's items: answering the parent's call (unpaired against the
+empty state the missed read gives: the judgement's path), messages only (paired: the
+write's path), or an output no history pairs. Cold and warm workers, both entries."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pytest
+from prometheus_client import REGISTRY
+
+from ratchet.samples import new_id
+from schemas.items import function_call, function_call_output, message
+from schemas.models import CheckpointPromoted
+from schemas.models import RejectionReason as R
+from services.ledger.cassandra import CassandraLedger
+from services.ledger.memory import MemoryLedger
+from services.store.base import StoreOptions
+from services.store.cassandra import CassandraCheckpointStore
+from services.store.memory import MemoryCheckpointStore
+from streams.processor import PromotionProcessor
+from streams.turn_decider import MAX_LINEAGE_ROUNDS
+from tests.contract.test_off_lineage_write_answers import LaggingParentReads
+from tests.contract.test_processor_handover import ENTRIES, Data
+from tests.unit.test_processor_order_before_pairing import self_unpaired
+from tests.unit.test_processor_rules import TENANT, TOPICS, chain_turn
+
+COLD = pytest.mark.parametrize("cold", [False, True], ids=["warm", "cold"])
+KINDS = pytest.mark.parametrize("kind", ["answers-parent", "messages", "self-unpaired"])
+METRIC = "ratchet_worker_lineage_read_misses_total"
+
+
+@pytest.fixture(params=["memory", "cassandra"])
+def data(request) -> Data:
+    if request.param == "memory":
+        store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+        return Data(lambda: store, lambda: ledger)
+    session = request.getfixturevalue("ledger_session")
+    return Data(lambda: CassandraCheckpointStore(session, StoreOptions(), timeout_s=30),
+                lambda: CassandraLedger(session, timeout_s=30))
+
+
+def _child_items(kind: str) -> dict:
+    if kind == "answers-parent":
+        return {"input_items": [], "items": [
+            function_call_output("call_p", '{"ok": true}', item_id=new_id("fco")),
+            message("done", role="assistant", item_id=new_id("msg"))]}
+    if kind == "messages":
+        return {"items": [message("hi", role="assistant", item_id=new_id("msg"))]}
+    return {"items": self_unpaired()}
+
+
+def _chain(data: Data, entry: str, cold: bool):
+    """A root promoted by the answering worker (warm) or another (cold), a parent on it
+    promoted by a third worker (so no answering worker's tail cache holds it), and the
+    answering worker."""
+    first = data.worker(entry)
+    root = chain_turn(None, None)
+    assert first.outcome(root).seq == 1
+    parent = chain_turn(root.response_id, root.response_id, items=[
+        function_call("call_p", "lookup", {"q": 1}, item_id=new_id("fc"))])
+    assert data.worker().outcome(parent).seq == 2
+    return root, parent, (data.worker(entry) if cold else first)
+
+
+def _on(worker, store) -> None:
+    """``worker`` over ``store`` (its tail cache kept: warm stays warm)."""
+    old = worker.processor
+    worker.store = store
+    worker.processor = PromotionProcessor(store, old.ledger, old.codec, TOPICS,
+                                          clock_ms=old.clock_ms, tails=old.tails)
+
+
+def _misses() -> float:
+    return REGISTRY.get_sample_value(METRIC) or 0.0
+
+
+def _assert_rejected_corrupt(worker, child, caplog) -> None:
+    before = _misses()
+    with caplog.at_level(logging.ERROR, logger="streams.processor"):
+        out = worker.outcome(child)
+    assert not isinstance(out, CheckpointPromoted)
+    assert out.reason is R.CORRUPT, out.detail
+    assert "cannot be read" in out.detail
+    # The operator's signals: the counter, and a log line naming the turn.
+    assert _misses() >= before + 1
+    assert any(child.response_id in r.getMessage() and "missed" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    # Recorded like any rejection: a redelivery replays it, nothing is promoted.
+    again = worker.outcome(child)
+    assert (again.reason, again.detail) == (out.reason, out.detail)
+    assert worker.store.get_checkpoint(TENANT, child.response_id) is None
+
+
+@ENTRIES
+@COLD
+@KINDS
+def test_a_parent_every_read_misses_ends_corrupt(data, entry, cold, kind, caplog):
+    """Both backends: the history reads of the parent never see it, the view does."""
+    root, parent, worker = _chain(data, entry, cold)
+    lagging = LaggingParentReads(worker.store, parent.response_id, lag=10**6)
+    _on(worker, lagging)
+    child = chain_turn(root.response_id, parent.response_id, **_child_items(kind))
+    _assert_rejected_corrupt(worker, child, caplog)
+    # Bounded per decision: the reads the two decisions (one without the request's
+    # facts, one with) made of the parent, each at most ``MAX_LINEAGE_ROUNDS`` + 1.
+    assert 10**6 - lagging.lag <= 2 * (MAX_LINEAGE_ROUNDS + 1)
+
+
+@ENTRIES
+@KINDS
+def test_a_parent_row_filed_under_another_tenant_ends_corrupt(entry, kind, caplog):
+    """Memory store, real state: the parent's row says another tenant (damage). Its
+    history read is ``NOT_FOUND`` (never another tenant's row), its view finds it."""
+    store, ledger = MemoryCheckpointStore(), MemoryLedger()
+    shared = Data(lambda: store, lambda: ledger)
+    root, parent, worker = _chain(shared, entry, cold=True)
+    partition = store._partitions[(TENANT, root.response_id)]
+    row = partition.checkpoints[parent.response_id]
+    partition.checkpoints[parent.response_id] = replace(row, tenant_id="tenant-elsewhere")
+    child = chain_turn(root.response_id, parent.response_id, **_child_items(kind))
+    _assert_rejected_corrupt(worker, child, caplog)
+
+
+@ENTRIES
+@COLD
+def test_a_parent_missed_fewer_times_than_the_bound_is_decided_on(data, entry, cold):
+    """The control: reads that miss the parent 3 times (``MAX_LINEAGE_MISSES``: the
+    first read, then re-reads after the store named it, one fewer than the bound) and
+    then see it: the child is promoted on the parent, no rejection. Passes before and
+    after the bound (a literal here, so that it ran on the code before it too)."""
+    root, parent, worker = _chain(data, entry, cold)
+    lagging = LaggingParentReads(worker.store, parent.response_id, lag=3)
+    _on(worker, lagging)
+    before = _misses()
+    child = chain_turn(root.response_id, parent.response_id, **_child_items("answers-parent"))
+    out = worker.outcome(child)
+    assert isinstance(out, CheckpointPromoted), getattr(out, "detail", None)
+    assert out.seq == 3
+    assert lagging.lag == 0 and _misses() == before
