@@ -161,7 +161,12 @@ def test_the_waiters_keep_every_request_that_got_no_answer(monkeypatch):
     waiters = observe.Waiters("http://mock", "f" * 64, lambda rng: ("ten", "resp-a"), obs,
                               threads=1)
     waiters.start()
-    time.sleep(0.05)
+    # Until the waiter asked once. The patched ``time.sleep`` is the module's own, so
+    # the fixed 0.05 s here slept nothing: the close could come before the thread's
+    # first ask, nothing kept (a loaded full run of session 49).
+    deadline = time.monotonic() + 30
+    while waiters.counts["unavailable"] == 0 and time.monotonic() < deadline:
+        waiters.stop.wait(0.01)
     waiters.close()
     assert obs.lost and all(x.what == "wait" and x.ident == "resp-a" and "503" in x.error
                             and x.ended_ms >= x.asked_ms > 0 for x in obs.lost)
