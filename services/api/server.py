@@ -11,10 +11,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
 import sys
+from collections.abc import Iterator
 
 import uvicorn
 from fastapi import FastAPI
@@ -176,11 +178,14 @@ def _serve(settings: Settings, process: ApiProcess, held: early_log.EarlyRecords
     # uvicorn re-raises the SIGTERM or SIGINT it shut down on once it is done, with the
     # handler it found: the default ones ended the process there (exit 143 before
     # ``close``; Ctrl-C: KeyboardInterrupt, click's "Aborted!", exit 1). A handler that
-    # does nothing lets the process close its clients and exit 0, as the worker does.
+    # only remembers the signal lets the process close its clients and exit 0, as the
+    # worker does; one that came before uvicorn's handlers is handed to uvicorn
+    # (``_Server``): a handler doing nothing swallowed it, and the API served on.
+    early: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: None)
+        signal.signal(signum, lambda signum, _frame: early.append(signum))
     try:
-        uvicorn.Server(uvicorn.Config(
+        _Server(early, uvicorn.Config(
             # The history GETs skip FastAPI's per-request machinery (fastpath.py).
             HistoryFastPath(process.app, process.service),
             host=settings.api_host,
@@ -201,6 +206,22 @@ def _serve(settings: Settings, process: ApiProcess, held: early_log.EarlyRecords
     finally:
         process.close()
     return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, told of the stops that came before it installed its handlers."""
+
+    def __init__(self, early: list[int], config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._early = early
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            # Its handlers are in place: a stop before them is handled as one after.
+            for signum in self._early:
+                self.handle_exit(signum, None)
+            yield
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from streams.testing import ROOT
-from tests.processes import blank_free, cli_env, stop_when_said
+from tests.processes import as_from_a_terminal, blank_free, cli_env, stop_when_said
 
 pytestmark = pytest.mark.integration
 
@@ -66,6 +66,15 @@ def _lease_owner(session, ks: str) -> str | None:
     return None if row is None else row.owner
 
 
+def _run_held(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``script`` run to its end, SIGINT as a terminal's shell leaves it (the default):
+    a run started in the background ignores SIGINT, and so did the script, whose
+    Ctrl-C then did nothing (exit 0, no line; a background CI run, session 49)."""
+    return subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=180,
+                          preexec_fn=as_from_a_terminal)
+
+
 def _stop_when_said(args: list[str], env: dict[str, str], said: str,
                     sig: signal.Signals) -> tuple[int, list[str]]:
     """Start ``args``, send ``sig`` once its stdout says ``said``: its exit code and
@@ -111,8 +120,7 @@ def test_a_stop_during_the_release_says_the_lease_may_stay_held(own, sig, how, c
     """Before: the Ctrl-C line said nothing of the lease, which stayed held for its TTL
     (the next run waited 120 s here); SIGTERM killed the process."""
     script = _HELD.format(signal=sig, where="releasing")
-    done = subprocess.run([sys.executable, "-c", script], env=cli_env(own), cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
+    done = _run_held(script, cli_env(own))
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == code, done.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith(f"ratchet migrate: {how}: stopped; "), lines
@@ -126,8 +134,7 @@ def test_a_stop_while_releasing_after_a_failed_run_still_says_the_failure(own):
     nowhere, only the stop's line (session 48's review). The run's failure is the one the
     operator must act on; the stop's line follows it."""
     script = _HELD.format(signal="TERM", where="failed, releasing")
-    done = subprocess.run([sys.executable, "-c", script], env=cli_env(own), cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
+    done = _run_held(script, cli_env(own))
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 143, done.stderr[-2000:]
     assert len(lines) == 2, lines
@@ -141,8 +148,7 @@ def test_a_stop_after_the_release_was_stopped_keeps_the_lease_note(own):
     session closed replaced it, and the line no longer said the lease may stay held
     (session 48's review)."""
     script = _HELD.format(signal="INT", where="releasing, then shutting down")
-    done = subprocess.run([sys.executable, "-c", script], env=cli_env(own), cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
+    done = _run_held(script, cli_env(own))
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 130, done.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("ratchet migrate: interrupted (Ctrl-C): "), lines

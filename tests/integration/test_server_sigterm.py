@@ -16,6 +16,7 @@ import dataclasses
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -189,3 +190,46 @@ def test_sigterm_while_the_worker_waits_for_kafka_stops_it_at_once(own, tmp_path
     assert lines[-1:] == ["ratchet worker: terminated while starting (SIGTERM): stopped, "
                           "nothing was processed"], lines
     assert took < 5, f"stopped {took:.1f} s after SIGTERM"
+
+
+# ``ratchet api`` held where it has put its own SIGTERM handler in place and uvicorn has
+# not yet put its own (the event loop being made): a loaded machine's pause there.
+_HANDING_OVER = """
+import sys, time
+import uvicorn
+
+made = uvicorn.Config.get_loop_factory
+
+def slow_to_make_its_loop(self):
+    print("handing the signals to uvicorn", flush=True)
+    time.sleep(2)
+    return made(self)
+
+uvicorn.Config.get_loop_factory = slow_to_make_its_loop
+from ratchet.cli import main
+main(["api"])
+"""
+
+
+def test_sigterm_as_the_api_hands_its_signals_to_uvicorn_stops_it(own, tmp_path):
+    """Between the API's handler that lets it close its clients (a handler doing
+    nothing) and uvicorn's own, a SIGTERM was swallowed: the API then served on, and a
+    supervisor's stop came only as SIGKILL at the end of its grace period (CI of
+    session 48's class of races, session 49). Now that stop is handed to uvicorn: it
+    starts, stops at once, exit 0."""
+    log = (tmp_path / "api.log").open("w")
+    env = cli_env(own, RATCHET_API_PORT=str(free_port()))
+    proc = subprocess.Popen([sys.executable, "-c", _HANDING_OVER], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        said = proc.stdout.readline()
+        assert said == "handing the signals to uvicorn\n", (said, proc.poll())
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            code = "still serving 60 s after SIGTERM"
+    finally:
+        reap(proc)
+        log.close()
+    assert code == 0, (code, (tmp_path / "api.log").read_text()[-3000:])

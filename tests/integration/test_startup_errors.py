@@ -211,19 +211,25 @@ def test_an_api_port_in_use_is_one_line_and_never_said_listening(settings):
     assert "rehydration API listening" not in done.stderr
 
 
-def _wait_healthy(port: int, timeout_s: float = 60) -> None:
-    """Until the API on ``port`` answers /healthz 200 (or ``timeout_s`` passed)."""
+def _wait_healthy(proc: subprocess.Popen, port: int, timeout_s: float = 120) -> None:
+    """Until the API on ``port`` answers /healthz 200; fails if it exits or is not
+    serving within ``timeout_s``. It returned silently at its deadline: on a loaded
+    machine the signal then reached an API still starting, whose stop is exit 0 too,
+    and the test passed without a serving API (session 49)."""
     import time
 
     import httpx
 
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
+        assert proc.poll() is None, f"the API exited ({proc.returncode}) before serving"
+        assert time.monotonic() < deadline, f"the API did not serve within {timeout_s} s"
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
@@ -246,7 +252,7 @@ def test_the_api_exits_0_on_sigterm_and_ctrl_c(settings, signame, tmp_path):
             # As a terminal's shell starts it (a background job's would ignore SIGINT).
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        _wait_healthy(port)
+        _wait_healthy(proc, port)
         proc.send_signal(getattr(signal, signame))
         assert proc.wait(timeout=30) == 0, log.read_text()[-2000:]
         assert "Aborted!" not in log.read_text()
@@ -271,7 +277,7 @@ def test_the_api_logs_at_ratchet_log_level(settings, level):
     proc = subprocess.Popen([sys.executable, "-m", "ratchet.cli", "api"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_healthy(port)
+        _wait_healthy(proc, port)
         # A request: the API logs one line for each at INFO.
         httpx.get(f"http://127.0.0.1:{port}/v1/responses/resp_nowhere/history", timeout=10)
         proc.send_signal(signal.SIGTERM)
