@@ -191,3 +191,57 @@ def test_a_parent_only_the_decision_without_facts_missed_is_promoted_untold(
     assert out.seq == 3 and lagging.lag == 0
     assert _misses() == before
     assert _missed_lines(child, caplog) == []
+
+
+class PromoteAfterFirstRead:
+    """A store whose first history read of ``parent`` returns what it read (the parent
+    not promoted yet: a real miss) and then has ``promote`` (another worker) promote
+    it: a parent promoted by another promoter between the child's read and its write,
+    the race a healthy store has. Every later read is the store's own."""
+
+    def __init__(self, store, parent: str, promote) -> None:
+        self._store, self.parent, self._promote = store, parent, promote
+        self.raced, self.reads = False, 0
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def read_history(self, tenant_id, **kw):
+        found = self._store.read_history(tenant_id, **kw)
+        self.reads += kw.get("response_id") == self.parent
+        if not self.raced and kw.get("response_id") == self.parent:
+            self.raced = True
+            self._promote()
+        return found
+
+
+@ENTRIES
+@COLD
+@KINDS
+def test_a_parent_another_worker_promotes_between_read_and_write_is_no_miss(
+        data, entry, cold, kind):
+    """Two promoters racing on a healthy store (the real one on Cassandra): the child's
+    first read misses the parent (not promoted yet), another worker promotes it, the
+    child's write names it; the next read sees it, so nothing is counted and the child
+    is decided on the parent as if it had been there all along. Passes before and
+    after session 49's bound (the review's check that a healthy race never reaches it)."""
+    first = data.worker(entry)
+    root = chain_turn(None, None)
+    assert first.outcome(root).seq == 1
+    parent = chain_turn(root.response_id, root.response_id, items=[
+        function_call("call_p", "lookup", {"q": 1}, item_id=new_id("fc"))])
+    worker = data.worker(entry) if cold else first
+    promoted = []
+    racing = PromoteAfterFirstRead(worker.store, parent.response_id,
+                                   lambda: promoted.append(data.worker().outcome(parent)))
+    _on(worker, racing)
+    before = _misses()
+    child = chain_turn(root.response_id, parent.response_id, **_child_items(kind))
+    out = worker.outcome(child)
+    assert racing.raced and [p.seq for p in promoted] == [2]
+    assert racing.reads >= 2  # the miss, and the read after the store named the parent
+    assert _misses() == before
+    if kind == "answers-parent":
+        assert isinstance(out, CheckpointPromoted) and out.seq == 3, getattr(out, "detail", None)
+    else:  # the parent's call left unanswered: the pairing on the parent's history
+        assert out.reason is R.UNPAIRED_TOOL_CALL, out.detail
