@@ -245,3 +245,23 @@ def test_a_parent_another_worker_promotes_between_read_and_write_is_no_miss(
         assert isinstance(out, CheckpointPromoted) and out.seq == 3, getattr(out, "detail", None)
     else:  # the parent's call left unanswered: the pairing on the parent's history
         assert out.reason is R.UNPAIRED_TOOL_CALL, out.detail
+
+
+@ENTRIES
+def test_the_recorded_corrupt_holds_for_its_request_once_the_parent_reads_well(data, entry):
+    """The rejection is recorded like any (docs/gateway-protocol.md section 7): once
+    the reads find the parent, a redelivery and a retry of the request under another
+    response id still get the recorded ``CORRUPT``; a new request is decided on the
+    parent as it then reads (promoted). Passes before and after session 49's review."""
+    root, parent, worker = _chain(data, entry, cold=True)
+    lagging = LaggingParentReads(worker.store, parent.response_id, lag=10**6)
+    _on(worker, lagging)
+    child = chain_turn(root.response_id, parent.response_id, **_child_items("answers-parent"))
+    assert worker.outcome(child).reason is R.CORRUPT
+    lagging.lag = 0
+    assert worker.outcome(child).reason is R.CORRUPT
+    retry = child.model_copy(update={"response_id": new_id("resp")})
+    assert worker.outcome(retry).reason is R.CORRUPT
+    fresh = chain_turn(root.response_id, parent.response_id, **_child_items("answers-parent"))
+    out = worker.outcome(fresh)
+    assert isinstance(out, CheckpointPromoted) and out.seq == 3, getattr(out, "detail", None)
