@@ -220,7 +220,7 @@ class StoreAnswers:
         return _unreadable(turn, failure)
 
     def lineage_never_read(self, turn: TurnCompleted, named: str | None,
-                           misses: int) -> Reject:
+                           misses: int, *, told: bool = True) -> Reject:
         """The answer to a turn whose lineage the store's view names (``named``: the
         response it would extend, at SERIAL) while ``misses`` fresh history reads in a
         row after it did not extend that response (``TurnDecider``,
@@ -230,11 +230,15 @@ class StoreAnswers:
         whose two reads disagree: the history the turn would extend cannot be read,
         so its pairing cannot be checked and the history it would end could never be
         served: ``CORRUPT``, like any lineage that cannot be read (never a promotion,
-        never a retry without end). Counted, and logged by ``_unreadable``."""
-        metrics.LINEAGE_READ_MISSES.inc()
-        return _unreadable(turn, HistoryFailure(
+        never a retry without end). Counted, and logged by ``_unreadable``, unless not
+        ``told`` (a decision the caller makes again before recording anything)."""
+        failure = HistoryFailure(
             HistoryFailureReason.MISSING_HISTORY,
-            f"the store's view names {named}, {misses} history reads in a row missed it"))
+            f"the store's view names {named}, {misses} history reads in a row missed it")
+        if not told:
+            return _rejection_of(failure)
+        metrics.LINEAGE_READ_MISSES.inc()
+        return _unreadable(turn, failure)
 
     def _against_damaged_head(self, turn: TurnCompleted, failure: HistoryFailure) -> Reject:
         """A Conversation turn whose head the store finds damaged (``HeadDamaged``: cells
@@ -302,6 +306,11 @@ def _unreadable(turn: TurnCompleted, failure: HistoryFailure) -> Reject:
     read's reason; its detail (it may quote stored data) to the log only."""
     log.error("%s extends a lineage that cannot be read: %s: %s", turn.response_id,
               failure.reason.value, failure.detail)
+    return _rejection_of(failure)
+
+
+def _rejection_of(failure: HistoryFailure) -> Reject:
+    """``_unreadable``'s rejection, not logged."""
     reason = _UNREADABLE.get(failure.reason, RejectionReason.CORRUPT)
     return Reject(reason, f"the history this turn extends cannot be read "
                   f"({failure.reason.value}): it cannot be continued")

@@ -112,9 +112,14 @@ class TurnDecider:
             misses = misses + 1 if _missed_again(named, lineage, verdict) else 0
             if misses == MAX_LINEAGE_MISSES:
                 assert isinstance(verdict, LineageChanged)
-                rejected = self.answers.lineage_never_read(
-                    turn, verdict.parent_response_id, misses)
-                return (self.verdicts.already_promoted(turn) if recheck else None) or rejected
+                # Told (counted, logged) only by a decision made with the request's
+                # facts, after the redelivery check: one made without them is decided
+                # again from fresh reads before anything is recorded (their reads may
+                # find the parent), so telling it counted a turn twice, or a turn
+                # that was then promoted (session 49's review).
+                return (self.verdicts.already_promoted(turn) if recheck else None) or \
+                    self.answers.lineage_never_read(turn, verdict.parent_response_id,
+                                                    misses, told=recheck)
         return verdict
 
     def _decide(self, turn: TurnCompleted, facts: TurnFacts, mark: str | None,
