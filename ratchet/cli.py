@@ -10,7 +10,7 @@ from typing import NoReturn
 import click
 
 from ratchet.settings import Settings, SettingsError
-from ratchet.stops import LeaseLeft, Terminated, raise_on_sigterm
+from ratchet.stops import LeaseLeft, MigrateProgress, Terminated, raise_on_sigterm
 
 
 def _settings() -> Settings:
@@ -80,55 +80,80 @@ def migrate(status: bool, wait_s: float | None) -> None:
         raise click.UsageError("--wait is for a run that takes the lease; --status takes none")
     settings = _settings()  # a bad value stops here, before any import or connection
     raise_on_sigterm()
+    progress = MigrateProgress()
     try:
         from infra import migrate as migrations
 
-        code = migrations.cli_migrate(settings, status=status, wait_s=wait_s)
-    except (KeyboardInterrupt, Terminated) as stop:
-        left = _lease_left_before(stop)
-        _exit_interrupted(_interrupted_migrate(status, stop, lease_left=left and left.lease))
-    except LeaseLeft as left:
-        _exit_interrupted(_interrupted_migrate(status, left.__cause__, lease_left=left.lease))
+        code = migrations.cli_migrate(settings, status=status, wait_s=wait_s, progress=progress)
+    except (KeyboardInterrupt, Terminated, LeaseLeft) as stop:
+        _exit_interrupted(_interrupted_migrate(status, stop, progress, settings))
     sys.exit(code)
 
 
 def _lease_left_before(stop: BaseException) -> LeaseLeft | None:
-    """The ``LeaseLeft`` a later stop replaced (Ctrl-C pressed on while the session and
-    the cluster closed after the release was stopped), else None: what it says still
-    holds, and the line said nothing of the lease (session 48's review)."""
-    seen = stop.__context__
+    """The ``LeaseLeft`` that is ``stop`` or that a later stop replaced (Ctrl-C pressed
+    on while the session and the cluster closed after the release was stopped), else
+    None: what it says still holds, and the line said nothing of the lease (session
+    48's review)."""
+    seen: BaseException | None = stop
     while seen is not None and not isinstance(seen, LeaseLeft):
         seen = seen.__context__
     return seen
 
 
 # A stop's line names it and ends with its code: 128 + the signal, a shell's code for a
-# process the signal stopped (not 0: the keyspace may not be up to date).
+# process the signal stopped. Not 0 even once every migration is recorded (the line says
+# so): the caller asked it to stop, and `ratchet migrate && next` must not go on.
 _STOPS = {KeyboardInterrupt: ("interrupted (Ctrl-C)", 130),
           Terminated: ("terminated (SIGTERM)", 143)}
 
+# What holds when the stop came in each phase of ``MigrateProgress``: it said "what it
+# applied stays applied, a migration it was applying is not recorded" in all, before
+# the lease and after the last migration was recorded too (session 48's review; 49).
+_MIGRATE_PHASES = {
+    "connecting": "no migration was applied (stopped before taking the lease); `ratchet "
+                  "migrate --status` says what is left, `ratchet migrate` applies it",
+    "waiting": "no migration was applied (stopped while waiting for another migrator's "
+               "lease, which it left alone); `ratchet migrate --status` shows that lease",
+    "applying": "what it applied stays applied, a migration it was applying is not "
+                "recorded and is re-run whole; `ratchet migrate --status` says what is "
+                "left, `ratchet migrate` finishes",
+    "applied": "every migration is applied and recorded, the schema up to date",
+    "released": "every migration is applied and recorded, the schema up to date; its "
+                "lease was released",
+}
 
-def _interrupted_migrate(status: bool, stop: BaseException | None,
-                         lease_left: str | None = None) -> int:
+
+def _interrupted_migrate(status: bool, stop: BaseException, progress: MigrateProgress,
+                         settings: Settings) -> int:
     """Ctrl-C during ``migrate`` (connecting, waiting for another migrator's lease,
     applying) was click's ``Aborted!`` and exit 1, which reads as a failure of the
     schema (session 47); SIGTERM was Python's default death. One line saying what holds
-    instead, and the stop's code (``_STOPS``). The lease, if taken, was released on the way
-    out (``apply_migrations``' ``finally``; a release that does not reach Cassandra leaves
-    it to expire by its TTL); a stop during the release itself (``lease_left``) says the
-    lease may stay held. A second stop while the line is written was a traceback under
-    it: both signals are ignored from here to the exit (session 48)."""
+    in the phase it was stopped in (``progress``) instead, and the stop's code
+    (``_STOPS``). The lease, if taken, was released on the way out
+    (``apply_migrations``' ``finally``; a release that does not reach Cassandra leaves
+    it to expire by its TTL); a stop during the release itself (a ``LeaseLeft``, even
+    one a later stop replaced) says the lease may stay held. A failure of the run not
+    said yet (a stop in its release or its session's close skipped the handler that
+    says it) comes first (session 48's review; 49). A second stop while the lines are
+    written was a traceback under them: both signals are ignored from here to the exit
+    (session 48)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    left = _lease_left_before(stop)
+    if isinstance(stop, LeaseLeft):
+        stop = stop.__cause__
     how, code = _STOPS.get(type(stop), _STOPS[KeyboardInterrupt])
-    if status:
-        said = "changed nothing"
-    else:
-        said = ("what it applied stays applied, a migration it was applying is not "
-                "recorded and is re-run whole; `ratchet migrate --status` says what is "
-                "left, `ratchet migrate` finishes")
-    if lease_left is not None:
-        said += (f"; stopped while releasing its lease {lease_left}, which may stay held "
+    if progress.failure is not None and not progress.failure_said:
+        from infra.migrate import failure_line
+
+        failure = progress.failure
+        said = (failure_line(failure, settings)
+                or f"ratchet migrate failed: {type(failure).__name__}: {failure}")
+        print(said, file=sys.stderr, flush=True)
+    said = "changed nothing" if status else _MIGRATE_PHASES[progress.phase]
+    if left is not None:
+        said += (f"; stopped while releasing its lease {left.lease}, which may stay held "
                  f"until its TTL ends (at most {_lease_ttl_s()} s): a `ratchet migrate` "
                  "started sooner waits for it, `ratchet migrate --status` shows it")
     print(f"ratchet migrate: {how}: stopped; {said}", file=sys.stderr, flush=True)

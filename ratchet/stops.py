@@ -6,6 +6,7 @@ slow (a stop can land during the import) and the adapters can raise them."""
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 
 
 class Terminated(BaseException):
@@ -31,11 +32,30 @@ class LeaseLeft(BaseException):
     while it released its migration lease: whether the ``DELETE`` reached Cassandra is
     unknown, so the lease may stay held until its TTL ends, a migrate started sooner
     waiting for it. The stop came out as it was, and the CLI's line said nothing of the
-    lease (session 47's review, left; session 48). ``failure``: the run's own failure the
-    release came after (None: it came after a success or a stop), said before the stop's
-    line (session 48's review)."""
+    lease (session 47's review, left; session 48). The run's own failure the release
+    came after is in ``MigrateProgress.failure``."""
 
-    def __init__(self, lease: str, failure: Exception | None = None) -> None:
+    def __init__(self, lease: str) -> None:
         super().__init__(lease)
         self.lease = lease
-        self.failure = failure
+
+
+@dataclass
+class MigrateProgress:
+    """How far ``ratchet migrate`` got, kept by ``apply_migrations`` as it goes, read by
+    the CLI's stop line wherever the stop lands (a closing session's ``finally``
+    included). An exception cannot carry it: a further stop replaces the exception, and a
+    stop before the lease is a bare ``KeyboardInterrupt``. The line said "what it applied
+    stays applied, a migration it was applying is not recorded" in every phase, before
+    the lease (nothing applied) and after the last migration was recorded alike; and a
+    failure was said by the handler a later stop skipped (session 48's review, left;
+    session 49).
+
+    ``phase``: ``connecting`` (before the lease: no migration applied), ``waiting`` (for
+    another migrator's lease), ``applying`` (the lease held), ``applied`` (every
+    migration recorded), ``released`` (and the lease released). ``failure``: the run's
+    failure, once it failed; ``failure_said``: its line was written."""
+
+    phase: str = "connecting"
+    failure: Exception | None = None
+    failure_said: bool = False
