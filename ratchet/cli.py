@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
-from typing import NoReturn
+# First, before the imports below (~0.2 s, click most of it): a SIGTERM from here on is
+# kept for the command to take (``_OWN_SIGTERM``) or die of as before (session 49).
+from ratchet.stops import defer_sigterm
 
-import click
+defer_sigterm()
 
-from ratchet.settings import Settings, SettingsError
-from ratchet.stops import LeaseLeft, MigrateProgress, Terminated, raise_on_sigterm
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from typing import NoReturn  # noqa: E402
+
+import click  # noqa: E402
+
+from ratchet.settings import Settings, SettingsError  # noqa: E402
+from ratchet.stops import (  # noqa: E402
+    LeaseLeft,
+    MigrateProgress,
+    Terminated,
+    default_sigterm,
+    raise_on_sigterm,
+)
+
+# The commands that take SIGTERM themselves (``raise_on_sigterm``, first thing in their
+# ``try``); the others keep Python's default death.
+_OWN_SIGTERM = frozenset({"migrate", "smoke", "api", "worker"})
 
 
 def _settings() -> Settings:
@@ -24,6 +40,8 @@ def _settings() -> Settings:
 @click.version_option(package_name="ratchet")
 def main() -> None:
     """ratchet: persist LLM conversation checkpoints that are never wrong."""
+    if click.get_current_context().invoked_subcommand not in _OWN_SIGTERM:
+        default_sigterm()
 
 
 @main.group()
@@ -79,9 +97,9 @@ def migrate(status: bool, wait_s: float | None) -> None:
     if status and wait_s is not None:
         raise click.UsageError("--wait is for a run that takes the lease; --status takes none")
     settings = _settings()  # a bad value stops here, before any import or connection
-    raise_on_sigterm()
     progress = MigrateProgress()
     try:
+        raise_on_sigterm()
         from infra import migrate as migrations
 
         code = migrations.cli_migrate(settings, status=status, wait_s=wait_s, progress=progress)
@@ -173,8 +191,8 @@ def smoke(keep: bool) -> None:
     """Round trip: Avro via the registry -> Kafka -> consume -> Cassandra LWT -> read back,
     then remove what it made (names of its own, never reused)."""
     settings = _settings()  # a bad value stops here, before any import or connection
-    raise_on_sigterm()
     try:
+        raise_on_sigterm()
         from infra import smoke as smoke_test
 
         code = smoke_test.cli_smoke(settings, keep=keep)
@@ -194,8 +212,8 @@ def smoke(keep: bool) -> None:
 def worker() -> None:
     """Run the promotion processor (joins the consumer group; SIGTERM drains and exits)."""
     settings = _settings()  # a bad value stops here, before any import or connection
-    raise_on_sigterm()  # until Faust's own handlers: a stop while connecting
     try:
+        raise_on_sigterm()  # until Faust's own handlers: a stop while connecting
         from streams import worker as promotion_worker
 
         code = promotion_worker.cli_worker(settings)
@@ -208,8 +226,8 @@ def worker() -> None:
 def api() -> None:
     """Serve the rehydration HTTP API (RATCHET_API_HOST:RATCHET_API_PORT)."""
     settings = _settings()  # a bad value stops here, before any import or connection
-    raise_on_sigterm()  # until uvicorn's own handlers: a stop while connecting
     try:
+        raise_on_sigterm()  # until uvicorn's own handlers: a stop while connecting
         from services.api import server
 
         code = server.cli_api(settings)
