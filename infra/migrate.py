@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from ratchet.settings import Settings
-from ratchet.stops import LeaseLeft
+from ratchet.stops import LeaseLeft, MigrateProgress
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 _FILE = re.compile(r"^(\d{3,})_([A-Za-z0-9_]+)\.cql$")
@@ -264,7 +264,8 @@ def _lease_terms_taken(session, ks: str) -> bool:
 
 
 def _acquire_lease(session, ks: str, owner: str, wait_s: float | None,
-                   out: Callable[[str], None] = lambda _msg: None) -> float:
+                   out: Callable[[str], None] = lambda _msg: None,
+                   progress: MigrateProgress | None = None) -> float:
     """Take the lease, waiting for another migrator's for as long as it holds it (a
     running one renews it; a killed one's expires by its own TTL), or at most
     ``wait_s`` (``--wait``), saying so every 15 s. It waited at most this version's
@@ -299,6 +300,8 @@ def _acquire_lease(session, ks: str, owner: str, wait_s: float | None,
         verdict = lease_wait_verdict(lease, waited, wait_s)
         if verdict is not None:
             raise MigrationError(f"cannot take {held}, {verdict}. Nothing was applied. {said}")
+        if progress is not None:
+            progress.phase = "waiting"
         if time.monotonic() >= next_word:
             bound = (f"at most {wait_s:g}s (--wait)" if wait_s is not None else
                      "for as long as it holds the lease (`ratchet migrate --wait SECONDS` "
@@ -433,22 +436,26 @@ def _release_lease(session, ks: str, owner: str) -> None:
                     (owner,), timeout=RELEASE_TIMEOUT_S)
 
 
-def _release(session, ks: str, owner: str, *,
-             after: BaseException | None = None) -> Exception | None:
+def _release(session, ks: str, owner: str) -> Exception | None:
     """``_release_lease`` on the way out: None once released, else the driver's error,
-    the lease left to its TTL. After a failed take or run (``after``) that failure is the
-    one raised; after a run that applied, the schema is up to date and the caller warns
-    (session 48). A stop (Ctrl-C, SIGTERM) during the release is ``LeaseLeft``, carrying
-    the failure it came after: a stop here replaced it, and a run that failed (a checksum
-    mismatch, Cassandra timing out) said only that it was stopped (session 48's review)."""
+    the lease left to its TTL. After a failed take or run that failure is the one the
+    caller raises; after a run that applied, the schema is up to date and the caller
+    warns (session 48). A stop (Ctrl-C, SIGTERM) during the release is ``LeaseLeft``;
+    the failure it came after is in ``MigrateProgress`` (session 48's review; session
+    49: a further stop replaced the ``LeaseLeft`` that carried it)."""
     try:
         _release_lease(session, ks, owner)
     except Exception as exc:  # the driver's errors
         return exc
     except BaseException as stop:
-        failure = after if isinstance(after, Exception) else None
-        raise LeaseLeft(f"{ks}.schema_migrations_lease", failure) from stop
+        raise LeaseLeft(f"{ks}.schema_migrations_lease") from stop
     return None
+
+
+def _note_failure(progress: MigrateProgress, exc: BaseException) -> None:
+    """Keep the run's first failure (not a stop) for the CLI's stop line."""
+    if isinstance(exc, Exception) and progress.failure is None:
+        progress.failure = exc
 
 
 def release_failed_warning(ks: str, exc: Exception) -> str:
@@ -462,7 +469,8 @@ def release_failed_warning(ks: str, exc: Exception) -> str:
 
 def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGRATIONS_DIR,
                      out: Callable[[str], None] = lambda _msg: None,
-                     lease_wait_s: float | None = None) -> list[Migration]:
+                     lease_wait_s: float | None = None,
+                     progress: MigrateProgress | None = None) -> list[Migration]:
     """Create the keyspace and apply every migration not applied yet; return those applied.
 
     Accepts a cassandra-driver ``Cluster`` or ``Session``; a session of its own is used
@@ -470,8 +478,10 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
     an applied migration's file changed, ``SchemaAhead`` (before applying anything) when
     the keyspace records a migration this code has no file for, ``MigrationError`` for
     other problems. Another migrator's lease is waited for as long as it is held, or at
-    most ``lease_wait_s`` (``_acquire_lease``).
+    most ``lease_wait_s`` (``_acquire_lease``). ``progress``: kept up to date for the
+    CLI's stop line (``MigrateProgress``).
     """
+    progress = MigrateProgress() if progress is None else progress
     migrations = discover(folder)
     cluster = getattr(session_or_cluster, "cluster", session_or_cluster)
     session = cluster.connect()
@@ -483,13 +493,16 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
             if warning:
                 out(f"warning: {warning}")
         try:
-            taken_at = _acquire_lease(session, ks, owner, wait_s=lease_wait_s, out=out)
+            taken_at = _acquire_lease(session, ks, owner, wait_s=lease_wait_s, out=out,
+                                      progress=progress)
         except BaseException as failure:
             # Ctrl-C (or a lost answer) while the take was answered: Cassandra may have
             # applied it, and the lease stayed this run's for its TTL, the next migrate
             # waiting that long (an outside review, session 47). Ours or nobody's.
-            _release(session, ks, owner, after=failure)
+            _note_failure(progress, failure)
+            _release(session, ks, owner)
             raise
+        progress.phase = "applying"
         try:
             with _LeaseKeeper(session, ks, owner, taken_at) as lease:
                 applied = _apply(session, settings, migrations, folder, lease, out)
@@ -497,15 +510,22 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
             # The run's own failure (Ctrl-C included) is the one raised: a release that
             # failed too replaced it, and an interrupted run said "cannot reach
             # Cassandra", exit 1 (an outside review, session 48). Left to its TTL then.
-            _release(session, ks, owner, after=failure)
+            _note_failure(progress, failure)
+            _release(session, ks, owner)
             raise
+        progress.phase = "applied"
         # After a run that applied: the schema is up to date whatever the release's
         # fate. A release that failed was "cannot reach Cassandra", exit 1 (session 48's
         # operator leftovers, left): a warning now, the lease left to its TTL.
         failed = _release(session, ks, owner)
         if failed is not None:
             out(release_failed_warning(ks, failed))
+        else:
+            progress.phase = "released"
         return applied
+    except Exception as failure:  # before the lease (the keyspace, its tables)
+        _note_failure(progress, failure)
+        raise
     finally:
         session.shutdown()
 
@@ -817,21 +837,40 @@ def describe_lease(lease: LeaseRow, ks: str, now: datetime | None = None) -> str
             f"reach Cassandra). {wait}")
 
 
+def failure_line(exc: Exception, settings: Settings) -> str | None:
+    """The line of a failure of ``ratchet migrate``, None for one it does not expect (a
+    bug: its traceback)."""
+    from cassandra import DriverException, RequestExecutionException, RequestValidationException
+    from cassandra.cluster import NoHostAvailable
+    from cassandra.protocol import ErrorMessage
+
+    hosts = f"{','.join(settings.cassandra_hosts)}:{settings.cassandra_port}"
+    if isinstance(exc, MigrationError):
+        return f"ratchet migrate failed: {exc}"
+    if isinstance(exc, ErrorMessage | RequestValidationException):
+        # Cassandra answered and refused: the statement, the keyspace (a system one)
+        # or the credentials, never "cannot reach" (an outside review, session 26).
+        return (f"ratchet migrate failed: Cassandra at {hosts} refused a statement: "
+                f"{exc} (RATCHET_KEYSPACE={settings.keyspace!r}, RATCHET_REPLICATION="
+                f"{settings.replication!r}?)")
+    if isinstance(exc, NoHostAvailable | RequestExecutionException | DriverException
+                  | OSError):
+        return (f"ratchet migrate: cannot reach Cassandra at {hosts} ({exc}); check "
+                f"RATCHET_CASSANDRA_HOSTS and RATCHET_CASSANDRA_PORT (on this machine: "
+                f"is `ratchet infra up` running?)")
+    return None
+
+
 def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bool = False,
-                wait_s: float | None = None) -> int:
+                wait_s: float | None = None, progress: MigrateProgress | None = None) -> int:
     """``ratchet migrate`` (``status``: ``ratchet migrate --status``, ``migration_status``;
-    ``wait_s``: ``--wait``, how long another migrator's lease is waited for)."""
+    ``wait_s``: ``--wait``, how long another migrator's lease is waited for;
+    ``progress``: the CLI's, read by its stop line)."""
     import logging
 
-    from cassandra import (
-        DriverException,
-        RequestExecutionException,
-        RequestValidationException,
-        UnresolvableContactPoints,
-    )
-    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+    from cassandra import UnresolvableContactPoints
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import RoundRobinPolicy
-    from cassandra.protocol import ErrorMessage
 
     logging.getLogger("cassandra").setLevel(logging.ERROR)
     hosts = f"{','.join(settings.cassandra_hosts)}:{settings.cassandra_port}"
@@ -844,39 +883,18 @@ def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bo
         print(f"ratchet migrate: cannot reach Cassandra at {hosts}: no host name resolves; "
               f"check RATCHET_CASSANDRA_HOSTS", file=sys.stderr, flush=True)
         return 1
-    def failed(exc: Exception) -> str | None:
-        """The line of a failure of the run, None for one it does not expect."""
-        if isinstance(exc, MigrationError):
-            return f"ratchet migrate failed: {exc}"
-        if isinstance(exc, ErrorMessage | RequestValidationException):
-            # Cassandra answered and refused: the statement, the keyspace (a system one)
-            # or the credentials, never "cannot reach" (an outside review, session 26).
-            return (f"ratchet migrate failed: Cassandra at {hosts} refused a statement: "
-                    f"{exc} (RATCHET_KEYSPACE={settings.keyspace!r}, RATCHET_REPLICATION="
-                    f"{settings.replication!r}?)")
-        if isinstance(exc, NoHostAvailable | RequestExecutionException | DriverException
-                      | OSError):
-            return (f"ratchet migrate: cannot reach Cassandra at {hosts} ({exc}); check "
-                    f"RATCHET_CASSANDRA_HOSTS and RATCHET_CASSANDRA_PORT (on this machine: "
-                    f"is `ratchet infra up` running?)")
-        return None
-
+    progress = MigrateProgress() if progress is None else progress
     try:
         if status:
             return migration_status(cluster, settings, folder, out=print)
-        applied = apply_migrations(cluster, settings, folder, out=print, lease_wait_s=wait_s)
-    except LeaseLeft as left:
-        # Stopped while releasing the lease after the run failed: the failure first,
-        # then the stop's line (the CLI's).
-        said = None if left.failure is None else failed(left.failure)
-        if said is not None:
-            print(said, file=sys.stderr, flush=True)
-        raise
+        applied = apply_migrations(cluster, settings, folder, out=print, lease_wait_s=wait_s,
+                                   progress=progress)
     except Exception as exc:
-        said = failed(exc)
+        said = failure_line(exc, settings)
         if said is None:
             raise
         print(said, file=sys.stderr, flush=True)
+        progress.failure_said = True
         return 1
     finally:
         cluster.shutdown()

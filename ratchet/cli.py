@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
-from typing import NoReturn
+# First, before the imports below (~0.2 s, click most of it): a SIGTERM from here on is
+# kept for the command to take (``_OWN_SIGTERM``) or die of as before (session 49).
+from ratchet.stops import defer_sigterm
 
-import click
+defer_sigterm()
 
-from ratchet.settings import Settings, SettingsError
-from ratchet.stops import LeaseLeft, Terminated, raise_on_sigterm
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from typing import NoReturn  # noqa: E402
+
+import click  # noqa: E402
+
+from ratchet.settings import Settings, SettingsError  # noqa: E402
+from ratchet.stops import (  # noqa: E402
+    LeaseLeft,
+    MigrateProgress,
+    Terminated,
+    default_sigterm,
+    raise_on_sigterm,
+)
+
+# The commands that take SIGTERM themselves (``raise_on_sigterm``, first thing in their
+# ``try``); the others keep Python's default death.
+_OWN_SIGTERM = frozenset({"migrate", "smoke", "api", "worker"})
 
 
 def _settings() -> Settings:
@@ -24,6 +40,8 @@ def _settings() -> Settings:
 @click.version_option(package_name="ratchet")
 def main() -> None:
     """ratchet: persist LLM conversation checkpoints that are never wrong."""
+    if click.get_current_context().invoked_subcommand not in _OWN_SIGTERM:
+        default_sigterm()
 
 
 @main.group()
@@ -79,56 +97,81 @@ def migrate(status: bool, wait_s: float | None) -> None:
     if status and wait_s is not None:
         raise click.UsageError("--wait is for a run that takes the lease; --status takes none")
     settings = _settings()  # a bad value stops here, before any import or connection
-    raise_on_sigterm()
+    progress = MigrateProgress()
     try:
+        raise_on_sigterm()
         from infra import migrate as migrations
 
-        code = migrations.cli_migrate(settings, status=status, wait_s=wait_s)
-    except (KeyboardInterrupt, Terminated) as stop:
-        left = _lease_left_before(stop)
-        _exit_interrupted(_interrupted_migrate(status, stop, lease_left=left and left.lease))
-    except LeaseLeft as left:
-        _exit_interrupted(_interrupted_migrate(status, left.__cause__, lease_left=left.lease))
+        code = migrations.cli_migrate(settings, status=status, wait_s=wait_s, progress=progress)
+    except (KeyboardInterrupt, Terminated, LeaseLeft) as stop:
+        _exit_interrupted(_interrupted_migrate(status, stop, progress, settings))
     sys.exit(code)
 
 
 def _lease_left_before(stop: BaseException) -> LeaseLeft | None:
-    """The ``LeaseLeft`` a later stop replaced (Ctrl-C pressed on while the session and
-    the cluster closed after the release was stopped), else None: what it says still
-    holds, and the line said nothing of the lease (session 48's review)."""
-    seen = stop.__context__
+    """The ``LeaseLeft`` that is ``stop`` or that a later stop replaced (Ctrl-C pressed
+    on while the session and the cluster closed after the release was stopped), else
+    None: what it says still holds, and the line said nothing of the lease (session
+    48's review)."""
+    seen: BaseException | None = stop
     while seen is not None and not isinstance(seen, LeaseLeft):
         seen = seen.__context__
     return seen
 
 
 # A stop's line names it and ends with its code: 128 + the signal, a shell's code for a
-# process the signal stopped (not 0: the keyspace may not be up to date).
+# process the signal stopped. Not 0 even once every migration is recorded (the line says
+# so): the caller asked it to stop, and `ratchet migrate && next` must not go on.
 _STOPS = {KeyboardInterrupt: ("interrupted (Ctrl-C)", 130),
           Terminated: ("terminated (SIGTERM)", 143)}
 
+# What holds when the stop came in each phase of ``MigrateProgress``: it said "what it
+# applied stays applied, a migration it was applying is not recorded" in all, before
+# the lease and after the last migration was recorded too (session 48's review; 49).
+_MIGRATE_PHASES = {
+    "connecting": "no migration was applied (stopped before taking the lease); `ratchet "
+                  "migrate --status` says what is left, `ratchet migrate` applies it",
+    "waiting": "no migration was applied (stopped while waiting for another migrator's "
+               "lease, which it left alone); `ratchet migrate --status` shows that lease",
+    "applying": "what it applied stays applied, a migration it was applying is not "
+                "recorded and is re-run whole; `ratchet migrate --status` says what is "
+                "left, `ratchet migrate` finishes",
+    "applied": "every migration is applied and recorded, the schema up to date",
+    "released": "every migration is applied and recorded, the schema up to date; its "
+                "lease was released",
+}
 
-def _interrupted_migrate(status: bool, stop: BaseException | None,
-                         lease_left: str | None = None) -> int:
+
+def _interrupted_migrate(status: bool, stop: BaseException, progress: MigrateProgress,
+                         settings: Settings) -> int:
     """Ctrl-C during ``migrate`` (connecting, waiting for another migrator's lease,
     applying) was click's ``Aborted!`` and exit 1, which reads as a failure of the
     schema (session 47); SIGTERM was Python's default death. One line saying what holds
-    instead, and the stop's code (``_STOPS``). The lease, if taken, was released on the way
-    out (``apply_migrations``' ``finally``; a release that does not reach Cassandra leaves
-    it to expire by its TTL); a stop during the release itself (``lease_left``) says the
-    lease may stay held. A second stop while the line is written was a traceback under
-    it: both signals are ignored from here to the exit (session 48)."""
+    in the phase it was stopped in (``progress``) instead, and the stop's code
+    (``_STOPS``). The lease, if taken, was released on the way out
+    (``apply_migrations``' ``finally``; a release that does not reach Cassandra leaves
+    it to expire by its TTL); a stop during the release itself (a ``LeaseLeft``, even
+    one a later stop replaced) says the lease may stay held. A failure of the run not
+    said yet (a stop in its release or its session's close skipped the handler that
+    says it) comes first (session 48's review; 49). A second stop while the lines are
+    written was a traceback under them: both signals are ignored from here to the exit
+    (session 48)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    left = _lease_left_before(stop)
+    if isinstance(stop, LeaseLeft):
+        stop = stop.__cause__
     how, code = _STOPS.get(type(stop), _STOPS[KeyboardInterrupt])
-    if status:
-        said = "changed nothing"
-    else:
-        said = ("what it applied stays applied, a migration it was applying is not "
-                "recorded and is re-run whole; `ratchet migrate --status` says what is "
-                "left, `ratchet migrate` finishes")
-    if lease_left is not None:
-        said += (f"; stopped while releasing its lease {lease_left}, which may stay held "
+    if progress.failure is not None and not progress.failure_said:
+        from infra.migrate import failure_line
+
+        failure = progress.failure
+        said = (failure_line(failure, settings)
+                or f"ratchet migrate failed: {type(failure).__name__}: {failure}")
+        print(said, file=sys.stderr, flush=True)
+    said = "changed nothing" if status else _MIGRATE_PHASES[progress.phase]
+    if left is not None:
+        said += (f"; stopped while releasing its lease {left.lease}, which may stay held "
                  f"until its TTL ends (at most {_lease_ttl_s()} s): a `ratchet migrate` "
                  "started sooner waits for it, `ratchet migrate --status` shows it")
     print(f"ratchet migrate: {how}: stopped; {said}", file=sys.stderr, flush=True)
@@ -148,8 +191,8 @@ def smoke(keep: bool) -> None:
     """Round trip: Avro via the registry -> Kafka -> consume -> Cassandra LWT -> read back,
     then remove what it made (names of its own, never reused)."""
     settings = _settings()  # a bad value stops here, before any import or connection
-    raise_on_sigterm()
     try:
+        raise_on_sigterm()
         from infra import smoke as smoke_test
 
         code = smoke_test.cli_smoke(settings, keep=keep)
@@ -169,8 +212,8 @@ def smoke(keep: bool) -> None:
 def worker() -> None:
     """Run the promotion processor (joins the consumer group; SIGTERM drains and exits)."""
     settings = _settings()  # a bad value stops here, before any import or connection
-    raise_on_sigterm()  # until Faust's own handlers: a stop while connecting
     try:
+        raise_on_sigterm()  # until Faust's own handlers: a stop while connecting
         from streams import worker as promotion_worker
 
         code = promotion_worker.cli_worker(settings)
@@ -183,8 +226,8 @@ def worker() -> None:
 def api() -> None:
     """Serve the rehydration HTTP API (RATCHET_API_HOST:RATCHET_API_PORT)."""
     settings = _settings()  # a bad value stops here, before any import or connection
-    raise_on_sigterm()  # until uvicorn's own handlers: a stop while connecting
     try:
+        raise_on_sigterm()  # until uvicorn's own handlers: a stop while connecting
         from services.api import server
 
         code = server.cli_api(settings)

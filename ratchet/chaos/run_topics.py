@@ -64,10 +64,14 @@ def make(settings: Settings, group: str, made: list[str]) -> None:
         except Exception as exc:  # noqa: BLE001 - no answer: it may exist now
             unknown.append(f"{name} ({type(exc).__name__}: {exc})")
     if exists:
+        # Made before the run, or by its own create sent again after it applied (its
+        # answer lost): which cannot be told, so named with their delete (session 49).
         raise TopicsNotMade(
-            f"topic(s) {', '.join(sorted(exists))} exist already, made before this run "
-            "(its tag met an earlier run's, or a hand made them): not this run's to use "
-            "or delete; nothing of theirs was changed, run again (a new tag)")
+            f"topic(s) {', '.join(sorted(exists))} exist already: made before this run "
+            "(its tag met an earlier run's, or a hand made them) or by this run's own "
+            "create, sent again after it applied; not used or deleted, nothing of theirs "
+            "was changed. Run again (a new tag); once sure no other run uses them, remove "
+            f"them with {'; '.join(delete_command(settings, n) for n in sorted(exists))}")
     if unknown:
         raise TopicsNotMade(
             f"creating topic(s) {'; '.join(unknown)} got no answer: they may exist now, "

@@ -594,10 +594,15 @@ def _make_keyspace(settings: Settings, say) -> None:
             session.execute(f"CREATE KEYSPACE {ks} WITH replication = {settings.replication}",
                             timeout=60)
         except AlreadyExists:
+            # Made before the run, or by this run's own create sent again after it
+            # applied (its answer lost): which cannot be told, so it is neither used nor
+            # dropped, and named with its drop (session 48's review, left; session 49).
             raise ChaosSetupFailed(
-                f"keyspace {ks} exists already, made before this run (its tag met an "
-                "earlier run's, or a hand made it): not this run's to use or drop; nothing "
-                "was changed, run again (a new tag)") from None
+                f"keyspace {ks} exists already: made before this run (its tag met an "
+                "earlier run's, or a hand made it) or by this run's own create, sent again "
+                "after it applied; not used or dropped, nothing was changed. Run again (a "
+                f"new tag); once sure no other run uses it, remove it with `DROP KEYSPACE "
+                f"IF EXISTS {ks};`") from None
         except BaseException as exc:
             say(f"keyspace {ks} may have been made ({_short(exc)}): remove it with "
                 f"`DROP KEYSPACE IF EXISTS {ks};` once sure it is this run's")

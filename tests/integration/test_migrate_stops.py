@@ -41,13 +41,19 @@ def stopped_while_releasing(session, ks, owner):  # the DELETE sent, then the si
 def failing(*_args, **_kwargs):  # the run fails while it holds the lease
     raise m.MigrationError("a stand-in failure of the run")
 
+def ensuring(*_args, **_kwargs):  # connected, before the lease
+    print("making the keyspace", flush=True)
+    time.sleep(120)
+
 if "{where}" == "applying":
     m._apply = holding
-else:
+if "{where}" == "connecting":
+    m._ensure_keyspace = ensuring
+if "releasing" in "{where}":
     m._release_lease = stopped_while_releasing
-if "{where}" == "failed, releasing":
+if "failed" in "{where}":
     m._apply = failing
-if "{where}" == "releasing, then shutting down":  # a third stop, as the session closes
+if "shutting down" in "{where}":  # a stop as the session closes (after the others)
     from cassandra.cluster import Session
     closing = Session.shutdown
     def stopped_while_closing(self):
@@ -111,7 +117,25 @@ def test_sigterm_while_waiting_for_another_migrators_lease_leaves_it_alone(
     assert code == 143, lines
     assert len(lines) == 1 and lines[0].startswith(
         "ratchet migrate: terminated (SIGTERM): stopped; "), lines
+    # It said "what it applied stays applied", nothing having been (session 48's review).
+    assert ("no migration was applied (stopped while waiting for another migrator's lease, "
+            "which it left alone)") in lines[0], lines
+    assert "stays applied" not in lines[0], lines
     assert _lease_owner(cassandra_session, own.keyspace) == "another"
+
+
+def test_a_stop_before_the_lease_says_no_migration_was_applied(own, cassandra_session):
+    """Connected, making the keyspace (before the lease): the line said "what it applied
+    stays applied, a migration it was applying is not recorded", nothing having been
+    applied (session 48's review)."""
+    script = _HELD.format(signal="INT", where="connecting")
+    code, lines = _stop_when_said([sys.executable, "-c", script], cli_env(own),
+                                  "making the keyspace", signal.SIGTERM)
+    assert code == 143, lines
+    assert len(lines) == 1 and lines[0].startswith(
+        "ratchet migrate: terminated (SIGTERM): stopped; no migration was applied "
+        "(stopped before taking the lease)"), lines
+    assert "stays applied" not in lines[0], lines
 
 
 @pytest.mark.parametrize("sig,how,code", [("INT", "interrupted (Ctrl-C)", 130),
@@ -126,6 +150,11 @@ def test_a_stop_during_the_release_says_the_lease_may_stay_held(own, sig, how, c
     assert len(lines) == 1 and lines[0].startswith(f"ratchet migrate: {how}: stopped; "), lines
     assert (f"stopped while releasing its lease {own.keyspace}.schema_migrations_lease, "
             "which may stay held until its TTL ends (at most 120 s)") in lines[0], lines
+    # Every migration was applied and recorded: it said "a migration it was applying is
+    # not recorded" (session 48's review).
+    assert "stopped; every migration is applied and recorded, the schema up to date" in lines[0], \
+        lines
+    assert "not recorded" not in lines[0], lines
 
 
 def test_a_stop_while_releasing_after_a_failed_run_still_says_the_failure(own):
@@ -153,3 +182,36 @@ def test_a_stop_after_the_release_was_stopped_keeps_the_lease_note(own):
     assert done.returncode == 130, done.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("ratchet migrate: interrupted (Ctrl-C): "), lines
     assert "stopped while releasing its lease" in lines[0], lines
+
+
+@pytest.mark.parametrize("sig,how,code", [("INT", "interrupted (Ctrl-C)", 130),
+                                          ("TERM", "terminated (SIGTERM)", 143)])
+def test_a_stop_after_a_successful_release_says_the_schema_is_up_to_date(
+        own, cassandra_session, sig, how, code):
+    """Every migration applied and recorded and the lease released, then a stop as the
+    session closed: the line said a migration "is not recorded" (session 48's review)."""
+    script = _HELD.format(signal=sig, where="shutting down")
+    done = subprocess.run([sys.executable, "-c", script], env=cli_env(own), cwd=ROOT,
+                          capture_output=True, text=True, timeout=180)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == code, done.stderr[-2000:]
+    assert lines == [f"ratchet migrate: {how}: stopped; every migration is applied and "
+                     "recorded, the schema up to date; its lease was released"], lines
+    assert _lease_owner(cassandra_session, own.keyspace) is None
+
+
+@pytest.mark.parametrize("where", ["failed, shutting down",
+                                   "failed, releasing, then shutting down"])
+def test_a_failed_runs_line_survives_a_stop_as_its_session_closes(own, where):
+    """A run that failed, then a stop as its session closed (after its release, or after
+    a stop of the release too): the failure's line was lost, only the stop's said
+    (session 48's review, left)."""
+    script = _HELD.format(signal="TERM", where=where)
+    done = subprocess.run([sys.executable, "-c", script], env=cli_env(own), cwd=ROOT,
+                          capture_output=True, text=True, timeout=180)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert len(lines) == 2, lines
+    assert lines[0] == "ratchet migrate failed: a stand-in failure of the run", lines
+    assert lines[1].startswith("ratchet migrate: terminated (SIGTERM): stopped; "), lines
+    assert ("stopped while releasing its lease" in lines[1]) == ("releasing" in where), lines

@@ -74,3 +74,47 @@ def test_a_stopped_smoke_removes_what_it_made(own, kafka_admin, schema_registry_
     assert exited == code, (out, err[-2000:])
     assert f"ratchet smoke: {how}: stopped" in err, err[-2000:]
     assert _left(own, kafka_admin, schema_registry_client, cassandra_session) == [], out
+
+
+def test_a_topic_create_that_timed_out_after_it_applied_is_removed(
+        own, kafka_admin, schema_registry_client, cassandra_session, monkeypatch, capsys):
+    """The topic's create answered by a timeout although Kafka made it: the run failed
+    and left the topic, neither removed nor named (session 48's review, left). The name
+    is the run's own (never reused), so it is removed if there."""
+    from concurrent.futures import Future
+
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    made = AdminClient.create_topics
+
+    def applied_then_timed_out(self, topics, **kwargs):
+        for future in made(self, topics, **kwargs).values():
+            future.result(timeout=30)
+        timed_out = Future()
+        timed_out.set_exception(KafkaException(KafkaError(KafkaError._TIMED_OUT)))
+        return {t.topic: timed_out for t in topics}
+
+    monkeypatch.setattr(AdminClient, "create_topics", applied_then_timed_out)
+    assert cli_smoke(own) == 1, capsys.readouterr().out
+    assert _left(own, kafka_admin, schema_registry_client, cassandra_session) == []
+
+
+def test_a_keyspace_create_that_timed_out_after_it_applied_is_removed(
+        own, kafka_admin, schema_registry_client, cassandra_session, monkeypatch, capsys):
+    """As the topic: ``CREATE KEYSPACE`` answered by the driver's timeout although
+    Cassandra made it; the keyspace was left, neither removed nor named."""
+    from cassandra import OperationTimedOut
+    from cassandra.cluster import Session
+
+    execute = Session.execute
+
+    def applied_then_timed_out(self, query, *args, **kwargs):
+        result = execute(self, query, *args, **kwargs)
+        if str(query).startswith("CREATE KEYSPACE"):
+            raise OperationTimedOut("a stand-in: the create applied, its answer lost")
+        return result
+
+    monkeypatch.setattr(Session, "execute", applied_then_timed_out)
+    assert cli_smoke(own) == 1, capsys.readouterr().out
+    assert _left(own, kafka_admin, schema_registry_client, cassandra_session) == []

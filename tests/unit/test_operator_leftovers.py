@@ -91,13 +91,14 @@ def test_migrate_refuses_a_wait_it_cannot_use(args, says):
 
 
 @pytest.mark.parametrize("args,said", [
-    ([], "what it applied stays applied"),
+    ([], "no migration was applied (stopped before taking the lease)"),
     (["--status"], "changed nothing"),
 ])
 def test_ctrl_c_during_migrate_says_what_holds_and_exits_130(away, args, said):
-    """Ctrl-C while ``ratchet migrate`` connected (or waited for a lease, or applied)
-    was click's ``Aborted!`` and exit 1, read as a failed migration; it is one line
-    saying what holds, and exit 130 (stopped by Ctrl-C, not up to date)."""
+    """Ctrl-C while ``ratchet migrate`` connected was click's ``Aborted!`` and exit 1,
+    read as a failed migration; it is one line saying what holds, and exit 130. What
+    holds there: no migration was applied (it said "what it applied stays applied":
+    session 48's review; session 49)."""
     code, lines = signal_while_connecting(away, ["migrate", *args], signal.SIGINT)
     assert code == 130, lines
     assert len(lines) == 1 and lines[0].startswith(

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import subprocess
+import sys
 
 import pytest
 
 from ratchet.settings import Settings
-from streams.testing import free_port
-from tests.processes import signal_while_connecting
+from streams.testing import ROOT, free_port
+from tests.processes import cli_env, signal_while_connecting
 
 
 @pytest.fixture
@@ -36,3 +38,50 @@ def test_sigterm_while_a_server_command_connects_exits_0_in_one_line(away, comma
     assert code == 0, (code, lines)
     assert lines == [f"ratchet {command}: terminated while starting (SIGTERM): stopped, "
                      f"{so}"], lines
+
+
+# SIGTERM sent to itself at a moment before the command's own handler (session 48's
+# second review, left: the first ~0.1 s): as ``click`` is imported by ``ratchet.cli``
+# (most of that time), or as the settings are read. Then the command as its entry
+# point runs it; Cassandra away, so a command that gets past the stop fails instead.
+_EARLY = """
+import importlib.abc, os, signal, sys
+
+class Stop(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "{module}":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+sys.meta_path.insert(0, Stop())
+if "{module}" != "click":
+    import click  # the moment is later: click is imported before it
+sys.argv = ["ratchet", "{command}"]
+import runpy
+runpy.run_module("ratchet.cli", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("moment", ["click", "ratchet.settings"])
+@pytest.mark.parametrize("command,so", [("api", "nothing was served"),
+                                        ("worker", "nothing was processed")])
+def test_sigterm_before_the_commands_handler_is_its_line_too(away, command, so, moment):
+    """Before: Python's default death (returncode -15, no line)."""
+    env = cli_env(away, RATCHET_CASSANDRA_PORT=str(free_port()),
+                  RATCHET_API_PORT=str(free_port()), RATCHET_WORKER_METRICS_PORT="0")
+    done = subprocess.run([sys.executable, "-c", _EARLY.format(module=moment, command=command)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 0, (done.returncode, lines)
+    assert lines == [f"ratchet {command}: terminated while starting (SIGTERM): stopped, "
+                     f"{so}"], lines
+
+
+@pytest.mark.parametrize("command", ["bench", "demo"])
+def test_sigterm_before_another_commands_start_is_still_the_default_death(away, command):
+    """The commands without a SIGTERM handler of their own keep Python's default."""
+    env = cli_env(away)
+    done = subprocess.run([sys.executable, "-c", _EARLY.format(module="click", command=command)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGTERM, done.stderr[-2000:]
