@@ -191,8 +191,7 @@ def test_a_stop_after_a_successful_release_says_the_schema_is_up_to_date(
     """Every migration applied and recorded and the lease released, then a stop as the
     session closed: the line said a migration "is not recorded" (session 48's review)."""
     script = _HELD.format(signal=sig, where="shutting down")
-    done = subprocess.run([sys.executable, "-c", script], env=cli_env(own), cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
+    done = _run_held(script, cli_env(own))
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == code, done.stderr[-2000:]
     assert lines == [f"ratchet migrate: {how}: stopped; every migration is applied and "
@@ -207,8 +206,7 @@ def test_a_failed_runs_line_survives_a_stop_as_its_session_closes(own, where):
     a stop of the release too): the failure's line was lost, only the stop's said
     (session 48's review, left)."""
     script = _HELD.format(signal="TERM", where=where)
-    done = subprocess.run([sys.executable, "-c", script], env=cli_env(own), cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
+    done = _run_held(script, cli_env(own))
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 143, done.stderr[-2000:]
     assert len(lines) == 2, lines
