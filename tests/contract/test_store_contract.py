@@ -658,7 +658,9 @@ class StoreContract:
         assert isinstance(outcome, Promoted) and outcome.seq == 2
         assert outcome.checkpoint.first_item_seq == parent.last_item_seq + 1
         assert len(self.history(store, tenant, response_id=child.response_id).items) == 4
-        ghost = dataclasses.replace(parent, response_id=uid("resp"))
+        # a copy of the child, not the root: a root under another id plans nothing
+        # (outside its partition, session 49), so the write would never see it
+        ghost = dataclasses.replace(outcome.checkpoint, response_id=uid("resp"))
         orphan = chain_turn(tenant, root, uid("resp"), ghost.response_id)
         assert store.promote(orphan, parent_hint=ghost) == ParentMissing(ghost.response_id)
         assert store.get_checkpoint(tenant, orphan.response_id) is None
