@@ -329,17 +329,21 @@ def plan_promotion(request: PromotionRequest, view: PromotionView) -> PromotionO
 def _may_be_a_chain_row(row: CheckpointRecord, head: Head | None) -> bool:
     """False for a row reading ``chain`` that the view shows is none (a damaged ``mode``
     cell or link, docs/store.md): the head names it (a head names a Conversation row
-    only), or its own links disagree (a chain row's parent is its
-    ``previous_response_id``, both None at a root; a Conversation row's parent is the
-    head it was planned on). What a promotion's view holds anyway, so ``promote`` alone
-    refuses these at no request more. A Conversation row whose cells are a chain row's
-    (its first turn when not the head: parent and ``previous_response_id`` both None)
-    is told only by a read of the partition (``_check_chain`` in ``history.py``), which
-    the processor makes before every chain turn (its hints come from such reads)."""
+    only), its own links disagree (a chain row's parent is its ``previous_response_id``,
+    both None at a root; a Conversation row's parent is the head it was planned on), or
+    it is a root outside its own partition (a chain's first response is its partition
+    key, CONTRACT section 2, and ``validate_request`` writes no other root: a
+    Conversation's first turn, whose cells are a root's, sits under the Conversation's
+    id). What a promotion's view holds anyway, so ``promote`` alone refuses these at no
+    request more. Left to a read of the partition (``_check_chain`` in ``history.py``,
+    which the processor makes before every chain turn): a Conversation's first turn
+    whose response id is the Conversation's own id, not the head."""
     if row.mode is not PromotionMode.CHAIN:
         return True  # not a chain parent at all: ``_plan_chain`` answers ParentMissing
     named_by_head = head is not None and head.response_id == row.response_id
-    return not named_by_head and row.parent_response_id == row.previous_response_id
+    return (not named_by_head and row.parent_response_id == row.previous_response_id
+            and (row.previous_response_id is not None
+                 or row.response_id == row.partition_key))
 
 
 def _check_head(request: PromotionRequest, view: PromotionView) -> None:

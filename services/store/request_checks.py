@@ -36,8 +36,10 @@ def turn_size(request: PromotionRequest) -> int:
     return size
 
 
-def validate_request(request: PromotionRequest) -> None:
-    """Refuse requests that are bugs in the caller, or that could never be read back."""
+def validate_request(request: PromotionRequest, *, written: bool = True) -> None:
+    """Refuse requests that are bugs in the caller, or that could never be read back.
+    ``written=False``: a request only looked up (``promoted_request``, ``promoted_key``),
+    never written, so no chain root's partition is checked."""
     for name, value in (("tenant_id", request.tenant_id),
                         ("partition_key", request.partition_key),
                         ("response_id", request.response_id),
@@ -49,6 +51,12 @@ def validate_request(request: PromotionRequest) -> None:
             raise InvalidPromotion("Conversation mode needs expected_head_seq >= 0")
     elif request.previous_response_id == request.response_id:
         raise InvalidPromotion("a response cannot be its own parent")
+    elif (written and request.previous_response_id is None
+          and request.response_id != request.partition_key):
+        # A chain's first response is its own partition key (CONTRACT section 2): its
+        # children are keyed by it. The plan tells a damaged Conversation row from a
+        # chain root by this (``_may_be_a_chain_row``), so no other root is written.
+        raise InvalidPromotion("a chain's first response must be its own partition key")
     # Every item's digest, in one call (in C with ``ratchet._speedups``: one call
     # against three per item by ``Item.digest_ok``): the first that does not match.
     items = request.items

@@ -68,7 +68,7 @@ class RequestFacts:
                                                           idempotency_key, ""))
 
     def promoted_request(self, request: PromotionRequest) -> CheckpointRecord | None:
-        validate_request(request)
+        validate_request(request, written=False)
         original = self._backend._read_view(request).original
         if original is None and starts_chain(request):
             holder = self._backend._request_holder(request.tenant_id, request.idempotency_key)
@@ -84,7 +84,7 @@ class RequestFacts:
             tenant_id=tenant_id, partition_key=partition_key, mode=PromotionMode.CHAIN,
             response_id=response_id, idempotency_key=idempotency_key, request_digest="",
             items=(), certification=Certification.LOGICAL_ONLY)
-        validate_request(request)
+        validate_request(request, written=False)
         original = self._backend._read_view(request).original
         if original is None and first_of_chain:
             holder = self._backend._request_holder(tenant_id, idempotency_key)

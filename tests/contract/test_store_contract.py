@@ -338,8 +338,9 @@ class StoreContract:
         if where == "conversation":
             reuse = conversation_turn(tenant, uid("conv"), 0, response_id=first.response_id)
         else:
+            # a chain's first response: its own partition key (session 49: the store
+            # refuses a root under another key, which this case used to be)
             reuse = chain_turn(tenant, first.response_id, first.response_id, None)
-            reuse = dataclasses.replace(reuse, partition_key=uid("root"))
         # a fresh store (no hints) decides the same: the claim is the shared truth
         fresh = self.shared_store(store, StoreOptions())
         assert fresh.promote(reuse) == ResponseClaimed(ResponseClaim.of(first))
@@ -545,6 +546,21 @@ class StoreContract:
             store.promote(chain_turn(tenant, root, root, root))
         assert store.get_checkpoint(tenant, root) is None
 
+    def test_a_chain_root_outside_its_own_partition_is_refused(self, store, tenant, clock):
+        """A chain's first response is its own partition key (CONTRACT section 2: its
+        children are keyed by it); the plan tells a Conversation's first turn whose
+        ``mode`` reads ``chain`` from a root by it, so a root filed under another key is
+        a caller's bug (``InvalidPromotion``, nothing written, judged alike), never a
+        row a later chain turn could take for a root. Session 49: written before. A
+        lookup of such a request still answers (it writes nothing)."""
+        root = uid("resp")
+        misfiled = chain_turn(tenant, uid("other"), root, None)
+        for call in (store.promote, lambda r: store.judge(r, None)):
+            with pytest.raises(InvalidPromotion):
+                call(misfiled)
+        assert store.get_checkpoint(tenant, root) is None
+        assert store.promoted_request(misfiled) is None
+
     # -- fast path: a write planned from hints ----------------------------------------
 
     def test_stale_head_hint_still_promotes_at_the_true_head(self, store, tenant):
@@ -642,7 +658,9 @@ class StoreContract:
         assert isinstance(outcome, Promoted) and outcome.seq == 2
         assert outcome.checkpoint.first_item_seq == parent.last_item_seq + 1
         assert len(self.history(store, tenant, response_id=child.response_id).items) == 4
-        ghost = dataclasses.replace(parent, response_id=uid("resp"))
+        # a copy of the child, not the root: a root under another id plans nothing
+        # (outside its partition, session 49), so the write would never see it
+        ghost = dataclasses.replace(outcome.checkpoint, response_id=uid("resp"))
         orphan = chain_turn(tenant, root, uid("resp"), ghost.response_id)
         assert store.promote(orphan, parent_hint=ghost) == ParentMissing(ghost.response_id)
         assert store.get_checkpoint(tenant, orphan.response_id) is None
@@ -1378,10 +1396,41 @@ class StoreContract:
                 history = self.history(reader, tenant, response_id=rid)
                 assert (history.checkpoint.seq, history.head_seq) == (seq, seq)
 
+    def test_a_fork_whose_mode_reads_conversation_fails_its_siblings_closed(
+            self, store, tenant, clock):
+        """A chain fork's ``mode`` cell damaged from ``chain`` to ``conversation``: the
+        row now reads as a Conversation turn whose parent is the chain's root, so every
+        lineage through the root, the undamaged sibling's too, is ``CORRUPT_HISTORY``
+        (a chain lineage holds no row a Conversation names). Decided in session 49 to
+        stay closed (docs/store.md, "Damage to one history"): the same rows are what a
+        Conversation whose first turn's ``mode`` and head were both damaged would leave,
+        and no read can tell which cell is the damaged one. A chain elsewhere reads."""
+        root, fork, sibling, nephew = uid("root"), uid("resp"), uid("resp"), uid("resp")
+        for turn in (chain_turn(tenant, root, root, None),
+                     chain_turn(tenant, root, fork, root),
+                     chain_turn(tenant, root, sibling, root),
+                     chain_turn(tenant, root, nephew, sibling)):
+            assert isinstance(store.promote(turn), Promoted)
+        other = uid("root")
+        assert isinstance(store.promote(chain_turn(tenant, other, other, None)), Promoted)
+        for rid in (root, sibling, nephew):  # verified before the damage
+            assert isinstance(self.history(store, tenant, response_id=rid), VerifiedHistory)
+        self.rewrite_turn(store, tenant, root, fork, {"mode": PromotionMode.CONVERSATION})
+        cold = self.shared_store(store, StoreOptions(clock=clock))
+        for reader in (store, cold):
+            for rid in (root, fork, sibling, nephew):
+                by = {"response_id": rid}
+                for found in (reader.read_history(tenant, **by),
+                              asyncio.run(reader.read_history_async(tenant, **by))):
+                    assert isinstance(found, HistoryFailure), (rid, found)
+                    assert found.reason is HistoryFailureReason.CORRUPT_HISTORY, (rid, found)
+            assert self.history(reader, tenant, response_id=other).checkpoint.seq == 1
+
     @pytest.mark.parametrize("turns,flipped,tell", [
         (1, 0, "the head names it"),
         (3, 2, "the head names it (and its links disagree)"),
         (3, 1, "its links disagree: a chain row's parent is its previous_response_id"),
+        (3, 0, "a root outside its own partition: a chain's first response is its key"),
     ])
     def test_promote_refuses_a_chain_turn_on_a_row_its_view_shows_is_no_chain(
             self, store, tenant, clock, turns, flipped, tell):
@@ -1391,11 +1440,13 @@ class StoreContract:
         partition's head names the parent (a head names a Conversation row only), or the
         parent's own links disagree (a chain row's ``parent_response_id`` is its
         ``previous_response_id``, both None at a root; a Conversation row's parent is
-        the head it was planned on). By the promoting store and a cold one, with and
-        without the parent's record as the caller's hint. Before session 48 every case
-        was written. The one case no view shows (the first turn of a longer
-        Conversation: its cells are a chain root's) is the reads' alone: docs/store.md.
-        The chain sharing the partition still takes its next turn."""
+        the head it was planned on), or it is a root outside its own partition (a
+        chain's first response is its partition key; the first turn of a longer
+        Conversation, its cells a root's, sits under the Conversation's id). By the
+        promoting store and a cold one, with and without the parent's record as the
+        caller's hint. Before session 48 every case was written; the root outside its
+        partition until session 49. The chain sharing the partition still takes its
+        next turn."""
         conv, chain_root, chain_child, promoted = self._chain_beside_conversation(
             store, tenant, turns)
         damaged = promoted[flipped].response_id

@@ -201,7 +201,10 @@ def test_refused_batch_on_the_idempotency_row_writes_nothing(counted, healthy, s
 def test_refused_chain_batch_on_a_missing_parent_writes_nothing(counted, store_session):
     session, store = counted
     tenant, root = uid("tenant"), uid("resp")
-    parent = store.promote(chain_turn(tenant, root, root, None)).checkpoint
+    store.promote(chain_turn(tenant, root, root, None))
+    # A hint of a chain row that is not there: a copy of a child (a copy of the root
+    # under another id is a root outside its partition, which plans nothing: session 49).
+    parent = store.promote(chain_turn(tenant, root, uid("resp"), root)).checkpoint
     ghost = dataclasses.replace(parent, response_id=uid("resp"))
     orphan = chain_turn(tenant, root, uid("resp"), ghost.response_id, n_items=3)
     session.reset()

@@ -22,7 +22,7 @@ from tests.unit.test_api_http import uid
 def test_a_parent_evicted_during_a_one_row_extension_is_not_read_on_the_loop():
     stack = CachingStack()
     tenant, root = uid("tenant"), uid("root")
-    first = stack.chain(tenant, root, uid("resp"), None)
+    first = stack.chain(tenant, root, root, None)  # a chain root is its own key
     second = stack.chain(tenant, root, uid("resp"), first)
     third = stack.chain(tenant, root, uid("resp"), second)
     assert stack.history(tenant, second).status_code == 200  # cached, linked

@@ -222,10 +222,19 @@ def test_a_chain_parent_the_view_shows_is_a_conversation_row_is_corrupt():
         with pytest.raises(CorruptPartition):
             plan_promotion(child, PromotionView(head, parent=parent))
         assert plan_from_hints(child, head, parent) is None
-    # The first turn of two, its cells a chain root's, no head naming it: only a read of
-    # the partition tells it (``_check_chain``); the view cannot.
+    # The first turn of two, its cells a chain root's, no head naming it: a root outside
+    # its own partition (a chain's first response is its key; session 49, planned before).
     child = chain_turn("t", "shared", "resp_c", "resp_1")
-    assert isinstance(plan_promotion(child, PromotionView(head_2, parent=flipped_1)), Plan)
+    with pytest.raises(CorruptPartition):
+        plan_promotion(child, PromotionView(head_2, parent=flipped_1))
+    assert plan_from_hints(child, head_2, flipped_1) is None
+    # Left to a read (``_check_chain``): that turn with the Conversation's own id as its
+    # response id, under that id a root's cells exactly.
+    own = conversation_turn("t", "shared", 0, response_id="shared")
+    own_row = replace(checkpoint_of(own, plan_promotion(own, PromotionView(None))),
+                      mode=PromotionMode.CHAIN)
+    child = chain_turn("t", "shared", "resp_c", "shared")
+    assert isinstance(plan_promotion(child, PromotionView(head_2, parent=own_row)), Plan)
 
 
 @pytest.mark.parametrize("mode", ["conversation", "chain"])
