@@ -167,7 +167,30 @@ def raise_size_limits(admin: AdminClient, topics: Topics, names: Sequence[str],
                 f"{new} (the principal needs ALTER_CONFIGS on it): {exc}") from exc
         log.warning("raised max.message.bytes of topic %s from %d to %d",
                     resource.name, old, new)
+    _until_reported(admin, changes, timeout_s)
     return changes
+
+
+def _until_reported(admin: AdminClient, changes: dict[str, tuple[int, int]],
+                    timeout_s: float) -> None:
+    """Return once the broker reports each raised limit. The alter's answer comes when
+    the controller has it; the broker that takes the records applies it a moment later
+    (measured: the old value read right after, session 49's CI class of races), and a
+    worker producing a large record in that moment would be refused. Past ``timeout_s``
+    it fails as the alter would."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = _current_limits(admin, list(changes), timeout_s)
+        behind = {name: now[name] for name, (_, new) in changes.items() if now[name] < new}
+        if not behind:
+            return
+        if time.monotonic() > deadline:
+            raise TopicConfigError(
+                "the broker still reports " + ", ".join(
+                    f"max.message.bytes {value} of topic {name} (raised to "
+                    f"{changes[name][1]})" for name, value in sorted(behind.items()))
+                + f" {timeout_s:g} s after it was raised")
+        time.sleep(0.1)
 
 
 def _current_limits(admin: AdminClient, names: Sequence[str],
