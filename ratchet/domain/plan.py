@@ -318,7 +318,9 @@ def plan_promotion(request: PromotionRequest, view: PromotionView) -> PromotionO
     if request.mode is PromotionMode.CONVERSATION:
         _check_head(request, view)
         return _plan_conversation(request, view.head)
-    if view.parent is not None and not _may_be_a_chain_row(view.parent, view.head):
+    no_conversation = view.head is None and not view.conversation_begun
+    if view.parent is not None and not _may_be_a_chain_row(view.parent, view.head,
+                                                           no_conversation):
         raise CorruptPartition(
             f"partition {request.partition_key} of tenant {request.tenant_id}: the parent "
             f"{view.parent.response_id} reads as a chain row but is a Conversation's "
@@ -326,24 +328,33 @@ def plan_promotion(request: PromotionRequest, view: PromotionView) -> PromotionO
     return _plan_chain(request, view.parent)
 
 
-def _may_be_a_chain_row(row: CheckpointRecord, head: Head | None) -> bool:
+def _may_be_a_chain_row(row: CheckpointRecord, head: Head | None,
+                        no_conversation: bool = False) -> bool:
     """False for a row reading ``chain`` that the view shows is none (a damaged ``mode``
     cell or link, docs/store.md): the head names it (a head names a Conversation row
     only), its own links disagree (a chain row's parent is its ``previous_response_id``,
     both None at a root; a Conversation row's parent is the head it was planned on), or
-    it is a root outside its own partition (a chain's first response is its partition
-    key, CONTRACT section 2, and ``validate_request`` writes no other root: a
-    Conversation's first turn, whose cells are a root's, sits under the Conversation's
-    id). What a promotion's view holds anyway, so ``promote`` alone refuses these at no
+    it is a root outside its own partition in a partition where a Conversation begun
+    (a Conversation's first turn, whose cells are a root's, sits under the
+    Conversation's id; ``no_conversation``: the view holds neither a head nor the
+    Conversation's marker). A root off its key in a partition without a Conversation is
+    taken as the chain root it reads as: a chain's first response is its own partition
+    key (CONTRACT section 2), and neither the processor (since 2026-12-03) nor
+    ``validate_request`` (session 49) writes another, but a gateway that named its
+    chain's partition as the first response's ``chain_root_id`` had it filed so before;
+    the reads verify such a chain, so its turns are written too (session 49, rrevj).
+    A hint cannot show the marker: ``plan_from_hints`` passes False (the view decides).
+    What a promotion's view holds anyway, so ``promote`` alone refuses these at no
     request more. Left to a read of the partition (``_check_chain`` in ``history.py``,
     which the processor makes before every chain turn): a Conversation's first turn
-    whose response id is the Conversation's own id, not the head."""
+    whose response id is the Conversation's own id, not the head; one off its key whose
+    Conversation lost both its head and its marker."""
     if row.mode is not PromotionMode.CHAIN:
         return True  # not a chain parent at all: ``_plan_chain`` answers ParentMissing
     named_by_head = head is not None and head.response_id == row.response_id
     return (not named_by_head and row.parent_response_id == row.previous_response_id
             and (row.previous_response_id is not None
-                 or row.response_id == row.partition_key))
+                 or row.response_id == row.partition_key or no_conversation))
 
 
 def _check_head(request: PromotionRequest, view: PromotionView) -> None:

@@ -237,6 +237,28 @@ def test_a_chain_parent_the_view_shows_is_a_conversation_row_is_corrupt():
     assert isinstance(plan_promotion(child, PromotionView(head_2, parent=own_row)), Plan)
 
 
+def test_a_root_off_its_key_is_refused_only_where_the_view_shows_a_conversation():
+    """A chain root filed under another key before the processor refused one (a gateway
+    naming its chain's partition as the first response's ``chain_root_id``): with no
+    Conversation in the view (no head, no marker) it is the root it reads as and a turn
+    on it plans (the reads verify it; session 49 raised ``CorruptPartition`` here, rrevj).
+    With a head or the Conversation's marker, the damaged Conversation row it is
+    refused. A hint never shows the marker: no plan from it, the view decides."""
+    old = chain_turn("t", "elsewhere", "resp_root", None)
+    root = checkpoint_of(old, plan_promotion(old, PromotionView(None)))
+    assert (root.response_id, root.partition_key) == ("resp_root", "elsewhere")
+    child = chain_turn("t", "elsewhere", "resp_c", "resp_root")
+    planned = plan_promotion(child, PromotionView(None, parent=root))
+    assert isinstance(planned, Plan) and (planned.seq, planned.parent_response_id) == (
+        2, "resp_root")
+    head = Head(3, "resp_3", 6, None)
+    for view in (PromotionView(head, parent=root),
+                 PromotionView(None, parent=root, conversation_begun=True)):
+        with pytest.raises(CorruptPartition):
+            plan_promotion(child, view)
+    assert plan_from_hints(child, None, root) is None
+
+
 @pytest.mark.parametrize("mode", ["conversation", "chain"])
 def test_a_promotion_digests_its_items_once(monkeypatch, mode):
     """The plan's lineage digest and the checkpoint's items digest are made of one
