@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 # First, before the imports below (~0.2 s, click most of it): a SIGTERM from here on is
-# kept for the command to take (``_OWN_SIGTERM``) or die of as before (session 49).
+# kept for the command to take (``_OWN_SIGTERM``) or die of as before (session 49);
+# only when this process is the CLI, not a host that imports it (``defer_sigterm``).
 from ratchet.stops import defer_sigterm
 
-defer_sigterm()
+defer_sigterm(__name__)
 
 import os  # noqa: E402
 import signal  # noqa: E402

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 
 class Terminated(BaseException):
@@ -22,16 +23,33 @@ class Terminated(BaseException):
 _deferred: list[int] = []
 
 
-def defer_sigterm() -> None:
+def defer_sigterm(cli_module: str) -> None:
     """Keep a SIGTERM for later: the first thing ``ratchet.cli`` does, before its imports
     (click alone takes ~0.1 s), so that the stop lands where the command decides
     (``raise_on_sigterm`` raises it, ``default_sigterm`` dies of it). Until then SIGTERM
     was Python's default death, no line, for ``ratchet api`` / ``worker`` too (session 48's
     second review, left; session 49). Raising here instead would come out of an import
     or click's parsing, outside any command's handling. Only over the default: a host
-    that set its own handler (a test runner importing the CLI) keeps it."""
+    that set its own handler keeps it.
+
+    Only in the CLI's own process (``cli_module``: the importer's ``__name__``): a
+    process that imports ``ratchet.cli`` and never runs a command (pytest collecting a
+    test of the CLI, a tool) kept every SIGTERM for a command that never came, and
+    SIGTERM no longer stopped it (an outside review, session 49)."""
+    if not _is_the_program(cli_module):
+        return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _keep)
+
+
+def _is_the_program(cli_module: str) -> bool:
+    """``python -m ratchet.cli`` (the CLI is ``__main__``) or the ``ratchet`` console
+    script (a file named ``ratchet`` that imports the CLI to run ``main``: the image's
+    entrypoint, pip's and uv's scripts)."""
+    if cli_module == "__main__":
+        return True
+    program = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+    return os.path.basename(program) == "ratchet"
 
 
 def _keep(signum: int, _frame: object) -> None:

@@ -85,3 +85,41 @@ def test_sigterm_before_another_commands_start_is_still_the_default_death(away, 
     done = subprocess.run([sys.executable, "-c", _EARLY.format(module="click", command=command)],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == -signal.SIGTERM, done.stderr[-2000:]
+
+
+def test_a_process_that_imports_the_cli_still_dies_of_sigterm(away):
+    """A host that imports ``ratchet.cli`` and runs no command (pytest collecting a test
+    of the CLI): its first statement kept every SIGTERM for a command that never came,
+    and the process ran on (an outside review, session 49)."""
+    host = ("import time\nimport ratchet.cli\nprint('imported', flush=True)\n"
+            "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", host], env=cli_env(away), cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "imported\n", proc.poll()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            code = "still running 60 s after SIGTERM"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert code == -signal.SIGTERM, code
+
+
+def test_sigterm_before_the_console_scripts_command_is_its_line_too(away, tmp_path):
+    """The image's entrypoint is the ``ratchet`` console script, which imports the CLI
+    (its ``__name__`` is not ``__main__`` there): the early SIGTERM is kept for it too."""
+    script = tmp_path / "ratchet"  # as pip writes it, with the stop as click is imported
+    script.write_text(_EARLY.split("sys.argv = ")[0].replace("{module}", "click")
+                      + "sys.argv = ['ratchet', 'api']\nfrom ratchet.cli import main\n"
+                        "sys.exit(main())\n")
+    env = cli_env(away, RATCHET_CASSANDRA_PORT=str(free_port()),
+                  RATCHET_API_PORT=str(free_port()))
+    done = subprocess.run([sys.executable, str(script)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 0, (done.returncode, lines)
+    assert lines == ["ratchet api: terminated while starting (SIGTERM): stopped, "
+                     "nothing was served"], lines
