@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-# First, before the imports below (~0.2 s, click most of it): a SIGTERM from here on is
-# kept for the command to take (``_OWN_SIGTERM``) or die of as before (session 49).
-from ratchet.stops import defer_sigterm
+# First, before the imports below (~0.2 s, click most of it): a SIGTERM or Ctrl-C from
+# here on is kept for the command to take (``_OWN_SIGTERM``) or act as Python's default
+# (session 49); only when this process is the CLI, not a host that imports it.
+from ratchet.stops import defer_stops
 
-defer_sigterm()
+defer_stops(__name__)
 
 import os  # noqa: E402
 import signal  # noqa: E402
@@ -20,12 +21,12 @@ from ratchet.stops import (  # noqa: E402
     LeaseLeft,
     MigrateProgress,
     Terminated,
-    default_sigterm,
+    default_stops,
     raise_on_sigterm,
 )
 
 # The commands that take SIGTERM themselves (``raise_on_sigterm``, first thing in their
-# ``try``); the others keep Python's default death.
+# ``try``, where a Ctrl-C kept is raised too); the others keep Python's defaults.
 _OWN_SIGTERM = frozenset({"migrate", "smoke", "api", "worker"})
 
 
@@ -41,7 +42,7 @@ def _settings() -> Settings:
 def main() -> None:
     """ratchet: persist LLM conversation checkpoints that are never wrong."""
     if click.get_current_context().invoked_subcommand not in _OWN_SIGTERM:
-        default_sigterm()
+        default_stops()
 
 
 @main.group()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 
 class Terminated(BaseException):
@@ -18,44 +19,81 @@ class Terminated(BaseException):
     one."""
 
 
-# A SIGTERM that came before the command chose what to do with one (``defer_sigterm``).
+# The stops (SIGTERM, Ctrl-C) that came before the command chose what to do with them
+# (``defer_stops``), in the order they came.
 _deferred: list[int] = []
 
+# Each stop kept, with the handler it is kept over: Python's own (a SIGINT ignored, as in
+# a background job, stays ignored; a host's own handler stays).
+_DEFAULTS = ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler))
 
-def defer_sigterm() -> None:
-    """Keep a SIGTERM for later: the first thing ``ratchet.cli`` does, before its imports
-    (click alone takes ~0.1 s), so that the stop lands where the command decides
-    (``raise_on_sigterm`` raises it, ``default_sigterm`` dies of it). Until then SIGTERM
-    was Python's default death, no line, for ``ratchet api`` / ``worker`` too (session 48's
-    second review, left; session 49). Raising here instead would come out of an import
-    or click's parsing, outside any command's handling. Only over the default: a host
-    that set its own handler (a test runner importing the CLI) keeps it."""
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _keep)
+
+def defer_stops(cli_module: str) -> None:
+    """Keep a SIGTERM or Ctrl-C for later: the first thing ``ratchet.cli`` does, before
+    its imports (click alone takes ~0.1 s), so that the stop lands where the command
+    decides (``raise_on_sigterm`` raises it, ``default_stops`` has it act as Python's
+    default). Until then SIGTERM was Python's default death, no line, for ``ratchet api``
+    / ``worker`` too (session 48's second review, left; session 49), and Ctrl-C a
+    ``KeyboardInterrupt`` traceback out of an import (session 49's review). Raising here
+    instead would come out of an import or click's parsing, outside any command's
+    handling. Only over Python's default: a host that set its own handler keeps it.
+
+    Only in the CLI's own process (``cli_module``: the importer's ``__name__``): a
+    process that imports ``ratchet.cli`` and never runs a command (pytest collecting a
+    test of the CLI, a tool) kept every SIGTERM for a command that never came, and
+    SIGTERM no longer stopped it (session 49's review)."""
+    if not _is_the_program(cli_module):
+        return
+    for signum, default in _DEFAULTS:
+        if signal.getsignal(signum) is default:
+            signal.signal(signum, _keep)
+
+
+def _is_the_program(cli_module: str) -> bool:
+    """``python -m ratchet.cli`` (the CLI is ``__main__``) or the ``ratchet`` console
+    script (a file named ``ratchet`` that imports the CLI to run ``main``: the image's
+    entrypoint, pip's and uv's scripts)."""
+    if cli_module == "__main__":
+        return True
+    program = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+    return os.path.basename(program) == "ratchet"
 
 
 def _keep(signum: int, _frame: object) -> None:
     _deferred.append(signum)
 
 
+def _end_deferral() -> int | None:
+    """Python's defaults back where stops were kept; the first stop kept, if any."""
+    for signum, default in _DEFAULTS:
+        if signal.getsignal(signum) is _keep:
+            signal.signal(signum, default)
+    first = _deferred[0] if _deferred else None
+    _deferred.clear()
+    return first
+
+
 def raise_on_sigterm() -> None:
-    """From now on SIGTERM raises ``Terminated`` in the main thread; one deferred
-    (``defer_sigterm``) is raised now."""
+    """From now on SIGTERM raises ``Terminated`` in the main thread (and Ctrl-C
+    ``KeyboardInterrupt``, as by default); the first stop deferred (``defer_stops``) is
+    raised now, as either."""
     signal.signal(signal.SIGTERM, _raise_terminated)
-    if _deferred:
-        _deferred.clear()
+    first = _end_deferral()
+    if first == signal.SIGTERM:
         raise Terminated
+    if first == signal.SIGINT:
+        raise KeyboardInterrupt
 
 
-def default_sigterm() -> None:
-    """Python's default for SIGTERM again (commands with no handling of their own); one
-    deferred is that default death now, as it would have been."""
-    if signal.getsignal(signal.SIGTERM) is not _keep:
-        return  # not deferred here: the host's own handler stays
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if _deferred:
-        _deferred.clear()
+def default_stops() -> None:
+    """Python's defaults again (commands with no handling of their own); the first stop
+    deferred acts as it would have: SIGTERM the default death now, Ctrl-C a
+    ``KeyboardInterrupt`` (click's ``Aborted!``, as a Ctrl-C in the command's run)."""
+    first = _end_deferral()
+    if first == signal.SIGTERM:  # kept, so its default is back: the death
         os.kill(os.getpid(), signal.SIGTERM)
+    elif first == signal.SIGINT:
+        raise KeyboardInterrupt
 
 
 def _raise_terminated(_signum: int, _frame: object) -> None:
