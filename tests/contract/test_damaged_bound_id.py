@@ -23,13 +23,14 @@ from __future__ import annotations
 import pytest
 
 from ratchet.domain.plan import CorruptPartition
-from ratchet.samples import make_turn_cancelled
+from ratchet.samples import make_turn, make_turn_cancelled
 from schemas.models import PromotionRejected, RejectionReason, TurnStatus
 from services.ledger.cassandra import CassandraLedger
 from services.ledger.memory import MemoryLedger
 from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
 from services.store.memory import MemoryCheckpointStore
+from tests.contract.test_conversation_and_chain_share_a_key import Shared
 from tests.contract.test_processor_handover import ENTRIES, Data
 from tests.contract.test_processor_races import uid
 from tests.contract.test_shared_key_damage import Partition, damage
@@ -38,22 +39,23 @@ R = RejectionReason
 
 
 class DamagedRows(MemoryCheckpointStore):
-    """A memory store whose rows of the ids in ``damaged`` cannot be decoded: what a
-    Cassandra store's lookup and view raise for such a row (``CorruptPartition``)."""
+    """A memory store whose rows in ``damaged`` (tenant, response id) cannot be decoded:
+    what a Cassandra store's lookup and view raise for such a row (``CorruptPartition``)."""
 
     def __init__(self) -> None:
         super().__init__(StoreOptions())
-        self.damaged: set[str] = set()
+        self.damaged: set[tuple[str, str]] = set()
 
     def _located_checkpoint(self, tenant_id, response_id):
-        if response_id in self.damaged:
+        if (tenant_id, response_id) in self.damaged:
             raise CorruptPartition(f"checkpoint row of {response_id} cannot be decoded")
         return super()._located_checkpoint(tenant_id, response_id)
 
     def _read_view(self, request, head_guess=None):
         view = super()._read_view(request, head_guess)
         rows = (view.existing, view.original, view.parent, view.head_backing)
-        if any(row is not None and row.response_id in self.damaged for row in rows):
+        if any(row is not None and (request.tenant_id, row.response_id) in self.damaged
+               for row in rows):
             raise CorruptPartition(f"partition {request.partition_key}: undecodable row")
         return view
 
@@ -68,12 +70,13 @@ def backend(request):
                 lambda: CassandraLedger(session, timeout_s=30))
 
 
-def damage_row(p: Partition, response_id: str) -> None:
-    store = p.s.data.store()
-    if isinstance(store, DamagedRows):
-        store.damaged.add(response_id)
+def damage_row(s: Shared, response_id: str) -> None:
+    store = s.data.store()
+    if isinstance(store, DamagedRows):  # and a history read of it fails, as on Cassandra
+        store.damaged.add((s.tenant, response_id))
+        damage(s, response_id, "content")
     else:
-        damage(p.s, response_id, "row")
+        damage(s, response_id, "row")
 
 
 def cases(p: Partition, name: str) -> dict[str, object]:
@@ -104,7 +107,7 @@ def test_a_damaged_row_of_a_bound_id_is_answered_corrupt(backend, entry, target,
     ``NOT_PROMOTABLE_STATUS`` before session 49), and again for a redelivery of the
     event (the answer recorded, not dead-lettered)."""
     p = Partition(backend, entry)
-    damage_row(p, p.event(target).response_id)
+    damage_row(p.s, p.event(target).response_id)
     event = cases(p, target)[case]
     assert_corrupt((p.warm.outcome if worker == "warm" else p.cold)(event), worker)
     assert_corrupt(p.cold(event), "again")
@@ -118,8 +121,28 @@ def test_a_cancelled_retry_on_a_damaged_row_is_answered_corrupt(backend, entry, 
     is the damaged row's to tell: ``CORRUPT``, not a dead letter."""
     p = Partition(backend, entry)
     turn = p.event(target)
-    damage_row(p, turn.response_id)
+    damage_row(p.s, turn.response_id)
     p.s.data.worker(entry).handle(make_turn_cancelled(turn))
     retry = turn.model_copy(update={"event_id": uid("event"), "attempt": turn.attempt + 1})
     assert_corrupt(p.warm.outcome(retry), "warm")
     assert_corrupt(p.cold(retry), "cold")
+
+
+@ENTRIES
+def test_a_parent_whose_other_tenant_row_is_damaged_is_corrupt(backend, entry):
+    """A chain turn naming a parent id its tenant never promoted, which another tenant
+    promoted (the response owner row names it) and whose row there is damaged: the write
+    finds no parent (``ParentMissing``) and ``chain_owner`` asks whether that tenant's
+    checkpoint of the id is there (the owner row is written beside a batch that may
+    have been refused). Damaged, that cannot be told: ``CORRUPT``, like every answer
+    resting on a damaged row (``PARENT_NOT_PROMOTED`` before session 49, the row read
+    as absent; with ``get_checkpoint`` raising alone, a dead letter)."""
+    mine = Shared(backend, entry, fresh=False)
+    theirs = Shared(backend, entry, fresh=False)
+    theirs.promoted(theirs.chain(None), 1)
+    damage_row(theirs, theirs.key)
+    child = make_turn(tenant_id=mine.tenant, conversation_id=None, expected_head_seq=None,
+                      chain_root_id=uid("root"), previous_response_id=theirs.key)
+    for worker in ("warm", "cold"):
+        run = mine.worker() if worker == "warm" else backend.worker(entry)
+        assert_corrupt(run.outcome(child), worker)
