@@ -72,7 +72,7 @@ class EarlyRejections:
             # Never flip an outcome, also when a later retry was promoted since:
             # settled again like any replayed rejection.
             verdict = self.verdicts.settle_rejection(turn, key, replayed_rejection(facts.decision))
-        elif (verdict := self.verdicts.already_promoted(turn)) is not None:
+        elif isinstance(verdict := self.verdicts.already_promoted(turn), Accepted):
             # A retry of a request that stands promoted under this response id gets the
             # promotion, whatever this event looks like (CONTRACT 4: the original outcome),
             # unless this very event was rejected first (by another worker meanwhile).
@@ -81,5 +81,6 @@ class EarlyRejections:
             if isinstance(verdict, Accepted):
                 verdict = self.verdicts.owned(turn, verdict, UNKNOWN)
         else:
-            verdict = self.verdicts.make_durable(turn, key, reject, facts)
+            # Not promoted, or its row is damaged (``CORRUPT``, the write's answer).
+            verdict = self.verdicts.make_durable(turn, key, verdict or reject, facts)
         return self.outbound.publishable(turn, key, verdict, facts)

@@ -341,11 +341,17 @@ class RequestFacts:
         since one that came before would have prevented it (CONTRACT 4): it changes
         nothing, whichever attempt's response id it names, so later retries of the
         request still get DUPLICATE / IDEMPOTENCY_KEY_REUSED naming the promoted
-        response. Asked only when a cancellation exists (rare)."""
-        promoted = self.store.get_checkpoint(cancel.tenant_id, cancel.response_id)
-        if promoted is not None and _of_request(turn, promoted):
-            return True
-        return self.promoted_request(turn) is not None
+        response. Asked only when a cancellation exists (rare). A damaged row either
+        lookup reads cannot tell: the cancellation stands (never a promotion), and the
+        turn's own damaged row, if that is the one, still answers ``CORRUPT``
+        (``VerdictRecorder.already_promoted``); before session 49 it was dead-lettered."""
+        try:
+            promoted = self.store.get_checkpoint(cancel.tenant_id, cancel.response_id)
+            if promoted is not None and _of_request(turn, promoted):
+                return True
+            return self.promoted_request(turn) is not None
+        except CorruptPartition:
+            return False
 
     def promoted_request(self, turn: TurnCompleted) -> CheckpointRecord | None:
         """The checkpoint the turn's request stands promoted with (by any attempt, under

@@ -95,9 +95,9 @@ class StoreAnswers:
             if outcome.parent_response_id == extends:
                 return None  # it extends the lineage it was paired against after all
             return LineageChanged(outcome.parent_response_id)
-        owner = (self.chain_owner(turn, outcome.previous_response_id)
-                 if isinstance(outcome, ParentMissing) else None)
-        return promotion.interpret(turn, outcome, owner)
+        if isinstance(outcome, ParentMissing):
+            return self.parent_missing(turn, outcome)
+        return promotion.interpret(turn, outcome)
 
     def refused_by_store(self, turn: TurnCompleted,
                           exc: InvalidPromotion | CorruptPartition) -> Reject:
@@ -111,11 +111,11 @@ class StoreAnswers:
         ordering and cannot be decided."""
         if isinstance(exc, InvalidPromotion):
             return Reject(RejectionReason.CORRUPT, f"store refused the turn: {exc}")
-        log.error("promotion of %s met a corrupt partition: %s", turn.response_id, exc)
         if isinstance(exc, HeadDamaged):
+            log.error("promotion of %s met a corrupt partition: %s", turn.response_id, exc)
             return self._against_damaged_head(turn, HistoryFailure(
                 HistoryFailureReason.CORRUPT_HISTORY, f"stored partition is corrupt: {exc}"))
-        return Reject(RejectionReason.CORRUPT, f"stored partition is corrupt: {exc}")
+        return damaged_rows(turn, exc)
 
     def retry_unpaired_by_its_original(self, turn: TurnCompleted,
                                         known: Facts) -> Reject | None:
@@ -255,6 +255,17 @@ class StoreAnswers:
             return verdict
         return _unreadable(turn, failure)
 
+    def parent_missing(self, turn: TurnCompleted, outcome: ParentMissing) -> Verdict:
+        """The write's ``ParentMissing`` answered: ``TENANT_MISMATCH`` when another
+        tenant promoted the parent id (``chain_owner``), else ``PARENT_NOT_PROMOTED``;
+        ``CORRUPT`` when a checkpoint row that lookup reads is damaged (which tenant's
+        the parent is cannot be told: never a dead letter, session 49)."""
+        try:
+            owner = self.chain_owner(turn, outcome.previous_response_id)
+        except CorruptPartition as exc:
+            return damaged_rows(turn, exc)
+        return promotion.interpret(turn, outcome, owner)
+
     def chain_owner(self, turn: TurnCompleted, response_id: str) -> str | None:
         """The tenant that promoted chain response ``response_id`` (another tenant's
         parent is ``TENANT_MISMATCH``), or None. The owner row is written beside the
@@ -283,6 +294,16 @@ class StoreAnswers:
             f"request {turn.idempotency_key} is held by response {holder.response_id} "
             "(the first response of another chain), not decided yet", retryable=True,
             operation="promote/request-claim")
+
+
+def damaged_rows(turn: TurnCompleted, exc: CorruptPartition) -> Reject:
+    """The answer to a turn that met damaged rows other than the head's (an
+    undecodable row, a damaged idempotency record), in the write, a judgement or a
+    lookup of a promotion (``get_checkpoint``): what they hold cannot be known, so
+    neither can an answer that depends on it: ``CORRUPT``, recorded like any rejection.
+    Logged: the partition needs an operator."""
+    log.error("promotion of %s met a corrupt partition: %s", turn.response_id, exc)
+    return Reject(RejectionReason.CORRUPT, f"stored partition is corrupt: {exc}")
 
 
 def _off_its_lineage(turn: TurnCompleted, lineage: Lineage) -> bool:

@@ -225,10 +225,9 @@ class TurnDecider:
             return outcome
         if isinstance(outcome, RequestHeld):
             return self.answers.held_by_another_response(turn, outcome.holder)
-        parent_owner = None
         if isinstance(outcome, ParentMissing):
-            parent_owner = self.answers.chain_owner(turn, outcome.previous_response_id)
-        return promotion.interpret(turn, outcome, parent_owner)
+            return self.answers.parent_missing(turn, outcome)
+        return promotion.interpret(turn, outcome)
 
 
 def _missed_again(named: object, lineage: Lineage, verdict: object) -> bool:

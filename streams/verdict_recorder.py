@@ -12,8 +12,9 @@ from ratchet.domain.promotion import Accepted, Reject, Verdict
 from schemas.keys import MissingChainRoot, partition_key
 from schemas.models import RejectionReason, TurnCompleted
 from services.ledger.base import Decision, Ledger, TurnFacts
-from services.store.base import CheckpointStore
+from services.store.base import CheckpointStore, CorruptPartition
 from streams.request_facts import UNKNOWN, RequestFacts
+from streams.store_answers import damaged_rows
 from streams.tail_cache import TailCache
 
 
@@ -48,11 +49,18 @@ class VerdictRecorder:
             return self.settle_rejection(turn, key, replayed_rejection(facts.decision)), facts
         return verdict, facts
 
-    def already_promoted(self, turn: TurnCompleted) -> Accepted | None:
+    def already_promoted(self, turn: TurnCompleted) -> Accepted | Reject | None:
         """A redelivered turn that was promoted before must be re-published as promoted,
         even if a rule would now reject it (a later cancellation, an expired proof).
-        Only asked on the way to a rejection, so the common path saves a read."""
-        existing = self.store.get_checkpoint(turn.tenant_id, turn.response_id)
+        Only asked on the way to a rejection, so the common path saves a read. A
+        damaged checkpoint row of its response id cannot tell whether it was: the
+        write's answer, ``CORRUPT`` (a ``Reject``; before session 49 the row read as
+        absent, and a ``failed`` retry of the promoted request was
+        ``NOT_PROMOTABLE_STATUS``)."""
+        try:
+            existing = self.store.get_checkpoint(turn.tenant_id, turn.response_id)
+        except CorruptPartition as exc:
+            return damaged_rows(turn, exc)
         if existing is None or existing.idempotency_key != turn.idempotency_key:
             return None
         if existing.request_digest != turn.request_digest:
@@ -102,7 +110,8 @@ class VerdictRecorder:
         3. the status row (a DUPLICATE's names the original response)."""
         self.request_facts.mark(turn.tenant_id, key, turn.idempotency_key)
         promoted = self.already_promoted(turn)
-        if promoted is not None and promoted.checkpoint.accepted_attempt == turn.attempt:
+        # A damaged row (``Reject``) shows no promotion: the recorded rejection holds.
+        if isinstance(promoted, Accepted) and promoted.checkpoint.accepted_attempt == turn.attempt:
             return self.owned(turn, promoted, UNKNOWN)
         self.ledger.mark_rejected(turn.tenant_id, turn.response_id, verdict.reason.value,
                                   verdict.detail, verdict.existing_response_id)

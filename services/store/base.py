@@ -335,12 +335,12 @@ class CheckpointStore(StoreBackend):
         return call_hook(self._checkpoints.read_checkpoint, tenant_id, response_id)
 
     def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
-        """The promoted checkpoint of a response, or None (also for another tenant, and
-        for a row that cannot be decoded: the processor's lookups, which only ask
-        whether a usable promotion is there, treat a damaged one as absent). Not
-        ``CorruptPartition``: those callers (``already_promoted``, ``chain_owner``, a
-        cancellation's check) do not catch it, and the worker would dead-letter the
-        event, also where the write already answers ``CORRUPT`` (session 49)."""
+        """The promoted checkpoint of a response, or None (also for another tenant);
+        raises ``CorruptPartition`` for a row that cannot be decoded or is filed under
+        another response id, as ``read_checkpoint`` does: whether the id stands
+        promoted cannot be told, and the processor's lookups (``already_promoted``,
+        ``chain_owner``, a cancellation's check) answer it ``CORRUPT``, as the write
+        does. Until session 49 a damaged row read as absent here."""
         return call_hook(self._checkpoints.get_checkpoint, tenant_id, response_id)
 
     # -- a request's standing and facts marks ---------------------------------------------

@@ -5,7 +5,6 @@ the history reader ask of one response without reading its history."""
 from __future__ import annotations
 
 from ratchet.domain.history import CheckpointRecord
-from ratchet.domain.plan import CorruptPartition
 from services.store.backend import StoreBackend
 from services.store.errors import TurnLost
 from services.store.history_answers import lost_turn
@@ -52,7 +51,5 @@ class CheckpointReader:
         return self._backend._located_checkpoint(tenant_id, response_id)[1]
 
     def get_checkpoint(self, tenant_id: str, response_id: str) -> CheckpointRecord | None:
-        try:  # the hook itself, not ``read_checkpoint``: one call fewer on the worker's path
-            return self._backend._located_checkpoint(tenant_id, response_id)[1]
-        except CorruptPartition:
-            return None
+        # The hook itself, not ``read_checkpoint``: one call fewer on the worker's path.
+        return self._backend._located_checkpoint(tenant_id, response_id)[1]

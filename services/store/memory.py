@@ -25,6 +25,7 @@ from ratchet.domain.history import (
     VerifiedHistory,
 )
 from ratchet.domain.plan import (
+    CorruptPartition,
     IdempotencyRecord,
     Plan,
     PromotionRequest,
@@ -135,8 +136,12 @@ class MemoryCheckpointStore(CheckpointStore):
             if claim is None:
                 return None, None
             partition = self._partitions.get((tenant_id, claim.partition_key))
-            return claim.partition_key, (
-                None if partition is None else partition.checkpoints.get(response_id))
+            checkpoint = None if partition is None else partition.checkpoints.get(response_id)
+        # Cassandra's lookup refuses a row filed under another response id: so does this.
+        if checkpoint is not None and checkpoint.response_id != response_id:
+            raise CorruptPartition(f"checkpoint row of {response_id} in {claim.partition_key} "
+                                   "is filed under another response id")
+        return claim.partition_key, checkpoint
 
     async def turn_lost_async(self, tenant_id: str, response_id: str,
                               partition_key: str | None = None) -> bool:

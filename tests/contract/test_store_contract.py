@@ -780,6 +780,22 @@ class StoreContract:
             assert result == HistoryFailure(HistoryFailureReason.NOT_FOUND, result.detail)
         assert store.get_checkpoint(tenant, uid("resp")) is None
 
+    def test_a_damaged_checkpoint_row_is_corrupt_to_every_lookup(self, store, tenant, clock):
+        """A checkpoint row filed under another response id (the damage both backends
+        can hold): ``read_checkpoint`` and ``get_checkpoint`` raise ``CorruptPartition``,
+        for the promoting store and a cold one, never None (the processor answers it
+        ``CORRUPT``, as the write does). Before session 49 ``get_checkpoint`` read it as
+        absent on Cassandra and as the other id's checkpoint on memory; memory's
+        ``read_checkpoint`` served it too."""
+        conv = uid("conv")
+        turn = conversation_turn(tenant, conv, 0)
+        assert isinstance(store.promote(turn), Promoted)
+        self.rewrite_turn(store, tenant, conv, turn.response_id, {"response_id": uid("resp")})
+        for reader in (store, self.shared_store(store, StoreOptions(clock=clock))):
+            for lookup in (reader.get_checkpoint, reader.read_checkpoint):
+                with pytest.raises(CorruptPartition):
+                    lookup(tenant, turn.response_id)
+
     def test_logical_retention_expires_history(self, clock, tenant):
         store = self.make_store(StoreOptions(clock=clock, logical_retention_s=60))
         conv = uid("conv")

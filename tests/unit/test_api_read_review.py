@@ -367,10 +367,9 @@ def test_readiness_is_503_while_the_store_does_not_answer(monkeypatch):
 
 
 def test_a_store_outage_is_never_read_as_no_checkpoint():
-    """Fail closed: ``get_checkpoint`` answers None for a damaged row (the processor's
-    lookups treat it as absent), but a store that does not answer raises
-    ``StoreUnavailable``: read as "not promoted", a parent would be judged missing
-    during an outage instead of the turn being retried."""
+    """Fail closed: a store that does not answer raises ``StoreUnavailable`` (a damaged
+    row raises ``CorruptPartition`` since session 49): read as "not promoted", a parent
+    would be judged missing during an outage instead of the turn being retried."""
     from services.store.base import StoreOptions, StoreUnavailable
     from services.store.memory import MemoryCheckpointStore
 
