@@ -23,3 +23,23 @@ def ledger_session(cassandra_cluster, settings):
     """A session on a keyspace of its own with every migration applied (the ledger's
     tables, at the schema this tree defines)."""
     yield from migrated_keyspace(cassandra_cluster, settings, "ledger_contract")
+
+
+@pytest.fixture(params=["memory", "cassandra"])
+def data(request):
+    """One backend's shared data for the processor's contract tests (both backends):
+    ``tests.contract.test_processor_handover.Data``, memory always, Cassandra on a
+    migrated keyspace of the session."""
+    from services.ledger.cassandra import CassandraLedger
+    from services.ledger.memory import MemoryLedger
+    from services.store.base import StoreOptions
+    from services.store.cassandra import CassandraCheckpointStore
+    from services.store.memory import MemoryCheckpointStore
+    from tests.contract.test_processor_handover import Data
+
+    if request.param == "memory":
+        store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+        return Data(lambda: store, lambda: ledger)
+    session = request.getfixturevalue("ledger_session")
+    return Data(lambda: CassandraCheckpointStore(session, StoreOptions(), timeout_s=30),
+                lambda: CassandraLedger(session, timeout_s=30))

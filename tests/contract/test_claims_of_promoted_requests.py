@@ -22,13 +22,13 @@ from ratchet.domain.claims import effect_id_for_claim
 from ratchet.samples import NOW_MS, TENANT, make_turn, new_id
 from schemas.models import CheckpointPromoted, EffectOrphaned, OrphanReason
 from services.api.claims import claims_router
-from tests.contract.test_processor_handover import ENTRIES, PausedBatch, data  # noqa: F401
+from tests.contract.test_processor_handover import ENTRIES, PausedBatch
 
 
 class Claims:
     """The claims API over one backend's store and ledger, on a clock tests move."""
 
-    def __init__(self, data, ledger=None) -> None:  # noqa: F811
+    def __init__(self, data, ledger=None) -> None:
         self.now_ms = NOW_MS
         app = FastAPI()
         app.include_router(claims_router(ledger or data.ledger(), data.store(),
@@ -89,7 +89,7 @@ def _promoted(worker, t) -> None:
 
 
 @ENTRIES
-def test_a_claim_after_the_promotion_is_answered_promoted(data, entry):  # noqa: F811
+def test_a_claim_after_the_promotion_is_answered_promoted(data, entry):
     claims, worker = Claims(data), data.worker(entry)
     conv = new_id("conv")
     t = make_turn(conversation_id=conv)
@@ -121,7 +121,7 @@ def _orphans(handled) -> list:
             for o in handled.outbound if isinstance(o.model, EffectOrphaned)]
 
 
-def _claimed_while_the_batch_waits(data, turn, partition: str) -> None:  # noqa: F811
+def _claimed_while_the_batch_waits(data, turn, partition: str) -> None:
     """A claim of ``turn``'s request (attempt 2, in ``partition``) written and marked
     while the turn's batch, decided without it, waits (``PausedBatch``, the thread
     path): the claim is ``CLAIMED``, the turn promoted all the same, and the claim,
@@ -140,7 +140,7 @@ def _claimed_while_the_batch_waits(data, turn, partition: str) -> None:  # noqa:
 
 
 @ENTRIES
-def test_a_completed_claim_is_not_reused_after_the_promotion(data, entry):  # noqa: F811
+def test_a_completed_claim_is_not_reused_after_the_promotion(data, entry):
     """A retry of a promoted request is told so even where a recorded output could be
     reused: it stops at its first claim instead of building a turn that is a
     ``DUPLICATE``."""
@@ -158,7 +158,7 @@ def test_a_completed_claim_is_not_reused_after_the_promotion(data, entry):  # no
 
 
 @ENTRIES
-def test_a_refused_takeover_leaves_the_running_holder_its_completion(data, entry):  # noqa: F811
+def test_a_refused_takeover_leaves_the_running_holder_its_completion(data, entry):
     """Attempt 1 holds the claim (``at_least_once``) and its tool runs past its lease;
     attempt 2's turn is promoted meanwhile. Attempt 3 would take the expired lease
     over: it is answered ``PROMOTED`` without writing, so attempt 1 still records what
@@ -178,7 +178,7 @@ def test_a_refused_takeover_leaves_the_running_holder_its_completion(data, entry
     assert (done.status_code, done.json()["state"]) == (200, "COMPLETED"), done.text
 
 
-def test_a_promotion_landing_before_the_claims_mark_refuses_the_claim(data):  # noqa: F811
+def test_a_promotion_landing_before_the_claims_mark_refuses_the_claim(data):
     """The batch was decided without any fact and lands just before the claim's mark:
     the claim is written, then answered ``PROMOTED`` (its holder never runs it). The
     thread path's ``promote`` is where a test can hold a batch (``PausedBatch``)."""
@@ -198,7 +198,7 @@ def test_a_promotion_landing_before_the_claims_mark_refuses_the_claim(data):  # 
         ("PROMOTED", t.response_id)]
 
 
-def test_a_claim_landing_before_the_batch_is_seen_by_the_promotion(data):  # noqa: F811
+def test_a_claim_landing_before_the_batch_is_seen_by_the_promotion(data):
     """The other order: the claim is written and marked while the batch, decided
     without it, waits. The batch is refused (the mark moved), the turn decided again
     with the claim, which it does not use: published for compensation."""
@@ -207,7 +207,7 @@ def test_a_claim_landing_before_the_batch_is_seen_by_the_promotion(data):  # noq
 
 
 @ENTRIES
-def test_a_chains_first_request_retried_under_another_response_id(data, entry):  # noqa: F811
+def test_a_chains_first_request_retried_under_another_response_id(data, entry):
     """A chain's first response is its own partition; a retry under another response id
     claims with its own id as partition key, and still learns the promotion."""
     claims, worker = Claims(data), data.worker(entry)
@@ -224,7 +224,7 @@ def test_a_chains_first_request_retried_under_another_response_id(data, entry): 
 
 
 def test_the_same_key_in_another_chain_or_a_conversation_is_another_request(
-        data, entry="handle"):  # noqa: F811
+        data, entry="handle"):
     """An idempotency key's scope is its partition: a chain's first request promoted
     under a key says nothing of a request of another chain or a Conversation that uses
     the same key. Their claims run (claims themselves are per tenant and key: the
@@ -243,7 +243,7 @@ def test_the_same_key_in_another_chain_or_a_conversation_is_another_request(
     assert in_conversation["state"] == "IN_PROGRESS", in_conversation  # the same claim
 
 
-def test_a_retrys_claim_before_a_chains_first_promotion_is_published_by_it(data):  # noqa: F811
+def test_a_retrys_claim_before_a_chains_first_promotion_is_published_by_it(data):
     """A chain's first response: a retry under another response id claims (its own
     partition) before the first attempt holds the request, so the claim's marks miss
     the first attempt's partition, and its batch, asserting no mark, lands. The first
@@ -253,7 +253,7 @@ def test_a_retrys_claim_before_a_chains_first_promotion_is_published_by_it(data)
 
 
 @ENTRIES
-def test_a_promotion_landing_between_the_claim_and_its_second_mark(data, entry):  # noqa: F811
+def test_a_promotion_landing_between_the_claim_and_its_second_mark(data, entry):
     """The first mark found nothing promoted; the batch lands right after the claim's
     write: the second mark learns it. The claim stays written (the promotion may have
     read it): it is answered ``PROMOTED`` all the same, and never run."""

@@ -24,7 +24,7 @@ from ratchet.domain.history import HistoryFailure, HistoryFailureReason, Verifie
 from ratchet.samples import NOW_MS, make_tool_loop_turn, make_turn, make_turn_cancelled
 from schemas.models import CheckpointPromoted, PromotionRejected, RejectionReason
 from services.api.status_reader import StatusReader
-from tests.contract.test_processor_handover import ENTRIES, data  # noqa: F401 - fixture
+from tests.contract.test_processor_handover import ENTRIES
 from tests.contract.test_processor_races import uid
 
 R = RejectionReason
@@ -42,7 +42,7 @@ ORDERS = {
 class Shared:
     """One tenant's Conversation ``key`` and the chain whose first response is ``key``."""
 
-    def __init__(self, data, entry: str, fresh: bool) -> None:  # noqa: F811
+    def __init__(self, data, entry: str, fresh: bool) -> None:
         self.data, self.entry, self.fresh = data, entry, fresh
         self.tenant, self.key = uid("tenant"), uid("shared")
         self._one = data.worker(entry)
@@ -93,7 +93,7 @@ def assert_history(found, last, events, head_seq: int) -> None:
 @ENTRIES
 @pytest.mark.parametrize("fresh", [False, True], ids=["one_worker", "worker_each"])
 @pytest.mark.parametrize("order", list(ORDERS))
-def test_both_histories_promote_and_read_apart_in_every_order(data, entry, fresh,  # noqa: F811
+def test_both_histories_promote_and_read_apart_in_every_order(data, entry, fresh,
                                                               order):
     s = Shared(data, entry, fresh)
     v1 = s.conversation(0)
@@ -135,7 +135,7 @@ def test_both_histories_promote_and_read_apart_in_every_order(data, entry, fresh
 
 @ENTRIES
 @pytest.mark.parametrize("chain_first", [True, False])
-def test_retries_are_answered_within_their_own_history(data, entry, chain_first):  # noqa: F811
+def test_retries_are_answered_within_their_own_history(data, entry, chain_first):
     s = Shared(data, entry, fresh=False)
     v1, c1 = s.conversation(0), s.chain(None)
     for event in (c1, v1) if chain_first else (v1, c1):
@@ -165,7 +165,7 @@ def test_retries_are_answered_within_their_own_history(data, entry, chain_first)
 
 @ENTRIES
 @pytest.mark.parametrize("chain_first", [True, False])
-def test_expiry_of_one_history_never_expires_the_other(data, entry, chain_first):  # noqa: F811
+def test_expiry_of_one_history_never_expires_the_other(data, entry, chain_first):
     s = Shared(data, entry, fresh=True)
     soon, late = NOW_MS + 60_000, NOW_MS + 600_000
     c1 = s.chain(None, expires_at=soon if chain_first else late)
@@ -189,7 +189,7 @@ def test_expiry_of_one_history_never_expires_the_other(data, entry, chain_first)
 
 @ENTRIES
 @pytest.mark.parametrize("cancelled", ["chain", "conversation"])
-def test_a_cancellation_and_tool_effects_stay_with_their_history(data, entry,  # noqa: F811
+def test_a_cancellation_and_tool_effects_stay_with_their_history(data, entry,
                                                                  cancelled):
     s = Shared(data, entry, fresh=False)
     s.promoted(s.chain(None), 1)
@@ -221,7 +221,7 @@ def test_a_cancellation_and_tool_effects_stay_with_their_history(data, entry,  #
 
 @ENTRIES
 @pytest.mark.parametrize("chain_first", [True, False])
-def test_each_history_is_absent_until_its_own_first_turn(data, entry, chain_first):  # noqa: F811
+def test_each_history_is_absent_until_its_own_first_turn(data, entry, chain_first):
     """The partition holding one history says nothing of the other: NOT_FOUND, no
     head, ``/status`` unknown for the chain's first response id."""
     s = Shared(data, entry, fresh=True)

@@ -20,7 +20,7 @@ import pytest
 from ratchet.samples import make_tool_effect, make_turn, new_id
 from schemas.items import function_call, function_call_output, message
 from schemas.models import CheckpointPromoted, OrphanReason, PromotionRejected, RejectionReason
-from tests.contract.test_processor_handover import ENTRIES, _orphaned, data  # noqa: F401
+from tests.contract.test_processor_handover import ENTRIES, _orphaned
 
 R = OrphanReason
 
@@ -50,7 +50,7 @@ def _promoted(worker, t):
 
 
 @ENTRIES
-def test_a_late_effect_the_promoted_turn_carries_is_not_orphaned(data, entry):  # noqa: F811
+def test_a_late_effect_the_promoted_turn_carries_is_not_orphaned(data, entry):
     worker = data.worker(entry)
     out = function_call_output("call_a", '{"booked": "PNR123"}', item_id="fco_a")
     t = _carried_turn(output=out)
@@ -71,7 +71,7 @@ def test_a_late_effect_the_promoted_turn_carries_is_not_orphaned(data, entry):  
 
 @ENTRIES
 def test_a_retry_under_another_response_id_does_not_orphan_a_late_carried_effect(
-        data, entry):  # noqa: F811
+        data, entry):
     """``DUPLICATE`` orphans every effect of the request the promotion did not use; one
     its history carries is used."""
     worker = data.worker(entry)
@@ -90,7 +90,7 @@ def test_a_retry_under_another_response_id_does_not_orphan_a_late_carried_effect
 
 
 @ENTRIES
-def test_a_late_effect_with_another_output_is_still_superseded(data, entry):  # noqa: F811
+def test_a_late_effect_with_another_output_is_still_superseded(data, entry):
     """What the promoted turn does not carry stays orphaned: the same call answered with
     another output (the tool ran again), and a call the turn never made."""
     worker = data.worker(entry)
@@ -111,7 +111,7 @@ def test_a_late_effect_with_another_output_is_still_superseded(data, entry):  # 
 
 
 def test_orphans_are_not_published_when_the_promoted_items_cannot_be_verified(
-        data):  # noqa: F811
+        data):
     """Fail closed: whether a late effect is carried is read from the promoted turn's
     items; when they do not match their checkpoint, nothing is shown unused and no
     orphan is published (logged for an operator), as for any unreadable promotion."""
@@ -140,7 +140,7 @@ def test_orphans_are_not_published_when_the_promoted_items_cannot_be_verified(
 
 
 @pytest.mark.parametrize("listed", [True, False])
-def test_a_listed_or_earlier_recorded_effect_is_unchanged(data, listed):  # noqa: F811
+def test_a_listed_or_earlier_recorded_effect_is_unchanged(data, listed):
     """The effects recorded before the turn keep their rules: listed or carried, used;
     the checkpoint keeps them among the effects its turn uses, nothing is orphaned."""
     worker = data.worker("handle")

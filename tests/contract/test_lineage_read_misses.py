@@ -33,10 +33,7 @@ from ratchet.samples import new_id
 from schemas.items import function_call, function_call_output, message
 from schemas.models import CheckpointPromoted
 from schemas.models import RejectionReason as R
-from services.ledger.cassandra import CassandraLedger
 from services.ledger.memory import MemoryLedger
-from services.store.base import StoreOptions
-from services.store.cassandra import CassandraCheckpointStore
 from services.store.memory import MemoryCheckpointStore
 from streams.processor import PromotionProcessor
 from streams.turn_decider import MAX_LINEAGE_MISSES, MAX_LINEAGE_ROUNDS
@@ -48,16 +45,6 @@ from tests.unit.test_processor_rules import TENANT, TOPICS, chain_turn
 COLD = pytest.mark.parametrize("cold", [False, True], ids=["warm", "cold"])
 KINDS = pytest.mark.parametrize("kind", ["answers-parent", "messages", "self-unpaired"])
 METRIC = "ratchet_worker_lineage_read_misses_total"
-
-
-@pytest.fixture(params=["memory", "cassandra"])
-def data(request) -> Data:
-    if request.param == "memory":
-        store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
-        return Data(lambda: store, lambda: ledger)
-    session = request.getfixturevalue("ledger_session")
-    return Data(lambda: CassandraCheckpointStore(session, StoreOptions(), timeout_s=30),
-                lambda: CassandraLedger(session, timeout_s=30))
 
 
 def _child_items(kind: str) -> dict:

@@ -27,25 +27,10 @@ from ratchet.domain.history import HistoryFailure, HistoryFailureReason, Verifie
 from ratchet.samples import make_turn, new_id
 from schemas.models import CheckpointPromoted, PromotionRejected
 from schemas.models import RejectionReason as R
-from services.ledger.cassandra import CassandraLedger
-from services.ledger.memory import MemoryLedger
-from services.store.base import StoreOptions
-from services.store.cassandra import CassandraCheckpointStore
-from services.store.memory import MemoryCheckpointStore
-from tests.contract.test_processor_handover import ENTRIES, Data
+from tests.contract.test_processor_handover import ENTRIES
 from tests.unit.test_processor_rules import TENANT
 
 COLD = pytest.mark.parametrize("cold", [False, True], ids=["warm", "cold"])
-
-
-@pytest.fixture(params=["memory", "cassandra"])
-def data(request) -> Data:
-    if request.param == "memory":
-        store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
-        return Data(lambda: store, lambda: ledger)
-    session = request.getfixturevalue("ledger_session")
-    return Data(lambda: CassandraCheckpointStore(session, StoreOptions(), timeout_s=30),
-                lambda: CassandraLedger(session, timeout_s=30))
 
 
 def _chain(response_id: str, root: str, previous: str | None = None):

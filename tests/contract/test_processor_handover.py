@@ -39,11 +39,7 @@ from schemas.models import (
     RejectionReason,
 )
 from services.ledger.base import LedgerUnavailable, ResponseState
-from services.ledger.cassandra import CassandraLedger
-from services.ledger.memory import MemoryLedger
-from services.store.base import StoreOptions, StoreUnavailable
-from services.store.cassandra import CassandraCheckpointStore
-from services.store.memory import MemoryCheckpointStore
+from services.store.base import StoreUnavailable
 from tests.contract.test_processor_races import Interleaving, Worker, turn, uid
 
 R = RejectionReason
@@ -75,16 +71,6 @@ class Data:
 
     def worker(self, entry: str = "handle", *, store=None, ledger=None, **kw) -> Worker:
         return Worker(store or self.store(), ledger or self.ledger(), entry, **kw)
-
-
-@pytest.fixture(params=["memory", "cassandra"])
-def data(request) -> Data:
-    if request.param == "memory":
-        store, ledger = MemoryCheckpointStore(StoreOptions()), MemoryLedger()
-        return Data(lambda: store, lambda: ledger)
-    session = request.getfixturevalue("ledger_session")
-    return Data(lambda: CassandraCheckpointStore(session, StoreOptions(), timeout_s=30),
-                lambda: CassandraLedger(session, timeout_s=30))
 
 
 ENTRIES = pytest.mark.parametrize("entry", ["handle", "handle_async"])

@@ -13,7 +13,7 @@ from ratchet.samples import new_id
 from schemas.canonical import canonical_digest
 from schemas.models import CheckpointPromoted
 from schemas.models import RejectionReason as R
-from tests.contract.test_processor_handover import ENTRIES, data  # noqa: F401 (fixture)
+from tests.contract.test_processor_handover import ENTRIES
 from tests.unit.test_processor_order_before_pairing import self_unpaired
 from tests.unit.test_processor_retry_at_head import tool_items
 from tests.unit.test_processor_rules import chain_turn
@@ -28,7 +28,7 @@ def _answer(out) -> tuple:
 @ENTRIES
 @pytest.mark.parametrize("case", ["retry", "key reused", "own id", "bound id", "new"])
 def test_a_chain_turn_with_no_parent_gets_the_writes_answer_whatever_its_pairing(
-        data, entry, case):  # noqa: F811 (the fixture)
+        data, entry, case):
     first = data.worker()
     original = chain_turn(None, None)
     assert first.outcome(original).seq == 1

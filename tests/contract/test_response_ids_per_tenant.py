@@ -12,7 +12,7 @@ import pytest
 
 from ratchet.samples import make_turn
 from schemas.models import CheckpointPromoted, PromotionRejected, RejectionReason
-from tests.contract.test_processor_handover import ENTRIES, data  # noqa: F401 - fixture
+from tests.contract.test_processor_handover import ENTRIES
 from tests.contract.test_processor_races import uid
 
 R = RejectionReason
@@ -30,7 +30,7 @@ def child_of(parent_id: str, *, root: str, tenant_id: str):
 
 @ENTRIES
 @pytest.mark.parametrize("mine_first", [True, False])
-def test_a_parent_this_tenant_promoted_elsewhere_is_not_another_tenants(data, entry,  # noqa: F811
+def test_a_parent_this_tenant_promoted_elsewhere_is_not_another_tenants(data, entry,
                                                                        mine_first):
     worker = data.worker(entry)
     mine, theirs, shared = uid("tenant-a"), uid("tenant-b"), uid("resp")

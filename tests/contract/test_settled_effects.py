@@ -29,7 +29,7 @@ from schemas.canonical import canonical_digest
 from schemas.items import arguments_digest, function_call, function_call_output, message
 from schemas.models import CheckpointPromoted, EffectOrphaned, OrphanReason
 from tests.contract.test_late_carried_effects import _carried_turn, _late_effect, _promoted
-from tests.contract.test_processor_handover import ENTRIES, data  # noqa: F401
+from tests.contract.test_processor_handover import ENTRIES
 from tests.contract.test_processor_races import turn as race_turn
 from tests.contract.test_processor_races import uid
 from tests.unit.test_processor_carried_effects import _claim_and_complete
@@ -50,7 +50,7 @@ def _compensates_the_booking(orphans) -> list:
 
 
 @ENTRIES
-def test_a_redelivery_never_orphans_the_carried_run_after_a_rerun(data, entry):  # noqa: F811
+def test_a_redelivery_never_orphans_the_carried_run_after_a_rerun(data, entry):
     worker = data.worker(entry)
     promoted = _carried_turn(output=BOOKED)
     _promoted(worker, promoted)
@@ -65,7 +65,7 @@ def test_a_redelivery_never_orphans_the_carried_run_after_a_rerun(data, entry): 
 @ENTRIES
 @pytest.mark.parametrize("lists", [False, True])
 def test_a_retry_under_another_response_id_never_orphans_the_carried_run(
-        data, entry, lists):  # noqa: F811
+        data, entry, lists):
     worker = data.worker(entry)
     promoted = _carried_turn(output=BOOKED)
     _promoted(worker, promoted)
@@ -79,7 +79,7 @@ def test_a_retry_under_another_response_id_never_orphans_the_carried_run(
 
 
 @ENTRIES
-def test_a_retry_that_reran_the_tool_never_orphans_the_carried_run(data, entry):  # noqa: F811
+def test_a_retry_that_reran_the_tool_never_orphans_the_carried_run(data, entry):
     """Attempt 1 promoted carrying PNR123 (its ToolEffect produced after the turn);
     attempt 2, whose gateway lost the answer, re-runs the tool (PNR999) and sends its
     turn under the same response id: answered with the promotion."""
@@ -119,7 +119,7 @@ def test_a_rejected_retry_of_a_promoted_request_orphans_its_run_final(how):
 @ENTRIES
 @pytest.mark.parametrize("cancel_first", [False, True])
 def test_a_cancelled_requests_vanished_claim_is_published_in_either_order(
-        data, entry, cancel_first):  # noqa: F811
+        data, entry, cancel_first):
     """Attempt 1 claims ``pay`` and vanishes (no outcome, no turn); attempt 2 gets
     ``LEASE_EXPIRED``, fails its turn, and the gateway cancels the request. With the
     failed turn first, the claim (which may have run) was published nowhere: the turn
@@ -155,7 +155,7 @@ def test_a_cancelled_requests_vanished_claim_is_published_in_either_order(
 
 
 @ENTRIES
-def test_a_cancellation_after_the_promotion_publishes_nothing(data, entry):  # noqa: F811
+def test_a_cancellation_after_the_promotion_publishes_nothing(data, entry):
     """The promotion decided the request's effects; a cancellation after it is dropped."""
     worker = data.worker(entry)
     promoted = _carried_turn(output=BOOKED)

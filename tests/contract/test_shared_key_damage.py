@@ -43,7 +43,7 @@ from tests.contract.test_conversation_and_chain_share_a_key import (
     assert_history,
     items_of,
 )
-from tests.contract.test_processor_handover import ENTRIES, data  # noqa: F401 - fixture
+from tests.contract.test_processor_handover import ENTRIES
 
 R = RejectionReason
 ROW = "WHERE tenant_id = %s AND partition_key = %s AND kind = 'checkpoint' AND ref = %s"
@@ -122,7 +122,7 @@ class Partition:
     """The shared partition: the chain ``c1`` (= the key) <- ``c2`` and the Conversation
     ``v1`` <- ``v2``, interleaved, promoted by one worker that stays warm."""
 
-    def __init__(self, data, entry: str) -> None:  # noqa: F811
+    def __init__(self, data, entry: str) -> None:
         self.s = s = Shared(data, entry, fresh=False)
         self.warm = s.worker()
         self.c1 = s.chain(None)
@@ -228,7 +228,7 @@ def prime(p: Partition, clients: list[TestClient]) -> None:
 
 @ENTRIES
 @pytest.mark.parametrize("target", list(TARGETS))
-def test_a_damaged_item_fails_its_own_history_only(data, entry, target):  # noqa: F811
+def test_a_damaged_item_fails_its_own_history_only(data, entry, target):
     p = Partition(data, entry)
     clients = api_clients(p.s)
     prime(p, clients)
@@ -240,7 +240,7 @@ def test_a_damaged_item_fails_its_own_history_only(data, entry, target):  # noqa
 @ENTRIES
 @pytest.mark.parametrize("how", ["row", "items_cell"])
 @pytest.mark.parametrize("target", list(TARGETS))
-def test_an_undecodable_row_fails_its_own_history_only(data, entry, how, target):  # noqa: F811
+def test_an_undecodable_row_fails_its_own_history_only(data, entry, how, target):
     p = Partition(data, entry)
     clients = api_clients(p.s)
     prime(p, clients)
@@ -250,7 +250,7 @@ def test_an_undecodable_row_fails_its_own_history_only(data, entry, how, target)
 
 @ENTRIES
 def test_a_conversation_first_turn_whose_mode_reads_chain_fails_its_own_history_only(
-        data, entry):  # noqa: F811
+        data, entry):
     """The Conversation's first turn with its ``mode`` cell rewritten to ``chain``: its
     response, the Conversation and its later turns are ``CORRUPT_HISTORY`` (its response
     read as a verified one-turn chain before session 47: docs/decisions.md, "A damaged

@@ -18,10 +18,9 @@ import hashlib
 from ratchet.domain.promotion import MAX_DETAIL_CHARS, used_effect_ids
 from ratchet.samples import make_turn, new_id
 from schemas.models import Item, PromotionRejected, RejectionReason, Subturn
-from tests.contract.test_processor_handover import data  # noqa: F401
 
 
-def test_a_rejection_quoting_a_huge_item_type_is_written_and_bounded(data):  # noqa: F811
+def test_a_rejection_quoting_a_huge_item_type_is_written_and_bounded(data):
     content = b'{"id":"it1","type":"x"}'
     weird = Item(item_id="it1", type="\x01" * (9 * 1024 * 1024), content=content,
                  content_digest=hashlib.sha256(content).hexdigest())
