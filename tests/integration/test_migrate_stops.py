@@ -157,21 +157,6 @@ def test_a_stop_during_the_release_says_the_lease_may_stay_held(own, sig, how, c
     assert "not recorded" not in lines[0], lines
 
 
-def test_a_stop_while_releasing_after_a_failed_run_still_says_the_failure(own):
-    """A run that failed (a checksum mismatch, a lost lease, Cassandra timing out), then a
-    stop while its lease was released (a Job's deadline, Ctrl-C): the failure was said
-    nowhere, only the stop's line (session 48's review). The run's failure is the one the
-    operator must act on; the stop's line follows it."""
-    script = _HELD.format(signal="TERM", where="failed, releasing")
-    done = _run_held(script, cli_env(own))
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == 143, done.stderr[-2000:]
-    assert len(lines) == 2, lines
-    assert lines[0] == "ratchet migrate failed: a stand-in failure of the run", lines
-    assert lines[1].startswith("ratchet migrate: terminated (SIGTERM): stopped; "), lines
-    assert "stopped while releasing its lease" in lines[1], lines
-
-
 def test_a_stop_after_the_release_was_stopped_keeps_the_lease_note(own):
     """Ctrl-C pressed on: the release stopped (``LeaseLeft``), then another stop as the
     session closed replaced it, and the line no longer said the lease may stay held
@@ -199,12 +184,15 @@ def test_a_stop_after_a_successful_release_says_the_schema_is_up_to_date(
     assert _lease_owner(cassandra_session, own.keyspace) is None
 
 
-@pytest.mark.parametrize("where", ["failed, shutting down",
+@pytest.mark.parametrize("where", ["failed, releasing", "failed, shutting down",
                                    "failed, releasing, then shutting down"])
 def test_a_failed_runs_line_survives_a_stop_as_its_session_closes(own, where):
-    """A run that failed, then a stop as its session closed (after its release, or after
-    a stop of the release too): the failure's line was lost, only the stop's said
-    (session 48's review, left)."""
+    """A run that failed (a checksum mismatch, a lost lease, Cassandra timing out), then
+    a stop while its lease was released (a Job's deadline, Ctrl-C): the failure was said
+    nowhere, only the stop's line (session 48's review). The run's failure is the one the
+    operator must act on; the stop's line follows it. The same when the stop comes as
+    its session closed (after its release, or after a stop of the release too): the
+    failure's line was lost (session 48's review, left; session 49)."""
     script = _HELD.format(signal="TERM", where=where)
     done = _run_held(script, cli_env(own))
     lines = [line for line in done.stderr.splitlines() if line.strip()]

@@ -211,6 +211,27 @@ main(["api"])
 """
 
 
+def _stopped_when_it_says(script: str, env: dict[str, str], log_path, said: str,
+                          sigs) -> int | str:
+    """Run ``script`` (a command held in a window), send ``sigs`` once its stdout says
+    ``said``: its exit code, or what it still did 60 s later."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=log, text=True,
+                                preexec_fn=as_from_a_terminal)
+        try:
+            line = proc.stdout.readline()
+            assert line == said + "\n", (line, proc.poll())
+            for sig in sigs:
+                proc.send_signal(sig)
+            try:
+                return proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                return f"still running 60 s after {[s.name for s in sigs]}"
+        finally:
+            reap(proc)
+
+
 # Ctrl-C there too, and two stops (a supervisor's SIGTERM and an impatient operator's
 # Ctrl-C; two Ctrl-Cs are uvicorn's forced exit, its lifespan's end skipped): checked
 # by session 49's review.
@@ -225,23 +246,8 @@ def test_sigterm_as_the_api_hands_its_signals_to_uvicorn_stops_it(own, tmp_path,
     supervisor's stop came only as SIGKILL at the end of its grace period (CI of
     session 48's class of races, session 49). Now that stop is handed to uvicorn: it
     starts, stops at once, exit 0."""
-    log = (tmp_path / "api.log").open("w")
-    env = cli_env(own, RATCHET_API_PORT=str(free_port()))
-    proc = subprocess.Popen([sys.executable, "-c", _HANDING_OVER], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=log, text=True,
-                            preexec_fn=as_from_a_terminal)
-    try:
-        said = proc.stdout.readline()
-        assert said == "handing the signals to uvicorn\n", (said, proc.poll())
-        for sig in sigs:
-            proc.send_signal(sig)
-        try:
-            code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            code = "still serving 60 s after SIGTERM"
-    finally:
-        reap(proc)
-        log.close()
+    code = _stopped_when_it_says(_HANDING_OVER, cli_env(own, RATCHET_API_PORT=str(free_port())),
+                                 tmp_path / "api.log", "handing the signals to uvicorn", sigs)
     assert code == 0, (code, (tmp_path / "api.log").read_text()[-3000:])
 
 
@@ -268,23 +274,10 @@ main(["worker"])
 @pytest.mark.parametrize("sig,how", [(signal.SIGTERM, "terminated while starting (SIGTERM)"),
                                      (signal.SIGINT, "interrupted while starting (Ctrl-C)")])
 def test_a_stop_before_faust_has_its_handlers_stops_the_worker(own, tmp_path, sig, how):
-    log = (tmp_path / "worker.log").open("w")
     env = cli_env(own, RATCHET_CONSUMER_GROUP=f"{own.topic_prefix}group",
                   RATCHET_WORKER_METRICS_PORT="0")
-    proc = subprocess.Popen([sys.executable, "-c", _FAUST_HANDLERS_LATE], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=log, text=True,
-                            preexec_fn=as_from_a_terminal)
-    try:
-        said = proc.stdout.readline()
-        assert said == "handing the signals to faust\n", (said, proc.poll())
-        proc.send_signal(sig)
-        try:
-            code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            code = f"still running 60 s after {sig.name}"
-    finally:
-        reap(proc)
-        log.close()
+    code = _stopped_when_it_says(_FAUST_HANDLERS_LATE, env, tmp_path / "worker.log",
+                                 "handing the signals to faust", [sig])
     text = (tmp_path / "worker.log").read_text()
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("{")]
     assert code == 0, (code, text[-3000:])
