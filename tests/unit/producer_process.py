@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.processes import as_from_a_terminal
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PRELUDE = '''
@@ -58,6 +60,10 @@ def run_script(script: str, *args: str, timeout_s: float) -> list[str]:
     hang past ``timeout_s`` fails it as ``TimeoutExpired``."""
     done = subprocess.run([sys.executable, "-c", PRELUDE + script, *args],
                           capture_output=True, text=True, timeout=timeout_s,
-                          cwd=str(ROOT), env={**os.environ})
+                          cwd=str(ROOT), env={**os.environ},
+                          # The scripts' Ctrl-C (``interrupt_main``, SIGINT) must reach
+                          # them: a background run (CI's) ignores SIGINT, children too,
+                          # and ``interrupt_main`` then does nothing (session 49).
+                          preexec_fn=as_from_a_terminal)
     assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
     return done.stdout.splitlines()
