@@ -331,9 +331,14 @@ class RequestFacts:
             conversation_id=conversation if owner is None else None, scope=request_scope(turn))
         if owner is not None:
             facts = replace(facts, conversation_owner=owner)
-        if (facts.cancellation is not None
-                and self._cancelled_after_promotion(turn, facts.cancellation)):
-            facts = replace(facts, cancellation=None)
+        if facts.cancellation is not None:
+            try:
+                if self._cancelled_after_promotion(turn, facts.cancellation):
+                    facts = replace(facts, cancellation=None)
+            except CorruptPartition as exc:
+                log.error("whether the cancellation of request %s came after its promotion "
+                          "cannot be read: %s", turn.idempotency_key, exc)
+                facts = replace(facts, cancellation_unsettled=str(exc))
         return facts, mark
 
     def _cancelled_after_promotion(self, turn: TurnCompleted, cancel: Cancellation) -> bool:
@@ -341,17 +346,20 @@ class RequestFacts:
         since one that came before would have prevented it (CONTRACT 4): it changes
         nothing, whichever attempt's response id it names, so later retries of the
         request still get DUPLICATE / IDEMPOTENCY_KEY_REUSED naming the promoted
-        response. Asked only when a cancellation exists (rare). A damaged row either
-        lookup reads cannot tell: the cancellation stands (never a promotion), and the
-        turn's own damaged row, if that is the one, still answers ``CORRUPT``
-        (``VerdictRecorder.already_promoted``); before session 49 it was dead-lettered."""
+        response. Asked only when a cancellation exists (rare). A damaged row of the
+        response id it names tells nothing of the request (that id may be another
+        request's): the request's own key is asked. Raises ``CorruptPartition`` when
+        that lookup meets damage: the order cannot be told, and the turn is ``CORRUPT``
+        (``cancellation_unsettled``), never promoted. Session 49 answered a retry under
+        another response id ``CANCELLED`` when the promotion's own row was damaged, a
+        request that stands promoted (found by an outside review)."""
         try:
             promoted = self.store.get_checkpoint(cancel.tenant_id, cancel.response_id)
-            if promoted is not None and _of_request(turn, promoted):
-                return True
-            return self.promoted_request(turn) is not None
         except CorruptPartition:
-            return False
+            promoted = None
+        if promoted is not None and _of_request(turn, promoted):
+            return True
+        return self.promoted_request(turn) is not None
 
     def promoted_request(self, turn: TurnCompleted) -> CheckpointRecord | None:
         """The checkpoint the turn's request stands promoted with (by any attempt, under

@@ -133,6 +133,7 @@ class TurnDecider:
         reads the lineage again."""
         known = Facts(
             cancelled=facts.cancellation is not None,
+            cancellation_unsettled=facts.cancellation_unsettled,
             effects={e.effect_id: e for e in facts.effects},
             conversation_owner=facts.conversation_owner,
             # claims hook (issue 17): read with the request's facts, no extra query

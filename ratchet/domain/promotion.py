@@ -116,6 +116,9 @@ class Facts:
     """
 
     cancelled: bool = False
+    # Why a cancellation's order against the request's promotion cannot be told
+    # (damaged rows): ``CORRUPT`` where ``CANCELLED`` would claim it was never promoted.
+    cancellation_unsettled: str | None = None
     effects: Mapping[str, RecordedEffect] = None  # type: ignore[assignment]
     conversation_owner: str | None = None
     # The request's effect claims by effect_id (claim before execute, claims.py).
@@ -318,6 +321,10 @@ def _tenant_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> Re
 
 
 def _cancel_rule(turn: TurnCompleted, _v: ValidationVerdict, facts: Facts) -> Reject | None:
+    if facts.cancelled and facts.cancellation_unsettled is not None:
+        return Reject(R.CORRUPT, f"request {turn.idempotency_key} was cancelled, and whether "
+                      "before its promotion cannot be told: stored partition is corrupt: "
+                      f"{facts.cancellation_unsettled}")
     if facts.cancelled:
         return Reject(R.CANCELLED, f"request {turn.idempotency_key} was cancelled before "
                       "its completion was processed")

@@ -128,6 +128,10 @@ class TurnFacts:
     cancellation: Cancellation | None
     conversation_owner: str | None
     claims: tuple[ClaimRecord, ...] = ()
+    # Set by the processor (``RequestFacts.read``), never by the ledger: the damage that
+    # hides whether ``cancellation`` came after the request's promotion (then it would
+    # change nothing); the turn is ``CORRUPT``, neither promoted nor ``CANCELLED``.
+    cancellation_unsettled: str | None = None
 
 
 class ResponseState(StrEnum):

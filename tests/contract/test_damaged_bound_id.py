@@ -146,3 +146,52 @@ def test_a_parent_whose_other_tenant_row_is_damaged_is_corrupt(backend, entry):
     for worker in ("warm", "cold"):
         run = mine.worker() if worker == "warm" else backend.worker(entry)
         assert_corrupt(run.outcome(child), worker)
+
+
+
+def retried_after_a_cancellation(p: Partition, name: str, naming: str, entry: str):
+    """``name``'s request cancelled (the cancellation naming ``naming``'s response id:
+    it is recorded, never compared) after its promotion, and retried under another
+    response id."""
+    turn = p.event(name)
+    cancel = make_turn_cancelled(turn).model_copy(
+        update={"response_id": p.event(naming).response_id})
+    p.s.data.worker(entry).handle(cancel)
+    return turn.model_copy(update={"event_id": uid("event"), "attempt": turn.attempt + 1,
+                                   "response_id": uid("resp")})
+
+
+@ENTRIES
+@pytest.mark.parametrize("target", ["v2", "c2"])
+def test_a_retry_whose_promotion_row_is_damaged_is_corrupt_not_cancelled(
+        backend, entry, target):
+    """The promoted attempt's row damaged, a cancellation of the request, a retry under
+    another response id: whether the cancellation came after the promotion (and changes
+    nothing) cannot be told from the damaged row or the request's key (the write's view
+    of its original raises too): ``CORRUPT``, as the write answers it. Session 49
+    answered ``CANCELLED`` (the first lookup's damage read as "cancelled first"), telling
+    the gateway that a request which stands promoted never promotes."""
+    p = Partition(backend, entry)
+    damage_row(p.s, p.event(target).response_id)
+    retry = retried_after_a_cancellation(p, target, target, entry)
+    for worker, run in (("warm", p.warm.outcome), ("cold", p.cold), ("again", p.cold)):
+        assert_corrupt(run(retry), worker)
+
+
+@ENTRIES
+@pytest.mark.parametrize("target", ["v2", "c2"])
+def test_a_cancellation_naming_a_damaged_row_of_another_request_changes_nothing(
+        backend, entry, target):
+    """A cancellation after the promotion naming another request's response id, whose
+    row is damaged: that row says nothing of this request, whose own key says it stands
+    promoted, so the cancellation changes nothing and a retry under another id is
+    ``DUPLICATE`` naming the promoted response. Session 49 answered ``CANCELLED``."""
+    p = Partition(backend, entry)
+    other = "c2" if target == "v2" else "v1"  # not the head (memory's view reads it)
+    damage_row(p.s, p.event(other).response_id)
+    retry = retried_after_a_cancellation(p, target, other, entry)
+    for worker, run in (("warm", p.warm.outcome), ("cold", p.cold), ("again", p.cold)):
+        outcome = run(retry)
+        assert isinstance(outcome, PromotionRejected), (worker, outcome)
+        assert outcome.reason is R.DUPLICATE, (worker, outcome)
+        assert outcome.existing_response_id == p.event(target).response_id, (worker, outcome)
