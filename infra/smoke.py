@@ -18,6 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from ratchet.kafka_calls import interruptible
 from ratchet.settings import Settings
 
 SMOKE_SCHEMA = {
@@ -86,7 +87,10 @@ def _kafka_round_trip(settings: Settings, record: dict, run: SmokeRun) -> dict:
     producer = Producer({**quiet, "acks": "all"})
     producer.produce(topic, key=record["smoke_id"].encode(), value=payload,
                      on_delivery=lambda err, msg: delivered.append((err, msg)))
-    producer.flush(30)
+    # Ctrl-C inside the delivery report that flush runs: ``KeyboardInterrupt`` (the
+    # stop line and 130), not confluent-kafka's ``SystemError`` and FAILED (a CI flake,
+    # session 49; ``ratchet.kafka_calls``).
+    interruptible(producer.flush, 30)
     if not delivered or delivered[0][0] is not None:
         raise SmokeFailed(f"kafka produce failed: {delivered}")
     partition, offset = delivered[0][1].partition(), delivered[0][1].offset()

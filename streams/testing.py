@@ -23,6 +23,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from ratchet.kafka_calls import interruptible
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, register_schemas
 from schemas.models import Frozen
@@ -212,8 +213,8 @@ class EventProducer:
                                       on_delivery=on_delivery)
                 break
             except BufferError:
-                self.producer.poll(0.1)
-        self.producer.poll(0)
+                interruptible(self.producer.poll, 0.1)
+        interruptible(self.producer.poll, 0)
 
     def deliver(self, *events: Frozen, attempts: int = 3) -> None:
         """Send ``events`` and wait until the broker has acknowledged each one; an event
@@ -237,7 +238,9 @@ class EventProducer:
 
     def flush(self) -> None:
         """Wait for every event; fail if any was not written (nothing silently lost)."""
-        remaining = self.producer.flush(60)
+        # Ctrl-C inside a report (a bench's): ``KeyboardInterrupt``, not ``SystemError``
+        # (``ratchet.kafka_calls``; session 50).
+        remaining = interruptible(self.producer.flush, 60)
         if remaining:
             raise RuntimeError(f"{remaining} events not delivered")
         if self.failed:

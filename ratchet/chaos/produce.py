@@ -30,6 +30,7 @@ from ratchet.chaos.claims import ClaimAnswerWrong, ClaimedRun, ClaimProbe, Claim
 from ratchet.chaos.story import RawRecord, Story
 from ratchet.chaos.timed import Stamper
 from ratchet.chaos.workload import generate
+from ratchet.kafka_calls import interruptible
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
 from schemas.models import TurnCompleted
@@ -62,13 +63,15 @@ class _RawProducer:
                 self._p.produce(self.topic, value=value, key=key, on_delivery=report)
                 break
             except BufferError:
-                self._p.poll(0.1)
-        self._p.poll(0)
+                interruptible(self._p.poll, 0.1)
+        # Ctrl-C inside a report: ``KeyboardInterrupt``, not a ``SystemError`` that
+        # ``_send_round`` took for a failed round (``ratchet.kafka_calls``; session 50).
+        interruptible(self._p.poll, 0)
 
     def flush(self) -> None:
         """Raise ``GatewayError`` when an event was not delivered, after replacing the
         librdkafka client (``_renew``): the round is then sent again through a new one."""
-        left = self._p.flush(DELIVERY_TIMEOUT_MS / 1000 + 10)
+        left = interruptible(self._p.flush, DELIVERY_TIMEOUT_MS / 1000 + 10)
         errors, self._errors = self._errors, []
         if errors or left:
             self._renew()
@@ -83,7 +86,7 @@ class _RawProducer:
         cannot reach its broker may block."""
         old, self._p = self._p, Producer(self._config)
         old.purge()
-        old.poll(0)
+        interruptible(old.poll, 0)  # runs the purged reports (``send``)
         self._retired.append(old)
         self._errors = []
 

@@ -43,6 +43,7 @@ from confluent_kafka.serialization import SerializationError
 
 from ratchet.domain.bounds import container_problem, effect_field_problem, elements_of
 from ratchet.domain.validation import PROMOTABLE_STATUSES
+from ratchet.kafka_calls import interruptible
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
 from schemas.avro_ranges import range_check
@@ -327,10 +328,13 @@ class GatewayProducer:
             self._close_pending = None
             self._releasing = threading.current_thread()
             try:
-                self._producer.flush(timeout_s)
+                # Each runs reports: Ctrl-C inside one is ``KeyboardInterrupt``, as in
+                # ``_served``.
+                interruptible(self._producer.flush, timeout_s)
                 self._producer.purge()
-                self._producer.flush(0)  # serves the purged events' reports: failures
-                self._producer.close()
+                # Serves the purged events' reports: failures.
+                interruptible(self._producer.flush, 0)
+                interruptible(self._producer.close)
                 self._fail_unreported()
                 self._released = True
             except BaseException:
@@ -405,7 +409,9 @@ class GatewayProducer:
         (``_finish_close``)."""
         self._serving.depth = getattr(self._serving, "depth", 0) + 1
         try:
-            return call(timeout_s)
+            # Ctrl-C inside a report: ``KeyboardInterrupt``, not confluent-kafka's
+            # ``SystemError`` (``ratchet.kafka_calls``; session 50).
+            return interruptible(call, timeout_s)
         except BaseException:
             # Out of librdkafka's call: it may have ended a report inside it, which
             # confluent-kafka then drops (``_fail_lost``). Or it came between reports
