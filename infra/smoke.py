@@ -18,8 +18,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ratchet.kafka_calls import interruptible
 from ratchet.settings import Settings
+from services.gateway.kafka_calls import interruptible
 
 SMOKE_SCHEMA = {
     "type": "record", "name": "Smoke", "namespace": "ratchet.infra",
@@ -89,7 +89,7 @@ def _kafka_round_trip(settings: Settings, record: dict, run: SmokeRun) -> dict:
                      on_delivery=lambda err, msg: delivered.append((err, msg)))
     # Ctrl-C inside the delivery report that flush runs: ``KeyboardInterrupt`` (the
     # stop line and 130), not confluent-kafka's ``SystemError`` and FAILED (a CI flake,
-    # session 49; ``ratchet.kafka_calls``).
+    # session 49; ``services.gateway.kafka_calls``).
     interruptible(producer.flush, 30)
     if not delivered or delivered[0][0] is not None:
         raise SmokeFailed(f"kafka produce failed: {delivered}")

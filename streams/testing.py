@@ -23,10 +23,10 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from ratchet.kafka_calls import interruptible
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, register_schemas
 from schemas.models import Frozen
+from services.gateway.kafka_calls import interruptible
 from streams.topics import Topics, delete_topics_with_prefix, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -239,7 +239,7 @@ class EventProducer:
     def flush(self) -> None:
         """Wait for every event; fail if any was not written (nothing silently lost)."""
         # Ctrl-C inside a report (a bench's): ``KeyboardInterrupt``, not ``SystemError``
-        # (``ratchet.kafka_calls``; session 50).
+        # (``services.gateway.kafka_calls``; session 50).
         remaining = interruptible(self.producer.flush, 60)
         if remaining:
             raise RuntimeError(f"{remaining} events not delivered")

@@ -1,7 +1,7 @@
 """Ctrl-C landing inside a delivery report that librdkafka's call runs (session 50).
 
 confluent-kafka raised such a Ctrl-C out of that call as ``SystemError: ... returned
-NULL without setting an exception`` (``ratchet/kafka_calls.py``, why). Real: SIGINT is
+NULL without setting an exception`` (``services/gateway/kafka_calls.py``, why). Real: SIGINT is
 sent to this process inside the report, and Python's own handler raises it there, in
 the ``time.sleep`` it interrupts, before the report's first line."""
 

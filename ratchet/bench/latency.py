@@ -14,8 +14,8 @@ from ratchet.bench.http_wait import HttpWaits, WaitFigures
 from ratchet.bench.measure import CpuWindow, add_into, settle, unique_name
 from ratchet.bench.probe import LatencyProbe, p50_p99
 from ratchet.bench.turns import encoded_turn
-from ratchet.kafka_calls import interruptible
 from ratchet.settings import Settings
+from services.gateway.kafka_calls import interruptible
 from streams.testing import Rig
 
 # A paced Conversation's next turn follows its previous one by about this long: a gateway

@@ -30,11 +30,11 @@ from ratchet.chaos.claims import ClaimAnswerWrong, ClaimedRun, ClaimProbe, Claim
 from ratchet.chaos.story import RawRecord, Story
 from ratchet.chaos.timed import Stamper
 from ratchet.chaos.workload import generate
-from ratchet.kafka_calls import interruptible
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
 from schemas.models import TurnCompleted
 from services.gateway.errors import GatewayError, RehydrationUnavailable
+from services.gateway.kafka_calls import interruptible
 from services.gateway.producer import PRODUCER_DEFAULTS, GatewayProducer
 
 # Outlast a Kafka restart (tens of seconds on a busy machine) before reporting failure.
@@ -65,7 +65,7 @@ class _RawProducer:
             except BufferError:
                 interruptible(self._p.poll, 0.1)
         # Ctrl-C inside a report: ``KeyboardInterrupt``, not a ``SystemError`` that
-        # ``_send_round`` took for a failed round (``ratchet.kafka_calls``; session 50).
+        # ``_send_round`` took for a failed round (``services.gateway.kafka_calls``; session 50).
         interruptible(self._p.poll, 0)
 
     def flush(self) -> None:

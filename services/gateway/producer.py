@@ -43,7 +43,6 @@ from confluent_kafka.serialization import SerializationError
 
 from ratchet.domain.bounds import container_problem, effect_field_problem, elements_of
 from ratchet.domain.validation import PROMOTABLE_STATUSES
-from ratchet.kafka_calls import interruptible
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, encode_key, registry_client
 from schemas.avro_ranges import range_check
@@ -67,6 +66,7 @@ from services.gateway.errors import (
     ProducerMisconfigured,
     UnservableId,
 )
+from services.gateway.kafka_calls import interruptible
 
 # librdkafka's reports of events purged by ``close`` (queued, or sent and unanswered).
 _PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
@@ -410,7 +410,7 @@ class GatewayProducer:
         self._serving.depth = getattr(self._serving, "depth", 0) + 1
         try:
             # Ctrl-C inside a report: ``KeyboardInterrupt``, not confluent-kafka's
-            # ``SystemError`` (``ratchet.kafka_calls``; session 50).
+            # ``SystemError`` (``services.gateway.kafka_calls``; session 50).
             return interruptible(call, timeout_s)
         except BaseException:
             # Out of librdkafka's call: it may have ended a report inside it, which

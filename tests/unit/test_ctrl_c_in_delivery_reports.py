@@ -3,7 +3,7 @@ library's ``flush``, ``Delivery.wait``, ``close`` and a send waiting for room, a
 of the chaos producer's raw flush; never ``SystemError`` (session 50).
 
 confluent-kafka 2.16 raised it out of librdkafka's call as ``SystemError: ... returned
-NULL without setting an exception`` (``ratchet/kafka_calls.py``): a CI run of ``ratchet
+NULL without setting an exception`` (``services/gateway/kafka_calls.py``): a CI run of ``ratchet
 smoke``'s Ctrl-C test failed on it (session 49). The real client, its broker
 unreachable: each event times out after ``delivery.timeout.ms`` (200) and its report is
 served by the call under test; SIGINT is sent inside that report (``tests/ctrl_c.py``).
@@ -18,10 +18,10 @@ import pytest
 from confluent_kafka import Producer
 
 from ratchet.chaos import produce as chaos_produce
-from ratchet.kafka_calls import interruptible
 from ratchet.samples import make_turn
 from ratchet.settings import Settings
 from services.gateway.errors import DeliveryError
+from services.gateway.kafka_calls import interruptible
 from services.gateway.producer import GatewayProducer
 from tests.ctrl_c import ctrl_c_in, python_ctrl_c
 from tests.unit.test_gateway_producer_lost_report import _Client, _Serde
