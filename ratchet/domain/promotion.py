@@ -30,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
 
 from ratchet.domain.catalogue import EFFECT_OUTPUT_TYPES, effect_key
 from ratchet.domain.claims import ClaimRecord, result_digest
@@ -67,10 +66,12 @@ from ratchet.domain.validation import (
 from schemas.canonical import canonical_json_text
 from schemas.keys import partition_key
 from schemas.models import (
+    BoundaryProof,
     Certification,
     Item,
     OrphanReason,
     RejectionReason,
+    RouterReceipt,
     TurnCompleted,
 )
 
@@ -665,8 +666,14 @@ def _store_artifact(turn: TurnCompleted) -> StoredTokenArtifact | None:
     )
 
 
-def _json_or_none(record: Any) -> str | None:
-    return None if record is None else canonical_json_text(record.model_dump(mode="json"))
+def _json_or_none(record: RouterReceipt | BoundaryProof | None) -> str | None:
+    """The record's canonical JSON. Both models hold ``str`` and ``int`` fields alone
+    (``EpochMillis`` is an ``int``; pinned by ``test_promotion_request_json``), so the
+    field values pydantic keeps in ``__dict__`` are already what ``model_dump(mode=
+    "json")`` would return: one certified turn's proof ~1.2 against ~2.9 us. A new
+    field of another type fails that test (a nested model or a datetime would also
+    make ``canonical_json``'s ``json.dumps`` raise)."""
+    return None if record is None else canonical_json_text(record.__dict__)
 
 
 # --- 2. what the store said ----------------------------------------------------------------
