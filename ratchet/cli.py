@@ -340,6 +340,8 @@ def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
     """
     import importlib
 
+    from ratchet.bench.measure import RunFailed
+
     if args and args[0] in ("--help", "-h"):
         click.echo(ctx.get_help())
         click.echo("\nSuites:")
@@ -384,6 +386,11 @@ def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
         takes_argv = "argv" in entry.__code__.co_varnames
         try:
             result = entry(options) if takes_argv else entry()
+        except RunFailed as exc:
+            # The run's verdict, not a bug: one line (it was a traceback, session 50).
+            cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+            print(f"ratchet bench {name}: FAILED: {exc}{cause}", file=sys.stderr, flush=True)
+            sys.exit(1)
         except Exception as exc:
             line = _unreachable(exc, settings)
             if line is None:

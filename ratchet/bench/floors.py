@@ -20,7 +20,15 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from ratchet.bench.measure import CpuWindow, RequestCounter, add_into, say, settle, unique_name
+from ratchet.bench.measure import (
+    CpuWindow,
+    RequestCounter,
+    RunFailed,
+    add_into,
+    say,
+    settle,
+    unique_name,
+)
 from ratchet.bench.probe import LatencyProbe
 from ratchet.bench.table import Row
 from ratchet.settings import Settings
@@ -57,7 +65,7 @@ def raw_kafka(settings: Settings, value: bytes, records: int,
                         producer.poll(0.05)
                 producer.poll(0)
             if producer.flush(60):
-                raise RuntimeError("raw baseline: records not delivered")
+                raise RunFailed("raw baseline: records not delivered")
         say(f"raw Kafka: produced {records} in {produced.seconds:.1f} s")
         with CpuWindow(who) as consumed:
             got = asyncio.run(_aiokafka_read(settings, topic, records))
@@ -289,7 +297,7 @@ def _floor_measure(settings: Settings, session, keyspace: str, insert, source: s
             producer.produce(source, value=value, key=key)
             producer.poll(0)
         if producer.flush(60):
-            raise RuntimeError("raw pipeline: events not delivered")
+            raise RunFailed("raw pipeline: events not delivered")
         # The previous floor's keyspace drop flushed every dirty memtable (system.paxos
         # too) and compactions follow; this floor's keyspace creation flushed the schema
         # tables. Not this floor's work: ~0.3-1.0 ms of Cassandra CPU per turn landed in
@@ -365,7 +373,7 @@ def _floor_in_child(settings: Settings, source: str, sink: str, records: int,
         if child.is_alive():
             child.kill()
     if isinstance(outcome, BaseException):
-        raise RuntimeError("the floor's process failed") from outcome
+        raise RunFailed("the floor's process failed") from outcome
     return outcome, window
 
 
@@ -580,7 +588,7 @@ def faust_pipeline(settings: Settings, records: int, pids: dict[str, int], home:
         producer.flush(30)
         probe.collect(1, 90)  # the worker has its partitions and has published once
         if not probe.received:
-            raise RuntimeError(f"floor 0: no outcome from the Faust worker (see {log.name})")
+            raise RunFailed(f"floor 0: no outcome from the Faust worker (see {log.name})")
         probe.reset()
         items = [(f"floor-0-{i:08d}".encode(), value) for i in range(records)]
         if rate is None:
@@ -599,7 +607,7 @@ def faust_pipeline(settings: Settings, records: int, pids: dict[str, int], home:
                 probe.collect(records, 120 + records / rate)
                 sender.join()
         if probe.received < records:
-            raise RuntimeError(f"floor 0: {probe.received} of {records} outcomes")
+            raise RunFailed(f"floor 0: {probe.received} of {records} outcomes")
         latency = None if rate is None else probe.percentiles()
         name = FAUST_FLOOR if rate is None else f"{FAUST_FLOOR}, {rate:.0f}/s paced"
         return Row(name, records, window.seconds, window.cpu_s, unit="records",
@@ -698,7 +706,7 @@ class PacedFloor:
                                    rate,
                                    run=f"r{self.runs}-")
         if result.applied != records:
-            raise RuntimeError(f"paced floor: {result.applied} of {records} LWTs applied")
+            raise RunFailed(f"paced floor: {result.applied} of {records} LWTs applied")
         self.seconds += row.seconds
         for who, cpu in row.cpu_s.items():
             name = "floor" if who == "client" else who

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ratchet.bench.floors import PacedFloor
 from ratchet.bench.http_wait import HttpWaits, WaitFigures
-from ratchet.bench.measure import CpuWindow, add_into, settle, unique_name
+from ratchet.bench.measure import CpuWindow, RunFailed, add_into, settle, unique_name
 from ratchet.bench.probe import LatencyProbe, p50_p99
 from ratchet.bench.turns import encoded_turn
 from ratchet.settings import Settings
@@ -67,7 +67,7 @@ def e2e_latency(settings: Settings, rig: Rig, rate: float, turns: int,
         sender.join()
         rig.producer.flush()
         if probe.rejected:
-            raise RuntimeError(f"latency run: {probe.rejected} of {len(items)} turns "
+            raise RunFailed(f"latency run: {probe.rejected} of {len(items)} turns "
                                "rejected; its figures would not be of promotions")
         return probe.latencies_ms()
     finally:

@@ -17,6 +17,12 @@ from pathlib import Path
 from ratchet.settings import Settings
 
 
+class RunFailed(RuntimeError):
+    """A bench run that could not measure what it set out to (an event not delivered, a
+    turn rejected, a wait answered without a certified history): the run's verdict,
+    said in one line by ``ratchet bench`` (exit 1), not a bug's traceback."""
+
+
 def say(msg: str) -> None:
     """Progress on stderr, so the table on stdout stays clean."""
     print(f"  [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

@@ -30,6 +30,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer
 
 from ratchet.bench.args import positive_int
+from ratchet.bench.measure import RunFailed
 from ratchet.samples import make_turn
 from ratchet.settings import Settings
 from schemas.avro import encode_key
@@ -118,7 +119,7 @@ def _wait_for(consumer: Consumer, count: int, worker, timeout_s: float = 900) ->
     seen, deadline = 0, time.monotonic() + timeout_s
     while seen < count:
         if time.monotonic() > deadline or not worker.alive():
-            raise RuntimeError(f"{seen}/{count} promoted\n{worker.log_tail()}")
+            raise RunFailed(f"{seen}/{count} promoted\n{worker.log_tail()}")
         msg = consumer.poll(1.0)
         if msg is not None and msg.error() is None:
             seen += 1
