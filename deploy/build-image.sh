@@ -5,7 +5,8 @@
 #   2. in it (chroot): ratchet's wheel and its dependencies from deploy/requirements.lock,
 #      binary wheels only, each checked against its hash, into /opt/ratchet/venv; then the
 #      build tools are removed and the non-root user created;
-#   3. `buildah from scratch` + that filesystem + the image config (entrypoint, user, env,
+#   3. `buildah from scratch` + that filesystem + the image config (entrypoint `tini --
+#      ratchet`, user, env,
 #      volume, labels) -> `buildah commit` to the OCI archive dist/ratchet-<version>.oci.tar.
 #
 # deploy/Dockerfile builds the same image with Docker: same lock, user, paths, entrypoint
@@ -30,9 +31,10 @@ DATA=/var/lib/ratchet                 # RATCHET_HOME: worker health files, Faust
 LOCK=deploy/requirements.lock
 BUILD_LOCK=deploy/build-requirements.lock   # the build backend of ratchet's own wheel
 # libstdc++6: the C++ driver's wheel (acsylla) links it, as manylinux allows (apt needs it
-# too, so it is there today; named so that it stays).
-BASE_PACKAGES="python3.11 python3.11-venv ca-certificates libstdc++6"
-BASE_RECIPE=1                         # bump when the base recipe below changes
+# too, so it is there today; named so that it stays). tini: the entrypoint's PID 1, which
+# forwards a stop to ratchet (a SIGTERM to a PID 1 with no handler yet is dropped).
+BASE_PACKAGES="python3.11 python3.11-venv ca-certificates libstdc++6 tini"
+BASE_RECIPE=2                         # bump when the base recipe below changes
 
 OUT_DIR=${1:-dist}
 CACHE=${RATCHET_IMAGE_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/ratchet/image}
@@ -215,7 +217,7 @@ B=(buildah --root "$WORK/storage" --runroot "$WORK/run" --storage-driver vfs)
 ctr=$("${B[@]}" from scratch)
 "${B[@]}" add --quiet "$ctr" "$WORK/rootfs.tar" /
 "${B[@]}" config \
-  --entrypoint '["ratchet"]' --cmd '["--help"]' \
+  --entrypoint '["tini", "--", "ratchet"]' --cmd '["--help"]' \
   --user "$USER_ID:$USER_ID" --workingdir "$DATA" --volume "$DATA" \
   --env "PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
   --env "RATCHET_HOME=$DATA" --env RATCHET_API_HOST=0.0.0.0 \

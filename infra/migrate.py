@@ -505,7 +505,8 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
         progress.phase = "applying"
         try:
             with _LeaseKeeper(session, ks, owner, taken_at) as lease:
-                applied = _apply(session, settings, migrations, folder, lease, out)
+                applied = _apply(session, settings, migrations, folder, lease, out,
+                                 progress)
         except BaseException as failure:
             # The run's own failure (Ctrl-C included) is the one raised: a release that
             # failed too replaced it, and an interrupted run said "cannot reach
@@ -531,8 +532,10 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
 
 
 def _apply(session, settings: Settings, migrations: list[Migration], folder: Path,
-           lease: _LeaseKeeper, out: Callable[[str], None]) -> list[Migration]:
-    """What ``apply_migrations`` does while it holds the lease."""
+           lease: _LeaseKeeper, out: Callable[[str], None],
+           progress: MigrateProgress) -> list[Migration]:
+    """What ``apply_migrations`` does while it holds the lease; ``progress`` names the
+    migration under way and those recorded (the stop line's facts)."""
     ks = settings.keyspace
     applied = {r.version: r for r in session.execute(
         f"SELECT version, name, checksum FROM {ks}.schema_migrations", timeout=30)}
@@ -558,6 +561,7 @@ def _apply(session, settings: Settings, migrations: list[Migration], folder: Pat
     for m in todo:
         lease.renew()  # a lease taken meanwhile stops the run here, not later
         t = time.monotonic()
+        progress.under_way, progress.recording = m.path.name, False
         for i, stmt in enumerate(m.statements, 1):
             lease.check(f"{m.path.name} statement {i}")
             try:
@@ -579,10 +583,13 @@ def _apply(session, settings: Settings, migrations: list[Migration], folder: Pat
                     f"by hand or by another version; fix the table, then run "
                     f"`ratchet migrate` again)\n  {stmt}")
         lease.check(f"recording {m.path.name}")
+        progress.recording = True  # from here its record may be written, answer or not
         session.execute(
             f"INSERT INTO {ks}.schema_migrations (version, name, checksum, applied_at) "
             "VALUES (%s, %s, %s, toTimestamp(now()))", (m.version, m.name, m.checksum),
             timeout=30)
+        progress.recorded.append(m.path.name)
+        progress.under_way = None
         out(f"applied {m.path.name} ({len(m.statements)} statements, "
             f"{time.monotonic() - t:.1f}s)")
     return todo

@@ -129,18 +129,38 @@ _STOPS = {KeyboardInterrupt: ("interrupted (Ctrl-C)", 130),
 # What holds when the stop came in each phase of ``MigrateProgress``: it said "what it
 # applied stays applied, a migration it was applying is not recorded" in all, before
 # the lease and after the last migration was recorded too (session 48's review; 49).
+# While applying, what holds is read from its facts (``_migrate_holds``; session 50).
 _MIGRATE_PHASES = {
     "connecting": "no migration was applied (stopped before taking the lease); `ratchet "
                   "migrate --status` says what is left, `ratchet migrate` applies it",
     "waiting": "no migration was applied (stopped while waiting for another migrator's "
                "lease, which it left alone); `ratchet migrate --status` shows that lease",
-    "applying": "what it applied stays applied, a migration it was applying is not "
-                "recorded and is re-run whole; `ratchet migrate --status` says what is "
-                "left, `ratchet migrate` finishes",
     "applied": "every migration is applied and recorded, the schema up to date",
     "released": "every migration is applied and recorded, the schema up to date; its "
                 "lease was released",
 }
+
+
+def _migrate_holds(progress: MigrateProgress) -> str:
+    """What holds after a stop in ``progress``'s phase. While applying, from its facts:
+    it said "what it applied stays applied, a migration it was applying is not recorded"
+    whether one was under way or not (after a checksum mismatch, nothing had started;
+    session 49's review, left; session 50)."""
+    if progress.phase != "applying":
+        return _MIGRATE_PHASES[progress.phase]
+    said = (f"{', '.join(progress.recorded)} applied and recorded by this run (they stay)"
+            if progress.recorded else "no migration was recorded by this run")
+    if progress.under_way is None:
+        said += ", none was under way"
+    elif progress.recording:
+        said += (f"; {progress.under_way} was applied and being recorded: if its record "
+                 "was not written it is re-run whole")
+    else:
+        said += (f"; {progress.under_way} was under way and is not recorded: it is re-run "
+                 "whole")
+    finish = ("`ratchet migrate` finishes" if progress.failure is None else
+              "`ratchet migrate` finishes once the failure above is dealt with")
+    return f"{said}; `ratchet migrate --status` says what is left, {finish}"
 
 
 def _interrupted_migrate(status: bool, stop: BaseException, progress: MigrateProgress,
@@ -170,7 +190,7 @@ def _interrupted_migrate(status: bool, stop: BaseException, progress: MigratePro
         said = (failure_line(failure, settings)
                 or f"ratchet migrate failed: {type(failure).__name__}: {failure}")
         print(said, file=sys.stderr, flush=True)
-    said = "changed nothing" if status else _MIGRATE_PHASES[progress.phase]
+    said = "changed nothing" if status else _migrate_holds(progress)
     if left is not None:
         said += (f"; stopped while releasing its lease {left.lease}, which may stay held "
                  f"until its TTL ends (at most {_lease_ttl_s()} s): a `ratchet migrate` "

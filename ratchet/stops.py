@@ -126,9 +126,20 @@ class MigrateProgress:
     ``phase``: ``connecting`` (before the lease: no migration applied), ``waiting`` (for
     another migrator's lease), ``applying`` (the lease held), ``applied`` (every
     migration recorded), ``released`` (and the lease released). ``failure``: the run's
-    failure, once it failed; ``failure_said``: its line was written."""
+    failure, once it failed; ``failure_said``: its line was written.
+
+    While ``applying``: ``recorded``, the migrations (file names) this run applied and
+    recorded; ``under_way``, the one whose statements were sent and whose record is not
+    known to be written (None between migrations), ``recording`` once its record was
+    sent. The line said "a migration it was applying is not recorded" after any failure
+    or stop there, true only while one was under way: not after a failure before the
+    first (a checksum mismatch, a newer schema) or between two (session 49's review,
+    left; session 50)."""
 
     def __init__(self) -> None:  # no dataclass: its import is ~30 ms of a stop's window
         self.phase = "connecting"
         self.failure: Exception | None = None
         self.failure_said = False
+        self.recorded: list[str] = []
+        self.under_way: str | None = None
+        self.recording = False

@@ -12,8 +12,10 @@ What a runtime would do for ``docker run`` / a Kubernetes container, done by han
 
 The mounts are made in a private mount namespace (``unshare --mount``), so none outlives
 the process. ``unshare``, ``sh``, ``chroot`` and ``env`` each exec the next, so the pid
-of the ``Popen`` is the pid of ``ratchet`` itself (signals reach it; its health file is
-named after it).
+of the ``Popen`` is the pid of the entrypoint's first program: tini (since session 50),
+which forwards signals to ``ratchet``, its one child (``child_pid``: the health file is
+named after it). It is not PID 1 here (no pid namespace), so tini warns that orphans
+are not reaped: true here, not in a container.
 """
 
 from __future__ import annotations
@@ -89,3 +91,17 @@ class OciImage:
 def _blob(digest: str) -> str:
     algorithm, hex_digest = digest.split(":")
     return f"blobs/{algorithm}/{hex_digest}"
+
+
+def child_pid(pid: int, timeout_s: float = 30.0) -> int:
+    """The one child of ``pid`` (tini's: ``ratchet``), once it has started."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            (child,) = children
+            return int(child)
+        time.sleep(0.05)
+    raise TimeoutError(f"process {pid} started no child in {timeout_s:.0f}s")

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.image.dockerfile import LOCK, REPO, parse_dockerfile
-from tests.image.rootfs import OciImage
+from tests.image.rootfs import OciImage, child_pid
 
 pytestmark = pytest.mark.integration
 
@@ -188,7 +188,7 @@ def test_migrate_worker_api_promote_a_turn_and_read_it_back(
 
         assert probe(worker_spec, "livenessProbe") == 1  # no worker yet: "down"
         worker, worker_log = start(worker_spec["args"][0])
-        health_file = volume / "health" / f"worker-{worker.pid}.json"
+        health_file = volume / "health" / f"worker-{child_pid(worker.pid)}.json"  # tini's child
         _wait("worker", lambda: json.loads(health_file.read_text())["status"] == "ok",
               worker, worker_log)
         assert probe(worker_spec, "livenessProbe") == 0
@@ -219,8 +219,8 @@ def test_migrate_worker_api_promote_a_turn_and_read_it_back(
         for port in (smoke.api_port, smoke.worker_metrics_port):
             metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
             assert metrics.status_code == 200 and "ratchet_" in metrics.text
-        figures["worker_rss_mib"] = _rss_mib(worker.pid)
-        figures["api_rss_mib"] = _rss_mib(api.pid)
+        figures["worker_rss_mib"] = _rss_mib(child_pid(worker.pid))  # ratchet, not tini
+        figures["api_rss_mib"] = _rss_mib(child_pid(api.pid))
 
         # Kubernetes runs the API's preStop hook before SIGTERM: it must exist in the
         # image and leave the API serving (the Service stops sending meanwhile).
@@ -237,8 +237,9 @@ def test_migrate_worker_api_promote_a_turn_and_read_it_back(
             code, took = _stop(proc, grace)
             figures[f"{name}_stop_s"] = took
             if name == "api":
-                # uvicorn drains, then re-raises the SIGTERM it caught: exit status 143.
-                assert code in (0, -signal.SIGTERM), _tail(api_log)
+                # uvicorn drains, then re-raises the SIGTERM it caught: its death by the
+                # signal, which tini (the Popen's process) passes on as exit status 143.
+                assert code in (0, 128 + signal.SIGTERM), _tail(api_log)
                 assert "Application shutdown complete" in api_log.read_text()
             else:
                 assert code == 0, f"worker exited {code} on SIGTERM\n{_tail(worker_log)}"

@@ -53,6 +53,9 @@ if "releasing" in "{where}":
     m._release_lease = stopped_while_releasing
 if "failed" in "{where}":
     m._apply = failing
+if "mismatch" in "{where}":  # the first ALTER TABLE ADD (003) finds a stand-in mismatch
+    m._column_mismatches = lambda _s, _ks, stmt: (
+        None if m._ADD.match(stmt) is None else ["a stand-in mismatch"])
 if "shutting down" in "{where}":  # a stop as the session closes (after the others)
     from cassandra.cluster import Session
     closing = Session.shutdown
@@ -96,8 +99,10 @@ def test_sigterm_while_holding_the_lease_releases_it_and_exits_143(own, cassandr
     code, lines = _stop_when_said([sys.executable, "-c", script], cli_env(own),
                                   "holding the lease", signal.SIGTERM)
     assert code == 143, lines
-    assert len(lines) == 1 and lines[0].startswith(
-        "ratchet migrate: terminated (SIGTERM): stopped; what it applied stays applied"), lines
+    # The stand-in holds the lease and applies nothing: none recorded, none under way.
+    assert lines == ["ratchet migrate: terminated (SIGTERM): stopped; no migration was "
+                     "recorded by this run, none was under way; `ratchet migrate --status` "
+                     "says what is left, `ratchet migrate` finishes"], lines
     assert _lease_owner(cassandra_session, own.keyspace) is None  # released
 
 
@@ -201,3 +206,40 @@ def test_a_failed_runs_line_survives_a_stop_as_its_session_closes(own, where):
     assert lines[0] == "ratchet migrate failed: a stand-in failure of the run", lines
     assert lines[1].startswith("ratchet migrate: terminated (SIGTERM): stopped; "), lines
     assert ("stopped while releasing its lease" in lines[1]) == ("releasing" in where), lines
+
+
+def test_a_stop_after_a_failure_before_any_migration_says_none_was_under_way(
+        own, cassandra_session):
+    """A run that failed holding the lease before its first migration (the keyspace
+    records a newer one: ``SchemaAhead``, "Nothing was applied"), then SIGTERM as its
+    session closed: the stop's line said "a migration it was applying is not recorded
+    and is re-run whole", none having been (session 49's review, left; session 50)."""
+    subprocess.run([sys.executable, "-m", "ratchet.cli", "migrate"], env=cli_env(own), cwd=ROOT,
+                   check=True, capture_output=True, timeout=180)
+    cassandra_session.execute(
+        f"INSERT INTO {own.keyspace}.schema_migrations (version, name, checksum) "
+        "VALUES (999, 'from_a_newer_ratchet', 'x')", timeout=30)
+    done = _run_held(_HELD.format(signal="TERM", where="shutting down"), cli_env(own))
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert len(lines) == 2 and "999_from_a_newer_ratchet" in lines[0], lines
+    assert lines[1] == (
+        "ratchet migrate: terminated (SIGTERM): stopped; no migration was recorded by "
+        "this run, none was under way; `ratchet migrate --status` says what is left, "
+        "`ratchet migrate` finishes once the failure above is dealt with"), lines
+
+
+def test_a_stop_after_a_failure_in_a_migration_names_it_and_those_recorded(own):
+    """A statement of 003 fails (a stand-in column mismatch) after 001 and 002 were
+    recorded, then SIGTERM as the session closes: the line names what stays and the
+    migration that is re-run whole."""
+    done = _run_held(_HELD.format(signal="TERM", where="mismatch, shutting down"),
+                     cli_env(own))
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert len(lines) == 3 and "a stand-in mismatch" in lines[0], lines  # + its statement
+    assert lines[2] == (
+        "ratchet migrate: terminated (SIGTERM): stopped; 001_core.cql, 002_ledger.cql "
+        "applied and recorded by this run (they stay); 003_ledger_owners.cql was under "
+        "way and is not recorded: it is re-run whole; `ratchet migrate --status` says "
+        "what is left, `ratchet migrate` finishes once the failure above is dealt with"), lines

@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from infra.smoke import cli_smoke
+from infra.smoke import SmokeRun, _remove, cli_smoke
 from tests.ctrl_c import ctrl_c_in, python_ctrl_c
 from tests.processes import CLI, cli_env, stop_when_said
 
@@ -143,3 +143,60 @@ def test_a_keyspace_create_that_timed_out_after_it_applied_is_removed(
     monkeypatch.setattr(Session, "execute", applied_then_timed_out)
     assert cli_smoke(own) == 1, capsys.readouterr().out
     assert _left(own, kafka_admin, schema_registry_client, cassandra_session) == []
+
+
+def _another_runs(own, monkeypatch) -> SmokeRun:
+    """The run's names pinned to those of another run, which made them first (a run that
+    drew the same 8 hex digits, or a hand)."""
+    from infra import smoke
+
+    theirs = SmokeRun.of(own)
+    monkeypatch.setattr(smoke.SmokeRun, "of", classmethod(
+        lambda cls, _settings: cls(theirs.topic, theirs.keyspace)))
+    return theirs
+
+
+def test_a_topic_that_exists_already_is_neither_used_nor_removed(
+        own, kafka_admin, schema_registry_client, cassandra_session, monkeypatch, capsys):
+    """Counted as made before its create (session 49, for a create that timed out after
+    it applied), a topic whose create Kafka answered ``TOPIC_ALREADY_EXISTS`` was removed
+    at the end: another run's, of the same name (session 49's review, left). Now the run
+    fails naming it and the command that removes it, and leaves it."""
+    from confluent_kafka.admin import NewTopic
+
+    theirs = _another_runs(own, monkeypatch)
+    kafka_admin.create_topics([NewTopic(theirs.topic, 1, 1)])[theirs.topic].result(timeout=30)
+    try:
+        assert cli_smoke(own) == 1
+        out = capsys.readouterr().out
+        assert theirs.topic in kafka_admin.list_topics(timeout=10).topics, out
+        assert f"topic {theirs.topic} exists already" in out, out
+        assert "neither used nor removed" in out, out
+        assert f"--delete --topic {theirs.topic}" in out, out
+        assert "removed what it made" not in out, out
+        # Nothing else was made: the subject and keyspace come after the topic.
+        assert _left(own, kafka_admin, schema_registry_client, cassandra_session) == [
+            theirs.topic]
+    finally:
+        assert _remove(own, SmokeRun(theirs.topic, theirs.keyspace, ["topic"])) == []
+
+
+def test_a_keyspace_that_exists_already_is_neither_used_nor_dropped(
+        own, kafka_admin, schema_registry_client, cassandra_session, monkeypatch, capsys):
+    """As the topic: ``CREATE KEYSPACE`` answered ``AlreadyExists`` dropped the other's
+    keyspace at the end. What the run did make (its topic and subject) is removed."""
+    theirs = _another_runs(own, monkeypatch)
+    cassandra_session.execute(
+        f"CREATE KEYSPACE {theirs.keyspace} WITH replication = {own.replication}", timeout=60)
+    cassandra_session.execute(f"CREATE TABLE {theirs.keyspace}.theirs (k int PRIMARY KEY)",
+                              timeout=60)
+    try:
+        assert cli_smoke(own) == 1
+        out = capsys.readouterr().out
+        assert _left(own, kafka_admin, schema_registry_client, cassandra_session) == [
+            theirs.keyspace], out
+        assert f"keyspace {theirs.keyspace} exists already" in out, out
+        assert f"DROP KEYSPACE IF EXISTS {theirs.keyspace};" in out, out
+        assert "removed what it made (topic, subject)" in out, out
+    finally:
+        assert _remove(own, SmokeRun(theirs.topic, theirs.keyspace, ["keyspace"])) == []

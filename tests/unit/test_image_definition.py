@@ -82,13 +82,14 @@ def test_ratchets_own_wheel_is_built_with_the_locked_hashed_backend() -> None:
         assert "--no-build-isolation" in wheel and "--no-deps" in wheel
 
 
-def test_the_runtime_stage_installs_nothing_and_copies_only_the_venv() -> None:
+def test_the_runtime_stage_installs_nothing_and_copies_only_the_venv_and_tini() -> None:
     assert len(DOCKERFILE.stages) == 2
     # Same Python in both stages: the venv's interpreter link stays valid.
     assert FINAL.base == DOCKERFILE.stages[0].base
     for run in FINAL.all("RUN"):
         assert not re.search(r"\b(pip|apt-get|apt|apk)\b", run), run
-    assert FINAL.all("COPY") == [f"--from=build {SCRIPT['VENV']} {SCRIPT['VENV']}"]
+    assert FINAL.all("COPY") == [f"--from=build {SCRIPT['VENV']} {SCRIPT['VENV']}",
+                                 "--from=build /usr/bin/tini /usr/bin/tini"]
     # Neither build keeps pip or setuptools in the venv.
     uninstall = "pip uninstall --yes pip setuptools"
     assert uninstall in " ".join(DOCKERFILE.stages[0].all("RUN"))
@@ -111,13 +112,33 @@ def test_same_user_paths_env_entrypoint_ports_and_labels() -> None:
     assert env == dict(v.split("=", 1) for v in _script_values("env"))
     assert env["RATCHET_HOME"] == SCRIPT["DATA"]
     assert env["PATH"].split(":")[0] == f"{SCRIPT['VENV']}/bin"
-    assert FINAL.exec_form("ENTRYPOINT") == ["ratchet"] == json.loads(_script_values("entrypoint")[0])
+    assert FINAL.exec_form("ENTRYPOINT") == json.loads(_script_values("entrypoint")[0])
     assert FINAL.exec_form("CMD") == json.loads(_script_values("cmd")[0])
     assert FINAL.one("EXPOSE").split() == _script_values("port")
     labels = dict(v.split("=", 1) for v in _script_values("label"))
     assert set(labels) == set(FINAL.labels())
     for key in ("version", "revision", "source"):
         assert f"org.opencontainers.image.{key}" in labels
+
+
+def test_the_entrypoint_is_an_init_that_runs_ratchet_as_its_child() -> None:
+    """``ratchet`` was the entrypoint, so PID 1 of its container: the kernel drops a
+    signal to PID 1 whose disposition is the default, so a SIGTERM during the
+    interpreter's start (before ratchet's first handler, ~0.1 s) was ignored and the pod
+    killed at the end of its grace period (session 49, left). Debian's tini is PID 1 in
+    both builds: it forwards the stop to ratchet (for which the default is death), passes
+    its exit code on (migrate's 75, 130, 143) and reaps orphans."""
+    assert FINAL.exec_form("ENTRYPOINT") == ["tini", "--", "ratchet"]
+    assert json.loads(_script_values("entrypoint")[0]) == ["tini", "--", "ratchet"]
+    # Debian's in both: installed in the Dockerfile's build stage and copied into the
+    # runtime one (which installs nothing), and in the buildah base, not purged with the
+    # build tools (autoremove keeps what was asked for by name).
+    (build,) = [s for s in DOCKERFILE.stages if s.name == "build"]
+    assert any(re.search(r"apt-get install [^&]*\btini\b", run) for run in build.all("RUN"))
+    assert "--from=build /usr/bin/tini /usr/bin/tini" in FINAL.all("COPY")
+    assert "tini" in SCRIPT["BASE_PACKAGES"].split()
+    (purge,) = re.findall(r"apt-get purge[^\n]*\n[^\n]*", SCRIPT_TEXT)
+    assert "tini" not in purge.split()
 
 
 def test_version_label_defaults_to_the_package_version() -> None:
@@ -152,7 +173,7 @@ def test_containers_run_ratchet_subcommands_through_the_entrypoint(name: str) ->
     from ratchet.cli import main
 
     (container,) = _pod(name)["containers"]
-    assert "command" not in container  # keeps the image's `ratchet` entrypoint
+    assert "command" not in container  # keeps the image's `tini -- ratchet` entrypoint
     subcommand, *options = container["args"]
     assert subcommand in main.commands
     # Its options are the command's own (the migrate Job's `--wait`): parsed as the CLI does.

@@ -53,3 +53,18 @@ def test_a_second_stop_while_the_line_is_written_is_no_traceback(first, second, 
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == code, done.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("ratchet migrate: "), lines
+
+
+def test_a_stop_while_a_record_was_sent_says_it_may_be_written():
+    """The record's ``INSERT`` sent (its answer lost or the stop landing on it): the
+    migration is recorded or not, and the line says which way each goes."""
+    from ratchet.cli import _migrate_holds
+    from ratchet.stops import MigrateProgress
+
+    progress = MigrateProgress()
+    progress.phase, progress.recorded = "applying", ["001_core.cql"]
+    progress.under_way, progress.recording = "002_ledger.cql", True
+    assert _migrate_holds(progress) == (
+        "001_core.cql applied and recorded by this run (they stay); 002_ledger.cql was "
+        "applied and being recorded: if its record was not written it is re-run whole; "
+        "`ratchet migrate --status` says what is left, `ratchet migrate` finishes")
