@@ -63,8 +63,9 @@ PERSISTENCE_RETRIES = Counter(
 LINEAGE_READ_MISSES = Counter(
     "ratchet_worker_lineage_read_misses_total",
     "Turns rejected CORRUPT because fresh history reads kept missing the lineage the "
-    "store's view (at SERIAL) said they extend (damaged rows, or a store whose two reads "
-    "disagree; streams/turn_decider.py, MAX_LINEAGE_MISSES). A healthy store never counts.",
+    "store's view (at SERIAL) said they extend, or kept giving a copy of it the write "
+    "found changed (damaged rows, or a store whose two reads disagree; "
+    "streams/turn_decider.py, MAX_LINEAGE_MISSES). A healthy store never counts.",
 )
 PARTITION_PARKS = Counter(
     "ratchet_worker_partition_parks_total",

@@ -220,7 +220,7 @@ class StoreAnswers:
         return _unreadable(turn, failure)
 
     def lineage_never_read(self, turn: TurnCompleted, named: str | None,
-                           misses: int, *, told: bool = True) -> Reject:
+                           misses: int, *, told: bool = True, differs: bool = False) -> Reject:
         """The answer to a turn whose lineage the store's view names (``named``: the
         response it would extend, at SERIAL) while ``misses`` fresh history reads in a
         row after it did not extend that response (``TurnDecider``,
@@ -231,10 +231,17 @@ class StoreAnswers:
         so its pairing cannot be checked and the history it would end could never be
         served: ``CORRUPT``, like any lineage that cannot be read (never a promotion,
         never a retry without end). Counted, and logged by ``_unreadable``, unless not
-        ``told`` (a decision the caller makes again before recording anything)."""
-        failure = HistoryFailure(
+        ``told`` (a decision the caller makes again before recording anything).
+        ``differs``: the reads did extend ``named``, but with a copy of its row the
+        write found changed (``_parent_changed``): the stored row is not the one a
+        verified read gives, damage as far as the turn can tell (``CORRUPT_HISTORY``;
+        session 50)."""
+        failure = (HistoryFailure(
+            HistoryFailureReason.CORRUPT_HISTORY,
+            f"the store's view of {named} differs from the copy {misses} verified history "
+            f"reads in a row gave") if differs else HistoryFailure(
             HistoryFailureReason.MISSING_HISTORY,
-            f"the store's view names {named}, {misses} history reads in a row missed it")
+            f"the store's view names {named}, {misses} history reads in a row missed it"))
         if not told:
             return _rejection_of(failure)
         metrics.LINEAGE_READ_MISSES.inc()

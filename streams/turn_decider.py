@@ -43,13 +43,16 @@ log = logging.getLogger("streams.processor")
 # How often a turn is decided again because the lineage it extends moved meanwhile
 # (another promoter on the same partition) before the attempt is retried as a whole.
 MAX_LINEAGE_ROUNDS = 4
-# How many fresh lineage reads in a row may miss the response the store's view (at
-# SERIAL) just said the turn extends, before the turn is ``CORRUPT``
-# (``StoreAnswers.lineage_never_read``). One miss never happens in a healthy store (the
-# view's SERIAL read completes a promotion in flight; the next read sees it); a lineage
-# that keeps moving names another response each time and is not counted. Less than
+# How many fresh lineage reads in a row may disagree with the store's view (at SERIAL)
+# about the response it just said the turn extends, before the turn is ``CORRUPT``
+# (``StoreAnswers.lineage_never_read``): reads that miss that response, or that extend
+# it with a copy the write finds changed (``_parent_changed``, session 50). Neither
+# happens in a healthy store (the view's SERIAL read completes a promotion in flight,
+# and a verified read learns the row as the view decodes it); a lineage that keeps
+# moving names another response each time and is not counted. Less than
 # ``MAX_LINEAGE_ROUNDS``, so that it is reached within one attempt even after a round
-# spent on cached facts: until session 49 such a turn was retried without end.
+# spent on cached facts: until session 49 (misses) and 50 (copies) such a turn was
+# retried without end.
 MAX_LINEAGE_MISSES = 3
 
 
@@ -109,17 +112,19 @@ class TurnDecider:
             named = verdict
             lineage = self.lineages.read(turn, head_first=isinstance(verdict, Reject))
             verdict = self._decide(turn, facts, mark, lineage, claiming, facts_read=recheck)
-            misses = misses + 1 if _missed_again(named, lineage, verdict) else 0
+            misses = misses + 1 if _named_again(named, lineage, verdict) else 0
             if misses == MAX_LINEAGE_MISSES:
                 assert isinstance(verdict, LineageChanged)
+                read = None if lineage.tail is None else lineage.tail.response_id
                 # Told (counted, logged) only by a decision made with the request's
                 # facts, after the redelivery check: one made without them is decided
                 # again from fresh reads before anything is recorded (their reads may
                 # find the parent), so telling it counted a turn twice, or a turn
                 # that was then promoted (session 49's review).
                 return (self.verdicts.already_promoted(turn) if recheck else None) or \
-                    self.answers.lineage_never_read(turn, verdict.parent_response_id,
-                                                    misses, told=recheck)
+                    self.answers.lineage_never_read(
+                        turn, verdict.parent_response_id, misses, told=recheck,
+                        differs=read == verdict.parent_response_id)
         return verdict
 
     def _decide(self, turn: TurnCompleted, facts: TurnFacts, mark: str | None,
@@ -231,14 +236,17 @@ class TurnDecider:
         return promotion.interpret(turn, outcome)
 
 
-def _missed_again(named: object, lineage: Lineage, verdict: object) -> bool:
-    """Whether a fresh ``lineage`` read right after the store named the response the
-    turn extends (``named``, a ``LineageChanged``) did not extend it, and the store
-    names it again: the two reads disagree (``MAX_LINEAGE_MISSES``). A lineage that
-    moved again names another response; a read that extends the named one but whose
-    write still says ``LineageChanged`` is no miss (the rounds' bound retries it)."""
+def _named_again(named: object, lineage: Lineage, verdict: object) -> bool:
+    """Whether the store names again the response it named right before (``named``, a
+    ``LineageChanged``) after a fresh ``lineage`` read: the read and the view disagree
+    about it (``MAX_LINEAGE_MISSES``). Either the read missed it, or it extended it
+    and the write found its copy of the row changed (``_parent_changed``: the only
+    ``LineageChanged`` naming the response the turn was validated on; counted since
+    session 50, before which the rounds' bound retried it without end). A lineage that
+    moved again names another response; "no parent" named again after a read that found
+    none is no disagreement about a row (left to the rounds' bound)."""
     if not (isinstance(named, LineageChanged) and isinstance(verdict, LineageChanged)):
         return False
     parent = named.parent_response_id
     tail = None if lineage.tail is None else lineage.tail.response_id
-    return verdict.parent_response_id == parent and tail != parent
+    return verdict.parent_response_id == parent and (parent is not None or tail is not None)

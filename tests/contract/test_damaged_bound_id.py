@@ -195,3 +195,38 @@ def test_a_cancellation_naming_a_damaged_row_of_another_request_changes_nothing(
         assert isinstance(outcome, PromotionRejected), (worker, outcome)
         assert outcome.reason is R.DUPLICATE, (worker, outcome)
         assert outcome.existing_response_id == p.event(target).response_id, (worker, outcome)
+
+
+@ENTRIES
+@pytest.mark.parametrize("target", ["v2", "c2"])
+@pytest.mark.parametrize("order", ["cancel-names-the-retry", "cancel-then-damage",
+                                   "retry-then-cancel"])
+def test_every_order_of_cancellation_damage_and_retry_is_corrupt_as_the_write(
+        backend, entry, target, order):
+    """The other orders of the case above (session 50, checking that the review's fix
+    leaves none answered otherwise than the write, whose view of the damaged original
+    raises): the cancellation naming the retry's own response id; the cancellation
+    recorded before the damage; a retry answered before the cancellation, then another.
+    Each retry under another response id is ``CORRUPT``, warm, cold and again. Passed
+    before and after session 50 (nothing changed: a guard, not a fix)."""
+    p = Partition(backend, entry)
+    turn = p.event(target)
+    retry = turn.model_copy(update={"event_id": uid("event"), "attempt": turn.attempt + 1,
+                                    "response_id": uid("resp")})
+    cancel = make_turn_cancelled(turn)
+    if order == "cancel-names-the-retry":
+        damage_row(p.s, turn.response_id)
+        p.s.data.worker(entry).handle(
+            cancel.model_copy(update={"response_id": retry.response_id}))
+    elif order == "cancel-then-damage":
+        p.s.data.worker(entry).handle(cancel)
+        damage_row(p.s, turn.response_id)
+    else:
+        damage_row(p.s, turn.response_id)
+        assert_corrupt(p.cold(retry), "before the cancellation")
+        p.s.data.worker(entry).handle(cancel)
+        retry = retry.model_copy(update={"event_id": uid("event"),
+                                         "attempt": turn.attempt + 2,
+                                         "response_id": uid("resp")})
+    for worker, run in (("warm", p.warm.outcome), ("cold", p.cold), ("again", p.cold)):
+        assert_corrupt(run(retry), worker)
