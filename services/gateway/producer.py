@@ -204,6 +204,7 @@ class GatewayProducer:
         # does it (``_release_unfinished``). ``_released``: the Kafka client is closed.
         self._closed_done = threading.Event()
         self._released = False
+        self._client_closed = False  # the Kafka client's ``close`` returned
         self._releasing: threading.Thread | None = None  # the thread inside ``_release``
         self._release_lock = threading.Lock()
         # A ``close`` began (set before it waits for ``_sending``): a send of another
@@ -328,10 +329,16 @@ class GatewayProducer:
             self._close_pending = None
             self._releasing = threading.current_thread()
             try:
-                self._producer.flush(timeout_s)
-                self._producer.purge()
-                self._producer.flush(0)  # serves the purged events' reports: failures
-                self._producer.close()
+                if not self._client_closed:
+                    self._producer.flush(timeout_s)
+                    self._producer.purge()
+                    self._producer.flush(0)  # serves the purged events' reports
+                    self._producer.close()
+                    # A release cut after this line (Ctrl-C in ``_fail_unreported``)
+                    # is finished by the next close without the client: it flushed
+                    # the closed client, confluent-kafka's ``RuntimeError`` (session
+                    # 50).
+                    self._client_closed = True
                 self._fail_unreported()
                 self._released = True
             except BaseException:

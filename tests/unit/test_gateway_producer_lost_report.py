@@ -380,3 +380,33 @@ def test_a_report_cut_after_it_recorded_its_failure_is_told_once_with_it(
     [(event_id, text)] = waited.value.failures
     assert event_id == sent.event_ids[0] and "within delivery.timeout.ms" in text
     producer.close(timeout_s=0)  # told once per thread: nothing left for the close
+
+
+def test_a_ctrl_c_in_the_close_s_failing_of_lost_events_leaves_them_to_the_next_close():
+    """Ctrl-C inside the close's failing of the events never reported (the client
+    already closed): the next close fails them and raises them, typed. Before session
+    50 the first close had swapped them out (lost, told to no one) and the next close's
+    release flushed the closed client: confluent-kafka's ``RuntimeError``."""
+    producer = _unreachable()
+    _interrupted(producer, "before its first line")
+    sent = producer.send(make_turn())
+    with pytest.raises(KeyboardInterrupt):
+        producer.flush(10)
+    explained, cuts = producer._explained, []
+
+    def ctrl_c_once(err):  # the close's failure of the lost event, its first line
+        if err.code() == KafkaError._INTR and not cuts:
+            cuts.append(err)
+            raise KeyboardInterrupt
+        return explained(err)
+    producer._explained = ctrl_c_once
+    producer._reports_may_be_cut = False  # no flush's look first: the close's own
+    with pytest.raises(KeyboardInterrupt):
+        producer.close(0)
+    assert cuts
+    with pytest.raises(DeliveryError) as closed:
+        producer.close(0)
+    assert [eid for eid, _ in closed.value.failures] == list(sent.event_ids)
+    with pytest.raises(DeliveryError) as waited:
+        sent.wait(0)
+    assert [eid for eid, _ in waited.value.failures] == list(sent.event_ids)
