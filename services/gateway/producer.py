@@ -189,7 +189,8 @@ class GatewayProducer:
         # A thread started outside ``threading`` is its ident and OS thread id (session
         # 45): as its dummy ``Thread``, the next such thread given the same ident took
         # its place (``_Places``).
-        self._failure_log: list[tuple[int, str, KafkaError]] = []
+        # Each with the ``Delivery`` of its event (``_logged_failure``).
+        self._failure_log: list[tuple[int, str, KafkaError, Delivery | None]] = []
         self._next_failure = 0
         self._first_kept = 0
         self._cursors = _Places()
@@ -204,6 +205,7 @@ class GatewayProducer:
         # does it (``_release_unfinished``). ``_released``: the Kafka client is closed.
         self._closed_done = threading.Event()
         self._released = False
+        self._client_closed = False  # the Kafka client's ``close`` returned
         self._releasing: threading.Thread | None = None  # the thread inside ``_release``
         self._release_lock = threading.Lock()
         # A ``close`` began (set before it waits for ``_sending``): a send of another
@@ -328,13 +330,19 @@ class GatewayProducer:
             self._close_pending = None
             self._releasing = threading.current_thread()
             try:
-                # Each runs reports: Ctrl-C inside one is ``KeyboardInterrupt``, as in
-                # ``_served``.
-                interruptible(self._producer.flush, timeout_s)
-                self._producer.purge()
-                # Serves the purged events' reports: failures.
-                interruptible(self._producer.flush, 0)
-                interruptible(self._producer.close)
+                if not self._client_closed:
+                    # Each runs reports: Ctrl-C inside one is ``KeyboardInterrupt``, as
+                    # in ``_served``.
+                    interruptible(self._producer.flush, timeout_s)
+                    self._producer.purge()
+                    # Serves the purged events' reports: failures.
+                    interruptible(self._producer.flush, 0)
+                    interruptible(self._producer.close)
+                    # A release cut after this line (Ctrl-C in ``_fail_unreported``)
+                    # is finished by the next close without the client: it flushed
+                    # the closed client, confluent-kafka's ``RuntimeError`` (session
+                    # 50).
+                    self._client_closed = True
                 self._fail_unreported()
                 self._released = True
             except BaseException:
@@ -357,11 +365,12 @@ class GatewayProducer:
         the threads' flushes and its ``Delivery``. Its report was ended by an exception
         before it recorded anything (Ctrl-C in its first lines): before, it was told to
         no one (the next flush and the close returned as if it were written) and its
-        ``Delivery`` said ``FlushTimeout`` for ever."""
-        handed_over, self._handed_over = self._handed_over, {}
-        for delivery, event_id in handed_over:
-            if event_id in delivery._unreported:
-                self._report(event_id, delivery, _lost_report(), None)
+        ``Delivery`` said ``FlushTimeout`` for ever. Each is taken out by its failure's
+        last line, as in ``_fail_lost``: the dict swapped out first, a Ctrl-C here lost
+        the events after it (session 50)."""
+        for delivery, event_id in list(self._handed_over):
+            self._fail_as_lost(event_id, delivery)
+        self._handed_over.clear()
 
     def _fail_lost(self) -> None:
         """Once an exception came out of a librdkafka call that runs reports: each
@@ -374,19 +383,12 @@ class GatewayProducer:
             return
         self._reports_may_be_cut = False  # before the look: a later cut sets it again
         try:
-            # Under the lock: one look at a time fails each event once. Each is taken
-            # out by its failure's last line (``_report``), not before: a second Ctrl-C
-            # inside the failure left it out, never told (an outside review, session
-            # 49).
-            with self._lock:
-                for key, report in list(self._handed_over.items()):
-                    delivery, event_id = key
-                    if report() is not None or key not in self._handed_over:
-                        continue
-                    if event_id in delivery._unreported:
-                        self._report(event_id, delivery, _lost_report(), None)
-                    else:
-                        self._handed_over.pop(key, None)
+            # Each is taken out by its failure's last line (``_record``), not before: a
+            # second Ctrl-C inside the failure left it out, never told (an outside
+            # review, session 49). Failed once whoever else looks (``_record``).
+            for key, report in list(self._handed_over.items()):
+                if report() is None and key in self._handed_over:
+                    self._fail_as_lost(key[1], key[0])
         except BaseException:  # a second Ctrl-C: the rest is looked at next time
             self._reports_may_be_cut = True
             raise
@@ -682,7 +684,7 @@ class GatewayProducer:
             start = self._cursors.get(self._first_kept)
             oldest = self._failure_log[0][0] if self._failure_log else self._next_failure
             forgotten = max(0, oldest - start)
-            failures = [(event_id, err) for seq, event_id, err in self._failure_log
+            failures = [(event_id, err) for seq, event_id, err, _ in self._failure_log
                         if seq >= start]
             self._cursors.set(self._next_failure)
             self._cursors.drop_ended()
@@ -712,16 +714,48 @@ class GatewayProducer:
                              "written; send the event again", retriable=True)
         if err is not None:
             err = self._explained(err)
-            with self._lock:
-                self._failure_log.append((self._next_failure, event_id, err))
+        self._record(event_id, delivery, err)
+
+    def _fail_as_lost(self, event_id: str, delivery: Delivery) -> None:
+        """The event's report never ran to its end: failed (``_lost_report``), or
+        finished with the failure that report had logged before it was cut."""
+        self._record(event_id, delivery, self._explained(_lost_report()), lost=True)
+
+    def _record(self, event_id: str, delivery: Delivery | None, err: KafkaError | None,
+                *, lost: bool = False) -> None:
+        """The event's outcome, told once: logged for the threads' flushes (a failure),
+        then its ``Delivery``, then out of ``_handed_over``. Under the lock, checked
+        there: a close's ``_fail_unreported`` and a look of another thread, each past
+        its own check, failed one event twice (session 50). ``lost``: a look's, after
+        an exception ended the event's report, perhaps after that report logged its own
+        failure: that failure is the event's (the look added a lost report's too,
+        naming the event twice, session 50)."""
+        with self._lock:
+            if delivery is not None and event_id not in delivery._unreported:
+                self._handed_over.pop((delivery, event_id), None)  # told already
+                return
+            logged = self._logged_failure(event_id, delivery) if lost else None
+            if logged is not None:
+                err = logged
+            elif err is not None:
+                self._failure_log.append((self._next_failure, event_id, err, delivery))
                 self._next_failure += 1
                 if len(self._failure_log) > MAX_KEPT_FAILURES:
                     del self._failure_log[:len(self._failure_log) - MAX_KEPT_FAILURES]
                     self._first_kept = max(self._first_kept, self._failure_log[0][0])
-        if delivery is not None:
-            delivery._reported(event_id, err)
-            # Last: one ended before this line is failed (``_fail_lost``).
-            self._handed_over.pop((delivery, event_id), None)
+            if delivery is not None:
+                delivery._reported(event_id, err)
+                # Last: one ended before this line is failed (``_fail_lost``).
+                self._handed_over.pop((delivery, event_id), None)
+
+    def _logged_failure(self, event_id: str, delivery: Delivery | None
+                        ) -> KafkaError | None:
+        """The failure the event's own report logged, if it did (newest first: a cut
+        report's is recent). Looked for only after a cut (``lost``), never per report."""
+        for _, logged_id, err, logged_by in reversed(self._failure_log):
+            if logged_id == event_id and logged_by is delivery:
+                return err
+        return None
 
     def _explained(self, err: KafkaError) -> KafkaError:
         """librdkafka's report, with what to do where its own text does not say it. An
@@ -787,9 +821,10 @@ class Delivery:
         self._unreported = set(event_ids)
 
     def _reported(self, event_id: str, err: KafkaError | None) -> None:
-        """Its event's report (``err`` already explained); called under no lock of its
-        own: each event is reported once, by librdkafka's one report of it."""
-        if err is not None:
+        """Its event's report (``err`` already explained); called under the producer's
+        lock (``_record``), which tells each event once."""
+        if err is not None and all(told != event_id for told, _ in self._failures):
+            # Not twice: a report cut between these lines is finished by a look.
             self._failures.append((event_id, err))
         self._unreported.discard(event_id)
 

@@ -16,11 +16,12 @@ import functools
 import threading
 
 import pytest
+from confluent_kafka import KafkaError
 
 from ratchet.samples import make_turn
 from ratchet.settings import Settings
 from services.gateway.errors import DeliveryError, FlushTimeout
-from services.gateway.producer import GatewayProducer
+from services.gateway.producer import Delivery, GatewayProducer
 
 
 class _Serde:
@@ -284,3 +285,128 @@ def test_a_report_cut_before_its_send_kept_it_is_told():
     assert [eid for eid, _ in outcome.failures] == list(sent[0].event_ids)
     with pytest.raises(DeliveryError):
         producer.close(timeout_s=0)  # the main thread flushed before it: told it too
+
+
+def test_a_close_and_another_thread_s_look_fail_a_lost_event_once():
+    """A close's failing of the events never reported (``_fail_unreported``) and a
+    flush of another thread looking at the same lost event (``_fail_lost``), each past
+    its check that the event is unreported before either recorded it: the event is
+    failed once. Before session 50 both recorded it: every listing named it twice.
+    The threads are sequenced by a barrier in the failure's first line."""
+    producer = _unreachable()
+    _interrupted(producer, "before its first line")
+    sent = producer.send(make_turn())
+    with pytest.raises(KeyboardInterrupt):
+        producer.flush(10)
+    looking, both = threading.Event(), threading.Barrier(2, timeout=30)
+    explained = producer._explained
+
+    def meet(err):  # each thread's failure of the lost event, before it records it
+        if err.code() == KafkaError._INTR:
+            looking.set()
+            both.wait()
+        return explained(err)
+    producer._explained = meet
+    outcomes: dict[str, BaseException | None] = {}
+
+    def run(name, call):
+        try:
+            call()
+            outcomes[name] = None
+        except BaseException as exc:  # noqa: BLE001 - the outcome is the test's
+            outcomes[name] = exc
+
+    flusher = threading.Thread(target=run, args=("flush", lambda: producer.flush(0)))
+    closer = threading.Thread(target=run, args=("close", lambda: producer.close(0)))
+    flusher.start()
+    assert looking.wait(30)  # the flush's look is inside the event's failure
+    closer.start()
+    flusher.join(30)
+    closer.join(30)
+    assert set(outcomes) == {"flush", "close"}
+    for name in ("flush", "close"):
+        assert isinstance(outcomes[name], DeliveryError), (name, outcomes[name])
+        assert [eid for eid, _ in outcomes[name].failures] == list(sent.event_ids)
+    with pytest.raises(DeliveryError) as flushed:  # the sending thread's listing
+        producer.flush(0)
+    assert [eid for eid, _ in flushed.value.failures] == list(sent.event_ids)
+    with pytest.raises(DeliveryError) as waited:
+        sent.wait(0)
+    assert [eid for eid, _ in waited.value.failures] == list(sent.event_ids)
+
+
+def _cut_before_marking(self, event_id, err):
+    """Ctrl-C after the report logged its failure, before its ``Delivery`` knew."""
+    raise KeyboardInterrupt
+
+
+def _cut_inside_marking(self, event_id, err):
+    """Ctrl-C between the ``Delivery``'s two lines: its failure kept, the event not
+    yet marked reported."""
+    if err is not None:
+        self._failures.append((event_id, err))
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("cut", [_cut_before_marking, _cut_inside_marking],
+                         ids=["before its Delivery knew", "inside its Delivery's lines"])
+def test_a_report_cut_after_it_recorded_its_failure_is_told_once_with_it(
+        monkeypatch, cut):
+    """A report Ctrl-C ended after it logged its own failure (a timeout here): the next
+    flush and its ``Delivery`` name the event once, with that failure. Before session
+    50 the look added a lost report's failure as well: the flush named the event twice
+    (the timeout, then "never ran to its end"), and the ``Delivery`` cut before it knew
+    said only the second."""
+    real, cuts = Delivery._reported, []
+
+    def cut_once(self, event_id, err):
+        if not cuts:
+            cuts.append(event_id)
+            return cut(self, event_id, err)
+        return real(self, event_id, err)
+    monkeypatch.setattr(Delivery, "_reported", cut_once)
+    producer = _unreachable()
+    sent = producer.send(make_turn())
+    with pytest.raises(KeyboardInterrupt):
+        producer.flush(10)
+    assert cuts == list(sent.event_ids)
+    with pytest.raises(DeliveryError) as flushed:
+        producer.flush(0)
+    [(event_id, text)] = flushed.value.failures
+    assert event_id == sent.event_ids[0] and "within delivery.timeout.ms" in text
+    assert flushed.value.retryable and flushed.value.pending == 0
+    with pytest.raises(DeliveryError) as waited:
+        sent.wait(0)
+    [(event_id, text)] = waited.value.failures
+    assert event_id == sent.event_ids[0] and "within delivery.timeout.ms" in text
+    producer.close(timeout_s=0)  # told once per thread: nothing left for the close
+
+
+def test_a_ctrl_c_in_the_close_s_failing_of_lost_events_leaves_them_to_the_next_close():
+    """Ctrl-C inside the close's failing of the events never reported (the client
+    already closed): the next close fails them and raises them, typed. Before session
+    50 the first close had swapped them out (lost, told to no one) and the next close's
+    release flushed the closed client: confluent-kafka's ``RuntimeError``."""
+    producer = _unreachable()
+    _interrupted(producer, "before its first line")
+    sent = producer.send(make_turn())
+    with pytest.raises(KeyboardInterrupt):
+        producer.flush(10)
+    explained, cuts = producer._explained, []
+
+    def ctrl_c_once(err):  # the close's failure of the lost event, its first line
+        if err.code() == KafkaError._INTR and not cuts:
+            cuts.append(err)
+            raise KeyboardInterrupt
+        return explained(err)
+    producer._explained = ctrl_c_once
+    producer._reports_may_be_cut = False  # no flush's look first: the close's own
+    with pytest.raises(KeyboardInterrupt):
+        producer.close(0)
+    assert cuts
+    with pytest.raises(DeliveryError) as closed:
+        producer.close(0)
+    assert [eid for eid, _ in closed.value.failures] == list(sent.event_ids)
+    with pytest.raises(DeliveryError) as waited:
+        sent.wait(0)
+    assert [eid for eid, _ in waited.value.failures] == list(sent.event_ids)
