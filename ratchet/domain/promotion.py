@@ -672,8 +672,19 @@ def _json_or_none(record: RouterReceipt | BoundaryProof | None) -> str | None:
     field values pydantic keeps in ``__dict__`` are already what ``model_dump(mode=
     "json")`` would return: one certified turn's proof ~1.2 against ~2.9 us. A new
     field of another type fails that test (a nested model or a datetime would also
-    make ``canonical_json``'s ``json.dumps`` raise)."""
-    return None if record is None else canonical_json_text(record.__dict__)
+    make ``canonical_json``'s ``json.dumps`` raise). Only for exactly these two models:
+    a turn keeps a subclass instance as given (pydantic does not revalidate it), and a
+    subclass's computed fields, field serializers and excluded fields are in its dump,
+    not its ``__dict__`` (an outside review, session 50): it takes the dump."""
+    if record is None:
+        return None
+    if record.__class__ in _FLAT_MODELS:
+        return canonical_json_text(record.__dict__)
+    return canonical_json_text(record.model_dump(mode="json"))
+
+
+# The models ``_json_or_none`` writes from ``__dict__`` (their exact types).
+_FLAT_MODELS = frozenset({RouterReceipt, BoundaryProof})
 
 
 # --- 2. what the store said ----------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from pydantic import Field, computed_field, field_serializer
 
 from ratchet.domain.promotion import promotion_request
 from ratchet.samples import make_turn
@@ -55,3 +56,36 @@ def test_a_timestamp_read_as_a_datetime_is_written_as_its_millis():
     written = promotion_request(turn, Certification.CERTIFIED).boundary_proof
     assert written == canonical_json_text(proof.model_dump(mode="json"))
     assert '"expires_at":1796661000123' in written
+
+
+class _ReceiptWithComputed(RouterReceipt):
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def covered_twice(self) -> int:
+        return 2 * self.covered_tokens
+
+
+class _ReceiptWithSerializer(RouterReceipt):
+    @field_serializer("issuer")
+    def _issuer(self, issuer: str) -> str:
+        return issuer.upper()
+
+
+class _ProofWithExcluded(BoundaryProof):
+    note: str = Field(default="internal", exclude=True)
+
+
+@pytest.mark.parametrize("receipt, proof", [
+    (_ReceiptWithComputed.model_validate(_receipt("r", 3).model_dump()), _proof("p", 4)),
+    (_ReceiptWithSerializer.model_validate(_receipt("r", 3).model_dump()), _proof("p", 4)),
+    (_receipt("r", 3), _ProofWithExcluded.model_validate(_proof("p", 4).model_dump())),
+])
+def test_a_subclass_instance_is_written_as_its_dump(receipt, proof):
+    # TurnCompleted keeps a subclass instance as given (pydantic does not revalidate
+    # it): its dump, not its __dict__, is what the request carried before session 50
+    # (a computed field, a field serializer, an excluded field all differ).
+    turn = make_turn(router_receipt=receipt, boundary_proof=proof)
+    assert type(turn.router_receipt) is type(receipt)
+    request = promotion_request(turn, Certification.CERTIFIED)
+    assert request.router_receipt == canonical_json_text(receipt.model_dump(mode="json"))
+    assert request.boundary_proof == canonical_json_text(proof.model_dump(mode="json"))
