@@ -80,3 +80,51 @@ def test_the_nested_records_and_arrays_of_ints_are_inlined():
               in check.nested}  # type: ignore[attr-defined]
     assert nested["fingerprint"][0] is None and nested["token_artifact"][0] is None
     assert nested["output_items"][1] == [("format_version", -(2**31), 2**31 - 1)]
+
+
+_STAMP = {"type": "long", "logicalType": "timestamp-millis"}
+# Shapes ratchet's schemas do not have yet (an outside review, session 50): a nested
+# record of instants alone, one used twice, optional arrays of flat records, a map of
+# them, and recursive records (a recursive use is compiled before its record is
+# complete: it must be called, never inlined half-built).
+_SHAPES = {"type": "record", "name": "Shapes", "fields": [
+    {"name": "stamp", "type": ["null", {"type": "record", "name": "Stamp", "fields": [
+        {"name": "at", "type": _STAMP}, {"name": "label", "type": "string"}]}]},
+    {"name": "leaf", "type": {"type": "record", "name": "Leaf", "fields": [
+        {"name": "a", "type": "int"}, {"name": "t", "type": ["null", _STAMP]},
+        {"name": "b", "type": ["null", "long"]}]}},
+    {"name": "again", "type": ["null", "Leaf"]},
+    {"name": "flats", "type": ["null", {"type": "array", "items": {
+        "type": "record", "name": "Flat", "fields": [{"name": "v", "type": "int"}]}}]},
+    {"name": "by_key", "type": {"type": "map", "values": "Flat"}},
+    {"name": "node", "type": ["null", {"type": "record", "name": "Node", "fields": [
+        {"name": "next", "type": ["null", "Node"]}, {"name": "x", "type": "int"}]}]},
+]}
+_SHAPED = {"stamp": {"at": 5, "label": "s"}, "leaf": {"a": 1, "t": None, "b": 2},
+           "again": {"a": 3, "t": 4, "b": None}, "flats": [{"v": 1}, None, {"v": 2}],
+           "by_key": {"k": {"v": 3}}, "node": {"next": {"next": None, "x": 6}, "x": 7}}
+
+
+def test_the_inlined_check_answers_as_the_called_checks_on_other_shapes(monkeypatch):
+    inlined = avro_ranges._compile(_SHAPES, {}, avsc.NAMESPACE)
+    called = _nothing_inlined_of(_SHAPES, monkeypatch)
+    inlined_fields = {name for name, inner, *_ in inlined.nested if inner is None}
+    assert inlined_fields == {"stamp", "leaf", "again", "flats"}  # node: recursive
+    assert inlined(_SHAPED) is None and called(_SHAPED) is None
+    for path in _int_paths(_SHAPED):
+        for value in (2**31, -(2**63) - 1, avro_ranges.INSTANT_RANGE[1] + 1):
+            changed = _with(_SHAPED, path, value)
+            assert inlined(changed) == called(changed), (path, value)
+    for name in ("stamp", "again", "flats", "node"):  # a null branch is skipped
+        assert inlined({**_SHAPED, name: None}) is None
+    assert inlined({**_SHAPED, "flats": []}) is None
+    two_bad = _with(_with(_SHAPED, ("node", "next", "x"), 2**31), ("leaf", "b"), 2**63)
+    assert inlined(two_bad) == called(two_bad) == (  # the first in field order
+        f".leaf.b = {2**63}: outside the 64-bit range of an Avro long")
+
+
+def _nothing_inlined_of(schema: dict, monkeypatch: pytest.MonkeyPatch) -> Any:
+    with monkeypatch.context() as patched:
+        patched.setattr(avro_ranges, "_nested", lambda name, found: (name, found, None, None,
+                                                                     None))
+        return avro_ranges._compile(schema, {}, avsc.NAMESPACE)
