@@ -5,7 +5,7 @@
 #   2. in it (chroot): ratchet's wheel and its dependencies from deploy/requirements.lock,
 #      binary wheels only, each checked against its hash, into /opt/ratchet/venv; then the
 #      build tools are removed and the non-root user created;
-#   3. `buildah from scratch` + that filesystem + the image config (entrypoint `tini --
+#   3. `buildah from scratch` + that filesystem + the image config (entrypoint `tini -s --
 #      ratchet`, user, env,
 #      volume, labels) -> `buildah commit` to the OCI archive dist/ratchet-<version>.oci.tar.
 #
@@ -217,7 +217,7 @@ B=(buildah --root "$WORK/storage" --runroot "$WORK/run" --storage-driver vfs)
 ctr=$("${B[@]}" from scratch)
 "${B[@]}" add --quiet "$ctr" "$WORK/rootfs.tar" /
 "${B[@]}" config \
-  --entrypoint '["tini", "--", "ratchet"]' --cmd '["--help"]' \
+  --entrypoint '["tini", "-s", "--", "ratchet"]' --cmd '["--help"]' \
   --user "$USER_ID:$USER_ID" --workingdir "$DATA" --volume "$DATA" \
   --env "PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
   --env "RATCHET_HOME=$DATA" --env RATCHET_API_HOST=0.0.0.0 \

@@ -14,8 +14,8 @@ The mounts are made in a private mount namespace (``unshare --mount``), so none 
 the process. ``unshare``, ``sh``, ``chroot`` and ``env`` each exec the next, so the pid
 of the ``Popen`` is the pid of the entrypoint's first program: tini (since session 50),
 which forwards signals to ``ratchet``, its one child (``child_pid``: the health file is
-named after it). It is not PID 1 here (no pid namespace), so tini warns that orphans
-are not reaped: true here, not in a container.
+named after it). It is not PID 1 here (no pid namespace): ``-s`` makes it the child
+subreaper, so it reaps orphans here too and prints no warning (session 50's review).
 """
 
 from __future__ import annotations

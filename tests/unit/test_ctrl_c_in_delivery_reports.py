@@ -11,6 +11,8 @@ served by the call under test; SIGINT is sent inside that report (``tests/ctrl_c
 
 from __future__ import annotations
 
+import signal
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -105,7 +107,7 @@ def test_a_systemerror_out_of_another_thread_is_left_as_it_is():
     assert type(caught[0]) is SystemError
     with pytest.raises(SystemError):
         interruptible(lambda: (_ for _ in ()).throw(SystemError("something else")))
-    with pytest.raises(KeyboardInterrupt):
+    with python_ctrl_c(), pytest.raises(KeyboardInterrupt):
         interruptible(lost)
 
 
@@ -122,3 +124,48 @@ def test_ctrl_c_in_a_report_is_keyboard_interrupt_out_of_the_bench_rig_flush():
     rig.send_raw(b"k", b"v")
     with python_ctrl_c(), pytest.raises(KeyboardInterrupt):
         rig.flush()
+
+
+def _out_of_memory_in(report):
+    """``report``, ended by a ``MemoryError`` raised in C (an allocation refused), as
+    Python sets it: without an instance, so confluent-kafka loses it as it loses
+    Ctrl-C's (``SystemError: ... returned NULL without setting an exception``)."""
+    def out_of_memory(*args):
+        bytearray(sys.maxsize)  # refused before any allocation: PyErr_NoMemory
+        return report(*args)
+    return out_of_memory
+
+
+def _served_apart(_signum, _frame):
+    """A host's SIGINT handler that raises nothing (uvicorn's sets a flag, asyncio's
+    cancels the main task, ratchet's ``defer_stops`` keeps the stop for later)."""
+
+
+@pytest.mark.parametrize("sigint", [signal.SIG_IGN, _served_apart],
+                         ids=["ignored", "a host's handler"])
+def test_a_lost_exception_is_no_ctrl_c_where_sigint_raises_none(sigint):
+    """Only Python's own SIGINT handler raises ``KeyboardInterrupt`` without an
+    instance; with SIGINT ignored (a background job) or handled by the host (a gateway
+    served by uvicorn, whose event loop polls in the main thread) the lost exception is
+    another's, here a report's ``MemoryError``. It was ``KeyboardInterrupt``, which
+    stops the whole server as a Ctrl-C would (session 50's review); it is left the
+    ``SystemError`` it is, and the event is still told as lost."""
+    producer = GatewayProducer(Settings(kafka_bootstrap=UNREACHABLE), serde=_Serde(),
+                               config=QUICK)
+    producer._producer = _Client(producer._producer, _out_of_memory_in)
+    sent = producer.send(make_turn())
+    before = signal.signal(signal.SIGINT, sigint)
+    try:
+        producer.flush(10)
+    except BaseException as exc:  # caught: a KeyboardInterrupt would end the run
+        raised: BaseException | None = exc
+    else:
+        raised = None
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert type(raised) is SystemError, repr(raised)
+    assert "without setting an exception" in str(raised)
+    with pytest.raises(DeliveryError) as closed:
+        producer.close(0)
+    assert [eid for eid, _ in closed.value.failures] == list(sent.event_ids)
+    assert closed.value.retryable

@@ -128,8 +128,8 @@ def test_the_entrypoint_is_an_init_that_runs_ratchet_as_its_child() -> None:
     killed at the end of its grace period (session 49, left). Debian's tini is PID 1 in
     both builds: it forwards the stop to ratchet (for which the default is death), passes
     its exit code on (migrate's 75, 130, 143) and reaps orphans."""
-    assert FINAL.exec_form("ENTRYPOINT") == ["tini", "--", "ratchet"]
-    assert json.loads(_script_values("entrypoint")[0]) == ["tini", "--", "ratchet"]
+    assert FINAL.exec_form("ENTRYPOINT") == ["tini", "-s", "--", "ratchet"]
+    assert json.loads(_script_values("entrypoint")[0]) == ["tini", "-s", "--", "ratchet"]
     # Debian's in both: installed in the Dockerfile's build stage and copied into the
     # runtime one (which installs nothing), and in the buildah base, not purged with the
     # build tools (autoremove keeps what was asked for by name).
@@ -139,6 +139,19 @@ def test_the_entrypoint_is_an_init_that_runs_ratchet_as_its_child() -> None:
     assert "tini" in SCRIPT["BASE_PACKAGES"].split()
     (purge,) = re.findall(r"apt-get purge[^\n]*\n[^\n]*", SCRIPT_TEXT)
     assert "tini" not in purge.split()
+
+
+def test_tini_is_a_subreaper_where_it_is_not_pid_1() -> None:
+    """Not PID 1 (``docker run --init``, a pod with ``shareProcessNamespace``, the image
+    test's harness), tini without ``-s`` printed a three-line ``[WARN  tini ...]`` at
+    every start, not JSON, into the API's JSON-lines log, and reaped no orphan; with it
+    (as Debian's tini 0.19.0 shows: ``tini -- true`` warns, ``tini -s -- true`` does
+    not) it registers as the child subreaper and says nothing; as PID 1 it changes
+    nothing (session 50's review)."""
+    for entrypoint in (FINAL.exec_form("ENTRYPOINT"),
+                       json.loads(_script_values("entrypoint")[0])):
+        assert entrypoint[0] == "tini" and "--" in entrypoint, entrypoint
+        assert "-s" in entrypoint[1:entrypoint.index("--")], entrypoint
 
 
 def test_version_label_defaults_to_the_package_version() -> None:
@@ -173,7 +186,7 @@ def test_containers_run_ratchet_subcommands_through_the_entrypoint(name: str) ->
     from ratchet.cli import main
 
     (container,) = _pod(name)["containers"]
-    assert "command" not in container  # keeps the image's `tini -- ratchet` entrypoint
+    assert "command" not in container  # keeps the image's `tini -s -- ratchet` entrypoint
     subcommand, *options = container["args"]
     assert subcommand in main.commands
     # Its options are the command's own (the migrate Job's `--wait`): parsed as the CLI does.
