@@ -770,7 +770,7 @@ class CassandraCheckpointStore(CheckpointStore):
             parts.append((
                 self.cql.check_parent,
                 (parent.seq, *key, parent.response_id, parent.seq, parent.last_item_seq,
-                 parent.lineage_digest),
+                 parent.lineage_digest, parent.response_id),
             ))
         parts.append((
             self.cql.insert_checkpoint,

@@ -796,6 +796,46 @@ class StoreContract:
                 with pytest.raises(CorruptPartition):
                     lookup(tenant, turn.response_id)
 
+    @pytest.mark.parametrize("turn", ["redelivery", "same response id", "child"])
+    def test_the_write_refuses_a_row_filed_under_another_response_id(
+            self, store, tenant, clock, turn):
+        """A chain turn's row whose ``response_id`` cell names another id (damage): every
+        write that meets it is ``CorruptPartition`` (``CORRUPT``), nothing written, as the
+        lookups answer, never an answer built from the other id's record: a redelivery
+        of its request (the view's original), another request under its response id
+        (the view's existing row), a child of it (the view's parent; and a child planned
+        from a hint taken before the damage: the batch's parent condition names the
+        response id, so the fast path's write is refused and the view tells). The
+        promoting store, a cold one; ``promote`` and ``judge``, and the awaited fast path.
+        Before session 50: ``Duplicate`` / ``ResponseExists`` carrying the other id's
+        record, the child written from a hint (the condition held seq, range, mode and
+        digest only) and, planned from the view, a parent named by the wrong id whose
+        refused writes ended ``StoreUnavailable`` (retryable: the worker tried forever)."""
+        root = uid("resp")
+        assert isinstance(store.promote(chain_turn(tenant, root, root, None)), Promoted)
+        first = chain_turn(tenant, root, uid("resp"), root)
+        promoted = store.promote(first)
+        assert isinstance(promoted, Promoted)
+        self.rewrite_turn(store, tenant, root, first.response_id, {"response_id": uid("resp")})
+        requests = {
+            "redelivery": lambda: first,
+            "same response id": lambda: chain_turn(tenant, root, first.response_id, root),
+            "child": lambda: chain_turn(tenant, root, uid("resp"), first.response_id),
+        }
+        cold = self.shared_store(store, StoreOptions(clock=clock))
+        for promoter in (store, cold):
+            for call in (promoter.promote, promoter.judge):
+                request = requests[turn]()
+                with pytest.raises(CorruptPartition):
+                    call(request)
+                if turn == "child":
+                    assert cold.get_checkpoint(tenant, request.response_id) is None
+        if turn == "child":
+            child = requests[turn]()
+            fast = store.promote_from_hints_async(child, parent_hint=promoted.checkpoint)
+            assert asyncio.run(fast) is None
+            assert cold.get_checkpoint(tenant, child.response_id) is None
+
     def test_logical_retention_expires_history(self, clock, tenant):
         store = self.make_store(StoreOptions(clock=clock, logical_retention_s=60))
         conv = uid("conv")
