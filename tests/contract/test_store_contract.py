@@ -1521,6 +1521,46 @@ class StoreContract:
         grandchild = chain_turn(tenant, conv, uid("resp"), chain_child)
         assert isinstance(cold.promote(grandchild), Promoted)
 
+    @pytest.mark.parametrize("turns", [1, 3])
+    def test_a_first_turn_flipped_to_chain_with_head_and_marker_lost_is_the_reads(
+            self, store, tenant, clock, turns):
+        """A Conversation's first turn whose ``mode`` reads ``chain``, its head cells and
+        marker row both lost (two damages): a promotion's view holds that row, the
+        request's own rows and the marker, and nothing else a batch could name by key, so
+        the write cannot tell it from a chain rooted off its key (old data, taken as a
+        root since session 49); what tells is the rest of the partition, which only a
+        read loads (session 50: no request more on the fast path can). What the reads
+        answer, both backends, the promoting store and a cold one, blocking and awaited:
+        with later turns standing, every turn and the Conversation are
+        ``CORRUPT_HISTORY`` (a Conversation row names the flipped one; turns without a
+        head), so the processor, which reads a chain turn's lineage first, answers a
+        turn on it ``CORRUPT``. A one-turn Conversation leaves no cell that differs from
+        an old off-key chain root: it verifies as that one-turn chain, and its
+        Conversation id reads ``NOT_FOUND`` (no head, no Conversation row)."""
+        conv = uid("conv")
+        promoted = [conversation_turn(tenant, conv, seq) for seq in range(turns)]
+        for turn in promoted:
+            assert isinstance(store.promote(turn), Promoted)
+        first = promoted[0].response_id
+        self.rewrite_turn(store, tenant, conv, first, {"mode": PromotionMode.CHAIN})
+        self.lose_head(store, tenant, conv, marker=True)
+        corrupt = HistoryFailureReason.CORRUPT_HISTORY
+        for reader in (store, self.shared_store(store, StoreOptions(clock=clock))):
+            reads = [{"response_id": turn.response_id} for turn in promoted]
+            for by in [*reads, {"conversation_id": conv}]:
+                for found in (reader.read_history(tenant, **by),
+                              asyncio.run(reader.read_history_async(tenant, **by))):
+                    if turns > 1:
+                        assert isinstance(found, HistoryFailure), (by, found)
+                        assert found.reason is corrupt, (by, found)
+                    elif "conversation_id" in by:
+                        assert found.reason is HistoryFailureReason.NOT_FOUND, found
+                    else:
+                        assert isinstance(found, VerifiedHistory), found
+                        root = found.checkpoint
+                        assert (root.mode, root.seq, root.parent_response_id) == (
+                            PromotionMode.CHAIN, 1, None)
+
     def damage_head(self, store, tenant, conv) -> None:
         raise NotImplementedError
 
