@@ -806,9 +806,10 @@ class StoreContract:
         (the view's existing row), a child of it (the view's parent; and a child planned
         from a hint taken before the damage: the batch's parent condition names the
         response id, so the fast path's write is refused and the view tells). The
-        promoting store, a cold one; ``promote`` and ``judge``, and the awaited fast path.
-        Before session 50: ``Duplicate`` / ``ResponseExists`` carrying the other id's
-        record, the child written from a hint (the condition held seq, range, mode and
+        promoting store, a cold one; ``promote`` and ``judge``, and the awaited fast path;
+        ``promoted_request`` / ``promoted_key``, which read the view's original. Before
+        session 50: ``Duplicate`` / ``ResponseExists`` carrying the other id's record
+        (the lookups returned it too), the child written from a hint (the condition held seq, range, mode and
         digest only) and, planned from the view, a parent named by the wrong id whose
         refused writes ended ``StoreUnavailable`` (retryable: the worker tried forever)."""
         root = uid("resp")
@@ -830,6 +831,12 @@ class StoreContract:
                     call(request)
                 if turn == "child":
                     assert cold.get_checkpoint(tenant, request.response_id) is None
+            if turn == "redelivery":  # the lookups that read the view's original
+                with pytest.raises(CorruptPartition):
+                    promoter.promoted_request(first)
+                with pytest.raises(CorruptPartition):
+                    promoter.promoted_key(tenant, root, first.idempotency_key,
+                                          first.response_id, first_of_chain=False)
         if turn == "child":
             child = requests[turn]()
             fast = store.promote_from_hints_async(child, parent_hint=promoted.checkpoint)
