@@ -301,6 +301,26 @@ class Plan:
     lineage_digest: str | None = None
 
 
+def check_view_filing(request: PromotionRequest, view: PromotionView) -> None:
+    """Every checkpoint row a view holds must be the one it was asked for: a row whose
+    ``response_id`` cell names another id than its place (``ref`` on Cassandra, the key
+    on memory) is damage, and a decision from it would answer with another turn's record
+    (``Duplicate``, ``ResponseExists``) or plan a child on a parent by the wrong id
+    (``CorruptPartition``: a ``CORRUPT`` rejection, as the lookups answer). The head's row
+    is ``backs``'s (its response id is a head cell). The rows the view holds anyway: no
+    request more. Called by the store on every view before it learns from it."""
+    asked = (
+        (view.original, None if view.idempotency is None else view.idempotency.response_id),
+        (view.existing, request.response_id),
+        (view.parent, request.previous_response_id),
+    )
+    for row, response_id in asked:
+        if row is not None and row.response_id != response_id:
+            raise CorruptPartition(
+                f"partition {request.partition_key} of tenant {request.tenant_id}: the "
+                f"checkpoint row of {response_id} is filed under {row.response_id}")
+
+
 def plan_promotion(request: PromotionRequest, view: PromotionView) -> PromotionOutcome | Plan:
     """The promotion rules of contract section 4 for one request over one view."""
     if view.idempotency is not None:

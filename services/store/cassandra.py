@@ -11,6 +11,7 @@ The promotion batch (``_write``) is::
         AND head_lineage_digest = ?
     UPDATE parent turn row SET seq = seq                          -- chain mode, with a parent
         IF seq = ? AND last_item_seq = ? AND mode = 'chain' AND lineage_digest = ?
+        AND response_id = ?                                       -- filed under its id
     INSERT turn row (checkpoint + items) IF NOT EXISTS            -- each response once
     INSERT idempotency row           IF NOT EXISTS                -- each key once
       (or, when the request has recorded facts: UPDATE it IF response_id = null AND
@@ -770,7 +771,7 @@ class CassandraCheckpointStore(CheckpointStore):
             parts.append((
                 self.cql.check_parent,
                 (parent.seq, *key, parent.response_id, parent.seq, parent.last_item_seq,
-                 parent.lineage_digest),
+                 parent.lineage_digest, parent.response_id),
             ))
         parts.append((
             self.cql.insert_checkpoint,

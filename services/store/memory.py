@@ -51,9 +51,11 @@ class _Partition:
 
 
 def _same_parent(stored: CheckpointRecord | None, planned: CheckpointRecord) -> bool:
-    """The chain condition of the Cassandra batch: the parent row still says the same."""
+    """The chain condition of the Cassandra batch: the parent row still says the same
+    (and is filed under its own response id: the row at its key names it)."""
     return (
         stored is not None
+        and stored.response_id == planned.response_id
         and stored.seq == planned.seq
         and stored.last_item_seq == planned.last_item_seq
         and stored.mode is planned.mode

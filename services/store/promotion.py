@@ -19,6 +19,7 @@ from ratchet.domain.plan import (
     ResponseClaimed,
     TooLarge,
     build_checkpoint,
+    check_view_filing,
     plan_from_hints,
     plan_promotion,
     starts_chain,
@@ -89,6 +90,7 @@ class PromotionWriter:
         guess = head_hint if head_hint is not None else known_head
         for _ in range(MAX_PROMOTION_ROUNDS):
             view = backend._read_view(request, None if guess is None else guess.response_id)
+            check_view_filing(request, view)  # before a row of it is learnt or answered
             _check_not_behind(request, known_head, view.head)
             guess = known_head = view.head
             if extends is not ANY_LINEAGE and _parent_changed(request, known_parent, view):
@@ -124,6 +126,7 @@ class PromotionWriter:
         if size > self._backend.options.max_turn_bytes:
             return TooLarge(size, self._backend.options.max_turn_bytes)
         view = self._backend._read_view(request, head_guess)
+        check_view_filing(request, view)
         _check_not_behind(request, self._hints.head(request), view.head)
         return plan_promotion(request, view)
 

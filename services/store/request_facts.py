@@ -17,6 +17,7 @@ from ratchet.domain.plan import (
     PromotionRequest,
     RequestHeld,
     ResponseClaim,
+    check_view_filing,
     starts_chain,
 )
 from schemas.models import Certification
@@ -58,9 +59,17 @@ class RequestFacts:
                     holder: ResponseClaim) -> CheckpointRecord | None:
         """What the partition of ``holder`` (another first response of a chain) says
         ``request``'s key promoted: its view's idempotency record, at SERIAL."""
-        return self._backend._read_view(dataclasses.replace(
+        return self._original(dataclasses.replace(
             request, partition_key=holder.partition_key, response_id=holder.response_id
-        )).original
+        ))
+
+    def _original(self, request: PromotionRequest) -> CheckpointRecord | None:
+        """The view's original, from a view whose rows are filed under their ids
+        (``check_view_filing``: a row naming another id is ``CorruptPartition``, never
+        another response's record answered as this request's promotion)."""
+        view = self._backend._read_view(request)
+        check_view_filing(request, view)
+        return view.original
 
     def hold_request(self, tenant_id: str, idempotency_key: str,
                      response_id: str) -> ResponseClaim:
@@ -69,7 +78,7 @@ class RequestFacts:
 
     def promoted_request(self, request: PromotionRequest) -> CheckpointRecord | None:
         validate_request(request, written=False)
-        original = self._backend._read_view(request).original
+        original = self._original(request)
         if original is None and starts_chain(request):
             holder = self._backend._request_holder(request.tenant_id, request.idempotency_key)
             if holder is not None and holder.partition_key != request.partition_key:
@@ -85,7 +94,7 @@ class RequestFacts:
             response_id=response_id, idempotency_key=idempotency_key, request_digest="",
             items=(), certification=Certification.LOGICAL_ONLY)
         validate_request(request, written=False)
-        original = self._backend._read_view(request).original
+        original = self._original(request)
         if original is None and first_of_chain:
             holder = self._backend._request_holder(tenant_id, idempotency_key)
             if holder is not None and holder.partition_key != partition_key:

@@ -143,10 +143,13 @@ class StoreStatements:
             "AND head_lineage_digest = ?"
         )
         # The chain parent as a condition: its row must still hold the seq and item
-        # range the plan extends. The SET rewrites the value the condition proved.
+        # range the plan extends, and be filed under its own response id (a row naming
+        # another is damage the view refuses, ``check_view_filing``; a hint taken before
+        # it would not tell). The SET rewrites the value the condition proved.
         self.check_parent = prepare_lwt(
             f"UPDATE {table} SET seq = ? WHERE {partition} AND kind = 'checkpoint' AND ref = ? "
-            "IF seq = ? AND last_item_seq = ? AND mode = 'chain' AND lineage_digest = ?"
+            "IF seq = ? AND last_item_seq = ? AND mode = 'chain' AND lineage_digest = ? "
+            "AND response_id = ?"
         )
         # The turn row: the checkpoint and the turn's items (one blob of item
         # records, ``encode_turn_items``).

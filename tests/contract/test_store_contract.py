@@ -796,6 +796,53 @@ class StoreContract:
                 with pytest.raises(CorruptPartition):
                     lookup(tenant, turn.response_id)
 
+    @pytest.mark.parametrize("turn", ["redelivery", "same response id", "child"])
+    def test_the_write_refuses_a_row_filed_under_another_response_id(
+            self, store, tenant, clock, turn):
+        """A chain turn's row whose ``response_id`` cell names another id (damage): every
+        write that meets it is ``CorruptPartition`` (``CORRUPT``), nothing written, as the
+        lookups answer, never an answer built from the other id's record: a redelivery
+        of its request (the view's original), another request under its response id
+        (the view's existing row), a child of it (the view's parent; and a child planned
+        from a hint taken before the damage: the batch's parent condition names the
+        response id, so the fast path's write is refused and the view tells). The
+        promoting store, a cold one; ``promote`` and ``judge``, and the awaited fast path;
+        ``promoted_request`` / ``promoted_key``, which read the view's original. Before
+        session 50: ``Duplicate`` / ``ResponseExists`` carrying the other id's record
+        (the lookups returned it too), the child written from a hint (the condition held seq, range, mode and
+        digest only) and, planned from the view, a parent named by the wrong id whose
+        refused writes ended ``StoreUnavailable`` (retryable: the worker tried forever)."""
+        root = uid("resp")
+        assert isinstance(store.promote(chain_turn(tenant, root, root, None)), Promoted)
+        first = chain_turn(tenant, root, uid("resp"), root)
+        promoted = store.promote(first)
+        assert isinstance(promoted, Promoted)
+        self.rewrite_turn(store, tenant, root, first.response_id, {"response_id": uid("resp")})
+        requests = {
+            "redelivery": lambda: first,
+            "same response id": lambda: chain_turn(tenant, root, first.response_id, root),
+            "child": lambda: chain_turn(tenant, root, uid("resp"), first.response_id),
+        }
+        cold = self.shared_store(store, StoreOptions(clock=clock))
+        for promoter in (store, cold):
+            for call in (promoter.promote, promoter.judge):
+                request = requests[turn]()
+                with pytest.raises(CorruptPartition):
+                    call(request)
+                if turn == "child":
+                    assert cold.get_checkpoint(tenant, request.response_id) is None
+            if turn == "redelivery":  # the lookups that read the view's original
+                with pytest.raises(CorruptPartition):
+                    promoter.promoted_request(first)
+                with pytest.raises(CorruptPartition):
+                    promoter.promoted_key(tenant, root, first.idempotency_key,
+                                          first.response_id, first_of_chain=False)
+        if turn == "child":
+            child = requests[turn]()
+            fast = store.promote_from_hints_async(child, parent_hint=promoted.checkpoint)
+            assert asyncio.run(fast) is None
+            assert cold.get_checkpoint(tenant, child.response_id) is None
+
     def test_logical_retention_expires_history(self, clock, tenant):
         store = self.make_store(StoreOptions(clock=clock, logical_retention_s=60))
         conv = uid("conv")
@@ -1480,6 +1527,46 @@ class StoreContract:
                 assert cold.get_checkpoint(tenant, child.response_id) is None, (tell, hint)
         grandchild = chain_turn(tenant, conv, uid("resp"), chain_child)
         assert isinstance(cold.promote(grandchild), Promoted)
+
+    @pytest.mark.parametrize("turns", [1, 3])
+    def test_a_first_turn_flipped_to_chain_with_head_and_marker_lost_is_the_reads(
+            self, store, tenant, clock, turns):
+        """A Conversation's first turn whose ``mode`` reads ``chain``, its head cells and
+        marker row both lost (two damages): a promotion's view holds that row, the
+        request's own rows and the marker, and nothing else a batch could name by key, so
+        the write cannot tell it from a chain rooted off its key (old data, taken as a
+        root since session 49); what tells is the rest of the partition, which only a
+        read loads (session 50: no request more on the fast path can). What the reads
+        answer, both backends, the promoting store and a cold one, blocking and awaited:
+        with later turns standing, every turn and the Conversation are
+        ``CORRUPT_HISTORY`` (a Conversation row names the flipped one; turns without a
+        head), so the processor, which reads a chain turn's lineage first, answers a
+        turn on it ``CORRUPT``. A one-turn Conversation leaves no cell that differs from
+        an old off-key chain root: it verifies as that one-turn chain, and its
+        Conversation id reads ``NOT_FOUND`` (no head, no Conversation row)."""
+        conv = uid("conv")
+        promoted = [conversation_turn(tenant, conv, seq) for seq in range(turns)]
+        for turn in promoted:
+            assert isinstance(store.promote(turn), Promoted)
+        first = promoted[0].response_id
+        self.rewrite_turn(store, tenant, conv, first, {"mode": PromotionMode.CHAIN})
+        self.lose_head(store, tenant, conv, marker=True)
+        corrupt = HistoryFailureReason.CORRUPT_HISTORY
+        for reader in (store, self.shared_store(store, StoreOptions(clock=clock))):
+            reads = [{"response_id": turn.response_id} for turn in promoted]
+            for by in [*reads, {"conversation_id": conv}]:
+                for found in (reader.read_history(tenant, **by),
+                              asyncio.run(reader.read_history_async(tenant, **by))):
+                    if turns > 1:
+                        assert isinstance(found, HistoryFailure), (by, found)
+                        assert found.reason is corrupt, (by, found)
+                    elif "conversation_id" in by:
+                        assert found.reason is HistoryFailureReason.NOT_FOUND, found
+                    else:
+                        assert isinstance(found, VerifiedHistory), found
+                        root = found.checkpoint
+                        assert (root.mode, root.seq, root.parent_response_id) == (
+                            PromotionMode.CHAIN, 1, None)
 
     def damage_head(self, store, tenant, conv) -> None:
         raise NotImplementedError

@@ -21,6 +21,7 @@ from ratchet.domain.plan import (
     PromotionView,
     ResponseExists,
     build_checkpoint,
+    check_view_filing,
     plan_from_hints,
     plan_promotion,
 )
@@ -257,6 +258,29 @@ def test_a_root_off_its_key_is_refused_only_where_the_view_shows_a_conversation(
         with pytest.raises(CorruptPartition):
             plan_promotion(child, view)
     assert plan_from_hints(child, None, root) is None
+
+
+def test_a_view_row_filed_under_another_response_id_is_corrupt():
+    """Each checkpoint row of a view (the original of the key, the response id's own, the
+    chain parent) must name the id it was read for; one naming another is damage
+    (session 50: a redelivery was ``Duplicate`` of the other id's record, a turn on it
+    was planned on a parent by the wrong id). Rows filed right pass."""
+    root = chain_turn("t", "root", "root", None)
+    root_row = checkpoint_of(root, plan_promotion(root, PromotionView(None)))
+    turn = chain_turn("t", "root", "resp_1", "root")
+    row = checkpoint_of(turn, plan_promotion(turn, PromotionView(None, parent=root_row)))
+    record = IdempotencyRecord(turn.idempotency_key, turn.request_digest, "resp_1")
+    child = chain_turn("t", "root", "resp_2", "resp_1")
+    other = replace(row, response_id="resp_9")
+    for request, view in ((turn, PromotionView(None, idempotency=record, original=row)),
+                          (turn, PromotionView(None, existing=row)),
+                          (child, PromotionView(None, parent=row))):
+        check_view_filing(request, view)
+        misfiled = PromotionView(**{**view.__dict__, **{
+            name: other for name in ("original", "existing", "parent")
+            if getattr(view, name) is not None}})
+        with pytest.raises(CorruptPartition, match="resp_1 is filed under resp_9"):
+            check_view_filing(request, misfiled)
 
 
 @pytest.mark.parametrize("mode", ["conversation", "chain"])
