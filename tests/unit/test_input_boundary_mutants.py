@@ -9,7 +9,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from fastavro import schemaless_writer
+from fastavro import parse_schema, schemaless_writer
 
 from ratchet.samples import make_turn, new_id
 from schemas import avsc
@@ -19,6 +19,7 @@ from schemas.errors import DecodeError
 from schemas.keys import key_problem, partition_key, root_problem
 from schemas.limits import DEAD_LETTER_MAX_MESSAGE_BYTES, TOPIC_MAX_MESSAGE_BYTES
 from schemas.models import DeadLetterReason
+from schemas.strict import refusal_of, strict_violation
 from schemas.writer_schema import record_name_of
 
 DIGEST = sha256_hex(b"request")
@@ -113,3 +114,21 @@ def test_the_dead_letter_of_the_largest_gateway_record_fits_its_topic() -> None:
     out.write(b"\x00" * 5)
     schemaless_writer(out, avsc.parsed("DeadLetter"), letter.to_avro())
     assert len(key) + out.tell() <= DEAD_LETTER_MAX_MESSAGE_BYTES
+
+
+# --- schemas/strict.py: the Python walk's own bounds --------------------------------------
+
+def test_a_long_varint_of_eleven_bytes_is_refused() -> None:
+    # Ten bytes hold 64 bits; Java refuses an eleventh. Ten continuation bytes whose
+    # last adds no bit beyond 64, then a last byte: the eleventh.
+    assert strict_violation(bytes([0x80] * 10 + [0x00]), "long") is not None
+    assert strict_violation(bytes([0x80] * 9 + [0x00]), "long") is None
+
+
+def test_the_python_walk_refuses_one_element_past_its_bound() -> None:
+    schema = parse_schema({"type": "array", "items": "int"})
+    at_bound = bytes([4, 2, 2, 0])  # a block of two ints
+    past = bytes([6, 2, 2, 2, 0])  # of three
+    assert refusal_of(at_bound, schema, most_elements=2) is None
+    refused = refusal_of(past, schema, most_elements=2)
+    assert refused is not None and refused.too_many
