@@ -16,6 +16,7 @@ from schemas import avsc
 from schemas.avro import dead_letter_for
 from schemas.canonical import is_sha256_hex, sha256_hex
 from schemas.errors import DecodeError
+from schemas.items import from_responses
 from schemas.keys import key_problem, partition_key, root_problem
 from schemas.limits import DEAD_LETTER_MAX_MESSAGE_BYTES, TOPIC_MAX_MESSAGE_BYTES
 from schemas.models import DeadLetterReason
@@ -132,3 +133,13 @@ def test_the_python_walk_refuses_one_element_past_its_bound() -> None:
     assert refusal_of(at_bound, schema, most_elements=2) is None
     refused = refusal_of(past, schema, most_elements=2)
     assert refused is not None and refused.too_many
+
+
+# --- schemas/items.py: the content's id is the record's ------------------------------------
+
+@pytest.mark.parametrize("own", [None, ""])
+def test_an_item_without_its_own_id_takes_the_given_one_in_its_content(own) -> None:
+    item = from_responses({"type": "message", "id": own, "role": "user", "content": []},
+                          item_id="msg_given")
+    assert item.item_id == "msg_given"
+    assert json.loads(item.content)["id"] == "msg_given"
