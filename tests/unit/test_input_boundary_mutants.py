@@ -1,0 +1,145 @@
+"""What a mutation review of the input boundary (``schemas/``, session 50) found no test
+holding: each test here fails with one hand-made defect of its module applied
+(docs/decisions.md, "The input boundary under mutation")."""
+
+from __future__ import annotations
+
+import io
+import json
+from types import SimpleNamespace
+
+import pytest
+from fastavro import parse_schema, schemaless_writer
+
+from ratchet.samples import make_turn, new_id
+from schemas import avsc
+from schemas.avro import dead_letter_for
+from schemas.canonical import is_sha256_hex, sha256_hex
+from schemas.errors import DecodeError
+from schemas.items import from_responses
+from schemas.keys import key_problem, partition_key, root_problem
+from schemas.limits import DEAD_LETTER_MAX_MESSAGE_BYTES, TOPIC_MAX_MESSAGE_BYTES
+from schemas.models import DeadLetterReason
+from schemas.strict import refusal_of, strict_violation
+from schemas.writer_schema import record_name_of
+
+DIGEST = sha256_hex(b"request")
+
+
+# --- schemas/canonical.py: what a digest is -----------------------------------------------
+
+def test_a_digest_is_64_lowercase_hex_and_nothing_else() -> None:
+    # A request's identity across retries is its request_digest compared as text: the
+    # same sha256 in capitals would be "another request" of the same key.
+    assert is_sha256_hex(DIGEST)
+    assert not is_sha256_hex(DIGEST.upper())
+    assert not is_sha256_hex(DIGEST[:-1] + "A")
+    assert not is_sha256_hex(DIGEST + "0")  # 65 digits
+    assert not is_sha256_hex(DIGEST + "\n")
+    assert not is_sha256_hex(DIGEST[:63])
+
+
+# --- schemas/keys.py: the Kafka key and a chain's first response ---------------------------
+
+def test_a_record_without_a_kafka_key_is_not_at_its_partition_key() -> None:
+    turn = make_turn()
+    assert key_problem(turn, turn.partition_key.encode()) is None
+    assert key_problem(turn, None) is not None
+    assert key_problem(turn, turn.partition_key.encode() + b"x") is not None
+
+
+def test_a_chain_first_response_may_name_only_itself_as_root() -> None:
+    response_id = new_id("resp")
+    own = make_turn(response_id=response_id, conversation_id=None, chain_root_id=response_id)
+    unrooted = make_turn(response_id=response_id, conversation_id=None, chain_root_id=None)
+    other = make_turn(response_id=response_id, conversation_id=None,
+                      chain_root_id=new_id("resp"))
+    assert root_problem(own) is None
+    assert root_problem(unrooted) is None
+    assert root_problem(other) is not None
+
+
+def test_a_continued_chain_names_its_first_response_as_root() -> None:
+    root = new_id("resp")
+    continued = make_turn(conversation_id=None, chain_root_id=root,
+                          previous_response_id=new_id("resp"))
+    assert root_problem(continued) is None
+
+
+@pytest.mark.parametrize("kafka_key", [None, b"anything"])
+def test_a_continued_chain_without_a_root_leaves_its_key_to_its_own_rule(kafka_key) -> None:
+    # MissingChainRoot decides such an event (INVALID_EVENT), not a key mismatch
+    continued = make_turn(conversation_id=None, chain_root_id=None,
+                          previous_response_id=new_id("resp"))
+    assert key_problem(continued, kafka_key) is None
+
+
+def test_an_empty_chain_root_is_still_the_key_it_names() -> None:
+    # CONTRACT section 2: chain_root_id when set (not null). An empty one is set: the
+    # key is "" (its turn is then CORRUPT by the id pattern), never the response id.
+    turn = make_turn(conversation_id=None, chain_root_id="")
+    assert partition_key(turn) == ""
+    assert key_problem(turn, b"") is None
+    assert key_problem(turn, turn.response_id.encode()) is not None
+
+
+# --- schemas/writer_schema.py: a dotted name is a full name --------------------------------
+
+def _registered(**schema: object) -> SimpleNamespace:
+    return SimpleNamespace(schema_type="AVRO", schema_str=json.dumps(schema))
+
+
+def test_a_dotted_record_name_ignores_the_namespace_beside_it() -> None:
+    # Avro: a name holding a dot is the full name, its namespace attribute ignored
+    ours = _registered(type="record", name="io.ratchet.TurnCompleted", namespace="elsewhere",
+                       fields=[])
+    theirs = _registered(type="record", name="elsewhere.TurnCompleted",
+                         namespace="io.ratchet", fields=[])
+    short = _registered(type="record", name="TurnCompleted", namespace="io.ratchet", fields=[])
+    assert record_name_of(ours) == "TurnCompleted"
+    assert record_name_of(short) == "TurnCompleted"
+    assert record_name_of(theirs) != "TurnCompleted"
+
+
+# --- schemas/limits.py: a dead letter of the largest gateway record is publishable ---------
+
+def test_the_dead_letter_of_the_largest_gateway_record_fits_its_topic() -> None:
+    # The dead letter carries the key twice (Kafka key and value) beside the value and
+    # the error: a record of a key near the whole topic limit makes the largest one.
+    key = b"k" * (TOPIC_MAX_MESSAGE_BYTES - 64)
+    value = b"\x00\x00\x00\x00\x01"  # a header and no body
+    error = DecodeError(DeadLetterReason.TRUNCATED, "no body after the header " + "x" * 500,
+                        topic="t.gateway-events", partition=0, offset=1, schema_id=1)
+    letter = dead_letter_for(error, key=key, value=value, now_ms=1)
+    out = io.BytesIO()
+    out.write(b"\x00" * 5)
+    schemaless_writer(out, avsc.parsed("DeadLetter"), letter.to_avro())
+    assert len(key) + out.tell() <= DEAD_LETTER_MAX_MESSAGE_BYTES
+
+
+# --- schemas/strict.py: the Python walk's own bounds --------------------------------------
+
+def test_a_long_varint_of_eleven_bytes_is_refused() -> None:
+    # Ten bytes hold 64 bits; Java refuses an eleventh. Ten continuation bytes whose
+    # last adds no bit beyond 64, then a last byte: the eleventh.
+    assert strict_violation(bytes([0x80] * 10 + [0x00]), "long") is not None
+    assert strict_violation(bytes([0x80] * 9 + [0x00]), "long") is None
+
+
+def test_the_python_walk_refuses_one_element_past_its_bound() -> None:
+    schema = parse_schema({"type": "array", "items": "int"})
+    at_bound = bytes([4, 2, 2, 0])  # a block of two ints
+    past = bytes([6, 2, 2, 2, 0])  # of three
+    assert refusal_of(at_bound, schema, most_elements=2) is None
+    refused = refusal_of(past, schema, most_elements=2)
+    assert refused is not None and refused.too_many
+
+
+# --- schemas/items.py: the content's id is the record's ------------------------------------
+
+@pytest.mark.parametrize("own", [None, ""])
+def test_an_item_without_its_own_id_takes_the_given_one_in_its_content(own) -> None:
+    item = from_responses({"type": "message", "id": own, "role": "user", "content": []},
+                          item_id="msg_given")
+    assert item.item_id == "msg_given"
+    assert json.loads(item.content)["id"] == "msg_given"
