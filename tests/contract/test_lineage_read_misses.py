@@ -236,10 +236,11 @@ def test_a_parent_another_worker_promotes_between_read_and_write_is_no_miss(
 
 @ENTRIES
 def test_the_recorded_corrupt_holds_for_its_request_once_the_parent_reads_well(data, entry):
-    """The rejection is recorded like any (docs/gateway-protocol.md section 7): once
-    the reads find the parent, a redelivery and a retry of the request under another
-    response id still get the recorded ``CORRUPT``; a new request is decided on the
-    parent as it then reads (promoted). Passes before and after session 49's review."""
+    """The rejection is recorded like any (docs/gateway-protocol.md section 7), by the
+    event's ``event_id``: once the reads find the parent, a redelivery of the event,
+    also one carrying another response id, still gets the recorded ``CORRUPT``; a new
+    request is decided on the parent as it then reads (promoted). Passes before and
+    after session 49's review."""
     root, parent, worker = _chain(data, entry, cold=True)
     lagging = LaggingParentReads(worker.store, parent.response_id, lag=10**6)
     _on(worker, lagging)
@@ -252,3 +253,26 @@ def test_the_recorded_corrupt_holds_for_its_request_once_the_parent_reads_well(d
     fresh = chain_turn(root.response_id, parent.response_id, **_child_items("answers-parent"))
     out = worker.outcome(fresh)
     assert isinstance(out, CheckpointPromoted) and out.seq == 3, getattr(out, "detail", None)
+
+
+@ENTRIES
+def test_a_retry_with_a_new_event_id_is_decided_on_the_parent_as_it_then_reads(data, entry):
+    """docs/gateway-protocol.md section 7 (corrected in session 50, rgwdocs): only the
+    event's own decision is recorded, so a retry of the request as section 6 makes one
+    (a new ``event_id`` and ``attempt``, the same ``response_id``) is decided again once
+    the reads find the parent: promoted; another attempt after it under another
+    response id is then ``DUPLICATE`` naming it. The docs said such a retry got the
+    ``CORRUPT`` again; passes before and after (no code changed)."""
+    root, parent, worker = _chain(data, entry, cold=True)
+    lagging = LaggingParentReads(worker.store, parent.response_id, lag=10**6)
+    _on(worker, lagging)
+    child = chain_turn(root.response_id, parent.response_id, **_child_items("answers-parent"))
+    assert worker.outcome(child).reason is R.CORRUPT
+    lagging.lag = 0
+    retry = child.model_copy(update={"event_id": new_id("evt"), "attempt": 2})
+    out = worker.outcome(retry)
+    assert isinstance(out, CheckpointPromoted) and out.seq == 3, getattr(out, "detail", None)
+    other = child.model_copy(update={"event_id": new_id("evt"), "attempt": 3,
+                                     "response_id": new_id("resp")})
+    dup = worker.outcome(other)
+    assert (dup.reason, dup.existing_response_id) == (R.DUPLICATE, child.response_id)
