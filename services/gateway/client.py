@@ -293,7 +293,8 @@ def not_the_service(resp: httpx.Response) -> RehydrationUnavailable:
 
 def server_error(resp: httpx.Response) -> Exception:
     """A 5xx answer's error: ``RehydrationServerError`` when its body says it is not
-    transient (``"retryable": false``, ratchet's ``INTERNAL`` and ``CORRUPT_HISTORY``),
+    transient (``"retryable": false``, ratchet's ``INTERNAL``, ``CORRUPT_HISTORY``
+    and ``MISSING_HISTORY``),
     else ``RehydrationUnavailable`` (a 503, a proxy's page: retry later). Taken for a
     transient failure, a bug's answer was retried for ever (found by the chaos review,
     session 40)."""

@@ -226,8 +226,9 @@ class RehydrationUnavailable(GatewayError):
 
 class RehydrationServerError(GatewayError):
     """The service answered 5xx with a body saying it is not transient (``"retryable":
-    false``): ``INTERNAL`` (a bug: report it) or ``CORRUPT_HISTORY`` (``/status`` of a
-    damaged history). Not retryable: the same request gets the same answer; retry at
+    false``): ``INTERNAL`` (a bug: report it), ``CORRUPT_HISTORY`` (``/status`` of a
+    damaged history) or ``MISSING_HISTORY`` (``/status`` of a promoted turn whose row is
+    gone). Not retryable: the same request gets the same answer; retry at
     most by hand, with backoff (docs/gateway-protocol.md section 8). A 5xx without such
     a body (a proxy's, a 503 ``UNAVAILABLE``) is ``RehydrationUnavailable``."""
 
