@@ -175,23 +175,26 @@ class EventSerde:
         # Per record, once its serializer has encoded one: the wire header (magic byte
         # and schema id, fixed from then on) and the parsed schema, to write later
         # events without the serializer's per-call machinery (``_writer_of``).
-        self._writers: dict[str, tuple[bytes, Any] | None] = {}
+        self._writers: dict[str, _Writer | None] = {}
 
     # --- encoding ---------------------------------------------------------------------
 
-    def encode(self, event: Frozen, topic: str) -> bytes:
-        """Confluent-framed Avro bytes of ``event`` for ``topic``."""
+    def encode(self, event: Frozen, topic: str, data: dict[str, Any] | None = None
+               ) -> bytes:
+        """Confluent-framed Avro bytes of ``event`` for ``topic``. ``data``: the
+        event's ``to_avro()`` when the caller has it already (the gateway producer
+        range-checks it first), so it is not dumped twice."""
         record = record_name(event)
         writer = self._writers.get(record)
         if writer is not None:
             try:
-                return _write(writer, event.to_avro())
+                return _write(writer, event.to_avro() if data is None else data)
             except (ValueError, TypeError) as exc:
                 raise EncodeError(record, str(exc)) from exc
         serializer = self._serializer(record)
         context = SerializationContext(topic, MessageField.VALUE)
         try:
-            data = event.to_avro()
+            data = event.to_avro() if data is None else data
             encoded = _registry_call(lambda: serializer(data, context))
             self._encoded.add(record)
             if record not in self._writers:
@@ -444,15 +447,44 @@ class EventSerde:
         return TooManyElements(detail, turn=turn, schema_id=schema_id, **where)
 
 
-def _write(writer: tuple[bytes, Any], data: dict[str, Any]) -> bytes:
-    header, schema = writer
+def _write(writer: _Writer, data: dict[str, Any]) -> bytes:
+    header, schema, hinted = writer
+    if hinted:
+        # Each such field's branch named (fastavro's tuple notation): fastavro picks a
+        # union's branch by validating the value against each branch in turn, the
+        # whole nested record again before writing it (about two thirds of a
+        # TurnCompleted's write with its proof and artifact, session 50). A field of
+        # ``null`` or one record has that record as its only branch for a non-null.
+        data = {**data, **{name: (branch, data[name]) for name, branch in hinted
+                           if data.get(name) is not None}}
     out = io.BytesIO()
     out.write(header)
     schemaless_writer(out, schema, data)
     return out.getvalue()
 
 
-def _writer_of(record: str, encoded: bytes, data: dict[str, Any]) -> tuple[bytes, Any] | None:
+# The wire header, the parsed schema and its top-level fields typed ``null`` or one
+# record (the field's name, the record's full name): what ``_write`` needs.
+_Writer = tuple[bytes, Any, tuple[tuple[str, str], ...]]
+
+
+def nullable_record_fields(schema: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The top-level fields of a parsed record schema whose type is the union of
+    ``null`` and one named record, each with that record's full name (parsed schemas
+    name records in full). Deeper unions are left to fastavro (none in ratchet's
+    gateway records, ``tests/unit/test_avro_union_hints.py``)."""
+    hinted = []
+    for field in schema["fields"]:
+        branches = field["type"]
+        if not isinstance(branches, list) or len(branches) != 2 or "null" not in branches:
+            continue
+        other = branches[1 - branches.index("null")]
+        if isinstance(other, dict) and other.get("type") == "record":
+            hinted.append((field["name"], other["name"]))
+    return tuple(hinted)
+
+
+def _writer_of(record: str, encoded: bytes, data: dict[str, Any]) -> _Writer | None:
     """What ``_write`` needs to encode ``record`` as the registry serializer does, or
     None (the serializer stays in use): its output's header (magic byte, schema id)
     and the record's parsed schema, kept only if ``_write`` gives back exactly the
@@ -462,7 +494,8 @@ def _writer_of(record: str, encoded: bytes, data: dict[str, Any]) -> tuple[bytes
     checks, buffers) that this skips."""
     if len(encoded) < HEADER_SIZE or encoded[0] != MAGIC_BYTE:
         return None
-    writer = (encoded[:HEADER_SIZE], avsc.parsed(record))
+    schema = avsc.parsed(record)
+    writer = (encoded[:HEADER_SIZE], schema, nullable_record_fields(schema))
     try:
         same = _write(writer, data) == encoded
     except (ValueError, TypeError):

@@ -429,7 +429,12 @@ ENUMS_BY_NAME: dict[str, type[StrEnum]] = {
 def record_name(model: Frozen | type[Frozen]) -> str:
     """The Avro record name of a model (class or instance)."""
     cls = model if isinstance(model, type) else type(model)
-    for name, candidate in MODELS_BY_RECORD.items():
-        if candidate is cls:
-            return name
-    raise KeyError(f"{cls.__name__} is not an Avro record model")
+    name = _RECORD_OF_MODEL.get(cls)
+    if name is None:
+        raise KeyError(f"{cls.__name__} is not an Avro record model")
+    return name
+
+
+# The other way round, looked up by class (the exact class, as before): a gateway's
+# send asked it four times an event, a scan of the table each (session 50).
+_RECORD_OF_MODEL: dict[type[Frozen], str] = {cls: name for name, cls in MODELS_BY_RECORD.items()}

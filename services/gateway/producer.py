@@ -164,6 +164,9 @@ class GatewayProducer:
             if serde is None:
                 self._registry = registry_client(settings.schema_registry_url)
             self._serde = serde or EventSerde(self._registry)
+            # Only ratchet's serde takes the event's dump the checks made (``_encoded``);
+            # another given (a caller's, a test's stand-in) is called as before.
+            self._serde_takes_data = isinstance(self._serde, EventSerde)
         except ValueError as exc:  # confluent-kafka's "Invalid url"
             raise ProducerMisconfigured(f"schema_registry_url "
                                         f"{settings.schema_registry_url!r}: {exc}") from exc
@@ -471,7 +474,9 @@ class GatewayProducer:
         effects = tuple(effects)
         ids = tuple(event.event_id for event in (*effects, turn))
         self._refuse_once_closing(ids)
-        self._check(turn)  # the turn's own refusals first, before encoding anything
+        # The turn's own refusals first, before encoding anything; checked once (its
+        # second check before its encoding, until session 50, dumped it twice more).
+        turn_data = self._check(turn)
         for effect in effects:
             key = _key_of(effect)
             if key != turn.partition_key:
@@ -481,8 +486,9 @@ class GatewayProducer:
                      if getattr(effect, name) != getattr(turn, name)]
             if apart:
                 raise EffectOfAnotherTurn(effect.effect_id, apart)
-        return self._produce(*((event, self._prepare(event, ids))
-                               for event in (*effects, turn)))
+        values = [self._prepare(effect, ids) for effect in effects]
+        return self._produce(*zip(effects, values, strict=True),
+                             (turn, self._encoded(turn, turn_data, ids)))
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait for every queued event; raise every delivery failure reported since the
@@ -526,8 +532,9 @@ class GatewayProducer:
         if pending:
             raise FlushTimeout(pending)
 
-    def _check(self, event: GatewayEvent) -> None:
-        """The refusals that need no encoding."""
+    def _check(self, event: GatewayEvent) -> dict[str, Any]:
+        """The refusals that need no encoding; the event's ``to_avro()``, checked, which
+        its encoding writes (dumped once: twice per event before session 50)."""
         problem = unservable_id(event)  # an empty id too
         if problem:
             raise UnservableId(f"event {event.event_id}: {problem}")
@@ -542,9 +549,11 @@ class GatewayProducer:
         # decision. Produced before session 48 (one beyond 64 bits leaked fastavro's
         # OverflowError); checked with the processor's own check of a decoded record.
         record = record_name(event)
-        outside = range_check(record)(event.to_avro())
+        data = event.to_avro()
+        outside = range_check(record)(data)
         if outside is not None:
             raise EventBeyondLimits(event.event_id, f"{record}{outside}")
+        return data
 
     def _refuse_once_closing(self, ids: Sequence[str]) -> None:
         """``ProducerClosed`` naming the call's events (``ids``) once a ``close`` began:
@@ -559,9 +568,15 @@ class GatewayProducer:
         """The event's value, once every local check passed (nothing is produced);
         ``ids``: the events of the call, named if a close began meanwhile."""
         self._refuse_once_closing(ids)
-        self._check(event)
+        return self._encoded(event, self._check(event), ids)
+
+    def _encoded(self, event: GatewayEvent, data: dict[str, Any], ids: Sequence[str]
+                 ) -> bytes:
+        """The value of ``event``, whose checks passed and gave ``data`` (``_check``)."""
+        self._refuse_once_closing(ids)
         try:
-            value = self._serde.encode(event, self.topic)
+            value = (self._serde.encode(event, self.topic, data) if self._serde_takes_data
+                     else self._serde.encode(event, self.topic))
         except RegistryUnavailable as exc:
             raise EventNotEncoded(event.event_id, str(exc), retryable=True) from exc
         except (SerdeError, SerializationError, struct.error) as exc:
