@@ -44,10 +44,15 @@ class _Partition:
     idempotency: dict[str, IdempotencyRecord] = field(default_factory=dict)
     # idempotency key -> the request's facts mark (``mark_request_facts``)
     facts_marks: dict[str, str] = field(default_factory=dict)
+    # Cassandra's head marker row: set by a Conversation's first write (``IF NOT
+    # EXISTS`` there), never by a chain's. Its own fact, not derived from the rows: on
+    # Cassandra a damaged ``mode`` cell does not take the marker with it, and later
+    # turns do not stand for a lost one (rrevn, session 50).
+    marker: bool = False
 
     def conversation_begun(self) -> bool:
         """A Conversation turn was promoted here (Cassandra: the head marker row)."""
-        return any(c.mode is PromotionMode.CONVERSATION for c in self.checkpoints.values())
+        return self.marker
 
 
 def _same_parent(stored: CheckpointRecord | None, planned: CheckpointRecord) -> bool:
@@ -251,6 +256,8 @@ class MemoryCheckpointStore(CheckpointStore):
             )
             if plan.new_head is not None:
                 partition.head = plan.new_head
+                if plan.expected_head is None:  # Cassandra: the marker row's INSERT
+                    partition.marker = True
             return True
 
     def _locate(self, tenant_id: str, response_id: str) -> str | None:
@@ -261,7 +268,8 @@ class MemoryCheckpointStore(CheckpointStore):
     def _load_partition(self, tenant_id: str, partition_key: str) -> PartitionSnapshot | None:
         with self._lock:
             partition = self._partitions.get((tenant_id, partition_key))
-            if partition is None or (partition.head is None and not partition.checkpoints):
+            if partition is None or (partition.head is None and not partition.checkpoints
+                                     and not partition.marker):
                 return None  # nothing promoted (at most request facts marks)
             return PartitionSnapshot(
                 tenant_id=tenant_id,

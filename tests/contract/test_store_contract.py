@@ -796,9 +796,10 @@ class StoreContract:
                 with pytest.raises(CorruptPartition):
                     lookup(tenant, turn.response_id)
 
+    @pytest.mark.parametrize("named", ["another id", "null"])
     @pytest.mark.parametrize("turn", ["redelivery", "same response id", "child"])
     def test_the_write_refuses_a_row_filed_under_another_response_id(
-            self, store, tenant, clock, turn):
+            self, store, tenant, clock, turn, named):
         """A chain turn's row whose ``response_id`` cell names another id (damage): every
         write that meets it is ``CorruptPartition`` (``CORRUPT``), nothing written, as the
         lookups answer, never an answer built from the other id's record: a redelivery
@@ -817,7 +818,11 @@ class StoreContract:
         first = chain_turn(tenant, root, uid("resp"), root)
         promoted = store.promote(first)
         assert isinstance(promoted, Promoted)
-        self.rewrite_turn(store, tenant, root, first.response_id, {"response_id": uid("resp")})
+        # A null cell too (``rrevn``): no checkpoint row is written without its response
+        # id (the turn row's INSERT names it since the table's first migration), so a
+        # null one is damage as well, refused by the view, never a condition retried.
+        other = uid("resp") if named == "another id" else None
+        self.rewrite_turn(store, tenant, root, first.response_id, {"response_id": other})
         requests = {
             "redelivery": lambda: first,
             "same response id": lambda: chain_turn(tenant, root, first.response_id, root),
@@ -1568,6 +1573,57 @@ class StoreContract:
                         assert (root.mode, root.seq, root.parent_response_id) == (
                             PromotionMode.CHAIN, 1, None)
 
+    @pytest.mark.parametrize("marker", ["kept", "lost"])
+    def test_a_flipped_first_turn_without_its_head_is_answered_alike_by_both_backends(
+            self, store, tenant, clock, marker):
+        """A one-turn Conversation whose first turn (off the Conversation's key) reads
+        ``chain``, its head cells lost, its marker row kept or lost too. Kept: the marker
+        says a Conversation began, so the Conversation reads ``CORRUPT_HISTORY`` and a
+        child of the flipped row is ``CorruptPartition`` (a root off its key where a
+        Conversation began). Lost: no row differs from an old chain rooted off its key
+        (docs/store.md), so the child is written and the Conversation is ``NOT_FOUND``.
+        The promoting store and a cold one, both backends alike (rrevn, session 50:
+        memory took its marker from its Conversation rows, so a flipped row took the
+        marker with it: with the marker kept it wrote the child and read ``NOT_FOUND``,
+        with a later turn standing and the marker lost it refused what Cassandra
+        wrote)."""
+        conv = uid("conv")
+        first = conversation_turn(tenant, conv, 0)
+        assert isinstance(store.promote(first), Promoted)
+        self.rewrite_turn(store, tenant, conv, first.response_id,
+                          {"mode": PromotionMode.CHAIN})
+        self.lose_head(store, tenant, conv, marker=marker == "lost")
+        for promoter in (self.shared_store(store, StoreOptions(clock=clock)), store):
+            found = promoter.read_history(tenant, conversation_id=conv)
+            child = chain_turn(tenant, conv, uid("resp"), first.response_id)
+            if marker == "kept":
+                assert found.reason is HistoryFailureReason.CORRUPT_HISTORY, found
+                with pytest.raises(CorruptPartition):
+                    promoter.promote(child)
+                assert promoter.get_checkpoint(tenant, child.response_id) is None
+            else:
+                assert found.reason is HistoryFailureReason.NOT_FOUND, found
+                assert isinstance(promoter.promote(child), Promoted)
+
+    def test_a_later_turn_does_not_stand_for_a_lost_marker(self, store, tenant, clock):
+        """A three-turn Conversation whose first turn reads ``chain``, head and marker
+        both lost: the view holds the flipped row, the request's own rows and no marker,
+        the same on both backends, so ``promote`` alone writes a child of it on both
+        (the reads are ``CORRUPT_HISTORY``, and the processor reads first:
+        ``test_a_first_turn_flipped_to_chain_with_head_and_marker_lost_is_the_reads``).
+        Before rrevn (session 50) memory refused it: its marker was its Conversation
+        rows, and the later two stood."""
+        conv = uid("conv")
+        turns = [conversation_turn(tenant, conv, seq) for seq in range(3)]
+        for turn in turns:
+            assert isinstance(store.promote(turn), Promoted)
+        self.rewrite_turn(store, tenant, conv, turns[0].response_id,
+                          {"mode": PromotionMode.CHAIN})
+        self.lose_head(store, tenant, conv, marker=True)
+        cold = self.shared_store(store, StoreOptions(clock=clock))
+        child = chain_turn(tenant, conv, uid("resp"), turns[0].response_id)
+        assert isinstance(cold.promote(child), Promoted)
+
     def damage_head(self, store, tenant, conv) -> None:
         raise NotImplementedError
 
@@ -1619,14 +1675,16 @@ class TestMemoryStore(StoreContract):
         store._partitions[(tenant, conv)].head = head
 
     def lose_head(self, store, tenant, conv, marker: bool = False) -> None:
-        # The memory store's marker is its Conversation turns: they stand.
-        store._partitions[(tenant, conv)].head = None
+        partition = store._partitions[(tenant, conv)]
+        partition.head = None
+        if marker:
+            partition.marker = False
 
     def delete_claim(self, store, tenant, response_id) -> None:
         del store._claims[(tenant, response_id)]
 
     def lose_marker(self, store, tenant, conv) -> None:
-        pass  # the memory store's marker is its Conversation turns
+        store._partitions[(tenant, conv)].marker = False
 
     def rewrite_turn(self, store, tenant, partition_key, response_id, change: dict) -> None:
         checkpoints = store._partitions[(tenant, partition_key)].checkpoints
