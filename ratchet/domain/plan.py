@@ -318,7 +318,7 @@ def check_view_filing(request: PromotionRequest, view: PromotionView) -> None:
         if row is not None and row.response_id != response_id:
             raise CorruptPartition(
                 f"partition {request.partition_key} of tenant {request.tenant_id}: the "
-                f"checkpoint row of {response_id} is filed under {row.response_id}")
+                f"checkpoint row filed under {response_id} names {row.response_id}")
 
 
 def plan_promotion(request: PromotionRequest, view: PromotionView) -> PromotionOutcome | Plan:

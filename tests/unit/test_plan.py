@@ -279,7 +279,7 @@ def test_a_view_row_filed_under_another_response_id_is_corrupt():
         misfiled = PromotionView(**{**view.__dict__, **{
             name: other for name in ("original", "existing", "parent")
             if getattr(view, name) is not None}})
-        with pytest.raises(CorruptPartition, match="resp_1 is filed under resp_9"):
+        with pytest.raises(CorruptPartition, match="row filed under resp_1 names resp_9"):
             check_view_filing(request, misfiled)
 
 
