@@ -12,15 +12,16 @@ import pytest
 from fastavro import parse_schema, schemaless_writer
 
 from ratchet.samples import make_turn, new_id
+from ratchet.speedups import SPEEDUPS
 from schemas import avsc
 from schemas.avro import dead_letter_for
-from schemas.canonical import is_sha256_hex, sha256_hex
+from schemas.canonical import is_sha256_hex, json_containers, sha256_hex
 from schemas.errors import DecodeError
 from schemas.items import from_responses
 from schemas.keys import key_problem, partition_key, root_problem
 from schemas.limits import DEAD_LETTER_MAX_MESSAGE_BYTES, TOPIC_MAX_MESSAGE_BYTES
 from schemas.models import DeadLetterReason
-from schemas.strict import refusal_of, strict_violation
+from schemas.strict import refusal_of, strict_violation, unsafe_shape
 from schemas.writer_schema import record_name_of
 
 DIGEST = sha256_hex(b"request")
@@ -143,3 +144,38 @@ def test_an_item_without_its_own_id_takes_the_given_one_in_its_content(own) -> N
                           item_id="msg_given")
     assert item.item_id == "msg_given"
     assert json.loads(item.content)["id"] == "msg_given"
+
+
+# --- session 50, the rest of the review (rmut4) ----------------------------------------------
+
+def test_a_tenth_varint_byte_may_carry_bit_63_alone() -> None:
+    # The tenth byte of a long holds bit 63 (its 0x01); any other bit is beyond 64 bits:
+    # every one of them is refused, not only a full byte (0x7f).
+    assert strict_violation(bytes([0xFF] * 9 + [0x01]), "long") is None
+    for extra in (0x02, 0x04, 0x40, 0x03):
+        assert strict_violation(bytes([0x80] * 9 + [extra]), "long") is not None, hex(extra)
+
+
+def _array_of_records(nulls: int) -> object:
+    fields = [{"name": f"n{i}", "type": "null"} for i in range(nulls)]
+    return parse_schema({"type": "record", "name": "R", "fields": [
+        {"name": "a", "type": {"type": "array", "items": {
+            "type": "record", "name": "I", "fields": [*fields, {"name": "b", "type": "boolean"}]}}}]})
+
+
+def test_array_items_may_take_four_schema_nodes_a_byte_and_no_more() -> None:
+    # An item of k nulls and a boolean is one byte and k + 2 nodes (its record, its
+    # fields): at 4 nodes a byte it is read, at 5 refused (MAX_NODES_PER_BYTE, whose
+    # bound the 131 M-node review bomb showed is needed; 5 was let through).
+    assert unsafe_shape(_array_of_records(2)) is None
+    assert unsafe_shape(_array_of_records(3)) is not None
+
+
+def test_a_backslash_before_a_raw_newline_escapes_it_in_the_container_count() -> None:
+    # Not JSON (a raw control character in a string), counted all the same, and as the C
+    # twin counts it: the string runs over the newline to the next quote, so the "["
+    # after it is outside (its twins' random test has no newline in its alphabet).
+    text = b'"\\\n"['
+    assert json_containers(text, 5) == 1
+    if SPEEDUPS is not None:
+        assert SPEEDUPS.json_containers(text, 5) == 1
