@@ -9,20 +9,28 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryError
 from fastavro import parse_schema, schemaless_writer
 
-from ratchet.samples import make_turn, new_id
+from ratchet.samples import make_tool_effect, make_turn, new_id
 from ratchet.speedups import SPEEDUPS
 from schemas import avsc
-from schemas.avro import dead_letter_for
+from schemas.avro import _registry_call, dead_letter_for
 from schemas.canonical import is_sha256_hex, json_containers, sha256_hex
-from schemas.errors import DecodeError
+from schemas.errors import DecodeError, RegistryUnavailable
+from schemas.ids import is_servable_id, unservable_id
 from schemas.items import from_responses
 from schemas.keys import key_problem, partition_key, root_problem
-from schemas.limits import DEAD_LETTER_MAX_MESSAGE_BYTES, TOPIC_MAX_MESSAGE_BYTES
+from schemas.limits import (
+    DEAD_LETTER_MAX_MESSAGE_BYTES,
+    MAX_EVENT_ELEMENTS,
+    TOPIC_MAX_MESSAGE_BYTES,
+)
 from schemas.models import DeadLetterReason
 from schemas.strict import refusal_of, strict_violation, unsafe_shape
 from schemas.writer_schema import record_name_of
+from tests.unit.test_avro_serde import TOPIC, client, serde  # noqa: F401 - fixtures
+from tests.unit.test_decode_hardening import decode_error, framed
 
 DIGEST = sha256_hex(b"request")
 
@@ -179,3 +187,57 @@ def test_a_backslash_before_a_raw_newline_escapes_it_in_the_container_count() ->
     assert json_containers(text, 5) == 1
     if SPEEDUPS is not None:
         assert SPEEDUPS.json_containers(text, 5) == 1
+
+
+def test_a_writer_that_left_a_field_out_is_a_schema_mismatch_beyond_the_bound_too(
+        client, serde) -> None:  # noqa: F811 - the fixtures
+    # Every body of such a writer is SCHEMA_MISMATCH; one holding more than
+    # MAX_EVENT_ELEMENTS items must not become a rejection of the request instead.
+    schema = json.loads(avsc.schema_text("TurnCompleted"))
+    for field in schema["fields"]:
+        if field["name"] == "tool_effect_ids":
+            field["name"] = "effect_ids"
+    schema_id = client.register_schema("renamed-ids", Schema(json.dumps(schema), "AVRO"))
+    data = make_turn(conversation_id=new_id("conv")).to_avro()
+    data["effect_ids"] = ["e"] * (MAX_EVENT_ELEMENTS + 1)
+    del data["tool_effect_ids"]
+    error = decode_error(serde, framed(schema_id, schema, data))
+    assert type(error) is DecodeError
+    assert error.reason is DeadLetterReason.SCHEMA_MISMATCH
+
+
+# --- schemas/ids.py: the pattern's last alternative and the key ids -------------------------
+
+def test_an_id_after_two_dots_is_bound_to_200_characters_in_all() -> None:
+    assert is_servable_id(".." + "a" * 198)
+    assert not is_servable_id(".." + "a" * 199)
+
+
+def test_an_effect_id_no_row_could_be_keyed_by_is_found() -> None:
+    # Cassandra refuses a key above 64 KiB: its write would stall the partition for good
+    key = new_id("idem")
+    assert unservable_id(make_tool_effect("call_1", idempotency_key=key)) is None
+    effect = make_tool_effect("call_1", idempotency_key=key, effect_id="e" * 201)
+    assert "effect_id" in (unservable_id(effect) or "")
+
+
+# --- schemas/avro.py: the registry's 500 and a record another topic carries -----------------
+
+def test_a_registry_500_is_unavailable_not_a_refusal() -> None:
+    # Retried (the worker degraded), never a dead letter: 500 is a server error as 503 is
+    def fails(status: int):
+        def call():
+            raise SchemaRegistryError(status, status * 100, "server error")
+        return call
+    for status in (500, 503, 408, 429):
+        with pytest.raises(RegistryUnavailable):
+            _registry_call(fails(status))
+    with pytest.raises(SchemaRegistryError):
+        _registry_call(fails(404))
+
+
+def test_a_gateway_record_is_unexpected_where_outcomes_are_read(serde) -> None:  # noqa: F811
+    turn = make_turn(conversation_id=new_id("conv"))
+    with pytest.raises(DecodeError) as caught:
+        serde.decode(serde.encode(turn, TOPIC), TOPIC, 0, 1, expected={"CheckpointPromoted"})
+    assert caught.value.reason is DeadLetterReason.UNEXPECTED_RECORD_TYPE
