@@ -27,8 +27,8 @@ from schemas.limits import (
     TOPIC_MAX_MESSAGE_BYTES,
 )
 from schemas.models import DeadLetterReason
-from schemas.strict import refusal_of, strict_violation, unsafe_shape
-from schemas.writer_schema import record_name_of
+from schemas.strict import plan_of, refusal_of, strict_violation, unsafe_shape
+from schemas.writer_schema import foreign_logical_type, record_name_of
 from tests.unit.test_avro_serde import TOPIC, client, serde  # noqa: F401 - fixtures
 from tests.unit.test_decode_hardening import decode_error, framed
 
@@ -241,3 +241,37 @@ def test_a_gateway_record_is_unexpected_where_outcomes_are_read(serde) -> None: 
     with pytest.raises(DecodeError) as caught:
         serde.decode(serde.encode(turn, TOPIC), TOPIC, 0, 1, expected={"CheckpointPromoted"})
     assert caught.value.reason is DeadLetterReason.UNEXPECTED_RECORD_TYPE
+
+
+# --- schemas/writer_schema.py and strict.py's plan: a micros instant, a zero-size fixed ----
+
+def _turn_writer(field: str, kind: object) -> object:
+    schema = json.loads(avsc.schema_text("TurnCompleted"))
+    for each in schema["fields"]:
+        if each["name"] == field:
+            each["type"] = kind
+    return parse_schema(schema)
+
+
+def test_timestamp_micros_stands_only_where_ratchet_reads_timestamp_millis() -> None:
+    # read as the same instant where ratchet's field is one (gateway-protocol section 2);
+    # on a plain long fastavro would build a datetime of a sequence number
+    micros = {"type": "long", "logicalType": "timestamp-micros"}
+    reader = avsc.parsed("TurnCompleted")
+    assert foreign_logical_type(_turn_writer("produced_at", micros), reader) is None
+    refused = foreign_logical_type(_turn_writer("expected_head_seq", ["null", micros]), reader)
+    assert refused is not None and "expected_head_seq" in refused
+
+
+def test_the_c_walk_counts_through_a_zero_size_fixed() -> None:
+    # A zero-size fixed is valid Avro and takes no byte: the C walk answers it, so a
+    # writer's record holding one is counted there (refused as "cannot check", a body
+    # beyond the element bound would be CORRUPT_PAYLOAD, not a rejection)
+    if SPEEDUPS is None:
+        pytest.fail("ratchet._speedups is not built")
+    schema = parse_schema({"type": "record", "name": "Z", "fields": [
+        {"name": "z", "type": {"type": "fixed", "name": "Empty", "size": 0}},
+        {"name": "n", "type": {"type": "array", "items": "long"}}]})
+    body = bytes([4, 2, 4, 0])  # no byte for z, then a block of two longs
+    assert strict_violation(body, schema) is None
+    assert SPEEDUPS.avro_counted(plan_of(schema), body, 10)[0] == 1  # conforms
