@@ -17,7 +17,7 @@ from ratchet.speedups import SPEEDUPS
 from schemas import avsc
 from schemas.avro import _registry_call, dead_letter_for
 from schemas.canonical import is_sha256_hex, json_containers, sha256_hex
-from schemas.errors import DecodeError, RegistryUnavailable
+from schemas.errors import DecodeError, RegistryUnavailable, TooManyElements
 from schemas.ids import is_servable_id, unservable_id
 from schemas.items import from_responses
 from schemas.keys import key_problem, partition_key, root_problem
@@ -275,3 +275,21 @@ def test_the_c_walk_counts_through_a_zero_size_fixed() -> None:
     body = bytes([4, 2, 4, 0])  # no byte for z, then a block of two longs
     assert strict_violation(body, schema) is None
     assert SPEEDUPS.avro_counted(plan_of(schema), body, 10)[0] == 1  # conforms
+
+
+# --- schemas/avro_bodies.py: a turn beyond the bound is read with its range check ----------
+
+def test_a_turn_beyond_the_bound_with_an_int_beyond_32_bits_carries_no_identity(
+        serde) -> None:  # noqa: F811 - the fixture
+    # fastavro reads an int as a long varint and the model takes any int: without the
+    # range check a rejection would be recorded with an attempt no Avro int holds
+    if SPEEDUPS is None:
+        pytest.fail("ratchet._speedups is not built")
+    turn = make_turn(conversation_id=new_id("conv"))
+    schema_id = int.from_bytes(serde.encode(turn, TOPIC)[1:5], "big")
+    data = turn.to_avro() | {"attempt": 2**31,
+                             "tool_effect_ids": ["e"] * (MAX_EVENT_ELEMENTS + 1)}
+    with pytest.raises(TooManyElements) as caught:
+        serde.decode_gateway_event(framed(schema_id, avsc.parsed("TurnCompleted"), data),
+                                   TOPIC, 0, 1)
+    assert caught.value.turn is None
