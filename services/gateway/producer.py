@@ -194,7 +194,11 @@ class GatewayProducer:
         # its place (``_Places``).
         # Each with the ``Delivery`` of its event (``_logged_failure``).
         self._failure_log: list[tuple[int, str, KafkaError, Delivery | None]] = []
-        self._next_failure = 0
+        # The next failure's number is the last logged one's plus one (``_next_failure``):
+        # appending a failure counts it, in one step. Counted apart (session 50), a Ctrl-C
+        # between the append and the count gave the next failure the same number, and a
+        # thread that had flushed past the first was told it again with the second.
+        self._next_when_empty = 0  # the next number while the log is empty
         self._first_kept = 0
         self._cursors = _Places()
         self._closed = False
@@ -237,6 +241,12 @@ class GatewayProducer:
         # can report nothing more (``_fail_unreported``; an outside review, session 48).
         self._handed_over: dict[tuple[Delivery, str], weakref.ref[Callable[..., None]]] = {}
         self._reports_may_be_cut = False
+
+    @property
+    def _next_failure(self) -> int:
+        """The number the next failure logged gets."""
+        log = self._failure_log
+        return log[-1][0] + 1 if log else self._next_when_empty
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -704,7 +714,14 @@ class GatewayProducer:
             self._cursors.set(self._next_failure)
             self._cursors.drop_ended()
             self._first_kept = min(self._cursors.values(), default=self._next_failure)
-            self._failure_log = [f for f in self._failure_log if f[0] >= self._first_kept]
+            # Before the log may empty: its numbers go on from there.
+            self._next_when_empty = self._next_failure
+            # A failure every thread was told leaves, unless its report was cut before
+            # its ``Delivery`` knew (the event is still unreported under the lock only
+            # then): the look finishes that report with it (``_logged_failure``). Dropped,
+            # the look told the event again as a lost report (session 50's "Left").
+            self._failure_log = [f for f in self._failure_log if f[0] >= self._first_kept
+                                 or (f[3] is not None and f[1] in f[3]._unreported)]
         return failures, forgotten
 
     def _on_delivery(self, event_id: str, delivery: Delivery | None = None
@@ -754,7 +771,6 @@ class GatewayProducer:
                 err = logged
             elif err is not None:
                 self._failure_log.append((self._next_failure, event_id, err, delivery))
-                self._next_failure += 1
                 if len(self._failure_log) > MAX_KEPT_FAILURES:
                     del self._failure_log[:len(self._failure_log) - MAX_KEPT_FAILURES]
                     self._first_kept = max(self._first_kept, self._failure_log[0][0])

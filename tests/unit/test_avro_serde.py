@@ -22,7 +22,7 @@ from ratchet.samples import (
     make_turn_cancelled,
 )
 from schemas import avsc
-from schemas.avro import EventSerde, dead_letter_for, encode_key, register_schemas, subject_for
+from schemas.avro import EventSerde, dead_letter_for, encode_key, subject_for
 from schemas.errors import DecodeError, EncodeError, RegistryUnavailable
 from schemas.limits import (
     CLIENT_MAX_BYTES,
@@ -31,20 +31,11 @@ from schemas.limits import (
     TOPIC_MAX_MESSAGE_BYTES,
 )
 from schemas.models import DeadLetter, DeadLetterReason, OrphanReason, RejectionReason
+from tests.unit import registry_mock
 
-TOPIC = "ratchet.gateway-events"
-
-
-@pytest.fixture
-def client() -> SchemaRegistryClient:
-    client = SchemaRegistryClient.new_client({"url": f"mock://{uuid.uuid4().hex}"})
-    register_schemas(client, compatibility=False)  # the mock has no config endpoint
-    return client
-
-
-@pytest.fixture
-def serde(client) -> EventSerde:
-    return EventSerde(client)
+TOPIC = registry_mock.TOPIC
+# The shared mock registry's fixtures (tests/unit/registry_mock.py).
+client, serde = registry_mock.client, registry_mock.serde
 
 
 def outcome_events():

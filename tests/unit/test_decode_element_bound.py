@@ -39,7 +39,7 @@ from schemas.models import (
     TurnCompleted,
     TurnStatus,
 )
-from tests.unit.test_avro_serde import TOPIC, client, serde  # noqa: F401 - fixtures
+from tests.unit.registry_mock import TOPIC, client, serde  # noqa: F401 - fixtures
 from tests.unit.test_decode_hardening import Pipeline, decode_error, framed, registered_id
 
 C = speedups.load()

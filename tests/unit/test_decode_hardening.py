@@ -38,7 +38,7 @@ from streams.processor import PromotionProcessor
 from streams.records import RawRecord
 from streams.retry import Backoff, LaneStopped, retry_until_done
 from streams.topics import Topics
-from tests.unit.test_avro_serde import TOPIC, client, serde  # noqa: F401 - fixtures
+from tests.unit.registry_mock import TOPIC, client, serde  # noqa: F401 - fixtures
 
 TOPICS = Topics.with_prefix("t.")
 

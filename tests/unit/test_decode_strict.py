@@ -35,7 +35,7 @@ from ratchet.samples import make_tool_loop_turn, make_turn, new_id
 from schemas import avro_bodies, avsc
 from schemas.models import CheckpointPromoted, DeadLetter, DeadLetterReason, TurnStatus
 from schemas.strict import MAX_SCHEMA_DEPTH, plan_of, strict_violation, unsafe_shape
-from tests.unit.test_avro_serde import TOPIC, client, serde  # noqa: F401 - fixtures
+from tests.unit.registry_mock import TOPIC, client, serde  # noqa: F401 - fixtures
 from tests.unit.test_decode_hardening import Pipeline, decode_error, registered_id
 
 C = speedups.load()

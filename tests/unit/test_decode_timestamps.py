@@ -45,7 +45,7 @@ from schemas.models import (
     RejectionReason,
     RouterReceipt,
 )
-from tests.unit.test_avro_serde import TOPIC, client, serde  # noqa: F401 - fixtures
+from tests.unit.registry_mock import TOPIC, client, serde  # noqa: F401 - fixtures
 from tests.unit.test_decode_hardening import Pipeline, decode_error, framed
 
 LOW, HIGH = -62_135_596_800_000, 253_402_300_799_999  # 0001-01-01 .. 9999-12-31T23:59:59.999Z

@@ -410,3 +410,69 @@ def test_a_ctrl_c_in_the_close_s_failing_of_lost_events_leaves_them_to_the_next_
     with pytest.raises(DeliveryError) as waited:
         sent.wait(0)
     assert [eid for eid, _ in waited.value.failures] == list(sent.event_ids)
+
+
+class _CutAfterAppend(list):
+    """The failure log, with Ctrl-C landing once right after a failure is appended
+    (before ``_record``'s next line)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut = False
+
+    def append(self, failure) -> None:
+        super().append(failure)
+        if not self.cut:
+            self.cut = True
+            raise KeyboardInterrupt
+
+
+def test_a_report_cut_right_after_logging_its_failure_gives_the_next_one_its_own_number():
+    """Ctrl-C between a failure's log append and the log's counter: the next failure
+    was given the same number, so a flush past the first (its cursor at that number)
+    was told the first again with the second (session 50's "Left")."""
+    producer = _unreachable()
+    producer._failure_log = _CutAfterAppend()
+    first = producer.send(make_turn())
+    with pytest.raises(KeyboardInterrupt):
+        producer.flush(10)
+    assert producer._failure_log.cut
+    with pytest.raises(DeliveryError) as flushed:  # the look finishes the cut report
+        producer.flush(0)
+    assert [eid for eid, _ in flushed.value.failures] == list(first.event_ids)
+    second = producer.send(make_turn())
+    with pytest.raises(DeliveryError) as flushed:
+        producer.flush(10)
+    assert [eid for eid, _ in flushed.value.failures] == list(second.event_ids)
+    assert not flushed.value.forgotten
+    producer.close(timeout_s=0)
+
+
+def test_a_look_after_every_thread_was_told_a_cut_report_s_failure_tells_it_no_more(
+        monkeypatch):
+    """A report cut after it logged its failure, before its ``Delivery`` knew, by a
+    signal handler's ``flush`` inside it: that flush told the thread (the only one) the
+    failure, so the log entry was trimmed, and its ``DeliveryError`` ended the report.
+    The look then found no logged failure and told the event again as a lost report
+    (session 50's "Left"). Now the entry stays until its ``Delivery`` knows."""
+    producer = _unreachable()
+    real, handler = Delivery._reported, []
+
+    def flush_in_a_handler_once(self, event_id, err):
+        if not handler:
+            handler.append(event_id)
+            producer.flush(0)  # inside the report: raises what it knows at once
+        return real(self, event_id, err)
+    monkeypatch.setattr(Delivery, "_reported", flush_in_a_handler_once)
+    sent = producer.send(make_turn())
+    with pytest.raises(DeliveryError) as handled:  # the handler's, out of the flush
+        producer.flush(10)
+    assert handler == list(sent.event_ids)
+    [(event_id, text)] = handled.value.failures
+    assert event_id == sent.event_ids[0] and "within delivery.timeout.ms" in text
+    producer.flush(0)  # told already: nothing more
+    with pytest.raises(DeliveryError) as waited:
+        sent.wait(0)
+    [(event_id, text)] = waited.value.failures
+    assert event_id == sent.event_ids[0] and "within delivery.timeout.ms" in text
+    producer.close(timeout_s=0)

@@ -12,28 +12,20 @@ branch, and that a wrong record there is still an ``EncodeError``.
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from ratchet.samples import make_tool_effect, make_turn
 from ratchet.settings import Settings
 from schemas import avsc
-from schemas.avro import EventSerde, nullable_record_fields, register_schemas
+from schemas.avro import EventSerde, nullable_record_fields
 from schemas.errors import EncodeError
 from schemas.models import Frozen, RouterReceipt
 from services.gateway.errors import DeliveryError
 from services.gateway.producer import GatewayProducer
+from tests.unit import registry_mock
 
-TOPIC = "ratchet.gateway-events"
-
-
-@pytest.fixture
-def client() -> SchemaRegistryClient:
-    client = SchemaRegistryClient.new_client({"url": f"mock://{uuid.uuid4().hex}"})
-    register_schemas(client, compatibility=False)  # the mock has no config endpoint
-    return client
+TOPIC = registry_mock.TOPIC
+client = registry_mock.client  # the shared mock registry's fixture
 
 
 class Recording:

@@ -29,7 +29,7 @@ from schemas.limits import (
 from schemas.models import DeadLetterReason
 from schemas.strict import plan_of, refusal_of, strict_violation, unsafe_shape
 from schemas.writer_schema import foreign_logical_type, record_name_of
-from tests.unit.test_avro_serde import TOPIC, client, serde  # noqa: F401 - fixtures
+from tests.unit.registry_mock import TOPIC, client, serde  # noqa: F401 - fixtures
 from tests.unit.test_decode_hardening import decode_error, framed
 
 DIGEST = sha256_hex(b"request")
