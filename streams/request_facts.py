@@ -121,12 +121,24 @@ class RequestFacts:
             promoted = self.store.promoted_key(effect.tenant_id, effect.partition_key,
                                                effect.idempotency_key, effect.response_id,
                                                first_of_chain=_first_of_chain(effect))
+            return self._late_orphans(effect, recorded, result, conflicting, earlier,
+                                      promoted)
         except CorruptPartition as exc:
             # Recorded; whether it is orphaned cannot be read (it may be used): nothing
-            # published, the partition needs an operator.
+            # published, the partition needs an operator. Met by the lookup above, or by
+            # the second one of a cancelled chain's first request (``_settle_request``
+            # reads the holder's partition again: damage, or a claim by a damaged
+            # attempt, landing between the two; a dead letter until session 51).
             log.error("tool effect %s recorded; whether request %s stands promoted cannot "
                       "be read: %s", effect.effect_id, effect.idempotency_key, exc)
             return ()
+
+    def _late_orphans(self, effect: ToolEffect, recorded: RecordedEffect, result: EffectWrite,
+                      conflicting: bool, earlier: RecordedEffect | None,
+                      promoted: CheckpointRecord | None) -> tuple[Outbound, ...]:
+        """``record_effect``'s publications once the request's standing is read: the
+        earlier execution's conflict orphan, then this record's own orphan (each if
+        any). Raises ``CorruptPartition`` when settling the request meets damage."""
         out = []
         if earlier is not None:
             first = self._conflict_orphan(effect, earlier, promoted)
@@ -293,7 +305,10 @@ class RequestFacts:
         response, which may promote (a batch in flight asserts its own partition's
         facts mark only): the request's facts are marked there too, so that batch is
         refused and decided again with the cancellation, and every later one reads it;
-        only a promotion that landed before the mark can stand: (False, it or None)."""
+        only a promotion that landed before the mark can stand: (False, it or None).
+        Raises ``CorruptPartition`` when the holder's partition is damaged (also if the
+        damage, or the holder's claim, came after the caller's first lookup): both
+        callers then publish nothing."""
         holder = self.store.hold_request(tenant_id, idempotency_key, response_id)
         if holder.response_id == response_id:
             return True, None

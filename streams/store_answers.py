@@ -138,9 +138,14 @@ class StoreAnswers:
             return None
         before = EMPTY_PAIRING
         if original.parent_response_id is not None:
-            found = self.store.read_history(
-                turn.tenant_id, response_id=original.parent_response_id,
-                partition_key=original.partition_key, now=IGNORING_EXPIRY)
+            try:
+                found = self.store.read_history(
+                    turn.tenant_id, response_id=original.parent_response_id,
+                    partition_key=original.partition_key, now=IGNORING_EXPIRY)
+            except CorruptPartition as exc:  # a claim naming no partition (session 51)
+                log.error("%s: the history request %s's original extended cannot be "
+                          "located: %s", turn.response_id, turn.idempotency_key, exc)
+                return None
             if isinstance(found, HistoryFailure):
                 return None
             state = pairing_state_of(found.items)
