@@ -100,13 +100,15 @@ def format_report(lines: list[Line], load_before: str) -> str:
     by_round: dict[int, dict[str, Line]] = {}
     for line in lines:
         by_round.setdefault(line.round, {})[line.row.name] = line
-    out += ["", "send_turn vs floor (send_turn / raw produce; the encode is most of the "
-                "difference):"]
+    out += ["", "send_turn vs floor (send_turn / raw produce; 'own': send_turn's thread CPU "
+                "less the encode's and the floor's, i.e. its checks and delivery "
+                "bookkeeping):"]
     ratios = []
     for number, named in sorted(by_round.items()):
         if SEND in named and FLOOR in named:
             ratios.append(ratio(named[SEND], named[FLOOR]))
-            out.append(f"  round {number}: {_ratio_text(ratios[-1])}")
+            out.append(f"  round {number}: {_ratio_text(ratios[-1])}"
+                       + _own_text(named[SEND], named[FLOOR], named.get(ENCODE)))
     if ratios:
         medians = {key: _median([one[key] for one in ratios]) for key in ratios[0]}
         out.append(f"  median of {len(ratios)} round(s): {_ratio_text(medians)}")
@@ -116,6 +118,22 @@ def format_report(lines: list[Line], load_before: str) -> str:
 def _median(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
+
+
+def own_us(send: Line, floor: Line, encode: Line | None) -> float | None:
+    """send_turn's thread CPU per turn that neither the encode nor the produce explains:
+    the library's checks and delivery bookkeeping."""
+    parts = [send.cpu_us("thread"), floor.cpu_us("thread"),
+             None if encode is None else encode.cpu_us("thread")]
+    if any(part is None for part in parts):
+        return None
+    mine, produce, encoding = parts
+    return mine - produce - encoding
+
+
+def _own_text(send: Line, floor: Line, encode: Line | None) -> str:
+    own = own_us(send, floor, encode)
+    return "" if own is None else f"; own {own:.0f} us"
 
 
 def _ratio_text(one: dict[str, float | None]) -> str:

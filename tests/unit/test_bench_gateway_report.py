@@ -44,10 +44,11 @@ def test_the_report_rows_each_round_and_the_median_of_the_rounds_ratios():
     assert rows[2][:1] == ["1"] and rows[2][-6:] == ["1000", "1.00", "1000", "200", "250", "-"]
     assert rows[1][-6:] == ["1000", "0.50", "2000", "10", "50", "-"]
     assert " ".join(rows[4][1:4]) == "raw produce (floor)"
+    # "own": send_turn's thread CPU less the encode's (120 us) and the floor's (10 us).
     assert ("  round 2: turns/s 0.250 x, thread CPU per turn 30.0 x, process CPU per turn "
-            "7.0 x") in text
+            "7.0 x; own 170 us") in text
     assert ("  round 3: turns/s 0.167 x, thread CPU per turn 25.0 x, process CPU per turn "
-            "6.0 x") in text
+            "6.0 x; own 120 us") in text
     # Medians of the rounds' ratios: turns/s (0.5, 0.25, 0.1667), thread (20, 30, 25),
     # process (5, 7, 6).
     assert text[-1] == ("  median of 3 round(s): turns/s 0.250 x, thread CPU per turn "
