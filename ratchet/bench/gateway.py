@@ -284,6 +284,15 @@ class bench_topics:
             name = f"{self.settings.topic_prefix}{RAW_TOPIC}"
             admin.create_topics([NewTopic(name, num_partitions=self.settings.partitions,
                                           replication_factor=1)])[name].result(30)
+            # Created is not yet in every metadata answer (seen: a list right after the
+            # creation without it): the floor's first produce would wait for it.
+            wanted = {name, self.settings.topic("gateway-events")}
+            deadline = time.monotonic() + 30
+            while not wanted <= set(admin.list_topics(timeout=30).topics):
+                if time.monotonic() > deadline:
+                    raise RunFailed(f"topics {sorted(wanted)} not listed 30 s after "
+                                    "their creation")
+                time.sleep(0.1)
         except BaseException:
             self.__exit__()
             raise
