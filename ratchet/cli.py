@@ -343,6 +343,7 @@ BENCH_SUITES = {
     "store": ("ratchet.bench.store", "promote / read_history beside raw Cassandra LWT and SELECT"),
     "api": ("ratchet.bench.api", "HTTP history lookups (hit, extension, miss, wait_ms) beside raw SELECTs"),
     "processor": ("ratchet.bench.processor", "end-to-end promoted turns/s beside raw Kafka"),
+    "gateway": ("ratchet.bench.gateway", "the gateway library's send_turn beside raw Kafka produce"),
     "memory": ("ratchet.bench.memory", "a worker's RSS on a backlog of large turns"),
 }
 

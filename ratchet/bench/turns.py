@@ -1,5 +1,6 @@
 """The bench's turns on the wire: ``TurnCompleted`` records encoded once, before any
-clock runs, and a raw read of what is on a topic now."""
+clock runs (or, for the gateway's send, built once with their tool effect), and a raw
+read of what is on a topic now."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import time
 from confluent_kafka import Consumer
 
 from ratchet.bench.measure import unique_name
-from ratchet.samples import make_turn
+from ratchet.samples import make_tool_loop_turn, make_turn
 from schemas.avro import encode_key
+from schemas.models import ToolEffect, TurnCompleted
 from streams.testing import Rig
 
 
@@ -28,6 +30,19 @@ def encoded_turns(rig: Rig, conversations: int, per_conversation: int) -> list[l
     convs = [unique_name("conv") for _ in range(conversations)]
     return [[encoded_turn(rig, conv, head, now)[:2] for conv in convs]
             for head in range(per_conversation)]
+
+
+def gateway_turns(conversations: int, per_conversation: int
+                  ) -> list[tuple[TurnCompleted, list[ToolEffect]]]:
+    """The same mix as ``encoded_turns`` (``per_conversation`` turns of each
+    Conversation, in round order), each turn as a gateway sends it: one tool round (a
+    function call and its output, the effect published before the turn), a token
+    artifact and a boundary proof. Built, not encoded: the gateway bench times both."""
+    now = int(time.time() * 1000)
+    convs = [unique_name("conv") for _ in range(conversations)]
+    return [make_tool_loop_turn(rounds=1, total_items=6, conversation_id=conv,
+                                expected_head_seq=head, now_ms=now)
+            for head in range(per_conversation) for conv in convs]
 
 
 def consume_now(consumer: Consumer, timeout_s: float) -> list:
