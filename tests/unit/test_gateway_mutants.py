@@ -1,0 +1,204 @@
+"""What a mutation review of the gateway library (``services/gateway/``, session 51)
+found no test holding: each test here failed with its mutant applied (named in its
+docstring; the review's table is in docs/decisions.md, "The gateway library under
+mutation")."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+from ratchet.settings import Settings
+from services.gateway.claims import ClaimTakenOver, EffectClaims
+from services.gateway.client import RehydrationClient, parse_outcome
+from services.gateway.errors import (
+    InvalidRehydrationRequest,
+    ProducerMisconfigured,
+    RehydrationUnavailable,
+)
+from services.gateway.events import TurnIdentity
+from services.gateway.kafka_calls import interruptible
+from services.gateway.producer import GatewayProducer
+from tests.ctrl_c import python_ctrl_c
+
+ITEM = {"item_id": "m1", "type": "message", "role": "user", "call_id": None,
+        "content": '{"id":"m1","type":"message"}', "content_digest": "d",
+        "format_version": 1}
+CHECKPOINT = {"seq": 3, "fingerprint_hash": "f" * 64, "expires_at": None,
+              "token_artifact": {}, "router_receipt": None, "boundary_proof": None}
+
+
+CALL = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "book",
+        "arguments": "{}"}
+
+
+def claims_answering(completed: list[dict], completion: httpx.Response) -> EffectClaims:
+    """Claims whose API answers CLAIMED, and ``completion`` to each completion (kept)."""
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/complete"):
+            completed.append(json.loads(request.content))
+            return completion
+        return httpx.Response(200, json={"state": "CLAIMED", "lease_until": 0, "attempt": 1})
+
+    identity = TurnIdentity(tenant_id="t", response_id="r1", conversation_id="conv",
+                            expected_head_seq=0)
+    return EffectClaims("http://claims.test", identity, idempotency_key="k", attempt=1,
+                        transport=httpx.MockTransport(answer))
+
+
+def producer_with(config: dict) -> GatewayProducer:
+    # No broker and no encoding: only the constructor's handling of ``config`` is tested.
+    return GatewayProducer(Settings(kafka_bootstrap="127.0.0.1:1"), serde=object(),
+                           config={"log_level": 0, **config})
+
+
+def test_a_systemerror_of_another_kind_is_left_as_it_is_where_ctrl_c_can_be_lost():
+    """k1 (the ``_LOST`` text check dropped): only the ``SystemError`` confluent-kafka
+    raises for an exception it lost is taken for a Ctrl-C. The existing control ran
+    without Python's SIGINT handler, where nothing is taken for one anyway."""
+    def other():
+        raise SystemError("something else")
+
+    caught: list[BaseException] = []
+    with python_ctrl_c():
+        try:
+            interruptible(other)
+        except BaseException as exc:  # a KeyboardInterrupt would end pytest's run
+            caught.append(exc)
+    assert [type(exc) for exc in caught] == [SystemError]
+
+
+def test_a_lost_exception_out_of_another_thread_is_no_ctrl_c_with_pythons_handler():
+    """k3 (the main-thread check dropped): no signal's handler runs outside the main
+    thread, so what confluent-kafka lost there is left a ``SystemError``, even with
+    Python's SIGINT handler installed (the existing control ran without it)."""
+    def lost():
+        raise SystemError("<method 'poll'> returned NULL without setting an exception")
+
+    caught: list[BaseException] = []
+
+    def other():
+        try:
+            interruptible(lost)
+        except BaseException as exc:
+            caught.append(exc)
+
+    with python_ctrl_c():
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert [type(exc) for exc in caught] == [SystemError]
+
+
+@pytest.mark.parametrize("config", [
+    {"acks": "ALL"}, {"enable.idempotence": "True"}, {"allow.auto.create.topics": "FALSE"},
+    {"request.required.acks": "All"},
+], ids=str)
+def test_a_guaranteed_setting_given_in_capitals_is_taken(config):
+    """p2 (``_among`` without ``lower``): librdkafka reads these values whatever their
+    case, so the protocol's own value in capitals is not a weakening."""
+    producer_with(config).close(timeout_s=1)
+
+
+@pytest.mark.parametrize("body,status", [
+    ({"outcome": "failure", "reason": "NOT_FOUND"}, 200),
+    ({"outcome": "fallback", "reason": "FINGERPRINT_MISMATCH", "response_id": "r",
+      "head_seq": None, "items": [ITEM]}, 404),
+    ({"outcome": "certified", "response_id": "r", "head_seq": 3, "items": [ITEM],
+      "checkpoint": CHECKPOINT}, 500),
+], ids=["failure-200", "fallback-404", "certified-500"])
+def test_a_history_body_contradicting_its_status_is_not_the_services(body, status):
+    """c1 (the status check of ``_outcome`` dropped): CONTRACT 5 answers a history with
+    200 and a failure with anything else; a body saying otherwise is not trusted."""
+    with pytest.raises(RehydrationUnavailable, match=f"with HTTP {status}"):
+        parse_outcome(body, status)
+
+
+def test_a_setting_confluent_kafka_refuses_by_its_python_type_is_typed():
+    """A defect the review met beside p2: confluent-kafka reads
+    ``delivery.report.only.error`` itself and refuses any value but a ``bool`` with a
+    ``TypeError``, which left the constructor untyped (not a ``GatewayError``), though
+    ``GUARANTEED`` lists ``"false"`` among its values."""
+    with pytest.raises(ProducerMisconfigured, match="delivery.report.only.error"):
+        producer_with({"delivery.report.only.error": "false"})
+
+
+def test_a_429_is_retried_later_not_a_malformed_request():
+    """c6 (the 429 branch of ``_unexpected`` dropped): too many requests is the
+    service's load, not the request's fault: ``RehydrationUnavailable`` (retry later),
+    never ``InvalidRehydrationRequest`` ("do not retry")."""
+    transport = httpx.MockTransport(lambda request: httpx.Response(429, text="slow down"))
+    with RehydrationClient("http://api", transport=transport) as client:
+        with pytest.raises(RehydrationUnavailable, match="429"):
+            client.status("t", "r")
+        with pytest.raises(RehydrationUnavailable, match="429"):
+            client.response_history("t", "r", "f" * 64)
+
+
+def test_a_waiting_history_request_outlasts_the_server_side_wait():
+    """c8 (the wait left out of the request's timeout): with ``wait_ms`` the server
+    holds the answer up to that long, so the HTTP read timeout is the client's own plus
+    the wait (else every long wait timed out as ``RehydrationUnavailable``)."""
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.extensions["timeout"]["read"])
+        return httpx.Response(200, json={"outcome": "fallback", "reason": "NOT_CERTIFIED",
+                                         "response_id": "r", "head_seq": None,
+                                         "items": []})
+
+    with RehydrationClient("http://api", timeout_s=2.0,
+                           transport=httpx.MockTransport(handler)) as client:
+        client.response_history("t", "r", "f" * 64, wait_ms=7000)
+    assert seen == [pytest.approx(9.0)]
+
+
+def test_a_tool_that_raised_is_recorded_failed_before_the_error_goes_on():
+    """l3 (the failed outcome's completion dropped): a tool that raised may have acted;
+    its claim is completed ``failed`` (so no later attempt runs it again) before its
+    exception reaches the caller."""
+    completed: list[dict] = []
+    claims = claims_answering(completed, httpx.Response(200, json={"state": "COMPLETED"}))
+
+    def tool() -> str:
+        raise ValueError("card declined")
+
+    with claims.effect(CALL, subturn_index=0) as effect, \
+            pytest.raises(ValueError, match="card declined"):
+        effect.run(tool)
+    assert [c["status"] for c in completed] == ["failed"]
+    assert "card declined" in completed[0]["output"]["content"]
+    claims.close()
+
+
+def test_a_completion_refused_409_for_another_reason_is_not_a_take_over():
+    """l5 (``NOT_HOLDER`` not checked): only that 409 means another attempt took the
+    claim; ``OUTCOME_CONFLICT`` (another outcome already recorded) is the API's refusal,
+    typed as such, never ``ClaimTakenOver`` (retryable: run again and claim again)."""
+    completed: list[dict] = []
+    refusal = httpx.Response(409, json={"error": "OUTCOME_CONFLICT", "detail": "other"})
+    claims = claims_answering(completed, refusal)
+    with claims.effect(CALL, subturn_index=0) as effect, \
+            pytest.raises(InvalidRehydrationRequest) as raised:
+        effect.run(lambda: "done")
+    assert not isinstance(raised.value, ClaimTakenOver) and raised.value.status == 409
+
+
+def test_a_call_entered_again_with_another_occurrence_is_another_effect():
+    """l11 (the occurrence not compared): the same call id entered again is the same
+    effect only with no occurrence or its own; an explicit other occurrence is the
+    gateway naming another effect key, never the first one's claim and token."""
+    claims = claims_answering([], httpx.Response(200, json={"state": "COMPLETED"}))
+    with claims.effect(CALL, subturn_index=0) as first:
+        pass
+    with claims.effect(CALL, subturn_index=0) as again:
+        pass
+    with claims.effect(CALL, subturn_index=0, occurrence=1) as other:
+        pass
+    assert again is first
+    assert other is not first and other.occurrence == 1
+    assert other.effect_id != first.effect_id
+    claims.close()
