@@ -7,21 +7,28 @@ from __future__ import annotations
 
 import json
 import threading
+from types import SimpleNamespace
 
 import httpx
 import pytest
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from ratchet.settings import Settings
+from schemas.models import ToolEffectStatus
 from services.gateway.claims import ClaimTakenOver, EffectClaims
 from services.gateway.client import RehydrationClient, parse_outcome
 from services.gateway.errors import (
+    DeliveryError,
+    EventNotQueued,
+    InvalidGatewayEvent,
     InvalidRehydrationRequest,
+    ProducerClosed,
     ProducerMisconfigured,
     RehydrationUnavailable,
 )
-from services.gateway.events import TurnIdentity
+from services.gateway.events import TurnIdentity, tool_effect
 from services.gateway.kafka_calls import interruptible
-from services.gateway.producer import GatewayProducer
+from services.gateway.producer import Delivery, GatewayProducer
 from tests.ctrl_c import python_ctrl_c
 
 ITEM = {"item_id": "m1", "type": "message", "role": "user", "call_id": None,
@@ -202,3 +209,114 @@ def test_a_call_entered_again_with_another_occurrence_is_another_effect():
     assert other is not first and other.occurrence == 1
     assert other.effect_id != first.effect_id
     claims.close()
+
+
+def test_a_delivery_whose_event_failed_fatally_is_not_retryable():
+    """p12 (``Delivery``'s outcome without the fatal check): a fatal error of the
+    idempotent producer fails every later event too; librdkafka may flag it retriable
+    as well, and the ``Delivery`` must say not retryable (as ``flush`` does): send with
+    a new producer."""
+    producer = producer_with({})
+    delivery = Delivery(producer, ("ev-1",))
+    fatal = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "denied", fatal=True,
+                       retriable=True)
+    producer._on_delivery("ev-1", delivery)(fatal, Message(topic=producer.topic,
+                                                           partition=0, offset=0))
+    with pytest.raises(DeliveryError) as raised:
+        delivery.wait(timeout_s=0)
+    assert not raised.value.retryable
+    assert [event_id for event_id, _ in raised.value.failures] == ["ev-1"]
+    with pytest.raises(DeliveryError):
+        producer.close(timeout_s=1)
+
+
+def test_an_identity_in_both_modes_is_refused():
+    """v1 (the mode check loosened to "at least one"): a Conversation's turn that also
+    names a chain root is neither one Conversation nor one chain (CONTRACT 2: the key is
+    one or the other)."""
+    with pytest.raises(InvalidGatewayEvent, match="exactly one"):
+        TurnIdentity("t", "r", conversation_id="c", expected_head_seq=0,
+                     chain_root_id="root")
+
+
+def test_a_head_given_as_a_bool_is_refused():
+    """v4 (``bool`` taken as an integer head): ``True`` is an ``int`` to Python, and a
+    head of 1 the gateway never rehydrated would be its turn's ``expected_head_seq``."""
+    with pytest.raises(InvalidGatewayEvent, match="not an integer"):
+        TurnIdentity.conversation("t", "c", "r", expected_head_seq=True)
+
+
+def test_a_chain_turn_carries_no_head_whatever_its_identity_holds():
+    """v8 (the head passed on in chain mode too): ``TurnIdentity`` takes an
+    ``expected_head_seq`` beside ``chain_root_id`` (its constructor checks the
+    Conversation mode only); a chain's turn has no Conversation head (CONTRACT 3), so
+    the builder leaves it null."""
+    from tests.unit.test_gateway_events import build
+
+    identity = TurnIdentity("t", "resp_2", chain_root_id="resp_1",
+                            previous_response_id="resp_1", expected_head_seq=3)
+    assert build(identity).expected_head_seq is None
+
+
+class RefusingKafka:
+    """librdkafka's producer refusing every event with ``refusal``; counts its polls."""
+
+    def __init__(self, refusal: BaseException) -> None:
+        self.refusal, self.polls = refusal, 0
+
+    def produce(self, *args, **kwargs):
+        raise self.refusal
+
+    def poll(self, timeout_s: float) -> int:
+        self.polls += 1
+        return 0
+
+
+def queue_one(producer: GatewayProducer):
+    event = SimpleNamespace(event_id="ev-1", partition_key="conv")
+    return producer._queue(event, b"value", lambda err, msg: None, lambda ref: None,
+                           queued=(), not_queued=("ev-1",))
+
+
+def test_a_refusal_librdkafka_gives_without_its_error_is_fatal():
+    """p29 (``fatal`` read as "a fatal ``KafkaError``" only): a ``KafkaException``
+    carrying no ``KafkaError`` says nothing of the producer's state; the library fails
+    closed: fatal, not retryable (close and send with a new producer)."""
+    producer = producer_with({})
+    kafka, producer._producer = producer._producer, RefusingKafka(KafkaException("boom"))
+    try:
+        with pytest.raises(EventNotQueued) as raised:
+            queue_one(producer)
+        assert raised.value.fatal and not raised.value.retryable
+    finally:
+        producer._producer = kafka
+        producer.close(timeout_s=1)
+
+
+def test_a_full_queue_once_a_close_began_waits_for_no_room():
+    """p27 (the close's check before waiting for room dropped): with librdkafka's queue
+    full and a close of another thread begun, the send gives up at once (the close
+    waits for its lock), without polling for room first (up to 0.1 s more)."""
+    producer = producer_with({})
+    kafka = producer._producer
+    producer._producer = full = RefusingKafka(BufferError("queue full"))
+    producer._closing.set()
+    try:
+        with pytest.raises(ProducerClosed):
+            queue_one(producer)
+        assert full.polls == 0
+    finally:
+        producer._producer = kafka
+        producer._closing.clear()
+        producer.close(timeout_s=1)
+
+
+def test_a_tool_effect_built_failed_says_so():
+    """v12 (``succeeded`` ignored): a call that failed is recorded ``failed``; recorded
+    ``succeeded``, the turn would be promoted over an effect that did not happen."""
+    identity = TurnIdentity.conversation("t", "conv", "r1", 0)
+    call = {"type": "function_call", "call_id": "c1", "name": "book", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "error: denied"}
+    built = [tool_effect(identity, idempotency_key="k", subturn_index=0, call=call,
+                         output=output, succeeded=ok).status for ok in (True, False)]
+    assert built == [ToolEffectStatus.SUCCEEDED, ToolEffectStatus.FAILED]
