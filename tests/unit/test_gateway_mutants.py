@@ -14,6 +14,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from ratchet.settings import Settings
+from schemas.items import arguments_digest
 from schemas.models import ToolEffectStatus
 from services.gateway.claims import ClaimTakenOver, EffectClaims
 from services.gateway.client import RehydrationClient, parse_outcome
@@ -26,7 +27,7 @@ from services.gateway.errors import (
     ProducerMisconfigured,
     RehydrationUnavailable,
 )
-from services.gateway.events import TurnIdentity, tool_effect
+from services.gateway.events import TurnIdentity, arguments_digest_of, tool_effect
 from services.gateway.kafka_calls import interruptible
 from services.gateway.producer import Delivery, GatewayProducer
 from tests.ctrl_c import python_ctrl_c
@@ -278,12 +279,18 @@ def queue_one(producer: GatewayProducer):
                            queued=(), not_queued=("ev-1",))
 
 
-def test_a_refusal_librdkafka_gives_without_its_error_is_fatal():
+@pytest.mark.parametrize("refusal", [
+    KafkaException("boom"),
+    KafkaException(KafkaError(KafkaError._FATAL, "fenced", fatal=True, retriable=True)),
+], ids=["no KafkaError", "fatal and retriable"])
+def test_a_refusal_to_queue_that_may_be_fatal_is_not_retryable(refusal):
     """p29 (``fatal`` read as "a fatal ``KafkaError``" only): a ``KafkaException``
     carrying no ``KafkaError`` says nothing of the producer's state; the library fails
-    closed: fatal, not retryable (close and send with a new producer)."""
+    closed: fatal, not retryable (close and send with a new producer). p30 (retryable
+    without the fatal check): after a fatal error this producer refuses every event,
+    whatever librdkafka's retriable flag says."""
     producer = producer_with({})
-    kafka, producer._producer = producer._producer, RefusingKafka(KafkaException("boom"))
+    kafka, producer._producer = producer._producer, RefusingKafka(refusal)
     try:
         with pytest.raises(EventNotQueued) as raised:
             queue_one(producer)
@@ -320,3 +327,65 @@ def test_a_tool_effect_built_failed_says_so():
     built = [tool_effect(identity, idempotency_key="k", subturn_index=0, call=call,
                          output=output, succeeded=ok).status for ok in (True, False)]
     assert built == [ToolEffectStatus.SUCCEEDED, ToolEffectStatus.FAILED]
+
+
+def test_arguments_holding_a_key_twice_are_digested_as_raw_text():
+    """v13 (the duplicate-key check dropped): parsers disagree on which of two equal
+    keys wins, so such arguments are digested as ``{"__raw__": text}``
+    (docs/gateway-protocol.md section 4), never as the object Python's parser made."""
+    text = '{"to":"a@x","to":"b@x"}'
+    call = {"type": "function_call", "call_id": "c1", "name": "mail", "arguments": text}
+    assert arguments_digest_of(call) == arguments_digest({"__raw__": text})
+    assert arguments_digest_of(call) != arguments_digest({"to": "b@x"})
+
+
+def test_an_event_reported_written_is_not_failed_by_a_later_look_for_lost_reports():
+    """p38 (``_record``'s "told already" check dropped): a look for lost reports (a
+    close's ``_fail_unreported``, another thread's ``_fail_lost``) that reaches an event
+    whose report just ran to its end must leave it as reported: written, not a lost
+    report's retryable failure told to the flushes."""
+    producer = producer_with({})
+    delivery = Delivery(producer, ("ev-1",))
+    producer._on_delivery("ev-1", delivery)(None, Message(topic=producer.topic,
+                                                          partition=0, offset=7))
+    producer._fail_as_lost("ev-1", delivery)
+    producer.flush(timeout_s=1)  # nothing raised
+    delivery.wait(timeout_s=0)
+    producer.close(timeout_s=1)
+
+
+def test_a_close_while_a_handlers_close_is_pending_waits_for_it():
+    """p49 (a later close of another thread no longer waits for the first): a signal
+    handler's close inside a delivery report is finished only once its thread's
+    librdkafka call returns (``_finish_close``); another thread's close meanwhile must
+    wait for that release, or it returns (raising nothing) while the events are still
+    in flight: told they were delivered. Ordered by the events, not by a sleep (the
+    join's bound only lets the mutant's early return show)."""
+    producer = producer_with({})
+    order: list[str] = []
+    closed_inside, go = threading.Event(), threading.Event()
+
+    def handler_thread():
+        producer._serving.depth = 1  # inside a poll's report, as a handler runs
+        producer.close(timeout_s=1)  # pending: finished by the call's return
+        closed_inside.set()
+        go.wait()
+        order.append("the handler's call returned")
+        producer._serving.depth = 0
+        producer._finish_close()
+
+    def other_thread():
+        producer.close(timeout_s=1)
+        order.append("the other close returned")
+
+    first = threading.Thread(target=handler_thread)
+    first.start()
+    closed_inside.wait()
+    other = threading.Thread(target=other_thread)
+    other.start()
+    other.join(timeout=1)
+    go.set()
+    first.join()
+    other.join()
+    assert order == ["the handler's call returned", "the other close returned"]
+    assert producer._released
