@@ -175,7 +175,10 @@ class GatewayProducer:
                 {"bootstrap.servers": settings.kafka_bootstrap, **PRODUCER_DEFAULTS,
                  **_checked(config or {})}
             )
-        except KafkaException as exc:  # a property librdkafka does not know or take
+        # A property librdkafka does not know or take; or one confluent-kafka reads
+        # itself and takes as one Python type only (``delivery.report.only.error``: a
+        # ``bool``), whose ``TypeError`` left untyped before session 51.
+        except (KafkaException, TypeError) as exc:
             if self._registry is not None:
                 self._registry.close()
             raise ProducerMisconfigured(f"librdkafka refused the config: {exc.args[0]}; "
