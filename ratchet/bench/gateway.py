@@ -32,6 +32,7 @@ idempotently (same text, same id): the run adds nothing there and deletes nothin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -226,10 +227,21 @@ def send_line(settings: Settings, turns: list[Turn], warm_up: Turn, number: int,
     try:
         send([warm_up])
         records = sum(1 + len(effects) for _, effects in turns)
-        return _timed(SEND, len(turns), number, records + 1 + len(warm_up[1]), pids,
+        line = _timed(SEND, len(turns), number, records + 1 + len(warm_up[1]), pids,
                       lambda: send(turns))
-    finally:
-        producer.close()
+    except BaseException:
+        # The run failed (or was stopped): purge what is in flight at once, and let the
+        # failure raised stand. ``close`` raises what it purged: in a ``finally`` that
+        # replaced the line's ``RunFailed`` with a traceback (session 51's review).
+        with contextlib.suppress(GatewayError):
+            producer.close(timeout_s=0)
+        raise
+    try:
+        producer.close()  # nothing in flight after the flush: it releases the client
+    except GatewayError as exc:
+        raise RunFailed(f"send_turn: closing its producer: {type(exc).__name__}: "
+                        f"{exc}") from exc
+    return line
 
 
 def run(settings: Settings, turns: int, rounds: int, pids: dict[str, int],
