@@ -201,7 +201,10 @@ class GatewayProducer:
         # appending a failure counts it, in one step. Counted apart (session 50), a Ctrl-C
         # between the append and the count gave the next failure the same number, and a
         # thread that had flushed past the first was told it again with the second.
-        self._next_when_empty = 0  # the next number while the log is empty
+        # Saved by ``_failures_for`` before it trims: a trim may leave an older entry last
+        # (one kept while its ``Delivery`` does not know), and the numbers go on from
+        # the saved one, not from that entry's (``_next_failure``).
+        self._next_at_trim = 0
         self._first_kept = 0
         self._cursors = _Places()
         self._closed = False
@@ -247,9 +250,13 @@ class GatewayProducer:
 
     @property
     def _next_failure(self) -> int:
-        """The number the next failure logged gets."""
+        """The number the next failure logged gets: past every number given, never one
+        a flush may have passed. From the last entry alone, a trim that kept an older
+        entry (its ``Delivery`` not knowing) and dropped newer ones gave a later failure
+        a dropped one's number, below the cursor of the thread told that one, whose next
+        flush then did not list it (an outside review, session 51)."""
         log = self._failure_log
-        return log[-1][0] + 1 if log else self._next_when_empty
+        return max(log[-1][0] + 1, self._next_at_trim) if log else self._next_at_trim
 
     def __enter__(self) -> GatewayProducer:
         return self
@@ -717,8 +724,8 @@ class GatewayProducer:
             self._cursors.set(self._next_failure)
             self._cursors.drop_ended()
             self._first_kept = min(self._cursors.values(), default=self._next_failure)
-            # Before the log may empty: its numbers go on from there.
-            self._next_when_empty = self._next_failure
+            # Before the trim: the numbers go on from there (``_next_failure``).
+            self._next_at_trim = self._next_failure
             # A failure every thread was told leaves, unless its report was cut before
             # its ``Delivery`` knew (the event is still unreported under the lock only
             # then): the look finishes that report with it (``_logged_failure``). Dropped,

@@ -476,3 +476,42 @@ def test_a_look_after_every_thread_was_told_a_cut_report_s_failure_tells_it_no_m
     [(event_id, text)] = waited.value.failures
     assert event_id == sent.event_ids[0] and "within delivery.timeout.ms" in text
     producer.close(timeout_s=0)
+
+
+def test_a_kept_cut_report_s_entry_gives_no_later_failure_a_number_already_passed(
+        monkeypatch):
+    """rgw7 keeps a cut report's entry while its ``Delivery`` does not know, and numbers
+    the next failure after the log's last entry. A newer entry trimmed around the kept
+    one (told to every thread) left the kept one last: the next failure took the trimmed
+    one's number, below the cursor of the thread told it, so its next flush did not list
+    it and returned as if the event were written (an outside review, session 51).
+    Here: a report cut before it logged (A), then a handler's flush inside the report of
+    B, whose look logs A after B and tells both; B's entry stays, A's goes; then C fails
+    (its ``Delivery.wait`` serves its report) before the thread flushes again."""
+    producer = _unreachable()
+    _interrupted(producer, "inside")  # A's report: Ctrl-C before it logs anything
+    first = producer.send(make_turn())
+    with pytest.raises(KeyboardInterrupt):
+        producer.flush(10)
+    real, handled, second = Delivery._reported, [], []
+
+    def flush_in_a_handler_once(self, event_id, err):
+        if not handled and second and self is second[0]:
+            handled.append(event_id)
+            producer.flush(0)  # inside B's report: the look, then what it knows
+        return real(self, event_id, err)
+    monkeypatch.setattr(Delivery, "_reported", flush_in_a_handler_once)
+    second.append(producer.send(make_turn()))
+    with pytest.raises(DeliveryError) as told:  # the handler's, out of the flush
+        producer.flush(10)
+    assert handled == list(second[0].event_ids)
+    assert sorted(eid for eid, _ in told.value.failures) == sorted(
+        [*first.event_ids, *second[0].event_ids])
+    third = producer.send(make_turn())
+    with pytest.raises(DeliveryError):  # its look finishes B's report; C's failure
+        third.wait(10)
+    with pytest.raises(DeliveryError) as flushed:
+        producer.flush(0)
+    assert [eid for eid, _ in flushed.value.failures] == list(third.event_ids)
+    assert not flushed.value.forgotten
+    producer.close(timeout_s=0)
