@@ -201,8 +201,10 @@ class CassandraCheckpointStore(CheckpointStore):
 
     Statements are prepared once here. ``keyspace`` qualifies the tables (default:
     the session's keyspace; neither is ``NoKeyspace``). Reads use
-    ``read_consistency``; the promotion batch commits at ``write_consistency`` with
-    Paxos at ``serial_consistency``.
+    ``read_consistency``; the promotion batch and the claims commit at
+    ``write_consistency`` with Paxos at ``serial_consistency``; the facts mark, a plain
+    write that Paxos conditions read, at QUORUM whatever these are
+    (``statements.MARK_CONSISTENCY``).
     """
 
     def __init__(
@@ -248,8 +250,7 @@ class CassandraCheckpointStore(CheckpointStore):
             self._tuple_rows = EXEC_PROFILE_DEFAULT
         self.cql = StoreStatements(
             self._prepare, self._prepare_lwt, keyspace=keyspace_of(session, keyspace),
-            read_consistency=read_consistency, write_consistency=write_consistency,
-            serial_consistency=serial_consistency)
+            read_consistency=read_consistency, serial_consistency=serial_consistency)
 
     @classmethod
     def connect(

@@ -7,13 +7,15 @@ idempotency row per request, the head marker) and the claims tables
 prepared with: ``read_consistency`` for the API's reads, ``serial_consistency`` where
 a decision or an unknown outcome needs Paxos's view; the parts of the promotion batch
 and the claims are LWTs, prepared by ``prepare_lwt`` so that the driver never re-sends
-one by itself. How the store sends them is ``services/store/cassandra.py``.
+one by itself (their commit at the store's write consistency). The one plain write, the
+facts mark, is at ``MARK_CONSISTENCY`` (QUORUM): a Paxos condition reads it. How the store sends them is ``services/store/cassandra.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from cassandra import ConsistencyLevel
 from cassandra.query import PreparedStatement
 
 from services.store.rows import (
@@ -27,6 +29,13 @@ from services.store.rows import (
 # One page holds any history this store accepts in practice (a 50-turn Conversation
 # is 51 rows): one round trip. Longer ones page on, still verified as a whole.
 HISTORY_FETCH_SIZE = 5000
+# The facts mark's plain write (``set_mark``). Paxos reads a condition's cells at QUORUM
+# of every datacenter's replicas (SERIAL), so a plain write it must see needs QUORUM
+# too: LOCAL_QUORUM (the store's write consistency) is 2 of the 6 replicas of two
+# datacenters of 3, the Paxos read 4 of 6, and the two need not share one. With every
+# replica in one datacenter QUORUM is the same replicas as LOCAL_QUORUM: no cost there.
+# docs/decisions.md, "Plain writes a Paxos condition reads".
+MARK_CONSISTENCY = ConsistencyLevel.QUORUM
 # A claim row as both claims tables return it (the key columns come back with an
 # ``[applied]=false`` answer too).
 CLAIM_COLUMNS = "response_id, partition_key, idempotency_key, request_digest"
@@ -42,7 +51,6 @@ class StoreStatements:
         *,
         keyspace: str,
         read_consistency: int,
-        write_consistency: int,
         serial_consistency: int,
     ) -> None:
         prefix = f"{keyspace}."  # never left to the session's USE (keyspace_of says why)
@@ -168,8 +176,11 @@ class StoreStatements:
             "AND kind = 'idempotency' AND ref = ? IF response_id = null AND facts_mark = ?"
         )
         idempotency_row = f"{partition} AND kind = 'idempotency' AND ref = ?"
+        # A plain write whose value a Paxos condition decides on (``IF facts_mark = ?``
+        # above, and the view's SERIAL read): at MARK_CONSISTENCY, never the store's
+        # write consistency (see MARK_CONSISTENCY).
         self.set_mark = prepare(
-            f"UPDATE {table} SET facts_mark = ? WHERE {idempotency_row}", write_consistency
+            f"UPDATE {table} SET facts_mark = ? WHERE {idempotency_row}", MARK_CONSISTENCY
         )
         # A claim's mark (``mark_claim``): not once a response is bound to the key, in
         # one Paxos round with the promotion batch that binds it.
