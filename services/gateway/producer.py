@@ -539,9 +539,16 @@ class GatewayProducer:
         self._raise_failures(pending=pending)
 
     def _raise_failures(self, pending: int) -> None:
-        failures, forgotten = self._failures_for()
+        """Raise the thread's failures since its last flush (``_failures_for``), else
+        ``FlushTimeout`` if ``pending``. The thread's cursor moves past them only as the
+        error is raised: a Ctrl-C anywhere before leaves them to its next flush (moved
+        first, before session 51, they were lost for the thread). A signal handler's
+        flush inside this one takes them over (its mark replaces this one's): it names
+        them, and this flush then does not (an outside review, session 51)."""
+        place, mark, end, failures, forgotten = self._failures_for()
+        error: GatewayError | None = None
         if failures or forgotten:
-            raise DeliveryError(
+            error = DeliveryError(
                 [(event_id, str(err)) for event_id, err in failures],
                 # Failures no longer listed cannot be sent again by id: not retryable.
                 retryable=not forgotten and all(err.retriable() and not err.fatal()
@@ -549,7 +556,19 @@ class GatewayProducer:
                 pending=pending,
                 forgotten=forgotten,
             )
-        if pending:
+        elif pending:
+            error = FlushTimeout(pending)
+        if error is None:
+            if place.telling is mark:
+                place.cursor = end
+            return
+        # Checked, moved and raised in one line with no call: CPython runs a signal's
+        # handler only at a call, a function's first line or a jump back, so none runs
+        # between the move and the raise (a handler there saw the failures told and
+        # the Ctrl-C lost them); and none between the check and the move (a handler's
+        # flush there named them, then this one again).
+        if place.telling is mark: place.cursor = end; raise error  # noqa: E701, E702
+        if pending:  # its failures told by a handler's flush inside this one
             raise FlushTimeout(pending)
 
     def _check(self, event: GatewayEvent) -> dict[str, Any]:
@@ -707,32 +726,42 @@ class GatewayProducer:
                     fatal=err is None or err.fatal(), queued=queued,
                     not_queued=not_queued) from exc
 
-    def _failures_for(self) -> tuple[list[tuple[str, KafkaError]], int]:
-        """The failures reported since the calling thread's last flush, and how many more
-        of them were dropped (``MAX_KEPT_FAILURES``); its cursor moves past them. A
+    def _failures_for(self) -> tuple[_Place, object, int, list[tuple[str, KafkaError]],
+                                     int]:
+        """The calling thread's place, its mark, the number its cursor moves to once it
+        is raised them, the failures reported since its last flush and how many more of
+        them were dropped (``MAX_KEPT_FAILURES``). Nothing is told yet: the cursor moves
+        as they are raised (``_raise_failures``). A
         failure is kept until every live thread that sent or flushed has been raised it
         (or the bound drops it): before session 43, the first flush took every failure,
         so a thread whose event failed could flush after another thread and be told
         nothing. A thread is its place in ``_Places``: a thread that ended is dropped,
         and a new one never takes its place, whatever its ident."""
         with self._lock:
-            start = self._cursors.get(self._first_kept)
-            oldest = self._failure_log[0][0] if self._failure_log else self._next_failure
-            forgotten = max(0, oldest - start)
-            failures = [(event_id, err) for seq, event_id, err, _ in self._failure_log
-                        if seq >= start]
-            self._cursors.set(self._next_failure)
+            # A thread's first flush starts where every live thread's cursor is; with
+            # none, where those that ended since the last flush were (told past there).
+            ended = min(self._cursors.values(), default=self._first_kept)
             self._cursors.drop_ended()
-            self._first_kept = min(self._cursors.values(), default=self._next_failure)
+            self._first_kept = min(self._cursors.values(), default=ended)
+            place = self._cursors.place(self._first_kept)
+            # Before the cursor is read: a flush of this thread from here on (a signal
+            # handler's) reads it after, names these too and replaces the mark, so this
+            # flush names none of them.
+            place.telling = mark = object()
             # Before the trim: the numbers go on from there (``_next_failure``).
             self._next_at_trim = self._next_failure
-            # A failure every thread was told leaves, unless its report was cut before
-            # its ``Delivery`` knew (the event is still unreported under the lock only
-            # then): the look finishes that report with it (``_logged_failure``). Dropped,
-            # the look told the event again as a lost report (session 50's "Left").
+            # A failure every thread was told leaves (one this flush tells, at the next
+            # flush), unless its report was cut before its ``Delivery`` knew (the event
+            # is still unreported under the lock only then): the look finishes that
+            # report with it (``_logged_failure``). Dropped, the look told the event
+            # again as a lost report (session 50's "Left").
             self._failure_log = [f for f in self._failure_log if f[0] >= self._first_kept
                                  or (f[3] is not None and f[1] in f[3]._unreported)]
-        return failures, forgotten
+            start = place.cursor
+            oldest = self._failure_log[0][0] if self._failure_log else self._next_failure
+            failures = [(event_id, err) for seq, event_id, err, _ in self._failure_log
+                        if seq >= start]
+            return (place, mark, self._next_failure, failures, max(0, oldest - start))
 
     def _on_delivery(self, event_id: str, delivery: Delivery | None = None
                      ) -> Callable[[KafkaError | None, Any], None]:
@@ -941,8 +970,21 @@ class Delivery:
             raise FlushTimeout(pending)
 
 
+class _Place:
+    """A thread's cursor into the producer's failures (the number of the first one its
+    flushes have not raised), and the mark of the flush of it telling them
+    (``_raise_failures``). Slots: reading and writing them runs no Python code, so
+    ``_raise_failures`` checks, moves and raises with no point a signal handler runs at."""
+
+    __slots__ = ("cursor", "telling")
+
+    def __init__(self, cursor: int) -> None:
+        self.cursor = cursor
+        self.telling: object = None
+
+
 class _Places:
-    """Each thread's cursor into the producer's failures (callers hold its lock).
+    """Each thread's place: its cursor into the producer's failures (callers hold its lock).
 
     A thread ``threading`` started (the main thread too) is its ``Thread`` object, held
     weakly (session 44: by ident before, and Python reuses idents). A thread started
@@ -961,9 +1003,9 @@ class _Places:
     only after the kernel's ids wrap around)."""
 
     def __init__(self) -> None:
-        self._threads: weakref.WeakKeyDictionary[threading.Thread, int] = (
+        self._threads: weakref.WeakKeyDictionary[threading.Thread, _Place] = (
             weakref.WeakKeyDictionary())
-        self._foreign: dict[int, tuple[int, int]] = {}  # ident: (OS thread id, cursor)
+        self._foreign: dict[int, tuple[int, _Place]] = {}  # ident: (OS thread id, place)
 
     def _caller(self) -> tuple[threading.Thread | None, int, int]:
         """The calling thread: its ``Thread`` (None if ``threading`` did not start it),
@@ -977,26 +1019,18 @@ class _Places:
         return (None if isinstance(thread, threading._DummyThread) else thread,
                 ident, native)
 
-    def get(self, default: int) -> int:
-        thread, ident, _ = self._caller()
-        if thread is not None:
-            return self._threads.get(thread, default)
-        held = self._foreign.get(ident)
-        return default if held is None else held[1]
-
-    def set(self, cursor: int) -> None:
+    def place(self, default: int) -> _Place:
+        """The calling thread's place, made at ``default`` if it has none."""
         thread, ident, native = self._caller()
         if thread is not None:
-            self._threads[thread] = cursor
-        else:
-            self._foreign[ident] = (native, cursor)
+            return self._threads.setdefault(thread, _Place(default))
+        held = self._foreign.get(ident)
+        if held is None:
+            held = self._foreign[ident] = (native, _Place(default))
+        return held[1]
 
     def setdefault(self, cursor: int) -> None:
-        thread, ident, native = self._caller()
-        if thread is not None:
-            self._threads.setdefault(thread, cursor)
-        else:
-            self._foreign.setdefault(ident, (native, cursor))
+        self.place(cursor)
 
     def drop_ended(self) -> None:
         for ended in [t for t in list(self._threads) if not t.is_alive()]:
@@ -1007,7 +1041,8 @@ class _Places:
                     del self._foreign[ident]
 
     def values(self) -> list[int]:
-        return [*self._threads.values(), *(cursor for _, cursor in self._foreign.values())]
+        return [*(place.cursor for place in self._threads.values()),
+                *(place.cursor for _, place in self._foreign.values())]
 
     def __len__(self) -> int:
         return len(self._threads) + len(self._foreign)
