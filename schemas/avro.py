@@ -73,6 +73,9 @@ from schemas.writer_schema import (
 
 MAGIC_BYTE = 0
 HEADER_SIZE = 5
+# What writing a value the schema does not take raises: fastavro's OverflowError (an
+# integer beyond 64 bits) left ``encode`` raw before session 51.
+_BAD_VALUE = (ValueError, TypeError, OverflowError)
 
 
 def compatibility_of(record: str) -> str:
@@ -189,7 +192,7 @@ class EventSerde:
         if writer is not None:
             try:
                 return _write(writer, event.to_avro() if data is None else data)
-            except (ValueError, TypeError) as exc:
+            except _BAD_VALUE as exc:
                 raise EncodeError(record, str(exc)) from exc
         serializer = self._serializer(record)
         context = SerializationContext(topic, MessageField.VALUE)
@@ -204,7 +207,7 @@ class EventSerde:
             raise EncodeError(
                 record, f"{exc} (is the schema registered? register_schemas)"
             ) from exc
-        except (ValueError, TypeError) as exc:
+        except _BAD_VALUE as exc:
             raise EncodeError(record, str(exc)) from exc
 
     def encodes_offline(self, event: Frozen) -> bool:

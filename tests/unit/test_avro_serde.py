@@ -209,6 +209,20 @@ def test_a_bad_value_is_an_encode_error_on_the_fast_path_too(serde) -> None:
         serde.encode(broken, TOPIC)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("encodes_before", [0, 1])
+def test_a_long_beyond_64_bits_is_an_encode_error(client, encodes_before):
+    """fastavro's ``OverflowError`` (an ``ArithmeticError``) left ``encode`` raw, on the
+    registry serializer's path and on the fast one, where a bad value is ``EncodeError``
+    (before session 51)."""
+    serde = EventSerde(client)
+    event = make_checkpoint_promoted()
+    for _ in range(encodes_before):
+        serde.encode(event, TOPIC)
+    with pytest.raises(EncodeError):
+        serde.encode(event.model_copy(update={"seq": 2**64}), TOPIC)
+
+
 @pytest.mark.parametrize("key_mib", [0, 4, 8])
 def test_a_dead_letter_of_any_gateway_record_fits_its_topic(serde, key_mib) -> None:
     # A dead letter carries the record's key twice (its Kafka key, and in its value) and
