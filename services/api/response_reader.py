@@ -33,7 +33,7 @@ from services.api.cached_histories import MAX_EXTENSION_ROWS, CachedHistories
 from services.api.flights import SingleFlight
 from services.api.full_reads import FullReads, Loaded, Recheck
 from services.ledger.base import Ledger, ResponseState
-from services.store.base import CheckpointStore
+from services.store.base import CheckpointStore, CorruptPartition
 from services.store.history_answers import no_such_response
 
 
@@ -163,29 +163,35 @@ class ResponseReader:
                 tenant_id, response_id, lookup.fingerprint_hash, partition_key
             )
         row = None
-        if partition_key is not None and self._cache.extendable(tenant_id, partition_key):
-            row = await self._store.read_turn_async(tenant_id, partition_key, response_id)
-            if row is None and verified is None:  # a wrong hint, or nothing promoted yet
-                hinted = partition_key
+        try:
+            if partition_key is not None and self._cache.extendable(tenant_id, partition_key):
+                row = await self._store.read_turn_async(tenant_id, partition_key, response_id)
+                if row is None and verified is None:  # a wrong hint, or nothing promoted yet
+                    hinted = partition_key
+                    partition_key = await self._store.locate_async(tenant_id, response_id)
+                    if partition_key is None or (
+                        partition_key == hinted
+                        and not await self._store.turn_lost_async(tenant_id, response_id,
+                                                                  partition_key)
+                    ):
+                        # Claimed nowhere, or where its row is not (yet): not promoted. A
+                        # full read would read the claim (and that partition) again to say
+                        # so; a waiting request asks this once per wait. A promoted turn
+                        # whose row is gone (``turn_lost``): the full read answers it.
+                        child(metrics.HISTORY_CACHE, "response", "miss").inc()
+                        return await self._absent(tenant_id, response_id, no_such_response())
+                    if partition_key != hinted:
+                        row = await self._read_turn_if_extendable(tenant_id, partition_key,
+                                                                  response_id)
+            elif partition_key is None:
                 partition_key = await self._store.locate_async(tenant_id, response_id)
-                if partition_key is None or (
-                    partition_key == hinted
-                    and not await self._store.turn_lost_async(tenant_id, response_id,
-                                                              partition_key)
-                ):
-                    # Claimed nowhere, or where its row is not (yet): not promoted. A
-                    # full read would read the claim (and that partition) again to say
-                    # so; a waiting request asks this once per wait. A promoted turn
-                    # whose row is gone (``turn_lost``): the full read answers it.
-                    child(metrics.HISTORY_CACHE, "response", "miss").inc()
-                    return await self._absent(tenant_id, response_id, no_such_response())
-                if partition_key != hinted:
-                    row = await self._read_turn_if_extendable(tenant_id, partition_key,
-                                                              response_id)
-        elif partition_key is None:
-            partition_key = await self._store.locate_async(tenant_id, response_id)
-            if partition_key is not None:
-                row = await self._read_turn_if_extendable(tenant_id, partition_key, response_id)
+                if partition_key is not None:
+                    row = await self._read_turn_if_extendable(tenant_id, partition_key, response_id)
+        except CorruptPartition:
+            # The response's claim names no partition (storage damage): the full read
+            # asks it again and answers the typed CORRUPT_HISTORY failure. Raised from
+            # here, it was the status endpoint's error shape (session 51).
+            row = None
         if row is not None and partition_key is not None:
             answer = await self._extend_from(lookup, partition_key, row)
             if answer is not None:

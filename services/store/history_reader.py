@@ -26,6 +26,7 @@ from ratchet.domain.history import (
     verify_conversation_history,
     verify_history,
 )
+from ratchet.domain.plan import CorruptPartition
 from services.store.backend import StoreBackend
 from services.store.hints import StoreHints
 from services.store.history_answers import (
@@ -40,6 +41,14 @@ from services.store.hook_calls import await_hook, call_hook
 # One I/O of a read: the name of the store's method and its arguments.
 Step = tuple[str, tuple[Any, ...]]
 Steps = Generator[Step, Any, VerifiedHistory | HistoryFailure]
+
+
+def _resumed(steps: Steps, answer: Any, damage: CorruptPartition | None) -> Step:
+    """The generator's next step: sent the hook's answer, or thrown the hook's
+    ``CorruptPartition`` (a step that does not catch it lets it out of the read)."""
+    if damage is not None:
+        return steps.throw(damage)
+    return steps.send(answer)
 
 
 class HistoryReader:
@@ -62,16 +71,20 @@ class HistoryReader:
         partition_key: str | None,
     ) -> VerifiedHistory | HistoryFailure:
         steps = self._read_steps(tenant_id, response_id, conversation_id, now, partition_key)
-        store, answer = self._store, None
+        store, answer, damage = self._store, None, None
         while True:
             # Only the generator's own end is caught, never a hook's exception (a
             # ``StopIteration`` out of a hook returned None as the history, session 47);
             # a hook's own ``StopIteration`` is ``StrayStopIteration`` (``hook_calls``).
+            # A hook's ``CorruptPartition`` goes into the generator, whose step decides.
             try:
-                name, args = steps.send(answer)
+                name, args = _resumed(steps, answer, damage)
             except StopIteration as done:
                 return done.value
-            answer = call_hook(getattr(store, name), *args)
+            try:
+                answer, damage = call_hook(getattr(store, name), *args), None
+            except CorruptPartition as exc:
+                answer, damage = None, exc
 
     async def read_async(
         self,
@@ -82,13 +95,16 @@ class HistoryReader:
         partition_key: str | None,
     ) -> VerifiedHistory | HistoryFailure:
         steps = self._read_steps(tenant_id, response_id, conversation_id, now, partition_key)
-        store, answer = self._store, None
+        store, answer, damage = self._store, None, None
         while True:
             try:  # the generator's end alone, as in ``read``
-                name, args = steps.send(answer)
+                name, args = _resumed(steps, answer, damage)
             except StopIteration as done:
                 return done.value
-            answer = await await_hook(getattr(store, f"{name}_async"), *args)
+            try:
+                answer, damage = await await_hook(getattr(store, f"{name}_async"), *args), None
+            except CorruptPartition as exc:
+                answer, damage = None, exc
 
     def _read_steps(
         self,
@@ -126,7 +142,15 @@ class HistoryReader:
             result = self._response_result(tenant_id, hinted, response_id, snapshot, now)
             if result is not None:
                 return result
-        located = yield "_locate", (tenant_id, response_id)
+        try:
+            located = yield "_locate", (tenant_id, response_id)
+        except CorruptPartition as exc:
+            # A claim naming no partition (Cassandra's ``_claimed_partition``): where the
+            # response lives cannot be told, so its history cannot be read. A typed
+            # answer, as for damaged rows: raised, the API answered the status
+            # endpoint's error shape on the history endpoints (session 51).
+            return HistoryFailure(HistoryFailureReason.CORRUPT_HISTORY,
+                                  f"the response cannot be located: {exc}")
         if located is None:
             return no_such_response()
         if located != hinted:
