@@ -155,6 +155,10 @@ class OutcomeCounter:
         self.count = 0
         self.rejected = 0
         self.rejections_topic = rig.topics.rejections
+        # A worker of the rig that died fails the wait at once (with its log's tail):
+        # else the wait ran into its timeout (30 min in ``bench syscalls``), e.g. after a
+        # Ctrl-C that reached the worker but whose ``KeyboardInterrupt`` the bench lost.
+        self.watch = rig._check_workers
 
     def wait_for(self, total: int, timeout_s: float, progress_s: float | None = None) -> None:
         deadline = time.monotonic() + timeout_s
@@ -168,7 +172,10 @@ class OutcomeCounter:
                 if progress_s and now > next_note:
                     say(f"{self.count}/{total} outcomes (load {load_average()})")
                     next_note = now + progress_s
-                for msg in consume_now(self.consumer, 0.2):
+                messages = consume_now(self.consumer, 0.2)
+                if not messages:
+                    self.watch()  # only when nothing came: no cost while outcomes flow
+                for msg in messages:
                     if not msg.error():
                         self.count += 1
                         self.rejected += msg.topic() == self.rejections_topic

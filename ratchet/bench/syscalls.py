@@ -101,16 +101,19 @@ class Tracing:
         return by_thread
 
 
-def report(title: str, by_thread: dict[str, collections.Counter[str]], turns: int,
-           top: int = 12) -> str:
+def report(title: str, by_thread: dict[str, collections.Counter[str]], per: int,
+           top: int = 12, unit: str = "turn") -> str:
+    """The calls per ``unit`` (``per`` of them in the window): per turn, or per second
+    for the idle window (its header said "per turn (2 turns)" of 2 s before)."""
     total = sum(sum(c.values()) for c in by_thread.values())
-    lines = [f"## {title}: {total} syscalls, {total / turns:.1f} per turn ({turns} turns)"]
+    units = f"{per} {unit}" + ("s" if unit == "turn" else "")
+    lines = [f"## {title}: {total} syscalls, {total / per:.1f} per {unit} ({units})"]
     for name, calls in sorted(by_thread.items(), key=lambda kv: -sum(kv[1].values())):
         n = sum(calls.values())
         if not n:
             continue
-        lines.append(f"  {name:<18} {n / turns:8.2f}/turn  " + ", ".join(
-            f"{call} {c / turns:.2f}" for call, c in calls.most_common(top)))
+        lines.append(f"  {name:<18} {n / per:8.2f}/{unit}  " + ", ".join(
+            f"{call} {c / per:.2f}" for call, c in calls.most_common(top)))
     return "\n".join(lines)
 
 
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         tracing = Tracing(worker.pid, tmp / "idle")
         time.sleep(args.idle_s)
         idle = tracing.stop()
-        out.append(report(f"idle {args.idle_s} s (per second)", idle, args.idle_s))
+        out.append(report(f"idle {args.idle_s} s", idle, args.idle_s, unit="s"))
 
         rounds = encoded_turns(rig, args.conversations, args.per_conversation)
         tracing = Tracing(worker.pid, tmp / "backlog")
