@@ -196,3 +196,36 @@ def test_a_handler_s_flush_after_any_call_of_the_collection_loses_no_failure():
             wrong.append((code.co_name, offset, bool(landed), len(mine), len(theirs)))
     assert landings >= 10, (landings, points)
     assert wrong == [], f"(function, offset, landed, told here, told there): {wrong}"
+
+
+def test_threading_s_live_threads_are_what_drop_ended_reads():
+    """``_Places.drop_ended`` reads ``threading._active`` (ident: ``Thread``), not
+    ``is_alive()``: pinned here, a Python that renames or empties it fails this, not a
+    flush. A thread is in it while it runs and out of it once joined."""
+    assert threading._active[threading.get_ident()] is threading.current_thread()  # type: ignore[attr-defined]
+    inside: list[bool] = []
+
+    def body() -> None:
+        inside.append(threading._active.get(threading.get_ident())  # type: ignore[attr-defined]
+                      is threading.current_thread())
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(10)
+    assert inside == [True]
+    assert threading._active.get(thread.ident) is not thread  # type: ignore[attr-defined]
+
+
+def test_no_call_between_the_check_of_the_mark_and_the_raise():
+    """rgw8's claim, pinned on the running Python's bytecode: from the load of the
+    flush's mark to the ``raise`` of its error (the cursor's move between) no
+    instruction calls (a call is where CPython runs a signal's handler; so are a
+    function's ``RESUME`` and a backward jump). ``telling`` and ``cursor`` are slots:
+    their loads and stores run no Python code."""
+    ins = list(dis.get_instructions(GatewayProducer._raise_failures))
+    raise_at = next(n for n, i in enumerate(ins)
+                    if i.opname == "RAISE_VARARGS" and ins[n - 1].argval == "error")
+    check_at = max(n for n, i in enumerate(ins[:raise_at]) if i.argval == "telling")
+    window = [i.opname for i in ins[check_at:raise_at + 1]]
+    assert "STORE_ATTR" in window, window  # the cursor's move is inside it
+    assert not [op for op in window if "CALL" in op or op in ("RESUME", "JUMP_BACKWARD")
+                ], window
