@@ -879,9 +879,14 @@ def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bo
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import RoundRobinPolicy
 
+    from services.cassandra_cluster import default_level
+
     logging.getLogger("cassandra").setLevel(logging.ERROR)
     hosts = f"{','.join(settings.cassandra_hosts)}:{settings.cassandra_port}"
-    profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(), request_timeout=60)
+    # Several datacenters: the migrations recorded (and the lease) read and written at
+    # QUORUM, so that a worker's or an API's start in another one sees them.
+    profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(), request_timeout=60,
+                               consistency_level=default_level(settings))
     try:
         cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
                           protocol_version=5, connect_timeout=20,

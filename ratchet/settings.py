@@ -22,6 +22,11 @@ class SettingsError(ValueError):
 LOOP_DRIVERS = ("acsylla", "cassandra-driver")
 EVENT_LOOPS = ("uvloop", "asyncio")
 WORKER_CONSUMERS = ("loop", "thread")
+# Where the workers and APIs of one deployment run (RATCHET_DATACENTERS): "one"
+# datacenter (replicas may be elsewhere), or "several", where every read a decision or a
+# gateway relies on must overlap a commit made in any of them (services/cassandra_cluster.py,
+# ``store_levels``).
+DATACENTERS = ("one", "several")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MAX_PORT = 65535
 # Upper bounds, so that a value no deployment means fails at start naming its variable,
@@ -284,6 +289,11 @@ class Settings:
     # answered at its first record (Faust's default); docs/decisions.md, "Fetches that
     # wait".
     fetch_wait_ms: int = 5
+    # "one": every worker and API in one datacenter, the store reading and committing at
+    # LOCAL_QUORUM. "several": workers or APIs in more than one, reads and commits at
+    # QUORUM (a round trip to the other datacenters each); docs/operations.md, "Several
+    # datacenters".
+    datacenters: str = "one"
     # The process's own, so not passed on by ``to_env``: a test or a chaos run sets its
     # children's log level itself, and ratchet/speedups.py reads RATCHET_SPEEDUPS from
     # the environment it inherits. Checked here so that a bad value stops the process
@@ -360,6 +370,7 @@ class Settings:
                                     WORKER_CONSUMERS),
             fetch_wait_ms=_int(env, "RATCHET_FETCH_WAIT_MS", d.fetch_wait_ms, 0,
                                MAX_FETCH_WAIT_MS),
+            datacenters=_choice(env, "RATCHET_DATACENTERS", d.datacenters, DATACENTERS),
             log_level=_log_level(env, d.log_level),
             speedups=_choice(env, "RATCHET_SPEEDUPS", d.speedups, ("0", "1")),
         )
@@ -398,6 +409,7 @@ class Settings:
             "RATCHET_WORKER_EVENT_LOOP": self.worker_event_loop,
             "RATCHET_WORKER_CONSUMER": self.worker_consumer,
             "RATCHET_FETCH_WAIT_MS": str(self.fetch_wait_ms),
+            "RATCHET_DATACENTERS": self.datacenters,
         }
 
     def topic(self, name: str) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from cassandra import DriverException
+from cassandra import ConsistencyLevel, DriverException
 from cassandra.cluster import (
     EXEC_PROFILE_DEFAULT,
     Cluster,
@@ -63,10 +63,44 @@ def load_balancing_policy() -> LoadBalancingPolicy:
     return TokenAwarePolicy(DCAwareRoundRobinPolicy())
 
 
-def default_profile() -> ExecutionProfile:
+def several_datacenters(settings: Settings) -> bool:
+    """Whether workers or APIs run in more than one datacenter (``RATCHET_DATACENTERS``)."""
+    return settings.datacenters == "several"
+
+
+def store_levels(settings: Settings) -> dict[str, int]:
+    """The checkpoint store's consistency levels (``CassandraCheckpointStore``'s
+    arguments) for ``settings``: the one place the worker, the API and ``connect`` take
+    them from.
+
+    One datacenter: reads and commits at ``LOCAL_QUORUM``, Paxos at ``SERIAL``. Several:
+    a read at ``LOCAL_QUORUM`` need not overlap a commit acknowledged by another
+    datacenter's local quorum (a worker there counts a lineage miss toward ``CORRUPT``,
+    an API answers ``NOT_FOUND``), so reads and commits are at ``QUORUM`` of every
+    datacenter's replicas, which any two overlap. Paxos stays ``SERIAL``, never
+    ``LOCAL_SERIAL`` (two datacenters could both win one conditional write). The
+    ledger's levels are ``QUORUM`` and ``SERIAL`` in both cases. docs/decisions.md,
+    "Workers and APIs in several datacenters, as a setting"."""
+    local = not several_datacenters(settings)
+    level = ConsistencyLevel.LOCAL_QUORUM if local else ConsistencyLevel.QUORUM
+    return {"read_consistency": level, "write_consistency": level,
+            "serial_consistency": ConsistencyLevel.SERIAL}
+
+
+def default_level(settings: Settings | None) -> int:
+    """The level of a statement that names none (e.g. the start's schema check of the
+    migrations recorded): the driver's ``LOCAL_ONE``; ``QUORUM`` with several
+    datacenters, so that a process in one sees a migration recorded from another."""
+    several = settings is not None and several_datacenters(settings)
+    return ConsistencyLevel.QUORUM if several else ConsistencyLevel.LOCAL_ONE
+
+
+def default_profile(settings: Settings | None = None) -> ExecutionProfile:
     """The default execution profile: the driver's own defaults (10 s request timeout,
-    ``LOCAL_ONE``, named-tuple rows, ``RetryPolicy``), its load-balancing policy named."""
-    return ExecutionProfile(load_balancing_policy=load_balancing_policy())
+    ``LOCAL_ONE``, named-tuple rows, ``RetryPolicy``), its load-balancing policy named;
+    its level ``default_level(settings)``."""
+    return ExecutionProfile(load_balancing_policy=load_balancing_policy(),
+                            consistency_level=default_level(settings))
 
 
 def open_cluster(settings: Settings, **options: Any) -> Cluster:
@@ -74,7 +108,7 @@ def open_cluster(settings: Settings, **options: Any) -> Cluster:
     driver as they are (e.g. a reconnection policy). Its default execution profile is
     ``default_profile()`` unless ``options`` configure profiles themselves."""
     if "execution_profiles" not in options and "load_balancing_policy" not in options:
-        options["execution_profiles"] = {EXEC_PROFILE_DEFAULT: default_profile()}
+        options["execution_profiles"] = {EXEC_PROFILE_DEFAULT: default_profile(settings)}
     return Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
                    protocol_version=PROTOCOL_VERSION, **options)
 

@@ -21,7 +21,7 @@ from infra.migrate import check_schema
 from ratchet import early_log, speedups
 from ratchet.settings import Settings
 from ratchet.startup import StartupFailed, explain
-from services.cassandra_cluster import open_cluster
+from services.cassandra_cluster import open_cluster, store_levels
 from services.cassandra_loop import LoopSession
 from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
@@ -49,7 +49,7 @@ def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
         loop_session = LoopSession(settings) if settings.loop_driver == "acsylla" else None
         store = CassandraCheckpointStore(
             session, StoreOptions(logical_retention_s=settings.logical_retention_s),
-            loop_session=loop_session)
+            loop_session=loop_session, **store_levels(settings))
         ledger = CassandraLedger(session, loop_session=loop_session)
         codec = RegistryCodec.connect(settings.schema_registry_url)
         topics = ensure_topics(settings)

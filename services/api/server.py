@@ -39,7 +39,7 @@ from services.api.prewarm import Prewarmer
 from services.api.service import RehydrationService
 from services.api.slow_readers import with_stall_guard
 from services.api.waiters import PromotionWaiters
-from services.cassandra_cluster import open_cluster
+from services.cassandra_cluster import open_cluster, store_levels
 from services.cassandra_loop import LoopSession
 from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
@@ -91,7 +91,7 @@ class ApiProcess:
         # changes nothing (docs/gateway-protocol.md, "Logical expiry").
         self.store = CassandraCheckpointStore(
             session, StoreOptions(logical_retention_s=settings.logical_retention_s),
-            loop_session=loop_session,
+            loop_session=loop_session, **store_levels(settings),
         )
         self.ledger = CassandraLedger(session, loop_session=loop_session)
         self.waiters = PromotionWaiters()

@@ -78,7 +78,13 @@ from ratchet.domain.plan import (
     ResponseClaim,
 )
 from ratchet.settings import Settings
-from services.cassandra_cluster import DRIVER_OUTAGES, completed, keyspace_of, open_cluster
+from services.cassandra_cluster import (
+    DRIVER_OUTAGES,
+    completed,
+    keyspace_of,
+    open_cluster,
+    store_levels,
+)
 from services.cassandra_loop import LoopRequestFailed, LoopResult, LoopSession
 from services.store.base import CheckpointStore, StoreOptions, StoreUnavailable
 from services.store.hints import _Hints
@@ -261,7 +267,7 @@ class CassandraCheckpointStore(CheckpointStore):
             options = StoreOptions(logical_retention_s=settings.logical_retention_s)
         cluster = open_cluster(settings)
         session = _guard("connect", lambda: cluster.connect(settings.keyspace))
-        return cls(session, options, owned_cluster=cluster)
+        return cls(session, options, owned_cluster=cluster, **store_levels(settings))
 
     def close(self) -> None:
         if self._cluster is not None:
@@ -823,9 +829,10 @@ class CassandraCheckpointStore(CheckpointStore):
     def _load_partition(self, tenant_id: str, partition_key: str) -> PartitionSnapshot | None:
         """ONE query for the checkpoints, items and head (see ``HISTORY_KINDS``).
 
-        Read at ``read_consistency`` (LOCAL_QUORUM), not SERIAL: every promotion
-        commits at LOCAL_QUORUM before it is reported, so a quorum read after it
-        overlaps that commit and always sees it; SERIAL would add a Paxos round only
+        Read at ``read_consistency`` (LOCAL_QUORUM; QUORUM with several datacenters,
+        ``store_levels``), not SERIAL: every promotion commits at the same level before
+        it is reported, so a quorum read after it in the same datacenter (any, at
+        QUORUM) overlaps that commit and always sees it; SERIAL would add a Paxos round only
         to also see promotions still in flight, which nobody has been told about.
 
         **A history longer than a page** (``HISTORY_FETCH_SIZE`` rows) is read in
