@@ -34,6 +34,8 @@ entries; the answer is the same on redelivery.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from prometheus_client import REGISTRY
 
@@ -61,6 +63,13 @@ class DamagedClaims(MemoryCheckpointStore):
     def __init__(self) -> None:
         super().__init__(StoreOptions())
         self.damaged: set[str] = set()
+        self.keyless: set[str] = set()  # claims whose request's key reads null
+
+    def _claim_of(self, tenant_id, response_id):
+        claim = super()._claim_of(tenant_id, response_id)
+        if claim is not None and response_id in self.keyless:
+            return dataclasses.replace(claim, idempotency_key=None)
+        return claim
 
     def _locate(self, tenant_id, response_id):
         if response_id in self.damaged:
@@ -85,6 +94,15 @@ class Damage:
             return
         self.store._session.execute(
             "UPDATE response_claims SET partition_key = null "
+            "WHERE tenant_id = %s AND response_id = %s", (TENANT, response_id), timeout=30)
+
+    def request(self, response_id: str) -> None:
+        """The claim names its partition but no request (its key's cell null)."""
+        if isinstance(self.store, DamagedClaims):
+            self.store.keyless.add(response_id)
+            return
+        self.store._session.execute(
+            "UPDATE response_claims SET idempotency_key = null "
             "WHERE tenant_id = %s AND response_id = %s", (TENANT, response_id), timeout=30)
 
     def row(self, partition_key: str, response_id: str) -> None:
@@ -139,6 +157,29 @@ def test_a_parent_whose_claim_names_no_partition_is_a_lineage_that_cannot_be_rea
         # The read's own reason, not a read miss of a parent the view names.
         assert "(CORRUPT_HISTORY)" in out.detail, (attempt, out.detail)
     assert (REGISTRY.get_sample_value(MISSES) or 0.0) == misses
+
+
+@ENTRIES
+def test_a_lost_parent_whose_claim_names_no_request_is_a_lineage_that_cannot_be_read(
+        backend, entry):
+    """The parent claimed in the turn's own partition, its row lost: whether it was
+    promoted is asked of its claim's request (``turn_lost``), which the claim does not
+    name. Before: memory read it as never promoted (the store's ``PARENT_NOT_PROMOTED``),
+    Cassandra refused the lookup's null key (``StoreUnavailable``: retried for ever)."""
+    store, ledger = backend
+    worker = Worker(store, ledger, entry)
+    root = chain(None, None)
+    parent = chain(root, root)
+    for first in (root, parent):
+        assert worker.handle(first).kind == "promoted"
+    damage = Damage(store)
+    damage.row(root.response_id, parent.response_id)
+    damage.request(parent.response_id)
+    child = chain(parent, root)
+    for attempt in ("first", "redelivery"):
+        out = answered(worker, child)
+        assert out.reason is R.CORRUPT, (attempt, out.reason, out.detail)
+        assert "(CORRUPT_HISTORY)" in out.detail, (attempt, out.detail)
 
 
 def tool_items(call_id: str) -> list:
