@@ -177,22 +177,18 @@ class LineageReader:
 
     def _read_history(self, turn: TurnCompleted,
                               now: datetime) -> VerifiedHistory | HistoryFailure:
-        """The store's read; ``CORRUPT_HISTORY`` when it raises ``CorruptPartition``
-        (a parent outside the turn's partition whose claim names no partition: where
-        it lives cannot be told), as any lineage that cannot be read (a dead letter
-        ``UNKNOWN`` until session 51)."""
-        try:
-            if turn.conversation_id is not None:
-                return self.store.read_history(
-                    turn.tenant_id, conversation_id=turn.conversation_id, now=now)
-            # The partition the parent must be in (the store checks it there): also saves
-            # the location lookup.
-            return self.store.read_history(turn.tenant_id,
-                                           response_id=turn.previous_response_id,
-                                           partition_key=partition_key(turn), now=now)
-        except CorruptPartition as exc:
-            return HistoryFailure(HistoryFailureReason.CORRUPT_HISTORY,
-                                  f"the lineage cannot be located: {exc}")
+        """The store's read. Damage is its typed failure, never a raise: a parent
+        outside the turn's partition whose claim names no partition (where it lives
+        cannot be told) is ``CORRUPT_HISTORY`` from the read itself since session 51
+        (``HistoryReader``'s locate step), as any lineage that cannot be read."""
+        if turn.conversation_id is not None:
+            return self.store.read_history(
+                turn.tenant_id, conversation_id=turn.conversation_id, now=now)
+        # The partition the parent must be in (the store checks it there): also saves
+        # the location lookup.
+        return self.store.read_history(turn.tenant_id,
+                                       response_id=turn.previous_response_id,
+                                       partition_key=partition_key(turn), now=now)
 
     def learn(self, lineage: Lineage, pairing: PairingState | None,
                        promoted: CheckpointRecord) -> None:

@@ -138,14 +138,11 @@ class StoreAnswers:
             return None
         before = EMPTY_PAIRING
         if original.parent_response_id is not None:
-            try:
-                found = self.store.read_history(
-                    turn.tenant_id, response_id=original.parent_response_id,
-                    partition_key=original.partition_key, now=IGNORING_EXPIRY)
-            except CorruptPartition as exc:  # a claim naming no partition (session 51)
-                log.error("%s: the history request %s's original extended cannot be "
-                          "located: %s", turn.response_id, turn.idempotency_key, exc)
-                return None
+            # A claim naming no partition, where that history must be located, is the
+            # read's typed failure (``CORRUPT_HISTORY``, session 51), not a raise.
+            found = self.store.read_history(
+                turn.tenant_id, response_id=original.parent_response_id,
+                partition_key=original.partition_key, now=IGNORING_EXPIRY)
             if isinstance(found, HistoryFailure):
                 return None
             state = pairing_state_of(found.items)

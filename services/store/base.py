@@ -313,7 +313,9 @@ class CheckpointStore(StoreBackend):
         damage: rows never expire, docs/store.md). Only for a response whose row a read
         did not find where its claim says (``partition_key``, when the caller located
         it): never on the common read path. How promoted is told from never promoted,
-        and a late row from a lost one: ``CheckpointReader.turn_lost``."""
+        and a late row from a lost one: ``CheckpointReader.turn_lost``. Raises
+        ``CorruptPartition`` for a claim that names no partition or no request (it
+        cannot tell; ``read_history`` answers it ``CORRUPT_HISTORY``)."""
         return call_hook(self._checkpoints.turn_lost, tenant_id, response_id, partition_key)
 
     async def turn_lost_async(self, tenant_id: str, response_id: str,

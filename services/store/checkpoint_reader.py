@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ratchet.domain.history import CheckpointRecord
 from services.store.backend import StoreBackend
-from services.store.errors import TurnLost
+from services.store.errors import CorruptPartition, TurnLost
 from services.store.history_answers import lost_turn
 
 
@@ -25,10 +25,19 @@ class CheckpointReader:
         refused or is in flight, or whose request promoted another response id, was not
         promoted: False, as for an id claimed nowhere. The row is then looked for once
         more at linearizable consistency (``_turn_row_serial``), which completes a
-        promotion still committing: a row that is only late is not lost."""
+        promotion still committing: a row that is only late is not lost. A claim that
+        names no partition or no request is damage (every claim is written whole):
+        ``CorruptPartition``, never "not promoted" (which hid a lost promoted row) nor
+        the null key sent to Cassandra (refused: ``StoreUnavailable``, session 51)."""
         backend = self._backend
         claim = backend._claim_of(tenant_id, response_id)
-        if claim is None or (partition_key is not None and claim.partition_key != partition_key):
+        if claim is None:
+            return False
+        if not claim.partition_key or not claim.idempotency_key:
+            missing = "partition" if not claim.partition_key else "request"
+            raise CorruptPartition(f"the claim of response {response_id} of tenant "
+                                   f"{tenant_id} names no {missing}")
+        if partition_key is not None and claim.partition_key != partition_key:
             return False
         promoted = backend._promoted_response(tenant_id, claim.partition_key,
                                               claim.idempotency_key)

@@ -51,6 +51,12 @@ def _resumed(steps: Steps, answer: Any, damage: CorruptPartition | None) -> Step
     return steps.send(answer)
 
 
+def _damaged_claim(what: str, exc: CorruptPartition) -> HistoryFailure:
+    """A read that had to ask a response's claim, which is damaged: ``CORRUPT_HISTORY``
+    (confirmed by a second read, as every one)."""
+    return HistoryFailure(HistoryFailureReason.CORRUPT_HISTORY, f"{what}: {exc}")
+
+
 class HistoryReader:
     """``CheckpointStore.read_history`` and ``read_history_async`` (their promises are
     on the facade). ``store`` is the store object itself (a ``CheckpointStore``, typed
@@ -149,8 +155,7 @@ class HistoryReader:
             # response lives cannot be told, so its history cannot be read. A typed
             # answer, as for damaged rows: raised, the API answered the status
             # endpoint's error shape on the history endpoints (session 51).
-            return HistoryFailure(HistoryFailureReason.CORRUPT_HISTORY,
-                                  f"the response cannot be located: {exc}")
+            return _damaged_claim("the response cannot be located", exc)
         if located is None:
             return no_such_response()
         if located != hinted:
@@ -159,7 +164,14 @@ class HistoryReader:
             if result is not None:
                 return result
         # Claimed there, its row not there: promoted (a lost row) or never (``turn_lost``).
-        if (yield "turn_lost", (tenant_id, response_id, located)):
+        try:
+            lost = yield "turn_lost", (tenant_id, response_id, located)
+        except CorruptPartition as exc:
+            # A claim naming no request (``CheckpointReader.turn_lost``): whether the
+            # response was promoted cannot be told (session 51: memory read it as
+            # never promoted, Cassandra refused the null key as an outage).
+            return _damaged_claim("whether the response was promoted cannot be told", exc)
+        if lost:
             return _missing_turn(tenant_id, located, response_id)
         return no_such_response()
 

@@ -154,3 +154,75 @@ def test_the_store_answers_it_as_a_history_failure(store, damaged):
             assert isinstance(found, HistoryFailure), found
             assert found.reason is HistoryFailureReason.CORRUPT_HISTORY, found
             assert "names no partition" in found.detail
+
+
+def damage_request(store, tenant: str, conversation: str, response_id: str) -> None:
+    """The response's turn row lost, and its claim naming its partition but no request
+    (the key's cell null): whether it was promoted cannot be told (``turn_lost`` asks
+    the request's idempotency record)."""
+    if isinstance(store, DamagedClaims):
+        partition = store._partitions[(tenant, conversation)]
+        del partition.checkpoints[response_id], partition.items[response_id]
+        store.keyless.add(response_id)
+        return
+    store._session.execute(
+        "DELETE FROM turns WHERE tenant_id = %s AND partition_key = %s "
+        "AND kind = 'checkpoint' AND ref = %s", (tenant, conversation, response_id), timeout=30)
+    store._session.execute(
+        "UPDATE response_claims SET idempotency_key = null "
+        "WHERE tenant_id = %s AND response_id = %s", (tenant, response_id), timeout=30)
+
+
+@pytest.fixture
+def keyless(store):
+    """A Conversation's first turn whose row is lost and whose claim names no request
+    (tenant, conversation, that response, an intact second Conversation)."""
+    tenant, conv, other = uid("tenant"), uid("conv"), uid("conv")
+    lost = conversation_turn(tenant, conv, 0)
+    for turn in (lost, conversation_turn(tenant, other, 0)):
+        store.promote(turn)
+    damage_request(store, tenant, conv, lost.response_id)
+    store._hints.__init__(store.options.hint_capacity)
+    return tenant, conv, lost.response_id, other
+
+
+def test_a_claim_naming_no_request_is_a_history_failure_of_the_store(store, keyless):
+    """Before: memory answered ``NOT_FOUND`` (never promoted: the promoted turn's loss
+    hidden), Cassandra raised ``StoreUnavailable`` (the null key refused)."""
+    tenant, conv, lost, other = keyless
+    for hint in (None, conv, other):
+        answers = [
+            store.read_history(tenant, response_id=lost, partition_key=hint),
+            asyncio.run(store.read_history_async(tenant, response_id=lost,
+                                                 partition_key=hint)),
+        ]
+        for found in answers:
+            assert isinstance(found, HistoryFailure), (hint, found)
+            assert found.reason is HistoryFailureReason.CORRUPT_HISTORY, (hint, found)
+            assert "names no request" in found.detail, (hint, found)
+
+
+@pytest.mark.parametrize("how", [
+    {},
+    {"headers": {"Cache-Control": "no-cache"}},
+    {"wait_ms": "200"},
+    {"partition_key": "right"},
+])
+def test_a_claim_naming_no_request_is_the_typed_failure_over_http(api, store, keyless, how):
+    tenant, conv, lost, _ = keyless
+    how = dict(how)
+    if how.get("partition_key") == "right":
+        how["partition_key"] = conv
+    for attempt in ("first", "again"):
+        assert_typed_corrupt(history(api, tenant, lost, **how))
+        cache = api.service._cache  # type: ignore[attr-defined]
+        assert cache is None or cache.get(tenant, lost) is None, attempt
+
+
+def test_the_status_of_a_response_whose_claim_names_no_request(api, store, keyless):
+    """The status endpoint's shape for damage (was 503 ``UNAVAILABLE`` on Cassandra,
+    ``unknown`` on memory)."""
+    tenant, _, lost, _ = keyless
+    answer = api.get(f"/v1/responses/{lost}/status", params={"tenant_id": tenant})
+    assert answer.status_code == 500, answer.text
+    assert answer.json()["error"] == "CORRUPT_HISTORY", answer.json()

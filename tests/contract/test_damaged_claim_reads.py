@@ -1,17 +1,23 @@
-"""A history read that meets a damaged response claim (one that names no partition)
-gives the processor a typed answer, never a dead letter.
+"""A history read that meets a damaged response claim gives the processor a typed
+answer, never a dead letter and never a retry without end.
 
 ``read_history`` of a response id not in the partition its caller hints asks the claim
-where the response lives (``_locate``); a claim row naming no partition is damage, and
-the store raises ``CorruptPartition`` (Cassandra's ``_claimed_partition``, since a
-claim read as absent made a promoted response ``NOT_FOUND``). Two readers in streams/
-did not catch it (found by grepping every store call there, session 51), so the record
-was dead-lettered ``UNKNOWN``:
+where the response lives (``_locate``); a claim row naming no partition is damage
+(Cassandra's ``_claimed_partition``, since a claim read as absent made a promoted
+response ``NOT_FOUND``). Until session 51 the store raised ``CorruptPartition`` there
+and two readers in streams/ did not catch it (the record was dead-lettered
+``UNKNOWN``); m-rproc6 caught it at both, then m-rapi6 made the read itself answer
+``HistoryFailure(CORRUPT_HISTORY)`` (the locate step of ``HistoryReader``), and those
+catches were removed as dead (rrevs). A claim that names its partition but no request
+(``turn_lost``: whether the response was promoted cannot be told) is
+``CORRUPT_HISTORY`` likewise (rrevs; Cassandra refused the idempotency lookup with a
+null key, ``StoreUnavailable``, retried without end):
 
 - the lineage a chain turn extends (``LineageReader``): a turn naming a parent that is
   not in its chain's partition (another chain's response) whose claim is damaged. The
   answer is the one for any lineage that cannot be read: ``CORRUPT``
-  (``on_unreadable_lineage``).
+  (``on_unreadable_lineage``), by the read's own reason (``CORRUPT_HISTORY`` in the
+  detail), never a read miss (``MAX_LINEAGE_MISSES``: not counted).
 - a retry unpaired only by its original (``StoreAnswers.retry_unpaired_by_its_original``)
   reads the history the original extended: with that parent's row lost and its claim
   damaged, that history cannot be read, and, as that method's rule says, it answers
@@ -22,12 +28,16 @@ was dead-lettered ``UNKNOWN``:
   naming the original, whose idempotency record and row stand (CONTRACT 4).
 
 Both backends (memory: ``DamagedClaims`` raises from ``_locate`` as Cassandra's decoder
-does), both entries; the answer is the same on redelivery.
+does, and gives a claim without its request as Cassandra reads a null cell), both
+entries; the answer is the same on redelivery.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from prometheus_client import REGISTRY
 
 from ratchet.domain.plan import CorruptPartition
 from ratchet.samples import TENANT, make_turn, new_id
@@ -42,6 +52,7 @@ from tests.contract.test_processor_handover import ENTRIES
 from tests.contract.test_processor_races import Worker
 
 R = RejectionReason
+MISSES = "ratchet_worker_lineage_read_misses_total"
 ROW = "WHERE tenant_id = %s AND partition_key = %s AND kind = 'checkpoint' AND ref = %s"
 
 
@@ -52,6 +63,13 @@ class DamagedClaims(MemoryCheckpointStore):
     def __init__(self) -> None:
         super().__init__(StoreOptions())
         self.damaged: set[str] = set()
+        self.keyless: set[str] = set()  # claims whose request's key reads null
+
+    def _claim_of(self, tenant_id, response_id):
+        claim = super()._claim_of(tenant_id, response_id)
+        if claim is not None and response_id in self.keyless:
+            return dataclasses.replace(claim, idempotency_key=None)
+        return claim
 
     def _locate(self, tenant_id, response_id):
         if response_id in self.damaged:
@@ -76,6 +94,15 @@ class Damage:
             return
         self.store._session.execute(
             "UPDATE response_claims SET partition_key = null "
+            "WHERE tenant_id = %s AND response_id = %s", (TENANT, response_id), timeout=30)
+
+    def request(self, response_id: str) -> None:
+        """The claim names its partition but no request (its key's cell null)."""
+        if isinstance(self.store, DamagedClaims):
+            self.store.keyless.add(response_id)
+            return
+        self.store._session.execute(
+            "UPDATE response_claims SET idempotency_key = null "
             "WHERE tenant_id = %s AND response_id = %s", (TENANT, response_id), timeout=30)
 
     def row(self, partition_key: str, response_id: str) -> None:
@@ -123,9 +150,36 @@ def test_a_parent_whose_claim_names_no_partition_is_a_lineage_that_cannot_be_rea
     # Names another chain's response as its parent (not in its partition): where that
     # response lives is asked of its claim, which names no partition.
     stray = chain(other, root)
+    misses = REGISTRY.get_sample_value(MISSES) or 0.0
     for attempt in ("first", "redelivery"):
         out = answered(worker, stray)
         assert out.reason is R.CORRUPT, (attempt, out.reason, out.detail)
+        # The read's own reason, not a read miss of a parent the view names.
+        assert "(CORRUPT_HISTORY)" in out.detail, (attempt, out.detail)
+    assert (REGISTRY.get_sample_value(MISSES) or 0.0) == misses
+
+
+@ENTRIES
+def test_a_lost_parent_whose_claim_names_no_request_is_a_lineage_that_cannot_be_read(
+        backend, entry):
+    """The parent claimed in the turn's own partition, its row lost: whether it was
+    promoted is asked of its claim's request (``turn_lost``), which the claim does not
+    name. Before: memory read it as never promoted (the store's ``PARENT_NOT_PROMOTED``),
+    Cassandra refused the lookup's null key (``StoreUnavailable``: retried for ever)."""
+    store, ledger = backend
+    worker = Worker(store, ledger, entry)
+    root = chain(None, None)
+    parent = chain(root, root)
+    for first in (root, parent):
+        assert worker.handle(first).kind == "promoted"
+    damage = Damage(store)
+    damage.row(root.response_id, parent.response_id)
+    damage.request(parent.response_id)
+    child = chain(parent, root)
+    for attempt in ("first", "redelivery"):
+        out = answered(worker, child)
+        assert out.reason is R.CORRUPT, (attempt, out.reason, out.detail)
+        assert "(CORRUPT_HISTORY)" in out.detail, (attempt, out.detail)
 
 
 def tool_items(call_id: str) -> list:
