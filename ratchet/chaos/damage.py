@@ -280,21 +280,24 @@ def apply(settings, damages: Iterable[Damage], seed: int, say=print) -> None:
     cassandra-driver, as an operator's mistake or a bad disk would leave it."""
     import logging
 
-    from cassandra import ConsistencyLevel
     from cassandra.query import SimpleStatement
 
-    from services.cassandra_cluster import open_cluster
+    from services import cassandra_cluster
     from services.store.rows import decode_turn_items, encode_turn_items
 
     rng = random.Random(f"damage-bytes:{seed}")
     logging.getLogger("cassandra").setLevel(logging.ERROR)
     table = f"{settings.keyspace}.turns"
-    cluster = open_cluster(settings)
+    cluster = cassandra_cluster.open_cluster(settings)
+    # The store's level (RATCHET_DATACENTERS): with several datacenters the turn to damage
+    # was committed at QUORUM and the API reads at QUORUM; a LOCAL_QUORUM read need not
+    # see the turn, nor that read the damage (rrevt's outside review, session 51).
+    level = cassandra_cluster.store_levels(settings)["write_consistency"]
     try:
         session = cluster.connect()
 
         def run(cql: str, params: tuple):
-            statement = SimpleStatement(cql, consistency_level=ConsistencyLevel.LOCAL_QUORUM)
+            statement = SimpleStatement(cql, consistency_level=level)
             for attempt in range(5):  # a server a fault of the plan left busy
                 try:
                     return session.execute(statement, params, timeout=30)
