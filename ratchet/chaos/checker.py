@@ -77,6 +77,9 @@ VIOLATION_CLASSES = (
     # response's history, a Conversation's history, a /status, a wait_ms read.
     "cross_tenant_history", "cross_tenant_conversation", "cross_tenant_status",
     "cross_tenant_wait",
+    # The harness's own (ratchet/chaos/observe.py): its output reader died, or read a
+    # record past that it could not decode. Not a CONTRACT rule: what it did not see.
+    "observer_died", "observer_unread",
 )
 # The classes of the claim checks the producers make (``ratchet/chaos/claims.py``,
 # ``Finding.logged``: the class tag first in the logged detail).

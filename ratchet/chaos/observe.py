@@ -33,12 +33,13 @@ from ratchet.chaos.observations import (
     Observations,
     Promoted,
     Rejected,
+    Violation,
     Wait,
 )
 from ratchet.chaos.oracle import certificate_of
 from ratchet.settings import Settings
 from schemas.avro import EventSerde, registry_client
-from schemas.errors import RegistryUnavailable
+from schemas.errors import DecodeError, RegistryUnavailable
 from schemas.models import CheckpointPromoted, DeadLetter, EffectOrphaned, PromotionRejected
 from services.gateway.client import Certified, Failure, Outcome
 from services.gateway.client import RehydrationClient as _LibraryClient
@@ -48,7 +49,14 @@ OUTPUT_TOPICS = ("checkpoints", "rejections", "orphaned-effects", "dead-letters"
 
 
 class OutputReader(threading.Thread):
-    def __init__(self, settings: Settings, group: str) -> None:
+    """The run's one view of the output topics. It never ends quietly: an exception
+    that stops it is kept in ``failure`` (the run then fails ``observer_died``: every
+    outcome after it would read "never decided", a misjudgment, as run 27 of session
+    51's soak may have been). A record it cannot decode (a tombstone, a schema id the
+    registry does not know) does not stop it: it is kept in ``unread`` and read past
+    (the run fails ``observer_unread``: that record may be an outcome the checks need)."""
+
+    def __init__(self, settings: Settings, group: str, *, consumer=None, serde=None) -> None:
         super().__init__(name="chaos-output-reader", daemon=True)
         self.settings = settings
         self.obs = Observations()
@@ -56,9 +64,11 @@ class OutputReader(threading.Thread):
         self.records = 0
         self.decided: dict[tuple[str, str], set] = {}  # (tenant, rid) -> outcome sigs
         self.counts: dict[tuple[str, str], int] = {}  # (tenant, rid) -> outcome records
+        self.failure: str | None = None  # why the reader stopped before it was told to
+        self.unread: list[str] = []  # records read past: "topic[partition]@offset: why"
         self.stop = threading.Event()
-        self._serde = EventSerde(registry_client(settings.schema_registry_url))
-        self._consumer = Consumer({
+        self._serde = serde or EventSerde(registry_client(settings.schema_registry_url))
+        self._consumer = consumer or Consumer({
             "bootstrap.servers": settings.kafka_bootstrap, "group.id": group,
             "auto.offset.reset": "earliest", "enable.auto.commit": False,
             "topic.metadata.refresh.interval.ms": 2000, "log_level": 0,
@@ -66,16 +76,23 @@ class OutputReader(threading.Thread):
         self._consumer.subscribe([settings.topic(t) for t in OUTPUT_TOPICS])
 
     def run(self) -> None:
-        while not self.stop.is_set():
-            msg = self._consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    time.sleep(0.2)  # broker restarting: librdkafka reconnects by itself
-                continue
-            self._take(msg)
-        self._consumer.close()
+        try:
+            while not self.stop.is_set():
+                msg = self._consumer.poll(0.5)
+                if msg is None:
+                    continue
+                if msg.error():
+                    if msg.error().code() != KafkaError._PARTITION_EOF:
+                        time.sleep(0.2)  # broker restarting: librdkafka reconnects by itself
+                    continue
+                self._take(msg)
+        except Exception as exc:  # noqa: BLE001 - kept and told: the run fails on it
+            self.failure = f"{type(exc).__name__}: {exc}"
+        finally:
+            try:
+                self._consumer.close()
+            except Exception as exc:  # noqa: BLE001
+                self.failure = self.failure or f"closing its consumer: {type(exc).__name__}: {exc}"
 
     def _take(self, msg) -> None:
         while True:
@@ -84,6 +101,10 @@ class OutputReader(threading.Thread):
                 break
             except RegistryUnavailable:
                 time.sleep(1)  # registry restarting: the record is fine, ask again
+            except DecodeError as exc:  # this record only: the ones after it are read
+                with self.lock:
+                    self.unread.append(str(exc))
+                return
         at = msg.timestamp()[1]
         with self.lock:
             self.records += 1
@@ -116,6 +137,25 @@ class OutputReader(threading.Thread):
 
     def _count(self, tenant: str, rid: str) -> None:
         self.counts[(tenant, rid)] = self.counts.get((tenant, rid), 0) + 1
+
+
+OBSERVER_CLASSES = ("observer_died", "observer_unread")  # the harness's, not CONTRACT's
+
+
+def observer_violations(reader: OutputReader) -> list[Violation]:
+    """The harness's own verdicts on its reader: it died (``observer_died``, the
+    exception), or read records past (``observer_unread``, one per record). Neither is
+    a CONTRACT rule broken: the run cannot judge what it did not see."""
+    out = []
+    if reader.failure is not None:
+        out.append(Violation("observer_died", "-", (
+            f"the output reader stopped after {reader.records} records: {reader.failure}; "
+            "outcomes after that were not seen (a harness failure, not a verdict on the "
+            "product)")))
+    with reader.lock:
+        unread = list(reader.unread)
+    out += [Violation("observer_unread", "-", f"an output record read past: {u}") for u in unread]
+    return out
 
 
 class RehydrationClient(_LibraryClient):

@@ -42,9 +42,10 @@ def summary(report: dict[str, Any]) -> str:
     v = r["violations"]
     lines.append(f"violations: {sum(c['count'] for c in v.values())}"
                  + ("" if v else "  (none: every check passed)"))
-    # run_deadline first (what follows it may be its consequence: turns never sent are
-    # never decided); then every class, those the tuple does not list too.
-    order = ["run_deadline", *VIOLATION_CLASSES, *sorted(v)]
+    # The harness's own verdicts first (what follows may be their consequence: turns
+    # never sent, or outcomes never read, are never decided); then every class, those
+    # the tuple does not list too.
+    order = ["observer_died", "run_deadline", "observer_unread", *VIOLATION_CLASSES, *sorted(v)]
     for kind in dict.fromkeys(order):
         if kind in v:
             lines.append(f"  {kind:<28} {v[kind]['count']:>6}")

@@ -23,6 +23,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from ratchet.chaos import report as reporting
 from ratchet.chaos.checker import check, sends_per_response
 from ratchet.chaos.faults import PROFILES, Cluster, FaultInjector
 from ratchet.chaos.observations import Violation
-from ratchet.chaos.observe import OutputReader, Waiters, fetch_histories
+from ratchet.chaos.observe import OutputReader, Waiters, fetch_histories, observer_violations
 from ratchet.chaos.oracle import Expectation, expect
 from ratchet.chaos.produce import run as produce_run
 from ratchet.chaos.story import REUSE_TTL_MS, workload_fp_hash
@@ -272,6 +273,13 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
             faults.stop.set()
             say("; ".join(stop_producers(procs, stop)))
             continue
+        if reader.failure is not None and overdue is None:
+            # Every outcome from here on would read "never decided": stop, and say why.
+            overdue = observer_violations(reader)[0]
+            say(f"OBSERVER DIED: {overdue.detail}")
+            faults.stop.set()
+            say("; ".join(stop_producers(procs, stop)))
+            break
         cluster.revive(time.monotonic() - t0)
         with reader.lock:
             undecided = [k for k, need in needed.items()
@@ -337,7 +345,8 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     timed.settle(expectations, stamps, reader.obs)
     timed_waits = timed.take_waits(reader.obs, stamps)
     reader.obs.fault_windows = fault_windows(faults, t0_wall, time.monotonic() - t0)
-    violations = ([overdue] if overdue else []) + check(expectations, reader.obs)
+    violations = judged(overdue, observer_violations(reader), lambda: check(expectations,
+                                                                            reader.obs))
     timed_violations, timed_counts = timed.judge(expectations, stamps,
                                                  [*prober.reads, *timed_waits])
     violations += timed_violations + timed.recipe_violations(workload)
@@ -382,6 +391,17 @@ def _run(settings, cfg, tag, out, workload, expectations, cluster, t0, t0_wall, 
     reporting.write(report, out)
     print(reporting.summary(report), flush=True)
     return report
+
+
+def judged(overdue: Violation | None, observer: list[Violation],
+           check: Callable[[], list[Violation]]) -> list[Violation]:
+    """The run's violations: its deadline's, the observer's (``observe.
+    observer_violations``), then the checks'; not the checks' when the reader died:
+    what it never saw would be judged "never decided", a verdict on the product from
+    a harness failure."""
+    first = [v for v in ([overdue] if overdue else []) if v.kind != "observer_died"]
+    died = any(v.kind == "observer_died" for v in observer)
+    return first + observer + ([] if died else check())
 
 
 # Faults that leave the API and its servers alone: the API answers through them, so they
