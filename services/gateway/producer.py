@@ -116,16 +116,24 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 
 
 # The settings the guarantees rest on (the module's docstring, CONTRACT section 2), under
-# each of librdkafka's names for them, and the values (as given in Python or as text) a
-# ``config`` may give them: another is ``ProducerMisconfigured``. The compression is
+# each of librdkafka's names for them, and the values a ``config`` may give them: another
+# is ``ProducerMisconfigured`` naming the property and the value. The compression is
 # free: the worker reads every codec (cramjam), the default is a matter of CPU.
-GUARANTEED: dict[str, frozenset[object]] = {
-    "enable.idempotence": frozenset({True, "true"}),
-    "acks": frozenset({"all", "-1", -1}),
-    "request.required.acks": frozenset({"all", "-1", -1}),
-    "allow.auto.create.topics": frozenset({False, "false"}),
+# Each value listed was tried on a real ``Producer`` (confluent-kafka 2.16, librdkafka
+# 2.16; ``tests/unit/test_gateway_producer_guaranteed.py``): none is one the client
+# refuses. Until session 52 ``delivery.report.only.error`` listed ``"false"``, which
+# confluent-kafka refuses (it reads that property itself, a ``bool`` only). librdkafka
+# also reads ``1``, ``"1"``, ``"t"`` as true (``0``, ``"0"``, ``"f"`` as false) and any
+# text starting ``-1`` as ``acks=-1``: refused here all the same (the message says what
+# to give), as a float or a number of another type is.
+GUARANTEED: dict[str, tuple[object, ...]] = {
+    "enable.idempotence": (True, "true"),
+    "acks": ("all", "-1", -1),
+    "request.required.acks": ("all", "-1", -1),
+    "allow.auto.create.topics": (False, "false"),
     # Successes must be reported: one without an offset is not a confirmed write.
-    "delivery.report.only.error": frozenset({False, "false"}),
+    # confluent-kafka takes a ``bool`` here and nothing else (no text).
+    "delivery.report.only.error": (False,),
 }
 
 
@@ -136,15 +144,17 @@ def _checked(config: dict[str, Any]) -> dict[str, Any]:
         if allowed is not None and not _among(value, allowed):
             raise ProducerMisconfigured(
                 f"config {name}={value!r}: the gateway protocol's delivery guarantees need "
-                f"{name} in {sorted(map(str, allowed))}; no producer made")
+                f"{name} to be one of {', '.join(map(repr, allowed))}; no producer made")
     return config
 
 
-def _among(value: object, allowed: frozenset[object]) -> bool:
-    try:
-        return (value.lower() if isinstance(value, str) else value) in allowed
-    except TypeError:  # unhashable: no such setting's value
-        return False
+def _among(value: object, allowed: tuple[object, ...]) -> bool:
+    """``value`` is one of ``allowed``: of the same Python type (``0`` is no ``False``,
+    ``1.0`` no ``True``: equal in Python, refused by the client, they passed a set's
+    check before session 52), text whatever its case (librdkafka reads it so)."""
+    if isinstance(value, str):
+        value = value.lower()
+    return any(type(value) is type(given) and value == given for given in allowed)
 
 
 class GatewayProducer:
