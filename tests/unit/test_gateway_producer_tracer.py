@@ -118,3 +118,16 @@ def test_a_ctrl_c_replacing_the_error_as_the_with_block_ends_leaves_the_failures
         sys.settrace(before)
     assert install.fired == [True]  # type: ignore[attr-defined]
     assert _named(lambda: producer.flush(0)) == [event_id]
+
+
+def test_an_error_the_with_block_swallowed_is_told_by_a_later_flush():
+    """Leaving the block with its own exception, the close's ``DeliveryError`` is
+    swallowed (the block's error is the one to see): told to no one, a later flush of
+    the thread names it (a closed producer's flush raises what is left). Before: the
+    cursor had moved past it, the failure lost for the thread."""
+    producer, kafka = _producer()
+    event_id = _failed_send(producer, kafka)
+    with pytest.raises(RuntimeError), producer:
+        raise RuntimeError("the block's own error")
+    assert _named(lambda: producer.flush(0)) == [event_id]
+    assert _named(lambda: producer.flush(0)) == []
