@@ -116,16 +116,24 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 
 
 # The settings the guarantees rest on (the module's docstring, CONTRACT section 2), under
-# each of librdkafka's names for them, and the values (as given in Python or as text) a
-# ``config`` may give them: another is ``ProducerMisconfigured``. The compression is
+# each of librdkafka's names for them, and the values a ``config`` may give them: another
+# is ``ProducerMisconfigured`` naming the property and the value. The compression is
 # free: the worker reads every codec (cramjam), the default is a matter of CPU.
-GUARANTEED: dict[str, frozenset[object]] = {
-    "enable.idempotence": frozenset({True, "true"}),
-    "acks": frozenset({"all", "-1", -1}),
-    "request.required.acks": frozenset({"all", "-1", -1}),
-    "allow.auto.create.topics": frozenset({False, "false"}),
+# Each value listed was tried on a real ``Producer`` (confluent-kafka 2.16, librdkafka
+# 2.16; ``tests/unit/test_gateway_producer_guaranteed.py``): none is one the client
+# refuses. Until session 52 ``delivery.report.only.error`` listed ``"false"``, which
+# confluent-kafka refuses (it reads that property itself, a ``bool`` only). librdkafka
+# also reads ``1``, ``"1"``, ``"t"`` as true (``0``, ``"0"``, ``"f"`` as false) and any
+# text starting ``-1`` as ``acks=-1``: refused here all the same (the message says what
+# to give), as a float or a number of another type is.
+GUARANTEED: dict[str, tuple[object, ...]] = {
+    "enable.idempotence": (True, "true"),
+    "acks": ("all", "-1", -1),
+    "request.required.acks": ("all", "-1", -1),
+    "allow.auto.create.topics": (False, "false"),
     # Successes must be reported: one without an offset is not a confirmed write.
-    "delivery.report.only.error": frozenset({False, "false"}),
+    # confluent-kafka takes a ``bool`` here and nothing else (no text).
+    "delivery.report.only.error": (False,),
 }
 
 
@@ -136,15 +144,17 @@ def _checked(config: dict[str, Any]) -> dict[str, Any]:
         if allowed is not None and not _among(value, allowed):
             raise ProducerMisconfigured(
                 f"config {name}={value!r}: the gateway protocol's delivery guarantees need "
-                f"{name} in {sorted(map(str, allowed))}; no producer made")
+                f"{name} to be one of {', '.join(map(repr, allowed))}; no producer made")
     return config
 
 
-def _among(value: object, allowed: frozenset[object]) -> bool:
-    try:
-        return (value.lower() if isinstance(value, str) else value) in allowed
-    except TypeError:  # unhashable: no such setting's value
-        return False
+def _among(value: object, allowed: tuple[object, ...]) -> bool:
+    """``value`` is one of ``allowed``: of the same Python type (``0`` is no ``False``,
+    ``1.0`` no ``True``: equal in Python, refused by the client, they passed a set's
+    check before session 52), text whatever its case (librdkafka reads it so)."""
+    if isinstance(value, str):
+        value = value.lower()
+    return any(type(value) is type(given) and value == given for given in allowed)
 
 
 class GatewayProducer:
@@ -570,7 +580,10 @@ class GatewayProducer:
         # between the move and the raise (a handler there saw the failures told and
         # the Ctrl-C lost them); and none between the check and the move (a handler's
         # flush there named them, then this one again).
-        if place.telling is mark: place.cursor = end; raise error  # noqa: E701, E702
+        # The error is kept on the place with what it tells, until the thread's next
+        # flush finds it reached the caller (``_failures_for``).
+        kept = (error, failures, forgotten) if failures or forgotten else None
+        if place.telling is mark: place.cursor = end; place.raised = kept; raise error  # noqa: E701, E702
         if pending:  # its failures told by a handler's flush inside this one
             raise FlushTimeout(pending)
 
@@ -751,6 +764,13 @@ class GatewayProducer:
             # handler's) reads it after, names these too and replaces the mark, so this
             # flush names none of them.
             place.telling = mark = object()
+            # The failures last raised to this thread, unless that error reached its
+            # caller: an exception a tracer raised as it unwound (a Ctrl-C at its
+            # ``exception`` event) replaced it inside the producer's frames, and they
+            # were lost for the thread (session 52). Told again with those since.
+            held = place.raised
+            if held is not None and _reached_caller(held[0]):
+                place.raised = held = None
             # Before the trim: the numbers go on from there (``_next_failure``).
             self._next_at_trim = self._next_failure
             # A failure every thread was told leaves (one this flush tells, at the next
@@ -772,7 +792,11 @@ class GatewayProducer:
             oldest = self._failure_log[0][0] if self._failure_log else self._next_failure
             failures = [(event_id, err) for seq, event_id, err, _ in self._failure_log
                         if seq >= start]
-            return (place, mark, self._next_failure, failures, max(0, oldest - start))
+            forgotten = max(0, oldest - start)
+            if held is not None:
+                failures = [*held[1], *failures]
+                forgotten += held[2]
+            return (place, mark, self._next_failure, failures, forgotten)
 
     def _on_delivery(self, event_id: str, delivery: Delivery | None = None
                      ) -> Callable[[KafkaError | None, Any], None]:
@@ -998,11 +1022,16 @@ class _Place:
     (``_raise_failures``). Slots: reading and writing them runs no Python code, so
     ``_raise_failures`` checks, moves and raises with no point a signal handler runs at."""
 
-    __slots__ = ("cursor", "telling")
+    __slots__ = ("cursor", "raised", "telling")
 
     def __init__(self, cursor: int) -> None:
         self.cursor = cursor
         self.telling: object = None
+        # The ``DeliveryError`` last raised to the thread, its failures and how many it
+        # said were forgotten: its next flush tells them again unless the error reached
+        # the caller (``_reached_caller``). Holds the error's traceback (its frames)
+        # until then.
+        self.raised: tuple[GatewayError, list[tuple[str, KafkaError]], int] | None = None
 
 
 class _Places:
@@ -1075,6 +1104,26 @@ class _Places:
 
     def __len__(self) -> int:
         return len(self._threads) + len(self._foreign)
+
+
+# The producer's frames a flush's error only passes through on its way to the caller
+# (``__exit__`` too: the error it swallows while the block raises was told to no one).
+_PASSING_ON = frozenset({GatewayProducer._raise_failures.__code__,
+                         GatewayProducer.flush.__code__, GatewayProducer.close.__code__,
+                         GatewayProducer.__exit__.__code__})
+
+
+def _reached_caller(error: BaseException) -> bool:
+    """Whether ``error``, raised by ``_raise_failures``, got out of the producer's
+    frames: the outermost frame of its traceback is another's. CPython 3.11 sets an
+    exception's ``__traceback__`` as a handler (``except``, ``finally``, a ``with``'s
+    exit) takes it: still ``None`` when a tracer's exception replaced it anywhere
+    before, the caller's frame's ``exception`` event too. 3.12 and 3.13 add each frame
+    it unwinds into before a tracer sees it there: one replaced at the caller's own
+    ``exception`` event counts as reached (checked on 3.11.7, 3.12.1, 3.13.0). No
+    signal's handler runs on that way (no call in those frames after the raise)."""
+    tb = error.__traceback__
+    return tb is not None and tb.tb_frame.f_code not in _PASSING_ON
 
 
 def beyond_limits(event: TurnCompleted | ToolEffect) -> str | None:

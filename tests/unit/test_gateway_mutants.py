@@ -128,8 +128,9 @@ def test_a_history_body_contradicting_its_status_is_not_the_services(body, statu
 def test_a_setting_confluent_kafka_refuses_by_its_python_type_is_typed():
     """A defect the review met beside p2: confluent-kafka reads
     ``delivery.report.only.error`` itself and refuses any value but a ``bool`` with a
-    ``TypeError``, which left the constructor untyped (not a ``GatewayError``), though
-    ``GUARANTEED`` lists ``"false"`` among its values."""
+    ``TypeError``, which left the constructor untyped (not a ``GatewayError``).
+    ``GUARANTEED`` listed ``"false"`` among its values until session 52 (now refused
+    by the table itself: ``test_gateway_producer_guaranteed.py``)."""
     with pytest.raises(ProducerMisconfigured, match="delivery.report.only.error"):
         producer_with({"delivery.report.only.error": "false"})
 
