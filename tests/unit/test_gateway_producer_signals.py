@@ -41,7 +41,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from ratchet.samples import make_turn
-from services.gateway.errors import DeliveryError, ProducerClosed
+from services.gateway.errors import DeliveryError, FlushTimeout, GatewayError, ProducerClosed
 from tests.unit.producer_process import run_script
 from tests.unit.test_gateway_library_review import effect_of, gateway
 
@@ -190,16 +190,26 @@ def test_a_signal_handlers_close_while_its_thread_reads_its_failures_does_not_ha
     producer.send(first := make_turn())
     kafka.deliver(0, RETRIABLE)
     producer.send(second := make_turn())  # still queued: the close purges it
-    thread = run_in_daemon(lambda: _flush_quietly(producer))
+    flushed: list[BaseException | None] = []
+
+    def flush() -> None:  # what the flush raised, kept: none escapes its thread
+        try:
+            producer.flush()
+            flushed.append(None)
+        except GatewayError as exc:
+            flushed.append(exc)
+
+    thread = run_in_daemon(flush)
     assert not thread.is_alive(), "the handler's close waited for the lock its thread held"
     assert isinstance(handler[0], DeliveryError)
     assert {eid for eid, _ in handler[0].failures} == {first.event_id, second.event_id}
     assert kafka.closed
-
-
-def _flush_quietly(producer) -> None:
-    with contextlib.suppress(DeliveryError):
-        producer.flush()
+    # The flush waited before the handler ran: ``second`` was still queued (``FakeKafka``
+    # delivers nothing by itself), so it timed out with one event in flight. The
+    # handler's close then named both failures: the flush names none again, it says
+    # only that one event was in flight when it gave up (``_raise_failures``).
+    assert isinstance(flushed[0], FlushTimeout), flushed
+    assert flushed[0].pending == 1
 
 
 # A signal handler's close inside librdkafka's own delivery report, with the real client:
