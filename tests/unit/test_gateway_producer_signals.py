@@ -56,6 +56,20 @@ def run_in_daemon(fn) -> threading.Thread:
     return thread
 
 
+def _flushed_in_daemon(producer) -> tuple[threading.Thread, list[GatewayError | None]]:
+    """``producer.flush()`` in a daemon thread (``run_in_daemon``), and what it raised
+    (``None``: it returned), kept: a ``GatewayError`` does not escape the thread."""
+    flushed: list[GatewayError | None] = []
+
+    def flush() -> None:
+        try:
+            producer.flush()
+            flushed.append(None)
+        except GatewayError as exc:
+            flushed.append(exc)
+    return run_in_daemon(flush), flushed
+
+
 # 1. ------------------------------------------------------------------------------------
 def test_a_signal_handlers_close_inside_send_turn_does_not_hang():
     """The handler's close runs while its thread has queued the turn's first effect:
@@ -147,16 +161,7 @@ def test_a_signal_handlers_close_while_its_thread_records_a_failure_does_not_han
                     handler.append(exc)
 
     producer._failure_log = FailuresWithASignal()
-    flushed: list[BaseException | None] = []
-
-    def flush() -> None:
-        try:
-            producer.flush()
-            flushed.append(None)
-        except DeliveryError as exc:
-            flushed.append(exc)
-
-    thread = run_in_daemon(flush)
+    thread, flushed = _flushed_in_daemon(producer)
     assert not thread.is_alive(), "the handler's close waited for the lock its thread held"
     # Inside a delivery report librdkafka cannot be flushed or closed (the test below):
     # the handler's close returns, and the flush it ran in finishes it and raises.
@@ -190,16 +195,7 @@ def test_a_signal_handlers_close_while_its_thread_reads_its_failures_does_not_ha
     producer.send(first := make_turn())
     kafka.deliver(0, RETRIABLE)
     producer.send(second := make_turn())  # still queued: the close purges it
-    flushed: list[BaseException | None] = []
-
-    def flush() -> None:  # what the flush raised, kept: none escapes its thread
-        try:
-            producer.flush()
-            flushed.append(None)
-        except GatewayError as exc:
-            flushed.append(exc)
-
-    thread = run_in_daemon(flush)
+    thread, flushed = _flushed_in_daemon(producer)
     assert not thread.is_alive(), "the handler's close waited for the lock its thread held"
     assert isinstance(handler[0], DeliveryError)
     assert {eid for eid, _ in handler[0].failures} == {first.event_id, second.event_id}
