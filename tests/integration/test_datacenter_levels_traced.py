@@ -28,11 +28,9 @@ import cassandra.cluster
 import pytest
 
 import services.cassandra_loop as cassandra_loop
-from infra.migrate import apply_migrations
 from ratchet.samples import make_fingerprint, make_turn
 from schemas.avro import EventSerde, encode_key, register_schemas, registry_client
 from streams.records import RawRecord
-from streams.topics import delete_topics_with_prefix
 
 pytestmark = pytest.mark.integration
 
@@ -41,16 +39,12 @@ TRACE_WAIT_S = 30.0  # traces are written by the server after it answers
 
 
 @pytest.fixture
-def own(settings, cassandra_cluster, cassandra_session, unique_name, tmp_path):
-    """Settings of the test's own: a migrated keyspace, a topic prefix, a home."""
-    tag = uuid.uuid4().hex[:8]
-    s = dataclasses.replace(settings, keyspace=unique_name("dclevels"),
-                            topic_prefix=f"dclevels-{tag}.", home=tmp_path / "home")
-    apply_migrations(cassandra_cluster, s)
+def own(own_migrated):
+    """Settings of the test's own: a migrated keyspace, a topic prefix, a home; every
+    record's schema registered."""
+    s = own_migrated("dclevels")
     register_schemas(registry_client(s.schema_registry_url))
-    yield s
-    cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
-    delete_topics_with_prefix(s.kafka_bootstrap, [s.topic_prefix])
+    return s
 
 
 @pytest.fixture

@@ -26,24 +26,17 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from infra.migrate import apply_migrations
 from streams.testing import ROOT, free_port
-from streams.topics import delete_topics_with_prefix, topic_names
+from streams.topics import topic_names
 from tests.processes import CLI, as_from_a_terminal, cli_env, reap, silent_server
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def own(settings, cassandra_cluster, cassandra_session, unique_name, tmp_path):
+def own(own_migrated):
     """Settings of the test's own: a migrated keyspace, a topic prefix, a home."""
-    tag = uuid.uuid4().hex[:8]
-    s = dataclasses.replace(settings, keyspace=unique_name("sigterm"),
-                            topic_prefix=f"sigterm-{tag}.", home=tmp_path / "home")
-    apply_migrations(cassandra_cluster, s)
-    yield s
-    cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
-    delete_topics_with_prefix(s.kafka_bootstrap, [s.topic_prefix, f"sigterm-{tag}-"])
+    return own_migrated("sigterm")
 
 
 def _start(command: str, s, log, **env) -> subprocess.Popen:

@@ -18,7 +18,6 @@ Each test lands once, with an opcode tracer, at one such point (the instruction 
 from __future__ import annotations
 
 import dis
-import sys
 import threading
 from collections.abc import Callable
 from types import CodeType
@@ -28,6 +27,7 @@ from services.gateway.errors import DeliveryError, GatewayError
 from services.gateway.producer import GatewayProducer
 from tests.unit.test_gateway_library_open_items import RETRIABLE
 from tests.unit.test_gateway_library_review import FakeKafka, gateway
+from tests.unit.trace_points import landing
 
 
 def _after_call(code: CodeType, call_line: int | None = None) -> set[int]:
@@ -37,34 +37,6 @@ def _after_call(code: CodeType, call_line: int | None = None) -> set[int]:
     return {after.offset for before, after in zip(ins, ins[1:], strict=False)
             if before.opname == "CALL"
             and (call_line is None or before.positions.lineno == call_line)}
-
-
-def _landing(code: CodeType, offsets: set[int], act: Callable[[object], None]
-             ) -> tuple[Callable[[Callable[[], None]], None], list[bool]]:
-    """A runner that runs ``act(frame)`` once, at the first of ``offsets`` in ``code``
-    reached while it runs its argument (this thread only), and whether it landed."""
-    landed: list[bool] = []
-
-    def local(frame, event, arg):
-        if event == "opcode" and not landed and frame.f_lasti in offsets:
-            landed.append(True)
-            act(frame)
-        return local
-
-    def tracer(frame, event, arg):
-        if frame.f_code is code:
-            frame.f_trace_opcodes = True
-            return local
-        return None
-
-    def run(call: Callable[[], None]) -> None:
-        before = sys.gettrace()
-        sys.settrace(tracer)
-        try:
-            call()
-        finally:
-            sys.settrace(before)
-    return run, landed
 
 
 class _Kafka(FakeKafka):
@@ -136,7 +108,9 @@ def test_a_ctrl_c_inside_the_liveness_check_of_a_thread_leaves_it_its_failures()
     def ctrl_c(frame) -> None:
         if frame.f_locals.get("self") is sender.thread:
             raise KeyboardInterrupt
-    run, landed = _landing(code, _after_call(code, acquire_line), ctrl_c)
+    offsets = _after_call(code, acquire_line)
+    run, landed = landing({code}, lambda frame: frame.f_lasti in offsets, ctrl_c,
+                          opcodes=True)
     try:
         run(lambda: producer.flush(0))
     except KeyboardInterrupt:
@@ -185,7 +159,8 @@ def test_a_handler_s_flush_after_any_call_of_the_collection_loses_no_failure():
         def handler(frame, kafka=kafka, producer=producer, told=handler_told) -> None:
             kafka.deliver(1, RETRIABLE)  # ``second``, served by the handler's flush
             told.extend(_named(lambda: producer.flush(0)))
-        run, landed = _landing(code, {offset}, handler)
+        run, landed = landing({code}, lambda frame, offset=offset: frame.f_lasti == offset,
+                              handler, opcodes=True)
         outer = _named(lambda: run(lambda: producer.flush(0)))  # noqa: B023
         mine = sorted([*handler_told, *outer, *_named(lambda: producer.flush(0))])  # noqa: B023
         theirs = sorted(other.flush())

@@ -41,7 +41,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from ratchet.samples import make_turn
-from services.gateway.errors import DeliveryError, ProducerClosed
+from services.gateway.errors import DeliveryError, FlushTimeout, GatewayError, ProducerClosed
 from tests.unit.producer_process import run_script
 from tests.unit.test_gateway_library_review import effect_of, gateway
 
@@ -54,6 +54,20 @@ def run_in_daemon(fn) -> threading.Thread:
     thread.start()
     thread.join(10)
     return thread
+
+
+def _flushed_in_daemon(producer) -> tuple[threading.Thread, list[GatewayError | None]]:
+    """``producer.flush()`` in a daemon thread (``run_in_daemon``), and what it raised
+    (``None``: it returned), kept: a ``GatewayError`` does not escape the thread."""
+    flushed: list[GatewayError | None] = []
+
+    def flush() -> None:
+        try:
+            producer.flush()
+            flushed.append(None)
+        except GatewayError as exc:
+            flushed.append(exc)
+    return run_in_daemon(flush), flushed
 
 
 # 1. ------------------------------------------------------------------------------------
@@ -147,16 +161,7 @@ def test_a_signal_handlers_close_while_its_thread_records_a_failure_does_not_han
                     handler.append(exc)
 
     producer._failure_log = FailuresWithASignal()
-    flushed: list[BaseException | None] = []
-
-    def flush() -> None:
-        try:
-            producer.flush()
-            flushed.append(None)
-        except DeliveryError as exc:
-            flushed.append(exc)
-
-    thread = run_in_daemon(flush)
+    thread, flushed = _flushed_in_daemon(producer)
     assert not thread.is_alive(), "the handler's close waited for the lock its thread held"
     # Inside a delivery report librdkafka cannot be flushed or closed (the test below):
     # the handler's close returns, and the flush it ran in finishes it and raises.
@@ -190,16 +195,17 @@ def test_a_signal_handlers_close_while_its_thread_reads_its_failures_does_not_ha
     producer.send(first := make_turn())
     kafka.deliver(0, RETRIABLE)
     producer.send(second := make_turn())  # still queued: the close purges it
-    thread = run_in_daemon(lambda: _flush_quietly(producer))
+    thread, flushed = _flushed_in_daemon(producer)
     assert not thread.is_alive(), "the handler's close waited for the lock its thread held"
     assert isinstance(handler[0], DeliveryError)
     assert {eid for eid, _ in handler[0].failures} == {first.event_id, second.event_id}
     assert kafka.closed
-
-
-def _flush_quietly(producer) -> None:
-    with contextlib.suppress(DeliveryError):
-        producer.flush()
+    # The flush waited before the handler ran: ``second`` was still queued (``FakeKafka``
+    # delivers nothing by itself), so it timed out with one event in flight. The
+    # handler's close then named both failures: the flush names none again, it says
+    # only that one event was in flight when it gave up (``_raise_failures``).
+    assert isinstance(flushed[0], FlushTimeout), flushed
+    assert flushed[0].pending == 1
 
 
 # A signal handler's close inside librdkafka's own delivery report, with the real client:

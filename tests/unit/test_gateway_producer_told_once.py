@@ -17,7 +17,6 @@ run first runs one (its failure logged for the thread's flush), then flushes.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -26,6 +25,7 @@ from ratchet.samples import make_turn
 from services.gateway.errors import DeliveryError
 from services.gateway.producer import GatewayProducer
 from tests.unit.test_gateway_producer_lost_report import _Client, _unreachable
+from tests.unit.trace_points import landing
 
 # Runs in a sweep, at most: more lines than the collection has.
 _RUNS = 60
@@ -41,23 +41,11 @@ def _landing_at(nth: int, act: Callable[[], None]
     codes = {getattr(GatewayProducer, name).__code__ for name in _COLLECTION}
     seen: list[str] = []
 
-    def local(frame, event, arg):
-        if event == "line":
-            seen.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
-            if len(seen) == nth:
-                act()
-        return local
+    def at(frame) -> bool:
+        seen.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+        return len(seen) == nth
 
-    def tracer(frame, event, arg):
-        return local if frame.f_code in codes else None
-
-    def run(flush: Callable[[], None]) -> None:
-        before = sys.gettrace()
-        sys.settrace(tracer)
-        try:
-            flush()
-        finally:
-            sys.settrace(before)
+    run, _ = landing(codes, at, lambda frame: act())
     return run, seen
 
 
