@@ -167,39 +167,73 @@ def _replication_differs(session, settings: Settings) -> str | None:
             f"replication = {settings.replication}, then a full repair on every node")
 
 
-def replication_shortfalls(replication: dict, nodes_by_dc: dict[str, int]) -> list[str]:
+def replication_shortfalls(replication: dict, nodes_by_dc: dict[str, int],
+                           several: bool = False) -> list[str]:
     """Where ``replication`` (a keyspace's, as ``system_schema`` stores it) asks for more
     replicas than the cluster has nodes (``nodes_by_dc``), one phrase each. Such a
     keyspace is made without complaint (Cassandra's warning at ``CREATE KEYSPACE`` is
-    not shown) and migrates, and then the worker and the API fail every LOCAL_QUORUM
-    read and write with Unavailable (an operator's review, session 46). Strategies
-    other than these two are not judged."""
+    not shown) and migrates, and then the worker and the API fail with Unavailable (an
+    operator's review, session 46). Strategies other than these two are not judged.
+
+    With ``NetworkTopologyStrategy`` two quorums matter (session 52, the first run on
+    two datacenters): each datacenter's own (``LOCAL_QUORUM``: the store's reads and
+    commits with ``RATCHET_DATACENTERS=one``, ``several`` False) and the quorum of all
+    the replicas of every datacenter (``SERIAL`` for every promotion's Paxos, ``QUORUM``
+    for the ledger, and for every read and commit with ``several``). With ``several``
+    no ``LOCAL_QUORUM`` is used, so a short datacenter is judged by the second alone."""
     kind = str(replication.get("class", "")).rsplit(".", 1)[-1]
     if kind == "SimpleStrategy":
-        wanted = {"the cluster": replication.get("replication_factor")}
-        have = {"the cluster": sum(nodes_by_dc.values())}
-    elif kind == "NetworkTopologyStrategy":
-        wanted = {f"datacenter {dc}": rf for dc, rf in replication.items() if dc != "class"}
-        have = {f"datacenter {dc}": nodes_by_dc.get(dc, 0) for dc in replication if dc != "class"}
-    else:
+        rf = _factor(replication.get("replication_factor"))
+        nodes = sum(nodes_by_dc.values())
+        if rf is None or nodes >= rf:
+            return []
+        return [f"replication factor {rf} in the cluster, which has {nodes} node(s): "
+                + _fate("a QUORUM", rf, nodes, "the worker and the API fail every read "
+                        "and write")]
+    if kind != "NetworkTopologyStrategy":
         return []
+    factors = {dc: _factor(rf) for dc, rf in replication.items() if dc != "class"}
+    factors = {dc: rf for dc, rf in factors.items() if rf is not None}
     out = []
-    for where, rf in wanted.items():
-        try:
-            rf = int(str(rf).split("/")[0])  # "3/1": 3 replicas, 1 transient
-        except ValueError:
-            continue
-        nodes, quorum = have[where], rf // 2 + 1
-        if nodes < rf:
-            fate = (f"a QUORUM ({quorum} of {rf}) cannot be reached, so the worker and the "
-                    "API fail every read and write" if nodes < quorum else
-                    f"a QUORUM ({quorum} of {rf}) fails when {nodes - quorum + 1} node(s) "
-                    "are down")
-            out.append(f"replication factor {rf} in {where}, which has {nodes} node(s): {fate}")
+    if not several:
+        for dc, rf in factors.items():
+            nodes = nodes_by_dc.get(dc, 0)
+            if nodes < rf:
+                out.append(f"replication factor {rf} in datacenter {dc}, which has {nodes} "
+                           "node(s): " + _fate("its LOCAL_QUORUM", rf, nodes,
+                                               f"a worker or an API in {dc} fails every "
+                                               "read and write"))
+    total = sum(factors.values())
+    held = sum(min(rf, nodes_by_dc.get(dc, 0)) for dc, rf in factors.items())
+    if held < total:
+        short = ", ".join(f"{dc} {min(rf, nodes_by_dc.get(dc, 0))} of {rf}"
+                          for dc, rf in factors.items() if nodes_by_dc.get(dc, 0) < rf)
+        what = ("every worker and API fails every read and write" if several else
+                "every promotion (Paxos at SERIAL) fails")
+        out.append(f"{held} of its {total} replicas on nodes ({short}): "
+                   + _fate("the QUORUM of all datacenters", total, held, what)
+                   + (" (RATCHET_DATACENTERS=several)" if several else ""))
     return out
 
 
-def _replication_warning(session, ks: str) -> str | None:
+def _factor(rf: object) -> int | None:
+    """A replication factor as ``system_schema`` stores it: ``"3/1"`` is 3 replicas, 1
+    transient; None for anything else."""
+    try:
+        return int(str(rf).split("/")[0])
+    except ValueError:
+        return None
+
+
+def _fate(level: str, rf: int, replicas: int, what: str) -> str:
+    """What ``replicas`` of ``rf`` mean for a quorum of ``rf``."""
+    quorum = rf // 2 + 1
+    if replicas < quorum:
+        return f"{level} ({quorum} of {rf}) cannot be reached, so {what}"
+    return f"{level} ({quorum} of {rf}) fails when {replicas - quorum + 1} node(s) are down"
+
+
+def _replication_warning(session, ks: str, several: bool = False) -> str | None:
     """The warning for ``replication_shortfalls`` of keyspace ``ks`` (None: none, or no
     such keyspace)."""
     row = session.execute("SELECT replication FROM system_schema.keyspaces WHERE "
@@ -209,12 +243,18 @@ def _replication_warning(session, ks: str) -> str | None:
     nodes_by_dc: dict[str, int] = {}
     for host in session.cluster.metadata.all_hosts():
         nodes_by_dc[host.datacenter] = nodes_by_dc.get(host.datacenter, 0) + 1
-    short = replication_shortfalls(dict(row[0]), nodes_by_dc)
+    short = replication_shortfalls(dict(row[0]), nodes_by_dc, several)
     if not short:
         return None
     return (f"keyspace {ks} has {'; '.join(short)} (until nodes are added; else "
             f"ALTER KEYSPACE {ks} WITH replication = ..., then a full repair, and fix "
             "RATCHET_REPLICATION)")
+
+
+def _several(settings: Settings) -> bool:
+    from services.cassandra_cluster import several_datacenters  # noqa: PLC0415 - driver
+
+    return several_datacenters(settings)
 
 
 def _ensure_keyspace(session, settings: Settings) -> None:
@@ -489,7 +529,7 @@ def apply_migrations(session_or_cluster, settings: Settings, folder: Path = MIGR
     try:
         _ensure_keyspace(session, settings)
         for warning in (_replication_differs(session, settings),
-                        _replication_warning(session, ks)):
+                        _replication_warning(session, ks, _several(settings))):
             if warning:
                 out(f"warning: {warning}")
         try:
@@ -706,7 +746,7 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
         rows = {r.version: r for r in session.execute(
             f"SELECT version, name, checksum, applied_at FROM {ks}.schema_migrations",
             timeout=30)}
-        short = _replication_warning(session, ks)
+        short = _replication_warning(session, ks, _several(settings))
         if short:
             out(f"warning: {short}")
         lease = None

@@ -142,6 +142,21 @@ def _cassandra_host(value: str) -> None:
                             "host name, without a port (RATCHET_CASSANDRA_PORT is the port)")
 
 
+_DC_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def _local_dc(env: Mapping[str, str], default: str) -> str:
+    """A datacenter name as the snitch gives it (``dc1``, ``us-east``); spaces and
+    commas are refused (a list of datacenters is no local one)."""
+    raw = _raw(env, "RATCHET_CASSANDRA_LOCAL_DC")
+    if raw is None:
+        return default
+    if not _DC_NAME.fullmatch(raw):
+        raise SettingsError(f"RATCHET_CASSANDRA_LOCAL_DC={raw!r}: one datacenter name "
+                            "(letters, digits, '_', '.', ':' or '-', at most 64)")
+    return raw
+
+
 def _group(env: Mapping[str, str], default: str) -> str:
     value = _text(env, "RATCHET_CONSUMER_GROUP", default)
     if not _GROUP.match(value):
@@ -214,6 +229,12 @@ class Settings:
     schema_registry_url: str = "http://127.0.0.1:8081/apis/ccompat/v7"
     cassandra_hosts: tuple[str, ...] = ("127.0.0.1",)
     cassandra_port: int = 9042
+    # The datacenter whose nodes this process sends its requests to (the driver's
+    # DCAwareRoundRobinPolicy local_dc); "": the datacenter of the contact point the
+    # driver reaches first. Named, an API or a worker cannot end up on another
+    # datacenter because of the order of RATCHET_CASSANDRA_HOSTS (docs/operations.md,
+    # "Several datacenters").
+    cassandra_local_dc: str = ""
     # Cassandra's inter-node (gossip) port of the node `ratchet infra` launches; a second
     # local node (another RATCHET_HOME, e.g. a chaos run's own servers) needs its own.
     cassandra_storage_port: int = 7000
@@ -328,6 +349,7 @@ class Settings:
                                       d.schema_registry_url),
             cassandra_hosts=cassandra_hosts,
             cassandra_port=_port(env, "RATCHET_CASSANDRA_PORT", d.cassandra_port),
+            cassandra_local_dc=_local_dc(env, d.cassandra_local_dc),
             cassandra_storage_port=_port(
                 env, "RATCHET_CASSANDRA_STORAGE_PORT", d.cassandra_storage_port
             ),
@@ -383,6 +405,9 @@ class Settings:
             "RATCHET_SCHEMA_REGISTRY_URL": self.schema_registry_url,
             "RATCHET_CASSANDRA_HOSTS": ",".join(self.cassandra_hosts),
             "RATCHET_CASSANDRA_PORT": str(self.cassandra_port),
+            # Unset means "" (set but empty is refused): only a named one is passed on.
+            **({"RATCHET_CASSANDRA_LOCAL_DC": self.cassandra_local_dc}
+               if self.cassandra_local_dc else {}),
             "RATCHET_CASSANDRA_STORAGE_PORT": str(self.cassandra_storage_port),
             "RATCHET_CASSANDRA_TIMER_SLACK_US": str(self.cassandra_timer_slack_us),
             "RATCHET_KEYSPACE": self.keyspace,

@@ -56,11 +56,13 @@ DRIVER_OUTAGES: tuple[type[BaseException], ...] = (
 )
 
 
-def load_balancing_policy() -> LoadBalancingPolicy:
+def load_balancing_policy(settings: Settings | None = None) -> LoadBalancingPolicy:
     """The policy every request uses: cassandra-driver 3's default, named (token aware,
-    over round robin within the local DC, the DC of the contact points; remote DCs'
-    hosts never used). One per ``Cluster``: a policy holds the hosts it routes to."""
-    return TokenAwarePolicy(DCAwareRoundRobinPolicy())
+    over round robin within the local DC; remote DCs' hosts never used). The local DC is
+    ``RATCHET_CASSANDRA_LOCAL_DC``, or when unset the DC of the contact point the driver
+    reaches first. One per ``Cluster``: a policy holds the hosts it routes to."""
+    local_dc = settings.cassandra_local_dc if settings is not None else ""
+    return TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=local_dc))
 
 
 def several_datacenters(settings: Settings) -> bool:
@@ -99,7 +101,7 @@ def default_profile(settings: Settings | None = None) -> ExecutionProfile:
     """The default execution profile: the driver's own defaults (10 s request timeout,
     ``LOCAL_ONE``, named-tuple rows, ``RetryPolicy``), its load-balancing policy named;
     its level ``default_level(settings)``."""
-    return ExecutionProfile(load_balancing_policy=load_balancing_policy(),
+    return ExecutionProfile(load_balancing_policy=load_balancing_policy(settings),
                             consistency_level=default_level(settings))
 
 

@@ -45,10 +45,23 @@ def settings(_services: Services):
 @pytest.fixture(scope="session")
 def cassandra_cluster(settings):
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
-    from cassandra.policies import ExponentialReconnectionPolicy, RoundRobinPolicy
+    from cassandra.policies import (
+        DCAwareRoundRobinPolicy,
+        ExponentialReconnectionPolicy,
+        RoundRobinPolicy,
+    )
+
+    from services.cassandra_cluster import default_level
 
     logging.getLogger("cassandra").setLevel(logging.WARNING)
-    profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(), request_timeout=30)
+    # A named local datacenter keeps the tests' own statements (their damage, their
+    # reads) there; the level is the one ratchet's processes give statements that name
+    # none (QUORUM with RATCHET_DATACENTERS=several), so that damage written through
+    # one datacenter reaches a store reading through another (session 52, two DCs).
+    local_dc = settings.cassandra_local_dc
+    policy = DCAwareRoundRobinPolicy(local_dc=local_dc) if local_dc else RoundRobinPolicy()
+    profile = ExecutionProfile(load_balancing_policy=policy, request_timeout=30,
+                               consistency_level=default_level(settings))
     cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
                       protocol_version=5, connect_timeout=20,
                       # Fault tests restart Cassandra: the verifier must be back within

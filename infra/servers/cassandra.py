@@ -8,6 +8,7 @@ timer slack of 200 us for the JVM (``RATCHET_CASSANDRA_TIMER_SLACK_US``).
 from __future__ import annotations
 
 import json
+import socket
 
 from infra.fetch import fetch_jars
 from infra.jdk import java17
@@ -42,6 +43,14 @@ _LOGBACK = """<configuration scan="false">
   <root level="WARN"><appender-ref ref="STDOUT"/></root>
 </configuration>
 """
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 class Cassandra(Server):
@@ -152,8 +161,12 @@ class Cassandra(Server):
 
     def check(self, timeout_s: float = 10.0) -> None:
         """Connect with cassandra-driver and run a CQL query."""
-        if not self.port_open():
-            raise Unhealthy(f"nothing accepts connections on 127.0.0.1:{self.client_port()}")
+        # The hosts the settings name, not 127.0.0.1: a cluster elsewhere (e.g. the
+        # loopback aliases of a two-datacenter trial, session 52) is checked where it is.
+        hosts = self.settings.cassandra_hosts
+        if not any(_accepts(h, self.client_port()) for h in hosts):
+            raise Unhealthy(f"nothing accepts connections on "
+                            f"{', '.join(f'{h}:{self.client_port()}' for h in hosts)}")
         import logging
 
         from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile

@@ -145,13 +145,18 @@ class OnCassandra:
     ``tests/contract/conftest.py``), ``self.session`` for the tests' damage."""
 
     @pytest.fixture(autouse=True)
-    def _session(self, store_session):
+    def _session(self, store_session, settings):
         self.session = store_session
+        self.settings = settings
 
     def make_store(self, options):
-        from services.store.cassandra import CassandraCheckpointStore  # noqa: PLC0415 - driver
+        """At the levels the worker and the API use (``store_levels``): QUORUM with
+        ``RATCHET_DATACENTERS=several``, so the contract holds across datacenters."""
+        from services.cassandra_cluster import store_levels  # noqa: PLC0415 - driver
+        from services.store.cassandra import CassandraCheckpointStore  # noqa: PLC0415
 
-        return CassandraCheckpointStore(self.session, options, timeout_s=30)
+        return CassandraCheckpointStore(self.session, options, timeout_s=30,
+                                        **store_levels(self.settings))
 
 
 def create_store_keyspace(cluster, keyspace: str, replication: str):

@@ -1031,17 +1031,29 @@ class StoreContract:
         rounds, workers = 5, 4
         outcomes: list[list[object]] = [[] for _ in range(rounds)]
         barrier = threading.Barrier(workers)
+        errors: list[BaseException] = []
 
         def work() -> None:
-            for r in range(rounds):
-                barrier.wait()
-                outcomes[r].append(store.promote(conversation_turn(tenant, conv, r)))
+            # A promote that raises breaks the barrier, so the other threads stop too
+            # and the error is raised below: left waiting, they hung the run for good
+            # (session 52, a WriteTimeout on a two-datacenter cluster).
+            try:
+                for r in range(rounds):
+                    barrier.wait()
+                    outcomes[r].append(store.promote(conversation_turn(tenant, conv, r)))
+            except threading.BrokenBarrierError:
+                pass
+            except BaseException as exc:
+                errors.append(exc)
+                barrier.abort()
 
         threads = [threading.Thread(target=work) for _ in range(workers)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        if errors:
+            raise errors[0]
         for r, results in enumerate(outcomes):
             assert sum(isinstance(o, Promoted) for o in results) == 1
             assert all(isinstance(o, Promoted | Conflict) for o in results)

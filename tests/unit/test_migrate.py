@@ -321,6 +321,42 @@ def test_replication_shortfalls_name_each_datacenter_short_of_nodes():
     assert "has 2 node(s)" in two and "fails when 1 node(s) are down" in two
     nts = {"class": "NetworkTopologyStrategy", "dc1": "3", "dc2": "2/1"}
     assert replication_shortfalls(nts, {"dc1": 3, "dc2": 2}) == []
-    (short,) = replication_shortfalls(nts, {"dc1": 3})
+    short, _ = replication_shortfalls(nts, {"dc1": 3})
     assert "factor 2 in datacenter dc2, which has 0 node(s)" in short
     assert replication_shortfalls({"class": "LocalStrategy"}, {}) == []
+
+
+NTS = "org.apache.cassandra.locator.NetworkTopologyStrategy"
+
+
+def test_a_short_datacenter_under_several_is_judged_by_the_quorum_of_all():
+    """Session 52 (two real datacenters): with ``RATCHET_DATACENTERS=several`` the store
+    reads and commits at QUORUM of all replicas, never a datacenter's LOCAL_QUORUM. dc2
+    holding 1 of its 2 replicas leaves 2 of 3: QUORUM (2 of 3) holds, one node down
+    fails it. The warning said "a QUORUM (2 of 2) cannot be reached, so the worker and
+    the API fail every read and write", which with ``several`` is not so."""
+    from infra.migrate import replication_shortfalls
+
+    rep = {"class": NTS, "dc1": "1", "dc2": "2"}
+    (only,) = replication_shortfalls(rep, {"dc1": 1, "dc2": 1}, several=True)
+    assert only == ("2 of its 3 replicas on nodes (dc2 1 of 2): the QUORUM of all "
+                    "datacenters (2 of 3) fails when 1 node(s) are down "
+                    "(RATCHET_DATACENTERS=several)")
+    assert replication_shortfalls({"class": NTS, "dc1": "1", "dc2": "1"},
+                                  {"dc1": 1, "dc2": 1}, several=True) == []
+
+
+def test_under_one_a_short_datacenter_names_who_fails_and_the_paxos_quorum():
+    """With ``one`` a short datacenter's LOCAL_QUORUM fails the workers and APIs in it
+    (not those elsewhere), and a datacenter short enough stops every promotion anywhere:
+    Paxos is at SERIAL, a quorum of every datacenter's replicas (1 + 1 of 1 + 3 here)."""
+    from infra.migrate import replication_shortfalls
+
+    rep = {"class": NTS, "dc1": "1", "dc2": "3"}
+    local, paxos = replication_shortfalls(rep, {"dc1": 1, "dc2": 1})
+    assert local == ("replication factor 3 in datacenter dc2, which has 1 node(s): its "
+                     "LOCAL_QUORUM (2 of 3) cannot be reached, so a worker or an API in dc2 "
+                     "fails every read and write")
+    assert paxos == ("2 of its 4 replicas on nodes (dc2 1 of 3): the QUORUM of all "
+                     "datacenters (3 of 4) cannot be reached, so every promotion (Paxos at "
+                     "SERIAL) fails")
