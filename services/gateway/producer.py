@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import _thread
 import asyncio
-import contextlib
 import functools
 import os
 import struct
@@ -274,14 +273,19 @@ class GatewayProducer:
     def __enter__(self) -> GatewayProducer:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        """``close``: raises what was not delivered, unless the block is already raising
-        (its error is the one to see; the queued events still get their flush)."""
+    def __exit__(self, exc_type: type[BaseException] | None,
+                 exc_value: BaseException | None, *tb: object) -> None:
+        """``close``: raises what was not delivered, unless the block is already raising:
+        its error is the one to see, and what the close raised is told as a note on it
+        (``add_note``; until session 52 it was swallowed, told to no one)."""
         if exc_type is None:
             self.close()
             return
-        with contextlib.suppress(GatewayError):
+        try:
             self.close()
+        except GatewayError as error:
+            if exc_value is not None:
+                exc_value.add_note(f"leaving the GatewayProducer's block: {error!r}")
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Wait for every queued event (at most ``timeout_s``), release the Kafka client
@@ -580,10 +584,7 @@ class GatewayProducer:
         # between the move and the raise (a handler there saw the failures told and
         # the Ctrl-C lost them); and none between the check and the move (a handler's
         # flush there named them, then this one again).
-        # The error is kept on the place with what it tells, until the thread's next
-        # flush finds it reached the caller (``_failures_for``).
-        kept = (error, failures, forgotten) if failures or forgotten else None
-        if place.telling is mark: place.cursor = end; place.raised = kept; raise error  # noqa: E701, E702
+        if place.telling is mark: place.cursor = end; raise error  # noqa: E701, E702
         if pending:  # its failures told by a handler's flush inside this one
             raise FlushTimeout(pending)
 
@@ -764,13 +765,6 @@ class GatewayProducer:
             # handler's) reads it after, names these too and replaces the mark, so this
             # flush names none of them.
             place.telling = mark = object()
-            # The failures last raised to this thread, unless that error reached its
-            # caller: an exception a tracer raised as it unwound (a Ctrl-C at its
-            # ``exception`` event) replaced it inside the producer's frames, and they
-            # were lost for the thread (session 52). Told again with those since.
-            held = place.raised
-            if held is not None and _reached_caller(held[0]):
-                place.raised = held = None
             # Before the trim: the numbers go on from there (``_next_failure``).
             self._next_at_trim = self._next_failure
             # A failure every thread was told leaves (one this flush tells, at the next
@@ -792,11 +786,7 @@ class GatewayProducer:
             oldest = self._failure_log[0][0] if self._failure_log else self._next_failure
             failures = [(event_id, err) for seq, event_id, err, _ in self._failure_log
                         if seq >= start]
-            forgotten = max(0, oldest - start)
-            if held is not None:
-                failures = [*held[1], *failures]
-                forgotten += held[2]
-            return (place, mark, self._next_failure, failures, forgotten)
+            return (place, mark, self._next_failure, failures, max(0, oldest - start))
 
     def _on_delivery(self, event_id: str, delivery: Delivery | None = None
                      ) -> Callable[[KafkaError | None, Any], None]:
@@ -1022,16 +1012,11 @@ class _Place:
     (``_raise_failures``). Slots: reading and writing them runs no Python code, so
     ``_raise_failures`` checks, moves and raises with no point a signal handler runs at."""
 
-    __slots__ = ("cursor", "raised", "telling")
+    __slots__ = ("cursor", "telling")
 
     def __init__(self, cursor: int) -> None:
         self.cursor = cursor
         self.telling: object = None
-        # The ``DeliveryError`` last raised to the thread, its failures and how many it
-        # said were forgotten: its next flush tells them again unless the error reached
-        # the caller (``_reached_caller``). Holds the error's traceback (its frames)
-        # until then.
-        self.raised: tuple[GatewayError, list[tuple[str, KafkaError]], int] | None = None
 
 
 class _Places:
@@ -1104,26 +1089,6 @@ class _Places:
 
     def __len__(self) -> int:
         return len(self._threads) + len(self._foreign)
-
-
-# The producer's frames a flush's error only passes through on its way to the caller
-# (``__exit__`` too: the error it swallows while the block raises was told to no one).
-_PASSING_ON = frozenset({GatewayProducer._raise_failures.__code__,
-                         GatewayProducer.flush.__code__, GatewayProducer.close.__code__,
-                         GatewayProducer.__exit__.__code__})
-
-
-def _reached_caller(error: BaseException) -> bool:
-    """Whether ``error``, raised by ``_raise_failures``, got out of the producer's
-    frames: the outermost frame of its traceback is another's. CPython 3.11 sets an
-    exception's ``__traceback__`` as a handler (``except``, ``finally``, a ``with``'s
-    exit) takes it: still ``None`` when a tracer's exception replaced it anywhere
-    before, the caller's frame's ``exception`` event too. 3.12 and 3.13 add each frame
-    it unwinds into before a tracer sees it there: one replaced at the caller's own
-    ``exception`` event counts as reached (checked on 3.11.7, 3.12.1, 3.13.0). No
-    signal's handler runs on that way (no call in those frames after the raise)."""
-    tb = error.__traceback__
-    return tb is not None and tb.tb_frame.f_code not in _PASSING_ON
 
 
 def beyond_limits(event: TurnCompleted | ToolEffect) -> str | None:
