@@ -67,6 +67,15 @@ LINEAGE_READ_MISSES = Counter(
     "found changed (damaged rows, or a store whose two reads disagree; "
     "streams/turn_decider.py, MAX_LINEAGE_MISSES). A healthy store never counts.",
 )
+ORPHANS_WITHHELD = Counter(
+    "ratchet_worker_orphans_withheld_total",
+    "Times the worker published no EffectOrphaned where it would have had to decide some, "
+    "because a read the decision needs met damaged rows (whether the request stands "
+    "promoted, or its promotion's items): the effects stay recorded, their compensation "
+    "is the operator's (docs/operations.md). By where: late_effect, cancellation, "
+    "rejection, promoted_items. A healthy store never counts.",
+    ["where"],
+)
 PARTITION_PARKS = Counter(
     "ratchet_worker_partition_parks_total",
     "Times a partition's lane was full and the partition was paused until it had room "
@@ -85,6 +94,7 @@ events_by_path = functools.partial(child, EVENTS_BY_PATH)
 _promotions = functools.partial(child, PROMOTIONS)
 _rejections = functools.partial(child, REJECTIONS)
 _dead_letters = functools.partial(child, DEAD_LETTERS)
+orphans_withheld = functools.partial(child, ORPHANS_WITHHELD)
 
 
 def serve(host: str, port: int) -> bool:

@@ -44,6 +44,7 @@ from services.ledger.base import (
     TurnFacts,
 )
 from services.store.base import CheckpointStore, CorruptPartition
+from streams import metrics
 from streams.outcomes import late_orphan_event, orphaned_event, recorded_effect
 from streams.records import DecodeFailed, Outbound
 from streams.tail_cache import TailCache
@@ -128,9 +129,19 @@ class RequestFacts:
             # published, the partition needs an operator. Met by the lookup above, or by
             # the second one of a cancelled chain's first request (``_settle_request``
             # reads the holder's partition again: damage, or a claim by a damaged
-            # attempt, landing between the two; a dead letter until session 51).
-            log.error("tool effect %s recorded; whether request %s stands promoted cannot "
-                      "be read: %s", effect.effect_id, effect.idempotency_key, exc)
+            # attempt, landing between the two; a dead letter until session 51). The
+            # earlier execution's conflict orphan is withheld too, even when the first
+            # lookup found the request promoted nowhere: the damaged read is the one
+            # that says whether a promotion (another attempt's) carries its output, and
+            # an orphan published wrongly orders a used side effect undone (session 52).
+            # The line names each execution withheld, by output digest.
+            earlier_digest = "" if earlier is None else (
+                f" and an earlier execution (output digest {earlier.output_digest})")
+            withheld("late_effect",
+                     "tool effect %s recorded; whether request %s stands promoted cannot "
+                     "be read: %s; not published: this execution (output digest %s)%s",
+                     effect.effect_id, effect.idempotency_key, exc,
+                     recorded.output_digest, earlier_digest)
             return ()
 
     def _late_orphans(self, effect: ToolEffect, recorded: RecordedEffect, result: EffectWrite,
@@ -265,8 +276,8 @@ class RequestFacts:
                                                cancel.idempotency_key, cancel.response_id,
                                                first_of_chain=False)
         except CorruptPartition as exc:
-            log.error("request %s cancelled; whether it stands promoted cannot be read: %s",
-                      cancel.idempotency_key, exc)
+            withheld("cancellation", "request %s cancelled; whether it stands promoted "
+                     "cannot be read: %s", cancel.idempotency_key, exc)
             return ()
         if promoted is not None:
             return ()
@@ -408,9 +419,9 @@ class RequestFacts:
             if failure is not None:
                 raise CorruptPartition(f"{failure.reason.value}: {failure.detail}")
         except CorruptPartition as exc:
-            log.error("orphans of request %s not published: the items of its promotion %s "
-                      "cannot be read: %s", promoted.idempotency_key, promoted.response_id,
-                      exc)
+            withheld("promoted_items", "orphans of request %s not published: the items of "
+                     "its promotion %s cannot be read: %s", promoted.idempotency_key,
+                     promoted.response_id, exc)
             return False, ()
         return True, items.items()
 
@@ -439,9 +450,20 @@ class RequestFacts:
                                                 turn.response_id)[1]
             return True, promoted
         except CorruptPartition as exc:
-            log.error("orphans of %s not published: whether request %s stands promoted "
-                      "cannot be read: %s", turn.response_id, turn.idempotency_key, exc)
+            withheld("rejection", "orphans of %s not published: whether request %s stands "
+                     "promoted cannot be read: %s", turn.response_id, turn.idempotency_key,
+                     exc)
             return False, None
+
+
+def withheld(where: str, message: str, *args: object) -> None:
+    """Tell the operator that orphans were withheld on damage: one error line
+    ``orphans withheld (<where>): ...`` and ``ratchet_worker_orphans_withheld_total{where}``
+    (docs/operations.md, "Troubleshooting"). Nothing is published for such a request
+    until an operator has decided: publishing an orphan wrongly orders a used side
+    effect undone, which is worse than publishing none."""
+    metrics.orphans_withheld(where).inc()
+    log.error("orphans withheld (%s): " + message, where, *args)
 
 
 def _first_of_chain(event: TurnCompleted | ToolEffect) -> bool:

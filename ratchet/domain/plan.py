@@ -165,6 +165,26 @@ class ResponseClaim:
                    request.idempotency_key, request.request_digest)
 
 
+# A claim's cells that name its request and partition, by what a message calls them.
+_CLAIM_CELLS = (("partition_key", "partition"), ("idempotency_key", "request"),
+                ("request_digest", "request digest"))
+
+
+def check_claim(holder: ResponseClaim) -> None:
+    """A claim row with a cell that reads null (or empty) is damage, never another
+    request's claim: every claim is written whole, from a turn whose key and digest
+    passed validation. Compared as it is, such a holder differs from every turn, and the
+    write answered ``CONFLICT`` "bound to request K in P" from a row nobody can check,
+    also to the very request it may be (session 52). ``CorruptPartition``: ``CORRUPT``.
+    The write asks it only where the holder decides (its view would let the turn write),
+    so a turn its view answers (a promoted request's redelivery) is answered as before."""
+    missing = [name for cell, name in _CLAIM_CELLS if not getattr(holder, cell)]
+    if missing:
+        raise CorruptPartition(
+            f"the claim of response {holder.response_id} of tenant {holder.tenant_id} "
+            f"names no {' and no '.join(missing)}")
+
+
 @dataclass(frozen=True)
 class ResponseClaimed:
     """The response id is claimed by another request (another idempotency key, request

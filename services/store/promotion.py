@@ -19,6 +19,7 @@ from ratchet.domain.plan import (
     ResponseClaimed,
     TooLarge,
     build_checkpoint,
+    check_claim,
     check_view_filing,
     plan_from_hints,
     plan_promotion,
@@ -106,6 +107,7 @@ class PromotionWriter:
                 return LineageChanged(decision.parent_response_id)
             if not claim_is_mine():
                 assert holder is not None
+                check_claim(holder)  # a damaged claim is no other request's
                 return ResponseClaimed(holder)
             held = request_held()
             if held is not None:

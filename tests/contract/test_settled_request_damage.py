@@ -33,6 +33,7 @@ from services.store.cassandra import CassandraCheckpointStore
 from tests.contract.test_damaged_bound_id import DamagedRows
 from tests.contract.test_processor_handover import ENTRIES
 from tests.contract.test_processor_races import Worker, uid
+from tests.unit.test_orphans_withheld import withheld
 
 ROW = "WHERE tenant_id = %s AND partition_key = %s AND kind = 'checkpoint' AND ref = %s"
 
@@ -105,12 +106,16 @@ def test_a_late_effect_settled_on_a_damaged_holder_is_recorded_and_not_published
         damage(retry.response_id)
 
     worker.store.act = lands_damaged
+    before = withheld("late_effect")
     with caplog.at_level(logging.ERROR, logger="streams.request_facts"):
         handled = worker.handle(late_effect)
     assert worker.store.act is None  # the race ran
     assert (handled.kind, handled.outbound) == ("effect", ()), handled
-    assert any(late_effect.effect_id in r.getMessage() and "cannot be read" in r.getMessage()
+    # The operator's typed signal (session 52): the line and the counter.
+    assert any(r.getMessage().startswith("orphans withheld (late_effect): ")
+               and late_effect.effect_id in r.getMessage() and "cannot be read" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert withheld("late_effect") == before + 1
     # Recorded all the same; a redelivery gets the same answer.
     assert late_effect.effect_id in {e.effect_id for e in ledger.effects_for(TENANT, key)}
     again = worker.handle(late_effect)

@@ -1,0 +1,182 @@
+"""A response id's claim whose ``request_digest`` cell reads null is damage: a turn that
+meets it is answered ``CORRUPT``, never promoted on it and never ``CONFLICT`` named from it.
+
+The claim (``response_claims``, ``ResponseClaim``) binds a response id to ONE request
+(idempotency key + request digest) in ONE partition; a promotion goes on only when the
+holder is the turn's own request (``PromotionWriter.promote``). Every claim is written
+with the digest of a turn that passed ``request_digest_problem``, so a null digest cell
+is damage, like the null partition (``_claimed_partition``) and null key (``turn_lost``)
+cells of session 51. Until session 52 the holder built from such a row was never
+checked: it differed from every turn's claim, so every turn meeting it was answered
+``CONFLICT`` "already bound to request K in P", also the same request's own retry
+(whose claim it may be): a statement built from a row nobody can check. Now the write
+answers it as damage (``CorruptPartition`` -> ``CORRUPT``, ``damaged_rows``), after its
+view: a turn the view answers (a promoted request's redelivery, a response id whose row
+stands in the partition) is answered from the view, as before.
+
+Both backends (memory: the claim in ``_claims`` replaced by one without its digest, as
+Cassandra reads a null cell), both entries, a cold worker (no hints, no cached lineage),
+the same answer on redelivery; the response id is never promoted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import pytest
+
+from ratchet.domain.plan import CorruptPartition, ResponseClaim
+from ratchet.domain.promotion import promotion_request
+from ratchet.samples import TENANT, make_turn, new_id
+from schemas.models import Certification, PromotionRejected, RejectionReason
+from services.ledger.cassandra import CassandraLedger
+from services.ledger.memory import MemoryLedger
+from services.store.base import StoreOptions
+from services.store.cassandra import CassandraCheckpointStore
+from services.store.memory import MemoryCheckpointStore
+from tests.contract.test_processor_handover import ENTRIES
+from tests.contract.test_processor_races import Worker
+
+R = RejectionReason
+
+
+@pytest.fixture(params=["memory", "cassandra"])
+def backend(request):
+    """(store, ledger) of one backend, on shared data."""
+    if request.param == "memory":
+        return MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+    session = request.getfixturevalue("ledger_session")
+    return (CassandraCheckpointStore(session, StoreOptions(), timeout_s=30),
+            CassandraLedger(session, timeout_s=30))
+
+
+def damage_digest(store, response_id: str) -> None:
+    """The response id's claim row with its ``request_digest`` cell null."""
+    if isinstance(store, CassandraCheckpointStore):
+        store._session.execute(
+            "UPDATE response_claims SET request_digest = null "
+            "WHERE tenant_id = %s AND response_id = %s", (TENANT, response_id), timeout=30)
+        return
+    with store._lock:
+        claim = store._claims[(TENANT, response_id)]
+        store._claims[(TENANT, response_id)] = dataclasses.replace(claim, request_digest=None)
+
+
+def claim_only(store, turn) -> None:
+    """The turn's response id claimed for its request, no batch (a worker that stopped
+    between the claim and its batch, or whose batch was refused)."""
+    claim = ResponseClaim(turn.tenant_id, turn.response_id, turn.conversation_id,
+                          turn.idempotency_key, turn.request_digest)
+    assert store.start_claiming(claim)() == claim
+
+
+def conversation_turn(**kw):
+    return make_turn(conversation_id=new_id("conv"), **kw)
+
+
+def cold(backend, entry) -> Worker:
+    """A worker that knows nothing yet: what it learns comes from the store."""
+    store, ledger = backend
+    store._hints.__init__(store.options.hint_capacity)  # what the store learned
+    return Worker(store, ledger, entry)
+
+
+def corrupt_every_time(backend, entry, turn) -> None:
+    store, _ = backend
+    for attempt in ("first", "redelivery", "another worker"):
+        worker = cold(backend, entry)
+        handled = worker.handle(turn)
+        assert handled.kind == "rejected", (attempt, handled)
+        out = handled.outbound[0].model
+        assert isinstance(out, PromotionRejected), (attempt, out)
+        assert out.reason is R.CORRUPT, (attempt, out.reason, out.detail)
+        assert "request digest" in out.detail, (attempt, out.detail)
+    assert store.get_checkpoint(turn.tenant_id, turn.response_id) is None
+
+
+@ENTRIES
+def test_the_same_request_meeting_its_claim_without_digest_is_corrupt(backend, entry):
+    """Its own claim, taken before a batch that never landed: which request holds the id
+    cannot be told (this one, or another of the same key): never promoted on it, never
+    ``CONFLICT`` naming its own key."""
+    store, _ = backend
+    turn = conversation_turn()
+    claim_only(store, turn)
+    damage_digest(store, turn.response_id)
+    corrupt_every_time(backend, entry, turn)
+    retry = turn.model_copy(update={"event_id": str(uuid.uuid4()), "attempt": 2})
+    corrupt_every_time(backend, entry, retry)
+
+
+@ENTRIES
+def test_another_request_meeting_a_claim_without_digest_is_corrupt(backend, entry):
+    store, _ = backend
+    held = conversation_turn()
+    claim_only(store, held)
+    damage_digest(store, held.response_id)
+    other = make_turn(conversation_id=held.conversation_id, response_id=held.response_id)
+    corrupt_every_time(backend, entry, other)
+
+
+@ENTRIES
+def test_a_turn_of_another_partition_meeting_a_claim_without_digest_is_corrupt(
+        backend, entry):
+    """The id promoted in one Conversation; a turn of another Conversation with that id
+    (its view there holds no such row: the claim decides)."""
+    store, _ = backend
+    promoted = conversation_turn()
+    assert cold(backend, entry).handle(promoted).kind == "promoted"
+    damage_digest(store, promoted.response_id)
+    elsewhere = conversation_turn(response_id=promoted.response_id,
+                                  idempotency_key=promoted.idempotency_key,
+                                  request_digest=promoted.request_digest)
+    for attempt in ("first", "redelivery"):
+        handled = cold(backend, entry).handle(elsewhere)
+        out = handled.outbound[0].model
+        assert isinstance(out, PromotionRejected), (attempt, out)
+        assert out.reason is R.CORRUPT, (attempt, out.reason, out.detail)
+    # The promotion that stands is untouched.
+    assert store.get_checkpoint(TENANT, promoted.response_id).partition_key == (
+        promoted.conversation_id)
+
+
+@ENTRIES
+def test_a_promoted_requests_redelivery_is_answered_from_its_view(backend, entry):
+    """Not damage the write needs: the partition's view says the request stands
+    promoted with this response, so the redelivery is that promotion again (as before
+    session 52; the claim is asked only for a turn the view would let write)."""
+    store, _ = backend
+    turn = conversation_turn()
+    first = cold(backend, entry).handle(turn)
+    assert first.kind == "promoted"
+    damage_digest(store, turn.response_id)
+    for attempt in ("redelivery", "another worker"):
+        again = cold(backend, entry).handle(turn)
+        assert again.kind == "promoted", (attempt, again)
+        assert again.outbound[0].model.seq == first.outbound[0].model.seq
+
+
+@pytest.mark.parametrize("cell", ["request_digest", "idempotency_key", "partition_key"])
+def test_the_store_raises_on_a_claim_with_a_null_cell(backend, cell):
+    """The store's promise (``CheckpointStore.promote``), for each cell that names the
+    claim's request or partition: ``CorruptPartition`` where the holder decides, nothing
+    written; the same on both backends."""
+    store, _ = backend
+    turn = conversation_turn()
+    claim_only(store, turn)
+    if isinstance(store, CassandraCheckpointStore):
+        store._session.execute(
+            f"UPDATE response_claims SET {cell} = null "
+            "WHERE tenant_id = %s AND response_id = %s", (TENANT, turn.response_id),
+            timeout=30)
+    else:
+        claims = store._claims
+        claims[(TENANT, turn.response_id)] = dataclasses.replace(
+            claims[(TENANT, turn.response_id)], **{cell: None})
+    request = promotion_request(turn, Certification.CERTIFIED)
+    with pytest.raises(CorruptPartition, match="names no "):
+        store.promote(request)
+    # Nothing written: no turn row where the turn would be (asked of the partition, not
+    # the claim, which a null partition cell makes unreadable).
+    assert not store._turn_row_serial(TENANT, turn.conversation_id, turn.response_id)
