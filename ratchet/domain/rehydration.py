@@ -13,7 +13,8 @@ Input: a verified history (or why there is none), the caller's execution
 Fallback reasons are checked in this order, the first that applies wins:
 ``NOT_CERTIFIED`` (the turn was promoted logical-only), ``NO_ARTIFACT`` (none, or a
 stored artifact and boundary proof that do not bind each other to the turn:
-``proof_binds``),
+``proof_binds``, or a stored router receipt that does not cover the artifact:
+``receipt_covers``),
 ``FINGERPRINT_MISMATCH`` (caller's fingerprint differs from the checkpoint's or the
 artifact's), ``ARTIFACT_EXPIRED``: the token artifact, its boundary proof or its router
 receipt has expired (``expires_at <= now``, the same boundary for all three). Reuse
@@ -96,7 +97,7 @@ def fallback_reason(
     if artifact is None or checkpoint.boundary_proof is None or not proof_binds(
         checkpoint.boundary_proof, checkpoint.fingerprint_hash, artifact.token_count,
         artifact.token_hash, artifact.safe_append_boundary,
-    ):
+    ) or not receipt_covers(checkpoint.router_receipt, artifact.token_count):
         return FallbackReason.NO_ARTIFACT
     bound = fingerprint_hash == checkpoint.fingerprint_hash == artifact.fingerprint_hash
     if fingerprint_hash is None or not bound:
@@ -138,6 +139,33 @@ def proof_binds(proof_json: str, fingerprint_hash: str | None, token_count: int,
         and proof.get("combined_hash") == token_hash
         and 0 <= safe_append_boundary <= token_count
     )
+
+
+def receipt_covers(receipt_json: str | None, token_count: int) -> bool:
+    """Whether a stored router receipt (if any) covers the stored artifact, as the
+    processor checked before it kept it (``validation.check_boundary``, from session
+    52): named by a non-empty ``receipt_id`` and ``issuer``, a non-empty
+    ``router_key_format``, ``covered_tokens`` in 0..the artifact's ``token_count``.
+    Checked on every read, like the proof: a receipt stored before session 52 was
+    checked for its expiry only, and its cell is bound by no digest. Its router key
+    format cannot be compared with the fingerprint's here: the row keeps the
+    fingerprint's hash, not its components (the processor's check is the gate)."""
+    return receipt_json is None or _receipt_covers(receipt_json, token_count)
+
+
+@functools.lru_cache(maxsize=4096)
+def _receipt_covers(receipt_json: str, token_count: int) -> bool:
+    try:
+        receipt = parse_json(receipt_json.encode("utf-8"))
+    except ValueError:
+        return False
+    if not isinstance(receipt, dict):
+        return False
+    named = all(isinstance(receipt.get(k), str) and receipt.get(k)
+                for k in ("receipt_id", "issuer", "router_key_format"))
+    covered = receipt.get("covered_tokens")
+    return (named and isinstance(covered, int) and not isinstance(covered, bool)
+            and 0 <= covered <= token_count)
 
 
 @functools.lru_cache(maxsize=4096)

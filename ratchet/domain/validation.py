@@ -31,9 +31,13 @@ the same reason:
 6. UNPAIRED_TOOL_CALL     ``check_pairing`` over input then output items, continuing
                           the pairing state of the history before the turn.
 7. INVALID_BOUNDARY_PROOF artifact or proof bound to another fingerprint; counts or
-                          hashes inconsistent with the artifact. Checked whenever an
-                          artifact or proof is present, even for turns that end up
-                          logical_only: a broken proof means a broken gateway.
+                          hashes inconsistent with the artifact; a router receipt of
+                          another router key format than the fingerprint's, covering
+                          tokens outside 0..the artifact's token_count (or with no
+                          artifact), or with an empty receipt_id or issuer. Checked
+                          whenever an artifact, proof or receipt is present, even for
+                          turns that end up logical_only: a broken proof means a broken
+                          gateway.
 
 Certification of a valid turn: ``certified`` for ``completed`` without truncation (its
 logical history is certified); otherwise ``logical_only``. A certified turn carries a
@@ -255,7 +259,40 @@ def pairing_state_of(history: Sequence[Item]) -> PairingState | Unpaired:
 
 
 def check_boundary(event: TurnCompleted, now_ms: int) -> Rejected | None:
-    """INVALID_BOUNDARY_PROOF checks: the artifact and the proof must bind to the turn."""
+    """INVALID_BOUNDARY_PROOF checks: the artifact, the proof and the router receipt
+    must bind to the turn."""
+    return _check_artifact_and_proof(event) or _check_receipt(event)
+
+
+def _check_receipt(event: TurnCompleted) -> Rejected | None:
+    """A router receipt names the router key format it hashed the turn's blocks with
+    and how many of the artifact's tokens it covers: a receipt of another key format
+    (a fingerprint component, CONTRACT 1.2), covering tokens the artifact does not
+    have, or naming no receipt or issuer would be handed back with a certified
+    checkpoint as if it covered this turn. Refused like a proof that does not bind,
+    not dropped: only expiry depends on when the worker runs (``artifact_reusable``);
+    a receipt that does not bind is a broken gateway, whenever it is processed."""
+    receipt, artifact = event.router_receipt, event.token_artifact
+    if receipt is None:
+        return None
+    if not receipt.receipt_id or not receipt.issuer:
+        return _invalid_proof("router receipt with an empty receipt_id or issuer")
+    if receipt.router_key_format != event.fingerprint.router_key_format:
+        return _invalid_proof(
+            f"router receipt's router_key_format {receipt.router_key_format!r} is not the "
+            f"fingerprint's {event.fingerprint.router_key_format!r}"
+        )
+    if artifact is None:
+        return _invalid_proof("router receipt without a token artifact to cover")
+    if not 0 <= receipt.covered_tokens <= artifact.token_count:
+        return _invalid_proof(
+            f"router receipt's covered_tokens {receipt.covered_tokens} outside "
+            f"0..token_count {artifact.token_count}"
+        )
+    return None
+
+
+def _check_artifact_and_proof(event: TurnCompleted) -> Rejected | None:
     artifact, proof = event.token_artifact, event.boundary_proof
     if artifact is not None:
         if artifact.fingerprint_hash != event.fingerprint_hash:

@@ -73,6 +73,15 @@ def artifact(fingerprint: str = "fp1", expires_at: datetime | None = None) -> St
     )
 
 
+def stored_receipt(**changes) -> str:
+    """A stored router receipt that covers the artifact of ``binding_proof`` (42
+    tokens) as the processor keeps it: every field, canonical JSON (reads check it
+    again: ``rehydration.receipt_covers``)."""
+    return canonical_json({"receipt_id": "rc1", "router_key_format": "prefix-blocks-v1",
+                           "covered_tokens": 40, "expires_at": 4_102_444_800_000,
+                           "issuer": "router-0", **changes})
+
+
 def binding_proof(fingerprint: str = "fp1", token_count: int = 42,
                   token_hash: str = "th") -> str:
     """A stored boundary proof that binds ``artifact()`` to the turn (what the API
@@ -110,7 +119,7 @@ def conversation_turn(
         fingerprint_hash="fp1",
         expected_head_seq=expected_head_seq,
         token_artifact=artifact() if certified else None,
-        router_receipt=canonical_json({"receipt_id": "rc1", "covered_tokens": 40}),
+        router_receipt=stored_receipt(),
         boundary_proof=binding_proof(),
     )
 

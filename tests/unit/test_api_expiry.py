@@ -26,7 +26,7 @@ from schemas.canonical import canonical_json_text as canonical_json
 from schemas.items import message
 from schemas.models import Certification
 from services.api.cache import SIDE_MAP_SHARE, HistoryCache
-from tests.contract.store_support import binding_proof
+from tests.contract.store_support import binding_proof, stored_receipt
 from tests.unit.test_api_cache import NO_CACHE, CachingStack
 from tests.unit.test_api_http import FP, NOW, Stack, uid
 
@@ -56,8 +56,7 @@ def promote(stack: Stack, tenant: str, partition: str, mode: str, *,
         certification=Certification.CERTIFIED, fingerprint_hash=FP,
         expected_head_seq=head, previous_response_id=previous,
         token_artifact=StoredTokenArtifact(uid("art"), "th", 42, 40, FP, ends["artifact"]),
-        router_receipt=canonical_json({"receipt_id": "rc1",
-                                       "expires_at": _ms(ends["receipt"])}),
+        router_receipt=stored_receipt(expires_at=_ms(ends["receipt"])),
         boundary_proof=canonical_json(proof),
         expires_at=expires,
     ))

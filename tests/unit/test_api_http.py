@@ -20,7 +20,6 @@ from fastapi.testclient import TestClient
 
 from ratchet.domain.history import PromotionMode, StoredTokenArtifact
 from ratchet.domain.plan import PromotionRequest
-from schemas.canonical import canonical_json_text as canonical_json
 from schemas.ids import ID_PATTERN
 from schemas.items import function_call, function_call_output, message
 from schemas.models import Certification, Item
@@ -31,7 +30,7 @@ from services.api.waiters import PromotionWaiters
 from services.ledger.memory import MemoryLedger
 from services.store.base import StoreOptions
 from services.store.memory import MemoryCheckpointStore
-from tests.contract.store_support import binding_proof
+from tests.contract.store_support import binding_proof, stored_receipt
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 FP = hashlib.sha256(b"fingerprint-1").hexdigest()
@@ -97,7 +96,7 @@ class Stack:
                 fingerprint_hash=FP,
                 expected_head_seq=head,
                 token_artifact=artifact if certified else None,
-                router_receipt=canonical_json({"receipt_id": "rc1"}),
+                router_receipt=stored_receipt(),
                 boundary_proof=binding_proof(FP),
             )
         )
@@ -147,7 +146,7 @@ def test_certified_returns_complete_history_and_checkpoint(stack):
     cp = body["checkpoint"]
     assert cp["seq"] == 2 and cp["fingerprint_hash"] == FP
     assert cp["token_artifact"]["token_count"] == 42
-    assert cp["router_receipt"] == {"receipt_id": "rc1"}
+    assert cp["router_receipt"] == json.loads(stored_receipt())
     assert cp["boundary_proof"] == json.loads(binding_proof(FP))
     assert cp["expires_at"].endswith("Z")
 

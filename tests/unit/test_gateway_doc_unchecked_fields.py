@@ -3,6 +3,7 @@
 A gateway written from the docs alone asked: which values may ``boundary_kind`` take,
 must a router receipt agree with the fingerprint or the artifact, and what exactly is
 the registry's schema text? The answers are the code's; these tests keep the docs true.
+(The receipt's answer changed in session 52: it must agree, else the turn is refused.)
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import json
 import pytest
 
 from ratchet.domain.fingerprint import fingerprint_hash
-from ratchet.domain.validation import Valid, validate_turn
+from ratchet.domain.validation import Rejected, Valid, validate_turn
 from ratchet.samples import NOW_MS, make_artifact_and_proof, make_fingerprint, make_turn
 from schemas import avsc
-from schemas.models import BoundaryProof, RouterReceipt
+from schemas.models import BoundaryProof, RejectionReason, RouterReceipt
 
 HOUR_MS = 3_600_000
 
@@ -33,17 +34,23 @@ def test_boundary_kind_is_a_free_string_never_checked():
     assert _reusable(make_turn(token_artifact=artifact, boundary_proof=proof))
 
 
-@pytest.mark.parametrize("receipt_fields", [
-    {"router_key_format": "not-the-fingerprints-format"},
-    {"covered_tokens": 10**9},  # more than the artifact's token_count
-    {"covered_tokens": -1},
-    {"receipt_id": "", "issuer": ""},
+@pytest.mark.parametrize(("receipt_fields", "why"), [
+    ({"router_key_format": "not-the-fingerprints-format"}, "router_key_format"),
+    ({"covered_tokens": 10**9}, "covered_tokens"),  # more than the artifact's token_count
+    ({"covered_tokens": -1}, "covered_tokens"),
+    ({"receipt_id": "", "issuer": ""}, "empty receipt_id or issuer"),
 ])
-def test_router_receipt_fields_are_stored_not_checked(receipt_fields):
+def test_router_receipt_fields_bind_to_the_turn(receipt_fields, why):
+    """Session 52 (rreceipt): these were pinned as stored and not checked; a receipt
+    must now bind to its turn as the proof does (docs/gateway-protocol.md, section 4),
+    else the turn is ``INVALID_BOUNDARY_PROOF``."""
     fields = {"receipt_id": "rcpt_1", "router_key_format": make_fingerprint().router_key_format,
               "covered_tokens": 64, "expires_at": NOW_MS + HOUR_MS, "issuer": "router-0"}
-    receipt = RouterReceipt(**{**fields, **receipt_fields})
-    assert _reusable(make_turn(router_receipt=receipt))
+    assert _reusable(make_turn(router_receipt=RouterReceipt(**fields)))
+    verdict = validate_turn(make_turn(router_receipt=RouterReceipt(**{**fields,
+                                                                     **receipt_fields})), NOW_MS)
+    assert isinstance(verdict, Rejected), verdict
+    assert verdict.reason is RejectionReason.INVALID_BOUNDARY_PROOF and why in verdict.detail
 
 
 @pytest.mark.parametrize("record", ["TurnCompleted", "ToolEffect", "TurnCancelled"])

@@ -38,6 +38,13 @@ def proof(**changes) -> str:
     return canonical_json_text({**json.loads(binding_proof()), **changes})
 
 
+def receipt(**changes) -> str:
+    """A stored router receipt that covers the stored artifact (42 tokens), changed."""
+    return canonical_json_text({"receipt_id": "rc1", "router_key_format": "prefix-blocks-v1",
+                                "covered_tokens": 42, "expires_at": _ms(T0 + timedelta(hours=1)),
+                                "issuer": "router-0", **changes})
+
+
 def with_checkpoint(history: VerifiedHistory, **changes) -> VerifiedHistory:
     return replace(history, checkpoint=replace(history.checkpoint, **changes))
 
@@ -105,7 +112,7 @@ def test_expired_proof_or_receipt_falls_back_like_an_expired_artifact(history, r
     # the artifact lives another hour, its proof (or receipt) expires at T0 + 1 min.
     expires = T0 + timedelta(minutes=1)
     stored = (proof(expires_at=_ms(expires)) if record == "boundary_proof" else
-              canonical_json_text({"receipt_id": "rc1", "expires_at": _ms(expires)}))
+              receipt(expires_at=_ms(expires)))
     damaged = with_checkpoint(history, **{record: stored})
     assert damaged.checkpoint.token_artifact.expires_at > expires
     before = expires - timedelta(milliseconds=1)
@@ -159,6 +166,38 @@ def test_an_artifact_its_stored_proof_does_not_bind_is_never_reused(history, dam
     else:
         damaged = with_checkpoint(history, **damage)
     result = rehydrate(damaged, caller, T0)
+    assert result == Fallback(
+        FallbackReason.NO_ARTIFACT, damaged.checkpoint, damaged.items, damaged.head_seq
+    )
+
+
+@pytest.mark.parametrize("covered", [0, 42])
+def test_a_stored_receipt_that_covers_the_artifact_is_served_certified(history, covered):
+    kept = with_checkpoint(history, router_receipt=receipt(covered_tokens=covered))
+    assert isinstance(rehydrate(kept, "fp1", T0), Certified)
+
+
+@pytest.mark.parametrize("stored", [
+    receipt(covered_tokens=43),  # more than the artifact's 42 tokens
+    receipt(covered_tokens=-1),
+    receipt(covered_tokens=True),
+    receipt(covered_tokens="42"),
+    receipt(receipt_id=""),
+    receipt(issuer=""),
+    receipt(router_key_format=""),
+    receipt(router_key_format=None),
+    "[]",
+    "not json",
+], ids=["over", "negative", "bool", "text", "no-id", "no-issuer", "no-key-format",
+        "null-key-format", "not-an-object", "not-json"])
+def test_a_stored_receipt_that_does_not_cover_the_artifact_is_never_reused(history, stored):
+    """A receipt stored before session 52 (when none of its fields but the expiry was
+    checked), or damaged since: its cell is bound by no digest, so a read checks again
+    what the row itself can tell (the row keeps the fingerprint's hash, not its router
+    key format), as it does for the proof. The history is served, the artifact never
+    offered: ``NO_ARTIFACT``, never ``certified`` with a receipt that does not bind."""
+    damaged = with_checkpoint(history, router_receipt=stored)
+    result = rehydrate(damaged, "fp1", T0)
     assert result == Fallback(
         FallbackReason.NO_ARTIFACT, damaged.checkpoint, damaged.items, damaged.head_seq
     )

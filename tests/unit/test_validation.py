@@ -37,7 +37,13 @@ from schemas.items import (
     message,
     reasoning,
 )
-from schemas.models import Certification, EffectiveConfig, RejectionReason, TurnStatus
+from schemas.models import (
+    Certification,
+    EffectiveConfig,
+    RejectionReason,
+    RouterReceipt,
+    TurnStatus,
+)
 
 
 def rejected_reason(turn, now_ms: int = NOW_MS, **kw) -> RejectionReason | None:
@@ -278,6 +284,60 @@ def test_proof_without_artifact_is_invalid() -> None:
         )
         is RejectionReason.INVALID_BOUNDARY_PROOF
     )
+
+
+# --- router receipt (session 52) ----------------------------------------------------------
+
+
+def _receipt(**changes) -> RouterReceipt:
+    """A receipt that binds to ``make_turn``'s turn (its router key format, covering the
+    artifact's 200 tokens), changed."""
+    fields = {"receipt_id": "rcpt_1", "router_key_format": make_fingerprint().router_key_format,
+              "covered_tokens": 200, "expires_at": NOW_MS + HOUR_MS, "issuer": "router-0"}
+    return RouterReceipt(**{**fields, **changes})
+
+
+@pytest.mark.parametrize("covered", [0, 64, 200])
+def test_a_receipt_that_binds_to_its_turn_is_kept(covered) -> None:
+    assert reusable(make_turn(router_receipt=_receipt(covered_tokens=covered)))
+
+
+@pytest.mark.parametrize("changes", [
+    {"router_key_format": "another-router-key-format"},
+    {"router_key_format": ""},
+    {"covered_tokens": 201},  # one more than the artifact's token_count
+    {"covered_tokens": 10**9},
+    {"covered_tokens": -1},
+    {"receipt_id": ""},
+    {"issuer": ""},
+    {"covered_tokens": -1, "expires_at": NOW_MS - 1},  # expired AND broken
+], ids=["key-format", "empty-key-format", "one-over", "far-over", "negative", "no-id",
+        "no-issuer", "expired-and-broken"])
+@pytest.mark.parametrize("status", [TurnStatus.COMPLETED, TurnStatus.INCOMPLETE])
+def test_a_receipt_that_does_not_bind_to_its_turn_is_invalid(changes, status) -> None:
+    """CONTRACT 1: a checkpoint binds the fingerprint (the router key format is one of
+    its components) and the artifact; none proves another. A receipt naming another
+    router key format, or covering tokens the artifact does not have, would be handed
+    back as part of a certified checkpoint: refused like a proof that does not bind
+    (also for a turn that ends up logical_only: a broken receipt means a broken
+    gateway), on and off the lineage. Before session 52 each was promoted and kept."""
+    turn = make_turn(router_receipt=_receipt(**changes), status=status)
+    assert rejected_reason(turn) is RejectionReason.INVALID_BOUNDARY_PROOF
+    off = validate_off_lineage(turn, NOW_MS)
+    assert isinstance(off, Rejected) and off.reason is RejectionReason.INVALID_BOUNDARY_PROOF
+
+
+def test_a_receipt_without_an_artifact_is_invalid() -> None:
+    """Like a proof without an artifact: a receipt covers the artifact's tokens, and
+    there are none to cover."""
+    turn = make_turn(certified=False, router_receipt=_receipt(covered_tokens=0))
+    assert rejected_reason(turn) is RejectionReason.INVALID_BOUNDARY_PROOF
+
+
+def test_an_expired_receipt_that_binds_is_not_a_rejection() -> None:
+    """Expiry decides reuse, never promotion (section 4 of docs/gateway-protocol.md)."""
+    turn = make_turn(router_receipt=_receipt(expires_at=NOW_MS - 1))
+    assert certification(turn) is Certification.CERTIFIED
 
 
 # --- certification ------------------------------------------------------------------------
