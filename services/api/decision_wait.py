@@ -2,7 +2,7 @@
 
 A gateway asks for a response it just produced, before its promotion may be
 decided: the request registers for the decision's notice first, looks once (the
-response's claim and the ledger's status at once, ``_undecided``), and reads the
+response's claim and the ledger's status at once, ``_first_look``), and reads the
 history (response_reader.py) when something is decided, when the notifier wakes it,
 and once more at its deadline. Nothing decided in time: ``NOT_PROMOTED`` (409), the
 truthful answer to a caller that says it produced the turn (service.py)."""
@@ -103,7 +103,7 @@ class DecisionWait:
         reads: list[Any] = [self._store.locate_async(tenant_id, response_id)]
         if self._ledger is not None:
             reads.append(self._ledger.status_async(tenant_id, response_id))
-        look = _first_look(await asyncio.gather(*reads, return_exceptions=True))
+        look = _claim_and_status(await asyncio.gather(*reads, return_exceptions=True))
         answer_with: ResponseLookup | None = None if look is True else lookup
         if isinstance(look, str):
             # Claimed: the turn row where the claim says decides. No row there: in
@@ -133,8 +133,8 @@ def _with_record_hint(lookup: ResponseLookup, found_in: tuple[str, str] | None) 
     return replace(lookup, partition_key=found_in[1])
 
 
-def _first_look(found: list[Any]) -> bool | str:
-    """What ``_undecided``'s reads found, given in their order: the claim's partition
+def _claim_and_status(found: list[Any]) -> bool | str:
+    """What ``_first_look``'s reads found, given in their order: the claim's partition
     and, with a ledger, the response's status. True: nothing decided; False: a decision
     or a failed read; a partition key: claimed there, the turn row still to be read."""
     if any(isinstance(result, BaseException) for result in found):
