@@ -89,9 +89,8 @@ class DecisionWait:
         lookup makes them, its reads are 3-4 round trips, each waking the driver's I/O
         thread and the event loop (~0.3 ms of the API's CPU each on this host); made at
         once they share the wake-ups. Anything found (a row, a recorded decision, an
-        error) and the ordinary lookup answers (reading again, but for a row found: the
-        extension's checks and the full read's are all the lookup's): the look only
-        ever decides "wait". That is safe because the request registered first: a
+        error): the ordinary lookup answers, with all its checks (it reads again, but
+        for a row found here, which it is handed): the look only ever decides "wait". That is safe because the request registered first: a
         decision published after the look wakes it (waiters.py)."""
         tenant_id, response_id = lookup.tenant_id, lookup.response_id
         cached = self._cache is not None and lookup.use_cache
@@ -122,6 +121,7 @@ class DecisionWait:
                 answer_with = replace(lookup, claimed_row=ClaimedRow(look, row))
         child(metrics.WAIT_FIRST_LOOKS, "undecided" if answer_with is None else "found").inc()
         return answer_with
+
 
 def _with_record_hint(lookup: ResponseLookup, found_in: tuple[str, str] | None) -> ResponseLookup:
     """The lookup with the partition the decision record named, when the caller named
