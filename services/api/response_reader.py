@@ -38,6 +38,15 @@ from services.store.history_answers import no_such_response
 
 
 @dataclass(frozen=True)
+class ClaimedRow:
+    """The response's turn row, read where the response's claim says it lives (a
+    response id is claimed in one partition per tenant before its batch is sent)."""
+
+    partition_key: str
+    row: PartitionSnapshot
+
+
+@dataclass(frozen=True)
 class ResponseLookup:
     """One response-history request, as the lookup steps pass it on."""
 
@@ -46,6 +55,9 @@ class ResponseLookup:
     fingerprint_hash: str
     use_cache: bool
     partition_key: str | None  # the caller's hint, unverified
+    # The turn row a wait's first look found (decision_wait.py), read during this
+    # request: the miss path extends by it instead of reading it again.
+    claimed_row: ClaimedRow | None = None
 
 
 class ResponseReader:
@@ -152,11 +164,18 @@ class ResponseReader:
         hint, else the response's claim (``locate``). A hint is never trusted: the turn
         row must be found there (a response id lives in one partition per tenant, bound
         by its claim), else the claim decides, as without a hint. With a right hint
-        the extension reads ONE row."""
+        the extension reads ONE row; with the row a wait's first look found
+        (``claimed_row``), none: it is the row this lookup would read, where the claim
+        says, by the same read, made during this request (docs/decisions.md, "A wait
+        that finds its turn promoted reads it once")."""
         assert self._cache is not None
         tenant_id, response_id = lookup.tenant_id, lookup.response_id
         verified = self._cache.location(tenant_id, response_id)
-        partition_key = verified or lookup.partition_key
+        claimed = lookup.claimed_row
+        if claimed is not None and verified not in (None, claimed.partition_key):
+            claimed = None  # where this API verified it decides (never seen: one claim)
+        partition_key = verified or (
+            lookup.partition_key if claimed is None else claimed.partition_key)
         if not lookup.use_cache:
             child(metrics.HISTORY_CACHE, "response", "bypass").inc()
             return await self._read_response(
@@ -164,7 +183,10 @@ class ResponseReader:
             )
         row = None
         try:
-            if partition_key is not None and self._cache.extendable(tenant_id, partition_key):
+            if claimed is not None:
+                if self._cache.extendable(tenant_id, claimed.partition_key):
+                    row = claimed.row
+            elif partition_key is not None and self._cache.extendable(tenant_id, partition_key):
                 row = await self._store.read_turn_async(tenant_id, partition_key, response_id)
                 if row is None and verified is None:  # a wrong hint, or nothing promoted yet
                     hinted = partition_key

@@ -454,7 +454,7 @@ def test_a_decision_record_naming_another_place_does_not_mislead_the_woken_read(
     "decided", ["promoted-where-hinted", "promoted-elsewhere", "promoted-no-hint", "rejected"]
 )
 def test_a_wait_for_a_response_decided_before_it_answers_at_once(stack, decided):
-    """The first look of a waiting request (``_undecided``) only ever decides to wait:
+    """The first look of a waiting request (``_first_look``) only ever decides to wait:
     a response promoted or rejected before the request came is answered at once, also
     when the caller's partition hint is wrong, never after its ``wait_ms``."""
     tenant, conv = uid("tenant"), uid("conv")

@@ -80,3 +80,69 @@ def test_an_answered_wait_for_a_continuation_reads_three_rows(fast_path):
     assert answer.status_code == 200 and answer.json()["outcome"] == "certified"
     assert answer.json()["head_seq"] == 2
     assert reads == {"locate": 1, "status": 1, "read_turn": 1}
+
+
+@pytest.mark.parametrize("hinted", [True, False], ids=["partition-key", "no-hint"])
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "fastapi"])
+def test_a_wait_whose_first_look_finds_the_turn_promoted_reads_three_rows(fast_path, hinted):
+    """The worker ahead of the gateway: the turn is promoted before the request comes.
+    The first look reads the claim and the status at once, then the turn row where the
+    claim says, and finds it: the lookup extends the cached prefix by THAT row instead
+    of reading it again (4 reads before session 52's change; 5 without the hint, whose
+    lookup read the claim again too)."""
+    from services.api import metrics
+
+    stack = CachingStack(fast_path=fast_path)
+    tenant, conv = uid("tenant"), uid("conv")
+    first = stack.promote(tenant, conv, 0, (message("a", item_id=uid("m")),))
+    assert stack.history(tenant, first).status_code == 200  # the gateway's previous turn
+    rid = stack.promote(tenant, conv, 1, (message("b", item_id=uid("m")),))
+    # The API's store never promotes: it has learnt no location from the promotions.
+    stack.store._hints.locations = type(stack.store._hints.locations)(1000)
+    found = metrics.WAIT_FIRST_LOOKS.labels("found")._value.get()
+    reads = _counting(stack)
+    params = {"partition_key": conv} if hinted else {}
+    started = time.monotonic()
+    answer = stack.history(tenant, rid, wait_ms=5000, **params)
+    assert time.monotonic() - started < 2  # answered at once, not at the deadline
+    assert metrics.WAIT_FIRST_LOOKS.labels("found")._value.get() == found + 1
+    assert answer.status_code == 200 and answer.json()["outcome"] == "certified"
+    assert answer.json()["head_seq"] == 2 and answer.json()["response_id"] == rid
+    assert reads == {"locate": 1, "status": 1, "read_turn": 1}
+    # The complete history, as a read of the whole partition answers it.
+    assert answer.json()["items"] == stack.fresh(tenant, rid).json()["items"]
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "fastapi"])
+def test_a_row_lost_after_the_first_look_found_it_is_answered_as_read(fast_path):
+    """Storage damage between the first look's row read and the lookup (rows never
+    change or expire, so nothing else takes a found row away): the answer is the
+    history as verified from the row read during the request, the same answer as a
+    request that came a moment earlier, and cached like any history read before a
+    loss; a read past the cache finds the loss (tests/unit/test_api_lost_turn.py).
+    Before session 52's change the lookup read the row again and answered
+    ``MISSING_HISTORY``: both are answers of a moment within the request."""
+    from tests.unit.test_api_lost_turn import _delete_turn
+
+    stack = CachingStack(fast_path=fast_path)
+    tenant, conv = uid("tenant"), uid("conv")
+    items = (message("a", item_id=uid("m")), message("b", item_id=uid("m")))
+    first = stack.promote(tenant, conv, 0, items[:1])
+    assert stack.history(tenant, first).status_code == 200
+    rid = stack.promote(tenant, conv, 1, items[1:])
+    real = stack.store.read_turn
+
+    def read_then_lose(*args, **kwargs):
+        row = real(*args, **kwargs)
+        if row is not None and rid in stack.store._partitions[(tenant, conv)].checkpoints:
+            _delete_turn(stack, tenant, conv, rid)
+        return row
+
+    stack.store.read_turn = read_then_lose
+    answer = stack.history(tenant, rid, wait_ms=5000, partition_key=conv)
+    assert rid not in stack.store._partitions[(tenant, conv)].checkpoints  # lost
+    assert answer.status_code == 200 and answer.json()["outcome"] == "certified"
+    assert answer.json()["head_seq"] == 2
+    assert [item["item_id"] for item in answer.json()["items"]] == [i.item_id for i in items]
+    fresh = stack.fresh(tenant, rid)
+    assert (fresh.status_code, fresh.json()["reason"]) == (500, "MISSING_HISTORY")
