@@ -182,31 +182,61 @@ def replication_shortfalls(replication: dict, nodes_by_dc: dict[str, int],
     for the ledger, and for every read and commit with ``several``). With ``several``
     no ``LOCAL_QUORUM`` is used, so a short datacenter is judged by the second alone."""
     kind = str(replication.get("class", "")).rsplit(".", 1)[-1]
+    none = ["replication factor 0 in every datacenter: no node holds its data, so every "
+            "read and write fails"]
     if kind == "SimpleStrategy":
         rf = _factor(replication.get("replication_factor"))
         nodes = sum(nodes_by_dc.values())
-        if rf is None or nodes >= rf:
+        if rf == 0:
+            return none
+        if rf is None:
             return []
-        return [f"replication factor {rf} in the cluster, which has {nodes} node(s): "
-                + _fate("a QUORUM", rf, nodes, "the worker and the API fail every read "
-                        "and write")]
+        if nodes < rf:
+            return [f"replication factor {rf} in the cluster, which has {nodes} node(s): "
+                    + _fate("a QUORUM", rf, nodes, "the worker and the API fail every read "
+                            "and write")]
+        if len(nodes_by_dc) > 1 and not several:
+            # LOCAL_QUORUM of a SimpleStrategy keyspace is a quorum of its whole factor,
+            # counted in the coordinator's datacenter alone (session 52's review).
+            return [f"SimpleStrategy over {len(nodes_by_dc)} datacenters "
+                    f"({', '.join(sorted(nodes_by_dc))}): it places the {rf} replicas "
+                    "without regard to datacenters, so a worker or an API fails the reads "
+                    f"and writes of a partition with fewer than {rf // 2 + 1} of them in its "
+                    "own datacenter (LOCAL_QUORUM); NetworkTopologyStrategy places them "
+                    "per datacenter"]
+        return []
     if kind != "NetworkTopologyStrategy":
         return []
     factors = {dc: _factor(rf) for dc, rf in replication.items() if dc != "class"}
     factors = {dc: rf for dc, rf in factors.items() if rf is not None}
+    if not any(factors.values()):
+        return none
+    known = ", ".join(sorted(nodes_by_dc))
+
+    def where(dc: str) -> str:
+        nodes = nodes_by_dc.get(dc)
+        return (f"which has {nodes} node(s)" if nodes is not None else
+                f"which the cluster does not have (its datacenters: {known})")
+
     out = []
     if not several:
         for dc, rf in factors.items():
             nodes = nodes_by_dc.get(dc, 0)
             if nodes < rf:
-                out.append(f"replication factor {rf} in datacenter {dc}, which has {nodes} "
-                           "node(s): " + _fate("its LOCAL_QUORUM", rf, nodes,
-                                               f"a worker or an API in {dc} fails every "
-                                               "read and write"))
+                out.append(f"replication factor {rf} in datacenter {dc}, {where(dc)}: "
+                           + _fate("its LOCAL_QUORUM", rf, nodes,
+                                   f"a worker or an API in {dc} fails every read and write"))
+        # A datacenter with nodes but no replica: LOCAL_QUORUM there has none to reach.
+        for dc, nodes in sorted(nodes_by_dc.items()):
+            if not factors.get(dc):
+                out.append(f"no replica in datacenter {dc}, which has {nodes} node(s): a "
+                           f"worker or an API in {dc} fails every read and write (its "
+                           "LOCAL_QUORUM has none to reach)")
     total = sum(factors.values())
     held = sum(min(rf, nodes_by_dc.get(dc, 0)) for dc, rf in factors.items())
     if held < total:
         short = ", ".join(f"{dc} {min(rf, nodes_by_dc.get(dc, 0))} of {rf}"
+                          + ("" if dc in nodes_by_dc else ", no such datacenter")
                           for dc, rf in factors.items() if nodes_by_dc.get(dc, 0) < rf)
         what = ("every worker and API fails every read and write" if several else
                 "every promotion (Paxos at SERIAL) fails")

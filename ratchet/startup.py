@@ -25,8 +25,11 @@ def explain(exc: BaseException, settings: Settings) -> str | None:
 
     from infra.migrate import SchemaBehind
     from schemas.errors import RegistryUnavailable
+    from services.cassandra_cluster import UnknownLocalDatacenter
 
     cassandra = f"{','.join(settings.cassandra_hosts)}:{settings.cassandra_port}"
+    if isinstance(exc, UnknownLocalDatacenter):
+        return str(exc)
     if isinstance(exc, SchemaBehind):
         return f"Cassandra at {cassandra}: {exc}"
     if isinstance(exc, NoHostAvailable):

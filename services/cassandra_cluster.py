@@ -115,6 +115,31 @@ def open_cluster(settings: Settings, **options: Any) -> Cluster:
                    protocol_version=PROTOCOL_VERSION, **options)
 
 
+class UnknownLocalDatacenter(Exception):
+    """``RATCHET_CASSANDRA_LOCAL_DC`` names a datacenter none of the cluster's nodes is
+    in: ``str()`` is the operator's line."""
+
+
+def connect(cluster: Cluster, settings: Settings, keyspace: str | None = None) -> Any:
+    """``cluster.connect(keyspace)``; a named local datacenter the cluster lacks is
+    ``UnknownLocalDatacenter`` naming it and the datacenters there are. The policy then
+    finds no host to use and the driver says only ``NoHostAvailable``, which a start
+    read as a keyspace not migrated (session 52's review)."""
+    try:
+        return cluster.connect(keyspace)
+    except NoHostAvailable:
+        local_dc = settings.cassandra_local_dc
+        # The control connection has read every node's datacenter before the session
+        # failed; none read (Cassandra unreachable) is no evidence of a wrong name.
+        known = sorted({h.datacenter for h in cluster.metadata.all_hosts() if h.datacenter})
+        if local_dc and known and local_dc not in known:
+            raise UnknownLocalDatacenter(
+                f"RATCHET_CASSANDRA_LOCAL_DC={local_dc!r}: no node of the cluster at "
+                f"{','.join(settings.cassandra_hosts)}:{settings.cassandra_port} is in that "
+                f"datacenter (its datacenters: {', '.join(known)})") from None
+        raise
+
+
 async def completed(future: ResponseFuture) -> None:
     """Wait on the event loop, without a thread, until a driver request is answered
     (or failed); ``future.result()`` then returns or raises at once. The driver's I/O

@@ -126,6 +126,12 @@ class LoopSession:
             num_threads_io=1,
             core_connections_per_host=1,
             **({} if self._coalesce_us is None else {"coalesce_delay_us": self._coalesce_us}),
+            # The datacenter cassandra-driver's policy sends to (services/cassandra_cluster
+            # .py): unset, the C++ driver takes the DC of the contact point it reaches
+            # first, and it shuffles them, so a worker or an API on contact points in two
+            # DCs could read and write through the other DC's coordinators.
+            **({"load_balance_dc_aware": self._settings.cassandra_local_dc}
+               if self._settings.cassandra_local_dc else {}),
             # Back within seconds after an outage, like the worker's cassandra-driver
             # (the C++ driver's default backs off up to a minute).
             exponential_reconnect_base_delay_ms=500,

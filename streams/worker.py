@@ -21,7 +21,7 @@ from infra.migrate import check_schema
 from ratchet import early_log, speedups
 from ratchet.settings import Settings
 from ratchet.startup import StartupFailed, explain
-from services.cassandra_cluster import open_cluster, store_levels
+from services.cassandra_cluster import connect, open_cluster, store_levels
 from services.cassandra_loop import LoopSession
 from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
@@ -44,7 +44,7 @@ def build_runtime(settings: Settings) -> tuple[Runtime, Cluster]:
     cluster = open_cluster(settings,
                            reconnection_policy=ExponentialReconnectionPolicy(0.5, 4.0))
     try:
-        session = cluster.connect(settings.keyspace)
+        session = connect(cluster, settings, settings.keyspace)
         check_schema(session, settings.keyspace)
         loop_session = LoopSession(settings) if settings.loop_driver == "acsylla" else None
         store = CassandraCheckpointStore(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
 
 from infra.fetch import fetch_jars
 from infra.jdk import java17
@@ -45,12 +47,28 @@ _LOGBACK = """<configuration scan="false">
 """
 
 
-def _accepts(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
-        return False
+def _accepting(hosts: tuple[str, ...], port: int, timeout_s: float) -> list[str]:
+    """The hosts that accept a TCP connection on ``port``, all tried at once for at most
+    ``timeout_s`` together: one at a time, each hung host (a machine gone, a firewall
+    dropping SYNs) added its own timeout past the caller's deadline (session 52's
+    review)."""
+    accepted = [False] * len(hosts)
+
+    def probe(i: int) -> None:
+        try:
+            with socket.create_connection((hosts[i], port), timeout=timeout_s):
+                accepted[i] = True
+        except OSError:
+            pass
+
+    threads = [threading.Thread(target=probe, args=(i,), daemon=True)
+               for i in range(len(hosts))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [h for h, ok in zip(hosts, accepted, strict=True) if ok]
 
 
 class Cassandra(Server):
@@ -164,23 +182,30 @@ class Cassandra(Server):
         # The hosts the settings name, not 127.0.0.1: a cluster elsewhere (e.g. the
         # loopback aliases of a two-datacenter trial, session 52) is checked where it is.
         hosts = self.settings.cassandra_hosts
-        if not any(_accepts(h, self.client_port()) for h in hosts):
+        deadline = time.monotonic() + timeout_s
+        live = _accepting(hosts, self.client_port(), min(1.0, timeout_s))
+        if not live:
             raise Unhealthy(f"nothing accepts connections on "
                             f"{', '.join(f'{h}:{self.client_port()}' for h in hosts)}")
         import logging
 
         from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
-        from cassandra.policies import RoundRobinPolicy
+        from cassandra.policies import WhiteListRoundRobinPolicy
+
+        def left() -> float:
+            return max(0.1, deadline - time.monotonic())
 
         logging.getLogger("cassandra").setLevel(logging.CRITICAL)
-        profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy())
-        cluster = Cluster(list(self.settings.cassandra_hosts), port=self.client_port(),
-                          connect_timeout=timeout_s, control_connection_timeout=timeout_s,
+        # Only the hosts that accepted, for the control connection and the query: the
+        # driver would otherwise wait its connect timeout on a hung one first.
+        profile = ExecutionProfile(load_balancing_policy=WhiteListRoundRobinPolicy(live))
+        cluster = Cluster(live, port=self.client_port(),
+                          connect_timeout=left(), control_connection_timeout=left(),
                           protocol_version=5, execution_profiles={EXEC_PROFILE_DEFAULT: profile})
         try:
             session = cluster.connect()
             row = session.execute("SELECT release_version FROM system.local",
-                                  timeout=timeout_s).one()
+                                  timeout=left()).one()
             if not row or not row.release_version:
                 raise Unhealthy("system.local returned no release_version")
         except Unhealthy:

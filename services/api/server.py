@@ -39,7 +39,7 @@ from services.api.prewarm import Prewarmer
 from services.api.service import RehydrationService
 from services.api.slow_readers import with_stall_guard
 from services.api.waiters import PromotionWaiters
-from services.cassandra_cluster import open_cluster, store_levels
+from services.cassandra_cluster import connect, open_cluster, store_levels
 from services.cassandra_loop import LoopSession
 from services.ledger.cassandra import CassandraLedger
 from services.store.base import StoreOptions
@@ -79,7 +79,7 @@ class ApiProcess:
             raise
 
     def _start(self, settings: Settings) -> None:
-        session = self.cluster.connect(settings.keyspace)
+        session = connect(self.cluster, settings, settings.keyspace)
         check_schema(session, settings.keyspace)
         # The reads awaited on the server's event loop (histories, heads, a wait's status)
         # go through the C++ driver (services/cassandra_loop.py): ~0.4 ms less CPU per

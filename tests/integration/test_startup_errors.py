@@ -74,6 +74,22 @@ def test_a_keyspace_one_migration_behind_is_one_line_naming_migrate(
 
 
 @pytest.mark.parametrize("command", ["worker", "api"])
+def test_a_local_datacenter_the_cluster_lacks_is_one_line_naming_it(settings, command):
+    """A RATCHET_CASSANDRA_LOCAL_DC no node is in (a typo, 'dc-1' for 'dc1') is said as
+    such, with the datacenters there are, on a migrated keyspace: it used to be "has no
+    keyspace ... (or it is unreachable): run `ratchet migrate` first", sending the
+    operator to migrate a keyspace that was there (session 52's review, rrevv)."""
+    done = _run(command, settings, RATCHET_CASSANDRA_LOCAL_DC="nodc",
+                RATCHET_TOPIC_PREFIX=f"startup-{uuid.uuid4().hex[:8]}.")
+    assert done.returncode == 1, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"ratchet {command}: cannot start: ")
+    assert "RATCHET_CASSANDRA_LOCAL_DC='nodc'" in lines[0] and "migrate" not in lines[0]
+    assert "datacenter1" in lines[0]  # the shared test cluster's one datacenter
+
+
+@pytest.mark.parametrize("command", ["worker", "api"])
 def test_cassandra_that_does_not_answer_is_one_line(settings, command):
     done = _run(command, settings, RATCHET_CASSANDRA_PORT=str(free_port()),
                 RATCHET_TOPIC_PREFIX=f"startup-{uuid.uuid4().hex[:8]}.")

@@ -42,3 +42,24 @@ def test_the_api_session_gets_the_coalesce_delay_of_the_settings(monkeypatch, en
 def test_without_a_delay_the_driver_keeps_its_default(monkeypatch):
     options = _cluster_options(monkeypatch, cassandra_loop.LoopSession(Settings.from_env({})))
     assert "coalesce_delay_us" not in options
+
+
+@pytest.mark.parametrize("make", ["api", "worker"])
+def test_the_cpp_driver_sends_to_the_named_local_datacenter(monkeypatch, make):
+    """``RATCHET_CASSANDRA_LOCAL_DC`` reaches the C++ driver too (session 52's review,
+    rrevv): before, only cassandra-driver's policy had it, and the API's reads and the
+    worker's loop path went to the datacenter of whichever contact point the C++ driver
+    reached first (it shuffles them)."""
+    from services.api.server import api_loop_session
+
+    settings = Settings.from_env({"RATCHET_CASSANDRA_HOSTS": "127.0.0.2,127.0.0.3",
+                                  "RATCHET_CASSANDRA_LOCAL_DC": "dc2"})
+    session = (api_loop_session(settings) if make == "api"
+               else cassandra_loop.LoopSession(settings))
+    options = _cluster_options(monkeypatch, session)
+    assert options["load_balance_dc_aware"] == "dc2"
+
+
+def test_unset_the_cpp_driver_picks_the_datacenter_itself(monkeypatch):
+    options = _cluster_options(monkeypatch, cassandra_loop.LoopSession(Settings.from_env({})))
+    assert "load_balance_dc_aware" not in options

@@ -322,7 +322,7 @@ def test_replication_shortfalls_name_each_datacenter_short_of_nodes():
     nts = {"class": "NetworkTopologyStrategy", "dc1": "3", "dc2": "2/1"}
     assert replication_shortfalls(nts, {"dc1": 3, "dc2": 2}) == []
     short, _ = replication_shortfalls(nts, {"dc1": 3})
-    assert "factor 2 in datacenter dc2, which has 0 node(s)" in short
+    assert "factor 2 in datacenter dc2, which the cluster does not have" in short
     assert replication_shortfalls({"class": "LocalStrategy"}, {}) == []
 
 
@@ -360,3 +360,66 @@ def test_under_one_a_short_datacenter_names_who_fails_and_the_paxos_quorum():
     assert paxos == ("2 of its 4 replicas on nodes (dc2 1 of 3): the QUORUM of all "
                      "datacenters (3 of 4) cannot be reached, so every promotion (Paxos at "
                      "SERIAL) fails")
+
+
+def test_a_datacenter_the_cluster_lacks_is_named_as_such():
+    """A datacenter named in the replication that no node is in (a typo: 'dc3' for
+    'dc2') was "which has 0 node(s)", as if nodes were yet to come; it is named as one
+    the cluster does not have, with those it has (session 52's review, rrevv)."""
+    from infra.migrate import replication_shortfalls
+
+    rep = {"class": NTS, "dc1": "3", "dc3": "3"}
+    nodes = {"dc1": 3, "dc2": 3}
+    local, left_out, paxos = replication_shortfalls(rep, nodes)
+    assert left_out.startswith("no replica in datacenter dc2, which has 3 node(s)")
+    assert local.startswith("replication factor 3 in datacenter dc3, which the cluster does "
+                            "not have (its datacenters: dc1, dc2): its LOCAL_QUORUM")
+    assert "(dc3 0 of 3, no such datacenter)" in paxos
+    (only,) = replication_shortfalls(rep, nodes, several=True)
+    assert "(dc3 0 of 3, no such datacenter)" in only
+
+
+@pytest.mark.parametrize("several", [False, True])
+@pytest.mark.parametrize("rep", [
+    {"class": NTS, "dc1": "0"}, {"class": NTS},
+    {"class": "org.apache.cassandra.locator.SimpleStrategy", "replication_factor": "0"}])
+def test_no_replica_anywhere_is_warned_in_both_modes(rep, several):
+    """Replication factor 0 everywhere: every read and write fails, and migrate said
+    nothing (session 52's review, rrevv)."""
+    from infra.migrate import replication_shortfalls
+
+    (only,) = replication_shortfalls(rep, {"dc1": 3}, several)
+    assert only == ("replication factor 0 in every datacenter: no node holds its data, "
+                    "so every read and write fails")
+
+
+def test_under_one_a_datacenter_without_replicas_fails_its_workers_and_apis():
+    """With ``one`` the store reads and commits at LOCAL_QUORUM: a worker or an API in a
+    datacenter the replication leaves out (RF 0, or not named) has no replica there to
+    reach and fails every read and write. With ``several`` (QUORUM) it does not."""
+    from infra.migrate import replication_shortfalls
+
+    for rep in ({"class": NTS, "dc1": "3"}, {"class": NTS, "dc1": "3", "dc2": "0"}):
+        (only,) = replication_shortfalls(rep, {"dc1": 3, "dc2": 3})
+        assert only == ("no replica in datacenter dc2, which has 3 node(s): a worker or an "
+                        "API in dc2 fails every read and write (its LOCAL_QUORUM has none "
+                        "to reach)")
+        assert replication_shortfalls(rep, {"dc1": 3, "dc2": 3}, several=True) == []
+
+
+def test_under_one_simple_strategy_over_several_datacenters_is_warned():
+    """SimpleStrategy places replicas without regard to datacenters, so with ``one``
+    (LOCAL_QUORUM of the keyspace's factor in the coordinator's datacenter) a partition
+    with fewer than a quorum of its replicas in a worker's datacenter fails there. With
+    ``several`` (QUORUM of all) it holds."""
+    from infra.migrate import replication_shortfalls
+
+    simple = {"class": "org.apache.cassandra.locator.SimpleStrategy", "replication_factor": "3"}
+    (only,) = replication_shortfalls(simple, {"dc1": 3, "dc2": 3})
+    assert only == ("SimpleStrategy over 2 datacenters (dc1, dc2): it places the 3 replicas "
+                    "without regard to datacenters, so a worker or an API fails the reads "
+                    "and writes of a partition with fewer than 2 of them in its own "
+                    "datacenter (LOCAL_QUORUM); NetworkTopologyStrategy places them per "
+                    "datacenter")
+    assert replication_shortfalls(simple, {"dc1": 3, "dc2": 3}, several=True) == []
+    assert replication_shortfalls(simple, {"dc1": 3}) == []
