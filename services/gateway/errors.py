@@ -193,14 +193,17 @@ class DeliveryError(GatewayError):
     flush that are no longer listed (the producer keeps at most ``MAX_KEPT_FAILURES``:
     a thread that flushes rarely); not retryable then, they cannot be named."""
 
+    LISTED = 5  # failures its text names; ``failures`` holds them all
+
     def __init__(self, failures: list[tuple[str, str]], retryable: bool,
                  pending: int = 0, forgotten: int = 0) -> None:
         self.failures = failures  # (event_id, broker error text)
         self.retryable = retryable
         self.pending = pending
         self.forgotten = forgotten
-        ids = ", ".join(f"{eid}: {err}" for eid, err in failures[:5])
-        more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
+        ids = ", ".join(f"{eid}: {err}" for eid, err in failures[:self.LISTED])
+        more = (f" (+{len(failures) - self.LISTED} more)"
+                if len(failures) > self.LISTED else "")
         flight = f"; {pending} event(s) still in flight" if pending else ""
         lost = (f"; {forgotten} earlier failure(s) no longer listed (the producer keeps "
                 "the latest ones only: flush more often)" if forgotten else "")
