@@ -185,6 +185,22 @@ def check_claim(holder: ResponseClaim) -> None:
             f"names no {' and no '.join(missing)}")
 
 
+def check_request_claim(holder: ResponseClaim) -> ResponseClaim:
+    """A request claim (``request_claims``: the response id and partition holding a
+    chain's first request) with a null or empty response id or partition cell is damage:
+    every such claim is written whole. Trusted as it is, the holder was a response
+    "None" the worker waited for without end (memory) or a null key sent to Cassandra
+    (refused, ``StoreUnavailable``, retried without end; session 52's outside review).
+    Its digest cell is not read (``hold_request`` writes it empty). Returns the holder."""
+    missing = [name for cell, name in (("response_id", "response"), ("partition_key", "partition"))
+               if not getattr(holder, cell)]
+    if missing:
+        raise CorruptPartition(
+            f"the claim of request {holder.idempotency_key} of tenant {holder.tenant_id} "
+            f"names no {' and no '.join(missing)}")
+    return holder
+
+
 @dataclass(frozen=True)
 class ResponseClaimed:
     """The response id is claimed by another request (another idempotency key, request
