@@ -170,19 +170,42 @@ _CLAIM_CELLS = (("partition_key", "partition"), ("idempotency_key", "request"),
                 ("request_digest", "request digest"))
 
 
-def check_claim(holder: ResponseClaim) -> None:
-    """A claim row with a cell that reads null (or empty) is damage, never another
-    request's claim: every claim is written whole, from a turn whose key and digest
-    passed validation. Compared as it is, such a holder differs from every turn, and the
-    write answered ``CONFLICT`` "bound to request K in P" from a row nobody can check,
-    also to the very request it may be (session 52). ``CorruptPartition``: ``CORRUPT``.
-    The write asks it only where the holder decides (its view would let the turn write),
-    so a turn its view answers (a promoted request's redelivery) is answered as before."""
+def check_claim(holder: ResponseClaim, mine: ResponseClaim) -> None:
+    """A claim row with a cell that reads null (or empty) is damage: every claim is
+    written whole, from a turn whose key and digest passed validation. Compared as it
+    is, such a holder differs from every turn, and the write answered ``CONFLICT``
+    "bound to request K in P" also to the very request it may be (session 52).
+    A null cell decides nothing either way: where the intact cells all agree with the
+    turn's claim (``mine``), the holder may be the turn's own request,
+    ``CorruptPartition`` (``CORRUPT``); where one differs (another partition, key or
+    digest), the id is bound to another turn whatever the null cell held, and the
+    caller answers ``ResponseClaimed`` (``CONFLICT``, CONTRACT 4), so a damaged claim's
+    ``CORRUPT`` never reaches a healthy Conversation's turn (session 52's outside
+    review). The write asks it only where the holder decides (its view would let the
+    turn write), so a turn its view answers (a promoted request's redelivery) is
+    answered as before."""
     missing = [name for cell, name in _CLAIM_CELLS if not getattr(holder, cell)]
-    if missing:
+    if missing and all(getattr(holder, cell) == getattr(mine, cell)
+                       for cell, _ in _CLAIM_CELLS if getattr(holder, cell)):
         raise CorruptPartition(
             f"the claim of response {holder.response_id} of tenant {holder.tenant_id} "
             f"names no {' and no '.join(missing)}")
+
+
+def check_request_claim(holder: ResponseClaim) -> ResponseClaim:
+    """A request claim (``request_claims``: the response id and partition holding a
+    chain's first request) with a null or empty response id or partition cell is damage:
+    every such claim is written whole. Trusted as it is, the holder was a response
+    "None" the worker waited for without end (memory) or a null key sent to Cassandra
+    (refused, ``StoreUnavailable``, retried without end; session 52's outside review).
+    Its digest cell is not read (``hold_request`` writes it empty). Returns the holder."""
+    missing = [name for cell, name in (("response_id", "response"), ("partition_key", "partition"))
+               if not getattr(holder, cell)]
+    if missing:
+        raise CorruptPartition(
+            f"the claim of request {holder.idempotency_key} of tenant {holder.tenant_id} "
+            f"names no {' and no '.join(missing)}")
+    return holder
 
 
 @dataclass(frozen=True)

@@ -714,8 +714,12 @@ def interpret(turn: TurnCompleted, outcome: PromotionOutcome,
                           f"request {cp.idempotency_key} at seq {cp.seq}", head_seq=cp.seq,
                           existing_response_id=cp.response_id)
         case ResponseClaimed(holder=claim):
+            # A claim with a null key cell decides by its partition (``check_claim``):
+            # the answer names what the row holds, never "None".
+            bound = (f"request {claim.idempotency_key}" if claim.idempotency_key
+                     else "another request")
             return Reject(R.CONFLICT, f"response id {claim.response_id} is already bound to "
-                          f"request {claim.idempotency_key} in {claim.partition_key}",
+                          f"{bound} in {claim.partition_key}",
                           existing_response_id=claim.response_id)
         case KeyReused(original_response_id=rid):
             return Reject(R.IDEMPOTENCY_KEY_REUSED, f"idempotency key {turn.idempotency_key} "

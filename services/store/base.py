@@ -32,9 +32,11 @@ wins, never released. A claim held by another request ends the call with
 outcome (those are answered first); this is what binds a response id once per tenant
 across partitions. A claim whose batch is then refused stays with its request: a later
 turn of the same request (same key, digest, partition) finds it and goes on. A claim
-row with a null partition, key or digest cell is damage, not another request's claim:
-where the holder would decide, ``promote`` raises ``CorruptPartition``
-(``ratchet.domain.plan.check_claim``; session 52).
+row with a null partition, key or digest cell is damage: where the holder would decide
+and every intact cell agrees with the turn's, ``promote`` raises ``CorruptPartition``
+(``ratchet.domain.plan.check_claim``; session 52); an intact cell that differs is
+``ResponseClaimed``. A request claim with a null response id or partition:
+``CorruptPartition`` (``check_request_claim``).
 
 A request's facts (kept by the ledger) are asserted, not read: every fact writer
 sets the request's facts mark (``mark_request_facts``) and the write of step 5 also

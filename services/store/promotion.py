@@ -107,7 +107,7 @@ class PromotionWriter:
                 return LineageChanged(decision.parent_response_id)
             if not claim_is_mine():
                 assert holder is not None
-                check_claim(holder)  # a damaged claim is no other request's
+                check_claim(holder, mine)  # a damaged claim that may be the turn's own
                 return ResponseClaimed(holder)
             held = request_held()
             if held is not None:

@@ -17,6 +17,7 @@ from ratchet.domain.plan import (
     PromotionRequest,
     RequestHeld,
     ResponseClaim,
+    check_request_claim,
     check_view_filing,
     starts_chain,
 )
@@ -45,7 +46,7 @@ class RequestFacts:
         if not starts_chain(request):
             return None
         mine = ResponseClaim.of(request)
-        holder = self._backend._claim_request(mine)
+        holder = check_request_claim(self._backend._claim_request(mine))
         if holder.response_id == request.response_id:
             return None
         original = self.promoted_at(request, holder)
@@ -63,6 +64,11 @@ class RequestFacts:
             request, partition_key=holder.partition_key, response_id=holder.response_id
         ))
 
+    def _request_holder(self, tenant_id: str, idempotency_key: str) -> ResponseClaim | None:
+        """The request's claim read at SERIAL, checked whole (``check_request_claim``)."""
+        holder = self._backend._request_holder(tenant_id, idempotency_key)
+        return None if holder is None else check_request_claim(holder)
+
     def _original(self, request: PromotionRequest) -> CheckpointRecord | None:
         """The view's original, from a view whose rows are filed under their ids
         (``check_view_filing``: a row naming another id is ``CorruptPartition``, never
@@ -73,14 +79,14 @@ class RequestFacts:
 
     def hold_request(self, tenant_id: str, idempotency_key: str,
                      response_id: str) -> ResponseClaim:
-        return self._backend._claim_request(ResponseClaim(tenant_id, response_id, response_id,
-                                                          idempotency_key, ""))
+        return check_request_claim(self._backend._claim_request(ResponseClaim(
+            tenant_id, response_id, response_id, idempotency_key, "")))
 
     def promoted_request(self, request: PromotionRequest) -> CheckpointRecord | None:
         validate_request(request, written=False)
         original = self._original(request)
         if original is None and starts_chain(request):
-            holder = self._backend._request_holder(request.tenant_id, request.idempotency_key)
+            holder = self._request_holder(request.tenant_id, request.idempotency_key)
             if holder is not None and holder.partition_key != request.partition_key:
                 original = self.promoted_at(request, holder)
         return original
@@ -96,7 +102,7 @@ class RequestFacts:
         validate_request(request, written=False)
         original = self._original(request)
         if original is None and first_of_chain:
-            holder = self._backend._request_holder(tenant_id, idempotency_key)
+            holder = self._request_holder(tenant_id, idempotency_key)
             if holder is not None and holder.partition_key != partition_key:
                 original = self.promoted_at(request, holder)
         return original
@@ -114,7 +120,7 @@ class RequestFacts:
                                                  uuid.uuid4().hex)
         if promoted is not None or not first_of_chain:
             return promoted
-        holder = backend._request_holder(tenant_id, idempotency_key)
+        holder = self._request_holder(tenant_id, idempotency_key)
         if holder is None or holder.partition_key == partition_key:
             return None
         return backend._mark_unless_promoted(tenant_id, holder.partition_key, idempotency_key,

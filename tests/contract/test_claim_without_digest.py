@@ -1,5 +1,9 @@
 """A response id's claim whose ``request_digest`` cell reads null is damage: a turn that
-meets it is answered ``CORRUPT``, never promoted on it and never ``CONFLICT`` named from it.
+may be the claim's own request (its intact cells all agree) is answered ``CORRUPT``,
+never promoted on it and never ``CONFLICT`` naming its own key; a turn an intact cell
+proves another (another partition or key) is ``CONFLICT``, as without the damage
+(session 52's outside review: the damaged claim's ``CORRUPT`` reached a healthy
+Conversation's turn).
 
 The claim (``response_claims``, ``ResponseClaim``) binds a response id to ONE request
 (idempotency key + request digest) in ONE partition; a promotion goes on only when the
@@ -26,8 +30,8 @@ import uuid
 
 import pytest
 
-from ratchet.domain.plan import CorruptPartition, ResponseClaim
-from ratchet.domain.promotion import promotion_request
+from ratchet.domain.plan import CorruptPartition, ResponseClaim, ResponseClaimed
+from ratchet.domain.promotion import interpret, promotion_request
 from ratchet.samples import TENANT, make_turn, new_id
 from schemas.models import Certification, PromotionRejected, RejectionReason
 from services.ledger.cassandra import CassandraLedger
@@ -51,16 +55,21 @@ def backend(request):
             CassandraLedger(session, timeout_s=30))
 
 
-def damage_digest(store, response_id: str) -> None:
-    """The response id's claim row with its ``request_digest`` cell null."""
+def set_null(store, response_id: str, cell: str) -> None:
+    """The response id's claim row with its ``cell`` null (memory: as Cassandra reads it)."""
     if isinstance(store, CassandraCheckpointStore):
         store._session.execute(
-            "UPDATE response_claims SET request_digest = null "
+            f"UPDATE response_claims SET {cell} = null "
             "WHERE tenant_id = %s AND response_id = %s", (TENANT, response_id), timeout=30)
         return
     with store._lock:
         claim = store._claims[(TENANT, response_id)]
-        store._claims[(TENANT, response_id)] = dataclasses.replace(claim, request_digest=None)
+        store._claims[(TENANT, response_id)] = dataclasses.replace(claim, **{cell: None})
+
+
+def damage_digest(store, response_id: str) -> None:
+    """The response id's claim row with its ``request_digest`` cell null."""
+    set_null(store, response_id, "request_digest")
 
 
 def claim_only(store, turn) -> None:
@@ -109,21 +118,42 @@ def test_the_same_request_meeting_its_claim_without_digest_is_corrupt(backend, e
     corrupt_every_time(backend, entry, retry)
 
 
+def conflict_every_time(backend, entry, turn, bound_in: str) -> None:
+    """``CONFLICT`` naming the claim's intact partition (never a null cell), the same on
+    redelivery and on another worker."""
+    for attempt in ("first", "redelivery", "another worker"):
+        handled = cold(backend, entry).handle(turn)
+        assert handled.kind == "rejected", (attempt, handled)
+        out = handled.outbound[0].model
+        assert isinstance(out, PromotionRejected), (attempt, out)
+        assert out.reason is R.CONFLICT, (attempt, out.reason, out.detail)
+        assert f"in {bound_in}" in out.detail and "None" not in out.detail, (attempt, out.detail)
+        assert out.existing_response_id == turn.response_id, (attempt, out)
+
+
 @ENTRIES
-def test_another_request_meeting_a_claim_without_digest_is_corrupt(backend, entry):
+def test_another_request_meeting_a_claim_without_digest_is_conflict(backend, entry):
+    """Same partition, another idempotency key: the claim's intact key cell proves the
+    id bound to another request, whatever its digest was (CONTRACT 4: ``CONFLICT``; it
+    was ``CORRUPT`` from session 52's rproc7 to its outside review)."""
     store, _ = backend
     held = conversation_turn()
     claim_only(store, held)
     damage_digest(store, held.response_id)
     other = make_turn(conversation_id=held.conversation_id, response_id=held.response_id)
-    corrupt_every_time(backend, entry, other)
+    conflict_every_time(backend, entry, other, held.conversation_id)
+    assert store.get_checkpoint(TENANT, other.response_id) is None
 
 
 @ENTRIES
-def test_a_turn_of_another_partition_meeting_a_claim_without_digest_is_corrupt(
+def test_a_turn_of_another_partition_meeting_a_claim_without_digest_is_conflict(
         backend, entry):
-    """The id promoted in one Conversation; a turn of another Conversation with that id
-    (its view there holds no such row: the claim decides)."""
+    """The id promoted in one Conversation; a turn of another, healthy Conversation with
+    that id (its view there holds no such row: the claim decides). The claim's intact
+    partition cell names the other Conversation, so the id is bound to another turn
+    whatever its digest was: ``CONFLICT`` (CONTRACT 4), not the damaged claim's
+    ``CORRUPT`` leaking into a healthy Conversation (docs/store.md: damage to one history
+    fails that history only). ``CORRUPT`` from rproc7 to its outside review."""
     store, _ = backend
     promoted = conversation_turn()
     assert cold(backend, entry).handle(promoted).kind == "promoted"
@@ -131,11 +161,7 @@ def test_a_turn_of_another_partition_meeting_a_claim_without_digest_is_corrupt(
     elsewhere = conversation_turn(response_id=promoted.response_id,
                                   idempotency_key=promoted.idempotency_key,
                                   request_digest=promoted.request_digest)
-    for attempt in ("first", "redelivery"):
-        handled = cold(backend, entry).handle(elsewhere)
-        out = handled.outbound[0].model
-        assert isinstance(out, PromotionRejected), (attempt, out)
-        assert out.reason is R.CORRUPT, (attempt, out.reason, out.detail)
+    conflict_every_time(backend, entry, elsewhere, promoted.conversation_id)
     # The promotion that stands is untouched.
     assert store.get_checkpoint(TENANT, promoted.response_id).partition_key == (
         promoted.conversation_id)
@@ -165,18 +191,29 @@ def test_the_store_raises_on_a_claim_with_a_null_cell(backend, cell):
     store, _ = backend
     turn = conversation_turn()
     claim_only(store, turn)
-    if isinstance(store, CassandraCheckpointStore):
-        store._session.execute(
-            f"UPDATE response_claims SET {cell} = null "
-            "WHERE tenant_id = %s AND response_id = %s", (TENANT, turn.response_id),
-            timeout=30)
-    else:
-        claims = store._claims
-        claims[(TENANT, turn.response_id)] = dataclasses.replace(
-            claims[(TENANT, turn.response_id)], **{cell: None})
+    set_null(store, turn.response_id, cell)
     request = promotion_request(turn, Certification.CERTIFIED)
     with pytest.raises(CorruptPartition, match="names no "):
         store.promote(request)
     # Nothing written: no turn row where the turn would be (asked of the partition, not
     # the claim, which a null partition cell makes unreadable).
     assert not store._turn_row_serial(TENANT, turn.conversation_id, turn.response_id)
+
+
+@pytest.mark.parametrize("cell", ["request_digest", "idempotency_key"])
+def test_the_store_answers_a_turn_of_another_partition_from_the_intact_cells(backend, cell):
+    """A claim with its partition cell intact and another partition: no null cell can
+    make it the turn's own, so it is ``ResponseClaimed`` (``CONFLICT``), on both
+    backends; its answer names no null cell."""
+    store, _ = backend
+    turn = conversation_turn()
+    claim_only(store, turn)
+    set_null(store, turn.response_id, cell)
+    elsewhere = conversation_turn(response_id=turn.response_id,
+                                  idempotency_key=turn.idempotency_key,
+                                  request_digest=turn.request_digest)
+    outcome = store.promote(promotion_request(elsewhere, Certification.CERTIFIED))
+    assert isinstance(outcome, ResponseClaimed), outcome
+    assert outcome.holder.partition_key == turn.conversation_id
+    answer = interpret(elsewhere, outcome)
+    assert answer.reason is R.CONFLICT and "None" not in answer.detail, answer
