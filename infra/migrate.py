@@ -960,6 +960,11 @@ def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bo
     try:
         cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
                           protocol_version=5, connect_timeout=20,
+                          # The driver gives the control connection's queries (the
+                          # whole cluster's schema, every keyspace's tables) 2 s: a busy
+                          # node with many keyspaces took longer and `--status` said
+                          # "cannot reach Cassandra" (session 52). As long as a connect.
+                          control_connection_timeout=20,
                           execution_profiles={EXEC_PROFILE_DEFAULT: profile})
     except UnresolvableContactPoints:
         print(f"ratchet migrate: cannot reach Cassandra at {hosts}: no host name resolves; "

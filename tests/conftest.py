@@ -64,6 +64,9 @@ def cassandra_cluster(settings):
                                consistency_level=default_level(settings))
     cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
                       protocol_version=5, connect_timeout=20,
+                      # The driver's 2 s for the control connection's schema read (every
+                      # test keyspace's tables) failed a run's setup under load.
+                      control_connection_timeout=20,
                       # Fault tests restart Cassandra: the verifier must be back within
                       # seconds, like the worker (the driver's default waits up to 10 min).
                       reconnection_policy=ExponentialReconnectionPolicy(0.5, 5.0),

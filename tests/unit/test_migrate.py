@@ -286,14 +286,19 @@ def test_migrate_status_says_what_is_applied_and_pending_and_changes_nothing(
 
     try:
         (tmp_path / "001_core.cql").write_text("CREATE TABLE IF NOT EXISTS a (k int PRIMARY KEY);")
+        # Exit 1 is "pending" and "cannot reach Cassandra" alike: stderr tells them apart
+        # (a connect that timed out under load printed no status line, session 52).
         assert cli_migrate(s, tmp_path, status=True) == 1
-        assert f"keyspace {s.keyspace} does not exist" in capsys.readouterr().out
+        said = capsys.readouterr()
+        assert said.err == "", said.err
+        assert f"keyspace {s.keyspace} does not exist" in said.out
         assert not keyspace_exists()
 
         apply_migrations(cassandra_session, s, tmp_path)
         (tmp_path / "002_more.cql").write_text("CREATE TABLE IF NOT EXISTS b (k int PRIMARY KEY);")
         assert cli_migrate(s, tmp_path, status=True) == 1
-        out = capsys.readouterr().out
+        out, err = capsys.readouterr()
+        assert err == "", err
         lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
         # The whole output in the message: a run under load once lacked the file's line
         # (a KeyError, session 51) and left no trace of what it printed instead.
@@ -303,7 +308,7 @@ def test_migrate_status_says_what_is_applied_and_pending_and_changes_nothing(
         assert versions() == {1}  # nothing applied
 
         apply_migrations(cassandra_session, s, tmp_path)
-        assert cli_migrate(s, tmp_path, status=True) == 0
+        assert cli_migrate(s, tmp_path, status=True) == 0, capsys.readouterr().err
         assert f"keyspace {s.keyspace}: up to date (2 of 2 migrations applied)" in capsys.readouterr().out
     finally:
         cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
@@ -423,3 +428,93 @@ def test_under_one_simple_strategy_over_several_datacenters_is_warned():
                     "datacenter")
     assert replication_shortfalls(simple, {"dc1": 3, "dc2": 3}, several=True) == []
     assert replication_shortfalls(simple, {"dc1": 3}) == []
+
+
+class _SlowLink:
+    """A TCP proxy in front of the real Cassandra that delivers each of its answers
+    ``delay_s`` late (in order; a round trip's latency, not a throughput cap): a server
+    slow to answer, made deterministic."""
+
+    def __init__(self, host: str, port: int, delay_s: float) -> None:
+        import socket
+        import threading
+
+        self._target, self._delay_s = (host, port), delay_s
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            server = socket.create_connection(self._target)
+            self._sockets += [client, server]
+            threading.Thread(target=self._pipe, args=(client, server, 0.0), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, self._delay_s),
+                             daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst, delay_s: float) -> None:
+        import queue
+        import threading
+        import time
+
+        late: queue.Queue = queue.Queue()
+
+        def deliver() -> None:
+            while (item := late.get()) is not None:
+                due, chunk = item
+                time.sleep(max(0.0, due - time.monotonic()))
+                try:
+                    dst.sendall(chunk)
+                except OSError:
+                    return
+
+        threading.Thread(target=deliver, daemon=True).start()
+        while True:
+            try:
+                chunk = src.recv(65536)
+            except OSError:
+                chunk = b""
+            late.put((time.monotonic() + delay_s, chunk) if chunk else None)
+            if not chunk:
+                return
+
+    def close(self) -> None:
+        for s in self._sockets:
+            s.close()
+
+
+@pytest.mark.integration
+def test_migrate_status_through_a_slow_cassandra_says_the_status_not_cannot_reach(
+    cassandra_session, settings, unique_name, tmp_path, capsys
+):
+    """Under the shared Cassandra's load ``--status`` printed no file's line (session
+    51's KeyError, session 52's again): its ``connect`` failed "cannot reach Cassandra"
+    (on stderr, exit 1 like "pending"), because the driver gives the control
+    connection's own queries (the whole cluster's schema: ~700 tables here) 2 s by
+    default. Answers 2.5 s late each, still well within every statement's timeout."""
+    s = dataclasses.replace(settings, keyspace=unique_name("mig"))
+    link = _SlowLink(settings.cassandra_hosts[0], settings.cassandra_port, delay_s=2.5)
+    try:
+        (tmp_path / "001_core.cql").write_text("CREATE TABLE IF NOT EXISTS a (k int PRIMARY KEY);")
+        apply_migrations(cassandra_session, s, tmp_path)
+        (tmp_path / "002_more.cql").write_text("CREATE TABLE IF NOT EXISTS b (k int PRIMARY KEY);")
+        capsys.readouterr()
+        slow = dataclasses.replace(s, cassandra_hosts=("127.0.0.1",), cassandra_port=link.port)
+        code = cli_migrate(slow, tmp_path, status=True)
+        said = capsys.readouterr()
+        assert code == 1, said
+        assert said.err == "", said.err
+        assert "001_core.cql" in said.out and "002_more.cql" in said.out, said.out
+        assert f"keyspace {s.keyspace}: 1 of 2 migration(s) pending" in said.out, said.out
+    finally:
+        link.close()
+        cassandra_session.execute(f"DROP KEYSPACE IF EXISTS {s.keyspace}", timeout=60)
