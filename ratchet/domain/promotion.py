@@ -714,13 +714,15 @@ def interpret(turn: TurnCompleted, outcome: PromotionOutcome,
                           f"request {cp.idempotency_key} at seq {cp.seq}", head_seq=cp.seq,
                           existing_response_id=cp.response_id)
         case ResponseClaimed(holder=claim):
-            # A claim with a null key cell decides by its partition (``check_claim``):
-            # the answer names what the row holds, never "None".
+            # A claim with a null cell decides by its intact ones (``check_claim``): the
+            # answer names what the row holds, never "None" (a null partition printed
+            # "in None" until session 52's second outside review).
             bound = (f"request {claim.idempotency_key}" if claim.idempotency_key
                      else "another request")
+            where = (f"in {claim.partition_key}" if claim.partition_key
+                     else "(its claim names no partition)")
             return Reject(R.CONFLICT, f"response id {claim.response_id} is already bound to "
-                          f"{bound} in {claim.partition_key}",
-                          existing_response_id=claim.response_id)
+                          f"{bound} {where}", existing_response_id=claim.response_id)
         case KeyReused(original_response_id=rid):
             return Reject(R.IDEMPOTENCY_KEY_REUSED, f"idempotency key {turn.idempotency_key} "
                           f"already promoted a different request ({rid})",

@@ -317,7 +317,12 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
         response_model=ClaimBody,
         responses={**body_refused,
                    409: {"model": ClaimErrorBody, "description": "EFFECT_KEY_MISMATCH: "
-                         "the effect_id given is not the key of the parts given"}},
+                         "the effect_id given is not the key of the parts given"},
+                   # A damaged request claim (``check_request_claim``, met by
+                   # ``mark_claim``): the app's handler types it (session 52).
+                   500: {"model": ErrorBody, "description": "CORRUPT_HISTORY (not "
+                         "retryable): the request's claim row is damaged (a chain's first "
+                         "request), do not execute, report it; INTERNAL: a bug"}},
         summary="Claim a tool effect before executing it",
     )
     async def claim(body: ClaimIn) -> JSONResponse:
@@ -347,6 +352,7 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
         "/v1/effects/claims/{effect_id}/complete",
         response_model=ClaimBody,
         responses={**body_refused,
+                   500: {"model": ErrorBody, "description": "INTERNAL: a bug"},
                    404: {"model": ClaimErrorBody, "description": "UNKNOWN_CLAIM"},
                    409: {"model": ClaimErrorBody,
                          "description": "NOT_HOLDER, OUTCOME_CONFLICT"}},
