@@ -277,8 +277,9 @@ def error_response(exc: Exception) -> JSONResponse:
     if isinstance(exc, TurnLost):  # a promoted turn's row is gone (the status endpoint)
         log.error("lost turn row: %s", exc)
         return _error(500, ErrorBody(error="MISSING_HISTORY", detail=str(exc)))
-    if isinstance(exc, CorruptPartition):  # a damaged row (the status endpoint's read)
-        log.error("damaged checkpoint row: %s", exc)
+    # A damaged row: the status endpoint's read, or a claim's request claim (claims.py).
+    if isinstance(exc, CorruptPartition):
+        log.error("damaged row: %s", exc)
         return _error(500, ErrorBody(error="CORRUPT_HISTORY", detail=str(exc)))
     log.error("unhandled error", exc_info=exc)
     return _error(500, ErrorBody(error="INTERNAL", detail=type(exc).__name__))

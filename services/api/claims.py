@@ -5,7 +5,9 @@ A route module of its own: it only translates HTTP to the ledger's claim methods
 back; the rules are in ``ratchet/domain/claims.py``. Every claim outcome is a 200 with
 a typed ``state``; 4xx only for bad input (400 a body that is not JSON, 413 a body above
 the API's limit (body_limit.py), 415 a body declared another type than JSON, 422
-malformed, 404 unknown claim, 409 not the holder / another outcome already recorded).
+malformed, 404 unknown claim, 409 not the holder / another outcome already recorded);
+503 the store or ledger unavailable, 500 ``CORRUPT_HISTORY`` a damaged request claim
+(``mark_claim``), typed by the app's handlers (services/api/app.py).
 """
 
 from __future__ import annotations

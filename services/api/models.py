@@ -109,7 +109,8 @@ class StatusBody(_Body):
 class ErrorBody(_Body):
     """Typed error for requests that never reached the domain."""
 
-    # CORRUPT_HISTORY: the status endpoint's answer for a damaged checkpoint row;
+    # CORRUPT_HISTORY: the status endpoint's answer for a damaged checkpoint row, and
+    # the claims API's for a damaged request claim;
     # MISSING_HISTORY: for a promoted response whose turn row is gone.
     error: Literal["INVALID_REQUEST", "UNAVAILABLE", "INTERNAL", "CORRUPT_HISTORY",
                    "MISSING_HISTORY"]
