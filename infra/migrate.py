@@ -949,7 +949,7 @@ def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bo
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import RoundRobinPolicy
 
-    from services.cassandra_cluster import default_level
+    from services.cassandra_cluster import connect_options, default_level
 
     logging.getLogger("cassandra").setLevel(logging.ERROR)
     hosts = f"{','.join(settings.cassandra_hosts)}:{settings.cassandra_port}"
@@ -959,12 +959,12 @@ def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bo
                                consistency_level=default_level(settings))
     try:
         cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
-                          protocol_version=5, connect_timeout=20,
+                          protocol_version=5,
                           # The driver gives the control connection's queries (the
                           # whole cluster's schema, every keyspace's tables) 2 s: a busy
                           # node with many keyspaces took longer and `--status` said
-                          # "cannot reach Cassandra" (session 52). As long as a connect.
-                          control_connection_timeout=20,
+                          # "cannot reach Cassandra" (session 52). 20 s, as every process.
+                          **connect_options(),
                           execution_profiles={EXEC_PROFILE_DEFAULT: profile})
     except UnresolvableContactPoints:
         print(f"ratchet migrate: cannot reach Cassandra at {hosts}: no host name resolves; "

@@ -142,11 +142,16 @@ def _cassandra_round_trip(settings: Settings, record: dict, run: SmokeRun) -> di
     from cassandra.policies import RoundRobinPolicy
     from cassandra.query import SimpleStatement
 
+    from services.cassandra_cluster import connect_options
+
     logging.getLogger("cassandra").setLevel(logging.ERROR)
     ks = run.keyspace
     profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(), request_timeout=60)
+    # The connect's bounds of every process (a busy node's schema read took over the
+    # driver's 2 s: "cannot reach Cassandra").
     cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
-                      protocol_version=5, execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+                      protocol_version=5, execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+                      **connect_options())
     try:
         s = cluster.connect()
         run.made.append("keyspace")  # before it is sent, as the topic (``DROP ... IF EXISTS``)

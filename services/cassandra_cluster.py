@@ -37,6 +37,23 @@ from ratchet.settings import Settings
 
 PROTOCOL_VERSION = 4
 
+# How long a first connect may take: each connection's handshake (``connect_timeout``,
+# the driver's 5 s: two round trips) and the control connection's first queries
+# (``control_connection_timeout``, the driver's 2 s), which read the whole cluster's
+# schema: 59 keyspaces and 715 tables on the shared node, ~1 s quiet and more under
+# load. A worker or an API starting on a busy node failed ``NoHostAvailable
+# (OperationTimedOut)``, said as "cannot reach Cassandra" (session 52, rconnect). The
+# price: a contact point that accepts and never answers holds a start this long, each
+# in turn (one refusing, or down, fails at once). ``ratchet migrate`` takes it too.
+CONNECT_TIMEOUT_S = 20.0
+
+
+def connect_options() -> dict[str, float]:
+    """The driver's connect timeouts (``CONNECT_TIMEOUT_S``): every ``Cluster`` ratchet
+    opens takes them (``open_cluster``; migrate's and the smoke check's own)."""
+    return {"connect_timeout": CONNECT_TIMEOUT_S,
+            "control_connection_timeout": CONNECT_TIMEOUT_S}
+
 # What cassandra-driver raises when Cassandra, or the way to it, fails a request: the
 # store's and the ledger's guards turn these into an outage to retry, never a record
 # dead-lettered as a bug. They share no base class: ``DriverException`` (timeouts and
@@ -108,11 +125,12 @@ def default_profile(settings: Settings | None = None) -> ExecutionProfile:
 def open_cluster(settings: Settings, **options: Any) -> Cluster:
     """A ``Cluster`` for ``settings``' hosts (not connected yet); ``options`` go to the
     driver as they are (e.g. a reconnection policy). Its default execution profile is
-    ``default_profile()`` unless ``options`` configure profiles themselves."""
+    ``default_profile()`` unless ``options`` configure profiles themselves; its connect
+    timeouts ``connect_options()``."""
     if "execution_profiles" not in options and "load_balancing_policy" not in options:
         options["execution_profiles"] = {EXEC_PROFILE_DEFAULT: default_profile(settings)}
     return Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
-                   protocol_version=PROTOCOL_VERSION, **options)
+                   protocol_version=PROTOCOL_VERSION, **{**connect_options(), **options})
 
 
 class UnknownLocalDatacenter(Exception):

@@ -30,6 +30,7 @@ from cassandra import ConsistencyLevel
 from cassandra.query import UNSET_VALUE, PreparedStatement
 
 from ratchet.settings import Settings
+from services.cassandra_cluster import CONNECT_TIMEOUT_S
 
 
 class _Level:
@@ -122,7 +123,11 @@ class LoopSession:
             port=self._settings.cassandra_port,
             protocol_version=4,  # as cassandra-driver's (services/cassandra_cluster.py)
             request_timeout=self._timeout,
-            connect_timeout=self._timeout,
+            # A first connect's bound, as cassandra-driver's (services/cassandra_cluster
+            # .py): its handshake and the control connection's schema read take many
+            # round trips, 10 s with answers 1 s late, and a busy node failed this
+            # session's first request "Connection timeout" within the request's 5 s.
+            connect_timeout=CONNECT_TIMEOUT_S,
             num_threads_io=1,
             core_connections_per_host=1,
             **({} if self._coalesce_us is None else {"coalesce_delay_us": self._coalesce_us}),

@@ -16,6 +16,7 @@ from infra.migrate import (
     discover,
     split_statements,
 )
+from tests.slow_link import SlowLink
 
 
 def test_split_statements_ignores_semicolons_in_comments_strings_and_blocks():
@@ -430,68 +431,6 @@ def test_under_one_simple_strategy_over_several_datacenters_is_warned():
     assert replication_shortfalls(simple, {"dc1": 3}) == []
 
 
-class _SlowLink:
-    """A TCP proxy in front of the real Cassandra that delivers each of its answers
-    ``delay_s`` late (in order; a round trip's latency, not a throughput cap): a server
-    slow to answer, made deterministic."""
-
-    def __init__(self, host: str, port: int, delay_s: float) -> None:
-        import socket
-        import threading
-
-        self._target, self._delay_s = (host, port), delay_s
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._sockets: list = [self._listener]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import socket
-        import threading
-
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            server = socket.create_connection(self._target)
-            self._sockets += [client, server]
-            threading.Thread(target=self._pipe, args=(client, server, 0.0), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, self._delay_s),
-                             daemon=True).start()
-
-    @staticmethod
-    def _pipe(src, dst, delay_s: float) -> None:
-        import queue
-        import threading
-        import time
-
-        late: queue.Queue = queue.Queue()
-
-        def deliver() -> None:
-            while (item := late.get()) is not None:
-                due, chunk = item
-                time.sleep(max(0.0, due - time.monotonic()))
-                try:
-                    dst.sendall(chunk)
-                except OSError:
-                    return
-
-        threading.Thread(target=deliver, daemon=True).start()
-        while True:
-            try:
-                chunk = src.recv(65536)
-            except OSError:
-                chunk = b""
-            late.put((time.monotonic() + delay_s, chunk) if chunk else None)
-            if not chunk:
-                return
-
-    def close(self) -> None:
-        for s in self._sockets:
-            s.close()
-
-
 @pytest.mark.integration
 def test_migrate_status_through_a_slow_cassandra_says_the_status_not_cannot_reach(
     cassandra_session, settings, unique_name, tmp_path, capsys
@@ -502,7 +441,7 @@ def test_migrate_status_through_a_slow_cassandra_says_the_status_not_cannot_reac
     connection's own queries (the whole cluster's schema: ~700 tables here) 2 s by
     default. Answers 2.5 s late each, still well within every statement's timeout."""
     s = dataclasses.replace(settings, keyspace=unique_name("mig"))
-    link = _SlowLink(settings.cassandra_hosts[0], settings.cassandra_port, delay_s=2.5)
+    link = SlowLink(settings.cassandra_hosts[0], settings.cassandra_port, delay_s=2.5)
     try:
         (tmp_path / "001_core.cql").write_text("CREATE TABLE IF NOT EXISTS a (k int PRIMARY KEY);")
         apply_migrations(cassandra_session, s, tmp_path)
