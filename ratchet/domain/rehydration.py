@@ -11,7 +11,8 @@ Input: a verified history (or why there is none), the caller's execution
 - ``Failure(reason)``: no history can be given (the store's ``HistoryFailure``).
 
 Fallback reasons are checked in this order, the first that applies wins:
-``NOT_CERTIFIED`` (the turn was promoted logical-only), ``NO_ARTIFACT`` (none, or a
+``NOT_CERTIFIED`` (the turn was promoted logical-only), ``NO_ARTIFACT`` (none, a
+stored artifact whose ``artifact_id`` is empty or only whitespace (``blank``), or a
 stored artifact and boundary proof that do not bind each other to the turn:
 ``proof_binds``, or a stored router receipt that does not cover the artifact:
 ``receipt_covers``),
@@ -31,12 +32,15 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from ratchet.domain.history import (
+    FIRST_MS,
+    LAST_MS,
     CheckpointRecord,
     HistoryFailure,
     HistoryFailureReason,
     VerifiedHistory,
     utc_ms,
 )
+from ratchet.domain.validation import blank
 from schemas.canonical import parse_json
 from schemas.models import Certification, Item
 
@@ -94,7 +98,9 @@ def fallback_reason(
     if checkpoint.certification is not Certification.CERTIFIED:
         return FallbackReason.NOT_CERTIFIED
     artifact = checkpoint.token_artifact
-    if artifact is None or checkpoint.boundary_proof is None or not proof_binds(
+    if artifact is None or blank(artifact.artifact_id) or (
+        checkpoint.boundary_proof is None
+    ) or not proof_binds(
         checkpoint.boundary_proof, checkpoint.fingerprint_hash, artifact.token_count,
         artifact.token_hash, artifact.safe_append_boundary,
     ) or not receipt_covers(checkpoint.router_receipt, artifact.token_count):
@@ -144,8 +150,8 @@ def proof_binds(proof_json: str, fingerprint_hash: str | None, token_count: int,
 def receipt_covers(receipt_json: str | None, token_count: int) -> bool:
     """Whether a stored router receipt (if any) covers the stored artifact, as the
     processor checked before it kept it (``validation.check_boundary``, from session
-    52): named by a non-empty ``receipt_id`` and ``issuer``, a non-empty
-    ``router_key_format``, ``covered_tokens`` in 0..the artifact's ``token_count``.
+    52): named by a ``receipt_id``, ``issuer`` and ``router_key_format`` that are not
+    empty nor only whitespace (``blank``, since session 53), ``covered_tokens`` in 0..the artifact's ``token_count``.
     Checked on every read, like the proof: a receipt stored before session 52 was
     checked for its expiry only, and its cell is bound by no digest. Its router key
     format cannot be compared with the fingerprint's here: the row keeps the
@@ -161,7 +167,7 @@ def _receipt_covers(receipt_json: str, token_count: int) -> bool:
         return False
     if not isinstance(receipt, dict):
         return False
-    named = all(isinstance(receipt.get(k), str) and receipt.get(k)
+    named = all(isinstance(receipt.get(k), str) and not blank(receipt[k])
                 for k in ("receipt_id", "issuer", "router_key_format"))
     covered = receipt.get("covered_tokens")
     return (named and isinstance(covered, int) and not isinstance(covered, bool)
@@ -174,7 +180,9 @@ def record_expires_at_ms(record_json: str) -> int | None:
     receipt (the canonical JSON the processor validated), None when it has none (like
     an artifact without expiry). Cached: every read asks again, and a stored record
     never changes. A record that is not a JSON object, or whose ``expires_at`` is not
-    an integer, counts as expired (0): reuse fails closed."""
+    an integer within years 1 to 9999 (``FIRST_MS``..``LAST_MS``: the processor keeps no
+    other, its turn is dead-lettered or refused ``CORRUPT``; a stored one is damage, e.g.
+    10^30 would otherwise never expire), counts as expired (0): reuse fails closed."""
     try:
         record = parse_json(record_json.encode("utf-8"))
     except ValueError:
@@ -184,4 +192,6 @@ def record_expires_at_ms(record_json: str) -> int | None:
     value = record.get("expires_at")
     if value is None:
         return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    readable = isinstance(value, int) and not isinstance(value, bool) and (
+        FIRST_MS <= value <= LAST_MS)
+    return value if readable else 0

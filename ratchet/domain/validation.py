@@ -34,7 +34,8 @@ the same reason:
                           hashes inconsistent with the artifact; a router receipt of
                           another router key format than the fingerprint's, covering
                           tokens outside 0..the artifact's token_count (or with no
-                          artifact), or with an empty receipt_id or issuer. Checked
+                          artifact), or with a receipt_id or issuer that is empty or
+                          only whitespace; an artifact_id likewise blank. Checked
                           whenever an artifact, proof or receipt is present, even for
                           turns that end up logical_only: a broken proof means a broken
                           gateway.
@@ -268,15 +269,17 @@ def _check_receipt(event: TurnCompleted) -> Rejected | None:
     """A router receipt names the router key format it hashed the turn's blocks with
     and how many of the artifact's tokens it covers: a receipt of another key format
     (a fingerprint component, CONTRACT 1.2), covering tokens the artifact does not
-    have, or naming no receipt or issuer would be handed back with a certified
-    checkpoint as if it covered this turn. Refused like a proof that does not bind,
+    have, or naming no receipt or issuer (empty or only whitespace, ``blank``) would be
+    handed back with a certified checkpoint as if it covered this turn. Refused like a proof that does not bind,
     not dropped: only expiry depends on when the worker runs (``artifact_reusable``);
     a receipt that does not bind is a broken gateway, whenever it is processed."""
     receipt, artifact = event.router_receipt, event.token_artifact
     if receipt is None:
         return None
-    if not receipt.receipt_id or not receipt.issuer:
-        return _invalid_proof("router receipt with an empty receipt_id or issuer")
+    for name, value in (("receipt_id", receipt.receipt_id), ("issuer", receipt.issuer)):
+        if blank(value):
+            return _invalid_proof(f"router receipt's {name} {value[:80]!r} is empty or only "
+                                  "whitespace")
     if receipt.router_key_format != event.fingerprint.router_key_format:
         return _invalid_proof(
             f"router receipt's router_key_format {receipt.router_key_format!r} is not the "
@@ -292,9 +295,19 @@ def _check_receipt(event: TurnCompleted) -> Rejected | None:
     return None
 
 
+def blank(name: str) -> bool:
+    """A name of a reuse record (``artifact_id``, ``receipt_id``, ``issuer``) that names
+    nothing: empty or only whitespace (``str.isspace``'s, the fingerprint's rule for a
+    blank component). The read side asks the same of a stored record."""
+    return not name.strip()
+
+
 def _check_artifact_and_proof(event: TurnCompleted) -> Rejected | None:
     artifact, proof = event.token_artifact, event.boundary_proof
     if artifact is not None:
+        if blank(artifact.artifact_id):
+            return _invalid_proof(f"token artifact's artifact_id {artifact.artifact_id[:80]!r} is "
+                                  "empty or only whitespace")
         if artifact.fingerprint_hash != event.fingerprint_hash:
             return _invalid_proof("token artifact is bound to another fingerprint_hash")
         if not 0 <= artifact.safe_append_boundary <= artifact.token_count:
