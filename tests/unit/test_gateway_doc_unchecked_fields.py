@@ -38,7 +38,7 @@ def test_boundary_kind_is_a_free_string_never_checked():
     ({"router_key_format": "not-the-fingerprints-format"}, "router_key_format"),
     ({"covered_tokens": 10**9}, "covered_tokens"),  # more than the artifact's token_count
     ({"covered_tokens": -1}, "covered_tokens"),
-    ({"receipt_id": "", "issuer": ""}, "empty receipt_id or issuer"),
+    ({"receipt_id": "", "issuer": ""}, "receipt_id '' is empty or only whitespace"),
 ])
 def test_router_receipt_fields_bind_to_the_turn(receipt_fields, why):
     """Session 52 (rreceipt): these were pinned as stored and not checked; a receipt
