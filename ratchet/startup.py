@@ -8,6 +8,8 @@ with the reason on stderr, not as a driver's traceback of dozens of lines.
 
 from __future__ import annotations
 
+import re
+
 from ratchet.settings import Settings
 
 
@@ -18,6 +20,12 @@ class StartupFailed(Exception):
 def explain(exc: BaseException, settings: Settings) -> str | None:
     """The operator's line for ``exc`` raised while connecting at start; None when it is
     not a failure to reach a server (a bug: let its traceback through)."""
+    from aiokafka.errors import (
+        KafkaConnectionError,
+        KafkaTimeoutError,
+        NodeNotReadyError,
+        RequestTimedOutError,
+    )
     from cassandra import UnresolvableContactPoints
     from cassandra.cluster import NoHostAvailable
     from confluent_kafka import KafkaException
@@ -52,6 +60,22 @@ def explain(exc: BaseException, settings: Settings) -> str | None:
                 f"{exc}")
     if isinstance(exc, KafkaException):
         return f"Kafka at {settings.kafka_bootstrap}: {exc.args[0] if exc.args else exc}"
+    # aiokafka's errors that say its client could not reach Kafka or had no answer, as
+    # Faust's producer and consumer start: a broker restarting under a worker's start
+    # (session 53; it escaped as Faust's traceback). Its other errors keep theirs.
+    if isinstance(exc, (KafkaConnectionError, NodeNotReadyError, RequestTimedOutError,
+                        KafkaTimeoutError)):
+        return (f"Kafka at {settings.kafka_bootstrap}: lost while Faust's clients connected "
+                f"({_aiokafka_reason(exc)}): a broker restarting or away")
     if type(exc).__module__.startswith("acsylla"):
         return f"cannot reach Cassandra at {cassandra} (C++ driver): {exc}"
     return None
+
+
+def _aiokafka_reason(exc: BaseException) -> str:
+    """``KafkaConnectionError: Unable to bootstrap``: aiokafka's message without the
+    address list it appends (``[('127.0.0.1', 9092, <AddressFamily.AF_INET: 2>)]``; the
+    line names the bootstrap already), or a protocol error's ``[Error 7]`` prefix."""
+    text = re.sub(r"^\[Error \d+\] | from \[.*\]$", "", str(exc).strip())
+    name = type(exc).__name__
+    return text if text.startswith(name) else f"{name}: {text}" if text else name

@@ -117,7 +117,8 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
         log.info("worker %d joining group %s on %s; history codec: %s", os.getpid(), group,
                  runtime.topics.gateway_events, speedups.describe())
         try:
-            worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+            worker = StartingWorker(app, loglevel=loglevel, quiet=True)
+            worker.settings = settings
             # No terminal spinner: at WARNING and above Faust would otherwise set the ROOT
             # logger to DEBUG so its spinner turns on every record, and every debug call
             # of aiokafka and the Cassandra driver then builds and handles a LogRecord
@@ -131,10 +132,33 @@ def run_worker(settings: Settings, *, group_id: str | None = None, loglevel: str
     finally:
         runtime.health.remove()
         cluster.shutdown()
+    if worker.start_failure is not None:  # Faust stopped what it had started
+        raise StartupFailed(worker.start_failure)
     # The fetch watchdog gave up and stopped the worker with a SIGTERM, which mode ends
     # with EX_OK: the exit code must say so, for a supervisor that restarts only failed
     # processes (docs/processor.md).
     return FetchGuard.EXIT_CODE if runtime.fatal and code == 0 else code
+
+
+class StartingWorker(faust.Worker):
+    """Faust's worker, whose start that cannot reach Kafka ends as one line: Faust's
+    producer or consumer finding no broker (a Kafka restarting under the start, after
+    the topics were made) was ``mode``'s logged traceback and exit 1 (session 53).
+    ``start_failure`` is then the line; Faust stops what it started as for any end of
+    the start. An error that is not a server away keeps its traceback, and so does one
+    raised while the worker is being stopped (SIGTERM or Ctrl-C: the stop's own end)."""
+
+    settings: Settings
+    start_failure: str | None = None
+
+    async def start(self) -> None:
+        try:
+            await super().start()
+        except Exception as exc:
+            line = None if self.should_stop else explain(exc, self.settings)
+            if line is None:
+                raise
+            self.start_failure = line
 
 
 def use_event_loop(name: str) -> None:
