@@ -300,34 +300,35 @@ def check_ports(to_launch: list[Server]) -> None:
     server or process holds, and Kafka exited at start (its log said why) while the
     others were started beside it (an operator's review, session 43, left; session 44)."""
     problems: list[str] = []
-    taken: dict[int, Port] = {}
+    taken: dict[tuple[str, int], Port] = {}
     for srv in to_launch:
         for port in srv.ports():
             if not 1 <= port.number <= MAX_PORT:
                 problems.append(f"{port.role} would be {port.number}, not a port (1-{MAX_PORT}): "
                                 f"change {port.setting}")
                 continue
-            first = taken.setdefault(port.number, port)
+            first = taken.setdefault((port.host, port.number), port)
             if first is not port:
                 problems.append(f"port {port.number} would be both {first.role} and "
                                 f"{port.role}: change {port.setting}"
                                 + (f" or {first.setting}" if first.setting != port.setting else ""))
                 continue
-            why = _cannot_listen(port.number)
+            why = _cannot_listen(port.number, port.host)
             if why:
-                problems.append(f"{port.role} {port.number} {why}: change {port.setting}")
+                where = port.number if port.host == "127.0.0.1" else f"{port.host}:{port.number}"
+                problems.append(f"{port.role} {where} {why}: change {port.setting}")
     if problems:
         raise PortUnusable("cannot launch the servers on these ports; nothing was started:\n  "
                            + "\n  ".join(problems))
 
 
-def _cannot_listen(port: int) -> str | None:
-    """Why a server could not listen on 127.0.0.1:``port`` (None: it could). Bound with
+def _cannot_listen(port: int, host: str = "127.0.0.1") -> str | None:
+    """Why a server could not listen on ``host``:``port`` (None: it could). Bound with
     ``SO_REUSEADDR`` as the servers do, so a port in TIME_WAIT after a stop is free."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 return "is in use by another process (`ss -ltnp` names it)"
@@ -338,10 +339,11 @@ def _cannot_listen(port: int) -> str | None:
 
 
 @contextlib.contextmanager
-def _up_lock(settings: Settings) -> Iterator[None]:
+def _up_lock(settings: Settings, home: Path | None = None) -> Iterator[None]:
     """One ``up`` at a time per home: a second caller waits, then finds the servers healthy."""
-    settings.home.mkdir(parents=True, exist_ok=True)
-    with (settings.home / "up.lock").open("a") as lock:
+    home = settings.home if home is None else home
+    home.mkdir(parents=True, exist_ok=True)
+    with (home / "up.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -380,11 +382,15 @@ def stop_server(settings: Settings, name: str, out: Say = _print) -> str:
     One that outlives SIGKILL stays recorded ("still running"): it was forgotten, and
     ``down`` exited 0 with it running (an operator's review, session 43); so does one
     whose stop was interrupted (Ctrl-C in the grace) while it runs."""
-    srv = server(settings, name)  # validates the name
-    state = StateFile(settings.home)
+    return stop(server(settings, name), StateFile(settings.home), out)  # validates the name
+
+
+def stop(srv: Server, state: StateFile, out: Say = _print) -> str:
+    """``stop_server`` of ``srv`` as recorded in ``state`` (a cluster node's too)."""
+    name = srv.name
     with state.locked() as entries:
         entry = entries.get(name)
-        mismatch = entry and is_alive(entry) and port_mismatch(srv, entry, settings.home)
+        mismatch = entry and is_alive(entry) and port_mismatch(srv, entry, state.path.parent)
         if mismatch:
             out(f"{name}: {mismatch}; not stopping it")
             return "refused"
@@ -437,10 +443,10 @@ def down(settings: Settings, purge: bool = False, names: Iterable[str] = NAMES,
         return {name: "refused" if name in refused else "not stopped" for name in names}
     how: dict[str, str] = {}
 
-    def stop(name: str) -> None:
+    def stop_one(name: str) -> None:
         how[name] = stop_server(settings, name, out)
 
-    threads = [threading.Thread(target=stop, args=(n,)) for n in names]
+    threads = [threading.Thread(target=stop_one, args=(n,)) for n in names]
     for t in threads:
         t.start()
     for t in threads:
@@ -458,10 +464,15 @@ def down(settings: Settings, purge: bool = False, names: Iterable[str] = NAMES,
 
 
 def server_status(settings: Settings, name: str) -> ServerStatus:
-    srv = server(settings, name)
-    entry = StateFile(settings.home).get(name)
+    return status_of(server(settings, name), StateFile(settings.home))
+
+
+def status_of(srv: Server, state: StateFile) -> ServerStatus:
+    """``server_status`` of ``srv`` as recorded in ``state`` (a cluster node's too)."""
+    name = srv.name
+    entry = state.get(name)
     pid = entry.pid if entry else None
-    mismatch = entry and port_mismatch(srv, entry, settings.home)
+    mismatch = entry and port_mismatch(srv, entry, state.path.parent)
     if mismatch:
         return ServerStatus(name, pid, False, mismatch)
     port_open = srv.port_open()

@@ -85,6 +85,44 @@ def infra_restart(server: str) -> None:
     sys.exit(launcher.cli_restart(_settings(), server))
 
 
+@infra.group("cluster")
+def infra_cluster() -> None:
+    """A local Cassandra cluster of several datacenters (one node each on 127.0.0.2, .3, ...)."""
+
+
+@infra_cluster.command("up")
+@click.option("--datacenters", type=int, default=2, show_default=True,
+              help="Datacenters dc1..dcN, one node each on 127.0.0.2..127.0.0.N+1 (2 or 3).")
+@click.option("--port", type=int, default=19042, show_default=True,
+              help="The CQL port of every node (each listens on its own address).")
+@click.option("--storage-port", type=int, default=19000, show_default=True,
+              help="The inter-node (gossip) port of every node.")
+def infra_cluster_up(datacenters: int, port: int, storage_port: int) -> None:
+    """Start the nodes (the jars of `infra up`), the seed dc1 first; return when each serves."""
+    from infra import cluster
+
+    sys.exit(cluster.cli_up(_settings(), datacenters, port, storage_port))
+
+
+@infra_cluster.command("down")
+@click.option("--purge", is_flag=True, help="Also delete the nodes' data, logs and conf.")
+def infra_cluster_down(purge: bool) -> None:
+    """Stop exactly the nodes `infra cluster up` started."""
+    from infra import cluster
+
+    sys.exit(cluster.cli_down(_settings(), purge))
+
+
+@infra_cluster.command("status")
+@click.option("--datacenters", type=int, default=2, show_default=True,
+              help="The nodes to look at when none is recorded as started.")
+def infra_cluster_status(datacenters: int) -> None:
+    """Report each node's health (exit 0 only when every one is healthy)."""
+    from infra import cluster
+
+    sys.exit(cluster.cli_status(_settings(), datacenters))
+
+
 @main.command()
 @click.option("--status", is_flag=True,
               help="Only say which migrations the keyspace has and lacks; change nothing "

@@ -20,7 +20,8 @@ class Port:
 
     number: int
     role: str  # e.g. "kafka's controller port (its client port + 1)"
-    setting: str  # the environment variable an operator changes
+    setting: str  # the environment variable (or option) an operator changes
+    host: str = "127.0.0.1"  # the address it listens on
 
 
 class Server(ABC):
@@ -34,6 +35,8 @@ class Server(ABC):
     version: str
     #: generous: Cassandra on 2 busy cores can take 90 s
     start_timeout_s: float = 120.0
+    #: the address the process listens on (a node of ``ratchet infra cluster``: an alias)
+    host: str = "127.0.0.1"
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -79,8 +82,9 @@ class Server(ABC):
     port_setting: str
 
     def ports(self) -> list[Port]:
-        """Every port the launched process listens on (127.0.0.1), the client port first."""
-        return [Port(self.client_port(), f"{self.name}'s client port", self.port_setting)]
+        """Every port the launched process listens on (``host``), the client port first."""
+        return [Port(self.client_port(), f"{self.name}'s client port", self.port_setting,
+                     self.host)]
 
     def timer_slack_ns(self) -> int:
         """Timer slack of the server's process in ns (0: the kernel's default)."""
@@ -95,7 +99,7 @@ class Server(ABC):
 
     def port_open(self, port: int | None = None) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", port or self.client_port()), timeout=1):
+            with socket.create_connection((self.host, port or self.client_port()), timeout=1):
                 return True
         except OSError:
             return False

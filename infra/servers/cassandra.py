@@ -76,6 +76,12 @@ class Cassandra(Server):
     version = VERSION
     start_timeout_s = 180.0
     port_setting = "RATCHET_CASSANDRA_PORT"
+    storage_port_setting = "RATCHET_CASSANDRA_STORAGE_PORT"
+    heap: tuple[str, ...] = tuple(HEAP)
+    cluster_name = "ratchet"
+    snitch = "SimpleSnitch"
+    #: the datacenter ``check`` requires system.local to name (None: any)
+    datacenter: str | None = None
 
     def client_port(self) -> int:
         return self.settings.cassandra_port
@@ -90,8 +96,12 @@ class Cassandra(Server):
         return self.settings.cassandra_storage_port
 
     def ports(self) -> list[Port]:
-        return [*super().ports(), Port(self.storage_port(), "cassandra's storage (gossip) port",
-                                       "RATCHET_CASSANDRA_STORAGE_PORT")]
+        return [*super().ports(), Port(self.storage_port(),
+                                       f"{self.name}'s storage (gossip) port",
+                                       self.storage_port_setting, self.host)]
+
+    def seeds(self) -> str:
+        return f"{self.host}:{self.storage_port()}"
 
     def endpoint(self) -> str:
         hosts = ",".join(self.settings.cassandra_hosts)
@@ -103,15 +113,15 @@ class Cassandra(Server):
     def _yaml(self) -> dict:
         d = self.data_dir
         return {
-            "cluster_name": "ratchet",
+            "cluster_name": self.cluster_name,
             "num_tokens": 1,
             "allocate_tokens_for_local_replication_factor": 1,
             "partitioner": "org.apache.cassandra.dht.Murmur3Partitioner",
-            "endpoint_snitch": "SimpleSnitch",
+            "endpoint_snitch": self.snitch,
             "seed_provider": [{"class_name": "org.apache.cassandra.locator.SimpleSeedProvider",
-                               "parameters": [{"seeds": f"127.0.0.1:{self.storage_port()}"}]}],
-            "listen_address": "127.0.0.1",
-            "rpc_address": "127.0.0.1",
+                               "parameters": [{"seeds": self.seeds()}]}],
+            "listen_address": self.host,
+            "rpc_address": self.host,
             "storage_port": self.storage_port(),
             "native_transport_port": self.client_port(),
             "start_native_transport": True,
@@ -155,7 +165,7 @@ class Cassandra(Server):
         lib = self.dist_dir / "lib"
         jamm = sorted(lib.glob("jamm-*.jar"))
         return [
-            java17(), *HEAP, "-Xss256k",
+            java17(), *self.heap, "-Xss256k",
             "-XX:+UseG1GC", "-XX:+ParallelRefProcEnabled", "-XX:MaxTenuringThreshold=1",
             "-XX:G1HeapRegionSize=16m", "-XX:+PerfDisableSharedMem", "-XX:+ExitOnOutOfMemoryError",
             "-XX:CICompilerCount=2", "-XX:ParallelGCThreads=2", "-XX:ConcGCThreads=1",
@@ -204,10 +214,13 @@ class Cassandra(Server):
                           protocol_version=5, execution_profiles={EXEC_PROFILE_DEFAULT: profile})
         try:
             session = cluster.connect()
-            row = session.execute("SELECT release_version FROM system.local",
+            row = session.execute("SELECT release_version, data_center FROM system.local",
                                   timeout=left()).one()
             if not row or not row.release_version:
                 raise Unhealthy("system.local returned no release_version")
+            if self.datacenter is not None and row.data_center != self.datacenter:
+                raise Unhealthy(f"the node names datacenter {row.data_center!r}, not "
+                                f"{self.datacenter!r}")
         except Unhealthy:
             raise
         except Exception as exc:
