@@ -46,7 +46,7 @@ from schemas.limits import MIB
 from schemas.models import SUPPORTED_FORMAT_VERSIONS, Item, sha256_hex
 from services.api.models import ErrorBody, HistoryItem
 from services.ledger.base import Ledger
-from services.store.base import CheckpointStore
+from services.store.base import CheckpointStore, CorruptPartition
 
 _ID = ID_PATTERN  # schemas/ids.py: the ids of the history routes and of turns
 _NAME = r"^[A-Za-z0-9_.:\-]{1,128}$"
@@ -346,6 +346,8 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
                             f"request {body.idempotency_key} stands promoted as response "
                             f"{answer.response_id}: do not run the tool"))
         else:
+            if answer.claim is not None:
+                _check_whole(answer.claim)
             out = _body(answer.state.value, effect_id, answer.claim, wait_ms=answer.wait_ms,
                         previous_attempt=answer.previous_attempt, detail=answer.detail)
         return JSONResponse(out.model_dump(mode="json"))
@@ -367,6 +369,7 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
                                        effect_id)
         if held is None:
             return _error(404, "UNKNOWN_CLAIM", f"effect {effect_id}")
+        _check_whole(held)
         # Judging an output parses it (twice, with the duplicate-key check): 1.95 s for
         # an 8 MiB one, a review found, on the event loop every request shares. A large
         # one is judged on a worker thread; a small one costs less than the hop.
@@ -379,6 +382,8 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
         state, claim = await _marked(
             body, ledger.complete_claim, body.tenant_id, body.idempotency_key, effect_id,
             body.token, body.status, output, now())
+        if claim is not None:
+            _check_whole(claim)  # damaged since the read above: never answered by it
         if state in _COMPLETE_HTTP:
             return _error(_COMPLETE_HTTP[state], state.value, f"effect {effect_id}")
         return JSONResponse(_body(state.value, effect_id, claim).model_dump(mode="json"))
@@ -387,6 +392,14 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
 
 
 _JUDGED_INLINE_BYTES = 64 * 1024
+
+
+def _check_whole(claim: ClaimRecord) -> None:
+    """A stored claim with a null cell (``claims.claim_damage``) is damage: the app's
+    500 ``CORRUPT_HISTORY`` (not retryable), never an answer the row does not hold."""
+    problem = claims.claim_damage(claim)
+    if problem is not None:
+        raise CorruptPartition(problem)
 
 
 def _output_item(o: OutputIn) -> tuple[Item, str | None]:
