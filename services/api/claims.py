@@ -7,7 +7,8 @@ a typed ``state``; 4xx only for bad input (400 a body that is not JSON, 413 a bo
 the API's limit (body_limit.py), 415 a body declared another type than JSON, 422
 malformed, 404 unknown claim, 409 not the holder / another outcome already recorded);
 503 the store or ledger unavailable, 500 ``CORRUPT_HISTORY`` a damaged request claim
-(``mark_claim``), typed by the app's handlers (services/api/app.py).
+(``mark_claim``) or an effect claim row with a null cell (``claims.claim_damage``),
+typed by the app's handlers (services/api/app.py).
 """
 
 from __future__ import annotations
@@ -324,7 +325,8 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
                    # ``mark_claim``): the app's handler types it (session 52).
                    500: {"model": ErrorBody, "description": "CORRUPT_HISTORY (not "
                          "retryable): the request's claim row is damaged (a chain's first "
-                         "request), do not execute, report it; INTERNAL: a bug"}},
+                         "request), or the effect's claim row has a null cell: do not "
+                         "execute, report it; INTERNAL: a bug"}},
         summary="Claim a tool effect before executing it",
     )
     async def claim(body: ClaimIn) -> JSONResponse:
@@ -356,7 +358,9 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
         "/v1/effects/claims/{effect_id}/complete",
         response_model=ClaimBody,
         responses={**body_refused,
-                   500: {"model": ErrorBody, "description": "INTERNAL: a bug"},
+                   500: {"model": ErrorBody, "description": "CORRUPT_HISTORY (not "
+                         "retryable): the effect's claim row has a null cell, report it; "
+                         "INTERNAL: a bug"},
                    404: {"model": ClaimErrorBody, "description": "UNKNOWN_CLAIM"},
                    409: {"model": ClaimErrorBody,
                          "description": "NOT_HOLDER, OUTCOME_CONFLICT"}},
