@@ -95,6 +95,7 @@ from services.gateway.claims import (
     EffectOutcomeUnknown,
     EffectPolicy,
 )
+from services.gateway.client import server_error
 from services.gateway.errors import GatewayError, RehydrationUnavailable
 from services.gateway.events import TurnIdentity, arguments_digest_of, tool_name_of
 
@@ -666,7 +667,10 @@ class ClaimRunner:
         except httpx.HTTPError as exc:
             raise RehydrationUnavailable(f"{path}: {exc!r}") from exc
         if resp.status_code >= 500:
-            raise RehydrationUnavailable(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            # Typed as the library types it: a 500 saying it is not retryable (a damaged
+            # claim row's ``CORRUPT_HISTORY``) is the step's finding, not an outage whose
+            # round is sent again for as long as the run lasts (session 53).
+            raise server_error(resp)
         return resp
 
     def _post_claim(self, identity: TurnIdentity, key: str, attempt: int, subturn: int,

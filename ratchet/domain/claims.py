@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from ratchet.domain.plan import CorruptPartition
 from schemas.canonical import canonical_digest, canonical_json, parse_json, sha256_hex
 from schemas.models import Item
 
@@ -128,7 +129,7 @@ class ClaimRecord:
     token: str
     lease_until: int  # epoch millis
     claimed_at: int
-    completed: bool = False
+    completed: bool | None = False  # None: the row's flag reads null (``claim_damage``)
     status: str | None = None  # succeeded | failed, once completed
     output: Item | None = None
     completed_at: int | None = None
@@ -139,6 +140,30 @@ class ClaimRecord:
     @property
     def output_digest(self) -> str | None:
         return None if self.output is None else self.output.content_digest
+
+
+# The cells every claim row is written with, by what a message calls them; once
+# completed, its outcome's too.
+_CLAIM_CELLS = (("token", "token"), ("attempt", "attempt"), ("lease_until", "lease"),
+                ("claimed_at", "claim time"), ("completed", "completion flag"))
+_OUTCOME_CELLS = (("status", "status"), ("output", "output"))
+
+
+def claim_damage(claim: ClaimRecord) -> str | None:
+    """Why a stored claim is damaged (a cell it is always written with reads null),
+    or None. Every claim is written whole: a token, an attempt, a lease, its time and
+    a completion flag (false), and, completed, a status and an output. Such a row
+    answered by the rules says things the row does not hold (``NOT_HOLDER`` for a
+    holder nobody can check, ``OUTCOME_CONFLICT`` for an outcome it lost, ``COMPLETED``
+    with no output), and a null completion flag differed by backend (memory recorded
+    the completion; Cassandra's ``claim_completed = false`` condition never applied:
+    503 for ever). The claims API answers it as damage (session 53)."""
+    cells = _CLAIM_CELLS + (_OUTCOME_CELLS if claim.completed else ())
+    missing = [name for cell, name in cells if getattr(claim, cell) in (None, "")]
+    if not missing:
+        return None
+    return (f"the claim of effect {claim.effect_id} of request {claim.idempotency_key} of "
+            f"tenant {claim.tenant_id} is damaged: it names no {' and no '.join(missing)}")
 
 
 @dataclass(frozen=True)
@@ -202,6 +227,9 @@ def decide_claim(existing: ClaimRecord | None, request: ClaimRequest, now_ms: in
         if cancelled:
             return Answer(ClaimState.CANCELLED, None, detail="the request was cancelled")
         return Insert(new_claim(request, now_ms))
+    problem = claim_damage(existing)
+    if problem is not None:  # no rule can be read off a row missing what it decides on
+        raise CorruptPartition(problem)
     if existing.arguments_digest != request.arguments_digest:
         return Answer(ClaimState.CONFLICT, existing, detail=(
             f"effect {existing.effect_id} was claimed with other arguments "

@@ -192,6 +192,17 @@ def check_claim(holder: ResponseClaim, mine: ResponseClaim) -> None:
             f"names no {' and no '.join(missing)}")
 
 
+def claimed_partition(tenant_id: str, response_id: str, partition_key: str | None) -> str:
+    """The partition a response id's claim names, for a lookup by id. A claim naming
+    none (a null or empty cell) is damage, never an unclaimed id: ``CorruptPartition``.
+    Both backends read it so (session 53: memory read the null as a partition nobody
+    has, ``get_checkpoint`` None, where Cassandra's lookup raised)."""
+    if not partition_key:
+        raise CorruptPartition(f"the claim of response {response_id} of tenant {tenant_id} "
+                               "names no partition")
+    return partition_key
+
+
 def check_request_claim(holder: ResponseClaim) -> ResponseClaim:
     """A request claim (``request_claims``: the response id and partition holding a
     chain's first request) with a null or empty response id or partition cell is damage:

@@ -7,7 +7,8 @@ a typed ``state``; 4xx only for bad input (400 a body that is not JSON, 413 a bo
 the API's limit (body_limit.py), 415 a body declared another type than JSON, 422
 malformed, 404 unknown claim, 409 not the holder / another outcome already recorded);
 503 the store or ledger unavailable, 500 ``CORRUPT_HISTORY`` a damaged request claim
-(``mark_claim``), typed by the app's handlers (services/api/app.py).
+(``mark_claim``) or an effect claim row with a null cell (``claims.claim_damage``),
+typed by the app's handlers (services/api/app.py).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from schemas.limits import MIB
 from schemas.models import SUPPORTED_FORMAT_VERSIONS, Item, sha256_hex
 from services.api.models import ErrorBody, HistoryItem
 from services.ledger.base import Ledger
-from services.store.base import CheckpointStore
+from services.store.base import CheckpointStore, CorruptPartition
 
 _ID = ID_PATTERN  # schemas/ids.py: the ids of the history routes and of turns
 _NAME = r"^[A-Za-z0-9_.:\-]{1,128}$"
@@ -324,7 +325,8 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
                    # ``mark_claim``): the app's handler types it (session 52).
                    500: {"model": ErrorBody, "description": "CORRUPT_HISTORY (not "
                          "retryable): the request's claim row is damaged (a chain's first "
-                         "request), do not execute, report it; INTERNAL: a bug"}},
+                         "request), or the effect's claim row has a null cell: do not "
+                         "execute, report it; INTERNAL: a bug"}},
         summary="Claim a tool effect before executing it",
     )
     async def claim(body: ClaimIn) -> JSONResponse:
@@ -346,6 +348,8 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
                             f"request {body.idempotency_key} stands promoted as response "
                             f"{answer.response_id}: do not run the tool"))
         else:
+            if answer.claim is not None:
+                _check_whole(answer.claim)
             out = _body(answer.state.value, effect_id, answer.claim, wait_ms=answer.wait_ms,
                         previous_attempt=answer.previous_attempt, detail=answer.detail)
         return JSONResponse(out.model_dump(mode="json"))
@@ -354,7 +358,9 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
         "/v1/effects/claims/{effect_id}/complete",
         response_model=ClaimBody,
         responses={**body_refused,
-                   500: {"model": ErrorBody, "description": "INTERNAL: a bug"},
+                   500: {"model": ErrorBody, "description": "CORRUPT_HISTORY (not "
+                         "retryable): the effect's claim row has a null cell, report it; "
+                         "INTERNAL: a bug"},
                    404: {"model": ClaimErrorBody, "description": "UNKNOWN_CLAIM"},
                    409: {"model": ClaimErrorBody,
                          "description": "NOT_HOLDER, OUTCOME_CONFLICT"}},
@@ -367,6 +373,7 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
                                        effect_id)
         if held is None:
             return _error(404, "UNKNOWN_CLAIM", f"effect {effect_id}")
+        _check_whole(held)
         # Judging an output parses it (twice, with the duplicate-key check): 1.95 s for
         # an 8 MiB one, a review found, on the event loop every request shares. A large
         # one is judged on a worker thread; a small one costs less than the hop.
@@ -379,6 +386,8 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
         state, claim = await _marked(
             body, ledger.complete_claim, body.tenant_id, body.idempotency_key, effect_id,
             body.token, body.status, output, now())
+        if claim is not None:
+            _check_whole(claim)  # damaged since the read above: never answered by it
         if state in _COMPLETE_HTTP:
             return _error(_COMPLETE_HTTP[state], state.value, f"effect {effect_id}")
         return JSONResponse(_body(state.value, effect_id, claim).model_dump(mode="json"))
@@ -387,6 +396,14 @@ def claims_router(ledger: Ledger, store: CheckpointStore,
 
 
 _JUDGED_INLINE_BYTES = 64 * 1024
+
+
+def _check_whole(claim: ClaimRecord) -> None:
+    """A stored claim with a null cell (``claims.claim_damage``) is damage: the app's
+    500 ``CORRUPT_HISTORY`` (not retryable), never an answer the row does not hold."""
+    problem = claims.claim_damage(claim)
+    if problem is not None:
+        raise CorruptPartition(problem)
 
 
 def _output_item(o: OutputIn) -> tuple[Item, str | None]:

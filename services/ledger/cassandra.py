@@ -611,6 +611,12 @@ def _decision_from_row(tenant_id: str, key: str, row: Any) -> Decision:
                     decided_at, existing, idempotency_key=key)
 
 
+def _flag(value: Any) -> bool | None:
+    """A boolean cell, null kept (a claim's null completion flag is damage:
+    ``claims.claim_damage``), never read as false."""
+    return None if value is None else bool(value)
+
+
 def _claim_from_row(tenant_id: str, key: str, row: Any) -> ClaimRecord:
     """A claim from a dict row (LWT answers, SERIAL reads) or a positional fact row."""
     if not isinstance(row, dict):
@@ -625,7 +631,7 @@ def _claim_from_row(tenant_id: str, key: str, row: Any) -> ClaimRecord:
     return ClaimRecord(
         tenant_id, key, row["ref"], row["attempt"], row["subturn_index"], row["call_id"],
         row["tool_name"], row["arguments_digest"], row["claim_token"], row["lease_until"],
-        row["claimed_at"], completed=bool(row["claim_completed"]), status=row["status"],
+        row["claimed_at"], completed=_flag(row["claim_completed"]), status=row["status"],
         output=None if output is None else claims.output_from_json(output),
         completed_at=row["completed_at"], takeovers=row["takeovers"] or 0,
         taken_over_call_ids=tuple(row.get("taken_over_call_ids") or ()),

@@ -76,6 +76,7 @@ from ratchet.domain.plan import (
     PromotionRequest,
     PromotionView,
     ResponseClaim,
+    claimed_partition,
 )
 from ratchet.settings import Settings
 from services.cassandra_cluster import (
@@ -150,12 +151,7 @@ def _claimed_partition(tenant_id: str, response_id: str, row: Any) -> str | None
     """The partition a claim row names; None: no claim. A claim row naming none is
     damage (every claim is written with its partition), not an unclaimed id: read as
     absent it made a promoted response ``NOT_FOUND`` and its status ``unknown``."""
-    if row is None:
-        return None
-    if not row[0]:
-        raise CorruptPartition(f"the claim of response {response_id} of tenant {tenant_id} "
-                               "names no partition")
-    return row[0]
+    return None if row is None else claimed_partition(tenant_id, response_id, row[0])
 
 
 def _unavailable(operation: str, exc: BaseException) -> StoreUnavailable:

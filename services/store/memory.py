@@ -31,6 +31,7 @@ from ratchet.domain.plan import (
     PromotionRequest,
     PromotionView,
     ResponseClaim,
+    claimed_partition,
 )
 from services.store.base import CheckpointStore, StoreOptions
 from services.store.hook_calls import call_hook
@@ -142,13 +143,14 @@ class MemoryCheckpointStore(CheckpointStore):
             claim = self._claims.get((tenant_id, response_id))
             if claim is None:
                 return None, None
-            partition = self._partitions.get((tenant_id, claim.partition_key))
+            located = claimed_partition(tenant_id, response_id, claim.partition_key)
+            partition = self._partitions.get((tenant_id, located))
             checkpoint = None if partition is None else partition.checkpoints.get(response_id)
         # Cassandra's lookup refuses a row filed under another response id: so does this.
         if checkpoint is not None and checkpoint.response_id != response_id:
-            raise CorruptPartition(f"checkpoint row of {response_id} in {claim.partition_key} "
+            raise CorruptPartition(f"checkpoint row of {response_id} in {located} "
                                    "is filed under another response id")
-        return claim.partition_key, checkpoint
+        return located, checkpoint
 
     async def turn_lost_async(self, tenant_id: str, response_id: str,
                               partition_key: str | None = None) -> bool:
@@ -263,7 +265,9 @@ class MemoryCheckpointStore(CheckpointStore):
     def _locate(self, tenant_id: str, response_id: str) -> str | None:
         with self._lock:
             claim = self._claims.get((tenant_id, response_id))
-            return None if claim is None else claim.partition_key
+        # A claim naming no partition raises, as Cassandra's lookup (``claimed_partition``).
+        return None if claim is None else claimed_partition(tenant_id, response_id,
+                                                            claim.partition_key)
 
     def _load_partition(self, tenant_id: str, partition_key: str) -> PartitionSnapshot | None:
         with self._lock:

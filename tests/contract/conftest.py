@@ -43,3 +43,22 @@ def data(request):
     session = request.getfixturevalue("ledger_session")
     return Data(lambda: CassandraCheckpointStore(session, StoreOptions(), timeout_s=30),
                 lambda: CassandraLedger(session, timeout_s=30))
+
+
+@pytest.fixture(params=["memory", "cassandra"])
+def store_and_ledger(request):
+    """A plain ``(store, ledger)`` pair of one backend on shared data: memory always
+    (``MemoryCheckpointStore``, ``MemoryLedger``, default ``StoreOptions``), Cassandra on
+    a migrated keyspace of the session. Tests that damage rows reach into the store's
+    tables (memory: its dicts) themselves."""
+    from services.ledger.cassandra import CassandraLedger
+    from services.ledger.memory import MemoryLedger
+    from services.store.base import StoreOptions
+    from services.store.cassandra import CassandraCheckpointStore
+    from services.store.memory import MemoryCheckpointStore
+
+    if request.param == "memory":
+        return MemoryCheckpointStore(StoreOptions()), MemoryLedger()
+    session = request.getfixturevalue("ledger_session")
+    return (CassandraCheckpointStore(session, StoreOptions(), timeout_s=30),
+            CassandraLedger(session, timeout_s=30))

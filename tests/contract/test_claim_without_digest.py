@@ -34,25 +34,11 @@ from ratchet.domain.plan import CorruptPartition, ResponseClaim, ResponseClaimed
 from ratchet.domain.promotion import interpret, promotion_request
 from ratchet.samples import TENANT, make_turn, new_id
 from schemas.models import Certification, PromotionRejected, RejectionReason
-from services.ledger.cassandra import CassandraLedger
-from services.ledger.memory import MemoryLedger
-from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
-from services.store.memory import MemoryCheckpointStore
 from tests.contract.test_processor_handover import ENTRIES
 from tests.contract.test_processor_races import Worker
 
 R = RejectionReason
-
-
-@pytest.fixture(params=["memory", "cassandra"])
-def backend(request):
-    """(store, ledger) of one backend, on shared data."""
-    if request.param == "memory":
-        return MemoryCheckpointStore(StoreOptions()), MemoryLedger()
-    session = request.getfixturevalue("ledger_session")
-    return (CassandraCheckpointStore(session, StoreOptions(), timeout_s=30),
-            CassandraLedger(session, timeout_s=30))
 
 
 def set_null(store, response_id: str, cell: str) -> None:
@@ -84,17 +70,17 @@ def conversation_turn(**kw):
     return make_turn(conversation_id=new_id("conv"), **kw)
 
 
-def cold(backend, entry) -> Worker:
+def cold(store_and_ledger, entry) -> Worker:
     """A worker that knows nothing yet: what it learns comes from the store."""
-    store, ledger = backend
+    store, ledger = store_and_ledger
     store._hints.__init__(store.options.hint_capacity)  # what the store learned
     return Worker(store, ledger, entry)
 
 
-def corrupt_every_time(backend, entry, turn) -> None:
-    store, _ = backend
+def corrupt_every_time(store_and_ledger, entry, turn) -> None:
+    store, _ = store_and_ledger
     for attempt in ("first", "redelivery", "another worker"):
-        worker = cold(backend, entry)
+        worker = cold(store_and_ledger, entry)
         handled = worker.handle(turn)
         assert handled.kind == "rejected", (attempt, handled)
         out = handled.outbound[0].model
@@ -105,24 +91,24 @@ def corrupt_every_time(backend, entry, turn) -> None:
 
 
 @ENTRIES
-def test_the_same_request_meeting_its_claim_without_digest_is_corrupt(backend, entry):
+def test_the_same_request_meeting_its_claim_without_digest_is_corrupt(store_and_ledger, entry):
     """Its own claim, taken before a batch that never landed: which request holds the id
     cannot be told (this one, or another of the same key): never promoted on it, never
     ``CONFLICT`` naming its own key."""
-    store, _ = backend
+    store, _ = store_and_ledger
     turn = conversation_turn()
     claim_only(store, turn)
     damage_digest(store, turn.response_id)
-    corrupt_every_time(backend, entry, turn)
+    corrupt_every_time(store_and_ledger, entry, turn)
     retry = turn.model_copy(update={"event_id": str(uuid.uuid4()), "attempt": 2})
-    corrupt_every_time(backend, entry, retry)
+    corrupt_every_time(store_and_ledger, entry, retry)
 
 
-def conflict_every_time(backend, entry, turn, bound_in: str) -> None:
+def conflict_every_time(store_and_ledger, entry, turn, bound_in: str) -> None:
     """``CONFLICT`` naming the claim's intact partition (never a null cell), the same on
     redelivery and on another worker."""
     for attempt in ("first", "redelivery", "another worker"):
-        handled = cold(backend, entry).handle(turn)
+        handled = cold(store_and_ledger, entry).handle(turn)
         assert handled.kind == "rejected", (attempt, handled)
         out = handled.outbound[0].model
         assert isinstance(out, PromotionRejected), (attempt, out)
@@ -132,63 +118,63 @@ def conflict_every_time(backend, entry, turn, bound_in: str) -> None:
 
 
 @ENTRIES
-def test_another_request_meeting_a_claim_without_digest_is_conflict(backend, entry):
+def test_another_request_meeting_a_claim_without_digest_is_conflict(store_and_ledger, entry):
     """Same partition, another idempotency key: the claim's intact key cell proves the
     id bound to another request, whatever its digest was (CONTRACT 4: ``CONFLICT``; it
     was ``CORRUPT`` from session 52's rproc7 to its outside review)."""
-    store, _ = backend
+    store, _ = store_and_ledger
     held = conversation_turn()
     claim_only(store, held)
     damage_digest(store, held.response_id)
     other = make_turn(conversation_id=held.conversation_id, response_id=held.response_id)
-    conflict_every_time(backend, entry, other, held.conversation_id)
+    conflict_every_time(store_and_ledger, entry, other, held.conversation_id)
     assert store.get_checkpoint(TENANT, other.response_id) is None
 
 
 @ENTRIES
 def test_a_turn_of_another_partition_meeting_a_claim_without_digest_is_conflict(
-        backend, entry):
+        store_and_ledger, entry):
     """The id promoted in one Conversation; a turn of another, healthy Conversation with
     that id (its view there holds no such row: the claim decides). The claim's intact
     partition cell names the other Conversation, so the id is bound to another turn
     whatever its digest was: ``CONFLICT`` (CONTRACT 4), not the damaged claim's
     ``CORRUPT`` leaking into a healthy Conversation (docs/store.md: damage to one history
     fails that history only). ``CORRUPT`` from rproc7 to its outside review."""
-    store, _ = backend
+    store, _ = store_and_ledger
     promoted = conversation_turn()
-    assert cold(backend, entry).handle(promoted).kind == "promoted"
+    assert cold(store_and_ledger, entry).handle(promoted).kind == "promoted"
     damage_digest(store, promoted.response_id)
     elsewhere = conversation_turn(response_id=promoted.response_id,
                                   idempotency_key=promoted.idempotency_key,
                                   request_digest=promoted.request_digest)
-    conflict_every_time(backend, entry, elsewhere, promoted.conversation_id)
+    conflict_every_time(store_and_ledger, entry, elsewhere, promoted.conversation_id)
     # The promotion that stands is untouched.
     assert store.get_checkpoint(TENANT, promoted.response_id).partition_key == (
         promoted.conversation_id)
 
 
 @ENTRIES
-def test_a_promoted_requests_redelivery_is_answered_from_its_view(backend, entry):
+def test_a_promoted_requests_redelivery_is_answered_from_its_view(store_and_ledger, entry):
     """Not damage the write needs: the partition's view says the request stands
     promoted with this response, so the redelivery is that promotion again (as before
     session 52; the claim is asked only for a turn the view would let write)."""
-    store, _ = backend
+    store, _ = store_and_ledger
     turn = conversation_turn()
-    first = cold(backend, entry).handle(turn)
+    first = cold(store_and_ledger, entry).handle(turn)
     assert first.kind == "promoted"
     damage_digest(store, turn.response_id)
     for attempt in ("redelivery", "another worker"):
-        again = cold(backend, entry).handle(turn)
+        again = cold(store_and_ledger, entry).handle(turn)
         assert again.kind == "promoted", (attempt, again)
         assert again.outbound[0].model.seq == first.outbound[0].model.seq
 
 
 @pytest.mark.parametrize("cell", ["request_digest", "idempotency_key", "partition_key"])
-def test_the_store_raises_on_a_claim_with_a_null_cell(backend, cell):
+def test_the_store_raises_on_a_claim_with_a_null_cell(store_and_ledger, cell):
     """The store's promise (``CheckpointStore.promote``), for each cell that names the
     claim's request or partition: ``CorruptPartition`` where the holder decides, nothing
     written; the same on both backends."""
-    store, _ = backend
+    store, _ = store_and_ledger
     turn = conversation_turn()
     claim_only(store, turn)
     set_null(store, turn.response_id, cell)
@@ -201,11 +187,11 @@ def test_the_store_raises_on_a_claim_with_a_null_cell(backend, cell):
 
 
 @pytest.mark.parametrize("cell", ["request_digest", "idempotency_key"])
-def test_the_store_answers_a_turn_of_another_partition_from_the_intact_cells(backend, cell):
+def test_the_store_answers_a_turn_of_another_partition_from_the_intact_cells(store_and_ledger, cell):
     """A claim with its partition cell intact and another partition: no null cell can
     make it the turn's own, so it is ``ResponseClaimed`` (``CONFLICT``), on both
     backends; its answer names no null cell."""
-    store, _ = backend
+    store, _ = store_and_ledger
     turn = conversation_turn()
     claim_only(store, turn)
     set_null(store, turn.response_id, cell)

@@ -21,24 +21,9 @@ from ratchet.domain.plan import CorruptPartition
 from ratchet.domain.promotion import promotion_request
 from ratchet.samples import TENANT, make_turn, new_id
 from schemas.models import Certification, PromotionRejected, RejectionReason
-from services.ledger.cassandra import CassandraLedger
-from services.ledger.memory import MemoryLedger
-from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
-from services.store.memory import MemoryCheckpointStore
 from tests.contract.test_claim_without_digest import cold
 from tests.contract.test_processor_handover import ENTRIES
-
-
-@pytest.fixture(params=["memory", "cassandra"])
-def backend(request):
-    """(store, ledger) of one backend, on shared data."""
-    if request.param == "memory":
-        return MemoryCheckpointStore(StoreOptions()), MemoryLedger()
-    session = request.getfixturevalue("ledger_session")
-    return (CassandraCheckpointStore(session, StoreOptions(), timeout_s=30),
-            CassandraLedger(session, timeout_s=30))
-
 
 CELLS = pytest.mark.parametrize("cell", ["response_id", "partition_key"])
 
@@ -71,11 +56,11 @@ def held_and_damaged(store, cell: str):
 
 @CELLS
 @ENTRIES
-def test_a_retry_meeting_a_damaged_request_claim_is_corrupt(backend, entry, cell):
-    store, _ = backend
+def test_a_retry_meeting_a_damaged_request_claim_is_corrupt(store_and_ledger, entry, cell):
+    store, _ = store_and_ledger
     _, retry = held_and_damaged(store, cell)
     for attempt in ("first", "redelivery"):
-        handled = cold(backend, entry).handle(retry)
+        handled = cold(store_and_ledger, entry).handle(retry)
         assert handled.kind == "rejected", (attempt, handled)
         out = handled.outbound[0].model
         assert isinstance(out, PromotionRejected), (attempt, out)
@@ -85,10 +70,10 @@ def test_a_retry_meeting_a_damaged_request_claim_is_corrupt(backend, entry, cell
 
 
 @CELLS
-def test_the_stores_reads_of_a_damaged_request_claim_raise(backend, cell):
+def test_the_stores_reads_of_a_damaged_request_claim_raise(store_and_ledger, cell):
     """The write, the request's lookups and its hold (a cancellation's): each one
     ``CorruptPartition``, never a holder named ``None`` nor a null key sent."""
-    store, _ = backend
+    store, _ = store_and_ledger
     first, retry = held_and_damaged(store, cell)
     request = promotion_request(retry, Certification.CERTIFIED)
     reads = {

@@ -42,8 +42,7 @@ from services.api.claims import claims_router
 from services.api.service import RehydrationService
 from services.api.waiters import PromotionWaiters
 from services.store.cassandra import CassandraCheckpointStore
-from tests.contract.test_claim_without_digest import (  # noqa: F401 - a fixture
-    backend,
+from tests.contract.test_claim_without_digest import (
     claim_only,
     cold,
     set_null,
@@ -59,9 +58,9 @@ def chain_first(**kw):
                      expected_head_seq=None, response_id=response_id, **kw)
 
 
-def api(backend) -> TestClient:  # noqa: F811 - the fixture's value
+def api(store_and_ledger) -> TestClient:
     """The claims routes in the app, with its exception handlers."""
-    store, ledger = backend
+    store, ledger = store_and_ledger
     service = RehydrationService(store, ledger, PromotionWaiters())
     app = create_app(service, lambda: True,
                      routers=[claims_router(ledger, store, lambda: NOW_MS)])
@@ -91,18 +90,18 @@ def never_corrupt(handled) -> object:
 
 
 @ENTRIES
-def test_an_effect_claimed_then_the_turn_retried_is_never_corrupt(backend, entry):  # noqa: F811
-    http = api(backend)
+def test_an_effect_claimed_then_the_turn_retried_is_never_corrupt(store_and_ledger, entry):
+    http = api(store_and_ledger)
     first = chain_first()
     assert state(claim(http, first)) == "CLAIMED"
-    assert isinstance(never_corrupt(cold(backend, entry).handle(first)), CheckpointPromoted)
+    assert isinstance(never_corrupt(cold(store_and_ledger, entry).handle(first)), CheckpointPromoted)
     # Redelivered to a restarted worker: the same promotion, answered again.
-    again = never_corrupt(cold(backend, entry).handle(first))
+    again = never_corrupt(cold(store_and_ledger, entry).handle(first))
     assert isinstance(again, CheckpointPromoted), again
     retry = chain_first(idempotency_key=first.idempotency_key,
                         request_digest=first.request_digest)
     assert state(claim(http, retry)) == "PROMOTED"
-    answered = never_corrupt(cold(backend, entry).handle(retry))
+    answered = never_corrupt(cold(store_and_ledger, entry).handle(retry))
     assert isinstance(answered, PromotionRejected), answered  # a retry of a done request
     assert answered.reason is R.DUPLICATE, (answered.reason, answered.detail)
     assert answered.existing_response_id == first.response_id
@@ -110,11 +109,11 @@ def test_an_effect_claimed_then_the_turn_retried_is_never_corrupt(backend, entry
 
 
 @ENTRIES
-def test_a_cancellation_first_holds_the_request_and_is_never_corrupt(backend, entry):  # noqa: F811
-    store, _ = backend
-    http = api(backend)
+def test_a_cancellation_first_holds_the_request_and_is_never_corrupt(store_and_ledger, entry):
+    store, _ = store_and_ledger
+    http = api(store_and_ledger)
     first = chain_first()
-    worker = cold(backend, entry)
+    worker = cold(store_and_ledger, entry)
     worker.handle(make_turn_cancelled(first))
     # A tool that ran past the cancellation: its effect settles the request, held by
     # this response (``_settle_request`` -> ``hold_request``, the empty digest).
@@ -129,7 +128,7 @@ def test_a_cancellation_first_holds_the_request_and_is_never_corrupt(backend, en
     for attempt in (first, retry):
         assert state(claim(http, attempt)) == "CANCELLED", attempt.response_id
     for attempt in (first, retry, first):  # the last: a restarted worker's redelivery
-        out = never_corrupt(cold(backend, entry).handle(attempt))
+        out = never_corrupt(cold(store_and_ledger, entry).handle(attempt))
         assert isinstance(out, PromotionRejected), out
         assert out.reason is R.CANCELLED, (out.reason, out.detail)
         assert "None" not in out.detail, out.detail
@@ -138,19 +137,19 @@ def test_a_cancellation_first_holds_the_request_and_is_never_corrupt(backend, en
 
 
 @ENTRIES
-def test_a_worker_stopped_after_its_claims_is_promoted_on_restart(backend, entry):  # noqa: F811
-    store, _ = backend
+def test_a_worker_stopped_after_its_claims_is_promoted_on_restart(store_and_ledger, entry):
+    store, _ = store_and_ledger
     first = chain_first()
     request = promotion_request(first, Certification.CERTIFIED)
     assert store._requests.request_held(request) is None  # the request's claim, taken
     mine = ResponseClaim.of(request)
     assert store.start_claiming(mine)() == mine  # the response id's, then it stopped
-    out = never_corrupt(cold(backend, entry).handle(first))
+    out = never_corrupt(cold(store_and_ledger, entry).handle(first))
     assert isinstance(out, CheckpointPromoted), out
 
 
-def test_a_damaged_request_claim_is_the_claims_apis_documented_500(backend):  # noqa: F811
-    store, _ = backend
+def test_a_damaged_request_claim_is_the_claims_apis_documented_500(store_and_ledger):
+    store, _ = store_and_ledger
     first = chain_first()
     store.hold_request(TENANT, first.idempotency_key, first.response_id)
     if isinstance(store, CassandraCheckpointStore):
@@ -162,7 +161,7 @@ def test_a_damaged_request_claim_is_the_claims_apis_documented_500(backend):  # 
         key = (TENANT, first.idempotency_key)
         store._request_claims[key] = dataclasses.replace(store._request_claims[key],
                                                          partition_key=None)
-    http = api(backend)
+    http = api(store_and_ledger)
     retry = chain_first(idempotency_key=first.idempotency_key,
                         request_digest=first.request_digest)
     answer = claim(http, retry)
@@ -178,20 +177,20 @@ def test_a_damaged_request_claim_is_the_claims_apis_documented_500(backend):  # 
 @pytest.mark.parametrize("nulls", [("partition_key",), ("partition_key", "idempotency_key")])
 @ENTRIES
 def test_a_conflict_with_a_claim_naming_no_partition_never_prints_none(
-        backend, entry, nulls):  # noqa: F811
+        store_and_ledger, entry, nulls):
     """A response id's claim whose partition cell (and key cell) reads null, met by a turn
     of another request (its key, or its digest, differs from an intact cell):
     ``ResponseClaimed`` by ``check_claim``, answered ``CONFLICT``. The answer named the
     null partition: "bound to request K in None" (the key's null was handled, the
     partition's was not), the same on both backends."""
-    store, _ = backend
+    store, _ = store_and_ledger
     held = make_turn(conversation_id=new_id("conv"))
     claim_only(store, held)
     for cell in nulls:
         set_null(store, held.response_id, cell)
     other = make_turn(conversation_id=held.conversation_id, response_id=held.response_id)
     for attempt in ("first", "redelivery"):
-        out = cold(backend, entry).handle(other).outbound[0].model
+        out = cold(store_and_ledger, entry).handle(other).outbound[0].model
         assert isinstance(out, PromotionRejected), (attempt, out)
         assert out.reason is R.CONFLICT, (attempt, out.reason, out.detail)
         assert "None" not in out.detail, (attempt, out.detail)

@@ -340,3 +340,20 @@ def test_a_rejected_contended_turn_is_orphaned_with_its_holders_output():
         ("TURN_REJECTED", True, run.recorded_digest)]
     exp = expect(trimmed)
     assert _records_of_world(exp, exp.worlds[0], Observations(orphan_records=records)) == []
+
+
+def test_a_damaged_claims_500_is_a_finding_not_an_outage():
+    """A claim answered 500 ``CORRUPT_HISTORY`` (not retryable: a damaged claim row,
+    session 53) is a finding of the step. The runner's raw posts took every 5xx for an
+    outage (``RehydrationUnavailable``: "send the round again"), so a damaged row was
+    retried as long as the run lasted and never reported; the gateway library types it
+    (``server_error``, session 40), and so do they now."""
+    def damaged(request, response):
+        if _is_claim(request) and response.json().get("state") == "PROMOTED":
+            return httpx.Response(500, json={
+                "error": "CORRUPT_HISTORY", "retryable": False,
+                "detail": "the claim of request k of tenant t names no partition"})
+        return response
+    found = _World(damaged).play(_story("claim_promoted_root", "chain"))
+    assert _kinds(found) == {"claim_answer_wrong"}, found
+    assert "CORRUPT_HISTORY" in repr(found), found

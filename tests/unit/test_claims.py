@@ -16,6 +16,7 @@ from ratchet.domain.claims import (
     Insert,
     TakeOver,
 )
+from ratchet.domain.plan import CorruptPartition
 from schemas.items import function_call_output, mcp_call
 
 NOW = 1_000_000
@@ -51,9 +52,21 @@ def test_new_claim_inserted_unless_cancelled():
     assert isinstance(refused, Answer) and refused.state is ClaimState.CANCELLED
 
 
+@pytest.mark.parametrize("cells", [{"token": None}, {"lease_until": None}, {"completed": None},
+                                   {"completed": True}])  # completed: no status, no output
+def test_a_claim_row_with_a_null_cell_decides_nothing(cells):
+    """``claim_damage``: no rule is read off a row missing a cell it is written with
+    (a null lease was a ``TypeError`` in rule 6, an API 500 ``INTERNAL``)."""
+    damaged = replace(HELD, **cells)
+    with pytest.raises(CorruptPartition, match="is damaged: it names no "):
+        claims.decide_claim(damaged, request(token="tok2"), NOW, cancelled=False)
+
+
 @pytest.mark.parametrize(("existing", "req", "now", "cancelled", "state"), [
     (HELD, request(arguments_digest="a2"), NOW, False, ClaimState.CONFLICT),
-    (replace(HELD, completed=True), request(token="tok2"), NOW, True, ClaimState.COMPLETED),
+    (replace(HELD, completed=True, status="succeeded",  # a completed row: its outcome
+             output=function_call_output("call_1", "ok", item_id="o1")),
+     request(token="tok2"), NOW, True, ClaimState.COMPLETED),
     (HELD, request(token="tok2"), NOW, True, ClaimState.CANCELLED),
     (HELD, request(), NOW + 500, False, ClaimState.CLAIMED),  # same token: re-sent call
     (HELD, request(token="tok2"), NOW + 400, False, ClaimState.IN_PROGRESS),
