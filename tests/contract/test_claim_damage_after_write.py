@@ -40,6 +40,7 @@ from services.api.app import create_app
 from services.api.claims import claims_router
 from services.api.service import RehydrationService
 from services.api.waiters import PromotionWaiters
+from services.store.base import StoreOptions
 from services.store.cassandra import CassandraCheckpointStore
 from tests.contract.test_claim_without_digest import cold, set_null
 from tests.contract.test_processor_handover import ENTRIES
@@ -116,15 +117,19 @@ class LostAnswer:
         return answer
 
 
-def cassandra_only(store) -> None:
-    if not isinstance(store, CassandraCheckpointStore):
-        pytest.skip("memory's claims have no unknown outcome")
+@pytest.fixture
+def cassandra_store_and_ledger(ledger_session):
+    """The Cassandra pair alone: memory's claims have no unknown outcome (its LWT answers
+    always arrive), so these cases are Cassandra's only, not skipped on memory."""
+    from services.ledger.cassandra import CassandraLedger
+
+    return (CassandraCheckpointStore(ledger_session, StoreOptions(), timeout_s=30),
+            CassandraLedger(ledger_session, timeout_s=30))
 
 
 @RESPONSE_CELLS
-def test_an_unknown_claim_settled_on_its_damaged_row_is_corrupt(store_and_ledger, cell):
-    store, _ = store_and_ledger
-    cassandra_only(store)
+def test_an_unknown_claim_settled_on_its_damaged_row_is_corrupt(cassandra_store_and_ledger, cell):
+    store, _ = cassandra_store_and_ledger
     turn = make_turn(conversation_id=new_id("conv"))
     session = store._session
     store._session = LostAnswer(session, store.cql.insert_claim,
@@ -157,9 +162,8 @@ def chain_first(**kw):
 
 @REQUEST_CELLS
 def test_an_unknown_request_claim_settled_on_its_damaged_row_is_corrupt(
-        store_and_ledger, cell):
-    store, _ = store_and_ledger
-    cassandra_only(store)
+        cassandra_store_and_ledger, cell):
+    store, _ = cassandra_store_and_ledger
     turn = chain_first()
     session = store._session
     store._session = LostAnswer(session, store.cql.insert_request_claim,
