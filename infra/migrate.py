@@ -607,8 +607,7 @@ def _apply(session, settings: Settings, migrations: list[Migration], folder: Pat
     """What ``apply_migrations`` does while it holds the lease; ``progress`` names the
     migration under way and those recorded (the stop line's facts)."""
     ks = settings.keyspace
-    applied = {r.version: r for r in session.execute(
-        f"SELECT version, name, checksum FROM {ks}.schema_migrations", timeout=30)}
+    applied = _records(session, ks, "version, name, checksum", migrations)
     unknown = sorted(set(applied) - {m.version for m in migrations})
     if unknown:
         # Was a warning, and the older migrations then ran over a newer schema
@@ -654,15 +653,46 @@ def _apply(session, settings: Settings, migrations: list[Migration], folder: Pat
                     f"`ratchet migrate` again)\n  {stmt}")
         lease.check(f"recording {m.path.name}")
         progress.recording = True  # from here its record may be written, answer or not
+        # Paxos (SERIAL), as the reads of ``_records``: at the driver's LOCAL_ONE a
+        # record one replica acknowledged could be missed by the next migrate, which ran
+        # the migration again whole (session 53). Not applied: this run's own record,
+        # its answer lost and the request retried (the lease excludes any other).
         session.execute(
             f"INSERT INTO {ks}.schema_migrations (version, name, checksum, applied_at) "
-            "VALUES (%s, %s, %s, toTimestamp(now()))", (m.version, m.name, m.checksum),
-            timeout=30)
+            "VALUES (%s, %s, %s, toTimestamp(now())) IF NOT EXISTS",
+            (m.version, m.name, m.checksum), timeout=30)
         progress.recorded.append(m.path.name)
         progress.under_way = None
         out(f"applied {m.path.name} ({len(m.statements)} statements, "
             f"{time.monotonic() - t:.1f}s)")
     return todo
+
+
+def _records(session, ks: str, columns: str, migrations: list[Migration]) -> dict:
+    """The keyspace's records of applied migrations (``columns`` of each row, by
+    version): each migration of ``migrations`` read at SERIAL, the records are written
+    with Paxos (``_apply``), so the newest is seen through any replica, in one
+    datacenter or several, whatever ``RATCHET_DATACENTERS``; the rest (a newer version's
+    migrations, ``SchemaAhead``) by a plain read of the table (SERIAL reads one
+    partition). At the driver's LOCAL_ONE, both modes' level for the records until
+    session 53 under ``one``, a record one replica of three acknowledged could be missed
+    by the next migrate, which applied the migration again whole; Paxos needs the
+    replicas the cluster has, as the lease does (a keyspace's replication factor above
+    its nodes still migrates, with its warning), where a LOCAL_QUORUM would not."""
+    from cassandra import ConsistencyLevel
+    from cassandra.query import SimpleStatement
+
+    rows = {r.version: r for r in session.execute(
+        f"SELECT {columns} FROM {ks}.schema_migrations", timeout=30)}
+    one = SimpleStatement(f"SELECT {columns} FROM {ks}.schema_migrations WHERE version = %s",
+                          consistency_level=ConsistencyLevel.SERIAL)
+    for m in migrations:
+        row = session.execute(one, (m.version,), timeout=30).one()
+        if row is None:
+            rows.pop(m.version, None)
+        else:
+            rows[m.version] = row
+    return rows
 
 
 _ADD = re.compile(r"^\s*ALTER\s+TABLE\s+(\w+)\s+ADD\s+\(?(.*?)\)?\s*;?\s*$",
@@ -773,9 +803,7 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
             out(f"keyspace {ks} exists but was never migrated (no schema_migrations table): "
                 "run `ratchet migrate`")
             return 1
-        rows = {r.version: r for r in session.execute(
-            f"SELECT version, name, checksum, applied_at FROM {ks}.schema_migrations",
-            timeout=30)}
+        rows = _records(session, ks, "version, name, checksum, applied_at", migrations)
         short = _replication_warning(session, ks, _several(settings))
         if short:
             out(f"warning: {short}")
@@ -914,11 +942,29 @@ def describe_lease(lease: LeaseRow, ks: str, now: datetime | None = None) -> str
             f"reach Cassandra). {wait}")
 
 
+# ``ratchet migrate --status``'s exit code when Cassandra cannot be reached (or resolved):
+# not 1, "the keyspace is not up to date", which a script reads as "run migrate" (it was
+# 1 for both until session 53; stderr told them apart). 2 is click's usage error.
+STATUS_UNREACHABLE = 3
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says Cassandra could not be reached (or did not answer in time),
+    not that it answered and refused: ``failure_line``'s "cannot reach"."""
+    from cassandra import DriverException, RequestExecutionException, RequestValidationException
+    from cassandra.cluster import NoHostAvailable
+    from cassandra.protocol import ErrorMessage
+
+    if isinstance(exc, MigrationError | ErrorMessage | RequestValidationException):
+        return False
+    return isinstance(exc, NoHostAvailable | RequestExecutionException | DriverException
+                      | OSError)
+
+
 def failure_line(exc: Exception, settings: Settings) -> str | None:
     """The line of a failure of ``ratchet migrate``, None for one it does not expect (a
     bug: its traceback)."""
-    from cassandra import DriverException, RequestExecutionException, RequestValidationException
-    from cassandra.cluster import NoHostAvailable
+    from cassandra import RequestValidationException
     from cassandra.protocol import ErrorMessage
 
     hosts = f"{','.join(settings.cassandra_hosts)}:{settings.cassandra_port}"
@@ -930,8 +976,7 @@ def failure_line(exc: Exception, settings: Settings) -> str | None:
         return (f"ratchet migrate failed: Cassandra at {hosts} refused a statement: "
                 f"{exc} (RATCHET_KEYSPACE={settings.keyspace!r}, RATCHET_REPLICATION="
                 f"{settings.replication!r}?)")
-    if isinstance(exc, NoHostAvailable | RequestExecutionException | DriverException
-                  | OSError):
+    if unreachable(exc):
         return (f"ratchet migrate: cannot reach Cassandra at {hosts} ({exc}); check "
                 f"RATCHET_CASSANDRA_HOSTS and RATCHET_CASSANDRA_PORT (on this machine: "
                 f"is `ratchet infra up` running?)")
@@ -969,7 +1014,7 @@ def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bo
     except UnresolvableContactPoints:
         print(f"ratchet migrate: cannot reach Cassandra at {hosts}: no host name resolves; "
               f"check RATCHET_CASSANDRA_HOSTS", file=sys.stderr, flush=True)
-        return 1
+        return STATUS_UNREACHABLE if status else 1
     progress = MigrateProgress() if progress is None else progress
     try:
         if status:
@@ -982,7 +1027,7 @@ def cli_migrate(settings: Settings, folder: Path = MIGRATIONS_DIR, *, status: bo
             raise
         print(said, file=sys.stderr, flush=True)
         progress.failure_said = True
-        return 1
+        return STATUS_UNREACHABLE if status and unreachable(exc) else 1
     finally:
         cluster.shutdown()
     total = len(discover(folder))

@@ -37,6 +37,22 @@ def _settings() -> Settings:
         raise click.UsageError(str(exc)) from exc
 
 
+def _known_datacenter(command: str, settings: Settings, code: int = 1) -> None:
+    """Exit ``code`` with the worker's and the API's one line when
+    ``RATCHET_CASSANDRA_LOCAL_DC`` names a datacenter the cluster lacks (nothing to do,
+    and no import, when it is unset). Migrate, smoke, demo, chaos and the benches said
+    the driver's ``NoHostAvailable``, a traceback, or nothing (session 53)."""
+    if not settings.cassandra_local_dc:
+        return
+    from services.cassandra_cluster import UnknownLocalDatacenter, check_local_datacenter
+
+    try:
+        check_local_datacenter(settings)
+    except UnknownLocalDatacenter as exc:
+        print(f"ratchet {command}: cannot start: {exc}", file=sys.stderr, flush=True)
+        sys.exit(code)
+
+
 @click.group()
 @click.version_option(package_name="ratchet")
 def main() -> None:
@@ -139,6 +155,7 @@ def migrate(status: bool, wait_s: float | None) -> None:
     progress = MigrateProgress()
     try:
         raise_on_sigterm()
+        _known_datacenter("migrate", settings)
         from infra import migrate as migrations
 
         code = migrations.cli_migrate(settings, status=status, wait_s=wait_s, progress=progress)
@@ -252,6 +269,7 @@ def smoke(keep: bool) -> None:
     settings = _settings()  # a bad value stops here, before any import or connection
     try:
         raise_on_sigterm()
+        _known_datacenter("smoke", settings)
         from infra import smoke as smoke_test
 
         code = smoke_test.cli_smoke(settings, keep=keep)
@@ -324,6 +342,7 @@ def _interrupted_start(command: str, so: str, stop: BaseException) -> int:
 def demo(keep: bool) -> None:
     """Run scripted conversations end to end and print a table of outcomes."""
     settings = _settings()  # a bad value stops here, before any import or connection
+    _known_datacenter("demo", settings)
     from services import demo as demo_run
 
     sys.exit(demo_run.cli_demo(settings, keep=keep))
@@ -367,8 +386,10 @@ def chaos(seed: int, turns: int, rate: float, producers: int, workers: int, faul
     cfg = ChaosConfig(seed=seed, turns=turns, rate=rate, producers=producers, workers=workers,
                       faults=faults, fault_gap_s=fault_gap, drain_timeout_s=drain_timeout,
                       out=Path(out), log_level=log_level)
+    settings = _settings()
+    _known_datacenter("chaos", settings, code=3)  # 3: the run could not start
     try:
-        report = run(_settings(), cfg)
+        report = run(settings, cfg)
     except ChaosSetupFailed as exc:
         print(f"ratchet chaos: cannot start: {exc}", file=sys.stderr, flush=True)
         sys.exit(3)
@@ -384,6 +405,9 @@ BENCH_SUITES = {
     "gateway": ("ratchet.bench.gateway", "the gateway library's send_turn beside raw Kafka produce"),
     "memory": ("ratchet.bench.memory", "a worker's RSS on a backlog of large turns"),
 }
+
+# The suites that open no Cassandra session (``validation``: none; ``gateway``: Kafka).
+_NO_CASSANDRA = frozenset({"validation", "gateway"})
 
 
 # --help is not click's here: after a suite's name it is the suite's own (argparse).
@@ -437,6 +461,8 @@ def bench(ctx: click.Context, args: tuple[str, ...]) -> None:
         else:
             raise click.UsageError(f"bench {name} takes no options (usage: ratchet bench "
                                    f"{name})")
+    if set(suites or BENCH_SUITES) - _NO_CASSANDRA:
+        _known_datacenter("bench", settings)
     failed = 0
     for name in suites or tuple(BENCH_SUITES):
         module, what = BENCH_SUITES[name]

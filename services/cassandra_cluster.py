@@ -146,16 +146,62 @@ def connect(cluster: Cluster, settings: Settings, keyspace: str | None = None) -
     try:
         return cluster.connect(keyspace)
     except NoHostAvailable:
-        local_dc = settings.cassandra_local_dc
-        # The control connection has read every node's datacenter before the session
-        # failed; none read (Cassandra unreachable) is no evidence of a wrong name.
-        known = sorted({h.datacenter for h in cluster.metadata.all_hosts() if h.datacenter})
-        if local_dc and known and local_dc not in known:
-            raise UnknownLocalDatacenter(
-                f"RATCHET_CASSANDRA_LOCAL_DC={local_dc!r}: no node of the cluster at "
-                f"{','.join(settings.cassandra_hosts)}:{settings.cassandra_port} is in that "
-                f"datacenter (its datacenters: {', '.join(known)})") from None
+        unknown = _unknown_local_datacenter(cluster, settings)
+        if unknown is not None:
+            raise unknown from None
         raise
+
+
+def _unknown_local_datacenter(cluster: Cluster,
+                              settings: Settings) -> UnknownLocalDatacenter | None:
+    """``UnknownLocalDatacenter`` when the nodes ``cluster`` has read are in datacenters
+    none of which is ``RATCHET_CASSANDRA_LOCAL_DC``; None when it names one of them, is
+    unset, or no node was read (the control connection reads every node's datacenter
+    before a session fails; none read, Cassandra unreachable, is no evidence of a wrong
+    name)."""
+    local_dc = settings.cassandra_local_dc
+    known = sorted({h.datacenter for h in cluster.metadata.all_hosts() if h.datacenter})
+    if local_dc and known and local_dc not in known:
+        return UnknownLocalDatacenter(
+            f"RATCHET_CASSANDRA_LOCAL_DC={local_dc!r}: no node of the cluster at "
+            f"{','.join(settings.cassandra_hosts)}:{settings.cassandra_port} is in that "
+            f"datacenter (its datacenters: {', '.join(known)})")
+    return None
+
+
+def check_local_datacenter(settings: Settings) -> None:
+    """Raise ``UnknownLocalDatacenter`` when ``RATCHET_CASSANDRA_LOCAL_DC`` names a
+    datacenter the cluster lacks; return at once when it is unset. The commands that do
+    not start through ``connect`` (migrate, smoke, demo, chaos, the benches) call it
+    first: each said the driver's ``NoHostAvailable``, or a traceback, or nothing (migrate
+    and smoke's keyspace use a round-robin policy and ran) where the worker and the API
+    say this line (session 53). The cluster it opens reads the nodes' datacenters only
+    (no schema, no token map; a round-robin policy, so no host of the name is needed).
+    Cassandra unreachable or unresolvable: it returns, and the command says so its own
+    way."""
+    if not settings.cassandra_local_dc:
+        return
+    from cassandra.policies import RoundRobinPolicy
+
+    profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy())
+    try:  # a host name that resolves to nothing: the command says it
+        cluster = Cluster(list(settings.cassandra_hosts), port=settings.cassandra_port,
+                          protocol_version=PROTOCOL_VERSION, schema_metadata_enabled=False,
+                          token_metadata_enabled=False,
+                          execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+                          **connect_options())
+    except DRIVER_OUTAGES:
+        return
+    try:
+        try:
+            cluster.connect()
+        except DRIVER_OUTAGES:
+            return
+        unknown = _unknown_local_datacenter(cluster, settings)
+    finally:
+        cluster.shutdown()
+    if unknown is not None:
+        raise unknown
 
 
 async def completed(future: ResponseFuture) -> None:

@@ -232,7 +232,8 @@ class _ListsLeaseTerms:
         self._session = session
 
     def execute(self, query, *args, **kwargs):
-        if "system_schema.columns" in query and "schema_migrations_lease" in query:
+        text = getattr(query, "query_string", query)  # a statement (records at SERIAL)
+        if "system_schema.columns" in text and "schema_migrations_lease" in text:
             return [(name,) for name in ("id", "owner", "ttl_s", "renew_every_s")]
         return self._session.execute(query, *args, **kwargs)
 

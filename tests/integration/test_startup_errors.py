@@ -356,6 +356,31 @@ def test_migrate_refuses_a_column_of_another_type(settings, cassandra_cluster, t
         session.shutdown()
 
 
+@pytest.mark.parametrize("away", [
+    {"RATCHET_CASSANDRA_PORT": "free"},
+    {"RATCHET_CASSANDRA_HOSTS": "no-such-host.invalid"},
+])
+def test_migrate_status_that_cannot_reach_cassandra_exits_3(settings, away):
+    """``--status`` exited 1 for "migrations pending" and "cannot reach Cassandra" alike,
+    stderr telling them apart: a script reading 1 as "run migrate" ran it against a
+    Cassandra that was away (session 53). 3 now, its one line on stderr; 0 and 1 keep
+    their meaning (up to date; not up to date)."""
+    env = {k: str(free_port()) if v == "free" else v for k, v in away.items()}
+    done = _run("migrate", settings, "--status", **env)
+    assert done.returncode == 3, (done.returncode, done.stderr[-2000:])
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ratchet migrate: cannot reach Cassandra"), \
+        lines
+    assert done.stdout == "", done.stdout
+
+
+def test_migrate_without_status_that_cannot_reach_cassandra_still_exits_1(settings):
+    """Only ``--status`` has the code of its own: a run's failure is 1, whatever it is
+    (the migrate Job retries on any)."""
+    done = _run("migrate", settings, RATCHET_CASSANDRA_PORT=str(free_port()))
+    assert done.returncode == 1 and "cannot reach Cassandra" in done.stderr, done.stderr
+
+
 def test_migrate_tells_a_refusal_from_an_unreachable_cassandra(settings):
     """Cassandra answered and refused (a system keyspace): migrate said "cannot reach
     Cassandra ... is `ratchet infra up` running?"."""

@@ -131,6 +131,27 @@ def test_api_probes_target_its_declared_port():
             assert container[probe]["timeoutSeconds"] < container[probe]["periodSeconds"]
 
 
+@pytest.mark.parametrize("name", ["ratchet-api", "ratchet-worker"])
+def test_a_start_through_silent_cassandra_hosts_is_not_killed(name: str) -> None:
+    """A first connect gives each contact point that accepts and never answers
+    ``CONNECT_TIMEOUT_S`` (20 s), one after the other: with the configmap's hosts all
+    silent but the last, the API's liveness probe (~35 s) killed the pod before it
+    served, and again after each restart (session 53). A startup probe, the liveness
+    check itself, holds liveness off for all of them and a margin for Kafka and the
+    registry."""
+    from services.cassandra_cluster import CONNECT_TIMEOUT_S
+
+    (container,) = _containers(_deployment(name))
+    startup, live = container["startupProbe"], container["livenessProbe"]
+    check = {k: v for k, v in live.items() if k in ("httpGet", "exec")}
+    assert {k: v for k, v in startup.items() if k in ("httpGet", "exec")} == check
+    hosts = _configmap()["RATCHET_CASSANDRA_HOSTS"].split(",")
+    window = (startup.get("initialDelaySeconds", 0)
+              + startup["periodSeconds"] * startup["failureThreshold"])
+    assert window >= CONNECT_TIMEOUT_S * len(hosts) + 30, (window, len(hosts))
+    assert startup["timeoutSeconds"] < startup["periodSeconds"]
+
+
 def test_worker_probes_read_the_health_files_the_worker_writes(tmp_path):
     """The worker has no HTTP port: it writes health files (streams/health.py) under
     RATCHET_HOME. The exec probes must read the same directory, and actually work."""

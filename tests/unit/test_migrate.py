@@ -287,8 +287,8 @@ def test_migrate_status_says_what_is_applied_and_pending_and_changes_nothing(
 
     try:
         (tmp_path / "001_core.cql").write_text("CREATE TABLE IF NOT EXISTS a (k int PRIMARY KEY);")
-        # Exit 1 is "pending" and "cannot reach Cassandra" alike: stderr tells them apart
-        # (a connect that timed out under load printed no status line, session 52).
+        # Exit 1 is "not up to date"; "cannot reach Cassandra" is 3 since session 53 (a
+        # connect that timed out under load printed no status line, session 52).
         assert cli_migrate(s, tmp_path, status=True) == 1
         said = capsys.readouterr()
         assert said.err == "", said.err

@@ -45,6 +45,9 @@ class FakeCassandra:
         # from this run's; a TTL of None: a row written by hand without one).
         self.terms: tuple[int | None, float | None] = (TTL_S, TTL_S / 10)
         self.recorded: dict[int, SimpleNamespace] = {}
+        # Records a plain read (the driver's LOCAL_ONE) misses: the replica it reads
+        # dropped their write. A SERIAL read (Paxos, a quorum) sees every record.
+        self.stale: set[int] = set()
         self.ran: list[str] = []
         self.renewals: list[tuple[str, bool]] = []  # (owner, applied) per renewal asked
         self.fail_renewals = False
@@ -74,7 +77,11 @@ class FakeCassandra:
             self.lease = (owner, time.monotonic() + TTL_S)
             return True
 
-    def execute(self, query: str, params=(), timeout=None):
+    def execute(self, query, params=(), timeout=None):
+        from cassandra import ConsistencyLevel
+
+        serial = getattr(query, "consistency_level", None) == ConsistencyLevel.SERIAL
+        query = getattr(query, "query_string", query)  # a statement: its text
         q = " ".join(query.split())
         if q.startswith(("CREATE KEYSPACE", f"CREATE TABLE IF NOT EXISTS {KS}.")):
             return Result()
@@ -113,10 +120,18 @@ class FakeCassandra:
                 if self.holder() == params[0]:
                     self.lease = None
             return Result()
+        if q.startswith(f"SELECT version, name, checksum FROM {KS}.schema_migrations "
+                        "WHERE version = %s"):
+            assert serial, q  # one record, read as Paxos wrote it
+            row = self.recorded.get(params[0])
+            return Result([row] if row is not None else [])
         if q.startswith(f"SELECT version, name, checksum FROM {KS}.schema_migrations"):
-            return Result(list(self.recorded.values()))
+            seen = [r for v, r in self.recorded.items() if serial or v not in self.stale]
+            return Result(seen)
         if q.startswith(f"INSERT INTO {KS}.schema_migrations "):
             version, name, checksum = params
+            if q.endswith("IF NOT EXISTS") and version in self.recorded:
+                return Result([self.recorded[version]], False)
             self.recorded[version] = SimpleNamespace(version=version, name=name,
                                                      checksum=checksum)
             return Result()
@@ -370,8 +385,9 @@ class ReleaseFails(FakeCassandra):
     does not reach Cassandra; a migration's ``/*slow*/`` statement is where Ctrl-C
     lands (``on_slow``)."""
 
-    def execute(self, query: str, params=(), timeout=None):
-        if " ".join(query.split()).startswith(f"DELETE FROM {KS}.schema_migrations_lease"):
+    def execute(self, query, params=(), timeout=None):
+        text = getattr(query, "query_string", query)
+        if " ".join(text.split()).startswith(f"DELETE FROM {KS}.schema_migrations_lease"):
             raise TimeoutError("the release timed out (Cassandra away)")
         return super().execute(query, params, timeout)
 
@@ -409,3 +425,21 @@ def test_a_release_that_fails_after_a_run_that_applied_is_a_warning(short_lease,
     assert (f"could not release the lease {KS}.schema_migrations_lease (TimeoutError: the "
             f"release timed out (Cassandra away)); it stays held until its TTL ends (at most "
             f"{migrate.LEASE_TTL_S} s)") in warning, warning
+
+
+# --- a record one replica missed (session 53) ------------------------------------------
+
+def test_a_record_a_replica_missed_is_not_applied_again(short_lease, settings, tmp_path):
+    """The records were read and written at the driver's LOCAL_ONE under
+    ``RATCHET_DATACENTERS=one``: a record one replica of three acknowledged, read by the
+    next migrate from a replica that dropped its write, ran the migration again whole
+    (a migration need not be idempotent). Read at SERIAL now, written with Paxos: the
+    record is seen, nothing is re-run."""
+    (tmp_path / "001_a.cql").write_text("CREATE TABLE a (k int PRIMARY KEY);")
+    (tmp_path / "002_b.cql").write_text("CREATE TABLE b (k int PRIMARY KEY);")
+    cassandra = FakeCassandra()
+    assert [m.version for m in apply_migrations(cassandra, settings, tmp_path)] == [1, 2]
+    cassandra.stale = {1}  # the replica a plain read reaches lacks 001's record
+    cassandra.ran.clear()
+    assert apply_migrations(cassandra, settings, tmp_path) == []
+    assert cassandra.ran == []
