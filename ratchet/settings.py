@@ -38,6 +38,11 @@ MAX_BYTES = 1 << 40
 MAX_COUNT = 100_000_000
 MAX_WINDOW = 1_000
 MAX_STALL_S = 86_400
+# RATCHET_KAFKA_REQUEST_TIMEOUT_S: Faust's own default (1 200 s) is the most it may be;
+# below 5 s a publish of an outcome at the topics' size limit (schemas/limits.py) to a
+# busy broker may time out on every attempt, and its partition never move.
+MIN_KAFKA_REQUEST_S = 5
+MAX_KAFKA_REQUEST_S = 1_200
 # A held Kafka fetch waits at most this (RATCHET_FETCH_WAIT_MS): each paced turn may wait
 # the whole of it, so more than a second is never what a deployment wants.
 MAX_FETCH_WAIT_MS = 1_000
@@ -282,6 +287,11 @@ class Settings:
     # Seconds an assigned partition may owe records with none dispatched before the
     # worker's fetch watchdog steps in (streams/fetchwatch.py; 0 = off).
     fetch_stall_s: int = 15
+    # Seconds the worker's producer (Faust's, aiokafka's) waits for Kafka's answer to a
+    # request: its bootstrap at start (a Kafka that accepts and never answers ends the
+    # start, one line, exit 1) and each publish of outcomes (one unanswered is retried,
+    # its record unacked). Faust's default, 1 200 s, held a start 20 minutes.
+    kafka_request_timeout_s: int = 30
     # Events of one partition the worker handles at once (streams/lanes.py): never two
     # of one Kafka key (a Conversation, a chain), acks in offset order; 1 = one at a time.
     lane_window: int = 1
@@ -377,6 +387,9 @@ class Settings:
             tail_cache_entries=_int(env, "RATCHET_TAIL_CACHE_ENTRIES", d.tail_cache_entries, 0,
                                     MAX_COUNT),
             fetch_stall_s=_int(env, "RATCHET_FETCH_STALL_S", d.fetch_stall_s, 0, MAX_STALL_S),
+            kafka_request_timeout_s=_int(env, "RATCHET_KAFKA_REQUEST_TIMEOUT_S",
+                                         d.kafka_request_timeout_s, MIN_KAFKA_REQUEST_S,
+                                         MAX_KAFKA_REQUEST_S),
             lane_window=_int(env, "RATCHET_LANE_WINDOW", d.lane_window, 1, MAX_WINDOW),
             lane_max_bytes=_int(env, "RATCHET_LANE_MAX_BYTES", d.lane_max_bytes, 1, MAX_BYTES),
             loop_driver=_choice(env, "RATCHET_LOOP_DRIVER", d.loop_driver, LOOP_DRIVERS),
@@ -425,6 +438,7 @@ class Settings:
             "RATCHET_API_BODY_BUDGET_BYTES": str(self.api_body_budget_bytes),
             "RATCHET_TAIL_CACHE_ENTRIES": str(self.tail_cache_entries),
             "RATCHET_FETCH_STALL_S": str(self.fetch_stall_s),
+            "RATCHET_KAFKA_REQUEST_TIMEOUT_S": str(self.kafka_request_timeout_s),
             "RATCHET_LANE_WINDOW": str(self.lane_window),
             "RATCHET_LANE_MAX_BYTES": str(self.lane_max_bytes),
             "RATCHET_LOOP_DRIVER": self.loop_driver,

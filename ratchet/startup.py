@@ -62,11 +62,15 @@ def explain(exc: BaseException, settings: Settings) -> str | None:
         return f"Kafka at {settings.kafka_bootstrap}: {exc.args[0] if exc.args else exc}"
     # aiokafka's errors that say its client could not reach Kafka or had no answer, as
     # Faust's producer and consumer start: a broker restarting under a worker's start
-    # (session 53; it escaped as Faust's traceback). Its other errors keep theirs.
+    # (session 53; it escaped as Faust's traceback). Its other errors keep theirs. aiokafka
+    # raises the same error for a Kafka that closed the connection and for one that did
+    # not answer within the request bound, so the line names both.
     if isinstance(exc, (KafkaConnectionError, NodeNotReadyError, RequestTimedOutError,
                         KafkaTimeoutError)):
         return (f"Kafka at {settings.kafka_bootstrap}: lost while Faust's clients connected "
-                f"({_aiokafka_reason(exc)}): a broker restarting or away")
+                f"({_aiokafka_reason(exc)}): a broker restarting or away, or silent (no "
+                f"answer within RATCHET_KAFKA_REQUEST_TIMEOUT_S="
+                f"{settings.kafka_request_timeout_s} s)")
     if type(exc).__module__.startswith("acsylla"):
         return f"cannot reach Cassandra at {cassandra} (C++ driver): {exc}"
     return None

@@ -118,6 +118,11 @@ def create_app(settings: Settings, runtime: Runtime, *, group_id: str = GROUP_ID
         # fail on size below them (aiokafka's default is 1 MiB).
         producer_max_request_size=CLIENT_MAX_BYTES,
         producer_acks=-1,
+        # Every request of the producer waits this for Kafka's answer, not Faust's 1 200
+        # s: its bootstrap (a Kafka that accepts and never answers ended a start only
+        # after 20 minutes; now one line, exit 1) and each publish, whose failure at the
+        # bound is retried like any other, its record unacked (step 2 above).
+        producer_request_timeout=float(settings.kafka_request_timeout_s),
         # A crashed worker's partitions move to the others within ~10 s (default 60 s).
         broker_session_timeout=10.0,
         broker_heartbeat_interval=2.0,

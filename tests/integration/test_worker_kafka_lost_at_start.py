@@ -31,15 +31,17 @@ pytestmark = pytest.mark.integration
 
 class GoneForFaust:
     """A TCP proxy in front of Kafka: a connection whose first request names the client
-    ``rdkafka`` is piped to Kafka; any other is closed after that request, unanswered."""
+    ``rdkafka`` is piped to Kafka; any other is closed after that request, unanswered,
+    or with ``hold`` kept open and never answered (a Kafka that accepts and is silent)."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, *, hold: bool = False) -> None:
+        self._hold = hold
         host, port = bootstrap.rsplit(":", 1)
         self._target = (host, int(port))
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = [self._listener]
-        self.closed: list[str] = []  # the client ids of the connections closed
+        self.closed: list[str] = []  # the client ids of the connections closed (or held)
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -62,7 +64,8 @@ class GoneForFaust:
         client_id = client.recv(length, socket.MSG_WAITALL) if length > 0 else b""
         if not client_id.startswith(b"rdkafka"):
             self.closed.append(client_id.decode(errors="replace"))
-            client.close()
+            if not self._hold:
+                client.close()
             return
         server = socket.create_connection(self._target)
         self._sockets.append(server)
@@ -115,7 +118,35 @@ def test_kafka_gone_as_faust_starts_is_one_line_and_exit_1(own, log_level):
     assert lines[-1] == (
         f"ratchet worker: cannot start: Kafka at {s.kafka_bootstrap}: lost while Faust's "
         f"clients connected (KafkaConnectionError: Unable to bootstrap): a broker "
-        f"restarting or away"), lines
+        f"restarting or away, or silent (no answer within "
+        f"RATCHET_KAFKA_REQUEST_TIMEOUT_S=30 s)"), lines
     # Faust stopped what it had started: no crash of its own after the line.
+    assert not any("We experienced a crash" in line for line in lines), lines
+    assert not (own.home / "health").exists() or not list((own.home / "health").iterdir())
+
+
+def test_kafka_silent_to_faust_ends_the_start_within_the_request_timeout(own):
+    """A Kafka that accepts Faust's connection and never answers held the start for
+    Faust's ``producer_request_timeout`` (1200 s; still waiting after 150 s in session
+    53). RATCHET_KAFKA_REQUEST_TIMEOUT_S bounds it: one line, exit 1, well before 60 s."""
+    proxy = GoneForFaust(own.kafka_bootstrap, hold=True)
+    s = dataclasses.replace(own, kafka_bootstrap=f"127.0.0.1:{proxy.port}")
+    proc = subprocess.Popen([*CLI, "worker"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=cli_env(s, RATCHET_WORKER_METRICS_PORT="0",
+                                        RATCHET_KAFKA_REQUEST_TIMEOUT_S="5",
+                                        RATCHET_CONSUMER_GROUP=f"{own.topic_prefix}group"))
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        reap(proc)
+        proxy.close()
+    lines = blank_free(out + err)
+    assert proxy.closed, ("Faust's client never came: the start failed earlier", lines)
+    assert not any("Traceback" in line for line in lines), err[-4000:]
+    assert proc.returncode == 1, (proc.returncode, lines[-10:])
+    assert lines[-1].startswith(
+        f"ratchet worker: cannot start: Kafka at {s.kafka_bootstrap}: "), lines
+    assert "no answer within RATCHET_KAFKA_REQUEST_TIMEOUT_S=5 s" in lines[-1], lines
     assert not any("We experienced a crash" in line for line in lines), lines
     assert not (own.home / "health").exists() or not list((own.home / "health").iterdir())

@@ -23,7 +23,7 @@ from ratchet.startup import explain
 
 SETTINGS = dataclasses.replace(Settings(), kafka_bootstrap="kafka-0:9092")
 LOST = "Kafka at kafka-0:9092: lost while Faust's clients connected ({}): a broker " \
-       "restarting or away"
+       "restarting or away, or silent (no answer within RATCHET_KAFKA_REQUEST_TIMEOUT_S=30 s)"
 
 
 @pytest.mark.parametrize("exc,reason", [
