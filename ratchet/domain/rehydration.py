@@ -112,8 +112,7 @@ def fallback_reason(
         return FallbackReason.ARTIFACT_EXPIRED
     now_ms = (utc_ms(now) - _EPOCH) // _MILLISECOND  # exact: no float rounding
     for record in (checkpoint.boundary_proof, checkpoint.router_receipt):
-        expires = None if record is None else record_expires_at_ms(record)
-        if expires is not None and now_ms >= expires:
+        if record is not None and now_ms >= record_expires_at_ms(record):
             return FallbackReason.ARTIFACT_EXPIRED
     return None
 
@@ -175,14 +174,17 @@ def _receipt_covers(receipt_json: str, token_count: int) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def record_expires_at_ms(record_json: str) -> int | None:
+def record_expires_at_ms(record_json: str) -> int:
     """The ``expires_at`` (epoch millis) of a checkpoint's stored boundary proof or router
-    receipt (the canonical JSON the processor validated), None when it has none (like
-    an artifact without expiry). Cached: every read asks again, and a stored record
-    never changes. A record that is not a JSON object, or whose ``expires_at`` is not
-    an integer within years 1 to 9999 (``FIRST_MS``..``LAST_MS``: the processor keeps no
-    other, its turn is dead-lettered or refused ``CORRUPT``; a stored one is damage, e.g.
-    10^30 would otherwise never expire), counts as expired (0): reuse fails closed."""
+    receipt (the canonical JSON the processor validated). Cached: every read asks
+    again, and a stored record never changes. Both records require their expiry (a
+    ``timestamp-millis`` long, never null: ``schemas/BoundaryProof.avsc``,
+    ``RouterReceipt.avsc``), so the processor keeps only integers within years 1 to
+    9999 (``FIRST_MS``..``LAST_MS``: any other turn is dead-lettered or refused
+    ``CORRUPT``). Anything else is damage and counts as expired (0): a record that is
+    not a JSON object, an ``expires_at`` that is null or missing (it read as "never
+    expires" until session 53's outside review), not an integer, or off the calendar
+    (e.g. 10^30, which would otherwise never expire). Reuse fails closed."""
     try:
         record = parse_json(record_json.encode("utf-8"))
     except ValueError:
@@ -190,8 +192,6 @@ def record_expires_at_ms(record_json: str) -> int | None:
     if not isinstance(record, dict):
         return 0
     value = record.get("expires_at")
-    if value is None:
-        return None
     readable = isinstance(value, int) and not isinstance(value, bool) and (
         FIRST_MS <= value <= LAST_MS)
     return value if readable else 0

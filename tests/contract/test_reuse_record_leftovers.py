@@ -42,6 +42,9 @@ CASES = {
     "receipt expiry 9999+1ms": ({}, {"expires_at": LAST_MS + 1}, None,
                                 FallbackReason.ARTIFACT_EXPIRED),
     "proof expiry 1e30": ({}, None, 10**30, FallbackReason.ARTIFACT_EXPIRED),
+    # session 53's outside review: no record the processor keeps lacks an expiry
+    "receipt expiry null": ({}, {"expires_at": None}, None, FallbackReason.ARTIFACT_EXPIRED),
+    "proof expiry null": ({}, None, "null", FallbackReason.ARTIFACT_EXPIRED),
 }
 
 
