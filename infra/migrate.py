@@ -620,6 +620,8 @@ def _apply(session, settings: Settings, migrations: list[Migration], folder: Pat
             "version's `ratchet migrate`, never an older one. Nothing was applied")
     for m in migrations:
         done = applied.get(m.version)
+        if done is not None and done.checksum is None:
+            raise MigrationError(damaged_record(ks, m))
         if done is not None and done.checksum != m.checksum:
             raise ChecksumMismatch(
                 f"{m.path.name} was applied to keyspace {ks} with checksum "
@@ -657,15 +659,37 @@ def _apply(session, settings: Settings, migrations: list[Migration], folder: Pat
         # record one replica acknowledged could be missed by the next migrate, which ran
         # the migration again whole (session 53). Not applied: this run's own record,
         # its answer lost and the request retried (the lease excludes any other).
-        session.execute(
+        # Not applied with another checksum: a migrator whose lease was taken once this
+        # run's had lapsed unseen recorded another file's bytes; it was taken as this
+        # run's own, "applied", exit 0 (an outside review, session 53).
+        rs = session.execute(
             f"INSERT INTO {ks}.schema_migrations (version, name, checksum, applied_at) "
             "VALUES (%s, %s, %s, toTimestamp(now())) IF NOT EXISTS",
             (m.version, m.name, m.checksum), timeout=30)
+        found = None if rs.was_applied else rs.one()
+        theirs = getattr(found, "checksum", m.checksum)
+        if theirs != m.checksum:
+            raise ChecksumMismatch(
+                f"{m.path.name}: its statements ran, but keyspace {ks} records it meanwhile "
+                f"with checksum {str(theirs)[:12]}… (another migrator, its lease taken "
+                f"once this run's had lapsed), this file has {m.checksum[:12]}…: two "
+                "versions of the migration; `ratchet migrate --status` shows the records")
         progress.recorded.append(m.path.name)
         progress.under_way = None
         out(f"applied {m.path.name} ({len(m.statements)} statements, "
             f"{time.monotonic() - t:.1f}s)")
     return todo
+
+
+def damaged_record(ks: str, m: Migration) -> str:
+    """The line of ``m``'s record that has no checksum (damage: a row made or cut by
+    hand). It ended ``migrate`` and ``--status`` in a ``TypeError`` traceback (an outside
+    review, session 53). Whether the migration ran is not known: its record goes, and
+    the next migrate runs it again whole (rule 3: ``IF NOT EXISTS``)."""
+    return (f"{m.path.name}: its record in keyspace {ks} has no checksum (a damaged "
+            f"record: whether its statements ran is not known); remove it, `DELETE FROM "
+            f"{ks}.schema_migrations WHERE version = {m.version}`, then run `ratchet "
+            "migrate`, which applies it again")
 
 
 def _records(session, ks: str, columns: str, migrations: list[Migration]) -> dict:
@@ -826,12 +850,15 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
     def when(row) -> str:
         return f"{row.applied_at:%Y-%m-%d %H:%M:%S} UTC" if row.applied_at else "at an unknown time"
 
-    pending, changed = [], []
+    pending, changed, damaged = [], [], []
     for m in migrations:
         row = rows.get(m.version)
         if row is None:
             pending.append(m)
             out(f"  {m.path.name:<40} pending")
+        elif row.checksum is None:
+            damaged.append(m)
+            out(f"  {damaged_record(ks, m)}")
         elif row.checksum != m.checksum:
             changed.append(m)
             out(f"  {m.path.name:<40} applied {when(row)}, but the file was edited since "
@@ -848,6 +875,9 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
     if unknown:
         out(f"keyspace {ks}: migrated by a newer version ({len(unknown)} migration(s) this "
             "ratchet has no file for): run that version's `ratchet migrate`")
+    elif damaged:
+        out(f"keyspace {ks}: {len(damaged)} damaged record(s) (no checksum): remove each, "
+            "then run `ratchet migrate`")
     elif changed:
         out(f"keyspace {ks}: {len(changed)} applied migration(s) edited since: never edit an "
             "applied migration, add a new one")
@@ -856,7 +886,7 @@ def migration_status(session_or_cluster, settings: Settings, folder: Path = MIGR
             "`ratchet migrate`")
     else:
         out(f"keyspace {ks}: up to date ({total} of {total} migrations applied)")
-    return 1 if unknown or changed or pending else 0
+    return 1 if unknown or damaged or changed or pending else 0
 
 
 @dataclass(frozen=True)

@@ -443,3 +443,44 @@ def test_a_record_a_replica_missed_is_not_applied_again(short_lease, settings, t
     cassandra.ran.clear()
     assert apply_migrations(cassandra, settings, tmp_path) == []
     assert cassandra.ran == []
+
+
+class RecordedMeanwhile(FakeCassandra):
+    """Another migrator (its lease taken once this run's had lapsed unseen) recorded the
+    migration, from a file of other bytes, between this run's lease check and its
+    record."""
+
+    def __init__(self, checksum: str):
+        super().__init__()
+        self.theirs = checksum
+
+    def execute(self, query, params=(), timeout=None):
+        q = " ".join(getattr(query, "query_string", query).split())
+        if q.startswith(f"INSERT INTO {KS}.schema_migrations ") and params[0] not in self.recorded:
+            self.recorded[params[0]] = SimpleNamespace(version=params[0], name=params[1],
+                                                       checksum=self.theirs)
+        return super().execute(query, params, timeout)
+
+
+def test_a_record_another_migrator_wrote_with_another_checksum_is_not_taken_as_ours(
+        short_lease, settings, tmp_path):
+    """The record's ``INSERT ... IF NOT EXISTS`` not applied was taken as this run's own
+    earlier attempt: the run said ``applied`` and exit 0, the keyspace recording another
+    file's checksum (the next migrate's ``ChecksumMismatch``). Now the row it found is
+    compared: another checksum stops the run, naming both."""
+    (tmp_path / "001_a.cql").write_text("CREATE TABLE a (k int PRIMARY KEY);")
+    cassandra = RecordedMeanwhile("f" * 64)
+    said: list[str] = []
+    with pytest.raises(MigrationError) as stop:
+        apply_migrations(cassandra, settings, tmp_path, out=said.append)
+    assert "001_a.cql" in str(stop.value) and "ffffffffffff" in str(stop.value), stop.value
+    assert not any(line.startswith("applied 001_a.cql") for line in said), said
+
+
+def test_a_record_found_with_this_runs_checksum_is_this_runs(short_lease, settings, tmp_path):
+    """The same checksum (this run's own attempt, its answer lost and retried; or the
+    same file applied by another run): applied, as before (a guard)."""
+    path = tmp_path / "001_a.cql"
+    path.write_text("CREATE TABLE a (k int PRIMARY KEY);")
+    cassandra = RecordedMeanwhile(migrate.discover(tmp_path)[0].checksum)
+    assert [m.version for m in apply_migrations(cassandra, settings, tmp_path)] == [1]
