@@ -155,7 +155,8 @@ def migrate(status: bool, wait_s: float | None) -> None:
     progress = MigrateProgress()
     try:
         raise_on_sigterm()
-        _known_datacenter("migrate", settings)
+        # --status: 3, "could not answer" (1 would read as "not up to date").
+        _known_datacenter("migrate", settings, code=3 if status else 1)
         from infra import migrate as migrations
 
         code = migrations.cli_migrate(settings, status=status, wait_s=wait_s, progress=progress)

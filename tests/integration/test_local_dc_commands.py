@@ -22,7 +22,7 @@ WRONG = "nodc"
 
 @pytest.mark.parametrize("args,code", [
     (["migrate"], 1),
-    (["migrate", "--status"], 1),
+    (["migrate", "--status"], 3),
     (["smoke"], 1),
     (["demo"], 1),
     (["chaos", "--turns", "1", "--faults", "none"], 3),
