@@ -16,6 +16,7 @@ is published on it (``orphans withheld``): the partition needs an operator.
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -29,7 +30,8 @@ from schemas.models import (
     PromotionRejected,
     RejectionReason,
 )
-from tests.contract.test_api_damaged_effect_claims import damage
+from services.ledger.cassandra import CassandraLedger
+from tests.contract.test_api_damaged_effect_claims import damage as damage_cell
 from tests.contract.test_processor_handover import ENTRIES
 from tests.unit.test_processor_carried_effects import _claim_and_complete
 from tests.unit.test_processor_rules import turn
@@ -37,7 +39,17 @@ from tests.unit.test_processor_rules import turn
 SENT = function_call_output("c1", '{"sent": "m1"}', item_id="fco_1")
 RESENT = function_call_output("c1", '{"sent": "m2"}', item_id="fco_2")
 # Every cell a claim row is written with (the completed ones: status and output too).
-CELLS = ["claim_completed", "status", "output_item", "claim_token", "lease_until", "attempt"]
+CELLS = ["claim_completed", "status", "output_item", "claim_token", "lease_until", "attempt",
+         "claimed_at"]
+
+
+def damage(ledger, key: str, effect_id: str, cell: str) -> None:
+    """``test_api_damaged_effect_claims.damage``, the claim time too."""
+    if cell == "claimed_at" and not isinstance(ledger, CassandraLedger):
+        by_id = ledger._claims[(TENANT, key)]
+        by_id[effect_id] = dataclasses.replace(by_id[effect_id], claimed_at=None)
+        return
+    damage_cell(ledger, key, effect_id, cell)
 
 
 def _completed_claim(data, conv: str, key: str) -> str:
