@@ -187,6 +187,15 @@ def port_mismatch(srv: Server, entry: Running, home: Path) -> str | None:
     return None
 
 
+def _port_words(srv: Server) -> str:
+    """``port N`` of a server on 127.0.0.1; ``host:N`` of a node of ``ratchet infra
+    cluster``, each on its own alias with the same port (session 53's outside review:
+    every node's line said "port 19042")."""
+    if srv.host == "127.0.0.1":
+        return f"port {srv.client_port()}"
+    return f"{srv.host}:{srv.client_port()}"
+
+
 def _wait_healthy(srv: Server, entry: Running, timeout_s: float, say: Say | None = None,
                   stop_on_timeout: bool = True) -> None:
     """Wait for a real round trip; ``say`` the last check every 15 s. On timeout the
@@ -202,7 +211,7 @@ def _wait_healthy(srv: Server, entry: Running, timeout_s: float, say: Say | None
         if proc is None and not is_alive(entry):
             raise ServerStartError(srv.name, "the process exited", entry.log)
         if srv.port_open() and pid_listens_on(entry.pid, srv.client_port()) is False:
-            last = f"port {srv.client_port()} is open, but not by pid {entry.pid}"
+            last = f"{_port_words(srv)} is open, but not by pid {entry.pid}"
         elif srv.port_open():
             try:
                 srv.check(timeout_s=10)
@@ -210,7 +219,7 @@ def _wait_healthy(srv: Server, entry: Running, timeout_s: float, say: Say | None
             except Unhealthy as exc:
                 last = str(exc)
         else:
-            last = f"port {srv.client_port()} not open yet"
+            last = f"{_port_words(srv)} not open yet"
         if time.monotonic() > deadline:
             if not stop_on_timeout:
                 raise ServerStartError(
@@ -476,19 +485,20 @@ def status_of(srv: Server, state: StateFile) -> ServerStatus:
     if mismatch:
         return ServerStatus(name, pid, False, mismatch)
     port_open = srv.port_open()
+    port = _port_words(srv)
     if entry is None and not port_open:
-        return ServerStatus(name, None, False, f"nothing listens on port {srv.client_port()}")
+        return ServerStatus(name, None, False, f"nothing listens on {port}")
     if entry is not None and port_open and pid_listens_on(entry.pid, srv.client_port()) is False:
         # Another process answers on the port: ours is not serving (as _wait_healthy).
-        return ServerStatus(name, pid, False, f"port {srv.client_port()} is open, but not "
-                            f"by pid {entry.pid}: another process serves it")
+        return ServerStatus(name, pid, False, f"{port} is open, but not by pid {entry.pid}: "
+                            "another process serves it")
     try:
         srv.check(timeout_s=5)
     except Unhealthy as exc:
         if pid is None and port_open:
             # Not "not running": `up` refuses a port taken so (an operator's review,
             # session 44).
-            return ServerStatus(name, None, False, f"port {srv.client_port()} is open, "
+            return ServerStatus(name, None, False, f"{port} is open, "
                                 f"but not a healthy {name} (a process ratchet did not "
                                 f"start; `up` will not start one there): {exc}", served=True)
         return ServerStatus(name, pid, False, str(exc), served=port_open)

@@ -73,7 +73,8 @@ ORPHANS_WITHHELD = Counter(
     "because a read the decision needs met damaged rows (whether the request stands "
     "promoted, or its promotion's items): the effects stay recorded, their compensation "
     "is the operator's (docs/operations.md). By where: late_effect, cancellation, "
-    "rejection, promoted_items. A healthy store never counts.",
+    "rejection, promoted_items, claim (a damaged effect claim of the request). A healthy store "
+    "never counts.",
     ["where"],
 )
 PARTITION_PARKS = Counter(

@@ -16,7 +16,7 @@ from services.ledger.base import TurnFacts
 from streams.handled import Handled
 from streams.outcomes import orphaned_event, promoted_event, rejected_event
 from streams.records import DecodeFailed, Outbound, RawRecord
-from streams.request_facts import RequestFacts
+from streams.request_facts import RequestFacts, withheld
 from streams.topics import Topics
 
 # The processor's logger: its log lines kept their name when this part left it.
@@ -47,9 +47,15 @@ class OutboundBuilder:
         # A rejected attempt of a request that stands promoted must never orphan what
         # the promoted turn used: read the promotion, only when there is something to
         # orphan (rejections with effects or claims are rare).
+        damaged = promotion.damaged_claim(facts.claims)
+        if damaged is not None:
+            # Which of the request's runs are used, and whether the damaged claim's ran,
+            # cannot be read: nothing of the request is orphaned (session 53's review).
+            withheld("claim", "orphans of %s not published: %s", turn.response_id, damaged)
         known, promoted = (self.request_facts.orphans_known(turn, verdict)
-                           if isinstance(verdict, Reject) and (facts.effects or facts.claims)
-                           else (True, None))
+                           if damaged is None and isinstance(verdict, Reject)
+                           and (facts.effects or facts.claims)
+                           else (damaged is None, None))
         # The stored promotion that stands (a replayed one, or the one a rejected
         # attempt's request has): its items, only when an effect it does not list as
         # used could be one recorded after it that its turn carries (rare: a read).

@@ -102,7 +102,16 @@ class RequestFacts:
                 f"{effect.idempotency_key} in another Conversation (or in chain mode)"))
         # The effect's reference output: its claim's completion if it has one (the
         # holder's execution, whatever was recorded before it), else the first record.
-        claimed = self._claimed_output(effect)
+        try:
+            claimed = self._claimed_output(effect)
+        except CorruptPartition as exc:
+            # Its reference output (the claim's completion, or this first record) cannot
+            # be told: a run published on it may be the claim's own, ordered undone.
+            self.mark(effect.tenant_id, effect.partition_key, effect.idempotency_key)
+            withheld("late_effect", "tool effect %s recorded; its claim is damaged: %s; not "
+                     "published: this execution (output digest %s)", effect.effect_id, exc,
+                     recorded.output_digest)
+            return ()
         if claimed is None:
             conflicting = result is EffectWrite.CONFLICT
         else:
@@ -189,8 +198,12 @@ class RequestFacts:
 
     def _claimed_output(self, effect: ToolEffect) -> str | None:
         """The output digest its claim was completed with (gateway-protocol.md section 8,
-        rule 3), or None (no claim, or not completed with an output)."""
+        rule 3), or None (no claim, or not completed with an output). Raises
+        ``CorruptPartition`` for a damaged claim (``claims.claim_damage``)."""
         claim = self.ledger.claim(effect.tenant_id, effect.idempotency_key, effect.effect_id)
+        damaged = None if claim is None else promotion.damaged_claim((claim,))
+        if damaged is not None:
+            raise CorruptPartition(damaged)
         if claim is None or not claim.completed or claim.output is None:
             return None
         return claim.output.content_digest
@@ -271,6 +284,11 @@ class RequestFacts:
         facts = self.effects_of(cancel)
         if not facts.effects and not facts.claims:
             return ()  # the common cancellation: nothing ran
+        damaged = promotion.damaged_claim(facts.claims)
+        if damaged is not None:
+            withheld("cancellation", "request %s cancelled; its claims cannot be read: %s",
+                     cancel.idempotency_key, damaged)
+            return ()
         try:
             promoted = self.store.promoted_key(cancel.tenant_id, cancel.partition_key,
                                                cancel.idempotency_key, cancel.response_id,

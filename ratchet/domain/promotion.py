@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from ratchet.domain.catalogue import EFFECT_OUTPUT_TYPES, effect_key
-from ratchet.domain.claims import ClaimRecord, result_digest
+from ratchet.domain.claims import ClaimRecord, claim_damage, result_digest
 from ratchet.domain.history import (
     FIRST_MS,
     LAST_MS,
@@ -290,11 +290,30 @@ def _first_rejection(turn: TurnCompleted, validation: ValidationVerdict,
         rejection = check(turn, validation, facts)
         if rejection is not None:
             return rejection
-    rejection = _effects_rule(turn, facts, used)
+    rejection = _damaged_claims_rule(facts) or _effects_rule(turn, facts, used)
     if rejection is not None:
         return rejection
     unreadable = _unreadable_timestamp(turn)  # before ``_utc_ms`` could raise on one
     return None if unreadable is None else Reject(R.CORRUPT, unreadable)
+
+
+def damaged_claim(claims: Iterable[ClaimRecord]) -> str | None:
+    """Why one of a request's effect claims is damaged (``claims.claim_damage``: a cell
+    every claim row is written with reads null), or None. The processor reads such a
+    row as the claims API does (session 53's outside review): as damage, never by the
+    cell (a null completion flag read "not completed": the turn carrying the recorded
+    result was ``MISSING_TOOL_EFFECT`` and its run published for compensation)."""
+    return next((p for p in map(claim_damage, claims) if p is not None), None)
+
+
+def _damaged_claims_rule(facts: Facts) -> Reject | None:
+    """Every turn of a request with a damaged effect claim is ``CORRUPT``: the effect
+    rules and the request's orphans are read off its claims, and what the row lost
+    cannot be known (the partition needs an operator)."""
+    problem = damaged_claim(facts.claims.values())
+    if problem is None:
+        return None
+    return Reject(R.CORRUPT, f"stored partition is corrupt: {problem}")
 
 
 def _unreadable_timestamp(turn: TurnCompleted) -> str | None:

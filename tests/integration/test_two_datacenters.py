@@ -3,10 +3,10 @@
 The cluster is started through ``ratchet infra cluster up`` (one node in dc1 on
 127.0.0.2, one in dc2 on 127.0.0.3; docs/operations.md, "A local cluster of several
 datacenters") by a session fixture that stops it at the end, also when a test failed,
-unless it was already serving. A keyspace is migrated by ``ratchet migrate`` with
-``NetworkTopologyStrategy {dc1: 1, dc2: 1}``; on it the store contract's core promotion
-cases run through stores in dc1, and turns promoted in dc1 are read at once in dc2 (and
-the reverse). When the cluster cannot start, the tests fail in CI and are skipped
+unless it was already serving, and at once when its start failed or timed out. A
+keyspace is migrated by ``ratchet migrate`` with ``NetworkTopologyStrategy {dc1: 1,
+dc2: 1}``; on it the store contract's core promotion cases run through stores in dc1,
+and turns promoted in dc1 are read at once in dc2 (and the reverse). When the cluster cannot start, the tests fail in CI and are skipped
 elsewhere, like every service here.
 """
 
@@ -53,14 +53,23 @@ def two_datacenters():
 
     base = Settings.from_env()
     env = {**os.environ, **base.to_env()}
-    serving = _ratchet(env, "infra", "cluster", "status", timeout=120).returncode == 0
+    try:
+        serving = _ratchet(env, "infra", "cluster", "status", timeout=120).returncode == 0
+    except subprocess.TimeoutExpired:
+        _unavailable("`ratchet infra cluster status` did not answer in 120 s")
     if not serving:
         t0 = time.monotonic()
-        up = _ratchet(env, "infra", "cluster", "up", "--datacenters", "2",
-                      timeout=START_TIMEOUT_S)
-        if up.returncode != 0:
+        try:
+            up = _ratchet(env, "infra", "cluster", "up", "--datacenters", "2",
+                          timeout=START_TIMEOUT_S)
+            failed = None if up.returncode == 0 else (up.stderr or up.stdout).strip()[-2000:]
+        except subprocess.TimeoutExpired:
+            # Only `up` itself was killed: the nodes it launched run on, recorded in the
+            # cluster's state, and are stopped like those of a failed start.
+            failed = f"`ratchet infra cluster up` did not finish in {START_TIMEOUT_S} s"
+        if failed is not None:
             _ratchet(env, "infra", "cluster", "down", timeout=300)
-            _unavailable((up.stderr or up.stdout).strip()[-2000:])
+            _unavailable(failed)
         print(f"\ntwo-datacenter cluster started in {time.monotonic() - t0:.0f}s")
     try:
         yield base

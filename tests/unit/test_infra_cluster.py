@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from infra import cluster, launcher
+from infra.procs import StateFile
 from ratchet.settings import Settings
 from streams.testing import free_port
 
@@ -134,3 +135,14 @@ def test_down_with_nothing_recorded_stops_nothing(settings):
     said: list[str] = []
     assert cluster.down(settings, out=said.append) == {}
     assert said == ["no node of the cluster was started by ratchet: nothing to stop"]
+
+
+def test_each_nodes_status_names_its_address(settings):
+    """Every node serves the same port on its own alias: ``cluster status`` said
+    "nothing listens on port 19042" for each, not which address (session 53's outside
+    review). The single node's line is unchanged (tests/unit/test_launcher_home.py)."""
+    port = free_port()
+    lines = [launcher.status_of(node, StateFile(cluster.cluster_home(settings))).line()
+             for node in cluster.nodes(settings, 2, port=port, storage_port=free_port())]
+    assert [f"nothing listens on 127.0.0.{i}:{port}" in line for i, line in
+            zip((2, 3), lines, strict=True)] == [True, True], lines
