@@ -131,8 +131,8 @@ class RequestFacts:
             promoted = self.store.promoted_key(effect.tenant_id, effect.partition_key,
                                                effect.idempotency_key, effect.response_id,
                                                first_of_chain=_first_of_chain(effect))
-            return self._late_orphans(effect, recorded, result, conflicting, earlier,
-                                      promoted)
+            out = self._late_orphans(effect, recorded, result, conflicting, earlier,
+                                     promoted)
         except CorruptPartition as exc:
             # Recorded; whether it is orphaned cannot be read (it may be used): nothing
             # published, the partition needs an operator. Met by the lookup above, or by
@@ -152,6 +152,22 @@ class RequestFacts:
                      effect.effect_id, effect.idempotency_key, exc,
                      recorded.output_digest, earlier_digest)
             return ()
+        if not out:
+            return ()
+        # Something to publish (rare): not while another claim of the request is
+        # damaged, as a turn, a redelivered promotion or a cancellation of the request
+        # publishes none then (an outside review of session 53: by arrival order, the
+        # same run was withheld or ordered undone). One read, only here.
+        damaged = promotion.damaged_claim(self.ledger.claims_for(effect.tenant_id,
+                                                                 effect.idempotency_key))
+        if damaged is not None:
+            withheld("late_effect", "tool effect %s recorded; a claim of request %s is "
+                     "damaged: %s; not published: %s", effect.effect_id,
+                     effect.idempotency_key, damaged,
+                     ", ".join(f"{o.model.effect_id} (output digest {o.model.output_digest})"
+                               for o in out))
+            return ()
+        return out
 
     def _late_orphans(self, effect: ToolEffect, recorded: RecordedEffect, result: EffectWrite,
                       conflicting: bool, earlier: RecordedEffect | None,

@@ -143,16 +143,23 @@ class ClaimRecord:
 
 
 # The cells every claim row is written with, by what a message calls them; once
-# completed, its outcome's too.
-_CLAIM_CELLS = (("token", "token"), ("attempt", "attempt"), ("lease_until", "lease"),
+# completed, its outcome's too. The claim's identity (subturn, call, tool, arguments
+# digest: ``ClaimIn`` requires each) is among them: a row without its call id or tool
+# name could not be built into an ``EffectOrphaned`` (a valid turn dead-lettered) and
+# one without its digest answered ``CONFLICT`` for arguments it does not hold (an
+# outside review of session 53).
+_CLAIM_CELLS = (("subturn_index", "subturn index"), ("call_id", "call id"),
+                ("tool_name", "tool name"), ("arguments_digest", "arguments digest"),
+                ("token", "token"), ("attempt", "attempt"), ("lease_until", "lease"),
                 ("claimed_at", "claim time"), ("completed", "completion flag"))
 _OUTCOME_CELLS = (("status", "status"), ("output", "output"))
 
 
 def claim_damage(claim: ClaimRecord) -> str | None:
     """Why a stored claim is damaged (a cell it is always written with reads null),
-    or None. Every claim is written whole: a token, an attempt, a lease, its time and
-    a completion flag (false), and, completed, a status and an output. Such a row
+    or None. Every claim is written whole: its subturn index, call id, tool name and
+    arguments digest, a token, an attempt, a lease, its time and a completion flag
+    (false), and, completed, a status and an output. Such a row
     answered by the rules says things the row does not hold (``NOT_HOLDER`` for a
     holder nobody can check, ``OUTCOME_CONFLICT`` for an outcome it lost, ``COMPLETED``
     with no output), and a null completion flag differed by backend (memory recorded

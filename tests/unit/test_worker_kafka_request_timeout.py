@@ -100,3 +100,19 @@ def test_a_publish_that_times_out_is_never_acked(tmp_path, monkeypatch, revoked)
     else:
         assert w.acks == [(0, 0)]
         assert [type(o) for o in w.outcomes(turn.response_id)] == [CheckpointPromoted]
+
+
+def test_the_bound_holds_a_publish_because_the_producer_is_not_idempotent(tmp_path):
+    """A pin (an outside review of session 53: why the fake producer above suffices).
+    aiokafka fails a batch that waited ``request_timeout_ms`` (its ``batch_ttl``) only
+    without a transaction manager: an idempotent or transactional producer retries an
+    expired batch for ever (``Sender._can_retry``), and the bound would hold no publish."""
+    settings = dataclasses.replace(Settings(), home=tmp_path, kafka_request_timeout_s=7)
+    runtime = Runtime(processor=None, codec=PickleCodec(), health=Health(),  # type: ignore[arg-type]
+                      topics=TOPICS)
+    app = create_app(settings, runtime, stall_after_s=0)
+    assert app.conf.processing_guarantee.value == "at_least_once"
+    # What Faust's ``_new_producer`` hands aiokafka (``_settings_extra`` adds idempotence
+    # in a transaction).
+    made = {**app.producer._settings_default(), **app.producer._settings_extra()}
+    assert not made.get("enable_idempotence", False) and made["request_timeout_ms"] == 7000
