@@ -108,6 +108,7 @@ def _request(
         "boundary_kind": "append", "prefix_hash": "ph", "prefix_count": tokens - 2,
         "append_hash": "ah", "append_count": 2, "combined_hash": "th",
         "combined_count": tokens, "fingerprint_hash": fp_hash,
+        "expires_at": 4_102_444_800_000,  # 2100: the processor always stores one
     })
     return PromotionRequest(
         tenant_id=tenant,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import time
 
 import pytest
 
@@ -37,11 +38,23 @@ def _left(own, kafka_admin, schema_registry_client, cassandra_session) -> list[s
     return topics + subjects + keyspaces
 
 
+def _gone(own, kafka_admin, schema_registry_client, cassandra_session) -> list[str]:
+    """``_left``, asked again for up to 15 s while it names something: a deleted topic's
+    acknowledged removal (``delete_topics`` awaited) can still be in the broker's
+    metadata a moment later on a loaded node (seen once, session 53). What is left
+    after 15 s was not removed."""
+    deadline = time.monotonic() + 15
+    while (left := _left(own, kafka_admin, schema_registry_client, cassandra_session)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
 def test_smoke_removes_its_topic_subject_and_keyspace(own, kafka_admin,
                                                       schema_registry_client,
                                                       cassandra_session, capsys):
     assert cli_smoke(own) == 0, capsys.readouterr().out
-    assert _left(own, kafka_admin, schema_registry_client, cassandra_session) == []
+    assert _gone(own, kafka_admin, schema_registry_client, cassandra_session) == []
     assert "removed what it made (topic, subject, keyspace)" in capsys.readouterr().out
 
 
@@ -74,7 +87,7 @@ def test_a_stopped_smoke_removes_what_it_made(own, kafka_admin, schema_registry_
                                       sig, timeout_s=120)
     assert exited == code, (out, err[-2000:])
     assert f"ratchet smoke: {how}: stopped" in err, err[-2000:]
-    assert _left(own, kafka_admin, schema_registry_client, cassandra_session) == [], out
+    assert _gone(own, kafka_admin, schema_registry_client, cassandra_session) == [], out
 
 
 def test_ctrl_c_inside_the_delivery_report_is_an_interrupt(own, kafka_admin,
@@ -98,7 +111,7 @@ def test_ctrl_c_inside_the_delivery_report_is_an_interrupt(own, kafka_admin,
         cli_smoke(own)
     out = capsys.readouterr().out
     assert "FAILED" not in out and "removed what it made (topic, subject)" in out, out
-    assert _left(own, kafka_admin, schema_registry_client, cassandra_session) == [], out
+    assert _gone(own, kafka_admin, schema_registry_client, cassandra_session) == [], out
 
 
 def test_a_topic_create_that_timed_out_after_it_applied_is_removed(
@@ -122,7 +135,7 @@ def test_a_topic_create_that_timed_out_after_it_applied_is_removed(
 
     monkeypatch.setattr(AdminClient, "create_topics", applied_then_timed_out)
     assert cli_smoke(own) == 1, capsys.readouterr().out
-    assert _left(own, kafka_admin, schema_registry_client, cassandra_session) == []
+    assert _gone(own, kafka_admin, schema_registry_client, cassandra_session) == []
 
 
 def test_a_keyspace_create_that_timed_out_after_it_applied_is_removed(
@@ -142,7 +155,7 @@ def test_a_keyspace_create_that_timed_out_after_it_applied_is_removed(
 
     monkeypatch.setattr(Session, "execute", applied_then_timed_out)
     assert cli_smoke(own) == 1, capsys.readouterr().out
-    assert _left(own, kafka_admin, schema_registry_client, cassandra_session) == []
+    assert _gone(own, kafka_admin, schema_registry_client, cassandra_session) == []
 
 
 def _another_runs(own, monkeypatch) -> SmokeRun:
