@@ -15,7 +15,6 @@ with ``output: null`` to a later claimant, whose gateway library could not read 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import uuid
 
@@ -27,23 +26,9 @@ from services.api.app import create_app
 from services.api.claims import claims_router
 from services.api.service import RehydrationService
 from services.api.waiters import PromotionWaiters
-from services.ledger.cassandra import CassandraLedger
+from tests.contract.claim_damage import null_claim_cell
 
-# The row's cell, the record's field.
-FIELDS = {"claim_token": "token", "claim_completed": "completed", "lease_until": "lease_until",
-          "attempt": "attempt", "status": "status", "output_item": "output"}
 OUTPUT = '{"call_id":"call_1","id":"out_1","output":"sent","type":"function_call_output"}'
-
-
-def damage(ledger, key: str, effect_id: str, cell: str) -> None:
-    if isinstance(ledger, CassandraLedger):
-        ledger._session.execute(
-            f"UPDATE request_facts SET {cell} = null WHERE tenant_id = %s AND "
-            "idempotency_key = %s AND kind = 'claim' AND ref = %s",
-            (TENANT, key, effect_id), timeout=30)
-        return
-    by_id = ledger._claims[(TENANT, key)]
-    by_id[effect_id] = dataclasses.replace(by_id[effect_id], **{FIELDS[cell]: None})
 
 
 class Client:
@@ -86,7 +71,7 @@ def test_completing_an_open_claim_with_a_null_cell_is_corrupt(store_and_ledger, 
     claimed = api.claim(token)
     assert claimed.status_code == 200 and claimed.json()["state"] == "CLAIMED", claimed.text
     effect_id = claimed.json()["effect_id"]
-    damage(api.ledger, api.key, effect_id, cell)
+    null_claim_cell(api.ledger, api.key, effect_id, cell)
     corrupt(api.complete(effect_id, token), cell)
     corrupt(api.claim(token), cell)  # the holder's claim again: the same answer
 
@@ -98,6 +83,6 @@ def test_a_completed_claim_with_a_null_cell_is_corrupt(store_and_ledger, cell):
     effect_id = api.claim(token).json()["effect_id"]
     done = api.complete(effect_id, token)
     assert done.status_code == 200 and done.json()["state"] == "COMPLETED", done.text
-    damage(api.ledger, api.key, effect_id, cell)
+    null_claim_cell(api.ledger, api.key, effect_id, cell)
     corrupt(api.complete(effect_id, token), cell)  # the holder's completion again
     corrupt(api.claim(uuid.uuid4().hex, attempt=2), cell)  # a later attempt's claim

@@ -15,14 +15,13 @@ not hold.
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 
 import pytest
 
 from ratchet.samples import TENANT, make_tool_effect, make_turn_cancelled, new_id
-from schemas.models import CheckpointPromoted, DeadLetter
-from services.ledger.cassandra import CassandraLedger
+from schemas.models import CheckpointPromoted
+from tests.contract.claim_damage import IDENTITY_CELLS, null_claim_cell
 from tests.contract.test_api_damaged_effect_claims import Client, corrupt
 from tests.contract.test_processor_damaged_effect_claims import (
     _completed_claim,
@@ -30,55 +29,20 @@ from tests.contract.test_processor_damaged_effect_claims import (
     _orphans,
     _using,
 )
-from tests.contract.test_processor_damaged_effect_claims import damage as damage_claim
-from tests.contract.test_processor_handover import ENTRIES
 from tests.unit.test_processor_rules import turn
 
-# The row's cell, the record's field: the claim's identity, written with every claim.
-CELLS = {"call_id": "call_id", "tool_name": "tool_name",
-         "arguments_digest": "arguments_digest", "subturn_index": "subturn_index"}
+# The turn-side cases of these cells run in test_processor_damaged_effect_claims.py
+# (its CELLS are every cell of the row); here the claims API and the late effects.
 
 
-def damage(ledger, key: str, effect_id: str, cell: str) -> None:
-    if isinstance(ledger, CassandraLedger):
-        ledger._session.execute(
-            f"UPDATE request_facts SET {cell} = null WHERE tenant_id = %s AND "
-            "idempotency_key = %s AND kind = 'claim' AND ref = %s",
-            (TENANT, key, effect_id), timeout=30)
-        return
-    by_id = ledger._claims[(TENANT, key)]
-    by_id[effect_id] = dataclasses.replace(by_id[effect_id], **{CELLS[cell]: None})
-
-
-@ENTRIES
-@pytest.mark.parametrize("cell", CELLS)
-def test_a_turn_using_a_claim_without_its_identity_is_corrupt(data, entry, cell):
-    conv, key = new_id("conv"), new_id("idem")
-    effect_id = _completed_claim(data, conv, key)
-    damage(data.ledger(), key, effect_id, cell)
-    _corrupt(data.worker(entry).handle(_using(conv, key, effect_id)), cell)
-
-
-@ENTRIES
-@pytest.mark.parametrize("cell", CELLS)
-def test_another_attempt_is_corrupt_not_dead_lettered(data, entry, cell):
-    conv, key = new_id("conv"), new_id("idem")
-    effect_id = _completed_claim(data, conv, key)
-    damage(data.ledger(), key, effect_id, cell)
-    handled = data.worker(entry).handle(turn(conv, 0, idempotency_key=key, attempt=2))
-    assert not any(isinstance(o.model, DeadLetter) for o in handled.outbound), (
-        cell, handled.outbound)
-    _corrupt(handled, cell)
-
-
-@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("cell", IDENTITY_CELLS)
 def test_the_claims_api_answers_such_a_row_corrupt(store_and_ledger, cell):
     api = Client(store_and_ledger)
     token = uuid.uuid4().hex
     claimed = api.claim(token)
     assert claimed.status_code == 200 and claimed.json()["state"] == "CLAIMED", claimed.text
     effect_id = claimed.json()["effect_id"]
-    damage(api.ledger, api.key, effect_id, cell)
+    null_claim_cell(api.ledger, api.key, effect_id, cell)
     corrupt(api.claim(uuid.uuid4().hex, attempt=2), cell)  # another claimant
     corrupt(api.complete(effect_id, token), cell)  # the holder's completion
 
@@ -100,7 +64,7 @@ def test_a_cancelled_requests_effects_are_withheld_whichever_comes_first(data, f
     order to compensate or none by arrival order."""
     conv, key = new_id("conv"), new_id("idem")
     effect_id = _completed_claim(data, conv, key)
-    damage_claim(data.ledger(), key, effect_id, "claim_completed")
+    null_claim_cell(data.ledger(), key, effect_id, "claim_completed")
     worker = data.worker("handle")
     cancel = make_turn_cancelled(turn(conv, 0, idempotency_key=key, attempt=2))
     events = ([_other_effect(conv, key), cancel] if first == "effect"
@@ -118,7 +82,7 @@ def test_a_promoted_requests_late_effect_is_withheld_as_its_redelivery_withholds
     worker = data.worker("handle")
     promoted = turn(conv, 0, idempotency_key=key, attempt=2)
     assert isinstance(worker.handle(promoted).outbound[0].model, CheckpointPromoted)
-    damage_claim(data.ledger(), key, effect_id, "attempt")
+    null_claim_cell(data.ledger(), key, effect_id, "attempt")
     again = worker.handle(promoted)
     assert isinstance(again.outbound[0].model, CheckpointPromoted)
     assert _orphans(again) == []
@@ -132,7 +96,7 @@ def test_another_requests_damaged_claim_changes_nothing_here(data):
     ever)."""
     conv, damaged_key, key = new_id("conv"), new_id("idem"), new_id("idem")
     damaged = _completed_claim(data, conv, damaged_key)
-    damage_claim(data.ledger(), damaged_key, damaged, "claim_completed")
+    null_claim_cell(data.ledger(), damaged_key, damaged, "claim_completed")
     effect_id = _completed_claim(data, conv, key)
     handled = data.worker("handle").handle(turn(conv, 0, idempotency_key=key, attempt=2))
     assert isinstance(handled.outbound[0].model, CheckpointPromoted), handled.outbound
@@ -144,10 +108,7 @@ def test_status_says_what_the_processor_decided(data, cell):
     """A guard: ``/status``'s record of the turn is the rejection published."""
     conv, key = new_id("conv"), new_id("idem")
     effect_id = _completed_claim(data, conv, key)
-    if cell in CELLS:
-        damage(data.ledger(), key, effect_id, cell)
-    else:
-        damage_claim(data.ledger(), key, effect_id, cell)
+    null_claim_cell(data.ledger(), key, effect_id, cell)
     using = _using(conv, key, effect_id)
     _corrupt(data.worker("handle").handle(using), cell)
     status = data.ledger().status(TENANT, using.response_id)

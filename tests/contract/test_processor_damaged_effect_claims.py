@@ -16,7 +16,6 @@ is published on it (``orphans withheld``): the partition needs an operator.
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -30,26 +29,15 @@ from schemas.models import (
     PromotionRejected,
     RejectionReason,
 )
-from services.ledger.cassandra import CassandraLedger
-from tests.contract.test_api_damaged_effect_claims import damage as damage_cell
+from tests.contract.claim_damage import CLAIM_CELLS, null_claim_cell
 from tests.contract.test_processor_handover import ENTRIES
 from tests.unit.test_processor_carried_effects import _claim_and_complete
 from tests.unit.test_processor_rules import turn
 
 SENT = function_call_output("c1", '{"sent": "m1"}', item_id="fco_1")
 RESENT = function_call_output("c1", '{"sent": "m2"}', item_id="fco_2")
-# Every cell a claim row is written with (the completed ones: status and output too).
-CELLS = ["claim_completed", "status", "output_item", "claim_token", "lease_until", "attempt",
-         "claimed_at"]
-
-
-def damage(ledger, key: str, effect_id: str, cell: str) -> None:
-    """``test_api_damaged_effect_claims.damage``, the claim time too."""
-    if cell == "claimed_at" and not isinstance(ledger, CassandraLedger):
-        by_id = ledger._claims[(TENANT, key)]
-        by_id[effect_id] = dataclasses.replace(by_id[effect_id], claimed_at=None)
-        return
-    damage_cell(ledger, key, effect_id, cell)
+# Every cell a claim row is written with, its identity too (session 53's review).
+CELLS = list(CLAIM_CELLS)
 
 
 def _completed_claim(data, conv: str, key: str) -> str:
@@ -83,7 +71,7 @@ def _corrupt(handled, cell: str) -> None:
 def test_a_turn_using_a_damaged_claim_is_corrupt_and_orphans_nothing(data, entry, cell):
     conv, key = new_id("conv"), new_id("idem")
     effect_id = _completed_claim(data, conv, key)
-    damage(data.ledger(), key, effect_id, cell)
+    null_claim_cell(data.ledger(), key, effect_id, cell)
     _corrupt(data.worker(entry).handle(_using(conv, key, effect_id)), cell)
 
 
@@ -94,7 +82,7 @@ def test_another_attempt_of_a_request_with_a_damaged_claim_is_corrupt(data, entr
     damaged row (``ATTEMPT_SUPERSEDED`` with an outcome the row may not hold)."""
     conv, key = new_id("conv"), new_id("idem")
     effect_id = _completed_claim(data, conv, key)
-    damage(data.ledger(), key, effect_id, cell)
+    null_claim_cell(data.ledger(), key, effect_id, cell)
     handled = data.worker(entry).handle(turn(conv, 0, idempotency_key=key, attempt=2))
     assert not isinstance(handled.outbound[0].model, DeadLetter), (cell, handled.outbound)
     _corrupt(handled, cell)
@@ -112,7 +100,7 @@ def test_a_redelivered_promotion_publishes_no_orphan_of_a_damaged_claim(data, en
     first = worker.handle(promoted)
     assert isinstance(first.outbound[0].model, CheckpointPromoted)
     assert [o[0] for o in _orphans(first)] == [effect_id]  # intact: superseded
-    damage(data.ledger(), key, effect_id, cell)
+    null_claim_cell(data.ledger(), key, effect_id, cell)
     again = data.worker(entry).handle(promoted)
     assert isinstance(again.outbound[0].model, CheckpointPromoted), (cell, again.outbound)
     assert _orphans(again) == [], (cell, _orphans(again))
@@ -122,7 +110,7 @@ def test_a_redelivered_promotion_publishes_no_orphan_of_a_damaged_claim(data, en
 def test_a_cancellation_publishes_no_orphan_of_a_damaged_claim(data, cell):
     conv, key = new_id("conv"), new_id("idem")
     effect_id = _completed_claim(data, conv, key)
-    damage(data.ledger(), key, effect_id, cell)
+    null_claim_cell(data.ledger(), key, effect_id, cell)
     cancel = make_turn_cancelled(turn(conv, 0, idempotency_key=key, attempt=2))
     handled = data.worker("handle").handle(cancel)
     assert not any(isinstance(o.model, DeadLetter) for o in handled.outbound), (
@@ -138,7 +126,7 @@ def test_the_claims_own_execution_is_never_ordered_undone_on_a_null_flag(data):
     ``EFFECT_CONFLICT``: a compensator undid it."""
     conv, key = new_id("conv"), new_id("idem")
     effect_id = _completed_claim(data, conv, key)
-    damage(data.ledger(), key, effect_id, "claim_completed")
+    null_claim_cell(data.ledger(), key, effect_id, "claim_completed")
     worker = data.worker("handle")
 
     def effect(output):
