@@ -244,7 +244,7 @@ class Settings:
     # datacenter because of the order of RATCHET_CASSANDRA_HOSTS (docs/operations.md,
     # "Several datacenters").
     cassandra_local_dc: str = ""
-    # "ignore": the drivers do not re-read the schema when Cassandra announces a schema
+    # "ignore": cassandra-driver does not re-read the schema when Cassandra announces a schema
     # change (any keyspace's, any client's DDL: a schema agreement check and a re-read of
     # that keyspace's system_schema tables per change, per process); "follow": they do
     # (the drivers' defaults). Nothing a worker or an API does needs the re-read

@@ -140,10 +140,6 @@ class LoopSession:
             # Back within seconds after an outage, like the worker's cassandra-driver
             # (the C++ driver's default backs off up to a minute).
             exponential_reconnect_base_delay_ms=500,
-            # "ignore" (RATCHET_CASSANDRA_SCHEMA_EVENTS): no schema metadata, so no re-read
-            # at each schema change Cassandra announces; the C++ driver still reads the
-            # keyspaces its token-aware routing needs (services/cassandra_cluster.py).
-            use_schema=self._settings.cassandra_schema_events == "follow",
             exponential_reconnect_max_delay_ms=4000,
             # Its notes (e.g. "no shard awareness": Cassandra is not ScyllaDB) are not
             # the operator's business; errors reach the caller as exceptions.

@@ -8,19 +8,16 @@ the C++ driver likewise: on the shared node, ~13.6 requests a second per idle pr
 none of them ratchet's own business (docs/decisions.md, "What an idle ratchet costs
 Cassandra"). ``ignore``: cassandra-driver's ``schema_event_refresh_window`` is negative
 (its documented "no refresh on schema events"; the schema read at connect stays, so
-token-aware routing keeps the keyspace's replication), the C++ driver's ``use_schema``
-false (it still reads the keyspaces its token-aware routing needs). ``follow``: the
-drivers' defaults. No connection is made here: a ``Cluster`` is configured when built.
+token-aware routing keeps the keyspace's replication). ``follow``: the driver's
+default. The C++ driver is left as it was (its ``use_schema=False`` failed a first
+connect through a Cassandra that answers late). No connection is made here: a ``Cluster`` is configured when built.
 """
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from ratchet.settings import Settings, SettingsError
-from services import cassandra_loop
 from services.cassandra_cluster import open_cluster
 
 
@@ -46,36 +43,3 @@ def test_ignore_turns_off_cassandra_drivers_refresh_on_schema_events():
     assert open_cluster(follow).schema_event_refresh_window == 2
     own = open_cluster(Settings.from_env({}), schema_event_refresh_window=5)
     assert own.schema_event_refresh_window == 5
-
-
-class _Built(Exception):
-    pass
-
-
-def _cpp_options(monkeypatch, session: cassandra_loop.LoopSession) -> dict:
-    seen: dict = {}
-
-    def create_cluster(hosts, **options):
-        seen.update(options)
-        raise _Built
-
-    monkeypatch.setattr(cassandra_loop.acsylla, "create_cluster", create_cluster)
-    with pytest.raises(_Built):
-        asyncio.run(session._connect())
-    return seen
-
-
-@pytest.mark.parametrize("make", ["api", "worker"])
-@pytest.mark.parametrize("value,use_schema", [(None, False), ("ignore", False),
-                                              ("follow", True)])
-def test_the_cpp_driver_reads_the_schema_only_when_following(monkeypatch, make, value,
-                                                             use_schema):
-    from services.api.server import api_loop_session
-
-    env = {} if value is None else {"RATCHET_CASSANDRA_SCHEMA_EVENTS": value}
-    settings = Settings.from_env(env)
-    session = (api_loop_session(settings) if make == "api"
-               else cassandra_loop.LoopSession(settings))
-    options = _cpp_options(monkeypatch, session)
-    assert options["use_schema"] is use_schema
-    assert options.get("token_aware_routing", True) is True  # routing unchanged
