@@ -27,6 +27,10 @@ WORKER_CONSUMERS = ("loop", "thread")
 # gateway relies on must overlap a commit made in any of them (services/cassandra_cluster.py,
 # ``store_levels``).
 DATACENTERS = ("one", "several")
+# What a worker's or an API's drivers do when Cassandra announces a schema change of any
+# keyspace (RATCHET_CASSANDRA_SCHEMA_EVENTS): "ignore" it (the schema read at connect is
+# kept) or "follow" it (re-read the changed keyspace: the drivers' default).
+SCHEMA_EVENTS = ("ignore", "follow")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MAX_PORT = 65535
 # Upper bounds, so that a value no deployment means fails at start naming its variable,
@@ -240,6 +244,12 @@ class Settings:
     # datacenter because of the order of RATCHET_CASSANDRA_HOSTS (docs/operations.md,
     # "Several datacenters").
     cassandra_local_dc: str = ""
+    # "ignore": cassandra-driver does not re-read the schema when Cassandra announces a schema
+    # change (any keyspace's, any client's DDL: a schema agreement check and a re-read of
+    # that keyspace's system_schema tables per change, per process); "follow": they do
+    # (the drivers' defaults). Nothing a worker or an API does needs the re-read
+    # (docs/decisions.md, "What an idle ratchet costs Cassandra").
+    cassandra_schema_events: str = "ignore"
     # Cassandra's inter-node (gossip) port of the node `ratchet infra` launches; a second
     # local node (another RATCHET_HOME, e.g. a chaos run's own servers) needs its own.
     cassandra_storage_port: int = 7000
@@ -360,6 +370,8 @@ class Settings:
             cassandra_hosts=cassandra_hosts,
             cassandra_port=_port(env, "RATCHET_CASSANDRA_PORT", d.cassandra_port),
             cassandra_local_dc=_local_dc(env, d.cassandra_local_dc),
+            cassandra_schema_events=_choice(env, "RATCHET_CASSANDRA_SCHEMA_EVENTS",
+                                            d.cassandra_schema_events, SCHEMA_EVENTS),
             cassandra_storage_port=_port(
                 env, "RATCHET_CASSANDRA_STORAGE_PORT", d.cassandra_storage_port
             ),
@@ -421,6 +433,7 @@ class Settings:
             # Unset means "" (set but empty is refused): only a named one is passed on.
             **({"RATCHET_CASSANDRA_LOCAL_DC": self.cassandra_local_dc}
                if self.cassandra_local_dc else {}),
+            "RATCHET_CASSANDRA_SCHEMA_EVENTS": self.cassandra_schema_events,
             "RATCHET_CASSANDRA_STORAGE_PORT": str(self.cassandra_storage_port),
             "RATCHET_CASSANDRA_TIMER_SLACK_US": str(self.cassandra_timer_slack_us),
             "RATCHET_KEYSPACE": self.keyspace,
