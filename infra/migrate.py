@@ -134,6 +134,13 @@ def discover(folder: Path = MIGRATIONS_DIR) -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
+# After an ALTER KEYSPACE: a running worker's or API's cassandra-driver routes by the
+# replication it read at its start (RATCHET_CASSANDRA_SCHEMA_EVENTS=ignore, the default:
+# slower, never wrong) until it restarts (session 53's outside review).
+_RESTART = ("then restart the workers and APIs (they route by the replication read at "
+            "their start)")
+
+
 def _replication_differs(session, settings: Settings) -> str | None:
     """What to tell an operator whose keyspace (made earlier, or by hand) has another
     replication than ``RATCHET_REPLICATION``: migrate creates a keyspace with it but
@@ -164,7 +171,8 @@ def _replication_differs(session, settings: Settings) -> str | None:
     return (f"keyspace {settings.keyspace!r} has replication {have}, but "
             f"RATCHET_REPLICATION is {want}: migrate never changes an existing "
             f"keyspace's replication. To change it: ALTER KEYSPACE {settings.keyspace} WITH "
-            f"replication = {settings.replication}, then a full repair on every node")
+            f"replication = {settings.replication}, then a full repair on every node; "
+            f"{_RESTART}")
 
 
 def replication_shortfalls(replication: dict, nodes_by_dc: dict[str, int],
@@ -278,7 +286,7 @@ def _replication_warning(session, ks: str, several: bool = False) -> str | None:
         return None
     return (f"keyspace {ks} has {'; '.join(short)} (until nodes are added; else "
             f"ALTER KEYSPACE {ks} WITH replication = ..., then a full repair, and fix "
-            "RATCHET_REPLICATION)")
+            f"RATCHET_REPLICATION; {_RESTART})")
 
 
 def _several(settings: Settings) -> bool:
