@@ -84,7 +84,11 @@ def test_another_attempt_of_a_request_with_a_damaged_claim_is_corrupt(data, entr
     effect_id = _completed_claim(data, conv, key)
     null_claim_cell(data.ledger(), key, effect_id, cell)
     handled = data.worker(entry).handle(turn(conv, 0, idempotency_key=key, attempt=2))
-    assert not isinstance(handled.outbound[0].model, DeadLetter), (cell, handled.outbound)
+    # None anywhere in the outbound, as test_claim_identity_cells_damaged.py asserted
+    # before the suites were merged (session 53's outside review: only the first was
+    # looked at since).
+    assert not any(isinstance(o.model, DeadLetter) for o in handled.outbound), (
+        cell, handled.outbound)
     _corrupt(handled, cell)
 
 
