@@ -752,8 +752,16 @@ def _column_mismatches(session, ks: str, stmt: str) -> list[str] | None:
         return None
     body = re.sub(r"^\s*IF\s+NOT\s+EXISTS\s+", "", m.group(2), flags=re.IGNORECASE).strip()
     body = body.removeprefix("(").strip()
-    session.cluster.refresh_table_metadata(ks, m.group(1))
-    table = session.cluster.metadata.keyspaces[ks].tables.get(m.group(1))
+    cluster = session.cluster
+    # A keyspace another migrator made after this one connected is in its metadata only
+    # if the driver's refresh on that schema event ran (it skips one without schema
+    # agreement); the table's refresh alone adds nothing to a keyspace it does not know,
+    # and ``keyspaces[ks]`` was a KeyError traceback (session 53's outside review).
+    if ks not in cluster.metadata.keyspaces:
+        cluster.refresh_keyspace_metadata(ks)
+    cluster.refresh_table_metadata(ks, m.group(1))
+    keyspace = cluster.metadata.keyspaces.get(ks)
+    table = keyspace.tables.get(m.group(1)) if keyspace is not None else None
     wanted = [c.strip().split(None, 1) for c in _split_columns(body)]
     if table is None or not wanted or any(len(w) != 2 for w in wanted):
         return [f"cannot read the columns of {m.group(1)}"]

@@ -9,6 +9,10 @@ decisions.md, same title).
   not say that running workers and APIs keep routing by the replication they read at
   their start (``RATCHET_CASSANDRA_SCHEMA_EVENTS=ignore``, the default): they now say
   to restart them.
+- ``ratchet migrate``'s column check of an ``ALTER TABLE ... ADD`` read
+  ``metadata.keyspaces[ks]`` after refreshing the table only: a keyspace another
+  migrator made after this one connected, whose schema event the driver did not act on
+  (no schema agreement), was a ``KeyError`` traceback. The keyspace is refreshed first.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from infra.migrate import _replication_differs, _replication_warning
+from infra.migrate import _column_mismatches, _replication_differs, _replication_warning
 from ratchet.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,3 +70,33 @@ def test_migrates_alter_keyspace_hints_say_to_restart_workers_and_apis():
     for line in (differs, short):
         assert line is not None and "ALTER KEYSPACE" in line, line
         assert "restart the workers and APIs" in line, line
+
+
+class _Metadata:
+    """cassandra-driver's refreshes as they behave: a table's adds nothing to a keyspace
+    the metadata lacks; a keyspace's adds it (its tables empty)."""
+
+    def __init__(self) -> None:
+        self.keyspaces: dict = {}
+        self.asked: list[str] = []
+
+    def refresh_keyspace_metadata(self, ks):
+        self.asked.append(f"keyspace {ks}")
+        self.keyspaces.setdefault(ks, SimpleNamespace(tables={}))
+
+    def refresh_table_metadata(self, ks, table):
+        self.asked.append(f"table {ks}.{table}")
+        if ks in self.keyspaces:
+            column = SimpleNamespace(cql_type="text")
+            self.keyspaces[ks].tables[table] = SimpleNamespace(columns={"note": column})
+
+
+def test_a_keyspace_the_migrators_metadata_lacks_is_read_not_a_keyerror():
+    metadata = _Metadata()
+    cluster = SimpleNamespace(metadata=metadata,
+                              refresh_keyspace_metadata=metadata.refresh_keyspace_metadata,
+                              refresh_table_metadata=metadata.refresh_table_metadata)
+    session = SimpleNamespace(cluster=cluster)
+    stmt = "ALTER TABLE turns ADD IF NOT EXISTS note text"
+    assert _column_mismatches(session, "made_elsewhere", stmt) == []
+    assert metadata.asked == ["keyspace made_elsewhere", "table made_elsewhere.turns"]
