@@ -752,27 +752,26 @@ def _column_mismatches(session, ks: str, stmt: str) -> list[str] | None:
         return None
     body = re.sub(r"^\s*IF\s+NOT\s+EXISTS\s+", "", m.group(2), flags=re.IGNORECASE).strip()
     body = body.removeprefix("(").strip()
-    cluster = session.cluster
-    # A keyspace another migrator made after this one connected is in its metadata only
-    # if the driver's refresh on that schema event ran (it skips one without schema
-    # agreement); the table's refresh alone adds nothing to a keyspace it does not know,
-    # and ``keyspaces[ks]`` was a KeyError traceback (session 53's outside review).
-    if ks not in cluster.metadata.keyspaces:
-        cluster.refresh_keyspace_metadata(ks)
-    cluster.refresh_table_metadata(ks, m.group(1))
-    keyspace = cluster.metadata.keyspaces.get(ks)
-    table = keyspace.tables.get(m.group(1)) if keyspace is not None else None
+    # Read from ``system_schema.columns``, not the driver's metadata: a refresh of that
+    # waits for schema agreement and raises "Table metadata was not refreshed" when it
+    # is not reached in time (seen under load, session 53: a whole test session's
+    # migrated keyspace failed with it), and a keyspace another migrator made after
+    # this one connected was a KeyError there (session 53's outside review).
+    rows = session.execute(
+        "SELECT column_name, type FROM system_schema.columns "
+        "WHERE keyspace_name = %s AND table_name = %s", (ks, m.group(1)), timeout=30)
+    columns = {row.column_name: row.type for row in rows}
     wanted = [c.strip().split(None, 1) for c in _split_columns(body)]
-    if table is None or not wanted or any(len(w) != 2 for w in wanted):
+    if not columns or not wanted or any(len(w) != 2 for w in wanted):
         return [f"cannot read the columns of {m.group(1)}"]
     wrong = []
     for name, kind in wanted:
         kind = re.sub(r"\s+STATIC\s*$", "", kind.strip(), flags=re.IGNORECASE)
-        column = table.columns.get(name)
-        if column is None:
+        held = columns.get(name)
+        if held is None:
             wrong.append(f"{m.group(1)}.{name} is missing")
-        elif column.cql_type.replace(" ", "").lower() != kind.replace(" ", "").lower():
-            wrong.append(f"{m.group(1)}.{name} is {column.cql_type}, the migration wants {kind}")
+        elif held.replace(" ", "").lower() != kind.replace(" ", "").lower():
+            wrong.append(f"{m.group(1)}.{name} is {held}, the migration wants {kind}")
     return wrong
 
 

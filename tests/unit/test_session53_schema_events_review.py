@@ -72,31 +72,41 @@ def test_migrates_alter_keyspace_hints_say_to_restart_workers_and_apis():
         assert "restart the workers and APIs" in line, line
 
 
-class _Metadata:
-    """cassandra-driver's refreshes as they behave: a table's adds nothing to a keyspace
-    the metadata lacks; a keyspace's adds it (its tables empty)."""
+class _Columns:
+    """A session whose driver metadata knows no keyspace (another migrator made it after
+    this one connected, its schema event skipped) and whose ``system_schema.columns``
+    holds the table's columns: the check reads the latter."""
 
-    def __init__(self) -> None:
-        self.keyspaces: dict = {}
-        self.asked: list[str] = []
+    cluster = SimpleNamespace(metadata=SimpleNamespace(keyspaces={}))
 
-    def refresh_keyspace_metadata(self, ks):
-        self.asked.append(f"keyspace {ks}")
-        self.keyspaces.setdefault(ks, SimpleNamespace(tables={}))
+    def __init__(self, columns: dict[str, str]) -> None:
+        self.columns, self.asked = columns, []
 
-    def refresh_table_metadata(self, ks, table):
-        self.asked.append(f"table {ks}.{table}")
-        if ks in self.keyspaces:
-            column = SimpleNamespace(cql_type="text")
-            self.keyspaces[ks].tables[table] = SimpleNamespace(columns={"note": column})
+    def execute(self, query, params=(), timeout=None):
+        self.asked.append((query, params))
+        assert "system_schema.columns" in query, query
+        return [SimpleNamespace(column_name=n, type=t) for n, t in self.columns.items()]
 
 
 def test_a_keyspace_the_migrators_metadata_lacks_is_read_not_a_keyerror():
-    metadata = _Metadata()
-    cluster = SimpleNamespace(metadata=metadata,
-                              refresh_keyspace_metadata=metadata.refresh_keyspace_metadata,
-                              refresh_table_metadata=metadata.refresh_table_metadata)
-    session = SimpleNamespace(cluster=cluster)
+    session = _Columns({"note": "text", "tenant_id": "text"})
     stmt = "ALTER TABLE turns ADD IF NOT EXISTS note text"
     assert _column_mismatches(session, "made_elsewhere", stmt) == []
-    assert metadata.asked == ["keyspace made_elsewhere", "table made_elsewhere.turns"]
+    assert [params for _, params in session.asked] == [("made_elsewhere", "turns")]
+
+
+def test_the_column_check_never_waits_on_a_driver_metadata_refresh():
+    """A refresh waits for schema agreement and raises "Table metadata was not
+    refreshed" on a busy node (a whole test session's keyspace failed so, session 53):
+    the check reads ``system_schema`` and calls no refresh."""
+    session = _Columns({"note": "int"})
+    session.cluster = SimpleNamespace(metadata=SimpleNamespace(keyspaces={}),
+                                      refresh_table_metadata=_no_refresh,
+                                      refresh_keyspace_metadata=_no_refresh)
+    stmt = "ALTER TABLE turns ADD IF NOT EXISTS note text"
+    assert _column_mismatches(session, "ks", stmt) == [
+        "turns.note is int, the migration wants text"]
+
+
+def _no_refresh(*_args):
+    raise AssertionError("Table metadata was not refreshed")
