@@ -98,7 +98,7 @@ def test_a_topic_the_run_would_make_that_exists_is_refused_and_kept(chaos_run, k
 
     with pytest.raises(ChaosSetupFailed, match=f"topic.s. {theirs} exist already"):
         run()
-    assert _topics(kafka_admin, f"chaos-{tag}") == {theirs}
+    assert _topics_once_settled(kafka_admin, f"chaos-{tag}", {theirs}) == {theirs}
 
 
 def test_the_run_makes_the_topics_its_workers_would(settings):
